@@ -1,0 +1,209 @@
+"""The ``rollout-diag`` command line: thin Typer commands over the library.
+
+Each command parses options, makes one library call and renders. ``RolloutDiagError`` becomes one
+``Error:`` line and exit code 1; any other exception too (with a request to report it), unless
+``--debug`` asks for the traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from rollout_diag.errors import RolloutDiagError
+
+app = typer.Typer(
+    name="rollout-diag",
+    help="Diagnose training–inference logprob mismatch in RL for LLMs, offline, from Parquet dumps.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+)
+F = TypeVar("F", bound=Callable[..., Any])
+PROGRESS_MIN_BYTES = 64 << 20  # show a progress bar from this much input on, when stderr is a terminal
+
+
+class OutputFormat(str, Enum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+
+
+# Shared option types (one definition, used by every command).
+Inputs = Annotated[
+    list[Path],
+    typer.Argument(
+        help="Parquet dump(s): files, globs or directories (hive partitions like step=3/ work).", show_default=False
+    ),
+]
+ColumnOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--column",
+        "-c",
+        help="Say which column plays a role: role=name (roles: rollout, trainer, "
+        "mask, step, sample_id, position, token_ids, tokens). Repeatable.",
+    ),
+]
+DeviceOpt = Annotated[str, typer.Option(help="auto (CUDA when available), cpu or cuda[:N].")]
+FormatOpt = Annotated[OutputFormat, typer.Option("--format", "-f", help="table (terminal), json or csv.")]
+OutputOpt = Annotated[Path | None, typer.Option("--output", "-o", help="Write json/csv here instead of stdout.")]
+StrictOpt = Annotated[bool, typer.Option("--strict", help="Fail on the first invalid row instead of skipping it.")]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="Show Python tracebacks for errors.")]
+ChunkOpt = Annotated[int, typer.Option(help="Tokens per chunk (memory vs overhead); results do not depend on it.")]
+
+
+def _console(stream=None) -> Console:
+    return Console(file=stream or sys.stdout, soft_wrap=False)
+
+
+def fail(message: str) -> None:
+    typer.echo(f"Error: {message}", err=True)
+    raise typer.Exit(1)
+
+
+def handles_errors(command: F) -> F:
+    """Turn library errors (and unexpected ones) into one ``Error:`` line and exit 1."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        debug = kwargs.get("debug", False)
+        try:
+            return command(*args, **kwargs)
+        except RolloutDiagError as exc:
+            if debug:
+                raise
+            fail(str(exc))
+        except KeyboardInterrupt:
+            typer.echo("Interrupted.", err=True)
+            raise typer.Exit(130) from None
+        except (typer.Exit, typer.Abort):
+            raise
+        except Exception as exc:
+            if debug:
+                raise
+            fail(
+                f"internal error: {type(exc).__name__}: {exc} "
+                "(rerun with --debug for the traceback, and please report it)"
+            )
+
+    return wrapper  # type: ignore[return-value]
+
+
+@contextmanager
+def progress_bar(inputs: list[Path]) -> Iterator[Callable[[int, int], None] | None]:
+    """A rich progress bar on stderr for large inputs when stderr is a terminal; otherwise None."""
+    size = sum(_size(path) for path in inputs)
+    if not sys.stderr.isatty() or size < PROGRESS_MIN_BYTES:
+        yield None
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(
+        TextColumn("reading"),
+        BarColumn(),
+        TextColumn("{task.completed:,}/{task.total:,} rows"),
+        TimeRemainingColumn(),
+        console=Console(file=sys.stderr),
+        transient=True,
+    ) as bar:
+        task = bar.add_task("read", total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update
+
+
+def _size(path: Path) -> int:
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*.parquet"))
+    return path.stat().st_size if path.exists() else 0
+
+
+def emit(text: str, output: Path | None) -> None:
+    """Write a json/csv document to ``output`` or stdout."""
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        output.write_text(text, encoding="utf-8")
+        typer.echo(f"wrote {output}", err=True)
+
+
+def parse_columns(column: list[str] | None) -> dict[str, str]:
+    from rollout_diag.io.columns import parse_overrides
+
+    return parse_overrides(column or [])
+
+
+@app.callback()
+def root(
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    """Diagnose training–inference logprob mismatch in RL for LLMs, offline, from Parquet dumps."""
+    if version:
+        from rollout_diag import __version__
+
+        typer.echo(f"rollout-diag {__version__}")
+        raise typer.Exit(0)
+
+
+@app.command()
+@handles_errors
+def analyze(
+    inputs: Inputs,
+    column: ColumnOpt = None,
+    device: DeviceOpt = "auto",
+    format: FormatOpt = OutputFormat.table,
+    output: OutputOpt = None,
+    all_steps: Annotated[
+        bool, typer.Option("--all-steps", help="Show every step (default: first, last, worst).")
+    ] = False,
+    max_rounds: Annotated[int, typer.Option(help="Pool rounds at this index and beyond into one bucket.")] = 64,
+    strict: StrictOpt = False,
+    chunk_tokens: ChunkOpt = 1 << 21,
+    debug: DebugOpt = False,
+) -> None:
+    """Every mismatch metric (verl's names), per step and for the run, with a verdict on what looks unhealthy."""
+    from rollout_diag.engine import analyze as run_analysis
+    from rollout_diag.render.analysis import render_analysis
+    from rollout_diag.render.export import steps_csv, to_json_text
+
+    with progress_bar(inputs) as progress:
+        result = run_analysis(
+            [str(p) for p in inputs],
+            columns=parse_columns(column),
+            device=device,
+            strict=strict,
+            max_rounds=max_rounds,
+            chunk_tokens=chunk_tokens,
+            progress=progress,
+        )
+    if format is OutputFormat.json:
+        emit(to_json_text(result.to_json()), output)
+    elif format is OutputFormat.csv:
+        emit(steps_csv(result.steps), output)
+    else:
+        _console().print(render_analysis(result, all_steps=all_steps))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    # A narrow pipe (CI logs, `| less`) should not wrap tables into unreadable columns.
+    if not sys.stdout.isatty() and "COLUMNS" not in os.environ:
+        os.environ["COLUMNS"] = "160"
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""Drive chunks through the accumulators, per step and per run, and assemble the result objects."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from rollout_diag.errors import ConfigError, DataError
+from rollout_diag.io.chunk import Chunk
+from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, DumpReader, ReadLog
+from rollout_diag.metrics.base import StepAccumulator
+from rollout_diag.metrics.debug import DebugAccumulator
+from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
+from rollout_diag.metrics.rollout_kl import RolloutKLAccumulator
+from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS, RoundAccumulator
+from rollout_diag.results import AnalysisResult, StepResult
+from rollout_diag.verdicts import judge
+
+Progress = Callable[[int, int], None]  # (file rows consumed, total file rows)
+MAX_LISTED_EMPTY_ROWS = 20
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``auto`` picks CUDA when torch sees a GPU, else the CPU. Raises ConfigError for an unusable device."""
+    if isinstance(device, torch.device):
+        return device
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as exc:
+        raise ConfigError(f"--device {device}: not a device (use auto, cpu or cuda).") from exc
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"--device {device}: torch sees no CUDA GPU.",
+            hint="install a CUDA build of torch (see README) or use --device cpu.",
+        )
+    return resolved
+
+
+@dataclass
+class Analysis:
+    """All analysis families, mergeable: the state a worker ships back and the driver folds together."""
+
+    max_rounds: int = DEFAULT_MAX_ROUNDS
+    offpolicy: OffPolicyAccumulator = field(default_factory=OffPolicyAccumulator)
+    debug: DebugAccumulator = field(default_factory=DebugAccumulator)
+    rollout_kl: RolloutKLAccumulator = field(default_factory=RolloutKLAccumulator)
+    rounds: RoundAccumulator = field(init=False)
+    empty_rows: list[tuple[int, str, str, int]] = field(default_factory=list)  # (step, sample_id, file, row)
+
+    def __post_init__(self) -> None:
+        self.rounds = RoundAccumulator(self.max_rounds)
+
+    @property
+    def families(self) -> tuple[StepAccumulator, ...]:
+        return (self.offpolicy, self.debug, self.rollout_kl, self.rounds)
+
+    def update(self, chunk: Chunk) -> None:
+        for family in self.families:
+            family.update(chunk)
+        if len(self.empty_rows) < MAX_LISTED_EMPTY_ROWS:
+            for row in torch.nonzero(chunk.tokens_per_row == 0).flatten().tolist()[:MAX_LISTED_EMPTY_ROWS]:
+                self.empty_rows.append(
+                    (int(chunk.step[row]), chunk.sample_id[row], chunk.file[row], chunk.file_row[row])
+                )
+
+    def merge(self, other: Analysis) -> None:
+        for mine, theirs in zip(self.families, other.families, strict=True):
+            mine.merge(theirs)
+        self.empty_rows = (self.empty_rows + other.empty_rows)[:MAX_LISTED_EMPTY_ROWS]
+
+    def step_results(self) -> list[StepResult]:
+        per_family = [family.finalize_steps() for family in self.families]
+        results = []
+        for step, state in sorted(self.offpolicy.steps.items()):
+            metrics: dict[str, float] = {}
+            for finalized in per_family:
+                metrics.update(finalized.get(step, {}))
+            results.append(
+                StepResult(step, int(state["rows"]), int(state["tokens"]), metrics, int(state["empty_rows"]))
+            )
+        return results
+
+    def run_result(self) -> StepResult:
+        state = self.offpolicy.run_state()
+        metrics: dict[str, float] = {}
+        for family in self.families:
+            metrics.update(family.finalize_run())
+        if state is None:
+            return StepResult(None, 0, 0, metrics)
+        return StepResult(None, int(state["rows"]), int(state["tokens"]), metrics, int(state["empty_rows"]))
+
+    def warnings(self, steps: Sequence[StepResult]) -> list[str]:
+        notes = []
+        no_token_steps = [s.step for s in steps if s.tokens == 0]
+        if no_token_steps:
+            notes.append(
+                f"{len(no_token_steps)} step(s) have no model token (response_mask all 0) and no metrics: "
+                f"steps {_list(no_token_steps)}."
+            )
+        empty = sum(s.empty_rows for s in steps)
+        if empty:
+            examples = ", ".join(
+                f"step {step} sample '{sample}' ({Path(file).name} row {row})"
+                for step, sample, file, row in self.empty_rows[:5]
+            )
+            notes.append(
+                f"{empty} row(s) have no model token; as in verl they count in row means with R_i = 0 "
+                f"(ppl 1, log-ppl diff 0): {examples}{', …' if empty > 5 else ''}."
+            )
+        return notes
+
+
+def _list(values: Sequence[int], limit: int = 10) -> str:
+    shown = ", ".join(str(v) for v in values[:limit])
+    return shown + (f", … ({len(values)} in all)" if len(values) > limit else "")
+
+
+def run_chunks(
+    reader: DumpReader,
+    consumers: Sequence[Callable[[Chunk], None]],
+    device: torch.device,
+    progress: Progress | None = None,
+) -> None:
+    """Feed every chunk of ``reader`` to each consumer in turn; report progress in file rows."""
+    total = reader.log.total_rows
+    for chunk, consumed in reader.chunks(device):
+        for consume in consumers:
+            consume(chunk)
+        if progress is not None:
+            progress(consumed, total)
+
+
+def analyze(
+    inputs: str | Path | Sequence[str | Path],
+    *,
+    columns: Mapping[str, str] | None = None,
+    device: str | torch.device = "auto",
+    strict: bool = False,
+    max_rounds: int = DEFAULT_MAX_ROUNDS,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    progress: Progress | None = None,
+) -> AnalysisResult:
+    """Every mismatch metric of METRICS.md §1, §5, §6, §7, per step and for the run, in one streaming pass.
+
+    ``inputs``: Parquet files, globs or directories. ``columns``: role -> column overrides.
+    Raises RolloutDiagError (InputError, ColumnError, DataError, ConfigError) for bad input or options.
+    """
+    if max_rounds < 1:
+        raise ConfigError(f"--max-rounds {max_rounds}: must be at least 1.")
+    torch_device = resolve_device(device)
+    reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
+    analysis = Analysis(max_rounds=max_rounds)
+    run_chunks(reader, [analysis.update], torch_device, progress)
+    return build_result(analysis, reader.log, torch_device, strict)
+
+
+def open_reader(
+    inputs: str | Path | Sequence[str | Path],
+    columns: Mapping[str, str] | None,
+    *,
+    strict: bool,
+    chunk_tokens: int,
+) -> DumpReader:
+    paths = [str(inputs)] if isinstance(inputs, (str, Path)) else [str(p) for p in inputs]
+    return DumpReader(paths, columns, strict=strict, chunk_tokens=chunk_tokens)
+
+
+def build_result(analysis: Analysis, log: ReadLog, device: torch.device, strict: bool) -> AnalysisResult:
+    """Finalize ``analysis`` into an AnalysisResult; raises DataError when nothing could be analysed."""
+    steps = analysis.step_results()
+    run = analysis.run_result()
+    if run.rows == 0:
+        raise DataError(
+            f"{', '.join(log.files)}: every row was skipped ({log.skipped_rows} rows); first: "
+            f"{log.skipped[0].describe() if log.skipped else 'none'}."
+        )
+    if run.tokens == 0:
+        raise DataError(
+            f"{', '.join(log.files)}: column '{log.columns.get('mask', 'response_mask')}': no model token "
+            f"(mask 1) in any of the {run.rows} rows; nothing to measure."
+        )
+    warnings = list(log.warnings) + analysis.warnings(steps)
+    if strict and any(s.tokens == 0 for s in steps):
+        raise DataError(f"{', '.join(log.files)}: {warnings[-1]}")
+    if log.skipped_rows:
+        warnings.append(f"{log.skipped_rows} row(s) skipped as invalid; see the skipped table.")
+    return AnalysisResult(
+        inputs=list(log.files),
+        columns=dict(log.columns),
+        layout=log.layout,
+        device=str(device),
+        run=run,
+        steps=steps,
+        rounds=analysis.rounds.finalize_table(),
+        verdicts=judge(run.metrics),
+        warnings=warnings,
+        skipped=list(log.skipped),
+        skipped_rows=log.skipped_rows,
+    )

@@ -1,0 +1,112 @@
+"""Which column plays which role: built-in names of the common trainers, plus user overrides."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from rollout_diag.errors import ColumnError, ConfigError, where
+
+# Role -> the names trainers use for it, verl's first. Detection takes the one present; two present is
+# ambiguous and an error (the user picks with --column role=name).
+ROLE_CANDIDATES: dict[str, tuple[str, ...]] = {
+    # inference engine's logprob: verl, SkyRL, prime-rl, NeMo-RL, open-instruct
+    "rollout": (
+        "rollout_log_probs",
+        "rollout_logprobs",
+        "inference_logprobs",
+        "generation_logprobs",
+        "vllm_logprobs",
+    ),
+    # trainer's recomputed logprob: verl, SkyRL, prime-rl, NeMo-RL
+    "trainer": ("old_log_probs", "action_log_probs", "trainer_logprobs", "prev_logprobs"),
+    "mask": ("response_mask", "loss_mask", "token_loss_mask"),
+    "step": ("step", "global_step"),
+    "sample_id": ("sample_id", "uid"),
+    "position": ("position",),
+    "token_ids": ("token_ids",),
+    "tokens": ("tokens",),
+}
+REQUIRED_ROLES = ("rollout", "trainer")
+ROLES = tuple(ROLE_CANDIDATES)
+
+
+@dataclass(frozen=True)
+class ColumnMap:
+    """Role -> column name for one file; roles absent from the file are absent from ``names``."""
+
+    names: Mapping[str, str]
+    # Roles filled from hive partition directories (e.g. step=12/part-0.parquet) rather than a column.
+    from_partition: frozenset[str] = frozenset()
+
+    def get(self, role: str) -> str | None:
+        return self.names.get(role)
+
+    def __contains__(self, role: str) -> bool:
+        return role in self.names
+
+
+def parse_overrides(specs: Iterable[str]) -> dict[str, str]:
+    """Parse ``role=name`` strings (the CLI's ``--column``) into a mapping; raises ConfigError."""
+    overrides: dict[str, str] = {}
+    for spec in specs:
+        role, sep, name = spec.partition("=")
+        role, name = role.strip(), name.strip()
+        if not sep or not role or not name:
+            raise ConfigError(f"--column '{spec}': expected role=name, e.g. rollout=vllm_logprobs.")
+        if role not in ROLE_CANDIDATES:
+            raise ConfigError(f"--column '{spec}': unknown role '{role}'. Roles: {', '.join(ROLES)}.")
+        overrides[role] = name
+    return overrides
+
+
+def resolve_columns(
+    file: str,
+    available: Iterable[str],
+    overrides: Mapping[str, str] | None = None,
+    partition_keys: Iterable[str] = (),
+) -> ColumnMap:
+    """Map roles to the columns of one file.
+
+    Raises ColumnError when a required role has no column, an override names a missing column, or two
+    built-in candidates for one role are both present.
+    """
+    overrides = dict(overrides or {})
+    present = set(available)
+    partition = set(partition_keys)
+    names: dict[str, str] = {}
+    from_partition: set[str] = set()
+    for role, candidates in ROLE_CANDIDATES.items():
+        if role in overrides:
+            name = overrides[role]
+            if name not in present and name not in partition:
+                raise ColumnError(
+                    f"{where(file, column=name)}no such column (asked for by --column {role}={name}).",
+                    hint=f"columns in the file: {', '.join(sorted(present))}.",
+                )
+            names[role] = name
+            if name not in present:
+                from_partition.add(role)
+            continue
+        found = [name for name in candidates if name in present]
+        if len(found) > 1:
+            raise ColumnError(
+                f"{file}: columns '{found[0]}' and '{found[1]}' both look like the {role} column.",
+                hint=f"choose one with --column {role}={found[0]}.",
+            )
+        if found:
+            names[role] = found[0]
+        else:
+            in_partition = [name for name in candidates if name in partition]
+            if in_partition:
+                names[role] = in_partition[0]
+                from_partition.add(role)
+    for role in REQUIRED_ROLES:
+        if role not in names:
+            raise ColumnError(
+                f"{file}: no {role} logprob column (looked for {', '.join(ROLE_CANDIDATES[role])}).",
+                hint=f"name it with --column {role}=<name>; columns in the file: {', '.join(sorted(present))}.",
+            )
+    if names["rollout"] == names["trainer"]:
+        raise ColumnError(f"{file}: column '{names['rollout']}' cannot be both the rollout and trainer column.")
+    return ColumnMap(names=names, from_partition=frozenset(from_partition))

@@ -1,0 +1,643 @@
+"""Stream Parquet dumps into validated chunks of whole rows.
+
+Two layouts are read, detected from the type of the rollout column:
+- sequence: one row per sequence, list columns (what verl/SkyRL dump);
+- token: one row per token, scalar columns plus ``sample_id`` (and ``position``); consecutive tokens of
+  one (step, sample_id) form a sequence.
+Both become the same packed blocks, validated the same way, so they give identical results.
+
+Memory: one record batch per file at a time (a row group is decoded at once by Parquet), plus at most
+``prefetch`` decoded blocks waiting; nothing is kept across chunks but small counters.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+
+from rollout_diag.errors import ColumnError, DataError, InputError, RolloutDiagError, where
+from rollout_diag.io.chunk import Chunk
+from rollout_diag.io.columns import ColumnMap, resolve_columns
+from rollout_diag.io.sources import Source, expand_inputs
+from rollout_diag.results import SkippedRow
+
+MAX_POSITIVE_LOGPROB = 1e-6  # logprobs above this are not logprobs (float noise of log(1) stays below)
+MAX_SKIP_RECORDS = 1000  # skipped rows listed one by one; beyond this only counted
+DEFAULT_CHUNK_TOKENS = 1 << 21
+
+
+@dataclass
+class ReadLog:
+    """What reading found besides data: which columns played which role, skipped rows, warnings."""
+
+    files: list[str] = field(default_factory=list)
+    columns: dict[str, str] = field(default_factory=dict)
+    layout: str = ""
+    skipped: list[SkippedRow] = field(default_factory=list)
+    skipped_rows: int = 0
+    warnings: list[str] = field(default_factory=list)
+    total_rows: int = 0  # rows in the files (token layout: tokens), known before reading
+
+    def skip(self, record: SkippedRow, strict: bool) -> None:
+        if strict:
+            raise DataError(
+                f"{where(record.file, record.row, record.column)}{record.reason}",
+                hint="drop --strict to analyse the other rows and list the skipped ones.",
+            )
+        self.skipped_rows += 1
+        if len(self.skipped) < MAX_SKIP_RECORDS:
+            self.skipped.append(record)
+
+
+@dataclass
+class _Block:
+    """Rows of one file as flat numpy arrays, before validation."""
+
+    file: str
+    file_row: np.ndarray  # int64 [R]
+    step: np.ndarray  # int64 [R]
+    sample_id: list[str]
+    lengths: np.ndarray  # int64 [R]
+    trainer: np.ndarray  # float [T]
+    rollout: np.ndarray  # float [T]
+    mask: np.ndarray | None  # [T] or None (= all ones)
+    token_ids: np.ndarray | None = None
+    token_text: pa.Array | None = None  # flat strings [T]
+
+
+@dataclass(frozen=True)
+class _OpenFile:
+    source: Source
+    parquet: pq.ParquetFile
+    columns: ColumnMap
+    layout: str
+
+
+# ------------------------------------------------------------------------------------------- opening
+def _kind(data_type: pa.DataType) -> tuple[bool, pa.DataType]:
+    """(is a list type, element type)."""
+    if pa.types.is_list(data_type) or pa.types.is_large_list(data_type) or pa.types.is_fixed_size_list(data_type):
+        return True, data_type.value_type
+    return False, data_type
+
+
+def _numeric(data_type: pa.DataType) -> bool:
+    return pa.types.is_floating(data_type) or pa.types.is_integer(data_type) or pa.types.is_boolean(data_type)
+
+
+_ELEMENT_CHECKS = {
+    "rollout": (pa.types.is_floating, "float"),
+    "trainer": (pa.types.is_floating, "float"),
+    "mask": (_numeric, "int, bool or float 0/1"),
+    "token_ids": (pa.types.is_integer, "int"),
+    "tokens": (lambda t: pa.types.is_string(t) or pa.types.is_large_string(t), "string"),
+}
+
+
+def _open(source: Source, overrides: Mapping[str, str] | None) -> _OpenFile:
+    try:
+        parquet = pq.ParquetFile(source.path)
+    except (OSError, pa.ArrowException) as exc:
+        raise InputError(f"{source.path}: not a readable Parquet file ({_one_line(exc)}).") from exc
+    schema = parquet.schema_arrow
+    columns = resolve_columns(source.path, schema.names, overrides, source.partition.keys())
+    is_list, _ = _kind(schema.field(columns.names["rollout"]).type)
+    layout = "sequence" if is_list else "token"
+    for role, (check, expected) in _ELEMENT_CHECKS.items():
+        name = columns.get(role)
+        if name is None or role in columns.from_partition:
+            continue
+        data_type = schema.field(name).type
+        role_is_list, element = _kind(data_type)
+        if role_is_list != is_list or not check(element):
+            shape = f"list<{expected}>" if is_list else expected
+            raise ColumnError(
+                f"{where(source.path, column=name)}expected {shape} ({layout} layout), found {data_type}."
+            )
+    for role in ("step",):
+        name = columns.get(role)
+        if name is not None and role not in columns.from_partition:
+            data_type = schema.field(name).type
+            if not pa.types.is_integer(data_type):
+                raise ColumnError(f"{where(source.path, column=name)}expected an integer step, found {data_type}.")
+    if layout == "token" and "sample_id" not in columns:
+        raise ColumnError(
+            f"{source.path}: token layout (one row per token) needs a sample_id column to group tokens into rows.",
+            hint="name it with --column sample_id=<name>.",
+        )
+    return _OpenFile(source=source, parquet=parquet, columns=columns, layout=layout)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:200] + ("…" if len(text) > 200 else "")
+
+
+# --------------------------------------------------------------------------------------- the reader
+class DumpReader:
+    """Opens every input up front (so a bad file fails before any work), then streams chunks."""
+
+    def __init__(
+        self,
+        inputs: list[str] | str,
+        columns: Mapping[str, str] | None = None,
+        *,
+        strict: bool = False,
+        chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    ) -> None:
+        self.strict = strict
+        self.chunk_tokens = max(int(chunk_tokens), 1)
+        self.log = ReadLog()
+        sources = expand_inputs([inputs] if isinstance(inputs, str) else inputs)
+        self.files = [_open(source, columns) for source in sources]
+        first = self.files[0]
+        self.log.files = [f.source.path for f in self.files]
+        self.log.columns = {
+            role: (f"{name} (partition)" if role in first.columns.from_partition else name)
+            for role, name in first.columns.names.items()
+        }
+        layouts = {f.layout for f in self.files}
+        if len(layouts) > 1:
+            raise InputError("inputs mix the sequence layout and the token layout; analyse them separately.")
+        self.log.layout = first.layout
+        for opened in self.files[1:]:
+            if dict(opened.columns.names) != dict(first.columns.names):
+                self.log.warnings.append(
+                    f"{opened.source.path}: columns differ from the first file's "
+                    f"({_describe(opened.columns)} vs {_describe(first.columns)})."
+                )
+        self.log.total_rows = sum(f.parquet.metadata.num_rows for f in self.files)
+        if self.log.total_rows == 0:
+            raise InputError(f"{', '.join(self.log.files)}: no rows in the input.")
+        for opened in self.files:
+            if opened.parquet.metadata.num_rows == 0:
+                self.log.warnings.append(f"{opened.source.path}: file has no rows.")
+
+    def chunks(self, device: torch.device | str = "cpu", prefetch: int = 2) -> Iterator[tuple[Chunk, int]]:
+        """Yield (chunk, file rows consumed so far) on ``device``; decoding runs one block ahead in a thread."""
+        device = torch.device(device)
+        blocks = _prefetched(self._blocks(), prefetch) if prefetch > 0 else self._blocks()
+        for block, consumed in blocks:
+            chunk = self._validated_chunk(block, device)
+            if chunk is not None:
+                yield chunk, consumed
+
+    # -- decoding --------------------------------------------------------------------------------
+    def _blocks(self) -> Iterator[tuple[_Block, int]]:
+        consumed = 0
+        for opened in self.files:
+            reader = _read_sequences if opened.layout == "sequence" else _read_tokens
+            for block, rows in reader(opened, self):
+                consumed += rows
+                yield block, consumed
+
+    def _validated_chunk(self, block: _Block, device: torch.device) -> Chunk | None:
+        block = _validate(block, self.log, self.strict)
+        if block is None:
+            return None
+        # torch.tensor copies: Arrow's buffers are read-only, and the fill below writes in place.
+        trainer = torch.tensor(block.trainer, dtype=torch.float64, device=device)
+        rollout = torch.tensor(block.rollout, dtype=torch.float64, device=device)
+        if block.mask is None:
+            mask = torch.ones(len(block.trainer), dtype=torch.bool, device=device)
+        else:
+            mask = torch.tensor(block.mask == 1, device=device)
+        # Environment tokens never enter a metric; zero them so NaN fill values there cannot leak in.
+        trainer.masked_fill_(~mask, 0.0)
+        rollout.masked_fill_(~mask, 0.0)
+        offsets = np.zeros(len(block.lengths) + 1, dtype=np.int64)
+        np.cumsum(block.lengths, out=offsets[1:])
+        text = block.token_text
+        return Chunk(
+            step=torch.tensor(block.step, dtype=torch.int64, device=device),
+            offsets=torch.from_numpy(offsets).to(device),
+            trainer=trainer,
+            rollout=rollout,
+            mask=mask,
+            sample_id=block.sample_id,
+            file=[block.file] * len(block.lengths),
+            file_row=block.file_row.tolist(),
+            token_ids=None if block.token_ids is None else torch.tensor(block.token_ids, device=device),
+            token_text=None if text is None else _text_lookup(text, offsets),
+        )
+
+
+def _describe(columns: ColumnMap) -> str:
+    return ", ".join(f"{role}={name}" for role, name in columns.names.items())
+
+
+def _text_lookup(text: pa.Array, offsets: np.ndarray):
+    def lookup(row: int, position: int) -> str | None:
+        return text[int(offsets[row]) + position].as_py()
+
+    return lookup
+
+
+def _prefetched(blocks: Iterator, depth: int) -> Iterator:
+    """Run ``blocks`` in a thread (Parquet decoding releases the GIL), ``depth`` items ahead."""
+    items: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def produce() -> None:
+        try:
+            for item in blocks:
+                while not stop.is_set():
+                    try:
+                        items.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            items.put(done)
+        except BaseException as exc:  # handed to the consumer, raised there
+            items.put(exc)
+
+    thread = threading.Thread(target=produce, name="rollout-diag-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = items.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+
+
+# ---------------------------------------------------------------------------------- row groups
+def _row_groups(opened: _OpenFile, columns: list[str], rows_per_batch, reader: DumpReader):
+    """Yield (record batch, first file row) per batch; a row group that cannot be decoded is skipped."""
+    metadata = opened.parquet.metadata
+    path = opened.source.path
+    first_row = 0
+    for group in range(metadata.num_row_groups):
+        group_rows = metadata.row_group(group).num_rows
+        done = 0
+        try:
+            for batch in opened.parquet.iter_batches(
+                batch_size=rows_per_batch(), row_groups=[group], columns=columns, use_threads=True
+            ):
+                yield batch, first_row + done
+                done += batch.num_rows
+        except (OSError, pa.ArrowException) as exc:
+            message = f"row group {group} cannot be decoded ({_one_line(exc)})"
+            if reader.strict or metadata.num_row_groups == 1:
+                raise InputError(f"{path}: {message}; the file is corrupt or truncated.") from exc
+            reader.log.warnings.append(
+                f"{path}: {message}; rows {first_row + done}–{first_row + group_rows - 1} skipped."
+            )
+            for row in range(first_row + done, first_row + group_rows):
+                reader.log.skip(SkippedRow(path, row, None, f"row group {group} cannot be decoded"), False)
+        first_row += group_rows
+
+
+def _column_names(opened: _OpenFile) -> list[str]:
+    return [name for role, name in opened.columns.names.items() if role not in opened.columns.from_partition]
+
+
+def _scalar_roles(opened: _OpenFile, batch: pa.RecordBatch, first_row: int, rows: int, index=None):
+    """step and sample_id per row (partition values and defaults filled in)."""
+    columns = opened.columns
+    step_name = columns.get("step")
+    if step_name is None:
+        step = np.zeros(rows, dtype=np.int64)
+    elif "step" in columns.from_partition:
+        value = opened.source.partition[step_name]
+        if not isinstance(value, int):
+            raise ColumnError(f"{opened.source.path}: partition {step_name}={value} is not an integer step.")
+        step = np.full(rows, value, dtype=np.int64)
+    else:
+        array = batch.column(step_name)
+        if index is not None:
+            array = array.take(pa.array(index))
+        if array.null_count:
+            bad = int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
+            raise DataError(f"{where(opened.source.path, first_row + bad, step_name)}step is null.")
+        step = array.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    sid_name = columns.get("sample_id")
+    if sid_name is None:
+        sample_id = [str(first_row + i) for i in range(rows)]
+    elif "sample_id" in columns.from_partition:
+        sample_id = [str(opened.source.partition[sid_name])] * rows
+    else:
+        array = batch.column(sid_name)
+        if index is not None:
+            array = array.take(pa.array(index))
+        sample_id = [str(v) for v in array.to_pylist()]
+    return step, sample_id
+
+
+def _flat_numpy(array: pa.Array) -> np.ndarray:
+    return array.to_numpy(zero_copy_only=False)
+
+
+# ---------------------------------------------------------------------------------- sequence layout
+def _read_sequences(opened: _OpenFile, reader: DumpReader) -> Iterator[tuple[_Block, int]]:
+    path = opened.source.path
+    names = opened.columns.names
+    # Aim each batch at ~chunk_tokens tokens, from the uncompressed size of the rollout column.
+    tokens_per_row = _estimate_tokens_per_row(opened)
+    state = {"rows": max(1, int(reader.chunk_tokens / max(tokens_per_row, 1.0)))}
+
+    for batch, first_row in _row_groups(opened, _column_names(opened), lambda: state["rows"], reader):
+        rows = batch.num_rows
+        if rows == 0:
+            continue
+        lists = {role: batch.column(names[role]) for role in ("rollout", "trainer", "mask") if role in names}
+        lengths = {
+            role: pc.list_value_length(array).fill_null(-1).to_numpy(zero_copy_only=False)
+            for role, array in lists.items()
+        }
+        keep = np.ones(rows, dtype=bool)
+        for role, length in lengths.items():
+            for row in np.flatnonzero(length < 0):
+                keep[row] = False
+                reader.log.skip(SkippedRow(path, first_row + int(row), names[role], "null list"), reader.strict)
+        reference = lengths["rollout"]
+        for role in ("trainer", "mask"):
+            if role not in lengths:
+                continue
+            ragged = np.flatnonzero(keep & (lengths[role] != reference))
+            for row in ragged:
+                keep[row] = False
+                reader.log.skip(
+                    SkippedRow(
+                        path,
+                        first_row + int(row),
+                        names[role],
+                        f"list length {int(lengths[role][row])} differs from {names['rollout']}'s "
+                        f"{int(reference[row])}",
+                    ),
+                    reader.strict,
+                )
+        index = None if keep.all() else np.flatnonzero(keep)
+        if index is not None:
+            batch = batch.take(pa.array(index))
+        step, sample_id = _scalar_roles(opened, batch, first_row, batch.num_rows, None)
+        file_row = first_row + (np.arange(rows, dtype=np.int64) if index is None else index.astype(np.int64))
+        lengths_kept = reference if index is None else reference[index]
+        flat = {role: _flat_numpy(pc.list_flatten(batch.column(names[role]))) for role in lists}
+        token_ids = text = None
+        if "token_ids" in names and "token_ids" not in opened.columns.from_partition:
+            ids = batch.column(names["token_ids"])
+            if np.array_equal(pc.list_value_length(ids).fill_null(-1).to_numpy(zero_copy_only=False), lengths_kept):
+                token_ids = _as_ids(_flat_numpy(pc.list_flatten(ids)))
+        if "tokens" in names and "tokens" not in opened.columns.from_partition:
+            tokens = batch.column(names["tokens"])
+            if np.array_equal(pc.list_value_length(tokens).fill_null(-1).to_numpy(zero_copy_only=False), lengths_kept):
+                text = pc.list_flatten(tokens)
+        yield (
+            _Block(
+                file=path,
+                file_row=file_row,
+                step=step,
+                sample_id=sample_id,
+                lengths=lengths_kept.astype(np.int64, copy=False),
+                trainer=flat["trainer"],
+                rollout=flat["rollout"],
+                mask=flat.get("mask"),
+                token_ids=token_ids,
+                token_text=text,
+            ),
+            rows,
+        )
+        if lengths_kept.size:
+            state["rows"] = max(1, int(reader.chunk_tokens / max(float(lengths_kept.mean()), 1.0)))
+
+
+def _estimate_tokens_per_row(opened: _OpenFile) -> float:
+    metadata = opened.parquet.metadata
+    if metadata.num_rows == 0 or metadata.num_row_groups == 0:
+        return 256.0
+    name = opened.columns.names["rollout"]
+    group = metadata.row_group(0)
+    for index in range(group.num_columns):
+        column = group.column(index)
+        if column.path_in_schema.split(".")[0] == name:
+            bytes_per_value = 4.0
+            return max(column.total_uncompressed_size / bytes_per_value / max(group.num_rows, 1), 1.0)
+    return 256.0
+
+
+# ---------------------------------------------------------------------------------- token layout
+def _read_tokens(opened: _OpenFile, reader: DumpReader) -> Iterator[tuple[_Block, int]]:
+    """Group consecutive tokens of one (step, sample_id) into a row; the last group waits for the next batch."""
+    finished: set[tuple[int, str]] = set()
+    carry: pa.Table | None = None
+    carry_first_row = 0
+    batch_rows = lambda: reader.chunk_tokens  # noqa: E731 - one row per token
+    batches = _row_groups(opened, _column_names(opened), batch_rows, reader)
+    while True:
+        item = next(batches, None)
+        if item is None:
+            if carry is not None and carry.num_rows:
+                yield (
+                    _token_block(opened, carry, carry_first_row, np.array([carry.num_rows]), finished, reader),
+                    carry.num_rows,
+                )
+            return
+        batch, first_row = item
+        table = pa.Table.from_batches([batch])
+        if carry is not None and carry.num_rows:
+            if carry_first_row + carry.num_rows != first_row:  # a row group was skipped in between
+                yield (
+                    _token_block(opened, carry, carry_first_row, np.array([carry.num_rows]), finished, reader),
+                    carry.num_rows,
+                )
+            else:
+                table = pa.concat_tables([carry, table])
+                first_row = carry_first_row
+        step, sample_id = _scalar_roles(opened, table, first_row, table.num_rows)
+        sid = np.asarray(sample_id, dtype=object)
+        boundary = np.flatnonzero((step[1:] != step[:-1]) | (sid[1:] != sid[:-1])) + 1
+        starts = np.concatenate([[0], boundary])
+        ends = np.concatenate([boundary, [table.num_rows]])
+        complete = len(starts) - 1  # the last run may continue in the next batch
+        if complete == 0:
+            carry, carry_first_row = table, first_row
+            continue
+        cut = int(starts[-1])
+        head = table.slice(0, cut)
+        yield _token_block(opened, head, first_row, (ends - starts)[:complete], finished, reader), cut
+        carry, carry_first_row = table.slice(cut), first_row + cut
+
+
+def _token_block(
+    opened: _OpenFile,
+    table: pa.Table,
+    first_row: int,
+    run_lengths: np.ndarray,
+    finished: set[tuple[int, str]],
+    reader: DumpReader,
+) -> _Block:
+    path = opened.source.path
+    names = opened.columns.names
+    step_all, sid_all = _scalar_roles(opened, table, first_row, table.num_rows)
+    run_starts = np.concatenate([[0], np.cumsum(run_lengths)[:-1]]).astype(np.int64)
+    step = step_all[run_starts]
+    sample_id = [sid_all[i] for i in run_starts]
+    for i, key in enumerate(zip(step.tolist(), sample_id, strict=True)):
+        if key in finished:
+            raise InputError(
+                f"{where(path, first_row + int(run_starts[i]), names['sample_id'])}tokens of sample '{key[1]}' "
+                f"(step {key[0]}) appear again after other samples.",
+                hint="token layout needs each sequence's tokens together: sort the dump by step, sample_id, position.",
+            )
+        finished.add(key)
+
+    def column(role: str) -> np.ndarray | None:
+        name = names.get(role)
+        if name is None or role in opened.columns.from_partition:
+            return None
+        return _flat_numpy(table.column(name).combine_chunks())
+
+    trainer, rollout, mask = column("trainer"), column("rollout"), column("mask")
+    token_ids = column("token_ids")
+    text = None
+    if "tokens" in names and "tokens" not in opened.columns.from_partition:
+        text = table.column(names["tokens"]).combine_chunks()
+    position = column("position")
+    if position is not None:
+        # Order tokens by position within each row; duplicates make a row unusable.
+        run_id = np.repeat(np.arange(len(run_lengths)), run_lengths)
+        order = np.lexsort((position, run_id))
+        ordered = position[order]
+        duplicate = np.flatnonzero((ordered[1:] == ordered[:-1]) & (run_id[order][1:] == run_id[order][:-1]))
+        if not np.array_equal(order, np.arange(len(order))):
+            trainer, rollout = trainer[order], rollout[order]
+            mask = None if mask is None else mask[order]
+            token_ids = None if token_ids is None else token_ids[order]
+            text = None if text is None else text.take(pa.array(order))
+        if duplicate.size:
+            bad_rows = np.unique(run_id[order][duplicate])
+            for row in bad_rows:
+                reader.log.skip(
+                    SkippedRow(path, first_row + int(run_starts[row]), names["position"], "duplicate token position"),
+                    reader.strict,
+                )
+            return _drop_rows(
+                _Block(
+                    path,
+                    first_row + run_starts,
+                    step,
+                    sample_id,
+                    run_lengths.astype(np.int64),
+                    trainer,
+                    rollout,
+                    mask,
+                    _as_ids(token_ids),
+                    text,
+                ),
+                bad_rows,
+            )
+    return _Block(
+        file=path,
+        file_row=first_row + run_starts,
+        step=step,
+        sample_id=sample_id,
+        lengths=run_lengths.astype(np.int64),
+        trainer=trainer,
+        rollout=rollout,
+        mask=mask,
+        token_ids=_as_ids(token_ids),
+        token_text=text,
+    )
+
+
+# ---------------------------------------------------------------------------------- validation
+def _validate(block: _Block, log: ReadLog, strict: bool) -> _Block | None:
+    """Skip (and record) rows with a bad mask value, or NaN/inf/positive logprobs on model tokens."""
+    rows = len(block.lengths)
+    token_row = np.repeat(np.arange(rows), block.lengths)
+    bad_row = np.zeros(rows, dtype=bool)
+    mask = block.mask
+    model = np.ones(len(token_row), dtype=bool) if mask is None else mask == 1
+
+    def flag(bad_token: np.ndarray, role: str, describe) -> None:
+        positions = np.flatnonzero(bad_token)
+        if positions.size == 0:
+            return
+        offsets = np.concatenate([[0], np.cumsum(block.lengths)])
+        hit_rows = token_row[positions]
+        first_per_row = positions[np.concatenate([[True], hit_rows[1:] != hit_rows[:-1]])]
+        for token in first_per_row:
+            row = int(token_row[token])
+            if bad_row[row]:
+                continue
+            bad_row[row] = True
+            log.skip(
+                SkippedRow(block.file, int(block.file_row[row]), role, describe(token, int(token - offsets[row]))),
+                strict,
+            )
+
+    if mask is not None:
+        flag(
+            (mask != 0) & (mask != 1),
+            "mask",
+            lambda t, p: f"mask value {_fmt(mask[t])} at position {p} (must be 0 or 1)",
+        )
+    for role, values in (("trainer", block.trainer), ("rollout", block.rollout)):
+        with np.errstate(invalid="ignore"):
+            nonfinite = model & ~np.isfinite(values)
+            positive = model & (values > MAX_POSITIVE_LOGPROB)
+        flag(nonfinite, role, lambda t, p, v=values: f"{_fmt(v[t])} logprob at position {p}")
+        flag(positive, role, lambda t, p, v=values: f"positive logprob {_fmt(v[t])} at position {p} (logprobs are ≤ 0)")
+    if not bad_row.any():
+        return block
+    return _drop_rows(block, np.flatnonzero(bad_row)) if not bad_row.all() else None
+
+
+def _drop_rows(block: _Block, rows: np.ndarray) -> _Block | None:
+    keep_row = np.ones(len(block.lengths), dtype=bool)
+    keep_row[rows] = False
+    if not keep_row.any():
+        return None
+    keep_token = np.repeat(keep_row, block.lengths)
+    kept = np.flatnonzero(keep_row)
+    token_index = np.flatnonzero(keep_token)
+    return _Block(
+        file=block.file,
+        file_row=block.file_row[kept],
+        step=block.step[kept],
+        sample_id=[block.sample_id[i] for i in kept],
+        lengths=block.lengths[kept],
+        trainer=block.trainer[keep_token],
+        rollout=block.rollout[keep_token],
+        mask=None if block.mask is None else block.mask[keep_token],
+        token_ids=None if block.token_ids is None else block.token_ids[keep_token],
+        token_text=None if block.token_text is None else block.token_text.take(pa.array(token_index)),
+    )
+
+
+def _as_ids(values: np.ndarray | None) -> np.ndarray | None:
+    """Token ids as int64; nulls (read as NaN) become -1."""
+    if values is None:
+        return None
+    if values.dtype.kind == "f":
+        values = np.where(np.isnan(values), -1, values)
+    return values.astype(np.int64, copy=False)
+
+
+def _fmt(value: float) -> str:
+    value = float(value)
+    if math.isnan(value):
+        return "NaN (or null)"
+    if math.isinf(value):
+        return "+inf" if value > 0 else "-inf"
+    return f"{value:g}"
+
+
+__all__ = ["DEFAULT_CHUNK_TOKENS", "DumpReader", "ReadLog", "RolloutDiagError"]

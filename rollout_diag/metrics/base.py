@@ -1,0 +1,150 @@
+"""Mergeable per-step accumulators over float64 sufficient statistics.
+
+An accumulator keeps one *state* per training step: a dict of float64 numpy arrays, each merged by
+the reduction its family declares (``sum``, ``max``, ``min``, or ``moments``: Chan's pairwise update of
+count / means / centred second moments). ``update(chunk)`` computes the partial state of every step
+group in the chunk with vectorised torch ops and merges it in; ``merge(other)`` folds in another
+accumulator (another chunk range, another Ray worker). A run is every row as one batch, so the run
+state is the merge of all step states. Metric values are derived only in ``finalize``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from rollout_diag.io.chunk import Chunk
+
+State = dict[str, np.ndarray]
+EPS = 1e-8  # verl's masked-mean denominator guard (METRICS.md, Notation)
+CLAMP = 20.0  # clamp20 (METRICS.md, Notation)
+
+
+# ----------------------------------------------------------------------- segment reductions (torch)
+def segment_sum(values: torch.Tensor, index: torch.Tensor, count: int) -> torch.Tensor:
+    """Sum ``values`` [n, ...] into ``count`` buckets by ``index`` [n] (float64)."""
+    out = torch.zeros((count, *values.shape[1:]), dtype=torch.float64, device=values.device)
+    return out.index_add_(0, index, values.to(torch.float64))
+
+
+def segment_max(values: torch.Tensor, index: torch.Tensor, count: int) -> torch.Tensor:
+    """Max per bucket; empty buckets get -inf (the identity of max)."""
+    out = torch.full((count,), -torch.inf, dtype=torch.float64, device=values.device)
+    return out.scatter_reduce_(0, index, values.to(torch.float64), reduce="amax", include_self=True)
+
+
+def segment_min(values: torch.Tensor, index: torch.Tensor, count: int) -> torch.Tensor:
+    """Min per bucket; empty buckets get +inf (the identity of min)."""
+    out = torch.full((count,), torch.inf, dtype=torch.float64, device=values.device)
+    return out.scatter_reduce_(0, index, values.to(torch.float64), reduce="amin", include_self=True)
+
+
+def segment_moments(x: torch.Tensor, y: torch.Tensor, index: torch.Tensor, count: int) -> torch.Tensor:
+    """Per bucket [n, mean_x, mean_y, M2_x, M2_y, C_xy], two passes (means, then centred sums).
+
+    Exact enough for values far from zero (probabilities near 1, IS weights near 1), where raw sums of
+    squares would cancel.
+    """
+    n = segment_sum(torch.ones_like(x, dtype=torch.float64), index, count)
+    safe_n = n.clamp(min=1.0)
+    mean_x = segment_sum(x, index, count) / safe_n
+    mean_y = segment_sum(y, index, count) / safe_n
+    dx = x - mean_x[index]
+    dy = y - mean_y[index]
+    m2_x = segment_sum(dx * dx, index, count)
+    m2_y = segment_sum(dy * dy, index, count)
+    c_xy = segment_sum(dx * dy, index, count)
+    return torch.stack([n, mean_x, mean_y, m2_x, m2_y, c_xy], dim=-1)
+
+
+# ----------------------------------------------------------------------- merging (numpy, host)
+def merge_moments(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Chan et al.'s pairwise merge of [n, mean_x, mean_y, M2_x, M2_y, C_xy] (works elementwise on [..., 6])."""
+    n_a, n_b = a[..., 0], b[..., 0]
+    n = n_a + n_b
+    with np.errstate(invalid="ignore", divide="ignore"):
+        weight_b = np.where(n > 0, n_b / np.where(n > 0, n, 1.0), 0.0)
+        cross = np.where(n > 0, n_a * n_b / np.where(n > 0, n, 1.0), 0.0)
+    d_x = b[..., 1] - a[..., 1]
+    d_y = b[..., 2] - a[..., 2]
+    out = np.empty_like(a)
+    out[..., 0] = n
+    out[..., 1] = a[..., 1] + d_x * weight_b
+    out[..., 2] = a[..., 2] + d_y * weight_b
+    out[..., 3] = a[..., 3] + b[..., 3] + d_x * d_x * cross
+    out[..., 4] = a[..., 4] + b[..., 4] + d_y * d_y * cross
+    out[..., 5] = a[..., 5] + b[..., 5] + d_x * d_y * cross
+    return out
+
+
+_MERGE = {
+    "sum": np.add,
+    "max": np.maximum,
+    "min": np.minimum,
+    "moments": merge_moments,
+}
+
+
+def merge_states(a: State, b: State, reductions: Mapping[str, str]) -> State:
+    return {name: _MERGE[reductions[name]](a[name], b[name]) for name in reductions}
+
+
+class StepAccumulator:
+    """Base of every metric family. Subclasses declare ``REDUCTIONS`` and write ``_stats``/``_finalize``."""
+
+    REDUCTIONS: ClassVar[dict[str, str]] = {}
+
+    def __init__(self) -> None:
+        self.steps: dict[int, State] = {}
+
+    # -- to write in a family --------------------------------------------------------------------
+    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
+        """Partial state of each step group of ``chunk``: name -> tensor [G, ...]."""
+        raise NotImplementedError  # abstract
+
+    def _finalize(self, state: State) -> dict[str, float]:
+        """Metric values from one merged state (a step's, or the run's)."""
+        raise NotImplementedError  # abstract
+
+    # -- shared machinery ------------------------------------------------------------------------
+    def update(self, chunk: Chunk) -> None:
+        partial = {name: value.cpu().numpy() for name, value in self._stats(chunk).items()}
+        for group, step in enumerate(chunk.groups.steps):
+            state = {name: np.array(value[group], dtype=np.float64) for name, value in partial.items()}
+            current = self.steps.get(step)
+            self.steps[step] = state if current is None else merge_states(current, state, self.REDUCTIONS)
+
+    def merge(self, other: StepAccumulator) -> None:
+        for step, state in other.steps.items():
+            current = self.steps.get(step)
+            self.steps[step] = state if current is None else merge_states(current, state, self.REDUCTIONS)
+
+    def run_state(self) -> State | None:
+        merged: State | None = None
+        for step in sorted(self.steps):
+            state = self.steps[step]
+            merged = state if merged is None else merge_states(merged, state, self.REDUCTIONS)
+        return merged
+
+    def finalize_steps(self) -> dict[int, dict[str, float]]:
+        return {step: self._finalize(self.steps[step]) for step in sorted(self.steps)}
+
+    def finalize_run(self) -> dict[str, float]:
+        state = self.run_state()
+        return {} if state is None else self._finalize(state)
+
+
+def row_mean(row_sum: torch.Tensor, row_count: torch.Tensor) -> torch.Tensor:
+    """R_i[x] = Σ_t m·x / (n_i + 1e-8): verl's masked mean (empty rows give 0)."""
+    return row_sum / (row_count.to(torch.float64) + EPS)
+
+
+def clamp20(values: torch.Tensor) -> torch.Tensor:
+    return values.clamp(-CLAMP, CLAMP)
+
+
+def as_float(value: np.ndarray | float) -> float:
+    return float(np.asarray(value).reshape(()))

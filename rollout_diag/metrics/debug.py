@@ -1,0 +1,57 @@
+"""verl's debug metrics on probabilities (METRICS.md §5, keys ``training/…``)."""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+
+from rollout_diag.io.chunk import Chunk
+from rollout_diag.metrics.base import State, StepAccumulator, as_float, segment_max, segment_moments
+
+PREFIX = "training/"
+
+
+class DebugAccumulator(StepAccumulator):
+    """|p_a − p_r| max and moments, and the (p_a, p_r) co-moments for Pearson, merged by Chan's update."""
+
+    REDUCTIONS: ClassVar[dict[str, str]] = {
+        "probs_diff_max": "max",
+        "probs_diff": "moments",  # [n, mean, mean, M2, M2, C] of |p_a − p_r| (x = y)
+        "probs": "moments",  # [n, mean p_a, mean p_r, M2 p_a, M2 p_r, C]
+    }
+
+    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
+        model = chunk.model
+        count = chunk.groups.count
+        token_group = chunk.groups.row_group[model.row]
+        trainer_probs = torch.exp(model.trainer)
+        rollout_probs = torch.exp(model.rollout)
+        diff = (trainer_probs - rollout_probs).abs()
+        return {
+            "probs_diff_max": segment_max(diff, token_group, count),
+            "probs_diff": segment_moments(diff, diff, token_group, count),
+            "probs": segment_moments(trainer_probs, rollout_probs, token_group, count),
+        }
+
+    def _finalize(self, state: State) -> dict[str, float]:
+        n, mean, _, m2, _, _ = (float(v) for v in state["probs_diff"])
+        if n == 0:  # §5: no masked token -> valid 0, values NaN
+            names = (
+                "rollout_probs_diff_max",
+                "rollout_probs_diff_mean",
+                "rollout_probs_diff_std",
+                "rollout_actor_probs_pearson_corr",
+            )
+            return {PREFIX + "rollout_probs_diff_valid": 0.0, **{PREFIX + name: math.nan for name in names}}
+        _, _, _, m2_trainer, m2_rollout, co_moment = (float(v) for v in state["probs"])
+        denominator = math.sqrt(m2_trainer * m2_rollout)
+        return {
+            PREFIX + "rollout_probs_diff_valid": 1.0,
+            PREFIX + "rollout_probs_diff_max": as_float(state["probs_diff_max"]),
+            PREFIX + "rollout_probs_diff_mean": mean,
+            # unbiased, as torch.std; 0 with fewer than 2 values (METRICS.md, Notation)
+            PREFIX + "rollout_probs_diff_std": math.sqrt(max(m2, 0.0) / (n - 1)) if n > 1 else 0.0,
+            PREFIX + "rollout_actor_probs_pearson_corr": co_moment / denominator if denominator > 0 else math.nan,
+        }

@@ -1,0 +1,107 @@
+"""Per-round (multi-turn) metrics (METRICS.md §7, keys ``per_round/…``).
+
+A round is a maximal run of mask-1 tokens within a row, numbered 0, 1, … Rounds at index
+``max_rounds`` and beyond are pooled into one bucket (key ``round_<max_rounds>``, marked ``pooled``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from rollout_diag.io.chunk import Chunk
+from rollout_diag.metrics.base import CLAMP, State, StepAccumulator, as_float, segment_max, segment_sum
+
+PREFIX = "per_round/"
+DEFAULT_MAX_ROUNDS = 64
+ROUND_SUMS = ("token_count", "seq_count", "abs_diff", "kl", "k3_kl", "chi2_token")
+
+
+class RoundAccumulator(StepAccumulator):
+    """Per step, arrays over round buckets 0..max_rounds of token-level sums and |δ| maxima."""
+
+    def __init__(self, max_rounds: int = DEFAULT_MAX_ROUNDS) -> None:
+        super().__init__()
+        self.max_rounds = int(max_rounds)
+        self.REDUCTIONS = {**{name: "sum" for name in ROUND_SUMS}, "max_abs_diff": "max", "num_rounds_max": "max"}
+
+    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
+        model = chunk.model
+        groups = chunk.groups
+        buckets = self.max_rounds + 1
+        count = groups.count
+        token_group = groups.row_group[model.row]
+        flat = token_group * buckets + model.round.clamp(max=self.max_rounds)
+        delta = model.log_ratio
+
+        def by_bucket(values: torch.Tensor) -> torch.Tensor:
+            return segment_sum(values, flat, count * buckets).view(count, buckets)
+
+        rounds = chunk.rounds_per_row
+        # seq_count[k] = rows with more than k rounds (bucket max_rounds: more than max_rounds).
+        histogram = segment_sum(
+            torch.ones_like(rounds, dtype=torch.float64),
+            groups.row_group * (buckets + 1) + rounds.clamp(max=buckets),
+            count * (buckets + 1),
+        ).view(count, buckets + 1)
+        rows_with_more = histogram.flip(1).cumsum(1).flip(1)[:, 1:]
+        return {
+            "token_count": by_bucket(torch.ones_like(delta)),
+            "seq_count": rows_with_more,
+            "abs_diff": by_bucket(delta.abs()),
+            "kl": by_bucket(model.rollout - model.trainer),  # as §1 kl: r − a
+            "k3_kl": by_bucket(torch.expm1(delta) - delta),
+            "chi2_token": by_bucket(torch.exp(2.0 * delta.clamp(-CLAMP, CLAMP))),
+            "max_abs_diff": segment_max(delta.abs(), flat, count * buckets).view(count, buckets),
+            "num_rounds_max": segment_max(rounds.to(torch.float64), groups.row_group, count),
+        }
+
+    def table(self, state: State) -> list[dict[str, Any]]:
+        """One dict per round bucket that has tokens: round, pooled, counts and means."""
+        tokens = state["token_count"]
+        rows: list[dict[str, Any]] = []
+        for k in np.flatnonzero(tokens > 0):
+            n = float(tokens[k])
+            rows.append(
+                {
+                    "round": int(k),
+                    "pooled": bool(k == self.max_rounds),
+                    "token_count": int(n),
+                    "seq_count": int(state["seq_count"][k]),
+                    "logprob_abs_diff_mean": float(state["abs_diff"][k]) / n,
+                    "kl": float(state["kl"][k]) / n,
+                    "k3_kl": float(state["k3_kl"][k]) / n,
+                    "chi2_token": float(state["chi2_token"][k]) / n - 1.0,
+                    "max_abs_diff": float(state["max_abs_diff"][k]),
+                }
+            )
+        return rows
+
+    def _finalize(self, state: State) -> dict[str, float]:
+        rows = self.table(state)
+        if not rows:
+            return {}
+        out: dict[str, float] = {}
+        for row in rows:
+            key = f"{PREFIX}round_{row['round']}/"
+            for name in (
+                "logprob_abs_diff_mean",
+                "token_count",
+                "seq_count",
+                "k3_kl",
+                "kl",
+                "chi2_token",
+                "max_abs_diff",
+            ):
+                out[key + name] = float(row[name])
+        out[PREFIX + "num_rounds_max"] = as_float(state["num_rounds_max"])
+        # highest abs-diff mean; ties go to the earliest round
+        best = max(rows, key=lambda row: (row["logprob_abs_diff_mean"], -row["round"]))
+        out[PREFIX + "most_divergent_round"] = float(best["round"])
+        return out
+
+    def finalize_table(self) -> list[dict[str, Any]]:
+        state = self.run_state()
+        return [] if state is None else self.table(state)
