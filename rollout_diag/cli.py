@@ -170,6 +170,10 @@ def analyze(
         bool, typer.Option("--all-steps", help="Show every step (default: first, last, worst).")
     ] = False,
     max_rounds: Annotated[int, typer.Option(help="Pool rounds at this index and beyond into one bucket.")] = 64,
+    catastrophic: Annotated[
+        float, typer.Option(help="|δ| above which a token counts as catastrophic (1.0: ρ outside [1/e, e]).")
+    ] = 1.0,
+    top_k: Annotated[int, typer.Option(help="How many worst rows and tokens to keep.")] = 20,
     strict: StrictOpt = False,
     chunk_tokens: ChunkOpt = 1 << 21,
     debug: DebugOpt = False,
@@ -195,6 +199,37 @@ def analyze(
         emit(steps_csv(result.steps), output)
     else:
         _console().print(render_analysis(result, all_steps=all_steps))
+
+
+@app.command()
+@handles_errors
+def inspect(
+    inputs: Inputs,
+    sample: Annotated[
+        str | None,
+        typer.Option("--sample", "-s", help="sample_id of the row (default: the worst row by |log-ppl diff|)."),
+    ] = None,
+    step: Annotated[int | None, typer.Option(help="Step of the row, when a sample id repeats across steps.")] = None,
+    column: ColumnOpt = None,
+    device: DeviceOpt = "auto",
+    format: FormatOpt = OutputFormat.table,
+    output: OutputOpt = None,
+    debug: DebugOpt = False,
+) -> None:
+    """One row token by token: position, round, token, both logprobs and δ, coloured by |δ|."""
+    from dataclasses import asdict
+
+    from rollout_diag.engine import inspect_row
+    from rollout_diag.render.export import to_json_text
+    from rollout_diag.render.inspect import render_row
+
+    row = inspect_row([str(p) for p in inputs], sample, step=step, columns=parse_columns(column), device=device)
+    if format is OutputFormat.json:
+        emit(to_json_text({**asdict(row), "log_ratio": row.log_ratio}), output)
+    elif format is OutputFormat.csv:
+        fail("inspect writes table or json.")
+    else:
+        _console().print(render_row(row))
 
 
 def main() -> None:

@@ -13,10 +13,18 @@ from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, DumpReader, ReadLog
 from rollout_diag.metrics.base import StepAccumulator
 from rollout_diag.metrics.debug import DebugAccumulator
+from rollout_diag.metrics.localize import (
+    DEFAULT_CATASTROPHIC,
+    DEFAULT_TOP_K,
+    PositionAccumulator,
+    WorstTracker,
+    row_tokens,
+)
 from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
 from rollout_diag.metrics.rollout_kl import RolloutKLAccumulator
 from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS, RoundAccumulator
-from rollout_diag.results import AnalysisResult, StepResult
+from rollout_diag.metrics.trends import find_anomalies, round_trend, step_trend
+from rollout_diag.results import AnalysisResult, RowTokens, StepResult
 from rollout_diag.verdicts import judge
 
 Progress = Callable[[int, int], None]  # (file rows consumed, total file rows)
@@ -46,22 +54,29 @@ class Analysis:
     """All analysis families, mergeable: the state a worker ships back and the driver folds together."""
 
     max_rounds: int = DEFAULT_MAX_ROUNDS
+    catastrophic: float = DEFAULT_CATASTROPHIC
+    top_k: int = DEFAULT_TOP_K
     offpolicy: OffPolicyAccumulator = field(default_factory=OffPolicyAccumulator)
     debug: DebugAccumulator = field(default_factory=DebugAccumulator)
     rollout_kl: RolloutKLAccumulator = field(default_factory=RolloutKLAccumulator)
     rounds: RoundAccumulator = field(init=False)
+    positions: PositionAccumulator = field(init=False)
+    worst: WorstTracker = field(init=False)
     empty_rows: list[tuple[int, str, str, int]] = field(default_factory=list)  # (step, sample_id, file, row)
 
     def __post_init__(self) -> None:
-        self.rounds = RoundAccumulator(self.max_rounds)
+        self.rounds = RoundAccumulator(self.max_rounds, self.catastrophic)
+        self.positions = PositionAccumulator(self.catastrophic)
+        self.worst = WorstTracker(self.top_k, self.catastrophic)
 
     @property
     def families(self) -> tuple[StepAccumulator, ...]:
-        return (self.offpolicy, self.debug, self.rollout_kl, self.rounds)
+        return (self.offpolicy, self.debug, self.rollout_kl, self.rounds, self.positions)
 
     def update(self, chunk: Chunk) -> None:
         for family in self.families:
             family.update(chunk)
+        self.worst.update(chunk)
         if len(self.empty_rows) < MAX_LISTED_EMPTY_ROWS:
             for row in torch.nonzero(chunk.tokens_per_row == 0).flatten().tolist()[:MAX_LISTED_EMPTY_ROWS]:
                 self.empty_rows.append(
@@ -71,6 +86,7 @@ class Analysis:
     def merge(self, other: Analysis) -> None:
         for mine, theirs in zip(self.families, other.families, strict=True):
             mine.merge(theirs)
+        self.worst.merge(other.worst)
         self.empty_rows = (self.empty_rows + other.empty_rows)[:MAX_LISTED_EMPTY_ROWS]
 
     def step_results(self) -> list[StepResult]:
@@ -142,6 +158,8 @@ def analyze(
     device: str | torch.device = "auto",
     strict: bool = False,
     max_rounds: int = DEFAULT_MAX_ROUNDS,
+    catastrophic: float = DEFAULT_CATASTROPHIC,
+    top_k: int = DEFAULT_TOP_K,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     progress: Progress | None = None,
 ) -> AnalysisResult:
@@ -152,11 +170,49 @@ def analyze(
     """
     if max_rounds < 1:
         raise ConfigError(f"--max-rounds {max_rounds}: must be at least 1.")
+    if not catastrophic > 0:
+        raise ConfigError(f"--catastrophic {catastrophic}: must be a positive |δ| threshold.")
+    if top_k < 1:
+        raise ConfigError(f"--top-k {top_k}: must be at least 1.")
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
-    analysis = Analysis(max_rounds=max_rounds)
+    analysis = Analysis(max_rounds=max_rounds, catastrophic=catastrophic, top_k=top_k)
     run_chunks(reader, [analysis.update], torch_device, progress)
     return build_result(analysis, reader.log, torch_device, strict)
+
+
+def inspect_row(
+    inputs: str | Path | Sequence[str | Path],
+    sample_id: str | None = None,
+    *,
+    step: int | None = None,
+    columns: Mapping[str, str] | None = None,
+    device: str | torch.device = "auto",
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+) -> RowTokens:
+    """Every token of one row: the one with ``sample_id`` (and ``step``), or, without it, the worst row by
+    |log-ppl diff|. Raises DataError when no row (or more than one, without ``step``) matches."""
+    torch_device = resolve_device(device)
+    if sample_id is None:
+        result = analyze(inputs, columns=columns, device=torch_device, chunk_tokens=chunk_tokens, top_k=1)
+        return result.worst_row_tokens[0]
+    reader = open_reader(inputs, columns, strict=False, chunk_tokens=chunk_tokens)
+    found: list[RowTokens] = []
+    for chunk, _ in reader.chunks(torch_device):
+        for row, candidate in enumerate(chunk.sample_id):
+            if candidate == sample_id and (step is None or int(chunk.step[row]) == step):
+                found.append(row_tokens(chunk, row))
+    where_ = f"{', '.join(reader.log.files)}: column '{reader.log.columns.get('sample_id', 'sample_id')}'"
+    if not found:
+        in_step = "" if step is None else f" in step {step}"
+        raise DataError(f"{where_}: no row with sample id '{sample_id}'{in_step}.")
+    if len(found) > 1:
+        steps = ", ".join(str(r.step) for r in found[:10])
+        raise DataError(
+            f"{where_}: sample id '{sample_id}' names {len(found)} rows (steps {steps}).",
+            hint="pick one with --step." if step is None else "sample ids repeat within the step; fix the dump.",
+        )
+    return found[0]
 
 
 def open_reader(
@@ -189,6 +245,8 @@ def build_result(analysis: Analysis, log: ReadLog, device: torch.device, strict:
         raise DataError(f"{', '.join(log.files)}: {warnings[-1]}")
     if log.skipped_rows:
         warnings.append(f"{log.skipped_rows} row(s) skipped as invalid; see the skipped table.")
+    rounds = analysis.rounds.finalize_table()
+    trends = [t for t in (round_trend(rounds), step_trend(steps)) if t is not None]
     return AnalysisResult(
         inputs=list(log.files),
         columns=dict(log.columns),
@@ -196,8 +254,16 @@ def build_result(analysis: Analysis, log: ReadLog, device: torch.device, strict:
         device=str(device),
         run=run,
         steps=steps,
-        rounds=analysis.rounds.finalize_table(),
+        rounds=rounds,
         verdicts=judge(run.metrics),
+        positions=analysis.positions.position_rows(),
+        worst_rows=analysis.worst.worst_rows(),
+        worst_tokens=analysis.worst.worst_tokens(),
+        worst_row_tokens=analysis.worst.worst_row_tokens(),
+        delta_histogram=analysis.positions.delta_histogram(),
+        anomalies=find_anomalies(steps),
+        trends=trends,
+        catastrophic_threshold=analysis.catastrophic,
         warnings=warnings,
         skipped=list(log.skipped),
         skipped_rows=log.skipped_rows,

@@ -51,6 +51,94 @@ class StepResult:
 
 
 @dataclass(frozen=True)
+class WorstRow:
+    """A row ranked among the worst by ``criterion``; ``value`` is its score under that criterion."""
+
+    criterion: str  # log_ppl_abs_diff | max_abs_diff | k3_sum | catastrophic_share
+    value: float
+    step: int
+    sample_id: str
+    file: str
+    row: int  # row number within ``file`` (token layout: first token's row)
+    length: int  # tokens in the row, environment tokens included
+    model_tokens: int
+    rounds: int
+    worst_round: int  # round with the highest mean |δ| in this row (-1 for a row with no model token)
+    log_ppl_diff: float  # d_i = R_i[r] − R_i[a]
+    max_abs_diff: float
+    k3_sum: float
+    catastrophic_count: int
+
+
+@dataclass(frozen=True)
+class WorstToken:
+    """One of the tokens with the largest |δ|, located to the step, row, position and round."""
+
+    step: int
+    sample_id: str
+    file: str
+    row: int
+    position: int  # index in the row, environment tokens included
+    round: int
+    token_id: int | None
+    token: str | None
+    trainer_logprob: float
+    rollout_logprob: float
+    log_ratio: float  # δ = trainer − rollout
+
+    @property
+    def trainer_prob(self) -> float:
+        return math.exp(self.trainer_logprob)
+
+    @property
+    def rollout_prob(self) -> float:
+        return math.exp(self.rollout_logprob)
+
+
+@dataclass(frozen=True)
+class RowTokens:
+    """Every token of one row (environment tokens included), for token strips and ``inspect``."""
+
+    step: int
+    sample_id: str
+    file: str
+    row: int
+    mask: list[int]
+    trainer_logprob: list[float]  # 0.0 at mask-0 positions (never used there)
+    rollout_logprob: list[float]
+    token_id: list[int] | None = None
+    token: list[str | None] | None = None
+
+    @property
+    def log_ratio(self) -> list[float]:
+        return [a - r for a, r in zip(self.trainer_logprob, self.rollout_logprob, strict=True)]
+
+
+@dataclass(frozen=True)
+class Anomaly:
+    """A step whose ``metric`` is ``factor`` × the median of the previous steps' values (``baseline``)."""
+
+    step: int
+    metric: str
+    value: float
+    baseline: float
+    factor: float
+
+
+@dataclass(frozen=True)
+class Trend:
+    """Least-squares slope of ``metric`` against ``against`` (round index or step), 95 % confidence interval."""
+
+    metric: str
+    against: str
+    slope: float
+    ci_low: float
+    ci_high: float
+    points: int
+    summary: str  # one line for a human, empty when the data shows no significant trend
+
+
+@dataclass(frozen=True)
 class AnalysisResult:
     """Everything ``analyze`` found; ``to_json()`` is the documented JSON (schemas/result.schema.json)."""
 
@@ -62,6 +150,15 @@ class AnalysisResult:
     steps: list[StepResult]
     rounds: list[dict[str, Any]]
     verdicts: list[Verdict]
+    # Localisation (where it diverges): see rollout_diag/metrics/localize.py.
+    positions: list[dict[str, Any]] = field(default_factory=list)  # log2 position buckets; "step" None = run
+    worst_rows: list[WorstRow] = field(default_factory=list)
+    worst_tokens: list[WorstToken] = field(default_factory=list)
+    worst_row_tokens: list[RowTokens] = field(default_factory=list)
+    delta_histogram: dict[str, list[float]] = field(default_factory=dict)  # signed log bins of δ, run level
+    anomalies: list[Anomaly] = field(default_factory=list)
+    trends: list[Trend] = field(default_factory=list)
+    catastrophic_threshold: float = 1.0
     warnings: list[str] = field(default_factory=list)
     skipped: list[SkippedRow] = field(default_factory=list)
     skipped_rows: int = 0
@@ -82,12 +179,27 @@ class AnalysisResult:
             "device": self.device,
             "run": step_json(self.run),
             "steps": [step_json(step) for step in self.steps],
-            "rounds": [{key: json_number(value) for key, value in row.items()} for row in self.rounds],
+            "rounds": [_json_row(row) for row in self.rounds],
             "verdicts": [{**asdict(v), "value": json_number(v.value)} for v in self.verdicts],
+            "catastrophic_threshold": self.catastrophic_threshold,
+            "positions": [_json_row(row) for row in self.positions],
+            "worst_rows": [_json_row(asdict(row)) for row in self.worst_rows],
+            "worst_tokens": [
+                _json_row({**asdict(t), "trainer_prob": t.trainer_prob, "rollout_prob": t.rollout_prob})
+                for t in self.worst_tokens
+            ],
+            "worst_row_tokens": [asdict(row) for row in self.worst_row_tokens],
+            "delta_histogram": dict(self.delta_histogram),
+            "anomalies": [_json_row(asdict(a)) for a in self.anomalies],
+            "trends": [_json_row(asdict(t)) for t in self.trends],
             "warnings": list(self.warnings),
             "skipped": [asdict(s) for s in self.skipped],
             "skipped_rows": self.skipped_rows,
         }
+
+
+def _json_row(row: dict[str, Any]) -> dict[str, Any]:
+    return {key: json_number(value) for key, value in row.items()}
 
 
 def json_number(value: Any) -> Any:

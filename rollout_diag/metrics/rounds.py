@@ -16,15 +16,16 @@ from rollout_diag.metrics.base import CLAMP, State, StepAccumulator, as_float, s
 
 PREFIX = "per_round/"
 DEFAULT_MAX_ROUNDS = 64
-ROUND_SUMS = ("token_count", "seq_count", "abs_diff", "kl", "k3_kl", "chi2_token")
+ROUND_SUMS = ("token_count", "seq_count", "abs_diff", "kl", "k3_kl", "chi2_token", "catastrophic")
 
 
 class RoundAccumulator(StepAccumulator):
     """Per step, arrays over round buckets 0..max_rounds of token-level sums and |δ| maxima."""
 
-    def __init__(self, max_rounds: int = DEFAULT_MAX_ROUNDS) -> None:
+    def __init__(self, max_rounds: int = DEFAULT_MAX_ROUNDS, catastrophic: float = 1.0) -> None:
         super().__init__()
         self.max_rounds = int(max_rounds)
+        self.catastrophic = float(catastrophic)
         self.REDUCTIONS = {**{name: "sum" for name in ROUND_SUMS}, "max_abs_diff": "max", "num_rounds_max": "max"}
 
     def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
@@ -54,6 +55,7 @@ class RoundAccumulator(StepAccumulator):
             "kl": by_bucket(model.rollout - model.trainer),  # as §1 kl: r − a
             "k3_kl": by_bucket(torch.expm1(delta) - delta),
             "chi2_token": by_bucket(torch.exp(2.0 * delta.clamp(-CLAMP, CLAMP))),
+            "catastrophic": by_bucket((delta.abs() > self.catastrophic).to(torch.float64)),
             "max_abs_diff": segment_max(delta.abs(), flat, count * buckets).view(count, buckets),
             "num_rounds_max": segment_max(rounds.to(torch.float64), groups.row_group, count),
         }
@@ -75,6 +77,8 @@ class RoundAccumulator(StepAccumulator):
                     "k3_kl": float(state["k3_kl"][k]) / n,
                     "chi2_token": float(state["chi2_token"][k]) / n - 1.0,
                     "max_abs_diff": float(state["max_abs_diff"][k]),
+                    "catastrophic_count": int(state["catastrophic"][k]),
+                    "catastrophic_share": float(state["catastrophic"][k]) / n,
                 }
             )
         return rows

@@ -8,7 +8,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from rollout_diag.render.format import level, number
+from rollout_diag.render.format import level, number, percent
 from rollout_diag.results import AnalysisResult, StepResult
 from rollout_diag.verdicts import RULES, judge
 
@@ -20,7 +20,9 @@ STEP_COLUMNS = (
     ("rollout_corr/log_ppl_abs_diff", "|log-ppl diff|"),
     ("training/rollout_probs_diff_mean", "probs diff"),
     ("mismatch/logprob_abs_diff", "|δ| mean"),
+    ("diag/catastrophic_tokens", "catastr."),
 )
+ROWS_SHOWN = 10
 STEPS_SHOWN_EACH_END = 5  # long runs: first, last and worst steps unless --all-steps
 
 
@@ -30,6 +32,13 @@ def render_analysis(result: AnalysisResult, all_steps: bool = False) -> Renderab
         parts.append(steps_table(result.steps, all_steps))
     if result.rounds:
         parts.append(rounds_table(result.rounds))
+    if result.positions:
+        parts.append(positions_table(result.positions))
+    if result.worst_rows:
+        parts.append(worst_rows_table(result))
+    if result.worst_tokens:
+        parts.append(worst_tokens_table(result))
+    parts.extend(findings(result))
     if result.skipped_rows:
         parts.append(skipped_table(result))
     for warning in result.warnings:
@@ -121,7 +130,7 @@ def steps_table(steps: Sequence[StepResult], all_steps: bool) -> Table:
 
 def rounds_table(rounds: Sequence[dict]) -> Table:
     table = Table(title="Per round (multi-turn; round k = k-th run of model tokens in a row)", title_justify="left")
-    for heading in ("round", "tokens", "rows", "|δ| mean", "kl", "k3_kl", "χ² token", "max |δ|"):
+    for heading in ("round", "tokens", "rows", "|δ| mean", "kl", "k3_kl", "χ² token", "max |δ|", "catastr."):
         table.add_column(heading, justify="right")
     most = max(rounds, key=lambda r: (r["logprob_abs_diff_mean"], -r["round"]))["round"]
     for row in rounds:
@@ -135,8 +144,117 @@ def rounds_table(rounds: Sequence[dict]) -> Table:
             number(row["k3_kl"]),
             number(row["chi2_token"]),
             number(row["max_abs_diff"]),
+            number(row["catastrophic_count"]),
         )
     return table
+
+
+def positions_table(positions: Sequence[dict]) -> Table:
+    table = Table(title="Per token position (log2 buckets of the index within the row)", title_justify="left")
+    for heading in ("positions", "tokens", "|δ| mean", "k3_kl", "catastrophic"):
+        table.add_column(heading, justify="right")
+    for row in positions:
+        if row["step"] is None:
+            table.add_row(
+                row["bucket"],
+                number(row["token_count"]),
+                number(row["logprob_abs_diff_mean"]),
+                number(row["k3_kl"]),
+                percent(row["catastrophic_share"]),
+            )
+    return table
+
+
+def worst_rows_table(result: AnalysisResult, criterion: str = "log_ppl_abs_diff") -> Table:
+    rows = [r for r in result.worst_rows if r.criterion == criterion][:ROWS_SHOWN]
+    table = Table(
+        title=f"Worst rows by |log-ppl diff| (top {len(rows)}; all criteria in --format json; "
+        "rollout-diag inspect FILE --sample ID shows one token by token)",
+        title_justify="left",
+    )
+    for heading in (
+        "step",
+        "sample_id",
+        "file:row",
+        "tokens",
+        "rounds",
+        "worst round",
+        "log-ppl diff",
+        "max |δ|",
+        "Σ k3",
+        "catastr.",
+    ):
+        table.add_column(heading, justify="left" if heading in ("sample_id", "file:row") else "right")
+    for row in rows:
+        table.add_row(
+            str(row.step),
+            Text(row.sample_id),
+            Text(f"{_short(row.file)}:{row.row}"),
+            f"{row.model_tokens}/{row.length}",
+            str(row.rounds),
+            str(row.worst_round),
+            number(row.log_ppl_diff),
+            number(row.max_abs_diff),
+            number(row.k3_sum),
+            str(row.catastrophic_count),
+        )
+    return table
+
+
+def worst_tokens_table(result: AnalysisResult) -> Table:
+    tokens = result.worst_tokens[:ROWS_SHOWN]
+    table = Table(title=f"Worst tokens by |δ| (top {len(tokens)})", title_justify="left")
+    for heading in (
+        "step",
+        "sample_id",
+        "pos",
+        "round",
+        "token",
+        "trainer logp",
+        "rollout logp",
+        "δ",
+        "p trainer",
+        "p rollout",
+    ):
+        table.add_column(heading, justify="left" if heading in ("sample_id", "token") else "right")
+    for token in tokens:
+        text = token.token if token.token is not None else (None if token.token_id is None else f"#{token.token_id}")
+        table.add_row(
+            str(token.step),
+            Text(token.sample_id),
+            str(token.position),
+            str(token.round),
+            Text(repr(text)[1:-1] if text is not None else "–"),
+            number(token.trainer_logprob),
+            number(token.rollout_logprob),
+            number(token.log_ratio),
+            number(token.trainer_prob, 3),
+            number(token.rollout_prob, 3),
+        )
+    return table
+
+
+def findings(result: AnalysisResult) -> list[RenderableType]:
+    """One line per trend the data shows and per anomalous step."""
+    lines: list[RenderableType] = []
+    for trend in result.trends:
+        if trend.summary:
+            lines.append(Text(f"trend: {trend.summary}", style="bold"))
+    for anomaly in result.anomalies[:ROWS_SHOWN]:
+        lines.append(
+            Text(
+                f"anomaly: step {anomaly.step}: {anomaly.metric} = {number(anomaly.value)}, "
+                f"{anomaly.factor:.1f}× the median of the previous steps ({number(anomaly.baseline)})",
+                style="yellow",
+            )
+        )
+    if len(result.anomalies) > ROWS_SHOWN:
+        lines.append(Text(f"… {len(result.anomalies) - ROWS_SHOWN} more anomalies in --format json", style="yellow"))
+    return lines
+
+
+def _short(path: str) -> str:
+    return path.rsplit("/", 1)[-1]
 
 
 def skipped_table(result: AnalysisResult) -> Table:

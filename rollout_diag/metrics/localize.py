@@ -1,0 +1,322 @@
+"""Where the mismatch is: token positions, the δ distribution, catastrophic tokens, worst rows and tokens.
+
+Position buckets are log2 of the index within the row (0, 1, 2–3, 4–7, …). Worst rows and tokens are
+bounded top-K sets, merged across chunks; ties are broken by (step, file, row, position) so the sets do
+not depend on chunking.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from rollout_diag.io.chunk import Chunk
+from rollout_diag.metrics.base import State, StepAccumulator, row_mean, segment_max, segment_sum
+from rollout_diag.results import RowTokens, WorstRow, WorstToken
+
+POSITION_BUCKETS = 40  # log2 buckets: covers rows of up to 2^38 tokens
+DEFAULT_CATASTROPHIC = 1.0  # |δ| > 1: ρ outside [1/e, e]
+DEFAULT_TOP_K = 20
+ROW_CRITERIA = ("log_ppl_abs_diff", "max_abs_diff", "k3_sum", "catastrophic_share")
+# Signed log-spaced δ bins: |δ| edges 1e-6 … 100 in quarter decades, mirrored, plus a central bin.
+_ABS_EDGES = [10.0 ** (-6 + k / 4) for k in range(33)]
+DELTA_EDGES = [-e for e in reversed(_ABS_EDGES)] + _ABS_EDGES
+
+
+def position_bucket(position: torch.Tensor) -> torch.Tensor:
+    """0 → 0, 1 → 1, 2–3 → 2, 4–7 → 3, …: floor(log2(p)) + 1 for p ≥ 1."""
+    bucket = torch.zeros_like(position)
+    positive = position > 0
+    bucket[positive] = torch.floor(torch.log2(position[positive].to(torch.float64))).to(torch.int64) + 1
+    return bucket.clamp(max=POSITION_BUCKETS - 1)
+
+
+def bucket_label(bucket: int) -> tuple[int, int, str]:
+    """(first position, last position, label) of a log2 bucket."""
+    if bucket == 0:
+        return 0, 0, "0"
+    start, end = 1 << (bucket - 1), (1 << bucket) - 1
+    return start, end, str(start) if start == end else f"{start}–{end}"
+
+
+class PositionAccumulator(StepAccumulator):
+    """Per step, over log2 position buckets: token count, Σ|δ|, Σ k3, catastrophic count; and the δ histogram."""
+
+    REDUCTIONS: ClassVar[dict[str, str]] = {
+        "token_count": "sum",
+        "abs_diff": "sum",
+        "k3_kl": "sum",
+        "catastrophic": "sum",
+        "delta_histogram": "sum",
+    }
+
+    def __init__(self, catastrophic: float = DEFAULT_CATASTROPHIC) -> None:
+        super().__init__()
+        self.catastrophic = float(catastrophic)
+
+    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
+        model = chunk.model
+        count = chunk.groups.count
+        token_group = chunk.groups.row_group[model.row]
+        flat = token_group * POSITION_BUCKETS + position_bucket(model.position)
+        delta = model.log_ratio
+
+        def by_bucket(values: torch.Tensor) -> torch.Tensor:
+            return segment_sum(values, flat, count * POSITION_BUCKETS).view(count, POSITION_BUCKETS)
+
+        edges = torch.tensor(DELTA_EDGES, dtype=torch.float64, device=delta.device)
+        bins = len(DELTA_EDGES) - 1
+        delta_bin = (torch.bucketize(delta, edges, right=True) - 1).clamp(0, bins - 1)
+        histogram = segment_sum(torch.ones_like(delta), token_group * bins + delta_bin, count * bins)
+        return {
+            "token_count": by_bucket(torch.ones_like(delta)),
+            "abs_diff": by_bucket(delta.abs()),
+            "k3_kl": by_bucket(torch.expm1(delta) - delta),
+            "catastrophic": by_bucket((delta.abs() > self.catastrophic).to(torch.float64)),
+            "delta_histogram": histogram.view(count, bins),
+        }
+
+    def table(self, state: State, step: int | None) -> list[dict[str, Any]]:
+        rows = []
+        for bucket in np.flatnonzero(state["token_count"] > 0):
+            n = float(state["token_count"][bucket])
+            start, end, label = bucket_label(int(bucket))
+            rows.append(
+                {
+                    "step": step,
+                    "bucket": label,
+                    "start": start,
+                    "end": end,
+                    "token_count": int(n),
+                    "logprob_abs_diff_mean": float(state["abs_diff"][bucket]) / n,
+                    "k3_kl": float(state["k3_kl"][bucket]) / n,
+                    "catastrophic_share": float(state["catastrophic"][bucket]) / n,
+                }
+            )
+        return rows
+
+    def _finalize(self, state: State) -> dict[str, float]:
+        tokens = float(state["token_count"].sum())
+        if tokens == 0:
+            return {}
+        catastrophic = float(state["catastrophic"].sum())
+        return {"diag/catastrophic_tokens": catastrophic, "diag/catastrophic_token_share": catastrophic / tokens}
+
+    def position_rows(self) -> list[dict[str, Any]]:
+        """Run buckets first (step None), then each step's."""
+        run = self.run_state()
+        rows = [] if run is None else self.table(run, None)
+        for step in sorted(self.steps):
+            rows.extend(self.table(self.steps[step], step))
+        return rows
+
+    def delta_histogram(self) -> dict[str, list[float]]:
+        run = self.run_state()
+        counts = [] if run is None else [int(c) for c in run["delta_histogram"]]
+        return {"edges": list(DELTA_EDGES), "counts": counts}
+
+
+def row_tokens(chunk: Chunk, row: int) -> RowTokens:
+    """Every token of row ``row`` of ``chunk``, environment tokens included."""
+    start, end = int(chunk.offsets[row]), int(chunk.offsets[row + 1])
+    return RowTokens(
+        step=int(chunk.step[row]),
+        sample_id=chunk.sample_id[row],
+        file=chunk.file[row],
+        row=chunk.file_row[row],
+        mask=chunk.mask[start:end].to(torch.int8).tolist(),
+        trainer_logprob=chunk.trainer[start:end].tolist(),
+        rollout_logprob=chunk.rollout[start:end].tolist(),
+        token_id=None if chunk.token_ids is None else chunk.token_ids[start:end].tolist(),
+        token=None if chunk.token_text is None else [chunk.token_text(row, p) for p in range(end - start)],
+    )
+
+
+# ------------------------------------------------------------------------------------------ top-K
+def _location_key(step: int, file_index: int, row: int, position: int = -1) -> tuple[int, int, int, int]:
+    return (step, file_index, row, position)
+
+
+@dataclass
+class TopK:
+    """The ``k`` largest items by score; ties broken by location so any chunking keeps the same set."""
+
+    k: int
+    items: list[tuple[float, tuple[int, int, int, int], Any]] = field(default_factory=list)
+
+    def offer(self, candidates: list[tuple[float, tuple[int, int, int, int], Any]]) -> None:
+        merged = self.items + candidates
+        merged.sort(key=lambda item: (-item[0], item[1]))
+        self.items = merged[: self.k]
+
+    def threshold(self) -> float:
+        """Scores at or below this cannot enter (when full)."""
+        return self.items[-1][0] if len(self.items) >= self.k else -math.inf
+
+    def merge(self, other: TopK) -> None:
+        self.offer(other.items)
+
+
+class WorstTracker:
+    """Top-K rows under each criterion and top-K tokens by |δ|, with the tokens of the top rows kept."""
+
+    def __init__(self, k: int = DEFAULT_TOP_K, catastrophic: float = DEFAULT_CATASTROPHIC) -> None:
+        self.k = int(k)
+        self.catastrophic = float(catastrophic)
+        self.rows = {criterion: TopK(self.k) for criterion in ROW_CRITERIA}
+        self.tokens = TopK(self.k)
+        self.files: dict[str, int] = {}
+
+    def _file_index(self, name: str) -> int:
+        return self.files.setdefault(name, len(self.files))
+
+    def update(self, chunk: Chunk) -> None:
+        model = chunk.model
+        rows = chunk.rows
+        n = chunk.tokens_per_row
+        delta = model.log_ratio
+        abs_delta = delta.abs()
+        mean_trainer = row_mean(segment_sum(model.trainer, model.row, rows), n)
+        mean_rollout = row_mean(segment_sum(model.rollout, model.row, rows), n)
+        log_ppl_diff = mean_rollout - mean_trainer
+        catastrophic = segment_sum((abs_delta > self.catastrophic).to(torch.float64), model.row, rows)
+        scores = {
+            "log_ppl_abs_diff": log_ppl_diff.abs(),
+            "max_abs_diff": segment_max(abs_delta, model.row, rows).clamp(min=0.0),
+            "k3_sum": segment_sum(torch.expm1(delta) - delta, model.row, rows),
+            "catastrophic_share": catastrophic / n.clamp(min=1),
+        }
+        host = {name: value.cpu().numpy() for name, value in scores.items()}
+        host["log_ppl_diff"] = log_ppl_diff.cpu().numpy()
+        host["catastrophic"] = catastrophic.cpu().numpy()
+        host["model_tokens"] = n.cpu().numpy()
+        chosen: set[int] = set()
+        for criterion, tracker in self.rows.items():
+            values = host[criterion]
+            top = np.argsort(-values, kind="stable")[: self.k]
+            candidates = [
+                (float(values[i]), self._row_key(chunk, int(i)), int(i))
+                for i in top
+                if values[i] >= tracker.threshold() and host["model_tokens"][i] > 0
+            ]
+            chosen.update(i for _, _, i in candidates)
+            tracker.offer(candidates)
+        details = self._row_details(chunk, sorted(chosen), host)
+        for tracker in self.rows.values():
+            tracker.items = [
+                (score, key, details[item] if isinstance(item, int) else item) for score, key, item in tracker.items
+            ]
+        self._offer_tokens(chunk, abs_delta)
+
+    def _row_key(self, chunk: Chunk, row: int) -> tuple[int, int, int, int]:
+        return _location_key(int(chunk.step[row]), self._file_index(chunk.file[row]), chunk.file_row[row])
+
+    def _row_details(self, chunk: Chunk, rows: list[int], host: dict[str, np.ndarray]) -> dict[int, Any]:
+        if not rows:
+            return {}
+        model = chunk.model
+        details: dict[int, Any] = {}
+        lengths = chunk.lengths.cpu().numpy()
+        rounds = chunk.rounds_per_row.cpu().numpy()
+        # Model tokens are in row order: row i's are [model_offsets[i], model_offsets[i + 1]).
+        model_offsets = np.concatenate([[0], np.cumsum(host["model_tokens"])]).astype(np.int64)
+        for row in rows:
+            first, last = int(model_offsets[row]), int(model_offsets[row + 1])
+            row_rounds = model.round[first:last]
+            row_abs = model.log_ratio[first:last].abs()
+            round_count = int(row_rounds.max()) + 1 if row_rounds.numel() else 0
+            round_means = segment_sum(row_abs, row_rounds, round_count) / segment_sum(
+                torch.ones_like(row_abs), row_rounds, round_count
+            ).clamp(min=1)
+            tokens = row_tokens(chunk, row)
+            details[row] = (
+                {
+                    "step": tokens.step,
+                    "sample_id": tokens.sample_id,
+                    "file": tokens.file,
+                    "row": tokens.row,
+                    "length": int(lengths[row]),
+                    "model_tokens": int(host["model_tokens"][row]),
+                    "rounds": int(rounds[row]),
+                    "worst_round": int(torch.argmax(round_means)) if round_count else -1,
+                    "log_ppl_diff": float(host["log_ppl_diff"][row]),
+                    "max_abs_diff": float(host["max_abs_diff"][row]),
+                    "k3_sum": float(host["k3_sum"][row]),
+                    "catastrophic_count": int(host["catastrophic"][row]),
+                },
+                tokens,
+            )
+        return details
+
+    def _offer_tokens(self, chunk: Chunk, abs_delta: torch.Tensor) -> None:
+        model = chunk.model
+        if abs_delta.numel() == 0:
+            return
+        k = min(self.k, abs_delta.numel())
+        values, _ = torch.topk(abs_delta, k)
+        # torch.topk breaks ties arbitrarily: widen to every token tied with the k-th value.
+        tied = torch.nonzero(abs_delta >= values[-1]).flatten()
+        candidates = []
+        for token in tied.tolist():
+            row = int(model.row[token])
+            position = int(model.position[token])
+            score = float(abs_delta[token])
+            if score < self.tokens.threshold():
+                continue
+            key = _location_key(int(chunk.step[row]), self._file_index(chunk.file[row]), chunk.file_row[row], position)
+            candidates.append(
+                (
+                    score,
+                    key,
+                    WorstToken(
+                        step=int(chunk.step[row]),
+                        sample_id=chunk.sample_id[row],
+                        file=chunk.file[row],
+                        row=chunk.file_row[row],
+                        position=position,
+                        round=int(model.round[token]),
+                        token_id=None
+                        if chunk.token_ids is None
+                        else int(chunk.token_ids[chunk.offsets[row] + position]),
+                        token=None if chunk.token_text is None else chunk.token_text(row, position),
+                        trainer_logprob=float(model.trainer[token]),
+                        rollout_logprob=float(model.rollout[token]),
+                        log_ratio=float(model.log_ratio[token]),
+                    ),
+                )
+            )
+        self.tokens.offer(candidates)
+
+    def merge(self, other: WorstTracker) -> None:
+        # File indices are local to each tracker: re-key the other's items by file name.
+        for criterion, tracker in self.rows.items():
+            tracker.offer([self._rekey(score, item) for score, _, item in other.rows[criterion].items])
+        self.tokens.offer([self._rekey(score, item) for score, _, item in other.tokens.items])
+
+    def _rekey(self, score: float, item: Any) -> tuple[float, tuple[int, int, int, int], Any]:
+        if isinstance(item, WorstToken):
+            return score, _location_key(item.step, self._file_index(item.file), item.row, item.position), item
+        summary, _ = item
+        return score, _location_key(summary["step"], self._file_index(summary["file"]), summary["row"]), item
+
+    def worst_rows(self) -> list[WorstRow]:
+        return [
+            WorstRow(criterion=criterion, value=score, **item[0])
+            for criterion, tracker in self.rows.items()
+            for score, _, item in tracker.items
+        ]
+
+    def worst_row_tokens(self) -> list[RowTokens]:
+        """Token-level data of every row in any top-K list, once each, worst (by |log-ppl diff|) first."""
+        seen: dict[tuple[str, int], RowTokens] = {}
+        for tracker in self.rows.values():
+            for _, _, (summary, tokens) in tracker.items:
+                seen.setdefault((summary["file"], summary["row"]), tokens)
+        return list(seen.values())
+
+    def worst_tokens(self) -> list[WorstToken]:
+        return [item for _, _, item in self.tokens.items]

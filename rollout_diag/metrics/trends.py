@@ -1,0 +1,141 @@
+"""Step anomalies and trends: pure functions over finalized per-step and per-round values."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from rollout_diag.results import Anomaly, StepResult, Trend
+
+ANOMALY_METRICS = ("rollout_corr/k3_kl", "rollout_corr/chi2_token", "rollout_corr/log_ppl_abs_diff")
+ANOMALY_FACTOR = 3.0  # flagged when value > 3 × median of the previous steps …
+ANOMALY_WINDOW = 10  # … taken over at most 10 previous steps …
+ANOMALY_MIN_HISTORY = 3  # … once at least 3 exist
+CHANGE_MIN_SEGMENT = 5  # a drift change point needs 5 steps on each side
+CHANGE_MIN_RATIO = 2.0  # … and the later mean at least 2 × the earlier one
+CHANGE_MIN_T = 3.0  # … with Welch's t above 3
+MIN_ROUND_TOKENS = 30  # rounds with fewer tokens are too noisy to enter the round trend
+
+
+def find_anomalies(
+    steps: Sequence[StepResult],
+    metrics: Sequence[str] = ANOMALY_METRICS,
+    factor: float = ANOMALY_FACTOR,
+    window: int = ANOMALY_WINDOW,
+) -> list[Anomaly]:
+    """Steps whose metric exceeds ``factor`` × the median of the previous ``window`` steps' values."""
+    anomalies = []
+    for metric in metrics:
+        history: list[float] = []
+        for step in steps:
+            value = step.metrics.get(metric)
+            if value is None or math.isnan(value):
+                continue
+            if len(history) >= ANOMALY_MIN_HISTORY:
+                baseline = statistics.median(history[-window:])
+                if baseline > 0 and value > factor * baseline:
+                    anomalies.append(Anomaly(int(step.step or 0), metric, value, baseline, value / baseline))
+            history.append(value)
+    return sorted(anomalies, key=lambda a: (a.step, a.metric))
+
+
+def t_quantile_975(dof: int) -> float:
+    """97.5 % quantile of Student's t (Cornish–Fisher expansion; error < 1e-3 for dof ≥ 3)."""
+    z = 1.959963984540054
+    if dof <= 0:
+        return math.inf
+    if dof == 1:
+        return 12.706204736174698
+    if dof == 2:
+        return 4.302652729749464
+    d = float(dof)
+    return (
+        z
+        + (z**3 + z) / (4 * d)
+        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * d**2)
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * d**3)
+        + (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / (92160 * d**4)
+    )
+
+
+def least_squares(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float] | None:
+    """(slope, ci_low, ci_high) of y on x with a 95 % t interval; None with fewer than 3 points."""
+    n = len(xs)
+    if n < 3:
+        return None
+    mean_x, mean_y = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mean_x) ** 2 for x in xs)
+    if sxx == 0:
+        return None
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sxx
+    intercept = mean_y - slope * mean_x
+    residual = sum((y - intercept - slope * x) ** 2 for x, y in zip(xs, ys, strict=True))
+    stderr = math.sqrt(residual / (n - 2) / sxx)
+    half = t_quantile_975(n - 2) * stderr
+    return slope, slope - half, slope + half
+
+
+def round_trend(rounds: Sequence[dict[str, Any]]) -> Trend | None:
+    """Does mean |δ| grow with the round index? OLS over round means (pooled bucket and rounds < 30 tokens left out)."""
+    points = [r for r in rounds if not r["pooled"] and r["token_count"] >= MIN_ROUND_TOKENS]
+    fit = least_squares([float(r["round"]) for r in points], [r["logprob_abs_diff_mean"] for r in points])
+    if fit is None:
+        return None
+    slope, low, high = fit
+    summary = ""
+    if low > 0:
+        summary = f"mismatch grows with the turn: mean |δ| +{slope:.3g} per round (95 % CI {low:.3g} to {high:.3g})"
+    elif high < 0:
+        summary = f"mismatch shrinks with the turn: mean |δ| {slope:.3g} per round (95 % CI {low:.3g} to {high:.3g})"
+    return Trend("per_round/logprob_abs_diff_mean", "round", slope, low, high, len(points), summary)
+
+
+def step_trend(steps: Sequence[StepResult], metric: str = "rollout_corr/k3_kl") -> Trend | None:
+    """Slope of ``metric`` over steps, and the step after which it rose, when the data shows a change point.
+
+    The change point is the split (≥ 5 steps each side) that minimises the within-segment squared error;
+    it is reported only when the later mean is ≥ 2 × the earlier one with Welch's t > 3.
+    """
+    points = [(float(s.step or 0), s.metrics[metric]) for s in steps if metric in s.metrics]
+    fit = least_squares([p[0] for p in points], [p[1] for p in points])
+    if fit is None:
+        return None
+    slope, low, high = fit
+    summary = ""
+    change = change_point([p[1] for p in points])
+    if change is not None:
+        index, before, after, t = change
+        summary = (
+            f"{metric.split('/')[-1]} rising since step {int(points[index][0])}: mean {after:.3g} from there "
+            f"vs {before:.3g} before ({after / before:.1f}×, Welch t = {t:.1f})"
+        )
+    elif low > 0:
+        summary = f"{metric.split('/')[-1]} rising over steps: {slope:+.3g} per step (95 % CI {low:.3g} to {high:.3g})"
+    return Trend(metric, "step", slope, low, high, len(points), summary)
+
+
+def change_point(values: Sequence[float]) -> tuple[int, float, float, float] | None:
+    """(first index after the split, mean before, mean after, Welch t) for a significant rise, else None."""
+    n = len(values)
+    if n < 2 * CHANGE_MIN_SEGMENT:
+        return None
+    # Within-segment squared error for every split at once, from prefix sums (values are centred first).
+    centred = np.asarray(values, dtype=np.float64) - float(np.mean(values))
+    total, total_sq = np.cumsum(centred), np.cumsum(centred * centred)
+    splits = np.arange(CHANGE_MIN_SEGMENT, n - CHANGE_MIN_SEGMENT + 1)
+    left_n, right_n = splits.astype(np.float64), (n - splits).astype(np.float64)
+    left_sum, left_sq = total[splits - 1], total_sq[splits - 1]
+    right_sum, right_sq = total[-1] - left_sum, total_sq[-1] - left_sq
+    sse = (left_sq - left_sum**2 / left_n) + (right_sq - right_sum**2 / right_n)
+    split = int(splits[int(np.argmin(sse))])
+    before, after = values[:split], values[split:]
+    mean_before, mean_after = statistics.fmean(before), statistics.fmean(after)
+    spread = math.sqrt(statistics.variance(before) / len(before) + statistics.variance(after) / len(after))
+    t = (mean_after - mean_before) / spread if spread > 0 else math.inf
+    if mean_before > 0 and mean_after >= CHANGE_MIN_RATIO * mean_before and t > CHANGE_MIN_T:
+        return split, mean_before, mean_after, t
+    return None
