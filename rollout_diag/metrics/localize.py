@@ -137,8 +137,11 @@ def row_tokens(chunk: Chunk, row: int) -> RowTokens:
 
 
 # ------------------------------------------------------------------------------------------ top-K
-def _location_key(step: int, file_index: int, row: int, position: int = -1) -> tuple[int, int, int, int]:
-    return (step, file_index, row, position)
+Location = tuple[int, str, str, int, int]  # (step, sample_id, file, row, position): a total order for ties
+
+
+def _location(step: int, sample_id: str, file: str, row: int, position: int = -1) -> Location:
+    return (step, sample_id, file, row, position)
 
 
 @dataclass
@@ -146,9 +149,9 @@ class TopK:
     """The ``k`` largest items by score; ties broken by location so any chunking keeps the same set."""
 
     k: int
-    items: list[tuple[float, tuple[int, int, int, int], Any]] = field(default_factory=list)
+    items: list[tuple[float, Location, Any]] = field(default_factory=list)
 
-    def offer(self, candidates: list[tuple[float, tuple[int, int, int, int], Any]]) -> None:
+    def offer(self, candidates: list[tuple[float, Location, Any]]) -> None:
         merged = self.items + candidates
         merged.sort(key=lambda item: (-item[0], item[1]))
         self.items = merged[: self.k]
@@ -169,10 +172,6 @@ class WorstTracker:
         self.catastrophic = float(catastrophic)
         self.rows = {criterion: TopK(self.k) for criterion in ROW_CRITERIA}
         self.tokens = TopK(self.k)
-        self.files: dict[str, int] = {}
-
-    def _file_index(self, name: str) -> int:
-        return self.files.setdefault(name, len(self.files))
 
     def update(self, chunk: Chunk) -> None:
         model = chunk.model
@@ -194,16 +193,19 @@ class WorstTracker:
         host["log_ppl_diff"] = log_ppl_diff.cpu().numpy()
         host["catastrophic"] = catastrophic.cpu().numpy()
         host["model_tokens"] = n.cpu().numpy()
+        valid = host["model_tokens"] > 0  # rows with no model token have no score
+        steps = chunk.step.tolist()
         chosen: set[int] = set()
         for criterion, tracker in self.rows.items():
             values = host[criterion]
-            top = np.argsort(-values, kind="stable")[: self.k]
-            candidates = [
-                (float(values[i]), self._row_key(chunk, int(i)), int(i))
-                for i in top
-                if values[i] >= tracker.threshold() and host["model_tokens"][i] > 0
-            ]
-            chosen.update(i for _, _, i in candidates)
+            entering = np.flatnonzero(valid & (values >= tracker.threshold())).tolist()
+            keys = {
+                row: _location(steps[row], chunk.sample_id[row], chunk.file[row], chunk.file_row[row])
+                for row in entering
+            }
+            entering.sort(key=lambda row: (-values[row], keys[row]))
+            candidates = [(float(values[row]), keys[row], row) for row in entering[: self.k]]
+            chosen.update(row for _, _, row in candidates)
             tracker.offer(candidates)
         details = self._row_details(chunk, sorted(chosen), host)
         for tracker in self.rows.values():
@@ -212,8 +214,9 @@ class WorstTracker:
             ]
         self._offer_tokens(chunk, abs_delta)
 
-    def _row_key(self, chunk: Chunk, row: int) -> tuple[int, int, int, int]:
-        return _location_key(int(chunk.step[row]), self._file_index(chunk.file[row]), chunk.file_row[row])
+    @staticmethod
+    def _row_key(chunk: Chunk, row: int) -> Location:
+        return _location(int(chunk.step[row]), chunk.sample_id[row], chunk.file[row], chunk.file_row[row])
 
     def _row_details(self, chunk: Chunk, rows: list[int], host: dict[str, np.ndarray]) -> dict[int, Any]:
         if not rows:
@@ -267,7 +270,7 @@ class WorstTracker:
             score = float(abs_delta[token])
             if score < self.tokens.threshold():
                 continue
-            key = _location_key(int(chunk.step[row]), self._file_index(chunk.file[row]), chunk.file_row[row], position)
+            key = (*self._row_key(chunk, row)[:4], position)
             candidates.append(
                 (
                     score,
@@ -292,16 +295,9 @@ class WorstTracker:
         self.tokens.offer(candidates)
 
     def merge(self, other: WorstTracker) -> None:
-        # File indices are local to each tracker: re-key the other's items by file name.
         for criterion, tracker in self.rows.items():
-            tracker.offer([self._rekey(score, item) for score, _, item in other.rows[criterion].items])
-        self.tokens.offer([self._rekey(score, item) for score, _, item in other.tokens.items])
-
-    def _rekey(self, score: float, item: Any) -> tuple[float, tuple[int, int, int, int], Any]:
-        if isinstance(item, WorstToken):
-            return score, _location_key(item.step, self._file_index(item.file), item.row, item.position), item
-        summary, _ = item
-        return score, _location_key(summary["step"], self._file_index(summary["file"]), summary["row"]), item
+            tracker.merge(other.rows[criterion])
+        self.tokens.merge(other.tokens)
 
     def worst_rows(self) -> list[WorstRow]:
         return [

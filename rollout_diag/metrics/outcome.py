@@ -1,0 +1,141 @@
+"""What each preset would drop (``summary/…``) and :class:`CorrectionAnalysis`: the correction accumulators
+of every chosen preset (METRICS.md §2, §3, §8), deduplicated and fed in one pass.
+
+Presets that share a part share its accumulator: the 19 presets of §4 need 3 IS accumulators, 3 RS
+options, 3 option chains and 6 drop rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rollout_diag.io.chunk import Chunk
+from rollout_diag.metrics.base import State
+from rollout_diag.metrics.correction import (
+    ChunkDivergences,
+    CorrectionAccumulator,
+    DropCountAccumulator,
+    ImportanceAccumulator,
+    RejectionChainAccumulator,
+    RejectionOptionAccumulator,
+    values_of,
+)
+from rollout_diag.metrics.legacy import LegacyAccumulator, legacy_keep
+from rollout_diag.presets import ImportanceSampling, LegacyCorrection, Preset, RejectionOption
+
+SUMMARY = "summary/"
+
+
+# --------------------------------------------------------------------------- what a preset drops
+@dataclass(frozen=True)
+class DropRule:
+    """Everything that takes a model token out of the gradient under a preset: §3 rejection, a zero IcePop
+    weight (§2), the legacy mask/veto (§8). Presets with equal rules share one OutcomeAccumulator."""
+
+    rejection: tuple[RejectionOption, ...] = ()
+    icepop: ImportanceSampling | None = None
+    legacy: LegacyCorrection | None = None
+
+    @classmethod
+    def of(cls, preset: Preset) -> DropRule:
+        importance = preset.importance
+        icepop = importance if importance is not None and importance.icepop else None
+        legacy = preset.legacy if preset.legacy is not None and (preset.legacy.masks or preset.legacy.vetoes) else None
+        return cls(preset.rejection, icepop, legacy)
+
+    def kept_tokens(self, shared: ChunkDivergences) -> torch.Tensor:
+        """bool [M]: model tokens this rule keeps."""
+        keep = shared.rs_final_keep(self.rejection)
+        if self.icepop is not None:
+            raw, _ = shared.importance_weights(self.icepop)
+            keep = keep & (raw >= self.icepop.lower) & (raw <= self.icepop.upper)
+        if self.legacy is not None:
+            keep = keep & legacy_keep(shared, self.legacy)
+        return keep
+
+
+class OutcomeAccumulator(DropCountAccumulator):
+    """``summary/…``: model tokens and rows a preset would drop (our keys, not verl's): the table's
+    "% tokens rejected", "% sequences rejected" and "tokens kept"."""
+
+    def __init__(self, rule: DropRule) -> None:
+        super().__init__()
+        self.rule = rule
+
+    def kept_tokens(self, shared: ChunkDivergences) -> torch.Tensor:
+        return self.rule.kept_tokens(shared)
+
+    def _finalize(self, state: State) -> dict[str, float]:
+        value = values_of(state)
+        tokens, rows = value["tokens"], value["rows"]
+        if tokens == 0:
+            return {}
+        return {
+            SUMMARY + "tokens_rejected": value["rejected_tokens"],
+            SUMMARY + "tokens_kept": tokens - value["rejected_tokens"],
+            SUMMARY + "rejected_token_fraction": value["rejected_tokens"] / tokens,
+            SUMMARY + "rows_rejected": value["rejected_rows"],
+            SUMMARY + "rejected_row_fraction": value["rejected_rows"] / rows,
+        }
+
+
+# --------------------------------------------------------------------------- all presets
+class CorrectionAnalysis:
+    """The correction accumulators of a list of presets, deduplicated, fed in one pass.
+
+    ``update(chunk)`` (or ``update_shared``) feeds every distinct accumulator once; ``merge`` folds in
+    another CorrectionAnalysis built from the same presets (another chunk range, another worker).
+    """
+
+    def __init__(self, presets: Sequence[Preset]) -> None:
+        self.presets = list(presets)
+        self.accumulators: dict[Hashable, CorrectionAccumulator] = {}
+        self.parts: dict[str, list[Hashable]] = {}
+        for preset in self.presets:
+            parts: list[Hashable] = []
+            if preset.importance is not None:
+                parts.append(self._add(("is", preset.importance), ImportanceAccumulator, preset.importance))
+            for option in preset.rejection:
+                parts.append(self._add(("rs", option), RejectionOptionAccumulator, option))
+            if preset.rejection:
+                parts.append(self._add(("rs_chain", preset.rejection), RejectionChainAccumulator, preset.rejection))
+            if preset.legacy is not None:
+                parts.append(self._add(("legacy", preset.legacy), LegacyAccumulator, preset.legacy))
+            rule = DropRule.of(preset)
+            parts.append(self._add(("outcome", rule), OutcomeAccumulator, rule))
+            self.parts[preset.name] = parts
+
+    def _add(self, key: Hashable, kind: Callable[[Any], CorrectionAccumulator], config: Any) -> Hashable:
+        if key not in self.accumulators:
+            self.accumulators[key] = kind(config)
+        return key
+
+    def update(self, chunk: Chunk) -> None:
+        self.update_shared(ChunkDivergences(chunk))
+
+    def update_shared(self, shared: ChunkDivergences) -> None:
+        for accumulator in self.accumulators.values():
+            accumulator.update_shared(shared)
+
+    def merge(self, other: CorrectionAnalysis) -> None:
+        for key, accumulator in self.accumulators.items():
+            accumulator.merge(other.accumulators[key])
+
+    def finalize(self) -> dict[str, tuple[dict[int, dict[str, float]], dict[str, float]]]:
+        """Per preset name: ({step: metrics}, run metrics), each accumulator finalized once."""
+        steps = {key: accumulator.finalize_steps() for key, accumulator in self.accumulators.items()}
+        runs = {key: accumulator.finalize_run() for key, accumulator in self.accumulators.items()}
+        out = {}
+        for preset in self.presets:
+            per_step: dict[int, dict[str, float]] = {}
+            run: dict[str, float] = {}
+            for key in self.parts[preset.name]:
+                for step, metrics in steps[key].items():
+                    per_step.setdefault(step, {}).update(metrics)
+                run.update(runs[key])
+            out[preset.name] = (per_step, run)
+        return out

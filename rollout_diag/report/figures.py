@@ -1,0 +1,455 @@
+"""Plotly figure specs as plain dicts ({"data": [...], "layout": {...}}), drawn in the page by Plotly.newPlot.
+
+Plain dicts keep plotly's Python package out of the hot path (only its bundled JS is needed). Every string
+from the data that reaches a figure is HTML-escaped first: plotly renders a small HTML subset in labels.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+Figure = dict[str, Any]
+
+FONT_STACK = "system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif"
+BLUE, RED, AMBER, GREY, GREEN = "#0969da", "#cf222e", "#bf8700", "#8c959f", "#1a7f37"
+PALETTE = ("#0969da", "#8250df", "#bf3989", "#1a7f37", "#bc4c00", "#0550ae", "#6e7781", "#cf222e")
+HEAT_SCALE = "YlOrRd"
+
+
+@dataclass
+class TrendPanel:
+    """One small chart of the per-step trends: lines over steps, anomaly markers, verdict thresholds."""
+
+    title: str
+    lines: list[tuple[str, list[int], list[float | None]]]  # (name, steps, values)
+    anomalies: list[tuple[int, float, str]] = field(default_factory=list)  # (step, value, hover text)
+    thresholds: list[tuple[str, float]] = field(default_factory=list)  # ("watch", 1e-3), ("bad", 1e-2)
+    signed: bool = False  # the metric can be negative: do not force the axis to start at zero
+    legend: bool = False
+
+
+def escape(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def base_layout(height: int, **extra: Any) -> dict[str, Any]:
+    layout = {
+        "height": height,
+        "margin": {"l": 64, "r": 24, "t": 36, "b": 44},
+        "font": {"family": FONT_STACK, "size": 12, "color": "#1f2328"},
+        "paper_bgcolor": "#ffffff",
+        "plot_bgcolor": "#ffffff",
+        "hovermode": "closest",
+        "showlegend": False,
+        "hoverlabel": {"font": {"family": FONT_STACK}},
+    }
+    layout.update(extra)
+    return layout
+
+
+def axis(**extra: Any) -> dict[str, Any]:
+    return {"gridcolor": "#eaeef2", "zerolinecolor": "#d0d7de", "linecolor": "#d0d7de", "automargin": True, **extra}
+
+
+def grid(rows: int, cols: int, titles: Sequence[str], vgap: float = 0.12, hgap: float = 0.09) -> dict[str, Any]:
+    """Layout entries for a rows×cols grid of subplots (cell n uses axes x{n}/y{n}), each titled."""
+    layout: dict[str, Any] = {"annotations": []}
+    width = (1 - (cols - 1) * hgap) / cols
+    height = (1 - (rows - 1) * vgap) / rows
+    for cell, title in enumerate(titles):
+        row, col = divmod(cell, cols)
+        suffix = "" if cell == 0 else str(cell + 1)
+        x0 = col * (width + hgap)
+        y1 = 1 - row * (height + vgap)
+        layout[f"xaxis{suffix}"] = axis(domain=[x0, x0 + width], anchor=f"y{suffix}")
+        layout[f"yaxis{suffix}"] = axis(domain=[y1 - height, y1], anchor=f"x{suffix}")
+        layout["annotations"].append(
+            {
+                "text": f"<b>{title}</b>",
+                "x": x0 + width / 2,
+                "y": y1,
+                "xref": "paper",
+                "yref": "paper",
+                "xanchor": "center",
+                "yanchor": "bottom",
+                "showarrow": False,
+                "font": {"size": 13},
+            }
+        )
+    return layout
+
+
+def axis_names(cell: int) -> tuple[str, str]:
+    suffix = "" if cell == 0 else str(cell + 1)
+    return f"x{suffix}", f"y{suffix}"
+
+
+# ------------------------------------------------------------------------------------------ trends
+def trends_figure(panels: Sequence[TrendPanel]) -> Figure:
+    """Small multiples over steps, two per row, zoom linked on the step axis."""
+    cols = 2 if len(panels) > 1 else 1
+    rows = math.ceil(len(panels) / cols)
+    layout = base_layout(rows * 230 + 70, **grid(rows, cols, [p.title for p in panels], vgap=0.42 / rows))
+    layout["shapes"] = []
+    data: list[dict[str, Any]] = []
+    for cell, panel in enumerate(panels):
+        x_name, y_name = axis_names(cell)
+        layout[_axis_key(x_name)]["tickformat"] = "d"
+        if cell:
+            layout[_axis_key(x_name)]["matches"] = "x"
+        if cell >= len(panels) - cols:
+            layout[_axis_key(x_name)]["title"] = {"text": "step", "standoff": 4}
+        if not panel.signed:
+            layout[_axis_key(y_name)]["rangemode"] = "tozero"
+        data.extend(_trend_traces(panel, cell, x_name, y_name))
+        _add_thresholds(layout, panel, x_name, y_name)
+    if any(panel.legend for panel in panels):
+        layout.update(showlegend=True, legend={"orientation": "h", "y": -0.6 / rows, "x": 0})
+        layout["margin"]["b"] = 80
+    return {"data": data, "layout": layout}
+
+
+def _axis_key(name: str) -> str:
+    return f"{name[0]}axis{name[1:]}"
+
+
+def _trend_traces(panel: TrendPanel, cell: int, x_name: str, y_name: str) -> list[dict[str, Any]]:
+    traces = []
+    for index, (name, steps, values) in enumerate(panel.lines):
+        color = PALETTE[(cell if not panel.legend else index) % len(PALETTE)]
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines+markers" if len(steps) <= 60 else "lines",
+                "x": steps,
+                "y": values,
+                "name": escape(name),
+                "line": {"color": color, "width": 1.6},
+                "marker": {"size": 5, "color": color},
+                "xaxis": x_name,
+                "yaxis": y_name,
+                "showlegend": panel.legend,
+                "hovertemplate": f"{escape(name)}<br>step %{{x}}: %{{y:.4g}}<extra></extra>",
+            }
+        )
+    if panel.anomalies:
+        steps, values, texts = zip(*panel.anomalies, strict=True)
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "x": list(steps),
+                "y": list(values),
+                "text": list(texts),
+                "name": "anomaly",
+                "marker": {"symbol": "circle-open", "size": 11, "color": RED, "line": {"width": 2}},
+                "xaxis": x_name,
+                "yaxis": y_name,
+                "showlegend": False,
+                "hovertemplate": "%{text}<extra>anomaly</extra>",
+            }
+        )
+    return traces
+
+
+def _add_thresholds(layout: dict[str, Any], panel: TrendPanel, x_name: str, y_name: str) -> None:
+    """Dotted verdict lines, only where they fall near the data (a far-away line would flatten the curve)."""
+    values = [v for _, _, ys in panel.lines for v in ys if v is not None]
+    top = max((abs(v) for v in values), default=0.0)
+    for label, level in panel.thresholds:
+        if top <= 0 or level > 1.5 * top:
+            continue
+        color = RED if label == "bad" else AMBER
+        layout["shapes"].append(
+            {
+                "type": "line",
+                "xref": f"{x_name} domain",
+                "x0": 0,
+                "x1": 1,
+                "yref": y_name,
+                "y0": level,
+                "y1": level,
+                "line": {"color": color, "width": 1, "dash": "dot"},
+            }
+        )
+        layout["annotations"].append(
+            {
+                "text": f"{label} {level:g}",
+                "xref": f"{x_name} domain",
+                "x": 1,
+                "yref": y_name,
+                "y": level,
+                "xanchor": "right",
+                "yanchor": "bottom",
+                "showarrow": False,
+                "font": {"size": 10, "color": color},
+            }
+        )
+
+
+# ------------------------------------------------------------------------------------------ bars
+@dataclass
+class BarPanel:
+    """One bar chart over shared categories (rounds or position buckets)."""
+
+    title: str
+    values: list[float | None]
+    hover: list[str]
+    color: str | list[str] = BLUE
+    log: bool = False
+    percent: bool = False
+
+
+def bars_figure(categories: Sequence[str], panels: Sequence[BarPanel], x_title: str) -> Figure:
+    """Panels stacked vertically over the same categories (e.g. mean |δ|, then tokens) with a shared axis."""
+    rows = len(panels)
+    layout = base_layout(rows * 170 + 80, **grid(rows, 1, [p.title for p in panels], vgap=0.3 / rows))
+    data = []
+    for cell, panel in enumerate(panels):
+        x_name, y_name = axis_names(cell)
+        x_axis, y_axis = layout[_axis_key(x_name)], layout[_axis_key(y_name)]
+        x_axis["type"] = "category"
+        if cell:
+            x_axis["matches"] = "x"
+        if cell == rows - 1:
+            x_axis["title"] = {"text": x_title, "standoff": 4}
+        if panel.log:
+            y_axis["type"] = "log"
+        if panel.percent:
+            y_axis["tickformat"] = ".2%"
+        data.append(
+            {
+                "type": "bar",
+                "x": list(categories),
+                "y": panel.values,
+                "text": panel.hover,
+                "marker": {"color": panel.color},
+                "xaxis": x_name,
+                "yaxis": y_name,
+                "hovertemplate": "%{text}<extra></extra>",
+                "textposition": "none",
+            }
+        )
+    return {"data": data, "layout": layout}
+
+
+# ------------------------------------------------------------------------------------------ heatmaps
+def step_heatmap(
+    row_labels: Sequence[str],
+    column_steps: Sequence[int],
+    values: Sequence[Sequence[float | None]],
+    tokens: Sequence[Sequence[float]],
+    row_title: str,
+    steps_per_column: int,
+) -> Figure:
+    """Mean |δ| per (row label, step column); token counts on hover. Rows bottom-up in the order given."""
+    span = "" if steps_per_column == 1 else f" (column of {steps_per_column} steps, from)"
+    trace = {
+        "type": "heatmap",
+        "x": list(column_steps),
+        "y": [escape(label) for label in row_labels],
+        "z": [list(row) for row in values],
+        "customdata": [list(row) for row in tokens],
+        "colorscale": HEAT_SCALE,
+        "colorbar": {"title": {"text": "mean |δ|", "side": "right"}, "thickness": 12},
+        "hoverongaps": False,
+        "hovertemplate": f"{row_title} %{{y}}<br>step{span} %{{x}}<br>mean |δ| %{{z:.4g}}<br>"
+        "tokens %{customdata:,.0f}<extra></extra>",
+        "xgap": 0,
+        "ygap": 1,
+    }
+    height = max(220, min(560, 90 + 14 * len(row_labels)))
+    layout = base_layout(
+        height,
+        xaxis=axis(title={"text": "step", "standoff": 4}, tickformat="d"),
+        yaxis=axis(title={"text": row_title}, type="category"),
+    )
+    layout["margin"]["t"] = 12
+    return {"data": [trace], "layout": layout}
+
+
+# ------------------------------------------------------------------------------------------ δ histogram
+def delta_histogram_figure(edges: Sequence[float], counts: Sequence[float], catastrophic: float) -> Figure:
+    """Bars per δ bin on a bin-index axis (bins may be log-spaced), log counts, catastrophic bins in red."""
+    centers = [i + 0.5 for i in range(len(counts))]
+    bad = [abs(edges[i]) >= catastrophic and abs(edges[i + 1]) >= catastrophic for i in range(len(counts))]
+    hover = [
+        f"δ in [{edges[i]:.3g}, {edges[i + 1]:.3g})<br>{int(counts[i]):,} tokens"
+        + ("<br><b>catastrophic</b>" if bad[i] else "")
+        for i in range(len(counts))
+    ]
+    tick_positions, tick_labels = _edge_ticks(edges)
+    band = _band_positions(edges, catastrophic)
+    shapes = [
+        {
+            "type": "rect",
+            "xref": "x",
+            "yref": "paper",
+            "x0": x0,
+            "x1": x1,
+            "y0": 0,
+            "y1": 1,
+            "fillcolor": "rgba(207,34,46,0.08)",
+            "line": {"width": 0},
+            "layer": "below",
+        }
+        for x0, x1 in band
+    ]
+    layout = base_layout(
+        340,
+        bargap=0.05,
+        shapes=shapes,
+        xaxis=axis(
+            tickmode="array",
+            tickvals=tick_positions,
+            ticktext=tick_labels,
+            range=[0, len(counts)],
+            title={"text": "δ = trainer − rollout logprob (signed log scale)", "standoff": 4},
+        ),
+        yaxis=axis(type="log", title={"text": "tokens"}),
+        annotations=[
+            {
+                "text": f"catastrophic |δ| > {catastrophic:g}",
+                "x": x1 if x0 == 0 else x0,
+                "xanchor": "right" if x0 == 0 else "left",
+                "y": 1,
+                "yref": "paper",
+                "yanchor": "top",
+                "showarrow": False,
+                "font": {"size": 11, "color": RED},
+            }
+            for x0, x1 in band[-1:]
+        ],
+    )
+    trace = {
+        "type": "bar",
+        "x": centers,
+        "y": [count if count > 0 else None for count in counts],
+        "width": 0.92,
+        "text": hover,
+        "textposition": "none",
+        "marker": {"color": [RED if is_bad else BLUE for is_bad in bad]},
+        "hovertemplate": "%{text}<extra></extra>",
+    }
+    return {"data": [trace], "layout": layout}
+
+
+def _edge_ticks(edges: Sequence[float]) -> tuple[list[float], list[str]]:
+    """Tick at every edge that is 0 or a power of ten (log bins), else at about ten evenly spaced edges."""
+    decades = [i for i, e in enumerate(edges) if e == 0 or abs(math.log10(abs(e)) - round(math.log10(abs(e)))) < 1e-9]
+    chosen = decades if 3 <= len(decades) <= 40 else list(range(0, len(edges), max(1, len(edges) // 10)))
+    if len(decades) > 16:
+        chosen = chosen[::2]
+    return [float(i) for i in chosen], [f"{edges[i]:g}" for i in chosen]
+
+
+def _band_positions(edges: Sequence[float], catastrophic: float) -> list[tuple[float, float]]:
+    """Bin-index intervals where |δ| > catastrophic: the two tails of the axis."""
+    bands = []
+    low = _index_of(edges, -catastrophic)
+    high = _index_of(edges, catastrophic)
+    if low is not None and low > 0:
+        bands.append((0.0, low))
+    if high is not None and high < len(edges) - 1:
+        bands.append((high, float(len(edges) - 1)))
+    return bands
+
+
+def _index_of(edges: Sequence[float], value: float) -> float | None:
+    """Fractional bin index of ``value`` (log-interpolated inside a same-sign bin)."""
+    for i in range(len(edges) - 1):
+        left, right = edges[i], edges[i + 1]
+        if left <= value <= right:
+            if left * right > 0:
+                fraction = math.log(abs(value) / abs(left)) / math.log(abs(right) / abs(left))
+            else:
+                fraction = (value - left) / (right - left) if right > left else 0.0
+            return i + fraction
+    return None
+
+
+# ------------------------------------------------------------------------------------------ presets
+def presets_figure(names: Sequence[str], token_share: Sequence[float | None], seq_share: Sequence[float | None],
+                   ess: Sequence[float | None]) -> Figure:
+    """Two panels sharing the preset axis: share of tokens / sequences rejected, and effective sample size."""
+    labels = [escape(name) for name in names]
+    height = 120 + 22 * len(names)
+    layout = base_layout(
+        height,
+        barmode="group",
+        showlegend=True,
+        legend={"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom"},
+        xaxis=axis(domain=[0, 0.55], tickformat=".1%", title={"text": "rejected", "standoff": 4}, rangemode="tozero"),
+        xaxis2=axis(domain=[0.64, 1], range=[0, 1.05], title={"text": "IS effective sample size", "standoff": 4}),
+        yaxis=axis(type="category", autorange="reversed"),
+        yaxis2=axis(type="category", autorange="reversed", anchor="x2", matches="y", showticklabels=False),
+        shapes=[
+            {"type": "line", "xref": "x2", "x0": 0.5, "x1": 0.5, "yref": "paper", "y0": 0, "y1": 1,
+             "line": {"color": AMBER, "dash": "dot", "width": 1}},
+        ],
+    )
+    layout["margin"].update(t=40, l=200)
+
+    def bars(values: Sequence[float | None], name: str, color: str, x_name: str, y_name: str) -> dict[str, Any]:
+        return {
+            "type": "bar",
+            "orientation": "h",
+            "y": labels,
+            "x": list(values),
+            "name": name,
+            "marker": {"color": color},
+            "xaxis": x_name,
+            "yaxis": y_name,
+            "hovertemplate": f"%{{y}}<br>{name}: %{{x:.4g}}<extra></extra>",
+        }
+
+    data = [
+        bars(token_share, "tokens rejected", RED, "x", "y"),
+        bars(seq_share, "sequences rejected", AMBER, "x", "y"),
+        bars(ess, "ESS", BLUE, "x2", "y2"),
+    ]
+    return {"data": data, "layout": layout}
+
+
+def sweep_figure(curves: Sequence[tuple[str, list[float], list[float]]], marks: Sequence[tuple[str, float, float]]
+                 ) -> Figure:
+    """Share rejected against threshold, one line per option (log threshold axis); marks = (label, x, y)."""
+    data = [
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "x": thresholds,
+            "y": shares,
+            "name": escape(name),
+            "line": {"color": PALETTE[index % len(PALETTE)], "width": 1.8},
+            "hovertemplate": f"{escape(name)}<br>threshold %{{x:.4g}} rejects %{{y:.3%}}<extra></extra>",
+        }
+        for index, (name, thresholds, shares) in enumerate(curves)
+    ]
+    if marks:
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "x": [x for _, x, _ in marks],
+                "y": [y for _, _, y in marks],
+                "text": [escape(label) for label, _, _ in marks],
+                "name": "verl default / targets",
+                "marker": {"symbol": "diamond", "size": 9, "color": "#1f2328"},
+                "hovertemplate": "%{text}<br>threshold %{x:.4g} rejects %{y:.3%}<extra></extra>",
+            }
+        )
+    positive = all(x > 0 for _, xs, _ in curves for x in xs)
+    layout = base_layout(
+        380,
+        showlegend=True,
+        legend={"orientation": "h", "x": 0, "y": -0.25},
+        xaxis=axis(type="log" if positive else "linear", title={"text": "threshold", "standoff": 4}),
+        yaxis=axis(tickformat=".1%", title={"text": "share rejected"}, rangemode="tozero"),
+    )
+    layout["margin"]["b"] = 90
+    return {"data": data, "layout": layout}

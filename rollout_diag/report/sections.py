@@ -1,0 +1,309 @@
+"""The report's sections, each a function: result → HTML (escaped) plus the figures and strips it registers."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollout_diag.glossary import GLOSSARY, SECTIONS
+from rollout_diag.render.format import number, percent
+from rollout_diag.report import figures
+from rollout_diag.report.figures import BLUE, GREY, RED, BarPanel, Figure, TrendPanel
+from rollout_diag.report.markup import Column, Markup, code, escape, note, table
+from rollout_diag.report.series import (
+    MAX_HEATMAP_COLUMNS,
+    MAX_HEATMAP_ROUNDS,
+    MAX_TABLE_ROWS,
+    attr,
+    bucket_bounds,
+    decimate,
+    finite,
+    per_round_by_step,
+    pool_rounds,
+    step_series,
+    weighted_buckets,
+)
+from rollout_diag.results import AnalysisResult, StepResult
+from rollout_diag.verdicts import RULES
+
+TREND_METRICS = (  # (metric, panel title, can be negative)
+    ("rollout_corr/k3_kl", "k3_kl", False),
+    ("rollout_corr/kl", "kl", True),
+    ("rollout_corr/chi2_token", "χ² token", False),
+    ("rollout_corr/chi2_seq", "χ² seq", False),
+    ("rollout_corr/log_ppl_abs_diff", "|log-ppl diff|", False),
+    ("training/rollout_probs_diff_mean", "probs diff mean", False),
+    ("mismatch/logprob_abs_diff", "|δ| mean", False),
+    ("diag/catastrophic_token_share", "catastrophic token share", False),
+)
+REJECTION_METRIC = "rollout_corr/rollout_rs_masked_fraction"
+MAX_PRESET_LINES = 8
+
+
+@dataclass(frozen=True)
+class Section:
+    anchor: str
+    title: str
+    body: str
+
+
+@dataclass
+class Canvas:
+    """What the page's script draws: plotly figures by name, and token strips."""
+
+    figures: dict[str, Figure] = field(default_factory=dict)
+    strips: list[dict[str, Any]] = field(default_factory=list)
+
+    def plot(self, name: str, figure: Figure) -> Markup:
+        self.figures[name] = figure
+        return Markup(f'<div class="plot" id="plot-{name}" data-figure="{name}"></div>')
+
+
+# ------------------------------------------------------------------------------------------ trends
+def trends_section(result: AnalysisResult, canvas: Canvas, preset_steps: dict[str, list[Any]]) -> Section:
+    steps = [step for step in result.steps if step.step is not None]
+    title = "Per-step trends"
+    if len(steps) < 2:
+        return Section("trends", title, note(f"{len(steps)} step in this run: trends need at least two steps."))
+    panels = [panel for panel in _metric_panels(result, steps) if any(v is not None for _, _, ys in panel.lines for v in ys)]
+    rejection = _rejection_panel(preset_steps)
+    if rejection is not None:
+        panels.append(rejection)
+    flagged = len({a.step for a in result.anomalies})
+    intro = (
+        f"{len(steps):,} steps. Red circles mark anomaly steps ({flagged} flagged): a value far above the median "
+        "of the previous steps. Dotted lines are the verdict thresholds (shown when near the data). "
+        "Drag to zoom; the step axis is shared."
+    )
+    body = [Markup(f'<p class="lead">{escape(intro)}</p>'), canvas.plot("trends", figures.trends_figure(panels))]
+    body.append(_anomaly_table(result))
+    return Section("trends", title, "".join(body))
+
+
+def _metric_panels(result: AnalysisResult, steps: Sequence[StepResult]) -> list[TrendPanel]:
+    rules = {rule.metric: rule for rule in RULES}
+    panels = []
+    for metric, title, signed in TREND_METRICS:
+        flagged = [a for a in result.anomalies if a.metric == metric]
+        ids, values = step_series(steps, metric)
+        ids, values = decimate(ids, values, keep={a.step for a in flagged})
+        rule = rules.get(metric)
+        panels.append(
+            TrendPanel(
+                title=title,
+                lines=[(title, ids, values)],
+                anomalies=[(a.step, a.value, _anomaly_text(a)) for a in flagged[: 4 * MAX_TABLE_ROWS]],
+                thresholds=[("watch", rule.watch), ("bad", rule.bad)] if rule else [],
+                signed=signed,
+            )
+        )
+    return panels
+
+
+def _anomaly_text(anomaly: Any) -> str:
+    return f"step {anomaly.step}: {anomaly.value:.4g} = {anomaly.factor:.1f}× the median {anomaly.baseline:.4g}"
+
+
+def _rejection_panel(preset_steps: dict[str, list[Any]]) -> TrendPanel | None:
+    lines = []
+    for name, steps in preset_steps.items():
+        ids = [attr(s, "step") for s in steps]
+        values = [_metric(s, REJECTION_METRIC) for s in steps]
+        if any(v is not None for v in values):
+            lines.append((name, *decimate(ids, values)))
+    if not lines:
+        return None
+    return TrendPanel("tokens rejected, per preset", lines[:MAX_PRESET_LINES], legend=True)
+
+
+def _metric(step: Any, name: str) -> float | None:
+    value = (attr(step, "metrics") or {}).get(name)
+    return value if finite(value) else None
+
+
+def _anomaly_table(result: AnalysisResult) -> str:
+    if not result.anomalies:
+        return note("No anomaly step: no step's metric stands far above the median of the steps before it.")
+    shown = sorted(sorted(result.anomalies, key=lambda a: -a.factor)[:MAX_TABLE_ROWS], key=lambda a: (a.step, a.metric))
+    more = len(result.anomalies) - len(shown)
+    heading = f"Anomaly steps ({len(result.anomalies)}" + (f"; the {len(shown)} largest factors shown)" if more else ")")
+    columns = [Column("step", True), Column("metric"), Column("value", True),
+               Column("median before", True, "median of the previous steps' values"), Column("factor", True)]
+    rows = [(a.step, code(a.metric), a.value, a.baseline, Markup(f"{escape(f'{a.factor:.1f}')}×")) for a in shown]
+    return f"<h3>{escape(heading)}</h3>" + table(columns, rows)
+
+
+# ------------------------------------------------------------------------------------------ rounds
+def rounds_section(result: AnalysisResult, canvas: Canvas) -> Section:
+    title = "Multi-turn rounds"
+    rounds = sorted(result.rounds, key=lambda r: r["round"])
+    if not rounds:
+        return Section("rounds", title, note("No per-round data in this result."))
+    intro = Markup(
+        '<p class="lead">A round is the k-th run of model tokens in a row; environment/tool tokens (mask 0) '
+        "separate rounds. Mismatch that grows with the round index points at state carried across turns.</p>"
+    )
+    body = [intro, *_trend_notes(result, "round")]
+    if len(rounds) == 1:
+        body.append(note("Every row has a single round (no environment segment between model tokens)."))
+    labels = [_round_label(r) for r in rounds]
+    most = max(rounds, key=lambda r: (_number(r.get("logprob_abs_diff_mean")), -r["round"]))["round"]
+    hover = [
+        f"round {escape(label)}<br>mean |δ| {number(r.get('logprob_abs_diff_mean'), 4)}<br>k3_kl "
+        f"{number(r.get('k3_kl'), 4)}<br>max |δ| {number(r.get('max_abs_diff'), 4)}<br>"
+        f"{number(r.get('token_count'))} tokens in {number(r.get('seq_count'))} rows"
+        for label, r in zip(labels, rounds, strict=True)
+    ]
+    panels = [
+        BarPanel("mean |δ| per round (most divergent in red)", [_value(r, "logprob_abs_diff_mean") for r in rounds],
+                 hover, [RED if r["round"] == most else BLUE for r in rounds]),
+        BarPanel("k3_kl per round", [_value(r, "k3_kl") for r in rounds], hover, BLUE),
+        BarPanel("model tokens per round", [_value(r, "token_count") for r in rounds], hover, GREY, log=True),
+    ]
+    body.append(canvas.plot("rounds", figures.bars_figure(labels, panels, "round")))
+    heatmap = _round_heatmap(result, {r["round"]: label for r, label in zip(rounds, labels, strict=True)}, canvas)
+    if heatmap:
+        body.append(heatmap)
+    return Section("rounds", title, "".join(body))
+
+
+def _round_label(row: dict[str, Any]) -> str:
+    return f"≥ {row['round']}" if row.get("pooled") else str(row["round"])
+
+
+def _number(value: Any) -> float:
+    return value if finite(value) else -math.inf
+
+
+def _value(row: dict[str, Any], key: str) -> float | None:
+    value = row.get(key)
+    return value if finite(value) else None
+
+
+def _round_heatmap(result: AnalysisResult, labels: dict[int, str], canvas: Canvas) -> str:
+    steps = [s for s in result.steps if s.step is not None]
+    table_by_round = pool_rounds(per_round_by_step(steps))
+    if len(steps) < 2 or len(table_by_round) < 2:
+        return ""
+    bounds = bucket_bounds(len(steps), MAX_HEATMAP_COLUMNS)
+    z, counts = [], []
+    for means, tokens in table_by_round.values():
+        merged = weighted_buckets(means, tokens, bounds)
+        z.append([value for value, _ in merged])
+        counts.append([total for _, total in merged])
+    row_labels = [
+        f"≥ {k}" if k == MAX_HEATMAP_ROUNDS and len(table_by_round) > MAX_HEATMAP_ROUNDS else labels.get(k, str(k))
+        for k in table_by_round
+    ]
+    figure = figures.step_heatmap(
+        row_labels, [steps[start].step for start, _ in bounds], z, counts, "round", bounds[0][1] - bounds[0][0]
+    )
+    return "<h3>Mean |δ| per round over steps</h3>" + canvas.plot("rounds-by-step", figure)
+
+
+def _trend_notes(result: AnalysisResult, against: str) -> list[Markup]:
+    notes = []
+    for trend in result.trends:
+        if against in trend.against and trend.summary:
+            notes.append(Markup(f'<p class="finding">{escape(trend.summary)}</p>'))
+        elif against in trend.against:
+            notes.append(note(
+                f"{trend.metric} vs {trend.against}: slope {trend.slope:.3g} "
+                f"(95 % CI {trend.ci_low:.3g} … {trend.ci_high:.3g}, {trend.points} points): no significant trend."
+            ))
+    return notes
+
+
+# ------------------------------------------------------------------------------------------ positions
+def positions_section(result: AnalysisResult, canvas: Canvas) -> Section:
+    title = "Position in the response"
+    run_rows = sorted((p for p in result.positions if p.get("step") is None), key=lambda p: p.get("start", 0))
+    if not run_rows:
+        return Section("positions", title, note("No position data in this result."))
+    labels = [str(p.get("bucket", p.get("start"))) for p in run_rows]
+    hover = [
+        f"positions {escape(label)}<br>mean |δ| {number(p.get('logprob_abs_diff_mean'), 4)}<br>k3_kl "
+        f"{number(p.get('k3_kl'), 4)}<br>catastrophic {percent(p.get('catastrophic_share'))}<br>"
+        f"{number(p.get('token_count'))} tokens"
+        for label, p in zip(labels, run_rows, strict=True)
+    ]
+    panels = [
+        BarPanel("mean |δ| by position bucket", [_value(p, "logprob_abs_diff_mean") for p in run_rows], hover, BLUE),
+        BarPanel(f"share of catastrophic tokens (|δ| > {result.catastrophic_threshold:g})",
+                 [_value(p, "catastrophic_share") for p in run_rows], hover, RED, percent=True),
+        BarPanel("model tokens", [_value(p, "token_count") for p in run_rows], hover, GREY, log=True),
+    ]
+    intro = Markup(
+        '<p class="lead">Token index within the response (environment tokens counted), in log2 buckets 0, 1, '
+        "2–3, 4–7, … Mismatch rising with position is long-context drift.</p>"
+    )
+    body = [intro, *_trend_notes(result, "position"), canvas.plot("positions", figures.bars_figure(labels, panels, "position"))]
+    body.append(_position_heatmap(result, labels, canvas))
+    return Section("positions", title, "".join(body))
+
+
+def _position_heatmap(result: AnalysisResult, labels: list[str], canvas: Canvas) -> str:
+    step_ids = sorted({p["step"] for p in result.positions if p.get("step") is not None})
+    if len(step_ids) < 2:
+        return ""
+    column = {step: i for i, step in enumerate(step_ids)}
+    row = {label: i for i, label in enumerate(labels)}
+    means = [[None] * len(step_ids) for _ in labels]
+    tokens = [[0.0] * len(step_ids) for _ in labels]
+    for p in result.positions:
+        label = str(p.get("bucket", p.get("start")))
+        if p.get("step") is None or label not in row:
+            continue
+        means[row[label]][column[p["step"]]] = _value(p, "logprob_abs_diff_mean")
+        tokens[row[label]][column[p["step"]]] = float(p.get("token_count") or 0)
+    bounds = bucket_bounds(len(step_ids), MAX_HEATMAP_COLUMNS)
+    merged = [weighted_buckets(m, t, bounds) for m, t in zip(means, tokens, strict=True)]
+    figure = figures.step_heatmap(
+        labels,
+        [step_ids[start] for start, _ in bounds],
+        [[value for value, _ in row_values] for row_values in merged],
+        [[total for _, total in row_values] for row_values in merged],
+        "positions",
+        bounds[0][1] - bounds[0][0],
+    )
+    return "<h3>Mean |δ| per position bucket over steps</h3>" + canvas.plot("positions-by-step", figure)
+
+
+# ------------------------------------------------------------------------------------------ δ distribution
+def delta_section(result: AnalysisResult, canvas: Canvas) -> Section:
+    title = "Distribution of δ"
+    histogram = getattr(result, "delta_histogram", None) or {}
+    edges, counts = histogram.get("edges") or [], histogram.get("counts") or []
+    if not counts or len(edges) != len(counts) + 1 or sum(counts) == 0:
+        return Section("delta", title, note("This result has no δ histogram (it was made by an older rollout-diag)."))
+    threshold = result.catastrophic_threshold
+    share = result.run.metrics.get("diag/catastrophic_token_share")
+    count = result.run.metrics.get("diag/catastrophic_tokens")
+    summary = (
+        f"{number(count)} catastrophic tokens ({percent(share)} of model tokens) have |δ| > {threshold:g}, "
+        f"i.e. a ratio ρ outside [{math.exp(-threshold):.3g}, {math.exp(threshold):.3g}]."
+        if finite(share) and finite(count)
+        else f"Catastrophic band: |δ| > {threshold:g}."
+    )
+    intro = Markup(
+        f'<p class="lead">δ = trainer − rollout logprob over all model tokens, in signed log-spaced bins '
+        f"(counts on a log scale). {escape(summary)} The red band marks the catastrophic tails.</p>"
+    )
+    return Section("delta", title, intro + canvas.plot("delta", figures.delta_histogram_figure(edges, counts, threshold)))
+
+
+# ------------------------------------------------------------------------------------------ glossary
+def glossary_section() -> Section:
+    parts = [
+        Markup('<p class="lead">Notation: δ = a − r (trainer minus rollout logprob, log ρ); T[x] = mean over model '
+               "tokens; R_i / S_i = mean / sum over row i's model tokens; mean_i = mean over the step's rows; "
+               "d_i = R_i[r] − R_i[a]; clamp20 = clamp to [−20, 20].</p>")
+    ]
+    columns = [Column("metric"), Column("formula"), Column("a high value means")]
+    for key, heading in SECTIONS.items():
+        terms = [t for t in GLOSSARY.values() if t.section == key]
+        rows = [(code(t.name), Markup(f'<span class="mono">{escape(t.formula)}</span>'), t.high_means) for t in terms]
+        parts.append(f"<h3>{escape(heading)}</h3>" + table(columns, rows))
+    return Section("glossary", "Glossary", "".join(parts))

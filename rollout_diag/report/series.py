@@ -1,0 +1,134 @@
+"""Bounded views of result data for the report: decimated step series and step-bucketed matrices.
+
+The report's size must not grow with the run, so every per-step series goes through these rules
+(stated in the report footer by ``SIZE_RULE``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Collection, Sequence
+
+from rollout_diag.results import StepResult
+
+MAX_STEP_POINTS = 2000  # a per-step line keeps every step up to this many
+MAX_HEATMAP_COLUMNS = 400  # round×step and position×step heatmaps merge consecutive steps beyond this
+MAX_HEATMAP_ROUNDS = 64  # rounds beyond are merged into one "≥ 64" row (token-weighted)
+MAX_TABLE_ROWS = 50  # worst tokens, anomalies
+MAX_STRIP_ROWS = 10  # token strips for the worst rows
+MAX_STRIP_TOKENS = 1024  # tokens per strip: a window around the row's largest |δ|
+MAX_TEXT = 200  # characters of any single string from the data (sample ids, file names)
+MAX_TOKEN_TEXT = 24  # characters of one token's text in a strip
+
+SIZE_RULE = (
+    f"Size rule: per-step lines keep every step up to {MAX_STEP_POINTS:,} steps; longer runs are split into "
+    f"{MAX_STEP_POINTS // 2:,} runs of consecutive steps, each keeping its minimum and maximum, plus every "
+    f"anomaly step and the first and last step (so spikes are never lost). Heatmaps merge consecutive steps "
+    f"into at most {MAX_HEATMAP_COLUMNS} columns (token-weighted means) and show at most {MAX_HEATMAP_ROUNDS} "
+    f"rounds. Tables show the top {MAX_TABLE_ROWS} entries; token strips the {MAX_STRIP_ROWS} worst rows, "
+    f"at most {MAX_STRIP_TOKENS:,} tokens each around the largest |δ|. Strings longer than {MAX_TEXT} "
+    "characters are cut."
+)
+
+_ROUND_KEY = re.compile(r"^per_round/round_(\d+)/(logprob_abs_diff_mean|token_count)$")
+
+
+def finite(value: float | None) -> bool:
+    return value is not None and not (isinstance(value, float) and not math.isfinite(value))
+
+
+def clip_text(text: str, limit: int = MAX_TEXT) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def step_series(steps: Sequence[StepResult], metric: str) -> tuple[list[int], list[float | None]]:
+    """(step ids, values) of ``metric`` over the steps that carry a step id; missing or NaN values are None."""
+    ids, values = [], []
+    for step in steps:
+        if step.step is None:
+            continue
+        value = step.metrics.get(metric)
+        ids.append(step.step)
+        values.append(value if finite(value) else None)
+    return ids, values
+
+
+def decimate(
+    ids: Sequence[int], values: Sequence[float | None], keep: Collection[int] = (), max_points: int = MAX_STEP_POINTS
+) -> tuple[list[int], list[float | None]]:
+    """Min-max decimation: beyond ``max_points``, each of ``max_points // 2`` consecutive runs keeps its min and max.
+
+    Steps in ``keep`` (anomalies) and the first and last step always stay; None values are gaps and stay only
+    when kept for another reason.
+    """
+    if len(ids) <= max_points:
+        return list(ids), list(values)
+    chosen = {0, len(ids) - 1} | {index for index, step in enumerate(ids) if step in keep}
+    for start, end in bucket_bounds(len(ids), max_points // 2):
+        present = [index for index in range(start, end) if values[index] is not None]
+        if present:
+            chosen.add(min(present, key=lambda index: values[index]))
+            chosen.add(max(present, key=lambda index: values[index]))
+    order = sorted(chosen)
+    return [ids[index] for index in order], [values[index] for index in order]
+
+
+def bucket_bounds(length: int, buckets: int) -> list[tuple[int, int]]:
+    """Split range(length) into at most ``buckets`` consecutive [start, end) runs of near-equal size."""
+    if length <= buckets:
+        return [(index, index + 1) for index in range(length)]
+    return [(length * b // buckets, length * (b + 1) // buckets) for b in range(buckets)]
+
+
+def weighted_buckets(
+    values: Sequence[float | None], weights: Sequence[float], bounds: Sequence[tuple[int, int]]
+) -> list[tuple[float | None, float]]:
+    """(weight-averaged value, total weight) per bucket; None where the bucket has no weight."""
+    merged = []
+    for start, end in bounds:
+        total = sum(weights[i] for i in range(start, end) if values[i] is not None)
+        weighted = sum(values[i] * weights[i] for i in range(start, end) if values[i] is not None)
+        merged.append((weighted / total if total > 0 else None, total))
+    return merged
+
+
+def per_round_by_step(steps: Sequence[StepResult]) -> dict[int, tuple[list[float | None], list[float]]]:
+    """round index → (mean |δ| per step, model tokens per step), over ``steps`` in order."""
+    table: dict[int, tuple[list[float | None], list[float]]] = {}
+    for position, step in enumerate(steps):
+        for name, value in step.metrics.items():
+            match = _ROUND_KEY.match(name)
+            if not match:
+                continue
+            means, tokens = table.setdefault(int(match[1]), ([None] * len(steps), [0.0] * len(steps)))
+            if match[2] == "token_count":
+                tokens[position] = float(value) if finite(value) else 0.0
+            else:
+                means[position] = value if finite(value) else None
+    return dict(sorted(table.items()))
+
+
+def pool_rounds(
+    table: dict[int, tuple[list[float | None], list[float]]], limit: int = MAX_HEATMAP_ROUNDS
+) -> dict[int, tuple[list[float | None], list[float]]]:
+    """Rounds at index ≥ ``limit`` merged into round ``limit`` (token-weighted), so the heatmap stays bounded."""
+    if len(table) <= limit:
+        return table
+    kept = {k: v for k, v in table.items() if k < limit}
+    extra = [v for k, v in table.items() if k >= limit]
+    steps = len(extra[0][1])
+    tokens = [sum(t[i] for _, t in extra) for i in range(steps)]
+    means = [
+        sum(m[i] * t[i] for m, t in extra if m[i] is not None) / tokens[i] if tokens[i] > 0 else None
+        for i in range(steps)
+    ]
+    kept[limit] = (means, tokens)
+    return kept
+
+
+def attr(item: object, name: str, default: object = None) -> object:
+    """``item.name`` or ``item[name]``: results may be dataclasses or their JSON dicts."""
+    if isinstance(item, dict):
+        return item.get(name, default)
+    return getattr(item, name, default)

@@ -1,0 +1,173 @@
+"""Localisation (issue 5) against brute force, and chunking / order / file-split invariance of everything."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_metrics import random_rows, write_dump
+
+import rollout_diag as rd
+from rollout_diag.metrics.trends import change_point, find_anomalies, least_squares, t_quantile_975
+from rollout_diag.results import StepResult
+
+
+def model_tokens(steps: dict[int, list[dict]]):
+    """(step, sample_id, position, round, δ) of every model token, by plain loops."""
+    out = []
+    for step, rows in steps.items():
+        for row in rows:
+            round_index, previous = -1, 0
+            for position, mask in enumerate(row["mask"]):
+                if mask and not previous:
+                    round_index += 1
+                previous = mask
+                if mask:
+                    delta = float(row["trainer"][position]) - float(row["rollout"][position])
+                    out.append((step, f"{step}-{row['sample_id']}", position, round_index, delta))
+    return out
+
+
+@pytest.fixture(scope="module")
+def dump(tmp_path_factory):
+    rng = np.random.default_rng(11)
+    steps = {step: random_rows(rng, 25, max_len=70) for step in range(4)}
+    path = tmp_path_factory.mktemp("loc") / "dump.parquet"
+    write_dump(path, steps, row_group_size=7)
+    return steps, str(path)
+
+
+def test_worst_tokens_are_the_largest_abs_delta(dump):
+    steps, path = dump
+    result = rd.analyze(path, device="cpu", top_k=7, chunk_tokens=101)
+    expected = sorted(model_tokens(steps), key=lambda t: -abs(t[4]))[:7]
+    got = [(t.step, t.sample_id, t.position, t.round, t.log_ratio) for t in result.worst_tokens]
+    assert [g[:4] for g in got] == [e[:4] for e in expected]
+    assert [g[4] for g in got] == pytest.approx([e[4] for e in expected], rel=1e-12)
+
+
+def test_worst_rows_by_log_ppl_diff(dump):
+    steps, path = dump
+    result = rd.analyze(path, device="cpu", top_k=5, chunk_tokens=64)
+    scores = []
+    for step, rows in steps.items():
+        for row in rows:
+            mask = row["mask"].astype(bool)
+            if not mask.any():
+                continue
+            n = mask.sum()
+            d = (row["rollout"][mask].astype(float).sum() - row["trainer"][mask].astype(float).sum()) / (n + 1e-8)
+            scores.append((abs(d), f"{step}-{row['sample_id']}"))
+    expected = [sid for _, sid in sorted(scores, reverse=True)[:5]]
+    got = [r.sample_id for r in result.worst_rows if r.criterion == "log_ppl_abs_diff"]
+    assert got == expected
+    worst = next(r for r in result.worst_rows if r.criterion == "max_abs_diff")
+    assert worst.max_abs_diff == pytest.approx(max(abs(t[4]) for t in model_tokens(steps)), rel=1e-12)
+    # the kept token strips belong to the listed rows and hold every token of the row
+    strip = next(t for t in result.worst_row_tokens if t.sample_id == got[0])
+    row = next(r for s, rows in steps.items() for r in rows if f"{s}-{r['sample_id']}" == got[0])
+    assert strip.mask == row["mask"].tolist()
+
+
+def test_position_buckets_and_catastrophic_share(dump):
+    steps, path = dump
+    result = rd.analyze(path, device="cpu", catastrophic=0.5)
+    buckets: dict[int, list[float]] = {}
+    for _, _, position, _, delta in model_tokens(steps):
+        bucket = 0 if position == 0 else int(math.floor(math.log2(position))) + 1
+        buckets.setdefault(bucket, []).append(delta)
+    run = [p for p in result.positions if p["step"] is None]
+    assert [p["token_count"] for p in run] == [len(buckets[b]) for b in sorted(buckets)]
+    for entry, bucket in zip(run, sorted(buckets), strict=True):
+        deltas = buckets[bucket]
+        assert entry["start"] == (0 if bucket == 0 else 2 ** (bucket - 1))
+        assert entry["logprob_abs_diff_mean"] == pytest.approx(sum(map(abs, deltas)) / len(deltas), rel=1e-12)
+        assert entry["catastrophic_share"] == pytest.approx(sum(abs(d) > 0.5 for d in deltas) / len(deltas))
+    catastrophic = sum(abs(t[4]) > 0.5 for t in model_tokens(steps))
+    assert result.run.metrics["diag/catastrophic_tokens"] == catastrophic
+    assert sum(r["catastrophic_count"] for r in result.rounds) == catastrophic
+    assert sum(result.delta_histogram["counts"]) == len(model_tokens(steps))
+
+
+def comparable(result: rd.AnalysisResult) -> dict:
+    document = result.to_json()
+    for key in ("inputs", "skipped", "warnings", "worst_row_tokens"):
+        document.pop(key)
+    for entry in document["worst_rows"] + document["worst_tokens"]:
+        entry.pop("file")
+        entry.pop("row")
+    return document
+
+
+def assert_same(a: object, b: object, path: str = "") -> None:
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), path
+        for key in a:
+            assert_same(a[key], b[key], f"{path}/{key}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert b == pytest.approx(a, rel=1e-12, abs=1e-15), path
+    else:
+        assert a == b, path
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    chunk_tokens=st.integers(1, 400),
+    seed=st.integers(0, 2**16),
+    files=st.integers(1, 3),
+    data=st.data(),
+)
+def test_chunking_row_order_and_file_split_never_change_results(tmp_path_factory, chunk_tokens, seed, files, data):
+    rng = np.random.default_rng(seed)
+    steps = {step: random_rows(rng, int(rng.integers(2, 12)), max_len=30) for step in range(3)}
+    if sum(int(r["mask"].sum()) for rows in steps.values() for r in rows) == 0:
+        return
+    folder = tmp_path_factory.mktemp("inv")
+    write_dump(folder / "whole.parquet", steps)
+    baseline = rd.analyze(str(folder / "whole.parquet"), device="cpu", top_k=5)
+    # shuffle rows within each step, then deal the rows over several files
+    shuffled = {s: [rows[i] for i in data.draw(st.permutations(range(len(rows))))] for s, rows in steps.items()}
+    parts: list[dict[int, list[dict]]] = [{} for _ in range(files)]
+    for step, rows in shuffled.items():
+        for i, row in enumerate(rows):
+            parts[i % files].setdefault(step, []).append(row)
+    paths = []
+    for i, part in enumerate(parts):
+        if part:
+            paths.append(str(folder / f"part{i}.parquet"))
+            write_dump(paths[-1], part, row_group_size=3)
+    split = rd.analyze(paths, device="cpu", top_k=5, chunk_tokens=chunk_tokens)
+    assert_same(comparable(baseline), comparable(split))
+
+
+def step(index: int, k3: float) -> StepResult:
+    return StepResult(index, 10, 100, {"rollout_corr/k3_kl": k3})
+
+
+def test_anomaly_rule():
+    # medians of previous steps: 1, 1, 1 → step 3 at 3.5 is 3.5× (flagged), step 4 at 2 (median 1) is not
+    steps = [step(i, v) for i, v in enumerate([1.0, 1.0, 1.0, 3.5, 2.0])]
+    anomalies = find_anomalies(steps, metrics=("rollout_corr/k3_kl",))
+    assert [(a.step, a.factor) for a in anomalies] == [(3, pytest.approx(3.5))]
+
+
+def test_change_point_finds_the_rise():
+    values = [1.0, 1.1, 0.9, 1.0, 1.05, 0.95, 1.0, 3.0, 3.1, 2.9, 3.05, 2.95, 3.0]
+    index, before, after, t = change_point(values)
+    assert index == 7 and before == pytest.approx(1.0) and after == pytest.approx(3.0) and t > 3
+    assert change_point([1.0, 1.1, 0.9, 1.0, 1.05, 0.95, 1.0, 1.02, 0.98, 1.0, 1.01]) is None
+
+
+def test_t_quantiles_and_least_squares():
+    # Student t 97.5 % quantiles from the standard table
+    assert t_quantile_975(10) == pytest.approx(2.228138852, abs=2e-4)
+    assert t_quantile_975(30) == pytest.approx(2.042272456, abs=1e-5)
+    slope, low, high = least_squares([0, 1, 2, 3], [1.0, 3.0, 5.0, 7.0])  # exact line: slope 2, zero width
+    assert (slope, low, high) == (pytest.approx(2.0), pytest.approx(2.0), pytest.approx(2.0))
