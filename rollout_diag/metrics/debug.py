@@ -53,5 +53,8 @@ class DebugAccumulator(StepAccumulator):
             PREFIX + "rollout_probs_diff_mean": mean,
             # unbiased, as torch.std; 0 with fewer than 2 values (METRICS.md, Notation)
             PREFIX + "rollout_probs_diff_std": math.sqrt(max(m2, 0.0) / (n - 1)) if n > 1 else 0.0,
-            PREFIX + "rollout_actor_probs_pearson_corr": co_moment / denominator if denominator > 0 else math.nan,
+            # clipped to [-1, 1] as torch.corrcoef does
+            PREFIX + "rollout_actor_probs_pearson_corr": min(max(co_moment / denominator, -1.0), 1.0)
+            if denominator > 0
+            else math.nan,
         }
