@@ -4,10 +4,11 @@ Public API: ``analyze`` (every mismatch metric per step and run), the result dat
 accumulators (mergeable float64 states a trainer can feed its own chunks), and the errors.
 """
 
-from rollout_diag.engine import Analysis, analyze
+from rollout_diag.engine import Analysis, analyze, inspect_row
 from rollout_diag.errors import ColumnError, ConfigError, DataError, InputError, RolloutDiagError
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.reader import DumpReader
+from rollout_diag.io.writer import DumpWriter
 from rollout_diag.metrics.debug import DebugAccumulator
 from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
 from rollout_diag.metrics.rollout_kl import RolloutKLAccumulator
@@ -25,6 +26,7 @@ __all__ = [
     "DataError",
     "DebugAccumulator",
     "DumpReader",
+    "DumpWriter",
     "InputError",
     "OffPolicyAccumulator",
     "RolloutDiagError",
@@ -35,4 +37,5 @@ __all__ = [
     "Verdict",
     "__version__",
     "analyze",
+    "inspect_row",
 ]

@@ -1,0 +1,41 @@
+"""JSON output and dump files against the schemas in schemas/."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pyarrow.parquet as pq
+import pytest
+
+import rollout_diag as rd
+
+SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
+SAMPLES = sorted((Path(__file__).resolve().parent.parent / "sample_data").glob("*.parquet"))
+
+
+def schema(name: str) -> dict:
+    document = json.loads((SCHEMAS / name).read_text())
+    jsonschema.Draft202012Validator.check_schema(document)
+    return document
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)
+def test_analyze_json_matches_the_result_schema(sample):
+    document = json.loads(json.dumps(rd.analyze(str(sample), device="cpu").to_json(), allow_nan=False))
+    jsonschema.validate(document, schema("result.schema.json"))
+
+
+def test_the_schema_rejects_what_it_should():
+    document = rd.analyze(str(SAMPLES[0]), device="cpu").to_json()
+    document["run"]["metrics"]["not a metric"] = 1.0
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(document, schema("result.schema.json"))
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)
+def test_sample_rows_match_the_dump_schema(sample):
+    rows = pq.ParquetFile(sample).read_row_group(0).slice(0, 5).to_pylist()
+    for row in rows:
+        jsonschema.validate(row, schema("dump.schema.json"))
