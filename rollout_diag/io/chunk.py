@@ -28,7 +28,7 @@ class StepGroups:
         return len(self.steps)
 
 
-@dataclass(frozen=True)
+@dataclass
 class ModelTokens:
     """The mask-1 tokens of a chunk, in row order."""
 
@@ -37,7 +37,20 @@ class ModelTokens:
     log_ratio: torch.Tensor  # float64 [M]  δ = a − r
     row: torch.Tensor  # int64 [M]  row index within the chunk
     position: torch.Tensor  # int64 [M]  index of the token within its row (environment tokens count)
-    round: torch.Tensor  # int64 [M]  multi-turn round: index of the run of mask-1 tokens within its row
+
+    @cached_property
+    def round(self) -> torch.Tensor:
+        """int64 [M]: multi-turn round, the index of the run of mask-1 tokens within its row."""
+        if self.position.numel() == 0:
+            return self.position.clone()
+        starts = torch.ones_like(self.position, dtype=torch.bool)
+        starts[1:] = (self.row[1:] != self.row[:-1]) | (self.position[1:] != self.position[:-1] + 1)
+        started = torch.cumsum(starts.to(torch.int64), 0)
+        first_in_row = starts.clone()
+        first_in_row[1:] &= self.row[1:] != self.row[:-1]
+        row_base = torch.zeros(int(self.row.max()) + 1, dtype=torch.int64, device=self.row.device)
+        row_base[self.row[first_in_row]] = started[first_in_row] - 1
+        return started - 1 - row_base[self.row]
 
 
 @dataclass
@@ -55,6 +68,8 @@ class Chunk:
     token_ids: torch.Tensor | None = None  # int64 [T]
     # Token text is only needed for the handful of tokens a report shows, so it is fetched on demand.
     token_text: Callable[[int, int], str | None] | None = field(default=None, repr=False)
+    # Derived values shared by every accumulator that eats this chunk (see metrics/segments.py).
+    cache: dict = field(default_factory=dict, repr=False)
 
     @property
     def rows(self) -> int:
@@ -81,38 +96,16 @@ class Chunk:
         return StepGroups(steps=tuple(int(s) for s in steps.tolist()), row_group=row_group)
 
     @cached_property
-    def round_starts(self) -> torch.Tensor:
-        """True at the first token of each round: a mask-1 token at a row start or after a mask-0 token."""
-        previous = torch.roll(self.mask, 1)
-        previous[self.offsets[:-1][self.lengths > 0]] = False
-        return self.mask & ~previous
-
-    @cached_property
-    def rounds_per_row(self) -> torch.Tensor:
-        """Number of rounds (runs of mask-1 tokens) in each row (int64 [R])."""
-        counts = torch.zeros(self.rows, dtype=torch.int64, device=self.device)
-        return counts.index_add_(0, self.token_row, self.round_starts.to(torch.int64))
-
-    @cached_property
     def model(self) -> ModelTokens:
-        index = torch.nonzero(self.mask, as_tuple=True)[0]
         token_row = self.token_row
         position = torch.arange(self.trainer.shape[0], device=self.device) - self.offsets[token_row]
-        # Round id = rounds started in the row up to and including this token, minus one.
-        starts = self.round_starts.to(torch.int64)
-        started = torch.cumsum(starts, 0)
-        first_token = self.offsets[:-1].clamp(max=max(int(self.trainer.shape[0]) - 1, 0))
-        before_row = (started - starts)[first_token] if started.numel() else torch.zeros_like(first_token)
-        round_index = started - before_row[token_row] - 1
-        trainer, rollout = self.trainer[index], self.rollout[index]
-        return ModelTokens(
-            trainer=trainer,
-            rollout=rollout,
-            log_ratio=trainer - rollout,
-            row=token_row[index],
-            position=position[index],
-            round=round_index[index],
-        )
+        if bool(self.mask.all()):  # single-turn data: every token is a model token, no gather needed
+            trainer, rollout, row = self.trainer, self.rollout, token_row
+        else:
+            index = torch.nonzero(self.mask, as_tuple=True)[0]
+            trainer, rollout = self.trainer[index], self.rollout[index]
+            row, position = token_row[index], position[index]
+        return ModelTokens(trainer=trainer, rollout=rollout, log_ratio=trainer - rollout, row=row, position=position)
 
     @cached_property
     def tokens_per_row(self) -> torch.Tensor:

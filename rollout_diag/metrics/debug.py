@@ -8,7 +8,8 @@ from typing import ClassVar
 import torch
 
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import State, StepAccumulator, as_float, segment_max, segment_moments
+from rollout_diag.metrics.base import State, StepAccumulator, as_float
+from rollout_diag.metrics.segments import stats
 
 PREFIX = "training/"
 
@@ -23,16 +24,11 @@ class DebugAccumulator(StepAccumulator):
     }
 
     def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
-        model = chunk.model
-        count = chunk.groups.count
-        token_group = chunk.groups.row_group[model.row]
-        trainer_probs = torch.exp(model.trainer)
-        rollout_probs = torch.exp(model.rollout)
-        diff = (trainer_probs - rollout_probs).abs()
+        s = stats(chunk)
         return {
-            "probs_diff_max": segment_max(diff, token_group, count),
-            "probs_diff": segment_moments(diff, diff, token_group, count),
-            "probs": segment_moments(trainer_probs, rollout_probs, token_group, count),
+            "probs_diff_max": s.group_max("prob_diff"),
+            "probs_diff": s.group_moments("prob_diff", "prob_diff"),
+            "probs": s.group_moments("trainer_prob", "rollout_prob"),
         }
 
     def _finalize(self, state: State) -> dict[str, float]:

@@ -15,24 +15,29 @@ import numpy as np
 import torch
 
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import State, StepAccumulator, row_mean, segment_max, segment_sum
+from rollout_diag.metrics.base import State, StepAccumulator, row_mean
+from rollout_diag.metrics.segments import stats
 from rollout_diag.results import RowTokens, WorstRow, WorstToken
 
 POSITION_BUCKETS = 40  # log2 buckets: covers rows of up to 2^38 tokens
 DEFAULT_CATASTROPHIC = 1.0  # |δ| > 1: ρ outside [1/e, e]
 DEFAULT_TOP_K = 20
 ROW_CRITERIA = ("log_ppl_abs_diff", "max_abs_diff", "k3_sum", "catastrophic_share")
-# Signed log-spaced δ bins: |δ| edges 1e-6 … 100 in quarter decades, mirrored, plus a central bin.
-_ABS_EDGES = [10.0 ** (-6 + k / 4) for k in range(33)]
+# Signed δ bins, one per binary order of magnitude: |δ| in [2^k, 2^(k+1)) for k = -20 … 6, mirrored,
+# plus a central bin |δ| < 2^-20; values beyond ±128 fall in the end bins. The bin of a value is its
+# binary exponent, which costs one frexp per token instead of a binary search.
+EXPONENT_MIN, EXPONENT_MAX = -20, 7
+_LEVELS = EXPONENT_MAX - EXPONENT_MIN  # bins per sign
+_ABS_EDGES = [2.0**k for k in range(EXPONENT_MIN, EXPONENT_MAX + 1)]
 DELTA_EDGES = [-e for e in reversed(_ABS_EDGES)] + _ABS_EDGES
+DELTA_BINS = len(DELTA_EDGES) - 1  # 2·_LEVELS + 1
 
 
-def position_bucket(position: torch.Tensor) -> torch.Tensor:
-    """0 → 0, 1 → 1, 2–3 → 2, 4–7 → 3, …: floor(log2(p)) + 1 for p ≥ 1."""
-    bucket = torch.zeros_like(position)
-    positive = position > 0
-    bucket[positive] = torch.floor(torch.log2(position[positive].to(torch.float64))).to(torch.int64) + 1
-    return bucket.clamp(max=POSITION_BUCKETS - 1)
+def delta_bin(delta: torch.Tensor) -> torch.Tensor:
+    """Index of each δ's bin between consecutive DELTA_EDGES."""
+    level = (torch.frexp(delta).exponent - 1 - EXPONENT_MIN).clamp(-1, _LEVELS - 1)  # floor(log2|δ|) − min
+    bins = torch.where(delta > 0, _LEVELS + 1 + level, _LEVELS - 1 - level)
+    return torch.where(level < 0, _LEVELS, bins)
 
 
 def bucket_label(bucket: int) -> tuple[int, int, str]:
@@ -59,25 +64,23 @@ class PositionAccumulator(StepAccumulator):
         self.catastrophic = float(catastrophic)
 
     def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
-        model = chunk.model
+        s = stats(chunk)
         count = chunk.groups.count
-        token_group = chunk.groups.row_group[model.row]
-        flat = token_group * POSITION_BUCKETS + position_bucket(model.position)
-        delta = model.log_ratio
+        bucket = s.segment_bucket.clamp(max=POSITION_BUCKETS - 1)
 
-        def by_bucket(values: torch.Tensor) -> torch.Tensor:
-            return segment_sum(values, flat, count * POSITION_BUCKETS).view(count, POSITION_BUCKETS)
+        def by_bucket(name: str) -> torch.Tensor:
+            return s.bucket_sum(s.segment_sum(name), bucket, POSITION_BUCKETS)
 
-        edges = torch.tensor(DELTA_EDGES, dtype=torch.float64, device=delta.device)
-        bins = len(DELTA_EDGES) - 1
-        delta_bin = (torch.bucketize(delta, edges, right=True) - 1).clamp(0, bins - 1)
-        histogram = segment_sum(torch.ones_like(delta), token_group * bins + delta_bin, count * bins)
+        bins = delta_bin(s.token("log_ratio"))
+        if count > 1:
+            bins = s.token_group * DELTA_BINS + bins
+        histogram = torch.bincount(bins, minlength=count * DELTA_BINS).to(torch.float64)
         return {
-            "token_count": by_bucket(torch.ones_like(delta)),
-            "abs_diff": by_bucket(delta.abs()),
-            "k3_kl": by_bucket(torch.expm1(delta) - delta),
-            "catastrophic": by_bucket((delta.abs() > self.catastrophic).to(torch.float64)),
-            "delta_histogram": histogram.view(count, bins),
+            "token_count": s.bucket_sum(s.segment_length, bucket, POSITION_BUCKETS),
+            "abs_diff": by_bucket("abs_log_ratio"),
+            "k3_kl": by_bucket("k3"),
+            "catastrophic": by_bucket(s.catastrophic(self.catastrophic)),
+            "delta_histogram": histogram.view(count, DELTA_BINS),
         }
 
     def table(self, state: State, step: int | None) -> list[dict[str, Any]]:
@@ -174,19 +177,14 @@ class WorstTracker:
         self.tokens = TopK(self.k)
 
     def update(self, chunk: Chunk) -> None:
-        model = chunk.model
-        rows = chunk.rows
-        n = chunk.tokens_per_row
-        delta = model.log_ratio
-        abs_delta = delta.abs()
-        mean_trainer = row_mean(segment_sum(model.trainer, model.row, rows), n)
-        mean_rollout = row_mean(segment_sum(model.rollout, model.row, rows), n)
-        log_ppl_diff = mean_rollout - mean_trainer
-        catastrophic = segment_sum((abs_delta > self.catastrophic).to(torch.float64), model.row, rows)
+        s = stats(chunk)
+        n = s.row_count
+        log_ppl_diff = row_mean(s.row_sum("rollout"), n) - row_mean(s.row_sum("trainer"), n)
+        catastrophic = s.row_sum(s.catastrophic(self.catastrophic))
         scores = {
             "log_ppl_abs_diff": log_ppl_diff.abs(),
-            "max_abs_diff": segment_max(abs_delta, model.row, rows).clamp(min=0.0),
-            "k3_sum": segment_sum(torch.expm1(delta) - delta, model.row, rows),
+            "max_abs_diff": s.row_max("abs_log_ratio").clamp(min=0.0),
+            "k3_sum": s.row_sum("k3"),
             "catastrophic_share": catastrophic / n.clamp(min=1),
         }
         host = {name: value.cpu().numpy() for name, value in scores.items()}
@@ -212,7 +210,8 @@ class WorstTracker:
             tracker.items = [
                 (score, key, details[item] if isinstance(item, int) else item) for score, key, item in tracker.items
             ]
-        self._offer_tokens(chunk, abs_delta)
+        if chunk.model.row.numel() and float(host["max_abs_diff"].max()) >= self.tokens.threshold():
+            self._offer_tokens(chunk, s.token("abs_log_ratio"))
 
     @staticmethod
     def _row_key(chunk: Chunk, row: int) -> Location:
@@ -221,20 +220,20 @@ class WorstTracker:
     def _row_details(self, chunk: Chunk, rows: list[int], host: dict[str, np.ndarray]) -> dict[int, Any]:
         if not rows:
             return {}
-        model = chunk.model
-        details: dict[int, Any] = {}
+        s = stats(chunk)
+        segment_row = s.segment_row.cpu().numpy()
+        segment_round = s.segment_round.cpu().numpy()
+        segment_abs = s.segment_sum("abs_log_ratio").cpu().numpy()
+        segment_length = s.segment_length.cpu().numpy()
         lengths = chunk.lengths.cpu().numpy()
-        rounds = chunk.rounds_per_row.cpu().numpy()
-        # Model tokens are in row order: row i's are [model_offsets[i], model_offsets[i + 1]).
-        model_offsets = np.concatenate([[0], np.cumsum(host["model_tokens"])]).astype(np.int64)
+        rounds = s.rounds_per_row.cpu().numpy()
+        details: dict[int, Any] = {}
         for row in rows:
-            first, last = int(model_offsets[row]), int(model_offsets[row + 1])
-            row_rounds = model.round[first:last]
-            row_abs = model.log_ratio[first:last].abs()
-            round_count = int(row_rounds.max()) + 1 if row_rounds.numel() else 0
-            round_means = segment_sum(row_abs, row_rounds, round_count) / segment_sum(
-                torch.ones_like(row_abs), row_rounds, round_count
-            ).clamp(min=1)
+            mine = segment_row == row
+            round_abs = np.bincount(segment_round[mine], weights=segment_abs[mine])
+            round_tokens = np.bincount(segment_round[mine], weights=segment_length[mine])
+            with np.errstate(invalid="ignore", divide="ignore"):
+                round_means = np.where(round_tokens > 0, round_abs / np.maximum(round_tokens, 1), -1.0)
             tokens = row_tokens(chunk, row)
             details[row] = (
                 {
@@ -245,7 +244,7 @@ class WorstTracker:
                     "length": int(lengths[row]),
                     "model_tokens": int(host["model_tokens"][row]),
                     "rounds": int(rounds[row]),
-                    "worst_round": int(torch.argmax(round_means)) if round_count else -1,
+                    "worst_round": int(np.argmax(round_means)) if round_means.size else -1,
                     "log_ppl_diff": float(host["log_ppl_diff"][row]),
                     "max_abs_diff": float(host["max_abs_diff"][row]),
                     "k3_sum": float(host["k3_sum"][row]),
@@ -263,6 +262,13 @@ class WorstTracker:
         values, _ = torch.topk(abs_delta, k)
         # torch.topk breaks ties arbitrarily: widen to every token tied with the k-th value.
         tied = torch.nonzero(abs_delta >= values[-1]).flatten()
+        s = stats(chunk)
+        starts = s.segment_starts
+
+        def token_round(token: int) -> int:  # the round of the segment holding the token
+            segment = int(torch.searchsorted(starts, torch.tensor(token, device=starts.device), right=True)) - 1
+            return int(s.segment_round[segment])
+
         candidates = []
         for token in tied.tolist():
             row = int(model.row[token])
@@ -281,7 +287,7 @@ class WorstTracker:
                         file=chunk.file[row],
                         row=chunk.file_row[row],
                         position=position,
-                        round=int(model.round[token]),
+                        round=token_round(token),
                         token_id=None
                         if chunk.token_ids is None
                         else int(chunk.token_ids[chunk.offsets[row] + position]),

@@ -16,8 +16,8 @@ from rollout_diag.metrics.base import (
     row_mean,
     segment_max,
     segment_min,
-    segment_sum,
 )
+from rollout_diag.metrics.segments import stats
 
 PREFIX = "rollout_corr/"
 
@@ -46,46 +46,32 @@ class OffPolicyAccumulator(StepAccumulator):
     }
 
     def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
-        model = chunk.model
+        s = stats(chunk)
         groups = chunk.groups
-        rows, count = chunk.rows, groups.count
-        row_group = groups.row_group
-        token_group = row_group[model.row]
-        n = chunk.tokens_per_row
-        delta = model.log_ratio
-
-        def per_row(values: torch.Tensor) -> torch.Tensor:
-            return segment_sum(values, model.row, rows)
-
-        mean_trainer = row_mean(per_row(model.trainer), n)  # §1 R_i[a]
-        mean_rollout = row_mean(per_row(model.rollout), n)  # §1 R_i[r]
+        n = s.row_count
+        mean_trainer = row_mean(s.row_sum("trainer"), n)  # §1 R_i[a]
+        mean_rollout = row_mean(s.row_sum("rollout"), n)  # §1 R_i[r]
         log_ppl_diff = mean_rollout - mean_trainer  # §1 d_i = R_i[r] − R_i[a], as verl subtracts
-        seq_log_ratio = per_row(delta)  # §1 S_i[δ]
-
-        def by_step(values: torch.Tensor) -> torch.Tensor:
-            return segment_sum(values, row_group, count)
-
-        def by_step_tokens(values: torch.Tensor) -> torch.Tensor:
-            return segment_sum(values, token_group, count)
-
+        seq_log_ratio = s.row_sum("log_ratio")  # §1 S_i[δ]
+        by_step = s.group_sum_rows
         return {
-            "rows": by_step(torch.ones(rows, dtype=torch.float64, device=chunk.device)),
+            "rows": by_step(torch.ones_like(n)),
             "empty_rows": by_step((n == 0).to(torch.float64)),
-            "tokens": by_step(n.to(torch.float64)),
+            "tokens": by_step(n),
             "training_ppl": by_step(torch.exp(-mean_trainer)),
             "training_log_ppl": by_step(-mean_trainer),
             "rollout_ppl": by_step(torch.exp(-mean_rollout)),
             "rollout_log_ppl": by_step(-mean_rollout),
-            "kl": by_step_tokens(model.rollout - model.trainer),
-            "k3_kl": by_step_tokens(torch.expm1(delta) - delta),
+            "kl": -s.group_sum("log_ratio"),  # Σ m·(r − a); fl(r − a) = −fl(a − r) exactly
+            "k3_kl": s.group_sum("k3"),
             "log_ppl_diff": by_step(log_ppl_diff),
             "log_ppl_abs_diff": by_step(log_ppl_diff.abs()),
-            "log_ppl_diff_max": segment_max(log_ppl_diff, row_group, count),
-            "log_ppl_diff_min": segment_min(log_ppl_diff, row_group, count),
+            "log_ppl_diff_max": segment_max(log_ppl_diff, groups.row_group, groups.count),
+            "log_ppl_diff_min": segment_min(log_ppl_diff, groups.row_group, groups.count),
             "ppl_ratio": by_step(torch.exp(log_ppl_diff)),
-            "chi2_token": by_step_tokens(torch.exp(2.0 * clamp20(delta))),
+            "chi2_token": s.group_sum("chi2_term"),
             "chi2_seq": by_step(torch.exp(2.0 * clamp20(seq_log_ratio))),
-            "abs_diff": by_step_tokens(delta.abs()),
+            "abs_diff": s.group_sum("abs_log_ratio"),
         }
 
     def _finalize(self, state: State) -> dict[str, float]:

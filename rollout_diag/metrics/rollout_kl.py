@@ -7,20 +7,20 @@ from typing import ClassVar
 import torch
 
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import State, StepAccumulator, as_float, row_mean, segment_sum
+from rollout_diag.metrics.base import State, StepAccumulator, as_float, row_mean
+from rollout_diag.metrics.segments import stats
 
 PREFIX = "rollout_kl/"
 ESTIMATORS = ("k1", "abs", "k2", "k3")
 
 
-def estimator_values(log_ratio: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per-token estimators of §6 for x = a − r."""
-    return {
-        "k1": log_ratio,
-        "abs": log_ratio.abs(),
-        "k2": 0.5 * log_ratio * log_ratio,
-        "k3": torch.expm1(-log_ratio) + log_ratio,  # exp(−x) − 1 + x
-    }
+# §6 estimators of x = a − r: k1 = x, abs = |x|, k2 = ½x², k3 = exp(−x) − 1 + x (token quantities, segments.py)
+ESTIMATOR_TOKENS = {
+    "k1": ("log_ratio", 1.0),
+    "abs": ("abs_log_ratio", 1.0),
+    "k2": ("square", 0.5),
+    "k3": ("skyrl_k3", 1.0),
+}
 
 
 class RolloutKLAccumulator(StepAccumulator):
@@ -29,18 +29,12 @@ class RolloutKLAccumulator(StepAccumulator):
     REDUCTIONS: ClassVar[dict[str, str]] = {"rows": "sum", "tokens": "sum", **{name: "sum" for name in ESTIMATORS}}
 
     def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
-        model = chunk.model
-        count = chunk.groups.count
-        row_group = chunk.groups.row_group
-        n = chunk.tokens_per_row
-        stats = {
-            "rows": segment_sum(torch.ones(chunk.rows, dtype=torch.float64, device=chunk.device), row_group, count),
-            "tokens": segment_sum(n.to(torch.float64), row_group, count),
-        }
-        for name, values in estimator_values(model.log_ratio).items():
-            per_row = row_mean(segment_sum(values, model.row, chunk.rows), n)
-            stats[name] = segment_sum(per_row, row_group, count)
-        return stats
+        s = stats(chunk)
+        n = s.row_count
+        out = {"rows": s.group_sum_rows(torch.ones_like(n)), "tokens": s.group_sum_rows(n)}
+        for name, (token_name, scale) in ESTIMATOR_TOKENS.items():
+            out[name] = s.group_sum_rows(row_mean(s.row_sum(token_name) * scale, n))
+        return out
 
     def _finalize(self, state: State) -> dict[str, float]:
         rows, tokens = as_float(state["rows"]), as_float(state["tokens"])

@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import CLAMP, State, StepAccumulator, as_float, segment_max, segment_sum
+from rollout_diag.metrics.base import State, StepAccumulator, as_float, segment_max
+from rollout_diag.metrics.segments import stats
 
 PREFIX = "per_round/"
 DEFAULT_MAX_ROUNDS = 64
@@ -29,35 +30,33 @@ class RoundAccumulator(StepAccumulator):
         self.REDUCTIONS = {**{name: "sum" for name in ROUND_SUMS}, "max_abs_diff": "max", "num_rounds_max": "max"}
 
     def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
-        model = chunk.model
+        s = stats(chunk)
         groups = chunk.groups
         buckets = self.max_rounds + 1
-        count = groups.count
-        token_group = groups.row_group[model.row]
-        flat = token_group * buckets + model.round.clamp(max=self.max_rounds)
-        delta = model.log_ratio
+        bucket = s.segment_round.clamp(max=self.max_rounds)
 
-        def by_bucket(values: torch.Tensor) -> torch.Tensor:
-            return segment_sum(values, flat, count * buckets).view(count, buckets)
+        def by_bucket(name: str) -> torch.Tensor:
+            return s.bucket_sum(s.segment_sum(name), bucket, buckets)
 
-        rounds = chunk.rounds_per_row
+        rounds = s.rounds_per_row
         # seq_count[k] = rows with more than k rounds (bucket max_rounds: more than max_rounds).
-        histogram = segment_sum(
-            torch.ones_like(rounds, dtype=torch.float64),
+        histogram = torch.zeros(groups.count * (buckets + 1), dtype=torch.float64, device=chunk.device)
+        histogram.index_add_(
+            0,
             groups.row_group * (buckets + 1) + rounds.clamp(max=buckets),
-            count * (buckets + 1),
-        ).view(count, buckets + 1)
-        rows_with_more = histogram.flip(1).cumsum(1).flip(1)[:, 1:]
+            torch.ones_like(rounds, dtype=torch.float64),
+        )
+        rows_with_more = histogram.view(groups.count, buckets + 1).flip(1).cumsum(1).flip(1)[:, 1:]
         return {
-            "token_count": by_bucket(torch.ones_like(delta)),
+            "token_count": s.bucket_sum(s.segment_length, bucket, buckets),
             "seq_count": rows_with_more,
-            "abs_diff": by_bucket(delta.abs()),
-            "kl": by_bucket(model.rollout - model.trainer),  # as §1 kl: r − a
-            "k3_kl": by_bucket(torch.expm1(delta) - delta),
-            "chi2_token": by_bucket(torch.exp(2.0 * delta.clamp(-CLAMP, CLAMP))),
-            "catastrophic": by_bucket((delta.abs() > self.catastrophic).to(torch.float64)),
-            "max_abs_diff": segment_max(delta.abs(), flat, count * buckets).view(count, buckets),
-            "num_rounds_max": segment_max(rounds.to(torch.float64), groups.row_group, count),
+            "abs_diff": by_bucket("abs_log_ratio"),
+            "kl": -by_bucket("log_ratio"),  # as §1 kl: r − a
+            "k3_kl": by_bucket("k3"),
+            "chi2_token": by_bucket("chi2_term"),
+            "catastrophic": by_bucket(s.catastrophic(self.catastrophic)),
+            "max_abs_diff": s.bucket_max(s.segment_max("abs_log_ratio"), bucket, buckets),
+            "num_rounds_max": segment_max(rounds.to(torch.float64), groups.row_group, groups.count),
         }
 
     def table(self, state: State) -> list[dict[str, Any]]:

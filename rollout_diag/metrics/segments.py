@@ -1,0 +1,285 @@
+"""Per-token quantities computed once per chunk, and their sums over *segments*.
+
+A segment is a maximal run of model tokens that share a row, a multi-turn round and a log2 position
+bucket. Every additive statistic of every family (per row, per step, per round, per position bucket) is a
+sum of segment sums, and segments are contiguous, so one sequential reduction per quantity
+(``reduceat``) replaces a scatter over millions of tokens. There are about rows × (rounds + log2 length)
+segments: thousands, not millions.
+
+Quantities are cached on the chunk (``chunk.cache``), so families and presets share one computation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cached_property
+
+import numpy as np
+import torch
+
+from rollout_diag.io.chunk import Chunk
+
+CLAMP = 20.0  # clamp20 (METRICS.md, Notation)
+
+# Per-token quantities over model tokens (δ = a − r), each computed at most once per chunk.
+TOKEN_QUANTITIES: dict[str, Callable[[ChunkStats], torch.Tensor]] = {}
+
+
+def quantity(name: str):
+    def register(function: Callable[[ChunkStats], torch.Tensor]) -> Callable[[ChunkStats], torch.Tensor]:
+        TOKEN_QUANTITIES[name] = function
+        return function
+
+    return register
+
+
+@quantity("trainer")
+def _trainer(s: ChunkStats) -> torch.Tensor:
+    return s.chunk.model.trainer
+
+
+@quantity("rollout")
+def _rollout(s: ChunkStats) -> torch.Tensor:
+    return s.chunk.model.rollout
+
+
+@quantity("log_ratio")
+def _log_ratio(s: ChunkStats) -> torch.Tensor:
+    return s.chunk.model.log_ratio
+
+
+@quantity("abs_log_ratio")
+def _abs_log_ratio(s: ChunkStats) -> torch.Tensor:
+    return s.token("log_ratio").abs()
+
+
+@quantity("k3")
+def _k3(s: ChunkStats) -> torch.Tensor:  # exp(δ) − δ − 1 (§1 k3_kl), expm1 for accuracy near 0
+    return torch.expm1(s.token("log_ratio")) - s.token("log_ratio")
+
+
+@quantity("chi2_term")
+def _chi2_term(s: ChunkStats) -> torch.Tensor:  # exp(2·clamp20(δ)) (§1 chi2_token)
+    return torch.exp(s.token("log_ratio").clamp(-CLAMP, CLAMP) * 2.0)
+
+
+@quantity("square")
+def _square(s: ChunkStats) -> torch.Tensor:  # δ² (§6 k2 = ½δ²)
+    delta = s.token("log_ratio")
+    return delta * delta
+
+
+@quantity("skyrl_k3")
+def _skyrl_k3(s: ChunkStats) -> torch.Tensor:  # exp(−x) − 1 + x, x = a − r (§6 k3)
+    delta = s.token("log_ratio")
+    return torch.expm1(-delta) + delta
+
+
+@quantity("trainer_prob")
+def _trainer_prob(s: ChunkStats) -> torch.Tensor:
+    return torch.exp(s.token("trainer"))
+
+
+@quantity("rollout_prob")
+def _rollout_prob(s: ChunkStats) -> torch.Tensor:
+    return torch.exp(s.token("rollout"))
+
+
+@quantity("prob_diff")
+def _prob_diff(s: ChunkStats) -> torch.Tensor:  # |p_a − p_r| (§5)
+    return (s.token("trainer_prob") - s.token("rollout_prob")).abs()
+
+
+def stats(chunk: Chunk) -> ChunkStats:
+    """The shared per-chunk computation (created on first use)."""
+    found = chunk.cache.get("stats")
+    if found is None:
+        found = chunk.cache["stats"] = ChunkStats(chunk)
+    return found
+
+
+def position_bucket(position: torch.Tensor) -> torch.Tensor:
+    """0 → 0, 1 → 1, 2–3 → 2, 4–7 → 3, …: the binary exponent (floor(log2 p) + 1 for p ≥ 1)."""
+    return torch.frexp(position.to(torch.float64)).exponent.to(torch.int64)
+
+
+class ChunkStats:
+    """Token quantities, their segment sums and maxima, and row / step group reductions of a chunk."""
+
+    def __init__(self, chunk: Chunk) -> None:
+        self.chunk = chunk
+        self._tokens: dict[str, torch.Tensor] = {}
+        self._sums: dict[str, torch.Tensor] = {}
+        self._maxima: dict[str, torch.Tensor] = {}
+
+    # -- tokens ----------------------------------------------------------------------------------
+    def token(self, name: str) -> torch.Tensor:
+        value = self._tokens.get(name)
+        if value is None:
+            value = self._tokens[name] = TOKEN_QUANTITIES[name](self)
+        return value
+
+    def catastrophic(self, threshold: float) -> str:
+        """Name of the token quantity 1.0 where |δ| > threshold (registered on first use)."""
+        name = f"catastrophic>{threshold!r}"
+        if name not in self._tokens:
+            self._tokens[name] = (self.token("abs_log_ratio") > threshold).to(torch.float64)
+        return name
+
+    # -- segments --------------------------------------------------------------------------------
+    @cached_property
+    def segment_starts(self) -> torch.Tensor:
+        """Index (into model tokens) of each segment's first token (int64 [S])."""
+        model = self.chunk.model
+        position, row = model.position, model.row
+        if position.numel() == 0:
+            return torch.zeros(0, dtype=torch.int64, device=position.device)
+        new = torch.ones_like(position, dtype=torch.bool)
+        # A new segment where the row changes, a token was skipped (a new round), or p is a power of two.
+        new[1:] = (row[1:] != row[:-1]) | (position[1:] != position[:-1] + 1)
+        new |= (position & (position - 1)) == 0
+        return torch.nonzero(new, as_tuple=True)[0]
+
+    @cached_property
+    def segment_length(self) -> torch.Tensor:
+        ends = torch.cat([self.segment_starts[1:], self.segment_starts.new_tensor([self.chunk.model.row.numel()])])
+        return ends - self.segment_starts
+
+    @cached_property
+    def segment_row(self) -> torch.Tensor:
+        return self.chunk.model.row[self.segment_starts]
+
+    @cached_property
+    def segment_bucket(self) -> torch.Tensor:
+        return position_bucket(self.chunk.model.position[self.segment_starts])
+
+    @cached_property
+    def segment_round(self) -> torch.Tensor:
+        """Round index of each segment: rounds started so far in its row, minus one."""
+        model = self.chunk.model
+        starts = self.segment_starts
+        if starts.numel() == 0:
+            return starts.clone()
+        first_in_row = torch.ones_like(starts, dtype=torch.bool)
+        first_in_row[1:] = self.segment_row[1:] != self.segment_row[:-1]
+        gap = torch.ones_like(first_in_row)
+        gap[1:] = model.position[starts[1:]] != model.position[starts[1:] - 1] + 1
+        starts_round = (first_in_row | gap).to(torch.int64)
+        started = torch.cumsum(starts_round, 0)
+        row_base = torch.zeros(self.chunk.rows, dtype=torch.int64, device=starts.device)
+        row_base[self.segment_row[first_in_row]] = started[first_in_row] - 1
+        return started - 1 - row_base[self.segment_row]
+
+    @cached_property
+    def rounds_per_row(self) -> torch.Tensor:
+        """Number of rounds (runs of model tokens) in each row (int64 [R]; 0 without model tokens)."""
+        out = torch.full((self.chunk.rows,), -1, dtype=torch.int64, device=self.chunk.device)
+        return out.scatter_reduce_(0, self.segment_row, self.segment_round, reduce="amax") + 1
+
+    @cached_property
+    def segment_group(self) -> torch.Tensor:
+        return self.chunk.groups.row_group[self.segment_row]
+
+    def segment_sum(self, name: str) -> torch.Tensor:
+        """Σ of a token quantity over each segment (float64 [S])."""
+        found = self._sums.get(name)
+        if found is None:
+            found = self._sums[name] = _reduce(self.token(name), self.segment_starts, self.segment_length, "sum")
+        return found
+
+    def segment_max(self, name: str) -> torch.Tensor:
+        found = self._maxima.get(name)
+        if found is None:
+            found = self._maxima[name] = _reduce(self.token(name), self.segment_starts, self.segment_length, "max")
+        return found
+
+    # -- rows and step groups ----------------------------------------------------------------------
+    @cached_property
+    def row_count(self) -> torch.Tensor:
+        """n_i: model tokens of each row (float64 [R])."""
+        out = torch.zeros(self.chunk.rows, dtype=torch.float64, device=self.chunk.device)
+        return out.index_add_(0, self.segment_row, self.segment_length.to(torch.float64))
+
+    def row_sum(self, name: str) -> torch.Tensor:
+        """Σ over each row's model tokens (float64 [R]; 0 for a row without model tokens)."""
+        key = f"row:{name}"
+        found = self._sums.get(key)
+        if found is None:
+            out = torch.zeros(self.chunk.rows, dtype=torch.float64, device=self.chunk.device)
+            found = self._sums[key] = out.index_add_(0, self.segment_row, self.segment_sum(name))
+        return found
+
+    def row_max(self, name: str) -> torch.Tensor:
+        """Max over each row's model tokens (-inf for a row without model tokens)."""
+        out = torch.full((self.chunk.rows,), -torch.inf, dtype=torch.float64, device=self.chunk.device)
+        return out.scatter_reduce_(0, self.segment_row, self.segment_max(name), reduce="amax")
+
+    def group_sum_rows(self, row_values: torch.Tensor) -> torch.Tensor:
+        """Σ of per-row values over each step group of the chunk (float64 [G])."""
+        groups = self.chunk.groups
+        out = torch.zeros(groups.count, dtype=torch.float64, device=row_values.device)
+        return out.index_add_(0, groups.row_group, row_values.to(torch.float64))
+
+    def group_sum(self, name: str) -> torch.Tensor:
+        """Σ of a token quantity over each step group (float64 [G])."""
+        return self.group_sum_rows(self.row_sum(name))
+
+    def bucket_sum(self, segment_values: torch.Tensor, bucket: torch.Tensor, buckets: int) -> torch.Tensor:
+        """Σ of per-segment values into [G, buckets] by (step group, bucket)."""
+        groups = self.chunk.groups.count
+        out = torch.zeros(groups * buckets, dtype=torch.float64, device=segment_values.device)
+        out.index_add_(0, self.segment_group * buckets + bucket, segment_values.to(torch.float64))
+        return out.view(groups, buckets)
+
+    def bucket_max(self, segment_values: torch.Tensor, bucket: torch.Tensor, buckets: int) -> torch.Tensor:
+        groups = self.chunk.groups.count
+        out = torch.full((groups * buckets,), -torch.inf, dtype=torch.float64, device=segment_values.device)
+        out.scatter_reduce_(0, self.segment_group * buckets + bucket, segment_values, reduce="amax")
+        return out.view(groups, buckets)
+
+    def group_max(self, name: str) -> torch.Tensor:
+        """Max of a token quantity over each step group (-inf where a group has no model token)."""
+        out = torch.full((self.chunk.groups.count,), -torch.inf, dtype=torch.float64, device=self.chunk.device)
+        return out.scatter_reduce_(0, self.segment_group, self.segment_max(name), reduce="amax")
+
+    def group_moments(self, x_name: str, y_name: str) -> torch.Tensor:
+        """Per step group [n, mean_x, mean_y, M2_x, M2_y, C_xy]: means first, then centred sums.
+
+        Centring before squaring keeps variances of values far from zero (probabilities) exact.
+        """
+        n = self.group_sum_rows(self.row_count)
+        safe_n = n.clamp(min=1.0)
+        mean_x, mean_y = self.group_sum(x_name) / safe_n, self.group_sum(y_name) / safe_n
+        single = self.chunk.groups.count == 1  # the usual case: a chunk inside one step
+        dx = self.token(x_name) - (mean_x[0] if single else mean_x[self.token_group])
+        dy = dx if y_name == x_name else self.token(y_name) - (mean_y[0] if single else mean_y[self.token_group])
+        products = {"xx": dx * dx}
+        products["yy"] = products["xx"] if dy is dx else dy * dy
+        products["xy"] = products["xx"] if dy is dx else dx * dy
+        sums: dict[str, torch.Tensor] = {}
+        for key, values in products.items():
+            if key in ("yy", "xy") and dy is dx:
+                sums[key] = sums["xx"]
+            elif single:
+                sums[key] = values.sum().reshape(1)
+            else:
+                per_segment = _reduce(values, self.segment_starts, self.segment_length, "sum")
+                out = torch.zeros(self.chunk.groups.count, dtype=torch.float64, device=values.device)
+                sums[key] = out.index_add_(0, self.segment_group, per_segment)
+        return torch.stack([n, mean_x, mean_y, sums["xx"], sums["yy"], sums["xy"]], dim=-1)
+
+    @cached_property
+    def token_group(self) -> torch.Tensor:
+        """Step group of every model token (only built for the rare chunk that spans several steps)."""
+        return self.chunk.groups.row_group[self.chunk.model.row]
+
+
+def _reduce(values: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, how: str) -> torch.Tensor:
+    """Sum or max over contiguous segments; numpy's sequential reduceat on the CPU, segment_reduce on GPUs."""
+    if starts.numel() == 0:
+        return torch.zeros(0, dtype=torch.float64, device=values.device)
+    values = values.to(torch.float64)
+    if values.device.type == "cpu":
+        reducer = np.add if how == "sum" else np.maximum
+        return torch.from_numpy(reducer.reduceat(values.numpy(), starts.numpy()))
+    return torch.segment_reduce(values, how, lengths=lengths)
