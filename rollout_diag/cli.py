@@ -39,11 +39,18 @@ class OutputFormat(str, Enum):
     csv = "csv"
 
 
+class RowFormat(str, Enum):
+    table = "table"
+    json = "json"
+
+
 # Shared option types (one definition, used by every command).
 Inputs = Annotated[
     list[Path],
     typer.Argument(
-        help="Parquet dump(s): files, globs or directories (hive partitions like step=3/ work).", show_default=False
+        help="Parquet dump(s): files, globs or directories (hive partitions like step=3/ work).",
+        show_default=False,
+        metavar="FILE",
     ),
 ]
 ColumnOpt = Annotated[
@@ -53,9 +60,10 @@ ColumnOpt = Annotated[
         "-c",
         help="Say which column plays a role: role=name (roles: rollout, trainer, "
         "mask, step, sample_id, position, token_ids, tokens). Repeatable.",
+        metavar="ROLE=NAME",
     ),
 ]
-DeviceOpt = Annotated[str, typer.Option(help="auto (CUDA when available), cpu or cuda[:N].")]
+DeviceOpt = Annotated[str, typer.Option(help="auto (CUDA when available), cpu or cuda[:N].", metavar="DEVICE")]
 FormatOpt = Annotated[OutputFormat, typer.Option("--format", "-f", help="table (terminal), json or csv.")]
 OutputOpt = Annotated[Path | None, typer.Option("--output", "-o", help="Write json/csv here instead of stdout.")]
 StrictOpt = Annotated[bool, typer.Option("--strict", help="Fail on the first invalid row instead of skipping it.")]
@@ -146,16 +154,21 @@ def parse_columns(column: list[str] | None) -> dict[str, str]:
     return parse_overrides(column or [])
 
 
-@app.callback()
-def root(
-    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
-) -> None:
-    """Diagnose training–inference logprob mismatch in RL for LLMs, offline, from Parquet dumps."""
-    if version:
+def print_version(value: bool) -> None:
+    if value:
         from rollout_diag import __version__
 
         typer.echo(f"rollout-diag {__version__}")
         raise typer.Exit(0)
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=print_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Diagnose training–inference logprob mismatch in RL for LLMs, offline, from Parquet dumps."""
 
 
 @app.command()
@@ -212,7 +225,7 @@ def inspect(
     step: Annotated[int | None, typer.Option(help="Step of the row, when a sample id repeats across steps.")] = None,
     column: ColumnOpt = None,
     device: DeviceOpt = "auto",
-    format: FormatOpt = OutputFormat.table,
+    format: Annotated[RowFormat, typer.Option("--format", "-f", help="table (terminal) or json.")] = RowFormat.table,
     output: OutputOpt = None,
     debug: DebugOpt = False,
 ) -> None:
@@ -224,10 +237,8 @@ def inspect(
     from rollout_diag.render.inspect import render_row
 
     row = inspect_row([str(p) for p in inputs], sample, step=step, columns=parse_columns(column), device=device)
-    if format is OutputFormat.json:
+    if format is RowFormat.json:
         emit(to_json_text({**asdict(row), "log_ratio": row.log_ratio}), output)
-    elif format is OutputFormat.csv:
-        fail("inspect writes table or json.")
     else:
         _console().print(render_row(row))
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from rollout_diag.errors import ConfigError, DataError
+from rollout_diag.errors import ConfigError, DataError, where
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, DumpReader, ReadLog
 from rollout_diag.metrics.base import StepAccumulator
@@ -24,7 +24,7 @@ from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
 from rollout_diag.metrics.rollout_kl import RolloutKLAccumulator
 from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS, RoundAccumulator
 from rollout_diag.metrics.trends import find_anomalies, round_trend, step_trend
-from rollout_diag.results import AnalysisResult, RowTokens, StepResult
+from rollout_diag.results import AnalysisResult, RowTokens, SkippedRow, StepResult
 from rollout_diag.verdicts import judge
 
 Progress = Callable[[int, int], None]  # (file rows consumed, total file rows)
@@ -226,14 +226,18 @@ def open_reader(
     return DumpReader(paths, columns, strict=strict, chunk_tokens=chunk_tokens)
 
 
+def _first(log: ReadLog) -> SkippedRow | None:
+    return log.skipped[0] if log.skipped else None
+
+
 def build_result(analysis: Analysis, log: ReadLog, device: torch.device, strict: bool) -> AnalysisResult:
     """Finalize ``analysis`` into an AnalysisResult; raises DataError when nothing could be analysed."""
     steps = analysis.step_results()
     run = analysis.run_result()
     if run.rows == 0:
         raise DataError(
-            f"{', '.join(log.files)}: every row was skipped ({log.skipped_rows} rows); first: "
-            f"{log.skipped[0].describe() if log.skipped else 'none'}."
+            f"{', '.join(log.files)}: every row was skipped ({log.skipped_rows} rows); the first: "
+            + (f"{where(None, first.row, first.column)}{first.reason}." if (first := _first(log)) else "none.")
         )
     if run.tokens == 0:
         raise DataError(
@@ -242,9 +246,9 @@ def build_result(analysis: Analysis, log: ReadLog, device: torch.device, strict:
         )
     warnings = list(log.warnings) + analysis.warnings(steps)
     if strict and any(s.tokens == 0 for s in steps):
-        raise DataError(f"{', '.join(log.files)}: {warnings[-1]}")
+        raise DataError(f"{', '.join(log.files)}: {analysis.warnings(steps)[0]}")
     if log.skipped_rows:
-        warnings.append(f"{log.skipped_rows} row(s) skipped as invalid; see the skipped table.")
+        warnings.append(f"{log.skipped_rows} row(s) skipped as invalid; each is listed with its file, row and column.")
     rounds = analysis.rounds.finalize_table()
     trends = [t for t in (round_trend(rounds), step_trend(steps)) if t is not None]
     return AnalysisResult(

@@ -72,6 +72,9 @@ class _Block:
     mask: np.ndarray | None  # [T] or None (= all ones)
     token_ids: np.ndarray | None = None
     token_text: pa.Array | None = None  # flat strings [T]
+    names: Mapping[str, str] = field(default_factory=dict)  # role -> column, for skip records
+    token_rows: np.ndarray | None = None  # token layout: the file row of each token
+    skipped: list[SkippedRow] = field(default_factory=list)  # found while decoding; logged in row order
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,12 @@ def _kind(data_type: pa.DataType) -> tuple[bool, pa.DataType]:
     if pa.types.is_list(data_type) or pa.types.is_large_list(data_type) or pa.types.is_fixed_size_list(data_type):
         return True, data_type.value_type
     return False, data_type
+
+
+def _type_name(data_type: pa.DataType) -> str:
+    """Arrow type as a user writes it: list<string>, not list<element: string>."""
+    is_list, element = _kind(data_type)
+    return f"list<{_type_name(element)}>" if is_list else str(data_type)
 
 
 def _numeric(data_type: pa.DataType) -> bool:
@@ -121,7 +130,7 @@ def _open(source: Source, overrides: Mapping[str, str] | None) -> _OpenFile:
         if role_is_list != is_list or not check(element):
             shape = f"list<{expected}>" if is_list else expected
             raise ColumnError(
-                f"{where(source.path, column=name)}expected {shape} ({layout} layout), found {data_type}."
+                f"{where(source.path, column=name)}expected {shape} ({layout} layout), found {_type_name(data_type)}."
             )
     for role in ("step",):
         name = columns.get(role)
@@ -138,7 +147,7 @@ def _open(source: Source, overrides: Mapping[str, str] | None) -> _OpenFile:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
+    text = " ".join("".join(c if c.isprintable() else " " for c in str(exc)).split())
     return text[:200] + ("…" if len(text) > 200 else "")
 
 
@@ -167,7 +176,11 @@ class DumpReader:
         }
         layouts = {f.layout for f in self.files}
         if len(layouts) > 1:
-            raise InputError("inputs mix the sequence layout and the token layout; analyse them separately.")
+            first_of = {f.layout: f.source.path for f in reversed(self.files)}
+            raise InputError(
+                f"{first_of['token']}: token layout (one row per token), but {first_of['sequence']} has the "
+                "sequence layout (one row per sequence); analyse them separately."
+            )
         self.log.layout = first.layout
         for opened in self.files[1:]:
             if dict(opened.columns.names) != dict(first.columns.names):
@@ -336,7 +349,13 @@ def _scalar_roles(opened: _OpenFile, batch: pa.RecordBatch, first_row: int, rows
         array = batch.column(sid_name)
         if index is not None:
             array = array.take(pa.array(index))
-        sample_id = [str(v) for v in array.to_pylist()]
+        try:
+            sample_id = [str(v) for v in array.to_pylist()]
+        except UnicodeDecodeError as exc:
+            raise InputError(
+                f"{where(opened.source.path, column=sid_name)}sample ids are not valid UTF-8 ({exc.reason}) "
+                f"in rows from {first_row}; the file is corrupt."
+            ) from exc
     return step, sample_id
 
 
@@ -362,10 +381,11 @@ def _read_sequences(opened: _OpenFile, reader: DumpReader) -> Iterator[tuple[_Bl
             for role, array in lists.items()
         }
         keep = np.ones(rows, dtype=bool)
+        pending: list[SkippedRow] = []
         for role, length in lengths.items():
-            for row in np.flatnonzero(length < 0):
+            for row in np.flatnonzero(keep & (length < 0)):
                 keep[row] = False
-                reader.log.skip(SkippedRow(path, first_row + int(row), names[role], "null list"), reader.strict)
+                pending.append(SkippedRow(path, first_row + int(row), names[role], "null list"))
         reference = lengths["rollout"]
         for role in ("trainer", "mask"):
             if role not in lengths:
@@ -373,15 +393,14 @@ def _read_sequences(opened: _OpenFile, reader: DumpReader) -> Iterator[tuple[_Bl
             ragged = np.flatnonzero(keep & (lengths[role] != reference))
             for row in ragged:
                 keep[row] = False
-                reader.log.skip(
+                pending.append(
                     SkippedRow(
                         path,
                         first_row + int(row),
                         names[role],
                         f"list length {int(lengths[role][row])} differs from {names['rollout']}'s "
                         f"{int(reference[row])}",
-                    ),
-                    reader.strict,
+                    )
                 )
         index = None if keep.all() else np.flatnonzero(keep)
         if index is not None:
@@ -411,6 +430,8 @@ def _read_sequences(opened: _OpenFile, reader: DumpReader) -> Iterator[tuple[_Bl
                 mask=flat.get("mask"),
                 token_ids=token_ids,
                 token_text=text,
+                names=names,
+                skipped=pending,
             ),
             rows,
         )
@@ -509,41 +530,23 @@ def _token_block(
     text = None
     if "tokens" in names and "tokens" not in opened.columns.from_partition:
         text = table.column(names["tokens"]).combine_chunks()
+    token_rows = first_row + np.arange(table.num_rows, dtype=np.int64)
     position = column("position")
+    duplicate_rows = np.zeros(0, dtype=np.int64)
     if position is not None:
         # Order tokens by position within each row; duplicates make a row unusable.
         run_id = np.repeat(np.arange(len(run_lengths)), run_lengths)
         order = np.lexsort((position, run_id))
-        ordered = position[order]
-        duplicate = np.flatnonzero((ordered[1:] == ordered[:-1]) & (run_id[order][1:] == run_id[order][:-1]))
+        ordered, ordered_run = position[order], run_id[order]
+        duplicate_rows = np.unique(
+            ordered_run[1:][(ordered[1:] == ordered[:-1]) & (ordered_run[1:] == ordered_run[:-1])]
+        )
         if not np.array_equal(order, np.arange(len(order))):
-            trainer, rollout = trainer[order], rollout[order]
+            trainer, rollout, token_rows = trainer[order], rollout[order], token_rows[order]
             mask = None if mask is None else mask[order]
             token_ids = None if token_ids is None else token_ids[order]
             text = None if text is None else text.take(pa.array(order))
-        if duplicate.size:
-            bad_rows = np.unique(run_id[order][duplicate])
-            for row in bad_rows:
-                reader.log.skip(
-                    SkippedRow(path, first_row + int(run_starts[row]), names["position"], "duplicate token position"),
-                    reader.strict,
-                )
-            return _drop_rows(
-                _Block(
-                    path,
-                    first_row + run_starts,
-                    step,
-                    sample_id,
-                    run_lengths.astype(np.int64),
-                    trainer,
-                    rollout,
-                    mask,
-                    _as_ids(token_ids),
-                    text,
-                ),
-                bad_rows,
-            )
-    return _Block(
+    block = _Block(
         file=path,
         file_row=first_row + run_starts,
         step=step,
@@ -554,33 +557,40 @@ def _token_block(
         mask=mask,
         token_ids=_as_ids(token_ids),
         token_text=text,
+        names=names,
+        token_rows=token_rows,
+        skipped=[
+            SkippedRow(path, first_row + int(run_starts[row]), names["position"], "duplicate token position")
+            for row in duplicate_rows
+        ],
     )
+    return _drop_rows(block, duplicate_rows) if duplicate_rows.size else block
 
 
 # ---------------------------------------------------------------------------------- validation
 def _validate(block: _Block, log: ReadLog, strict: bool) -> _Block | None:
-    """Skip (and record) rows with a bad mask value, or NaN/inf/positive logprobs on model tokens."""
+    """Skip (and record, in file-row order) rows with a bad mask value, or NaN/inf/positive logprobs on model
+    tokens, besides those already found while decoding (null lists, ragged rows, duplicate positions)."""
     rows = len(block.lengths)
     token_row = np.repeat(np.arange(rows), block.lengths)
+    offsets = np.concatenate([[0], np.cumsum(block.lengths)])
     bad_row = np.zeros(rows, dtype=bool)
+    records = list(block.skipped)
     mask = block.mask
     model = np.ones(len(token_row), dtype=bool) if mask is None else mask == 1
 
     def flag(bad_token: np.ndarray, role: str, describe) -> None:
-        positions = np.flatnonzero(bad_token)
-        if positions.size == 0:
-            return
-        offsets = np.concatenate([[0], np.cumsum(block.lengths)])
-        hit_rows = token_row[positions]
-        first_per_row = positions[np.concatenate([[True], hit_rows[1:] != hit_rows[:-1]])]
-        for token in first_per_row:
+        for token in np.flatnonzero(bad_token):
             row = int(token_row[token])
             if bad_row[row]:
                 continue
             bad_row[row] = True
-            log.skip(
-                SkippedRow(block.file, int(block.file_row[row]), role, describe(token, int(token - offsets[row]))),
-                strict,
+            # token layout: the row that holds the bad token; sequence layout: the sequence's row
+            file_row = int(block.file_row[row] if block.token_rows is None else block.token_rows[token])
+            records.append(
+                SkippedRow(
+                    block.file, file_row, block.names.get(role, role), describe(token, int(token - offsets[row]))
+                )
             )
 
     if mask is not None:
@@ -594,20 +604,24 @@ def _validate(block: _Block, log: ReadLog, strict: bool) -> _Block | None:
             nonfinite = model & ~np.isfinite(values)
             positive = model & (values > MAX_POSITIVE_LOGPROB)
         flag(nonfinite, role, lambda t, p, v=values: f"{_fmt(v[t])} logprob at position {p}")
-        flag(positive, role, lambda t, p, v=values: f"positive logprob {_fmt(v[t])} at position {p} (logprobs are ≤ 0)")
-    if not bad_row.any():
-        return block
-    return _drop_rows(block, np.flatnonzero(bad_row)) if not bad_row.all() else None
+        flag(
+            positive,
+            role,
+            lambda t, p, v=values: f"positive logprob {_fmt(v[t])} at position {p} (logprobs are ≤ 0)",
+        )
+    for record in sorted(records, key=lambda r: -1 if r.row is None else r.row):
+        log.skip(record, strict)  # under --strict the first (lowest) row raises
+    if bad_row.any():
+        block = _drop_rows(block, np.flatnonzero(bad_row))
+    return block if len(block.lengths) else None
 
 
-def _drop_rows(block: _Block, rows: np.ndarray) -> _Block | None:
+def _drop_rows(block: _Block, rows: np.ndarray) -> _Block:
+    """The block without ``rows`` (possibly empty); its pending skip records stay with it."""
     keep_row = np.ones(len(block.lengths), dtype=bool)
     keep_row[rows] = False
-    if not keep_row.any():
-        return None
     keep_token = np.repeat(keep_row, block.lengths)
     kept = np.flatnonzero(keep_row)
-    token_index = np.flatnonzero(keep_token)
     return _Block(
         file=block.file,
         file_row=block.file_row[kept],
@@ -618,7 +632,10 @@ def _drop_rows(block: _Block, rows: np.ndarray) -> _Block | None:
         rollout=block.rollout[keep_token],
         mask=None if block.mask is None else block.mask[keep_token],
         token_ids=None if block.token_ids is None else block.token_ids[keep_token],
-        token_text=None if block.token_text is None else block.token_text.take(pa.array(token_index)),
+        token_text=None if block.token_text is None else block.token_text.take(pa.array(np.flatnonzero(keep_token))),
+        names=block.names,
+        token_rows=None if block.token_rows is None else block.token_rows[keep_token],
+        skipped=block.skipped,
     )
 
 

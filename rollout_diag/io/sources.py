@@ -28,7 +28,8 @@ def _partition_value(text: str) -> int | str:
 
 
 def _partition_keys(path: Path, root: Path | None) -> dict[str, int | str]:
-    parts = path.relative_to(root).parts[:-1] if root is not None else path.parts[:-1]
+    # The root's own name counts: `analyze run/step=3` and `analyze 'run/step=*'` name partition directories.
+    parts = (root.name, *path.relative_to(root).parts[:-1]) if root is not None else path.parts[:-1]
     keys: dict[str, int | str] = {}
     for part in parts:
         key, sep, value = part.partition("=")
