@@ -209,9 +209,15 @@ class DumpReader:
         consumed = 0
         for opened in self.files:
             reader = _read_sequences if opened.layout == "sequence" else _read_tokens
-            for block, rows in reader(opened, self):
-                consumed += rows
-                yield block, consumed
+            try:
+                for block, rows in reader(opened, self):
+                    consumed += rows
+                    yield block, consumed
+            except (UnicodeDecodeError, pa.ArrowException, OSError) as exc:
+                # Decoding errors outside a row group's read (text columns, metadata) mean a corrupt file.
+                raise InputError(
+                    f"{opened.source.path}: cannot be decoded, the file is corrupt ({_one_line(exc)})."
+                ) from exc
 
     def _validated_chunk(self, block: _Block, device: torch.device) -> Chunk | None:
         block = _validate(block, self.log, self.strict)
@@ -250,7 +256,11 @@ def _describe(columns: ColumnMap) -> str:
 
 def _text_lookup(text: pa.Array, offsets: np.ndarray):
     def lookup(row: int, position: int) -> str | None:
-        return text[int(offsets[row]) + position].as_py()
+        value = text[int(offsets[row]) + position]
+        try:
+            return value.as_py()
+        except UnicodeDecodeError:  # token text is for display: show what can be shown
+            return value.as_buffer().to_pybytes().decode("utf-8", errors="replace")
 
     return lookup
 
