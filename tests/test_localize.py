@@ -171,3 +171,26 @@ def test_t_quantiles_and_least_squares():
     assert t_quantile_975(30) == pytest.approx(2.042272456, abs=1e-5)
     slope, low, high = least_squares([0, 1, 2, 3], [1.0, 3.0, 5.0, 7.0])  # exact line: slope 2, zero width
     assert (slope, low, high) == (pytest.approx(2.0), pytest.approx(2.0), pytest.approx(2.0))
+
+
+def test_merged_workers_equal_one_pass(dump, tmp_path):
+    """What a Ray or process-pool driver does: analyse parts separately, merge the states, finalize once."""
+    steps, path = dump
+    halves = [{s: rows for s, rows in steps.items() if s % 2 == parity} for parity in (0, 1)]
+    parts = []
+    for index, part in enumerate(halves):
+        part_path = tmp_path / f"part{index}.parquet"
+        write_dump(part_path, part, row_group_size=5)
+        reader = rd.DumpReader([str(part_path)], chunk_tokens=97)
+        analysis = rd.Analysis(top_k=5)
+        for chunk, _ in reader.chunks("cpu"):
+            analysis.update(chunk)
+        parts.append(analysis)
+    parts[1].merge(parts[0])  # merge order must not matter either
+    whole = rd.analyze(path, device="cpu", top_k=5)
+    assert_same(whole.run.metrics, parts[1].run_result().metrics)
+    assert_same(
+        [[s.step, s.rows, s.tokens, s.metrics] for s in whole.steps],
+        [[s.step, s.rows, s.tokens, s.metrics] for s in parts[1].step_results()],
+    )
+    assert [t.log_ratio for t in whole.worst_tokens] == [t.log_ratio for t in parts[1].worst.worst_tokens()]
