@@ -4,7 +4,7 @@ Public API: ``analyze`` (every mismatch metric per step and run), the result dat
 accumulators (mergeable float64 states a trainer can feed its own chunks), and the errors.
 """
 
-from rollout_diag.engine import Analysis, analyze, inspect_row
+from rollout_diag.engine import Analysis, analyze, inspect_row, threshold_sweep
 from rollout_diag.errors import ColumnError, ConfigError, DataError, InputError, RolloutDiagError
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.reader import DumpReader
@@ -38,4 +38,5 @@ __all__ = [
     "__version__",
     "analyze",
     "inspect_row",
+    "threshold_sweep",
 ]

@@ -243,6 +243,54 @@ def inspect(
         _console().print(render_row(row))
 
 
+@app.command()
+@handles_errors
+def sweep(
+    inputs: Inputs,
+    target: Annotated[
+        str, typer.Option(help="Target shares to reject, comma separated.", metavar="SHARES")
+    ] = "0.001,0.01,0.05",
+    column: ColumnOpt = None,
+    device: DeviceOpt = "auto",
+    format: FormatOpt = OutputFormat.table,
+    output: OutputOpt = None,
+    strict: StrictOpt = False,
+    chunk_tokens: ChunkOpt = 1 << 21,
+    debug: DebugOpt = False,
+) -> None:
+    """Which threshold of each rejection option / IS truncation rejects a target share of tokens or
+    sequences, and what verl's default thresholds reject on this data."""
+    from rollout_diag.engine import threshold_sweep
+    from rollout_diag.render.export import sweep_csv, to_json_text
+    from rollout_diag.render.sweep import render_sweep
+
+    with progress_bar(inputs) as progress:
+        result = threshold_sweep(
+            [str(p) for p in inputs],
+            targets=parse_targets(target),
+            columns=parse_columns(column),
+            device=device,
+            strict=strict,
+            chunk_tokens=chunk_tokens,
+            progress=progress,
+        )
+    if format is OutputFormat.json:
+        emit(to_json_text(result.to_json()), output)
+    elif format is OutputFormat.csv:
+        emit(sweep_csv(result), output)
+    else:
+        _console().print(render_sweep(result.run, result.targets))
+
+
+def parse_targets(text: str) -> list[float]:
+    from rollout_diag.errors import ConfigError
+
+    try:
+        return [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"--target {text}: expected comma-separated shares, e.g. 0.001,0.01,0.05.") from None
+
+
 def main() -> None:
     """Console-script entry point."""
     # A narrow pipe (CI logs, `| less`) should not wrap tables into unreadable columns.

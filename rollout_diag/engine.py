@@ -23,8 +23,9 @@ from rollout_diag.metrics.localize import (
 from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
 from rollout_diag.metrics.rollout_kl import RolloutKLAccumulator
 from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS, RoundAccumulator
+from rollout_diag.metrics.sweep import DEFAULT_TARGETS, SweepAccumulator, sweep_tables
 from rollout_diag.metrics.trends import find_anomalies, round_trend, step_trend
-from rollout_diag.results import AnalysisResult, RowTokens, SkippedRow, StepResult
+from rollout_diag.results import AnalysisResult, RowTokens, SkippedRow, StepResult, SweepResult
 from rollout_diag.verdicts import judge
 
 Progress = Callable[[int, int], None]  # (file rows consumed, total file rows)
@@ -179,6 +180,40 @@ def analyze(
     analysis = Analysis(max_rounds=max_rounds, catastrophic=catastrophic, top_k=top_k)
     run_chunks(reader, [analysis.update], torch_device, progress)
     return build_result(analysis, reader.log, torch_device, strict)
+
+
+def threshold_sweep(
+    inputs: str | Path | Sequence[str | Path],
+    *,
+    targets: Sequence[float] = DEFAULT_TARGETS,
+    columns: Mapping[str, str] | None = None,
+    device: str | torch.device = "auto",
+    strict: bool = False,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    progress: Progress | None = None,
+) -> SweepResult:
+    """For every rejection option and IS truncation: the threshold that rejects each target share, per step
+    and for the run, the share verl's default threshold rejects, and the share-vs-threshold curve."""
+    checked = tuple(float(t) for t in targets)
+    if not checked or any(not 0.0 < t < 1.0 for t in checked):
+        raise ConfigError(f"--target {','.join(map(str, targets))}: each target share must lie in (0, 1).")
+    torch_device = resolve_device(device)
+    reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
+    sweep = SweepAccumulator()
+    run_chunks(reader, [sweep.update], torch_device, progress)
+    run, steps = sweep_tables(sweep, checked)
+    if not any(row["count"] for row in run):
+        raise DataError(f"{', '.join(reader.log.files)}: no model token to sweep.")
+    return SweepResult(
+        inputs=list(reader.log.files),
+        columns=dict(reader.log.columns),
+        targets=list(checked),
+        run=run,
+        steps=steps,
+        warnings=list(reader.log.warnings),
+        skipped=list(reader.log.skipped),
+        skipped_rows=reader.log.skipped_rows,
+    )
 
 
 def inspect_row(

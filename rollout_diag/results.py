@@ -207,3 +207,30 @@ def json_number(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """Threshold sweep (``rollout-diag sweep``): per option, thresholds for target shares, verl's default's share."""
+
+    inputs: list[str]
+    columns: dict[str, str]
+    targets: list[float]
+    run: list[dict[str, Any]]  # one entry per option, with the share-vs-threshold curve
+    steps: list[dict[str, Any]]  # {"step": s, "options": [...]} without curves
+    warnings: list[str] = field(default_factory=list)
+    skipped: list[SkippedRow] = field(default_factory=list)
+    skipped_rows: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "inputs": list(self.inputs),
+            "columns": dict(self.columns),
+            "targets": list(self.targets),
+            "run": self.run,
+            "steps": self.steps,
+            "warnings": list(self.warnings),
+            "skipped": [asdict(s) for s in self.skipped],
+            "skipped_rows": self.skipped_rows,
+        }

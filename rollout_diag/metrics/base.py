@@ -85,6 +85,7 @@ _MERGE = {
     "max": np.maximum,
     "min": np.minimum,
     "moments": merge_moments,
+    "concat": lambda a, b: np.concatenate([a, b]),  # per-row values (grows with rows, never with tokens)
 }
 
 
@@ -101,8 +102,8 @@ class StepAccumulator:
         self.steps: dict[int, State] = {}
 
     # -- to write in a family --------------------------------------------------------------------
-    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
-        """Partial state of each step group of ``chunk``: name -> tensor [G, ...]."""
+    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor | list[np.ndarray]]:
+        """Partial state of each step group of ``chunk``: name -> tensor [G, ...] (or a list of G arrays)."""
         raise NotImplementedError  # abstract
 
     def _finalize(self, state: State) -> dict[str, float]:
@@ -111,7 +112,10 @@ class StepAccumulator:
 
     # -- shared machinery ------------------------------------------------------------------------
     def update(self, chunk: Chunk) -> None:
-        partial = {name: value.cpu().numpy() for name, value in self._stats(chunk).items()}
+        partial = {
+            name: value.cpu().numpy() if isinstance(value, torch.Tensor) else value
+            for name, value in self._stats(chunk).items()
+        }
         for group, step in enumerate(chunk.groups.steps):
             state = {name: np.array(value[group], dtype=np.float64) for name, value in partial.items()}
             current = self.steps.get(step)

@@ -75,6 +75,23 @@ def _skyrl_k3(s: ChunkStats) -> torch.Tensor:  # exp(−x) − 1 + x, x = a − 
     return torch.expm1(-delta) + delta
 
 
+@quantity("clamped_log_ratio")
+def _clamped(s: ChunkStats) -> torch.Tensor:  # c = clamp20(δ): what §2 weights and §3 statistics see
+    return s.token("log_ratio").clamp(-CLAMP, CLAMP)
+
+
+@quantity("rs_k2")
+def _rs_k2(s: ChunkStats) -> torch.Tensor:  # §3 k2 = ½·c²
+    clamped = s.token("clamped_log_ratio")
+    return 0.5 * clamped * clamped
+
+
+@quantity("rs_k3")
+def _rs_k3(s: ChunkStats) -> torch.Tensor:  # §3 k3 = exp(c) − 1 − c
+    clamped = s.token("clamped_log_ratio")
+    return torch.expm1(clamped) - clamped
+
+
 @quantity("trainer_prob")
 def _trainer_prob(s: ChunkStats) -> torch.Tensor:
     return torch.exp(s.token("trainer"))

@@ -9,7 +9,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from rollout_diag.results import StepResult
+from rollout_diag.results import StepResult, SweepResult
 
 
 def to_json_text(document: dict[str, Any]) -> str:
@@ -36,4 +36,28 @@ def steps_csv(steps: Sequence[StepResult], leading: dict[str, Any] | None = None
                 *("" if v is None or math.isnan(v) else repr(v) for v in values),
             ]
         )
+    return buffer.getvalue()
+
+
+def sweep_csv(result: SweepResult) -> str:
+    """One line per step (and 'run') × option × target: the threshold and the share it rejects."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["step", "option", "level", "target", "threshold", "share", "verl_default", "default_share"])
+    tables = [("run", result.run)] + [(entry["step"], entry["options"]) for entry in result.steps]
+    for step, options in tables:
+        for row in options:
+            for entry in row["thresholds"]:
+                writer.writerow(
+                    [
+                        step,
+                        row["option"],
+                        row["level"],
+                        entry["target"],
+                        repr(entry["threshold"]),
+                        repr(entry["share"]),
+                        row["verl_default"] or "",
+                        repr(row.get("default_share", "")) if row["verl_default"] else "",
+                    ]
+                )
     return buffer.getvalue()

@@ -23,7 +23,12 @@ def number(value: float | int | None, digits: int = 6) -> str:
 
 
 def percent(value: float | None) -> str:
-    return "–" if value is None or math.isnan(value) else f"{100.0 * value:.2f} %"
+    """2 decimals; tiny non-zero shares keep 2 significant digits instead of rounding to 0.00 %."""
+    if value is None or math.isnan(value):
+        return "–"
+    if 0 < abs(value) < 1e-4:
+        return f"{100.0 * value:.2g} %"
+    return f"{100.0 * value:.2f} %"
 
 
 def level(text: str) -> str:

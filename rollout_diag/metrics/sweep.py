@@ -1,0 +1,278 @@
+"""Threshold sweep: for each rejection option (METRICS.md §3) and IS truncation (§2), which threshold rejects a
+target share of tokens or sequences, what share verl's default threshold rejects, and the whole curve.
+
+- Sequence options are exact: the row statistic of every valid row is kept (memory grows with rows, not tokens).
+- Token options come from a histogram of c = clamp20(δ) with BINS_PER_DECADE bins per decade of |c| on each
+  sign (memory fixed). Every token statistic is a monotone function of c on each side (k1 = −c, k2 = ½c²,
+  k3 = eᶜ − 1 − c, the IS ratio = eᶜ), so the share above a threshold is bounded by whole bins: the
+  reported threshold never rejects more than the target, and is at most one bin (|c| × 10^(1/32) ≈ 1.075)
+  above the exact one.
+Shares are over model tokens (token options) or over rows with at least one model token (sequence options).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from rollout_diag.io.chunk import Chunk
+from rollout_diag.metrics.base import EPS, State, StepAccumulator
+from rollout_diag.metrics.segments import stats
+
+BINS_PER_DECADE = 32
+DECADE_MIN, DECADE_MAX = -12, 2  # |c| from 1e-12 (smaller: first bin) to 100 (clamp20 keeps |c| ≤ 20)
+HISTOGRAM_BINS = (DECADE_MAX - DECADE_MIN) * BINS_PER_DECADE
+EDGES = 10.0 ** (DECADE_MIN + np.arange(HISTOGRAM_BINS + 1) / BINS_PER_DECADE)
+EDGES[0] = 0.0  # the first bin also holds |c| < 1e-12, zero included
+DEFAULT_TARGETS = (0.001, 0.01, 0.05)
+CURVE_POINTS = 41
+ROW_FIELDS = ("sum_c", "sum_k2", "sum_k3", "max_k2", "max_k3", "count", "seq_log_ratio")
+
+
+@dataclass(frozen=True)
+class SweepOption:
+    """An option whose threshold is swept. ``kind``: k1 (two-sided, ratio U, L = 1/U), upper (metric U) or
+    is (ratio U, upper side only)."""
+
+    name: str
+    level: str  # "token" | "sequence"
+    kind: str
+    verl_default: str | None  # the threshold verl's presets use with this option, as verl writes it
+
+
+OPTIONS: tuple[SweepOption, ...] = (
+    SweepOption("is_token", "token", "is", "2.0"),
+    SweepOption("is_sequence", "sequence", "is", "2.0"),
+    SweepOption("token_k1", "token", "k1", None),
+    SweepOption("token_k2", "token", "upper", None),
+    SweepOption("token_k3", "token", "upper", None),
+    SweepOption("seq_sum_k1", "sequence", "k1", "0.5_2.0"),
+    SweepOption("seq_sum_k2", "sequence", "upper", None),
+    SweepOption("seq_sum_k3", "sequence", "upper", None),
+    SweepOption("seq_mean_k1", "sequence", "k1", "0.999_1.001"),
+    SweepOption("seq_mean_k2", "sequence", "upper", None),
+    SweepOption("seq_mean_k3", "sequence", "upper", "0.01"),
+    SweepOption("seq_max_k2", "sequence", "upper", None),
+    SweepOption("seq_max_k3", "sequence", "upper", None),
+)
+
+
+def _k3(c: np.ndarray | float) -> np.ndarray | float:
+    return np.expm1(c) - c
+
+
+class SweepAccumulator(StepAccumulator):
+    """Per step: signed histograms of c over model tokens, and the row statistics of every valid row."""
+
+    REDUCTIONS: ClassVar[dict[str, str]] = {
+        "positive": "sum",  # histogram of c > 0 over |c| bins
+        "negative": "sum",  # histogram of c ≤ 0 over |c| bins
+        "tokens": "sum",
+        "rows": "concat",  # [rows, len(ROW_FIELDS)] of valid rows
+    }
+
+    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
+        s = stats(chunk)
+        groups = chunk.groups
+        clamped = s.token("clamped_log_ratio")
+        level = torch.log10(clamped.abs().clamp(min=10.0**DECADE_MIN)) - DECADE_MIN
+        bins = (level * BINS_PER_DECADE).to(torch.int64).clamp(0, HISTOGRAM_BINS - 1)
+        group = s.token_group if groups.count > 1 else torch.zeros_like(bins)
+        index = group * HISTOGRAM_BINS + bins
+        size = groups.count * HISTOGRAM_BINS
+        positive = torch.bincount(index[clamped > 0], minlength=size).to(torch.float64)
+        negative = torch.bincount(index[clamped <= 0], minlength=size).to(torch.float64)
+        n = s.row_count
+        rows = torch.stack(
+            [
+                s.row_sum("clamped_log_ratio"),
+                s.row_sum("rs_k2"),
+                s.row_sum("rs_k3"),
+                s.row_max("rs_k2").clamp(min=0.0),
+                s.row_max("rs_k3").clamp(min=0.0),
+                n,
+                s.row_sum("log_ratio"),
+            ],
+            dim=-1,
+        )
+        valid = n > 0
+        return {
+            "positive": positive.view(groups.count, HISTOGRAM_BINS),
+            "negative": negative.view(groups.count, HISTOGRAM_BINS),
+            "tokens": s.group_sum_rows(n),
+            "rows": _ragged_by_group(rows[valid], groups.row_group[valid], groups.count),
+        }
+
+    def _finalize(self, state: State) -> dict[str, float]:
+        return {}  # the sweep is a table, not metrics: see sweep_table()
+
+    def table(self, state: State, targets: tuple[float, ...], curve: bool) -> list[dict[str, Any]]:
+        return [_option_row(option, state, targets, curve) for option in OPTIONS]
+
+
+def _ragged_by_group(rows: torch.Tensor, group: torch.Tensor, count: int) -> list[np.ndarray]:
+    """Rows split by step group: a list (one array per group), merged by concatenation."""
+    host, owner = rows.cpu().numpy(), group.cpu().numpy()
+    return [host[owner == g] for g in range(count)]
+
+
+# ----------------------------------------------------------------------------------- finalize
+def _row_values(option: SweepOption, rows: np.ndarray) -> np.ndarray:
+    """The §3 row statistic of each valid row (IS: s_i = S_i[δ])."""
+    column = {name: rows[:, i] for i, name in enumerate(ROW_FIELDS)}
+    n = column["count"] + EPS
+    values = {
+        "is_sequence": column["seq_log_ratio"],
+        "seq_sum_k1": -column["sum_c"],  # k1 = −clamp20(δ)
+        "seq_mean_k1": -column["sum_c"] / n,
+        "seq_sum_k2": column["sum_k2"],
+        "seq_mean_k2": column["sum_k2"] / n,
+        "seq_max_k2": column["max_k2"],
+        "seq_sum_k3": column["sum_k3"],
+        "seq_mean_k3": column["sum_k3"] / n,
+        "seq_max_k3": column["max_k3"],
+    }
+    return values[option.name]
+
+
+def _score(option: SweepOption, values: np.ndarray) -> np.ndarray:
+    """Rejected iff score > threshold-in-metric-space: |stat| for k1 (L = 1/U), stat otherwise."""
+    return np.abs(values) if option.kind == "k1" else values
+
+
+def _to_verl(option: SweepOption, metric_threshold: float) -> float:
+    """Metric-space threshold → the number verl's config takes (a ratio U for k1 and IS)."""
+    return math.exp(min(metric_threshold, 700.0)) if option.kind in ("k1", "is") else metric_threshold
+
+
+def _parse_default(option: SweepOption) -> tuple[float, float]:
+    """(lower, upper) bounds in metric space of verl's default spec; lower = -inf for one-sided options."""
+    assert option.verl_default is not None
+    parts = [float(p) for p in option.verl_default.split("_")]
+    if option.kind == "upper":
+        return -math.inf, parts[0]
+    upper = math.log(parts[-1])
+    lower = math.log(parts[0]) if len(parts) == 2 else -upper
+    return (lower, upper) if option.kind == "k1" else (-math.inf, upper)
+
+
+class _TokenShares:
+    """Conservative share of tokens whose statistic exceeds a metric-space threshold, from c histograms."""
+
+    def __init__(self, option: SweepOption, positive: np.ndarray, negative: np.ndarray, tokens: float) -> None:
+        self.option, self.tokens = option, max(tokens, 1.0)
+        # a bin is counted as rejected only when every value in it is beyond the cutoff
+        self.positive_tail = np.concatenate([np.cumsum(positive[::-1])[::-1], [0.0]])
+        self.negative_tail = np.concatenate([np.cumsum(negative[::-1])[::-1], [0.0]])
+
+    def _beyond(self, tail: np.ndarray, cutoff: float) -> float:
+        """Tokens in bins whose upper edge exceeds ``cutoff`` (|c| > cutoff possible): an upper bound."""
+        if cutoff == math.inf:
+            return 0.0
+        first = int(np.searchsorted(EDGES, cutoff, side="right")) - 1  # bin holding the cutoff
+        return float(tail[max(first, 0)])
+
+    def share(self, threshold: float) -> float:
+        kind, name = self.option.kind, self.option.name
+        if kind == "is":  # truncated: c > log U
+            return self._beyond(self.positive_tail, max(threshold, 0.0)) / self.tokens
+        if kind == "k1":  # |c| > log U
+            cutoff = max(threshold, 0.0)
+            return (self._beyond(self.positive_tail, cutoff) + self._beyond(self.negative_tail, cutoff)) / self.tokens
+        if name.endswith("k2"):  # ½c² > U
+            cutoff = math.sqrt(2.0 * max(threshold, 0.0))
+            return (self._beyond(self.positive_tail, cutoff) + self._beyond(self.negative_tail, cutoff)) / self.tokens
+        plus, minus = _k3_cutoffs(max(threshold, 0.0))  # eᶜ − 1 − c > U
+        return (self._beyond(self.positive_tail, plus) + self._beyond(self.negative_tail, minus)) / self.tokens
+
+    def threshold_for(self, target: float) -> float:
+        """Smallest metric-space threshold (to bisection precision) whose conservative share ≤ target."""
+        ceiling = {"is": 20.0, "k1": 20.0}  # |c| ≤ 20: no threshold beyond these can matter
+        low, high = 0.0, ceiling.get(self.option.kind, 200.0 if self.option.name.endswith("k2") else float(_k3(20.0)))
+        if self.share(low) <= target:
+            return low
+        for _ in range(200):
+            middle = 0.5 * (low + high) if high - low > 1e-300 else high
+            low, high = (low, middle) if self.share(middle) <= target else (middle, high)
+        return high
+
+
+def _k3_cutoffs(threshold: float) -> tuple[float, float]:
+    """|c| bounds beyond which eᶜ − 1 − c > threshold: for c > 0 and c < 0 (inf where it never does)."""
+
+    def solve(sign: float, limit: float) -> float:
+        if _k3(sign * limit) <= threshold:
+            return math.inf
+        low, high = 0.0, limit
+        for _ in range(200):
+            middle = 0.5 * (low + high)
+            low, high = (middle, high) if _k3(sign * middle) <= threshold else (low, middle)
+        return high
+
+    return solve(1.0, 20.0), solve(-1.0, 20.0)
+
+
+def _option_row(option: SweepOption, state: State, targets: tuple[float, ...], curve: bool) -> dict[str, Any]:
+    row: dict[str, Any] = {"option": option.name, "level": option.level, "verl_default": option.verl_default}
+    if option.level == "sequence":
+        values = _row_values(option, state["rows"]) if len(state["rows"]) else np.zeros(0)
+        scores = np.sort(_score(option, values))[::-1]
+        total = len(scores)
+        row["count"] = total
+        row["exact"] = True
+
+        def share(threshold: float) -> float:
+            return float(np.count_nonzero(scores > threshold)) / total if total else 0.0
+
+        def threshold_for(target: float) -> float:
+            rank = math.floor(target * total)  # at most `rank` rows strictly above scores[rank]
+            return float(scores[rank]) if rank < total else 0.0
+
+        if option.verl_default is not None:
+            lower, upper = _parse_default(option)
+            rejected = np.count_nonzero((values > upper) | (values < lower)) if total else 0
+            row["default_share"] = rejected / total if total else 0.0
+    else:
+        tokens = float(np.asarray(state["tokens"]).reshape(()))
+        shares = _TokenShares(option, state["positive"], state["negative"], tokens)
+        row["count"] = int(tokens)
+        row["exact"] = False
+        share, threshold_for = shares.share, shares.threshold_for
+        if option.verl_default is not None:
+            row["default_share"] = share(_parse_default(option)[1])
+    row["thresholds"] = []
+    for target in targets:
+        metric_threshold = threshold_for(target)
+        row["thresholds"].append(
+            {"target": target, "threshold": _to_verl(option, metric_threshold), "share": share(metric_threshold)}
+        )
+    if curve:
+        row["curve"] = _curve(option, threshold_for, share)
+    return row
+
+
+def _curve(option: SweepOption, threshold_for, share) -> list[dict[str, float]]:
+    """Share rejected at thresholds spread between the 50 % and the 0.01 % quantile (log-spaced in score)."""
+    high, low = threshold_for(1e-4), threshold_for(0.5)
+    low = max(low, high * 1e-6, 1e-12)
+    if not high > low:
+        return []
+    points = np.geomspace(low, high, CURVE_POINTS)
+    return [{"threshold": _to_verl(option, float(t)), "share": share(float(t))} for t in points]
+
+
+def sweep_tables(
+    accumulator: SweepAccumulator, targets: tuple[float, ...] = DEFAULT_TARGETS
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(run table with curves, per-step tables without curves)."""
+    run_state = accumulator.run_state()
+    run = [] if run_state is None else accumulator.table(run_state, targets, curve=True)
+    steps = [
+        {"step": step, "options": accumulator.table(state, targets, curve=False)}
+        for step, state in sorted(accumulator.steps.items())
+    ]
+    return run, steps

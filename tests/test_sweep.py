@@ -1,0 +1,85 @@
+"""Threshold sweep against brute force over the float64 reference's row and token statistics."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from reference import rs_row_values, rs_token_stats
+from test_metrics import as_reference_rows, random_rows, write_dump
+
+import rollout_diag as rd
+
+TARGETS = (0.01, 0.1, 0.3)
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    rng = np.random.default_rng(5)
+    steps = {step: random_rows(rng, 60, max_len=50) for step in (1, 2)}
+    path = tmp_path_factory.mktemp("sweep") / "dump.parquet"
+    write_dump(path, steps, row_group_size=13)
+    result = rd.threshold_sweep(str(path), targets=TARGETS, device="cpu", chunk_tokens=211)
+    rows = as_reference_rows([row for rows in steps.values() for row in rows])
+    return {row["option"]: row for row in result.run}, rows
+
+
+def valid(rows):
+    return [row for row in rows if row[2].sum() > 0]
+
+
+@pytest.mark.parametrize(
+    "option",
+    ["seq_sum_k1", "seq_mean_k1", "seq_sum_k2", "seq_mean_k2", "seq_max_k2", "seq_sum_k3", "seq_mean_k3", "seq_max_k3"],
+)
+def test_sequence_thresholds_are_exact(swept, option):
+    table, rows = swept
+    values = np.array(rs_row_values(valid(rows), option))
+    scores = np.abs(values) if option.endswith("k1") else values
+    for entry in table[option]["thresholds"]:
+        metric = math.log(entry["threshold"]) if option.endswith("k1") else entry["threshold"]
+        share = np.mean(scores > metric * (1 + 1e-12))
+        assert entry["share"] == pytest.approx(share)
+        assert share <= entry["target"]
+        # the threshold is a row's own score: the next score down would reject more than the target
+        below = scores[scores < metric * (1 - 1e-12)]
+        if below.size:
+            assert np.mean(scores > below.max()) > entry["target"] or np.mean(scores >= metric) > entry["target"]
+
+
+def test_verl_default_shares_are_exact(swept):
+    table, rows = swept
+    # seq_mean_k3 ≤ 0.01 (verl's k3 RS default): share of valid rows above 0.01
+    k3 = np.array(rs_row_values(valid(rows), "seq_mean_k3"))
+    assert table["seq_mean_k3"]["default_share"] == pytest.approx(np.mean(k3 > 0.01))
+    # seq_mean_k1 "0.999_1.001": keep log 0.999 ≤ R_i[k1] ≤ log 1.001
+    k1 = np.array(rs_row_values(valid(rows), "seq_mean_k1"))
+    outside = (k1 < math.log(0.999)) | (k1 > math.log(1.001))
+    assert table["seq_mean_k1"]["default_share"] == pytest.approx(np.mean(outside))
+    # IS sequence level: s_i = S_i[δ] > log 2
+    s = np.array([float(((a - r) * m).sum()) for a, r, m in valid(rows)])
+    assert table["is_sequence"]["default_share"] == pytest.approx(np.mean(s > math.log(2.0)))
+
+
+@pytest.mark.parametrize("option", ["token_k1", "token_k2", "token_k3", "is_token"])
+def test_token_thresholds_are_conservative_and_within_one_bin(swept, option):
+    table, rows = swept
+    statistic = "token_k1" if option == "is_token" else option
+    tokens = np.array([v for row in rs_token_stats(rows, statistic) for v in row])
+    if option == "is_token":
+        scores, to_metric = -tokens, math.log  # c = −k1; truncated when c > log U
+    elif option == "token_k1":
+        scores, to_metric = np.abs(tokens), math.log
+    else:
+        scores, to_metric = tokens, float
+    bin_factor = 10 ** (1 / 32)
+    for entry in table[option]["thresholds"]:
+        metric = to_metric(entry["threshold"])
+        exact = np.mean(scores > metric)
+        assert exact <= entry["share"] + 1e-12 <= entry["target"] + 1e-12  # the reported share bounds the truth
+        # two bins lower (in |c|) the target would be exceeded: the threshold is not loose
+        if option in ("token_k1", "is_token"):
+            assert np.mean(scores > metric / bin_factor**2) > entry["target"]
+        elif option == "token_k2":
+            assert np.mean(scores > metric / bin_factor**4) > entry["target"]  # k2 = ½c²: squared factor
