@@ -77,7 +77,7 @@ def test_position_buckets_and_catastrophic_share(dump):
     result = rd.analyze(path, device="cpu", catastrophic=0.5)
     buckets: dict[int, list[float]] = {}
     for _, _, position, _, delta in model_tokens(steps):
-        bucket = 0 if position == 0 else int(math.floor(math.log2(position))) + 1
+        bucket = 0 if position == 0 else math.floor(math.log2(position)) + 1
         buckets.setdefault(bucket, []).append(delta)
     run = [p for p in result.positions if p["step"] is None]
     assert [p["token_count"] for p in run] == [len(buckets[b]) for b in sorted(buckets)]

@@ -55,7 +55,9 @@ def write_dump(path, steps: dict[int, list[dict]], row_group_size: int | None = 
 
 
 def as_reference_rows(rows: list[dict]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    return [(r["trainer"].astype(np.float64), r["rollout"].astype(np.float64), r["mask"].astype(np.float64)) for r in rows]
+    return [
+        (r["trainer"].astype(np.float64), r["rollout"].astype(np.float64), r["mask"].astype(np.float64)) for r in rows
+    ]
 
 
 def reference_metrics(rows: list[dict]) -> dict[str, float]:
@@ -106,8 +108,10 @@ def test_hand_computed_batch(tmp_path):
         {"sample_id": "B", "trainer": [-0.5, -9.0, -1.0], "rollout": [-0.25, -0.5, -0.5], "mask": [1, 0, 1]},
         {"sample_id": "C", "trainer": [-3.0], "rollout": [-3.0], "mask": [0]},
     ]
-    rows = [{**r, **{k: np.array(r[k], np.float32) for k in ("trainer", "rollout")}, "mask": np.array(r["mask"], np.int8)}
-            for r in rows]
+    rows = [
+        {**r, **{k: np.array(r[k], np.float32) for k in ("trainer", "rollout")}, "mask": np.array(r["mask"], np.int8)}
+        for r in rows
+    ]
     path = tmp_path / "hand.parquet"
     write_dump(path, {0: rows})
     m = rd.analyze(str(path), device="cpu").run.metrics

@@ -115,9 +115,9 @@ _ELEMENT_CHECKS = {
 def _open(source: Source, overrides: Mapping[str, str] | None) -> _OpenFile:
     try:
         parquet = pq.ParquetFile(source.path)
-    except (OSError, pa.ArrowException) as exc:
+        schema = parquet.schema_arrow
+    except (OSError, pa.ArrowException, UnicodeDecodeError, ValueError) as exc:
         raise InputError(f"{source.path}: not a readable Parquet file ({_one_line(exc)}).") from exc
-    schema = parquet.schema_arrow
     columns = resolve_columns(source.path, schema.names, overrides, source.partition.keys())
     is_list, _ = _kind(schema.field(columns.names["rollout"]).type)
     layout = "sequence" if is_list else "token"
