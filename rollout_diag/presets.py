@@ -48,10 +48,6 @@ class ImportanceSampling:
     icepop: bool
     batch_normalize: bool
 
-    def describe(self) -> str:
-        bounds = f"[{_number(self.lower)}, {_number(self.upper)}] icepop" if self.icepop else f"≤{_number(self.upper)}"
-        return f"{self.level} {bounds}" + (" +bn" if self.batch_normalize else "")
-
 
 @dataclass(frozen=True)
 class RejectionOption:
@@ -77,9 +73,6 @@ class RejectionOption:
     def is_sequence(self) -> bool:
         return self.scope != "token"
 
-    def describe(self) -> str:
-        return f"{self.option} {self.spec}"
-
 
 @dataclass(frozen=True)
 class LegacyCorrection:
@@ -101,16 +94,6 @@ class LegacyCorrection:
     @property
     def vetoes(self) -> bool:
         return self.veto_lower is not None or self.veto_upper is not None
-
-    def describe(self) -> str:
-        text = f"{self.level} {self.mode} [{_number(self.lower)}, {_number(self.upper)}]"
-        if self.masks and (self.mask_lower, self.mask_upper) != (self.lower, self.upper):
-            text += f" mask [{_number(self.mask_lower)}, {_number(self.mask_upper)}]"
-        if self.vetoes:
-            low = "0" if self.veto_lower is None else _number(self.veto_lower)
-            high = "∞" if self.veto_upper is None else _number(self.veto_upper)
-            text += f" veto [{low}, {high}]"
-        return text
 
 
 # ------------------------------------------------------------------------------------------ presets
@@ -142,7 +125,8 @@ class Preset:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
             raise ConfigError(
-                f"preset name '{self.name}': use letters, digits, '_', '.' or '-', starting with a letter or digit."
+                f"preset name '{_shown(self.name)}': use letters, digits, '_', '.' or '-', "
+                "starting with a letter or digit."
             )
         # Accept natural Python values (2.0, "a,b", ["a", "b"]) and keep one spelling: strings and tuples.
         normalized = {
@@ -160,7 +144,8 @@ class Preset:
             )
         if not self.rollout_rs and self.rollout_rs_threshold is not None:
             raise ConfigError(
-                f"preset '{self.name}': rollout_rs_threshold '{self.rollout_rs_threshold}' given without rollout_rs.",
+                f"preset '{self.name}': rollout_rs_threshold '{_shown(self.rollout_rs_threshold)}' "
+                "given without rollout_rs.",
                 hint="add rollout_rs, e.g. seq_mean_k3.",
             )
         legacy_given = (
@@ -191,19 +176,6 @@ class Preset:
         object.__setattr__(self, "rejection", rejection)
         object.__setattr__(self, "legacy", legacy)
 
-    @property
-    def is_description(self) -> str:
-        """IS column of the table: level and threshold, or the legacy level/mode/bounds; '–' when none."""
-        if self.importance is not None:
-            return self.importance.describe()
-        if self.legacy is not None:
-            return self.legacy.describe()
-        return "–"
-
-    @property
-    def rs_description(self) -> str:
-        return ", ".join(option.describe() for option in self.rejection) if self.rejection else "–"
-
     def config(self) -> dict[str, Any]:
         """The settings as JSON-able data, in verl's names (legacy keys only for legacy presets)."""
         out: dict[str, Any] = {
@@ -232,6 +204,11 @@ class Preset:
 
 
 # ------------------------------------------------------------------------------------------ parsing
+def _shown(value: object) -> str:
+    """User text as shown in a one-line message: control characters escaped."""
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in str(value))
+
+
 def _number(value: float) -> str:
     return f"{value:g}"
 
@@ -240,9 +217,9 @@ def _parse_float(text: str, setting: str, spec: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ConfigError(f"{setting} '{spec}': '{text}' is not a number.") from None
+        raise ConfigError(f"{setting} '{_shown(spec)}': '{_shown(text)}' is not a number.") from None
     if not math.isfinite(value):
-        raise ConfigError(f"{setting} '{spec}': '{text}' is not a finite number.")
+        raise ConfigError(f"{setting} '{_shown(spec)}': '{_shown(text)}' is not a finite number.")
     return value
 
 
@@ -271,19 +248,20 @@ def parse_bounds(
     text = _spec_text(spec, setting)
     parts = text.split("_")
     if len(parts) > 2:
-        raise ConfigError(f"{setting} '{text}': expected a number U or 'L_U' (one '_').")
+        raise ConfigError(f"{setting} '{_shown(text)}': expected a number U or 'L_U' (one '_').")
     values = [_parse_float(part.strip(), setting, text) for part in parts]
     upper = values[-1]
     lower = values[0] if len(values) == 2 else None
     if upper <= 0:
-        raise ConfigError(f"{setting} '{text}': the upper bound must be > 0, got {_number(upper)}.")
+        raise ConfigError(f"{setting} '{_shown(text)}': the upper bound must be > 0, got {_number(upper)}.")
     if lower is not None:
         if lower < 0 or (lower == 0 and not allow_zero_lower):
             floor = "≥ 0" if allow_zero_lower else "> 0"
-            raise ConfigError(f"{setting} '{text}': the lower bound must be {floor}, got {_number(lower)}.")
+            raise ConfigError(f"{setting} '{_shown(text)}': the lower bound must be {floor}, got {_number(lower)}.")
         if lower > upper:
             raise ConfigError(
-                f"{setting} '{text}': the lower bound {_number(lower)} exceeds the upper bound {_number(upper)}."
+                f"{setting} '{_shown(text)}': the lower bound {_number(lower)} exceeds "
+                f"the upper bound {_number(upper)}."
             )
     return lower, upper
 
@@ -292,7 +270,7 @@ def parse_importance(level: str, threshold: str | float | int, batch_normalize: 
     """§2: rollout_is level and threshold spec (U → TIS, "L_U" → IcePop). Raises ConfigError."""
     if level not in IS_LEVELS:
         hint = "geometric is the legacy helper's level: use a legacy_* preset." if level == "geometric" else None
-        raise ConfigError(f"rollout_is '{level}': unknown level; choose token or sequence.", hint=hint)
+        raise ConfigError(f"rollout_is '{_shown(level)}': unknown level; choose token or sequence.", hint=hint)
     lower, upper = parse_bounds(threshold, "rollout_is_threshold")
     if lower is None:  # §2: L' = 1/U for TIS
         return ImportanceSampling(level, upper, 1.0 / upper, icepop=False, batch_normalize=bool(batch_normalize))
@@ -317,7 +295,7 @@ def parse_rs_option(option: str) -> tuple[str, str]:
         )
     if option not in RS_OPTIONS:
         raise ConfigError(
-            f"rollout_rs option '{option}': unknown; choose from {', '.join(RS_OPTIONS)}.",
+            f"rollout_rs option '{_shown(option)}': unknown; choose from {', '.join(RS_OPTIONS)}.",
         )
     scope, _, statistic = option.rpartition("_")
     return scope, statistic
@@ -332,7 +310,7 @@ def parse_rejection(
     """
     names = split_list(options)
     if not names or any(not name for name in names):
-        raise ConfigError(f"rollout_rs '{','.join(names)}': empty option.", hint="e.g. seq_mean_k3,token_k1.")
+        raise ConfigError(f"rollout_rs '{_shown(','.join(names))}': empty option.", hint="e.g. seq_mean_k3,token_k1.")
     unique: list[str] = []
     for name in names:
         parse_rs_option(name)
@@ -340,20 +318,20 @@ def parse_rejection(
             unique.append(name)
     if thresholds is None:
         raise ConfigError(
-            f"rollout_rs '{','.join(unique)}' needs rollout_rs_threshold.",
+            f"rollout_rs '{_shown(','.join(unique))}' needs rollout_rs_threshold.",
             hint="e.g. 0.01 for seq_mean_k3, 0.999_1.001 for seq_mean_k1.",
         )
     entries = split_list(thresholds) if isinstance(thresholds, (str, list, tuple)) else [str(thresholds)]
     spec = ",".join(entries)
     if not spec.strip(","):
         raise ConfigError("rollout_rs_threshold '': empty threshold.", hint="e.g. 0.01 or 0.01,0.5_2.0.")
-    if any(not entry for entry in entries):
-        raise ConfigError(f"rollout_rs_threshold '{spec}': empty entry between commas.")
+    if any(not entry for entry in entries):  # verl silently drops empty entries; METRICS.md: a clear error
+        raise ConfigError(f"rollout_rs_threshold '{_shown(spec)}': empty entry between commas.")
     if len(entries) == 1:
         entries = entries * len(unique)
     if len(entries) != len(unique):
         raise ConfigError(
-            f"rollout_rs_threshold '{spec}': {len(entries)} entries for {len(unique)} options "
+            f"rollout_rs_threshold '{_shown(spec)}': {len(entries)} entries for {len(unique)} options "
             f"({', '.join(unique)}); give one shared entry or one per option."
         )
     return tuple(_rejection_option(name, entry) for name, entry in zip(unique, entries, strict=True))
@@ -362,14 +340,14 @@ def parse_rejection(
 def _rejection_option(option: str, entry: str) -> RejectionOption:
     scope, statistic = parse_rs_option(option)
     setting = f"rollout_rs_threshold for {option}"
-    if statistic == "k1":
+    if statistic == "k1":  # verl does not check L ≤ U here (every row would be rejected); we refuse it
         lower, upper = parse_bounds(entry, setting)
         if lower is None:  # §3: a single U means L = 1/U
             lower = 1.0 / upper
         return RejectionOption(option, scope, statistic, math.log(lower), math.log(upper), entry)
     if "_" in entry:
         raise ConfigError(
-            f"{setting} '{entry}': k2/k3 options take one upper bound, not 'L_U'.",
+            f"{setting} '{_shown(entry)}': k2/k3 options take one upper bound, not 'L_U'.",
             hint="write e.g. 0.01.",
         )
     _, upper = parse_bounds(entry, setting)
@@ -389,9 +367,9 @@ def parse_legacy(
     level = level or "token"
     mode = mode or "truncate"
     if level not in LEGACY_LEVELS:
-        raise ConfigError(f"legacy_is '{level}': unknown level; choose {', '.join(LEGACY_LEVELS)}.")
+        raise ConfigError(f"legacy_is '{_shown(level)}': unknown level; choose {', '.join(LEGACY_LEVELS)}.")
     if mode not in LEGACY_MODES:
-        raise ConfigError(f"legacy_is_mode '{mode}': unknown mode; choose {', '.join(LEGACY_MODES)}.")
+        raise ConfigError(f"legacy_is_mode '{_shown(mode)}': unknown mode; choose {', '.join(LEGACY_MODES)}.")
     if threshold is None:
         raise ConfigError("legacy_is_threshold is required for a legacy preset.", hint="e.g. 2.0 or 0.999_1.001.")
     lower, upper = parse_bounds(threshold, "legacy_is_threshold", allow_zero_lower=True)
@@ -408,7 +386,7 @@ def parse_legacy(
         else:  # verl's one-sided veto: a single number is the lower ratio bound
             veto_lower = _parse_float(text, "legacy_is_veto_threshold", text)
             if veto_lower <= 0:
-                raise ConfigError(f"legacy_is_veto_threshold '{text}': must be > 0, got {_number(veto_lower)}.")
+                raise ConfigError(f"legacy_is_veto_threshold '{_shown(text)}': must be > 0, got {_number(veto_lower)}.")
     return LegacyCorrection(level, mode, upper, lower, mask_upper, mask_lower, veto_lower, veto_upper)
 
 
@@ -599,7 +577,7 @@ def load_presets_file(path: str | Path) -> dict[str, Preset]:
 
 
 def _preset_from_mapping(path: Path, name: str, settings: Any) -> Preset:
-    where = f"--presets-file {path}: preset '{name}'"
+    where = f"--presets-file {path}: preset '{_shown(name)}'"
     if name in PRESETS or name in PRESET_GROUPS:
         raise ConfigError(f"{where}: the name is a built-in preset; pick another name.")
     if not isinstance(settings, Mapping):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, ClassVar
 
@@ -35,22 +36,49 @@ from rollout_diag.metrics.base import (
     segment_moments,
     segment_sum,
 )
+from rollout_diag.metrics.segments import stats as segment_stats
 from rollout_diag.presets import ImportanceSampling, RejectionOption
 
 PREFIX = "rollout_corr/"
 
 
 # --------------------------------------------------------------------------- shared per-chunk values
+MAX_RUNS = 64  # a chunk whose steps interleave in more runs than this reduces tokens through rows
+
+
+@dataclass(frozen=True)
+class PerToken:
+    """A value at every model token: ``values`` [M], or, when ``by_row``, one value per row [R] that every
+    model token of the row shares (sequence-level weights and statistics), kept at row size so reductions
+    over tokens cost O(rows): Σ over tokens = Σ_i n_i·v_i."""
+
+    values: torch.Tensor
+    by_row: bool = False
+
+    def map(self, function: Callable[[torch.Tensor], torch.Tensor]) -> PerToken:
+        return PerToken(function(self.values), self.by_row)
+
+
 class ChunkDivergences:
     """Per-chunk tensors every correction accumulator reads, each computed once on first use.
 
-    Token tensors are over the chunk's model tokens (mask 1, ``chunk.model``) [M]; row tensors over all
-    rows [R]. Rows are whole (the reader never splits one), so row sums here are final.
+    Token tensors are over the chunk's model tokens (mask 1, ``chunk.model``), in row order [M]; row
+    tensors over all rows [R]. Rows are whole (the reader never splits one), so row sums here are final.
+    Reductions avoid ``index_add`` over tokens: row sums use ``segment_reduce`` (rows are contiguous), and
+    steps are runs of consecutive rows, so a step's token sum is one slice sum (``token_runs``).
     """
 
     def __init__(self, chunk: Chunk) -> None:
         self.chunk = chunk
         self._memo: dict[Hashable, Any] = {}
+
+    @classmethod
+    def of(cls, chunk: Chunk) -> ChunkDivergences:
+        """The chunk's shared instance (kept in ``chunk.cache``, created on first use)."""
+        found = chunk.cache.get("divergences")
+        if found is None:
+            found = chunk.cache["divergences"] = cls(chunk)
+        return found
 
     def memo(self, key: Hashable, compute: Callable[[], Any]) -> Any:
         """``compute()`` once per chunk and key (shared by every accumulator of the pass)."""
@@ -64,13 +92,18 @@ class ChunkDivergences:
         return self.chunk.model.row
 
     @cached_property
-    def token_group(self) -> torch.Tensor:
-        return self.chunk.groups.row_group[self.token_row]
+    def row_group(self) -> torch.Tensor:
+        return self.chunk.groups.row_group
 
     @cached_property
     def row_tokens(self) -> torch.Tensor:
         """n_i (int64 [R])."""
         return self.chunk.tokens_per_row
+
+    @cached_property
+    def row_weight(self) -> torch.Tensor:
+        """n_i as float64: the weight of a row value in a token reduction."""
+        return self.row_tokens.to(torch.float64)
 
     @cached_property
     def valid_rows(self) -> torch.Tensor:
@@ -81,54 +114,130 @@ class ChunkDivergences:
     def group_count(self) -> int:
         return self.chunk.groups.count
 
+    @cached_property
+    def token_runs(self) -> list[tuple[int, int, int]] | None:
+        """(step group, first, end) model-token slices of consecutive rows of one step; None past MAX_RUNS."""
+        rows = self.chunk.rows
+        if rows == 0:
+            return []
+        boundaries = torch.nonzero(self.row_group[1:] != self.row_group[:-1]).flatten() + 1
+        if boundaries.numel() >= MAX_RUNS:
+            return None
+        zero = torch.zeros(1, dtype=torch.int64, device=self.chunk.device)
+        token_offsets = torch.cat([zero, torch.cumsum(self.row_tokens, 0)])
+        starts = torch.cat([zero, boundaries])
+        ends = torch.cat([boundaries, torch.full_like(zero, rows)])
+        return list(
+            zip(
+                self.row_group[starts].tolist(),
+                token_offsets[starts].tolist(),
+                token_offsets[ends].tolist(),
+                strict=True,
+            )
+        )
+
     # -- reductions --------------------------------------------------------------------------------
-    def row_sum(self, token_values: torch.Tensor) -> torch.Tensor:
+    def row_sum(self, quantity: PerToken) -> torch.Tensor:
         """S_i[x] for every row (float64 [R])."""
-        return segment_sum(token_values, self.token_row, self.chunk.rows)
+        if quantity.by_row:
+            return self.row_weight * quantity.values
+        return self._row_reduce(quantity.values, "sum")
 
-    def row_mean(self, token_values: torch.Tensor) -> torch.Tensor:
+    def row_mean(self, quantity: PerToken) -> torch.Tensor:
         """R_i[x] = S_i[x] / (n_i + 1e-8) (Notation; 0 for an empty row)."""
-        return row_mean(self.row_sum(token_values), self.row_tokens)
+        return row_mean(self.row_sum(quantity), self.row_tokens)
 
-    def rows_with(self, token_flags: torch.Tensor) -> torch.Tensor:
+    def rows_with(self, flags: PerToken) -> torch.Tensor:
         """Rows with at least one flagged model token (bool [R])."""
-        return self.row_sum(token_flags.to(torch.float64)) > 0
+        if flags.by_row:
+            return flags.values & self.valid_rows
+        return self._row_reduce(flags.values, "sum") > 0
 
-    def step_sum_tokens(self, token_values: torch.Tensor) -> torch.Tensor:
-        return segment_sum(token_values, self.token_group, self.group_count)
+    def _row_reduce(self, token_values: torch.Tensor, reduce: str) -> torch.Tensor:
+        """sum / max / min of each row's model tokens; empty rows get 0 / −inf / +inf."""
+        if self.chunk.rows == 0:
+            return torch.zeros(0, dtype=torch.float64, device=self.chunk.device)
+        return torch.segment_reduce(token_values.to(torch.float64), reduce, lengths=self.row_tokens)
+
+    def step_sum(self, quantity: PerToken) -> torch.Tensor:
+        """Σ over each step's model tokens (float64 [G])."""
+        if quantity.by_row:
+            return self.step_sum_rows(self.row_weight * quantity.values)
+        return self._step_reduce(quantity.values, "sum")
+
+    def step_max(self, quantity: PerToken) -> torch.Tensor:
+        """Max over each step's model tokens (−inf for a step without one)."""
+        if quantity.by_row:
+            return self.step_max_rows(quantity.values, self.valid_rows)
+        return self._step_reduce(quantity.values, "max")
+
+    def step_min(self, quantity: PerToken) -> torch.Tensor:
+        if quantity.by_row:
+            return self.step_min_rows(quantity.values, self.valid_rows)
+        return self._step_reduce(quantity.values, "min")
+
+    def step_moments(self, quantity: PerToken) -> torch.Tensor:
+        """[N, mean, 0, M2, 0, 0] per step over model tokens (base.segment_moments' layout), two passes."""
+        count = self.step_tokens
+        mean = self.step_sum(quantity) / count.clamp(min=1.0)
+        if quantity.by_row:
+            centred = quantity.values - mean[self.row_group]
+            m2 = self.step_sum_rows(self.row_weight * centred * centred)
+        else:
+            m2 = self._step_reduce(quantity.values, "sum", centre=mean)
+        zeros = torch.zeros_like(count)
+        return torch.stack([count, mean, zeros, m2, zeros, zeros], dim=-1)
+
+    def _step_reduce(self, token_values: torch.Tensor, reduce: str, centre: torch.Tensor | None = None) -> torch.Tensor:
+        """sum / max / min over each step's model tokens; with ``centre``, the sum of (x − centre[step])²."""
+        values = token_values
+        runs = self.token_runs
+        if runs is None:  # interleaved steps: through rows
+            values = values.to(torch.float64)
+            if centre is not None:
+                centred = values - centre[self.row_group[self.token_row]]
+                values = centred * centred
+            per_row = self._row_reduce(values, reduce)
+            return {"sum": self.step_sum_rows, "max": self.step_max_rows, "min": self.step_min_rows}[reduce](per_row)
+        identity = {"sum": 0.0, "max": -math.inf, "min": math.inf}[reduce]
+        out = torch.full((self.group_count,), identity, dtype=torch.float64, device=values.device)
+        for group, start, end in runs:
+            if end == start:
+                continue
+            part = values[start:end]
+            if centre is not None:
+                part = part - centre[group]
+                part = part * part
+            if reduce == "sum":  # a bool slice sums to an exact int64 count
+                out[group] += part.sum().to(torch.float64)
+            elif reduce == "max":
+                out[group] = torch.maximum(out[group], part.max())
+            else:
+                out[group] = torch.minimum(out[group], part.min())
+        return out
 
     def step_sum_rows(self, row_values: torch.Tensor) -> torch.Tensor:
-        return segment_sum(row_values, self.chunk.groups.row_group, self.group_count)
-
-    def step_max_tokens(self, token_values: torch.Tensor) -> torch.Tensor:
-        return segment_max(token_values, self.token_group, self.group_count)
-
-    def step_min_tokens(self, token_values: torch.Tensor) -> torch.Tensor:
-        return segment_min(token_values, self.token_group, self.group_count)
+        return segment_sum(row_values, self.row_group, self.group_count)
 
     def step_max_rows(self, row_values: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Max per step over all rows, or over the rows flagged in ``rows`` (−inf where none)."""
         values = row_values if rows is None else row_values.masked_fill(~rows, -math.inf)
-        return segment_max(values, self.chunk.groups.row_group, self.group_count)
+        return segment_max(values, self.row_group, self.group_count)
 
     def step_min_rows(self, row_values: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         values = row_values if rows is None else row_values.masked_fill(~rows, math.inf)
-        return segment_min(values, self.chunk.groups.row_group, self.group_count)
-
-    def step_moments_tokens(self, token_values: torch.Tensor) -> torch.Tensor:
-        """[n, mean, ·, M2, ·, ·] per step over model tokens (base.segment_moments, second value unused)."""
-        return segment_moments(token_values, torch.zeros_like(token_values), self.token_group, self.group_count)
+        return segment_min(values, self.row_group, self.group_count)
 
     def step_moments_rows(self, row_values: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Moments per step over all rows, or over the rows flagged in ``rows``."""
-        group = self.chunk.groups.row_group
+        group = self.row_group
         if rows is not None:
             row_values, group = row_values[rows], group[rows]
         return segment_moments(row_values, torch.zeros_like(row_values), group, self.group_count)
 
     @cached_property
     def step_tokens(self) -> torch.Tensor:
-        return self.step_sum_rows(self.row_tokens)
+        return self.step_sum_rows(self.row_weight)
 
     @cached_property
     def step_rows(self) -> torch.Tensor:
@@ -138,6 +247,13 @@ class ChunkDivergences:
     def step_valid_rows(self) -> torch.Tensor:
         return self.step_sum_rows(self.valid_rows)
 
+    def both(self, first: PerToken, second: PerToken) -> PerToken:
+        """Token-wise AND of two keep flags (row-level when both are)."""
+        if first.by_row == second.by_row:
+            return PerToken(first.values & second.values, first.by_row)
+        row_flags, token_flags = (first, second) if first.by_row else (second, first)
+        return PerToken(row_flags.values[self.token_row] & token_flags.values)
+
     # -- divergences -------------------------------------------------------------------------------
     @property
     def log_ratio(self) -> torch.Tensor:
@@ -146,13 +262,13 @@ class ChunkDivergences:
 
     @cached_property
     def clamped_log_ratio(self) -> torch.Tensor:
-        """clamp20(δ)."""
-        return clamp20(self.log_ratio)
+        """clamp20(δ), shared with the other families (segments.py)."""
+        return segment_stats(self.chunk).token("clamped_log_ratio")
 
     @cached_property
     def seq_log_ratio(self) -> torch.Tensor:
         """s_i = S_i[δ] (unclamped, every row; 0 for an empty row)."""
-        return self.row_sum(self.log_ratio)
+        return self.row_sum(PerToken(self.log_ratio))
 
     def token_statistic(self, statistic: str) -> torch.Tensor:
         """§3: k1 = −clamp20(δ), k2 = ½·clamp20(δ)², k3 = exp(clamp20(δ)) − 1 − clamp20(δ) per model token."""
@@ -162,8 +278,10 @@ class ChunkDivergences:
             if statistic == "k1":
                 return -x
             if statistic == "k2":
-                return 0.5 * x * x
-            return torch.exp(x) - 1.0 - x  # not expm1: the same rounding as verl and the reference
+                return segment_stats(self.chunk).token("rs_k2")
+            # not segments' expm1 form: verl and tests/reference.py round exp(c) − 1 − c, and k3 of a tiny δ
+            # differs between the two by up to ~1e-8 relative
+            return torch.exp(x) - 1.0 - x
 
         return self.memo(("statistic", statistic), compute)
 
@@ -173,83 +291,64 @@ class ChunkDivergences:
         def compute() -> torch.Tensor:
             stat = self.token_statistic(option.statistic)
             if option.scope == "seq_sum":
-                return self.row_sum(stat)
+                return self._row_reduce(stat, "sum")
             if option.scope == "seq_max":
-                row_max = segment_max(stat, self.token_row, self.chunk.rows)
-                return torch.where(self.valid_rows, row_max, torch.zeros_like(row_max))
-            return self.row_mean(stat)
+                return torch.where(self.valid_rows, self._row_reduce(stat, "max"), 0.0)
+            return row_mean(self._row_reduce(stat, "sum"), self.row_tokens)
 
         return self.memo(("row_value", option.scope, option.statistic), compute)
 
-    def rs_token_value(self, option: RejectionOption) -> torch.Tensor:
-        """§3 per-token statistic: the token's own value, or its row's value broadcast (sequence options)."""
+    def rs_statistic(self, option: RejectionOption) -> PerToken:
+        """§3 per-token statistic: the token's own value, or its row's value (sequence options)."""
         if option.is_sequence:
-            return self.rs_row_value(option)[self.token_row]
-        return self.token_statistic(option.statistic)
+            return PerToken(self.rs_row_value(option), by_row=True)
+        return PerToken(self.token_statistic(option.statistic))
 
-    def rs_keep(self, option: RejectionOption) -> torch.Tensor:
-        """§3 keep flag per model token: k1 log L ≤ stat ≤ log U; k2/k3 stat ≤ U (rows kept or not whole)."""
+    def rs_keep(self, option: RejectionOption) -> PerToken:
+        """§3 keep flag: k1 log L ≤ stat ≤ log U; k2/k3 stat ≤ U (sequence options keep or drop whole rows)."""
 
-        def compute() -> torch.Tensor:
-            stat = self.rs_row_value(option) if option.is_sequence else self.token_statistic(option.statistic)
+        def compute() -> PerToken:
+            stat = self.rs_statistic(option).values
             keep = stat <= option.upper
             if option.has_lower:
                 keep = keep & (stat >= option.lower)
-            return keep[self.token_row] if option.is_sequence else keep
+            return PerToken(keep, option.is_sequence)
 
         return self.memo(("keep", option), compute)
 
-    def rs_final_keep(self, options: tuple[RejectionOption, ...]) -> torch.Tensor:
+    def rs_final_keep(self, options: tuple[RejectionOption, ...]) -> PerToken:
         """§3 final mask on model tokens: Π(option keeps)."""
 
-        def compute() -> torch.Tensor:
-            keep = torch.ones_like(self.log_ratio, dtype=torch.bool)
+        def compute() -> PerToken:
+            keep = PerToken(torch.ones(self.chunk.rows, dtype=torch.bool, device=self.chunk.device), by_row=True)
             for option in options:
-                keep = keep & self.rs_keep(option)
+                keep = self.both(keep, self.rs_keep(option))
             return keep
 
         return self.memo(("final_keep", options), compute)
 
-    def importance_weights(self, config: ImportanceSampling) -> tuple[torch.Tensor, torch.Tensor]:
-        """§2 (w_raw, w) per model token: token exp(clamp20(δ)), sequence exp(clamp20(s_i)) broadcast;
-        TIS w = min(w_raw, U), IcePop w = w_raw inside [L, U] else 0."""
+    def importance_weights(self, config: ImportanceSampling) -> tuple[PerToken, PerToken]:
+        """§2 (w_raw, w): token exp(clamp20(δ)), sequence exp(clamp20(s_i)) per row; TIS w = min(w_raw, U),
+        IcePop w = w_raw inside [L, U] else 0."""
 
-        def compute() -> tuple[torch.Tensor, torch.Tensor]:
+        def compute() -> tuple[PerToken, PerToken]:
             if config.level == "token":
-                raw = torch.exp(self.clamped_log_ratio)
+                raw = PerToken(torch.exp(self.clamped_log_ratio))
             else:
-                raw = torch.exp(clamp20(self.seq_log_ratio))[self.token_row]
+                raw = PerToken(torch.exp(clamp20(self.seq_log_ratio)), by_row=True)
             if config.icepop:
-                inside = (raw >= config.lower) & (raw <= config.upper)
-                return raw, torch.where(inside, raw, torch.zeros_like(raw))
-            return raw, raw.clamp(max=config.upper)
+                return raw, raw.map(lambda w: torch.where((w >= config.lower) & (w <= config.upper), w, 0.0))
+            return raw, raw.map(lambda w: w.clamp(max=config.upper))
 
         return self.memo(("is", config.level, config.upper, config.lower, config.icepop), compute)
 
 
 class CorrectionAccumulator(StepAccumulator, ABC):
-    """A StepAccumulator that reads a :class:`ChunkDivergences` shared by all accumulators of a pass.
-
-    ``update_shared(shared)`` uses the given one; plain ``update(chunk)`` builds its own, so each class
-    also works alone.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._shared: ChunkDivergences | None = None
-
-    def update_shared(self, shared: ChunkDivergences) -> None:
-        self._shared = shared
-        try:
-            self.update(shared.chunk)
-        finally:
-            self._shared = None
+    """A StepAccumulator reading the chunk's shared :class:`ChunkDivergences`, so every accumulator of a pass
+    (every preset) computes δ, k1/k2/k3, row values and keep masks once per chunk."""
 
     def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
-        shared = self._shared
-        if shared is None or shared.chunk is not chunk:
-            shared = ChunkDivergences(chunk)
-        return self._shared_stats(shared)
+        return self._shared_stats(ChunkDivergences.of(chunk))
 
     @abstractmethod
     def _shared_stats(self, shared: ChunkDivergences) -> dict[str, torch.Tensor]:
@@ -309,6 +408,95 @@ def values_of(state: State) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- §2 IS weights
+# The weight summary that §2 and the legacy helper (§8) share; each adds its own keys around it.
+WEIGHT_REDUCTIONS: dict[str, str] = {
+    "weight_sum": "sum",  # Σ m·w
+    "extreme_max": "max",  # token level: max w over model tokens; else max_i ℓ_i (log ratio) over all rows
+    "extreme_min": "min",
+    "high": "sum",  # token level: #tokens w_raw > U; else rows (or their tokens) with ℓ_i > log U
+    "low": "sum",
+    "clamped": "moments",  # c = clamp(w, floor, U) over model tokens
+    "seq_weight": "moments",  # q_i = R_i[w] over all rows
+    "seq_weight_max": "max",
+    "seq_weight_min": "min",
+    "seq_deviation_max": "max",  # max_i |q_i − 1|
+    "seq_high": "sum",  # #rows R_i[w_raw] > U
+    "seq_low": "sum",
+}
+
+
+def weight_stats(
+    shared: ChunkDivergences,
+    raw: PerToken,
+    weight: PerToken,
+    level_log_ratio: torch.Tensor | None,
+    bounds: tuple[float, float, float],
+    token_weighted_fractions: bool = False,
+) -> dict[str, torch.Tensor]:
+    """Partial state of WEIGHT_REDUCTIONS. ``level_log_ratio``: ℓ_i per row for sequence-like levels (None at
+    token level); ``bounds``: (clamp floor of c, lower L', upper U) in ratio space."""
+    floor, lower, upper = bounds
+    if level_log_ratio is None:  # token level: extremes of w, fractions of w_raw over model tokens
+        extremes = {"extreme_max": shared.step_max(weight), "extreme_min": shared.step_min(weight)}
+        high = shared.step_sum(raw.map(lambda w: w > upper))
+        low = shared.step_sum(raw.map(lambda w: w < lower))
+    else:  # sequence-like: unclamped ℓ_i over all rows, vs log U in float64 (verl takes log of a float32 U)
+        extremes = {
+            "extreme_max": shared.step_max_rows(level_log_ratio),
+            "extreme_min": shared.step_min_rows(level_log_ratio),
+        }
+        high_rows = level_log_ratio > log_bound(upper, math.inf)
+        low_rows = level_log_ratio < log_bound(lower, -math.inf)
+        if token_weighted_fractions:
+            high, low = shared.step_sum(PerToken(high_rows, True)), shared.step_sum(PerToken(low_rows, True))
+        else:
+            high, low = shared.step_sum_rows(high_rows), shared.step_sum_rows(low_rows)
+    seq_weight = shared.row_mean(weight)
+    raw_seq_weight = seq_weight if raw is weight else shared.row_mean(raw)
+    return {
+        "weight_sum": shared.step_sum(weight),
+        **extremes,
+        "high": high,
+        "low": low,
+        "clamped": shared.step_moments(weight.map(lambda w: w.clamp(floor, upper))),
+        "seq_weight": shared.step_moments_rows(seq_weight),
+        "seq_weight_max": shared.step_max_rows(seq_weight),
+        "seq_weight_min": shared.step_min_rows(seq_weight),
+        "seq_deviation_max": shared.step_max_rows((seq_weight - 1.0).abs()),
+        "seq_high": shared.step_sum_rows(raw_seq_weight > upper),
+        "seq_low": shared.step_sum_rows(raw_seq_weight < lower),
+    }
+
+
+def weight_metrics(value: dict[str, Any], log_extremes: bool, fraction_base: float) -> dict[str, float]:
+    """rollout_is_mean … _seq_fraction_low from a WEIGHT_REDUCTIONS state (names without prefix).
+
+    ``log_extremes``: max/min are exp(min(max ℓ, 20)) / exp(min ℓ) (sequence-like levels); ``fraction_base``:
+    what the ratio fractions divide by (N + ε for token-weighted ones, B for row ones).
+    """
+    tokens, rows = value["tokens"], value["rows"]
+    if log_extremes:  # §2 sequence: exp(min(max_i s_i, 20)), exp(min_i s_i)
+        is_max, is_min = safe_exp(min(value["extreme_max"], CLAMP)), safe_exp(value["extreme_min"])
+    else:
+        is_max, is_min = value["extreme_max"], value["extreme_min"]
+    return {
+        "rollout_is_mean": value["weight_sum"] / (tokens + EPS),  # T[w]
+        "rollout_is_max": is_max,
+        "rollout_is_min": is_min,
+        "rollout_is_ratio_fraction_high": value["high"] / fraction_base,
+        "rollout_is_ratio_fraction_low": value["low"] / fraction_base,
+        "rollout_is_std": population_std(value["clamped"]),
+        "rollout_is_eff_sample_size": effective_sample_size(value["clamped"]),
+        "rollout_is_seq_mean": float(value["seq_weight"][1]),
+        "rollout_is_seq_std": sample_std(value["seq_weight"]),
+        "rollout_is_seq_max": value["seq_weight_max"],
+        "rollout_is_seq_min": value["seq_weight_min"],
+        "rollout_is_seq_max_deviation": value["seq_deviation_max"],
+        "rollout_is_seq_fraction_high": value["seq_high"] / rows,
+        "rollout_is_seq_fraction_low": value["seq_low"] / rows,
+    }
+
+
 class ImportanceAccumulator(CorrectionAccumulator):
     """§2 metrics of one IS config, on w before batch normalisation, plus the batch-norm factor."""
 
@@ -316,18 +504,7 @@ class ImportanceAccumulator(CorrectionAccumulator):
         "tokens": "sum",
         "rows": "sum",
         "valid_rows": "sum",
-        "weight_sum": "sum",  # Σ m·w
-        "extreme_max": "max",  # token: max w over model tokens; sequence: max_i s_i over all rows
-        "extreme_min": "min",
-        "high": "sum",  # token: #tokens w_raw > U; sequence: #rows s_i > log U
-        "low": "sum",
-        "clamped": "moments",  # c = clamp(w, 0, U) over model tokens
-        "seq_weight": "moments",  # q_i = R_i[w] over all rows
-        "seq_weight_max": "max",
-        "seq_weight_min": "min",
-        "seq_deviation_max": "max",  # max_i |q_i − 1|
-        "seq_high": "sum",  # #rows R_i[w_raw] > U
-        "seq_low": "sum",
+        **WEIGHT_REDUCTIONS,
         "oob": "sum",  # IcePop: #tokens w_raw outside [L, U]
         "valid_seq_weight_sum": "sum",  # Σ_valid q_i (sequence batch norm)
     }
@@ -339,37 +516,19 @@ class ImportanceAccumulator(CorrectionAccumulator):
     def _shared_stats(self, shared: ChunkDivergences) -> dict[str, torch.Tensor]:
         config = self.config
         raw, weight = shared.importance_weights(config)
-        seq_weight = shared.row_mean(weight)  # §2 q_i = R_i[w], every row
-        raw_seq_weight = shared.row_mean(raw)  # §2 R_i[w_raw] for the seq fractions
-        if config.level == "token":
-            extreme_max, extreme_min = shared.step_max_tokens(weight), shared.step_min_tokens(weight)
-            high = shared.step_sum_tokens(raw > config.upper)  # §2 T[w_raw > U]
-            low = shared.step_sum_tokens(raw < config.lower)  # §2 T[w_raw < L']
-        else:
-            seq_log_ratio = shared.seq_log_ratio  # §2 sequence max/min/fractions use unclamped s_i
-            extreme_max, extreme_min = shared.step_max_rows(seq_log_ratio), shared.step_min_rows(seq_log_ratio)
-            high = shared.step_sum_rows(seq_log_ratio > math.log(config.upper))  # mean_i [s_i > log U]
-            low = shared.step_sum_rows(seq_log_ratio < math.log(config.lower))
+        # §2: token level T[w_raw > U]; sequence level mean_i [s_i > log U] with unclamped s_i; c = clamp(w, 0, U)
+        level_log_ratio = shared.seq_log_ratio if config.level == "sequence" else None
+        stats = weight_stats(shared, raw, weight, level_log_ratio, (0.0, config.lower, config.upper))
         if config.icepop:  # §2 T[w_raw < L or w_raw > U]
-            oob = shared.step_sum_tokens((raw < config.lower) | (raw > config.upper))
+            oob = shared.step_sum(raw.map(lambda w: (w < config.lower) | (w > config.upper)))
         else:
             oob = torch.zeros_like(shared.step_tokens)
+        seq_weight = shared.row_mean(weight)
         return {
             "tokens": shared.step_tokens,
             "rows": shared.step_rows,
             "valid_rows": shared.step_valid_rows,
-            "weight_sum": shared.step_sum_tokens(weight),
-            "extreme_max": extreme_max,
-            "extreme_min": extreme_min,
-            "high": high,
-            "low": low,
-            "clamped": shared.step_moments_tokens(weight.clamp(0.0, config.upper)),  # §2 c = clamp(w, 0, U)
-            "seq_weight": shared.step_moments_rows(seq_weight),
-            "seq_weight_max": shared.step_max_rows(seq_weight),
-            "seq_weight_min": shared.step_min_rows(seq_weight),
-            "seq_deviation_max": shared.step_max_rows((seq_weight - 1.0).abs()),
-            "seq_high": shared.step_sum_rows(raw_seq_weight > config.upper),
-            "seq_low": shared.step_sum_rows(raw_seq_weight < config.lower),
+            **stats,
             "oob": oob,
             "valid_seq_weight_sum": shared.step_sum_rows(torch.where(shared.valid_rows, seq_weight, 0.0)),
         }
@@ -381,35 +540,15 @@ class ImportanceAccumulator(CorrectionAccumulator):
             return {}  # §1: a step with N = 0 has no metrics
         config = self.config
         denominator = tokens + EPS  # T[x] = Σ m·x / (N + 1e-8)
-        if config.level == "token":
-            is_max, is_min = value["extreme_max"], value["extreme_min"]
-            fraction_high, fraction_low = value["high"] / denominator, value["low"] / denominator
-        else:  # §2 sequence: exp(min(max_i s_i, 20)), exp(min_i s_i), fractions over all rows
-            is_max, is_min = safe_exp(min(value["extreme_max"], CLAMP)), safe_exp(value["extreme_min"])
-            fraction_high, fraction_low = value["high"] / rows, value["low"] / rows
-        metrics = {
-            "rollout_is_mean": value["weight_sum"] / denominator,
-            "rollout_is_max": is_max,
-            "rollout_is_min": is_min,
-            "rollout_is_ratio_fraction_high": fraction_high,
-            "rollout_is_ratio_fraction_low": fraction_low,
-            "rollout_is_std": population_std(value["clamped"]),
-            "rollout_is_eff_sample_size": effective_sample_size(value["clamped"]),
-            "rollout_is_seq_mean": float(value["seq_weight"][1]),
-            "rollout_is_seq_std": sample_std(value["seq_weight"]),
-            "rollout_is_seq_max": value["seq_weight_max"],
-            "rollout_is_seq_min": value["seq_weight_min"],
-            "rollout_is_seq_max_deviation": value["seq_deviation_max"],
-            "rollout_is_seq_fraction_high": value["seq_high"] / rows,
-            "rollout_is_seq_fraction_low": value["seq_low"] / rows,
-        }
+        sequence = config.level == "sequence"
+        metrics = weight_metrics(value, log_extremes=sequence, fraction_base=rows if sequence else denominator)
         if config.icepop:
             metrics["rollout_is_oob_ratio"] = value["oob"] / denominator
         if config.batch_normalize:  # §2: f = T[w] (token) or Σ_valid q_i / max(#valid, 1e-8) (sequence)
-            if config.level == "token":
-                factor = value["weight_sum"] / denominator
-            else:
+            if sequence:
                 factor = value["valid_seq_weight_sum"] / max(value["valid_rows"], EPS)
+            else:
+                factor = value["weight_sum"] / denominator
             metrics["rollout_is_batch_norm_factor"] = factor if factor > EPS else 1.0
         return {PREFIX + name: float(v) for name, v in metrics.items()}
 
@@ -444,7 +583,7 @@ class RejectionOptionAccumulator(CorrectionAccumulator):
     def _shared_stats(self, shared: ChunkDivergences) -> dict[str, torch.Tensor]:
         option = self.option
         valid = shared.valid_rows
-        token_value = shared.rs_token_value(option)
+        statistic = shared.rs_statistic(option)
         row_value = shared.rs_row_value(option)
         row_high = shared.step_sum_rows(valid & (row_value > option.upper))
         row_low = shared.step_sum_rows(valid & (row_value < option.lower))
@@ -453,26 +592,26 @@ class RejectionOptionAccumulator(CorrectionAccumulator):
         if option.is_sequence:  # §3: max/min/fractions of sequence options over valid rows' values
             stat_max, stat_min, high, low = row_value_max, row_value_min, row_high, row_low
         else:
-            stat_max, stat_min = shared.step_max_tokens(token_value), shared.step_min_tokens(token_value)
-            high = shared.step_sum_tokens(token_value > option.upper)
-            low = shared.step_sum_tokens(token_value < option.lower)
-        rejected = ~shared.rs_keep(option)
+            stat_max, stat_min = shared.step_max(statistic), shared.step_min(statistic)
+            high = shared.step_sum(statistic.map(lambda stat: stat > option.upper))
+            low = shared.step_sum(statistic.map(lambda stat: stat < option.lower))
+        rejected = shared.rs_keep(option).map(torch.logical_not)
         return {
             "tokens": shared.step_tokens,
             "valid_rows": shared.step_valid_rows,
-            "stat_sum": shared.step_sum_tokens(token_value),
+            "stat_sum": shared.step_sum(statistic),
             "stat_max": stat_max,
             "stat_min": stat_min,
             "high": high,
             "low": low,
-            "clamped": shared.step_moments_tokens(token_value.clamp(option.lower, option.upper)),
+            "clamped": shared.step_moments(statistic.map(lambda stat: stat.clamp(option.lower, option.upper))),
             "row_value": shared.step_moments_rows(row_value, valid),
             "row_value_max": row_value_max,
             "row_value_min": row_value_min,
             "row_value_abs_max": shared.step_max_rows(row_value.abs(), valid),
             "row_high": row_high,
             "row_low": row_low,
-            "rejected_tokens": shared.step_sum_tokens(rejected),
+            "rejected_tokens": shared.step_sum(rejected),
             "rejected_rows": shared.step_sum_rows(shared.rows_with(rejected)),
         }
 
@@ -525,15 +664,15 @@ class DropCountAccumulator(CorrectionAccumulator):
     }
 
     @abstractmethod
-    def kept_tokens(self, shared: ChunkDivergences) -> torch.Tensor:
-        """bool [M]: the model tokens the rule keeps."""
+    def kept_tokens(self, shared: ChunkDivergences) -> PerToken:
+        """Keep flag of every model token under the rule."""
 
     def _shared_stats(self, shared: ChunkDivergences) -> dict[str, torch.Tensor]:
-        rejected = ~self.kept_tokens(shared)
+        rejected = self.kept_tokens(shared).map(torch.logical_not)
         return {
             "tokens": shared.step_tokens,
             "rows": shared.step_rows,
-            "rejected_tokens": shared.step_sum_tokens(rejected),
+            "rejected_tokens": shared.step_sum(rejected),
             "rejected_rows": shared.step_sum_rows(shared.rows_with(rejected)),
         }
 
@@ -546,7 +685,7 @@ class RejectionChainAccumulator(DropCountAccumulator):
         super().__init__()
         self.options = options
 
-    def kept_tokens(self, shared: ChunkDivergences) -> torch.Tensor:
+    def kept_tokens(self, shared: ChunkDivergences) -> PerToken:
         return shared.rs_final_keep(self.options)
 
     def _finalize(self, state: State) -> dict[str, float]:

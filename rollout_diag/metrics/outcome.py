@@ -2,7 +2,7 @@
 of every chosen preset (METRICS.md §2, §3, §8), deduplicated and fed in one pass.
 
 Presets that share a part share its accumulator: the 19 presets of §4 need 3 IS accumulators, 3 RS
-options, 3 option chains and 6 drop rules.
+options, 3 option chains and 5 drop rules (14 accumulators for 19 presets).
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State
 from rollout_diag.metrics.correction import (
@@ -20,6 +18,7 @@ from rollout_diag.metrics.correction import (
     CorrectionAccumulator,
     DropCountAccumulator,
     ImportanceAccumulator,
+    PerToken,
     RejectionChainAccumulator,
     RejectionOptionAccumulator,
     values_of,
@@ -47,15 +46,20 @@ class DropRule:
         legacy = preset.legacy if preset.legacy is not None and (preset.legacy.masks or preset.legacy.vetoes) else None
         return cls(preset.rejection, icepop, legacy)
 
-    def kept_tokens(self, shared: ChunkDivergences) -> torch.Tensor:
-        """bool [M]: model tokens this rule keeps."""
-        keep = shared.rs_final_keep(self.rejection)
-        if self.icepop is not None:
-            raw, _ = shared.importance_weights(self.icepop)
-            keep = keep & (raw >= self.icepop.lower) & (raw <= self.icepop.upper)
-        if self.legacy is not None:
-            keep = keep & legacy_keep(shared, self.legacy)
-        return keep
+    def kept_tokens(self, shared: ChunkDivergences) -> PerToken:
+        """Keep flag of every model token under this rule."""
+
+        def compute() -> PerToken:
+            keep = shared.rs_final_keep(self.rejection)
+            if self.icepop is not None:
+                icepop = self.icepop
+                raw, _ = shared.importance_weights(icepop)
+                keep = shared.both(keep, raw.map(lambda w: (w >= icepop.lower) & (w <= icepop.upper)))
+            if self.legacy is not None:
+                keep = shared.both(keep, legacy_keep(shared, self.legacy))
+            return keep
+
+        return shared.memo(("drop_rule", self), compute)
 
 
 class OutcomeAccumulator(DropCountAccumulator):
@@ -66,7 +70,7 @@ class OutcomeAccumulator(DropCountAccumulator):
         super().__init__()
         self.rule = rule
 
-    def kept_tokens(self, shared: ChunkDivergences) -> torch.Tensor:
+    def kept_tokens(self, shared: ChunkDivergences) -> PerToken:
         return self.rule.kept_tokens(shared)
 
     def _finalize(self, state: State) -> dict[str, float]:
@@ -87,8 +91,8 @@ class OutcomeAccumulator(DropCountAccumulator):
 class CorrectionAnalysis:
     """The correction accumulators of a list of presets, deduplicated, fed in one pass.
 
-    ``update(chunk)`` (or ``update_shared``) feeds every distinct accumulator once; ``merge`` folds in
-    another CorrectionAnalysis built from the same presets (another chunk range, another worker).
+    ``update(chunk)`` feeds every distinct accumulator once (they share ``ChunkDivergences.of(chunk)``);
+    ``merge`` folds in another CorrectionAnalysis built from the same presets (another chunk range or worker).
     """
 
     def __init__(self, presets: Sequence[Preset]) -> None:
@@ -115,11 +119,8 @@ class CorrectionAnalysis:
         return key
 
     def update(self, chunk: Chunk) -> None:
-        self.update_shared(ChunkDivergences(chunk))
-
-    def update_shared(self, shared: ChunkDivergences) -> None:
         for accumulator in self.accumulators.values():
-            accumulator.update_shared(shared)
+            accumulator.update(chunk)
 
     def merge(self, other: CorrectionAnalysis) -> None:
         for key, accumulator in self.accumulators.items():

@@ -1,0 +1,343 @@
+"""Every rollout-correction preset on one dump, side by side, in one streaming pass (issue 4).
+
+``compare_presets`` reads the dump once: per chunk the off-policy family (METRICS.md §1) and one shared
+:class:`~rollout_diag.metrics.correction.ChunkDivergences` feeding every preset's §2/§3/§8 accumulators
+(and, if asked, the per-row decision file). Results are plain dataclasses; ``to_json()`` gives the
+documented JSON.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rollout_diag.engine import Analysis, Progress, build_result, open_reader, resolve_device, run_chunks
+from rollout_diag.errors import ConfigError
+from rollout_diag.io.chunk import Chunk
+from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
+from rollout_diag.metrics.base import StepAccumulator
+from rollout_diag.metrics.correction import ChunkDivergences
+from rollout_diag.metrics.legacy import legacy_weights
+from rollout_diag.metrics.outcome import CorrectionAnalysis, DropRule
+from rollout_diag.presets import Preset, get_presets
+from rollout_diag.results import SCHEMA_VERSION, SkippedRow, StepResult, json_number
+
+# A preset is "intrusive" (highlighted) when, over the run, it would drop more than this share of model
+# tokens (RS rejection, IcePop zero weights, legacy mask/veto) ...
+INTRUSIVE_REJECTED_FRACTION = 0.10
+# ... or its IS weights leave an effective sample size (rollout_is_eff_sample_size) below this.
+INTRUSIVE_MIN_ESS = 0.5
+OFFPOLICY_PREFIX = "rollout_corr/"
+
+
+@dataclass(frozen=True)
+class PresetResult:
+    """One preset: its settings, §1 + §2/§3 (or §8) + ``summary/`` metrics per step and for the run."""
+
+    name: str
+    config: dict[str, Any]
+    mode: str
+    steps: list[StepResult]
+    run: StepResult
+    intrusive_reasons: tuple[str, ...] = ()
+
+    @property
+    def intrusive(self) -> bool:
+        return bool(self.intrusive_reasons)
+
+
+@dataclass(frozen=True)
+class ComparisonResult:
+    """What ``compare_presets`` found; ``to_json()`` is the documented JSON. ``sweep`` is filled by the sweep."""
+
+    inputs: list[str]
+    columns: dict[str, str]
+    presets: list[PresetResult]
+    warnings: list[str] = field(default_factory=list)
+    skipped: list[SkippedRow] = field(default_factory=list)
+    skipped_rows: int = 0
+    layout: str = ""
+    device: str = ""
+    sweep: list[dict[str, Any]] = field(default_factory=list)
+    intrusive_rejected_fraction: float = INTRUSIVE_REJECTED_FRACTION
+    intrusive_min_ess: float = INTRUSIVE_MIN_ESS
+
+    def preset(self, name: str) -> PresetResult:
+        """The result of preset ``name``; raises KeyError."""
+        for result in self.presets:
+            if result.name == name:
+                return result
+        raise KeyError(name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "inputs": list(self.inputs),
+            "columns": dict(self.columns),
+            "layout": self.layout,
+            "device": self.device,
+            "intrusive": {"rejected_fraction": self.intrusive_rejected_fraction, "min_ess": self.intrusive_min_ess},
+            "presets": [
+                {
+                    "name": preset.name,
+                    "mode": preset.mode,
+                    "config": dict(preset.config),
+                    "intrusive": preset.intrusive,
+                    "intrusive_reasons": list(preset.intrusive_reasons),
+                    "steps": [_step_json(step) for step in preset.steps],
+                    "run": _step_json(preset.run),
+                }
+                for preset in self.presets
+            ],
+            "sweep": list(self.sweep),
+            "warnings": list(self.warnings),
+            "skipped": [asdict(s) for s in self.skipped],
+            "skipped_rows": self.skipped_rows,
+        }
+
+
+def _step_json(result: StepResult) -> dict[str, Any]:
+    out: dict[str, Any] = {"rows": result.rows, "tokens": result.tokens, "empty_rows": result.empty_rows}
+    if result.step is not None:
+        out = {"step": result.step, **out}
+    out["metrics"] = {name: json_number(value) for name, value in result.metrics.items()}
+    return out
+
+
+class _OffPolicyAnalysis(Analysis):
+    """engine.Analysis with only the §1 family: every preset reports it (verl logs them together)."""
+
+    @property
+    def families(self) -> tuple[StepAccumulator, ...]:
+        return (self.offpolicy,)
+
+
+def resolve_presets(presets: Sequence[str | Preset] | None) -> list[Preset]:
+    """None -> every built-in preset; names (and groups) are looked up; Preset objects pass as they are.
+    Raises ConfigError for an unknown name or two presets with one name."""
+    if presets is None:
+        return get_presets(None)
+    chosen: list[Preset] = []
+    for item in presets:
+        chosen.extend([item] if isinstance(item, Preset) else get_presets([item]))
+    unique: dict[str, Preset] = {}
+    for preset in chosen:
+        if preset.name in unique and unique[preset.name] != preset:
+            raise ConfigError(f"preset '{preset.name}' is given twice with different settings; rename one.")
+        unique[preset.name] = preset
+    if not unique:
+        raise ConfigError("no preset chosen.", hint="leave out --preset to compare all presets.")
+    return list(unique.values())
+
+
+def compare_presets(
+    inputs: str | Path | Sequence[str | Path],
+    presets: Sequence[str | Preset] | None = None,
+    *,
+    columns: Mapping[str, str] | None = None,
+    device: str | torch.device = "auto",
+    strict: bool = False,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    progress: Progress | None = None,
+    export_decisions_to: str | Path | None = None,
+    intrusive_rejected_fraction: float = INTRUSIVE_REJECTED_FRACTION,
+    intrusive_min_ess: float = INTRUSIVE_MIN_ESS,
+) -> ComparisonResult:
+    """Every chosen preset's §1, §2/§3 (or §8) and ``summary/`` metrics, per step and for the run, in one pass.
+
+    ``presets``: names, groups (``all``, ``verl``, ``legacy``) or Preset objects; None = every built-in
+    preset. ``export_decisions_to``: also write the per-row decisions (see :func:`export_decisions`).
+    Raises RolloutDiagError (InputError, ColumnError, DataError, ConfigError) for bad input or options.
+    """
+    chosen = resolve_presets(presets)
+    torch_device = resolve_device(device)
+    reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
+    offpolicy = _OffPolicyAnalysis()
+    corrections = CorrectionAnalysis(chosen)
+    writer = None if export_decisions_to is None else DecisionWriter(export_decisions_to, chosen)
+
+    def consume(chunk: Chunk) -> None:
+        corrections.update(chunk)  # δ and k1/k2/k3 once for every preset (ChunkDivergences.of(chunk))
+        if writer is not None:
+            writer.write(ChunkDivergences.of(chunk))
+
+    with writer or contextlib.nullcontext():
+        run_chunks(reader, [offpolicy.update, consume], torch_device, progress)
+    base = build_result(offpolicy, reader.log, torch_device, strict)
+    results = []
+    finalized = corrections.finalize()
+    for preset in chosen:
+        step_metrics, run_metrics = finalized[preset.name]
+        steps = [_with_metrics(step, step_metrics.get(step.step, {})) for step in base.steps]
+        run = _with_metrics(base.run, run_metrics)
+        results.append(
+            PresetResult(
+                name=preset.name,
+                config=preset.config(),
+                mode=preset.mode,
+                steps=steps,
+                run=run,
+                intrusive_reasons=intrusive_reasons(run.metrics, intrusive_rejected_fraction, intrusive_min_ess),
+            )
+        )
+    return ComparisonResult(
+        inputs=base.inputs,
+        columns=base.columns,
+        presets=results,
+        warnings=base.warnings,
+        skipped=base.skipped,
+        skipped_rows=base.skipped_rows,
+        layout=base.layout,
+        device=base.device,
+        intrusive_rejected_fraction=intrusive_rejected_fraction,
+        intrusive_min_ess=intrusive_min_ess,
+    )
+
+
+def _with_metrics(offpolicy: StepResult, metrics: Mapping[str, float]) -> StepResult:
+    """The step's §1 metrics (``rollout_corr/`` keys only) followed by the preset's own."""
+    own = {name: value for name, value in offpolicy.metrics.items() if name.startswith(OFFPOLICY_PREFIX)}
+    return StepResult(offpolicy.step, offpolicy.rows, offpolicy.tokens, {**own, **metrics}, offpolicy.empty_rows)
+
+
+def intrusive_reasons(
+    metrics: Mapping[str, float],
+    rejected_fraction: float = INTRUSIVE_REJECTED_FRACTION,
+    min_ess: float = INTRUSIVE_MIN_ESS,
+) -> tuple[str, ...]:
+    """Why a preset's run metrics make it intrusive: too many tokens dropped, or too low an ESS."""
+    reasons = []
+    dropped = metrics.get("summary/rejected_token_fraction")
+    if dropped is not None and dropped > rejected_fraction:
+        reasons.append(f"drops {dropped:.1%} of model tokens (> {rejected_fraction:.0%})")
+    for key in ("rollout_corr/rollout_is_eff_sample_size", "mismatch/rollout_is_eff_sample_size"):
+        ess = metrics.get(key)
+        if ess is not None and not math.isnan(ess) and ess < min_ess:
+            reasons.append(f"IS effective sample size {ess:.3g} (< {min_ess:g})")
+    return tuple(reasons)
+
+
+# --------------------------------------------------------------------------------- decisions file
+class DecisionWriter:
+    """Streams, per preset and row, what the preset would do to the row, into one Parquet file.
+
+    Columns: preset, step, sample_id, file, file_row, tokens (model tokens n_i), tokens_rejected (RS
+    rejection, IcePop zero weights, legacy mask/veto), kept (no model token rejected), is_weight (R_i[w]
+    before batch normalisation; legacy: of the raw w; null without IS), and ``stat_<option>`` per RS option
+    of any chosen preset: the row value v_i (§3: S_i[k], R_i[k], max; R_i[k] for token options), null for
+    presets without that option. pyarrow is imported here only (writing is optional).
+    """
+
+    def __init__(self, path: str | Path, presets: Sequence[Preset]) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self._pa = pa
+        self.path = Path(path)
+        self.presets = list(presets)
+        self.rules = [DropRule.of(preset) for preset in self.presets]
+        self.options = list(dict.fromkeys(option.option for preset in self.presets for option in preset.rejection))
+        self.schema = pa.schema(
+            [
+                ("preset", pa.dictionary(pa.int32(), pa.string())),
+                ("step", pa.int64()),
+                ("sample_id", pa.string()),
+                ("file", pa.dictionary(pa.int32(), pa.string())),
+                ("file_row", pa.int64()),
+                ("tokens", pa.int64()),
+                ("tokens_rejected", pa.int64()),
+                ("kept", pa.bool_()),
+                ("is_weight", pa.float64()),
+                *[(f"stat_{option}", pa.float64()) for option in self.options],
+            ]
+        )
+        try:
+            self._writer = pq.ParquetWriter(str(self.path), self.schema)
+        except (OSError, pa.ArrowException) as exc:
+            raise ConfigError(f"--export-decisions {self.path}: cannot write ({' '.join(str(exc).split())}).") from None
+        self.rows_written = 0
+
+    def write(self, shared: ChunkDivergences) -> None:
+        """Append one chunk's rows for every preset."""
+        pa = self._pa
+        chunk = shared.chunk
+        rows = chunk.rows
+        step = chunk.step.cpu().numpy()
+        tokens = shared.row_tokens.cpu().numpy()
+        sample_id = pa.array(chunk.sample_id, pa.string())
+        file = pa.array(chunk.file, pa.string()).dictionary_encode()
+        file_row = pa.array(np.asarray(chunk.file_row, dtype=np.int64))
+        missing = pa.nulls(rows, pa.float64())
+        tables = []
+        for preset, rule in zip(self.presets, self.rules, strict=True):
+            rejected_tokens = rule.kept_tokens(shared).map(torch.logical_not)
+            rejected = shared.row_sum(rejected_tokens).round().to(torch.int64).cpu().numpy()
+            statistics = {option.option: shared.rs_row_value(option) for option in preset.rejection}
+            columns = [
+                pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, np.int32)), pa.array([preset.name])),
+                pa.array(step),
+                sample_id,
+                file,
+                file_row,
+                pa.array(tokens),
+                pa.array(rejected),
+                pa.array(rejected == 0),
+                self._row_weight(shared, preset, missing),
+                *[pa.array(statistics[name].cpu().numpy()) if name in statistics else missing for name in self.options],
+            ]
+            tables.append(pa.Table.from_arrays(columns, schema=self.schema))
+        self._writer.write_table(pa.concat_tables(tables, promote_options="none").unify_dictionaries())
+        self.rows_written += rows * len(self.presets)
+
+    def close(self) -> None:
+        self._writer.close()
+
+    def __enter__(self) -> DecisionWriter:
+        return self
+
+    def __exit__(self, error_type: type[BaseException] | None, *_: object) -> None:
+        """Close the file; a pass that failed leaves no half-written file behind."""
+        self.close()
+        if error_type is not None:
+            self.path.unlink(missing_ok=True)
+
+    def _row_weight(self, shared: ChunkDivergences, preset: Preset, missing: Any) -> Any:
+        """R_i[w] of the preset's IS weights (legacy: of the raw w) before normalisation; ``missing`` without IS."""
+        if preset.importance is not None:
+            _, weight = shared.importance_weights(preset.importance)
+        elif preset.legacy is not None:
+            weight = legacy_weights(shared, preset.legacy.level)
+        else:
+            return missing
+        return self._pa.array(shared.row_mean(weight).cpu().numpy())
+
+
+def export_decisions(
+    inputs: str | Path | Sequence[str | Path],
+    path: str | Path,
+    presets: Sequence[str | Preset] | None = None,
+    *,
+    columns: Mapping[str, str] | None = None,
+    device: str | torch.device = "auto",
+    strict: bool = False,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    progress: Progress | None = None,
+) -> int:
+    """Write, per preset and row, whether the preset keeps the row and its statistics (columns: see
+    :class:`DecisionWriter`) to the Parquet file ``path``, streaming. Returns the rows written.
+
+    Raises RolloutDiagError for bad input or options (ConfigError when ``path`` cannot be written).
+    """
+    chosen = resolve_presets(presets)
+    torch_device = resolve_device(device)
+    reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
+    with DecisionWriter(path, chosen) as writer:
+        run_chunks(reader, [lambda chunk: writer.write(ChunkDivergences.of(chunk))], torch_device, progress)
+    return writer.rows_written

@@ -1,0 +1,96 @@
+"""The compare-presets table: one row per preset, run values, intrusive presets highlighted."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from rich.table import Table
+
+from rollout_diag.render.format import number, percent
+
+if TYPE_CHECKING:  # compare.py imports torch; the table only reads the result's fields
+    from rollout_diag.compare import ComparisonResult
+
+INTRUSIVE_STYLE = "bold red"
+COLUMNS = (
+    ("preset", "left"),
+    ("mode", "left"),
+    ("IS", "left"),
+    ("RS", "left"),
+    ("tok rejected", "right"),
+    ("seq rejected", "right"),
+    ("IS mean", "right"),
+    ("IS max", "right"),
+    ("ESS", "right"),
+    ("χ² token", "right"),
+    ("bn factor", "right"),
+    ("tokens kept", "right"),
+)
+
+
+def presets_table(result: ComparisonResult) -> Table:
+    """One row per preset with its run values; rows of intrusive presets in bold red (see the caption)."""
+    table = Table(title="Rollout-correction presets on this data (whole run)", title_justify="left")
+    for header, justify in COLUMNS:
+        table.add_column(header, justify=justify)  # type: ignore[arg-type]
+    for preset in result.presets:
+        metrics = preset.run.metrics
+        table.add_row(
+            preset.name,
+            preset.mode,
+            is_setting(preset.config),
+            rs_setting(preset.config),
+            percent(metrics.get("summary/rejected_token_fraction")),
+            percent(metrics.get("summary/rejected_row_fraction")),
+            number(_is_metric(metrics, "rollout_is_mean"), 5),
+            number(_is_metric(metrics, "rollout_is_max"), 4),
+            number(_is_metric(metrics, "rollout_is_eff_sample_size"), 4),
+            number(metrics.get("rollout_corr/chi2_token"), 4),
+            number(metrics.get("rollout_corr/rollout_is_batch_norm_factor"), 4),
+            number(_count(metrics.get("summary/tokens_kept"))),
+            style=INTRUSIVE_STYLE if preset.intrusive else None,
+        )
+    table.caption = (
+        f"rejected = model tokens given no gradient (RS rejection, IcePop zero weight, legacy mask/veto). "
+        f"Bold red: intrusive (drops > {result.intrusive_rejected_fraction:.0%} of tokens or ESS < "
+        f"{result.intrusive_min_ess:g})."
+    )
+    return table
+
+
+def _is_metric(metrics: Mapping[str, float], name: str) -> float | None:
+    """An IS metric of verl's helper, or of the legacy helper (§8) for legacy presets."""
+    value = metrics.get(f"rollout_corr/{name}")
+    return metrics.get(f"mismatch/{name}") if value is None else value
+
+
+def _count(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def is_setting(config: Mapping[str, Any]) -> str:
+    """IS level and threshold as the table shows it: ``token 2.0``, ``token 0.5_5.0 +bn``, legacy bounds."""
+    if config.get("rollout_is"):
+        text = f"{config['rollout_is']} {config['rollout_is_threshold']}"
+        return text + (" +bn" if config.get("rollout_is_batch_normalize") else "")
+    if config.get("legacy_is"):
+        lower, upper = config["legacy_is_threshold"]
+        text = f"{config['legacy_is']} {config['legacy_is_mode']} [{lower:g}, {upper:g}]"
+        mask_lower, mask_upper = config["legacy_is_mask_threshold"]
+        if config["legacy_is_mode"] != "truncate" and (mask_lower, mask_upper) != (lower, upper):
+            text += f" mask [{mask_lower:g}, {mask_upper:g}]"
+        veto_lower, veto_upper = config["legacy_is_veto_threshold"]
+        if veto_lower is not None or veto_upper is not None:
+            low = "0" if veto_lower is None else f"{veto_lower:g}"
+            high = "∞" if veto_upper is None else f"{veto_upper:g}"
+            text += f" veto [{low}, {high}]"
+        return text
+    return "–"
+
+
+def rs_setting(config: Mapping[str, Any]) -> str:
+    """RS options and thresholds: ``seq_mean_k3 0.01``, or ``a,b 0.01,0.5_2.0`` for a chain."""
+    if not config.get("rollout_rs"):
+        return "–"
+    return f"{config['rollout_rs']} {config['rollout_rs_threshold']}"
