@@ -6,17 +6,18 @@ from the data that reaches a figure is HTML-escaped first: plotly renders a smal
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollout_diag.report.markup import escape
+
 Figure = dict[str, Any]
 
 FONT_STACK = "system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif"
 BLUE, RED, AMBER, GREY, GREEN = "#0969da", "#cf222e", "#bf8700", "#8c959f", "#1a7f37"
-PALETTE = ("#0969da", "#8250df", "#bf3989", "#1a7f37", "#bc4c00", "#0550ae", "#6e7781", "#cf222e")
+PALETTE = ("#0969da", "#8250df", "#bf3989", "#1a7f37", "#bc4c00", "#1b7c83", "#6e7781", "#cf222e")
 HEAT_SCALE = "YlOrRd"
 
 
@@ -29,11 +30,8 @@ class TrendPanel:
     anomalies: list[tuple[int, float, str]] = field(default_factory=list)  # (step, value, hover text)
     thresholds: list[tuple[str, float]] = field(default_factory=list)  # ("watch", 1e-3), ("bad", 1e-2)
     signed: bool = False  # the metric can be negative: do not force the axis to start at zero
-    legend: bool = False
-
-
-def escape(text: object) -> str:
-    return html.escape(str(text), quote=True)
+    legend: bool = False  # name the lines in a legend (one-panel figures only)
+    percent: bool = False  # a share: ticks and hover in %
 
 
 def base_layout(height: int, **extra: Any) -> dict[str, Any]:
@@ -52,7 +50,14 @@ def base_layout(height: int, **extra: Any) -> dict[str, Any]:
 
 
 def axis(**extra: Any) -> dict[str, Any]:
-    return {"gridcolor": "#eaeef2", "zerolinecolor": "#d0d7de", "linecolor": "#d0d7de", "automargin": True, **extra}
+    return {
+        "gridcolor": "#eaeef2",
+        "zerolinecolor": "#d0d7de",
+        "linecolor": "#d0d7de",
+        "automargin": True,
+        "exponentformat": "e",  # 5e-4, not plotly's SI "500µ"
+        **extra,
+    }
 
 
 def grid(rows: int, cols: int, titles: Sequence[str], vgap: float = 0.12, hgap: float = 0.09) -> dict[str, Any]:
@@ -83,6 +88,12 @@ def grid(rows: int, cols: int, titles: Sequence[str], vgap: float = 0.12, hgap: 
     return layout
 
 
+def step_ticks(steps: Sequence[int]) -> dict[str, Any]:
+    """Integer ticks on a step axis: one per step when there are few (plotly would put ticks at 0.5)."""
+    span = max(steps, default=0) - min(steps, default=0)
+    return {"tickformat": "d", "dtick": 1} if span <= 12 else {"tickformat": "d"}
+
+
 def axis_names(cell: int) -> tuple[str, str]:
     suffix = "" if cell == 0 else str(cell + 1)
     return f"x{suffix}", f"y{suffix}"
@@ -98,18 +109,19 @@ def trends_figure(panels: Sequence[TrendPanel]) -> Figure:
     data: list[dict[str, Any]] = []
     for cell, panel in enumerate(panels):
         x_name, y_name = axis_names(cell)
-        layout[_axis_key(x_name)]["tickformat"] = "d"
+        layout[_axis_key(x_name)].update(step_ticks([x for _, xs, _ in panel.lines for x in xs]))
         if cell:
             layout[_axis_key(x_name)]["matches"] = "x"
         if cell >= len(panels) - cols:
             layout[_axis_key(x_name)]["title"] = {"text": "step", "standoff": 4}
         if not panel.signed:
             layout[_axis_key(y_name)]["rangemode"] = "tozero"
+        if panel.percent:
+            layout[_axis_key(y_name)]["tickformat"] = ".2~%"
         data.extend(_trend_traces(panel, cell, x_name, y_name))
         _add_thresholds(layout, panel, x_name, y_name)
     if any(panel.legend for panel in panels):
-        layout.update(showlegend=True, legend={"orientation": "h", "y": -0.6 / rows, "x": 0})
-        layout["margin"]["b"] = 80
+        layout.update(showlegend=True, legend={"x": 1.02, "y": 1, "xanchor": "left", "font": {"size": 11}})
     return {"data": data, "layout": layout}
 
 
@@ -119,6 +131,7 @@ def _axis_key(name: str) -> str:
 
 def _trend_traces(panel: TrendPanel, cell: int, x_name: str, y_name: str) -> list[dict[str, Any]]:
     traces = []
+    value_format = ".3%" if panel.percent else ".4g"
     for index, (name, steps, values) in enumerate(panel.lines):
         color = PALETTE[(cell if not panel.legend else index) % len(PALETTE)]
         traces.append(
@@ -133,7 +146,7 @@ def _trend_traces(panel: TrendPanel, cell: int, x_name: str, y_name: str) -> lis
                 "xaxis": x_name,
                 "yaxis": y_name,
                 "showlegend": panel.legend,
-                "hovertemplate": f"{escape(name)}<br>step %{{x}}: %{{y:.4g}}<extra></extra>",
+                "hovertemplate": f"{escape(name)}<br>step %{{x}}: %{{y:{value_format}}}<extra></extra>",
             }
         )
     if panel.anomalies:
@@ -146,7 +159,12 @@ def _trend_traces(panel: TrendPanel, cell: int, x_name: str, y_name: str) -> lis
                 "y": list(values),
                 "text": list(texts),
                 "name": "anomaly",
-                "marker": {"symbol": "circle-open", "size": 11, "color": RED, "line": {"width": 2}},
+                "marker": {
+                    "symbol": "circle-open",
+                    "size": 11 if len(steps) <= 30 else 7,
+                    "color": RED,
+                    "line": {"width": 2},
+                },
                 "xaxis": x_name,
                 "yaxis": y_name,
                 "showlegend": False,
@@ -157,11 +175,12 @@ def _trend_traces(panel: TrendPanel, cell: int, x_name: str, y_name: str) -> lis
 
 
 def _add_thresholds(layout: dict[str, Any], panel: TrendPanel, x_name: str, y_name: str) -> None:
-    """Dotted verdict lines, only where they fall near the data (a far-away line would flatten the curve)."""
+    """Dotted verdict lines, only where they sit within the data's scale (a far-away line would flatten the
+    curve; one far below the data would lie on the zero line and cover the other's label)."""
     values = [v for _, _, ys in panel.lines for v in ys if v is not None]
     top = max((abs(v) for v in values), default=0.0)
     for label, level in panel.thresholds:
-        if top <= 0 or level > 1.5 * top:
+        if not 0.03 * top <= level <= 1.5 * top:
             continue
         color = RED if label == "bad" else AMBER
         layout["shapes"].append(
@@ -218,7 +237,7 @@ def bars_figure(categories: Sequence[str], panels: Sequence[BarPanel], x_title: 
         if cell == rows - 1:
             x_axis["title"] = {"text": x_title, "standoff": 4}
         if panel.log:
-            y_axis["type"] = "log"
+            y_axis.update(type="log", dtick=1, tickformat="~s")  # decades only: 1, 10, 100, 1k, 10k
         if panel.percent:
             y_axis["tickformat"] = ".2%"
         data.append(
@@ -255,6 +274,9 @@ def step_heatmap(
         "z": [list(row) for row in values],
         "customdata": [list(row) for row in tokens],
         "colorscale": HEAT_SCALE,
+        "zmin": 0,
+        "zmax": _robust_max(values),
+        "reversescale": True,  # plotly's YlOrRd runs dark to light; high mismatch should be dark red
         "colorbar": {"title": {"text": "mean |δ|", "side": "right"}, "thickness": 12},
         "hoverongaps": False,
         "hovertemplate": f"{row_title} %{{y}}<br>step{span} %{{x}}<br>mean |δ| %{{z:.4g}}<br>"
@@ -265,11 +287,19 @@ def step_heatmap(
     height = max(220, min(560, 90 + 14 * len(row_labels)))
     layout = base_layout(
         height,
-        xaxis=axis(title={"text": "step", "standoff": 4}, tickformat="d"),
+        xaxis=axis(title={"text": "step", "standoff": 4}, **step_ticks(column_steps)),
         yaxis=axis(title={"text": row_title}, type="category"),
     )
     layout["margin"]["t"] = 12
     return {"data": [trace], "layout": layout}
+
+
+def _robust_max(values: Sequence[Sequence[float | None]]) -> float | None:
+    """The 99th percentile of the cells: one outlier cell saturates instead of washing out all the others."""
+    cells = sorted(v for row in values for v in row if v is not None)
+    if not cells:
+        return None
+    return cells[min(len(cells) - 1, int(0.99 * len(cells)))] or cells[-1] or None
 
 
 # ------------------------------------------------------------------------------------------ δ histogram
@@ -307,10 +337,11 @@ def delta_histogram_figure(edges: Sequence[float], counts: Sequence[float], cata
             tickmode="array",
             tickvals=tick_positions,
             ticktext=tick_labels,
+            tickangle=0,
             range=[0, len(counts)],
             title={"text": "δ = trainer − rollout logprob (signed log scale)", "standoff": 4},
         ),
-        yaxis=axis(type="log", title={"text": "tokens"}),
+        yaxis=axis(type="log", dtick=1, tickformat="~s", title={"text": "tokens"}),
         annotations=[
             {
                 "text": f"catastrophic |δ| > {catastrophic:g}",
@@ -339,12 +370,29 @@ def delta_histogram_figure(edges: Sequence[float], counts: Sequence[float], cata
 
 
 def _edge_ticks(edges: Sequence[float]) -> tuple[list[float], list[str]]:
-    """Tick at every edge that is 0 or a power of ten (log bins), else at about ten evenly spaced edges."""
-    decades = [i for i, e in enumerate(edges) if e == 0 or abs(math.log10(abs(e)) - round(math.log10(abs(e)))) < 1e-9]
-    chosen = decades if 3 <= len(decades) <= 40 else list(range(0, len(edges), max(1, len(edges) // 10)))
-    if len(decades) > 16:
-        chosen = chosen[::2]
-    return [float(i) for i in chosen], [f"{edges[i]:g}" for i in chosen]
+    """Ticks at edges that are powers of ten (every other decade when there are many), else ~10 evenly spaced.
+
+    A central bin [−e, e] gets one tick "0" at its middle instead of two crowded ones.
+    """
+    exponents = {i: math.log10(abs(e)) for i, e in enumerate(edges) if e != 0}
+    decades = [i for i, x in exponents.items() if abs(x - round(x)) < 1e-9]
+    if len(decades) > 16:  # keep even exponents: symmetric ±1e-4, …, ±1, ±100
+        decades = [i for i in decades if round(exponents[i]) % 2 == 0]
+    if len(decades) < 3:
+        chosen = list(range(0, len(edges), max(1, len(edges) // 10)))
+        return [float(i) for i in chosen], [_edge_label(edges[i]) for i in chosen]
+    ticks = {float(i): _edge_label(edges[i]) for i in decades}
+    for i in range(len(edges) - 1):
+        if edges[i] < 0 < edges[i + 1] and math.isclose(-edges[i], edges[i + 1]):
+            ticks.pop(float(i), None)
+            ticks.pop(float(i + 1), None)
+            ticks[i + 0.5] = "0"
+    positions = sorted(ticks)
+    return positions, [ticks[p] for p in positions]
+
+
+def _edge_label(value: float) -> str:
+    return f"{value:g}".replace("e-0", "e-").replace("e+0", "e").replace("-", "−")
 
 
 def _band_positions(edges: Sequence[float], catastrophic: float) -> list[tuple[float, float]]:
@@ -373,8 +421,12 @@ def _index_of(edges: Sequence[float], value: float) -> float | None:
 
 
 # ------------------------------------------------------------------------------------------ presets
-def presets_figure(names: Sequence[str], token_share: Sequence[float | None], seq_share: Sequence[float | None],
-                   ess: Sequence[float | None]) -> Figure:
+def presets_figure(
+    names: Sequence[str],
+    token_share: Sequence[float | None],
+    seq_share: Sequence[float | None],
+    ess: Sequence[float | None],
+) -> Figure:
     """Two panels sharing the preset axis: share of tokens / sequences rejected, and effective sample size."""
     labels = [escape(name) for name in names]
     height = 120 + 22 * len(names)
@@ -383,13 +435,23 @@ def presets_figure(names: Sequence[str], token_share: Sequence[float | None], se
         barmode="group",
         showlegend=True,
         legend={"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom"},
-        xaxis=axis(domain=[0, 0.55], tickformat=".1%", title={"text": "rejected", "standoff": 4}, rangemode="tozero"),
+        xaxis=axis(
+            domain=[0, 0.55], tickformat=".1%", title={"text": "share dropped", "standoff": 4}, rangemode="tozero"
+        ),
         xaxis2=axis(domain=[0.64, 1], range=[0, 1.05], title={"text": "IS effective sample size", "standoff": 4}),
         yaxis=axis(type="category", autorange="reversed"),
         yaxis2=axis(type="category", autorange="reversed", anchor="x2", matches="y", showticklabels=False),
         shapes=[
-            {"type": "line", "xref": "x2", "x0": 0.5, "x1": 0.5, "yref": "paper", "y0": 0, "y1": 1,
-             "line": {"color": AMBER, "dash": "dot", "width": 1}},
+            {
+                "type": "line",
+                "xref": "x2",
+                "x0": 0.5,
+                "x1": 0.5,
+                "yref": "paper",
+                "y0": 0,
+                "y1": 1,
+                "line": {"color": AMBER, "dash": "dot", "width": 1},
+            },
         ],
     )
     layout["margin"].update(t=40, l=200)
@@ -408,15 +470,16 @@ def presets_figure(names: Sequence[str], token_share: Sequence[float | None], se
         }
 
     data = [
-        bars(token_share, "tokens rejected", RED, "x", "y"),
-        bars(seq_share, "sequences rejected", AMBER, "x", "y"),
+        bars(token_share, "tokens dropped", RED, "x", "y"),
+        bars(seq_share, "rows dropped", AMBER, "x", "y"),
         bars(ess, "ESS", BLUE, "x2", "y2"),
     ]
     return {"data": data, "layout": layout}
 
 
-def sweep_figure(curves: Sequence[tuple[str, list[float], list[float]]], marks: Sequence[tuple[str, float, float]]
-                 ) -> Figure:
+def sweep_figure(
+    curves: Sequence[tuple[str, list[float], list[float]]], marks: Sequence[tuple[str, float, float]]
+) -> Figure:
     """Share rejected against threshold, one line per option (log threshold axis); marks = (label, x, y)."""
     data = [
         {

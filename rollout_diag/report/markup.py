@@ -46,10 +46,13 @@ def table(columns: Sequence[Column], rows: Iterable[Sequence[object]], row_class
     for index, row in enumerate(rows):
         css = row_classes[index] if index < len(row_classes) else ""
         cells = "".join(
-            f'<td class="{"num" if c.numeric else ""}">{cell(value)}</td>' for c, value in zip(columns, row, strict=True)
+            f'<td class="{"num" if c.numeric else ""}">{cell(value)}</td>'
+            for c, value in zip(columns, row, strict=True)
         )
         body.append(f'<tr class="{css}">{cells}</tr>' if css else f"<tr>{cells}</tr>")
-    return Markup(f'<div class="table-wrap"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>')
+    return Markup(
+        f'<div class="table-wrap"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
+    )
 
 
 def badge(level: str) -> Markup:
@@ -68,3 +71,8 @@ def paragraph(*parts: str) -> Markup:
 
 def code(text: object) -> Markup:
     return Markup(f"<code>{escape(text, limit=200)}</code>")
+
+
+def factor(value: float) -> str:
+    """A ratio like "5.2" or "1,234" (for "× the median")."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"

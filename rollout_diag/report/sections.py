@@ -11,12 +11,11 @@ from rollout_diag.glossary import GLOSSARY, SECTIONS
 from rollout_diag.render.format import number, percent
 from rollout_diag.report import figures
 from rollout_diag.report.figures import BLUE, GREY, RED, BarPanel, Figure, TrendPanel
-from rollout_diag.report.markup import Column, Markup, code, escape, note, table
+from rollout_diag.report.markup import Column, Markup, code, escape, factor, note, table
 from rollout_diag.report.series import (
     MAX_HEATMAP_COLUMNS,
     MAX_HEATMAP_ROUNDS,
     MAX_TABLE_ROWS,
-    attr,
     bucket_bounds,
     decimate,
     finite,
@@ -36,9 +35,8 @@ TREND_METRICS = (  # (metric, panel title, can be negative)
     ("rollout_corr/log_ppl_abs_diff", "|log-ppl diff|", False),
     ("training/rollout_probs_diff_mean", "probs diff mean", False),
     ("mismatch/logprob_abs_diff", "|δ| mean", False),
-    ("diag/catastrophic_token_share", "catastrophic token share", False),
+    ("diag/catastrophic_token_share", "catastrophic token share", False),  # a share: drawn in %
 )
-REJECTION_METRIC = "rollout_corr/rollout_rs_masked_fraction"
 MAX_PRESET_LINES = 8
 
 
@@ -58,27 +56,32 @@ class Canvas:
 
     def plot(self, name: str, figure: Figure) -> Markup:
         self.figures[name] = figure
-        return Markup(f'<div class="plot" id="plot-{name}" data-figure="{name}"></div>')
+        height = int(figure["layout"]["height"])  # reserved before drawing: the page does not jump
+        return Markup(f'<div class="plot" id="plot-{name}" data-figure="{name}" style="height:{height}px"></div>')
 
 
 # ------------------------------------------------------------------------------------------ trends
-def trends_section(result: AnalysisResult, canvas: Canvas, preset_steps: dict[str, list[Any]]) -> Section:
+def trends_section(
+    result: AnalysisResult, canvas: Canvas, rejection: dict[str, tuple[list[Any], list[float | None]]]
+) -> Section:
+    """Small multiples of the key metrics over steps (plus each preset's dropped-token share), anomalies marked."""
     steps = [step for step in result.steps if step.step is not None]
     title = "Per-step trends"
     if len(steps) < 2:
         return Section("trends", title, note(f"{len(steps)} step in this run: trends need at least two steps."))
-    panels = [panel for panel in _metric_panels(result, steps) if any(v is not None for _, _, ys in panel.lines for v in ys)]
-    rejection = _rejection_panel(preset_steps)
-    if rejection is not None:
-        panels.append(rejection)
+    panels = [
+        panel for panel in _metric_panels(result, steps) if any(v is not None for _, _, ys in panel.lines for v in ys)
+    ]
     flagged = len({a.step for a in result.anomalies})
     intro = (
-        f"{len(steps):,} steps. Red circles mark anomaly steps ({flagged} flagged): a value far above the median "
+        f"{len(steps):,} steps. Red circles mark anomalies ({flagged} step(s) flagged): a value far above the median "
         "of the previous steps. Dotted lines are the verdict thresholds (shown when near the data). "
         "Drag to zoom; the step axis is shared."
     )
     body = [Markup(f'<p class="lead">{escape(intro)}</p>'), canvas.plot("trends", figures.trends_figure(panels))]
     body.append(_anomaly_table(result))
+    if rejection:
+        body.append(_rejection_plot(rejection, canvas))
     return Section("trends", title, "".join(body))
 
 
@@ -97,30 +100,30 @@ def _metric_panels(result: AnalysisResult, steps: Sequence[StepResult]) -> list[
                 anomalies=[(a.step, a.value, _anomaly_text(a)) for a in flagged[: 4 * MAX_TABLE_ROWS]],
                 thresholds=[("watch", rule.watch), ("bad", rule.bad)] if rule else [],
                 signed=signed,
+                percent=metric.endswith("_share"),
             )
         )
     return panels
 
 
 def _anomaly_text(anomaly: Any) -> str:
-    return f"step {anomaly.step}: {anomaly.value:.4g} = {anomaly.factor:.1f}× the median {anomaly.baseline:.4g}"
+    return f"step {anomaly.step}: {anomaly.value:.4g} = {factor(anomaly.factor)}× the median {anomaly.baseline:.4g}"
 
 
-def _rejection_panel(preset_steps: dict[str, list[Any]]) -> TrendPanel | None:
-    lines = []
-    for name, steps in preset_steps.items():
-        ids = [attr(s, "step") for s in steps]
-        values = [_metric(s, REJECTION_METRIC) for s in steps]
-        if any(v is not None for v in values):
-            lines.append((name, *decimate(ids, values)))
-    if not lines:
-        return None
-    return TrendPanel("tokens rejected, per preset", lines[:MAX_PRESET_LINES], legend=True)
-
-
-def _metric(step: Any, name: str) -> float | None:
-    value = (attr(step, "metrics") or {}).get(name)
-    return value if finite(value) else None
+def _rejection_plot(rejection: dict[str, tuple[list[Any], list[float | None]]], canvas: Canvas) -> str:
+    """Share of tokens each preset drops, per step: presets with identical series share one line."""
+    groups: dict[tuple[Any, ...], list[str]] = {}
+    for name, (steps, values) in rejection.items():
+        groups.setdefault((tuple(steps), tuple(values)), []).append(name)
+    ranked = sorted(groups.items(), key=lambda item: -sum(v or 0.0 for v in item[0][1]))
+    lines = [
+        (names[0] + (f" (+{len(names) - 1} identical)" if len(names) > 1 else ""), *decimate(list(xs), list(ys)))
+        for (xs, ys), names in ranked[:MAX_PRESET_LINES]
+    ]
+    shown = f"the {MAX_PRESET_LINES} that drop the most of " if len(ranked) > MAX_PRESET_LINES else ""
+    heading = f"Tokens dropped per step, per preset ({shown}{len(rejection)} presets that drop any)"
+    panel = TrendPanel("", lines, legend=True, percent=True)
+    return f"<h3>{escape(heading)}</h3>" + canvas.plot("rejection", figures.trends_figure([panel]))
 
 
 def _anomaly_table(result: AnalysisResult) -> str:
@@ -128,11 +131,19 @@ def _anomaly_table(result: AnalysisResult) -> str:
         return note("No anomaly step: no step's metric stands far above the median of the steps before it.")
     shown = sorted(sorted(result.anomalies, key=lambda a: -a.factor)[:MAX_TABLE_ROWS], key=lambda a: (a.step, a.metric))
     more = len(result.anomalies) - len(shown)
-    heading = f"Anomaly steps ({len(result.anomalies)}" + (f"; the {len(shown)} largest factors shown)" if more else ")")
-    columns = [Column("step", True), Column("metric"), Column("value", True),
-               Column("median before", True, "median of the previous steps' values"), Column("factor", True)]
-    rows = [(a.step, code(a.metric), a.value, a.baseline, Markup(f"{escape(f'{a.factor:.1f}')}×")) for a in shown]
-    return f"<h3>{escape(heading)}</h3>" + table(columns, rows)
+    steps = len({a.step for a in result.anomalies})
+    heading = f"Anomalies: {steps} step(s), {len(result.anomalies)} flag(s)" + (
+        f" (the {len(shown)} largest factors shown)" if more else ""
+    )
+    columns = [
+        Column("step", True),
+        Column("metric"),
+        Column("value", True),
+        Column("median before", True, "median of the previous steps' values"),
+        Column("factor", True),
+    ]
+    rows = [(a.step, code(a.metric), a.value, a.baseline, Markup(f"{escape(factor(a.factor))}×")) for a in shown]
+    return f'<details class="anomalies"><summary>{escape(heading)}</summary>{table(columns, rows)}</details>'
 
 
 # ------------------------------------------------------------------------------------------ rounds
@@ -156,17 +167,28 @@ def rounds_section(result: AnalysisResult, canvas: Canvas) -> Section:
         f"{number(r.get('token_count'))} tokens in {number(r.get('seq_count'))} rows"
         for label, r in zip(labels, rounds, strict=True)
     ]
+    tokens = [_value(r, "token_count") for r in rounds]
     panels = [
-        BarPanel("mean |δ| per round (most divergent in red)", [_value(r, "logprob_abs_diff_mean") for r in rounds],
-                 hover, [RED if r["round"] == most else BLUE for r in rounds]),
+        BarPanel(
+            "mean |δ| per round (most divergent in red)",
+            [_value(r, "logprob_abs_diff_mean") for r in rounds],
+            hover,
+            [RED if r["round"] == most else BLUE for r in rounds],
+        ),
         BarPanel("k3_kl per round", [_value(r, "k3_kl") for r in rounds], hover, BLUE),
-        BarPanel("model tokens per round", [_value(r, "token_count") for r in rounds], hover, GREY, log=True),
+        BarPanel("model tokens per round", tokens, hover, GREY, log=wide_range(tokens)),
     ]
     body.append(canvas.plot("rounds", figures.bars_figure(labels, panels, "round")))
     heatmap = _round_heatmap(result, {r["round"]: label for r, label in zip(rounds, labels, strict=True)}, canvas)
     if heatmap:
         body.append(heatmap)
     return Section("rounds", title, "".join(body))
+
+
+def wide_range(values: list[float | None]) -> bool:
+    """Worth a log axis: the positive values span more than two decades."""
+    positive = [v for v in values if v is not None and v > 0]
+    return bool(positive) and max(positive) > 100 * min(positive)
 
 
 def _round_label(row: dict[str, Any]) -> str:
@@ -187,20 +209,35 @@ def _round_heatmap(result: AnalysisResult, labels: dict[int, str], canvas: Canva
     table_by_round = pool_rounds(per_round_by_step(steps))
     if len(steps) < 2 or len(table_by_round) < 2:
         return ""
-    bounds = bucket_bounds(len(steps), MAX_HEATMAP_COLUMNS)
-    z, counts = [], []
-    for means, tokens in table_by_round.values():
-        merged = weighted_buckets(means, tokens, bounds)
-        z.append([value for value, _ in merged])
-        counts.append([total for _, total in merged])
-    row_labels = [
-        f"≥ {k}" if k == MAX_HEATMAP_ROUNDS and len(table_by_round) > MAX_HEATMAP_ROUNDS else labels.get(k, str(k))
-        for k in table_by_round
-    ]
+    pooled = len(table_by_round) > MAX_HEATMAP_ROUNDS
+    row_labels = [f"≥ {k}" if pooled and k == MAX_HEATMAP_ROUNDS else labels.get(k, str(k)) for k in table_by_round]
+    step_ids = [s.step for s in steps]
+    heading = "Mean |δ| per round over steps"
+    rows = list(table_by_round.values())
+    return _heatmap_over_steps("rounds-by-step", heading, "round", row_labels, step_ids, rows, canvas)
+
+
+def _heatmap_over_steps(
+    name: str,
+    heading: str,
+    row_title: str,
+    row_labels: list[str],
+    step_ids: list[int],
+    rows: list[tuple[list[float | None], list[float]]],
+    canvas: Canvas,
+) -> str:
+    """A mean-|δ| heatmap, one row per label, (mean per step, tokens per step) merged into bounded step columns."""
+    bounds = bucket_bounds(len(step_ids), MAX_HEATMAP_COLUMNS)
+    merged = [weighted_buckets(means, tokens, bounds) for means, tokens in rows]
     figure = figures.step_heatmap(
-        row_labels, [steps[start].step for start, _ in bounds], z, counts, "round", bounds[0][1] - bounds[0][0]
+        row_labels,
+        [step_ids[start] for start, _ in bounds],
+        [[value for value, _ in row] for row in merged],
+        [[total for _, total in row] for row in merged],
+        row_title,
+        bounds[0][1] - bounds[0][0],
     )
-    return "<h3>Mean |δ| per round over steps</h3>" + canvas.plot("rounds-by-step", figure)
+    return f"<h3>{escape(heading)}</h3>" + canvas.plot(name, figure)
 
 
 def _trend_notes(result: AnalysisResult, against: str) -> list[Markup]:
@@ -209,10 +246,12 @@ def _trend_notes(result: AnalysisResult, against: str) -> list[Markup]:
         if against in trend.against and trend.summary:
             notes.append(Markup(f'<p class="finding">{escape(trend.summary)}</p>'))
         elif against in trend.against:
-            notes.append(note(
-                f"{trend.metric} vs {trend.against}: slope {trend.slope:.3g} "
-                f"(95 % CI {trend.ci_low:.3g} … {trend.ci_high:.3g}, {trend.points} points): no significant trend."
-            ))
+            notes.append(
+                note(
+                    f"{trend.metric} vs {trend.against}: slope {trend.slope:.3g} "
+                    f"(95 % CI {trend.ci_low:.3g} … {trend.ci_high:.3g}, {trend.points} points): no significant trend."
+                )
+            )
     return notes
 
 
@@ -229,17 +268,27 @@ def positions_section(result: AnalysisResult, canvas: Canvas) -> Section:
         f"{number(p.get('token_count'))} tokens"
         for label, p in zip(labels, run_rows, strict=True)
     ]
+    tokens = [_value(p, "token_count") for p in run_rows]
     panels = [
         BarPanel("mean |δ| by position bucket", [_value(p, "logprob_abs_diff_mean") for p in run_rows], hover, BLUE),
-        BarPanel(f"share of catastrophic tokens (|δ| > {result.catastrophic_threshold:g})",
-                 [_value(p, "catastrophic_share") for p in run_rows], hover, RED, percent=True),
-        BarPanel("model tokens", [_value(p, "token_count") for p in run_rows], hover, GREY, log=True),
+        BarPanel(
+            f"share of catastrophic tokens (|δ| > {result.catastrophic_threshold:g})",
+            [_value(p, "catastrophic_share") for p in run_rows],
+            hover,
+            RED,
+            percent=True,
+        ),
+        BarPanel("model tokens", tokens, hover, GREY, log=wide_range(tokens)),
     ]
     intro = Markup(
         '<p class="lead">Token index within the response (environment tokens counted), in log2 buckets 0, 1, '
         "2–3, 4–7, … Mismatch rising with position is long-context drift.</p>"
     )
-    body = [intro, *_trend_notes(result, "position"), canvas.plot("positions", figures.bars_figure(labels, panels, "position"))]
+    body = [
+        intro,
+        *_trend_notes(result, "position"),
+        canvas.plot("positions", figures.bars_figure(labels, panels, "position")),
+    ]
     body.append(_position_heatmap(result, labels, canvas))
     return Section("positions", title, "".join(body))
 
@@ -249,26 +298,16 @@ def _position_heatmap(result: AnalysisResult, labels: list[str], canvas: Canvas)
     if len(step_ids) < 2:
         return ""
     column = {step: i for i, step in enumerate(step_ids)}
-    row = {label: i for i, label in enumerate(labels)}
-    means = [[None] * len(step_ids) for _ in labels]
-    tokens = [[0.0] * len(step_ids) for _ in labels]
+    rows = {label: ([None] * len(step_ids), [0.0] * len(step_ids)) for label in labels}
     for p in result.positions:
         label = str(p.get("bucket", p.get("start")))
-        if p.get("step") is None or label not in row:
+        if p.get("step") is None or label not in rows:
             continue
-        means[row[label]][column[p["step"]]] = _value(p, "logprob_abs_diff_mean")
-        tokens[row[label]][column[p["step"]]] = float(p.get("token_count") or 0)
-    bounds = bucket_bounds(len(step_ids), MAX_HEATMAP_COLUMNS)
-    merged = [weighted_buckets(m, t, bounds) for m, t in zip(means, tokens, strict=True)]
-    figure = figures.step_heatmap(
-        labels,
-        [step_ids[start] for start, _ in bounds],
-        [[value for value, _ in row_values] for row_values in merged],
-        [[total for _, total in row_values] for row_values in merged],
-        "positions",
-        bounds[0][1] - bounds[0][0],
-    )
-    return "<h3>Mean |δ| per position bucket over steps</h3>" + canvas.plot("positions-by-step", figure)
+        means, tokens = rows[label]
+        means[column[p["step"]]] = _value(p, "logprob_abs_diff_mean")
+        tokens[column[p["step"]]] = float(p.get("token_count") or 0)
+    heading = "Mean |δ| per position bucket over steps"
+    return _heatmap_over_steps("positions-by-step", heading, "positions", labels, step_ids, list(rows.values()), canvas)
 
 
 # ------------------------------------------------------------------------------------------ δ distribution
@@ -291,19 +330,30 @@ def delta_section(result: AnalysisResult, canvas: Canvas) -> Section:
         f'<p class="lead">δ = trainer − rollout logprob over all model tokens, in signed log-spaced bins '
         f"(counts on a log scale). {escape(summary)} The red band marks the catastrophic tails.</p>"
     )
-    return Section("delta", title, intro + canvas.plot("delta", figures.delta_histogram_figure(edges, counts, threshold)))
+    return Section(
+        "delta", title, intro + canvas.plot("delta", figures.delta_histogram_figure(edges, counts, threshold))
+    )
 
 
 # ------------------------------------------------------------------------------------------ glossary
 def glossary_section() -> Section:
     parts = [
-        Markup('<p class="lead">Notation: δ = a − r (trainer minus rollout logprob, log ρ); T[x] = mean over model '
-               "tokens; R_i / S_i = mean / sum over row i's model tokens; mean_i = mean over the step's rows; "
-               "d_i = R_i[r] − R_i[a]; clamp20 = clamp to [−20, 20].</p>")
+        Markup(
+            '<p class="lead">Notation: δ = a − r (trainer minus rollout logprob, log ρ); T[x] = mean over model '
+            "tokens; R_i / S_i = mean / sum over row i's model tokens; mean_i = mean over the step's rows; "
+            "d_i = R_i[r] − R_i[a]; clamp20 = clamp to [−20, 20].</p>"
+        )
     ]
     columns = [Column("metric"), Column("formula"), Column("a high value means")]
     for key, heading in SECTIONS.items():
         terms = [t for t in GLOSSARY.values() if t.section == key]
-        rows = [(code(t.name), Markup(f'<span class="mono">{escape(t.formula)}</span>'), t.high_means) for t in terms]
-        parts.append(f"<h3>{escape(heading)}</h3>" + table(columns, rows))
+        rows = [
+            (_breakable(t.name), Markup(f'<span class="mono">{escape(t.formula)}</span>'), t.high_means) for t in terms
+        ]
+        parts.append(f'<h3>{escape(heading)}</h3><div class="glossary">{table(columns, rows)}</div>')
     return Section("glossary", "Glossary", "".join(parts))
+
+
+def _breakable(name: str) -> Markup:
+    """A metric name in code style that may wrap after '/' only (never mid-word)."""
+    return Markup("<code>" + "/<wbr>".join(escape(part) for part in name.split("/")) + "</code>")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Collection, Sequence
+from typing import Any
 
 from rollout_diag.results import StepResult
 
@@ -127,7 +128,7 @@ def pool_rounds(
     return kept
 
 
-def attr(item: object, name: str, default: object = None) -> object:
+def attr(item: Any, name: str, default: Any = None) -> Any:
     """``item.name`` or ``item[name]``: results may be dataclasses or their JSON dicts."""
     if isinstance(item, dict):
         return item.get(name, default)

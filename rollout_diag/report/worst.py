@@ -22,7 +22,7 @@ ROW_COLUMNS = (
     Column("score", True, "the row's value under this ranking"),
     Column("step", True),
     Column("sample id"),
-    Column("file · row"),
+    Column("row", False, "row number within its input file (hover for the file)"),
     Column("model / all tokens", True),
     Column("rounds", True),
     Column("worst round", True, "round with the highest mean |δ| in the row"),
@@ -50,7 +50,8 @@ def worst_section(result: AnalysisResult, canvas: Canvas) -> Section:
         return Section("worst", title, note("No worst-row data in this result."))
     strips = _strip_rows(result)
     anchors = {(attr(s, "file"), attr(s, "row")): f"strip-{i}" for i, s in enumerate(strips)}
-    body = [_row_tables(result, anchors), _token_table(result)]
+    several_files = len({row.file for row in result.worst_rows}) > 1
+    body = [_row_tables(result, anchors, several_files), _token_table(result)]
     if strips:
         body.append(_strips(result, strips, canvas))
     else:
@@ -59,11 +60,13 @@ def worst_section(result: AnalysisResult, canvas: Canvas) -> Section:
 
 
 # ------------------------------------------------------------------------------------------ tables
-def _row_tables(result: AnalysisResult, anchors: dict[tuple[Any, Any], str]) -> str:
+def _row_tables(result: AnalysisResult, anchors: dict[tuple[Any, Any], str], several_files: bool) -> str:
+    if not result.worst_rows:
+        return ""
     parts = ['<h3>Worst rows</h3><p class="note">Ranked four ways; open a ranking to see its top rows.</p>']
     for index, (criterion, label) in enumerate(_criteria(result).items()):
         rows = [r for r in result.worst_rows if r.criterion == criterion][:MAX_TABLE_ROWS]
-        cells = [_row_cells(rank, row, anchors) for rank, row in enumerate(rows, 1)]
+        cells = [_row_cells(rank, row, anchors, several_files) for rank, row in enumerate(rows, 1)]
         opened = " open" if index == 0 else ""
         parts.append(
             f"<details{opened}><summary>by {escape(label)} ({len(rows)})</summary>{table(ROW_COLUMNS, cells)}</details>"
@@ -81,7 +84,7 @@ def _criterion_order(criterion: str) -> int:
     return order.index(criterion) if criterion in order else len(order)
 
 
-def _row_cells(rank: int, row: Any, anchors: dict[tuple[Any, Any], str]) -> list[object]:
+def _row_cells(rank: int, row: Any, anchors: dict[tuple[Any, Any], str], several_files: bool) -> list[object]:
     anchor = anchors.get((row.file, row.row))
     sample = escape(row.sample_id, limit=80) + (f' <a class="jump" href="#{anchor}">tokens ↓</a>' if anchor else "")
     return [
@@ -89,7 +92,7 @@ def _row_cells(rank: int, row: Any, anchors: dict[tuple[Any, Any], str]) -> list
         row.value,
         row.step,
         Markup(sample),
-        _file_row(row.file, row.row),
+        _file_row(row.file, row.row, several_files),
         Markup(f"{row.model_tokens:,} / {row.length:,}"),
         row.rounds,
         row.worst_round if row.worst_round >= 0 else "–",
@@ -100,9 +103,10 @@ def _row_cells(rank: int, row: Any, anchors: dict[tuple[Any, Any], str]) -> list
     ]
 
 
-def _file_row(file: str, row: int) -> Markup:
-    name = PurePath(str(file)).name
-    return Markup(f'<span title="{escape(file, limit=400)}">{escape(name, limit=60)} · {row:,}</span>')
+def _file_row(file: str, row: int, with_name: bool) -> Markup:
+    """Row number within its file; the file name too when the rows come from several files."""
+    name = f"{escape(PurePath(str(file)).name, limit=60)} · " if with_name else ""
+    return Markup(f'<span title="{escape(file, limit=400)}">{name}{row:,}</span>')
 
 
 def _token_table(result: AnalysisResult) -> str:
@@ -174,14 +178,20 @@ def _legend(threshold: float) -> Markup:
 def _strip_heading(row: Any, payload: dict[str, Any]) -> str:
     model = sum(1 for m in attr(row, "mask") if m)
     step = attr(row, "step")
-    parts = [f"step {step}" if step is not None else "", f"sample {clip_text(str(attr(row, 'sample_id', attr(row, 'key', ''))), 80)}",
-             f"{payload['length']:,} tokens ({model:,} model)", f"{payload['rounds']} round(s)"]
+    parts = [
+        f"step {step}" if step is not None else "",
+        f"sample {clip_text(str(attr(row, 'sample_id', attr(row, 'key', ''))), 80)}",
+        f"{payload['length']:,} tokens ({model:,} model)",
+        f"{payload['rounds']} round(s)",
+    ]
     heading = escape(" · ".join(p for p in parts if p))
     window = ""
     if payload["length"] > len(payload["mask"]):
         first, last = payload["start"], payload["start"] + len(payload["mask"]) - 1
-        window = (f'<span class="muted"> — positions {first:,}–{last:,} shown, the {MAX_STRIP_TOKENS:,} tokens '
-                  "around the largest |δ|</span>")
+        window = (
+            f'<span class="muted"> — positions {first:,}–{last:,} shown, the {MAX_STRIP_TOKENS:,} tokens '
+            "around the largest |δ|</span>"
+        )
     return f'<h4 class="strip-title">{heading}{window}</h4>'
 
 
@@ -201,8 +211,8 @@ def strip_payload(anchor: str, row: Any) -> dict[str, Any]:
         "rounds": max(rounds) + 1 if rounds else 0,
         "mask": mask[start:end],
         "round": rounds[start:end],
-        "delta": [round(float(d), 5) if m else 0 for d, m in zip(delta[start:end], mask[start:end], strict=True)],
-        "rollout": None if rollout is None else [round(float(r), 5) for r in rollout[start:end]],
+        "delta": [float(d) if m else 0 for d, m in zip(delta[start:end], mask[start:end], strict=True)],
+        "rollout": None if rollout is None else [float(r) for r in rollout[start:end]],
         "token": None if tokens is None else [_strip_text(t) for t in tokens[start:end]],
         "token_id": None if token_ids is None else list(token_ids[start:end]),
     }

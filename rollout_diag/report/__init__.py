@@ -1,0 +1,136 @@
+"""One self-contained HTML report of an analysis (and optionally a preset comparison): no network needed to open it.
+
+``write_report(result, path)`` renders what ``analyze`` / ``compare_presets`` found; it never recomputes a metric.
+``result_from_json(document)`` turns a saved ``analyze --format json`` document back into an AnalysisResult.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path, PurePath
+from typing import Any
+
+from rollout_diag.report.comparison import is_comparison, presets_section, rejection_by_step, select_presets
+from rollout_diag.report.from_json import result_from_json
+from rollout_diag.report.header import header_html
+from rollout_diag.report.markup import escape
+from rollout_diag.report.page import compact, render_page
+from rollout_diag.report.sections import (
+    Canvas,
+    delta_section,
+    glossary_section,
+    positions_section,
+    rounds_section,
+    trends_section,
+)
+from rollout_diag.report.series import SIZE_RULE, attr
+from rollout_diag.report.worst import worst_section
+from rollout_diag.results import SCHEMA_VERSION, AnalysisResult, StepResult
+from rollout_diag.verdicts import judge
+
+__all__ = ["render_report", "result_from_json", "write_report"]
+
+
+def write_report(
+    result: Any,
+    path: str | Path,
+    *,
+    comparison: Any = None,
+    title: str | None = None,
+    presets: Sequence[str] | None = None,
+) -> Path:
+    """Write the HTML report of ``result`` (an AnalysisResult, or a compare_presets result) to ``path``.
+
+    ``comparison`` adds the presets section (only ``presets`` when given). Returns the path written.
+    Raises ConfigError for a preset name the comparison does not have, OSError when the file cannot be written.
+    """
+    target = Path(path)
+    target.write_text(render_report(result, comparison=comparison, title=title, presets=presets), encoding="utf-8")
+    return target
+
+
+def render_report(
+    result: Any, *, comparison: Any = None, title: str | None = None, presets: Sequence[str] | None = None
+) -> str:
+    """The report as one HTML string (see ``write_report``)."""
+    if is_comparison(result) and comparison is None:
+        comparison, result = result, analysis_from_comparison(result)
+    selected = select_presets(comparison, presets) if comparison is not None else []
+    canvas = Canvas()
+    sections = [
+        trends_section(result, canvas, rejection_by_step(selected)),
+        rounds_section(result, canvas),
+        positions_section(result, canvas),
+        delta_section(result, canvas),
+        worst_section(result, canvas),
+    ]
+    if comparison is not None:
+        sections.append(presets_section(comparison, selected, canvas))
+    sections.append(glossary_section())
+    title = title or default_title(result.inputs)
+    payload = {
+        "figures": canvas.figures,
+        "strips": compact(canvas.strips, digits=4),  # tooltips show 4 digits; keeps long strips small
+        "catastrophic": result.catastrophic_threshold,
+    }
+    return render_page(title, header_html(result, title, _generated()), sections, payload, _footer(), _plotly_js())
+
+
+def default_title(inputs: Sequence[str]) -> str:
+    if not inputs:
+        return "rollout-diag report"
+    first = PurePath(inputs[0]).name or inputs[0]
+    return f"rollout-diag report: {first}" + (f" and {len(inputs) - 1} more" if len(inputs) > 1 else "")
+
+
+def analysis_from_comparison(comparison: Any) -> AnalysisResult:
+    """An AnalysisResult view of a comparison alone: every preset carries the §1 metrics, per step and per run."""
+    presets = list(attr(comparison, "presets") or [])
+    first = presets[0] if presets else {}
+    run = _step_result(attr(first, "run") or {})
+    return AnalysisResult(
+        inputs=[str(p) for p in attr(comparison, "inputs") or []],
+        columns=dict(attr(comparison, "columns") or {}),
+        layout=str(attr(comparison, "layout") or ""),
+        device=str(attr(comparison, "device") or ""),
+        run=run,
+        steps=[_step_result(step) for step in attr(first, "steps") or []],
+        rounds=[],
+        verdicts=judge(run.metrics),
+        warnings=[str(w) for w in attr(comparison, "warnings") or []],
+    )
+
+
+def _step_result(step: Any) -> StepResult:
+    if isinstance(step, StepResult):
+        return step
+    metrics = {name: float("nan") if value is None else value for name, value in (attr(step, "metrics") or {}).items()}
+    return StepResult(attr(step, "step"), attr(step, "rows", 0), attr(step, "tokens", 0), metrics)
+
+
+def _version() -> str:
+    try:
+        return version("rollout-diag")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _generated() -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return f"Training–inference logprob mismatch · rollout-diag {_version()} · {stamp}"
+
+
+def _footer() -> str:
+    return (
+        f"<p>Made by rollout-diag {escape(_version())} (result schema {SCHEMA_VERSION}). Self-contained: opens "
+        "offline, loads nothing from the network.</p>"
+        f"<p>{escape(SIZE_RULE)}</p>"
+    )
+
+
+def _plotly_js() -> str:
+    from plotly.offline import get_plotlyjs  # lazy: plotly is only needed to write a report
+
+    return get_plotlyjs()

@@ -1,0 +1,294 @@
+"""The presets section: what each rollout-correction preset would do to this data, and the threshold sweep.
+
+Duck-typed on ``compare_presets``' result (``presets``: name, config, mode, steps, run; ``sweep``), whether
+given as objects or as its ``--format json`` dicts, so the report does not depend on how that module evolves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from rollout_diag.errors import ConfigError
+from rollout_diag.report import figures
+from rollout_diag.report.markup import Column, Markup, code, escape, note, table
+from rollout_diag.report.sections import Canvas, Section
+from rollout_diag.report.series import MAX_TABLE_ROWS, attr, finite
+
+# Each value is read from the first key present: summary/ covers every family, rollout_corr/ is §2/§3, mismatch/ §8.
+METRIC_KEYS = {
+    "rejected": ("summary/rejected_token_fraction", "rollout_corr/rollout_rs_masked_fraction"),
+    "rejected_rows": ("summary/rejected_row_fraction", "rollout_corr/rollout_rs_seq_masked_fraction"),
+    "ess": ("rollout_corr/rollout_is_eff_sample_size", "mismatch/rollout_is_eff_sample_size"),
+    "is_mean": ("rollout_corr/rollout_is_mean", "mismatch/rollout_is_mean"),
+    "is_max": ("rollout_corr/rollout_is_max", "mismatch/rollout_is_max"),
+    "batch_norm": ("rollout_corr/rollout_is_batch_norm_factor",),
+}
+INTRUSIVE_REJECTED = 0.10  # issue 4's defaults, used when the comparison does not carry its own
+INTRUSIVE_ESS = 0.5
+PRESET_COLUMNS = (
+    Column("preset"),
+    Column("mode"),
+    Column("importance sampling"),
+    Column("rejection"),
+    Column("tokens dropped", True, "share of model tokens rejected or zero-weighted (summary/rejected_token_fraction)"),
+    Column("rows dropped", True, "share of rows with a dropped token (summary/rejected_row_fraction)"),
+    Column("IS mean", True, "rollout_is_mean"),
+    Column("IS max", True, "rollout_is_max"),
+    Column("ESS", True, "rollout_is_eff_sample_size: 1 = uniform weights"),
+)
+BATCH_NORM_COLUMN = Column("batch-norm factor", True, "rollout_is_batch_norm_factor")
+
+
+def is_comparison(result: object) -> bool:
+    """True for a compare_presets result (it has presets and no per-step analysis)."""
+    return attr(result, "presets") is not None and not hasattr(result, "verdicts")
+
+
+def select_presets(comparison: Any, names: Sequence[str] | None) -> list[Any]:
+    """The comparison's presets, only ``names`` (in that order) when given; ConfigError for an unknown name."""
+    presets = list(attr(comparison, "presets") or [])
+    if not names:
+        return presets
+    by_name = {attr(p, "name"): p for p in presets}
+    unknown = [name for name in names if name not in by_name]
+    if unknown:
+        raise ConfigError(
+            f"preset(s) not in this comparison: {', '.join(unknown)}", hint=f"choose from {', '.join(by_name)}"
+        )
+    return [by_name[name] for name in names]
+
+
+def presets_section(comparison: Any, presets: Sequence[Any], canvas: Canvas) -> Section:
+    title = "Rollout-correction presets"
+    if not presets:
+        return Section("presets", title, note("No preset in this comparison."))
+    limits = _limits(comparison)
+    batch_norm = any(_value(_run_metrics(p), "batch_norm") is not None for p in presets)
+    rows, classes = [], []
+    for preset in presets:
+        metrics = _run_metrics(preset)
+        reasons = _intrusive_reasons(preset, metrics, limits)
+        cells = _preset_cells(preset, metrics, reasons)
+        rows.append([*cells, _number_cell(_value(metrics, "batch_norm"))] if batch_norm else cells)
+        classes.append("intrusive" if reasons else "")
+    columns = (*PRESET_COLUMNS, BATCH_NORM_COLUMN) if batch_norm else PRESET_COLUMNS
+    names = [str(attr(p, "name")) for p in presets]
+    chart = figures.presets_figure(
+        names,
+        [_value(_run_metrics(p), "rejected") or 0.0 for p in presets],
+        [_value(_run_metrics(p), "rejected_rows") or 0.0 for p in presets],
+        [_value(_run_metrics(p), "ess") for p in presets],
+    )
+    intro = Markup(
+        '<p class="lead">What each preset would do to this exact data (METRICS.md §2–§4, §8). Highlighted rows are '
+        f"intrusive: they drop more than {limits[0]:.0%} of model tokens or keep an IS effective sample size "
+        f"below {limits[1]:g}. A preset without importance sampling has no ESS bar.</p>"
+    )
+    body = [intro, table(columns, rows, classes), canvas.plot("presets", chart)]
+    body.append(_sweep(list(attr(comparison, "sweep") or []), canvas))
+    return Section("presets", title, "".join(body))
+
+
+def rejection_by_step(presets: Sequence[Any]) -> dict[str, tuple[list[Any], list[float | None]]]:
+    """Preset name → (steps, share of tokens dropped per step), for presets that drop anything."""
+    lines = {}
+    for preset in presets:
+        steps = list(attr(preset, "steps") or [])
+        values = [_value(attr(step, "metrics") or {}, "rejected") for step in steps]
+        if any(values):
+            lines[str(attr(preset, "name"))] = ([attr(step, "step") for step in steps], values)
+    return lines
+
+
+def _run_metrics(preset: Any) -> dict[str, Any]:
+    return attr(attr(preset, "run") or {}, "metrics") or {}
+
+
+def _value(metrics: dict[str, Any], what: str) -> float | None:
+    for key in METRIC_KEYS[what]:
+        value = metrics.get(key)
+        if finite(value):
+            return value
+    return None
+
+
+def _limits(comparison: Any) -> tuple[float, float]:
+    limits = attr(comparison, "intrusive") or {}
+    rejected = attr(comparison, "intrusive_rejected_fraction") or attr(limits, "rejected_fraction")
+    ess = attr(comparison, "intrusive_min_ess") or attr(limits, "min_ess")
+    return rejected or INTRUSIVE_REJECTED, ess or INTRUSIVE_ESS
+
+
+def _intrusive_reasons(preset: Any, metrics: dict[str, Any], limits: tuple[float, float]) -> list[str]:
+    """The comparison's own reasons when it gives them, else the same rule applied here."""
+    given = attr(preset, "intrusive_reasons")
+    if given is not None:
+        return [str(reason) for reason in given]
+    reasons = []
+    rejected, ess = _value(metrics, "rejected"), _value(metrics, "ess")
+    if rejected is not None and rejected > limits[0]:
+        reasons.append(f"drops {rejected:.1%} of model tokens")
+    if ess is not None and ess < limits[1]:
+        reasons.append(f"IS effective sample size {ess:.3g}")
+    return reasons
+
+
+def _preset_cells(preset: Any, metrics: dict[str, Any], reasons: list[str]) -> list[object]:
+    config = attr(preset, "config") or {}
+    description = attr(config, "description") or ""
+    name = f'<span title="{escape(description, limit=300)}">{escape(attr(preset, "name"), limit=80)}</span>'
+    if reasons:
+        name += f' <span class="badge watch" title="{escape("; ".join(reasons), limit=300)}">intrusive</span>'
+    return [
+        Markup(name),
+        attr(preset, "mode") or "–",
+        _is_config(config),
+        _rs_config(config),
+        _percent_cell(_value(metrics, "rejected")),
+        _percent_cell(_value(metrics, "rejected_rows")),
+        *(_number_cell(_value(metrics, what)) for what in ("is_mean", "is_max", "ess")),
+    ]
+
+
+def _number_cell(value: float | None) -> object:
+    return "–" if value is None else value
+
+
+def _is_config(config: Any) -> str:
+    level = attr(config, "rollout_is")
+    if not level:
+        return _legacy_config(config)
+    threshold = attr(config, "rollout_is_threshold")
+    normalize = " + batch norm" if attr(config, "rollout_is_batch_normalize") else ""
+    return f"{level} {threshold}{normalize}" if threshold is not None else f"{level}{normalize}"
+
+
+def _legacy_config(config: Any) -> str:
+    """§8 presets: level, mode and bounds, e.g. "token truncate [0.5, 2.0]"."""
+    level = attr(config, "legacy_is")
+    if not level:
+        return "–"
+    bounds = attr(config, "legacy_is_threshold")
+    return " ".join(str(part) for part in (level, attr(config, "legacy_is_mode"), bounds) if part is not None)
+
+
+def _rs_config(config: Any) -> str:
+    options = attr(config, "rollout_rs")
+    if not options:
+        return _veto(attr(config, "legacy_is_veto_threshold"))
+    threshold = attr(config, "rollout_rs_threshold")
+    return f"{options} {threshold}" if threshold is not None else str(options)
+
+
+def _veto(bounds: Any) -> str:
+    """§8 per-token veto bounds [lower, upper] (None = unbounded) as "veto ρ < 0.0001" or "veto ρ ∉ [0, 20]"."""
+    if not isinstance(bounds, (list, tuple)) or len(bounds) != 2:
+        return "–" if not bounds else f"veto {bounds}"
+    lower, upper = bounds
+    if upper is None:
+        return f"veto ρ < {lower:g}" if lower is not None else "–"
+    return f"veto ρ ∉ [{lower or 0:g}, {upper:g}]"
+
+
+def _percent_cell(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.2f} %"
+
+
+# ------------------------------------------------------------------------------------------ sweep
+def _sweep(sweep: Sequence[Any], canvas: Canvas) -> str:
+    if not sweep:
+        return ""
+    items = [_as_dict(item) for item in sweep]
+    run_items = [item for item in items if item.get("step") is None]
+    curves, marks = [], []
+    for item in run_items:
+        name = _sweep_name(item)
+        thresholds, shares = _curve(item)
+        if thresholds:
+            curves.append((name, thresholds, shares))
+        marks.extend(_marks(item, name))
+    parts = ["<h3>Threshold sweep</h3>"]
+    summaries = [str(item[key]) for item in run_items for key in ("summary", "message") if item.get(key)]
+    parts.extend(f'<p class="finding">{escape(text, limit=300)}</p>' for text in summaries[:MAX_TABLE_ROWS])
+    if curves:
+        parts.append(
+            '<p class="note">Share rejected against the threshold, for the whole run. Diamonds: verl '
+            "defaults and the thresholds that hit the target shares.</p>"
+        )
+        parts.append(canvas.plot("sweep", figures.sweep_figure(curves[:16], marks[:200])))
+    else:
+        parts.append(_sweep_table(run_items or items))
+    return "".join(parts)
+
+
+def _as_dict(item: Any) -> dict[str, Any]:
+    if isinstance(item, dict):
+        return item
+    if dataclasses.is_dataclass(item) and not isinstance(item, type):
+        return dataclasses.asdict(item)
+    return dict(vars(item)) if hasattr(item, "__dict__") else {"value": item}
+
+
+def _sweep_name(item: dict[str, Any]) -> str:
+    parts = [str(item[key]) for key in ("option", "name", "statistic", "level") if item.get(key) not in (None, "")]
+    return " ".join(dict.fromkeys(parts)) or "sweep"
+
+
+def _curve(item: dict[str, Any]) -> tuple[list[float], list[float]]:
+    """(thresholds, shares) from ``curve`` (points as dicts or pairs) or parallel ``thresholds`` / ``shares``."""
+    points = item.get("curve")
+    if isinstance(points, dict):
+        item = {**item, **points}
+        points = None
+    if points:
+        pairs = [
+            (_first(p, "threshold", "x"), _first(p, "share", "rejected", "rejected_share", "fraction", "y"))
+            if isinstance(p, dict)
+            else tuple(p[:2])
+            for p in points
+        ]
+    else:
+        xs = item.get("thresholds") or []
+        ys = _first(item, "shares", "rejected", "rejected_shares", "fractions") or []
+        pairs = list(zip(xs, ys, strict=False))
+    clean = sorted((float(x), float(y)) for x, y in pairs if finite(x) and finite(y))
+    return [x for x, _ in clean], [y for _, y in clean]
+
+
+def _first(item: dict[str, Any], *keys: str) -> Any:
+    return next((item[key] for key in keys if item.get(key) is not None), None)
+
+
+def _marks(item: dict[str, Any], name: str) -> list[tuple[str, float, float]]:
+    marks = []
+    default = _first(item, "default_threshold", "verl_default")
+    default_share = _first(item, "default_share", "default_rejected")
+    if finite(default) and finite(default_share):
+        marks.append((f"{name}: verl default {default:g}", float(default), float(default_share)))
+    for target in item.get("targets") or []:
+        if not isinstance(target, dict):
+            continue
+        share, threshold = _first(target, "target", "share"), _first(target, "threshold")
+        if finite(share) and finite(threshold):
+            marks.append((f"{name}: target {share:g}", float(threshold), float(share)))
+    return marks
+
+
+def _sweep_table(items: Sequence[dict[str, Any]]) -> str:
+    """Fallback when the sweep has no recognisable curve: its scalar fields as a table."""
+    keys = list(dict.fromkeys(k for item in items for k, v in item.items() if _scalar(v)))[:12]
+    rows = [[_sweep_cell(item.get(key)) for key in keys] for item in items[:MAX_TABLE_ROWS]]
+    return table([Column(key, False) for key in keys], rows)
+
+
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool))
+
+
+def _sweep_cell(value: Any) -> object:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "–"
+    return code(value) if isinstance(value, str) else ("–" if value is None else value)

@@ -1,0 +1,168 @@
+"""The top of the report: title, overall verdict, one card per key metric, run facts, and findings."""
+
+from __future__ import annotations
+
+from pathlib import PurePath
+
+from rollout_diag.render.format import number, percent
+from rollout_diag.report.markup import badge, escape, factor
+from rollout_diag.report.series import finite
+from rollout_diag.results import AnalysisResult, Verdict
+from rollout_diag.verdicts import RULES, judge
+
+LEVEL_ORDER = ("bad", "watch", "ok", "n/a")
+MAX_INPUTS_SHOWN = 10
+
+
+def header_html(result: AnalysisResult, title: str, generated: str) -> str:
+    return "".join(
+        [
+            f"<h1>{escape(title, limit=200)}</h1>",
+            f'<p class="subtitle">{escape(generated)}</p>',
+            _overall(result.verdicts),
+            _cards(result),
+            _facts(result),
+            _findings(result),
+            _warnings(result),
+        ]
+    )
+
+
+def _overall(verdicts: list[Verdict]) -> str:
+    levels = [v.level for v in verdicts]
+    worst = next((level for level in LEVEL_ORDER if level in levels), "n/a")
+    flagged = [v for v in verdicts if v.level == worst]
+    what = {
+        "bad": "the run is off-policy enough to matter: consider a rollout correction (compare-presets shows what "
+        "each would do to this data).",
+        "watch": "look at the per-step trends and where the mismatch sits.",
+        "ok": "training and rollout agree within the usual bf16/fp32 range.",
+        "n/a": "no key metric could be computed.",
+    }[worst]
+    names = ", ".join(_short(v.metric) for v in flagged) if worst in ("bad", "watch") else ""
+    detail = f"{names} at {worst} level ({len(flagged)} of {len(verdicts)} key metrics): " if names else ""
+    return f'<div class="overall {_css(worst)}">Verdict: {badge(worst)} <span>{escape(detail + what)}</span></div>'
+
+
+def _css(level: str) -> str:
+    return level if level in ("ok", "watch", "bad") else "na"
+
+
+def _short(metric: str) -> str:
+    return metric.split("/", 1)[-1]
+
+
+def _cards(result: AnalysisResult) -> str:
+    cards = []
+    for verdict in result.verdicts:
+        watch, bad = _steps_at_level(result, verdict.metric)
+        steps = f"steps at watch / bad: {watch} / {bad}" if len(result.steps) > 1 else ""
+        cards.append(
+            f'<div class="card {_css(verdict.level)}"><div class="card-top"><span class="metric">'
+            f"{escape(_short(verdict.metric))}</span>{badge(verdict.level)}</div>"
+            f'<div class="value">{escape(number(verdict.value, 4))}</div>'
+            f'<div class="muted">watch ≥ {escape(number(verdict.watch))} · bad ≥ {escape(number(verdict.bad))}</div>'
+            f'<div class="meaning">{escape(verdict.meaning)}</div>'
+            + (f'<div class="muted">{escape(steps)}</div>' if steps else "")
+            + "</div>"
+        )
+    return f'<div class="cards">{"".join(cards)}</div>'
+
+
+def _steps_at_level(result: AnalysisResult, metric: str) -> tuple[int, int]:
+    """Steps at watch and at bad level for ``metric``: the same per-step judgement as ``analyze``."""
+    rules = tuple(rule for rule in RULES if rule.metric == metric)
+    if not rules:
+        return 0, 0
+    levels = [judge(step.metrics, rules)[0].level for step in result.steps]
+    return levels.count("watch"), levels.count("bad")
+
+
+def _facts(result: AnalysisResult) -> str:
+    names = [PurePath(path).name or path for path in result.inputs]
+    inputs = ", ".join(escape(name, limit=120) for name in names[:MAX_INPUTS_SHOWN])
+    if len(names) > MAX_INPUTS_SHOWN:
+        inputs += escape(f" and {len(names) - MAX_INPUTS_SHOWN} more")
+    run = result.run
+    columns = ", ".join(
+        f"{escape(role)} = <code>{escape(name, limit=80)}</code>" for role, name in result.columns.items()
+    )
+    facts = [
+        ("inputs", inputs or "–"),
+        (
+            "rows",
+            escape(number(run.rows))
+            + (escape(f" ({number(run.empty_rows)} without a model token)") if run.empty_rows else ""),
+        ),
+        ("model tokens", escape(number(run.tokens))),
+        ("steps", escape(number(len([s for s in result.steps if s.step is not None])))),
+        ("layout", escape(result.layout or "–")),
+        ("columns", columns or "–"),
+        ("device", escape(result.device or "–")),
+    ]
+    if result.skipped_rows:
+        facts.append(("skipped rows", escape(f"{result.skipped_rows:,} (see analyze output for the reasons)")))
+    items = "".join(f"<dt>{escape(key)}</dt><dd>{value}</dd>" for key, value in facts)
+    return f'<dl class="facts">{items}</dl>'
+
+
+def _findings(result: AnalysisResult) -> str:
+    findings = [*_step_findings(result), *_where_findings(result)]
+    findings.extend(trend.summary for trend in result.trends if trend.summary)
+    if not findings:
+        return ""
+    items = "".join(f"<li>{escape(text, limit=300)}</li>" for text in findings)
+    return f'<h2 class="findings-title">What stands out</h2><ul class="findings">{items}</ul>'
+
+
+def _step_findings(result: AnalysisResult) -> list[str]:
+    metric = "rollout_corr/k3_kl"
+    scored = [s for s in result.steps if s.step is not None and finite(s.metrics.get(metric))]
+    findings = []
+    run_value = result.run.metrics.get(metric)
+    if len(scored) > 1 and finite(run_value) and run_value > 0:
+        worst = max(scored, key=lambda s: s.metrics[metric])
+        ratio = worst.metrics[metric] / run_value
+        findings.append(
+            f"Worst step by k3_kl: step {worst.step} ({number(worst.metrics[metric], 4)}, {ratio:.1f}× the run value)."
+        )
+    if result.anomalies:
+        top = max(result.anomalies, key=lambda a: a.factor)
+        findings.append(
+            f"{len({a.step for a in result.anomalies})} anomaly step(s); the largest: {_short(top.metric)} at step "
+            f"{top.step} is {factor(top.factor)}× the median of the steps before it."
+        )
+    return findings
+
+
+def _where_findings(result: AnalysisResult) -> list[str]:
+    findings = []
+    if len(result.rounds) > 1:
+        most = max(
+            result.rounds, key=lambda r: r["logprob_abs_diff_mean"] if finite(r["logprob_abs_diff_mean"]) else -1
+        )
+        findings.append(
+            f"Most divergent round: {'≥ ' if most.get('pooled') else ''}{most['round']} (mean |δ| "
+            f"{number(most['logprob_abs_diff_mean'], 4)} over {number(most['token_count'])} tokens)."
+        )
+    share = result.run.metrics.get("diag/catastrophic_token_share")
+    count = result.run.metrics.get("diag/catastrophic_tokens")
+    if finite(share) and finite(count):
+        findings.append(
+            f"{number(count)} catastrophic token(s) (|δ| > {result.catastrophic_threshold:g}): "
+            f"{percent(share)} of model tokens."
+        )
+    if result.worst_tokens:
+        token = result.worst_tokens[0]
+        findings.append(
+            f"Largest |δ|: {token.log_ratio:+.3g} at step {token.step}, sample {token.sample_id}, "
+            f"position {token.position} (round {token.round})."
+        )
+    return findings
+
+
+def _warnings(result: AnalysisResult) -> str:
+    if not result.warnings:
+        return ""
+    items = "".join(f"<li>{escape(text, limit=400)}</li>" for text in result.warnings[:20])
+    return f'<ul class="warnings">{items}</ul>'
