@@ -282,6 +282,174 @@ def sweep(
         _console().print(render_sweep(result.run, result.targets))
 
 
+@app.command("compare-presets")
+@handles_errors
+def compare_presets(
+    inputs: Inputs,
+    preset: Annotated[
+        list[str] | None,
+        typer.Option(help="Preset name or group (all, verl, legacy); repeatable. Default: all.", metavar="NAME"),
+    ] = None,
+    presets_file: Annotated[
+        Path | None, typer.Option(help="YAML or JSON file of named presets, added to the comparison.")
+    ] = None,
+    rollout_is: Annotated[
+        str | None, typer.Option(help="Custom preset: IS level, token or sequence.", metavar="LEVEL")
+    ] = None,
+    rollout_is_threshold: Annotated[
+        str | None, typer.Option(help="Custom preset: U (truncation) or L_U (IcePop).", metavar="SPEC")
+    ] = None,
+    rollout_rs: Annotated[
+        str | None, typer.Option(help="Custom preset: RS options, e.g. seq_mean_k3,token_k1.", metavar="OPTIONS")
+    ] = None,
+    rollout_rs_threshold: Annotated[
+        str | None, typer.Option(help="Custom preset: one threshold per RS option (or one shared).", metavar="SPECS")
+    ] = None,
+    batch_normalize: Annotated[bool, typer.Option(help="Custom preset: normalise IS weights per batch.")] = False,
+    target: Annotated[
+        str, typer.Option(help="Sweep: target rejection shares, comma separated.", metavar="SHARES")
+    ] = "0.001,0.01,0.05",
+    export_decisions: Annotated[
+        Path | None, typer.Option(help="Write each preset's keep/reject decision per row to this Parquet file.")
+    ] = None,
+    intrusive_reject: Annotated[
+        float, typer.Option(help="Highlight presets rejecting more than this share of tokens.")
+    ] = 0.10,
+    intrusive_ess: Annotated[float, typer.Option(help="Highlight presets whose IS ESS falls below this.")] = 0.5,
+    column: ColumnOpt = None,
+    device: DeviceOpt = "auto",
+    format: FormatOpt = OutputFormat.table,
+    output: OutputOpt = None,
+    strict: StrictOpt = False,
+    chunk_tokens: ChunkOpt = 1 << 21,
+    debug: DebugOpt = False,
+) -> None:
+    """What every rollout-correction preset (verl's 19, the legacy family, your own) would do to this data,
+    side by side, plus the threshold sweep."""
+    from rollout_diag.compare import compare_presets as run_comparison
+    from rollout_diag.presets import get_presets, load_presets_file, preset_from_options
+    from rollout_diag.render.export import comparison_csv, to_json_text
+    from rollout_diag.render.presets import presets_table
+    from rollout_diag.render.sweep import render_sweep
+
+    chosen: list = list(preset or [])
+    if presets_file is not None:
+        chosen.extend(load_presets_file(presets_file).values())
+    if rollout_is or rollout_rs:
+        chosen.append(
+            preset_from_options(
+                rollout_is=rollout_is,
+                rollout_is_threshold=rollout_is_threshold,
+                rollout_rs=rollout_rs,
+                rollout_rs_threshold=rollout_rs_threshold,
+                batch_normalize=batch_normalize,
+            )
+        )
+    if chosen and not preset and (presets_file is not None or rollout_is or rollout_rs):
+        chosen = [*get_presets(None), *chosen]  # your presets beside the built-in ones
+    with progress_bar(inputs) as progress:
+        result = run_comparison(
+            [str(p) for p in inputs],
+            chosen or None,
+            columns=parse_columns(column),
+            device=device,
+            strict=strict,
+            chunk_tokens=chunk_tokens,
+            progress=progress,
+            export_decisions_to=export_decisions,
+            targets=parse_targets(target),
+            intrusive_rejected_fraction=intrusive_reject,
+            intrusive_min_ess=intrusive_ess,
+        )
+    if export_decisions is not None:
+        typer.echo(f"wrote {export_decisions}", err=True)
+    if format is OutputFormat.json:
+        emit(to_json_text(result.to_json()), output)
+    elif format is OutputFormat.csv:
+        emit(comparison_csv(result), output)
+    else:
+        console = _console()
+        console.print(presets_table(result))
+        console.print(render_sweep(result.sweep, parse_targets(target)))
+        for warning in result.warnings:
+            console.print(f"[yellow]warning: {warning}[/]")
+
+
+@app.command()
+@handles_errors
+def report(
+    inputs: Annotated[
+        list[Path] | None,
+        typer.Argument(help="Parquet dump(s): files, globs or directories.", show_default=False, metavar="FILE"),
+    ] = None,
+    output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write.")] = Path(
+        "rollout-diag-report.html"
+    ),
+    from_json: Annotated[
+        Path | None,
+        typer.Option(help="Build the report from saved `analyze` / `compare-presets` --format json output."),
+    ] = None,
+    title: Annotated[str | None, typer.Option(help="Title of the report.")] = None,
+    preset: Annotated[
+        list[str] | None, typer.Option(help="Presets to show (names or groups); default: all.", metavar="NAME")
+    ] = None,
+    open_browser: Annotated[bool, typer.Option("--open", help="Open the report in a browser.")] = False,
+    column: ColumnOpt = None,
+    device: DeviceOpt = "auto",
+    strict: StrictOpt = False,
+    chunk_tokens: ChunkOpt = 1 << 21,
+    debug: DebugOpt = False,
+) -> None:
+    """One self-contained HTML file (no network needed) showing where and why rollout and trainer disagree."""
+    from rollout_diag.report import write_report
+
+    if from_json is not None:
+        analysis, comparison = load_json_results(from_json)
+    elif inputs:
+        from rollout_diag.compare import analyze_and_compare
+
+        with progress_bar(inputs) as progress:
+            analysis, comparison = analyze_and_compare(
+                [str(p) for p in inputs],
+                preset or None,
+                columns=parse_columns(column),
+                device=device,
+                strict=strict,
+                chunk_tokens=chunk_tokens,
+                progress=progress,
+            )
+    else:
+        fail("give the dump(s) to analyse, or --from-json FILE.")
+    if analysis is None:  # a saved compare-presets result alone: the report derives the rest from it
+        path = write_report(comparison, output, title=title, presets=preset or None)
+    else:
+        shown = (preset or None) if from_json is not None else None  # a live run already compared only these
+        path = write_report(analysis, output, comparison=comparison, title=title, presets=shown)
+    typer.echo(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)", err=True)
+    if open_browser:
+        import webbrowser
+
+        webbrowser.open(path.resolve().as_uri())
+
+
+def load_json_results(path: Path):
+    """(AnalysisResult or None, comparison JSON or None) from a saved --format json file."""
+    import json
+
+    from rollout_diag.errors import InputError
+    from rollout_diag.report import result_from_json
+
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: not a readable JSON file ({exc}).") from exc
+    if isinstance(document, dict) and "presets" in document:
+        from rollout_diag.compare import ComparisonResult
+
+        return None, ComparisonResult.from_json(document)
+    return result_from_json(document), None
+
+
 def parse_targets(text: str) -> list[float]:
     from rollout_diag.errors import ConfigError
 

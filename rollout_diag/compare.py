@@ -18,16 +18,24 @@ from typing import Any
 import numpy as np
 import torch
 
-from rollout_diag.engine import Analysis, Progress, build_result, open_reader, resolve_device, run_chunks
-from rollout_diag.errors import ConfigError
+from rollout_diag.engine import (
+    Analysis,
+    Progress,
+    build_result,
+    check_targets,
+    open_reader,
+    resolve_device,
+    run_chunks,
+)
+from rollout_diag.errors import ConfigError, InputError
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
-from rollout_diag.metrics.base import StepAccumulator
 from rollout_diag.metrics.correction import ChunkDivergences
 from rollout_diag.metrics.legacy import legacy_weights
 from rollout_diag.metrics.outcome import CorrectionAnalysis, DropRule
+from rollout_diag.metrics.sweep import DEFAULT_TARGETS, SweepAccumulator, sweep_tables
 from rollout_diag.presets import Preset, get_presets
-from rollout_diag.results import SCHEMA_VERSION, SkippedRow, StepResult, json_number
+from rollout_diag.results import SCHEMA_VERSION, AnalysisResult, SkippedRow, StepResult
 
 # A preset is "intrusive" (highlighted) when, over the run, it would drop more than this share of model
 # tokens (RS rejection, IcePop zero weights, legacy mask/veto) ...
@@ -69,6 +77,38 @@ class ComparisonResult:
     intrusive_rejected_fraction: float = INTRUSIVE_REJECTED_FRACTION
     intrusive_min_ess: float = INTRUSIVE_MIN_ESS
 
+    @classmethod
+    def from_json(cls, document: dict[str, Any]) -> ComparisonResult:
+        """Inverse of ``to_json`` (``compare-presets --format json``); raises InputError for another document."""
+        try:
+            presets = [
+                PresetResult(
+                    name=item["name"],
+                    config=item["config"],
+                    mode=item["mode"],
+                    steps=[StepResult.from_json(step) for step in item["steps"]],
+                    run=StepResult.from_json(item["run"]),
+                    intrusive_reasons=tuple(item.get("intrusive_reasons", ())),
+                )
+                for item in document["presets"]
+            ]
+            intrusive = document.get("intrusive", {})
+            return cls(
+                inputs=document["inputs"],
+                columns=document["columns"],
+                presets=presets,
+                warnings=document.get("warnings", []),
+                skipped=[SkippedRow(**item) for item in document.get("skipped", [])],
+                skipped_rows=document.get("skipped_rows", 0),
+                layout=document.get("layout", ""),
+                device=document.get("device", ""),
+                sweep=document.get("sweep", []),
+                intrusive_rejected_fraction=intrusive.get("rejected_fraction", INTRUSIVE_REJECTED_FRACTION),
+                intrusive_min_ess=intrusive.get("min_ess", INTRUSIVE_MIN_ESS),
+            )
+        except (KeyError, TypeError) as exc:
+            raise InputError(f"not a `compare-presets --format json` result (missing {exc}).") from exc
+
     def preset(self, name: str) -> PresetResult:
         """The result of preset ``name``; raises KeyError."""
         for result in self.presets:
@@ -91,8 +131,8 @@ class ComparisonResult:
                     "config": dict(preset.config),
                     "intrusive": preset.intrusive,
                     "intrusive_reasons": list(preset.intrusive_reasons),
-                    "steps": [_step_json(step) for step in preset.steps],
-                    "run": _step_json(preset.run),
+                    "steps": [step.to_json() for step in preset.steps],
+                    "run": preset.run.to_json(),
                 }
                 for preset in self.presets
             ],
@@ -101,22 +141,6 @@ class ComparisonResult:
             "skipped": [asdict(s) for s in self.skipped],
             "skipped_rows": self.skipped_rows,
         }
-
-
-def _step_json(result: StepResult) -> dict[str, Any]:
-    out: dict[str, Any] = {"rows": result.rows, "tokens": result.tokens, "empty_rows": result.empty_rows}
-    if result.step is not None:
-        out = {"step": result.step, **out}
-    out["metrics"] = {name: json_number(value) for name, value in result.metrics.items()}
-    return out
-
-
-class _OffPolicyAnalysis(Analysis):
-    """engine.Analysis with only the §1 family: every preset reports it (verl logs them together)."""
-
-    @property
-    def families(self) -> tuple[StepAccumulator, ...]:
-        return (self.offpolicy,)
 
 
 def resolve_presets(presets: Sequence[str | Preset] | None) -> list[Preset]:
@@ -147,20 +171,80 @@ def compare_presets(
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     progress: Progress | None = None,
     export_decisions_to: str | Path | None = None,
+    targets: Sequence[float] = DEFAULT_TARGETS,
     intrusive_rejected_fraction: float = INTRUSIVE_REJECTED_FRACTION,
     intrusive_min_ess: float = INTRUSIVE_MIN_ESS,
 ) -> ComparisonResult:
-    """Every chosen preset's §1, §2/§3 (or §8) and ``summary/`` metrics, per step and for the run, in one pass.
+    """Every chosen preset's §1, §2/§3 (or §8) and ``summary/`` metrics per step and for the run, and the
+    threshold sweep (``sweep``: the run-level table of rollout_diag.metrics.sweep), in one pass.
 
     ``presets``: names, groups (``all``, ``verl``, ``legacy``) or Preset objects; None = every built-in
     preset. ``export_decisions_to``: also write the per-row decisions (see :func:`export_decisions`).
     Raises RolloutDiagError (InputError, ColumnError, DataError, ConfigError) for bad input or options.
     """
+    _, comparison = _one_pass(
+        inputs,
+        presets,
+        Analysis(offpolicy_only=True),
+        columns=columns,
+        device=device,
+        strict=strict,
+        chunk_tokens=chunk_tokens,
+        progress=progress,
+        export_decisions_to=export_decisions_to,
+        targets=targets,
+        intrusive=(intrusive_rejected_fraction, intrusive_min_ess),
+    )
+    return comparison
+
+
+def analyze_and_compare(
+    inputs: str | Path | Sequence[str | Path],
+    presets: Sequence[str | Preset] | None = None,
+    *,
+    columns: Mapping[str, str] | None = None,
+    device: str | torch.device = "auto",
+    strict: bool = False,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    progress: Progress | None = None,
+    targets: Sequence[float] = DEFAULT_TARGETS,
+) -> tuple[AnalysisResult, ComparisonResult]:
+    """``analyze`` and ``compare_presets`` in one pass over the data (what ``rollout-diag report`` shows)."""
+    return _one_pass(
+        inputs,
+        presets,
+        Analysis(),
+        columns=columns,
+        device=device,
+        strict=strict,
+        chunk_tokens=chunk_tokens,
+        progress=progress,
+        export_decisions_to=None,
+        targets=targets,
+        intrusive=(INTRUSIVE_REJECTED_FRACTION, INTRUSIVE_MIN_ESS),
+    )
+
+
+def _one_pass(
+    inputs: str | Path | Sequence[str | Path],
+    presets: Sequence[str | Preset] | None,
+    analysis: Analysis,
+    *,
+    columns: Mapping[str, str] | None,
+    device: str | torch.device,
+    strict: bool,
+    chunk_tokens: int,
+    progress: Progress | None,
+    export_decisions_to: str | Path | None,
+    targets: Sequence[float],
+    intrusive: tuple[float, float],
+) -> tuple[AnalysisResult, ComparisonResult]:
     chosen = resolve_presets(presets)
+    checked_targets = check_targets(targets)
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
-    offpolicy = _OffPolicyAnalysis()
     corrections = CorrectionAnalysis(chosen)
+    sweep = SweepAccumulator()
     writer = None if export_decisions_to is None else DecisionWriter(export_decisions_to, chosen)
 
     def consume(chunk: Chunk) -> None:
@@ -169,8 +253,8 @@ def compare_presets(
             writer.write(ChunkDivergences.of(chunk))
 
     with writer or contextlib.nullcontext():
-        run_chunks(reader, [offpolicy.update, consume], torch_device, progress)
-    base = build_result(offpolicy, reader.log, torch_device, strict)
+        run_chunks(reader, [analysis.update, consume, sweep.update], torch_device, progress)
+    base = build_result(analysis, reader.log, torch_device, strict)
     results = []
     finalized = corrections.finalize()
     for preset in chosen:
@@ -184,10 +268,10 @@ def compare_presets(
                 mode=preset.mode,
                 steps=steps,
                 run=run,
-                intrusive_reasons=intrusive_reasons(run.metrics, intrusive_rejected_fraction, intrusive_min_ess),
+                intrusive_reasons=intrusive_reasons(run.metrics, *intrusive),
             )
         )
-    return ComparisonResult(
+    comparison = ComparisonResult(
         inputs=base.inputs,
         columns=base.columns,
         presets=results,
@@ -196,9 +280,11 @@ def compare_presets(
         skipped_rows=base.skipped_rows,
         layout=base.layout,
         device=base.device,
-        intrusive_rejected_fraction=intrusive_rejected_fraction,
-        intrusive_min_ess=intrusive_min_ess,
+        sweep=sweep_tables(sweep, checked_targets)[0],
+        intrusive_rejected_fraction=intrusive[0],
+        intrusive_min_ess=intrusive[1],
     )
+    return base, comparison
 
 
 def _with_metrics(offpolicy: StepResult, metrics: Mapping[str, float]) -> StepResult:

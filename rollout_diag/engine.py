@@ -57,6 +57,7 @@ class Analysis:
     max_rounds: int = DEFAULT_MAX_ROUNDS
     catastrophic: float = DEFAULT_CATASTROPHIC
     top_k: int = DEFAULT_TOP_K
+    offpolicy_only: bool = False  # only §1 (what every preset reports alongside its own metrics)
     offpolicy: OffPolicyAccumulator = field(default_factory=OffPolicyAccumulator)
     debug: DebugAccumulator = field(default_factory=DebugAccumulator)
     rollout_kl: RolloutKLAccumulator = field(default_factory=RolloutKLAccumulator)
@@ -72,12 +73,15 @@ class Analysis:
 
     @property
     def families(self) -> tuple[StepAccumulator, ...]:
+        if self.offpolicy_only:
+            return (self.offpolicy,)
         return (self.offpolicy, self.debug, self.rollout_kl, self.rounds, self.positions)
 
     def update(self, chunk: Chunk) -> None:
         for family in self.families:
             family.update(chunk)
-        self.worst.update(chunk)
+        if not self.offpolicy_only:
+            self.worst.update(chunk)
         if len(self.empty_rows) < MAX_LISTED_EMPTY_ROWS:
             for row in torch.nonzero(chunk.tokens_per_row == 0).flatten().tolist()[:MAX_LISTED_EMPTY_ROWS]:
                 self.empty_rows.append(
@@ -182,6 +186,14 @@ def analyze(
     return build_result(analysis, reader.log, torch_device, strict)
 
 
+def check_targets(targets: Sequence[float]) -> tuple[float, ...]:
+    """Target rejection shares as floats in (0, 1); raises ConfigError."""
+    checked = tuple(float(t) for t in targets)
+    if not checked or any(not 0.0 < t < 1.0 for t in checked):
+        raise ConfigError(f"--target {','.join(map(str, targets))}: each target share must lie in (0, 1).")
+    return checked
+
+
 def threshold_sweep(
     inputs: str | Path | Sequence[str | Path],
     *,
@@ -194,9 +206,7 @@ def threshold_sweep(
 ) -> SweepResult:
     """For every rejection option and IS truncation: the threshold that rejects each target share, per step
     and for the run, the share verl's default threshold rejects, and the share-vs-threshold curve."""
-    checked = tuple(float(t) for t in targets)
-    if not checked or any(not 0.0 < t < 1.0 for t in checked):
-        raise ConfigError(f"--target {','.join(map(str, targets))}: each target share must lie in (0, 1).")
+    checked = check_targets(targets)
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
     sweep = SweepAccumulator()

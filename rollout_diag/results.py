@@ -49,6 +49,19 @@ class StepResult:
     metrics: dict[str, float]
     empty_rows: int = 0
 
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"rows": self.rows, "tokens": self.tokens, "empty_rows": self.empty_rows}
+        if self.step is not None:
+            out = {"step": self.step, **out}
+        out["metrics"] = {name: json_number(value) for name, value in self.metrics.items()}
+        return out
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> StepResult:
+        """Inverse of ``to_json``; a null metric (NaN or inf when written) comes back as NaN."""
+        metrics = {name: math.nan if value is None else value for name, value in raw.get("metrics", {}).items()}
+        return cls(raw.get("step"), raw["rows"], raw["tokens"], metrics, raw.get("empty_rows", 0))
+
 
 @dataclass(frozen=True)
 class WorstRow:
@@ -164,21 +177,14 @@ class AnalysisResult:
     skipped_rows: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        def step_json(result: StepResult) -> dict[str, Any]:
-            out: dict[str, Any] = {"rows": result.rows, "tokens": result.tokens, "empty_rows": result.empty_rows}
-            if result.step is not None:
-                out = {"step": result.step, **out}
-            out["metrics"] = {name: json_number(value) for name, value in result.metrics.items()}
-            return out
-
         return {
             "schema_version": SCHEMA_VERSION,
             "inputs": list(self.inputs),
             "columns": dict(self.columns),
             "layout": self.layout,
             "device": self.device,
-            "run": step_json(self.run),
-            "steps": [step_json(step) for step in self.steps],
+            "run": self.run.to_json(),
+            "steps": [step.to_json() for step in self.steps],
             "rounds": [_json_row(row) for row in self.rounds],
             "verdicts": [{**asdict(v), "value": json_number(v.value)} for v in self.verdicts],
             "catastrophic_threshold": self.catastrophic_threshold,

@@ -218,6 +218,8 @@ def _k3_cutoffs(threshold: float) -> tuple[float, float]:
 
 def _option_row(option: SweepOption, state: State, targets: tuple[float, ...], curve: bool) -> dict[str, Any]:
     row: dict[str, Any] = {"option": option.name, "level": option.level, "verl_default": option.verl_default}
+    if option.verl_default is not None:  # the upper bound, in verl's units, where the curve is marked
+        row["default_threshold"] = float(option.verl_default.split("_")[-1])
     if option.level == "sequence":
         values = _row_values(option, state["rows"]) if len(state["rows"]) else np.zeros(0)
         scores = np.sort(_score(option, values))[::-1]

@@ -61,3 +61,28 @@ def sweep_csv(result: SweepResult) -> str:
                     ]
                 )
     return buffer.getvalue()
+
+
+def comparison_csv(result: Any) -> str:
+    """One line per preset × step (and a 'run' line per preset): name, mode, then every metric."""
+    names: dict[str, None] = {}
+    for preset in result.presets:
+        for step in [*preset.steps, preset.run]:
+            names.update(dict.fromkeys(step.metrics))
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["preset", "mode", "step", "rows", "tokens", *names])
+    for preset in result.presets:
+        for step in [*preset.steps, preset.run]:
+            values = [step.metrics.get(name) for name in names]
+            writer.writerow(
+                [
+                    preset.name,
+                    preset.mode,
+                    "run" if step.step is None else step.step,
+                    step.rows,
+                    step.tokens,
+                    *("" if v is None or math.isnan(v) else repr(v) for v in values),
+                ]
+            )
+    return buffer.getvalue()

@@ -238,42 +238,24 @@ def _sweep_name(item: dict[str, Any]) -> str:
 
 
 def _curve(item: dict[str, Any]) -> tuple[list[float], list[float]]:
-    """(thresholds, shares) from ``curve`` (points as dicts or pairs) or parallel ``thresholds`` / ``shares``."""
-    points = item.get("curve")
-    if isinstance(points, dict):
-        item = {**item, **points}
-        points = None
-    if points:
-        pairs = [
-            (_first(p, "threshold", "x"), _first(p, "share", "rejected", "rejected_share", "fraction", "y"))
-            if isinstance(p, dict)
-            else tuple(p[:2])
-            for p in points
-        ]
-    else:
-        xs = item.get("thresholds") or []
-        ys = _first(item, "shares", "rejected", "rejected_shares", "fractions") or []
-        pairs = list(zip(xs, ys, strict=False))
-    clean = sorted((float(x), float(y)) for x, y in pairs if finite(x) and finite(y))
-    return [x for x, _ in clean], [y for _, y in clean]
-
-
-def _first(item: dict[str, Any], *keys: str) -> Any:
-    return next((item[key] for key in keys if item.get(key) is not None), None)
+    """(thresholds, shares) of the option's share-vs-threshold curve (rollout_diag.metrics.sweep)."""
+    points = sorted(
+        (float(p["threshold"]), float(p["share"]))
+        for p in item.get("curve") or []
+        if finite(p.get("threshold")) and finite(p.get("share"))
+    )
+    return [x for x, _ in points], [y for _, y in points]
 
 
 def _marks(item: dict[str, Any], name: str) -> list[tuple[str, float, float]]:
+    """verl's default threshold and the thresholds found for the target shares, as points on the curve."""
     marks = []
-    default = _first(item, "default_threshold", "verl_default")
-    default_share = _first(item, "default_share", "default_rejected")
+    default, default_share = item.get("default_threshold"), item.get("default_share")
     if finite(default) and finite(default_share):
-        marks.append((f"{name}: verl default {default:g}", float(default), float(default_share)))
-    for target in item.get("targets") or []:
-        if not isinstance(target, dict):
-            continue
-        share, threshold = _first(target, "target", "share"), _first(target, "threshold")
-        if finite(share) and finite(threshold):
-            marks.append((f"{name}: target {share:g}", float(threshold), float(share)))
+        marks.append((f"{name}: verl default {item.get('verl_default')}", float(default), float(default_share)))
+    for entry in item.get("thresholds") or []:
+        if finite(entry.get("threshold")) and finite(entry.get("share")):
+            marks.append((f"{name}: ≤ {entry['target']:g}", float(entry["threshold"]), float(entry["share"])))
     return marks
 
 

@@ -40,7 +40,9 @@ def result_from_json(document: dict[str, Any]) -> AnalysisResult:
             continue
         raw = document[spec.name]
         if spec.name in ("run", "steps"):
-            values[spec.name] = _step(raw) if spec.name == "run" else [_step(step) for step in raw]
+            values[spec.name] = (
+                StepResult.from_json(raw) if spec.name == "run" else [StepResult.from_json(step) for step in raw]
+            )
         elif spec.name in _ITEM_TYPES:
             values[spec.name] = _items(_ITEM_TYPES[spec.name], raw)
         elif spec.name in ("rounds", "positions"):
@@ -55,17 +57,6 @@ def result_from_json(document: dict[str, Any]) -> AnalysisResult:
 
 def _required(spec: dataclasses.Field) -> bool:
     return spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING
-
-
-def _step(raw: dict[str, Any]) -> StepResult:
-    metrics = {name: math.nan if value is None else value for name, value in raw.get("metrics", {}).items()}
-    return StepResult(
-        step=raw.get("step"),
-        rows=raw["rows"],
-        tokens=raw["tokens"],
-        metrics=metrics,
-        empty_rows=raw.get("empty_rows", 0),
-    )
 
 
 def _items(type_name: str, raw: list[dict[str, Any]]) -> list[Any]:
