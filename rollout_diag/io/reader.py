@@ -310,8 +310,10 @@ def _row_groups(opened: _OpenFile, columns: list[str], rows_per_batch, reader: D
         group_rows = metadata.row_group(group).num_rows
         done = 0
         try:
+            # use_threads=False: with Arrow's thread pool some corrupt pages abort the whole process
+            # (an uncaught C++ exception) instead of raising; one thread decodes as fast here (prefetch overlaps).
             for batch in opened.parquet.iter_batches(
-                batch_size=rows_per_batch(), row_groups=[group], columns=columns, use_threads=True
+                batch_size=rows_per_batch(), row_groups=[group], columns=columns, use_threads=False
             ):
                 yield batch, first_row + done
                 done += batch.num_rows
