@@ -23,7 +23,6 @@ COLUMNS = (
     ("IS mean", "right"),
     ("IS max", "right"),
     ("ESS", "right"),
-    ("χ² token", "right"),
     ("bn factor", "right"),
     ("tokens kept", "right"),
 )
@@ -32,11 +31,15 @@ COLUMNS = (
 def presets_table(result: ComparisonResult) -> Table:
     """One row per preset with its run values; rows of intrusive presets in bold red (see the caption)."""
     table = Table(title="Rollout-correction presets on this data (whole run)", title_justify="left")
+    normalised = any("rollout_corr/rollout_is_batch_norm_factor" in p.run.metrics for p in result.presets)
     for header, justify in COLUMNS:
-        table.add_column(header, justify=justify)  # type: ignore[arg-type]
+        if header == "bn factor" and not normalised:
+            continue
+        # names are what users copy into their config: never cut them
+        table.add_column(header, justify=justify, no_wrap=header == "preset")  # type: ignore[arg-type]
     for preset in result.presets:
         metrics = preset.run.metrics
-        table.add_row(
+        cells = [
             preset.name,
             preset.mode,
             is_setting(preset.config),
@@ -46,15 +49,16 @@ def presets_table(result: ComparisonResult) -> Table:
             number(_is_metric(metrics, "rollout_is_mean"), 5),
             number(_is_metric(metrics, "rollout_is_max"), 4),
             number(_is_metric(metrics, "rollout_is_eff_sample_size"), 4),
-            number(metrics.get("rollout_corr/chi2_token"), 4),
-            number(metrics.get("rollout_corr/rollout_is_batch_norm_factor"), 4),
-            number(_count(metrics.get("summary/tokens_kept"))),
-            style=INTRUSIVE_STYLE if preset.intrusive else None,
-        )
+        ]
+        if normalised:
+            cells.append(number(metrics.get("rollout_corr/rollout_is_batch_norm_factor"), 4))
+        cells.append(number(_count(metrics.get("summary/tokens_kept"))))
+        table.add_row(*cells, style=INTRUSIVE_STYLE if preset.intrusive else None)
+    chi2 = result.presets[0].run.metrics.get("rollout_corr/chi2_token") if result.presets else None
     table.caption = (
         f"rejected = model tokens given no gradient (RS rejection, IcePop zero weight, legacy mask/veto). "
         f"Bold red: intrusive (drops > {result.intrusive_rejected_fraction:.0%} of tokens or ESS < "
-        f"{result.intrusive_min_ess:g})."
+        f"{result.intrusive_min_ess:g}). χ² token of the data, the same under every preset: {number(chi2, 4)}."
     )
     return table
 
