@@ -30,6 +30,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 F = TypeVar("F", bound=Callable[..., Any])
+CHUNK_TOKENS = 1 << 20  # = io.reader.DEFAULT_CHUNK_TOKENS (not imported here: it would load pyarrow for --help)
 PROGRESS_MIN_BYTES = 64 << 20  # show a progress bar from this much input on, when stderr is a terminal
 
 
@@ -188,7 +189,7 @@ def analyze(
     ] = 1.0,
     top_k: Annotated[int, typer.Option(help="How many worst rows and tokens to keep.")] = 20,
     strict: StrictOpt = False,
-    chunk_tokens: ChunkOpt = 1 << 21,
+    chunk_tokens: ChunkOpt = CHUNK_TOKENS,
     debug: DebugOpt = False,
 ) -> None:
     """Every mismatch metric (verl's names), per step and for the run, with a verdict on what looks unhealthy."""
@@ -255,7 +256,7 @@ def sweep(
     format: FormatOpt = OutputFormat.table,
     output: OutputOpt = None,
     strict: StrictOpt = False,
-    chunk_tokens: ChunkOpt = 1 << 21,
+    chunk_tokens: ChunkOpt = CHUNK_TOKENS,
     debug: DebugOpt = False,
 ) -> None:
     """Which threshold of each rejection option / IS truncation rejects a target share of tokens or
@@ -321,7 +322,7 @@ def compare_presets(
     format: FormatOpt = OutputFormat.table,
     output: OutputOpt = None,
     strict: StrictOpt = False,
-    chunk_tokens: ChunkOpt = 1 << 21,
+    chunk_tokens: ChunkOpt = CHUNK_TOKENS,
     debug: DebugOpt = False,
 ) -> None:
     """What every rollout-correction preset (verl's 19, the legacy family, your own) would do to this data,
@@ -397,7 +398,7 @@ def report(
     column: ColumnOpt = None,
     device: DeviceOpt = "auto",
     strict: StrictOpt = False,
-    chunk_tokens: ChunkOpt = 1 << 21,
+    chunk_tokens: ChunkOpt = CHUNK_TOKENS,
     debug: DebugOpt = False,
 ) -> None:
     """One self-contained HTML file (no network needed) showing where and why rollout and trainer disagree."""

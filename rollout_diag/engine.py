@@ -152,6 +152,9 @@ def run_chunks(
     for chunk, consumed in reader.chunks(device):
         for consume in consumers:
             consume(chunk)
+        # The shared per-chunk values refer back to the chunk; clearing them frees its tensors now rather
+        # than whenever the cyclic garbage collector runs (memory would grow with the file meanwhile).
+        chunk.cache.clear()
         if progress is not None:
             progress(consumed, total)
 

@@ -298,3 +298,10 @@ def test_console_script_runs_analyze(sample: Path, sample_json: dict) -> None:
     assert process.stderr == ""
     assert "Traceback" not in process.stdout
     assert len(process.stdout.splitlines()) == 1 + len(sample_json["steps"])
+
+
+def test_cli_chunk_default_is_the_readers() -> None:
+    from rollout_diag.cli import CHUNK_TOKENS
+    from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
+
+    assert CHUNK_TOKENS == DEFAULT_CHUNK_TOKENS
