@@ -453,3 +453,13 @@ def test_hostile_report_runs_no_injected_script(hostile_result, tmp_path):
     dom = render_in_chromium(path, tmp_path)
     check_rendered(dom, path.read_text(encoding="utf-8"))
     assert "<img src=x" not in dom
+
+
+def test_docs_metrics_md_is_generated_from_the_glossary() -> None:
+    from pathlib import Path
+
+    from rollout_diag.glossary import markdown
+
+    docs = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
+    stale = "regenerate: python -m rollout_diag.glossary > docs/metrics.md"
+    assert docs.read_text(encoding="utf-8") == markdown(), stale

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Time `compare_presets` (verl's 19 presets in one pass) against `analyze` and the obvious alternative.
+
+    python benchmarks/bench_presets.py --tokens 12500000
+    python benchmarks/bench_presets.py --tokens 12500000 --write docs/benchmarks.md
+
+The alternative is what one would write by hand: for each preset, read the dump, pad each step into
+[B, L] tensors and compute that preset's IS weights and rejection mask in one torch batch, then its main
+numbers (IS mean / max / ESS, share of tokens rejected). It computes far fewer metrics than
+compare_presets, so the ratio flatters it. Each contender runs in a fresh process (median of --repeat).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_analyze import ANALYZE, make_dump, measure  # the sibling script
+
+COMPARE = """
+import sys, rollout_diag
+result = rollout_diag.compare_presets(sys.argv[1], ["verl"], device=sys.argv[2])
+assert len(result.presets) == 19
+"""
+
+NAIVE = """
+import math, sys, numpy as np, pyarrow.compute as pc, pyarrow.parquet as pq, torch
+from rollout_diag.presets import get_presets
+
+device = torch.device(sys.argv[2])
+for preset in get_presets(["verl"]):
+    table = pq.read_table(sys.argv[1], columns=["step", "rollout_log_probs", "old_log_probs", "response_mask"])
+    for step in np.unique(table["step"].to_numpy()):
+        part = table.filter(pc.equal(table["step"], step))
+        lengths = pc.list_value_length(part["rollout_log_probs"]).to_numpy()
+        rows, width = len(lengths), int(lengths.max())
+        row = np.repeat(np.arange(rows), lengths)
+        col = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        padded = {}
+        for name in ("rollout_log_probs", "old_log_probs", "response_mask"):
+            array = np.zeros((rows, width), dtype=np.float32)
+            array[row, col] = pc.list_flatten(part[name].combine_chunks()).to_numpy()
+            padded[name] = torch.from_numpy(array).to(device)
+        r, a, m = padded["rollout_log_probs"], padded["old_log_probs"], padded["response_mask"]
+        c = ((a - r) * m).clamp(-20, 20)
+        n = m.sum(-1)
+        keep = m.clone()
+        for option in preset.rejection:
+            k = {"k1": -c, "k2": 0.5 * c * c, "k3": torch.exp(c) - 1 - c}[option.statistic] * m
+            value = k.sum(-1) if option.scope == "seq_sum" else k.sum(-1) / (n + 1e-8)
+            ok = (value <= option.upper) & ((value >= option.lower) if option.statistic == "k1" else True)
+            keep = keep * ok.float()[:, None]
+        if preset.importance is not None:
+            s = c.sum(-1, keepdim=True) if preset.importance.level == "sequence" else c
+            w = torch.exp(s.clamp(-20, 20)).expand_as(c) * m
+            upper, lower = preset.importance.upper, preset.importance.lower
+            w = torch.where((w >= lower) & (w <= upper), w, 0.0) if preset.importance.icepop else w.clamp(max=upper)
+            total = m.sum()
+            mean = (w * m).sum() / total
+            ess = 1.0 / (((w / (mean + 1e-8)) ** 2 * m).sum() / total)
+            summary = (mean.item(), w.max().item(), ess.item())
+        rejected = (1 - keep).mul(m).sum().item() / max(m.sum().item(), 1.0)
+"""
+
+
+def median_of(code: str, repeat: int, *args: str) -> tuple[float, float, float, float]:
+    runs = [measure(code, *args) for _ in range(repeat)]
+    walls = [r["wall"] for r in runs]
+    return statistics.median(walls), min(walls), max(walls), max(r["rss_mb"] for r in runs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=12_500_000)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--dir", type=Path, default=Path("/tmp"))
+    parser.add_argument("--write", type=Path, help="append the results as a markdown section to this file")
+    args = parser.parse_args()
+
+    dump = make_dump(args.tokens, args.dir / f"rollout_diag_bench_{args.tokens}.parquet")
+    measure(ANALYZE, str(dump), args.device)  # warm the page cache and imports
+    results = {
+        "rollout-diag analyze": median_of(ANALYZE, args.repeat, str(dump), args.device),
+        "rollout-diag compare-presets, 19 verl presets, one pass": median_of(
+            COMPARE, args.repeat, str(dump), args.device
+        ),
+        "naive: per preset, read + pad per step + torch batch": median_of(NAIVE, args.repeat, str(dump), args.device),
+    }
+    analyze, compare, naive = (results[name][0] for name in results)
+    lines = [
+        f"### compare-presets, {args.tokens / 1e6:.1f}M tokens, device {args.device} ({time.strftime('%Y-%m-%d')})",
+        "",
+        f"Machine: {platform.machine()}, Python {platform.python_version()}; median of {args.repeat} fresh "
+        "processes (min–max), wall seconds including interpreter start.",
+        "",
+        "| contender | wall s | M tokens/s | peak RSS MB |",
+        "|---|---|---|---|",
+        *(
+            f"| {name} | {m:.2f} ({lo:.2f}–{hi:.2f}) | {args.tokens / m / 1e6:.1f} | {rss:.0f} |"
+            for name, (m, lo, hi, rss) in results.items()
+        ),
+        "",
+        f"- compare-presets / analyze = **{compare / analyze:.2f}×** (target ≤ 2×); "
+        f"naive / compare-presets = **{naive / compare:.1f}×** (target ≥ 10×)",
+        "",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if args.write:
+        with args.write.open("a", encoding="utf-8") as handle:
+            handle.write("\n" + text)
+
+
+if __name__ == "__main__":
+    main()
