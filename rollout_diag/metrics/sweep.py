@@ -161,59 +161,41 @@ def _parse_default(option: SweepOption) -> tuple[float, float]:
 
 
 class _TokenShares:
-    """Conservative share of tokens whose statistic exceeds a metric-space threshold, from c histograms."""
+    """Conservative share of tokens whose statistic exceeds a metric-space threshold, from c histograms.
+
+    On each side of c the statistic grows with |c|, so each histogram edge maps to a score. A bin counts
+    as rejected when any value in it can exceed the threshold (an upper bound); the share only changes at
+    edge scores, so those are the candidate thresholds.
+    """
 
     def __init__(self, option: SweepOption, positive: np.ndarray, negative: np.ndarray, tokens: float) -> None:
-        self.option, self.tokens = option, max(tokens, 1.0)
-        # a bin is counted as rejected only when every value in it is beyond the cutoff
-        self.positive_tail = np.concatenate([np.cumsum(positive[::-1])[::-1], [0.0]])
-        self.negative_tail = np.concatenate([np.cumsum(negative[::-1])[::-1], [0.0]])
+        self.tokens = max(tokens, 1.0)
 
-    def _beyond(self, tail: np.ndarray, cutoff: float) -> float:
-        """Tokens in bins whose upper edge exceeds ``cutoff`` (|c| > cutoff possible): an upper bound."""
-        if cutoff == math.inf:
-            return 0.0
-        first = int(np.searchsorted(EDGES, cutoff, side="right")) - 1  # bin holding the cutoff
-        return float(tail[max(first, 0)])
+        def tail(counts: np.ndarray) -> np.ndarray:  # tokens in bins ≥ j, for j = 0 … HISTOGRAM_BINS
+            return np.concatenate([np.cumsum(counts[::-1])[::-1], [0.0]])
 
-    def share(self, threshold: float) -> float:
-        kind, name = self.option.kind, self.option.name
-        if kind == "is":  # truncated: c > log U
-            return self._beyond(self.positive_tail, max(threshold, 0.0)) / self.tokens
-        if kind == "k1":  # |c| > log U
-            cutoff = max(threshold, 0.0)
-            return (self._beyond(self.positive_tail, cutoff) + self._beyond(self.negative_tail, cutoff)) / self.tokens
-        if name.endswith("k2"):  # ½c² > U
-            cutoff = math.sqrt(2.0 * max(threshold, 0.0))
-            return (self._beyond(self.positive_tail, cutoff) + self._beyond(self.negative_tail, cutoff)) / self.tokens
-        plus, minus = _k3_cutoffs(max(threshold, 0.0))  # eᶜ − 1 − c > U
-        return (self._beyond(self.positive_tail, plus) + self._beyond(self.negative_tail, minus)) / self.tokens
+        if option.kind == "is":  # truncated: c > log U
+            self.sides = [(EDGES, tail(positive))]
+        elif option.kind == "k1":  # |c| > log U (L = 1/U)
+            self.sides = [(EDGES, tail(positive)), (EDGES, tail(negative))]
+        elif option.name.endswith("k2"):  # ½c² > U
+            self.sides = [(0.5 * EDGES**2, tail(positive)), (0.5 * EDGES**2, tail(negative))]
+        else:  # eᶜ − 1 − c > U, increasing in |c| on each side
+            self.sides = [(_k3(EDGES), tail(positive)), (_k3(-EDGES), tail(negative))]
+
+    def share(self, threshold: float | np.ndarray) -> Any:
+        """Upper bound of the share of tokens above ``threshold`` (a number or an array of them)."""
+        total = 0.0
+        for scores, tails in self.sides:
+            holding = np.clip(np.searchsorted(scores, threshold, side="right") - 1, 0, HISTOGRAM_BINS)
+            total = total + tails[holding]
+        return total / self.tokens
 
     def threshold_for(self, target: float) -> float:
-        """Smallest metric-space threshold (to bisection precision) whose conservative share ≤ target."""
-        ceiling = {"is": 20.0, "k1": 20.0}  # |c| ≤ 20: no threshold beyond these can matter
-        low, high = 0.0, ceiling.get(self.option.kind, 200.0 if self.option.name.endswith("k2") else float(_k3(20.0)))
-        if self.share(low) <= target:
-            return low
-        for _ in range(200):
-            middle = 0.5 * (low + high) if high - low > 1e-300 else high
-            low, high = (low, middle) if self.share(middle) <= target else (middle, high)
-        return high
-
-
-def _k3_cutoffs(threshold: float) -> tuple[float, float]:
-    """|c| bounds beyond which eᶜ − 1 − c > threshold: for c > 0 and c < 0 (inf where it never does)."""
-
-    def solve(sign: float, limit: float) -> float:
-        if _k3(sign * limit) <= threshold:
-            return math.inf
-        low, high = 0.0, limit
-        for _ in range(200):
-            middle = 0.5 * (low + high)
-            low, high = (middle, high) if _k3(sign * middle) <= threshold else (low, middle)
-        return high
-
-    return solve(1.0, 20.0), solve(-1.0, 20.0)
+        """The smallest edge score whose share is at most ``target``: at most one bin above the exact one."""
+        candidates = np.unique(np.concatenate([[0.0], *(scores for scores, _ in self.sides)]))
+        passing = np.flatnonzero(self.share(candidates) <= target)
+        return float(candidates[passing[0]] if passing.size else candidates[-1])
 
 
 def _option_row(option: SweepOption, state: State, targets: tuple[float, ...], curve: bool) -> dict[str, Any]:
@@ -243,7 +225,7 @@ def _option_row(option: SweepOption, state: State, targets: tuple[float, ...], c
         shares = _TokenShares(option, state["positive"], state["negative"], tokens)
         row["count"] = int(tokens)
         row["exact"] = False
-        share, threshold_for = shares.share, shares.threshold_for
+        share, threshold_for = (lambda t: float(shares.share(t))), shares.threshold_for
         if option.verl_default is not None:
             row["default_share"] = share(_parse_default(option)[1])
     row["thresholds"] = []
