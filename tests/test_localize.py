@@ -194,3 +194,35 @@ def test_merged_workers_equal_one_pass(dump, tmp_path):
         [[s.step, s.rows, s.tokens, s.metrics] for s in parts[1].step_results()],
     )
     assert [t.log_ratio for t in whole.worst_tokens] == [t.log_ratio for t in parts[1].worst.worst_tokens()]
+
+
+def test_mask_edge_cases_rounds_and_positions(tmp_path):
+    # alternating 1/0: every model token is its own round; a mask starting and ending with 0; all ones
+    rows = [
+        {"sample_id": "alt", "mask": [1, 0, 1, 0, 1, 0, 1]},
+        {"sample_id": "edges", "mask": [0, 0, 1, 1, 0, 1, 0]},
+        {"sample_id": "ones", "mask": [1, 1, 1, 1]},
+        {"sample_id": "none", "mask": [0, 0, 0]},
+    ]
+    for row in rows:
+        n = len(row["mask"])
+        row["mask"] = np.array(row["mask"], np.int8)
+        row["rollout"] = np.full(n, -1.0, np.float32)
+        row["trainer"] = np.full(n, -1.5, np.float32)  # δ = -0.5 everywhere
+    write_dump(tmp_path / "edges.parquet", {0: rows})
+    result = rd.analyze(str(tmp_path / "edges.parquet"), device="cpu", max_rounds=2)
+    rounds = {r["round"]: r for r in result.rounds}
+    # round 0: alt(pos 0) + edges(pos 2, 3) + ones(4 tokens) = 7 tokens in 3 rows;
+    # round 1: alt(pos 2) + edges(pos 5) = 2 tokens; round ≥ 2 (pooled): alt's rounds 2 and 3 = 2 tokens, 1 row
+    assert {k: (r["token_count"], r["seq_count"], r["pooled"]) for k, r in rounds.items()} == {
+        0: (7, 3, False),
+        1: (2, 2, False),
+        2: (2, 1, True),
+    }
+    assert result.run.metrics["per_round/num_rounds_max"] == 4  # unpooled
+    assert result.run.rows == 4 and result.run.empty_rows == 1
+    by_bucket = {p["bucket"]: p["token_count"] for p in result.positions if p["step"] is None}
+    # model-token positions: alt 0,2,4,6; edges 2,3,5; ones 0,1,2,3 → buckets 0:2, 1:1, 2–3:5, 4–7:3
+    assert by_bucket == {"0": 2, "1": 1, "2–3": 5, "4–7": 3}
+    strip = rd.inspect_row(str(tmp_path / "edges.parquet"), "0-edges", device="cpu")
+    assert strip.mask == [0, 0, 1, 1, 0, 1, 0]
