@@ -30,6 +30,7 @@ from rollout_diag.engine import (
 from rollout_diag.errors import ConfigError, InputError
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
+from rollout_diag.io.writer import RowTableWriter
 from rollout_diag.metrics.correction import ChunkDivergences
 from rollout_diag.metrics.legacy import legacy_weights
 from rollout_diag.metrics.outcome import CorrectionAnalysis, DropRule
@@ -318,91 +319,82 @@ class DecisionWriter:
     rejection, IcePop zero weights, legacy mask/veto), kept (no model token rejected), is_weight (R_i[w]
     before batch normalisation; legacy: of the raw w; null without IS), and ``stat_<option>`` per RS option
     of any chosen preset: the row value v_i (§3: S_i[k], R_i[k], max; R_i[k] for token options), null for
-    presets without that option. pyarrow is imported here only (writing is optional).
+    presets without that option. The Parquet side is io.writer.RowTableWriter.
     """
 
     def __init__(self, path: str | Path, presets: Sequence[Preset]) -> None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        self._pa = pa
         self.path = Path(path)
         self.presets = list(presets)
         self.rules = [DropRule.of(preset) for preset in self.presets]
         self.options = list(dict.fromkeys(option.option for preset in self.presets for option in preset.rejection))
-        self.schema = pa.schema(
+        self._file = RowTableWriter(
+            self.path,
             [
-                ("preset", pa.dictionary(pa.int32(), pa.string())),
-                ("step", pa.int64()),
-                ("sample_id", pa.string()),
-                ("file", pa.dictionary(pa.int32(), pa.string())),
-                ("file_row", pa.int64()),
-                ("tokens", pa.int64()),
-                ("tokens_rejected", pa.int64()),
-                ("kept", pa.bool_()),
-                ("is_weight", pa.float64()),
-                *[(f"stat_{option}", pa.float64()) for option in self.options],
-            ]
+                ("preset", "category"),
+                ("step", "int64"),
+                ("sample_id", "string"),
+                ("file", "category"),
+                ("file_row", "int64"),
+                ("tokens", "int64"),
+                ("tokens_rejected", "int64"),
+                ("kept", "bool"),
+                ("is_weight", "float64"),
+                *[(f"stat_{option}", "float64") for option in self.options],
+            ],
+            setting="--export-decisions",
         )
-        try:
-            self._writer = pq.ParquetWriter(str(self.path), self.schema)
-        except (OSError, pa.ArrowException) as exc:
-            raise ConfigError(f"--export-decisions {self.path}: cannot write ({' '.join(str(exc).split())}).") from None
         self.rows_written = 0
 
     def write(self, shared: ChunkDivergences) -> None:
         """Append one chunk's rows for every preset."""
-        pa = self._pa
         chunk = shared.chunk
         rows = chunk.rows
-        step = chunk.step.cpu().numpy()
-        tokens = shared.row_tokens.cpu().numpy()
-        sample_id = pa.array(chunk.sample_id, pa.string())
-        file = pa.array(chunk.file, pa.string()).dictionary_encode()
-        file_row = pa.array(np.asarray(chunk.file_row, dtype=np.int64))
-        missing = pa.nulls(rows, pa.float64())
-        tables = []
+        missing = np.full(rows, np.nan)
+        parts: dict[str, list[Any]] = {name: [] for name in self._file.schema.names}
         for preset, rule in zip(self.presets, self.rules, strict=True):
             rejected_tokens = rule.kept_tokens(shared).map(torch.logical_not)
             rejected = shared.row_sum(rejected_tokens).round().to(torch.int64).cpu().numpy()
             statistics = {option.option: shared.rs_row_value(option) for option in preset.rejection}
-            columns = [
-                pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, np.int32)), pa.array([preset.name])),
-                pa.array(step),
-                sample_id,
-                file,
-                file_row,
-                pa.array(tokens),
-                pa.array(rejected),
-                pa.array(rejected == 0),
-                self._row_weight(shared, preset, missing),
-                *[pa.array(statistics[name].cpu().numpy()) if name in statistics else missing for name in self.options],
-            ]
-            tables.append(pa.Table.from_arrays(columns, schema=self.schema))
-        self._writer.write_table(pa.concat_tables(tables, promote_options="none").unify_dictionaries())
+            parts["preset"].append([preset.name] * rows)
+            parts["step"].append(chunk.step.cpu().numpy())
+            parts["sample_id"].append(chunk.sample_id)
+            parts["file"].append(chunk.file)
+            parts["file_row"].append(np.asarray(chunk.file_row, dtype=np.int64))
+            parts["tokens"].append(shared.row_tokens.cpu().numpy())
+            parts["tokens_rejected"].append(rejected)
+            parts["kept"].append(rejected == 0)
+            parts["is_weight"].append(self._row_weight(shared, preset, missing))
+            for name in self.options:
+                values = statistics.get(name)
+                parts[f"stat_{name}"].append(missing if values is None else values.cpu().numpy())
+        self._file.write({name: _concatenate(pieces) for name, pieces in parts.items()})
         self.rows_written += rows * len(self.presets)
 
     def close(self) -> None:
-        self._writer.close()
+        self._file.close()
 
     def __enter__(self) -> DecisionWriter:
         return self
 
-    def __exit__(self, error_type: type[BaseException] | None, *_: object) -> None:
+    def __exit__(self, error_type: type[BaseException] | None, *rest: Any) -> None:
         """Close the file; a pass that failed leaves no half-written file behind."""
-        self.close()
-        if error_type is not None:
-            self.path.unlink(missing_ok=True)
+        self._file.__exit__(error_type, *rest)
 
-    def _row_weight(self, shared: ChunkDivergences, preset: Preset, missing: Any) -> Any:
-        """R_i[w] of the preset's IS weights (legacy: of the raw w) before normalisation; ``missing`` without IS."""
+    def _row_weight(self, shared: ChunkDivergences, preset: Preset, missing: np.ndarray) -> np.ndarray:
+        """R_i[w] of the preset's IS weights (legacy: of the raw w) before normalisation; NaN (null) without IS."""
         if preset.importance is not None:
             _, weight = shared.importance_weights(preset.importance)
         elif preset.legacy is not None:
             weight = legacy_weights(shared, preset.legacy.level)
         else:
             return missing
-        return self._pa.array(shared.row_mean(weight).cpu().numpy())
+        return shared.row_mean(weight).cpu().numpy()
+
+
+def _concatenate(pieces: list[Any]) -> np.ndarray:
+    """One column from per-preset pieces; text stays as Python strings (object arrays)."""
+    text = any(isinstance(piece, list) for piece in pieces)
+    return np.concatenate([np.asarray(piece, dtype=object if text else None) for piece in pieces])
 
 
 def export_decisions(

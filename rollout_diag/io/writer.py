@@ -102,3 +102,51 @@ class DumpWriter:
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
     ) -> None:
         self.close()
+
+
+_KINDS = {
+    "string": pa.string(),
+    "category": pa.dictionary(pa.int32(), pa.string()),  # a few distinct values repeated on every row
+    "int64": pa.int64(),
+    "float64": pa.float64(),
+    "bool": pa.bool_(),
+}
+
+
+class RowTableWriter:
+    """Stream rows of plain columns (numpy arrays or lists; NaN floats become nulls) into one Parquet file.
+
+    ``columns``: (name, kind) with kind in string, category, int64, float64, bool. A context manager: a
+    pass that fails deletes the half-written file. Raises ConfigError when the file cannot be created.
+    """
+
+    def __init__(self, path: str | Path, columns: Sequence[tuple[str, str]], setting: str = "output") -> None:
+        self.path = Path(path)
+        self.schema = pa.schema([(name, _KINDS[kind]) for name, kind in columns])
+        try:
+            self._writer = pq.ParquetWriter(str(self.path), self.schema, compression="zstd")
+        except (OSError, pa.ArrowException) as exc:
+            raise ConfigError(f"{setting} {self.path}: cannot write ({' '.join(str(exc).split())}).") from None
+
+    def write(self, columns: dict[str, Any]) -> None:
+        arrays = []
+        for field in self.schema:
+            values = columns[field.name]
+            if pa.types.is_dictionary(field.type):
+                arrays.append(pa.array(values, pa.string()).dictionary_encode())
+            else:
+                arrays.append(pa.array(values, field.type, from_pandas=True))  # from_pandas: NaN -> null
+        self._writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema))
+
+    def close(self) -> None:
+        self._writer.close()
+
+    def __enter__(self) -> RowTableWriter:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()
+        if kind is not None:
+            self.path.unlink(missing_ok=True)
