@@ -188,6 +188,10 @@ def analyze(
         float, typer.Option(help="|δ| above which a token counts as catastrophic (1.0: ρ outside [1/e, e]).")
     ] = 1.0,
     top_k: Annotated[int, typer.Option(help="How many worst rows and tokens to keep.")] = 20,
+    workers: Annotated[
+        int, typer.Option(help="Split the input over this many processes (or Ray tasks) and merge: same result.")
+    ] = 1,
+    backend: Annotated[str, typer.Option(help="Where --workers run: process (this machine) or ray.")] = "process",
     strict: StrictOpt = False,
     chunk_tokens: ChunkOpt = CHUNK_TOKENS,
     debug: DebugOpt = False,
@@ -204,8 +208,12 @@ def analyze(
             device=device,
             strict=strict,
             max_rounds=max_rounds,
+            catastrophic=catastrophic,
+            top_k=top_k,
             chunk_tokens=chunk_tokens,
             progress=progress,
+            workers=workers,
+            backend=backend,
         )
     if format is OutputFormat.json:
         emit(to_json_text(result.to_json()), output)

@@ -170,10 +170,14 @@ def analyze(
     top_k: int = DEFAULT_TOP_K,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     progress: Progress | None = None,
+    workers: int = 1,
+    backend: str = "process",
 ) -> AnalysisResult:
     """Every mismatch metric of METRICS.md §1, §5, §6, §7, per step and for the run, in one streaming pass.
 
-    ``inputs``: Parquet files, globs or directories. ``columns``: role -> column overrides.
+    ``inputs``: Parquet files, globs or directories. ``columns``: role -> column overrides. ``workers`` > 1
+    splits the input (by row groups, or by files in the token layout) over that many processes
+    (``backend="process"``) or Ray tasks (``backend="ray"``) and merges their states: the same result.
     Raises RolloutDiagError (InputError, ColumnError, DataError, ConfigError) for bad input or options.
     """
     if max_rounds < 1:
@@ -184,8 +188,14 @@ def analyze(
         raise ConfigError(f"--top-k {top_k}: must be at least 1.")
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
-    analysis = Analysis(max_rounds=max_rounds, catastrophic=catastrophic, top_k=top_k)
-    run_chunks(reader, [analysis.update], torch_device, progress)
+    options = {"max_rounds": max_rounds, "catastrophic": catastrophic, "top_k": top_k}
+    if workers > 1:
+        from rollout_diag.distributed import analyze_parts
+
+        analysis = analyze_parts(reader, workers, backend, torch_device, options, progress)
+    else:
+        analysis = Analysis(**options)
+        run_chunks(reader, [analysis.update], torch_device, progress)
     return build_result(analysis, reader.log, torch_device, strict)
 
 

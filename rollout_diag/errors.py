@@ -11,7 +11,7 @@ class RolloutDiagError(Exception):
     """Base of every error rollout-diag raises on purpose (bad input, bad options)."""
 
     def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message)
+        super().__init__(message, hint)  # both in args, so the error survives pickling (worker processes)
         self.message = message
         self.hint = hint
 

@@ -134,3 +134,35 @@ def test_report_from_dump_and_from_saved_json(tmp_path: Path) -> None:
 
 def test_report_needs_an_input() -> None:
     assert "--from-json" in error_line(invoke("report"))
+
+
+def test_analysis_knobs_reach_the_library() -> None:
+    default = json.loads(succeeded(invoke("analyze", SAMPLE, "--device", "cpu", "-f", "json")))
+    tuned = json.loads(
+        succeeded(
+            invoke(
+                "analyze",
+                SAMPLE,
+                "--device",
+                "cpu",
+                "-f",
+                "json",
+                "--catastrophic",
+                "0.2",
+                "--top-k",
+                "3",
+                "--max-rounds",
+                "2",
+                "--workers",
+                "2",
+            )
+        )
+    )
+    assert tuned["catastrophic_threshold"] == 0.2
+    assert tuned["run"]["metrics"]["diag/catastrophic_tokens"] > default["run"]["metrics"]["diag/catastrophic_tokens"]
+    assert len(tuned["worst_tokens"]) == 3
+    assert max(r["round"] for r in tuned["rounds"]) == 2 and tuned["rounds"][-1]["pooled"]
+    # --workers 2 changes nothing but the wall time
+    assert tuned["run"]["metrics"]["rollout_corr/k3_kl"] == pytest.approx(
+        default["run"]["metrics"]["rollout_corr/k3_kl"]
+    )

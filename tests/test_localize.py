@@ -226,3 +226,15 @@ def test_mask_edge_cases_rounds_and_positions(tmp_path):
     assert by_bucket == {"0": 2, "1": 1, "2–3": 5, "4–7": 3}
     strip = rd.inspect_row(str(tmp_path / "edges.parquet"), "0-edges", device="cpu")
     assert strip.mask == [0, 0, 1, 1, 0, 1, 0]
+
+
+def test_process_workers_equal_one_pass(tmp_path):
+    rng = np.random.default_rng(3)
+    steps = {step: random_rows(rng, 20, max_len=40) for step in range(5)}
+    path = tmp_path / "dump.parquet"
+    write_dump(path, steps, row_group_size=9)
+    one = rd.analyze(str(path), device="cpu", top_k=5)
+    three = rd.analyze(str(path), device="cpu", top_k=5, workers=3)
+    assert_same(comparable(one), comparable(three))
+    with pytest.raises(rd.ConfigError, match="backend"):
+        rd.analyze(str(path), device="cpu", workers=2, backend="slurm")

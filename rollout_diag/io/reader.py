@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import queue
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,6 +46,13 @@ class ReadLog:
     skipped_rows: int = 0
     warnings: list[str] = field(default_factory=list)
     total_rows: int = 0  # rows in the files (token layout: tokens), known before reading
+
+    def merge(self, other: ReadLog) -> None:
+        """Fold in the log of a worker that read other row groups of the same inputs."""
+        self.skipped = sorted([*self.skipped, *other.skipped], key=lambda r: (r.file, -1 if r.row is None else r.row))
+        del self.skipped[MAX_SKIP_RECORDS:]
+        self.skipped_rows += other.skipped_rows
+        self.warnings.extend(w for w in other.warnings if w not in self.warnings)
 
     def skip(self, record: SkippedRow, strict: bool) -> None:
         if strict:
@@ -162,9 +169,12 @@ class DumpReader:
         *,
         strict: bool = False,
         chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        parts: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
+        """``parts``: read only these row groups of these files (by path), as :meth:`plan` splits them."""
         self.strict = strict
         self.chunk_tokens = max(int(chunk_tokens), 1)
+        self.parts = None if parts is None else {path: set(groups) for path, groups in parts.items()}
         self.log = ReadLog()
         sources = expand_inputs([inputs] if isinstance(inputs, str) else inputs)
         self.files = [_open(source, columns) for source in sources]
@@ -195,6 +205,33 @@ class DumpReader:
             if opened.parquet.metadata.num_rows == 0:
                 self.log.warnings.append(f"{opened.source.path}: file has no rows.")
 
+    def plan(self, workers: int) -> list[dict[str, list[int]]]:
+        """Split the input into at most ``workers`` parts of about equal rows, for parallel readers.
+
+        Sequence layout splits at row-group boundaries (rows never span row groups); token layout at file
+        boundaries (a sequence's tokens may span row groups of one file).
+        """
+        units: list[tuple[str, int, int]] = []  # (path, row group or -1 for the whole file, rows)
+        for opened in self.files:
+            metadata = opened.parquet.metadata
+            if opened.layout == "sequence":
+                units += [
+                    (opened.source.path, g, metadata.row_group(g).num_rows) for g in range(metadata.num_row_groups)
+                ]
+            else:
+                units.append((opened.source.path, -1, metadata.num_rows))
+        total = sum(rows for *_, rows in units)
+        parts: list[dict[str, list[int]]] = [{}]
+        filled = 0
+        for path, group, rows in units:
+            if filled >= total * len(parts) / workers and len(parts) < workers:
+                parts.append({})
+            groups = parts[-1].setdefault(path, [])
+            metadata = next(f.parquet.metadata for f in self.files if f.source.path == path)
+            groups.extend(range(metadata.num_row_groups) if group < 0 else [group])
+            filled += rows
+        return [part for part in parts if part]
+
     def chunks(self, device: torch.device | str = "cpu", prefetch: int = 2) -> Iterator[tuple[Chunk, int]]:
         """Yield (chunk, file rows consumed so far) on ``device``; decoding runs one block ahead in a thread."""
         device = torch.device(device)
@@ -208,6 +245,8 @@ class DumpReader:
     def _blocks(self) -> Iterator[tuple[_Block, int]]:
         consumed = 0
         for opened in self.files:
+            if self.parts is not None and opened.source.path not in self.parts:
+                continue
             reader = _read_sequences if opened.layout == "sequence" else _read_tokens
             try:
                 for block, rows in reader(opened, self):
@@ -306,8 +345,12 @@ def _row_groups(opened: _OpenFile, columns: list[str], rows_per_batch, reader: D
     metadata = opened.parquet.metadata
     path = opened.source.path
     first_row = 0
+    allowed = None if reader.parts is None else reader.parts.get(path, set())
     for group in range(metadata.num_row_groups):
         group_rows = metadata.row_group(group).num_rows
+        if allowed is not None and group not in allowed:  # another reader's part; rows still count
+            first_row += group_rows
+            continue
         done = 0
         try:
             # use_threads=False: with Arrow's thread pool some corrupt pages abort the whole process

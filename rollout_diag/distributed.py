@@ -1,0 +1,89 @@
+"""Scale-out: the same accumulators on several processes (or Ray tasks), merged into one state.
+
+The driver splits the input with ``DumpReader.plan`` (row groups, or whole files in the token layout);
+each worker reads its part, feeds an :class:`~rollout_diag.engine.Analysis` and ships the state back
+(float64 sums, counts, extrema, Chan moments, bounded top-K lists: small and picklable). Merging is exact
+up to float64 summation order, so any number of workers gives the same result as one pass.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import torch
+
+from rollout_diag.engine import Analysis, Progress, run_chunks
+from rollout_diag.errors import ConfigError
+from rollout_diag.io.reader import DumpReader, ReadLog
+
+BACKENDS = ("process", "ray")
+
+
+def analyze_part(
+    inputs: Sequence[str],
+    columns: Mapping[str, str],
+    part: Mapping[str, Sequence[int]],
+    strict: bool,
+    chunk_tokens: int,
+    device: str,
+    options: Mapping[str, Any],
+) -> tuple[Analysis, ReadLog]:
+    """One worker: read ``part`` of the inputs and return the accumulated state and the read log."""
+    torch.set_num_threads(1)  # the workers share the machine's cores
+    reader = DumpReader(list(inputs), columns, strict=strict, chunk_tokens=chunk_tokens, parts=part)
+    analysis = Analysis(**options)
+    run_chunks(reader, [analysis.update], torch.device(device))
+    return analysis, reader.log
+
+
+def analyze_parts(
+    reader: DumpReader,
+    workers: int,
+    backend: str,
+    device: torch.device,
+    options: Mapping[str, Any],
+    progress: Progress | None = None,
+) -> Analysis:
+    """Run :func:`analyze_part` on every part of ``reader.plan(workers)`` and merge the states into one;
+    the workers' read logs are merged into ``reader.log``."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"--backend {backend}: choose {' or '.join(BACKENDS)}.")
+    parts = reader.plan(workers)
+    columns = {role: name.removesuffix(" (partition)") for role, name in reader.log.columns.items()}
+    jobs = [
+        (reader.log.files, columns, part, reader.strict, reader.chunk_tokens, str(device), dict(options))
+        for part in parts
+    ]
+    results = _run_ray(jobs) if backend == "ray" else _run_processes(jobs, workers, device)
+    merged = Analysis(**options)
+    total = reader.log.total_rows
+    for done, (analysis, log) in enumerate(results, start=1):
+        merged.merge(analysis)
+        reader.log.merge(log)
+        if progress is not None:
+            progress(total * done // len(jobs), total)
+    return merged
+
+
+def _run_processes(jobs: list[tuple], workers: int, device: torch.device) -> list[tuple[Analysis, ReadLog]]:
+    # fork starts in milliseconds with torch already imported; CUDA cannot be forked, so GPUs spawn
+    method = "spawn" if device.type == "cuda" else "fork"
+    context = multiprocessing.get_context(method)
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=context) as pool:
+        return list(pool.map(analyze_part, *zip(*jobs, strict=True)))
+
+
+def _run_ray(jobs: list[tuple]) -> list[tuple[Analysis, ReadLog]]:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(
+            "--backend ray needs Ray.", hint="pip install 'rollout-diag[ray]', or use --backend process."
+        ) from None
+    if not ray.is_initialized():
+        ray.init(ignore_reinit_error=True, log_to_driver=False)
+    remote = ray.remote(analyze_part)
+    return ray.get([remote.remote(*job) for job in jobs])
