@@ -10,6 +10,7 @@ state is the merge of all step states. Metric values are derived only in ``final
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import ClassVar
 
@@ -93,7 +94,7 @@ def merge_states(a: State, b: State, reductions: Mapping[str, str]) -> State:
     return {name: _MERGE[reductions[name]](a[name], b[name]) for name in reductions}
 
 
-class StepAccumulator:
+class StepAccumulator(ABC):
     """Base of every metric family. Subclasses declare ``REDUCTIONS`` and write ``_stats``/``_finalize``."""
 
     REDUCTIONS: ClassVar[dict[str, str]] = {}
@@ -102,13 +103,13 @@ class StepAccumulator:
         self.steps: dict[int, State] = {}
 
     # -- to write in a family --------------------------------------------------------------------
+    @abstractmethod
     def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor | list[np.ndarray]]:
         """Partial state of each step group of ``chunk``: name -> tensor [G, ...] (or a list of G arrays)."""
-        raise NotImplementedError  # abstract
 
+    @abstractmethod
     def _finalize(self, state: State) -> dict[str, float]:
         """Metric values from one merged state (a step's, or the run's)."""
-        raise NotImplementedError  # abstract
 
     # -- shared machinery ------------------------------------------------------------------------
     def update(self, chunk: Chunk) -> None:
