@@ -39,3 +39,28 @@ def test_sample_rows_match_the_dump_schema(sample):
     rows = pq.ParquetFile(sample).read_row_group(0).slice(0, 5).to_pylist()
     for row in rows:
         jsonschema.validate(row, schema("dump.schema.json"))
+
+
+def validator(name: str) -> jsonschema.Draft202012Validator:
+    """A validator that resolves references between the files of schemas/."""
+    from referencing import Registry, Resource
+
+    resources = [
+        (f"rollout-diag/{path.name}", Resource.from_contents(json.loads(path.read_text())))
+        for path in SCHEMAS.glob("*.json")
+    ]
+    return jsonschema.Draft202012Validator(schema(name), registry=Registry().with_resources(resources))
+
+
+def test_compare_presets_json_matches_its_schema():
+    comparison = rd.compare_presets(str(SAMPLES[0]), ["all"], device="cpu")
+    document = json.loads(json.dumps(comparison.to_json(), allow_nan=False))
+    validator("comparison.schema.json").validate(document)
+    document["presets"][0]["run"]["metrics"]["training/x"] = 1.0  # not a preset metric family
+    with pytest.raises(jsonschema.ValidationError):
+        validator("comparison.schema.json").validate(document)
+
+
+def test_sweep_json_matches_its_schema():
+    document = json.loads(json.dumps(rd.threshold_sweep(str(SAMPLES[0]), device="cpu").to_json(), allow_nan=False))
+    validator("sweep.schema.json").validate(document)
