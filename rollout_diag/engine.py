@@ -23,6 +23,7 @@ from rollout_diag.metrics.localize import (
 from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
 from rollout_diag.metrics.rollout_kl import RolloutKLAccumulator
 from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS, RoundAccumulator
+from rollout_diag.metrics.segments import stats
 from rollout_diag.metrics.sweep import DEFAULT_TARGETS, SweepAccumulator, sweep_tables
 from rollout_diag.metrics.trends import find_anomalies, round_trend, step_trend
 from rollout_diag.results import AnalysisResult, RowTokens, SkippedRow, StepResult, SweepResult
@@ -83,7 +84,7 @@ class Analysis:
         if not self.offpolicy_only:
             self.worst.update(chunk)
         if len(self.empty_rows) < MAX_LISTED_EMPTY_ROWS:
-            for row in torch.nonzero(chunk.tokens_per_row == 0).flatten().tolist()[:MAX_LISTED_EMPTY_ROWS]:
+            for row in torch.nonzero(stats(chunk).row_count == 0).flatten().tolist()[:MAX_LISTED_EMPTY_ROWS]:
                 self.empty_rows.append(
                     (int(chunk.step[row]), chunk.sample_id[row], chunk.file[row], chunk.file_row[row])
                 )

@@ -106,8 +106,3 @@ class Chunk:
             trainer, rollout = self.trainer[index], self.rollout[index]
             row, position = token_row[index], position[index]
         return ModelTokens(trainer=trainer, rollout=rollout, log_ratio=trainer - rollout, row=row, position=position)
-
-    @cached_property
-    def tokens_per_row(self) -> torch.Tensor:
-        """n_i: model tokens per row (int64 [R])."""
-        return torch.bincount(self.model.row, minlength=self.rows)

@@ -98,7 +98,7 @@ class ChunkDivergences:
     @cached_property
     def row_tokens(self) -> torch.Tensor:
         """n_i (int64 [R])."""
-        return self.chunk.tokens_per_row
+        return segment_stats(self.chunk).row_count.to(torch.int64)
 
     @cached_property
     def row_weight(self) -> torch.Tensor:
@@ -274,14 +274,9 @@ class ChunkDivergences:
         """§3: k1 = −clamp20(δ), k2 = ½·clamp20(δ)², k3 = exp(clamp20(δ)) − 1 − clamp20(δ) per model token."""
 
         def compute() -> torch.Tensor:
-            x = self.clamped_log_ratio
             if statistic == "k1":
-                return -x
-            if statistic == "k2":
-                return segment_stats(self.chunk).token("rs_k2")
-            # not segments' expm1 form: verl and tests/reference.py round exp(c) − 1 − c, and k3 of a tiny δ
-            # differs between the two by up to ~1e-8 relative
-            return torch.exp(x) - 1.0 - x
+                return -self.clamped_log_ratio
+            return segment_stats(self.chunk).token(f"rs_{statistic}")  # shared with the sweep
 
         return self.memo(("statistic", statistic), compute)
 

@@ -87,9 +87,11 @@ def _rs_k2(s: ChunkStats) -> torch.Tensor:  # §3 k2 = ½·c²
 
 
 @quantity("rs_k3")
-def _rs_k3(s: ChunkStats) -> torch.Tensor:  # §3 k3 = exp(c) − 1 − c
+def _rs_k3(s: ChunkStats) -> torch.Tensor:
+    # §3 k3 = exp(c) − 1 − c, rounded as verl writes it (not expm1): a row value that sits exactly at a
+    # rejection threshold must fall on the same side as in verl, in presets and in the sweep alike
     clamped = s.token("clamped_log_ratio")
-    return torch.expm1(clamped) - clamped
+    return torch.exp(clamped) - 1.0 - clamped
 
 
 @quantity("trainer_prob")
