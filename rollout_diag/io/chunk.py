@@ -28,7 +28,7 @@ class StepGroups:
         return len(self.steps)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelTokens:
     """The mask-1 tokens of a chunk, in row order."""
 
@@ -37,20 +37,6 @@ class ModelTokens:
     log_ratio: torch.Tensor  # float64 [M]  δ = a − r
     row: torch.Tensor  # int64 [M]  row index within the chunk
     position: torch.Tensor  # int64 [M]  index of the token within its row (environment tokens count)
-
-    @cached_property
-    def round(self) -> torch.Tensor:
-        """int64 [M]: multi-turn round, the index of the run of mask-1 tokens within its row."""
-        if self.position.numel() == 0:
-            return self.position.clone()
-        starts = torch.ones_like(self.position, dtype=torch.bool)
-        starts[1:] = (self.row[1:] != self.row[:-1]) | (self.position[1:] != self.position[:-1] + 1)
-        started = torch.cumsum(starts.to(torch.int64), 0)
-        first_in_row = starts.clone()
-        first_in_row[1:] &= self.row[1:] != self.row[:-1]
-        row_base = torch.zeros(int(self.row.max()) + 1, dtype=torch.int64, device=self.row.device)
-        row_base[self.row[first_in_row]] = started[first_in_row] - 1
-        return started - 1 - row_base[self.row]
 
 
 @dataclass
