@@ -377,7 +377,8 @@ def _column_names(opened: _OpenFile) -> list[str]:
 
 
 def _scalar_roles(opened: _OpenFile, batch: pa.RecordBatch, first_row: int, rows: int, index=None):
-    """step and sample_id per row (partition values and defaults filled in)."""
+    """step and sample_id per row (partition values and defaults filled in); with ``index``, only of those
+    rows (positions within ``batch``)."""
     columns = opened.columns
     step_name = columns.get("step")
     if step_name is None:
@@ -393,7 +394,8 @@ def _scalar_roles(opened: _OpenFile, batch: pa.RecordBatch, first_row: int, rows
             array = array.take(pa.array(index))
         if array.null_count:
             bad = int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
-            raise DataError(f"{where(opened.source.path, first_row + bad, step_name)}step is null.")
+            row = first_row + (bad if index is None else int(index[bad]))
+            raise DataError(f"{where(opened.source.path, row, step_name)}step is null.")
         step = array.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
     sid_name = columns.get("sample_id")
     if sid_name is None:
@@ -536,9 +538,7 @@ def _read_tokens(opened: _OpenFile, reader: DumpReader) -> Iterator[tuple[_Block
             else:
                 table = pa.concat_tables([carry, table])
                 first_row = carry_first_row
-        step, sample_id = _scalar_roles(opened, table, first_row, table.num_rows)
-        sid = np.asarray(sample_id, dtype=object)
-        boundary = np.flatnonzero((step[1:] != step[:-1]) | (sid[1:] != sid[:-1])) + 1
+        boundary = np.flatnonzero(_sequence_changes(opened, table, first_row)) + 1
         starts = np.concatenate([[0], boundary])
         ends = np.concatenate([boundary, [table.num_rows]])
         complete = len(starts) - 1  # the last run may continue in the next batch
@@ -551,6 +551,21 @@ def _read_tokens(opened: _OpenFile, reader: DumpReader) -> Iterator[tuple[_Block
         carry, carry_first_row = table.slice(cut), first_row + cut
 
 
+def _sequence_changes(opened: _OpenFile, table: pa.Table, first_row: int) -> np.ndarray:
+    """bool [n − 1]: token i + 1 starts another (step, sample_id) than token i. Compared in Arrow, so
+    millions of sample ids are never turned into Python strings."""
+    changes = np.zeros(max(table.num_rows - 1, 0), dtype=bool)
+    columns = opened.columns
+    for role in ("step", "sample_id"):
+        name = columns.get(role)
+        if name is None or role in columns.from_partition or table.num_rows < 2:
+            continue
+        values = table.column(name).combine_chunks()
+        differs = pc.not_equal(values.slice(1), values.slice(0, table.num_rows - 1))
+        changes |= differs.fill_null(True).to_numpy(zero_copy_only=False)  # a null starts a run: caught there
+    return changes
+
+
 def _token_block(
     opened: _OpenFile,
     table: pa.Table,
@@ -561,10 +576,8 @@ def _token_block(
 ) -> _Block:
     path = opened.source.path
     names = opened.columns.names
-    step_all, sid_all = _scalar_roles(opened, table, first_row, table.num_rows)
     run_starts = np.concatenate([[0], np.cumsum(run_lengths)[:-1]]).astype(np.int64)
-    step = step_all[run_starts]
-    sample_id = [sid_all[i] for i in run_starts]
+    step, sample_id = _scalar_roles(opened, table, first_row, len(run_starts), index=run_starts)
     for i, key in enumerate(zip(step.tolist(), sample_id, strict=True)):
         if key in finished:
             raise InputError(
