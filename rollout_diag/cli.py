@@ -116,12 +116,13 @@ def progress_bar(inputs: list[Path]) -> Iterator[Callable[[int, int], None] | No
     if not sys.stderr.isatty() or size < PROGRESS_MIN_BYTES:
         yield None
         return
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     with Progress(
         TextColumn("reading"),
         BarColumn(),
-        TextColumn("{task.completed:,}/{task.total:,} rows"),
+        MofNCompleteColumn(),  # "done/total" that copes with a total not known yet
+        TextColumn("rows"),
         TimeRemainingColumn(),
         console=Console(file=sys.stderr),
         transient=True,

@@ -305,3 +305,22 @@ def test_cli_chunk_default_is_the_readers() -> None:
     from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
 
     assert CHUNK_TOKENS == DEFAULT_CHUNK_TOKENS
+
+
+def test_progress_bar_on_a_terminal(monkeypatch: pytest.MonkeyPatch, sample: Path) -> None:
+    import io as stdio
+
+    from rollout_diag import cli
+
+    class Terminal(stdio.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(cli.sys, "stderr", terminal)
+    monkeypatch.setattr(cli, "PROGRESS_MIN_BYTES", 0)
+    with cli.progress_bar([sample]) as update:
+        assert update is not None  # a terminal and a big enough input get a bar
+        update(10, 100)
+        update(100, 100)
+    assert "100/100" in terminal.getvalue()
