@@ -98,6 +98,10 @@ def handles_errors(command: F) -> F:
             raise typer.Exit(130) from None
         except (typer.Exit, typer.Abort):
             raise
+        except OSError as exc:  # an output path that cannot be written (input errors are RolloutDiagErrors)
+            if debug:
+                raise
+            fail(f"{exc.filename}: {exc.strerror}." if exc.filename else f"{exc}.")
         except Exception as exc:
             if debug:
                 raise

@@ -166,3 +166,9 @@ def test_analysis_knobs_reach_the_library() -> None:
     assert tuned["run"]["metrics"]["rollout_corr/k3_kl"] == pytest.approx(
         default["run"]["metrics"]["rollout_corr/k3_kl"]
     )
+
+
+@pytest.mark.parametrize("command", [("report", "-o"), ("analyze", "-f", "json", "-o")])
+def test_unwritable_output_is_a_one_line_error(command: tuple[str, ...]) -> None:
+    line = error_line(invoke(command[0], SAMPLE, "--device", "cpu", *command[1:], "/nonexistent/dir/out"))
+    assert "/nonexistent/dir/out: No such file or directory." in line
