@@ -364,21 +364,15 @@ def _is_weights_and_metrics(
         masked_weights = [w for values in weights for w in values]
         metrics["rollout_is_max"] = max(masked_weights)  # over masked tokens
         metrics["rollout_is_min"] = min(masked_weights)
-        metrics["rollout_is_ratio_fraction_high"] = token_mean(
-            [[indicator(w > upper) for w in v] for v in raw]
-        )
-        metrics["rollout_is_ratio_fraction_low"] = token_mean(
-            [[indicator(w < lower_prime) for w in v] for v in raw]
-        )
+        metrics["rollout_is_ratio_fraction_high"] = token_mean([[indicator(w > upper) for w in v] for v in raw])
+        metrics["rollout_is_ratio_fraction_low"] = token_mean([[indicator(w < lower_prime) for w in v] for v in raw])
     else:
         # s_i = S_i[δ] over ALL rows, unclamped (an empty row has s_i = 0)
         seq_log_ratio = [row_sum(values) for values in per_token(rows, log_ratio)]
         metrics["rollout_is_max"] = math.exp(min(max(seq_log_ratio), SAFETY_BOUND))  # exp(min(max s, 20))
         metrics["rollout_is_min"] = math.exp(min(seq_log_ratio))  # exp(min s), no clamp
         # verl takes log U / log L' of a float32 tensor; the float64 log is used here
-        metrics["rollout_is_ratio_fraction_high"] = plain_mean(
-            [indicator(s > math.log(upper)) for s in seq_log_ratio]
-        )
+        metrics["rollout_is_ratio_fraction_high"] = plain_mean([indicator(s > math.log(upper)) for s in seq_log_ratio])
         metrics["rollout_is_ratio_fraction_low"] = plain_mean(
             [indicator(s < math.log(lower_prime)) for s in seq_log_ratio]
         )
@@ -485,9 +479,7 @@ def parse_rs(options: list[str], thresholds: list[str]) -> list[tuple[str, float
         thresholds = list(thresholds) * len(unique_options)
     if len(thresholds) != len(unique_options):
         raise ValueError("rollout_rs_threshold needs one entry, or one per option")
-    return [
-        (option, *rs_bounds(option, spec)) for option, spec in zip(unique_options, thresholds, strict=True)
-    ]
+    return [(option, *rs_bounds(option, spec)) for option, spec in zip(unique_options, thresholds, strict=True)]
 
 
 def token_divergence(delta: float, kind: str) -> float:
@@ -536,9 +528,7 @@ def rs_option_keep(rows: Sequence[Row], option: str, lower: float | None, upper:
     return [[rs_passes(x, option, lower, upper) for x in v] for v in rs_option_stats(rows, option)]
 
 
-def _rs_option_metrics(
-    rows: Sequence[Row], option: str, lower: float | None, upper: float
-) -> dict[str, float]:
+def _rs_option_metrics(rows: Sequence[Row], option: str, lower: float | None, upper: float) -> dict[str, float]:
     is_k1 = option.endswith("k1")
     # thresholds in metric space: k1 → (log L, log U); k2/k3 → (0, U)
     upper_m = math.log(upper) if is_k1 else upper
@@ -583,9 +573,7 @@ def _rs_option_metrics(
     metrics["masked_fraction"] = token_mean([[indicator(not k) for k in v] for v in keep])  # T[1 − keep]
     valid_keep = [v for v in keep if v]
     # over valid rows: share of rows with a rejected masked token
-    metrics["seq_masked_fraction"] = (
-        plain_mean([indicator(not all(v)) for v in valid_keep]) if valid_keep else 0.0
-    )
+    metrics["seq_masked_fraction"] = plain_mean([indicator(not all(v)) for v in valid_keep]) if valid_keep else 0.0
     return {f"{OFFPOLICY}rollout_rs_{option}_{name}": value for name, value in metrics.items()}
 
 
@@ -608,9 +596,7 @@ def rs_metrics(rows: Sequence[Row], options: list[str], thresholds: list[str]) -
     for option, lower, upper in parsed:
         metrics.update(_rs_option_metrics(rows, option, lower, upper))
     final = _final_keep(rows, parsed)
-    metrics[OFFPOLICY + "rollout_rs_masked_fraction"] = token_mean(
-        [[indicator(not k) for k in v] for v in final]
-    )
+    metrics[OFFPOLICY + "rollout_rs_masked_fraction"] = token_mean([[indicator(not k) for k in v] for v in final])
     # mean over ALL rows (empty rows count, as 0), unlike the per-option valid-row share
     metrics[OFFPOLICY + "rollout_rs_seq_masked_fraction"] = plain_mean([indicator(not all(v)) for v in final])
     return metrics

@@ -84,8 +84,7 @@ def test_offpolicy_metrics_batch_a():
         # T[r − a] = −Σδ/(5+E) = −(0.5 − 0.25 + 0.25 + 0 + 1)/(5+E)
         P + "kl": -1.5 / (5 + E),
         # T[e^δ − δ − 1] over δ = 0.5, −0.25, 0.25, 0, 1 (the δ = 6 under m = 0 is ignored)
-        P + "k3_kl": ((exp(0.5) - 1.5) + (exp(-0.25) - 0.75) + (exp(0.25) - 1.25) + 0.0 + (exp(1) - 2))
-        / (5 + E),
+        P + "k3_kl": ((exp(0.5) - 1.5) + (exp(-0.25) - 0.75) + (exp(0.25) - 1.25) + 0.0 + (exp(1) - 2)) / (5 + E),
         P + "log_ppl_diff": (d0 + d1 + 0.0) / 3,
         P + "log_ppl_abs_diff": (abs(d0) + abs(d1) + 0.0) / 3,
         P + "log_ppl_diff_max": 0.0,  # d0 ≈ −0.125, d1 ≈ −0.417, the empty row's d2 = 0 wins
@@ -204,8 +203,7 @@ def test_rollout_kl_metrics_batch_a():
         "rollout_kl/k2": (0.15625 / (2 + E) + 0.53125 / (3 + E)) / 3,
         # e^{−x} − 1 + x: row0 (e^−0.5 − 0.5) + (e^0.25 − 1.25); row1 (e^−0.25 − 0.75) + 0 + e^−1
         "rollout_kl/k3": (
-            ((exp(-0.5) - 0.5) + (exp(0.25) - 1.25)) / (2 + E)
-            + ((exp(-0.25) - 0.75) + 0.0 + exp(-1)) / (3 + E)
+            ((exp(-0.5) - 0.5) + (exp(0.25) - 1.25)) / (2 + E) + ((exp(-0.25) - 0.75) + 0.0 + exp(-1)) / (3 + E)
         )
         / 3,
     }
@@ -342,9 +340,7 @@ def test_token_icepop_batch_a():
         P + "rollout_is_oob_ratio": 1 / (5 + E),  # T[w_raw < 0.5 or w_raw > 2]: only e^1
     }
     check(is_metrics(batch_a(), "token", 2.0, lower=0.5), expected)
-    check_rows(
-        is_weights(batch_a(), "token", 2.0, lower=0.5), [[exp(0.5), exp(-0.25)], [exp(0.25), 0, 1, 0], [0, 0]]
-    )
+    check_rows(is_weights(batch_a(), "token", 2.0, lower=0.5), [[exp(0.5), exp(-0.25)], [exp(0.25), 0, 1, 0], [0, 0]])
 
 
 def test_sequence_tis_batch_a():
@@ -507,9 +503,7 @@ def test_rs_chained_seq_mean_k3_and_token_k1():
 
 def test_rs_row_values_of_empty_row_are_zero():
     # seq_max_k3: row0 max(e^0.5 − 1.5, e^−0.25 − 0.75) = e^0.5 − 1.5; row1 max(.., 0, e − 2) = e − 2
-    assert rs_row_values(batch_a(), "seq_max_k3") == pytest.approx(
-        [exp(0.5) - 1.5, exp(1) - 2, 0.0], rel=1e-12
-    )
+    assert rs_row_values(batch_a(), "seq_max_k3") == pytest.approx([exp(0.5) - 1.5, exp(1) - 2, 0.0], rel=1e-12)
     # seq_sum_k2: ½δ² sums: row0 0.125 + 0.03125; row1 0.03125 + 0 + 0.5; empty row 0
     assert rs_row_values(batch_a(), "seq_sum_k2") == pytest.approx([0.15625, 0.53125, 0.0], rel=1e-12)
 
