@@ -731,3 +731,15 @@ def test_corrupt_bytes_never_give_a_traceback(small_dump: tuple[Path, Path], dat
         assert str(path) in error_line(result)
     else:
         json.loads(result.stdout)
+
+
+def test_default_sample_ids_stay_file_rows_when_rows_are_skipped(tmp_path: Path) -> None:
+    rows = base_rows()
+    rows[1] = {**rows[1], "trainer": rows[1]["trainer"][:-1]}  # row 1 is ragged and skipped
+    path = write_sequence_dump(tmp_path / "no_ids.parquet", rows, names={"sample_id": None})
+    document = json.loads(invoke("analyze", path, "--device", "cpu", "-f", "json").stdout)
+    assert document["skipped"][0]["row"] == 1
+    ids = {row["sample_id"] for row in document["worst_rows"]}
+    assert "1" not in ids and ids <= {str(i) for i in range(len(rows))}
+    worst = document["worst_rows"][0]
+    assert worst["sample_id"] == str(worst["row"])  # the default id is the file row

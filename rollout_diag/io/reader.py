@@ -398,8 +398,8 @@ def _scalar_roles(opened: _OpenFile, batch: pa.RecordBatch, first_row: int, rows
             raise DataError(f"{where(opened.source.path, row, step_name)}step is null.")
         step = array.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
     sid_name = columns.get("sample_id")
-    if sid_name is None:
-        sample_id = [str(first_row + i) for i in range(rows)]
+    if sid_name is None:  # the row number in the file
+        sample_id = [str(first_row + i) for i in (range(rows) if index is None else index)]
     elif "sample_id" in columns.from_partition:
         sample_id = [str(opened.source.partition[sid_name])] * rows
     else:
@@ -460,9 +460,9 @@ def _read_sequences(opened: _OpenFile, reader: DumpReader) -> Iterator[tuple[_Bl
                     )
                 )
         index = None if keep.all() else np.flatnonzero(keep)
+        step, sample_id = _scalar_roles(opened, batch, first_row, int(keep.sum()), index)
         if index is not None:
             batch = batch.take(pa.array(index))
-        step, sample_id = _scalar_roles(opened, batch, first_row, batch.num_rows, None)
         file_row = first_row + (np.arange(rows, dtype=np.int64) if index is None else index.astype(np.int64))
         lengths_kept = reference if index is None else reference[index]
         flat = {role: _flat_numpy(pc.list_flatten(batch.column(names[role]))) for role in lists}
