@@ -93,7 +93,9 @@ class Analysis:
         for mine, theirs in zip(self.families, other.families, strict=True):
             mine.merge(theirs)
         self.worst.merge(other.worst)
-        self.empty_rows = (self.empty_rows + other.empty_rows)[:MAX_LISTED_EMPTY_ROWS]
+        # the first rows by (step, file, row), whichever worker found them
+        self.empty_rows = sorted(self.empty_rows + other.empty_rows, key=lambda e: (e[0], e[2], e[3]))
+        del self.empty_rows[MAX_LISTED_EMPTY_ROWS:]
 
     def step_results(self) -> list[StepResult]:
         per_family = [family.finalize_steps() for family in self.families]
