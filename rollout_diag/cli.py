@@ -69,6 +69,10 @@ FormatOpt = Annotated[OutputFormat, typer.Option("--format", "-f", help="table (
 OutputOpt = Annotated[Path | None, typer.Option("--output", "-o", help="Write json/csv here instead of stdout.")]
 StrictOpt = Annotated[bool, typer.Option("--strict", help="Fail on the first invalid row instead of skipping it.")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show Python tracebacks for errors.")]
+WorkersOpt = Annotated[
+    int, typer.Option(help="Split the input over this many processes (or Ray tasks) and merge: same result.")
+]
+BackendOpt = Annotated[str, typer.Option(help="Where --workers run: process (this machine) or ray.")]
 ChunkOpt = Annotated[int, typer.Option(help="Tokens per chunk (memory vs overhead); results do not depend on it.")]
 
 
@@ -193,10 +197,8 @@ def analyze(
         float, typer.Option(help="|δ| above which a token counts as catastrophic (1.0: ρ outside [1/e, e]).")
     ] = 1.0,
     top_k: Annotated[int, typer.Option(help="How many worst rows and tokens to keep.")] = 20,
-    workers: Annotated[
-        int, typer.Option(help="Split the input over this many processes (or Ray tasks) and merge: same result.")
-    ] = 1,
-    backend: Annotated[str, typer.Option(help="Where --workers run: process (this machine) or ray.")] = "process",
+    workers: WorkersOpt = 1,
+    backend: BackendOpt = "process",
     strict: StrictOpt = False,
     chunk_tokens: ChunkOpt = CHUNK_TOKENS,
     debug: DebugOpt = False,
@@ -330,6 +332,8 @@ def compare_presets(
         float, typer.Option(help="Highlight presets rejecting more than this share of tokens.")
     ] = 0.10,
     intrusive_ess: Annotated[float, typer.Option(help="Highlight presets whose IS ESS falls below this.")] = 0.5,
+    workers: WorkersOpt = 1,
+    backend: BackendOpt = "process",
     column: ColumnOpt = None,
     device: DeviceOpt = "auto",
     format: FormatOpt = OutputFormat.table,
@@ -374,6 +378,8 @@ def compare_presets(
             targets=parse_targets(target),
             intrusive_rejected_fraction=intrusive_reject,
             intrusive_min_ess=intrusive_ess,
+            workers=workers,
+            backend=backend,
         )
     if export_decisions is not None:
         typer.echo(f"wrote {export_decisions}", err=True)
@@ -408,6 +414,8 @@ def report(
         list[str] | None, typer.Option(help="Presets to show (names or groups); default: all.", metavar="NAME")
     ] = None,
     open_browser: Annotated[bool, typer.Option("--open", help="Open the report in a browser.")] = False,
+    workers: WorkersOpt = 1,
+    backend: BackendOpt = "process",
     column: ColumnOpt = None,
     device: DeviceOpt = "auto",
     strict: StrictOpt = False,
@@ -431,6 +439,8 @@ def report(
                 strict=strict,
                 chunk_tokens=chunk_tokens,
                 progress=progress,
+                workers=workers,
+                backend=backend,
             )
     else:
         fail("give the dump(s) to analyse, or --from-json FILE.")

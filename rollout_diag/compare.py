@@ -19,7 +19,6 @@ import numpy as np
 import torch
 
 from rollout_diag.engine import (
-    Analysis,
     Progress,
     build_result,
     check_targets,
@@ -28,13 +27,12 @@ from rollout_diag.engine import (
     run_chunks,
 )
 from rollout_diag.errors import ConfigError, InputError
-from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
 from rollout_diag.io.writer import RowTableWriter
 from rollout_diag.metrics.correction import ChunkDivergences
 from rollout_diag.metrics.legacy import legacy_weights
-from rollout_diag.metrics.outcome import CorrectionAnalysis, DropRule
-from rollout_diag.metrics.sweep import DEFAULT_TARGETS, SweepAccumulator, sweep_tables
+from rollout_diag.metrics.outcome import DropRule
+from rollout_diag.metrics.sweep import DEFAULT_TARGETS, sweep_tables
 from rollout_diag.presets import Preset, get_presets
 from rollout_diag.results import SCHEMA_VERSION, AnalysisResult, SkippedRow, StepResult
 
@@ -175,6 +173,8 @@ def compare_presets(
     targets: Sequence[float] = DEFAULT_TARGETS,
     intrusive_rejected_fraction: float = INTRUSIVE_REJECTED_FRACTION,
     intrusive_min_ess: float = INTRUSIVE_MIN_ESS,
+    workers: int = 1,
+    backend: str = "process",
 ) -> ComparisonResult:
     """Every chosen preset's §1, §2/§3 (or §8) and ``summary/`` metrics per step and for the run, and the
     threshold sweep (``sweep``: the run-level table of rollout_diag.metrics.sweep), in one pass.
@@ -186,7 +186,7 @@ def compare_presets(
     _, comparison = _one_pass(
         inputs,
         presets,
-        Analysis(offpolicy_only=True),
+        {"offpolicy_only": True},
         columns=columns,
         device=device,
         strict=strict,
@@ -195,6 +195,8 @@ def compare_presets(
         export_decisions_to=export_decisions_to,
         targets=targets,
         intrusive=(intrusive_rejected_fraction, intrusive_min_ess),
+        workers=workers,
+        backend=backend,
     )
     return comparison
 
@@ -209,12 +211,14 @@ def analyze_and_compare(
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     progress: Progress | None = None,
     targets: Sequence[float] = DEFAULT_TARGETS,
+    workers: int = 1,
+    backend: str = "process",
 ) -> tuple[AnalysisResult, ComparisonResult]:
     """``analyze`` and ``compare_presets`` in one pass over the data (what ``rollout-diag report`` shows)."""
     return _one_pass(
         inputs,
         presets,
-        Analysis(),
+        {},
         columns=columns,
         device=device,
         strict=strict,
@@ -223,13 +227,15 @@ def analyze_and_compare(
         export_decisions_to=None,
         targets=targets,
         intrusive=(INTRUSIVE_REJECTED_FRACTION, INTRUSIVE_MIN_ESS),
+        workers=workers,
+        backend=backend,
     )
 
 
 def _one_pass(
     inputs: str | Path | Sequence[str | Path],
     presets: Sequence[str | Preset] | None,
-    analysis: Analysis,
+    options: Mapping[str, Any],
     *,
     columns: Mapping[str, str] | None,
     device: str | torch.device,
@@ -239,23 +245,31 @@ def _one_pass(
     export_decisions_to: str | Path | None,
     targets: Sequence[float],
     intrusive: tuple[float, float],
+    workers: int = 1,
+    backend: str = "process",
 ) -> tuple[AnalysisResult, ComparisonResult]:
+    """analysis (with ``options``) + every preset + the sweep over the data, serially or on workers."""
+    from rollout_diag.distributed import PassSpec, run_parts
+
     chosen = resolve_presets(presets)
     checked_targets = check_targets(targets)
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
-    corrections = CorrectionAnalysis(chosen)
-    sweep = SweepAccumulator()
-    writer = None if export_decisions_to is None else DecisionWriter(export_decisions_to, chosen)
-
-    def consume(chunk: Chunk) -> None:
-        corrections.update(chunk)  # δ and k1/k2/k3 once for every preset (ChunkDivergences.of(chunk))
+    spec = PassSpec(options, chosen)
+    if workers > 1:
+        if export_decisions_to is not None:
+            raise ConfigError("--export-decisions writes one file from one process: leave out --workers.")
+        state = run_parts(reader, workers, backend, torch_device, spec, progress)
+    else:
+        state = spec.new()
+        writer = None if export_decisions_to is None else DecisionWriter(export_decisions_to, chosen)
+        consumers = state.consumers()
         if writer is not None:
-            writer.write(ChunkDivergences.of(chunk))
-
-    with writer or contextlib.nullcontext():
-        run_chunks(reader, [analysis.update, consume, sweep.update], torch_device, progress)
-    base = build_result(analysis, reader.log, torch_device, strict)
+            consumers.append(lambda chunk: writer.write(ChunkDivergences.of(chunk)))
+        with writer or contextlib.nullcontext():
+            run_chunks(reader, consumers, torch_device, progress)
+    base = build_result(state.analysis, reader.log, torch_device, strict)
+    sweep, corrections = state.sweep, state.corrections
     results = []
     finalized = corrections.finalize()
     for preset in chosen:

@@ -1,9 +1,10 @@
 """Scale-out: the same accumulators on several processes (or Ray tasks), merged into one state.
 
 The driver splits the input with ``DumpReader.plan`` (row groups, or whole files in the token layout);
-each worker reads its part, feeds an :class:`~rollout_diag.engine.Analysis` and ships the state back
-(float64 sums, counts, extrema, Chan moments, bounded top-K lists: small and picklable). Merging is exact
-up to float64 summation order, so any number of workers gives the same result as one pass.
+each worker reads its part, feeds a :class:`Pass` (the analysis, and for compare-presets the preset and
+sweep accumulators) and ships the state back (float64 sums, counts, extrema, Chan moments, bounded top-K
+lists: small and picklable). Merging is exact up to float64 summation order, so any number of workers
+gives the same result as one pass.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import multiprocessing
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,25 +20,87 @@ import torch
 from rollout_diag.engine import Analysis, Progress, run_chunks
 from rollout_diag.errors import ConfigError
 from rollout_diag.io.reader import DumpReader, ReadLog
+from rollout_diag.metrics.outcome import CorrectionAnalysis
+from rollout_diag.metrics.sweep import SweepAccumulator
+from rollout_diag.presets import Preset
 
 BACKENDS = ("process", "ray")
 
 
-def analyze_part(
+@dataclass(frozen=True)
+class PassSpec:
+    """What one pass accumulates: analysis options, and (compare-presets) the presets and the sweep."""
+
+    options: Mapping[str, Any]
+    presets: Sequence[Preset] | None = None
+
+    def new(self) -> Pass:
+        presets = None if self.presets is None else CorrectionAnalysis(self.presets)
+        return Pass(Analysis(**self.options), presets, SweepAccumulator() if presets is not None else None)
+
+
+@dataclass
+class Pass:
+    """The accumulators of one pass over (part of) the data."""
+
+    analysis: Analysis
+    corrections: CorrectionAnalysis | None = None
+    sweep: SweepAccumulator | None = None
+
+    def consumers(self) -> list:
+        return [accumulator.update for accumulator in (self.analysis, self.corrections, self.sweep) if accumulator]
+
+    def merge(self, other: Pass) -> None:
+        self.analysis.merge(other.analysis)
+        if self.corrections is not None and other.corrections is not None:
+            self.corrections.merge(other.corrections)
+        if self.sweep is not None and other.sweep is not None:
+            self.sweep.merge(other.sweep)
+
+
+def run_part(
     inputs: Sequence[str],
     columns: Mapping[str, str],
     part: Mapping[str, Sequence[int]],
     strict: bool,
     chunk_tokens: int,
     device: str,
-    options: Mapping[str, Any],
-) -> tuple[Analysis, ReadLog]:
+    spec: PassSpec,
+) -> tuple[Pass, ReadLog]:
     """One worker: read ``part`` of the inputs and return the accumulated state and the read log."""
     torch.set_num_threads(1)  # the workers share the machine's cores
     reader = DumpReader(list(inputs), columns, strict=strict, chunk_tokens=chunk_tokens, parts=part)
-    analysis = Analysis(**options)
-    run_chunks(reader, [analysis.update], torch.device(device))
-    return analysis, reader.log
+    state = spec.new()
+    run_chunks(reader, state.consumers(), torch.device(device))
+    return state, reader.log
+
+
+def run_parts(
+    reader: DumpReader,
+    workers: int,
+    backend: str,
+    device: torch.device,
+    spec: PassSpec,
+    progress: Progress | None = None,
+) -> Pass:
+    """Run :func:`run_part` on every part of ``reader.plan(workers)`` and merge the states into one; the
+    workers' read logs are merged into ``reader.log``."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"--backend {backend}: choose {' or '.join(BACKENDS)}.")
+    columns = {role: name.removesuffix(" (partition)") for role, name in reader.log.columns.items()}
+    jobs = [
+        (reader.log.files, columns, part, reader.strict, reader.chunk_tokens, str(device), spec)
+        for part in reader.plan(workers)
+    ]
+    results = _run_ray(jobs) if backend == "ray" else _run_processes(jobs, workers, device)
+    merged = spec.new()
+    total = reader.log.total_rows
+    for done, (state, log) in enumerate(results, start=1):
+        merged.merge(state)
+        reader.log.merge(log)
+        if progress is not None:
+            progress(total * done // len(jobs), total)
+    return merged
 
 
 def analyze_parts(
@@ -47,25 +111,8 @@ def analyze_parts(
     options: Mapping[str, Any],
     progress: Progress | None = None,
 ) -> Analysis:
-    """Run :func:`analyze_part` on every part of ``reader.plan(workers)`` and merge the states into one;
-    the workers' read logs are merged into ``reader.log``."""
-    if backend not in BACKENDS:
-        raise ConfigError(f"--backend {backend}: choose {' or '.join(BACKENDS)}.")
-    parts = reader.plan(workers)
-    columns = {role: name.removesuffix(" (partition)") for role, name in reader.log.columns.items()}
-    jobs = [
-        (reader.log.files, columns, part, reader.strict, reader.chunk_tokens, str(device), dict(options))
-        for part in parts
-    ]
-    results = _run_ray(jobs) if backend == "ray" else _run_processes(jobs, workers, device)
-    merged = Analysis(**options)
-    total = reader.log.total_rows
-    for done, (analysis, log) in enumerate(results, start=1):
-        merged.merge(analysis)
-        reader.log.merge(log)
-        if progress is not None:
-            progress(total * done // len(jobs), total)
-    return merged
+    """``analyze`` on ``workers`` processes or Ray tasks: the merged Analysis."""
+    return run_parts(reader, workers, backend, device, PassSpec(options), progress).analysis
 
 
 def _run_processes(jobs: list[tuple], workers: int, device: torch.device) -> list[tuple[Analysis, ReadLog]]:
@@ -73,7 +120,7 @@ def _run_processes(jobs: list[tuple], workers: int, device: torch.device) -> lis
     method = "spawn" if device.type == "cuda" else "fork"
     context = multiprocessing.get_context(method)
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=context) as pool:
-        return list(pool.map(analyze_part, *zip(*jobs, strict=True)))
+        return list(pool.map(run_part, *zip(*jobs, strict=True)))
 
 
 def _run_ray(jobs: list[tuple]) -> list[tuple[Analysis, ReadLog]]:
@@ -85,5 +132,5 @@ def _run_ray(jobs: list[tuple]) -> list[tuple[Analysis, ReadLog]]:
         ) from None
     if not ray.is_initialized():
         ray.init(ignore_reinit_error=True, log_to_driver=False)
-    remote = ray.remote(analyze_part)
+    remote = ray.remote(run_part)
     return ray.get([remote.remote(*job) for job in jobs])

@@ -172,3 +172,20 @@ def test_analysis_knobs_reach_the_library() -> None:
 def test_unwritable_output_is_a_one_line_error(command: tuple[str, ...]) -> None:
     line = error_line(invoke(command[0], SAMPLE, "--device", "cpu", *command[1:], "/nonexistent/dir/out"))
     assert "/nonexistent/dir/out: No such file or directory." in line
+
+
+def test_compare_presets_on_workers_equals_one_pass(tmp_path: Path) -> None:
+    split_file = tmp_path / "row_groups.parquet"
+    pq.write_table(pq.read_table(SAMPLE), split_file, row_group_size=16)  # 8 row groups: real parts
+    one = json.loads(succeeded(invoke("compare-presets", split_file, "--device", "cpu", "-f", "json")))
+    two = json.loads(
+        succeeded(invoke("compare-presets", split_file, "--device", "cpu", "-f", "json", "--workers", "3"))
+    )
+    for first, second in zip(one["presets"], two["presets"], strict=True):
+        for name, value in first["run"]["metrics"].items():
+            assert second["run"]["metrics"][name] == pytest.approx(value, rel=1e-9, abs=1e-12), (first["name"], name)
+    for first, second in zip(one["sweep"], two["sweep"], strict=True):
+        thresholds = [t["threshold"] for t in second["thresholds"]]
+        assert [t["threshold"] for t in first["thresholds"]] == pytest.approx(thresholds), first["option"]
+    line = error_line(invoke("compare-presets", split_file, "--workers", "2", "--export-decisions", tmp_path / "d"))
+    assert "--export-decisions" in line
