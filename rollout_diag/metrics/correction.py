@@ -36,6 +36,7 @@ from rollout_diag.metrics.base import (
     segment_moments,
     segment_sum,
 )
+from rollout_diag.metrics.segments import reduce_runs
 from rollout_diag.metrics.segments import stats as segment_stats
 from rollout_diag.presets import ImportanceSampling, RejectionOption
 
@@ -64,7 +65,7 @@ class ChunkDivergences:
 
     Token tensors are over the chunk's model tokens (mask 1, ``chunk.model``), in row order [M]; row
     tensors over all rows [R]. Rows are whole (the reader never splits one), so row sums here are final.
-    Reductions avoid ``index_add`` over tokens: row sums use ``segment_reduce`` (rows are contiguous), and
+    Reductions avoid ``index_add`` over tokens: row sums are run reductions (rows are contiguous), and
     steps are runs of consecutive rows, so a step's token sum is one slice sum (``token_runs``).
     """
 
@@ -155,9 +156,7 @@ class ChunkDivergences:
 
     def _row_reduce(self, token_values: torch.Tensor, reduce: str) -> torch.Tensor:
         """sum / max / min of each row's model tokens; empty rows get 0 / −inf / +inf."""
-        if self.chunk.rows == 0:
-            return torch.zeros(0, dtype=torch.float64, device=self.chunk.device)
-        return torch.segment_reduce(token_values.to(torch.float64), reduce, lengths=self.row_tokens)
+        return reduce_runs(token_values, self.row_tokens, reduce)
 
     def step_sum(self, quantity: PerToken) -> torch.Tensor:
         """Σ over each step's model tokens (float64 [G])."""

