@@ -159,10 +159,15 @@ def main() -> None:
         + (f" (naive: {naive['rss_mb']:.0f} MB)" if naive else ""),
         "",
     ]
+    publish(lines, args.write)
+
+
+def publish(lines: list[str], path: Path | None) -> None:
+    """Print a markdown section, and append it to ``path`` (docs/benchmarks.md) when given."""
     text = "\n".join(lines)
     print(text)
-    if args.write:
-        with args.write.open("a", encoding="utf-8") as handle:
+    if path is not None:
+        with path.open("a", encoding="utf-8") as handle:
             handle.write("\n" + text)
 
 

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_analyze import ANALYZE, make_dump, measure  # the sibling script
+from bench_analyze import ANALYZE, make_dump, measure, median_of, publish  # the sibling script
 
 COMPARE = """
 import sys, rollout_diag
@@ -68,12 +67,6 @@ for preset in get_presets(["verl"]):
 """
 
 
-def median_of(code: str, repeat: int, *args: str) -> tuple[float, float, float, float]:
-    runs = [measure(code, *args) for _ in range(repeat)]
-    walls = [r["wall"] for r in runs]
-    return statistics.median(walls), min(walls), max(walls), max(r["rss_mb"] for r in runs)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=12_500_000)
@@ -92,7 +85,7 @@ def main() -> None:
         ),
         "naive: per preset, read + pad per step + torch batch": median_of(NAIVE, args.repeat, str(dump), args.device),
     }
-    analyze, compare, naive = (results[name][0] for name in results)
+    analyze, compare, naive = (results[name]["wall"] for name in results)
     lines = [
         f"### compare-presets, {args.tokens / 1e6:.1f}M tokens, device {args.device} ({time.strftime('%Y-%m-%d')})",
         "",
@@ -102,19 +95,16 @@ def main() -> None:
         "| contender | wall s | M tokens/s | peak RSS MB |",
         "|---|---|---|---|",
         *(
-            f"| {name} | {m:.2f} ({lo:.2f}–{hi:.2f}) | {args.tokens / m / 1e6:.1f} | {rss:.0f} |"
-            for name, (m, lo, hi, rss) in results.items()
+            f"| {name} | {r['wall']:.2f} ({r['wall_min']:.2f}–{r['wall_max']:.2f}) | "
+            f"{args.tokens / r['wall'] / 1e6:.1f} | {r['rss_mb']:.0f} |"
+            for name, r in results.items()
         ),
         "",
         f"- compare-presets / analyze = **{compare / analyze:.2f}×** (target ≤ 2×); "
         f"naive / compare-presets = **{naive / compare:.1f}×** (target ≥ 10×)",
         "",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if args.write:
-        with args.write.open("a", encoding="utf-8") as handle:
-            handle.write("\n" + text)
+    publish(lines, args.write)
 
 
 if __name__ == "__main__":
