@@ -62,6 +62,8 @@ OPTIONS: tuple[SweepOption, ...] = (
 
 
 def _k3(c: np.ndarray | float) -> np.ndarray | float:
+    # histogram edges only: expm1 keeps the edge scores increasing down to |c| = 1e-12, where verl's
+    # exp(c) − 1 − c (used for the row statistics) would round to noise
     return np.expm1(c) - c
 
 
@@ -108,7 +110,7 @@ class SweepAccumulator(StepAccumulator):
         }
 
     def _finalize(self, state: State) -> dict[str, float]:
-        return {}  # the sweep is a table, not metrics: see sweep_table()
+        return {}  # the sweep is a table, not metrics: see sweep_tables()
 
     def table(self, state: State, targets: tuple[float, ...], curve: bool) -> list[dict[str, Any]]:
         return [_option_row(option, state, targets, curve) for option in OPTIONS]
