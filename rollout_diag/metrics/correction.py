@@ -344,6 +344,16 @@ class CorrectionAccumulator(StepAccumulator, ABC):
     def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
         return self._shared_stats(ChunkDivergences.of(chunk))
 
+    def _finalize(self, state: State) -> dict[str, float]:
+        value = values_of(state)
+        if value["tokens"] == 0:
+            return {}  # §1: a step with N = 0 has no metrics
+        return self._metrics(value)
+
+    @abstractmethod
+    def _metrics(self, value: dict[str, Any]) -> dict[str, float]:
+        """Metric values from a merged state of a step (or run) that has model tokens."""
+
     @abstractmethod
     def _shared_stats(self, shared: ChunkDivergences) -> dict[str, torch.Tensor]:
         """Partial state of each step group: name -> tensor [G, ...]."""
@@ -527,11 +537,8 @@ class ImportanceAccumulator(CorrectionAccumulator):
             "valid_seq_weight_sum": shared.step_sum_rows(torch.where(shared.valid_rows, seq_weight, 0.0)),
         }
 
-    def _finalize(self, state: State) -> dict[str, float]:
-        value = values_of(state)
+    def _metrics(self, value: dict[str, Any]) -> dict[str, float]:
         tokens, rows = value["tokens"], value["rows"]
-        if tokens == 0:
-            return {}  # §1: a step with N = 0 has no metrics
         config = self.config
         denominator = tokens + EPS  # T[x] = Σ m·x / (N + 1e-8)
         sequence = config.level == "sequence"
@@ -609,11 +616,8 @@ class RejectionOptionAccumulator(CorrectionAccumulator):
             "rejected_rows": shared.step_sum_rows(shared.rows_with(rejected)),
         }
 
-    def _finalize(self, state: State) -> dict[str, float]:
-        value = values_of(state)
+    def _metrics(self, value: dict[str, Any]) -> dict[str, float]:
         tokens, valid = value["tokens"], value["valid_rows"]
-        if tokens == 0:
-            return {}  # §1: a step with N = 0 has no metrics
         option = self.option
         denominator = tokens + EPS
         # §3 fractions: sequence options over valid rows, token options T[·]
@@ -682,10 +686,7 @@ class RejectionChainAccumulator(DropCountAccumulator):
     def kept_tokens(self, shared: ChunkDivergences) -> PerToken:
         return shared.rs_final_keep(self.options)
 
-    def _finalize(self, state: State) -> dict[str, float]:
-        value = values_of(state)
-        if value["tokens"] == 0:
-            return {}
+    def _metrics(self, value: dict[str, Any]) -> dict[str, float]:
         return {
             PREFIX + "rollout_rs_masked_fraction": value["rejected_tokens"] / (value["tokens"] + EPS),
             PREFIX + "rollout_rs_seq_masked_fraction": value["rejected_rows"] / value["rows"],

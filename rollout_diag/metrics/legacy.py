@@ -9,18 +9,17 @@ row when any model token has ρ = exp(δ) outside the veto bounds.
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
-from rollout_diag.metrics.base import EPS, State, clamp20
+from rollout_diag.metrics.base import EPS, clamp20
 from rollout_diag.metrics.correction import (
     WEIGHT_REDUCTIONS,
     ChunkDivergences,
     CorrectionAccumulator,
     PerToken,
     log_bound,
-    values_of,
     weight_metrics,
     weight_stats,
 )
@@ -115,11 +114,8 @@ class LegacyAccumulator(CorrectionAccumulator):
             "masked_rows": shared.step_sum_rows(masked_rows),
         }
 
-    def _finalize(self, state: State) -> dict[str, float]:
-        value = values_of(state)
+    def _metrics(self, value: dict[str, Any]) -> dict[str, float]:
         tokens, rows = value["tokens"], value["rows"]
-        if tokens == 0:
-            return {}  # §1: a step with N = 0 has no metrics
         config = self.config
         denominator = tokens + EPS
         metrics = {

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import State
 from rollout_diag.metrics.correction import (
     ChunkDivergences,
     CorrectionAccumulator,
@@ -21,7 +20,6 @@ from rollout_diag.metrics.correction import (
     PerToken,
     RejectionChainAccumulator,
     RejectionOptionAccumulator,
-    values_of,
 )
 from rollout_diag.metrics.legacy import LegacyAccumulator, legacy_keep
 from rollout_diag.presets import ImportanceSampling, LegacyCorrection, Preset, RejectionOption
@@ -73,11 +71,8 @@ class OutcomeAccumulator(DropCountAccumulator):
     def kept_tokens(self, shared: ChunkDivergences) -> PerToken:
         return self.rule.kept_tokens(shared)
 
-    def _finalize(self, state: State) -> dict[str, float]:
-        value = values_of(state)
+    def _metrics(self, value: dict[str, Any]) -> dict[str, float]:
         tokens, rows = value["tokens"], value["rows"]
-        if tokens == 0:
-            return {}
         return {
             SUMMARY + "tokens_rejected": value["rejected_tokens"],
             SUMMARY + "tokens_kept": tokens - value["rejected_tokens"],
