@@ -41,31 +41,38 @@ result = rollout_diag.analyze(sys.argv[1], device=sys.argv[2])
 assert result.run.tokens > 0
 """
 
-NAIVE = """
+# The obvious way, shared by both naive baselines: read the whole file, pad each step into [B, L] tensors.
+PAD_STEPS = """
 import sys, numpy as np, pyarrow.compute as pc, pyarrow.parquet as pq, torch
-table = pq.read_table(sys.argv[1], columns=@COLUMNS@)
-device = torch.device(sys.argv[2])
-steps = table["step"].to_numpy()
+
+
+def padded_steps(path, device):
+    table = pq.read_table(path, columns=["step", "rollout_log_probs", "old_log_probs", "response_mask"])
+    for step in np.unique(table["step"].to_numpy()):
+        part = table.filter(pc.equal(table["step"], step))
+        lengths = pc.list_value_length(part["rollout_log_probs"]).to_numpy()
+        rows, width = len(lengths), int(lengths.max())
+        row = np.repeat(np.arange(rows), lengths)
+        col = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        padded = []
+        for name in ("rollout_log_probs", "old_log_probs", "response_mask"):
+            array = np.zeros((rows, width), dtype=np.float32)
+            array[row, col] = pc.list_flatten(part[name].combine_chunks()).to_numpy()
+            padded.append(torch.from_numpy(array).to(device))
+        yield int(step), *padded
+"""
+
+NAIVE = (
+    PAD_STEPS
+    + """
 metrics = {}
-for step in np.unique(steps):
-    part = table.filter(pc.equal(table["step"], step))
-    lengths = pc.list_value_length(part["rollout_log_probs"]).to_numpy()
-    rows, width = len(lengths), int(lengths.max())
-    row = np.repeat(np.arange(rows), lengths)
-    col = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    padded = {}
-    for name in ("rollout_log_probs", "old_log_probs", "response_mask"):
-        values = pc.list_flatten(part[name].combine_chunks()).to_numpy()
-        array = np.zeros((rows, width), dtype=np.float32)
-        array[row, col] = values
-        padded[name] = torch.from_numpy(array).to(device)
-    r, a, m = padded["rollout_log_probs"], padded["old_log_probs"], padded["response_mask"]
+for step, r, a, m in padded_steps(sys.argv[1], torch.device(sys.argv[2])):
     n = m.sum(-1)
     mean_a, mean_r = (a * m).sum(-1) / (n + 1e-8), (r * m).sum(-1) / (n + 1e-8)
     delta = (a - r) * m
     count = m.sum() + 1e-8
     d = mean_r - mean_a
-    metrics[int(step)] = {
+    metrics[step] = {
         "training_ppl": torch.exp(-mean_a).mean().item(), "rollout_ppl": torch.exp(-mean_r).mean().item(),
         "kl": ((r - a) * m).sum().item() / count.item(),
         "k3_kl": ((torch.exp(delta) - delta - 1) * m).sum().item() / count.item(),
@@ -74,7 +81,8 @@ for step in np.unique(steps):
         "chi2_seq": torch.exp(2 * delta.sum(-1).clamp(-20, 20)).mean().item() - 1,
     }
 assert metrics
-""".replace("@COLUMNS@", repr(COLUMNS))
+"""
+)
 
 MEASURE = """
 import resource, subprocess, sys, time, json

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_analyze import ANALYZE, make_dump, measure, median_of, publish  # the sibling script
+from bench_analyze import ANALYZE, PAD_STEPS, make_dump, measure, median_of, publish  # the sibling script
 
 COMPARE = """
 import sys, rollout_diag
@@ -27,25 +27,14 @@ result = rollout_diag.compare_presets(sys.argv[1], ["verl"], device=sys.argv[2])
 assert len(result.presets) == 19
 """
 
-NAIVE = """
-import math, sys, numpy as np, pyarrow.compute as pc, pyarrow.parquet as pq, torch
+NAIVE = (
+    PAD_STEPS
+    + """
 from rollout_diag.presets import get_presets
 
 device = torch.device(sys.argv[2])
 for preset in get_presets(["verl"]):
-    table = pq.read_table(sys.argv[1], columns=["step", "rollout_log_probs", "old_log_probs", "response_mask"])
-    for step in np.unique(table["step"].to_numpy()):
-        part = table.filter(pc.equal(table["step"], step))
-        lengths = pc.list_value_length(part["rollout_log_probs"]).to_numpy()
-        rows, width = len(lengths), int(lengths.max())
-        row = np.repeat(np.arange(rows), lengths)
-        col = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        padded = {}
-        for name in ("rollout_log_probs", "old_log_probs", "response_mask"):
-            array = np.zeros((rows, width), dtype=np.float32)
-            array[row, col] = pc.list_flatten(part[name].combine_chunks()).to_numpy()
-            padded[name] = torch.from_numpy(array).to(device)
-        r, a, m = padded["rollout_log_probs"], padded["old_log_probs"], padded["response_mask"]
+    for _, r, a, m in padded_steps(sys.argv[1], device):  # one read and padding pass per preset
         c = ((a - r) * m).clamp(-20, 20)
         n = m.sum(-1)
         keep = m.clone()
@@ -65,6 +54,7 @@ for preset in get_presets(["verl"]):
             summary = (mean.item(), w.max().item(), ess.item())
         rejected = (1 - keep).mul(m).sum().item() / max(m.sum().item(), 1.0)
 """
+)
 
 
 def main() -> None:
