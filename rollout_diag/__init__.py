@@ -2,71 +2,65 @@
 
 Public API: ``analyze`` (every mismatch metric per step and run), the result dataclasses, the
 accumulators (mergeable float64 states a trainer can feed its own chunks), and the errors.
+
+Names load on first use (PEP 562): ``import rollout_diag`` and the CLI's ``--help`` or an error message do
+not pay for importing torch, pyarrow or plotly.
 """
 
+from __future__ import annotations
+
+import importlib
 from typing import Any
-
-from rollout_diag.compare import (
-    ComparisonResult,
-    PresetResult,
-    analyze_and_compare,
-    compare_presets,
-    export_decisions,
-)
-from rollout_diag.engine import Analysis, analyze, inspect_row, threshold_sweep
-from rollout_diag.errors import ColumnError, ConfigError, DataError, InputError, RolloutDiagError
-from rollout_diag.io.chunk import Chunk
-from rollout_diag.io.reader import DumpReader
-from rollout_diag.io.writer import DumpWriter
-from rollout_diag.metrics.debug import DebugAccumulator
-from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
-from rollout_diag.metrics.rollout_kl import RolloutKLAccumulator
-from rollout_diag.metrics.rounds import RoundAccumulator
-from rollout_diag.presets import PRESETS, Preset, get_presets, load_presets_file, preset_from_options
-from rollout_diag.results import AnalysisResult, SkippedRow, StepResult, SweepResult, Verdict
-
-
-def write_report(*args: Any, **kwargs: Any) -> Any:
-    """Write the self-contained HTML report; see :func:`rollout_diag.report.write_report` (plotly loads lazily)."""
-    from rollout_diag.report import write_report as write
-
-    return write(*args, **kwargs)
-
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "PRESETS",
-    "Analysis",
-    "AnalysisResult",
-    "Chunk",
-    "ColumnError",
-    "ComparisonResult",
-    "ConfigError",
-    "DataError",
-    "DebugAccumulator",
-    "DumpReader",
-    "DumpWriter",
-    "InputError",
-    "OffPolicyAccumulator",
-    "Preset",
-    "PresetResult",
-    "RolloutDiagError",
-    "RolloutKLAccumulator",
-    "RoundAccumulator",
-    "SkippedRow",
-    "StepResult",
-    "SweepResult",
-    "Verdict",
-    "__version__",
-    "analyze",
-    "analyze_and_compare",
-    "compare_presets",
-    "export_decisions",
-    "get_presets",
-    "inspect_row",
-    "load_presets_file",
-    "preset_from_options",
-    "threshold_sweep",
-    "write_report",
-]
+# public name -> the module that defines it
+_EXPORTS: dict[str, str] = {
+    "ComparisonResult": "rollout_diag.compare",
+    "PresetResult": "rollout_diag.compare",
+    "analyze_and_compare": "rollout_diag.compare",
+    "compare_presets": "rollout_diag.compare",
+    "export_decisions": "rollout_diag.compare",
+    "Analysis": "rollout_diag.engine",
+    "analyze": "rollout_diag.engine",
+    "inspect_row": "rollout_diag.engine",
+    "threshold_sweep": "rollout_diag.engine",
+    "ColumnError": "rollout_diag.errors",
+    "ConfigError": "rollout_diag.errors",
+    "DataError": "rollout_diag.errors",
+    "InputError": "rollout_diag.errors",
+    "RolloutDiagError": "rollout_diag.errors",
+    "Chunk": "rollout_diag.io.chunk",
+    "DumpReader": "rollout_diag.io.reader",
+    "DumpWriter": "rollout_diag.io.writer",
+    "DebugAccumulator": "rollout_diag.metrics.debug",
+    "OffPolicyAccumulator": "rollout_diag.metrics.offpolicy",
+    "RolloutKLAccumulator": "rollout_diag.metrics.rollout_kl",
+    "RoundAccumulator": "rollout_diag.metrics.rounds",
+    "PRESETS": "rollout_diag.presets",
+    "Preset": "rollout_diag.presets",
+    "get_presets": "rollout_diag.presets",
+    "load_presets_file": "rollout_diag.presets",
+    "preset_from_options": "rollout_diag.presets",
+    "write_report": "rollout_diag.report",
+    "AnalysisResult": "rollout_diag.results",
+    "SkippedRow": "rollout_diag.results",
+    "StepResult": "rollout_diag.results",
+    "SweepResult": "rollout_diag.results",
+    "Verdict": "rollout_diag.results",
+}
+
+__all__ = sorted([*_EXPORTS, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rollout_diag' has no attribute '{name}'")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,41 @@
+"""What importing costs: the CLI's --help and the package's top level must not load torch, pyarrow or plotly."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import rollout_diag
+
+HEAVY = ("torch", "pyarrow", "plotly")
+
+
+def loaded_after(code: str) -> set[str]:
+    """Heavy modules present in sys.modules after running ``code`` in a fresh interpreter."""
+    probe = f"{code}\nimport sys\nprint(' '.join(m for m in {HEAVY!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
+    return set(out.stdout.split())
+
+
+def test_package_and_cli_import_nothing_heavy():
+    assert loaded_after("import rollout_diag, rollout_diag.cli, rollout_diag.errors") == set()
+
+
+def test_help_imports_nothing_heavy():
+    code = (
+        "from typer.testing import CliRunner\nfrom rollout_diag.cli import app\n"
+        "result = CliRunner().invoke(app, ['--help'])\nassert result.exit_code == 0, result.output"
+    )
+    assert loaded_after(code) == set()
+
+
+@pytest.mark.parametrize("name", rollout_diag.__all__)
+def test_every_public_name_resolves(name):
+    assert getattr(rollout_diag, name) is not None
+
+
+def test_unknown_name_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="no_such_thing"):
+        rollout_diag.no_such_thing  # noqa: B018
