@@ -48,6 +48,10 @@ _EXPORTS: dict[str, str] = {
     "StepResult": "rollout_diag.results",
     "SweepResult": "rollout_diag.results",
     "Verdict": "rollout_diag.results",
+    "BatchMetrics": "rollout_diag.trainers",
+    "compute_metrics": "rollout_diag.trainers",
+    "from_skyrl_batch": "rollout_diag.trainers",
+    "from_verl_batch": "rollout_diag.trainers",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])
