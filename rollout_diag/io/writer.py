@@ -153,6 +153,14 @@ def pack_padded(
         if rows and bool(((row_lengths < 0) | (row_lengths > width)).any()):
             raise ConfigError(f"lengths: every length must lie in [0, {width}] (the padded width).")
     row_lengths = row_lengths.to(torch.int64)
+    if rows and bool((row_lengths == width).all()):  # no padding: the rows are the flattened tensors (no copy)
+        return PackedRows(
+            lengths=row_lengths,
+            trainer=trainer.reshape(-1),
+            rollout=rollout.reshape(-1),
+            mask=mask.reshape(-1),
+            token_ids=None if ids is None else ids.reshape(-1),
+        )
     if padding_side == "right":
         keep = positions[None, :] < row_lengths[:, None]
     else:
@@ -183,6 +191,12 @@ def row_problems(packed: PackedRows) -> RowProblems | None:
     positive logprob on a model token (what the reader skips), with one reader-style message per kind."""
     mask = packed.mask
     model = mask == 1
+    # One pass for the common case (nothing wrong): -inf < value ≤ max is false for NaN, ±inf and positives.
+    suspect = (mask != 0) & ~model
+    for values in (packed.trainer, packed.rollout):
+        suspect |= model & ~((values <= MAX_POSITIVE_LOGPROB) & (values > -torch.inf))
+    if not bool(suspect.any()):
+        return None
     kinds = [(MASK, (mask != 0) & ~model, "mask value {value:g} at position {position} (must be 0 or 1)", mask)]
     for name, values in ((TRAINER, packed.trainer), (ROLLOUT, packed.rollout)):
         kinds.append((name, model & ~torch.isfinite(values), "{value} logprob at position {position}", values))
