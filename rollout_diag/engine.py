@@ -25,7 +25,7 @@ from rollout_diag.metrics.rollout_kl import RolloutKLAccumulator
 from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS, RoundAccumulator
 from rollout_diag.metrics.segments import stats
 from rollout_diag.metrics.sweep import DEFAULT_TARGETS, SweepAccumulator, sweep_tables
-from rollout_diag.metrics.trends import find_anomalies, round_trend, step_trend
+from rollout_diag.metrics.trends import ANOMALY_KEEP, find_anomalies, keep_largest, round_trend, step_trend
 from rollout_diag.results import AnalysisResult, RowTokens, SkippedRow, StepResult, SweepResult
 from rollout_diag.verdicts import judge
 
@@ -312,6 +312,11 @@ def build_result(analysis: Analysis, log: ReadLog, device: torch.device, strict:
         warnings.append(f"{log.skipped_rows} row(s) skipped as invalid; each is listed with its file, row and column.")
     rounds = analysis.rounds.finalize_table()
     trends = [t for t in (round_trend(rounds), step_trend(steps)) if t is not None]
+    anomalies, anomalies_cut = keep_largest(find_anomalies(steps))
+    if anomalies_cut:
+        warnings.append(
+            f"{len(anomalies) + anomalies_cut} anomaly flags: the {ANOMALY_KEEP} largest are kept, {anomalies_cut} cut."
+        )
     return AnalysisResult(
         inputs=list(log.files),
         columns=dict(log.columns),
@@ -326,10 +331,11 @@ def build_result(analysis: Analysis, log: ReadLog, device: torch.device, strict:
         worst_tokens=analysis.worst.worst_tokens(),
         worst_row_tokens=analysis.worst.worst_row_tokens(),
         delta_histogram=analysis.positions.delta_histogram(),
-        anomalies=find_anomalies(steps),
+        anomalies=anomalies,
         trends=trends,
         catastrophic_threshold=analysis.catastrophic,
         warnings=warnings,
         skipped=list(log.skipped),
         skipped_rows=log.skipped_rows,
+        anomalies_cut=anomalies_cut,
     )

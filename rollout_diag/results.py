@@ -129,7 +129,8 @@ class RowTokens:
 
 @dataclass(frozen=True)
 class Anomaly:
-    """A step whose ``metric`` is ``factor`` × the median of the previous steps' values (``baseline``)."""
+    """A step whose ``metric`` is ``factor`` × the median of the previous steps' values (``baseline``) and above
+    their robust log-scale spread (rollout_diag/metrics/trends.py states the rule)."""
 
     step: int
     metric: str
@@ -175,6 +176,7 @@ class AnalysisResult:
     warnings: list[str] = field(default_factory=list)
     skipped: list[SkippedRow] = field(default_factory=list)
     skipped_rows: int = 0
+    anomalies_cut: int = 0  # flags beyond the ANOMALY_KEEP largest (``anomalies`` holds those, largest first)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -197,6 +199,7 @@ class AnalysisResult:
             "worst_row_tokens": [asdict(row) for row in self.worst_row_tokens],
             "delta_histogram": dict(self.delta_histogram),
             "anomalies": [_json_row(asdict(a)) for a in self.anomalies],
+            "anomalies_cut": self.anomalies_cut,
             "trends": [_json_row(asdict(t)) for t in self.trends],
             "warnings": list(self.warnings),
             "skipped": [asdict(s) for s in self.skipped],

@@ -152,10 +152,12 @@ def step(index: int, k3: float) -> StepResult:
 
 
 def test_anomaly_rule():
-    # medians of previous steps: 1, 1, 1 → step 3 at 3.5 is 3.5× (flagged), step 4 at 2 (median 1) is not
-    steps = [step(i, v) for i, v in enumerate([1.0, 1.0, 1.0, 3.5, 2.0])]
+    # 8 steps at 1 (median 1, zero spread) → step 8 at 3.5 is 3.5× (flagged), step 9 at 2 (median 1) is not
+    steps = [step(i, v) for i, v in enumerate([1.0] * 8 + [3.5, 2.0])]
     anomalies = find_anomalies(steps, metrics=("rollout_corr/k3_kl",))
-    assert [(a.step, a.factor) for a in anomalies] == [(3, pytest.approx(3.5))]
+    assert [(a.step, a.factor) for a in anomalies] == [(8, pytest.approx(3.5))]
+    # with 7 previous steps there is no baseline yet
+    assert find_anomalies(steps[1:], metrics=("rollout_corr/k3_kl",)) == []
 
 
 def test_change_point_finds_the_rise():

@@ -12,13 +12,35 @@ import numpy as np
 from rollout_diag.results import Anomaly, StepResult, Trend
 
 ANOMALY_METRICS = ("rollout_corr/k3_kl", "rollout_corr/chi2_token", "rollout_corr/log_ppl_abs_diff")
-ANOMALY_FACTOR = 3.0  # flagged when value > 3 × median of the previous steps …
-ANOMALY_WINDOW = 10  # … taken over at most 10 previous steps …
-ANOMALY_MIN_HISTORY = 3  # … once at least 3 exist
+# These metrics are positive and heavy-tailed (a step's value is often one token's), so the baseline is robust
+# and on a log scale: a step is flagged when its value is
+ANOMALY_FACTOR = 3.0  # … above 3 × the median of the previous steps,
+ANOMALY_SPREAD = 5.0  # … and its log above the median log + 5 robust spreads (1.4826 × the upper half's MAD),
+ANOMALY_WINDOW = 30  # … both taken over at most 30 previous steps …
+ANOMALY_MIN_HISTORY = 8  # … once at least 8 exist.
+ANOMALY_KEEP = 50  # the largest flags (by factor) kept in a result; the rest are counted as cut
+MAD_TO_SIGMA = 1.4826  # a normal's σ / its median absolute deviation
 CHANGE_MIN_SEGMENT = 5  # a drift change point needs 5 steps on each side
 CHANGE_MIN_RATIO = 2.0  # … and the later mean at least 2 × the earlier one
 CHANGE_MIN_T = 3.0  # … with Welch's t above 3
 MIN_ROUND_TOKENS = 30  # rounds with fewer tokens are too noisy to enter the round trend
+
+
+def log_threshold(history: Sequence[float], spread: float = ANOMALY_SPREAD) -> float | None:
+    """median(log x) + spread × 1.4826 × the median of (log x − median) over the upper half, for the positive x of
+    ``history``; None when fewer than ANOMALY_MIN_HISTORY are positive.
+
+    The upper half's deviations measure the right tail the flag is about: for a lognormal series this is the
+    usual MAD (median ± 5σ), for a Pareto one (log x exponential) it widens with the tail, so stationary
+    heavy-tailed noise stays below it (tests/test_hardening_metrics.py measures ≤ 1 % flagged).
+    """
+    logs = np.log(np.asarray([x for x in history if x > 0], dtype=np.float64))
+    if logs.size < ANOMALY_MIN_HISTORY:
+        return None
+    centre = float(np.median(logs))
+    above = logs[logs > centre] - centre
+    deviation = float(np.median(above)) if above.size else 0.0
+    return centre + spread * MAD_TO_SIGMA * deviation
 
 
 def find_anomalies(
@@ -26,8 +48,10 @@ def find_anomalies(
     metrics: Sequence[str] = ANOMALY_METRICS,
     factor: float = ANOMALY_FACTOR,
     window: int = ANOMALY_WINDOW,
+    spread: float = ANOMALY_SPREAD,
 ) -> list[Anomaly]:
-    """Steps whose metric exceeds ``factor`` × the median of the previous ``window`` steps' values."""
+    """Steps whose metric is above ``factor`` × the median of the previous ``window`` steps' values and above
+    their robust log-scale threshold (:func:`log_threshold`); ranked by factor, largest first."""
     anomalies = []
     for metric in metrics:
         history: list[float] = []
@@ -35,12 +59,20 @@ def find_anomalies(
             value = step.metrics.get(metric)
             if value is None or math.isnan(value):
                 continue
-            if len(history) >= ANOMALY_MIN_HISTORY:
-                baseline = statistics.median(history[-window:])
-                if baseline > 0 and value > factor * baseline:
+            recent = history[-window:]
+            if len(recent) >= ANOMALY_MIN_HISTORY:
+                baseline = statistics.median(recent)
+                threshold = log_threshold(recent, spread)
+                if baseline > 0 and threshold is not None and value > factor * baseline and math.log(value) > threshold:
                     anomalies.append(Anomaly(int(step.step or 0), metric, value, baseline, value / baseline))
             history.append(value)
-    return sorted(anomalies, key=lambda a: (a.step, a.metric))
+    return sorted(anomalies, key=lambda a: (-a.factor, a.step, a.metric))
+
+
+def keep_largest(anomalies: Sequence[Anomaly], limit: int = ANOMALY_KEEP) -> tuple[list[Anomaly], int]:
+    """(the ``limit`` anomalies with the largest factor, how many were cut)."""
+    ranked = sorted(anomalies, key=lambda a: (-a.factor, a.step, a.metric))
+    return ranked[:limit], max(len(ranked) - limit, 0)
 
 
 def t_quantile_975(dof: int) -> float:
