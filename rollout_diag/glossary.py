@@ -113,7 +113,12 @@ _TERMS: tuple[tuple[str, str, str, str], ...] = (
         "min of w over masked tokens (sequence: exp(min_i s_i))",
         "(low value) some tokens are almost ignored",
     ),
-    ("rollout_corr/rollout_is_std", "is", "sqrt(T[c²] − T[c]²), c = clamp(w, 0, U)", "weights spread widely"),
+    (
+        "rollout_corr/rollout_is_std",
+        "is",
+        "sqrt(T[c²] − T[c]²), c = clamp(w, 0, U), from centred moments without verl's ε term (constant c gives 0)",
+        "weights spread widely",
+    ),
     (
         "rollout_corr/rollout_is_eff_sample_size",
         "is",
@@ -241,7 +246,8 @@ _TERMS: tuple[tuple[str, str, str, str], ...] = (
     (
         "per_round/most_divergent_round",
         "rounds",
-        "argmax_k of round_<k>/logprob_abs_diff_mean",
+        "argmax_k of round_<k>/logprob_abs_diff_mean over rounds with support: ≥ 200 model tokens from ≥ 3 rows "
+        "(in a smaller step, a tenth of the most tokens and rows any round has); absent when no round has it",
         "a late round diverges most: mismatch accumulates over the turns",
     ),
     # Localisation
@@ -280,7 +286,8 @@ _TERMS: tuple[tuple[str, str, str, str], ...] = (
     (
         "summary/rejected_row_fraction",
         "summary",
-        "share of rows with at least one dropped model token",
+        "share of rows with a model token that have at least one dropped (rows without a model token left out, "
+        "as in the sweep)",
         "the preset touches many sequences (sequence options drop them whole)",
     ),
     ("summary/tokens_kept", "summary", "model tokens the preset keeps", "(count) the data left to train on"),

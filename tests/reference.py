@@ -130,6 +130,16 @@ def masked_population_std(per_row: PerRow) -> float:
     return math.sqrt(max(mean_square - mean * mean, 0.0))
 
 
+def centred_population_std(per_row: PerRow) -> float:
+    """§2/§3 "_std" as computed: sqrt(Σ(c − mean)² / N) with mean = Σc / N if N > 1 else 0 — T[c²] − T[c]²
+    without the N·mean²·ε/(N+ε)² that verl's 1e-8 guards add (constant c gives exactly 0)."""
+    count = token_count(per_row)
+    if count <= 1:
+        return 0.0
+    mean = sum(c for values in per_row for c in values) / count
+    return math.sqrt(sum((c - mean) ** 2 for values in per_row for c in values) / count)
+
+
 def indicator(condition: bool) -> float:
     return 1.0 if condition else 0.0
 
@@ -306,13 +316,26 @@ def round_metrics(rows: Sequence[Row], max_rounds: int = 64) -> dict[str, float]
         metrics[prefix + "max_abs_diff"] = max(abs(x) for x in deltas)
         metrics[prefix + "chi2_token"] = plain_mean([math.exp(2.0 * clamp20(x)) for x in deltas]) - 1.0
     metrics["per_round/num_rounds_max"] = float(num_rounds_max)
-    # highest abs-diff mean; iterating k upwards with ">" keeps the smallest k on ties
-    most_divergent = min(abs_diff_means)
+    # highest abs-diff mean among rounds with support; iterating k upwards with ">" keeps the smallest k on ties
+    token_counts = {k: len(deltas) for k, deltas in bucket_deltas.items()}
+    min_tokens = min(ROUND_SUPPORT_TOKENS, ROUND_SUPPORT_SHARE * max(token_counts.values()))
+    min_rows = min(ROUND_SUPPORT_ROWS, math.ceil(ROUND_SUPPORT_SHARE * max(bucket_rows.values())))
+    most_divergent = None
     for k in sorted(abs_diff_means):
-        if abs_diff_means[k] > abs_diff_means[most_divergent]:
+        if token_counts[k] < min_tokens or bucket_rows[k] < min_rows:
+            continue
+        if most_divergent is None or abs_diff_means[k] > abs_diff_means[most_divergent]:
             most_divergent = k
-    metrics["per_round/most_divergent_round"] = float(most_divergent)
+    if most_divergent is not None:
+        metrics["per_round/most_divergent_round"] = float(most_divergent)
     return metrics
+
+
+# most_divergent_round support: ≥ min(200, ⅒ of the most tokens any round has) tokens from
+# ≥ min(3, ⌈⅒ of the most rows any round has⌉) rows
+ROUND_SUPPORT_TOKENS = 200
+ROUND_SUPPORT_ROWS = 3
+ROUND_SUPPORT_SHARE = 0.1
 
 
 # ---------------------------------------------------------------------------
@@ -379,7 +402,7 @@ def _is_weights_and_metrics(
 
     # c = clamp(w, 0, U) (a no-op for both TIS and IcePop weights, kept to mirror §2)
     clamped = [[clamp(w, 0.0, upper) for w in values] for values in weights]
-    metrics["rollout_is_std"] = masked_population_std(clamped)
+    metrics["rollout_is_std"] = centred_population_std(clamped)
     mean_clamped = token_mean(clamped)
     normalised_square = token_mean([[(c / (mean_clamped + EPS)) ** 2 for c in v] for v in clamped])
     # ESS = 1 / T[(c / (T[c] + 1e-8))²]; all-zero IcePop weights give 1/0: inf here, verl raises
@@ -552,7 +575,7 @@ def _rs_option_metrics(rows: Sequence[Row], option: str, lower: float | None, up
         metrics["fraction_high"] = token_mean([[indicator(x > upper_m) for x in v] for v in stats])
         low = token_mean([[indicator(x < lower_m) for x in v] for v in stats])
     metrics["fraction_low"] = low if is_k1 else 0.0  # no low fraction for k2/k3
-    metrics["std"] = masked_population_std([[clamp(x, lower_m, upper_m) for x in v] for v in stats])
+    metrics["std"] = centred_population_std([[clamp(x, lower_m, upper_m) for x in v] for v in stats])
 
     # over valid rows; verl: torch .std() (unbiased, n−1) when >1 value, else 0 — matches Notation
     if valid_values:

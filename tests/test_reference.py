@@ -31,6 +31,13 @@ def row(a, r, m):
     return (np.array(a, dtype=np.float64), np.array(r, dtype=np.float64), np.array(m, dtype=np.float64))
 
 
+def masked_std(t_mean: float, t_mean_square: float, tokens: int) -> float:
+    """§2/§3 "_std" from T[c] and T[c²] (denominators N + ε): the centred population std sqrt(Σc²/N − (Σc/N)²),
+    i.e. T[c²] − T[c]² without the N·mean²·ε/(N+ε)² that verl's ε guards add."""
+    scale = (tokens + E) / tokens
+    return sqrt(t_mean_square * scale - (t_mean * scale) ** 2)
+
+
 def check(actual: dict[str, float], expected: dict[str, float]) -> None:
     """Same key set, every value within rel 1e-12 (NaN matches NaN)."""
     assert sorted(actual) == sorted(expected)
@@ -290,7 +297,7 @@ def test_token_tis_batch_a():
         P + "rollout_is_min": exp(-0.25),
         P + "rollout_is_ratio_fraction_high": 1 / (5 + E),  # only e^1 > 2
         P + "rollout_is_ratio_fraction_low": 0.0,  # nothing < L' = 1/2
-        P + "rollout_is_std": sqrt(tw2 - tw**2),
+        P + "rollout_is_std": masked_std(tw, tw2, 5),
         # 1/T[(w/(T[w]+E))²] = (T[w] + E)²/T[w²]
         P + "rollout_is_eff_sample_size": (tw + E) ** 2 / tw2,
         P + "rollout_is_seq_mean": q_mean,
@@ -328,7 +335,7 @@ def test_token_icepop_batch_a():
         P + "rollout_is_min": 0.0,  # the zeroed token
         P + "rollout_is_ratio_fraction_high": 1 / (5 + E),
         P + "rollout_is_ratio_fraction_low": 0.0,
-        P + "rollout_is_std": sqrt(tw2 - tw**2),
+        P + "rollout_is_std": masked_std(tw, tw2, 5),
         P + "rollout_is_eff_sample_size": (tw + E) ** 2 / tw2,
         P + "rollout_is_seq_mean": q_mean,
         P + "rollout_is_seq_std": sqrt(((q0 - q_mean) ** 2 + (q1 - q_mean) ** 2 + q_mean**2) / 2),
@@ -355,7 +362,7 @@ def test_sequence_tis_batch_a():
         P + "rollout_is_min": 1.0,  # exp(min s) = exp(0) from the empty row
         P + "rollout_is_ratio_fraction_high": 1 / 3,  # only s1 = 1.25 > log 2
         P + "rollout_is_ratio_fraction_low": 0.0,  # nothing < log(1/2)
-        P + "rollout_is_std": sqrt(tw2 - tw**2),
+        P + "rollout_is_std": masked_std(tw, tw2, 5),
         P + "rollout_is_eff_sample_size": (tw + E) ** 2 / tw2,
         P + "rollout_is_seq_mean": q_mean,
         P + "rollout_is_seq_std": sqrt(((q0 - q_mean) ** 2 + (q1 - q_mean) ** 2 + q_mean**2) / 2),
@@ -429,7 +436,7 @@ def test_rs_token_k1_single_upper_means_lower_is_reciprocal():
         opt + "min": -1.0,
         opt + "fraction_high": 0.0,
         opt + "fraction_low": 1 / (5 + E),  # −1 < log 0.5
-        opt + "std": sqrt(tc2 - tc**2),
+        opt + "std": masked_std(tc, tc2, 5),
         opt + "seq_mean": (v0 + v1) / 2,
         opt + "seq_std": abs(v0 - v1) / sqrt(2),  # unbiased std of two values
         opt + "seq_max": v0,
@@ -468,7 +475,7 @@ def test_rs_chained_seq_mean_k3_and_token_k1():
         k3 + "min": v0,
         k3 + "fraction_high": 1 / 2,  # valid rows with v > 0.1
         k3 + "fraction_low": 0.0,  # no low fraction for k3
-        k3 + "std": sqrt(tc2 - tc**2),
+        k3 + "std": masked_std(tc, tc2, 5),
         k3 + "seq_mean": (v0 + v1) / 2,
         k3 + "seq_std": (v1 - v0) / sqrt(2),
         k3 + "seq_max": v1,
@@ -482,7 +489,7 @@ def test_rs_chained_seq_mean_k3_and_token_k1():
         k1 + "min": -1.0,
         k1 + "fraction_high": 0.0,
         k1 + "fraction_low": 2 / (5 + E),
-        k1 + "std": sqrt(tk2 - tk**2),
+        k1 + "std": masked_std(tk, tk2, 5),
         k1 + "seq_mean": (w0 + w1) / 2,
         k1 + "seq_std": abs(w0 - w1) / sqrt(2),
         k1 + "seq_max": w0,

@@ -147,6 +147,12 @@ def row_mean(row_sum: torch.Tensor, row_count: torch.Tensor) -> torch.Tensor:
     return row_sum / (row_count.to(torch.float64) + EPS)
 
 
+def sequence_share(rows_dropped: float, valid_rows: float) -> float:
+    """The one definition of "share of sequences" a rule drops (preset table, sweep): over rows with at least one
+    model token, since an empty row has nothing to keep or drop; 0.0 when no row has one."""
+    return rows_dropped / valid_rows if valid_rows > 0 else 0.0
+
+
 def clamp20(values: torch.Tensor) -> torch.Tensor:
     return values.clamp(-CLAMP, CLAMP)
 

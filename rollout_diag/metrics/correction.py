@@ -361,17 +361,16 @@ class CorrectionAccumulator(StepAccumulator, ABC):
 
 # --------------------------------------------------------------------------- finalize helpers
 def population_std(moments: np.ndarray) -> float:
-    """§2/§3 ``_std``: sqrt(max(T[c²] − T[c]², 0)) when N > 1, else 0, from [N, mean, ·, M2, ·, ·].
+    """§2/§3 ``_std``: the population std of c over model tokens when N > 1, else 0, from [N, mean, ·, M2, ·, ·].
 
-    With Σc = N·mean and Σc² = M2 + N·mean², T[c²] − T[c]² = (M2·(N+ε) + N·mean²·ε) / (N+ε)²: the same
-    value as verl's formula without its cancellation, and chunking-invariant.
+    sqrt(M2 / N) from centred moments, so constant c gives exactly 0. verl writes T[c²] − T[c]², whose 1e-8
+    guards add N·mean²·ε / (N+ε)² to the variance: sqrt(ε/N)·|mean| (5.5e-6 for 330 tokens of weight 1) where
+    the spread is 0. We leave that artefact out: the variances differ by exactly that term, never more.
     """
-    count, mean, m2 = float(moments[0]), float(moments[1]), float(moments[3])
+    count, m2 = float(moments[0]), float(moments[3])
     if count <= 1:
         return 0.0
-    denominator = count + EPS
-    variance = (m2 * denominator + count * mean * mean * EPS) / (denominator * denominator)
-    return math.sqrt(max(variance, 0.0))
+    return math.sqrt(max(m2, 0.0) / count)
 
 
 def effective_sample_size(moments: np.ndarray) -> float:
@@ -657,6 +656,7 @@ class DropCountAccumulator(CorrectionAccumulator):
     REDUCTIONS: ClassVar[dict[str, str]] = {
         "tokens": "sum",
         "rows": "sum",
+        "valid_rows": "sum",
         "rejected_tokens": "sum",
         "rejected_rows": "sum",  # rows (of all rows) with a rejected model token
     }
@@ -670,6 +670,7 @@ class DropCountAccumulator(CorrectionAccumulator):
         return {
             "tokens": shared.step_tokens,
             "rows": shared.step_rows,
+            "valid_rows": shared.step_valid_rows,
             "rejected_tokens": shared.step_sum(rejected),
             "rejected_rows": shared.step_sum_rows(shared.rows_with(rejected)),
         }

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollout_diag.io.chunk import Chunk
+from rollout_diag.metrics.base import sequence_share
 from rollout_diag.metrics.correction import (
     ChunkDivergences,
     CorrectionAccumulator,
@@ -72,13 +73,13 @@ class OutcomeAccumulator(DropCountAccumulator):
         return self.rule.kept_tokens(shared)
 
     def _metrics(self, value: dict[str, Any]) -> dict[str, float]:
-        tokens, rows = value["tokens"], value["rows"]
+        tokens = value["tokens"]
         return {
             SUMMARY + "tokens_rejected": value["rejected_tokens"],
             SUMMARY + "tokens_kept": tokens - value["rejected_tokens"],
             SUMMARY + "rejected_token_fraction": value["rejected_tokens"] / tokens,
             SUMMARY + "rows_rejected": value["rejected_rows"],
-            SUMMARY + "rejected_row_fraction": value["rejected_rows"] / rows,
+            SUMMARY + "rejected_row_fraction": sequence_share(value["rejected_rows"], value["valid_rows"]),
         }
 
 

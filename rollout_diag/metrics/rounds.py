@@ -6,6 +6,7 @@ A round is a maximal run of mask-1 tokens within a row, numbered 0, 1, … Round
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -17,7 +18,30 @@ from rollout_diag.metrics.segments import stats
 
 PREFIX = "per_round/"
 DEFAULT_MAX_ROUNDS = 64
+# most_divergent_round names a round only with support: this many model tokens from this many rows …
+SUPPORT_TOKENS = 200
+SUPPORT_ROWS = 3
+# … or, in a step too small for that, this share of the largest round's tokens and rows
+SUPPORT_SHARE = 0.1
 ROUND_SUMS = ("token_count", "seq_count", "abs_diff", "kl", "k3_kl", "chi2_token", "catastrophic")
+
+
+def supported(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rounds with enough support to be named: ≥ min(SUPPORT_TOKENS, SUPPORT_SHARE × the most tokens any round
+    has) model tokens from ≥ min(SUPPORT_ROWS, ⌈SUPPORT_SHARE × the most rows any round has⌉) rows."""
+    if not rounds:
+        return []
+    min_tokens = min(SUPPORT_TOKENS, SUPPORT_SHARE * max(r["token_count"] for r in rounds))
+    min_rows = min(SUPPORT_ROWS, math.ceil(SUPPORT_SHARE * max(r["seq_count"] for r in rounds)))
+    return [r for r in rounds if r["token_count"] >= min_tokens and r["seq_count"] >= min_rows]
+
+
+def most_divergent_round(rounds: list[dict[str, Any]]) -> int | None:
+    """The supported round with the highest mean |δ| (ties: the earliest); None when no round has support."""
+    candidates = supported(rounds)
+    if not candidates:
+        return None
+    return int(max(candidates, key=lambda r: (r["logprob_abs_diff_mean"], -r["round"]))["round"])
 
 
 class RoundAccumulator(StepAccumulator):
@@ -100,9 +124,9 @@ class RoundAccumulator(StepAccumulator):
             ):
                 out[key + name] = float(row[name])
         out[PREFIX + "num_rounds_max"] = as_float(state["num_rounds_max"])
-        # highest abs-diff mean; ties go to the earliest round
-        best = max(rows, key=lambda row: (row["logprob_abs_diff_mean"], -row["round"]))
-        out[PREFIX + "most_divergent_round"] = float(best["round"])
+        best = most_divergent_round(rows)
+        if best is not None:
+            out[PREFIX + "most_divergent_round"] = float(best)
         return out
 
     def finalize_table(self) -> list[dict[str, Any]]:

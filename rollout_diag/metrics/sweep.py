@@ -7,7 +7,8 @@ target share of tokens or sequences, what share verl's default threshold rejects
   k3 = eᶜ − 1 − c, the IS ratio = eᶜ), so the share above a threshold is bounded by whole bins: the
   reported threshold never rejects more than the target, and is at most one bin (|c| × 10^(1/32) ≈ 1.075)
   above the exact one.
-Shares are over model tokens (token options) or over rows with at least one model token (sequence options).
+Shares are over model tokens (token options) or over rows with at least one model token (sequence options:
+``base.sequence_share``, the definition the preset table uses too).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 import torch
 
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import EPS, State, StepAccumulator
+from rollout_diag.metrics.base import EPS, State, StepAccumulator, sequence_share
 from rollout_diag.metrics.segments import stats
 
 BINS_PER_DECADE = 32
@@ -212,7 +213,7 @@ def _option_row(option: SweepOption, state: State, targets: tuple[float, ...], c
         row["exact"] = True
 
         def share(threshold: float) -> float:
-            return float(np.count_nonzero(scores > threshold)) / total if total else 0.0
+            return sequence_share(float(np.count_nonzero(scores > threshold)), total)
 
         def threshold_for(target: float) -> float:
             rank = math.floor(target * total)  # at most `rank` rows strictly above scores[rank]
@@ -221,7 +222,7 @@ def _option_row(option: SweepOption, state: State, targets: tuple[float, ...], c
         if option.verl_default is not None:
             lower, upper = _parse_default(option)
             rejected = np.count_nonzero((values > upper) | (values < lower)) if total else 0
-            row["default_share"] = rejected / total if total else 0.0
+            row["default_share"] = sequence_share(float(rejected), total)
     else:
         tokens = float(np.asarray(state["tokens"]).reshape(()))
         shares = _TokenShares(option, state["positive"], state["negative"], tokens)
