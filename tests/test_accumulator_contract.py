@@ -1,0 +1,135 @@
+"""The accumulator contract (issue 14): every family gives the same finalize() fed whole, chunked, merged in any
+order and sharded over workers, to rtol 1e-12. One test per family, one shared procedure."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from dumps import random_rows, seq_row, write_sequence_dump
+
+from rollout_diag.io.reader import DumpReader
+from rollout_diag.metrics.base import StepAccumulator
+from rollout_diag.metrics.debug import DebugAccumulator
+from rollout_diag.metrics.localize import PositionAccumulator
+from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
+from rollout_diag.metrics.outcome import CorrectionAnalysis
+from rollout_diag.metrics.rollout_kl import RolloutKLAccumulator
+from rollout_diag.metrics.rounds import RoundAccumulator
+from rollout_diag.metrics.sweep import SweepAccumulator, sweep_tables
+from rollout_diag.presets import PRESETS
+
+RTOL = 1e-12
+ATOL = 1e-15  # values that are 0 in exact arithmetic (a std of equal weights) come out at ~1e-17 either way
+
+
+@pytest.fixture(scope="module")
+def dump(tmp_path_factory) -> str:
+    """4 steps, multi-turn masks, heavy mismatch in some rows, one row without a model token, rows of one step
+    spread over the file (so chunks hold several steps and one step spans several chunks)."""
+    rows = random_rows(seed=21, steps=(0, 1, 2, 3), rows_per_step=8, max_length=40, env_share=0.35)
+    rng = np.random.default_rng(21)
+    for row in rows[::5]:  # large divergence: rejections, truncations, vetoes, clamps
+        row["rollout"] = [min(x - abs(rng.normal(0.0, 3.0)), 0.0) for x in row["rollout"]]
+    rows.append(seq_row(2, "empty", [-0.5, -1.0], [-0.4, -1.1], [0, 0]))
+    random.Random(21).shuffle(rows)
+    return str(write_sequence_dump(tmp_path_factory.mktemp("contract") / "dump.parquet", rows, row_group_size=9))
+
+
+def chunks(path: str, chunk_tokens: int) -> list[Any]:
+    return [chunk for chunk, _ in DumpReader([path], chunk_tokens=chunk_tokens).chunks("cpu")]
+
+
+def finalized(accumulator: Any) -> Any:
+    """Everything a family's finalize gives: per step and run values (and the sweep's tables)."""
+    if isinstance(accumulator, CorrectionAnalysis):
+        return accumulator.finalize()
+    out: dict[str, Any] = {"steps": accumulator.finalize_steps(), "run": accumulator.finalize_run()}
+    if isinstance(accumulator, SweepAccumulator):
+        out["tables"] = sweep_tables(accumulator)
+    if isinstance(accumulator, RoundAccumulator):
+        out["table"] = accumulator.finalize_table()
+    if isinstance(accumulator, PositionAccumulator):
+        out["positions"] = accumulator.position_rows()
+        out["histogram"] = accumulator.delta_histogram()
+    return out
+
+
+def assert_close(actual: Any, expected: Any, where: str = "") -> None:
+    if isinstance(expected, dict):
+        assert set(actual) == set(expected), f"{where}: keys differ: {set(actual) ^ set(expected)}"
+        for key in expected:
+            assert_close(actual[key], expected[key], f"{where}/{key}")
+    elif isinstance(expected, (list, tuple)):
+        assert len(actual) == len(expected), where
+        for index, (a, e) in enumerate(zip(actual, expected, strict=True)):
+            assert_close(a, e, f"{where}[{index}]")
+    elif isinstance(expected, float):
+        if math.isnan(expected) or math.isinf(expected):
+            assert actual == expected or (math.isnan(actual) and math.isnan(expected)), f"{where}: {actual}"
+        else:
+            assert math.isclose(actual, expected, rel_tol=RTOL, abs_tol=ATOL), f"{where}: {actual} != {expected}"
+    else:
+        assert actual == expected, f"{where}: {actual!r} != {expected!r}"
+
+
+def merged(parts: list[Any]) -> Any:
+    first = parts[0]
+    for other in parts[1:]:
+        first.merge(other)
+    return first
+
+
+FAMILIES: dict[str, Callable[[], StepAccumulator | CorrectionAnalysis]] = {
+    "offpolicy": OffPolicyAccumulator,
+    "debug": DebugAccumulator,
+    "rollout_kl": RolloutKLAccumulator,
+    "rounds": lambda: RoundAccumulator(max_rounds=3, catastrophic=0.5),
+    "positions": lambda: PositionAccumulator(0.5),
+    "sweep": SweepAccumulator,
+    "correction (every preset: IS, RS options and chains, legacy, drop rules)": lambda: CorrectionAnalysis(
+        list(PRESETS.values())
+    ),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_whole_chunked_merged_in_any_order_and_sharded_agree(dump, family):
+    make = FAMILIES[family]
+    whole = make()
+    for chunk in chunks(dump, chunk_tokens=1 << 20):
+        whole.update(chunk)
+    expected = finalized(whole)
+
+    small = chunks(dump, chunk_tokens=83)  # does not divide any row or step
+    assert len(small) > 8
+    streamed = make()
+    for chunk in small:
+        streamed.update(chunk)
+    assert_close(finalized(streamed), expected, f"{family} chunked")
+
+    def fed(parts: list[list[Any]]) -> list[Any]:
+        """One fresh accumulator per list of chunks (merging mutates its first part, so each check rebuilds)."""
+        out = []
+        for part in parts:
+            accumulator = make()
+            for chunk in part:
+                accumulator.update(chunk)
+            out.append(accumulator)
+        return out
+
+    reverse = list(range(len(small)))[::-1]
+    for order in (reverse, random.Random(7).sample(range(len(small)), len(small))):
+        per_chunk = fed([[small[i]] for i in order])
+        assert_close(finalized(merged(per_chunk)), expected, f"{family} merged in order {order[:4]}…")
+
+    for shard_count in (2, 3):  # workers: chunks dealt round-robin, results merged in several orders
+        dealt = chunks(dump, chunk_tokens=71)
+        for order in itertools.islice(itertools.permutations(range(shard_count)), 2):
+            shards = fed([dealt[i::shard_count] for i in order])
+            assert_close(finalized(merged(shards)), expected, f"{family} {shard_count} shards, order {order}")
