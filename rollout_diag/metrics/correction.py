@@ -30,7 +30,11 @@ from rollout_diag.metrics.base import (
     StepAccumulator,
     as_float,
     clamp20,
+    effective_sample_size,
+    population_std,
     row_mean,
+    safe_exp,
+    sample_std,
     segment_max,
     segment_min,
     segment_moments,
@@ -266,8 +270,8 @@ class ChunkDivergences:
 
     @cached_property
     def seq_log_ratio(self) -> torch.Tensor:
-        """s_i = S_i[δ] (unclamped, every row; 0 for an empty row)."""
-        return self.row_sum(PerToken(self.log_ratio))
+        """s_i = S_i[δ] (unclamped, every row; 0 for an empty row): the row sum §1 takes too, computed once."""
+        return segment_stats(self.chunk).row_sum("log_ratio")
 
     def token_statistic(self, statistic: str) -> torch.Tensor:
         """§3: k1 = −clamp20(δ), k2 = ½·clamp20(δ)², k3 = exp(clamp20(δ)) − 1 − clamp20(δ) per model token."""
@@ -283,12 +287,17 @@ class ChunkDivergences:
         """§3 v_i per row: S_i[k] (seq_sum), R_i[k] (seq_mean and token options), max (seq_max, 0 if empty)."""
 
         def compute() -> torch.Tensor:
-            stat = self.token_statistic(option.statistic)
+            # row sums and maxima from the shared per-chunk engine (segments.ChunkStats), as the sweep reads them
+            rows = segment_stats(self.chunk)
+            if option.statistic == "k1":  # k1 = −clamp20(δ): its row sum is −Σ clamp20(δ)
+                row_total = -rows.row_sum("clamped_log_ratio")
+            else:
+                row_total = rows.row_sum(f"rs_{option.statistic}")
             if option.scope == "seq_sum":
-                return self._row_reduce(stat, "sum")
-            if option.scope == "seq_max":
-                return torch.where(self.valid_rows, self._row_reduce(stat, "max"), 0.0)
-            return row_mean(self._row_reduce(stat, "sum"), self.row_tokens)
+                return row_total
+            if option.scope == "seq_max":  # k2 / k3 only (§3 has no seq_max_k1)
+                return torch.where(self.valid_rows, rows.row_max(f"rs_{option.statistic}"), 0.0)
+            return row_mean(row_total, self.row_tokens)
 
         return self.memo(("row_value", option.scope, option.statistic), compute)
 
@@ -357,45 +366,6 @@ class CorrectionAccumulator(StepAccumulator, ABC):
     @abstractmethod
     def _shared_stats(self, shared: ChunkDivergences) -> dict[str, torch.Tensor]:
         """Partial state of each step group: name -> tensor [G, ...]."""
-
-
-# --------------------------------------------------------------------------- finalize helpers
-def population_std(moments: np.ndarray) -> float:
-    """§2/§3 ``_std``: the population std of c over model tokens when N > 1, else 0, from [N, mean, ·, M2, ·, ·].
-
-    sqrt(M2 / N) from centred moments, so constant c gives exactly 0. verl writes T[c²] − T[c]², whose 1e-8
-    guards add N·mean²·ε / (N+ε)² to the variance: sqrt(ε/N)·|mean| (5.5e-6 for 330 tokens of weight 1) where
-    the spread is 0. We leave that artefact out: the variances differ by exactly that term, never more.
-    """
-    count, m2 = float(moments[0]), float(moments[3])
-    if count <= 1:
-        return 0.0
-    return math.sqrt(max(m2, 0.0) / count)
-
-
-def effective_sample_size(moments: np.ndarray) -> float:
-    """§2 ESS = 1 / T[(c / (T[c] + ε))²] = (T[c] + ε)² · (N + ε) / Σc², from [N, mean, ·, M2, ·, ·].
-
-    All-zero weights (IcePop rejecting every token) give 1/0: inf (verl raises there).
-    """
-    count, mean, m2 = float(moments[0]), float(moments[1]), float(moments[3])
-    sum_squares = m2 + count * mean * mean
-    if sum_squares <= 0:
-        return math.inf
-    token_mean = count * mean / (count + EPS)
-    return (token_mean + EPS) ** 2 * (count + EPS) / sum_squares
-
-
-def sample_std(moments: np.ndarray) -> float:
-    """Notation: unbiased (n−1) std over rows; 0 with fewer than 2 values."""
-    count, m2 = float(moments[0]), float(moments[3])
-    return math.sqrt(max(m2, 0.0) / (count - 1)) if count >= 2 else 0.0
-
-
-def safe_exp(value: float) -> float:
-    """exp that gives inf instead of raising on overflow (a row's summed log ratio can be huge)."""
-    with np.errstate(over="ignore"):
-        return float(np.exp(value))
 
 
 def log_bound(ratio: float | None, missing: float) -> float:

@@ -8,7 +8,7 @@ from typing import ClassVar
 import torch
 
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import State, StepAccumulator, as_float
+from rollout_diag.metrics.base import State, StepAccumulator, as_float, sample_std
 from rollout_diag.metrics.segments import stats
 
 PREFIX = "training/"
@@ -32,7 +32,7 @@ class DebugAccumulator(StepAccumulator):
         }
 
     def _finalize(self, state: State) -> dict[str, float]:
-        n, mean, _, m2, _, _ = (float(v) for v in state["probs_diff"])
+        n, mean = float(state["probs_diff"][0]), float(state["probs_diff"][1])
         if n == 0:  # §5: no masked token -> valid 0, values NaN
             names = (
                 "rollout_probs_diff_max",
@@ -48,7 +48,7 @@ class DebugAccumulator(StepAccumulator):
             PREFIX + "rollout_probs_diff_max": as_float(state["probs_diff_max"]),
             PREFIX + "rollout_probs_diff_mean": mean,
             # unbiased, as torch.std; 0 with fewer than 2 values (METRICS.md, Notation)
-            PREFIX + "rollout_probs_diff_std": math.sqrt(max(m2, 0.0) / (n - 1)) if n > 1 else 0.0,
+            PREFIX + "rollout_probs_diff_std": sample_std(state["probs_diff"]),
             # clipped to [-1, 1] as torch.corrcoef does
             PREFIX + "rollout_actor_probs_pearson_corr": min(max(co_moment / denominator, -1.0), 1.0)
             if denominator > 0

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from rollout_diag.metrics.base import EPS, clamp20
+from rollout_diag.metrics.base import EPS, clamp20, row_mean
 from rollout_diag.metrics.correction import (
     WEIGHT_REDUCTIONS,
     ChunkDivergences,
@@ -32,7 +32,7 @@ def legacy_log_ratio(shared: ChunkDivergences, level: str) -> torch.Tensor:
     """§8 ℓ per row, unclamped: S_i[δ] (sequence) or R_i[δ] (geometric)."""
     if level == "sequence":
         return shared.seq_log_ratio
-    return shared.memo(("legacy_geometric",), lambda: shared.row_mean(PerToken(shared.log_ratio)))
+    return shared.memo(("legacy_geometric",), lambda: row_mean(shared.seq_log_ratio, shared.row_tokens))
 
 
 def legacy_weights(shared: ChunkDivergences, level: str) -> PerToken:

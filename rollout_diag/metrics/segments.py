@@ -18,8 +18,7 @@ import numpy as np
 import torch
 
 from rollout_diag.io.chunk import Chunk
-
-CLAMP = 20.0  # clamp20 (METRICS.md, Notation)
+from rollout_diag.metrics.base import clamp20
 
 # Per-token quantities over model tokens (δ = a − r), each computed at most once per chunk.
 TOKEN_QUANTITIES: dict[str, Callable[[ChunkStats], torch.Tensor]] = {}
@@ -60,7 +59,7 @@ def _k3(s: ChunkStats) -> torch.Tensor:  # exp(δ) − δ − 1 (§1 k3_kl), exp
 
 @quantity("chi2_term")
 def _chi2_term(s: ChunkStats) -> torch.Tensor:  # exp(2·clamp20(δ)) (§1 chi2_token)
-    return torch.exp(s.token("log_ratio").clamp(-CLAMP, CLAMP) * 2.0)
+    return torch.exp(s.token("clamped_log_ratio") * 2.0)
 
 
 @quantity("square")
@@ -77,7 +76,7 @@ def _skyrl_k3(s: ChunkStats) -> torch.Tensor:  # exp(−x) − 1 + x, x = a − 
 
 @quantity("clamped_log_ratio")
 def _clamped(s: ChunkStats) -> torch.Tensor:  # c = clamp20(δ): what §2 weights and §3 statistics see
-    return s.token("log_ratio").clamp(-CLAMP, CLAMP)
+    return clamp20(s.token("log_ratio"))
 
 
 @quantity("rs_k2")
