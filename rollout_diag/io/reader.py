@@ -93,11 +93,37 @@ class _OpenFile:
 
 
 # ------------------------------------------------------------------------------------------- opening
+def _plain(data_type: pa.DataType) -> pa.DataType:
+    """The value type of a dictionary type (what polars writes for Categorical / Enum), else the type itself."""
+    return data_type.value_type if pa.types.is_dictionary(data_type) else data_type
+
+
 def _kind(data_type: pa.DataType) -> tuple[bool, pa.DataType]:
-    """(is a list type, element type)."""
+    """(is a list type, element type), dictionary encoding looked through."""
+    data_type = _plain(data_type)
     if pa.types.is_list(data_type) or pa.types.is_large_list(data_type) or pa.types.is_fixed_size_list(data_type):
-        return True, data_type.value_type
+        return True, _plain(data_type.value_type)
     return False, data_type
+
+
+def _decoded_type(data_type: pa.DataType) -> pa.DataType | None:
+    """The type to cast a dictionary-encoded column (or list of one) to; None when it is not encoded."""
+    if pa.types.is_dictionary(data_type):
+        return data_type.value_type
+    if pa.types.is_list(data_type) and pa.types.is_dictionary(data_type.value_type):
+        return pa.list_(data_type.value_type.value_type)
+    if pa.types.is_large_list(data_type) and pa.types.is_dictionary(data_type.value_type):
+        return pa.large_list(data_type.value_type.value_type)
+    return None
+
+
+def _decoded(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with dictionary-encoded columns decoded, so both encodings read (and compare) the same."""
+    casts = {i: _decoded_type(f.type) for i, f in enumerate(batch.schema)}
+    if not any(casts.values()):
+        return batch
+    arrays = [column if casts[i] is None else column.cast(casts[i]) for i, column in enumerate(batch.columns)]
+    return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
 
 
 def _type_name(data_type: pa.DataType) -> str:
@@ -143,7 +169,7 @@ def _open(source: Source, overrides: Mapping[str, str] | None) -> _OpenFile:
         name = columns.get(role)
         if name is not None and role not in columns.from_partition:
             data_type = schema.field(name).type
-            if not pa.types.is_integer(data_type):
+            if not pa.types.is_integer(_plain(data_type)):
                 raise ColumnError(f"{where(source.path, column=name)}expected an integer step, found {data_type}.")
     if layout == "token" and "sample_id" not in columns:
         raise ColumnError(
@@ -358,7 +384,7 @@ def _row_groups(opened: _OpenFile, columns: list[str], rows_per_batch, reader: D
             for batch in opened.parquet.iter_batches(
                 batch_size=rows_per_batch(), row_groups=[group], columns=columns, use_threads=False
             ):
-                yield batch, first_row + done
+                yield _decoded(batch), first_row + done
                 done += batch.num_rows
         except (OSError, pa.ArrowException) as exc:
             message = f"row group {group} cannot be decoded ({_one_line(exc)})"
@@ -392,10 +418,6 @@ def _scalar_roles(opened: _OpenFile, batch: pa.RecordBatch, first_row: int, rows
         array = batch.column(step_name)
         if index is not None:
             array = array.take(pa.array(index))
-        if array.null_count:
-            bad = int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
-            row = first_row + (bad if index is None else int(index[bad]))
-            raise DataError(f"{where(opened.source.path, row, step_name)}step is null.")
         step = array.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
     sid_name = columns.get("sample_id")
     if sid_name is None:  # the row number in the file
@@ -439,6 +461,11 @@ def _read_sequences(opened: _OpenFile, reader: DumpReader) -> Iterator[tuple[_Bl
         }
         keep = np.ones(rows, dtype=bool)
         pending: list[SkippedRow] = []
+        step_nulls = _step_nulls(opened, batch)
+        if step_nulls is not None:
+            for row in np.flatnonzero(step_nulls):
+                keep[row] = False
+                pending.append(SkippedRow(path, first_row + int(row), names["step"], "null step"))
         for role, length in lengths.items():
             for row in np.flatnonzero(keep & (length < 0)):
                 keep[row] = False
@@ -512,46 +539,59 @@ def _estimate_tokens_per_row(opened: _OpenFile) -> float:
 
 # ---------------------------------------------------------------------------------- token layout
 def _read_tokens(opened: _OpenFile, reader: DumpReader) -> Iterator[tuple[_Block, int]]:
-    """Group consecutive tokens of one (step, sample_id) into a row; the last group waits for the next batch."""
+    """Group consecutive tokens of one (step, sample_id) into a row; the last group waits for the next batch.
+
+    The batch after the current one is read before the current one is cut, so that the last sequence of a
+    file travels with the rows before it: a file read in one batch gives one block, as in the sequence layout
+    (the same chunks, hence the same float64 sums to the last bit).
+    """
     finished: set[tuple[int, str]] = set()
     carry: pa.Table | None = None
     carry_first_row = 0
     batch_rows = lambda: reader.chunk_tokens  # noqa: E731 - one row per token
     batches = _row_groups(opened, _column_names(opened), batch_rows, reader)
-    while True:
-        item = next(batches, None)
-        if item is None:
-            if carry is not None and carry.num_rows:
-                yield (
-                    _token_block(opened, carry, carry_first_row, np.array([carry.num_rows]), finished, reader),
-                    carry.num_rows,
-                )
-            return
+    item = next(batches, None)
+    while item is not None:
         batch, first_row = item
+        item = next(batches, None)
         table = pa.Table.from_batches([batch])
-        if carry is not None and carry.num_rows:
-            if carry_first_row + carry.num_rows != first_row:  # a row group was skipped in between
-                yield (
-                    _token_block(opened, carry, carry_first_row, np.array([carry.num_rows]), finished, reader),
-                    carry.num_rows,
-                )
-            else:
-                table = pa.concat_tables([carry, table])
-                first_row = carry_first_row
-        boundary = np.flatnonzero(_sequence_changes(opened, table, first_row)) + 1
+        if carry is not None:  # the unfinished last sequence of the batch before (always adjacent: see below)
+            table = pa.concat_tables([carry, table])
+            first_row = carry_first_row
+        carry = None
+        if table.num_rows == 0:
+            continue
+        boundary = np.flatnonzero(_sequence_changes(opened, table)) + 1
         starts = np.concatenate([[0], boundary])
         ends = np.concatenate([boundary, [table.num_rows]])
-        complete = len(starts) - 1  # the last run may continue in the next batch
+        # The last run may go on in the next batch, unless there is none or rows between could not be decoded.
+        last_continues = item is not None and item[1] == first_row + table.num_rows
+        complete = len(starts) - 1 if last_continues else len(starts)
         if complete == 0:
             carry, carry_first_row = table, first_row
             continue
-        cut = int(starts[-1])
-        head = table.slice(0, cut)
+        cut = int(ends[complete - 1])
+        head = table if cut == table.num_rows else table.slice(0, cut)
         yield _token_block(opened, head, first_row, (ends - starts)[:complete], finished, reader), cut
-        carry, carry_first_row = table.slice(cut), first_row + cut
+        if cut < table.num_rows:
+            carry, carry_first_row = table.slice(cut), first_row + cut
 
 
-def _sequence_changes(opened: _OpenFile, table: pa.Table, first_row: int) -> np.ndarray:
+def _step_nulls(opened: _OpenFile, table: pa.Table | pa.RecordBatch) -> np.ndarray | None:
+    """bool [n]: rows whose step is null; None when there is none (or no step column)."""
+    name = opened.columns.get("step")
+    if name is None or "step" in opened.columns.from_partition or not table.column(name).null_count:
+        return None
+    return table.column(name).is_null().to_numpy(zero_copy_only=False)
+
+
+def _filled_step(values: pa.Array) -> pa.Array:
+    """Null steps take a neighbour's value, so that a null inside a sequence does not cut it in two (the
+    sequence is then skipped as a whole, with the null's row)."""
+    return pc.fill_null_backward(pc.fill_null_forward(values)).fill_null(0)
+
+
+def _sequence_changes(opened: _OpenFile, table: pa.Table) -> np.ndarray:
     """bool [n − 1]: token i + 1 starts another (step, sample_id) than token i. Compared in Arrow, so
     millions of sample ids are never turned into Python strings."""
     changes = np.zeros(max(table.num_rows - 1, 0), dtype=bool)
@@ -561,6 +601,8 @@ def _sequence_changes(opened: _OpenFile, table: pa.Table, first_row: int) -> np.
         if name is None or role in columns.from_partition or table.num_rows < 2:
             continue
         values = table.column(name).combine_chunks()
+        if role == "step" and values.null_count:
+            values = _filled_step(values)
         differs = pc.not_equal(values.slice(1), values.slice(0, table.num_rows - 1))
         changes |= differs.fill_null(True).to_numpy(zero_copy_only=False)  # a null starts a run: caught there
     return changes
@@ -577,8 +619,22 @@ def _token_block(
     path = opened.source.path
     names = opened.columns.names
     run_starts = np.concatenate([[0], np.cumsum(run_lengths)[:-1]]).astype(np.int64)
+    run_id = np.repeat(np.arange(len(run_lengths)), run_lengths)
+    skipped: list[SkippedRow] = []
+    step_nulls = _step_nulls(opened, table)
+    null_runs = np.zeros(0, dtype=np.int64)
+    if step_nulls is not None:
+        step_index = table.schema.get_field_index(names["step"])
+        table = table.set_column(step_index, names["step"], _filled_step(table.column(step_index).combine_chunks()))
+        null_tokens = np.flatnonzero(step_nulls)
+        null_runs, first_null = np.unique(run_id[null_tokens], return_index=True)
+        skipped += [
+            SkippedRow(path, first_row + int(null_tokens[i]), names["step"], "null step") for i in first_null
+        ]
     step, sample_id = _scalar_roles(opened, table, first_row, len(run_starts), index=run_starts)
     for i, key in enumerate(zip(step.tolist(), sample_id, strict=True)):
+        if i in null_runs:
+            continue
         if key in finished:
             raise InputError(
                 f"{where(path, first_row + int(run_starts[i]), names['sample_id'])}tokens of sample '{key[1]}' "
@@ -603,7 +659,6 @@ def _token_block(
     duplicate_rows = np.zeros(0, dtype=np.int64)
     if position is not None:
         # Order tokens by position within each row; duplicates make a row unusable.
-        run_id = np.repeat(np.arange(len(run_lengths)), run_lengths)
         order = np.lexsort((position, run_id))
         ordered, ordered_run = position[order], run_id[order]
         duplicate_rows = np.unique(
@@ -627,12 +682,14 @@ def _token_block(
         token_text=text,
         names=names,
         token_rows=token_rows,
-        skipped=[
+        skipped=skipped
+        + [
             SkippedRow(path, first_row + int(run_starts[row]), names["position"], "duplicate token position")
-            for row in duplicate_rows
+            for row in np.setdiff1d(duplicate_rows, null_runs)
         ],
     )
-    return _drop_rows(block, duplicate_rows) if duplicate_rows.size else block
+    bad_rows = np.union1d(duplicate_rows, null_runs)
+    return _drop_rows(block, bad_rows) if bad_rows.size else block
 
 
 # ---------------------------------------------------------------------------------- validation
