@@ -628,9 +628,7 @@ def _token_block(
         table = table.set_column(step_index, names["step"], _filled_step(table.column(step_index).combine_chunks()))
         null_tokens = np.flatnonzero(step_nulls)
         null_runs, first_null = np.unique(run_id[null_tokens], return_index=True)
-        skipped += [
-            SkippedRow(path, first_row + int(null_tokens[i]), names["step"], "null step") for i in first_null
-        ]
+        skipped += [SkippedRow(path, first_row + int(null_tokens[i]), names["step"], "null step") for i in first_null]
     step, sample_id = _scalar_roles(opened, table, first_row, len(run_starts), index=run_starts)
     for i, key in enumerate(zip(step.tolist(), sample_id, strict=True)):
         if i in null_runs:
