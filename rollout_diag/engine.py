@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from numbers import Integral
 from pathlib import Path
 
 import torch
@@ -68,6 +69,7 @@ class Analysis:
     empty_rows: list[tuple[int, str, str, int]] = field(default_factory=list)  # (step, sample_id, file, row)
 
     def __post_init__(self) -> None:
+        check_analysis_options(self.max_rounds, self.catastrophic, self.top_k)
         self.rounds = RoundAccumulator(self.max_rounds, self.catastrophic)
         self.positions = PositionAccumulator(self.catastrophic)
         self.worst = WorstTracker(self.top_k, self.catastrophic)
@@ -183,12 +185,10 @@ def analyze(
     (``backend="process"``) or Ray tasks (``backend="ray"``) and merges their states: the same result.
     Raises RolloutDiagError (InputError, ColumnError, DataError, ConfigError) for bad input or options.
     """
-    if max_rounds < 1:
-        raise ConfigError(f"--max-rounds {max_rounds}: must be at least 1.")
-    if not catastrophic > 0:
-        raise ConfigError(f"--catastrophic {catastrophic}: must be a positive |δ| threshold.")
-    if top_k < 1:
-        raise ConfigError(f"--top-k {top_k}: must be at least 1.")
+    check_analysis_options(max_rounds, catastrophic, top_k)
+    from rollout_diag.distributed import check_workers
+
+    check_workers(workers, backend)
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
     options = {"max_rounds": max_rounds, "catastrophic": catastrophic, "top_k": top_k}
@@ -333,3 +333,17 @@ def build_result(analysis: Analysis, log: ReadLog, device: torch.device, strict:
         skipped=list(log.skipped),
         skipped_rows=log.skipped_rows,
     )
+
+
+MAX_ROUNDS_LIMIT = 4096  # per-round state is allocated per round index: a bound keeps memory bounded
+MAX_TOP_K = 1000  # the top rows keep every token: a bound keeps memory and output readable
+
+
+def check_analysis_options(max_rounds: int, catastrophic: float, top_k: int) -> None:
+    """Raises ConfigError (one line, naming the option) unless every analysis option is in its range."""
+    if isinstance(max_rounds, bool) or not isinstance(max_rounds, Integral) or not 1 <= max_rounds <= MAX_ROUNDS_LIMIT:
+        raise ConfigError(f"--max-rounds {max_rounds}: must be a whole number from 1 to {MAX_ROUNDS_LIMIT}.")
+    if not 0 < catastrophic < float("inf"):
+        raise ConfigError(f"--catastrophic {catastrophic}: must be a positive, finite |δ| threshold.")
+    if isinstance(top_k, bool) or not isinstance(top_k, Integral) or not 1 <= top_k <= MAX_TOP_K:
+        raise ConfigError(f"--top-k {top_k}: must be a whole number from 1 to {MAX_TOP_K}.")

@@ -12,11 +12,13 @@ Memory: one record batch per file at a time (a row group is decoded at once by P
 
 from __future__ import annotations
 
+import hashlib
 import math
 import queue
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from numbers import Integral
 
 import numpy as np
 import pyarrow as pa
@@ -24,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from rollout_diag.errors import ColumnError, DataError, InputError, RolloutDiagError, where
+from rollout_diag.errors import ColumnError, ConfigError, DataError, InputError, RolloutDiagError, where
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.columns import ColumnMap, resolve_columns
 from rollout_diag.io.sources import Source, expand_inputs
@@ -32,6 +34,9 @@ from rollout_diag.results import SkippedRow
 
 MAX_POSITIVE_LOGPROB = 1e-6  # logprobs above this are not logprobs (float noise of log(1) stays below)
 MAX_SKIP_RECORDS = 1000  # skipped rows listed one by one; beyond this only counted
+# Without a mask, this share of tokens whose rollout logprob is exactly 0.0 while the trainer's is not says
+# "environment tokens" (engines write 0.0 where they produced no logprob; a sampled token almost never has p = 1).
+ZERO_ROLLOUT_SHARE = 0.01
 DEFAULT_CHUNK_TOKENS = 1 << 20  # ~1M tokens: 8 MB per float64 quantity; larger chunks are no faster
 
 
@@ -46,6 +51,14 @@ class ReadLog:
     skipped_rows: int = 0
     warnings: list[str] = field(default_factory=list)
     total_rows: int = 0  # rows in the files (token layout: tokens), known before reading
+    # Files without a mask column: [tokens analysed, of them rollout logprob exactly 0.0 where the trainer's is not].
+    unmasked: dict[str, list[int]] = field(default_factory=dict)
+    mask_candidates: dict[str, list[str]] = field(default_factory=dict)  # file -> '*mask*' columns no role took
+    # A 64-bit hash of (step, sample_id) per analysed row (files with a sample id only), and where the row is:
+    # (index into ``files``, file row). 16 bytes a row; exact up to hash collisions (2^-64 per pair).
+    row_keys: list[np.ndarray] = field(default_factory=list, repr=False)
+    row_places: list[np.ndarray] = field(default_factory=list, repr=False)
+    finished: bool = False
 
     def merge(self, other: ReadLog) -> None:
         """Fold in the log of a worker that read other row groups of the same inputs."""
@@ -53,6 +66,20 @@ class ReadLog:
         del self.skipped[MAX_SKIP_RECORDS:]
         self.skipped_rows += other.skipped_rows
         self.warnings.extend(w for w in other.warnings if w not in self.warnings)
+        for file, (tokens, zeros) in other.unmasked.items():
+            counts = self.unmasked.setdefault(file, [0, 0])
+            counts[0] += tokens
+            counts[1] += zeros
+        self.row_keys += other.row_keys
+        self.row_places += other.row_places
+
+    def finish(self) -> None:
+        """Add the warnings that need every row seen (missing mask, duplicate rows); once, after the last merge."""
+        if self.finished:
+            return
+        self.finished = True
+        self.warnings.extend(_mask_warnings(self) + _duplicate_warnings(self))
+        self.row_keys, self.row_places = [], []
 
     def skip(self, record: SkippedRow, strict: bool) -> None:
         if strict:
@@ -63,6 +90,79 @@ class ReadLog:
         self.skipped_rows += 1
         if len(self.skipped) < MAX_SKIP_RECORDS:
             self.skipped.append(record)
+
+
+def _mask_warnings(log: ReadLog) -> list[str]:
+    if not log.unmasked:
+        return []
+    tokens = sum(counts[0] for counts in log.unmasked.values())
+    zeros = sum(counts[1] for counts in log.unmasked.values())
+    files = sorted(log.unmasked, key=log.files.index) if set(log.unmasked) <= set(log.files) else list(log.unmasked)
+    which = "" if len(files) == len(log.files) else f" in {_names(files)}"
+    notes = [
+        f"no mask column{which}: all {tokens} tokens treated as model tokens "
+        "(looked for response_mask, loss_mask, token_loss_mask)."
+    ]
+    if tokens and zeros >= ZERO_ROLLOUT_SHARE * tokens:
+        candidates = sorted({name for file in files for name in log.mask_candidates.get(file, [])})
+        name = candidates[0] if len(candidates) == 1 else "<name>"
+        notes.append(
+            f"{zeros} of those {tokens} tokens ({100 * zeros / tokens:.3g} %) have a rollout logprob of exactly 0.0 "
+            "where the trainer's is not: these look like environment tokens (tool output, prompt) that a mask "
+            f"would leave out; name the mask column with --column mask={name}"
+            + (f" (columns that may be one: {', '.join(candidates)})." if candidates else ".")
+        )
+    return notes
+
+
+def _duplicate_warnings(log: ReadLog) -> list[str]:
+    if not log.row_keys:
+        return []
+    keys = np.concatenate(log.row_keys)
+    places = np.concatenate(log.row_places)
+    order = np.lexsort((places[:, 1], places[:, 0], keys))  # by key, then by file and row
+    keys, places = keys[order], places[order]
+    same_as_next = keys[1:] == keys[:-1]
+    if not same_as_next.any():
+        return []
+    in_group = np.zeros(len(keys), dtype=bool)
+    in_group[1:] |= same_as_next
+    in_group[:-1] |= same_as_next
+    groups = int(np.count_nonzero(same_as_next & ~np.concatenate([[False], same_as_next[:-1]])))
+    # the example: the duplicated key whose first row comes first in the input
+    starts = np.flatnonzero(in_group & ~np.concatenate([[False], same_as_next]))
+    first = min(starts, key=lambda i: (places[i, 0], places[i, 1]))
+    example = [
+        f"{log.files[int(places[i, 0])]}:{int(places[i, 1])}"
+        for i in range(first, min(first + 3, len(keys)))
+        if keys[i] == keys[first]
+    ]
+    return [
+        f"duplicate (step, sample_id): {int(in_group.sum())} rows share their (step, sample_id) with another row "
+        f"({groups} keys), e.g. rows {' and '.join(example)}; each row is analysed as a sequence of its own. "
+        "Two dumps of one run, or an id per prompt (verl's uid is shared by the n responses of a prompt)? "
+        "Give each row its own id; inspect one with --row FILE:ROW."
+    ]
+
+
+def _names(files: Sequence[str], limit: int = 3) -> str:
+    shown = ", ".join(files[:limit])
+    return shown + (f" and {len(files) - limit} more files" if len(files) > limit else "")
+
+
+def _row_keys(steps: np.ndarray, sample_ids: Sequence[str]) -> np.ndarray:
+    """uint64 [R]: a hash of each (step, sample_id), the same in every process (unlike Python's hash)."""
+    return np.fromiter(
+        (
+            int.from_bytes(
+                hashlib.blake2b(f"{step}\x1f{sample_id}".encode("utf-8", "surrogatepass"), digest_size=8).digest(),
+                "little",
+            )
+            for step, sample_id in zip(steps.tolist(), sample_ids, strict=True)
+        ),
+        dtype=np.uint64,
+        count=len(sample_ids),
+    )
 
 
 @dataclass
@@ -90,6 +190,7 @@ class _OpenFile:
     parquet: pq.ParquetFile
     columns: ColumnMap
     layout: str
+    mask_candidates: tuple[str, ...] = ()  # without a mask column: integer/bool '*mask*' columns of the layout's shape
 
 
 # ------------------------------------------------------------------------------------------- opening
@@ -176,7 +277,18 @@ def _open(source: Source, overrides: Mapping[str, str] | None) -> _OpenFile:
             f"{source.path}: token layout (one row per token) needs a sample_id column to group tokens into rows.",
             hint="name it with --column sample_id=<name>.",
         )
-    return _OpenFile(source=source, parquet=parquet, columns=columns, layout=layout)
+    candidates: tuple[str, ...] = ()
+    if "mask" not in columns:
+        taken = set(columns.names.values())
+        candidates = tuple(
+            field.name
+            for field in schema
+            if field.name not in taken
+            and "mask" in field.name.lower()
+            and _kind(field.type)[0] == is_list
+            and (pa.types.is_integer(_kind(field.type)[1]) or pa.types.is_boolean(_kind(field.type)[1]))
+        )
+    return _OpenFile(source=source, parquet=parquet, columns=columns, layout=layout, mask_candidates=candidates)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -190,22 +302,35 @@ class DumpReader:
 
     def __init__(
         self,
-        inputs: list[str] | str,
+        inputs: str | Sequence[str] | Sequence[Source],
         columns: Mapping[str, str] | None = None,
         *,
         strict: bool = False,
         chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
         parts: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
-        """``parts``: read only these row groups of these files (by path), as :meth:`plan` splits them."""
+        """``inputs``: files, globs and directories, or the :class:`Source` list another reader resolved (then
+        nothing is expanded again). ``columns``: the user's role -> column overrides; each file resolves its own
+        columns from them. ``parts``: read only these row groups of these files (by path), as :meth:`plan`
+        splits them. Raises InputError / ColumnError for unreadable input, ConfigError for a bad chunk size."""
+        if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, Integral) or chunk_tokens < 1:
+            raise ConfigError(f"--chunk-tokens {chunk_tokens}: must be a positive whole number of tokens.")
         self.strict = strict
-        self.chunk_tokens = max(int(chunk_tokens), 1)
+        self.chunk_tokens = int(chunk_tokens)
+        self.overrides = dict(columns or {})
         self.parts = None if parts is None else {path: set(groups) for path, groups in parts.items()}
         self.log = ReadLog()
-        sources = expand_inputs([inputs] if isinstance(inputs, str) else inputs)
-        self.files = [_open(source, columns) for source in sources]
+        given = [inputs] if isinstance(inputs, str) else list(inputs)
+        if given and all(isinstance(item, Source) for item in given):
+            self.sources = given
+        else:
+            self.sources = expand_inputs(given, self.log.warnings)
+        self.files = [_open(source, self.overrides) for source in self.sources]
         first = self.files[0]
         self.log.files = [f.source.path for f in self.files]
+        # where each analysed row's (step, sample_id) key comes from: (file index, whether ids are real)
+        self._file_index = {f.source.path: (i, "sample_id" in f.columns) for i, f in enumerate(self.files)}
+        self.log.mask_candidates = {f.source.path: list(f.mask_candidates) for f in self.files}
         self.log.columns = {
             role: (f"{name} (partition)" if role in first.columns.from_partition else name)
             for role, name in first.columns.names.items()
@@ -266,6 +391,8 @@ class DumpReader:
             chunk = self._validated_chunk(block, device)
             if chunk is not None:
                 yield chunk, consumed
+        if self.parts is None:  # the whole input was read here (a worker's part is finished by the driver)
+            self.log.finish()
 
     # -- decoding --------------------------------------------------------------------------------
     def _blocks(self) -> Iterator[tuple[_Block, int]]:
@@ -288,6 +415,14 @@ class DumpReader:
         block = _validate(block, self.log, self.strict)
         if block is None:
             return None
+        file_index, has_ids = self._file_index[block.file]
+        if block.mask is None:
+            counts = self.log.unmasked.setdefault(block.file, [0, 0])
+            counts[0] += len(block.rollout)
+            counts[1] += int(np.count_nonzero((block.rollout == 0.0) & (block.trainer != 0.0)))
+        if has_ids:
+            self.log.row_keys.append(_row_keys(block.step, block.sample_id))
+            self.log.row_places.append(np.stack([np.full(len(block.file_row), file_index), block.file_row], axis=1))
         # torch.tensor copies: Arrow's buffers are read-only, and the fill below writes in place.
         trainer = torch.tensor(block.trainer, dtype=torch.float64, device=device)
         rollout = torch.tensor(block.rollout, dtype=torch.float64, device=device)
