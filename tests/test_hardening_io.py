@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -189,3 +190,167 @@ def test_null_step_skips_its_sequence_in_the_token_layout(tmp_path: Path, where:
     expected = analyze(write_sequence_dump(tmp_path / "without.parquet", rows[:sequence] + rows[sequence + 1 :]))
     assert document["run"] == expected["run"] and document["steps"] == expected["steps"]
     assert "null step" in error_line(cli("analyze", path, "--strict", "--device", "cpu"))
+
+
+# ------------------------------------------------------------------------------------------ no mask column
+def test_no_mask_column_is_said_loudly_with_the_token_count(tmp_path: Path) -> None:
+    rows = random_rows(8, steps=(0, 1), rows_per_step=3, env_share=0.0)
+    path = write_sequence_dump(tmp_path / "no_mask.parquet", rows, names={"mask": None})
+    tokens = sum(len(row["rollout"]) for row in rows)
+    warnings = analyze(path)["warnings"]
+    assert any(f"no mask column: all {tokens} tokens treated as model tokens" in w for w in warnings)
+    # rollout logprobs of exactly 0.0 on confident tokens (trainer near 0 too) are no sign of environment tokens
+    assert any(row["rollout"].count(0.0) for row in rows)
+    assert not any("environment tokens" in w for w in warnings)
+
+
+def test_no_mask_column_with_zero_rollout_logprobs_suggests_the_mask(tmp_path: Path) -> None:
+    rows = random_rows(9, steps=(0, 1), rows_per_step=4, env_share=0.3)
+    zeros = 0
+    for row in rows:  # what engines write where they produced no logprob: 0.0 on environment tokens
+        for position, mask in enumerate(row["mask"]):
+            if not mask:
+                row["rollout"][position] = 0.0
+                zeros += row["trainer"][position] < np.log(0.5)
+        row["attention_mask"] = row["mask"]
+    table = sequence_table(rows, names={"mask": None})
+    table = table.append_column("env_mask", pa.array([row["mask"] for row in rows], pa.list_(pa.int8())))
+    path = write_table(tmp_path / "env.parquet", table)
+    tokens = sum(len(row["rollout"]) for row in rows)
+    warnings = analyze(path)["warnings"]
+    assert any(f"all {tokens} tokens treated as model tokens" in w for w in warnings)
+    (hint,) = [w for w in warnings if "environment tokens" in w]
+    assert hint.startswith(f"{zeros} of those {tokens} tokens")  # counted exactly
+    assert "--column mask=env_mask" in hint
+    # with the mask named, the warnings go and the numbers are those of the masked file
+    named = analyze(path, columns={"mask": "env_mask"})
+    assert not any("mask column" in w for w in named["warnings"])
+    assert named["run"] == analyze(write_sequence_dump(tmp_path / "masked.parquet", rows))["run"]
+
+
+def test_no_mask_warning_counts_only_the_files_without_one(tmp_path: Path) -> None:
+    rows = random_rows(10, steps=(0,), rows_per_step=3)
+    with_mask = write_sequence_dump(tmp_path / "a.parquet", rows)
+    without_mask = write_sequence_dump(tmp_path / "b.parquet", random_rows(11, steps=(1,)), names={"mask": None})
+    tokens = pq.read_table(without_mask).column("rollout_log_probs").combine_chunks().flatten().__len__()
+    warnings = analyze([str(with_mask), str(without_mask)])["warnings"]
+    assert any(f"no mask column in {without_mask}: all {tokens} tokens" in w for w in warnings)
+
+
+# ------------------------------------------------------------------------------------------ duplicates
+def test_duplicate_step_and_sample_id_across_files_is_counted(tmp_path: Path) -> None:
+    rows = random_rows(12, steps=(0, 1), rows_per_step=3)
+    first = write_sequence_dump(tmp_path / "a.parquet", rows)
+    second = write_sequence_dump(tmp_path / "b.parquet", rows[:2] + random_rows(13, steps=(5,), rows_per_step=2))
+    warnings = analyze(str(tmp_path))["warnings"]
+    (duplicate,) = [w for w in warnings if w.startswith("duplicate (step, sample_id)")]
+    assert "4 rows share their (step, sample_id) with another row (2 keys)" in duplicate
+    assert f"{first}:0 and {second}:0" in duplicate and "--row FILE:ROW" in duplicate
+
+
+def test_duplicate_rows_within_a_file_and_none_without_ids(tmp_path: Path) -> None:
+    rows = random_rows(14, steps=(0,), rows_per_step=4)
+    rows[3] = {**rows[3], "sample_id": rows[1]["sample_id"]}
+    path = write_sequence_dump(tmp_path / "dup.parquet", rows)
+    assert any("2 rows share" in w and f"{path}:1 and {path}:3" in w for w in analyze(path)["warnings"])
+    no_ids = write_sequence_dump(tmp_path / "no_ids.parquet", rows, names={"sample_id": None})
+    again = write_sequence_dump(tmp_path / "no_ids_again.parquet", rows, names={"sample_id": None})
+    assert not any("duplicate" in w for w in analyze([str(no_ids), str(again)])["warnings"])  # row numbers
+
+
+def test_no_duplicate_warning_for_unique_rows(tmp_path: Path) -> None:
+    path = write_sequence_dump(tmp_path / "unique.parquet", random_rows(15))
+    assert not any("duplicate" in w for w in analyze(path)["warnings"])
+
+
+# ------------------------------------------------------------------------------------------ --workers
+@pytest.fixture(scope="module")
+def mixed_directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Files whose columns differ (no step; SkyRL names; a tokens column the others lack), two of them
+    duplicating each other's ids, one with glob characters in its name, several row groups each."""
+    folder = tmp_path_factory.mktemp("mixed")
+    write_sequence_dump(folder / "part[0].parquet", random_rows(20, steps=(0, 1)), row_group_size=3)
+    write_sequence_dump(folder / "no_step.parquet", random_rows(21, steps=(0,)), names={"step": None})
+    skyrl = {"rollout": "rollout_logprobs", "trainer": "action_log_probs", "mask": "loss_mask"}
+    write_sequence_dump(folder / "skyrl.parquet", random_rows(22, steps=(2, 3)), names=skyrl, row_group_size=5)
+    with_tokens = random_rows(23, steps=(1, 4))
+    for row in with_tokens:
+        row["tokens"] = [f"w{i}" for i in range(len(row["rollout"]))]
+    write_sequence_dump(folder / "tokens.parquet", with_tokens, row_group_size=2)
+    write_sequence_dump(folder / "no_mask.parquet", random_rows(24, steps=(5,)), names={"mask": None})
+    return folder
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_workers_give_the_one_process_result_on_mixed_files(mixed_directory: Path, workers: int) -> None:
+    one = analyze(str(mixed_directory))
+    many = analyze(str(mixed_directory), workers=workers)
+    assert many["inputs"] == one["inputs"] and str(mixed_directory / "part[0].parquet") in one["inputs"]
+    assert sorted(many["warnings"]) == sorted(one["warnings"])
+    assert any("no mask column" in w for w in one["warnings"])
+    for mine, theirs in [(many["run"], one["run"]), *zip(many["steps"], one["steps"], strict=True)]:
+        assert (mine.get("step"), mine["rows"], mine["tokens"]) == (
+            theirs.get("step"),
+            theirs["rows"],
+            theirs["tokens"],
+        )
+        assert mine["metrics"].keys() == theirs["metrics"].keys()
+        for name, value in theirs["metrics"].items():
+            assert mine["metrics"][name] == pytest.approx(value, rel=1e-12, abs=1e-300, nan_ok=True), name
+    assert [r["sample_id"] for r in many["worst_rows"]] == [r["sample_id"] for r in one["worst_rows"]]
+
+
+def test_workers_take_a_file_whose_name_looks_like_a_glob(tmp_path: Path) -> None:
+    path = write_sequence_dump(tmp_path / "part[0].parquet", random_rows(25), row_group_size=4)
+    assert analyze(path, workers=2)["run"]["rows"] == analyze(path)["run"]["rows"] == 12
+
+
+# ------------------------------------------------------------------------------------------ symlink loops
+def test_symlink_loops_in_a_directory_are_skipped_with_a_warning(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    write_sequence_dump(run / "a.parquet", random_rows(30))
+    write_sequence_dump(run / "sub" / "b.parquet", random_rows(31, steps=(5,)))
+    (run / "sub" / "back").symlink_to(run, target_is_directory=True)  # sub/back -> run: a loop
+    (run / "self").symlink_to(run / "self")  # a link to itself
+    (run / "again").symlink_to(run / "sub", target_is_directory=True)  # no loop: the same files once
+    for typed in (str(run), f"{run}/**/*.parquet"):
+        document = analyze(typed)
+        assert document["inputs"] == [str(run / "a.parquet"), str(run / "again" / "b.parquet")] or document[
+            "inputs"
+        ] == [str(run / "a.parquet"), str(run / "sub" / "b.parquet")]
+        loops = [w for w in document["warnings"] if "symlink loop" in w]
+        assert any(w.endswith(f"/back: symlink loop (leads back to {run.resolve()}); skipped.") for w in loops), typed
+        assert f"{run / 'self'}: symlink loop; skipped." in loops or typed.endswith("*.parquet")
+    result = cli("analyze", f"{run}/**/*.parquet", "--device", "cpu", "-f", "json")
+    assert result.exit_code == 0
+
+
+# ------------------------------------------------------------------------------------------ option checks
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--max-rounds", "1000000000", "--max-rounds 1000000000: must be a whole number from 1 to 4096."),
+        ("--max-rounds", "0", "--max-rounds 0: must be"),
+        ("--workers", "0", "--workers 0: must be a whole number from 1 to 1024."),
+        ("--workers", "100000", "--workers 100000: must be"),
+        ("--backend", "foo", "--backend foo: choose process or ray."),
+        ("--top-k", "0", "--top-k 0: must be a whole number from 1 to 1000."),
+        ("--top-k", "1000000", "--top-k 1000000: must be"),
+        ("--chunk-tokens", "0", "--chunk-tokens 0: must be a positive whole number of tokens."),
+        ("--catastrophic", "inf", "--catastrophic inf: must be a positive, finite"),
+    ],
+)
+def test_options_out_of_range_are_one_line_errors(tmp_path: Path, option: str, value: str, message: str) -> None:
+    path = write_sequence_dump(tmp_path / "ok.parquet", random_rows(32))
+    assert message in error_line(cli("analyze", path, option, value, "--device", "cpu"))
+
+
+@pytest.mark.parametrize(
+    "options", [{"workers": 0}, {"backend": "foo", "workers": 2}, {"backend": "foo"}, {"chunk_tokens": 0}]
+)
+def test_library_rejects_bad_options_for_every_command(tmp_path: Path, options: dict) -> None:
+    path = str(write_sequence_dump(tmp_path / "ok.parquet", random_rows(33)))
+    with pytest.raises(rd.ConfigError, match=r"^--"):
+        rd.analyze(path, device="cpu", **options)
+    with pytest.raises(rd.ConfigError, match=r"^--"):
+        rd.compare_presets(path, ["verl"], device="cpu", **options)

@@ -34,9 +34,11 @@ from rollout_diag.results import SkippedRow
 
 MAX_POSITIVE_LOGPROB = 1e-6  # logprobs above this are not logprobs (float noise of log(1) stays below)
 MAX_SKIP_RECORDS = 1000  # skipped rows listed one by one; beyond this only counted
-# Without a mask, this share of tokens whose rollout logprob is exactly 0.0 while the trainer's is not says
-# "environment tokens" (engines write 0.0 where they produced no logprob; a sampled token almost never has p = 1).
-ZERO_ROLLOUT_SHARE = 0.01
+# Without a mask, tokens whose rollout logprob is exactly 0.0 (p = 1) while the trainer's is below log 0.5 look
+# like environment tokens: engines write 0.0 where they produced no logprob, and a token the engine really gave
+# p = 1 is not one the trainer gives p < 0.5 (confident tokens have both near 0, so they do not count).
+ZERO_ROLLOUT_TRAINER_BELOW = math.log(0.5)
+ZERO_ROLLOUT_SHARE = 0.01  # ... and when at least this share of the tokens are such, say so
 DEFAULT_CHUNK_TOKENS = 1 << 20  # ~1M tokens: 8 MB per float64 quantity; larger chunks are no faster
 
 
@@ -51,7 +53,7 @@ class ReadLog:
     skipped_rows: int = 0
     warnings: list[str] = field(default_factory=list)
     total_rows: int = 0  # rows in the files (token layout: tokens), known before reading
-    # Files without a mask column: [tokens analysed, of them rollout logprob exactly 0.0 where the trainer's is not].
+    # Files without a mask column: [tokens analysed, of them rollout logprob 0.0 where the trainer's is < log 0.5].
     unmasked: dict[str, list[int]] = field(default_factory=dict)
     mask_candidates: dict[str, list[str]] = field(default_factory=dict)  # file -> '*mask*' columns no role took
     # A 64-bit hash of (step, sample_id) per analysed row (files with a sample id only), and where the row is:
@@ -108,8 +110,8 @@ def _mask_warnings(log: ReadLog) -> list[str]:
         name = candidates[0] if len(candidates) == 1 else "<name>"
         notes.append(
             f"{zeros} of those {tokens} tokens ({100 * zeros / tokens:.3g} %) have a rollout logprob of exactly 0.0 "
-            "where the trainer's is not: these look like environment tokens (tool output, prompt) that a mask "
-            f"would leave out; name the mask column with --column mask={name}"
+            "where the trainer's is below log 0.5: these look like environment tokens (tool output, prompt) that "
+            f"a mask would leave out; name the mask column with --column mask={name}"
             + (f" (columns that may be one: {', '.join(candidates)})." if candidates else ".")
         )
     return notes
@@ -419,7 +421,7 @@ class DumpReader:
         if block.mask is None:
             counts = self.log.unmasked.setdefault(block.file, [0, 0])
             counts[0] += len(block.rollout)
-            counts[1] += int(np.count_nonzero((block.rollout == 0.0) & (block.trainer != 0.0)))
+            counts[1] += int(np.count_nonzero((block.rollout == 0.0) & (block.trainer < ZERO_ROLLOUT_TRAINER_BELOW)))
         if has_ids:
             self.log.row_keys.append(_row_keys(block.step, block.sample_id))
             self.log.row_places.append(np.stack([np.full(len(block.file_row), file_index), block.file_row], axis=1))
