@@ -19,6 +19,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Integral
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -358,6 +359,65 @@ class DumpReader:
             if opened.parquet.metadata.num_rows == 0:
                 self.log.warnings.append(f"{opened.source.path}: file has no rows.")
 
+    def narrow(self, step: int | None = None, sample_id: str | None = None) -> None:
+        """Read only the row groups that may hold rows of ``step`` / ``sample_id``, judged by the Parquet
+        row-group statistics (a group without statistics is read) and hive partition values."""
+        parts: dict[str, list[int]] = {}
+        for opened in self.files:
+            partition = opened.source.partition
+            wanted = {"step": step, "sample_id": sample_id}
+            if any(
+                value is not None
+                and role in opened.columns.from_partition
+                and str(partition[opened.columns.names[role]]) != str(value)
+                for role, value in wanted.items()
+            ):
+                continue
+            metadata = opened.parquet.metadata
+            groups = [
+                group
+                for group in range(metadata.num_row_groups)
+                if all(
+                    _may_hold(opened, metadata.row_group(group), role, value)
+                    for role, value in wanted.items()
+                    if value is not None and role in opened.columns and role not in opened.columns.from_partition
+                )
+            ]
+            if groups:
+                parts[opened.source.path] = groups
+        self.parts = {path: set(groups) for path, groups in parts.items()}
+
+    def narrow_to_row(self, place: str) -> tuple[str, int]:
+        """Read only the row group holding ``FILE:ROW`` (token layout: and those after it, where the sequence may
+        go on); returns (file path, row). FILE is a path as given or resolved, or a file name unique in the input.
+        Raises InputError when no file, or more than one, matches, or the file has no such row."""
+        name, sep, number = place.rpartition(":")
+        if not sep or not name or not number.strip().isdigit():
+            raise InputError(f"--row {place}: expected FILE:ROW, e.g. part-0.parquet:12 (as the tables print it).")
+        row = int(number)
+        matches = [
+            f
+            for f in self.files
+            if f.source.path == name
+            or Path(f.source.path).name == name
+            or Path(f.source.path).resolve() == Path(name).resolve()
+        ]
+        if len({f.source.path for f in matches}) != 1:
+            found = "no input file" if not matches else f"{len(matches)} input files"
+            raise InputError(f"--row {place}: {found} named {name} (inputs: {', '.join(self.log.files[:5])}).")
+        opened = matches[0]
+        metadata = opened.parquet.metadata
+        if not 0 <= row < metadata.num_rows:
+            raise InputError(f"--row {place}: {opened.source.path} has rows 0 to {metadata.num_rows - 1}.")
+        first = 0
+        for group in range(metadata.num_row_groups):
+            first += metadata.row_group(group).num_rows
+            if row < first:
+                break
+        last = group if opened.layout == "sequence" else metadata.num_row_groups - 1
+        self.parts = {opened.source.path: set(range(group, last + 1))}
+        return opened.source.path, row
+
     def plan(self, workers: int) -> list[dict[str, list[int]]]:
         """Split the input into at most ``workers`` parts of about equal rows, for parallel readers.
 
@@ -450,6 +510,30 @@ class DumpReader:
             token_ids=None if block.token_ids is None else torch.tensor(block.token_ids, device=device),
             token_text=None if text is None else _text_lookup(text, offsets),
         )
+
+
+def _may_hold(opened: _OpenFile, group: pq.RowGroupMetaData, role: str, value: int | str) -> bool:
+    """False only when the row group's min/max statistics of ``role``'s column exclude ``value``."""
+    name = opened.columns.names[role]
+    for index in range(group.num_columns):
+        column = group.column(index)
+        if column.path_in_schema != name:
+            continue
+        statistics = column.statistics
+        if statistics is None or not statistics.has_min_max:
+            return True
+        low, high = statistics.min, statistics.max
+        if isinstance(low, bytes | str) and isinstance(high, bytes | str):
+            text = str(value).encode() if isinstance(low, bytes) else str(value)
+            return low <= text <= high
+        if isinstance(low, int) and isinstance(high, int):
+            try:
+                number = int(value)
+            except ValueError:  # an id that is not a number is in no integer column
+                return False
+            return low <= number <= high
+        return True
+    return True
 
 
 def _describe(columns: ColumnMap) -> str:
