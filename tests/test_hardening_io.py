@@ -3,6 +3,7 @@ option validation, warnings that stop silent wrong answers, and a fast ``inspect
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -354,3 +355,81 @@ def test_library_rejects_bad_options_for_every_command(tmp_path: Path, options: 
         rd.analyze(path, device="cpu", **options)
     with pytest.raises(rd.ConfigError, match=r"^--"):
         rd.compare_presets(path, ["verl"], device="cpu", **options)
+
+
+# ------------------------------------------------------------------------------------------ inspect
+def test_inspect_row_selects_every_row_the_tables_print(tmp_path: Path) -> None:
+    rows = random_rows(40, steps=(0, 1), rows_per_step=3)
+    first = write_sequence_dump(tmp_path / "a.parquet", rows)
+    second = write_sequence_dump(tmp_path / "b.parquet", rows, row_group_size=2)  # the same ids again
+    document = analyze([str(first), str(second)])
+    assert any(w.startswith("duplicate (step, sample_id)") for w in document["warnings"])
+    with pytest.raises(rd.DataError, match="names 2 rows"):
+        rd.inspect_row([str(first), str(second)], rows[4]["sample_id"], step=rows[4]["step"], device="cpu")
+    for shown in document["worst_rows"]:
+        place = f"{Path(shown['file']).name}:{shown['row']}"  # what the worst-rows table prints
+        tokens = rd.inspect_row([str(first), str(second)], row=place, device="cpu")
+        assert (tokens.file, tokens.row, tokens.sample_id) == (shown["file"], shown["row"], shown["sample_id"])
+        assert tokens.rollout_logprob == pytest.approx(
+            [v if m else 0.0 for v, m in zip(rows[shown["row"]]["rollout"], rows[shown["row"]]["mask"], strict=True)]
+        )
+    line = error_line(cli("inspect", first, second, "--row", "c.parquet:1", "--device", "cpu"))
+    assert "--row c.parquet:1: no input file named c.parquet" in line
+    assert "has rows 0 to 5" in error_line(cli("inspect", first, "--row", "a.parquet:6", "--device", "cpu"))
+
+
+def test_inspect_step_alone_shows_the_worst_row_of_that_step(tmp_path: Path) -> None:
+    rows = random_rows(41, steps=(0, 1, 2), rows_per_step=4)
+    path = write_sequence_dump(tmp_path / "run.parquet", rows, row_group_size=4)
+    for step in (0, 1, 2):
+        expected = analyze(
+            write_sequence_dump(tmp_path / f"only{step}.parquet", [r for r in rows if r["step"] == step])
+        )
+        worst = next(r for r in expected["worst_rows"] if r["criterion"] == "log_ppl_abs_diff")
+        assert rd.inspect_row(str(path), step=step, device="cpu").sample_id == worst["sample_id"]
+    run_worst = next(r for r in analyze(path)["worst_rows"] if r["criterion"] == "log_ppl_abs_diff")
+    assert rd.inspect_row(str(path), device="cpu").sample_id == run_worst["sample_id"]
+    with pytest.raises(rd.DataError, match="in step 9"):
+        rd.inspect_row(str(path), step=9, device="cpu")
+
+
+@pytest.mark.parametrize("layout", ["sequence", "token"])
+def test_inspect_reads_only_the_row_groups_that_can_hold_the_row(tmp_path: Path, layout: str) -> None:
+    rows = random_rows(42, steps=tuple(range(8)), rows_per_step=2)
+    writer = write_sequence_dump if layout == "sequence" else write_token_dump
+    size = 2 if layout == "sequence" else 16
+    path = writer(tmp_path / "run.parquet", rows, row_group_size=size)
+    reader = rd.DumpReader(str(path))
+    reader.narrow(step=5, sample_id="s5-1")
+    groups = reader.parts[str(path)]
+    assert 0 < len(groups) < pq.ParquetFile(path).metadata.num_row_groups // 2
+    tokens = rd.inspect_row(str(path), "s5-1", step=5, device="cpu")
+    assert tokens.trainer_logprob == pytest.approx(
+        [v if m else 0.0 for v, m in zip(rows[11]["trainer"], rows[11]["mask"], strict=True)]
+    )
+
+
+def test_inspect_around_a_position_of_a_long_row_lists_only_the_window(tmp_path: Path) -> None:
+    length = 2_000_000
+    rng = np.random.default_rng(43)
+    trainer = -rng.exponential(1.0, length).astype(np.float32)
+    rollout = (trainer + rng.normal(0, 0.01, length).astype(np.float32)).clip(max=0)
+    rollout[1_234_567] = -30.0  # the largest |δ|
+    long_row = pa.table(
+        {
+            "step": pa.array([0, 1], pa.int64()),
+            "sample_id": ["long", "short"],
+            "rollout_log_probs": pa.array([rollout, rollout[:5]], pa.list_(pa.float32())),
+            "old_log_probs": pa.array([trainer, trainer[:5]], pa.list_(pa.float32())),
+        }
+    )
+    path = write_table(tmp_path / "long.parquet", long_row, row_group_size=1)
+    tokens = rd.inspect_row(str(path), "long", around=1_000_000, window=10, device="cpu")
+    assert (tokens.start, tokens.row_length, len(tokens.mask)) == (999_995, length, 10)
+    assert tokens.trainer_logprob == pytest.approx(trainer[999_995:1_000_005].astype(np.float64).tolist())
+    centred = rd.inspect_row(str(path), "long", window=5, device="cpu")
+    assert centred.start == 1_234_565 and centred.rollout_logprob[2] == -30.0
+    document = json.loads(cli("inspect", path, "-s", "long", "--around", "7", "--window", "4", "-f", "json").stdout)
+    assert (document["start"], document["row_length"], len(document["mask"])) == (5, length, 4)
+    assert "the row has 5 tokens" in error_line(cli("inspect", path, "-s", "short", "--around", "5", "--device", "cpu"))
+    assert "--window 0" in error_line(cli("inspect", path, "--window", "0", "--device", "cpu"))
