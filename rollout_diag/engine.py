@@ -312,9 +312,10 @@ def inspect_row(
         in_step = "" if step is None else f" in step {step}"
         raise DataError(f"{where_}: no row with sample id '{sample_id}'{in_step}.")
     if len(matches) > 1:
-        places = ", ".join(f"{Path(r.file).name}:{r.row} (step {r.step})" for r in matches[:10])
+        steps = ", ".join(str(r.step) for r in matches[:10])
+        places = ", ".join(f"{Path(r.file).name}:{r.row}" for r in matches[:10])
         raise DataError(
-            f"{where_}: sample id '{sample_id}' names {len(matches)} rows: {places}.",
+            f"{where_}: sample id '{sample_id}' names {len(matches)} rows (steps {steps}) at {places}.",
             hint="pick one with --step." if step is None else "pick one with --row FILE:ROW.",
         )
     return matches[0]
