@@ -238,25 +238,51 @@ def inspect(
         str | None,
         typer.Option("--sample", "-s", help="sample_id of the row (default: the worst row by |log-ppl diff|)."),
     ] = None,
-    step: Annotated[int | None, typer.Option(help="Step of the row, when a sample id repeats across steps.")] = None,
+    step: Annotated[
+        int | None,
+        typer.Option(help="Step of the row (a sample id may repeat across steps); alone: the worst row of the step."),
+    ] = None,
+    row: Annotated[
+        str | None,
+        typer.Option("--row", help="The row at FILE:ROW, as the worst-rows tables print it.", metavar="FILE:ROW"),
+    ] = None,
+    around: Annotated[
+        int | None, typer.Option("--around", help="Show only the tokens around this position.", metavar="POS")
+    ] = None,
+    window: Annotated[
+        int | None,
+        typer.Option(
+            "--window", help="How many tokens to show (default 100; alone: around the largest |δ|).", metavar="N"
+        ),
+    ] = None,
     column: ColumnOpt = None,
     device: DeviceOpt = "auto",
     format: Annotated[RowFormat, typer.Option("--format", "-f", help="table (terminal) or json.")] = RowFormat.table,
     output: OutputOpt = None,
     debug: DebugOpt = False,
 ) -> None:
-    """One row token by token: position, round, token, both logprobs and δ, coloured by |δ|."""
+    """One row token by token: position, round, token, both logprobs and δ, coloured by |δ|. Reads only the
+    row groups that can hold the row."""
     from dataclasses import asdict
 
     from rollout_diag.engine import inspect_row
     from rollout_diag.render.export import to_json_text
     from rollout_diag.render.inspect import render_row
 
-    row = inspect_row([str(p) for p in inputs], sample, step=step, columns=parse_columns(column), device=device)
+    tokens = inspect_row(
+        [str(p) for p in inputs],
+        sample,
+        step=step,
+        row=row,
+        around=around,
+        window=window,
+        columns=parse_columns(column),
+        device=device,
+    )
     if format is RowFormat.json:
-        emit(to_json_text({**asdict(row), "log_ratio": row.log_ratio}), output)
+        emit(to_json_text({**asdict(tokens), "log_ratio": tokens.log_ratio}), output)
     else:
-        _console().print(render_row(row))
+        _console().print(render_row(tokens))
 
 
 @app.command()

@@ -249,8 +249,9 @@ def _one_pass(
     backend: str = "process",
 ) -> tuple[AnalysisResult, ComparisonResult]:
     """analysis (with ``options``) + every preset + the sweep over the data, serially or on workers."""
-    from rollout_diag.distributed import PassSpec, run_parts
+    from rollout_diag.distributed import PassSpec, check_workers, run_parts
 
+    check_workers(workers, backend)
     chosen = resolve_presets(presets)
     checked_targets = check_targets(targets)
     torch_device = resolve_device(device)

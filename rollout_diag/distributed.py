@@ -9,10 +9,12 @@ gives the same result as one pass.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from numbers import Integral
 from typing import Any
 
 import torch
@@ -20,11 +22,13 @@ import torch
 from rollout_diag.engine import Analysis, Progress, run_chunks
 from rollout_diag.errors import ConfigError
 from rollout_diag.io.reader import DumpReader, ReadLog
+from rollout_diag.io.sources import Source
 from rollout_diag.metrics.outcome import CorrectionAnalysis
 from rollout_diag.metrics.sweep import SweepAccumulator
 from rollout_diag.presets import Preset
 
 BACKENDS = ("process", "ray")
+MAX_WORKERS = 1024  # a Ray cluster may be large; more parts than this only adds overhead
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,7 @@ class Pass:
 
 
 def run_part(
-    inputs: Sequence[str],
+    inputs: Sequence[Source],
     columns: Mapping[str, str],
     part: Mapping[str, Sequence[int]],
     strict: bool,
@@ -67,7 +71,10 @@ def run_part(
     device: str,
     spec: PassSpec,
 ) -> tuple[Pass, ReadLog]:
-    """One worker: read ``part`` of the inputs and return the accumulated state and the read log."""
+    """One worker: read ``part`` of the inputs and return the accumulated state and the read log.
+
+    ``inputs`` are the files the driver resolved (never expanded again: a file name may hold glob characters)
+    and ``columns`` the user's overrides, from which each file resolves its own columns as in one process."""
     torch.set_num_threads(1)  # the workers share the machine's cores
     reader = DumpReader(list(inputs), columns, strict=strict, chunk_tokens=chunk_tokens, parts=part)
     state = spec.new()
@@ -85,11 +92,9 @@ def run_parts(
 ) -> Pass:
     """Run :func:`run_part` on every part of ``reader.plan(workers)`` and merge the states into one; the
     workers' read logs are merged into ``reader.log``."""
-    if backend not in BACKENDS:
-        raise ConfigError(f"--backend {backend}: choose {' or '.join(BACKENDS)}.")
-    columns = {role: name.removesuffix(" (partition)") for role, name in reader.log.columns.items()}
+    check_workers(workers, backend)
     jobs = [
-        (reader.log.files, columns, part, reader.strict, reader.chunk_tokens, str(device), spec)
+        (reader.sources, reader.overrides, part, reader.strict, reader.chunk_tokens, str(device), spec)
         for part in reader.plan(workers)
     ]
     results = _run_ray(jobs) if backend == "ray" else _run_processes(jobs, workers, device)
@@ -100,7 +105,16 @@ def run_parts(
         reader.log.merge(log)
         if progress is not None:
             progress(total * done // len(jobs), total)
+    reader.log.finish()
     return merged
+
+
+def check_workers(workers: int, backend: str) -> None:
+    """Raises ConfigError unless 1 ≤ ``workers`` ≤ MAX_WORKERS and ``backend`` is one of BACKENDS."""
+    if isinstance(workers, bool) or not isinstance(workers, Integral) or not 1 <= workers <= MAX_WORKERS:
+        raise ConfigError(f"--workers {workers}: must be a whole number from 1 to {MAX_WORKERS}.")
+    if backend not in BACKENDS:
+        raise ConfigError(f"--backend {backend}: choose {' or '.join(BACKENDS)}.")
 
 
 def analyze_parts(
@@ -131,6 +145,20 @@ def _run_ray(jobs: list[tuple]) -> list[tuple[Analysis, ReadLog]]:
             "--backend ray needs Ray.", hint="pip install 'rollout-diag[ray]', or use --backend process."
         ) from None
     if not ray.is_initialized():
-        ray.init(ignore_reinit_error=True, log_to_driver=False)
+        ray.init(ignore_reinit_error=True, log_to_driver=False, logging_level=logging.ERROR)
     remote = ray.remote(run_part)
-    return ray.get([remote.remote(*job) for job in jobs])
+    pending = [remote.remote(*job) for job in jobs]
+    results, failure = [], None
+    for ref in pending:  # every result fetched, so that Ray has no unretrieved error to print at exit
+        try:
+            results.append(ray.get(ref))
+        except Exception as exc:  # a task's error (or its cancellation), re-raised below as its cause
+            if failure is None:
+                failure = exc
+                for other in pending:
+                    ray.cancel(other)
+    if failure is not None:
+        # RayTaskError's text is the worker's traceback; the error the task raised is its ``cause``.
+        cause = getattr(failure, "cause", None)
+        raise (cause if isinstance(cause, BaseException) else failure) from None
+    return results

@@ -4,21 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from numbers import Integral
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from rollout_diag.errors import ConfigError, DataError, where
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, DumpReader, ReadLog
-from rollout_diag.metrics.base import StepAccumulator
+from rollout_diag.metrics.base import StepAccumulator, row_mean
 from rollout_diag.metrics.debug import DebugAccumulator
 from rollout_diag.metrics.localize import (
     DEFAULT_CATASTROPHIC,
     DEFAULT_TOP_K,
     PositionAccumulator,
     WorstTracker,
-    row_tokens,
 )
 from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
 from rollout_diag.metrics.rollout_kl import RolloutKLAccumulator
@@ -68,6 +69,7 @@ class Analysis:
     empty_rows: list[tuple[int, str, str, int]] = field(default_factory=list)  # (step, sample_id, file, row)
 
     def __post_init__(self) -> None:
+        check_analysis_options(self.max_rounds, self.catastrophic, self.top_k)
         self.rounds = RoundAccumulator(self.max_rounds, self.catastrophic)
         self.positions = PositionAccumulator(self.catastrophic)
         self.worst = WorstTracker(self.top_k, self.catastrophic)
@@ -183,12 +185,10 @@ def analyze(
     (``backend="process"``) or Ray tasks (``backend="ray"``) and merges their states: the same result.
     Raises RolloutDiagError (InputError, ColumnError, DataError, ConfigError) for bad input or options.
     """
-    if max_rounds < 1:
-        raise ConfigError(f"--max-rounds {max_rounds}: must be at least 1.")
-    if not catastrophic > 0:
-        raise ConfigError(f"--catastrophic {catastrophic}: must be a positive |δ| threshold.")
-    if top_k < 1:
-        raise ConfigError(f"--top-k {top_k}: must be at least 1.")
+    check_analysis_options(max_rounds, catastrophic, top_k)
+    from rollout_diag.distributed import check_workers
+
+    check_workers(workers, backend)
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
     options = {"max_rounds": max_rounds, "catastrophic": catastrophic, "top_k": top_k}
@@ -242,38 +242,118 @@ def threshold_sweep(
     )
 
 
+DEFAULT_WINDOW = 100  # tokens shown by ``inspect --around`` without ``--window``
+
+
 def inspect_row(
     inputs: str | Path | Sequence[str | Path],
     sample_id: str | None = None,
     *,
     step: int | None = None,
+    row: str | None = None,
+    around: int | None = None,
+    window: int | None = None,
     columns: Mapping[str, str] | None = None,
     device: str | torch.device = "auto",
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 ) -> RowTokens:
-    """Every token of one row: the one with ``sample_id`` (and ``step``), or, without it, the worst row by
-    |log-ppl diff|. Raises DataError when no row (or more than one, without ``step``) matches."""
+    """The tokens of one row: the one at ``row`` ("FILE:ROW", as the tables print it), or with ``sample_id`` (and
+    ``step``), or else the worst row by |log-ppl diff| of ``step`` (of the run without it).
+
+    Only the row groups that can hold the row are read (row-group statistics on step and sample id). ``around``
+    and ``window`` list only ``window`` tokens centred on position ``around`` (``window`` alone: centred on the
+    largest |δ|); the result's ``start`` and ``row_length`` say where they sit. Raises DataError when no row (or
+    more than one, without ``step``) matches, InputError / ConfigError for a bad ``row`` or window.
+    """
+    if around is not None and (isinstance(around, bool) or not isinstance(around, Integral) or around < 0):
+        raise ConfigError(f"--around {around}: must be a token position (0 or more).")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, Integral) or window < 1):
+        raise ConfigError(f"--window {window}: must be a positive number of tokens.")
     torch_device = resolve_device(device)
-    if sample_id is None:
-        result = analyze(inputs, columns=columns, device=torch_device, chunk_tokens=chunk_tokens, top_k=1)
-        return result.worst_row_tokens[0]
     reader = open_reader(inputs, columns, strict=False, chunk_tokens=chunk_tokens)
-    found: list[RowTokens] = []
+    if row is not None:
+        if sample_id is not None or step is not None:
+            raise ConfigError("--row names one row already: leave out --sample and --step.")
+        path, file_row = reader.narrow_to_row(row)
+        for chunk, _ in reader.chunks(torch_device):
+            for index, (file, candidate) in enumerate(zip(chunk.file, chunk.file_row, strict=True)):
+                if file == path and candidate == file_row:
+                    return _row_window(chunk, index, around, window)
+        skipped = next((r for r in reader.log.skipped if r.file == path and r.row == file_row), None)
+        why = f"it was skipped: {skipped.reason}" if skipped else "it is not the first row of a sequence"
+        raise DataError(f"{where(path, file_row)}no row to inspect ({why}).")
+    reader.narrow(step, sample_id)
+    sample_column = f"column '{reader.log.columns.get('sample_id', 'sample_id')}'"
+    where_ = f"{', '.join(reader.log.files)}: {sample_column}"
+    if sample_id is None:  # the worst row by |log-ppl diff| (as analyze ranks them), of the step or the run
+        best: tuple[float, tuple] | None = None
+        found = None
+        for chunk, _ in reader.chunks(torch_device):
+            s = stats(chunk)
+            n = s.row_count
+            score = (row_mean(s.row_sum("rollout"), n) - row_mean(s.row_sum("trainer"), n)).abs().cpu().numpy()
+            eligible = (n > 0).cpu().numpy()
+            if step is not None:
+                eligible &= chunk.step.cpu().numpy() == step
+            for index in np.flatnonzero(eligible).tolist():
+                key = (int(chunk.step[index]), chunk.sample_id[index], chunk.file[index], chunk.file_row[index])
+                if best is None or (-score[index], key) < (-best[0], best[1]):
+                    best, found = (float(score[index]), key), _row_window(chunk, index, around, window)
+        if found is None:
+            in_step = "" if step is None else f" in step {step}"
+            raise DataError(f"{', '.join(reader.log.files)}: no row with a model token{in_step} to inspect.")
+        return found
+    matches: list[RowTokens] = []
     for chunk, _ in reader.chunks(torch_device):
-        for row, candidate in enumerate(chunk.sample_id):
-            if candidate == sample_id and (step is None or int(chunk.step[row]) == step):
-                found.append(row_tokens(chunk, row))
-    where_ = f"{', '.join(reader.log.files)}: column '{reader.log.columns.get('sample_id', 'sample_id')}'"
-    if not found:
+        for index, candidate in enumerate(chunk.sample_id):
+            if candidate == sample_id and (step is None or int(chunk.step[index]) == step):
+                matches.append(_row_window(chunk, index, around, window))
+    if not matches:
         in_step = "" if step is None else f" in step {step}"
         raise DataError(f"{where_}: no row with sample id '{sample_id}'{in_step}.")
-    if len(found) > 1:
-        steps = ", ".join(str(r.step) for r in found[:10])
+    if len(matches) > 1:
+        steps = ", ".join(str(r.step) for r in matches[:10])
+        places = ", ".join(f"{Path(r.file).name}:{r.row}" for r in matches[:10])
         raise DataError(
-            f"{where_}: sample id '{sample_id}' names {len(found)} rows (steps {steps}).",
-            hint="pick one with --step." if step is None else "sample ids repeat within the step; fix the dump.",
+            f"{where_}: sample id '{sample_id}' names {len(matches)} rows (steps {steps}) at {places}.",
+            hint="pick one with --step." if step is None else "pick one with --row FILE:ROW.",
         )
-    return found[0]
+    return matches[0]
+
+
+def _row_window(chunk: Chunk, index: int, around: int | None, window: int | None) -> RowTokens:
+    """Row ``index`` of ``chunk``, all of it or the window of ``window`` tokens centred on ``around``."""
+    begin, end = int(chunk.offsets[index]), int(chunk.offsets[index + 1])
+    length = end - begin
+    if around is None and window is None:
+        first, last = 0, length
+    else:
+        if around is None:  # centred on the largest |δ| among model tokens
+            delta = (chunk.trainer[begin:end] - chunk.rollout[begin:end]).abs()
+            delta = torch.where(chunk.mask[begin:end], delta, torch.full_like(delta, -1.0))
+            around = int(torch.argmax(delta)) if length else 0
+        elif around >= length:
+            raise DataError(
+                f"{where(chunk.file[index], chunk.file_row[index])}--around {around}: the row has {length} tokens "
+                f"(positions 0 to {length - 1})."
+            )
+        size = DEFAULT_WINDOW if window is None else int(window)
+        first = max(0, min(around - size // 2, length - size))
+        last = min(length, first + size)
+    span = slice(begin + first, begin + last)
+    return RowTokens(
+        step=int(chunk.step[index]),
+        sample_id=chunk.sample_id[index],
+        file=chunk.file[index],
+        row=chunk.file_row[index],
+        mask=chunk.mask[span].to(torch.int8).tolist(),
+        trainer_logprob=chunk.trainer[span].tolist(),
+        rollout_logprob=chunk.rollout[span].tolist(),
+        token_id=None if chunk.token_ids is None else chunk.token_ids[span].tolist(),
+        token=None if chunk.token_text is None else [chunk.token_text(index, p) for p in range(first, last)],
+        start=first,
+        row_length=None if (first, last) == (0, length) else length,
+    )
 
 
 def open_reader(
@@ -339,3 +419,17 @@ def build_result(analysis: Analysis, log: ReadLog, device: torch.device, strict:
         skipped_rows=log.skipped_rows,
         anomalies_cut=anomalies_cut,
     )
+
+
+MAX_ROUNDS_LIMIT = 4096  # per-round state is allocated per round index: a bound keeps memory bounded
+MAX_TOP_K = 1000  # the top rows keep every token: a bound keeps memory and output readable
+
+
+def check_analysis_options(max_rounds: int, catastrophic: float, top_k: int) -> None:
+    """Raises ConfigError (one line, naming the option) unless every analysis option is in its range."""
+    if isinstance(max_rounds, bool) or not isinstance(max_rounds, Integral) or not 1 <= max_rounds <= MAX_ROUNDS_LIMIT:
+        raise ConfigError(f"--max-rounds {max_rounds}: must be a whole number from 1 to {MAX_ROUNDS_LIMIT}.")
+    if not 0 < catastrophic < float("inf"):
+        raise ConfigError(f"--catastrophic {catastrophic}: must be a positive, finite |δ| threshold.")
+    if isinstance(top_k, bool) or not isinstance(top_k, Integral) or not 1 <= top_k <= MAX_TOP_K:
+        raise ConfigError(f"--top-k {top_k}: must be a whole number from 1 to {MAX_TOP_K}.")

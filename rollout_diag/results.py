@@ -121,6 +121,8 @@ class RowTokens:
     rollout_logprob: list[float]
     token_id: list[int] | None = None
     token: list[str | None] | None = None
+    start: int = 0  # position in the row of the first token listed (``inspect --around``: a window of the row)
+    row_length: int | None = None  # tokens in the whole row when only a window is listed
 
     @property
     def log_ratio(self) -> list[float]:

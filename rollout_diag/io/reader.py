@@ -12,11 +12,14 @@ Memory: one record batch per file at a time (a row group is decoded at once by P
 
 from __future__ import annotations
 
+import hashlib
 import math
 import queue
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from numbers import Integral
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -24,7 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from rollout_diag.errors import ColumnError, DataError, InputError, RolloutDiagError, where
+from rollout_diag.errors import ColumnError, ConfigError, DataError, InputError, RolloutDiagError, where
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.columns import ColumnMap, resolve_columns
 from rollout_diag.io.sources import Source, expand_inputs
@@ -32,6 +35,11 @@ from rollout_diag.results import SkippedRow
 
 MAX_POSITIVE_LOGPROB = 1e-6  # logprobs above this are not logprobs (float noise of log(1) stays below)
 MAX_SKIP_RECORDS = 1000  # skipped rows listed one by one; beyond this only counted
+# Without a mask, tokens whose rollout logprob is exactly 0.0 (p = 1) while the trainer's is below log 0.5 look
+# like environment tokens: engines write 0.0 where they produced no logprob, and a token the engine really gave
+# p = 1 is not one the trainer gives p < 0.5 (confident tokens have both near 0, so they do not count).
+ZERO_ROLLOUT_TRAINER_BELOW = math.log(0.5)
+ZERO_ROLLOUT_SHARE = 0.01  # ... and when at least this share of the tokens are such, say so
 DEFAULT_CHUNK_TOKENS = 1 << 20  # ~1M tokens: 8 MB per float64 quantity; larger chunks are no faster
 
 
@@ -46,6 +54,14 @@ class ReadLog:
     skipped_rows: int = 0
     warnings: list[str] = field(default_factory=list)
     total_rows: int = 0  # rows in the files (token layout: tokens), known before reading
+    # Files without a mask column: [tokens analysed, of them rollout logprob 0.0 where the trainer's is < log 0.5].
+    unmasked: dict[str, list[int]] = field(default_factory=dict)
+    mask_candidates: dict[str, list[str]] = field(default_factory=dict)  # file -> '*mask*' columns no role took
+    # A 64-bit hash of (step, sample_id) per analysed row (files with a sample id only), and where the row is:
+    # (index into ``files``, file row). 16 bytes a row; exact up to hash collisions (2^-64 per pair).
+    row_keys: list[np.ndarray] = field(default_factory=list, repr=False)
+    row_places: list[np.ndarray] = field(default_factory=list, repr=False)
+    finished: bool = False
 
     def merge(self, other: ReadLog) -> None:
         """Fold in the log of a worker that read other row groups of the same inputs."""
@@ -53,6 +69,20 @@ class ReadLog:
         del self.skipped[MAX_SKIP_RECORDS:]
         self.skipped_rows += other.skipped_rows
         self.warnings.extend(w for w in other.warnings if w not in self.warnings)
+        for file, (tokens, zeros) in other.unmasked.items():
+            counts = self.unmasked.setdefault(file, [0, 0])
+            counts[0] += tokens
+            counts[1] += zeros
+        self.row_keys += other.row_keys
+        self.row_places += other.row_places
+
+    def finish(self) -> None:
+        """Add the warnings that need every row seen (missing mask, duplicate rows); once, after the last merge."""
+        if self.finished:
+            return
+        self.finished = True
+        self.warnings.extend(_mask_warnings(self) + _duplicate_warnings(self))
+        self.row_keys, self.row_places = [], []
 
     def skip(self, record: SkippedRow, strict: bool) -> None:
         if strict:
@@ -63,6 +93,79 @@ class ReadLog:
         self.skipped_rows += 1
         if len(self.skipped) < MAX_SKIP_RECORDS:
             self.skipped.append(record)
+
+
+def _mask_warnings(log: ReadLog) -> list[str]:
+    if not log.unmasked:
+        return []
+    tokens = sum(counts[0] for counts in log.unmasked.values())
+    zeros = sum(counts[1] for counts in log.unmasked.values())
+    files = sorted(log.unmasked, key=log.files.index) if set(log.unmasked) <= set(log.files) else list(log.unmasked)
+    which = "" if len(files) == len(log.files) else f" in {_names(files)}"
+    notes = [
+        f"no mask column{which}: all {tokens} tokens treated as model tokens "
+        "(looked for response_mask, loss_mask, token_loss_mask)."
+    ]
+    if tokens and zeros >= ZERO_ROLLOUT_SHARE * tokens:
+        candidates = sorted({name for file in files for name in log.mask_candidates.get(file, [])})
+        name = candidates[0] if len(candidates) == 1 else "<name>"
+        notes.append(
+            f"{zeros} of those {tokens} tokens ({100 * zeros / tokens:.3g} %) have a rollout logprob of exactly 0.0 "
+            "where the trainer's is below log 0.5: these look like environment tokens (tool output, prompt) that "
+            f"a mask would leave out; name the mask column with --column mask={name}"
+            + (f" (columns that may be one: {', '.join(candidates)})." if candidates else ".")
+        )
+    return notes
+
+
+def _duplicate_warnings(log: ReadLog) -> list[str]:
+    if not log.row_keys:
+        return []
+    keys = np.concatenate(log.row_keys)
+    places = np.concatenate(log.row_places)
+    order = np.lexsort((places[:, 1], places[:, 0], keys))  # by key, then by file and row
+    keys, places = keys[order], places[order]
+    same_as_next = keys[1:] == keys[:-1]
+    if not same_as_next.any():
+        return []
+    in_group = np.zeros(len(keys), dtype=bool)
+    in_group[1:] |= same_as_next
+    in_group[:-1] |= same_as_next
+    groups = int(np.count_nonzero(same_as_next & ~np.concatenate([[False], same_as_next[:-1]])))
+    # the example: the duplicated key whose first row comes first in the input
+    starts = np.flatnonzero(in_group & ~np.concatenate([[False], same_as_next]))
+    first = min(starts, key=lambda i: (places[i, 0], places[i, 1]))
+    example = [
+        f"{log.files[int(places[i, 0])]}:{int(places[i, 1])}"
+        for i in range(first, min(first + 3, len(keys)))
+        if keys[i] == keys[first]
+    ]
+    return [
+        f"duplicate (step, sample_id): {int(in_group.sum())} rows share their (step, sample_id) with another row "
+        f"({groups} keys), e.g. rows {' and '.join(example)}; each row is analysed as a sequence of its own. "
+        "Two dumps of one run, or an id per prompt (verl's uid is shared by the n responses of a prompt)? "
+        "Give each row its own id; inspect one with --row FILE:ROW."
+    ]
+
+
+def _names(files: Sequence[str], limit: int = 3) -> str:
+    shown = ", ".join(files[:limit])
+    return shown + (f" and {len(files) - limit} more files" if len(files) > limit else "")
+
+
+def _row_keys(steps: np.ndarray, sample_ids: Sequence[str]) -> np.ndarray:
+    """uint64 [R]: a hash of each (step, sample_id), the same in every process (unlike Python's hash)."""
+    return np.fromiter(
+        (
+            int.from_bytes(
+                hashlib.blake2b(f"{step}\x1f{sample_id}".encode("utf-8", "surrogatepass"), digest_size=8).digest(),
+                "little",
+            )
+            for step, sample_id in zip(steps.tolist(), sample_ids, strict=True)
+        ),
+        dtype=np.uint64,
+        count=len(sample_ids),
+    )
 
 
 @dataclass
@@ -90,14 +193,41 @@ class _OpenFile:
     parquet: pq.ParquetFile
     columns: ColumnMap
     layout: str
+    mask_candidates: tuple[str, ...] = ()  # without a mask column: integer/bool '*mask*' columns of the layout's shape
 
 
 # ------------------------------------------------------------------------------------------- opening
+def _plain(data_type: pa.DataType) -> pa.DataType:
+    """The value type of a dictionary type (what polars writes for Categorical / Enum), else the type itself."""
+    return data_type.value_type if pa.types.is_dictionary(data_type) else data_type
+
+
 def _kind(data_type: pa.DataType) -> tuple[bool, pa.DataType]:
-    """(is a list type, element type)."""
+    """(is a list type, element type), dictionary encoding looked through."""
+    data_type = _plain(data_type)
     if pa.types.is_list(data_type) or pa.types.is_large_list(data_type) or pa.types.is_fixed_size_list(data_type):
-        return True, data_type.value_type
+        return True, _plain(data_type.value_type)
     return False, data_type
+
+
+def _decoded_type(data_type: pa.DataType) -> pa.DataType | None:
+    """The type to cast a dictionary-encoded column (or list of one) to; None when it is not encoded."""
+    if pa.types.is_dictionary(data_type):
+        return data_type.value_type
+    if pa.types.is_list(data_type) and pa.types.is_dictionary(data_type.value_type):
+        return pa.list_(data_type.value_type.value_type)
+    if pa.types.is_large_list(data_type) and pa.types.is_dictionary(data_type.value_type):
+        return pa.large_list(data_type.value_type.value_type)
+    return None
+
+
+def _decoded(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with dictionary-encoded columns decoded, so both encodings read (and compare) the same."""
+    casts = {i: _decoded_type(f.type) for i, f in enumerate(batch.schema)}
+    if not any(casts.values()):
+        return batch
+    arrays = [column if casts[i] is None else column.cast(casts[i]) for i, column in enumerate(batch.columns)]
+    return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
 
 
 def _type_name(data_type: pa.DataType) -> str:
@@ -143,14 +273,25 @@ def _open(source: Source, overrides: Mapping[str, str] | None) -> _OpenFile:
         name = columns.get(role)
         if name is not None and role not in columns.from_partition:
             data_type = schema.field(name).type
-            if not pa.types.is_integer(data_type):
+            if not pa.types.is_integer(_plain(data_type)):
                 raise ColumnError(f"{where(source.path, column=name)}expected an integer step, found {data_type}.")
     if layout == "token" and "sample_id" not in columns:
         raise ColumnError(
             f"{source.path}: token layout (one row per token) needs a sample_id column to group tokens into rows.",
             hint="name it with --column sample_id=<name>.",
         )
-    return _OpenFile(source=source, parquet=parquet, columns=columns, layout=layout)
+    candidates: tuple[str, ...] = ()
+    if "mask" not in columns:
+        taken = set(columns.names.values())
+        candidates = tuple(
+            field.name
+            for field in schema
+            if field.name not in taken
+            and "mask" in field.name.lower()
+            and _kind(field.type)[0] == is_list
+            and (pa.types.is_integer(_kind(field.type)[1]) or pa.types.is_boolean(_kind(field.type)[1]))
+        )
+    return _OpenFile(source=source, parquet=parquet, columns=columns, layout=layout, mask_candidates=candidates)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -164,22 +305,35 @@ class DumpReader:
 
     def __init__(
         self,
-        inputs: list[str] | str,
+        inputs: str | Sequence[str] | Sequence[Source],
         columns: Mapping[str, str] | None = None,
         *,
         strict: bool = False,
         chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
         parts: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
-        """``parts``: read only these row groups of these files (by path), as :meth:`plan` splits them."""
+        """``inputs``: files, globs and directories, or the :class:`Source` list another reader resolved (then
+        nothing is expanded again). ``columns``: the user's role -> column overrides; each file resolves its own
+        columns from them. ``parts``: read only these row groups of these files (by path), as :meth:`plan`
+        splits them. Raises InputError / ColumnError for unreadable input, ConfigError for a bad chunk size."""
+        if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, Integral) or chunk_tokens < 1:
+            raise ConfigError(f"--chunk-tokens {chunk_tokens}: must be a positive whole number of tokens.")
         self.strict = strict
-        self.chunk_tokens = max(int(chunk_tokens), 1)
+        self.chunk_tokens = int(chunk_tokens)
+        self.overrides = dict(columns or {})
         self.parts = None if parts is None else {path: set(groups) for path, groups in parts.items()}
         self.log = ReadLog()
-        sources = expand_inputs([inputs] if isinstance(inputs, str) else inputs)
-        self.files = [_open(source, columns) for source in sources]
+        given = [inputs] if isinstance(inputs, str) else list(inputs)
+        if given and all(isinstance(item, Source) for item in given):
+            self.sources = given
+        else:
+            self.sources = expand_inputs(given, self.log.warnings)
+        self.files = [_open(source, self.overrides) for source in self.sources]
         first = self.files[0]
         self.log.files = [f.source.path for f in self.files]
+        # where each analysed row's (step, sample_id) key comes from: (file index, whether ids are real)
+        self._file_index = {f.source.path: (i, "sample_id" in f.columns) for i, f in enumerate(self.files)}
+        self.log.mask_candidates = {f.source.path: list(f.mask_candidates) for f in self.files}
         self.log.columns = {
             role: (f"{name} (partition)" if role in first.columns.from_partition else name)
             for role, name in first.columns.names.items()
@@ -204,6 +358,65 @@ class DumpReader:
         for opened in self.files:
             if opened.parquet.metadata.num_rows == 0:
                 self.log.warnings.append(f"{opened.source.path}: file has no rows.")
+
+    def narrow(self, step: int | None = None, sample_id: str | None = None) -> None:
+        """Read only the row groups that may hold rows of ``step`` / ``sample_id``, judged by the Parquet
+        row-group statistics (a group without statistics is read) and hive partition values."""
+        parts: dict[str, list[int]] = {}
+        for opened in self.files:
+            partition = opened.source.partition
+            wanted = {"step": step, "sample_id": sample_id}
+            if any(
+                value is not None
+                and role in opened.columns.from_partition
+                and str(partition[opened.columns.names[role]]) != str(value)
+                for role, value in wanted.items()
+            ):
+                continue
+            metadata = opened.parquet.metadata
+            groups = [
+                group
+                for group in range(metadata.num_row_groups)
+                if all(
+                    _may_hold(opened, metadata.row_group(group), role, value)
+                    for role, value in wanted.items()
+                    if value is not None and role in opened.columns and role not in opened.columns.from_partition
+                )
+            ]
+            if groups:
+                parts[opened.source.path] = groups
+        self.parts = {path: set(groups) for path, groups in parts.items()}
+
+    def narrow_to_row(self, place: str) -> tuple[str, int]:
+        """Read only the row group holding ``FILE:ROW`` (token layout: and those after it, where the sequence may
+        go on); returns (file path, row). FILE is a path as given or resolved, or a file name unique in the input.
+        Raises InputError when no file, or more than one, matches, or the file has no such row."""
+        name, sep, number = place.rpartition(":")
+        if not sep or not name or not number.strip().isdigit():
+            raise InputError(f"--row {place}: expected FILE:ROW, e.g. part-0.parquet:12 (as the tables print it).")
+        row = int(number)
+        matches = [
+            f
+            for f in self.files
+            if f.source.path == name
+            or Path(f.source.path).name == name
+            or Path(f.source.path).resolve() == Path(name).resolve()
+        ]
+        if len({f.source.path for f in matches}) != 1:
+            found = "no input file" if not matches else f"{len(matches)} input files"
+            raise InputError(f"--row {place}: {found} named {name} (inputs: {', '.join(self.log.files[:5])}).")
+        opened = matches[0]
+        metadata = opened.parquet.metadata
+        if not 0 <= row < metadata.num_rows:
+            raise InputError(f"--row {place}: {opened.source.path} has rows 0 to {metadata.num_rows - 1}.")
+        first = 0
+        for group in range(metadata.num_row_groups):
+            first += metadata.row_group(group).num_rows
+            if row < first:
+                break
+        last = group if opened.layout == "sequence" else metadata.num_row_groups - 1
+        self.parts = {opened.source.path: set(range(group, last + 1))}
+        return opened.source.path, row
 
     def plan(self, workers: int) -> list[dict[str, list[int]]]:
         """Split the input into at most ``workers`` parts of about equal rows, for parallel readers.
@@ -240,6 +453,8 @@ class DumpReader:
             chunk = self._validated_chunk(block, device)
             if chunk is not None:
                 yield chunk, consumed
+        if self.parts is None:  # the whole input was read here (a worker's part is finished by the driver)
+            self.log.finish()
 
     # -- decoding --------------------------------------------------------------------------------
     def _blocks(self) -> Iterator[tuple[_Block, int]]:
@@ -262,6 +477,14 @@ class DumpReader:
         block = _validate(block, self.log, self.strict)
         if block is None:
             return None
+        file_index, has_ids = self._file_index[block.file]
+        if block.mask is None:
+            counts = self.log.unmasked.setdefault(block.file, [0, 0])
+            counts[0] += len(block.rollout)
+            counts[1] += int(np.count_nonzero((block.rollout == 0.0) & (block.trainer < ZERO_ROLLOUT_TRAINER_BELOW)))
+        if has_ids:
+            self.log.row_keys.append(_row_keys(block.step, block.sample_id))
+            self.log.row_places.append(np.stack([np.full(len(block.file_row), file_index), block.file_row], axis=1))
         # torch.tensor copies: Arrow's buffers are read-only, and the fill below writes in place.
         trainer = torch.tensor(block.trainer, dtype=torch.float64, device=device)
         rollout = torch.tensor(block.rollout, dtype=torch.float64, device=device)
@@ -287,6 +510,30 @@ class DumpReader:
             token_ids=None if block.token_ids is None else torch.tensor(block.token_ids, device=device),
             token_text=None if text is None else _text_lookup(text, offsets),
         )
+
+
+def _may_hold(opened: _OpenFile, group: pq.RowGroupMetaData, role: str, value: int | str) -> bool:
+    """False only when the row group's min/max statistics of ``role``'s column exclude ``value``."""
+    name = opened.columns.names[role]
+    for index in range(group.num_columns):
+        column = group.column(index)
+        if column.path_in_schema != name:
+            continue
+        statistics = column.statistics
+        if statistics is None or not statistics.has_min_max:
+            return True
+        low, high = statistics.min, statistics.max
+        if isinstance(low, bytes | str) and isinstance(high, bytes | str):
+            text = str(value).encode() if isinstance(low, bytes) else str(value)
+            return low <= text <= high
+        if isinstance(low, int) and isinstance(high, int):
+            try:
+                number = int(value)
+            except ValueError:  # an id that is not a number is in no integer column
+                return False
+            return low <= number <= high
+        return True
+    return True
 
 
 def _describe(columns: ColumnMap) -> str:
@@ -358,7 +605,7 @@ def _row_groups(opened: _OpenFile, columns: list[str], rows_per_batch, reader: D
             for batch in opened.parquet.iter_batches(
                 batch_size=rows_per_batch(), row_groups=[group], columns=columns, use_threads=False
             ):
-                yield batch, first_row + done
+                yield _decoded(batch), first_row + done
                 done += batch.num_rows
         except (OSError, pa.ArrowException) as exc:
             message = f"row group {group} cannot be decoded ({_one_line(exc)})"
@@ -392,10 +639,6 @@ def _scalar_roles(opened: _OpenFile, batch: pa.RecordBatch, first_row: int, rows
         array = batch.column(step_name)
         if index is not None:
             array = array.take(pa.array(index))
-        if array.null_count:
-            bad = int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
-            row = first_row + (bad if index is None else int(index[bad]))
-            raise DataError(f"{where(opened.source.path, row, step_name)}step is null.")
         step = array.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
     sid_name = columns.get("sample_id")
     if sid_name is None:  # the row number in the file
@@ -439,6 +682,11 @@ def _read_sequences(opened: _OpenFile, reader: DumpReader) -> Iterator[tuple[_Bl
         }
         keep = np.ones(rows, dtype=bool)
         pending: list[SkippedRow] = []
+        step_nulls = _step_nulls(opened, batch)
+        if step_nulls is not None:
+            for row in np.flatnonzero(step_nulls):
+                keep[row] = False
+                pending.append(SkippedRow(path, first_row + int(row), names["step"], "null step"))
         for role, length in lengths.items():
             for row in np.flatnonzero(keep & (length < 0)):
                 keep[row] = False
@@ -512,46 +760,59 @@ def _estimate_tokens_per_row(opened: _OpenFile) -> float:
 
 # ---------------------------------------------------------------------------------- token layout
 def _read_tokens(opened: _OpenFile, reader: DumpReader) -> Iterator[tuple[_Block, int]]:
-    """Group consecutive tokens of one (step, sample_id) into a row; the last group waits for the next batch."""
+    """Group consecutive tokens of one (step, sample_id) into a row; the last group waits for the next batch.
+
+    The batch after the current one is read before the current one is cut, so that the last sequence of a
+    file travels with the rows before it: a file read in one batch gives one block, as in the sequence layout
+    (the same chunks, hence the same float64 sums to the last bit).
+    """
     finished: set[tuple[int, str]] = set()
     carry: pa.Table | None = None
     carry_first_row = 0
     batch_rows = lambda: reader.chunk_tokens  # noqa: E731 - one row per token
     batches = _row_groups(opened, _column_names(opened), batch_rows, reader)
-    while True:
-        item = next(batches, None)
-        if item is None:
-            if carry is not None and carry.num_rows:
-                yield (
-                    _token_block(opened, carry, carry_first_row, np.array([carry.num_rows]), finished, reader),
-                    carry.num_rows,
-                )
-            return
+    item = next(batches, None)
+    while item is not None:
         batch, first_row = item
+        item = next(batches, None)
         table = pa.Table.from_batches([batch])
-        if carry is not None and carry.num_rows:
-            if carry_first_row + carry.num_rows != first_row:  # a row group was skipped in between
-                yield (
-                    _token_block(opened, carry, carry_first_row, np.array([carry.num_rows]), finished, reader),
-                    carry.num_rows,
-                )
-            else:
-                table = pa.concat_tables([carry, table])
-                first_row = carry_first_row
-        boundary = np.flatnonzero(_sequence_changes(opened, table, first_row)) + 1
+        if carry is not None:  # the unfinished last sequence of the batch before (always adjacent: see below)
+            table = pa.concat_tables([carry, table])
+            first_row = carry_first_row
+        carry = None
+        if table.num_rows == 0:
+            continue
+        boundary = np.flatnonzero(_sequence_changes(opened, table)) + 1
         starts = np.concatenate([[0], boundary])
         ends = np.concatenate([boundary, [table.num_rows]])
-        complete = len(starts) - 1  # the last run may continue in the next batch
+        # The last run may go on in the next batch, unless there is none or rows between could not be decoded.
+        last_continues = item is not None and item[1] == first_row + table.num_rows
+        complete = len(starts) - 1 if last_continues else len(starts)
         if complete == 0:
             carry, carry_first_row = table, first_row
             continue
-        cut = int(starts[-1])
-        head = table.slice(0, cut)
+        cut = int(ends[complete - 1])
+        head = table if cut == table.num_rows else table.slice(0, cut)
         yield _token_block(opened, head, first_row, (ends - starts)[:complete], finished, reader), cut
-        carry, carry_first_row = table.slice(cut), first_row + cut
+        if cut < table.num_rows:
+            carry, carry_first_row = table.slice(cut), first_row + cut
 
 
-def _sequence_changes(opened: _OpenFile, table: pa.Table, first_row: int) -> np.ndarray:
+def _step_nulls(opened: _OpenFile, table: pa.Table | pa.RecordBatch) -> np.ndarray | None:
+    """bool [n]: rows whose step is null; None when there is none (or no step column)."""
+    name = opened.columns.get("step")
+    if name is None or "step" in opened.columns.from_partition or not table.column(name).null_count:
+        return None
+    return table.column(name).is_null().to_numpy(zero_copy_only=False)
+
+
+def _filled_step(values: pa.Array) -> pa.Array:
+    """Null steps take a neighbour's value, so that a null inside a sequence does not cut it in two (the
+    sequence is then skipped as a whole, with the null's row)."""
+    return pc.fill_null_backward(pc.fill_null_forward(values)).fill_null(0)
+
+
+def _sequence_changes(opened: _OpenFile, table: pa.Table) -> np.ndarray:
     """bool [n − 1]: token i + 1 starts another (step, sample_id) than token i. Compared in Arrow, so
     millions of sample ids are never turned into Python strings."""
     changes = np.zeros(max(table.num_rows - 1, 0), dtype=bool)
@@ -561,6 +822,8 @@ def _sequence_changes(opened: _OpenFile, table: pa.Table, first_row: int) -> np.
         if name is None or role in columns.from_partition or table.num_rows < 2:
             continue
         values = table.column(name).combine_chunks()
+        if role == "step" and values.null_count:
+            values = _filled_step(values)
         differs = pc.not_equal(values.slice(1), values.slice(0, table.num_rows - 1))
         changes |= differs.fill_null(True).to_numpy(zero_copy_only=False)  # a null starts a run: caught there
     return changes
@@ -577,8 +840,20 @@ def _token_block(
     path = opened.source.path
     names = opened.columns.names
     run_starts = np.concatenate([[0], np.cumsum(run_lengths)[:-1]]).astype(np.int64)
+    run_id = np.repeat(np.arange(len(run_lengths)), run_lengths)
+    skipped: list[SkippedRow] = []
+    step_nulls = _step_nulls(opened, table)
+    null_runs = np.zeros(0, dtype=np.int64)
+    if step_nulls is not None:
+        step_index = table.schema.get_field_index(names["step"])
+        table = table.set_column(step_index, names["step"], _filled_step(table.column(step_index).combine_chunks()))
+        null_tokens = np.flatnonzero(step_nulls)
+        null_runs, first_null = np.unique(run_id[null_tokens], return_index=True)
+        skipped += [SkippedRow(path, first_row + int(null_tokens[i]), names["step"], "null step") for i in first_null]
     step, sample_id = _scalar_roles(opened, table, first_row, len(run_starts), index=run_starts)
     for i, key in enumerate(zip(step.tolist(), sample_id, strict=True)):
+        if i in null_runs:
+            continue
         if key in finished:
             raise InputError(
                 f"{where(path, first_row + int(run_starts[i]), names['sample_id'])}tokens of sample '{key[1]}' "
@@ -603,7 +878,6 @@ def _token_block(
     duplicate_rows = np.zeros(0, dtype=np.int64)
     if position is not None:
         # Order tokens by position within each row; duplicates make a row unusable.
-        run_id = np.repeat(np.arange(len(run_lengths)), run_lengths)
         order = np.lexsort((position, run_id))
         ordered, ordered_run = position[order], run_id[order]
         duplicate_rows = np.unique(
@@ -627,12 +901,14 @@ def _token_block(
         token_text=text,
         names=names,
         token_rows=token_rows,
-        skipped=[
+        skipped=skipped
+        + [
             SkippedRow(path, first_row + int(run_starts[row]), names["position"], "duplicate token position")
-            for row in duplicate_rows
+            for row in np.setdiff1d(duplicate_rows, null_runs)
         ],
     )
-    return _drop_rows(block, duplicate_rows) if duplicate_rows.size else block
+    bad_rows = np.union1d(duplicate_rows, null_runs)
+    return _drop_rows(block, bad_rows) if bad_rows.size else block
 
 
 # ---------------------------------------------------------------------------------- validation

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import glob
+import errno
+import fnmatch
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,13 +45,133 @@ def _is_data_file(path: Path) -> bool:
     return path.is_file() and not path.name.startswith((".", "_"))
 
 
-def expand_inputs(inputs: Iterable[str | Path]) -> list[Source]:
+DirKey = tuple[int, int]  # (device, inode) of a directory: one real directory however many links lead to it
+
+
+class _Walker:
+    """Lists directories following symlinks, each real directory once: a link back to a directory being
+    walked (a loop) is skipped with a warning, so no input can make the listing run forever."""
+
+    def __init__(self, warnings: list[str] | None) -> None:
+        self.warnings = warnings
+        self.visited: set[tuple[DirKey, int]] = set()
+
+    def warn(self, message: str) -> None:
+        if self.warnings is not None and message not in self.warnings:
+            self.warnings.append(message)
+
+    def entries(self, directory: Path) -> list[os.DirEntry]:
+        try:
+            with os.scandir(directory) as listing:
+                return sorted(listing, key=lambda entry: entry.name)
+        except OSError as exc:
+            self.warn(f"{directory}: cannot be listed ({exc.strerror}); skipped.")
+            return []
+
+    def subdirectory(self, entry: os.DirEntry, ancestors: tuple[DirKey, ...]) -> DirKey | None:
+        """The key of ``entry`` when it is a directory to descend into; None otherwise."""
+        try:
+            if not entry.is_dir():  # follows symlinks
+                if entry.is_symlink() and not os.path.exists(entry.path):
+                    os.stat(entry.path)  # raises ELOOP for a link that leads to itself
+                return None
+            info = os.stat(entry.path)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                self.warn(f"{entry.path}: symlink loop; skipped.")
+            return None
+        key = (info.st_dev, info.st_ino)
+        if key in ancestors:
+            self.warn(f"{entry.path}: symlink loop (leads back to {os.path.realpath(entry.path)}); skipped.")
+            return None
+        return key
+
+    def parquet_files(self, root: Path) -> list[Path]:
+        """Every ``*.parquet`` data file under ``root``, sorted by path."""
+        found: list[Path] = []
+        info = os.stat(root)
+        self._walk(root, ((info.st_dev, info.st_ino),), found)
+        return sorted(path for path in found if _is_data_file(path))
+
+    def _walk(self, directory: Path, ancestors: tuple[DirKey, ...], found: list[Path]) -> None:
+        if (ancestors[-1], -1) in self.visited:  # reached again through another link: listed already
+            return
+        self.visited.add((ancestors[-1], -1))
+        for entry in self.entries(directory):
+            key = self.subdirectory(entry, ancestors)
+            if key is not None:
+                self._walk(Path(entry.path), (*ancestors, key), found)
+            elif entry.name.endswith(".parquet"):
+                found.append(Path(entry.path))
+
+    def glob(self, pattern: str) -> list[Path]:
+        """What ``glob.glob(pattern, recursive=True)`` matches, sorted, without following a symlink loop."""
+        parts = Path(pattern).parts
+        fixed = next((i for i, part in enumerate(parts) if _GLOB_CHARS & set(part)), len(parts))
+        base = Path(*parts[:fixed]) if fixed else Path(".")
+        if not base.is_dir():
+            return []
+        info = os.stat(base)
+        matches: set[Path] = set()
+        self._match(base, parts[fixed:], ((info.st_dev, info.st_ino),), matches, relative=fixed == 0)
+        return sorted(matches, key=str)
+
+    def _match(
+        self, path: Path, parts: tuple[str, ...], ancestors: tuple[DirKey, ...], out: set[Path], relative: bool
+    ) -> None:
+        def child(entry: os.DirEntry) -> Path:
+            return Path(entry.name) if relative else Path(entry.path)
+
+        if not parts:
+            out.add(path)
+            return
+        head, rest = parts[0], parts[1:]
+        if head == "**":
+            if (ancestors[-1], len(parts)) in self.visited:
+                return
+            self.visited.add((ancestors[-1], len(parts)))
+            self._match(path, rest, ancestors, out, relative)  # ** matches no directory too
+            for entry in self.entries(path):
+                if entry.name.startswith("."):
+                    continue
+                key = self.subdirectory(entry, ancestors)
+                if key is not None:
+                    self._match(child(entry), parts, (*ancestors, key), out, False)
+                elif not rest:
+                    out.add(child(entry))
+            return
+        if not _GLOB_CHARS & set(head):
+            target = path / head
+            if rest and target.is_dir():
+                info = os.stat(target)
+                self._match(target, rest, (*ancestors, (info.st_dev, info.st_ino)), out, False)
+            elif not rest and os.path.lexists(target):
+                out.add(target)
+            return
+        for entry in self.entries(path):
+            if entry.name.startswith(".") and not head.startswith("."):
+                continue
+            if not fnmatch.fnmatchcase(entry.name, head):
+                continue
+            if not rest:
+                out.add(child(entry))
+                continue
+            key = self.subdirectory(entry, ancestors)
+            if key is not None:
+                self._match(child(entry), rest, (*ancestors, key), out, False)
+
+
+def expand_inputs(inputs: Iterable[str | Path], warnings: list[str] | None = None) -> list[Source]:
     """Resolve inputs in the order given; a directory contributes its ``*.parquet`` files, sorted.
 
+    A path that exists is taken as it is, even when its name holds glob characters (``part[0].parquet``);
+    anything else with ``*``, ``?`` or ``[`` is a glob (``**`` recursive). Symlinks are followed, but a link
+    back into a directory being listed (a loop) is skipped with a warning appended to ``warnings``.
     Raises InputError for a path that does not exist, a glob that matches nothing or an empty directory.
     """
     sources: list[Source] = []
     seen: set[str] = set()
+    walker = _Walker(warnings)
 
     def add(path: Path, root: Path | None) -> None:
         key = str(path.resolve())
@@ -59,22 +181,20 @@ def expand_inputs(inputs: Iterable[str | Path]) -> list[Source]:
 
     for given in inputs:
         text = str(given)
-        if _GLOB_CHARS & set(text):
-            matches = sorted(glob.glob(text, recursive=True))
+        path = Path(text)
+        if not path.exists() and _GLOB_CHARS & set(text):
+            matches = walker.glob(text)
             if not matches:
                 raise InputError(f"{text}: no file matches this pattern.")
-            for match in matches:
-                match_path = Path(match)
+            for match_path in matches:
                 if match_path.is_dir():
-                    for inner in sorted(match_path.rglob("*.parquet")):
-                        if _is_data_file(inner):
-                            add(inner, match_path)
-                else:
+                    for inner in walker.parquet_files(match_path):
+                        add(inner, match_path)
+                elif match_path.exists():
                     add(match_path, None)
             continue
-        path = Path(text)
         if path.is_dir():
-            found = [p for p in sorted(path.rglob("*.parquet")) if _is_data_file(p)]
+            found = walker.parquet_files(path)
             if not found:
                 raise InputError(f"{text}: directory holds no .parquet file.")
             for inner in found:
