@@ -347,6 +347,7 @@ def compare_presets(
     from rollout_diag.compare import compare_presets as run_comparison
     from rollout_diag.presets import get_presets, load_presets_file, preset_from_options
     from rollout_diag.render.export import comparison_csv, to_json_text
+    from rollout_diag.render.format import plain
     from rollout_diag.render.presets import presets_table
     from rollout_diag.render.sweep import render_sweep
 
@@ -392,7 +393,7 @@ def compare_presets(
         console.print(presets_table(result))
         console.print(render_sweep(result.sweep, parse_targets(target)))
         for warning in result.warnings:
-            console.print(f"[yellow]warning: {warning}[/]")
+            console.print(plain(f"warning: {warning}", style="yellow"))
 
 
 @app.command()

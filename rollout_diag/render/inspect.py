@@ -6,7 +6,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from rollout_diag.render.format import number
+from rollout_diag.render.format import number, plain
 from rollout_diag.results import RowTokens
 
 # |δ| colour bands: the same bands the report uses.
@@ -21,14 +21,21 @@ def render_row(row: RowTokens) -> RenderableType:
     deltas = row.log_ratio
     model = [i for i, m in enumerate(row.mask) if m]
     worst = max(model, key=lambda i: abs(deltas[i]), default=None)
-    header = Text.from_markup(
-        f"[bold]step {row.step}[/], sample [bold]{_escape(row.sample_id)}[/] ({_escape(row.file)} row {row.row}): "
-        f"{len(row.mask)} tokens, {len(model)} from the model"
-        + ("" if worst is None else f"; largest |δ| = {abs(deltas[worst]):.4g} at position {worst}")
+    header = Text.assemble(
+        (f"step {row.step}", "bold"),
+        ", sample ",
+        plain(row.sample_id, style="bold"),
+        " (",
+        plain(row.file),
+        f" row {row.row}): {len(row.mask)} tokens, {len(model)} from the model",
+        "" if worst is None else f"; largest |δ| = {number(abs(deltas[worst]))} at position {worst}",
     )
     table = Table(title_justify="left", show_edge=False)
     for heading in ("pos", "round", "token", "rollout logp", "trainer logp", "δ = trainer − rollout"):
-        table.add_column(heading, justify="left" if heading == "token" else "right")
+        # numbers never wrap or shorten; a long token folds onto more lines
+        table.add_column(
+            heading, justify="left" if heading == "token" else "right", overflow="fold", no_wrap=heading != "token"
+        )
     round_index, previous_mask, environment_run = -1, 0, 0
     for position, mask in enumerate(row.mask):
         if not mask:
@@ -45,7 +52,7 @@ def render_row(row: RowTokens) -> RenderableType:
         table.add_row(
             str(position),
             str(round_index),
-            Text(_token_text(row, position)),
+            plain(_token_text(row, position)),
             number(row.rollout_logprob[position]),
             number(row.trainer_logprob[position]),
             Text(number(delta), style=delta_style(abs(delta))),
@@ -58,11 +65,7 @@ def render_row(row: RowTokens) -> RenderableType:
 
 def _token_text(row: RowTokens, position: int) -> str:
     if row.token is not None and row.token[position] is not None:
-        return repr(row.token[position])[1:-1]
+        return row.token[position]
     if row.token_id is not None:
         return f"#{row.token_id[position]}"
     return "–"
-
-
-def _escape(text: str) -> str:
-    return text.replace("[", "\\[")
