@@ -302,7 +302,7 @@ def analyze(
     inputs: Inputs,
     column: ColumnOpt = None,
     device: DeviceOpt = "auto",
-    format: FormatOpt = OutputFormat.table,
+    format: FormatOpt = None,
     output: OutputOpt = None,
     all_steps: Annotated[
         bool, typer.Option("--all-steps", help="Show every step (default: first, last, worst).")
@@ -382,7 +382,7 @@ def sweep(
     target: TargetOpt = DEFAULT_TARGETS,
     column: ColumnOpt = None,
     device: DeviceOpt = "auto",
-    format: FormatOpt = OutputFormat.table,
+    format: FormatOpt = None,
     output: OutputOpt = None,
     strict: StrictOpt = False,
     chunk_tokens: ChunkOpt = CHUNK_TOKENS,
@@ -437,7 +437,7 @@ def compare_presets(
     backend: BackendOpt = "process",
     column: ColumnOpt = None,
     device: DeviceOpt = "auto",
-    format: FormatOpt = OutputFormat.table,
+    format: FormatOpt = None,
     output: OutputOpt = None,
     strict: StrictOpt = False,
     chunk_tokens: ChunkOpt = CHUNK_TOKENS,
