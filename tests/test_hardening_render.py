@@ -278,3 +278,13 @@ def test_sweep_charts_one_per_option_with_unrepeated_ticks() -> None:
     assert layout["xaxis"]["type"] == "log" and layout["xaxis"]["dtick"] == 2  # whole decades only
     assert layout["xaxis2"]["type"] == "linear"  # a narrow range: no log minor ticks
     assert layout["yaxis"]["tickformat"] == "~%"
+
+
+def test_report_has_a_rounds_section_only_for_multi_turn_data(tmp_path: Path) -> None:
+    from rollout_diag.engine import analyze
+    from rollout_diag.report import render_report
+
+    single = write_sequence_dump(tmp_path / "single.parquet", random_rows(5, env_share=0.0))
+    multi = write_sequence_dump(tmp_path / "multi.parquet", random_rows(5, min_length=8, env_share=0.4))
+    assert 'id="rounds"' not in render_report(analyze(single, device="cpu"))
+    assert 'id="rounds"' in render_report(analyze(multi, device="cpu"))
