@@ -148,7 +148,9 @@ def _console(stream=None) -> Console:
 
 
 def fail(message: str) -> None:
-    typer.echo(f"Error: {message}", err=True)
+    from rollout_diag.render.format import visible  # messages name files and columns: never raw escapes
+
+    typer.echo(f"Error: {visible(message)}", err=True)
     raise typer.Exit(1)
 
 

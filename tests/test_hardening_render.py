@@ -288,3 +288,8 @@ def test_report_has_a_rounds_section_only_for_multi_turn_data(tmp_path: Path) ->
     multi = write_sequence_dump(tmp_path / "multi.parquet", random_rows(5, min_length=8, env_share=0.4))
     assert 'id="rounds"' not in render_report(analyze(single, device="cpu"))
     assert 'id="rounds"' in render_report(analyze(multi, device="cpu"))
+
+
+def test_error_line_shows_control_characters_escaped(tmp_path: Path) -> None:
+    line = one_error(run("analyze", tmp_path / "\x1b[2Jmissing.parquet", "--device", "cpu"))
+    assert "\\x1b[2Jmissing" in line and "\x1b" not in line
