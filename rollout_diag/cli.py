@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
+from rich.console import Console, Group
 
 from rollout_diag.errors import RolloutDiagError
 
@@ -64,16 +64,83 @@ ColumnOpt = Annotated[
         metavar="ROLE=NAME",
     ),
 ]
-DeviceOpt = Annotated[str, typer.Option(help="auto (CUDA when available), cpu or cuda[:N].", metavar="DEVICE")]
-FormatOpt = Annotated[OutputFormat, typer.Option("--format", "-f", help="table (terminal), json or csv.")]
-OutputOpt = Annotated[Path | None, typer.Option("--output", "-o", help="Write json/csv here instead of stdout.")]
+DeviceOpt = Annotated[
+    str, typer.Option("--device", help="auto (CUDA when available), cpu or cuda[:N].", metavar="DEVICE")
+]
+FormatOpt = Annotated[
+    OutputFormat | None,
+    typer.Option(
+        "--format",
+        "-f",
+        help="table (terminal), json or csv. Default: from the --output extension (.json, .csv; any other "
+        "a table), else table.",
+    ),
+]
+OutputOpt = Annotated[
+    Path | None, typer.Option("--output", "-o", help="Write the output to this file instead of stdout.")
+]
 StrictOpt = Annotated[bool, typer.Option("--strict", help="Fail on the first invalid row instead of skipping it.")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show Python tracebacks for errors.")]
 WorkersOpt = Annotated[
-    int, typer.Option(help="Split the input over this many processes (or Ray tasks) and merge: same result.")
+    int,
+    typer.Option("--workers", help="Split the input over this many processes (or Ray tasks) and merge: same result."),
 ]
-BackendOpt = Annotated[str, typer.Option(help="Where --workers run: process (this machine) or ray.")]
-ChunkOpt = Annotated[int, typer.Option(help="Tokens per chunk (memory vs overhead); results do not depend on it.")]
+BackendOpt = Annotated[str, typer.Option("--backend", help="Where --workers run: process (this machine) or ray.")]
+ChunkOpt = Annotated[
+    int, typer.Option("--chunk-tokens", help="Tokens per chunk (memory vs overhead); results do not depend on it.")
+]
+# analyze's knobs (also on report)
+MaxRoundsOpt = Annotated[
+    int, typer.Option("--max-rounds", help="Pool rounds at this index and beyond into one bucket.")
+]
+CatastrophicOpt = Annotated[
+    float,
+    typer.Option("--catastrophic", help="|δ| above which a token counts as catastrophic (1.0: ρ outside [1/e, e])."),
+]
+TopKOpt = Annotated[int, typer.Option("--top-k", help="How many worst rows and tokens to keep.")]
+# compare-presets' knobs (also on report)
+PresetOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--preset", help="Preset name or group (all, verl, legacy); repeatable. Default: all.", metavar="NAME"
+    ),
+]
+PresetsFileOpt = Annotated[
+    Path | None,
+    typer.Option("--presets-file", help="YAML or JSON file of named presets, added to the comparison."),
+]
+RolloutIsOpt = Annotated[
+    str | None, typer.Option("--rollout-is", help="Custom preset: IS level, token or sequence.", metavar="LEVEL")
+]
+RolloutIsThresholdOpt = Annotated[
+    str | None,
+    typer.Option("--rollout-is-threshold", help="Custom preset: U (truncation) or L_U (IcePop).", metavar="SPEC"),
+]
+RolloutRsOpt = Annotated[
+    str | None,
+    typer.Option("--rollout-rs", help="Custom preset: RS options, e.g. seq_mean_k3,token_k1.", metavar="OPTIONS"),
+]
+RolloutRsThresholdOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--rollout-rs-threshold", help="Custom preset: one threshold per RS option (or one shared).", metavar="SPECS"
+    ),
+]
+BatchNormalizeOpt = Annotated[
+    bool, typer.Option("--batch-normalize", help="Custom preset: normalise IS weights per batch.")
+]
+TargetOpt = Annotated[
+    str, typer.Option("--target", help="Sweep: target rejection shares, comma separated.", metavar="SHARES")
+]
+IntrusiveRejectOpt = Annotated[
+    float, typer.Option("--intrusive-reject", help="Mark presets rejecting more than this share of tokens.")
+]
+IntrusiveEssOpt = Annotated[
+    float, typer.Option("--intrusive-ess", help="Mark presets whose IS effective sample size falls below this.")
+]
+DEFAULT_TARGETS = "0.001,0.01,0.05"
+FILE_WIDTH = 160  # a table written with -o: as wide as a terminal that would show it without splitting
+FORMAT_BY_SUFFIX = {".json": OutputFormat.json, ".csv": OutputFormat.csv}
 
 
 def _console(stream=None) -> Console:
@@ -81,7 +148,9 @@ def _console(stream=None) -> Console:
 
 
 def fail(message: str) -> None:
-    typer.echo(f"Error: {message}", err=True)
+    from rollout_diag.render.format import visible  # messages name files and columns: never raw escapes
+
+    typer.echo(f"Error: {visible(message)}", err=True)
     raise typer.Exit(1)
 
 
@@ -158,6 +227,54 @@ def emit(text: str, output: Path | None) -> None:
         typer.echo(f"wrote {output}", err=True)
 
 
+def show(renderable: Any, output: Path | None) -> None:
+    """Print rich tables to the terminal, or write them as plain text (no colour) to ``output``."""
+    if output is None:
+        _console().print(renderable)
+        return
+    with output.open("w", encoding="utf-8") as handle:
+        Console(file=handle, width=FILE_WIDTH, color_system=None, soft_wrap=False).print(renderable)
+    typer.echo(f"wrote {output}", err=True)
+
+
+def output_format(format: OutputFormat | None, output: Path | None) -> OutputFormat:
+    """--format when given; else what the --output extension says (.json, .csv; any other: a table)."""
+    if format is not None:
+        return format
+    return FORMAT_BY_SUFFIX.get(output.suffix.lower(), OutputFormat.table) if output is not None else OutputFormat.table
+
+
+def chosen_presets(
+    preset: list[str] | None,
+    presets_file: Path | None,
+    rollout_is: str | None,
+    rollout_is_threshold: str | None,
+    rollout_rs: str | None,
+    rollout_rs_threshold: str | None,
+    batch_normalize: bool,
+) -> list | None:
+    """The presets to compare: --preset names, a --presets-file and the custom flags (beside the built-ins
+    unless --preset names some); None = every built-in preset."""
+    from rollout_diag.presets import get_presets, load_presets_file, preset_from_options
+
+    chosen: list = list(preset or [])
+    if presets_file is not None:
+        chosen.extend(load_presets_file(presets_file).values())
+    if rollout_is or rollout_rs:
+        chosen.append(
+            preset_from_options(
+                rollout_is=rollout_is,
+                rollout_is_threshold=rollout_is_threshold,
+                rollout_rs=rollout_rs,
+                rollout_rs_threshold=rollout_rs_threshold,
+                batch_normalize=batch_normalize,
+            )
+        )
+    if chosen and not preset and (presets_file is not None or rollout_is or rollout_rs):
+        chosen = [*get_presets(None), *chosen]  # your presets beside the built-in ones
+    return chosen or None
+
+
 def parse_columns(column: list[str] | None) -> dict[str, str]:
     from rollout_diag.io.columns import parse_overrides
 
@@ -187,16 +304,14 @@ def analyze(
     inputs: Inputs,
     column: ColumnOpt = None,
     device: DeviceOpt = "auto",
-    format: FormatOpt = OutputFormat.table,
+    format: FormatOpt = None,
     output: OutputOpt = None,
     all_steps: Annotated[
         bool, typer.Option("--all-steps", help="Show every step (default: first, last, worst).")
     ] = False,
-    max_rounds: Annotated[int, typer.Option(help="Pool rounds at this index and beyond into one bucket.")] = 64,
-    catastrophic: Annotated[
-        float, typer.Option(help="|δ| above which a token counts as catastrophic (1.0: ρ outside [1/e, e]).")
-    ] = 1.0,
-    top_k: Annotated[int, typer.Option(help="How many worst rows and tokens to keep.")] = 20,
+    max_rounds: MaxRoundsOpt = 64,
+    catastrophic: CatastrophicOpt = 1.0,
+    top_k: TopKOpt = 20,
     workers: WorkersOpt = 1,
     backend: BackendOpt = "process",
     strict: StrictOpt = False,
@@ -222,12 +337,13 @@ def analyze(
             workers=workers,
             backend=backend,
         )
-    if format is OutputFormat.json:
+    chosen = output_format(format, output)
+    if chosen is OutputFormat.json:
         emit(to_json_text(result.to_json()), output)
-    elif format is OutputFormat.csv:
+    elif chosen is OutputFormat.csv:
         emit(steps_csv(result.steps), output)
     else:
-        _console().print(render_analysis(result, all_steps=all_steps))
+        show(render_analysis(result, all_steps=all_steps), output)
 
 
 @app.command()
@@ -240,7 +356,9 @@ def inspect(
     ] = None,
     step: Annotated[
         int | None,
-        typer.Option(help="Step of the row (a sample id may repeat across steps); alone: the worst row of the step."),
+        typer.Option(
+            "--step", help="Step of the row (a sample id may repeat across steps); alone: the worst row of the step."
+        ),
     ] = None,
     row: Annotated[
         str | None,
@@ -282,19 +400,17 @@ def inspect(
     if format is RowFormat.json:
         emit(to_json_text({**asdict(tokens), "log_ratio": tokens.log_ratio}), output)
     else:
-        _console().print(render_row(tokens))
+        show(render_row(tokens), output)
 
 
 @app.command()
 @handles_errors
 def sweep(
     inputs: Inputs,
-    target: Annotated[
-        str, typer.Option(help="Target shares to reject, comma separated.", metavar="SHARES")
-    ] = "0.001,0.01,0.05",
+    target: TargetOpt = DEFAULT_TARGETS,
     column: ColumnOpt = None,
     device: DeviceOpt = "auto",
-    format: FormatOpt = OutputFormat.table,
+    format: FormatOpt = None,
     output: OutputOpt = None,
     strict: StrictOpt = False,
     chunk_tokens: ChunkOpt = CHUNK_TOKENS,
@@ -316,53 +432,40 @@ def sweep(
             chunk_tokens=chunk_tokens,
             progress=progress,
         )
-    if format is OutputFormat.json:
+    chosen = output_format(format, output)
+    if chosen is OutputFormat.json:
         emit(to_json_text(result.to_json()), output)
-    elif format is OutputFormat.csv:
+    elif chosen is OutputFormat.csv:
         emit(sweep_csv(result), output)
     else:
-        _console().print(render_sweep(result.run, result.targets))
+        show(render_sweep(result.run, result.targets), output)
 
 
 @app.command("compare-presets")
 @handles_errors
 def compare_presets(
     inputs: Inputs,
-    preset: Annotated[
-        list[str] | None,
-        typer.Option(help="Preset name or group (all, verl, legacy); repeatable. Default: all.", metavar="NAME"),
-    ] = None,
-    presets_file: Annotated[
-        Path | None, typer.Option(help="YAML or JSON file of named presets, added to the comparison.")
-    ] = None,
-    rollout_is: Annotated[
-        str | None, typer.Option(help="Custom preset: IS level, token or sequence.", metavar="LEVEL")
-    ] = None,
-    rollout_is_threshold: Annotated[
-        str | None, typer.Option(help="Custom preset: U (truncation) or L_U (IcePop).", metavar="SPEC")
-    ] = None,
-    rollout_rs: Annotated[
-        str | None, typer.Option(help="Custom preset: RS options, e.g. seq_mean_k3,token_k1.", metavar="OPTIONS")
-    ] = None,
-    rollout_rs_threshold: Annotated[
-        str | None, typer.Option(help="Custom preset: one threshold per RS option (or one shared).", metavar="SPECS")
-    ] = None,
-    batch_normalize: Annotated[bool, typer.Option(help="Custom preset: normalise IS weights per batch.")] = False,
-    target: Annotated[
-        str, typer.Option(help="Sweep: target rejection shares, comma separated.", metavar="SHARES")
-    ] = "0.001,0.01,0.05",
+    preset: PresetOpt = None,
+    presets_file: PresetsFileOpt = None,
+    rollout_is: RolloutIsOpt = None,
+    rollout_is_threshold: RolloutIsThresholdOpt = None,
+    rollout_rs: RolloutRsOpt = None,
+    rollout_rs_threshold: RolloutRsThresholdOpt = None,
+    batch_normalize: BatchNormalizeOpt = False,
+    target: TargetOpt = DEFAULT_TARGETS,
     export_decisions: Annotated[
-        Path | None, typer.Option(help="Write each preset's keep/reject decision per row to this Parquet file.")
+        Path | None,
+        typer.Option(
+            "--export-decisions", help="Write each preset's keep/reject decision per row to this Parquet file."
+        ),
     ] = None,
-    intrusive_reject: Annotated[
-        float, typer.Option(help="Highlight presets rejecting more than this share of tokens.")
-    ] = 0.10,
-    intrusive_ess: Annotated[float, typer.Option(help="Highlight presets whose IS ESS falls below this.")] = 0.5,
+    intrusive_reject: IntrusiveRejectOpt = 0.10,
+    intrusive_ess: IntrusiveEssOpt = 0.5,
     workers: WorkersOpt = 1,
     backend: BackendOpt = "process",
     column: ColumnOpt = None,
     device: DeviceOpt = "auto",
-    format: FormatOpt = OutputFormat.table,
+    format: FormatOpt = None,
     output: OutputOpt = None,
     strict: StrictOpt = False,
     chunk_tokens: ChunkOpt = CHUNK_TOKENS,
@@ -371,30 +474,18 @@ def compare_presets(
     """What every rollout-correction preset (verl's 19, the legacy family, your own) would do to this data,
     side by side, plus the threshold sweep."""
     from rollout_diag.compare import compare_presets as run_comparison
-    from rollout_diag.presets import get_presets, load_presets_file, preset_from_options
     from rollout_diag.render.export import comparison_csv, to_json_text
+    from rollout_diag.render.format import plain
     from rollout_diag.render.presets import presets_table
     from rollout_diag.render.sweep import render_sweep
 
-    chosen: list = list(preset or [])
-    if presets_file is not None:
-        chosen.extend(load_presets_file(presets_file).values())
-    if rollout_is or rollout_rs:
-        chosen.append(
-            preset_from_options(
-                rollout_is=rollout_is,
-                rollout_is_threshold=rollout_is_threshold,
-                rollout_rs=rollout_rs,
-                rollout_rs_threshold=rollout_rs_threshold,
-                batch_normalize=batch_normalize,
-            )
-        )
-    if chosen and not preset and (presets_file is not None or rollout_is or rollout_rs):
-        chosen = [*get_presets(None), *chosen]  # your presets beside the built-in ones
+    chosen = chosen_presets(
+        preset, presets_file, rollout_is, rollout_is_threshold, rollout_rs, rollout_rs_threshold, batch_normalize
+    )
     with progress_bar(inputs) as progress:
         result = run_comparison(
             [str(p) for p in inputs],
-            chosen or None,
+            chosen,
             columns=parse_columns(column),
             device=device,
             strict=strict,
@@ -409,21 +500,43 @@ def compare_presets(
         )
     if export_decisions is not None:
         typer.echo(f"wrote {export_decisions}", err=True)
-    if format is OutputFormat.json:
+    shown = output_format(format, output)
+    if shown is OutputFormat.json:
         emit(to_json_text(result.to_json()), output)
-    elif format is OutputFormat.csv:
+    elif shown is OutputFormat.csv:
         emit(comparison_csv(result), output)
     else:
-        console = _console()
-        console.print(presets_table(result))
-        console.print(render_sweep(result.sweep, parse_targets(target)))
-        for warning in result.warnings:
-            console.print(f"[yellow]warning: {warning}[/]")
+        warnings = [plain(f"warning: {warning}", style="yellow") for warning in result.warnings]
+        show(Group(presets_table(result), render_sweep(result.sweep, parse_targets(target)), *warnings), output)
+
+
+# Options that shape a live analysis: given with --from-json they would be silently ignored, so they are an error.
+LIVE_ONLY = (
+    "presets_file",
+    "rollout_is",
+    "rollout_is_threshold",
+    "rollout_rs",
+    "rollout_rs_threshold",
+    "batch_normalize",
+    "target",
+    "intrusive_reject",
+    "intrusive_ess",
+    "max_rounds",
+    "catastrophic",
+    "top_k",
+    "workers",
+    "backend",
+    "column",
+    "device",
+    "strict",
+    "chunk_tokens",
+)
 
 
 @app.command()
 @handles_errors
 def report(
+    ctx: typer.Context,
     inputs: Annotated[
         list[Path] | None,
         typer.Argument(help="Parquet dump(s): files, globs or directories.", show_default=False, metavar="FILE"),
@@ -432,13 +545,27 @@ def report(
         "rollout-diag-report.html"
     ),
     from_json: Annotated[
-        Path | None,
-        typer.Option(help="Build the report from saved `analyze` / `compare-presets` --format json output."),
+        list[Path] | None,
+        typer.Option(
+            "--from-json",
+            help="Build the report from saved `analyze` and/or `compare-presets` --format json output "
+            "(repeatable: one of each) instead of dumps.",
+        ),
     ] = None,
-    title: Annotated[str | None, typer.Option(help="Title of the report.")] = None,
-    preset: Annotated[
-        list[str] | None, typer.Option(help="Presets to show (names or groups); default: all.", metavar="NAME")
-    ] = None,
+    title: Annotated[str | None, typer.Option("--title", help="Title of the report.")] = None,
+    preset: PresetOpt = None,
+    presets_file: PresetsFileOpt = None,
+    rollout_is: RolloutIsOpt = None,
+    rollout_is_threshold: RolloutIsThresholdOpt = None,
+    rollout_rs: RolloutRsOpt = None,
+    rollout_rs_threshold: RolloutRsThresholdOpt = None,
+    batch_normalize: BatchNormalizeOpt = False,
+    target: TargetOpt = DEFAULT_TARGETS,
+    intrusive_reject: IntrusiveRejectOpt = 0.10,
+    intrusive_ess: IntrusiveEssOpt = 0.5,
+    max_rounds: MaxRoundsOpt = 64,
+    catastrophic: CatastrophicOpt = 1.0,
+    top_k: TopKOpt = 20,
     open_browser: Annotated[bool, typer.Option("--open", help="Open the report in a browser.")] = False,
     workers: WorkersOpt = 1,
     backend: BackendOpt = "process",
@@ -449,31 +576,45 @@ def report(
     debug: DebugOpt = False,
 ) -> None:
     """One self-contained HTML file (no network needed) showing where and why rollout and trainer disagree."""
+    from rollout_diag.errors import ConfigError
     from rollout_diag.report import write_report
 
-    if from_json is not None:
+    if from_json and inputs:
+        raise ConfigError("give dump files or --from-json, not both.")
+    if from_json:
+        given = [name for name in LIVE_ONLY if _from_command_line(ctx, name)]
+        if given:
+            flags = ", ".join("--" + name.replace("_", "-") for name in given)
+            raise ConfigError(f"{flags}: apply when analysing dumps, not to saved --from-json results.")
         analysis, comparison = load_json_results(from_json)
     elif inputs:
         from rollout_diag.compare import analyze_and_compare
 
+        chosen = chosen_presets(
+            preset, presets_file, rollout_is, rollout_is_threshold, rollout_rs, rollout_rs_threshold, batch_normalize
+        )
         with progress_bar(inputs) as progress:
             analysis, comparison = analyze_and_compare(
                 [str(p) for p in inputs],
-                preset or None,
+                chosen,
                 columns=parse_columns(column),
                 device=device,
                 strict=strict,
                 chunk_tokens=chunk_tokens,
                 progress=progress,
+                targets=parse_targets(target),
                 workers=workers,
                 backend=backend,
+                analysis_options={"max_rounds": max_rounds, "catastrophic": catastrophic, "top_k": top_k},
+                intrusive_rejected_fraction=intrusive_reject,
+                intrusive_min_ess=intrusive_ess,
             )
     else:
         fail("give the dump(s) to analyse, or --from-json FILE.")
+    shown = (preset or None) if from_json else None  # a live run already compared only these
     if analysis is None:  # a saved compare-presets result alone: the report derives the rest from it
-        path = write_report(comparison, output, title=title, presets=preset or None)
+        path = write_report(comparison, output, title=title, presets=shown)
     else:
-        shown = (preset or None) if from_json is not None else None  # a live run already compared only these
         path = write_report(analysis, output, comparison=comparison, title=title, presets=shown)
     typer.echo(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)", err=True)
     if open_browser:
@@ -482,22 +623,38 @@ def report(
         webbrowser.open(path.resolve().as_uri())
 
 
-def load_json_results(path: Path):
-    """(AnalysisResult or None, comparison JSON or None) from a saved --format json file."""
+def _from_command_line(ctx: typer.Context, name: str) -> bool:
+    source = ctx.get_parameter_source(name)  # click's ParameterSource (typer may vendor click: compare by name)
+    return source is not None and source.name == "COMMANDLINE"
+
+
+def load_json_results(paths: list[Path]):
+    """(AnalysisResult or None, ComparisonResult or None) from saved --format json files: at most one of each."""
     import json
 
-    from rollout_diag.errors import InputError
+    from rollout_diag.errors import ConfigError, InputError
     from rollout_diag.report import result_from_json
 
-    try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: not a readable JSON file ({exc}).") from exc
-    if isinstance(document, dict) and "presets" in document:
-        from rollout_diag.compare import ComparisonResult
+    found: dict[str, tuple[Path, Any]] = {}
+    for path in paths:
+        try:
+            document = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise InputError(f"{path}: not a readable JSON file ({exc}).") from exc
+        if isinstance(document, dict) and "presets" in document:
+            from rollout_diag.compare import ComparisonResult
 
-        return None, ComparisonResult.from_json(document)
-    return result_from_json(document), None
+            kind, result = "compare-presets", ComparisonResult.from_json(document)
+        elif isinstance(document, dict) and "run" in document and "steps" in document:
+            kind, result = "analyze", result_from_json(document)
+        else:
+            raise InputError(f"{path}: not the --format json output of analyze or compare-presets.")
+        if kind in found:
+            raise ConfigError(f"--from-json: {found[kind][0]} and {path} are both {kind} results; give one of each.")
+        found[kind] = (path, result)
+    analysis = found.get("analyze", (None, None))[1]
+    comparison = found.get("compare-presets", (None, None))[1]
+    return analysis, comparison
 
 
 def parse_targets(text: str) -> list[float]:

@@ -213,12 +213,18 @@ def analyze_and_compare(
     targets: Sequence[float] = DEFAULT_TARGETS,
     workers: int = 1,
     backend: str = "process",
+    analysis_options: Mapping[str, Any] | None = None,
+    intrusive_rejected_fraction: float = INTRUSIVE_REJECTED_FRACTION,
+    intrusive_min_ess: float = INTRUSIVE_MIN_ESS,
 ) -> tuple[AnalysisResult, ComparisonResult]:
-    """``analyze`` and ``compare_presets`` in one pass over the data (what ``rollout-diag report`` shows)."""
+    """``analyze`` and ``compare_presets`` in one pass over the data (what ``rollout-diag report`` shows).
+
+    ``analysis_options``: ``analyze``'s knobs (``max_rounds``, ``catastrophic``, ``top_k``) for the analysis part.
+    """
     return _one_pass(
         inputs,
         presets,
-        {},
+        dict(analysis_options or {}),
         columns=columns,
         device=device,
         strict=strict,
@@ -226,7 +232,7 @@ def analyze_and_compare(
         progress=progress,
         export_decisions_to=None,
         targets=targets,
-        intrusive=(INTRUSIVE_REJECTED_FRACTION, INTRUSIVE_MIN_ESS),
+        intrusive=(intrusive_rejected_fraction, intrusive_min_ess),
         workers=workers,
         backend=backend,
     )

@@ -24,6 +24,7 @@ from typer.testing import CliRunner, Result
 from rollout_diag import __version__
 from rollout_diag.cli import app
 from rollout_diag.render.format import number
+from rollout_diag.render.summary import short_name
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_CANDIDATES = (
@@ -119,7 +120,9 @@ def test_analyze_table_has_every_section(sample_table: Result, sample_json: dict
     assert f"{len(sample_json['steps'])} step(s)" in output
     assert "columns: rollout=rollout_log_probs, trainer=old_log_probs, mask=response_mask" in output
     titles = [
-        "Verdict (whole run)",
+        "Verdict: ",
+        "Where: ",
+        "Key metrics (whole run)",
         "All metrics (whole run",
         "Per step",
         "Per round",
@@ -140,7 +143,7 @@ def test_analyze_table_shows_no_debug_text(sample_table: Result) -> None:
 
 
 def test_verdict_table_matches_the_json(sample_table: Result, sample_json: dict) -> None:
-    verdicts = section(sample_table.stdout, "Verdict (whole run)", "All metrics")
+    verdicts = section(sample_table.stdout, "Key metrics (whole run)", "All metrics")
     assert "nan" not in verdicts.lower()
     assert {v["metric"] for v in sample_json["verdicts"]} >= {
         "rollout_corr/k3_kl",
@@ -149,14 +152,17 @@ def test_verdict_table_matches_the_json(sample_table: Result, sample_json: dict)
         "training/rollout_probs_diff_mean",
     }
     for verdict in sample_json["verdicts"]:
-        line = next(line for line in verdicts.splitlines() if f" {verdict['metric']} " in line)
+        short = short_name(verdict["metric"])
+        line = next(line for line in verdicts.splitlines() if f" {short} " in line)
         cells = [cell.strip() for cell in line.strip("│ ").split("│")]
-        assert cells[:4] == [
-            verdict["metric"],
+        assert cells[:5] == [
+            short,
             number(verdict["value"]),
             verdict["level"],
-            f"{number(verdict['watch'])} / {number(verdict['bad'])}",
+            number(verdict["watch"]),
+            number(verdict["bad"]),
         ]
+        assert f"{short} = {verdict['metric']}" in sample_table.stdout.replace("\n", " ")  # the legend
         assert verdict["level"] in ("ok", "watch", "bad")
 
 

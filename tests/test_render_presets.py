@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import io
+import re
 from pathlib import Path
 
 from rich.console import Console
@@ -49,13 +50,15 @@ def test_one_row_per_preset_with_settings_and_run_values():
         },
     )
     table = presets_table(ComparisonResult(["dump.parquet"], {}, [calm, harsh]))
-    assert table.row_count == 2
-    assert [row.style for row in table.rows] == [None, INTRUSIVE_STYLE]
+    assert len(table.rows) == 2
+    assert [style for _, style in table.rows] == [None, INTRUSIVE_STYLE]
     text = render(ComparisonResult(["dump.parquet"], {}, [calm, harsh]))
     assert "decoupled_k3_rs_token_tis" in text and "token 2.0" in text and "seq_mean_k3 0.01" in text
     assert "1.18 %" in text and "1.0002" in text and "988" in text
     assert "geometric mask [0.999, 1.001] veto [0.0001, ∞]" in text and "60.00 %" in text
-    assert "Bold red: intrusive (drops > 10% of tokens or ESS < 0.5)" in text
+    assert "! and bold red: intrusive (drops > 10% of tokens or ESS < 0.5)" in text
+    assert re.search(r"^│ ! legacy_geometric_mask ", text, re.MULTILINE)  # marked without colour
+    assert re.search(r"^│   decoupled_k3_rs_token_tis ", text, re.MULTILINE)
 
 
 def test_render_module_imports_no_torch_at_run_time():

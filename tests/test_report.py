@@ -419,6 +419,20 @@ def check_rendered(dom: str, html: str) -> None:
         assert block, f"plot {name} was not drawn"
     assert dom.count('class="main-svg"') >= len(names)
     assert network_references(dom) == []
+    assert duplicate_ticks(dom) == []
+
+
+def duplicate_ticks(dom: str) -> list[list[str]]:
+    """Tick labels that repeat on one axis (e.g. "0.0%" twice when a fixed precision is too coarse)."""
+    repeated = []
+    for start in (m.end() for m in re.finditer(r'class="[xy]axislayer-above">', dom)):
+        layer = dom[start : dom.find("</g></g>", start) + 4]
+        labels = [
+            re.sub(r"<[^>]+>", "", text) for text in re.findall(r'class="[xy]\d*tick"><text[^>]*>(.*?)</text>', layer)
+        ]
+        if len(labels) != len(set(labels)):
+            repeated.append(labels)
+    return repeated
 
 
 @needs_chromium

@@ -1,37 +1,50 @@
-"""Rich tables for an AnalysisResult: verdicts, run metrics, steps, rounds, warnings, skipped rows."""
+"""The terminal view of an AnalysisResult: verdict line and where first, then every table, fitted to the width.
+
+Every string from the data goes through ``plain``/``safe_markup`` (control characters visible, no markup);
+tables are ``FitTable``s (no number or name is ever cut); metric names are short (``k3_kl``) with a legend
+that gives verl's full name.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from rich.console import Group, RenderableType
-from rich.table import Table
 from rich.text import Text
 
-from rollout_diag.render.format import level, number, percent
+from rollout_diag.render.format import LEVEL_STYLE, level, number, percent, plain
+from rollout_diag.render.summary import most_divergent_round, overall, short_name, where, worst_step
+from rollout_diag.render.table import Column, FitTable
 from rollout_diag.results import AnalysisResult, StepResult
 from rollout_diag.verdicts import RULES, judge
 
-STEP_COLUMNS = (
-    ("rollout_corr/kl", "kl"),
-    ("rollout_corr/k3_kl", "k3_kl"),
-    ("rollout_corr/chi2_token", "χ² token"),
-    ("rollout_corr/chi2_seq", "χ² seq"),
-    ("rollout_corr/log_ppl_abs_diff", "|log-ppl diff|"),
-    ("training/rollout_probs_diff_mean", "probs diff"),
-    ("mismatch/logprob_abs_diff", "|δ| mean"),
-    ("diag/catastrophic_tokens", "catastr."),
+STEP_METRICS = (
+    "rollout_corr/kl",
+    "rollout_corr/k3_kl",
+    "rollout_corr/chi2_token",
+    "rollout_corr/chi2_seq",
+    "rollout_corr/log_ppl_abs_diff",
+    "training/rollout_probs_diff_mean",
+    "mismatch/logprob_abs_diff",
+    "diag/catastrophic_tokens",
 )
 ROWS_SHOWN = 10
 STEPS_SHOWN_EACH_END = 5  # long runs: first, last and worst steps unless --all-steps
+# Two different KLs share the name k3: say which is which wherever both show.
+NOTES = {
+    "rollout_corr/k3_kl": "KL(rollout‖trainer), k3 estimator, token mean: the headline number",
+    "rollout_kl/k3": "KL(trainer‖rollout) (SkyRL's k3, row mean first): not k3_kl, can be far larger",
+    "rollout_corr/kl": "T[r − a]: can be negative; read k3_kl",
+}
 
 
 def render_analysis(result: AnalysisResult, all_steps: bool = False) -> RenderableType:
-    parts: list[RenderableType] = [header(result), verdict_table(result), metrics_table(result.run)]
+    parts: list[RenderableType] = [header(result), *first_screen(result), verdict_table(result)]
+    parts.append(metrics_table(result.run))
     if len(result.steps) > 1:
         parts.append(steps_table(result.steps, all_steps))
     if result.rounds:
-        parts.append(rounds_table(result.rounds))
+        parts.append(rounds_table(result))
     if result.positions:
         parts.append(positions_table(result.positions))
     if result.worst_rows:
@@ -42,101 +55,134 @@ def render_analysis(result: AnalysisResult, all_steps: bool = False) -> Renderab
     if result.skipped_rows:
         parts.append(skipped_table(result))
     for warning in result.warnings:
-        parts.append(Text(f"warning: {warning}", style="yellow"))
+        parts.append(plain(f"warning: {warning}", style="yellow"))
+    parts.append(legend(result))
     return Group(*parts)
 
 
 def header(result: AnalysisResult) -> Text:
     columns = ", ".join(f"{role}={name}" for role, name in result.columns.items())
-    return Text.from_markup(
-        f"[bold]rollout-diag analyze[/]  {len(result.inputs)} file(s), {result.layout} layout, "
-        f"{number(result.run.rows)} rows, {number(result.run.tokens)} model tokens, "
-        f"{len(result.steps)} step(s), device {result.device}\n[dim]columns: {columns}[/]"
+    text = Text("rollout-diag analyze", style="bold")
+    text.append(
+        f"  {len(result.inputs)} file(s), {result.layout} layout, {number(result.run.rows)} rows, "
+        f"{number(result.run.tokens)} model tokens, {len(result.steps)} step(s), device {result.device}\n"
     )
+    text.append_text(plain(f"columns: {columns}", style="dim"))
+    return text
 
 
-def verdict_table(result: AnalysisResult) -> Table:
-    table = Table(title="Verdict (whole run)", title_justify="left")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    table.add_column("verdict")
-    table.add_column("watch ≥ / bad ≥", justify="right")
-    table.add_column("steps watch/bad", justify="right")
-    table.add_column("what it measures")
+def first_screen(result: AnalysisResult) -> list[RenderableType]:
+    """One line with the overall verdict (as the report's header says it), one with where the mismatch sits."""
+    worst, sentence = overall(result.verdicts)
+    line = Text("Verdict: ", style="bold")
+    line.append(worst.upper(), style=LEVEL_STYLE.get(worst, ""))
+    line.append(f" — {sentence}")
+    lines: list[RenderableType] = [line]
+    places = where(result)
+    if places:
+        lines.append(plain("Where: " + "; ".join(places) + "."))
+    return lines
+
+
+def verdict_table(result: AnalysisResult) -> FitTable:
+    table = FitTable(
+        "Key metrics (whole run)",
+        [
+            Column("metric", "left", key=True),
+            Column("value"),
+            Column("verdict", "left"),
+            Column("watch ≥"),
+            Column("bad ≥"),
+            Column("steps watch/bad"),
+        ],
+    )
     for verdict in result.verdicts:
-        per_step = [
-            judge(step.metrics, tuple(r for r in RULES if r.metric == verdict.metric))[0] for step in result.steps
-        ]
-        watch = sum(v.level == "watch" for v in per_step)
-        bad = sum(v.level == "bad" for v in per_step)
+        rules = tuple(r for r in RULES if r.metric == verdict.metric)
+        per_step = [judge(step.metrics, rules)[0].level for step in result.steps]
         table.add_row(
-            verdict.metric,
+            short_name(verdict.metric),
             number(verdict.value),
             level(verdict.level),
-            f"{number(verdict.watch)} / {number(verdict.bad)}",
-            f"{watch}/{bad}",
-            verdict.meaning,
+            number(verdict.watch),
+            number(verdict.bad),
+            f"{per_step.count('watch')} / {per_step.count('bad')}",
         )
     return table
 
 
-def metrics_table(run: StepResult) -> Table:
-    table = Table(title="All metrics (whole run, every row as one batch)", title_justify="left")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
+def metrics_table(run: StepResult) -> FitTable:
+    """Every run metric, grouped by verl's prefix (the group row gives the full name's first part)."""
+    table = FitTable(
+        "All metrics (whole run, every row as one batch)",
+        [Column("metric", "left", key=True), Column("value"), Column("note", "left", wrap=True)],
+    )
+    family = None
     for name, value in run.metrics.items():
-        if not name.startswith("per_round/round_"):
-            table.add_row(name, number(value))
+        if name.startswith("per_round/round_"):
+            continue
+        prefix, _, leaf = name.rpartition("/")
+        if prefix != family:
+            table.add_row(Text(f"{prefix}/", style="bold"), "", "")
+            family = prefix
+        table.add_row(f"  {leaf}", number(value), NOTES.get(name, ""))
     return table
 
 
-def worst_steps(steps: Sequence[StepResult], metric: str = "rollout_corr/k3_kl", count: int = 5) -> list[StepResult]:
-    scored = [s for s in steps if metric in s.metrics]
-    return sorted(scored, key=lambda s: s.metrics[metric], reverse=True)[:count]
-
-
-def steps_table(steps: Sequence[StepResult], all_steps: bool) -> Table:
+def steps_table(steps: Sequence[StepResult], all_steps: bool) -> FitTable:
     if all_steps or len(steps) <= 3 * STEPS_SHOWN_EACH_END:
         shown, title = list(steps), "Per step"
     else:
-        chosen = {s.step for s in steps[:STEPS_SHOWN_EACH_END]} | {s.step for s in steps[-STEPS_SHOWN_EACH_END:]}
-        chosen |= {s.step for s in worst_steps(steps, count=STEPS_SHOWN_EACH_END)}
+        ranked = sorted(
+            (s for s in steps if "rollout_corr/k3_kl" in s.metrics),
+            key=lambda s: s.metrics["rollout_corr/k3_kl"],
+            reverse=True,
+        )
+        chosen = {s.step for s in [*steps[:STEPS_SHOWN_EACH_END], *steps[-STEPS_SHOWN_EACH_END:]]}
+        chosen |= {s.step for s in ranked[:STEPS_SHOWN_EACH_END]}
         shown = [s for s in steps if s.step in chosen]
         title = (
             f"Per step: first {STEPS_SHOWN_EACH_END}, last {STEPS_SHOWN_EACH_END} and worst "
             f"{STEPS_SHOWN_EACH_END} by k3_kl of {len(steps)} (--all-steps for every step)"
         )
-    worst = {s.step for s in worst_steps(steps, count=1)}
-    table = Table(title=title, title_justify="left")
-    for heading in ("step", "rows", "tokens", *(label for _, label in STEP_COLUMNS), "verdict"):
-        table.add_column(heading, justify="left" if heading == "verdict" else "right")
+    worst = worst_step(steps)
+    columns = [Column("step", key=True), Column("rows"), Column("tokens")]
+    columns += [Column(short_name(name)) for name in STEP_METRICS]
+    table = FitTable(title, [*columns, Column("verdict", "left")])
+    position = {id(s): index for index, s in enumerate(steps)}
     previous = None
     for step in shown:
-        if previous is not None and step.step is not None and steps.index(step) != steps.index(previous) + 1:
-            table.add_row("…", *[""] * (len(STEP_COLUMNS) + 3))
+        if previous is not None and position[id(step)] != position[id(previous)] + 1:
+            table.add_row("⋮", *[""] * (len(columns)))
         levels = [v.level for v in judge(step.metrics)]
         worst_level = next((lvl for lvl in ("bad", "watch", "ok") if lvl in levels), "n/a")
-        marker = " ◀ worst" if step.step in worst else ""
+        verdict = level(worst_level)
+        if worst is not None and step.step == worst.step:
+            verdict.append(" ◀ worst")
         table.add_row(
             str(step.step),
             number(step.rows),
             number(step.tokens),
-            *(number(step.metrics.get(name)) for name, _ in STEP_COLUMNS),
-            level(worst_level) + marker,
+            *(number(step.metrics.get(name)) for name in STEP_METRICS),
+            verdict,
         )
         previous = step
     return table
 
 
-def rounds_table(rounds: Sequence[dict]) -> Table:
-    table = Table(title="Per round (multi-turn; round k = k-th run of model tokens in a row)", title_justify="left")
-    for heading in ("round", "tokens", "rows", "|δ| mean", "kl", "k3_kl", "χ² token", "max |δ|", "catastr."):
-        table.add_column(heading, justify="right")
-    most = max(rounds, key=lambda r: (r["logprob_abs_diff_mean"], -r["round"]))["round"]
-    for row in rounds:
+def rounds_table(result: AnalysisResult) -> FitTable:
+    table = FitTable(
+        "Per round (multi-turn; round k = k-th run of model tokens in a row)",
+        [
+            Column("round", key=True),
+            *(Column(h) for h in ("tokens", "rows", "|δ| mean", "kl", "k3_kl", "chi2_token", "max |δ|")),
+            Column("catastrophic"),
+        ],
+    )
+    named = most_divergent_round(result)
+    for row in result.rounds:
         label = f"≥ {row['round']}" if row["pooled"] else str(row["round"])
         table.add_row(
-            label + (" ◀" if row["round"] == most else ""),
+            label + (" ◀ most" if named is not None and row["round"] == named["round"] else ""),
             number(row["token_count"]),
             number(row["seq_count"]),
             number(row["logprob_abs_diff_mean"]),
@@ -149,10 +195,11 @@ def rounds_table(rounds: Sequence[dict]) -> Table:
     return table
 
 
-def positions_table(positions: Sequence[dict]) -> Table:
-    table = Table(title="Per token position (log2 buckets of the index within the row)", title_justify="left")
-    for heading in ("positions", "tokens", "|δ| mean", "k3_kl", "catastrophic"):
-        table.add_column(heading, justify="right")
+def positions_table(positions: Sequence[dict]) -> FitTable:
+    table = FitTable(
+        "Per token position (log2 buckets of the index within the row)",
+        [Column("positions", key=True), Column("tokens"), Column("|δ| mean"), Column("k3_kl"), Column("catastrophic")],
+    )
     for row in positions:
         if row["step"] is None:
             table.add_row(
@@ -165,31 +212,29 @@ def positions_table(positions: Sequence[dict]) -> Table:
     return table
 
 
-def worst_rows_table(result: AnalysisResult, criterion: str = "log_ppl_abs_diff") -> Table:
+def worst_rows_table(result: AnalysisResult, criterion: str = "log_ppl_abs_diff") -> FitTable:
     rows = [r for r in result.worst_rows if r.criterion == criterion][:ROWS_SHOWN]
-    table = Table(
-        title=f"Worst rows by |log-ppl diff| (top {len(rows)}; all criteria in --format json; "
+    table = FitTable(
+        f"Worst rows by |log-ppl diff| (top {len(rows)}; all criteria in --format json; "
         "rollout-diag inspect FILE --sample ID shows one token by token)",
-        title_justify="left",
+        [
+            Column("step", key=True),
+            Column("sample_id", "left", key=True, wrap=True),
+            Column("file:row", "left", wrap=True, fold_width=40),
+            Column("tokens"),
+            Column("rounds"),
+            Column("worst round"),
+            Column("log-ppl diff"),
+            Column("max |δ|"),
+            Column("Σ k3"),
+            Column("catastrophic"),
+        ],
     )
-    for heading in (
-        "step",
-        "sample_id",
-        "file:row",
-        "tokens",
-        "rounds",
-        "worst round",
-        "log-ppl diff",
-        "max |δ|",
-        "Σ k3",
-        "catastr.",
-    ):
-        table.add_column(heading, justify="left" if heading in ("sample_id", "file:row") else "right")
     for row in rows:
         table.add_row(
             str(row.step),
-            Text(row.sample_id),
-            Text(f"{_short(row.file)}:{row.row}"),
+            row.sample_id,
+            f"{_short(row.file)}:{row.row}",
             f"{row.model_tokens}/{row.length}",
             str(row.rounds),
             str(row.worst_round),
@@ -201,30 +246,31 @@ def worst_rows_table(result: AnalysisResult, criterion: str = "log_ppl_abs_diff"
     return table
 
 
-def worst_tokens_table(result: AnalysisResult) -> Table:
+def worst_tokens_table(result: AnalysisResult) -> FitTable:
     tokens = result.worst_tokens[:ROWS_SHOWN]
-    table = Table(title=f"Worst tokens by |δ| (top {len(tokens)})", title_justify="left")
-    for heading in (
-        "step",
-        "sample_id",
-        "pos",
-        "round",
-        "token",
-        "trainer logp",
-        "rollout logp",
-        "δ",
-        "p trainer",
-        "p rollout",
-    ):
-        table.add_column(heading, justify="left" if heading in ("sample_id", "token") else "right")
+    table = FitTable(
+        f"Worst tokens by |δ| (top {len(tokens)})",
+        [
+            Column("step", key=True),
+            Column("sample_id", "left", key=True, wrap=True),
+            Column("pos", key=True),
+            Column("round"),
+            Column("token", "left", wrap=True),
+            Column("trainer logp"),
+            Column("rollout logp"),
+            Column("δ"),
+            Column("p trainer"),
+            Column("p rollout"),
+        ],
+    )
     for token in tokens:
         text = token.token if token.token is not None else (None if token.token_id is None else f"#{token.token_id}")
         table.add_row(
             str(token.step),
-            Text(token.sample_id),
+            token.sample_id,
             str(token.position),
             str(token.round),
-            Text(repr(text)[1:-1] if text is not None else "–"),
+            "–" if text is None else text,
             number(token.trainer_logprob),
             number(token.rollout_logprob),
             number(token.log_ratio),
@@ -235,37 +281,52 @@ def worst_tokens_table(result: AnalysisResult) -> Table:
 
 
 def findings(result: AnalysisResult) -> list[RenderableType]:
-    """One line per trend the data shows and per anomalous step."""
+    """One line per trend the data shows, then the anomalous steps, largest factor first."""
     lines: list[RenderableType] = []
     for trend in result.trends:
         if trend.summary:
-            lines.append(Text(f"trend: {trend.summary}", style="bold"))
-    for anomaly in result.anomalies[:ROWS_SHOWN]:
+            lines.append(plain(f"trend: {trend.summary}", style="bold"))
+    ranked = sorted(result.anomalies, key=lambda a: -a.factor)
+    for anomaly in ranked[:ROWS_SHOWN]:
         lines.append(
-            Text(
-                f"anomaly: step {anomaly.step}: {anomaly.metric} = {number(anomaly.value)}, "
-                f"{anomaly.factor:.1f}× the median of the previous steps ({number(anomaly.baseline)})",
+            plain(
+                f"anomaly: step {anomaly.step}: {short_name(anomaly.metric)} = {number(anomaly.value)}, "
+                f"{anomaly.factor:.3g}× the median of the previous steps ({number(anomaly.baseline)})",
                 style="yellow",
             )
         )
-    if len(result.anomalies) > ROWS_SHOWN:
-        lines.append(Text(f"… {len(result.anomalies) - ROWS_SHOWN} more anomalies in --format json", style="yellow"))
+    if len(ranked) > ROWS_SHOWN:
+        lines.append(Text(f"and {len(ranked) - ROWS_SHOWN} smaller anomalies (all in --format json)", style="yellow"))
     return lines
 
 
 def _short(path: str) -> str:
-    return path.rsplit("/", 1)[-1]
+    return path.replace("\\", "/").rsplit("/", 1)[-1]
 
 
-def skipped_table(result: AnalysisResult) -> Table:
+def skipped_table(result: AnalysisResult) -> FitTable:
     shown = result.skipped[:20]
     more = result.skipped_rows - len(shown)
     title = f"Skipped rows: {result.skipped_rows}" + (
         f" (first {len(shown)} listed; all in --format json)" if more > 0 else ""
     )
-    table = Table(title=title, title_justify="left", title_style="yellow")
-    for heading in ("file", "row", "column", "reason"):
-        table.add_column(heading)
+    table = FitTable(
+        title,
+        [
+            Column("file", "left", wrap=True),
+            Column("row"),
+            Column("column", "left", wrap=True),
+            Column("reason", "left", wrap=True),
+        ],
+    )
     for record in shown:
         table.add_row(record.file, "–" if record.row is None else str(record.row), record.column or "–", record.reason)
     return table
+
+
+def legend(result: AnalysisResult) -> Text:
+    """Short names used above → verl's full names (as in --format json)."""
+    names = [v.metric for v in result.verdicts]
+    names += [name for name in STEP_METRICS if name not in names]
+    entries = [f"{short_name(name)} = {name}" for name in names if short_name(name) != name]
+    return Text("Names: " + "; ".join(entries) + ". Numbers: 4 significant digits (1.01e-3 = 0.00101).", style="dim")

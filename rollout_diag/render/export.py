@@ -33,10 +33,20 @@ def steps_csv(steps: Sequence[StepResult], leading: dict[str, Any] | None = None
                 step.step,
                 step.rows,
                 step.tokens,
-                *("" if v is None or math.isnan(v) else repr(v) for v in values),
+                *(plain_number(v) for v in values),
             ]
         )
     return buffer.getvalue()
+
+
+def plain_number(value: Any) -> str:
+    """A CSV cell: the float's shortest round-trip digits (never ``np.float64(…)``); empty for None/NaN."""
+    if value is None or value == "":
+        return ""
+    if isinstance(value, (bool, int)) and not isinstance(value, float):
+        return str(int(value))
+    number = float(value)
+    return "" if math.isnan(number) else repr(number)
 
 
 def sweep_csv(result: SweepResult) -> str:
@@ -53,11 +63,11 @@ def sweep_csv(result: SweepResult) -> str:
                         step,
                         row["option"],
                         row["level"],
-                        entry["target"],
-                        repr(entry["threshold"]),
-                        repr(entry["share"]),
+                        plain_number(entry["target"]),
+                        plain_number(entry["threshold"]),
+                        plain_number(entry["share"]),
                         row["verl_default"] or "",
-                        repr(row.get("default_share", "")) if row["verl_default"] else "",
+                        plain_number(row.get("default_share")) if row["verl_default"] else "",
                     ]
                 )
     return buffer.getvalue()
@@ -82,7 +92,7 @@ def comparison_csv(result: Any) -> str:
                     "run" if step.step is None else step.step,
                     step.rows,
                     step.tokens,
-                    *("" if v is None or math.isnan(v) else repr(v) for v in values),
+                    *(plain_number(v) for v in values),
                 ]
             )
     return buffer.getvalue()

@@ -1,25 +1,41 @@
-"""Number formatting shared by every table."""
+"""Number and text formatting shared by every table: short numbers, and data strings made safe for a terminal."""
 
 from __future__ import annotations
 
 import math
+import unicodedata
+
+from rich.markup import escape as escape_markup
+from rich.text import Text
 
 LEVEL_STYLE = {"ok": "green", "watch": "yellow", "bad": "bold red", "n/a": "dim"}
+FIXED_RANGE = (0.01, 1e4)  # |value| in this range prints as 0.01691 or 1234; outside it as 3.42e-3
+# Invisible characters that reorder or hide text (bidi overrides, zero-width): shown like control characters.
+HIDDEN = frozenset("\u061c\u200b\u200c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\ufeff")
 
 
-def number(value: float | int | None, digits: int = 6) -> str:
-    """``digits`` significant digits; integers as integers; NaN/None as a dash."""
+def number(value: float | int | None, digits: int = 4) -> str:
+    """``digits`` significant digits, scientific with a short exponent (``3.42e-3``) outside 0.01–10 000;
+    integers (and integral floats) with thousands separators; None as a dash."""
     if value is None:
         return "–"
+    if isinstance(value, bool):
+        return str(int(value))
     if isinstance(value, int):
         return f"{value:,}"
+    value = float(value)
     if math.isnan(value):
         return "nan"
     if math.isinf(value):
         return "inf" if value > 0 else "-inf"
     if value == int(value) and abs(value) < 1e15:
         return f"{int(value):,}"
-    return f"{value:.{digits}g}"
+    if FIXED_RANGE[0] <= abs(value) < FIXED_RANGE[1]:
+        return f"{value:.{digits}g}"
+    mantissa, exponent = f"{value:.{max(digits - 2, 0)}e}".split("e")
+    if "." in mantissa:
+        mantissa = mantissa.rstrip("0").rstrip(".")
+    return f"{mantissa}e{int(exponent)}"
 
 
 def percent(value: float | None) -> str:
@@ -31,6 +47,33 @@ def percent(value: float | None) -> str:
     return f"{100.0 * value:.2f} %"
 
 
-def level(text: str) -> str:
-    """A verdict level with its colour, as rich markup."""
-    return f"[{LEVEL_STYLE.get(text, '')}]{text}[/]"
+def level(text: str) -> Text:
+    """A verdict level in its colour."""
+    return Text(text, style=LEVEL_STYLE.get(text, ""))
+
+
+def visible(text: object) -> str:
+    """``text`` with every control character (ESC, CR, BEL, C1 codes…) and every invisible reordering character
+    written as an escape (``\\x1b``, ``\\u202e``): data can never move the cursor, clear the screen, open a link
+    or hide itself on a terminal. Newlines and tabs become ``\\n`` and ``\\t`` (a cell stays one line)."""
+    out = []
+    for char in str(text):
+        if char in HIDDEN or unicodedata.category(char) in ("Cc", "Zl", "Zp"):
+            code = ord(char)
+            out.append(
+                {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(char)
+                or (f"\\x{code:02x}" if code < 256 else f"\\u{code:04x}")
+            )
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def plain(text: object, style: str = "") -> Text:
+    """A data string as a rich Text: control characters visible, never read as markup."""
+    return Text(visible(text), style=style)
+
+
+def safe_markup(text: object) -> str:
+    """A data string to embed in rich markup: control characters visible, ``[`` escaped."""
+    return escape_markup(visible(text))

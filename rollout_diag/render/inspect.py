@@ -6,7 +6,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from rollout_diag.render.format import number
+from rollout_diag.render.format import number, plain
 from rollout_diag.results import RowTokens
 
 # |δ| colour bands: the same bands the report uses.
@@ -21,14 +21,30 @@ def render_row(row: RowTokens) -> RenderableType:
     deltas = row.log_ratio
     model = [i for i, m in enumerate(row.mask) if m]
     worst = max(model, key=lambda i: abs(deltas[i]), default=None)
-    header = Text.from_markup(
-        f"[bold]step {row.step}[/], sample [bold]{_escape(row.sample_id)}[/] ({_escape(row.file)} row {row.row}): "
-        f"{len(row.mask)} tokens, {len(model)} from the model"
-        + ("" if worst is None else f"; largest |δ| = {abs(deltas[worst]):.4g} at position {worst}")
+    # A window (inspect --around/--window) lists part of the row: positions count from the row's start, and
+    # round numbers are left out, since rounds that began before the window are not known here.
+    windowed = row.start > 0 or (row.row_length is not None and row.row_length != len(row.mask))
+    extent = (
+        f"tokens {row.start}–{row.start + len(row.mask) - 1} of {row.row_length}"
+        if windowed
+        else f"{len(row.mask)} tokens"
+    )
+    header = Text.assemble(
+        (f"step {row.step}", "bold"),
+        ", sample ",
+        plain(row.sample_id, style="bold"),
+        " (",
+        plain(row.file),
+        f" row {row.row}): {extent}, {len(model)} from the model",
+        "" if worst is None else f"; largest |δ| = {number(abs(deltas[worst]))} at position {row.start + worst}",
     )
     table = Table(title_justify="left", show_edge=False)
-    for heading in ("pos", "round", "token", "rollout logp", "trainer logp", "δ = trainer − rollout"):
-        table.add_column(heading, justify="left" if heading == "token" else "right")
+    headings = ("pos", "round", "token", "rollout logp", "trainer logp", "δ = trainer − rollout")
+    for heading in headings if not windowed else tuple(h for h in headings if h != "round"):
+        # numbers never wrap or shorten; a long token folds onto more lines
+        table.add_column(
+            heading, justify="left" if heading == "token" else "right", overflow="fold", no_wrap=heading != "token"
+        )
     round_index, previous_mask, environment_run = -1, 0, 0
     for position, mask in enumerate(row.mask):
         if not mask:
@@ -36,33 +52,34 @@ def render_row(row: RowTokens) -> RenderableType:
             previous_mask = 0
             continue
         if environment_run:
-            table.add_row("", "", Text(f"── environment: {environment_run} tokens ──", style="cyan"), "", "", "")
+            table.add_row(*_environment_row(environment_run, windowed))
             environment_run = 0
         if not previous_mask:
             round_index += 1
         previous_mask = 1
         delta = deltas[position]
         table.add_row(
-            str(position),
-            str(round_index),
-            Text(_token_text(row, position)),
+            str(row.start + position),
+            *(() if windowed else (str(round_index),)),
+            plain(_token_text(row, position)),
             number(row.rollout_logprob[position]),
             number(row.trainer_logprob[position]),
             Text(number(delta), style=delta_style(abs(delta))),
         )
     if environment_run:
-        table.add_row("", "", Text(f"── environment: {environment_run} tokens ──", style="cyan"), "", "", "")
+        table.add_row(*_environment_row(environment_run, windowed))
     legend = Text("|δ| colours: ≥ 1 red block, ≥ 0.3 red, ≥ 0.1 yellow, < 0.03 dim", style="dim")
     return Group(header, table, legend)
 
 
+def _environment_row(tokens: int, windowed: bool) -> tuple:
+    folded = Text(f"── environment: {tokens} tokens ──", style="cyan")
+    return ("", folded, "", "", "") if windowed else ("", "", folded, "", "", "")
+
+
 def _token_text(row: RowTokens, position: int) -> str:
     if row.token is not None and row.token[position] is not None:
-        return repr(row.token[position])[1:-1]
+        return row.token[position]
     if row.token_id is not None:
         return f"#{row.token_id[position]}"
     return "–"
-
-
-def _escape(text: str) -> str:
-    return text.replace("[", "\\[")

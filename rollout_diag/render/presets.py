@@ -5,61 +5,63 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from rich.table import Table
-
 from rollout_diag.render.format import number, percent
+from rollout_diag.render.table import Column, FitTable
 
 if TYPE_CHECKING:  # compare.py imports torch; the table only reads the result's fields
     from rollout_diag.compare import ComparisonResult
 
 INTRUSIVE_STYLE = "bold red"
+INTRUSIVE_MARK = "!"  # in the text itself, so logs and pipes (no colour) show it too
+RAW_MARK = " raw"  # verl reports sequence-level rollout_is_max before truncation: the raw max ρ
 COLUMNS = (
-    ("preset", "left"),
-    ("mode", "left"),
-    ("IS", "left"),
-    ("RS", "left"),
-    ("tok rejected", "right"),
-    ("seq rejected", "right"),
-    ("IS mean", "right"),
-    ("IS max", "right"),
-    ("ESS", "right"),
-    ("bn factor", "right"),
-    ("tokens kept", "right"),
+    Column("preset", "left", key=True),
+    Column("mode", "left", wrap=True, fold_width=10),
+    Column("IS", "left", wrap=True),
+    Column("RS", "left", wrap=True),
+    Column("tok rejected"),
+    Column("seq rejected"),
+    Column("IS mean"),
+    Column("IS max"),
+    Column("ESS"),
+    Column("bn factor"),
+    Column("tokens kept"),
 )
 
 
-def presets_table(result: ComparisonResult) -> Table:
-    """One row per preset with its run values; rows of intrusive presets in bold red (see the caption)."""
-    table = Table(title="Rollout-correction presets on this data (whole run)", title_justify="left")
+def presets_table(result: ComparisonResult) -> FitTable:
+    """One row per preset with its run values; intrusive presets marked ``!`` and in bold red (see the caption)."""
     normalised = any("rollout_corr/rollout_is_batch_norm_factor" in p.run.metrics for p in result.presets)
-    for header, justify in COLUMNS:
-        if header == "bn factor" and not normalised:
-            continue
-        # names are what users copy into their config: never cut them
-        table.add_column(header, justify=justify, no_wrap=header == "preset")  # type: ignore[arg-type]
+    columns = [c for c in COLUMNS if normalised or c.header != "bn factor"]
+    chi2 = result.presets[0].run.metrics.get("rollout_corr/chi2_token") if result.presets else None
+    caption = (
+        f"rejected = model tokens given no gradient (RS rejection, IcePop zero weight, legacy mask/veto). "
+        f"{INTRUSIVE_MARK} and bold red: intrusive (drops > {result.intrusive_rejected_fraction:.0%} of tokens or "
+        f"ESS < {result.intrusive_min_ess:g}). IS max is the largest weight after truncation;{RAW_MARK} = raw max ρ "
+        f"before truncation (verl's sequence-level rollout_is_max). χ² token of the data, the same under every "
+        f"preset: {number(chi2)}."
+    )
+    table = FitTable("Rollout-correction presets on this data (whole run)", columns, caption=caption)
     for preset in result.presets:
         metrics = preset.run.metrics
+        is_max = number(_is_metric(metrics, "rollout_is_max"))
+        if preset.config.get("rollout_is") == "sequence" and is_max != "–":
+            is_max += RAW_MARK
         cells = [
-            preset.name,
+            f"{INTRUSIVE_MARK} {preset.name}" if preset.intrusive else f"  {preset.name}",
             preset.mode,
             is_setting(preset.config),
             rs_setting(preset.config),
             percent(metrics.get("summary/rejected_token_fraction")),
             percent(metrics.get("summary/rejected_row_fraction")),
             number(_is_metric(metrics, "rollout_is_mean"), 5),
-            number(_is_metric(metrics, "rollout_is_max"), 4),
-            number(_is_metric(metrics, "rollout_is_eff_sample_size"), 4),
+            is_max,
+            number(_is_metric(metrics, "rollout_is_eff_sample_size")),
         ]
         if normalised:
-            cells.append(number(metrics.get("rollout_corr/rollout_is_batch_norm_factor"), 4))
+            cells.append(number(metrics.get("rollout_corr/rollout_is_batch_norm_factor")))
         cells.append(number(_count(metrics.get("summary/tokens_kept"))))
         table.add_row(*cells, style=INTRUSIVE_STYLE if preset.intrusive else None)
-    chi2 = result.presets[0].run.metrics.get("rollout_corr/chi2_token") if result.presets else None
-    table.caption = (
-        f"rejected = model tokens given no gradient (RS rejection, IcePop zero weight, legacy mask/veto). "
-        f"Bold red: intrusive (drops > {result.intrusive_rejected_fraction:.0%} of tokens or ESS < "
-        f"{result.intrusive_min_ess:g}). χ² token of the data, the same under every preset: {number(chi2, 4)}."
-    )
     return table
 
 

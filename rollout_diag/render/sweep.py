@@ -6,23 +6,23 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Group, RenderableType
-from rich.table import Table
 from rich.text import Text
 
-from rollout_diag.render.format import number, percent
+from rollout_diag.render.format import number, percent, plain
+from rollout_diag.render.table import Column, FitTable
 
 UNIT = {"token": "tokens", "sequence": "sequences"}
 
 
-def sweep_table(run: Sequence[dict[str, Any]], targets: Sequence[float]) -> Table:
-    table = Table(
-        title="Threshold sweep (whole run): the threshold that rejects at most each target share",
-        title_justify="left",
-    )
-    for heading in ("option", "of", "verl default", "rejects at default"):
-        table.add_column(heading, justify="right" if heading == "rejects at default" else "left")
-    for target in targets:
-        table.add_column(f"for ≤ {percent(target)}", justify="right")
+def sweep_table(run: Sequence[dict[str, Any]], targets: Sequence[float]) -> FitTable:
+    columns = [
+        Column("option", "left", key=True),
+        Column("of", "left"),
+        Column("verl default", "left"),
+        Column("rejects at default"),
+        *(Column(f"for ≤ {percent(target)}") for target in targets),
+    ]
+    table = FitTable("Threshold sweep (whole run): the threshold that rejects at most each target share", columns)
     for row in run:
         cells = [
             row["option"],
@@ -31,7 +31,7 @@ def sweep_table(run: Sequence[dict[str, Any]], targets: Sequence[float]) -> Tabl
             percent(row.get("default_share")) if row["verl_default"] else "–",
         ]
         for entry in row["thresholds"]:
-            cells.append(f"{number(entry['threshold'], 4)} ({percent(entry['share'])})")
+            cells.append(f"{number(entry['threshold'])} ({percent(entry['share'])})")
         table.add_row(*cells)
     return table
 
@@ -53,7 +53,7 @@ def default_sentences(run: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def render_sweep(run: Sequence[dict[str, Any]], targets: Sequence[float]) -> RenderableType:
-    notes = [Text(f"• {line}") for line in default_sentences(run)]
+    notes = [plain(f"• {line}") for line in default_sentences(run)]
     footer = Text(
         "Thresholds are in verl's units: a ratio U for k1 options (L = 1/U) and IS, the statistic's bound for k2/k3. "
         "Sequence options are exact; token options come from a histogram of clamp20(δ) (32 bins per decade): "

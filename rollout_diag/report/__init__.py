@@ -59,9 +59,10 @@ def render_report(
         comparison, result = result, analysis_from_comparison(result)
     selected = select_presets(comparison, presets) if comparison is not None else []
     canvas = Canvas()
-    sections = [
-        trends_section(result, canvas, rejection_by_step(selected)),
-        rounds_section(result, canvas),
+    sections = [trends_section(result, canvas, rejection_by_step(selected))]
+    if len(result.rounds) > 1:  # single-turn data has nothing to say per round
+        sections.append(rounds_section(result, canvas))
+    sections += [
         positions_section(result, canvas),
         delta_section(result, canvas),
         worst_section(result, canvas),

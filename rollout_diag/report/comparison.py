@@ -215,7 +215,8 @@ def _sweep(sweep: Sequence[Any], canvas: Canvas) -> str:
     parts.extend(f'<p class="finding">{escape(text, limit=300)}</p>' for text in summaries[:MAX_TABLE_ROWS])
     if curves:
         parts.append(
-            '<p class="note">Share rejected against the threshold, for the whole run. Diamonds: verl '
+            '<p class="note">Share rejected against the threshold, for the whole run, one chart per option '
+            "(each on its own threshold scale). Diamonds: verl "
             "defaults and the thresholds that hit the target shares.</p>"
         )
         parts.append(canvas.plot("sweep", figures.sweep_figure(curves[:16], marks[:200])))

@@ -117,7 +117,9 @@ def trends_figure(panels: Sequence[TrendPanel]) -> Figure:
         if not panel.signed:
             layout[_axis_key(y_name)]["rangemode"] = "tozero"
         if panel.percent:
-            layout[_axis_key(y_name)]["tickformat"] = ".2~%"
+            layout[_axis_key(y_name)]["tickformat"] = (
+                "~%"  # no fixed precision: small shares never print two equal ticks
+            )
         data.extend(_trend_traces(panel, cell, x_name, y_name))
         _add_thresholds(layout, panel, x_name, y_name)
     if any(panel.legend for panel in panels):
@@ -239,7 +241,7 @@ def bars_figure(categories: Sequence[str], panels: Sequence[BarPanel], x_title: 
         if panel.log:
             y_axis.update(type="log", dtick=1, tickformat="~s")  # decades only: 1, 10, 100, 1k, 10k
         if panel.percent:
-            y_axis["tickformat"] = ".2%"
+            y_axis["tickformat"] = "~%"
         data.append(
             {
                 "type": "bar",
@@ -436,7 +438,7 @@ def presets_figure(
         showlegend=True,
         legend={"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom"},
         xaxis=axis(
-            domain=[0, 0.55], tickformat=".1%", title={"text": "share dropped", "standoff": 4}, rangemode="tozero"
+            domain=[0, 0.55], tickformat="~%", title={"text": "share dropped", "standoff": 4}, rangemode="tozero"
         ),
         xaxis2=axis(domain=[0.64, 1], range=[0, 1.05], title={"text": "IS effective sample size", "standoff": 4}),
         yaxis=axis(type="category", autorange="reversed"),
@@ -480,39 +482,58 @@ def presets_figure(
 def sweep_figure(
     curves: Sequence[tuple[str, list[float], list[float]]], marks: Sequence[tuple[str, float, float]]
 ) -> Figure:
-    """Share rejected against threshold, one line per option (log threshold axis); marks = (label, x, y)."""
-    data = [
-        {
-            "type": "scatter",
-            "mode": "lines",
-            "x": thresholds,
-            "y": shares,
-            "name": escape(name),
-            "line": {"color": PALETTE[index % len(PALETTE)], "width": 1.8},
-            "hovertemplate": f"{escape(name)}<br>threshold %{{x:.4g}} rejects %{{y:.3%}}<extra></extra>",
-        }
-        for index, (name, thresholds, shares) in enumerate(curves)
-    ]
-    if marks:
+    """Share rejected against threshold: one small chart per option (each on its own threshold scale, log when
+    positive), three per row; marks = (label, x, y) drawn on the chart whose option the label starts with."""
+    cols = min(3, len(curves)) or 1
+    rows = math.ceil(len(curves) / cols)
+    layout = base_layout(rows * 220 + 60, **grid(rows, cols, [escape(name) for name, _, _ in curves], 0.5 / rows))
+    data: list[dict[str, Any]] = []
+    for cell, (name, thresholds, shares) in enumerate(curves):
+        x_name, y_name = axis_names(cell)
+        layout[_axis_key(x_name)].update(threshold_axis(thresholds))
+        layout[_axis_key(y_name)].update(tickformat="~%", rangemode="tozero")
+        if cell % cols == 0:
+            layout[_axis_key(y_name)]["title"] = {"text": "share rejected"}
+        if cell >= len(curves) - cols:
+            layout[_axis_key(x_name)]["title"] = {"text": "threshold", "standoff": 4}
+        color = PALETTE[cell % len(PALETTE)]
         data.append(
             {
                 "type": "scatter",
-                "mode": "markers",
-                "x": [x for _, x, _ in marks],
-                "y": [y for _, _, y in marks],
-                "text": [escape(label) for label, _, _ in marks],
-                "name": "verl default / targets",
-                "marker": {"symbol": "diamond", "size": 9, "color": "#1f2328"},
-                "hovertemplate": "%{text}<br>threshold %{x:.4g} rejects %{y:.3%}<extra></extra>",
+                "mode": "lines",
+                "x": thresholds,
+                "y": shares,
+                "name": escape(name),
+                "line": {"color": color, "width": 1.8},
+                "xaxis": x_name,
+                "yaxis": y_name,
+                "hovertemplate": f"{escape(name)}<br>threshold %{{x:.4g}} rejects %{{y:.3%}}<extra></extra>",
             }
         )
-    positive = all(x > 0 for _, xs, _ in curves for x in xs)
-    layout = base_layout(
-        380,
-        showlegend=True,
-        legend={"orientation": "h", "x": 0, "y": -0.25},
-        xaxis=axis(type="log" if positive else "linear", title={"text": "threshold", "standoff": 4}),
-        yaxis=axis(tickformat=".1%", title={"text": "share rejected"}, rangemode="tozero"),
-    )
-    layout["margin"]["b"] = 90
+        own = [mark for mark in marks if mark[0].startswith(f"{name}:")]
+        if own:
+            data.append(
+                {
+                    "type": "scatter",
+                    "mode": "markers",
+                    "x": [x for _, x, _ in own],
+                    "y": [y for _, _, y in own],
+                    "text": [escape(label) for label, _, _ in own],
+                    "name": "verl default / targets",
+                    "marker": {"symbol": "diamond", "size": 8, "color": "#1f2328"},
+                    "xaxis": x_name,
+                    "yaxis": y_name,
+                    "hovertemplate": "%{text}<br>threshold %{x:.4g} rejects %{y:.3%}<extra></extra>",
+                }
+            )
     return {"data": data, "layout": layout}
+
+
+def threshold_axis(thresholds: Sequence[float]) -> dict[str, Any]:
+    """Log with whole decades as ticks when the thresholds span more than two decades (plotly's default log
+    ticks repeat "2" and "5" in every decade), else linear."""
+    positive = [x for x in thresholds if x > 0]
+    if len(positive) < len(thresholds) or not positive or max(positive) < 100 * min(positive):
+        return {"type": "linear"}
+    decades = math.log10(max(positive) / min(positive))
+    return {"type": "log", "dtick": 1 if decades <= 6 else 2}

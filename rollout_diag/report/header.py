@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import PurePath
 
 from rollout_diag.render.format import number, percent
+from rollout_diag.render.summary import overall
 from rollout_diag.report.markup import badge, escape, factor
 from rollout_diag.report.series import finite
 from rollout_diag.results import AnalysisResult, Verdict
 from rollout_diag.verdicts import RULES, judge
 
-LEVEL_ORDER = ("bad", "watch", "ok", "n/a")
 MAX_INPUTS_SHOWN = 10
 
 
@@ -29,19 +29,8 @@ def header_html(result: AnalysisResult, title: str, generated: str) -> str:
 
 
 def _overall(verdicts: list[Verdict]) -> str:
-    levels = [v.level for v in verdicts]
-    worst = next((level for level in LEVEL_ORDER if level in levels), "n/a")
-    flagged = [v for v in verdicts if v.level == worst]
-    what = {
-        "bad": "the run is off-policy enough to matter: consider a rollout correction (compare-presets shows what "
-        "each would do to this data).",
-        "watch": "look at the per-step trends and where the mismatch sits.",
-        "ok": "training and rollout agree within the usual bf16/fp32 range.",
-        "n/a": "no key metric could be computed.",
-    }[worst]
-    names = ", ".join(_short(v.metric) for v in flagged) if worst in ("bad", "watch") else ""
-    detail = f"{names} at {worst} level ({len(flagged)} of {len(verdicts)} key metrics): " if names else ""
-    return f'<div class="overall {_css(worst)}">Verdict: {badge(worst)} <span>{escape(detail + what)}</span></div>'
+    worst, sentence = overall(verdicts)  # the same sentence as the first line of `analyze`
+    return f'<div class="overall {_css(worst)}">Verdict: {badge(worst)} <span>{escape(sentence)}</span></div>'
 
 
 def _css(level: str) -> str:

@@ -1,0 +1,91 @@
+"""The overall verdict and where the mismatch sits, as sentences: the first lines of ``analyze`` and of the report.
+
+Reads values the result already carries (verdicts, steps, per_round/most_divergent_round, worst rows and
+tokens); computes no metric.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from rollout_diag.render.format import number
+from rollout_diag.results import AnalysisResult, StepResult, Verdict
+
+LEVEL_ORDER = ("bad", "watch", "ok", "n/a")
+HEADLINE = "rollout_corr/k3_kl"  # the metric that ranks steps
+ADVICE = {
+    "bad": "the run is off-policy enough to matter: consider a rollout correction (compare-presets shows what "
+    "each would do to this data).",
+    "watch": "look at the per-step trends and where the mismatch sits.",
+    "ok": "training and rollout agree within the usual bf16/fp32 range.",
+    "n/a": "no key metric could be computed.",
+}
+
+
+def short_name(metric: str) -> str:
+    """``rollout_corr/k3_kl`` → ``k3_kl``; ``training/rollout_probs_diff_mean`` → ``probs_diff_mean``."""
+    family, _, name = metric.rpartition("/")
+    return name.removeprefix("rollout_") if family == "training" else name
+
+
+def overall(verdicts: Sequence[Verdict]) -> tuple[str, str]:
+    """(worst level, one sentence): which key metrics sit at that level and what to do about it."""
+    levels = [v.level for v in verdicts]
+    worst = next((level for level in LEVEL_ORDER if level in levels), "n/a")
+    flagged = [v for v in verdicts if v.level == worst]
+    names = ", ".join(short_name(v.metric) for v in flagged) if worst in ("bad", "watch") else ""
+    detail = f"{names} at {worst} level ({len(flagged)} of {len(verdicts)} key metrics): " if names else ""
+    return worst, detail + ADVICE[worst]
+
+
+def worst_step(steps: Sequence[StepResult], metric: str = HEADLINE) -> StepResult | None:
+    scored = [s for s in steps if s.step is not None and _finite(s.metrics.get(metric))]
+    return max(scored, key=lambda s: s.metrics[metric]) if scored else None
+
+
+def most_divergent_round(result: AnalysisResult) -> dict | None:
+    """The round the analysis named (``per_round/most_divergent_round``), when there are several rounds."""
+    named = result.run.metrics.get("per_round/most_divergent_round")
+    if len(result.rounds) < 2 or not _finite(named) or named < 0:
+        return None
+    return next((r for r in result.rounds if r["round"] == int(named)), None)
+
+
+def where(result: AnalysisResult) -> list[str]:
+    """Where the mismatch sits: the worst step, the most divergent round, the worst row and token."""
+    lines = []
+    step = worst_step(result.steps)
+    run_value = result.run.metrics.get(HEADLINE)
+    if step is not None and len(result.steps) > 1:
+        value = step.metrics[HEADLINE]
+        ratio = f", {value / run_value:.1f}× the run" if _finite(run_value) and run_value > 0 else ""
+        lines.append(f"worst step {step.step} (k3_kl {number(value)}{ratio})")
+    chosen = most_divergent_round(result)
+    if chosen is not None:
+        label = f"≥ {chosen['round']}" if chosen.get("pooled") else str(chosen["round"])
+        lines.append(
+            f"most divergent round {label} (mean |δ| {number(chosen['logprob_abs_diff_mean'])} over "
+            f"{number(chosen['token_count'])} tokens)"
+        )
+    rows = [r for r in result.worst_rows if r.criterion == "log_ppl_abs_diff"]
+    if rows:
+        row = rows[0]
+        lines.append(
+            f"worst row: sample {row.sample_id} of step {row.step} ({_file_name(row.file)}:{row.row}, "
+            f"log-ppl diff {number(row.log_ppl_diff)})"
+        )
+    if result.worst_tokens:
+        token = result.worst_tokens[0]
+        lines.append(
+            f"largest |δ| {number(abs(token.log_ratio))} at position {token.position} of sample {token.sample_id}"
+        )
+    return lines
+
+
+def _file_name(path: str) -> str:
+    return path.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)

@@ -1,0 +1,295 @@
+"""Issue 9 (terminal, report options) and issue 13 (CLI compatibility): hostile strings, narrow terminals,
+``-o`` with tables, report options and ``--from-json`` merging, explicitly named options.
+
+Tables are rendered through the CLI at a fixed width (CliRunner: no colour, COLUMNS pinned) and checked for what
+must appear (each key metric's short name and value) and what must not ("…", raw escape sequences, markup errors).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from pathlib import Path
+from typing import get_args, get_origin
+
+import numpy as np
+import pytest
+from dumps import random_rows, seq_row, write_sequence_dump
+from rich.console import Console
+from typer.models import OptionInfo
+from typer.testing import CliRunner, Result
+
+from rollout_diag import cli
+from rollout_diag.cli import app
+from rollout_diag.render.export import sweep_csv
+from rollout_diag.render.format import number, visible
+from rollout_diag.render.summary import short_name
+from rollout_diag.render.table import Column, FitTable
+from rollout_diag.results import SweepResult
+
+SAMPLE = Path(__file__).resolve().parent.parent / "sample_data" / "textgenrnn_bf16_vs_fp32.parquet"
+runner = CliRunner()
+HOSTILE_IDS = ("x[/]", "[bold]boom[/bold]", "\x1b[2Jclear", "\x1b]8;;http://evil\x07link\x1b]8;;\x07", "cr\rret")
+RAW_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202e]")  # anything but \n and \t reaching the terminal
+
+
+def run(*args: object, width: int = 160) -> Result:
+    result = runner.invoke(app, [str(a) for a in args], env={"COLUMNS": str(width)})
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise AssertionError(f"exception escaped the CLI: {result.exception!r}\n{result.output}") from result.exception
+    return result
+
+
+def ok(result: Result) -> str:
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def one_error(result: Result) -> str:
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def hostile_dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Rows whose sample ids and tokens carry rich markup, escape sequences, OSC 8 links and a bidi override,
+    plus one invalid row (so the skipped-rows table shows too)."""
+    rows = random_rows(3, steps=(0, 1), rows_per_step=len(HOSTILE_IDS), min_length=4)
+    for index, row in enumerate(rows):
+        row["sample_id"] = f"{HOSTILE_IDS[index % len(HOSTILE_IDS)]}-{index}"
+        row["tokens"] = [HOSTILE_IDS[(index + t) % len(HOSTILE_IDS)] + "\u202e" for t in range(len(row["rollout"]))]
+    broken = seq_row(1, "[red]bad[/red]", [-0.1, -0.2], [-0.1])  # lengths differ: skipped with a reason
+    broken["tokens"] = ["a", "b"]
+    return write_sequence_dump(tmp_path_factory.mktemp("hostile") / "hostile.parquet", [*rows, broken])
+
+
+# ------------------------------------------------------------------------------------- hostile strings
+def test_visible_escapes_every_control_character_and_nothing_else() -> None:
+    assert visible("a\x1b[2Jb") == "a\\x1b[2Jb"
+    assert visible("\x1b]8;;http://x\x07y") == "\\x1b]8;;http://x\\x07y"
+    assert visible("r\rn\nt\t\x85\u202e\u2028") == "r\\rn\\nt\\t\\x85\\u202e\\u2028"
+    assert visible("plain [bold] ünïcödé δ ρ") == "plain [bold] ünïcödé δ ρ"
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_analyze_shows_hostile_strings_verbatim_and_inert(hostile_dump: Path, width: int) -> None:
+    output = ok(run("analyze", hostile_dump, "--device", "cpu", width=width))
+    assert not RAW_CONTROL.search(output), "a control character reached the terminal"
+    assert "[bold]boom[/bold]" in output  # markup shown as text, not applied
+    assert "\\x1b[2Jclear" in output and "\\x1b]8;;http://evil\\x07link" in output
+    assert "Skipped rows: 1" in output
+    assert "…" not in output
+
+
+def test_inspect_hostile_row(hostile_dump: Path) -> None:
+    output = ok(run("inspect", hostile_dump, "--device", "cpu", "--sample", "x[/]-0"))
+    assert not RAW_CONTROL.search(output)
+    assert "x[/]-0" in output and "\\u202e" in output
+
+
+# ------------------------------------------------------------------------------------- widths
+@pytest.fixture(scope="module")
+def sample_json() -> dict:
+    return json.loads(ok(run("analyze", SAMPLE, "--device", "cpu", "-f", "json")))
+
+
+@pytest.mark.parametrize("width", [80, 120, 200])
+def test_analyze_fits_the_terminal_without_cutting_anything(width: int, sample_json: dict) -> None:
+    output = ok(run("analyze", SAMPLE, "--device", "cpu", width=width))
+    assert "…" not in output
+    assert max(len(line) for line in output.splitlines()) <= width
+    for verdict in sample_json["verdicts"]:
+        line = next(line for line in output.splitlines() if f"│ {short_name(verdict['metric'])} " in line)
+        assert f" {number(verdict['value'])} " in line
+    for step in sample_json["steps"]:  # every per-step value, in one of the table's parts
+        for name in ("rollout_corr/k3_kl", "rollout_corr/chi2_seq", "mismatch/logprob_abs_diff"):
+            assert re.search(rf"│\s+{step['step']} │.* {re.escape(number(step['metrics'][name]))} │", output)
+
+
+@pytest.mark.parametrize("width", [80, 120])
+@pytest.mark.parametrize("command", ["compare-presets", "sweep"])
+def test_presets_and_sweep_fit_the_terminal(command: str, width: int) -> None:
+    output = ok(run(command, SAMPLE, "--device", "cpu", width=width))
+    assert "…" not in output
+    assert max(len(line) for line in output.splitlines()) <= width
+    if command == "compare-presets":
+        assert "decoupled_geo_rs_token_tis" in output and "legacy_geometric_mask" in output
+
+
+def test_fit_table_splits_and_repeats_the_key_column() -> None:
+    table = FitTable("t", [Column("step", key=True), *(Column(f"metric_number_{i}") for i in range(8))])
+    table.add_row("7", *(number(1.2345e-5 * (i + 1)) for i in range(8)))
+    out = io.StringIO()
+    Console(file=out, width=60, color_system=None).print(table)
+    text = out.getvalue()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 60
+    assert text.count("│    7 │") >= 3  # the key column in every part
+    for i in range(8):
+        assert f"metric_number_{i}" in text and number(1.2345e-5 * (i + 1)) in text
+
+
+def test_numbers_have_three_to_four_significant_digits() -> None:
+    assert [number(v) for v in (0.00342, 0.0169122, 4.40232, -0.00593695, 25416, 1.0, 2e-6)] == [
+        "3.42e-3",
+        "0.01691",
+        "4.402",
+        "-5.94e-3",
+        "25,416",
+        "1",
+        "2e-6",
+    ]
+
+
+# ------------------------------------------------------------------------------------- first screen
+def test_first_screen_has_the_verdict_and_where_it_sits(sample_json: dict) -> None:
+    lines = ok(run("analyze", SAMPLE, "--device", "cpu", width=200)).splitlines()
+    head = "\n".join(lines[:6])
+    worst_level = next(lvl for lvl in ("bad", "watch", "ok") if any(v["level"] == lvl for v in sample_json["verdicts"]))
+    assert f"Verdict: {worst_level.upper()} — " in head
+    worst = max(sample_json["steps"], key=lambda s: s["metrics"]["rollout_corr/k3_kl"])
+    first_row = next(r for r in sample_json["worst_rows"] if r["criterion"] == "log_ppl_abs_diff")
+    assert f"Where: worst step {worst['step']} " in head
+    assert f"{SAMPLE.name}:{first_row['row']}" in head
+    assert "most divergent round" in head
+
+
+def test_labels_raw_max_and_both_k3s() -> None:
+    presets = ok(run("compare-presets", SAMPLE, "--device", "cpu", "--preset", "decoupled_seq_is", width=200))
+    assert re.search(r"decoupled_seq_is .* raw │", presets) and "raw = raw max ρ before truncation" in presets
+    analysis = ok(run("analyze", SAMPLE, "--device", "cpu", width=200))
+    assert "KL(trainer‖rollout)" in analysis and "KL(rollout‖trainer)" in analysis
+
+
+# ------------------------------------------------------------------------------------- -o FILE
+@pytest.mark.parametrize("command", ["analyze", "sweep", "compare-presets"])
+def test_output_file_format_follows_the_extension(command: str, tmp_path: Path) -> None:
+    text_file, json_file, csv_file = tmp_path / "out.txt", tmp_path / "out.json", tmp_path / "out.csv"
+    for path in (text_file, json_file, csv_file):
+        result = run(command, SAMPLE, "--device", "cpu", "-o", path)
+        assert result.exit_code == 0 and result.stdout == "", result.output
+    assert "│" in text_file.read_text() and "\x1b" not in text_file.read_text()
+    assert isinstance(json.loads(json_file.read_text()), dict)
+    assert len(list(csv.DictReader(io.StringIO(csv_file.read_text())))) > 1
+
+
+def test_explicit_table_format_to_a_file_writes_the_table(tmp_path: Path) -> None:
+    path = tmp_path / "analysis.json"  # --format wins over the extension
+    ok(run("analyze", SAMPLE, "--device", "cpu", "-f", "table", "-o", path))
+    assert "Key metrics (whole run)" in path.read_text()
+
+
+def test_sweep_csv_prints_plain_numbers() -> None:
+    entry = {"target": np.float64(0.01), "threshold": np.float64(1.25), "share": np.float64(0.0093)}
+    option = {"option": "seq_mean_k3", "level": "sequence", "thresholds": [entry], "verl_default": "0.01"}
+    option["default_share"] = np.float64(0.0078)
+    text = sweep_csv(SweepResult([], {}, [0.01], [option], []))
+    assert "np." not in text and "float64" not in text
+    assert text.splitlines()[1] == "run,seq_mean_k3,sequence,0.01,1.25,0.0093,0.01,0.0078"
+
+
+# ------------------------------------------------------------------------------------- report options
+def test_report_takes_the_analyze_and_compare_presets_options(tmp_path: Path) -> None:
+    html = tmp_path / "r.html"
+    ok(
+        run(
+            "report",
+            SAMPLE,
+            "--device",
+            "cpu",
+            "-o",
+            html,
+            "--catastrophic",
+            "0.2",
+            "--top-k",
+            "3",
+            "--max-rounds",
+            "2",
+            "--rollout-rs",
+            "seq_mean_k3",
+            "--rollout-rs-threshold",
+            "0.005",
+            "--target",
+            "0.02",
+            "--intrusive-reject",
+            "0.9",
+        )
+    )
+    text = html.read_text()
+    assert "catastrophic token(s) (|δ| &gt; 0.2)" in text
+    assert "custom" in text and "decoupled_k3_rs" in text
+    assert "≥ 2" in text  # rounds pooled from 2 on
+    assert "more than 90% of model tokens" in text
+
+
+def test_report_merges_an_analysis_and_a_comparison(tmp_path: Path) -> None:
+    analysis, comparison = tmp_path / "a.json", tmp_path / "c.json"
+    ok(run("analyze", SAMPLE, "--device", "cpu", "-o", analysis))
+    ok(run("compare-presets", SAMPLE, "--device", "cpu", "--preset", "verl", "-o", comparison))
+    html = tmp_path / "merged.html"
+    ok(run("report", "--from-json", analysis, "--from-json", comparison, "-o", html))
+    text = html.read_text()
+    assert 'id="rounds"' in text and 'id="presets"' in text and "decoupled_k3_rs" in text
+    # conflicts: two analyses, dumps and saved results, a live-only option with saved results
+    assert "both analyze results" in one_error(run("report", "--from-json", analysis, "--from-json", analysis))
+    assert "not both" in one_error(run("report", SAMPLE, "--from-json", analysis))
+    assert "--top-k" in one_error(run("report", "--from-json", analysis, "--top-k", "3"))
+
+
+# ------------------------------------------------------------------------------------- typer compatibility
+def test_every_option_is_declared_with_its_name() -> None:
+    """typer 0.27 turned an option declared without a name (``typer.Option(help=..., metavar="DEVICE")``) into
+    ``--DEVICE``: every option names its flags."""
+    import inspect
+
+    from typer.main import get_command
+
+    commands = get_command(app).commands
+    for name, command in commands.items():
+        callback = command.callback
+        function = inspect.unwrap(callback)
+        hints = inspect.signature(function, eval_str=True).parameters
+        for parameter in hints.values():
+            annotation = parameter.annotation
+            if get_origin(annotation) is None or not hasattr(annotation, "__metadata__"):
+                continue
+            for info in annotation.__metadata__:
+                if isinstance(info, OptionInfo):
+                    # typer keeps the first flag of ``typer.Option("--name", ...)`` in ``default``
+                    declared = (info.default, *info.param_decls)
+                    long = [decl for decl in declared if isinstance(decl, str) and decl.startswith("--")]
+                    assert long, f"{name}: option {parameter.name} has no explicit --name"
+                    assert all(re.fullmatch(r"--[a-z0-9][a-z0-9-]*", decl) for decl in long), long
+        for option in command.params:
+            assert all(flag == flag.lower() for flag in option.opts), (name, option.opts)
+    assert "--device" in (get_args(cli.DeviceOpt)[1].default, *get_args(cli.DeviceOpt)[1].param_decls)
+
+
+def test_sweep_charts_one_per_option_with_unrepeated_ticks() -> None:
+    from rollout_diag.report.figures import sweep_figure
+
+    curves = [("seq_sum_k1", [1.0, 10.0, 1e8], [0.5, 0.1, 0.0]), ("seq_mean_k1", [1.0, 1.03, 1.07], [0.6, 0.1, 0.0])]
+    figure = sweep_figure(curves, [("seq_sum_k1: verl default 0.5_2.0", 2.0, 0.07)])
+    layout = figure["layout"]
+    assert [trace["xaxis"] for trace in figure["data"]] == ["x", "x", "x2"]  # the mark sits on its option's chart
+    assert layout["xaxis"]["type"] == "log" and layout["xaxis"]["dtick"] == 2  # whole decades only
+    assert layout["xaxis2"]["type"] == "linear"  # a narrow range: no log minor ticks
+    assert layout["yaxis"]["tickformat"] == "~%"
+
+
+def test_report_has_a_rounds_section_only_for_multi_turn_data(tmp_path: Path) -> None:
+    from rollout_diag.engine import analyze
+    from rollout_diag.report import render_report
+
+    single = write_sequence_dump(tmp_path / "single.parquet", random_rows(5, env_share=0.0))
+    multi = write_sequence_dump(tmp_path / "multi.parquet", random_rows(5, min_length=8, env_share=0.4))
+    assert 'id="rounds"' not in render_report(analyze(single, device="cpu"))
+    assert 'id="rounds"' in render_report(analyze(multi, device="cpu"))
+
+
+def test_error_line_shows_control_characters_escaped(tmp_path: Path) -> None:
+    line = one_error(run("analyze", tmp_path / "\x1b[2Jmissing.parquet", "--device", "cpu"))
+    assert "\\x1b[2Jmissing" in line and "\x1b" not in line
