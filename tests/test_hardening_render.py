@@ -293,3 +293,22 @@ def test_report_has_a_rounds_section_only_for_multi_turn_data(tmp_path: Path) ->
 def test_error_line_shows_control_characters_escaped(tmp_path: Path) -> None:
     line = one_error(run("analyze", tmp_path / "\x1b[2Jmissing.parquet", "--device", "cpu"))
     assert "\\x1b[2Jmissing" in line and "\x1b" not in line
+
+
+def test_inspect_window_shows_positions_of_the_row_not_of_the_window() -> None:
+    from rollout_diag.render.inspect import render_row
+    from rollout_diag.results import RowTokens
+
+    # a window of 3 tokens starting at position 280 of a 301-token row; the largest |δ| is the middle one
+    window = RowTokens(
+        step=3, sample_id="s", file="f.parquet", row=7, mask=[1, 1, 1],
+        rollout_logprob=[-0.5, -2.0, -0.1], trainer_logprob=[-0.5, -9.0, -0.1],
+        token=None, token_id=None, start=280, row_length=301,
+    )  # fmt: skip
+    out = io.StringIO()
+    Console(file=out, width=160, color_system=None).print(render_row(window))
+    text = out.getvalue()
+    assert "tokens 280–282 of 301" in text
+    assert "at position 281" in text
+    assert [line.split()[0] for line in text.splitlines() if line.strip()[:3].isdigit()] == ["280", "281", "282"]
+    assert "round" not in text.split("\n")[1]  # rounds that began before the window are unknown: no column
