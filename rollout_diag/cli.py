@@ -74,6 +74,16 @@ WorkersOpt = Annotated[
 ]
 BackendOpt = Annotated[str, typer.Option(help="Where --workers run: process (this machine) or ray.")]
 ChunkOpt = Annotated[int, typer.Option(help="Tokens per chunk (memory vs overhead); results do not depend on it.")]
+DialectOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--dialect",
+        help="Also report a trainer's own mismatch metrics under its logged names: verl (the default, in the JSON), "
+        "prime-rl, nemo-rl, slime, skyrl, trl, roll, areal, openrlhf, a comma-separated list, or all "
+        "(one table, trainers as columns). See docs/dialects.md.",
+        metavar="NAME",
+    ),
+]
 
 
 def _console(stream=None) -> Console:
@@ -201,6 +211,7 @@ def analyze(
     backend: BackendOpt = "process",
     strict: StrictOpt = False,
     chunk_tokens: ChunkOpt = CHUNK_TOKENS,
+    dialect: DialectOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """Every mismatch metric (verl's names), per step and for the run, with a verdict on what looks unhealthy."""
@@ -221,6 +232,7 @@ def analyze(
             progress=progress,
             workers=workers,
             backend=backend,
+            dialect=dialect or "verl",
         )
     if format is OutputFormat.json:
         emit(to_json_text(result.to_json()), output)
@@ -228,6 +240,15 @@ def analyze(
         emit(steps_csv(result.steps), output)
     else:
         _console().print(render_analysis(result, all_steps=all_steps))
+        if dialect is not None:  # the default verl dialect repeats the tables above: shown only when asked for
+            print_dialects(result, dialect)
+
+
+def print_dialects(result, dialect: str) -> None:
+    from rollout_diag.metrics.dialects import layout, resolve
+    from rollout_diag.render.dialects import render_dialects
+
+    _console().print(render_dialects(result, resolve(dialect), layout()))
 
 
 @app.command()
