@@ -441,6 +441,7 @@ def report(
     device: DeviceOpt = "auto",
     strict: StrictOpt = False,
     chunk_tokens: ChunkOpt = CHUNK_TOKENS,
+    dialect: DialectOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """One self-contained HTML file (no network needed) showing where and why rollout and trainer disagree."""
@@ -462,6 +463,7 @@ def report(
                 progress=progress,
                 workers=workers,
                 backend=backend,
+                dialect=dialect or "verl",
             )
     else:
         fail("give the dump(s) to analyse, or --from-json FILE.")

@@ -213,12 +213,16 @@ def analyze_and_compare(
     targets: Sequence[float] = DEFAULT_TARGETS,
     workers: int = 1,
     backend: str = "process",
+    dialect: str | Sequence[str] = "verl",
 ) -> tuple[AnalysisResult, ComparisonResult]:
-    """``analyze`` and ``compare_presets`` in one pass over the data (what ``rollout-diag report`` shows)."""
+    """``analyze`` and ``compare_presets`` in one pass over the data (what ``rollout-diag report`` shows);
+    ``dialect`` as for ``analyze`` (the report shows a section for dialects other than verl)."""
+    from rollout_diag.metrics.dialects import resolve
+
     return _one_pass(
         inputs,
         presets,
-        {},
+        {"dialects": resolve(dialect)},
         columns=columns,
         device=device,
         strict=strict,

@@ -93,6 +93,11 @@ def dataset(tmp_path_factory) -> tuple[Path, dict[int, list[dict]]]:
     return path, steps
 
 
+@pytest.fixture(scope="module")
+def all_result(dataset) -> rd.AnalysisResult:
+    return rd.analyze(str(dataset[0]), device="cpu", dialect="all")
+
+
 @pytest.mark.parametrize("chunk_tokens", [17, 113, 1 << 20])
 def test_every_dialect_matches_the_reference_per_step_and_for_the_run(dataset, chunk_tokens):
     path, steps = dataset
@@ -105,14 +110,14 @@ def test_every_dialect_matches_the_reference_per_step_and_for_the_run(dataset, c
     assert_dialects_match(result.run.dialects, expected_dialects(all_rows))
 
 
-def test_merged_parts_equal_one_pass(dataset):
+def test_merged_parts_equal_one_pass(dataset, all_result):
     """Chunks dealt alternately to two accumulators (rows of one step on both sides), merged in reverse order."""
     path, _ = dataset
     parts = [rd.Analysis(dialects=resolve("all")), rd.Analysis(dialects=resolve("all"))]
     for index, (chunk, _) in enumerate(rd.DumpReader([str(path)], chunk_tokens=29).chunks("cpu")):
         parts[index % 2].update(chunk)
     parts[1].merge(parts[0])
-    whole = rd.analyze(str(path), device="cpu", dialect="all")
+    whole = all_result
     assert_dialects_match(parts[1].run_result().dialects, whole.run.dialects)
     for merged, single in zip(parts[1].step_results(), whole.steps, strict=True):
         assert_dialects_match(merged.dialects, single.dialects)
@@ -213,9 +218,8 @@ def test_resolve_names_and_refuse_unknown_ones():
         resolve("")
 
 
-def test_every_framework_cites_repo_and_commit_and_its_metrics_are_the_ones_it_reports(dataset):
-    path, _ = dataset
-    run = rd.analyze(str(path), device="cpu", dialect="all").run
+def test_every_framework_cites_repo_and_commit_and_its_metrics_are_the_ones_it_reports(all_result):
+    run = all_result.run
     for name, framework in FRAMEWORKS.items():
         assert len([word for word in framework.source.split() if len(word) == 40 and word.isalnum()]) == 1, name
         assert list(run.dialects[name]) == [m.name for m in framework.metrics if m.name in run.dialects[name]]
@@ -227,11 +231,10 @@ def test_docs_dialects_md_is_generated_from_the_code():
     assert DOCS.read_text(encoding="utf-8") == markdown(), stale
 
 
-def test_json_carries_dialects_and_matches_the_schema(dataset):
+def test_json_carries_dialects_and_matches_the_schema(all_result):
     import jsonschema
 
-    path, _ = dataset
-    document = json.loads(json.dumps(rd.analyze(str(path), device="cpu", dialect="all").to_json(), allow_nan=False))
+    document = json.loads(json.dumps(all_result.to_json(), allow_nan=False))
     schema = json.loads((DOCS.parent.parent / "schemas" / "result.schema.json").read_text())
     jsonschema.validate(document, schema)
     assert set(document["run"]["dialects"]) == set(FRAMEWORKS)
@@ -261,3 +264,19 @@ def test_cli_dialect_all_prints_one_table_and_where_they_differ(dataset):
     bad = CliRunner().invoke(app, ["analyze", str(path), "--device", "cpu", "--dialect", "grpo"])
     assert bad.exit_code == 1
     assert bad.output.strip().startswith("Error: --dialect grpo: not a dialect")
+
+
+def test_report_shows_the_dialects_section_only_when_asked(dataset, all_result, tmp_path):
+    from rollout_diag.report import render_report
+
+    page = render_report(all_result)
+    assert "Trainer dialects" in page and "train/vllm_kl" in page and "Where they differ on this data" in page
+    assert "Trainer dialects" not in render_report(rd.analyze(str(dataset[0]), device="cpu"))
+    from typer.testing import CliRunner
+
+    from rollout_diag.cli import app
+
+    out = tmp_path / "r.html"
+    run = CliRunner().invoke(app, ["report", str(dataset[0]), "--device", "cpu", "--dialect", "trl", "-o", str(out)])
+    assert run.exit_code == 0, run.output
+    assert "sampling/importance_sampling_ratio/mean" in out.read_text(encoding="utf-8")
