@@ -171,7 +171,7 @@ def test_dilution_warning_says_how_far_empty_rows_moved_verls_row_means(tmp_path
     assert verl["rollout_corr/log_ppl_abs_diff"] == pytest.approx(d0 / 2, rel=1e-15)
     assert verl["rollout_corr/log_ppl_abs_diff@valid_rows"] == pytest.approx(d0, rel=1e-15)
     [warning] = [w for w in result.warnings if w.startswith("verl dialect")]
-    assert "1 row(s) without model tokens" in warning
+    assert "1 row(s) with no model token" in warning
     assert "(-50.0%)" in warning  # every row mean of this batch moves by the same half; the largest is named
     clean = rd.analyze(str(one_step(tmp_path / "c.parquet", [([-1.0], [-1.5], [1])])), device="cpu")
     assert not [w for w in clean.warnings if w.startswith("verl dialect")]

@@ -97,7 +97,7 @@ def dilution_warning(empty_rows: int, run: dict[str, dict[str, float]]) -> str |
     diluted, valid = values[headline], values[headline + verl.VALID]
     change = f" ({(diluted - valid) / abs(valid):+.1%})" if valid != 0 else ""
     text = (
-        f"verl dialect: {empty_rows} row(s) without model tokens move {headline} to {diluted:.6g} from {valid:.6g} "
+        f"verl dialect: {empty_rows} row(s) with no model token move {headline} to {diluted:.6g} from {valid:.6g} "
         f"over the rows that have model tokens{change}"
     )
     name, most_diluted, most_valid = most
