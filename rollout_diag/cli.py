@@ -141,6 +141,16 @@ IntrusiveEssOpt = Annotated[
 DEFAULT_TARGETS = "0.001,0.01,0.05"
 FILE_WIDTH = 160  # a table written with -o: as wide as a terminal that would show it without splitting
 FORMAT_BY_SUFFIX = {".json": OutputFormat.json, ".csv": OutputFormat.csv}
+DialectOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--dialect",
+        help="Also report a trainer's own mismatch metrics under its logged names: verl (the default, in the JSON), "
+        "prime-rl, nemo-rl, slime, skyrl, trl, roll, areal, openrlhf, a comma-separated list, or all "
+        "(one table, trainers as columns). See docs/dialects.md.",
+        metavar="NAME",
+    ),
+]
 
 
 def _console(stream=None) -> Console:
@@ -316,6 +326,7 @@ def analyze(
     backend: BackendOpt = "process",
     strict: StrictOpt = False,
     chunk_tokens: ChunkOpt = CHUNK_TOKENS,
+    dialect: DialectOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """Every mismatch metric (verl's names), per step and for the run, with a verdict on what looks unhealthy."""
@@ -336,6 +347,7 @@ def analyze(
             progress=progress,
             workers=workers,
             backend=backend,
+            dialect=dialect or "verl",
         )
     chosen = output_format(format, output)
     if chosen is OutputFormat.json:
@@ -343,7 +355,13 @@ def analyze(
     elif chosen is OutputFormat.csv:
         emit(steps_csv(result.steps), output)
     else:
-        show(render_analysis(result, all_steps=all_steps), output)
+        tables = [render_analysis(result, all_steps=all_steps)]
+        if dialect is not None:  # the default verl dialect repeats the tables above: shown only when asked for
+            from rollout_diag.metrics.dialects import layout, resolve
+            from rollout_diag.render.dialects import render_dialects
+
+            tables.append(render_dialects(result, resolve(dialect), layout()))
+        show(Group(*tables), output)
 
 
 @app.command()
@@ -573,6 +591,7 @@ def report(
     device: DeviceOpt = "auto",
     strict: StrictOpt = False,
     chunk_tokens: ChunkOpt = CHUNK_TOKENS,
+    dialect: DialectOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """One self-contained HTML file (no network needed) showing where and why rollout and trainer disagree."""
@@ -608,6 +627,7 @@ def report(
                 analysis_options={"max_rounds": max_rounds, "catastrophic": catastrophic, "top_k": top_k},
                 intrusive_rejected_fraction=intrusive_reject,
                 intrusive_min_ess=intrusive_ess,
+                dialect=dialect or "verl",
             )
     else:
         fail("give the dump(s) to analyse, or --from-json FILE.")

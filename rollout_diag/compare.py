@@ -216,15 +216,19 @@ def analyze_and_compare(
     analysis_options: Mapping[str, Any] | None = None,
     intrusive_rejected_fraction: float = INTRUSIVE_REJECTED_FRACTION,
     intrusive_min_ess: float = INTRUSIVE_MIN_ESS,
+    dialect: str | Sequence[str] = "verl",
 ) -> tuple[AnalysisResult, ComparisonResult]:
     """``analyze`` and ``compare_presets`` in one pass over the data (what ``rollout-diag report`` shows).
 
-    ``analysis_options``: ``analyze``'s knobs (``max_rounds``, ``catastrophic``, ``top_k``) for the analysis part.
+    ``analysis_options``: ``analyze``'s knobs (``max_rounds``, ``catastrophic``, ``top_k``) for the analysis part;
+    ``dialect`` as for ``analyze`` (the report shows a section for dialects other than verl).
     """
+    from rollout_diag.metrics.dialects import resolve
+
     return _one_pass(
         inputs,
         presets,
-        dict(analysis_options or {}),
+        {**(analysis_options or {}), "dialects": resolve(dialect)},
         columns=columns,
         device=device,
         strict=strict,

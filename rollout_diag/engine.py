@@ -15,6 +15,9 @@ from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, DumpReader, ReadLog
 from rollout_diag.metrics.base import StepAccumulator, row_mean
 from rollout_diag.metrics.debug import DebugAccumulator
+from rollout_diag.metrics.dialects import DEFAULT as DEFAULT_DIALECT
+from rollout_diag.metrics.dialects import DialectsAccumulator, dilution_warning
+from rollout_diag.metrics.dialects import resolve as resolve_dialects
 from rollout_diag.metrics.localize import (
     DEFAULT_CATASTROPHIC,
     DEFAULT_TOP_K,
@@ -67,9 +70,12 @@ class Analysis:
     positions: PositionAccumulator = field(init=False)
     worst: WorstTracker = field(init=False)
     empty_rows: list[tuple[int, str, str, int]] = field(default_factory=list)  # (step, sample_id, file, row)
+    dialects: tuple[str, ...] = (DEFAULT_DIALECT,)  # frameworks whose own metric names to report (--dialect)
+    dialect: DialectsAccumulator = field(init=False)
 
     def __post_init__(self) -> None:
         check_analysis_options(self.max_rounds, self.catastrophic, self.top_k)
+        self.dialect = DialectsAccumulator(self.dialects)
         self.rounds = RoundAccumulator(self.max_rounds, self.catastrophic)
         self.positions = PositionAccumulator(self.catastrophic)
         self.worst = WorstTracker(self.top_k, self.catastrophic)
@@ -85,6 +91,7 @@ class Analysis:
             family.update(chunk)
         if not self.offpolicy_only:
             self.worst.update(chunk)
+            self.dialect.update(chunk)
         if len(self.empty_rows) < MAX_LISTED_EMPTY_ROWS:
             for row in torch.nonzero(stats(chunk).row_count == 0).flatten().tolist()[:MAX_LISTED_EMPTY_ROWS]:
                 self.empty_rows.append(
@@ -95,19 +102,28 @@ class Analysis:
         for mine, theirs in zip(self.families, other.families, strict=True):
             mine.merge(theirs)
         self.worst.merge(other.worst)
+        self.dialect.merge(other.dialect)
         # the first rows by (step, file, row), whichever worker found them
         self.empty_rows = sorted(self.empty_rows + other.empty_rows, key=lambda e: (e[0], e[2], e[3]))
         del self.empty_rows[MAX_LISTED_EMPTY_ROWS:]
 
     def step_results(self) -> list[StepResult]:
         per_family = [family.finalize_steps() for family in self.families]
+        dialects = {} if self.offpolicy_only else self.dialect.finalize_steps()
         results = []
         for step, state in sorted(self.offpolicy.steps.items()):
             metrics: dict[str, float] = {}
             for finalized in per_family:
                 metrics.update(finalized.get(step, {}))
             results.append(
-                StepResult(step, int(state["rows"]), int(state["tokens"]), metrics, int(state["empty_rows"]))
+                StepResult(
+                    step,
+                    int(state["rows"]),
+                    int(state["tokens"]),
+                    metrics,
+                    int(state["empty_rows"]),
+                    dialects.get(step, {}),
+                )
             )
         return results
 
@@ -118,7 +134,9 @@ class Analysis:
             metrics.update(family.finalize_run())
         if state is None:
             return StepResult(None, 0, 0, metrics)
-        return StepResult(None, int(state["rows"]), int(state["tokens"]), metrics, int(state["empty_rows"]))
+        dialects = {} if self.offpolicy_only else self.dialect.finalize_run()
+        rows, tokens, empty = int(state["rows"]), int(state["tokens"]), int(state["empty_rows"])
+        return StepResult(None, rows, tokens, metrics, empty, dialects)
 
     def warnings(self, steps: Sequence[StepResult]) -> list[str]:
         notes = []
@@ -138,6 +156,8 @@ class Analysis:
                 f"{empty} row(s) have no model token; as in verl they count in row means with R_i = 0 "
                 f"(ppl 1, log-ppl diff 0): {examples}{', …' if empty > 5 else ''}."
             )
+            if not self.offpolicy_only and (moved := dilution_warning(empty, self.dialect.finalize_run())):
+                notes.append(moved)
         return notes
 
 
@@ -177,12 +197,15 @@ def analyze(
     progress: Progress | None = None,
     workers: int = 1,
     backend: str = "process",
+    dialect: str | Sequence[str] = DEFAULT_DIALECT,
 ) -> AnalysisResult:
     """Every mismatch metric of METRICS.md §1, §5, §6, §7, per step and for the run, in one streaming pass.
 
     ``inputs``: Parquet files, globs or directories. ``columns``: role -> column overrides. ``workers`` > 1
     splits the input (by row groups, or by files in the token layout) over that many processes
     (``backend="process"``) or Ray tasks (``backend="ray"``) and merges their states: the same result.
+    ``dialect``: frameworks (``verl``, ``prime-rl``, …, or ``all``) whose own metrics each step and the run also
+    carry under the names those trainers log (``StepResult.dialects``; docs/dialects.md).
     Raises RolloutDiagError (InputError, ColumnError, DataError, ConfigError) for bad input or options.
     """
     check_analysis_options(max_rounds, catastrophic, top_k)
@@ -191,7 +214,12 @@ def analyze(
     check_workers(workers, backend)
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
-    options = {"max_rounds": max_rounds, "catastrophic": catastrophic, "top_k": top_k}
+    options = {
+        "max_rounds": max_rounds,
+        "catastrophic": catastrophic,
+        "top_k": top_k,
+        "dialects": resolve_dialects(dialect),
+    }
     if workers > 1:
         from rollout_diag.distributed import analyze_parts
 

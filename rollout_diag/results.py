@@ -48,19 +48,30 @@ class StepResult:
     tokens: int
     metrics: dict[str, float]
     empty_rows: int = 0
+    # framework -> metric name as that trainer logs it -> value (``--dialect``; docs/dialects.md)
+    dialects: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rows": self.rows, "tokens": self.tokens, "empty_rows": self.empty_rows}
         if self.step is not None:
             out = {"step": self.step, **out}
         out["metrics"] = {name: json_number(value) for name, value in self.metrics.items()}
+        if self.dialects:
+            out["dialects"] = {
+                framework: {name: json_number(value) for name, value in values.items()}
+                for framework, values in self.dialects.items()
+            }
         return out
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> StepResult:
         """Inverse of ``to_json``; a null metric (NaN or inf when written) comes back as NaN."""
         metrics = {name: math.nan if value is None else value for name, value in raw.get("metrics", {}).items()}
-        return cls(raw.get("step"), raw["rows"], raw["tokens"], metrics, raw.get("empty_rows", 0))
+        dialects = {
+            framework: {name: math.nan if value is None else value for name, value in values.items()}
+            for framework, values in raw.get("dialects", {}).items()
+        }
+        return cls(raw.get("step"), raw["rows"], raw["tokens"], metrics, raw.get("empty_rows", 0), dialects)
 
 
 @dataclass(frozen=True)

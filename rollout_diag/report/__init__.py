@@ -13,6 +13,7 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from rollout_diag.report.comparison import is_comparison, presets_section, rejection_by_step, select_presets
+from rollout_diag.report.dialects import dialects_section
 from rollout_diag.report.from_json import result_from_json
 from rollout_diag.report.header import header_html
 from rollout_diag.report.markup import escape
@@ -69,6 +70,8 @@ def render_report(
     ]
     if comparison is not None:
         sections.append(presets_section(comparison, selected, canvas))
+    if (dialects := dialects_section(result)) is not None:
+        sections.append(dialects)
     sections.append(glossary_section())
     title = title or default_title(result.inputs)
     payload = {

@@ -1,0 +1,182 @@
+"""Dialects: each trainer's own mismatch metrics under its exact logged names (``--dialect``).
+
+One module per framework, each a mergeable accumulator family with the framework's repo, files and commit in
+its docstring. :class:`DialectsAccumulator` runs the chosen ones side by side; ``markdown()`` writes
+``docs/dialects.md`` (``python -m rollout_diag.metrics.dialects > docs/dialects.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rollout_diag.errors import ConfigError
+from rollout_diag.io.chunk import Chunk
+from rollout_diag.metrics.base import StepAccumulator
+from rollout_diag.metrics.dialects import areal, nemo_rl, openrlhf, prime_rl, roll, skyrl, slime, trl, verl
+from rollout_diag.metrics.dialects.base import DialectMetric, Framework
+
+FRAMEWORKS: dict[str, Framework] = {
+    module.FRAMEWORK.name: module.FRAMEWORK
+    for module in (verl, prime_rl, nemo_rl, slime, skyrl, trl, roll, areal, openrlhf)
+}
+DEFAULT = "verl"
+ALL = "all"
+CHOICES = (*FRAMEWORKS, ALL)
+
+__all__ = [
+    "ALL",
+    "CHOICES",
+    "DEFAULT",
+    "FRAMEWORKS",
+    "DialectMetric",
+    "DialectsAccumulator",
+    "Framework",
+    "dilution_warning",
+    "layout",
+    "resolve",
+]
+
+
+def resolve(dialect: str | Sequence[str]) -> tuple[str, ...]:
+    """Framework names from ``--dialect`` (one name, ``all``, or a comma-separated list); raises ConfigError."""
+    parts = [dialect] if isinstance(dialect, str) else list(dialect)
+    names: list[str] = []
+    for part in (p.strip().lower() for text in parts for p in text.split(",")):
+        chosen = tuple(FRAMEWORKS) if part == ALL else (part,)
+        for name in chosen:
+            if name not in FRAMEWORKS:
+                raise ConfigError(f"--dialect {part}: not a dialect (choose from {', '.join(CHOICES)}).")
+            if name not in names:
+                names.append(name)
+    if not names:
+        raise ConfigError(f"--dialect: give a dialect ({', '.join(CHOICES)}).")
+    return tuple(names)
+
+
+class DialectsAccumulator:
+    """The chosen frameworks' accumulators, updated and merged together."""
+
+    def __init__(self, names: Sequence[str] = (DEFAULT,)) -> None:
+        self.names = resolve(names)
+        self.families: dict[str, StepAccumulator] = {name: FRAMEWORKS[name].accumulator() for name in self.names}
+
+    def update(self, chunk: Chunk) -> None:
+        for family in self.families.values():
+            family.update(chunk)
+
+    def merge(self, other: DialectsAccumulator) -> None:
+        for name, family in self.families.items():
+            family.merge(other.families[name])
+
+    def finalize_steps(self) -> dict[int, dict[str, dict[str, float]]]:
+        """step -> framework -> metric name as logged -> value (a framework without values at a step is left out)."""
+        out: dict[int, dict[str, dict[str, float]]] = {}
+        for name, family in self.families.items():
+            for step, values in family.finalize_steps().items():
+                if values:
+                    out.setdefault(step, {})[name] = _ordered(name, values)
+        return out
+
+    def finalize_run(self) -> dict[str, dict[str, float]]:
+        run = {name: family.finalize_run() for name, family in self.families.items()}
+        return {name: _ordered(name, values) for name, values in run.items() if values}
+
+
+def _ordered(framework: str, values: dict[str, float]) -> dict[str, float]:
+    """In the order the framework declares its metrics (docs, JSON and tables read alike)."""
+    return {m.name: values[m.name] for m in FRAMEWORKS[framework].metrics if m.name in values}
+
+
+def dilution_warning(empty_rows: int, run: dict[str, dict[str, float]]) -> str | None:
+    """How far verl's empty-row dilution moved its headline row mean, log_ppl_abs_diff, and which row metric it
+    moved most (None without empty rows or without the verl dialect)."""
+    values = run.get("verl", {})
+    headline = "rollout_corr/log_ppl_abs_diff"
+    if empty_rows == 0 or headline not in values or (most := verl.dilution(values)) is None:
+        return None
+    diluted, valid = values[headline], values[headline + verl.VALID]
+    change = f" ({(diluted - valid) / abs(valid):+.1%})" if valid != 0 else ""
+    text = (
+        f"verl dialect: {empty_rows} row(s) with no model token move {headline} to {diluted:.6g} from {valid:.6g} "
+        f"over the rows that have model tokens{change}"
+    )
+    name, most_diluted, most_valid = most
+    if name != headline:
+        text += f"; they move {name} most: {most_diluted:.6g} vs {most_valid:.6g}"
+    return text + f". The undiluted values are reported as <name>{verl.VALID}."
+
+
+def concepts() -> list[str]:
+    """Every concept (row of the side-by-side table), in the order the frameworks first declare them."""
+    seen: dict[str, None] = {}
+    for framework in FRAMEWORKS.values():
+        for metric in framework.metrics:
+            seen.setdefault(metric.concept, None)
+    return list(seen)
+
+
+def layout():
+    """The catalog as plain data for ``rollout_diag.render.dialects`` (which must not import torch)."""
+    from rollout_diag.render.dialects import DialectLayout
+
+    return DialectLayout(
+        titles={name: framework.title for name, framework in FRAMEWORKS.items()},
+        concepts=concepts(),
+        metrics={name: {m.name: m.concept for m in framework.metrics} for name, framework in FRAMEWORKS.items()},
+    )
+
+
+def markdown() -> str:
+    """docs/dialects.md: every framework's metrics side by side with their definitions and sources."""
+    lines = [
+        "# Dialects",
+        "",
+        "<!-- Generated by `python -m rollout_diag.metrics.dialects > docs/dialects.md`; a test fails when it is "
+        "stale. -->",
+        "",
+        "`rollout-diag analyze --dialect NAME` reports each trainer's own mismatch metrics under the exact names it",
+        "logs, computed with its formula and aggregated per step as it aggregates them (and for the run: every row",
+        "as one batch). `--dialect all` computes every one; the JSON carries them per step and for the run under",
+        "`dialects: {framework: {name: value}}`. Each definition was read in the framework's code at the commit",
+        "given below. Notation: a = trainer logprob, r = rollout (inference) logprob, δ = a − r, m the response",
+        "(loss) mask, n_i = Σ_t m of row i, N = Σ_i n_i, B the rows of the step; R_i[x] = Σ_t m·x / (n_i + 1e-8),",
+        "S_i[x] = Σ_t m·x; clamp20 = clamp to [−20, 20]. A step without model tokens has no dialect values.",
+        "",
+        "## Where they differ",
+        "",
+        "- **probability vs log space**: NeMo-RL's `token_mult_prob_error` averages exp|δ| (1 = perfect), ROLL's",
+        "  `train_infer_diff_*` and verl's `training/rollout_probs_diff_*` work on probabilities exp(a) − exp(r);",
+        "  everything else on logprobs.",
+        "- **padding leaking into min/std**: SkyRL's `is_ratio_std/min/max` are taken over the whole padded",
+        "  tensor, where padding and environment tokens are zeros: `is_ratio_min` is 0 whenever a row is shorter",
+        "  than the longest or has an environment token, and the std counts the zeros.",
+        "- **token- vs sequence-normalised**: slime averages per-sequence means (short sequences weigh as much as",
+        "  long ones); SkyRL, TRL, prime-rl, NeMo-RL, OpenRLHF and AReaL average over tokens; ROLL and verl's",
+        "  row metrics average row means.",
+        "- **empty rows counted or not**: verl's row means and slime count rows without model tokens (verl with",
+        "  R_i = 0, slime as 0 |δ|), TRL counts them with sequence ratio 1; ROLL and NeMo-RL's per-sequence",
+        "  values leave them out. `rollout_corr/<name>@valid_rows` is verl's formula without them.",
+        "- **clamped vs raw**: verl's χ² and SkyRL's `is_ratio_*` clamp δ to ±20 before exp; TRL, ROLL,",
+        "  prime-rl, NeMo-RL and AReaL exponentiate raw δ (TRL then zeroes sequence ratios above 3, AReaL leaves",
+        "  out tokens with ratio above 5).",
+        "- **sign**: verl's `kl` and OpenRLHF's `vllm_kl` are E[r − a]; AReaL's `behave_approx_kl` is E[a − r].",
+        "",
+    ]
+    for framework in FRAMEWORKS.values():
+        lines += [
+            f"## {framework.title} (`--dialect {framework.name}`)",
+            "",
+            f"- Source: {framework.source}.",
+            f"- Configuration assumed: {framework.config}.",
+            f"- Offline equivalent: {framework.offline}",
+            "",
+            "| metric as logged | per-token / per-row value | aggregation per step |",
+            "|---|---|---|",
+        ]
+        lines += [f"| `{m.name}` | {_cell(m.formula)} | {_cell(m.aggregation)} |" for m in framework.metrics]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")

@@ -1,0 +1,92 @@
+"""What every dialect module declares: the framework, where its definitions live, and each metric it logs.
+
+A dialect is a trainer's own mismatch metrics under its exact logged names, computed the way that trainer
+computes and aggregates them. Each framework module holds one mergeable accumulator (a ``StepAccumulator``
+over float64 sufficient statistics, like every other family) and a :class:`Framework` record that
+``docs/dialects.md`` and the terminal table are generated from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rollout_diag.metrics.base import StepAccumulator, segment_max, segment_min, segment_sum
+from rollout_diag.metrics.segments import ChunkStats, quantity
+
+
+@dataclass(frozen=True)
+class DialectMetric:
+    """One logged metric: its exact name, the concept it measures (the row of the side-by-side table),
+    its formula in the notation of docs/dialects.md, and how the framework aggregates it over a step."""
+
+    name: str
+    concept: str
+    formula: str
+    aggregation: str
+
+
+@dataclass(frozen=True)
+class Framework:
+    """A trainer whose metric names rollout-diag speaks."""
+
+    name: str  # the --dialect value
+    title: str  # as the project spells itself
+    source: str  # repo, file(s) and commit the definitions were read from
+    config: str  # the configuration the numbers assume (defaults, or the setting that turns the metric on)
+    offline: str  # what an offline dump cannot reproduce, and the whole-batch equivalent chosen
+    metrics: tuple[DialectMetric, ...]
+    accumulator: type[StepAccumulator]
+
+
+@quantity("exp_log_ratio")
+def _exp_log_ratio(s: ChunkStats) -> torch.Tensor:  # exp(δ), unclamped (ROLL, AReaL)
+    return torch.exp(s.token("log_ratio"))
+
+
+# Reductions built only on the stable per-chunk API (``stats``: ``token``, ``row_sum``, ``row_count``) and the
+# chunk's own row / step-group indices, so that the segment machinery can change underneath.
+def token_group(s: ChunkStats) -> torch.Tensor:
+    """Step group of every model token (int64 [M])."""
+    return s.chunk.groups.row_group[s.chunk.model.row]
+
+
+def row_extreme(s: ChunkStats, name: str, how: str) -> torch.Tensor:
+    """Max (``how="amax"``) or min (``"amin"``) of a token quantity over each row (∓inf for an empty row)."""
+    fill = -torch.inf if how == "amax" else torch.inf
+    out = torch.full((s.chunk.rows,), fill, dtype=torch.float64, device=s.chunk.device)
+    return out.scatter_reduce_(0, s.chunk.model.row, s.token(name).to(torch.float64), reduce=how)
+
+
+def by_step(s: ChunkStats, row_values: torch.Tensor, how: str = "sum") -> torch.Tensor:
+    """Σ / max / min of per-row values over each step group of the chunk (float64 [G])."""
+    groups = s.chunk.groups
+    reducer = {"sum": segment_sum, "max": segment_max, "min": segment_min}[how]
+    return reducer(row_values.to(torch.float64), groups.row_group, groups.count)
+
+
+def token_moments(s: ChunkStats, name: str) -> torch.Tensor:
+    """Per step group [n, mean, mean, M2, M2, M2] of a token quantity (the ``moments`` layout of base.py):
+    the mean first, then centred squares, so that values far from zero (ratios near 1) keep their variance."""
+    n = by_step(s, s.row_count)
+    mean = by_step(s, s.row_sum(name)) / n.clamp(min=1.0)
+    centred = s.token(name).to(torch.float64) - mean[token_group(s)]
+    m2 = segment_sum(centred * centred, token_group(s), s.chunk.groups.count)
+    return torch.stack([n, mean, mean, m2, m2, m2], dim=-1)
+
+
+def round_sums(s: ChunkStats, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(Σ of a token quantity, token count, row) of every round: a maximal run of model tokens within a row."""
+    model = s.chunk.model
+    row, position = model.row, model.position
+    if row.numel() == 0:
+        empty = torch.zeros(0, dtype=torch.float64, device=row.device)
+        return empty, empty.clone(), row.clone()
+    starts = torch.ones_like(row, dtype=torch.bool)
+    starts[1:] = (row[1:] != row[:-1]) | (position[1:] != position[:-1] + 1)
+    round_id = torch.cumsum(starts.to(torch.int64), 0) - 1
+    count = int(round_id[-1]) + 1
+    sums = segment_sum(s.token(name), round_id, count)
+    lengths = segment_sum(torch.ones_like(row, dtype=torch.float64), round_id, count)
+    return sums, lengths, row[starts]

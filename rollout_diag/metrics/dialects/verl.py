@@ -1,0 +1,218 @@
+"""verl: today's output under verl's own names, plus the same row means over valid rows only.
+
+Definitions: volcengine/verl ``verl/trainer/ppo/rollout_corr_helper.py`` (``compute_offpolicy_metrics``) and
+``verl/utils/debug/metrics.py`` (``calculate_debug_metrics``), commit b178a3cd56f58b2d502255daba591e92833930a7.
+verl averages per-row means over every row of the batch, and a row without model tokens enters with
+R_i = 0 (ppl 1, d_i = 0): that dilutes the row means. ``<name>@valid_rows`` is the same formula over the
+rows that have model tokens, so a user sees verl's digits and the undiluted value side by side.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+
+from rollout_diag.io.chunk import Chunk
+from rollout_diag.metrics.base import State, StepAccumulator, as_float, clamp20, row_mean
+from rollout_diag.metrics.debug import DebugAccumulator
+from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step
+from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
+from rollout_diag.metrics.segments import stats
+
+VALID = "@valid_rows"
+# verl's row-mean metrics (METRICS.md §1) that an empty row dilutes, as (name, value of row i from R_i[a], R_i[r]).
+ROW_METRICS = (
+    "training_ppl",
+    "training_log_ppl",
+    "rollout_ppl",
+    "rollout_log_ppl",
+    "log_ppl_diff",
+    "log_ppl_abs_diff",
+    "ppl_ratio",
+    "chi2_seq",
+)
+
+
+class ValidRowsAccumulator(StepAccumulator):
+    """verl's row means (§1) summed over valid rows only (n_i > 0), with their count, max and min of d_i."""
+
+    REDUCTIONS: ClassVar[dict[str, str]] = {
+        "valid_rows": "sum",
+        **{name: "sum" for name in ROW_METRICS},
+        "log_ppl_diff_max": "max",
+        "log_ppl_diff_min": "min",
+    }
+
+    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
+        s = stats(chunk)
+        n = s.row_count
+        valid = n > 0
+        weight = valid.to(torch.float64)
+        mean_trainer = row_mean(s.row_sum("trainer"), n)  # R_i[a], exactly as OffPolicyAccumulator
+        mean_rollout = row_mean(s.row_sum("rollout"), n)
+        diff = mean_rollout - mean_trainer  # d_i = R_i[r] − R_i[a]
+        per_row = {
+            "training_ppl": torch.exp(-mean_trainer),
+            "training_log_ppl": -mean_trainer,
+            "rollout_ppl": torch.exp(-mean_rollout),
+            "rollout_log_ppl": -mean_rollout,
+            "log_ppl_diff": diff,
+            "log_ppl_abs_diff": diff.abs(),
+            "ppl_ratio": torch.exp(diff),
+            "chi2_seq": torch.exp(2.0 * clamp20(s.row_sum("log_ratio"))),
+        }
+        out = {name: by_step(s, values * weight) for name, values in per_row.items()}
+        out["valid_rows"] = by_step(s, weight)
+        out["log_ppl_diff_max"] = by_step(s, torch.where(valid, diff, -torch.inf), "max")
+        out["log_ppl_diff_min"] = by_step(s, torch.where(valid, diff, torch.inf), "min")
+        return out
+
+    def _finalize(self, state: State) -> dict[str, float]:
+        rows = as_float(state["valid_rows"])
+        if rows == 0:
+            return {}
+        out = {f"rollout_corr/{name}{VALID}": as_float(state[name]) / rows for name in ROW_METRICS}
+        out[f"rollout_corr/chi2_seq{VALID}"] -= 1.0  # chi2_seq = mean exp(2·clamp20(S_i[δ])) − 1
+        out[f"rollout_corr/log_ppl_diff_max{VALID}"] = as_float(state["log_ppl_diff_max"])
+        out[f"rollout_corr/log_ppl_diff_min{VALID}"] = as_float(state["log_ppl_diff_min"])
+        return out
+
+
+class VerlAccumulator(StepAccumulator):
+    """verl's off-policy (§1) and debug (§5) metrics, exactly as ``analyze`` reports them, and the valid-row means.
+
+    The three families are kept side by side; ``_stats`` / ``_finalize`` are not used (``update``, ``merge`` and
+    the finalizers delegate).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.families = (OffPolicyAccumulator(), DebugAccumulator(), ValidRowsAccumulator())
+
+    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
+        raise NotImplementedError("VerlAccumulator delegates update to its families")
+
+    def _finalize(self, state: State) -> dict[str, float]:
+        raise NotImplementedError("VerlAccumulator delegates finalize to its families")
+
+    def update(self, chunk: Chunk) -> None:
+        for family in self.families:
+            family.update(chunk)
+
+    def merge(self, other: StepAccumulator) -> None:
+        assert isinstance(other, VerlAccumulator)
+        for mine, theirs in zip(self.families, other.families, strict=True):
+            mine.merge(theirs)
+
+    def finalize_steps(self) -> dict[int, dict[str, float]]:
+        out: dict[int, dict[str, float]] = {}
+        for family in self.families:
+            for step, values in family.finalize_steps().items():
+                out.setdefault(step, {}).update(_verl_only(values))
+        return {step: values for step, values in sorted(out.items()) if _has_tokens(values)}
+
+    def finalize_run(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for family in self.families:
+            out.update(_verl_only(family.finalize_run()))
+        return out if _has_tokens(out) else {}
+
+
+def _verl_only(values: dict[str, float]) -> dict[str, float]:
+    # mismatch/logprob_abs_diff is rollout-diag's own key (METRICS.md §7), not one verl logs
+    return {name: value for name, value in values.items() if name.startswith(("rollout_corr/", "training/"))}
+
+
+def _has_tokens(values: dict[str, float]) -> bool:
+    # a step with no model token has no §1 metrics; its §5 NaN placeholders alone are not a dialect value
+    return "rollout_corr/kl" in values
+
+
+def dilution(run: dict[str, float]) -> tuple[str, float, float] | None:
+    """(metric, verl's value, valid-rows value) of the row mean the empty rows moved most, relatively."""
+    moved = []
+    for name in (*ROW_METRICS, "log_ppl_diff_max", "log_ppl_diff_min"):
+        verl_value, valid_value = run.get(f"rollout_corr/{name}"), run.get(f"rollout_corr/{name}{VALID}")
+        if verl_value is None or valid_value is None or not math.isfinite(verl_value - valid_value):
+            continue
+        scale = max(abs(valid_value), 1e-300)
+        moved.append((abs(verl_value - valid_value) / scale, name, verl_value, valid_value))
+    if not moved:
+        return None
+    _, name, verl_value, valid_value = max(moved)
+    return f"rollout_corr/{name}", verl_value, valid_value
+
+
+_SOURCE = (
+    "volcengine/verl `verl/trainer/ppo/rollout_corr_helper.py` (compute_offpolicy_metrics), "
+    "`verl/utils/debug/metrics.py` (calculate_debug_metrics) @ b178a3cd56f58b2d502255daba591e92833930a7"
+)
+_ROWS = "mean over all B rows of the batch (empty rows enter with R_i = 0)"
+_VALID_ROWS = "rollout-diag's correction: mean over the rows with n_i > 0 only"
+_TOKENS = "token mean over the batch, Σ/(N + 1e-8)"
+
+
+def _metrics() -> tuple[DialectMetric, ...]:
+    row_formulas = {
+        "training_ppl": ("trainer perplexity (row mean)", "exp(−R_i[a])"),
+        "training_log_ppl": ("trainer log-perplexity (row mean)", "−R_i[a]"),
+        "rollout_ppl": ("rollout perplexity (row mean)", "exp(−R_i[r])"),
+        "rollout_log_ppl": ("rollout log-perplexity (row mean)", "−R_i[r]"),
+        "log_ppl_diff": ("log-ppl diff d_i = R_i[r] − R_i[a] (row mean)", "d_i"),
+        "log_ppl_abs_diff": ("|log-ppl diff| (row mean)", "|d_i|"),
+        "ppl_ratio": ("ppl ratio exp(d_i) (row mean)", "exp(d_i)"),
+        "chi2_seq": ("χ² of the sequence ratio", "exp(2·clamp20(S_i[δ])), minus 1 after the mean"),
+    }
+    out: list[DialectMetric] = []
+    for name, (concept, formula) in row_formulas.items():
+        out.append(DialectMetric(f"rollout_corr/{name}", concept, formula, _ROWS))
+    out += [
+        DialectMetric(
+            "rollout_corr/log_ppl_diff_max", "log-ppl diff, max over rows", "max_i d_i", "max over all B rows"
+        ),
+        DialectMetric(
+            "rollout_corr/log_ppl_diff_min", "log-ppl diff, min over rows", "min_i d_i", "min over all B rows"
+        ),
+        DialectMetric("rollout_corr/kl", "k1 KL r − a (token mean)", "r − a", _TOKENS),
+        DialectMetric("rollout_corr/k3_kl", "k3 KL exp(δ) − δ − 1 (token mean)", "exp(δ) − δ − 1 (no clamp)", _TOKENS),
+        DialectMetric("rollout_corr/chi2_token", "χ² of the token ratio", "exp(2·clamp20(δ)), minus 1", _TOKENS),
+        DialectMetric(
+            "training/rollout_probs_diff_max", "|p_a − p_r| max", "|exp(a) − exp(r)|", "max over masked tokens"
+        ),
+        DialectMetric(
+            "training/rollout_probs_diff_mean", "|p_a − p_r| mean", "|exp(a) − exp(r)|", "mean over masked tokens"
+        ),
+        DialectMetric(
+            "training/rollout_probs_diff_std",
+            "|p_a − p_r| std",
+            "|exp(a) − exp(r)|",
+            "unbiased std over masked tokens",
+        ),
+        DialectMetric(
+            "training/rollout_actor_probs_pearson_corr",
+            "Pearson correlation of p_a and p_r",
+            "corr(exp(a), exp(r))",
+            "over masked tokens",
+        ),
+        DialectMetric("training/rollout_probs_diff_valid", "a masked token exists", "1 (0 without one)", "per batch"),
+    ]
+    for name, (concept, formula) in row_formulas.items():
+        out.append(DialectMetric(f"rollout_corr/{name}{VALID}", concept, formula, _VALID_ROWS))
+    out += [
+        DialectMetric(f"rollout_corr/log_ppl_diff_max{VALID}", "log-ppl diff, max over rows", "max_i d_i", _VALID_ROWS),
+        DialectMetric(f"rollout_corr/log_ppl_diff_min{VALID}", "log-ppl diff, min over rows", "min_i d_i", _VALID_ROWS),
+    ]
+    return tuple(out)
+
+
+FRAMEWORK = Framework(
+    name="verl",
+    title="verl",
+    source=_SOURCE,
+    config="always computed (rollout-correction metrics and debug metrics)",
+    offline="none: the metrics are batch-level already. `@valid_rows` names are rollout-diag's, not verl's.",
+    metrics=_metrics(),
+    accumulator=VerlAccumulator,
+)

@@ -1,0 +1,282 @@
+"""Dialects (``--dialect``) against the slow float64 reference in tests/reference_dialects.py."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from reference_dialects import REFERENCES
+
+import rollout_diag as rd
+from rollout_diag.errors import ConfigError
+from rollout_diag.metrics.dialects import FRAMEWORKS, markdown, resolve
+
+RTOL = 1e-9  # the library sums in another order than the reference; both are float64
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "dialects.md"
+
+
+def random_rows(rng: np.random.Generator, count: int, max_len: int = 30) -> list[dict]:
+    """Multi-round rows (environment runs of mask 0), ~15 % empty rows, and a heavy tail of |δ| up to ~30 so that
+    clamps at 20, TRL's sequence masking above 3 and AReaL's rejection above 5 all fire; values exactly float32."""
+    rows = []
+    for _ in range(count):
+        length = int(rng.integers(0, max_len))
+        mask = np.ones(length, dtype=np.int8)
+        for _ in range(int(rng.integers(0, 4))):
+            start = int(rng.integers(0, max(length, 1)))
+            mask[start : start + int(rng.integers(1, 5))] = 0
+        if rng.random() < 0.15:
+            mask[:] = 0
+        rollout = -rng.exponential(1.0, length)
+        delta = rng.normal(0, 0.05, length) + (rng.random(length) < 0.05) * rng.normal(0, 12, length)
+        trainer = np.minimum(rollout + delta, 0.0)
+        rows.append({"rollout": rollout.astype(np.float32), "trainer": trainer.astype(np.float32), "mask": mask})
+    return rows
+
+
+def write_dump(path: Path, steps: dict[int, list[dict]], row_group_size: int) -> None:
+    records = [(step, index, row) for step, rows in steps.items() for index, row in enumerate(rows)]
+    table = pa.table(
+        {
+            "step": pa.array([s for s, _, _ in records], pa.int64()),
+            "sample_id": pa.array([f"{s}-{i}" for s, i, _ in records]),
+            "rollout_log_probs": pa.array([r["rollout"].tolist() for *_, r in records], pa.list_(pa.float32())),
+            "old_log_probs": pa.array([r["trainer"].tolist() for *_, r in records], pa.list_(pa.float32())),
+            "response_mask": pa.array([r["mask"].tolist() for *_, r in records], pa.list_(pa.int8())),
+        }
+    )
+    pq.write_table(table, path, row_group_size=row_group_size)
+
+
+def as_reference(rows: list[dict]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    return [
+        (r["trainer"].astype(np.float64), r["rollout"].astype(np.float64), r["mask"].astype(np.int64)) for r in rows
+    ]
+
+
+def expected_dialects(rows: list[dict]) -> dict[str, dict[str, float]]:
+    ref = as_reference(rows)
+    out = {}
+    for name, reference in REFERENCES.items():
+        values = reference(ref)
+        if name == "verl":  # verl's dialect is verl's names only (mismatch/… is rollout-diag's own key)
+            values = {k: v for k, v in values.items() if k.startswith(("rollout_corr/", "training/"))}
+        if values:
+            out[name] = values
+    return out
+
+
+def assert_dialects_match(actual: dict[str, dict[str, float]], expected: dict[str, dict[str, float]]) -> None:
+    assert sorted(actual) == sorted(expected)
+    for framework, values in expected.items():
+        assert sorted(actual[framework]) == sorted(values), framework
+        for name, value in values.items():
+            got = actual[framework][name]
+            if math.isnan(value):
+                assert math.isnan(got), (framework, name)
+            else:
+                assert got == pytest.approx(value, rel=RTOL, abs=1e-12), (framework, name)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> tuple[Path, dict[int, list[dict]]]:
+    rng = np.random.default_rng(7)
+    steps = {step: random_rows(rng, int(rng.integers(6, 25))) for step in (1, 2, 5, 9)}
+    steps[4] = [{"rollout": np.zeros(3, np.float32), "trainer": np.zeros(3, np.float32), "mask": np.zeros(3, np.int8)}]
+    path = tmp_path_factory.mktemp("dialects") / "dump.parquet"
+    write_dump(path, steps, row_group_size=7)
+    return path, steps
+
+
+@pytest.fixture(scope="module")
+def all_result(dataset) -> rd.AnalysisResult:
+    return rd.analyze(str(dataset[0]), device="cpu", dialect="all")
+
+
+@pytest.mark.parametrize("chunk_tokens", [17, 113, 1 << 20])
+def test_every_dialect_matches_the_reference_per_step_and_for_the_run(dataset, chunk_tokens):
+    path, steps = dataset
+    result = rd.analyze(str(path), device="cpu", dialect="all", chunk_tokens=chunk_tokens)
+    by_step = {s.step: s for s in result.steps}
+    for step, rows in steps.items():
+        assert_dialects_match(by_step[step].dialects, expected_dialects(rows))
+    assert by_step[4].dialects == {}  # no model token: no dialect values
+    all_rows = [row for rows in steps.values() for row in rows]
+    assert_dialects_match(result.run.dialects, expected_dialects(all_rows))
+
+
+def test_merged_parts_equal_one_pass(dataset, all_result):
+    """Chunks dealt alternately to two accumulators (rows of one step on both sides), merged in reverse order."""
+    path, _ = dataset
+    parts = [rd.Analysis(dialects=resolve("all")), rd.Analysis(dialects=resolve("all"))]
+    for index, (chunk, _) in enumerate(rd.DumpReader([str(path)], chunk_tokens=29).chunks("cpu")):
+        parts[index % 2].update(chunk)
+    parts[1].merge(parts[0])
+    whole = all_result
+    assert_dialects_match(parts[1].run_result().dialects, whole.run.dialects)
+    for merged, single in zip(parts[1].step_results(), whole.steps, strict=True):
+        assert_dialects_match(merged.dialects, single.dialects)
+
+
+def test_verl_is_the_default_and_repeats_todays_numbers_exactly(dataset):
+    path, _ = dataset
+    result = rd.analyze(str(path), device="cpu", chunk_tokens=113)
+    for batch in [result.run, *result.steps]:
+        if batch.tokens == 0:
+            assert batch.dialects == {}
+            continue
+        assert list(batch.dialects) == ["verl"]
+        verl = batch.dialects["verl"]
+        today = {k: v for k, v in batch.metrics.items() if k.startswith(("rollout_corr/", "training/"))}
+        assert {k: v for k, v in verl.items() if "@" not in k} == pytest.approx(today, rel=0, abs=0, nan_ok=True)
+        assert {k for k in verl if "@" in k} == {
+            f"rollout_corr/{name}@valid_rows"
+            for name in (
+                "training_ppl",
+                "training_log_ppl",
+                "rollout_ppl",
+                "rollout_log_ppl",
+                "log_ppl_diff",
+                "log_ppl_abs_diff",
+                "ppl_ratio",
+                "chi2_seq",
+                "log_ppl_diff_max",
+                "log_ppl_diff_min",
+            )
+        }
+
+
+def one_step(path: Path, rows: list[tuple[list[float], list[float], list[int]]]) -> Path:
+    steps = {
+        0: [
+            {"trainer": np.array(a, np.float32), "rollout": np.array(r, np.float32), "mask": np.array(m, np.int8)}
+            for a, r, m in rows
+        ]
+    }
+    write_dump(path, steps, row_group_size=10)
+    return path
+
+
+def test_dilution_warning_says_how_far_empty_rows_moved_verls_row_means(tmp_path):
+    # row0: δ = [0.5, 0.5] → d_0 = −0.5·2/(2 + 1e-8); row1 is empty (d_1 = 0): verl's log_ppl_abs_diff halves
+    path = one_step(tmp_path / "d.parquet", [([-1.0, -1.0], [-1.5, -1.5], [1, 1]), ([-1.0], [-1.0], [0])])
+    result = rd.analyze(str(path), device="cpu")
+    verl = result.run.dialects["verl"]
+    d0 = 1.0 / (2 + 1e-8)
+    assert verl["rollout_corr/log_ppl_abs_diff"] == pytest.approx(d0 / 2, rel=1e-15)
+    assert verl["rollout_corr/log_ppl_abs_diff@valid_rows"] == pytest.approx(d0, rel=1e-15)
+    [warning] = [w for w in result.warnings if w.startswith("verl dialect")]
+    assert "1 row(s) with no model token" in warning
+    assert "(-50.0%)" in warning  # every row mean of this batch moves by the same half; the largest is named
+    clean = rd.analyze(str(one_step(tmp_path / "c.parquet", [([-1.0], [-1.5], [1])])), device="cpu")
+    assert not [w for w in clean.warnings if w.startswith("verl dialect")]
+
+
+def test_hand_checked_quirks(tmp_path):
+    """SkyRL's padded min / std, slime's empty-sample denominators, TRL's sequence mask, AReaL's rejection."""
+    # row0: δ = [ln 2, 0] over two model tokens, length 3 (one environment token); row1: δ = [ln 8] (ratio 8 > 5, > 3)
+    ln2 = math.log(2.0)
+    rows = [([ln2 - 1.0, -1.0, -1.0], [-1.0, -1.0, -1.0], [1, 1, 0]), ([3 * ln2 - 4.0], [-4.0], [1])]
+    path = one_step(tmp_path / "q.parquet", rows)
+    d = rd.analyze(str(path), device="cpu", dialect="all").run.dialects
+    a = [np.float64(np.float32(x)) for x in (ln2 - 1.0, 3 * ln2 - 4.0)]  # the float32 trainer values as stored
+    delta0, delta1 = a[0] + 1.0, a[1] + 4.0
+    # SkyRL: padded [2, 3] tensor = [e^δ0, 1, 0; e^δ1, 0, 0]: min 0, mean over the 3 model tokens only
+    skyrl = d["skyrl"]
+    assert skyrl["policy/loss_metrics/is_ratio_min"] == 0.0
+    assert skyrl["policy/loss_metrics/is_ratio_mean"] == pytest.approx((math.exp(delta0) + 1 + math.exp(delta1)) / 3)
+    cells = [math.exp(delta0), 1.0, 0.0, math.exp(delta1), 0.0, 0.0]
+    assert skyrl["policy/loss_metrics/is_ratio_std"] == pytest.approx(float(np.std(cells, ddof=1)))
+    # TRL: sequence ratios e^δ0 ≈ 2 (kept) and e^δ1 ≈ 8 > 3 (set to 0)
+    assert d["trl"]["sampling/importance_sampling_ratio/min"] == 0.0
+    assert d["trl"]["sampling/importance_sampling_ratio/mean"] == pytest.approx(math.exp(delta0) / 2)
+    # AReaL: the ratio-8 token is rejected (> 5), the mean of δ is over the two kept tokens
+    assert d["areal"]["ppo_actor/update/behave_approx_kl/avg"] == pytest.approx(delta0 / 2)
+    assert d["areal"]["ppo_actor/update/behave_imp_weight/max"] == pytest.approx(math.exp(delta0))
+    # slime: mean of per-sample means (δ0/2 and δ1) over 2 samples, or Σ|δ| / Σ max(n_i, 1) = (δ0 + δ1)/3
+    assert d["slime"]["train/train_rollout_logprob_abs_diff"] == pytest.approx((delta0 / 2 + delta1) / 2)
+    assert d["slime"]["train/train_rollout_logprob_abs_diff (--calculate-per-token-loss)"] == pytest.approx(
+        (delta0 + delta1) / 3
+    )
+    # ROLL, segment level: row0 has one segment (mean δ0/2), so segment = geometric there
+    assert d["roll"]["actor/train_infer_ratio_segment_mean"] == pytest.approx(
+        d["roll"]["actor/train_infer_ratio_geometric_mean"], rel=1e-15
+    )
+
+
+def test_resolve_names_and_refuse_unknown_ones():
+    assert resolve("all") == tuple(FRAMEWORKS)
+    assert resolve("TRL, skyrl,trl") == ("trl", "skyrl")
+    with pytest.raises(ConfigError, match="--dialect grpo: not a dialect"):
+        resolve("grpo")
+    with pytest.raises(ConfigError):
+        resolve("")
+
+
+def test_every_framework_cites_repo_and_commit_and_its_metrics_are_the_ones_it_reports(all_result):
+    run = all_result.run
+    for name, framework in FRAMEWORKS.items():
+        assert len([word for word in framework.source.split() if len(word) == 40 and word.isalnum()]) == 1, name
+        assert list(run.dialects[name]) == [m.name for m in framework.metrics if m.name in run.dialects[name]]
+        assert set(run.dialects[name]) == {m.name for m in framework.metrics}, name
+
+
+def test_docs_dialects_md_is_generated_from_the_code():
+    stale = "regenerate: python -m rollout_diag.metrics.dialects > docs/dialects.md"
+    assert DOCS.read_text(encoding="utf-8") == markdown(), stale
+
+
+def test_json_carries_dialects_and_matches_the_schema(all_result):
+    import jsonschema
+
+    document = json.loads(json.dumps(all_result.to_json(), allow_nan=False))
+    schema = json.loads((DOCS.parent.parent / "schemas" / "result.schema.json").read_text())
+    jsonschema.validate(document, schema)
+    assert set(document["run"]["dialects"]) == set(FRAMEWORKS)
+    assert "dialects" not in next(s for s in document["steps"] if s["step"] == 4)  # the step without model tokens
+    # the round trip through StepResult.from_json (report --from-json) keeps them
+    assert rd.StepResult.from_json(document["run"]).dialects.keys() == document["run"]["dialects"].keys()
+
+
+def test_cli_dialect_all_prints_one_table_and_where_they_differ(dataset):
+    from typer.testing import CliRunner
+
+    from rollout_diag.cli import app
+
+    path, _ = dataset
+    result = CliRunner().invoke(
+        app, ["analyze", str(path), "--device", "cpu", "--dialect", "all"], env={"COLUMNS": "200"}
+    )
+    assert result.exit_code == 0, result.output
+    assert "Every trainer's mismatch metrics" in result.output
+    for title in ("verl", "prime-rl", "NeMo-RL", "slime", "SkyRL", "TRL", "ROLL", "AReaL", "OpenRLHF"):
+        assert title in result.output
+    for difference in ("token- vs sequence-normalised", "probability vs log space", "padding leaking", "empty rows"):
+        assert difference in result.output
+    assert "Traceback" not in result.output
+    plain = CliRunner().invoke(app, ["analyze", str(path), "--device", "cpu"], env={"COLUMNS": "200"})
+    assert "Every trainer's mismatch metrics" not in plain.output  # the default verl dialect adds no table
+    bad = CliRunner().invoke(app, ["analyze", str(path), "--device", "cpu", "--dialect", "grpo"])
+    assert bad.exit_code == 1
+    assert bad.output.strip().startswith("Error: --dialect grpo: not a dialect")
+
+
+def test_report_shows_the_dialects_section_only_when_asked(dataset, all_result, tmp_path):
+    from rollout_diag.report import render_report
+
+    page = render_report(all_result)
+    assert "Trainer dialects" in page and "train/vllm_kl" in page and "Where they differ on this data" in page
+    assert "Trainer dialects" not in render_report(rd.analyze(str(dataset[0]), device="cpu"))
+    from typer.testing import CliRunner
+
+    from rollout_diag.cli import app
+
+    out = tmp_path / "r.html"
+    run = CliRunner().invoke(app, ["report", str(dataset[0]), "--device", "cpu", "--dialect", "trl", "-o", str(out)])
+    assert run.exit_code == 0, run.output
+    assert "sampling/importance_sampling_ratio/mean" in out.read_text(encoding="utf-8")
