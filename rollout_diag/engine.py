@@ -9,10 +9,12 @@ from pathlib import Path
 import torch
 
 from rollout_diag.errors import ConfigError, DataError, where
+from rollout_diag.hints import with_hints
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, DumpReader, ReadLog
 from rollout_diag.metrics.base import StepAccumulator
 from rollout_diag.metrics.debug import DebugAccumulator
+from rollout_diag.metrics.hints import HintEvidenceAccumulator
 from rollout_diag.metrics.localize import (
     DEFAULT_CATASTROPHIC,
     DEFAULT_TOP_K,
@@ -66,6 +68,7 @@ class Analysis:
     positions: PositionAccumulator = field(init=False)
     worst: WorstTracker = field(init=False)
     empty_rows: list[tuple[int, str, str, int]] = field(default_factory=list)  # (step, sample_id, file, row)
+    hint_evidence: HintEvidenceAccumulator = field(default_factory=HintEvidenceAccumulator)
 
     def __post_init__(self) -> None:
         self.rounds = RoundAccumulator(self.max_rounds, self.catastrophic)
@@ -83,6 +86,7 @@ class Analysis:
             family.update(chunk)
         if not self.offpolicy_only:
             self.worst.update(chunk)
+            self.hint_evidence.update(chunk)
         if len(self.empty_rows) < MAX_LISTED_EMPTY_ROWS:
             for row in torch.nonzero(stats(chunk).row_count == 0).flatten().tolist()[:MAX_LISTED_EMPTY_ROWS]:
                 self.empty_rows.append(
@@ -93,6 +97,7 @@ class Analysis:
         for mine, theirs in zip(self.families, other.families, strict=True):
             mine.merge(theirs)
         self.worst.merge(other.worst)
+        self.hint_evidence.merge(other.hint_evidence)
         # the first rows by (step, file, row), whichever worker found them
         self.empty_rows = sorted(self.empty_rows + other.empty_rows, key=lambda e: (e[0], e[2], e[3]))
         del self.empty_rows[MAX_LISTED_EMPTY_ROWS:]
@@ -312,7 +317,7 @@ def build_result(analysis: Analysis, log: ReadLog, device: torch.device, strict:
         warnings.append(f"{log.skipped_rows} row(s) skipped as invalid; each is listed with its file, row and column.")
     rounds = analysis.rounds.finalize_table()
     trends = [t for t in (round_trend(rounds), step_trend(steps)) if t is not None]
-    return AnalysisResult(
+    result = AnalysisResult(
         inputs=list(log.files),
         columns=dict(log.columns),
         layout=log.layout,
@@ -333,3 +338,4 @@ def build_result(analysis: Analysis, log: ReadLog, device: torch.device, strict:
         skipped=list(log.skipped),
         skipped_rows=log.skipped_rows,
     )
+    return result if analysis.offpolicy_only else with_hints(result, analysis.hint_evidence.evidence())

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rollout_diag.render.format import level, number, percent
+from rollout_diag.render.hints import hint_lines
 from rollout_diag.results import AnalysisResult, StepResult
 from rollout_diag.verdicts import RULES, judge
 
@@ -39,6 +40,7 @@ def render_analysis(result: AnalysisResult, all_steps: bool = False) -> Renderab
     if result.worst_tokens:
         parts.append(worst_tokens_table(result))
     parts.extend(findings(result))
+    parts.extend(hint_lines(result))
     if result.skipped_rows:
         parts.append(skipped_table(result))
     for warning in result.warnings:

@@ -15,6 +15,7 @@ from typing import Any
 from rollout_diag.report.comparison import is_comparison, presets_section, rejection_by_step, select_presets
 from rollout_diag.report.from_json import result_from_json
 from rollout_diag.report.header import header_html
+from rollout_diag.report.hints import hints_section
 from rollout_diag.report.markup import escape
 from rollout_diag.report.page import compact, render_page
 from rollout_diag.report.sections import (
@@ -61,6 +62,7 @@ def render_report(
     canvas = Canvas()
     sections = [
         trends_section(result, canvas, rejection_by_step(selected)),
+        hints_section(result),
         rounds_section(result, canvas),
         positions_section(result, canvas),
         delta_section(result, canvas),

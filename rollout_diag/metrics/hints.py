@@ -1,0 +1,352 @@
+"""Evidence for the root-cause hints (``rollout_diag/hints.py``): float64 sums per step, mergeable, and the
+same for any chunking (chunks hold whole rows, so neighbouring tokens and row fits never straddle chunks).
+
+Every hint either compares the mismatch of two groups of model tokens (trainer shifted one position vs
+aligned, first tokens of a round vs the rest, low vs high rollout probability, late vs early positions,
+stale vs fresh rows) or counts a pattern (exact-zero or copied logprobs, rows where δ is proportional to
+log p). All of it is counts, sums and sums of squares, kept per step so a hint can name its steps, plus a
+few example rows per hint in bounded top-K sets. Thresholds live in ``rollout_diag/hints.py`` and
+``docs/hints.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from rollout_diag.hints import Evidence, RowRef
+from rollout_diag.io.chunk import Chunk
+from rollout_diag.metrics.base import State, StepAccumulator
+from rollout_diag.metrics.localize import POSITION_BUCKETS, TopK
+from rollout_diag.metrics.segments import ChunkStats, position_bucket, quantity, stats
+
+CLIP = 1.0  # group means use min(|δ|, 1) (ρ outside [1/e, e] counts as 1): a few catastrophic tokens cannot carry one
+LOG_HALF = math.log(0.5)  # a logprob of exactly 0 (p = 1) where the other side says p < 0.5 is no rounding error
+# Rollout-probability buckets: p ≥ 0.9, 0.5–0.9, 0.1–0.5, 0.01–0.1, < 0.01 (bucket k: below k edges).
+PROBABILITY_EDGES = (0.9, 0.5, 0.1, 0.01)
+PROBABILITY_BUCKETS = len(PROBABILITY_EDGES) + 1
+FIT_MIN_TOKENS = 8  # a row's δ ≈ c·log p fit needs this many model tokens
+FIT_MIN_SLOPE = 0.05  # |c| ≥ 0.05: a temperature (or scale) at least 5 % away from 1
+FIT_MIN_R2 = 0.5  # the line explains at least half of Σδ² in the row
+EXAMPLE_ROWS = 5  # example rows kept per hint
+EXAMPLE_KINDS = ("off_by_one", "dummy_logprobs", "processed_logprobs", "first_token", "last_token", "staleness")
+
+# Per-step sums, one column each (token counts, Σ y and Σ y² with y = min(|δ|, 1), and pattern counts).
+TOKEN_SUMS = (
+    "tokens",
+    "pairs",  # model tokens followed by a model token at the next position of the same row
+    "pair_abs",  # Σ|δ_t| over those tokens: the aligned baseline of the shift test
+    "shift_next",  # Σ|a_{t+1} − r_t|: trainer logprobs one position late
+    "shift_prev",  # Σ|a_t − r_{t+1}|: trainer logprobs one position early
+    "dummy_zero",  # one side exactly 0.0 while the other says p < 0.5
+    "dummy_zero_run",  # … next to another such token (runs)
+    "copied",  # one side repeats its neighbour's value exactly while the other side differs by > log 2
+    "cross",  # Σ δ·r (the δ ≈ c·r fit pooled over the step)
+    "rollout_square",  # Σ r²
+    "delta_square",  # Σ δ²
+    "first",
+    "first_y",
+    "first_y2",  # first token of each round
+    "last",
+    "last_y",
+    "last_y2",  # last model token of each row
+    "rest",
+    "rest_y",
+    "rest_y2",  # every other model token
+)
+ROW_SUMS = ("fit_rows", "fit_up", "fit_down")  # rows with a fit; with c ≥ +0.05 / c ≤ −0.05 and R² ≥ 0.5
+PROBABILITY_COLUMNS = ("tokens", "abs", "y", "y2")  # per rollout-probability bucket (abs: Σ|δ| unclipped)
+POSITION_COLUMNS = ("tokens", "y", "y2")  # per log2 position bucket
+
+
+@quantity("hint_clipped_abs")
+def _clipped_abs(s: ChunkStats) -> torch.Tensor:
+    return s.token("abs_log_ratio").clamp(max=CLIP)
+
+
+@quantity("hint_successor")
+def _successor(s: ChunkStats) -> torch.Tensor:
+    """1.0 where the next model token is the next position of the same row (the pair a ±1 shift compares)."""
+    model = s.chunk.model
+    out = torch.zeros_like(model.log_ratio)
+    if model.row.numel() > 1:
+        out[:-1] = ((model.row[1:] == model.row[:-1]) & (model.position[1:] == model.position[:-1] + 1)).to(out.dtype)
+    return out
+
+
+@quantity("hint_round_first")
+def _round_first(s: ChunkStats) -> torch.Tensor:
+    """1.0 on the first token of each round (position 0 of a model segment)."""
+    successor = s.token("hint_successor")
+    out = torch.ones_like(successor)
+    out[1:] = 1.0 - successor[:-1]
+    return out
+
+
+@quantity("hint_row_last")
+def _row_last(s: ChunkStats) -> torch.Tensor:
+    """1.0 on the last model token of each row."""
+    row = s.chunk.model.row
+    out = torch.ones_like(s.chunk.model.log_ratio)
+    if row.numel() > 1:
+        out[:-1] = (row[1:] != row[:-1]).to(out.dtype)
+    return out
+
+
+def _neighbour_patterns(s: ChunkStats) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dummy zero, dummy zero in a run, copied) indicators over model tokens (float64 [M])."""
+    model = s.chunk.model
+    trainer, rollout = model.trainer, model.rollout
+    dummy = ((rollout == 0.0) & (trainer < LOG_HALF)) | ((trainer == 0.0) & (rollout < LOG_HALF))
+    linked = s.token("hint_successor") > 0
+    in_run = torch.zeros_like(dummy)
+    copied = torch.zeros_like(dummy)
+    if dummy.numel() > 1:
+        pair_dummy = linked[:-1] & dummy[:-1] & dummy[1:]
+        in_run[:-1] |= pair_dummy
+        in_run[1:] |= pair_dummy
+        gap = math.log(2.0)
+        same_rollout = (rollout[1:] == rollout[:-1]) & (rollout[1:] != 0.0) & ((trainer[1:] - trainer[:-1]).abs() > gap)
+        same_trainer = (trainer[1:] == trainer[:-1]) & (trainer[1:] != 0.0) & ((rollout[1:] - rollout[:-1]).abs() > gap)
+        copied[1:] = linked[:-1] & (same_rollout | same_trainer)
+    return dummy.to(torch.float64), in_run.to(torch.float64), copied.to(torch.float64)
+
+
+class _ChunkEvidence:
+    """Token features and row sums of one chunk, computed once and shared by the step sums and the examples."""
+
+    def __init__(self, chunk: Chunk) -> None:
+        s = stats(chunk)
+        model = chunk.model
+        self.chunk, self.stats = chunk, s
+        trainer, rollout, delta = model.trainer, model.rollout, model.log_ratio
+        successor = s.token("hint_successor")
+        linked = successor > 0
+        shift_next = torch.zeros_like(delta)
+        shift_prev = torch.zeros_like(delta)
+        if delta.numel() > 1:
+            shift_next[:-1] = (trainer[1:] - rollout[:-1]).abs()
+            shift_prev[:-1] = (trainer[:-1] - rollout[1:]).abs()
+        shift_next = torch.where(linked, shift_next, 0.0)
+        shift_prev = torch.where(linked, shift_prev, 0.0)
+        dummy, dummy_run, copied = _neighbour_patterns(s)
+        y = s.token("hint_clipped_abs")
+        y2 = y * y
+        first, last = s.token("hint_round_first"), s.token("hint_row_last")
+        rest = 1.0 - torch.maximum(first, last)
+        columns = {
+            "tokens": torch.ones_like(delta),
+            "pairs": successor,
+            "pair_abs": successor * s.token("abs_log_ratio"),
+            "shift_next": shift_next,
+            "shift_prev": shift_prev,
+            "dummy_zero": dummy,
+            "dummy_zero_run": dummy_run,
+            "copied": copied,
+            "cross": delta * rollout,
+            "rollout_square": rollout * rollout,
+            "delta_square": delta * delta,
+            "first": first,
+            "first_y": first * y,
+            "first_y2": first * y2,
+            "last": last,
+            "last_y": last * y,
+            "last_y2": last * y2,
+            "rest": rest,
+            "rest_y": rest * y,
+            "rest_y2": rest * y2,
+        }
+        self.tokens = torch.stack([columns[name] for name in TOKEN_SUMS], dim=1)  # [M, K]
+        self.rows = _row_sums(chunk, self.tokens)  # [R, K]
+        self.y, self.y2 = y, y2
+
+    def column(self, name: str) -> torch.Tensor:
+        """Per-row sums of one TOKEN_SUMS column (float64 [R])."""
+        return self.rows[:, TOKEN_SUMS.index(name)]
+
+    def fit(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per row: (has a fit, slope c of δ ≈ c·r through the origin, R² of that line)."""
+        n, cross = self.column("tokens"), self.column("cross")
+        rollout_square, delta_square = self.column("rollout_square"), self.column("delta_square")
+        fitted = (n >= FIT_MIN_TOKENS) & (rollout_square > 0) & (delta_square > 0)
+        slope = cross / rollout_square.clamp(min=1e-300)
+        # R² = 1 − Σ(δ − c·r)² / Σδ² = (Σδr)² / (Σr² · Σδ²) for the least-squares c
+        r2 = cross * cross / (rollout_square * delta_square).clamp(min=1e-300)
+        return fitted, torch.where(fitted, slope, 0.0), torch.where(fitted, r2, 0.0)
+
+
+def _row_sums(chunk: Chunk, values: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros((chunk.rows, values.shape[1]), dtype=torch.float64, device=values.device)
+    return out.index_add_(0, chunk.model.row, values)
+
+
+def _group_sums(chunk: Chunk, row_values: torch.Tensor) -> torch.Tensor:
+    """Σ of per-row values [R, ...] over each step group [G, ...]."""
+    groups = chunk.groups
+    out = torch.zeros((groups.count, *row_values.shape[1:]), dtype=torch.float64, device=row_values.device)
+    return out.index_add_(0, groups.row_group, row_values)
+
+
+def _bucket_sums(chunk: Chunk, bucket: torch.Tensor, buckets: int, values: torch.Tensor) -> torch.Tensor:
+    """Σ of token values [M, K] by (step group, bucket) into [G, buckets, K]."""
+    groups = chunk.groups
+    index = bucket if groups.count == 1 else groups.row_group[chunk.model.row] * buckets + bucket
+    out = torch.zeros((groups.count * buckets, values.shape[1]), dtype=torch.float64, device=values.device)
+    return out.index_add_(0, index, values).view(groups.count, buckets, values.shape[1])
+
+
+def _evidence(chunk: Chunk) -> _ChunkEvidence:
+    found = chunk.cache.get("hint_evidence")
+    if found is None:
+        found = chunk.cache["hint_evidence"] = _ChunkEvidence(chunk)
+    return found
+
+
+def probability_bucket(rollout: torch.Tensor) -> torch.Tensor:
+    """Index of each rollout logprob's probability bucket (0: p ≥ 0.9 … 4: p < 0.01)."""
+    bucket = torch.zeros_like(rollout, dtype=torch.int64)
+    for edge in PROBABILITY_EDGES:
+        bucket += (rollout < math.log(edge)).to(torch.int64)
+    return bucket
+
+
+class HintEvidenceAccumulator(StepAccumulator):
+    """Per step: TOKEN_SUMS and ROW_SUMS (scalars), rollout-probability and position buckets; plus example rows
+    per hint and, when the dump has a policy_version column, mismatch per version lag (step − policy_version)."""
+
+    REDUCTIONS: ClassVar[dict[str, str]] = {
+        **{name: "sum" for name in TOKEN_SUMS + ROW_SUMS},
+        "probability_buckets": "sum",
+        "position_buckets": "sum",
+    }
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.examples = {kind: TopK(EXAMPLE_ROWS) for kind in EXAMPLE_KINDS}
+        self.lags: dict[int, np.ndarray] = {}  # lag → [tokens, Σy, Σy², rows]
+        self.has_versions = False
+
+    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
+        evidence = _evidence(chunk)
+        model = chunk.model
+        sums = _group_sums(chunk, evidence.rows)
+        out = {name: sums[:, index] for index, name in enumerate(TOKEN_SUMS)}
+        fitted, slope, r2 = evidence.fit()
+        good = fitted & (r2 >= FIT_MIN_R2)
+        row_flags = torch.stack([fitted, good & (slope >= FIT_MIN_SLOPE), good & (slope <= -FIT_MIN_SLOPE)], dim=1)
+        flag_sums = _group_sums(chunk, row_flags.to(torch.float64))
+        out.update({name: flag_sums[:, index] for index, name in enumerate(ROW_SUMS)})
+        y, y2 = evidence.y, evidence.y2
+        ones = torch.ones_like(y)
+        out["probability_buckets"] = _bucket_sums(
+            chunk,
+            probability_bucket(model.rollout),
+            PROBABILITY_BUCKETS,
+            torch.stack([ones, model.log_ratio.abs(), y, y2], dim=1),
+        )
+        position = position_bucket(model.position).clamp(max=POSITION_BUCKETS - 1)
+        out["position_buckets"] = _bucket_sums(chunk, position, POSITION_BUCKETS, torch.stack([ones, y, y2], dim=1))
+        return out
+
+    def _finalize(self, state: State) -> dict[str, float]:
+        # The evidence is not a metric: rollout_diag.hints reads the states (see ``evidence``).
+        return {}
+
+    def update(self, chunk: Chunk) -> None:
+        super().update(chunk)
+        evidence = _evidence(chunk)
+        self._offer_examples(chunk, evidence)
+        if chunk.policy_version is not None:
+            self.has_versions = True
+            self._add_lags(chunk, evidence)
+
+    def merge(self, other: StepAccumulator) -> None:
+        super().merge(other)
+        assert isinstance(other, HintEvidenceAccumulator)
+        for kind, tracker in self.examples.items():
+            tracker.merge(other.examples[kind])
+        for lag, sums in other.lags.items():
+            self.lags[lag] = self.lags[lag] + sums if lag in self.lags else sums.copy()
+        self.has_versions |= other.has_versions
+
+    def _row_scores(self, chunk: Chunk, evidence: _ChunkEvidence) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Per hint: (score of each row, rows that show the pattern at all)."""
+        pairs = evidence.column("pairs")
+        shifted = torch.minimum(evidence.column("shift_next"), evidence.column("shift_prev"))
+        drop = (evidence.column("pair_abs") - shifted) / pairs.clamp(min=1.0)  # mean |δ| the shift removes
+        fitted, slope, r2 = evidence.fit()
+        first, last = evidence.column("first"), evidence.column("last")
+        first_mean = evidence.column("first_y") / first.clamp(min=1.0)
+        rest_mean = evidence.column("rest_y") / evidence.column("rest").clamp(min=1.0)
+        dummy = evidence.column("dummy_zero_run") + evidence.column("copied")
+        processed = slope.abs() * r2
+        scores = {
+            "off_by_one": (drop, (pairs > 0) & (drop > 0)),
+            "dummy_logprobs": (dummy, dummy > 0),
+            "processed_logprobs": (processed, fitted & (slope.abs() >= FIT_MIN_SLOPE) & (r2 >= FIT_MIN_R2)),
+            "first_token": (first_mean - rest_mean, (first > 0) & (first_mean > rest_mean)),
+            "last_token": (evidence.column("last_y") - rest_mean, (last > 0) & (evidence.column("last_y") > rest_mean)),
+        }
+        if chunk.policy_version is not None:
+            tokens = evidence.column("tokens")
+            row_mean = _row_sums(chunk, evidence.y.unsqueeze(1))[:, 0] / tokens.clamp(min=1.0)
+            lag = (chunk.step - chunk.policy_version).to(torch.float64)
+            # the most stale rows first; among equally stale ones the most mismatched (row_mean < 1)
+            scores["staleness"] = (lag + row_mean.clamp(max=0.999), tokens > 0)
+        return scores
+
+    def _offer_examples(self, chunk: Chunk, evidence: _ChunkEvidence) -> None:
+        steps = chunk.step.tolist()
+        for kind, (score, shows) in self._row_scores(chunk, evidence).items():
+            tracker = self.examples[kind]
+            values, eligible = score.cpu().numpy(), shows.cpu().numpy()
+            candidates = np.flatnonzero(eligible & (values >= tracker.threshold()))
+            if candidates.size == 0:
+                continue
+            keys = {
+                row: (steps[row], chunk.sample_id[row], chunk.file[row], chunk.file_row[row], -1)
+                for row in candidates.tolist()
+            }
+            # sorted as TopK sorts (score, then location), so the kept rows do not depend on chunking
+            best = sorted(keys, key=lambda row: (-values[row], keys[row]))[:EXAMPLE_ROWS]
+            tracker.offer([(float(values[row]), keys[row], None) for row in best])
+
+    def _add_lags(self, chunk: Chunk, evidence: _ChunkEvidence) -> None:
+        tokens = evidence.column("tokens")
+        y_rows = _row_sums(chunk, torch.stack([evidence.y, evidence.y2], dim=1))
+        lag = (chunk.step - chunk.policy_version).cpu().numpy()
+        per_row = torch.stack([tokens, y_rows[:, 0], y_rows[:, 1], (tokens > 0).to(torch.float64)], dim=1)
+        per_row_host = per_row.cpu().numpy()
+        for value in np.unique(lag).tolist():
+            sums = per_row_host[lag == value].sum(axis=0)
+            if sums[0] == 0:
+                continue
+            self.lags[value] = self.lags[value] + sums if value in self.lags else sums
+
+    def evidence(self) -> Evidence:
+        """The run's and each step's sums, the example rows and the version lags, for ``rollout_diag.hints``."""
+        run = self.run_state()
+        examples: dict[str, list[RowRef]] = {}
+        for kind, tracker in self.examples.items():
+            examples[kind] = [
+                RowRef(step=key[0], sample_id=key[1], file=key[2], row=key[3], score=score)
+                for score, key, _ in tracker.items
+            ]
+        return Evidence(
+            run=_named(run) if run is not None else {},
+            steps={step: _named(state) for step, state in sorted(self.steps.items())},
+            examples=examples,
+            lags={lag: [float(v) for v in sums] for lag, sums in sorted(self.lags.items())},
+            has_versions=self.has_versions,
+        )
+
+
+def _named(state: State) -> dict[str, Any]:
+    """A state as plain floats and nested lists (what the pure hint functions read)."""
+    out: dict[str, Any] = {name: float(state[name]) for name in TOKEN_SUMS + ROW_SUMS}
+    for name, columns in (("probability_buckets", PROBABILITY_COLUMNS), ("position_buckets", POSITION_COLUMNS)):
+        out[name] = [dict(zip(columns, map(float, bucket), strict=True)) for bucket in state[name]]
+    return out
