@@ -33,11 +33,17 @@ MIN_GAP = 1e-3  # the elevated group's mean min(|δ|, 1) exceeds the other's by 
 # off_by_one: shifting the trainer logprobs one position at least halves mean |δ| over ≥ 100 token pairs
 SHIFT_MAX_RATIO = 0.5
 SHIFT_MIN_PAIRS = 100
-SHIFT_MIN_ALIGNED = 0.01  # … and the aligned mean |δ| is at least the log-ppl watch level
+SHIFT_MIN_ALIGNED = 0.01  # … and the aligned mean |δ| is at least the log-ppl watch level;
+SHIFT_MIN_ROWS = 3  # or, when only some rows or steps are shifted, ≥ 3 rows pass the test on their own pairs:
+SHIFT_ROW_MIN_PAIRS = 16  # ≥ 16 pairs in the row, and an aligned mean |δ| ≥ 0.05 (a shifted gather gives |δ| ~ 1)
+SHIFT_ROW_MIN_ALIGNED = 0.05
 # dummy_logprobs: exact-zero runs and copies on ≥ 10 model tokens and ≥ 0.5 % of them
 DUMMY_MIN_TOKENS = 10
 DUMMY_MIN_SHARE = 0.005
 # processed_logprobs: ≥ 8 rows with a fit, and ≥ half of them with a same-sign slope |c| ≥ 0.05 and R² ≥ 0.5
+FIT_MIN_TOKENS = 8  # a row's δ ≈ c·log p fit needs this many model tokens
+FIT_MIN_SLOPE = 0.05  # |c| ≥ 0.05: a temperature (or scale) at least 5 % away from 1
+FIT_MIN_R2 = 0.5  # the line explains at least half of Σδ² in the row
 PROCESSED_MIN_ROWS = 8
 PROCESSED_MIN_SHARE = 0.5
 EDGE_MIN_FACTOR = 3.0  # first_token / last_token: mean at least 3× the other tokens'
@@ -45,7 +51,7 @@ LOW_PROBABILITY_MIN_FACTOR = 3.0  # p < 0.1 tokens' mean at least 3× that of p 
 LONG_CONTEXT_MIN_BUCKETS = 4  # log2 position buckets (positions ≥ 1) with ≥ 30 tokens
 LONG_CONTEXT_MIN_FACTOR = 2.0  # later half of the buckets at least 2× the earlier half
 TURN_MIN_ROUNDS = 3  # rounds with ≥ 30 tokens (the round trend's own rule)
-TURN_MIN_FACTOR = 2.0  # last such round's mean |δ| at least 2× round 0's
+TURN_MIN_FACTOR = 2.0  # the fitted mean |δ| at the last such round at least 2× the fitted one at the first
 STALENESS_MIN_FACTOR = 1.5  # rows behind the freshest policy at least 1.5× the mismatch of the freshest
 MAX_STEPS = 10  # steps listed per hint
 PROBABILITY_LABELS = ("p ≥ 0.9", "0.5 ≤ p < 0.9", "0.1 ≤ p < 0.5", "0.01 ≤ p < 0.1", "p < 0.01")
@@ -175,7 +181,7 @@ def _fmt(value: float) -> str:
 
 # ------------------------------------------------------------------------------------------ off_by_one
 def _shift(sums: Sums) -> tuple[float, float, str] | None:
-    """(aligned mean |δ|, shifted mean |δ|, direction) over token pairs when the shift test passes."""
+    """(aligned mean |δ|, shifted mean |δ|, direction) over all token pairs when the shift test passes."""
     pairs = sums["pairs"]
     if pairs < SHIFT_MIN_PAIRS:
         return None
@@ -187,26 +193,45 @@ def _shift(sums: Sums) -> tuple[float, float, str] | None:
     return None
 
 
+def _shift_strength(sums: Sums) -> float | None:
+    """How much shifting helps in a step: over all its pairs, else over its rows that pass on their own."""
+    found = _shift(sums)
+    if found is not None:
+        return found[0] / max(found[1], 1e-12)
+    if sums["shift_rows"] > 0:
+        return sums["shift_rows_aligned"] / max(sums["shift_rows_shifted"], 1e-12)
+    return None
+
+
 def off_by_one(evidence: Evidence) -> Hint | None:
-    found = _shift(evidence.run)
-    if found is None:
+    run = evidence.run
+    found = _shift(run)
+    if found is not None:
+        aligned, shifted, direction = found
+        scope = "all rows"
+    elif run["shift_rows"] >= SHIFT_MIN_ROWS:
+        aligned = run["shift_rows_aligned"] / run["shift_rows_pairs"]
+        shifted = run["shift_rows_shifted"] / run["shift_rows_pairs"]
+        direction = "late" if run["shift_next"] <= run["shift_prev"] else "early"
+        scope = f"{int(run['shift_rows'])} rows"
+    else:
         return None
-    aligned, shifted, direction = found
     lead = "a_{t+1} matches r_t" if direction == "late" else "a_t matches r_{t+1}"
     return Hint(
         id="off_by_one",
         message=(
             f"Shifting the trainer logprobs one position {'back' if direction == 'late' else 'forward'} cuts mean |δ| "
-            f"from {_fmt(aligned)} to {_fmt(shifted)} ({lead}): the signature of an off-by-one gather of the "
-            "logprobs (labels vs logits shift) on one side."
+            f"from {_fmt(aligned)} to {_fmt(shifted)} in {scope} ({lead}): the signature of an off-by-one gather of "
+            "the logprobs (labels vs logits shift) on one side."
         ),
         evidence={
             "aligned_abs_diff_mean": aligned,
             "shifted_abs_diff_mean": shifted,
             "ratio": shifted / aligned,
-            "token_pairs": evidence.run["pairs"],
+            "rows_shifted": run["shift_rows"],
+            "token_pairs": run["pairs"],
         },
-        steps=_steps(evidence, lambda s: None if (f := _shift(s)) is None else f[0] / max(f[1], 1e-12)),
+        steps=_steps(evidence, _shift_strength),
         rows=_rows(evidence, "off_by_one"),
         look_at=f"trainer logprobs one position {direction} against the rollout logprobs",
     )
@@ -428,26 +453,30 @@ def long_context(evidence: Evidence) -> Hint | None:
 
 # ------------------------------------------------------------------------------------------ turn_growth
 def _turn_growth(rounds: Sequence[Mapping[str, Any]]) -> tuple[float, float, float, float, int, int] | None:
-    """(slope, CI low, first round mean, last round mean, last round, rounds used) of mean |δ| per round."""
+    """(slope, CI low, fitted mean |δ| at the first and at the last round used, last round, rounds used)."""
     used = [r for r in rounds if not r["pooled"] and r["token_count"] >= MIN_GROUP_TOKENS]
     if len(used) < TURN_MIN_ROUNDS:
         return None
-    fit = least_squares([float(r["round"]) for r in used], [r["logprob_abs_diff_mean"] for r in used])
+    xs, ys = [float(r["round"]) for r in used], [r["logprob_abs_diff_mean"] for r in used]
+    fit = least_squares(xs, ys)
     if fit is None or fit[1] <= 0:
         return None
-    first, last = used[0]["logprob_abs_diff_mean"], used[-1]["logprob_abs_diff_mean"]
-    if last - first < MIN_GAP or last < TURN_MIN_FACTOR * first:
+    # the fitted line, not the last round's own mean: late rounds are few and noisy
+    intercept = sum(ys) / len(ys) - fit[0] * sum(xs) / len(xs)
+    first, last = intercept + fit[0] * xs[0], intercept + fit[0] * xs[-1]
+    if first <= 0 or last - first < MIN_GAP or last < TURN_MIN_FACTOR * first:
         return None
     return fit[0], fit[1], first, last, int(used[-1]["round"]), len(used)
 
 
-def _step_rounds(metrics: Mapping[str, float]) -> list[dict[str, Any]]:
-    """A step's per-round table rebuilt from its per_round/round_<k>/… metrics."""
+def _step_rounds(metrics: Mapping[str, float], pooled: set[int]) -> list[dict[str, Any]]:
+    """A step's per-round table rebuilt from its per_round/round_<k>/… metrics (``pooled``: the pooled round)."""
     rounds: dict[int, dict[str, Any]] = {}
     for name, value in metrics.items():
         parts = name.split("/")
         if len(parts) == 3 and parts[0] == "per_round" and parts[1].startswith("round_"):
-            entry = rounds.setdefault(int(parts[1][6:]), {"pooled": False})
+            index = int(parts[1][6:])
+            entry = rounds.setdefault(index, {"pooled": index in pooled})
             entry[parts[2]] = value
     return [
         {"round": k, **v}
@@ -462,15 +491,17 @@ def turn_growth(result: AnalysisResult) -> Hint | None:
         return None
     slope, low, first, last, last_round, used = found
     steps = []
+    pooled = {int(r["round"]) for r in result.rounds if r["pooled"]}
     for step in result.steps:
-        step_found = _turn_growth(_step_rounds(step.metrics))
+        step_found = _turn_growth(_step_rounds(step.metrics, pooled))
         if step_found is not None and step.step is not None:
             steps.append((step_found[3] / max(step_found[2], 1e-12), step.step))
     return Hint(
         id="turn_growth",
         message=(
             f"Mismatch grows with the turn: mean |δ| rises by {slope:.3g} per round (95 % CI from {low:.3g}), from "
-            f"{_fmt(first)} in round 0 to {_fmt(last)} in round {last_round}: the two sides see different contexts "
+            f"{_fmt(first)} at the first round to {_fmt(last)} at round {last_round} (fitted): the two sides see "
+            "different contexts "
             "in later turns (tool outputs re-tokenized, chat template or truncation differences)."
         ),
         evidence={

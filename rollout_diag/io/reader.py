@@ -287,7 +287,7 @@ class DumpReader:
             file_row=block.file_row.tolist(),
             token_ids=None if block.token_ids is None else torch.tensor(block.token_ids, device=device),
             token_text=None if text is None else _text_lookup(text, offsets),
-            policy_version=None if block.policy_version is None else torch.from_numpy(block.policy_version).to(device),
+            policy_version=None if block.policy_version is None else torch.tensor(block.policy_version, device=device),
         )
 
 

@@ -5,8 +5,8 @@ Every hint either compares the mismatch of two groups of model tokens (trainer s
 aligned, first tokens of a round vs the rest, low vs high rollout probability, late vs early positions,
 stale vs fresh rows) or counts a pattern (exact-zero or copied logprobs, rows where δ is proportional to
 log p). All of it is counts, sums and sums of squares, kept per step so a hint can name its steps, plus a
-few example rows per hint in bounded top-K sets. Thresholds live in ``rollout_diag/hints.py`` and
-``docs/hints.md``.
+few example rows per hint in bounded top-K sets. Thresholds, also those applied per row here, live in
+``rollout_diag/hints.py`` with their reasons in ``docs/hints.md``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,16 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from rollout_diag.hints import Evidence, RowRef
+from rollout_diag.hints import (
+    FIT_MIN_R2,
+    FIT_MIN_SLOPE,
+    FIT_MIN_TOKENS,
+    SHIFT_MAX_RATIO,
+    SHIFT_ROW_MIN_ALIGNED,
+    SHIFT_ROW_MIN_PAIRS,
+    Evidence,
+    RowRef,
+)
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator
 from rollout_diag.metrics.localize import POSITION_BUCKETS, TopK
@@ -28,9 +37,6 @@ LOG_HALF = math.log(0.5)  # a logprob of exactly 0 (p = 1) where the other side 
 # Rollout-probability buckets: p ≥ 0.9, 0.5–0.9, 0.1–0.5, 0.01–0.1, < 0.01 (bucket k: below k edges).
 PROBABILITY_EDGES = (0.9, 0.5, 0.1, 0.01)
 PROBABILITY_BUCKETS = len(PROBABILITY_EDGES) + 1
-FIT_MIN_TOKENS = 8  # a row's δ ≈ c·log p fit needs this many model tokens
-FIT_MIN_SLOPE = 0.05  # |c| ≥ 0.05: a temperature (or scale) at least 5 % away from 1
-FIT_MIN_R2 = 0.5  # the line explains at least half of Σδ² in the row
 EXAMPLE_ROWS = 5  # example rows kept per hint
 EXAMPLE_KINDS = ("off_by_one", "dummy_logprobs", "processed_logprobs", "first_token", "last_token", "staleness")
 
@@ -57,7 +63,16 @@ TOKEN_SUMS = (
     "rest_y",
     "rest_y2",  # every other model token
 )
-ROW_SUMS = ("fit_rows", "fit_up", "fit_down")  # rows with a fit; with c ≥ +0.05 / c ≤ −0.05 and R² ≥ 0.5
+ROW_SUMS = (
+    "fit_rows",  # rows with a δ ≈ c·r fit …
+    "fit_up",  # … with c ≥ +0.05 and R² ≥ 0.5
+    "fit_down",  # … with c ≤ −0.05 and R² ≥ 0.5
+    "shift_rows",  # rows whose own pairs pass the shift test (a shifted gather may hit some rows or steps only)
+    "shift_rows_pairs",  # their token pairs, Σ aligned |δ| and Σ |δ| in the better shift direction
+    "shift_rows_aligned",
+    "shift_rows_shifted",
+)
+
 PROBABILITY_COLUMNS = ("tokens", "abs", "y", "y2")  # per rollout-probability bucket (abs: Σ|δ| unclipped)
 POSITION_COLUMNS = ("tokens", "y", "y2")  # per log2 position bucket
 
@@ -236,9 +251,27 @@ class HintEvidenceAccumulator(StepAccumulator):
         out = {name: sums[:, index] for index, name in enumerate(TOKEN_SUMS)}
         fitted, slope, r2 = evidence.fit()
         good = fitted & (r2 >= FIT_MIN_R2)
-        row_flags = torch.stack([fitted, good & (slope >= FIT_MIN_SLOPE), good & (slope <= -FIT_MIN_SLOPE)], dim=1)
-        flag_sums = _group_sums(chunk, row_flags.to(torch.float64))
-        out.update({name: flag_sums[:, index] for index, name in enumerate(ROW_SUMS)})
+        pairs, aligned = evidence.column("pairs"), evidence.column("pair_abs")
+        shifted = torch.minimum(evidence.column("shift_next"), evidence.column("shift_prev"))
+        shift_row = (
+            (pairs >= SHIFT_ROW_MIN_PAIRS)
+            & (aligned >= SHIFT_ROW_MIN_ALIGNED * pairs)
+            & (shifted <= SHIFT_MAX_RATIO * aligned)
+        ).to(torch.float64)
+        row_values = torch.stack(
+            [
+                fitted.to(torch.float64),
+                (good & (slope >= FIT_MIN_SLOPE)).to(torch.float64),
+                (good & (slope <= -FIT_MIN_SLOPE)).to(torch.float64),
+                shift_row,
+                shift_row * pairs,
+                shift_row * aligned,
+                shift_row * shifted,
+            ],
+            dim=1,
+        )
+        row_sums = _group_sums(chunk, row_values)
+        out.update({name: row_sums[:, index] for index, name in enumerate(ROW_SUMS)})
         y, y2 = evidence.y, evidence.y2
         ones = torch.ones_like(y)
         out["probability_buckets"] = _bucket_sums(
