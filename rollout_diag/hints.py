@@ -294,15 +294,18 @@ def processed_logprobs(evidence: Evidence) -> Hint | None:
     if found is None:
         return None
     slope, r2, share, rows = found
+    # r = a / T gives δ = (T − 1)·r; a = r / T gives δ = (1/T − 1)·r
+    temperature = (
+        f"a temperature ≈ {1 + slope:.3g} applied to the rollout logprobs or ≈ {1 / (1 + slope):.3g} to the trainer's"
+        if 1 + slope > 0
+        else "a temperature"
+    )
     return Hint(
         id="processed_logprobs",
         message=(
             f"δ is proportional to the rollout logprob (δ ≈ {slope:.3g}·log p, R² = {r2:.2f}) in {share:.0%} of "
-            f"{int(rows)} rows: one side's logprobs come from a processed distribution (temperature "
-            f"≈ {1 + slope:.3g} on the trainer side or {1 / (1 + slope):.3g} on the rollout side, or top-p/top-k)."
-            if 1 + slope > 0
-            else f"δ is proportional to the rollout logprob (δ ≈ {slope:.3g}·log p, R² = {r2:.2f}) in {share:.0%} "
-            f"of {int(rows)} rows: one side's logprobs come from a processed distribution (temperature, top-p/top-k)."
+            f"{int(rows)} rows: one side's logprobs come from a processed distribution ({temperature}, or top-p / "
+            "top-k renormalisation)."
         ),
         evidence={"slope": slope, "r_squared": r2, "share_of_rows": share, "rows_fitted": rows},
         steps=_steps(evidence, lambda s: None if (f := _processed(s)) is None else f[2]),

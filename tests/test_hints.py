@@ -223,6 +223,13 @@ def test_the_real_sample_shows_low_probability_only():
     assert evidence["factor"] > 3.0 and evidence["lowest_bucket_abs_share"] > evidence["lowest_bucket_token_share"]
 
 
+def test_the_real_sample_without_its_mask_shows_dummy_logprobs(tmp_path):
+    # the real engine wrote 0.0 for the environment tokens it never scored; dropping the mask lets them in
+    without_mask = write_table(tmp_path / "no-mask.parquet", pq.read_table(REAL_SAMPLE).drop(["response_mask"]))
+    hint = next(h for h in rd.analyze(str(without_mask), device="cpu").hints if h.id == "dummy_logprobs")
+    assert hint.evidence["share_of_model_tokens"] > 0.05 and hint.evidence["copied_tokens"] == 0
+
+
 def test_off_by_one_names_the_direction_and_the_rows(tmp_path):
     path = dump(tmp_path, rows(4, plant=shift_trainer))
     hint = next(h for h in rd.analyze(str(path), device="cpu").hints if h.id == "off_by_one")
