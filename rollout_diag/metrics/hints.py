@@ -30,7 +30,7 @@ from rollout_diag.hints import (
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator
 from rollout_diag.metrics.localize import POSITION_BUCKETS, TopK
-from rollout_diag.metrics.segments import ChunkStats, position_bucket, quantity, stats
+from rollout_diag.metrics.segments import ChunkStats, quantity, reduce_runs, stats
 
 CLIP = 1.0  # group means use min(|δ|, 1) (ρ outside [1/e, e] counts as 1): a few catastrophic tokens cannot carry one
 LOG_HALF = math.log(0.5)  # a logprob of exactly 0 (p = 1) where the other side says p < 0.5 is no rounding error
@@ -78,105 +78,148 @@ POSITION_COLUMNS = ("tokens", "y", "y2")  # per log2 position bucket
 
 
 @quantity("hint_clipped_abs")
-def _clipped_abs(s: ChunkStats) -> torch.Tensor:
+def _clipped_abs(s: ChunkStats) -> torch.Tensor:  # y = min(|δ|, 1)
     return s.token("abs_log_ratio").clamp(max=CLIP)
 
 
-@quantity("hint_successor")
-def _successor(s: ChunkStats) -> torch.Tensor:
-    """1.0 where the next model token is the next position of the same row (the pair a ±1 shift compares)."""
-    model = s.chunk.model
-    out = torch.zeros_like(model.log_ratio)
-    if model.row.numel() > 1:
-        out[:-1] = ((model.row[1:] == model.row[:-1]) & (model.position[1:] == model.position[:-1] + 1)).to(out.dtype)
-    return out
+@quantity("hint_clipped_square")
+def _clipped_square(s: ChunkStats) -> torch.Tensor:  # y²
+    y = s.token("hint_clipped_abs")
+    return y * y
 
 
-@quantity("hint_round_first")
-def _round_first(s: ChunkStats) -> torch.Tensor:
-    """1.0 on the first token of each round (position 0 of a model segment)."""
-    successor = s.token("hint_successor")
-    out = torch.ones_like(successor)
-    out[1:] = 1.0 - successor[:-1]
-    return out
+@quantity("hint_cross")
+def _cross(s: ChunkStats) -> torch.Tensor:  # δ·r (the δ ≈ c·r fit)
+    return s.token("log_ratio") * s.token("rollout")
 
 
-@quantity("hint_row_last")
-def _row_last(s: ChunkStats) -> torch.Tensor:
-    """1.0 on the last model token of each row."""
-    row = s.chunk.model.row
-    out = torch.ones_like(s.chunk.model.log_ratio)
-    if row.numel() > 1:
-        out[:-1] = (row[1:] != row[:-1]).to(out.dtype)
-    return out
+@quantity("hint_rollout_square")
+def _rollout_square(s: ChunkStats) -> torch.Tensor:  # r²
+    rollout = s.token("rollout")
+    return rollout * rollout
 
 
-def _neighbour_patterns(s: ChunkStats) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dummy zero, dummy zero in a run, copied) indicators over model tokens (float64 [M])."""
-    model = s.chunk.model
-    trainer, rollout = model.trainer, model.rollout
-    dummy = ((rollout == 0.0) & (trainer < LOG_HALF)) | ((trainer == 0.0) & (rollout < LOG_HALF))
-    linked = s.token("hint_successor") > 0
-    in_run = torch.zeros_like(dummy)
-    copied = torch.zeros_like(dummy)
-    if dummy.numel() > 1:
-        pair_dummy = linked[:-1] & dummy[:-1] & dummy[1:]
-        in_run[:-1] |= pair_dummy
-        in_run[1:] |= pair_dummy
-        gap = math.log(2.0)
-        same_rollout = (rollout[1:] == rollout[:-1]) & (rollout[1:] != 0.0) & ((trainer[1:] - trainer[:-1]).abs() > gap)
-        same_trainer = (trainer[1:] == trainer[:-1]) & (trainer[1:] != 0.0) & ((rollout[1:] - rollout[:-1]).abs() > gap)
-        copied[1:] = linked[:-1] & (same_rollout | same_trainer)
-    return dummy.to(torch.float64), in_run.to(torch.float64), copied.to(torch.float64)
+def _isin(values: torch.Tensor, sorted_set: torch.Tensor) -> torch.Tensor:
+    """values ∈ sorted_set, elementwise (both small index tensors)."""
+    if sorted_set.numel() == 0:
+        return torch.zeros_like(values, dtype=torch.bool)
+    found = torch.searchsorted(sorted_set, values).clamp(max=sorted_set.numel() - 1)
+    return sorted_set[found] == values
 
 
 class _ChunkEvidence:
-    """Token features and row sums of one chunk, computed once and shared by the step sums and the examples."""
+    """Row sums of one chunk, computed once and shared by the step sums and the examples.
+
+    Full passes over the model tokens are few: the first / last tokens of rounds and rows are gathered by index
+    (one per round, one per row), the exact-zero and exact-copy patterns are searched among candidates first.
+    """
 
     def __init__(self, chunk: Chunk) -> None:
         s = stats(chunk)
         model = chunk.model
         self.chunk, self.stats = chunk, s
-        trainer, rollout, delta = model.trainer, model.rollout, model.log_ratio
-        successor = s.token("hint_successor")
-        linked = successor > 0
-        shift_next = torch.zeros_like(delta)
-        shift_prev = torch.zeros_like(delta)
-        if delta.numel() > 1:
+        trainer, rollout = model.trainer, model.rollout
+        tokens = model.row.numel()
+        device = model.row.device
+        self.row_lengths = s.row_count.to(torch.int64)
+        # Rounds from the segments: a segment opens a round where the row or the round index changes.
+        starts = s.segment_starts
+        opens = torch.ones_like(starts, dtype=torch.bool)
+        if starts.numel() > 1:
+            opens[1:] = (s.segment_row[1:] != s.segment_row[:-1]) | (s.segment_round[1:] != s.segment_round[:-1])
+        round_first = starts[opens]  # sorted token indices
+        round_last = torch.cat([round_first[1:] - 1, round_first.new_tensor([tokens - 1])]) if tokens else round_first
+        ends = torch.cumsum(self.row_lengths, 0)
+        row_last = (ends - 1)[self.row_lengths > 0]
+        row_of = model.row
+        y, y2 = s.token("hint_clipped_abs"), s.token("hint_clipped_square")
+        abs_delta = s.token("abs_log_ratio")
+
+        def gathered(index: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+            out = torch.zeros(chunk.rows, dtype=torch.float64, device=device)
+            return out.index_add_(0, row_of[index], values[index])
+
+        count = s.row_count
+        rounds = s.rounds_per_row.to(torch.float64)
+        total_y, total_y2 = s.row_sum("hint_clipped_abs"), s.row_sum("hint_clipped_square")
+        first_y, first_y2 = gathered(round_first, y), gathered(round_first, y2)
+        last_y, last_y2 = gathered(row_last, y), gathered(row_last, y2)
+        both = row_last[_isin(row_last, round_first)]  # a last round of one token: first and last at once
+        both_n = torch.zeros(chunk.rows, dtype=torch.float64, device=device).index_add_(
+            0, row_of[both], torch.ones(both.numel(), dtype=torch.float64, device=device)
+        )
+        has_tokens = (count > 0).to(torch.float64)
+        # shifted differences on every adjacent pair of tokens, then zeroed where the pair crosses a round end
+        shift_next = torch.zeros_like(y)
+        shift_prev = torch.zeros_like(y)
+        if tokens > 1:
             shift_next[:-1] = (trainer[1:] - rollout[:-1]).abs()
             shift_prev[:-1] = (trainer[:-1] - rollout[1:]).abs()
-        shift_next = torch.where(linked, shift_next, 0.0)
-        shift_prev = torch.where(linked, shift_prev, 0.0)
-        dummy, dummy_run, copied = _neighbour_patterns(s)
-        y = s.token("hint_clipped_abs")
-        y2 = y * y
-        first, last = s.token("hint_round_first"), s.token("hint_row_last")
-        rest = 1.0 - torch.maximum(first, last)
-        columns = {
-            "tokens": torch.ones_like(delta),
-            "pairs": successor,
-            "pair_abs": successor * s.token("abs_log_ratio"),
-            "shift_next": shift_next,
-            "shift_prev": shift_prev,
+            shift_next[round_last] = 0.0
+            shift_prev[round_last] = 0.0
+        dummy, dummy_run, copied = self._patterns(round_last)
+        sums = {
+            "tokens": count,
+            "pairs": count - rounds,  # a round of k tokens has k − 1 adjacent pairs
+            "pair_abs": s.row_sum("abs_log_ratio") - gathered(round_last, abs_delta),
+            "shift_next": self.row_sum(shift_next),
+            "shift_prev": self.row_sum(shift_prev),
             "dummy_zero": dummy,
             "dummy_zero_run": dummy_run,
             "copied": copied,
-            "cross": delta * rollout,
-            "rollout_square": rollout * rollout,
-            "delta_square": delta * delta,
-            "first": first,
-            "first_y": first * y,
-            "first_y2": first * y2,
-            "last": last,
-            "last_y": last * y,
-            "last_y2": last * y2,
-            "rest": rest,
-            "rest_y": rest * y,
-            "rest_y2": rest * y2,
+            "cross": s.row_sum("hint_cross"),
+            "rollout_square": s.row_sum("hint_rollout_square"),
+            "delta_square": s.row_sum("square"),
+            "first": rounds,
+            "first_y": first_y,
+            "first_y2": first_y2,
+            "last": has_tokens,
+            "last_y": last_y,
+            "last_y2": last_y2,
+            "rest": count - rounds - has_tokens + both_n,
+            "rest_y": total_y - first_y - last_y + gathered(both, y),
+            "rest_y2": total_y2 - first_y2 - last_y2 + gathered(both, y2),
         }
-        self.tokens = torch.stack([columns[name] for name in TOKEN_SUMS], dim=1)  # [M, K]
-        self.rows = _row_sums(chunk, self.tokens)  # [R, K]
+        self.rows = torch.stack([sums[name] for name in TOKEN_SUMS], dim=1)  # [R, K]
         self.y, self.y2 = y, y2
+        self.total_y, self.total_y2 = total_y, total_y2
+
+    def _patterns(self, round_last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per row: exact-zero tokens where the other side says p < 0.5, those of them next to another in the same
+        round, and exact copies of the neighbour's value where the other side differs by more than log 2."""
+        model = self.chunk.model
+        trainer, rollout, row = model.trainer, model.rollout, model.row
+        out = [torch.zeros(self.chunk.rows, dtype=torch.float64, device=row.device) for _ in range(3)]
+
+        def count(index: torch.Tensor, into: torch.Tensor) -> None:
+            into.index_add_(0, row[index], torch.ones(index.numel(), dtype=torch.float64, device=row.device))
+
+        # candidates first (values are ≤ 0 and finite: a product is 0 only where one side is 0)
+        zero = torch.nonzero(trainer * rollout == 0.0, as_tuple=True)[0]
+        a, r = trainer[zero], rollout[zero]
+        zero = zero[((r == 0.0) & (a < LOG_HALF)) | ((a == 0.0) & (r < LOG_HALF))]
+        count(zero, out[0])
+        if zero.numel() > 1:
+            # k and k + 1 adjacent tokens of one round: k is not a round's last token
+            linked = (zero[1:] == zero[:-1] + 1) & ~_isin(zero[:-1], round_last)
+            in_run = torch.zeros_like(zero, dtype=torch.bool)
+            in_run[:-1] |= linked
+            in_run[1:] |= linked
+            count(zero[in_run], out[1])
+        if trainer.numel() > 1:
+            same = torch.nonzero((rollout[1:] == rollout[:-1]) | (trainer[1:] == trainer[:-1]), as_tuple=True)[0]
+            same = same[~_isin(same, round_last)]  # token k and k + 1 in one round; counted on k + 1
+            a0, a1, r0, r1 = trainer[same], trainer[same + 1], rollout[same], rollout[same + 1]
+            gap = math.log(2.0)
+            copied_rollout = (r1 == r0) & (r1 != 0.0) & ((a1 - a0).abs() > gap)
+            copied_trainer = (a1 == a0) & (a1 != 0.0) & ((r1 - r0).abs() > gap)
+            hit = same[copied_rollout | copied_trainer] + 1
+            count(hit, out[2])
+        return out[0], out[1], out[2]
+
+    def row_sum(self, values: torch.Tensor) -> torch.Tensor:
+        """Σ of a model-token quantity over each row (float64 [R])."""
+        return reduce_runs(values, self.row_lengths, "sum")
 
     def column(self, name: str) -> torch.Tensor:
         """Per-row sums of one TOKEN_SUMS column (float64 [R])."""
@@ -193,11 +236,6 @@ class _ChunkEvidence:
         return fitted, torch.where(fitted, slope, 0.0), torch.where(fitted, r2, 0.0)
 
 
-def _row_sums(chunk: Chunk, values: torch.Tensor) -> torch.Tensor:
-    out = torch.zeros((chunk.rows, values.shape[1]), dtype=torch.float64, device=values.device)
-    return out.index_add_(0, chunk.model.row, values)
-
-
 def _group_sums(chunk: Chunk, row_values: torch.Tensor) -> torch.Tensor:
     """Σ of per-row values [R, ...] over each step group [G, ...]."""
     groups = chunk.groups
@@ -205,12 +243,18 @@ def _group_sums(chunk: Chunk, row_values: torch.Tensor) -> torch.Tensor:
     return out.index_add_(0, groups.row_group, row_values)
 
 
-def _bucket_sums(chunk: Chunk, bucket: torch.Tensor, buckets: int, values: torch.Tensor) -> torch.Tensor:
-    """Σ of token values [M, K] by (step group, bucket) into [G, buckets, K]."""
+def _bucket_sums(chunk: Chunk, bucket: torch.Tensor, buckets: int, columns: list[torch.Tensor | None]) -> torch.Tensor:
+    """Σ of token values by (step group, bucket) into [G, buckets, K]; a None column counts tokens."""
     groups = chunk.groups
-    index = bucket if groups.count == 1 else groups.row_group[chunk.model.row] * buckets + bucket
-    out = torch.zeros((groups.count * buckets, values.shape[1]), dtype=torch.float64, device=values.device)
-    return out.index_add_(0, index, values).view(groups.count, buckets, values.shape[1])
+    index = bucket if groups.count == 1 else stats(chunk).token_group * buckets + bucket
+    size = groups.count * buckets
+    sums = [
+        torch.bincount(index, minlength=size).to(torch.float64)
+        if values is None
+        else torch.bincount(index, weights=values, minlength=size)
+        for values in columns
+    ]
+    return torch.stack(sums, dim=1).view(groups.count, buckets, len(columns))
 
 
 def _evidence(chunk: Chunk) -> _ChunkEvidence:
@@ -221,11 +265,11 @@ def _evidence(chunk: Chunk) -> _ChunkEvidence:
 
 
 def probability_bucket(rollout: torch.Tensor) -> torch.Tensor:
-    """Index of each rollout logprob's probability bucket (0: p ≥ 0.9 … 4: p < 0.01)."""
-    bucket = torch.zeros_like(rollout, dtype=torch.int64)
-    for edge in PROBABILITY_EDGES:
-        bucket += (rollout < math.log(edge)).to(torch.int64)
-    return bucket
+    """Index of each rollout logprob's probability bucket (0: p ≥ 0.9 … 4: p < 0.01): the edges above it."""
+    edges = torch.tensor(
+        sorted(math.log(edge) for edge in PROBABILITY_EDGES), dtype=rollout.dtype, device=rollout.device
+    )
+    return len(PROBABILITY_EDGES) - torch.bucketize(rollout, edges, right=True)
 
 
 class HintEvidenceAccumulator(StepAccumulator):
@@ -273,15 +317,26 @@ class HintEvidenceAccumulator(StepAccumulator):
         row_sums = _group_sums(chunk, row_values)
         out.update({name: row_sums[:, index] for index, name in enumerate(ROW_SUMS)})
         y, y2 = evidence.y, evidence.y2
-        ones = torch.ones_like(y)
         out["probability_buckets"] = _bucket_sums(
             chunk,
             probability_bucket(model.rollout),
             PROBABILITY_BUCKETS,
-            torch.stack([ones, model.log_ratio.abs(), y, y2], dim=1),
+            [None, evidence.stats.token("abs_log_ratio"), y, y2],
         )
-        position = position_bucket(model.position).clamp(max=POSITION_BUCKETS - 1)
-        out["position_buckets"] = _bucket_sums(chunk, position, POSITION_BUCKETS, torch.stack([ones, y, y2], dim=1))
+        # segments never straddle a log2 position bucket: sum per segment, then by bucket
+        s = evidence.stats
+        position = s.segment_bucket.clamp(max=POSITION_BUCKETS - 1)
+        out["position_buckets"] = torch.stack(
+            [
+                s.bucket_sum(values, position, POSITION_BUCKETS)
+                for values in (
+                    s.segment_length,
+                    s.segment_sum("hint_clipped_abs"),
+                    s.segment_sum("hint_clipped_square"),
+                )
+            ],
+            dim=2,
+        )
         return out
 
     def _finalize(self, state: State) -> dict[str, float]:
@@ -325,7 +380,7 @@ class HintEvidenceAccumulator(StepAccumulator):
         }
         if chunk.policy_version is not None:
             tokens = evidence.column("tokens")
-            row_mean = _row_sums(chunk, evidence.y.unsqueeze(1))[:, 0] / tokens.clamp(min=1.0)
+            row_mean = evidence.total_y / tokens.clamp(min=1.0)
             lag = (chunk.step - chunk.policy_version).to(torch.float64)
             # the most stale rows first; among equally stale ones the most mismatched (row_mean < 1)
             scores["staleness"] = (lag + row_mean.clamp(max=0.999), tokens > 0)
@@ -349,9 +404,8 @@ class HintEvidenceAccumulator(StepAccumulator):
 
     def _add_lags(self, chunk: Chunk, evidence: _ChunkEvidence) -> None:
         tokens = evidence.column("tokens")
-        y_rows = _row_sums(chunk, torch.stack([evidence.y, evidence.y2], dim=1))
         lag = (chunk.step - chunk.policy_version).cpu().numpy()
-        per_row = torch.stack([tokens, y_rows[:, 0], y_rows[:, 1], (tokens > 0).to(torch.float64)], dim=1)
+        per_row = torch.stack([tokens, evidence.total_y, evidence.total_y2, (tokens > 0).to(torch.float64)], dim=1)
         per_row_host = per_row.cpu().numpy()
         for value in np.unique(lag).tolist():
             sums = per_row_host[lag == value].sum(axis=0)
