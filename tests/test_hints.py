@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 from dumps import random_rows, seq_row, sequence_table, write_sequence_dump, write_table, write_token_dump
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -504,3 +505,20 @@ def test_every_hint_id_is_documented():
     assert schema["properties"]["hints"]["items"]["properties"]["id"]["enum"] == list(HINT_IDS)
     for hint in HINT_IDS:
         assert f"`{hint}`" in documented
+
+
+def test_policy_version_written_by_the_dump_writer_drives_staleness(tmp_path):
+    # the trainer side writes policy_version as a per-row extra column; the reader takes it as the role
+    made = rows(20, **PLANTED["staleness"])
+    with rd.DumpWriter(tmp_path / "dump") as writer:
+        for step in sorted({row["step"] for row in made}):
+            mine = [row for row in made if row["step"] == step]
+            writer.write_step(
+                step,
+                old_log_probs=[torch.tensor(row["trainer"]) for row in mine],
+                rollout_log_probs=[torch.tensor(row["rollout"]) for row in mine],
+                response_mask=[torch.tensor(row["mask"]) for row in mine],
+                sample_ids=[row["sample_id"] for row in mine],
+                extra={"policy_version": [row["policy_version"] for row in mine]},
+            )
+    assert "staleness" in hint_ids(tmp_path / "dump")
