@@ -60,7 +60,7 @@ ColumnOpt = Annotated[
         "--column",
         "-c",
         help="Say which column plays a role: role=name (roles: rollout, trainer, "
-        "mask, step, sample_id, position, token_ids, tokens). Repeatable.",
+        "mask, step, sample_id, position, token_ids, tokens, policy_version). Repeatable.",
         metavar="ROLE=NAME",
     ),
 ]
@@ -329,7 +329,8 @@ def analyze(
     dialect: DialectOpt = None,
     debug: DebugOpt = False,
 ) -> None:
-    """Every mismatch metric (verl's names), per step and for the run, with a verdict on what looks unhealthy."""
+    """Every mismatch metric (verl's names), per step and for the run, with a verdict on what looks unhealthy
+    and hints at the likely root cause."""
     from rollout_diag.engine import analyze as run_analysis
     from rollout_diag.render.analysis import render_analysis
     from rollout_diag.render.export import steps_csv, to_json_text

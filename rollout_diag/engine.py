@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from rollout_diag.errors import ConfigError, DataError, where
+from rollout_diag.hints import with_hints
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, DumpReader, ReadLog
 from rollout_diag.metrics.base import StepAccumulator, row_mean
@@ -18,6 +19,7 @@ from rollout_diag.metrics.debug import DebugAccumulator
 from rollout_diag.metrics.dialects import DEFAULT as DEFAULT_DIALECT
 from rollout_diag.metrics.dialects import DialectsAccumulator, dilution_warning
 from rollout_diag.metrics.dialects import resolve as resolve_dialects
+from rollout_diag.metrics.hints import HintEvidenceAccumulator
 from rollout_diag.metrics.localize import (
     DEFAULT_CATASTROPHIC,
     DEFAULT_TOP_K,
@@ -72,6 +74,7 @@ class Analysis:
     empty_rows: list[tuple[int, str, str, int]] = field(default_factory=list)  # (step, sample_id, file, row)
     dialects: tuple[str, ...] = (DEFAULT_DIALECT,)  # frameworks whose own metric names to report (--dialect)
     dialect: DialectsAccumulator = field(init=False)
+    hint_evidence: HintEvidenceAccumulator = field(default_factory=HintEvidenceAccumulator)
 
     def __post_init__(self) -> None:
         check_analysis_options(self.max_rounds, self.catastrophic, self.top_k)
@@ -92,6 +95,7 @@ class Analysis:
         if not self.offpolicy_only:
             self.worst.update(chunk)
             self.dialect.update(chunk)
+            self.hint_evidence.update(chunk)
         if len(self.empty_rows) < MAX_LISTED_EMPTY_ROWS:
             for row in torch.nonzero(stats(chunk).row_count == 0).flatten().tolist()[:MAX_LISTED_EMPTY_ROWS]:
                 self.empty_rows.append(
@@ -103,6 +107,7 @@ class Analysis:
             mine.merge(theirs)
         self.worst.merge(other.worst)
         self.dialect.merge(other.dialect)
+        self.hint_evidence.merge(other.hint_evidence)
         # the first rows by (step, file, row), whichever worker found them
         self.empty_rows = sorted(self.empty_rows + other.empty_rows, key=lambda e: (e[0], e[2], e[3]))
         del self.empty_rows[MAX_LISTED_EMPTY_ROWS:]
@@ -425,7 +430,7 @@ def build_result(analysis: Analysis, log: ReadLog, device: torch.device, strict:
         warnings.append(
             f"{len(anomalies) + anomalies_cut} anomaly flags: the {ANOMALY_KEEP} largest are kept, {anomalies_cut} cut."
         )
-    return AnalysisResult(
+    result = AnalysisResult(
         inputs=list(log.files),
         columns=dict(log.columns),
         layout=log.layout,
@@ -447,6 +452,7 @@ def build_result(analysis: Analysis, log: ReadLog, device: torch.device, strict:
         skipped_rows=log.skipped_rows,
         anomalies_cut=anomalies_cut,
     )
+    return result if analysis.offpolicy_only else with_hints(result, analysis.hint_evidence.evidence())
 
 
 MAX_ROUNDS_LIMIT = 4096  # per-round state is allocated per round index: a bound keeps memory bounded

@@ -166,6 +166,19 @@ class Trend:
 
 
 @dataclass(frozen=True)
+class Hint:
+    """A likely root cause the data supports (rollout_diag/hints.py): one sentence, the numbers behind it, and
+    where to look (steps, rows, and what in them)."""
+
+    id: str  # off_by_one | dummy_logprobs | processed_logprobs | first_token | last_token | low_probability | …
+    message: str
+    evidence: dict[str, float]
+    steps: list[int] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)  # {"step", "sample_id", "file", "row"}
+    look_at: str = ""
+
+
+@dataclass(frozen=True)
 class AnalysisResult:
     """Everything ``analyze`` found; ``to_json()`` is the documented JSON (schemas/result.schema.json)."""
 
@@ -190,6 +203,7 @@ class AnalysisResult:
     skipped: list[SkippedRow] = field(default_factory=list)
     skipped_rows: int = 0
     anomalies_cut: int = 0  # flags beyond the ANOMALY_KEEP largest (``anomalies`` holds those, largest first)
+    hints: list[Hint] = field(default_factory=list)  # likely root causes, only those the data supports
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -217,6 +231,7 @@ class AnalysisResult:
             "warnings": list(self.warnings),
             "skipped": [asdict(s) for s in self.skipped],
             "skipped_rows": self.skipped_rows,
+            "hints": [{**asdict(h), "evidence": _json_row(h.evidence)} for h in self.hints],
         }
 
 

@@ -52,6 +52,7 @@ class Chunk:
     file: list[str]  # source file of each row (shared string objects, not copies)
     file_row: list[int]  # row number within that file (first token's row in token layout)
     token_ids: torch.Tensor | None = None  # int64 [T]
+    policy_version: torch.Tensor | None = None  # int64 [R]: version of the policy that generated each row
     # Token text is only needed for the handful of tokens a report shows, so it is fetched on demand.
     token_text: Callable[[int, int], str | None] | None = field(default=None, repr=False)
     # Derived values shared by every accumulator that eats this chunk (see metrics/segments.py).

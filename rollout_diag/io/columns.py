@@ -26,6 +26,7 @@ ROLE_CANDIDATES: dict[str, tuple[str, ...]] = {
     "position": ("position",),
     "token_ids": ("token_ids",),
     "tokens": ("tokens",),
+    "policy_version": ("policy_version",),  # version of the policy that generated the row (async RL)
 }
 REQUIRED_ROLES = ("rollout", "trainer")
 ROLES = tuple(ROLE_CANDIDATES)

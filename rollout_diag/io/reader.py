@@ -182,6 +182,7 @@ class _Block:
     mask: np.ndarray | None  # [T] or None (= all ones)
     token_ids: np.ndarray | None = None
     token_text: pa.Array | None = None  # flat strings [T]
+    policy_version: np.ndarray | None = None  # int64 [R]
     names: Mapping[str, str] = field(default_factory=dict)  # role -> column, for skip records
     token_rows: np.ndarray | None = None  # token layout: the file row of each token
     skipped: list[SkippedRow] = field(default_factory=list)  # found while decoding; logged in row order
@@ -269,12 +270,12 @@ def _open(source: Source, overrides: Mapping[str, str] | None) -> _OpenFile:
             raise ColumnError(
                 f"{where(source.path, column=name)}expected {shape} ({layout} layout), found {_type_name(data_type)}."
             )
-    for role in ("step",):
+    for role in ("step", "policy_version"):
         name = columns.get(role)
         if name is not None and role not in columns.from_partition:
             data_type = schema.field(name).type
             if not pa.types.is_integer(_plain(data_type)):
-                raise ColumnError(f"{where(source.path, column=name)}expected an integer step, found {data_type}.")
+                raise ColumnError(f"{where(source.path, column=name)}expected an integer {role}, found {data_type}.")
     if layout == "token" and "sample_id" not in columns:
         raise ColumnError(
             f"{source.path}: token layout (one row per token) needs a sample_id column to group tokens into rows.",
@@ -509,6 +510,7 @@ class DumpReader:
             file_row=block.file_row.tolist(),
             token_ids=None if block.token_ids is None else torch.tensor(block.token_ids, device=device),
             token_text=None if text is None else _text_lookup(text, offsets),
+            policy_version=None if block.policy_version is None else torch.tensor(block.policy_version, device=device),
         )
 
 
@@ -659,6 +661,22 @@ def _scalar_roles(opened: _OpenFile, batch: pa.RecordBatch, first_row: int, rows
     return step, sample_id
 
 
+def _policy_versions(opened: _OpenFile, batch, first_row: int, rows, index=None) -> np.ndarray | None:
+    """The policy_version of each row (int64), or None without that column; a null is a DataError like a null step.
+    ``rows``: file rows of the batch positions (None: all, in order); ``index``: positions to take."""
+    name = opened.columns.get("policy_version")
+    if name is None or "policy_version" in opened.columns.from_partition:
+        return None
+    array = batch.column(name)
+    if index is not None:
+        array = array.take(pa.array(index))
+    if array.null_count:
+        bad = int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
+        row = first_row + (bad if rows is None else int(rows[bad]))
+        raise DataError(f"{where(opened.source.path, row, name)}policy_version is null.")
+    return array.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
 def _flat_numpy(array: pa.Array) -> np.ndarray:
     return array.to_numpy(zero_copy_only=False)
 
@@ -735,6 +753,7 @@ def _read_sequences(opened: _OpenFile, reader: DumpReader) -> Iterator[tuple[_Bl
                 mask=flat.get("mask"),
                 token_ids=token_ids,
                 token_text=text,
+                policy_version=_policy_versions(opened, batch, first_row, index),
                 names=names,
                 skipped=pending,
             ),
@@ -899,6 +918,7 @@ def _token_block(
         mask=mask,
         token_ids=_as_ids(token_ids),
         token_text=text,
+        policy_version=_policy_versions(opened, table, first_row, run_starts, index=run_starts),
         names=names,
         token_rows=token_rows,
         skipped=skipped
@@ -977,6 +997,7 @@ def _drop_rows(block: _Block, rows: np.ndarray) -> _Block:
         mask=None if block.mask is None else block.mask[keep_token],
         token_ids=None if block.token_ids is None else block.token_ids[keep_token],
         token_text=None if block.token_text is None else block.token_text.take(pa.array(np.flatnonzero(keep_token))),
+        policy_version=None if block.policy_version is None else block.policy_version[kept],
         names=block.names,
         token_rows=None if block.token_rows is None else block.token_rows[keep_token],
         skipped=block.skipped,

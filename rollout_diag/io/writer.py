@@ -38,7 +38,10 @@ _TORCH_TYPES = {"float32": torch.float32, "float64": torch.float64}
 PADDING_SIDES = ("right", "left")
 PARTITIONS = ("step",)
 # Names the reader would take for a role (two candidates for one role is an error there), so extras avoid them.
-_RESERVED = {name for names in ROLE_CANDIDATES.values() for name in names} | {"position"}
+# policy_version is the exception: a per-row scalar role, written as an extra column and read back by that role.
+_RESERVED = {name for role, names in ROLE_CANDIDATES.items() if role != "policy_version" for name in names} | {
+    "position"
+}
 
 
 # --------------------------------------------------------------------------- padded batch -> rows

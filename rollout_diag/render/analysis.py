@@ -13,6 +13,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from rollout_diag.render.format import LEVEL_STYLE, level, number, percent, plain
+from rollout_diag.render.hints import hint_lines
 from rollout_diag.render.summary import most_divergent_round, overall, short_name, where, worst_step
 from rollout_diag.render.table import Column, FitTable
 from rollout_diag.results import AnalysisResult, StepResult
@@ -52,6 +53,7 @@ def render_analysis(result: AnalysisResult, all_steps: bool = False) -> Renderab
     if result.worst_tokens:
         parts.append(worst_tokens_table(result))
     parts.extend(findings(result))
+    parts.extend(hint_lines(result))
     if result.skipped_rows:
         parts.append(skipped_table(result))
     for warning in result.warnings:

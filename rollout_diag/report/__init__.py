@@ -16,6 +16,7 @@ from rollout_diag.report.comparison import is_comparison, presets_section, rejec
 from rollout_diag.report.dialects import dialects_section
 from rollout_diag.report.from_json import result_from_json
 from rollout_diag.report.header import header_html
+from rollout_diag.report.hints import hints_section
 from rollout_diag.report.markup import escape
 from rollout_diag.report.page import compact, render_page
 from rollout_diag.report.sections import (
@@ -60,7 +61,7 @@ def render_report(
         comparison, result = result, analysis_from_comparison(result)
     selected = select_presets(comparison, presets) if comparison is not None else []
     canvas = Canvas()
-    sections = [trends_section(result, canvas, rejection_by_step(selected))]
+    sections = [trends_section(result, canvas, rejection_by_step(selected)), hints_section(result)]
     if len(result.rounds) > 1:  # single-turn data has nothing to say per round
         sections.append(rounds_section(result, canvas))
     sections += [

@@ -19,6 +19,7 @@ _ITEM_TYPES = {
     "worst_row_tokens": "RowTokens",
     "anomalies": "Anomaly",
     "trends": "Trend",
+    "hints": "Hint",
 }
 
 

@@ -1,0 +1,554 @@
+"""Root-cause hints: pure functions from the evidence sums (``metrics/hints.py``) and an AnalysisResult to a list
+of :class:`~rollout_diag.results.Hint`. No torch, no file reading: testable on hand-built evidence.
+
+A hint is shown only when the data supports it; every threshold is a module constant, and ``docs/hints.md`` gives
+the reason for each. Group comparisons use y = min(|δ|, 1) and Welch's t over tokens, so a handful of
+catastrophic tokens can neither make nor hide a hint.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from rollout_diag.metrics.trends import least_squares
+from rollout_diag.results import AnalysisResult, Hint
+
+HINT_IDS = (
+    "off_by_one",
+    "dummy_logprobs",
+    "processed_logprobs",
+    "first_token",
+    "last_token",
+    "low_probability",
+    "long_context",
+    "turn_growth",
+    "staleness",
+)
+MIN_GROUP_TOKENS = 30  # each side of a comparison needs this many tokens
+MIN_T = 5.0  # Welch's t over tokens; tokens of one row are correlated, so well above the usual 2–3
+MIN_GAP = 1e-3  # the elevated group's mean min(|δ|, 1) exceeds the other's by at least this: negligible otherwise
+# off_by_one: shifting the trainer logprobs one position at least halves mean |δ| over ≥ 100 token pairs
+SHIFT_MAX_RATIO = 0.5
+SHIFT_MIN_PAIRS = 100
+SHIFT_MIN_ALIGNED = 0.01  # … and the aligned mean |δ| is at least the log-ppl watch level;
+SHIFT_MIN_ROWS = 3  # or, when only some rows or steps are shifted, ≥ 3 rows pass the test on their own pairs:
+SHIFT_ROW_MIN_PAIRS = 16  # ≥ 16 pairs in the row, and an aligned mean |δ| ≥ 0.05 (a shifted gather gives |δ| ~ 1)
+SHIFT_ROW_MIN_ALIGNED = 0.05
+# dummy_logprobs: exact-zero runs and copies on ≥ 10 model tokens and ≥ 0.5 % of them
+DUMMY_MIN_TOKENS = 10
+DUMMY_MIN_SHARE = 0.005
+# processed_logprobs: ≥ 8 rows with a fit, and ≥ half of them with a same-sign slope |c| ≥ 0.05 and R² ≥ 0.5
+FIT_MIN_TOKENS = 8  # a row's δ ≈ c·log p fit needs this many model tokens
+FIT_MIN_SLOPE = 0.05  # |c| ≥ 0.05: a temperature (or scale) at least 5 % away from 1
+FIT_MIN_R2 = 0.5  # the line explains at least half of Σδ² in the row
+PROCESSED_MIN_ROWS = 8
+PROCESSED_MIN_SHARE = 0.5
+EDGE_MIN_FACTOR = 3.0  # first_token / last_token: mean at least 3× the other tokens'
+LOW_PROBABILITY_MIN_FACTOR = 3.0  # p < 0.1 tokens' mean at least 3× that of p ≥ 0.5 tokens
+LONG_CONTEXT_MIN_BUCKETS = 4  # log2 position buckets (positions ≥ 1) with ≥ 30 tokens
+LONG_CONTEXT_MIN_FACTOR = 2.0  # later half of the buckets at least 2× the earlier half
+TURN_MIN_ROUNDS = 3  # rounds with ≥ 30 tokens (the round trend's own rule)
+TURN_MIN_FACTOR = 2.0  # the fitted mean |δ| at the last such round at least 2× the fitted one at the first
+STALENESS_MIN_FACTOR = 1.5  # rows behind the freshest policy at least 1.5× the mismatch of the freshest
+MAX_STEPS = 10  # steps listed per hint
+PROBABILITY_LABELS = ("p ≥ 0.9", "0.5 ≤ p < 0.9", "0.1 ≤ p < 0.5", "0.01 ≤ p < 0.1", "p < 0.01")
+LOW_BUCKETS, HIGH_BUCKETS = (3, 4), (0, 1)
+
+Sums = Mapping[str, Any]  # one state of metrics/hints.py as plain floats and lists (a step's or the run's)
+
+
+@dataclass(frozen=True)
+class RowRef:
+    """A row to look at, with how strongly it shows the hint's pattern."""
+
+    step: int
+    sample_id: str
+    file: str
+    row: int
+    score: float
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What ``HintEvidenceAccumulator.evidence()`` hands over: sums for the run and per step, example rows per
+    hint, and per version lag [tokens, Σy, Σy², rows] (empty without a policy_version column)."""
+
+    run: Sums
+    steps: Mapping[int, Sums]
+    examples: Mapping[str, Sequence[RowRef]] = field(default_factory=dict)
+    lags: Mapping[int, Sequence[float]] = field(default_factory=dict)
+    has_versions: bool = False
+
+
+@dataclass(frozen=True)
+class Group:
+    """Count, Σy and Σy² of y = min(|δ|, 1) over a group of tokens."""
+
+    n: float
+    total: float
+    squares: float
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.n if self.n > 0 else math.nan
+
+    @property
+    def variance(self) -> float:
+        if self.n < 2:
+            return 0.0
+        return max(self.squares - self.n * self.mean * self.mean, 0.0) / (self.n - 1)
+
+    def __add__(self, other: Group) -> Group:
+        return Group(self.n + other.n, self.total + other.total, self.squares + other.squares)
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """An elevated group against a baseline group: the means, their ratio and Welch's t."""
+
+    high: Group
+    low: Group
+
+    @property
+    def factor(self) -> float:
+        return self.high.mean / self.low.mean if self.low.mean > 0 else math.inf
+
+    @property
+    def t(self) -> float:
+        spread = math.sqrt(self.high.variance / self.high.n + self.low.variance / self.low.n)
+        gap = self.high.mean - self.low.mean
+        return gap / spread if spread > 0 else (math.inf if gap > 0 else 0.0)
+
+    def holds(self, min_factor: float) -> bool:
+        """Both groups large enough, the high mean ``min_factor`` × the low one, clearly apart and not negligible."""
+        if min(self.high.n, self.low.n) < MIN_GROUP_TOKENS:
+            return False
+        gap = self.high.mean - self.low.mean
+        return gap >= MIN_GAP and self.high.mean >= min_factor * self.low.mean and self.t >= MIN_T
+
+
+def find_hints(evidence: Evidence, result: AnalysisResult) -> list[Hint]:
+    """Every hint the data supports, in HINT_IDS order (an empty list for clean data)."""
+    if not evidence.run or evidence.run.get("tokens", 0.0) == 0:
+        return []
+    found = []
+    for hint in (
+        off_by_one(evidence),
+        dummy_logprobs(evidence),
+        processed_logprobs(evidence),
+        first_token(evidence),
+        last_token(evidence),
+        low_probability(evidence),
+        long_context(evidence),
+        turn_growth(result),
+        staleness(evidence),
+    ):
+        if hint is not None:
+            found.append(hint)
+    return found
+
+
+def with_hints(result: AnalysisResult, evidence: Evidence) -> AnalysisResult:
+    """``result`` with its ``hints`` filled in."""
+    return replace(result, hints=find_hints(evidence, result))
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def _steps(evidence: Evidence, measure: Callable[[Sums], float | None]) -> list[int]:
+    """Steps whose own sums pass the hint's test (``measure`` returns a strength, None when it fails),
+    strongest first."""
+    passing = [(strength, step) for step, sums in evidence.steps.items() if (strength := measure(sums)) is not None]
+    return [step for _, step in sorted(passing, key=lambda item: (-item[0], item[1]))[:MAX_STEPS]]
+
+
+def _rows(evidence: Evidence, kind: str) -> list[dict[str, Any]]:
+    return [
+        {"step": ref.step, "sample_id": ref.sample_id, "file": ref.file, "row": ref.row}
+        for ref in evidence.examples.get(kind, ())
+    ]
+
+
+def _group(sums: Sums, prefix: str) -> Group:
+    return Group(sums[prefix], sums[f"{prefix}_y"], sums[f"{prefix}_y2"])
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.3g}"
+
+
+# ------------------------------------------------------------------------------------------ off_by_one
+def _shift(sums: Sums) -> tuple[float, float, str] | None:
+    """(aligned mean |δ|, shifted mean |δ|, direction) over all token pairs when the shift test passes."""
+    pairs = sums["pairs"]
+    if pairs < SHIFT_MIN_PAIRS:
+        return None
+    aligned = sums["pair_abs"] / pairs
+    late, early = sums["shift_next"] / pairs, sums["shift_prev"] / pairs
+    shifted, direction = (late, "late") if late <= early else (early, "early")
+    if aligned >= SHIFT_MIN_ALIGNED and shifted <= SHIFT_MAX_RATIO * aligned:
+        return aligned, shifted, direction
+    return None
+
+
+def _shift_strength(sums: Sums) -> float | None:
+    """How much shifting helps in a step: over all its pairs, else over its rows that pass on their own."""
+    found = _shift(sums)
+    if found is not None:
+        return found[0] / max(found[1], 1e-12)
+    if sums["shift_rows"] > 0:
+        return sums["shift_rows_aligned"] / max(sums["shift_rows_shifted"], 1e-12)
+    return None
+
+
+def off_by_one(evidence: Evidence) -> Hint | None:
+    run = evidence.run
+    found = _shift(run)
+    if found is not None:
+        aligned, shifted, direction = found
+        scope = "all rows"
+    elif run["shift_rows"] >= SHIFT_MIN_ROWS:
+        aligned = run["shift_rows_aligned"] / run["shift_rows_pairs"]
+        shifted = run["shift_rows_shifted"] / run["shift_rows_pairs"]
+        direction = "late" if run["shift_next"] <= run["shift_prev"] else "early"
+        scope = f"{int(run['shift_rows'])} rows"
+    else:
+        return None
+    lead = "a_{t+1} matches r_t" if direction == "late" else "a_t matches r_{t+1}"
+    return Hint(
+        id="off_by_one",
+        message=(
+            f"Shifting the trainer logprobs one position {'back' if direction == 'late' else 'forward'} cuts mean |δ| "
+            f"from {_fmt(aligned)} to {_fmt(shifted)} in {scope} ({lead}): the signature of an off-by-one gather of "
+            "the logprobs (labels vs logits shift) on one side."
+        ),
+        evidence={
+            "aligned_abs_diff_mean": aligned,
+            "shifted_abs_diff_mean": shifted,
+            "ratio": shifted / aligned,
+            "rows_shifted": run["shift_rows"],
+            "token_pairs": run["pairs"],
+        },
+        steps=_steps(evidence, _shift_strength),
+        rows=_rows(evidence, "off_by_one"),
+        look_at=f"trainer logprobs one position {direction} against the rollout logprobs",
+    )
+
+
+# ------------------------------------------------------------------------------------------ dummy_logprobs
+def _dummy(sums: Sums) -> tuple[float, float, float] | None:
+    """(exact-zero tokens in runs, copied tokens, their share of model tokens) when the test passes."""
+    zeros, copied, tokens = sums["dummy_zero_run"], sums["copied"], sums["tokens"]
+    flagged = zeros + copied
+    if tokens > 0 and flagged >= DUMMY_MIN_TOKENS and flagged / tokens >= DUMMY_MIN_SHARE:
+        return zeros, copied, flagged / tokens
+    return None
+
+
+def dummy_logprobs(evidence: Evidence) -> Hint | None:
+    found = _dummy(evidence.run)
+    if found is None:
+        return None
+    zeros, copied, share = found
+    parts = []
+    if zeros:
+        parts.append(f"{int(zeros)} model tokens have a logprob of exactly 0.0 (in runs) where the other says p < 0.5")
+    if copied:
+        parts.append(f"{int(copied)} repeat their neighbour's logprob exactly while the other side differs by > log 2")
+    return Hint(
+        id="dummy_logprobs",
+        message=(
+            f"{'; '.join(parts)} ({share:.2%} of model tokens): placeholder values on tokens the engine never "
+            "scored (tool or environment tokens) that the mask lets into the loss — a masking bug."
+        ),
+        evidence={
+            "zero_tokens_in_runs": zeros,
+            "zero_tokens": evidence.run["dummy_zero"],
+            "copied_tokens": copied,
+            "share_of_model_tokens": share,
+        },
+        steps=_steps(evidence, lambda s: None if (f := _dummy(s)) is None else f[2]),
+        rows=_rows(evidence, "dummy_logprobs"),
+        look_at="the response_mask of these rows: mask-1 tokens carrying dummy logprobs",
+    )
+
+
+# ------------------------------------------------------------------------------------------ processed
+def _processed(sums: Sums) -> tuple[float, float, float, float] | None:
+    """(pooled slope c, pooled R², share of fitted rows with a same-sign steep good fit, fitted rows)."""
+    rows = sums["fit_rows"]
+    if rows < PROCESSED_MIN_ROWS or sums["rollout_square"] <= 0 or sums["delta_square"] <= 0:
+        return None
+    share = max(sums["fit_up"], sums["fit_down"]) / rows
+    if share < PROCESSED_MIN_SHARE:
+        return None
+    slope = sums["cross"] / sums["rollout_square"]
+    r2 = sums["cross"] ** 2 / (sums["rollout_square"] * sums["delta_square"])
+    return slope, r2, share, rows
+
+
+def processed_logprobs(evidence: Evidence) -> Hint | None:
+    found = _processed(evidence.run)
+    if found is None:
+        return None
+    slope, r2, share, rows = found
+    # r = a / T gives δ = (T − 1)·r; a = r / T gives δ = (1/T − 1)·r
+    temperature = (
+        f"a temperature ≈ {1 + slope:.3g} applied to the rollout logprobs or ≈ {1 / (1 + slope):.3g} to the trainer's"
+        if 1 + slope > 0
+        else "a temperature"
+    )
+    return Hint(
+        id="processed_logprobs",
+        message=(
+            f"δ is proportional to the rollout logprob (δ ≈ {slope:.3g}·log p, R² = {r2:.2f}) in {share:.0%} of "
+            f"{int(rows)} rows: one side's logprobs come from a processed distribution ({temperature}, or top-p / "
+            "top-k renormalisation)."
+        ),
+        evidence={"slope": slope, "r_squared": r2, "share_of_rows": share, "rows_fitted": rows},
+        steps=_steps(evidence, lambda s: None if (f := _processed(s)) is None else f[2]),
+        rows=_rows(evidence, "processed_logprobs"),
+        look_at="the temperature / top-p / top-k with which each side computes its logprobs",
+    )
+
+
+# ------------------------------------------------------------------------------------------ first / last
+def _edge(sums: Sums, prefix: str) -> Contrast | None:
+    contrast = Contrast(_group(sums, prefix), _group(sums, "rest"))
+    return contrast if contrast.holds(EDGE_MIN_FACTOR) else None
+
+
+def _edge_hint(evidence: Evidence, prefix: str) -> Hint | None:
+    contrast = _edge(evidence.run, prefix)
+    if contrast is None:
+        return None
+    what = (
+        "the first token of each round (position 0 of a model segment)"
+        if prefix == "first"
+        else ("the last model token of each row")
+    )
+    cause = (
+        "a prompt/response boundary or BOS/chat-template token scored differently on the two sides"
+        if prefix == "first"
+        else "an EOS/stop token, or the token after it, handled differently on the two sides"
+    )
+    return Hint(
+        id=f"{prefix}_token",
+        message=(
+            f"Mismatch on {what} is {contrast.factor:.1f}× that of the other tokens (mean min(|δ|, 1) "
+            f"{_fmt(contrast.high.mean)} vs {_fmt(contrast.low.mean)}): {cause}."
+        ),
+        evidence={
+            "mean": contrast.high.mean,
+            "rest_mean": contrast.low.mean,
+            "factor": contrast.factor,
+            "welch_t": contrast.t,
+            "tokens": contrast.high.n,
+        },
+        steps=_steps(evidence, lambda s: None if (c := _edge(s, prefix)) is None else c.factor),
+        rows=_rows(evidence, f"{prefix}_token"),
+        look_at="position 0 of each round" if prefix == "first" else "the final token of each row",
+    )
+
+
+def first_token(evidence: Evidence) -> Hint | None:
+    return _edge_hint(evidence, "first")
+
+
+def last_token(evidence: Evidence) -> Hint | None:
+    return _edge_hint(evidence, "last")
+
+
+# ------------------------------------------------------------------------------------------ low_probability
+def _bucket_group(bucket: Mapping[str, float]) -> Group:
+    return Group(bucket["tokens"], bucket["y"], bucket["y2"])
+
+
+def _low_probability(sums: Sums) -> Contrast | None:
+    buckets = sums["probability_buckets"]
+    low = sum((_bucket_group(buckets[k]) for k in LOW_BUCKETS), Group(0.0, 0.0, 0.0))
+    high = sum((_bucket_group(buckets[k]) for k in HIGH_BUCKETS), Group(0.0, 0.0, 0.0))
+    contrast = Contrast(low, high)
+    return contrast if contrast.holds(LOW_PROBABILITY_MIN_FACTOR) else None
+
+
+def low_probability(evidence: Evidence) -> Hint | None:
+    contrast = _low_probability(evidence.run)
+    if contrast is None:
+        return None
+    buckets = evidence.run["probability_buckets"]
+    total_abs = sum(b["abs"] for b in buckets)
+    tokens = sum(b["tokens"] for b in buckets)
+    lowest = max(k for k, b in enumerate(buckets) if b["tokens"] > 0)
+    abs_share = buckets[lowest]["abs"] / total_abs if total_abs > 0 else 0.0
+    token_share = buckets[lowest]["tokens"] / tokens
+    return Hint(
+        id="low_probability",
+        message=(
+            f"Mismatch is concentrated on low-probability tokens: rollout p < 0.1 tokens have {contrast.factor:.1f}× "
+            f"the mean min(|δ|, 1) of p ≥ 0.5 tokens ({_fmt(contrast.high.mean)} vs {_fmt(contrast.low.mean)}), and "
+            f"the {PROBABILITY_LABELS[lowest]} bucket carries {abs_share:.0%} of Σ|δ| with {token_share:.0%} of the "
+            "tokens — the numerical-precision signature (bf16 logits, a low-precision lm_head or softmax)."
+        ),
+        evidence={
+            "low_mean": contrast.high.mean,
+            "high_mean": contrast.low.mean,
+            "factor": contrast.factor,
+            "welch_t": contrast.t,
+            "lowest_bucket_abs_share": abs_share,
+            "lowest_bucket_token_share": token_share,
+        },
+        steps=_steps(evidence, lambda s: None if (c := _low_probability(s)) is None else c.factor),
+        rows=[],
+        look_at=f"tokens with rollout {PROBABILITY_LABELS[lowest]} (the worst-tokens table); precision of the "
+        "lm_head / logits on both sides",
+    )
+
+
+# ------------------------------------------------------------------------------------------ long_context
+def _long_context(sums: Sums) -> tuple[Contrast, float, int, int] | None:
+    """(late vs early contrast, slope per log2 bucket, first position of the late half, buckets used)."""
+    buckets = [(k, _bucket_group(b)) for k, b in enumerate(sums["position_buckets"]) if k >= 1]
+    used = [(k, g) for k, g in buckets if g.n >= MIN_GROUP_TOKENS]
+    if len(used) < LONG_CONTEXT_MIN_BUCKETS:
+        return None
+    fit = least_squares([float(k) for k, _ in used], [g.mean for _, g in used])
+    if fit is None or fit[1] <= 0:
+        return None
+    half = len(used) // 2
+    early = sum((g for _, g in used[:half]), Group(0.0, 0.0, 0.0))
+    late = sum((g for _, g in used[half:]), Group(0.0, 0.0, 0.0))
+    contrast = Contrast(late, early)
+    if not contrast.holds(LONG_CONTEXT_MIN_FACTOR):
+        return None
+    return contrast, fit[0], 1 << (used[half][0] - 1), len(used)
+
+
+def long_context(evidence: Evidence) -> Hint | None:
+    found = _long_context(evidence.run)
+    if found is None:
+        return None
+    contrast, slope, start, buckets = found
+    return Hint(
+        id="long_context",
+        message=(
+            f"Mismatch grows with the position in the row: from position {start} on, mean min(|δ|, 1) is "
+            f"{contrast.factor:.1f}× that of earlier positions ({_fmt(contrast.high.mean)} vs "
+            f"{_fmt(contrast.low.mean)}; +{slope:.3g} per doubling of the position): long-context numerics "
+            "(RoPE scaling, attention kernels, KV-cache precision) differ between the engines."
+        ),
+        evidence={
+            "late_mean": contrast.high.mean,
+            "early_mean": contrast.low.mean,
+            "factor": contrast.factor,
+            "welch_t": contrast.t,
+            "slope_per_doubling": slope,
+            "late_from_position": float(start),
+            "position_buckets": float(buckets),
+        },
+        steps=_steps(evidence, lambda s: None if (f := _long_context(s)) is None else f[0].factor),
+        rows=[],
+        look_at=f"positions ≥ {start} (the per-position table)",
+    )
+
+
+# ------------------------------------------------------------------------------------------ turn_growth
+def _turn_growth(rounds: Sequence[Mapping[str, Any]]) -> tuple[float, float, float, float, int, int] | None:
+    """(slope, CI low, fitted mean |δ| at the first and at the last round used, last round, rounds used)."""
+    used = [r for r in rounds if not r["pooled"] and r["token_count"] >= MIN_GROUP_TOKENS]
+    if len(used) < TURN_MIN_ROUNDS:
+        return None
+    xs, ys = [float(r["round"]) for r in used], [r["logprob_abs_diff_mean"] for r in used]
+    fit = least_squares(xs, ys)
+    if fit is None or fit[1] <= 0:
+        return None
+    # the fitted line, not the last round's own mean: late rounds are few and noisy
+    intercept = sum(ys) / len(ys) - fit[0] * sum(xs) / len(xs)
+    first, last = intercept + fit[0] * xs[0], intercept + fit[0] * xs[-1]
+    if first <= 0 or last - first < MIN_GAP or last < TURN_MIN_FACTOR * first:
+        return None
+    return fit[0], fit[1], first, last, int(used[-1]["round"]), len(used)
+
+
+def _step_rounds(metrics: Mapping[str, float], pooled: set[int]) -> list[dict[str, Any]]:
+    """A step's per-round table rebuilt from its per_round/round_<k>/… metrics (``pooled``: the pooled round)."""
+    rounds: dict[int, dict[str, Any]] = {}
+    for name, value in metrics.items():
+        parts = name.split("/")
+        if len(parts) == 3 and parts[0] == "per_round" and parts[1].startswith("round_"):
+            index = int(parts[1][6:])
+            entry = rounds.setdefault(index, {"pooled": index in pooled})
+            entry[parts[2]] = value
+    return [
+        {"round": k, **v}
+        for k, v in sorted(rounds.items())
+        if "token_count" in v and "logprob_abs_diff_mean" in v and math.isfinite(v["logprob_abs_diff_mean"])
+    ]
+
+
+def turn_growth(result: AnalysisResult) -> Hint | None:
+    found = _turn_growth(result.rounds)
+    if found is None:
+        return None
+    slope, low, first, last, last_round, used = found
+    steps = []
+    pooled = {int(r["round"]) for r in result.rounds if r["pooled"]}
+    for step in result.steps:
+        step_found = _turn_growth(_step_rounds(step.metrics, pooled))
+        if step_found is not None and step.step is not None:
+            steps.append((step_found[3] / max(step_found[2], 1e-12), step.step))
+    return Hint(
+        id="turn_growth",
+        message=(
+            f"Mismatch grows with the turn: mean |δ| rises by {slope:.3g} per round (95 % CI from {low:.3g}), from "
+            f"{_fmt(first)} at the first round to {_fmt(last)} at round {last_round} (fitted): the two sides see "
+            "different contexts "
+            "in later turns (tool outputs re-tokenized, chat template or truncation differences)."
+        ),
+        evidence={
+            "slope_per_round": slope,
+            "ci_low": low,
+            "first_round_mean": first,
+            "last_round_mean": last,
+            "factor": last / first if first > 0 else math.inf,
+            "rounds": float(used),
+        },
+        steps=[step for _, step in sorted(steps, key=lambda item: (-item[0], item[1]))[:MAX_STEPS]],
+        rows=[],
+        look_at=f"rounds ≥ 1 up to round {last_round} (the per-round table): how later turns are tokenized",
+    )
+
+
+# ------------------------------------------------------------------------------------------ staleness
+def staleness(evidence: Evidence) -> Hint | None:
+    lags = {lag: Group(s[0], s[1], s[2]) for lag, s in evidence.lags.items() if s[0] > 0}
+    if not evidence.has_versions or len(lags) < 2:
+        return None
+    freshest = min(lags)
+    stale = sum((g for lag, g in lags.items() if lag != freshest), Group(0.0, 0.0, 0.0))
+    contrast = Contrast(stale, lags[freshest])
+    if not contrast.holds(STALENESS_MIN_FACTOR):
+        return None
+    rows = _rows(evidence, "staleness")
+    per_lag = ", ".join(f"lag {lag - freshest}: {_fmt(g.mean)}" for lag, g in sorted(lags.items())[:6])
+    return Hint(
+        id="staleness",
+        message=(
+            f"Mismatch grows with policy staleness: rows generated by an older policy have {contrast.factor:.1f}× "
+            f"the mean min(|δ|, 1) of the freshest ({per_lag}): off-policy lag, not numerics — bound the async "
+            "lag or correct for it (IS over the behaviour policy)."
+        ),
+        evidence={
+            "stale_mean": contrast.high.mean,
+            "fresh_mean": contrast.low.mean,
+            "factor": contrast.factor,
+            "welch_t": contrast.t,
+            "max_lag": float(max(lags) - freshest),
+            "stale_tokens": contrast.high.n,
+        },
+        steps=sorted({row["step"] for row in rows})[:MAX_STEPS],
+        rows=rows,
+        look_at="rows whose policy_version lags their step the most",
+    )

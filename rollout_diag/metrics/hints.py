@@ -1,0 +1,439 @@
+"""Evidence for the root-cause hints (``rollout_diag/hints.py``): float64 sums per step, mergeable, and the
+same for any chunking (chunks hold whole rows, so neighbouring tokens and row fits never straddle chunks).
+
+Every hint either compares the mismatch of two groups of model tokens (trainer shifted one position vs
+aligned, first tokens of a round vs the rest, low vs high rollout probability, late vs early positions,
+stale vs fresh rows) or counts a pattern (exact-zero or copied logprobs, rows where δ is proportional to
+log p). All of it is counts, sums and sums of squares, kept per step so a hint can name its steps, plus a
+few example rows per hint in bounded top-K sets. Thresholds, also those applied per row here, live in
+``rollout_diag/hints.py`` with their reasons in ``docs/hints.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from rollout_diag.hints import (
+    FIT_MIN_R2,
+    FIT_MIN_SLOPE,
+    FIT_MIN_TOKENS,
+    SHIFT_MAX_RATIO,
+    SHIFT_ROW_MIN_ALIGNED,
+    SHIFT_ROW_MIN_PAIRS,
+    Evidence,
+    RowRef,
+)
+from rollout_diag.io.chunk import Chunk
+from rollout_diag.metrics.base import State, StepAccumulator
+from rollout_diag.metrics.localize import POSITION_BUCKETS, TopK
+from rollout_diag.metrics.segments import ChunkStats, quantity, reduce_runs, stats
+
+CLIP = 1.0  # group means use min(|δ|, 1) (ρ outside [1/e, e] counts as 1): a few catastrophic tokens cannot carry one
+LOG_HALF = math.log(0.5)  # a logprob of exactly 0 (p = 1) where the other side says p < 0.5 is no rounding error
+# Rollout-probability buckets: p ≥ 0.9, 0.5–0.9, 0.1–0.5, 0.01–0.1, < 0.01 (bucket k: below k edges).
+PROBABILITY_EDGES = (0.9, 0.5, 0.1, 0.01)
+PROBABILITY_BUCKETS = len(PROBABILITY_EDGES) + 1
+EXAMPLE_ROWS = 5  # example rows kept per hint
+EXAMPLE_KINDS = ("off_by_one", "dummy_logprobs", "processed_logprobs", "first_token", "last_token", "staleness")
+
+# Per-step sums, one column each (token counts, Σ y and Σ y² with y = min(|δ|, 1), and pattern counts).
+TOKEN_SUMS = (
+    "tokens",
+    "pairs",  # model tokens followed by a model token at the next position of the same row
+    "pair_abs",  # Σ|δ_t| over those tokens: the aligned baseline of the shift test
+    "shift_next",  # Σ|a_{t+1} − r_t|: trainer logprobs one position late
+    "shift_prev",  # Σ|a_t − r_{t+1}|: trainer logprobs one position early
+    "dummy_zero",  # one side exactly 0.0 while the other says p < 0.5
+    "dummy_zero_run",  # … next to another such token (runs)
+    "copied",  # one side repeats its neighbour's value exactly while the other side differs by > log 2
+    "cross",  # Σ δ·r (the δ ≈ c·r fit pooled over the step)
+    "rollout_square",  # Σ r²
+    "delta_square",  # Σ δ²
+    "first",
+    "first_y",
+    "first_y2",  # first token of each round
+    "last",
+    "last_y",
+    "last_y2",  # last model token of each row
+    "rest",
+    "rest_y",
+    "rest_y2",  # every other model token
+)
+ROW_SUMS = (
+    "fit_rows",  # rows with a δ ≈ c·r fit …
+    "fit_up",  # … with c ≥ +0.05 and R² ≥ 0.5
+    "fit_down",  # … with c ≤ −0.05 and R² ≥ 0.5
+    "shift_rows",  # rows whose own pairs pass the shift test (a shifted gather may hit some rows or steps only)
+    "shift_rows_pairs",  # their token pairs, Σ aligned |δ| and Σ |δ| in the better shift direction
+    "shift_rows_aligned",
+    "shift_rows_shifted",
+)
+
+PROBABILITY_COLUMNS = ("tokens", "abs", "y", "y2")  # per rollout-probability bucket (abs: Σ|δ| unclipped)
+POSITION_COLUMNS = ("tokens", "y", "y2")  # per log2 position bucket
+
+
+@quantity("hint_clipped_abs")
+def _clipped_abs(s: ChunkStats) -> torch.Tensor:  # y = min(|δ|, 1)
+    return s.token("abs_log_ratio").clamp(max=CLIP)
+
+
+@quantity("hint_clipped_square")
+def _clipped_square(s: ChunkStats) -> torch.Tensor:  # y²
+    y = s.token("hint_clipped_abs")
+    return y * y
+
+
+@quantity("hint_cross")
+def _cross(s: ChunkStats) -> torch.Tensor:  # δ·r (the δ ≈ c·r fit)
+    return s.token("log_ratio") * s.token("rollout")
+
+
+@quantity("hint_rollout_square")
+def _rollout_square(s: ChunkStats) -> torch.Tensor:  # r²
+    rollout = s.token("rollout")
+    return rollout * rollout
+
+
+def _isin(values: torch.Tensor, sorted_set: torch.Tensor) -> torch.Tensor:
+    """values ∈ sorted_set, elementwise (both small index tensors)."""
+    if sorted_set.numel() == 0:
+        return torch.zeros_like(values, dtype=torch.bool)
+    found = torch.searchsorted(sorted_set, values).clamp(max=sorted_set.numel() - 1)
+    return sorted_set[found] == values
+
+
+class _ChunkEvidence:
+    """Row sums of one chunk, computed once and shared by the step sums and the examples.
+
+    Full passes over the model tokens are few: the first / last tokens of rounds and rows are gathered by index
+    (one per round, one per row), the exact-zero and exact-copy patterns are searched among candidates first.
+    """
+
+    def __init__(self, chunk: Chunk) -> None:
+        s = stats(chunk)
+        model = chunk.model
+        self.chunk, self.stats = chunk, s
+        trainer, rollout = model.trainer, model.rollout
+        tokens = model.row.numel()
+        device = model.row.device
+        self.row_lengths = s.row_count.to(torch.int64)
+        # Rounds from the segments: a segment opens a round where the row or the round index changes.
+        starts = s.segment_starts
+        opens = torch.ones_like(starts, dtype=torch.bool)
+        if starts.numel() > 1:
+            opens[1:] = (s.segment_row[1:] != s.segment_row[:-1]) | (s.segment_round[1:] != s.segment_round[:-1])
+        round_first = starts[opens]  # sorted token indices
+        round_last = torch.cat([round_first[1:] - 1, round_first.new_tensor([tokens - 1])]) if tokens else round_first
+        ends = torch.cumsum(self.row_lengths, 0)
+        row_last = (ends - 1)[self.row_lengths > 0]
+        row_of = model.row
+        y, y2 = s.token("hint_clipped_abs"), s.token("hint_clipped_square")
+        abs_delta = s.token("abs_log_ratio")
+
+        def gathered(index: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+            out = torch.zeros(chunk.rows, dtype=torch.float64, device=device)
+            return out.index_add_(0, row_of[index], values[index])
+
+        count = s.row_count
+        rounds = s.rounds_per_row.to(torch.float64)
+        total_y, total_y2 = s.row_sum("hint_clipped_abs"), s.row_sum("hint_clipped_square")
+        first_y, first_y2 = gathered(round_first, y), gathered(round_first, y2)
+        last_y, last_y2 = gathered(row_last, y), gathered(row_last, y2)
+        both = row_last[_isin(row_last, round_first)]  # a last round of one token: first and last at once
+        both_n = torch.zeros(chunk.rows, dtype=torch.float64, device=device).index_add_(
+            0, row_of[both], torch.ones(both.numel(), dtype=torch.float64, device=device)
+        )
+        has_tokens = (count > 0).to(torch.float64)
+        # shifted differences on every adjacent pair of tokens, then zeroed where the pair crosses a round end
+        shift_next = torch.zeros_like(y)
+        shift_prev = torch.zeros_like(y)
+        if tokens > 1:
+            shift_next[:-1] = (trainer[1:] - rollout[:-1]).abs()
+            shift_prev[:-1] = (trainer[:-1] - rollout[1:]).abs()
+            shift_next[round_last] = 0.0
+            shift_prev[round_last] = 0.0
+        dummy, dummy_run, copied = self._patterns(round_last)
+        sums = {
+            "tokens": count,
+            "pairs": count - rounds,  # a round of k tokens has k − 1 adjacent pairs
+            "pair_abs": s.row_sum("abs_log_ratio") - gathered(round_last, abs_delta),
+            "shift_next": self.row_sum(shift_next),
+            "shift_prev": self.row_sum(shift_prev),
+            "dummy_zero": dummy,
+            "dummy_zero_run": dummy_run,
+            "copied": copied,
+            "cross": s.row_sum("hint_cross"),
+            "rollout_square": s.row_sum("hint_rollout_square"),
+            "delta_square": s.row_sum("square"),
+            "first": rounds,
+            "first_y": first_y,
+            "first_y2": first_y2,
+            "last": has_tokens,
+            "last_y": last_y,
+            "last_y2": last_y2,
+            "rest": count - rounds - has_tokens + both_n,
+            "rest_y": total_y - first_y - last_y + gathered(both, y),
+            "rest_y2": total_y2 - first_y2 - last_y2 + gathered(both, y2),
+        }
+        self.rows = torch.stack([sums[name] for name in TOKEN_SUMS], dim=1)  # [R, K]
+        self.y, self.y2 = y, y2
+        self.total_y, self.total_y2 = total_y, total_y2
+
+    def _patterns(self, round_last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per row: exact-zero tokens where the other side says p < 0.5, those of them next to another in the same
+        round, and exact copies of the neighbour's value where the other side differs by more than log 2."""
+        model = self.chunk.model
+        trainer, rollout, row = model.trainer, model.rollout, model.row
+        out = [torch.zeros(self.chunk.rows, dtype=torch.float64, device=row.device) for _ in range(3)]
+
+        def count(index: torch.Tensor, into: torch.Tensor) -> None:
+            into.index_add_(0, row[index], torch.ones(index.numel(), dtype=torch.float64, device=row.device))
+
+        # candidates first (values are ≤ 0 and finite: a product is 0 only where one side is 0)
+        zero = torch.nonzero(trainer * rollout == 0.0, as_tuple=True)[0]
+        a, r = trainer[zero], rollout[zero]
+        zero = zero[((r == 0.0) & (a < LOG_HALF)) | ((a == 0.0) & (r < LOG_HALF))]
+        count(zero, out[0])
+        if zero.numel() > 1:
+            # k and k + 1 adjacent tokens of one round: k is not a round's last token
+            linked = (zero[1:] == zero[:-1] + 1) & ~_isin(zero[:-1], round_last)
+            in_run = torch.zeros_like(zero, dtype=torch.bool)
+            in_run[:-1] |= linked
+            in_run[1:] |= linked
+            count(zero[in_run], out[1])
+        if trainer.numel() > 1:
+            same = torch.nonzero((rollout[1:] == rollout[:-1]) | (trainer[1:] == trainer[:-1]), as_tuple=True)[0]
+            same = same[~_isin(same, round_last)]  # token k and k + 1 in one round; counted on k + 1
+            a0, a1, r0, r1 = trainer[same], trainer[same + 1], rollout[same], rollout[same + 1]
+            gap = math.log(2.0)
+            copied_rollout = (r1 == r0) & (r1 != 0.0) & ((a1 - a0).abs() > gap)
+            copied_trainer = (a1 == a0) & (a1 != 0.0) & ((r1 - r0).abs() > gap)
+            hit = same[copied_rollout | copied_trainer] + 1
+            count(hit, out[2])
+        return out[0], out[1], out[2]
+
+    def row_sum(self, values: torch.Tensor) -> torch.Tensor:
+        """Σ of a model-token quantity over each row (float64 [R])."""
+        return reduce_runs(values, self.row_lengths, "sum")
+
+    def column(self, name: str) -> torch.Tensor:
+        """Per-row sums of one TOKEN_SUMS column (float64 [R])."""
+        return self.rows[:, TOKEN_SUMS.index(name)]
+
+    def fit(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per row: (has a fit, slope c of δ ≈ c·r through the origin, R² of that line)."""
+        n, cross = self.column("tokens"), self.column("cross")
+        rollout_square, delta_square = self.column("rollout_square"), self.column("delta_square")
+        fitted = (n >= FIT_MIN_TOKENS) & (rollout_square > 0) & (delta_square > 0)
+        slope = cross / rollout_square.clamp(min=1e-300)
+        # R² = 1 − Σ(δ − c·r)² / Σδ² = (Σδr)² / (Σr² · Σδ²) for the least-squares c
+        r2 = cross * cross / (rollout_square * delta_square).clamp(min=1e-300)
+        return fitted, torch.where(fitted, slope, 0.0), torch.where(fitted, r2, 0.0)
+
+
+def _group_sums(chunk: Chunk, row_values: torch.Tensor) -> torch.Tensor:
+    """Σ of per-row values [R, ...] over each step group [G, ...]."""
+    groups = chunk.groups
+    out = torch.zeros((groups.count, *row_values.shape[1:]), dtype=torch.float64, device=row_values.device)
+    return out.index_add_(0, groups.row_group, row_values)
+
+
+def _bucket_sums(chunk: Chunk, bucket: torch.Tensor, buckets: int, columns: list[torch.Tensor | None]) -> torch.Tensor:
+    """Σ of token values by (step group, bucket) into [G, buckets, K]; a None column counts tokens."""
+    groups = chunk.groups
+    index = bucket if groups.count == 1 else stats(chunk).token_group * buckets + bucket
+    size = groups.count * buckets
+    sums = [
+        torch.bincount(index, minlength=size).to(torch.float64)
+        if values is None
+        else torch.bincount(index, weights=values, minlength=size)
+        for values in columns
+    ]
+    return torch.stack(sums, dim=1).view(groups.count, buckets, len(columns))
+
+
+def _evidence(chunk: Chunk) -> _ChunkEvidence:
+    found = chunk.cache.get("hint_evidence")
+    if found is None:
+        found = chunk.cache["hint_evidence"] = _ChunkEvidence(chunk)
+    return found
+
+
+def probability_bucket(rollout: torch.Tensor) -> torch.Tensor:
+    """Index of each rollout logprob's probability bucket (0: p ≥ 0.9 … 4: p < 0.01): the edges above it."""
+    edges = torch.tensor(
+        sorted(math.log(edge) for edge in PROBABILITY_EDGES), dtype=rollout.dtype, device=rollout.device
+    )
+    return len(PROBABILITY_EDGES) - torch.bucketize(rollout, edges, right=True)
+
+
+class HintEvidenceAccumulator(StepAccumulator):
+    """Per step: TOKEN_SUMS and ROW_SUMS (scalars), rollout-probability and position buckets; plus example rows
+    per hint and, when the dump has a policy_version column, mismatch per version lag (step − policy_version)."""
+
+    REDUCTIONS: ClassVar[dict[str, str]] = {
+        **{name: "sum" for name in TOKEN_SUMS + ROW_SUMS},
+        "probability_buckets": "sum",
+        "position_buckets": "sum",
+    }
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.examples = {kind: TopK(EXAMPLE_ROWS) for kind in EXAMPLE_KINDS}
+        self.lags: dict[int, np.ndarray] = {}  # lag → [tokens, Σy, Σy², rows]
+        self.has_versions = False
+
+    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
+        evidence = _evidence(chunk)
+        model = chunk.model
+        sums = _group_sums(chunk, evidence.rows)
+        out = {name: sums[:, index] for index, name in enumerate(TOKEN_SUMS)}
+        fitted, slope, r2 = evidence.fit()
+        good = fitted & (r2 >= FIT_MIN_R2)
+        pairs, aligned = evidence.column("pairs"), evidence.column("pair_abs")
+        shifted = torch.minimum(evidence.column("shift_next"), evidence.column("shift_prev"))
+        shift_row = (
+            (pairs >= SHIFT_ROW_MIN_PAIRS)
+            & (aligned >= SHIFT_ROW_MIN_ALIGNED * pairs)
+            & (shifted <= SHIFT_MAX_RATIO * aligned)
+        ).to(torch.float64)
+        row_values = torch.stack(
+            [
+                fitted.to(torch.float64),
+                (good & (slope >= FIT_MIN_SLOPE)).to(torch.float64),
+                (good & (slope <= -FIT_MIN_SLOPE)).to(torch.float64),
+                shift_row,
+                shift_row * pairs,
+                shift_row * aligned,
+                shift_row * shifted,
+            ],
+            dim=1,
+        )
+        row_sums = _group_sums(chunk, row_values)
+        out.update({name: row_sums[:, index] for index, name in enumerate(ROW_SUMS)})
+        y, y2 = evidence.y, evidence.y2
+        out["probability_buckets"] = _bucket_sums(
+            chunk,
+            probability_bucket(model.rollout),
+            PROBABILITY_BUCKETS,
+            [None, evidence.stats.token("abs_log_ratio"), y, y2],
+        )
+        # segments never straddle a log2 position bucket: sum per segment, then by bucket
+        s = evidence.stats
+        position = s.segment_bucket.clamp(max=POSITION_BUCKETS - 1)
+        out["position_buckets"] = torch.stack(
+            [
+                s.bucket_sum(values, position, POSITION_BUCKETS)
+                for values in (
+                    s.segment_length,
+                    s.segment_sum("hint_clipped_abs"),
+                    s.segment_sum("hint_clipped_square"),
+                )
+            ],
+            dim=2,
+        )
+        return out
+
+    def _finalize(self, state: State) -> dict[str, float]:
+        # The evidence is not a metric: rollout_diag.hints reads the states (see ``evidence``).
+        return {}
+
+    def update(self, chunk: Chunk) -> None:
+        super().update(chunk)
+        evidence = _evidence(chunk)
+        self._offer_examples(chunk, evidence)
+        if chunk.policy_version is not None:
+            self.has_versions = True
+            self._add_lags(chunk, evidence)
+
+    def merge(self, other: StepAccumulator) -> None:
+        super().merge(other)
+        assert isinstance(other, HintEvidenceAccumulator)
+        for kind, tracker in self.examples.items():
+            tracker.merge(other.examples[kind])
+        for lag, sums in other.lags.items():
+            self.lags[lag] = self.lags[lag] + sums if lag in self.lags else sums.copy()
+        self.has_versions |= other.has_versions
+
+    def _row_scores(self, chunk: Chunk, evidence: _ChunkEvidence) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Per hint: (score of each row, rows that show the pattern at all)."""
+        pairs = evidence.column("pairs")
+        shifted = torch.minimum(evidence.column("shift_next"), evidence.column("shift_prev"))
+        drop = (evidence.column("pair_abs") - shifted) / pairs.clamp(min=1.0)  # mean |δ| the shift removes
+        fitted, slope, r2 = evidence.fit()
+        first, last = evidence.column("first"), evidence.column("last")
+        first_mean = evidence.column("first_y") / first.clamp(min=1.0)
+        rest_mean = evidence.column("rest_y") / evidence.column("rest").clamp(min=1.0)
+        dummy = evidence.column("dummy_zero_run") + evidence.column("copied")
+        processed = slope.abs() * r2
+        scores = {
+            "off_by_one": (drop, (pairs > 0) & (drop > 0)),
+            "dummy_logprobs": (dummy, dummy > 0),
+            "processed_logprobs": (processed, fitted & (slope.abs() >= FIT_MIN_SLOPE) & (r2 >= FIT_MIN_R2)),
+            "first_token": (first_mean - rest_mean, (first > 0) & (first_mean > rest_mean)),
+            "last_token": (evidence.column("last_y") - rest_mean, (last > 0) & (evidence.column("last_y") > rest_mean)),
+        }
+        if chunk.policy_version is not None:
+            tokens = evidence.column("tokens")
+            row_mean = evidence.total_y / tokens.clamp(min=1.0)
+            lag = (chunk.step - chunk.policy_version).to(torch.float64)
+            # the most stale rows first; among equally stale ones the most mismatched (row_mean < 1)
+            scores["staleness"] = (lag + row_mean.clamp(max=0.999), tokens > 0)
+        return scores
+
+    def _offer_examples(self, chunk: Chunk, evidence: _ChunkEvidence) -> None:
+        steps = chunk.step.tolist()
+        for kind, (score, shows) in self._row_scores(chunk, evidence).items():
+            tracker = self.examples[kind]
+            values, eligible = score.cpu().numpy(), shows.cpu().numpy()
+            candidates = np.flatnonzero(eligible & (values >= tracker.threshold()))
+            if candidates.size == 0:
+                continue
+            keys = {
+                row: (steps[row], chunk.sample_id[row], chunk.file[row], chunk.file_row[row], -1)
+                for row in candidates.tolist()
+            }
+            # sorted as TopK sorts (score, then location), so the kept rows do not depend on chunking
+            best = sorted(keys, key=lambda row: (-values[row], keys[row]))[:EXAMPLE_ROWS]
+            tracker.offer([(float(values[row]), keys[row], None) for row in best])
+
+    def _add_lags(self, chunk: Chunk, evidence: _ChunkEvidence) -> None:
+        tokens = evidence.column("tokens")
+        lag = (chunk.step - chunk.policy_version).cpu().numpy()
+        per_row = torch.stack([tokens, evidence.total_y, evidence.total_y2, (tokens > 0).to(torch.float64)], dim=1)
+        per_row_host = per_row.cpu().numpy()
+        for value in np.unique(lag).tolist():
+            sums = per_row_host[lag == value].sum(axis=0)
+            if sums[0] == 0:
+                continue
+            self.lags[value] = self.lags[value] + sums if value in self.lags else sums
+
+    def evidence(self) -> Evidence:
+        """The run's and each step's sums, the example rows and the version lags, for ``rollout_diag.hints``."""
+        run = self.run_state()
+        examples: dict[str, list[RowRef]] = {}
+        for kind, tracker in self.examples.items():
+            examples[kind] = [
+                RowRef(step=key[0], sample_id=key[1], file=key[2], row=key[3], score=score)
+                for score, key, _ in tracker.items
+            ]
+        return Evidence(
+            run=_named(run) if run is not None else {},
+            steps={step: _named(state) for step, state in sorted(self.steps.items())},
+            examples=examples,
+            lags={lag: [float(v) for v in sums] for lag, sums in sorted(self.lags.items())},
+            has_versions=self.has_versions,
+        )
+
+
+def _named(state: State) -> dict[str, Any]:
+    """A state as plain floats and nested lists (what the pure hint functions read)."""
+    out: dict[str, Any] = {name: float(state[name]) for name in TOKEN_SUMS + ROW_SUMS}
+    for name, columns in (("probability_buckets", PROBABILITY_COLUMNS), ("position_buckets", POSITION_COLUMNS)):
+        out[name] = [dict(zip(columns, map(float, bucket), strict=True)) for bucket in state[name]]
+    return out
