@@ -71,7 +71,7 @@ def test_per_step_gates_each_step_and_a_nan_fails_and_a_missing_metric_is_skippe
 
 
 def test_an_unknown_metric_is_an_error_naming_the_closest_names() -> None:
-    with pytest.raises(ConfigError, match="no metric 'rollout_corr/k3kl'.*did you mean rollout_corr/k3_kl"):
+    with pytest.raises(ConfigError, match=r"no metric 'rollout_corr/k3kl'.*did you mean rollout_corr/k3_kl"):
         check(HAND, [parse_gate("rollout_corr/k3kl=1", "max")])
     with pytest.raises(ConfigError, match="no gate"):
         check(HAND, [])
@@ -108,7 +108,8 @@ def test_dialect_metrics_are_found_by_name_and_by_framework() -> None:
 def test_gates_file_in_toml_with_tables_and_gate_entries(tmp_path: Path) -> None:
     path = tmp_path / "gates.toml"
     path.write_text(
-        'per_step = true\n[max]\n"rollout_corr/k3_kl" = 1e-3\n[min]\n"training/rollout_actor_probs_pearson_corr" = 0.99\n'
+        'per_step = true\n[max]\n"rollout_corr/k3_kl" = 1e-3\n'
+        '[min]\n"training/rollout_actor_probs_pearson_corr" = 0.99\n'
         '[[gate]]\nmetric = "mismatch/logprob_abs_diff"\nmax = 0.05\nper_step = false\nsource = "team"\n'
     )
     gates = load_gates(path)
