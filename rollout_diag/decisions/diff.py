@@ -23,6 +23,7 @@ from rollout_diag.results import SCHEMA_VERSION, AnalysisResult, RowStats, json_
 DEFAULT_REPLICATES = 1000
 DEFAULT_LEVEL = 0.95
 DEFAULT_SEED = 0
+ROUNDING = 1e-12  # relative size of a difference that is only summation order
 WEIGHT_CELLS = 4_000_000  # replicate × row weights held at once (32 MB of float64)
 
 BETTER, WORSE, SAME, UNKNOWN = "better", "worse", "no detectable change", "n/a"
@@ -160,7 +161,7 @@ def diff(
             )
         else:
             name = chosen[index - len(KEY_METRICS)]
-            changed = math.isfinite(low) and (low > 0.0 or high < 0.0)
+            changed = math.isfinite(low) and (low > _noise(value_a, value_b) or high < -_noise(value_a, value_b))
             preset_diffs.append(PresetDiff(name, value_a, value_b, value_b - value_a, low, high, changed))
     warnings = [
         f"{side.label}: only {side.rows.rows} sequences; the interval is rough below 30."
@@ -174,11 +175,16 @@ def verdict(a: float, b: float, low: float, high: float) -> str:
     """better / worse (lower is better) when the interval of B − A excludes 0, else no detectable change."""
     if not (math.isfinite(a) and math.isfinite(b) and math.isfinite(low) and math.isfinite(high)):
         return UNKNOWN
-    if high < 0.0:
+    if high < -_noise(a, b):
         return BETTER
-    if low > 0.0:
+    if low > _noise(a, b):
         return WORSE
     return SAME
+
+
+def _noise(a: float, b: float) -> float:
+    """Differences this small are float64 summation order, not a change."""
+    return ROUNDING * max(abs(a), abs(b))
 
 
 def _value(metric: RowMetric, side: DiffSide) -> float:
