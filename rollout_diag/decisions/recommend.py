@@ -183,17 +183,20 @@ def recommend(comparison: Any) -> Recommendation:
         _strengths(chosen),
         runner_up=None if runner is None else runner.name,
         runner_up_reason="" if runner is None else _why_not(runner, chosen),
-        not_chosen=_not_chosen([item for item in others if item is not runner], chosen),
+        not_chosen=_not_chosen([item for item in others if item is not runner], chosen, runner),
         equivalent=equivalent,
         note=note,
         order=order,
     )
 
 
-def _not_chosen(items: Sequence[PresetStanding], chosen: PresetStanding) -> list[tuple[str, str]]:
-    """Why each preset lost; a preset with the settings and numbers of one listed before it says so instead."""
+def _not_chosen(
+    items: Sequence[PresetStanding], chosen: PresetStanding, runner: PresetStanding | None
+) -> list[tuple[str, str]]:
+    """Why each preset lost; a preset with the settings and numbers of one named before it (the runner-up
+    included) says so instead."""
     out: list[tuple[str, str]] = []
-    seen: list[PresetStanding] = []
+    seen: list[PresetStanding] = [] if runner is None else [runner]
     for item in items:
         twin = next((earlier for earlier in seen if _same(item, earlier)), None)
         out.append((item.name, f"as {twin.name}, in {item.mode} mode" if twin else _why_not(item, chosen)))
