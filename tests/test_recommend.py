@@ -110,3 +110,9 @@ def test_terminal_ends_with_the_recommendation_and_sorts_by_intrusiveness(sample
         succeeded(invoke("compare-presets", SAMPLE, "--device", "cpu", "-f", "json", "--sort", "intrusiveness"))
     )
     assert [p["name"] for p in document["presets"]] == order
+
+
+def test_the_recommendation_is_among_the_chosen_presets_only() -> None:
+    chosen = [p for p in HAND.presets if p.name in ("seq_is", "k3_rs")]
+    found = recommend(HAND, chosen)
+    assert (found.preset, found.runner_up, found.order) == ("seq_is", "k3_rs", ["seq_is", "k3_rs"])

@@ -91,13 +91,14 @@ def _metric(metrics: Mapping[str, Any], name: str) -> float | None:
     return None
 
 
-def standings(comparison: Any) -> list[PresetStanding]:
-    """Every preset of the comparison with its intrusiveness numbers and rule problems, in the comparison's order."""
+def standings(comparison: Any, presets: Sequence[Any] | None = None) -> list[PresetStanding]:
+    """Every preset of the comparison (or only ``presets``, some of its presets) with its intrusiveness numbers and
+    rule problems, in the comparison's order."""
     from rollout_diag.compare import INTRUSIVE_MIN_ESS, INTRUSIVE_REJECTED_FRACTION, intrusive_reasons
 
     limits = _limits(comparison, INTRUSIVE_REJECTED_FRACTION, INTRUSIVE_MIN_ESS)
     out = []
-    for preset in _attr(comparison, "presets") or []:
+    for preset in _attr(comparison, "presets") or [] if presets is None else presets:
         config = _attr(preset, "config") or {}
         metrics = _attr(_attr(preset, "run") or {}, "metrics") or {}
         importance = bool(config.get("rollout_is") or config.get("legacy_is"))
@@ -149,17 +150,18 @@ def by_intrusiveness(comparison: Any) -> list[str]:
     return [item.name for item in sorted(ranked, key=lambda item: item.key)]
 
 
-def recommend(comparison: Any) -> Recommendation:
-    """The recommendation for this comparison (see the module docstring for the rule)."""
+def recommend(comparison: Any, presets: Sequence[Any] | None = None) -> Recommendation:
+    """The recommendation for this comparison, among ``presets`` (some of its presets) when given (see the module
+    docstring for the rule)."""
     from rollout_diag.compare import INTRUSIVE_MIN_ESS, INTRUSIVE_REJECTED_FRACTION
 
     rejected, min_ess = _limits(comparison, INTRUSIVE_REJECTED_FRACTION, INTRUSIVE_MIN_ESS)
     rule = RULE.format(rejected=rejected, ess=min_ess)
-    ranked = sorted(standings(comparison), key=lambda item: item.key)
+    ranked = sorted(standings(comparison, presets), key=lambda item: item.key)
     order = [item.name for item in ranked]
     correcting = [item for item in ranked if item.corrects]
     passing = [item for item in correcting if not item.problems]
-    note = _note(comparison)
+    note = _note(_attr(comparison, "presets") or [] if presets is None else presets)
     if not passing:
         closest = correcting[0] if correcting else None
         reasons = ["every correcting preset drops too many tokens or leaves too low an ESS"] if correcting else []
@@ -231,9 +233,8 @@ def _why_not(item: PresetStanding, chosen: PresetStanding) -> str:
     return "as intrusive as the chosen preset; listed later in the comparison"
 
 
-def _note(comparison: Any) -> str:
+def _note(presets: Sequence[Any]) -> str:
     """A sentence when the data hardly needs a correction (every key metric of the run judged ok)."""
-    presets: Sequence[Any] = _attr(comparison, "presets") or []
     if not presets:
         return ""
     metrics = _attr(_attr(presets[0], "run") or {}, "metrics") or {}

@@ -77,7 +77,7 @@ def render_report(
     ]
     if comparison is not None:
         sections.append(presets_section(comparison, selected, canvas))
-        sections.append(recommendation_section(comparison))  # "which correction should I turn on?"
+        sections.append(recommendation_section(comparison, selected))  # "which correction should I turn on?"
     if diff is not None:  # report A --vs B
         sections.append(diff_section(diff, canvas))
     sections.append(glossary_section())

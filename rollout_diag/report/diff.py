@@ -126,11 +126,12 @@ def _mean_abs(row: dict[str, Any] | None) -> float | None:
     return None if row is None else row.get("logprob_abs_diff_mean")
 
 
-def recommendation_section(comparison: Any) -> Section:
-    """ "Which correction should I turn on?": the recommendation, its rule, the runner-up and the rest."""
+def recommendation_section(comparison: Any, presets: Sequence[Any] | None = None) -> Section:
+    """Which correction to turn on: the recommendation among ``presets`` (default: all of the comparison's), its
+    rule, the runner-up and the rest."""
     from rollout_diag.decisions.recommend import recommend
 
-    found = recommend(comparison)
+    found = recommend(comparison, presets)
     title = "Which correction should I turn on?"
     if found.preset is None:
         head = "<p><strong>None of these presets meets the rule on this data.</strong></p>"
