@@ -246,3 +246,11 @@ def test_default_gates_on_the_bundled_sample() -> None:
     assert by_metric[("token_mult_prob_error", 3)]["status"] == "fail"
     assert by_metric[("rollout_kl/abs", 3)]["status"] == "pass"
     assert np.isclose(by_metric[("rollout_corr/k3_kl", 0)]["value"], 0.000387059, rtol=1e-5)
+
+
+def test_the_decisions_are_public_api() -> None:
+    import rollout_diag as rd
+
+    result = rd.check_run(str(SAMPLE), [rd.Gate("rollout_corr/k3_kl", "max", 1e-2)], device="cpu")
+    assert isinstance(result, rd.CheckResult) and result.passed
+    assert callable(rd.diff_runs) and callable(rd.recommend)
