@@ -589,7 +589,7 @@ def check(
     if format is CheckFormat.json:
         emit(to_json_text(result.to_json()), output)
     else:
-        _console().print(check_table(result))
+        show(check_table(result), output)
     if not result.passed:
         raise typer.Exit(GATE_FAILED)
 
@@ -653,7 +653,19 @@ def diff(
     if format is RowFormat.json:
         emit(to_json_text(result.to_json()), output)
     else:
-        _console().print(diff_tables(result))
+        show(diff_tables(result), output)
+
+
+def show(renderable: Any, output: Path | None) -> None:
+    """Print a table to the terminal, or write it as plain text to ``output``."""
+    if output is None:
+        _console().print(renderable)
+        return
+    import io
+
+    buffer = io.StringIO()
+    Console(file=buffer, width=160, color_system=None, soft_wrap=False).print(renderable)
+    emit(buffer.getvalue(), output)
 
 
 def main() -> None:

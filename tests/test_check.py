@@ -254,3 +254,10 @@ def test_the_decisions_are_public_api() -> None:
     result = rd.check_run(str(SAMPLE), [rd.Gate("rollout_corr/k3_kl", "max", 1e-2)], device="cpu")
     assert isinstance(result, rd.CheckResult) and result.passed
     assert callable(rd.diff_runs) and callable(rd.recommend)
+
+
+def test_the_table_goes_to_a_file_with_output(tmp_path: Path) -> None:
+    out = tmp_path / "check.txt"
+    result = invoke("check", SAMPLE, "--device", "cpu", "--max", "rollout_corr/k3_kl=1e-3", "-o", out)
+    assert result.exit_code == 3 and result.stdout == ""
+    assert "FAIL: 1 of 1 checks failed" in out.read_text() and "\x1b[" not in out.read_text()
