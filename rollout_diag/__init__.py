@@ -55,6 +55,15 @@ _EXPORTS: dict[str, str] = {
     "compute_metrics": "rollout_diag.trainers",
     "from_skyrl_batch": "rollout_diag.trainers",
     "from_verl_batch": "rollout_diag.trainers",
+    # decisions: check gates, diff A/B, the preset recommendation
+    "check_run": "rollout_diag.engine",
+    "diff_runs": "rollout_diag.engine",
+    "CheckResult": "rollout_diag.decisions.check",
+    "Gate": "rollout_diag.decisions.check",
+    "DiffResult": "rollout_diag.decisions.diff",
+    "Recommendation": "rollout_diag.decisions.recommend",
+    "recommend": "rollout_diag.decisions.recommend",
+    "RowStats": "rollout_diag.results",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])

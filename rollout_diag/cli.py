@@ -45,6 +45,11 @@ class RowFormat(str, Enum):
     json = "json"
 
 
+class PresetOrder(str, Enum):
+    given = "given"
+    intrusiveness = "intrusiveness"
+
+
 # Shared option types (one definition, used by every command).
 Inputs = Annotated[
     list[Path],
@@ -480,6 +485,12 @@ def compare_presets(
     ] = None,
     intrusive_reject: IntrusiveRejectOpt = 0.10,
     intrusive_ess: IntrusiveEssOpt = 0.5,
+    sort: Annotated[
+        PresetOrder,
+        typer.Option(
+            "--sort", help="Order of the presets: given (as chosen) or intrusiveness (least intrusive first)."
+        ),
+    ] = PresetOrder.given,
     workers: WorkersOpt = 1,
     backend: BackendOpt = "process",
     column: ColumnOpt = None,
@@ -519,14 +530,21 @@ def compare_presets(
         )
     if export_decisions is not None:
         typer.echo(f"wrote {export_decisions}", err=True)
+    from rollout_diag.decisions.recommend import recommend, sort_by_intrusiveness
+    from rollout_diag.render.decisions import recommendation_lines
+
+    recommendation = recommend(result)
+    if sort is PresetOrder.intrusiveness:
+        result = sort_by_intrusiveness(result)
     shown = output_format(format, output)
     if shown is OutputFormat.json:
-        emit(to_json_text(result.to_json()), output)
+        emit(to_json_text({**result.to_json(), "recommendation": recommendation.to_json()}), output)
     elif shown is OutputFormat.csv:
         emit(comparison_csv(result), output)
     else:
         warnings = [plain(f"warning: {warning}", style="yellow") for warning in result.warnings]
-        show(Group(presets_table(result), render_sweep(result.sweep, parse_targets(target)), *warnings), output)
+        tables = [presets_table(result), render_sweep(result.sweep, parse_targets(target)), *warnings]
+        show(Group(*tables, recommendation_lines(recommendation)), output)
 
 
 # Options that shape a live analysis: given with --from-json they would be silently ignored, so they are an error.
@@ -586,6 +604,10 @@ def report(
     catastrophic: CatastrophicOpt = 1.0,
     top_k: TopKOpt = 20,
     open_browser: Annotated[bool, typer.Option("--open", help="Open the report in a browser.")] = False,
+    vs: Annotated[
+        list[Path] | None,
+        typer.Option("--vs", help="A second run's dump(s): add an A/B section (what `diff` prints).", metavar="FILE"),
+    ] = None,
     workers: WorkersOpt = 1,
     backend: BackendOpt = "process",
     column: ColumnOpt = None,
@@ -632,11 +654,19 @@ def report(
             )
     else:
         fail("give the dump(s) to analyse, or --from-json FILE.")
+    comparison_ab = None
+    if vs:
+        if not inputs:
+            fail("--vs compares two dumps: give run A's dump(s) as FILE, not --from-json.")
+        from rollout_diag.engine import diff_runs
+
+        options = {"columns": parse_columns(column), "device": device, "strict": strict, "chunk_tokens": chunk_tokens}
+        comparison_ab = diff_runs([str(p) for p in inputs], [str(p) for p in vs], presets=preset or None, **options)
     shown = (preset or None) if from_json else None  # a live run already compared only these
     if analysis is None:  # a saved compare-presets result alone: the report derives the rest from it
         path = write_report(comparison, output, title=title, presets=shown)
     else:
-        path = write_report(analysis, output, comparison=comparison, title=title, presets=shown)
+        path = write_report(analysis, output, comparison=comparison, title=title, presets=shown, diff=comparison_ab)
     typer.echo(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)", err=True)
     if open_browser:
         import webbrowser
@@ -685,6 +715,148 @@ def parse_targets(text: str) -> list[float]:
         return [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise ConfigError(f"--target {text}: expected comma-separated shares, e.g. 0.001,0.01,0.05.") from None
+
+
+# ------------------------------------------------------------------ decisions: check and diff
+class CheckFormat(str, Enum):
+    table = "table"
+    json = "json"
+
+
+GATE_FAILED = 3  # exit code of `check` when a gate fails (1 is bad input, 0 all pass)
+
+
+@app.command()
+@handles_errors
+def check(
+    inputs: Inputs,
+    max_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--max",
+            help="Gate: the metric must be ≤ VALUE (full name, e.g. rollout_corr/k3_kl=1e-3). Repeatable.",
+            metavar="NAME=VALUE",
+        ),
+    ] = None,
+    min_: Annotated[
+        list[str] | None,
+        typer.Option("--min", help="Gate: the metric must be ≥ VALUE. Repeatable.", metavar="NAME=VALUE"),
+    ] = None,
+    gates: Annotated[
+        str | None,
+        typer.Option(
+            "--gates",
+            help="Gates from a TOML/YAML/JSON file, or 'default' (public CI bounds; docs/gates.md).",
+            metavar="FILE|default",
+        ),
+    ] = None,
+    per_step: Annotated[bool, typer.Option("--per-step", help="Check every step too, not only the whole run.")] = False,
+    format: Annotated[
+        CheckFormat, typer.Option("--format", "-f", help="table (terminal) or json.")
+    ] = CheckFormat.table,
+    output: OutputOpt = None,
+    junit: Annotated[
+        Path | None, typer.Option("--junit", help="Also write JUnit XML here (one testcase per gate and step).")
+    ] = None,
+    column: ColumnOpt = None,
+    device: DeviceOpt = "auto",
+    strict: StrictOpt = False,
+    chunk_tokens: ChunkOpt = CHUNK_TOKENS,
+    debug: DebugOpt = False,
+) -> None:
+    """Gate a run for CI: exit 0 when every gate passes, 3 when one fails, 1 for bad input or an unknown metric."""
+    from rollout_diag.decisions.check import load_gates, parse_gate
+    from rollout_diag.engine import check_run
+    from rollout_diag.render.decisions import check_table, junit_xml
+    from rollout_diag.render.export import to_json_text
+
+    chosen = [
+        *(load_gates(gates) if gates else []),
+        *(parse_gate(t, "max") for t in max_ or []),
+        *(parse_gate(t, "min") for t in min_ or []),
+    ]
+    with progress_bar(inputs) as progress:
+        result = check_run(
+            [str(p) for p in inputs],
+            chosen,
+            per_step=per_step,
+            columns=parse_columns(column),
+            device=device,
+            strict=strict,
+            chunk_tokens=chunk_tokens,
+            progress=progress,
+        )
+    if junit is not None:
+        junit.write_text(junit_xml(result), encoding="utf-8")
+        typer.echo(f"wrote {junit}", err=True)
+    if format is CheckFormat.json:
+        emit(to_json_text(result.to_json()), output)
+    else:
+        show(check_table(result), output)
+    if not result.passed:
+        raise typer.Exit(GATE_FAILED)
+
+
+@app.command()
+@handles_errors
+def diff(
+    inputs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Run A's dump, then run B's (or one dump with --steps-a/--steps-b).",
+            show_default=False,
+            metavar="A [B]",
+        ),
+    ],
+    steps_a: Annotated[
+        str | None, typer.Option("--steps-a", help="Steps of A, FIRST:LAST inclusive (e.g. 0:99).", metavar="RANGE")
+    ] = None,
+    steps_b: Annotated[
+        str | None, typer.Option("--steps-b", help="Steps of B, FIRST:LAST inclusive (e.g. 100:199).", metavar="RANGE")
+    ] = None,
+    preset: Annotated[
+        list[str] | None,
+        typer.Option("--preset", help="Presets whose dropped-token share to compare; default: all.", metavar="NAME"),
+    ] = None,
+    replicates: Annotated[int, typer.Option("--replicates", help="Bootstrap resamples of the rows.")] = 1000,
+    level: Annotated[float, typer.Option("--level", help="Level of the interval of B − A.")] = 0.95,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap (same seed, same interval).")] = 0,
+    format: Annotated[RowFormat, typer.Option("--format", "-f", help="table (terminal) or json.")] = RowFormat.table,
+    output: OutputOpt = None,
+    column: ColumnOpt = None,
+    device: DeviceOpt = "auto",
+    strict: StrictOpt = False,
+    chunk_tokens: ChunkOpt = CHUNK_TOKENS,
+    debug: DebugOpt = False,
+) -> None:
+    """Did my fix help? Run A against run B: every key metric, B/A, a bootstrap interval of B − A over sequences,
+    a verdict (better / worse / no detectable change), and which presets now drop a different share."""
+    from rollout_diag.engine import diff_runs, parse_step_range
+    from rollout_diag.render.decisions import diff_tables
+    from rollout_diag.render.export import to_json_text
+
+    if len(inputs) > 2:
+        fail(f"diff takes one or two dumps (A, B), not {len(inputs)}; quote a glob or use a directory for many files.")
+    with progress_bar(inputs) as progress:
+        result = diff_runs(
+            str(inputs[0]),
+            str(inputs[1]) if len(inputs) == 2 else None,
+            steps_a=parse_step_range(steps_a, "--steps-a"),
+            steps_b=parse_step_range(steps_b, "--steps-b"),
+            presets=preset or None,
+            replicates=replicates,
+            level=level,
+            seed=seed,
+            columns=parse_columns(column),
+            device=device,
+            strict=strict,
+            chunk_tokens=chunk_tokens,
+            progress=progress,
+        )
+    if format is RowFormat.json:
+        emit(to_json_text(result.to_json()), output)
+    else:
+        show(diff_tables(result), output)
 
 
 def main() -> None:

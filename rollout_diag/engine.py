@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Integral
@@ -10,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rollout_diag.decisions.check import CheckResult, Gate, check
+from rollout_diag.decisions.diff import DEFAULT_LEVEL, DEFAULT_REPLICATES, DEFAULT_SEED, DiffResult, DiffSide, diff
 from rollout_diag.errors import ConfigError, DataError, where
 from rollout_diag.hints import with_hints
 from rollout_diag.io.chunk import Chunk
@@ -29,10 +32,12 @@ from rollout_diag.metrics.localize import (
 from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
 from rollout_diag.metrics.rollout_kl import RolloutKLAccumulator
 from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS, RoundAccumulator
+from rollout_diag.metrics.rowstats import RowStatsCollector
 from rollout_diag.metrics.segments import stats
 from rollout_diag.metrics.sweep import DEFAULT_TARGETS, SweepAccumulator, sweep_tables
 from rollout_diag.metrics.trends import ANOMALY_KEEP, find_anomalies, keep_largest, round_trend, step_trend
-from rollout_diag.results import AnalysisResult, RowTokens, SkippedRow, StepResult, SweepResult
+from rollout_diag.presets import Preset
+from rollout_diag.results import AnalysisResult, RowStats, RowTokens, SkippedRow, StepResult, SweepResult
 from rollout_diag.verdicts import judge
 
 Progress = Callable[[int, int], None]  # (file rows consumed, total file rows)
@@ -467,3 +472,155 @@ def check_analysis_options(max_rounds: int, catastrophic: float, top_k: int) -> 
         raise ConfigError(f"--catastrophic {catastrophic}: must be a positive, finite |δ| threshold.")
     if isinstance(top_k, bool) or not isinstance(top_k, Integral) or not 1 <= top_k <= MAX_TOP_K:
         raise ConfigError(f"--top-k {top_k}: must be a whole number from 1 to {MAX_TOP_K}.")
+
+
+# ----------------------------------------------------------------------- decisions: check and diff
+StepRange = tuple[int | None, int | None]  # first..last step, inclusive; None = open end
+
+
+@dataclass
+class RowPass:
+    """One pass of the analysis and the per-row statistics (``check``, ``diff``); results for any step range."""
+
+    analysis: Analysis
+    rows: RowStatsCollector
+    log: ReadLog
+    device: torch.device
+    strict: bool
+
+    def result(self, steps: StepRange | None = None) -> AnalysisResult:
+        """The AnalysisResult of the steps in ``steps`` (all steps when None; worst rows/tokens only then)."""
+        analysis = self.analysis if steps is None else _restricted(self.analysis, steps)
+        return build_result(analysis, self.log, self.device, self.strict)
+
+    def row_stats(self, steps: StepRange | None = None) -> RowStats:
+        rows = self.rows.finalize()
+        return rows if steps is None else rows.in_steps(*steps)
+
+
+def _restricted(analysis: Analysis, steps: StepRange) -> Analysis:
+    """A copy of ``analysis`` whose per-step families keep only the steps in the range (no worst rows/tokens:
+    those are ranked over the whole input)."""
+    first, last = steps
+
+    def keep(step: int) -> bool:
+        return (first is None or step >= first) and (last is None or step <= last)
+
+    subset = copy.copy(analysis)
+    for name, value in vars(analysis).items():
+        if isinstance(value, StepAccumulator):
+            family = copy.copy(value)
+            family.steps = {step: state for step, state in value.steps.items() if keep(step)}
+            setattr(subset, name, family)
+    subset.worst = WorstTracker(analysis.top_k, analysis.catastrophic)
+    subset.empty_rows = [entry for entry in analysis.empty_rows if keep(entry[0])]
+    if not subset.offpolicy.steps:
+        present = sorted(analysis.offpolicy.steps)
+        shown = f"{present[0]}..{present[-1]}" if present else "none"
+        raise DataError(f"no step in {_range(steps)} (the input has steps {shown}).")
+    return subset
+
+
+def _range(steps: StepRange) -> str:
+    first, last = steps
+    return f"steps {'' if first is None else first}:{'' if last is None else last}"
+
+
+def row_pass(
+    inputs: str | Path | Sequence[str | Path],
+    *,
+    presets: Sequence[Preset] = (),
+    columns: Mapping[str, str] | None = None,
+    device: str | torch.device = "auto",
+    strict: bool = False,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    progress: Progress | None = None,
+) -> RowPass:
+    """Read ``inputs`` once into the analysis and the per-row statistics (with each preset's dropped tokens per
+    row). Raises RolloutDiagError for bad input or options."""
+    torch_device = resolve_device(device)
+    reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
+    analysis = Analysis()
+    rows = RowStatsCollector(presets)
+    run_chunks(reader, [analysis.update, rows.update], torch_device, progress)
+    return RowPass(analysis, rows, reader.log, torch_device, strict)
+
+
+def check_run(
+    inputs: str | Path | Sequence[str | Path],
+    gates: Sequence[Gate],
+    *,
+    per_step: bool = False,
+    columns: Mapping[str, str] | None = None,
+    device: str | torch.device = "auto",
+    strict: bool = False,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    progress: Progress | None = None,
+) -> CheckResult:
+    """Every gate (see :mod:`rollout_diag.decisions.check`) on the run and, with ``per_step``, on every step.
+    Raises RolloutDiagError for bad input, an unknown metric or no gate."""
+    if not gates:
+        raise ConfigError("no gate given.", hint="add --max NAME=VALUE, --min NAME=VALUE or --gates FILE|default.")
+    done = row_pass(inputs, columns=columns, device=device, strict=strict, chunk_tokens=chunk_tokens, progress=progress)
+    return check(done.result(), gates, per_step=per_step, rows=done.row_stats())
+
+
+def parse_step_range(text: str | None, option: str) -> StepRange | None:
+    """``first:last`` (inclusive, either end may be empty) or a single step; raises ConfigError."""
+    if text is None:
+        return None
+    first, sep, last = text.partition(":")
+    try:
+        bounds = (
+            (int(first) if first.strip() else None, int(last) if last.strip() else None) if sep else (int(text),) * 2
+        )
+    except ValueError:
+        raise ConfigError(f"{option} {text}: expected FIRST:LAST steps, e.g. 0:99 (inclusive).") from None
+    if bounds[0] is not None and bounds[1] is not None and bounds[0] > bounds[1]:
+        raise ConfigError(f"{option} {text}: the first step is after the last.")
+    return bounds
+
+
+def diff_runs(
+    inputs_a: str | Path | Sequence[str | Path],
+    inputs_b: str | Path | Sequence[str | Path] | None = None,
+    *,
+    steps_a: StepRange | None = None,
+    steps_b: StepRange | None = None,
+    presets: Sequence[str | Preset] | None = None,
+    replicates: int = DEFAULT_REPLICATES,
+    level: float = DEFAULT_LEVEL,
+    seed: int = DEFAULT_SEED,
+    columns: Mapping[str, str] | None = None,
+    device: str | torch.device = "auto",
+    strict: bool = False,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    progress: Progress | None = None,
+) -> DiffResult:
+    """Run A against run B (two dumps; or one dump, ``inputs_b`` None, split by ``steps_a`` / ``steps_b``): every
+    key metric, its bootstrap interval of B − A over sequences and a verdict; per preset the change in dropped
+    tokens. Raises RolloutDiagError for bad input or options."""
+    from rollout_diag.compare import resolve_presets
+
+    chosen = resolve_presets(presets)
+    options = {"columns": columns, "device": device, "strict": strict, "chunk_tokens": chunk_tokens}
+    if inputs_b is None:
+        if steps_a is None or steps_b is None:
+            raise ConfigError("one dump: give the two step ranges, --steps-a and --steps-b (e.g. 0:99 and 100:199).")
+        done = row_pass(inputs_a, presets=chosen, progress=progress, **options)
+        sides = [
+            DiffSide(f"{_label(done.log.files)} {_range(r)}", done.result(r), done.row_stats(r))
+            for r in (steps_a, steps_b)
+        ]
+    else:
+        sides = []
+        for inputs, steps in ((inputs_a, steps_a), (inputs_b, steps_b)):
+            done = row_pass(inputs, presets=chosen, progress=progress, **options)
+            label = _label(done.log.files) + ("" if steps is None else f" {_range(steps)}")
+            sides.append(DiffSide(label, done.result(steps), done.row_stats(steps)))
+    return diff(sides[0], sides[1], replicates=replicates, level=level, seed=seed)
+
+
+def _label(files: Sequence[str]) -> str:
+    names = [Path(name).name for name in files]
+    return names[0] + (f" and {len(names) - 1} more" if len(names) > 1 else "") if names else "(no file)"

@@ -6,6 +6,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 SCHEMA_VERSION = 1
 
 
@@ -271,3 +273,44 @@ class SweepResult:
             "skipped": [asdict(s) for s in self.skipped],
             "skipped_rows": self.skipped_rows,
         }
+
+
+@dataclass(frozen=True)
+class RowStats:
+    """Per-row columns (float64 [R]) of one run, in reading order; ``rejected[preset]``: model tokens the
+    preset drops in each row (RS rejection, IcePop zero weight, legacy mask/veto)."""
+
+    step: np.ndarray  # int64 [R]
+    tokens: np.ndarray  # n_i, float64 [R]
+    sums: dict[str, np.ndarray]  # S_i[x] by name (metrics/rowstats.py ROW_SUMS)
+    rejected: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def rows(self) -> int:
+        return int(self.step.shape[0])
+
+    def select(self, keep: np.ndarray) -> RowStats:
+        """The rows where ``keep`` (bool [R]) is true."""
+        return RowStats(
+            self.step[keep],
+            self.tokens[keep],
+            {name: values[keep] for name, values in self.sums.items()},
+            {name: values[keep] for name, values in self.rejected.items()},
+        )
+
+    def in_steps(self, first: int | None, last: int | None) -> RowStats:
+        """Rows of steps first..last (inclusive; None = open end)."""
+        keep = np.ones(self.rows, dtype=bool)
+        if first is not None:
+            keep &= self.step >= first
+        if last is not None:
+            keep &= self.step <= last
+        return self.select(keep)
+
+    def column(self, name: str) -> np.ndarray:
+        """``tokens``, a ROW_SUMS name, or ``rejected:<preset>``."""
+        if name == "tokens":
+            return self.tokens
+        if name.startswith("rejected:"):
+            return self.rejected[name.removeprefix("rejected:")]
+        return self.sums[name]

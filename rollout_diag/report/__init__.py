@@ -14,6 +14,7 @@ from typing import Any
 
 from rollout_diag.report.comparison import is_comparison, presets_section, rejection_by_step, select_presets
 from rollout_diag.report.dialects import dialects_section
+from rollout_diag.report.diff import diff_section, recommendation_section
 from rollout_diag.report.from_json import result_from_json
 from rollout_diag.report.header import header_html
 from rollout_diag.report.hints import hints_section
@@ -42,19 +43,27 @@ def write_report(
     comparison: Any = None,
     title: str | None = None,
     presets: Sequence[str] | None = None,
+    diff: Any = None,
 ) -> Path:
     """Write the HTML report of ``result`` (an AnalysisResult, or a compare_presets result) to ``path``.
 
-    ``comparison`` adds the presets section (only ``presets`` when given). Returns the path written.
+    ``comparison`` adds the presets section (only ``presets`` when given) and the recommendation; ``diff`` (a
+    DiffResult) the A/B section. Returns the path written.
     Raises ConfigError for a preset name the comparison does not have, OSError when the file cannot be written.
     """
     target = Path(path)
-    target.write_text(render_report(result, comparison=comparison, title=title, presets=presets), encoding="utf-8")
+    text = render_report(result, comparison=comparison, title=title, presets=presets, diff=diff)
+    target.write_text(text, encoding="utf-8")
     return target
 
 
 def render_report(
-    result: Any, *, comparison: Any = None, title: str | None = None, presets: Sequence[str] | None = None
+    result: Any,
+    *,
+    comparison: Any = None,
+    title: str | None = None,
+    presets: Sequence[str] | None = None,
+    diff: Any = None,
 ) -> str:
     """The report as one HTML string (see ``write_report``)."""
     if is_comparison(result) and comparison is None:
@@ -71,8 +80,11 @@ def render_report(
     ]
     if comparison is not None:
         sections.append(presets_section(comparison, selected, canvas))
+        sections.append(recommendation_section(comparison, selected))  # "which correction should I turn on?"
     if (dialects := dialects_section(result)) is not None:
         sections.append(dialects)
+    if diff is not None:  # report A --vs B
+        sections.append(diff_section(diff, canvas))
     sections.append(glossary_section())
     title = title or default_title(result.inputs)
     payload = {

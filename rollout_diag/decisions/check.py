@@ -1,0 +1,314 @@
+"""``check``: gates on any metric of a run (and of every step), for CI.
+
+A gate is ``metric ≤ value`` (``--max``) or ``metric ≥ value`` (``--min``). Metrics are looked up by their full
+name in what ``analyze`` reports (verl names, ``per_round/round_<k>/…``, ``diag/…``), then in the step's
+``dialects`` (``name`` or ``framework:name``) when the result carries them, then among the key metrics computed
+from per-row sums (``token_mult_prob_error``). Pure functions over result objects: no file is read here.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rollout_diag.decisions.rowmetrics import KEY_METRICS, by_step
+from rollout_diag.errors import ConfigError
+from rollout_diag.results import SCHEMA_VERSION, AnalysisResult, RowStats, StepResult, json_number
+
+MAX, MIN = "max", "min"
+PASS, FAIL, SKIP = "pass", "fail", "skipped"
+
+
+@dataclass(frozen=True)
+class Gate:
+    """``metric`` ≤ ``limit`` (bound ``max``) or ≥ ``limit`` (bound ``min``); ``per_step`` None follows --per-step."""
+
+    metric: str
+    bound: str
+    limit: float
+    per_step: bool | None = None
+    source: str = ""
+
+    def describe(self) -> str:
+        return f"{self.metric} {'≤' if self.bound == MAX else '≥'} {self.limit:g}"
+
+
+# --gates default: each limit as its project applies it in CI (docs/gates.md gives the files and formulas).
+DEFAULT_GATES: tuple[Gate, ...] = (
+    Gate(
+        "rollout_corr/k3_kl",
+        MAX,
+        5e-4,
+        per_step=True,
+        source="prime-rl nightly band on mismatch_kl = token mean of exp(δ) − δ − 1 "
+        "(tests/nightly/test_hendrycks_sanity.py MISMATCH_KL_MAX, PrimeIntellect-ai/prime-rl@559b447)",
+    ),
+    Gate(
+        "rollout_kl/abs",
+        MAX,
+        0.1,
+        per_step=True,
+        source="slime's CI assert on train/train_rollout_logprob_abs_diff = mean over sequences of the mean |δ| "
+        "(--ci-train-rollout-logprob-abs-diff-threshold default, THUDM/slime@624b824)",
+    ),
+    Gate(
+        "token_mult_prob_error",
+        MAX,
+        1.05,
+        per_step=True,
+        source="NeMo-RL's test-suite bound on train/token_mult_prob_error = token mean of exp(|δ|) "
+        "(tests/functional/grpo_megatron.sh: max(...) < 1.05, NVIDIA-NeMo/RL@7ea279a)",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class GateOutcome:
+    """One gate on the run (``step`` None) or on one step: the value, pass / fail / skipped, and by how much."""
+
+    gate: Gate
+    step: int | None
+    value: float | None
+    status: str
+    excess: float | None  # how far past the limit (> 0 on failure), in the metric's units
+
+    @property
+    def where(self) -> str:
+        return "run" if self.step is None else f"step {self.step}"
+
+    def message(self) -> str:
+        if self.status == SKIP:
+            return f"{self.where}: {self.gate.metric} not reported (a step without model tokens)"
+        shown = "NaN" if self.value is None or math.isnan(self.value) else f"{self.value:.6g}"
+        if self.status == PASS:
+            return f"{self.where}: {self.gate.metric} = {shown} (limit {self.gate.limit:g})"
+        if self.excess is None:
+            return f"{self.where}: {self.gate.metric} = {shown}: not a number, the gate cannot pass"
+        side = "above" if self.gate.bound == MAX else "below"
+        return f"{self.where}: {self.gate.metric} = {shown} is {self.excess:.3g} {side} the limit {self.gate.limit:g}"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """Each gate's outcome on the run and, where asked, on every step (JSON: schemas/check.schema.json)."""
+
+    inputs: list[str]
+    gates: list[Gate]
+    outcomes: list[GateOutcome]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    @property
+    def failures(self) -> list[GateOutcome]:
+        return [outcome for outcome in self.outcomes if outcome.status == FAIL]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "inputs": list(self.inputs),
+            "passed": self.passed,
+            "gates": [
+                {
+                    "metric": gate.metric,
+                    "bound": gate.bound,
+                    "limit": gate.limit,
+                    "per_step": bool(gate.per_step),
+                    "source": gate.source,
+                }
+                for gate in self.gates
+            ],
+            "outcomes": [
+                {
+                    "metric": outcome.gate.metric,
+                    "bound": outcome.gate.bound,
+                    "limit": outcome.gate.limit,
+                    "step": outcome.step,
+                    "value": json_number(outcome.value),
+                    "status": outcome.status,
+                    "excess": json_number(outcome.excess),
+                    "message": outcome.message(),
+                }
+                for outcome in self.outcomes
+            ],
+            "failures": len(self.failures),
+            "warnings": list(self.warnings),
+        }
+
+
+# ----------------------------------------------------------------------------------------- gates
+def parse_gate(text: str, bound: str) -> Gate:
+    """``NAME=VALUE`` of --max / --min; raises ConfigError."""
+    name, sep, value = text.rpartition("=")
+    if not sep or not name.strip():
+        raise ConfigError(f"--{bound} {text}: expected NAME=VALUE, e.g. rollout_corr/k3_kl=1e-3.")
+    return Gate(name.strip(), bound, _limit(value, f"--{bound} {text}"))
+
+
+def _limit(value: Any, where: str) -> float:
+    try:
+        limit = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: the limit {value!r} is not a number.") from None
+    if math.isnan(limit):
+        raise ConfigError(f"{where}: the limit is NaN.")
+    return limit
+
+
+def load_gates(path: str | Path) -> list[Gate]:
+    """Gates from a TOML, YAML or JSON file (docs/gates.md)::
+
+        per_step = true                       # optional, for every gate of the file
+        [max]
+        "rollout_corr/k3_kl" = 1e-3
+        [min]
+        "training/rollout_actor_probs_pearson_corr" = 0.99
+        [[gate]]                              # or one table per gate
+        metric = "mismatch/logprob_abs_diff"
+        max = 0.05
+        per_step = false
+
+    ``default`` gives :data:`DEFAULT_GATES`. Raises ConfigError for an unreadable file or a malformed gate.
+    """
+    if str(path) == "default":
+        return list(DEFAULT_GATES)
+    path = Path(path)
+    document = _read_document(path)
+    if not isinstance(document, Mapping):
+        raise ConfigError(f"{path}: expected a table of gates at the top level.")
+    unknown = sorted(set(document) - {"per_step", MAX, MIN, "gate"})
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) {', '.join(unknown)}; expected per_step, max, min, gate.")
+    per_step = document.get("per_step")
+    if per_step is not None and not isinstance(per_step, bool):
+        raise ConfigError(f"{path}: per_step must be true or false.")
+    gates: list[Gate] = []
+    for bound in (MAX, MIN):
+        table = document.get(bound, {})
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"{path}: '{bound}' must be a table of metric = limit.")
+        for metric, value in table.items():
+            gates.append(Gate(str(metric), bound, _limit(value, f"{path}: {bound}.{metric}"), per_step))
+    entries = document.get("gate", [])
+    if not isinstance(entries, list):
+        raise ConfigError(f"{path}: 'gate' must be a list of tables.")
+    for index, entry in enumerate(entries):
+        where = f"{path}: gate {index + 1}"
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("metric"), str):
+            raise ConfigError(f'{where}: needs a metric name (metric = "…").')
+        bounds = [bound for bound in (MAX, MIN) if bound in entry]
+        if not bounds:
+            raise ConfigError(f"{where}: needs max = … or min = ….")
+        own = entry.get("per_step", per_step)
+        if own is not None and not isinstance(own, bool):
+            raise ConfigError(f"{where}: per_step must be true or false.")
+        for bound in bounds:
+            limit = _limit(entry[bound], f"{where} ({entry['metric']})")
+            gates.append(Gate(entry["metric"], bound, limit, own, str(entry.get("source", ""))))
+    if not gates:
+        raise ConfigError(f"{path}: no gate in the file.")
+    return gates
+
+
+def _read_document(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the gates file ({exc.strerror}).") from None
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".json":
+            return json.loads(text)
+        if suffix in (".yaml", ".yml"):
+            try:
+                import yaml
+            except ImportError:
+                raise ConfigError(
+                    f"{path}: YAML gates need PyYAML.", hint="pip install 'rollout-diag[yaml]', or use TOML or JSON."
+                ) from None
+            return yaml.safe_load(text)
+        if suffix == ".toml":
+            try:
+                import tomllib
+            except ImportError:  # Python 3.10
+                try:
+                    import tomli as tomllib
+                except ImportError:
+                    raise ConfigError(f"{path}: TOML needs Python 3.11 or tomli.", hint="pip install tomli") from None
+            return tomllib.loads(text)
+    except ConfigError:
+        raise
+    except Exception as exc:  # each parser raises its own class; the message says where
+        raise ConfigError(f"{path}: not valid {suffix.lstrip('.').upper()}: {exc}") from None
+    raise ConfigError(f"{path}: unknown gates file type '{suffix}'; use .toml, .yaml, .yml or .json.")
+
+
+# ----------------------------------------------------------------------------------------- values
+def metric_values(result: AnalysisResult, rows: RowStats | None = None) -> dict[int | None, dict[str, float]]:
+    """Every gateable value, per step and for the run (key None): the step's metrics, its dialect metrics (as
+    ``name`` unless a metric already has it, and as ``framework:name``), then the key metrics from row sums."""
+    steps: list[StepResult] = [result.run, *result.steps]
+    table: dict[int | None, dict[str, float]] = {}
+    for step in steps:
+        values = dict(step.metrics)
+        dialects = getattr(step, "dialects", None) or {}
+        for framework, named in dialects.items():
+            for name, value in named.items():
+                if value is None:
+                    value = math.nan
+                values.setdefault(name, value)
+                values[f"{framework}:{name}"] = value
+        table[step.step] = values
+    if rows is not None and rows.rows:
+        for metric in KEY_METRICS:
+            if metric.name not in table[None]:
+                table[None][metric.name] = metric.value(rows)
+            for step, value in by_step(metric, rows).items():
+                if step in table and not math.isnan(value):
+                    table[step].setdefault(metric.name, value)
+    return table
+
+
+def check(
+    result: AnalysisResult, gates: Sequence[Gate], *, per_step: bool = False, rows: RowStats | None = None
+) -> CheckResult:
+    """Every gate on the run and, when ``per_step`` (or the gate's own per_step), on each step.
+
+    Raises ConfigError when no gate is given or a gate names a metric the result does not have (with the
+    closest names).
+    """
+    if not gates:
+        raise ConfigError("no gate given.", hint="add --max NAME=VALUE, --min NAME=VALUE or --gates FILE|default.")
+    table = metric_values(result, rows)
+    known = sorted({name for values in table.values() for name in values})
+    for gate in gates:
+        if gate.metric not in known:
+            close = difflib.get_close_matches(gate.metric, known, n=3, cutoff=0.6)
+            hint = f"did you mean {' or '.join(close)}?" if close else "see `rollout-diag analyze --format json`."
+            raise ConfigError(f"gate {gate.describe()}: no metric '{gate.metric}' in this result.", hint=hint)
+    outcomes = []
+    for gate in gates:
+        outcomes.append(_judge(gate, None, table[None].get(gate.metric)))
+        if gate.per_step if gate.per_step is not None else per_step:
+            for step in result.steps:
+                outcomes.append(_judge(gate, step.step, table[step.step].get(gate.metric)))
+    resolved = [
+        Gate(g.metric, g.bound, g.limit, g.per_step if g.per_step is not None else per_step, g.source) for g in gates
+    ]
+    return CheckResult(list(result.inputs), resolved, outcomes, list(result.warnings))
+
+
+def _judge(gate: Gate, step: int | None, value: float | None) -> GateOutcome:
+    if value is None:
+        return GateOutcome(gate, step, None, SKIP, None)
+    if math.isnan(value):
+        return GateOutcome(gate, step, value, FAIL, None)
+    excess = value - gate.limit if gate.bound == MAX else gate.limit - value
+    return GateOutcome(gate, step, value, FAIL if excess > 0 else PASS, excess)

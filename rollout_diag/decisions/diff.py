@@ -1,0 +1,226 @@
+"""``diff``: run A against run B, metric by metric, with a bootstrap interval of the difference over sequences.
+
+Pure functions over result objects: each side is an AnalysisResult (the exact values, per-round and per-position
+tables) plus its RowStats (per-row sums). The interval is a seeded percentile bootstrap of value(B) − value(A):
+rows are resampled with replacement *within each step* (a step is one training batch, so its size is fixed by
+the trainer), A and B independently, and every metric is recomputed from the resampled row sums. Rows, not
+tokens, are the unit: tokens of one sequence are correlated, sequences of a batch are (close to) independent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rollout_diag.decisions.rowmetrics import KEY_METRICS, RowMetric, rejected_share
+from rollout_diag.errors import ConfigError
+from rollout_diag.results import SCHEMA_VERSION, AnalysisResult, RowStats, json_number
+
+DEFAULT_REPLICATES = 1000
+DEFAULT_LEVEL = 0.95
+DEFAULT_SEED = 0
+ROUNDING = 1e-12  # relative size of a difference that is only summation order
+WEIGHT_CELLS = 4_000_000  # replicate × row weights held at once (32 MB of float64)
+
+BETTER, WORSE, SAME, UNKNOWN = "better", "worse", "no detectable change", "n/a"
+
+
+@dataclass(frozen=True)
+class DiffSide:
+    """One side of the comparison: a label (file names or a step range), what analyze found, its per-row sums."""
+
+    label: str
+    result: AnalysisResult
+    rows: RowStats
+
+
+@dataclass(frozen=True)
+class MetricDiff:
+    """One metric in A and B, B/A, the bootstrap interval of B − A and what it means (lower is better)."""
+
+    metric: str
+    a: float
+    b: float
+    ratio: float | None
+    difference: float
+    low: float
+    high: float
+    verdict: str
+    meaning: str = ""
+
+
+@dataclass(frozen=True)
+class PresetDiff:
+    """The share of model tokens a preset drops in A and B; ``changed`` when the interval excludes 0."""
+
+    preset: str
+    a: float
+    b: float
+    difference: float
+    low: float
+    high: float
+    changed: bool
+
+
+@dataclass(frozen=True)
+class DiffResult:
+    """What ``diff`` found; ``to_json()`` is the documented JSON (schemas/diff.schema.json)."""
+
+    a: DiffSide
+    b: DiffSide
+    metrics: list[MetricDiff]
+    presets: list[PresetDiff]
+    replicates: int
+    level: float
+    seed: int
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def changed_presets(self) -> list[PresetDiff]:
+        return [preset for preset in self.presets if preset.changed]
+
+    def to_json(self) -> dict[str, Any]:
+        def side(value: DiffSide) -> dict[str, Any]:
+            result = value.result
+            return {
+                "label": value.label,
+                "inputs": list(result.inputs),
+                "steps": [step.step for step in result.steps],
+                "rows": result.run.rows,
+                "tokens": result.run.tokens,
+                "rounds": [_json_row(row) for row in result.rounds],
+                "positions": [_json_row(row) for row in result.positions if row.get("step") is None],
+            }
+
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "a": side(self.a),
+            "b": side(self.b),
+            "bootstrap": {"replicates": self.replicates, "level": self.level, "seed": self.seed, "unit": "rows"},
+            "metrics": [_json_row(vars(metric)) for metric in self.metrics],
+            "presets": [_json_row(vars(preset)) for preset in self.presets],
+            "changed_presets": [preset.preset for preset in self.changed_presets],
+            "warnings": list(self.warnings),
+        }
+
+
+def _json_row(row: dict[str, Any]) -> dict[str, Any]:
+    return {key: json_number(value) for key, value in row.items()}
+
+
+def diff(
+    a: DiffSide,
+    b: DiffSide,
+    *,
+    presets: Sequence[str] | None = None,
+    replicates: int = DEFAULT_REPLICATES,
+    level: float = DEFAULT_LEVEL,
+    seed: int = DEFAULT_SEED,
+) -> DiffResult:
+    """Every key metric of A and B with a ``level`` bootstrap interval of B − A and a verdict, and, for each preset
+    in ``presets`` (default: every preset both sides carry), the change in the share of tokens it drops.
+
+    Values come from the AnalysisResults where they report the metric (exactly what ``analyze`` prints), else
+    from the row sums. Raises ConfigError for fewer than 100 replicates or a level outside (0, 1).
+    """
+    if replicates < 100:
+        raise ConfigError(f"--replicates {replicates}: use at least 100 bootstrap replicates.")
+    if not 0.0 < level < 1.0:
+        raise ConfigError(f"--level {level}: the interval's level must lie in (0, 1), e.g. 0.95.")
+    shared = [name for name in a.rows.rejected if name in b.rows.rejected]
+    chosen = shared if presets is None else [name for name in presets if name in shared]
+    row_metrics = [*KEY_METRICS, *(rejected_share(name) for name in chosen)]
+    differences = bootstrap_differences(a.rows, b.rows, row_metrics, replicates, seed)
+    tail = (1.0 - level) / 2.0
+    metric_diffs, preset_diffs = [], []
+    for index, metric in enumerate(row_metrics):
+        value_a, value_b = _value(metric, a), _value(metric, b)
+        finite = differences[:, index][np.isfinite(differences[:, index])]
+        low, high = (
+            (float(np.quantile(finite, tail)), float(np.quantile(finite, 1.0 - tail)))
+            if finite.size
+            else (math.nan, math.nan)
+        )
+        if index < len(KEY_METRICS):
+            metric_diffs.append(
+                MetricDiff(
+                    metric.name,
+                    value_a,
+                    value_b,
+                    value_b / value_a if value_a not in (0.0,) and math.isfinite(value_a) else None,
+                    value_b - value_a,
+                    low,
+                    high,
+                    verdict(value_a, value_b, low, high),
+                    metric.meaning,
+                )
+            )
+        else:
+            name = chosen[index - len(KEY_METRICS)]
+            changed = math.isfinite(low) and (low > _noise(value_a, value_b) or high < -_noise(value_a, value_b))
+            preset_diffs.append(PresetDiff(name, value_a, value_b, value_b - value_a, low, high, changed))
+    warnings = [
+        f"{side.label}: only {side.rows.rows} sequences; the interval is rough below 30."
+        for side in (a, b)
+        if side.rows.rows < 30
+    ]
+    return DiffResult(a, b, metric_diffs, preset_diffs, replicates, level, seed, warnings)
+
+
+def verdict(a: float, b: float, low: float, high: float) -> str:
+    """better / worse (lower is better) when the interval of B − A excludes 0, else no detectable change."""
+    if not (math.isfinite(a) and math.isfinite(b) and math.isfinite(low) and math.isfinite(high)):
+        return UNKNOWN
+    if high < -_noise(a, b):
+        return BETTER
+    if low > _noise(a, b):
+        return WORSE
+    return SAME
+
+
+def _noise(a: float, b: float) -> float:
+    """Differences this small are float64 summation order, not a change."""
+    return ROUNDING * max(abs(a), abs(b))
+
+
+def _value(metric: RowMetric, side: DiffSide) -> float:
+    reported = side.result.run.metrics.get(metric.name)
+    return float(reported) if reported is not None else metric.value(side.rows)
+
+
+def bootstrap_differences(
+    a: RowStats, b: RowStats, metrics: Sequence[RowMetric], replicates: int, seed: int
+) -> np.ndarray:
+    """[replicates, metrics] of metric(B*) − metric(A*) on rows resampled within steps (seeded: A and B get
+    independent streams of one ``np.random.SeedSequence(seed)``)."""
+    stream_a, stream_b = (np.random.default_rng(child) for child in np.random.SeedSequence(seed).spawn(2))
+    return _replicates(b, metrics, replicates, stream_b) - _replicates(a, metrics, replicates, stream_a)
+
+
+def _replicates(rows: RowStats, metrics: Sequence[RowMetric], replicates: int, rng: np.random.Generator) -> np.ndarray:
+    """[replicates, metrics] of each metric on ``replicates`` within-step resamples of ``rows``."""
+    out = np.full((replicates, len(metrics)), np.nan)
+    if rows.rows == 0:
+        return out
+    # every metric is Σ w·num / (Σ w·den + eps) + offset: one matrix product per batch of replicates
+    columns = np.stack([part for metric in metrics for part in (metric.numerator(rows), metric.denominator(rows))], 1)
+    eps = np.array([metric.eps for metric in metrics])
+    offset = np.array([metric.offset for metric in metrics])
+    groups = [np.flatnonzero(rows.step == step) for step in np.unique(rows.step)]
+    batch = max(1, min(replicates, WEIGHT_CELLS // rows.rows))
+    for start in range(0, replicates, batch):
+        count = min(batch, replicates - start)
+        # each step keeps its size: draw its rows' indices, then count how often each row was drawn
+        drawn = np.concatenate(
+            [members[rng.integers(0, members.size, size=(count, members.size))] for members in groups], 1
+        )
+        flat = (np.arange(count)[:, None] * rows.rows + drawn).ravel()
+        weights = np.bincount(flat, minlength=count * rows.rows).reshape(count, rows.rows).astype(np.float64)
+        sums = weights @ columns
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[start : start + count] = sums[:, 0::2] / (sums[:, 1::2] + eps) + offset
+    return out

@@ -1,0 +1,79 @@
+"""Per-row sufficient statistics: a few float64 sums per sequence, for intervals over sequences (``diff``).
+
+Every key metric of METRICS.md §1, §5, §6, §7 that is a ratio of sums over rows (a token mean Σ_i S_i[x] /
+(Σ_i n_i + 1e-8), or a row average mean_i v_i) is a function of these columns, so resampling rows and
+recomputing the metric from them gives its bootstrap distribution without keeping a single token. Memory is
+O(rows × columns) floats; the collector merges by concatenation, like any other accumulator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from rollout_diag.io.chunk import Chunk
+from rollout_diag.metrics.segments import ChunkStats, quantity, stats
+from rollout_diag.presets import Preset
+from rollout_diag.results import RowStats
+
+
+@quantity("exp_abs_log_ratio")
+def _exp_abs_log_ratio(s: ChunkStats) -> torch.Tensor:  # exp(|δ|): NeMo-RL's token_mult_prob_error term
+    return torch.exp(s.token("abs_log_ratio"))
+
+
+# Row column -> token quantity summed over the row's model tokens (S_i[x]); "tokens" is n_i.
+ROW_SUMS: dict[str, str] = {
+    "trainer": "trainer",  # S_i[a]
+    "rollout": "rollout",  # S_i[r]
+    "log_ratio": "log_ratio",  # S_i[δ]
+    "abs_log_ratio": "abs_log_ratio",  # S_i[|δ|]
+    "k3": "k3",  # S_i[exp δ − δ − 1]
+    "chi2_term": "chi2_term",  # S_i[exp(2·clamp20(δ))]
+    "prob_diff": "prob_diff",  # S_i[|p_a − p_r|]
+    "exp_abs_log_ratio": "exp_abs_log_ratio",  # S_i[exp |δ|]
+}
+
+
+class RowStatsCollector:
+    """Collects :class:`RowStats` chunk by chunk; ``presets`` adds each preset's rejected-token count per row."""
+
+    def __init__(self, presets: Sequence[Preset] = ()) -> None:
+        from rollout_diag.metrics.outcome import DropRule  # the presets' drop rule, shared with compare-presets
+
+        self.rules = {preset.name: DropRule.of(preset) for preset in presets}
+        self.parts: list[dict[str, np.ndarray]] = []
+
+    def update(self, chunk: Chunk) -> None:
+        s = stats(chunk)
+        part = {"step": chunk.step.cpu().numpy().astype(np.int64), "tokens": s.row_count.cpu().numpy()}
+        for name, token_quantity in ROW_SUMS.items():
+            part[name] = s.row_sum(token_quantity).cpu().numpy()
+        if self.rules:
+            from rollout_diag.metrics.correction import ChunkDivergences
+
+            shared = ChunkDivergences.of(chunk)
+            for preset, rule in self.rules.items():
+                dropped = rule.kept_tokens(shared).map(torch.logical_not)
+                part[f"rejected:{preset}"] = shared.row_sum(dropped).cpu().numpy()
+        self.parts.append(part)
+
+    def merge(self, other: RowStatsCollector) -> None:
+        self.parts.extend(other.parts)
+
+    def finalize(self) -> RowStats:
+        names = ["step", "tokens", *ROW_SUMS, *(f"rejected:{preset}" for preset in self.rules)]
+        columns: Mapping[str, np.ndarray] = {
+            name: np.concatenate([part[name] for part in self.parts])
+            if self.parts
+            else np.zeros(0, dtype=np.int64 if name == "step" else np.float64)
+            for name in names
+        }
+        return RowStats(
+            step=np.asarray(columns["step"], dtype=np.int64),
+            tokens=np.asarray(columns["tokens"], dtype=np.float64),
+            sums={name: np.asarray(columns[name], dtype=np.float64) for name in ROW_SUMS},
+            rejected={preset: np.asarray(columns[f"rejected:{preset}"], dtype=np.float64) for preset in self.rules},
+        )

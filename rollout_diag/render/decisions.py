@@ -1,0 +1,157 @@
+"""Terminal and JUnit renderings of the decisions: ``check`` gates, ``diff`` A/B tables, the preset recommendation."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ElementTree
+from typing import TYPE_CHECKING
+
+from rich.console import Group
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from rollout_diag.render.format import number, percent
+
+if TYPE_CHECKING:
+    from rollout_diag.decisions.check import CheckResult
+    from rollout_diag.decisions.diff import DiffResult
+    from rollout_diag.decisions.recommend import Recommendation
+
+VERDICT_STYLE = {"better": "green", "worse": "bold red", "no detectable change": "", "n/a": "dim"}
+MAX_LISTED_PASSES = 30  # per-step checks can be thousands: list failures, count passes
+
+
+# ----------------------------------------------------------------------------------------- check
+def check_table(result: CheckResult) -> Group:
+    """One line saying pass or fail, then a table of the failures (or of every check when all pass and few)."""
+    failures = result.failures
+    checks = len(result.outcomes)
+    skipped = sum(outcome.status == "skipped" for outcome in result.outcomes)
+    headline = (
+        Text(f"FAIL: {len(failures)} of {checks} checks failed ({len(result.gates)} gates)", style="bold red")
+        if failures
+        else Text(f"PASS: all {checks - skipped} checks passed ({len(result.gates)} gates)", style="bold green")
+    )
+    shown = failures or (result.outcomes if checks <= MAX_LISTED_PASSES else [])
+    parts: list = [headline]
+    if shown:
+        table = Table(title="Failed gates" if failures else "Gates", title_justify="left")
+        for header, justify in (("metric", "left"), ("where", "left"), ("value", "right"), ("limit", "right")):
+            table.add_column(header, justify=justify, no_wrap=header == "metric")  # type: ignore[arg-type]
+        table.add_column("past the limit by" if failures else "status", justify="right")
+        for outcome in shown:
+            gate = outcome.gate
+            limit = f"{'≤' if gate.bound == 'max' else '≥'} {number(gate.limit, 4)}"
+            last = (
+                ("NaN" if outcome.excess is None else _excess(outcome.excess, gate.limit))
+                if outcome.status == "fail"
+                else outcome.status
+            )
+            table.add_row(escape(gate.metric), outcome.where, number(outcome.value, 4), limit, last)
+        parts.append(table)
+    if skipped:
+        parts.append(Text(f"{skipped} check(s) skipped: the metric is not reported for that step (no model token)."))
+    return Group(*parts)
+
+
+def _excess(excess: float, limit: float) -> str:
+    relative = f" ({excess / abs(limit):.0%})" if limit else ""
+    return f"{number(excess, 3)}{relative}"
+
+
+def junit_xml(result: CheckResult, suite: str = "rollout-diag check") -> str:
+    """JUnit XML: one testsuite, one testcase per gate and step (``name`` = gate, ``classname`` = where)."""
+    failures = len(result.failures)
+    skipped = sum(outcome.status == "skipped" for outcome in result.outcomes)
+    counts = {"tests": str(len(result.outcomes)), "failures": str(failures), "errors": "0", "skipped": str(skipped)}
+    root = ElementTree.Element("testsuites", {"name": suite, **{k: counts[k] for k in ("tests", "failures", "errors")}})
+    testsuite = ElementTree.SubElement(root, "testsuite", {"name": suite, **counts, "time": "0"})
+    properties = ElementTree.SubElement(testsuite, "properties")
+    for index, path in enumerate(result.inputs):
+        ElementTree.SubElement(properties, "property", {"name": f"input.{index}", "value": path})
+    for outcome in result.outcomes:
+        gate = outcome.gate
+        case = ElementTree.SubElement(
+            testsuite,
+            "testcase",
+            {"name": gate.describe(), "classname": f"rollout-diag.{outcome.where.replace(' ', '_')}", "time": "0"},
+        )
+        if outcome.status == "fail":
+            failure = ElementTree.SubElement(case, "failure", {"message": outcome.message(), "type": "GateFailed"})
+            failure.text = f"{outcome.message()}\n{gate.source}".strip()
+        elif outcome.status == "skipped":
+            ElementTree.SubElement(case, "skipped", {"message": outcome.message()})
+        else:
+            ElementTree.SubElement(case, "system-out").text = outcome.message()
+    ElementTree.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ElementTree.tostring(root, encoding="unicode") + "\n"
+
+
+# ----------------------------------------------------------------------------------------- diff
+def diff_tables(result: DiffResult) -> Group:
+    """The A/B table of key metrics with intervals and verdicts, then the presets whose rejection share moved."""
+    level = f"{result.level:.0%}"
+    table = Table(
+        title=f"A: {escape(result.a.label)}   B: {escape(result.b.label)}",
+        title_justify="left",
+        caption=f"{level} bootstrap interval of B − A over sequences ({result.replicates} resamples of rows within "
+        f"steps, seed {result.seed}); lower is better for every metric.",
+        caption_justify="left",
+    )
+    for header in ("metric", "A", "B", "B/A", f"B − A ({level} interval)", "verdict"):
+        table.add_column(header, justify="left" if header in ("metric", "verdict") else "right", no_wrap=True)
+    for metric in result.metrics:
+        interval = f"{number(metric.difference, 3)} [{number(metric.low, 3)}, {number(metric.high, 3)}]"
+        ratio = "–" if metric.ratio is None else f"{metric.ratio:.3g}×"
+        table.add_row(
+            escape(metric.metric),
+            number(metric.a, 4),
+            number(metric.b, 4),
+            ratio,
+            interval,
+            Text(metric.verdict, style=VERDICT_STYLE.get(metric.verdict, "")),
+        )
+    parts: list = [
+        Text(f"A: {result.a.result.run.rows} sequences, {result.a.result.run.tokens} model tokens; "),
+        table,
+    ]
+    parts[0].append(f"B: {result.b.result.run.rows} sequences, {result.b.result.run.tokens} model tokens")
+    changed = result.changed_presets
+    if changed:
+        presets = Table(title="Presets whose share of dropped tokens changed", title_justify="left")
+        for header in ("preset", "A", "B", f"B − A ({level} interval)"):
+            presets.add_column(header, justify="left" if header == "preset" else "right", no_wrap=True)
+        for preset in changed:
+            interval = f"{percent(preset.difference)} [{percent(preset.low)}, {percent(preset.high)}]"
+            presets.add_row(escape(preset.preset), percent(preset.a), percent(preset.b), interval)
+        parts.append(presets)
+    elif result.presets:
+        parts.append(Text(f"No preset's share of dropped tokens changed by more than its {level} interval."))
+    parts.extend(Text(f"warning: {warning}", style="yellow") for warning in result.warnings)
+    return Group(*parts)
+
+
+# ----------------------------------------------------------------------------------------- recommendation
+def recommendation_lines(recommendation: Recommendation, shown: int = 5) -> Group:
+    """The recommendation, its rule, the runner-up and why the next ``shown`` more intrusive presets lost."""
+    lines: list[Text] = []
+    headline = Text("Recommendation: ", style="bold")
+    if recommendation.preset is None:
+        headline.append("none of these presets meets the rule", style="bold yellow")
+    else:
+        headline.append(recommendation.preset, style="bold green")
+        headline.append(f" — {'; '.join(recommendation.reasons)}")
+    lines.append(headline)
+    if recommendation.equivalent:
+        lines.append(Text(f"  same numbers in another mode: {', '.join(recommendation.equivalent)}"))
+    lines.append(Text(f"  rule: {recommendation.rule}", style="dim"))
+    if recommendation.runner_up:
+        lines.append(Text(f"  runner-up: {recommendation.runner_up} — {recommendation.runner_up_reason}"))
+    for name, reason in recommendation.not_chosen[:shown]:
+        lines.append(Text(f"  not {name}: {reason}"))
+    if len(recommendation.not_chosen) > shown:
+        more = len(recommendation.not_chosen) - shown
+        lines.append(Text(f"  … {more} more (all in --format json, under recommendation.not_chosen)", style="dim"))
+    if recommendation.note:
+        lines.append(Text(f"  note: {recommendation.note}"))
+    return Group(*lines)

@@ -1,0 +1,118 @@
+""" "Which correction should I turn on?": the recommendation rule, intrusiveness order, CLI, JSON and report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_cli import invoke, succeeded
+from test_schema import validator
+
+from rollout_diag.compare import ComparisonResult, PresetResult
+from rollout_diag.decisions.recommend import by_intrusiveness, recommend, sort_by_intrusiveness
+from rollout_diag.results import StepResult
+
+SAMPLE = Path(__file__).resolve().parent.parent / "sample_data" / "textgenrnn_bf16_vs_fp32.parquet"
+CALM = {"rollout_corr/k3_kl": 1e-4, "rollout_corr/chi2_token": 1e-3, "rollout_corr/chi2_seq": 0.1}
+
+
+def preset(name: str, mode: str = "decoupled", *, is_: str | None = None, rs: str | None = None, **run: float) -> Any:
+    config = {
+        "rollout_is": is_,
+        "rollout_is_threshold": 2.0 if is_ else None,
+        "rollout_is_batch_normalize": False,
+        "rollout_rs": rs,
+        "rollout_rs_threshold": "0.01" if rs else None,
+    }
+    metrics = {**CALM, **{key.replace("__", "/"): value for key, value in run.items()}}
+    return PresetResult(name, config, mode, [], StepResult(None, 10, 100, metrics))
+
+
+def comparison(*presets: Any) -> ComparisonResult:
+    return ComparisonResult(inputs=["x"], columns={}, presets=list(presets))
+
+
+def dropped(tokens: float, rows: float) -> dict[str, float]:
+    return {"summary__rejected_token_fraction": tokens, "summary__rejected_row_fraction": rows}
+
+
+def importance(ess: float, mean: float = 1.0) -> dict[str, float]:
+    return {"rollout_corr__rollout_is_eff_sample_size": ess, "rollout_corr__rollout_is_mean": mean}
+
+
+HAND = comparison(
+    preset("disabled", "metrics only", **dropped(0, 0)),
+    preset("seq_is", is_="sequence", **dropped(0, 0), **importance(0.80)),
+    preset("token_is", is_="token", **dropped(0, 0), **importance(0.99)),
+    preset("token_is_bypass", "bypass, reinforce", is_="token", **dropped(0, 0), **importance(0.99)),
+    preset("k3_rs", rs="seq_mean_k3", **dropped(0.02, 0.05)),
+    preset("geo_rs", rs="seq_mean_k1", **dropped(0.40, 0.50)),
+    preset("wild_is", is_="sequence", **dropped(0, 0), **importance(0.30)),
+)
+
+
+def test_the_least_intrusive_correcting_preset_that_meets_the_rule_is_chosen() -> None:
+    found = recommend(HAND)
+    assert found.preset == "token_is"
+    assert found.equivalent == ["token_is_bypass"]  # same settings, another mode: same numbers offline
+    assert found.runner_up == "seq_is" and "0.8 (chosen: 0.99)" in found.runner_up_reason
+    reasons = dict(found.not_chosen)
+    assert reasons["k3_rs"] == "drops 2.00% of model tokens (chosen: 0.00%)"
+    assert reasons["geo_rs"] == "drops 40.0% of model tokens (> 10%)"  # compare.py's intrusive rule, imported
+    assert reasons["wild_is"] == "IS effective sample size 0.3 (< 0.5)"
+    assert "disabled" not in reasons  # corrects nothing: never a candidate
+    assert found.order == ["disabled", "token_is", "token_is_bypass", "seq_is", "wild_is", "k3_rs", "geo_rs"]
+    assert found.note  # every key metric ok: metrics only is defensible, and the output says so
+
+
+def test_an_is_mean_outside_verls_band_and_no_candidate_at_all() -> None:
+    skewed = comparison(preset("token_is", is_="token", **dropped(0, 0), **importance(0.9, mean=2.5)))
+    found = recommend(skewed)
+    assert found.preset is None and found.runner_up == "token_is"
+    assert "mean IS weight 2.5 outside [0.5, 2]" in found.runner_up_reason
+    nothing = recommend(comparison(preset("disabled", "metrics only", **dropped(0, 0))))
+    assert nothing.preset is None and "corrects anything" in nothing.reasons[0]
+
+
+def test_sorting_by_intrusiveness_works_on_objects_and_json() -> None:
+    names = by_intrusiveness(HAND)
+    assert [p.name for p in sort_by_intrusiveness(HAND).presets] == names
+    document = HAND.to_json()
+    assert by_intrusiveness(document) == names
+    assert [p["name"] for p in sort_by_intrusiveness(document)["presets"]] == names
+    assert recommend(document).to_json() == recommend(HAND).to_json()
+
+
+@pytest.fixture(scope="module")
+def sample_comparison() -> dict:
+    return json.loads(succeeded(invoke("compare-presets", SAMPLE, "--device", "cpu", "-f", "json", "--preset", "all")))
+
+
+def test_compare_presets_json_carries_the_recommendation(sample_comparison: dict) -> None:
+    validator("comparison.schema.json").validate(sample_comparison)
+    found = sample_comparison["recommendation"]
+    # on the real bf16 dump token-level truncated IS drops nothing and keeps the highest ESS
+    assert found["preset"] == "decoupled_token_is" and found["runner_up"] == "decoupled_seq_is"
+    assert dict((e["preset"], e["reason"]) for e in found["not_chosen"])["decoupled_geo_rs"].startswith("drops 59.9")
+    assert sorted(found["order"]) == sorted(p["name"] for p in sample_comparison["presets"])
+
+
+def test_terminal_ends_with_the_recommendation_and_sorts_by_intrusiveness(sample_comparison: dict) -> None:
+    output = succeeded(invoke("compare-presets", SAMPLE, "--device", "cpu", "--sort", "intrusiveness"))
+    tail = output[output.index("Recommendation: ") :]
+    assert "decoupled_token_is" in tail and "runner-up: decoupled_seq_is" in tail and "rule:" in tail
+    order = sample_comparison["recommendation"]["order"]
+    positions = [output.index(f" {name} ") for name in order]
+    assert positions == sorted(positions)  # the table lists the presets least intrusive first
+    document = json.loads(
+        succeeded(invoke("compare-presets", SAMPLE, "--device", "cpu", "-f", "json", "--sort", "intrusiveness"))
+    )
+    assert [p["name"] for p in document["presets"]] == order
+
+
+def test_the_recommendation_is_among_the_chosen_presets_only() -> None:
+    chosen = [p for p in HAND.presets if p.name in ("seq_is", "k3_rs")]
+    found = recommend(HAND, chosen)
+    assert (found.preset, found.runner_up, found.order) == ("seq_is", "k3_rs", ["seq_is", "k3_rs"])
