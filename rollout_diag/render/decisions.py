@@ -151,7 +151,8 @@ def recommendation_lines(recommendation: Recommendation, shown: int = 5) -> Grou
         lines.append(Text(f"  not {name}: {reason}"))
     if len(recommendation.not_chosen) > shown:
         more = len(recommendation.not_chosen) - shown
-        lines.append(Text(f"  … {more} more (all in --format json, under recommendation.not_chosen)", style="dim"))
+        note = f"  and {more} more presets not chosen (all in --format json: recommendation.not_chosen)"
+        lines.append(Text(note, style="dim"))
     if recommendation.note:
         lines.append(Text(f"  note: {recommendation.note}"))
     return Group(*lines)
