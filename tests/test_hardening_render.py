@@ -312,3 +312,22 @@ def test_inspect_window_shows_positions_of_the_row_not_of_the_window() -> None:
     assert "at position 281" in text
     assert [line.split()[0] for line in text.splitlines() if line.strip()[:3].isdigit()] == ["280", "281", "282"]
     assert "round" not in text.split("\n")[1]  # rounds that began before the window are unknown: no column
+
+
+def test_anomaly_counts_include_the_flags_the_result_cut() -> None:
+    import dataclasses
+
+    from rollout_diag.engine import analyze
+    from rollout_diag.render.analysis import render_analysis
+    from rollout_diag.report import render_report
+    from rollout_diag.results import Anomaly
+
+    kept = [
+        Anomaly(step=3, metric="rollout_corr/k3_kl", value=10.0 + i, baseline=1.0, factor=10.0 + i) for i in range(12)
+    ]
+    # 12 flags kept by the result, 5 more cut: 17 in all, 10 shown in the terminal, 7 smaller ones counted
+    result = dataclasses.replace(analyze(SAMPLE, device="cpu"), anomalies=kept, anomalies_cut=5)
+    out = io.StringIO()
+    Console(file=out, width=200, color_system=None).print(render_analysis(result))
+    assert "and 7 smaller anomalies (the 12 largest in --format json)" in out.getvalue()
+    assert "Anomalies: 17 flag(s)" in render_report(result)

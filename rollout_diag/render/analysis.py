@@ -298,7 +298,9 @@ def findings(result: AnalysisResult) -> list[RenderableType]:
             )
         )
     if len(ranked) > ROWS_SHOWN:
-        lines.append(Text(f"and {len(ranked) - ROWS_SHOWN} smaller anomalies (all in --format json)", style="yellow"))
+        kept = "all" if not result.anomalies_cut else f"the {len(ranked)} largest"
+        smaller = len(ranked) - ROWS_SHOWN + result.anomalies_cut
+        lines.append(Text(f"and {smaller} smaller anomalies ({kept} in --format json)", style="yellow"))
     return lines
 
 

@@ -132,8 +132,11 @@ def _anomaly_table(result: AnalysisResult) -> str:
     shown = sorted(sorted(result.anomalies, key=lambda a: -a.factor)[:MAX_TABLE_ROWS], key=lambda a: (a.step, a.metric))
     more = len(result.anomalies) - len(shown)
     steps = len({a.step for a in result.anomalies})
-    heading = f"Anomalies: {steps} step(s), {len(result.anomalies)} flag(s)" + (
-        f" (the {len(shown)} largest factors shown)" if more else ""
+    flags = len(result.anomalies) + result.anomalies_cut  # the result keeps only the largest flags
+    heading = f"Anomalies: {flags} flag(s)" + (
+        f" (the {len(shown)} largest factors shown, on {steps} step(s))"
+        if more or result.anomalies_cut
+        else f" on {steps} step(s)"
     )
     columns = [
         Column("step", True),
