@@ -30,7 +30,9 @@ import torch
 from rollout_diag.errors import ColumnError, ConfigError, DataError, InputError, RolloutDiagError, where
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.columns import ColumnMap, resolve_columns
-from rollout_diag.io.sources import Source, expand_inputs
+from rollout_diag.io.formats import PARQUET, input_options, open_source, resolve
+from rollout_diag.io.formats.base import SKIP_COLUMN, SKIP_REASON
+from rollout_diag.io.sources import Source
 from rollout_diag.results import SkippedRow
 
 MAX_POSITIVE_LOGPROB = 1e-6  # logprobs above this are not logprobs (float noise of log(1) stays below)
@@ -50,6 +52,7 @@ class ReadLog:
     files: list[str] = field(default_factory=list)
     columns: dict[str, str] = field(default_factory=dict)
     layout: str = ""
+    format: str = PARQUET  # the trainer format the files were read as (io/formats)
     skipped: list[SkippedRow] = field(default_factory=list)
     skipped_rows: int = 0
     warnings: list[str] = field(default_factory=list)
@@ -191,7 +194,7 @@ class _Block:
 @dataclass(frozen=True)
 class _OpenFile:
     source: Source
-    parquet: pq.ParquetFile
+    parquet: pq.ParquetFile  # or a format's RowsFile, which offers the same members (io/formats/base.py)
     columns: ColumnMap
     layout: str
     mask_candidates: tuple[str, ...] = ()  # without a mask column: integer/bool '*mask*' columns of the layout's shape
@@ -250,12 +253,15 @@ _ELEMENT_CHECKS = {
 }
 
 
-def _open(source: Source, overrides: Mapping[str, str] | None) -> _OpenFile:
+def _open(
+    source: Source, overrides: Mapping[str, str] | None, input_format: str = PARQUET, trust_pickle: bool = False
+) -> _OpenFile:
     try:
-        parquet = pq.ParquetFile(source.path)
+        parquet = open_source(source, input_format, trust_pickle)
         schema = parquet.schema_arrow
     except (OSError, pa.ArrowException, UnicodeDecodeError, ValueError) as exc:
-        raise InputError(f"{source.path}: not a readable Parquet file ({_one_line(exc)}).") from exc
+        kind = "Parquet" if input_format == PARQUET else input_format
+        raise InputError(f"{source.path}: not a readable {kind} file ({_one_line(exc)}).") from exc
     columns = resolve_columns(source.path, schema.names, overrides, source.partition.keys())
     is_list, _ = _kind(schema.field(columns.names["rollout"]).type)
     layout = "sequence" if is_list else "token"
@@ -312,13 +318,19 @@ class DumpReader:
         strict: bool = False,
         chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
         parts: Mapping[str, Sequence[int]] | None = None,
+        input_format: str | None = None,
+        trust_pickle: bool | None = None,
     ) -> None:
         """``inputs``: files, globs and directories, or the :class:`Source` list another reader resolved (then
         nothing is expanded again). ``columns``: the user's role -> column overrides; each file resolves its own
         columns from them. ``parts``: read only these row groups of these files (by path), as :meth:`plan`
-        splits them. Raises InputError / ColumnError for unreadable input, ConfigError for a bad chunk size."""
+        splits them. ``input_format``: a name of ``io.formats.FORMAT_NAMES`` (default: what ``inputs`` carries,
+        else detected); ``trust_pickle`` lifts the pickle allowlist (``io/formats/safe_pickle.py``).
+        Raises InputError / ColumnError for unreadable input, ConfigError for a bad chunk size."""
         if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, Integral) or chunk_tokens < 1:
             raise ConfigError(f"--chunk-tokens {chunk_tokens}: must be a positive whole number of tokens.")
+        carried_format, carried_trust = input_options(inputs)
+        self.trust_pickle = carried_trust if trust_pickle is None else trust_pickle
         self.strict = strict
         self.chunk_tokens = int(chunk_tokens)
         self.overrides = dict(columns or {})
@@ -327,9 +339,10 @@ class DumpReader:
         given = [inputs] if isinstance(inputs, str) else list(inputs)
         if given and all(isinstance(item, Source) for item in given):
             self.sources = given
+            self.log.format = input_format or carried_format or PARQUET
         else:
-            self.sources = expand_inputs(given, self.log.warnings)
-        self.files = [_open(source, self.overrides) for source in self.sources]
+            self.log.format, self.sources = resolve(given, input_format or carried_format, self.log.warnings)
+        self.files = [_open(source, self.overrides, self.log.format, self.trust_pickle) for source in self.sources]
         first = self.files[0]
         self.log.files = [f.source.path for f in self.files]
         # where each analysed row's (step, sample_id) key comes from: (file index, whether ids are real)
@@ -705,6 +718,12 @@ def _read_sequences(opened: _OpenFile, reader: DumpReader) -> Iterator[tuple[_Bl
             for row in np.flatnonzero(step_nulls):
                 keep[row] = False
                 pending.append(SkippedRow(path, first_row + int(row), names["step"], "null step"))
+        if SKIP_REASON in batch.schema.names:  # rows a trainer format could not read (io/formats/base.py)
+            reasons = batch.column(SKIP_REASON)
+            for row in np.flatnonzero(reasons.is_valid().to_numpy(zero_copy_only=False)):
+                keep[row] = False
+                column = batch.column(SKIP_COLUMN)[int(row)].as_py()
+                pending.append(SkippedRow(path, first_row + int(row), column, reasons[int(row)].as_py()))
         for role, length in lengths.items():
             for row in np.flatnonzero(keep & (length < 0)):
                 keep[row] = False

@@ -1,0 +1,113 @@
+"""NeMo-RL ``train_data_step<N>.jsonl`` (GRPO writes it unless ``env.should_log_nemo_gym_responses`` is set).
+
+Read from NVIDIA-NeMo/RL at commit 7ea279abfbeb698b092856d0dab61e7cf39bc909:
+- ``nemo_rl/algorithms/grpo.py`` logs ``input_lengths``, ``token_ids``, ``token_loss_mask`` (the train
+  data's ``token_mask``), ``sample_loss_mask`` (``sample_mask``), ``advantages``, ``generation_logprobs``
+  and ``prev_logprobs`` to ``train_data_step{total_steps + 1}.jsonl`` in the log directory: steps are
+  1-based and only in the file name.
+- ``nemo_rl/utils/logger.py`` ``log_batched_dict_as_jsonl`` writes one line per sample from
+  ``make_microbatch_iterator(1)``: every field is a length-1 batch list (``[[...]]`` for per-token
+  fields, ``[n]`` for scalars), plus the sample's ``idx``; ``json.dumps`` with its default
+  ``allow_nan=True``, so non-finite values appear as bare ``NaN``/``Infinity``/``-Infinity``, which
+  Python's json reads (strict readers do not).
+- Rows are right-padded to the batch's longest: trimmed here to ``input_lengths``.
+- The loss, and ``token_mult_prob_error``, use ``token_mask[:, 1:] * sample_mask`` against
+  ``prev_logprobs[:, 1:]``: position 0 holds a placeholder logprob of 0 (``lm_policy.get_logprobs``), so
+  it is never a trained token here; a filtered sample (sample mask 0) keeps token mask 1s and has none.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rollout_diag.io.formats.base import Row, RowsFile, count_lines, number_in
+
+NAME = "nemo-rl"
+FILE_GLOB = "train_data_step*.jsonl"
+REQUIRED_FIELDS = ("generation_logprobs", "prev_logprobs", "token_loss_mask", "input_lengths")
+
+
+def looks_like(record: dict[str, Any]) -> bool:
+    """A first record of this format: batch-wrapped generation and trainer logprobs."""
+    value = record.get("generation_logprobs")
+    return "prev_logprobs" in record and isinstance(value, list) and bool(value) and isinstance(value[0], list)
+
+
+def step_of(path: Path) -> int | None:
+    return number_in(path.name, r"^train_data_step(\d+)\.jsonl$")
+
+
+def open_file(path: str) -> RowsFile:
+    return RowsFile(path, count_lines(path), lambda: _rows(path))
+
+
+def _rows(path: str) -> Iterator[Row]:
+    step = step_of(Path(path)) or 0
+    with open(path, encoding="utf-8") as handle:
+        for line_index, line in enumerate(handle):
+            yield _row(line, line_index, step)
+
+
+def _unwrap(record: dict[str, Any], field: str) -> Any:
+    """The sample's value of a length-1 batch list; raises ValueError when the field is not one."""
+    value = record.get(field)
+    if not isinstance(value, list) or len(value) != 1:
+        raise ValueError("missing" if field not in record else "not a length-1 batch list")
+    return value[0]
+
+
+def _row(line: str, line_index: int, step: int) -> Row:
+    sample_id = f"line{line_index + 1}"
+    if not line.strip():
+        return Row.unreadable(step, sample_id, "blank line")
+    try:
+        record = json.loads(line)  # accepts NaN / Infinity, as NeMo-RL writes them
+    except ValueError as exc:
+        return Row.unreadable(step, sample_id, f"not JSON ({exc.args[0] if exc.args else exc})")
+    if not isinstance(record, dict):
+        return Row.unreadable(step, sample_id, "not a JSON object")
+    if isinstance(record.get("idx"), int):
+        sample_id = str(record["idx"])
+    values: dict[str, Any] = {}
+    for field in (*REQUIRED_FIELDS, "sample_loss_mask", "token_ids"):
+        if field not in record and field in ("sample_loss_mask", "token_ids"):
+            continue
+        try:
+            values[field] = _unwrap(record, field)
+        except ValueError as exc:
+            return Row.unreadable(step, sample_id, str(exc), field)
+    length = values["input_lengths"]
+    if not isinstance(length, int) or length < 0:
+        return Row.unreadable(step, sample_id, f"input length {length!r} is not a count", "input_lengths")
+    for field in ("generation_logprobs", "prev_logprobs", "token_loss_mask"):
+        if not isinstance(values[field], list) or len(values[field]) < length:
+            return Row.unreadable(step, sample_id, f"shorter than input_lengths {length} (or not a list)", field)
+    try:
+        token_mask = np.asarray(values["token_loss_mask"][:length], dtype=float)
+        sample_mask = float(values.get("sample_loss_mask", 1.0))
+    except (TypeError, ValueError):
+        return Row.unreadable(step, sample_id, "mask values are not numbers", "token_loss_mask")
+    mask = token_mask * sample_mask
+    if length:
+        mask[0] = 0.0  # position 0's logprob is a placeholder (NeMo-RL slices [:, 1:])
+    token_ids = values.get("token_ids")
+    return Row(
+        step=step,
+        sample_id=sample_id,
+        rollout=values["generation_logprobs"][:length],
+        trainer=values["prev_logprobs"][:length],
+        mask=_as_mask(mask),
+        token_ids=token_ids[:length] if isinstance(token_ids, list) else None,
+    )
+
+
+def _as_mask(mask: np.ndarray) -> np.ndarray | list:
+    """int8 0/1, or the float values when one is neither (the reader then names the bad value)."""
+    if np.all((mask == 0) | (mask == 1)):
+        return mask.astype(np.int8)
+    return np.where(mask == 0, 0, np.where(mask == 1, 1, 2)).astype(np.int8)  # 2: not a mask value

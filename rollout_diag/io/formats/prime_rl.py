@@ -1,0 +1,113 @@
+"""prime-rl token export (``trainer.enable_token_export = true``).
+
+Read from PrimeIntellect-ai/prime-rl at commit 559b44772e471d1538537b8805cc77f3824a5e64:
+- ``src/prime_rl/trainer/rl/token_export.py``: ``<output_dir>/token_exports/step_<step>/rank_<rank>.jsonl``,
+  one JSON object per exported sequence (packed micro-batches already split, right padding trimmed),
+  written with ``allow_nan=False`` after turning every non-finite float into ``null``. Fields used here:
+  ``step``, ``rank``, ``export_sequence_idx`` (per (step, rank) file), ``token_ids``, ``loss_mask`` (bools),
+  ``inference_logprobs``, ``trainer_logprobs`` and the optional weight streams ``rl_weights`` /
+  ``ref_kl_weights`` (lists of null when absent). Records cover the prompt too; there the inference
+  logprobs are 0.0.
+- ``mark_stable`` touches ``STABLE`` in a step directory after every rank flushed (``train.py``): a step
+  directory without it is still being written and is left out.
+- ``src/prime_rl/trainer/rl/train.py``: the tokens whose mismatch is measured are
+  ``loss_mask & (rl_weights != 0 | ref_kl_weights != 0)`` when a weight stream is present, else
+  ``loss_mask``; that is the mask used here. Steps are the trainer's ``progress.step`` (1-based).
+
+A ``null`` logprob on a trained token makes its row invalid (skipped and counted, like NaN in Parquet).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rollout_diag.io.formats.base import Row, RowsFile, count_lines, number_in
+
+NAME = "prime-rl"
+STABLE_MARKER = "STABLE"
+FILE_GLOB = "rank_*.jsonl"
+REQUIRED_FIELDS = ("inference_logprobs", "trainer_logprobs", "loss_mask")
+
+
+def looks_like(record: dict[str, Any]) -> bool:
+    """A first JSON record of this format: the two logprob fields side by side, not batch-wrapped."""
+    return all(field in record for field in REQUIRED_FIELDS) and not _wrapped(record.get("loss_mask"))
+
+
+def _wrapped(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and isinstance(value[0], list)
+
+
+def step_of(path: Path) -> int | None:
+    """The step of a ``step_<N>/rank_<R>.jsonl`` file, from its directory name."""
+    return number_in(path.parent.name, r"^step_(\d+)$")
+
+
+def open_file(path: str) -> RowsFile:
+    return RowsFile(path, count_lines(path), lambda: _rows(path))
+
+
+def _rows(path: str) -> Iterator[Row]:
+    fallback_step = step_of(Path(path)) or 0
+    with open(path, encoding="utf-8") as handle:
+        for line_index, line in enumerate(handle):
+            yield _row(line, line_index, fallback_step)
+
+
+def _row(line: str, line_index: int, fallback_step: int) -> Row:
+    sample_id = f"line{line_index + 1}"
+    if not line.strip():
+        return Row.unreadable(fallback_step, sample_id, "blank line")
+    try:
+        record = json.loads(line)
+    except ValueError as exc:
+        return Row.unreadable(fallback_step, sample_id, f"not JSON ({exc.args[0] if exc.args else exc})")
+    if not isinstance(record, dict):
+        return Row.unreadable(fallback_step, sample_id, "not a JSON object")
+    step = record.get("step", fallback_step)
+    if not isinstance(step, int):
+        return Row.unreadable(fallback_step, sample_id, f"step {step!r} is not an integer", "step")
+    rank, index = record.get("rank"), record.get("export_sequence_idx")
+    if rank is not None and index is not None:
+        sample_id = f"rank{rank}-{index}"
+    for field in REQUIRED_FIELDS:
+        if not isinstance(record.get(field), list):
+            return Row.unreadable(step, sample_id, "missing" if field not in record else "not a list", field)
+    try:
+        mask = _trained_tokens(record)
+    except (TypeError, ValueError):
+        return Row.unreadable(step, sample_id, "loss_mask or a weight stream holds non-numbers", "loss_mask")
+    token_ids = record.get("token_ids")
+    return Row(
+        step=step,
+        sample_id=sample_id,
+        rollout=record["inference_logprobs"],
+        trainer=record["trainer_logprobs"],
+        mask=mask,
+        token_ids=token_ids if isinstance(token_ids, list) else None,
+    )
+
+
+def _trained_tokens(record: dict[str, Any]) -> np.ndarray:
+    """``loss_mask`` narrowed to tokens with sampling logprobs, as prime-rl's train.py measures mismatch."""
+    loss_mask = np.asarray(record["loss_mask"], dtype=bool)
+
+    def stream(name: str) -> np.ndarray | None:
+        values = record.get(name)
+        if not isinstance(values, list) or all(v is None for v in values):
+            return None  # written as a list of nulls when the stream is absent
+        weights = np.asarray(values, dtype=float)
+        return weights if weights.shape == loss_mask.shape else None  # ragged: the reader names the row
+
+    rl_weights, ref_kl_weights = stream("rl_weights"), stream("ref_kl_weights")
+    if rl_weights is None and ref_kl_weights is None:
+        return loss_mask.astype(np.int8)
+    sampled = (rl_weights != 0) if rl_weights is not None else loss_mask.copy()
+    if ref_kl_weights is not None:
+        sampled |= ref_kl_weights != 0
+    return (loss_mask & sampled).astype(np.int8)
