@@ -54,7 +54,8 @@ class PresetOrder(str, Enum):
 Inputs = Annotated[
     list[Path],
     typer.Argument(
-        help="Parquet dump(s): files, globs or directories (hive partitions like step=3/ work).",
+        help="Dump(s): Parquet, or what prime-rl, NeMo-RL, slime, SkyRL or verl wrote (README, 'Where is my "
+        "dump?'); files, globs or directories (hive partitions like step=3/ work).",
         show_default=False,
         metavar="FILE",
     ),
@@ -143,6 +144,23 @@ IntrusiveRejectOpt = Annotated[
 IntrusiveEssOpt = Annotated[
     float, typer.Option("--intrusive-ess", help="Mark presets whose IS effective sample size falls below this.")
 ]
+InputFormatOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--input-format",
+        help="Read the inputs as this format instead of detecting it: parquet, prime-rl, nemo-rl, slime, skyrl, "
+        "verl (README, 'Where is my dump?').",
+        metavar="NAME",
+    ),
+]
+TrustPickleOpt = Annotated[
+    bool,
+    typer.Option(
+        "--trust-pickle",
+        help="Unpickle SkyRL/verl .pkl files without the allowlist of plain data classes. Unpickling runs code "
+        "the file names: only for files you trust.",
+    ),
+]
 DEFAULT_TARGETS = "0.001,0.01,0.05"
 FILE_WIDTH = 160  # a table written with -o: as wide as a terminal that would show it without splitting
 FORMAT_BY_SUFFIX = {".json": OutputFormat.json, ".csv": OutputFormat.csv}
@@ -229,7 +247,7 @@ def progress_bar(inputs: list[Path]) -> Iterator[Callable[[int, int], None] | No
 
 def _size(path: Path) -> int:
     if path.is_dir():
-        return sum(p.stat().st_size for p in path.rglob("*.parquet"))
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
     return path.stat().st_size if path.exists() else 0
 
 
@@ -290,6 +308,13 @@ def chosen_presets(
     return chosen or None
 
 
+def dump_inputs(inputs: list[Path], input_format: str | None, trust_pickle: bool) -> list[str]:
+    """The input paths, carrying how to read them (``io.formats.DumpInputs``)."""
+    from rollout_diag.io.formats import DumpInputs
+
+    return DumpInputs(inputs, input_format, trust_pickle)
+
+
 def parse_columns(column: list[str] | None) -> dict[str, str]:
     from rollout_diag.io.columns import parse_overrides
 
@@ -332,6 +357,8 @@ def analyze(
     strict: StrictOpt = False,
     chunk_tokens: ChunkOpt = CHUNK_TOKENS,
     dialect: DialectOpt = None,
+    input_format: InputFormatOpt = None,
+    trust_pickle: TrustPickleOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Every mismatch metric (verl's names), per step and for the run, with a verdict on what looks unhealthy
@@ -342,7 +369,7 @@ def analyze(
 
     with progress_bar(inputs) as progress:
         result = run_analysis(
-            [str(p) for p in inputs],
+            dump_inputs(inputs, input_format, trust_pickle),
             columns=parse_columns(column),
             device=device,
             strict=strict,
@@ -401,6 +428,8 @@ def inspect(
     device: DeviceOpt = "auto",
     format: Annotated[RowFormat, typer.Option("--format", "-f", help="table (terminal) or json.")] = RowFormat.table,
     output: OutputOpt = None,
+    input_format: InputFormatOpt = None,
+    trust_pickle: TrustPickleOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """One row token by token: position, round, token, both logprobs and δ, coloured by |δ|. Reads only the
@@ -412,7 +441,7 @@ def inspect(
     from rollout_diag.render.inspect import render_row
 
     tokens = inspect_row(
-        [str(p) for p in inputs],
+        dump_inputs(inputs, input_format, trust_pickle),
         sample,
         step=step,
         row=row,
@@ -438,6 +467,8 @@ def sweep(
     output: OutputOpt = None,
     strict: StrictOpt = False,
     chunk_tokens: ChunkOpt = CHUNK_TOKENS,
+    input_format: InputFormatOpt = None,
+    trust_pickle: TrustPickleOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Which threshold of each rejection option / IS truncation rejects a target share of tokens or
@@ -448,7 +479,7 @@ def sweep(
 
     with progress_bar(inputs) as progress:
         result = threshold_sweep(
-            [str(p) for p in inputs],
+            dump_inputs(inputs, input_format, trust_pickle),
             targets=parse_targets(target),
             columns=parse_columns(column),
             device=device,
@@ -499,6 +530,8 @@ def compare_presets(
     output: OutputOpt = None,
     strict: StrictOpt = False,
     chunk_tokens: ChunkOpt = CHUNK_TOKENS,
+    input_format: InputFormatOpt = None,
+    trust_pickle: TrustPickleOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """What every rollout-correction preset (verl's 19, the legacy family, your own) would do to this data,
@@ -514,7 +547,7 @@ def compare_presets(
     )
     with progress_bar(inputs) as progress:
         result = run_comparison(
-            [str(p) for p in inputs],
+            dump_inputs(inputs, input_format, trust_pickle),
             chosen,
             columns=parse_columns(column),
             device=device,
@@ -576,7 +609,9 @@ def report(
     ctx: typer.Context,
     inputs: Annotated[
         list[Path] | None,
-        typer.Argument(help="Parquet dump(s): files, globs or directories.", show_default=False, metavar="FILE"),
+        typer.Argument(
+            help="Dump(s), as for analyze: files, globs or directories.", show_default=False, metavar="FILE"
+        ),
     ] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write.")] = Path(
         "rollout-diag-report.html"
@@ -615,6 +650,8 @@ def report(
     strict: StrictOpt = False,
     chunk_tokens: ChunkOpt = CHUNK_TOKENS,
     dialect: DialectOpt = None,
+    input_format: InputFormatOpt = None,
+    trust_pickle: TrustPickleOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """One self-contained HTML file (no network needed) showing where and why rollout and trainer disagree."""
@@ -637,7 +674,7 @@ def report(
         )
         with progress_bar(inputs) as progress:
             analysis, comparison = analyze_and_compare(
-                [str(p) for p in inputs],
+                dump_inputs(inputs, input_format, trust_pickle),
                 chosen,
                 columns=parse_columns(column),
                 device=device,
@@ -672,6 +709,53 @@ def report(
         import webbrowser
 
         webbrowser.open(path.resolve().as_uri())
+
+
+@app.command()
+@handles_errors
+def convert(
+    inputs: Inputs,
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="The Parquet file to write (a directory with --partition).")
+    ],
+    partition: Annotated[
+        str | None, typer.Option(help="Write a hive directory OUT/step=N/part-K.parquet instead of one file.")
+    ] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace OUT when it exists.")] = False,
+    column: ColumnOpt = None,
+    strict: StrictOpt = False,
+    input_format: InputFormatOpt = None,
+    trust_pickle: TrustPickleOpt = False,
+    format: Annotated[RowFormat, typer.Option("--format", "-f", help="table (a summary) or json.")] = RowFormat.table,
+    debug: DebugOpt = False,
+) -> None:
+    """Write any dump rollout-diag reads (prime-rl, NeMo-RL, slime, SkyRL, verl, Parquet) as its canonical
+    Parquet sequence layout: zstd, one row group per step. `analyze` on the result gives the same numbers."""
+    from rollout_diag.io.convert import convert as run_convert
+
+    result = run_convert(
+        dump_inputs(inputs, input_format, trust_pickle),
+        output,
+        partition=partition,
+        columns=parse_columns(column),
+        strict=strict,
+        overwrite=overwrite,
+    )
+    if format is RowFormat.json:
+        from rollout_diag.render.export import to_json_text
+
+        emit(to_json_text(result.to_json()), None)
+        return
+    typer.echo(
+        f"wrote {result.output}: {result.rows} rows, {len(result.steps)} step(s) in {len(result.files)} file(s), "
+        f"from {len(result.inputs)} {result.format} file(s)"
+    )
+    for warning in result.warnings:
+        typer.echo(f"warning: {warning}", err=True)
+    if result.skipped_rows:
+        typer.echo(f"warning: {result.skipped_rows} unreadable row(s) left out:", err=True)
+        for skipped in result.skipped[:10]:
+            typer.echo(f"  {skipped.describe()}", err=True)
 
 
 def _from_command_line(ctx: typer.Context, name: str) -> bool:

@@ -76,7 +76,7 @@ def run_part(
     ``inputs`` are the files the driver resolved (never expanded again: a file name may hold glob characters)
     and ``columns`` the user's overrides, from which each file resolves its own columns as in one process."""
     torch.set_num_threads(1)  # the workers share the machine's cores
-    reader = DumpReader(list(inputs), columns, strict=strict, chunk_tokens=chunk_tokens, parts=part)
+    reader = DumpReader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens, parts=part)
     state = spec.new()
     run_chunks(reader, state.consumers(), torch.device(device))
     return state, reader.log
@@ -94,7 +94,7 @@ def run_parts(
     workers' read logs are merged into ``reader.log``."""
     check_workers(workers, backend)
     jobs = [
-        (reader.sources, reader.overrides, part, reader.strict, reader.chunk_tokens, str(device), spec)
+        (reader.worker_inputs(), reader.overrides, part, reader.strict, reader.chunk_tokens, str(device), spec)
         for part in reader.plan(workers)
     ]
     results = _run_ray(jobs) if backend == "ray" else _run_processes(jobs, workers, device)

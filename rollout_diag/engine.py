@@ -16,6 +16,7 @@ from rollout_diag.decisions.diff import DEFAULT_LEVEL, DEFAULT_REPLICATES, DEFAU
 from rollout_diag.errors import ConfigError, DataError, where
 from rollout_diag.hints import with_hints
 from rollout_diag.io.chunk import Chunk
+from rollout_diag.io.formats import input_options
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, DumpReader, ReadLog
 from rollout_diag.metrics.base import StepAccumulator, row_mean
 from rollout_diag.metrics.debug import DebugAccumulator
@@ -402,7 +403,10 @@ def open_reader(
     chunk_tokens: int,
 ) -> DumpReader:
     paths = [str(inputs)] if isinstance(inputs, (str, Path)) else [str(p) for p in inputs]
-    return DumpReader(paths, columns, strict=strict, chunk_tokens=chunk_tokens)
+    input_format, trust_pickle = input_options(inputs)  # what a DumpInputs carries (io/formats)
+    return DumpReader(
+        paths, columns, strict=strict, chunk_tokens=chunk_tokens, input_format=input_format, trust_pickle=trust_pickle
+    )
 
 
 def _first(log: ReadLog) -> SkippedRow | None:
@@ -439,6 +443,7 @@ def build_result(analysis: Analysis, log: ReadLog, device: torch.device, strict:
         inputs=list(log.files),
         columns=dict(log.columns),
         layout=log.layout,
+        format=log.format,
         device=str(device),
         run=run,
         steps=steps,

@@ -206,6 +206,7 @@ class AnalysisResult:
     skipped_rows: int = 0
     anomalies_cut: int = 0  # flags beyond the ANOMALY_KEEP largest (``anomalies`` holds those, largest first)
     hints: list[Hint] = field(default_factory=list)  # likely root causes, only those the data supports
+    format: str = "parquet"  # the trainer format the inputs were read as (io/formats)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -213,6 +214,7 @@ class AnalysisResult:
             "inputs": list(self.inputs),
             "columns": dict(self.columns),
             "layout": self.layout,
+            "format": self.format,
             "device": self.device,
             "run": self.run.to_json(),
             "steps": [step.to_json() for step in self.steps],

@@ -30,7 +30,7 @@ import torch
 from rollout_diag.errors import ColumnError, ConfigError, DataError, InputError, RolloutDiagError, where
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.columns import ColumnMap, resolve_columns
-from rollout_diag.io.formats import PARQUET, input_options, open_source, resolve
+from rollout_diag.io.formats import PARQUET, DumpInputs, input_options, open_source, resolve
 from rollout_diag.io.formats.base import SKIP_COLUMN, SKIP_REASON
 from rollout_diag.io.sources import Source
 from rollout_diag.results import SkippedRow
@@ -431,6 +431,10 @@ class DumpReader:
         last = group if opened.layout == "sequence" else metadata.num_row_groups - 1
         self.parts = {opened.source.path: set(range(group, last + 1))}
         return opened.source.path, row
+
+    def worker_inputs(self) -> DumpInputs:
+        """The files to hand a worker's reader, with the format they were read as (never re-detected)."""
+        return DumpInputs(self.sources, self.log.format, self.trust_pickle)
 
     def plan(self, workers: int) -> list[dict[str, list[int]]]:
         """Split the input into at most ``workers`` parts of about equal rows, for parallel readers.

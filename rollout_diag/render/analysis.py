@@ -66,7 +66,7 @@ def header(result: AnalysisResult) -> Text:
     columns = ", ".join(f"{role}={name}" for role, name in result.columns.items())
     text = Text("rollout-diag analyze", style="bold")
     text.append(
-        f"  {len(result.inputs)} file(s), {result.layout} layout, {number(result.run.rows)} rows, "
+        f"  {len(result.inputs)} {result.format} file(s), {result.layout} layout, {number(result.run.rows)} rows, "
         f"{number(result.run.tokens)} model tokens, {len(result.steps)} step(s), device {result.device}\n"
     )
     text.append_text(plain(f"columns: {columns}", style="dim"))

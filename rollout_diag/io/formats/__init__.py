@@ -39,8 +39,11 @@ class DumpInputs(list):
     taking inputs accepts. ``input_format`` None detects the format; ``trust_pickle`` lifts the pickle
     allowlist (unpickling an untrusted file can run code)."""
 
-    def __init__(self, paths: Iterable[str | Path], input_format: str | None = None, trust_pickle: bool = False):
-        super().__init__(str(path) for path in paths)
+    def __init__(
+        self, paths: Iterable[str | Path | Source], input_format: str | None = None, trust_pickle: bool = False
+    ):
+        # Sources (files another reader resolved) pass as they are: a worker's reader expands nothing again.
+        super().__init__(path if isinstance(path, Source) else str(path) for path in paths)
         self.input_format = check_format(input_format)
         self.trust_pickle = trust_pickle
 

@@ -1,0 +1,230 @@
+"""``convert``: any readable input (a trainer format, or Parquet) to the canonical sequence layout.
+
+The same batches the reader analyses are written out (verl's column names, ``schemas/dump.schema.json``),
+zstd-compressed, one row group per step: a file, or with ``partition="step"`` a hive directory
+``OUT/step=N/part-K.parquet`` (the step lives in the path). Logprobs are written as float64 lists, so no
+value changes; invalid values (NaN, null, positive logprobs, bad masks) are written as they are, so that
+``analyze`` skips the same rows on the converted file. Only rows a format could not read at all (a line
+that is not JSON, a field of the wrong type) are left out, and reported.
+
+Memory: one step's rows (a row group is written whole).
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from rollout_diag.errors import ConfigError, InputError, where
+from rollout_diag.io.formats.base import SKIP_COLUMN, SKIP_REASON
+from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, DumpReader, _column_names, _OpenFile, _row_groups
+from rollout_diag.results import SkippedRow
+
+PARTITIONS = ("step",)
+_TYPES = {
+    "rollout": ("rollout_log_probs", pa.list_(pa.float64())),
+    "trainer": ("old_log_probs", pa.list_(pa.float64())),
+    "mask": ("response_mask", pa.list_(pa.int8())),
+    "token_ids": ("token_ids", pa.list_(pa.int64())),
+    "tokens": ("tokens", pa.list_(pa.string())),
+}
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    """What ``convert`` read and wrote."""
+
+    inputs: list[str]
+    format: str
+    output: str
+    files: list[str]  # the Parquet files written
+    rows: int
+    steps: list[int]
+    warnings: list[str] = field(default_factory=list)
+    skipped: list[SkippedRow] = field(default_factory=list)
+    skipped_rows: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return {**asdict(self), "skipped": [asdict(s) for s in self.skipped]}
+
+
+class _StepWriter:
+    """Collects one step's rows and writes them as one row group (or one hive file) when the step ends."""
+
+    def __init__(self, output: Path, schema: pa.Schema, partition: str | None) -> None:
+        self.output, self.schema, self.partition = output, schema, partition
+        self.writer: pq.ParquetWriter | None = None
+        self.step: int | None = None
+        self.pending: list[pa.Table] = []
+        self.files: list[str] = []
+        self.rows = 0
+        self.written: dict[int, int] = {}  # step -> row groups (or files) written for it
+
+    def add(self, step: int, table: pa.Table) -> None:
+        if step != self.step:
+            self.flush()
+            self.step = step
+        self.pending.append(table)
+
+    def flush(self) -> None:
+        if self.step is None or not self.pending:
+            return
+        table = pa.concat_tables(self.pending)
+        self.pending = []
+        part = self.written.get(self.step, 0)
+        self.written[self.step] = part + 1
+        self.rows += table.num_rows
+        if self.partition is None:
+            if self.writer is None:
+                self.writer = pq.ParquetWriter(self.output, self.schema, compression="zstd")
+                self.files.append(str(self.output))
+            self.writer.write_table(table, row_group_size=max(table.num_rows, 1))
+            return
+        directory = self.output / f"{self.partition}={self.step}"
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"part-{part}.parquet"
+        pq.write_table(table.drop_columns(["step"]), path, compression="zstd", row_group_size=max(table.num_rows, 1))
+        self.files.append(str(path))
+
+    def close(self) -> None:
+        self.flush()
+        if self.writer is not None:
+            self.writer.close()
+
+
+def convert(
+    inputs: str | Path | Sequence[str | Path],
+    output: str | Path,
+    *,
+    partition: str | None = None,
+    columns: Mapping[str, str] | None = None,
+    strict: bool = False,
+    input_format: str | None = None,
+    trust_pickle: bool | None = None,
+    overwrite: bool = False,
+) -> ConvertResult:
+    """Write ``inputs`` to ``output`` in the canonical sequence layout; returns what was written.
+
+    Raises ConfigError for a bad partition or an existing output (unless ``overwrite``), InputError for
+    unreadable input (and, under ``strict``, DataError for the first unreadable row).
+    """
+    if partition is not None and partition not in PARTITIONS:
+        raise ConfigError(f"--partition {partition}: only 'step' is supported.")
+    output = Path(output)
+    if output.exists() and not overwrite:
+        raise ConfigError(f"{output}: already exists.", hint="choose another path, or pass --overwrite.")
+    paths = [str(inputs)] if isinstance(inputs, (str, Path)) else list(inputs)
+    reader = DumpReader(
+        paths,
+        columns,
+        strict=strict,
+        chunk_tokens=DEFAULT_CHUNK_TOKENS,
+        input_format=input_format,
+        trust_pickle=trust_pickle,
+    )
+    if reader.log.layout != "sequence":
+        raise InputError(
+            f"{reader.log.files[0]}: token layout (one row per token); convert writes sequence-layout sources.",
+            hint="analyse token-layout Parquet directly: it is already a layout rollout-diag reads.",
+        )
+    if output.exists():
+        shutil.rmtree(output) if output.is_dir() else output.unlink()
+    if partition is not None:
+        output.mkdir(parents=True)
+    elif output.parent != Path(""):
+        output.parent.mkdir(parents=True, exist_ok=True)
+    schema = _schema(reader.files)
+    writer = _StepWriter(output, schema, partition)
+    try:
+        for opened in reader.files:
+            for batch, first_row in _row_groups(opened, _column_names(opened), lambda: 4096, reader):
+                table = _canonical(opened, batch, first_row, reader, schema)
+                steps = table.column("step").to_numpy()
+                starts = np.concatenate([[0], np.flatnonzero(steps[1:] != steps[:-1]) + 1, [len(steps)]])
+                for start, end in itertools.pairwise(starts):
+                    writer.add(int(steps[start]), table.slice(int(start), int(end - start)))
+    finally:
+        writer.close()
+    repeated = sorted(step for step, parts in writer.written.items() if parts > 1)
+    warnings = list(reader.log.warnings)
+    if repeated:
+        warnings.append(
+            f"step(s) {', '.join(map(str, repeated[:10]))} appear in more than one place in the input order: "
+            "each such step spans several row groups (files)."
+        )
+    return ConvertResult(
+        inputs=list(reader.log.files),
+        format=reader.log.format,
+        output=str(output),
+        files=writer.files,
+        rows=writer.rows,
+        steps=sorted(writer.written),
+        warnings=warnings,
+        skipped=list(reader.log.skipped),
+        skipped_rows=reader.log.skipped_rows,
+    )
+
+
+def _schema(files: list[_OpenFile]) -> pa.Schema:
+    fields = [pa.field("step", pa.int64()), pa.field("sample_id", pa.string())]
+    roles = {role for opened in files for role in opened.columns.names}
+    fields += [pa.field(name, data_type) for role, (name, data_type) in _TYPES.items() if role in roles]
+    return pa.schema(fields)
+
+
+def _canonical(opened: _OpenFile, batch: pa.RecordBatch, first_row: int, reader: DumpReader, schema: pa.Schema):
+    """The batch under canonical names and types; rows the format could not read are logged and dropped."""
+    path = opened.source.path
+    rows = np.arange(batch.num_rows, dtype=np.int64)
+    if SKIP_REASON in batch.schema.names:
+        reasons = batch.column(SKIP_REASON)
+        unreadable = reasons.is_valid().to_numpy(zero_copy_only=False)
+        for row in np.flatnonzero(unreadable):
+            reason, column = reasons[int(row)].as_py(), batch.column(SKIP_COLUMN)[int(row)].as_py()
+            reader.log.skip(SkippedRow(path, first_row + int(row), column, reason), reader.strict)
+        rows = rows[~unreadable]
+        batch = batch.take(pa.array(rows))
+    names, from_partition = opened.columns.names, opened.columns.from_partition
+    count = batch.num_rows
+    arrays: dict[str, pa.Array] = {}
+    if "step" not in names:
+        arrays["step"] = pa.array(np.zeros(count, dtype=np.int64))
+    elif "step" in from_partition:
+        arrays["step"] = pa.array(np.full(count, int(opened.source.partition[names["step"]]), dtype=np.int64))
+    else:
+        step = batch.column(names["step"])
+        if step.null_count:
+            bad = int(np.flatnonzero(step.is_null().to_numpy(zero_copy_only=False))[0])
+            raise InputError(f"{where(path, first_row + int(rows[bad]), names['step'])}step is null.")
+        arrays["step"] = step.cast(pa.int64())
+    if "sample_id" not in names:
+        arrays["sample_id"] = pa.array([str(first_row + int(row)) for row in rows], pa.string())
+    elif "sample_id" in from_partition:
+        arrays["sample_id"] = pa.array([str(opened.source.partition[names["sample_id"]])] * count, pa.string())
+    else:
+        arrays["sample_id"] = pc.cast(batch.column(names["sample_id"]), pa.string())
+    for role, (name, data_type) in _TYPES.items():
+        if name not in schema.names:
+            continue
+        if role not in names or role in from_partition:
+            arrays[name] = pa.nulls(count, data_type)
+            continue
+        try:
+            arrays[name] = batch.column(names[role]).cast(data_type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise InputError(
+                f"{where(path, column=names[role])}cannot be written as {data_type} ({exc}).",
+                hint="analyse this file directly; convert needs 0/1 masks and numeric logprobs.",
+            ) from exc
+    return pa.table([arrays[name] for name in schema.names], schema=schema)
