@@ -170,6 +170,7 @@ def _select(
     warnings: list[str] = []
     picked: list[Path] = []
     seen: set[str] = set()
+    named: set[Path] = set()  # files the user named (not found in a directory)
     for path, root, detected in found:
         # forced: a file the user named, or one with the format's extension whose content did not tell
         taken = forced and (root is None or (detected is None and path.suffix == _SUFFIX[fmt]))
@@ -179,11 +180,13 @@ def _select(
         if key not in seen:
             seen.add(key)
             picked.append(path)
+            if root is None:
+                named.add(path)
     if fmt == slime.NAME:
         train = [path for path in picked if slime.is_train_dump(path)]
         picked = train or picked
     if fmt == prime_rl.NAME:
-        picked, warnings = _stable_steps(picked)
+        picked, warnings = _stable_steps(picked, named)
     if not picked:
         raise InputError(f"{', '.join(sorted({str(r or p) for p, r, _ in found}))}: no {fmt} file to read.")
     step_of = _STEP_OF[fmt]
@@ -191,15 +194,18 @@ def _select(
     return [Source(path=str(path), partition={}) for path in picked], warnings
 
 
-def _stable_steps(files: list[Path]) -> tuple[list[Path], list[str]]:
-    """prime-rl: keep files of step directories that carry the STABLE marker; say which were left out."""
-    kept, incomplete = [], set()
+def _stable_steps(files: list[Path], named: set[Path]) -> tuple[list[Path], list[str]]:
+    """prime-rl: keep files of step directories that carry the STABLE marker, and files the user named
+    (with a warning when theirs lacks it); say which were left out."""
+    kept, incomplete, warnings = [], set(), []
     for path in files:
         if (path.parent / prime_rl.STABLE_MARKER).exists():
             kept.append(path)
+        elif path in named:
+            kept.append(path)
+            warnings.append(f"{path}: its directory has no STABLE marker; the step may be incomplete.")
         else:
             incomplete.add(path.parent)
-    warnings = []
     if incomplete:
         names = ", ".join(str(d) for d in sorted(incomplete, key=natural_key))
         warnings.append(
