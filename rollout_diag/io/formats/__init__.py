@@ -63,7 +63,7 @@ def input_options(inputs: Any) -> tuple[str | None, bool]:
 # ------------------------------------------------------------------------------------ detection
 def _candidates(given: str) -> list[tuple[Path, Path | None]]:
     """(file, the directory or glob root it was found under) for one input; raises InputError."""
-    if _GLOB_CHARS & set(given):
+    if _GLOB_CHARS & set(given) and not Path(given).exists():  # an existing path is taken as it is
         matches = sorted(glob.glob(given, recursive=True))
         if not matches:
             raise InputError(f"{given}: no file matches this pattern.")
