@@ -48,7 +48,7 @@ def _is_data_file(path: Path) -> bool:
 DirKey = tuple[int, int]  # (device, inode) of a directory: one real directory however many links lead to it
 
 
-class _Walker:
+class DirectoryWalker:
     """Lists directories following symlinks, each real directory once: a link back to a directory being
     walked (a loop) is skipped with a warning, so no input can make the listing run forever."""
 
@@ -171,7 +171,7 @@ def expand_inputs(inputs: Iterable[str | Path], warnings: list[str] | None = Non
     """
     sources: list[Source] = []
     seen: set[str] = set()
-    walker = _Walker(warnings)
+    walker = DirectoryWalker(warnings)
 
     def add(path: Path, root: Path | None) -> None:
         key = str(path.resolve())

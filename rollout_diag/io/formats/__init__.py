@@ -17,7 +17,6 @@ rest, the same for all.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -27,7 +26,7 @@ from typing import Any
 from rollout_diag.errors import ConfigError, InputError
 from rollout_diag.io.formats import nemo_rl, prime_rl, safe_pickle, skyrl, slime, verl_pickle
 from rollout_diag.io.formats.base import RowsFile, natural_key
-from rollout_diag.io.sources import Source, expand_inputs
+from rollout_diag.io.sources import Source, DirectoryWalker, expand_inputs
 
 PARQUET = "parquet"
 FORMAT_NAMES = (PARQUET, prime_rl.NAME, nemo_rl.NAME, slime.NAME, skyrl.NAME, verl_pickle.NAME)
@@ -64,7 +63,9 @@ def input_options(inputs: Any) -> tuple[str | None, bool]:
 def _candidates(given: str) -> list[tuple[Path, Path | None]]:
     """(file, the directory or glob root it was found under) for one input; raises InputError."""
     if _GLOB_CHARS & set(given) and not Path(given).exists():  # an existing path is taken as it is
-        matches = sorted(glob.glob(given, recursive=True))
+        # the loop-safe glob of io/sources (plain glob.glob with ** runs forever over a symlink loop); the
+        # warnings about skipped loops are said when the chosen format's files are expanded
+        matches = [str(match) for match in DirectoryWalker(None).glob(given)]
         if not matches:
             raise InputError(f"{given}: no file matches this pattern.")
         found: list[tuple[Path, Path | None]] = []
