@@ -26,7 +26,7 @@ from typing import Any
 from rollout_diag.errors import ConfigError, InputError
 from rollout_diag.io.formats import nemo_rl, prime_rl, safe_pickle, skyrl, slime, verl_pickle
 from rollout_diag.io.formats.base import RowsFile, natural_key
-from rollout_diag.io.sources import Source, DirectoryWalker, expand_inputs
+from rollout_diag.io.sources import DirectoryWalker, Source, expand_inputs
 
 PARQUET = "parquet"
 FORMAT_NAMES = (PARQUET, prime_rl.NAME, nemo_rl.NAME, slime.NAME, skyrl.NAME, verl_pickle.NAME)
