@@ -719,9 +719,10 @@ def convert(
         Path, typer.Option("--output", "-o", help="The Parquet file to write (a directory with --partition).")
     ],
     partition: Annotated[
-        str | None, typer.Option(help="Write a hive directory OUT/step=N/part-K.parquet instead of one file.")
+        str | None,
+        typer.Option("--partition", help="Write a hive directory OUT/step=N/part-K.parquet instead of one file."),
     ] = None,
-    overwrite: Annotated[bool, typer.Option(help="Replace OUT when it exists.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace OUT when it exists.")] = False,
     column: ColumnOpt = None,
     strict: StrictOpt = False,
     input_format: InputFormatOpt = None,
