@@ -11,9 +11,8 @@ from collections.abc import Sequence
 
 from rollout_diag.errors import ConfigError
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import StepAccumulator
 from rollout_diag.metrics.dialects import areal, nemo_rl, openrlhf, prime_rl, roll, skyrl, slime, trl, verl
-from rollout_diag.metrics.dialects.base import DialectMetric, Framework
+from rollout_diag.metrics.dialects.base import DialectFamily, DialectMetric, Framework
 
 FRAMEWORKS: dict[str, Framework] = {
     module.FRAMEWORK.name: module.FRAMEWORK
@@ -58,7 +57,7 @@ class DialectsAccumulator:
 
     def __init__(self, names: Sequence[str] = (DEFAULT,)) -> None:
         self.names = resolve(names)
-        self.families: dict[str, StepAccumulator] = {name: FRAMEWORKS[name].accumulator() for name in self.names}
+        self.families: dict[str, DialectFamily] = {name: FRAMEWORKS[name].accumulator() for name in self.names}
 
     def update(self, chunk: Chunk) -> None:
         for family in self.families.values():

@@ -8,11 +8,14 @@ over float64 sufficient statistics, like every other family) and a :class:`Frame
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
-from rollout_diag.metrics.base import StepAccumulator, segment_max, segment_min, segment_sum
+from rollout_diag.io.chunk import Chunk
+from rollout_diag.metrics.base import segment_max, segment_min, segment_sum
 from rollout_diag.metrics.segments import ChunkStats, quantity
 
 
@@ -27,6 +30,15 @@ class DialectMetric:
     aggregation: str
 
 
+class DialectFamily(Protocol):
+    """What the dialect registry needs of a framework's accumulator: a ``StepAccumulator``, or a composite."""
+
+    def update(self, chunk: Chunk) -> None: ...
+    def merge(self, other: Any) -> None: ...
+    def finalize_steps(self) -> dict[int, dict[str, float]]: ...
+    def finalize_run(self) -> dict[str, float]: ...
+
+
 @dataclass(frozen=True)
 class Framework:
     """A trainer whose metric names rollout-diag speaks."""
@@ -37,7 +49,7 @@ class Framework:
     config: str  # the configuration the numbers assume (defaults, or the setting that turns the metric on)
     offline: str  # what an offline dump cannot reproduce, and the whole-batch equivalent chosen
     metrics: tuple[DialectMetric, ...]
-    accumulator: type[StepAccumulator]
+    accumulator: Callable[[], DialectFamily]
 
 
 @quantity("exp_log_ratio")

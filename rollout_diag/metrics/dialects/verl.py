@@ -80,29 +80,18 @@ class ValidRowsAccumulator(StepAccumulator):
         return out
 
 
-class VerlAccumulator(StepAccumulator):
-    """verl's off-policy (§1) and debug (§5) metrics, exactly as ``analyze`` reports them, and the valid-row means.
-
-    The three families are kept side by side; ``_stats`` / ``_finalize`` are not used (``update``, ``merge`` and
-    the finalizers delegate).
-    """
+class VerlAccumulator:
+    """verl's off-policy (§1) and debug (§5) metrics, exactly as ``analyze`` reports them, and the valid-row means:
+    three accumulator families side by side, updated, merged and finalized together."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.families = (OffPolicyAccumulator(), DebugAccumulator(), ValidRowsAccumulator())
-
-    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
-        raise NotImplementedError("VerlAccumulator delegates update to its families")
-
-    def _finalize(self, state: State) -> dict[str, float]:
-        raise NotImplementedError("VerlAccumulator delegates finalize to its families")
 
     def update(self, chunk: Chunk) -> None:
         for family in self.families:
             family.update(chunk)
 
-    def merge(self, other: StepAccumulator) -> None:
-        assert isinstance(other, VerlAccumulator)
+    def merge(self, other: VerlAccumulator) -> None:
         for mine, theirs in zip(self.families, other.families, strict=True):
             mine.merge(theirs)
 
