@@ -193,3 +193,14 @@ def count_lines(path: str | Path) -> int:
             lines += block.count(b"\n")
             last = block[-1:]
     return lines + (last != b"\n")
+
+
+def jsonl_file(path: str, step: int, parse: Callable[[str, int, int], Row]) -> RowsFile:
+    """A JSON-lines dump read line by line: ``parse(line, line_index, step)`` turns each line into a row."""
+
+    def rows() -> Iterator[Row]:
+        with open(path, encoding="utf-8") as handle:
+            for line_index, line in enumerate(handle):
+                yield parse(line, line_index, step)
+
+    return RowsFile(path, count_lines(path), rows)

@@ -19,13 +19,12 @@ Read from NVIDIA-NeMo/RL at commit 7ea279abfbeb698b092856d0dab61e7cf39bc909:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rollout_diag.io.formats.base import Row, RowsFile, count_lines, number_in
+from rollout_diag.io.formats.base import Row, RowsFile, jsonl_file, number_in
 
 NAME = "nemo-rl"
 FILE_GLOB = "train_data_step*.jsonl"
@@ -43,14 +42,7 @@ def step_of(path: Path) -> int | None:
 
 
 def open_file(path: str) -> RowsFile:
-    return RowsFile(path, count_lines(path), lambda: _rows(path))
-
-
-def _rows(path: str) -> Iterator[Row]:
-    step = step_of(Path(path)) or 0
-    with open(path, encoding="utf-8") as handle:
-        for line_index, line in enumerate(handle):
-            yield _row(line, line_index, step)
+    return jsonl_file(path, step_of(Path(path)) or 0, _row)
 
 
 def _unwrap(record: dict[str, Any], field: str) -> Any:

@@ -20,13 +20,12 @@ A ``null`` logprob on a trained token makes its row invalid (skipped and counted
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rollout_diag.io.formats.base import Row, RowsFile, count_lines, number_in
+from rollout_diag.io.formats.base import Row, RowsFile, jsonl_file, number_in
 
 NAME = "prime-rl"
 STABLE_MARKER = "STABLE"
@@ -49,14 +48,8 @@ def step_of(path: Path) -> int | None:
 
 
 def open_file(path: str) -> RowsFile:
-    return RowsFile(path, count_lines(path), lambda: _rows(path))
-
-
-def _rows(path: str) -> Iterator[Row]:
-    fallback_step = step_of(Path(path)) or 0
-    with open(path, encoding="utf-8") as handle:
-        for line_index, line in enumerate(handle):
-            yield _row(line, line_index, fallback_step)
+    # the step in the file name is the fallback for records that do not carry their own
+    return jsonl_file(path, step_of(Path(path)) or 0, _row)
 
 
 def _row(line: str, line_index: int, fallback_step: int) -> Row:
