@@ -240,3 +240,29 @@ def test_process_workers_equal_one_pass(tmp_path):
     assert_same(comparable(one), comparable(three))
     with pytest.raises(rd.ConfigError, match="backend"):
         rd.analyze(str(path), device="cpu", workers=2, backend="slurm")
+
+
+def test_delta_histogram_bins_by_brute_force():
+    """Every δ lands in the DELTA_EDGES bin that holds it; |δ| < 2^-20 (exact 0 included: bf16 dumps are full of
+    them) in the centre bin. The bin was once read off frexp's exponent, which is 0 for δ = 0: exact zeros were
+    counted in [−1, −0.5)."""
+    import torch
+
+    from rollout_diag.metrics.localize import DELTA_BINS, DELTA_EDGES, delta_bin
+
+    edges = DELTA_EDGES
+    values = [0.0, -0.0, 1e-9, -1e-9, 2.0**-20, -(2.0**-20), 0.3, -0.3, 0.5, -0.5, 1.0, -1.0, 127.9, 128.0, 1e6, -1e6]
+    rng = np.random.default_rng(5)
+    values += list(rng.normal(0, 0.05, 200)) + list(rng.standard_cauchy(50))
+
+    def brute(value: float) -> int:
+        if abs(value) < 2.0**-20:
+            return DELTA_BINS // 2
+        for index in range(DELTA_BINS):  # [e_i, e_{i+1}) for δ > 0, (e_i, e_{i+1}] mirrored for δ < 0
+            low, high = edges[index], edges[index + 1]
+            if (value > 0 and low <= value < high) or (value < 0 and low < value <= high):
+                return index
+        return DELTA_BINS - 1 if value > 0 else 0
+
+    got = delta_bin(torch.tensor(values, dtype=torch.float64)).tolist()
+    assert got == [brute(v) for v in values]

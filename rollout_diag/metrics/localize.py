@@ -34,10 +34,10 @@ DELTA_BINS = len(DELTA_EDGES) - 1  # 2·_LEVELS + 1
 
 
 def delta_bin(delta: torch.Tensor) -> torch.Tensor:
-    """Index of each δ's bin between consecutive DELTA_EDGES."""
-    level = (torch.frexp(delta).exponent - 1 - EXPONENT_MIN).clamp(-1, _LEVELS - 1)  # floor(log2|δ|) − min
-    bins = torch.where(delta > 0, _LEVELS + 1 + level, _LEVELS - 1 - level)
-    return torch.where(level < 0, _LEVELS, bins)
+    """Index of each δ's bin between consecutive DELTA_EDGES: centre ± k for |δ| in [2^(min+k−1), 2^(min+k))."""
+    # frexp: |δ| = m·2^e with m in [0.5, 1), so k = e − min; its exponent of 0 is 0, which must land in the centre
+    magnitude = (torch.frexp(delta).exponent - EXPONENT_MIN).clamp_(0, _LEVELS).masked_fill_(delta == 0, 0)
+    return torch.where(delta < 0, -magnitude, magnitude).add_(_LEVELS)
 
 
 def bucket_label(bucket: int) -> tuple[int, int, str]:
