@@ -30,7 +30,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 F = TypeVar("F", bound=Callable[..., Any])
-CHUNK_TOKENS = 1 << 20  # = io.reader.DEFAULT_CHUNK_TOKENS (not imported here: it would load pyarrow for --help)
+CHUNK_TOKENS = 1 << 19  # = io.reader.DEFAULT_CHUNK_TOKENS (not imported here: it would load pyarrow for --help)
 PROGRESS_MIN_BYTES = 64 << 20  # show a progress bar from this much input on, when stderr is a terminal
 
 
@@ -315,6 +315,24 @@ def dump_inputs(inputs: list[Path], input_format: str | None, trust_pickle: bool
     return DumpInputs(inputs, input_format, trust_pickle)
 
 
+def open_dump(
+    inputs: list[Path],
+    input_format: str | None,
+    trust_pickle: bool,
+    column: list[str] | None,
+    *,
+    strict: bool = False,
+    chunk_tokens: int = CHUNK_TOKENS,
+):
+    """The inputs opened (files found, footers read, columns resolved) before torch is loaded: a missing file or
+    column fails in a fraction of a second. The library reads this reader (same options) instead of reopening."""
+    from rollout_diag.io.reader import DumpReader
+
+    return DumpReader(
+        dump_inputs(inputs, input_format, trust_pickle), parse_columns(column), strict=strict, chunk_tokens=chunk_tokens
+    )
+
+
 def parse_columns(column: list[str] | None) -> dict[str, str]:
     from rollout_diag.io.columns import parse_overrides
 
@@ -363,13 +381,14 @@ def analyze(
 ) -> None:
     """Every mismatch metric (verl's names), per step and for the run, with a verdict on what looks unhealthy
     and hints at the likely root cause."""
+    dump = open_dump(inputs, input_format, trust_pickle, column, strict=strict, chunk_tokens=chunk_tokens)
     from rollout_diag.engine import analyze as run_analysis
     from rollout_diag.render.analysis import render_analysis
     from rollout_diag.render.export import steps_csv, to_json_text
 
     with progress_bar(inputs) as progress:
         result = run_analysis(
-            dump_inputs(inputs, input_format, trust_pickle),
+            dump,
             columns=parse_columns(column),
             device=device,
             strict=strict,
@@ -436,12 +455,13 @@ def inspect(
     row groups that can hold the row."""
     from dataclasses import asdict
 
+    dump = open_dump(inputs, input_format, trust_pickle, column)
     from rollout_diag.engine import inspect_row
     from rollout_diag.render.export import to_json_text
     from rollout_diag.render.inspect import render_row
 
     tokens = inspect_row(
-        dump_inputs(inputs, input_format, trust_pickle),
+        dump,
         sample,
         step=step,
         row=row,
@@ -473,13 +493,14 @@ def sweep(
 ) -> None:
     """Which threshold of each rejection option / IS truncation rejects a target share of tokens or
     sequences, and what verl's default thresholds reject on this data."""
+    dump = open_dump(inputs, input_format, trust_pickle, column, strict=strict, chunk_tokens=chunk_tokens)
     from rollout_diag.engine import threshold_sweep
     from rollout_diag.render.export import sweep_csv, to_json_text
     from rollout_diag.render.sweep import render_sweep
 
     with progress_bar(inputs) as progress:
         result = threshold_sweep(
-            dump_inputs(inputs, input_format, trust_pickle),
+            dump,
             targets=parse_targets(target),
             columns=parse_columns(column),
             device=device,
@@ -536,6 +557,7 @@ def compare_presets(
 ) -> None:
     """What every rollout-correction preset (verl's 19, the legacy family, your own) would do to this data,
     side by side, plus the threshold sweep."""
+    dump = open_dump(inputs, input_format, trust_pickle, column, strict=strict, chunk_tokens=chunk_tokens)
     from rollout_diag.compare import compare_presets as run_comparison
     from rollout_diag.render.export import comparison_csv, to_json_text
     from rollout_diag.render.format import plain
@@ -547,7 +569,7 @@ def compare_presets(
     )
     with progress_bar(inputs) as progress:
         result = run_comparison(
-            dump_inputs(inputs, input_format, trust_pickle),
+            dump,
             chosen,
             columns=parse_columns(column),
             device=device,
@@ -656,10 +678,14 @@ def report(
 ) -> None:
     """One self-contained HTML file (no network needed) showing where and why rollout and trainer disagree."""
     from rollout_diag.errors import ConfigError
-    from rollout_diag.report import write_report
 
     if from_json and inputs:
         raise ConfigError("give dump files or --from-json, not both.")
+    dump = None
+    if inputs:  # opened before the imports below load torch: a bad file fails at once
+        dump = open_dump(inputs, input_format, trust_pickle, column, strict=strict, chunk_tokens=chunk_tokens)
+    from rollout_diag.report import write_report
+
     if from_json:
         given = [name for name in LIVE_ONLY if _from_command_line(ctx, name)]
         if given:
@@ -674,7 +700,7 @@ def report(
         )
         with progress_bar(inputs) as progress:
             analysis, comparison = analyze_and_compare(
-                dump_inputs(inputs, input_format, trust_pickle),
+                dump,
                 chosen,
                 columns=parse_columns(column),
                 device=device,

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from rollout_diag.engine import (
+    Inputs,
     Progress,
     build_result,
     check_targets,
@@ -161,7 +162,7 @@ def resolve_presets(presets: Sequence[str | Preset] | None) -> list[Preset]:
 
 
 def compare_presets(
-    inputs: str | Path | Sequence[str | Path],
+    inputs: Inputs,
     presets: Sequence[str | Preset] | None = None,
     *,
     columns: Mapping[str, str] | None = None,
@@ -202,7 +203,7 @@ def compare_presets(
 
 
 def analyze_and_compare(
-    inputs: str | Path | Sequence[str | Path],
+    inputs: Inputs,
     presets: Sequence[str | Preset] | None = None,
     *,
     columns: Mapping[str, str] | None = None,
@@ -243,7 +244,7 @@ def analyze_and_compare(
 
 
 def _one_pass(
-    inputs: str | Path | Sequence[str | Path],
+    inputs: Inputs,
     presets: Sequence[str | Preset] | None,
     options: Mapping[str, Any],
     *,
@@ -423,7 +424,7 @@ def _concatenate(pieces: list[Any]) -> np.ndarray:
 
 
 def export_decisions(
-    inputs: str | Path | Sequence[str | Path],
+    inputs: Inputs,
     path: str | Path,
     presets: Sequence[str | Preset] | None = None,
     *,

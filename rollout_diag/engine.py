@@ -34,7 +34,7 @@ from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
 from rollout_diag.metrics.rollout_kl import RolloutKLAccumulator
 from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS, RoundAccumulator
 from rollout_diag.metrics.rowstats import RowStatsCollector
-from rollout_diag.metrics.segments import stats
+from rollout_diag.metrics.segments import prepare, stats
 from rollout_diag.metrics.sweep import DEFAULT_TARGETS, SweepAccumulator, sweep_tables
 from rollout_diag.metrics.trends import ANOMALY_KEEP, find_anomalies, keep_largest, round_trend, step_trend
 from rollout_diag.presets import Preset
@@ -42,6 +42,8 @@ from rollout_diag.results import AnalysisResult, RowStats, RowTokens, SkippedRow
 from rollout_diag.verdicts import judge
 
 Progress = Callable[[int, int], None]  # (file rows consumed, total file rows)
+# Files, globs or directories (a DumpInputs carries the trainer format), or a DumpReader opened over them.
+Inputs = str | Path | Sequence[str | Path] | DumpReader
 MAX_LISTED_EMPTY_ROWS = 20
 
 
@@ -185,7 +187,7 @@ def run_chunks(
 ) -> None:
     """Feed every chunk of ``reader`` to each consumer in turn; report progress in file rows."""
     total = reader.log.total_rows
-    for chunk, consumed in reader.chunks(device):
+    for chunk, consumed in reader.chunks(device, prepare=prepare):
         for consume in consumers:
             consume(chunk)
         # The shared per-chunk values refer back to the chunk; clearing them frees its tensors now rather
@@ -196,7 +198,7 @@ def run_chunks(
 
 
 def analyze(
-    inputs: str | Path | Sequence[str | Path],
+    inputs: Inputs,
     *,
     columns: Mapping[str, str] | None = None,
     device: str | torch.device = "auto",
@@ -250,7 +252,7 @@ def check_targets(targets: Sequence[float]) -> tuple[float, ...]:
 
 
 def threshold_sweep(
-    inputs: str | Path | Sequence[str | Path],
+    inputs: Inputs,
     *,
     targets: Sequence[float] = DEFAULT_TARGETS,
     columns: Mapping[str, str] | None = None,
@@ -285,7 +287,7 @@ DEFAULT_WINDOW = 100  # tokens shown by ``inspect --around`` without ``--window`
 
 
 def inspect_row(
-    inputs: str | Path | Sequence[str | Path],
+    inputs: Inputs,
     sample_id: str | None = None,
     *,
     step: int | None = None,
@@ -396,12 +398,20 @@ def _row_window(chunk: Chunk, index: int, around: int | None, window: int | None
 
 
 def open_reader(
-    inputs: str | Path | Sequence[str | Path],
+    inputs: Inputs,
     columns: Mapping[str, str] | None,
     *,
     strict: bool,
     chunk_tokens: int,
 ) -> DumpReader:
+    """A reader over ``inputs``; an already opened (and not yet read) DumpReader is used as it is, when it was
+    opened with the same options (the CLI opens the files before loading torch, so a bad file fails at once)."""
+    if isinstance(inputs, DumpReader):
+        given = {"columns": dict(columns or {}), "strict": strict, "chunk_tokens": chunk_tokens}
+        opened = {"columns": inputs.overrides, "strict": inputs.strict, "chunk_tokens": inputs.chunk_tokens}
+        if given != opened or inputs.log.finished:
+            raise ConfigError(f"an open DumpReader was passed with other options than {given}, or already read.")
+        return inputs
     paths = [str(inputs)] if isinstance(inputs, (str, Path)) else [str(p) for p in inputs]
     input_format, trust_pickle = input_options(inputs)  # what a DumpInputs carries (io/formats)
     return DumpReader(
@@ -532,7 +542,7 @@ def _range(steps: StepRange) -> str:
 
 
 def row_pass(
-    inputs: str | Path | Sequence[str | Path],
+    inputs: Inputs,
     *,
     presets: Sequence[Preset] = (),
     columns: Mapping[str, str] | None = None,
@@ -552,7 +562,7 @@ def row_pass(
 
 
 def check_run(
-    inputs: str | Path | Sequence[str | Path],
+    inputs: Inputs,
     gates: Sequence[Gate],
     *,
     per_step: bool = False,

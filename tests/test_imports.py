@@ -39,3 +39,21 @@ def test_every_public_name_resolves(name):
 def test_unknown_name_is_an_attribute_error():
     with pytest.raises(AttributeError, match="no_such_thing"):
         rollout_diag.no_such_thing  # noqa: B018
+
+
+@pytest.mark.parametrize("command", ["analyze", "compare-presets", "sweep", "report", "inspect"])
+def test_input_errors_come_before_torch(tmp_path, command):
+    """A missing file or column is found by opening the footers, before the arithmetic loads torch (1–3 s)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    no_roles = tmp_path / "no_roles.parquet"
+    pq.write_table(pa.table({"x": [1, 2]}), no_roles)
+    extra = {"report": ["-o", str(tmp_path / "r.html")], "inspect": ["--sample", "s"]}.get(command, [])
+    for path, message in ((tmp_path / "missing.parquet", "no such file"), (no_roles, "no rollout logprob column")):
+        code = (
+            "from typer.testing import CliRunner\nfrom rollout_diag.cli import app\n"
+            f"result = CliRunner().invoke(app, [{command!r}, {str(path)!r}, *{extra!r}])\n"
+            f"assert result.exit_code == 1 and {message!r} in result.output, result.output"
+        )
+        assert "torch" not in loaded_after(code)

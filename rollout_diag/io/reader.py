@@ -16,24 +16,28 @@ import hashlib
 import math
 import queue
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Integral
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import torch
 
 from rollout_diag.errors import ColumnError, ConfigError, DataError, InputError, RolloutDiagError, where
-from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.columns import ColumnMap, resolve_columns
 from rollout_diag.io.formats import PARQUET, DumpInputs, input_options, open_source, resolve
 from rollout_diag.io.formats.base import SKIP_COLUMN, SKIP_REASON
 from rollout_diag.io.sources import Source
 from rollout_diag.results import SkippedRow
+
+if TYPE_CHECKING:  # torch is imported when the first chunk is built: opening files and their errors come first
+    import torch
+
+    from rollout_diag.io.chunk import Chunk
 
 MAX_POSITIVE_LOGPROB = 1e-6  # logprobs above this are not logprobs (float noise of log(1) stays below)
 MAX_SKIP_RECORDS = 1000  # skipped rows listed one by one; beyond this only counted
@@ -42,7 +46,7 @@ MAX_SKIP_RECORDS = 1000  # skipped rows listed one by one; beyond this only coun
 # p = 1 is not one the trainer gives p < 0.5 (confident tokens have both near 0, so they do not count).
 ZERO_ROLLOUT_TRAINER_BELOW = math.log(0.5)
 ZERO_ROLLOUT_SHARE = 0.01  # ... and when at least this share of the tokens are such, say so
-DEFAULT_CHUNK_TOKENS = 1 << 20  # ~1M tokens: 8 MB per float64 quantity; larger chunks are no faster
+DEFAULT_CHUNK_TOKENS = 1 << 19  # ~512K tokens: 4 MB per float64 quantity; larger chunks are no faster, only bigger
 
 
 @dataclass
@@ -463,16 +467,35 @@ class DumpReader:
             filled += rows
         return [part for part in parts if part]
 
-    def chunks(self, device: torch.device | str = "cpu", prefetch: int = 2) -> Iterator[tuple[Chunk, int]]:
-        """Yield (chunk, file rows consumed so far) on ``device``; decoding runs one block ahead in a thread."""
+    def chunks(
+        self,
+        device: torch.device | str = "cpu",
+        prefetch: int = 1,
+        prepare: Callable[[Chunk], None] | None = None,
+    ) -> Iterator[tuple[Chunk, int]]:
+        """Yield (chunk, file rows consumed so far) on ``device``.
+
+        With ``prefetch`` > 0 a reader thread decodes, validates and builds up to ``prefetch`` chunks ahead, and
+        runs ``prepare(chunk)`` (e.g. the per-chunk bookkeeping every metric shares) there too, so reading
+        overlaps the arithmetic of the previous chunk on another core (pyarrow and torch release the GIL).
+        """
+        import torch
+
         device = torch.device(device)
-        blocks = _prefetched(self._blocks(), prefetch) if prefetch > 0 else self._blocks()
-        for block, consumed in blocks:
-            chunk = self._validated_chunk(block, device)
-            if chunk is not None:
-                yield chunk, consumed
+        built = self._built_chunks(device, prepare)
+        yield from _prefetched(built, prefetch) if prefetch > 0 else built
         if self.parts is None:  # the whole input was read here (a worker's part is finished by the driver)
             self.log.finish()
+
+    def _built_chunks(
+        self, device: torch.device, prepare: Callable[[Chunk], None] | None
+    ) -> Iterator[tuple[Chunk, int]]:
+        for block, consumed in self._blocks():
+            chunk = self._validated_chunk(block, device)
+            if chunk is not None:
+                if prepare is not None:
+                    prepare(chunk)
+                yield chunk, consumed
 
     # -- decoding --------------------------------------------------------------------------------
     def _blocks(self) -> Iterator[tuple[_Block, int]]:
@@ -492,6 +515,10 @@ class DumpReader:
                 ) from exc
 
     def _validated_chunk(self, block: _Block, device: torch.device) -> Chunk | None:
+        import torch
+
+        from rollout_diag.io.chunk import Chunk
+
         block = _validate(block, self.log, self.strict)
         if block is None:
             return None

@@ -150,13 +150,13 @@ class _ChunkEvidence:
         )
         has_tokens = (count > 0).to(torch.float64)
         # shifted differences on every adjacent pair of tokens, then zeroed where the pair crosses a round end
-        shift_next = torch.zeros_like(y)
-        shift_prev = torch.zeros_like(y)
+        shift_next = torch.empty_like(y)
+        shift_prev = torch.empty_like(y)
         if tokens > 1:
-            shift_next[:-1] = (trainer[1:] - rollout[:-1]).abs()
-            shift_prev[:-1] = (trainer[:-1] - rollout[1:]).abs()
-            shift_next[round_last] = 0.0
-            shift_prev[round_last] = 0.0
+            torch.sub(trainer[1:], rollout[:-1], out=shift_next[:-1]).abs_()
+            torch.sub(trainer[:-1], rollout[1:], out=shift_prev[:-1]).abs_()
+        shift_next.index_fill_(0, round_last, 0.0)  # the last token of a round has no pair (the last token of all too)
+        shift_prev.index_fill_(0, round_last, 0.0)
         dummy, dummy_run, copied = self._patterns(round_last)
         sums = {
             "tokens": count,
@@ -245,16 +245,8 @@ def _group_sums(chunk: Chunk, row_values: torch.Tensor) -> torch.Tensor:
 
 def _bucket_sums(chunk: Chunk, bucket: torch.Tensor, buckets: int, columns: list[torch.Tensor | None]) -> torch.Tensor:
     """Σ of token values by (step group, bucket) into [G, buckets, K]; a None column counts tokens."""
-    groups = chunk.groups
-    index = bucket if groups.count == 1 else stats(chunk).token_group * buckets + bucket
-    size = groups.count * buckets
-    sums = [
-        torch.bincount(index, minlength=size).to(torch.float64)
-        if values is None
-        else torch.bincount(index, weights=values, minlength=size)
-        for values in columns
-    ]
-    return torch.stack(sums, dim=1).view(groups.count, buckets, len(columns))
+    s = stats(chunk)
+    return torch.stack([s.group_bincount(bucket, buckets, values) for values in columns], dim=2)
 
 
 def _evidence(chunk: Chunk) -> _ChunkEvidence:
@@ -266,10 +258,11 @@ def _evidence(chunk: Chunk) -> _ChunkEvidence:
 
 def probability_bucket(rollout: torch.Tensor) -> torch.Tensor:
     """Index of each rollout logprob's probability bucket (0: p ≥ 0.9 … 4: p < 0.01): the edges above it."""
-    edges = torch.tensor(
-        sorted(math.log(edge) for edge in PROBABILITY_EDGES), dtype=rollout.dtype, device=rollout.device
-    )
-    return len(PROBABILITY_EDGES) - torch.bucketize(rollout, edges, right=True)
+    # a comparison per edge: 4× faster than bucketize's binary search over four edges on the CPU
+    bucket = torch.zeros_like(rollout, dtype=torch.uint8)  # uint8: adding bools into int64 takes a slow path
+    for edge in PROBABILITY_EDGES:
+        bucket += rollout < math.log(edge)
+    return bucket.to(torch.int64)
 
 
 class HintEvidenceAccumulator(StepAccumulator):

@@ -65,22 +65,18 @@ class PositionAccumulator(StepAccumulator):
 
     def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
         s = stats(chunk)
-        count = chunk.groups.count
         bucket = s.segment_bucket.clamp(max=POSITION_BUCKETS - 1)
 
         def by_bucket(name: str) -> torch.Tensor:
             return s.bucket_sum(s.segment_sum(name), bucket, POSITION_BUCKETS)
 
-        bins = delta_bin(s.token("log_ratio"))
-        if count > 1:
-            bins = s.token_group * DELTA_BINS + bins
-        histogram = torch.bincount(bins, minlength=count * DELTA_BINS).to(torch.float64)
+        histogram = s.group_bincount(delta_bin(s.token("log_ratio")), DELTA_BINS)
         return {
             "token_count": s.bucket_sum(s.segment_length, bucket, POSITION_BUCKETS),
             "abs_diff": by_bucket("abs_log_ratio"),
             "k3_kl": by_bucket("k3"),
             "catastrophic": by_bucket(s.catastrophic(self.catastrophic)),
-            "delta_histogram": histogram.view(count, DELTA_BINS),
+            "delta_histogram": histogram,
         }
 
     def table(self, state: State, step: int | None) -> list[dict[str, Any]]:

@@ -116,6 +116,16 @@ def stats(chunk: Chunk) -> ChunkStats:
     return found
 
 
+def prepare(chunk: Chunk) -> None:
+    """Build what every family reads first (model tokens, segments, rows, step groups, δ and |δ|), ahead of the
+    families: the reader runs this in its thread, overlapping the previous chunk's arithmetic."""
+    s = stats(chunk)
+    for name in ("segment_length", "segment_row", "segment_bucket", "segment_round", "segment_group", "row_count"):
+        getattr(s, name)
+    for name in ("log_ratio", "abs_log_ratio"):
+        s.token(name)
+
+
 def position_bucket(position: torch.Tensor) -> torch.Tensor:
     """0 → 0, 1 → 1, 2–3 → 2, 4–7 → 3, …: the binary exponent (floor(log2 p) + 1 for p ≥ 1)."""
     return torch.frexp(position.to(torch.float64)).exponent.to(torch.int64)
@@ -263,28 +273,76 @@ class ChunkStats:
     def group_moments(self, x_name: str, y_name: str) -> torch.Tensor:
         """Per step group [n, mean_x, mean_y, M2_x, M2_y, C_xy]: means first, then centred sums.
 
-        Centring before squaring keeps variances of values far from zero (probabilities) exact.
+        Centring before squaring keeps variances of values far from zero (probabilities) exact. Where each step
+        group is one contiguous run of tokens (the usual case) the centred sums are dot products over slices: no
+        per-token temporaries beyond the centred values themselves.
         """
         n = self.group_sum_rows(self.row_count)
         safe_n = n.clamp(min=1.0)
         mean_x, mean_y = self.group_sum(x_name) / safe_n, self.group_sum(y_name) / safe_n
-        single = self.chunk.groups.count == 1  # the usual case: a chunk inside one step
-        dx = self.token(x_name) - (mean_x[0] if single else mean_x[self.token_group])
-        dy = dx if y_name == x_name else self.token(y_name) - (mean_y[0] if single else mean_y[self.token_group])
-        products = {"xx": dx * dx}
-        products["yy"] = products["xx"] if dy is dx else dy * dy
-        products["xy"] = products["xx"] if dy is dx else dx * dy
-        sums: dict[str, torch.Tensor] = {}
-        for key, values in products.items():
-            if key in ("yy", "xy") and dy is dx:
-                sums[key] = sums["xx"]
-            elif single:
-                sums[key] = values.sum().reshape(1)
-            else:
-                per_segment = _reduce(values, self.segment_starts, self.segment_length, "sum")
-                out = torch.zeros(self.chunk.groups.count, dtype=torch.float64, device=values.device)
-                sums[key] = out.index_add_(0, self.segment_group, per_segment)
-        return torch.stack([n, mean_x, mean_y, sums["xx"], sums["yy"], sums["xy"]], dim=-1)
+        x, y = self.token(x_name), self.token(y_name)
+        same = y_name == x_name
+        ranges = self.group_token_ranges
+        if ranges is not None:
+            sums = torch.zeros((self.chunk.groups.count, 3), dtype=torch.float64, device=x.device)
+            for group, (lo, hi) in enumerate(ranges):
+                if hi == lo:
+                    continue
+                dx = x[lo:hi] - mean_x[group]
+                dy = dx if same else y[lo:hi] - mean_y[group]
+                sums[group, 0] = torch.dot(dx, dx)
+                sums[group, 1] = sums[group, 0] if same else torch.dot(dy, dy)
+                sums[group, 2] = sums[group, 0] if same else torch.dot(dx, dy)
+            m2_x, m2_y, c_xy = sums.unbind(dim=1)
+        else:
+            dx = x - mean_x[self.token_group]
+            dy = dx if same else y - mean_y[self.token_group]
+            m2_x = self._group_token_sum(dx * dx)
+            m2_y = m2_x if same else self._group_token_sum(dy * dy)
+            c_xy = m2_x if same else self._group_token_sum(dx * dy)
+        return torch.stack([n, mean_x, mean_y, m2_x, m2_y, c_xy], dim=-1)
+
+    def _group_token_sum(self, values: torch.Tensor) -> torch.Tensor:
+        per_segment = _reduce(values, self.segment_starts, self.segment_length, "sum")
+        out = torch.zeros(self.chunk.groups.count, dtype=torch.float64, device=values.device)
+        return out.index_add_(0, self.segment_group, per_segment)
+
+    def group_bincount(self, bins: torch.Tensor, size: int, weights: torch.Tensor | None = None) -> torch.Tensor:
+        """Histogram [G, size] of per-model-token bin indices in [0, size) by step group: token counts, or Σ of
+        ``weights`` (float64). Contiguous step groups are counted slice by slice, without a per-token group index."""
+        groups = self.chunk.groups.count
+        ranges = self.group_token_ranges
+
+        def count(index: torch.Tensor, values: torch.Tensor | None, length: int) -> torch.Tensor:
+            return torch.bincount(index, weights=values, minlength=length).to(torch.float64)
+
+        if groups == 1:
+            return count(bins, weights, size).view(1, size)
+        if ranges is not None:
+            return torch.stack(
+                [count(bins[lo:hi], None if weights is None else weights[lo:hi], size) for lo, hi in ranges]
+            )
+        return count(self.token_group * size + bins, weights, groups * size).view(groups, size)
+
+    @cached_property
+    def group_token_ranges(self) -> list[tuple[int, int]] | None:
+        """[lo, hi) model-token range of each step group when every group is one contiguous run of rows, else None."""
+        groups = self.chunk.groups
+        if groups.count == 1:
+            return [(0, int(self.chunk.model.row.numel()))]
+        row_group = groups.row_group
+        changes = torch.nonzero(row_group[1:] != row_group[:-1], as_tuple=True)[0] + 1
+        if changes.numel() != groups.count - 1:
+            return None
+        ends = torch.cumsum(self.row_count, 0).to(torch.int64)
+        first_rows = torch.cat([changes.new_zeros(1), changes])
+        bounds = torch.cat([ends.new_zeros(1), ends])[torch.cat([first_rows, changes.new_tensor([self.chunk.rows])])]
+        ranges: list[tuple[int, int]] = [(0, 0)] * groups.count
+        order = row_group[first_rows].tolist()
+        edges = bounds.tolist()
+        for run, group in enumerate(order):
+            ranges[group] = (edges[run], edges[run + 1])
+        return ranges
 
     @cached_property
     def token_group(self) -> torch.Tensor:

@@ -84,11 +84,8 @@ class SweepAccumulator(StepAccumulator):
         clamped = s.token("clamped_log_ratio")
         level = torch.log10(clamped.abs().clamp(min=10.0**DECADE_MIN)) - DECADE_MIN
         bins = (level * BINS_PER_DECADE).to(torch.int64).clamp(0, HISTOGRAM_BINS - 1)
-        group = s.token_group if groups.count > 1 else torch.zeros_like(bins)
-        index = group * HISTOGRAM_BINS + bins
-        size = groups.count * HISTOGRAM_BINS
-        positive = torch.bincount(index[clamped > 0], minlength=size).to(torch.float64)
-        negative = torch.bincount(index[clamped <= 0], minlength=size).to(torch.float64)
+        # one histogram of 2·HISTOGRAM_BINS per step: c > 0 in the first half, c ≤ 0 in the second
+        signed = s.group_bincount(bins.add_((clamped <= 0).to(torch.int64), alpha=HISTOGRAM_BINS), 2 * HISTOGRAM_BINS)
         n = s.row_count
         rows = torch.stack(
             [
@@ -104,8 +101,8 @@ class SweepAccumulator(StepAccumulator):
         )
         valid = n > 0
         return {
-            "positive": positive.view(groups.count, HISTOGRAM_BINS),
-            "negative": negative.view(groups.count, HISTOGRAM_BINS),
+            "positive": signed[:, :HISTOGRAM_BINS],
+            "negative": signed[:, HISTOGRAM_BINS:],
             "tokens": s.group_sum_rows(n),
             "rows": _ragged_by_group(rows[valid], groups.row_group[valid], groups.count),
         }

@@ -61,7 +61,7 @@ def _exp_log_ratio(s: ChunkStats) -> torch.Tensor:  # exp(δ), unclamped (ROLL, 
 # chunk's own row / step-group indices, so that the segment machinery can change underneath.
 def token_group(s: ChunkStats) -> torch.Tensor:
     """Step group of every model token (int64 [M])."""
-    return s.chunk.groups.row_group[s.chunk.model.row]
+    return s.token_group
 
 
 def row_extreme(s: ChunkStats, name: str, how: str) -> torch.Tensor:
@@ -81,11 +81,7 @@ def by_step(s: ChunkStats, row_values: torch.Tensor, how: str = "sum") -> torch.
 def token_moments(s: ChunkStats, name: str) -> torch.Tensor:
     """Per step group [n, mean, mean, M2, M2, M2] of a token quantity (the ``moments`` layout of base.py):
     the mean first, then centred squares, so that values far from zero (ratios near 1) keep their variance."""
-    n = by_step(s, s.row_count)
-    mean = by_step(s, s.row_sum(name)) / n.clamp(min=1.0)
-    centred = s.token(name).to(torch.float64) - mean[token_group(s)]
-    m2 = segment_sum(centred * centred, token_group(s), s.chunk.groups.count)
-    return torch.stack([n, mean, mean, m2, m2, m2], dim=-1)
+    return s.group_moments(name, name)
 
 
 def round_sums(s: ChunkStats, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
