@@ -267,6 +267,24 @@ def test_more_extra_columns_than_the_cap_are_cut_with_one_warning(tmp_path: Path
     assert DumpReader(str(files[0])).files[0].extras_left_out == tuple(names[MAX_EXTRA_COLUMNS:])
 
 
+def test_long_text_columns_are_not_carried_and_long_labels_are_cut_in_the_table(tmp_path: Path) -> None:
+    rows = random_rows(9, steps=(0,), rows_per_step=4)
+    prompts = [f"prompt {index}: " + "lorem ipsum " * 100 for index in range(4)]  # ~1.2 kB a row
+    labels = [f"label-{index}-" + "x" * 60 for index in range(4)]  # 68 characters: a label, if a long one
+    extras = {"prompt": pa.array(prompts), "label": pa.array(labels), "reward": pa.array([1.0, 2.0, 3.0, 4.0])}
+    path = write_table(tmp_path / "text.parquet", table_with_extras(rows, extras))
+    result = rd.analyze(str(path), device="cpu", top_k=4)
+    assert all(list(row.extra) == ["label", "reward"] for row in result.worst_rows)
+    assert {row.extra["label"] for row in result.worst_rows} == set(labels)  # whole in the result
+    (warning,) = [w for w in result.warnings if "prompt" in w]
+    assert re.search(r"text columns prompt \(~[\d,]+ bytes a row\) are longer than a per-row label \(256 bytes\)", warning)
+    out = Console(width=200, color_system=None, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    out.print(worst_rows_table(result))
+    text = " ".join(out.export_text().split())
+    assert "long extra text cut, whole in --format json" in text
+    assert "label-0-" + "x" * 31 + "…" in text and "x" * 33 not in text  # 40 characters with the "…"
+
+
 # ------------------------------------------------------------------------------------- JSON
 def test_json_round_trip_and_schema_with_extras(tmp_path: Path, analysed: rd.AnalysisResult) -> None:
     rows = random_rows(7, steps=(0,), rows_per_step=3)

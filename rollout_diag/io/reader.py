@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Integral
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -47,6 +48,8 @@ DEFAULT_CHUNK_TOKENS = 1 << 20  # ~1M tokens: 8 MB per float64 quantity; larger 
 # Per-row scalar columns no role takes (reward, advantage, …) ride along to the worst rows; a dump with hundreds of
 # metadata columns would decode them all for every row, so only the first ones (in file order) are carried.
 MAX_EXTRA_COLUMNS = 16
+# Text columns averaging more than this per row (a prompt, a response) are not per-row labels: not carried.
+MAX_EXTRA_TEXT_BYTES = 256
 _PANDAS_INDEX = re.compile(r"__index_level_\d+__")  # what DataFrame.to_parquet adds for a non-default index
 
 
@@ -192,7 +195,7 @@ class _Block:
     token_text: pa.Array | None = None  # flat strings [T]
     policy_version: np.ndarray | None = None  # int64 [R]
     names: Mapping[str, str] = field(default_factory=dict)  # role -> column, for skip records
-    extra: dict[str, np.ndarray | list] = field(default_factory=dict)  # extra column -> one value per row [R]
+    extra: dict[str, ExtraColumn] = field(default_factory=dict)  # extra column -> one value per row [R]
     token_rows: np.ndarray | None = None  # token layout: the file row of each token
     skipped: list[SkippedRow] = field(default_factory=list)  # found while decoding; logged in row order
 
@@ -206,6 +209,7 @@ class _OpenFile:
     mask_candidates: tuple[str, ...] = ()  # without a mask column: integer/bool '*mask*' columns of the layout's shape
     extras: tuple[str, ...] = ()  # per-row scalar columns carried to the worst rows (at most MAX_EXTRA_COLUMNS)
     extras_left_out: tuple[str, ...] = ()  # further such columns, beyond the cap
+    extras_long: tuple[tuple[str, float], ...] = ()  # (text column, bytes per row) not carried: too long
 
 
 # ------------------------------------------------------------------------------------------- opening
@@ -307,6 +311,14 @@ def _open(
             and (pa.types.is_integer(_kind(field.type)[1]) or pa.types.is_boolean(_kind(field.type)[1]))
         )
     extras = _extra_columns(schema, columns)
+    long_text = tuple(
+        (name, size)
+        for name in extras
+        if _text(_kind(schema.field(name).type)[1])
+        and (size := _bytes_per_row(parquet, name)) is not None
+        and size > MAX_EXTRA_TEXT_BYTES
+    )
+    extras = tuple(name for name in extras if name not in dict(long_text))
     return _OpenFile(
         source=source,
         parquet=parquet,
@@ -315,7 +327,21 @@ def _open(
         mask_candidates=candidates,
         extras=extras[:MAX_EXTRA_COLUMNS],
         extras_left_out=extras[MAX_EXTRA_COLUMNS:],
+        extras_long=long_text,
     )
+
+
+def _bytes_per_row(parquet: pq.ParquetFile, name: str) -> float | None:
+    """Uncompressed bytes per row of column ``name`` in the first row group; None when the file does not say."""
+    metadata = parquet.metadata
+    if metadata.num_row_groups == 0:
+        return None
+    group = metadata.row_group(0)
+    for index in range(group.num_columns):
+        column = group.column(index)
+        if column.path_in_schema == name:
+            return column.total_uncompressed_size / max(group.num_rows, 1)
+    return None
 
 
 def _text(data_type: pa.DataType) -> bool:
@@ -568,7 +594,7 @@ class DumpReader:
         )
 
 
-def _chunk_extra(block: _Block) -> dict[str, np.ndarray | list]:
+def _chunk_extra(block: _Block) -> dict[str, ExtraColumn]:
     """The block's extra columns, its policy_version column first: read by its role, it is carried once, here."""
     if block.policy_version is None:
         return block.extra
@@ -600,16 +626,28 @@ def _may_hold(opened: _OpenFile, group: pq.RowGroupMetaData, role: str, value: i
 
 
 def _extra_cap_warnings(files: Sequence[_OpenFile]) -> list[str]:
-    """One line for all files with more extra columns than are carried, naming the columns left out."""
+    """One line for all files with long text columns, one for all with more extra columns than are carried."""
+    warnings = []
+    long_text = [opened for opened in files if opened.extras_long]
+    if long_text:
+        sizes: dict[str, float] = {}
+        for opened in long_text:
+            for name, size in opened.extras_long:
+                sizes[name] = max(size, sizes.get(name, 0.0))
+        listed = ", ".join(f"{name} (~{size:,.0f} bytes a row)" for name, size in list(sizes.items())[:10])
+        warnings.append(
+            f"{_names([opened.source.path for opened in long_text])}: text columns {listed} are longer than a "
+            f"per-row label ({MAX_EXTRA_TEXT_BYTES} bytes); the worst rows do not carry them."
+        )
     capped = [opened for opened in files if opened.extras_left_out]
-    if not capped:
-        return []
-    left_out = list(dict.fromkeys(name for opened in capped for name in opened.extras_left_out))
-    shown = ", ".join(left_out[:10]) + (f" and {len(left_out) - 10} more" if len(left_out) > 10 else "")
-    return [
-        f"{_names([opened.source.path for opened in capped])}: more than {MAX_EXTRA_COLUMNS} per-row extra columns; "
-        f"the worst rows carry the first {MAX_EXTRA_COLUMNS} in file order and leave out {shown}."
-    ]
+    if capped:
+        left_out = list(dict.fromkeys(name for opened in capped for name in opened.extras_left_out))
+        shown = ", ".join(left_out[:10]) + (f" and {len(left_out) - 10} more" if len(left_out) > 10 else "")
+        warnings.append(
+            f"{_names([opened.source.path for opened in capped])}: more than {MAX_EXTRA_COLUMNS} per-row extra "
+            f"columns; the worst rows carry the first {MAX_EXTRA_COLUMNS} in file order and leave out {shown}."
+        )
+    return warnings
 
 
 def _describe(columns: ColumnMap) -> str:
@@ -700,10 +738,10 @@ def _column_names(opened: _OpenFile) -> list[str]:
     return roles + list(opened.extras)
 
 
-def _extra_values(opened: _OpenFile, batch: pa.RecordBatch | pa.Table, index=None) -> dict[str, np.ndarray | list]:
-    """Each extra column's value per row (with ``index``: of those batch positions): a numpy array for numbers
-    without nulls, else a list (None for null); string bytes that are not UTF-8 are shown with replacements."""
-    values: dict[str, np.ndarray | list] = {}
+def _extra_values(opened: _OpenFile, batch: pa.RecordBatch | pa.Table, index=None) -> dict[str, ExtraColumn]:
+    """Each extra column's values per row (with ``index``: of those batch positions): a numpy array for numbers
+    without nulls, else the Arrow array behind :class:`_ArrowValues` (only the worst rows are ever looked at)."""
+    values: dict[str, ExtraColumn] = {}
     for name in opened.extras:
         array = batch.column(name)
         if isinstance(array, pa.ChunkedArray):
@@ -712,19 +750,33 @@ def _extra_values(opened: _OpenFile, batch: pa.RecordBatch | pa.Table, index=Non
             array = array.take(pa.array(index))
         if _numeric(array.type) and not array.null_count:
             values[name] = array.to_numpy(zero_copy_only=False)
-        elif _numeric(array.type):
-            values[name] = array.to_pylist()
         else:
-            values[name] = _texts(array)
+            values[name] = _ArrowValues(array)
     return values
 
 
-def _texts(array: pa.Array) -> list[str | None]:
-    try:
-        return array.to_pylist()
-    except UnicodeDecodeError:  # an extra column is for display: show what can be shown, as token text does
-        raw = array.cast(pa.large_binary() if pa.types.is_large_string(array.type) else pa.binary())
-        return [None if value is None else value.decode("utf-8", errors="replace") for value in raw.to_pylist()]
+class _ArrowValues:
+    """One extra column's values, turned into Python one row at a time: text is not decoded for every row of
+    every chunk when a dozen rows are kept. Null is None; text that is not UTF-8 is shown with replacements."""
+
+    def __init__(self, array: pa.Array) -> None:
+        self.array = array
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __getitem__(self, row: int) -> Any:
+        value = self.array[row]
+        try:
+            return value.as_py()
+        except UnicodeDecodeError:  # an extra column is for display: show what can be shown, as token text does
+            return value.as_buffer().to_pybytes().decode("utf-8", errors="replace")
+
+    def take(self, rows: np.ndarray) -> _ArrowValues:
+        return _ArrowValues(self.array.take(pa.array(rows)))
+
+
+ExtraColumn = np.ndarray | _ArrowValues  # one extra column's values, one per row of a block
 
 
 def _scalar_roles(opened: _OpenFile, batch: pa.RecordBatch, first_row: int, rows: int, index=None):
@@ -1115,8 +1167,8 @@ def _drop_rows(block: _Block, rows: np.ndarray) -> _Block:
     )
 
 
-def _take(values: np.ndarray | list, rows: np.ndarray) -> np.ndarray | list:
-    return values[rows] if isinstance(values, np.ndarray) else [values[i] for i in rows]
+def _take(values: ExtraColumn, rows: np.ndarray) -> ExtraColumn:
+    return values[rows] if isinstance(values, np.ndarray) else values.take(rows)
 
 
 def _as_ids(values: np.ndarray | None) -> np.ndarray | None:

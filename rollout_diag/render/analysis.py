@@ -17,7 +17,7 @@ from rollout_diag.render.format import LEVEL_STYLE, extra_cell, level, number, p
 from rollout_diag.render.hints import hint_lines
 from rollout_diag.render.summary import most_divergent_round, overall, short_name, where, worst_step
 from rollout_diag.render.table import Column, FitTable
-from rollout_diag.results import AnalysisResult, StepResult, extra_names
+from rollout_diag.results import AnalysisResult, ExtraValue, StepResult, extra_names
 from rollout_diag.verdicts import RULES, judge
 
 STEP_METRICS = (
@@ -32,6 +32,7 @@ STEP_METRICS = (
 )
 ROWS_SHOWN = 10
 EXTRAS_SHOWN = 4  # extra dump columns (reward, advantage, …) in the worst-rows table; every one in --format json
+EXTRA_TEXT_SHOWN = 40  # characters of a text extra in that table (a label fits; the whole value in --format json)
 STEPS_SHOWN_EACH_END = 5  # long runs: first, last and worst steps unless --all-steps
 # Two different KLs share the name k3: say which is which wherever both show.
 NOTES = {
@@ -223,6 +224,9 @@ def worst_rows_table(result: AnalysisResult, criterion: str = "log_ppl_abs_diff"
     hidden = len(extras) - len(shown)
     more = f"; {hidden} more extra column{'s' if hidden > 1 else ''} in --format json" if hidden else ""
     text = {name: any(isinstance(row.extra.get(name), str) for row in rows) for name in shown}
+    values = [row.extra.get(name) for row in rows for name in shown]
+    long_text = any(isinstance(value, str) and len(value) > EXTRA_TEXT_SHOWN for value in values)
+    more += "; long extra text cut, whole in --format json" if long_text else ""
     table = FitTable(
         f"Worst rows by |log-ppl diff| (top {len(rows)}; all criteria in --format json; "
         f"rollout-diag inspect FILE --sample ID shows one token by token{more})",
@@ -256,9 +260,14 @@ def worst_rows_table(result: AnalysisResult, criterion: str = "log_ppl_abs_diff"
             number(row.max_abs_diff),
             number(row.k3_sum),
             str(row.catastrophic_count),
-            *(extra_cell(row.extra[name]) if name in row.extra else "" for name in shown),
+            *(_extra_text(row.extra[name]) if name in row.extra else "" for name in shown),
         )
     return table
+
+
+def _extra_text(value: ExtraValue) -> str:
+    shown = extra_cell(value)
+    return shown if len(shown) <= EXTRA_TEXT_SHOWN else shown[: EXTRA_TEXT_SHOWN - 1] + "…"
 
 
 def worst_tokens_table(result: AnalysisResult) -> FitTable:
