@@ -277,7 +277,9 @@ def test_long_text_columns_are_not_carried_and_long_labels_are_cut_in_the_table(
     assert all(list(row.extra) == ["label", "reward"] for row in result.worst_rows)
     assert {row.extra["label"] for row in result.worst_rows} == set(labels)  # whole in the result
     (warning,) = [w for w in result.warnings if "prompt" in w]
-    assert re.search(r"text columns prompt \(~[\d,]+ bytes a row\) are longer than a per-row label \(256 bytes\)", warning)
+    assert re.search(
+        r"text columns prompt \(~[\d,]+ bytes a row\) are longer than a per-row label \(256 bytes\)", warning
+    )
     out = Console(width=200, color_system=None, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
     out.print(worst_rows_table(result))
     text = " ".join(out.export_text().split())
@@ -354,6 +356,11 @@ def test_html_report_shows_extras_escaped(analysed: rd.AnalysisResult) -> None:
     for header in ("policy_version", "advantage", "reward", "tag"):
         assert f">{header}</th>" in section
     assert re.search(r"<td[^>]*>2\.594</td>", section)  # advantage 2.59375, 4 significant digits
+    headings = re.findall(r'<h4 class="strip-title">(.*?)</h4>', section)
+    assert headings and all(
+        re.search(r" · policy_version -?\d · advantage [-\d.]+ · reward \d+ · tag &lt;script&gt;alert\(\d+\)", h)
+        for h in headings
+    ), headings
 
 
 def test_inspect_row_shows_the_rows_extras(written: Path) -> None:

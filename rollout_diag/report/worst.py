@@ -201,6 +201,8 @@ def _strip_heading(row: Any, payload: dict[str, Any]) -> str:
         f"sample {clip_text(str(attr(row, 'sample_id', attr(row, 'key', ''))), 80)}",
         f"{payload['length']:,} tokens ({model:,} model)",
         f"{payload['rounds']} round(s)",
+        # the row's extra dump columns (reward, advantage, …), as in the tables above
+        *(f"{name} {clip_text(extra_cell(value), 40)}" for name, value in (attr(row, "extra") or {}).items()),
     ]
     heading = escape(" · ".join(p for p in parts if p))
     window = ""
