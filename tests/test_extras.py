@@ -8,6 +8,7 @@ picked up another row's values (a misaligned skip, a chunk boundary, a worker's 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 import re
@@ -89,6 +90,13 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def analysed(written: Path) -> rd.AnalysisResult:
     return rd.analyze(str(written), device="cpu", top_k=ROWS * STEPS)  # every row enters every top-K list
+
+
+def rendered(table: object, width: int = 200) -> str:
+    """What a terminal of ``width`` columns shows, without colour."""
+    out = io.StringIO()
+    Console(file=out, width=width, color_system=None).print(table)
+    return out.getvalue()
 
 
 def by_row(result: rd.AnalysisResult) -> dict[tuple[int, str], dict]:
@@ -280,9 +288,7 @@ def test_long_text_columns_are_not_carried_and_long_labels_are_cut_in_the_table(
     assert re.search(
         r"text columns prompt \(~[\d,]+ bytes a row\) are longer than a per-row label \(256 bytes\)", warning
     )
-    out = Console(width=200, color_system=None, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
-    out.print(worst_rows_table(result))
-    text = " ".join(out.export_text().split())
+    text = " ".join(rendered(worst_rows_table(result)).split())
     assert "long extra text cut, whole in --format json" in text
     assert "label-0-" + "x" * 31 + "…" in text and "x" * 33 not in text  # 40 characters with the "…"
 
@@ -340,9 +346,7 @@ def test_terminal_table_counts_the_extras_it_leaves_out_and_shows_names_as_text(
     rows = random_rows(8, steps=(0,), rows_per_step=2)
     names = ["[bold]b[/bold]", "\x1b[2Jc", *(f"m{index}" for index in range(EXTRAS_SHOWN))]
     path = write_table(tmp_path / "many.parquet", table_with_extras(rows, {n: pa.array([1, 2]) for n in names}))
-    out = Console(width=200, color_system=None, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
-    out.print(worst_rows_table(rd.analyze(str(path), device="cpu")))
-    text = out.export_text()
+    text = rendered(worst_rows_table(rd.analyze(str(path), device="cpu")))
     assert "[bold]b[/bold]" in text and "\\x1b[2Jc" in text and "\x1b" not in text
     assert "2 more extra columns in --format json" in " ".join(text.split())  # the title may wrap
     assert "m0" in text and "m1" in text and "m2" not in text
