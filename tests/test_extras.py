@@ -20,6 +20,8 @@ import pyarrow as pa
 import pytest
 import torch
 from dumps import random_rows, sequence_table, token_table, write_table
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -186,6 +188,31 @@ def test_skipped_rows_leave_every_other_row_its_own_extras(tmp_path: Path) -> No
         for (_, sample_id), extra in extras.items():
             index = int(sample_id.rsplit("-", 1)[1])
             assert extra == {"reward": rewards[index], "tag": f"tag-{sample_id}"}
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 2**16),
+    chunk_tokens=st.integers(1, 200),
+    row_group_size=st.integers(1, 40),
+    token_layout=st.booleans(),
+)
+def test_any_chunking_and_layout_keeps_each_rows_extras(
+    tmp_path_factory: pytest.TempPathFactory, seed: int, chunk_tokens: int, row_group_size: int, token_layout: bool
+) -> None:
+    rows = random_rows(seed, steps=(0, 1), rows_per_step=5)
+    rng = np.random.default_rng(seed)
+    score = {(row["step"], row["sample_id"]): float(rng.normal()) if rng.random() > 0.2 else None for row in rows}
+    table = token_table(rows) if token_layout else sequence_table(rows)
+    keys = list(zip(table.column("step").to_pylist(), table.column("sample_id").to_pylist(), strict=True))
+    table = table.append_column("score", pa.array([score[key] for key in keys], pa.float64()))
+    table = table.append_column("label", pa.array([f"{step}/{sample_id}" for step, sample_id in keys]))
+    path = write_table(tmp_path_factory.mktemp("any") / "dump.parquet", table, row_group_size=row_group_size)
+    result = rd.analyze(str(path), device="cpu", top_k=len(rows), chunk_tokens=chunk_tokens)
+    extras = by_row(result)
+    assert len(extras) == len(rows)
+    for (step, sample_id), extra in extras.items():
+        assert extra == {"score": score[(step, sample_id)], "label": f"{step}/{sample_id}"}
 
 
 def test_token_layout_takes_each_rows_first_token_in_file_order(tmp_path: Path) -> None:
