@@ -394,6 +394,7 @@ def _row_window(chunk: Chunk, index: int, around: int | None, window: int | None
         token=None if chunk.token_text is None else [chunk.token_text(index, p) for p in range(first, last)],
         start=first,
         row_length=None if (first, last) == (0, length) else length,
+        extra=chunk.row_extra(index),
     )
 
 

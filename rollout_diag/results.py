@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 SCHEMA_VERSION = 1
+ExtraValue = float | int | bool | str | None  # a row's value of an extra dump column (reward, advantage, …)
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,8 @@ class WorstRow:
     max_abs_diff: float
     k3_sum: float
     catastrophic_count: int
+    # The row's per-row dump columns no role takes (reward, advantage, policy_version, …), in column order.
+    extra: dict[str, ExtraValue] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,7 @@ class RowTokens:
     token: list[str | None] | None = None
     start: int = 0  # position in the row of the first token listed (``inspect --around``: a window of the row)
     row_length: int | None = None  # tokens in the whole row when only a window is listed
+    extra: dict[str, ExtraValue] = field(default_factory=dict)  # the row's extra dump columns, as in WorstRow
 
     @property
     def log_ratio(self) -> list[float]:
@@ -222,12 +227,12 @@ class AnalysisResult:
             "verdicts": [{**asdict(v), "value": json_number(v.value)} for v in self.verdicts],
             "catastrophic_threshold": self.catastrophic_threshold,
             "positions": [_json_row(row) for row in self.positions],
-            "worst_rows": [_json_row(asdict(row)) for row in self.worst_rows],
+            "worst_rows": [{**_json_row(asdict(row)), "extra": _json_row(row.extra)} for row in self.worst_rows],
             "worst_tokens": [
                 _json_row({**asdict(t), "trainer_prob": t.trainer_prob, "rollout_prob": t.rollout_prob})
                 for t in self.worst_tokens
             ],
-            "worst_row_tokens": [asdict(row) for row in self.worst_row_tokens],
+            "worst_row_tokens": [{**asdict(row), "extra": _json_row(row.extra)} for row in self.worst_row_tokens],
             "delta_histogram": dict(self.delta_histogram),
             "anomalies": [_json_row(asdict(a)) for a in self.anomalies],
             "anomalies_cut": self.anomalies_cut,
@@ -241,6 +246,14 @@ class AnalysisResult:
 
 def _json_row(row: dict[str, Any]) -> dict[str, Any]:
     return {key: json_number(value) for key, value in row.items()}
+
+
+def extra_names(rows: Iterable[WorstRow]) -> list[str]:
+    """The extra columns of ``rows``, each once, in the order they first appear (a table's extra columns)."""
+    names: dict[str, None] = {}
+    for row in rows:
+        names.update(dict.fromkeys(getattr(row, "extra", None) or {}))
+    return list(names)
 
 
 def json_number(value: Any) -> Any:

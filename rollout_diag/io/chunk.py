@@ -9,11 +9,25 @@ keeps a compacted view of them, built once and shared by every accumulator.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
+import numpy as np
 import torch
+
+from rollout_diag.results import ExtraValue
+
+
+def extra_value(value: Any) -> ExtraValue:
+    """A plain Python scalar (numpy scalars unwrapped); NaN and ±inf become None, which JSON can spell."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 @dataclass(frozen=True)
@@ -57,10 +71,16 @@ class Chunk:
     token_text: Callable[[int, int], str | None] | None = field(default=None, repr=False)
     # Derived values shared by every accumulator that eats this chunk (see metrics/segments.py).
     cache: dict = field(default_factory=dict, repr=False)
+    # Per-row scalar columns no role takes (reward, advantage, …): column name -> R values (numpy array or list).
+    extra: Mapping[str, Sequence[Any]] = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
         return int(self.step.shape[0])
+
+    def row_extra(self, row: int) -> dict[str, ExtraValue]:
+        """Row ``row``'s extra columns as plain scalars, in column order (empty without extra columns)."""
+        return {name: extra_value(values[row]) for name, values in self.extra.items()}
 
     @property
     def device(self) -> torch.device:

@@ -15,12 +15,13 @@ from __future__ import annotations
 import hashlib
 import math
 import queue
+import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Integral
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -47,6 +48,12 @@ MAX_SKIP_RECORDS = 1000  # skipped rows listed one by one; beyond this only coun
 ZERO_ROLLOUT_TRAINER_BELOW = math.log(0.5)
 ZERO_ROLLOUT_SHARE = 0.01  # ... and when at least this share of the tokens are such, say so
 DEFAULT_CHUNK_TOKENS = 1 << 19  # ~512K tokens: 4 MB per float64 quantity; larger chunks are no faster, only bigger
+# Per-row scalar columns no role takes (reward, advantage, …) ride along to the worst rows; a dump with hundreds of
+# metadata columns would decode them all for every row, so only the first ones (in file order) are carried.
+MAX_EXTRA_COLUMNS = 16
+# Text columns averaging more than this per row (a prompt, a response) are not per-row labels: not carried.
+MAX_EXTRA_TEXT_BYTES = 256
+_PANDAS_INDEX = re.compile(r"__index_level_\d+__")  # what DataFrame.to_parquet adds for a non-default index
 
 
 @dataclass
@@ -191,6 +198,7 @@ class _Block:
     token_text: pa.Array | None = None  # flat strings [T]
     policy_version: np.ndarray | None = None  # int64 [R]
     names: Mapping[str, str] = field(default_factory=dict)  # role -> column, for skip records
+    extra: dict[str, ExtraColumn] = field(default_factory=dict)  # extra column -> one value per row [R]
     token_rows: np.ndarray | None = None  # token layout: the file row of each token
     skipped: list[SkippedRow] = field(default_factory=list)  # found while decoding; logged in row order
 
@@ -202,6 +210,9 @@ class _OpenFile:
     columns: ColumnMap
     layout: str
     mask_candidates: tuple[str, ...] = ()  # without a mask column: integer/bool '*mask*' columns of the layout's shape
+    extras: tuple[str, ...] = ()  # per-row scalar columns carried to the worst rows (at most MAX_EXTRA_COLUMNS)
+    extras_left_out: tuple[str, ...] = ()  # further such columns, beyond the cap
+    extras_long: tuple[tuple[str, float], ...] = ()  # (text column, bytes per row) not carried: too long
 
 
 # ------------------------------------------------------------------------------------------- opening
@@ -302,7 +313,56 @@ def _open(
             and _kind(field.type)[0] == is_list
             and (pa.types.is_integer(_kind(field.type)[1]) or pa.types.is_boolean(_kind(field.type)[1]))
         )
-    return _OpenFile(source=source, parquet=parquet, columns=columns, layout=layout, mask_candidates=candidates)
+    extras = _extra_columns(schema, columns)
+    long_text = tuple(
+        (name, size)
+        for name in extras
+        if _text(_kind(schema.field(name).type)[1])
+        and (size := _bytes_per_row(parquet, name)) is not None
+        and size > MAX_EXTRA_TEXT_BYTES
+    )
+    extras = tuple(name for name in extras if name not in dict(long_text))
+    return _OpenFile(
+        source=source,
+        parquet=parquet,
+        columns=columns,
+        layout=layout,
+        mask_candidates=candidates,
+        extras=extras[:MAX_EXTRA_COLUMNS],
+        extras_left_out=extras[MAX_EXTRA_COLUMNS:],
+        extras_long=long_text,
+    )
+
+
+def _bytes_per_row(parquet: pq.ParquetFile, name: str) -> float | None:
+    """Uncompressed bytes per row of column ``name`` in the first row group; None when the file does not say."""
+    metadata = parquet.metadata
+    if metadata.num_row_groups == 0:
+        return None
+    group = metadata.row_group(0)
+    for index in range(group.num_columns):
+        column = group.column(index)
+        if column.path_in_schema == name:
+            return column.total_uncompressed_size / max(group.num_rows, 1)
+    return None
+
+
+def _text(data_type: pa.DataType) -> bool:
+    return pa.types.is_string(data_type) or pa.types.is_large_string(data_type)
+
+
+def _extra_columns(schema: pa.Schema, columns: ColumnMap) -> tuple[str, ...]:
+    """Scalar number, bool or string columns that no role takes, in file order: per-row values like reward or
+    advantage (in the token layout, per token: a row takes its first token's). Lists and other types are not."""
+    taken = set(columns.names.values()) | {SKIP_REASON, SKIP_COLUMN}
+    extras = []
+    for column in schema:
+        if column.name in taken or _PANDAS_INDEX.fullmatch(column.name):
+            continue
+        is_list, data_type = _kind(column.type)
+        if not is_list and (_numeric(data_type) or _text(data_type)):
+            extras.append(column.name)
+    return tuple(extras)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -376,6 +436,7 @@ class DumpReader:
         for opened in self.files:
             if opened.parquet.metadata.num_rows == 0:
                 self.log.warnings.append(f"{opened.source.path}: file has no rows.")
+        self.log.warnings.extend(_extra_cap_warnings(self.files))
 
     def narrow(self, step: int | None = None, sample_id: str | None = None) -> None:
         """Read only the row groups that may hold rows of ``step`` / ``sample_id``, judged by the Parquet
@@ -555,7 +616,15 @@ class DumpReader:
             token_ids=None if block.token_ids is None else torch.tensor(block.token_ids, device=device),
             token_text=None if text is None else _text_lookup(text, offsets),
             policy_version=None if block.policy_version is None else torch.tensor(block.policy_version, device=device),
+            extra=_chunk_extra(block),
         )
+
+
+def _chunk_extra(block: _Block) -> dict[str, ExtraColumn]:
+    """The block's extra columns, its policy_version column first: read by its role, it is carried once, here."""
+    if block.policy_version is None:
+        return block.extra
+    return {block.names["policy_version"]: block.policy_version, **block.extra}
 
 
 def _may_hold(opened: _OpenFile, group: pq.RowGroupMetaData, role: str, value: int | str) -> bool:
@@ -580,6 +649,31 @@ def _may_hold(opened: _OpenFile, group: pq.RowGroupMetaData, role: str, value: i
             return low <= number <= high
         return True
     return True
+
+
+def _extra_cap_warnings(files: Sequence[_OpenFile]) -> list[str]:
+    """One line for all files with long text columns, one for all with more extra columns than are carried."""
+    warnings = []
+    long_text = [opened for opened in files if opened.extras_long]
+    if long_text:
+        sizes: dict[str, float] = {}
+        for opened in long_text:
+            for name, size in opened.extras_long:
+                sizes[name] = max(size, sizes.get(name, 0.0))
+        listed = ", ".join(f"{name} (~{size:,.0f} bytes a row)" for name, size in list(sizes.items())[:10])
+        warnings.append(
+            f"{_names([opened.source.path for opened in long_text])}: text columns {listed} are longer than a "
+            f"per-row label ({MAX_EXTRA_TEXT_BYTES} bytes); the worst rows do not carry them."
+        )
+    capped = [opened for opened in files if opened.extras_left_out]
+    if capped:
+        left_out = list(dict.fromkeys(name for opened in capped for name in opened.extras_left_out))
+        shown = ", ".join(left_out[:10]) + (f" and {len(left_out) - 10} more" if len(left_out) > 10 else "")
+        warnings.append(
+            f"{_names([opened.source.path for opened in capped])}: more than {MAX_EXTRA_COLUMNS} per-row extra "
+            f"columns; the worst rows carry the first {MAX_EXTRA_COLUMNS} in file order and leave out {shown}."
+        )
+    return warnings
 
 
 def _describe(columns: ColumnMap) -> str:
@@ -666,7 +760,49 @@ def _row_groups(opened: _OpenFile, columns: list[str], rows_per_batch, reader: D
 
 
 def _column_names(opened: _OpenFile) -> list[str]:
-    return [name for role, name in opened.columns.names.items() if role not in opened.columns.from_partition]
+    roles = [name for role, name in opened.columns.names.items() if role not in opened.columns.from_partition]
+    return roles + list(opened.extras)
+
+
+def _extra_values(opened: _OpenFile, batch: pa.RecordBatch | pa.Table, index=None) -> dict[str, ExtraColumn]:
+    """Each extra column's values per row (with ``index``: of those batch positions): a numpy array for numbers
+    without nulls, else the Arrow array behind :class:`_ArrowValues` (only the worst rows are ever looked at)."""
+    values: dict[str, ExtraColumn] = {}
+    for name in opened.extras:
+        array = batch.column(name)
+        if isinstance(array, pa.ChunkedArray):
+            array = array.combine_chunks()
+        if index is not None:
+            array = array.take(pa.array(index))
+        if _numeric(array.type) and not array.null_count:
+            values[name] = array.to_numpy(zero_copy_only=False)
+        else:
+            values[name] = _ArrowValues(array)
+    return values
+
+
+class _ArrowValues:
+    """One extra column's values, turned into Python one row at a time: text is not decoded for every row of
+    every chunk when a dozen rows are kept. Null is None; text that is not UTF-8 is shown with replacements."""
+
+    def __init__(self, array: pa.Array) -> None:
+        self.array = array
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __getitem__(self, row: int) -> Any:
+        value = self.array[row]
+        try:
+            return value.as_py()
+        except UnicodeDecodeError:  # an extra column is for display: show what can be shown, as token text does
+            return value.as_buffer().to_pybytes().decode("utf-8", errors="replace")
+
+    def take(self, rows: np.ndarray) -> _ArrowValues:
+        return _ArrowValues(self.array.take(pa.array(rows)))
+
+
+ExtraColumn = np.ndarray | _ArrowValues  # one extra column's values, one per row of a block
 
 
 def _scalar_roles(opened: _OpenFile, batch: pa.RecordBatch, first_row: int, rows: int, index=None):
@@ -805,6 +941,7 @@ def _read_sequences(opened: _OpenFile, reader: DumpReader) -> Iterator[tuple[_Bl
                 token_text=text,
                 policy_version=_policy_versions(opened, batch, first_row, index),
                 names=names,
+                extra=_extra_values(opened, batch),
                 skipped=pending,
             ),
             rows,
@@ -970,6 +1107,7 @@ def _token_block(
         token_text=text,
         policy_version=_policy_versions(opened, table, first_row, run_starts, index=run_starts),
         names=names,
+        extra=_extra_values(opened, table, index=run_starts),
         token_rows=token_rows,
         skipped=skipped
         + [
@@ -1049,9 +1187,14 @@ def _drop_rows(block: _Block, rows: np.ndarray) -> _Block:
         token_text=None if block.token_text is None else block.token_text.take(pa.array(np.flatnonzero(keep_token))),
         policy_version=None if block.policy_version is None else block.policy_version[kept],
         names=block.names,
+        extra={name: _take(values, kept) for name, values in block.extra.items()},
         token_rows=None if block.token_rows is None else block.token_rows[keep_token],
         skipped=block.skipped,
     )
+
+
+def _take(values: ExtraColumn, rows: np.ndarray) -> ExtraColumn:
+    return values[rows] if isinstance(values, np.ndarray) else values.take(rows)
 
 
 def _as_ids(values: np.ndarray | None) -> np.ndarray | None:

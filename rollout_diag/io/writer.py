@@ -325,8 +325,9 @@ class DumpWriter:
         Padding is stripped as :func:`pack_padded` says (``lengths`` per row, else the mask). ``sample_ids``:
         one id per row (default: the row number, ``<rank>-<row>`` in the directory mode); ``token_ids``: [B, L]
         integers; ``extra``: per-row scalars ([B] tensors, arrays or lists, e.g. ``advantage``, ``reward``,
-        ``policy_version``) written as extra columns. Returns the file written, or None for a step skipped
-        by ``every``. Raises ConfigError for programmer errors only.
+        ``policy_version``) written as extra columns, which ``analyze`` shows with its worst rows and ``inspect``
+        with its row. Returns the file written, or None for a step skipped by ``every``. Raises ConfigError for
+        programmer errors only.
         """
         if self._closed:
             raise ConfigError(f"{self.path}: DumpWriter is closed.")

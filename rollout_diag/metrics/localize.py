@@ -132,6 +132,7 @@ def row_tokens(chunk: Chunk, row: int) -> RowTokens:
         rollout_logprob=chunk.rollout[start:end].tolist(),
         token_id=None if chunk.token_ids is None else chunk.token_ids[start:end].tolist(),
         token=None if chunk.token_text is None else [chunk.token_text(row, p) for p in range(end - start)],
+        extra=chunk.row_extra(row),
     )
 
 
@@ -245,6 +246,7 @@ class WorstTracker:
                     "max_abs_diff": float(host["max_abs_diff"][row]),
                     "k3_sum": float(host["k3_sum"][row]),
                     "catastrophic_count": int(host["catastrophic"][row]),
+                    "extra": dict(tokens.extra),
                 },
                 tokens,
             )

@@ -10,13 +10,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rich.console import Group, RenderableType
+from rich.markup import escape as escape_markup
 from rich.text import Text
 
-from rollout_diag.render.format import LEVEL_STYLE, level, number, percent, plain
+from rollout_diag.render.format import LEVEL_STYLE, extra_cell, level, number, percent, plain, visible
 from rollout_diag.render.hints import hint_lines
 from rollout_diag.render.summary import most_divergent_round, overall, short_name, where, worst_step
 from rollout_diag.render.table import Column, FitTable
-from rollout_diag.results import AnalysisResult, StepResult
+from rollout_diag.results import AnalysisResult, ExtraValue, StepResult, extra_names
 from rollout_diag.verdicts import RULES, judge
 
 STEP_METRICS = (
@@ -30,6 +31,8 @@ STEP_METRICS = (
     "diag/catastrophic_tokens",
 )
 ROWS_SHOWN = 10
+EXTRAS_SHOWN = 4  # extra dump columns (reward, advantage, …) in the worst-rows table; every one in --format json
+EXTRA_TEXT_SHOWN = 40  # characters of a text extra in that table (a label fits; the whole value in --format json)
 STEPS_SHOWN_EACH_END = 5  # long runs: first, last and worst steps unless --all-steps
 # Two different KLs share the name k3: say which is which wherever both show.
 NOTES = {
@@ -216,9 +219,17 @@ def positions_table(positions: Sequence[dict]) -> FitTable:
 
 def worst_rows_table(result: AnalysisResult, criterion: str = "log_ppl_abs_diff") -> FitTable:
     rows = [r for r in result.worst_rows if r.criterion == criterion][:ROWS_SHOWN]
+    extras = extra_names(rows)
+    shown = extras[:EXTRAS_SHOWN]
+    hidden = len(extras) - len(shown)
+    more = f"; {hidden} more extra column{'s' if hidden > 1 else ''} in --format json" if hidden else ""
+    text = {name: any(isinstance(row.extra.get(name), str) for row in rows) for name in shown}
+    values = [row.extra.get(name) for row in rows for name in shown]
+    long_text = any(isinstance(value, str) and len(value) > EXTRA_TEXT_SHOWN for value in values)
+    more += "; long extra text cut, whole in --format json" if long_text else ""
     table = FitTable(
         f"Worst rows by |log-ppl diff| (top {len(rows)}; all criteria in --format json; "
-        "rollout-diag inspect FILE --sample ID shows one token by token)",
+        f"rollout-diag inspect FILE --sample ID shows one token by token{more})",
         [
             Column("step", key=True),
             Column("sample_id", "left", key=True, wrap=True),
@@ -230,6 +241,11 @@ def worst_rows_table(result: AnalysisResult, criterion: str = "log_ppl_abs_diff"
             Column("max |δ|"),
             Column("Σ k3"),
             Column("catastrophic"),
+            # column names come from the dump: shown as text, never read as markup
+            *(
+                Column(escape_markup(visible(name)), "left" if text[name] else "right", wrap=text[name], fold_width=16)
+                for name in shown
+            ),
         ],
     )
     for row in rows:
@@ -244,8 +260,14 @@ def worst_rows_table(result: AnalysisResult, criterion: str = "log_ppl_abs_diff"
             number(row.max_abs_diff),
             number(row.k3_sum),
             str(row.catastrophic_count),
+            *(_extra_text(row.extra[name]) if name in row.extra else "" for name in shown),
         )
     return table
+
+
+def _extra_text(value: ExtraValue) -> str:
+    shown = extra_cell(value)
+    return shown if len(shown) <= EXTRA_TEXT_SHOWN else shown[: EXTRA_TEXT_SHOWN - 1] + "…"
 
 
 def worst_tokens_table(result: AnalysisResult) -> FitTable:

@@ -8,6 +8,8 @@ import unicodedata
 from rich.markup import escape as escape_markup
 from rich.text import Text
 
+from rollout_diag.results import ExtraValue
+
 LEVEL_STYLE = {"ok": "green", "watch": "yellow", "bad": "bold red", "n/a": "dim"}
 FIXED_RANGE = (0.01, 1e4)  # |value| in this range prints as 0.01691 or 1234; outside it as 3.42e-3
 # Invisible characters that reorder or hide text (bidi overrides, zero-width): shown like control characters.
@@ -36,6 +38,17 @@ def number(value: float | int | None, digits: int = 4) -> str:
     if "." in mantissa:
         mantissa = mantissa.rstrip("0").rstrip(".")
     return f"{mantissa}e{int(exponent)}"
+
+
+def extra_cell(value: ExtraValue) -> str:
+    """An extra column's value: numbers as every table shows them, booleans as JSON spells them, null as a dash."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    return number(value) if isinstance(value, float) else value
 
 
 def percent(value: float | None) -> str:

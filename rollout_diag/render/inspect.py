@@ -6,7 +6,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from rollout_diag.render.format import number, plain
+from rollout_diag.render.format import extra_cell, number, plain
 from rollout_diag.results import RowTokens
 
 # |δ| colour bands: the same bands the report uses.
@@ -38,6 +38,10 @@ def render_row(row: RowTokens) -> RenderableType:
         f" row {row.row}): {extent}, {len(model)} from the model",
         "" if worst is None else f"; largest |δ| = {number(abs(deltas[worst]))} at position {row.start + worst}",
     )
+    if row.extra:  # the row's extra dump columns (reward, advantage, …)
+        header.append("\n")
+        for index, (name, value) in enumerate(row.extra.items()):
+            header.append_text(Text.assemble("" if index == 0 else ", ", plain(name), " = ", plain(extra_cell(value))))
     table = Table(title_justify="left", show_edge=False)
     headings = ("pos", "round", "token", "rollout logp", "trainer logp", "δ = trainer − rollout")
     for heading in headings if not windowed else tuple(h for h in headings if h != "round"):

@@ -6,10 +6,11 @@ from collections.abc import Sequence
 from pathlib import PurePath
 from typing import Any
 
+from rollout_diag.render.format import extra_cell
 from rollout_diag.report.markup import Column, Markup, code, escape, note, table
 from rollout_diag.report.sections import Canvas, Section
 from rollout_diag.report.series import MAX_STRIP_ROWS, MAX_STRIP_TOKENS, MAX_TABLE_ROWS, MAX_TOKEN_TEXT, attr, clip_text
-from rollout_diag.results import AnalysisResult
+from rollout_diag.results import AnalysisResult, extra_names
 
 ROW_CRITERIA = {
     "log_ppl_abs_diff": "|log-ppl diff| of the row",
@@ -64,12 +65,18 @@ def _row_tables(result: AnalysisResult, anchors: dict[tuple[Any, Any], str], sev
     if not result.worst_rows:
         return ""
     parts = ['<h3>Worst rows</h3><p class="note">Ranked four ways; open a ranking to see its top rows.</p>']
+    # The dump's extra per-row columns (reward, advantage, …), the same in every ranking's table.
+    extras = extra_names(result.worst_rows)
+    columns = (*ROW_COLUMNS, *(_extra_column(name, result.worst_rows) for name in extras))
     for index, (criterion, label) in enumerate(_criteria(result).items()):
         rows = [r for r in result.worst_rows if r.criterion == criterion][:MAX_TABLE_ROWS]
-        cells = [_row_cells(rank, row, anchors, several_files) for rank, row in enumerate(rows, 1)]
+        cells = [
+            _row_cells(rank, row, anchors, several_files) + _extra_cells(row, extras)
+            for rank, row in enumerate(rows, 1)
+        ]
         opened = " open" if index == 0 else ""
         parts.append(
-            f"<details{opened}><summary>by {escape(label)} ({len(rows)})</summary>{table(ROW_COLUMNS, cells)}</details>"
+            f"<details{opened}><summary>by {escape(label)} ({len(rows)})</summary>{table(columns, cells)}</details>"
         )
     return "".join(parts)
 
@@ -101,6 +108,17 @@ def _row_cells(rank: int, row: Any, anchors: dict[tuple[Any, Any], str], several
         row.k3_sum,
         row.catastrophic_count,
     ]
+
+
+def _extra_column(name: str, rows: Sequence[Any]) -> Column:
+    numeric = not any(isinstance((getattr(row, "extra", None) or {}).get(name), str) for row in rows)
+    return Column(name, numeric, "a column of the dump (per row), carried as it is")
+
+
+def _extra_cells(row: Any, names: Sequence[str]) -> list[object]:
+    """The row's extra values as the terminal shows them (escaped by the table); empty where the row has none."""
+    extra = getattr(row, "extra", None) or {}
+    return [extra_cell(extra[name]) if name in extra else "" for name in names]
 
 
 def _file_row(file: str, row: int, with_name: bool) -> Markup:
@@ -183,6 +201,8 @@ def _strip_heading(row: Any, payload: dict[str, Any]) -> str:
         f"sample {clip_text(str(attr(row, 'sample_id', attr(row, 'key', ''))), 80)}",
         f"{payload['length']:,} tokens ({model:,} model)",
         f"{payload['rounds']} round(s)",
+        # the row's extra dump columns (reward, advantage, …), as in the tables above
+        *(f"{name} {clip_text(extra_cell(value), 40)}" for name, value in (attr(row, "extra") or {}).items()),
     ]
     heading = escape(" · ".join(p for p in parts if p))
     window = ""
