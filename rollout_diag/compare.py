@@ -279,7 +279,7 @@ def _one_pass(
         if writer is not None:
             consumers.append(lambda chunk: writer.write(ChunkDivergences.of(chunk)))
         with writer or contextlib.nullcontext():
-            run_chunks(reader, consumers, torch_device, progress)
+            run_chunks(reader, consumers, torch_device, progress, state.analysis.prepare)
     base = build_result(state.analysis, reader.log, torch_device, strict)
     sweep, corrections = state.sweep, state.corrections
     results = []

@@ -34,7 +34,7 @@ from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
 from rollout_diag.metrics.rollout_kl import RolloutKLAccumulator
 from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS, RoundAccumulator
 from rollout_diag.metrics.rowstats import RowStatsCollector
-from rollout_diag.metrics.segments import prepare, stats
+from rollout_diag.metrics.segments import SHARED_QUANTITIES, prepare, stats
 from rollout_diag.metrics.sweep import DEFAULT_TARGETS, SweepAccumulator, sweep_tables
 from rollout_diag.metrics.trends import ANOMALY_KEEP, find_anomalies, keep_largest, round_trend, step_trend
 from rollout_diag.presets import Preset
@@ -42,6 +42,22 @@ from rollout_diag.results import AnalysisResult, RowStats, RowTokens, SkippedRow
 from rollout_diag.verdicts import judge
 
 Progress = Callable[[int, int], None]  # (file rows consumed, total file rows)
+# Token quantities of the analysis families, prepared in the reader's thread (the costly exps among them).
+ANALYSIS_QUANTITIES = (
+    *SHARED_QUANTITIES,
+    "k3",
+    "skyrl_k3",
+    "square",
+    "clamped_log_ratio",
+    "chi2_term",
+    "trainer_prob",
+    "rollout_prob",
+    "prob_diff",
+    "hint_clipped_abs",
+    "hint_clipped_square",
+    "hint_cross",
+    "hint_rollout_square",
+)
 # Files, globs or directories (a DumpInputs carries the trainer format), or a DumpReader opened over them.
 Inputs = str | Path | Sequence[str | Path] | DumpReader
 MAX_LISTED_EMPTY_ROWS = 20
@@ -90,6 +106,10 @@ class Analysis:
         self.rounds = RoundAccumulator(self.max_rounds, self.catastrophic)
         self.positions = PositionAccumulator(self.catastrophic)
         self.worst = WorstTracker(self.top_k, self.catastrophic)
+
+    def prepare(self, chunk: Chunk) -> None:
+        """The per-token quantities the families read, built in the reader's thread (``run_chunks``)."""
+        prepare(chunk, SHARED_QUANTITIES if self.offpolicy_only else ANALYSIS_QUANTITIES)
 
     @property
     def families(self) -> tuple[StepAccumulator, ...]:
@@ -184,8 +204,10 @@ def run_chunks(
     consumers: Sequence[Callable[[Chunk], None]],
     device: torch.device,
     progress: Progress | None = None,
+    prepare: Callable[[Chunk], None] = prepare,
 ) -> None:
-    """Feed every chunk of ``reader`` to each consumer in turn; report progress in file rows."""
+    """Feed every chunk of ``reader`` to each consumer in turn; report progress in file rows. ``prepare`` runs on
+    each chunk in the reader's thread first (segments and shared token quantities, ``metrics.segments.prepare``)."""
     total = reader.log.total_rows
     for chunk, consumed in reader.chunks(device, prepare=prepare):
         for consume in consumers:
@@ -239,7 +261,7 @@ def analyze(
         analysis = analyze_parts(reader, workers, backend, torch_device, options, progress)
     else:
         analysis = Analysis(**options)
-        run_chunks(reader, [analysis.update], torch_device, progress)
+        run_chunks(reader, [analysis.update], torch_device, progress, analysis.prepare)
     return build_result(analysis, reader.log, torch_device, strict)
 
 
@@ -558,7 +580,7 @@ def row_pass(
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
     analysis = Analysis()
     rows = RowStatsCollector(presets)
-    run_chunks(reader, [analysis.update, rows.update], torch_device, progress)
+    run_chunks(reader, [analysis.update, rows.update], torch_device, progress, analysis.prepare)
     return RowPass(analysis, rows, reader.log, torch_device, strict)
 
 

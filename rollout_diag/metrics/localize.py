@@ -36,7 +36,9 @@ DELTA_BINS = len(DELTA_EDGES) - 1  # 2·_LEVELS + 1
 def delta_bin(delta: torch.Tensor) -> torch.Tensor:
     """Index of each δ's bin between consecutive DELTA_EDGES: centre ± k for |δ| in [2^(min+k−1), 2^(min+k))."""
     # frexp: |δ| = m·2^e with m in [0.5, 1), so k = e − min; its exponent of 0 is 0, which must land in the centre
-    magnitude = (torch.frexp(delta).exponent - EXPONENT_MIN).clamp_(0, _LEVELS).masked_fill_(delta == 0, 0)
+    on_host = delta.device.type == "cpu"  # numpy's frexp is 8× torch's there
+    exponent = torch.from_numpy(np.frexp(delta.numpy())[1]) if on_host else torch.frexp(delta).exponent
+    magnitude = (exponent - EXPONENT_MIN).clamp_(0, _LEVELS).masked_fill_(delta == 0, 0)
     return torch.where(delta < 0, -magnitude, magnitude).add_(_LEVELS)
 
 
@@ -256,10 +258,17 @@ class WorstTracker:
         model = chunk.model
         if abs_delta.numel() == 0:
             return
-        k = min(self.k, abs_delta.numel())
-        values, _ = torch.topk(abs_delta, k)
+        # Once the tracker is full only tokens at or above its threshold can enter: a cheap filter before topk.
+        floor = self.tokens.threshold()
+        index = None if floor == -math.inf else torch.nonzero(abs_delta >= floor, as_tuple=True)[0]
+        values = abs_delta if index is None else abs_delta[index]
+        if values.numel() == 0:
+            return
+        kth = torch.topk(values, min(self.k, values.numel())).values[-1]
         # torch.topk breaks ties arbitrarily: widen to every token tied with the k-th value.
-        tied = torch.nonzero(abs_delta >= values[-1]).flatten()
+        tied = torch.nonzero(values >= kth, as_tuple=True)[0]
+        if index is not None:
+            tied = index[tied]
         s = stats(chunk)
         starts = s.segment_starts
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import clamp20
+from rollout_diag.metrics.base import clamp20, token_exp, token_expm1
 
 # Per-token quantities over model tokens (δ = a − r), each computed at most once per chunk.
 TOKEN_QUANTITIES: dict[str, Callable[[ChunkStats], torch.Tensor]] = {}
@@ -54,12 +54,12 @@ def _abs_log_ratio(s: ChunkStats) -> torch.Tensor:
 
 @quantity("k3")
 def _k3(s: ChunkStats) -> torch.Tensor:  # exp(δ) − δ − 1 (§1 k3_kl), expm1 for accuracy near 0
-    return torch.expm1(s.token("log_ratio")) - s.token("log_ratio")
+    return token_expm1(s.token("log_ratio")) - s.token("log_ratio")
 
 
 @quantity("chi2_term")
 def _chi2_term(s: ChunkStats) -> torch.Tensor:  # exp(2·clamp20(δ)) (§1 chi2_token)
-    return torch.exp(s.token("clamped_log_ratio") * 2.0)
+    return token_exp(s.token("clamped_log_ratio") * 2.0)
 
 
 @quantity("square")
@@ -71,7 +71,7 @@ def _square(s: ChunkStats) -> torch.Tensor:  # δ² (§6 k2 = ½δ²)
 @quantity("skyrl_k3")
 def _skyrl_k3(s: ChunkStats) -> torch.Tensor:  # exp(−x) − 1 + x, x = a − r (§6 k3)
     delta = s.token("log_ratio")
-    return torch.expm1(-delta) + delta
+    return token_expm1(-delta) + delta
 
 
 @quantity("clamped_log_ratio")
@@ -95,12 +95,12 @@ def _rs_k3(s: ChunkStats) -> torch.Tensor:
 
 @quantity("trainer_prob")
 def _trainer_prob(s: ChunkStats) -> torch.Tensor:
-    return torch.exp(s.token("trainer"))
+    return token_exp(s.token("trainer"))
 
 
 @quantity("rollout_prob")
 def _rollout_prob(s: ChunkStats) -> torch.Tensor:
-    return torch.exp(s.token("rollout"))
+    return token_exp(s.token("rollout"))
 
 
 @quantity("prob_diff")
@@ -116,14 +116,19 @@ def stats(chunk: Chunk) -> ChunkStats:
     return found
 
 
-def prepare(chunk: Chunk) -> None:
-    """Build what every family reads first (model tokens, segments, rows, step groups, δ and |δ|), ahead of the
-    families: the reader runs this in its thread, overlapping the previous chunk's arithmetic."""
+SHARED_QUANTITIES = ("log_ratio", "abs_log_ratio")  # what every family reads
+
+
+def prepare(chunk: Chunk, quantities: tuple[str, ...] = SHARED_QUANTITIES) -> None:
+    """Build ahead of the families what they read first: model tokens, segments, rows, step groups, and the given
+    token quantities with their segment sums. The reader runs this in its thread, so on a machine with two cores
+    or more it overlaps the previous chunk's arithmetic instead of adding to it."""
     s = stats(chunk)
-    for name in ("segment_length", "segment_row", "segment_bucket", "segment_round", "segment_group", "row_count"):
+    cached = ("segment_length", "segment_row", "segment_bucket", "segment_round", "segment_group", "row_count")
+    for name in (*cached, "group_token_ranges"):
         getattr(s, name)
-    for name in ("log_ratio", "abs_log_ratio"):
-        s.token(name)
+    for name in quantities:
+        s.segment_sum(name)
 
 
 def position_bucket(position: torch.Tensor) -> torch.Tensor:
@@ -162,6 +167,14 @@ class ChunkStats:
         position, row = model.position, model.row
         if position.numel() == 0:
             return torch.zeros(0, dtype=torch.int64, device=position.device)
+        if position.device.type == "cpu":  # the same with numpy, 3× faster on the CPU
+            p, r = position.numpy(), row.numpy()
+            opens = np.empty(len(p), dtype=bool)
+            opens[0] = True
+            np.not_equal(r[1:], r[:-1], out=opens[1:])
+            opens[1:] |= p[1:] != p[:-1] + 1
+            opens |= (p & (p - 1)) == 0
+            return torch.from_numpy(np.flatnonzero(opens))
         new = torch.ones_like(position, dtype=torch.bool)
         # A new segment where the row changes, a token was skipped (a new round), or p is a power of two.
         new[1:] = (row[1:] != row[:-1]) | (position[1:] != position[:-1] + 1)
