@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping, Sequence
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from numbers import Integral
 from pathlib import Path
@@ -209,14 +211,33 @@ def run_chunks(
     """Feed every chunk of ``reader`` to each consumer in turn; report progress in file rows. ``prepare`` runs on
     each chunk in the reader's thread first (segments and shared token quantities, ``metrics.segments.prepare``)."""
     total = reader.log.total_rows
-    for chunk, consumed in reader.chunks(device, prepare=prepare):
-        for consume in consumers:
-            consume(chunk)
-        # The shared per-chunk values refer back to the chunk; clearing them frees its tensors now rather
-        # than whenever the cyclic garbage collector runs (memory would grow with the file meanwhile).
-        chunk.cache.clear()
-        if progress is not None:
-            progress(consumed, total)
+    with _core_for_the_reader(device):
+        for chunk, consumed in reader.chunks(device, prepare=prepare):
+            for consume in consumers:
+                consume(chunk)
+            # The shared per-chunk values refer back to the chunk; clearing them frees its tensors now rather
+            # than whenever the cyclic garbage collector runs (memory would grow with the file meanwhile).
+            chunk.cache.clear()
+            if progress is not None:
+                progress(consumed, total)
+
+
+@contextmanager
+def _core_for_the_reader(device: torch.device) -> Iterator[None]:
+    """On the CPU, torch's intra-op threads leave one core to the reader thread while chunks are computed.
+
+    With every core taken by torch, the reader thread and OpenMP's spinning workers fight over them: on 2 cores
+    under load, 2 intra-op threads were 2–6× slower than 1 (measured, docs/benchmarks.md)."""
+    threads = torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if device.type != "cpu" or threads < cores:
+        yield
+        return
+    torch.set_num_threads(max(1, cores - 1))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def analyze(
