@@ -187,6 +187,21 @@ def fail(message: str) -> None:
     raise typer.Exit(1)
 
 
+# Library keyword arguments whose flag is not the argument's name with dashes (errors name options in library terms).
+FLAGS = {
+    "columns": "--column",
+    "presets": "--preset",
+    "targets": "--target",
+    "sample_id": "--sample",
+    "export_decisions_to": "--export-decisions",
+}
+
+
+def flag_of(option: str) -> str:
+    """The command-line flag of a library option named in an error message."""
+    return FLAGS.get(option, "--" + option.replace("_", "-"))
+
+
 def handles_errors(command: F) -> F:
     """Turn library errors (and unexpected ones) into one ``Error:`` line and exit 1."""
 
@@ -198,7 +213,7 @@ def handles_errors(command: F) -> F:
         except RolloutDiagError as exc:
             if debug:
                 raise
-            fail(str(exc))
+            fail(exc.render(flag_of, " "))
         except KeyboardInterrupt:
             typer.echo("Interrupted.", err=True)
             raise typer.Exit(130) from None

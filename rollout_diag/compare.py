@@ -27,7 +27,7 @@ from rollout_diag.engine import (
     resolve_device,
     run_chunks,
 )
-from rollout_diag.errors import ConfigError, InputError
+from rollout_diag.errors import ConfigError, InputError, option_name
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
 from rollout_diag.io.writer import RowTableWriter
 from rollout_diag.metrics.correction import ChunkDivergences
@@ -157,7 +157,7 @@ def resolve_presets(presets: Sequence[str | Preset] | None) -> list[Preset]:
             raise ConfigError(f"preset '{preset.name}' is given twice with different settings; rename one.")
         unique[preset.name] = preset
     if not unique:
-        raise ConfigError("no preset chosen.", hint="leave out --preset to compare all presets.")
+        raise ConfigError("no preset chosen.", hint=f"leave out {option_name('presets')} to compare all presets.")
     return list(unique.values())
 
 
@@ -270,7 +270,10 @@ def _one_pass(
     spec = PassSpec(options, chosen)
     if workers > 1:
         if export_decisions_to is not None:
-            raise ConfigError("--export-decisions writes one file from one process: leave out --workers.")
+            raise ConfigError(
+                f"{option_name('export_decisions_to')} writes one file from one process: leave out "
+                f"{option_name('workers')}."
+            )
         state = run_parts(reader, workers, backend, torch_device, spec, progress)
     else:
         state = spec.new()
@@ -367,7 +370,7 @@ class DecisionWriter:
                 ("is_weight", "float64"),
                 *[(f"stat_{option}", "float64") for option in self.options],
             ],
-            setting="--export-decisions",
+            setting=f"{option_name('export_decisions_to')}",
         )
         self.rows_written = 0
 

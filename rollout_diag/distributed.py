@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from rollout_diag.engine import Analysis, Progress, run_chunks
-from rollout_diag.errors import ConfigError
+from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.io.reader import DumpReader, ReadLog
 from rollout_diag.io.sources import Source
 from rollout_diag.metrics.outcome import CorrectionAnalysis
@@ -112,9 +112,9 @@ def run_parts(
 def check_workers(workers: int, backend: str) -> None:
     """Raises ConfigError unless 1 ≤ ``workers`` ≤ MAX_WORKERS and ``backend`` is one of BACKENDS."""
     if isinstance(workers, bool) or not isinstance(workers, Integral) or not 1 <= workers <= MAX_WORKERS:
-        raise ConfigError(f"--workers {workers}: must be a whole number from 1 to {MAX_WORKERS}.")
+        raise ConfigError(f"{option_name('workers')}={workers}: must be a whole number from 1 to {MAX_WORKERS}.")
     if backend not in BACKENDS:
-        raise ConfigError(f"--backend {backend}: choose {' or '.join(BACKENDS)}.")
+        raise ConfigError(f"{option_name('backend')}={backend}: choose {' or '.join(BACKENDS)}.")
 
 
 def analyze_parts(
@@ -142,7 +142,8 @@ def _run_ray(jobs: list[tuple]) -> list[tuple[Analysis, ReadLog]]:
         import ray
     except ImportError:
         raise ConfigError(
-            "--backend ray needs Ray.", hint="pip install 'rollout-diag[ray]', or use --backend process."
+            f"{option_name('backend')}=ray needs Ray.",
+            hint=f"pip install 'rollout-diag[ray]', or use {option_name('backend')}=process.",
         ) from None
     if not ray.is_initialized():
         ray.init(ignore_reinit_error=True, log_to_driver=False, logging_level=logging.ERROR)

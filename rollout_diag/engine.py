@@ -15,7 +15,7 @@ import torch
 
 from rollout_diag.decisions.check import CheckResult, Gate, check
 from rollout_diag.decisions.diff import DEFAULT_LEVEL, DEFAULT_REPLICATES, DEFAULT_SEED, DiffResult, DiffSide, diff
-from rollout_diag.errors import ConfigError, DataError, where
+from rollout_diag.errors import ConfigError, DataError, option_name, where
 from rollout_diag.hints import with_hints
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.formats import input_options
@@ -74,11 +74,11 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     try:
         resolved = torch.device(device)
     except RuntimeError as exc:
-        raise ConfigError(f"--device {device}: not a device (use auto, cpu or cuda).") from exc
+        raise ConfigError(f"{option_name('device')}={device}: not a device (use auto, cpu or cuda).") from exc
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(
-            f"--device {device}: torch sees no CUDA GPU.",
-            hint="install a CUDA build of torch (see README) or use --device cpu.",
+            f"{option_name('device')}={device}: torch sees no CUDA GPU.",
+            hint=f"install a CUDA build of torch (see README) or use {option_name('device')}=cpu.",
         )
     return resolved
 
@@ -230,7 +230,7 @@ def _core_for_the_reader(device: torch.device) -> Iterator[None]:
     under load, 2 intra-op threads were 2–6× slower than 1 (measured, docs/benchmarks.md)."""
     threads = torch.get_num_threads()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if device.type != "cpu" or threads < cores:
+    if torch.device(device).type != "cpu" or threads < cores:
         yield
         return
     torch.set_num_threads(max(1, cores - 1))
@@ -290,7 +290,9 @@ def check_targets(targets: Sequence[float]) -> tuple[float, ...]:
     """Target rejection shares as floats in (0, 1); raises ConfigError."""
     checked = tuple(float(t) for t in targets)
     if not checked or any(not 0.0 < t < 1.0 for t in checked):
-        raise ConfigError(f"--target {','.join(map(str, targets))}: each target share must lie in (0, 1).")
+        raise ConfigError(
+            f"{option_name('targets')}={','.join(map(str, targets))}: each target share must lie in (0, 1)."
+        )
     return checked
 
 
@@ -350,14 +352,17 @@ def inspect_row(
     more than one, without ``step``) matches, InputError / ConfigError for a bad ``row`` or window.
     """
     if around is not None and (isinstance(around, bool) or not isinstance(around, Integral) or around < 0):
-        raise ConfigError(f"--around {around}: must be a token position (0 or more).")
+        raise ConfigError(f"{option_name('around')}={around}: must be a token position (0 or more).")
     if window is not None and (isinstance(window, bool) or not isinstance(window, Integral) or window < 1):
-        raise ConfigError(f"--window {window}: must be a positive number of tokens.")
+        raise ConfigError(f"{option_name('window')}={window}: must be a positive number of tokens.")
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=False, chunk_tokens=chunk_tokens)
     if row is not None:
         if sample_id is not None or step is not None:
-            raise ConfigError("--row names one row already: leave out --sample and --step.")
+            raise ConfigError(
+                f"{option_name('row')} names one row already: leave out {option_name('sample_id')} and "
+                f"{option_name('step')}."
+            )
         path, file_row = reader.narrow_to_row(row)
         for chunk, _ in reader.chunks(torch_device):
             for index, (file, candidate) in enumerate(zip(chunk.file, chunk.file_row, strict=True)):
@@ -400,7 +405,9 @@ def inspect_row(
         places = ", ".join(f"{Path(r.file).name}:{r.row}" for r in matches[:10])
         raise DataError(
             f"{where_}: sample id '{sample_id}' names {len(matches)} rows (steps {steps}) at {places}.",
-            hint="pick one with --step." if step is None else "pick one with --row FILE:ROW.",
+            hint=f"pick one with {option_name('step')}."
+            if step is None
+            else f"pick one with {option_name('row')} FILE:ROW.",
         )
     return matches[0]
 
@@ -418,7 +425,8 @@ def _row_window(chunk: Chunk, index: int, around: int | None, window: int | None
             around = int(torch.argmax(delta)) if length else 0
         elif around >= length:
             raise DataError(
-                f"{where(chunk.file[index], chunk.file_row[index])}--around {around}: the row has {length} tokens "
+                f"{where(chunk.file[index], chunk.file_row[index])}{option_name('around')}={around}: the "
+                f"row has {length} tokens "
                 f"(positions 0 to {length - 1})."
             )
         size = DEFAULT_WINDOW if window is None else int(window)
@@ -526,11 +534,13 @@ MAX_TOP_K = 1000  # the top rows keep every token: a bound keeps memory and outp
 def check_analysis_options(max_rounds: int, catastrophic: float, top_k: int) -> None:
     """Raises ConfigError (one line, naming the option) unless every analysis option is in its range."""
     if isinstance(max_rounds, bool) or not isinstance(max_rounds, Integral) or not 1 <= max_rounds <= MAX_ROUNDS_LIMIT:
-        raise ConfigError(f"--max-rounds {max_rounds}: must be a whole number from 1 to {MAX_ROUNDS_LIMIT}.")
+        raise ConfigError(
+            f"{option_name('max_rounds')}={max_rounds}: must be a whole number from 1 to {MAX_ROUNDS_LIMIT}."
+        )
     if not 0 < catastrophic < float("inf"):
-        raise ConfigError(f"--catastrophic {catastrophic}: must be a positive, finite |δ| threshold.")
+        raise ConfigError(f"{option_name('catastrophic')}={catastrophic}: must be a positive, finite |δ| threshold.")
     if isinstance(top_k, bool) or not isinstance(top_k, Integral) or not 1 <= top_k <= MAX_TOP_K:
-        raise ConfigError(f"--top-k {top_k}: must be a whole number from 1 to {MAX_TOP_K}.")
+        raise ConfigError(f"{option_name('top_k')}={top_k}: must be a whole number from 1 to {MAX_TOP_K}.")
 
 
 # ----------------------------------------------------------------------- decisions: check and diff
@@ -619,7 +629,11 @@ def check_run(
     """Every gate (see :mod:`rollout_diag.decisions.check`) on the run and, with ``per_step``, on every step.
     Raises RolloutDiagError for bad input, an unknown metric or no gate."""
     if not gates:
-        raise ConfigError("no gate given.", hint="add --max NAME=VALUE, --min NAME=VALUE or --gates FILE|default.")
+        raise ConfigError(
+            "no gate given.",
+            hint=f"add {option_name('max')} NAME=VALUE, {option_name('min')} NAME=VALUE or "
+            f"{option_name('gates')} FILE|default.",
+        )
     done = row_pass(inputs, columns=columns, device=device, strict=strict, chunk_tokens=chunk_tokens, progress=progress)
     return check(done.result(), gates, per_step=per_step, rows=done.row_stats())
 
@@ -665,7 +679,10 @@ def diff_runs(
     options = {"columns": columns, "device": device, "strict": strict, "chunk_tokens": chunk_tokens}
     if inputs_b is None:
         if steps_a is None or steps_b is None:
-            raise ConfigError("one dump: give the two step ranges, --steps-a and --steps-b (e.g. 0:99 and 100:199).")
+            raise ConfigError(
+                f"one dump: give the two step ranges, {option_name('steps_a')} and "
+                f"{option_name('steps_b')} (e.g. 0:99 and 100:199)."
+            )
         done = row_pass(inputs_a, presets=chosen, progress=progress, **options)
         sides = [
             DiffSide(f"{_label(done.log.files)} {_range(r)}", done.result(r), done.row_stats(r))

@@ -6,17 +6,36 @@ in the package prints or exits.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+
+OPTION = re.compile(r"\{opt:(\w+)\}(=?)")  # an option named in a message: {opt:max_rounds}, {opt:top_k}=0
+
+
+def option_name(name: str) -> str:
+    """How a message names the library option ``name`` (a keyword argument); the CLI shows its flag instead."""
+    return f"{{opt:{name}}}"
+
 
 class RolloutDiagError(Exception):
-    """Base of every error rollout-diag raises on purpose (bad input, bad options)."""
+    """Base of every error rollout-diag raises on purpose (bad input, bad options).
+
+    Messages name options as ``{opt:NAME}`` (see :func:`option_name`): ``str(error)`` says ``NAME`` (the library's
+    keyword argument), the CLI says its flag (``render(flag_of, " ")``), so each caller reads its own terms."""
 
     def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message, hint)  # both in args, so the error survives pickling (worker processes)
         self.message = message
         self.hint = hint
 
+    def render(self, term: Callable[[str], str] = str, assign: str = "=") -> str:
+        """The message (and hint) with each named option spelled by ``term(NAME)``, and ``NAME=value`` as
+        ``term(NAME) + assign + value`` (the CLI: ``--max-rounds 0``; the library: ``max_rounds=0``)."""
+        text = self.message if self.hint is None else f"{self.message} Hint: {self.hint}"
+        return OPTION.sub(lambda found: term(found.group(1)) + (assign if found.group(2) else ""), text)
+
     def __str__(self) -> str:
-        return self.message if self.hint is None else f"{self.message} Hint: {self.hint}"
+        return self.render()
 
 
 def where(file: str | None = None, row: int | None = None, column: str | None = None) -> str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollout_diag.errors import ConfigError
+from rollout_diag.errors import ConfigError, option_name
 
 IS_LEVELS = ("token", "sequence")
 RS_SCOPES = ("token", "seq_sum", "seq_mean", "seq_max")
@@ -495,7 +495,7 @@ def get_presets(names: Iterable[str] | None = None, extra: Mapping[str, Preset] 
             chosen.setdefault(name, known[name])
         else:
             raise ConfigError(
-                f"--preset {name}: unknown preset. Known: {', '.join([*PRESET_GROUPS, *known])}.",
+                f"{option_name('presets')}={name}: unknown preset. Known: {', '.join([*PRESET_GROUPS, *known])}.",
             )
     return list(chosen.values())
 
@@ -548,28 +548,32 @@ def load_presets_file(path: str | Path) -> dict[str, Preset]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"--presets-file {path}: cannot read ({exc.strerror or exc}).") from None
+        raise ConfigError(f"{option_name('presets_file')}={path}: cannot read ({exc.strerror or exc}).") from None
     if path.suffix.lower() == ".json":
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"--presets-file {path}: not valid JSON (line {exc.lineno}: {exc.msg}).") from None
+            raise ConfigError(
+                f"{option_name('presets_file')}={path}: not valid JSON (line {exc.lineno}: {exc.msg})."
+            ) from None
     else:
         try:
             import yaml
         except ImportError:
             raise ConfigError(
-                f"--presets-file {path}: reading YAML needs pyyaml.",
+                f"{option_name('presets_file')}={path}: reading YAML needs pyyaml.",
                 hint="pip install pyyaml (or rollout-diag[yaml]), or write the file as JSON.",
             ) from None
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise ConfigError(f"--presets-file {path}: not valid YAML ({' '.join(str(exc).split())}).") from None
+            raise ConfigError(
+                f"{option_name('presets_file')}={path}: not valid YAML ({' '.join(str(exc).split())})."
+            ) from None
     if isinstance(data, Mapping) and set(data) == {"presets"}:
         data = data["presets"]
     if not isinstance(data, Mapping) or not data:
-        raise ConfigError(f"--presets-file {path}: expected a mapping of preset names to settings.")
+        raise ConfigError(f"{option_name('presets_file')}={path}: expected a mapping of preset names to settings.")
     presets: dict[str, Preset] = {}
     for name, settings in data.items():
         presets[str(name)] = _preset_from_mapping(path, str(name), settings)
@@ -577,7 +581,7 @@ def load_presets_file(path: str | Path) -> dict[str, Preset]:
 
 
 def _preset_from_mapping(path: Path, name: str, settings: Any) -> Preset:
-    where = f"--presets-file {path}: preset '{_shown(name)}'"
+    where = f"{option_name('presets_file')}={path}: preset '{_shown(name)}'"
     if name in PRESETS or name in PRESET_GROUPS:
         raise ConfigError(f"{where}: the name is a built-in preset; pick another name.")
     if not isinstance(settings, Mapping):

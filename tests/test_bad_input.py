@@ -36,6 +36,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner, Result
 
+import rollout_diag as rd
 from rollout_diag.cli import app
 from rollout_diag.errors import InputError
 
@@ -743,3 +744,17 @@ def test_default_sample_ids_stay_file_rows_when_rows_are_skipped(tmp_path: Path)
     assert "1" not in ids and ids <= {str(i) for i in range(len(rows))}
     worst = document["worst_rows"][0]
     assert worst["sample_id"] == str(worst["row"])  # the default id is the file row
+
+
+def test_errors_speak_the_callers_terms(tmp_path: Path) -> None:
+    """The library names its keyword arguments, the CLI its flags, for one and the same error."""
+    path = write_sequence_dump(tmp_path / "dump.parquet", base_rows())
+    with pytest.raises(rd.ConfigError) as caught:
+        rd.analyze(path, max_rounds=0, device="cpu")
+    assert str(caught.value).startswith("max_rounds=0: must be a whole number")
+    assert "--" not in str(caught.value)
+    with pytest.raises(rd.ColumnError) as caught:
+        rd.analyze(path, columns={"rollout": "nope"}, device="cpu")
+    assert "columns rollout=nope" in str(caught.value)
+    assert analyze_error(path, "--max-rounds", "0").startswith("Error: --max-rounds 0: must be a whole number")
+    assert "--column rollout=nope" in analyze_error(path, "--column", "rollout=nope")

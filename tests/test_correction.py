@@ -516,7 +516,7 @@ def test_hand_computed_token_tis_and_seq_max_k3():
 
 def test_decisions_file_errors(dump, tmp_path):
     path, _ = dump
-    with pytest.raises(ConfigError, match=r"--export-decisions .*: cannot write"):
+    with pytest.raises(ConfigError, match=r"export_decisions_to=.*: cannot write"):
         export_decisions(path, tmp_path / "missing" / "d.parquet", ["disabled"], device="cpu")
     bad = tmp_path / "bad.parquet"
     write_dump(

@@ -212,7 +212,7 @@ def test_hand_checked_quirks(tmp_path):
 def test_resolve_names_and_refuse_unknown_ones():
     assert resolve("all") == tuple(FRAMEWORKS)
     assert resolve("TRL, skyrl,trl") == ("trl", "skyrl")
-    with pytest.raises(ConfigError, match="--dialect grpo: not a dialect"):
+    with pytest.raises(ConfigError, match="dialect=grpo: not a dialect"):
         resolve("grpo")
     with pytest.raises(ConfigError):
         resolve("")

@@ -119,7 +119,7 @@ def test_get_presets_by_name_group_and_default():
     assert [p.name for p in get_presets(["legacy"])] == [p.name for p in LEGACY_PRESETS]
     assert [p.name for p in get_presets(["disabled", "decoupled_k3_rs", "disabled"])] == ["disabled", "decoupled_k3_rs"]
     with pytest.raises(
-        ConfigError, match=r"--preset nope: unknown preset\. Known: all, verl, legacy, decoupled_token_is"
+        ConfigError, match=r"presets=nope: unknown preset\. Known: all, verl, legacy, decoupled_token_is"
     ):
         get_presets(["nope"])
 

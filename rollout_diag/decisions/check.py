@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout_diag.decisions.rowmetrics import KEY_METRICS, by_step
-from rollout_diag.errors import ConfigError
+from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.results import SCHEMA_VERSION, AnalysisResult, RowStats, StepResult, json_number
 
 MAX, MIN = "max", "min"
@@ -285,7 +285,11 @@ def check(
     closest names).
     """
     if not gates:
-        raise ConfigError("no gate given.", hint="add --max NAME=VALUE, --min NAME=VALUE or --gates FILE|default.")
+        raise ConfigError(
+            "no gate given.",
+            hint=f"add {option_name('max')} NAME=VALUE, {option_name('min')} NAME=VALUE or "
+            f"{option_name('gates')} FILE|default.",
+        )
     table = metric_values(result, rows)
     known = sorted({name for values in table.values() for name in values})
     for gate in gates:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from rollout_diag.decisions.rowmetrics import KEY_METRICS, RowMetric, rejected_share
-from rollout_diag.errors import ConfigError
+from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.results import SCHEMA_VERSION, AnalysisResult, RowStats, json_number
 
 DEFAULT_REPLICATES = 1000
@@ -128,9 +128,9 @@ def diff(
     from the row sums. Raises ConfigError for fewer than 100 replicates or a level outside (0, 1).
     """
     if replicates < 100:
-        raise ConfigError(f"--replicates {replicates}: use at least 100 bootstrap replicates.")
+        raise ConfigError(f"{option_name('replicates')}={replicates}: use at least 100 bootstrap replicates.")
     if not 0.0 < level < 1.0:
-        raise ConfigError(f"--level {level}: the interval's level must lie in (0, 1), e.g. 0.95.")
+        raise ConfigError(f"{option_name('level')}={level}: the interval's level must lie in (0, 1), e.g. 0.95.")
     shared = [name for name in a.rows.rejected if name in b.rows.rejected]
     chosen = shared if presets is None else [name for name in presets if name in shared]
     row_metrics = [*KEY_METRICS, *(rejected_share(name) for name in chosen)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from rollout_diag.errors import ColumnError, ConfigError, where
+from rollout_diag.errors import ColumnError, ConfigError, option_name, where
 
 # Role -> the names trainers use for it, verl's first. Detection takes the one present; two present is
 # ambiguous and an error (the user picks with --column role=name).
@@ -54,9 +54,9 @@ def parse_overrides(specs: Iterable[str]) -> dict[str, str]:
         role, sep, name = spec.partition("=")
         role, name = role.strip(), name.strip()
         if not sep or not role or not name:
-            raise ConfigError(f"--column '{spec}': expected role=name, e.g. rollout=vllm_logprobs.")
+            raise ConfigError(f"{option_name('columns')}='{spec}': expected role=name, e.g. rollout=vllm_logprobs.")
         if role not in ROLE_CANDIDATES:
-            raise ConfigError(f"--column '{spec}': unknown role '{role}'. Roles: {', '.join(ROLES)}.")
+            raise ConfigError(f"{option_name('columns')}='{spec}': unknown role '{role}'. Roles: {', '.join(ROLES)}.")
         overrides[role] = name
     return overrides
 
@@ -82,7 +82,7 @@ def resolve_columns(
             name = overrides[role]
             if name not in present and name not in partition:
                 raise ColumnError(
-                    f"{where(file, column=name)}no such column (asked for by --column {role}={name}).",
+                    f"{where(file, column=name)}no such column (asked for by {option_name('columns')} {role}={name}).",
                     hint=f"columns in the file: {', '.join(sorted(present))}.",
                 )
             names[role] = name
@@ -93,7 +93,7 @@ def resolve_columns(
         if len(found) > 1:
             raise ColumnError(
                 f"{file}: columns '{found[0]}' and '{found[1]}' both look like the {role} column.",
-                hint=f"choose one with --column {role}={found[0]}.",
+                hint=f"choose one with {option_name('columns')} {role}={found[0]}.",
             )
         if found:
             names[role] = found[0]
@@ -106,7 +106,8 @@ def resolve_columns(
         if role not in names:
             raise ColumnError(
                 f"{file}: no {role} logprob column (looked for {', '.join(ROLE_CANDIDATES[role])}).",
-                hint=f"name it with --column {role}=<name>; columns in the file: {', '.join(sorted(present))}.",
+                hint=f"name it with {option_name('columns')} {role}=<name>; columns in the file: "
+                f"{', '.join(sorted(present))}.",
             )
     if names["rollout"] == names["trainer"]:
         raise ColumnError(f"{file}: column '{names['rollout']}' cannot be both the rollout and trainer column.")

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rollout_diag.errors import ConfigError, InputError, where
+from rollout_diag.errors import ConfigError, InputError, option_name, where
 from rollout_diag.io.formats.base import SKIP_COLUMN, SKIP_REASON
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, DumpReader, _column_names, _OpenFile, _row_groups
 from rollout_diag.results import SkippedRow
@@ -120,10 +120,12 @@ def convert(
     unreadable input (and, under ``strict``, DataError for the first unreadable row).
     """
     if partition is not None and partition not in PARTITIONS:
-        raise ConfigError(f"--partition {partition}: only 'step' is supported.")
+        raise ConfigError(f"{option_name('partition')}={partition}: only 'step' is supported.")
     output = Path(output)
     if output.exists() and not overwrite:
-        raise ConfigError(f"{output}: already exists.", hint="choose another path, or pass --overwrite.")
+        raise ConfigError(
+            f"{output}: already exists.", hint=f"choose another path, or pass {option_name('overwrite')}."
+        )
     paths = [str(inputs)] if isinstance(inputs, (str, Path)) else list(inputs)
     reader = DumpReader(
         paths,

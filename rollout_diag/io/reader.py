@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rollout_diag.errors import ColumnError, ConfigError, DataError, InputError, RolloutDiagError, where
+from rollout_diag.errors import ColumnError, ConfigError, DataError, InputError, RolloutDiagError, option_name, where
 from rollout_diag.io.columns import ColumnMap, resolve_columns
 from rollout_diag.io.formats import PARQUET, DumpInputs, input_options, open_source, resolve
 from rollout_diag.io.formats.base import SKIP_COLUMN, SKIP_REASON
@@ -102,7 +102,7 @@ class ReadLog:
         if strict:
             raise DataError(
                 f"{where(record.file, record.row, record.column)}{record.reason}",
-                hint="drop --strict to analyse the other rows and list the skipped ones.",
+                hint=f"drop {option_name('strict')} to analyse the other rows and list the skipped ones.",
             )
         self.skipped_rows += 1
         if len(self.skipped) < MAX_SKIP_RECORDS:
@@ -300,7 +300,7 @@ def _open(
     if layout == "token" and "sample_id" not in columns:
         raise ColumnError(
             f"{source.path}: token layout (one row per token) needs a sample_id column to group tokens into rows.",
-            hint="name it with --column sample_id=<name>.",
+            hint=f"name it with {option_name('columns')} sample_id=<name>.",
         )
     candidates: tuple[str, ...] = ()
     if "mask" not in columns:
@@ -392,7 +392,9 @@ class DumpReader:
         else detected); ``trust_pickle`` lifts the pickle allowlist (``io/formats/safe_pickle.py``).
         Raises InputError / ColumnError for unreadable input, ConfigError for a bad chunk size."""
         if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, Integral) or chunk_tokens < 1:
-            raise ConfigError(f"--chunk-tokens {chunk_tokens}: must be a positive whole number of tokens.")
+            raise ConfigError(
+                f"{option_name('chunk_tokens')}={chunk_tokens}: must be a positive whole number of tokens."
+            )
         carried_format, carried_trust = input_options(inputs)
         self.trust_pickle = carried_trust if trust_pickle is None else trust_pickle
         self.strict = strict
@@ -472,7 +474,9 @@ class DumpReader:
         Raises InputError when no file, or more than one, matches, or the file has no such row."""
         name, sep, number = place.rpartition(":")
         if not sep or not name or not number.strip().isdigit():
-            raise InputError(f"--row {place}: expected FILE:ROW, e.g. part-0.parquet:12 (as the tables print it).")
+            raise InputError(
+                f"{option_name('row')}={place}: expected FILE:ROW, e.g. part-0.parquet:12 (as the tables print it)."
+            )
         row = int(number)
         matches = [
             f
@@ -483,11 +487,15 @@ class DumpReader:
         ]
         if len({f.source.path for f in matches}) != 1:
             found = "no input file" if not matches else f"{len(matches)} input files"
-            raise InputError(f"--row {place}: {found} named {name} (inputs: {', '.join(self.log.files[:5])}).")
+            raise InputError(
+                f"{option_name('row')}={place}: {found} named {name} (inputs: {', '.join(self.log.files[:5])})."
+            )
         opened = matches[0]
         metadata = opened.parquet.metadata
         if not 0 <= row < metadata.num_rows:
-            raise InputError(f"--row {place}: {opened.source.path} has rows 0 to {metadata.num_rows - 1}.")
+            raise InputError(
+                f"{option_name('row')}={place}: {opened.source.path} has rows 0 to {metadata.num_rows - 1}."
+            )
         first = 0
         for group in range(metadata.num_row_groups):
             first += metadata.row_group(group).num_rows

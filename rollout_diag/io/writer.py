@@ -566,7 +566,7 @@ class RowTableWriter:
         try:
             self._writer = pq.ParquetWriter(str(self.path), self.schema, compression="zstd")
         except (OSError, pa.ArrowException) as exc:
-            raise ConfigError(f"{setting} {self.path}: cannot write ({' '.join(str(exc).split())}).") from None
+            raise ConfigError(f"{setting}={self.path}: cannot write ({' '.join(str(exc).split())}).") from None
 
     def write(self, columns: dict[str, Any]) -> None:
         arrays = []

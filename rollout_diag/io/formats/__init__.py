@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rollout_diag.errors import ConfigError, InputError
+from rollout_diag.errors import ConfigError, InputError, option_name
 from rollout_diag.io.formats import nemo_rl, prime_rl, safe_pickle, skyrl, slime, verl_pickle
 from rollout_diag.io.formats.base import RowsFile, natural_key
 from rollout_diag.io.sources import DirectoryWalker, Source, expand_inputs
@@ -50,7 +50,7 @@ class DumpInputs(list):
 def check_format(name: str | None) -> str | None:
     """``name`` when it is a known format (or None); raises ConfigError."""
     if name is not None and name not in FORMAT_NAMES:
-        raise ConfigError(f"--input-format {name}: unknown format. Formats: {', '.join(FORMAT_NAMES)}.")
+        raise ConfigError(f"{option_name('input_format')}={name}: unknown format. Formats: {', '.join(FORMAT_NAMES)}.")
     return name
 
 
@@ -148,7 +148,7 @@ def resolve(
             raise InputError(
                 f"{given}: {what} (nor token_exports/step_N/rank_R.jsonl, train_data_stepN.jsonl, "
                 "train_data/N.pt, a SkyRL or verl *.pkl).",
-                hint=f"name the format with --input-format ({', '.join(FORMAT_NAMES)}).",
+                hint=f"name the format with {option_name('input_format')} ({', '.join(FORMAT_NAMES)}).",
             )
         found += detected
     formats = {fmt for *_, fmt in found if fmt is not None} if input_format is None else {input_format}

@@ -15,7 +15,7 @@ import pickle
 from collections.abc import Mapping
 from typing import Any, BinaryIO
 
-from rollout_diag.errors import InputError
+from rollout_diag.errors import InputError, option_name
 
 # Globals that build plain data and nothing else.
 SAFE_GLOBALS: dict[tuple[str, str], Any] = {
@@ -62,7 +62,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
         raise InputError(
             f"{self.path}: refused to unpickle {module}.{name}: not on the allowlist of plain data classes, and "
             "unpickling it could run code.",
-            hint="if you trust this file, pass --trust-pickle.",
+            hint=f"if you trust this file, pass {option_name('trust_pickle')}.",
         )
 
     def persistent_load(self, pid: Any) -> Any:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rollout_diag.errors import ConfigError
+from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.dialects import areal, nemo_rl, openrlhf, prime_rl, roll, skyrl, slime, trl, verl
 from rollout_diag.metrics.dialects.base import DialectFamily, DialectMetric, Framework
@@ -44,11 +44,11 @@ def resolve(dialect: str | Sequence[str]) -> tuple[str, ...]:
         chosen = tuple(FRAMEWORKS) if part == ALL else (part,)
         for name in chosen:
             if name not in FRAMEWORKS:
-                raise ConfigError(f"--dialect {part}: not a dialect (choose from {', '.join(CHOICES)}).")
+                raise ConfigError(f"{option_name('dialect')}={part}: not a dialect (choose from {', '.join(CHOICES)}).")
             if name not in names:
                 names.append(name)
     if not names:
-        raise ConfigError(f"--dialect: give a dialect ({', '.join(CHOICES)}).")
+        raise ConfigError(f"{option_name('dialect')}: give a dialect ({', '.join(CHOICES)}).")
     return tuple(names)
 
 
