@@ -39,6 +39,7 @@ from rollout_diag.metrics.rowstats import RowStatsCollector
 from rollout_diag.metrics.segments import SHARED_QUANTITIES, prepare, stats
 from rollout_diag.metrics.sweep import DEFAULT_TARGETS, SweepAccumulator, sweep_tables
 from rollout_diag.metrics.trends import ANOMALY_KEEP, find_anomalies, keep_largest, round_trend, step_trend
+from rollout_diag.paths import file_label
 from rollout_diag.presets import Preset
 from rollout_diag.results import AnalysisResult, RowStats, RowTokens, SkippedRow, StepResult, SweepResult
 from rollout_diag.verdicts import judge
@@ -402,7 +403,7 @@ def inspect_row(
         raise DataError(f"{where_}: no row with sample id '{sample_id}'{in_step}.")
     if len(matches) > 1:
         steps = ", ".join(str(r.step) for r in matches[:10])
-        places = ", ".join(f"{Path(r.file).name}:{r.row}" for r in matches[:10])
+        places = ", ".join(f"{file_label(r.file, reader.log.files)}:{r.row}" for r in matches[:10])
         raise DataError(
             f"{where_}: sample id '{sample_id}' names {len(matches)} rows (steps {steps}) at {places}.",
             hint=f"pick one with {option_name('step')}."

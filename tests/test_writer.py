@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import subprocess
@@ -254,3 +255,30 @@ def test_sigkill_leaves_a_one_file_dump_unreadable_as_documented(tmp_path):
     _kill_while_writing(tmp_path / "run.parquet")
     with pytest.raises(rd.InputError, match="not a readable Parquet file"):
         rd.analyze(str(tmp_path / "run.parquet"), device="cpu")
+
+
+def test_directory_dump_rows_are_labelled_so_inspect_finds_them(tmp_path):
+    """Every step of a directory dump has a rank-0.parquet: tables label files by the path suffix that tells them
+    apart (step=2/rank-0.parquet:3), and inspect --row takes that label back (the bare name is ambiguous)."""
+    from typer.testing import CliRunner
+
+    from rollout_diag.cli import app
+    from rollout_diag.paths import file_labels
+
+    root = tmp_path / "dump"
+    with rd.DumpWriter(root, rank=0) as rank0:
+        for step in (1, 2):
+            rank0.write_step(step, **batch(step))
+    result = rd.analyze(str(root), device="cpu")
+    labels = file_labels(result.inputs)
+    assert sorted(labels.values()) == ["step=1/rank-0.parquet", "step=2/rank-0.parquet"]
+    worst = result.worst_rows[0]
+    label = f"{labels[worst.file]}:{worst.row}"
+    runner = CliRunner()
+    table = runner.invoke(app, ["analyze", str(root), "--device", "cpu"], env={"COLUMNS": "200"})
+    assert label in table.output
+    shown = runner.invoke(app, ["inspect", str(root), "--row", label, "--format", "json"])
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.output)["sample_id"] == worst.sample_id
+    ambiguous = runner.invoke(app, ["inspect", str(root), "--row", f"rank-0.parquet:{worst.row}"])
+    assert ambiguous.exit_code == 1 and "2 input files named rank-0.parquet" in ambiguous.output

@@ -33,6 +33,7 @@ from rollout_diag.io.columns import ColumnMap, resolve_columns
 from rollout_diag.io.formats import PARQUET, DumpInputs, input_options, open_source, resolve
 from rollout_diag.io.formats.base import SKIP_COLUMN, SKIP_REASON
 from rollout_diag.io.sources import Source
+from rollout_diag.paths import names_file
 from rollout_diag.results import SkippedRow
 
 if TYPE_CHECKING:  # torch is imported when the first chunk is built: opening files and their errors come first
@@ -482,7 +483,7 @@ class DumpReader:
             f
             for f in self.files
             if f.source.path == name
-            or Path(f.source.path).name == name
+            or names_file(name, f.source.path)  # as the tables label it: step=3/rank-0.parquet
             or Path(f.source.path).resolve() == Path(name).resolve()
         ]
         if len({f.source.path for f in matches}) != 1:

@@ -13,6 +13,7 @@ from rich.console import Group, RenderableType
 from rich.markup import escape as escape_markup
 from rich.text import Text
 
+from rollout_diag.paths import file_label, file_labels
 from rollout_diag.render.format import LEVEL_STYLE, extra_cell, level, number, percent, plain, visible
 from rollout_diag.render.hints import hint_lines
 from rollout_diag.render.summary import most_divergent_round, overall, short_name, where, worst_step
@@ -248,11 +249,12 @@ def worst_rows_table(result: AnalysisResult, criterion: str = "log_ppl_abs_diff"
             ),
         ],
     )
+    labels = file_labels(result.inputs)
     for row in rows:
         table.add_row(
             str(row.step),
             row.sample_id,
-            f"{_short(row.file)}:{row.row}",
+            f"{labels.get(row.file) or file_label(row.file, result.inputs)}:{row.row}",
             f"{row.model_tokens}/{row.length}",
             str(row.rounds),
             str(row.worst_round),
@@ -324,10 +326,6 @@ def findings(result: AnalysisResult) -> list[RenderableType]:
         smaller = len(ranked) - ROWS_SHOWN + result.anomalies_cut
         lines.append(Text(f"and {smaller} smaller anomalies ({kept} in --format json)", style="yellow"))
     return lines
-
-
-def _short(path: str) -> str:
-    return path.replace("\\", "/").rsplit("/", 1)[-1]
 
 
 def skipped_table(result: AnalysisResult) -> FitTable:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from rollout_diag.paths import file_label
 from rollout_diag.render.format import number
 from rollout_diag.results import AnalysisResult, StepResult, Verdict
 
@@ -72,7 +73,7 @@ def where(result: AnalysisResult) -> list[str]:
     if rows:
         row = rows[0]
         lines.append(
-            f"worst row: sample {row.sample_id} of step {row.step} ({_file_name(row.file)}:{row.row}, "
+            f"worst row: sample {row.sample_id} of step {row.step} ({file_label(row.file, result.inputs)}:{row.row}, "
             f"log-ppl diff {number(row.log_ppl_diff)})"
         )
     if result.worst_tokens:
@@ -81,10 +82,6 @@ def where(result: AnalysisResult) -> list[str]:
             f"largest |δ| {number(abs(token.log_ratio))} at position {token.position} of sample {token.sample_id}"
         )
     return lines
-
-
-def _file_name(path: str) -> str:
-    return path.replace("\\", "/").rsplit("/", 1)[-1]
 
 
 def _finite(value: float | None) -> bool:

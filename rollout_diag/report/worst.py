@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import PurePath
 from typing import Any
 
+from rollout_diag.paths import file_labels
 from rollout_diag.render.format import extra_cell
 from rollout_diag.report.markup import Column, Markup, code, escape, note, table
 from rollout_diag.report.sections import Canvas, Section
@@ -51,8 +51,10 @@ def worst_section(result: AnalysisResult, canvas: Canvas) -> Section:
         return Section("worst", title, note("No worst-row data in this result."))
     strips = _strip_rows(result)
     anchors = {(attr(s, "file"), attr(s, "row")): f"strip-{i}" for i, s in enumerate(strips)}
-    several_files = len({row.file for row in result.worst_rows}) > 1
-    body = [_row_tables(result, anchors, several_files), _token_table(result)]
+    files = {row.file for row in result.worst_rows}
+    # with rows from several files each says which, labelled as the terminal tables and inspect --row do
+    labels = file_labels(sorted({*result.inputs, *files})) if len(files) > 1 else None
+    body = [_row_tables(result, anchors, labels), _token_table(result)]
     if strips:
         body.append(_strips(result, strips, canvas))
     else:
@@ -61,7 +63,7 @@ def worst_section(result: AnalysisResult, canvas: Canvas) -> Section:
 
 
 # ------------------------------------------------------------------------------------------ tables
-def _row_tables(result: AnalysisResult, anchors: dict[tuple[Any, Any], str], several_files: bool) -> str:
+def _row_tables(result: AnalysisResult, anchors: dict[tuple[Any, Any], str], labels: dict[str, str] | None) -> str:
     if not result.worst_rows:
         return ""
     parts = ['<h3>Worst rows</h3><p class="note">Ranked four ways; open a ranking to see its top rows.</p>']
@@ -70,10 +72,7 @@ def _row_tables(result: AnalysisResult, anchors: dict[tuple[Any, Any], str], sev
     columns = (*ROW_COLUMNS, *(_extra_column(name, result.worst_rows) for name in extras))
     for index, (criterion, label) in enumerate(_criteria(result).items()):
         rows = [r for r in result.worst_rows if r.criterion == criterion][:MAX_TABLE_ROWS]
-        cells = [
-            _row_cells(rank, row, anchors, several_files) + _extra_cells(row, extras)
-            for rank, row in enumerate(rows, 1)
-        ]
+        cells = [_row_cells(rank, row, anchors, labels) + _extra_cells(row, extras) for rank, row in enumerate(rows, 1)]
         opened = " open" if index == 0 else ""
         parts.append(
             f"<details{opened}><summary>by {escape(label)} ({len(rows)})</summary>{table(columns, cells)}</details>"
@@ -91,7 +90,7 @@ def _criterion_order(criterion: str) -> int:
     return order.index(criterion) if criterion in order else len(order)
 
 
-def _row_cells(rank: int, row: Any, anchors: dict[tuple[Any, Any], str], several_files: bool) -> list[object]:
+def _row_cells(rank: int, row: Any, anchors: dict[tuple[Any, Any], str], labels: dict[str, str] | None) -> list[object]:
     anchor = anchors.get((row.file, row.row))
     sample = escape(row.sample_id, limit=80) + (f' <a class="jump" href="#{anchor}">tokens ↓</a>' if anchor else "")
     return [
@@ -99,7 +98,7 @@ def _row_cells(rank: int, row: Any, anchors: dict[tuple[Any, Any], str], several
         row.value,
         row.step,
         Markup(sample),
-        _file_row(row.file, row.row, several_files),
+        _file_row(row.file, row.row, labels),
         Markup(f"{row.model_tokens:,} / {row.length:,}"),
         row.rounds,
         row.worst_round if row.worst_round >= 0 else "–",
@@ -121,9 +120,9 @@ def _extra_cells(row: Any, names: Sequence[str]) -> list[object]:
     return [extra_cell(extra[name]) if name in extra else "" for name in names]
 
 
-def _file_row(file: str, row: int, with_name: bool) -> Markup:
-    """Row number within its file; the file name too when the rows come from several files."""
-    name = f"{escape(PurePath(str(file)).name, limit=60)} · " if with_name else ""
+def _file_row(file: str, row: int, labels: dict[str, str] | None) -> Markup:
+    """Row number within its file; the file's label too when the rows come from several files."""
+    name = f"{escape(labels.get(file, file), limit=60)} · " if labels is not None else ""
     return Markup(f'<span title="{escape(file, limit=400)}">{name}{row:,}</span>')
 
 

@@ -1,0 +1,37 @@
+"""How tables name input files: the shortest trailing part of their paths that tells the input files apart.
+
+A directory dump (``step=3/rank-0.parquet``, ``step=4/rank-0.parquet``, …) needs its parent directories to tell
+its files apart; a flat list of files needs only their names. ``inspect --row`` accepts any such suffix back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import PurePath
+
+
+def _parts(path: str) -> tuple[str, ...]:
+    return PurePath(path.replace("\\", "/")).parts
+
+
+def file_labels(files: Sequence[str]) -> dict[str, str]:
+    """Each file -> its last ``k`` path components, with the smallest ``k`` that tells all ``files`` apart (the
+    same ``k`` for every file, so that a directory dump's labels line up: ``step=3/rank-0.parquet``)."""
+    parts = {file: _parts(file) for file in files}
+    longest = max((len(p) for p in parts.values()), default=1)
+    for length in range(1, longest + 1):
+        labels = {file: "/".join(p[-length:]) for file, p in parts.items()}
+        if len(set(labels.values())) == len(labels):
+            return labels
+    return {file: file for file in files}
+
+
+def file_label(file: str, files: Sequence[str]) -> str:
+    """``file``'s label among ``files`` (its name alone when ``files`` does not list it)."""
+    return file_labels([*files, file] if file not in files else files)[file]
+
+
+def names_file(label: str, file: str) -> bool:
+    """Whether ``label`` (a label as tables print it, or a path) ends ``file`` component by component."""
+    wanted = _parts(label)
+    return bool(wanted) and _parts(file)[-len(wanted) :] == wanted
