@@ -83,3 +83,22 @@ def test_token_thresholds_are_conservative_and_within_one_bin(swept, option):
             assert np.mean(scores > metric / bin_factor**2) > entry["target"]
         elif option == "token_k2":
             assert np.mean(scores > metric / bin_factor**4) > entry["target"]  # k2 = ½c²: squared factor
+
+
+def test_curves_pass_through_the_verl_default_marker(swept):
+    """The report marks verl's default on each curve: the curve holds a point at that threshold, whose share is
+    the default's share (symmetric defaults) or at least it (seq_mean_k1's 0.999_1.001 rejects a hair less below
+    than above). Drawn between 41 log-spaced samples of a step function, the marker once sat off the line."""
+    table, _ = swept
+    checked = 0
+    for name, row in table.items():
+        curve, default = row.get("curve") or [], row.get("default_threshold")
+        if default is None or not curve or not curve[0]["threshold"] < default < curve[-1]["threshold"]:
+            continue
+        at = [point for point in curve if point["threshold"] == pytest.approx(default, rel=1e-12)]
+        assert len(at) == 1, name
+        assert at[0]["share"] >= row["default_share"] - 1e-15, name
+        if name != "seq_mean_k1":
+            assert at[0]["share"] == pytest.approx(row["default_share"]), name
+        checked += 1
+    assert checked >= 1

@@ -235,17 +235,21 @@ def _option_row(option: SweepOption, state: State, targets: tuple[float, ...], c
             {"target": target, "threshold": _to_verl(option, metric_threshold), "share": share(metric_threshold)}
         )
     if curve:
-        row["curve"] = _curve(option, threshold_for, share)
+        marked = () if option.verl_default is None else (_parse_default(option)[1],)
+        row["curve"] = _curve(option, threshold_for, share, marked)
     return row
 
 
-def _curve(option: SweepOption, threshold_for, share) -> list[dict[str, float]]:
-    """Share rejected at thresholds spread between the 50 % and the 0.01 % quantile (log-spaced in score)."""
+def _curve(option: SweepOption, threshold_for, share, marked: tuple[float, ...] = ()) -> list[dict[str, float]]:
+    """Share rejected at thresholds spread between the 50 % and the 0.01 % quantile (log-spaced in score), plus
+    the ``marked`` thresholds inside that range: the share is a step function, and a chart that draws lines between
+    samples would pass beside the default's marker instead of through it."""
     high, low = threshold_for(1e-4), threshold_for(0.5)
     low = max(low, high * 1e-6, 1e-12)
     if not high > low:
         return []
-    points = np.geomspace(low, high, CURVE_POINTS)
+    inside = [t for t in marked if low < t < high]
+    points = np.unique(np.concatenate([np.geomspace(low, high, CURVE_POINTS), inside]))
     return [{"threshold": _to_verl(option, float(t)), "share": share(float(t))} for t in points]
 
 
