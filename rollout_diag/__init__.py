@@ -21,6 +21,7 @@ _EXPORTS: dict[str, str] = {
     "analyze_and_compare": "rollout_diag.compare",
     "compare_presets": "rollout_diag.compare",
     "export_decisions": "rollout_diag.compare",
+    "Dump": "rollout_diag.dump",
     "Analysis": "rollout_diag.engine",
     "analyze": "rollout_diag.engine",
     "inspect_row": "rollout_diag.engine",

@@ -330,22 +330,13 @@ def dump_inputs(inputs: list[Path], input_format: str | None, trust_pickle: bool
     return DumpInputs(inputs, input_format, trust_pickle)
 
 
-def open_dump(
-    inputs: list[Path],
-    input_format: str | None,
-    trust_pickle: bool,
-    column: list[str] | None,
-    *,
-    strict: bool = False,
-    chunk_tokens: int = CHUNK_TOKENS,
-):
-    """The inputs opened (files found, footers read, columns resolved) before torch is loaded: a missing file or
-    column fails in a fraction of a second. The library reads this reader (same options) instead of reopening."""
-    from rollout_diag.io.reader import DumpReader
+def open_dump(inputs: list[Path], input_format: str | None, trust_pickle: bool, column: list[str] | None, **options):
+    """The command's :class:`~rollout_diag.dump.Dump`, opened (files found, footers read, columns resolved) before
+    torch is loaded: a missing file or column fails in a fraction of a second. ``options``: the command's shared
+    reading options (strict, chunk_tokens, device, workers, backend)."""
+    from rollout_diag.dump import Dump
 
-    return DumpReader(
-        dump_inputs(inputs, input_format, trust_pickle), parse_columns(column), strict=strict, chunk_tokens=chunk_tokens
-    )
+    return Dump(inputs, parse_columns(column), input_format=input_format, trust_pickle=trust_pickle, **options).opened()
 
 
 def parse_columns(column: list[str] | None) -> dict[str, str]:
@@ -396,7 +387,17 @@ def analyze(
 ) -> None:
     """Every mismatch metric (verl's names), per step and for the run, with a verdict on what looks unhealthy
     and hints at the likely root cause."""
-    dump = open_dump(inputs, input_format, trust_pickle, column, strict=strict, chunk_tokens=chunk_tokens)
+    dump = open_dump(
+        inputs,
+        input_format,
+        trust_pickle,
+        column,
+        strict=strict,
+        chunk_tokens=chunk_tokens,
+        device=device,
+        workers=workers,
+        backend=backend,
+    )
     from rollout_diag.engine import analyze as run_analysis
     from rollout_diag.render.analysis import render_analysis
     from rollout_diag.render.export import steps_csv, to_json_text
@@ -404,16 +405,10 @@ def analyze(
     with progress_bar(inputs) as progress:
         result = run_analysis(
             dump,
-            columns=parse_columns(column),
-            device=device,
-            strict=strict,
             max_rounds=max_rounds,
             catastrophic=catastrophic,
             top_k=top_k,
-            chunk_tokens=chunk_tokens,
             progress=progress,
-            workers=workers,
-            backend=backend,
             dialect=dialect or "verl",
         )
     chosen = output_format(format, output)
@@ -470,7 +465,7 @@ def inspect(
     row groups that can hold the row."""
     from dataclasses import asdict
 
-    dump = open_dump(inputs, input_format, trust_pickle, column)
+    dump = open_dump(inputs, input_format, trust_pickle, column, device=device)
     from rollout_diag.engine import inspect_row
     from rollout_diag.render.export import to_json_text
     from rollout_diag.render.inspect import render_row
@@ -482,8 +477,6 @@ def inspect(
         row=row,
         around=around,
         window=window,
-        columns=parse_columns(column),
-        device=device,
     )
     if format is RowFormat.json:
         emit(to_json_text({**asdict(tokens), "log_ratio": tokens.log_ratio}), output)
@@ -508,7 +501,9 @@ def sweep(
 ) -> None:
     """Which threshold of each rejection option / IS truncation rejects a target share of tokens or
     sequences, and what verl's default thresholds reject on this data."""
-    dump = open_dump(inputs, input_format, trust_pickle, column, strict=strict, chunk_tokens=chunk_tokens)
+    dump = open_dump(
+        inputs, input_format, trust_pickle, column, strict=strict, chunk_tokens=chunk_tokens, device=device
+    )
     from rollout_diag.engine import threshold_sweep
     from rollout_diag.render.export import sweep_csv, to_json_text
     from rollout_diag.render.sweep import render_sweep
@@ -517,10 +512,6 @@ def sweep(
         result = threshold_sweep(
             dump,
             targets=parse_targets(target),
-            columns=parse_columns(column),
-            device=device,
-            strict=strict,
-            chunk_tokens=chunk_tokens,
             progress=progress,
         )
     chosen = output_format(format, output)
@@ -572,7 +563,17 @@ def compare_presets(
 ) -> None:
     """What every rollout-correction preset (verl's 19, the legacy family, your own) would do to this data,
     side by side, plus the threshold sweep."""
-    dump = open_dump(inputs, input_format, trust_pickle, column, strict=strict, chunk_tokens=chunk_tokens)
+    dump = open_dump(
+        inputs,
+        input_format,
+        trust_pickle,
+        column,
+        strict=strict,
+        chunk_tokens=chunk_tokens,
+        device=device,
+        workers=workers,
+        backend=backend,
+    )
     from rollout_diag.compare import compare_presets as run_comparison
     from rollout_diag.render.export import comparison_csv, to_json_text
     from rollout_diag.render.format import plain
@@ -586,17 +587,11 @@ def compare_presets(
         result = run_comparison(
             dump,
             chosen,
-            columns=parse_columns(column),
-            device=device,
-            strict=strict,
-            chunk_tokens=chunk_tokens,
             progress=progress,
             export_decisions_to=export_decisions,
             targets=parse_targets(target),
             intrusive_rejected_fraction=intrusive_reject,
             intrusive_min_ess=intrusive_ess,
-            workers=workers,
-            backend=backend,
         )
     if export_decisions is not None:
         typer.echo(f"wrote {export_decisions}", err=True)
@@ -698,7 +693,17 @@ def report(
         raise ConfigError("give dump files or --from-json, not both.")
     dump = None
     if inputs:  # opened before the imports below load torch: a bad file fails at once
-        dump = open_dump(inputs, input_format, trust_pickle, column, strict=strict, chunk_tokens=chunk_tokens)
+        dump = open_dump(
+            inputs,
+            input_format,
+            trust_pickle,
+            column,
+            strict=strict,
+            chunk_tokens=chunk_tokens,
+            device=device,
+            workers=workers,
+            backend=backend,
+        )
     from rollout_diag.report import write_report
 
     if from_json:
@@ -717,14 +722,8 @@ def report(
             analysis, comparison = analyze_and_compare(
                 dump,
                 chosen,
-                columns=parse_columns(column),
-                device=device,
-                strict=strict,
-                chunk_tokens=chunk_tokens,
                 progress=progress,
                 targets=parse_targets(target),
-                workers=workers,
-                backend=backend,
                 analysis_options={"max_rounds": max_rounds, "catastrophic": catastrophic, "top_k": top_k},
                 intrusive_rejected_fraction=intrusive_reject,
                 intrusive_min_ess=intrusive_ess,

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rollout_diag.dump import reads_dump
 from rollout_diag.engine import (
     Inputs,
     Progress,
@@ -161,6 +162,7 @@ def resolve_presets(presets: Sequence[str | Preset] | None) -> list[Preset]:
     return list(unique.values())
 
 
+@reads_dump
 def compare_presets(
     inputs: Inputs,
     presets: Sequence[str | Preset] | None = None,
@@ -202,6 +204,7 @@ def compare_presets(
     return comparison
 
 
+@reads_dump
 def analyze_and_compare(
     inputs: Inputs,
     presets: Sequence[str | Preset] | None = None,
@@ -426,6 +429,7 @@ def _concatenate(pieces: list[Any]) -> np.ndarray:
     return np.concatenate([np.asarray(piece, dtype=object if text else None) for piece in pieces])
 
 
+@reads_dump
 def export_decisions(
     inputs: Inputs,
     path: str | Path,

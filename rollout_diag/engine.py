@@ -15,6 +15,7 @@ import torch
 
 from rollout_diag.decisions.check import CheckResult, Gate, check
 from rollout_diag.decisions.diff import DEFAULT_LEVEL, DEFAULT_REPLICATES, DEFAULT_SEED, DiffResult, DiffSide, diff
+from rollout_diag.dump import reads_dump
 from rollout_diag.errors import ConfigError, DataError, option_name, where
 from rollout_diag.hints import with_hints
 from rollout_diag.io.chunk import Chunk
@@ -241,6 +242,7 @@ def _core_for_the_reader(device: torch.device) -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+@reads_dump
 def analyze(
     inputs: Inputs,
     *,
@@ -297,6 +299,7 @@ def check_targets(targets: Sequence[float]) -> tuple[float, ...]:
     return checked
 
 
+@reads_dump
 def threshold_sweep(
     inputs: Inputs,
     *,
@@ -332,6 +335,7 @@ def threshold_sweep(
 DEFAULT_WINDOW = 100  # tokens shown by ``inspect --around`` without ``--window``
 
 
+@reads_dump
 def inspect_row(
     inputs: Inputs,
     sample_id: str | None = None,
@@ -616,6 +620,7 @@ def row_pass(
     return RowPass(analysis, rows, reader.log, torch_device, strict)
 
 
+@reads_dump
 def check_run(
     inputs: Inputs,
     gates: Sequence[Gate],
