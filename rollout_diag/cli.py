@@ -330,12 +330,22 @@ def dump_inputs(inputs: list[Path], input_format: str | None, trust_pickle: bool
     return DumpInputs(inputs, input_format, trust_pickle)
 
 
-def open_dump(inputs: list[Path], input_format: str | None, trust_pickle: bool, column: list[str] | None, **options):
-    """The command's :class:`~rollout_diag.dump.Dump`, opened (files found, footers read, columns resolved) before
-    torch is loaded: a missing file or column fails in a fraction of a second. ``options``: the command's shared
-    reading options (strict, chunk_tokens, device, workers, backend)."""
+def open_dump(
+    inputs: list[Path],
+    input_format: str | None,
+    trust_pickle: bool,
+    column: list[str] | None,
+    strict: bool = False,
+    chunk_tokens: int = CHUNK_TOKENS,
+    device: str = "auto",
+    workers: int = 1,
+    backend: str = "process",
+):
+    """The command's :class:`~rollout_diag.dump.Dump` (its shared reading options, given once), opened before torch
+    is loaded: files found, footers read, columns resolved, so a missing file or column fails at once."""
     from rollout_diag.dump import Dump
 
+    options = {"strict": strict, "chunk_tokens": chunk_tokens, "device": device, "workers": workers, "backend": backend}
     return Dump(inputs, parse_columns(column), input_format=input_format, trust_pickle=trust_pickle, **options).opened()
 
 
@@ -387,17 +397,7 @@ def analyze(
 ) -> None:
     """Every mismatch metric (verl's names), per step and for the run, with a verdict on what looks unhealthy
     and hints at the likely root cause."""
-    dump = open_dump(
-        inputs,
-        input_format,
-        trust_pickle,
-        column,
-        strict=strict,
-        chunk_tokens=chunk_tokens,
-        device=device,
-        workers=workers,
-        backend=backend,
-    )
+    dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend)
     from rollout_diag.engine import analyze as run_analysis
     from rollout_diag.render.analysis import render_analysis
     from rollout_diag.render.export import steps_csv, to_json_text
@@ -501,9 +501,7 @@ def sweep(
 ) -> None:
     """Which threshold of each rejection option / IS truncation rejects a target share of tokens or
     sequences, and what verl's default thresholds reject on this data."""
-    dump = open_dump(
-        inputs, input_format, trust_pickle, column, strict=strict, chunk_tokens=chunk_tokens, device=device
-    )
+    dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device)
     from rollout_diag.engine import threshold_sweep
     from rollout_diag.render.export import sweep_csv, to_json_text
     from rollout_diag.render.sweep import render_sweep
@@ -563,17 +561,7 @@ def compare_presets(
 ) -> None:
     """What every rollout-correction preset (verl's 19, the legacy family, your own) would do to this data,
     side by side, plus the threshold sweep."""
-    dump = open_dump(
-        inputs,
-        input_format,
-        trust_pickle,
-        column,
-        strict=strict,
-        chunk_tokens=chunk_tokens,
-        device=device,
-        workers=workers,
-        backend=backend,
-    )
+    dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend)
     from rollout_diag.compare import compare_presets as run_comparison
     from rollout_diag.render.export import comparison_csv, to_json_text
     from rollout_diag.render.format import plain
@@ -693,17 +681,7 @@ def report(
         raise ConfigError("give dump files or --from-json, not both.")
     dump = None
     if inputs:  # opened before the imports below load torch: a bad file fails at once
-        dump = open_dump(
-            inputs,
-            input_format,
-            trust_pickle,
-            column,
-            strict=strict,
-            chunk_tokens=chunk_tokens,
-            device=device,
-            workers=workers,
-            backend=backend,
-        )
+        dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend)
     from rollout_diag.report import write_report
 
     if from_json:
