@@ -121,21 +121,51 @@ class PositionAccumulator(StepAccumulator):
         return {"edges": list(DELTA_EDGES), "counts": counts}
 
 
-def row_tokens(chunk: Chunk, row: int) -> RowTokens:
-    """Every token of row ``row`` of ``chunk``, environment tokens included."""
-    start, end = int(chunk.offsets[row]), int(chunk.offsets[row + 1])
-    return RowTokens(
-        step=int(chunk.step[row]),
-        sample_id=chunk.sample_id[row],
-        file=chunk.file[row],
-        row=chunk.file_row[row],
-        mask=chunk.mask[start:end].to(torch.int8).tolist(),
-        trainer_logprob=chunk.trainer[start:end].tolist(),
-        rollout_logprob=chunk.rollout[start:end].tolist(),
-        token_id=None if chunk.token_ids is None else chunk.token_ids[start:end].tolist(),
-        token=None if chunk.token_text is None else [chunk.token_text(row, p) for p in range(end - start)],
-        extra=chunk.row_extra(row),
-    )
+@dataclass
+class CapturedRow:
+    """Every token of one row (environment tokens included), copied out of its chunk as arrays. A row entering a
+    top-K list may leave it at the next chunk: it becomes RowTokens (Python lists) only if it stays to the end."""
+
+    step: int
+    sample_id: str
+    file: str
+    row: int
+    mask: np.ndarray
+    trainer_logprob: np.ndarray
+    rollout_logprob: np.ndarray
+    token_id: np.ndarray | None
+    token: list[str | None] | None
+    extra: dict[str, Any]
+
+    @classmethod
+    def of(cls, chunk: Chunk, row: int) -> CapturedRow:
+        start, end = int(chunk.offsets[row]), int(chunk.offsets[row + 1])
+        return cls(
+            step=int(chunk.step[row]),
+            sample_id=chunk.sample_id[row],
+            file=chunk.file[row],
+            row=chunk.file_row[row],
+            mask=chunk.mask[start:end].cpu().numpy().astype(np.int8),
+            trainer_logprob=chunk.trainer[start:end].cpu().numpy().copy(),
+            rollout_logprob=chunk.rollout[start:end].cpu().numpy().copy(),
+            token_id=None if chunk.token_ids is None else chunk.token_ids[start:end].cpu().numpy().copy(),
+            token=None if chunk.token_text is None else [chunk.token_text(row, p) for p in range(end - start)],
+            extra=chunk.row_extra(row),
+        )
+
+    def tokens(self) -> RowTokens:
+        return RowTokens(
+            step=self.step,
+            sample_id=self.sample_id,
+            file=self.file,
+            row=self.row,
+            mask=self.mask.tolist(),
+            trainer_logprob=self.trainer_logprob.tolist(),
+            rollout_logprob=self.rollout_logprob.tolist(),
+            token_id=None if self.token_id is None else self.token_id.tolist(),
+            token=self.token,
+            extra=self.extra,
+        )
 
 
 # ------------------------------------------------------------------------------------------ top-K
@@ -233,7 +263,7 @@ class WorstTracker:
             round_tokens = np.bincount(segment_round[mine], weights=segment_length[mine])
             with np.errstate(invalid="ignore", divide="ignore"):
                 round_means = np.where(round_tokens > 0, round_abs / np.maximum(round_tokens, 1), -1.0)
-            tokens = row_tokens(chunk, row)
+            tokens = CapturedRow.of(chunk, row)
             details[row] = (
                 {
                     "step": tokens.step,
@@ -321,11 +351,11 @@ class WorstTracker:
 
     def worst_row_tokens(self) -> list[RowTokens]:
         """Token-level data of every row in any top-K list, once each, worst (by |log-ppl diff|) first."""
-        seen: dict[tuple[str, int], RowTokens] = {}
+        seen: dict[tuple[str, int], CapturedRow] = {}
         for tracker in self.rows.values():
             for _, _, (summary, tokens) in tracker.items:
                 seen.setdefault((summary["file"], summary["row"]), tokens)
-        return list(seen.values())
+        return [tokens.tokens() for tokens in seen.values()]
 
     def worst_tokens(self) -> list[WorstToken]:
         return [item for _, _, item in self.tokens.items]
