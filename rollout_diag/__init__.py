@@ -16,11 +16,11 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
-    "ComparisonResult": "rollout_diag.compare",
-    "PresetResult": "rollout_diag.compare",
+    "ComparisonResult": "rollout_diag.results",
+    "PresetResult": "rollout_diag.results",
     "analyze_and_compare": "rollout_diag.compare",
     "compare_presets": "rollout_diag.compare",
-    "export_decisions": "rollout_diag.compare",
+    "export_decisions": "rollout_diag.exports",
     "Dump": "rollout_diag.dump",
     "Analysis": "rollout_diag.engine",
     "analyze": "rollout_diag.engine",

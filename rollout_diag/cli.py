@@ -796,7 +796,7 @@ def load_json_results(paths: list[Path]):
         except (OSError, ValueError) as exc:
             raise InputError(f"{path}: not a readable JSON file ({exc}).") from exc
         if isinstance(document, dict) and "presets" in document:
-            from rollout_diag.compare import ComparisonResult
+            from rollout_diag.results import ComparisonResult
 
             kind, result = "compare-presets", ComparisonResult.from_json(document)
         elif isinstance(document, dict) and "run" in document and "steps" in document:

@@ -13,53 +13,18 @@ import logging
 import multiprocessing
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
 from numbers import Integral
 from typing import Any
 
 import torch
 
-from rollout_diag.engine import Analysis, Progress, run_chunks
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.io.reader import DumpReader, ReadLog
 from rollout_diag.io.sources import Source
-from rollout_diag.metrics.outcome import CorrectionAnalysis
-from rollout_diag.metrics.sweep import SweepAccumulator
-from rollout_diag.presets import Preset
+from rollout_diag.passes import Analysis, Pass, PassSpec, Progress, run_chunks
 
 BACKENDS = ("process", "ray")
 MAX_WORKERS = 1024  # a Ray cluster may be large; more parts than this only adds overhead
-
-
-@dataclass(frozen=True)
-class PassSpec:
-    """What one pass accumulates: analysis options, and (compare-presets) the presets and the sweep."""
-
-    options: Mapping[str, Any]
-    presets: Sequence[Preset] | None = None
-
-    def new(self) -> Pass:
-        presets = None if self.presets is None else CorrectionAnalysis(self.presets)
-        return Pass(Analysis(**self.options), presets, SweepAccumulator() if presets is not None else None)
-
-
-@dataclass
-class Pass:
-    """The accumulators of one pass over (part of) the data."""
-
-    analysis: Analysis
-    corrections: CorrectionAnalysis | None = None
-    sweep: SweepAccumulator | None = None
-
-    def consumers(self) -> list:
-        return [accumulator.update for accumulator in (self.analysis, self.corrections, self.sweep) if accumulator]
-
-    def merge(self, other: Pass) -> None:
-        self.analysis.merge(other.analysis)
-        if self.corrections is not None and other.corrections is not None:
-            self.corrections.merge(other.corrections)
-        if self.sweep is not None and other.sweep is not None:
-            self.sweep.merge(other.sweep)
 
 
 def run_part(

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import copy
-import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from numbers import Integral
 from pathlib import Path
 
@@ -15,231 +13,38 @@ import torch
 
 from rollout_diag.decisions.check import CheckResult, Gate, check
 from rollout_diag.decisions.diff import DEFAULT_LEVEL, DEFAULT_REPLICATES, DEFAULT_SEED, DiffResult, DiffSide, diff
+from rollout_diag.distributed import analyze_parts, check_workers
 from rollout_diag.dump import reads_dump
 from rollout_diag.errors import ConfigError, DataError, option_name, where
 from rollout_diag.hints import with_hints
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.io.formats import input_options
-from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, DumpReader, ReadLog
+from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, ReadLog
 from rollout_diag.metrics.base import StepAccumulator, row_mean
-from rollout_diag.metrics.debug import DebugAccumulator
 from rollout_diag.metrics.dialects import DEFAULT as DEFAULT_DIALECT
-from rollout_diag.metrics.dialects import DialectsAccumulator, dilution_warning
 from rollout_diag.metrics.dialects import resolve as resolve_dialects
-from rollout_diag.metrics.hints import HintEvidenceAccumulator
 from rollout_diag.metrics.localize import (
     DEFAULT_CATASTROPHIC,
     DEFAULT_TOP_K,
-    PositionAccumulator,
     WorstTracker,
 )
-from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
-from rollout_diag.metrics.rollout_kl import RolloutKLAccumulator
-from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS, RoundAccumulator
+from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS
 from rollout_diag.metrics.rowstats import RowStatsCollector
-from rollout_diag.metrics.segments import SHARED_QUANTITIES, prepare, stats
+from rollout_diag.metrics.segments import stats
 from rollout_diag.metrics.sweep import DEFAULT_TARGETS, SweepAccumulator, sweep_tables
 from rollout_diag.metrics.trends import ANOMALY_KEEP, find_anomalies, keep_largest, round_trend, step_trend
-from rollout_diag.paths import file_label
-from rollout_diag.presets import Preset
-from rollout_diag.results import AnalysisResult, RowStats, RowTokens, SkippedRow, StepResult, SweepResult
-from rollout_diag.verdicts import judge
-
-Progress = Callable[[int, int], None]  # (file rows consumed, total file rows)
-# Token quantities of the analysis families, prepared in the reader's thread (the costly exps among them).
-ANALYSIS_QUANTITIES = (
-    *SHARED_QUANTITIES,
-    "k3",
-    "skyrl_k3",
-    "square",
-    "clamped_log_ratio",
-    "chi2_term",
-    "trainer_prob",
-    "rollout_prob",
-    "prob_diff",
-    "hint_clipped_abs",
-    "hint_clipped_square",
-    "hint_cross",
-    "hint_rollout_square",
+from rollout_diag.passes import (
+    Analysis,
+    Inputs,
+    Progress,
+    check_analysis_options,
+    open_reader,
+    resolve_device,
+    run_chunks,
 )
-# Files, globs or directories (a DumpInputs carries the trainer format), or a DumpReader opened over them.
-Inputs = str | Path | Sequence[str | Path] | DumpReader
-MAX_LISTED_EMPTY_ROWS = 20
-
-
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """``auto`` picks CUDA when torch sees a GPU, else the CPU. Raises ConfigError for an unusable device."""
-    if isinstance(device, torch.device):
-        return device
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        resolved = torch.device(device)
-    except RuntimeError as exc:
-        raise ConfigError(f"{option_name('device')}={device}: not a device (use auto, cpu or cuda).") from exc
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(
-            f"{option_name('device')}={device}: torch sees no CUDA GPU.",
-            hint=f"install a CUDA build of torch (see README) or use {option_name('device')}=cpu.",
-        )
-    return resolved
-
-
-@dataclass
-class Analysis:
-    """All analysis families, mergeable: the state a worker ships back and the driver folds together."""
-
-    max_rounds: int = DEFAULT_MAX_ROUNDS
-    catastrophic: float = DEFAULT_CATASTROPHIC
-    top_k: int = DEFAULT_TOP_K
-    offpolicy_only: bool = False  # only §1 (what every preset reports alongside its own metrics)
-    offpolicy: OffPolicyAccumulator = field(default_factory=OffPolicyAccumulator)
-    debug: DebugAccumulator = field(default_factory=DebugAccumulator)
-    rollout_kl: RolloutKLAccumulator = field(default_factory=RolloutKLAccumulator)
-    rounds: RoundAccumulator = field(init=False)
-    positions: PositionAccumulator = field(init=False)
-    worst: WorstTracker = field(init=False)
-    empty_rows: list[tuple[int, str, str, int]] = field(default_factory=list)  # (step, sample_id, file, row)
-    dialects: tuple[str, ...] = (DEFAULT_DIALECT,)  # frameworks whose own metric names to report (--dialect)
-    dialect: DialectsAccumulator = field(init=False)
-    hint_evidence: HintEvidenceAccumulator = field(default_factory=HintEvidenceAccumulator)
-
-    def __post_init__(self) -> None:
-        check_analysis_options(self.max_rounds, self.catastrophic, self.top_k)
-        self.dialect = DialectsAccumulator(self.dialects)
-        self.rounds = RoundAccumulator(self.max_rounds, self.catastrophic)
-        self.positions = PositionAccumulator(self.catastrophic)
-        self.worst = WorstTracker(self.top_k, self.catastrophic)
-
-    def prepare(self, chunk: Chunk) -> None:
-        """The per-token quantities the families read, built in the reader's thread (``run_chunks``)."""
-        prepare(chunk, SHARED_QUANTITIES if self.offpolicy_only else ANALYSIS_QUANTITIES)
-
-    @property
-    def families(self) -> tuple[StepAccumulator, ...]:
-        if self.offpolicy_only:
-            return (self.offpolicy,)
-        return (self.offpolicy, self.debug, self.rollout_kl, self.rounds, self.positions)
-
-    def update(self, chunk: Chunk) -> None:
-        for family in self.families:
-            family.update(chunk)
-        if not self.offpolicy_only:
-            self.worst.update(chunk)
-            self.dialect.update(chunk)
-            self.hint_evidence.update(chunk)
-        if len(self.empty_rows) < MAX_LISTED_EMPTY_ROWS:
-            for row in torch.nonzero(stats(chunk).row_count == 0).flatten().tolist()[:MAX_LISTED_EMPTY_ROWS]:
-                self.empty_rows.append(
-                    (int(chunk.step[row]), chunk.sample_id[row], chunk.file[row], chunk.file_row[row])
-                )
-
-    def merge(self, other: Analysis) -> None:
-        for mine, theirs in zip(self.families, other.families, strict=True):
-            mine.merge(theirs)
-        self.worst.merge(other.worst)
-        self.dialect.merge(other.dialect)
-        self.hint_evidence.merge(other.hint_evidence)
-        # the first rows by (step, file, row), whichever worker found them
-        self.empty_rows = sorted(self.empty_rows + other.empty_rows, key=lambda e: (e[0], e[2], e[3]))
-        del self.empty_rows[MAX_LISTED_EMPTY_ROWS:]
-
-    def step_results(self) -> list[StepResult]:
-        per_family = [family.finalize_steps() for family in self.families]
-        dialects = {} if self.offpolicy_only else self.dialect.finalize_steps()
-        results = []
-        for step, state in sorted(self.offpolicy.steps.items()):
-            metrics: dict[str, float] = {}
-            for finalized in per_family:
-                metrics.update(finalized.get(step, {}))
-            results.append(
-                StepResult(
-                    step,
-                    int(state["rows"]),
-                    int(state["tokens"]),
-                    metrics,
-                    int(state["empty_rows"]),
-                    dialects.get(step, {}),
-                )
-            )
-        return results
-
-    def run_result(self) -> StepResult:
-        state = self.offpolicy.run_state()
-        metrics: dict[str, float] = {}
-        for family in self.families:
-            metrics.update(family.finalize_run())
-        if state is None:
-            return StepResult(None, 0, 0, metrics)
-        dialects = {} if self.offpolicy_only else self.dialect.finalize_run()
-        rows, tokens, empty = int(state["rows"]), int(state["tokens"]), int(state["empty_rows"])
-        return StepResult(None, rows, tokens, metrics, empty, dialects)
-
-    def warnings(self, steps: Sequence[StepResult]) -> list[str]:
-        notes = []
-        no_token_steps = [s.step for s in steps if s.tokens == 0]
-        if no_token_steps:
-            notes.append(
-                f"{len(no_token_steps)} step(s) have no model token (response_mask all 0) and no metrics: "
-                f"steps {_list(no_token_steps)}."
-            )
-        empty = sum(s.empty_rows for s in steps)
-        if empty:
-            examples = ", ".join(
-                f"step {step} sample '{sample}' ({Path(file).name} row {row})"
-                for step, sample, file, row in self.empty_rows[:5]
-            )
-            notes.append(
-                f"{empty} row(s) have no model token; as in verl they count in row means with R_i = 0 "
-                f"(ppl 1, log-ppl diff 0): {examples}{', …' if empty > 5 else ''}."
-            )
-            if not self.offpolicy_only and (moved := dilution_warning(empty, self.dialect.finalize_run())):
-                notes.append(moved)
-        return notes
-
-
-def _list(values: Sequence[int], limit: int = 10) -> str:
-    shown = ", ".join(str(v) for v in values[:limit])
-    return shown + (f", … ({len(values)} in all)" if len(values) > limit else "")
-
-
-def run_chunks(
-    reader: DumpReader,
-    consumers: Sequence[Callable[[Chunk], None]],
-    device: torch.device,
-    progress: Progress | None = None,
-    prepare: Callable[[Chunk], None] = prepare,
-) -> None:
-    """Feed every chunk of ``reader`` to each consumer in turn; report progress in file rows. ``prepare`` runs on
-    each chunk in the reader's thread first (segments and shared token quantities, ``metrics.segments.prepare``)."""
-    total = reader.log.total_rows
-    with _core_for_the_reader(device):
-        for chunk, consumed in reader.chunks(device, prepare=prepare):
-            for consume in consumers:
-                consume(chunk)
-            # The shared per-chunk values refer back to the chunk; clearing them frees its tensors now rather
-            # than whenever the cyclic garbage collector runs (memory would grow with the file meanwhile).
-            chunk.cache.clear()
-            if progress is not None:
-                progress(consumed, total)
-
-
-@contextmanager
-def _core_for_the_reader(device: torch.device) -> Iterator[None]:
-    """On the CPU, torch's intra-op threads leave one core to the reader thread while chunks are computed.
-
-    With every core taken by torch, the reader thread and OpenMP's spinning workers fight over them: on 2 cores
-    under load, 2 intra-op threads were 2–6× slower than 1 (measured, docs/benchmarks.md)."""
-    threads = torch.get_num_threads()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if torch.device(device).type != "cpu" or threads < cores:
-        yield
-        return
-    torch.set_num_threads(max(1, cores - 1))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
+from rollout_diag.paths import file_label
+from rollout_diag.presets import Preset, resolve_presets
+from rollout_diag.results import AnalysisResult, RowStats, RowTokens, SkippedRow, SweepResult
+from rollout_diag.verdicts import judge
 
 
 @reads_dump
@@ -268,8 +73,6 @@ def analyze(
     Raises RolloutDiagError (InputError, ColumnError, DataError, ConfigError) for bad input or options.
     """
     check_analysis_options(max_rounds, catastrophic, top_k)
-    from rollout_diag.distributed import check_workers
-
     check_workers(workers, backend)
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
@@ -280,8 +83,6 @@ def analyze(
         "dialects": resolve_dialects(dialect),
     }
     if workers > 1:
-        from rollout_diag.distributed import analyze_parts
-
         analysis = analyze_parts(reader, workers, backend, torch_device, options, progress)
     else:
         analysis = Analysis(**options)
@@ -454,28 +255,6 @@ def _row_window(chunk: Chunk, index: int, around: int | None, window: int | None
     )
 
 
-def open_reader(
-    inputs: Inputs,
-    columns: Mapping[str, str] | None,
-    *,
-    strict: bool,
-    chunk_tokens: int,
-) -> DumpReader:
-    """A reader over ``inputs``; an already opened (and not yet read) DumpReader is used as it is, when it was
-    opened with the same options (the CLI opens the files before loading torch, so a bad file fails at once)."""
-    if isinstance(inputs, DumpReader):
-        given = {"columns": dict(columns or {}), "strict": strict, "chunk_tokens": chunk_tokens}
-        opened = {"columns": inputs.overrides, "strict": inputs.strict, "chunk_tokens": inputs.chunk_tokens}
-        if given != opened or inputs.log.finished:
-            raise ConfigError(f"an open DumpReader was passed with other options than {given}, or already read.")
-        return inputs
-    paths = [str(inputs)] if isinstance(inputs, (str, Path)) else [str(p) for p in inputs]
-    input_format, trust_pickle = input_options(inputs)  # what a DumpInputs carries (io/formats)
-    return DumpReader(
-        paths, columns, strict=strict, chunk_tokens=chunk_tokens, input_format=input_format, trust_pickle=trust_pickle
-    )
-
-
 def _first(log: ReadLog) -> SkippedRow | None:
     return log.skipped[0] if log.skipped else None
 
@@ -530,22 +309,6 @@ def build_result(analysis: Analysis, log: ReadLog, device: torch.device, strict:
         anomalies_cut=anomalies_cut,
     )
     return result if analysis.offpolicy_only else with_hints(result, analysis.hint_evidence.evidence())
-
-
-MAX_ROUNDS_LIMIT = 4096  # per-round state is allocated per round index: a bound keeps memory bounded
-MAX_TOP_K = 1000  # the top rows keep every token: a bound keeps memory and output readable
-
-
-def check_analysis_options(max_rounds: int, catastrophic: float, top_k: int) -> None:
-    """Raises ConfigError (one line, naming the option) unless every analysis option is in its range."""
-    if isinstance(max_rounds, bool) or not isinstance(max_rounds, Integral) or not 1 <= max_rounds <= MAX_ROUNDS_LIMIT:
-        raise ConfigError(
-            f"{option_name('max_rounds')}={max_rounds}: must be a whole number from 1 to {MAX_ROUNDS_LIMIT}."
-        )
-    if not 0 < catastrophic < float("inf"):
-        raise ConfigError(f"{option_name('catastrophic')}={catastrophic}: must be a positive, finite |δ| threshold.")
-    if isinstance(top_k, bool) or not isinstance(top_k, Integral) or not 1 <= top_k <= MAX_TOP_K:
-        raise ConfigError(f"{option_name('top_k')}={top_k}: must be a whole number from 1 to {MAX_TOP_K}.")
 
 
 # ----------------------------------------------------------------------- decisions: check and diff
@@ -679,8 +442,6 @@ def diff_runs(
     """Run A against run B (two dumps; or one dump, ``inputs_b`` None, split by ``steps_a`` / ``steps_b``): every
     key metric, its bootstrap interval of B − A over sequences and a verdict; per preset the change in dropped
     tokens. Raises RolloutDiagError for bad input or options."""
-    from rollout_diag.compare import resolve_presets
-
     chosen = resolve_presets(presets)
     options = {"columns": columns, "device": device, "strict": strict, "chunk_tokens": chunk_tokens}
     if inputs_b is None:

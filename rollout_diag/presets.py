@@ -600,3 +600,21 @@ def _preset_from_mapping(path: Path, name: str, settings: Any) -> Preset:
         return Preset(name=name, rollout_is_batch_normalize=batch_normalize, **values)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc.message}", hint=exc.hint) from None
+
+
+def resolve_presets(presets: Sequence[str | Preset] | None) -> list[Preset]:
+    """None -> every built-in preset; names (and groups) are looked up; Preset objects pass as they are.
+    Raises ConfigError for an unknown name or two presets with one name."""
+    if presets is None:
+        return get_presets(None)
+    chosen: list[Preset] = []
+    for item in presets:
+        chosen.extend([item] if isinstance(item, Preset) else get_presets([item]))
+    unique: dict[str, Preset] = {}
+    for preset in chosen:
+        if preset.name in unique and unique[preset.name] != preset:
+            raise ConfigError(f"preset '{preset.name}' is given twice with different settings; rename one.")
+        unique[preset.name] = preset
+    if not unique:
+        raise ConfigError("no preset chosen.", hint=f"leave out {option_name('presets')} to compare all presets.")
+    return list(unique.values())

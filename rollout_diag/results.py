@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+
+from rollout_diag.decisions.intrusive import INTRUSIVE_MIN_ESS, INTRUSIVE_REJECTED_FRACTION
+from rollout_diag.errors import InputError
 
 SCHEMA_VERSION = 1
 ExtraValue = float | int | bool | str | None  # a row's value of an extra dump column (reward, advantage, …)
@@ -243,6 +248,70 @@ class AnalysisResult:
             "hints": [{**asdict(h), "evidence": _json_row(h.evidence)} for h in self.hints],
         }
 
+    @classmethod
+    def from_json(cls, document: dict[str, Any]) -> AnalysisResult:
+        """The AnalysisResult that ``to_json()`` wrote ``document`` from (JSON null metrics come back as NaN).
+
+        Raises InputError when the document is not an ``analyze`` result of a schema version this build reads.
+        """
+        if not isinstance(document, dict) or "run" not in document or "steps" not in document:
+            raise InputError("not an `analyze --format json` result: expected keys 'run' and 'steps'")
+        version = document.get("schema_version")
+        if version is not None and version > SCHEMA_VERSION:
+            raise InputError(
+                f"result has schema_version {version}, this rollout-diag reads up to {SCHEMA_VERSION}: upgrade"
+            )
+        values: dict[str, Any] = {}
+        for spec in dataclasses.fields(cls):
+            if spec.name not in document:
+                continue
+            raw = document[spec.name]
+            if spec.name == "run":
+                values[spec.name] = StepResult.from_json(raw)
+            elif spec.name == "steps":
+                values[spec.name] = [StepResult.from_json(step) for step in raw]
+            elif spec.name in _ITEM_TYPES:
+                values[spec.name] = [_item(_ITEM_TYPES[spec.name], item) for item in raw]
+            elif spec.name in ("rounds", "positions"):
+                values[spec.name] = [{key: _nan_for_null(value, key) for key, value in row.items()} for row in raw]
+            else:
+                values[spec.name] = raw
+        missing = [spec.name for spec in dataclasses.fields(cls) if _required(spec) and spec.name not in values]
+        if missing:
+            raise InputError(f"result JSON lacks {', '.join(missing)}")
+        return cls(**values)
+
+
+# List fields of AnalysisResult whose items are dataclasses of this module (named: they are defined above it).
+_ITEM_TYPES = {
+    "verdicts": "Verdict",
+    "skipped": "SkippedRow",
+    "worst_rows": "WorstRow",
+    "worst_tokens": "WorstToken",
+    "worst_row_tokens": "RowTokens",
+    "anomalies": "Anomaly",
+    "trends": "Trend",
+    "hints": "Hint",
+}
+
+
+def _item(type_name: str, raw: dict[str, Any]) -> Any:
+    """One list item; keys this build does not know (derived ones such as ``trainer_prob``) are left out."""
+    item_type = getattr(sys.modules[__name__], type_name)
+    names = {spec.name for spec in dataclasses.fields(item_type)}
+    return item_type(**{key: value for key, value in raw.items() if key in names})
+
+
+def _required(spec: dataclasses.Field) -> bool:
+    return spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING
+
+
+def _nan_for_null(value: Any, key: str) -> Any:
+    # Integers-or-labels stay as they are; a null float metric was NaN before to_json().
+    if value is None and key not in ("step", "bucket", "label"):
+        return math.nan
+    return value
+
 
 def _json_row(row: dict[str, Any]) -> dict[str, Any]:
     return {key: json_number(value) for key, value in row.items()}
@@ -291,6 +360,106 @@ class SweepResult:
 
 
 @dataclass(frozen=True)
+class PresetResult:
+    """One preset: its settings, §1 + §2/§3 (or §8) + ``summary/`` metrics per step and for the run."""
+
+    name: str
+    config: dict[str, Any]
+    mode: str
+    steps: list[StepResult]
+    run: StepResult
+    intrusive_reasons: tuple[str, ...] = ()  # decisions/intrusive.py: why the preset is intrusive (empty: it is not)
+
+    @property
+    def intrusive(self) -> bool:
+        return bool(self.intrusive_reasons)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "mode": self.mode,
+            "config": dict(self.config),
+            "intrusive": self.intrusive,
+            "intrusive_reasons": list(self.intrusive_reasons),
+            "steps": [step.to_json() for step in self.steps],
+            "run": self.run.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> PresetResult:
+        """Inverse of ``to_json``."""
+        return cls(
+            name=raw["name"],
+            config=raw["config"],
+            mode=raw["mode"],
+            steps=[StepResult.from_json(step) for step in raw["steps"]],
+            run=StepResult.from_json(raw["run"]),
+            intrusive_reasons=tuple(raw.get("intrusive_reasons", ())),
+        )
+
+
+@dataclass(frozen=True)
+class ComparisonResult:
+    """What ``compare_presets`` found; ``to_json()`` is the documented JSON. ``sweep`` is the run-level threshold
+    sweep (one entry per option, with its share-vs-threshold curve: rollout_diag.metrics.sweep)."""
+
+    inputs: list[str]
+    columns: dict[str, str]
+    presets: list[PresetResult]
+    warnings: list[str] = field(default_factory=list)
+    skipped: list[SkippedRow] = field(default_factory=list)
+    skipped_rows: int = 0
+    layout: str = ""
+    device: str = ""
+    sweep: list[dict[str, Any]] = field(default_factory=list)
+    intrusive_rejected_fraction: float = INTRUSIVE_REJECTED_FRACTION
+    intrusive_min_ess: float = INTRUSIVE_MIN_ESS
+
+    @classmethod
+    def from_json(cls, document: dict[str, Any]) -> ComparisonResult:
+        """Inverse of ``to_json`` (``compare-presets --format json``); raises InputError for another document."""
+        try:
+            intrusive = document.get("intrusive", {})
+            return cls(
+                inputs=document["inputs"],
+                columns=document["columns"],
+                presets=[PresetResult.from_json(item) for item in document["presets"]],
+                warnings=document.get("warnings", []),
+                skipped=[SkippedRow(**item) for item in document.get("skipped", [])],
+                skipped_rows=document.get("skipped_rows", 0),
+                layout=document.get("layout", ""),
+                device=document.get("device", ""),
+                sweep=document.get("sweep", []),
+                intrusive_rejected_fraction=intrusive.get("rejected_fraction", INTRUSIVE_REJECTED_FRACTION),
+                intrusive_min_ess=intrusive.get("min_ess", INTRUSIVE_MIN_ESS),
+            )
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise InputError(f"not a `compare-presets --format json` result (missing {exc}).") from exc
+
+    def preset(self, name: str) -> PresetResult:
+        """The result of preset ``name``; raises KeyError."""
+        for result in self.presets:
+            if result.name == name:
+                return result
+        raise KeyError(name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "inputs": list(self.inputs),
+            "columns": dict(self.columns),
+            "layout": self.layout,
+            "device": self.device,
+            "intrusive": {"rejected_fraction": self.intrusive_rejected_fraction, "min_ess": self.intrusive_min_ess},
+            "presets": [preset.to_json() for preset in self.presets],
+            "sweep": list(self.sweep),
+            "warnings": list(self.warnings),
+            "skipped": [asdict(s) for s in self.skipped],
+            "skipped_rows": self.skipped_rows,
+        }
+
+
+@dataclass(frozen=True)
 class RowStats:
     """Per-row columns (float64 [R]) of one run, in reading order; ``rejected[preset]``: model tokens the
     preset drops in each row (RS rejection, IcePop zero weight, legacy mask/veto)."""
@@ -329,3 +498,13 @@ class RowStats:
         if name.startswith("rejected:"):
             return self.rejected[name.removeprefix("rejected:")]
         return self.sums[name]
+
+
+@dataclass(frozen=True)
+class DialectLayout:
+    """Plain-data description of the dialects: titles, and per framework its metric names -> concept, in order
+    (built by ``metrics.dialects.layout()``, read by ``render.dialects``)."""
+
+    titles: Mapping[str, str]
+    concepts: Sequence[str]  # rows of the side-by-side table, in order
+    metrics: Mapping[str, Mapping[str, str]]  # framework -> metric name -> concept

@@ -10,9 +10,8 @@ import pytest
 from test_cli import invoke, succeeded
 from test_schema import validator
 
-from rollout_diag.compare import ComparisonResult, PresetResult
 from rollout_diag.decisions.recommend import by_intrusiveness, recommend, sort_by_intrusiveness
-from rollout_diag.results import StepResult
+from rollout_diag.results import ComparisonResult, PresetResult, StepResult
 
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_data" / "textgenrnn_bf16_vs_fp32.parquet"
 CALM = {"rollout_corr/k3_kl": 1e-4, "rollout_corr/chi2_token": 1e-3, "rollout_corr/chi2_seq": 0.1}

@@ -9,11 +9,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from rollout_diag.compare import ComparisonResult, PresetResult, intrusive_reasons
+from rollout_diag.decisions.intrusive import intrusive_reasons
 from rollout_diag.presets import PRESETS
 from rollout_diag.render import presets as render_presets
 from rollout_diag.render.presets import INTRUSIVE_STYLE, presets_table
-from rollout_diag.results import StepResult
+from rollout_diag.results import ComparisonResult, PresetResult, StepResult
 
 
 def preset_result(name: str, metrics: dict[str, float]) -> PresetResult:

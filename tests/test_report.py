@@ -15,7 +15,6 @@ import re
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
@@ -23,12 +22,13 @@ import pyarrow.parquet as pq
 import pytest
 
 import rollout_diag
+from rollout_diag.decisions.intrusive import intrusive_reasons
 from rollout_diag.errors import ConfigError, InputError
 from rollout_diag.glossary import GLOSSARY, lookup
 from rollout_diag.report import render_report, result_from_json, write_report
 from rollout_diag.report.page import script_json
 from rollout_diag.report.series import MAX_STEP_POINTS, decimate
-from rollout_diag.results import Anomaly, WorstToken
+from rollout_diag.results import Anomaly, ComparisonResult, PresetResult, StepResult, WorstToken
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL_DUMP_CANDIDATES = (
@@ -300,20 +300,24 @@ def test_result_from_json_rejects_other_documents():
 
 
 # ------------------------------------------------------------------------------------------ presets
-def fake_comparison(steps: list[int]) -> SimpleNamespace:
-    """A compare_presets-shaped object (duck-typed: the report needs only these attributes)."""
+def fake_comparison(steps: list[int]) -> ComparisonResult:
+    """A hand-built compare_presets result: three presets, one sweep option."""
 
-    def step(number: int | None, rejected: float, ess: float | None) -> SimpleNamespace:
+    def step(number: int | None, rejected: float, ess: float | None) -> StepResult:
         metrics = {
             "rollout_corr/rollout_rs_masked_fraction": rejected,
             "rollout_corr/rollout_rs_seq_masked_fraction": 2 * rejected,
         }
         if ess is not None:
             metrics["rollout_corr/rollout_is_eff_sample_size"] = ess
-        return SimpleNamespace(step=number, rows=4, tokens=100, metrics={"rollout_corr/k3_kl": 1e-3, **metrics})
+        return StepResult(number, 4, 100, {"rollout_corr/k3_kl": 1e-3, **metrics})
+
+    def marks(rejected: float, ess: float | None) -> tuple[str, ...]:
+        run = {"summary/rejected_token_fraction": rejected}
+        return intrusive_reasons(run if ess is None else {**run, "rollout_corr/rollout_is_eff_sample_size": ess})
 
     presets = [
-        SimpleNamespace(
+        PresetResult(
             name=f"<b>{name}</b>" if name == "evil" else name,
             mode="decoupled",
             config={
@@ -324,6 +328,7 @@ def fake_comparison(steps: list[int]) -> SimpleNamespace:
             },
             steps=[step(s, rejected * (1 + s / 10), ess) for s in steps],
             run=step(None, rejected, ess),
+            intrusive_reasons=marks(rejected, ess),
         )
         for name, rs, rejected, ess in (
             ("token_is", None, 0.0, 0.9),
@@ -334,13 +339,17 @@ def fake_comparison(steps: list[int]) -> SimpleNamespace:
     sweep = [
         {
             "option": "seq_mean_k3",
+            "level": "sequence",
+            "verl_default": "0.01",
+            "default_threshold": 0.01,
+            "count": 40,
+            "exact": True,
+            "default_share": 0.032,
+            "thresholds": [],
             "curve": [{"threshold": t, "share": 0.1 / t} for t in (1, 2, 4, 8)],
-            "default_threshold": 2.0,
-            "default_share": 0.05,
-            "summary": "seq_mean_k3 ≤ 0.01 rejects 3.2 % here",
         }
     ]
-    return SimpleNamespace(inputs=["x.parquet"], presets=presets, sweep=sweep)
+    return ComparisonResult(inputs=["x.parquet"], columns={}, presets=presets, sweep=sweep)
 
 
 def test_presets_section_from_a_comparison(real_result):
@@ -350,7 +359,7 @@ def test_presets_section_from_a_comparison(real_result):
     assert {"presets", "sweep"} <= set(plot_names(html))
     assert html.count('class="intrusive"') == 2  # rejects 20 %; ESS 0.3
     assert "<b>evil</b>" not in html and "&lt;b&gt;evil&lt;/b&gt;" in html
-    assert "rejects 3.2 % here" in html
+    assert "seq_mean_k3 ≤ 0.01 rejects 3.20 % of sequences here" in html  # decisions.sweep's sentence
     rejection = embedded_payload(html)["figures"]["rejection"]["data"]
     assert [trace["name"] for trace in rejection] == ["k3_rs", "&lt;b&gt;evil&lt;/b&gt;"], "most dropped first"
     only = render_report(real_result, comparison=comparison, presets=["token_is"])
@@ -367,7 +376,7 @@ def test_real_comparison_and_comparison_alone(tmp_path):
     assert '<section id="presets">' in html and '<section id="trends">' in html
     for preset in comparison.presets:
         assert f">{preset.name}</span>" in html
-    from_json = render_report(json.loads(json.dumps(comparison.to_json())))
+    from_json = render_report(ComparisonResult.from_json(json.loads(json.dumps(comparison.to_json()))))
     assert from_json.count("<tr") == html.count("<tr")
 
 

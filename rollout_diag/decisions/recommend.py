@@ -1,8 +1,8 @@
 """ "Which correction should I turn on?": a recommendation from a preset comparison, with its rule and reasons.
 
 The rule (docs/recommendation.md gives the reasons): among presets that correct something (IS weights or
-rejection), keep those that compare-presets does not call intrusive (``compare.intrusive_reasons``: at most 10 %
-of model tokens dropped, IS effective sample size ≥ 0.5) and whose IS weights stay in verl's healthy band
+rejection), keep those that compare-presets does not call intrusive (``decisions.intrusive.intrusive_reasons``: at
+most 10 % of model tokens dropped, IS effective sample size ≥ 0.5) and whose IS weights stay in verl's healthy band
 (mean IS weight within [0.5, 2]); recommend the least intrusive of them. Intrusiveness orders presets by the
 share of model tokens dropped, then of sequences dropped, then by how far the IS weights are from uniform
 (1 − ESS). Pure functions over a ComparisonResult (its ``--format json`` dict works too).
@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rollout_diag.decisions.intrusive import INTRUSIVE_MIN_ESS, INTRUSIVE_REJECTED_FRACTION, intrusive_reasons
 from rollout_diag.verdicts import judge
 
 IS_MEAN_BAND = (0.5, 2.0)  # verl's warning band for rollout_is_mean (docs/algo/rollout_corr.md)
@@ -94,8 +95,6 @@ def _metric(metrics: Mapping[str, Any], name: str) -> float | None:
 def standings(comparison: Any, presets: Sequence[Any] | None = None) -> list[PresetStanding]:
     """Every preset of the comparison (or only ``presets``, some of its presets) with its intrusiveness numbers and
     rule problems, in the comparison's order."""
-    from rollout_diag.compare import INTRUSIVE_MIN_ESS, INTRUSIVE_REJECTED_FRACTION, intrusive_reasons
-
     limits = _limits(comparison, INTRUSIVE_REJECTED_FRACTION, INTRUSIVE_MIN_ESS)
     out = []
     for preset in _attr(comparison, "presets") or [] if presets is None else presets:
@@ -153,8 +152,6 @@ def by_intrusiveness(comparison: Any) -> list[str]:
 def recommend(comparison: Any, presets: Sequence[Any] | None = None) -> Recommendation:
     """The recommendation for this comparison, among ``presets`` (some of its presets) when given (see the module
     docstring for the rule)."""
-    from rollout_diag.compare import INTRUSIVE_MIN_ESS, INTRUSIVE_REJECTED_FRACTION
-
     rejected, min_ess = _limits(comparison, INTRUSIVE_REJECTED_FRACTION, INTRUSIVE_MIN_ESS)
     rule = RULE.format(rejected=rejected, ess=min_ess)
     ranked = sorted(standings(comparison, presets), key=lambda item: item.key)

@@ -1,85 +1,23 @@
-"""Number and text formatting shared by every table: short numbers, and data strings made safe for a terminal."""
+"""Rich bits of the terminal tables: verdict colours, data strings as rich Text. The numbers themselves are
+formatted by :mod:`rollout_diag.formatting`, which the HTML report shares."""
 
 from __future__ import annotations
-
-import math
-import unicodedata
 
 from rich.markup import escape as escape_markup
 from rich.text import Text
 
-from rollout_diag.results import ExtraValue
+from rollout_diag.formatting import FIXED_RANGE as FIXED_RANGE
+from rollout_diag.formatting import extra_cell as extra_cell
+from rollout_diag.formatting import number as number
+from rollout_diag.formatting import percent as percent
+from rollout_diag.formatting import visible
 
 LEVEL_STYLE = {"ok": "green", "watch": "yellow", "bad": "bold red", "n/a": "dim"}
-FIXED_RANGE = (0.01, 1e4)  # |value| in this range prints as 0.01691 or 1234; outside it as 3.42e-3
-# Invisible characters that reorder or hide text (bidi overrides, zero-width): shown like control characters.
-HIDDEN = frozenset("\u061c\u200b\u200c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\ufeff")
-
-
-def number(value: float | int | None, digits: int = 4) -> str:
-    """``digits`` significant digits, scientific with a short exponent (``3.42e-3``) outside 0.01–10 000;
-    integers (and integral floats) with thousands separators; None as a dash."""
-    if value is None:
-        return "–"
-    if isinstance(value, bool):
-        return str(int(value))
-    if isinstance(value, int):
-        return f"{value:,}"
-    value = float(value)
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    if value == int(value) and abs(value) < 1e15:
-        return f"{int(value):,}"
-    if FIXED_RANGE[0] <= abs(value) < FIXED_RANGE[1]:
-        return f"{value:.{digits}g}"
-    mantissa, exponent = f"{value:.{max(digits - 2, 0)}e}".split("e")
-    if "." in mantissa:
-        mantissa = mantissa.rstrip("0").rstrip(".")
-    return f"{mantissa}e{int(exponent)}"
-
-
-def extra_cell(value: ExtraValue) -> str:
-    """An extra column's value: numbers as every table shows them, booleans as JSON spells them, null as a dash."""
-    if value is None:
-        return "–"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    return number(value) if isinstance(value, float) else value
-
-
-def percent(value: float | None) -> str:
-    """2 decimals; tiny non-zero shares keep 2 significant digits instead of rounding to 0.00 %."""
-    if value is None or math.isnan(value):
-        return "–"
-    if 0 < abs(value) < 1e-4:
-        return f"{100.0 * value:.2g} %"
-    return f"{100.0 * value:.2f} %"
 
 
 def level(text: str) -> Text:
     """A verdict level in its colour."""
     return Text(text, style=LEVEL_STYLE.get(text, ""))
-
-
-def visible(text: object) -> str:
-    """``text`` with every control character (ESC, CR, BEL, C1 codes…) and every invisible reordering character
-    written as an escape (``\\x1b``, ``\\u202e``): data can never move the cursor, clear the screen, open a link
-    or hide itself on a terminal. Newlines and tabs become ``\\n`` and ``\\t`` (a cell stays one line)."""
-    out = []
-    for char in str(text):
-        if char in HIDDEN or unicodedata.category(char) in ("Cc", "Zl", "Zp"):
-            code = ord(char)
-            out.append(
-                {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(char)
-                or (f"\\x{code:02x}" if code < 256 else f"\\u{code:04x}")
-            )
-        else:
-            out.append(char)
-    return "".join(out)
 
 
 def plain(text: object, style: str = "") -> Text:

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rollout_diag.render.format import number, percent
 from rollout_diag.render.table import Column, FitTable
-
-if TYPE_CHECKING:  # compare.py imports torch; the table only reads the result's fields
-    from rollout_diag.compare import ComparisonResult
+from rollout_diag.results import ComparisonResult
 
 INTRUSIVE_STYLE = "bold red"
 INTRUSIVE_MARK = "!"  # in the text itself, so logs and pipes (no colour) show it too

@@ -8,10 +8,9 @@ from typing import Any
 from rich.console import Group, RenderableType
 from rich.text import Text
 
+from rollout_diag.decisions.sweep import UNIT, default_sentences
 from rollout_diag.render.format import number, percent, plain
 from rollout_diag.render.table import Column, FitTable
-
-UNIT = {"token": "tokens", "sequence": "sequences"}
 
 
 def sweep_table(run: Sequence[dict[str, Any]], targets: Sequence[float]) -> FitTable:
@@ -34,22 +33,6 @@ def sweep_table(run: Sequence[dict[str, Any]], targets: Sequence[float]) -> FitT
             cells.append(f"{number(entry['threshold'])} ({percent(entry['share'])})")
         table.add_row(*cells)
     return table
-
-
-def default_sentences(run: Sequence[dict[str, Any]]) -> list[str]:
-    """'seq_mean_k3 ≤ 0.01 rejects 2.74 % of sequences here', one per option verl uses by default."""
-    lines = []
-    for row in run:
-        if row["verl_default"] is None:
-            continue
-        relation = "ratio bounds" if row["option"].endswith("k1") else "≤"
-        if row["option"].startswith("is_"):
-            verb, what = "truncates", f"IS at {row['verl_default']} ({row['level']} level)"
-        else:
-            verb, what = "rejects", f"{row['option']} {relation} {row['verl_default']}"
-        approx = "" if row["exact"] else " at most"
-        lines.append(f"{what} {verb}{approx} {percent(row['default_share'])} of {UNIT[row['level']]} here")
-    return lines
 
 
 def render_sweep(run: Sequence[dict[str, Any]], targets: Sequence[float]) -> RenderableType:

@@ -1,7 +1,8 @@
 """One self-contained HTML report of an analysis (and optionally a preset comparison): no network needed to open it.
 
 ``write_report(result, path)`` renders what ``analyze`` / ``compare_presets`` found; it never recomputes a metric.
-``result_from_json(document)`` turns a saved ``analyze --format json`` document back into an AnalysisResult.
+It reads typed results only (rollout_diag.results); a saved ``--format json`` document becomes one through
+``AnalysisResult.from_json`` / ``ComparisonResult.from_json`` (``result_from_json`` is the former, kept here).
 """
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path, PurePath
-from typing import Any
+from typing import TYPE_CHECKING
 
-from rollout_diag.report.comparison import is_comparison, presets_section, rejection_by_step, select_presets
+from rollout_diag.errors import ConfigError
+from rollout_diag.report.comparison import presets_section, rejection_by_step, select_presets
 from rollout_diag.report.dialects import dialects_section
 from rollout_diag.report.diff import diff_section, recommendation_section
-from rollout_diag.report.from_json import result_from_json
 from rollout_diag.report.header import header_html
 from rollout_diag.report.hints import hints_section
 from rollout_diag.report.markup import escape
@@ -28,22 +29,27 @@ from rollout_diag.report.sections import (
     rounds_section,
     trends_section,
 )
-from rollout_diag.report.series import SIZE_RULE, attr
+from rollout_diag.report.series import SIZE_RULE
 from rollout_diag.report.worst import worst_section
-from rollout_diag.results import SCHEMA_VERSION, AnalysisResult, StepResult
+from rollout_diag.results import SCHEMA_VERSION, AnalysisResult, ComparisonResult, StepResult
 from rollout_diag.verdicts import judge
+
+if TYPE_CHECKING:  # a DiffResult is only read here
+    from rollout_diag.decisions.diff import DiffResult
+
+result_from_json = AnalysisResult.from_json  # the saved ``analyze --format json`` document as an AnalysisResult
 
 __all__ = ["render_report", "result_from_json", "write_report"]
 
 
 def write_report(
-    result: Any,
+    result: AnalysisResult | ComparisonResult,
     path: str | Path,
     *,
-    comparison: Any = None,
+    comparison: ComparisonResult | None = None,
     title: str | None = None,
     presets: Sequence[str] | None = None,
-    diff: Any = None,
+    diff: DiffResult | None = None,
 ) -> Path:
     """Write the HTML report of ``result`` (an AnalysisResult, or a compare_presets result) to ``path``.
 
@@ -58,15 +64,17 @@ def write_report(
 
 
 def render_report(
-    result: Any,
+    result: AnalysisResult | ComparisonResult,
     *,
-    comparison: Any = None,
+    comparison: ComparisonResult | None = None,
     title: str | None = None,
     presets: Sequence[str] | None = None,
-    diff: Any = None,
+    diff: DiffResult | None = None,
 ) -> str:
     """The report as one HTML string (see ``write_report``)."""
-    if is_comparison(result) and comparison is None:
+    if isinstance(result, ComparisonResult):
+        if comparison is not None:
+            raise ConfigError("give one comparison: the result is already a compare-presets result.")
         comparison, result = result, analysis_from_comparison(result)
     selected = select_presets(comparison, presets) if comparison is not None else []
     canvas = Canvas()
@@ -102,29 +110,21 @@ def default_title(inputs: Sequence[str]) -> str:
     return f"rollout-diag report: {first}" + (f" and {len(inputs) - 1} more" if len(inputs) > 1 else "")
 
 
-def analysis_from_comparison(comparison: Any) -> AnalysisResult:
+def analysis_from_comparison(comparison: ComparisonResult) -> AnalysisResult:
     """An AnalysisResult view of a comparison alone: every preset carries the §1 metrics, per step and per run."""
-    presets = list(attr(comparison, "presets") or [])
-    first = presets[0] if presets else {}
-    run = _step_result(attr(first, "run") or {})
+    first = comparison.presets[0] if comparison.presets else None
+    run = first.run if first is not None else StepResult(None, 0, 0, {})
     return AnalysisResult(
-        inputs=[str(p) for p in attr(comparison, "inputs") or []],
-        columns=dict(attr(comparison, "columns") or {}),
-        layout=str(attr(comparison, "layout") or ""),
-        device=str(attr(comparison, "device") or ""),
+        inputs=[str(p) for p in comparison.inputs],
+        columns=dict(comparison.columns),
+        layout=comparison.layout,
+        device=comparison.device,
         run=run,
-        steps=[_step_result(step) for step in attr(first, "steps") or []],
+        steps=list(first.steps) if first is not None else [],
         rounds=[],
         verdicts=judge(run.metrics),
-        warnings=[str(w) for w in attr(comparison, "warnings") or []],
+        warnings=list(comparison.warnings),
     )
-
-
-def _step_result(step: Any) -> StepResult:
-    if isinstance(step, StepResult):
-        return step
-    metrics = {name: float("nan") if value is None else value for name, value in (attr(step, "metrics") or {}).items()}
-    return StepResult(attr(step, "step"), attr(step, "rows", 0), attr(step, "tokens", 0), metrics)
 
 
 def _version() -> str:

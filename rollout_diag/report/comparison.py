@@ -1,21 +1,23 @@
 """The presets section: what each rollout-correction preset would do to this data, and the threshold sweep.
 
-Duck-typed on ``compare_presets``' result (``presets``: name, config, mode, steps, run; ``sweep``), whether
-given as objects or as its ``--format json`` dicts, so the report does not depend on how that module evolves.
+Reads a :class:`~rollout_diag.results.ComparisonResult` (a saved ``--format json`` document becomes one through
+``ComparisonResult.from_json`` before it gets here); the intrusive marks are the comparison's own
+(rollout_diag.decisions.intrusive).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rollout_diag.decisions.sweep import default_sentences
 from rollout_diag.errors import ConfigError
 from rollout_diag.report import figures
 from rollout_diag.report.markup import Column, Markup, code, escape, note, table
 from rollout_diag.report.sections import Canvas, Section
-from rollout_diag.report.series import MAX_TABLE_ROWS, attr, finite
+from rollout_diag.report.series import MAX_TABLE_ROWS, finite
+from rollout_diag.results import ComparisonResult, PresetResult
 
 # Each value is read from the first key present: summary/ covers every family, rollout_corr/ is §2/§3, mismatch/ §8.
 METRIC_KEYS = {
@@ -26,8 +28,6 @@ METRIC_KEYS = {
     "is_max": ("rollout_corr/rollout_is_max", "mismatch/rollout_is_max"),
     "batch_norm": ("rollout_corr/rollout_is_batch_norm_factor",),
 }
-INTRUSIVE_REJECTED = 0.10  # issue 4's defaults, used when the comparison does not carry its own
-INTRUSIVE_ESS = 0.5
 PRESET_COLUMNS = (
     Column("preset"),
     Column("mode"),
@@ -42,17 +42,11 @@ PRESET_COLUMNS = (
 BATCH_NORM_COLUMN = Column("batch-norm factor", True, "rollout_is_batch_norm_factor")
 
 
-def is_comparison(result: object) -> bool:
-    """True for a compare_presets result (it has presets and no per-step analysis)."""
-    return attr(result, "presets") is not None and not hasattr(result, "verdicts")
-
-
-def select_presets(comparison: Any, names: Sequence[str] | None) -> list[Any]:
+def select_presets(comparison: ComparisonResult, names: Sequence[str] | None) -> list[PresetResult]:
     """The comparison's presets, only ``names`` (in that order) when given; ConfigError for an unknown name."""
-    presets = list(attr(comparison, "presets") or [])
     if not names:
-        return presets
-    by_name = {attr(p, "name"): p for p in presets}
+        return list(comparison.presets)
+    by_name = {preset.name: preset for preset in comparison.presets}
     unknown = [name for name in names if name not in by_name]
     if unknown:
         raise ConfigError(
@@ -61,53 +55,46 @@ def select_presets(comparison: Any, names: Sequence[str] | None) -> list[Any]:
     return [by_name[name] for name in names]
 
 
-def presets_section(comparison: Any, presets: Sequence[Any], canvas: Canvas) -> Section:
+def presets_section(comparison: ComparisonResult, presets: Sequence[PresetResult], canvas: Canvas) -> Section:
     title = "Rollout-correction presets"
     if not presets:
         return Section("presets", title, note("No preset in this comparison."))
-    limits = _limits(comparison)
-    batch_norm = any(_value(_run_metrics(p), "batch_norm") is not None for p in presets)
+    batch_norm = any(_value(p.run.metrics, "batch_norm") is not None for p in presets)
     rows, classes = [], []
     for preset in presets:
-        metrics = _run_metrics(preset)
-        reasons = _intrusive_reasons(preset, metrics, limits)
-        cells = _preset_cells(preset, metrics, reasons)
+        metrics = preset.run.metrics
+        cells = _preset_cells(preset, metrics)
         rows.append([*cells, _number_cell(_value(metrics, "batch_norm"))] if batch_norm else cells)
-        classes.append("intrusive" if reasons else "")
+        classes.append("intrusive" if preset.intrusive else "")
     columns = (*PRESET_COLUMNS, BATCH_NORM_COLUMN) if batch_norm else PRESET_COLUMNS
-    names = [str(attr(p, "name")) for p in presets]
     chart = figures.presets_figure(
-        names,
-        [_value(_run_metrics(p), "rejected") or 0.0 for p in presets],
-        [_value(_run_metrics(p), "rejected_rows") or 0.0 for p in presets],
-        [_value(_run_metrics(p), "ess") for p in presets],
+        [p.name for p in presets],
+        [_value(p.run.metrics, "rejected") or 0.0 for p in presets],
+        [_value(p.run.metrics, "rejected_rows") or 0.0 for p in presets],
+        [_value(p.run.metrics, "ess") for p in presets],
     )
     intro = Markup(
         '<p class="lead">What each preset would do to this exact data (METRICS.md §2–§4, §8). Highlighted rows are '
-        f"intrusive: they drop more than {limits[0]:.0%} of model tokens or keep an IS effective sample size "
-        f"below {limits[1]:g}. A preset without importance sampling has no ESS bar.</p>"
+        f"intrusive: they drop more than {comparison.intrusive_rejected_fraction:.0%} of model tokens or keep an IS "
+        f"effective sample size below {comparison.intrusive_min_ess:g}. A preset without importance sampling has no "
+        "ESS bar.</p>"
     )
     body = [intro, table(columns, rows, classes), canvas.plot("presets", chart)]
-    body.append(_sweep(list(attr(comparison, "sweep") or []), canvas))
+    body.append(_sweep(comparison.sweep, canvas))
     return Section("presets", title, "".join(body))
 
 
-def rejection_by_step(presets: Sequence[Any]) -> dict[str, tuple[list[Any], list[float | None]]]:
+def rejection_by_step(presets: Sequence[PresetResult]) -> dict[str, tuple[list[Any], list[float | None]]]:
     """Preset name → (steps, share of tokens dropped per step), for presets that drop anything."""
     lines = {}
     for preset in presets:
-        steps = list(attr(preset, "steps") or [])
-        values = [_value(attr(step, "metrics") or {}, "rejected") for step in steps]
+        values = [_value(step.metrics, "rejected") for step in preset.steps]
         if any(values):
-            lines[str(attr(preset, "name"))] = ([attr(step, "step") for step in steps], values)
+            lines[preset.name] = ([step.step for step in preset.steps], values)
     return lines
 
 
-def _run_metrics(preset: Any) -> dict[str, Any]:
-    return attr(attr(preset, "run") or {}, "metrics") or {}
-
-
-def _value(metrics: dict[str, Any], what: str) -> float | None:
+def _value(metrics: Mapping[str, Any], what: str) -> float | None:
     for key in METRIC_KEYS[what]:
         value = metrics.get(key)
         if finite(value):
@@ -115,36 +102,16 @@ def _value(metrics: dict[str, Any], what: str) -> float | None:
     return None
 
 
-def _limits(comparison: Any) -> tuple[float, float]:
-    limits = attr(comparison, "intrusive") or {}
-    rejected = attr(comparison, "intrusive_rejected_fraction") or attr(limits, "rejected_fraction")
-    ess = attr(comparison, "intrusive_min_ess") or attr(limits, "min_ess")
-    return rejected or INTRUSIVE_REJECTED, ess or INTRUSIVE_ESS
-
-
-def _intrusive_reasons(preset: Any, metrics: dict[str, Any], limits: tuple[float, float]) -> list[str]:
-    """The comparison's own reasons when it gives them, else the same rule applied here."""
-    given = attr(preset, "intrusive_reasons")
-    if given is not None:
-        return [str(reason) for reason in given]
-    reasons = []
-    rejected, ess = _value(metrics, "rejected"), _value(metrics, "ess")
-    if rejected is not None and rejected > limits[0]:
-        reasons.append(f"drops {rejected:.1%} of model tokens")
-    if ess is not None and ess < limits[1]:
-        reasons.append(f"IS effective sample size {ess:.3g}")
-    return reasons
-
-
-def _preset_cells(preset: Any, metrics: dict[str, Any], reasons: list[str]) -> list[object]:
-    config = attr(preset, "config") or {}
-    description = attr(config, "description") or ""
-    name = f'<span title="{escape(description, limit=300)}">{escape(attr(preset, "name"), limit=80)}</span>'
-    if reasons:
-        name += f' <span class="badge watch" title="{escape("; ".join(reasons), limit=300)}">intrusive</span>'
+def _preset_cells(preset: PresetResult, metrics: Mapping[str, Any]) -> list[object]:
+    config = preset.config
+    description = config.get("description") or ""
+    name = f'<span title="{escape(description, limit=300)}">{escape(preset.name, limit=80)}</span>'
+    if preset.intrusive:
+        reasons = "; ".join(preset.intrusive_reasons)
+        name += f' <span class="badge watch" title="{escape(reasons, limit=300)}">intrusive</span>'
     return [
         Markup(name),
-        attr(preset, "mode") or "–",
+        preset.mode or "–",
         _is_config(config),
         _rs_config(config),
         _percent_cell(_value(metrics, "rejected")),
@@ -157,29 +124,29 @@ def _number_cell(value: float | None) -> object:
     return "–" if value is None else value
 
 
-def _is_config(config: Any) -> str:
-    level = attr(config, "rollout_is")
+def _is_config(config: Mapping[str, Any]) -> str:
+    level = config.get("rollout_is")
     if not level:
         return _legacy_config(config)
-    threshold = attr(config, "rollout_is_threshold")
-    normalize = " + batch norm" if attr(config, "rollout_is_batch_normalize") else ""
+    threshold = config.get("rollout_is_threshold")
+    normalize = " + batch norm" if config.get("rollout_is_batch_normalize") else ""
     return f"{level} {threshold}{normalize}" if threshold is not None else f"{level}{normalize}"
 
 
-def _legacy_config(config: Any) -> str:
+def _legacy_config(config: Mapping[str, Any]) -> str:
     """§8 presets: level, mode and bounds, e.g. "token truncate [0.5, 2.0]"."""
-    level = attr(config, "legacy_is")
+    level = config.get("legacy_is")
     if not level:
         return "–"
-    bounds = attr(config, "legacy_is_threshold")
-    return " ".join(str(part) for part in (level, attr(config, "legacy_is_mode"), bounds) if part is not None)
+    bounds = config.get("legacy_is_threshold")
+    return " ".join(str(part) for part in (level, config.get("legacy_is_mode"), bounds) if part is not None)
 
 
-def _rs_config(config: Any) -> str:
-    options = attr(config, "rollout_rs")
+def _rs_config(config: Mapping[str, Any]) -> str:
+    options = config.get("rollout_rs")
     if not options:
-        return _veto(attr(config, "legacy_is_veto_threshold"))
-    threshold = attr(config, "rollout_rs_threshold")
+        return _veto(config.get("legacy_is_veto_threshold"))
+    threshold = config.get("rollout_rs_threshold")
     return f"{options} {threshold}" if threshold is not None else str(options)
 
 
@@ -198,21 +165,20 @@ def _percent_cell(value: float | None) -> str:
 
 
 # ------------------------------------------------------------------------------------------ sweep
-def _sweep(sweep: Sequence[Any], canvas: Canvas) -> str:
+def _sweep(sweep: Sequence[dict[str, Any]], canvas: Canvas) -> str:
+    """The run-level sweep (rows of rollout_diag.metrics.sweep): verl's defaults in words, one curve per option."""
     if not sweep:
         return ""
-    items = [_as_dict(item) for item in sweep]
-    run_items = [item for item in items if item.get("step") is None]
     curves, marks = [], []
-    for item in run_items:
-        name = _sweep_name(item)
+    for item in sweep:
+        name = f"{item['option']} {item['level']}"
         thresholds, shares = _curve(item)
         if thresholds:
             curves.append((name, thresholds, shares))
         marks.extend(_marks(item, name))
     parts = ["<h3>Threshold sweep</h3>"]
-    summaries = [str(item[key]) for item in run_items for key in ("summary", "message") if item.get(key)]
-    parts.extend(f'<p class="finding">{escape(text, limit=300)}</p>' for text in summaries[:MAX_TABLE_ROWS])
+    sentences = default_sentences(sweep)
+    parts.extend(f'<p class="finding">{escape(text, limit=300)}</p>' for text in sentences[:MAX_TABLE_ROWS])
     if curves:
         parts.append(
             '<p class="note">Share rejected against the threshold, for the whole run, one chart per option '
@@ -221,21 +187,8 @@ def _sweep(sweep: Sequence[Any], canvas: Canvas) -> str:
         )
         parts.append(canvas.plot("sweep", figures.sweep_figure(curves[:16], marks[:200])))
     else:
-        parts.append(_sweep_table(run_items or items))
+        parts.append(_sweep_table(sweep))
     return "".join(parts)
-
-
-def _as_dict(item: Any) -> dict[str, Any]:
-    if isinstance(item, dict):
-        return item
-    if dataclasses.is_dataclass(item) and not isinstance(item, type):
-        return dataclasses.asdict(item)
-    return dict(vars(item)) if hasattr(item, "__dict__") else {"value": item}
-
-
-def _sweep_name(item: dict[str, Any]) -> str:
-    parts = [str(item[key]) for key in ("option", "name", "statistic", "level") if item.get(key) not in (None, "")]
-    return " ".join(dict.fromkeys(parts)) or "sweep"
 
 
 def _curve(item: dict[str, Any]) -> tuple[list[float], list[float]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from rollout_diag.render.dialects import differences
+from rollout_diag.decisions.dialects import differences
 from rollout_diag.report.markup import Column, Markup, escape, table
 from rollout_diag.report.sections import Section
 from rollout_diag.results import AnalysisResult

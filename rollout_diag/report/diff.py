@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rollout_diag.render.format import number, percent
+from rollout_diag.formatting import number, percent
 from rollout_diag.report.figures import BLUE, RED, Figure, axis, base_layout
 from rollout_diag.report.markup import Column, Markup, escape, note, table
 from rollout_diag.report.sections import Canvas, Section

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
-from rollout_diag.render.format import number, percent
+from rollout_diag.formatting import number, percent
 from rollout_diag.render.summary import overall
 from rollout_diag.report.markup import badge, escape, factor
 from rollout_diag.report.series import finite

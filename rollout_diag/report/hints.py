@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rollout_diag.render.format import number
+from rollout_diag.formatting import number
 from rollout_diag.report.markup import Column, Markup, code, escape, note, table
 from rollout_diag.report.sections import Section
 from rollout_diag.results import AnalysisResult, Hint

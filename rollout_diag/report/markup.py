@@ -6,7 +6,7 @@ import html
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from rollout_diag.render.format import number
+from rollout_diag.formatting import number
 from rollout_diag.report.series import clip_text
 
 

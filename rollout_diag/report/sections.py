@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollout_diag.formatting import number, percent
 from rollout_diag.glossary import GLOSSARY, SECTIONS
-from rollout_diag.render.format import number, percent
 from rollout_diag.report import figures
 from rollout_diag.report.figures import BLUE, GREY, RED, BarPanel, Figure, TrendPanel
 from rollout_diag.report.markup import Column, Markup, code, escape, factor, note, table

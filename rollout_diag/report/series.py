@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Collection, Sequence
-from typing import Any
 
 from rollout_diag.results import StepResult
 
@@ -126,10 +125,3 @@ def pool_rounds(
     ]
     kept[limit] = (means, tokens)
     return kept
-
-
-def attr(item: Any, name: str, default: Any = None) -> Any:
-    """``item.name`` or ``item[name]``: results may be dataclasses or their JSON dicts."""
-    if isinstance(item, dict):
-        return item.get(name, default)
-    return getattr(item, name, default)

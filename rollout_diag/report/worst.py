@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from rollout_diag.formatting import extra_cell
 from rollout_diag.paths import file_labels
-from rollout_diag.render.format import extra_cell
 from rollout_diag.report.markup import Column, Markup, code, escape, note, table
 from rollout_diag.report.sections import Canvas, Section
-from rollout_diag.report.series import MAX_STRIP_ROWS, MAX_STRIP_TOKENS, MAX_TABLE_ROWS, MAX_TOKEN_TEXT, attr, clip_text
-from rollout_diag.results import AnalysisResult, extra_names
+from rollout_diag.report.series import MAX_STRIP_ROWS, MAX_STRIP_TOKENS, MAX_TABLE_ROWS, MAX_TOKEN_TEXT, clip_text
+from rollout_diag.results import AnalysisResult, RowTokens, extra_names
 
 ROW_CRITERIA = {
     "log_ppl_abs_diff": "|log-ppl diff| of the row",
@@ -50,7 +50,7 @@ def worst_section(result: AnalysisResult, canvas: Canvas) -> Section:
     if not result.worst_rows and not result.worst_tokens:
         return Section("worst", title, note("No worst-row data in this result."))
     strips = _strip_rows(result)
-    anchors = {(attr(s, "file"), attr(s, "row")): f"strip-{i}" for i, s in enumerate(strips)}
+    anchors = {(s.file, s.row): f"strip-{i}" for i, s in enumerate(strips)}
     files = {row.file for row in result.worst_rows}
     # with rows from several files each says which, labelled as the terminal tables and inspect --row do
     labels = file_labels(sorted({*result.inputs, *files})) if len(files) > 1 else None
@@ -159,11 +159,9 @@ def _visible(text: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------ strips
-def _strip_rows(result: AnalysisResult) -> list[Any]:
-    """The worst rows' token data (list of RowTokens or a {key: tokens} dict), at most MAX_STRIP_ROWS."""
-    raw = getattr(result, "worst_row_tokens", None) or []
-    rows = [{"key": key, **value} for key, value in raw.items()] if isinstance(raw, dict) else list(raw)
-    return [row for row in rows if attr(row, "mask")][:MAX_STRIP_ROWS]
+def _strip_rows(result: AnalysisResult) -> list[RowTokens]:
+    """The worst rows' token data, at most MAX_STRIP_ROWS."""
+    return [row for row in result.worst_row_tokens if row.mask][:MAX_STRIP_ROWS]
 
 
 def _strips(result: AnalysisResult, rows: list[Any], canvas: Canvas) -> str:
@@ -192,16 +190,16 @@ def _legend(threshold: float) -> Markup:
     )
 
 
-def _strip_heading(row: Any, payload: dict[str, Any]) -> str:
-    model = sum(1 for m in attr(row, "mask") if m)
-    step = attr(row, "step")
+def _strip_heading(row: RowTokens, payload: dict[str, Any]) -> str:
+    model = sum(1 for m in row.mask if m)
+    step = row.step
     parts = [
         f"step {step}" if step is not None else "",
-        f"sample {clip_text(str(attr(row, 'sample_id', attr(row, 'key', ''))), 80)}",
+        f"sample {clip_text(str(row.sample_id), 80)}",
         f"{payload['length']:,} tokens ({model:,} model)",
         f"{payload['rounds']} round(s)",
         # the row's extra dump columns (reward, advantage, …), as in the tables above
-        *(f"{name} {clip_text(extra_cell(value), 40)}" for name, value in (attr(row, "extra") or {}).items()),
+        *(f"{name} {clip_text(extra_cell(value), 40)}" for name, value in row.extra.items()),
     ]
     heading = escape(" · ".join(p for p in parts if p))
     window = ""
@@ -214,15 +212,15 @@ def _strip_heading(row: Any, payload: dict[str, Any]) -> str:
     return f'<h4 class="strip-title">{heading}{window}</h4>'
 
 
-def strip_payload(anchor: str, row: Any) -> dict[str, Any]:
+def strip_payload(anchor: str, row: RowTokens) -> dict[str, Any]:
     """One strip's data for the page script, cut to a window of MAX_STRIP_TOKENS around the largest model |δ|."""
-    mask = [int(m) for m in attr(row, "mask")]
-    delta = list(attr(row, "log_ratio"))
+    mask = [int(m) for m in row.mask]
+    delta = list(row.log_ratio)
     rounds = round_index(mask)
     start, end = strip_window(mask, delta)
-    rollout = attr(row, "rollout_logprob")
-    tokens = attr(row, "token")
-    token_ids = attr(row, "token_id")
+    rollout = row.rollout_logprob
+    tokens = row.token
+    token_ids = row.token_id
     return {
         "id": anchor,
         "start": start,

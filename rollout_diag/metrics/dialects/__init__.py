@@ -116,7 +116,7 @@ def concepts() -> list[str]:
 
 def layout():
     """The catalog as plain data for ``rollout_diag.render.dialects`` (which must not import torch)."""
-    from rollout_diag.render.dialects import DialectLayout
+    from rollout_diag.results import DialectLayout
 
     return DialectLayout(
         titles={name: framework.title for name, framework in FRAMEWORKS.items()},
