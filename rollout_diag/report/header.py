@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
+from rollout_diag.decisions.summary import overall
 from rollout_diag.formatting import number, percent
-from rollout_diag.render.summary import overall
 from rollout_diag.report.markup import badge, escape, factor
 from rollout_diag.report.series import finite
 from rollout_diag.results import AnalysisResult, Verdict

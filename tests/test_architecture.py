@@ -1,0 +1,187 @@
+"""The module map of ../shared/STYLE.md and the README's "How it works", checked on the source: every import
+(top level and inside functions; ``if TYPE_CHECKING:`` blocks left out, they never run) read with ``ast``."""
+
+from __future__ import annotations
+
+import ast
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "rollout_diag"
+DRIVERS = ("rollout_diag.engine", "rollout_diag.compare", "rollout_diag.distributed", "rollout_diag.passes")
+HEAVY = ("torch", "rich", "plotly", "pyarrow", "polars", "typer", "ray")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@cache
+def modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _type_checking_only(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_nodes(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    found: list[ast.Import | ast.ImportFrom] = []
+    pending = [tree]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.If) and _type_checking_only(node):
+            pending.extend(node.orelse)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        pending.extend(ast.iter_child_nodes(node))
+    return found
+
+
+@cache
+def imports_of(name: str) -> frozenset[str]:
+    """Modules ``name`` imports: package modules by full name, anything else by its top-level name.
+    ``from pkg import sub`` counts as an import of ``pkg.sub`` when that is a module."""
+    path = modules()[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    targets: set[str] = set()
+    for node in _import_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+            continue
+        base = node.module or ""
+        if node.level:
+            anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+            base = ".".join([*anchor, *([base] if base else [])])
+        for alias in node.names:
+            submodule = f"{base}.{alias.name}"
+            targets.add(submodule if submodule in modules() else base)
+    return frozenset(t if t.startswith("rollout_diag") else t.split(".")[0] for t in targets)
+
+
+def reachable(name: str) -> set[str]:
+    """Every module ``name`` imports, directly or through package modules."""
+    seen: set[str] = set()
+    pending = [name]
+    while pending:
+        for target in imports_of(pending.pop()):
+            if target not in seen:
+                seen.add(target)
+                if target in modules():
+                    pending.append(target)
+    return seen
+
+
+def in_group(target: str, prefixes: tuple[str, ...]) -> bool:
+    return any(target == prefix or target.startswith(prefix + ".") for prefix in prefixes)
+
+
+def test_the_walk_sees_the_package():
+    assert {"rollout_diag.engine", "rollout_diag.passes", "rollout_diag.report", "rollout_diag.io.reader"} <= set(
+        modules()
+    )
+    assert "rollout_diag.passes" in imports_of("rollout_diag.distributed")
+    assert "torch" in imports_of("rollout_diag.passes")
+
+
+def test_no_import_circle():
+    graph = {name: {t for t in imports_of(name) if t in modules() and t != name} for name in modules()}
+    # A package's __init__ runs before its submodules; an arrow from a submodule to its own package is no circle.
+    graph = {name: {t for t in targets if not name.startswith(t + ".")} for name, targets in graph.items()}
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(name: str) -> None:
+        state[name] = 1
+        path.append(name)
+        for target in sorted(graph[name]):
+            if state.get(target) == 1:
+                circle = path[path.index(target) :] + [target]
+                pytest.fail("import circle: " + " → ".join(circle))
+            if target not in state:
+                visit(target)
+        path.pop()
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name)
+
+
+def test_distributed_and_engine_share_the_pass_module():
+    assert "rollout_diag.engine" not in reachable("rollout_diag.distributed")
+    assert "rollout_diag.engine" not in reachable("rollout_diag.passes")
+    assert "rollout_diag.distributed" not in reachable("rollout_diag.passes")
+
+
+@pytest.mark.parametrize("group", ["rollout_diag.report", "rollout_diag.render"])
+def test_presentation_imports_no_driver_io_metrics_or_torch(group):
+    forbidden = (*DRIVERS, "rollout_diag.exports", "rollout_diag.io", "rollout_diag.metrics", "torch")
+    for name in [n for n in modules() if in_group(n, (group,))]:
+        wrong = sorted(t for t in reachable(name) if in_group(t, forbidden))
+        assert not wrong, f"{name} reaches {wrong}"
+
+
+def test_report_and_render_are_independent():
+    for name in [n for n in modules() if in_group(n, ("rollout_diag.report",))]:
+        assert not [t for t in reachable(name) if in_group(t, ("rollout_diag.render",))], name
+    for name in [n for n in modules() if in_group(n, ("rollout_diag.render",))]:
+        assert not [t for t in reachable(name) if in_group(t, ("rollout_diag.report",))], name
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "rollout_diag.results",
+        "rollout_diag.formatting",
+        "rollout_diag.decisions.intrusive",
+        "rollout_diag.decisions.dialects",
+        "rollout_diag.decisions.sweep",
+        "rollout_diag.errors",
+    ],
+)
+def test_contract_and_neutral_modules_import_nothing_heavy(name):
+    heavy = sorted(t for t in reachable(name) if t in HEAVY)
+    assert not heavy, f"{name} reaches {heavy}"
+
+
+def test_io_imports_no_metrics_presets_or_presentation():
+    forbidden = ("rollout_diag.metrics", "rollout_diag.presets", "rich", "typer")
+    for name in [n for n in modules() if in_group(n, ("rollout_diag.io",))]:
+        wrong = sorted(t for t in imports_of(name) if in_group(t, forbidden))
+        assert not wrong, f"{name} imports {wrong}"
+
+
+def test_metrics_import_no_presentation_or_cli():
+    forbidden = ("rollout_diag.render", "rollout_diag.report", "rollout_diag.cli", "rich", "typer", "ray")
+    for name in [n for n in modules() if in_group(n, ("rollout_diag.metrics",))]:
+        wrong = sorted(t for t in imports_of(name) if in_group(t, forbidden))
+        assert not wrong, f"{name} imports {wrong}"
+
+
+def test_compare_holds_only_the_comparison():
+    tree = ast.parse(modules()["rollout_diag.compare"].read_text(encoding="utf-8"))
+    classes = [node.name for node in tree.body if isinstance(node, ast.ClassDef)]
+    assert classes == [], "result types live in results.py, writers in io/ and exports.py"
+
+
+def test_the_intrusive_thresholds_live_in_one_module():
+    """Numeric ``INTRUSIVE_*`` constants and the rule itself (render's INTRUSIVE_STYLE is a colour, not a limit)."""
+    owners = set()
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                threshold = isinstance(node.value, ast.Constant) and isinstance(node.value.value, (int, float))
+                if threshold and any(isinstance(t, ast.Name) and t.id.startswith("INTRUSIVE_") for t in targets):
+                    owners.add(name)
+            if isinstance(node, ast.FunctionDef) and node.name.lstrip("_") == "intrusive_reasons":
+                owners.add(name)
+    assert owners == {"rollout_diag.decisions.intrusive"}
