@@ -181,7 +181,7 @@ def _console(stream=None) -> Console:
 
 
 def fail(message: str) -> None:
-    from rollout_diag.render.format import visible  # messages name files and columns: never raw escapes
+    from rollout_diag.formatting import visible  # messages name files and columns: never raw escapes
 
     typer.echo(f"Error: {visible(message)}", err=True)
     raise typer.Exit(1)

@@ -1,7 +1,7 @@
 """The trainer side: the offline metrics inside the training loop, and duck-typed hooks for verl and SkyRL.
 
 ``compute_metrics`` builds a packed :class:`~rollout_diag.io.chunk.Chunk` straight from the padded [B, L]
-tensors and feeds the engine's own accumulators (``engine.Analysis`` and ``metrics.outcome.CorrectionAnalysis``),
+tensors and feeds the engine's own accumulators (``passes.Analysis`` and ``metrics.outcome.CorrectionAnalysis``),
 so the numbers logged during training are the digits ``analyze`` prints for the same batch after a
 write + read. :class:`BatchMetrics` keeps that state across micro-batches and ranks: its state is one flat
 float64 tensor (:meth:`BatchMetrics.layout` documents it) that ranks ``all_gather`` and merge in rank order.

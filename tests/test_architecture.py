@@ -103,7 +103,7 @@ def test_no_import_circle():
         path.append(name)
         for target in sorted(graph[name]):
             if state.get(target) == 1:
-                circle = path[path.index(target) :] + [target]
+                circle = [*path[path.index(target) :], target]
                 pytest.fail("import circle: " + " → ".join(circle))
             if target not in state:
                 visit(target)
@@ -185,3 +185,25 @@ def test_the_intrusive_thresholds_live_in_one_module():
             if isinstance(node, ast.FunctionDef) and node.name.lstrip("_") == "intrusive_reasons":
                 owners.add(name)
     assert owners == {"rollout_diag.decisions.intrusive"}
+
+
+# The README's module map ("How it works"): group -> what nothing in it may reach.
+MODULE_MAP = {
+    "rollout_diag.passes": ("rollout_diag.engine", "rollout_diag.compare", "rollout_diag.distributed"),
+    "rollout_diag.engine": ("rich", "typer", "plotly", "rollout_diag.render", "rollout_diag.report"),
+    "rollout_diag.compare": ("rich", "typer", "plotly", "rollout_diag.render", "rollout_diag.report"),
+    "rollout_diag.distributed": ("rollout_diag.engine", "rollout_diag.compare", "rich", "typer", "plotly"),
+    "rollout_diag.exports": ("rich", "typer", "plotly", "rollout_diag.engine", "rollout_diag.compare"),
+    "rollout_diag.results": ("torch", "rich", "plotly"),
+    "rollout_diag.decisions": ("rich", "plotly", "rollout_diag.render", "rollout_diag.report"),
+    "rollout_diag.formatting": ("rich", "torch", "plotly"),
+    "rollout_diag.render": ("torch", "rollout_diag.report"),
+    "rollout_diag.report": ("typer", "torch", "rollout_diag.render"),
+}
+
+
+@pytest.mark.parametrize("group", sorted(MODULE_MAP))
+def test_the_readme_module_map_holds(group):
+    for name in [n for n in modules() if in_group(n, (group,))]:
+        wrong = sorted(t for t in reachable(name) if in_group(t, MODULE_MAP[group]))
+        assert not wrong, f"{name} reaches {wrong}"
