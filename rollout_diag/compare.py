@@ -26,7 +26,7 @@ from rollout_diag.metrics.correction import ChunkDivergences
 from rollout_diag.metrics.sweep import DEFAULT_TARGETS, sweep_tables
 from rollout_diag.passes import Inputs, PassSpec, Progress, open_reader, resolve_device, run_chunks
 from rollout_diag.presets import Preset, resolve_presets
-from rollout_diag.results import AnalysisResult, ComparisonResult, PresetResult, StepResult
+from rollout_diag.results import AnalysisResult, ComparisonResult, PresetResult, StepResult, SweepOption
 
 OFFPOLICY_PREFIX = "rollout_corr/"
 
@@ -180,7 +180,7 @@ def _one_pass(
         skipped_rows=base.skipped_rows,
         layout=base.layout,
         device=base.device,
-        sweep=sweep_tables(sweep, checked_targets)[0],
+        sweep=[SweepOption.from_json(row) for row in sweep_tables(sweep, checked_targets)[0]],
         intrusive_rejected_fraction=intrusive[0],
         intrusive_min_ess=intrusive[1],
     )

@@ -43,7 +43,7 @@ from rollout_diag.passes import (
 )
 from rollout_diag.paths import file_label
 from rollout_diag.presets import Preset, resolve_presets
-from rollout_diag.results import AnalysisResult, RowStats, RowTokens, SkippedRow, SweepResult
+from rollout_diag.results import AnalysisResult, RowStats, RowTokens, SkippedRow, SweepOption, SweepResult, SweepStep
 from rollout_diag.verdicts import judge
 
 
@@ -118,15 +118,16 @@ def threshold_sweep(
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
     sweep = SweepAccumulator()
     run_chunks(reader, [sweep.update], torch_device, progress)
-    run, steps = sweep_tables(sweep, checked)
-    if not any(row["count"] for row in run):
+    run_rows, step_rows = sweep_tables(sweep, checked)
+    run = [SweepOption.from_json(row) for row in run_rows]
+    if not any(option.count for option in run):
         raise DataError(f"{', '.join(reader.log.files)}: no model token to sweep.")
     return SweepResult(
         inputs=list(reader.log.files),
         columns=dict(reader.log.columns),
         targets=list(checked),
         run=run,
-        steps=steps,
+        steps=[SweepStep.from_json(entry) for entry in step_rows],
         warnings=list(reader.log.warnings),
         skipped=list(reader.log.skipped),
         skipped_rows=reader.log.skipped_rows,

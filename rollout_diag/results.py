@@ -333,14 +333,89 @@ def json_number(value: Any) -> Any:
 
 
 @dataclass(frozen=True)
+class SweepTarget:
+    """For one target share: the threshold (in verl's units) that rejects at most that share, and the share it does."""
+
+    target: float
+    threshold: float
+    share: float
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One point of an option's share-vs-threshold curve (threshold in verl's units)."""
+
+    threshold: float
+    share: float
+
+
+@dataclass(frozen=True)
+class SweepOption:
+    """One rejection option (or IS truncation) of the sweep, for the run or one step (rollout_diag.metrics.sweep)."""
+
+    option: str  # seq_mean_k3, token_k1, is_sequence, …
+    level: str  # "token" | "sequence"
+    verl_default: str | None  # verl's default threshold spec for the option, None where verl has none
+    count: int  # tokens or valid rows the shares are taken over
+    exact: bool  # sequence options: exact; token options: from a histogram (never above the target)
+    thresholds: list[SweepTarget]
+    default_threshold: float | None = None  # the upper bound of verl_default, where the curve is marked
+    default_share: float | None = None  # the share verl's default rejects
+    curve: list[SweepPoint] | None = None  # run level only
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"option": self.option, "level": self.level, "verl_default": self.verl_default}
+        if self.default_threshold is not None:
+            out["default_threshold"] = self.default_threshold
+        out["count"], out["exact"] = self.count, self.exact
+        if self.default_share is not None:
+            out["default_share"] = self.default_share
+        out["thresholds"] = [asdict(target) for target in self.thresholds]
+        if self.curve is not None:
+            out["curve"] = [asdict(point) for point in self.curve]
+        return out
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> SweepOption:
+        """Inverse of ``to_json`` (also how the sweep accumulator's table rows become typed rows)."""
+        curve = raw.get("curve")
+        return cls(
+            option=raw["option"],
+            level=raw["level"],
+            verl_default=raw.get("verl_default"),
+            count=raw["count"],
+            exact=raw["exact"],
+            thresholds=[SweepTarget(**entry) for entry in raw["thresholds"]],
+            default_threshold=raw.get("default_threshold"),
+            default_share=raw.get("default_share"),
+            curve=None if curve is None else [SweepPoint(**point) for point in curve],
+        )
+
+
+@dataclass(frozen=True)
+class SweepStep:
+    """The sweep of one step (its options without curves)."""
+
+    step: int
+    options: list[SweepOption]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "options": [option.to_json() for option in self.options]}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> SweepStep:
+        return cls(raw["step"], [SweepOption.from_json(option) for option in raw["options"]])
+
+
+@dataclass(frozen=True)
 class SweepResult:
     """Threshold sweep (``rollout-diag sweep``): per option, thresholds for target shares, verl's default's share."""
 
     inputs: list[str]
     columns: dict[str, str]
     targets: list[float]
-    run: list[dict[str, Any]]  # one entry per option, with the share-vs-threshold curve
-    steps: list[dict[str, Any]]  # {"step": s, "options": [...]} without curves
+    run: list[SweepOption]  # one entry per option, with the share-vs-threshold curve
+    steps: list[SweepStep]  # per step, without curves
     warnings: list[str] = field(default_factory=list)
     skipped: list[SkippedRow] = field(default_factory=list)
     skipped_rows: int = 0
@@ -351,8 +426,8 @@ class SweepResult:
             "inputs": list(self.inputs),
             "columns": dict(self.columns),
             "targets": list(self.targets),
-            "run": self.run,
-            "steps": self.steps,
+            "run": [option.to_json() for option in self.run],
+            "steps": [step.to_json() for step in self.steps],
             "warnings": list(self.warnings),
             "skipped": [asdict(s) for s in self.skipped],
             "skipped_rows": self.skipped_rows,
@@ -411,7 +486,7 @@ class ComparisonResult:
     skipped_rows: int = 0
     layout: str = ""
     device: str = ""
-    sweep: list[dict[str, Any]] = field(default_factory=list)
+    sweep: list[SweepOption] = field(default_factory=list)
     intrusive_rejected_fraction: float = INTRUSIVE_REJECTED_FRACTION
     intrusive_min_ess: float = INTRUSIVE_MIN_ESS
 
@@ -429,7 +504,7 @@ class ComparisonResult:
                 skipped_rows=document.get("skipped_rows", 0),
                 layout=document.get("layout", ""),
                 device=document.get("device", ""),
-                sweep=document.get("sweep", []),
+                sweep=[SweepOption.from_json(option) for option in document.get("sweep", [])],
                 intrusive_rejected_fraction=intrusive.get("rejected_fraction", INTRUSIVE_REJECTED_FRACTION),
                 intrusive_min_ess=intrusive.get("min_ess", INTRUSIVE_MIN_ESS),
             )
@@ -452,7 +527,7 @@ class ComparisonResult:
             "device": self.device,
             "intrusive": {"rejected_fraction": self.intrusive_rejected_fraction, "min_ess": self.intrusive_min_ess},
             "presets": [preset.to_json() for preset in self.presets],
-            "sweep": list(self.sweep),
+            "sweep": [option.to_json() for option in self.sweep],
             "warnings": list(self.warnings),
             "skipped": [asdict(s) for s in self.skipped],
             "skipped_rows": self.skipped_rows,

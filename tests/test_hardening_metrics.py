@@ -192,7 +192,7 @@ def test_preset_table_and_sweep_share_one_sequence_denominator(tmp_path):
         rows.append(seq_row(0, f"s{index}", rollout.tolist(), trainer.tolist(), mask))
     path = write_sequence_dump(tmp_path / "empty_row.parquet", rows)
     result = rd.compare_presets(str(path), ["decoupled_seq_is_rs", "decoupled_geo_rs", "decoupled_k3_rs"], device="cpu")
-    sweep = {row["option"]: row for row in result.sweep}
+    sweep = {row.option: row for row in result.sweep}
     option_of = {
         "decoupled_seq_is_rs": "seq_sum_k1",
         "decoupled_geo_rs": "seq_mean_k1",
@@ -202,7 +202,7 @@ def test_preset_table_and_sweep_share_one_sequence_denominator(tmp_path):
     for preset in result.presets:
         metrics = preset.run.metrics
         share = metrics["summary/rejected_row_fraction"]
-        assert share == sweep[option_of[preset.name]]["default_share"], preset.name
+        assert share == sweep[option_of[preset.name]].default_share, preset.name
         assert share == metrics["summary/rows_rejected"] / 11
         rejected_somewhere |= 0 < share < 1
     assert rejected_somewhere, "the data must reject some rows and keep others"

@@ -27,7 +27,7 @@ from rollout_diag.render.export import sweep_csv
 from rollout_diag.render.format import number, visible
 from rollout_diag.render.summary import short_name
 from rollout_diag.render.table import Column, FitTable
-from rollout_diag.results import SweepResult
+from rollout_diag.results import SweepOption, SweepResult, SweepTarget
 
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_data" / "textgenrnn_bf16_vs_fp32.parquet"
 runner = CliRunner()
@@ -183,9 +183,8 @@ def test_explicit_table_format_to_a_file_writes_the_table(tmp_path: Path) -> Non
 
 
 def test_sweep_csv_prints_plain_numbers() -> None:
-    entry = {"target": np.float64(0.01), "threshold": np.float64(1.25), "share": np.float64(0.0093)}
-    option = {"option": "seq_mean_k3", "level": "sequence", "thresholds": [entry], "verl_default": "0.01"}
-    option["default_share"] = np.float64(0.0078)
+    entry = SweepTarget(np.float64(0.01), np.float64(1.25), np.float64(0.0093))
+    option = SweepOption("seq_mean_k3", "sequence", "0.01", 40, True, [entry], default_share=np.float64(0.0078))
     text = sweep_csv(SweepResult([], {}, [0.01], [option], []))
     assert "np." not in text and "float64" not in text
     assert text.splitlines()[1] == "run,seq_mean_k3,sequence,0.01,1.25,0.0093,0.01,0.0078"

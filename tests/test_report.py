@@ -28,7 +28,15 @@ from rollout_diag.glossary import GLOSSARY, lookup
 from rollout_diag.report import render_report, result_from_json, write_report
 from rollout_diag.report.page import script_json
 from rollout_diag.report.series import MAX_STEP_POINTS, decimate
-from rollout_diag.results import Anomaly, ComparisonResult, PresetResult, StepResult, WorstToken
+from rollout_diag.results import (
+    Anomaly,
+    ComparisonResult,
+    PresetResult,
+    StepResult,
+    SweepOption,
+    SweepPoint,
+    WorstToken,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL_DUMP_CANDIDATES = (
@@ -336,19 +344,8 @@ def fake_comparison(steps: list[int]) -> ComparisonResult:
             ("evil", "token_k1", 0.01, 0.3),
         )
     ]
-    sweep = [
-        {
-            "option": "seq_mean_k3",
-            "level": "sequence",
-            "verl_default": "0.01",
-            "default_threshold": 0.01,
-            "count": 40,
-            "exact": True,
-            "default_share": 0.032,
-            "thresholds": [],
-            "curve": [{"threshold": t, "share": 0.1 / t} for t in (1, 2, 4, 8)],
-        }
-    ]
+    curve = [SweepPoint(t, 0.1 / t) for t in (1, 2, 4, 8)]
+    sweep = [SweepOption("seq_mean_k3", "sequence", "0.01", 40, True, [], 0.01, 0.032, curve)]
     return ComparisonResult(inputs=["x.parquet"], columns={}, presets=presets, sweep=sweep)
 
 

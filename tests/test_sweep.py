@@ -22,7 +22,7 @@ def swept(tmp_path_factory):
     write_dump(path, steps, row_group_size=13)
     result = rd.threshold_sweep(str(path), targets=TARGETS, device="cpu", chunk_tokens=211)
     rows = as_reference_rows([row for rows in steps.values() for row in rows])
-    return {row["option"]: row for row in result.run}, rows
+    return {row.option: row.to_json() for row in result.run}, rows  # the documented JSON rows
 
 
 def valid(rows):

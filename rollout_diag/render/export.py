@@ -54,20 +54,20 @@ def sweep_csv(result: SweepResult) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(["step", "option", "level", "target", "threshold", "share", "verl_default", "default_share"])
-    tables = [("run", result.run)] + [(entry["step"], entry["options"]) for entry in result.steps]
+    tables = [("run", result.run)] + [(entry.step, entry.options) for entry in result.steps]
     for step, options in tables:
         for row in options:
-            for entry in row["thresholds"]:
+            for entry in row.thresholds:
                 writer.writerow(
                     [
                         step,
-                        row["option"],
-                        row["level"],
-                        plain_number(entry["target"]),
-                        plain_number(entry["threshold"]),
-                        plain_number(entry["share"]),
-                        row["verl_default"] or "",
-                        plain_number(row.get("default_share")) if row["verl_default"] else "",
+                        row.option,
+                        row.level,
+                        plain_number(entry.target),
+                        plain_number(entry.threshold),
+                        plain_number(entry.share),
+                        row.verl_default or "",
+                        plain_number(row.default_share) if row.verl_default else "",
                     ]
                 )
     return buffer.getvalue()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.text import Text
@@ -11,9 +10,10 @@ from rich.text import Text
 from rollout_diag.decisions.sweep import UNIT, default_sentences
 from rollout_diag.render.format import number, percent, plain
 from rollout_diag.render.table import Column, FitTable
+from rollout_diag.results import SweepOption
 
 
-def sweep_table(run: Sequence[dict[str, Any]], targets: Sequence[float]) -> FitTable:
+def sweep_table(run: Sequence[SweepOption], targets: Sequence[float]) -> FitTable:
     columns = [
         Column("option", "left", key=True),
         Column("of", "left"),
@@ -24,18 +24,18 @@ def sweep_table(run: Sequence[dict[str, Any]], targets: Sequence[float]) -> FitT
     table = FitTable("Threshold sweep (whole run): the threshold that rejects at most each target share", columns)
     for row in run:
         cells = [
-            row["option"],
-            UNIT[row["level"]],
-            row["verl_default"] or "–",
-            percent(row.get("default_share")) if row["verl_default"] else "–",
+            row.option,
+            UNIT[row.level],
+            row.verl_default or "–",
+            percent(row.default_share) if row.verl_default else "–",
         ]
-        for entry in row["thresholds"]:
-            cells.append(f"{number(entry['threshold'])} ({percent(entry['share'])})")
+        for entry in row.thresholds:
+            cells.append(f"{number(entry.threshold)} ({percent(entry.share)})")
         table.add_row(*cells)
     return table
 
 
-def render_sweep(run: Sequence[dict[str, Any]], targets: Sequence[float]) -> RenderableType:
+def render_sweep(run: Sequence[SweepOption], targets: Sequence[float]) -> RenderableType:
     notes = [plain(f"• {line}") for line in default_sentences(run)]
     footer = Text(
         "Thresholds are in verl's units: a ratio U for k1 options (L = 1/U) and IS, the statistic's bound for k2/k3. "

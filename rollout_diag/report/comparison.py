@@ -17,7 +17,7 @@ from rollout_diag.report import figures
 from rollout_diag.report.markup import Column, Markup, code, escape, note, table
 from rollout_diag.report.sections import Canvas, Section
 from rollout_diag.report.series import MAX_TABLE_ROWS, finite
-from rollout_diag.results import ComparisonResult, PresetResult
+from rollout_diag.results import ComparisonResult, PresetResult, SweepOption
 
 # Each value is read from the first key present: summary/ covers every family, rollout_corr/ is §2/§3, mismatch/ §8.
 METRIC_KEYS = {
@@ -165,13 +165,13 @@ def _percent_cell(value: float | None) -> str:
 
 
 # ------------------------------------------------------------------------------------------ sweep
-def _sweep(sweep: Sequence[dict[str, Any]], canvas: Canvas) -> str:
-    """The run-level sweep (rows of rollout_diag.metrics.sweep): verl's defaults in words, one curve per option."""
+def _sweep(sweep: Sequence[SweepOption], canvas: Canvas) -> str:
+    """The run-level sweep: verl's defaults in words, one share-vs-threshold curve per option."""
     if not sweep:
         return ""
     curves, marks = [], []
     for item in sweep:
-        name = f"{item['option']} {item['level']}"
+        name = f"{item.option} {item.level}"
         thresholds, shares = _curve(item)
         if thresholds:
             curves.append((name, thresholds, shares))
@@ -191,30 +191,28 @@ def _sweep(sweep: Sequence[dict[str, Any]], canvas: Canvas) -> str:
     return "".join(parts)
 
 
-def _curve(item: dict[str, Any]) -> tuple[list[float], list[float]]:
-    """(thresholds, shares) of the option's share-vs-threshold curve (rollout_diag.metrics.sweep)."""
+def _curve(item: SweepOption) -> tuple[list[float], list[float]]:
+    """(thresholds, shares) of the option's share-vs-threshold curve, finite points only."""
     points = sorted(
-        (float(p["threshold"]), float(p["share"]))
-        for p in item.get("curve") or []
-        if finite(p.get("threshold")) and finite(p.get("share"))
+        (float(p.threshold), float(p.share)) for p in item.curve or [] if finite(p.threshold) and finite(p.share)
     )
     return [x for x, _ in points], [y for _, y in points]
 
 
-def _marks(item: dict[str, Any], name: str) -> list[tuple[str, float, float]]:
+def _marks(item: SweepOption, name: str) -> list[tuple[str, float, float]]:
     """verl's default threshold and the thresholds found for the target shares, as points on the curve."""
     marks = []
-    default, default_share = item.get("default_threshold"), item.get("default_share")
-    if finite(default) and finite(default_share):
-        marks.append((f"{name}: verl default {item.get('verl_default')}", float(default), float(default_share)))
-    for entry in item.get("thresholds") or []:
-        if finite(entry.get("threshold")) and finite(entry.get("share")):
-            marks.append((f"{name}: ≤ {entry['target']:g}", float(entry["threshold"]), float(entry["share"])))
+    if finite(item.default_threshold) and finite(item.default_share):
+        marks.append((f"{name}: verl default {item.verl_default}", float(item.default_threshold), item.default_share))
+    for entry in item.thresholds:
+        if finite(entry.threshold) and finite(entry.share):
+            marks.append((f"{name}: ≤ {entry.target:g}", float(entry.threshold), float(entry.share)))
     return marks
 
 
-def _sweep_table(items: Sequence[dict[str, Any]]) -> str:
-    """Fallback when the sweep has no recognisable curve: its scalar fields as a table."""
+def _sweep_table(options: Sequence[SweepOption]) -> str:
+    """When no option has a curve (too few distinct values): the options' scalar fields as a table."""
+    items = [option.to_json() for option in options]
     keys = list(dict.fromkeys(k for item in items for k, v in item.items() if _scalar(v)))[:12]
     rows = [[_sweep_cell(item.get(key)) for key in keys] for item in items[:MAX_TABLE_ROWS]]
     return table([Column(key, False) for key in keys], rows)
