@@ -22,7 +22,7 @@ _EXPORTS: dict[str, str] = {
     "compare_presets": "rollout_diag.compare",
     "export_decisions": "rollout_diag.exports",
     "Dump": "rollout_diag.dump",
-    "Analysis": "rollout_diag.engine",
+    "Analysis": "rollout_diag.passes",
     "analyze": "rollout_diag.engine",
     "inspect_row": "rollout_diag.engine",
     "threshold_sweep": "rollout_diag.engine",
@@ -69,6 +69,10 @@ _EXPORTS: dict[str, str] = {
     "Recommendation": "rollout_diag.decisions.recommend",
     "recommend": "rollout_diag.decisions.recommend",
     "RowStats": "rollout_diag.results",
+    # the sweep's typed rows, and the intrusive rule
+    "SweepOption": "rollout_diag.results",
+    "SweepStep": "rollout_diag.results",
+    "intrusive_reasons": "rollout_diag.decisions.intrusive",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])
