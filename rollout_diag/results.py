@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -282,22 +281,21 @@ class AnalysisResult:
         return cls(**values)
 
 
-# List fields of AnalysisResult whose items are dataclasses of this module (named: they are defined above it).
-_ITEM_TYPES = {
-    "verdicts": "Verdict",
-    "skipped": "SkippedRow",
-    "worst_rows": "WorstRow",
-    "worst_tokens": "WorstToken",
-    "worst_row_tokens": "RowTokens",
-    "anomalies": "Anomaly",
-    "trends": "Trend",
-    "hints": "Hint",
+# List fields of AnalysisResult whose items are dataclasses.
+_ITEM_TYPES: dict[str, type] = {
+    "verdicts": Verdict,
+    "skipped": SkippedRow,
+    "worst_rows": WorstRow,
+    "worst_tokens": WorstToken,
+    "worst_row_tokens": RowTokens,
+    "anomalies": Anomaly,
+    "trends": Trend,
+    "hints": Hint,
 }
 
 
-def _item(type_name: str, raw: dict[str, Any]) -> Any:
+def _item(item_type: type, raw: dict[str, Any]) -> Any:
     """One list item; keys this build does not know (derived ones such as ``trainer_prob``) are left out."""
-    item_type = getattr(sys.modules[__name__], type_name)
     names = {spec.name for spec in dataclasses.fields(item_type)}
     return item_type(**{key: value for key, value in raw.items() if key in names})
 
