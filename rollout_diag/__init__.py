@@ -69,6 +69,8 @@ _EXPORTS: dict[str, str] = {
     "Recommendation": "rollout_diag.decisions.recommend",
     "recommend": "rollout_diag.decisions.recommend",
     "RowStats": "rollout_diag.results",
+    "load_results": "rollout_diag.results",
+    "result_from_json": "rollout_diag.results",
     # the sweep's typed rows, and the intrusive rule
     "SweepOption": "rollout_diag.results",
     "SweepStep": "rollout_diag.results",

@@ -689,7 +689,9 @@ def report(
         if given:
             flags = ", ".join("--" + name.replace("_", "-") for name in given)
             raise ConfigError(f"{flags}: apply when analysing dumps, not to saved --from-json results.")
-        analysis, comparison = load_json_results(from_json)
+        from rollout_diag.results import load_results
+
+        analysis, comparison = load_results(from_json)
     elif inputs:
         from rollout_diag.compare import analyze_and_compare
 
@@ -780,35 +782,6 @@ def convert(
 def _from_command_line(ctx: typer.Context, name: str) -> bool:
     source = ctx.get_parameter_source(name)  # click's ParameterSource (typer may vendor click: compare by name)
     return source is not None and source.name == "COMMANDLINE"
-
-
-def load_json_results(paths: list[Path]):
-    """(AnalysisResult or None, ComparisonResult or None) from saved --format json files: at most one of each."""
-    import json
-
-    from rollout_diag.errors import ConfigError, InputError
-    from rollout_diag.report import result_from_json
-
-    found: dict[str, tuple[Path, Any]] = {}
-    for path in paths:
-        try:
-            document = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise InputError(f"{path}: not a readable JSON file ({exc}).") from exc
-        if isinstance(document, dict) and "presets" in document:
-            from rollout_diag.results import ComparisonResult
-
-            kind, result = "compare-presets", ComparisonResult.from_json(document)
-        elif isinstance(document, dict) and "run" in document and "steps" in document:
-            kind, result = "analyze", result_from_json(document)
-        else:
-            raise InputError(f"{path}: not the --format json output of analyze or compare-presets.")
-        if kind in found:
-            raise ConfigError(f"--from-json: {found[kind][0]} and {path} are both {kind} results; give one of each.")
-        found[kind] = (path, result)
-    analysis = found.get("analyze", (None, None))[1]
-    comparison = found.get("compare-presets", (None, None))[1]
-    return analysis, comparison
 
 
 def parse_targets(text: str) -> list[float]:

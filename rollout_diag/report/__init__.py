@@ -2,7 +2,7 @@
 
 ``write_report(result, path)`` renders what ``analyze`` / ``compare_presets`` found; it never recomputes a metric.
 It reads typed results only (rollout_diag.results); a saved ``--format json`` document becomes one through
-``AnalysisResult.from_json`` / ``ComparisonResult.from_json`` (``result_from_json`` is the former, kept here).
+``rollout_diag.results.result_from_json`` (re-exported here), or ``load_results`` for saved files.
 """
 
 from __future__ import annotations
@@ -31,13 +31,11 @@ from rollout_diag.report.sections import (
 )
 from rollout_diag.report.series import SIZE_RULE
 from rollout_diag.report.worst import worst_section
-from rollout_diag.results import SCHEMA_VERSION, AnalysisResult, ComparisonResult, StepResult
+from rollout_diag.results import SCHEMA_VERSION, AnalysisResult, ComparisonResult, StepResult, result_from_json
 from rollout_diag.verdicts import judge
 
 if TYPE_CHECKING:  # a DiffResult is only read here
     from rollout_diag.decisions.diff import DiffResult
-
-result_from_json = AnalysisResult.from_json  # the saved ``analyze --format json`` document as an AnalysisResult
 
 __all__ = ["render_report", "result_from_json", "write_report"]
 
