@@ -49,6 +49,7 @@ _EXPORTS: dict[str, str] = {
     "get_presets": "rollout_diag.presets",
     "load_presets_file": "rollout_diag.presets",
     "preset_from_options": "rollout_diag.presets",
+    "choose_presets": "rollout_diag.presets",
     "write_report": "rollout_diag.report",
     "AnalysisResult": "rollout_diag.results",
     "Hint": "rollout_diag.results",

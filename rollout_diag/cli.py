@@ -292,37 +292,6 @@ def output_format(format: OutputFormat | None, output: Path | None) -> OutputFor
     return FORMAT_BY_SUFFIX.get(output.suffix.lower(), OutputFormat.table) if output is not None else OutputFormat.table
 
 
-def chosen_presets(
-    preset: list[str] | None,
-    presets_file: Path | None,
-    rollout_is: str | None,
-    rollout_is_threshold: str | None,
-    rollout_rs: str | None,
-    rollout_rs_threshold: str | None,
-    batch_normalize: bool,
-) -> list | None:
-    """The presets to compare: --preset names, a --presets-file and the custom flags (beside the built-ins
-    unless --preset names some); None = every built-in preset."""
-    from rollout_diag.presets import get_presets, load_presets_file, preset_from_options
-
-    chosen: list = list(preset or [])
-    if presets_file is not None:
-        chosen.extend(load_presets_file(presets_file).values())
-    if rollout_is or rollout_rs:
-        chosen.append(
-            preset_from_options(
-                rollout_is=rollout_is,
-                rollout_is_threshold=rollout_is_threshold,
-                rollout_rs=rollout_rs,
-                rollout_rs_threshold=rollout_rs_threshold,
-                batch_normalize=batch_normalize,
-            )
-        )
-    if chosen and not preset and (presets_file is not None or rollout_is or rollout_rs):
-        chosen = [*get_presets(None), *chosen]  # your presets beside the built-in ones
-    return chosen or None
-
-
 def dump_inputs(inputs: list[Path], input_format: str | None, trust_pickle: bool) -> list[str]:
     """The input paths, carrying how to read them (``io.formats.DumpInputs``)."""
     from rollout_diag.io.formats import DumpInputs
@@ -563,12 +532,13 @@ def compare_presets(
     side by side, plus the threshold sweep."""
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend)
     from rollout_diag.compare import compare_presets as run_comparison
+    from rollout_diag.presets import choose_presets
     from rollout_diag.render.export import comparison_csv, to_json_text
     from rollout_diag.render.format import plain
     from rollout_diag.render.presets import presets_table
     from rollout_diag.render.sweep import render_sweep
 
-    chosen = chosen_presets(
+    chosen = choose_presets(
         preset, presets_file, rollout_is, rollout_is_threshold, rollout_rs, rollout_rs_threshold, batch_normalize
     )
     with progress_bar(inputs) as progress:
@@ -694,8 +664,9 @@ def report(
         analysis, comparison = load_results(from_json)
     elif inputs:
         from rollout_diag.compare import analyze_and_compare
+        from rollout_diag.presets import choose_presets
 
-        chosen = chosen_presets(
+        chosen = choose_presets(
             preset, presets_file, rollout_is, rollout_is_threshold, rollout_rs, rollout_rs_threshold, batch_normalize
         )
         with progress_bar(inputs) as progress:

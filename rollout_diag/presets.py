@@ -618,3 +618,34 @@ def resolve_presets(presets: Sequence[str | Preset] | None) -> list[Preset]:
     if not unique:
         raise ConfigError("no preset chosen.", hint=f"leave out {option_name('presets')} to compare all presets.")
     return list(unique.values())
+
+
+def choose_presets(
+    names: Sequence[str] | None = None,
+    presets_file: str | Path | None = None,
+    rollout_is: str | None = None,
+    rollout_is_threshold: str | None = None,
+    rollout_rs: str | None = None,
+    rollout_rs_threshold: str | None = None,
+    batch_normalize: bool = False,
+) -> list[str | Preset] | None:
+    """The presets a comparison runs: preset (or group) ``names``, the presets of a ``presets_file``, and one custom
+    preset from verl-style options, each beside the built-in presets unless ``names`` picks some; None = every
+    built-in preset. Raises ConfigError for an unknown name, an unreadable file or a bad option."""
+    chosen: list[str | Preset] = list(names or [])
+    if presets_file is not None:
+        chosen.extend(load_presets_file(presets_file).values())
+    custom = rollout_is or rollout_rs
+    if custom:
+        chosen.append(
+            preset_from_options(
+                rollout_is=rollout_is,
+                rollout_is_threshold=rollout_is_threshold,
+                rollout_rs=rollout_rs,
+                rollout_rs_threshold=rollout_rs_threshold,
+                batch_normalize=batch_normalize,
+            )
+        )
+    if chosen and not names and (presets_file is not None or custom):
+        chosen = [*get_presets(None), *chosen]  # your presets beside the built-in ones
+    return chosen or None

@@ -339,3 +339,15 @@ def test_wrong_number_of_entries_always_raises(options, entries):
     thresholds = ",".join(["0.5_2" if o.endswith("k1") else "0.5" for o in options][:1] * entries)
     with pytest.raises(ConfigError, match=f"{entries} entries for {len(options)} options"):
         parse_rejection(options, thresholds)
+
+
+def test_choose_presets_puts_your_presets_beside_the_built_in_ones():
+    from rollout_diag.presets import choose_presets, get_presets
+
+    built_in = [p.name for p in get_presets(None)]
+    assert choose_presets() is None  # every built-in preset
+    assert choose_presets(["verl"]) == ["verl"]
+    custom = choose_presets(rollout_rs="seq_mean_k3", rollout_rs_threshold="0.02")
+    assert [getattr(p, "name", p) for p in custom[:-1]] == built_in and len(custom) == len(built_in) + 1
+    named = choose_presets(["decoupled_k3_rs"], rollout_rs="seq_mean_k3", rollout_rs_threshold="0.02")
+    assert named[0] == "decoupled_k3_rs" and len(named) == 2  # names picked: no built-ins added
