@@ -110,12 +110,28 @@ def importance_weights(s: ChunkStats, config: ImportanceSampling) -> tuple[PerTo
     IcePop w = w_raw inside [L, U] else 0."""
 
     def compute() -> tuple[PerToken, PerToken]:
-        raw = PerToken(s.token("token_is_weight")) if config.level == "token" else sequence_weight(s)
+        raw = raw_importance_weights(s, config.level)
         if config.icepop:
-            return raw, raw.map(lambda w: torch.where((w >= config.lower) & (w <= config.upper), w, 0.0))
+            inside = icepop_inside(s, config).values
+            return raw, raw.map(lambda w: torch.where(inside, w, 0.0))
         return raw, raw.map(lambda w: w.clamp(max=config.upper))
 
     return s.memo(("is", config.level, config.upper, config.lower, config.icepop), compute)
+
+
+def raw_importance_weights(s: ChunkStats, level: str) -> PerToken:
+    """§2 w_raw: exp(clamp20(δ)) per token (token level) or exp(clamp20(s_i)) per row (sequence level)."""
+    return PerToken(s.token("token_is_weight")) if level == "token" else sequence_weight(s)
+
+
+def icepop_inside(s: ChunkStats, config: ImportanceSampling) -> PerToken:
+    """§2 IcePop: L ≤ w_raw ≤ U, the tokens (or rows) whose weight IcePop keeps; its weight, its drop rule and its
+    out-of-bounds count all read this one flag."""
+
+    def compute() -> PerToken:
+        return raw_importance_weights(s, config.level).map(lambda w: (w >= config.lower) & (w <= config.upper))
+
+    return s.memo(("icepop_inside", config.level, config.lower, config.upper), compute)
 
 
 def rejection_counts(s: ChunkStats, rejected: PerToken) -> tuple[torch.Tensor, torch.Tensor]:
@@ -273,8 +289,8 @@ class ImportanceAccumulator(CorrectionAccumulator):
         # which is w itself (TIS and IcePop weights lie in [0, U])
         level_log_ratio = sequence_log_ratio(s) if config.level == "sequence" else None
         weights = weight_stats(s, raw, weight, level_log_ratio, (None, config.lower, config.upper))
-        if config.icepop:  # §2 T[w_raw < L or w_raw > U]
-            oob = s.group_sum(raw.map(lambda w: (w < config.lower) | (w > config.upper)))
+        if config.icepop:  # §2 T[w_raw < L or w_raw > U]: the tokens not inside [L, U]
+            oob = s.group_tokens - s.group_sum(icepop_inside(s, config))
         else:
             oob = torch.zeros_like(s.group_tokens)
         seq_weight = s.row_mean(weight)

@@ -19,7 +19,7 @@ from rollout_diag.metrics.correction import (
     ImportanceAccumulator,
     RejectionChainAccumulator,
     RejectionOptionAccumulator,
-    importance_weights,
+    icepop_inside,
     rs_final_keep,
 )
 from rollout_diag.metrics.legacy import LegacyAccumulator, legacy_keep
@@ -52,9 +52,7 @@ class DropRule:
         def compute() -> PerToken:
             keep = rs_final_keep(s, self.rejection)
             if self.icepop is not None:
-                icepop = self.icepop
-                raw, _ = importance_weights(s, icepop)
-                keep = s.both(keep, raw.map(lambda w: (w >= icepop.lower) & (w <= icepop.upper)))
+                keep = s.both(keep, icepop_inside(s, self.icepop))
             if self.legacy is not None:
                 keep = s.both(keep, legacy_keep(s, self.legacy))
             return keep

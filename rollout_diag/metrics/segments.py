@@ -106,7 +106,7 @@ def _token_is_weight(s: ChunkStats) -> torch.Tensor:
 def _rs_k3(s: ChunkStats) -> torch.Tensor:
     # §3 k3 = exp(c) − 1 − c, rounded as verl writes it (not expm1): a row value that sits exactly at a
     # rejection threshold must fall on the same side as in verl, in presets and in the sweep alike
-    return s.token("token_is_weight") - 1.0 - s.token("clamped_log_ratio")
+    return (s.token("token_is_weight") - 1.0).sub_(s.token("clamped_log_ratio"))  # one temporary, same rounding
 
 
 @quantity("trainer_prob")
