@@ -179,3 +179,18 @@ def test_empty_rows_and_groups_get_the_identity(how):
     empty = PerToken(torch.zeros(0, dtype=torch.float64))
     reduce = {"sum": s.group_sum, "max": s.group_max, "min": s.group_min}[how]
     assert reduce(empty).tolist() == [identity] * chunk.groups.count
+
+
+@pytest.mark.parametrize("sorted_steps", [True, False])
+def test_a_named_quantity_reduces_through_its_cached_segment_reductions(sorted_steps):
+    """PerToken.quantity keeps the quantity's name: its row sums are the cached ones (the very tensor), and its step
+    sums, extrema and moments equal those of the same values without a name."""
+    s = stats(random_chunk(8, 30, sorted_steps))
+    named = PerToken.quantity(s, "rs_k2")
+    anonymous = PerToken(s.token("rs_k2").clone())
+    assert s.row_sum(named) is s.row_sum("rs_k2")
+    np.testing.assert_allclose(s.group_sum(named).numpy(), s.group_sum(anonymous).numpy(), rtol=RTOL)
+    assert s.group_max(named).tolist() == s.group_max(anonymous).tolist()
+    assert s.group_min(named).tolist() == s.group_min(anonymous).tolist()
+    np.testing.assert_allclose(s.group_moments(named).numpy(), s.group_moments(anonymous).numpy(), rtol=1e-10)
+    assert named.map(torch.neg).name is None  # a derived value is no longer the quantity

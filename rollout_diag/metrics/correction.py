@@ -77,7 +77,7 @@ def rs_statistic(s: ChunkStats, option: RejectionOption) -> PerToken:
     value (sequence options)."""
     if option.is_sequence:
         return PerToken(rs_row_value(s, option), by_row=True)
-    return PerToken(s.token(f"rs_{option.statistic}"))
+    return PerToken.quantity(s, f"rs_{option.statistic}")
 
 
 def rs_keep(s: ChunkStats, option: RejectionOption) -> PerToken:
@@ -121,7 +121,7 @@ def importance_weights(s: ChunkStats, config: ImportanceSampling) -> tuple[PerTo
 
 def raw_importance_weights(s: ChunkStats, level: str) -> PerToken:
     """§2 w_raw: exp(clamp20(δ)) per token (token level) or exp(clamp20(s_i)) per row (sequence level)."""
-    return PerToken(s.token("token_is_weight")) if level == "token" else sequence_weight(s)
+    return PerToken.quantity(s, "token_is_weight") if level == "token" else sequence_weight(s)
 
 
 def icepop_inside(s: ChunkStats, config: ImportanceSampling) -> PerToken:

@@ -41,7 +41,7 @@ def legacy_weights(s: ChunkStats, level: str) -> PerToken:
     """§8 w = exp(clamp20(ℓ)): per token (token level) or per row (sequence / geometric); the token and sequence
     weights are §2's w_raw, shared with the IS accumulators."""
     if level == "token":
-        return PerToken(s.token("token_is_weight"))
+        return PerToken.quantity(s, "token_is_weight")
     if level == "sequence":
         return sequence_weight(s)
     return s.memo(
@@ -62,12 +62,12 @@ def legacy_catastrophic(s: ChunkStats, config: LegacyCorrection) -> PerToken:
 
 def legacy_mask_keep(s: ChunkStats, config: LegacyCorrection) -> PerToken:
     """§8 mask mode: w inside [mask lower, mask upper] (row-level for sequence / geometric, where an empty
-    row has w = exp(0) = 1); all True in truncate mode."""
+    row has w = exp(0) = 1); all True in truncate mode (a per-row flag: nothing to compute per token)."""
 
     def compute() -> PerToken:
-        weight = legacy_weights(s, config.level)
         if not config.masks:
-            return weight.map(lambda w: torch.ones_like(w, dtype=torch.bool))
+            return PerToken(torch.ones(s.chunk.rows, dtype=torch.bool, device=s.chunk.device), by_row=True)
+        weight = legacy_weights(s, config.level)
         return weight.map(lambda w: (w >= config.mask_lower) & (w <= config.mask_upper))
 
     return s.memo(("legacy_mask", config.level, config.mode, config.mask_lower, config.mask_upper), compute)
@@ -77,6 +77,19 @@ def legacy_keep(s: ChunkStats, config: LegacyCorrection) -> PerToken:
     """§8 modified mask on model tokens: mask-mode keep × no veto on the row."""
     vetoed_rows = s.rows_with(legacy_catastrophic(s, config))
     return s.both(legacy_mask_keep(s, config), PerToken(~vetoed_rows, by_row=True))
+
+
+def legacy_weight_stats(s: ChunkStats, level: str, lower: float, upper: float) -> dict[str, torch.Tensor]:
+    """§8 weight summary (WEIGHT_REDUCTIONS) of one level and bounds, shared by the configs that differ only in
+    mode or veto (truncate and mask at the same bounds report the same weights)."""
+
+    def compute() -> dict[str, torch.Tensor]:
+        weight = legacy_weights(s, level)  # metrics on the raw w: w_raw = w here
+        level_log_ratio = None if level == "token" else legacy_log_ratio(s, level)
+        # c = clamp(w, L, U); geometric fractions are token-weighted (row flags broadcast), sequence ones over rows
+        return weight_stats(s, weight, weight, level_log_ratio, (lower, lower, upper), level == "geometric")
+
+    return s.memo(("legacy_weight_stats", level, lower, upper), compute)
 
 
 class LegacyAccumulator(CorrectionAccumulator):
@@ -98,11 +111,7 @@ class LegacyAccumulator(CorrectionAccumulator):
 
     def _shared_stats(self, s: ChunkStats) -> dict[str, torch.Tensor]:
         config = self.config
-        weight = legacy_weights(s, config.level)  # metrics on the raw w: w_raw = w here
-        level_log_ratio = None if config.level == "token" else legacy_log_ratio(s, config.level)
-        bounds = (config.lower, config.lower, config.upper)  # c = clamp(w, L, U)
-        # geometric fractions are token-weighted (row flags broadcast), sequence ones over all rows
-        weights = weight_stats(s, weight, weight, level_log_ratio, bounds, config.level == "geometric")
+        weights = legacy_weight_stats(s, config.level, config.lower, config.upper)
         catastrophic_tokens, vetoed_rows = rejection_counts(s, legacy_catastrophic(s, config))
         masked = legacy_mask_keep(s, config).map(torch.logical_not)
         masked_tokens, rows_with_masked = rejection_counts(s, masked)

@@ -133,10 +133,18 @@ def _rs_k1(s: ChunkStats) -> torch.Tensor:  # §3 k1 = −c
 class PerToken:
     """A value at every model token: ``values`` [M], or, when ``by_row``, one value per row [R] that every model
     token of the row shares (sequence-level weights, statistics and keep flags), kept at row size so reductions
-    over tokens cost O(rows): Σ over a row's tokens = n_i·v_i. ChunkStats reduces either kind."""
+    over tokens cost O(rows): Σ over a row's tokens = n_i·v_i. ChunkStats reduces either kind. ``name``: the
+    token quantity these values are, if they are one; its cached segment sums and extrema then serve every
+    reduction (a derived value, ``map``, has none)."""
 
     values: torch.Tensor
     by_row: bool = False
+    name: str | None = None
+
+    @classmethod
+    def quantity(cls, s: ChunkStats, name: str) -> PerToken:
+        """A token quantity of the engine as a PerToken that keeps its name."""
+        return cls(s.token(name), name=name)
 
     def map(self, function: Callable[[torch.Tensor], torch.Tensor]) -> PerToken:
         return PerToken(function(self.values), self.by_row)
@@ -180,6 +188,7 @@ class ChunkStats:
         self._tokens: dict[str, torch.Tensor] = {}
         self._sums: dict[str, torch.Tensor] = {}
         self._maxima: dict[str, torch.Tensor] = {}
+        self._minima: dict[str, torch.Tensor] = {}
         self._memo: dict[Hashable, Any] = {}
 
     def memo(self, key: Hashable, compute: Callable[[], Any]) -> Any:
@@ -278,6 +287,12 @@ class ChunkStats:
             found = self._maxima[name] = _reduce(self.token(name), self.segment_starts, self.segment_length, "max")
         return found
 
+    def segment_min(self, name: str) -> torch.Tensor:
+        found = self._minima.get(name)
+        if found is None:
+            found = self._minima[name] = _reduce(self.token(name), self.segment_starts, self.segment_length, "min")
+        return found
+
     # -- rows and step groups ----------------------------------------------------------------------
     @cached_property
     def row_count(self) -> torch.Tensor:
@@ -288,6 +303,7 @@ class ChunkStats:
     def row_sum(self, name: str | PerToken) -> torch.Tensor:
         """Σ over each row's model tokens (float64 [R]; 0 for a row without model tokens) of a token quantity (by
         name, cached) or a PerToken value (a bool one gives exact counts)."""
+        name = _named(name)
         if isinstance(name, PerToken):
             return self.row_count * name.values if name.by_row else self._row_reduce(name.values, "sum")
         key = f"row:{name}"
@@ -310,6 +326,7 @@ class ChunkStats:
 
     def group_sum(self, name: str | PerToken) -> torch.Tensor:
         """Σ of a token quantity (by name) or a PerToken value over each step group's model tokens (float64 [G])."""
+        name = _named(name)
         if isinstance(name, PerToken) and not name.by_row:
             return self._group_token_reduce(name.values, "sum")
         return self.group_sum_rows(self.row_sum(name))
@@ -330,6 +347,7 @@ class ChunkStats:
     def group_max(self, name: str | PerToken) -> torch.Tensor:
         """Max of a token quantity (by name) or a PerToken value over each step group's model tokens (-inf where a
         group has no model token)."""
+        name = _named(name)
         if isinstance(name, PerToken):
             if name.by_row:
                 return self.group_max_rows(name.values, self.valid_rows)
@@ -345,6 +363,7 @@ class ChunkStats:
         each step group is one contiguous run of tokens (the usual case) the centred sums are dot products over
         slices: no per-token temporaries beyond the centred values themselves; a per-row value costs O(rows).
         """
+        x_name = _named(x_name)
         n = self.group_tokens
         safe_n = n.clamp(min=1.0)
         mean_x = self.group_sum(x_name) / safe_n
@@ -433,8 +452,13 @@ class ChunkStats:
             return torch.from_numpy(np.repeat(row_values.numpy(), self.row_tokens.numpy()))
         return torch.repeat_interleave(row_values, self.row_tokens, output_size=self.chunk.model.row.numel())
 
-    def group_min(self, quantity: PerToken) -> torch.Tensor:
-        """Min of a PerToken value over each step group's model tokens (+inf where a group has none)."""
+    def group_min(self, quantity: str | PerToken) -> torch.Tensor:
+        """Min of a token quantity (by name) or a PerToken value over each step group's model tokens (+inf where a
+        group has none)."""
+        quantity = _named(quantity)
+        if isinstance(quantity, str):
+            out = torch.full((self.chunk.groups.count,), torch.inf, dtype=torch.float64, device=self.chunk.device)
+            return out.scatter_reduce_(0, self.segment_group, self.segment_min(quantity), reduce="amin")
         if quantity.by_row:
             return self.group_min_rows(quantity.values, self.valid_rows)
         return self._group_token_reduce(quantity.values, "min")
@@ -536,6 +560,13 @@ class ChunkStats:
     def token_group(self) -> torch.Tensor:
         """Step group of every model token (only built for the rare chunk that spans several steps)."""
         return self.chunk.groups.row_group[self.chunk.model.row]
+
+
+def _named(quantity: str | PerToken) -> str | PerToken:
+    """A PerToken that is a token quantity, by its name (so its cached reductions serve); anything else as it is."""
+    if isinstance(quantity, PerToken) and quantity.name is not None:
+        return quantity.name
+    return quantity
 
 
 _NUMPY_REDUCERS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
