@@ -129,7 +129,7 @@ def _rs_k1(s: ChunkStats) -> torch.Tensor:  # §3 k1 = −c
     return -s.token("clamped_log_ratio")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared by identity: its values are tensors
 class PerToken:
     """A value at every model token: ``values`` [M], or, when ``by_row``, one value per row [R] that every model
     token of the row shares (sequence-level weights, statistics and keep flags), kept at row size so reductions
