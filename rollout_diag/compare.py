@@ -1,7 +1,7 @@
 """Every rollout-correction preset on one dump, side by side, in one streaming pass (issue 4).
 
 ``compare_presets`` reads the dump once: per chunk the off-policy family (METRICS.md §1) and one shared
-:class:`~rollout_diag.metrics.correction.ChunkDivergences` feeding every preset's §2/§3/§8 accumulators
+:class:`~rollout_diag.metrics.segments.ChunkStats` feeding every preset's §2/§3/§8 accumulators
 (and, if asked, the per-row decision file of :mod:`rollout_diag.exports`). The results are
 :class:`~rollout_diag.results.ComparisonResult`; the intrusive rule is :mod:`rollout_diag.decisions.intrusive`.
 """
@@ -22,7 +22,7 @@ from rollout_diag.engine import build_result, check_targets
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.exports import DecisionWriter
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
-from rollout_diag.metrics.correction import ChunkDivergences
+from rollout_diag.metrics.segments import stats
 from rollout_diag.metrics.sweep import DEFAULT_TARGETS, sweep_tables
 from rollout_diag.passes import Inputs, PassSpec, Progress, open_reader, resolve_device, run_chunks
 from rollout_diag.presets import Preset, resolve_presets
@@ -150,7 +150,7 @@ def _one_pass(
         writer = None if export_decisions_to is None else DecisionWriter(export_decisions_to, chosen)
         consumers = state.consumers()
         if writer is not None:
-            consumers.append(lambda chunk: writer.write(ChunkDivergences.of(chunk)))
+            consumers.append(lambda chunk: writer.write(stats(chunk)))
         with writer or contextlib.nullcontext():
             run_chunks(reader, consumers, torch_device, progress, state.analysis.prepare)
     base = build_result(state.analysis, reader.log, torch_device, strict)

@@ -1,7 +1,7 @@
 """Per-row decisions: what each preset would do to each row, streamed into one Parquet file.
 
-``DecisionWriter`` is a chunk consumer (it reads the shared per-chunk divergences of
-``metrics.correction.ChunkDivergences``); the file itself is ``io.decisions.DecisionFile``. ``export_decisions``
+``DecisionWriter`` is a chunk consumer (it reads the chunk's shared per-chunk engine,
+``metrics.segments.ChunkStats``); the file itself is ``io.decisions.DecisionFile``. ``export_decisions``
 is the pass that runs it alone; ``compare_presets(export_decisions_to=…)`` runs it beside the comparison.
 """
 
@@ -17,9 +17,10 @@ import torch
 from rollout_diag.dump import reads_dump
 from rollout_diag.io.decisions import DecisionFile
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
-from rollout_diag.metrics.correction import ChunkDivergences
+from rollout_diag.metrics.correction import importance_weights, rs_row_value
 from rollout_diag.metrics.legacy import legacy_weights
 from rollout_diag.metrics.outcome import DropRule
+from rollout_diag.metrics.segments import ChunkStats, stats
 from rollout_diag.passes import Inputs, Progress, open_reader, resolve_device, run_chunks
 from rollout_diag.presets import Preset, resolve_presets
 
@@ -36,7 +37,7 @@ class DecisionWriter:
         self._file = DecisionFile(self.path, self.options)
         self.rows_written = 0
 
-    def write(self, shared: ChunkDivergences) -> None:
+    def write(self, shared: ChunkStats) -> None:
         """Append one chunk's rows for every preset."""
         chunk = shared.chunk
         rows = chunk.rows
@@ -45,7 +46,7 @@ class DecisionWriter:
         for preset, rule in zip(self.presets, self.rules, strict=True):
             rejected_tokens = rule.kept_tokens(shared).map(torch.logical_not)
             rejected = shared.row_sum(rejected_tokens).round().to(torch.int64).cpu().numpy()
-            statistics = {option.option: shared.rs_row_value(option) for option in preset.rejection}
+            statistics = {option.option: rs_row_value(shared, option) for option in preset.rejection}
             parts["preset"].append([preset.name] * rows)
             parts["step"].append(chunk.step.cpu().numpy())
             parts["sample_id"].append(chunk.sample_id)
@@ -71,10 +72,10 @@ class DecisionWriter:
         """Close the file; a pass that failed leaves no half-written file behind."""
         self._file.__exit__(error_type, *rest)
 
-    def _row_weight(self, shared: ChunkDivergences, preset: Preset, missing: np.ndarray) -> np.ndarray:
+    def _row_weight(self, shared: ChunkStats, preset: Preset, missing: np.ndarray) -> np.ndarray:
         """R_i[w] of the preset's IS weights (legacy: of the raw w) before normalisation; NaN (null) without IS."""
         if preset.importance is not None:
-            _, weight = shared.importance_weights(preset.importance)
+            _, weight = importance_weights(shared, preset.importance)
         elif preset.legacy is not None:
             weight = legacy_weights(shared, preset.legacy.level)
         else:
@@ -110,5 +111,5 @@ def export_decisions(
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
     with DecisionWriter(path, chosen) as writer:
-        run_chunks(reader, [lambda chunk: writer.write(ChunkDivergences.of(chunk))], torch_device, progress)
+        run_chunks(reader, [lambda chunk: writer.write(stats(chunk))], torch_device, progress)
     return writer.rows_written

@@ -41,8 +41,8 @@ from rollout_diag.decisions.intrusive import INTRUSIVE_MIN_ESS, intrusive_reason
 from rollout_diag.errors import ConfigError, DataError
 from rollout_diag.exports import export_decisions
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics import correction
 from rollout_diag.metrics.outcome import CorrectionAnalysis
+from rollout_diag.metrics.segments import ChunkStats
 from rollout_diag.presets import PRESETS, RS_OPTIONS, LegacyCorrection, Preset, preset_from_options
 
 RTOL = 1e-9  # library and reference sum in different orders; both float64
@@ -452,9 +452,10 @@ def test_any_chunking_and_merge_order_gives_the_same_digits(seed, cuts, order_se
 
 
 def test_interleaved_steps_reduce_through_rows_to_the_same_digits(dump, compared, monkeypatch):
-    """With every chunk past MAX_RUNS, token reductions go through rows instead of step slices."""
+    """With every chunk's step groups taken as interleaved (no contiguous token range per group), token reductions
+    go through rows instead of step slices."""
     path, _ = dump
-    monkeypatch.setattr(correction, "MAX_RUNS", 1)
+    monkeypatch.setattr(ChunkStats, "group_token_ranges", property(lambda self: None))
     through_rows = compare_presets(path, ALL_PRESETS, device="cpu", chunk_tokens=37)
     for by_rows, by_runs in zip(through_rows.presets, compared.presets, strict=True):
         assert_metrics_close(by_rows.run.metrics, by_runs.run.metrics, f"{by_rows.name} run", rtol=1e-12)

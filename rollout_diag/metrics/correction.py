@@ -1,8 +1,10 @@
 """Rollout-correction metrics: IS weights (METRICS.md §2) and rejection sampling (§3), keys ``rollout_corr/…``.
 
-:class:`ChunkDivergences` computes δ, the k1/k2/k3 statistics, row values, IS weights and keep masks once
-per chunk (lazily, memoised) and every accumulator of a pass reads them; ``outcome.CorrectionAnalysis``
-holds one accumulator per *distinct* part of the chosen presets. The legacy family (§8) is in ``legacy.py``.
+Every accumulator reads the chunk's one per-chunk engine, :class:`~rollout_diag.metrics.segments.ChunkStats`:
+token quantities shared with the analysis families (c = clamp20(δ), k2, k3, exp(c) and their row sums), and
+the values derived from a preset's config (IS weights, row statistics, keep flags), each memoised per chunk
+(``ChunkStats.memo``) so presets that share a part compute it once. ``outcome.CorrectionAnalysis`` holds one
+accumulator per *distinct* part of the chosen presets. The legacy family (§8) is in ``legacy.py``.
 
 Exactness under chunking: every state is a float64 sum, count, min, max, or (count, mean, M2) merged by
 Chan's formula. Nothing in §2/§3 needs a step-level value during the row pass: the §2 metrics are taken
@@ -14,9 +16,6 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable
-from dataclasses import dataclass
-from functools import cached_property
 from typing import Any, ClassVar
 
 import numpy as np
@@ -35,323 +34,118 @@ from rollout_diag.metrics.base import (
     row_mean,
     safe_exp,
     sample_std,
-    segment_max,
-    segment_min,
-    segment_moments,
-    segment_sum,
 )
-from rollout_diag.metrics.segments import reduce_runs
-from rollout_diag.metrics.segments import stats as segment_stats
+from rollout_diag.metrics.segments import ChunkStats, PerToken, stats
 from rollout_diag.presets import ImportanceSampling, RejectionOption
 
 PREFIX = "rollout_corr/"
 
 
-# --------------------------------------------------------------------------- shared per-chunk values
-MAX_RUNS = 64  # a chunk whose steps interleave in more runs than this reduces tokens through rows
+# --------------------------------------------------------------------------- per-chunk values of a config
+def sequence_log_ratio(s: ChunkStats) -> torch.Tensor:
+    """s_i = S_i[δ] (unclamped, every row; 0 for an empty row): the row sum §1 takes too, computed once."""
+    return s.row_sum("log_ratio")
 
 
-@dataclass(frozen=True)
-class PerToken:
-    """A value at every model token: ``values`` [M], or, when ``by_row``, one value per row [R] that every
-    model token of the row shares (sequence-level weights and statistics), kept at row size so reductions
-    over tokens cost O(rows): Σ over tokens = Σ_i n_i·v_i."""
-
-    values: torch.Tensor
-    by_row: bool = False
-
-    def map(self, function: Callable[[torch.Tensor], torch.Tensor]) -> PerToken:
-        return PerToken(function(self.values), self.by_row)
+def sequence_weight(s: ChunkStats) -> PerToken:
+    """§2 / §8 sequence-level w_raw = exp(clamp20(s_i)) per row."""
+    return s.memo("sequence_weight", lambda: PerToken(torch.exp(clamp20(sequence_log_ratio(s))), by_row=True))
 
 
-class ChunkDivergences:
-    """Per-chunk tensors every correction accumulator reads, each computed once on first use.
+def rs_row_value(s: ChunkStats, option: RejectionOption) -> torch.Tensor:
+    """§3 v_i per row: S_i[k] (seq_sum), R_i[k] (seq_mean and token options), max (seq_max, 0 if empty)."""
 
-    Token tensors are over the chunk's model tokens (mask 1, ``chunk.model``), in row order [M]; row
-    tensors over all rows [R]. Rows are whole (the reader never splits one), so row sums here are final.
-    Reductions avoid ``index_add`` over tokens: row sums are run reductions (rows are contiguous), and
-    steps are runs of consecutive rows, so a step's token sum is one slice sum (``token_runs``).
-    """
+    def compute() -> torch.Tensor:
+        row_total = statistic_row_sum(s, option.statistic)
+        if option.scope == "seq_sum":
+            return row_total
+        if option.scope == "seq_max":  # k2 / k3 only (§3 has no seq_max_k1)
+            return torch.where(s.valid_rows, s.row_max(f"rs_{option.statistic}"), 0.0)
+        return row_mean(row_total, s.row_count)
 
-    def __init__(self, chunk: Chunk) -> None:
-        self.chunk = chunk
-        self._memo: dict[Hashable, Any] = {}
+    return s.memo(("row_value", option.scope, option.statistic), compute)
 
-    @classmethod
-    def of(cls, chunk: Chunk) -> ChunkDivergences:
-        """The chunk's shared instance (kept in ``chunk.cache``, created on first use)."""
-        found = chunk.cache.get("divergences")
-        if found is None:
-            found = chunk.cache["divergences"] = cls(chunk)
-        return found
 
-    def memo(self, key: Hashable, compute: Callable[[], Any]) -> Any:
-        """``compute()`` once per chunk and key (shared by every accumulator of the pass)."""
-        if key not in self._memo:
-            self._memo[key] = compute()
-        return self._memo[key]
+def statistic_row_sum(s: ChunkStats, statistic: str) -> torch.Tensor:
+    """S_i[k] of a §3 token statistic, from the row sums the engine caches (the sweep reads the same ones); k1 = −c,
+    so S_i[k1] = −S_i[c] (negation is exact)."""
+    return -s.row_sum("clamped_log_ratio") if statistic == "k1" else s.row_sum(f"rs_{statistic}")
 
-    # -- layout ----------------------------------------------------------------------------------
-    @cached_property
-    def token_row(self) -> torch.Tensor:
-        return self.chunk.model.row
 
-    @cached_property
-    def row_group(self) -> torch.Tensor:
-        return self.chunk.groups.row_group
+def rs_statistic(s: ChunkStats, option: RejectionOption) -> PerToken:
+    """§3 per-token statistic: the token's own k1/k2/k3 (k1 = −c, k2 = ½c², k3 = exp(c) − 1 − c), or its row's
+    value (sequence options)."""
+    if option.is_sequence:
+        return PerToken(rs_row_value(s, option), by_row=True)
+    return PerToken.quantity(s, f"rs_{option.statistic}")
 
-    @cached_property
-    def row_tokens(self) -> torch.Tensor:
-        """n_i (int64 [R])."""
-        return segment_stats(self.chunk).row_count.to(torch.int64)
 
-    @cached_property
-    def row_weight(self) -> torch.Tensor:
-        """n_i as float64: the weight of a row value in a token reduction."""
-        return self.row_tokens.to(torch.float64)
+def rs_keep(s: ChunkStats, option: RejectionOption) -> PerToken:
+    """§3 keep flag: k1 log L ≤ stat ≤ log U; k2/k3 stat ≤ U (sequence options keep or drop whole rows)."""
 
-    @cached_property
-    def valid_rows(self) -> torch.Tensor:
-        """n_i > 0 (bool [R])."""
-        return self.row_tokens > 0
+    def compute() -> PerToken:
+        stat = rs_statistic(s, option).values
+        keep = stat <= option.upper
+        if option.has_lower:
+            keep = keep & (stat >= option.lower)
+        return PerToken(keep, option.is_sequence)
 
-    @property
-    def group_count(self) -> int:
-        return self.chunk.groups.count
+    return s.memo(("keep", option), compute)
 
-    @cached_property
-    def token_runs(self) -> list[tuple[int, int, int]] | None:
-        """(step group, first, end) model-token slices of consecutive rows of one step; None past MAX_RUNS."""
-        rows = self.chunk.rows
-        if rows == 0:
-            return []
-        boundaries = torch.nonzero(self.row_group[1:] != self.row_group[:-1]).flatten() + 1
-        if boundaries.numel() >= MAX_RUNS:
-            return None
-        zero = torch.zeros(1, dtype=torch.int64, device=self.chunk.device)
-        token_offsets = torch.cat([zero, torch.cumsum(self.row_tokens, 0)])
-        starts = torch.cat([zero, boundaries])
-        ends = torch.cat([boundaries, torch.full_like(zero, rows)])
-        return list(
-            zip(
-                self.row_group[starts].tolist(),
-                token_offsets[starts].tolist(),
-                token_offsets[ends].tolist(),
-                strict=True,
-            )
-        )
 
-    # -- reductions --------------------------------------------------------------------------------
-    def row_sum(self, quantity: PerToken) -> torch.Tensor:
-        """S_i[x] for every row (float64 [R])."""
-        if quantity.by_row:
-            return self.row_weight * quantity.values
-        return self._row_reduce(quantity.values, "sum")
+def rs_final_keep(s: ChunkStats, options: tuple[RejectionOption, ...]) -> PerToken:
+    """§3 final mask on model tokens: Π(option keeps)."""
 
-    def row_mean(self, quantity: PerToken) -> torch.Tensor:
-        """R_i[x] = S_i[x] / (n_i + 1e-8) (Notation; 0 for an empty row)."""
-        return row_mean(self.row_sum(quantity), self.row_tokens)
+    def compute() -> PerToken:
+        keep = PerToken(torch.ones(s.chunk.rows, dtype=torch.bool, device=s.chunk.device), by_row=True)
+        for option in options:
+            keep = s.both(keep, rs_keep(s, option))
+        return keep
 
-    def rows_with(self, flags: PerToken) -> torch.Tensor:
-        """Rows with at least one flagged model token (bool [R])."""
-        if flags.by_row:
-            return flags.values & self.valid_rows
-        return self._row_reduce(flags.values, "sum") > 0
+    return s.memo(("final_keep", options), compute)
 
-    def _row_reduce(self, token_values: torch.Tensor, reduce: str) -> torch.Tensor:
-        """sum / max / min of each row's model tokens; empty rows get 0 / −inf / +inf."""
-        return reduce_runs(token_values, self.row_tokens, reduce)
 
-    def step_sum(self, quantity: PerToken) -> torch.Tensor:
-        """Σ over each step's model tokens (float64 [G])."""
-        if quantity.by_row:
-            return self.step_sum_rows(self.row_weight * quantity.values)
-        return self._step_reduce(quantity.values, "sum")
+def importance_weights(s: ChunkStats, config: ImportanceSampling) -> tuple[PerToken, PerToken]:
+    """§2 (w_raw, w): token exp(clamp20(δ)), sequence exp(clamp20(s_i)) per row; TIS w = min(w_raw, U),
+    IcePop w = w_raw inside [L, U] else 0."""
 
-    def step_max(self, quantity: PerToken) -> torch.Tensor:
-        """Max over each step's model tokens (−inf for a step without one)."""
-        if quantity.by_row:
-            return self.step_max_rows(quantity.values, self.valid_rows)
-        return self._step_reduce(quantity.values, "max")
+    def compute() -> tuple[PerToken, PerToken]:
+        raw = raw_importance_weights(s, config.level)
+        if config.icepop:
+            inside = icepop_inside(s, config).values
+            return raw, raw.map(lambda w: torch.where(inside, w, 0.0))
+        return raw, raw.map(lambda w: w.clamp(max=config.upper))
 
-    def step_min(self, quantity: PerToken) -> torch.Tensor:
-        if quantity.by_row:
-            return self.step_min_rows(quantity.values, self.valid_rows)
-        return self._step_reduce(quantity.values, "min")
+    return s.memo(("is", config.level, config.upper, config.lower, config.icepop), compute)
 
-    def step_moments(self, quantity: PerToken) -> torch.Tensor:
-        """[N, mean, 0, M2, 0, 0] per step over model tokens (base.segment_moments' layout), two passes."""
-        count = self.step_tokens
-        mean = self.step_sum(quantity) / count.clamp(min=1.0)
-        if quantity.by_row:
-            centred = quantity.values - mean[self.row_group]
-            m2 = self.step_sum_rows(self.row_weight * centred * centred)
-        else:
-            m2 = self._step_reduce(quantity.values, "sum", centre=mean)
-        zeros = torch.zeros_like(count)
-        return torch.stack([count, mean, zeros, m2, zeros, zeros], dim=-1)
 
-    def _step_reduce(self, token_values: torch.Tensor, reduce: str, centre: torch.Tensor | None = None) -> torch.Tensor:
-        """sum / max / min over each step's model tokens; with ``centre``, the sum of (x − centre[step])²."""
-        values = token_values
-        runs = self.token_runs
-        if runs is None:  # interleaved steps: through rows
-            values = values.to(torch.float64)
-            if centre is not None:
-                centred = values - centre[self.row_group[self.token_row]]
-                values = centred * centred
-            per_row = self._row_reduce(values, reduce)
-            return {"sum": self.step_sum_rows, "max": self.step_max_rows, "min": self.step_min_rows}[reduce](per_row)
-        identity = {"sum": 0.0, "max": -math.inf, "min": math.inf}[reduce]
-        out = torch.full((self.group_count,), identity, dtype=torch.float64, device=values.device)
-        for group, start, end in runs:
-            if end == start:
-                continue
-            part = values[start:end]
-            if centre is not None:
-                part = part - centre[group]
-                part = part * part
-            if reduce == "sum":  # a bool slice sums to an exact int64 count
-                out[group] += part.sum().to(torch.float64)
-            elif reduce == "max":
-                out[group] = torch.maximum(out[group], part.max())
-            else:
-                out[group] = torch.minimum(out[group], part.min())
-        return out
+def raw_importance_weights(s: ChunkStats, level: str) -> PerToken:
+    """§2 w_raw: exp(clamp20(δ)) per token (token level) or exp(clamp20(s_i)) per row (sequence level)."""
+    return PerToken.quantity(s, "token_is_weight") if level == "token" else sequence_weight(s)
 
-    def step_sum_rows(self, row_values: torch.Tensor) -> torch.Tensor:
-        return segment_sum(row_values, self.row_group, self.group_count)
 
-    def step_max_rows(self, row_values: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Max per step over all rows, or over the rows flagged in ``rows`` (−inf where none)."""
-        values = row_values if rows is None else row_values.masked_fill(~rows, -math.inf)
-        return segment_max(values, self.row_group, self.group_count)
+def icepop_inside(s: ChunkStats, config: ImportanceSampling) -> PerToken:
+    """§2 IcePop: L ≤ w_raw ≤ U, the tokens (or rows) whose weight IcePop keeps; its weight, its drop rule and its
+    out-of-bounds count all read this one flag."""
 
-    def step_min_rows(self, row_values: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-        values = row_values if rows is None else row_values.masked_fill(~rows, math.inf)
-        return segment_min(values, self.row_group, self.group_count)
+    def compute() -> PerToken:
+        return raw_importance_weights(s, config.level).map(lambda w: (w >= config.lower) & (w <= config.upper))
 
-    def step_moments_rows(self, row_values: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Moments per step over all rows, or over the rows flagged in ``rows``."""
-        group = self.row_group
-        if rows is not None:
-            row_values, group = row_values[rows], group[rows]
-        return segment_moments(row_values, torch.zeros_like(row_values), group, self.group_count)
+    return s.memo(("icepop_inside", config.level, config.lower, config.upper), compute)
 
-    @cached_property
-    def step_tokens(self) -> torch.Tensor:
-        return self.step_sum_rows(self.row_weight)
 
-    @cached_property
-    def step_rows(self) -> torch.Tensor:
-        return self.step_sum_rows(torch.ones(self.chunk.rows, dtype=torch.float64, device=self.chunk.device))
-
-    @cached_property
-    def step_valid_rows(self) -> torch.Tensor:
-        return self.step_sum_rows(self.valid_rows)
-
-    def both(self, first: PerToken, second: PerToken) -> PerToken:
-        """Token-wise AND of two keep flags (row-level when both are)."""
-        if first.by_row == second.by_row:
-            return PerToken(first.values & second.values, first.by_row)
-        row_flags, token_flags = (first, second) if first.by_row else (second, first)
-        return PerToken(row_flags.values[self.token_row] & token_flags.values)
-
-    # -- divergences -------------------------------------------------------------------------------
-    @property
-    def log_ratio(self) -> torch.Tensor:
-        """δ = a − r per model token, unclamped."""
-        return self.chunk.model.log_ratio
-
-    @cached_property
-    def clamped_log_ratio(self) -> torch.Tensor:
-        """clamp20(δ), shared with the other families (segments.py)."""
-        return segment_stats(self.chunk).token("clamped_log_ratio")
-
-    @cached_property
-    def seq_log_ratio(self) -> torch.Tensor:
-        """s_i = S_i[δ] (unclamped, every row; 0 for an empty row): the row sum §1 takes too, computed once."""
-        return segment_stats(self.chunk).row_sum("log_ratio")
-
-    def token_statistic(self, statistic: str) -> torch.Tensor:
-        """§3: k1 = −clamp20(δ), k2 = ½·clamp20(δ)², k3 = exp(clamp20(δ)) − 1 − clamp20(δ) per model token."""
-
-        def compute() -> torch.Tensor:
-            if statistic == "k1":
-                return -self.clamped_log_ratio
-            return segment_stats(self.chunk).token(f"rs_{statistic}")  # shared with the sweep
-
-        return self.memo(("statistic", statistic), compute)
-
-    def rs_row_value(self, option: RejectionOption) -> torch.Tensor:
-        """§3 v_i per row: S_i[k] (seq_sum), R_i[k] (seq_mean and token options), max (seq_max, 0 if empty)."""
-
-        def compute() -> torch.Tensor:
-            # row sums and maxima from the shared per-chunk engine (segments.ChunkStats), as the sweep reads them
-            rows = segment_stats(self.chunk)
-            if option.statistic == "k1":  # k1 = −clamp20(δ): its row sum is −Σ clamp20(δ)
-                row_total = -rows.row_sum("clamped_log_ratio")
-            else:
-                row_total = rows.row_sum(f"rs_{option.statistic}")
-            if option.scope == "seq_sum":
-                return row_total
-            if option.scope == "seq_max":  # k2 / k3 only (§3 has no seq_max_k1)
-                return torch.where(self.valid_rows, rows.row_max(f"rs_{option.statistic}"), 0.0)
-            return row_mean(row_total, self.row_tokens)
-
-        return self.memo(("row_value", option.scope, option.statistic), compute)
-
-    def rs_statistic(self, option: RejectionOption) -> PerToken:
-        """§3 per-token statistic: the token's own value, or its row's value (sequence options)."""
-        if option.is_sequence:
-            return PerToken(self.rs_row_value(option), by_row=True)
-        return PerToken(self.token_statistic(option.statistic))
-
-    def rs_keep(self, option: RejectionOption) -> PerToken:
-        """§3 keep flag: k1 log L ≤ stat ≤ log U; k2/k3 stat ≤ U (sequence options keep or drop whole rows)."""
-
-        def compute() -> PerToken:
-            stat = self.rs_statistic(option).values
-            keep = stat <= option.upper
-            if option.has_lower:
-                keep = keep & (stat >= option.lower)
-            return PerToken(keep, option.is_sequence)
-
-        return self.memo(("keep", option), compute)
-
-    def rs_final_keep(self, options: tuple[RejectionOption, ...]) -> PerToken:
-        """§3 final mask on model tokens: Π(option keeps)."""
-
-        def compute() -> PerToken:
-            keep = PerToken(torch.ones(self.chunk.rows, dtype=torch.bool, device=self.chunk.device), by_row=True)
-            for option in options:
-                keep = self.both(keep, self.rs_keep(option))
-            return keep
-
-        return self.memo(("final_keep", options), compute)
-
-    def importance_weights(self, config: ImportanceSampling) -> tuple[PerToken, PerToken]:
-        """§2 (w_raw, w): token exp(clamp20(δ)), sequence exp(clamp20(s_i)) per row; TIS w = min(w_raw, U),
-        IcePop w = w_raw inside [L, U] else 0."""
-
-        def compute() -> tuple[PerToken, PerToken]:
-            if config.level == "token":
-                raw = PerToken(torch.exp(self.clamped_log_ratio))
-            else:
-                raw = PerToken(torch.exp(clamp20(self.seq_log_ratio)), by_row=True)
-            if config.icepop:
-                return raw, raw.map(lambda w: torch.where((w >= config.lower) & (w <= config.upper), w, 0.0))
-            return raw, raw.map(lambda w: w.clamp(max=config.upper))
-
-        return self.memo(("is", config.level, config.upper, config.lower, config.icepop), compute)
+def rejection_counts(s: ChunkStats, rejected: PerToken) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rejected model tokens, rows with one) per step group, from one row count of the flags (exact integers)."""
+    per_row = s.row_sum(rejected)
+    return s.group_sum_rows(per_row), s.group_sum_rows(per_row > 0)
 
 
 class CorrectionAccumulator(StepAccumulator, ABC):
-    """A StepAccumulator reading the chunk's shared :class:`ChunkDivergences`, so every accumulator of a pass
-    (every preset) computes δ, k1/k2/k3, row values and keep masks once per chunk."""
+    """A StepAccumulator reading the chunk's shared :class:`ChunkStats`, so every accumulator of a pass (every
+    preset) computes δ, k1/k2/k3, row values, weights and keep masks once per chunk."""
 
     def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
-        return self._shared_stats(ChunkDivergences.of(chunk))
+        return self._shared_stats(stats(chunk))
 
     def _finalize(self, state: State) -> dict[str, float]:
         value = values_of(state)
@@ -364,7 +158,7 @@ class CorrectionAccumulator(StepAccumulator, ABC):
         """Metric values from a merged state of a step (or run) that has model tokens."""
 
     @abstractmethod
-    def _shared_stats(self, shared: ChunkDivergences) -> dict[str, torch.Tensor]:
+    def _shared_stats(self, s: ChunkStats) -> dict[str, torch.Tensor]:
         """Partial state of each step group: name -> tensor [G, ...]."""
 
 
@@ -399,45 +193,47 @@ WEIGHT_REDUCTIONS: dict[str, str] = {
 
 
 def weight_stats(
-    shared: ChunkDivergences,
+    s: ChunkStats,
     raw: PerToken,
     weight: PerToken,
     level_log_ratio: torch.Tensor | None,
-    bounds: tuple[float, float, float],
+    bounds: tuple[float | None, float, float],
     token_weighted_fractions: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Partial state of WEIGHT_REDUCTIONS. ``level_log_ratio``: ℓ_i per row for sequence-like levels (None at
-    token level); ``bounds``: (clamp floor of c, lower L', upper U) in ratio space."""
+    token level); ``bounds``: (clamp floor of c, lower L', upper U) in ratio space, the floor None where w
+    already lies in [0, U] (c = w)."""
     floor, lower, upper = bounds
     if level_log_ratio is None:  # token level: extremes of w, fractions of w_raw over model tokens
-        extremes = {"extreme_max": shared.step_max(weight), "extreme_min": shared.step_min(weight)}
-        high = shared.step_sum(raw.map(lambda w: w > upper))
-        low = shared.step_sum(raw.map(lambda w: w < lower))
+        extremes = {"extreme_max": s.group_max(weight), "extreme_min": s.group_min(weight)}
+        high = s.group_sum(raw.map(lambda w: w > upper))
+        low = s.group_sum(raw.map(lambda w: w < lower))
     else:  # sequence-like: unclamped ℓ_i over all rows, vs log U in float64 (verl takes log of a float32 U)
         extremes = {
-            "extreme_max": shared.step_max_rows(level_log_ratio),
-            "extreme_min": shared.step_min_rows(level_log_ratio),
+            "extreme_max": s.group_max_rows(level_log_ratio),
+            "extreme_min": s.group_min_rows(level_log_ratio),
         }
         high_rows = level_log_ratio > log_bound(upper, math.inf)
         low_rows = level_log_ratio < log_bound(lower, -math.inf)
         if token_weighted_fractions:
-            high, low = shared.step_sum(PerToken(high_rows, True)), shared.step_sum(PerToken(low_rows, True))
+            high, low = s.group_sum(PerToken(high_rows, True)), s.group_sum(PerToken(low_rows, True))
         else:
-            high, low = shared.step_sum_rows(high_rows), shared.step_sum_rows(low_rows)
-    seq_weight = shared.row_mean(weight)
-    raw_seq_weight = seq_weight if raw is weight else shared.row_mean(raw)
+            high, low = s.group_sum_rows(high_rows), s.group_sum_rows(low_rows)
+    seq_weight = s.row_mean(weight)
+    raw_seq_weight = seq_weight if raw is weight else s.row_mean(raw)
+    clamped = weight if floor is None else weight.map(lambda w: w.clamp(floor, upper))
     return {
-        "weight_sum": shared.step_sum(weight),
+        "weight_sum": s.group_sum(weight),
         **extremes,
         "high": high,
         "low": low,
-        "clamped": shared.step_moments(weight.map(lambda w: w.clamp(floor, upper))),
-        "seq_weight": shared.step_moments_rows(seq_weight),
-        "seq_weight_max": shared.step_max_rows(seq_weight),
-        "seq_weight_min": shared.step_min_rows(seq_weight),
-        "seq_deviation_max": shared.step_max_rows((seq_weight - 1.0).abs()),
-        "seq_high": shared.step_sum_rows(raw_seq_weight > upper),
-        "seq_low": shared.step_sum_rows(raw_seq_weight < lower),
+        "clamped": s.group_moments(clamped),
+        "seq_weight": s.group_moments_rows(seq_weight),
+        "seq_weight_max": s.group_max_rows(seq_weight),
+        "seq_weight_min": s.group_min_rows(seq_weight),
+        "seq_deviation_max": s.group_max_rows((seq_weight - 1.0).abs()),
+        "seq_high": s.group_sum_rows(raw_seq_weight > upper),
+        "seq_low": s.group_sum_rows(raw_seq_weight < lower),
     }
 
 
@@ -486,24 +282,25 @@ class ImportanceAccumulator(CorrectionAccumulator):
         super().__init__()
         self.config = config
 
-    def _shared_stats(self, shared: ChunkDivergences) -> dict[str, torch.Tensor]:
+    def _shared_stats(self, s: ChunkStats) -> dict[str, torch.Tensor]:
         config = self.config
-        raw, weight = shared.importance_weights(config)
-        # §2: token level T[w_raw > U]; sequence level mean_i [s_i > log U] with unclamped s_i; c = clamp(w, 0, U)
-        level_log_ratio = shared.seq_log_ratio if config.level == "sequence" else None
-        stats = weight_stats(shared, raw, weight, level_log_ratio, (0.0, config.lower, config.upper))
-        if config.icepop:  # §2 T[w_raw < L or w_raw > U]
-            oob = shared.step_sum(raw.map(lambda w: (w < config.lower) | (w > config.upper)))
+        raw, weight = importance_weights(s, config)
+        # §2: token level T[w_raw > U]; sequence level mean_i [s_i > log U] with unclamped s_i; c = clamp(w, 0, U),
+        # which is w itself (TIS and IcePop weights lie in [0, U])
+        level_log_ratio = sequence_log_ratio(s) if config.level == "sequence" else None
+        weights = weight_stats(s, raw, weight, level_log_ratio, (None, config.lower, config.upper))
+        if config.icepop:  # §2 T[w_raw < L or w_raw > U]: the tokens not inside [L, U]
+            oob = s.group_tokens - s.group_sum(icepop_inside(s, config))
         else:
-            oob = torch.zeros_like(shared.step_tokens)
-        seq_weight = shared.row_mean(weight)
+            oob = torch.zeros_like(s.group_tokens)
+        seq_weight = s.row_mean(weight)
         return {
-            "tokens": shared.step_tokens,
-            "rows": shared.step_rows,
-            "valid_rows": shared.step_valid_rows,
-            **stats,
+            "tokens": s.group_tokens,
+            "rows": s.group_rows,
+            "valid_rows": s.group_valid_rows,
+            **weights,
             "oob": oob,
-            "valid_seq_weight_sum": shared.step_sum_rows(torch.where(shared.valid_rows, seq_weight, 0.0)),
+            "valid_seq_weight_sum": s.group_sum_rows(torch.where(s.valid_rows, seq_weight, 0.0)),
         }
 
     def _metrics(self, value: dict[str, Any]) -> dict[str, float]:
@@ -550,39 +347,41 @@ class RejectionOptionAccumulator(CorrectionAccumulator):
         super().__init__()
         self.option = option
 
-    def _shared_stats(self, shared: ChunkDivergences) -> dict[str, torch.Tensor]:
+    def _shared_stats(self, s: ChunkStats) -> dict[str, torch.Tensor]:
         option = self.option
-        valid = shared.valid_rows
-        statistic = shared.rs_statistic(option)
-        row_value = shared.rs_row_value(option)
-        row_high = shared.step_sum_rows(valid & (row_value > option.upper))
-        row_low = shared.step_sum_rows(valid & (row_value < option.lower))
-        row_value_max = shared.step_max_rows(row_value, valid)
-        row_value_min = shared.step_min_rows(row_value, valid)
+        valid = s.valid_rows
+        statistic = rs_statistic(s, option)
+        row_value = rs_row_value(s, option)
+        row_high = s.group_sum_rows(valid & (row_value > option.upper))
+        row_low = s.group_sum_rows(valid & (row_value < option.lower))
+        row_value_max = s.group_max_rows(row_value, valid)
+        row_value_min = s.group_min_rows(row_value, valid)
         if option.is_sequence:  # §3: max/min/fractions of sequence options over valid rows' values
             stat_max, stat_min, high, low = row_value_max, row_value_min, row_high, row_low
         else:
-            stat_max, stat_min = shared.step_max(statistic), shared.step_min(statistic)
-            high = shared.step_sum(statistic.map(lambda stat: stat > option.upper))
-            low = shared.step_sum(statistic.map(lambda stat: stat < option.lower))
-        rejected = shared.rs_keep(option).map(torch.logical_not)
+            stat_max, stat_min = s.group_max(statistic), s.group_min(statistic)
+            high = s.group_sum(statistic.map(lambda stat: stat > option.upper))
+            low = s.group_sum(statistic.map(lambda stat: stat < option.lower))
+        rejected_tokens, rejected_rows = rejection_counts(s, rs_keep(s, option).map(torch.logical_not))
+        # Σ m·stat per row: n_i·v_i for sequence options, the cached S_i[k] for token options (no pass over tokens)
+        stat_sums = s.row_sum(statistic) if option.is_sequence else statistic_row_sum(s, option.statistic)
         return {
-            "tokens": shared.step_tokens,
-            "valid_rows": shared.step_valid_rows,
-            "stat_sum": shared.step_sum(statistic),
+            "tokens": s.group_tokens,
+            "valid_rows": s.group_valid_rows,
+            "stat_sum": s.group_sum_rows(stat_sums),
             "stat_max": stat_max,
             "stat_min": stat_min,
             "high": high,
             "low": low,
-            "clamped": shared.step_moments(statistic.map(lambda stat: stat.clamp(option.lower, option.upper))),
-            "row_value": shared.step_moments_rows(row_value, valid),
+            "clamped": s.group_moments(statistic.map(lambda stat: stat.clamp(option.lower, option.upper))),
+            "row_value": s.group_moments_rows(row_value, valid),
             "row_value_max": row_value_max,
             "row_value_min": row_value_min,
-            "row_value_abs_max": shared.step_max_rows(row_value.abs(), valid),
+            "row_value_abs_max": s.group_max_rows(row_value.abs(), valid),
             "row_high": row_high,
             "row_low": row_low,
-            "rejected_tokens": shared.step_sum(rejected),
-            "rejected_rows": shared.step_sum_rows(shared.rows_with(rejected)),
+            "rejected_tokens": rejected_tokens,
+            "rejected_rows": rejected_rows,
         }
 
     def _metrics(self, value: dict[str, Any]) -> dict[str, float]:
@@ -632,17 +431,17 @@ class DropCountAccumulator(CorrectionAccumulator):
     }
 
     @abstractmethod
-    def kept_tokens(self, shared: ChunkDivergences) -> PerToken:
+    def kept_tokens(self, s: ChunkStats) -> PerToken:
         """Keep flag of every model token under the rule."""
 
-    def _shared_stats(self, shared: ChunkDivergences) -> dict[str, torch.Tensor]:
-        rejected = self.kept_tokens(shared).map(torch.logical_not)
+    def _shared_stats(self, s: ChunkStats) -> dict[str, torch.Tensor]:
+        rejected_tokens, rejected_rows = rejection_counts(s, self.kept_tokens(s).map(torch.logical_not))
         return {
-            "tokens": shared.step_tokens,
-            "rows": shared.step_rows,
-            "valid_rows": shared.step_valid_rows,
-            "rejected_tokens": shared.step_sum(rejected),
-            "rejected_rows": shared.step_sum_rows(shared.rows_with(rejected)),
+            "tokens": s.group_tokens,
+            "rows": s.group_rows,
+            "valid_rows": s.group_valid_rows,
+            "rejected_tokens": rejected_tokens,
+            "rejected_rows": rejected_rows,
         }
 
 
@@ -654,8 +453,8 @@ class RejectionChainAccumulator(DropCountAccumulator):
         super().__init__()
         self.options = options
 
-    def kept_tokens(self, shared: ChunkDivergences) -> PerToken:
-        return shared.rs_final_keep(self.options)
+    def kept_tokens(self, s: ChunkStats) -> PerToken:
+        return rs_final_keep(s, self.options)
 
     def _metrics(self, value: dict[str, Any]) -> dict[str, float]:
         return {

@@ -16,63 +16,80 @@ import torch
 from rollout_diag.metrics.base import EPS, clamp20, row_mean
 from rollout_diag.metrics.correction import (
     WEIGHT_REDUCTIONS,
-    ChunkDivergences,
     CorrectionAccumulator,
-    PerToken,
     log_bound,
+    rejection_counts,
+    sequence_log_ratio,
+    sequence_weight,
     weight_metrics,
     weight_stats,
 )
+from rollout_diag.metrics.segments import ChunkStats, PerToken
 from rollout_diag.presets import LegacyCorrection
 
 PREFIX = "mismatch/"
 
 
-def legacy_log_ratio(shared: ChunkDivergences, level: str) -> torch.Tensor:
+def legacy_log_ratio(s: ChunkStats, level: str) -> torch.Tensor:
     """§8 ℓ per row, unclamped: S_i[δ] (sequence) or R_i[δ] (geometric)."""
     if level == "sequence":
-        return shared.seq_log_ratio
-    return shared.memo(("legacy_geometric",), lambda: row_mean(shared.seq_log_ratio, shared.row_tokens))
+        return sequence_log_ratio(s)
+    return s.memo("legacy_geometric", lambda: row_mean(sequence_log_ratio(s), s.row_count))
 
 
-def legacy_weights(shared: ChunkDivergences, level: str) -> PerToken:
-    """§8 w = exp(clamp20(ℓ)): per token (token level) or per row (sequence / geometric)."""
+def legacy_weights(s: ChunkStats, level: str) -> PerToken:
+    """§8 w = exp(clamp20(ℓ)): per token (token level) or per row (sequence / geometric); the token and sequence
+    weights are §2's w_raw, shared with the IS accumulators."""
+    if level == "token":
+        return PerToken.quantity(s, "token_is_weight")
+    if level == "sequence":
+        return sequence_weight(s)
+    return s.memo(
+        "legacy_geometric_weight", lambda: PerToken(torch.exp(clamp20(legacy_log_ratio(s, level))), by_row=True)
+    )
 
-    def compute() -> PerToken:
-        if level == "token":
-            return PerToken(torch.exp(shared.clamped_log_ratio))
-        return PerToken(torch.exp(clamp20(legacy_log_ratio(shared, level))), by_row=True)
 
-    return shared.memo(("legacy_weights", level), compute)
-
-
-def legacy_catastrophic(shared: ChunkDivergences, config: LegacyCorrection) -> PerToken:
+def legacy_catastrophic(s: ChunkStats, config: LegacyCorrection) -> PerToken:
     """§8 veto: model tokens with ρ outside the veto bounds, tested in log space on unclamped δ."""
 
     def compute() -> PerToken:
         lower, upper = log_bound(config.veto_lower, -math.inf), log_bound(config.veto_upper, math.inf)
-        return PerToken((shared.log_ratio < lower) | (shared.log_ratio > upper))
+        log_ratio = s.token("log_ratio")
+        return PerToken((log_ratio < lower) | (log_ratio > upper))
 
-    return shared.memo(("legacy_veto", config.veto_lower, config.veto_upper), compute)
+    return s.memo(("legacy_veto", config.veto_lower, config.veto_upper), compute)
 
 
-def legacy_mask_keep(shared: ChunkDivergences, config: LegacyCorrection) -> PerToken:
+def legacy_mask_keep(s: ChunkStats, config: LegacyCorrection) -> PerToken:
     """§8 mask mode: w inside [mask lower, mask upper] (row-level for sequence / geometric, where an empty
-    row has w = exp(0) = 1); all True in truncate mode."""
+    row has w = exp(0) = 1); all True in truncate mode (a per-row flag: nothing to compute per token)."""
 
     def compute() -> PerToken:
-        weight = legacy_weights(shared, config.level)
         if not config.masks:
-            return weight.map(lambda w: torch.ones_like(w, dtype=torch.bool))
+            return PerToken(torch.ones(s.chunk.rows, dtype=torch.bool, device=s.chunk.device), by_row=True)
+        weight = legacy_weights(s, config.level)
         return weight.map(lambda w: (w >= config.mask_lower) & (w <= config.mask_upper))
 
-    return shared.memo(("legacy_mask", config.level, config.mode, config.mask_lower, config.mask_upper), compute)
+    return s.memo(("legacy_mask", config.level, config.mode, config.mask_lower, config.mask_upper), compute)
 
 
-def legacy_keep(shared: ChunkDivergences, config: LegacyCorrection) -> PerToken:
+def legacy_keep(s: ChunkStats, config: LegacyCorrection) -> PerToken:
     """§8 modified mask on model tokens: mask-mode keep × no veto on the row."""
-    vetoed_rows = shared.rows_with(legacy_catastrophic(shared, config))
-    return shared.both(legacy_mask_keep(shared, config), PerToken(~vetoed_rows, by_row=True))
+    vetoed_rows = s.rows_with(legacy_catastrophic(s, config))
+    return s.both(legacy_mask_keep(s, config), PerToken(~vetoed_rows, by_row=True))
+
+
+def legacy_weight_stats(s: ChunkStats, level: str, lower: float, upper: float) -> dict[str, torch.Tensor]:
+    """§8 weight summary (WEIGHT_REDUCTIONS) of one level and bounds, shared by the configs that differ only in
+    mode or veto (truncate and mask at the same bounds report the same weights)."""
+
+    def compute() -> dict[str, torch.Tensor]:
+        weight = legacy_weights(s, level)  # metrics on the raw w: w_raw = w here
+        level_log_ratio = None if level == "token" else legacy_log_ratio(s, level)
+        # c = clamp(w, L, U); geometric fractions are token-weighted (row flags broadcast), sequence ones over rows
+        return weight_stats(s, weight, weight, level_log_ratio, (lower, lower, upper), level == "geometric")
+
+    return s.memo(("legacy_weight_stats", level, lower, upper), compute)
 
 
 class LegacyAccumulator(CorrectionAccumulator):
@@ -92,26 +109,22 @@ class LegacyAccumulator(CorrectionAccumulator):
         super().__init__()
         self.config = config
 
-    def _shared_stats(self, shared: ChunkDivergences) -> dict[str, torch.Tensor]:
+    def _shared_stats(self, s: ChunkStats) -> dict[str, torch.Tensor]:
         config = self.config
-        weight = legacy_weights(shared, config.level)  # metrics on the raw w: w_raw = w here
-        level_log_ratio = None if config.level == "token" else legacy_log_ratio(shared, config.level)
-        bounds = (config.lower, config.lower, config.upper)  # c = clamp(w, L, U)
-        # geometric fractions are token-weighted (row flags broadcast), sequence ones over all rows
-        stats = weight_stats(shared, weight, weight, level_log_ratio, bounds, config.level == "geometric")
-        catastrophic = legacy_catastrophic(shared, config)
-        mask_keep = legacy_mask_keep(shared, config)
-        masked = mask_keep.map(torch.logical_not)
+        weights = legacy_weight_stats(s, config.level, config.lower, config.upper)
+        catastrophic_tokens, vetoed_rows = rejection_counts(s, legacy_catastrophic(s, config))
+        masked = legacy_mask_keep(s, config).map(torch.logical_not)
+        masked_tokens, rows_with_masked = rejection_counts(s, masked)
         # token level: rows with a masked token; sequence/geometric: the helper reads each row's broadcast flag
-        masked_rows = masked.values if mask_keep.by_row else shared.rows_with(masked)
+        masked_rows = s.group_sum_rows(masked.values) if masked.by_row else rows_with_masked
         return {
-            "tokens": shared.step_tokens,
-            "rows": shared.step_rows,
-            **stats,
-            "catastrophic_tokens": shared.step_sum(catastrophic),
-            "vetoed_rows": shared.step_sum_rows(shared.rows_with(catastrophic)),
-            "masked_tokens": shared.step_sum(masked),
-            "masked_rows": shared.step_sum_rows(masked_rows),
+            "tokens": s.group_tokens,
+            "rows": s.group_rows,
+            **weights,
+            "catastrophic_tokens": catastrophic_tokens,
+            "vetoed_rows": vetoed_rows,
+            "masked_tokens": masked_tokens,
+            "masked_rows": masked_rows,
         }
 
     def _metrics(self, value: dict[str, Any]) -> dict[str, float]:

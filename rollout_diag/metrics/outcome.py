@@ -14,15 +14,16 @@ from typing import Any
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import sequence_share
 from rollout_diag.metrics.correction import (
-    ChunkDivergences,
     CorrectionAccumulator,
     DropCountAccumulator,
     ImportanceAccumulator,
-    PerToken,
     RejectionChainAccumulator,
     RejectionOptionAccumulator,
+    icepop_inside,
+    rs_final_keep,
 )
 from rollout_diag.metrics.legacy import LegacyAccumulator, legacy_keep
+from rollout_diag.metrics.segments import ChunkStats, PerToken
 from rollout_diag.presets import ImportanceSampling, LegacyCorrection, Preset, RejectionOption
 
 SUMMARY = "summary/"
@@ -45,20 +46,18 @@ class DropRule:
         legacy = preset.legacy if preset.legacy is not None and (preset.legacy.masks or preset.legacy.vetoes) else None
         return cls(preset.rejection, icepop, legacy)
 
-    def kept_tokens(self, shared: ChunkDivergences) -> PerToken:
+    def kept_tokens(self, s: ChunkStats) -> PerToken:
         """Keep flag of every model token under this rule."""
 
         def compute() -> PerToken:
-            keep = shared.rs_final_keep(self.rejection)
+            keep = rs_final_keep(s, self.rejection)
             if self.icepop is not None:
-                icepop = self.icepop
-                raw, _ = shared.importance_weights(icepop)
-                keep = shared.both(keep, raw.map(lambda w: (w >= icepop.lower) & (w <= icepop.upper)))
+                keep = s.both(keep, icepop_inside(s, self.icepop))
             if self.legacy is not None:
-                keep = shared.both(keep, legacy_keep(shared, self.legacy))
+                keep = s.both(keep, legacy_keep(s, self.legacy))
             return keep
 
-        return shared.memo(("drop_rule", self), compute)
+        return s.memo(("drop_rule", self), compute)
 
 
 class OutcomeAccumulator(DropCountAccumulator):
@@ -69,8 +68,8 @@ class OutcomeAccumulator(DropCountAccumulator):
         super().__init__()
         self.rule = rule
 
-    def kept_tokens(self, shared: ChunkDivergences) -> PerToken:
-        return self.rule.kept_tokens(shared)
+    def kept_tokens(self, s: ChunkStats) -> PerToken:
+        return self.rule.kept_tokens(s)
 
     def _metrics(self, value: dict[str, Any]) -> dict[str, float]:
         tokens = value["tokens"]
@@ -87,7 +86,7 @@ class OutcomeAccumulator(DropCountAccumulator):
 class CorrectionAnalysis:
     """The correction accumulators of a list of presets, deduplicated, fed in one pass.
 
-    ``update(chunk)`` feeds every distinct accumulator once (they share ``ChunkDivergences.of(chunk)``);
+    ``update(chunk)`` feeds every distinct accumulator once (they share the chunk's ``ChunkStats``);
     ``merge`` folds in another CorrectionAnalysis built from the same presets (another chunk range or worker).
     """
 

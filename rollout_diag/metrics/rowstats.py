@@ -51,13 +51,9 @@ class RowStatsCollector:
         part = {"step": chunk.step.cpu().numpy().astype(np.int64), "tokens": s.row_count.cpu().numpy()}
         for name, token_quantity in ROW_SUMS.items():
             part[name] = s.row_sum(token_quantity).cpu().numpy()
-        if self.rules:
-            from rollout_diag.metrics.correction import ChunkDivergences
-
-            shared = ChunkDivergences.of(chunk)
-            for preset, rule in self.rules.items():
-                dropped = rule.kept_tokens(shared).map(torch.logical_not)
-                part[f"rejected:{preset}"] = shared.row_sum(dropped).cpu().numpy()
+        for preset, rule in self.rules.items():
+            dropped = rule.kept_tokens(s).map(torch.logical_not)
+            part[f"rejected:{preset}"] = s.row_sum(dropped).cpu().numpy()
         self.parts.append(part)
 
     def merge(self, other: RowStatsCollector) -> None:

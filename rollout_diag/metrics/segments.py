@@ -11,14 +11,24 @@ Quantities are cached on the chunk (``chunk.cache``), so families and presets sh
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 import torch
 
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import clamp20, token_exp, token_expm1
+from rollout_diag.metrics.base import (
+    clamp20,
+    row_mean,
+    segment_max,
+    segment_min,
+    segment_moments,
+    token_exp,
+    token_expm1,
+)
 
 # Per-token quantities over model tokens (δ = a − r), each computed at most once per chunk.
 TOKEN_QUANTITIES: dict[str, Callable[[ChunkStats], torch.Tensor]] = {}
@@ -85,12 +95,18 @@ def _rs_k2(s: ChunkStats) -> torch.Tensor:  # §3 k2 = ½·c²
     return 0.5 * clamped * clamped
 
 
+@quantity("token_is_weight")
+def _token_is_weight(s: ChunkStats) -> torch.Tensor:
+    # §2 token-level w_raw = exp(c) (§8 token level too), with torch's exp as verl computes it: a weight at a
+    # truncation or IcePop bound falls on the same side as in verl
+    return torch.exp(s.token("clamped_log_ratio"))
+
+
 @quantity("rs_k3")
 def _rs_k3(s: ChunkStats) -> torch.Tensor:
     # §3 k3 = exp(c) − 1 − c, rounded as verl writes it (not expm1): a row value that sits exactly at a
     # rejection threshold must fall on the same side as in verl, in presets and in the sweep alike
-    clamped = s.token("clamped_log_ratio")
-    return torch.exp(clamped) - 1.0 - clamped
+    return (s.token("token_is_weight") - 1.0).sub_(s.token("clamped_log_ratio"))  # one temporary, same rounding
 
 
 @quantity("trainer_prob")
@@ -106,6 +122,32 @@ def _rollout_prob(s: ChunkStats) -> torch.Tensor:
 @quantity("prob_diff")
 def _prob_diff(s: ChunkStats) -> torch.Tensor:  # |p_a − p_r| (§5)
     return (s.token("trainer_prob") - s.token("rollout_prob")).abs()
+
+
+@quantity("rs_k1")
+def _rs_k1(s: ChunkStats) -> torch.Tensor:  # §3 k1 = −c
+    return -s.token("clamped_log_ratio")
+
+
+@dataclass(frozen=True, eq=False)  # compared by identity: its values are tensors
+class PerToken:
+    """A value at every model token: ``values`` [M], or, when ``by_row``, one value per row [R] that every model
+    token of the row shares (sequence-level weights, statistics and keep flags), kept at row size so reductions
+    over tokens cost O(rows): Σ over a row's tokens = n_i·v_i. ChunkStats reduces either kind. ``name``: the
+    token quantity these values are, if they are one; its cached segment sums and extrema then serve every
+    reduction (a derived value, ``map``, has none)."""
+
+    values: torch.Tensor
+    by_row: bool = False
+    name: str | None = None
+
+    @classmethod
+    def quantity(cls, s: ChunkStats, name: str) -> PerToken:
+        """A token quantity of the engine as a PerToken that keeps its name."""
+        return cls(s.token(name), name=name)
+
+    def map(self, function: Callable[[torch.Tensor], torch.Tensor]) -> PerToken:
+        return PerToken(function(self.values), self.by_row)
 
 
 def stats(chunk: Chunk) -> ChunkStats:
@@ -137,13 +179,24 @@ def position_bucket(position: torch.Tensor) -> torch.Tensor:
 
 
 class ChunkStats:
-    """Token quantities, their segment sums and maxima, and row / step group reductions of a chunk."""
+    """Token quantities, their segment sums and maxima, and row / step group reductions of a chunk: the one
+    per-chunk engine every family reads (analysis families by quantity name, correction families also with
+    :class:`PerToken` values and memoised per-preset values, ``memo``)."""
 
     def __init__(self, chunk: Chunk) -> None:
         self.chunk = chunk
         self._tokens: dict[str, torch.Tensor] = {}
         self._sums: dict[str, torch.Tensor] = {}
         self._maxima: dict[str, torch.Tensor] = {}
+        self._minima: dict[str, torch.Tensor] = {}
+        self._memo: dict[Hashable, Any] = {}
+
+    def memo(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+        """``compute()`` once per chunk and key: values derived from a preset's config (weights, keep flags) that
+        every accumulator of the pass shares."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     # -- tokens ----------------------------------------------------------------------------------
     def token(self, name: str) -> torch.Tensor:
@@ -234,6 +287,12 @@ class ChunkStats:
             found = self._maxima[name] = _reduce(self.token(name), self.segment_starts, self.segment_length, "max")
         return found
 
+    def segment_min(self, name: str) -> torch.Tensor:
+        found = self._minima.get(name)
+        if found is None:
+            found = self._minima[name] = _reduce(self.token(name), self.segment_starts, self.segment_length, "min")
+        return found
+
     # -- rows and step groups ----------------------------------------------------------------------
     @cached_property
     def row_count(self) -> torch.Tensor:
@@ -241,8 +300,12 @@ class ChunkStats:
         out = torch.zeros(self.chunk.rows, dtype=torch.float64, device=self.chunk.device)
         return out.index_add_(0, self.segment_row, self.segment_length.to(torch.float64))
 
-    def row_sum(self, name: str) -> torch.Tensor:
-        """Σ over each row's model tokens (float64 [R]; 0 for a row without model tokens)."""
+    def row_sum(self, name: str | PerToken) -> torch.Tensor:
+        """Σ over each row's model tokens (float64 [R]; 0 for a row without model tokens) of a token quantity (by
+        name, cached) or a PerToken value (a bool one gives exact counts)."""
+        name = _named(name)
+        if isinstance(name, PerToken):
+            return self.row_count * name.values if name.by_row else self._row_reduce(name.values, "sum")
         key = f"row:{name}"
         found = self._sums.get(key)
         if found is None:
@@ -261,8 +324,11 @@ class ChunkStats:
         out = torch.zeros(groups.count, dtype=torch.float64, device=row_values.device)
         return out.index_add_(0, groups.row_group, row_values.to(torch.float64))
 
-    def group_sum(self, name: str) -> torch.Tensor:
-        """Σ of a token quantity over each step group (float64 [G])."""
+    def group_sum(self, name: str | PerToken) -> torch.Tensor:
+        """Σ of a token quantity (by name) or a PerToken value over each step group's model tokens (float64 [G])."""
+        name = _named(name)
+        if isinstance(name, PerToken) and not name.by_row:
+            return self._group_token_reduce(name.values, "sum")
         return self.group_sum_rows(self.row_sum(name))
 
     def bucket_sum(self, segment_values: torch.Tensor, bucket: torch.Tensor, buckets: int) -> torch.Tensor:
@@ -278,23 +344,39 @@ class ChunkStats:
         out.scatter_reduce_(0, self.segment_group * buckets + bucket, segment_values, reduce="amax")
         return out.view(groups, buckets)
 
-    def group_max(self, name: str) -> torch.Tensor:
-        """Max of a token quantity over each step group (-inf where a group has no model token)."""
+    def group_max(self, name: str | PerToken) -> torch.Tensor:
+        """Max of a token quantity (by name) or a PerToken value over each step group's model tokens (-inf where a
+        group has no model token)."""
+        name = _named(name)
+        if isinstance(name, PerToken):
+            if name.by_row:
+                return self.group_max_rows(name.values, self.valid_rows)
+            return self._group_token_reduce(name.values, "max")
         out = torch.full((self.chunk.groups.count,), -torch.inf, dtype=torch.float64, device=self.chunk.device)
         return out.scatter_reduce_(0, self.segment_group, self.segment_max(name), reduce="amax")
 
-    def group_moments(self, x_name: str, y_name: str) -> torch.Tensor:
-        """Per step group [n, mean_x, mean_y, M2_x, M2_y, C_xy]: means first, then centred sums.
+    def group_moments(self, x_name: str | PerToken, y_name: str | None = None) -> torch.Tensor:
+        """Per step group [n, mean_x, mean_y, M2_x, M2_y, C_xy] over model tokens: means first, then centred sums.
+        ``x_name`` is a token quantity or a PerToken value; without ``y_name`` the y slots are 0.
 
-        Centring before squaring keeps variances of values far from zero (probabilities) exact. Where each step
-        group is one contiguous run of tokens (the usual case) the centred sums are dot products over slices: no
-        per-token temporaries beyond the centred values themselves.
+        Centring before squaring keeps variances of values far from zero (probabilities, IS weights) exact. Where
+        each step group is one contiguous run of tokens (the usual case) the centred sums are dot products over
+        slices: no per-token temporaries beyond the centred values themselves; a per-row value costs O(rows).
         """
-        n = self.group_sum_rows(self.row_count)
+        x_name = _named(x_name)
+        n = self.group_tokens
         safe_n = n.clamp(min=1.0)
-        mean_x, mean_y = self.group_sum(x_name) / safe_n, self.group_sum(y_name) / safe_n
-        x, y = self.token(x_name), self.token(y_name)
+        mean_x = self.group_sum(x_name) / safe_n
+        if isinstance(x_name, PerToken) and x_name.by_row:  # Σ_i n_i·(v_i − mean)², over rows
+            centred = x_name.values - mean_x[self.chunk.groups.row_group]
+            m2_x = self.group_sum_rows(self.row_count * centred * centred)
+            zeros = torch.zeros_like(n)
+            return torch.stack([n, mean_x, zeros, m2_x, zeros, zeros], dim=-1)
+        single = y_name is None
+        mean_y = torch.zeros_like(n) if single else self.group_sum(y_name) / safe_n
+        x = x_name.values if isinstance(x_name, PerToken) else self.token(x_name)
         same = y_name == x_name
+        y = x if same or single else self.token(y_name)
         ranges = self.group_token_ranges
         if ranges is not None:
             sums = torch.zeros((self.chunk.groups.count, 3), dtype=torch.float64, device=x.device)
@@ -302,18 +384,135 @@ class ChunkStats:
                 if hi == lo:
                     continue
                 dx = x[lo:hi] - mean_x[group]
-                dy = dx if same else y[lo:hi] - mean_y[group]
                 sums[group, 0] = torch.dot(dx, dx)
+                if single:
+                    continue
+                dy = dx if same else y[lo:hi] - mean_y[group]
                 sums[group, 1] = sums[group, 0] if same else torch.dot(dy, dy)
                 sums[group, 2] = sums[group, 0] if same else torch.dot(dx, dy)
             m2_x, m2_y, c_xy = sums.unbind(dim=1)
         else:
             dx = x - mean_x[self.token_group]
-            dy = dx if same else y - mean_y[self.token_group]
             m2_x = self._group_token_sum(dx * dx)
-            m2_y = m2_x if same else self._group_token_sum(dy * dy)
-            c_xy = m2_x if same else self._group_token_sum(dx * dy)
+            if single:
+                m2_y = c_xy = torch.zeros_like(n)
+            else:
+                dy = dx if same else y - mean_y[self.token_group]
+                m2_y = m2_x if same else self._group_token_sum(dy * dy)
+                c_xy = m2_x if same else self._group_token_sum(dx * dy)
         return torch.stack([n, mean_x, mean_y, m2_x, m2_y, c_xy], dim=-1)
+
+    # -- rows and step groups of PerToken values (the correction families) ----------------------------
+    @cached_property
+    def row_tokens(self) -> torch.Tensor:
+        """n_i as int64 [R]."""
+        return self.row_count.to(torch.int64)
+
+    @cached_property
+    def valid_rows(self) -> torch.Tensor:
+        """Rows with at least one model token, n_i > 0 (bool [R])."""
+        return self.row_count > 0
+
+    @cached_property
+    def group_tokens(self) -> torch.Tensor:
+        """N: model tokens of each step group (float64 [G])."""
+        return self.group_sum_rows(self.row_count)
+
+    @cached_property
+    def group_rows(self) -> torch.Tensor:
+        """Rows of each step group (float64 [G])."""
+        return self.group_sum_rows(torch.ones(self.chunk.rows, dtype=torch.float64, device=self.chunk.device))
+
+    @cached_property
+    def group_valid_rows(self) -> torch.Tensor:
+        """Rows with a model token in each step group (float64 [G])."""
+        return self.group_sum_rows(self.valid_rows)
+
+    def row_mean(self, quantity: str | PerToken) -> torch.Tensor:
+        """R_i[x] = S_i[x] / (n_i + 1e-8) (Notation; 0 for an empty row)."""
+        return row_mean(self.row_sum(quantity), self.row_count)
+
+    def rows_with(self, flags: PerToken) -> torch.Tensor:
+        """Rows with at least one flagged model token (bool [R])."""
+        if flags.by_row:
+            return flags.values & self.valid_rows
+        return self._row_reduce(flags.values, "sum") > 0
+
+    def both(self, first: PerToken, second: PerToken) -> PerToken:
+        """Token-wise AND of two flags (a per-row flag when both are)."""
+        if first.by_row == second.by_row:
+            return PerToken(first.values & second.values, first.by_row)
+        row_flags, token_flags = (first, second) if first.by_row else (second, first)
+        return PerToken(self.broadcast_rows(row_flags.values) & token_flags.values)
+
+    def broadcast_rows(self, row_values: torch.Tensor) -> torch.Tensor:
+        """Each row's value at each of its model tokens [M]: rows are contiguous runs of model tokens, so a repeat
+        (numpy's on the CPU: a block copy per row, no per-token index) rather than a gather."""
+        if row_values.device.type == "cpu":
+            return torch.from_numpy(np.repeat(row_values.numpy(), self.row_tokens.numpy()))
+        return torch.repeat_interleave(row_values, self.row_tokens, output_size=self.chunk.model.row.numel())
+
+    def group_min(self, quantity: str | PerToken) -> torch.Tensor:
+        """Min of a token quantity (by name) or a PerToken value over each step group's model tokens (+inf where a
+        group has none)."""
+        quantity = _named(quantity)
+        if isinstance(quantity, str):
+            out = torch.full((self.chunk.groups.count,), torch.inf, dtype=torch.float64, device=self.chunk.device)
+            return out.scatter_reduce_(0, self.segment_group, self.segment_min(quantity), reduce="amin")
+        if quantity.by_row:
+            return self.group_min_rows(quantity.values, self.valid_rows)
+        return self._group_token_reduce(quantity.values, "min")
+
+    def group_max_rows(self, row_values: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Max of per-row values over each step group's rows, or over the rows flagged in ``rows`` (−inf where none)."""
+        values = row_values if rows is None else row_values.masked_fill(~rows, -torch.inf)
+        return segment_max(values, self.chunk.groups.row_group, self.chunk.groups.count)
+
+    def group_min_rows(self, row_values: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        values = row_values if rows is None else row_values.masked_fill(~rows, torch.inf)
+        return segment_min(values, self.chunk.groups.row_group, self.chunk.groups.count)
+
+    def group_moments_rows(self, row_values: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """[n, mean, 0, M2, 0, 0] of per-row values over each step group's rows, or over the rows in ``rows``."""
+        group = self.chunk.groups.row_group
+        if rows is not None:
+            row_values, group = row_values[rows], group[rows]
+        return segment_moments(row_values, torch.zeros_like(row_values), group, self.chunk.groups.count)
+
+    @cached_property
+    def _filled_rows(self) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """(rows with a model token, None when every row has one; their first model token; their lengths)."""
+        lengths = self.row_tokens
+        starts = torch.cumsum(lengths, 0) - lengths
+        filled = lengths > 0
+        if bool(filled.all()):
+            return None, starts, lengths
+        return filled, starts[filled], lengths[filled]
+
+    def _row_reduce(self, values: torch.Tensor, how: str) -> torch.Tensor:
+        """sum / max / min of a model-token tensor over each row; an empty row gets the identity (0, −inf, +inf)."""
+        filled, starts, lengths = self._filled_rows
+        reduced = _reduce(values, starts, lengths, how)
+        if filled is None:
+            return reduced
+        out = torch.full((self.chunk.rows,), _IDENTITY[how], dtype=torch.float64, device=values.device)
+        out[filled] = reduced
+        return out
+
+    def _group_token_reduce(self, values: torch.Tensor, how: str) -> torch.Tensor:
+        """sum / max / min of a model-token tensor over each step group: slice by slice where groups are contiguous
+        runs of tokens, else through rows. A bool tensor sums to exact counts."""
+        ranges = self.group_token_ranges
+        if ranges is None:
+            per_row = self._row_reduce(values, how)
+            if how == "sum":
+                return self.group_sum_rows(per_row)
+            return self.group_max_rows(per_row) if how == "max" else self.group_min_rows(per_row)
+        out = torch.full((self.chunk.groups.count,), _IDENTITY[how], dtype=torch.float64, device=values.device)
+        for group, (lo, hi) in enumerate(ranges):
+            if hi > lo:
+                out[group] = _reduce_slice(values[lo:hi], how)
+        return out
 
     def _group_token_sum(self, values: torch.Tensor) -> torch.Tensor:
         per_segment = _reduce(values, self.segment_starts, self.segment_length, "sum")
@@ -363,6 +562,13 @@ class ChunkStats:
         return self.chunk.groups.row_group[self.chunk.model.row]
 
 
+def _named(quantity: str | PerToken) -> str | PerToken:
+    """A PerToken that is a token quantity, by its name (so its cached reductions serve); anything else as it is."""
+    if isinstance(quantity, PerToken) and quantity.name is not None:
+        return quantity.name
+    return quantity
+
+
 _NUMPY_REDUCERS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
 _IDENTITY = {"sum": 0.0, "max": -np.inf, "min": np.inf}
 
@@ -372,10 +578,21 @@ def _reduce(values: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, h
     than torch.segment_reduce there), segment_reduce on GPUs."""
     if starts.numel() == 0:
         return torch.zeros(0, dtype=torch.float64, device=values.device)
-    values = values.to(torch.float64)
     if values.device.type == "cpu":
-        return torch.from_numpy(_NUMPY_REDUCERS[how].reduceat(values.numpy(), starts.numpy()))
-    return torch.segment_reduce(values, how, lengths=lengths)
+        if values.dtype == torch.bool and how == "sum":  # exact counts, summed over bytes (no float64 copy)
+            counts = np.add.reduceat(values.numpy().view(np.uint8), starts.numpy(), dtype=np.int64)
+            return torch.from_numpy(counts.astype(np.float64))
+        return torch.from_numpy(_NUMPY_REDUCERS[how].reduceat(values.to(torch.float64).numpy(), starts.numpy()))
+    return torch.segment_reduce(values.to(torch.float64), how, lengths=lengths)
+
+
+def _reduce_slice(values: torch.Tensor, how: str) -> torch.Tensor:
+    """sum / max / min of a non-empty run of values (0-dim float64); a bool run sums to an exact count."""
+    if how == "sum":
+        if values.dtype == torch.bool and values.device.type == "cpu":
+            return torch.tensor(float(np.count_nonzero(values.numpy())), dtype=torch.float64)
+        return values.sum().to(torch.float64)
+    return (values.max() if how == "max" else values.min()).to(torch.float64)
 
 
 def reduce_runs(values: torch.Tensor, lengths: torch.Tensor, how: str) -> torch.Tensor:
