@@ -152,7 +152,7 @@ def _one_pass(
         if writer is not None:
             consumers.append(lambda chunk: writer.write(stats(chunk)))
         with writer or contextlib.nullcontext():
-            run_chunks(reader, consumers, torch_device, progress, state.analysis.prepare)
+            run_chunks(reader, consumers, torch_device, progress, state.prepare)
     base = build_result(state.analysis, reader.log, torch_device, strict)
     sweep, corrections = state.sweep, state.corrections
     results = []

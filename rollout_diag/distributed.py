@@ -43,7 +43,7 @@ def run_part(
     torch.set_num_threads(1)  # the workers share the machine's cores
     reader = DumpReader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens, parts=part)
     state = spec.new()
-    run_chunks(reader, state.consumers(), torch.device(device), prepare=state.analysis.prepare)
+    run_chunks(reader, state.consumers(), torch.device(device), prepare=state.prepare)
     return state, reader.log
 
 

@@ -51,6 +51,8 @@ ANALYSIS_QUANTITIES = (
     "hint_cross",
     "hint_rollout_square",
 )
+# §1 alone: what every preset reports beside its own metrics.
+OFFPOLICY_QUANTITIES = (*SHARED_QUANTITIES, "k3", "square", "clamped_log_ratio", "chi2_term")
 # Files, globs or directories (a DumpInputs carries the trainer format), or a DumpReader opened over them.
 Inputs = str | Path | Sequence[str | Path] | DumpReader
 MAX_LISTED_EMPTY_ROWS = 20
@@ -102,7 +104,7 @@ class Analysis:
 
     def prepare(self, chunk: Chunk) -> None:
         """The per-token quantities the families read, built in the reader's thread (``run_chunks``)."""
-        prepare(chunk, SHARED_QUANTITIES if self.offpolicy_only else ANALYSIS_QUANTITIES)
+        prepare(chunk, OFFPOLICY_QUANTITIES if self.offpolicy_only else ANALYSIS_QUANTITIES)
 
     @property
     def families(self) -> tuple[StepAccumulator, ...]:
@@ -291,6 +293,12 @@ class Pass:
 
     def consumers(self) -> list:
         return [accumulator.update for accumulator in (self.analysis, self.corrections, self.sweep) if accumulator]
+
+    def prepare(self, chunk: Chunk) -> None:
+        """Built in the reader's thread: the analysis's quantities. With presets, also preparing theirs moved more
+        work to the reader than it took off the main thread (measured: reader 52–68 vs main 41–45 ns/token,
+        against 50 vs 52), so the presets compute theirs where they read them."""
+        self.analysis.prepare(chunk)
 
     def merge(self, other: Pass) -> None:
         self.analysis.merge(other.analysis)
