@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from rollout_diag import catalogue
 from rollout_diag.decisions.intrusive import INTRUSIVE_MIN_ESS, INTRUSIVE_REJECTED_FRACTION, intrusive_reasons
 from rollout_diag.distributed import check_workers, run_parts
 from rollout_diag.dump import reads_dump
@@ -27,8 +28,6 @@ from rollout_diag.metrics.sweep import DEFAULT_TARGETS, sweep_tables
 from rollout_diag.passes import Inputs, PassSpec, Progress, open_reader, resolve_device, run_chunks
 from rollout_diag.presets import Preset, resolve_presets
 from rollout_diag.results import AnalysisResult, ComparisonResult, PresetResult, StepResult, SweepOption
-
-OFFPOLICY_PREFIX = "rollout_corr/"
 
 
 @reads_dump
@@ -189,5 +188,5 @@ def _one_pass(
 
 def _with_metrics(offpolicy: StepResult, metrics: Mapping[str, float]) -> StepResult:
     """The step's §1 metrics (``rollout_corr/`` keys only) followed by the preset's own."""
-    own = {name: value for name, value in offpolicy.metrics.items() if name.startswith(OFFPOLICY_PREFIX)}
+    own = {name: value for name, value in offpolicy.metrics.items() if name.startswith(catalogue.OFFPOLICY_PREFIX)}
     return StepResult(offpolicy.step, offpolicy.rows, offpolicy.tokens, {**own, **metrics}, offpolicy.empty_rows)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rollout_diag.catalogue import parse_round_key, round_quantity
 from rollout_diag.metrics.trends import least_squares
 from rollout_diag.results import AnalysisResult, Hint
 
@@ -476,11 +477,10 @@ def _step_rounds(metrics: Mapping[str, float], pooled: set[int]) -> list[dict[st
     """A step's per-round table rebuilt from its per_round/round_<k>/… metrics (``pooled``: the pooled round)."""
     rounds: dict[int, dict[str, Any]] = {}
     for name, value in metrics.items():
-        parts = name.split("/")
-        if len(parts) == 3 and parts[0] == "per_round" and parts[1].startswith("round_"):
-            index = int(parts[1][6:])
+        if (parsed := parse_round_key(name)) is not None:
+            index, row = parsed
             entry = rounds.setdefault(index, {"pooled": index in pooled})
-            entry[parts[2]] = value
+            entry[round_quantity(row)] = value
     return [
         {"round": k, **v}
         for k, v in sorted(rounds.items())

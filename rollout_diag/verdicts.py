@@ -1,4 +1,5 @@
-"""ok / watch / bad for the key mismatch metrics. Thresholds are judgement, documented in docs/metrics.md.
+"""ok / watch / bad for the key mismatch metrics. Thresholds are judgement, stated in the metric catalogue
+(``rollout_diag/catalogue.py``) and documented in docs/metrics.md.
 
 They are set from what healthy bf16-rollout / fp32-trainer pairs show (the bundled real dump: k3_kl
 ≈ 4e-4, chi2_token ≈ 1e-3) and from where verl's own rejection defaults start to bite (seq_mean_k3 ≤
@@ -11,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from rollout_diag import catalogue
 from rollout_diag.results import Verdict
 
 
@@ -21,15 +23,29 @@ class Rule:
     bad: float
     meaning: str
 
+    @classmethod
+    def of(cls, metric: catalogue.Metric) -> Rule:
+        """The rule a catalogue row's thresholds state."""
+        if metric.verdict is None:
+            raise ValueError(f"{metric.key} has no verdict thresholds in the catalogue")
+        return cls(metric.key, metric.verdict.watch, metric.verdict.bad, metric.verdict.measures)
 
-RULES: tuple[Rule, ...] = (
-    Rule("rollout_corr/k3_kl", 1e-3, 1e-2, "token-level KL(rollout‖trainer), k3 estimator"),
-    Rule("rollout_corr/chi2_token", 1e-2, 1e-1, "variance of token IS weights ρ = π_train/π_rollout"),
-    Rule("rollout_corr/chi2_seq", 0.5, 2.0, "variance of sequence IS weights (grows with length)"),
-    Rule("rollout_corr/log_ppl_abs_diff", 1e-2, 5e-2, "per-sequence |log-ppl gap| between the two stacks"),
-    Rule("training/rollout_probs_diff_mean", 1e-2, 5e-2, "mean |p_train − p_rollout| per token"),
-    Rule("mismatch/logprob_abs_diff", 5e-2, 2e-1, "mean |log p_train − log p_rollout| per token"),
+
+# The metrics judged, in the order analyze, the report and JSON list their verdicts.
+JUDGED: tuple[catalogue.Metric, ...] = (
+    catalogue.K3_KL,
+    catalogue.CHI2_TOKEN,
+    catalogue.CHI2_SEQ,
+    catalogue.LOG_PPL_ABS_DIFF,
+    catalogue.PROBS_DIFF_MEAN,
+    catalogue.LOGPROB_ABS_DIFF,
 )
+RULES: tuple[Rule, ...] = tuple(Rule.of(metric) for metric in JUDGED)
+
+
+def rule_of(metric: str) -> tuple[Rule, ...]:
+    """The rules judging ``metric`` (one, or none for a metric without a verdict): to judge one metric per step."""
+    return tuple(rule for rule in RULES if rule.metric == metric)
 
 
 def judge(metrics: dict[str, float], rules: tuple[Rule, ...] = RULES) -> list[Verdict]:

@@ -140,6 +140,7 @@ def test_report_and_render_are_independent():
     "name",
     [
         "rollout_diag.results",
+        "rollout_diag.catalogue",
         "rollout_diag.formatting",
         "rollout_diag.decisions.intrusive",
         "rollout_diag.decisions.dialects",
@@ -196,6 +197,7 @@ MODULE_MAP = {
     "rollout_diag.distributed": ("rollout_diag.engine", "rollout_diag.compare", "rich", "typer", "plotly"),
     "rollout_diag.exports": ("rich", "typer", "plotly", "rollout_diag.engine", "rollout_diag.compare"),
     "rollout_diag.results": ("torch", "rich", "plotly"),
+    "rollout_diag.catalogue": ("torch", "rich", "plotly", "rollout_diag.metrics", "rollout_diag.io"),
     "rollout_diag.decisions": ("rich", "plotly", "rollout_diag.render", "rollout_diag.report"),
     "rollout_diag.formatting": ("rich", "torch", "plotly"),
     "rollout_diag.render": ("torch", "rollout_diag.report"),

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rollout_diag import catalogue
 from rollout_diag.decisions.rowmetrics import KEY_METRICS, by_step
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.results import SCHEMA_VERSION, AnalysisResult, RowStats, StepResult, json_number
@@ -41,7 +42,7 @@ class Gate:
 # --gates default: each limit as its project applies it in CI (docs/gates.md gives the files and formulas).
 DEFAULT_GATES: tuple[Gate, ...] = (
     Gate(
-        "rollout_corr/k3_kl",
+        catalogue.K3_KL.key,
         MAX,
         5e-4,
         per_step=True,
@@ -49,7 +50,7 @@ DEFAULT_GATES: tuple[Gate, ...] = (
         "(tests/nightly/test_hendrycks_sanity.py MISMATCH_KL_MAX, PrimeIntellect-ai/prime-rl@559b447)",
     ),
     Gate(
-        "rollout_kl/abs",
+        catalogue.ROLLOUT_KL_ABS.key,
         MAX,
         0.1,
         per_step=True,
@@ -57,7 +58,7 @@ DEFAULT_GATES: tuple[Gate, ...] = (
         "(--ci-train-rollout-logprob-abs-diff-threshold default, THUDM/slime@624b824)",
     ),
     Gate(
-        "token_mult_prob_error",
+        catalogue.TOKEN_MULT_PROB_ERROR.key,
         MAX,
         1.05,
         per_step=True,

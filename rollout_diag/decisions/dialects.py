@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+from rollout_diag import catalogue
 from rollout_diag.formatting import number
 from rollout_diag.results import StepResult
 
@@ -55,8 +56,8 @@ def differences(run: StepResult) -> list[str]:
         else:
             lines.append("padding leaking into min/std: every row is full length and fully masked here, so none.")
     if run.empty_rows:
-        verl_valid = get("verl", "rollout_corr/log_ppl_abs_diff" + VALID_ROWS)
-        verl_value = get("verl", "rollout_corr/log_ppl_abs_diff")
+        verl_valid = get("verl", catalogue.LOG_PPL_ABS_DIFF.key + VALID_ROWS)
+        verl_value = get("verl", catalogue.LOG_PPL_ABS_DIFF.key)
         moved = (
             f" (verl's log_ppl_abs_diff {number(verl_value, 4)} vs {number(verl_valid, 4)} over valid rows)"
             if verl_valid is not None and verl_value is not None
@@ -81,7 +82,7 @@ def differences(run: StepResult) -> list[str]:
             lines.append(f"clamped vs raw: the largest |δ| is {number(max_abs, 4)} ≤ 20, so clamping changes nothing.")
     reverse = get("openrlhf", "train/vllm_kl")
     if reverse is None:
-        reverse = get("verl", "rollout_corr/kl")
+        reverse = get("verl", catalogue.KL.key)
     forward = get("areal", "ppo_actor/update/behave_approx_kl/avg")
     if reverse is not None and forward is not None:
         lines.append(

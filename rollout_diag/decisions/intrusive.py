@@ -9,14 +9,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from rollout_diag import catalogue
+
 # A preset is "intrusive" (highlighted) when, over the run, it would drop more than this share of model
 # tokens (RS rejection, IcePop zero weights, legacy mask/veto) ...
 INTRUSIVE_REJECTED_FRACTION = 0.10
 # ... or its IS weights leave an effective sample size (rollout_is_eff_sample_size) below this.
 INTRUSIVE_MIN_ESS = 0.5
 # Where each number is read: summary/ covers every family; rollout_corr/ is verl's helper (§2), mismatch/ §8.
-REJECTED_KEY = "summary/rejected_token_fraction"
-ESS_KEYS = ("rollout_corr/rollout_is_eff_sample_size", "mismatch/rollout_is_eff_sample_size")
+REJECTED_KEY = catalogue.REJECTED_TOKEN_FRACTION.key
+ESS_KEYS = (catalogue.IS_EFF_SAMPLE_SIZE.key, catalogue.legacy_twin(catalogue.IS_EFF_SAMPLE_SIZE).key)
 
 
 def intrusive_reasons(

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rollout_diag import catalogue
 from rollout_diag.decisions.intrusive import INTRUSIVE_MIN_ESS, INTRUSIVE_REJECTED_FRACTION, intrusive_reasons
 from rollout_diag.verdicts import judge
 
@@ -83,13 +84,18 @@ def _attr(item: Any, name: str, default: Any = None) -> Any:
     return item.get(name, default) if isinstance(item, Mapping) else getattr(item, name, default)
 
 
-def _metric(metrics: Mapping[str, Any], name: str) -> float | None:
-    """An IS/summary metric of verl's helper or, for legacy presets, of the legacy helper (§8)."""
-    for key in (f"rollout_corr/{name}", f"mismatch/{name}", f"summary/{name}"):
+def _metric(metrics: Mapping[str, Any], *rows: catalogue.Metric) -> float | None:
+    """The first of ``rows`` the preset reports (not None, not NaN)."""
+    for key in (row.key for row in rows):
         value = metrics.get(key)
         if value is not None and not (isinstance(value, float) and math.isnan(value)):
             return float(value)
     return None
+
+
+def _weight_metric(metrics: Mapping[str, Any], metric: catalogue.Metric) -> float | None:
+    """An IS metric of verl's helper or, for legacy presets, of the legacy helper (§8)."""
+    return _metric(metrics, metric, catalogue.legacy_twin(metric))
 
 
 def standings(comparison: Any, presets: Sequence[Any] | None = None) -> list[PresetStanding]:
@@ -102,8 +108,8 @@ def standings(comparison: Any, presets: Sequence[Any] | None = None) -> list[Pre
         metrics = _attr(_attr(preset, "run") or {}, "metrics") or {}
         importance = bool(config.get("rollout_is") or config.get("legacy_is"))
         rejection = bool(config.get("rollout_rs"))
-        ess = _metric(metrics, "rollout_is_eff_sample_size") if importance else None
-        is_mean = _metric(metrics, "rollout_is_mean") if importance else None
+        ess = _weight_metric(metrics, catalogue.IS_EFF_SAMPLE_SIZE) if importance else None
+        is_mean = _weight_metric(metrics, catalogue.IS_MEAN) if importance else None
         problems = list(intrusive_reasons(metrics, *limits))
         if is_mean is not None and not IS_MEAN_BAND[0] <= is_mean <= IS_MEAN_BAND[1]:
             problems.append(f"mean IS weight {is_mean:.3g} outside [0.5, 2]")
@@ -112,8 +118,8 @@ def standings(comparison: Any, presets: Sequence[Any] | None = None) -> list[Pre
                 name=str(_attr(preset, "name")),
                 mode=str(_attr(preset, "mode", "")),
                 corrects=importance or rejection,
-                tokens_dropped=_metric(metrics, "rejected_token_fraction") or 0.0,
-                rows_dropped=_metric(metrics, "rejected_row_fraction") or 0.0,
+                tokens_dropped=_metric(metrics, catalogue.REJECTED_TOKEN_FRACTION) or 0.0,
+                rows_dropped=_metric(metrics, catalogue.REJECTED_ROW_FRACTION) or 0.0,
                 ess=ess,
                 is_mean=is_mean,
                 setting=_setting(config),

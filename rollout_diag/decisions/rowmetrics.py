@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rollout_diag import catalogue
 from rollout_diag.results import RowStats
 
 EPS = 1e-8  # verl's masked-mean denominator guard (METRICS.md, Notation)
@@ -44,12 +45,16 @@ class RowMetric:
         return float(self.numerator(rows).sum() / (self.denominator(rows).sum() + self.eps) + self.offset)
 
 
-def _token(name: str, column: str, offset: float = 0.0, eps: float = EPS, meaning: str = "") -> RowMetric:
-    return RowMetric(name, lambda rows: rows.sums[column], lambda rows: rows.tokens, eps, offset, meaning)
+def _token(metric: catalogue.Metric, column: str, offset: float = 0.0, eps: float = EPS) -> RowMetric:
+    """A token mean Σ S_i[column] / (N + eps) + offset, named and explained by its catalogue row."""
+    return RowMetric(
+        metric.key, lambda rows: rows.sums[column], lambda rows: rows.tokens, eps, offset, metric.row_meaning
+    )
 
 
-def _per_row(name: str, value: Callable[[RowStats], np.ndarray], offset: float = 0.0, meaning: str = "") -> RowMetric:
-    return RowMetric(name, value, _ones, 0.0, offset, meaning)
+def _per_row(metric: catalogue.Metric, value: Callable[[RowStats], np.ndarray], offset: float = 0.0) -> RowMetric:
+    """A mean over rows of ``value`` + offset, named and explained by its catalogue row."""
+    return RowMetric(metric.key, value, _ones, 0.0, offset, metric.row_meaning)
 
 
 def _log_ppl_abs_diff(rows: RowStats) -> np.ndarray:  # |d_i|, d_i = R_i[r] − R_i[a] (§1)
@@ -62,22 +67,14 @@ def _chi2_seq_term(rows: RowStats) -> np.ndarray:  # exp(2·clamp20(S_i[δ])) (�
 
 # The metrics `diff` compares (and `check` can gate on even where analyze does not report them).
 KEY_METRICS: tuple[RowMetric, ...] = (
-    _token("rollout_corr/k3_kl", "k3", meaning="token-mean k3 KL, exp(δ) − δ − 1 (§1)"),
-    _token("rollout_corr/chi2_token", "chi2_term", offset=-1.0, meaning="χ² of token IS weights (§1)"),
-    _per_row("rollout_corr/chi2_seq", _chi2_seq_term, offset=-1.0, meaning="χ² of sequence IS weights (§1)"),
-    _per_row("rollout_corr/log_ppl_abs_diff", _log_ppl_abs_diff, meaning="mean |log-ppl gap| per sequence (§1)"),
-    _token("mismatch/logprob_abs_diff", "abs_log_ratio", meaning="token-mean |δ| (§7)"),
-    _per_row(
-        "rollout_kl/abs",
-        lambda rows: _row_mean(rows, "abs_log_ratio"),
-        meaning="mean over sequences of the row-mean |δ| (§6; slime's train_rollout_logprob_abs_diff)",
-    ),
-    _token("training/rollout_probs_diff_mean", "prob_diff", eps=0.0, meaning="token-mean |p_train − p_rollout| (§5)"),
-    _token(
-        "token_mult_prob_error",
-        "exp_abs_log_ratio",
-        meaning="NeMo-RL's token-mean exp(|δ|), Σ/(N + 1e-8) as its masked_mean (1 = identical logprobs)",
-    ),
+    _token(catalogue.K3_KL, "k3"),
+    _token(catalogue.CHI2_TOKEN, "chi2_term", offset=-1.0),
+    _per_row(catalogue.CHI2_SEQ, _chi2_seq_term, offset=-1.0),
+    _per_row(catalogue.LOG_PPL_ABS_DIFF, _log_ppl_abs_diff),
+    _token(catalogue.LOGPROB_ABS_DIFF, "abs_log_ratio"),
+    _per_row(catalogue.ROLLOUT_KL_ABS, lambda rows: _row_mean(rows, "abs_log_ratio")),
+    _token(catalogue.PROBS_DIFF_MEAN, "prob_diff", eps=0.0),
+    _token(catalogue.TOKEN_MULT_PROB_ERROR, "exp_abs_log_ratio"),
 )
 KEY_METRIC_NAMES = tuple(metric.name for metric in KEY_METRICS)
 
@@ -85,7 +82,7 @@ KEY_METRIC_NAMES = tuple(metric.name for metric in KEY_METRICS)
 def rejected_share(preset: str) -> RowMetric:
     """Share of model tokens ``preset`` drops (summary/rejected_token_fraction) as a row metric."""
     return RowMetric(
-        f"summary/rejected_token_fraction[{preset}]",
+        f"{catalogue.REJECTED_TOKEN_FRACTION.key}[{preset}]",
         lambda rows: rows.rejected[preset],
         lambda rows: rows.tokens,
         meaning=f"share of model tokens {preset} drops",

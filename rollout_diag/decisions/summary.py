@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rollout_diag.catalogue import short_name
 from rollout_diag.results import Verdict
 
 LEVEL_ORDER = ("bad", "watch", "ok", "n/a")
@@ -17,12 +18,6 @@ ADVICE = {
     "ok": "training and rollout agree within the usual bf16/fp32 range.",
     "n/a": "no key metric could be computed.",
 }
-
-
-def short_name(metric: str) -> str:
-    """``rollout_corr/k3_kl`` → ``k3_kl``; ``training/rollout_probs_diff_mean`` → ``probs_diff_mean``."""
-    family, _, name = metric.rpartition("/")
-    return name.removeprefix("rollout_") if family == "training" else name
 
 
 def overall(verdicts: Sequence[Verdict]) -> tuple[str, str]:

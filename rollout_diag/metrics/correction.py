@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from rollout_diag import catalogue
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import (
     CLAMP,
@@ -38,7 +39,7 @@ from rollout_diag.metrics.base import (
 from rollout_diag.metrics.segments import ChunkStats, PerToken, stats
 from rollout_diag.presets import ImportanceSampling, RejectionOption
 
-PREFIX = "rollout_corr/"
+PREFIX = catalogue.OFFPOLICY_PREFIX
 
 
 # --------------------------------------------------------------------------- per-chunk values of a config

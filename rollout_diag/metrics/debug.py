@@ -7,11 +7,12 @@ from typing import ClassVar
 
 import torch
 
+from rollout_diag import catalogue
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float, sample_std
 from rollout_diag.metrics.segments import stats
 
-PREFIX = "training/"
+PREFIX = catalogue.DEBUG_PREFIX
 
 
 class DebugAccumulator(StepAccumulator):

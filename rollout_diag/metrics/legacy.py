@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from rollout_diag import catalogue
 from rollout_diag.metrics.base import EPS, clamp20, row_mean
 from rollout_diag.metrics.correction import (
     WEIGHT_REDUCTIONS,
@@ -27,7 +28,7 @@ from rollout_diag.metrics.correction import (
 from rollout_diag.metrics.segments import ChunkStats, PerToken
 from rollout_diag.presets import LegacyCorrection
 
-PREFIX = "mismatch/"
+PREFIX = catalogue.LEGACY_PREFIX
 
 
 def legacy_log_ratio(s: ChunkStats, level: str) -> torch.Tensor:

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from rollout_diag import catalogue
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, row_mean
 from rollout_diag.metrics.segments import stats
@@ -105,7 +106,10 @@ class PositionAccumulator(StepAccumulator):
         if tokens == 0:
             return {}
         catastrophic = float(state["catastrophic"].sum())
-        return {"diag/catastrophic_tokens": catastrophic, "diag/catastrophic_token_share": catastrophic / tokens}
+        return {
+            catalogue.CATASTROPHIC_TOKENS.key: catastrophic,
+            catalogue.CATASTROPHIC_TOKEN_SHARE.key: catastrophic / tokens,
+        }
 
     def position_rows(self) -> list[dict[str, Any]]:
         """Run buckets first (step None), then each step's."""

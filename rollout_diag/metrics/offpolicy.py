@@ -6,6 +6,7 @@ from typing import ClassVar
 
 import torch
 
+from rollout_diag import catalogue
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import (
     EPS,
@@ -19,7 +20,7 @@ from rollout_diag.metrics.base import (
 )
 from rollout_diag.metrics.segments import stats
 
-PREFIX = "rollout_corr/"
+PREFIX = catalogue.OFFPOLICY_PREFIX
 
 
 class OffPolicyAccumulator(StepAccumulator):
@@ -102,5 +103,5 @@ class OffPolicyAccumulator(StepAccumulator):
             "chi2_seq": row_average("chi2_seq") - 1.0,
         }
         out = {PREFIX + name: float(v) for name, v in metrics.items()}
-        out["mismatch/logprob_abs_diff"] = token_mean("abs_diff")  # §7, last line
+        out[catalogue.LOGPROB_ABS_DIFF.key] = token_mean("abs_diff")  # §7, last line
         return out

@@ -11,6 +11,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rollout_diag import catalogue
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import sequence_share
 from rollout_diag.metrics.correction import (
@@ -26,7 +27,7 @@ from rollout_diag.metrics.legacy import LegacyAccumulator, legacy_keep
 from rollout_diag.metrics.segments import ChunkStats, PerToken
 from rollout_diag.presets import ImportanceSampling, LegacyCorrection, Preset, RejectionOption
 
-SUMMARY = "summary/"
+SUMMARY = catalogue.SUMMARY_PREFIX
 
 
 # --------------------------------------------------------------------------- what a preset drops

@@ -6,11 +6,12 @@ from typing import ClassVar
 
 import torch
 
+from rollout_diag import catalogue
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float, row_mean
 from rollout_diag.metrics.segments import stats
 
-PREFIX = "rollout_kl/"
+PREFIX = catalogue.ROLLOUT_KL_PREFIX
 ESTIMATORS = ("k1", "abs", "k2", "k3")
 
 

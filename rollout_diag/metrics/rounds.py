@@ -12,11 +12,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from rollout_diag import catalogue
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float, segment_max
 from rollout_diag.metrics.segments import stats
 
-PREFIX = "per_round/"
+PREFIX = catalogue.ROUNDS_PREFIX
 DEFAULT_MAX_ROUNDS = 64
 # most_divergent_round names a round only with support: this many model tokens from this many rows …
 SUPPORT_TOKENS = 200

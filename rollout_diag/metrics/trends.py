@@ -9,9 +9,10 @@ from typing import Any
 
 import numpy as np
 
+from rollout_diag import catalogue
 from rollout_diag.results import Anomaly, StepResult, Trend
 
-ANOMALY_METRICS = ("rollout_corr/k3_kl", "rollout_corr/chi2_token", "rollout_corr/log_ppl_abs_diff")
+ANOMALY_METRICS = tuple(m.key for m in (catalogue.K3_KL, catalogue.CHI2_TOKEN, catalogue.LOG_PPL_ABS_DIFF))
 # These metrics are positive and heavy-tailed (a step's value is often one token's), so the baseline is robust
 # and on a log scale: a step is flagged when its value is
 ANOMALY_FACTOR = 3.0  # … above 3 × the median of the previous steps,
@@ -123,10 +124,12 @@ def round_trend(rounds: Sequence[dict[str, Any]]) -> Trend | None:
         summary = f"mismatch grows with the turn: mean |δ| +{slope:.3g} per round (95 % CI {low:.3g} to {high:.3g})"
     elif high < 0:
         summary = f"mismatch shrinks with the turn: mean |δ| {slope:.3g} per round (95 % CI {low:.3g} to {high:.3g})"
-    return Trend("per_round/logprob_abs_diff_mean", "round", slope, low, high, len(points), summary)
+    # named as the per-round quantity it fits over the rounds: per_round/logprob_abs_diff_mean
+    metric = catalogue.ROUNDS_PREFIX + catalogue.round_quantity(catalogue.ROUND_ABS_DIFF_MEAN)
+    return Trend(metric, "round", slope, low, high, len(points), summary)
 
 
-def step_trend(steps: Sequence[StepResult], metric: str = "rollout_corr/k3_kl") -> Trend | None:
+def step_trend(steps: Sequence[StepResult], metric: str = catalogue.K3_KL.key) -> Trend | None:
     """Slope of ``metric`` over steps, and the step after which it rose, when the data shows a change point.
 
     The change point is the split (≥ 5 steps each side) that minimises the within-segment squared error;

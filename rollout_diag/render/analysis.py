@@ -13,34 +13,33 @@ from rich.console import Group, RenderableType
 from rich.markup import escape as escape_markup
 from rich.text import Text
 
+from rollout_diag import catalogue
+from rollout_diag.catalogue import lookup, parse_round_key, round_quantity, short_name
 from rollout_diag.paths import file_label, file_labels
 from rollout_diag.render.format import LEVEL_STYLE, extra_cell, level, number, percent, plain, visible
 from rollout_diag.render.hints import hint_lines
-from rollout_diag.render.summary import most_divergent_round, overall, short_name, where, worst_step
+from rollout_diag.render.summary import HEADLINE, most_divergent_round, overall, where, worst_step
 from rollout_diag.render.table import Column, FitTable
 from rollout_diag.results import AnalysisResult, ExtraValue, StepResult, extra_names
-from rollout_diag.verdicts import RULES, judge
+from rollout_diag.verdicts import JUDGED, judge, rule_of
 
-STEP_METRICS = (
-    "rollout_corr/kl",
-    "rollout_corr/k3_kl",
-    "rollout_corr/chi2_token",
-    "rollout_corr/chi2_seq",
-    "rollout_corr/log_ppl_abs_diff",
-    "training/rollout_probs_diff_mean",
-    "mismatch/logprob_abs_diff",
-    "diag/catastrophic_tokens",
+# The per-step table's metric columns: kl, the judged metrics (the step's verdict column judges them), the
+# catastrophic token count.
+STEP_METRICS = tuple(metric.key for metric in (catalogue.KL, *JUDGED, catalogue.CATASTROPHIC_TOKENS))
+# The per-round table's metric columns, in order (a result's rounds table names them by their quantity).
+ROUND_COLUMNS = (
+    catalogue.ROUND_TOKEN_COUNT,
+    catalogue.ROUND_SEQ_COUNT,
+    catalogue.ROUND_ABS_DIFF_MEAN,
+    catalogue.ROUND_KL,
+    catalogue.ROUND_K3_KL,
+    catalogue.ROUND_CHI2_TOKEN,
+    catalogue.ROUND_MAX_ABS_DIFF,
 )
 ROWS_SHOWN = 10
 EXTRAS_SHOWN = 4  # extra dump columns (reward, advantage, …) in the worst-rows table; every one in --format json
 EXTRA_TEXT_SHOWN = 40  # characters of a text extra in that table (a label fits; the whole value in --format json)
 STEPS_SHOWN_EACH_END = 5  # long runs: first, last and worst steps unless --all-steps
-# Two different KLs share the name k3: say which is which wherever both show.
-NOTES = {
-    "rollout_corr/k3_kl": "KL(rollout‖trainer), k3 estimator, token mean: the headline number",
-    "rollout_kl/k3": "KL(trainer‖rollout) (SkyRL's k3, row mean first): not k3_kl, can be far larger",
-    "rollout_corr/kl": "T[r − a]: can be negative; read k3_kl",
-}
 
 
 def render_analysis(result: AnalysisResult, all_steps: bool = False) -> RenderableType:
@@ -103,8 +102,7 @@ def verdict_table(result: AnalysisResult) -> FitTable:
         ],
     )
     for verdict in result.verdicts:
-        rules = tuple(r for r in RULES if r.metric == verdict.metric)
-        per_step = [judge(step.metrics, rules)[0].level for step in result.steps]
+        per_step = [judge(step.metrics, rule_of(verdict.metric))[0].level for step in result.steps]
         table.add_row(
             short_name(verdict.metric),
             number(verdict.value),
@@ -124,13 +122,14 @@ def metrics_table(run: StepResult) -> FitTable:
     )
     family = None
     for name, value in run.metrics.items():
-        if name.startswith("per_round/round_"):
+        if parse_round_key(name) is not None:
             continue
         prefix, _, leaf = name.rpartition("/")
         if prefix != family:
             table.add_row(Text(f"{prefix}/", style="bold"), "", "")
             family = prefix
-        table.add_row(f"  {leaf}", number(value), NOTES.get(name, ""))
+        row = lookup(name)
+        table.add_row(f"  {leaf}", number(value), "" if row is None else row.note)
     return table
 
 
@@ -139,8 +138,8 @@ def steps_table(steps: Sequence[StepResult], all_steps: bool) -> FitTable:
         shown, title = list(steps), "Per step"
     else:
         ranked = sorted(
-            (s for s in steps if "rollout_corr/k3_kl" in s.metrics),
-            key=lambda s: s.metrics["rollout_corr/k3_kl"],
+            (s for s in steps if HEADLINE in s.metrics),
+            key=lambda s: s.metrics[HEADLINE],
             reverse=True,
         )
         chosen = {s.step for s in [*steps[:STEPS_SHOWN_EACH_END], *steps[-STEPS_SHOWN_EACH_END:]]}
@@ -148,7 +147,7 @@ def steps_table(steps: Sequence[StepResult], all_steps: bool) -> FitTable:
         shown = [s for s in steps if s.step in chosen]
         title = (
             f"Per step: first {STEPS_SHOWN_EACH_END}, last {STEPS_SHOWN_EACH_END} and worst "
-            f"{STEPS_SHOWN_EACH_END} by k3_kl of {len(steps)} (--all-steps for every step)"
+            f"{STEPS_SHOWN_EACH_END} by {short_name(HEADLINE)} of {len(steps)} (--all-steps for every step)"
         )
     worst = worst_step(steps)
     columns = [Column("step", key=True), Column("rows"), Column("tokens")]
@@ -180,7 +179,7 @@ def rounds_table(result: AnalysisResult) -> FitTable:
         "Per round (multi-turn; round k = k-th run of model tokens in a row)",
         [
             Column("round", key=True),
-            *(Column(h) for h in ("tokens", "rows", "|δ| mean", "kl", "k3_kl", "chi2_token", "max |δ|")),
+            *(Column(metric.title) for metric in ROUND_COLUMNS),
             Column("catastrophic"),
         ],
     )
@@ -189,13 +188,7 @@ def rounds_table(result: AnalysisResult) -> FitTable:
         label = f"≥ {row['round']}" if row["pooled"] else str(row["round"])
         table.add_row(
             label + (" ◀ most" if named is not None and row["round"] == named["round"] else ""),
-            number(row["token_count"]),
-            number(row["seq_count"]),
-            number(row["logprob_abs_diff_mean"]),
-            number(row["kl"]),
-            number(row["k3_kl"]),
-            number(row["chi2_token"]),
-            number(row["max_abs_diff"]),
+            *(number(row[round_quantity(metric)]) for metric in ROUND_COLUMNS),
             number(row["catastrophic_count"]),
         )
     return table

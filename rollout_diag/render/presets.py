@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rollout_diag import catalogue
 from rollout_diag.render.format import number, percent
 from rollout_diag.render.table import Column, FitTable
 from rollout_diag.results import ComparisonResult
@@ -29,9 +30,9 @@ COLUMNS = (
 
 def presets_table(result: ComparisonResult) -> FitTable:
     """One row per preset with its run values; intrusive presets marked ``!`` and in bold red (see the caption)."""
-    normalised = any("rollout_corr/rollout_is_batch_norm_factor" in p.run.metrics for p in result.presets)
+    normalised = any(catalogue.IS_BATCH_NORM_FACTOR.key in p.run.metrics for p in result.presets)
     columns = [c for c in COLUMNS if normalised or c.header != "bn factor"]
-    chi2 = result.presets[0].run.metrics.get("rollout_corr/chi2_token") if result.presets else None
+    chi2 = result.presets[0].run.metrics.get(catalogue.CHI2_TOKEN.key) if result.presets else None
     caption = (
         f"rejected = model tokens given no gradient (RS rejection, IcePop zero weight, legacy mask/veto). "
         f"{INTRUSIVE_MARK} and bold red: intrusive (drops > {result.intrusive_rejected_fraction:.0%} of tokens or "
@@ -42,7 +43,7 @@ def presets_table(result: ComparisonResult) -> FitTable:
     table = FitTable("Rollout-correction presets on this data (whole run)", columns, caption=caption)
     for preset in result.presets:
         metrics = preset.run.metrics
-        is_max = number(_is_metric(metrics, "rollout_is_max"))
+        is_max = number(_is_metric(metrics, catalogue.IS_MAX))
         if preset.config.get("rollout_is") == "sequence" and is_max != "–":
             is_max += RAW_MARK
         cells = [
@@ -50,23 +51,23 @@ def presets_table(result: ComparisonResult) -> FitTable:
             preset.mode,
             is_setting(preset.config),
             rs_setting(preset.config),
-            percent(metrics.get("summary/rejected_token_fraction")),
-            percent(metrics.get("summary/rejected_row_fraction")),
-            number(_is_metric(metrics, "rollout_is_mean"), 5),
+            percent(metrics.get(catalogue.REJECTED_TOKEN_FRACTION.key)),
+            percent(metrics.get(catalogue.REJECTED_ROW_FRACTION.key)),
+            number(_is_metric(metrics, catalogue.IS_MEAN), 5),
             is_max,
-            number(_is_metric(metrics, "rollout_is_eff_sample_size")),
+            number(_is_metric(metrics, catalogue.IS_EFF_SAMPLE_SIZE)),
         ]
         if normalised:
-            cells.append(number(metrics.get("rollout_corr/rollout_is_batch_norm_factor")))
-        cells.append(number(_count(metrics.get("summary/tokens_kept"))))
+            cells.append(number(metrics.get(catalogue.IS_BATCH_NORM_FACTOR.key)))
+        cells.append(number(_count(metrics.get(catalogue.TOKENS_KEPT.key))))
         table.add_row(*cells, style=INTRUSIVE_STYLE if preset.intrusive else None)
     return table
 
 
-def _is_metric(metrics: Mapping[str, float], name: str) -> float | None:
+def _is_metric(metrics: Mapping[str, float], metric: catalogue.Metric) -> float | None:
     """An IS metric of verl's helper, or of the legacy helper (§8) for legacy presets."""
-    value = metrics.get(f"rollout_corr/{name}")
-    return metrics.get(f"mismatch/{name}") if value is None else value
+    value = metrics.get(metric.key)
+    return metrics.get(catalogue.legacy_twin(metric).key) if value is None else value
 
 
 def _count(value: float | None) -> int | None:

@@ -9,14 +9,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from rollout_diag import catalogue
+from rollout_diag.catalogue import short_name as short_name
 from rollout_diag.decisions.summary import LEVEL_ORDER as LEVEL_ORDER
 from rollout_diag.decisions.summary import overall as overall
-from rollout_diag.decisions.summary import short_name as short_name
 from rollout_diag.paths import file_label
 from rollout_diag.render.format import number
 from rollout_diag.results import AnalysisResult, StepResult
 
-HEADLINE = "rollout_corr/k3_kl"  # the metric that ranks steps
+HEADLINE = catalogue.K3_KL.key  # the metric that ranks steps
 
 
 def worst_step(steps: Sequence[StepResult], metric: str = HEADLINE) -> StepResult | None:
@@ -26,7 +27,7 @@ def worst_step(steps: Sequence[StepResult], metric: str = HEADLINE) -> StepResul
 
 def most_divergent_round(result: AnalysisResult) -> dict | None:
     """The round the analysis named (``per_round/most_divergent_round``), when there are several rounds."""
-    named = result.run.metrics.get("per_round/most_divergent_round")
+    named = result.run.metrics.get(catalogue.MOST_DIVERGENT_ROUND.key)
     if len(result.rounds) < 2 or not _finite(named) or named < 0:
         return None
     return next((r for r in result.rounds if r["round"] == int(named)), None)
@@ -40,7 +41,7 @@ def where(result: AnalysisResult) -> list[str]:
     if step is not None and len(result.steps) > 1:
         value = step.metrics[HEADLINE]
         ratio = f", {value / run_value:.1f}× the run" if _finite(run_value) and run_value > 0 else ""
-        lines.append(f"worst step {step.step} (k3_kl {number(value)}{ratio})")
+        lines.append(f"worst step {step.step} ({short_name(HEADLINE)} {number(value)}{ratio})")
     chosen = most_divergent_round(result)
     if chosen is not None:
         label = f"≥ {chosen['round']}" if chosen.get("pooled") else str(chosen["round"])

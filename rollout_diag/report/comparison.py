@@ -11,6 +11,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rollout_diag import catalogue
 from rollout_diag.decisions.sweep import default_sentences
 from rollout_diag.errors import ConfigError
 from rollout_diag.report import figures
@@ -21,12 +22,17 @@ from rollout_diag.results import ComparisonResult, PresetResult, SweepOption
 
 # Each value is read from the first key present: summary/ covers every family, rollout_corr/ is §2/§3, mismatch/ §8.
 METRIC_KEYS = {
-    "rejected": ("summary/rejected_token_fraction", "rollout_corr/rollout_rs_masked_fraction"),
-    "rejected_rows": ("summary/rejected_row_fraction", "rollout_corr/rollout_rs_seq_masked_fraction"),
-    "ess": ("rollout_corr/rollout_is_eff_sample_size", "mismatch/rollout_is_eff_sample_size"),
-    "is_mean": ("rollout_corr/rollout_is_mean", "mismatch/rollout_is_mean"),
-    "is_max": ("rollout_corr/rollout_is_max", "mismatch/rollout_is_max"),
-    "batch_norm": ("rollout_corr/rollout_is_batch_norm_factor",),
+    "rejected": (catalogue.REJECTED_TOKEN_FRACTION.key, catalogue.RS_MASKED_FRACTION.key),
+    "rejected_rows": (catalogue.REJECTED_ROW_FRACTION.key, catalogue.RS_SEQ_MASKED_FRACTION.key),
+    **{
+        what: (metric.key, catalogue.legacy_twin(metric).key)
+        for what, metric in (
+            ("ess", catalogue.IS_EFF_SAMPLE_SIZE),
+            ("is_mean", catalogue.IS_MEAN),
+            ("is_max", catalogue.IS_MAX),
+        )
+    },
+    "batch_norm": (catalogue.IS_BATCH_NORM_FACTOR.key,),
 }
 PRESET_COLUMNS = (
     Column("preset"),

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
+from rollout_diag import catalogue
 from rollout_diag.decisions.summary import overall
 from rollout_diag.formatting import number, percent
 from rollout_diag.report.markup import badge, escape, factor
 from rollout_diag.report.series import finite
 from rollout_diag.results import AnalysisResult, Verdict
-from rollout_diag.verdicts import RULES, judge
+from rollout_diag.verdicts import judge, rule_of
 
 MAX_INPUTS_SHOWN = 10
 
@@ -38,6 +39,7 @@ def _css(level: str) -> str:
 
 
 def _short(metric: str) -> str:
+    """The report's name of a metric: its key without the family prefix (``rollout_probs_diff_mean``)."""
     return metric.split("/", 1)[-1]
 
 
@@ -60,7 +62,7 @@ def _cards(result: AnalysisResult) -> str:
 
 def _steps_at_level(result: AnalysisResult, metric: str) -> tuple[int, int]:
     """Steps at watch and at bad level for ``metric``: the same per-step judgement as ``analyze``."""
-    rules = tuple(rule for rule in RULES if rule.metric == metric)
+    rules = rule_of(metric)
     if not rules:
         return 0, 0
     levels = [judge(step.metrics, rules)[0].level for step in result.steps]
@@ -105,7 +107,7 @@ def _findings(result: AnalysisResult) -> str:
 
 
 def _step_findings(result: AnalysisResult) -> list[str]:
-    metric = "rollout_corr/k3_kl"
+    metric = catalogue.K3_KL.key
     scored = [s for s in result.steps if s.step is not None and finite(s.metrics.get(metric))]
     findings = []
     run_value = result.run.metrics.get(metric)
@@ -113,7 +115,8 @@ def _step_findings(result: AnalysisResult) -> list[str]:
         worst = max(scored, key=lambda s: s.metrics[metric])
         ratio = worst.metrics[metric] / run_value
         findings.append(
-            f"Worst step by k3_kl: step {worst.step} ({number(worst.metrics[metric], 4)}, {ratio:.1f}× the run value)."
+            f"Worst step by {catalogue.K3_KL.short}: step {worst.step} ({number(worst.metrics[metric], 4)}, "
+            f"{ratio:.1f}× the run value)."
         )
     if result.anomalies:
         top = max(result.anomalies, key=lambda a: a.factor)
@@ -134,8 +137,8 @@ def _where_findings(result: AnalysisResult) -> list[str]:
             f"Most divergent round: {'≥ ' if most.get('pooled') else ''}{most['round']} (mean |δ| "
             f"{number(most['logprob_abs_diff_mean'], 4)} over {number(most['token_count'])} tokens)."
         )
-    share = result.run.metrics.get("diag/catastrophic_token_share")
-    count = result.run.metrics.get("diag/catastrophic_tokens")
+    share = result.run.metrics.get(catalogue.CATASTROPHIC_TOKEN_SHARE.key)
+    count = result.run.metrics.get(catalogue.CATASTROPHIC_TOKENS.key)
     if finite(share) and finite(count):
         findings.append(
             f"{number(count)} catastrophic token(s) (|δ| > {result.catastrophic_threshold:g}): "

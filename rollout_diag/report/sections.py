@@ -7,8 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollout_diag import catalogue
 from rollout_diag.formatting import number, percent
-from rollout_diag.glossary import GLOSSARY, SECTIONS
+from rollout_diag.glossary import sections
 from rollout_diag.report import figures
 from rollout_diag.report.figures import BLUE, GREY, RED, BarPanel, Figure, TrendPanel
 from rollout_diag.report.markup import Column, Markup, code, escape, factor, note, table
@@ -27,15 +28,16 @@ from rollout_diag.report.series import (
 from rollout_diag.results import AnalysisResult, StepResult
 from rollout_diag.verdicts import RULES
 
-TREND_METRICS = (  # (metric, panel title, can be negative)
-    ("rollout_corr/k3_kl", "k3_kl", False),
-    ("rollout_corr/kl", "kl", True),
-    ("rollout_corr/chi2_token", "χ² token", False),
-    ("rollout_corr/chi2_seq", "χ² seq", False),
-    ("rollout_corr/log_ppl_abs_diff", "|log-ppl diff|", False),
-    ("training/rollout_probs_diff_mean", "probs diff mean", False),
-    ("mismatch/logprob_abs_diff", "|δ| mean", False),
-    ("diag/catastrophic_token_share", "catastrophic token share", False),  # a share: drawn in %
+# The per-step trend panels, in order (title, sign and unit come from the catalogue: shares are drawn in %).
+TREND_METRICS: tuple[catalogue.Metric, ...] = (
+    catalogue.K3_KL,
+    catalogue.KL,
+    catalogue.CHI2_TOKEN,
+    catalogue.CHI2_SEQ,
+    catalogue.LOG_PPL_ABS_DIFF,
+    catalogue.PROBS_DIFF_MEAN,
+    catalogue.LOGPROB_ABS_DIFF,
+    catalogue.CATASTROPHIC_TOKEN_SHARE,
 )
 MAX_PRESET_LINES = 8
 
@@ -88,19 +90,19 @@ def trends_section(
 def _metric_panels(result: AnalysisResult, steps: Sequence[StepResult]) -> list[TrendPanel]:
     rules = {rule.metric: rule for rule in RULES}
     panels = []
-    for metric, title, signed in TREND_METRICS:
-        flagged = [a for a in result.anomalies if a.metric == metric]
-        ids, values = step_series(steps, metric)
+    for metric in TREND_METRICS:
+        flagged = [a for a in result.anomalies if a.metric == metric.key]
+        ids, values = step_series(steps, metric.key)
         ids, values = decimate(ids, values, keep={a.step for a in flagged})
-        rule = rules.get(metric)
+        rule = rules.get(metric.key)
         panels.append(
             TrendPanel(
-                title=title,
-                lines=[(title, ids, values)],
+                title=metric.title,
+                lines=[(metric.title, ids, values)],
                 anomalies=[(a.step, a.value, _anomaly_text(a)) for a in flagged[: 4 * MAX_TABLE_ROWS]],
                 thresholds=[("watch", rule.watch), ("bad", rule.bad)] if rule else [],
-                signed=signed,
-                percent=metric.endswith("_share"),
+                signed=metric.signed,
+                percent=metric.unit == catalogue.SHARE,
             )
         )
     return panels
@@ -321,8 +323,8 @@ def delta_section(result: AnalysisResult, canvas: Canvas) -> Section:
     if not counts or len(edges) != len(counts) + 1 or sum(counts) == 0:
         return Section("delta", title, note("This result has no δ histogram (it was made by an older rollout-diag)."))
     threshold = result.catastrophic_threshold
-    share = result.run.metrics.get("diag/catastrophic_token_share")
-    count = result.run.metrics.get("diag/catastrophic_tokens")
+    share = result.run.metrics.get(catalogue.CATASTROPHIC_TOKEN_SHARE.key)
+    count = result.run.metrics.get(catalogue.CATASTROPHIC_TOKENS.key)
     summary = (
         f"{number(count)} catastrophic tokens ({percent(share)} of model tokens) have |δ| > {threshold:g}, "
         f"i.e. a ratio ρ outside [{math.exp(-threshold):.3g}, {math.exp(threshold):.3g}]."
@@ -348,10 +350,9 @@ def glossary_section() -> Section:
         )
     ]
     columns = [Column("metric"), Column("formula"), Column("a high value means")]
-    for key, heading in SECTIONS.items():
-        terms = [t for t in GLOSSARY.values() if t.section == key]
+    for heading, terms in sections().items():
         rows = [
-            (_breakable(t.name), Markup(f'<span class="mono">{escape(t.formula)}</span>'), t.high_means) for t in terms
+            (_breakable(t.key), Markup(f'<span class="mono">{escape(t.formula)}</span>'), t.high_means) for t in terms
         ]
         parts.append(f'<h3>{escape(heading)}</h3><div class="glossary">{table(columns, rows)}</div>')
     return Section("glossary", "Glossary", "".join(parts))

@@ -7,9 +7,9 @@ The report's size must not grow with the run, so every per-step series goes thro
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Collection, Sequence
 
+from rollout_diag.catalogue import ROUND_ABS_DIFF_MEAN, ROUND_TOKEN_COUNT, parse_round_key
 from rollout_diag.results import StepResult
 
 MAX_STEP_POINTS = 2000  # a per-step line keeps every step up to this many
@@ -30,8 +30,6 @@ SIZE_RULE = (
     f"at most {MAX_STRIP_TOKENS:,} tokens each around the largest |δ|. Strings longer than {MAX_TEXT} "
     "characters are cut."
 )
-
-_ROUND_KEY = re.compile(r"^per_round/round_(\d+)/(logprob_abs_diff_mean|token_count)$")
 
 
 def finite(value: float | None) -> bool:
@@ -98,11 +96,11 @@ def per_round_by_step(steps: Sequence[StepResult]) -> dict[int, tuple[list[float
     table: dict[int, tuple[list[float | None], list[float]]] = {}
     for position, step in enumerate(steps):
         for name, value in step.metrics.items():
-            match = _ROUND_KEY.match(name)
-            if not match:
+            parsed = parse_round_key(name)
+            if parsed is None or parsed[1] not in (ROUND_TOKEN_COUNT, ROUND_ABS_DIFF_MEAN):
                 continue
-            means, tokens = table.setdefault(int(match[1]), ([None] * len(steps), [0.0] * len(steps)))
-            if match[2] == "token_count":
+            means, tokens = table.setdefault(parsed[0], ([None] * len(steps), [0.0] * len(steps)))
+            if parsed[1] is ROUND_TOKEN_COUNT:
                 tokens[position] = float(value) if finite(value) else 0.0
             else:
                 means[position] = value if finite(value) else None
