@@ -420,17 +420,25 @@ class SweepResult:
     skipped_rows: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "inputs": list(self.inputs),
-            "columns": dict(self.columns),
-            "targets": list(self.targets),
-            "run": [option.to_json() for option in self.run],
-            "steps": [step.to_json() for step in self.steps],
-            "warnings": list(self.warnings),
-            "skipped": [asdict(s) for s in self.skipped],
-            "skipped_rows": self.skipped_rows,
-        }
+        return _document(
+            self,
+            targets=list(self.targets),
+            run=[option.to_json() for option in self.run],
+            steps=[step.to_json() for step in self.steps],
+        )
+
+
+def _document(result: Any, **body: Any) -> dict[str, Any]:
+    """A sweep or comparison result's JSON: provenance first, its own ``body``, then what reading skipped."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "inputs": list(result.inputs),
+        "columns": dict(result.columns),
+        **body,
+        "warnings": list(result.warnings),
+        "skipped": [asdict(s) for s in result.skipped],
+        "skipped_rows": result.skipped_rows,
+    }
 
 
 @dataclass(frozen=True)
@@ -518,19 +526,14 @@ class ComparisonResult:
         raise KeyError(name)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "inputs": list(self.inputs),
-            "columns": dict(self.columns),
-            "layout": self.layout,
-            "device": self.device,
-            "intrusive": {"rejected_fraction": self.intrusive_rejected_fraction, "min_ess": self.intrusive_min_ess},
-            "presets": [preset.to_json() for preset in self.presets],
-            "sweep": [option.to_json() for option in self.sweep],
-            "warnings": list(self.warnings),
-            "skipped": [asdict(s) for s in self.skipped],
-            "skipped_rows": self.skipped_rows,
-        }
+        return _document(
+            self,
+            layout=self.layout,
+            device=self.device,
+            intrusive={"rejected_fraction": self.intrusive_rejected_fraction, "min_ess": self.intrusive_min_ess},
+            presets=[preset.to_json() for preset in self.presets],
+            sweep=[option.to_json() for option in self.sweep],
+        )
 
 
 @dataclass(frozen=True)
