@@ -19,6 +19,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console, Group
 
+from rollout_diag.dump import DEFAULT_CHUNK_TOKENS as CHUNK_TOKENS  # dump.py loads no pyarrow: --help stays light
 from rollout_diag.errors import RolloutDiagError
 
 app = typer.Typer(
@@ -30,7 +31,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 F = TypeVar("F", bound=Callable[..., Any])
-CHUNK_TOKENS = 1 << 19  # = io.reader.DEFAULT_CHUNK_TOKENS (not imported here: it would load pyarrow for --help)
 PROGRESS_MIN_BYTES = 64 << 20  # show a progress bar from this much input on, when stderr is a terminal
 
 
