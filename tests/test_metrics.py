@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 from reference import debug_metrics, offpolicy_metrics, rollout_kl_metrics, round_metrics
 
 import rollout_diag as rd
@@ -161,3 +162,15 @@ def test_real_dump_matches_the_reference():
             for r in selected
         ]
         assert_metrics_match(step.metrics, reference_metrics(rows))
+
+
+@pytest.mark.parametrize("function", ["exp", "expm1"])
+def test_cpu_exp_backends_agree_within_one_ulp(function):
+    """token_exp / token_expm1 run numpy's loop or torch's kernel by CPU (metrics/base.py, NUMPY_SVML): either
+    must give the same value to 1 ulp over the range a log-prob dump reaches (δ and log-probs in [−40, 40])."""
+    from rollout_diag.metrics.base import _host_or_torch
+
+    values = torch.cat([torch.linspace(-40.0, 40.0, 200_001, dtype=torch.float64), torch.tensor([0.0, -0.0, 1e-300])])
+    numpy_path = _host_or_torch(getattr(np, function), getattr(torch, function), numpy_on_cpu=True)(values)
+    torch_path = _host_or_torch(getattr(np, function), getattr(torch, function), numpy_on_cpu=False)(values)
+    np.testing.assert_array_max_ulp(numpy_path.numpy(), torch_path.numpy(), maxulp=1)

@@ -10,6 +10,7 @@ state is the merge of all step states. Metric values are derived only in ``final
 
 from __future__ import annotations
 
+import importlib
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -154,20 +155,36 @@ def sequence_share(rows_dropped: float, valid_rows: float) -> float:
     return rows_dropped / valid_rows if valid_rows > 0 else 0.0
 
 
-def _host_or_torch(numpy_function, torch_function):
-    """An elementwise function that runs numpy's SIMD loops on CPU tensors (2–2.5× torch's float64 exp / expm1
-    on the CPU, within 1 ulp) and torch's kernel on other devices."""
+def _numpy_has_svml() -> bool:
+    """Whether numpy runs its SVML float64 loops (exp, expm1) on this CPU: they need AVX-512 (Skylake-X class).
+
+    Measured (docs/benchmarks.md): with AVX-512, numpy's float64 exp and expm1 are 2.4× torch's; on an AVX2-only
+    CPU numpy falls back to libm, its exp is 2.7× slower than torch's (Sleef) and its expm1 about equal."""
+    for module in ("numpy._core._multiarray_umath", "numpy.core._multiarray_umath"):  # numpy 2.x, 1.x
+        try:
+            features = importlib.import_module(module).__cpu_features__
+        except (ImportError, AttributeError):
+            continue
+        return bool(features.get("AVX512_SKX", False))
+    return False
+
+
+def _host_or_torch(numpy_function, torch_function, numpy_on_cpu: bool = True):
+    """An elementwise function: numpy's loop on CPU tensors when ``numpy_on_cpu``, torch's kernel otherwise.
+    The two agree within 1 ulp (tests/test_metrics.py); which one runs depends only on the CPU, never on timing,
+    so a machine gives the same digits run after run."""
 
     def apply(values: torch.Tensor) -> torch.Tensor:
-        if values.device.type == "cpu":
+        if numpy_on_cpu and values.device.type == "cpu":
             return torch.from_numpy(numpy_function(values.contiguous().numpy()))
         return torch_function(values)
 
     return apply
 
 
-token_exp = _host_or_torch(np.exp, torch.exp)  # per-token exp of a whole chunk
-token_expm1 = _host_or_torch(np.expm1, torch.expm1)
+NUMPY_SVML = _numpy_has_svml()
+token_exp = _host_or_torch(np.exp, torch.exp, numpy_on_cpu=NUMPY_SVML)  # per-token exp of a whole chunk
+token_expm1 = _host_or_torch(np.expm1, torch.expm1)  # numpy's: faster with SVML, about equal without
 
 
 def clamp20(values: torch.Tensor) -> torch.Tensor:
