@@ -722,7 +722,8 @@ def convert(
     debug: DebugOpt = False,
 ) -> None:
     """Write any dump rollout-diag reads (prime-rl, NeMo-RL, slime, SkyRL, verl, Parquet) as its canonical
-    Parquet sequence layout: zstd, one row group per step. `analyze` on the result gives the same numbers."""
+    Parquet sequence layout: zstd, one row group per step, per-row columns (reward, advantage, policy_version…)
+    kept. `analyze` on the result gives the same numbers."""
     from rollout_diag.io.convert import convert as run_convert
 
     result = run_convert(

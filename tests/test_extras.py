@@ -17,6 +17,7 @@ from pathlib import Path
 import jsonschema
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from dumps import random_rows, sequence_table, token_table, write_table
@@ -401,3 +402,56 @@ def test_inspect_row_shows_the_rows_extras(written: Path) -> None:
     document = json.loads(run("inspect", written, "--device", "cpu", "--row", f"{file}:4", "-f", "json"))
     assert document["extra"] == expected_extra(2, 4)
     assert rd.inspect_row(str(written), "s4", step=2, device="cpu").extra == expected_extra(2, 4)
+
+
+# ------------------------------------------------------------------------------------- convert keeps them
+def test_convert_writes_every_extra_column_and_policy_version_on_its_row(written: Path, tmp_path: Path) -> None:
+    """``convert`` must not drop the per-row columns: after a round trip each row holds its own values, read back
+    through analyze's worst rows (which look them up by step and sample id)."""
+    from rollout_diag.io.convert import convert
+
+    out = tmp_path / "converted.parquet"
+    result = convert(str(written), out)
+    names = pq.read_schema(out).names
+    assert names[-4:] == ["policy_version", "advantage", "reward", "tag"], names
+    again = rd.analyze(str(out), device="cpu", top_k=ROWS * STEPS)
+    for (step, sample_id), extra in by_row(again).items():
+        assert extra == expected_extra(step, int(sample_id[1:])), (step, sample_id)
+    assert not result.warnings
+
+
+def test_convert_writes_extras_beyond_what_analyze_shows_and_nulls_where_a_file_has_none(tmp_path: Path) -> None:
+    """20 extra columns in one file (analyze carries 16 and warns), none in a second: all 20 are written, the
+    second file's rows get nulls, and convert does not repeat analyze's warning about the 4 it leaves out."""
+    from rollout_diag.io.convert import convert
+
+    rows = random_rows(seed=3, steps=(0,), rows_per_step=3)
+    extras = {f"x{index:02d}": pa.array([index * 100 + row for row in range(3)]) for index in range(20)}
+    write_table(tmp_path / "in" / "a.parquet", table_with_extras(rows, extras))
+    later = random_rows(seed=4, steps=(1,), rows_per_step=2)
+    write_table(tmp_path / "in" / "b.parquet", sequence_table(later))
+    assert any("more than" in w for w in DumpReader([str(tmp_path / "in")], None).log.warnings)
+    result = convert(str(tmp_path / "in"), tmp_path / "out.parquet")
+    table = pq.read_table(tmp_path / "out.parquet")
+    assert [name for name in table.column_names if name.startswith("x")] == list(extras)
+    assert table.column("x19").to_pylist() == [1900, 1901, 1902, None, None]
+    assert table.column("x00").type == pa.int64()
+    assert result.warnings == []
+
+
+def test_convert_says_which_column_it_cannot_write_under_a_canonical_name(tmp_path: Path) -> None:
+    """With ``step`` taken from another column (-c step=iteration), a scalar column named 'step' is an extra whose
+    name the canonical layout gives the step role: convert leaves it out and says so, and writes the rest."""
+    from rollout_diag.io.convert import convert
+
+    rows = random_rows(seed=5, steps=(2,), rows_per_step=2)
+    table = sequence_table(rows).rename_columns(
+        ["iteration" if n == "step" else n for n in sequence_table(rows).column_names]
+    )
+    table = table.append_column("step", pa.array([7, 7])).append_column("reward", pa.array([0.5, 1.0]))
+    write_table(tmp_path / "in.parquet", table)
+    result = convert(str(tmp_path / "in.parquet"), tmp_path / "out.parquet", columns={"step": "iteration"})
+    written_table = pq.read_table(tmp_path / "out.parquet")
+    assert written_table.column("step").to_pylist() == [2, 2]  # the step role, not the extra column
+    assert written_table.column("reward").to_pylist() == [0.5, 1.0]
+    assert len(result.warnings) == 1 and "column 'step' is not written" in result.warnings[0], result.warnings

@@ -5,7 +5,10 @@ zstd-compressed, one row group per step: a file, or with ``partition="step"`` a 
 ``OUT/step=N/part-K.parquet`` (the step lives in the path). Logprobs are written as float64 lists, so no
 value changes; invalid values (NaN, null, positive logprobs, bad masks) are written as they are, so that
 ``analyze`` skips the same rows on the converted file. Only rows a format could not read at all (a line
-that is not JSON, a field of the wrong type) are left out, and reported.
+that is not JSON, a field of the wrong type) are left out, and reported. Per-row scalar columns that no role
+takes (reward, advantage, a tag: every one, beyond the 16 ``analyze`` shows) are written under their own names
+and types, and a ``policy_version`` column (by its role) as ``policy_version``; a file that lacks one another
+file has gets nulls there.
 
 Memory: one step's rows (a row group is written whole).
 """
@@ -26,10 +29,19 @@ import pyarrow.parquet as pq
 
 from rollout_diag.errors import ConfigError, InputError, option_name, where
 from rollout_diag.io.formats.base import SKIP_COLUMN, SKIP_REASON
-from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, DumpReader, _column_names, _OpenFile, _row_groups
+from rollout_diag.io.reader import (
+    DEFAULT_CHUNK_TOKENS,
+    DumpReader,
+    _column_names,
+    _extra_cap_warnings,
+    _one_line,
+    _OpenFile,
+    _row_groups,
+)
 from rollout_diag.results import SkippedRow
 
 PARTITIONS = ("step",)
+POLICY_VERSION = "policy_version"  # the canonical name of that role (schemas/dump.schema.json)
 _TYPES = {
     "rollout": ("rollout_log_probs", pa.list_(pa.float64())),
     "trainer": ("old_log_probs", pa.list_(pa.float64())),
@@ -146,11 +158,12 @@ def convert(
         output.mkdir(parents=True)
     elif output.parent != Path(""):
         output.parent.mkdir(parents=True, exist_ok=True)
-    schema = _schema(reader.files)
+    schema, clashes = _schema(reader.files)
     writer = _StepWriter(output, schema, partition)
     try:
         for opened in reader.files:
-            for batch, first_row in _row_groups(opened, _column_names(opened), lambda: 4096, reader):
+            names = _column_names(opened) + [name for name in _all_extras(opened) if name not in opened.extras]
+            for batch, first_row in _row_groups(opened, names, lambda: 4096, reader):
                 table = _canonical(opened, batch, first_row, reader, schema)
                 steps = table.column("step").to_numpy()
                 starts = np.concatenate([[0], np.flatnonzero(steps[1:] != steps[:-1]) + 1, [len(steps)]])
@@ -159,7 +172,9 @@ def convert(
     finally:
         writer.close()
     repeated = sorted(step for step, parts in writer.written.items() if parts > 1)
-    warnings = list(reader.log.warnings)
+    # the reader's notes on extra columns its tables leave out do not apply: convert writes every one
+    not_shown = set(_extra_cap_warnings(reader.files))
+    warnings = [line for line in reader.log.warnings if line not in not_shown] + clashes
     if repeated:
         warnings.append(
             f"step(s) {', '.join(map(str, repeated[:10]))} appear in more than one place in the input order: "
@@ -178,11 +193,39 @@ def convert(
     )
 
 
-def _schema(files: list[_OpenFile]) -> pa.Schema:
+def _all_extras(opened: _OpenFile) -> list[str]:
+    """Every per-row scalar column no role takes, in file order: those ``analyze`` carries, those beyond its cap
+    of 16, and long text it leaves out of its tables."""
+    return [*opened.extras, *opened.extras_left_out, *(name for name, _ in opened.extras_long)]
+
+
+def _schema(files: list[_OpenFile]) -> tuple[pa.Schema, list[str]]:
+    """The output schema: the canonical columns present in any file, then policy_version, then every extra column
+    in order of appearance (with the first file's type); and one warning per extra column left out because the
+    canonical layout uses its name for a role."""
     fields = [pa.field("step", pa.int64()), pa.field("sample_id", pa.string())]
     roles = {role for opened in files for role in opened.columns.names}
     fields += [pa.field(name, data_type) for role, (name, data_type) in _TYPES.items() if role in roles]
-    return pa.schema(fields)
+    if "policy_version" in roles:
+        fields.append(pa.field(POLICY_VERSION, pa.int64()))
+    canonical = {field.name for field in fields}
+    extras: dict[str, pa.Field] = {}
+    clashes: dict[str, list[str]] = {}
+    for opened in files:
+        for name in _all_extras(opened):
+            if name in canonical:
+                clashes.setdefault(name, []).append(opened.source.path)
+            elif name not in extras:
+                extras[name] = pa.field(name, opened.parquet.schema_arrow.field(name).type)
+    warnings = [
+        f"{_listed(paths)}: column '{name}' is not written: the canonical layout uses that name for a role."
+        for name, paths in clashes.items()
+    ]
+    return pa.schema([*fields, *extras.values()]), warnings
+
+
+def _listed(paths: list[str]) -> str:
+    return ", ".join(paths[:3]) + (f" (and {len(paths) - 3} more)" if len(paths) > 3 else "")
 
 
 def _canonical(opened: _OpenFile, batch: pa.RecordBatch, first_row: int, reader: DumpReader, schema: pa.Schema):
@@ -229,4 +272,28 @@ def _canonical(opened: _OpenFile, batch: pa.RecordBatch, first_row: int, reader:
                 f"{where(path, column=names[role])}cannot be written as {data_type} ({exc}).",
                 hint="analyse this file directly; convert needs 0/1 masks and numeric logprobs.",
             ) from exc
+    if POLICY_VERSION in schema.names:
+        if "policy_version" in from_partition:
+            version = int(opened.source.partition[names["policy_version"]])
+            arrays[POLICY_VERSION] = pa.array(np.full(count, version, dtype=np.int64))
+        else:
+            arrays[POLICY_VERSION] = _column(batch, names.get("policy_version"), schema.field(POLICY_VERSION), path)
+    mine = set(_all_extras(opened))
+    for output in schema:
+        if output.name not in arrays:
+            arrays[output.name] = _column(batch, output.name if output.name in mine else None, output, path)
     return pa.table([arrays[name] for name in schema.names], schema=schema)
+
+
+def _column(batch: pa.RecordBatch, name: str | None, output: pa.Field, path: str) -> pa.Array:
+    """Column ``name`` of ``batch`` cast to the output field's type; nulls where this file has no such column."""
+    if name is None:
+        return pa.nulls(batch.num_rows, output.type)
+    try:
+        return batch.column(name).cast(output.type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise InputError(
+            f"{where(path, column=name)}cannot be written as {output.type}, the type of '{output.name}' in the "
+            f"first file that has it ({_one_line(exc)}).",
+            hint="convert the files whose types differ separately.",
+        ) from exc
