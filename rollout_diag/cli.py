@@ -294,6 +294,9 @@ def output_format(format: OutputFormat | None, output: Path | None) -> OutputFor
 
 def dump_inputs(inputs: list[Path], input_format: str | None, trust_pickle: bool) -> list[str]:
     """The input paths, carrying how to read them (``io.formats.DumpInputs``)."""
+    from rollout_diag.io.sources import check_inputs_exist
+
+    check_inputs_exist(inputs)  # a mistyped path fails before pyarrow loads (0.3–0.5 s)
     from rollout_diag.io.formats import DumpInputs
 
     return DumpInputs(inputs, input_format, trust_pickle)
@@ -313,7 +316,9 @@ def open_dump(
     """The command's :class:`~rollout_diag.dump.Dump` (its shared reading options, given once), opened before torch
     is loaded: files found, footers read, columns resolved, so a missing file or column fails at once."""
     from rollout_diag.dump import Dump
+    from rollout_diag.io.sources import check_inputs_exist
 
+    check_inputs_exist(inputs)  # a mistyped path fails before pyarrow loads (0.3–0.5 s)
     options = {"strict": strict, "chunk_tokens": chunk_tokens, "device": device, "workers": workers, "backend": backend}
     return Dump(inputs, parse_columns(column), input_format=input_format, trust_pickle=trust_pickle, **options).opened()
 
@@ -724,10 +729,11 @@ def convert(
     """Write any dump rollout-diag reads (prime-rl, NeMo-RL, slime, SkyRL, verl, Parquet) as its canonical
     Parquet sequence layout: zstd, one row group per step, per-row columns (reward, advantage, policy_version…)
     kept. `analyze` on the result gives the same numbers."""
+    sources = dump_inputs(inputs, input_format, trust_pickle)
     from rollout_diag.io.convert import convert as run_convert
 
     result = run_convert(
-        dump_inputs(inputs, input_format, trust_pickle),
+        sources,
         output,
         partition=partition,
         columns=parse_columns(column),

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import math
 import unicodedata
+from typing import TYPE_CHECKING
 
-from rollout_diag.results import ExtraValue
+if TYPE_CHECKING:  # a type only: importing results would load numpy before an error message can print
+    from rollout_diag.results import ExtraValue
 
 FIXED_RANGE = (0.01, 1e4)  # |value| in this range prints as 0.01691 or 1234; outside it as 3.42e-3
 # Invisible characters that reorder or hide text (bidi overrides, zero-width): shown like control characters.

@@ -12,9 +12,9 @@ import rollout_diag
 HEAVY = ("torch", "pyarrow", "plotly")
 
 
-def loaded_after(code: str) -> set[str]:
-    """Heavy modules present in sys.modules after running ``code`` in a fresh interpreter."""
-    probe = f"{code}\nimport sys\nprint(' '.join(m for m in {HEAVY!r} if m in sys.modules))"
+def loaded_after(code: str, modules: tuple[str, ...] = HEAVY) -> set[str]:
+    """Which of ``modules`` (the heavy ones by default) are in sys.modules after ``code`` ran in a fresh interpreter."""
+    probe = f"{code}\nimport sys\nprint(' '.join(m for m in {modules!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
     return set(out.stdout.split())
 
@@ -57,3 +57,17 @@ def test_input_errors_come_before_torch(tmp_path, command):
             f"assert result.exit_code == 1 and {message!r} in result.output, result.output"
         )
         assert "torch" not in loaded_after(code)
+
+
+@pytest.mark.parametrize("command", ["analyze", "compare-presets", "convert"])
+def test_a_mistyped_path_is_reported_before_pyarrow_and_numpy_load(tmp_path, command):
+    """The commonest input error, a path that does not exist, is told without loading pyarrow or numpy (0.3–0.5 s
+    of a fresh process on the build machine), with the reader's own message."""
+    missing = tmp_path / "no" / "such.parquet"
+    extra = ["-o", str(tmp_path / "out.parquet")] if command == "convert" else []
+    code = (
+        "from typer.testing import CliRunner\nfrom rollout_diag.cli import app\n"
+        f"result = CliRunner().invoke(app, [{command!r}, {str(missing)!r}, *{extra!r}])\n"
+        f"assert result.exit_code == 1 and 'such.parquet: no such file or directory' in result.output, result.output"
+    )
+    assert loaded_after(code, modules=("pyarrow", "numpy", "torch")) == set()

@@ -161,6 +161,19 @@ class DirectoryWalker:
                 self._match(child(entry), rest, (*ancestors, key), out, False)
 
 
+def check_inputs_exist(inputs: Iterable[str | Path]) -> None:
+    """Raises expand_inputs's InputError for the first input that is neither a path that exists nor a pattern:
+    a check that needs no pyarrow, so the CLI reports a mistyped path before loading it."""
+    for given in inputs:
+        text = str(given)
+        if not Path(text).exists() and not _GLOB_CHARS & set(text):
+            raise _missing(text)
+
+
+def _missing(text: str) -> InputError:
+    return InputError(f"{text}: no such file or directory.")
+
+
 def expand_inputs(inputs: Iterable[str | Path], warnings: list[str] | None = None) -> list[Source]:
     """Resolve inputs in the order given; a directory contributes its ``*.parquet`` files, sorted.
 
@@ -202,7 +215,7 @@ def expand_inputs(inputs: Iterable[str | Path], warnings: list[str] | None = Non
         elif path.exists():
             add(path, None)
         else:
-            raise InputError(f"{text}: no such file or directory.")
+            raise _missing(text)
     if not sources:
         raise InputError("no input file given.")
     return sources
