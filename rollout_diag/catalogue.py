@@ -26,6 +26,10 @@ from dataclasses import dataclass
 
 from rollout_diag.presets import RS_OPTIONS
 
+# The contract's two constants (METRICS.md, Notation), here because every consumer may import this module:
+EPS = 1e-8  # verl's masked-mean denominator guard
+CLAMP = 20.0  # clamp20
+
 # Key prefixes, one per family: each family writes its keys as its PREFIX (one of these) + name.
 OFFPOLICY_PREFIX = "rollout_corr/"  # §1–§3, verl's rollout_corr_helper
 DEBUG_PREFIX = "training/"  # §5, verl's debug metrics

@@ -13,10 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from rollout_diag import catalogue
+from rollout_diag.catalogue import CLAMP, EPS
 from rollout_diag.results import RowStats
-
-EPS = 1e-8  # verl's masked-mean denominator guard (METRICS.md, Notation)
-CLAMP = 20.0  # clamp20 (METRICS.md, Notation)
 
 
 def _row_mean(rows: RowStats, name: str) -> np.ndarray:  # R_i[x] = S_i[x] / (n_i + 1e-8)

@@ -19,11 +19,10 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from rollout_diag.catalogue import CLAMP, EPS
 from rollout_diag.io.chunk import Chunk
 
 State = dict[str, np.ndarray]
-EPS = 1e-8  # verl's masked-mean denominator guard (METRICS.md, Notation)
-CLAMP = 20.0  # clamp20 (METRICS.md, Notation)
 
 
 # ----------------------------------------------------------------------- segment reductions (torch)
