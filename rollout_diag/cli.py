@@ -819,6 +819,7 @@ def check(
     debug: DebugOpt = False,
 ) -> None:
     """Gate a run for CI: exit 0 when every gate passes, 3 when one fails, 1 for bad input or an unknown metric."""
+    dump = open_dump(inputs, None, False, column, strict, chunk_tokens, device)
     from rollout_diag.decisions.check import load_gates, parse_gate
     from rollout_diag.engine import check_run
     from rollout_diag.render.decisions import check_table, junit_xml
@@ -830,16 +831,7 @@ def check(
         *(parse_gate(t, "min") for t in min_ or []),
     ]
     with progress_bar(inputs) as progress:
-        result = check_run(
-            [str(p) for p in inputs],
-            chosen,
-            per_step=per_step,
-            columns=parse_columns(column),
-            device=device,
-            strict=strict,
-            chunk_tokens=chunk_tokens,
-            progress=progress,
-        )
+        result = check_run(dump, chosen, per_step=per_step, progress=progress)
     if junit is not None:
         junit.write_text(junit_xml(result), encoding="utf-8")
         typer.echo(f"wrote {junit}", err=True)

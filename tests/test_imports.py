@@ -41,7 +41,7 @@ def test_unknown_name_is_an_attribute_error():
         rollout_diag.no_such_thing  # noqa: B018
 
 
-@pytest.mark.parametrize("command", ["analyze", "compare-presets", "sweep", "report", "inspect"])
+@pytest.mark.parametrize("command", ["analyze", "compare-presets", "sweep", "report", "inspect", "check"])
 def test_input_errors_come_before_torch(tmp_path, command):
     """A missing file or column is found by opening the footers, before the arithmetic loads torch (1–3 s)."""
     import pyarrow as pa
@@ -49,7 +49,11 @@ def test_input_errors_come_before_torch(tmp_path, command):
 
     no_roles = tmp_path / "no_roles.parquet"
     pq.write_table(pa.table({"x": [1, 2]}), no_roles)
-    extra = {"report": ["-o", str(tmp_path / "r.html")], "inspect": ["--sample", "s"]}.get(command, [])
+    extra = {
+        "report": ["-o", str(tmp_path / "r.html")],
+        "inspect": ["--sample", "s"],
+        "check": ["--gates", "default"],
+    }.get(command, [])
     for path, message in ((tmp_path / "missing.parquet", "no such file"), (no_roles, "no rollout logprob column")):
         code = (
             "from typer.testing import CliRunner\nfrom rollout_diag.cli import app\n"
@@ -59,12 +63,12 @@ def test_input_errors_come_before_torch(tmp_path, command):
         assert "torch" not in loaded_after(code)
 
 
-@pytest.mark.parametrize("command", ["analyze", "compare-presets", "convert"])
+@pytest.mark.parametrize("command", ["analyze", "compare-presets", "check", "convert"])
 def test_a_mistyped_path_is_reported_before_pyarrow_and_numpy_load(tmp_path, command):
     """The commonest input error, a path that does not exist, is told without loading pyarrow or numpy (0.3–0.5 s
     of a fresh process on the build machine), with the reader's own message."""
     missing = tmp_path / "no" / "such.parquet"
-    extra = ["-o", str(tmp_path / "out.parquet")] if command == "convert" else []
+    extra = {"convert": ["-o", str(tmp_path / "out.parquet")], "check": ["--gates", "default"]}.get(command, [])
     code = (
         "from typer.testing import CliRunner\nfrom rollout_diag.cli import app\n"
         f"result = CliRunner().invoke(app, [{command!r}, {str(missing)!r}, *{extra!r}])\n"
