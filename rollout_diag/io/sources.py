@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import fnmatch
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,8 @@ from pathlib import Path
 from rollout_diag.errors import InputError
 
 _GLOB_CHARS = set("*?[")
+# s3://, gs://, hf://, https://, file:// (a pathlib.Path, as the CLI hands them over, folds "//" into "/")
+_URI = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):/+(.*)", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -161,11 +164,33 @@ class DirectoryWalker:
                 self._match(child(entry), rest, (*ancestors, key), out, False)
 
 
+def remote_scheme(text: str) -> str | None:
+    """The URI scheme ``text`` starts with (``s3`` of ``s3://bucket/run``), or None for a local path."""
+    found = _URI.match(text)
+    return found.group(1).lower() if found else None
+
+
+def refuse_remote(text: str) -> None:
+    """Raises InputError when ``text`` is a URI (``s3://…``) rather than a local path that exists."""
+    found = _URI.match(text)
+    if found is not None and not Path(text).exists():
+        scheme = found.group(1).lower()
+        uri = f"{found.group(1)}://{'/' if scheme == 'file' else ''}{found.group(2)}"
+        raise InputError(
+            f"{uri}: {scheme}:// URIs are not read; rollout-diag reads local paths only.",
+            hint="mount the bucket (s3fs, gcsfuse, …) or copy the files to a local directory."
+            if scheme != "file"
+            else "give the path without file://.",
+        )
+
+
 def check_inputs_exist(inputs: Iterable[str | Path]) -> None:
-    """Raises expand_inputs's InputError for the first input that is neither a path that exists nor a pattern:
-    a check that needs no pyarrow, so the CLI reports a mistyped path before loading it."""
+    """Raises expand_inputs's InputError for the first input that is neither a path that exists nor a pattern,
+    or that is a URI (``s3://…``): a check that needs no pyarrow, so the CLI reports a mistyped path before
+    loading it."""
     for given in inputs:
         text = str(given)
+        refuse_remote(text)
         if not Path(text).exists() and not _GLOB_CHARS & set(text):
             raise _missing(text)
 
@@ -194,6 +219,7 @@ def expand_inputs(inputs: Iterable[str | Path], warnings: list[str] | None = Non
 
     for given in inputs:
         text = str(given)
+        refuse_remote(text)
         path = Path(text)
         if not path.exists() and _GLOB_CHARS & set(text):
             matches = walker.glob(text)

@@ -26,7 +26,7 @@ from typing import Any
 from rollout_diag.errors import ConfigError, InputError, option_name
 from rollout_diag.io.formats import nemo_rl, prime_rl, safe_pickle, skyrl, slime, verl_pickle
 from rollout_diag.io.formats.base import RowsFile, natural_key
-from rollout_diag.io.sources import DirectoryWalker, Source, expand_inputs
+from rollout_diag.io.sources import DirectoryWalker, Source, expand_inputs, refuse_remote
 
 PARQUET = "parquet"
 FORMAT_NAMES = (PARQUET, prime_rl.NAME, nemo_rl.NAME, slime.NAME, skyrl.NAME, verl_pickle.NAME)
@@ -133,6 +133,8 @@ def resolve(
     known format is found, or when inputs mix formats.
     """
     input_format = check_format(input_format)
+    for given in inputs:
+        refuse_remote(str(given))
     if input_format == PARQUET:
         return PARQUET, expand_inputs(inputs, warnings)
     found: list[tuple[Path, Path | None, str | None]] = []
