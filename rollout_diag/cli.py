@@ -266,21 +266,40 @@ def _size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
 
 
+def refuse_overwriting_inputs(outputs: dict[str, Path | None], *read: list[Path] | Path | str | None) -> None:
+    """Before anything is read or written: an output (library option name -> path) that is one of the files the
+    command reads (``read``: dumps, --from-json, --presets-file, --gates…), however spelled, is an error."""
+    from rollout_diag.errors import option_name
+    from rollout_diag.io.outputs import check_outputs
+
+    paths: list[Path | str] = []
+    for group in read:
+        if isinstance(group, list):
+            paths += group
+        elif group is not None:
+            paths.append(group)
+    check_outputs({option_name(name): path for name, path in outputs.items()}, paths)
+
+
 def emit(text: str, output: Path | None) -> None:
-    """Write a json/csv document to ``output`` or stdout."""
+    """Write a json/csv document to ``output`` (atomically: a temporary file renamed over it) or stdout."""
     if output is None:
         sys.stdout.write(text)
     else:
-        output.write_text(text, encoding="utf-8")
+        from rollout_diag.io.outputs import write_text
+
+        write_text(output, text)
         typer.echo(f"wrote {output}", err=True)
 
 
 def show(renderable: Any, output: Path | None) -> None:
-    """Print rich tables to the terminal, or write them as plain text (no colour) to ``output``."""
+    """Print rich tables to the terminal, or write them as plain text (no colour) to ``output`` (atomically)."""
     if output is None:
         _console().print(renderable)
         return
-    with output.open("w", encoding="utf-8") as handle:
+    from rollout_diag.io.outputs import atomic_path
+
+    with atomic_path(output) as temporary, temporary.open("w", encoding="utf-8") as handle:
         Console(file=handle, width=FILE_WIDTH, color_system=None, soft_wrap=False).print(renderable)
     typer.echo(f"wrote {output}", err=True)
 
@@ -371,6 +390,7 @@ def analyze(
 ) -> None:
     """Every mismatch metric (verl's names), per step and for the run, with a verdict on what looks unhealthy
     and hints at the likely root cause."""
+    refuse_overwriting_inputs({"output": output}, inputs)
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend)
     from rollout_diag.engine import analyze as run_analysis
     from rollout_diag.render.analysis import render_analysis
@@ -439,6 +459,7 @@ def inspect(
     row groups that can hold the row."""
     from dataclasses import asdict
 
+    refuse_overwriting_inputs({"output": output}, inputs)
     dump = open_dump(inputs, input_format, trust_pickle, column, device=device)
     from rollout_diag.engine import inspect_row
     from rollout_diag.render.export import to_json_text
@@ -475,6 +496,7 @@ def sweep(
 ) -> None:
     """Which threshold of each rejection option / IS truncation rejects a target share of tokens or
     sequences, and what verl's default thresholds reject on this data."""
+    refuse_overwriting_inputs({"output": output}, inputs)
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device)
     from rollout_diag.engine import threshold_sweep
     from rollout_diag.render.export import sweep_csv, to_json_text
@@ -535,6 +557,7 @@ def compare_presets(
 ) -> None:
     """What every rollout-correction preset (verl's 19, the legacy family, your own) would do to this data,
     side by side, plus the threshold sweep."""
+    refuse_overwriting_inputs({"output": output, "export_decisions_to": export_decisions}, inputs, presets_file)
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend)
     from rollout_diag.compare import compare_presets as run_comparison
     from rollout_diag.presets import choose_presets
@@ -654,10 +677,11 @@ def report(
 
     if from_json and inputs:
         raise ConfigError("give dump files or --from-json, not both.")
+    refuse_overwriting_inputs({"output": output}, inputs, from_json, vs, presets_file)
     dump = None
     if inputs:  # opened before the imports below load torch: a bad file fails at once
         dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend)
-    from rollout_diag.report import write_report
+    from rollout_diag.report import render_report
 
     if from_json:
         given = [name for name in LIVE_ONLY if _from_command_line(ctx, name)]
@@ -697,9 +721,13 @@ def report(
         comparison_ab = diff_runs([str(p) for p in inputs], [str(p) for p in vs], presets=preset or None, **options)
     shown = (preset or None) if from_json else None  # a live run already compared only these
     if analysis is None:  # a saved compare-presets result alone: the report derives the rest from it
-        path = write_report(comparison, output, title=title, presets=shown)
+        text = render_report(comparison, title=title, presets=shown)
     else:
-        path = write_report(analysis, output, comparison=comparison, title=title, presets=shown, diff=comparison_ab)
+        text = render_report(analysis, comparison=comparison, title=title, presets=shown, diff=comparison_ab)
+    from rollout_diag.io.outputs import write_text
+
+    write_text(output, text)  # atomic: a failed run leaves an earlier report as it was
+    path = output
     typer.echo(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)", err=True)
     if open_browser:
         import webbrowser
@@ -729,6 +757,10 @@ def convert(
     """Write any dump rollout-diag reads (prime-rl, NeMo-RL, slime, SkyRL, verl, Parquet) as its canonical
     Parquet sequence layout: zstd, one row group per step, per-row columns (reward, advantage, policy_version…)
     kept. `analyze` on the result gives the same numbers."""
+    from rollout_diag.errors import option_name
+    from rollout_diag.io.outputs import check_outputs
+
+    check_outputs({option_name("output"): output}, inputs, directories=(option_name("output"),))
     sources = dump_inputs(inputs, input_format, trust_pickle)
     from rollout_diag.io.convert import convert as run_convert
 
@@ -819,6 +851,7 @@ def check(
     debug: DebugOpt = False,
 ) -> None:
     """Gate a run for CI: exit 0 when every gate passes, 3 when one fails, 1 for bad input or an unknown metric."""
+    refuse_overwriting_inputs({"output": output, "junit": junit}, inputs, gates if gates != "default" else None)
     dump = open_dump(inputs, None, False, column, strict, chunk_tokens, device)
     from rollout_diag.decisions.check import load_gates, parse_gate
     from rollout_diag.engine import check_run
@@ -833,7 +866,9 @@ def check(
     with progress_bar(inputs) as progress:
         result = check_run(dump, chosen, per_step=per_step, progress=progress)
     if junit is not None:
-        junit.write_text(junit_xml(result), encoding="utf-8")
+        from rollout_diag.io.outputs import write_text
+
+        write_text(junit, junit_xml(result))
         typer.echo(f"wrote {junit}", err=True)
     if format is CheckFormat.json:
         emit(to_json_text(result.to_json()), output)
@@ -883,6 +918,7 @@ def diff(
 
     if len(inputs) > 2:
         fail(f"diff takes one or two dumps (A, B), not {len(inputs)}; quote a glob or use a directory for many files.")
+    refuse_overwriting_inputs({"output": output}, inputs)
     with progress_bar(inputs) as progress:
         result = diff_runs(
             str(inputs[0]),

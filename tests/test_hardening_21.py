@@ -3,13 +3,16 @@ rows in ``inspect``, malformed saved results, stray Parquet files beside a dump,
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
-from dumps import random_rows, write_sequence_dump
+from dumps import random_rows, seq_row, write_sequence_dump
 from typer.testing import CliRunner
 
 from rollout_diag.cli import app
+from rollout_diag.errors import ConfigError, InputError
+from rollout_diag.io.outputs import atomic_path, check_outputs
 
 runner = CliRunner()
 
@@ -30,9 +33,179 @@ def error_line(result) -> str:
     return lines[0]
 
 
+def hidden_files(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.rglob(".*"))
+
+
 @pytest.fixture
 def dump(tmp_path: Path) -> Path:
     return write_sequence_dump(tmp_path / "run.parquet", random_rows(0, steps=(0, 1), rows_per_step=3))
+
+
+# ------------------------------------------------------------------ an output that is an input is refused
+WRITING_COMMANDS = [
+    ("analyze", "{dump}", "-f", "json", "-o", "{out}"),
+    ("analyze", "{dump}", "-o", "{out}"),
+    ("compare-presets", "{dump}", "--export-decisions", "{out}"),
+    ("compare-presets", "{dump}", "-f", "json", "-o", "{out}"),
+    ("report", "{dump}", "-o", "{out}"),
+    ("sweep", "{dump}", "-o", "{out}"),
+    ("check", "{dump}", "--max", "rollout_corr/k3_kl=1", "--junit", "{out}"),
+    ("check", "{dump}", "--max", "rollout_corr/k3_kl=1", "-o", "{out}"),
+    ("diff", "{dump}", "--steps-a", "0:0", "--steps-b", "1:1", "-o", "{out}"),
+    ("inspect", "{dump}", "-o", "{out}"),
+    ("convert", "{dump}", "-o", "{out}", "--overwrite"),
+]
+
+
+@pytest.mark.parametrize("command", WRITING_COMMANDS, ids=lambda c: " ".join(c[:1] + c[2:3]))
+@pytest.mark.parametrize("spelling", ["same", "dot", "relative", "symlink", "hardlink"])
+def test_an_output_that_is_an_input_is_refused_and_the_input_kept(
+    dump: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: tuple, spelling: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    before = dump.read_bytes()
+    out = {
+        "same": str(dump),
+        "dot": f"./{dump.name}",
+        "relative": f"../{tmp_path.name}/{dump.name}",
+        "symlink": str(tmp_path / "link.parquet"),
+        "hardlink": str(tmp_path / "hard.parquet"),
+    }[spelling]
+    if spelling == "symlink":
+        os.symlink(dump, out)
+    if spelling == "hardlink":
+        os.link(dump, out)
+    args = [part.format(dump=dump, out=out) for part in command]
+    line = error_line(cli(*args))
+    assert "is an input" in line and "destroy" in line, line
+    assert dump.read_bytes() == before
+    assert hidden_files(tmp_path) == []
+
+
+def test_an_output_into_a_dump_directory_is_refused(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    first = write_sequence_dump(run / "step=0" / "part-0.parquet", random_rows(0, steps=(0,)))
+    before = first.read_bytes()
+    line = error_line(cli("analyze", run, "-f", "json", "-o", first))
+    assert "is an input" in line
+    # convert --partition over the directory that holds the input would delete it
+    line = error_line(cli("convert", run, "-o", run, "--partition", "step", "--overwrite"))
+    assert "holds an input" in line
+    assert first.read_bytes() == before
+
+
+def test_saved_results_and_presets_files_count_as_inputs(dump: Path, tmp_path: Path) -> None:
+    saved = tmp_path / "saved.json"
+    assert cli("analyze", dump, "-f", "json", "-o", saved).exit_code == 0
+    before = saved.read_bytes()
+    assert "is an input" in error_line(cli("report", "--from-json", saved, "-o", saved))
+    assert saved.read_bytes() == before
+    presets = tmp_path / "mine.yaml"
+    presets.write_text("mine:\n  rollout_is: token\n  rollout_is_threshold: 2.0\n")
+    assert "is an input" in error_line(cli("compare-presets", dump, "--presets-file", presets, "-o", presets))
+    assert presets.read_text().startswith("mine:")
+
+
+def test_two_outputs_that_are_one_file_are_refused(dump: Path, tmp_path: Path) -> None:
+    out = tmp_path / "gates.txt"
+    line = error_line(cli("check", dump, "--max", "rollout_corr/k3_kl=1", "--junit", out, "-o", out))
+    assert "same file" in line
+    assert not out.exists()
+
+
+def test_an_output_that_is_a_directory_is_refused(dump: Path, tmp_path: Path) -> None:
+    (tmp_path / "somewhere").mkdir()
+    assert "is a directory" in error_line(cli("analyze", dump, "-o", tmp_path / "somewhere"))
+
+
+def test_library_convert_refuses_overwriting_its_input(dump: Path) -> None:
+    from rollout_diag.io.convert import convert
+
+    before = dump.read_bytes()
+    with pytest.raises(ConfigError, match="is an input"):
+        convert(str(dump), dump, overwrite=True)
+    assert dump.read_bytes() == before
+
+
+def test_check_outputs_allows_new_and_unrelated_files(dump: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other.json"
+    other.write_text("{}")
+    check_outputs({"--output": other, "--junit": tmp_path / "new.xml", "--none": None}, [dump])
+    check_outputs({"--output": tmp_path / "x.json"}, [str(tmp_path / "*.parquet")])
+    with pytest.raises(ConfigError, match="No such file or directory"):  # said before a long run, not after
+        check_outputs({"--output": tmp_path / "missing" / "x.json"}, [dump])
+    with pytest.raises(ConfigError, match="is an input"):
+        check_outputs({"--output": dump}, [str(tmp_path / "*.parquet")])  # a glob names it
+
+
+# ------------------------------------------------------------------ atomic outputs
+def test_atomic_path_keeps_the_old_file_when_writing_fails(tmp_path: Path) -> None:
+    target = tmp_path / "result.json"
+    target.write_text("good")
+    with pytest.raises(RuntimeError), atomic_path(target) as temporary:
+        temporary.write_text("trunc")
+        raise RuntimeError("disk full")
+    assert target.read_text() == "good"
+    assert hidden_files(tmp_path) == []
+    with atomic_path(target) as temporary:
+        temporary.write_text("better")
+    assert target.read_text() == "better"
+    assert hidden_files(tmp_path) == []
+
+
+def test_atomic_path_writes_through_a_symlink_and_keeps_the_mode(tmp_path: Path) -> None:
+    real = tmp_path / "real.txt"
+    real.write_text("old")
+    real.chmod(0o640)
+    link = tmp_path / "link.txt"
+    link.symlink_to(real)
+    with atomic_path(link) as temporary:
+        temporary.write_text("new")
+    assert link.is_symlink() and real.read_text() == "new"
+    assert real.stat().st_mode & 0o777 == 0o640
+
+
+def test_a_failed_export_leaves_the_previous_decisions_file(tmp_path: Path) -> None:
+    rows = random_rows(0, steps=(0, 1), rows_per_step=3)
+    rows.append(seq_row(1, "bad", [-0.5, float("nan")], [-0.4, -0.3]))
+    dump = write_sequence_dump(tmp_path / "run.parquet", rows)
+    decisions = tmp_path / "decisions.parquet"
+    decisions.write_bytes(b"a good file from yesterday")
+    result = cli("compare-presets", dump, "--strict", "--export-decisions", decisions)
+    assert result.exit_code == 1
+    assert decisions.read_bytes() == b"a good file from yesterday"
+    assert hidden_files(tmp_path) == []
+
+
+def test_a_failed_convert_leaves_the_previous_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import rollout_diag.io.convert as convert_module
+
+    rows = random_rows(0, steps=(0, 1), rows_per_step=3)
+    dump = write_sequence_dump(tmp_path / "run.parquet", rows, row_group_size=3)  # two row groups, two batches
+    out = tmp_path / "out.parquet"
+    out.write_bytes(b"previous")
+    canonical = convert_module._canonical
+    calls = []
+
+    def fails_the_second_time(*args, **kwargs):  # a read error half-way through the input
+        calls.append(1)
+        if len(calls) > 1:
+            raise InputError("run.parquet: row 3: unreadable.")
+        return canonical(*args, **kwargs)
+
+    monkeypatch.setattr(convert_module, "_canonical", fails_the_second_time)
+    assert cli("convert", dump, "-o", out, "--overwrite").exit_code == 1
+    assert out.read_bytes() == b"previous"
+    assert hidden_files(tmp_path) == []
+    monkeypatch.undo()
+    assert cli("convert", dump, "-o", out, "--overwrite").exit_code == 0
+    assert out.read_bytes() != b"previous"
+    partitioned = tmp_path / "parts"
+    assert cli("convert", dump, "-o", partitioned, "--partition", "step").exit_code == 0
+    assert cli("convert", dump, "-o", partitioned, "--partition", "step", "--overwrite").exit_code == 0
+    assert sorted(p.name for p in partitioned.iterdir()) == ["step=0", "step=1"]
+    assert hidden_files(tmp_path) == []
 
 
 # ------------------------------------------------------------------ small inputs
@@ -47,3 +220,5 @@ def test_a_remote_uri_in_the_library_and_as_output(dump: Path, tmp_path: Path) -
 
     with pytest.raises(rd.RolloutDiagError, match="URIs are not read"):
         rd.analyze("s3://bucket/run.parquet", device="cpu")
+    line = error_line(cli("analyze", dump, "-o", "s3://bucket/out.json"))
+    assert "remote URIs are not written" in line

@@ -16,7 +16,7 @@ Memory: one step's rows (a row group is written whole).
 from __future__ import annotations
 
 import itertools
-import shutil
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 
 from rollout_diag.errors import ConfigError, InputError, option_name, where
 from rollout_diag.io.formats.base import SKIP_COLUMN, SKIP_REASON
+from rollout_diag.io.outputs import check_outputs, commit, discard, temporary_beside
 from rollout_diag.io.reader import (
     DEFAULT_CHUNK_TOKENS,
     DumpReader,
@@ -114,6 +115,12 @@ class _StepWriter:
         if self.writer is not None:
             self.writer.close()
 
+    def abandon(self) -> None:
+        """Close the open file without writing what is pending (the run failed)."""
+        self.pending = []
+        if self.writer is not None:
+            self.writer.close()
+
 
 def convert(
     inputs: str | Path | Sequence[str | Path],
@@ -134,11 +141,13 @@ def convert(
     if partition is not None and partition not in PARTITIONS:
         raise ConfigError(f"{option_name('partition')}={partition}: only 'step' is supported.")
     output = Path(output)
-    if output.exists() and not overwrite:
+    paths = [str(inputs)] if isinstance(inputs, (str, Path)) else list(inputs)
+    # before anything is read or written: --overwrite must never replace (or delete) an input
+    check_outputs({option_name("output"): output}, paths, directories=(option_name("output"),))
+    if os.path.lexists(output) and not overwrite:
         raise ConfigError(
             f"{output}: already exists.", hint=f"choose another path, or pass {option_name('overwrite')}."
         )
-    paths = [str(inputs)] if isinstance(inputs, (str, Path)) else list(inputs)
     reader = DumpReader(
         paths,
         columns,
@@ -152,14 +161,12 @@ def convert(
             f"{reader.log.files[0]}: token layout (one row per token); convert writes sequence-layout sources.",
             hint="analyse token-layout Parquet directly: it is already a layout rollout-diag reads.",
         )
-    if output.exists():
-        shutil.rmtree(output) if output.is_dir() else output.unlink()
-    if partition is not None:
-        output.mkdir(parents=True)
-    elif output.parent != Path(""):
+    if output.parent != Path(""):
         output.parent.mkdir(parents=True, exist_ok=True)
     schema, clashes = _schema(reader.files)
-    writer = _StepWriter(output, schema, partition)
+    # written beside OUT and renamed over it when complete: a failed run leaves OUT (if any) as it was
+    temporary = temporary_beside(output, directory=partition is not None)
+    writer = _StepWriter(temporary, schema, partition)
     try:
         for opened in reader.files:
             names = _column_names(opened) + [name for name in _all_extras(opened) if name not in opened.extras]
@@ -169,8 +176,15 @@ def convert(
                 starts = np.concatenate([[0], np.flatnonzero(steps[1:] != steps[:-1]) + 1, [len(steps)]])
                 for start, end in itertools.pairwise(starts):
                     writer.add(int(steps[start]), table.slice(int(start), int(end - start)))
-    finally:
         writer.close()
+        if writer.writer is None and partition is None:  # no row at all: still an (empty) Parquet file
+            pq.write_table(schema.empty_table(), temporary, compression="zstd")
+        commit(temporary, output)
+    except BaseException:
+        writer.abandon()
+        discard(temporary)
+        raise
+    written = [str(output / Path(path).relative_to(temporary)) if partition else str(output) for path in writer.files]
     repeated = sorted(step for step, parts in writer.written.items() if parts > 1)
     # the reader's notes on extra columns its tables leave out do not apply: convert writes every one
     not_shown = set(_extra_cap_warnings(reader.files))
@@ -184,7 +198,7 @@ def convert(
         inputs=list(reader.log.files),
         format=reader.log.format,
         output=str(output),
-        files=writer.files,
+        files=written,
         rows=writer.rows,
         steps=sorted(writer.written),
         warnings=warnings,

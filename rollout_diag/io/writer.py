@@ -28,6 +28,7 @@ import torch
 
 from rollout_diag.errors import ConfigError
 from rollout_diag.io.columns import ROLE_CANDIDATES
+from rollout_diag.io.outputs import commit, discard, temporary_beside
 from rollout_diag.io.reader import MAX_POSITIVE_LOGPROB
 
 log = logging.getLogger(__name__)
@@ -563,9 +564,12 @@ class RowTableWriter:
     def __init__(self, path: str | Path, columns: Sequence[tuple[str, str]], setting: str = "output") -> None:
         self.path = Path(path)
         self.schema = pa.schema([(name, _KINDS[kind]) for name, kind in columns])
-        try:
-            self._writer = pq.ParquetWriter(str(self.path), self.schema, compression="zstd")
+        try:  # written beside the target and renamed over it on close: a failed pass leaves the old file as it was
+            self._temporary = temporary_beside(self.path)
+            self._writer = pq.ParquetWriter(str(self._temporary), self.schema, compression="zstd")
         except (OSError, pa.ArrowException) as exc:
+            if hasattr(self, "_temporary"):
+                discard(self._temporary)
             raise ConfigError(f"{setting}={self.path}: cannot write ({' '.join(str(exc).split())}).") from None
 
     def write(self, columns: dict[str, Any]) -> None:
@@ -579,7 +583,10 @@ class RowTableWriter:
         self._writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema))
 
     def close(self) -> None:
+        """Finish the file and put it in place (replacing what was at the path)."""
         self._writer.close()
+        if os.path.lexists(self._temporary):
+            commit(self._temporary, self.path)
 
     def __enter__(self) -> RowTableWriter:
         return self
@@ -587,6 +594,8 @@ class RowTableWriter:
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
     ) -> None:
-        self.close()
-        if kind is not None:
-            self.path.unlink(missing_ok=True)
+        if kind is None:
+            self.close()
+            return
+        self._writer.close()
+        discard(self._temporary)

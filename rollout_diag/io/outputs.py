@@ -1,0 +1,217 @@
+"""Where commands write: refuse an output that is one of the inputs, and replace outputs atomically.
+
+Every command that writes a file checks its outputs against everything it reads *before* reading or writing
+anything (:func:`check_outputs`), and writes each output to a hidden temporary file beside it that is renamed
+over the target only when complete (:func:`atomic_path`), so a failed or interrupted run never leaves a
+truncated file where a good one was. Loads no pyarrow: the CLI calls it first.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+from rollout_diag.errors import ConfigError
+from rollout_diag.io.sources import _GLOB_CHARS, DirectoryWalker
+
+FileKey = tuple[int, int]  # (device, inode): one file however many links, `./` or relative spellings lead to it
+TEMPORARY_PREFIX = "."  # hidden: directory readers skip names starting with "." (io.sources)
+
+
+def _key(path: Path) -> FileKey | None:
+    try:
+        info = os.stat(path)  # follows symlinks
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+def _walk(directory: Path, walker: DirectoryWalker) -> Iterator[Path]:
+    """Every file under ``directory`` (any name: trainer formats read more than *.parquet), each real directory once."""
+    stack = [directory]
+    seen: set[FileKey] = set()
+    while stack:
+        current = stack.pop()
+        key = _key(current)
+        if key is None or key in seen:
+            continue
+        seen.add(key)
+        for entry in walker.entries(current):
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                continue
+            if is_dir:
+                stack.append(Path(entry.path))
+            else:
+                yield Path(entry.path)
+
+
+def input_files(inputs: Iterable[str | Path | None]) -> dict[FileKey, str]:
+    """(device, inode) -> path of every existing file that ``inputs`` name: files, directories (every file under
+    them) and glob patterns. Paths that do not exist are left out (reading them fails later, with its own error)."""
+    walker = DirectoryWalker(None)
+    found: dict[FileKey, str] = {}
+
+    def add(path: Path) -> None:
+        if path.is_dir():
+            for inner in _walk(path, walker):
+                add_file(inner)
+        else:
+            add_file(path)
+
+    def add_file(path: Path) -> None:
+        key = _key(path)
+        if key is not None:
+            found.setdefault(key, str(path))
+
+    for given in inputs:
+        if given is None:
+            continue
+        text = str(given)
+        path = Path(text)
+        if not os.path.lexists(path) and _GLOB_CHARS & set(text):
+            for match in walker.glob(text):
+                add(match)
+        else:
+            add(path)
+    return found
+
+
+def check_outputs(
+    outputs: Mapping[str, str | Path | None],
+    inputs: Iterable[str | Path | None],
+    *,
+    directories: Iterable[str] = (),
+) -> None:
+    """Raises ConfigError when an output (option flag -> path; None: not given) would replace or delete a file
+    the command reads (``inputs``: files, directories, globs), however the path spells it (symlinks, ``./``,
+    relative paths, hard links), when two outputs are one file, when an output's directory does not exist, or
+    when an output is an existing directory (unless its flag is in ``directories``: an output that may be a
+    directory and whose missing parents are made, like ``convert``'s). Reads nothing but file metadata."""
+    given = {flag: Path(path) for flag, path in outputs.items() if path is not None}
+    if not given:
+        return
+    _refuse_remote(given)
+    read = None
+    seen: dict[FileKey | str, str] = {}
+    for flag, path in given.items():
+        key = _key(path)
+        same = seen.get(key if key is not None else os.path.abspath(path))
+        if same is not None:
+            raise ConfigError(f"{flag} {path}: the same file as {same} {given[same]}; give each output its own path.")
+        seen[key if key is not None else os.path.abspath(path)] = flag
+        if key is None:  # a file that does not exist yet is no input; its directory must exist (or be made)
+            if flag not in directories and not path.absolute().parent.is_dir():
+                raise ConfigError(f"{flag} {path}: No such file or directory.")
+            continue
+        if read is None:
+            read = input_files(inputs)
+        if key in read:
+            raise ConfigError(
+                f"{flag} {path}: this is an input ({read[key]}); writing it would destroy the input. "
+                "Choose another output path."
+            )
+        if path.is_dir():
+            if flag not in directories:
+                raise ConfigError(f"{flag} {path}: is a directory; give a file name.")
+            inside = next((read[k] for p in _walk(path, DirectoryWalker(None)) if (k := _key(p)) in read), None)
+            if inside is not None:
+                raise ConfigError(
+                    f"{flag} {path}: this directory holds an input ({inside}); replacing it would destroy the input. "
+                    "Choose another output path."
+                )
+
+
+def _refuse_remote(outputs: Mapping[str, Path]) -> None:
+    from rollout_diag.io.sources import remote_scheme
+
+    for flag, path in outputs.items():
+        if remote_scheme(str(path)) is not None:
+            raise ConfigError(f"{flag} {path}: remote URIs are not written; write to a local path (then copy it).")
+
+
+def temporary_beside(target: str | Path, *, directory: bool = False) -> Path:
+    """A new, hidden temporary file (or empty directory) in ``target``'s directory, to be renamed over ``target``
+    by :func:`commit` or deleted by :func:`discard`. Raises OSError when that directory is missing or not writable
+    (a mistyped directory is not made)."""
+    target = _through_link(Path(target))
+    parent = target.parent
+    prefix = f"{TEMPORARY_PREFIX}{target.name}."
+    if directory:
+        return Path(tempfile.mkdtemp(prefix=prefix, suffix=".partial", dir=parent))
+    handle, name = tempfile.mkstemp(prefix=prefix, suffix=".partial", dir=parent)
+    os.close(handle)
+    return Path(name)
+
+
+def commit(temporary: Path, target: str | Path) -> None:
+    """Put the finished ``temporary`` (from :func:`temporary_beside`) in ``target``'s place, in one rename (a
+    directory: the old one is moved aside first and deleted once the new one is in)."""
+    target = _through_link(Path(target))
+    if not temporary.is_dir():
+        os.chmod(temporary, _file_mode(target))
+    _replace(temporary, target)
+
+
+def discard(temporary: Path) -> None:
+    """Delete an unfinished ``temporary``."""
+    if temporary.is_dir() and not temporary.is_symlink():
+        shutil.rmtree(temporary, ignore_errors=True)
+    else:
+        temporary.unlink(missing_ok=True)
+
+
+def _through_link(target: Path) -> Path:
+    # a symlink at the target is written through: the file it points to is replaced, the link stays
+    return Path(os.path.realpath(target)) if target.is_symlink() else target
+
+
+@contextmanager
+def atomic_path(target: str | Path, *, directory: bool = False) -> Iterator[Path]:
+    """A temporary path beside ``target`` (a file, or an empty directory with ``directory``) to write into; when
+    the block ends without an exception it replaces ``target`` (an existing file or directory there is replaced
+    only then), else it is deleted and ``target`` is left as it was."""
+    temporary = temporary_beside(target, directory=directory)
+    try:
+        yield temporary
+        commit(temporary, target)
+    except BaseException:
+        discard(temporary)
+        raise
+
+
+def _file_mode(target: Path) -> int:
+    """The mode a new file gets (0o666 less the umask), or the replaced file's own."""
+    try:
+        return os.stat(target).st_mode & 0o7777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _replace(temporary: Path, target: Path) -> None:
+    if temporary.is_dir() and os.path.lexists(target):
+        # a directory cannot be renamed over another: move the old one aside first, delete it once the new one is in
+        aside = Path(tempfile.mkdtemp(prefix=f"{TEMPORARY_PREFIX}{target.name}.", suffix=".old", dir=target.parent))
+        aside.rmdir()
+        os.replace(target, aside)
+        try:
+            os.replace(temporary, target)
+        except OSError:
+            os.replace(aside, target)
+            raise
+        shutil.rmtree(aside, ignore_errors=True) if aside.is_dir() else aside.unlink(missing_ok=True)
+        return
+    os.replace(temporary, target)
+
+
+def write_text(target: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``target`` atomically (see :func:`atomic_path`)."""
+    with atomic_path(target) as temporary:
+        temporary.write_text(text, encoding="utf-8")
