@@ -194,6 +194,7 @@ FLAGS = {
     "targets": "--target",
     "sample_id": "--sample",
     "export_decisions_to": "--export-decisions",
+    "whole_row": "--all",
 }
 
 
@@ -447,6 +448,14 @@ def inspect(
             "--window", help="How many tokens to show (default 100; alone: around the largest |δ|).", metavar="N"
         ),
     ] = None,
+    whole_row: Annotated[
+        bool,
+        typer.Option(
+            "--all",
+            help="List every token of the row. Without it a row longer than 1000 tokens shows 100 around its "
+            "largest |δ| (in the table and the JSON).",
+        ),
+    ] = False,
     column: ColumnOpt = None,
     device: DeviceOpt = "auto",
     format: Annotated[RowFormat, typer.Option("--format", "-f", help="table (terminal) or json.")] = RowFormat.table,
@@ -472,6 +481,7 @@ def inspect(
         row=row,
         around=around,
         window=window,
+        whole_row=whole_row,
     )
     if format is RowFormat.json:
         emit(to_json_text({**asdict(tokens), "log_ratio": tokens.log_ratio}), output)

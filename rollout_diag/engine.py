@@ -135,6 +135,7 @@ def threshold_sweep(
 
 
 DEFAULT_WINDOW = 100  # tokens shown by ``inspect --around`` without ``--window``
+LONG_ROW = 1000  # a longer row is shown as DEFAULT_WINDOW tokens around its largest |δ| unless the whole is asked for
 
 
 @reads_dump
@@ -146,6 +147,7 @@ def inspect_row(
     row: str | None = None,
     around: int | None = None,
     window: int | None = None,
+    whole_row: bool = False,
     columns: Mapping[str, str] | None = None,
     device: str | torch.device = "auto",
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
@@ -155,9 +157,16 @@ def inspect_row(
 
     Only the row groups that can hold the row are read (row-group statistics on step and sample id). ``around``
     and ``window`` list only ``window`` tokens centred on position ``around`` (``window`` alone: centred on the
-    largest |δ|); the result's ``start`` and ``row_length`` say where they sit. Raises DataError when no row (or
-    more than one, without ``step``) matches, InputError / ConfigError for a bad ``row`` or window.
+    largest |δ|); the result's ``start`` and ``row_length`` say where they sit. Without them a row longer than
+    ``LONG_ROW`` tokens is listed as ``DEFAULT_WINDOW`` tokens around its largest |δ| (a 2 M-token row would take
+    minutes and gigabytes to list), unless ``whole_row``. Raises DataError when no row (or more than one, without
+    ``step``) matches, InputError / ConfigError for a bad ``row`` or window.
     """
+    if whole_row and (around is not None or window is not None):
+        raise ConfigError(
+            f"{option_name('whole_row')} lists the whole row: leave out {option_name('around')} and "
+            f"{option_name('window')}."
+        )
     if around is not None and (isinstance(around, bool) or not isinstance(around, Integral) or around < 0):
         raise ConfigError(f"{option_name('around')}={around}: must be a token position (0 or more).")
     if window is not None and (isinstance(window, bool) or not isinstance(window, Integral) or window < 1):
@@ -174,7 +183,7 @@ def inspect_row(
         for chunk, _ in reader.chunks(torch_device):
             for index, (file, candidate) in enumerate(zip(chunk.file, chunk.file_row, strict=True)):
                 if file == path and candidate == file_row:
-                    return _row_window(chunk, index, around, window)
+                    return _row_window(chunk, index, around, window, whole_row)
         skipped = next((r for r in reader.log.skipped if r.file == path and r.row == file_row), None)
         why = f"it was skipped: {skipped.reason}" if skipped else "it is not the first row of a sequence"
         raise DataError(f"{where(path, file_row)}no row to inspect ({why}).")
@@ -194,7 +203,7 @@ def inspect_row(
             for index in np.flatnonzero(eligible).tolist():
                 key = (int(chunk.step[index]), chunk.sample_id[index], chunk.file[index], chunk.file_row[index])
                 if best is None or (-score[index], key) < (-best[0], best[1]):
-                    best, found = (float(score[index]), key), _row_window(chunk, index, around, window)
+                    best, found = (float(score[index]), key), _row_window(chunk, index, around, window, whole_row)
         if found is None:
             in_step = "" if step is None else f" in step {step}"
             raise DataError(f"{', '.join(reader.log.files)}: no row with a model token{in_step} to inspect.")
@@ -203,7 +212,7 @@ def inspect_row(
     for chunk, _ in reader.chunks(torch_device):
         for index, candidate in enumerate(chunk.sample_id):
             if candidate == sample_id and (step is None or int(chunk.step[index]) == step):
-                matches.append(_row_window(chunk, index, around, window))
+                matches.append(_row_window(chunk, index, around, window, whole_row))
     if not matches:
         in_step = "" if step is None else f" in step {step}"
         raise DataError(f"{where_}: no row with sample id '{sample_id}'{in_step}.")
@@ -219,11 +228,12 @@ def inspect_row(
     return matches[0]
 
 
-def _row_window(chunk: Chunk, index: int, around: int | None, window: int | None) -> RowTokens:
-    """Row ``index`` of ``chunk``, all of it or the window of ``window`` tokens centred on ``around``."""
+def _row_window(chunk: Chunk, index: int, around: int | None, window: int | None, whole_row: bool = False) -> RowTokens:
+    """Row ``index`` of ``chunk``: all of it, or the window of ``window`` tokens centred on ``around`` (by default,
+    for a row longer than LONG_ROW, DEFAULT_WINDOW tokens around the largest |δ|)."""
     begin, end = int(chunk.offsets[index]), int(chunk.offsets[index + 1])
     length = end - begin
-    if around is None and window is None:
+    if whole_row or (around is None and window is None and length <= LONG_ROW):
         first, last = 0, length
     else:
         if around is None:  # centred on the largest |δ| among model tokens

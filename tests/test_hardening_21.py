@@ -222,3 +222,66 @@ def test_a_remote_uri_in_the_library_and_as_output(dump: Path, tmp_path: Path) -
         rd.analyze("s3://bucket/run.parquet", device="cpu")
     line = error_line(cli("analyze", dump, "-o", "s3://bucket/out.json"))
     assert "remote URIs are not written" in line
+
+
+# ------------------------------------------------------------------ inspect on a huge row
+def _long_row_dump(path: Path, length: int, worst: int) -> Path:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    trainer = -rng.exponential(1.0, length).astype(np.float32)
+    rollout = np.minimum(trainer + rng.normal(0, 0.05, length).astype(np.float32), 0)
+    rollout[worst] = trainer[worst] - 3  # the largest |δ|
+    mask = np.ones(length, np.int8)
+    mask[::50] = 0
+
+    def lists(values: np.ndarray, kind: pa.DataType) -> pa.Array:
+        return pa.ListArray.from_arrays(pa.array([0, length], pa.int32()), pa.array(values, kind))
+
+    table = pa.table(
+        {
+            "step": pa.array([0], pa.int64()),
+            "sample_id": ["long"],
+            "rollout_log_probs": lists(rollout, pa.float32()),
+            "old_log_probs": lists(trainer, pa.float32()),
+            "response_mask": lists(mask, pa.int8()),
+        }
+    )
+    pq.write_table(table, path)
+    return path
+
+
+def test_inspect_on_a_2m_token_row_returns_a_window_in_seconds(tmp_path: Path) -> None:
+    import json
+    import time
+
+    dump = _long_row_dump(tmp_path / "long.parquet", 2_000_000, 1_234_567)
+    started = time.process_time()
+    result = cli("inspect", dump, "--device", "cpu")
+    table = result.stdout
+    document = json.loads(cli("inspect", dump, "--device", "cpu", "-f", "json").stdout)
+    # before: the whole row was listed (2 M table lines; minutes and gigabytes); CPU time, not wall (shared machine)
+    assert time.process_time() - started < 60
+    assert result.exit_code == 0
+    header = " ".join(table.split())  # the header wraps at the terminal's width
+    assert "tokens 1234517–1234616 of 2000000 (showing 100; --window / --around / --all for more)" in header
+    assert len(table.splitlines()) < 150
+    assert len(document["mask"]) == len(document["log_ratio"]) == 100
+    assert document["start"] == 1_234_517 and document["row_length"] == 2_000_000
+
+
+def test_inspect_lists_short_rows_whole_and_long_ones_with_all(tmp_path: Path) -> None:
+    import json
+
+    short = _long_row_dump(tmp_path / "short.parquet", 1000, 10)
+    document = json.loads(cli("inspect", short, "--device", "cpu", "-f", "json").stdout)
+    assert len(document["mask"]) == 1000 and document["row_length"] is None
+    long = _long_row_dump(tmp_path / "long.parquet", 1001, 900)
+    document = json.loads(cli("inspect", long, "--device", "cpu", "-f", "json").stdout)
+    assert len(document["mask"]) == 100 and document["row_length"] == 1001
+    document = json.loads(cli("inspect", long, "--device", "cpu", "-f", "json", "--all").stdout)
+    assert len(document["mask"]) == 1001 and document["row_length"] is None
+    line = error_line(cli("inspect", long, "--device", "cpu", "--all", "--window", "5"))
+    assert "--all lists the whole row" in line and "--window" in line

@@ -25,7 +25,8 @@ def render_row(row: RowTokens) -> RenderableType:
     # round numbers are left out, since rounds that began before the window are not known here.
     windowed = row.start > 0 or (row.row_length is not None and row.row_length != len(row.mask))
     extent = (
-        f"tokens {row.start}–{row.start + len(row.mask) - 1} of {row.row_length}"
+        f"tokens {row.start}–{row.start + len(row.mask) - 1} of {row.row_length} (showing {len(row.mask)}; "
+        "--window / --around / --all for more)"
         if windowed
         else f"{len(row.mask)} tokens"
     )
