@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
+import typing
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -261,6 +263,10 @@ class AnalysisResult:
             raise InputError(
                 f"result has schema_version {version}, this rollout-diag reads up to {SCHEMA_VERSION}: upgrade"
             )
+        try:  # a field of the wrong shape: one line naming it
+            check_shape(cls, document, "", require=False)
+        except InputError as exc:
+            raise InputError(f"not an `analyze --format json` result: {exc.message}") from None
         values: dict[str, Any] = {}
         for spec in dataclasses.fields(cls):
             if spec.name not in document:
@@ -500,6 +506,14 @@ class ComparisonResult:
     @classmethod
     def from_json(cls, document: dict[str, Any]) -> ComparisonResult:
         """Inverse of ``to_json`` (``compare-presets --format json``); raises InputError for another document."""
+        what = "not a `compare-presets --format json` result"
+        if not isinstance(document, dict):
+            raise InputError(f"{what}: expected an object, found {_found(document)}.")
+        try:
+            check_shape(cls, document, "", require=False)
+            check_shape(dict[str, float], document.get("intrusive", {}), "intrusive")
+        except InputError as exc:
+            raise InputError(f"{what}: {exc.message}") from None
         try:
             intrusive = document.get("intrusive", {})
             return cls(
@@ -622,3 +636,111 @@ def load_results(paths: Sequence[str | Path]) -> tuple[AnalysisResult | None, Co
     analysis = found.get(AnalysisResult, (None, None))[1]
     comparison = found.get(ComparisonResult, (None, None))[1]
     return analysis, comparison  # type: ignore[return-value]
+
+
+# ------------------------------------------------------------------ the shape of a saved result
+_KIND_NAMES = {int: "a whole number", float: "a number", str: "a string", bool: "true or false", type(None): "null"}
+
+
+def check_shape(expected: Any, value: Any, path: str, *, require: bool = True) -> None:
+    """Raises InputError naming the field (``steps[3].metrics``) where ``value``, read from JSON, does not have the
+    shape of the type ``expected``: a result dataclass (an object with its fields; unknown keys are allowed, and
+    missing required ones are an error when ``require``), ``list[X]``, ``tuple[X, ...]``, ``dict[str, X]``, a union,
+    ``int``, ``float`` (null allowed: NaN and inf are written as null), ``str``, ``bool`` or ``Any``."""
+    problem = _shape_problem(expected, value, path, require)
+    if problem is not None:
+        where_, message = problem
+        raise InputError(f"field '{where_}': {message}." if where_ else f"{message}.")
+
+
+def _shape_problem(expected: Any, value: Any, path: str, require: bool = True) -> tuple[str, str] | None:
+    if expected is Any:
+        return None
+    if dataclasses.is_dataclass(expected):
+        if not isinstance(value, dict):
+            return path, f"expected an object, found {_found(value)}"
+        hints = _hints(expected)
+        for spec in dataclasses.fields(expected):
+            if spec.name not in value:  # a field that may be null may be left out (the run's step)
+                if require and _required(spec) and _shape_problem(hints[spec.name], None, "") is not None:
+                    return _join(path, spec.name), "missing"
+                continue
+            problem = _shape_problem(hints[spec.name], value[spec.name], _join(path, spec.name))
+            if problem is not None:
+                return problem
+        return None
+    origin, arguments = typing.get_origin(expected), typing.get_args(expected)
+    if origin in (typing.Union, types.UnionType):
+        problems = [_shape_problem(arm, value, path) for arm in arguments]
+        if all(problems):
+            deepest = max(problems, key=lambda problem: len(problem[0]))  # type: ignore[index]
+            if deepest[0] != path:  # the value has the right kind, but something inside it is wrong
+                return deepest
+            return path, f"expected {' or '.join(_describe(arm) for arm in arguments)}, found {_found(value)}"
+        return None
+    if origin in (list, tuple):
+        if not isinstance(value, list):
+            return path, f"expected a list, found {_found(value)}"
+        item = arguments[0] if arguments else Any
+        for index, element in enumerate(value):
+            problem = _shape_problem(item, element, f"{path}[{index}]")
+            if problem is not None:
+                return problem
+        return None
+    if origin is dict:
+        if not isinstance(value, dict):
+            return path, f"expected an object, found {_found(value)}"
+        item = arguments[1] if arguments else Any
+        for key, element in value.items():
+            problem = _shape_problem(item, element, _join(path, str(key)))
+            if problem is not None:
+                return problem
+        return None
+    if expected is float:
+        ok = value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+    elif expected is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif expected in (str, bool, type(None)):
+        ok = isinstance(value, expected)
+    else:
+        ok = True  # a type this check does not know: left to the constructor
+    return None if ok else (path, f"expected {_describe(expected)}, found {_found(value)}")
+
+
+def _hints(result_type: type) -> dict[str, Any]:
+    return typing.get_type_hints(result_type, globalns=globals())
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _describe(expected: Any) -> str:
+    if dataclasses.is_dataclass(expected) or typing.get_origin(expected) is dict:
+        return "an object"
+    if typing.get_origin(expected) in (list, tuple):
+        return "a list"
+    return _KIND_NAMES.get(expected, str(expected))
+
+
+def _found(value: Any) -> str:
+    """How a JSON value is named in an error: its JSON kind and (short) text."""
+    kind = (
+        "null"
+        if value is None
+        else "true/false"
+        if isinstance(value, bool)
+        else "a number"
+        if isinstance(value, (int, float))
+        else "a string"
+        if isinstance(value, str)
+        else "a list"
+        if isinstance(value, list)
+        else "an object"
+        if isinstance(value, dict)
+        else type(value).__name__
+    )
+    if isinstance(value, (list, dict)) or value is None:
+        return kind
+    text = repr(value)
+    return f"{kind} ({text[:40]}{'…' if len(text) > 40 else ''})"

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 from dumps import random_rows, seq_row, write_sequence_dump
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from rollout_diag.cli import app
@@ -285,3 +287,82 @@ def test_inspect_lists_short_rows_whole_and_long_ones_with_all(tmp_path: Path) -
     assert len(document["mask"]) == 1001 and document["row_length"] is None
     line = error_line(cli("inspect", long, "--device", "cpu", "--all", "--window", "5"))
     assert "--all lists the whole row" in line and "--window" in line
+
+
+# ------------------------------------------------------------------ saved results of the wrong shape
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+def _paths(document, prefix=()):
+    """Every (path to a value) in a JSON document, containers and leaves."""
+    yield prefix
+    if isinstance(document, dict):
+        for key, value in document.items():
+            yield from _paths(value, (*prefix, key))
+    elif isinstance(document, list):
+        for index, value in enumerate(document[:3]):
+            yield from _paths(value, (*prefix, index))
+
+
+def _replaced(document, path, value):
+    import copy
+
+    if not path:
+        return value
+    changed = copy.deepcopy(document)
+    parent = changed
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = value
+    return changed
+
+
+@pytest.fixture(scope="module")
+def saved_results(tmp_path_factory) -> dict:
+    import json
+
+    directory = tmp_path_factory.mktemp("saved")
+    dump = write_sequence_dump(directory / "run.parquet", random_rows(3, steps=(0, 1, 2), rows_per_step=4))
+    documents = {}
+    for command in ("analyze", "compare-presets"):
+        options = ("--preset", "verl") if command == "compare-presets" else ()
+        result = cli(command, dump, "--device", "cpu", "-f", "json", *options)
+        assert result.exit_code == 0, result.output
+        documents[command] = json.loads(result.stdout)
+    return documents
+
+
+@pytest.mark.parametrize(
+    ("document", "field"),
+    [
+        ({"run": 1, "steps": 2}, "field 'run': expected an object, found a number (1)"),
+        ({"run": {}, "steps": 2}, "field 'run.rows': missing"),
+        ({"presets": {"a": 1}, "inputs": [], "columns": {}}, "field 'presets': expected a list"),
+    ],
+)
+def test_report_from_json_of_the_wrong_shape_names_the_field(tmp_path: Path, document: dict, field: str) -> None:
+    import json
+
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps(document))
+    line = error_line(cli("report", "--from-json", saved, "-o", tmp_path / "report.html"))
+    assert line.startswith(f"Error: {saved}: not a") and field in line, line
+    assert not (tmp_path / "report.html").exists()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), kind=st.sampled_from(["analyze", "compare-presets"]))
+def test_loaders_of_saved_results_raise_one_line_input_errors_on_any_wrong_shape(saved_results, data, kind) -> None:
+    from rollout_diag.results import result_from_json
+
+    document = saved_results[kind]
+    path = data.draw(st.sampled_from(list(_paths(document))), label="path")
+    broken = _replaced(document, path, data.draw(JSON_VALUES, label="value"))
+    try:
+        result_from_json(broken)
+    except InputError as exc:
+        assert "\n" not in str(exc)
