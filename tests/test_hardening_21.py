@@ -366,3 +366,51 @@ def test_loaders_of_saved_results_raise_one_line_input_errors_on_any_wrong_shape
         result_from_json(broken)
     except InputError as exc:
         assert "\n" not in str(exc)
+
+
+# ------------------------------------------------------------------ a stray Parquet file beside the dump
+def _stats_file(path: Path) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"step": [0, 1], "loss": [0.5, 0.4], "grad_norm": [1.0, 0.9]}), path)
+    return path
+
+
+def test_an_unrelated_parquet_file_in_the_dump_directory_is_skipped_with_a_warning(tmp_path: Path) -> None:
+    import json
+
+    import rollout_diag as rd
+
+    run = tmp_path / "run"
+    rows = random_rows(0, steps=(0, 1), rows_per_step=3)
+    write_sequence_dump(run / "dump.parquet", rows)
+    alone = rd.analyze(str(run), device="cpu").to_json()
+    stats = _stats_file(run / "train_stats.parquet")
+    result = cli("analyze", run, "--device", "cpu", "-f", "json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["run"] == alone["run"] and document["steps"] == alone["steps"]
+    assert document["inputs"] == [str(run / "dump.parquet")]
+    (warning,) = [w for w in document["warnings"] if "train_stats" in w]
+    assert warning.startswith(f"{stats}: skipped: not part of the dump") and "loss" in warning
+    # by a glob too
+    assert cli("analyze", str(run / "*.parquet"), "--device", "cpu", "-f", "json").exit_code == 0
+
+
+def test_a_file_with_some_roles_or_named_alone_stays_an_error(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    run = tmp_path / "run"
+    write_sequence_dump(run / "dump.parquet", random_rows(0, steps=(0,), rows_per_step=3))
+    stats = _stats_file(tmp_path / "train_stats.parquet")
+    assert "no rollout logprob column" in error_line(cli("analyze", stats, "--device", "cpu"))
+    assert "no rollout logprob column" in error_line(cli("analyze", run / "dump.parquet", stats, "--device", "cpu"))
+    only_stats = tmp_path / "only"
+    _stats_file(only_stats / "a.parquet")
+    assert "no rollout logprob column" in error_line(cli("analyze", only_stats, "--device", "cpu"))
+    half = pa.table({"step": [0], "rollout_log_probs": pa.array([[-0.1, -0.2]], pa.list_(pa.float32()))})
+    pq.write_table(half, run / "half.parquet")
+    assert "no trainer logprob column" in error_line(cli("analyze", run, "--device", "cpu"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import queue
 import re
 import threading
@@ -29,7 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rollout_diag.errors import ColumnError, ConfigError, DataError, InputError, RolloutDiagError, option_name, where
-from rollout_diag.io.columns import ColumnMap, resolve_columns
+from rollout_diag.io.columns import ROLE_CANDIDATES, ColumnMap, resolve_columns
 from rollout_diag.io.formats import PARQUET, DumpInputs, input_options, open_source, resolve
 from rollout_diag.io.formats.base import SKIP_COLUMN, SKIP_REASON
 from rollout_diag.io.sources import Source
@@ -366,6 +367,30 @@ def _extra_columns(schema: pa.Schema, columns: ColumnMap) -> tuple[str, ...]:
     return tuple(extras)
 
 
+TOKEN_ROLES = ("rollout", "trainer", "mask", "token_ids", "tokens")  # per-token columns: what makes a file a dump
+
+
+def _normalised(path: Any) -> str:
+    return os.path.normpath(str(path))
+
+
+def _no_token_column(path: str, overrides: Mapping[str, str]) -> bool:
+    """Whether the Parquet file at ``path`` has none of the per-token columns (built-in names or the user's)."""
+    try:
+        names = set(pq.read_schema(path).names)
+    except (OSError, pa.ArrowException):
+        return False
+    wanted = {name for role in TOKEN_ROLES for name in ROLE_CANDIDATES[role]}
+    wanted |= {name for role, name in overrides.items() if role in TOKEN_ROLES}
+    return not names & wanted
+
+
+def _listed_columns(path: str, limit: int = 6) -> str:
+    names = pq.read_schema(path).names
+    shown = ", ".join(names[:limit]) + (f", … ({len(names)} in all)" if len(names) > limit else "")
+    return f"columns: {shown}" if names else "no columns"
+
+
 def _one_line(exc: BaseException) -> str:
     text = " ".join("".join(c if c.isprintable() else " " for c in str(exc)).split())
     return text[:200] + ("…" if len(text) > 200 else "")
@@ -409,7 +434,7 @@ class DumpReader:
             self.log.format = input_format or carried_format or PARQUET
         else:
             self.log.format, self.sources = resolve(given, input_format or carried_format, self.log.warnings)
-        self.files = [_open(source, self.overrides, self.log.format, self.trust_pickle) for source in self.sources]
+        self.files = self._open_sources(given)
         first = self.files[0]
         self.log.files = [f.source.path for f in self.files]
         # where each analysed row's (step, sample_id) key comes from: (file index, whether ids are real)
@@ -440,6 +465,32 @@ class DumpReader:
             if opened.parquet.metadata.num_rows == 0:
                 self.log.warnings.append(f"{opened.source.path}: file has no rows.")
         self.log.warnings.extend(_extra_cap_warnings(self.files))
+
+    def _open_sources(self, given: Sequence[Any]) -> list[_OpenFile]:
+        """Open every source. A Parquet file found in a directory or by a glob that has none of a dump's per-token
+        columns (training statistics beside the run) is left out with a warning naming it; a file named on its own,
+        or one with some of those columns but not all, is an error."""
+        named = {_normalised(item) for item in given if not isinstance(item, Source)}
+        opened: list[_OpenFile] = []
+        kept: list[Source] = []
+        first_error: ColumnError | None = None
+        for source in self.sources:
+            try:
+                opened.append(_open(source, self.overrides, self.log.format, self.trust_pickle))
+                kept.append(source)
+            except ColumnError as exc:
+                stray = self.log.format == PARQUET and _normalised(source.path) not in named
+                if not stray or not _no_token_column(source.path, self.overrides):
+                    raise
+                first_error = first_error or exc
+                self.log.warnings.append(
+                    f"{source.path}: skipped: not part of the dump (no logprob, mask or token column; "
+                    f"{_listed_columns(source.path)})."
+                )
+        if not opened:
+            raise first_error  # type: ignore[misc]  # every file was stray: say why the first one is not a dump
+        self.sources = kept
+        return opened
 
     def narrow(self, step: int | None = None, sample_id: str | None = None) -> None:
         """Read only the row groups that may hold rows of ``step`` / ``sample_id``, judged by the Parquet
