@@ -414,3 +414,10 @@ def test_a_file_with_some_roles_or_named_alone_stays_an_error(tmp_path: Path) ->
     half = pa.table({"step": [0], "rollout_log_probs": pa.array([[-0.1, -0.2]], pa.list_(pa.float32()))})
     pq.write_table(half, run / "half.parquet")
     assert "no trainer logprob column" in error_line(cli("analyze", run, "--device", "cpu"))
+
+
+def test_a_role_given_two_columns_is_an_error(dump: Path) -> None:
+    line = error_line(cli("analyze", dump, "--device", "cpu", "-c", "mask=a", "-c", "mask=b"))
+    assert "--column mask=a and mask=b: one column per role" in line
+    same = cli("analyze", dump, "--device", "cpu", "-c", "mask=response_mask", "-c", "mask=response_mask")
+    assert same.exit_code == 0, same.output

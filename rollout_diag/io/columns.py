@@ -48,7 +48,8 @@ class ColumnMap:
 
 
 def parse_overrides(specs: Iterable[str]) -> dict[str, str]:
-    """Parse ``role=name`` strings (the CLI's ``--column``) into a mapping; raises ConfigError."""
+    """Parse ``role=name`` strings (the CLI's ``--column``) into a mapping; raises ConfigError for a malformed spec,
+    an unknown role, or a role given two different columns (the same one twice is fine)."""
     overrides: dict[str, str] = {}
     for spec in specs:
         role, sep, name = spec.partition("=")
@@ -57,6 +58,11 @@ def parse_overrides(specs: Iterable[str]) -> dict[str, str]:
             raise ConfigError(f"{option_name('columns')}='{spec}': expected role=name, e.g. rollout=vllm_logprobs.")
         if role not in ROLE_CANDIDATES:
             raise ConfigError(f"{option_name('columns')}='{spec}': unknown role '{role}'. Roles: {', '.join(ROLES)}.")
+        if overrides.get(role, name) != name:  # the last one winning would silently ignore the first
+            raise ConfigError(
+                f"{option_name('columns')} {role}={overrides[role]} and {role}={name}: one column per role; "
+                "give it once."
+            )
         overrides[role] = name
     return overrides
 
