@@ -421,3 +421,28 @@ def test_a_role_given_two_columns_is_an_error(dump: Path) -> None:
     assert "--column mask=a and mask=b: one column per role" in line
     same = cli("analyze", dump, "--device", "cpu", "-c", "mask=response_mask", "-c", "mask=response_mask")
     assert same.exit_code == 0, same.output
+
+
+@pytest.mark.parametrize("layout", ["sequence", "token"])
+def test_an_integral_float_step_column_is_read_as_integers(tmp_path: Path, layout: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from dumps import sequence_table, token_table
+
+    import rollout_diag as rd
+
+    rows = random_rows(0, steps=(0, 1, 2), rows_per_step=3)
+    table = (sequence_table if layout == "sequence" else token_table)(rows)
+    expected = rd.analyze(str(write_sequence_dump(tmp_path / "int.parquet", rows)), device="cpu").to_json()
+    index = table.schema.get_field_index("step")
+    as_float = table.set_column(index, "step", table.column("step").cast(pa.float64()))  # what pandas writes
+    pq.write_table(as_float, tmp_path / "float.parquet")
+    result = rd.analyze(str(tmp_path / "float.parquet"), device="cpu").to_json()
+    assert result["run"] == expected["run"] and result["steps"] == expected["steps"]
+    # a value that is not whole is an error naming its row
+    steps = [float(v) for v in table.column("step").to_pylist()]
+    steps[4] = 1.5
+    broken = table.set_column(index, "step", pa.array(steps, pa.float64()))
+    pq.write_table(broken, tmp_path / "broken.parquet")
+    line = error_line(cli("analyze", tmp_path / "broken.parquet", "--device", "cpu"))
+    assert "row 4, column 'step': step 1.5 is not a whole number" in line

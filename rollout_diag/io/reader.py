@@ -297,7 +297,10 @@ def _open(
         name = columns.get(role)
         if name is not None and role not in columns.from_partition:
             data_type = schema.field(name).type
-            if not pa.types.is_integer(_plain(data_type)):
+            # a float step is accepted (pandas writes an int column as float64 once it holds a NaN): every value
+            # must be whole, which _whole_steps checks as it reads
+            floating_step = role == "step" and pa.types.is_floating(_plain(data_type))
+            if not (pa.types.is_integer(_plain(data_type)) or floating_step):
                 raise ColumnError(f"{where(source.path, column=name)}expected an integer {role}, found {data_type}.")
     if layout == "token" and "sample_id" not in columns:
         raise ColumnError(
@@ -805,7 +808,7 @@ def _row_groups(opened: _OpenFile, columns: list[str], rows_per_batch, reader: D
             for batch in opened.parquet.iter_batches(
                 batch_size=rows_per_batch(), row_groups=[group], columns=columns, use_threads=False
             ):
-                yield _decoded(batch), first_row + done
+                yield _whole_steps(opened, _decoded(batch), first_row + done), first_row + done
                 done += batch.num_rows
         except (OSError, pa.ArrowException) as exc:
             message = f"row group {group} cannot be decoded ({_one_line(exc)})"
@@ -817,6 +820,30 @@ def _row_groups(opened: _OpenFile, columns: list[str], rows_per_batch, reader: D
             for row in range(first_row + done, first_row + group_rows):
                 reader.log.skip(SkippedRow(path, row, None, f"row group {group} cannot be decoded"), False)
         first_row += group_rows
+
+
+def _whole_steps(opened: _OpenFile, batch: pa.RecordBatch, first_row: int) -> pa.RecordBatch:
+    """``batch`` with a float step column as int64 (nulls kept). Raises DataError naming the first row whose
+    step is not a whole number (2.5, inf, NaN)."""
+    role = "step"
+    name = opened.columns.get(role)
+    if name is None or role in opened.columns.from_partition or name not in batch.schema.names:
+        return batch
+    index = batch.schema.get_field_index(name)
+    values = batch.column(index)
+    if pa.types.is_floating(values.type):
+        numbers = values.to_numpy(zero_copy_only=False).astype(np.float64)  # nulls become NaN
+        valid = values.is_valid().to_numpy(zero_copy_only=False)
+        whole = np.isfinite(numbers) & (np.floor(numbers) == numbers)
+        bad = np.flatnonzero(valid & ~whole)
+        if len(bad):
+            row = int(bad[0])
+            raise DataError(
+                f"{where(opened.source.path, first_row + row, name)}step {float(numbers[row])!r} is not a whole number."
+            )
+        as_integers = pa.array(np.where(valid, numbers, 0).astype(np.int64), pa.int64(), mask=~valid)
+        batch = batch.set_column(index, name, as_integers)
+    return batch
 
 
 def _column_names(opened: _OpenFile) -> list[str]:
