@@ -446,3 +446,35 @@ def test_an_integral_float_step_column_is_read_as_integers(tmp_path: Path, layou
     pq.write_table(broken, tmp_path / "broken.parquet")
     line = error_line(cli("analyze", tmp_path / "broken.parquet", "--device", "cpu"))
     assert "row 4, column 'step': step 1.5 is not a whole number" in line
+
+
+def test_trainer_rows_a_constant_k_tokens_longer_are_named(tmp_path: Path) -> None:
+    import json
+
+    rows = random_rows(0, steps=(0, 1), rows_per_step=3)
+    for row in rows:
+        row["trainer"] = [-0.5] * 7 + row["trainer"]  # the trainer side kept the prompt's last 7 tokens
+    every = write_sequence_dump(tmp_path / "every.parquet", rows)
+    line = error_line(cli("analyze", every, "--device", "cpu"))
+    assert (
+        "the trainer side (old_log_probs) has 7 more tokens than rollout_log_probs (a prompt prefix?) in every row"
+        in (line)
+    )
+    most = random_rows(0, steps=(0, 1), rows_per_step=3)
+    for row in most[:-2]:
+        row["trainer"] = [-0.5] * 7 + row["trainer"]
+    document = json.loads(
+        cli("analyze", write_sequence_dump(tmp_path / "most.parquet", most), "--device", "cpu", "-f", "json").stdout
+    )
+    assert any(
+        "7 more tokens than rollout_log_probs (a prompt prefix?) in each of the 4 rows" in w
+        for w in document["warnings"]
+    )
+    mixed = random_rows(0, steps=(0, 1), rows_per_step=3)
+    for extra, row in enumerate(mixed[:-1]):
+        row["trainer"] = [-0.5] * (extra + 1) + row["trainer"]  # different lengths: a generic ragged skip only
+    document = json.loads(
+        cli("analyze", write_sequence_dump(tmp_path / "mixed.parquet", mixed), "--device", "cpu", "-f", "json").stdout
+    )
+    assert not any("prompt prefix" in w for w in document["warnings"])
+    assert document["skipped_rows"] == 5

@@ -77,6 +77,9 @@ class ReadLog:
     # (index into ``files``, file row). 16 bytes a row; exact up to hash collisions (2^-64 per pair).
     row_keys: list[np.ndarray] = field(default_factory=list, repr=False)
     row_places: list[np.ndarray] = field(default_factory=list, repr=False)
+    # Rows skipped for a list longer or shorter than the rollout's: (role, column, rollout column) -> {length
+    # difference: rows}. One difference in every row is a layout mistake worth naming (a prompt prefix).
+    length_offsets: dict[tuple[str, str, str], dict[int, int]] = field(default_factory=dict)
     finished: bool = False
 
     def merge(self, other: ReadLog) -> None:
@@ -91,6 +94,10 @@ class ReadLog:
             counts[1] += zeros
         self.row_keys += other.row_keys
         self.row_places += other.row_places
+        for key, offsets in other.length_offsets.items():
+            mine = self.length_offsets.setdefault(key, {})
+            for offset, rows in offsets.items():
+                mine[offset] = mine.get(offset, 0) + rows
 
     def finish(self) -> None:
         """Add the warnings that need every row seen (missing mask, duplicate rows); once, after the last merge."""
@@ -99,6 +106,20 @@ class ReadLog:
         self.finished = True
         self.warnings.extend(_mask_warnings(self) + _duplicate_warnings(self))
         self.row_keys, self.row_places = [], []
+        for note, rows in _length_offset_notes(self):
+            if rows == self.total_rows == self.skipped_rows:  # nothing left to analyse: the note is the error
+                raise DataError(
+                    f"{', '.join(self.files)}: {note} every row.",
+                    hint="dump the same tokens on both sides (the response's), or cut the extra tokens off first.",
+                )
+            self.warnings.append(f"{note} each of the {rows} rows skipped for it: cut them off to analyse those rows.")
+
+    def note_length_offsets(self, role: str, column: str, rollout: str, offsets: np.ndarray) -> None:
+        """Count rows skipped because ``column`` (of ``role``) is longer (offset > 0) than the rollout's list."""
+        counts = self.length_offsets.setdefault((role, column, rollout), {})
+        values, rows = np.unique(offsets, return_counts=True)
+        for offset, count in zip(values.tolist(), rows.tolist(), strict=True):
+            counts[offset] = counts.get(offset, 0) + count
 
     def skip(self, record: SkippedRow, strict: bool) -> None:
         if strict:
@@ -109,6 +130,23 @@ class ReadLog:
         self.skipped_rows += 1
         if len(self.skipped) < MAX_SKIP_RECORDS:
             self.skipped.append(record)
+
+
+def _length_offset_notes(log: ReadLog) -> list[tuple[str, int]]:
+    """(note, rows) for each column whose rows skipped as ragged all differ from the rollout's by one k ≠ 0 (at
+    least 2 rows): "the trainer side (old_log_probs) has 7 more tokens than rollout_log_probs in"."""
+    notes = []
+    for (role, column, rollout), offsets in log.length_offsets.items():
+        if len(offsets) != 1:
+            continue
+        ((offset, rows),) = offsets.items()
+        if rows < 2 or offset == 0:
+            continue
+        side = "the trainer side" if role == "trainer" else f"the {role}"
+        more = f"{offset} more" if offset > 0 else f"{-offset} fewer"
+        guess = " (a prompt prefix?)" if offset > 0 else " (a cut response?)"
+        notes.append((f"{side} ({column}) has {more} tokens than {rollout}{guess} in", rows))
+    return notes
 
 
 def _mask_warnings(log: ReadLog) -> list[str]:
@@ -987,6 +1025,9 @@ def _read_sequences(opened: _OpenFile, reader: DumpReader) -> Iterator[tuple[_Bl
             if role not in lengths:
                 continue
             ragged = np.flatnonzero(keep & (lengths[role] != reference))
+            if len(ragged):
+                offsets = lengths[role][ragged] - reference[ragged]
+                reader.log.note_length_offsets(role, names[role], names["rollout"], offsets)
             for row in ragged:
                 keep[row] = False
                 pending.append(
