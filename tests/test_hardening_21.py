@@ -478,3 +478,23 @@ def test_trainer_rows_a_constant_k_tokens_longer_are_named(tmp_path: Path) -> No
     )
     assert not any("prompt prefix" in w for w in document["warnings"])
     assert document["skipped_rows"] == 5
+
+
+def test_a_one_file_dumpwriter_killed_before_close_says_so(tmp_path: Path) -> None:
+    import numpy as np
+
+    import rollout_diag as rd
+
+    path = tmp_path / "run.parquet"
+    rollout = -np.ones((2, 3), dtype=np.float32) * 0.5
+    writer = rd.DumpWriter(path)
+    writer.write(0, rollout, rollout - 0.01, np.ones((2, 3)))
+    killed = tmp_path / "killed.parquet"
+    killed.write_bytes(path.read_bytes())  # what a job killed now leaves: no footer yet
+    writer.close()
+    line = error_line(cli("analyze", killed, "--device", "cpu"))
+    assert "not a readable Parquet file" in line
+    assert "was a DumpWriter killed before close()? Use the directory mode" in line
+    other = tmp_path / "other.parquet"
+    other.write_bytes(b"not parquet at all")
+    assert "DumpWriter" not in error_line(cli("analyze", other, "--device", "cpu"))

@@ -316,7 +316,14 @@ def _open(
         schema = parquet.schema_arrow
     except (OSError, pa.ArrowException, UnicodeDecodeError, ValueError) as exc:
         kind = "Parquet" if input_format == PARQUET else input_format
-        raise InputError(f"{source.path}: not a readable {kind} file ({_one_line(exc)}).") from exc
+        unfinished = input_format == PARQUET and _unfinished_parquet(source.path)
+        raise InputError(
+            f"{source.path}: not a readable {kind} file ({_one_line(exc)}).",
+            hint="it starts as Parquet but has no footer: was a DumpWriter killed before close()? Use the directory "
+            "mode (DumpWriter('run/')): each step's file is complete once written."
+            if unfinished
+            else None,
+        ) from exc
     columns = resolve_columns(source.path, schema.names, overrides, source.partition.keys())
     is_list, _ = _kind(schema.field(columns.names["rollout"]).type)
     layout = "sequence" if is_list else "token"
@@ -375,6 +382,20 @@ def _open(
         extras_left_out=extras[MAX_EXTRA_COLUMNS:],
         extras_long=long_text,
     )
+
+
+def _unfinished_parquet(path: str) -> bool:
+    """Whether ``path`` starts with Parquet's magic bytes but does not end with them: a writer that never closed."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(4)
+            handle.seek(0, os.SEEK_END)
+            if handle.tell() < 8:
+                return head == b"PAR1"
+            handle.seek(-4, os.SEEK_END)
+            return head == b"PAR1" and handle.read(4) != b"PAR1"
+    except OSError:
+        return False
 
 
 def _bytes_per_row(parquet: pq.ParquetFile, name: str) -> float | None:
