@@ -205,6 +205,17 @@ class Plan:
     row_len: np.ndarray
     step_factor: np.ndarray  # float64 [steps]: drift × jitter of σ
     catastrophic: list[dict]
+    # int64 [steps + 1]: first row of each step, then total_rows. --steps N spreads the rows over exactly N
+    # steps (sizes differ by at most one row); otherwise steps hold rows_per_step rows, the last one the rest.
+    step_starts: np.ndarray
+
+    def step_of(self, rows: np.ndarray) -> np.ndarray:
+        """The step of each row (int64)."""
+        return np.searchsorted(self.step_starts, rows, side="right").astype(np.int64) - 1
+
+    def sample_id(self, row: int) -> str:
+        step = int(self.step_of(np.asarray([row]))[0])
+        return _sample_id(step, row - int(self.step_starts[step]), self.rows_per_step)
 
 
 def _group_bounds(p: Params, g: int, total_rows: int) -> tuple[int, int]:
@@ -249,10 +260,14 @@ def make_plan(p: Params) -> Plan:
         last_cap = int(row_len[-1])
         if p.steps > 0:
             steps = min(p.steps, total_rows)
-            rows_per_step = math.ceil(total_rows / steps)
+            rows_per_step = math.ceil(total_rows / steps)  # the largest step (for sample id widths)
         else:
             rows_per_step = p.rows_per_step
             steps = math.ceil(total_rows / rows_per_step)
+    if p.tokens is not None and p.steps > 0:  # exactly the steps asked for (ceil-sized steps could end early)
+        step_starts = np.arange(steps + 1, dtype=np.int64) * total_rows // steps
+    else:
+        step_starts = np.minimum(np.arange(steps + 1, dtype=np.int64) * rows_per_step, total_rows)
     drift = 1.0 + p.step_drift * np.arange(steps) / max(steps - 1, 1)
     step_factor = drift * np.exp(0.05 * rng.standard_normal(steps))
 
@@ -265,7 +280,7 @@ def make_plan(p: Params) -> Plan:
     )
     chosen: dict[int, tuple[int, float, float]] = {}
     for step in range(steps if p.catastrophic > 0 else 0):
-        lo, hi = step * rows_per_step, min((step + 1) * rows_per_step, total_rows)
+        lo, hi = int(step_starts[step]), int(step_starts[step + 1])
         candidates = lo + np.flatnonzero(n_model[lo:hi] > 0)
         if candidates.size == 0:
             continue
@@ -292,10 +307,11 @@ def make_plan(p: Params) -> Plan:
             k = int(np.searchsorted(before, ordinal, side="right") - 1)
             seg = segs[k]
             rollout32, old32 = np.float32(rollout), np.float32(old)
+            step = int(np.searchsorted(step_starts, row, side="right")) - 1
             catastrophic.append(
                 {
-                    "step": row // rows_per_step,
-                    "sample_id": _sample_id(row // rows_per_step, row % rows_per_step, rows_per_step),
+                    "step": step,
+                    "sample_id": _sample_id(step, row - int(step_starts[step]), rows_per_step),
                     "row": row,
                     "position": int(s.seg_start[seg] + ordinal - before[k]),
                     "round": int(s.seg_round[seg]),
@@ -304,7 +320,7 @@ def make_plan(p: Params) -> Plan:
                     "delta": float(old32 - rollout32),
                 }
             )
-    return Plan(total_rows, steps, rows_per_step, last_cap, empty_row, row_len, step_factor, catastrophic)
+    return Plan(total_rows, steps, rows_per_step, last_cap, empty_row, row_len, step_factor, catastrophic, step_starts)
 
 
 def _sample_id(step: int, index: int, rows_per_step: int) -> str:
@@ -416,7 +432,7 @@ def _group_table(p: Params, plan: Plan, g: int, schema: pa.Schema, vocab: pa.Arr
     s = _group_structure(p, plan.total_rows, plan.last_row_cap, plan.empty_row, g)
     rng = np.random.default_rng([p.seed, 2, g])
     rows = np.arange(start, stop)
-    step = rows // plan.rows_per_step
+    step = plan.step_of(rows)
 
     # Per-segment parameters, broadcast to tokens with one np.repeat each. σ is 0 at environment
     # segments, which makes the trainer's logprob there equal to the drawn teacher-forced value.
@@ -456,7 +472,7 @@ def _group_table(p: Params, plan: Plan, g: int, schema: pa.Schema, vocab: pa.Arr
         model_ids = (u * u * len(MODEL_PIECES)).astype(np.int32)  # Zipf-like: low ids frequent
         env_ids = len(MODEL_PIECES) + (u * len(ENV_PIECES)).astype(np.int32)
         ids = np.where(mask.view(bool), model_ids, env_ids)
-    index_in_step = rows % plan.rows_per_step
+    index_in_step = rows - plan.step_starts[step]
     sample_ids = pa.array(
         [_sample_id(int(a), int(b), plan.rows_per_step) for a, b in zip(step, index_in_step, strict=True)],
         pa.string(),
@@ -505,10 +521,8 @@ def _metadata(p: Params, plan: Plan, extra: dict[str, str] | None = None) -> dic
         "all_mask0_rows": json.dumps(
             [
                 {
-                    "step": plan.empty_row // plan.rows_per_step,
-                    "sample_id": _sample_id(
-                        plan.empty_row // plan.rows_per_step, plan.empty_row % plan.rows_per_step, plan.rows_per_step
-                    ),
+                    "step": int(plan.step_of(np.asarray([plan.empty_row]))[0]),
+                    "sample_id": plan.sample_id(plan.empty_row),
                     "row": plan.empty_row,
                 }
             ]
@@ -905,6 +919,8 @@ def main(argv: list[str] | None = None) -> int:
         f"wrote {out}: {plan.steps} steps, {plan.total_rows:,} rows, {n_tok:,} tokens, "
         f"{os.path.getsize(out):,} bytes in {seconds:.2f} s ({n_tok / seconds / 1e6:.1f} M tokens/s)"
     )
+    if p.steps > plan.steps:
+        print(f"(--steps {p.steps} asked for more steps than the {plan.total_rows} rows the token budget makes)")
     print(f"all-mask-0 row: {_metadata(p, plan)['all_mask0_rows']}")
     if len(plan.catastrophic) <= 60:
         for c in plan.catastrophic:

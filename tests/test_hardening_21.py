@@ -498,3 +498,32 @@ def test_a_one_file_dumpwriter_killed_before_close_says_so(tmp_path: Path) -> No
     other = tmp_path / "other.parquet"
     other.write_bytes(b"not parquet at all")
     assert "DumpWriter" not in error_line(cli("analyze", other, "--device", "cpu"))
+
+
+def test_make_synthetic_writes_the_steps_it_says(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+    import sys
+
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    script = Path(__file__).resolve().parent.parent / "sample_data" / "make_synthetic.py"
+    spec = importlib.util.spec_from_file_location("make_synthetic", script)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "make_synthetic", module)  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    out = tmp_path / "s40.parquet"
+    # 200 000 tokens make 108 rows: ceil-sized steps of 3 rows ended after 36 steps while it printed 40
+    assert module.main(["--tokens", "200000", "--steps", "40", "--out", str(out)]) == 0
+    assert "40 steps, 108 rows" in capsys.readouterr().out
+    table = pq.read_table(out)
+    assert sorted(pc.unique(table.column("step")).to_pylist()) == list(range(40))
+    assert table.schema.metadata[b"steps"] == b"40"
+    sizes = pc.value_counts(table.column("step")).field("counts").to_pylist()
+    assert max(sizes) - min(sizes) <= 1
+    # the bundled sample (no --tokens) is unchanged by the fix
+    sample = tmp_path / "sample.parquet"
+    assert module.main(["--out", str(sample)]) == 0
+    assert pq.read_table(sample).equals(pq.read_table(script.parent / "synthetic_multiturn.parquet"))
