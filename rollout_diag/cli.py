@@ -18,11 +18,30 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console, Group
+from typer.core import TyperGroup
 
 from rollout_diag.dump import DEFAULT_CHUNK_TOKENS as CHUNK_TOKENS  # dump.py loads no pyarrow: --help stays light
 from rollout_diag.errors import RolloutDiagError
 
+COMMAND_ORDER = ("analyze", "compare-presets", "sweep", "report", "inspect", "check", "diff", "convert")  # README's
+
+
+class CommandsInReadmeOrder(TyperGroup):
+    """``--help`` lists the commands in the README's order, each with its whole first paragraph (never cut "...")."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        names = super().list_commands(ctx)
+        return sorted(names, key=lambda name: COMMAND_ORDER.index(name) if name in COMMAND_ORDER else len(names))
+
+    def get_command(self, ctx: Any, name: str) -> Any:
+        command = super().get_command(ctx, name)
+        if command is not None and command.short_help is None and command.help:
+            command.short_help = " ".join(command.help.strip().split("\n\n")[0].split())
+        return command
+
+
 app = typer.Typer(
+    cls=CommandsInReadmeOrder,
     name="rollout-diag",
     help="Diagnose training–inference logprob mismatch in RL for LLMs, offline, from Parquet dumps.",
     no_args_is_help=True,
@@ -390,7 +409,14 @@ def analyze(
     debug: DebugOpt = False,
 ) -> None:
     """Every mismatch metric (verl's names), per step and for the run, with a verdict on what looks unhealthy
-    and hints at the likely root cause."""
+    and hints at the likely root cause.
+
+    \b
+    Examples:
+      rollout-diag analyze run/
+      rollout-diag analyze 'run/step=*/*.parquet' -f json -o result.json
+      rollout-diag analyze run.parquet -c rollout=vllm_logprobs --all-steps
+    """
     refuse_overwriting_inputs({"output": output}, inputs)
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend)
     from rollout_diag.engine import analyze as run_analysis
@@ -465,7 +491,14 @@ def inspect(
     debug: DebugOpt = False,
 ) -> None:
     """One row token by token: position, round, token, both logprobs and δ, coloured by |δ|. Reads only the
-    row groups that can hold the row."""
+    row groups that can hold the row.
+
+    \b
+    Examples:
+      rollout-diag inspect run/ -s s10-013
+      rollout-diag inspect run/ --row step=3/rank-0.parquet:12 --window 40
+      rollout-diag inspect run/ --step 7 -f json
+    """
     from dataclasses import asdict
 
     refuse_overwriting_inputs({"output": output}, inputs)
@@ -505,7 +538,13 @@ def sweep(
     debug: DebugOpt = False,
 ) -> None:
     """Which threshold of each rejection option / IS truncation rejects a target share of tokens or
-    sequences, and what verl's default thresholds reject on this data."""
+    sequences, and what verl's default thresholds reject on this data.
+
+    \b
+    Examples:
+      rollout-diag sweep run/
+      rollout-diag sweep run/ --target 0.001,0.01 -f json -o sweep.json
+    """
     refuse_overwriting_inputs({"output": output}, inputs)
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device)
     from rollout_diag.engine import threshold_sweep
@@ -566,7 +605,14 @@ def compare_presets(
     debug: DebugOpt = False,
 ) -> None:
     """What every rollout-correction preset (verl's 19, the legacy family, your own) would do to this data,
-    side by side, plus the threshold sweep."""
+    side by side, plus the threshold sweep.
+
+    \b
+    Examples:
+      rollout-diag compare-presets run/
+      rollout-diag compare-presets run/ --preset verl --sort intrusiveness
+      rollout-diag compare-presets run/ --export-decisions decisions.parquet
+    """
     refuse_overwriting_inputs({"output": output, "export_decisions_to": export_decisions}, inputs, presets_file)
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend)
     from rollout_diag.compare import compare_presets as run_comparison
@@ -682,7 +728,14 @@ def report(
     trust_pickle: TrustPickleOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """One self-contained HTML file (no network needed) showing where and why rollout and trainer disagree."""
+    """One self-contained HTML file (no network needed) showing where and why rollout and trainer disagree.
+
+    \b
+    Examples:
+      rollout-diag report run/ -o report.html --open
+      rollout-diag report --from-json result.json -o report.html
+      rollout-diag report before/ --vs after/ -o ab.html
+    """
     from rollout_diag.errors import ConfigError
 
     if from_json and inputs:
@@ -728,7 +781,12 @@ def report(
         from rollout_diag.engine import diff_runs
 
         options = {"columns": parse_columns(column), "device": device, "strict": strict, "chunk_tokens": chunk_tokens}
-        comparison_ab = diff_runs([str(p) for p in inputs], [str(p) for p in vs], presets=preset or None, **options)
+        comparison_ab = diff_runs(
+            dump_inputs(inputs, input_format, trust_pickle),
+            dump_inputs(vs, input_format, trust_pickle),
+            presets=preset or None,
+            **options,
+        )
     shown = (preset or None) if from_json else None  # a live run already compared only these
     if analysis is None:  # a saved compare-presets result alone: the report derives the rest from it
         text = render_report(comparison, title=title, presets=shown)
@@ -766,7 +824,13 @@ def convert(
 ) -> None:
     """Write any dump rollout-diag reads (prime-rl, NeMo-RL, slime, SkyRL, verl, Parquet) as its canonical
     Parquet sequence layout: zstd, one row group per step, per-row columns (reward, advantage, policy_version…)
-    kept. `analyze` on the result gives the same numbers."""
+    kept. `analyze` on the result gives the same numbers.
+
+    \b
+    Examples:
+      rollout-diag convert token_exports/ -o run.parquet
+      rollout-diag convert rollouts/ -o run/ --partition step --overwrite
+    """
     from rollout_diag.errors import option_name
     from rollout_diag.io.outputs import check_outputs
 
@@ -858,11 +922,19 @@ def check(
     device: DeviceOpt = "auto",
     strict: StrictOpt = False,
     chunk_tokens: ChunkOpt = CHUNK_TOKENS,
+    input_format: InputFormatOpt = None,
+    trust_pickle: TrustPickleOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Gate a run for CI: exit 0 when every gate passes, 3 when one fails, 1 for bad input or an unknown metric."""
+    """Gate a run for CI: exit 0 when every gate passes, 3 when one fails, 1 for bad input or an unknown metric.
+
+    \b
+    Examples:
+      rollout-diag check run/ --gates default
+      rollout-diag check run/ --max rollout_corr/k3_kl=1e-3 --junit gates.xml
+    """
     refuse_overwriting_inputs({"output": output, "junit": junit}, inputs, gates if gates != "default" else None)
-    dump = open_dump(inputs, None, False, column, strict, chunk_tokens, device)
+    dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device)
     from rollout_diag.decisions.check import load_gates, parse_gate
     from rollout_diag.engine import check_run
     from rollout_diag.render.decisions import check_table, junit_xml
@@ -918,10 +990,18 @@ def diff(
     device: DeviceOpt = "auto",
     strict: StrictOpt = False,
     chunk_tokens: ChunkOpt = CHUNK_TOKENS,
+    input_format: InputFormatOpt = None,
+    trust_pickle: TrustPickleOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Did my fix help? Run A against run B: every key metric, B/A, a bootstrap interval of B − A over sequences,
-    a verdict (better / worse / no detectable change), and which presets now drop a different share."""
+    a verdict (better / worse / no detectable change), and which presets now drop a different share.
+
+    \b
+    Examples:
+      rollout-diag diff before/ after/
+      rollout-diag diff run/ --steps-a 0:99 --steps-b 100:199 -f json
+    """
     from rollout_diag.engine import diff_runs, parse_step_range
     from rollout_diag.render.decisions import diff_tables
     from rollout_diag.render.export import to_json_text
@@ -931,8 +1011,8 @@ def diff(
     refuse_overwriting_inputs({"output": output}, inputs)
     with progress_bar(inputs) as progress:
         result = diff_runs(
-            str(inputs[0]),
-            str(inputs[1]) if len(inputs) == 2 else None,
+            dump_inputs(inputs[:1], input_format, trust_pickle),
+            dump_inputs(inputs[1:], input_format, trust_pickle) if len(inputs) == 2 else None,
             steps_a=parse_step_range(steps_a, "--steps-a"),
             steps_b=parse_step_range(steps_b, "--steps-b"),
             presets=preset or None,

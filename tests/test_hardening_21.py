@@ -527,3 +527,32 @@ def test_make_synthetic_writes_the_steps_it_says(
     sample = tmp_path / "sample.parquet"
     assert module.main(["--out", str(sample)]) == 0
     assert pq.read_table(sample).equals(pq.read_table(script.parent / "synthetic_multiturn.parquet"))
+
+
+# ------------------------------------------------------------------ --help
+def test_help_lists_commands_in_the_readme_order_uncut_with_an_example_each() -> None:
+    import re
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    order = ["analyze", "compare-presets", "sweep", "report", "inspect", "check", "diff", "convert"]
+    for width in ("80", "120"):
+        text = cli("--help", env={"COLUMNS": width}).stdout
+        listed = re.findall(r"^  ([a-z-]+)  ", text.split("Commands:")[1], flags=re.MULTILINE)
+        assert listed == order, listed
+        assert "..." not in text.split("Commands:")[1]  # "[ARGS]..." in the usage line is click's
+    for command in order:
+        assert f"rollout-diag {command}" in readme
+        text = cli(command, "--help", env={"COLUMNS": "80"}).stdout
+        assert "Examples:" in text and f"rollout-diag {command} " in text, command
+
+
+def test_check_and_diff_take_input_format_and_trust_pickle(dump: Path, tmp_path: Path) -> None:
+    from fixtures_formats import dataset, write_slime
+
+    slime = write_slime(tmp_path / "slime", dataset())
+    for command in (["check", slime, "--max", "rollout_corr/k3_kl=10"], ["diff", slime, slime]):
+        result = cli(*command, "--device", "cpu", "--input-format", "slime", "--trust-pickle")
+        assert result.exit_code == 0, result.output
+        line = error_line(cli(*command, "--device", "cpu", "--input-format", "nemo-rl"))
+        assert "nemo-rl" in line.lower() or "NeMo-RL" in line, line
+    assert cli("diff", dump, dump, "--device", "cpu", "--input-format", "parquet").exit_code == 0
