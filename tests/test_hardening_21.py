@@ -556,3 +556,24 @@ def test_check_and_diff_take_input_format_and_trust_pickle(dump: Path, tmp_path:
         line = error_line(cli(*command, "--device", "cpu", "--input-format", "nemo-rl"))
         assert "nemo-rl" in line.lower() or "NeMo-RL" in line, line
     assert cli("diff", dump, dump, "--device", "cpu", "--input-format", "parquet").exit_code == 0
+
+
+@pytest.mark.parametrize("layout", ["sequence", "token"])
+def test_a_float16_logprob_column_gets_a_warning(tmp_path: Path, layout: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from dumps import sequence_table, token_table
+
+    import rollout_diag as rd
+
+    rows = random_rows(0)
+    table = (sequence_table if layout == "sequence" else token_table)(rows)
+    plain = tmp_path / "float32.parquet"
+    pq.write_table(table, plain)
+    assert not any("float16" in w for w in rd.analyze(str(plain), device="cpu").warnings)
+    index = table.schema.get_field_index("old_log_probs")
+    half = pa.list_(pa.float16()) if layout == "sequence" else pa.float16()
+    pq.write_table(table.set_column(index, "old_log_probs", table.column(index).cast(half)), tmp_path / "half.parquet")
+    (warning,) = [w for w in rd.analyze(str(tmp_path / "half.parquet"), device="cpu").warnings if "float16" in w]
+    assert "column 'old_log_probs' (trainer logprobs) is float16 (quantised)" in warning
+    assert "not mismatch" in warning

@@ -527,6 +527,7 @@ class DumpReader:
             if opened.parquet.metadata.num_rows == 0:
                 self.log.warnings.append(f"{opened.source.path}: file has no rows.")
         self.log.warnings.extend(_extra_cap_warnings(self.files))
+        self.log.warnings.extend(_float16_warnings(self.files))
 
     def _open_sources(self, given: Sequence[Any]) -> list[_OpenFile]:
         """Open every source. A Parquet file found in a directory or by a glob that has none of a dump's per-token
@@ -771,6 +772,25 @@ def _may_hold(opened: _OpenFile, group: pq.RowGroupMetaData, role: str, value: i
             return low <= number <= high
         return True
     return True
+
+
+def _float16_warnings(files: Sequence[_OpenFile]) -> list[str]:
+    """One warning per rollout or trainer column stored as float16: quantised logprobs put a floor under |δ|."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for opened in files:
+        for role in ("rollout", "trainer"):
+            name = opened.columns.names[role]
+            if pa.types.is_float16(_kind(opened.parquet.schema_arrow.field(name).type)[1]):
+                found.setdefault((role, name), []).append(opened.source.path)
+    warnings = []
+    for (role, name), paths in found.items():
+        where_ = paths[0] if len(paths) == 1 else f"{len(paths)} files ({_names(paths)})"
+        warnings.append(
+            f"{where_}: column '{name}' ({role} logprobs) is float16 (quantised): each value is rounded by up to "
+            "about 2^-11·|logprob| (0.0005 at -1, 0.002 at -5), so |δ| of that size is rounding, not mismatch; dump "
+            "float32 (bf16 and fp16 logprobs fit in it exactly)."
+        )
+    return warnings
 
 
 def _extra_cap_warnings(files: Sequence[_OpenFile]) -> list[str]:
