@@ -180,12 +180,14 @@ class Analysis:
                 f"step {step} sample '{sample}' ({Path(file).name} row {row})"
                 for step, sample, file, row in self.empty_rows[:5]
             )
-            notes.append(
+            note = (
                 f"{empty} row(s) have no model token; as in verl they count in row means with R_i = 0 "
                 f"(ppl 1, log-ppl diff 0): {examples}{', …' if empty > 5 else ''}."
             )
+            # how far that moved verl's row means, in the same warning, when it is 1 % or more
             if not self.offpolicy_only and (moved := dilution_warning(empty, self.dialect.finalize_run())):
-                notes.append(moved)
+                note += f" {moved}"
+            notes.append(note)
         return notes
 
 

@@ -577,3 +577,20 @@ def test_a_float16_logprob_column_gets_a_warning(tmp_path: Path, layout: str) ->
     (warning,) = [w for w in rd.analyze(str(tmp_path / "half.parquet"), device="cpu").warnings if "float16" in w]
     assert "column 'old_log_probs' (trainer logprobs) is float16 (quantised)" in warning
     assert "not mismatch" in warning
+
+
+def test_the_verl_dilution_note_needs_a_visible_effect_and_joins_the_empty_row_warning(tmp_path: Path) -> None:
+    import rollout_diag as rd
+
+    rows = random_rows(0, steps=(0,), rows_per_step=200)
+    rows.append(seq_row(0, "empty", [-0.5, -0.4], [-0.6, -0.3], [0, 0]))  # one empty row in 201: verl's means -0.5 %
+    warnings = rd.analyze(str(write_sequence_dump(tmp_path / "small.parquet", rows)), device="cpu").warnings
+    assert [w for w in warnings if "no model token" in w] == [w for w in warnings if "row(s) have no model token" in w]
+    assert len([w for w in warnings if "no model token" in w]) == 1
+    assert not any("verl dialect" in w for w in warnings)  # it said "(-0.0%)" or "(-0.5%)" in a warning of its own
+    few = random_rows(0, steps=(0,), rows_per_step=3)
+    few.append(seq_row(0, "empty", [-0.5], [-0.6], [0]))  # one in four: 25 %
+    warnings = rd.analyze(str(write_sequence_dump(tmp_path / "big.parquet", few)), device="cpu").warnings
+    (note,) = [w for w in warnings if "no model token" in w]
+    assert note.startswith("1 row(s) have no model token") and "In the verl dialect they move" in note
+    assert "(-25.0%)" in note

@@ -86,23 +86,29 @@ def _ordered(framework: str, values: dict[str, float]) -> dict[str, float]:
     return {m.name: values[m.name] for m in FRAMEWORKS[framework].metrics if m.name in values}
 
 
+DILUTION_NOTED = 0.01  # a relative move of verl's row means below 1 % is not worth a sentence (it printed "-0.0%")
+
+
 def dilution_warning(empty_rows: int, run: dict[str, dict[str, float]]) -> str | None:
-    """How far verl's empty-row dilution moved its headline row mean, log_ppl_abs_diff, and which row metric it
-    moved most (None without empty rows or without the verl dialect)."""
+    """A sentence to add to the empty-row warning: how far verl's empty-row dilution moved its headline row mean,
+    log_ppl_abs_diff, and which row metric it moved most. None without empty rows, without the verl dialect, or
+    when no row mean moved by DILUTION_NOTED (1 %) or more of its value over the rows with model tokens."""
     values = run.get("verl", {})
     headline = "rollout_corr/log_ppl_abs_diff"
     if empty_rows == 0 or headline not in values or (most := verl.dilution(values)) is None:
         return None
+    name, most_diluted, most_valid = most
+    if abs(most_diluted - most_valid) < DILUTION_NOTED * abs(most_valid):
+        return None
     diluted, valid = values[headline], values[headline + verl.VALID]
     change = f" ({(diluted - valid) / abs(valid):+.1%})" if valid != 0 else ""
     text = (
-        f"verl dialect: {empty_rows} row(s) with no model token move {headline} to {diluted:.6g} from {valid:.6g} "
-        f"over the rows that have model tokens{change}"
+        f"In the verl dialect they move {headline} to {diluted:.6g} from {valid:.6g} over the rows that have model "
+        f"tokens{change}"
     )
-    name, most_diluted, most_valid = most
     if name != headline:
-        text += f"; they move {name} most: {most_diluted:.6g} vs {most_valid:.6g}"
-    return text + f". The undiluted values are reported as <name>{verl.VALID}."
+        text += f", and {name} most: {most_diluted:.6g} vs {most_valid:.6g}"
+    return text + f"; the undiluted values are reported as <name>{verl.VALID}."
 
 
 def concepts() -> list[str]:
