@@ -594,3 +594,12 @@ def test_the_verl_dilution_note_needs_a_visible_effect_and_joins_the_empty_row_w
     (note,) = [w for w in warnings if "no model token" in w]
     assert note.startswith("1 row(s) have no model token") and "In the verl dialect they move" in note
     assert "(-25.0%)" in note
+
+
+def test_an_output_beside_the_data_in_a_dump_directory_can_be_rewritten(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    write_sequence_dump(run / "step=0" / "part-0.parquet", random_rows(0, steps=(0,)))
+    for _ in range(2):  # the second run replaces its own earlier output
+        assert cli("analyze", run, "--device", "cpu", "-f", "json", "-o", run / "result.json").exit_code == 0
+    # the result is no data file: the next read of the directory ignores it
+    assert cli("analyze", run, "--device", "cpu", "-f", "json", "-o", run / "result.json").exit_code == 0

@@ -18,6 +18,9 @@ from pathlib import Path
 from rollout_diag.errors import ConfigError
 from rollout_diag.io.sources import _GLOB_CHARS, DirectoryWalker
 
+# What a reader takes from a directory (Parquet, prime-rl/NeMo-RL .jsonl, slime .pt, SkyRL/verl .pkl): an output
+# beside the data (run/result.json, run/report.html) is no input, and rewriting it is fine.
+DATA_SUFFIXES = (".parquet", ".jsonl", ".pt", ".pkl")
 FileKey = tuple[int, int]  # (device, inode): one file however many links, `./` or relative spellings lead to it
 TEMPORARY_PREFIX = "."  # hidden: directory readers skip names starting with "." (io.sources)
 
@@ -31,7 +34,7 @@ def _key(path: Path) -> FileKey | None:
 
 
 def _walk(directory: Path, walker: DirectoryWalker) -> Iterator[Path]:
-    """Every file under ``directory`` (any name: trainer formats read more than *.parquet), each real directory once."""
+    """Every file under ``directory``, each real directory once."""
     stack = [directory]
     seen: set[FileKey] = set()
     while stack:
@@ -52,15 +55,17 @@ def _walk(directory: Path, walker: DirectoryWalker) -> Iterator[Path]:
 
 
 def input_files(inputs: Iterable[str | Path | None]) -> dict[FileKey, str]:
-    """(device, inode) -> path of every existing file that ``inputs`` name: files, directories (every file under
-    them) and glob patterns. Paths that do not exist are left out (reading them fails later, with its own error)."""
+    """(device, inode) -> path of every existing file that ``inputs`` name: files, directories (every data file
+    under them: DATA_SUFFIXES) and glob patterns. Paths that do not exist are left out (reading them fails later,
+    with its own error)."""
     walker = DirectoryWalker(None)
     found: dict[FileKey, str] = {}
 
     def add(path: Path) -> None:
         if path.is_dir():
             for inner in _walk(path, walker):
-                add_file(inner)
+                if inner.name.endswith(DATA_SUFFIXES):
+                    add_file(inner)
         else:
             add_file(path)
 
