@@ -603,3 +603,12 @@ def test_an_output_beside_the_data_in_a_dump_directory_can_be_rewritten(tmp_path
         assert cli("analyze", run, "--device", "cpu", "-f", "json", "-o", run / "result.json").exit_code == 0
     # the result is no data file: the next read of the directory ignores it
     assert cli("analyze", run, "--device", "cpu", "-f", "json", "-o", run / "result.json").exit_code == 0
+
+
+def test_an_unwritable_output_directory_names_the_output(dump: Path, tmp_path: Path) -> None:
+    from rollout_diag.io.outputs import write_text
+
+    missing = tmp_path / "gone" / "out.json"
+    with pytest.raises(OSError) as raised:
+        write_text(missing, "{}")  # its directory vanished after the check
+    assert raised.value.filename == str(missing)

@@ -147,9 +147,12 @@ def temporary_beside(target: str | Path, *, directory: bool = False) -> Path:
     target = _through_link(Path(target))
     parent = target.parent
     prefix = f"{TEMPORARY_PREFIX}{target.name}."
-    if directory:
-        return Path(tempfile.mkdtemp(prefix=prefix, suffix=".partial", dir=parent))
-    handle, name = tempfile.mkstemp(prefix=prefix, suffix=".partial", dir=parent)
+    try:
+        if directory:
+            return Path(tempfile.mkdtemp(prefix=prefix, suffix=".partial", dir=parent))
+        handle, name = tempfile.mkstemp(prefix=prefix, suffix=".partial", dir=parent)
+    except OSError as exc:  # name the output the user gave, not the temporary file
+        raise OSError(exc.errno, exc.strerror, str(target)) from None
     os.close(handle)
     return Path(name)
 
