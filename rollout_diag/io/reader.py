@@ -108,8 +108,10 @@ class ReadLog:
         self.row_keys, self.row_places = [], []
         for note, rows in _length_offset_notes(self):
             if rows == self.total_rows == self.skipped_rows:  # nothing left to analyse: the note is the error
+                first = self.skipped[0]
                 raise DataError(
-                    f"{', '.join(self.files)}: {note} every row.",
+                    f"{', '.join(self.files)}: every row was skipped ({rows} rows): {note} every row; the first: "
+                    f"{where(None, first.row, first.column)}{first.reason}.",
                     hint="dump the same tokens on both sides (the response's), or cut the extra tokens off first.",
                 )
             self.warnings.append(f"{note} each of the {rows} rows skipped for it: cut them off to analyse those rows.")
@@ -143,9 +145,10 @@ def _length_offset_notes(log: ReadLog) -> list[tuple[str, int]]:
         if rows < 2 or offset == 0:
             continue
         side = "the trainer side" if role == "trainer" else f"the {role}"
-        more = f"{offset} more" if offset > 0 else f"{-offset} fewer"
+        count = abs(offset)
+        more = f"{count} {'more' if offset > 0 else 'fewer'} token{'s' if count != 1 else ''}"
         guess = " (a prompt prefix?)" if offset > 0 else " (a cut response?)"
-        notes.append((f"{side} ({column}) has {more} tokens than {rollout}{guess} in", rows))
+        notes.append((f"{side} ({column}) has {more} than {rollout}{guess} in", rows))
     return notes
 
 
