@@ -10,6 +10,7 @@ import pytest
 from dumps import random_rows, seq_row, write_sequence_dump
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_hardening_io import error_line  # one Error: line, exit 1, no internal error
 from typer.testing import CliRunner
 
 from rollout_diag.cli import app
@@ -25,14 +26,6 @@ def cli(*args: object, env: dict | None = None):
         raise AssertionError(f"exception escaped the CLI: {result.exception!r}\n{result.output}") from result.exception
     assert "Traceback" not in result.output
     return result
-
-
-def error_line(result) -> str:
-    assert result.exit_code == 1, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
-    assert "internal error" not in lines[0]
-    return lines[0]
 
 
 def hidden_files(directory: Path) -> list[str]:
