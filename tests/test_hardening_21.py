@@ -605,3 +605,14 @@ def test_an_unwritable_output_directory_names_the_output(dump: Path, tmp_path: P
     with pytest.raises(OSError) as raised:
         write_text(missing, "{}")  # its directory vanished after the check
     assert raised.value.filename == str(missing)
+
+
+def test_outputs_get_the_usual_permissions(dump: Path, tmp_path: Path) -> None:
+    umask = os.umask(0o022)
+    try:
+        assert cli("analyze", dump, "--device", "cpu", "-f", "json", "-o", tmp_path / "r.json").exit_code == 0
+        assert cli("convert", dump, "-o", tmp_path / "parts", "--partition", "step").exit_code == 0
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o644  # not mkstemp's private 0600
+    assert (tmp_path / "parts").stat().st_mode & 0o777 == 0o755  # not mkdtemp's 0700

@@ -161,8 +161,7 @@ def commit(temporary: Path, target: str | Path) -> None:
     """Put the finished ``temporary`` (from :func:`temporary_beside`) in ``target``'s place, in one rename (a
     directory: the old one is moved aside first and deleted once the new one is in)."""
     target = _through_link(Path(target))
-    if not temporary.is_dir():
-        os.chmod(temporary, _file_mode(target))
+    os.chmod(temporary, _mode(target, temporary.is_dir()))  # mkstemp/mkdtemp make them private (0600/0700)
     _replace(temporary, target)
 
 
@@ -193,14 +192,14 @@ def atomic_path(target: str | Path, *, directory: bool = False) -> Iterator[Path
         raise
 
 
-def _file_mode(target: Path) -> int:
-    """The mode a new file gets (0o666 less the umask), or the replaced file's own."""
+def _mode(target: Path, directory: bool) -> int:
+    """The mode a new file or directory gets (0o666 or 0o777 less the umask), or the replaced one's own."""
     try:
         return os.stat(target).st_mode & 0o7777
     except OSError:
         umask = os.umask(0)
         os.umask(umask)
-        return 0o666 & ~umask
+        return (0o777 if directory else 0o666) & ~umask
 
 
 def _replace(temporary: Path, target: Path) -> None:
