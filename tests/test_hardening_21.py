@@ -616,3 +616,12 @@ def test_outputs_get_the_usual_permissions(dump: Path, tmp_path: Path) -> None:
         os.umask(umask)
     assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o644  # not mkstemp's private 0600
     assert (tmp_path / "parts").stat().st_mode & 0o777 == 0o755  # not mkdtemp's 0700
+
+
+def test_convert_overwrite_replaces_a_directory_by_a_file_and_back(dump: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert cli("convert", dump, "-o", out, "--partition", "step").exit_code == 0
+    assert cli("convert", dump, "-o", out, "--overwrite").exit_code == 0
+    assert out.is_file()
+    assert cli("convert", dump, "-o", out, "--partition", "step", "--overwrite").exit_code == 0
+    assert out.is_dir() and hidden_files(tmp_path) == []

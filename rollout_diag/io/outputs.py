@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -193,18 +194,23 @@ def atomic_path(target: str | Path, *, directory: bool = False) -> Iterator[Path
 
 
 def _mode(target: Path, directory: bool) -> int:
-    """The mode a new file or directory gets (0o666 or 0o777 less the umask), or the replaced one's own."""
+    """The mode a new file or directory gets (0o666 or 0o777 less the umask), or the replaced one's own (when it is
+    of the same kind)."""
     try:
-        return os.stat(target).st_mode & 0o7777
+        replaced = os.stat(target)
+        if stat.S_ISDIR(replaced.st_mode) == directory:
+            return replaced.st_mode & 0o7777
     except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return (0o777 if directory else 0o666) & ~umask
+        pass
+    umask = os.umask(0)
+    os.umask(umask)
+    return (0o777 if directory else 0o666) & ~umask
 
 
 def _replace(temporary: Path, target: Path) -> None:
-    if temporary.is_dir() and os.path.lexists(target):
-        # a directory cannot be renamed over another: move the old one aside first, delete it once the new one is in
+    if os.path.lexists(target) and (temporary.is_dir() or target.is_dir()):
+        # a directory cannot be renamed over (or replaced by) another kind: move the old one aside first, and delete
+        # it once the new one is in
         aside = Path(tempfile.mkdtemp(prefix=f"{TEMPORARY_PREFIX}{target.name}.", suffix=".old", dir=target.parent))
         aside.rmdir()
         os.replace(target, aside)
