@@ -265,6 +265,11 @@ class AnalysisResult:
             )
         try:  # a field of the wrong shape: one line naming it
             check_shape(cls, document, "", require=False)
+            for name in ("rounds", "positions"):  # rows of numbers, labelled by a few keys
+                for index, row in enumerate(document.get(name, [])):
+                    for key, value in row.items():
+                        check_shape(_TABLE_ROW_KEYS.get(key, float), value, f"{name}[{index}].{key}")
+            check_shape(dict[str, list[Number]], document.get("delta_histogram", {}), "delta_histogram")
         except InputError as exc:
             raise InputError(f"not an `analyze --format json` result: {exc.message}") from None
         values: dict[str, Any] = {}
@@ -302,9 +307,21 @@ _ITEM_TYPES: dict[str, type] = {
 
 
 def _item(item_type: type, raw: dict[str, Any]) -> Any:
-    """One list item; keys this build does not know (derived ones such as ``trainer_prob``) are left out."""
-    names = {spec.name for spec in dataclasses.fields(item_type)}
-    return item_type(**{key: value for key, value in raw.items() if key in names})
+    """One list item; keys this build does not know (derived ones such as ``trainer_prob``) are left out, and a null
+    where the field is a number (NaN or inf when written) comes back as NaN."""
+    hints = _hints(item_type)
+    return item_type(**{key: _nan_nulls(hints[key], value) for key, value in raw.items() if key in hints})
+
+
+def _nan_nulls(expected: Any, value: Any) -> Any:
+    if expected is float:
+        return math.nan if value is None else value
+    origin, arguments = typing.get_origin(expected), typing.get_args(expected)
+    if origin is dict and arguments[1:] == (float,) and isinstance(value, dict):
+        return {key: math.nan if item is None else item for key, item in value.items()}
+    if origin is list and arguments == (float,) and isinstance(value, list):
+        return [math.nan if item is None else item for item in value]
+    return value
 
 
 def _required(spec: dataclasses.Field) -> bool:
@@ -511,7 +528,10 @@ class ComparisonResult:
             raise InputError(f"{what}: expected an object, found {_found(document)}.")
         try:
             check_shape(cls, document, "", require=False)
-            check_shape(dict[str, float], document.get("intrusive", {}), "intrusive")
+            check_shape(dict[str, Number], document.get("intrusive", {}), "intrusive")
+            for index, option in enumerate(document.get("sweep", [])):  # the target shares asked for are never null
+                for place, target in enumerate(option["thresholds"]):
+                    check_shape(Number, target.get("target"), f"sweep[{index}].thresholds[{place}].target")
         except InputError as exc:
             raise InputError(f"{what}: {exc.message}") from None
         try:
@@ -639,7 +659,22 @@ def load_results(paths: Sequence[str | Path]) -> tuple[AnalysisResult | None, Co
 
 
 # ------------------------------------------------------------------ the shape of a saved result
-_KIND_NAMES = {int: "a whole number", float: "a number", str: "a string", bool: "true or false", type(None): "null"}
+# Keys of a rounds / positions row that are not numbers (every other key is a number, or null for NaN).
+_TABLE_ROW_KEYS: dict[str, Any] = {"pooled": bool, "bucket": str, "label": str, "step": int | None}
+
+
+class Number:
+    """For :func:`check_shape`: a number that cannot be null (histogram edges and counts are never NaN)."""
+
+
+_KIND_NAMES = {
+    int: "a whole number",
+    float: "a number",
+    Number: "a number",
+    str: "a string",
+    bool: "true or false",
+    type(None): "null",
+}
 
 
 def check_shape(expected: Any, value: Any, path: str, *, require: bool = True) -> None:
@@ -696,8 +731,8 @@ def _shape_problem(expected: Any, value: Any, path: str, require: bool = True) -
             if problem is not None:
                 return problem
         return None
-    if expected is float:
-        ok = value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+    if expected is float or expected is Number:
+        ok = (value is None and expected is float) or (isinstance(value, (int, float)) and not isinstance(value, bool))
     elif expected is int:
         ok = isinstance(value, int) and not isinstance(value, bool)
     elif expected in (str, bool, type(None)):

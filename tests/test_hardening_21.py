@@ -625,3 +625,20 @@ def test_convert_overwrite_replaces_a_directory_by_a_file_and_back(dump: Path, t
     assert out.is_file()
     assert cli("convert", dump, "-o", out, "--partition", "step", "--overwrite").exit_code == 0
     assert out.is_dir() and hidden_files(tmp_path) == []
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), kind=st.sampled_from(["analyze", "compare-presets"]))
+def test_a_saved_result_that_loads_also_renders_a_report(saved_results, data, kind) -> None:
+    # what loads must not crash the report later (a null histogram count, a string in a rounds row, a null target)
+    from rollout_diag.errors import RolloutDiagError
+    from rollout_diag.report import render_report
+    from rollout_diag.results import result_from_json
+
+    document = saved_results[kind]
+    path = data.draw(st.sampled_from([p for p in _paths(document) if p]), label="path")
+    value = data.draw(st.sampled_from([None, True, 0, -1, 1.5, "x", [], {}, [1], {"a": 1}]), label="value")
+    try:
+        render_report(result_from_json(_replaced(document, path, value)))
+    except RolloutDiagError as exc:
+        assert "\n" not in str(exc)
