@@ -98,12 +98,16 @@ def test_compare_presets_json_carries_the_recommendation(sample_comparison: dict
     assert sorted(found["order"]) == sorted(p["name"] for p in sample_comparison["presets"])
 
 
-def test_terminal_ends_with_the_recommendation_and_sorts_by_intrusiveness(sample_comparison: dict) -> None:
+def test_terminal_opens_with_the_answer_and_sorts_by_intrusiveness(sample_comparison: dict) -> None:
     output = succeeded(invoke("compare-presets", SAMPLE, "--device", "cpu", "--sort", "intrusiveness"))
-    tail = output[output.index("Recommendation: ") :]
+    lines = output.splitlines()
+    # the answer first: the data's verdict, then the recommendation and its reason (issue 19)
+    assert lines[0].startswith("Verdict: ") and lines[1].startswith("Recommendation: decoupled_token_is")
+    tail = output[output.index("Recommendation: ", 1 + output.index("Recommendation: ")) :]
     assert "decoupled_token_is" in tail and "runner-up: decoupled_seq_is" in tail and "rule:" in tail
     order = sample_comparison["recommendation"]["order"]
-    positions = [output.index(f" {name} ") for name in order]
+    table = output[output.index("Rollout-correction presets") :]
+    positions = [table.index(f" {name} ") for name in order]
     assert positions == sorted(positions)  # the table lists the presets least intrusive first
     document = json.loads(
         succeeded(invoke("compare-presets", SAMPLE, "--device", "cpu", "-f", "json", "--sort", "intrusiveness"))

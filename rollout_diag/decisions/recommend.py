@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rollout_diag import catalogue
 from rollout_diag.decisions.intrusive import INTRUSIVE_MIN_ESS, INTRUSIVE_REJECTED_FRACTION, intrusive_reasons
+from rollout_diag.decisions.verdict import FIX_FIRST
+from rollout_diag.results import AnalysisResult, ComparisonResult, Hint, OverallVerdict, Recommendation
 from rollout_diag.verdicts import judge
 
 IS_MEAN_BAND = (0.5, 2.0)  # verl's warning band for rollout_is_mean (docs/algo/rollout_corr.md)
@@ -44,40 +46,6 @@ class PresetStanding:
     @property
     def key(self) -> tuple[float, float, float]:
         return (self.tokens_dropped, self.rows_dropped, 0.0 if self.ess is None else 1.0 - self.ess)
-
-
-@dataclass(frozen=True)
-class Recommendation:
-    """The recommended preset (None when no preset meets the rule), the rule, the runner-up, and why each more
-    intrusive preset was not chosen."""
-
-    preset: str | None
-    rule: str
-    reasons: list[str]
-    runner_up: str | None = None
-    runner_up_reason: str = ""
-    not_chosen: list[tuple[str, str]] = field(default_factory=list)  # (preset, why), most intrusive last
-    equivalent: list[str] = field(default_factory=list)  # same IS/RS settings, another mode: same numbers
-    note: str = ""
-    order: list[str] = field(default_factory=list)  # every preset, least intrusive first
-
-    def summary(self) -> str:
-        if self.preset is None:
-            return "No preset meets the rule on this data."
-        return f"Recommended: {self.preset} ({'; '.join(self.reasons)})."
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "preset": self.preset,
-            "rule": self.rule,
-            "reasons": list(self.reasons),
-            "runner_up": self.runner_up,
-            "runner_up_reason": self.runner_up_reason,
-            "not_chosen": [{"preset": name, "reason": reason} for name, reason in self.not_chosen],
-            "equivalent": list(self.equivalent),
-            "note": self.note,
-            "order": list(self.order),
-        }
 
 
 def _attr(item: Any, name: str, default: Any = None) -> Any:
@@ -248,6 +216,34 @@ def _note(presets: Sequence[Any]) -> str:
             "defensible; the recommendation is what to turn on if you want a correction."
         )
     return ""
+
+
+def withheld_reason(verdict: OverallVerdict | None, hints: Sequence[Hint] = ()) -> str | None:
+    """Why no preset is recommended on this data (None: recommend one): a pipeline bug, which a correction would
+    hide."""
+    if verdict is None or verdict.cause != "pipeline":
+        return None
+    first = next((hint for hint in hints if hint.id in verdict.findings), None)
+    what = verdict.findings[0] if first is None else first.id
+    fix = FIX_FIRST.get(what, "fix the pipeline")
+    return (
+        f"withheld: the data shows a pipeline bug ({', '.join(verdict.findings)}); {fix} first, then compare the "
+        "presets again: a correction would hide the bug."
+    )
+
+
+def judge_comparison(comparison: ComparisonResult, analysis: AnalysisResult) -> ComparisonResult:
+    """``comparison`` with the judgement of its data (``analysis``: the overall verdict, the key metrics' and the
+    steps' levels) and the recommendation, or why it is withheld."""
+    withheld = withheld_reason(analysis.verdict, analysis.hints)
+    return replace(
+        comparison,
+        verdict=analysis.verdict,
+        verdicts=list(analysis.verdicts),
+        step_levels=list(analysis.step_levels),
+        recommendation=None if withheld else recommend(comparison),
+        recommendation_withheld=withheld,
+    )
 
 
 def sort_by_intrusiveness(comparison: Any) -> Any:

@@ -1,12 +1,16 @@
-"""The compare-presets table: one row per preset, run values, intrusive presets highlighted."""
+"""compare-presets in the terminal: the answer first (the data's verdict, the recommendation and its reason), then
+the table, one row per preset with its run values, intrusive presets highlighted."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+from rich.console import RenderableType
+
 from rollout_diag import catalogue
 from rollout_diag.render.format import number, percent
+from rollout_diag.render.summary import recommendation_line, verdict_lines
 from rollout_diag.render.table import Column, FitTable
 from rollout_diag.results import ComparisonResult
 
@@ -26,6 +30,12 @@ COLUMNS = (
     Column("bn factor"),
     Column("tokens kept"),
 )
+
+
+def answer_block(result: ComparisonResult) -> list[RenderableType]:
+    """The first lines: the data's verdict (as ``analyze`` opens), its pipeline findings, then the recommendation
+    and its reason, or why it is withheld."""
+    return [*verdict_lines(result.verdict), recommendation_line(result.recommendation, result.recommendation_withheld)]
 
 
 def presets_table(result: ComparisonResult) -> FitTable:
