@@ -572,7 +572,7 @@ def compare_presets(
     else:
         warnings = [plain(f"warning: {warning}", style="yellow") for warning in result.warnings]
         tables = [*answer_block(result), presets_table(result), render_sweep(result.sweep, parse_targets(target))]
-        details = [] if result.recommendation is None else [recommendation_lines(result.recommendation)]
+        details = [] if result.recommendation is None else [recommendation_lines(result.recommendation, headline=False)]
         show(Group(*tables, *warnings, *details), output)
 
 

@@ -108,8 +108,8 @@ class Analysis:
 
     @property
     def families(self) -> tuple[StepAccumulator, ...]:
-        if self.offpolicy_only:
-            return (self.offpolicy,)
+        if self.offpolicy_only:  # positions too: the verdict's catastrophic tokens, as analyze's
+            return (self.offpolicy, self.positions)
         return (self.offpolicy, self.debug, self.rollout_kl, self.rounds, self.positions)
 
     def update(self, chunk: Chunk) -> None:

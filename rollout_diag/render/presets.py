@@ -47,15 +47,20 @@ def presets_table(result: ComparisonResult) -> FitTable:
         f"rejected = model tokens given no gradient (RS rejection, IcePop zero weight, legacy mask/veto). "
         f"{INTRUSIVE_MARK} and bold red: intrusive (drops > {result.intrusive_rejected_fraction:.0%} of tokens or "
         f"ESS < {result.intrusive_min_ess:g}). IS max is the largest weight after truncation;{RAW_MARK} = raw max ρ "
-        f"before truncation (verl's sequence-level rollout_is_max). χ² token of the data, the same under every "
+        f"before truncation (verl's sequence-level rollout_is_max; on legacy presets mean and max, as the legacy "
+        f"helper reports them). χ² token of the data, the same under every "
         f"preset: {number(chi2)}."
     )
     table = FitTable("Rollout-correction presets on this data (whole run)", columns, caption=caption)
     for preset in result.presets:
         metrics = preset.run.metrics
         is_max = number(_is_metric(metrics, catalogue.IS_MAX))
-        if preset.config.get("rollout_is") == "sequence" and is_max != "–":
+        is_mean = number(_is_metric(metrics, catalogue.IS_MEAN), 5)
+        legacy = bool(preset.config.get("legacy_is"))  # the §8 helper reports its weights before truncation
+        if (preset.config.get("rollout_is") == "sequence" or legacy) and is_max != "–":
             is_max += RAW_MARK
+        if legacy and is_mean != "–":
+            is_mean += RAW_MARK
         cells = [
             f"{INTRUSIVE_MARK} {preset.name}" if preset.intrusive else f"  {preset.name}",
             preset.mode,
@@ -63,7 +68,7 @@ def presets_table(result: ComparisonResult) -> FitTable:
             rs_setting(preset.config),
             percent(metrics.get(catalogue.REJECTED_TOKEN_FRACTION.key)),
             percent(metrics.get(catalogue.REJECTED_ROW_FRACTION.key)),
-            number(_is_metric(metrics, catalogue.IS_MEAN), 5),
+            is_mean,
             is_max,
             number(_is_metric(metrics, catalogue.IS_EFF_SAMPLE_SIZE)),
         ]
