@@ -31,7 +31,7 @@ _EXPORTS: dict[str, str] = {
     "DataError": "rollout_diag.errors",
     "InputError": "rollout_diag.errors",
     "RolloutDiagError": "rollout_diag.errors",
-    "find_hints": "rollout_diag.hints",
+    "find_hints": "rollout_diag.decisions.hints",
     "Chunk": "rollout_diag.io.chunk",
     "ConvertResult": "rollout_diag.io.convert",
     "convert": "rollout_diag.io.convert",

@@ -3,7 +3,7 @@
 A row holds the key (verl's name, or SkyRL's / the legacy helper's / rollout-diag's own), its METRICS.md
 section, formula, unit, direction, the terminal's short name, the report's title, the glossary's "a high value
 means" text and, for the key metrics, the verdict thresholds. The glossary and ``docs/metrics.md``
-(``rollout_diag.glossary``), the verdicts (``rollout_diag.verdicts``), the terminal tables (``render/``), the
+(``rollout_diag.glossary``), the verdicts (``rollout_diag.decisions.levels``), the terminal tables (``render/``), the
 report (``report/``) and ``diff``/``check`` (``decisions/``) read these rows; none of them spells a key.
 
 Keys the families generate are rows with a placeholder: ``per_round/round_<k>/…`` (round index) and

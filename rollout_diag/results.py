@@ -155,7 +155,7 @@ class RowTokens:
 @dataclass(frozen=True)
 class Anomaly:
     """A step whose ``metric`` is ``factor`` × the median of the previous steps' values (``baseline``) and above
-    their robust log-scale spread (rollout_diag/metrics/trends.py states the rule)."""
+    their robust log-scale spread (rollout_diag/decisions/trends.py states the rule)."""
 
     step: int
     metric: str
@@ -179,7 +179,7 @@ class Trend:
 
 @dataclass(frozen=True)
 class Hint:
-    """A likely root cause the data supports (rollout_diag/hints.py): one sentence, the numbers behind it, and
+    """A likely root cause the data supports (rollout_diag/decisions/hints.py): one sentence, the numbers behind it, and
     where to look (steps, rows, and what in them)."""
 
     id: str  # off_by_one | dummy_logprobs | processed_logprobs | first_token | last_token | low_probability | …

@@ -214,7 +214,7 @@ def test_the_readme_module_map_holds(group):
 
 # Judgement lives in decisions/ and runs once, when a result is built; renderers only read the result's findings.
 # decisions.sweep and decisions.dialects are allowed: they turn numbers into sentences and judge nothing.
-JUDGING = ("rollout_diag.decisions", "rollout_diag.verdicts", "rollout_diag.hints", "rollout_diag.metrics.trends")
+JUDGING = ("rollout_diag.decisions",)
 DESCRIBING = ("rollout_diag.decisions.sweep", "rollout_diag.decisions.dialects")
 RENDERERS = ("rollout_diag.render", "rollout_diag.report")
 

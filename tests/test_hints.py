@@ -26,9 +26,7 @@ from typer.testing import CliRunner
 
 import rollout_diag as rd
 from rollout_diag.cli import app
-from rollout_diag.engine import Analysis, open_reader, run_chunks
-from rollout_diag.errors import ColumnError, DataError
-from rollout_diag.hints import (
+from rollout_diag.decisions.hints import (
     HINT_IDS,
     MIN_GROUP_TOKENS,
     Contrast,
@@ -38,6 +36,8 @@ from rollout_diag.hints import (
     find_hints,
     staleness,
 )
+from rollout_diag.engine import Analysis, open_reader, run_chunks
+from rollout_diag.errors import ColumnError, DataError
 from rollout_diag.metrics.hints import PROBABILITY_EDGES, TOKEN_SUMS
 from rollout_diag.render.hints import hint_lines
 from rollout_diag.report import render_report

@@ -108,7 +108,7 @@ def test_a_dropped_mask_also_shows_the_placeholder_zeros(altered):
 
 def test_isolated_exact_zeros_are_placeholders_too():
     """One exact 0.0 rollout logprob every 20 tokens where the trainer says p ≈ 0.05: no run, still flagged."""
-    from rollout_diag.hints import Evidence, dummy_logprobs
+    from rollout_diag.decisions.hints import Evidence, dummy_logprobs
 
     sums = {"dummy_zero": 50.0, "dummy_zero_run": 0.0, "copied": 0.0, "tokens": 1000.0}
     found = dummy_logprobs(Evidence(run=sums, steps={0: sums}))

@@ -12,9 +12,9 @@ from dataclasses import replace
 from typing import Any
 
 from rollout_diag import catalogue
-from rollout_diag.decisions.verdict import overall_verdict, step_levels
-from rollout_diag.hints import Evidence, find_hints
-from rollout_diag.metrics.trends import (
+from rollout_diag.decisions.hints import Evidence, find_hints
+from rollout_diag.decisions.levels import judge
+from rollout_diag.decisions.trends import (
     ANOMALY_KEEP,
     ANOMALY_MIN_HISTORY,
     find_anomalies,
@@ -22,8 +22,8 @@ from rollout_diag.metrics.trends import (
     round_trend,
     step_trend,
 )
+from rollout_diag.decisions.verdict import overall_verdict, step_levels
 from rollout_diag.results import AnalysisResult
-from rollout_diag.verdicts import judge
 
 # The most divergent round "stands out" (is named as a finding, drawn in red) only when its mean |δ| is at least
 # 1.5× the token-weighted mean of the other supported rounds: per-token |δ| is heavy-tailed and tokens of one row

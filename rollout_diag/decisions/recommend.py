@@ -22,9 +22,9 @@ from typing import Any
 
 from rollout_diag import catalogue
 from rollout_diag.decisions.intrusive import INTRUSIVE_MIN_ESS, INTRUSIVE_REJECTED_FRACTION, intrusive_reasons
+from rollout_diag.decisions.levels import judge
 from rollout_diag.decisions.verdict import FIX_FIRST
 from rollout_diag.results import AnalysisResult, ComparisonResult, Hint, OverallVerdict, Recommendation
-from rollout_diag.verdicts import judge
 
 IS_MEAN_BAND = (0.5, 2.0)  # verl's warning band for rollout_is_mean (docs/algo/rollout_corr.md)
 # Noise bounds: two presets whose numbers differ by less than these are tied (docs/recommendation.md).

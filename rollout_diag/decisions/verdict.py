@@ -27,9 +27,9 @@ from collections.abc import Mapping, Sequence
 
 from rollout_diag import catalogue
 from rollout_diag.catalogue import short_name
+from rollout_diag.decisions.levels import judge
 from rollout_diag.formatting import number
 from rollout_diag.results import Hint, OverallVerdict, Verdict
-from rollout_diag.verdicts import judge
 
 LEVEL_ORDER = ("bad", "watch", "ok", "n/a")
 # Hints that are pipeline bugs, in the order to fix them: a shifted gather moves every token's logprob, so it

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rollout_diag.catalogue import parse_round_key, round_quantity
-from rollout_diag.metrics.trends import least_squares
+from rollout_diag.decisions.trends import least_squares
 from rollout_diag.results import AnalysisResult, Hint
 
 HINT_IDS = (
