@@ -286,3 +286,28 @@ def test_report_and_analyze_name_the_same_round_levels_and_recommendation(sample
     analysis, comparison = rd.analyze_and_compare(str(REAL), ["decoupled_token_is", "decoupled_seq_is"], device="cpu")
     page = html.unescape(render_report(analysis, comparison=comparison))
     assert f"Recommendation: {comparison.recommendation.preset}" in re.sub(r"<[^>]+>", "", page)
+
+
+# ------------------------------------------------------------------------------------------ roles, once
+def test_each_metrics_roles_are_declared_once_in_its_catalogue_row():
+    from rollout_diag.decisions.levels import JUDGED
+    from rollout_diag.decisions.rowmetrics import KEY_METRIC_NAMES, ROW_VALUES
+    from rollout_diag.decisions.trends import ANOMALY_METRICS
+    from rollout_diag.metrics.rowstats import ROW_SUMS
+    from rollout_diag.report.sections import TREND_METRICS
+
+    Role = catalogue.Role
+    rows = list(catalogue.CATALOGUE.values())
+    assert {m.key for m in JUDGED} == {m.key for m in rows if m.verdict is not None} == set(
+        catalogue.keys_with_role(Role.JUDGED)
+    )
+    assert {m.key for m in rows if m.row is not None} == set(catalogue.keys_with_role(Role.BOOTSTRAPPED))
+    assert catalogue.keys_with_role(Role.BOOTSTRAPPED) == KEY_METRIC_NAMES
+    assert catalogue.keys_with_role(Role.ANOMALY) == ANOMALY_METRICS
+    assert tuple(m.key for m in TREND_METRICS) == catalogue.keys_with_role(Role.TRENDED)
+    for metric in catalogue.with_role(Role.BOOTSTRAPPED):
+        formula = metric.row
+        known = ROW_SUMS if formula.kind == "token" else (*ROW_VALUES, *(f"row_mean:{name}" for name in ROW_SUMS))
+        assert formula.of in known, metric.key
+    for metric in rows:
+        assert all(role in Role.ALL for role, _ in metric.roles), metric.key
