@@ -298,8 +298,10 @@ def test_each_metrics_roles_are_declared_once_in_its_catalogue_row():
 
     Role = catalogue.Role
     rows = list(catalogue.CATALOGUE.values())
-    assert {m.key for m in JUDGED} == {m.key for m in rows if m.verdict is not None} == set(
-        catalogue.keys_with_role(Role.JUDGED)
+    assert (
+        {m.key for m in JUDGED}
+        == {m.key for m in rows if m.verdict is not None}
+        == set(catalogue.keys_with_role(Role.JUDGED))
     )
     assert {m.key for m in rows if m.row is not None} == set(catalogue.keys_with_role(Role.BOOTSTRAPPED))
     assert catalogue.keys_with_role(Role.BOOTSTRAPPED) == KEY_METRIC_NAMES
