@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, str] = {
     "ComparisonResult": "rollout_diag.results",
     "PresetResult": "rollout_diag.results",
+    "OverallVerdict": "rollout_diag.results",
     "analyze_and_compare": "rollout_diag.compare",
     "compare_presets": "rollout_diag.compare",
     "export_decisions": "rollout_diag.exports",
