@@ -313,3 +313,16 @@ def test_each_metrics_roles_are_declared_once_in_its_catalogue_row():
         assert formula.of in known, metric.key
     for metric in rows:
         assert all(role in Role.ALL for role, _ in metric.roles), metric.key
+
+
+def test_the_readme_excerpt_is_what_analyze_prints(samples):
+    """README "What `analyze` prints" shows the real first lines: the verdict and the round phrase drift with code."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## What `analyze` prints") :]
+    block = section[section.index("```\n") + 4 : section.index("\n```", section.index("```\n") + 4)]
+    verdict_text = squash(block[: block.index("Where:")])
+    result = samples[REAL.name]
+    assert verdict_text == squash(f"Verdict: {result.verdict.level.upper()} — {result.verdict.sentence}")
+    where = squash(block[block.index("Where:") : block.index("Key metrics")])
+    head = squash(" ".join(terminal(result, width=120)[2:12]))
+    assert where.rstrip("…").strip() in head

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from rollout_diag import catalogue
 from rollout_diag.catalogue import short_name
 from rollout_diag.decisions.levels import judge
-from rollout_diag.formatting import number
+from rollout_diag.formatting import number, percent
 from rollout_diag.results import Hint, OverallVerdict, Verdict
 
 LEVEL_ORDER = ("bad", "watch", "ok", "n/a")
@@ -123,8 +123,8 @@ def _outliers(flagged: Sequence[Verdict], metrics: Mapping[str, float], threshol
         return ""
     without = " and ".join(f"{short_name(verdict.metric)} {number(value)}" for verdict, value in twins)
     return (
-        f", from {int(count)} catastrophic token(s) (|δ| > {threshold:g}, {share:.2%} of model tokens): without them "
-        f"{without} {'is' if len(twins) == 1 else 'are'} ok"
+        f", from {int(count)} catastrophic token(s) (|δ| > {threshold:g}, {percent(share)} of model tokens): "
+        f"without them {without} {'is' if len(twins) == 1 else 'are'} ok"
     )
 
 
