@@ -297,8 +297,8 @@ def withheld_reason(verdict: OverallVerdict | None, hints: Sequence[Hint] = ()) 
     what = verdict.findings[0] if first is None else first.id
     fix = FIX_FIRST.get(what, "fix the pipeline")
     return (
-        f"withheld: the data shows a pipeline bug ({', '.join(verdict.findings)}); {fix} first, then compare the "
-        "presets again: a correction would hide the bug."
+        f"withheld: the data shows a pipeline bug ({', '.join(verdict.findings)}). First, {fix}; then compare "
+        "the presets again (a correction would hide the bug)."
     )
 
 

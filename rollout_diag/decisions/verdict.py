@@ -38,8 +38,8 @@ LEVEL_ORDER = ("bad", "watch", "ok", "n/a")
 PIPELINE_HINTS = ("off_by_one", "no_mask", "dummy_logprobs", "processed_logprobs")
 FIX_FIRST = {
     "off_by_one": "fix the off-by-one gather of the logprobs (labels vs logits shifted by one position)",
-    "no_mask": "give the response mask (--column mask=NAME): environment tokens are being scored as model tokens",
-    "dummy_logprobs": "fix the response mask: tokens the engine never scored carry placeholder logprobs into the loss",
+    "no_mask": "give the response mask (--column mask=NAME), so that environment tokens leave the measurement",
+    "dummy_logprobs": "fix the response mask, so that tokens the engine never scored leave the loss",
     "processed_logprobs": "compute both sides' logprobs from the same distribution (one side applies a temperature "
     "or top-p/top-k)",
 }
@@ -90,10 +90,12 @@ def overall_verdict(
         first = pipeline[0]
         rest = [hint.id for hint in pipeline[1:]]
         sentence = (
-            f"a pipeline bug ({first.id}): {FIX_FIRST[first.id]} first"
-            + (f", then look again at {', '.join(rest)}" if rest else "")
-            + "; the mismatch metrics measure the bug, and a rollout correction would hide it."
+            f"a pipeline bug ({first.id}). First, {FIX_FIRST[first.id]}"
+            + (f"; then look again at {', '.join(rest)}" if rest else "")
+            + ". Until then the mismatch metrics measure the bug, and a rollout correction would hide it."
         )
+        # the other notes read the metrics, which measure the bug here: only the amount of data is worth a note
+        notes = _little_data_notes(rows, tokens)
         return OverallVerdict(
             "bad", "pipeline", sentence, [v.metric for v in flagged], [hint.id for hint in pipeline], notes
         )
