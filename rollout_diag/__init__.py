@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, str] = {
     "ComparisonResult": "rollout_diag.results",
     "PresetResult": "rollout_diag.results",
+    "OverallVerdict": "rollout_diag.results",
     "analyze_and_compare": "rollout_diag.compare",
     "compare_presets": "rollout_diag.compare",
     "export_decisions": "rollout_diag.exports",
@@ -31,7 +32,7 @@ _EXPORTS: dict[str, str] = {
     "DataError": "rollout_diag.errors",
     "InputError": "rollout_diag.errors",
     "RolloutDiagError": "rollout_diag.errors",
-    "find_hints": "rollout_diag.hints",
+    "find_hints": "rollout_diag.decisions.hints",
     "Chunk": "rollout_diag.io.chunk",
     "ConvertResult": "rollout_diag.io.convert",
     "convert": "rollout_diag.io.convert",

@@ -3,7 +3,7 @@
 A row holds the key (verl's name, or SkyRL's / the legacy helper's / rollout-diag's own), its METRICS.md
 section, formula, unit, direction, the terminal's short name, the report's title, the glossary's "a high value
 means" text and, for the key metrics, the verdict thresholds. The glossary and ``docs/metrics.md``
-(``rollout_diag.glossary``), the verdicts (``rollout_diag.verdicts``), the terminal tables (``render/``), the
+(``rollout_diag.glossary``), the verdicts (``rollout_diag.decisions.levels``), the terminal tables (``render/``), the
 report (``report/``) and ``diff``/``check`` (``decisions/``) read these rows; none of them spells a key.
 
 Keys the families generate are rows with a placeholder: ``per_round/round_<k>/…`` (round index) and
@@ -93,6 +93,19 @@ class Thresholds:
 
 
 @dataclass(frozen=True)
+class RowFormula:
+    """How ``diff`` and ``check`` recompute a metric from per-row sums (``metrics/rowstats.py`` ROW_SUMS), so that
+    resampled rows give bootstrap replicates: ``token``: Σ_i S_i[of] / (N + eps) + offset (a token mean);
+    ``row``: mean_i of the per-row value ``of`` + offset (``decisions/rowmetrics.py`` names the per-row values:
+    ``abs_log_ppl_diff`` = |d_i|, ``chi2_seq_term`` = exp(2·clamp20(S_i[δ])), ``row_mean:X`` = R_i[X])."""
+
+    kind: str  # "token" | "row"
+    of: str
+    offset: float = 0.0
+    eps: float = EPS
+
+
+@dataclass(frozen=True)
 class Metric:
     """One catalogue row (see the module docstring).
 
@@ -112,6 +125,35 @@ class Metric:
     verdict: Thresholds | None
     signed: bool  # can be negative: plots do not pin the axis at zero
     row_meaning: str  # diff's one-line meaning of a metric it recomputes from rows: "" when diff does not
+    # (role, rank): what rollout-diag does with the metric (Role), and its place among the metrics of that role
+    roles: tuple[tuple[str, int], ...] = ()
+    row: RowFormula | None = None  # how diff / check recompute it from per-row sums (role "bootstrapped")
+
+    def has(self, role: str) -> bool:
+        return any(name == role for name, _ in self.roles)
+
+
+class Role:
+    """What rollout-diag does with a metric, declared once in its row (``roles=``): nothing else lists metrics by
+    role. The rank orders the metrics of one role (tables and panels list them in that order)."""
+
+    JUDGED = "judged"  # has an ok / watch / bad level (its ``verdict`` thresholds): the key metrics
+    LENGTH_GROWING = "length_growing"  # expected value grows with the response length: never sets the level alone
+    ANOMALY = "anomaly"  # checked for anomalous steps (decisions.trends)
+    TRENDED = "trended"  # drawn as a per-step trend panel in the report
+    BOOTSTRAPPED = "bootstrapped"  # recomputed from per-row sums by diff (bootstrap) and check: needs ``row=``
+    ALL = (JUDGED, LENGTH_GROWING, ANOMALY, TRENDED, BOOTSTRAPPED)
+
+
+def with_role(role: str) -> tuple[Metric, ...]:
+    """The catalogue rows with ``role``, in the order of their rank."""
+    found = [(rank, index, row) for index, row in enumerate(_ROWS) for name, rank in row.roles if name == role]
+    return tuple(row for _, _, row in sorted(found, key=lambda item: item[:2]))
+
+
+def keys_with_role(role: str) -> tuple[str, ...]:
+    """The keys of :func:`with_role`."""
+    return tuple(row.key for row in with_role(role))
 
 
 _ROWS: list[Metric] = []
@@ -131,11 +173,26 @@ def _metric(
     verdict: Thresholds | None = None,
     signed: bool = False,
     row_meaning: str = "",
+    roles: dict[str, int] | None = None,
+    row: RowFormula | None = None,
 ) -> Metric:
     """Add a row; ``short`` defaults to the key's last part, ``title`` to ``short``."""
     short = short or key.rpartition("/")[2]
     metric = Metric(
-        key, section, formula, high_means, unit, direction, short, title or short, note, verdict, signed, row_meaning
+        key,
+        section,
+        formula,
+        high_means,
+        unit,
+        direction,
+        short,
+        title or short,
+        note,
+        verdict,
+        signed,
+        row_meaning,
+        tuple((roles or {}).items()),
+        row,
     )
     _ROWS.append(metric)
     return metric
@@ -183,6 +240,7 @@ KL = _metric(
     direction=AWAY,
     note="T[r − a]: can be negative; read k3_kl",
     signed=True,
+    roles={Role.TRENDED: 2},
 )
 K3_KL = _metric(
     "rollout_corr/k3_kl",
@@ -193,6 +251,8 @@ K3_KL = _metric(
     note="KL(rollout‖trainer), k3 estimator, token mean: the headline number",
     verdict=Thresholds(1e-3, 1e-2, "token-level KL(rollout‖trainer), k3 estimator"),
     row_meaning="token-mean k3 KL, exp(δ) − δ − 1 (§1)",
+    roles={Role.BOOTSTRAPPED: 1, Role.JUDGED: 1, Role.TRENDED: 1, Role.ANOMALY: 1},
+    row=RowFormula("token", "k3"),
 )
 _metric(
     "rollout_corr/log_ppl_diff",
@@ -212,6 +272,8 @@ LOG_PPL_ABS_DIFF = _metric(
     title="|log-ppl diff|",
     verdict=Thresholds(1e-2, 5e-2, "per-sequence |log-ppl gap| between the two stacks"),
     row_meaning="mean |log-ppl gap| per sequence (§1)",
+    roles={Role.BOOTSTRAPPED: 4, Role.JUDGED: 4, Role.TRENDED: 5, Role.ANOMALY: 3},
+    row=RowFormula("row", "abs_log_ppl_diff"),
 )
 _metric(
     "rollout_corr/log_ppl_diff_max",
@@ -247,6 +309,8 @@ CHI2_TOKEN = _metric(
     title="χ² token",
     verdict=Thresholds(1e-2, 1e-1, "variance of token IS weights ρ = π_train/π_rollout"),
     row_meaning="χ² of token IS weights (§1)",
+    roles={Role.BOOTSTRAPPED: 2, Role.JUDGED: 2, Role.TRENDED: 3, Role.ANOMALY: 2},
+    row=RowFormula("token", "chi2_term", offset=-1.0),
 )
 CHI2_SEQ = _metric(
     "rollout_corr/chi2_seq",
@@ -257,6 +321,8 @@ CHI2_SEQ = _metric(
     title="χ² seq",
     verdict=Thresholds(0.5, 2.0, "variance of sequence IS weights (grows with length)"),
     row_meaning="χ² of sequence IS weights (§1)",
+    roles={Role.BOOTSTRAPPED: 3, Role.JUDGED: 3, Role.TRENDED: 4, Role.LENGTH_GROWING: 1},
+    row=RowFormula("row", "chi2_seq_term", offset=-1.0),
 )
 
 # ------------------------------------------------------------------------------------------ §2 importance sampling
@@ -453,6 +519,8 @@ PROBS_DIFF_MEAN = _metric(
     title="probs diff mean",
     verdict=Thresholds(1e-2, 5e-2, "mean |p_train − p_rollout| per token"),
     row_meaning="token-mean |p_train − p_rollout| (§5)",
+    roles={Role.BOOTSTRAPPED: 7, Role.JUDGED: 5, Role.TRENDED: 6},
+    row=RowFormula("token", "prob_diff", eps=0.0),
 )
 _metric(
     "training/rollout_probs_diff_std",
@@ -499,6 +567,8 @@ ROLLOUT_KL_ABS = _metric(
     "typical per-token log-ratio size, row-averaged",
     unit=NATS,
     row_meaning="mean over sequences of the row-mean |δ| (§6; slime's train_rollout_logprob_abs_diff)",
+    roles={Role.BOOTSTRAPPED: 6},
+    row=RowFormula("row", "row_mean:abs_log_ratio"),
 )
 _metric(
     "rollout_kl/k2", "rollout_kl", "mean_i R_i[½δ²]", "squared log ratio: dominated by large per-token gaps", unit=NATS
@@ -522,6 +592,8 @@ LOGPROB_ABS_DIFF = _metric(
     title="|δ| mean",
     verdict=Thresholds(5e-2, 2e-1, "mean |log p_train − log p_rollout| per token"),
     row_meaning="token-mean |δ| (§7)",
+    roles={Role.BOOTSTRAPPED: 5, Role.JUDGED: 6, Role.TRENDED: 7},
+    row=RowFormula("token", "abs_log_ratio"),
 )
 ROUND_ABS_DIFF_MEAN = _metric(
     "per_round/round_<k>/logprob_abs_diff_mean",
@@ -613,6 +685,23 @@ CATASTROPHIC_TOKEN_SHARE = _metric(
     "catastrophic tokens are not rare",
     unit=SHARE,
     title="catastrophic token share",
+    roles={Role.TRENDED: 8},
+)
+K3_KL_WITHOUT_CATASTROPHIC = _metric(
+    "diag/k3_kl_without_catastrophic",
+    "localisation",
+    "k3_kl over the model tokens with |δ| ≤ the catastrophic threshold",
+    "the mismatch is broad, not a few outlier tokens (compare with k3_kl)",
+    unit=NATS,
+    short="k3_kl_without_catastrophic",
+)
+CHI2_TOKEN_WITHOUT_CATASTROPHIC = _metric(
+    "diag/chi2_token_without_catastrophic",
+    "localisation",
+    "chi2_token over the model tokens with |δ| ≤ the catastrophic threshold",
+    "token IS weights vary a lot even without the outlier tokens (compare with chi2_token)",
+    unit=DIMENSIONLESS,
+    short="chi2_token_without_catastrophic",
 )
 
 # ------------------------------------------------------------------------------------------ §8 legacy family
@@ -730,6 +819,8 @@ TOKEN_MULT_PROB_ERROR = _metric(
     "T[exp(|δ|)], Σ / (N + 1e-8) as NeMo-RL's masked_mean (1 = identical logprobs)",
     unit=RATIO,
     row_meaning="NeMo-RL's token-mean exp(|δ|), Σ/(N + 1e-8) as its masked_mean (1 = identical logprobs)",
+    roles={Role.BOOTSTRAPPED: 8},
+    row=RowFormula("token", "exp_abs_log_ratio"),
 )
 
 

@@ -637,21 +637,22 @@ def compare_presets(
         )
     if export_decisions is not None:
         typer.echo(f"wrote {export_decisions}", err=True)
-    from rollout_diag.decisions.recommend import recommend, sort_by_intrusiveness
+    from rollout_diag.decisions.recommend import sort_by_intrusiveness
     from rollout_diag.render.decisions import recommendation_lines
+    from rollout_diag.render.presets import answer_block
 
-    recommendation = recommend(result)
     if sort is PresetOrder.intrusiveness:
         result = sort_by_intrusiveness(result)
     shown = output_format(format, output)
     if shown is OutputFormat.json:
-        emit(to_json_text({**result.to_json(), "recommendation": recommendation.to_json()}), output)
+        emit(to_json_text(result.to_json()), output)
     elif shown is OutputFormat.csv:
         emit(comparison_csv(result), output)
     else:
         warnings = [plain(f"warning: {warning}", style="yellow") for warning in result.warnings]
-        tables = [presets_table(result), render_sweep(result.sweep, parse_targets(target)), *warnings]
-        show(Group(*tables, recommendation_lines(recommendation)), output)
+        tables = [*answer_block(result), presets_table(result), render_sweep(result.sweep, parse_targets(target))]
+        details = [] if result.recommendation is None else [recommendation_lines(result.recommendation, headline=False)]
+        show(Group(*tables, *warnings, *details), output)
 
 
 # Options that shape a live analysis: given with --from-json they would be silently ignored, so they are an error.

@@ -17,6 +17,7 @@ import torch
 
 from rollout_diag import catalogue
 from rollout_diag.decisions.intrusive import INTRUSIVE_MIN_ESS, INTRUSIVE_REJECTED_FRACTION, intrusive_reasons
+from rollout_diag.decisions.recommend import judge_comparison
 from rollout_diag.distributed import check_workers, run_parts
 from rollout_diag.dump import reads_dump
 from rollout_diag.engine import build_result, check_targets
@@ -183,7 +184,7 @@ def _one_pass(
         intrusive_rejected_fraction=intrusive[0],
         intrusive_min_ess=intrusive[1],
     )
-    return base, comparison
+    return base, judge_comparison(comparison, base)
 
 
 def _with_metrics(offpolicy: StepResult, metrics: Mapping[str, float]) -> StepResult:

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from numbers import Integral
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from rollout_diag.decisions.analysis import judge_analysis
 from rollout_diag.decisions.check import CheckResult, Gate, check
 from rollout_diag.decisions.diff import DEFAULT_LEVEL, DEFAULT_REPLICATES, DEFAULT_SEED, DiffResult, DiffSide, diff
 from rollout_diag.distributed import analyze_parts, check_workers
 from rollout_diag.dump import reads_dump
 from rollout_diag.errors import ConfigError, DataError, option_name, where
-from rollout_diag.hints import with_hints
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, ReadLog
 from rollout_diag.metrics.base import StepAccumulator, row_mean
@@ -31,7 +31,6 @@ from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS
 from rollout_diag.metrics.rowstats import RowStatsCollector
 from rollout_diag.metrics.segments import stats
 from rollout_diag.metrics.sweep import DEFAULT_TARGETS, SweepAccumulator, sweep_tables
-from rollout_diag.metrics.trends import ANOMALY_KEEP, find_anomalies, keep_largest, round_trend, step_trend
 from rollout_diag.passes import (
     Analysis,
     Inputs,
@@ -44,7 +43,6 @@ from rollout_diag.passes import (
 from rollout_diag.paths import file_label
 from rollout_diag.presets import Preset, resolve_presets
 from rollout_diag.results import AnalysisResult, RowStats, RowTokens, SkippedRow, SweepOption, SweepResult, SweepStep
-from rollout_diag.verdicts import judge
 
 
 @reads_dump
@@ -290,12 +288,6 @@ def build_result(analysis: Analysis, log: ReadLog, device: torch.device, strict:
     if log.skipped_rows:
         warnings.append(f"{log.skipped_rows} row(s) skipped as invalid; each is listed with its file, row and column.")
     rounds = analysis.rounds.finalize_table()
-    trends = [t for t in (round_trend(rounds), step_trend(steps)) if t is not None]
-    anomalies, anomalies_cut = keep_largest(find_anomalies(steps))
-    if anomalies_cut:
-        warnings.append(
-            f"{len(anomalies) + anomalies_cut} anomaly flags: the {ANOMALY_KEEP} largest are kept, {anomalies_cut} cut."
-        )
     result = AnalysisResult(
         inputs=list(log.files),
         columns=dict(log.columns),
@@ -305,21 +297,20 @@ def build_result(analysis: Analysis, log: ReadLog, device: torch.device, strict:
         run=run,
         steps=steps,
         rounds=rounds,
-        verdicts=judge(run.metrics),
+        verdicts=[],
         positions=analysis.positions.position_rows(),
         worst_rows=analysis.worst.worst_rows(),
         worst_tokens=analysis.worst.worst_tokens(),
         worst_row_tokens=analysis.worst.worst_row_tokens(),
         delta_histogram=analysis.positions.delta_histogram(),
-        anomalies=anomalies,
-        trends=trends,
         catastrophic_threshold=analysis.catastrophic,
         warnings=warnings,
         skipped=list(log.skipped),
         skipped_rows=log.skipped_rows,
-        anomalies_cut=anomalies_cut,
     )
-    return result if analysis.offpolicy_only else with_hints(result, analysis.hint_evidence.evidence())
+    unmasked = (sum(c[0] for c in log.unmasked.values()), sum(c[1] for c in log.unmasked.values()))
+    evidence = replace(analysis.hint_evidence.evidence(), unmasked=unmasked)
+    return judge_analysis(result, evidence)
 
 
 # ----------------------------------------------------------------------- decisions: check and diff

@@ -8,6 +8,7 @@ Names with ``<k>`` (round index) or ``<opt>`` (rejection option, e.g. ``seq_mean
 
 from __future__ import annotations
 
+from rollout_diag import catalogue
 from rollout_diag.catalogue import CATALOGUE, SECTIONS, Metric
 from rollout_diag.catalogue import lookup as _lookup
 
@@ -31,8 +32,6 @@ def sections() -> dict[str, list[Term]]:
 
 def markdown() -> str:
     """docs/metrics.md: every term by section, then the verdict thresholds (``python -m rollout_diag.glossary``)."""
-    from rollout_diag.verdicts import RULES
-
     lines = [
         "# Metrics",
         "",
@@ -61,7 +60,11 @@ def markdown() -> str:
         "| metric | watch ≥ | bad ≥ | what it measures |",
         "|---|---|---|---|",
     ]
-    lines += [f"| `{r.metric}` | {r.watch:g} | {r.bad:g} | {_cell(r.meaning)} |" for r in RULES]
+    lines += [
+        f"| `{m.key}` | {m.verdict.watch:g} | {m.verdict.bad:g} | {_cell(m.verdict.measures)} |"
+        for m in catalogue.with_role(catalogue.Role.JUDGED)
+        if m.verdict is not None
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -108,17 +108,17 @@ class Analysis:
 
     @property
     def families(self) -> tuple[StepAccumulator, ...]:
-        if self.offpolicy_only:
-            return (self.offpolicy,)
+        if self.offpolicy_only:  # positions too: the verdict's catastrophic tokens, as analyze's
+            return (self.offpolicy, self.positions)
         return (self.offpolicy, self.debug, self.rollout_kl, self.rounds, self.positions)
 
     def update(self, chunk: Chunk) -> None:
         for family in self.families:
             family.update(chunk)
+        self.hint_evidence.update(chunk)  # compare-presets too: a pipeline bug withholds its recommendation
         if not self.offpolicy_only:
             self.worst.update(chunk)
             self.dialect.update(chunk)
-            self.hint_evidence.update(chunk)
         if len(self.empty_rows) < MAX_LISTED_EMPTY_ROWS:
             for row in torch.nonzero(stats(chunk).row_count == 0).flatten().tolist()[:MAX_LISTED_EMPTY_ROWS]:
                 self.empty_rows.append(

@@ -157,7 +157,7 @@ class RowTokens:
 @dataclass(frozen=True)
 class Anomaly:
     """A step whose ``metric`` is ``factor`` × the median of the previous steps' values (``baseline``) and above
-    their robust log-scale spread (rollout_diag/metrics/trends.py states the rule)."""
+    their robust log-scale spread (rollout_diag/decisions/trends.py states the rule)."""
 
     step: int
     metric: str
@@ -181,7 +181,7 @@ class Trend:
 
 @dataclass(frozen=True)
 class Hint:
-    """A likely root cause the data supports (rollout_diag/hints.py): one sentence, the numbers behind it, and
+    """A likely root cause the data supports (rollout_diag/decisions/hints.py): one sentence, the numbers behind it, and
     where to look (steps, rows, and what in them)."""
 
     id: str  # off_by_one | dummy_logprobs | processed_logprobs | first_token | last_token | low_probability | …
@@ -190,6 +190,27 @@ class Hint:
     steps: list[int] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)  # {"step", "sample_id", "file", "row"}
     look_at: str = ""
+
+
+@dataclass(frozen=True)
+class OverallVerdict:
+    """The answer in one object (rollout_diag/decisions/verdict.py states the rules): the level, what causes it, one
+    sentence saying what to do first, the key metrics that set the level, the pipeline findings (hint ids) behind
+    cause ``pipeline``, and notes (length, negative χ², little data, outliers)."""
+
+    level: str  # "ok" | "watch" | "bad" | "n/a"
+    cause: str  # "none" | "mismatch" | "pipeline"
+    sentence: str
+    metrics: list[str] = field(default_factory=list)
+    findings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> OverallVerdict:
+        return _item(cls, raw)
 
 
 @dataclass(frozen=True)
@@ -219,6 +240,13 @@ class AnalysisResult:
     anomalies_cut: int = 0  # flags beyond the ANOMALY_KEEP largest (``anomalies`` holds those, largest first)
     hints: list[Hint] = field(default_factory=list)  # likely root causes, only those the data supports
     format: str = "parquet"  # the trainer format the inputs were read as (io/formats)
+    # Judgement, filled once by rollout_diag.decisions when the result is built; renderers only read these.
+    verdict: OverallVerdict | None = None
+    # per step: {"step", "level" (the step's worst), "levels": {judged metric: level}}
+    step_levels: list[dict[str, Any]] = field(default_factory=list)
+    # the most divergent round under the support rule and whether it stands out from the others (None: one round)
+    divergent_round: dict[str, Any] | None = None
+    anomaly_check: str = ""  # why the anomaly rule could not apply ("" when it did)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -248,6 +276,10 @@ class AnalysisResult:
             "skipped": [asdict(s) for s in self.skipped],
             "skipped_rows": self.skipped_rows,
             "hints": [{**asdict(h), "evidence": _json_row(h.evidence)} for h in self.hints],
+            "verdict": None if self.verdict is None else self.verdict.to_json(),
+            "step_levels": [dict(entry) for entry in self.step_levels],
+            "divergent_round": None if self.divergent_round is None else _json_row(self.divergent_round),
+            "anomaly_check": self.anomaly_check,
         }
 
     @classmethod
@@ -283,6 +315,8 @@ class AnalysisResult:
                 values[spec.name] = [StepResult.from_json(step) for step in raw]
             elif spec.name in _ITEM_TYPES:
                 values[spec.name] = [_item(_ITEM_TYPES[spec.name], item) for item in raw]
+            elif spec.name == "verdict":
+                values[spec.name] = None if raw is None else OverallVerdict.from_json(raw)
             elif spec.name in ("rounds", "positions"):
                 values[spec.name] = [{key: _nan_for_null(value, key) for key, value in row.items()} for row in raw]
             else:
@@ -504,6 +538,50 @@ class PresetResult:
 
 
 @dataclass(frozen=True)
+class Recommendation:
+    """The recommended preset (None when no preset meets the rule), the rule, the runner-up, and why each more
+    intrusive preset was not chosen (rollout_diag/decisions/recommend.py states the rule)."""
+
+    preset: str | None
+    rule: str
+    reasons: list[str]
+    runner_up: str | None = None
+    runner_up_reason: str = ""
+    not_chosen: list[tuple[str, str]] = field(default_factory=list)  # (preset, why), most intrusive last
+    equivalent: list[str] = field(default_factory=list)  # same IS/RS settings, another mode: same numbers
+    note: str = ""
+    order: list[str] = field(default_factory=list)  # every preset, least intrusive first
+    ties: list[str] = field(default_factory=list)  # presets within the noise bound of the chosen one
+    tie_reason: str = ""  # why the chosen one won among its ties ("" without ties)
+
+    def summary(self) -> str:
+        if self.preset is None:
+            return "No preset meets the rule on this data."
+        return f"Recommended: {self.preset} ({'; '.join(self.reasons)})."
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "preset": self.preset,
+            "rule": self.rule,
+            "reasons": list(self.reasons),
+            "runner_up": self.runner_up,
+            "runner_up_reason": self.runner_up_reason,
+            "not_chosen": [{"preset": name, "reason": reason} for name, reason in self.not_chosen],
+            "equivalent": list(self.equivalent),
+            "note": self.note,
+            "order": list(self.order),
+            "ties": list(self.ties),
+            "tie_reason": self.tie_reason,
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Recommendation:
+        values = {key: value for key, value in raw.items() if key in {f.name for f in dataclasses.fields(cls)}}
+        values["not_chosen"] = [(item["preset"], item["reason"]) for item in raw.get("not_chosen", [])]
+        return cls(**values)
+
+
+@dataclass(frozen=True)
 class ComparisonResult:
     """What ``compare_presets`` found; ``to_json()`` is the documented JSON. ``sweep`` is the run-level threshold
     sweep (one entry per option, with its share-vs-threshold curve: rollout_diag.metrics.sweep)."""
@@ -519,6 +597,13 @@ class ComparisonResult:
     sweep: list[SweepOption] = field(default_factory=list)
     intrusive_rejected_fraction: float = INTRUSIVE_REJECTED_FRACTION
     intrusive_min_ess: float = INTRUSIVE_MIN_ESS
+    # Judgement, filled once by rollout_diag.decisions when the comparison is built: the data's overall verdict,
+    # the recommendation, or (None) why it is withheld.
+    verdict: OverallVerdict | None = None
+    recommendation: Recommendation | None = None
+    recommendation_withheld: str | None = None
+    verdicts: list[Verdict] = field(default_factory=list)  # the data's key metrics, judged (as AnalysisResult's)
+    step_levels: list[dict[str, Any]] = field(default_factory=list)  # as AnalysisResult.step_levels
 
     @classmethod
     def from_json(cls, document: dict[str, Any]) -> ComparisonResult:
@@ -548,6 +633,13 @@ class ComparisonResult:
                 sweep=[SweepOption.from_json(option) for option in document.get("sweep", [])],
                 intrusive_rejected_fraction=intrusive.get("rejected_fraction", INTRUSIVE_REJECTED_FRACTION),
                 intrusive_min_ess=intrusive.get("min_ess", INTRUSIVE_MIN_ESS),
+                verdict=None if document.get("verdict") is None else OverallVerdict.from_json(document["verdict"]),
+                recommendation=None
+                if document.get("recommendation") is None
+                else Recommendation.from_json(document["recommendation"]),
+                recommendation_withheld=document.get("recommendation_withheld"),
+                verdicts=[_item(Verdict, item) for item in document.get("verdicts", [])],
+                step_levels=list(document.get("step_levels", [])),
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise InputError(f"not a `compare-presets --format json` result (missing {exc}).") from exc
@@ -565,6 +657,11 @@ class ComparisonResult:
             layout=self.layout,
             device=self.device,
             intrusive={"rejected_fraction": self.intrusive_rejected_fraction, "min_ess": self.intrusive_min_ess},
+            verdict=None if self.verdict is None else self.verdict.to_json(),
+            recommendation=None if self.recommendation is None else self.recommendation.to_json(),
+            recommendation_withheld=self.recommendation_withheld,
+            verdicts=[{**asdict(v), "value": json_number(v.value)} for v in self.verdicts],
+            step_levels=[dict(entry) for entry in self.step_levels],
             presets=[preset.to_json() for preset in self.presets],
             sweep=[option.to_json() for option in self.sweep],
         )

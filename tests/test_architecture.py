@@ -210,3 +210,50 @@ def test_the_readme_module_map_holds(group):
     for name in [n for n in modules() if in_group(n, (group,))]:
         wrong = sorted(t for t in reachable(name) if in_group(t, MODULE_MAP[group]))
         assert not wrong, f"{name} reaches {wrong}"
+
+
+# Judgement lives in decisions/ and runs once, when a result is built; renderers only read the result's findings.
+# decisions.sweep and decisions.dialects are allowed: they turn numbers into sentences and judge nothing.
+JUDGING = ("rollout_diag.decisions",)
+DESCRIBING = ("rollout_diag.decisions.sweep", "rollout_diag.decisions.dialects")
+RENDERERS = ("rollout_diag.render", "rollout_diag.report")
+
+
+def judging_imports(targets: frozenset[str] | set[str]) -> list[str]:
+    """The judging modules among ``targets`` (modules a renderer imports)."""
+    return sorted(t for t in targets if in_group(t, JUDGING) and not in_group(t, DESCRIBING))
+
+
+@pytest.mark.parametrize("group", RENDERERS)
+def test_renderers_import_no_judging_function(group):
+    for name in [n for n in modules() if in_group(n, (group,))]:
+        wrong = judging_imports(imports_of(name))
+        assert not wrong, f"{name} reaches {wrong}: read the result's findings instead"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from rollout_diag.decisions.verdict import overall_verdict",
+        "def f():\n    from rollout_diag.decisions.recommend import recommend\n",
+        "import rollout_diag.decisions.analysis",
+    ],
+)
+def test_a_renderer_importing_a_judging_function_is_caught(source):
+    targets = set()
+    for node in _import_nodes(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        else:
+            targets.update(
+                f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules() else node.module
+                for alias in node.names
+            )
+    assert judging_imports(targets)
+
+
+def test_type_checking_imports_of_result_types_are_allowed():
+    source = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from rollout_diag.decisions.diff import DiffResult\n"
+    )
+    assert not [node for node in _import_nodes(ast.parse(source)) if "decisions" in (node.module or "")]

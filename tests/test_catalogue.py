@@ -135,7 +135,7 @@ def test_diff_compares_only_metrics_where_higher_is_worse() -> None:
 
 
 def test_verdict_rules_are_the_catalogue_thresholds() -> None:
-    from rollout_diag.verdicts import RULES
+    from rollout_diag.decisions.levels import RULES
 
     with_thresholds = {row.key: row.verdict for row in CATALOGUE.values() if row.verdict is not None}
     assert {rule.metric for rule in RULES} == set(with_thresholds)

@@ -11,7 +11,7 @@ from dumps import seq_row, write_sequence_dump
 from reference import round_metrics
 
 import rollout_diag as rd
-from rollout_diag.metrics.trends import ANOMALY_METRICS, find_anomalies, keep_largest
+from rollout_diag.decisions.trends import ANOMALY_METRICS, find_anomalies, keep_largest
 from rollout_diag.results import Anomaly, StepResult
 
 

@@ -26,9 +26,7 @@ from typer.testing import CliRunner
 
 import rollout_diag as rd
 from rollout_diag.cli import app
-from rollout_diag.engine import Analysis, open_reader, run_chunks
-from rollout_diag.errors import ColumnError, DataError
-from rollout_diag.hints import (
+from rollout_diag.decisions.hints import (
     HINT_IDS,
     MIN_GROUP_TOKENS,
     Contrast,
@@ -38,6 +36,8 @@ from rollout_diag.hints import (
     find_hints,
     staleness,
 )
+from rollout_diag.engine import Analysis, open_reader, run_chunks
+from rollout_diag.errors import ColumnError, DataError
 from rollout_diag.metrics.hints import PROBABILITY_EDGES, TOKEN_SUMS
 from rollout_diag.render.hints import hint_lines
 from rollout_diag.report import render_report
@@ -522,3 +522,25 @@ def test_policy_version_written_by_the_dump_writer_drives_staleness(tmp_path):
                 extra={"policy_version": [row["policy_version"] for row in mine]},
             )
     assert "staleness" in hint_ids(tmp_path / "dump")
+
+
+# ------------------------------------------------------------------------------------------ no_mask
+def test_no_mask_fires_on_environment_like_zeros_only_above_one_percent():
+    from rollout_diag.decisions.hints import NO_MASK_MIN_SHARE, no_mask
+
+    assert no_mask(Evidence(run={}, steps={}, unmasked=(0, 0))) is None  # a dump with a mask column
+    below = int(NO_MASK_MIN_SHARE * 10_000) - 1
+    assert no_mask(Evidence(run={}, steps={}, unmasked=(10_000, below))) is None
+    found = no_mask(Evidence(run={}, steps={}, unmasked=(10_000, 400)))
+    assert found is not None and found.id == "no_mask" and "4.00%" in found.message
+    assert found.evidence["share"] == 0.04
+
+
+def test_the_real_dump_without_its_mask_shows_no_mask_first(tmp_path):
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(REAL_SAMPLE).drop(["response_mask"])
+    path = tmp_path / "unmasked.parquet"
+    pq.write_table(table, path)
+    ids = [hint.id for hint in rd.analyze(str(path), device="cpu").hints]
+    assert ids[:2] == ["no_mask", "dummy_logprobs"]

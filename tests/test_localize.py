@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from test_metrics import random_rows, write_dump
 
 import rollout_diag as rd
-from rollout_diag.metrics.trends import change_point, find_anomalies, least_squares, t_quantile_975
+from rollout_diag.decisions.trends import change_point, find_anomalies, least_squares, t_quantile_975
 from rollout_diag.results import StepResult
 
 

@@ -98,12 +98,16 @@ def test_compare_presets_json_carries_the_recommendation(sample_comparison: dict
     assert sorted(found["order"]) == sorted(p["name"] for p in sample_comparison["presets"])
 
 
-def test_terminal_ends_with_the_recommendation_and_sorts_by_intrusiveness(sample_comparison: dict) -> None:
+def test_terminal_opens_with_the_answer_and_sorts_by_intrusiveness(sample_comparison: dict) -> None:
     output = succeeded(invoke("compare-presets", SAMPLE, "--device", "cpu", "--sort", "intrusiveness"))
-    tail = output[output.index("Recommendation: ") :]
-    assert "decoupled_token_is" in tail and "runner-up: decoupled_seq_is" in tail and "rule:" in tail
+    # the answer first: the data's verdict, then the recommendation and its reason (issue 19)
+    assert output.startswith("Verdict: ")
+    assert output.index("Recommendation: decoupled_token_is") < output.index("Rollout-correction presets")
+    tail = output[output.index("Why decoupled_token_is") :]
+    assert "runner-up: decoupled_seq_is" in tail and "rule:" in tail
     order = sample_comparison["recommendation"]["order"]
-    positions = [output.index(f" {name} ") for name in order]
+    table = output[output.index("Rollout-correction presets") :]
+    positions = [table.index(f" {name} ") for name in order]
     assert positions == sorted(positions)  # the table lists the presets least intrusive first
     document = json.loads(
         succeeded(invoke("compare-presets", SAMPLE, "--device", "cpu", "-f", "json", "--sort", "intrusiveness"))
@@ -115,3 +119,97 @@ def test_the_recommendation_is_among_the_chosen_presets_only() -> None:
     chosen = [p for p in HAND.presets if p.name in ("seq_is", "k3_rs")]
     found = recommend(HAND, chosen)
     assert (found.preset, found.runner_up, found.order) == ("seq_is", "k3_rs", ["seq_is", "k3_rs"])
+
+
+def legacy(name: str, mode: str = "truncate", bounds: tuple[float, float] = (0.5, 2.0), **run: float) -> Any:
+    config = {
+        "legacy_is": "token",
+        "legacy_is_mode": mode,
+        "legacy_is_threshold": bounds,
+        "legacy_is_mask_threshold": bounds,
+        "legacy_is_veto_threshold": (None, None),
+    }
+    metrics = {**CALM, **{key.replace("__", "/"): value for key, value in run.items()}}
+    return PresetResult(name, config, "decoupled", [], StepResult(None, 10, 100, metrics))
+
+
+def legacy_importance(ess: float, mean: float = 1.0) -> dict[str, float]:
+    return {"mismatch__rollout_is_eff_sample_size": ess, "mismatch__rollout_is_mean": mean}
+
+
+def test_a_difference_below_the_noise_bound_is_a_tie_that_goes_to_verls_current_presets() -> None:
+    """The issue's case: legacy_token_truncate beat decoupled_token_is on an ESS difference of 1e-4."""
+    tied = comparison(
+        legacy("legacy_token_truncate", **dropped(0, 0), **legacy_importance(0.9997)),
+        preset("decoupled_token_is", is_="token", **dropped(0, 0), **importance(0.9996)),
+    )
+    found = recommend(tied)
+    assert found.preset == "decoupled_token_is" and found.ties == ["legacy_token_truncate"]
+    assert "noise bound" in found.tie_reason and "before the legacy family" in found.tie_reason
+    assert dict([(found.runner_up, found.runner_up_reason)])["legacy_token_truncate"].startswith("tied within")
+    apart = comparison(
+        legacy("legacy_token_truncate", **dropped(0, 0), **legacy_importance(0.999)),
+        preset("decoupled_token_is", is_="token", **dropped(0, 0), **importance(0.95)),
+    )
+    assert recommend(apart).preset == "legacy_token_truncate" and not recommend(apart).ties
+
+
+def test_among_ties_of_one_family_the_less_intrusive_wins() -> None:
+    tied = comparison(
+        preset("token_icepop", is_="token", **dropped(0.0002, 0.001), **importance(0.999)),
+        preset("token_is", is_="token", **dropped(0, 0), **importance(0.995)),
+    )
+    found = recommend(tied)
+    assert found.preset == "token_is" and found.ties == ["token_icepop"] and "less intrusive" in found.tie_reason
+
+
+def test_legacy_presets_are_judged_on_the_weights_they_use() -> None:
+    """A legacy preset truncating into [0.5, 2] reports its raw mean (4.06): not rejected for it; one whose used
+    weights lie wholly outside the band is."""
+    truncated = recommend(comparison(legacy("legacy_trunc", **dropped(0, 0), **legacy_importance(0.9, mean=4.06))))
+    assert truncated.preset == "legacy_trunc"
+    assert "mean IS weight 4.06 raw (before truncation)" in truncated.reasons
+    outside = recommend(
+        comparison(legacy("legacy_far", bounds=(2.5, 5.0), **dropped(0, 0), **legacy_importance(0.9, mean=4.06)))
+    )
+    assert outside.preset is None and "4.06 raw (before truncation) outside [0.5, 2]" in outside.runner_up_reason
+
+
+def test_legacy_raw_values_are_marked_raw_in_the_terminal_and_the_report() -> None:
+    import io
+
+    from rich.console import Console
+
+    from rollout_diag.render.presets import presets_table
+    from rollout_diag.report import render_report
+
+    hand = comparison(legacy("legacy_trunc", **dropped(0, 0), **legacy_importance(0.9, mean=4.06)))
+    hand = ComparisonResult(
+        inputs=["x"],
+        columns={},
+        presets=[
+            PresetResult(
+                p.name,
+                p.config,
+                p.mode,
+                [StepResult(0, 10, 100, p.run.metrics)],
+                StepResult(None, 10, 100, {**p.run.metrics, "mismatch/rollout_is_max": 9.5}),
+            )
+            for p in hand.presets
+        ],
+    )
+    stream = io.StringIO()
+    Console(file=stream, width=200, color_system=None).print(presets_table(hand))
+    assert "4.06 raw" in stream.getvalue() and "9.5 raw" in stream.getvalue()
+    page = render_report(hand)
+    assert "4.06 raw" in page and "9.5 raw" in page
+
+
+def test_the_recommendation_lives_in_the_comparison_and_its_json() -> None:
+    from rollout_diag.results import Recommendation
+
+    found = recommend(HAND)
+    carried = ComparisonResult(inputs=["x"], columns={}, presets=HAND.presets, recommendation=found)
+    again = ComparisonResult.from_json(json.loads(json.dumps(carried.to_json())))
+    assert isinstance(again.recommendation, Recommendation) and again.recommendation == found
+    assert again.recommendation_withheld is None

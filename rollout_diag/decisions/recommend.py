@@ -6,20 +6,31 @@ most 10 % of model tokens dropped, IS effective sample size ≥ 0.5) and whose I
 (mean IS weight within [0.5, 2]); recommend the least intrusive of them. Intrusiveness orders presets by the
 share of model tokens dropped, then of sequences dropped, then by how far the IS weights are from uniform
 (1 − ESS). Pure functions over a ComparisonResult (its ``--format json`` dict works too).
+
+Differences below a noise bound are ties (``TIE_*``): among presets that tie with the least intrusive one, verl's
+current presets go before the legacy family, then the less intrusive. Every family is judged like for like: the
+legacy helper (§8) reports its mean IS weight before truncation, so a legacy preset's band test uses the interval
+its used weights lie in (its truncation or mask bounds), and its raw mean is marked ``raw``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rollout_diag import catalogue
 from rollout_diag.decisions.intrusive import INTRUSIVE_MIN_ESS, INTRUSIVE_REJECTED_FRACTION, intrusive_reasons
-from rollout_diag.verdicts import judge
+from rollout_diag.decisions.levels import judge
+from rollout_diag.decisions.verdict import FIX_FIRST
+from rollout_diag.results import AnalysisResult, ComparisonResult, Hint, OverallVerdict, Recommendation
 
 IS_MEAN_BAND = (0.5, 2.0)  # verl's warning band for rollout_is_mean (docs/algo/rollout_corr.md)
+# Noise bounds: two presets whose numbers differ by less than these are tied (docs/recommendation.md).
+TIE_ESS = 0.01  # ESS: a 1 % difference in effective batch size is below what any run can tell apart
+TIE_TOKENS_DROPPED = 0.001  # 0.1 percentage point of model tokens
+TIE_ROWS_DROPPED = 0.01  # 1 percentage point of sequences (a batch of a few hundred rows moves by single rows)
 RULE = (
     "the least intrusive preset that corrects (IS weights or rejection), drops at most {rejected:.0%} of model "
     "tokens, keeps the IS effective sample size at or above {ess:g} and the mean IS weight within [0.5, 2]; "
@@ -40,44 +51,12 @@ class PresetStanding:
     is_mean: float | None
     setting: tuple[str, str]  # (IS setting, RS setting): presets with equal settings differ only in mode
     problems: tuple[str, ...]  # why it fails the rule (empty: it passes)
+    legacy: bool = False  # the §8 legacy family: its is_mean is the raw mean, before truncation
+    used_weights: tuple[float, float] | None = None  # legacy: the interval the weights the trainer uses lie in
 
     @property
     def key(self) -> tuple[float, float, float]:
         return (self.tokens_dropped, self.rows_dropped, 0.0 if self.ess is None else 1.0 - self.ess)
-
-
-@dataclass(frozen=True)
-class Recommendation:
-    """The recommended preset (None when no preset meets the rule), the rule, the runner-up, and why each more
-    intrusive preset was not chosen."""
-
-    preset: str | None
-    rule: str
-    reasons: list[str]
-    runner_up: str | None = None
-    runner_up_reason: str = ""
-    not_chosen: list[tuple[str, str]] = field(default_factory=list)  # (preset, why), most intrusive last
-    equivalent: list[str] = field(default_factory=list)  # same IS/RS settings, another mode: same numbers
-    note: str = ""
-    order: list[str] = field(default_factory=list)  # every preset, least intrusive first
-
-    def summary(self) -> str:
-        if self.preset is None:
-            return "No preset meets the rule on this data."
-        return f"Recommended: {self.preset} ({'; '.join(self.reasons)})."
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "preset": self.preset,
-            "rule": self.rule,
-            "reasons": list(self.reasons),
-            "runner_up": self.runner_up,
-            "runner_up_reason": self.runner_up_reason,
-            "not_chosen": [{"preset": name, "reason": reason} for name, reason in self.not_chosen],
-            "equivalent": list(self.equivalent),
-            "note": self.note,
-            "order": list(self.order),
-        }
 
 
 def _attr(item: Any, name: str, default: Any = None) -> Any:
@@ -111,8 +90,11 @@ def standings(comparison: Any, presets: Sequence[Any] | None = None) -> list[Pre
         ess = _weight_metric(metrics, catalogue.IS_EFF_SAMPLE_SIZE) if importance else None
         is_mean = _weight_metric(metrics, catalogue.IS_MEAN) if importance else None
         problems = list(intrusive_reasons(metrics, *limits))
-        if is_mean is not None and not IS_MEAN_BAND[0] <= is_mean <= IS_MEAN_BAND[1]:
-            problems.append(f"mean IS weight {is_mean:.3g} outside [0.5, 2]")
+        legacy = bool(config.get("legacy_is"))
+        used = _used_weights(config) if legacy else None
+        if is_mean is not None and not _in_band(is_mean, used):
+            raw = " raw (before truncation)" if legacy else ""
+            problems.append(f"mean IS weight {is_mean:.3g}{raw} outside [0.5, 2]")
         out.append(
             PresetStanding(
                 name=str(_attr(preset, "name")),
@@ -124,9 +106,41 @@ def standings(comparison: Any, presets: Sequence[Any] | None = None) -> list[Pre
                 is_mean=is_mean,
                 setting=_setting(config),
                 problems=tuple(problems),
+                legacy=legacy,
+                used_weights=used,
             )
         )
     return out
+
+
+def _used_weights(config: Mapping[str, Any]) -> tuple[float, float]:
+    """The interval a legacy preset's used weights lie in: its truncation bounds, narrowed by its mask bounds in
+    mask modes (the weights the trainer multiplies by; the helper's own metrics are taken before)."""
+    lower, upper = config.get("legacy_is_threshold") or (0.0, math.inf)
+    if config.get("legacy_is_mode") in ("mask", "both"):
+        mask_lower, mask_upper = config.get("legacy_is_mask_threshold") or (lower, upper)
+        if config.get("legacy_is_mode") == "mask":
+            return float(mask_lower), float(mask_upper)
+        return max(float(lower), float(mask_lower)), min(float(upper), float(mask_upper))
+    return float(lower), float(upper)
+
+
+def _in_band(is_mean: float, used: tuple[float, float] | None) -> bool:
+    """verl's band test on the mean of the weights used: on the mean itself, or, for a legacy preset whose metrics
+    are raw, on the interval its used weights lie in (fails only when that interval lies outside the band)."""
+    low, high = IS_MEAN_BAND
+    if used is None:
+        return low <= is_mean <= high
+    return used[1] >= low and used[0] <= high
+
+
+def _ties(item: PresetStanding, best: PresetStanding) -> bool:
+    """Within the noise bound of ``best`` on every intrusiveness number."""
+    if abs(item.tokens_dropped - best.tokens_dropped) >= TIE_TOKENS_DROPPED:
+        return False
+    if abs(item.rows_dropped - best.rows_dropped) >= TIE_ROWS_DROPPED:
+        return False
+    return abs((1.0 if item.ess is None else item.ess) - (1.0 if best.ess is None else best.ess)) < TIE_ESS
 
 
 def _setting(config: Mapping[str, Any]) -> tuple[str, str]:
@@ -178,8 +192,13 @@ def recommend(comparison: Any, presets: Sequence[Any] | None = None) -> Recommen
             note=note,
             order=order,
         )
-    chosen = passing[0]
-    equivalent = [item.name for item in passing[1:] if _same(item, chosen)]
+    tied = [item for item in passing if _ties(item, passing[0])]
+    chosen = min(tied, key=lambda item: (item.legacy, item.key))  # verl's current presets first, then less intrusive
+    ties: list[str] = []  # one name per setting: a preset in another mode with the same numbers is not repeated
+    for item in tied:
+        if item is not chosen and not _same(item, chosen) and not any(_same(item, t) for t in tied if t.name in ties):
+            ties.append(item.name)
+    equivalent = [item.name for item in passing if item is not chosen and _same(item, chosen)]
     others = [item for item in correcting if item is not chosen and item.name not in equivalent]
     runner = next((item for item in others if not item.problems), None)
     return Recommendation(
@@ -192,7 +211,22 @@ def recommend(comparison: Any, presets: Sequence[Any] | None = None) -> Recommen
         equivalent=equivalent,
         note=note,
         order=order,
+        ties=ties,
+        tie_reason=_tie_reason(chosen, [item for item in tied if item.name in ties]),
     )
+
+
+def _tie_reason(chosen: PresetStanding, tied: Sequence[PresetStanding]) -> str:
+    if not tied:
+        return ""
+    names = ", ".join(item.name for item in tied)
+    bound = (
+        f"tied with {names} within the noise bound (ESS within {TIE_ESS:g}, dropped tokens within "
+        f"{TIE_TOKENS_DROPPED:.1%}, sequences within {TIE_ROWS_DROPPED:.0%})"
+    )
+    if any(item.legacy for item in tied) and not chosen.legacy:
+        return f"{bound}: verl's current presets go before the legacy family"
+    return f"{bound}: the less intrusive"
 
 
 def _not_chosen(
@@ -218,7 +252,7 @@ def _strengths(item: PresetStanding) -> list[str]:
     if item.ess is not None:
         reasons.append(f"IS effective sample size {item.ess:.4g}")
     if item.is_mean is not None:
-        reasons.append(f"mean IS weight {item.is_mean:.4g}")
+        reasons.append(f"mean IS weight {item.is_mean:.4g}{' raw (before truncation)' if item.legacy else ''}")
     return reasons
 
 
@@ -226,6 +260,10 @@ def _why_not(item: PresetStanding, chosen: PresetStanding) -> str:
     """Why ``item`` lost to ``chosen``: its rule problems, else the first intrusiveness number that is worse."""
     if item.problems:
         return "; ".join(item.problems)
+    if _ties(item, chosen):
+        if item.legacy and not chosen.legacy:
+            return "tied within the noise bound; verl's current presets go before the legacy family"
+        return "tied within the noise bound; the chosen one is less intrusive"
     if item.tokens_dropped > chosen.tokens_dropped:
         return f"drops {item.tokens_dropped:.2%} of model tokens (chosen: {chosen.tokens_dropped:.2%})"
     if item.rows_dropped > chosen.rows_dropped:
@@ -248,6 +286,34 @@ def _note(presets: Sequence[Any]) -> str:
             "defensible; the recommendation is what to turn on if you want a correction."
         )
     return ""
+
+
+def withheld_reason(verdict: OverallVerdict | None, hints: Sequence[Hint] = ()) -> str | None:
+    """Why no preset is recommended on this data (None: recommend one): a pipeline bug, which a correction would
+    hide."""
+    if verdict is None or verdict.cause != "pipeline":
+        return None
+    first = next((hint for hint in hints if hint.id in verdict.findings), None)
+    what = verdict.findings[0] if first is None else first.id
+    fix = FIX_FIRST.get(what, "fix the pipeline")
+    return (
+        f"withheld: the data shows a pipeline bug ({', '.join(verdict.findings)}). First, {fix}; then compare "
+        "the presets again (a correction would hide the bug)."
+    )
+
+
+def judge_comparison(comparison: ComparisonResult, analysis: AnalysisResult) -> ComparisonResult:
+    """``comparison`` with the judgement of its data (``analysis``: the overall verdict, the key metrics' and the
+    steps' levels) and the recommendation, or why it is withheld."""
+    withheld = withheld_reason(analysis.verdict, analysis.hints)
+    return replace(
+        comparison,
+        verdict=analysis.verdict,
+        verdicts=list(analysis.verdicts),
+        step_levels=list(analysis.step_levels),
+        recommendation=None if withheld else recommend(comparison),
+        recommendation_withheld=withheld,
+    )
 
 
 def sort_by_intrusiveness(comparison: Any) -> Any:

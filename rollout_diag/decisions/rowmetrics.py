@@ -1,8 +1,10 @@
 """Key mismatch metrics as ratios of per-row sums, so that they can be recomputed on resampled rows.
 
 Each metric is Σ_i w_i·num_i / (Σ_i w_i·den_i + eps) + offset over rows i with weights w (all ones for the
-value itself, bootstrap counts for a replicate). With unit weights each one is the metric of METRICS.md that
-``analyze`` reports under the same name (tests check it to 1e-12).
+value itself, bootstrap counts for a replicate). Which metrics, and each one's formula over the rows, are stated
+once in the metric's catalogue row (role ``bootstrapped``, ``row=RowFormula``); this module only evaluates them.
+With unit weights each one is the metric of METRICS.md that ``analyze`` reports under the same name (tests check
+it to 1e-12).
 """
 
 from __future__ import annotations
@@ -43,19 +45,7 @@ class RowMetric:
         return float(self.numerator(rows).sum() / (self.denominator(rows).sum() + self.eps) + self.offset)
 
 
-def _token(metric: catalogue.Metric, column: str, offset: float = 0.0, eps: float = EPS) -> RowMetric:
-    """A token mean Σ S_i[column] / (N + eps) + offset, named and explained by its catalogue row."""
-    return RowMetric(
-        metric.key, lambda rows: rows.sums[column], lambda rows: rows.tokens, eps, offset, metric.row_meaning
-    )
-
-
-def _per_row(metric: catalogue.Metric, value: Callable[[RowStats], np.ndarray], offset: float = 0.0) -> RowMetric:
-    """A mean over rows of ``value`` + offset, named and explained by its catalogue row."""
-    return RowMetric(metric.key, value, _ones, 0.0, offset, metric.row_meaning)
-
-
-def _log_ppl_abs_diff(rows: RowStats) -> np.ndarray:  # |d_i|, d_i = R_i[r] − R_i[a] (§1)
+def _abs_log_ppl_diff(rows: RowStats) -> np.ndarray:  # |d_i|, d_i = R_i[r] − R_i[a] (§1)
     return np.abs(_row_mean(rows, "rollout") - _row_mean(rows, "trainer"))
 
 
@@ -63,16 +53,43 @@ def _chi2_seq_term(rows: RowStats) -> np.ndarray:  # exp(2·clamp20(S_i[δ])) (�
     return np.exp(2.0 * np.clip(rows.sums["log_ratio"], -CLAMP, CLAMP))
 
 
-# The metrics `diff` compares (and `check` can gate on even where analyze does not report them).
-KEY_METRICS: tuple[RowMetric, ...] = (
-    _token(catalogue.K3_KL, "k3"),
-    _token(catalogue.CHI2_TOKEN, "chi2_term", offset=-1.0),
-    _per_row(catalogue.CHI2_SEQ, _chi2_seq_term, offset=-1.0),
-    _per_row(catalogue.LOG_PPL_ABS_DIFF, _log_ppl_abs_diff),
-    _token(catalogue.LOGPROB_ABS_DIFF, "abs_log_ratio"),
-    _per_row(catalogue.ROLLOUT_KL_ABS, lambda rows: _row_mean(rows, "abs_log_ratio")),
-    _token(catalogue.PROBS_DIFF_MEAN, "prob_diff", eps=0.0),
-    _token(catalogue.TOKEN_MULT_PROB_ERROR, "exp_abs_log_ratio"),
+# The per-row values a catalogue RowFormula of kind "row" names (besides ``row_mean:X`` = R_i[X]).
+ROW_VALUES: dict[str, Callable[[RowStats], np.ndarray]] = {
+    "abs_log_ppl_diff": _abs_log_ppl_diff,
+    "chi2_seq_term": _chi2_seq_term,
+}
+
+
+def _row_value(name: str) -> Callable[[RowStats], np.ndarray]:
+    if name.startswith("row_mean:"):
+        column = name.removeprefix("row_mean:")
+        return lambda rows: _row_mean(rows, column)
+    return ROW_VALUES[name]
+
+
+def row_metric(metric: catalogue.Metric) -> RowMetric:
+    """The RowMetric its catalogue row's ``row`` formula states: a token mean of a per-row sum, or a mean over rows
+    of a per-row value. Raises ValueError for a row without one."""
+    formula = metric.row
+    if formula is None:
+        raise ValueError(f"{metric.key} has no row formula in the catalogue")
+    if formula.kind == "token":
+        column = formula.of
+        return RowMetric(
+            metric.key,
+            lambda rows: rows.sums[column],
+            lambda rows: rows.tokens,
+            formula.eps,
+            formula.offset,
+            metric.row_meaning,
+        )
+    return RowMetric(metric.key, _row_value(formula.of), _ones, 0.0, formula.offset, metric.row_meaning)
+
+
+# The metrics `diff` compares (and `check` can gate on even where analyze does not report them): the catalogue's
+# rows with the role "bootstrapped", in its order.
+KEY_METRICS: tuple[RowMetric, ...] = tuple(
+    row_metric(metric) for metric in catalogue.with_role(catalogue.Role.BOOTSTRAPPED)
 )
 KEY_METRIC_NAMES = tuple(metric.name for metric in KEY_METRICS)
 

@@ -1,4 +1,4 @@
-"""Evidence for the root-cause hints (``rollout_diag/hints.py``): float64 sums per step, mergeable, and the
+"""Evidence for the root-cause hints (``rollout_diag/decisions/hints.py``): float64 sums per step, mergeable, and the
 same for any chunking (chunks hold whole rows, so neighbouring tokens and row fits never straddle chunks).
 
 Every hint either compares the mismatch of two groups of model tokens (trainer shifted one position vs
@@ -6,7 +6,7 @@ aligned, first tokens of a round vs the rest, low vs high rollout probability, l
 stale vs fresh rows) or counts a pattern (exact-zero or copied logprobs, rows where δ is proportional to
 log p). All of it is counts, sums and sums of squares, kept per step so a hint can name its steps, plus a
 few example rows per hint in bounded top-K sets. Thresholds, also those applied per row here, live in
-``rollout_diag/hints.py`` with their reasons in ``docs/hints.md``.
+``rollout_diag/decisions/hints.py`` with their reasons in ``docs/hints.md``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from rollout_diag.hints import (
+from rollout_diag.decisions.hints import (
     FIT_MIN_R2,
     FIT_MIN_SLOPE,
     FIT_MIN_TOKENS,
@@ -333,7 +333,7 @@ class HintEvidenceAccumulator(StepAccumulator):
         return out
 
     def _finalize(self, state: State) -> dict[str, float]:
-        # The evidence is not a metric: rollout_diag.hints reads the states (see ``evidence``).
+        # The evidence is not a metric: rollout_diag.decisions.hints reads the states (see ``evidence``).
         return {}
 
     def update(self, chunk: Chunk) -> None:
@@ -407,7 +407,7 @@ class HintEvidenceAccumulator(StepAccumulator):
             self.lags[value] = self.lags[value] + sums if value in self.lags else sums
 
     def evidence(self) -> Evidence:
-        """The run's and each step's sums, the example rows and the version lags, for ``rollout_diag.hints``."""
+        """The run's and each step's sums, the example rows and the version lags, for ``decisions.hints``."""
         run = self.run_state()
         examples: dict[str, list[RowRef]] = {}
         for kind, tracker in self.examples.items():

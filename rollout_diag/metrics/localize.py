@@ -16,8 +16,8 @@ import torch
 
 from rollout_diag import catalogue
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import State, StepAccumulator, row_mean
-from rollout_diag.metrics.segments import stats
+from rollout_diag.metrics.base import EPS, State, StepAccumulator, row_mean
+from rollout_diag.metrics.segments import PerToken, stats
 from rollout_diag.results import RowTokens, WorstRow, WorstToken
 
 POSITION_BUCKETS = 40  # log2 buckets: covers rows of up to 2^38 tokens
@@ -60,6 +60,10 @@ class PositionAccumulator(StepAccumulator):
         "k3_kl": "sum",
         "catastrophic": "sum",
         "delta_histogram": "sum",
+        # Σ k3 and Σ exp(2·clamp20(δ)) over the tokens with |δ| ≤ the catastrophic threshold ("a few outliers or a
+        # broad mismatch?": the key metrics without the catastrophic tokens)
+        "k3_kept": "sum",
+        "chi2_kept": "sum",
     }
 
     def __init__(self, catastrophic: float = DEFAULT_CATASTROPHIC) -> None:
@@ -74,7 +78,10 @@ class PositionAccumulator(StepAccumulator):
             return s.bucket_sum(s.segment_sum(name), bucket, POSITION_BUCKETS)
 
         histogram = s.group_bincount(delta_bin(s.token("log_ratio")), DELTA_BINS)
+        kept = s.token(s.catastrophic(self.catastrophic)) == 0.0
         return {
+            "k3_kept": s.group_sum(PerToken(torch.where(kept, s.token("k3"), 0.0))),
+            "chi2_kept": s.group_sum(PerToken(torch.where(kept, s.token("chi2_term"), 0.0))),
             "token_count": s.bucket_sum(s.segment_length, bucket, POSITION_BUCKETS),
             "abs_diff": by_bucket("abs_log_ratio"),
             "k3_kl": by_bucket("k3"),
@@ -106,10 +113,15 @@ class PositionAccumulator(StepAccumulator):
         if tokens == 0:
             return {}
         catastrophic = float(state["catastrophic"].sum())
-        return {
+        out = {
             catalogue.CATASTROPHIC_TOKENS.key: catastrophic,
             catalogue.CATASTROPHIC_TOKEN_SHARE.key: catastrophic / tokens,
         }
+        kept = tokens - catastrophic
+        if kept > 0:  # token means over the kept tokens, as §1's T[·] (denominator + 1e-8)
+            out[catalogue.K3_KL_WITHOUT_CATASTROPHIC.key] = float(state["k3_kept"].sum()) / (kept + EPS)
+            out[catalogue.CHI2_TOKEN_WITHOUT_CATASTROPHIC.key] = float(state["chi2_kept"].sum()) / (kept + EPS) - 1.0
+        return out
 
     def position_rows(self) -> list[dict[str, Any]]:
         """Run buckets first (step None), then each step's."""

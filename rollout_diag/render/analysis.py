@@ -16,16 +16,17 @@ from rich.text import Text
 from rollout_diag import catalogue
 from rollout_diag.catalogue import lookup, parse_round_key, round_quantity, short_name
 from rollout_diag.paths import file_label, file_labels
-from rollout_diag.render.format import LEVEL_STYLE, extra_cell, level, number, percent, plain, visible
+from rollout_diag.render.format import extra_cell, level, number, percent, plain, visible
 from rollout_diag.render.hints import hint_lines
-from rollout_diag.render.summary import HEADLINE, most_divergent_round, overall, where, worst_step
+from rollout_diag.render.summary import HEADLINE, most_divergent_round, verdict_lines, where, worst_step
 from rollout_diag.render.table import Column, FitTable
 from rollout_diag.results import AnalysisResult, ExtraValue, StepResult, extra_names
-from rollout_diag.verdicts import JUDGED, judge, rule_of
 
-# The per-step table's metric columns: kl, the judged metrics (the step's verdict column judges them), the
+# The per-step table's metric columns: kl, the judged metrics (the step's verdict column shows their level), the
 # catastrophic token count.
-STEP_METRICS = tuple(metric.key for metric in (catalogue.KL, *JUDGED, catalogue.CATASTROPHIC_TOKENS))
+STEP_METRICS = tuple(
+    metric.key for metric in (catalogue.KL, *catalogue.with_role(catalogue.Role.JUDGED), catalogue.CATASTROPHIC_TOKENS)
+)
 # The per-round table's metric columns, in order (a result's rounds table names them by their quantity).
 ROUND_COLUMNS = (
     catalogue.ROUND_TOKEN_COUNT,
@@ -46,7 +47,7 @@ def render_analysis(result: AnalysisResult, all_steps: bool = False) -> Renderab
     parts: list[RenderableType] = [header(result), *first_screen(result), verdict_table(result)]
     parts.append(metrics_table(result.run))
     if len(result.steps) > 1:
-        parts.append(steps_table(result.steps, all_steps))
+        parts.append(steps_table(result.steps, all_steps, result.step_levels))
     if result.rounds:
         parts.append(rounds_table(result))
     if result.positions:
@@ -77,12 +78,9 @@ def header(result: AnalysisResult) -> Text:
 
 
 def first_screen(result: AnalysisResult) -> list[RenderableType]:
-    """One line with the overall verdict (as the report's header says it), one with where the mismatch sits."""
-    worst, sentence = overall(result.verdicts)
-    line = Text("Verdict: ", style="bold")
-    line.append(worst.upper(), style=LEVEL_STYLE.get(worst, ""))
-    line.append(f" — {sentence}")
-    lines: list[RenderableType] = [line]
+    """The overall verdict (as the report's banner says it) with its pipeline findings and notes under it, then one
+    line with where the mismatch sits."""
+    lines = verdict_lines(result.verdict, result.hints)
     places = where(result)
     if places:
         lines.append(plain("Where: " + "; ".join(places) + "."))
@@ -102,7 +100,7 @@ def verdict_table(result: AnalysisResult) -> FitTable:
         ],
     )
     for verdict in result.verdicts:
-        per_step = [judge(step.metrics, rule_of(verdict.metric))[0].level for step in result.steps]
+        per_step = [entry["levels"].get(verdict.metric) for entry in result.step_levels]
         table.add_row(
             short_name(verdict.metric),
             number(verdict.value),
@@ -133,7 +131,7 @@ def metrics_table(run: StepResult) -> FitTable:
     return table
 
 
-def steps_table(steps: Sequence[StepResult], all_steps: bool) -> FitTable:
+def steps_table(steps: Sequence[StepResult], all_steps: bool, levels: Sequence[dict] = ()) -> FitTable:
     if all_steps or len(steps) <= 3 * STEPS_SHOWN_EACH_END:
         shown, title = list(steps), "Per step"
     else:
@@ -154,13 +152,12 @@ def steps_table(steps: Sequence[StepResult], all_steps: bool) -> FitTable:
     columns += [Column(short_name(name)) for name in STEP_METRICS]
     table = FitTable(title, [*columns, Column("verdict", "left")])
     position = {id(s): index for index, s in enumerate(steps)}
+    step_level = {entry["step"]: entry["level"] for entry in levels}
     previous = None
     for step in shown:
         if previous is not None and position[id(step)] != position[id(previous)] + 1:
             table.add_row("⋮", *[""] * (len(columns)))
-        levels = [v.level for v in judge(step.metrics)]
-        worst_level = next((lvl for lvl in ("bad", "watch", "ok") if lvl in levels), "n/a")
-        verdict = level(worst_level)
+        verdict = level(step_level.get(step.step, "n/a"))
         if worst is not None and step.step == worst.step:
             verdict.append(" ◀ worst")
         table.add_row(
@@ -314,6 +311,8 @@ def findings(result: AnalysisResult) -> list[RenderableType]:
                 style="yellow",
             )
         )
+    if result.anomaly_check:
+        lines.append(plain(f"anomaly: {result.anomaly_check}", style="dim"))
     if len(ranked) > ROWS_SHOWN:
         kept = "all" if not result.anomalies_cut else f"the {len(ranked)} largest"
         smaller = len(ranked) - ROWS_SHOWN + result.anomalies_cut

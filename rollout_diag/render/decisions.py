@@ -132,16 +132,21 @@ def diff_tables(result: DiffResult) -> Group:
 
 
 # ----------------------------------------------------------------------------------------- recommendation
-def recommendation_lines(recommendation: Recommendation, shown: int = 5) -> Group:
-    """The recommendation, its rule, the runner-up and why the next ``shown`` more intrusive presets lost."""
+def recommendation_lines(recommendation: Recommendation, shown: int = 5, headline: bool = True) -> Group:
+    """The recommendation, its rule, the runner-up and why the next ``shown`` more intrusive presets lost; without
+    ``headline`` (compare-presets, whose first lines already say the recommendation) under "Why … was chosen"."""
     lines: list[Text] = []
-    headline = Text("Recommendation: ", style="bold")
-    if recommendation.preset is None:
-        headline.append("none of these presets meets the rule", style="bold yellow")
+    if headline:
+        head = Text("Recommendation: ", style="bold")
+        if recommendation.preset is None:
+            head.append("none of these presets meets the rule", style="bold yellow")
+        else:
+            head.append(recommendation.preset, style="bold green")
+            head.append(f" — {'; '.join(recommendation.reasons)}")
     else:
-        headline.append(recommendation.preset, style="bold green")
-        headline.append(f" — {'; '.join(recommendation.reasons)}")
-    lines.append(headline)
+        chosen = "no preset" if recommendation.preset is None else recommendation.preset
+        head = Text(f"Why {chosen} (the recommendation at the top):", style="bold")
+    lines.append(head)
     if recommendation.equivalent:
         lines.append(Text(f"  same numbers in another mode: {', '.join(recommendation.equivalent)}"))
     lines.append(Text(f"  rule: {recommendation.rule}", style="dim"))

@@ -1,12 +1,16 @@
-"""The compare-presets table: one row per preset, run values, intrusive presets highlighted."""
+"""compare-presets in the terminal: the answer first (the data's verdict, the recommendation and its reason), then
+the table, one row per preset with its run values, intrusive presets highlighted."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+from rich.console import RenderableType
+
 from rollout_diag import catalogue
 from rollout_diag.render.format import number, percent
+from rollout_diag.render.summary import recommendation_line, verdict_lines
 from rollout_diag.render.table import Column, FitTable
 from rollout_diag.results import ComparisonResult
 
@@ -28,6 +32,12 @@ COLUMNS = (
 )
 
 
+def answer_block(result: ComparisonResult) -> list[RenderableType]:
+    """The first lines: the data's verdict (as ``analyze`` opens), its pipeline findings, then the recommendation
+    and its reason, or why it is withheld."""
+    return [*verdict_lines(result.verdict), recommendation_line(result.recommendation, result.recommendation_withheld)]
+
+
 def presets_table(result: ComparisonResult) -> FitTable:
     """One row per preset with its run values; intrusive presets marked ``!`` and in bold red (see the caption)."""
     normalised = any(catalogue.IS_BATCH_NORM_FACTOR.key in p.run.metrics for p in result.presets)
@@ -37,15 +47,20 @@ def presets_table(result: ComparisonResult) -> FitTable:
         f"rejected = model tokens given no gradient (RS rejection, IcePop zero weight, legacy mask/veto). "
         f"{INTRUSIVE_MARK} and bold red: intrusive (drops > {result.intrusive_rejected_fraction:.0%} of tokens or "
         f"ESS < {result.intrusive_min_ess:g}). IS max is the largest weight after truncation;{RAW_MARK} = raw max ρ "
-        f"before truncation (verl's sequence-level rollout_is_max). χ² token of the data, the same under every "
+        f"before truncation (verl's sequence-level rollout_is_max; on legacy presets mean and max, as the legacy "
+        f"helper reports them). χ² token of the data, the same under every "
         f"preset: {number(chi2)}."
     )
     table = FitTable("Rollout-correction presets on this data (whole run)", columns, caption=caption)
     for preset in result.presets:
         metrics = preset.run.metrics
         is_max = number(_is_metric(metrics, catalogue.IS_MAX))
-        if preset.config.get("rollout_is") == "sequence" and is_max != "–":
+        is_mean = number(_is_metric(metrics, catalogue.IS_MEAN), 5)
+        legacy = bool(preset.config.get("legacy_is"))  # the §8 helper reports its weights before truncation
+        if (preset.config.get("rollout_is") == "sequence" or legacy) and is_max != "–":
             is_max += RAW_MARK
+        if legacy and is_mean != "–":
+            is_mean += RAW_MARK
         cells = [
             f"{INTRUSIVE_MARK} {preset.name}" if preset.intrusive else f"  {preset.name}",
             preset.mode,
@@ -53,7 +68,7 @@ def presets_table(result: ComparisonResult) -> FitTable:
             rs_setting(preset.config),
             percent(metrics.get(catalogue.REJECTED_TOKEN_FRACTION.key)),
             percent(metrics.get(catalogue.REJECTED_ROW_FRACTION.key)),
-            number(_is_metric(metrics, catalogue.IS_MEAN), 5),
+            is_mean,
             is_max,
             number(_is_metric(metrics, catalogue.IS_EFF_SAMPLE_SIZE)),
         ]

@@ -1,7 +1,8 @@
-"""The overall verdict and where the mismatch sits, as sentences: the first lines of ``analyze`` and of the report.
+"""The overall verdict and where the mismatch sits, as lines: the first lines of ``analyze`` (and, through the same
+result fields, of the report's banner and of ``compare-presets``).
 
-Reads values the result already carries (verdicts, steps, per_round/most_divergent_round, worst rows and
-tokens); computes no metric.
+Reads what the result already carries (``verdict``, its hints, ``divergent_round``, steps, worst rows and tokens);
+judges and computes nothing.
 """
 
 from __future__ import annotations
@@ -9,15 +10,52 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from rich.console import RenderableType
+from rich.text import Text
+
 from rollout_diag import catalogue
 from rollout_diag.catalogue import short_name as short_name
-from rollout_diag.decisions.summary import LEVEL_ORDER as LEVEL_ORDER
-from rollout_diag.decisions.summary import overall as overall
 from rollout_diag.paths import file_label
-from rollout_diag.render.format import number
-from rollout_diag.results import AnalysisResult, StepResult
+from rollout_diag.render.format import LEVEL_STYLE, number, plain
+from rollout_diag.results import AnalysisResult, Hint, OverallVerdict, Recommendation, StepResult
 
 HEADLINE = catalogue.K3_KL.key  # the metric that ranks steps
+
+
+def verdict_lines(verdict: OverallVerdict | None, hints: Sequence[Hint] = ()) -> list[RenderableType]:
+    """``Verdict: LEVEL — sentence``, then each pipeline finding (the hint's sentence) directly under it, then the
+    notes."""
+    if verdict is None:
+        return [plain("Verdict: – (this result carries no verdict: made by an older rollout-diag)")]
+    line = Text("Verdict: ", style="bold")
+    line.append(verdict.level.upper(), style=LEVEL_STYLE.get(verdict.level, ""))
+    if verdict.cause == "pipeline":
+        line.append(" (pipeline bug)", style=LEVEL_STYLE.get(verdict.level, ""))
+    line.append_text(plain(f" — {verdict.sentence}"))
+    lines: list[RenderableType] = [line]
+    by_id = {hint.id: hint for hint in hints}
+    for finding in verdict.findings:
+        hint = by_id.get(finding)
+        lines.append(plain(f"  ↳ {finding}: {hint.message if hint else 'see the hints below'}", style="bold"))
+    lines.extend(plain(f"  note: {note}", style="dim") for note in verdict.notes)
+    return lines
+
+
+def recommendation_line(recommendation: Recommendation | None, withheld: str | None) -> Text:
+    """One line: the recommended preset and its reason, none, or why it is withheld."""
+    line = Text("Recommendation: ", style="bold")
+    if withheld:
+        line.append_text(plain(withheld, style="bold red"))
+    elif recommendation is None:
+        line.append("– (this result carries no recommendation: made by an older rollout-diag)")
+    elif recommendation.preset is None:
+        line.append_text(plain(f"none — {'; '.join(recommendation.reasons)}", style="yellow"))
+    else:
+        line.append(recommendation.preset, style="bold green")
+        line.append_text(plain(f" — {'; '.join(recommendation.reasons)}"))
+        if recommendation.tie_reason:
+            line.append_text(plain(f" ({recommendation.tie_reason})", style="dim"))
+    return line
 
 
 def worst_step(steps: Sequence[StepResult], metric: str = HEADLINE) -> StepResult | None:
@@ -26,11 +64,20 @@ def worst_step(steps: Sequence[StepResult], metric: str = HEADLINE) -> StepResul
 
 
 def most_divergent_round(result: AnalysisResult) -> dict | None:
-    """The round the analysis named (``per_round/most_divergent_round``), when there are several rounds."""
-    named = result.run.metrics.get(catalogue.MOST_DIVERGENT_ROUND.key)
-    if len(result.rounds) < 2 or not _finite(named) or named < 0:
-        return None
-    return next((r for r in result.rounds if r["round"] == int(named)), None)
+    """The round the analysis named as most divergent, when it stands out from the others (``divergent_round``)."""
+    found = result.divergent_round
+    return found if found is not None and found.get("stands_out") else None
+
+
+def round_phrase(found: dict) -> str:
+    """ "most divergent round 3 (mean |δ| …, 2.1× the others)" or "no round stands out (…)"."""
+    label = f"≥ {found['round']}" if found.get("pooled") else str(found["round"])
+    factor = found.get("factor")
+    versus = f", {factor:.2g}× the other rounds" if factor is not None else ""
+    numbers = f"mean |δ| {number(found['logprob_abs_diff_mean'])} over {number(found['token_count'])} tokens{versus}"
+    if found.get("stands_out"):
+        return f"most divergent round {label} ({numbers})"
+    return f"no round stands out (the highest, round {label}: {numbers})"
 
 
 def where(result: AnalysisResult) -> list[str]:
@@ -42,13 +89,8 @@ def where(result: AnalysisResult) -> list[str]:
         value = step.metrics[HEADLINE]
         ratio = f", {value / run_value:.1f}× the run" if _finite(run_value) and run_value > 0 else ""
         lines.append(f"worst step {step.step} ({short_name(HEADLINE)} {number(value)}{ratio})")
-    chosen = most_divergent_round(result)
-    if chosen is not None:
-        label = f"≥ {chosen['round']}" if chosen.get("pooled") else str(chosen["round"])
-        lines.append(
-            f"most divergent round {label} (mean |δ| {number(chosen['logprob_abs_diff_mean'])} over "
-            f"{number(chosen['token_count'])} tokens)"
-        )
+    if result.divergent_round is not None:
+        lines.append(round_phrase(result.divergent_round))
     rows = [r for r in result.worst_rows if r.criterion == "log_ppl_abs_diff"]
     if rows:
         row = rows[0]

@@ -32,7 +32,6 @@ from rollout_diag.report.sections import (
 from rollout_diag.report.series import SIZE_RULE
 from rollout_diag.report.worst import worst_section
 from rollout_diag.results import SCHEMA_VERSION, AnalysisResult, ComparisonResult, StepResult, result_from_json
-from rollout_diag.verdicts import judge
 
 if TYPE_CHECKING:  # a DiffResult is only read here
     from rollout_diag.decisions.diff import DiffResult
@@ -98,7 +97,9 @@ def render_report(
         "strips": compact(canvas.strips, digits=4),  # tooltips show 4 digits; keeps long strips small
         "catastrophic": result.catastrophic_threshold,
     }
-    return render_page(title, header_html(result, title, _generated()), sections, payload, _footer(), _plotly_js())
+    return render_page(
+        title, header_html(result, title, _generated(), comparison), sections, payload, _footer(), _plotly_js()
+    )
 
 
 def default_title(inputs: Sequence[str]) -> str:
@@ -120,8 +121,10 @@ def analysis_from_comparison(comparison: ComparisonResult) -> AnalysisResult:
         run=run,
         steps=list(first.steps) if first is not None else [],
         rounds=[],
-        verdicts=judge(run.metrics),
+        verdicts=list(comparison.verdicts),
         warnings=list(comparison.warnings),
+        verdict=comparison.verdict,
+        step_levels=list(comparison.step_levels),
     )
 
 

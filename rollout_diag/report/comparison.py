@@ -14,6 +14,7 @@ from typing import Any
 from rollout_diag import catalogue
 from rollout_diag.decisions.sweep import default_sentences
 from rollout_diag.errors import ConfigError
+from rollout_diag.formatting import number
 from rollout_diag.report import figures
 from rollout_diag.report.markup import Column, Markup, code, escape, note, table
 from rollout_diag.report.sections import Canvas, Section
@@ -122,8 +123,14 @@ def _preset_cells(preset: PresetResult, metrics: Mapping[str, Any]) -> list[obje
         _rs_config(config),
         _percent_cell(_value(metrics, "rejected")),
         _percent_cell(_value(metrics, "rejected_rows")),
-        *(_number_cell(_value(metrics, what)) for what in ("is_mean", "is_max", "ess")),
+        # the legacy helper (§8) reports its mean and max before truncation: marked raw, as in the terminal
+        *(_raw_cell(_value(metrics, what), bool(config.get("legacy_is"))) for what in ("is_mean", "is_max")),
+        _number_cell(_value(metrics, "ess")),
     ]
+
+
+def _raw_cell(value: float | None, raw: bool) -> object:
+    return f"{number(value, 4)} raw" if raw and value is not None else _number_cell(value)
 
 
 def _number_cell(value: float | None) -> object:

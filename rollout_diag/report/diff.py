@@ -127,18 +127,24 @@ def _mean_abs(row: dict[str, Any] | None) -> float | None:
 
 
 def recommendation_section(comparison: Any, presets: Sequence[Any] | None = None) -> Section:
-    """Which correction to turn on: the recommendation among ``presets`` (default: all of the comparison's), its
-    rule, the runner-up and the rest."""
-    from rollout_diag.decisions.recommend import recommend
-
-    found = recommend(comparison, presets)
+    """Which correction to turn on: the comparison's recommendation (made over all its presets when it was built),
+    its rule, the runner-up and the rest; or why it is withheld. ``presets``: the presets the report shows (a
+    recommended preset outside them is said to be so)."""
+    found = comparison.recommendation
     title = "Which correction should I turn on?"
+    if comparison.recommendation_withheld:
+        return Section("recommendation", title, f"<p><strong>{escape(comparison.recommendation_withheld)}</strong></p>")
+    if found is None:
+        return Section("recommendation", title, note("This result carries no recommendation (an older rollout-diag)."))
     if found.preset is None:
         head = "<p><strong>None of these presets meets the rule on this data.</strong></p>"
     else:
+        shown = {str(getattr(preset, "name", "")) for preset in presets or ()}
+        outside = " (not among the presets shown here)" if shown and found.preset not in shown else ""
+        tie = f" ({escape(found.tie_reason)})" if found.tie_reason else ""
         head = (
-            f"<p><strong>Recommended: <code>{escape(found.preset)}</code></strong> — "
-            f"{escape('; '.join(found.reasons))}.</p>"
+            f"<p><strong>Recommended: <code>{escape(found.preset)}</code></strong>{escape(outside)} — "
+            f"{escape('; '.join(found.reasons))}.{tie}</p>"
         )
     parts = [head, f'<p class="note">Rule: {escape(found.rule)}. Reasons: docs/recommendation.md.</p>']
     if found.equivalent:

@@ -5,22 +5,20 @@ from __future__ import annotations
 from pathlib import PurePath
 
 from rollout_diag import catalogue
-from rollout_diag.decisions.summary import overall
 from rollout_diag.formatting import number, percent
 from rollout_diag.report.markup import badge, escape, factor
 from rollout_diag.report.series import finite
-from rollout_diag.results import AnalysisResult, Verdict
-from rollout_diag.verdicts import judge, rule_of
+from rollout_diag.results import AnalysisResult, ComparisonResult, OverallVerdict
 
 MAX_INPUTS_SHOWN = 10
 
 
-def header_html(result: AnalysisResult, title: str, generated: str) -> str:
+def header_html(result: AnalysisResult, title: str, generated: str, comparison: ComparisonResult | None = None) -> str:
     return "".join(
         [
             f"<h1>{escape(title, limit=200)}</h1>",
             f'<p class="subtitle">{escape(generated)}</p>',
-            _overall(result.verdicts),
+            overall_html(result, comparison),
             _cards(result),
             _facts(result),
             _findings(result),
@@ -29,9 +27,42 @@ def header_html(result: AnalysisResult, title: str, generated: str) -> str:
     )
 
 
-def _overall(verdicts: list[Verdict]) -> str:
-    worst, sentence = overall(verdicts)  # the same sentence as the first line of `analyze`
-    return f'<div class="overall {_css(worst)}">Verdict: {badge(worst)} <span>{escape(sentence)}</span></div>'
+def overall_html(result: AnalysisResult, comparison: ComparisonResult | None = None) -> str:
+    """The banner: the result's verdict (the first line of ``analyze``), its pipeline findings directly under it, its
+    notes, and with a comparison the recommendation (or why it is withheld) right after."""
+    verdict: OverallVerdict | None = result.verdict
+    if verdict is None:
+        text = "this result carries no verdict (an older rollout-diag)"
+        return f'<div class="overall na">Verdict: – <span>{escape(text)}</span></div>'
+    cause = " (pipeline bug)" if verdict.cause == "pipeline" else ""
+    parts = [f"Verdict: {badge(verdict.level)}{escape(cause)} <span>{escape(verdict.sentence, limit=600)}</span>"]
+    messages = {hint.id: hint.message for hint in result.hints}
+    items = [
+        f"<li><code>{escape(finding)}</code>: {escape(messages.get(finding, 'see the hints'), limit=600)}</li>"
+        for finding in verdict.findings
+    ]
+    items += [f'<li class="muted">note: {escape(note, limit=600)}</li>' for note in verdict.notes]
+    if items:
+        parts.append(f'<ul class="verdict-findings">{"".join(items)}</ul>')
+    if comparison is not None:
+        parts.append(f"<p>{recommendation_html(comparison)}</p>")
+    return f'<div class="overall {_css(verdict.level)}">{"".join(parts)}</div>'
+
+
+def recommendation_html(comparison: ComparisonResult) -> str:
+    """One line: the recommended preset and its reason, none, or why it is withheld (as compare-presets prints it)."""
+    found = comparison.recommendation
+    if comparison.recommendation_withheld:
+        return f"<strong>Recommendation:</strong> {escape(comparison.recommendation_withheld, limit=600)}"
+    if found is None:
+        return "<strong>Recommendation:</strong> – (this result carries none: an older rollout-diag)"
+    if found.preset is None:
+        return f"<strong>Recommendation:</strong> none — {escape('; '.join(found.reasons), limit=600)}"
+    tie = f" ({escape(found.tie_reason, limit=400)})" if found.tie_reason else ""
+    return (
+        f"<strong>Recommendation: <code>{escape(found.preset)}</code></strong> — "
+        f"{escape('; '.join(found.reasons), limit=600)}{tie}"
+    )
 
 
 def _css(level: str) -> str:
@@ -61,11 +92,8 @@ def _cards(result: AnalysisResult) -> str:
 
 
 def _steps_at_level(result: AnalysisResult, metric: str) -> tuple[int, int]:
-    """Steps at watch and at bad level for ``metric``: the same per-step judgement as ``analyze``."""
-    rules = rule_of(metric)
-    if not rules:
-        return 0, 0
-    levels = [judge(step.metrics, rules)[0].level for step in result.steps]
+    """Steps at watch and at bad level for ``metric``: the result's per-step levels, as ``analyze`` counts them."""
+    levels = [entry["levels"].get(metric) for entry in result.step_levels]
     return levels.count("watch"), levels.count("bad")
 
 
@@ -118,6 +146,8 @@ def _step_findings(result: AnalysisResult) -> list[str]:
             f"Worst step by {catalogue.K3_KL.short}: step {worst.step} ({number(worst.metrics[metric], 4)}, "
             f"{ratio:.1f}× the run value)."
         )
+    if result.anomaly_check:
+        findings.append(result.anomaly_check[0].upper() + result.anomaly_check[1:] + ".")
     if result.anomalies:
         top = max(result.anomalies, key=lambda a: a.factor)
         findings.append(
@@ -129,13 +159,18 @@ def _step_findings(result: AnalysisResult) -> list[str]:
 
 def _where_findings(result: AnalysisResult) -> list[str]:
     findings = []
-    if len(result.rounds) > 1:
-        most = max(
-            result.rounds, key=lambda r: r["logprob_abs_diff_mean"] if finite(r["logprob_abs_diff_mean"]) else -1
+    found = result.divergent_round  # named by the analysis (support rule) and judged there: stands out or not
+    if found is not None:
+        label = f"{'≥ ' if found.get('pooled') else ''}{found['round']}"
+        factor = found.get("factor")
+        versus = f", {factor:.2g}× the other rounds" if factor is not None else ""
+        numbers = (
+            f"mean |δ| {number(found['logprob_abs_diff_mean'], 4)} over {number(found['token_count'])} tokens{versus}"
         )
         findings.append(
-            f"Most divergent round: {'≥ ' if most.get('pooled') else ''}{most['round']} (mean |δ| "
-            f"{number(most['logprob_abs_diff_mean'], 4)} over {number(most['token_count'])} tokens)."
+            f"Most divergent round: {label} ({numbers})."
+            if found.get("stands_out")
+            else f"No round stands out (the highest, round {label}: {numbers})."
         )
     share = result.run.metrics.get(catalogue.CATASTROPHIC_TOKEN_SHARE.key)
     count = result.run.metrics.get(catalogue.CATASTROPHIC_TOKENS.key)

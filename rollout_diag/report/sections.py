@@ -26,19 +26,9 @@ from rollout_diag.report.series import (
     weighted_buckets,
 )
 from rollout_diag.results import AnalysisResult, StepResult
-from rollout_diag.verdicts import RULES
 
 # The per-step trend panels, in order (title, sign and unit come from the catalogue: shares are drawn in %).
-TREND_METRICS: tuple[catalogue.Metric, ...] = (
-    catalogue.K3_KL,
-    catalogue.KL,
-    catalogue.CHI2_TOKEN,
-    catalogue.CHI2_SEQ,
-    catalogue.LOG_PPL_ABS_DIFF,
-    catalogue.PROBS_DIFF_MEAN,
-    catalogue.LOGPROB_ABS_DIFF,
-    catalogue.CATASTROPHIC_TOKEN_SHARE,
-)
+TREND_METRICS: tuple[catalogue.Metric, ...] = catalogue.with_role(catalogue.Role.TRENDED)
 MAX_PRESET_LINES = 8
 
 
@@ -88,13 +78,12 @@ def trends_section(
 
 
 def _metric_panels(result: AnalysisResult, steps: Sequence[StepResult]) -> list[TrendPanel]:
-    rules = {rule.metric: rule for rule in RULES}
     panels = []
     for metric in TREND_METRICS:
         flagged = [a for a in result.anomalies if a.metric == metric.key]
         ids, values = step_series(steps, metric.key)
         ids, values = decimate(ids, values, keep={a.step for a in flagged})
-        rule = rules.get(metric.key)
+        rule = metric.verdict
         panels.append(
             TrendPanel(
                 title=metric.title,
@@ -165,7 +154,9 @@ def rounds_section(result: AnalysisResult, canvas: Canvas) -> Section:
     if len(rounds) == 1:
         body.append(note("Every row has a single round (no environment segment between model tokens)."))
     labels = [_round_label(r) for r in rounds]
-    most = max(rounds, key=lambda r: (_number(r.get("logprob_abs_diff_mean")), -r["round"]))["round"]
+    # red only for the round the analysis found standing out (support rule, a gap beyond the rounds' scatter)
+    found = result.divergent_round
+    most = found["round"] if found is not None and found.get("stands_out") else None
     hover = [
         f"round {escape(label)}<br>mean |δ| {number(r.get('logprob_abs_diff_mean'), 4)}<br>k3_kl "
         f"{number(r.get('k3_kl'), 4)}<br>max |δ| {number(r.get('max_abs_diff'), 4)}<br>"
@@ -175,7 +166,7 @@ def rounds_section(result: AnalysisResult, canvas: Canvas) -> Section:
     tokens = [_value(r, "token_count") for r in rounds]
     panels = [
         BarPanel(
-            "mean |δ| per round (most divergent in red)",
+            f"mean |δ| per round ({'most divergent in red' if most is not None else 'none stands out'})",
             [_value(r, "logprob_abs_diff_mean") for r in rounds],
             hover,
             [RED if r["round"] == most else BLUE for r in rounds],

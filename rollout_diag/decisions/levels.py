@@ -31,15 +31,8 @@ class Rule:
         return cls(metric.key, metric.verdict.watch, metric.verdict.bad, metric.verdict.measures)
 
 
-# The metrics judged, in the order analyze, the report and JSON list their verdicts.
-JUDGED: tuple[catalogue.Metric, ...] = (
-    catalogue.K3_KL,
-    catalogue.CHI2_TOKEN,
-    catalogue.CHI2_SEQ,
-    catalogue.LOG_PPL_ABS_DIFF,
-    catalogue.PROBS_DIFF_MEAN,
-    catalogue.LOGPROB_ABS_DIFF,
-)
+# The metrics judged (catalogue role "judged"), in the order analyze, the report and JSON list their verdicts.
+JUDGED: tuple[catalogue.Metric, ...] = catalogue.with_role(catalogue.Role.JUDGED)
 RULES: tuple[Rule, ...] = tuple(Rule.of(metric) for metric in JUDGED)
 
 
@@ -49,15 +42,17 @@ def rule_of(metric: str) -> tuple[Rule, ...]:
 
 
 def judge(metrics: dict[str, float], rules: tuple[Rule, ...] = RULES) -> list[Verdict]:
-    """One Verdict per rule: ``bad`` at or above ``bad``, ``watch`` at or above ``watch``, else ``ok``."""
+    """One Verdict per rule: ``bad`` at or above ``bad``, ``watch`` at or above ``watch``, else ``ok``. The judged
+    metrics are never negative but for χ²'s sample estimates, which a negative value puts below their expectation
+    (≈ 0): a negative value is ok, never large."""
     verdicts = []
     for rule in rules:
         value = metrics.get(rule.metric)
         if value is None or math.isnan(value):
             level = "n/a"
-        elif abs(value) >= rule.bad:
+        elif value >= rule.bad:
             level = "bad"
-        elif abs(value) >= rule.watch:
+        elif value >= rule.watch:
             level = "watch"
         else:
             level = "ok"

@@ -12,7 +12,7 @@ import numpy as np
 from rollout_diag import catalogue
 from rollout_diag.results import Anomaly, StepResult, Trend
 
-ANOMALY_METRICS = tuple(m.key for m in (catalogue.K3_KL, catalogue.CHI2_TOKEN, catalogue.LOG_PPL_ABS_DIFF))
+ANOMALY_METRICS = catalogue.keys_with_role(catalogue.Role.ANOMALY)
 # These metrics are positive and heavy-tailed (a step's value is often one token's), so the baseline is robust
 # and on a log scale: a step is flagged when its value is
 ANOMALY_FACTOR = 3.0  # … above 3 × the median of the previous steps,

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rollout_diag.catalogue import parse_round_key, round_quantity
-from rollout_diag.metrics.trends import least_squares
+from rollout_diag.decisions.trends import least_squares
 from rollout_diag.results import AnalysisResult, Hint
 
 HINT_IDS = (
     "off_by_one",
+    "no_mask",
     "dummy_logprobs",
     "processed_logprobs",
     "first_token",
@@ -38,7 +39,11 @@ SHIFT_MIN_ALIGNED = 0.01  # … and the aligned mean |δ| is at least the log-pp
 SHIFT_MIN_ROWS = 3  # or, when only some rows or steps are shifted, ≥ 3 rows pass the test on their own pairs:
 SHIFT_ROW_MIN_PAIRS = 16  # ≥ 16 pairs in the row, and an aligned mean |δ| ≥ 0.05 (a shifted gather gives |δ| ~ 1)
 SHIFT_ROW_MIN_ALIGNED = 0.05
-# dummy_logprobs: exact-zero runs and copies on ≥ 10 model tokens and ≥ 0.5 % of them
+# no_mask: without a mask column, ≥ 1 % of the tokens have rollout logprob exactly 0.0 where the trainer's is below
+# log 0.5 (the reader's warning states the same rule): environment tokens the engine never scored
+NO_MASK_MIN_SHARE = 0.01
+# dummy_logprobs: exact zeros where the other side says p < 0.5 (in runs or isolated: engines that return no
+# logprob for some tokens write isolated zeros too) and exact copies, on ≥ 10 model tokens and ≥ 0.5 % of them
 DUMMY_MIN_TOKENS = 10
 DUMMY_MIN_SHARE = 0.005
 # processed_logprobs: ≥ 8 rows with a fit, and ≥ half of them with a same-sign slope |c| ≥ 0.05 and R² ≥ 0.5
@@ -82,6 +87,8 @@ class Evidence:
     examples: Mapping[str, Sequence[RowRef]] = field(default_factory=dict)
     lags: Mapping[int, Sequence[float]] = field(default_factory=dict)
     has_versions: bool = False
+    # inputs without a mask column: (tokens read, of them rollout logprob exactly 0.0 where the trainer's < log 0.5)
+    unmasked: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True)
@@ -136,9 +143,13 @@ def find_hints(evidence: Evidence, result: AnalysisResult) -> list[Hint]:
     if not evidence.run or evidence.run.get("tokens", 0.0) == 0:
         return []
     found = []
+    shifted = off_by_one(evidence)
     for hint in (
-        off_by_one(evidence),
-        dummy_logprobs(evidence),
+        shifted,
+        no_mask(evidence),
+        # a shifted gather puts p < 0.5 next to a rollout's exact 0.0 (p = 1) by itself: isolated zeros count then
+        # only in runs
+        dummy_logprobs(evidence, isolated=shifted is None),
         processed_logprobs(evidence),
         first_token(evidence),
         last_token(evidence),
@@ -238,24 +249,47 @@ def off_by_one(evidence: Evidence) -> Hint | None:
     )
 
 
+# ------------------------------------------------------------------------------------------ no_mask
+def no_mask(evidence: Evidence) -> Hint | None:
+    tokens, zeros = evidence.unmasked
+    if tokens == 0 or zeros < NO_MASK_MIN_SHARE * tokens:
+        return None
+    return Hint(
+        id="no_mask",
+        message=(
+            f"The input has no mask column and {zeros} of its {tokens} tokens ({zeros / tokens:.2%}) have a rollout "
+            "logprob of exactly 0.0 where the trainer's is below log 0.5: environment tokens (tool output, prompt) "
+            "the engine never scored are being measured as model tokens."
+        ),
+        evidence={"tokens": float(tokens), "zero_rollout_tokens": float(zeros), "share": zeros / tokens},
+        look_at="the dump's mask column (response_mask / loss_mask): name it with --column mask=NAME",
+    )
+
+
 # ------------------------------------------------------------------------------------------ dummy_logprobs
-def _dummy(sums: Sums) -> tuple[float, float, float] | None:
-    """(exact-zero tokens in runs, copied tokens, their share of model tokens) when the test passes."""
-    zeros, copied, tokens = sums["dummy_zero_run"], sums["copied"], sums["tokens"]
+def _dummy(sums: Sums, isolated: bool = True) -> tuple[float, float, float] | None:
+    """(exact-zero tokens, isolated ones too unless ``isolated`` is false; copied tokens; their share of model
+    tokens) when the test passes."""
+    zeros = sums["dummy_zero"] if isolated else sums["dummy_zero_run"]
+    copied, tokens = sums["copied"], sums["tokens"]
     flagged = zeros + copied
     if tokens > 0 and flagged >= DUMMY_MIN_TOKENS and flagged / tokens >= DUMMY_MIN_SHARE:
         return zeros, copied, flagged / tokens
     return None
 
 
-def dummy_logprobs(evidence: Evidence) -> Hint | None:
-    found = _dummy(evidence.run)
+def dummy_logprobs(evidence: Evidence, isolated: bool = True) -> Hint | None:
+    found = _dummy(evidence.run, isolated)
     if found is None:
         return None
     zeros, copied, share = found
     parts = []
     if zeros:
-        parts.append(f"{int(zeros)} model tokens have a logprob of exactly 0.0 (in runs) where the other says p < 0.5")
+        runs = int(evidence.run["dummy_zero_run"])
+        kinds = f"{runs} of them in runs, {int(zeros) - runs} isolated" if isolated else "in runs"
+        parts.append(
+            f"{int(zeros)} model tokens ({kinds}) have a logprob of exactly 0.0 where the other side says p < 0.5"
+        )
     if copied:
         parts.append(f"{int(copied)} repeat their neighbour's logprob exactly while the other side differs by > log 2")
     return Hint(
@@ -265,12 +299,12 @@ def dummy_logprobs(evidence: Evidence) -> Hint | None:
             "scored (tool or environment tokens) that the mask lets into the loss — a masking bug."
         ),
         evidence={
-            "zero_tokens_in_runs": zeros,
-            "zero_tokens": evidence.run["dummy_zero"],
+            "zero_tokens_in_runs": evidence.run["dummy_zero_run"],
+            "zero_tokens": zeros,
             "copied_tokens": copied,
             "share_of_model_tokens": share,
         },
-        steps=_steps(evidence, lambda s: None if (f := _dummy(s)) is None else f[2]),
+        steps=_steps(evidence, lambda s: None if (f := _dummy(s, isolated)) is None else f[2]),
         rows=_rows(evidence, "dummy_logprobs"),
         look_at="the response_mask of these rows: mask-1 tokens carrying dummy logprobs",
     )

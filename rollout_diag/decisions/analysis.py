@@ -1,0 +1,97 @@
+"""Every judgement of an analysis, run once when its result is built (``engine.build_result``): the key metrics'
+levels, per-step levels, anomalies and trends, root-cause hints, the most divergent round, the overall verdict.
+
+``judge_analysis`` takes the finished numbers and returns the result with its findings filled in; the terminal, the
+report and the exports only read them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from rollout_diag import catalogue
+from rollout_diag.decisions.hints import Evidence, find_hints
+from rollout_diag.decisions.levels import judge
+from rollout_diag.decisions.trends import (
+    ANOMALY_KEEP,
+    ANOMALY_MIN_HISTORY,
+    find_anomalies,
+    keep_largest,
+    round_trend,
+    step_trend,
+)
+from rollout_diag.decisions.verdict import overall_verdict, step_levels
+from rollout_diag.results import AnalysisResult
+
+# The most divergent round "stands out" (is named as a finding, drawn in red) only when its mean |δ| is at least
+# 1.5× the token-weighted mean of the other supported rounds: per-token |δ| is heavy-tailed and tokens of one row
+# are correlated, so smaller gaps between rounds of a few hundred tokens are within their scatter.
+ROUND_STANDS_OUT = 1.5
+
+
+def judge_analysis(result: AnalysisResult, evidence: Evidence | None) -> AnalysisResult:
+    """``result`` (numbers only) with every finding filled in: verdicts, step levels, anomalies (and how many were
+    cut), trends, hints (none without ``evidence``), the most divergent round, the overall verdict. Warnings about
+    the findings are appended to ``result.warnings``."""
+    warnings = list(result.warnings)
+    trends = [t for t in (round_trend(result.rounds), step_trend(result.steps)) if t is not None]
+    anomalies, cut = keep_largest(find_anomalies(result.steps))
+    if cut:
+        warnings.append(f"{len(anomalies) + cut} anomaly flags: the {ANOMALY_KEEP} largest are kept, {cut} cut.")
+    judged = replace(
+        result,
+        verdicts=judge(result.run.metrics),
+        step_levels=step_levels([(step.step, step.metrics) for step in result.steps]),
+        anomalies=anomalies,
+        anomalies_cut=cut,
+        anomaly_check=anomaly_check(len(result.steps)),
+        trends=trends,
+        divergent_round=divergent_round(result.rounds, result.run.metrics),
+        warnings=warnings,
+    )
+    hints = [] if evidence is None else find_hints(evidence, judged)
+    verdict = overall_verdict(
+        result.run.metrics,
+        hints,
+        rows=result.run.rows,
+        tokens=result.run.tokens,
+        catastrophic_threshold=result.catastrophic_threshold,
+    )
+    return replace(judged, hints=hints, verdict=verdict)
+
+
+def anomaly_check(steps: int) -> str:
+    """Why the anomaly rule cannot apply to a run of ``steps`` steps ("" when it can): it compares a step with at
+    least ANOMALY_MIN_HISTORY earlier ones."""
+    needed = ANOMALY_MIN_HISTORY + 1
+    if 1 < steps < needed:
+        return f"anomaly check needs {needed}+ steps; this run has {steps}"
+    return ""
+
+
+def divergent_round(rounds: Sequence[Mapping[str, Any]], run_metrics: Mapping[str, float]) -> dict[str, Any] | None:
+    """The round ``per_round/most_divergent_round`` names (the support rule, metrics/rounds.py), its mean |δ|, the
+    token-weighted mean of the other rounds (tiny rounds weigh little), their ratio and whether it stands out
+    (ROUND_STANDS_OUT); None with fewer than two rounds or no round named."""
+    named = run_metrics.get(catalogue.MOST_DIVERGENT_ROUND.key)
+    if len(rounds) < 2 or named is None or named != named or named < 0:
+        return None
+    chosen = next((r for r in rounds if r["round"] == int(named)), None)
+    if chosen is None:
+        return None
+    others = [r for r in rounds if r["round"] != chosen["round"] and r["token_count"] > 0]
+    tokens = sum(r["token_count"] for r in others)
+    others_mean = sum(r["logprob_abs_diff_mean"] * r["token_count"] for r in others) / tokens if tokens else None
+    mean = chosen["logprob_abs_diff_mean"]
+    factor = mean / others_mean if others_mean else None
+    return {
+        "round": int(chosen["round"]),
+        "pooled": bool(chosen.get("pooled")),
+        "logprob_abs_diff_mean": mean,
+        "token_count": int(chosen["token_count"]),
+        "others_mean": others_mean,
+        "factor": factor,
+        "stands_out": factor is not None and factor >= ROUND_STANDS_OUT,
+    }

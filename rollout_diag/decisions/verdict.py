@@ -1,0 +1,169 @@
+"""The overall verdict: one level, its cause, one sentence saying what to do first (docs/hints.md, "The verdict").
+
+Pure: a run's metrics, its hints and its size in, an :class:`~rollout_diag.results.OverallVerdict` out. The same
+function judges a whole run, a step or a group of rows (``slicing``), so it reads nothing but its arguments.
+
+The rules, in order:
+
+1. **Pipeline first.** When a hint shows a pipeline bug (``PIPELINE_HINTS``: a shifted gather, no mask over
+   environment-like tokens, placeholder logprobs under the mask, processed logprobs on one side), the level is
+   ``bad``, the cause ``pipeline`` and the sentence says which to fix first: the mismatch metrics measure the bug,
+   and a rollout correction would hide it.
+2. **Token-level metrics set the level.** The judged metrics (``catalogue.Role.JUDGED``) set it at their worst,
+   except those whose expected value grows with the response length (``catalogue.Role.LENGTH_GROWING``: χ² seq ≈
+   exp(N·Var δ) − 1): they never raise the level above the other metrics'; when they would, a note says what
+   they mean (sequence-level IS would be degenerate at N tokens per row; prefer a token-level correction).
+3. **A negative χ²** (a sample estimate below its expected value) is judged ok and gets a note.
+4. **A few outliers or a broad mismatch?** When the metrics at the worst level are ok without the catastrophic
+   tokens (``diag/…_without_catastrophic``), the sentence says so: the outliers are the problem, not the bulk.
+5. **Little data** (``LITTLE_DATA_TOKENS`` model tokens or fewer, or one row) adds a note: the levels are
+   indicative.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from rollout_diag import catalogue
+from rollout_diag.catalogue import short_name
+from rollout_diag.decisions.levels import judge
+from rollout_diag.formatting import number, percent
+from rollout_diag.results import Hint, OverallVerdict, Verdict
+
+LEVEL_ORDER = ("bad", "watch", "ok", "n/a")
+# Hints that are pipeline bugs, in the order to fix them: a shifted gather moves every token's logprob, so it
+# comes first; a missing mask or placeholder logprobs put tokens nobody scored into the loss; processed logprobs
+# (temperature, top-p) change every token's value but keep the tokens right.
+PIPELINE_HINTS = ("off_by_one", "no_mask", "dummy_logprobs", "processed_logprobs")
+FIX_FIRST = {
+    "off_by_one": "fix the off-by-one gather of the logprobs (labels vs logits shifted by one position)",
+    "no_mask": "give the response mask (--column mask=NAME), so that environment tokens leave the measurement",
+    "dummy_logprobs": "fix the response mask, so that tokens the engine never scored leave the loss",
+    "processed_logprobs": "compute both sides' logprobs from the same distribution (one side applies a temperature "
+    "or top-p/top-k)",
+}
+# A single token with |δ| = 1 moves k3_kl by (e − 2)/N: over 1000 tokens that is 7e-4, close to the watch
+# level (1e-3), so a verdict on fewer tokens rests on a handful of them.
+LITTLE_DATA_TOKENS = 1000
+LITTLE_DATA_ROWS = 1  # a sequence-level metric over one row has no spread to speak of
+ADVICE = {
+    "bad": "the run is off-policy enough to matter: consider a rollout correction (compare-presets shows what "
+    "each would do to this data).",
+    "watch": "look at the per-step trends and where the mismatch sits.",
+    "ok": "training and rollout agree within the usual bf16/fp32 range.",
+    "n/a": "no key metric could be computed.",
+}
+# key metric -> the same metric over the tokens with |δ| ≤ the catastrophic threshold
+WITHOUT_CATASTROPHIC = {
+    catalogue.K3_KL.key: catalogue.K3_KL_WITHOUT_CATASTROPHIC.key,
+    catalogue.CHI2_TOKEN.key: catalogue.CHI2_TOKEN_WITHOUT_CATASTROPHIC.key,
+}
+
+
+def worst_level(levels: Sequence[str]) -> str:
+    """The worst of ``levels`` (bad > watch > ok > n/a)."""
+    return next((level for level in LEVEL_ORDER if level in levels), "n/a")
+
+
+def overall_verdict(
+    metrics: Mapping[str, float],
+    hints: Sequence[Hint] = (),
+    *,
+    rows: int,
+    tokens: int,
+    catastrophic_threshold: float = 1.0,
+) -> OverallVerdict:
+    """The verdict on ``metrics`` (a run's, a step's or a group's), its ``hints``, ``rows`` rows and ``tokens``
+    model tokens (see the module docstring for the rules)."""
+    verdicts = judge(dict(metrics))
+    notes = _negative_notes(verdicts) + _little_data_notes(rows, tokens)
+    growing = set(catalogue.keys_with_role(catalogue.Role.LENGTH_GROWING))
+    token_level = [v for v in verdicts if v.metric not in growing]
+    level = worst_level([v.level for v in token_level])
+    for verdict in verdicts:
+        if verdict.metric in growing and LEVEL_ORDER.index(verdict.level) < LEVEL_ORDER.index(level):
+            notes.append(_length_note(verdict, rows, tokens))
+    flagged = [v for v in verdicts if v.level == level and level in ("bad", "watch")]
+    pipeline = [hint for kind in PIPELINE_HINTS for hint in hints if hint.id == kind]
+    if pipeline:
+        first = pipeline[0]
+        rest = [hint.id for hint in pipeline[1:]]
+        sentence = (
+            f"a pipeline bug ({first.id}). First, {FIX_FIRST[first.id]}"
+            + (f"; then look again at {', '.join(rest)}" if rest else "")
+            + ". Until then the mismatch metrics measure the bug, and a rollout correction would hide it."
+        )
+        # the other notes read the metrics, which measure the bug here: only the amount of data is worth a note
+        notes = _little_data_notes(rows, tokens)
+        return OverallVerdict(
+            "bad", "pipeline", sentence, [v.metric for v in flagged], [hint.id for hint in pipeline], notes
+        )
+    if level in ("bad", "watch"):
+        names = ", ".join(short_name(v.metric) for v in flagged)
+        detail = f"{names} at {level} level ({len(flagged)} of {len(verdicts)} key metrics)"
+        outliers = _outliers(flagged, metrics, catastrophic_threshold)
+        sentence = (
+            f"{detail}{outliers} — a few outlier tokens, not a broad mismatch: look at the worst tokens; a "
+            "token-level correction (truncated token IS or token rejection) bounds them."
+            if outliers
+            else f"{detail}: {ADVICE[level]}"
+        )
+        return OverallVerdict(level, "mismatch", sentence, [v.metric for v in flagged], [], notes)
+    return OverallVerdict(level, "none", ADVICE[level], [], [], notes)
+
+
+def _outliers(flagged: Sequence[Verdict], metrics: Mapping[str, float], threshold: float) -> str:
+    """ ", from N catastrophic tokens (…): without them k3_kl 2.3e-4 and chi2_token 5.4e-4 are ok" when every
+    flagged token metric that has a without-catastrophic twin is ok without them (and one has); else ""."""
+    count = metrics.get(catalogue.CATASTROPHIC_TOKENS.key)
+    share = metrics.get(catalogue.CATASTROPHIC_TOKEN_SHARE.key)
+    twins = [(v, metrics.get(WITHOUT_CATASTROPHIC[v.metric])) for v in flagged if v.metric in WITHOUT_CATASTROPHIC]
+    if not count or share is None or not twins or any(value is None or math.isnan(value) for _, value in twins):
+        return ""
+    if any(abs(value) >= verdict.watch for verdict, value in twins if value is not None and value > 0):
+        return ""
+    without = " and ".join(f"{short_name(verdict.metric)} {number(value)}" for verdict, value in twins)
+    return (
+        f", from {int(count)} catastrophic token(s) (|δ| > {threshold:g}, {percent(share)} of model tokens): "
+        f"without them {without} {'is' if len(twins) == 1 else 'are'} ok"
+    )
+
+
+def _negative_notes(verdicts: Sequence[Verdict]) -> list[str]:
+    return [
+        f"{short_name(v.metric)} is negative ({number(v.value)}): a sample estimate below its expected value, read as "
+        "≈ 0 (no spread in the IS weights), not as large."
+        for v in verdicts
+        if v.value is not None and not math.isnan(v.value) and v.value < 0
+    ]
+
+
+def _little_data_notes(rows: int, tokens: int) -> list[str]:
+    if tokens <= LITTLE_DATA_TOKENS or rows <= LITTLE_DATA_ROWS:
+        return [
+            f"judged on little data ({tokens} model tokens in {rows} row{'s' if rows != 1 else ''}): one token can "
+            "move a level; read the levels as indicative."
+        ]
+    return []
+
+
+def _length_note(verdict: Verdict, rows: int, tokens: int) -> str:
+    mean = tokens / rows if rows else 0.0
+    return (
+        f"{short_name(verdict.metric)} is at {verdict.level} level ({number(verdict.value)}) while the token-level "
+        f"metrics are not: it grows with the response length (≈ exp(N·Var δ) − 1), so sequence-level IS would be "
+        f"degenerate at a mean of {mean:.0f} tokens per row: prefer token-level correction."
+    )
+
+
+def step_levels(steps: Sequence[tuple[int | None, Mapping[str, float]]]) -> list[dict[str, object]]:
+    """Per step: its level (the worst of its judged metrics but the length-growing ones, as the overall verdict's)
+    and each judged metric's level (what ``analyze``'s per-step table and the report's cards count)."""
+    growing = set(catalogue.keys_with_role(catalogue.Role.LENGTH_GROWING))
+    out: list[dict[str, object]] = []
+    for step, metrics in steps:
+        levels = {v.metric: v.level for v in judge(dict(metrics))}
+        level = worst_level([value for key, value in levels.items() if key not in growing])
+        out.append({"step": step, "level": level, "levels": levels})
+    return out
