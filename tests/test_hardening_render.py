@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import re
 from pathlib import Path
 from typing import get_args, get_origin
@@ -23,13 +24,17 @@ from typer.testing import CliRunner, Result
 
 from rollout_diag import cli
 from rollout_diag.cli import app
+from rollout_diag.formatting import numbers
 from rollout_diag.render.export import sweep_csv
-from rollout_diag.render.format import number, visible
+from rollout_diag.render.format import number, percent, visible
 from rollout_diag.render.summary import short_name
 from rollout_diag.render.table import Column, FitTable
 from rollout_diag.results import SweepOption, SweepResult, SweepTarget
 
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_data" / "textgenrnn_bf16_vs_fp32.parquet"
+MULTI_TURN = SAMPLE.parent / "synthetic_multiturn.parquet"
+NUMBER = re.compile(r"-?[\d,]+(\.\d+)?(e-?\d+)?")
+INTEGER = re.compile(r"-?[\d,]+")
 runner = CliRunner()
 HOSTILE_IDS = ("x[/]", "[bold]boom[/bold]", "\x1b[2Jclear", "\x1b]8;;http://evil\x07link\x1b]8;;\x07", "cr\rret")
 RAW_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202e]")  # anything but \n and \t reaching the terminal
@@ -102,12 +107,14 @@ def test_analyze_fits_the_terminal_without_cutting_anything(width: int, sample_j
     output = ok(run("analyze", SAMPLE, "--device", "cpu", width=width))
     assert "…" not in output
     assert max(len(line) for line in output.splitlines()) <= width
-    for verdict in sample_json["verdicts"]:
+    values = numbers([verdict["value"] for verdict in sample_json["verdicts"]])  # one notation per column
+    for verdict, value in zip(sample_json["verdicts"], values, strict=True):
         line = next(line for line in output.splitlines() if f"│ {short_name(verdict['metric'])} " in line)
-        assert f" {number(verdict['value'])} " in line
-    for step in sample_json["steps"]:  # every per-step value, in one of the table's parts
-        for name in ("rollout_corr/k3_kl", "rollout_corr/chi2_seq", "mismatch/logprob_abs_diff"):
-            assert re.search(rf"│\s+{step['step']} │.* {re.escape(number(step['metrics'][name]))} │", output)
+        assert f" {value} " in line
+    for name in ("rollout_corr/k3_kl", "rollout_corr/chi2_seq", "mismatch/logprob_abs_diff"):
+        column = numbers([step["metrics"][name] for step in sample_json["steps"]])
+        for step, value in zip(sample_json["steps"], column, strict=True):  # every value, in one of the parts
+            assert re.search(rf"│\s+{step['step']} │.* {re.escape(value)} │", output)
 
 
 @pytest.mark.parametrize("width", [80, 120])
@@ -132,16 +139,62 @@ def test_fit_table_splits_and_repeats_the_key_column() -> None:
         assert f"metric_number_{i}" in text and number(1.2345e-5 * (i + 1)) in text
 
 
-def test_numbers_have_three_to_four_significant_digits() -> None:
-    assert [number(v) for v in (0.00342, 0.0169122, 4.40232, -0.00593695, 25416, 1.0, 2e-6)] == [
+def test_numbers_have_four_significant_digits_in_both_notations() -> None:
+    """One rule (the legend's): 4 significant digits, fixed or scientific, trailing zeros dropped; NaN is a dash."""
+    values = (0.00342, 0.0169122, 4.40232, -0.00593695, 25416, 1.0, 2e-6, 12345.678, 9999.7, math.nan, None)
+    assert [number(v) for v in values] == [
         "3.42e-3",
         "0.01691",
         "4.402",
-        "-5.94e-3",
+        "-5.937e-3",
         "25,416",
         "1",
         "2e-6",
+        "1.235e4",
+        "1e4",  # rounds up out of the fixed range: never the ``1e+04`` of a %g format
+        "–",
+        "–",
     ]
+
+
+def test_a_column_takes_one_notation() -> None:
+    """Any value that needs scientific notation puts the whole column in it; counts stay integers."""
+    assert numbers([0.1115, 1.132e-4, 11.38, 2256.4, 3.0, None]) == [
+        "1.115e-1",
+        "1.132e-4",
+        "1.138e1",
+        "2.256e3",
+        "3",
+        "–",
+    ]
+    assert numbers([0.1115, 11.38, 2256.4]) == ["0.1115", "11.38", "2256"]
+
+
+def test_percentages_always_have_two_decimals() -> None:
+    assert [percent(v) for v in (0.0, 0.00013, 1e-7, -1e-7, 0.4009, 1.0, math.nan, None)] == [
+        "0.00 %",
+        "0.01 %",
+        "< 0.01 %",
+        "> -0.01 %",
+        "40.09 %",
+        "100.00 %",
+        "–",
+        "–",
+    ]
+
+
+def test_analyze_columns_do_not_mix_notations() -> None:
+    """On the multi-turn sample (main printed 0.1115 above 1.13e-4 in one per-step column), every numeric column
+    of every table is either all fixed or all scientific."""
+    output = ok(run("analyze", MULTI_TURN, "--device", "cpu", width=200))
+    assert "nan" not in output
+    for block in output.split("┏")[1:]:
+        lines = [line for line in block.splitlines() if line.startswith("│")]
+        columns = zip(*(line.strip("│").split("│") for line in lines), strict=False)
+        for column in columns:
+            numeric = [cell.strip() for cell in column if NUMBER.fullmatch(cell.strip())]
+            kinds = {"e" in cell for cell in numeric if not INTEGER.fullmatch(cell)}
+            assert len(kinds) <= 1, numeric
 
 
 # ------------------------------------------------------------------------------------- first screen
