@@ -383,3 +383,13 @@ def test_anomaly_counts_include_the_flags_the_result_cut() -> None:
     Console(file=out, width=200, color_system=None).print(render_analysis(result))
     assert "and 7 smaller anomalies (the 12 largest in --format json)" in out.getvalue()
     assert "Anomalies: 17 flag(s)" in render_report(result)
+
+
+def test_a_sweep_target_below_one_sequence_says_so() -> None:
+    """0.1 % of the sample's 128 sequences is less than one: no threshold rejects that little (main printed the
+    largest value, a threshold that rejects nothing); token targets (25,416 tokens) keep their threshold."""
+    output = ok(run("sweep", SAMPLE, "--device", "cpu", "--target", "0.001", width=200))
+    sequence_row = next(line for line in output.splitlines() if line.startswith("│ is_sequence "))
+    token_row = next(line for line in output.splitlines() if line.startswith("│ is_token "))
+    assert "– (< 1 sequence)" in sequence_row
+    assert "(< 1" not in token_row and re.search(r"\d \(\d+\.\d\d %\)", token_row)
