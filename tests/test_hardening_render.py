@@ -27,9 +27,10 @@ from rollout_diag.cli import app
 from rollout_diag.formatting import numbers
 from rollout_diag.render.export import sweep_csv
 from rollout_diag.render.format import number, percent, visible
+from rollout_diag.render.presets import presets_table
 from rollout_diag.render.summary import short_name
 from rollout_diag.render.table import Column, FitTable
-from rollout_diag.results import SweepOption, SweepResult, SweepTarget
+from rollout_diag.results import ComparisonResult, PresetResult, StepResult, SweepOption, SweepResult, SweepTarget
 
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_data" / "textgenrnn_bf16_vs_fp32.parquet"
 MULTI_TURN = SAMPLE.parent / "synthetic_multiturn.parquet"
@@ -393,3 +394,48 @@ def test_a_sweep_target_below_one_sequence_says_so() -> None:
     token_row = next(line for line in output.splitlines() if line.startswith("│ is_token "))
     assert "– (< 1 sequence)" in sequence_row
     assert "(< 1" not in token_row and re.search(r"\d \(\d+\.\d\d %\)", token_row)
+
+
+# ------------------------------------------------------------------------------------- compare-presets table
+def _preset(name: str, metrics: dict[str, float]) -> PresetResult:
+    from rollout_diag.decisions.intrusive import intrusive_reasons
+    from rollout_diag.presets import PRESETS
+
+    preset = PRESETS[name]
+    return PresetResult(
+        preset.name, preset.config(), preset.mode, [], StepResult(None, 10, 1000, metrics), intrusive_reasons(metrics)
+    )
+
+
+def test_presets_with_identical_effect_share_a_row_and_presets_that_correct_nothing_come_last() -> None:
+    weights = {
+        "rollout_corr/rollout_is_mean": 0.98,
+        "rollout_corr/rollout_is_max": 3.5,
+        "rollout_corr/rollout_is_eff_sample_size": 0.88,
+        "summary/tokens_kept": 1000.0,
+    }
+    nothing = {"summary/tokens_kept": 1000.0, "summary/rejected_token_fraction": 0.0}
+    result = ComparisonResult(
+        ["dump.parquet"],
+        {},
+        [
+            _preset("disabled", nothing),
+            _preset("decoupled_seq_is", weights),
+            _preset("decoupled_k3_rs", {"summary/rejected_token_fraction": 0.03, "summary/tokens_kept": 970.0}),
+            _preset("bypass_pg_is", weights),
+            _preset("bypass_ppo_clip", nothing),
+        ],
+    )
+    out = io.StringIO()
+    Console(file=out, width=80, color_system=None).print(presets_table(result))
+    text = out.getvalue()
+    names = [line.split("│")[1].strip() for line in text.splitlines() if line.startswith("│")]
+    first_part = names[: names.index("decoupled_seq_is +1") + 3]
+    assert first_part == ["decoupled_seq_is +1", "decoupled_k3_rs", "disabled +1"]
+    flat = " ".join(text.split())
+    assert (
+        "decoupled_seq_is also stands for bypass_pg_is" in flat and "disabled also stands for bypass_ppo_clip" in flat
+    )
+    columns = [column.header for column in presets_table(result).columns]
+    assert columns.index("tok rejected") < columns.index("mode") < columns.index("IS") < columns.index("RS")
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
