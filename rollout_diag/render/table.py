@@ -107,21 +107,22 @@ class FitTable:
         parts = self.parts(options.max_width, rows)
         for number, indices in enumerate(parts):
             title = self.title if number == 0 else f"{short_title(self.title)} (continued, {number + 1}/{len(parts)})"
-            caption = self.caption if number == len(parts) - 1 else None
-            yield self._table(rows, indices, title, caption, options.max_width)
+            # title and caption as lines of their own: they wrap at the terminal's width, not the part's
+            yield Text(title, style="table.title")
+            yield self._table(rows, indices, options.max_width)
+        if self.caption:
+            yield Text(self.caption, style="table.caption")
 
     def _table(
         self,
         rows: list[tuple[list[Text], str | None]],
         indices: Sequence[int],
-        title: str,
-        caption: str | None,
         width: int,
     ) -> Table:
         """Natural widths when they fit; else every column at a width of its own: numbers and names at their
         needed width (headers wrap at spaces), free text folded into what is left."""
         widths = self._widths(rows, indices, width)
-        table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+        table = Table()
         for index, fixed in zip(indices, widths, strict=True):
             column = self.columns[index]
             table.add_column(column.header, justify=column.justify, width=fixed, overflow="fold")
