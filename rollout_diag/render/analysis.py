@@ -47,8 +47,10 @@ def render_analysis(result: AnalysisResult, all_steps: bool = False) -> Renderab
     parts.append(metrics_table(result.run))
     if len(result.steps) > 1:
         parts.append(steps_table(result.steps, all_steps))
-    if result.rounds:
+    if len(result.rounds) > 1:
         parts.append(rounds_table(result))
+    elif result.rounds:  # a table of one row says less than this line
+        parts.append(Text("Per round: single-turn data (every row is one run of model tokens): one round.", style="dim"))
     if result.positions:
         parts.append(positions_table(result.positions))
     if result.worst_rows:
@@ -212,7 +214,8 @@ def positions_table(positions: Sequence[dict]) -> FitTable:
 
 
 def worst_rows_table(result: AnalysisResult, criterion: str = "log_ppl_abs_diff") -> FitTable:
-    rows = [r for r in result.worst_rows if r.criterion == criterion][:ROWS_SHOWN]
+    kept = [r for r in result.worst_rows if r.criterion == criterion]
+    rows = kept[:ROWS_SHOWN]
     extras = extra_names(rows)
     shown = extras[:EXTRAS_SHOWN]
     hidden = len(extras) - len(shown)
@@ -222,7 +225,7 @@ def worst_rows_table(result: AnalysisResult, criterion: str = "log_ppl_abs_diff"
     long_text = any(isinstance(value, str) and len(value) > EXTRA_TEXT_SHOWN for value in values)
     more += "; long extra text cut, whole in --format json" if long_text else ""
     table = FitTable(
-        f"Worst rows by |log-ppl diff| (top {len(rows)}; all criteria in --format json; "
+        f"Worst rows by |log-ppl diff| ({_top(len(rows), len(kept))}; every kept row and criterion in --format json; "
         f"rollout-diag inspect FILE --sample ID shows one token by token{more})",
         [
             Column("step", key=True),
@@ -260,6 +263,11 @@ def worst_rows_table(result: AnalysisResult, criterion: str = "log_ppl_abs_diff"
     return table
 
 
+def _top(shown: int, kept: int) -> str:
+    """``top 10``, or ``top 10 of the 50 that --top-k kept`` when --top-k kept more than the terminal shows."""
+    return f"top {shown}" if kept <= shown else f"top {shown} of the {kept} that --top-k kept"
+
+
 def _extra_text(value: ExtraValue) -> str:
     shown = extra_cell(value)
     return shown if len(shown) <= EXTRA_TEXT_SHOWN else shown[: EXTRA_TEXT_SHOWN - 1] + "…"
@@ -268,7 +276,8 @@ def _extra_text(value: ExtraValue) -> str:
 def worst_tokens_table(result: AnalysisResult) -> FitTable:
     tokens = result.worst_tokens[:ROWS_SHOWN]
     table = FitTable(
-        f"Worst tokens by |δ| (top {len(tokens)})",
+        f"Worst tokens by |δ| ({_top(len(tokens), len(result.worst_tokens))}"
+        + ("; all in --format json)" if len(result.worst_tokens) > len(tokens) else ")"),
         [
             Column("step", key=True),
             Column("sample_id", "left", key=True, wrap=True),
