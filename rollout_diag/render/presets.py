@@ -24,7 +24,7 @@ COLUMNS = (
     Column("ESS"),
     Column("bn factor"),
     Column("tokens kept"),
-    Column("mode", "left", wrap=True, fold_width=10),
+    Column("mode", "left", wrap=True, fold_width=20),
     Column("IS", "left", wrap=True),
     Column("RS", "left", wrap=True),
 )
