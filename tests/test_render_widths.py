@@ -104,3 +104,20 @@ def test_single_turn_data_gets_one_line_instead_of_a_per_round_table(tmp_path: P
 def test_the_analyze_header_has_no_double_space() -> None:
     first = run("analyze", BF16, "--device", "cpu", width=120).stdout.splitlines()[0]
     assert first.startswith("rollout-diag analyze: 1 parquet file(s)") and "  " not in first.rstrip()
+
+
+def test_the_readme_compare_presets_excerpt_is_the_codes_output() -> None:
+    """README.md shows what compare-presets prints today: docs/regenerate.py rewrites the excerpt (and
+    docs/report.png); this fails when the code's output and the README part."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("regenerate", SAMPLES.parent / "docs" / "regenerate.py")
+    assert spec is not None and spec.loader is not None
+    regenerate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(regenerate)
+    readme = (SAMPLES.parent / "README.md").read_text(encoding="utf-8")
+    excerpt = regenerate.compare_presets_excerpt()
+    assert "Rollout-correction presets on this data" in excerpt
+    assert regenerate.readme_with_excerpt(readme, excerpt) == readme, (
+        "README.md's compare-presets excerpt is stale: run PYTHONPATH=. python docs/regenerate.py"
+    )
