@@ -67,6 +67,19 @@ def _number(value: float | int | None, digits: int, scientific: bool | None) -> 
     return f"{mantissa}e{int(exponent)}"
 
 
+def change(a: float | None, b: float | None) -> str:
+    """B against A in words: ``109× lower``, ``2.4× higher``, ``same``; a dash where a ratio means nothing (a side
+    missing, zero or negative)."""
+    if a is None or b is None or not a > 0 or not b > 0:
+        return "–"
+    ratio = b / a
+    factor = ratio if ratio >= 1 else 1 / ratio
+    shown = f"{factor:,.0f}" if factor >= 100 else number(factor, 3)
+    if shown == "1":
+        return "same"
+    return f"{shown}× {'higher' if ratio > 1 else 'lower'}"
+
+
 def extra_cell(value: ExtraValue) -> str:
     """An extra column's value: numbers as every table shows them, booleans as JSON spells them, null as a dash."""
     if value is None:

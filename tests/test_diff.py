@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import math
 from pathlib import Path
 
@@ -191,4 +192,5 @@ def test_report_vs_adds_the_a_b_section(two_dumps: tuple[Path, Path, Path], tmp_
     html = out.read_text()
     assert "Run A against run B" in html and 'data-figure="diff-rounds"' in html
     assert 'data-figure="diff-positions"' in html and "mismatch/logprob_abs_diff" in html
+    assert re.search(r"[\d.,]+× (lower|higher)|>same<", html) and ">B/A<" not in html  # as the terminal says it
     assert "Which correction should I turn on?" in html

@@ -50,7 +50,9 @@ def render_analysis(result: AnalysisResult, all_steps: bool = False) -> Renderab
     if len(result.rounds) > 1:
         parts.append(rounds_table(result))
     elif result.rounds:  # a table of one row says less than this line
-        parts.append(Text("Per round: single-turn data (every row is one run of model tokens): one round.", style="dim"))
+        parts.append(
+            Text("Per round: single-turn data (every row is one run of model tokens): one round.", style="dim")
+        )
     if result.positions:
         parts.append(positions_table(result.positions))
     if result.worst_rows:

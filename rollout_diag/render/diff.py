@@ -9,6 +9,7 @@ from rich.console import Group
 from rich.text import Text
 
 from rollout_diag.catalogue import short_name
+from rollout_diag.formatting import change as change
 from rollout_diag.render.format import number, percent, plain
 from rollout_diag.render.table import Column, FitTable, Num
 
@@ -16,19 +17,6 @@ if TYPE_CHECKING:
     from rollout_diag.decisions.diff import DiffResult, DiffSide
 
 VERDICT_STYLE = {"better": "green", "worse": "bold red", "no detectable change": "", "n/a": "dim"}
-
-
-def change(a: float | None, b: float | None) -> str:
-    """B against A in words: ``109× lower``, ``2.4× higher``, ``same``; a dash where a ratio means nothing (a side
-    missing, zero or negative)."""
-    if a is None or b is None or not a > 0 or not b > 0:
-        return "–"
-    ratio = b / a
-    factor = ratio if ratio >= 1 else 1 / ratio
-    shown = f"{factor:,.0f}" if factor >= 100 else number(factor, 3)
-    if shown == "1":
-        return "same"
-    return f"{shown}× {'higher' if ratio > 1 else 'lower'}"
 
 
 def diff_tables(result: DiffResult) -> Group:

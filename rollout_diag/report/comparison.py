@@ -14,6 +14,7 @@ from typing import Any
 from rollout_diag import catalogue
 from rollout_diag.decisions.sweep import default_sentences
 from rollout_diag.errors import ConfigError
+from rollout_diag.formatting import percent
 from rollout_diag.report import figures
 from rollout_diag.report.markup import Column, Markup, code, escape, note, table
 from rollout_diag.report.sections import Canvas, Section
@@ -167,7 +168,7 @@ def _veto(bounds: Any) -> str:
 
 
 def _percent_cell(value: float | None) -> str:
-    return "–" if value is None else f"{100 * value:.2f} %"
+    return percent(value)
 
 
 # ------------------------------------------------------------------------------------------ sweep

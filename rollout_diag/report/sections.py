@@ -112,7 +112,8 @@ def _metric_panels(result: AnalysisResult, steps: Sequence[StepResult]) -> list[
 
 
 def _anomaly_text(anomaly: Any) -> str:
-    return f"step {anomaly.step}: {anomaly.value:.4g} = {factor(anomaly.factor)}× the median {anomaly.baseline:.4g}"
+    value, baseline = number(anomaly.value), number(anomaly.baseline)
+    return f"step {anomaly.step}: {value} = {factor(anomaly.factor)}× the median {baseline}"
 
 
 def _rejection_plot(rejection: dict[str, tuple[list[Any], list[float | None]]], canvas: Canvas) -> str:
