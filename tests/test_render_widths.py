@@ -121,3 +121,15 @@ def test_the_readme_compare_presets_excerpt_is_the_codes_output() -> None:
     assert regenerate.readme_with_excerpt(readme, excerpt) == readme, (
         "README.md's compare-presets excerpt is stale: run PYTHONPATH=. python docs/regenerate.py"
     )
+
+
+def test_inspect_folds_an_environment_segment_into_one_line() -> None:
+    """main wrote "── environment: 17 tokens ──" in the token column, folded over 4 lines at 80 columns."""
+    output = run("inspect", MULTI_TURN, "--device", "cpu", width=80).stdout
+    separators = [line for line in output.splitlines() if "env tokens" in line and "│" in line]
+    assert separators and all(re.search(r"│ ⋯ +│.*│ +[\d,]+ env tokens", line) for line in separators)
+    assert "environmen" not in output.replace("environment/tool", "")
+    rows = [line.split("│") for line in output.splitlines() if re.match(r"^ +\d+ │", line)]
+    for column in (3, 4, 5):  # rollout, trainer, δ: one notation per column
+        kinds = {"e" in cells[column] for cells in rows if "." in cells[column]}
+        assert len(kinds) == 1, [cells[column] for cells in rows]
