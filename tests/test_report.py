@@ -563,3 +563,10 @@ def test_ratio_thresholds_are_spread_by_ln_u_and_pass_through_verl_defaults():
         assert (x, y) in set(zip(seq_mean["x"], seq_mean["y"], strict=True))
     k2 = by_name["token_k2 token"]
     assert "tickmode" not in figure["layout"][f"xaxis{k2 + 1}"]  # a k2 bound is not a ratio
+
+
+def test_the_catastrophic_label_runs_inwards_from_the_plot_edge(synthetic_result):
+    """At 800 px the label anchored at the band's inner edge ran past the plot's right edge and was cut."""
+    delta = layout_of(render_report(synthetic_result), "delta")
+    [label] = [note for note in delta["annotations"] if note["text"].startswith("catastrophic")]
+    assert (label["xanchor"], label["x"]) in (("left", 0), ("right", delta["xaxis"]["range"][1]))

@@ -395,8 +395,10 @@ def delta_histogram_figure(edges: Sequence[float], counts: Sequence[float], cata
             *(
                 {
                     "text": f"catastrophic |δ| > {catastrophic:g}",
-                    "x": x1 if x0 == 0 else x0,
-                    "xanchor": "right" if x0 == 0 else "left",
+                    # anchored at the plot's outer edge: the text runs inwards, never past the edge (at 800 px
+                    # "catastrophic |δ| > 1" anchored at the band's inner edge was cut at the right)
+                    "x": x0 if x0 == 0 else x1,
+                    "xanchor": "left" if x0 == 0 else "right",
                     "y": 1,
                     "yref": "paper",
                     "yanchor": "top",
