@@ -570,3 +570,11 @@ def test_the_catastrophic_label_runs_inwards_from_the_plot_edge(synthetic_result
     delta = layout_of(render_report(synthetic_result), "delta")
     [label] = [note for note in delta["annotations"] if note["text"].startswith("catastrophic")]
     assert (label["xanchor"], label["x"]) in (("left", 0), ("right", delta["xaxis"]["range"][1]))
+
+
+def test_report_table_columns_take_one_notation():
+    from rollout_diag.report.markup import Column as HtmlColumn
+    from rollout_diag.report.markup import table as html_table
+
+    html = html_table([HtmlColumn("k", False), HtmlColumn("v", True)], [["a", 0.1115], ["b", 1.132e-4], ["c", 3]])
+    assert re.findall(r'<td class="num">([^<]*)</td>', html) == ["1.115e-1", "1.132e-4", "3"]
