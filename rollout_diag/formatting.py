@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import unicodedata
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # a type only: importing results would load numpy before an error message can print
@@ -16,8 +17,33 @@ HIDDEN = frozenset("\u061c\u200b\u200c\u200e\u200f\u202a\u202b\u202c\u202d\u202e
 
 
 def number(value: float | int | None, digits: int = 4) -> str:
-    """``digits`` significant digits, scientific with a short exponent (``3.42e-3``) outside 0.01–10 000;
-    integers (and integral floats) with thousands separators; None as a dash."""
+    """``digits`` significant digits (trailing zeros dropped), scientific with a short exponent (``3.421e-3``)
+    outside 0.01–10 000; integers (and integral floats) with thousands separators; None and NaN as a dash."""
+    return _number(value, digits, None)
+
+
+def numbers(values: Sequence[float | int | None], digits: int = 4) -> list[str]:
+    """One table column: as :func:`number`, except that the column takes one notation: when any of its
+    non-integral values needs scientific notation, every non-integral value is written in it (counts and
+    integral values stay integers), so that a column never mixes ``0.1115`` with ``1.13e-4``."""
+    scientific = any(_needs_scientific(value, digits) for value in values)
+    return [_number(value, digits, scientific) for value in values]
+
+
+def _needs_scientific(value: float | int | None, digits: int) -> bool:
+    if value is None or isinstance(value, (bool, int)):
+        return False
+    value = float(value)
+    if not math.isfinite(value) or value == 0 or (value == int(value) and abs(value) < 1e15):
+        return False
+    return "e" in _fixed(value, digits) or not FIXED_RANGE[0] <= abs(value) < FIXED_RANGE[1]
+
+
+def _fixed(value: float, digits: int) -> str:
+    return f"{value:.{digits}g}"
+
+
+def _number(value: float | int | None, digits: int, scientific: bool | None) -> str:
     if value is None:
         return "–"
     if isinstance(value, bool):
@@ -26,17 +52,32 @@ def number(value: float | int | None, digits: int = 4) -> str:
         return f"{value:,}"
     value = float(value)
     if math.isnan(value):
-        return "nan"
+        return "–"
     if math.isinf(value):
         return "inf" if value > 0 else "-inf"
     if value == int(value) and abs(value) < 1e15:
         return f"{int(value):,}"
-    if FIXED_RANGE[0] <= abs(value) < FIXED_RANGE[1]:
-        return f"{value:.{digits}g}"
-    mantissa, exponent = f"{value:.{max(digits - 2, 0)}e}".split("e")
+    if scientific is None:
+        scientific = _needs_scientific(value, digits)
+    if not scientific:
+        return _fixed(value, digits)
+    mantissa, exponent = f"{value:.{max(digits - 1, 0)}e}".split("e")
     if "." in mantissa:
         mantissa = mantissa.rstrip("0").rstrip(".")
     return f"{mantissa}e{int(exponent)}"
+
+
+def change(a: float | None, b: float | None) -> str:
+    """B against A in words: ``109× lower``, ``2.4× higher``, ``same``; a dash where a ratio means nothing (a side
+    missing, zero or negative)."""
+    if a is None or b is None or not a > 0 or not b > 0:
+        return "–"
+    ratio = b / a
+    factor = ratio if ratio >= 1 else 1 / ratio
+    shown = f"{factor:,.0f}" if factor >= 100 else number(factor, 3)
+    if shown == "1":
+        return "same"
+    return f"{shown}× {'higher' if ratio > 1 else 'lower'}"
 
 
 def extra_cell(value: ExtraValue) -> str:
@@ -51,11 +92,12 @@ def extra_cell(value: ExtraValue) -> str:
 
 
 def percent(value: float | None) -> str:
-    """2 decimals; tiny non-zero shares keep 2 significant digits instead of rounding to 0.00 %."""
+    """A share as a percentage with 2 decimals, always; a non-zero share that would round to 0.00 % reads
+    ``< 0.01 %`` (``> -0.01 %`` below zero) instead. None and NaN as a dash."""
     if value is None or math.isnan(value):
         return "–"
-    if 0 < abs(value) < 1e-4:
-        return f"{100.0 * value:.2g} %"
+    if 0 < abs(value) < 5e-5:
+        return "< 0.01 %" if value > 0 else "> -0.01 %"
     return f"{100.0 * value:.2f} %"
 
 

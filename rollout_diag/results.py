@@ -9,7 +9,7 @@ import typing
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -548,6 +548,8 @@ class Recommendation:
     runner_up: str | None = None
     runner_up_reason: str = ""
     not_chosen: list[tuple[str, str]] = field(default_factory=list)  # (preset, why), most intrusive last
+    # Fields whose JSON form differs from their Python type (check_shape reads this): pairs are written as objects.
+    JSON_SHAPES: ClassVar[dict[str, Any]] = {"not_chosen": list[dict[str, str]]}
     equivalent: list[str] = field(default_factory=list)  # same IS/RS settings, another mode: same numbers
     note: str = ""
     order: list[str] = field(default_factory=list)  # every preset, least intrusive first
@@ -797,7 +799,8 @@ def _shape_problem(expected: Any, value: Any, path: str, require: bool = True) -
                 if require and _required(spec) and _shape_problem(hints[spec.name], None, "") is not None:
                     return _join(path, spec.name), "missing"
                 continue
-            problem = _shape_problem(hints[spec.name], value[spec.name], _join(path, spec.name))
+            shape = getattr(expected, "JSON_SHAPES", {}).get(spec.name, hints[spec.name])
+            problem = _shape_problem(shape, value[spec.name], _join(path, spec.name))
             if problem is not None:
                 return problem
         return None

@@ -23,6 +23,7 @@ from typer.testing import CliRunner, Result
 
 from rollout_diag import __version__
 from rollout_diag.cli import app
+from rollout_diag.formatting import numbers
 from rollout_diag.render.format import number
 from rollout_diag.render.summary import short_name
 
@@ -151,16 +152,19 @@ def test_verdict_table_matches_the_json(sample_table: Result, sample_json: dict)
         "rollout_corr/log_ppl_abs_diff",
         "training/rollout_probs_diff_mean",
     }
-    for verdict in sample_json["verdicts"]:
+    columns = {  # each column in one notation (formatting.numbers)
+        field: numbers([verdict[field] for verdict in sample_json["verdicts"]]) for field in ("value", "watch", "bad")
+    }
+    for index, verdict in enumerate(sample_json["verdicts"]):
         short = short_name(verdict["metric"])
         line = next(line for line in verdicts.splitlines() if f" {short} " in line)
         cells = [cell.strip() for cell in line.strip("│ ").split("│")]
         assert cells[:5] == [
             short,
-            number(verdict["value"]),
+            columns["value"][index],
             verdict["level"],
-            number(verdict["watch"]),
-            number(verdict["bad"]),
+            columns["watch"][index],
+            columns["bad"][index],
         ]
         assert f"{short} = {verdict['metric']}" in sample_table.stdout.replace("\n", " ")  # the legend
         assert verdict["level"] in ("ok", "watch", "bad")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import jsonschema
@@ -169,7 +170,7 @@ def test_cli_json_follows_the_schema_and_names_changed_presets(two_dumps: tuple[
     assert by_metric["mismatch/logprob_abs_diff"]["verdict"] == "worse"
     assert document["changed_presets"] == [p["preset"] for p in document["presets"] if p["changed"]]
     table = succeeded(invoke("diff", path_a, path_b, "--device", "cpu", "--replicates", "200"))
-    assert "mismatch/logprob_abs_diff" in table and "worse" in table and "B − A (95% interval)" in table
+    assert "logprob_abs_diff" in table and "worse" in table and "95% low" in table and "95% high" in table
 
 
 def test_cli_errors_are_one_line(two_dumps: tuple[Path, Path, Path]) -> None:
@@ -191,4 +192,5 @@ def test_report_vs_adds_the_a_b_section(two_dumps: tuple[Path, Path, Path], tmp_
     html = out.read_text()
     assert "Run A against run B" in html and 'data-figure="diff-rounds"' in html
     assert 'data-figure="diff-positions"' in html and "mismatch/logprob_abs_diff" in html
+    assert re.search(r"[\d.,]+× (lower|higher)|>same<", html) and ">B/A<" not in html  # as the terminal says it
     assert "Which correction should I turn on?" in html

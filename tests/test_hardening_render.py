@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import re
 from pathlib import Path
 from typing import get_args, get_origin
@@ -23,13 +24,18 @@ from typer.testing import CliRunner, Result
 
 from rollout_diag import cli
 from rollout_diag.cli import app
+from rollout_diag.formatting import numbers
 from rollout_diag.render.export import sweep_csv
-from rollout_diag.render.format import number, visible
+from rollout_diag.render.format import number, percent, visible
+from rollout_diag.render.presets import presets_table
 from rollout_diag.render.summary import short_name
 from rollout_diag.render.table import Column, FitTable
-from rollout_diag.results import SweepOption, SweepResult, SweepTarget
+from rollout_diag.results import ComparisonResult, PresetResult, StepResult, SweepOption, SweepResult, SweepTarget
 
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_data" / "textgenrnn_bf16_vs_fp32.parquet"
+MULTI_TURN = SAMPLE.parent / "synthetic_multiturn.parquet"
+NUMBER = re.compile(r"-?[\d,]+(\.\d+)?(e-?\d+)?")
+INTEGER = re.compile(r"-?[\d,]+")
 runner = CliRunner()
 HOSTILE_IDS = ("x[/]", "[bold]boom[/bold]", "\x1b[2Jclear", "\x1b]8;;http://evil\x07link\x1b]8;;\x07", "cr\rret")
 RAW_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202e]")  # anything but \n and \t reaching the terminal
@@ -102,12 +108,14 @@ def test_analyze_fits_the_terminal_without_cutting_anything(width: int, sample_j
     output = ok(run("analyze", SAMPLE, "--device", "cpu", width=width))
     assert "…" not in output
     assert max(len(line) for line in output.splitlines()) <= width
-    for verdict in sample_json["verdicts"]:
+    values = numbers([verdict["value"] for verdict in sample_json["verdicts"]])  # one notation per column
+    for verdict, value in zip(sample_json["verdicts"], values, strict=True):
         line = next(line for line in output.splitlines() if f"│ {short_name(verdict['metric'])} " in line)
-        assert f" {number(verdict['value'])} " in line
-    for step in sample_json["steps"]:  # every per-step value, in one of the table's parts
-        for name in ("rollout_corr/k3_kl", "rollout_corr/chi2_seq", "mismatch/logprob_abs_diff"):
-            assert re.search(rf"│\s+{step['step']} │.* {re.escape(number(step['metrics'][name]))} │", output)
+        assert f" {value} " in line
+    for name in ("rollout_corr/k3_kl", "rollout_corr/chi2_seq", "mismatch/logprob_abs_diff"):
+        column = numbers([step["metrics"][name] for step in sample_json["steps"]])
+        for step, value in zip(sample_json["steps"], column, strict=True):  # every value, in one of the parts
+            assert re.search(rf"│\s+{step['step']} │.* {re.escape(value)} │", output)
 
 
 @pytest.mark.parametrize("width", [80, 120])
@@ -132,16 +140,62 @@ def test_fit_table_splits_and_repeats_the_key_column() -> None:
         assert f"metric_number_{i}" in text and number(1.2345e-5 * (i + 1)) in text
 
 
-def test_numbers_have_three_to_four_significant_digits() -> None:
-    assert [number(v) for v in (0.00342, 0.0169122, 4.40232, -0.00593695, 25416, 1.0, 2e-6)] == [
+def test_numbers_have_four_significant_digits_in_both_notations() -> None:
+    """One rule (the legend's): 4 significant digits, fixed or scientific, trailing zeros dropped; NaN is a dash."""
+    values = (0.00342, 0.0169122, 4.40232, -0.00593695, 25416, 1.0, 2e-6, 12345.678, 9999.7, math.nan, None)
+    assert [number(v) for v in values] == [
         "3.42e-3",
         "0.01691",
         "4.402",
-        "-5.94e-3",
+        "-5.937e-3",
         "25,416",
         "1",
         "2e-6",
+        "1.235e4",
+        "1e4",  # rounds up out of the fixed range: never the ``1e+04`` of a %g format
+        "–",
+        "–",
     ]
+
+
+def test_a_column_takes_one_notation() -> None:
+    """Any value that needs scientific notation puts the whole column in it; counts stay integers."""
+    assert numbers([0.1115, 1.132e-4, 11.38, 2256.4, 3.0, None]) == [
+        "1.115e-1",
+        "1.132e-4",
+        "1.138e1",
+        "2.256e3",
+        "3",
+        "–",
+    ]
+    assert numbers([0.1115, 11.38, 2256.4]) == ["0.1115", "11.38", "2256"]
+
+
+def test_percentages_always_have_two_decimals() -> None:
+    assert [percent(v) for v in (0.0, 0.00013, 1e-7, -1e-7, 0.4009, 1.0, math.nan, None)] == [
+        "0.00 %",
+        "0.01 %",
+        "< 0.01 %",
+        "> -0.01 %",
+        "40.09 %",
+        "100.00 %",
+        "–",
+        "–",
+    ]
+
+
+def test_analyze_columns_do_not_mix_notations() -> None:
+    """On the multi-turn sample (main printed 0.1115 above 1.13e-4 in one per-step column), every numeric column
+    of every table is either all fixed or all scientific."""
+    output = ok(run("analyze", MULTI_TURN, "--device", "cpu", width=200))
+    assert "nan" not in output
+    for block in output.split("┏")[1:]:
+        lines = [line for line in block.splitlines() if line.startswith("│")]
+        columns = zip(*(line.strip("│").split("│") for line in lines), strict=False)
+        for column in columns:
+            numeric = [cell.strip() for cell in column if NUMBER.fullmatch(cell.strip())]
+            kinds = {"e" in cell for cell in numeric if not INTEGER.fullmatch(cell)}
+            assert len(kinds) <= 1, numeric
 
 
 # ------------------------------------------------------------------------------------- first screen
@@ -331,3 +385,58 @@ def test_anomaly_counts_include_the_flags_the_result_cut() -> None:
     Console(file=out, width=200, color_system=None).print(render_analysis(result))
     assert "and 7 smaller anomalies (the 12 largest in --format json)" in out.getvalue()
     assert "Anomalies: 17 flag(s)" in render_report(result)
+
+
+def test_a_sweep_target_below_one_sequence_says_so() -> None:
+    """0.1 % of the sample's 128 sequences is less than one: no threshold rejects that little (main printed the
+    largest value, a threshold that rejects nothing); token targets (25,416 tokens) keep their threshold."""
+    output = ok(run("sweep", SAMPLE, "--device", "cpu", "--target", "0.001", width=200))
+    sequence_row = next(line for line in output.splitlines() if line.startswith("│ is_sequence "))
+    token_row = next(line for line in output.splitlines() if line.startswith("│ is_token "))
+    assert "– (< 1 sequence)" in sequence_row
+    assert "(< 1" not in token_row and re.search(r"\d \(\d+\.\d\d %\)", token_row)
+
+
+# ------------------------------------------------------------------------------------- compare-presets table
+def _preset(name: str, metrics: dict[str, float]) -> PresetResult:
+    from rollout_diag.decisions.intrusive import intrusive_reasons
+    from rollout_diag.presets import PRESETS
+
+    preset = PRESETS[name]
+    return PresetResult(
+        preset.name, preset.config(), preset.mode, [], StepResult(None, 10, 1000, metrics), intrusive_reasons(metrics)
+    )
+
+
+def test_presets_with_identical_effect_share_a_row_and_presets_that_correct_nothing_come_last() -> None:
+    weights = {
+        "rollout_corr/rollout_is_mean": 0.98,
+        "rollout_corr/rollout_is_max": 3.5,
+        "rollout_corr/rollout_is_eff_sample_size": 0.88,
+        "summary/tokens_kept": 1000.0,
+    }
+    nothing = {"summary/tokens_kept": 1000.0, "summary/rejected_token_fraction": 0.0}
+    result = ComparisonResult(
+        ["dump.parquet"],
+        {},
+        [
+            _preset("disabled", nothing),
+            _preset("decoupled_seq_is", weights),
+            _preset("decoupled_k3_rs", {"summary/rejected_token_fraction": 0.03, "summary/tokens_kept": 970.0}),
+            _preset("bypass_pg_is", weights),
+            _preset("bypass_ppo_clip", nothing),
+        ],
+    )
+    out = io.StringIO()
+    Console(file=out, width=80, color_system=None).print(presets_table(result))
+    text = out.getvalue()
+    names = [line.split("│")[1].strip() for line in text.splitlines() if line.startswith("│")]
+    first_part = names[: names.index("decoupled_seq_is +1") + 3]
+    assert first_part == ["decoupled_seq_is +1", "decoupled_k3_rs", "disabled +1"]
+    flat = " ".join(text.split())
+    assert (
+        "decoupled_seq_is also stands for bypass_pg_is" in flat and "disabled also stands for bypass_ppo_clip" in flat
+    )
+    columns = [column.header for column in presets_table(result).columns]
+    assert columns.index("tok rejected") < columns.index("mode") < columns.index("IS") < columns.index("RS")
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ from test_cli import invoke, succeeded
 from test_schema import validator
 
 from rollout_diag.decisions.recommend import by_intrusiveness, recommend, sort_by_intrusiveness
+from rollout_diag.render.presets import corrects
 from rollout_diag.results import ComparisonResult, PresetResult, StepResult
 
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_data" / "textgenrnn_bf16_vs_fp32.parquet"
@@ -106,9 +108,15 @@ def test_terminal_opens_with_the_answer_and_sorts_by_intrusiveness(sample_compar
     tail = output[output.index("Why decoupled_token_is") :]
     assert "runner-up: decoupled_seq_is" in tail and "rule:" in tail
     order = sample_comparison["recommendation"]["order"]
+    # the table lists the presets least intrusive first, one row per group of identical numbers (the others in
+    # its caption), presets that correct nothing last
     table = output[output.index("Rollout-correction presets") :]
-    positions = [table.index(f" {name} ") for name in order]
-    assert positions == sorted(positions)  # the table lists the presets least intrusive first
+    table = table[: table.index("(continued")] if "(continued" in table else table
+    shown = [match.group(1) for match in re.finditer(r"^│ [! ] (\S+)", table, re.MULTILINE)]
+    config = {p["name"]: p["config"] for p in sample_comparison["presets"]}
+    ranked = [name for name in order if name in shown]
+    assert shown == [n for n in ranked if corrects(config[n])] + [n for n in ranked if not corrects(config[n])]
+    assert set(order) <= set(re.sub(r"[,;.]", " ", output).split())  # every preset named, in a row or a caption
     document = json.loads(
         succeeded(invoke("compare-presets", SAMPLE, "--device", "cpu", "-f", "json", "--sort", "intrusiveness"))
     )

@@ -485,3 +485,96 @@ def test_docs_metrics_md_is_generated_from_the_glossary() -> None:
     docs = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
     stale = "regenerate: python -m rollout_diag.glossary > docs/metrics.md"
     assert docs.read_text(encoding="utf-8") == markdown(), stale
+
+
+# ------------------------------------------------------------------------------------------ issue 21: the plots
+def layout_of(html: str, figure: str) -> dict:
+    return embedded_payload(html)["figures"][figure]["layout"]
+
+
+def test_heatmap_colours_span_the_data_not_zero(synthetic_result):
+    """From 0, a run whose every cell has some mismatch is red everywhere; the scale spans the cells' range."""
+    html = render_report(synthetic_result)
+    trace = embedded_payload(html)["figures"]["rounds-by-step"]["data"][0]
+    cells = sorted(v for row in trace["z"] for v in row if v is not None)
+    assert trace["zmin"] > 0 and trace["zmin"] >= cells[0] and trace["zmin"] <= cells[len(cells) // 10]
+    assert trace["zmax"] <= cells[-1]
+
+
+def test_no_toolbar_covers_the_charts(synthetic_result):
+    html = render_report(synthetic_result)
+    assert "var config = {displaylogo: false, responsive: true, displayModeBar: false};" in html
+    assert "double-click to zoom out" in html
+
+
+def test_axes_have_units_and_readable_ticks(synthetic_result):
+    html = render_report(synthetic_result)
+    trends = layout_of(html, "trends")
+    titles = {trends[key]["title"]["text"] for key in trends if key.startswith("yaxis") and "title" in trends[key]}
+    assert {"nats", "probability", "no unit", "share of model tokens"} <= titles
+    positions = layout_of(html, "positions")  # model tokens per bucket: 767 … 18,405 on a linear axis
+    assert positions["yaxis3"].get("type") != "log" and positions["yaxis3"]["tickformat"] == ",~r"
+    delta = layout_of(html, "delta")
+    assert all(len(label) <= 7 for label in delta["xaxis"]["ticktext"]), delta["xaxis"]["ticktext"]  # −3.9e−3
+    assert not any("0.0039062" in label for label in delta["xaxis"]["ticktext"])
+    assert any("two humps" in note["text"] for note in delta["annotations"])
+
+
+def test_hint_ids_are_never_broken_mid_word(synthetic_result):
+    html = render_report(synthetic_result)
+    assert "td:first-child > code:only-child { word-break:normal; overflow-wrap:break-word; }" in html
+    assert "<code>low_probability</code>" in html
+
+
+def test_zero_catastrophic_tokens_say_none(tmp_path):
+    path = write_run(tmp_path / "calm.parquet", steps=4)
+    result = rollout_diag.analyze(str(path), device="cpu")
+    assert result.run.metrics["diag/catastrophic_tokens"] == 0
+    html = render_report(result)
+    positions = layout_of(html, "positions")
+    assert any(note["text"].startswith("none: no model token has |δ| &gt; 1") for note in positions["annotations"])
+    assert positions["yaxis2"]["range"] == [0, 1] and positions["yaxis2"]["showticklabels"] is False
+    trends = embedded_payload(html)["figures"]["trends"]["layout"]
+    assert any(note["text"] == "none at any step" for note in trends["annotations"])
+
+
+def test_ratio_thresholds_are_spread_by_ln_u_and_pass_through_verl_defaults():
+    from rollout_diag.compare import compare_presets
+
+    comparison = compare_presets(str(real_dump()), device="cpu", presets=["decoupled_geo_rs"])
+    html = render_report(comparison)
+    figure = embedded_payload(html)["figures"]["sweep"]
+    names = [a["text"] for a in figure["layout"]["annotations"] if a["text"].startswith("<b>")]
+    by_name = {name.removeprefix("<b>").removesuffix("</b>"): cell for cell, name in enumerate(names)}
+    curves = {trace["name"]: trace for trace in figure["data"] if trace["mode"] == "lines"}
+    marks = {trace["xaxis"]: trace for trace in figure["data"] if trace["mode"] == "markers"}
+    for option in ("is_token token", "token_k1 token", "seq_mean_k1 sequence"):
+        cell = by_name[option]
+        axis = figure["layout"]["xaxis" if cell == 0 else f"xaxis{cell + 1}"]
+        curve = curves[option]
+        assert axis["type"] == "log" and axis["tickmode"] == "array"
+        # placed by ln U (the page's JSON keeps 6 significant digits: U = 1.0000024 is written 1)
+        assert curve["x"] == pytest.approx([math.log(u) for u in curve["customdata"]], abs=1e-5)
+        assert all(x > 0 for x in curve["x"])
+        assert all(float(text) > 1 for text in axis["ticktext"])  # ticks labelled in U
+    seq_mean = curves["seq_mean_k1 sequence"]
+    default = marks["x" if by_name["seq_mean_k1 sequence"] == 0 else f"x{by_name['seq_mean_k1 sequence'] + 1}"]
+    for x, y in zip(default["x"], default["y"], strict=True):  # every diamond is a point of the curve
+        assert (x, y) in set(zip(seq_mean["x"], seq_mean["y"], strict=True))
+    k2 = by_name["token_k2 token"]
+    assert "tickmode" not in figure["layout"][f"xaxis{k2 + 1}"]  # a k2 bound is not a ratio
+
+
+def test_the_catastrophic_label_runs_inwards_from_the_plot_edge(synthetic_result):
+    """At 800 px the label anchored at the band's inner edge ran past the plot's right edge and was cut."""
+    delta = layout_of(render_report(synthetic_result), "delta")
+    [label] = [note for note in delta["annotations"] if note["text"].startswith("catastrophic")]
+    assert (label["xanchor"], label["x"]) in (("left", 0), ("right", delta["xaxis"]["range"][1]))
+
+
+def test_report_table_columns_take_one_notation():
+    from rollout_diag.report.markup import Column as HtmlColumn
+    from rollout_diag.report.markup import table as html_table
+
+    html = html_table([HtmlColumn("k", False), HtmlColumn("v", True)], [["a", 0.1115], ["b", 1.132e-4], ["c", 3]])
+    assert re.findall(r'<td class="num">([^<]*)</td>', html) == ["1.115e-1", "1.132e-4", "3"]

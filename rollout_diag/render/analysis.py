@@ -19,7 +19,7 @@ from rollout_diag.paths import file_label, file_labels
 from rollout_diag.render.format import extra_cell, level, number, percent, plain, visible
 from rollout_diag.render.hints import hint_lines
 from rollout_diag.render.summary import HEADLINE, most_divergent_round, verdict_lines, where, worst_step
-from rollout_diag.render.table import Column, FitTable
+from rollout_diag.render.table import Column, FitTable, Num
 from rollout_diag.results import AnalysisResult, ExtraValue, StepResult, extra_names
 
 # The per-step table's metric columns: kl, the judged metrics (the step's verdict column shows their level), the
@@ -48,8 +48,12 @@ def render_analysis(result: AnalysisResult, all_steps: bool = False) -> Renderab
     parts.append(metrics_table(result.run))
     if len(result.steps) > 1:
         parts.append(steps_table(result.steps, all_steps, result.step_levels))
-    if result.rounds:
+    if len(result.rounds) > 1:
         parts.append(rounds_table(result))
+    elif result.rounds:  # a table of one row says less than this line
+        parts.append(
+            Text("Per round: single-turn data (every row is one run of model tokens): one round.", style="dim")
+        )
     if result.positions:
         parts.append(positions_table(result.positions))
     if result.worst_rows:
@@ -70,7 +74,7 @@ def header(result: AnalysisResult) -> Text:
     columns = ", ".join(f"{role}={name}" for role, name in result.columns.items())
     text = Text("rollout-diag analyze", style="bold")
     text.append(
-        f"  {len(result.inputs)} {result.format} file(s), {result.layout} layout, {number(result.run.rows)} rows, "
+        f": {len(result.inputs)} {result.format} file(s), {result.layout} layout, {number(result.run.rows)} rows, "
         f"{number(result.run.tokens)} model tokens, {len(result.steps)} step(s), device {result.device}\n"
     )
     text.append_text(plain(f"columns: {columns}", style="dim"))
@@ -103,10 +107,10 @@ def verdict_table(result: AnalysisResult) -> FitTable:
         per_step = [entry["levels"].get(verdict.metric) for entry in result.step_levels]
         table.add_row(
             short_name(verdict.metric),
-            number(verdict.value),
+            Num(verdict.value),
             level(verdict.level),
-            number(verdict.watch),
-            number(verdict.bad),
+            Num(verdict.watch),
+            Num(verdict.bad),
             f"{per_step.count('watch')} / {per_step.count('bad')}",
         )
     return table
@@ -127,7 +131,7 @@ def metrics_table(run: StepResult) -> FitTable:
             table.add_row(Text(f"{prefix}/", style="bold"), "", "")
             family = prefix
         row = lookup(name)
-        table.add_row(f"  {leaf}", number(value), "" if row is None else row.note)
+        table.add_row(f"  {leaf}", Num(value), "" if row is None else row.note)
     return table
 
 
@@ -162,9 +166,9 @@ def steps_table(steps: Sequence[StepResult], all_steps: bool, levels: Sequence[d
             verdict.append(" ◀ worst")
         table.add_row(
             str(step.step),
-            number(step.rows),
-            number(step.tokens),
-            *(number(step.metrics.get(name)) for name in STEP_METRICS),
+            Num(step.rows),
+            Num(step.tokens),
+            *(Num(step.metrics.get(name)) for name in STEP_METRICS),
             verdict,
         )
         previous = step
@@ -185,8 +189,8 @@ def rounds_table(result: AnalysisResult) -> FitTable:
         label = f"≥ {row['round']}" if row["pooled"] else str(row["round"])
         table.add_row(
             label + (" ◀ most" if named is not None and row["round"] == named["round"] else ""),
-            *(number(row[round_quantity(metric)]) for metric in ROUND_COLUMNS),
-            number(row["catastrophic_count"]),
+            *(Num(row[round_quantity(metric)]) for metric in ROUND_COLUMNS),
+            Num(row["catastrophic_count"]),
         )
     return table
 
@@ -200,16 +204,17 @@ def positions_table(positions: Sequence[dict]) -> FitTable:
         if row["step"] is None:
             table.add_row(
                 row["bucket"],
-                number(row["token_count"]),
-                number(row["logprob_abs_diff_mean"]),
-                number(row["k3_kl"]),
+                Num(row["token_count"]),
+                Num(row["logprob_abs_diff_mean"]),
+                Num(row["k3_kl"]),
                 percent(row["catastrophic_share"]),
             )
     return table
 
 
 def worst_rows_table(result: AnalysisResult, criterion: str = "log_ppl_abs_diff") -> FitTable:
-    rows = [r for r in result.worst_rows if r.criterion == criterion][:ROWS_SHOWN]
+    kept = [r for r in result.worst_rows if r.criterion == criterion]
+    rows = kept[:ROWS_SHOWN]
     extras = extra_names(rows)
     shown = extras[:EXTRAS_SHOWN]
     hidden = len(extras) - len(shown)
@@ -219,7 +224,7 @@ def worst_rows_table(result: AnalysisResult, criterion: str = "log_ppl_abs_diff"
     long_text = any(isinstance(value, str) and len(value) > EXTRA_TEXT_SHOWN for value in values)
     more += "; long extra text cut, whole in --format json" if long_text else ""
     table = FitTable(
-        f"Worst rows by |log-ppl diff| (top {len(rows)}; all criteria in --format json; "
+        f"Worst rows by |log-ppl diff| ({_top(len(rows), len(kept))}; every kept row and criterion in --format json; "
         f"rollout-diag inspect FILE --sample ID shows one token by token{more})",
         [
             Column("step", key=True),
@@ -248,13 +253,18 @@ def worst_rows_table(result: AnalysisResult, criterion: str = "log_ppl_abs_diff"
             f"{row.model_tokens}/{row.length}",
             str(row.rounds),
             str(row.worst_round),
-            number(row.log_ppl_diff),
-            number(row.max_abs_diff),
-            number(row.k3_sum),
+            Num(row.log_ppl_diff),
+            Num(row.max_abs_diff),
+            Num(row.k3_sum),
             str(row.catastrophic_count),
             *(_extra_text(row.extra[name]) if name in row.extra else "" for name in shown),
         )
     return table
+
+
+def _top(shown: int, kept: int) -> str:
+    """``top 10``, or ``top 10 of the 50 that --top-k kept`` when --top-k kept more than the terminal shows."""
+    return f"top {shown}" if kept <= shown else f"top {shown} of the {kept} that --top-k kept"
 
 
 def _extra_text(value: ExtraValue) -> str:
@@ -265,7 +275,8 @@ def _extra_text(value: ExtraValue) -> str:
 def worst_tokens_table(result: AnalysisResult) -> FitTable:
     tokens = result.worst_tokens[:ROWS_SHOWN]
     table = FitTable(
-        f"Worst tokens by |δ| (top {len(tokens)})",
+        f"Worst tokens by |δ| ({_top(len(tokens), len(result.worst_tokens))}"
+        + ("; all in --format json)" if len(result.worst_tokens) > len(tokens) else ")"),
         [
             Column("step", key=True),
             Column("sample_id", "left", key=True, wrap=True),
@@ -287,11 +298,11 @@ def worst_tokens_table(result: AnalysisResult) -> FitTable:
             str(token.position),
             str(token.round),
             "–" if text is None else text,
-            number(token.trainer_logprob),
-            number(token.rollout_logprob),
-            number(token.log_ratio),
-            number(token.trainer_prob, 3),
-            number(token.rollout_prob, 3),
+            Num(token.trainer_logprob),
+            Num(token.rollout_logprob),
+            Num(token.log_ratio),
+            Num(token.trainer_prob),
+            Num(token.rollout_prob),
         )
     return table
 
@@ -345,4 +356,10 @@ def legend(result: AnalysisResult) -> Text:
     names = [v.metric for v in result.verdicts]
     names += [name for name in STEP_METRICS if name not in names]
     entries = [f"{short_name(name)} = {name}" for name in names if short_name(name) != name]
-    return Text("Names: " + "; ".join(entries) + ". Numbers: 4 significant digits (1.01e-3 = 0.00101).", style="dim")
+    return Text(
+        "Names: "
+        + "; ".join(entries)
+        + ". Numbers: 4 significant digits; a column in which any value is below 0.01 or from 10,000 up is "
+        "written in scientific notation throughout (1.013e-3 = 0.001013).",
+        style="dim",
+    )

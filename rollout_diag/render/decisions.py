@@ -10,11 +10,11 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from rollout_diag.render.format import number, percent
+from rollout_diag.render.diff import diff_tables as diff_tables  # the diff tables live in render/diff.py
+from rollout_diag.render.format import number
 
 if TYPE_CHECKING:
     from rollout_diag.decisions.check import CheckResult
-    from rollout_diag.decisions.diff import DiffResult
     from rollout_diag.decisions.recommend import Recommendation
 
 VERDICT_STYLE = {"better": "green", "worse": "bold red", "no detectable change": "", "n/a": "dim"}
@@ -85,50 +85,6 @@ def junit_xml(result: CheckResult, suite: str = "rollout-diag check") -> str:
             ElementTree.SubElement(case, "system-out").text = outcome.message()
     ElementTree.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ElementTree.tostring(root, encoding="unicode") + "\n"
-
-
-# ----------------------------------------------------------------------------------------- diff
-def diff_tables(result: DiffResult) -> Group:
-    """The A/B table of key metrics with intervals and verdicts, then the presets whose rejection share moved."""
-    level = f"{result.level:.0%}"
-    table = Table(
-        title=f"A: {escape(result.a.label)}   B: {escape(result.b.label)}",
-        title_justify="left",
-        caption=f"{level} bootstrap interval of B − A over sequences ({result.replicates} resamples of rows within "
-        f"steps, seed {result.seed}); lower is better for every metric.",
-        caption_justify="left",
-    )
-    for header in ("metric", "A", "B", "B/A", f"B − A ({level} interval)", "verdict"):
-        table.add_column(header, justify="left" if header in ("metric", "verdict") else "right", no_wrap=True)
-    for metric in result.metrics:
-        interval = f"{number(metric.difference, 3)} [{number(metric.low, 3)}, {number(metric.high, 3)}]"
-        ratio = "–" if metric.ratio is None else f"{metric.ratio:.3g}×"
-        table.add_row(
-            escape(metric.metric),
-            number(metric.a, 4),
-            number(metric.b, 4),
-            ratio,
-            interval,
-            Text(metric.verdict, style=VERDICT_STYLE.get(metric.verdict, "")),
-        )
-    parts: list = [
-        Text(f"A: {result.a.result.run.rows} sequences, {result.a.result.run.tokens} model tokens; "),
-        table,
-    ]
-    parts[0].append(f"B: {result.b.result.run.rows} sequences, {result.b.result.run.tokens} model tokens")
-    changed = result.changed_presets
-    if changed:
-        presets = Table(title="Presets whose share of dropped tokens changed", title_justify="left")
-        for header in ("preset", "A", "B", f"B − A ({level} interval)"):
-            presets.add_column(header, justify="left" if header == "preset" else "right", no_wrap=True)
-        for preset in changed:
-            interval = f"{percent(preset.difference)} [{percent(preset.low)}, {percent(preset.high)}]"
-            presets.add_row(escape(preset.preset), percent(preset.a), percent(preset.b), interval)
-        parts.append(presets)
-    elif result.presets:
-        parts.append(Text(f"No preset's share of dropped tokens changed by more than its {level} interval."))
-    parts.extend(Text(f"warning: {warning}", style="yellow") for warning in result.warnings)
-    return Group(*parts)
 
 
 # ----------------------------------------------------------------------------------------- recommendation

@@ -10,62 +10,56 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rich.console import Group, RenderableType
-from rich.markup import escape
-from rich.table import Table
 from rich.text import Text
 
-from rollout_diag.decisions.dialects import VALID_ROWS, differences
-from rollout_diag.render.format import number
+from rollout_diag.decisions.dialects import differences
+from rollout_diag.render.format import plain
+from rollout_diag.render.table import Column, FitTable, Num
 from rollout_diag.results import AnalysisResult, DialectLayout, StepResult
-
-VALID_COLUMN = "verl" + VALID_ROWS
 
 
 def render_dialects(result: AnalysisResult, names: Sequence[str], layout: DialectLayout) -> RenderableType:
     """One framework: its metrics for the run, the first and the last step. Several: frameworks as columns."""
     if len(names) == 1:
         return single_table(result, names[0], layout)
-    return Group(side_by_side(result.run, names, layout), *(Text(line) for line in differences(result.run)))
+    return Group(side_by_side(result.run, names, layout), *(plain(line) for line in differences(result.run)))
 
 
-def single_table(result: AnalysisResult, name: str, layout: DialectLayout) -> Table:
+def single_table(result: AnalysisResult, name: str, layout: DialectLayout) -> FitTable:
     steps = [s for s in result.steps if name in s.dialects]
     shown = steps if len(steps) <= 2 else [steps[0], steps[-1]]
-    table = Table(title=f"{layout.titles.get(name, name)} metrics, under its own names", title_justify="left")
-    table.add_column("metric as logged")
-    table.add_column("run", justify="right")
-    for step in shown:
-        table.add_column(f"step {step.step}", justify="right")
+    table = FitTable(
+        f"{layout.titles.get(name, name)} metrics, under its own names",
+        [
+            Column("metric as logged", "left", wrap=True, fold_width=36),
+            Column("run"),
+            *(Column(f"step {step.step}") for step in shown),
+        ],
+    )
     values = result.run.dialects.get(name, {})
     for metric in layout.metrics.get(name, {}):
         if metric in values or any(metric in s.dialects[name] for s in shown):
-            cells = [number(values.get(metric))] + [number(s.dialects[name].get(metric)) for s in shown]
-            table.add_row(escape(metric), *cells)
+            table.add_row(metric, Num(values.get(metric)), *(Num(s.dialects[name].get(metric)) for s in shown))
     return table
 
 
-def side_by_side(run: StepResult, names: Sequence[str], layout: DialectLayout) -> Table:
-    """Rows = what is measured, columns = frameworks (plus verl over valid rows), cells = run values."""
-    columns = list(names)
-    if "verl" in names and any(m.endswith(VALID_ROWS) for m in run.dialects.get("verl", {})):
-        columns.insert(columns.index("verl") + 1, VALID_COLUMN)
-    cells: dict[str, dict[str, float]] = {}
+def side_by_side(run: StepResult, names: Sequence[str], layout: DialectLayout) -> FitTable:
+    """Long form: one line per value a trainer logs (what is measured · trainer · its logged name · run value),
+    grouped by what is measured; most trainers log few of the concepts, so a trainers-as-columns matrix is mostly
+    empty and too wide for a terminal."""
+    logged: dict[str, list[tuple[str, str, float]]] = {}
     for name in names:
         for metric, value in run.dialects.get(name, {}).items():
             concept = layout.metrics.get(name, {}).get(metric)
-            if concept is None:
-                continue
-            column = VALID_COLUMN if name == "verl" and metric.endswith(VALID_ROWS) else name
-            cells.setdefault(concept, {})[column] = value
-    table = Table(
-        title="Every trainer's mismatch metrics on this run (docs/dialects.md names them)", title_justify="left"
+            if concept is not None:
+                logged.setdefault(concept, []).append((layout.titles.get(name, name), metric, value))
+    table = FitTable(
+        "Every trainer's mismatch metrics on this run (docs/dialects.md names them)",
+        [Column("trainer", "left"), Column("logged name", "left", wrap=True, fold_width=40), Column("value")],
     )
-    table.add_column("what is measured")
-    for column in columns:
-        title = "verl, valid rows" if column == VALID_COLUMN else layout.titles.get(column, column)
-        table.add_column(title, justify="right")
     for concept in layout.concepts:
-        row = cells.get(concept)
-        if row:
-            table.add_row(escape(concept), *(number(row[c], 4) if c in row else "" for c in columns))
+        if concept in logged:
+            table.add_row("", Text(concept, style="bold"), "")  # what is measured, above the names that log it
+        for trainer, metric, value in logged.get(concept, []):
+            table.add_row(trainer, f"  {metric}", Num(value))
     return table

@@ -6,6 +6,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from rollout_diag.formatting import numbers
 from rollout_diag.render.format import extra_cell, number, plain
 from rollout_diag.results import RowTokens
 
@@ -50,6 +51,10 @@ def render_row(row: RowTokens) -> RenderableType:
         table.add_column(
             heading, justify="left" if heading == "token" else "right", overflow="fold", no_wrap=heading != "token"
         )
+    # each number column in one notation (formatting.numbers), over the model tokens it lists
+    rollout = dict(zip(model, numbers([row.rollout_logprob[i] for i in model]), strict=True))
+    trainer = dict(zip(model, numbers([row.trainer_logprob[i] for i in model]), strict=True))
+    shown = dict(zip(model, numbers([deltas[i] for i in model]), strict=True))
     round_index, previous_mask, environment_run = -1, 0, 0
     for position, mask in enumerate(row.mask):
         if not mask:
@@ -67,19 +72,25 @@ def render_row(row: RowTokens) -> RenderableType:
             str(row.start + position),
             *(() if windowed else (str(round_index),)),
             plain(_token_text(row, position)),
-            number(row.rollout_logprob[position]),
-            number(row.trainer_logprob[position]),
-            Text(number(delta), style=delta_style(abs(delta))),
+            rollout[position],
+            trainer[position],
+            Text(shown[position], style=delta_style(abs(delta))),
         )
     if environment_run:
         table.add_row(*_environment_row(environment_run, windowed))
-    legend = Text("|δ| colours: ≥ 1 red block, ≥ 0.3 red, ≥ 0.1 yellow, < 0.03 dim", style="dim")
+    legend = Text(
+        "|δ| colours: ≥ 1 red block, ≥ 0.3 red, ≥ 0.1 yellow, < 0.03 dim; ⋯ N env tokens: environment/tool "
+        "tokens (mask 0) folded",
+        style="dim",
+    )
     return Group(header, table, legend)
 
 
 def _environment_row(tokens: int, windowed: bool) -> tuple:
-    folded = Text(f"── environment: {tokens} tokens ──", style="cyan")
-    return ("", folded, "", "", "") if windowed else ("", "", folded, "", "", "")
+    """``⋯`` in the token column and the count in the δ column, whose header keeps it on one line at any
+    terminal width (in the narrow token column "── environment: 17 tokens ──" folded over 4 lines)."""
+    mark, count = Text("⋯", style="cyan"), Text(f"{tokens:,} env tokens", style="cyan")
+    return ("", mark, "", "", count) if windowed else ("", "", mark, "", "", count)
 
 
 def _token_text(row: RowTokens, position: int) -> str:

@@ -1,9 +1,11 @@
 """compare-presets in the terminal: the answer first (the data's verdict, the recommendation and its reason), then
-the table, one row per preset with its run values, intrusive presets highlighted."""
+the table: one row per distinct effect (presets with identical numbers share a row, named beneath the table), run
+values first and each preset's configuration after them, intrusive presets highlighted, presets that correct nothing
+(no IS, no rejection) last."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import RenderableType
@@ -11,17 +13,14 @@ from rich.console import RenderableType
 from rollout_diag import catalogue
 from rollout_diag.render.format import number, percent
 from rollout_diag.render.summary import recommendation_line, verdict_lines
-from rollout_diag.render.table import Column, FitTable
-from rollout_diag.results import ComparisonResult
+from rollout_diag.render.table import Column, FitTable, Num
+from rollout_diag.results import ComparisonResult, PresetResult
 
 INTRUSIVE_STYLE = "bold red"
 INTRUSIVE_MARK = "!"  # in the text itself, so logs and pipes (no colour) show it too
 RAW_MARK = " raw"  # verl reports sequence-level rollout_is_max before truncation: the raw max ρ
 COLUMNS = (
     Column("preset", "left", key=True),
-    Column("mode", "left", wrap=True, fold_width=10),
-    Column("IS", "left", wrap=True),
-    Column("RS", "left", wrap=True),
     Column("tok rejected"),
     Column("seq rejected"),
     Column("IS mean"),
@@ -29,6 +28,9 @@ COLUMNS = (
     Column("ESS"),
     Column("bn factor"),
     Column("tokens kept"),
+    Column("mode", "left", wrap=True, fold_width=20),
+    Column("IS", "left", wrap=True),
+    Column("RS", "left", wrap=True),
 )
 
 
@@ -39,7 +41,8 @@ def answer_block(result: ComparisonResult) -> list[RenderableType]:
 
 
 def presets_table(result: ComparisonResult) -> FitTable:
-    """One row per preset with its run values; intrusive presets marked ``!`` and in bold red (see the caption)."""
+    """One row per group of presets with identical run values (``name (+N identical)``), correcting presets
+    first; intrusive rows marked ``!`` and in bold red (see the caption)."""
     normalised = any(catalogue.IS_BATCH_NORM_FACTOR.key in p.run.metrics for p in result.presets)
     columns = [c for c in COLUMNS if normalised or c.header != "bn factor"]
     chi2 = result.presets[0].run.metrics.get(catalogue.CHI2_TOKEN.key) if result.presets else None
@@ -51,32 +54,67 @@ def presets_table(result: ComparisonResult) -> FitTable:
         f"helper reports them). χ² token of the data, the same under every "
         f"preset: {number(chi2)}."
     )
+    grouped = groups(result.presets, normalised)
+    shared = [f"{g[0].name} also stands for {', '.join(p.name for p in g[1:])}" for g in grouped if len(g) > 1]
+    if shared:
+        caption += " +N: N more presets with the same numbers share the row: " + "; ".join(shared) + "."
+    if any(not corrects(p.config) for p in result.presets):
+        caption += " Presets that correct nothing (no IS, no rejection) come last."
     table = FitTable("Rollout-correction presets on this data (whole run)", columns, caption=caption)
-    for preset in result.presets:
+    for group in grouped:
+        preset = group[0]
         metrics = preset.run.metrics
-        is_max = number(_is_metric(metrics, catalogue.IS_MAX))
-        is_mean = number(_is_metric(metrics, catalogue.IS_MEAN), 5)
+        is_max_value = _is_metric(metrics, catalogue.IS_MAX)
+        is_mean_value = _is_metric(metrics, catalogue.IS_MEAN)
         legacy = bool(preset.config.get("legacy_is"))  # the §8 helper reports its weights before truncation
-        if (preset.config.get("rollout_is") == "sequence" or legacy) and is_max != "–":
-            is_max += RAW_MARK
-        if legacy and is_mean != "–":
-            is_mean += RAW_MARK
-        cells = [
-            f"{INTRUSIVE_MARK} {preset.name}" if preset.intrusive else f"  {preset.name}",
-            preset.mode,
-            is_setting(preset.config),
-            rs_setting(preset.config),
+        raw_max = (preset.config.get("rollout_is") == "sequence" or legacy) and is_max_value is not None
+        raw_mean = legacy and is_mean_value is not None
+        name = f"{INTRUSIVE_MARK} {preset.name}" if preset.intrusive else f"  {preset.name}"
+        cells: list[str | Num] = [
+            name + (f" +{len(group) - 1}" if len(group) > 1 else ""),
             percent(metrics.get(catalogue.REJECTED_TOKEN_FRACTION.key)),
             percent(metrics.get(catalogue.REJECTED_ROW_FRACTION.key)),
-            is_mean,
-            is_max,
-            number(_is_metric(metrics, catalogue.IS_EFF_SAMPLE_SIZE)),
+            Num(is_mean_value, digits=5, suffix=RAW_MARK if raw_mean else ""),
+            Num(is_max_value, suffix=RAW_MARK if raw_max else ""),
+            Num(_is_metric(metrics, catalogue.IS_EFF_SAMPLE_SIZE)),
         ]
         if normalised:
-            cells.append(number(metrics.get(catalogue.IS_BATCH_NORM_FACTOR.key)))
-        cells.append(number(_count(metrics.get(catalogue.TOKENS_KEPT.key))))
+            cells.append(Num(metrics.get(catalogue.IS_BATCH_NORM_FACTOR.key)))
+        cells.append(Num(_count(metrics.get(catalogue.TOKENS_KEPT.key))))
+        modes = list(dict.fromkeys(member.mode for member in group))
+        cells += [" / ".join(modes), is_setting(preset.config), rs_setting(preset.config)]
         table.add_row(*cells, style=INTRUSIVE_STYLE if preset.intrusive else None)
     return table
+
+
+def groups(presets: Sequence[PresetResult], normalised: bool = True) -> list[list[PresetResult]]:
+    """Presets with identical effect on this data (every value of the table the same, and the same intrusive
+    mark), in the comparison's order of their first member; groups of presets that correct nothing last."""
+    by_effect: dict[tuple, list[PresetResult]] = {}
+    for preset in presets:
+        by_effect.setdefault(_effect(preset, normalised), []).append(preset)
+    ordered = list(by_effect.values())
+    return [g for g in ordered if corrects(g[0].config)] + [g for g in ordered if not corrects(g[0].config)]
+
+
+def _effect(preset: PresetResult, normalised: bool) -> tuple:
+    metrics = preset.run.metrics
+    values = [
+        percent(metrics.get(catalogue.REJECTED_TOKEN_FRACTION.key)),
+        percent(metrics.get(catalogue.REJECTED_ROW_FRACTION.key)),
+        number(_is_metric(metrics, catalogue.IS_MEAN), 5),
+        number(_is_metric(metrics, catalogue.IS_MAX)),
+        preset.config.get("rollout_is") == "sequence",
+        number(_is_metric(metrics, catalogue.IS_EFF_SAMPLE_SIZE)),
+        number(metrics.get(catalogue.IS_BATCH_NORM_FACTOR.key)) if normalised else None,
+        number(_count(metrics.get(catalogue.TOKENS_KEPT.key))),
+    ]
+    return (*values, preset.intrusive, corrects(preset.config))
+
+
+def corrects(config: Mapping[str, Any]) -> bool:
+    """Whether a preset corrects anything: importance sampling (verl's or legacy) or a rejection option."""
+    return bool(config.get("rollout_is") or config.get("legacy_is") or config.get("rollout_rs"))
 
 
 def _is_metric(metrics: Mapping[str, float], metric: catalogue.Metric) -> float | None:

@@ -8,8 +8,8 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from rollout_diag.decisions.sweep import UNIT, default_sentences
-from rollout_diag.render.format import number, percent, plain
-from rollout_diag.render.table import Column, FitTable
+from rollout_diag.render.format import percent, plain
+from rollout_diag.render.table import Column, FitTable, Num
 from rollout_diag.results import SweepOption
 
 
@@ -23,16 +23,28 @@ def sweep_table(run: Sequence[SweepOption], targets: Sequence[float]) -> FitTabl
     ]
     table = FitTable("Threshold sweep (whole run): the threshold that rejects at most each target share", columns)
     for row in run:
-        cells = [
+        cells: list[str | Num] = [
             row.option,
             UNIT[row.level],
             row.verl_default or "–",
             percent(row.default_share) if row.verl_default else "–",
         ]
         for entry in row.thresholds:
-            cells.append(f"{number(entry.threshold)} ({percent(entry.share)})")
+            cells.append(threshold_cell(row, entry.target, entry.threshold, entry.share))
         table.add_row(*cells)
     return table
+
+
+def below_one(row: SweepOption, target: float) -> bool:
+    """True when the target share is less than one of the option's tokens or sequences: no threshold rejects
+    so little (the sweep's threshold there is the largest value, which rejects nothing)."""
+    return target * row.count < 1
+
+
+def threshold_cell(row: SweepOption, target: float, threshold: float, share: float) -> Num | str:
+    if below_one(row, target):
+        return f"– (< 1 {UNIT[row.level].removesuffix('s')})"
+    return Num(threshold, suffix=f" ({percent(share)})")
 
 
 def render_sweep(run: Sequence[SweepOption], targets: Sequence[float]) -> RenderableType:

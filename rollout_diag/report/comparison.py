@@ -14,7 +14,7 @@ from typing import Any
 from rollout_diag import catalogue
 from rollout_diag.decisions.sweep import default_sentences
 from rollout_diag.errors import ConfigError
-from rollout_diag.formatting import number
+from rollout_diag.formatting import number, percent
 from rollout_diag.report import figures
 from rollout_diag.report.markup import Column, Markup, code, escape, note, table
 from rollout_diag.report.sections import Canvas, Section
@@ -174,7 +174,7 @@ def _veto(bounds: Any) -> str:
 
 
 def _percent_cell(value: float | None) -> str:
-    return "–" if value is None else f"{100 * value:.2f} %"
+    return percent(value)
 
 
 # ------------------------------------------------------------------------------------------ sweep
@@ -182,32 +182,42 @@ def _sweep(sweep: Sequence[SweepOption], canvas: Canvas) -> str:
     """The run-level sweep: verl's defaults in words, one share-vs-threshold curve per option."""
     if not sweep:
         return ""
-    curves, marks = [], []
+    curves, marks, ratios = [], [], []
     for item in sweep:
         name = f"{item.option} {item.level}"
-        thresholds, shares = _curve(item)
+        own = _marks(item, name)
+        thresholds, shares = _curve(item, own)
         if thresholds:
             curves.append((name, thresholds, shares))
-        marks.extend(_marks(item, name))
+            ratios.append(is_ratio(item.option))
+        marks.extend(own)
     parts = ["<h3>Threshold sweep</h3>"]
     sentences = default_sentences(sweep)
     parts.extend(f'<p class="finding">{escape(text, limit=300)}</p>' for text in sentences[:MAX_TABLE_ROWS])
     if curves:
         parts.append(
             '<p class="note">Share rejected against the threshold, for the whole run, one chart per option '
-            "(each on its own threshold scale). Diamonds: verl "
-            "defaults and the thresholds that hit the target shares.</p>"
+            "(each on its own threshold scale; ratio thresholds U, of IS and k1 options, spaced by ln U). "
+            "Diamonds: verl defaults and the thresholds that hit the target shares.</p>"
         )
-        parts.append(canvas.plot("sweep", figures.sweep_figure(curves[:16], marks[:200])))
+        parts.append(canvas.plot("sweep", figures.sweep_figure(curves[:16], marks[:200], ratios[:16])))
     else:
         parts.append(_sweep_table(sweep))
     return "".join(parts)
 
 
-def _curve(item: SweepOption) -> tuple[list[float], list[float]]:
-    """(thresholds, shares) of the option's share-vs-threshold curve, finite points only."""
+def is_ratio(option: str) -> bool:
+    """Options whose threshold is a ratio (IS truncation, k1 bounds U with L = 1/U): drawn on a log axis."""
+    return option.startswith("is_") or option.endswith("_k1")
+
+
+def _curve(item: SweepOption, marks: Sequence[tuple[str, float, float]] = ()) -> tuple[list[float], list[float]]:
+    """(thresholds, shares) of the option's share-vs-threshold curve, finite points only, through its marks
+    (verl's default and the targets' thresholds are points of the same curve: a default below the curve's first
+    threshold would otherwise float beside it)."""
     points = sorted(
-        (float(p.threshold), float(p.share)) for p in item.curve or [] if finite(p.threshold) and finite(p.share)
+        {(float(p.threshold), float(p.share)) for p in item.curve or [] if finite(p.threshold) and finite(p.share)}
+        | ({(x, y) for _, x, y in marks} if item.curve else set())
     )
     return [x for x, _ in points], [y for _, y in points]
 
@@ -218,6 +228,8 @@ def _marks(item: SweepOption, name: str) -> list[tuple[str, float, float]]:
     if finite(item.default_threshold) and finite(item.default_share):
         marks.append((f"{name}: verl default {item.verl_default}", float(item.default_threshold), item.default_share))
     for entry in item.thresholds:
+        if entry.target * item.count < 1:  # less than one token or sequence: no threshold rejects that little
+            continue
         if finite(entry.threshold) and finite(entry.share):
             marks.append((f"{name}: ≤ {entry.target:g}", float(entry.threshold), float(entry.share)))
     return marks

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rollout_diag.formatting import number, percent
+from rollout_diag.formatting import change, number, percent
 from rollout_diag.report.figures import BLUE, RED, Figure, axis, base_layout
 from rollout_diag.report.markup import Column, Markup, escape, note, table
 from rollout_diag.report.sections import Canvas, Section
@@ -17,7 +17,7 @@ DIFF_COLUMNS = (
     Column("metric"),
     Column("A", True),
     Column("B", True),
-    Column("B/A", True),
+    Column("B vs A", True, "how many times lower or higher B is than A"),
     Column("B − A", True),
     Column("interval", True, "bootstrap interval of B − A over sequences (rows resampled within steps)"),
     Column("verdict", False, "lower is better for every metric"),
@@ -48,7 +48,7 @@ def diff_section(result: Any, canvas: Canvas) -> Section:
                 metric.metric,
                 number(metric.a, 4),
                 number(metric.b, 4),
-                "–" if metric.ratio is None else f"{metric.ratio:.3g}×",
+                change(metric.a, metric.b),
                 number(metric.difference, 3),
                 f"[{number(metric.low, 3)}, {number(metric.high, 3)}]",
                 metric.verdict,

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollout_diag.formatting import number
 from rollout_diag.report.markup import escape
 
 Figure = dict[str, Any]
@@ -32,6 +33,7 @@ class TrendPanel:
     signed: bool = False  # the metric can be negative: do not force the axis to start at zero
     legend: bool = False  # name the lines in a legend (one-panel figures only)
     percent: bool = False  # a share: ticks and hover in %
+    unit: str = ""  # the y axis title: what the values are measured in (nats, probability, …)
 
 
 def base_layout(height: int, **extra: Any) -> dict[str, Any]:
@@ -120,6 +122,12 @@ def trends_figure(panels: Sequence[TrendPanel]) -> Figure:
             layout[_axis_key(y_name)]["tickformat"] = (
                 "~%"  # no fixed precision: small shares never print two equal ticks
             )
+        values = [v for _, _, ys in panel.lines for v in ys if v is not None]
+        if panel.percent and values and not any(values):  # a share that is 0 at every step: say so
+            layout[_axis_key(y_name)].update(range=[0, 1], showticklabels=False)
+            layout["annotations"].append(_panel_note("none at any step", x_name, y_name))
+        if panel.unit:
+            layout[_axis_key(y_name)]["title"] = {"text": escape(panel.unit), "standoff": 2, "font": {"size": 11}}
         data.extend(_trend_traces(panel, cell, x_name, y_name))
         _add_thresholds(layout, panel, x_name, y_name)
     if any(panel.legend for panel in panels):
@@ -223,6 +231,8 @@ class BarPanel:
     color: str | list[str] = BLUE
     log: bool = False
     percent: bool = False
+    count: bool = False  # token counts: ticks with thousands separators (1,000 · 10,000), never 0.5e+4
+    empty: str = ""  # said in the panel when every value is 0 (an empty chart on a made-up axis says nothing)
 
 
 def bars_figure(categories: Sequence[str], panels: Sequence[BarPanel], x_title: str) -> Figure:
@@ -240,8 +250,13 @@ def bars_figure(categories: Sequence[str], panels: Sequence[BarPanel], x_title: 
             x_axis["title"] = {"text": x_title, "standoff": 4}
         if panel.log:
             y_axis.update(type="log", dtick=1, tickformat="~s")  # decades only: 1, 10, 100, 1k, 10k
+        elif panel.count:
+            y_axis.update(tickformat=",~r", rangemode="tozero")
         if panel.percent:
             y_axis["tickformat"] = "~%"
+        if panel.empty and not any(panel.values):
+            y_axis.update(range=[0, 1], showticklabels=False)
+            layout["annotations"].append(_panel_note(panel.empty, x_name, y_name))
         data.append(
             {
                 "type": "bar",
@@ -256,6 +271,19 @@ def bars_figure(categories: Sequence[str], panels: Sequence[BarPanel], x_title: 
             }
         )
     return {"data": data, "layout": layout}
+
+
+def _panel_note(text: str, x_name: str, y_name: str) -> dict[str, Any]:
+    """A sentence in the middle of one subplot."""
+    return {
+        "text": escape(text),
+        "xref": f"{x_name} domain",
+        "yref": f"{y_name} domain",
+        "x": 0.5,
+        "y": 0.5,
+        "showarrow": False,
+        "font": {"size": 13, "color": GREY},
+    }
 
 
 # ------------------------------------------------------------------------------------------ heatmaps
@@ -276,7 +304,8 @@ def step_heatmap(
         "z": [list(row) for row in values],
         "customdata": [list(row) for row in tokens],
         "colorscale": HEAT_SCALE,
-        "zmin": 0,
+        # over the data's own range: from 0 every cell of a run with a steady mismatch would be the same red
+        "zmin": _robust_min(values),
         "zmax": _robust_max(values),
         "reversescale": True,  # plotly's YlOrRd runs dark to light; high mismatch should be dark red
         "colorbar": {"title": {"text": "mean |δ|", "side": "right"}, "thickness": 12},
@@ -294,6 +323,12 @@ def step_heatmap(
     )
     layout["margin"]["t"] = 12
     return {"data": [trace], "layout": layout}
+
+
+def _robust_min(values: Sequence[Sequence[float | None]]) -> float | None:
+    """The 1st percentile of the cells (the colour scale's low end)."""
+    cells = sorted(v for row in values for v in row if v is not None)
+    return cells[int(0.01 * len(cells))] if cells else None
 
 
 def _robust_max(values: Sequence[Sequence[float | None]]) -> float | None:
@@ -346,16 +381,32 @@ def delta_histogram_figure(edges: Sequence[float], counts: Sequence[float], cata
         yaxis=axis(type="log", dtick=1, tickformat="~s", title={"text": "tokens"}),
         annotations=[
             {
-                "text": f"catastrophic |δ| > {catastrophic:g}",
-                "x": x1 if x0 == 0 else x0,
-                "xanchor": "right" if x0 == 0 else "left",
-                "y": 1,
+                "text": LOG_BINS_NOTE,
+                "x": 0,
+                "xref": "paper",
+                "xanchor": "left",
+                "y": 1.0,
                 "yref": "paper",
-                "yanchor": "top",
+                "yanchor": "bottom",
                 "showarrow": False,
-                "font": {"size": 11, "color": RED},
-            }
-            for x0, x1 in band[-1:]
+                "align": "left",
+                "font": {"size": 11, "color": GREY},
+            },
+            *(
+                {
+                    "text": f"catastrophic |δ| > {catastrophic:g}",
+                    # anchored at the plot's outer edge: the text runs inwards, never past the edge (at 800 px
+                    # "catastrophic |δ| > 1" anchored at the band's inner edge was cut at the right)
+                    "x": x0 if x0 == 0 else x1,
+                    "xanchor": "left" if x0 == 0 else "right",
+                    "y": 1,
+                    "yref": "paper",
+                    "yanchor": "top",
+                    "showarrow": False,
+                    "font": {"size": 11, "color": RED},
+                }
+                for x0, x1 in band[-1:]
+            ),
         ],
     )
     trace = {
@@ -369,6 +420,11 @@ def delta_histogram_figure(edges: Sequence[float], counts: Sequence[float], cata
         "hovertemplate": "%{text}<extra></extra>",
     }
     return {"data": [trace], "layout": layout}
+
+
+LOG_BINS_NOTE = (
+    "bins widen away from 0 (signed log scale): one population centred on 0 shows as two humps, one per sign"
+)
 
 
 def _edge_ticks(edges: Sequence[float]) -> tuple[list[float], list[str]]:
@@ -394,7 +450,9 @@ def _edge_ticks(edges: Sequence[float]) -> tuple[list[float], list[str]]:
 
 
 def _edge_label(value: float) -> str:
-    return f"{value:g}".replace("e-0", "e-").replace("e+0", "e").replace("-", "−")
+    """Two significant digits as every number of the report is written (bin edges are often powers of two:
+    −3.9e-3, not −0.00390625), with a true minus sign."""
+    return number(value, 2).replace("-", "−")
 
 
 def _band_positions(edges: Sequence[float], catastrophic: float) -> list[tuple[float, float]]:
@@ -480,17 +538,30 @@ def presets_figure(
 
 
 def sweep_figure(
-    curves: Sequence[tuple[str, list[float], list[float]]], marks: Sequence[tuple[str, float, float]]
+    curves: Sequence[tuple[str, list[float], list[float]]],
+    marks: Sequence[tuple[str, float, float]],
+    ratios: Sequence[bool] = (),
 ) -> Figure:
-    """Share rejected against threshold: one small chart per option (each on its own threshold scale, log when
-    positive), three per row; marks = (label, x, y) drawn on the chart whose option the label starts with."""
+    """Share rejected against threshold: one small chart per option (each on its own threshold scale), three per
+    row; marks = (label, x, y) drawn on the chart whose option the label starts with. A ratio threshold U
+    (``ratios[i]``: IS truncation, k1 bounds) is placed by ln U on a log axis, ticks labelled in U: its curve
+    lives within a few percent of 1, where a plain axis out to the largest ratio draws a vertical line."""
     cols = min(3, len(curves)) or 1
     rows = math.ceil(len(curves) / cols)
     layout = base_layout(rows * 220 + 60, **grid(rows, cols, [escape(name) for name, _, _ in curves], 0.5 / rows))
     data: list[dict[str, Any]] = []
     for cell, (name, thresholds, shares) in enumerate(curves):
         x_name, y_name = axis_names(cell)
-        layout[_axis_key(x_name)].update(threshold_axis(thresholds))
+        own = [mark for mark in marks if mark[0].startswith(f"{name}:")]
+        ratio = cell < len(ratios) and ratios[cell] and any(x > 1 for x in thresholds)
+        if ratio:
+            shares = [y for x, y in zip(thresholds, shares, strict=True) if x > 1]
+            thresholds = [x for x in thresholds if x > 1]
+            own = [mark for mark in own if mark[1] > 1]
+            layout[_axis_key(x_name)].update(ratio_axis(thresholds))
+        else:
+            layout[_axis_key(x_name)].update(threshold_axis(thresholds))
+        place = (lambda x: math.log(x)) if ratio else (lambda x: x)
         layout[_axis_key(y_name)].update(tickformat="~%", rangemode="tozero")
         if cell % cols == 0:
             layout[_axis_key(y_name)]["title"] = {"text": "share rejected"}
@@ -501,32 +572,53 @@ def sweep_figure(
             {
                 "type": "scatter",
                 "mode": "lines",
-                "x": thresholds,
+                "x": [place(x) for x in thresholds],
                 "y": shares,
+                "customdata": list(thresholds),
                 "name": escape(name),
                 "line": {"color": color, "width": 1.8},
                 "xaxis": x_name,
                 "yaxis": y_name,
-                "hovertemplate": f"{escape(name)}<br>threshold %{{x:.4g}} rejects %{{y:.3%}}<extra></extra>",
+                "hovertemplate": f"{escape(name)}<br>threshold %{{customdata:.4g}} rejects %{{y:.3%}}<extra></extra>",
             }
         )
-        own = [mark for mark in marks if mark[0].startswith(f"{name}:")]
         if own:
             data.append(
                 {
                     "type": "scatter",
                     "mode": "markers",
-                    "x": [x for _, x, _ in own],
+                    "x": [place(x) for _, x, _ in own],
                     "y": [y for _, _, y in own],
+                    "customdata": [x for _, x, _ in own],
                     "text": [escape(label) for label, _, _ in own],
                     "name": "verl default / targets",
                     "marker": {"symbol": "diamond", "size": 8, "color": "#1f2328"},
                     "xaxis": x_name,
                     "yaxis": y_name,
-                    "hovertemplate": "%{text}<br>threshold %{x:.4g} rejects %{y:.3%}<extra></extra>",
+                    "hovertemplate": "%{text}<br>threshold %{customdata:.4g} rejects %{y:.3%}<extra></extra>",
                 }
             )
     return {"data": data, "layout": layout}
+
+
+RATIO_TICKS = (1.0001, 1.001, 1.01, 1.1, 2.0, 10.0, 100.0, 1e3, 1e4, 1e5)
+
+
+def ratio_axis(thresholds: Sequence[float]) -> dict[str, Any]:
+    """A log axis of ln U (every threshold > 1) with ticks at round ratios, labelled as the ratio itself."""
+    low, high = math.log(min(thresholds)), math.log(max(thresholds))
+    gap = max(0.3, math.log10(high / low) / 7)  # in decades of ln U: ticks never crowd at the high end
+    ticks: list[float] = []
+    for u in RATIO_TICKS:
+        if low <= math.log(u) <= high and (not ticks or math.log10(math.log(u) / math.log(ticks[-1])) >= gap):
+            ticks.append(u)
+    ticks = ticks or [min(thresholds), max(thresholds)]
+    return {
+        "type": "log",
+        "tickmode": "array",
+        "tickvals": [math.log(u) for u in ticks],
+        "ticktext": [f"{u:g}" for u in ticks],
+    }
 
 
 def threshold_axis(thresholds: Sequence[float]) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import html
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from rollout_diag.formatting import number
+from rollout_diag.formatting import number, numbers
 from rollout_diag.report.series import clip_text
 
 
@@ -42,6 +42,11 @@ def table(columns: Sequence[Column], rows: Iterable[Sequence[object]], row_class
         + f">{escape(c.heading)}</th>"
         for c in columns
     )
+    rows = [list(row) for row in rows]
+    for index in range(len(columns)):  # each column's numbers in one notation (formatting.numbers)
+        places = [r for r, row in enumerate(rows) if _is_number(row[index])]
+        for r, text in zip(places, numbers([rows[r][index] for r in places]), strict=True):
+            rows[r][index] = Markup(escape(text))
     body = []
     for index, row in enumerate(rows):
         css = row_classes[index] if index < len(row_classes) else ""
@@ -53,6 +58,10 @@ def table(columns: Sequence[Column], rows: Iterable[Sequence[object]], row_class
     return Markup(
         f'<div class="table-wrap"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
     )
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def badge(level: str) -> Markup:

@@ -30,6 +30,7 @@ h4.strip-title { font-size:13px; font-weight:600; margin:16px 0 4px; word-break:
 code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, "Liberation Mono", monospace;
   font-size:12.5px; }
 code { background:var(--soft); padding:0 4px; border-radius:4px; white-space:pre-wrap; word-break:break-all; }
+td:first-child > code:only-child { word-break:normal; overflow-wrap:break-word; } /* ids stay whole */
 .subtitle, .muted, .note { color:var(--muted); }
 .note { font-size:13px; }
 .lead { margin:4px 0 10px; max-width:900px; }
@@ -105,8 +106,9 @@ document.addEventListener("securitypolicyviolation", function (event) {
 SCRIPT = """
 (function () {
   var payload = JSON.parse(document.getElementById("report-data").textContent);
-  var config = {displaylogo: false, responsive: true,
-                modeBarButtonsToRemove: ["select2d", "lasso2d", "autoScale2d"]};
+  // No toolbar: it sat over the top-right of every chart (a heatmap's worst cell, a panel's title at 800 px);
+  // drag zooms and a double-click zooms out without it.
+  var config = {displaylogo: false, responsive: true, displayModeBar: false};
   var root = document.documentElement;
   var tip = document.getElementById("tip");
   payload.strips.forEach(function (strip) { drawStrip(strip, payload.catastrophic, tip); });

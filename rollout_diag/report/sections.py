@@ -30,6 +30,8 @@ from rollout_diag.results import AnalysisResult, StepResult
 # The per-step trend panels, in order (title, sign and unit come from the catalogue: shares are drawn in %).
 TREND_METRICS: tuple[catalogue.Metric, ...] = catalogue.with_role(catalogue.Role.TRENDED)
 MAX_PRESET_LINES = 8
+# A trend panel's y-axis title: the catalogue's unit, in words where the bare unit would not read as one.
+UNIT_TITLES = {catalogue.DIMENSIONLESS: "no unit", catalogue.SHARE: "share of model tokens"}
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ def trends_section(
     intro = (
         f"{len(steps):,} steps. Red circles mark anomalies ({flagged} step(s) flagged): a value far above the median "
         "of the previous steps. Dotted lines are the verdict thresholds (shown when near the data). "
-        "Drag to zoom; the step axis is shared."
+        "Drag to zoom, double-click to zoom out; the step axis is shared."
     )
     body = [Markup(f'<p class="lead">{escape(intro)}</p>'), canvas.plot("trends", figures.trends_figure(panels))]
     body.append(_anomaly_table(result))
@@ -92,13 +94,15 @@ def _metric_panels(result: AnalysisResult, steps: Sequence[StepResult]) -> list[
                 thresholds=[("watch", rule.watch), ("bad", rule.bad)] if rule else [],
                 signed=metric.signed,
                 percent=metric.unit == catalogue.SHARE,
+                unit=UNIT_TITLES.get(metric.unit, metric.unit),
             )
         )
     return panels
 
 
 def _anomaly_text(anomaly: Any) -> str:
-    return f"step {anomaly.step}: {anomaly.value:.4g} = {factor(anomaly.factor)}× the median {anomaly.baseline:.4g}"
+    value, baseline = number(anomaly.value), number(anomaly.baseline)
+    return f"step {anomaly.step}: {value} = {factor(anomaly.factor)}× the median {baseline}"
 
 
 def _rejection_plot(rejection: dict[str, tuple[list[Any], list[float | None]]], canvas: Canvas) -> str:
@@ -172,7 +176,7 @@ def rounds_section(result: AnalysisResult, canvas: Canvas) -> Section:
             [RED if r["round"] == most else BLUE for r in rounds],
         ),
         BarPanel("k3_kl per round", [_value(r, "k3_kl") for r in rounds], hover, BLUE),
-        BarPanel("model tokens per round", tokens, hover, GREY, log=wide_range(tokens)),
+        BarPanel("model tokens per round", tokens, hover, GREY, log=wide_range(tokens), count=True),
     ]
     body.append(canvas.plot("rounds", figures.bars_figure(labels, panels, "round")))
     heatmap = _round_heatmap(result, {r["round"]: label for r, label in zip(rounds, labels, strict=True)}, canvas)
@@ -273,8 +277,9 @@ def positions_section(result: AnalysisResult, canvas: Canvas) -> Section:
             hover,
             RED,
             percent=True,
+            empty=f"none: no model token has |δ| > {result.catastrophic_threshold:g}",
         ),
-        BarPanel("model tokens", tokens, hover, GREY, log=wide_range(tokens)),
+        BarPanel("model tokens", tokens, hover, GREY, log=wide_range(tokens), count=True),
     ]
     intro = Markup(
         '<p class="lead">Token index within the response (environment tokens counted), in log2 buckets 0, 1, '

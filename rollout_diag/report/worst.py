@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rollout_diag.formatting import extra_cell
+from rollout_diag.formatting import extra_cell, number
 from rollout_diag.paths import file_labels
 from rollout_diag.report.markup import Column, Markup, code, escape, note, table
 from rollout_diag.report.sections import Canvas, Section
@@ -139,8 +139,8 @@ def _token_table(result: AnalysisResult) -> str:
             token.position,
             token.round,
             _token_text(token.token, token.token_id),
-            Markup(f"{token.trainer_logprob:.4g} ({token.trainer_prob:.3g})"),
-            Markup(f"{token.rollout_logprob:.4g} ({token.rollout_prob:.3g})"),
+            Markup(escape(f"{number(token.trainer_logprob)} ({number(token.trainer_prob)})")),
+            Markup(escape(f"{number(token.rollout_logprob)} ({number(token.rollout_prob)})")),
         ]
         for rank, token in enumerate(tokens, 1)
     ]
