@@ -87,8 +87,9 @@ def prime_rl(
 ) -> dict[str, float]:
     """loss.py: mismatch_kl = exp(δ) − δ − 1 at loss_mask tokens; utils.py: mean / std / min / max of all of them.
 
-    With ``advantages`` (one per row, None read as NaN): default_loss_fn per sample, then the same statistics over
-    samples. With ``envs`` (one per row): train.py's mismatch_kl/<env>, the tokens of that environment's rows."""
+    With ``advantages`` (one per row, None for a row that is no sample): default_loss_fn per sample, then the same
+    statistics over samples. With ``envs`` (one per row): train.py's mismatch_kl/<env>, the tokens of that
+    environment's rows."""
     values = [k3(a - r) for a, r in flat(rows)]
     if not values:
         return {}
@@ -104,7 +105,9 @@ def prime_rl(
             for name in ("masked_mismatch_kl", "unmasked_mismatch_kl", "is_masked", "is_masked_low", "is_masked_high")
         }
         for pairs, advantage in zip(masked(rows), advantages, strict=True):
-            adv = math.nan if advantage is None else float(advantage)
+            if advantage is None:  # no advantage: no sample of these statistics
+                continue
+            adv = float(advantage)
             n = n_masked = n_low = n_high = 0
             kl_masked = kl_kept = 0.0
             for a, r in pairs:
@@ -125,7 +128,7 @@ def prime_rl(
             samples["is_masked"].append(n_masked / max(n, 1))
             samples["is_masked_low"].append(n_low / max(n, 1))
             samples["is_masked_high"].append(n_high / max(n, 1))
-        for name, series in samples.items():
+        for name, series in samples.items() if any(a is not None for a in advantages) else ():
             out[f"{name}/mean"] = total(series) / len(series)
             out[f"{name}/std"] = unbiased_std(series)
             out[f"{name}/min"] = min(series)

@@ -204,6 +204,58 @@ def test_prime_rl_weight_streams_narrow_the_trained_tokens(rows, tmp_path):
     assert result.run.tokens == sum(rows[0]["mask"]) - 1
 
 
+def test_prime_rl_advantages_and_env_names_reach_the_prime_rl_dialect(rows, tmp_path):
+    """Each record's advantages and env_name ride along per row: --dialect prime-rl gives the DPPO values and
+    mismatch_kl/<env> of tests/reference_dialects.py on the same rows; a row whose trained tokens carry advantages
+    of both signs has no advantage (null) and is no sample of the DPPO values."""
+    import numpy as np
+    from reference_dialects import prime_rl as reference
+
+    finite = [row for row in rows if all(math.isfinite(v) for v in (*row["rollout"], *row["trainer"]))]
+    exports = ff.write_prime_rl(tmp_path / "p", finite, ranks=1)
+    expected_rows: dict[int, list] = {}
+    for step_dir in sorted(exports.glob("step_*")):
+        path = step_dir / "rank_0.jsonl"
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        for index, record in enumerate(records):
+            length = len(record["loss_mask"])
+            advantage = [1.5, -0.5, 0.0, None][index % 4]
+            if advantage is None:  # mixed signs over the trained tokens
+                record["advantages"] = [1.0 if position % 2 else -1.0 for position in range(length)]
+                trained = [p for p, keep in enumerate(record["loss_mask"]) if keep]
+                mixed = len({record["advantages"][p] for p in trained}) > 1
+                advantage = None if mixed else (record["advantages"][trained[0]] if trained else 0.0)
+            else:
+                record["advantages"] = [advantage] * length
+            record["env_name"] = ["math", "code"][index % 2]
+            row = finite[[r["sample_id"] for r in finite].index(_sample_of(finite, record))]
+            expected_rows.setdefault(record["step"], []).append((row, advantage, record["env_name"]))
+        path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    result = rd.analyze(str(exports), device="cpu", dialect="prime-rl")
+    for step in result.steps:
+        entries = expected_rows[step.step]
+        as_reference = [
+            (np.asarray(r["trainer"], np.float64), np.asarray(r["rollout"], np.float64), np.asarray(r["mask"]))
+            for r, _, _ in entries
+        ]
+        expected = reference(as_reference, [a for _, a, _ in entries], [e for _, _, e in entries])
+        actual = step.dialects["prime-rl"]
+        assert sorted(actual) == sorted(expected)
+        assert "is_masked/mean" in actual and "mismatch_kl/math/mean" in actual
+        for name, value in expected.items():
+            if math.isnan(value):
+                assert math.isnan(actual[name]), name
+            else:
+                assert actual[name] == pytest.approx(value, rel=1e-9, abs=1e-12), name
+
+
+def _sample_of(rows: list[dict], record: dict) -> str:
+    """The dataset row a prime-rl record was written from (its response token ids follow the prompt's)."""
+    response = record["token_ids"][ff.PROMPT_LENGTH :]
+    (found,) = [row["sample_id"] for row in rows if row["step"] == record["step"] and row["token_ids"] == response]
+    return found
+
+
 # ------------------------------------------------------------------------------ NeMo-RL specifics
 def test_nemo_rl_bare_nan_and_infinity_are_read_and_skip_their_rows(rows, tmp_path):
     ff.write_nemo_rl(tmp_path / "n", rows)
@@ -385,6 +437,16 @@ def prime_rl_line(draw, spoil: bool) -> str:
             return draw(st.lists(st.sampled_from([0.0, 1.0]), max_size=length + 1))
         return "missing"
 
+    def advantages():
+        choice = draw(st.integers(0, 3))
+        if choice == 0:  # GRPO: one value over the whole row
+            return [draw(st.sampled_from([1.5, -0.5, 0.0, -0.0, 2, -(2**60)]))] * length
+        if choice == 1:  # per token, signs may differ, nulls
+            return draw(st.lists(st.one_of(numbers, st.none()), min_size=length, max_size=length))
+        if choice == 2:
+            return draw(st.lists(numbers, max_size=length + 1))
+        return "missing"
+
     record = {
         "step": _weird(draw, draw(st.integers(1, 3)), spoil),
         "rank": _weird(draw, draw(st.integers(0, 2)), spoil),
@@ -396,9 +458,10 @@ def prime_rl_line(draw, spoil: bool) -> str:
         "trainer_logprobs": _weird(draw, logprobs(), spoil),
         "rl_weights": weights(),
         "ref_kl_weights": weights(),
+        "advantages": _weird(draw, advantages(), spoil),
     }
     if draw(st.integers(0, 3)):
-        record["env_name"] = "math"
+        record["env_name"] = draw(st.sampled_from(["math", "code", None, "missing"]))
     record = {key: value for key, value in record.items() if value != "missing"}
     return json.dumps(record, separators=(",", ":"), allow_nan=False)
 

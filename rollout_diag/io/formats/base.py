@@ -53,6 +53,7 @@ class Row:
     token_ids: Sequence[int] | np.ndarray | None = None
     skip_reason: str | None = None
     skip_column: str | None = None
+    extra: dict[str, Any] | None = None  # per-row values of the format's own extra fields (RowsFile ``extra``)
 
     @classmethod
     def unreadable(cls, step: int, sample_id: str, reason: str, column: str | None = None) -> Row:
@@ -63,13 +64,19 @@ def _lists(values: list[Any], value_type: pa.DataType) -> pa.Array:
     return pa.array(values, type=pa.list_(value_type))
 
 
-def rows_to_batch(rows: Sequence[Row]) -> pa.RecordBatch:
-    """Pack rows into one canonical record batch; a row whose values Arrow cannot take becomes unreadable."""
+def with_extra(extra: pa.Schema | None) -> pa.Schema:
+    """The canonical schema, followed by a format's own per-row fields (scalars the reader carries as extras)."""
+    return CANONICAL_SCHEMA if extra is None else pa.schema([*CANONICAL_SCHEMA, *extra])
+
+
+def rows_to_batch(rows: Sequence[Row], extra: pa.Schema | None = None) -> pa.RecordBatch:
+    """Pack rows into one canonical record batch (with the ``extra`` fields, from each row's ``extra``); a row whose
+    values Arrow cannot take becomes unreadable."""
     try:
-        return _pack(rows)
+        return _pack(rows, extra)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
         # One bad row spoils the whole conversion: convert row by row to name the bad ones.
-        return _pack([_checked(row) for row in rows])
+        return _pack([_checked(row) for row in rows], extra)
 
 
 def _checked(row: Row) -> Row:
@@ -89,7 +96,7 @@ def _checked(row: Row) -> Row:
     return row
 
 
-def _pack(rows: Sequence[Row]) -> pa.RecordBatch:
+def _pack(rows: Sequence[Row], extra: pa.Schema | None = None) -> pa.RecordBatch:
     readable = [row.skip_reason is None for row in rows]
     columns = [
         pa.array([row.step for row in rows], pa.int64()),
@@ -101,7 +108,10 @@ def _pack(rows: Sequence[Row]) -> pa.RecordBatch:
         pa.array([row.skip_reason for row in rows], pa.string()),
         pa.array([row.skip_column for row in rows], pa.string()),
     ]
-    return pa.RecordBatch.from_arrays(columns, schema=CANONICAL_SCHEMA)
+    for field in extra or ():
+        values = [None if row.extra is None else row.extra.get(field.name) for row in rows]
+        columns.append(pa.array(values, field.type))
+    return pa.RecordBatch.from_arrays(columns, schema=with_extra(extra))
 
 
 def _short(exc: BaseException) -> str:
@@ -141,9 +151,11 @@ class RowsFile:
         rows: int,
         read: Callable[[], Iterable[Row]],
         batches: Callable[[int], Iterable[pa.RecordBatch]] | None = None,
+        extra: pa.Schema | None = None,
     ) -> None:
         self.path = path
-        self.schema_arrow = CANONICAL_SCHEMA
+        self.extra = extra  # the format's own per-row fields after the canonical ones
+        self.schema_arrow = with_extra(extra)
         self.metadata = _Metadata(rows)
         self._read = read
         self._batches = batches  # a faster way to the same canonical batches (``batches(size)``), when there is one
@@ -167,10 +179,10 @@ class RowsFile:
         for row in self._read():
             pending.append(row)
             if len(pending) >= size:
-                yield _select(rows_to_batch(pending), columns)
+                yield _select(rows_to_batch(pending, self.extra), columns)
                 pending = []
         if pending:
-            yield _select(rows_to_batch(pending), columns)
+            yield _select(rows_to_batch(pending, self.extra), columns)
 
 
 def _select(batch: pa.RecordBatch, columns: Sequence[str] | None) -> pa.RecordBatch:
@@ -206,7 +218,13 @@ def count_lines(path: str | Path) -> int:
     return lines + (last != b"\n")
 
 
-def jsonl_file(path: str, step: int, parse: Callable[[str, int, int], Row], fast: FastLines | None = None) -> RowsFile:
+def jsonl_file(
+    path: str,
+    step: int,
+    parse: Callable[[str, int, int], Row],
+    fast: FastLines | None = None,
+    extra: pa.Schema | None = None,
+) -> RowsFile:
     """A JSON-lines dump: ``parse(line, line_index, step)`` turns one line into a row (the reference).
 
     With ``fast``, blocks of lines are read by Arrow's JSON reader instead and only the lines it cannot
@@ -224,8 +242,8 @@ def jsonl_file(path: str, step: int, parse: Callable[[str, int, int], Row], fast
         with open(path, encoding="utf-8", errors="replace") as handle:
             lines = sum(1 for _ in handle)
     if fast is None or carriage_returns:
-        return RowsFile(path, lines, rows)
-    return RowsFile(path, lines, rows, lambda size: _fast_batches(path, step, parse, fast, size))
+        return RowsFile(path, lines, rows, extra=extra)
+    return RowsFile(path, lines, rows, lambda size: _fast_batches(path, step, parse, fast, size, extra), extra)
 
 
 def _scan_lines(path: str | Path) -> tuple[int, bool]:
@@ -289,7 +307,7 @@ def _blocks(path: str, size: int) -> Iterator[_Block]:
 
 
 def _fast_batches(
-    path: str, step: int, parse: Callable[[str, int, int], Row], fast: FastLines, size: int
+    path: str, step: int, parse: Callable[[str, int, int], Row], fast: FastLines, size: int, extra: pa.Schema | None
 ) -> Iterator[pa.RecordBatch]:
     """Blocks of lines, each parsed by Arrow in a thread while the one before is converted and used."""
     from concurrent.futures import ThreadPoolExecutor
@@ -299,10 +317,10 @@ def _fast_batches(
         for block in _blocks(path, size):
             parsed = pool.submit(_parse_block, block, fast.schema)
             if ahead is not None:
-                yield _finish_block(ahead.result(), step, parse, fast)
+                yield _finish_block(ahead.result(), step, parse, fast, extra)
             ahead = parsed
         if ahead is not None:
-            yield _finish_block(ahead.result(), step, parse, fast)
+            yield _finish_block(ahead.result(), step, parse, fast, extra)
 
 
 def _parse_block(block: _Block, schema: pa.Schema) -> _Block:
@@ -332,10 +350,12 @@ def _parse_block(block: _Block, schema: pa.Schema) -> _Block:
     return block
 
 
-def _finish_block(block: _Block, step: int, parse: Callable[[str, int, int], Row], fast: FastLines) -> pa.RecordBatch:
+def _finish_block(
+    block: _Block, step: int, parse: Callable[[str, int, int], Row], fast: FastLines, extra: pa.Schema | None
+) -> pa.RecordBatch:
     lines, first = block.lines, block.first
     if block.table is None:
-        return rows_to_batch([parse(line.decode("utf-8"), first + i, step) for i, line in enumerate(lines)])
+        return rows_to_batch([parse(line.decode("utf-8"), first + i, step) for i, line in enumerate(lines)], extra)
     fast_batch, ok = fast.convert(
         block.table, [lines[i] for i in block.chosen], [first + i for i in block.chosen], step
     )
@@ -345,7 +365,7 @@ def _finish_block(block: _Block, step: int, parse: Callable[[str, int, int], Row
     slow = np.flatnonzero(~taken)
     if not len(slow):
         return fast_batch
-    slow_batch = rows_to_batch([parse(lines[int(i)].decode("utf-8"), first + int(i), step) for i in slow])
+    slow_batch = rows_to_batch([parse(lines[int(i)].decode("utf-8"), first + int(i), step) for i in slow], extra)
     if not len(accepted):
         return slow_batch
     table = pa.Table.from_batches([fast_batch, slow_batch])
@@ -408,14 +428,21 @@ def prefixes(array: pa.ListArray, keep: np.ndarray, nulls: np.ndarray | None = N
 
 
 def canonical_batch(
-    step: pa.Array, sample_id: list[str], rollout: pa.Array, trainer: pa.Array, mask: pa.Array, token_ids: pa.Array
+    step: pa.Array,
+    sample_id: list[str],
+    rollout: pa.Array,
+    trainer: pa.Array,
+    mask: pa.Array,
+    token_ids: pa.Array,
+    extra: Sequence[pa.Array] = (),
+    extra_schema: pa.Schema | None = None,
 ) -> pa.RecordBatch:
-    """A canonical batch of rows that were all read (no skip reasons)."""
+    """A canonical batch of rows that were all read (no skip reasons), then the format's ``extra`` fields."""
     nulls = pa.nulls(len(sample_id), pa.string())
-    columns = [step, pa.array(sample_id, pa.string()), rollout, trainer, mask, token_ids, nulls, nulls]
+    columns = [step, pa.array(sample_id, pa.string()), rollout, trainer, mask, token_ids, nulls, nulls, *extra]
+    schema = with_extra(extra_schema)
     return pa.RecordBatch.from_arrays(
-        [column.cast(field.type) for column, field in zip(columns, CANONICAL_SCHEMA, strict=True)],
-        schema=CANONICAL_SCHEMA,
+        [column.cast(field.type) for column, field in zip(columns, schema, strict=True)], schema=schema
     )
 
 

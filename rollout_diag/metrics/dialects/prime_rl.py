@@ -18,7 +18,9 @@ Definitions, PrimeIntellect-ai/prime-rl at commit 559b44772e471d1538537b8805cc77
   mean / std / min / max over the step's samples.
 
 The advantage A comes from the dump's per-row ``advantages`` (or ``advantage``) column; a row's value applies
-to each of its tokens, as GRPO's per-sample advantage does. Environment names from an ``env_name`` column.
+to each of its tokens, as GRPO's per-sample advantage does; a row whose advantage is null is left out of the
+DPPO statistics (the prime-rl importer carries one per row: io/formats/prime_rl.py). Environment names from an
+``env_name`` column.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ STATISTICS = ("mean", "std", "min", "max")
 
 
 def advantages(chunk: Chunk) -> torch.Tensor | None:
-    """The chunk's per-row advantages (float64 [R], NaN where null), or None when it carries none (or text)."""
+    """The chunk's per-row advantages (float64 [R], NaN where null), or None when it carries none (text, or
+    only nulls)."""
     for name in ADVANTAGE_COLUMNS:
         values = chunk.extra.get(name)
         if values is None:
@@ -61,6 +64,8 @@ def advantages(chunk: Chunk) -> torch.Tensor | None:
             ):
                 return None
             array = np.array([math.nan if item is None else float(item) for item in items], dtype=np.float64)
+        if np.isnan(array).all():
+            return None
         return torch.as_tensor(array, dtype=torch.float64, device=chunk.device)
     return None
 
@@ -99,10 +104,12 @@ class PrimeRLAccumulator(StepAccumulator):
                 out[name + "_max"] = torch.full((groups.count,), -math.inf, dtype=torch.float64, device=chunk.device)
                 out[name + "_min"] = torch.full((groups.count,), math.inf, dtype=torch.float64, device=chunk.device)
             return out
+        sample = ~torch.isnan(advantage)  # a row without an advantage is no sample of these statistics
         for name, values in per_sample(s, advantage).items():
-            out[name] = segment_moments(values, torch.zeros_like(values), groups.row_group, groups.count)
-            out[name + "_max"] = by_step(s, values, "max")
-            out[name + "_min"] = by_step(s, values, "min")
+            kept = values[sample]
+            out[name] = segment_moments(kept, torch.zeros_like(kept), groups.row_group[sample], groups.count)
+            out[name + "_max"] = by_step(s, torch.where(sample, values, -math.inf), "max")
+            out[name + "_min"] = by_step(s, torch.where(sample, values, math.inf), "min")
         return out
 
     def _finalize(self, state: State) -> dict[str, float]:
@@ -271,7 +278,9 @@ FRAMEWORK = Framework(
     config=(
         "always logged; `all` = every environment, `mismatch_kl/<env>/…` per `env_name` when the dump has that "
         "column; the DPPO values with the default loss (`dppo_mask_low` = `dppo_mask_high` = 0.2) when the dump "
-        "has a per-row `advantages` (or `advantage`) column, the row's value applying to each of its tokens"
+        "has a per-row `advantages` (or `advantage`) column, the row's value applying to each of its tokens "
+        "(rows with a null one left out; prime-rl's token exports give each row the advantage of its trained "
+        "tokens when their signs agree, all that the DPPO rule reads)"
     ),
     offline=(
         "The `median` of each key is left out: an exact median needs every value, which a streaming pass "
