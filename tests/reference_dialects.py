@@ -102,13 +102,21 @@ def prime_rl(
     if advantages is not None:
         samples: dict[str, list[float]] = {
             name: []
-            for name in ("masked_mismatch_kl", "unmasked_mismatch_kl", "is_masked", "is_masked_low", "is_masked_high")
+            for name in (
+                "masked_mismatch_kl",
+                "unmasked_mismatch_kl",
+                "is_masked",
+                "is_masked_low",
+                "is_masked_high",
+                "masked_advantage_positive",
+                "masked_advantage_negative",
+            )
         }
         for pairs, advantage in zip(masked(rows), advantages, strict=True):
             if advantage is None:  # no advantage: no sample of these statistics
                 continue
             adv = float(advantage)
-            n = n_masked = n_low = n_high = 0
+            n = n_masked = n_low = n_high = masked_positive = masked_negative = 0
             kl_masked = kl_kept = 0.0
             for a, r in pairs:
                 probs_diff = math.exp(a) - math.exp(r)
@@ -120,6 +128,8 @@ def prime_rl(
                 n_low += adv < 0 and low
                 if is_masked:
                     kl_masked += k3(a - r)
+                    masked_positive += adv > 0
+                    masked_negative += adv < 0
                 else:
                     kl_kept += k3(a - r)
             # _safe_mean: Σ over the mask / max(count, 1)
@@ -128,6 +138,9 @@ def prime_rl(
             samples["is_masked"].append(n_masked / max(n, 1))
             samples["is_masked_low"].append(n_low / max(n, 1))
             samples["is_masked_high"].append(n_high / max(n, 1))
+            # _safe_mean(advantages > 0 / < 0, drop_mask = loss_mask & is_masked)
+            samples["masked_advantage_positive"].append(masked_positive / max(n_masked, 1))
+            samples["masked_advantage_negative"].append(masked_negative / max(n_masked, 1))
         for name, series in samples.items() if any(a is not None for a in advantages) else ():
             out[f"{name}/mean"] = total(series) / len(series)
             out[f"{name}/std"] = unbiased_std(series)

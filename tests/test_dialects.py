@@ -353,6 +353,9 @@ def test_prime_rl_dppo_values_and_environments_hand_checked(tmp_path):
     assert (d["is_masked/mean"], d["is_masked/std"]) == (0.5, 0.0)
     assert (d["is_masked_high/mean"], d["is_masked_high/max"], d["is_masked_high/min"]) == (0.25, 0.5, 0.0)
     assert (d["is_masked_low/mean"], d["is_masked_low/max"], d["is_masked_low/min"]) == (0.25, 0.5, 0.0)
+    # masked_advantage_*: row0's one masked token has A > 0 (1/1), row1's has A < 0 (1/1)
+    assert (d["masked_advantage_positive/mean"], d["masked_advantage_positive/max"]) == (0.5, 1.0)
+    assert (d["masked_advantage_negative/mean"], d["masked_advantage_negative/min"]) == (0.5, 0.0)
     # mismatch_kl/<env>: the two tokens of each row; math = {k3(0,0), 0}, code = {k3(1,0), k3(1,1)}
     assert d["mismatch_kl/math/mean"] == pytest.approx(k3(0, 0) / 2, rel=1e-12)
     assert d["mismatch_kl/math/min"] == 0.0

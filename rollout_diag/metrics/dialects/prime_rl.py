@@ -13,7 +13,8 @@ Definitions, PrimeIntellect-ai/prime-rl at commit 559b44772e471d1538537b8805cc77
   ``packages/prime-rl-configs/src/prime_rl/configs/trainer.py``); is_masked = where(A > 0, high, low);
   is_masked_high = (A > 0) & high; is_masked_low = (A < 0) & low; ``_safe_mean`` = Σ over a mask / max(count, 1).
   masked_mismatch_kl = _safe_mean(k3, loss_mask & is_masked), unmasked_mismatch_kl = _safe_mean(k3,
-  loss_mask & ~is_masked), is_masked* = _safe_mean(·, loss_mask). ``compute_loss`` stacks one value per
+  loss_mask & ~is_masked), is_masked* = _safe_mean(·, loss_mask), masked_advantage_positive / _negative =
+  _safe_mean(A > 0 / A < 0, loss_mask & is_masked). ``compute_loss`` stacks one value per
   sample (every sample when there is no rl weight stream, empty ones giving 0), and ``compute_stats`` takes
   mean / std / min / max over the step's samples.
 
@@ -42,7 +43,15 @@ DPPO_MASK_LOW = DPPO_MASK_HIGH = 0.2  # DefaultLossConfig defaults
 ADVANTAGE_COLUMNS = ("advantages", "advantage")
 ENV_COLUMN = "env_name"
 # per-sample values of default_loss_fn, each reported as <name>/{mean,std,min,max} over the step's samples
-SAMPLE_METRICS = ("masked_mismatch_kl", "unmasked_mismatch_kl", "is_masked", "is_masked_low", "is_masked_high")
+SAMPLE_METRICS = (
+    "masked_mismatch_kl",
+    "unmasked_mismatch_kl",
+    "is_masked",
+    "is_masked_low",
+    "is_masked_high",
+    "masked_advantage_positive",
+    "masked_advantage_negative",
+)
 STATISTICS = ("mean", "std", "min", "max")
 
 
@@ -154,6 +163,9 @@ def per_sample(s: Any, advantage: torch.Tensor) -> dict[str, torch.Tensor]:
         "is_masked": n_masked / n.clamp(min=1.0),
         "is_masked_low": rows_sum(negative & low) / n.clamp(min=1.0),
         "is_masked_high": rows_sum(positive & high) / n.clamp(min=1.0),
+        # _safe_mean(advantages > 0, drop_mask), drop_mask = loss_mask & is_masked
+        "masked_advantage_positive": rows_sum(masked & positive) / n_masked.clamp(min=1.0),
+        "masked_advantage_negative": rows_sum(masked & negative) / n_masked.clamp(min=1.0),
     }
 
 
@@ -264,6 +276,8 @@ _DPPO = {
     ),
     "is_masked_low": ("share masked for a negative advantage, per sample", "A < 0 and e^a − e^r < −0.2"),
     "is_masked_high": ("share masked for a positive advantage, per sample", "A > 0 and e^a − e^r > 0.2"),
+    "masked_advantage_positive": ("share of the masked tokens with A > 0, per sample", "A > 0 where is_masked"),
+    "masked_advantage_negative": ("share of the masked tokens with A < 0, per sample", "A < 0 where is_masked"),
 }
 _HOW = {"mean": "mean", "std": "unbiased std", "min": "min", "max": "max"}
 
