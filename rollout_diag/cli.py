@@ -895,7 +895,8 @@ def check(
         list[str] | None,
         typer.Option(
             "--max",
-            help="Gate: the metric must be ≤ VALUE (full name, e.g. rollout_corr/k3_kl=1e-3). Repeatable.",
+            help="Gate: the metric must be ≤ VALUE (full name, e.g. rollout_corr/k3_kl=1e-3, or the short name "
+            "the tables print when only one metric has it, e.g. k3_kl=1e-3). Repeatable.",
             metavar="NAME=VALUE",
         ),
     ] = None,

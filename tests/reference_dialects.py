@@ -82,17 +82,82 @@ def verl(rows: Sequence[Row]) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------------- prime-rl
-def prime_rl(rows: Sequence[Row]) -> dict[str, float]:
-    """loss.py: mismatch_kl = exp(δ) − δ − 1 at loss_mask tokens; utils.py: mean / std / min / max of all of them."""
+def prime_rl(
+    rows: Sequence[Row], advantages: Sequence[float | None] | None = None, envs: Sequence[str | None] | None = None
+) -> dict[str, float]:
+    """loss.py: mismatch_kl = exp(δ) − δ − 1 at loss_mask tokens; utils.py: mean / std / min / max of all of them.
+
+    With ``advantages`` (one per row, None for a row that is no sample): default_loss_fn per sample, then the same
+    statistics over samples. With ``envs`` (one per row): train.py's mismatch_kl/<env>, the tokens of that
+    environment's rows."""
     values = [k3(a - r) for a, r in flat(rows)]
     if not values:
         return {}
-    return {
+    out = {
         "mismatch_kl/all/mean": total(values) / len(values),
         "mismatch_kl/all/std": unbiased_std(values),
         "mismatch_kl/all/min": min(values),
         "mismatch_kl/all/max": max(values),
     }
+    if advantages is not None:
+        samples: dict[str, list[float]] = {
+            name: []
+            for name in (
+                "masked_mismatch_kl",
+                "unmasked_mismatch_kl",
+                "is_masked",
+                "is_masked_low",
+                "is_masked_high",
+                "masked_advantage_positive",
+                "masked_advantage_negative",
+            )
+        }
+        for pairs, advantage in zip(masked(rows), advantages, strict=True):
+            if advantage is None:  # no advantage: no sample of these statistics
+                continue
+            adv = float(advantage)
+            n = n_masked = n_low = n_high = masked_positive = masked_negative = 0
+            kl_masked = kl_kept = 0.0
+            for a, r in pairs:
+                probs_diff = math.exp(a) - math.exp(r)
+                high, low = probs_diff > 0.2, probs_diff < -0.2
+                is_masked = high if adv > 0 else low  # torch.where(advantages > 0, high, low)
+                n += 1
+                n_masked += is_masked
+                n_high += adv > 0 and high
+                n_low += adv < 0 and low
+                if is_masked:
+                    kl_masked += k3(a - r)
+                    masked_positive += adv > 0
+                    masked_negative += adv < 0
+                else:
+                    kl_kept += k3(a - r)
+            # _safe_mean: Σ over the mask / max(count, 1)
+            samples["masked_mismatch_kl"].append(kl_masked / max(n_masked, 1))
+            samples["unmasked_mismatch_kl"].append(kl_kept / max(n - n_masked, 1))
+            samples["is_masked"].append(n_masked / max(n, 1))
+            samples["is_masked_low"].append(n_low / max(n, 1))
+            samples["is_masked_high"].append(n_high / max(n, 1))
+            # _safe_mean(advantages > 0 / < 0, drop_mask = loss_mask & is_masked)
+            samples["masked_advantage_positive"].append(masked_positive / max(n_masked, 1))
+            samples["masked_advantage_negative"].append(masked_negative / max(n_masked, 1))
+        for name, series in samples.items() if any(a is not None for a in advantages) else ():
+            out[f"{name}/mean"] = total(series) / len(series)
+            out[f"{name}/std"] = unbiased_std(series)
+            out[f"{name}/min"] = min(series)
+            out[f"{name}/max"] = max(series)
+    if envs is not None:
+        by_env: dict[str, list[float]] = {}
+        for pairs, env in zip(masked(rows), envs, strict=True):
+            if env is not None:
+                by_env.setdefault(env, []).extend(k3(a - r) for a, r in pairs)
+        for env, series in sorted(by_env.items()):
+            if series:
+                out[f"mismatch_kl/{env}/mean"] = total(series) / len(series)
+                out[f"mismatch_kl/{env}/std"] = unbiased_std(series)
+                out[f"mismatch_kl/{env}/min"] = min(series)
+                out[f"mismatch_kl/{env}/max"] = max(series)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------- NeMo-RL
@@ -112,12 +177,22 @@ def nemo_rl(rows: Sequence[Row]) -> dict[str, float]:
         mixture = math.log(0.5 * math.exp(a) + 0.5 * math.exp(r))
         js_terms.append(0.5 * k3(a - mixture) + 0.5 * k3(r - mixture))
     js = total(js_terms) / (n + 1e-8)
+    # "Off-policy (actor) importance-sampling correction", token level: nan_to_num(exp(prev − generation)) with
+    # posinf → 0; "Metric: sampling importance ratio": masked_mean over mask with global_valid_toks
+    weights = []
+    for a, r in tokens:
+        try:
+            weights.append(math.exp(a - r))
+        except OverflowError:
+            weights.append(0.0)
+    sampling_ratio = total(weights) / (n + 1e-8)
     per_seq = [total(math.exp(abs(r - a)) for a, r in row) / max(len(row), 1) for row in masked(rows) if row]
     return {
         "train/token_mult_prob_error": mult,
         "train/gen_kl_error": gen_kl,
         "train/policy_kl_error": policy_kl,
         "train/js_divergence_error": js,
+        "train/sampling_importance_ratio": sampling_ratio,
         "train/max_seq_mult_prob_error": max(per_seq),
         "train/mean_seq_mult_prob_error": total(per_seq) / len(per_seq),
         "train/min_seq_mult_prob_error": min(per_seq),

@@ -15,6 +15,7 @@ from dumps import random_rows, write_sequence_dump
 from reference import debug_metrics, offpolicy_metrics, rollout_kl_metrics
 from test_cli import error_line, invoke
 
+from rollout_diag import catalogue
 from rollout_diag.decisions.check import DEFAULT_GATES, Gate, check, load_gates, metric_values, parse_gate
 from rollout_diag.decisions.rowmetrics import KEY_METRICS, by_step
 from rollout_diag.engine import row_pass
@@ -75,6 +76,51 @@ def test_an_unknown_metric_is_an_error_naming_the_closest_names() -> None:
         check(HAND, [parse_gate("rollout_corr/k3kl=1", "max")])
     with pytest.raises(ConfigError, match="no gate"):
         check(HAND, [])
+
+
+def test_a_short_name_stands_for_the_one_metric_the_tables_print_under_it() -> None:
+    outcome = check(HAND, [parse_gate("k3_kl=1e-3", "max")], per_step=True)
+    # the run's 2e-3 exceeds 1e-3 by 1e-3; step 0 (5e-4) passes, step 1 (4e-3) fails, step 2 has no value
+    assert [(o.gate.metric, o.step, o.status) for o in outcome.outcomes] == [
+        ("rollout_corr/k3_kl", None, "fail"),
+        ("rollout_corr/k3_kl", 0, "pass"),
+        ("rollout_corr/k3_kl", 1, "fail"),
+        ("rollout_corr/k3_kl", 2, "skipped"),
+    ]
+    assert outcome.gates[0].metric == "rollout_corr/k3_kl"
+    # the catalogue's own short name, not only the key's last part
+    assert check(HAND, [Gate("actor_probs_pearson_corr", "min", 0.9)]).gates[0].metric == (
+        "training/rollout_actor_probs_pearson_corr"
+    )
+
+
+def test_per_round_and_framework_copies_do_not_make_a_short_name_ambiguous() -> None:
+    run = DialectStep(
+        None,
+        4,
+        40,
+        {"rollout_corr/k3_kl": 1e-3, "per_round/round_0/k3_kl": 2e-3},
+        0,
+        {"verl": {"rollout_corr/k3_kl": 1e-3}},
+    )
+    result = AnalysisResult(["x"], {}, "sequence", "cpu", run, [], [], [])
+    assert check(result, [Gate("k3_kl", "max", 1.0)]).gates[0].metric == "rollout_corr/k3_kl"
+    # only per-round keys: those are the candidates, and two of them are ambiguous
+    rounds = result_of({"per_round/round_0/seq_count": 1.0, "per_round/round_1/seq_count": 2.0}, {})
+    with pytest.raises(ConfigError, match=r"short name of several metrics: per_round/round_0/seq_count, "):
+        check(rounds, [Gate("seq_count", "max", 1.0)])
+    single = result_of({"per_round/round_0/seq_count": 1.0}, {})
+    assert check(single, [Gate("seq_count", "max", 1.0)]).gates[0].metric == "per_round/round_0/seq_count"
+
+
+def test_a_short_name_several_metrics_share_lists_their_full_names() -> None:
+    shared = result_of({"rollout_corr/rollout_is_mean": 1.0, "mismatch/rollout_is_mean": 1.0}, {})
+    names = {catalogue.short_name("rollout_corr/rollout_is_mean"), catalogue.short_name("mismatch/rollout_is_mean")}
+    (short,) = names  # both rows print the same short name
+    with pytest.raises(ConfigError) as error:
+        check(shared, [Gate(short, "max", 1.0)])
+    assert "mismatch/rollout_is_mean" in str(error.value) and "rollout_corr/rollout_is_mean" in str(error.value)
+    assert "name one in full" in (error.value.hint or "")
 
 
 @pytest.mark.parametrize("text", ["rollout_corr/k3_kl", "=1", "rollout_corr/k3_kl=abc", "x=nan"])
@@ -199,6 +245,9 @@ def test_exit_codes_zero_three_one() -> None:
     failing = invoke("check", SAMPLE, "--device", "cpu", "--max", "rollout_corr/k3_kl=1e-3", "--per-step")
     assert failing.exit_code == 3
     assert "FAIL: 2 of 5 checks failed" in failing.stdout and "step 3" in failing.stdout
+    short = invoke("check", SAMPLE, "--device", "cpu", "--max", "k3_kl=1e-3", "--per-step")
+    assert short.exit_code == 3 and "FAIL: 2 of 5 checks failed" in short.stdout
+    assert "rollout_corr/k3_kl" in short.stdout
     unknown = error_line(invoke("check", SAMPLE, "--device", "cpu", "--max", "rollout_corr/k3kl=1"))
     assert "did you mean rollout_corr/k3_kl" in unknown
     assert "no gate" in error_line(invoke("check", SAMPLE, "--device", "cpu"))

@@ -35,7 +35,19 @@ def random_rows(rng: np.random.Generator, count: int, max_len: int = 30) -> list
         rollout = -rng.exponential(1.0, length)
         delta = rng.normal(0, 0.05, length) + (rng.random(length) < 0.05) * rng.normal(0, 12, length)
         trainer = np.minimum(rollout + delta, 0.0)
-        rows.append({"rollout": rollout.astype(np.float32), "trainer": trainer.astype(np.float32), "mask": mask})
+        # GRPO-like per-row advantages (some 0 and some null) and environment names (some null): prime-rl's
+        # DPPO values and mismatch_kl/<env> read them
+        advantage = [0.0, None, float(rng.normal(0, 1))][min(int(rng.integers(0, 8)), 2)]
+        env = ["math", "code", None][min(int(rng.integers(0, 5)), 2) if rng.random() < 0.9 else 2]
+        rows.append(
+            {
+                "rollout": rollout.astype(np.float32),
+                "trainer": trainer.astype(np.float32),
+                "mask": mask,
+                "advantage": advantage,
+                "env": env,
+            }
+        )
     return rows
 
 
@@ -48,6 +60,14 @@ def write_dump(path: Path, steps: dict[int, list[dict]], row_group_size: int) ->
             "rollout_log_probs": pa.array([r["rollout"].tolist() for *_, r in records], pa.list_(pa.float32())),
             "old_log_probs": pa.array([r["trainer"].tolist() for *_, r in records], pa.list_(pa.float32())),
             "response_mask": pa.array([r["mask"].tolist() for *_, r in records], pa.list_(pa.int8())),
+            **(
+                {
+                    "advantages": pa.array([r.get("advantage") for *_, r in records], pa.float64()),
+                    "env_name": pa.array([r.get("env") for *_, r in records], pa.string()),
+                }
+                if any("advantage" in r for *_, r in records)
+                else {}
+            ),
         }
     )
     pq.write_table(table, path, row_group_size=row_group_size)
@@ -63,7 +83,10 @@ def expected_dialects(rows: list[dict]) -> dict[str, dict[str, float]]:
     ref = as_reference(rows)
     out = {}
     for name, reference in REFERENCES.items():
-        values = reference(ref)
+        if name == "prime-rl" and any("advantage" in row for row in rows):
+            values = reference(ref, [row.get("advantage") for row in rows], [row.get("env") for row in rows])
+        else:
+            values = reference(ref)
         if name == "verl":  # verl's dialect is verl's names only (mismatch/… is rollout-diag's own key)
             values = {k: v for k, v in values.items() if k.startswith(("rollout_corr/", "training/"))}
         if values:
@@ -222,8 +245,16 @@ def test_every_framework_cites_repo_and_commit_and_its_metrics_are_the_ones_it_r
     run = all_result.run
     for name, framework in FRAMEWORKS.items():
         assert len([word for word in framework.source.split() if len(word) == 40 and word.isalnum()]) == 1, name
-        assert list(run.dialects[name]) == [m.name for m in framework.metrics if m.name in run.dialects[name]]
-        assert set(run.dialects[name]) == {m.name for m in framework.metrics}, name
+        reported = [metric_name(name, key) for key in run.dialects[name]]
+        assert list(dict.fromkeys(reported)) == [m.name for m in framework.metrics if m.name in reported]
+        assert set(reported) == {m.name for m in framework.metrics}, name
+
+
+def metric_name(framework: str, key: str) -> str:
+    """The declared name of a reported key: prime-rl's per-environment keys stand for ``mismatch_kl/<env>/…``."""
+    if framework == "prime-rl" and key.startswith("mismatch_kl/") and not key.startswith("mismatch_kl/all/"):
+        return "mismatch_kl/<env>/" + key.rsplit("/", 1)[1]
+    return key
 
 
 def test_docs_dialects_md_is_generated_from_the_code():
@@ -280,3 +311,73 @@ def test_report_shows_the_dialects_section_only_when_asked(dataset, all_result, 
     run = CliRunner().invoke(app, ["report", str(dataset[0]), "--device", "cpu", "--dialect", "trl", "-o", str(out)])
     assert run.exit_code == 0, run.output
     assert "sampling/importance_sampling_ratio/mean" in out.read_text(encoding="utf-8")
+
+
+def test_prime_rl_dppo_values_and_environments_hand_checked(tmp_path):
+    """default_loss_fn on two samples, DPPO thresholds 0.2 on exp(a) − exp(r), the advantage's sign choosing the side.
+
+    row0 (A = +1, env math): token1 p_a 0.9 vs p_r 0.6 (+0.3 > 0.2: masked, high); token2 0.5 vs 0.5 (kept).
+    row1 (A = −2, env code): token1 0.3 vs 0.6 (−0.3 < −0.2: masked, low); token2 0.9 vs 0.6 (+0.3, but A < 0
+    looks at the low side only: kept).
+    """
+    p_a = [[0.9, 0.5], [0.3, 0.9]]
+    p_r = [[0.6, 0.5], [0.6, 0.6]]
+    rows = [
+        {
+            "trainer": np.log(np.array(a)).astype(np.float32),
+            "rollout": np.log(np.array(r)).astype(np.float32),
+            "mask": np.ones(2, np.int8),
+            "advantage": advantage,
+            "env": env,
+        }
+        for a, r, advantage, env in zip(p_a, p_r, [1.0, -2.0], ["math", "code"], strict=True)
+    ]
+    path = tmp_path / "dppo.parquet"
+    write_dump(path, {0: rows}, row_group_size=10)
+    d = rd.analyze(str(path), device="cpu", dialect="prime-rl").run.dialects["prime-rl"]
+
+    def k3(row: int, token: int) -> float:  # exp(δ) − δ − 1 of the float32 values as stored
+        delta = float(rows[row]["trainer"][token]) - float(rows[row]["rollout"][token])
+        return math.exp(delta) - delta - 1
+
+    # k3(ln 1.5) = 1.5 − 0.405465 − 1 ≈ 0.094535; k3(ln 0.5) = 0.5 + 0.693147 − 1 ≈ 0.193147; k3(0) = 0
+    assert k3(0, 0) == pytest.approx(0.094535, abs=1e-6) and k3(1, 0) == pytest.approx(0.193147, abs=1e-6)
+    # masked_mismatch_kl per sample: row0 k3(0,0) / 1, row1 k3(1,0) / 1
+    assert d["masked_mismatch_kl/mean"] == pytest.approx((k3(0, 0) + k3(1, 0)) / 2, rel=1e-12)
+    assert d["masked_mismatch_kl/min"] == pytest.approx(k3(0, 0), rel=1e-12)
+    assert d["masked_mismatch_kl/max"] == pytest.approx(k3(1, 0), rel=1e-12)
+    # unmasked: row0 k3(0,1) = 0, row1 k3(1,1) = k3(ln 1.5)
+    assert d["unmasked_mismatch_kl/mean"] == pytest.approx((k3(0, 1) + k3(1, 1)) / 2, rel=1e-12)
+    assert d["unmasked_mismatch_kl/max"] == pytest.approx(k3(1, 1), rel=1e-12)
+    # is_masked: 1 of 2 tokens in each row → 0.5 and 0.5 (std 0); high only in row0, low only in row1
+    assert (d["is_masked/mean"], d["is_masked/std"]) == (0.5, 0.0)
+    assert (d["is_masked_high/mean"], d["is_masked_high/max"], d["is_masked_high/min"]) == (0.25, 0.5, 0.0)
+    assert (d["is_masked_low/mean"], d["is_masked_low/max"], d["is_masked_low/min"]) == (0.25, 0.5, 0.0)
+    # masked_advantage_*: row0's one masked token has A > 0 (1/1), row1's has A < 0 (1/1)
+    assert (d["masked_advantage_positive/mean"], d["masked_advantage_positive/max"]) == (0.5, 1.0)
+    assert (d["masked_advantage_negative/mean"], d["masked_advantage_negative/min"]) == (0.5, 0.0)
+    # mismatch_kl/<env>: the two tokens of each row; math = {k3(0,0), 0}, code = {k3(1,0), k3(1,1)}
+    assert d["mismatch_kl/math/mean"] == pytest.approx(k3(0, 0) / 2, rel=1e-12)
+    assert d["mismatch_kl/math/min"] == 0.0
+    assert d["mismatch_kl/code/max"] == pytest.approx(k3(1, 0), rel=1e-12)
+    assert d["mismatch_kl/code/std"] == pytest.approx(abs(k3(1, 0) - k3(1, 1)) / math.sqrt(2), rel=1e-9)
+
+
+def test_prime_rl_without_advantages_or_environments_reports_only_mismatch_kl_all(tmp_path):
+    path = one_step(tmp_path / "plain.parquet", [([-1.0, -2.0], [-1.5, -2.0], [1, 1])])
+    d = rd.analyze(str(path), device="cpu", dialect="prime-rl").run.dialects["prime-rl"]
+    assert list(d) == ["mismatch_kl/all/mean", "mismatch_kl/all/std", "mismatch_kl/all/min", "mismatch_kl/all/max"]
+
+
+def test_nemo_rl_sampling_importance_ratio_hand_checked(tmp_path):
+    """token mean of e^δ over the mask, Σ/(N + 1e-8); an exp that overflows counts 0 (nan_to_num posinf=0).
+
+    δ = ln 2 and ln 0.5 on two tokens, and a third token with δ = 800 (e^800 overflows float64)."""
+    ln2 = math.log(2.0)
+    path = one_step(tmp_path / "is.parquet", [([ln2 - 1.0, -ln2 - 1.0], [-1.0, -1.0], [1, 1]), ([-1.0], [-801.0], [1])])
+    d = rd.analyze(str(path), device="cpu", dialect="nemo-rl").run.dialects["nemo-rl"]
+    a = [float(np.float32(ln2 - 1.0)), float(np.float32(-ln2 - 1.0))]
+    # (e^{a0 + 1} + e^{a1 + 1} + 0) / (3 + 1e-8) ≈ (2 + 0.5 + 0) / 3 = 0.8333
+    expected = (math.exp(a[0] + 1.0) + math.exp(a[1] + 1.0) + 0.0) / (3 + 1e-8)
+    assert expected == pytest.approx(2.5 / 3, rel=1e-6)
+    assert d["train/sampling_importance_ratio"] == pytest.approx(expected, rel=1e-12)

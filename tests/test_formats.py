@@ -204,6 +204,58 @@ def test_prime_rl_weight_streams_narrow_the_trained_tokens(rows, tmp_path):
     assert result.run.tokens == sum(rows[0]["mask"]) - 1
 
 
+def test_prime_rl_advantages_and_env_names_reach_the_prime_rl_dialect(rows, tmp_path):
+    """Each record's advantages and env_name ride along per row: --dialect prime-rl gives the DPPO values and
+    mismatch_kl/<env> of tests/reference_dialects.py on the same rows; a row whose trained tokens carry advantages
+    of both signs has no advantage (null) and is no sample of the DPPO values."""
+    import numpy as np
+    from reference_dialects import prime_rl as reference
+
+    finite = [row for row in rows if all(math.isfinite(v) for v in (*row["rollout"], *row["trainer"]))]
+    exports = ff.write_prime_rl(tmp_path / "p", finite, ranks=1)
+    expected_rows: dict[int, list] = {}
+    for step_dir in sorted(exports.glob("step_*")):
+        path = step_dir / "rank_0.jsonl"
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        for index, record in enumerate(records):
+            length = len(record["loss_mask"])
+            advantage = [1.5, -0.5, 0.0, None][index % 4]
+            if advantage is None:  # mixed signs over the trained tokens
+                record["advantages"] = [1.0 if position % 2 else -1.0 for position in range(length)]
+                trained = [p for p, keep in enumerate(record["loss_mask"]) if keep]
+                mixed = len({record["advantages"][p] for p in trained}) > 1
+                advantage = None if mixed else (record["advantages"][trained[0]] if trained else 0.0)
+            else:
+                record["advantages"] = [advantage] * length
+            record["env_name"] = ["math", "code"][index % 2]
+            row = finite[[r["sample_id"] for r in finite].index(_sample_of(finite, record))]
+            expected_rows.setdefault(record["step"], []).append((row, advantage, record["env_name"]))
+        path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    result = rd.analyze(str(exports), device="cpu", dialect="prime-rl")
+    for step in result.steps:
+        entries = expected_rows[step.step]
+        as_reference = [
+            (np.asarray(r["trainer"], np.float64), np.asarray(r["rollout"], np.float64), np.asarray(r["mask"]))
+            for r, _, _ in entries
+        ]
+        expected = reference(as_reference, [a for _, a, _ in entries], [e for _, _, e in entries])
+        actual = step.dialects["prime-rl"]
+        assert sorted(actual) == sorted(expected)
+        assert "is_masked/mean" in actual and "mismatch_kl/math/mean" in actual
+        for name, value in expected.items():
+            if math.isnan(value):
+                assert math.isnan(actual[name]), name
+            else:
+                assert actual[name] == pytest.approx(value, rel=1e-9, abs=1e-12), name
+
+
+def _sample_of(rows: list[dict], record: dict) -> str:
+    """The dataset row a prime-rl record was written from (its response token ids follow the prompt's)."""
+    response = record["token_ids"][ff.PROMPT_LENGTH :]
+    (found,) = [row["sample_id"] for row in rows if row["step"] == record["step"] and row["token_ids"] == response]
+    return found
+
+
 # ------------------------------------------------------------------------------ NeMo-RL specifics
 def test_nemo_rl_bare_nan_and_infinity_are_read_and_skip_their_rows(rows, tmp_path):
     ff.write_nemo_rl(tmp_path / "n", rows)
@@ -321,3 +373,198 @@ def test_slime_sample_without_rollout_logprobs_is_skipped_and_named(rows, tmp_pa
     assert [s.describe() for s in result.skipped] == [
         f"{path}, row 2, column 'rollout_log_probs': missing (not carried into training)"
     ]
+
+
+# ------------------------------------------------------------------ JSON lines: the fast path equals Python's json
+# prime-rl and NeMo-RL files are read in blocks by Arrow's JSON reader (io/formats/base.py FastLines), and
+# line by line with Python's json where Arrow cannot vouch for a line. The reference is every line through
+# Python's json (open_file(..., fast=False)); both must give the same batches, row for row and bit for bit.
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from rollout_diag.io.formats import nemo_rl, prime_rl  # noqa: E402
+
+_ODD_LINES = ["", "   ", "not json", "[1, 2]", "3", "{}", "\ufeff{}"]  # each read by Python's json alone
+_SPOILING_LINES = [  # each makes Arrow's reading of its whole block fail: the block goes line by line
+    '{"a": 1} {"b": 2}',
+    '{"a": 1,}',
+    '{"s": "\\ud800"}',
+    '{"k": 1, "k": 2}',
+]
+_PLAIN = st.one_of(st.floats(-1e6, 1e6).map(lambda x: x + 0.0), st.integers(-9, 9))  # + 0.0: no -0.0
+# values where Arrow and Python's json could part: -0, -0.0, integers beyond 2**53, huge and tiny magnitudes
+_EDGES = st.sampled_from([0.0, -0.0, -0, 1e300, -1e-300, 2.0**53 + 2, 9007199254740993, -(2**60), 2**63 + 1])
+
+
+def _numbers(draw):
+    """Plain numbers, or (one line in four) plain numbers mixed with edge values."""
+    edges = st.one_of(_EDGES, st.floats(allow_nan=False, allow_infinity=False))
+    return st.one_of(_PLAIN, edges) if draw(st.integers(0, 3)) == 0 else _PLAIN
+
+
+def _weird(draw, valid, spoil):
+    """Mostly ``valid``; now and then null, a missing field or (``spoil``) a value of another type."""
+    kind = draw(st.integers(0, 79))
+    if kind == 0:
+        return "missing"
+    if kind == 1:
+        return None
+    if kind == 2 and spoil:
+        return draw(st.sampled_from(["text", True, 1.5, [[1]], {"x": 1}, [None], []]))
+    return valid
+
+
+@st.composite
+def prime_rl_line(draw, spoil: bool) -> str:
+    if draw(st.integers(0, 29)) == 0:
+        return draw(st.sampled_from(_ODD_LINES + (_SPOILING_LINES if spoil else [])))
+    length = draw(st.integers(0, 6))
+    numbers = _numbers(draw)
+
+    def logprobs():
+        values = draw(st.lists(st.one_of(numbers, st.none()), min_size=length, max_size=length))
+        return values if draw(st.integers(0, 9)) else [*values, 0.5]  # now and then ragged
+
+    def weights():
+        choice = draw(st.integers(0, 4))
+        if choice == 0:
+            return [None] * length
+        if choice == 1:
+            return draw(
+                st.lists(st.one_of(st.sampled_from([0.0, 1.0, 0.5, -1]), st.none()), min_size=length, max_size=length)
+            )
+        if choice == 2:
+            return draw(st.lists(st.sampled_from([0.0, 1.0]), max_size=length + 1))
+        return "missing"
+
+    def advantages():
+        choice = draw(st.integers(0, 3))
+        if choice == 0:  # GRPO: one value over the whole row
+            return [draw(st.sampled_from([1.5, -0.5, 0.0, -0.0, 2, -(2**60)]))] * length
+        if choice == 1:  # per token, signs may differ, nulls
+            return draw(st.lists(st.one_of(numbers, st.none()), min_size=length, max_size=length))
+        if choice == 2:
+            return draw(st.lists(numbers, max_size=length + 1))
+        return "missing"
+
+    record = {
+        "step": _weird(draw, draw(st.integers(1, 3)), spoil),
+        "rank": _weird(draw, draw(st.integers(0, 2)), spoil),
+        "export_sequence_idx": _weird(draw, draw(st.integers(0, 50)), spoil),
+        "env_name": "math NaN",  # a string holding a literal the fast path must leave to Python
+        "token_ids": _weird(draw, draw(st.lists(st.integers(0, 2**40), min_size=length, max_size=length)), spoil),
+        "loss_mask": _weird(draw, draw(st.lists(st.booleans(), min_size=length, max_size=length)), spoil),
+        "inference_logprobs": _weird(draw, logprobs(), spoil),
+        "trainer_logprobs": _weird(draw, logprobs(), spoil),
+        "rl_weights": weights(),
+        "ref_kl_weights": weights(),
+        "advantages": _weird(draw, advantages(), spoil),
+    }
+    if draw(st.integers(0, 3)):
+        record["env_name"] = draw(st.sampled_from(["math", "code", None, "missing"]))
+    record = {key: value for key, value in record.items() if value != "missing"}
+    return json.dumps(record, separators=(",", ":"), allow_nan=False)
+
+
+@st.composite
+def nemo_rl_line(draw, spoil: bool) -> str:
+    if draw(st.integers(0, 29)) == 0:
+        return draw(st.sampled_from(_ODD_LINES + (_SPOILING_LINES if spoil else [])))
+    width = draw(st.integers(0, 6))
+    length = draw(st.integers(-1, width + 1)) if draw(st.integers(0, 4)) == 0 else draw(st.integers(0, width))
+    finite = _numbers(draw)
+    if draw(st.integers(0, 4)) == 0:  # bare NaN / Infinity, as NeMo-RL writes them
+        finite = st.one_of(finite, st.sampled_from([math.nan, math.inf, -math.inf]))
+
+    def batch(values):
+        return _weird(draw, [values] if draw(st.integers(0, 39)) else [values, values], spoil)
+
+    record = {
+        "content": [["prompt with Infinity in it" if not draw(st.integers(0, 4)) else "prompt", "response"]],
+        "input_lengths": batch(length),
+        "token_ids": batch(draw(st.lists(st.integers(0, 1000), min_size=width, max_size=width))),
+        "token_loss_mask": batch(draw(st.lists(st.sampled_from([0, 1, 1, 1, 0.5, 2]), min_size=width, max_size=width))),
+        "sample_loss_mask": batch(draw(st.sampled_from([1.0, 1, 0.0, 0.25]))),
+        "advantages": [[0.5] * width],
+        "generation_logprobs": batch(draw(st.lists(finite, min_size=width, max_size=width))),
+        "prev_logprobs": batch(draw(st.lists(finite, min_size=width, max_size=width))),
+        "idx": _weird(draw, draw(st.integers(0, 99)), spoil),
+    }
+    record = {key: value for key, value in record.items() if value != "missing"}
+    return json.dumps(record)
+
+
+def _bits(value):
+    """Values comparable bit for bit: floats by repr (NaN equals NaN, -0.0 differs from 0.0)."""
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, list):
+        return [_bits(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _bits(item) for key, item in value.items()}
+    return value
+
+
+def _read(module, path: Path, fast: bool, batch_size: int) -> list[dict]:
+    opened = module.open_file(str(path), fast=fast)
+    rows = [row for batch in opened.iter_batches(batch_size=batch_size) for row in batch.to_pylist()]
+    assert len(rows) == opened.metadata.num_rows
+    return _bits(rows)
+
+
+_FAST_SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@_FAST_SETTINGS
+@given(
+    lines=st.booleans().flatmap(lambda spoil: st.lists(prime_rl_line(spoil), max_size=25)),
+    batch_size=st.integers(1, 30),
+    end=st.booleans(),
+)
+def test_prime_rl_fast_path_equals_python_json(lines, batch_size, end, tmp_path):
+    path = tmp_path / "rank_0.jsonl"
+    path.write_text("\n".join(lines) + ("\n" if end and lines else ""))
+    assert _read(prime_rl, path, True, batch_size) == _read(prime_rl, path, False, batch_size)
+
+
+@_FAST_SETTINGS
+@given(
+    lines=st.booleans().flatmap(lambda spoil: st.lists(nemo_rl_line(spoil), max_size=25)),
+    batch_size=st.integers(1, 30),
+    end=st.booleans(),
+)
+def test_nemo_rl_fast_path_equals_python_json(lines, batch_size, end, tmp_path):
+    path = tmp_path / "train_data_step4.jsonl"
+    path.write_text("\n".join(lines) + ("\n" if end and lines else ""))
+    assert _read(nemo_rl, path, True, batch_size) == _read(nemo_rl, path, False, batch_size)
+
+
+@pytest.mark.parametrize("name", ["prime-rl", "nemo-rl"])
+def test_well_formed_lines_take_the_fast_path(name, rows, tmp_path, monkeypatch):
+    """The fixtures' files (as the trainers write them, no non-finite value) never reach Python's json."""
+    module = {"prime-rl": prime_rl, "nemo-rl": nemo_rl}[name]
+    finite = [row for row in rows if all(math.isfinite(v) for v in (*row["rollout"], *row["trainer"]))]
+    ff.WRITERS[name](tmp_path / name, finite)
+    calls = []
+    monkeypatch.setattr(module, "_row", lambda *args: calls.append(args) or pytest.fail("line went to json"))
+    files = sorted((tmp_path / name).rglob("*.jsonl"))
+    assert files
+    for path in files:
+        opened = module.open_file(str(path))
+        assert sum(batch.num_rows for batch in opened.iter_batches()) == opened.metadata.num_rows
+    assert not calls
+
+
+def test_fast_path_raises_on_bytes_that_are_not_utf8_as_text_reading_does(tmp_path):
+    path = tmp_path / "rank_0.jsonl"
+    path.write_bytes(b'{"step":1,"env_name":"\xff","loss_mask":[],"inference_logprobs":[],"trainer_logprobs":[]}\n')
+    for fast in (True, False):
+        with pytest.raises(UnicodeDecodeError):
+            list(prime_rl.open_file(str(path), fast=fast).iter_batches())
+
+
+def test_carriage_returns_split_lines_as_text_reading_does(tmp_path):
+    record = json.dumps({"step": 1, "loss_mask": [True], "inference_logprobs": [-1.0], "trainer_logprobs": [-1.5]})
+    path = tmp_path / "rank_0.jsonl"
+    path.write_bytes((record + "\r\n" + record + "\r" + record + "\n").encode())
+    assert _read(prime_rl, path, True, 4) == _read(prime_rl, path, False, 4)

@@ -1,9 +1,11 @@
 """``check``: gates on any metric of a run (and of every step), for CI.
 
-A gate is ``metric ≤ value`` (``--max``) or ``metric ≥ value`` (``--min``). Metrics are looked up by their full
-name in what ``analyze`` reports (verl names, ``per_round/round_<k>/…``, ``diag/…``), then in the step's
-``dialects`` (``name`` or ``framework:name``) when the result carries them, then among the key metrics computed
-from per-row sums (``token_mult_prob_error``). Pure functions over result objects: no file is read here.
+A gate is ``metric ≤ value`` (``--max``) or ``metric ≥ value`` (``--min``). A metric is named in full, or by
+the short name the tables print (``k3_kl`` for ``rollout_corr/k3_kl``) where only one metric has it. Metrics
+are looked up by their full name in what ``analyze`` reports (verl names, ``per_round/round_<k>/…``,
+``diag/…``), then in the step's ``dialects`` (``name`` or ``framework:name``) when the result carries them,
+then among the key metrics computed from per-row sums (``token_mult_prob_error``). Pure functions over result
+objects: no file is read here.
 """
 
 from __future__ import annotations
@@ -283,7 +285,8 @@ def check(
     """Every gate on the run and, when ``per_step`` (or the gate's own per_step), on each step.
 
     Raises ConfigError when no gate is given or a gate names a metric the result does not have (with the
-    closest names).
+    closest names), or a short name several metrics share (with their full names). The result's gates carry
+    full names.
     """
     if not gates:
         raise ConfigError(
@@ -293,11 +296,7 @@ def check(
         )
     table = metric_values(result, rows)
     known = sorted({name for values in table.values() for name in values})
-    for gate in gates:
-        if gate.metric not in known:
-            close = difflib.get_close_matches(gate.metric, known, n=3, cutoff=0.6)
-            hint = f"did you mean {' or '.join(close)}?" if close else "see `rollout-diag analyze --format json`."
-            raise ConfigError(f"gate {gate.describe()}: no metric '{gate.metric}' in this result.", hint=hint)
+    gates = [_resolved(gate, known) for gate in gates]
     outcomes = []
     for gate in gates:
         outcomes.append(_judge(gate, None, table[None].get(gate.metric)))
@@ -308,6 +307,36 @@ def check(
         Gate(g.metric, g.bound, g.limit, g.per_step if g.per_step is not None else per_step, g.source) for g in gates
     ]
     return CheckResult(list(result.inputs), resolved, outcomes, list(result.warnings))
+
+
+def full_names(short: str, known: Sequence[str]) -> list[str]:
+    """The metrics of ``known`` that the tables print as ``short`` (``k3_kl`` → ``rollout_corr/k3_kl``).
+
+    Per-round keys (``per_round/round_<k>/k3_kl``) and ``framework:name`` copies of dialect values share a
+    short name with the run-level metric; they count only when nothing else does.
+    """
+    named = [name for name in known if catalogue.short_name(name) == short]
+    primary = [name for name in named if ":" not in name and not name.startswith(catalogue.ROUNDS_PREFIX)]
+    return primary or named
+
+
+def _resolved(gate: Gate, known: Sequence[str]) -> Gate:
+    """``gate`` with its metric's full name: a short name the tables print stands for the one metric it names.
+    Raises ConfigError for a name nothing matches (closest names) or a short name several metrics share."""
+    if gate.metric in known:
+        return gate
+    full = full_names(gate.metric, known)
+    if len(full) == 1:
+        return Gate(full[0], gate.bound, gate.limit, gate.per_step, gate.source)
+    if full:
+        listed = ", ".join(full[:8]) + (f" (and {len(full) - 8} more)" if len(full) > 8 else "")
+        raise ConfigError(
+            f"gate {gate.describe()}: '{gate.metric}' is the short name of several metrics: {listed}.",
+            hint="name one in full.",
+        )
+    close = difflib.get_close_matches(gate.metric, known, n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(close)}?" if close else "see `rollout-diag analyze --format json`."
+    raise ConfigError(f"gate {gate.describe()}: no metric '{gate.metric}' in this result.", hint=hint)
 
 
 def _judge(gate: Gate, step: int | None, value: float | None) -> GateOutcome:

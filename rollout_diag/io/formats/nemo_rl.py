@@ -23,8 +23,23 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
-from rollout_diag.io.formats.base import Row, RowsFile, jsonl_file, number_in
+from rollout_diag.io.formats.base import (
+    FastLines,
+    Row,
+    RowsFile,
+    canonical_batch,
+    field_named,
+    jsonl_file,
+    list_lengths,
+    null_flags,
+    number_in,
+    only_items,
+    prefixes,
+    row_any,
+    unsafe_numbers,
+)
 
 NAME = "nemo-rl"
 FILE_GLOB = "train_data_step*.jsonl"
@@ -41,8 +56,9 @@ def step_of(path: Path) -> int | None:
     return number_in(path.name, r"^train_data_step(\d+)\.jsonl$")
 
 
-def open_file(path: str) -> RowsFile:
-    return jsonl_file(path, step_of(Path(path)) or 0, _row)
+def open_file(path: str, fast: bool = True) -> RowsFile:
+    """The file's rows; ``fast=False`` reads every line with Python's json (the reference the fast path equals)."""
+    return jsonl_file(path, step_of(Path(path)) or 0, _row, FAST if fast else None)
 
 
 def _unwrap(record: dict[str, Any], field: str) -> Any:
@@ -103,3 +119,78 @@ def _as_mask(mask: np.ndarray) -> np.ndarray | list:
     if np.all((mask == 0) | (mask == 1)):
         return mask.astype(np.int8)
     return np.where(mask == 0, 0, np.where(mask == 1, 1, 2)).astype(np.int8)  # 2: not a mask value
+
+
+# ------------------------------------------------------------------ the fast path (io/formats/base.py FastLines)
+_LOGPROBS = ("generation_logprobs", "prev_logprobs")
+_FAST_SCHEMA = pa.schema(
+    [
+        ("input_lengths", pa.list_(pa.int64())),
+        ("token_loss_mask", pa.list_(pa.list_(pa.float64()))),
+        ("sample_loss_mask", pa.list_(pa.float64())),
+        ("generation_logprobs", pa.list_(pa.list_(pa.float64()))),
+        ("prev_logprobs", pa.list_(pa.list_(pa.float64()))),
+        ("token_ids", pa.list_(pa.list_(pa.int64()))),
+        ("idx", pa.int64()),
+    ]
+)
+
+
+def _fast_rows(
+    table: pa.Table, lines: list[bytes], line_indexes: list[int], step: int
+) -> tuple[pa.RecordBatch, np.ndarray]:
+    """The rows ``_row`` would give, for the lines where that is certain (the others are left to ``_row``)."""
+    columns = {name: table.column(name).combine_chunks() for name in _FAST_SCHEMA.names}
+    ok = np.ones(table.num_rows, dtype=bool)
+    for field in (*_LOGPROBS, "token_loss_mask", "input_lengths"):
+        ok &= list_lengths(columns[field]) == 1
+    absent = {}
+    for field in ("sample_loss_mask", "token_ids"):
+        lengths = list_lengths(columns[field])
+        absent[field] = lengths == -1
+        ok &= absent[field] | (lengths == 1)
+        for row in np.flatnonzero(ok & absent[field]):
+            ok[row] = not field_named(lines[row], field)  # an explicit null is "not a length-1 batch list"
+    # every list left is a length-1 batch list (or an absent optional one): take its one item
+    some = pa.array(ok)
+    first = {name: only_items(columns[name].filter(some)) for name in _FAST_SCHEMA.names if name != "idx"}
+    length = first["input_lengths"].fill_null(-1).to_numpy(zero_copy_only=False)
+    good = length >= 0
+    for field in (*_LOGPROBS, "token_loss_mask"):
+        good &= list_lengths(first[field]) >= length
+    good &= ~row_any(first["token_loss_mask"], null_flags(first["token_loss_mask"].values))
+    for field in _LOGPROBS:
+        good &= ~row_any(first[field], unsafe_numbers(first[field].values))
+    sample_absent = absent["sample_loss_mask"][ok]
+    good &= sample_absent | first["sample_loss_mask"].is_valid().to_numpy(zero_copy_only=False)
+    ok[np.flatnonzero(ok)[~good]] = False
+
+    if not good.all():
+        keep = pa.array(good)
+        first = {name: array.filter(keep) for name, array in first.items()}
+    length = length[good]
+    rollout, trainer = (prefixes(first[field], length) for field in _LOGPROBS)
+    token_mask = prefixes(first["token_loss_mask"], length).values.to_numpy(zero_copy_only=False)
+    sample_mask = first["sample_loss_mask"].fill_null(1.0).to_numpy(zero_copy_only=False)
+    mask = token_mask * np.repeat(sample_mask, length)
+    starts = np.cumsum(length) - length
+    mask[starts[length > 0]] = 0.0  # position 0's logprob is a placeholder (NeMo-RL slices [:, 1:])
+    mask_values = np.where(mask == 0, 0, np.where(mask == 1, 1, 2)).astype(np.int8)  # as _as_mask
+    token_ids = prefixes(first["token_ids"], length, nulls=first["token_ids"].is_null().to_numpy(zero_copy_only=False))
+    idx = table.column("idx").combine_chunks().filter(pa.array(ok)).to_pylist()
+    chosen = np.asarray(line_indexes)[ok]
+    sample_ids = [
+        f"line{int(line) + 1}" if value is None else str(value) for value, line in zip(idx, chosen, strict=True)
+    ]
+    batch = canonical_batch(
+        pa.array(np.full(len(sample_ids), step, dtype=np.int64)),
+        sample_ids,
+        rollout,
+        trainer,
+        pa.ListArray.from_arrays(rollout.offsets, pa.array(mask_values)),
+        token_ids,
+    )
+    return batch, ok
+
+
+FAST = FastLines(_FAST_SCHEMA, _fast_rows)

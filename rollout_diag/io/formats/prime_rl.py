@@ -15,6 +15,13 @@ Read from PrimeIntellect-ai/prime-rl at commit 559b44772e471d1538537b8805cc77f38
   ``loss_mask``; that is the mask used here. Steps are the trainer's ``progress.step`` (1-based).
 
 A ``null`` logprob on a trained token makes its row invalid (skipped and counted, like NaN in Parquet).
+
+Two per-row fields ride along for the prime-rl dialect (``metrics/dialects/prime_rl.py``) and ``convert``:
+``env_name`` (the record's, for ``mismatch_kl/<env>``) and ``advantage``, the ``advantages`` value at the row's
+trained tokens when they share one sign (0.0 for a row without trained tokens): only the sign enters
+``default_loss_fn``'s DPPO rule (``loss.py``: ``torch.where(advantages > 0, high, low)``), so a sign-consistent
+row is exact; a row whose trained tokens carry advantages of different signs, or without a full list of
+numbers, has none (null) and is left out of the DPPO values.
 """
 
 from __future__ import annotations
@@ -24,13 +31,28 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
-from rollout_diag.io.formats.base import Row, RowsFile, jsonl_file, number_in
+from rollout_diag.io.formats.base import (
+    FastLines,
+    Row,
+    RowsFile,
+    canonical_batch,
+    field_named,
+    jsonl_file,
+    list_lengths,
+    null_flags,
+    number_in,
+    row_any,
+    row_count,
+    unsafe_numbers,
+)
 
 NAME = "prime-rl"
 STABLE_MARKER = "STABLE"
 FILE_GLOB = "rank_*.jsonl"
 REQUIRED_FIELDS = ("inference_logprobs", "trainer_logprobs", "loss_mask")
+EXTRA = pa.schema([("advantage", pa.float64()), ("env_name", pa.string())])  # per-row fields carried along
 
 
 def looks_like(record: dict[str, Any]) -> bool:
@@ -47,9 +69,10 @@ def step_of(path: Path) -> int | None:
     return number_in(path.parent.name, r"^step_(\d+)$")
 
 
-def open_file(path: str) -> RowsFile:
+def open_file(path: str, fast: bool = True) -> RowsFile:
+    """The file's rows; ``fast=False`` reads every line with Python's json (the reference the fast path equals)."""
     # the step in the file name is the fallback for records that do not carry their own
-    return jsonl_file(path, step_of(Path(path)) or 0, _row)
+    return jsonl_file(path, step_of(Path(path)) or 0, _row, FAST if fast else None, EXTRA)
 
 
 def _row(line: str, line_index: int, fallback_step: int) -> Row:
@@ -63,7 +86,7 @@ def _row(line: str, line_index: int, fallback_step: int) -> Row:
     if not isinstance(record, dict):
         return Row.unreadable(fallback_step, sample_id, "not a JSON object")
     step = record.get("step", fallback_step)
-    if not isinstance(step, int):
+    if not isinstance(step, int) or isinstance(step, bool):  # true is no step (Arrow refused it mid-batch)
         return Row.unreadable(fallback_step, sample_id, f"step {step!r} is not an integer", "step")
     rank, index = record.get("rank"), record.get("export_sequence_idx")
     if rank is not None and index is not None:
@@ -76,6 +99,7 @@ def _row(line: str, line_index: int, fallback_step: int) -> Row:
     except (TypeError, ValueError):
         return Row.unreadable(step, sample_id, "loss_mask or a weight stream holds non-numbers", "loss_mask")
     token_ids = record.get("token_ids")
+    env = record.get("env_name")
     return Row(
         step=step,
         sample_id=sample_id,
@@ -83,7 +107,24 @@ def _row(line: str, line_index: int, fallback_step: int) -> Row:
         trainer=record["trainer_logprobs"],
         mask=mask,
         token_ids=token_ids if isinstance(token_ids, list) else None,
+        extra={
+            "advantage": _advantage(record.get("advantages"), mask),
+            "env_name": env if isinstance(env, str) else None,
+        },
     )
+
+
+def _advantage(values: Any, mask: np.ndarray) -> float | None:
+    """The row's advantage at its trained tokens when their signs agree, 0.0 without trained tokens, else None."""
+    if not isinstance(values, list) or len(values) != len(mask):
+        return None
+    if not all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in values):
+        return None
+    trained = [float(values[int(token)]) for token in np.flatnonzero(mask)]
+    if not trained:
+        return 0.0
+    signs = {(value > 0) - (value < 0) for value in trained}
+    return trained[0] if len(signs) == 1 else None
 
 
 def _trained_tokens(record: dict[str, Any]) -> np.ndarray:
@@ -104,3 +145,104 @@ def _trained_tokens(record: dict[str, Any]) -> np.ndarray:
     if ref_kl_weights is not None:
         sampled |= ref_kl_weights != 0
     return (loss_mask & sampled).astype(np.int8)
+
+
+# ------------------------------------------------------------------ the fast path (io/formats/base.py FastLines)
+_WEIGHTS = ("rl_weights", "ref_kl_weights")
+_FAST_SCHEMA = pa.schema(
+    [
+        ("step", pa.int64()),
+        ("rank", pa.int64()),
+        ("export_sequence_idx", pa.int64()),
+        ("token_ids", pa.list_(pa.int64())),
+        ("loss_mask", pa.list_(pa.bool_())),
+        ("inference_logprobs", pa.list_(pa.float64())),
+        ("trainer_logprobs", pa.list_(pa.float64())),
+        ("rl_weights", pa.list_(pa.float64())),
+        ("ref_kl_weights", pa.list_(pa.float64())),
+        ("advantages", pa.list_(pa.float64())),
+        ("env_name", pa.string()),
+    ]
+)
+
+
+def _fast_rows(
+    table: pa.Table, lines: list[bytes], line_indexes: list[int], fallback_step: int
+) -> tuple[pa.RecordBatch, np.ndarray]:
+    """The rows ``_row`` would give, for the lines where that is certain (the others are left to ``_row``)."""
+    columns = {name: table.column(name).combine_chunks() for name in _FAST_SCHEMA.names}
+    ok = np.ones(table.num_rows, dtype=bool)
+    for field in REQUIRED_FIELDS:
+        ok &= columns[field].is_valid().to_numpy(zero_copy_only=False)
+    for field in ("inference_logprobs", "trainer_logprobs", "advantages"):
+        ok &= ~row_any(columns[field], unsafe_numbers(columns[field].values))
+    ok &= ~row_any(columns["loss_mask"], null_flags(columns["loss_mask"].values))
+    steps = columns["step"]
+    for row in np.flatnonzero(ok & steps.is_null().to_numpy(zero_copy_only=False)):
+        ok[row] = not field_named(lines[row], "step")  # an explicit null step is "not an integer"
+
+    if not ok.all():
+        selected = pa.array(ok)
+        columns = {name: array.filter(selected) for name, array in columns.items()}
+    loss_mask = columns["loss_mask"].flatten().to_numpy(zero_copy_only=False).astype(bool)
+    lengths = list_lengths(columns["loss_mask"])
+    # as _trained_tokens: a weight stream counts in a row where it is a list of the loss mask's length
+    # that is not all null (a null weight reads as NaN there, which is not 0); tokens of a row without an
+    # rl stream count as sampled, a ref-KL stream adds its non-zero tokens
+    sampled = loss_mask.copy()
+    for field in _WEIGHTS:
+        weights = columns[field]
+        nulls = row_count(weights, null_flags(weights.values))
+        present = (list_lengths(weights) == lengths) & (nulls < lengths)
+        if not present.any():
+            continue
+        tokens = np.repeat(present, lengths)
+        nonzero = weights.filter(pa.array(present)).flatten().fill_null(np.nan).to_numpy(zero_copy_only=False) != 0
+        if field == "rl_weights":
+            sampled[tokens] = nonzero
+        else:
+            sampled[tokens] |= nonzero
+    trained = loss_mask & sampled
+    mask = pa.ListArray.from_arrays(columns["loss_mask"].offsets, pa.array(trained.astype(np.int8)))
+    steps = columns["step"].fill_null(fallback_step)
+    ranks, indexes = columns["rank"].to_pylist(), columns["export_sequence_idx"].to_pylist()
+    chosen = np.asarray(line_indexes)[ok]
+    sample_ids = [
+        f"line{int(line) + 1}" if rank is None or index is None else f"rank{rank}-{index}"
+        for rank, index, line in zip(ranks, indexes, chosen, strict=True)
+    ]
+    batch = canonical_batch(
+        steps,
+        sample_ids,
+        columns["inference_logprobs"],
+        columns["trainer_logprobs"],
+        mask,
+        columns["token_ids"],
+        [_advantages(columns["advantages"], lengths, trained), columns["env_name"]],
+        EXTRA,
+    )
+    return batch, ok
+
+
+def _advantages(values: pa.ListArray, lengths: np.ndarray, trained: np.ndarray) -> pa.Array:
+    """As _advantage, for every row at once (``trained``: the rows' trained-token flags, concatenated)."""
+    rows = len(lengths)
+    full = (list_lengths(values) == lengths) & (row_count(values, null_flags(values.values)) == 0)
+    numbers = np.zeros(len(trained), dtype=np.float64)
+    tokens = np.repeat(full, lengths)
+    if full.any():
+        numbers[tokens] = values.filter(pa.array(full)).flatten().to_numpy(zero_copy_only=False)
+    row_of = np.repeat(np.arange(rows), lengths)
+    counted = trained & tokens
+    count = np.bincount(row_of[counted], minlength=rows)
+    positive = np.bincount(row_of[counted & (numbers > 0)], minlength=rows)
+    negative = np.bincount(row_of[counted & (numbers < 0)], minlength=rows)
+    one_sign = (positive == count) | (negative == count) | (positive + negative == 0)
+    first = np.zeros(rows, dtype=np.float64)
+    at = np.flatnonzero(counted)
+    rows_at, index = np.unique(row_of[at], return_index=True)
+    first[rows_at] = numbers[at[index]]
+    return pa.array(first, pa.float64(), mask=~(full & one_sign))
+
+
+FAST = FastLines(_FAST_SCHEMA, _fast_rows)

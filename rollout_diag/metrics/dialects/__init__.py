@@ -82,8 +82,10 @@ class DialectsAccumulator:
 
 
 def _ordered(framework: str, values: dict[str, float]) -> dict[str, float]:
-    """In the order the framework declares its metrics (docs, JSON and tables read alike)."""
-    return {m.name: values[m.name] for m in FRAMEWORKS[framework].metrics if m.name in values}
+    """In the order the framework declares its metrics (docs, JSON and tables read alike); names a declared
+    template stands for (prime-rl's ``mismatch_kl/<env>/mean``) follow in the order the family gave them."""
+    ordered = {m.name: values[m.name] for m in FRAMEWORKS[framework].metrics if m.name in values}
+    return {**ordered, **{name: value for name, value in values.items() if name not in ordered}}
 
 
 DILUTION_NOTED = 0.01  # a relative move of verl's row means below 1 % is not worth a sentence (it printed "-0.0%")

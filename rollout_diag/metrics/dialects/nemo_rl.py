@@ -1,5 +1,6 @@
 """NeMo-RL: ``train/token_mult_prob_error`` (and its 1.05 alert level), ``train/gen_kl_error``,
-``train/policy_kl_error``, ``train/js_divergence_error`` and the per-sequence multiplicative error.
+``train/policy_kl_error``, ``train/js_divergence_error``, ``train/sampling_importance_ratio`` and the
+per-sequence multiplicative error.
 
 Definitions: NVIDIA-NeMo/RL ``nemo_rl/algorithms/loss/loss_functions.py`` (``ClippedPGLossFn.__call__``: token means
 over ``token_mask × sample_mask`` with the global valid-token count), ``nemo_rl/algorithms/utils.py``
@@ -7,6 +8,10 @@ over ``token_mask × sample_mask`` with the global valid-token count), ``nemo_rl
 ``nemo_rl/algorithms/grpo.py`` (``compute_and_apply_seq_logprob_error_masking``: per-sequence values over valid
 sequences; the ``token_mult_prob_error > 1.05`` check that logs ``train/token_mult_prob_error_plot_sample``;
 metrics logged with the ``train/`` prefix), commit 7ea279abfbeb698b092856d0dab61e7cf39bc909.
+``sampling_importance_ratio`` (loss_functions.py, "Off-policy (actor) importance-sampling correction" and
+"Metric: sampling importance ratio"): with the default token-level ratios and no truncation, the token mean
+over the mask of ``nan_to_num(exp(prev_logprobs − generation_logprobs), nan=0, posinf=0, neginf=0)`` = e^δ,
+0 where it overflows, normalised by the global valid-token count like the errors above.
 In NeMo-RL's names a = ``prev_logprobs`` (trainer), r = ``generation_logprobs``.
 """
 
@@ -35,6 +40,12 @@ def _exp_abs_log_ratio(s: ChunkStats) -> torch.Tensor:  # exp(|a − r|): NeMo-R
     return torch.exp(s.token("abs_log_ratio"))
 
 
+@quantity("nemo_is_weight")
+def _is_weight(s: ChunkStats) -> torch.Tensor:  # nan_to_num(exp(a − r), posinf=0): an overflow weighs 0
+    weight = torch.exp(s.token("log_ratio"))
+    return torch.where(torch.isfinite(weight), weight, torch.zeros_like(weight))
+
+
 @quantity("nemo_js")
 def _js(s: ChunkStats) -> torch.Tensor:
     # ½·k3(a − m) + ½·k3(r − m) with m = log(½e^a + ½e^r), k3(x) = e^x − x − 1 (loss_functions.py, JSD)
@@ -49,6 +60,7 @@ TOKEN_MEANS = {
     "gen_kl_error": "k3",  # calculate_kl(logprobs=r, reference=a): logr = a − r, e^logr − 1 − logr
     "policy_kl_error": "skyrl_k3",  # calculate_kl(logprobs=a, reference=r): logr = r − a, e^(−δ) − 1 + δ
     "js_divergence_error": "nemo_js",
+    "sampling_importance_ratio": "nemo_is_weight",
 }
 
 
@@ -100,7 +112,11 @@ FRAMEWORK = Framework(
         "NVIDIA-NeMo/RL `nemo_rl/algorithms/loss/loss_functions.py`, `nemo_rl/algorithms/utils.py`, "
         "`nemo_rl/algorithms/grpo.py` @ 7ea279abfbeb698b092856d0dab61e7cf39bc909"
     ),
-    config="always logged by ClippedPGLossFn; `reference_policy_kl_type` k3 (the default)",
+    config=(
+        "always logged by ClippedPGLossFn; `reference_policy_kl_type` k3 (the default); "
+        "`sampling_importance_ratio` with token-level ratios (`sequence_level_importance_ratios: false`) and no "
+        "`truncated_importance_sampling_type` (the defaults)"
+    ),
     offline=(
         "NeMo-RL sums micro-batch values each normalised by the global token count: with one global batch per "
         "step (train_global_batch_size = prompts × generations, the default) that is the whole-batch token mean "
@@ -120,6 +136,12 @@ FRAMEWORK = Framework(
             PREFIX + "js_divergence_error",
             "Jensen–Shannon (token mean)",
             "½·k3(a − m) + ½·k3(r − m), m = log(½e^a + ½e^r), k3(x) = e^x − x − 1",
+            _TOKENS,
+        ),
+        DialectMetric(
+            PREFIX + "sampling_importance_ratio",
+            "IS ratio exp(δ) (token mean)",
+            "exp(δ), 0 where it overflows",
             _TOKENS,
         ),
         DialectMetric(

@@ -1,72 +1,326 @@
-"""prime-rl: ``mismatch_kl/all/{mean,std,min,max}``, the k3 estimator over the step's trainable tokens.
+"""prime-rl: ``mismatch_kl/all/{mean,std,min,max}``, the k3 estimator over the step's trainable tokens; with
+advantages, the DPPO trust-region metrics of its default loss; with environment names, ``mismatch_kl/<env>/…``.
 
-Definition: PrimeIntellect-ai/prime-rl ``src/prime_rl/trainer/rl/loss.py``
-(``compute_importance_ratio_and_mismatch_kl``: mismatch_kl = exp(δ) − δ − 1 with δ = trainer − inference logprob),
-``src/prime_rl/trainer/rl/train.py`` (values at ``loss_mask`` tokens appended per micro-batch) and
-``src/prime_rl/trainer/utils.py`` (``Tensors.compute_stats``: all-gathered over micro-batches and ranks, then
-mean / median / std / min / max), commit 559b44772e471d1538537b8805cc77f3824a5e64.
+Definitions, PrimeIntellect-ai/prime-rl at commit 559b44772e471d1538537b8805cc77f3824a5e64:
+- ``src/prime_rl/trainer/rl/loss.py`` ``compute_importance_ratio_and_mismatch_kl``: mismatch_kl = exp(δ) − δ − 1
+  with δ = trainer − inference logprob.
+- ``src/prime_rl/trainer/rl/train.py``: mismatch_kl values at the loss-mask tokens appended per micro-batch to
+  ``mismatch_kl/all`` and, per token's ``env_name``, to ``mismatch_kl/<env>``.
+- ``src/prime_rl/trainer/utils.py`` ``Tensors.compute_stats``: every key all-gathered over micro-batches and
+  ranks, then mean / median / std / min / max.
+- ``loss.py`` ``default_loss_fn`` (the DPPO+KL loss, ``loss.type = "default"``), per sample (sequence):
+  p_diff = exp(a) − exp(r); high = p_diff > dppo_mask_high, low = p_diff < −dppo_mask_low (0.2 / 0.2,
+  ``packages/prime-rl-configs/src/prime_rl/configs/trainer.py``); is_masked = where(A > 0, high, low);
+  is_masked_high = (A > 0) & high; is_masked_low = (A < 0) & low; ``_safe_mean`` = Σ over a mask / max(count, 1).
+  masked_mismatch_kl = _safe_mean(k3, loss_mask & is_masked), unmasked_mismatch_kl = _safe_mean(k3,
+  loss_mask & ~is_masked), is_masked* = _safe_mean(·, loss_mask), masked_advantage_positive / _negative =
+  _safe_mean(A > 0 / A < 0, loss_mask & is_masked). ``compute_loss`` stacks one value per
+  sample (every sample when there is no rl weight stream, empty ones giving 0), and ``compute_stats`` takes
+  mean / std / min / max over the step's samples.
+
+The advantage A comes from the dump's per-row ``advantages`` (or ``advantage``) column; a row's value applies
+to each of its tokens, as GRPO's per-sample advantage does; a row whose advantage is null is left out of the
+DPPO statistics (the prime-rl importer carries one per row: io/formats/prime_rl.py). Environment names from an
+``env_name`` column.
 """
 
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import State, StepAccumulator, as_float
+from rollout_diag.metrics.base import State, StepAccumulator, as_float, merge_moments, segment_moments, segment_sum
 from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, row_extreme, token_moments
 from rollout_diag.metrics.segments import stats
 
 PREFIX = "mismatch_kl/all/"
+ENV_PREFIX = "mismatch_kl/"
+DPPO_MASK_LOW = DPPO_MASK_HIGH = 0.2  # DefaultLossConfig defaults
+ADVANTAGE_COLUMNS = ("advantages", "advantage")
+ENV_COLUMN = "env_name"
+# per-sample values of default_loss_fn, each reported as <name>/{mean,std,min,max} over the step's samples
+SAMPLE_METRICS = (
+    "masked_mismatch_kl",
+    "unmasked_mismatch_kl",
+    "is_masked",
+    "is_masked_low",
+    "is_masked_high",
+    "masked_advantage_positive",
+    "masked_advantage_negative",
+)
+STATISTICS = ("mean", "std", "min", "max")
+
+
+def advantages(chunk: Chunk) -> torch.Tensor | None:
+    """The chunk's per-row advantages (float64 [R], NaN where null), or None when it carries none (text, or
+    only nulls)."""
+    for name in ADVANTAGE_COLUMNS:
+        values = chunk.extra.get(name)
+        if values is None:
+            continue
+        if isinstance(values, np.ndarray):
+            if not np.issubdtype(values.dtype, np.number) and values.dtype != bool:
+                return None
+            array = values.astype(np.float64)
+        else:
+            items = [values[row] for row in range(chunk.rows)]
+            if any(
+                item is not None and (isinstance(item, str) or not isinstance(item, (int, float))) for item in items
+            ):
+                return None
+            array = np.array([math.nan if item is None else float(item) for item in items], dtype=np.float64)
+        if np.isnan(array).all():
+            return None
+        return torch.as_tensor(array, dtype=torch.float64, device=chunk.device)
+    return None
+
+
+def _statistics(n: float, mean: float, m2: float, low: float, high: float) -> list[float]:
+    """mean, unbiased std (NaN for one value: torch.Tensor.std), min, max."""
+    return [mean, math.sqrt(max(m2, 0.0) / (n - 1)) if n > 1 else math.nan, low, high]
 
 
 class PrimeRLAccumulator(StepAccumulator):
-    """Chan moments, max and min of the per-token k3 over the step's model tokens."""
+    """Chan moments, max and min of the per-token k3 over the step's model tokens; with advantages, moments, max and
+    min over the step's rows of each per-sample DPPO value."""
 
-    REDUCTIONS: ClassVar[dict[str, str]] = {"k3": "moments", "k3_max": "max", "k3_min": "min"}
+    REDUCTIONS: ClassVar[dict[str, str]] = {
+        "k3": "moments",
+        "k3_max": "max",
+        "k3_min": "min",
+        **{name: "moments" for name in SAMPLE_METRICS},
+        **{name + "_max": "max" for name in SAMPLE_METRICS},
+        **{name + "_min": "min" for name in SAMPLE_METRICS},
+    }
 
     def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
         s = stats(chunk)
-        return {
+        out = {
             "k3": token_moments(s, "k3"),  # exp(δ) − δ − 1 (expm1 form: the same value, rounded better near 0)
             "k3_max": by_step(s, row_extreme(s, "k3", "amax"), "max"),
             "k3_min": by_step(s, row_extreme(s, "k3", "amin"), "min"),
         }
+        advantage = advantages(chunk)
+        groups = chunk.groups
+        if advantage is None:  # no sample enters: empty moments, max −inf, min +inf
+            empty = torch.zeros((groups.count, 6), dtype=torch.float64, device=chunk.device)
+            for name in SAMPLE_METRICS:
+                out[name] = empty
+                out[name + "_max"] = torch.full((groups.count,), -math.inf, dtype=torch.float64, device=chunk.device)
+                out[name + "_min"] = torch.full((groups.count,), math.inf, dtype=torch.float64, device=chunk.device)
+            return out
+        sample = ~torch.isnan(advantage)  # a row without an advantage is no sample of these statistics
+        for name, values in per_sample(s, advantage).items():
+            kept = values[sample]
+            out[name] = segment_moments(kept, torch.zeros_like(kept), groups.row_group[sample], groups.count)
+            out[name + "_max"] = by_step(s, torch.where(sample, values, -math.inf), "max")
+            out[name + "_min"] = by_step(s, torch.where(sample, values, math.inf), "min")
+        return out
 
     def _finalize(self, state: State) -> dict[str, float]:
         n, mean, _, m2, _, _ = (float(v) for v in state["k3"])
         if n == 0:
             return {}
-        return {
-            PREFIX + "mean": mean,
-            # torch.Tensor.std: unbiased, NaN for a single value
-            PREFIX + "std": math.sqrt(max(m2, 0.0) / (n - 1)) if n > 1 else math.nan,
-            PREFIX + "min": as_float(state["k3_min"]),
-            PREFIX + "max": as_float(state["k3_max"]),
-        }
+        out = dict(
+            zip((PREFIX + s for s in STATISTICS), _statistics(n, mean, m2, *_extremes(state, "k3")), strict=True)
+        )
+        for name in SAMPLE_METRICS:
+            rows, mean, _, m2, _, _ = (float(v) for v in state[name])
+            if rows:
+                values = _statistics(rows, mean, m2, *_extremes(state, name))
+                out.update(zip((f"{name}/{s}" for s in STATISTICS), values, strict=True))
+        return out
+
+
+def _extremes(state: State, name: str) -> tuple[float, float]:
+    return as_float(state[name + "_min"]), as_float(state[name + "_max"])
+
+
+def per_sample(s: Any, advantage: torch.Tensor) -> dict[str, torch.Tensor]:
+    """default_loss_fn's per-sample values (float64 [R]) with the rows' advantages over their model tokens."""
+    chunk = s.chunk
+    row = chunk.model.row
+    trainer, rollout = s.token("trainer"), s.token("rollout")
+    probs_diff = torch.exp(trainer) - torch.exp(rollout)
+    high, low = probs_diff > DPPO_MASK_HIGH, probs_diff < -DPPO_MASK_LOW
+    a = advantage[row]
+    positive, negative = a > 0, a < 0
+    masked = torch.where(positive, high, low)
+    k3 = s.token("k3")
+
+    def rows_sum(values: torch.Tensor) -> torch.Tensor:
+        return segment_sum(values.to(torch.float64), row, chunk.rows)
+
+    n = rows_sum(torch.ones_like(k3))
+    n_masked = rows_sum(masked)
+    return {
+        "masked_mismatch_kl": rows_sum(torch.where(masked, k3, 0.0)) / n_masked.clamp(min=1.0),
+        "unmasked_mismatch_kl": rows_sum(torch.where(masked, 0.0, k3)) / (n - n_masked).clamp(min=1.0),
+        "is_masked": n_masked / n.clamp(min=1.0),
+        "is_masked_low": rows_sum(negative & low) / n.clamp(min=1.0),
+        "is_masked_high": rows_sum(positive & high) / n.clamp(min=1.0),
+        # _safe_mean(advantages > 0, drop_mask), drop_mask = loss_mask & is_masked
+        "masked_advantage_positive": rows_sum(masked & positive) / n_masked.clamp(min=1.0),
+        "masked_advantage_negative": rows_sum(masked & negative) / n_masked.clamp(min=1.0),
+    }
+
+
+class EnvironmentAccumulator:
+    """``mismatch_kl/<env>/…``: moments, min and max of the per-token k3 per step and environment name."""
+
+    def __init__(self) -> None:
+        self.steps: dict[int, dict[str, np.ndarray]] = {}  # step -> env -> [n, mean, 0, M2, 0, 0, min, max]
+
+    def update(self, chunk: Chunk) -> None:
+        names = chunk.extra.get(ENV_COLUMN)
+        if names is None or not chunk.rows:
+            return
+        envs = [names[row] for row in range(chunk.rows)]
+        labels = sorted({str(env) for env in envs if env is not None})
+        if not labels:
+            return
+        code = {label: index for index, label in enumerate(labels)}
+        row_env = torch.tensor([-1 if env is None else code[str(env)] for env in envs], dtype=torch.int64)
+        s = stats(chunk)
+        k3 = s.token("k3").to(torch.float64).cpu()
+        row = chunk.model.row.cpu()
+        token_env = row_env[row]
+        token_group = chunk.groups.row_group.cpu()[row]
+        known = token_env >= 0
+        key = token_group[known] * len(labels) + token_env[known]
+        values = k3[known]
+        count = chunk.groups.count * len(labels)
+        moments = segment_moments(values, torch.zeros_like(values), key, count).numpy()
+        high = torch.full((count,), -math.inf, dtype=torch.float64).scatter_reduce_(0, key, values, "amax").numpy()
+        low = torch.full((count,), math.inf, dtype=torch.float64).scatter_reduce_(0, key, values, "amin").numpy()
+        for group, step in enumerate(chunk.groups.steps):
+            for label, env in code.items():
+                at = group * len(labels) + env
+                if moments[at, 0] == 0:
+                    continue
+                self._add(step, label, np.concatenate([moments[at], [low[at], high[at]]]))
+
+    def _add(self, step: int, env: str, state: np.ndarray) -> None:
+        envs = self.steps.setdefault(step, {})
+        current = envs.get(env)
+        envs[env] = state if current is None else _merge(current, state)
+
+    def merge(self, other: EnvironmentAccumulator) -> None:
+        for step, envs in other.steps.items():
+            for env, state in envs.items():
+                self._add(step, env, state)
+
+    def finalize_steps(self) -> dict[int, dict[str, float]]:
+        return {step: _env_values(envs) for step, envs in sorted(self.steps.items())}
+
+    def finalize_run(self) -> dict[str, float]:
+        run: dict[str, np.ndarray] = {}
+        for step in sorted(self.steps):
+            for env, state in self.steps[step].items():
+                run[env] = state if env not in run else _merge(run[env], state)
+        return _env_values(run)
+
+
+def _merge(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.concatenate([merge_moments(a[:6], b[:6]), [min(a[6], b[6]), max(a[7], b[7])]])
+
+
+def _env_values(envs: dict[str, np.ndarray]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for env in sorted(envs):
+        n, mean, _, m2, _, _, low, high = (float(v) for v in envs[env])
+        values = _statistics(n, mean, m2, low, high)
+        out.update(zip((f"{ENV_PREFIX}{env}/{s}" for s in STATISTICS), values, strict=True))
+    return out
+
+
+class PrimeRLFamily:
+    """The whole dialect: the k3 and DPPO statistics, then the per-environment k3."""
+
+    def __init__(self) -> None:
+        self.main = PrimeRLAccumulator()
+        self.envs = EnvironmentAccumulator()
+
+    def update(self, chunk: Chunk) -> None:
+        self.main.update(chunk)
+        self.envs.update(chunk)
+
+    def merge(self, other: PrimeRLFamily) -> None:
+        self.main.merge(other.main)
+        self.envs.merge(other.envs)
+
+    def finalize_steps(self) -> dict[int, dict[str, float]]:
+        envs = self.envs.finalize_steps()
+        return {step: _with_envs(values, envs.get(step, {})) for step, values in self.main.finalize_steps().items()}
+
+    def finalize_run(self) -> dict[str, float]:
+        return _with_envs(self.main.finalize_run(), self.envs.finalize_run())
+
+
+def _with_envs(values: dict[str, float], envs: dict[str, float]) -> dict[str, float]:
+    return {**values, **envs} if values else {}  # a step without model tokens has no dialect values
 
 
 _AGG = "over every trainable token of the step (all micro-batches and ranks gathered)"
+_SAMPLES = "over the step's samples (rows), each Σ over its mask / max(count, 1); only when the dump has advantages"
+_DPPO = {
+    "masked_mismatch_kl": ("k3 KL over DPPO-masked tokens, per sample", "exp(δ) − δ − 1 where is_masked"),
+    "unmasked_mismatch_kl": ("k3 KL over DPPO-kept tokens, per sample", "exp(δ) − δ − 1 where not is_masked"),
+    "is_masked": (
+        "share of tokens the DPPO trust region masks, per sample",
+        "is_masked = A > 0 ? e^a − e^r > 0.2 : e^a − e^r < −0.2",
+    ),
+    "is_masked_low": ("share masked for a negative advantage, per sample", "A < 0 and e^a − e^r < −0.2"),
+    "is_masked_high": ("share masked for a positive advantage, per sample", "A > 0 and e^a − e^r > 0.2"),
+    "masked_advantage_positive": ("share of the masked tokens with A > 0, per sample", "A > 0 where is_masked"),
+    "masked_advantage_negative": ("share of the masked tokens with A < 0, per sample", "A < 0 where is_masked"),
+}
+_HOW = {"mean": "mean", "std": "unbiased std", "min": "min", "max": "max"}
 
 FRAMEWORK = Framework(
     name="prime-rl",
     title="prime-rl",
     source=(
         "PrimeIntellect-ai/prime-rl `src/prime_rl/trainer/rl/loss.py`, `src/prime_rl/trainer/rl/train.py`, "
-        "`src/prime_rl/trainer/utils.py` @ 559b44772e471d1538537b8805cc77f3824a5e64"
+        "`src/prime_rl/trainer/utils.py`, `packages/prime-rl-configs/src/prime_rl/configs/trainer.py` "
+        "@ 559b44772e471d1538537b8805cc77f3824a5e64"
     ),
-    config="always logged; `all` = every environment (per-environment keys need env names the dump lacks)",
+    config=(
+        "always logged; `all` = every environment, `mismatch_kl/<env>/…` per `env_name` when the dump has that "
+        "column; the DPPO values with the default loss (`dppo_mask_low` = `dppo_mask_high` = 0.2) when the dump "
+        "has a per-row `advantages` (or `advantage`) column, the row's value applying to each of its tokens "
+        "(rows with a null one left out; prime-rl's token exports give each row the advantage of its trained "
+        "tokens when their signs agree, all that the DPPO rule reads)"
+    ),
     offline=(
-        "`mismatch_kl/all/median` is left out: an exact median needs every token value, which a streaming pass "
-        "does not keep. W&B receives only mean and max (the other statistics go to the console and other monitors)."
+        "The `median` of each key is left out: an exact median needs every value, which a streaming pass "
+        "does not keep. W&B receives only mean and max (the other statistics go to the console and other "
+        "monitors). prime-rl runs the DPPO values on the rl component's mask (loss mask ∧ rl weight ≠ 0); the "
+        "dump's trained tokens also hold ref-KL tokens when that stream exists (the same without one)."
     ),
     metrics=(
         DialectMetric(PREFIX + "mean", "k3 KL exp(δ) − δ − 1 (token mean)", "exp(δ) − δ − 1", "mean, " + _AGG),
         DialectMetric(PREFIX + "std", "k3 KL, std over tokens", "exp(δ) − δ − 1", "unbiased std, " + _AGG),
         DialectMetric(PREFIX + "min", "k3 KL, min over tokens", "exp(δ) − δ − 1", "min, " + _AGG),
         DialectMetric(PREFIX + "max", "k3 KL, max over tokens", "exp(δ) − δ − 1", "max, " + _AGG),
+        *(
+            DialectMetric(f"{name}/{stat}", concept, formula, f"{_HOW[stat]} {_SAMPLES}")
+            for name, (concept, formula) in _DPPO.items()
+            for stat in STATISTICS
+        ),
+        *(
+            DialectMetric(
+                f"{ENV_PREFIX}<env>/{stat}",
+                f"k3 KL per environment ({stat} over tokens)",
+                "exp(δ) − δ − 1",
+                f"{_HOW[stat]} over the step's trainable tokens of rows whose `env_name` is <env>",
+            )
+            for stat in STATISTICS
+        ),
     ),
-    accumulator=PrimeRLAccumulator,
+    accumulator=PrimeRLFamily,
 )
