@@ -95,6 +95,16 @@ BackendOpt = Annotated[str, typer.Option("--backend", help="Where --workers run:
 ChunkOpt = Annotated[
     int, typer.Option("--chunk-tokens", help="Tokens per chunk (memory vs overhead); results do not depend on it.")
 ]
+ByOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--by",
+        help="Key metrics per group of rows: a per-row column (env_name, reward, a data-source tag) or a derived one "
+        "(response_length, num_rounds); numbers can be bucketed: COLUMN:sign or COLUMN:bins=E1,E2,... Repeatable "
+        "(each is its own grouping). README, 'Which environment diverges?'.",
+        metavar="COLUMN[:sign|:bins=E1,E2]",
+    ),
+]
 # analyze's knobs (also on report)
 MaxRoundsOpt = Annotated[
     int, typer.Option("--max-rounds", help="Pool rounds at this index and beyond into one bucket.")
@@ -367,6 +377,7 @@ def analyze(
     dialect: DialectOpt = None,
     input_format: InputFormatOpt = None,
     trust_pickle: TrustPickleOpt = False,
+    by: ByOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """Every mismatch metric (verl's names), per step and for the run, with a verdict on what looks unhealthy
@@ -384,6 +395,7 @@ def analyze(
             top_k=top_k,
             progress=progress,
             dialect=dialect or "verl",
+            by=by or (),
         )
     chosen = output_format(format, output)
     if chosen is OutputFormat.json:
@@ -397,6 +409,10 @@ def analyze(
             from rollout_diag.render.dialects import render_dialects
 
             tables.append(render_dialects(result, resolve(dialect), layout()))
+        if result.groups:
+            from rollout_diag.render.groups import groups_tables
+
+            tables.append(groups_tables(result.groups))
         show(Group(*tables), output)
 
 

@@ -16,6 +16,7 @@ from rollout_diag.decisions.diff import DEFAULT_LEVEL, DEFAULT_REPLICATES, DEFAU
 from rollout_diag.distributed import analyze_parts, check_workers
 from rollout_diag.dump import reads_dump
 from rollout_diag.errors import ConfigError, DataError, option_name, where
+from rollout_diag.groups import GroupSpec, group_specs
 from rollout_diag.hints import with_hints
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, ReadLog
@@ -62,6 +63,7 @@ def analyze(
     workers: int = 1,
     backend: str = "process",
     dialect: str | Sequence[str] = DEFAULT_DIALECT,
+    by: Sequence[str | GroupSpec] = (),
 ) -> AnalysisResult:
     """Every mismatch metric of METRICS.md §1, §5, §6, §7, per step and for the run, in one streaming pass.
 
@@ -70,6 +72,9 @@ def analyze(
     (``backend="process"``) or Ray tasks (``backend="ray"``) and merges their states: the same result.
     ``dialect``: frameworks (``verl``, ``prime-rl``, …, or ``all``) whose own metrics each step and the run also
     carry under the names those trainers log (``StepResult.dialects``; docs/dialects.md).
+    ``by``: per-row columns (``env_name``, ``reward:sign``, ``response_length:bins=100,1000``; README "Which
+    environment diverges?") whose groups of rows each get the key metrics, per step and for the run
+    (``AnalysisResult.groups``), in the same pass.
     Raises RolloutDiagError (InputError, ColumnError, DataError, ConfigError) for bad input or options.
     """
     check_analysis_options(max_rounds, catastrophic, top_k)
@@ -81,6 +86,7 @@ def analyze(
         "catastrophic": catastrophic,
         "top_k": top_k,
         "dialects": resolve_dialects(dialect),
+        "by": group_specs(by, reader),
     }
     if workers > 1:
         analysis = analyze_parts(reader, workers, backend, torch_device, options, progress)
@@ -308,6 +314,7 @@ def build_result(analysis: Analysis, log: ReadLog, device: torch.device, strict:
         skipped=list(log.skipped),
         skipped_rows=log.skipped_rows,
         anomalies_cut=anomalies_cut,
+        groups=[group for grouped in analysis.grouped for group in grouped.results(run.rows, run.tokens)],
     )
     return result if analysis.offpolicy_only else with_hints(result, analysis.hint_evidence.evidence())
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from rollout_diag.errors import ConfigError, option_name
+from rollout_diag.groups import GroupedAnalysis, GroupSpec
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.formats import input_options
 from rollout_diag.io.reader import DumpReader
@@ -94,9 +95,12 @@ class Analysis:
     dialects: tuple[str, ...] = (DEFAULT_DIALECT,)  # frameworks whose own metric names to report (--dialect)
     dialect: DialectsAccumulator = field(init=False)
     hint_evidence: HintEvidenceAccumulator = field(default_factory=HintEvidenceAccumulator)
+    by: tuple[GroupSpec, ...] = ()  # --by: the key families per group of rows (rollout_diag/groups.py)
+    grouped: list[GroupedAnalysis] = field(init=False)
 
     def __post_init__(self) -> None:
         check_analysis_options(self.max_rounds, self.catastrophic, self.top_k)
+        self.grouped = [GroupedAnalysis(spec, self.max_rounds, self.catastrophic) for spec in self.by]
         self.dialect = DialectsAccumulator(self.dialects)
         self.rounds = RoundAccumulator(self.max_rounds, self.catastrophic)
         self.positions = PositionAccumulator(self.catastrophic)
@@ -119,6 +123,8 @@ class Analysis:
             self.worst.update(chunk)
             self.dialect.update(chunk)
             self.hint_evidence.update(chunk)
+        for grouped in self.grouped:
+            grouped.update(chunk)
         if len(self.empty_rows) < MAX_LISTED_EMPTY_ROWS:
             for row in torch.nonzero(stats(chunk).row_count == 0).flatten().tolist()[:MAX_LISTED_EMPTY_ROWS]:
                 self.empty_rows.append(
@@ -131,6 +137,8 @@ class Analysis:
         self.worst.merge(other.worst)
         self.dialect.merge(other.dialect)
         self.hint_evidence.merge(other.hint_evidence)
+        for mine_grouped, their_grouped in zip(self.grouped, other.grouped, strict=True):
+            mine_grouped.merge(their_grouped)
         # the first rows by (step, file, row), whichever worker found them
         self.empty_rows = sorted(self.empty_rows + other.empty_rows, key=lambda e: (e[0], e[2], e[3]))
         del self.empty_rows[MAX_LISTED_EMPTY_ROWS:]

@@ -191,6 +191,58 @@ class Hint:
 
 
 @dataclass(frozen=True)
+class GroupResult:
+    """One group of rows of ``--by`` (``rollout_diag/groups.py``): its key metrics for the run and per step."""
+
+    column: str  # the --by spec as written: "env_name", "reward:sign", "response_length:bins=100,1000"
+    value: ExtraValue  # the column's value or the bucket's label; None: rows where the column is null
+    rows: int
+    tokens: int
+    row_share: float  # of the run's rows
+    token_share: float  # of the run's model tokens
+    metrics: dict[str, float]
+    steps: list[StepResult]
+    verdict: dict[str, Any]  # {"level", "sentence", "metrics": {key: {"value", "level"}}}
+    most_divergent_round: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "column": self.column,
+            "value": self.value,
+            "rows": self.rows,
+            "tokens": self.tokens,
+            "row_share": self.row_share,
+            "token_share": self.token_share,
+            "metrics": {name: json_number(value) for name, value in self.metrics.items()},
+            "steps": [step.to_json() for step in self.steps],
+            "verdict": _json_verdict(self.verdict),
+            "most_divergent_round": self.most_divergent_round,
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> GroupResult:
+        return cls(
+            column=raw["column"],
+            value=raw["value"],
+            rows=raw["rows"],
+            tokens=raw["tokens"],
+            row_share=raw.get("row_share", 0.0),
+            token_share=raw.get("token_share", 0.0),
+            metrics={name: math.nan if value is None else value for name, value in raw["metrics"].items()},
+            steps=[StepResult.from_json(step) for step in raw.get("steps", [])],
+            verdict=dict(raw.get("verdict", {})),
+            most_divergent_round=raw.get("most_divergent_round"),
+        )
+
+
+def _json_verdict(verdict: Mapping[str, Any]) -> dict[str, Any]:
+    metrics = {
+        key: {**entry, "value": json_number(entry.get("value"))} for key, entry in verdict.get("metrics", {}).items()
+    }
+    return {**verdict, "metrics": metrics}
+
+
+@dataclass(frozen=True)
 class AnalysisResult:
     """Everything ``analyze`` found; ``to_json()`` is the documented JSON (schemas/result.schema.json)."""
 
@@ -217,6 +269,8 @@ class AnalysisResult:
     anomalies_cut: int = 0  # flags beyond the ANOMALY_KEEP largest (``anomalies`` holds those, largest first)
     hints: list[Hint] = field(default_factory=list)  # likely root causes, only those the data supports
     format: str = "parquet"  # the trainer format the inputs were read as (io/formats)
+    groups: list[GroupResult] = field(default_factory=list)  # --by: every group of every spec, worst first
+    selection: dict[str, Any] = field(default_factory=dict)  # --where / --steps: {"where", "steps", "rows_kept", …}
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -246,6 +300,8 @@ class AnalysisResult:
             "skipped": [asdict(s) for s in self.skipped],
             "skipped_rows": self.skipped_rows,
             "hints": [{**asdict(h), "evidence": _json_row(h.evidence)} for h in self.hints],
+            "groups": [group.to_json() for group in self.groups],
+            "selection": dict(self.selection),
         }
 
     @classmethod
@@ -272,6 +328,8 @@ class AnalysisResult:
                 values[spec.name] = [StepResult.from_json(step) for step in raw]
             elif spec.name in _ITEM_TYPES:
                 values[spec.name] = [_item(_ITEM_TYPES[spec.name], item) for item in raw]
+            elif spec.name == "groups":
+                values[spec.name] = [GroupResult.from_json(group) for group in raw]
             elif spec.name in ("rounds", "positions"):
                 values[spec.name] = [{key: _nan_for_null(value, key) for key, value in row.items()} for row in raw]
             else:

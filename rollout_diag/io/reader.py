@@ -441,6 +441,17 @@ class DumpReader:
                 self.log.warnings.append(f"{opened.source.path}: file has no rows.")
         self.log.warnings.extend(_extra_cap_warnings(self.files))
 
+    def row_columns(self) -> list[str]:
+        """The per-row scalar columns carried in ``Chunk.extra`` (any file's, policy_version first): what ``--by``
+        can group by."""
+        names: dict[str, None] = {}
+        for opened in self.files:
+            version = opened.columns.get("policy_version")
+            if version is not None and "policy_version" not in opened.columns.from_partition:
+                names[version] = None
+            names.update(dict.fromkeys(opened.extras))
+        return list(names)
+
     def narrow(self, step: int | None = None, sample_id: str | None = None) -> None:
         """Read only the row groups that may hold rows of ``step`` / ``sample_id``, judged by the Parquet
         row-group statistics (a group without statistics is read) and hive partition values."""
