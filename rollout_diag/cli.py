@@ -105,6 +105,23 @@ ByOpt = Annotated[
         metavar="COLUMN[:sign|:bins=E1,E2]",
     ),
 ]
+WhereOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--where",
+        help='Analyse only the rows for which this SQL condition over per-row columns holds, e.g. "reward > 0 AND '
+        "env_name = 'math'\" (evaluated with polars; rows that do not match are not decoded).",
+        metavar="PREDICATE",
+    ),
+]
+StepsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--steps",
+        help="Analyse only these steps: FIRST:LAST, inclusive (either end may be empty).",
+        metavar="FIRST:LAST",
+    ),
+]
 # analyze's knobs (also on report)
 MaxRoundsOpt = Annotated[
     int, typer.Option("--max-rounds", help="Pool rounds at this index and beyond into one bucket.")
@@ -378,12 +395,15 @@ def analyze(
     input_format: InputFormatOpt = None,
     trust_pickle: TrustPickleOpt = False,
     by: ByOpt = None,
+    where: WhereOpt = None,
+    steps: StepsOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """Every mismatch metric (verl's names), per step and for the run, with a verdict on what looks unhealthy
     and hints at the likely root cause."""
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend)
     from rollout_diag.engine import analyze as run_analysis
+    from rollout_diag.engine import parse_step_range
     from rollout_diag.render.analysis import render_analysis
     from rollout_diag.render.export import steps_csv, to_json_text
 
@@ -396,6 +416,8 @@ def analyze(
             progress=progress,
             dialect=dialect or "verl",
             by=by or (),
+            where=where,
+            steps=parse_step_range(steps, "--steps"),
         )
     chosen = output_format(format, output)
     if chosen is OutputFormat.json:
@@ -404,6 +426,10 @@ def analyze(
         emit(steps_csv(result.steps), output)
     else:
         tables = [render_analysis(result, all_steps=all_steps)]
+        if result.selection:
+            from rollout_diag.render.groups import selection_line
+
+            tables.insert(0, selection_line(result.selection))
         if dialect is not None:  # the default verl dialect repeats the tables above: shown only when asked for
             from rollout_diag.metrics.dialects import layout, resolve
             from rollout_diag.render.dialects import render_dialects
@@ -547,12 +573,16 @@ def compare_presets(
     chunk_tokens: ChunkOpt = CHUNK_TOKENS,
     input_format: InputFormatOpt = None,
     trust_pickle: TrustPickleOpt = False,
+    by: ByOpt = None,
+    where: WhereOpt = None,
+    steps: StepsOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """What every rollout-correction preset (verl's 19, the legacy family, your own) would do to this data,
     side by side, plus the threshold sweep."""
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend)
     from rollout_diag.compare import compare_presets as run_comparison
+    from rollout_diag.engine import parse_step_range
     from rollout_diag.presets import choose_presets
     from rollout_diag.render.export import comparison_csv, to_json_text
     from rollout_diag.render.format import plain
@@ -571,6 +601,9 @@ def compare_presets(
             targets=parse_targets(target),
             intrusive_rejected_fraction=intrusive_reject,
             intrusive_min_ess=intrusive_ess,
+            by=by or (),
+            where=where,
+            steps=parse_step_range(steps, "--steps"),
         )
     if export_decisions is not None:
         typer.echo(f"wrote {export_decisions}", err=True)
@@ -588,11 +621,20 @@ def compare_presets(
     else:
         warnings = [plain(f"warning: {warning}", style="yellow") for warning in result.warnings]
         tables = [presets_table(result), render_sweep(result.sweep, parse_targets(target)), *warnings]
+        if result.groups or result.selection:
+            from rollout_diag.render.groups import groups_tables, selection_line
+
+            if result.selection:
+                tables.insert(0, selection_line(result.selection))
+            tables.append(groups_tables(result.groups))
         show(Group(*tables, recommendation_lines(recommendation)), output)
 
 
 # Options that shape a live analysis: given with --from-json they would be silently ignored, so they are an error.
 LIVE_ONLY = (
+    "by",
+    "where",
+    "steps",
     "presets_file",
     "rollout_is",
     "rollout_is_threshold",
@@ -663,6 +705,9 @@ def report(
     dialect: DialectOpt = None,
     input_format: InputFormatOpt = None,
     trust_pickle: TrustPickleOpt = False,
+    by: ByOpt = None,
+    where: WhereOpt = None,
+    steps: StepsOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """One self-contained HTML file (no network needed) showing where and why rollout and trainer disagree."""
@@ -685,6 +730,7 @@ def report(
         analysis, comparison = load_results(from_json)
     elif inputs:
         from rollout_diag.compare import analyze_and_compare
+        from rollout_diag.engine import parse_step_range
         from rollout_diag.presets import choose_presets
 
         chosen = choose_presets(
@@ -700,6 +746,9 @@ def report(
                 intrusive_rejected_fraction=intrusive_reject,
                 intrusive_min_ess=intrusive_ess,
                 dialect=dialect or "verl",
+                by=by or (),
+                where=where,
+                steps=parse_step_range(steps, "--steps"),
             )
     else:
         fail("give the dump(s) to analyse, or --from-json FILE.")

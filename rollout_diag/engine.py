@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from numbers import Integral
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,6 +46,7 @@ from rollout_diag.passes import (
 from rollout_diag.paths import file_label
 from rollout_diag.presets import Preset, resolve_presets
 from rollout_diag.results import AnalysisResult, RowStats, RowTokens, SkippedRow, SweepOption, SweepResult, SweepStep
+from rollout_diag.selection import no_rows_match, selection, selection_summary
 from rollout_diag.verdicts import judge
 
 
@@ -64,6 +66,8 @@ def analyze(
     backend: str = "process",
     dialect: str | Sequence[str] = DEFAULT_DIALECT,
     by: Sequence[str | GroupSpec] = (),
+    where: str | None = None,
+    steps: StepRange | None = None,
 ) -> AnalysisResult:
     """Every mismatch metric of METRICS.md §1, §5, §6, §7, per step and for the run, in one streaming pass.
 
@@ -74,13 +78,16 @@ def analyze(
     carry under the names those trainers log (``StepResult.dialects``; docs/dialects.md).
     ``by``: per-row columns (``env_name``, ``reward:sign``, ``response_length:bins=100,1000``; README "Which
     environment diverges?") whose groups of rows each get the key metrics, per step and for the run
-    (``AnalysisResult.groups``), in the same pass.
+    (``AnalysisResult.groups``), in the same pass. ``where``: a SQL condition over per-row columns (``"reward > 0
+    AND env_name = 'math'"``) and ``steps``: (first, last) inclusive, either None for an open end: only the rows
+    that match are read (``AnalysisResult.selection`` says which and how many).
     Raises RolloutDiagError (InputError, ColumnError, DataError, ConfigError) for bad input or options.
     """
     check_analysis_options(max_rounds, catastrophic, top_k)
     check_workers(workers, backend)
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
+    reader.select(selection(where, steps))
     options = {
         "max_rounds": max_rounds,
         "catastrophic": catastrophic,
@@ -93,7 +100,7 @@ def analyze(
     else:
         analysis = Analysis(**options)
         run_chunks(reader, [analysis.update], torch_device, progress, analysis.prepare)
-    return build_result(analysis, reader.log, torch_device, strict)
+    return build_result(analysis, reader.log, torch_device, strict, reader.selection)
 
 
 def check_targets(targets: Sequence[float]) -> tuple[float, ...]:
@@ -266,10 +273,15 @@ def _first(log: ReadLog) -> SkippedRow | None:
     return log.skipped[0] if log.skipped else None
 
 
-def build_result(analysis: Analysis, log: ReadLog, device: torch.device, strict: bool) -> AnalysisResult:
-    """Finalize ``analysis`` into an AnalysisResult; raises DataError when nothing could be analysed."""
+def build_result(
+    analysis: Analysis, log: ReadLog, device: torch.device, strict: bool, selection_of: Any = None
+) -> AnalysisResult:
+    """Finalize ``analysis`` into an AnalysisResult; raises DataError when nothing could be analysed.
+    ``selection_of``: the RowSelection the rows were read with (``reader.selection``), recorded in the result."""
     steps = analysis.step_results()
     run = analysis.run_result()
+    if run.rows == 0 and log.rows_selected_out:
+        raise DataError(f"{', '.join(log.files)}: {no_rows_match(selection_of, log.rows_selected_out)}")
     if run.rows == 0:
         raise DataError(
             f"{', '.join(log.files)}: every row was skipped ({log.skipped_rows} rows); the first: "
@@ -315,6 +327,7 @@ def build_result(analysis: Analysis, log: ReadLog, device: torch.device, strict:
         skipped_rows=log.skipped_rows,
         anomalies_cut=anomalies_cut,
         groups=[group for grouped in analysis.grouped for group in grouped.results(run.rows, run.tokens)],
+        selection=selection_summary(selection_of, log, run.rows),
     )
     return result if analysis.offpolicy_only else with_hints(result, analysis.hint_evidence.evidence())
 

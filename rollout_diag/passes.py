@@ -285,6 +285,7 @@ class PassSpec:
 
     options: Mapping[str, Any]
     presets: Sequence[Preset] | None = None
+    selection: Any = None  # the rows to read (rollout_diag/selection.py RowSelection), None: all
 
     def new(self) -> Pass:
         presets = None if self.presets is None else CorrectionAnalysis(self.presets)

@@ -235,6 +235,33 @@ class GroupResult:
         )
 
 
+GROUPS_SHOWN = 12  # groups per grouping in the terminal and the report; JSON, dataframes and Parquet keep every one
+
+
+def group_label(value: ExtraValue) -> str:
+    """A group's value as tables show it: rows whose value is null as "(null)", numbers as their digits."""
+    if value is None:
+        return "(null)"
+    if isinstance(value, float):
+        from rollout_diag.formatting import number
+
+        return number(value)
+    return str(value)
+
+
+def selection_sentence(selection: Mapping[str, Any]) -> str:
+    """ "Rows: where reward > 0, steps 100:300: 1,234 rows kept, 5,678 left out (not decoded)." (``--where``,
+    ``--steps``; the ``selection`` of a result)."""
+    parts = []
+    if selection.get("where") is not None:
+        parts.append(f"where {selection['where']}")
+    if selection.get("steps") is not None:
+        first, last = selection["steps"]
+        parts.append(f"steps {'' if first is None else first}:{'' if last is None else last}")
+    kept, left_out = selection.get("rows_kept", 0), selection.get("rows_left_out", 0)
+    return f"Rows: {', '.join(parts)}: {kept:,} rows kept, {left_out:,} left out (not decoded)."
+
+
 def _json_verdict(verdict: Mapping[str, Any]) -> dict[str, Any]:
     metrics = {
         key: {**entry, "value": json_number(entry.get("value"))} for key, entry in verdict.get("metrics", {}).items()
@@ -554,6 +581,8 @@ class ComparisonResult:
     sweep: list[SweepOption] = field(default_factory=list)
     intrusive_rejected_fraction: float = INTRUSIVE_REJECTED_FRACTION
     intrusive_min_ess: float = INTRUSIVE_MIN_ESS
+    groups: list[GroupResult] = field(default_factory=list)  # --by: the key metrics per group (as analyze's)
+    selection: dict[str, Any] = field(default_factory=dict)  # --where / --steps (as analyze's)
 
     @classmethod
     def from_json(cls, document: dict[str, Any]) -> ComparisonResult:
@@ -572,6 +601,8 @@ class ComparisonResult:
                 sweep=[SweepOption.from_json(option) for option in document.get("sweep", [])],
                 intrusive_rejected_fraction=intrusive.get("rejected_fraction", INTRUSIVE_REJECTED_FRACTION),
                 intrusive_min_ess=intrusive.get("min_ess", INTRUSIVE_MIN_ESS),
+                groups=[GroupResult.from_json(group) for group in document.get("groups", [])],
+                selection=dict(document.get("selection", {})),
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise InputError(f"not a `compare-presets --format json` result (missing {exc}).") from exc
@@ -591,6 +622,8 @@ class ComparisonResult:
             intrusive={"rejected_fraction": self.intrusive_rejected_fraction, "min_ess": self.intrusive_min_ess},
             presets=[preset.to_json() for preset in self.presets],
             sweep=[option.to_json() for option in self.sweep],
+            **({"groups": [group.to_json() for group in self.groups]} if self.groups else {}),
+            **({"selection": dict(self.selection)} if self.selection else {}),
         )
 
 

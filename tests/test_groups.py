@@ -228,3 +228,21 @@ def test_groups_shown_are_capped_never_silently(tmp_path):
     assert done.exit_code == 0, done.output
     assert "+18 more group(s) of tag not shown" in done.output
     assert len(analyze(path, device="cpu", by=["tag"]).groups) == 30
+
+
+def test_report_section_and_compare_presets(dump, tmp_path):
+    from rollout_diag import compare_presets
+    from rollout_diag.report import render_report
+
+    path, _ = dump
+    result = analyze(path, device="cpu", by=["env_name"])
+    page = render_report(result)
+    assert "Which group diverges?" in page and "groups-0-bars" in page and "groups-0-steps" in page
+    assert "Which group diverges?" not in render_report(analyze(path, device="cpu"))
+    comparison = compare_presets(path, ["decoupled_token_is"], device="cpu", by=["env_name"])
+    assert [(g.value, g.rows) for g in comparison.groups] == [(g.value, g.rows) for g in result.groups]
+    for mine, theirs in zip(comparison.groups, result.groups, strict=True):
+        assert_close(mine.metrics, theirs.metrics, "compare-presets")
+    done = runner.invoke(app, ["report", str(path), "--by", "env_name", "-o", str(tmp_path / "r.html")])
+    assert done.exit_code == 0, done.output
+    assert "Which group diverges?" in (tmp_path / "r.html").read_text()

@@ -12,20 +12,12 @@ from rollout_diag import catalogue
 from rollout_diag.catalogue import short_name
 from rollout_diag.render.format import level, number, percent, plain
 from rollout_diag.render.table import Column, FitTable
-from rollout_diag.results import ExtraValue, GroupResult
+from rollout_diag.results import GROUPS_SHOWN, GroupResult, group_label, selection_sentence
 
-GROUPS_SHOWN = 12  # per grouping in the terminal and the report; JSON, dataframes and Parquet keep every group
 GROUP_METRICS = tuple(
     metric.key
     for metric in (catalogue.K3_KL, catalogue.CHI2_TOKEN, catalogue.LOG_PPL_ABS_DIFF, catalogue.PROBS_DIFF_MEAN)
 )
-
-
-def group_value(value: ExtraValue) -> str:
-    """A group's value as shown: null rows as "(null)", numbers as their digits, text as it is."""
-    if value is None:
-        return "(null)"
-    return number(value) if isinstance(value, float) else str(value)
 
 
 def groups_tables(groups: Sequence[GroupResult], shown: int = GROUPS_SHOWN) -> RenderableType:
@@ -53,7 +45,7 @@ def group_table(column: str, groups: Sequence[GroupResult], shown: int = GROUPS_
     )
     for group in groups[:shown]:
         table.add_row(
-            plain(group_value(group.value)),
+            plain(group_label(group.value)),
             f"{number(group.rows)} ({percent(group.row_share)})",
             f"{number(group.tokens)} ({percent(group.token_share)})",
             level(group.verdict.get("level", "n/a")),
@@ -80,7 +72,12 @@ def worst_group_line(groups: Sequence[GroupResult]) -> str | None:
         worst = next(iter(members))
         k3 = worst.metrics.get(catalogue.K3_KL.key)
         lines.append(
-            f"{column}={group_value(worst.value)} is the worst group: {worst.verdict.get('level', 'n/a')} "
+            f"{column}={group_label(worst.value)} is the worst group: {worst.verdict.get('level', 'n/a')} "
             f"(k3_kl {number(k3)}, {percent(worst.token_share)} of tokens)"
         )
     return "; ".join(lines) or None
+
+
+def selection_line(selection: dict) -> Text:
+    """The rows a result is about (``--where`` / ``--steps``) and how many were kept, as one bold line."""
+    return plain(selection_sentence(selection), style="bold")
