@@ -40,6 +40,15 @@ class OutputFormat(str, Enum):
     csv = "csv"
 
 
+class DataFormat(str, Enum):
+    """analyze and compare-presets: OutputFormat plus parquet."""
+
+    table = "table"
+    json = "json"
+    csv = "csv"
+    parquet = "parquet"
+
+
 class RowFormat(str, Enum):
     table = "table"
     json = "json"
@@ -80,6 +89,16 @@ FormatOpt = Annotated[
         "-f",
         help="table (terminal), json or csv. Default: from the --output extension (.json, .csv; any other "
         "a table), else table.",
+    ),
+]
+DataFormatOpt = Annotated[
+    DataFormat | None,
+    typer.Option(
+        "--format",
+        "-f",
+        help="table (terminal), json, csv or parquet (the per-step table to --output FILE; with --by also the "
+        "per-group one to FILE.groups.parquet). Default: from the --output extension (.json, .csv, .parquet; any "
+        "other a table), else table.",
     ),
 ]
 OutputOpt = Annotated[
@@ -319,6 +338,27 @@ def output_format(format: OutputFormat | None, output: Path | None) -> OutputFor
     return FORMAT_BY_SUFFIX.get(output.suffix.lower(), OutputFormat.table) if output is not None else OutputFormat.table
 
 
+def data_format(format: DataFormat | None, output: Path | None) -> DataFormat:
+    """As ``output_format``, with parquet (by --format or a .parquet --output); raises ConfigError for parquet
+    without --output (a binary table has no place on a terminal)."""
+    if format is None and output is not None and output.suffix.lower() == ".parquet":
+        format = DataFormat.parquet
+    if format is DataFormat.parquet:
+        if output is None:
+            from rollout_diag.errors import ConfigError
+
+            raise ConfigError("--format parquet writes a file: give --output FILE.parquet.")
+        return format
+    return DataFormat(output_format(None if format is None else OutputFormat(format.value), output).value)
+
+
+def write_parquet_tables(result: Any, output: Path) -> None:
+    from rollout_diag.export.parquet import write_parquet
+
+    for path in write_parquet(result, output):
+        typer.echo(f"wrote {path}", err=True)
+
+
 def dump_inputs(inputs: list[Path], input_format: str | None, trust_pickle: bool) -> list[str]:
     """The input paths, carrying how to read them (``io.formats.DumpInputs``)."""
     from rollout_diag.io.sources import check_inputs_exist
@@ -379,7 +419,7 @@ def analyze(
     inputs: Inputs,
     column: ColumnOpt = None,
     device: DeviceOpt = "auto",
-    format: FormatOpt = None,
+    format: DataFormatOpt = None,
     output: OutputOpt = None,
     all_steps: Annotated[
         bool, typer.Option("--all-steps", help="Show every step (default: first, last, worst).")
@@ -401,11 +441,12 @@ def analyze(
 ) -> None:
     """Every mismatch metric (verl's names), per step and for the run, with a verdict on what looks unhealthy
     and hints at the likely root cause."""
+    chosen = data_format(format, output)  # before any reading: --format parquet without --output fails at once
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend)
     from rollout_diag.engine import analyze as run_analysis
     from rollout_diag.engine import parse_step_range
     from rollout_diag.render.analysis import render_analysis
-    from rollout_diag.render.export import steps_csv, to_json_text
+    from rollout_diag.render.export import analysis_csv, to_json_text
 
     with progress_bar(inputs) as progress:
         result = run_analysis(
@@ -419,11 +460,12 @@ def analyze(
             where=where,
             steps=parse_step_range(steps, "--steps"),
         )
-    chosen = output_format(format, output)
-    if chosen is OutputFormat.json:
+    if chosen is DataFormat.parquet:
+        write_parquet_tables(result, output)
+    elif chosen is DataFormat.json:
         emit(to_json_text(result.to_json()), output)
-    elif chosen is OutputFormat.csv:
-        emit(steps_csv(result.steps), output)
+    elif chosen is DataFormat.csv:
+        emit(analysis_csv(result), output)
     else:
         tables = [render_analysis(result, all_steps=all_steps)]
         if result.selection:
@@ -567,7 +609,7 @@ def compare_presets(
     backend: BackendOpt = "process",
     column: ColumnOpt = None,
     device: DeviceOpt = "auto",
-    format: FormatOpt = None,
+    format: DataFormatOpt = None,
     output: OutputOpt = None,
     strict: StrictOpt = False,
     chunk_tokens: ChunkOpt = CHUNK_TOKENS,
@@ -580,6 +622,7 @@ def compare_presets(
 ) -> None:
     """What every rollout-correction preset (verl's 19, the legacy family, your own) would do to this data,
     side by side, plus the threshold sweep."""
+    chosen_format = data_format(format, output)
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend)
     from rollout_diag.compare import compare_presets as run_comparison
     from rollout_diag.engine import parse_step_range
@@ -613,10 +656,12 @@ def compare_presets(
     recommendation = recommend(result)
     if sort is PresetOrder.intrusiveness:
         result = sort_by_intrusiveness(result)
-    shown = output_format(format, output)
-    if shown is OutputFormat.json:
+    shown = chosen_format
+    if shown is DataFormat.parquet:
+        write_parquet_tables(result, output)
+    elif shown is DataFormat.json:
         emit(to_json_text({**result.to_json(), "recommendation": recommendation.to_json()}), output)
-    elif shown is OutputFormat.csv:
+    elif shown is DataFormat.csv:
         emit(comparison_csv(result), output)
     else:
         warnings = [plain(f"warning: {warning}", style="yellow") for warning in result.warnings]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 import unicodedata
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # a type only: importing results would load numpy before an error message can print
     from rollout_diag.results import ExtraValue
@@ -74,3 +75,29 @@ def visible(text: object) -> str:
         else:
             out.append(char)
     return "".join(out)
+
+
+# ----------------------------------------------------------------------- --by groups and --where / --steps
+GROUPS_SHOWN = 12  # groups per grouping in the terminal and the report; JSON, dataframes and Parquet keep every one
+
+
+def group_label(value: ExtraValue) -> str:
+    """A group's value as tables show it: rows whose value is null as "(null)", numbers as their digits."""
+    if value is None:
+        return "(null)"
+    if isinstance(value, float):
+        return number(value)
+    return str(value)
+
+
+def selection_sentence(selection: Mapping[str, Any]) -> str:
+    """ "Rows: where reward > 0, steps 100:300: 1,234 rows kept, 5,678 left out (not decoded)." (``--where``,
+    ``--steps``; the ``selection`` of a result)."""
+    parts = []
+    if selection.get("where") is not None:
+        parts.append(f"where {selection['where']}")
+    if selection.get("steps") is not None:
+        first, last = selection["steps"]
+        parts.append(f"steps {'' if first is None else first}:{'' if last is None else last}")
+    kept, left_out = selection.get("rows_kept", 0), selection.get("rows_left_out", 0)
+    return f"Rows: {', '.join(parts)}: {kept:,} rows kept, {left_out:,} left out (not decoded)."

@@ -235,31 +235,12 @@ class GroupResult:
         )
 
 
-GROUPS_SHOWN = 12  # groups per grouping in the terminal and the report; JSON, dataframes and Parquet keep every one
+def _frames() -> Any:
+    """rollout_diag.export.frames, loaded when a dataframe is asked for: by name, so that the result contract (which
+    tests/test_architecture.py keeps free of heavy imports, polars among them) loads polars only in to_polars()."""
+    import importlib
 
-
-def group_label(value: ExtraValue) -> str:
-    """A group's value as tables show it: rows whose value is null as "(null)", numbers as their digits."""
-    if value is None:
-        return "(null)"
-    if isinstance(value, float):
-        from rollout_diag.formatting import number
-
-        return number(value)
-    return str(value)
-
-
-def selection_sentence(selection: Mapping[str, Any]) -> str:
-    """ "Rows: where reward > 0, steps 100:300: 1,234 rows kept, 5,678 left out (not decoded)." (``--where``,
-    ``--steps``; the ``selection`` of a result)."""
-    parts = []
-    if selection.get("where") is not None:
-        parts.append(f"where {selection['where']}")
-    if selection.get("steps") is not None:
-        first, last = selection["steps"]
-        parts.append(f"steps {'' if first is None else first}:{'' if last is None else last}")
-    kept, left_out = selection.get("rows_kept", 0), selection.get("rows_left_out", 0)
-    return f"Rows: {', '.join(parts)}: {kept:,} rows kept, {left_out:,} left out (not decoded)."
+    return importlib.import_module("rollout_diag.export.frames")
 
 
 def _json_verdict(verdict: Mapping[str, Any]) -> dict[str, Any]:
@@ -330,6 +311,22 @@ class AnalysisResult:
             "groups": [group.to_json() for group in self.groups],
             "selection": dict(self.selection),
         }
+
+    def to_polars(self) -> dict[str, Any]:
+        """The tables a user slices, as polars DataFrames: steps (one row per step, one column per verl-named
+        metric), run, rounds, positions, worst_rows (with their extra columns), worst_tokens, verdicts, groups and
+        group_steps (``--by``). Raises ConfigError without polars."""
+        return _frames().analysis_frames(self)
+
+    def to_pandas(self) -> dict[str, Any]:
+        """``to_polars()``'s tables as pandas DataFrames; raises ConfigError (saying what to install) without pandas."""
+        return _frames().to_pandas(self.to_polars())
+
+    def _repr_html_(self) -> str:
+        """A notebook shows the verdict, where the mismatch sits and the key metrics (not the dataclass)."""
+        from rollout_diag.export.notebook import analysis_html
+
+        return analysis_html(self)
 
     @classmethod
     def from_json(cls, document: dict[str, Any]) -> AnalysisResult:
@@ -606,6 +603,20 @@ class ComparisonResult:
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise InputError(f"not a `compare-presets --format json` result (missing {exc}).") from exc
+
+    def to_polars(self) -> dict[str, Any]:
+        """presets (run metrics per preset), preset_steps, sweep (per option and target), groups and group_steps
+        (``--by``) as polars DataFrames."""
+        return _frames().comparison_frames(self)
+
+    def to_pandas(self) -> dict[str, Any]:
+        """``to_polars()``'s tables as pandas DataFrames; raises ConfigError (saying what to install) without pandas."""
+        return _frames().to_pandas(self.to_polars())
+
+    def _repr_html_(self) -> str:
+        from rollout_diag.export.notebook import comparison_html
+
+        return comparison_html(self)
 
     def preset(self, name: str) -> PresetResult:
         """The result of preset ``name``; raises KeyError."""

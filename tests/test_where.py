@@ -164,7 +164,7 @@ def test_selection_arguments():
 
 
 def test_cli_analyze_compare_and_json(dump, tmp_path):
-    path, table = dump
+    path, _ = dump
     done = runner.invoke(app, ["analyze", str(path), "--where", "reward > 0", "--steps", "1:3"], env={"COLUMNS": "200"})
     assert done.exit_code == 0, done.output
     assert "Rows: where reward > 0, steps 1:3:" in done.output

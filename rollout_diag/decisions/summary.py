@@ -6,9 +6,12 @@ Pure: the run's verdicts in, (worst level, sentence) out; ``render.summary`` and
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from rollout_diag.catalogue import short_name
-from rollout_diag.results import Verdict
+
+if TYPE_CHECKING:  # a type only: results imports the exporters, whose notebook view reads these sentences
+    from rollout_diag.results import Verdict
 
 LEVEL_ORDER = ("bad", "watch", "ok", "n/a")
 ADVICE = {

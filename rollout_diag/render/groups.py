@@ -10,9 +10,10 @@ from rich.text import Text
 
 from rollout_diag import catalogue
 from rollout_diag.catalogue import short_name
+from rollout_diag.formatting import GROUPS_SHOWN, group_label, selection_sentence
 from rollout_diag.render.format import level, number, percent, plain
 from rollout_diag.render.table import Column, FitTable
-from rollout_diag.results import GROUPS_SHOWN, GroupResult, group_label, selection_sentence
+from rollout_diag.results import GroupResult
 
 GROUP_METRICS = tuple(
     metric.key

@@ -8,11 +8,11 @@ from itertools import groupby
 
 from rollout_diag import catalogue
 from rollout_diag.catalogue import short_name
-from rollout_diag.formatting import number, percent
+from rollout_diag.formatting import GROUPS_SHOWN, group_label, number, percent, selection_sentence
 from rollout_diag.report import figures
 from rollout_diag.report.markup import Column, Markup, badge, escape, note, table
 from rollout_diag.report.sections import Canvas, Section
-from rollout_diag.results import GROUPS_SHOWN, AnalysisResult, GroupResult, group_label, selection_sentence
+from rollout_diag.results import AnalysisResult, GroupResult
 
 GROUP_METRICS = (
     catalogue.K3_KL.key,
