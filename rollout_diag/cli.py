@@ -141,6 +141,16 @@ StepsOpt = Annotated[
         metavar="FIRST:LAST",
     ),
 ]
+TensorboardOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--tensorboard",
+        help="Also write every per-step metric as a TensorBoard scalar under its verl name (global step = the dump's "
+        "step) into this log directory, with rollout_diag/alert (0 ok, 1 watch, 2 bad) per step. Needs "
+        "pip install 'rollout-diag[tensorboard]'.",
+        metavar="DIR",
+    ),
+]
 # analyze's knobs (also on report)
 MaxRoundsOpt = Annotated[
     int, typer.Option("--max-rounds", help="Pool rounds at this index and beyond into one bucket.")
@@ -359,6 +369,13 @@ def write_parquet_tables(result: Any, output: Path) -> None:
         typer.echo(f"wrote {path}", err=True)
 
 
+def write_tensorboard_events(result: Any, directory: Path) -> None:
+    from rollout_diag.export.tensorboard import write_tensorboard
+
+    count = write_tensorboard(result, directory)
+    typer.echo(f"wrote {count:,} TensorBoard scalars to {directory}", err=True)
+
+
 def dump_inputs(inputs: list[Path], input_format: str | None, trust_pickle: bool) -> list[str]:
     """The input paths, carrying how to read them (``io.formats.DumpInputs``)."""
     from rollout_diag.io.sources import check_inputs_exist
@@ -437,11 +454,16 @@ def analyze(
     by: ByOpt = None,
     where: WhereOpt = None,
     steps: StepsOpt = None,
+    tensorboard: TensorboardOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """Every mismatch metric (verl's names), per step and for the run, with a verdict on what looks unhealthy
     and hints at the likely root cause."""
     chosen = data_format(format, output)  # before any reading: --format parquet without --output fails at once
+    if tensorboard is not None:  # a missing package fails before the reading, not after
+        from rollout_diag.export.tensorboard import writer_class
+
+        writer_class()
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend)
     from rollout_diag.engine import analyze as run_analysis
     from rollout_diag.engine import parse_step_range
@@ -460,6 +482,8 @@ def analyze(
             where=where,
             steps=parse_step_range(steps, "--steps"),
         )
+    if tensorboard is not None:
+        write_tensorboard_events(result, tensorboard)
     if chosen is DataFormat.parquet:
         write_parquet_tables(result, output)
     elif chosen is DataFormat.json:
@@ -618,11 +642,16 @@ def compare_presets(
     by: ByOpt = None,
     where: WhereOpt = None,
     steps: StepsOpt = None,
+    tensorboard: TensorboardOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """What every rollout-correction preset (verl's 19, the legacy family, your own) would do to this data,
     side by side, plus the threshold sweep."""
     chosen_format = data_format(format, output)
+    if tensorboard is not None:  # a missing package fails before the reading, not after
+        from rollout_diag.export.tensorboard import writer_class
+
+        writer_class()
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend)
     from rollout_diag.compare import compare_presets as run_comparison
     from rollout_diag.engine import parse_step_range
@@ -650,6 +679,8 @@ def compare_presets(
         )
     if export_decisions is not None:
         typer.echo(f"wrote {export_decisions}", err=True)
+    if tensorboard is not None:
+        write_tensorboard_events(result, tensorboard)
     from rollout_diag.decisions.recommend import recommend, sort_by_intrusiveness
     from rollout_diag.render.decisions import recommendation_lines
 
