@@ -32,6 +32,7 @@ app = typer.Typer(
 )
 F = TypeVar("F", bound=Callable[..., Any])
 PROGRESS_MIN_BYTES = 64 << 20  # show a progress bar from this much input on, when stderr is a terminal
+PROGRESS_LINE_MIN_BYTES = 16 << 20  # elsewhere, progress lines (every few seconds) from this much input on
 
 
 class OutputFormat(str, Enum):
@@ -292,9 +293,15 @@ def handles_errors(command: F) -> F:
 
 @contextmanager
 def progress_bar(inputs: list[Path]) -> Iterator[Callable[[int, int], None] | None]:
-    """A rich progress bar on stderr for large inputs when stderr is a terminal; otherwise None."""
+    """A rich progress bar on stderr for large inputs when stderr is a terminal; elsewhere (a pipe, a CI log, a
+    notebook) a short line on stderr every few seconds, printed only once a run has lasted that long."""
     size = sum(_size(path) for path in inputs)
-    if not sys.stderr.isatty() or size < PROGRESS_MIN_BYTES:
+    if not sys.stderr.isatty() and size >= PROGRESS_LINE_MIN_BYTES:  # a pipe, a CI log, a notebook
+        from rollout_diag.progress import LineProgress
+
+        yield LineProgress(sys.stderr)
+        return
+    if size < PROGRESS_MIN_BYTES:
         yield None
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn

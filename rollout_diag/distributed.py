@@ -21,7 +21,7 @@ import torch
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.io.reader import DumpReader, ReadLog
 from rollout_diag.io.sources import Source
-from rollout_diag.passes import Analysis, Pass, PassSpec, Progress, run_chunks
+from rollout_diag.passes import Analysis, Pass, PassSpec, Progress, progress_callback, run_chunks
 
 BACKENDS = ("process", "ray")
 MAX_WORKERS = 1024  # a Ray cluster may be large; more parts than this only adds overhead
@@ -66,6 +66,7 @@ def run_parts(
     results = _run_ray(jobs) if backend == "ray" else _run_processes(jobs, workers, device)
     merged = spec.new()
     total = reader.log.total_rows
+    progress = progress_callback(progress)
     for done, (state, log) in enumerate(results, start=1):
         merged.merge(state)
         reader.log.merge(log)

@@ -61,7 +61,7 @@ def analyze(
     catastrophic: float = DEFAULT_CATASTROPHIC,
     top_k: int = DEFAULT_TOP_K,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-    progress: Progress | None = None,
+    progress: Progress | bool | None = None,
     workers: int = 1,
     backend: str = "process",
     dialect: str | Sequence[str] = DEFAULT_DIALECT,
@@ -80,7 +80,8 @@ def analyze(
     environment diverges?") whose groups of rows each get the key metrics, per step and for the run
     (``AnalysisResult.groups``), in the same pass. ``where``: a SQL condition over per-row columns (``"reward > 0
     AND env_name = 'math'"``) and ``steps``: (first, last) inclusive, either None for an open end: only the rows
-    that match are read (``AnalysisResult.selection`` says which and how many).
+    that match are read (``AnalysisResult.selection`` says which and how many). ``progress``: a callable
+    ``(rows done, total rows)``, or True for a line on stderr every few seconds (a notebook, a CI log).
     Raises RolloutDiagError (InputError, ColumnError, DataError, ConfigError) for bad input or options.
     """
     check_analysis_options(max_rounds, catastrophic, top_k)

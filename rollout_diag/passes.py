@@ -36,6 +36,18 @@ from rollout_diag.presets import Preset
 from rollout_diag.results import StepResult
 
 Progress = Callable[[int, int], None]  # (file rows consumed, total file rows)
+
+
+def progress_callback(progress: Progress | bool | None) -> Progress | None:
+    """``True``: a line on stderr every few seconds (rollout_diag/progress.py: for a pipe, a CI log, a notebook);
+    a callable as it is; ``None`` / ``False``: no progress."""
+    if progress is True:
+        from rollout_diag.progress import LineProgress
+
+        return LineProgress()
+    return progress or None
+
+
 # Token quantities of the analysis families, prepared in the reader's thread (the costly exps among them).
 ANALYSIS_QUANTITIES = (
     *SHARED_QUANTITIES,
@@ -212,6 +224,7 @@ def run_chunks(
     """Feed every chunk of ``reader`` to each consumer in turn; report progress in file rows. ``prepare`` runs on
     each chunk in the reader's thread first (segments and shared token quantities, ``metrics.segments.prepare``)."""
     total = reader.log.total_rows
+    progress = progress_callback(progress)
     with _core_for_the_reader(device):
         for chunk, consumed in reader.chunks(device, prepare=prepare):
             for consume in consumers:
