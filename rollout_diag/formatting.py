@@ -91,13 +91,16 @@ def group_label(value: ExtraValue) -> str:
 
 
 def selection_sentence(selection: Mapping[str, Any]) -> str:
-    """ "Rows: where reward > 0, steps 100:300: 1,234 rows kept, 5,678 left out (not decoded)." (``--where``,
-    ``--steps``; the ``selection`` of a result)."""
+    """The rows a result is about (``--where``, ``--steps``: its ``selection``), one sentence: "Rows (where reward >
+    0, steps 100 to 300): 1,234 kept, 5,678 left out (not decoded)."."""
     parts = []
     if selection.get("where") is not None:
         parts.append(f"where {selection['where']}")
     if selection.get("steps") is not None:
         first, last = selection["steps"]
-        parts.append(f"steps {'' if first is None else first}:{'' if last is None else last}")
+        if first is not None and last is not None:
+            parts.append(f"step {first}" if first == last else f"steps {first} to {last}")
+        else:
+            parts.append(f"steps from {first}" if first is not None else f"steps up to {last}")
     kept, left_out = selection.get("rows_kept", 0), selection.get("rows_left_out", 0)
-    return f"Rows: {', '.join(parts)}: {kept:,} rows kept, {left_out:,} left out (not decoded)."
+    return f"Rows ({', '.join(parts)}): {kept:,} kept, {left_out:,} left out (not decoded)."

@@ -155,6 +155,18 @@ def test_nothing_matches(dump):
         analyze(path, device="cpu", where="reward > 99")
 
 
+def test_selection_sentence():
+    from rollout_diag.formatting import selection_sentence
+
+    assert selection_sentence({"steps": [6, None], "rows_kept": 77, "rows_left_out": 691}) == (
+        "Rows (steps from 6): 77 kept, 691 left out (not decoded)."
+    )
+    assert selection_sentence({"where": "x > 0", "steps": [None, 5], "rows_kept": 1, "rows_left_out": 0}) == (
+        "Rows (where x > 0, steps up to 5): 1 kept, 0 left out (not decoded)."
+    )
+    assert "(step 4)" in selection_sentence({"steps": [4, 4]})
+
+
 def test_selection_arguments():
     assert not RowSelection()
     with pytest.raises(ConfigError, match="first step is after the last"):
@@ -167,7 +179,7 @@ def test_cli_analyze_compare_and_json(dump, tmp_path):
     path, _ = dump
     done = runner.invoke(app, ["analyze", str(path), "--where", "reward > 0", "--steps", "1:3"], env={"COLUMNS": "200"})
     assert done.exit_code == 0, done.output
-    assert "Rows: where reward > 0, steps 1:3:" in done.output
+    assert "Rows (where reward > 0, steps 1 to 3):" in done.output
     out = tmp_path / "result.json"
     done = runner.invoke(app, ["analyze", str(path), "--where", "reward > 0", "--by", "env_name", "-o", str(out)])
     assert done.exit_code == 0, done.output

@@ -15,10 +15,7 @@ from rollout_diag.render.format import level, number, percent, plain
 from rollout_diag.render.table import Column, FitTable
 from rollout_diag.results import GroupResult
 
-GROUP_METRICS = tuple(
-    metric.key
-    for metric in (catalogue.K3_KL, catalogue.CHI2_TOKEN, catalogue.LOG_PPL_ABS_DIFF, catalogue.PROBS_DIFF_MEAN)
-)
+GROUP_METRICS = (catalogue.K3_KL.key, catalogue.CHI2_TOKEN.key, catalogue.LOG_PPL_ABS_DIFF.key)  # all in JSON
 
 
 def groups_tables(groups: Sequence[GroupResult], shown: int = GROUPS_SHOWN) -> RenderableType:
@@ -38,7 +35,7 @@ def group_table(column: str, groups: Sequence[GroupResult], shown: int = GROUPS_
         [
             Column(column, "left", key=True),
             Column("rows"),
-            Column("tokens"),
+            Column("model tokens"),
             Column("verdict", "left"),
             *(Column(short_name(key)) for key in GROUP_METRICS),
             Column("worst round"),
@@ -47,7 +44,7 @@ def group_table(column: str, groups: Sequence[GroupResult], shown: int = GROUPS_
     for group in groups[:shown]:
         table.add_row(
             plain(group_label(group.value)),
-            f"{number(group.rows)} ({percent(group.row_share)})",
+            number(group.rows),
             f"{number(group.tokens)} ({percent(group.token_share)})",
             level(group.verdict.get("level", "n/a")),
             *(number(group.metrics.get(key)) for key in GROUP_METRICS),
