@@ -39,7 +39,6 @@ DERIVED = {
 }
 BUCKETINGS = ("sign", "bins")
 SIGN_LABELS = ("negative", "zero", "positive")
-MAX_GROUPS_SHOWN = 12  # terminal and report; JSON, dataframes and Parquet keep every group
 MAX_GROUPS = 10_000  # state per group: a bound keeps memory bounded (a sample id is no grouping column)
 # ChunkStats values that do not depend on how rows are grouped: a view reuses them.
 _ROW_LEVEL = (
