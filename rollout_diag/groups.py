@@ -330,7 +330,7 @@ def sort_groups(groups: Sequence[GroupResult]) -> list[GroupResult]:
     """Worst first: by verdict level, then by k3_kl (largest first), then by value."""
 
     def key(group: GroupResult) -> tuple:
-        k3 = group.metrics.get("rollout_corr/k3_kl", math.nan)
+        k3 = group.metrics.get(catalogue.K3_KL.key, math.nan)
         return (
             group.column,
             LEVEL_RANK.get(group.verdict.get("level", "n/a"), 3),
