@@ -51,12 +51,22 @@ app = typer.Typer(
 )
 F = TypeVar("F", bound=Callable[..., Any])
 PROGRESS_MIN_BYTES = 64 << 20  # show a progress bar from this much input on, when stderr is a terminal
+PROGRESS_LINE_MIN_BYTES = 16 << 20  # elsewhere, progress lines (every few seconds) from this much input on
 
 
 class OutputFormat(str, Enum):
     table = "table"
     json = "json"
     csv = "csv"
+
+
+class DataFormat(str, Enum):
+    """analyze and compare-presets: OutputFormat plus parquet."""
+
+    table = "table"
+    json = "json"
+    csv = "csv"
+    parquet = "parquet"
 
 
 class RowFormat(str, Enum):
@@ -101,6 +111,16 @@ FormatOpt = Annotated[
         "a table), else table.",
     ),
 ]
+DataFormatOpt = Annotated[
+    DataFormat | None,
+    typer.Option(
+        "--format",
+        "-f",
+        help="table (terminal), json, csv or parquet (the per-step table to --output FILE; with --by also the "
+        "per-group one to FILE.groups.parquet). Default: from the --output extension (.json, .csv, .parquet; any "
+        "other a table), else table.",
+    ),
+]
 OutputOpt = Annotated[
     Path | None, typer.Option("--output", "-o", help="Write the output to this file instead of stdout.")
 ]
@@ -113,6 +133,43 @@ WorkersOpt = Annotated[
 BackendOpt = Annotated[str, typer.Option("--backend", help="Where --workers run: process (this machine) or ray.")]
 ChunkOpt = Annotated[
     int, typer.Option("--chunk-tokens", help="Tokens per chunk (memory vs overhead); results do not depend on it.")
+]
+ByOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--by",
+        help="Key metrics per group of rows: a per-row column (env_name, reward, a data-source tag) or a derived one "
+        "(response_length, num_rounds); numbers can be bucketed: COLUMN:sign or COLUMN:bins=E1,E2,... Repeatable "
+        "(each is its own grouping). README, 'Which environment diverges?'.",
+        metavar="COLUMN[:sign|:bins=E1,E2]",
+    ),
+]
+WhereOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--where",
+        help='Analyse only the rows for which this SQL condition over per-row columns holds, e.g. "reward > 0 AND '
+        "env_name = 'math'\" (evaluated with polars; rows that do not match are not decoded).",
+        metavar="PREDICATE",
+    ),
+]
+StepsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--steps",
+        help="Analyse only these steps: FIRST:LAST, inclusive (either end may be empty).",
+        metavar="FIRST:LAST",
+    ),
+]
+TensorboardOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--tensorboard",
+        help="Also write every per-step metric as a TensorBoard scalar under its verl name (global step = the dump's "
+        "step) into this log directory, with rollout_diag/alert (0 ok, 1 watch, 2 bad) per step. Needs "
+        "pip install 'rollout-diag[tensorboard]'.",
+        metavar="DIR",
+    ),
 ]
 # analyze's knobs (also on report)
 MaxRoundsOpt = Annotated[
@@ -256,9 +313,15 @@ def handles_errors(command: F) -> F:
 
 @contextmanager
 def progress_bar(inputs: list[Path]) -> Iterator[Callable[[int, int], None] | None]:
-    """A rich progress bar on stderr for large inputs when stderr is a terminal; otherwise None."""
+    """A rich progress bar on stderr for large inputs when stderr is a terminal; elsewhere (a pipe, a CI log, a
+    notebook) a short line on stderr every few seconds, printed only once a run has lasted that long."""
     size = sum(_size(path) for path in inputs)
-    if not sys.stderr.isatty() or size < PROGRESS_MIN_BYTES:
+    if not sys.stderr.isatty() and size >= PROGRESS_LINE_MIN_BYTES:  # a pipe, a CI log, a notebook
+        from rollout_diag.progress import LineProgress
+
+        yield LineProgress(sys.stderr)
+        return
+    if size < PROGRESS_MIN_BYTES:
         yield None
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -331,6 +394,43 @@ def output_format(format: OutputFormat | None, output: Path | None) -> OutputFor
     return FORMAT_BY_SUFFIX.get(output.suffix.lower(), OutputFormat.table) if output is not None else OutputFormat.table
 
 
+def data_format(format: DataFormat | None, output: Path | None) -> DataFormat:
+    """As ``output_format``, with parquet (by --format or a .parquet --output); raises ConfigError for parquet
+    without --output (a binary table has no place on a terminal)."""
+    if format is None and output is not None and output.suffix.lower() == ".parquet":
+        format = DataFormat.parquet
+    if format is DataFormat.parquet:
+        if output is None:
+            from rollout_diag.errors import ConfigError
+
+            raise ConfigError("--format parquet writes a file: give --output FILE.parquet.")
+        return format
+    return DataFormat(output_format(None if format is None else OutputFormat(format.value), output).value)
+
+
+def data_outputs(chosen: DataFormat, output: Path | None, by: list[str] | None) -> dict[str, Path | None]:
+    """The files --output makes: with --format parquet and --by, the per-group table beside it too."""
+    if chosen is DataFormat.parquet and by and output is not None:
+        from rollout_diag.export.parquet import groups_path
+
+        return {"output": output, "groups_output": groups_path(output)}
+    return {"output": output}
+
+
+def write_parquet_tables(result: Any, output: Path) -> None:
+    from rollout_diag.export.parquet import write_parquet
+
+    for path in write_parquet(result, output):
+        typer.echo(f"wrote {path}", err=True)
+
+
+def write_tensorboard_events(result: Any, directory: Path) -> None:
+    from rollout_diag.export.tensorboard import write_tensorboard
+
+    count = write_tensorboard(result, directory)
+    typer.echo(f"wrote {count:,} TensorBoard scalars to {directory}", err=True)
+
+
 def dump_inputs(inputs: list[Path], input_format: str | None, trust_pickle: bool) -> list[str]:
     """The input paths, carrying how to read them (``io.formats.DumpInputs``)."""
     from rollout_diag.io.sources import check_inputs_exist
@@ -391,7 +491,7 @@ def analyze(
     inputs: Inputs,
     column: ColumnOpt = None,
     device: DeviceOpt = "auto",
-    format: FormatOpt = None,
+    format: DataFormatOpt = None,
     output: OutputOpt = None,
     all_steps: Annotated[
         bool, typer.Option("--all-steps", help="Show every step (default: first, last, worst).")
@@ -406,6 +506,10 @@ def analyze(
     dialect: DialectOpt = None,
     input_format: InputFormatOpt = None,
     trust_pickle: TrustPickleOpt = False,
+    by: ByOpt = None,
+    where: WhereOpt = None,
+    steps: StepsOpt = None,
+    tensorboard: TensorboardOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """Every mismatch metric (verl's names), per step and for the run, with a verdict on what looks unhealthy
@@ -417,11 +521,17 @@ def analyze(
       rollout-diag analyze 'run/step=*/*.parquet' -f json -o result.json
       rollout-diag analyze run.parquet -c rollout=vllm_logprobs --all-steps
     """
-    refuse_overwriting_inputs({"output": output}, inputs)
+    chosen = data_format(format, output)  # before any reading: --format parquet without --output fails at once
+    refuse_overwriting_inputs(data_outputs(chosen, output, by), inputs)
+    if tensorboard is not None:  # a missing package fails before the reading, not after
+        from rollout_diag.export.tensorboard import writer_class
+
+        writer_class()
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend)
     from rollout_diag.engine import analyze as run_analysis
+    from rollout_diag.engine import parse_step_range
     from rollout_diag.render.analysis import render_analysis
-    from rollout_diag.render.export import steps_csv, to_json_text
+    from rollout_diag.render.export import analysis_csv, to_json_text
 
     with progress_bar(inputs) as progress:
         result = run_analysis(
@@ -431,19 +541,33 @@ def analyze(
             top_k=top_k,
             progress=progress,
             dialect=dialect or "verl",
+            by=by or (),
+            where=where,
+            steps=parse_step_range(steps, "--steps"),
         )
-    chosen = output_format(format, output)
-    if chosen is OutputFormat.json:
+    if tensorboard is not None:
+        write_tensorboard_events(result, tensorboard)
+    if chosen is DataFormat.parquet:
+        write_parquet_tables(result, output)
+    elif chosen is DataFormat.json:
         emit(to_json_text(result.to_json()), output)
-    elif chosen is OutputFormat.csv:
-        emit(steps_csv(result.steps), output)
+    elif chosen is DataFormat.csv:
+        emit(analysis_csv(result), output)
     else:
         tables = [render_analysis(result, all_steps=all_steps)]
+        if result.selection:
+            from rollout_diag.render.groups import selection_line
+
+            tables.insert(0, selection_line(result.selection))
         if dialect is not None:  # the default verl dialect repeats the tables above: shown only when asked for
             from rollout_diag.metrics.dialects import layout, resolve
             from rollout_diag.render.dialects import render_dialects
 
             tables.append(render_dialects(result, resolve(dialect), layout()))
+        if result.groups:
+            from rollout_diag.render.groups import groups_tables
+
+            tables.append(groups_tables(result.groups))
         show(Group(*tables), output)
 
 
@@ -596,12 +720,16 @@ def compare_presets(
     backend: BackendOpt = "process",
     column: ColumnOpt = None,
     device: DeviceOpt = "auto",
-    format: FormatOpt = None,
+    format: DataFormatOpt = None,
     output: OutputOpt = None,
     strict: StrictOpt = False,
     chunk_tokens: ChunkOpt = CHUNK_TOKENS,
     input_format: InputFormatOpt = None,
     trust_pickle: TrustPickleOpt = False,
+    by: ByOpt = None,
+    where: WhereOpt = None,
+    steps: StepsOpt = None,
+    tensorboard: TensorboardOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """What every rollout-correction preset (verl's 19, the legacy family, your own) would do to this data,
@@ -613,9 +741,16 @@ def compare_presets(
       rollout-diag compare-presets run/ --preset verl --sort intrusiveness
       rollout-diag compare-presets run/ --export-decisions decisions.parquet
     """
-    refuse_overwriting_inputs({"output": output, "export_decisions_to": export_decisions}, inputs, presets_file)
+    chosen_format = data_format(format, output)
+    outputs = {**data_outputs(chosen_format, output, by), "export_decisions_to": export_decisions}
+    refuse_overwriting_inputs(outputs, inputs, presets_file)
+    if tensorboard is not None:  # a missing package fails before the reading, not after
+        from rollout_diag.export.tensorboard import writer_class
+
+        writer_class()
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend)
     from rollout_diag.compare import compare_presets as run_comparison
+    from rollout_diag.engine import parse_step_range
     from rollout_diag.presets import choose_presets
     from rollout_diag.render.export import comparison_csv, to_json_text
     from rollout_diag.render.format import plain
@@ -634,29 +769,45 @@ def compare_presets(
             targets=parse_targets(target),
             intrusive_rejected_fraction=intrusive_reject,
             intrusive_min_ess=intrusive_ess,
+            by=by or (),
+            where=where,
+            steps=parse_step_range(steps, "--steps"),
         )
     if export_decisions is not None:
         typer.echo(f"wrote {export_decisions}", err=True)
+    if tensorboard is not None:
+        write_tensorboard_events(result, tensorboard)
     from rollout_diag.decisions.recommend import sort_by_intrusiveness
     from rollout_diag.render.decisions import recommendation_lines
     from rollout_diag.render.presets import answer_block
 
     if sort is PresetOrder.intrusiveness:
         result = sort_by_intrusiveness(result)
-    shown = output_format(format, output)
-    if shown is OutputFormat.json:
+    shown = chosen_format
+    if shown is DataFormat.parquet:
+        write_parquet_tables(result, output)
+    elif shown is DataFormat.json:
         emit(to_json_text(result.to_json()), output)
-    elif shown is OutputFormat.csv:
+    elif shown is DataFormat.csv:
         emit(comparison_csv(result), output)
     else:
         warnings = [plain(f"warning: {warning}", style="yellow") for warning in result.warnings]
         tables = [*answer_block(result), presets_table(result), render_sweep(result.sweep, parse_targets(target))]
+        if result.groups or result.selection:
+            from rollout_diag.render.groups import groups_tables, selection_line
+
+            if result.selection:
+                tables.insert(0, selection_line(result.selection))
+            tables.append(groups_tables(result.groups))
         details = [] if result.recommendation is None else [recommendation_lines(result.recommendation, headline=False)]
         show(Group(*tables, *warnings, *details), output)
 
 
 # Options that shape a live analysis: given with --from-json they would be silently ignored, so they are an error.
 LIVE_ONLY = (
+    "by",
+    "where",
+    "steps",
     "presets_file",
     "rollout_is",
     "rollout_is_threshold",
@@ -727,6 +878,9 @@ def report(
     dialect: DialectOpt = None,
     input_format: InputFormatOpt = None,
     trust_pickle: TrustPickleOpt = False,
+    by: ByOpt = None,
+    where: WhereOpt = None,
+    steps: StepsOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """One self-contained HTML file (no network needed) showing where and why rollout and trainer disagree.
@@ -757,6 +911,7 @@ def report(
         analysis, comparison = load_results(from_json)
     elif inputs:
         from rollout_diag.compare import analyze_and_compare
+        from rollout_diag.engine import parse_step_range
         from rollout_diag.presets import choose_presets
 
         chosen = choose_presets(
@@ -772,6 +927,9 @@ def report(
                 intrusive_rejected_fraction=intrusive_reject,
                 intrusive_min_ess=intrusive_ess,
                 dialect=dialect or "verl",
+                by=by or (),
+                where=where,
+                steps=parse_step_range(steps, "--steps"),
             )
     else:
         fail("give the dump(s) to analyse, or --from-json FILE.")

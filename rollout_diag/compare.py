@@ -23,12 +23,14 @@ from rollout_diag.dump import reads_dump
 from rollout_diag.engine import build_result, check_targets
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.exports import DecisionWriter
+from rollout_diag.groups import GroupSpec, group_specs
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
 from rollout_diag.metrics.segments import stats
 from rollout_diag.metrics.sweep import DEFAULT_TARGETS, sweep_tables
 from rollout_diag.passes import Inputs, PassSpec, Progress, open_reader, resolve_device, run_chunks
 from rollout_diag.presets import Preset, resolve_presets
 from rollout_diag.results import AnalysisResult, ComparisonResult, PresetResult, StepResult, SweepOption
+from rollout_diag.selection import RowSelection, StepRange, selection
 
 
 @reads_dump
@@ -40,25 +42,29 @@ def compare_presets(
     device: str | torch.device = "auto",
     strict: bool = False,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-    progress: Progress | None = None,
+    progress: Progress | bool | None = None,
     export_decisions_to: str | Path | None = None,
     targets: Sequence[float] = DEFAULT_TARGETS,
     intrusive_rejected_fraction: float = INTRUSIVE_REJECTED_FRACTION,
     intrusive_min_ess: float = INTRUSIVE_MIN_ESS,
     workers: int = 1,
     backend: str = "process",
+    by: Sequence[str | GroupSpec] = (),
+    where: str | None = None,
+    steps: StepRange | None = None,
 ) -> ComparisonResult:
     """Every chosen preset's §1, §2/§3 (or §8) and ``summary/`` metrics per step and for the run, and the
     threshold sweep (``sweep``: the run-level table of rollout_diag.metrics.sweep), in one pass.
 
     ``presets``: names, groups (``all``, ``verl``, ``legacy``) or Preset objects; None = every built-in
-    preset. ``export_decisions_to``: also write the per-row decisions (see :func:`export_decisions`).
+    preset. ``export_decisions_to``: also write the per-row decisions (see :func:`export_decisions`). ``by``,
+    ``where``, ``steps``: as for ``analyze`` (``ComparisonResult.groups`` holds the key metrics per group).
     Raises RolloutDiagError (InputError, ColumnError, DataError, ConfigError) for bad input or options.
     """
     _, comparison = _one_pass(
         inputs,
         presets,
-        {"offpolicy_only": True},
+        {"offpolicy_only": True, "by": by},
         columns=columns,
         device=device,
         strict=strict,
@@ -69,6 +75,7 @@ def compare_presets(
         intrusive=(intrusive_rejected_fraction, intrusive_min_ess),
         workers=workers,
         backend=backend,
+        selection=selection(where, steps),
     )
     return comparison
 
@@ -82,7 +89,7 @@ def analyze_and_compare(
     device: str | torch.device = "auto",
     strict: bool = False,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-    progress: Progress | None = None,
+    progress: Progress | bool | None = None,
     targets: Sequence[float] = DEFAULT_TARGETS,
     workers: int = 1,
     backend: str = "process",
@@ -90,6 +97,9 @@ def analyze_and_compare(
     intrusive_rejected_fraction: float = INTRUSIVE_REJECTED_FRACTION,
     intrusive_min_ess: float = INTRUSIVE_MIN_ESS,
     dialect: str | Sequence[str] = "verl",
+    by: Sequence[str | GroupSpec] = (),
+    where: str | None = None,
+    steps: StepRange | None = None,
 ) -> tuple[AnalysisResult, ComparisonResult]:
     """``analyze`` and ``compare_presets`` in one pass over the data (what ``rollout-diag report`` shows).
 
@@ -101,7 +111,7 @@ def analyze_and_compare(
     return _one_pass(
         inputs,
         presets,
-        {**(analysis_options or {}), "dialects": resolve(dialect)},
+        {**(analysis_options or {}), "dialects": resolve(dialect), "by": by},
         columns=columns,
         device=device,
         strict=strict,
@@ -112,6 +122,7 @@ def analyze_and_compare(
         intrusive=(intrusive_rejected_fraction, intrusive_min_ess),
         workers=workers,
         backend=backend,
+        selection=selection(where, steps),
     )
 
 
@@ -130,6 +141,7 @@ def _one_pass(
     intrusive: tuple[float, float],
     workers: int = 1,
     backend: str = "process",
+    selection: RowSelection | None = None,
 ) -> tuple[AnalysisResult, ComparisonResult]:
     """analysis (with ``options``) + every preset + the sweep over the data, serially or on workers."""
     check_workers(workers, backend)
@@ -137,7 +149,9 @@ def _one_pass(
     checked_targets = check_targets(targets)
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
-    spec = PassSpec(options, chosen)
+    reader.select(selection)
+    options = {**options, "by": group_specs(options.get("by", ()), reader)}
+    spec = PassSpec(options, chosen, selection=reader.selection)
     if workers > 1:
         if export_decisions_to is not None:
             raise ConfigError(
@@ -153,7 +167,7 @@ def _one_pass(
             consumers.append(lambda chunk: writer.write(stats(chunk)))
         with writer or contextlib.nullcontext():
             run_chunks(reader, consumers, torch_device, progress, state.prepare)
-    base = build_result(state.analysis, reader.log, torch_device, strict)
+    base = build_result(state.analysis, reader.log, torch_device, strict, reader.selection)
     sweep, corrections = state.sweep, state.corrections
     results = []
     finalized = corrections.finalize()
@@ -183,6 +197,8 @@ def _one_pass(
         sweep=[SweepOption.from_json(row) for row in sweep_tables(sweep, checked_targets)[0]],
         intrusive_rejected_fraction=intrusive[0],
         intrusive_min_ess=intrusive[1],
+        groups=base.groups,
+        selection=base.selection,
     )
     return base, judge_comparison(comparison, base)
 

@@ -21,7 +21,7 @@ import torch
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.io.reader import DumpReader, ReadLog
 from rollout_diag.io.sources import Source
-from rollout_diag.passes import Analysis, Pass, PassSpec, Progress, run_chunks
+from rollout_diag.passes import Analysis, Pass, PassSpec, Progress, progress_callback, run_chunks
 
 BACKENDS = ("process", "ray")
 MAX_WORKERS = 1024  # a Ray cluster may be large; more parts than this only adds overhead
@@ -42,6 +42,7 @@ def run_part(
     and ``columns`` the user's overrides, from which each file resolves its own columns as in one process."""
     torch.set_num_threads(1)  # the workers share the machine's cores
     reader = DumpReader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens, parts=part)
+    reader.select(spec.selection)
     state = spec.new()
     run_chunks(reader, state.consumers(), torch.device(device), prepare=state.prepare)
     return state, reader.log
@@ -65,6 +66,7 @@ def run_parts(
     results = _run_ray(jobs) if backend == "ray" else _run_processes(jobs, workers, device)
     merged = spec.new()
     total = reader.log.total_rows
+    progress = progress_callback(progress)
     for done, (state, log) in enumerate(results, start=1):
         merged.merge(state)
         reader.log.merge(log)
@@ -91,12 +93,14 @@ def analyze_parts(
     progress: Progress | None = None,
 ) -> Analysis:
     """``analyze`` on ``workers`` processes or Ray tasks: the merged Analysis."""
-    return run_parts(reader, workers, backend, device, PassSpec(options), progress).analysis
+    return run_parts(reader, workers, backend, device, PassSpec(options, selection=reader.selection), progress).analysis
 
 
 def _run_processes(jobs: list[tuple], workers: int, device: torch.device) -> list[tuple[Analysis, ReadLog]]:
-    # fork starts in milliseconds with torch already imported; CUDA cannot be forked, so GPUs spawn
-    method = "spawn" if device.type == "cuda" else "fork"
+    # fork starts in milliseconds with torch already imported; CUDA cannot be forked, so GPUs spawn; nor can polars
+    # once its thread pool runs (a forked child hangs on its first polars call), so --where (polars) spawns too
+    where = any(getattr(job[-1].selection, "where", None) for job in jobs)
+    method = "spawn" if device.type == "cuda" or where else "fork"
     context = multiprocessing.get_context(method)
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=context) as pool:
         return list(pool.map(run_part, *zip(*jobs, strict=True)))

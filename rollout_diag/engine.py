@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from numbers import Integral
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,6 +18,7 @@ from rollout_diag.decisions.diff import DEFAULT_LEVEL, DEFAULT_REPLICATES, DEFAU
 from rollout_diag.distributed import analyze_parts, check_workers
 from rollout_diag.dump import reads_dump
 from rollout_diag.errors import ConfigError, DataError, option_name, where
+from rollout_diag.groups import GroupSpec, group_specs
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, ReadLog
 from rollout_diag.metrics.base import StepAccumulator, row_mean
@@ -43,6 +45,7 @@ from rollout_diag.passes import (
 from rollout_diag.paths import file_label
 from rollout_diag.presets import Preset, resolve_presets
 from rollout_diag.results import AnalysisResult, RowStats, RowTokens, SkippedRow, SweepOption, SweepResult, SweepStep
+from rollout_diag.selection import no_rows_match, selection, selection_summary
 
 
 @reads_dump
@@ -56,10 +59,13 @@ def analyze(
     catastrophic: float = DEFAULT_CATASTROPHIC,
     top_k: int = DEFAULT_TOP_K,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-    progress: Progress | None = None,
+    progress: Progress | bool | None = None,
     workers: int = 1,
     backend: str = "process",
     dialect: str | Sequence[str] = DEFAULT_DIALECT,
+    by: Sequence[str | GroupSpec] = (),
+    where: str | None = None,
+    steps: StepRange | None = None,
 ) -> AnalysisResult:
     """Every mismatch metric of METRICS.md §1, §5, §6, §7, per step and for the run, in one streaming pass.
 
@@ -68,24 +74,32 @@ def analyze(
     (``backend="process"``) or Ray tasks (``backend="ray"``) and merges their states: the same result.
     ``dialect``: frameworks (``verl``, ``prime-rl``, …, or ``all``) whose own metrics each step and the run also
     carry under the names those trainers log (``StepResult.dialects``; docs/dialects.md).
+    ``by``: per-row columns (``env_name``, ``reward:sign``, ``response_length:bins=100,1000``; README "Which
+    environment diverges?") whose groups of rows each get the key metrics, per step and for the run
+    (``AnalysisResult.groups``), in the same pass. ``where``: a SQL condition over per-row columns (``"reward > 0
+    AND env_name = 'math'"``) and ``steps``: (first, last) inclusive, either None for an open end: only the rows
+    that match are read (``AnalysisResult.selection`` says which and how many). ``progress``: a callable
+    ``(rows done, total rows)``, or True for a line on stderr every few seconds (a notebook, a CI log).
     Raises RolloutDiagError (InputError, ColumnError, DataError, ConfigError) for bad input or options.
     """
     check_analysis_options(max_rounds, catastrophic, top_k)
     check_workers(workers, backend)
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
+    reader.select(selection(where, steps))
     options = {
         "max_rounds": max_rounds,
         "catastrophic": catastrophic,
         "top_k": top_k,
         "dialects": resolve_dialects(dialect),
+        "by": group_specs(by, reader),
     }
     if workers > 1:
         analysis = analyze_parts(reader, workers, backend, torch_device, options, progress)
     else:
         analysis = Analysis(**options)
         run_chunks(reader, [analysis.update], torch_device, progress, analysis.prepare)
-    return build_result(analysis, reader.log, torch_device, strict)
+    return build_result(analysis, reader.log, torch_device, strict, reader.selection)
 
 
 def check_targets(targets: Sequence[float]) -> tuple[float, ...]:
@@ -268,10 +282,15 @@ def _first(log: ReadLog) -> SkippedRow | None:
     return log.skipped[0] if log.skipped else None
 
 
-def build_result(analysis: Analysis, log: ReadLog, device: torch.device, strict: bool) -> AnalysisResult:
-    """Finalize ``analysis`` into an AnalysisResult; raises DataError when nothing could be analysed."""
+def build_result(
+    analysis: Analysis, log: ReadLog, device: torch.device, strict: bool, selection_of: Any = None
+) -> AnalysisResult:
+    """Finalize ``analysis`` into an AnalysisResult; raises DataError when nothing could be analysed.
+    ``selection_of``: the RowSelection the rows were read with (``reader.selection``), recorded in the result."""
     steps = analysis.step_results()
     run = analysis.run_result()
+    if run.rows == 0 and log.rows_selected_out:
+        raise DataError(f"{', '.join(log.files)}: {no_rows_match(selection_of, log.rows_selected_out)}")
     if run.rows == 0:
         raise DataError(
             f"{', '.join(log.files)}: every row was skipped ({log.skipped_rows} rows); the first: "
@@ -307,6 +326,8 @@ def build_result(analysis: Analysis, log: ReadLog, device: torch.device, strict:
         warnings=warnings,
         skipped=list(log.skipped),
         skipped_rows=log.skipped_rows,
+        groups=[group for grouped in analysis.grouped for group in grouped.results(run.rows, run.tokens)],
+        selection=selection_summary(selection_of, log, run.rows),
     )
     unmasked = (sum(c[0] for c in log.unmasked.values()), sum(c[1] for c in log.unmasked.values()))
     evidence = replace(analysis.hint_evidence.evidence(), unmasked=unmasked)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 import unicodedata
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # a type only: importing results would load numpy before an error message can print
     from rollout_diag.results import ExtraValue
@@ -116,3 +116,32 @@ def visible(text: object) -> str:
         else:
             out.append(char)
     return "".join(out)
+
+
+# ----------------------------------------------------------------------- --by groups and --where / --steps
+GROUPS_SHOWN = 12  # groups per grouping in the terminal and the report; JSON, dataframes and Parquet keep every one
+
+
+def group_label(value: ExtraValue) -> str:
+    """A group's value as tables show it: rows whose value is null as "(null)", numbers as their digits."""
+    if value is None:
+        return "(null)"
+    if isinstance(value, float):
+        return number(value)
+    return str(value)
+
+
+def selection_sentence(selection: Mapping[str, Any]) -> str:
+    """The rows a result is about (``--where``, ``--steps``: its ``selection``), one sentence: "Rows (where reward >
+    0, steps 100 to 300): 1,234 kept, 5,678 left out (not decoded)."."""
+    parts = []
+    if selection.get("where") is not None:
+        parts.append(f"where {selection['where']}")
+    if selection.get("steps") is not None:
+        first, last = selection["steps"]
+        if first is not None and last is not None:
+            parts.append(f"step {first}" if first == last else f"steps {first} to {last}")
+        else:
+            parts.append(f"steps from {first}" if first is not None else f"steps up to {last}")
+    kept, left_out = selection.get("rows_kept", 0), selection.get("rows_left_out", 0)
+    return f"Rows ({', '.join(parts)}): {kept:,} kept, {left_out:,} left out (not decoded)."

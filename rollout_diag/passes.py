@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from rollout_diag.errors import ConfigError, option_name
+from rollout_diag.groups import GroupedAnalysis, GroupSpec
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.formats import input_options
 from rollout_diag.io.reader import DumpReader
@@ -35,6 +36,18 @@ from rollout_diag.presets import Preset
 from rollout_diag.results import StepResult
 
 Progress = Callable[[int, int], None]  # (file rows consumed, total file rows)
+
+
+def progress_callback(progress: Progress | bool | None) -> Progress | None:
+    """``True``: a line on stderr every few seconds (rollout_diag/progress.py: for a pipe, a CI log, a notebook);
+    a callable as it is; ``None`` / ``False``: no progress."""
+    if progress is True:
+        from rollout_diag.progress import LineProgress
+
+        return LineProgress()
+    return progress or None
+
+
 # Token quantities of the analysis families, prepared in the reader's thread (the costly exps among them).
 ANALYSIS_QUANTITIES = (
     *SHARED_QUANTITIES,
@@ -94,9 +107,12 @@ class Analysis:
     dialects: tuple[str, ...] = (DEFAULT_DIALECT,)  # frameworks whose own metric names to report (--dialect)
     dialect: DialectsAccumulator = field(init=False)
     hint_evidence: HintEvidenceAccumulator = field(default_factory=HintEvidenceAccumulator)
+    by: tuple[GroupSpec, ...] = ()  # --by: the key families per group of rows (rollout_diag/groups.py)
+    grouped: list[GroupedAnalysis] = field(init=False)
 
     def __post_init__(self) -> None:
         check_analysis_options(self.max_rounds, self.catastrophic, self.top_k)
+        self.grouped = [GroupedAnalysis(spec, self.max_rounds, self.catastrophic) for spec in self.by]
         self.dialect = DialectsAccumulator(self.dialects)
         self.rounds = RoundAccumulator(self.max_rounds, self.catastrophic)
         self.positions = PositionAccumulator(self.catastrophic)
@@ -119,6 +135,8 @@ class Analysis:
         if not self.offpolicy_only:
             self.worst.update(chunk)
             self.dialect.update(chunk)
+        for grouped in self.grouped:
+            grouped.update(chunk)
         if len(self.empty_rows) < MAX_LISTED_EMPTY_ROWS:
             for row in torch.nonzero(stats(chunk).row_count == 0).flatten().tolist()[:MAX_LISTED_EMPTY_ROWS]:
                 self.empty_rows.append(
@@ -131,6 +149,8 @@ class Analysis:
         self.worst.merge(other.worst)
         self.dialect.merge(other.dialect)
         self.hint_evidence.merge(other.hint_evidence)
+        for mine_grouped, their_grouped in zip(self.grouped, other.grouped, strict=True):
+            mine_grouped.merge(their_grouped)
         # the first rows by (step, file, row), whichever worker found them
         self.empty_rows = sorted(self.empty_rows + other.empty_rows, key=lambda e: (e[0], e[2], e[3]))
         del self.empty_rows[MAX_LISTED_EMPTY_ROWS:]
@@ -206,6 +226,7 @@ def run_chunks(
     """Feed every chunk of ``reader`` to each consumer in turn; report progress in file rows. ``prepare`` runs on
     each chunk in the reader's thread first (segments and shared token quantities, ``metrics.segments.prepare``)."""
     total = reader.log.total_rows
+    progress = progress_callback(progress)
     with _core_for_the_reader(device):
         for chunk, consumed in reader.chunks(device, prepare=prepare):
             for consume in consumers:
@@ -279,6 +300,7 @@ class PassSpec:
 
     options: Mapping[str, Any]
     presets: Sequence[Preset] | None = None
+    selection: Any = None  # the rows to read (rollout_diag/selection.py RowSelection), None: all
 
     def new(self) -> Pass:
         presets = None if self.presets is None else CorrectionAnalysis(self.presets)

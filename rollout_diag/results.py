@@ -214,6 +214,66 @@ class OverallVerdict:
 
 
 @dataclass(frozen=True)
+class GroupResult:
+    """One group of rows of ``--by`` (``rollout_diag/groups.py``): its key metrics for the run and per step."""
+
+    column: str  # the --by spec as written: "env_name", "reward:sign", "response_length:bins=100,1000"
+    value: ExtraValue  # the column's value or the bucket's label; None: rows where the column is null
+    rows: int
+    tokens: int
+    row_share: float  # of the run's rows
+    token_share: float  # of the run's model tokens
+    metrics: dict[str, float]
+    steps: list[StepResult]
+    verdict: dict[str, Any]  # {"level", "sentence", "metrics": {key: {"value", "level"}}}
+    most_divergent_round: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "column": self.column,
+            "value": self.value,
+            "rows": self.rows,
+            "tokens": self.tokens,
+            "row_share": self.row_share,
+            "token_share": self.token_share,
+            "metrics": {name: json_number(value) for name, value in self.metrics.items()},
+            "steps": [step.to_json() for step in self.steps],
+            "verdict": _json_verdict(self.verdict),
+            "most_divergent_round": self.most_divergent_round,
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> GroupResult:
+        return cls(
+            column=raw["column"],
+            value=raw["value"],
+            rows=raw["rows"],
+            tokens=raw["tokens"],
+            row_share=raw.get("row_share", 0.0),
+            token_share=raw.get("token_share", 0.0),
+            metrics={name: math.nan if value is None else value for name, value in raw["metrics"].items()},
+            steps=[StepResult.from_json(step) for step in raw.get("steps", [])],
+            verdict=dict(raw.get("verdict", {})),
+            most_divergent_round=raw.get("most_divergent_round"),
+        )
+
+
+def _frames() -> Any:
+    """rollout_diag.export.frames, loaded when a dataframe is asked for: by name, so that the result contract (which
+    tests/test_architecture.py keeps free of heavy imports, polars among them) loads polars only in to_polars()."""
+    import importlib
+
+    return importlib.import_module("rollout_diag.export.frames")
+
+
+def _json_verdict(verdict: Mapping[str, Any]) -> dict[str, Any]:
+    metrics = {
+        key: {**entry, "value": json_number(entry.get("value"))} for key, entry in verdict.get("metrics", {}).items()
+    }
+    return {**verdict, "metrics": metrics}
+
+
+@dataclass(frozen=True)
 class AnalysisResult:
     """Everything ``analyze`` found; ``to_json()`` is the documented JSON (schemas/result.schema.json)."""
 
@@ -247,6 +307,8 @@ class AnalysisResult:
     # the most divergent round under the support rule and whether it stands out from the others (None: one round)
     divergent_round: dict[str, Any] | None = None
     anomaly_check: str = ""  # why the anomaly rule could not apply ("" when it did)
+    groups: list[GroupResult] = field(default_factory=list)  # --by: every group of every spec, worst first
+    selection: dict[str, Any] = field(default_factory=dict)  # --where / --steps: {"where", "steps", "rows_kept", …}
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -280,7 +342,25 @@ class AnalysisResult:
             "step_levels": [dict(entry) for entry in self.step_levels],
             "divergent_round": None if self.divergent_round is None else _json_row(self.divergent_round),
             "anomaly_check": self.anomaly_check,
+            "groups": [group.to_json() for group in self.groups],
+            "selection": dict(self.selection),
         }
+
+    def to_polars(self) -> dict[str, Any]:
+        """The tables a user slices, as polars DataFrames: steps (one row per step, one column per verl-named
+        metric), run, rounds, positions, worst_rows (with their extra columns), worst_tokens, verdicts, groups and
+        group_steps (``--by``). Raises ConfigError without polars."""
+        return _frames().analysis_frames(self)
+
+    def to_pandas(self) -> dict[str, Any]:
+        """``to_polars()``'s tables as pandas DataFrames; raises ConfigError (saying what to install) without pandas."""
+        return _frames().to_pandas(self.to_polars())
+
+    def _repr_html_(self) -> str:
+        """A notebook shows the verdict, where the mismatch sits and the key metrics (not the dataclass)."""
+        from rollout_diag.export.notebook import analysis_html
+
+        return analysis_html(self)
 
     @classmethod
     def from_json(cls, document: dict[str, Any]) -> AnalysisResult:
@@ -317,6 +397,8 @@ class AnalysisResult:
                 values[spec.name] = [_item(_ITEM_TYPES[spec.name], item) for item in raw]
             elif spec.name == "verdict":
                 values[spec.name] = None if raw is None else OverallVerdict.from_json(raw)
+            elif spec.name == "groups":
+                values[spec.name] = [GroupResult.from_json(group) for group in raw]
             elif spec.name in ("rounds", "positions"):
                 values[spec.name] = [{key: _nan_for_null(value, key) for key, value in row.items()} for row in raw]
             else:
@@ -606,6 +688,8 @@ class ComparisonResult:
     recommendation_withheld: str | None = None
     verdicts: list[Verdict] = field(default_factory=list)  # the data's key metrics, judged (as AnalysisResult's)
     step_levels: list[dict[str, Any]] = field(default_factory=list)  # as AnalysisResult.step_levels
+    groups: list[GroupResult] = field(default_factory=list)  # --by: the key metrics per group (as analyze's)
+    selection: dict[str, Any] = field(default_factory=dict)  # --where / --steps (as analyze's)
 
     @classmethod
     def from_json(cls, document: dict[str, Any]) -> ComparisonResult:
@@ -642,9 +726,25 @@ class ComparisonResult:
                 recommendation_withheld=document.get("recommendation_withheld"),
                 verdicts=[_item(Verdict, item) for item in document.get("verdicts", [])],
                 step_levels=list(document.get("step_levels", [])),
+                groups=[GroupResult.from_json(group) for group in document.get("groups", [])],
+                selection=dict(document.get("selection", {})),
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise InputError(f"not a `compare-presets --format json` result (missing {exc}).") from exc
+
+    def to_polars(self) -> dict[str, Any]:
+        """presets (run metrics per preset), preset_steps, sweep (per option and target), groups and group_steps
+        (``--by``) as polars DataFrames."""
+        return _frames().comparison_frames(self)
+
+    def to_pandas(self) -> dict[str, Any]:
+        """``to_polars()``'s tables as pandas DataFrames; raises ConfigError (saying what to install) without pandas."""
+        return _frames().to_pandas(self.to_polars())
+
+    def _repr_html_(self) -> str:
+        from rollout_diag.export.notebook import comparison_html
+
+        return comparison_html(self)
 
     def preset(self, name: str) -> PresetResult:
         """The result of preset ``name``; raises KeyError."""
@@ -666,6 +766,8 @@ class ComparisonResult:
             step_levels=[dict(entry) for entry in self.step_levels],
             presets=[preset.to_json() for preset in self.presets],
             sweep=[option.to_json() for option in self.sweep],
+            **({"groups": [group.to_json() for group in self.groups]} if self.groups else {}),
+            **({"selection": dict(self.selection)} if self.selection else {}),
         )
 
 

@@ -216,10 +216,12 @@ def test_csv_has_one_line_per_step(sample: Path, sample_json: dict) -> None:
     header, lines = records[0], records[1:]
     assert header[:3] == ["step", "rows", "tokens"]
     assert "rollout_corr/k3_kl" in header and "training/rollout_probs_diff_mean" in header
-    assert len(lines) == len(sample_json["steps"])
-    for line, step in zip(lines, sample_json["steps"], strict=True):
+    assert len(lines) == len(sample_json["steps"]) + 1  # and the run, last (issue 22)
+    run = {**sample_json["run"], "step": "run"}
+    assert lines[-1][:3] == ["run", str(run["rows"]), str(run["tokens"])]
+    for line, step in zip(lines, [*sample_json["steps"], run], strict=True):
         assert len(line) == len(header)
-        assert [int(v) for v in line[:3]] == [step["step"], step["rows"], step["tokens"]]
+        assert [int(v) for v in line[1:3]] == [step["rows"], step["tokens"]] and line[0] == str(step["step"])
         for name, value in zip(header[3:], line[3:], strict=True):
             expected = step["metrics"].get(name)
             if expected is None:
@@ -238,7 +240,7 @@ def test_output_option_writes_the_file(tmp_path: Path, sample: Path, sample_json
     if format_ == "json":
         assert json.loads(text)["run"] == sample_json["run"]
     else:
-        assert len(text.splitlines()) == 1 + len(sample_json["steps"])
+        assert len(text.splitlines()) == 1 + len(sample_json["steps"]) + 1  # header, steps, run
 
 
 # ------------------------------------------------------------------------------------------ inspect
@@ -307,7 +309,7 @@ def test_console_script_runs_analyze(sample: Path, sample_json: dict) -> None:
     assert process.returncode == 0, process.stderr
     assert process.stderr == ""
     assert "Traceback" not in process.stdout
-    assert len(process.stdout.splitlines()) == 1 + len(sample_json["steps"])
+    assert len(process.stdout.splitlines()) == 1 + len(sample_json["steps"]) + 1  # header, steps, run
 
 
 def test_cli_chunk_default_is_the_readers() -> None:

@@ -167,3 +167,17 @@ def step_levels(steps: Sequence[tuple[int | None, Mapping[str, float]]]) -> list
         level = worst_level([value for key, value in levels.items() if key not in growing])
         out.append({"step": step, "level": level, "levels": levels})
     return out
+
+
+def group_verdict(
+    metrics: Mapping[str, float], *, rows: int, tokens: int, catastrophic_threshold: float = 1.0
+) -> dict[str, object]:
+    """A ``--by`` group's verdict: the overall verdict's rules on the group's own metrics (its level, sentence and
+    notes) and each judged metric's value and level."""
+    verdict = overall_verdict(metrics, rows=rows, tokens=tokens, catastrophic_threshold=catastrophic_threshold)
+    return {
+        "level": verdict.level,
+        "sentence": verdict.sentence,
+        "notes": list(verdict.notes),
+        "metrics": {v.metric: {"value": v.value, "level": v.level} for v in judge(dict(metrics))},
+    }

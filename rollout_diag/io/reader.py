@@ -81,6 +81,7 @@ class ReadLog:
     # difference: rows}. One difference in every row is a layout mistake worth naming (a prompt prefix).
     length_offsets: dict[tuple[str, str, str], dict[int, int]] = field(default_factory=dict)
     finished: bool = False
+    rows_selected_out: int = 0  # rows a row selection (--where, --steps) left out: not decoded, not skipped
 
     def merge(self, other: ReadLog) -> None:
         """Fold in the log of a worker that read other row groups of the same inputs."""
@@ -98,6 +99,7 @@ class ReadLog:
             mine = self.length_offsets.setdefault(key, {})
             for offset, rows in offsets.items():
                 mine[offset] = mine.get(offset, 0) + rows
+        self.rows_selected_out += other.rows_selected_out
 
     def finish(self) -> None:
         """Add the warnings that need every row seen (missing mask, duplicate rows); once, after the last merge."""
@@ -493,6 +495,8 @@ class DumpReader:
         self.overrides = dict(columns or {})
         self.parts = None if parts is None else {path: set(groups) for path, groups in parts.items()}
         self.log = ReadLog()
+        # Called per record batch with (batch, steps) -> bool per row: the rows to read (rollout_diag/selection.py).
+        self.selection: Callable[[pa.RecordBatch | pa.Table, np.ndarray], np.ndarray] | None = None
         given = [inputs] if isinstance(inputs, str) else list(inputs)
         if given and all(isinstance(item, Source) for item in given):
             self.sources = given
@@ -557,6 +561,32 @@ class DumpReader:
             raise first_error  # type: ignore[misc]  # every file was stray: say why the first one is not a dump
         self.sources = kept
         return opened
+
+    def select(self, selection: Callable[[pa.RecordBatch | pa.Table, np.ndarray], np.ndarray] | None) -> None:
+        """Read only the rows ``selection(batch, steps)`` keeps; it may first ``check(schema, path)`` every file's
+        per-row columns (a bad predicate fails before any reading)."""
+        if selection is not None and hasattr(selection, "check"):
+            for opened in self.files:  # what a predicate may name: the per-row values, never a token's
+                roles = ("step", "sample_id", "policy_version")
+                per_row = [
+                    opened.columns.names[r]
+                    for r in roles
+                    if r in opened.columns.names and r not in opened.columns.from_partition
+                ]
+                per_row += [n for n in opened.extras if n not in per_row]
+                selection.check(opened.parquet.schema_arrow, opened.source.path, per_row)
+        self.selection = selection or None
+
+    def row_columns(self) -> list[str]:
+        """The per-row scalar columns carried in ``Chunk.extra`` (any file's, policy_version first): what ``--by``
+        can group by."""
+        names: dict[str, None] = {}
+        for opened in self.files:
+            version = opened.columns.get("policy_version")
+            if version is not None and "policy_version" not in opened.columns.from_partition:
+                names[version] = None
+            names.update(dict.fromkeys(opened.extras))
+        return list(names)
 
     def narrow(self, step: int | None = None, sample_id: str | None = None) -> None:
         """Read only the row groups that may hold rows of ``step`` / ``sample_id``, judged by the Parquet
@@ -1048,15 +1078,20 @@ def _read_sequences(opened: _OpenFile, reader: DumpReader) -> Iterator[tuple[_Bl
             for role, array in lists.items()
         }
         keep = np.ones(rows, dtype=bool)
+        if reader.selection is not None:  # rows left out here are neither decoded nor validated
+            keep = reader.selection(batch, _batch_steps(opened, batch, rows))
+            reader.log.rows_selected_out += int(rows - keep.sum())
+            if not keep.any():
+                continue
         pending: list[SkippedRow] = []
         step_nulls = _step_nulls(opened, batch)
         if step_nulls is not None:
-            for row in np.flatnonzero(step_nulls):
+            for row in np.flatnonzero(step_nulls & keep):
                 keep[row] = False
                 pending.append(SkippedRow(path, first_row + int(row), names["step"], "null step"))
         if SKIP_REASON in batch.schema.names:  # rows a trainer format could not read (io/formats/base.py)
             reasons = batch.column(SKIP_REASON)
-            for row in np.flatnonzero(reasons.is_valid().to_numpy(zero_copy_only=False)):
+            for row in np.flatnonzero(reasons.is_valid().to_numpy(zero_copy_only=False) & keep):
                 keep[row] = False
                 column = batch.column(SKIP_COLUMN)[int(row)].as_py()
                 pending.append(SkippedRow(path, first_row + int(row), column, reasons[int(row)].as_py()))
@@ -1171,9 +1206,40 @@ def _read_tokens(opened: _OpenFile, reader: DumpReader) -> Iterator[tuple[_Block
             continue
         cut = int(ends[complete - 1])
         head = table if cut == table.num_rows else table.slice(0, cut)
-        yield _token_block(opened, head, first_row, (ends - starts)[:complete], finished, reader), cut
+        yield (
+            _selected(_token_block(opened, head, first_row, (ends - starts)[:complete], finished, reader), reader),
+            cut,
+        )
         if cut < table.num_rows:
             carry, carry_first_row = table.slice(cut), first_row + cut
+
+
+def _batch_steps(opened: _OpenFile, table: pa.Table | pa.RecordBatch, rows: int) -> np.ndarray:
+    """Each row's step, for a row selection (a null step reads as a neighbour's: the row is skipped later anyway)."""
+    name = opened.columns.get("step")
+    if name is None:
+        return np.zeros(rows, dtype=np.int64)
+    if "step" in opened.columns.from_partition:
+        value = opened.source.partition[name]
+        return np.full(rows, value if isinstance(value, int) else 0, dtype=np.int64)
+    return _filled_step(table.column(name)).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+def _selected(block: _Block, reader: DumpReader) -> _Block:
+    """Token layout: the block's rows (sequences) that the row selection keeps, judged on their per-row values."""
+    if reader.selection is None or not len(block.lengths):
+        return block
+    columns = {
+        name: pa.array(values) if isinstance(values, np.ndarray) else values.array
+        for name, values in block.extra.items()
+    }
+    for role, values in (("step", block.step), ("sample_id", block.sample_id)):
+        name = block.names.get(role)
+        if name is not None and name not in columns:
+            columns[name] = pa.array(values)
+    keep = reader.selection(pa.table(columns) if columns else pa.table({"_": np.zeros(len(block.lengths))}), block.step)
+    reader.log.rows_selected_out += int(len(keep) - keep.sum())
+    return block if keep.all() else _drop_rows(block, np.flatnonzero(~keep))
 
 
 def _step_nulls(opened: _OpenFile, table: pa.Table | pa.RecordBatch) -> np.ndarray | None:

@@ -39,6 +39,13 @@ def steps_csv(steps: Sequence[StepResult], leading: dict[str, Any] | None = None
     return buffer.getvalue()
 
 
+def analysis_csv(result: Any) -> str:
+    """``analyze --format csv``: one line per step, then a line for the whole run (step ``run``)."""
+    text = steps_csv([*result.steps, result.run])
+    head, _, last = text.rstrip("\n").rpartition("\n")
+    return f"{head}\nrun{last}\n"  # the run's step cell is empty: name it, as compare-presets' CSV does
+
+
 def plain_number(value: Any) -> str:
     """A CSV cell: the float's shortest round-trip digits (never ``np.float64(…)``); empty for None/NaN."""
     if value is None or value == "":

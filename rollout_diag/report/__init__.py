@@ -17,6 +17,7 @@ from rollout_diag.errors import ConfigError
 from rollout_diag.report.comparison import presets_section, rejection_by_step, select_presets
 from rollout_diag.report.dialects import dialects_section
 from rollout_diag.report.diff import diff_section, recommendation_section
+from rollout_diag.report.groups import groups_section, selection_section
 from rollout_diag.report.header import header_html
 from rollout_diag.report.hints import hints_section
 from rollout_diag.report.markup import escape
@@ -76,6 +77,8 @@ def render_report(
     selected = select_presets(comparison, presets) if comparison is not None else []
     canvas = Canvas()
     sections = [trends_section(result, canvas, rejection_by_step(selected)), hints_section(result)]
+    if result.selection:  # --where / --steps: say first which rows the page is about
+        sections.insert(0, selection_section(result))
     if len(result.rounds) > 1:  # single-turn data has nothing to say per round
         sections.append(rounds_section(result, canvas))
     sections += [
@@ -83,6 +86,8 @@ def render_report(
         delta_section(result, canvas),
         worst_section(result, canvas),
     ]
+    if (groups := groups_section(result, canvas)) is not None:
+        sections.append(groups)
     if comparison is not None:
         sections.append(presets_section(comparison, selected, canvas))
         sections.append(recommendation_section(comparison, selected))  # "which correction should I turn on?"
@@ -125,6 +130,8 @@ def analysis_from_comparison(comparison: ComparisonResult) -> AnalysisResult:
         warnings=list(comparison.warnings),
         verdict=comparison.verdict,
         step_levels=list(comparison.step_levels),
+        groups=list(comparison.groups),
+        selection=dict(comparison.selection),
     )
 
 

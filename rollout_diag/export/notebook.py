@@ -1,0 +1,101 @@
+"""What a notebook shows for a result (``_repr_html_``): the verdict, the key metrics and where the mismatch sits,
+as the first screen of ``analyze`` says them; not a dump of the dataclass."""
+
+from __future__ import annotations
+
+import html
+from itertools import groupby
+from typing import TYPE_CHECKING
+
+from rollout_diag import catalogue
+from rollout_diag.catalogue import short_name
+from rollout_diag.formatting import group_label, number, percent, selection_sentence
+
+if TYPE_CHECKING:  # types only: results imports this module (_repr_html_)
+    from rollout_diag.results import AnalysisResult, ComparisonResult
+
+LEVEL_COLOR = {"bad": "#cf222e", "watch": "#bf8700", "ok": "#1a7f37"}
+
+
+def where_lines(result: AnalysisResult) -> list[str]:
+    """Where to look first: the step with the largest k3_kl, the round the analysis named, the largest |δ|."""
+    key = catalogue.K3_KL.key
+    lines = []
+    scored = [s for s in result.steps if isinstance(s.metrics.get(key), float) and s.metrics[key] == s.metrics[key]]
+    if len(scored) > 1:
+        top = max(scored, key=lambda s: s.metrics[key])
+        lines.append(f"step {top.step} has the largest k3_kl ({number(top.metrics[key])})")
+    named = result.run.metrics.get(catalogue.MOST_DIVERGENT_ROUND.key)
+    if named is not None and named == named and len(result.rounds) > 1:
+        lines.append(f"round {int(named)} diverges most")
+    if result.worst_tokens:
+        token = result.worst_tokens[0]
+        lines.append(
+            f"|δ| {number(abs(token.log_ratio))} at position {token.position} of sample {token.sample_id} "
+            f"(step {token.step})"
+        )
+    return lines
+
+
+def _level(level: str) -> str:
+    color = LEVEL_COLOR.get(level, "#6e7781")
+    return f'<b style="color:{color}">{html.escape(level.upper())}</b>'
+
+
+def analysis_html(result: AnalysisResult) -> str:
+    """An HTML fragment: header, verdict sentence, "where" lines, the key-metrics table, the worst group per --by."""
+    level, sentence = (result.verdict.level, result.verdict.sentence) if result.verdict else ("n/a", "")
+    parts = [
+        "<div>",
+        f"<b>rollout-diag analyze</b>: {len(result.inputs)} file(s), {number(result.run.rows)} rows, "
+        f"{number(result.run.tokens)} model tokens, {len(result.steps)} step(s)<br>",
+    ]
+    if result.selection:
+        parts.append(f"{html.escape(selection_sentence(result.selection))}<br>")
+    parts.append(f"Verdict: {_level(level)} — {html.escape(sentence)}")
+    places = where_lines(result)
+    if places:
+        parts.append("<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in places) + "</ul>")
+    rows = "".join(
+        f"<tr><td>{html.escape(short_name(v.metric))}</td><td style='text-align:right'>{html.escape(number(v.value))}"
+        f"</td><td>{_level(v.level)}</td><td style='text-align:right'>{html.escape(number(v.watch))}</td>"
+        f"<td style='text-align:right'>{html.escape(number(v.bad))}</td></tr>"
+        for v in result.verdicts
+    )
+    parts.append(
+        "<table><thead><tr><th>key metric</th><th>value</th><th>verdict</th><th>watch ≥</th><th>bad ≥</th></tr>"
+        f"</thead><tbody>{rows}</tbody></table>"
+    )
+    for column, members in groupby(result.groups, key=lambda g: g.column):
+        worst = next(iter(members))
+        parts.append(
+            f"Worst {html.escape(column)}: <b>{html.escape(group_label(worst.value))}</b> "
+            f"{_level(worst.verdict.get('level', 'n/a'))} "
+            f"(k3_kl {html.escape(number(worst.metrics.get(catalogue.K3_KL.key)))}"
+            f", {html.escape(percent(worst.token_share))} of tokens)<br>"
+        )
+    parts.append("<small>Tables: <code>result.to_polars()</code>; everything: <code>result.to_json()</code>.</small>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def comparison_html(result: ComparisonResult) -> str:
+    """An HTML fragment: one row per preset with its run-level rejected shares and IS effective sample size."""
+    metrics = (catalogue.REJECTED_TOKEN_FRACTION, catalogue.REJECTED_ROW_FRACTION, catalogue.IS_EFF_SAMPLE_SIZE)
+
+    def value(run: dict, metric: catalogue.Metric) -> str:
+        found = run.get(metric.key)
+        return number(run.get(catalogue.legacy_twin(metric).key) if found is None else found)
+
+    rows = "".join(
+        f"<tr><td>{html.escape(p.name)}</td><td>{html.escape(p.mode)}</td>"
+        + "".join(f"<td style='text-align:right'>{html.escape(value(p.run.metrics, m))}</td>" for m in metrics)
+        + f"<td>{'intrusive' if p.intrusive else ''}</td></tr>"
+        for p in result.presets
+    )
+    head = "".join(f"<th>{html.escape(short_name(m.key))}</th>" for m in metrics)
+    return (
+        f"<div><b>rollout-diag compare-presets</b>: {len(result.presets)} preset(s) on {len(result.inputs)} file(s)"
+        f"<table><thead><tr><th>preset</th><th>mode</th>{head}<th></th></tr></thead><tbody>{rows}</tbody></table>"
+        "<small>Tables: <code>result.to_polars()</code>.</small></div>"
+    )

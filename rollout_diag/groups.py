@@ -1,0 +1,342 @@
+"""``--by COLUMN``: the key metric families per group of rows (an environment, a reward sign, a length bucket), in the
+same pass as the whole analysis.
+
+One pass, state per group: each chunk is seen a second time through a *view* whose step groups are (group, step)
+pairs instead of steps. The view shares the chunk's tensors, token quantities, segment sums and row sums (none of
+which depend on how rows are grouped), so only the per-group reductions are added. Every family keys its state by
+whatever the chunk's step groups are; splitting that state by group afterwards gives, for each group, exactly the
+per-step states that analysing the group's rows alone accumulates (up to float64 summation order: rtol 1e-12).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from itertools import pairwise
+from typing import Any
+
+import numpy as np
+import torch
+
+from rollout_diag import catalogue
+from rollout_diag.decisions.verdict import group_verdict
+from rollout_diag.errors import ConfigError, option_name
+from rollout_diag.io.chunk import Chunk, StepGroups, extra_value
+from rollout_diag.metrics.base import StepAccumulator
+from rollout_diag.metrics.debug import DebugAccumulator
+from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
+from rollout_diag.metrics.rollout_kl import RolloutKLAccumulator
+from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS, RoundAccumulator
+from rollout_diag.metrics.segments import ChunkStats, PerToken, _named, stats
+from rollout_diag.results import ExtraValue, GroupResult, StepResult
+
+# Per-row values derived from the tokens, usable as --by columns like a dump column.
+DERIVED = {
+    "response_length": "model tokens (mask 1) in the row",
+    "num_rounds": "rounds (runs of model tokens) in the row",
+}
+BUCKETINGS = ("sign", "bins")
+SIGN_LABELS = ("negative", "zero", "positive")
+MAX_GROUPS = 10_000  # state per group: a bound keeps memory bounded (a sample id is no grouping column)
+# ChunkStats values that do not depend on how rows are grouped: a view reuses them.
+_ROW_LEVEL = (
+    "segment_starts",
+    "segment_length",
+    "segment_row",
+    "segment_bucket",
+    "segment_round",
+    "rounds_per_row",
+    "row_count",
+    "row_tokens",
+    "valid_rows",
+    "_filled_rows",
+)
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One ``--by``: a column (a dump column or one of DERIVED), optionally bucketed: ``sign`` (negative / zero /
+    positive) or ``bins`` at the given edges (``[-inf, e1)``, ``[e1, e2)``, …, ``[ek, inf)``)."""
+
+    column: str
+    bucket: str | None = None
+    edges: tuple[float, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """The spec as written on the command line, the ``column`` of each group in results."""
+        if self.bucket is None:
+            return self.column
+        if self.bucket == "sign":
+            return f"{self.column}:sign"
+        return f"{self.column}:bins={','.join(_edge(e) for e in self.edges)}"
+
+    def bucket_labels(self) -> list[str]:
+        if self.bucket == "sign":
+            return list(SIGN_LABELS)
+        edges = [_edge(e) for e in self.edges]
+        return [f"< {edges[0]}"] + [f"[{a}, {b})" for a, b in pairwise(edges)] + [f">= {edges[-1]}"]
+
+
+def _edge(value: float) -> str:
+    return f"{value:g}"
+
+
+def parse_by(text: str) -> GroupSpec:
+    """``COLUMN``, ``COLUMN:sign`` or ``COLUMN:bins=E1,E2,…`` (increasing edges); raises ConfigError."""
+    column, sep, how = text.partition(":")
+    column = column.strip()
+    if not column:
+        raise ConfigError(f"{option_name('by')} {text!r}: name a column, e.g. env_name or reward:sign.")
+    if not sep:
+        return GroupSpec(column)
+    how = how.strip()
+    if how == "sign":
+        return GroupSpec(column, "sign")
+    name, eq, values = how.partition("=")
+    if name.strip() == "bins" and eq:
+        try:
+            edges = tuple(float(v) for v in values.split(","))
+        except ValueError:
+            edges = ()
+        if edges and all(math.isfinite(e) for e in edges) and all(a < b for a, b in pairwise(edges)):
+            return GroupSpec(column, "bins", edges)
+        raise ConfigError(f"{option_name('by')} {text}: bins= takes increasing finite edges, e.g. bins=0,100,1000.")
+    raise ConfigError(
+        f"{option_name('by')} {text}: unknown bucketing {how!r} (use {column}:sign or {column}:bins=E1,E2)."
+    )
+
+
+def check_columns(specs: Sequence[GroupSpec], available: Sequence[str]) -> None:
+    """Raises ConfigError naming a ``--by`` column that is neither a per-row dump column nor a derived one."""
+    for spec in specs:
+        if spec.column not in available and spec.column not in DERIVED:
+            known = ", ".join([*available, *DERIVED]) or "none"
+            raise ConfigError(f"{option_name('by')} {spec.label}: no per-row column '{spec.column}' (have: {known}).")
+
+
+def group_specs(by: Sequence[str | GroupSpec], reader: Any) -> tuple[GroupSpec, ...]:
+    """``--by`` values parsed and checked against the per-row columns ``reader`` (a DumpReader) carries."""
+    specs = tuple(spec if isinstance(spec, GroupSpec) else parse_by(spec) for spec in by)
+    if specs:
+        check_columns(specs, reader.row_columns())
+    return specs
+
+
+def _row_values(spec: GroupSpec, chunk: Chunk) -> list[ExtraValue]:
+    """The raw value of the spec's column in every row of ``chunk`` (None for null)."""
+    if spec.column == "response_length":
+        return [int(v) for v in stats(chunk).row_tokens.tolist()]
+    if spec.column == "num_rounds":
+        return [int(v) for v in stats(chunk).rounds_per_row.tolist()]
+    values = chunk.extra.get(spec.column)
+    if values is None:  # a file without the column: its rows form the null group
+        return [None] * chunk.rows
+    array = getattr(values, "array", None)  # text or nullable columns stay Arrow arrays (io/reader.py)
+    raw = array.to_pylist() if array is not None else values.tolist()
+    return [extra_value(v) for v in raw]
+
+
+def _bucket(spec: GroupSpec, value: ExtraValue, file: str) -> tuple[tuple, ExtraValue]:
+    """(sort key, group value) of one row's value under ``spec``."""
+    if value is None:
+        return (1,), None
+    if spec.bucket is None:
+        return (0, value), value
+    if isinstance(value, (bool, str)):
+        raise ConfigError(
+            f"{file}: column '{spec.column}': {spec.label} buckets numbers, the column holds {type(value).__name__}."
+        )
+    if spec.bucket == "sign":
+        index = 0 if value < 0 else (1 if value == 0 else 2)
+    else:
+        index = int(np.searchsorted(np.asarray(spec.edges), float(value), side="right"))
+    return (0, index), spec.bucket_labels()[index]
+
+
+class _ViewStats(ChunkStats):
+    """ChunkStats of a view. Groups interleave within a chunk, so the centred sums of ``group_moments`` are taken
+    over each group's tokens gathered into one contiguous run (rows in order), as analysing the group alone does,
+    instead of through a per-token group index (2 gathers and 2 temporaries per quantity)."""
+
+    @cached_property
+    def _runs(self) -> tuple[np.ndarray, list[tuple[int, int]]]:
+        """(model-token order that makes each group one run, rows in order; [lo, hi) of each group in it)."""
+        row_group = self.chunk.groups.row_group.numpy()
+        lengths = self.row_tokens.numpy()
+        starts = np.cumsum(lengths) - lengths
+        rows = np.argsort(row_group, kind="stable")
+        run_lengths = lengths[rows]
+        run_starts = np.cumsum(run_lengths) - run_lengths
+        order = np.repeat(starts[rows] - run_starts, run_lengths) + np.arange(int(run_lengths.sum()))
+        per_group = np.bincount(row_group, weights=lengths, minlength=self.chunk.groups.count).astype(np.int64)
+        edges = np.concatenate([[0], np.cumsum(per_group)]).tolist()
+        return order, list(pairwise(edges))
+
+    def group_moments(self, x_name: str | PerToken, y_name: str | None = None) -> torch.Tensor:
+        x_name = _named(x_name)
+        if not isinstance(x_name, str) or self.chunk.device.type != "cpu":
+            return super().group_moments(x_name, y_name)
+        order, ranges = self._runs
+        n = self.group_tokens
+        safe_n = n.clamp(min=1.0)
+        mean_x = (self.group_sum(x_name) / safe_n).tolist()
+        single, same = y_name is None, y_name == x_name
+        mean_y = [0.0] * len(mean_x) if single else (self.group_sum(y_name) / safe_n).tolist()
+        x = self.token(x_name).numpy()[order]
+        y = x if single or same else self.token(y_name).numpy()[order]
+        sums = np.zeros((len(ranges), 3), dtype=np.float64)
+        for group, (lo, hi) in enumerate(ranges):
+            if hi == lo:
+                continue
+            dx = torch.from_numpy(x[lo:hi]) - mean_x[group]
+            sums[group, 0] = float(torch.dot(dx, dx))
+            if single:
+                continue
+            if same:
+                sums[group, 1] = sums[group, 2] = sums[group, 0]
+                continue
+            dy = torch.from_numpy(y[lo:hi]) - mean_y[group]
+            sums[group, 1] = float(torch.dot(dy, dy))
+            sums[group, 2] = float(torch.dot(dx, dy))
+        m2 = torch.from_numpy(sums)
+        means_y = torch.tensor(mean_y, dtype=torch.float64)
+        return torch.stack(
+            [n, torch.tensor(mean_x, dtype=torch.float64), means_y, m2[:, 0], m2[:, 1], m2[:, 2]], dim=-1
+        )
+
+
+def _view(chunk: Chunk, keys: tuple, row_group: torch.Tensor) -> Chunk:
+    """``chunk`` with (group, step) pairs as its step groups; tensors and row-level statistics shared."""
+    view = copy.copy(chunk)
+    view.__dict__["groups"] = StepGroups(steps=keys, row_group=row_group)
+    original = stats(chunk)
+    shared = _ViewStats(view)
+    shared._tokens, shared._sums = original._tokens, original._sums
+    shared._maxima, shared._minima = original._maxima, original._minima
+    for name in _ROW_LEVEL:
+        if name in original.__dict__:
+            shared.__dict__[name] = original.__dict__[name]
+    view.cache = {"stats": shared}
+    return view
+
+
+@dataclass
+class GroupedAnalysis:
+    """The key families (§1 off-policy, §5 debug, rollout-KL, per round) per (group, step), for one GroupSpec."""
+
+    spec: GroupSpec
+    max_rounds: int = DEFAULT_MAX_ROUNDS
+    catastrophic: float = 1.0
+    offpolicy: OffPolicyAccumulator = field(default_factory=OffPolicyAccumulator)
+    debug: DebugAccumulator = field(default_factory=DebugAccumulator)
+    rollout_kl: RolloutKLAccumulator = field(default_factory=RolloutKLAccumulator)
+    rounds: RoundAccumulator = field(init=False)
+    values: dict[tuple, ExtraValue] = field(default_factory=dict)  # sort key -> group value
+
+    def __post_init__(self) -> None:
+        self.rounds = RoundAccumulator(self.max_rounds, self.catastrophic)
+
+    @property
+    def families(self) -> tuple[StepAccumulator, ...]:
+        return (self.offpolicy, self.debug, self.rollout_kl, self.rounds)
+
+    def update(self, chunk: Chunk) -> None:
+        file = chunk.file[0] if chunk.file else ""
+        ids: dict[tuple, int] = {}
+        row_group = np.empty(chunk.rows, dtype=np.int64)
+        memo: dict[Any, tuple[tuple, ExtraValue]] = {}
+        for row, (value, step) in enumerate(zip(_row_values(self.spec, chunk), chunk.step.tolist(), strict=True)):
+            found = memo.get(value)
+            if found is None:
+                found = memo[value] = _bucket(self.spec, value, file)
+            sort_key, group_value = found
+            self.values.setdefault(sort_key, group_value)
+            key = (sort_key, step)
+            row_group[row] = ids.setdefault(key, len(ids))
+        if len(self.values) > MAX_GROUPS:
+            raise ConfigError(
+                f"{option_name('by')} {self.spec.label}: more than {MAX_GROUPS} groups; bucket the column "
+                f"({self.spec.column}:sign or {self.spec.column}:bins=…) or pick a coarser one."
+            )
+        view = _view(chunk, tuple(ids), torch.from_numpy(row_group).to(chunk.device))
+        for family in self.families:
+            family.update(view)
+
+    def merge(self, other: GroupedAnalysis) -> None:
+        for mine, theirs in zip(self.families, other.families, strict=True):
+            mine.merge(theirs)
+        for key, value in other.values.items():
+            self.values.setdefault(key, value)
+
+    def split(self, family: StepAccumulator) -> dict[tuple, StepAccumulator]:
+        """One accumulator per group, keyed by step as analysing the group's rows alone keys it."""
+        out: dict[tuple, StepAccumulator] = {}
+        for (sort_key, step), state in family.steps.items():
+            single = out.get(sort_key)
+            if single is None:
+                single = out[sort_key] = copy.copy(family)
+                single.steps = {}
+            single.steps[step] = state
+        return out
+
+    def results(self, total_rows: int, total_tokens: int) -> list[GroupResult]:
+        """One GroupResult per group, the worst (by verdict, then k3_kl) first."""
+        split = [self.split(family) for family in self.families]
+        offpolicy = split[0]
+        results = []
+        for sort_key in offpolicy:
+            parts = [by_group[sort_key] for by_group in split if sort_key in by_group]
+            run_state = offpolicy[sort_key].run_state()
+            rows, tokens = int(run_state["rows"]), int(run_state["tokens"])
+            metrics: dict[str, float] = {}
+            for part in parts:
+                metrics.update(part.finalize_run())
+            per_step: dict[int, dict[str, float]] = {}
+            for part in parts:
+                for step, values in part.finalize_steps().items():
+                    per_step.setdefault(step, {}).update(values)
+            steps = []
+            for step, state in sorted(offpolicy[sort_key].steps.items()):
+                steps.append(
+                    StepResult(
+                        step, int(state["rows"]), int(state["tokens"]), per_step.get(step, {}), int(state["empty_rows"])
+                    )
+                )
+            best = metrics.get(catalogue.ROUNDS_PREFIX + "most_divergent_round")
+            results.append(
+                GroupResult(
+                    column=self.spec.label,
+                    value=self.values[sort_key],
+                    rows=rows,
+                    tokens=tokens,
+                    row_share=rows / total_rows if total_rows else 0.0,
+                    token_share=tokens / total_tokens if total_tokens else 0.0,
+                    metrics=metrics,
+                    steps=steps,
+                    verdict=group_verdict(metrics, rows=rows, tokens=tokens),
+                    most_divergent_round=None if best is None else int(best),
+                )
+            )
+        return sort_groups(results)
+
+
+LEVEL_RANK = {"bad": 0, "watch": 1, "ok": 2, "n/a": 3}
+
+
+def sort_groups(groups: Sequence[GroupResult]) -> list[GroupResult]:
+    """Worst first: by verdict level, then by k3_kl (largest first), then by value."""
+
+    def key(group: GroupResult) -> tuple:
+        k3 = group.metrics.get(catalogue.K3_KL.key, math.nan)
+        return (
+            group.column,
+            LEVEL_RANK.get(group.verdict.get("level", "n/a"), 3),
+            -(k3 if math.isfinite(k3) else -math.inf),
+            str(group.value),
+        )
+
+    return sorted(groups, key=key)
