@@ -354,7 +354,7 @@ def test_the_live_view_shows_verdict_steps_trend_round_and_events(tmp_path):
     clock[0] += 75
     console.print(view)
     text = console.export_text()
-    assert "verdict bad" in text and "12 steps" in text
+    assert "verdict bad" in text and "12 steps" in text and "step 11: bad" in text
     assert "last step 1 min 15 s ago" in text
     for step in range(4, 12):  # the last 8 steps
         assert re.search(rf"│\s+{step} │", text)
@@ -362,3 +362,17 @@ def test_the_live_view_shows_verdict_steps_trend_round_and_events(tmp_path):
     assert "ALERT step 8: rollout_corr/k3_kl" in text and "anomaly step" in text
     assert "nothing new for" in text
     assert sparkline([1.0, None, 3.0, float("nan")]) == "▁ █ "
+
+
+def test_cli_ends_with_one_line_when_the_directory_goes(tmp_path):
+    root = tmp_path / "run"
+    write_run(root, range(2))
+    remover = threading.Timer(1.0, shutil.rmtree, args=(root,))
+    remover.start()
+    try:
+        result = cli(root, "--interval", "0.05", "-f", "jsonl")
+    finally:
+        remover.join()
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [f"{root}: the directory was deleted or moved; the watch ends."]
+    assert [json.loads(line)["step"] for line in result.stdout.splitlines()] == [0, 1]

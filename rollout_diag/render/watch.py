@@ -86,7 +86,11 @@ class WatchView:
             result = update.result
             head.append("verdict ")
             head.append_text(level(update.level))
-            head.append(f"  {len(result.steps)} steps, {number(result.run.tokens)} model tokens\n")
+            head.append(f"  {len(result.steps)} steps, {number(result.run.tokens)} model tokens")
+            if self.steps:
+                head.append(f"  ·  step {self.steps[-1].step}: ")
+                head.append_text(level(self.steps[-1].level))
+            head.append("\n")
             head.append_text(plain(update.sentence))
         status = Text("\n")
         since = "no step yet"
