@@ -128,6 +128,11 @@ class _FileRecord:
     has_versions: bool
     empty_rows: list[tuple[int, str, str, int]]
     rows: RowStatsCollector | None
+    # the file's own top-K lists, to rebuild the run's when steps are taken out: hint example rows (keys only),
+    # worst tokens (a few numbers each) and worst rows as summaries (their tokens are not kept)
+    examples: dict[str, list]
+    worst_tokens: list
+    worst_rows: dict[str, list]
 
 
 # ----------------------------------------------------------------------------------------------- the state
@@ -177,6 +182,7 @@ class Watcher:
         self.failed: dict[str, Signature] = {}  # files that could not be read, until they change
         self.complete_steps: set[int] = set()
         self.listed_steps: set[int] = set()  # steps the listed files' names or directories carry
+        self.unread_steps: set[int] = set()  # … of the listed files not read (yet)
         self.versions: dict[int, int] = {}  # step -> how many times its state changed
         self.reported: dict[int, tuple[int, int]] = {}  # step -> (version reported, revision)
         self.result: AnalysisResult | None = None
@@ -193,6 +199,12 @@ class Watcher:
         notes: list[str] = []
         listed = self._list(notes)
         changed = self._apply(listed, notes)
+        if listed is not None:
+            self.unread_steps = {
+                step
+                for source in listed
+                if source.path not in self.files and (step := self._step_of(source)) is not None
+            }
         if changed:
             self.last_change = time.monotonic()
             self.result = self._build()
@@ -275,27 +287,31 @@ class Watcher:
             dirty |= record.steps
             what = "removed" if path in removed else "rewritten"
             notes.append(f"{path}: {what}; step(s) {_steps_text(record.steps)} replaced.")
-        reread = [by_path[path] for path, record in self.files.items() if record.steps & dirty]
+        reread: list[Source] = []
+        while True:  # the other files of those steps, and of their other steps (a file may hold several)
+            touching = [path for path, record in self.files.items() if record.steps & dirty]
+            if not touching:
+                break
+            for path in touching:
+                dirty |= self.files.pop(path).steps
+                reread.append(by_path[path])
         if dirty:
-            rebuild = not self._remove_steps(dirty)
-            for path in [record.source.path for record in self.files.values() if record.steps & dirty]:
-                del self.files[path]
-            if rebuild:  # a top-K list lost entries it cannot get back: read every file again
-                reread = [self.files.pop(path).source for path in list(self.files)] + reread
-                self.analysis = Analysis(**self.options)
+            self._remove_steps(dirty)
         for step in dirty:
             self.versions[step] = self.versions.get(step, 0) + 1
         known_steps = set(self.versions)
         read_any = bool(dirty)
-        for source in sorted(changed + new + reread, key=lambda s: self.order.index(s.path)):
+        fresh = {source.path for source in changed + new}
+        position = {path: index for index, path in enumerate(self.order)}
+        for source in sorted(changed + new + reread, key=lambda s: position[s.path]):
             record = self._read(source, signatures.get(source.path), notes)
-            if record is None:
+            if record is None or source.path not in fresh:  # a file read again has what it had
                 continue
             read_any = True
             late = record.steps & known_steps and source in new
             if late and any(step in self.reported for step in record.steps):
                 notes.append(f"{source.path}: joins step(s) {_steps_text(record.steps)} (arrived late).")
-            for step in record.steps:
+            for step in record.steps - dirty:
                 self.versions[step] = self.versions.get(step, 0) + 1
         for step in [step for step in self.versions if step not in self.analysis.offpolicy.steps]:
             del self.versions[step]  # every row of it is gone (a removed step)
@@ -328,6 +344,8 @@ class Watcher:
             if key != "step" or not sep or not value.lstrip("-").isdigit() or not entry.is_dir():
                 continue
             step = int(value)
+            if step in self.complete_steps:  # a rewrite (resumed run) writes every rank's marker again
+                continue
             ranks: set[int] = set()
             world_size = None
             try:
@@ -341,8 +359,6 @@ class Watcher:
                 continue
             if world_size is not None and len(ranks) >= world_size:
                 self.complete_steps.add(step)
-            else:
-                self.complete_steps.discard(step)
 
     # -- reading ---------------------------------------------------------------------------------------
     def _read(self, source: Source, signature: Signature | None, notes: list[str]) -> _FileRecord | None:
@@ -351,14 +367,7 @@ class Watcher:
         if signature is None:
             return None
         try:
-            reader = DumpReader(
-                [source],
-                self.columns,
-                strict=self.strict,
-                chunk_tokens=self.chunk_tokens,
-                input_format=self.format,
-                trust_pickle=self.trust_pickle,
-            )
+            reader = self._reader(source)
             if reader.log.layout != self._layout(reader.log.layout):
                 raise InputError(f"{source.path}: {reader.log.layout} layout, the files before it have another.")
             reader.log.finished = True  # keep the row keys: duplicates are found over every file (_log)
@@ -385,29 +394,45 @@ class Watcher:
             has_versions=analysis.hint_evidence.has_versions,
             empty_rows=list(analysis.empty_rows),
             rows=rows,
+            examples={kind: list(top.items) for kind, top in analysis.hint_evidence.examples.items()},
+            worst_tokens=list(analysis.worst.tokens.items),
+            worst_rows={
+                criterion: [(score, key, details[0]) for score, key, details in top.items]
+                for criterion, top in analysis.worst.rows.items()
+            },
         )
         self.files[source.path] = record
         return record
+
+    def _reader(self, source: Source) -> DumpReader:
+        return DumpReader(
+            [source],
+            self.columns,
+            strict=self.strict,
+            chunk_tokens=self.chunk_tokens,
+            input_format=self.format,
+            trust_pickle=self.trust_pickle,
+        )
 
     def _layout(self, layout: str) -> str:
         first = next(iter(self.files.values()), None)
         return layout if first is None else first.log.layout
 
-    def _remove_steps(self, steps: set[int]) -> bool:
-        """Take ``steps`` out of the run state; False when a top-K list lost entries it cannot recover."""
+    def _remove_steps(self, steps: set[int]) -> None:
+        """Take ``steps`` out of the run state. The per-step states are dropped; what is kept for the whole run
+        (top-K lists, version lags, rows without model tokens) is rebuilt from the records of the files left,
+        exactly: a file's own top-K holds every entry it can add to the run's."""
         for family in _step_families(self.analysis):
             for step in steps:
                 family.steps.pop(step, None)
-        evidence = self.analysis.hint_evidence
-        tops = [*self.analysis.worst.rows.values(), self.analysis.worst.tokens, *evidence.examples.values()]
-        for top in tops:
-            kept = [item for item in top.items if item[1][0] not in steps]
-            if len(kept) < len(top.items) and len(top.items) >= top.k:
-                return False
-        for top in tops:
-            top.items = [item for item in top.items if item[1][0] not in steps]
-        # per-file side records of the other files: recomputed from what is left (the dirty files are re-read)
-        left = [record for record in self.files.values() if not record.steps & steps]
+        left = list(self.files.values())  # the files of ``steps`` were taken out of ``self.files``
+        worst, evidence = self.analysis.worst, self.analysis.hint_evidence
+        for kind, top in evidence.examples.items():
+            top.items = []
+            top.offer([item for record in left for item in record.examples[kind]])
+        worst.tokens.items = []
+        worst.tokens.offer([item for record in left for item in record.worst_tokens])
+        self._refill_rows(steps, left)
         evidence.lags = {}
         for record in left:
             for lag, sums in record.lags.items():
@@ -415,7 +440,32 @@ class Watcher:
         evidence.has_versions = any(record.has_versions for record in left)
         empty = sorted((row for record in left for row in record.empty_rows), key=lambda e: (e[0], e[2], e[3]))
         self.analysis.empty_rows = empty[:MAX_LISTED_EMPTY_ROWS]
-        return True
+
+    def _refill_rows(self, steps: set[int], left: list[_FileRecord]) -> None:
+        """The run's worst rows without ``steps``: from the files' own top rows (summaries); a row that enters
+        now needs its tokens, so the few files holding such rows are read again, for their worst rows only."""
+        wanted: dict[str, set[tuple]] = {}
+        for criterion, top in self.analysis.worst.rows.items():
+            before = len(top.items)
+            top.items = kept = [item for item in top.items if item[1][0] not in steps]
+            if before < top.k or len(kept) == before:  # nothing was ever pushed out, or nothing left it
+                continue
+            have = {item[1] for item in kept}
+            top.offer([item for record in left for item in record.worst_rows[criterion] if item[1] not in have])
+            for _, key, _ in top.items:
+                if key not in have:
+                    wanted.setdefault(key[2], set()).add(key)
+        if not wanted:
+            return
+        captured: dict[tuple, Any] = {}
+        for path, keys in wanted.items():
+            tracker = Analysis(**self.options)
+            reader = self._reader(self.files[path].source)
+            run_chunks(reader, [tracker.worst.update], self.device, None, tracker.prepare)
+            for top in tracker.worst.rows.values():
+                captured.update({key: details for _, key, details in top.items if key in keys})
+        for top in self.analysis.worst.rows.values():
+            top.items = [(score, key, captured.get(key, details)) for score, key, details in top.items]
 
     # -- results ---------------------------------------------------------------------------------------
     def _log(self) -> ReadLog:
@@ -450,7 +500,8 @@ class Watcher:
                 moved = places.copy()
                 moved[:, 0] = index
                 log.row_places.append(moved)
-        log.skipped.sort(key=lambda r: (paths.index(r.file) if r.file in paths else -1, -1 if r.row is None else r.row))
+        position = {path: index for index, path in enumerate(paths)}
+        log.skipped.sort(key=lambda r: (position.get(r.file, -1), -1 if r.row is None else r.row))
         del log.skipped[MAX_SKIP_RECORDS:]
         log.finish()
         return log
@@ -467,7 +518,10 @@ class Watcher:
 
     def _final_steps(self, final: bool) -> set[int]:
         steps = set(self.versions)
-        if final or self._is_prime_rl():
+        if final:
+            return steps
+        steps -= self.unread_steps  # a file of the step is listed but not readable yet
+        if self._is_prime_rl():
             return steps
         last = max(steps | self.listed_steps, default=None)
         return {step for step in steps if step != last or step in self.complete_steps}
@@ -483,8 +537,8 @@ class Watcher:
             if step in by_step and self.reported.get(step, (-1, -1))[0] != self.versions.get(step)
         )
         failures = self._gate_failures(result)
-        new_findings = [h.message for h in result.hints if h.message not in self.known_findings]
-        self.known_findings.update(new_findings)
+        new_findings = [h.message for h in result.hints if h.message not in self.known_findings] if ready else []
+        self.known_findings.update(new_findings)  # said with the last step reported now, else at the next one
         reports: list[StepReport] = []
         alerts: list[str] = []
         for step in ready:

@@ -376,3 +376,26 @@ def test_cli_ends_with_one_line_when_the_directory_goes(tmp_path):
     assert result.exit_code == 1
     assert result.stderr.splitlines() == [f"{root}: the directory was deleted or moved; the watch ends."]
     assert [json.loads(line)["step"] for line in result.stdout.splitlines()] == [0, 1]
+
+
+def test_a_rewritten_file_sharing_steps_with_others_takes_them_all_out_and_back(tmp_path):
+    """Files holding several steps (DumpWriter's one-file mode): a.parquet has steps 0-1, b.parquet 1-2 and
+    c.parquet 3. Rewriting a takes out steps 0-1, so b is read again, so step 2 is taken out too; c stays."""
+    root = tmp_path / "run"
+    root.mkdir()
+
+    def write(name: str, steps: tuple[int, ...], seed: int) -> None:
+        with rd.DumpWriter(root / name, logprob_type="float64") as writer:
+            for step in steps:
+                writer.write_step(step, **batch(seed + step))
+
+    write("a.parquet", (0, 1), 0)
+    write("b.parquet", (1, 2), 10)
+    write("c.parquet", (3,), 20)
+    follow = watcher(root)
+    follow.poll()
+    write("a.parquet", (0, 1), 30)
+    update = follow.poll()
+    assert reports_of(update) == [(0, 1), (1, 1), (2, 1)]
+    assert sorted(follow.files) == sorted(str(root / name) for name in ("a.parquet", "b.parquet", "c.parquet"))
+    same_as_analyze(follow.poll(final=True).result, root)
