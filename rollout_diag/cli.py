@@ -980,7 +980,7 @@ def watch(
     if not directory.is_dir():
         raise InputError(f"{directory}: no such directory to watch.")
     if report_every < 1:
-        fail(f"--report-every={report_every}: must be a positive number of steps.")
+        fail(f"--report-every {report_every}: must be a positive number of steps.")
     from rollout_diag.decisions.check import load_gates, parse_gate
     from rollout_diag.io.formats import check_format
     from rollout_diag.watch import watch as follow

@@ -8,9 +8,9 @@ memory grows with steps, as ``analyze``'s own per-step state does, never with to
 
 - A file not readable yet (no Parquet footer, a JSONL file without its last newline or still growing, a
   truncated pickle) is retried at the next poll once it changes, and said once.
-- A file rewritten (a resumed run) or removed takes its steps out of the run state; the files of those steps
-  are read again and merged back (the run's top-K lists are rebuilt by reading every file only when the
-  rewritten step held some of their entries and entries had been pushed out).
+- A file rewritten (a resumed run) or removed takes its steps out of the run state; the other files of those
+  steps are read again and merged back. The run's top-K lists are rebuilt from each file's own top-K (kept as
+  summaries); a worst row that comes back needs its tokens, so the file holding it is read again for those.
 - A rank file arriving late joins its step: its state is merged in, nothing else is read again.
 - A step is *final* when the writer says so (``DumpWriter``'s ``_COMPLETE-rank-<R>`` markers from every rank,
   prime-rl's ``STABLE``), when a later step appears, or when the watch ends; each final step is reported once
@@ -23,7 +23,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -609,14 +609,15 @@ def watch(
     exit_after_idle: float | None = None,
     exit_on_fail: bool = False,
     max_polls: int | None = None,
-    sleep=time.sleep,
+    sleep: Callable[[float], None] = time.sleep,
     **options: Any,
 ) -> Iterator[WatchUpdate]:
     """Follow ``directory``: one :class:`WatchUpdate` per poll, every ``interval`` seconds, until the directory
     is deleted or moved (exit code 1), a gate fails with ``exit_on_fail`` (3), nothing new has arrived for
     ``exit_after_idle`` seconds (0, or 3 if a gate failed), or ``max_polls`` polls (same codes). The last update
     carries ``ended`` and ``exit_code``; every step still pending is reported final in it. ``options``: those of
-    :class:`Watcher`. Raises RolloutDiagError for bad options or a gate naming an unknown metric."""
+    :class:`Watcher`; ``sleep`` waits between polls (a test passes its own). Raises RolloutDiagError for bad
+    options or a gate naming an unknown metric."""
     if not (isinstance(interval, (int, float)) and interval > 0 and math.isfinite(interval)):
         raise ConfigError(f"{option_name('interval')}={interval}: must be a positive number of seconds.")
     if exit_after_idle is not None and not exit_after_idle >= 0:
@@ -640,7 +641,7 @@ def watch(
             why = (
                 f"nothing new for {update.idle:.0f} s; the watch ends."
                 if idle_end
-                else f"{polls} polls done; the watch ends."
+                else f"{polls} poll{'s' if polls > 1 else ''} done; the watch ends."
             )
             try:
                 last = watcher.poll(final=True)

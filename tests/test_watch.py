@@ -230,6 +230,8 @@ def test_a_failing_gate_alerts_once_and_exit_on_fail_stops_at_once(tmp_path):
     assert run_watch(root, gates=[rd.Gate("rollout_corr/k3_kl", "max", 10.0)], exit_after_idle=0.05)[-1].exit_code == 0
     with pytest.raises(rd.ConfigError, match="no metric 'k3'"):
         run_watch(root, gates=[rd.Gate("k3", "max", 1.0)])
+    once = run_watch(root, gates=[gate], exit_after_idle=None, max_polls=1)
+    assert once[-1].exit_code == 3 and once[-1].ended == "1 poll done; the watch ends."
 
 
 def test_prime_rl_steps_count_once_they_have_their_stable_marker(tmp_path):
@@ -332,6 +334,13 @@ def test_cli_bad_input_is_one_error_line(tmp_path):
     unknown = cli(tmp_path / "run", "--max", "k3=1", "--exit-after-idle", "0")
     assert unknown.exit_code == 0  # no data: no metric to judge a gate against yet, nothing fails
     write_run(tmp_path / "run", range(1))
+    for option, value in (("--interval", "0"), ("--exit-after-idle", "-1"), ("--report-every", "0")):
+        bad = cli(tmp_path / "run", option, value)
+        assert (
+            bad.exit_code == 1
+            and bad.stderr.startswith(f"Error: {option} {value}")
+            and len(bad.stderr.splitlines()) == 1
+        )
     unknown = cli(tmp_path / "run", "--max", "k3=1", "--exit-after-idle", "0")
     assert unknown.exit_code == 1 and unknown.stderr.startswith("Error: gate k3 ≤ 1: no metric 'k3'")
 
