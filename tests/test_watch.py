@@ -408,3 +408,28 @@ def test_a_rewritten_file_sharing_steps_with_others_takes_them_all_out_and_back(
     assert reports_of(update) == [(0, 1), (1, 1), (2, 1)]
     assert sorted(follow.files) == sorted(str(root / name) for name in ("a.parquet", "b.parquet", "c.parquet"))
     same_as_analyze(follow.poll(final=True).result, root)
+
+
+def test_watch_help_describes_every_option():
+    import typer.main
+
+    from rollout_diag.cli import app
+
+    result = cli("--help")
+    flat = "".join(result.stdout.split())
+    command = typer.main.get_command(app).commands["watch"]
+    for parameter in command.params:
+        help_text = getattr(parameter, "help", None)
+        assert help_text and "".join(help_text.split()) in flat, parameter.name
+
+
+def test_dump_writer_marks_each_rank_complete_when_the_world_size_is_known(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with rd.DumpWriter(tmp_path / "run", rank=1) as writer:
+        writer.write_step(4, **batch(0))
+    marker = tmp_path / "run" / "step=4" / "_COMPLETE-rank-1"
+    assert json.loads(marker.read_text()) == {"rank": 1, "world_size": 2, "rows": 5}
+    assert sorted(p.name for p in marker.parent.iterdir()) == ["_COMPLETE-rank-1", "rank-1.parquet"]
+    assert rd.analyze(str(tmp_path / "run"), device="cpu").inputs == [str(marker.parent / "rank-1.parquet")]
+    with pytest.raises(rd.ConfigError, match="world_size=0: must be a positive integer"):
+        rd.DumpWriter(tmp_path / "other", world_size=0)
