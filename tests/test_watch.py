@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -433,3 +434,26 @@ def test_dump_writer_marks_each_rank_complete_when_the_world_size_is_known(tmp_p
     assert rd.analyze(str(tmp_path / "run"), device="cpu").inputs == [str(marker.parent / "rank-1.parquet")]
     with pytest.raises(rd.ConfigError, match="world_size=0: must be a positive integer"):
         rd.DumpWriter(tmp_path / "other", world_size=0)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_any_arrival_order_with_rewrites_ends_with_analyzes_result(tmp_path, seed):
+    """Rank files of 6 steps arrive in a shuffled order, some written twice (a resumed run), with polls at random
+    moments and top_k 3 (so rewrites push rows out of the top lists): the end state is analyze's."""
+    rng = np.random.default_rng(seed)
+    root = tmp_path / "run"
+    writes = [(step, rank, 0) for step in range(6) for rank in range(2)]
+    again = zip(rng.integers(0, 6, 3).tolist(), rng.integers(0, 2, 3).tolist(), strict=True)
+    writes += [(step, rank, 1) for step, rank in again]
+    order = rng.permutation(len(writes))
+    root.mkdir()
+    follow = watcher(root, top_k=3)
+    for index in order:
+        step, rank, again = writes[index]
+        with rd.DumpWriter(root, rank=rank, world_size=2, logprob_type="float64") as writer:
+            writer.write_step(step, **batch(100 * step + 10 * rank + again, rows=3 + again, spread=0.05 + again))
+        if rng.random() < 0.5:
+            follow.poll()
+    follow.poll(final=True)
+    expected = rd.analyze(str(root), device="cpu", top_k=3).to_json()
+    assert_same(follow.result.to_json(), expected)
