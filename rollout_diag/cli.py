@@ -778,32 +778,46 @@ class CheckFormat(str, Enum):
 
 
 GATE_FAILED = 3  # exit code of `check` when a gate fails (1 is bad input, 0 all pass)
+MaxGateOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--max",
+        help="Gate: the metric must be ≤ VALUE (full name, e.g. rollout_corr/k3_kl=1e-3). Repeatable.",
+        metavar="NAME=VALUE",
+    ),
+]
+MinGateOpt = Annotated[
+    list[str] | None,
+    typer.Option("--min", help="Gate: the metric must be ≥ VALUE. Repeatable.", metavar="NAME=VALUE"),
+]
+GatesOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--gates",
+        help="Gates from a TOML/YAML/JSON file, or 'default' (public CI bounds; docs/gates.md).",
+        metavar="FILE|default",
+    ),
+]
+
+
+def chosen_gates(gates: str | None, max_: list[str] | None, min_: list[str] | None) -> list:
+    """The gates of --gates, --max and --min, in that order (check, watch); raises ConfigError."""
+    from rollout_diag.decisions.check import load_gates, parse_gate
+
+    return [
+        *(load_gates(gates) if gates else []),
+        *(parse_gate(t, "max") for t in max_ or []),
+        *(parse_gate(t, "min") for t in min_ or []),
+    ]
 
 
 @app.command()
 @handles_errors
 def check(
     inputs: Inputs,
-    max_: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--max",
-            help="Gate: the metric must be ≤ VALUE (full name, e.g. rollout_corr/k3_kl=1e-3). Repeatable.",
-            metavar="NAME=VALUE",
-        ),
-    ] = None,
-    min_: Annotated[
-        list[str] | None,
-        typer.Option("--min", help="Gate: the metric must be ≥ VALUE. Repeatable.", metavar="NAME=VALUE"),
-    ] = None,
-    gates: Annotated[
-        str | None,
-        typer.Option(
-            "--gates",
-            help="Gates from a TOML/YAML/JSON file, or 'default' (public CI bounds; docs/gates.md).",
-            metavar="FILE|default",
-        ),
-    ] = None,
+    max_: MaxGateOpt = None,
+    min_: MinGateOpt = None,
+    gates: GatesOpt = None,
     per_step: Annotated[bool, typer.Option("--per-step", help="Check every step too, not only the whole run.")] = False,
     format: Annotated[
         CheckFormat, typer.Option("--format", "-f", help="table (terminal) or json.")
@@ -820,16 +834,11 @@ def check(
 ) -> None:
     """Gate a run for CI: exit 0 when every gate passes, 3 when one fails, 1 for bad input or an unknown metric."""
     dump = open_dump(inputs, None, False, column, strict, chunk_tokens, device)
-    from rollout_diag.decisions.check import load_gates, parse_gate
     from rollout_diag.engine import check_run
     from rollout_diag.render.decisions import check_table, junit_xml
     from rollout_diag.render.export import to_json_text
 
-    chosen = [
-        *(load_gates(gates) if gates else []),
-        *(parse_gate(t, "max") for t in max_ or []),
-        *(parse_gate(t, "min") for t in min_ or []),
-    ]
+    chosen = chosen_gates(gates, max_, min_)
     with progress_bar(inputs) as progress:
         result = check_run(dump, chosen, per_step=per_step, progress=progress)
     if junit is not None:
@@ -935,24 +944,9 @@ def watch(
     report_every: Annotated[
         int, typer.Option("--report-every", help="Rewrite --report every N finished steps (and at the end).")
     ] = 10,
-    max_: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--max", help="Gate: the metric must be ≤ VALUE on the run and each step. Repeatable.", metavar="NAME=VALUE"
-        ),
-    ] = None,
-    min_: Annotated[
-        list[str] | None,
-        typer.Option("--min", help="Gate: the metric must be ≥ VALUE. Repeatable.", metavar="NAME=VALUE"),
-    ] = None,
-    gates: Annotated[
-        str | None,
-        typer.Option(
-            "--gates",
-            help="Gates from a TOML/YAML/JSON file, or 'default' (public CI bounds; docs/gates.md).",
-            metavar="FILE|default",
-        ),
-    ] = None,
+    max_: MaxGateOpt = None,
+    min_: MinGateOpt = None,
+    gates: GatesOpt = None,
     exit_on_fail: Annotated[
         bool, typer.Option("--exit-on-fail", help="Exit 3 as soon as a gate fails (a sidecar can stop the job).")
     ] = False,
@@ -981,15 +975,10 @@ def watch(
         raise InputError(f"{directory}: no such directory to watch.")
     if report_every < 1:
         fail(f"--report-every {report_every}: must be a positive number of steps.")
-    from rollout_diag.decisions.check import load_gates, parse_gate
     from rollout_diag.io.formats import check_format
     from rollout_diag.watch import watch as follow
 
-    chosen = [
-        *(load_gates(gates) if gates else []),
-        *(parse_gate(t, "max") for t in max_ or []),
-        *(parse_gate(t, "min") for t in min_ or []),
-    ]
+    chosen = chosen_gates(gates, max_, min_)
     updates = follow(
         directory,
         interval=interval,

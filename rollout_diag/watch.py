@@ -35,7 +35,8 @@ from rollout_diag.decisions.rowmetrics import KEY_METRIC_NAMES
 from rollout_diag.decisions.summary import overall
 from rollout_diag.engine import build_result
 from rollout_diag.errors import ConfigError, DataError, InputError, RolloutDiagError, option_name
-from rollout_diag.io.formats import PARQUET, nemo_rl, prime_rl, resolve, skyrl, slime, verl_pickle
+from rollout_diag.io.formats import _STEP_OF as STEP_OF
+from rollout_diag.io.formats import PARQUET, prime_rl, resolve
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, MAX_SKIP_RECORDS, DumpReader, ReadLog
 from rollout_diag.io.reader import _describe as describe_columns
 from rollout_diag.io.sources import Source
@@ -52,13 +53,6 @@ from rollout_diag.verdicts import judge
 
 DEFAULT_INTERVAL = 2.0  # seconds between polls
 Signature = tuple[int, int]  # (size, mtime in ns): a file that changes gets another
-_STEP_OF = {
-    prime_rl.NAME: prime_rl.step_of,
-    nemo_rl.NAME: nemo_rl.step_of,
-    slime.NAME: slime.step_of,
-    skyrl.NAME: skyrl.step_of,
-    verl_pickle.NAME: verl_pickle.step_of,
-}
 
 
 def verdict_of(metrics: Mapping[str, float]) -> tuple[str, str]:
@@ -318,7 +312,7 @@ class Watcher:
         return read_any
 
     def _step_of(self, source: Source) -> int | None:
-        step = source.partition.get("step") if self.format == PARQUET else _STEP_OF[self.format](Path(source.path))
+        step = source.partition.get("step") if self.format == PARQUET else STEP_OF[self.format](Path(source.path))
         return step if isinstance(step, int) else None
 
     def _ready(self, source: Source, signature: Signature) -> bool:
