@@ -1018,6 +1018,7 @@ def _watch_jsonl(updates: Iterator[Any], writer: _ReportWriter) -> int:
 
 def _watch_live(updates: Iterator[Any], writer: _ReportWriter, directory: str) -> int:
     from rich.live import Live
+    from rich.text import Text
 
     from rollout_diag.render.watch import WatchView
 
@@ -1027,7 +1028,7 @@ def _watch_live(updates: Iterator[Any], writer: _ReportWriter, directory: str) -
         for update in updates:
             view.add(update)
             for alert in update.alerts:
-                live.console.print(alert, style="bold red", markup=False, highlight=False)
+                live.console.print(Text(alert, style="bold red"))  # the style ends with the text, not the line
             live.refresh()
             writer.after(update)
             if update.ended:
