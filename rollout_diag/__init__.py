@@ -77,6 +77,10 @@ _EXPORTS: dict[str, str] = {
     "SweepOption": "rollout_diag.results",
     "SweepStep": "rollout_diag.results",
     "intrusive_reasons": "rollout_diag.decisions.intrusive",
+    # watch: follow a dump directory while the trainer writes it
+    "watch": "rollout_diag.watch",
+    "Watcher": "rollout_diag.watch",
+    "WatchUpdate": "rollout_diag.watch",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])

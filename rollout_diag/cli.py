@@ -1043,33 +1043,47 @@ class CheckFormat(str, Enum):
 
 
 GATE_FAILED = 3  # exit code of `check` when a gate fails (1 is bad input, 0 all pass)
+MaxGateOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--max",
+        help="Gate: the metric must be ≤ VALUE (full name, e.g. rollout_corr/k3_kl=1e-3, or the short name "
+        "the tables print when only one metric has it, e.g. k3_kl=1e-3). Repeatable.",
+        metavar="NAME=VALUE",
+    ),
+]
+MinGateOpt = Annotated[
+    list[str] | None,
+    typer.Option("--min", help="Gate: the metric must be ≥ VALUE. Repeatable.", metavar="NAME=VALUE"),
+]
+GatesOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--gates",
+        help="Gates from a TOML/YAML/JSON file, or 'default' (public CI bounds; docs/gates.md).",
+        metavar="FILE|default",
+    ),
+]
+
+
+def chosen_gates(gates: str | None, max_: list[str] | None, min_: list[str] | None) -> list:
+    """The gates of --gates, --max and --min, in that order (check, watch); raises ConfigError."""
+    from rollout_diag.decisions.check import load_gates, parse_gate
+
+    return [
+        *(load_gates(gates) if gates else []),
+        *(parse_gate(t, "max") for t in max_ or []),
+        *(parse_gate(t, "min") for t in min_ or []),
+    ]
 
 
 @app.command()
 @handles_errors
 def check(
     inputs: Inputs,
-    max_: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--max",
-            help="Gate: the metric must be ≤ VALUE (full name, e.g. rollout_corr/k3_kl=1e-3, or the short name "
-            "the tables print when only one metric has it, e.g. k3_kl=1e-3). Repeatable.",
-            metavar="NAME=VALUE",
-        ),
-    ] = None,
-    min_: Annotated[
-        list[str] | None,
-        typer.Option("--min", help="Gate: the metric must be ≥ VALUE. Repeatable.", metavar="NAME=VALUE"),
-    ] = None,
-    gates: Annotated[
-        str | None,
-        typer.Option(
-            "--gates",
-            help="Gates from a TOML/YAML/JSON file, or 'default' (public CI bounds; docs/gates.md).",
-            metavar="FILE|default",
-        ),
-    ] = None,
+    max_: MaxGateOpt = None,
+    min_: MinGateOpt = None,
+    gates: GatesOpt = None,
     per_step: Annotated[bool, typer.Option("--per-step", help="Check every step too, not only the whole run.")] = False,
     format: Annotated[
         CheckFormat, typer.Option("--format", "-f", help="table (terminal) or json.")
@@ -1095,16 +1109,11 @@ def check(
     """
     refuse_overwriting_inputs({"output": output, "junit": junit}, inputs, gates if gates != "default" else None)
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device)
-    from rollout_diag.decisions.check import load_gates, parse_gate
     from rollout_diag.engine import check_run
     from rollout_diag.render.decisions import check_table, junit_xml
     from rollout_diag.render.export import to_json_text
 
-    chosen = [
-        *(load_gates(gates) if gates else []),
-        *(parse_gate(t, "max") for t in max_ or []),
-        *(parse_gate(t, "min") for t in min_ or []),
-    ]
+    chosen = chosen_gates(gates, max_, min_)
     with progress_bar(inputs) as progress:
         result = check_run(dump, chosen, per_step=per_step, progress=progress)
     if junit is not None:
@@ -1189,6 +1198,156 @@ def diff(
         emit(to_json_text(result.to_json()), output)
     else:
         show(diff_tables(result), output)
+
+
+# ------------------------------------------------------------------ watch: follow a run while it trains
+class WatchFormat(str, Enum):
+    live = "live"
+    jsonl = "jsonl"
+
+
+@app.command()
+@handles_errors
+def watch(
+    directory: Annotated[
+        Path,
+        typer.Argument(
+            help="The dump directory the trainer writes (DumpWriter's step=N/, prime-rl's token_exports/, NeMo-RL, "
+            "slime or SkyRL step files).",
+            show_default=False,
+            metavar="DIR",
+        ),
+    ],
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between two looks at DIR.")] = 2.0,
+    format: Annotated[
+        WatchFormat,
+        typer.Option("--format", "-f", help="live (a terminal view) or jsonl (one JSON object per finished step)."),
+    ] = WatchFormat.live,
+    report_file: Annotated[
+        Path | None,
+        typer.Option("--report", help="Rewrite this HTML report (atomically) as steps finish.", metavar="FILE"),
+    ] = None,
+    report_every: Annotated[
+        int, typer.Option("--report-every", help="Rewrite --report every N finished steps (and at the end).")
+    ] = 10,
+    max_: MaxGateOpt = None,
+    min_: MinGateOpt = None,
+    gates: GatesOpt = None,
+    exit_on_fail: Annotated[
+        bool, typer.Option("--exit-on-fail", help="Exit 3 as soon as a gate fails (a sidecar can stop the job).")
+    ] = False,
+    exit_after_idle: Annotated[
+        float | None,
+        typer.Option(
+            "--exit-after-idle",
+            help="Exit once nothing new arrived for this many seconds: 0, or 3 if a gate failed.",
+            metavar="SECONDS",
+        ),
+    ] = None,
+    column: ColumnOpt = None,
+    input_format: InputFormatOpt = None,
+    trust_pickle: TrustPickleOpt = False,
+    device: DeviceOpt = "cpu",
+    strict: StrictOpt = False,
+    chunk_tokens: ChunkOpt = CHUNK_TOKENS,
+    debug: DebugOpt = False,
+) -> None:
+    """Follow a run while it trains: each new step is read once and merged into the run so far; a live view (or
+    one JSON line per step) says the moment the mismatch goes wrong. Exit 0, 3 when a gate failed, 1 for bad
+    input or when DIR is deleted or moved."""
+    from rollout_diag.errors import InputError
+
+    if not directory.is_dir():
+        raise InputError(f"{directory}: no such directory to watch.")
+    if report_every < 1:
+        fail(f"--report-every {report_every}: must be a positive number of steps.")
+    refuse_overwriting_inputs({"report": report_file}, [directory], gates if gates != "default" else None)
+    from rollout_diag.io.formats import check_format
+    from rollout_diag.watch import watch as follow
+
+    chosen = chosen_gates(gates, max_, min_)
+    updates = follow(
+        directory,
+        interval=interval,
+        exit_after_idle=exit_after_idle,
+        exit_on_fail=exit_on_fail,
+        columns=parse_columns(column),
+        input_format=check_format(input_format),
+        trust_pickle=trust_pickle,
+        device=device,
+        strict=strict,
+        chunk_tokens=chunk_tokens,
+        gates=chosen,
+    )
+    writer = _ReportWriter(report_file, report_every)
+    if format is WatchFormat.jsonl:
+        code = _watch_jsonl(updates, writer)
+    else:
+        code = _watch_live(updates, writer, str(directory))
+    raise typer.Exit(code)
+
+
+def _watch_jsonl(updates: Iterator[Any], writer: _ReportWriter) -> int:
+    import json
+
+    for update in updates:
+        for report in update.steps:
+            sys.stdout.write(json.dumps(report.to_json(), allow_nan=False) + "\n")
+        sys.stdout.flush()
+        for line in [*update.notes, *update.alerts]:
+            typer.echo(line, err=True)
+        writer.after(update)
+        if update.ended:
+            typer.echo(update.ended, err=True)
+            return update.exit_code or 0
+    return 0
+
+
+def _watch_live(updates: Iterator[Any], writer: _ReportWriter, directory: str) -> int:
+    from rich.live import Live
+    from rich.text import Text
+
+    from rollout_diag.render.watch import WatchView
+
+    view = WatchView(directory)
+    console = _console()
+    with Live(view, console=console, refresh_per_second=2, transient=False) as live:
+        for update in updates:
+            view.add(update)
+            for alert in update.alerts:
+                live.console.print(Text(alert, style="bold red"))  # the style ends with the text, not the line
+            live.refresh()
+            writer.after(update)
+            if update.ended:
+                code = update.exit_code or 0
+                break
+        else:
+            code = 0
+    if update.ended:
+        typer.echo(update.ended, err=True)
+    return code
+
+
+class _ReportWriter:
+    """Rewrites the --report file every N finished steps and at the end, through a temporary file and a rename
+    (a browser that reloads never sees half a file)."""
+
+    def __init__(self, path: Path | None, every: int) -> None:
+        self.path = path
+        self.every = every
+        self.since = 0
+
+    def after(self, update: Any) -> None:
+        if self.path is None or update.result is None:
+            return
+        self.since += len(update.steps)
+        if self.since >= self.every or (update.ended and (self.since or not self.path.exists())):
+            self.since = 0
+            from rollout_diag.report import render_report
+
+            from rollout_diag.io.outputs import write_text
+
+            write_text(self.path, render_report(update.result, title=f"rollout-diag watch: {update.result.inputs[0]}"))
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ stores and what ``compute_metrics`` measures are the same rows.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -38,6 +39,7 @@ LOGPROB_TYPES = {"float32": pa.float32(), "float64": pa.float64()}
 _TORCH_TYPES = {"float32": torch.float32, "float64": torch.float64}
 PADDING_SIDES = ("right", "left")
 PARTITIONS = ("step",)
+COMPLETE_PREFIX = "_COMPLETE-rank-"  # step=<N>/_COMPLETE-rank-<R>: rank R has written its file of step N
 # Names the reader would take for a role (two candidates for one role is an error there), so extras avoid them.
 # policy_version is the exception: a per-row scalar role, written as an extra column and read back by that role.
 _RESERVED = {name for role, names in ROLE_CANDIDATES.items() if role != "policy_version" for name in names} | {
@@ -257,6 +259,10 @@ class DumpWriter:
     file per step and rank, ``step=<N>/rank-<R>.parquet``, written to a hidden temporary file in the same
     directory and renamed (atomic), so ranks write at once without locks and a killed job loses at most the
     step being written; writing a step again (a resumed run) replaces that step's file of that rank.
+    When the world size is known (``world_size``, else ``$WORLD_SIZE``, else torch.distributed's), each rank
+    then writes ``step=<N>/_COMPLETE-rank-<R>`` (JSON: rank, world_size, rows) the same way: the step is
+    complete once ``world_size`` ranks have written theirs (``rollout-diag watch`` reads them; readers skip
+    names that start with ``_``).
 
     ``rank``: the rank in the file name (default: ``$RANK``, else torch.distributed's rank, else 0).
     ``every``: write only steps that are a multiple of it (the others return at once).
@@ -275,6 +281,7 @@ class DumpWriter:
         *,
         partition: str | None = None,
         rank: int | None = None,
+        world_size: int | None = None,
         every: int = 1,
         logprob_type: str = "float32",
         compression: str = "zstd",
@@ -289,6 +296,11 @@ class DumpWriter:
             raise ConfigError(f"every={every!r}: must be a positive integer (1 writes every step).")
         self.directory_mode = partition == "step" or self.path.suffix != ".parquet"
         self.rank = _default_rank() if rank is None else int(rank)
+        self.world_size = _default_world_size() if world_size is None else world_size
+        if self.world_size is not None and (
+            isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1
+        ):
+            raise ConfigError(f"world_size={world_size!r}: must be a positive integer (the number of ranks).")
         self.every = every
         self.logprob_type = logprob_type
         self.compression = compression
@@ -446,6 +458,8 @@ class DumpWriter:
             if self.durable:
                 _fsync(temporary)
             os.replace(temporary, final)
+            if self.world_size is not None:
+                self._mark_complete(directory, table.num_rows)
             if self.durable:
                 _fsync(directory)
         except OSError as exc:
@@ -454,6 +468,18 @@ class DumpWriter:
             return None
         self.steps_written += 1
         return final
+
+    def _mark_complete(self, directory: Path, rows: int) -> None:
+        """``_COMPLETE-rank-<R>`` beside the rank's file, written after it (temporary file + rename)."""
+        marker = directory / f"{COMPLETE_PREFIX}{self.rank}"
+        temporary = directory / f".{marker.name}.{os.getpid()}.tmp"
+        try:
+            temporary.write_text(json.dumps({"rank": self.rank, "world_size": self.world_size, "rows": rows}) + "\n")
+            if self.durable:
+                _fsync(temporary)
+            os.replace(temporary, marker)
+        finally:
+            temporary.unlink(missing_ok=True)
 
     def _append(self, table: pa.Table) -> Path:
         if self._schema is None:
@@ -498,6 +524,20 @@ def _default_rank() -> int:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank()
     return 0
+
+
+def _default_world_size() -> int | None:
+    """``$WORLD_SIZE``, else torch.distributed's world size, else None (unknown: no completion marker)."""
+    if "WORLD_SIZE" in os.environ:
+        try:
+            size = int(os.environ["WORLD_SIZE"])
+        except ValueError:
+            size = 0
+        if size >= 1:
+            return size
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size()
+    return None
 
 
 def _step_number(step: Any) -> int:
