@@ -1343,9 +1343,8 @@ class _ReportWriter:
         self.since += len(update.steps)
         if self.since >= self.every or (update.ended and (self.since or not self.path.exists())):
             self.since = 0
-            from rollout_diag.report import render_report
-
             from rollout_diag.io.outputs import write_text
+            from rollout_diag.report import render_report
 
             write_text(self.path, render_report(update.result, title=f"rollout-diag watch: {update.result.inputs[0]}"))
 
