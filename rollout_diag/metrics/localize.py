@@ -73,7 +73,7 @@ class PositionAccumulator(StepAccumulator):
         def by_bucket(name: str) -> torch.Tensor:
             return s.bucket_sum(s.segment_sum(name), bucket, POSITION_BUCKETS)
 
-        histogram = s.group_bincount(delta_bin(s.token("log_ratio")), DELTA_BINS)
+        histogram = s.delta_histogram(delta_bin, DELTA_BINS)
         return {
             "token_count": s.bucket_sum(s.segment_length, bucket, POSITION_BUCKETS),
             "abs_diff": by_bucket("abs_log_ratio"),

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from rollout_diag.io.chunk import Chunk
+from rollout_diag.kernels import compiled, kernel_for
 from rollout_diag.metrics.base import (
     clamp20,
     row_mean,
@@ -151,10 +152,12 @@ class PerToken:
 
 
 def stats(chunk: Chunk) -> ChunkStats:
-    """The shared per-chunk computation (created on first use)."""
+    """The shared per-chunk computation (created on first use): the numba kernels' for a CPU chunk unless the
+    torch engine is chosen (``rollout_diag.kernels``), the device-generic torch engine otherwise."""
     found = chunk.cache.get("stats")
     if found is None:
-        found = chunk.cache["stats"] = ChunkStats(chunk)
+        engine = KernelStats if kernel_for(chunk.device.type) else ChunkStats
+        found = chunk.cache["stats"] = engine(chunk)
     return found
 
 
@@ -190,6 +193,7 @@ class ChunkStats:
         self._maxima: dict[str, torch.Tensor] = {}
         self._minima: dict[str, torch.Tensor] = {}
         self._memo: dict[Hashable, Any] = {}
+        self._bounds: dict[str, float] = {}  # catastrophic token quantities: name -> |δ| bound
 
     def memo(self, key: Hashable, compute: Callable[[], Any]) -> Any:
         """``compute()`` once per chunk and key: values derived from a preset's config (weights, keep flags) that
@@ -202,15 +206,28 @@ class ChunkStats:
     def token(self, name: str) -> torch.Tensor:
         value = self._tokens.get(name)
         if value is None:
-            value = self._tokens[name] = TOKEN_QUANTITIES[name](self)
+            bound = self._bounds.get(name)
+            if bound is None:
+                value = TOKEN_QUANTITIES[name](self)
+            else:
+                value = (self.token("abs_log_ratio") > bound).to(torch.float64)
+            self._tokens[name] = value
         return value
 
     def catastrophic(self, threshold: float) -> str:
-        """Name of the token quantity 1.0 where |δ| > threshold (registered on first use)."""
+        """Name of the token quantity 1.0 where |δ| > threshold (registered on first use, computed when read)."""
         name = f"catastrophic>{threshold!r}"
-        if name not in self._tokens:
-            self._tokens[name] = (self.token("abs_log_ratio") > threshold).to(torch.float64)
+        self._bounds[name] = float(threshold)
         return name
+
+    def delta_histogram(self, delta_bin: Callable[[torch.Tensor], torch.Tensor], bins: int) -> torch.Tensor:
+        """Counts [G, bins] of δ by ``delta_bin`` (metrics.localize) in each step group."""
+        return self.group_bincount(delta_bin(self.token("log_ratio")), bins)
+
+    @cached_property
+    def model_tokens(self) -> int:
+        """M: model tokens of the chunk."""
+        return int(self.chunk.model.row.numel())
 
     # -- segments --------------------------------------------------------------------------------
     @cached_property
@@ -236,7 +253,7 @@ class ChunkStats:
 
     @cached_property
     def segment_length(self) -> torch.Tensor:
-        ends = torch.cat([self.segment_starts[1:], self.segment_starts.new_tensor([self.chunk.model.row.numel()])])
+        ends = torch.cat([self.segment_starts[1:], self.segment_starts.new_tensor([self.model_tokens])])
         return ends - self.segment_starts
 
     @cached_property
@@ -541,7 +558,7 @@ class ChunkStats:
         """[lo, hi) model-token range of each step group when every group is one contiguous run of rows, else None."""
         groups = self.chunk.groups
         if groups.count == 1:
-            return [(0, int(self.chunk.model.row.numel()))]
+            return [(0, self.model_tokens)]
         row_group = groups.row_group
         changes = torch.nonzero(row_group[1:] != row_group[:-1], as_tuple=True)[0] + 1
         if changes.numel() != groups.count - 1:
@@ -604,3 +621,128 @@ def reduce_runs(values: torch.Tensor, lengths: torch.Tensor, how: str) -> torch.
         starts = torch.cumsum(lengths, 0) - lengths
         out[filled] = _reduce(values, starts[filled], lengths[filled], how)
     return out
+
+
+class KernelStats(ChunkStats):
+    """The numba engine (CPU chunks): segments, and the segment sums / maxima / minima of every kernel quantity
+    (``kernels/cpu.QUANTITIES``), catastrophic counts, centred moments and the δ histogram come from compiled passes
+    over the chunk's raw arrays; model-token tensors are built only for what reads them (``token``), and a
+    quantity outside the kernel's is reduced by the torch engine's code. The same values as :class:`ChunkStats`."""
+
+    @cached_property
+    def _raw(self) -> tuple[np.ndarray, np.ndarray]:
+        chunk = self.chunk
+        return np.ascontiguousarray(chunk.trainer.numpy()), np.ascontiguousarray(chunk.rollout.numpy())
+
+    @cached_property
+    def _layout(self) -> tuple[np.ndarray, ...]:
+        """(raw start, model start, length, row, bucket, round) of each segment, int64 [S] each."""
+        chunk = self.chunk
+        return compiled().segment_layout(chunk.mask.numpy(), np.ascontiguousarray(chunk.offsets.numpy()))
+
+    @cached_property
+    def _reductions(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        trainer, rollout = self._raw
+        raw, _, length, *_ = self._layout
+        return compiled().segment_reductions(trainer, rollout, raw, length)
+
+    @cached_property
+    def model_tokens(self) -> int:
+        return int(self._layout[2].sum())
+
+    @cached_property
+    def segment_starts(self) -> torch.Tensor:
+        return torch.from_numpy(self._layout[1])
+
+    @cached_property
+    def segment_length(self) -> torch.Tensor:
+        return torch.from_numpy(self._layout[2])
+
+    @cached_property
+    def segment_row(self) -> torch.Tensor:
+        return torch.from_numpy(self._layout[3])
+
+    @cached_property
+    def segment_bucket(self) -> torch.Tensor:
+        return torch.from_numpy(self._layout[4])
+
+    @cached_property
+    def segment_round(self) -> torch.Tensor:
+        return torch.from_numpy(self._layout[5])
+
+    def _kernel_column(self, name: str, which: int) -> torch.Tensor | None:
+        column = compiled().COLUMN.get(name)
+        if column is None:
+            return None
+        return torch.from_numpy(self._reductions[which][column])
+
+    def segment_sum(self, name: str) -> torch.Tensor:
+        found = self._sums.get(name)
+        if found is None:
+            bound = self._bounds.get(name)
+            if bound is not None:
+                trainer, rollout = self._raw
+                raw, _, length, *_ = self._layout
+                found = torch.from_numpy(compiled().segment_count_above(trainer, rollout, raw, length, bound))
+            else:
+                found = self._kernel_column(name, 0)
+                if found is None:
+                    return super().segment_sum(name)
+            self._sums[name] = found
+        return found
+
+    def segment_max(self, name: str) -> torch.Tensor:
+        found = self._maxima.get(name)
+        if found is None:
+            found = self._kernel_column(name, 1)
+            if found is None:
+                return super().segment_max(name)
+            self._maxima[name] = found
+        return found
+
+    def segment_min(self, name: str) -> torch.Tensor:
+        found = self._minima.get(name)
+        if found is None:
+            found = self._kernel_column(name, 2)
+            if found is None:
+                return super().segment_min(name)
+            self._minima[name] = found
+        return found
+
+    def group_moments(self, x_name: str | PerToken, y_name: str | None = None) -> torch.Tensor:
+        x_name = _named(x_name)
+        columns = compiled().COLUMN
+        if not isinstance(x_name, str) or x_name not in columns or (y_name is not None and y_name not in columns):
+            return super().group_moments(x_name, y_name)
+        n = self.group_tokens
+        safe_n = n.clamp(min=1.0)
+        mean_x = self.group_sum(x_name) / safe_n
+        mean_y = torch.zeros_like(n) if y_name is None else self.group_sum(y_name) / safe_n
+        trainer, rollout = self._raw
+        raw, _, length, *_ = self._layout
+        centred = compiled().group_centred(
+            trainer,
+            rollout,
+            raw,
+            length,
+            self.segment_group.numpy(),
+            self.chunk.groups.count,
+            columns[x_name],
+            -1 if y_name is None else columns[y_name],
+            mean_x.numpy(),
+            mean_y.numpy(),
+        )
+        m2_x, m2_y, c_xy = torch.from_numpy(centred).unbind(dim=1)
+        return torch.stack([n, mean_x, mean_y, m2_x, m2_y, c_xy], dim=-1)
+
+    def delta_histogram(self, delta_bin: Callable[[torch.Tensor], torch.Tensor], bins: int) -> torch.Tensor:
+        from rollout_diag.metrics.localize import _LEVELS, EXPONENT_MIN
+
+        if bins != 2 * _LEVELS + 1:
+            return super().delta_histogram(delta_bin, bins)
+        trainer, rollout = self._raw
+        raw, _, length, *_ = self._layout
+        counts = compiled().group_delta_histogram(
+            trainer, rollout, raw, length, self.segment_group.numpy(), self.chunk.groups.count, EXPONENT_MIN, _LEVELS
+        )
+        return torch.from_numpy(counts)
