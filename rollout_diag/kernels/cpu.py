@@ -18,7 +18,7 @@ from numba import njit
 
 CLAMP = 20.0  # = catalogue.CLAMP (clamp20)
 CLIP = 1.0  # = metrics.hints.CLIP
-# The kernel quantities, in the order of the kernel's output columns.
+# The kernel quantities whose segment sums the fused pass computes, in the order of its output rows.
 QUANTITIES = (
     "trainer",
     "rollout",
@@ -27,31 +27,38 @@ QUANTITIES = (
     "k3",
     "chi2_term",
     "square",
-    "skyrl_k3",
     "clamped_log_ratio",
     "rs_k2",
     "trainer_prob",
     "rollout_prob",
     "prob_diff",
-    "rs_k1",
     "hint_clipped_abs",
     "hint_clipped_square",
     "hint_cross",
     "hint_rollout_square",
 )
 COLUMN = {name: index for index, name in enumerate(QUANTITIES)}
+# The quantities whose segment maxima and minima it computes (what the families read), in output order.
+EXTREMES = ("abs_log_ratio", "clamped_log_ratio", "rs_k2", "prob_diff")
+EXTREME = {name: index for index, name in enumerate(EXTREMES)}
 _Q = len(QUANTITIES)
+_E = len(EXTREMES)
+_FLAGS = {"cache": True, "nogil": True, "error_model": "numpy"}
+_INLINE = {**_FLAGS, "inline": "always"}
 
 
-@njit(cache=True, nogil=True)
-def _values(a: float, r: float, out: np.ndarray, k: int) -> None:
-    """Every kernel quantity of one model token (a = trainer, r = rollout logprob) into ``out[:, k]``."""
+@njit(**_INLINE)
+def _values(a: float, r: float, out: np.ndarray, k: int, extremes: np.ndarray) -> float:
+    """Every kernel quantity of one model token (a = trainer, r = rollout logprob) into ``out[:, k]``; the extremes
+    of EXTREMES updated ([max, min] rows); returns δ."""
     d = a - r
     ad = abs(d)
     c = min(max(d, -CLAMP), CLAMP)
     pa = math.exp(a)
     pr = math.exp(r)
     y = min(ad, CLIP)
+    half_square = 0.5 * c * c
+    diff = abs(pa - pr)
     out[0, k] = a
     out[1, k] = r
     out[2, k] = d
@@ -59,20 +66,27 @@ def _values(a: float, r: float, out: np.ndarray, k: int) -> None:
     out[4, k] = math.expm1(d) - d
     out[5, k] = math.exp(c * 2.0)
     out[6, k] = d * d
-    out[7, k] = math.expm1(-d) + d
-    out[8, k] = c
-    out[9, k] = 0.5 * c * c
-    out[10, k] = pa
-    out[11, k] = pr
-    out[12, k] = abs(pa - pr)
-    out[13, k] = -c
-    out[14, k] = y
-    out[15, k] = y * y
-    out[16, k] = d * r
-    out[17, k] = r * r
+    out[7, k] = c
+    out[8, k] = half_square
+    out[9, k] = pa
+    out[10, k] = pr
+    out[11, k] = diff
+    out[12, k] = y
+    out[13, k] = y * y
+    out[14, k] = d * r
+    out[15, k] = r * r
+    extremes[0, 0] = max(extremes[0, 0], ad)
+    extremes[1, 0] = min(extremes[1, 0], ad)
+    extremes[0, 1] = max(extremes[0, 1], c)
+    extremes[1, 1] = min(extremes[1, 1], c)
+    extremes[0, 2] = max(extremes[0, 2], half_square)
+    extremes[1, 2] = min(extremes[1, 2], half_square)
+    extremes[0, 3] = max(extremes[0, 3], diff)
+    extremes[1, 3] = min(extremes[1, 3], diff)
+    return d
 
 
-@njit(cache=True, nogil=True)
+@njit(**_INLINE)
 def _block(values: np.ndarray, lo: int, n: int) -> float:
     """numpy's pairwise sum of at most 128 values: 8 accumulators, then the rest in order."""
     if n < 8:
@@ -101,48 +115,7 @@ def _block(values: np.ndarray, lo: int, n: int) -> float:
     return total
 
 
-@njit(cache=True, nogil=True)
-def _pairwise(values: np.ndarray, lo: int, n: int) -> float:
-    """numpy's pairwise sum of values[lo:lo + n], in its order: blocks of up to 128 values, and above that the sum
-    of the two halves (the first a multiple of 8 long). The recursion runs on an explicit stack (numba's cache does
-    not keep recursive functions)."""
-    if n <= 128:
-        return _block(values, lo, n)
-    starts = np.empty(64, np.int64)
-    sizes = np.empty(64, np.int64)
-    stage = np.empty(64, np.int64)  # 0: nothing done, 1: left half under way, 2: right half under way
-    left = np.empty(64)
-    starts[0], sizes[0], stage[0] = lo, n, 0
-    depth = 1
-    while True:
-        top = depth - 1
-        size = sizes[top]
-        if size > 128:
-            stage[top] = 1
-            half = size // 2
-            half -= half % 8
-            starts[depth], sizes[depth], stage[depth] = starts[top], half, 0
-            depth += 1
-            continue
-        total = _block(values, starts[top], size)
-        depth -= 1
-        while True:  # hand the finished sum up
-            if depth == 0:
-                return total
-            parent = depth - 1
-            if stage[parent] == 1:
-                left[parent] = total
-                stage[parent] = 2
-                half = sizes[parent] // 2
-                half -= half % 8
-                starts[depth], sizes[depth], stage[depth] = starts[parent] + half, sizes[parent] - half, 0
-                depth += 1
-                break
-            total = left[parent] + total
-            depth -= 1
-
-
-@njit(cache=True, nogil=True)
+@njit(**_FLAGS)
 def segment_layout(mask: np.ndarray, offsets: np.ndarray):
     """The segments of a chunk: maximal runs of model tokens (mask 1) in one row, one round (run without a skipped
     token) and one log2 position bucket. Returns int64 arrays [S]: raw start (index into the chunk's tokens), model
@@ -192,38 +165,135 @@ def segment_layout(mask: np.ndarray, offsets: np.ndarray):
     return raw, model, length, row, bucket, rounds
 
 
-@njit(cache=True, nogil=True)
-def segment_reductions(trainer: np.ndarray, rollout: np.ndarray, raw: np.ndarray, length: np.ndarray):
-    """Per segment and kernel quantity: sum (numpy reduceat's order), max and min. float64 [Q, S] each."""
+@njit(**_INLINE)
+def _leaf(
+    trainer, rollout, start, size, group, scratch, sums, extremes, pairs, moments, histogram, exponent_min, levels
+):
+    """Tokens [start, start + size) of one segment (size ≤ 128): their values into ``scratch``, each quantity's sum
+    in numpy's block order into ``sums``, extremes into ``extremes``; the block's centred moments merged into the
+    step group's (Chan) and its δ counted into the group's histogram."""
+    for k in range(size):
+        d = _values(trainer[start + k], rollout[start + k], scratch, k, extremes)
+        magnitude = 0
+        if d != 0.0:
+            magnitude = min(max(math.frexp(d)[1] - exponent_min, 0), levels)
+        histogram[group, levels - magnitude if d < 0.0 else levels + magnitude] += 1.0
+    for q in range(_Q):
+        sums[q] = _block(scratch[q], 0, size)
+    for p in range(pairs.shape[0]):
+        x, y = scratch[pairs[p, 0]], scratch[pairs[p, 1]]
+        mean_x = _block(x, 0, size) / size
+        mean_y = _block(y, 0, size) / size
+        m2_x, m2_y, c_xy = 0.0, 0.0, 0.0
+        for k in range(size):
+            dx, dy = x[k] - mean_x, y[k] - mean_y
+            m2_x += dx * dx
+            m2_y += dy * dy
+            c_xy += dx * dy
+        into = moments[group, p]
+        n_a = into[0]
+        n = n_a + size
+        delta_x, delta_y = mean_x - into[1], mean_y - into[2]
+        cross = n_a * size / n
+        into[0] = n
+        into[1] += delta_x * size / n
+        into[2] += delta_y * size / n
+        into[3] += m2_x + delta_x * delta_x * cross
+        into[4] += m2_y + delta_y * delta_y * cross
+        into[5] += c_xy + delta_x * delta_y * cross
+
+
+@njit(**_FLAGS)
+def segment_pass(
+    trainer: np.ndarray,
+    rollout: np.ndarray,
+    raw: np.ndarray,
+    length: np.ndarray,
+    segment_group: np.ndarray,
+    groups: int,
+    pairs: np.ndarray,
+    exponent_min: int,
+    levels: int,
+):
+    """The fused pass over every segment's tokens, each read once. Returns per segment and kernel quantity the sum
+    (numpy reduceat's order: the first value plus numpy's pairwise sum of the rest; float64 [Q, S]), per segment
+    the max and min of each of EXTREMES (float64 [E, S] each);
+    per step group and quantity pair (``pairs`` [P, 2] of column indices) [n, mean_x, mean_y, M2_x, M2_y, C_xy]
+    ([G, P, 6], blocks merged by Chan's update); per step group the δ histogram of ``metrics.localize.delta_bin``
+    ([G, 2·levels + 1])."""
     segments = raw.shape[0]
     sums = np.empty((_Q, segments))
-    maxima = np.empty((_Q, segments))
-    minima = np.empty((_Q, segments))
-    longest = 0
+    maxima = np.empty((_E, segments))
+    minima = np.empty((_E, segments))
+    moments = np.zeros((groups, pairs.shape[0], 6))
+    histogram = np.zeros((groups, 2 * levels + 1))
+    scratch = np.empty((_Q, 128))
+    block = np.empty(_Q)
+    first = np.empty(_Q)
+    extremes = np.empty((2, _E))
+    starts = np.empty(64, np.int64)
+    sizes = np.empty(64, np.int64)
+    stage = np.empty(64, np.int64)  # 0: nothing done, 1: left half under way, 2: right half under way
+    left = np.empty((64, _Q))
     for s in range(segments):
-        longest = max(longest, length[s])
-    scratch = np.empty((_Q, longest))
-    for s in range(segments):
-        lo, n = raw[s], length[s]
-        for k in range(n):
-            _values(trainer[lo + k], rollout[lo + k], scratch, k)
+        g = segment_group[s]
+        extremes[0, :] = -np.inf
+        extremes[1, :] = np.inf
+        _leaf(trainer, rollout, raw[s], 1, g, scratch, first, extremes, pairs, moments, histogram, exponent_min, levels)
+        rest = length[s] - 1
+        if rest == 0:
+            block[:] = -0.0
+        else:  # numpy's pairwise tree over the rest, its recursion on an explicit stack
+            starts[0], sizes[0], stage[0] = raw[s] + 1, rest, 0
+            depth = 1
+            while depth > 0:
+                top = depth - 1
+                size = sizes[top]
+                if size > 128:
+                    stage[top] = 1
+                    half = size // 2
+                    half -= half % 8
+                    starts[depth], sizes[depth], stage[depth] = starts[top], half, 0
+                    depth += 1
+                    continue
+                _leaf(
+                    trainer,
+                    rollout,
+                    starts[top],
+                    size,
+                    g,
+                    scratch,
+                    block,
+                    extremes,
+                    pairs,
+                    moments,
+                    histogram,
+                    exponent_min,
+                    levels,
+                )
+                depth -= 1
+                while depth > 0:  # hand the finished sums up the tree
+                    parent = depth - 1
+                    if stage[parent] == 1:
+                        left[parent, :] = block
+                        stage[parent] = 2
+                        half = sizes[parent] // 2
+                        half -= half % 8
+                        starts[depth], sizes[depth], stage[depth] = starts[parent] + half, sizes[parent] - half, 0
+                        depth += 1
+                        break
+                    for q in range(_Q):
+                        block[q] = left[parent, q] + block[q]
+                    depth -= 1
         for q in range(_Q):
-            column = scratch[q]
-            first = column[0]
-            high, low = first, first
-            for k in range(1, n):
-                v = column[k]
-                if v > high:
-                    high = v
-                if v < low:
-                    low = v
-            sums[q, s] = first + _pairwise(column, 1, n - 1)
-            maxima[q, s] = high
-            minima[q, s] = low
-    return sums, maxima, minima
+            sums[q, s] = first[q] + block[q]
+        for e in range(_E):
+            maxima[e, s] = extremes[0, e]
+            minima[e, s] = extremes[1, e]
+    return sums, maxima, minima, moments, histogram
 
 
-@njit(cache=True, nogil=True)
+@njit(**_FLAGS)
 def segment_count_above(trainer: np.ndarray, rollout: np.ndarray, raw: np.ndarray, length: np.ndarray, bound: float):
     """Per segment: model tokens with |a − r| > bound (float64 [S], exact counts)."""
     out = np.zeros(raw.shape[0])
@@ -237,9 +307,12 @@ def segment_count_above(trainer: np.ndarray, rollout: np.ndarray, raw: np.ndarra
     return out
 
 
-@njit(cache=True, nogil=True)
+@njit(**_FLAGS)
 def _value(q: int, a: float, r: float) -> float:
+    """Kernel quantity ``q`` (a column of QUANTITIES) of one model token."""
     d = a - r
+    c = min(max(d, -CLAMP), CLAMP)
+    y = min(abs(d), CLIP)
     if q == 0:
         return a
     if q == 1:
@@ -250,36 +323,30 @@ def _value(q: int, a: float, r: float) -> float:
         return abs(d)
     if q == 4:
         return math.expm1(d) - d
-    c = min(max(d, -CLAMP), CLAMP)
     if q == 5:
         return math.exp(c * 2.0)
     if q == 6:
         return d * d
     if q == 7:
-        return math.expm1(-d) + d
-    if q == 8:
         return c
-    if q == 9:
+    if q == 8:
         return 0.5 * c * c
-    if q == 10:
+    if q == 9:
         return math.exp(a)
-    if q == 11:
+    if q == 10:
         return math.exp(r)
-    if q == 12:
+    if q == 11:
         return abs(math.exp(a) - math.exp(r))
-    if q == 13:
-        return -c
-    y = min(abs(d), CLIP)
-    if q == 14:
+    if q == 12:
         return y
-    if q == 15:
+    if q == 13:
         return y * y
-    if q == 16:
+    if q == 14:
         return d * r
     return r * r
 
 
-@njit(cache=True, nogil=True)
+@njit(**_FLAGS)
 def group_centred(
     trainer: np.ndarray,
     rollout: np.ndarray,
@@ -310,29 +377,4 @@ def group_centred(
         out[g, 0] += sxx
         out[g, 1] += syy
         out[g, 2] += sxy
-    return out
-
-
-@njit(cache=True, nogil=True)
-def group_delta_histogram(
-    trainer: np.ndarray,
-    rollout: np.ndarray,
-    raw: np.ndarray,
-    length: np.ndarray,
-    group: np.ndarray,
-    groups: int,
-    exponent_min: int,
-    levels: int,
-):
-    """Per step group, counts of δ by the bins of ``metrics.localize.delta_bin`` (float64 [G, 2·levels + 1])."""
-    out = np.zeros((groups, 2 * levels + 1))
-    for s in range(raw.shape[0]):
-        g = group[s]
-        lo = raw[s]
-        for t in range(lo, lo + length[s]):
-            d = trainer[t] - rollout[t]
-            magnitude = 0
-            if d != 0.0:
-                magnitude = min(max(math.frexp(d)[1] - exponent_min, 0), levels)
-            out[g, levels - magnitude if d < 0.0 else levels + magnitude] += 1.0
     return out

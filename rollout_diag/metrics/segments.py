@@ -623,6 +623,10 @@ def reduce_runs(values: torch.Tensor, lengths: torch.Tensor, how: str) -> torch.
     return out
 
 
+# Centred moments the fused pass computes (debug §5): any other pair is centred by a second pass.
+MOMENT_PAIRS = (("prob_diff", "prob_diff"), ("trainer_prob", "rollout_prob"))
+
+
 class KernelStats(ChunkStats):
     """The numba engine (CPU chunks): segments, and the segment sums / maxima / minima of every kernel quantity
     (``kernels/cpu.QUANTITIES``), catastrophic counts, centred moments and the δ histogram come from compiled passes
@@ -641,10 +645,25 @@ class KernelStats(ChunkStats):
         return compiled().segment_layout(chunk.mask.numpy(), np.ascontiguousarray(chunk.offsets.numpy()))
 
     @cached_property
-    def _reductions(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _reductions(self) -> tuple[np.ndarray, ...]:
+        """The fused pass: (sums, maxima, minima) [Q, S], moments of MOMENT_PAIRS [G, P, 6], δ histogram [G, B]."""
+        from rollout_diag.metrics.localize import _LEVELS, EXPONENT_MIN
+
+        kernels = compiled()
+        pairs = np.array([[kernels.COLUMN[x], kernels.COLUMN[y]] for x, y in MOMENT_PAIRS], dtype=np.int64)
         trainer, rollout = self._raw
         raw, _, length, *_ = self._layout
-        return compiled().segment_reductions(trainer, rollout, raw, length)
+        return kernels.segment_pass(
+            trainer,
+            rollout,
+            raw,
+            length,
+            self.segment_group.numpy(),
+            self.chunk.groups.count,
+            pairs,
+            EXPONENT_MIN,
+            _LEVELS,
+        )
 
     @cached_property
     def model_tokens(self) -> int:
@@ -670,11 +689,19 @@ class KernelStats(ChunkStats):
     def segment_round(self) -> torch.Tensor:
         return torch.from_numpy(self._layout[5])
 
-    def _kernel_column(self, name: str, which: int) -> torch.Tensor | None:
+    def _kernel_sum(self, name: str) -> torch.Tensor | None:
+        if name == "rs_k1":  # Σ(−c) = −Σc exactly: negation is exact at every step of the sum
+            found = self._kernel_sum("clamped_log_ratio")
+            return None if found is None else -found
         column = compiled().COLUMN.get(name)
-        if column is None:
-            return None
-        return torch.from_numpy(self._reductions[which][column])
+        return None if column is None else torch.from_numpy(self._reductions[0][column])
+
+    def _kernel_extreme(self, name: str, largest: bool) -> torch.Tensor | None:
+        if name == "rs_k1":  # max(−c) = −min(c), min(−c) = −max(c)
+            found = self._kernel_extreme("clamped_log_ratio", not largest)
+            return None if found is None else -found
+        column = compiled().EXTREME.get(name)
+        return None if column is None else torch.from_numpy(self._reductions[1 if largest else 2][column])
 
     def segment_sum(self, name: str) -> torch.Tensor:
         found = self._sums.get(name)
@@ -685,7 +712,7 @@ class KernelStats(ChunkStats):
                 raw, _, length, *_ = self._layout
                 found = torch.from_numpy(compiled().segment_count_above(trainer, rollout, raw, length, bound))
             else:
-                found = self._kernel_column(name, 0)
+                found = self._kernel_sum(name)
                 if found is None:
                     return super().segment_sum(name)
             self._sums[name] = found
@@ -694,7 +721,7 @@ class KernelStats(ChunkStats):
     def segment_max(self, name: str) -> torch.Tensor:
         found = self._maxima.get(name)
         if found is None:
-            found = self._kernel_column(name, 1)
+            found = self._kernel_extreme(name, largest=True)
             if found is None:
                 return super().segment_max(name)
             self._maxima[name] = found
@@ -703,7 +730,7 @@ class KernelStats(ChunkStats):
     def segment_min(self, name: str) -> torch.Tensor:
         found = self._minima.get(name)
         if found is None:
-            found = self._kernel_column(name, 2)
+            found = self._kernel_extreme(name, largest=False)
             if found is None:
                 return super().segment_min(name)
             self._minima[name] = found
@@ -714,6 +741,8 @@ class KernelStats(ChunkStats):
         columns = compiled().COLUMN
         if not isinstance(x_name, str) or x_name not in columns or (y_name is not None and y_name not in columns):
             return super().group_moments(x_name, y_name)
+        if (x_name, y_name) in MOMENT_PAIRS:  # from the fused pass
+            return torch.from_numpy(self._reductions[3][:, MOMENT_PAIRS.index((x_name, y_name))].copy())
         n = self.group_tokens
         safe_n = n.clamp(min=1.0)
         mean_x = self.group_sum(x_name) / safe_n
@@ -736,13 +765,8 @@ class KernelStats(ChunkStats):
         return torch.stack([n, mean_x, mean_y, m2_x, m2_y, c_xy], dim=-1)
 
     def delta_histogram(self, delta_bin: Callable[[torch.Tensor], torch.Tensor], bins: int) -> torch.Tensor:
-        from rollout_diag.metrics.localize import _LEVELS, EXPONENT_MIN
+        from rollout_diag.metrics.localize import _LEVELS
 
-        if bins != 2 * _LEVELS + 1:
+        if bins != 2 * _LEVELS + 1 or delta_bin.__module__ != "rollout_diag.metrics.localize":
             return super().delta_histogram(delta_bin, bins)
-        trainer, rollout = self._raw
-        raw, _, length, *_ = self._layout
-        counts = compiled().group_delta_histogram(
-            trainer, rollout, raw, length, self.segment_group.numpy(), self.chunk.groups.count, EXPONENT_MIN, _LEVELS
-        )
-        return torch.from_numpy(counts)
+        return torch.from_numpy(self._reductions[4])
