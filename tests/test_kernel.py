@@ -231,3 +231,48 @@ def test_a_fresh_cache_compiles_once_and_says_so(tmp_path):
     assert first.stderr.count("compiling the CPU kernels once") == 1, first.stderr
     second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert "compiling" not in second.stderr, second.stderr
+
+
+def test_dump_engine_option_selects_the_engine(tmp_path, monkeypatch):
+    """``Dump(engine=…)`` holds for the calls that read it; without one the process setting holds."""
+    from rollout_diag.dump import Dump
+    from rollout_diag.metrics import segments
+
+    monkeypatch.delenv(ENVIRONMENT, raising=False)
+    seen: list[str] = []
+    original = segments.stats
+
+    def spy(chunk):
+        found = original(chunk)
+        seen.append(type(found).__name__)
+        return found
+
+    monkeypatch.setattr(segments, "stats", spy)
+    path = SAMPLES[-1]
+    rd.analyze(Dump(path, device="cpu", engine="torch"))
+    assert set(seen) == {"ChunkStats"}
+    seen.clear()
+    rd.analyze(Dump(path, device="cpu"))
+    assert set(seen) == {"KernelStats"}
+    with pytest.raises(ConfigError, match="not an engine"):
+        Dump(path, engine="gpu")
+
+
+def test_cli_engine_option(tmp_path, monkeypatch):
+    """``rollout-diag --engine torch analyze`` and the default give the same JSON (the engines agree)."""
+    from typer.testing import CliRunner
+
+    from rollout_diag.cli import app
+
+    monkeypatch.delenv(ENVIRONMENT, raising=False)
+    runner = CliRunner()
+    documents = []
+    for engine in ("torch", "numba"):
+        out = tmp_path / f"{engine}.json"
+        result = runner.invoke(app, ["--engine", engine, "analyze", str(SAMPLES[-1]), "-f", "json", "-o", str(out)])
+        assert result.exit_code == 0, result.output
+        documents.append(__import__("json").loads(out.read_text()))
+    assert_same_document(documents[1], documents[0])
+    bad = runner.invoke(app, ["--engine", "gpu", "analyze", str(SAMPLES[-1])])
+    assert bad.exit_code == 2 and "gpu" in bad.output
+    assert ENVIRONMENT not in os.environ  # the option held for the command only

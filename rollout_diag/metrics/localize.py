@@ -17,7 +17,7 @@ import torch
 from rollout_diag import catalogue
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, row_mean
-from rollout_diag.metrics.segments import stats
+from rollout_diag.metrics.segments import EXPONENT_MAX, EXPONENT_MIN, stats
 from rollout_diag.results import RowTokens, WorstRow, WorstToken
 
 POSITION_BUCKETS = 40  # log2 buckets: covers rows of up to 2^38 tokens
@@ -27,7 +27,6 @@ ROW_CRITERIA = ("log_ppl_abs_diff", "max_abs_diff", "k3_sum", "catastrophic_shar
 # Signed δ bins, one per binary order of magnitude: |δ| in [2^k, 2^(k+1)) for k = -20 … 6, mirrored,
 # plus a central bin |δ| < 2^-20; values beyond ±128 fall in the end bins. The bin of a value is its
 # binary exponent, which costs one frexp per token instead of a binary search.
-EXPONENT_MIN, EXPONENT_MAX = -20, 7
 _LEVELS = EXPONENT_MAX - EXPONENT_MIN  # bins per sign
 _ABS_EDGES = [2.0**k for k in range(EXPONENT_MIN, EXPONENT_MAX + 1)]
 DELTA_EDGES = [-e for e in reversed(_ABS_EDGES)] + _ABS_EDGES

@@ -31,6 +31,8 @@ from rollout_diag.metrics.base import (
     token_expm1,
 )
 
+# The δ histogram's bins (metrics.localize.delta_bin): binary exponents of |δ| from EXPONENT_MIN to EXPONENT_MAX.
+EXPONENT_MIN, EXPONENT_MAX = -20, 7
 # Per-token quantities over model tokens (δ = a − r), each computed at most once per chunk.
 TOKEN_QUANTITIES: dict[str, Callable[[ChunkStats], torch.Tensor]] = {}
 
@@ -172,6 +174,9 @@ def prepare(chunk: Chunk, quantities: tuple[str, ...] = SHARED_QUANTITIES) -> No
     cached = ("segment_length", "segment_row", "segment_bucket", "segment_round", "segment_group", "row_count")
     for name in (*cached, "group_token_ranges"):
         getattr(s, name)
+    if isinstance(s, KernelStats):  # the fused pass; a quantity outside it is computed where a family reads it
+        s._reductions  # noqa: B018
+        return
     for name in quantities:
         s.segment_sum(name)
 
@@ -647,8 +652,6 @@ class KernelStats(ChunkStats):
     @cached_property
     def _reductions(self) -> tuple[np.ndarray, ...]:
         """The fused pass: (sums, maxima, minima) [Q, S], moments of MOMENT_PAIRS [G, P, 6], δ histogram [G, B]."""
-        from rollout_diag.metrics.localize import _LEVELS, EXPONENT_MIN
-
         kernels = compiled()
         pairs = np.array([[kernels.COLUMN[x], kernels.COLUMN[y]] for x, y in MOMENT_PAIRS], dtype=np.int64)
         trainer, rollout = self._raw
@@ -662,7 +665,7 @@ class KernelStats(ChunkStats):
             self.chunk.groups.count,
             pairs,
             EXPONENT_MIN,
-            _LEVELS,
+            EXPONENT_MAX - EXPONENT_MIN,
         )
 
     @cached_property
@@ -765,8 +768,6 @@ class KernelStats(ChunkStats):
         return torch.stack([n, mean_x, mean_y, m2_x, m2_y, c_xy], dim=-1)
 
     def delta_histogram(self, delta_bin: Callable[[torch.Tensor], torch.Tensor], bins: int) -> torch.Tensor:
-        from rollout_diag.metrics.localize import _LEVELS
-
-        if bins != 2 * _LEVELS + 1 or delta_bin.__module__ != "rollout_diag.metrics.localize":
+        if bins != 2 * (EXPONENT_MAX - EXPONENT_MIN) + 1 or delta_bin.__module__ != "rollout_diag.metrics.localize":
             return super().delta_histogram(delta_bin, bins)
         return torch.from_numpy(self._reductions[4])
