@@ -45,6 +45,15 @@ def chunk_of(lengths: list[int], mask: list[bool], steps: list[int], seed: int, 
     delta = rng.normal(0.0, scale, tokens) * np.exp2(rng.integers(-24, 4, tokens))
     delta[rng.random(tokens) < 0.05] = 0.0
     rollout = trainer - delta
+    # the hint patterns: exact zeros on one side, exact copies of the neighbour's value on either side
+    pick = rng.random(tokens)
+    rollout[pick < 0.04] = 0.0
+    trainer[(pick >= 0.04) & (pick < 0.06)] = 0.0
+    rollout = np.minimum(rollout, 0.0)
+    copy = np.flatnonzero((pick >= 0.06) & (pick < 0.1))
+    copy = copy[copy > 0]
+    rollout[copy] = rollout[copy - 1]
+    trainer[copy[: len(copy) // 2]] = trainer[copy[: len(copy) // 2] - 1]
     return Chunk(
         step=torch.tensor(steps, dtype=torch.int64),
         offsets=torch.tensor(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)),
@@ -78,7 +87,10 @@ def layouts(draw):
 
 
 def both(layout) -> tuple[ChunkStats, KernelStats]:
-    return ChunkStats(chunk_of(*layout)), KernelStats(chunk_of(*layout))
+    """The same chunk twice, with the torch engine and with the numba engine as its shared per-chunk engine."""
+    reference, kernel = ChunkStats(chunk_of(*layout)), KernelStats(chunk_of(*layout))
+    reference.chunk.cache["stats"], kernel.chunk.cache["stats"] = reference, kernel
+    return reference, kernel
 
 
 @settings(max_examples=60, deadline=None)
@@ -110,6 +122,24 @@ def test_segments_and_their_reductions_equal_the_torch_engine(layout):
         mine, theirs = kernel.group_moments(x, y).numpy(), reference.group_moments(x, y).numpy()
         atol = 1e-15 * kernel.model_tokens if x == "prob_diff" else 1e-300
         np.testing.assert_allclose(mine, theirs, rtol=RTOL, atol=atol, err_msg=f"moments({x}, {y})")
+
+
+@settings(max_examples=60, deadline=None)
+@given(layouts())
+def test_hint_evidence_equals_the_torch_engine(layout):
+    """metrics.hints' per-row token patterns and probability buckets: the compiled pass against the torch code."""
+    from rollout_diag.metrics.hints import HintEvidenceAccumulator, _ChunkEvidence
+
+    reference, kernel = both(layout)
+    mine, theirs = _ChunkEvidence(kernel.chunk), _ChunkEvidence(reference.chunk)
+    assert isinstance(mine.stats, KernelStats) and not isinstance(theirs.stats, KernelStats)
+    np.testing.assert_allclose(mine.rows.numpy(), theirs.rows.numpy(), rtol=RTOL, atol=1e-300)
+    for name in ("dummy_zero", "dummy_zero_run", "copied", "tokens", "pairs", "first", "last", "rest"):
+        np.testing.assert_array_equal(mine.column(name).numpy(), theirs.column(name).numpy(), err_msg=name)
+    stats_mine = HintEvidenceAccumulator()._stats(kernel.chunk)
+    stats_theirs = HintEvidenceAccumulator()._stats(reference.chunk)
+    for name, value in stats_theirs.items():
+        np.testing.assert_allclose(stats_mine[name].numpy(), value.numpy(), rtol=RTOL, atol=1e-300, err_msg=name)
 
 
 def test_a_quantity_outside_the_kernel_is_reduced_by_the_torch_code():

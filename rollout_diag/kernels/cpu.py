@@ -378,3 +378,98 @@ def group_centred(
         out[g, 1] += syy
         out[g, 2] += sxy
     return out
+
+
+# Columns of ``hint_rows``' per-row output.
+HINT_COLUMNS = (
+    "first_y",  # Σ y over the first token of each round
+    "first_y2",
+    "last_y",  # y of the row's last model token
+    "last_y2",
+    "both",  # 1 where the row's last round is one token (its last token is also a round's first)
+    "both_y",
+    "both_y2",
+    "round_last_abs",  # Σ |δ| over the last token of each round
+    "shift_next",  # Σ |a[k+1] − r[k]| over adjacent pairs of a round
+    "shift_prev",  # Σ |a[k] − r[k+1]|
+    "dummy_zero",  # exact zeros where the other side says p < 0.5
+    "dummy_zero_run",  # those of them next to another in the same round
+    "copied",  # exact copies of the neighbour's value where the other side moves by more than ``gap``
+)
+
+
+@njit(**_FLAGS)
+def hint_rows(
+    trainer: np.ndarray,
+    rollout: np.ndarray,
+    raw: np.ndarray,
+    length: np.ndarray,
+    row: np.ndarray,
+    rounds: np.ndarray,
+    rows: int,
+    segment_group: np.ndarray,
+    groups: int,
+    clip: float,
+    log_half: float,
+    gap: float,
+    log_edges: np.ndarray,
+):
+    """The token patterns of ``metrics.hints`` in one pass: per row the HINT_COLUMNS (float64 [R, 13]), per step group
+    and rollout-probability bucket (the number of ``log_edges`` above r) [tokens, Σ|δ|, Σy, Σy²] ([G, B, 4]),
+    y = min(|δ|, clip). Sums run in token order, as the torch engine's index_add and bincount do."""
+    out = np.zeros((rows, 13))
+    buckets = np.zeros((groups, log_edges.shape[0] + 1, 4))
+    segments = raw.shape[0]
+    prev_zero = False
+    prev_counted = False
+    for s in range(segments):
+        i, g = row[s], segment_group[s]
+        opens = s == 0 or row[s - 1] != i or rounds[s - 1] != rounds[s]
+        continues = s + 1 < segments and row[s + 1] == i and rounds[s + 1] == rounds[s]
+        row_ends = s + 1 == segments or row[s + 1] != i
+        lo, n = raw[s], length[s]
+        for k in range(n):
+            t = lo + k
+            a, r = trainer[t], rollout[t]
+            ad = abs(a - r)
+            y = min(ad, clip)
+            y2 = y * y
+            b = 0
+            for e in range(log_edges.shape[0]):
+                if r < log_edges[e]:
+                    b += 1
+            buckets[g, b, 0] += 1.0
+            buckets[g, b, 1] += ad
+            buckets[g, b, 2] += y
+            buckets[g, b, 3] += y2
+            first = opens and k == 0
+            if first:
+                out[i, 0] += y
+                out[i, 1] += y2
+                prev_zero = False
+            zero = (r == 0.0 and a < log_half) or (a == 0.0 and r < log_half)
+            counted = False
+            if zero:
+                out[i, 10] += 1.0
+                if prev_zero:
+                    if not prev_counted:
+                        out[i, 11] += 1.0
+                    out[i, 11] += 1.0
+                    counted = True
+            prev_zero, prev_counted = zero, counted
+            if k == n - 1 and not continues:  # the round's last token
+                out[i, 7] += ad
+                if row_ends:
+                    out[i, 2] = y
+                    out[i, 3] = y2
+                    if first:
+                        out[i, 4] = 1.0
+                        out[i, 5] = y
+                        out[i, 6] = y2
+                continue
+            a1, r1 = trainer[t + 1], rollout[t + 1]  # the next token of the round
+            out[i, 8] += abs(a1 - r)
+            out[i, 9] += abs(a - r1)
+            if (r1 == r and r1 != 0.0 and abs(a1 - a) > gap) or (a1 == a and a1 != 0.0 and abs(r1 - r) > gap):
+                out[i, 12] += 1.0
+    return out, buckets

@@ -11,6 +11,7 @@ Quantities are cached on the chunk (``chunk.cache``), so families and presets sh
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from functools import cached_property
@@ -766,6 +767,32 @@ class KernelStats(ChunkStats):
         )
         m2_x, m2_y, c_xy = torch.from_numpy(centred).unbind(dim=1)
         return torch.stack([n, mean_x, mean_y, m2_x, m2_y, c_xy], dim=-1)
+
+    def hint_rows(
+        self, clip: float, log_half: float, gap: float, edges: tuple[float, ...]
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """The token patterns of metrics.hints (``kernels.cpu.HINT_COLUMNS``, per row) and the rollout-probability
+        buckets [G, B, 4] of [tokens, Σ|δ|, Σy, Σy²], in one compiled pass."""
+        kernels = compiled()
+        trainer, rollout = self._raw
+        raw, _, length, row, _, rounds = self._layout
+        per_row, buckets = kernels.hint_rows(
+            trainer,
+            rollout,
+            raw,
+            length,
+            row,
+            rounds,
+            self.chunk.rows,
+            self.segment_group.numpy(),
+            self.chunk.groups.count,
+            clip,
+            log_half,
+            gap,
+            np.array([math.log(edge) for edge in edges]),  # as metrics.hints.probability_bucket
+        )
+        columns = torch.from_numpy(per_row)
+        return {name: columns[:, index] for index, name in enumerate(kernels.HINT_COLUMNS)}, torch.from_numpy(buckets)
 
     def delta_histogram(self, delta_bin: Callable[[torch.Tensor], torch.Tensor], bins: int) -> torch.Tensor:
         if bins != 2 * (EXPONENT_MAX - EXPONENT_MIN) + 1 or delta_bin.__module__ != "rollout_diag.metrics.localize":
