@@ -36,6 +36,7 @@ QUANTITIES = (
     "hint_clipped_square",
     "hint_cross",
     "hint_rollout_square",
+    "skyrl_k3",
 )
 COLUMN = {name: index for index, name in enumerate(QUANTITIES)}
 # The quantities whose segment maxima and minima it computes (what the families read), in output order.
@@ -75,6 +76,7 @@ def _values(a: float, r: float, out: np.ndarray, k: int, extremes: np.ndarray) -
     out[13, k] = y * y
     out[14, k] = d * r
     out[15, k] = r * r
+    out[16, k] = math.expm1(-d) + d
     extremes[0, 0] = max(extremes[0, 0], ad)
     extremes[1, 0] = min(extremes[1, 0], ad)
     extremes[0, 1] = max(extremes[0, 1], c)
@@ -343,7 +345,9 @@ def _value(q: int, a: float, r: float) -> float:
         return y * y
     if q == 14:
         return d * r
-    return r * r
+    if q == 15:
+        return r * r
+    return math.expm1(-d) + d
 
 
 @njit(**_FLAGS)
