@@ -118,6 +118,13 @@ def test_segments_and_their_reductions_equal_the_torch_engine(layout):
     np.testing.assert_array_equal(
         kernel.delta_histogram(delta_bin, DELTA_BINS).numpy(), reference.delta_histogram(delta_bin, DELTA_BINS).numpy()
     )
+    for floor in (0.0, 1e-3, 0.3, math.inf):
+        (mine_index, mine_values), (index, values) = (
+            kernel.largest_tokens("abs_log_ratio", floor),
+            reference.largest_tokens("abs_log_ratio", floor),
+        )
+        assert torch.equal(mine_index, index) and torch.equal(mine_values, values)
+        assert kernel.token_locations(index.tolist()) == reference.token_locations(index.tolist())
     for x, y in (("prob_diff", "prob_diff"), ("trainer_prob", "rollout_prob"), ("log_ratio", None), ("k3", "square")):
         mine, theirs = kernel.group_moments(x, y).numpy(), reference.group_moments(x, y).numpy()
         atol = 1e-15 * kernel.model_tokens if x == "prob_diff" else 1e-300

@@ -477,3 +477,27 @@ def hint_rows(
             if (r1 == r and r1 != 0.0 and abs(a1 - a) > gap) or (a1 == a and a1 != 0.0 and abs(r1 - r) > gap):
                 out[i, 12] += 1.0
     return out, buckets
+
+
+@njit(**_FLAGS)
+def tokens_at_least(
+    trainer: np.ndarray, rollout: np.ndarray, raw: np.ndarray, model: np.ndarray, length: np.ndarray, floor: float
+):
+    """Model-token indices (ascending) and |δ| of the tokens with |a − r| ≥ floor: the worst-token prefilter."""
+    count = 0
+    for s in range(raw.shape[0]):
+        for t in range(raw[s], raw[s] + length[s]):
+            if abs(trainer[t] - rollout[t]) >= floor:
+                count += 1
+    index = np.empty(count, np.int64)
+    values = np.empty(count)
+    found = 0
+    for s in range(raw.shape[0]):
+        lo = raw[s]
+        for t in range(lo, lo + length[s]):
+            value = abs(trainer[t] - rollout[t])
+            if value >= floor:
+                index[found] = model[s] + (t - lo)
+                values[found] = value
+                found += 1
+    return index, values

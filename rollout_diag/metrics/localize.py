@@ -242,8 +242,8 @@ class WorstTracker:
             tracker.items = [
                 (score, key, details[item] if isinstance(item, int) else item) for score, key, item in tracker.items
             ]
-        if chunk.model.row.numel() and float(host["max_abs_diff"].max()) >= self.tokens.threshold():
-            self._offer_tokens(chunk, s.token("abs_log_ratio"))
+        if s.model_tokens and float(host["max_abs_diff"].max()) >= self.tokens.threshold():
+            self._offer_tokens(chunk)
 
     @staticmethod
     def _row_key(chunk: Chunk, row: int) -> Location:
@@ -287,22 +287,19 @@ class WorstTracker:
             )
         return details
 
-    def _offer_tokens(self, chunk: Chunk, abs_delta: torch.Tensor) -> None:
-        model = chunk.model
-        if abs_delta.numel() == 0:
-            return
+    def _offer_tokens(self, chunk: Chunk) -> None:
+        s = stats(chunk)
         # Once the tracker is full only tokens at or above its threshold can enter: a cheap filter before topk.
-        floor = self.tokens.threshold()
-        index = None if floor == -math.inf else torch.nonzero(abs_delta >= floor, as_tuple=True)[0]
-        values = abs_delta if index is None else abs_delta[index]
+        index, values = s.largest_tokens("abs_log_ratio", self.tokens.threshold())
         if values.numel() == 0:
             return
         kth = torch.topk(values, min(self.k, values.numel())).values[-1]
         # torch.topk breaks ties arbitrarily: widen to every token tied with the k-th value.
         tied = torch.nonzero(values >= kth, as_tuple=True)[0]
+        scores = values[tied].tolist()
         if index is not None:
             tied = index[tied]
-        s = stats(chunk)
+        tokens = tied.tolist()
         starts = s.segment_starts
 
         def token_round(token: int) -> int:  # the round of the segment holding the token
@@ -310,12 +307,11 @@ class WorstTracker:
             return int(s.segment_round[segment])
 
         candidates = []
-        for token in tied.tolist():
-            row = int(model.row[token])
-            position = int(model.position[token])
-            score = float(abs_delta[token])
+        for token, score, (row, position) in zip(tokens, scores, s.token_locations(tokens), strict=True):
             if score < self.tokens.threshold():
                 continue
+            at = int(chunk.offsets[row]) + position  # the token in the chunk's own arrays
+            trainer, rollout = float(chunk.trainer[at]), float(chunk.rollout[at])
             key = (*self._row_key(chunk, row)[:4], position)
             candidates.append(
                 (
@@ -332,9 +328,9 @@ class WorstTracker:
                         if chunk.token_ids is None
                         else int(chunk.token_ids[chunk.offsets[row] + position]),
                         token=None if chunk.token_text is None else chunk.token_text(row, position),
-                        trainer_logprob=float(model.trainer[token]),
-                        rollout_logprob=float(model.rollout[token]),
-                        log_ratio=float(model.log_ratio[token]),
+                        trainer_logprob=trainer,
+                        rollout_logprob=rollout,
+                        log_ratio=trainer - rollout,  # δ = a − r, as ModelTokens.log_ratio
                     ),
                 )
             )

@@ -235,6 +235,20 @@ class ChunkStats:
         """M: model tokens of the chunk."""
         return int(self.chunk.model.row.numel())
 
+    def largest_tokens(self, name: str, floor: float) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(model-token indices, ascending; values) of the tokens whose quantity ``name`` is ≥ ``floor``; with a
+        floor of −inf, (None, every token's value)."""
+        values = self.token(name)
+        if floor == -math.inf:
+            return None, values
+        index = torch.nonzero(values >= floor, as_tuple=True)[0]
+        return index, values[index]
+
+    def token_locations(self, tokens: list[int]) -> list[tuple[int, int]]:
+        """(row, position within the row) of each given model token."""
+        model = self.chunk.model
+        return [(int(model.row[token]), int(model.position[token])) for token in tokens]
+
     # -- segments --------------------------------------------------------------------------------
     @cached_property
     def segment_starts(self) -> torch.Tensor:
@@ -692,6 +706,22 @@ class KernelStats(ChunkStats):
     @cached_property
     def segment_round(self) -> torch.Tensor:
         return torch.from_numpy(self._layout[5])
+
+    def largest_tokens(self, name: str, floor: float) -> tuple[torch.Tensor | None, torch.Tensor]:
+        if name != "abs_log_ratio" or floor == -math.inf:
+            return super().largest_tokens(name, floor)
+        trainer, rollout = self._raw
+        raw, model, length, *_ = self._layout
+        index, values = compiled().tokens_at_least(trainer, rollout, raw, model, length, floor)
+        return torch.from_numpy(index), torch.from_numpy(values)
+
+    def token_locations(self, tokens: list[int]) -> list[tuple[int, int]]:
+        raw, model, _, row, *_ = self._layout
+        index = np.asarray(tokens, dtype=np.int64)
+        segment = np.searchsorted(model, index, side="right") - 1
+        rows = row[segment]
+        positions = raw[segment] + (index - model[segment]) - self.chunk.offsets.numpy()[rows]
+        return list(zip(rows.tolist(), positions.tolist(), strict=True))
 
     def _kernel_sum(self, name: str) -> torch.Tensor | None:
         if name == "rs_k1":  # Σ(−c) = −Σc exactly: negation is exact at every step of the sum
