@@ -94,10 +94,12 @@ def compiled() -> ModuleType:
         return _loaded[0]
     directory = cache_directory()
     if not os.environ.get("NUMBA_CACHE_DIR") and directory.name != "__pycache__":
-        os.environ["NUMBA_CACHE_DIR"] = str(directory)  # before numba is imported: it reads this once
+        os.environ["NUMBA_CACHE_DIR"] = str(directory)  # numba reads its configuration when imported …
+        if "numba" in sys.modules:  # … or when told to read it again
+            sys.modules["numba"].core.config.reload_config()
     if not _has_cache(directory):
         print(
-            f"rollout-diag: compiling the CPU kernels once (about 10 s; cached in {directory}).",
+            f"rollout-diag: compiling the CPU kernels once (about 15 s; cached in {directory}).",
             file=sys.stderr,
             flush=True,
         )
