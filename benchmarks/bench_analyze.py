@@ -143,11 +143,11 @@ def main() -> None:
     analyze_small = median_of(ANALYZE, 1, str(small), args.device)
     naive = None if args.skip_naive else median_of(NAIVE, args.repeat, str(big), args.device)
 
-    def line(name: str, result: dict[str, float]) -> str:
-        rate = args.tokens / result["wall"] / 1e6
+    def line(name: str, result: dict[str, float], tokens: int = args.tokens) -> str:
+        rate = tokens / result["wall"] / 1e6
         return (
             f"| {name} | {result['wall']:.2f} ({result['wall_min']:.2f}–{result['wall_max']:.2f}) "
-            f"| {rate:.1f} | {result['cpu'] * 1e9 / args.tokens:.0f} | {result['rss_mb']:.0f} |"
+            f"| {rate:.1f} | {result['cpu'] * 1e9 / tokens:.0f} | {result['rss_mb']:.0f} |"
         )
 
     lines = [
@@ -162,7 +162,7 @@ def main() -> None:
         "|---|---|---|---|---|",
         line("pyarrow read only (I/O floor)", floor),
         line("rollout-diag analyze", analyze),
-        line(f"rollout-diag analyze, {args.tokens // 4 / 1e6:.1f}M tokens", analyze_small),
+        line(f"rollout-diag analyze, {args.tokens // 4 / 1e6:.1f}M tokens", analyze_small, args.tokens // 4),
     ]
     if naive is not None:
         lines.append(line("naive: read all, pad per step, §1 in torch", naive))
