@@ -13,13 +13,23 @@ compare_presets, so the ratio flatters it. Each contender runs in a fresh proces
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_analyze import ANALYZE, FLOOR, PAD_STEPS, make_dump, measure, median_of, publish  # the sibling script
+from bench_analyze import (  # the sibling script
+    ANALYZE,
+    ENGINES,
+    FLOOR,
+    PAD_STEPS,
+    make_dump,
+    measure,
+    median_of,
+    publish,
+)
 
 COMPARE = """
 import sys, rollout_diag
@@ -61,10 +71,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=12_500_000)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--engine", choices=ENGINES, default="auto", help="per-token engine (ROLLOUT_DIAG_ENGINE)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=Path("/tmp"))
     parser.add_argument("--write", type=Path, help="append the results as a markdown section to this file")
     args = parser.parse_args()
+    os.environ["ROLLOUT_DIAG_ENGINE"] = args.engine  # inherited by every measured process
 
     dump = make_dump(args.tokens, args.dir / f"rollout_diag_bench_{args.tokens}.parquet")
     measure(ANALYZE, str(dump), args.device)  # warm the page cache and imports
@@ -78,16 +90,17 @@ def main() -> None:
     }
     floor, analyze, compare, naive = (results[name]["wall"] for name in results)
     lines = [
-        f"### compare-presets, {args.tokens / 1e6:.1f}M tokens, device {args.device} ({time.strftime('%Y-%m-%d')})",
+        f"### compare-presets, {args.tokens / 1e6:.1f}M tokens, device {args.device}, engine {args.engine} "
+        f"({time.strftime('%Y-%m-%d')})",
         "",
         f"Machine: {platform.machine()}, Python {platform.python_version()}; median of {args.repeat} fresh "
         "processes (min–max), wall seconds including interpreter start.",
         "",
-        "| contender | wall s | M tokens/s | peak RSS MB |",
-        "|---|---|---|---|",
+        "| contender | wall s | M tokens/s | CPU ns/token | peak RSS MB |",
+        "|---|---|---|---|---|",
         *(
             f"| {name} | {r['wall']:.2f} ({r['wall_min']:.2f}–{r['wall_max']:.2f}) | "
-            f"{args.tokens / r['wall'] / 1e6:.1f} | {r['rss_mb']:.0f} |"
+            f"{args.tokens / r['wall'] / 1e6:.1f} | {r['cpu'] * 1e9 / args.tokens:.0f} | {r['rss_mb']:.0f} |"
             for name, r in results.items()
         ),
         "",

@@ -476,13 +476,42 @@ def print_version(value: bool) -> None:
         raise typer.Exit(0)
 
 
+class Engine(str, Enum):
+    """The per-token engines (rollout_diag.kernels.ENGINES)."""
+
+    auto = "auto"
+    numba = "numba"
+    torch = "torch"
+
+
 @app.callback()
 def root(
+    context: typer.Context,
     version: Annotated[
         bool, typer.Option("--version", callback=print_version, is_eager=True, help="Print the version and exit.")
     ] = False,
+    engine: Annotated[
+        Engine,
+        typer.Option(
+            "--engine",
+            envvar="ROLLOUT_DIAG_ENGINE",
+            help="Per-token engine of every reading command: numba (compiled CPU kernels), torch (any device, what "
+            "runs on CUDA) or auto (numba on the CPU, torch on a GPU). Before the command: rollout-diag --engine "
+            "torch analyze ….",
+        ),
+    ] = Engine.auto,
 ) -> None:
     """Diagnose training–inference logprob mismatch in RL for LLMs, offline, from Parquet dumps."""
+    before = os.environ.get("ROLLOUT_DIAG_ENGINE")
+    os.environ["ROLLOUT_DIAG_ENGINE"] = engine.value  # read where each chunk is computed (rollout_diag.kernels)
+    context.call_on_close(lambda: _restore_environment("ROLLOUT_DIAG_ENGINE", before))
+
+
+def _restore_environment(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 @app.command()

@@ -38,6 +38,8 @@ class Dump:
     device: str = "auto"
     workers: int = 1
     backend: str = "process"
+    # per-token engine: auto, numba (CPU kernels) or torch (any device); None: the process's (rollout_diag.kernels)
+    engine: str | None = None
     # A reader opened ahead (``opened``), handed to the first call that reads: not part of the dump's identity.
     _reader: list = field(default_factory=list, init=False, compare=False, repr=False)
 
@@ -46,6 +48,10 @@ class Dump:
         inputs = (given,) if isinstance(given, (str, Path)) else tuple(given)
         object.__setattr__(self, "inputs", tuple(str(path) for path in inputs))
         object.__setattr__(self, "columns", dict(self.columns or {}))
+        from rollout_diag.kernels import check_engine  # light: numba loads only when a kernel first runs
+
+        if self.engine is not None:
+            check_engine(self.engine)
 
     def open(self):
         """A DumpReader over the inputs: files found, footers read, columns resolved (torch is not loaded).
@@ -72,7 +78,7 @@ class Dump:
 
 
 _CALL_OPTIONS = tuple(
-    f.name for f in fields(Dump) if f.name not in ("inputs", "input_format", "trust_pickle", "_reader")
+    f.name for f in fields(Dump) if f.name not in ("inputs", "input_format", "trust_pickle", "engine", "_reader")
 )
 
 
@@ -94,6 +100,9 @@ def reads_dump(function: F) -> F:
                     f"{option_name(name)}={kwargs[name]!r} disagrees with the Dump's {name}={value!r}: give it once."
                 )
             kwargs[name] = value
-        return function(inputs.reader(), *args, **kwargs)
+        from rollout_diag.kernels import use_engine
+
+        with use_engine(inputs.engine):
+            return function(inputs.reader(), *args, **kwargs)
 
     return wrapper  # type: ignore[return-value]

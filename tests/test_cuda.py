@@ -1,9 +1,9 @@
-"""The CUDA path: the same reference comparisons as on the CPU, run with ``device="cuda"``.
+"""The CUDA path: the torch engine on ``device="cuda"`` against the numba engine on the CPU, and the reference.
 
 Skipped (saying so) where torch sees no GPU. Where one is present, every analysis and preset metric on
-CUDA must equal the CPU result to 1e-12 relative and the float64 reference to the suite's tolerance: the
-GPU path uses ``segment_reduce`` where the CPU uses numpy ``reduceat``, so this is the check that both
-reductions, and the device-side validation and bookkeeping, agree.
+CUDA must equal the CPU result of the numba kernels to 1e-12 relative and the float64 reference to the suite's
+tolerance. CI runs the same torch engine on the CPU against the kernels over every test dump (tests/test_kernel.py),
+so what only a GPU can check is the device: ``segment_reduce`` and the device-side validation and bookkeeping.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from test_correction import write_dump as write_preset_dump
 from test_metrics import assert_metrics_match, random_rows, reference_metrics, write_dump
 
 import rollout_diag as rd
+from rollout_diag.kernels import use_engine
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA GPU: CUDA path not run")
 
@@ -39,8 +40,10 @@ def test_analysis_on_cuda_matches_cpu_and_reference(tmp_path, chunk_tokens):
     steps = {step: random_rows(rng, 25) for step in range(3)}
     path = tmp_path / "dump.parquet"
     write_dump(path, steps, row_group_size=11)
-    cpu = rd.analyze(path, device="cpu", chunk_tokens=chunk_tokens)
-    cuda = rd.analyze(path, device="cuda", chunk_tokens=chunk_tokens)
+    with use_engine("numba"):
+        cpu = rd.analyze(path, device="cpu", chunk_tokens=chunk_tokens)
+    with use_engine("auto"):  # torch on CUDA
+        cuda = rd.analyze(path, device="cuda", chunk_tokens=chunk_tokens)
     assert cuda.device.startswith("cuda")
     assert_same(cpu.run.metrics, cuda.run.metrics)
     for cpu_step, cuda_step in zip(cpu.steps, cuda.steps, strict=True):
@@ -52,8 +55,10 @@ def test_analysis_on_cuda_matches_cpu_and_reference(tmp_path, chunk_tokens):
 def test_presets_on_cuda_match_cpu(tmp_path):
     path = tmp_path / "presets.parquet"
     write_preset_dump(path, random_steps(3))
-    cpu = rd.compare_presets(path, ALL_PRESETS, device="cpu", chunk_tokens=37)
-    cuda = rd.compare_presets(path, ALL_PRESETS, device="cuda", chunk_tokens=37)
+    with use_engine("numba"):
+        cpu = rd.compare_presets(path, ALL_PRESETS, device="cpu", chunk_tokens=37)
+    with use_engine("auto"):
+        cuda = rd.compare_presets(path, ALL_PRESETS, device="cuda", chunk_tokens=37)
     for cpu_preset, cuda_preset in zip(cpu.presets, cuda.presets, strict=True):
         assert cpu_preset.name == cuda_preset.name
         assert_same(cpu_preset.run.metrics, cuda_preset.run.metrics)

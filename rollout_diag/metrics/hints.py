@@ -30,7 +30,7 @@ from rollout_diag.decisions.hints import (
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator
 from rollout_diag.metrics.localize import POSITION_BUCKETS, TopK
-from rollout_diag.metrics.segments import ChunkStats, quantity, reduce_runs, stats
+from rollout_diag.metrics.segments import ChunkStats, KernelStats, quantity, reduce_runs, stats
 
 CLIP = 1.0  # group means use min(|δ|, 1) (ρ outside [1/e, e] counts as 1): a few catastrophic tokens cannot carry one
 LOG_HALF = math.log(0.5)  # a logprob of exactly 0 (p = 1) where the other side says p < 0.5 is no rounding error
@@ -116,12 +116,50 @@ class _ChunkEvidence:
 
     def __init__(self, chunk: Chunk) -> None:
         s = stats(chunk)
-        model = chunk.model
         self.chunk, self.stats = chunk, s
+        self.row_lengths = s.row_count.to(torch.int64)
+        if isinstance(s, KernelStats):  # the numba engine: one compiled pass over the tokens
+            parts, self.probability_buckets = s.hint_rows(CLIP, LOG_HALF, math.log(2.0), PROBABILITY_EDGES)
+        else:
+            parts = self._token_parts()
+            self.probability_buckets = None
+        count = s.row_count
+        rounds = s.rounds_per_row.to(torch.float64)
+        total_y, total_y2 = s.row_sum("hint_clipped_abs"), s.row_sum("hint_clipped_square")
+        first_y, first_y2, last_y, last_y2 = parts["first_y"], parts["first_y2"], parts["last_y"], parts["last_y2"]
+        has_tokens = (count > 0).to(torch.float64)
+        sums = {
+            "tokens": count,
+            "pairs": count - rounds,  # a round of k tokens has k − 1 adjacent pairs
+            "pair_abs": s.row_sum("abs_log_ratio") - parts["round_last_abs"],
+            "shift_next": parts["shift_next"],
+            "shift_prev": parts["shift_prev"],
+            "dummy_zero": parts["dummy_zero"],
+            "dummy_zero_run": parts["dummy_zero_run"],
+            "copied": parts["copied"],
+            "cross": s.row_sum("hint_cross"),
+            "rollout_square": s.row_sum("hint_rollout_square"),
+            "delta_square": s.row_sum("square"),
+            "first": rounds,
+            "first_y": first_y,
+            "first_y2": first_y2,
+            "last": has_tokens,
+            "last_y": last_y,
+            "last_y2": last_y2,
+            "rest": count - rounds - has_tokens + parts["both"],
+            "rest_y": total_y - first_y - last_y + parts["both_y"],
+            "rest_y2": total_y2 - first_y2 - last_y2 + parts["both_y2"],
+        }
+        self.rows = torch.stack([sums[name] for name in TOKEN_SUMS], dim=1)  # [R, K]
+        self.total_y, self.total_y2 = total_y, total_y2
+
+    def _token_parts(self) -> dict[str, torch.Tensor]:
+        """The torch engine's per-row token patterns (what ``KernelStats.hint_rows`` computes in one pass)."""
+        chunk, s = self.chunk, self.stats
+        model = chunk.model
         trainer, rollout = model.trainer, model.rollout
         tokens = model.row.numel()
         device = model.row.device
-        self.row_lengths = s.row_count.to(torch.int64)
         # Rounds from the segments: a segment opens a round where the row or the round index changes.
         starts = s.segment_starts
         opens = torch.ones_like(starts, dtype=torch.bool)
@@ -139,16 +177,10 @@ class _ChunkEvidence:
             out = torch.zeros(chunk.rows, dtype=torch.float64, device=device)
             return out.index_add_(0, row_of[index], values[index])
 
-        count = s.row_count
-        rounds = s.rounds_per_row.to(torch.float64)
-        total_y, total_y2 = s.row_sum("hint_clipped_abs"), s.row_sum("hint_clipped_square")
-        first_y, first_y2 = gathered(round_first, y), gathered(round_first, y2)
-        last_y, last_y2 = gathered(row_last, y), gathered(row_last, y2)
         both = row_last[_isin(row_last, round_first)]  # a last round of one token: first and last at once
         both_n = torch.zeros(chunk.rows, dtype=torch.float64, device=device).index_add_(
             0, row_of[both], torch.ones(both.numel(), dtype=torch.float64, device=device)
         )
-        has_tokens = (count > 0).to(torch.float64)
         # shifted differences on every adjacent pair of tokens, then zeroed where the pair crosses a round end
         shift_next = torch.empty_like(y)
         shift_prev = torch.empty_like(y)
@@ -158,31 +190,21 @@ class _ChunkEvidence:
         shift_next.index_fill_(0, round_last, 0.0)  # the last token of a round has no pair (the last token of all too)
         shift_prev.index_fill_(0, round_last, 0.0)
         dummy, dummy_run, copied = self._patterns(round_last)
-        sums = {
-            "tokens": count,
-            "pairs": count - rounds,  # a round of k tokens has k − 1 adjacent pairs
-            "pair_abs": s.row_sum("abs_log_ratio") - gathered(round_last, abs_delta),
+        return {
+            "first_y": gathered(round_first, y),
+            "first_y2": gathered(round_first, y2),
+            "last_y": gathered(row_last, y),
+            "last_y2": gathered(row_last, y2),
+            "both": both_n,
+            "both_y": gathered(both, y),
+            "both_y2": gathered(both, y2),
+            "round_last_abs": gathered(round_last, abs_delta),
             "shift_next": self.row_sum(shift_next),
             "shift_prev": self.row_sum(shift_prev),
             "dummy_zero": dummy,
             "dummy_zero_run": dummy_run,
             "copied": copied,
-            "cross": s.row_sum("hint_cross"),
-            "rollout_square": s.row_sum("hint_rollout_square"),
-            "delta_square": s.row_sum("square"),
-            "first": rounds,
-            "first_y": first_y,
-            "first_y2": first_y2,
-            "last": has_tokens,
-            "last_y": last_y,
-            "last_y2": last_y2,
-            "rest": count - rounds - has_tokens + both_n,
-            "rest_y": total_y - first_y - last_y + gathered(both, y),
-            "rest_y2": total_y2 - first_y2 - last_y2 + gathered(both, y2),
         }
-        self.rows = torch.stack([sums[name] for name in TOKEN_SUMS], dim=1)  # [R, K]
-        self.y, self.y2 = y, y2
-        self.total_y, self.total_y2 = total_y, total_y2
 
     def _patterns(self, round_last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per row: exact-zero tokens where the other side says p < 0.5, those of them next to another in the same
@@ -283,7 +305,6 @@ class HintEvidenceAccumulator(StepAccumulator):
 
     def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
         evidence = _evidence(chunk)
-        model = chunk.model
         sums = _group_sums(chunk, evidence.rows)
         out = {name: sums[:, index] for index, name in enumerate(TOKEN_SUMS)}
         fitted, slope, r2 = evidence.fit()
@@ -309,13 +330,16 @@ class HintEvidenceAccumulator(StepAccumulator):
         )
         row_sums = _group_sums(chunk, row_values)
         out.update({name: row_sums[:, index] for index, name in enumerate(ROW_SUMS)})
-        y, y2 = evidence.y, evidence.y2
-        out["probability_buckets"] = _bucket_sums(
-            chunk,
-            probability_bucket(model.rollout),
-            PROBABILITY_BUCKETS,
-            [None, evidence.stats.token("abs_log_ratio"), y, y2],
-        )
+        if evidence.probability_buckets is not None:  # the numba engine's pass
+            out["probability_buckets"] = evidence.probability_buckets
+        else:
+            s = evidence.stats
+            out["probability_buckets"] = _bucket_sums(
+                chunk,
+                probability_bucket(chunk.model.rollout),
+                PROBABILITY_BUCKETS,
+                [None, s.token("abs_log_ratio"), s.token("hint_clipped_abs"), s.token("hint_clipped_square")],
+            )
         # segments never straddle a log2 position bucket: sum per segment, then by bucket
         s = evidence.stats
         position = s.segment_bucket.clamp(max=POSITION_BUCKETS - 1)

@@ -16,8 +16,17 @@ import torch
 
 from rollout_diag import catalogue
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import EPS, State, StepAccumulator, row_mean
-from rollout_diag.metrics.segments import PerToken, stats
+from rollout_diag.metrics.base import (
+    EPS,
+    State,
+    StepAccumulator,
+    clamp20,
+    row_mean,
+    segment_sum,
+    token_exp,
+    token_expm1,
+)
+from rollout_diag.metrics.segments import EXPONENT_MAX, EXPONENT_MIN, stats
 from rollout_diag.results import RowTokens, WorstRow, WorstToken
 
 POSITION_BUCKETS = 40  # log2 buckets: covers rows of up to 2^38 tokens
@@ -27,7 +36,6 @@ ROW_CRITERIA = ("log_ppl_abs_diff", "max_abs_diff", "k3_sum", "catastrophic_shar
 # Signed δ bins, one per binary order of magnitude: |δ| in [2^k, 2^(k+1)) for k = -20 … 6, mirrored,
 # plus a central bin |δ| < 2^-20; values beyond ±128 fall in the end bins. The bin of a value is its
 # binary exponent, which costs one frexp per token instead of a binary search.
-EXPONENT_MIN, EXPONENT_MAX = -20, 7
 _LEVELS = EXPONENT_MAX - EXPONENT_MIN  # bins per sign
 _ABS_EDGES = [2.0**k for k in range(EXPONENT_MIN, EXPONENT_MAX + 1)]
 DELTA_EDGES = [-e for e in reversed(_ABS_EDGES)] + _ABS_EDGES
@@ -77,11 +85,23 @@ class PositionAccumulator(StepAccumulator):
         def by_bucket(name: str) -> torch.Tensor:
             return s.bucket_sum(s.segment_sum(name), bucket, POSITION_BUCKETS)
 
-        histogram = s.group_bincount(delta_bin(s.token("log_ratio")), DELTA_BINS)
-        kept = s.token(s.catastrophic(self.catastrophic)) == 0.0
+        histogram = s.delta_histogram(delta_bin, DELTA_BINS)
+        # k3 and χ² terms without the catastrophic tokens: the group sums less those few tokens' terms (formulas as
+        # the k3 and chi2_term quantities), so no token-sized temporary is made for a handful of tokens
+        delta = s.token("log_ratio")
+        outliers = torch.nonzero(delta.abs() > self.catastrophic, as_tuple=True)[0]
+        outlier_group = chunk.groups.row_group[chunk.model.row[outliers]]
+        outlier_delta = delta[outliers]
+        groups = chunk.groups.count
+        outlier_k3 = segment_sum(token_expm1(outlier_delta) - outlier_delta, outlier_group, groups)
+        outlier_chi2 = segment_sum(token_exp(clamp20(outlier_delta) * 2.0), outlier_group, groups)
+        k3_kept = s.group_sum("k3") - outlier_k3
+        if not bool(torch.isfinite(outlier_k3).all()):  # an outlier's exp(δ) overflowed: sum the kept terms instead
+            kept_k3 = torch.where(delta.abs() <= self.catastrophic, s.token("k3"), 0.0)
+            k3_kept = segment_sum(kept_k3, chunk.groups.row_group[chunk.model.row], groups)
         return {
-            "k3_kept": s.group_sum(PerToken(torch.where(kept, s.token("k3"), 0.0))),
-            "chi2_kept": s.group_sum(PerToken(torch.where(kept, s.token("chi2_term"), 0.0))),
+            "k3_kept": k3_kept,
+            "chi2_kept": s.group_sum("chi2_term") - outlier_chi2,
             "token_count": s.bucket_sum(s.segment_length, bucket, POSITION_BUCKETS),
             "abs_diff": by_bucket("abs_log_ratio"),
             "k3_kl": by_bucket("k3"),
@@ -255,8 +275,8 @@ class WorstTracker:
             tracker.items = [
                 (score, key, details[item] if isinstance(item, int) else item) for score, key, item in tracker.items
             ]
-        if chunk.model.row.numel() and float(host["max_abs_diff"].max()) >= self.tokens.threshold():
-            self._offer_tokens(chunk, s.token("abs_log_ratio"))
+        if s.model_tokens and float(host["max_abs_diff"].max()) >= self.tokens.threshold():
+            self._offer_tokens(chunk)
 
     @staticmethod
     def _row_key(chunk: Chunk, row: int) -> Location:
@@ -300,22 +320,19 @@ class WorstTracker:
             )
         return details
 
-    def _offer_tokens(self, chunk: Chunk, abs_delta: torch.Tensor) -> None:
-        model = chunk.model
-        if abs_delta.numel() == 0:
-            return
+    def _offer_tokens(self, chunk: Chunk) -> None:
+        s = stats(chunk)
         # Once the tracker is full only tokens at or above its threshold can enter: a cheap filter before topk.
-        floor = self.tokens.threshold()
-        index = None if floor == -math.inf else torch.nonzero(abs_delta >= floor, as_tuple=True)[0]
-        values = abs_delta if index is None else abs_delta[index]
+        index, values = s.largest_tokens("abs_log_ratio", self.tokens.threshold())
         if values.numel() == 0:
             return
         kth = torch.topk(values, min(self.k, values.numel())).values[-1]
         # torch.topk breaks ties arbitrarily: widen to every token tied with the k-th value.
         tied = torch.nonzero(values >= kth, as_tuple=True)[0]
+        scores = values[tied].tolist()
         if index is not None:
             tied = index[tied]
-        s = stats(chunk)
+        tokens = tied.tolist()
         starts = s.segment_starts
 
         def token_round(token: int) -> int:  # the round of the segment holding the token
@@ -323,12 +340,11 @@ class WorstTracker:
             return int(s.segment_round[segment])
 
         candidates = []
-        for token in tied.tolist():
-            row = int(model.row[token])
-            position = int(model.position[token])
-            score = float(abs_delta[token])
+        for token, score, (row, position) in zip(tokens, scores, s.token_locations(tokens), strict=True):
             if score < self.tokens.threshold():
                 continue
+            at = int(chunk.offsets[row]) + position  # the token in the chunk's own arrays
+            trainer, rollout = float(chunk.trainer[at]), float(chunk.rollout[at])
             key = (*self._row_key(chunk, row)[:4], position)
             candidates.append(
                 (
@@ -345,9 +361,9 @@ class WorstTracker:
                         if chunk.token_ids is None
                         else int(chunk.token_ids[chunk.offsets[row] + position]),
                         token=None if chunk.token_text is None else chunk.token_text(row, position),
-                        trainer_logprob=float(model.trainer[token]),
-                        rollout_logprob=float(model.rollout[token]),
-                        log_ratio=float(model.log_ratio[token]),
+                        trainer_logprob=trainer,
+                        rollout_logprob=rollout,
+                        log_ratio=trainer - rollout,  # δ = a − r, as ModelTokens.log_ratio
                     ),
                 )
             )

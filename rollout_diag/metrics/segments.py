@@ -11,6 +11,7 @@ Quantities are cached on the chunk (``chunk.cache``), so families and presets sh
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from functools import cached_property
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 
 from rollout_diag.io.chunk import Chunk
+from rollout_diag.kernels import compiled, kernel_for
 from rollout_diag.metrics.base import (
     clamp20,
     row_mean,
@@ -30,6 +32,8 @@ from rollout_diag.metrics.base import (
     token_expm1,
 )
 
+# The δ histogram's bins (metrics.localize.delta_bin): binary exponents of |δ| from EXPONENT_MIN to EXPONENT_MAX.
+EXPONENT_MIN, EXPONENT_MAX = -20, 7
 # Per-token quantities over model tokens (δ = a − r), each computed at most once per chunk.
 TOKEN_QUANTITIES: dict[str, Callable[[ChunkStats], torch.Tensor]] = {}
 
@@ -151,10 +155,12 @@ class PerToken:
 
 
 def stats(chunk: Chunk) -> ChunkStats:
-    """The shared per-chunk computation (created on first use)."""
+    """The shared per-chunk computation (created on first use): the numba kernels' for a CPU chunk unless the
+    torch engine is chosen (``rollout_diag.kernels``), the device-generic torch engine otherwise."""
     found = chunk.cache.get("stats")
     if found is None:
-        found = chunk.cache["stats"] = ChunkStats(chunk)
+        engine = KernelStats if kernel_for(chunk.device.type) else ChunkStats
+        found = chunk.cache["stats"] = engine(chunk)
     return found
 
 
@@ -169,6 +175,9 @@ def prepare(chunk: Chunk, quantities: tuple[str, ...] = SHARED_QUANTITIES) -> No
     cached = ("segment_length", "segment_row", "segment_bucket", "segment_round", "segment_group", "row_count")
     for name in (*cached, "group_token_ranges"):
         getattr(s, name)
+    if isinstance(s, KernelStats):  # the fused pass; a quantity outside it is computed where a family reads it
+        s._reductions  # noqa: B018
+        return
     for name in quantities:
         s.segment_sum(name)
 
@@ -190,6 +199,7 @@ class ChunkStats:
         self._maxima: dict[str, torch.Tensor] = {}
         self._minima: dict[str, torch.Tensor] = {}
         self._memo: dict[Hashable, Any] = {}
+        self._bounds: dict[str, float] = {}  # catastrophic token quantities: name -> |δ| bound
 
     def memo(self, key: Hashable, compute: Callable[[], Any]) -> Any:
         """``compute()`` once per chunk and key: values derived from a preset's config (weights, keep flags) that
@@ -202,15 +212,42 @@ class ChunkStats:
     def token(self, name: str) -> torch.Tensor:
         value = self._tokens.get(name)
         if value is None:
-            value = self._tokens[name] = TOKEN_QUANTITIES[name](self)
+            bound = self._bounds.get(name)
+            if bound is None:
+                value = TOKEN_QUANTITIES[name](self)
+            else:
+                value = (self.token("abs_log_ratio") > bound).to(torch.float64)
+            self._tokens[name] = value
         return value
 
     def catastrophic(self, threshold: float) -> str:
-        """Name of the token quantity 1.0 where |δ| > threshold (registered on first use)."""
+        """Name of the token quantity 1.0 where |δ| > threshold (registered on first use, computed when read)."""
         name = f"catastrophic>{threshold!r}"
-        if name not in self._tokens:
-            self._tokens[name] = (self.token("abs_log_ratio") > threshold).to(torch.float64)
+        self._bounds[name] = float(threshold)
         return name
+
+    def delta_histogram(self, delta_bin: Callable[[torch.Tensor], torch.Tensor], bins: int) -> torch.Tensor:
+        """Counts [G, bins] of δ by ``delta_bin`` (metrics.localize) in each step group."""
+        return self.group_bincount(delta_bin(self.token("log_ratio")), bins)
+
+    @cached_property
+    def model_tokens(self) -> int:
+        """M: model tokens of the chunk."""
+        return int(self.chunk.model.row.numel())
+
+    def largest_tokens(self, name: str, floor: float) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(model-token indices, ascending; values) of the tokens whose quantity ``name`` is ≥ ``floor``; with a
+        floor of −inf, (None, every token's value)."""
+        values = self.token(name)
+        if floor == -math.inf:
+            return None, values
+        index = torch.nonzero(values >= floor, as_tuple=True)[0]
+        return index, values[index]
+
+    def token_locations(self, tokens: list[int]) -> list[tuple[int, int]]:
+        """(row, position within the row) of each given model token."""
+        model = self.chunk.model
+        return [(int(model.row[token]), int(model.position[token])) for token in tokens]
 
     # -- segments --------------------------------------------------------------------------------
     @cached_property
@@ -236,7 +273,7 @@ class ChunkStats:
 
     @cached_property
     def segment_length(self) -> torch.Tensor:
-        ends = torch.cat([self.segment_starts[1:], self.segment_starts.new_tensor([self.chunk.model.row.numel()])])
+        ends = torch.cat([self.segment_starts[1:], self.segment_starts.new_tensor([self.model_tokens])])
         return ends - self.segment_starts
 
     @cached_property
@@ -541,7 +578,7 @@ class ChunkStats:
         """[lo, hi) model-token range of each step group when every group is one contiguous run of rows, else None."""
         groups = self.chunk.groups
         if groups.count == 1:
-            return [(0, int(self.chunk.model.row.numel()))]
+            return [(0, self.model_tokens)]
         row_group = groups.row_group
         changes = torch.nonzero(row_group[1:] != row_group[:-1], as_tuple=True)[0] + 1
         if changes.numel() != groups.count - 1:
@@ -604,3 +641,190 @@ def reduce_runs(values: torch.Tensor, lengths: torch.Tensor, how: str) -> torch.
         starts = torch.cumsum(lengths, 0) - lengths
         out[filled] = _reduce(values, starts[filled], lengths[filled], how)
     return out
+
+
+# Centred moments the fused pass computes (debug §5): any other pair is centred by a second pass.
+MOMENT_PAIRS = (("prob_diff", "prob_diff"), ("trainer_prob", "rollout_prob"))
+
+
+class KernelStats(ChunkStats):
+    """The numba engine (CPU chunks): segments, and the segment sums / maxima / minima of every kernel quantity
+    (``kernels/cpu.QUANTITIES``), catastrophic counts, centred moments and the δ histogram come from compiled passes
+    over the chunk's raw arrays; model-token tensors are built only for what reads them (``token``), and a
+    quantity outside the kernel's is reduced by the torch engine's code. The same values as :class:`ChunkStats`."""
+
+    @cached_property
+    def _raw(self) -> tuple[np.ndarray, np.ndarray]:
+        chunk = self.chunk
+        return np.ascontiguousarray(chunk.trainer.numpy()), np.ascontiguousarray(chunk.rollout.numpy())
+
+    @cached_property
+    def _layout(self) -> tuple[np.ndarray, ...]:
+        """(raw start, model start, length, row, bucket, round) of each segment, int64 [S] each."""
+        chunk = self.chunk
+        return compiled().segment_layout(chunk.mask.numpy(), np.ascontiguousarray(chunk.offsets.numpy()))
+
+    @cached_property
+    def _reductions(self) -> tuple[np.ndarray, ...]:
+        """The fused pass: (sums, maxima, minima) [Q, S], moments of MOMENT_PAIRS [G, P, 6], δ histogram [G, B]."""
+        kernels = compiled()
+        pairs = np.array([[kernels.COLUMN[x], kernels.COLUMN[y]] for x, y in MOMENT_PAIRS], dtype=np.int64)
+        trainer, rollout = self._raw
+        raw, _, length, *_ = self._layout
+        return kernels.segment_pass(
+            trainer,
+            rollout,
+            raw,
+            length,
+            self.segment_group.numpy(),
+            self.chunk.groups.count,
+            pairs,
+            EXPONENT_MIN,
+            EXPONENT_MAX - EXPONENT_MIN,
+        )
+
+    @cached_property
+    def model_tokens(self) -> int:
+        return int(self._layout[2].sum())
+
+    @cached_property
+    def segment_starts(self) -> torch.Tensor:
+        return torch.from_numpy(self._layout[1])
+
+    @cached_property
+    def segment_length(self) -> torch.Tensor:
+        return torch.from_numpy(self._layout[2])
+
+    @cached_property
+    def segment_row(self) -> torch.Tensor:
+        return torch.from_numpy(self._layout[3])
+
+    @cached_property
+    def segment_bucket(self) -> torch.Tensor:
+        return torch.from_numpy(self._layout[4])
+
+    @cached_property
+    def segment_round(self) -> torch.Tensor:
+        return torch.from_numpy(self._layout[5])
+
+    def largest_tokens(self, name: str, floor: float) -> tuple[torch.Tensor | None, torch.Tensor]:
+        if name != "abs_log_ratio" or floor == -math.inf:
+            return super().largest_tokens(name, floor)
+        trainer, rollout = self._raw
+        raw, model, length, *_ = self._layout
+        index, values = compiled().tokens_at_least(trainer, rollout, raw, model, length, floor)
+        return torch.from_numpy(index), torch.from_numpy(values)
+
+    def token_locations(self, tokens: list[int]) -> list[tuple[int, int]]:
+        raw, model, _, row, *_ = self._layout
+        index = np.asarray(tokens, dtype=np.int64)
+        segment = np.searchsorted(model, index, side="right") - 1
+        rows = row[segment]
+        positions = raw[segment] + (index - model[segment]) - self.chunk.offsets.numpy()[rows]
+        return list(zip(rows.tolist(), positions.tolist(), strict=True))
+
+    def _kernel_sum(self, name: str) -> torch.Tensor | None:
+        if name == "rs_k1":  # Σ(−c) = −Σc exactly: negation is exact at every step of the sum
+            found = self._kernel_sum("clamped_log_ratio")
+            return None if found is None else -found
+        column = compiled().COLUMN.get(name)
+        return None if column is None else torch.from_numpy(self._reductions[0][column])
+
+    def _kernel_extreme(self, name: str, largest: bool) -> torch.Tensor | None:
+        if name == "rs_k1":  # max(−c) = −min(c), min(−c) = −max(c)
+            found = self._kernel_extreme("clamped_log_ratio", not largest)
+            return None if found is None else -found
+        column = compiled().EXTREME.get(name)
+        return None if column is None else torch.from_numpy(self._reductions[1 if largest else 2][column])
+
+    def segment_sum(self, name: str) -> torch.Tensor:
+        found = self._sums.get(name)
+        if found is None:
+            bound = self._bounds.get(name)
+            if bound is not None:
+                trainer, rollout = self._raw
+                raw, _, length, *_ = self._layout
+                found = torch.from_numpy(compiled().segment_count_above(trainer, rollout, raw, length, bound))
+            else:
+                found = self._kernel_sum(name)
+                if found is None:
+                    return super().segment_sum(name)
+            self._sums[name] = found
+        return found
+
+    def segment_max(self, name: str) -> torch.Tensor:
+        found = self._maxima.get(name)
+        if found is None:
+            found = self._kernel_extreme(name, largest=True)
+            if found is None:
+                return super().segment_max(name)
+            self._maxima[name] = found
+        return found
+
+    def segment_min(self, name: str) -> torch.Tensor:
+        found = self._minima.get(name)
+        if found is None:
+            found = self._kernel_extreme(name, largest=False)
+            if found is None:
+                return super().segment_min(name)
+            self._minima[name] = found
+        return found
+
+    def group_moments(self, x_name: str | PerToken, y_name: str | None = None) -> torch.Tensor:
+        x_name = _named(x_name)
+        columns = compiled().COLUMN
+        if not isinstance(x_name, str) or x_name not in columns or (y_name is not None and y_name not in columns):
+            return super().group_moments(x_name, y_name)
+        if (x_name, y_name) in MOMENT_PAIRS:  # from the fused pass
+            return torch.from_numpy(self._reductions[3][:, MOMENT_PAIRS.index((x_name, y_name))].copy())
+        n = self.group_tokens
+        safe_n = n.clamp(min=1.0)
+        mean_x = self.group_sum(x_name) / safe_n
+        mean_y = torch.zeros_like(n) if y_name is None else self.group_sum(y_name) / safe_n
+        trainer, rollout = self._raw
+        raw, _, length, *_ = self._layout
+        centred = compiled().group_centred(
+            trainer,
+            rollout,
+            raw,
+            length,
+            self.segment_group.numpy(),
+            self.chunk.groups.count,
+            columns[x_name],
+            -1 if y_name is None else columns[y_name],
+            mean_x.numpy(),
+            mean_y.numpy(),
+        )
+        m2_x, m2_y, c_xy = torch.from_numpy(centred).unbind(dim=1)
+        return torch.stack([n, mean_x, mean_y, m2_x, m2_y, c_xy], dim=-1)
+
+    def hint_rows(
+        self, clip: float, log_half: float, gap: float, edges: tuple[float, ...]
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """The token patterns of metrics.hints (``kernels.cpu.HINT_COLUMNS``, per row) and the rollout-probability
+        buckets [G, B, 4] of [tokens, Σ|δ|, Σy, Σy²], in one compiled pass."""
+        kernels = compiled()
+        trainer, rollout = self._raw
+        raw, _, length, row, _, rounds = self._layout
+        per_row, buckets = kernels.hint_rows(
+            trainer,
+            rollout,
+            raw,
+            length,
+            row,
+            rounds,
+            self.chunk.rows,
+            self.segment_group.numpy(),
+            self.chunk.groups.count,
+            clip,
+            log_half,
+            gap,
+            np.array([math.log(edge) for edge in edges]),  # as metrics.hints.probability_bucket
+        )
+        columns = torch.from_numpy(per_row)
+        return {name: columns[:, index] for index, name in enumerate(kernels.HINT_COLUMNS)}, torch.from_numpy(buckets)
+
+    def delta_histogram(self, delta_bin: Callable[[torch.Tensor], torch.Tensor], bins: int) -> torch.Tensor:
+        if bins != 2 * (EXPONENT_MAX - EXPONENT_MIN) + 1 or delta_bin.__module__ != "rollout_diag.metrics.localize":
+            return super().delta_histogram(delta_bin, bins)
+        return torch.from_numpy(self._reductions[4])

@@ -1,0 +1,115 @@
+"""Which engine computes each chunk's token statistics, and the compiled CPU kernels (numba) behind one of them.
+
+Two engines give the same metrics (tests/test_kernel.py requires 1e-12 relative, exact counts):
+
+- ``numba``: the compiled CPU kernels of ``kernels/cpu.py``: one pass over a chunk's raw arrays builds its segments
+  and every per-segment sum, maximum and minimum in registers. CPU only.
+- ``torch``: the device-generic engine of ``metrics/segments.py`` (vectorised torch / numpy over token tensors);
+  what runs on CUDA.
+- ``auto`` (default): numba for a chunk on the CPU, torch on a GPU.
+
+The choice is a process setting (``ROLLOUT_DIAG_ENGINE``, or :func:`use_engine` around a call, or
+``Dump(engine=…)``), so worker processes inherit it.
+
+Compiled kernels are cached (numba ``cache=True``) next to this module, or, where the package directory is not
+writable, under ``$XDG_CACHE_HOME/rollout-diag/numba`` (``~/.cache/…``); a run that compiles says so once on stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
+
+from rollout_diag.errors import ConfigError, option_name
+
+ENGINES = ("auto", "numba", "torch")
+ENVIRONMENT = "ROLLOUT_DIAG_ENGINE"
+_loaded: list[ModuleType] = []
+
+
+def check_engine(engine: str) -> str:
+    """``engine`` if it names an engine, else a ConfigError naming the option."""
+    if engine not in ENGINES:
+        raise ConfigError(f"{option_name('engine')}={engine}: not an engine (use {', '.join(ENGINES)}).")
+    return engine
+
+
+def selected_engine() -> str:
+    """The engine this process uses (``auto`` unless set)."""
+    engine = os.environ.get(ENVIRONMENT) or "auto"
+    if engine not in ENGINES:
+        raise ConfigError(f"{ENVIRONMENT}={engine}: not an engine (use {', '.join(ENGINES)}).")
+    return engine
+
+
+@contextmanager
+def use_engine(engine: str | None) -> Iterator[None]:
+    """Run the body with ``engine`` (None: leave the setting as it is)."""
+    if engine is None:
+        yield
+        return
+    check_engine(engine)
+    before = os.environ.get(ENVIRONMENT)
+    os.environ[ENVIRONMENT] = engine
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ENVIRONMENT, None)
+        else:
+            os.environ[ENVIRONMENT] = before
+
+
+def kernel_for(device_type: str) -> bool:
+    """Whether a chunk on ``device_type`` is computed by the numba kernels."""
+    engine = selected_engine()
+    if engine == "numba" and device_type != "cpu":
+        raise ConfigError(
+            f"{option_name('engine')}=numba runs on the CPU; the chunks are on {device_type}.",
+            hint=f"use {option_name('engine')}=torch (or auto) with a GPU, or {option_name('device')}=cpu.",
+        )
+    return device_type == "cpu" and engine != "torch"
+
+
+def cache_directory() -> Path:
+    """Where numba keeps the compiled kernels: beside this module when writable, else a user-wide directory."""
+    configured = os.environ.get("NUMBA_CACHE_DIR")
+    if configured:
+        return Path(configured)
+    here = Path(__file__).resolve().parent
+    pycache = here / "__pycache__"
+    if os.access(pycache if pycache.exists() else here, os.W_OK):
+        return pycache
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "rollout-diag" / "numba"
+
+
+def compiled() -> ModuleType:
+    """The compiled kernels (``kernels/cpu.py``), imported on first use; a first compile is announced on stderr."""
+    if _loaded:
+        return _loaded[0]
+    directory = cache_directory()
+    if not os.environ.get("NUMBA_CACHE_DIR") and directory.name != "__pycache__":
+        os.environ["NUMBA_CACHE_DIR"] = str(directory)  # numba reads its configuration when imported …
+        if "numba" in sys.modules:  # … or when told to read it again
+            sys.modules["numba"].core.config.reload_config()
+    if not _has_cache(directory):
+        print(
+            f"rollout-diag: compiling the CPU kernels once (about 15 s; cached in {directory}).",
+            file=sys.stderr,
+            flush=True,
+        )
+    from rollout_diag.kernels import cpu as module
+
+    _loaded.append(module)
+    return module
+
+
+def _has_cache(directory: Path) -> bool:
+    if not directory.is_dir():
+        return False
+    return any(directory.rglob("cpu.*.nbi"))

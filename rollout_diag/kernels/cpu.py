@@ -1,0 +1,503 @@
+"""The compiled CPU kernels (numba): one pass over a chunk's raw arrays builds its segments and the per-segment
+sums, maxima and minima of every kernel token quantity, computed in registers (no token-sized temporaries).
+
+Each quantity is the same float64 formula the torch engine writes (``metrics/segments.py``), and each segment
+sum adds in the same order as numpy's ``add.reduceat`` (the first value, then numpy's pairwise summation of the
+rest), so the two engines give the same segment sums wherever the per-token values agree (they can differ by an
+ulp only where the two engines' ``exp`` do).
+
+Imported lazily: numba compiles on first use, or loads the compiled kernels from its cache (see ``__init__``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+CLAMP = 20.0  # = catalogue.CLAMP (clamp20)
+CLIP = 1.0  # = metrics.hints.CLIP
+# The kernel quantities whose segment sums the fused pass computes, in the order of its output rows.
+QUANTITIES = (
+    "trainer",
+    "rollout",
+    "log_ratio",
+    "abs_log_ratio",
+    "k3",
+    "chi2_term",
+    "square",
+    "clamped_log_ratio",
+    "rs_k2",
+    "trainer_prob",
+    "rollout_prob",
+    "prob_diff",
+    "hint_clipped_abs",
+    "hint_clipped_square",
+    "hint_cross",
+    "hint_rollout_square",
+    "skyrl_k3",
+)
+COLUMN = {name: index for index, name in enumerate(QUANTITIES)}
+# The quantities whose segment maxima and minima it computes (what the families read), in output order.
+EXTREMES = ("abs_log_ratio", "clamped_log_ratio", "rs_k2", "prob_diff")
+EXTREME = {name: index for index, name in enumerate(EXTREMES)}
+_Q = len(QUANTITIES)
+_E = len(EXTREMES)
+_FLAGS = {"cache": True, "nogil": True, "error_model": "numpy"}
+_INLINE = {**_FLAGS, "inline": "always"}
+
+
+@njit(**_INLINE)
+def _values(a: float, r: float, out: np.ndarray, k: int, extremes: np.ndarray) -> float:
+    """Every kernel quantity of one model token (a = trainer, r = rollout logprob) into ``out[:, k]``; the extremes
+    of EXTREMES updated ([max, min] rows); returns δ."""
+    d = a - r
+    ad = abs(d)
+    c = min(max(d, -CLAMP), CLAMP)
+    pa = math.exp(a)
+    pr = math.exp(r)
+    y = min(ad, CLIP)
+    half_square = 0.5 * c * c
+    diff = abs(pa - pr)
+    out[0, k] = a
+    out[1, k] = r
+    out[2, k] = d
+    out[3, k] = ad
+    out[4, k] = math.expm1(d) - d
+    out[5, k] = math.exp(c * 2.0)
+    out[6, k] = d * d
+    out[7, k] = c
+    out[8, k] = half_square
+    out[9, k] = pa
+    out[10, k] = pr
+    out[11, k] = diff
+    out[12, k] = y
+    out[13, k] = y * y
+    out[14, k] = d * r
+    out[15, k] = r * r
+    out[16, k] = math.expm1(-d) + d
+    extremes[0, 0] = max(extremes[0, 0], ad)
+    extremes[1, 0] = min(extremes[1, 0], ad)
+    extremes[0, 1] = max(extremes[0, 1], c)
+    extremes[1, 1] = min(extremes[1, 1], c)
+    extremes[0, 2] = max(extremes[0, 2], half_square)
+    extremes[1, 2] = min(extremes[1, 2], half_square)
+    extremes[0, 3] = max(extremes[0, 3], diff)
+    extremes[1, 3] = min(extremes[1, 3], diff)
+    return d
+
+
+@njit(**_INLINE)
+def _block(values: np.ndarray, lo: int, n: int) -> float:
+    """numpy's pairwise sum of at most 128 values: 8 accumulators, then the rest in order."""
+    if n < 8:
+        total = -0.0
+        for i in range(lo, lo + n):
+            total += values[i]
+        return total
+    r0, r1, r2, r3 = values[lo], values[lo + 1], values[lo + 2], values[lo + 3]
+    r4, r5, r6, r7 = values[lo + 4], values[lo + 5], values[lo + 6], values[lo + 7]
+    i = 8
+    while i < n - n % 8:
+        j = lo + i
+        r0 += values[j]
+        r1 += values[j + 1]
+        r2 += values[j + 2]
+        r3 += values[j + 3]
+        r4 += values[j + 4]
+        r5 += values[j + 5]
+        r6 += values[j + 6]
+        r7 += values[j + 7]
+        i += 8
+    total = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        total += values[lo + i]
+        i += 1
+    return total
+
+
+@njit(**_FLAGS)
+def segment_layout(mask: np.ndarray, offsets: np.ndarray):
+    """The segments of a chunk: maximal runs of model tokens (mask 1) in one row, one round (run without a skipped
+    token) and one log2 position bucket. Returns int64 arrays [S]: raw start (index into the chunk's tokens), model
+    start (index into its model tokens), length, row, position bucket, round."""
+    rows = offsets.shape[0] - 1
+    count = 0
+    for i in range(rows):
+        lo = offsets[i]
+        previous = -2
+        for t in range(lo, offsets[i + 1]):
+            if mask[t]:
+                p = t - lo
+                if p != previous + 1 or (p & (p - 1)) == 0:
+                    count += 1
+                previous = p
+    raw = np.empty(count, np.int64)
+    model = np.empty(count, np.int64)
+    length = np.zeros(count, np.int64)
+    row = np.empty(count, np.int64)
+    bucket = np.empty(count, np.int64)
+    rounds = np.empty(count, np.int64)
+    s = -1
+    seen = 0
+    for i in range(rows):
+        lo = offsets[i]
+        previous = -2
+        current_round = -1
+        for t in range(lo, offsets[i + 1]):
+            if mask[t]:
+                p = t - lo
+                gap = p != previous + 1
+                if gap or (p & (p - 1)) == 0:
+                    s += 1
+                    if gap:
+                        current_round += 1
+                    raw[s] = t
+                    model[s] = seen
+                    row[s] = i
+                    b = 0
+                    while (p >> b) > 0:
+                        b += 1
+                    bucket[s] = b
+                    rounds[s] = current_round
+                length[s] += 1
+                seen += 1
+                previous = p
+    return raw, model, length, row, bucket, rounds
+
+
+@njit(**_INLINE)
+def _leaf(
+    trainer, rollout, start, size, group, scratch, sums, extremes, pairs, moments, histogram, exponent_min, levels
+):
+    """Tokens [start, start + size) of one segment (size ≤ 128): their values into ``scratch``, each quantity's sum
+    in numpy's block order into ``sums``, extremes into ``extremes``; the block's centred moments merged into the
+    step group's (Chan) and its δ counted into the group's histogram."""
+    for k in range(size):
+        d = _values(trainer[start + k], rollout[start + k], scratch, k, extremes)
+        magnitude = 0
+        if d != 0.0:
+            magnitude = min(max(math.frexp(d)[1] - exponent_min, 0), levels)
+        histogram[group, levels - magnitude if d < 0.0 else levels + magnitude] += 1.0
+    for q in range(_Q):
+        sums[q] = _block(scratch[q], 0, size)
+    for p in range(pairs.shape[0]):
+        x, y = scratch[pairs[p, 0]], scratch[pairs[p, 1]]
+        mean_x = _block(x, 0, size) / size
+        mean_y = _block(y, 0, size) / size
+        m2_x, m2_y, c_xy = 0.0, 0.0, 0.0
+        for k in range(size):
+            dx, dy = x[k] - mean_x, y[k] - mean_y
+            m2_x += dx * dx
+            m2_y += dy * dy
+            c_xy += dx * dy
+        into = moments[group, p]
+        n_a = into[0]
+        n = n_a + size
+        delta_x, delta_y = mean_x - into[1], mean_y - into[2]
+        cross = n_a * size / n
+        into[0] = n
+        into[1] += delta_x * size / n
+        into[2] += delta_y * size / n
+        into[3] += m2_x + delta_x * delta_x * cross
+        into[4] += m2_y + delta_y * delta_y * cross
+        into[5] += c_xy + delta_x * delta_y * cross
+
+
+@njit(**_FLAGS)
+def segment_pass(
+    trainer: np.ndarray,
+    rollout: np.ndarray,
+    raw: np.ndarray,
+    length: np.ndarray,
+    segment_group: np.ndarray,
+    groups: int,
+    pairs: np.ndarray,
+    exponent_min: int,
+    levels: int,
+):
+    """The fused pass over every segment's tokens, each read once. Returns per segment and kernel quantity the sum
+    (numpy reduceat's order: the first value plus numpy's pairwise sum of the rest; float64 [Q, S]), per segment
+    the max and min of each of EXTREMES (float64 [E, S] each);
+    per step group and quantity pair (``pairs`` [P, 2] of column indices) [n, mean_x, mean_y, M2_x, M2_y, C_xy]
+    ([G, P, 6], blocks merged by Chan's update); per step group the δ histogram of ``metrics.localize.delta_bin``
+    ([G, 2·levels + 1])."""
+    segments = raw.shape[0]
+    sums = np.empty((_Q, segments))
+    maxima = np.empty((_E, segments))
+    minima = np.empty((_E, segments))
+    moments = np.zeros((groups, pairs.shape[0], 6))
+    histogram = np.zeros((groups, 2 * levels + 1))
+    scratch = np.empty((_Q, 128))
+    block = np.empty(_Q)
+    first = np.empty(_Q)
+    extremes = np.empty((2, _E))
+    starts = np.empty(64, np.int64)
+    sizes = np.empty(64, np.int64)
+    stage = np.empty(64, np.int64)  # 0: nothing done, 1: left half under way, 2: right half under way
+    left = np.empty((64, _Q))
+    for s in range(segments):
+        g = segment_group[s]
+        extremes[0, :] = -np.inf
+        extremes[1, :] = np.inf
+        _leaf(trainer, rollout, raw[s], 1, g, scratch, first, extremes, pairs, moments, histogram, exponent_min, levels)
+        rest = length[s] - 1
+        if rest == 0:
+            block[:] = -0.0
+        else:  # numpy's pairwise tree over the rest, its recursion on an explicit stack
+            starts[0], sizes[0], stage[0] = raw[s] + 1, rest, 0
+            depth = 1
+            while depth > 0:
+                top = depth - 1
+                size = sizes[top]
+                if size > 128:
+                    stage[top] = 1
+                    half = size // 2
+                    half -= half % 8
+                    starts[depth], sizes[depth], stage[depth] = starts[top], half, 0
+                    depth += 1
+                    continue
+                _leaf(
+                    trainer,
+                    rollout,
+                    starts[top],
+                    size,
+                    g,
+                    scratch,
+                    block,
+                    extremes,
+                    pairs,
+                    moments,
+                    histogram,
+                    exponent_min,
+                    levels,
+                )
+                depth -= 1
+                while depth > 0:  # hand the finished sums up the tree
+                    parent = depth - 1
+                    if stage[parent] == 1:
+                        left[parent, :] = block
+                        stage[parent] = 2
+                        half = sizes[parent] // 2
+                        half -= half % 8
+                        starts[depth], sizes[depth], stage[depth] = starts[parent] + half, sizes[parent] - half, 0
+                        depth += 1
+                        break
+                    for q in range(_Q):
+                        block[q] = left[parent, q] + block[q]
+                    depth -= 1
+        for q in range(_Q):
+            sums[q, s] = first[q] + block[q]
+        for e in range(_E):
+            maxima[e, s] = extremes[0, e]
+            minima[e, s] = extremes[1, e]
+    return sums, maxima, minima, moments, histogram
+
+
+@njit(**_FLAGS)
+def segment_count_above(trainer: np.ndarray, rollout: np.ndarray, raw: np.ndarray, length: np.ndarray, bound: float):
+    """Per segment: model tokens with |a − r| > bound (float64 [S], exact counts)."""
+    out = np.zeros(raw.shape[0])
+    for s in range(raw.shape[0]):
+        lo = raw[s]
+        count = 0
+        for t in range(lo, lo + length[s]):
+            if abs(trainer[t] - rollout[t]) > bound:
+                count += 1
+        out[s] = count
+    return out
+
+
+@njit(**_FLAGS)
+def _value(q: int, a: float, r: float) -> float:
+    """Kernel quantity ``q`` (a column of QUANTITIES) of one model token."""
+    d = a - r
+    c = min(max(d, -CLAMP), CLAMP)
+    y = min(abs(d), CLIP)
+    if q == 0:
+        return a
+    if q == 1:
+        return r
+    if q == 2:
+        return d
+    if q == 3:
+        return abs(d)
+    if q == 4:
+        return math.expm1(d) - d
+    if q == 5:
+        return math.exp(c * 2.0)
+    if q == 6:
+        return d * d
+    if q == 7:
+        return c
+    if q == 8:
+        return 0.5 * c * c
+    if q == 9:
+        return math.exp(a)
+    if q == 10:
+        return math.exp(r)
+    if q == 11:
+        return abs(math.exp(a) - math.exp(r))
+    if q == 12:
+        return y
+    if q == 13:
+        return y * y
+    if q == 14:
+        return d * r
+    if q == 15:
+        return r * r
+    return math.expm1(-d) + d
+
+
+@njit(**_FLAGS)
+def group_centred(
+    trainer: np.ndarray,
+    rollout: np.ndarray,
+    raw: np.ndarray,
+    length: np.ndarray,
+    group: np.ndarray,
+    groups: int,
+    x: int,
+    y: int,
+    mean_x: np.ndarray,
+    mean_y: np.ndarray,
+):
+    """Per step group [M2_x, M2_y, C_xy]: centred sums of quantities x and y (y < 0: none) about the given means."""
+    out = np.zeros((groups, 3))
+    for s in range(raw.shape[0]):
+        g = group[s]
+        mx, my = mean_x[g], mean_y[g] if y >= 0 else 0.0
+        sxx, syy, sxy = 0.0, 0.0, 0.0
+        lo = raw[s]
+        for t in range(lo, lo + length[s]):
+            a, r = trainer[t], rollout[t]
+            dx = _value(x, a, r) - mx
+            sxx += dx * dx
+            if y >= 0:
+                dy = dx if y == x else _value(y, a, r) - my
+                syy += dy * dy
+                sxy += dx * dy
+        out[g, 0] += sxx
+        out[g, 1] += syy
+        out[g, 2] += sxy
+    return out
+
+
+# Columns of ``hint_rows``' per-row output.
+HINT_COLUMNS = (
+    "first_y",  # Σ y over the first token of each round
+    "first_y2",
+    "last_y",  # y of the row's last model token
+    "last_y2",
+    "both",  # 1 where the row's last round is one token (its last token is also a round's first)
+    "both_y",
+    "both_y2",
+    "round_last_abs",  # Σ |δ| over the last token of each round
+    "shift_next",  # Σ |a[k+1] − r[k]| over adjacent pairs of a round
+    "shift_prev",  # Σ |a[k] − r[k+1]|
+    "dummy_zero",  # exact zeros where the other side says p < 0.5
+    "dummy_zero_run",  # those of them next to another in the same round
+    "copied",  # exact copies of the neighbour's value where the other side moves by more than ``gap``
+)
+
+
+@njit(**_FLAGS)
+def hint_rows(
+    trainer: np.ndarray,
+    rollout: np.ndarray,
+    raw: np.ndarray,
+    length: np.ndarray,
+    row: np.ndarray,
+    rounds: np.ndarray,
+    rows: int,
+    segment_group: np.ndarray,
+    groups: int,
+    clip: float,
+    log_half: float,
+    gap: float,
+    log_edges: np.ndarray,
+):
+    """The token patterns of ``metrics.hints`` in one pass: per row the HINT_COLUMNS (float64 [R, 13]), per step group
+    and rollout-probability bucket (the number of ``log_edges`` above r) [tokens, Σ|δ|, Σy, Σy²] ([G, B, 4]),
+    y = min(|δ|, clip). Sums run in token order, as the torch engine's index_add and bincount do."""
+    out = np.zeros((rows, 13))
+    buckets = np.zeros((groups, log_edges.shape[0] + 1, 4))
+    segments = raw.shape[0]
+    prev_zero = False
+    prev_counted = False
+    for s in range(segments):
+        i, g = row[s], segment_group[s]
+        opens = s == 0 or row[s - 1] != i or rounds[s - 1] != rounds[s]
+        continues = s + 1 < segments and row[s + 1] == i and rounds[s + 1] == rounds[s]
+        row_ends = s + 1 == segments or row[s + 1] != i
+        lo, n = raw[s], length[s]
+        for k in range(n):
+            t = lo + k
+            a, r = trainer[t], rollout[t]
+            ad = abs(a - r)
+            y = min(ad, clip)
+            y2 = y * y
+            b = 0
+            for e in range(log_edges.shape[0]):
+                if r < log_edges[e]:
+                    b += 1
+            buckets[g, b, 0] += 1.0
+            buckets[g, b, 1] += ad
+            buckets[g, b, 2] += y
+            buckets[g, b, 3] += y2
+            first = opens and k == 0
+            if first:
+                out[i, 0] += y
+                out[i, 1] += y2
+                prev_zero = False
+            zero = (r == 0.0 and a < log_half) or (a == 0.0 and r < log_half)
+            counted = False
+            if zero:
+                out[i, 10] += 1.0
+                if prev_zero:
+                    if not prev_counted:
+                        out[i, 11] += 1.0
+                    out[i, 11] += 1.0
+                    counted = True
+            prev_zero, prev_counted = zero, counted
+            if k == n - 1 and not continues:  # the round's last token
+                out[i, 7] += ad
+                if row_ends:
+                    out[i, 2] = y
+                    out[i, 3] = y2
+                    if first:
+                        out[i, 4] = 1.0
+                        out[i, 5] = y
+                        out[i, 6] = y2
+                continue
+            a1, r1 = trainer[t + 1], rollout[t + 1]  # the next token of the round
+            out[i, 8] += abs(a1 - r)
+            out[i, 9] += abs(a - r1)
+            if (r1 == r and r1 != 0.0 and abs(a1 - a) > gap) or (a1 == a and a1 != 0.0 and abs(r1 - r) > gap):
+                out[i, 12] += 1.0
+    return out, buckets
+
+
+@njit(**_FLAGS)
+def tokens_at_least(
+    trainer: np.ndarray, rollout: np.ndarray, raw: np.ndarray, model: np.ndarray, length: np.ndarray, floor: float
+):
+    """Model-token indices (ascending) and |δ| of the tokens with |a − r| ≥ floor: the worst-token prefilter."""
+    count = 0
+    for s in range(raw.shape[0]):
+        for t in range(raw[s], raw[s] + length[s]):
+            if abs(trainer[t] - rollout[t]) >= floor:
+                count += 1
+    index = np.empty(count, np.int64)
+    values = np.empty(count)
+    found = 0
+    for s in range(raw.shape[0]):
+        lo = raw[s]
+        for t in range(lo, lo + length[s]):
+            value = abs(trainer[t] - rollout[t])
+            if value >= floor:
+                index[found] = model[s] + (t - lo)
+                values[found] = value
+                found += 1
+    return index, values

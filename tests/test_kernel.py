@@ -1,0 +1,315 @@
+"""The numba engine (rollout_diag/kernels) against the torch engine (metrics/segments.py ChunkStats) on the CPU.
+
+The torch engine is what runs on CUDA; CI runs it on the CPU here and requires every result of the numba engine to
+equal it (1e-12 relative, counts exact), so CUDA differs from CI only by the device (tests/test_cuda.py).
+Per segment the kernel adds in numpy reduceat's order, so sums of quantities without an exp are bit-identical.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_correction import ALL_PRESETS, random_steps
+from test_correction import write_dump as write_preset_dump
+from test_metrics import random_rows, write_dump
+
+import rollout_diag as rd
+import rollout_diag.metrics.dialects
+from rollout_diag.errors import ConfigError
+from rollout_diag.io.chunk import Chunk
+from rollout_diag.kernels import ENVIRONMENT, compiled, kernel_for, use_engine
+from rollout_diag.metrics.localize import DELTA_BINS, delta_bin
+from rollout_diag.metrics.segments import ChunkStats, KernelStats
+
+RTOL = 1e-12
+SAMPLES = sorted((Path(__file__).parent.parent / "sample_data").glob("*.parquet"))
+# exp / expm1: the torch engine takes torch's or numpy's, the kernel libm's; they may differ by an ulp
+EXP_QUANTITIES = {"k3", "skyrl_k3", "chi2_term", "trainer_prob", "rollout_prob", "prob_diff"}
+
+
+def chunk_of(lengths: list[int], mask: list[bool], steps: list[int], seed: int, scale: float = 0.5) -> Chunk:
+    """A chunk as the reader builds it (values under mask 0 zeroed), δ spread over many binary exponents."""
+    rng = np.random.default_rng(seed)
+    tokens = sum(lengths)
+    mask_array = np.array(mask, dtype=bool)
+    trainer = -rng.exponential(1.0, tokens)
+    delta = rng.normal(0.0, scale, tokens) * np.exp2(rng.integers(-24, 4, tokens))
+    delta[rng.random(tokens) < 0.05] = 0.0
+    rollout = trainer - delta
+    # the hint patterns: exact zeros on one side, exact copies of the neighbour's value on either side
+    pick = rng.random(tokens)
+    rollout[pick < 0.04] = 0.0
+    trainer[(pick >= 0.04) & (pick < 0.06)] = 0.0
+    rollout = np.minimum(rollout, 0.0)
+    copy = np.flatnonzero((pick >= 0.06) & (pick < 0.1))
+    copy = copy[copy > 0]
+    rollout[copy] = rollout[copy - 1]
+    trainer[copy[: len(copy) // 2]] = trainer[copy[: len(copy) // 2] - 1]
+    return Chunk(
+        step=torch.tensor(steps, dtype=torch.int64),
+        offsets=torch.tensor(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)),
+        trainer=torch.from_numpy(np.where(mask_array, trainer, 0.0)),
+        rollout=torch.from_numpy(np.where(mask_array, rollout, 0.0)),
+        mask=torch.from_numpy(mask_array),
+        sample_id=[str(i) for i in range(len(lengths))],
+        file=["memory"] * len(lengths),
+        file_row=list(range(len(lengths))),
+    )
+
+
+@st.composite
+def layouts(draw):
+    """Rows of 0–300 tokens (long rows cross numpy's 128-value pairwise blocks), multi-turn masks (runs of model
+    and environment tokens), empty rows, 1–3 steps in any row order (non-contiguous step groups)."""
+    rows = draw(st.integers(1, 8))
+    lengths = draw(st.lists(st.integers(0, 300), min_size=rows, max_size=rows))
+    mask: list[bool] = []
+    for length in lengths:
+        runs = draw(st.lists(st.integers(1, 40), min_size=1, max_size=6))
+        value = draw(st.booleans())
+        row: list[bool] = []
+        while len(row) < length:
+            for run in runs:
+                row += [value] * run
+                value = not value
+        mask += row[:length]
+    steps = draw(st.lists(st.integers(0, 2), min_size=rows, max_size=rows))
+    return lengths, mask, steps, draw(st.integers(0, 10_000))
+
+
+def both(layout) -> tuple[ChunkStats, KernelStats]:
+    """The same chunk twice, with the torch engine and with the numba engine as its shared per-chunk engine."""
+    reference, kernel = ChunkStats(chunk_of(*layout)), KernelStats(chunk_of(*layout))
+    reference.chunk.cache["stats"], kernel.chunk.cache["stats"] = reference, kernel
+    return reference, kernel
+
+
+@settings(max_examples=60, deadline=None)
+@given(layouts())
+def test_segments_and_their_reductions_equal_the_torch_engine(layout):
+    reference, kernel = both(layout)
+    for name in ("segment_starts", "segment_length", "segment_row", "segment_bucket", "segment_round", "row_count"):
+        assert torch.equal(getattr(kernel, name), getattr(reference, name)), name
+    assert kernel.model_tokens == reference.model_tokens
+    assert kernel.group_token_ranges == reference.group_token_ranges
+    length = int(kernel.segment_length.max()) if kernel.segment_length.numel() else 0  # the longest segment
+    for name in (*compiled().QUANTITIES, "rs_k1"):
+        for reduction in ("segment_sum", "segment_max", "segment_min"):
+            mine, theirs = getattr(kernel, reduction)(name).numpy(), getattr(reference, reduction)(name).numpy()
+            if name in EXP_QUANTITIES:
+                # |p_a − p_r| cancels: an ulp of a probability (≤ 2^-53) is the scale of the engines' difference
+                atol = 1e-15 * length if name == "prob_diff" else 1e-300
+                np.testing.assert_allclose(mine, theirs, rtol=RTOL, atol=atol, err_msg=f"{reduction}({name})")
+            else:
+                np.testing.assert_array_equal(mine, theirs, err_msg=f"{reduction}({name})")
+    for bound in (1e-6, 0.01, 0.5):
+        name = kernel.catastrophic(bound)
+        assert reference.catastrophic(bound) == name
+        np.testing.assert_array_equal(kernel.segment_sum(name).numpy(), reference.segment_sum(name).numpy())
+    np.testing.assert_array_equal(
+        kernel.delta_histogram(delta_bin, DELTA_BINS).numpy(), reference.delta_histogram(delta_bin, DELTA_BINS).numpy()
+    )
+    for floor in (0.0, 1e-3, 0.3, math.inf):
+        (mine_index, mine_values), (index, values) = (
+            kernel.largest_tokens("abs_log_ratio", floor),
+            reference.largest_tokens("abs_log_ratio", floor),
+        )
+        assert torch.equal(mine_index, index) and torch.equal(mine_values, values)
+        assert kernel.token_locations(index.tolist()) == reference.token_locations(index.tolist())
+    for x, y in (("prob_diff", "prob_diff"), ("trainer_prob", "rollout_prob"), ("log_ratio", None), ("k3", "square")):
+        mine, theirs = kernel.group_moments(x, y).numpy(), reference.group_moments(x, y).numpy()
+        atol = 1e-15 * kernel.model_tokens if x == "prob_diff" else 1e-300
+        np.testing.assert_allclose(mine, theirs, rtol=RTOL, atol=atol, err_msg=f"moments({x}, {y})")
+
+
+@settings(max_examples=60, deadline=None)
+@given(layouts())
+def test_hint_evidence_equals_the_torch_engine(layout):
+    """metrics.hints' per-row token patterns and probability buckets: the compiled pass against the torch code."""
+    from rollout_diag.metrics.hints import HintEvidenceAccumulator, _ChunkEvidence
+
+    reference, kernel = both(layout)
+    mine, theirs = _ChunkEvidence(kernel.chunk), _ChunkEvidence(reference.chunk)
+    assert isinstance(mine.stats, KernelStats) and not isinstance(theirs.stats, KernelStats)
+    np.testing.assert_allclose(mine.rows.numpy(), theirs.rows.numpy(), rtol=RTOL, atol=1e-300)
+    for name in ("dummy_zero", "dummy_zero_run", "copied", "tokens", "pairs", "first", "last", "rest"):
+        np.testing.assert_array_equal(mine.column(name).numpy(), theirs.column(name).numpy(), err_msg=name)
+    stats_mine = HintEvidenceAccumulator()._stats(kernel.chunk)
+    stats_theirs = HintEvidenceAccumulator()._stats(reference.chunk)
+    for name, value in stats_theirs.items():
+        np.testing.assert_allclose(stats_mine[name].numpy(), value.numpy(), rtol=RTOL, atol=1e-300, err_msg=name)
+
+
+def test_a_quantity_outside_the_kernel_is_reduced_by_the_torch_code():
+    layout = (
+        [5, 0, 9],
+        [True] * 3 + [False, True] + [True, True, False, True, True, True, False, False, True],
+        [0, 1, 0],
+        3,
+    )
+    reference, kernel = both(layout)
+    for name in ("token_is_weight", "rs_k3", "exp_abs_log_ratio"):
+        np.testing.assert_array_equal(kernel.segment_sum(name).numpy(), reference.segment_sum(name).numpy())
+        np.testing.assert_array_equal(kernel.row_max(name).numpy(), reference.row_max(name).numpy())
+
+
+def test_a_long_segment_adds_in_numpys_order():
+    """One row of 70 000 model tokens: its last log2 segments (32 768 tokens) take numpy's pairwise tree."""
+    layout = ([70_000], [True] * 70_000, [4], 11)
+    reference, kernel = both(layout)
+    for name in ("log_ratio", "abs_log_ratio", "square", "rs_k2", "hint_cross", "hint_clipped_square"):
+        np.testing.assert_array_equal(kernel.segment_sum(name).numpy(), reference.segment_sum(name).numpy())
+
+
+# ------------------------------------------------------------------------------------------ end to end
+def assert_same_document(numba_doc, torch_doc, where: str = "") -> None:
+    """Two JSON documents equal, every float within 1e-12 relative (NaN matches NaN), every other value exact."""
+    if isinstance(torch_doc, dict):
+        assert isinstance(numba_doc, dict) and set(numba_doc) == set(torch_doc), where
+        for key in torch_doc:
+            if key in ("elapsed_seconds", "engine"):
+                continue
+            assert_same_document(numba_doc[key], torch_doc[key], f"{where}/{key}")
+    elif isinstance(torch_doc, list):
+        assert isinstance(numba_doc, list) and len(numba_doc) == len(torch_doc), where
+        for index, (mine, theirs) in enumerate(zip(numba_doc, torch_doc, strict=True)):
+            assert_same_document(mine, theirs, f"{where}[{index}]")
+    elif isinstance(torch_doc, float) and not isinstance(numba_doc, bool):
+        if math.isnan(torch_doc):
+            assert math.isnan(numba_doc), where
+        else:
+            assert numba_doc == pytest.approx(torch_doc, rel=RTOL, abs=1e-300), where
+    else:
+        assert numba_doc == torch_doc, where
+
+
+def analyze_both(path, **options):
+    with use_engine("numba"):
+        numba_result = rd.analyze(path, device="cpu", **options)
+    with use_engine("torch"):
+        torch_result = rd.analyze(path, device="cpu", **options)
+    return numba_result.to_json(), torch_result.to_json()
+
+
+@pytest.mark.parametrize("chunk_tokens", [37, 1 << 20])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_analysis_of_random_dumps_equals_the_torch_engine(tmp_path, seed, chunk_tokens):
+    rng = np.random.default_rng(seed)
+    steps = {step: random_rows(rng, 20) for step in (0, 1, 4)}
+    path = tmp_path / "dump.parquet"
+    write_dump(path, steps, row_group_size=7)
+    assert_same_document(*analyze_both(path, chunk_tokens=chunk_tokens, top_k=5))
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=[p.name for p in SAMPLES])
+def test_analysis_of_the_samples_equals_the_torch_engine(path):
+    assert_same_document(*analyze_both(path, dialect="all"))
+
+
+def test_presets_and_sweep_equal_the_torch_engine(tmp_path):
+    path = tmp_path / "presets.parquet"
+    write_preset_dump(path, random_steps(3))
+    with use_engine("numba"):
+        numba_result = rd.compare_presets(path, ALL_PRESETS, device="cpu", chunk_tokens=37)
+        numba_sweep = rd.threshold_sweep(path, device="cpu")
+    with use_engine("torch"):
+        torch_result = rd.compare_presets(path, ALL_PRESETS, device="cpu", chunk_tokens=37)
+        torch_sweep = rd.threshold_sweep(path, device="cpu")
+    assert_same_document(numba_result.to_json(), torch_result.to_json())
+    assert_same_document(numba_sweep.to_json(), torch_sweep.to_json())
+
+
+@pytest.mark.parametrize("chunk_tokens", [37, 500, 1 << 20])
+def test_numba_engine_is_chunk_size_invariant(tmp_path, chunk_tokens):
+    rng = np.random.default_rng(5)
+    path = tmp_path / "dump.parquet"
+    write_dump(path, {step: random_rows(rng, 15) for step in range(3)})
+    with use_engine("numba"):
+        whole = rd.analyze(path, device="cpu", chunk_tokens=1 << 22).to_json()
+        chunked = rd.analyze(path, device="cpu", chunk_tokens=chunk_tokens).to_json()
+    assert_same_document(chunked, whole)
+
+
+# ------------------------------------------------------------------------------------------- selection
+def test_engine_selection(monkeypatch):
+    monkeypatch.delenv(ENVIRONMENT, raising=False)
+    assert kernel_for("cpu") and not kernel_for("cuda")  # auto
+    with use_engine("torch"):
+        assert not kernel_for("cpu")
+    with use_engine("numba"):
+        assert kernel_for("cpu")
+        with pytest.raises(ConfigError, match="runs on the CPU"):
+            kernel_for("cuda")
+    with pytest.raises(ConfigError, match="not an engine"), use_engine("fortran"):
+        pass
+    monkeypatch.setenv(ENVIRONMENT, "gpu")
+    with pytest.raises(ConfigError, match="ROLLOUT_DIAG_ENGINE=gpu"):
+        kernel_for("cpu")
+
+
+def test_a_fresh_cache_compiles_once_and_says_so(tmp_path):
+    """A run with an empty cache directory says once that it compiles; the next run loads the kernels silently."""
+    sample = SAMPLES[0]
+    code = (
+        "import sys, rollout_diag as rd; from rollout_diag.kernels import use_engine\n"
+        f"with use_engine('numba'): rd.analyze({str(sample)!r}, device='cpu')\n"
+    )
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert first.stderr.count("compiling the CPU kernels once") == 1, first.stderr
+    second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert "compiling" not in second.stderr, second.stderr
+
+
+def test_dump_engine_option_selects_the_engine(tmp_path, monkeypatch):
+    """``Dump(engine=…)`` holds for the calls that read it; without one the process setting holds."""
+    from rollout_diag.dump import Dump
+    from rollout_diag.metrics import segments
+
+    monkeypatch.delenv(ENVIRONMENT, raising=False)
+    seen: list[str] = []
+    original = segments.stats
+
+    def spy(chunk):
+        found = original(chunk)
+        seen.append(type(found).__name__)
+        return found
+
+    monkeypatch.setattr(segments, "stats", spy)
+    path = SAMPLES[-1]
+    rd.analyze(Dump(path, device="cpu", engine="torch"))
+    assert set(seen) == {"ChunkStats"}
+    seen.clear()
+    rd.analyze(Dump(path, device="cpu"))
+    assert set(seen) == {"KernelStats"}
+    with pytest.raises(ConfigError, match="not an engine"):
+        Dump(path, engine="gpu")
+
+
+def test_cli_engine_option(tmp_path, monkeypatch):
+    """``rollout-diag --engine torch analyze`` and the default give the same JSON (the engines agree)."""
+    from typer.testing import CliRunner
+
+    from rollout_diag.cli import app
+
+    monkeypatch.delenv(ENVIRONMENT, raising=False)
+    runner = CliRunner()
+    documents = []
+    for engine in ("torch", "numba"):
+        out = tmp_path / f"{engine}.json"
+        result = runner.invoke(app, ["--engine", engine, "analyze", str(SAMPLES[-1]), "-f", "json", "-o", str(out)])
+        assert result.exit_code == 0, result.output
+        documents.append(__import__("json").loads(out.read_text()))
+    assert_same_document(documents[1], documents[0])
+    bad = runner.invoke(app, ["--engine", "gpu", "analyze", str(SAMPLES[-1])])
+    assert bad.exit_code == 2 and "gpu" in bad.output
+    assert ENVIRONMENT not in os.environ  # the option held for the command only
