@@ -200,6 +200,7 @@ class ChunkStats:
         self._minima: dict[str, torch.Tensor] = {}
         self._memo: dict[Hashable, Any] = {}
         self._bounds: dict[str, float] = {}  # catastrophic token quantities: name -> |δ| bound
+        self._within: dict[str, tuple[str, float]] = {}  # quantity where |δ| ≤ bound: name -> (quantity, bound)
 
     def memo(self, key: Hashable, compute: Callable[[], Any]) -> Any:
         """``compute()`` once per chunk and key: values derived from a preset's config (weights, keep flags) that
@@ -213,7 +214,10 @@ class ChunkStats:
         value = self._tokens.get(name)
         if value is None:
             bound = self._bounds.get(name)
-            if bound is None:
+            if name in self._within:
+                quantity, limit = self._within[name]
+                value = torch.where(self.token("abs_log_ratio") <= limit, self.token(quantity), 0.0)
+            elif bound is None:
                 value = TOKEN_QUANTITIES[name](self)
             else:
                 value = (self.token("abs_log_ratio") > bound).to(torch.float64)
@@ -224,6 +228,13 @@ class ChunkStats:
         """Name of the token quantity 1.0 where |δ| > threshold (registered on first use, computed when read)."""
         name = f"catastrophic>{threshold!r}"
         self._bounds[name] = float(threshold)
+        return name
+
+    def within(self, quantity: str, threshold: float) -> str:
+        """Name of the token quantity ``quantity`` (``k3`` or ``chi2_term``) at tokens with |δ| ≤ threshold, 0 at the
+        catastrophic ones (registered on first use, computed when read)."""
+        name = f"{quantity}|δ|≤{threshold!r}"
+        self._within[name] = (quantity, float(threshold))
         return name
 
     def delta_histogram(self, delta_bin: Callable[[torch.Tensor], torch.Tensor], bins: int) -> torch.Tensor:
@@ -741,7 +752,19 @@ class KernelStats(ChunkStats):
         found = self._sums.get(name)
         if found is None:
             bound = self._bounds.get(name)
-            if bound is not None:
+            within = self._within.get(name)
+            if within is not None and within[0] in ("k3", "chi2_term"):
+                trainer, rollout = self._raw
+                raw, _, length, *_ = self._layout
+                terms = compiled().terms_within(trainer, rollout, raw, length, within[1])
+                starts = np.cumsum(length) - length
+                for column, quantity in enumerate(("k3", "chi2_term")):  # one pass gives both: keep both
+                    kept = self.within(quantity, within[1])
+                    self._sums[kept] = torch.from_numpy(
+                        np.add.reduceat(terms[column], starts) if len(starts) else starts * 0.0
+                    )
+                found = self._sums[name]
+            elif bound is not None:
                 trainer, rollout = self._raw
                 raw, _, length, *_ = self._layout
                 found = torch.from_numpy(compiled().segment_count_above(trainer, rollout, raw, length, bound))
