@@ -23,7 +23,7 @@ from typer.core import TyperGroup
 from rollout_diag.dump import DEFAULT_CHUNK_TOKENS as CHUNK_TOKENS  # dump.py loads no pyarrow: --help stays light
 from rollout_diag.errors import RolloutDiagError
 
-COMMAND_ORDER = ("analyze", "compare-presets", "sweep", "report", "inspect", "check", "diff", "convert")  # README's
+COMMAND_ORDER = ("analyze", "compare-presets", "sweep", "report", "inspect", "check", "diff", "watch", "convert")  # README's
 
 
 class CommandsInReadmeOrder(TyperGroup):
@@ -1283,7 +1283,14 @@ def watch(
 ) -> None:
     """Follow a run while it trains: each new step is read once and merged into the run so far; a live view (or
     one JSON line per step) says the moment the mismatch goes wrong. Exit 0, 3 when a gate failed, 1 for bad
-    input or when DIR is deleted or moved."""
+    input or when DIR is deleted or moved.
+
+    \b
+    Examples:
+      rollout-diag watch run/ --max k3_kl=1e-3 --report watch.html
+      rollout-diag watch out/token_exports --gates default --exit-on-fail
+      rollout-diag watch run/ -f jsonl --exit-after-idle 600 >> mismatch.jsonl
+    """
     from rollout_diag.errors import InputError
 
     if not directory.is_dir():

@@ -274,8 +274,20 @@ def _json_verdict(verdict: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class StepLevel:
+    """The JSON shape of one ``step_levels`` entry (kept as a plain dict in the results): the step, its level and
+    each judged metric's level. Read by ``check_shape`` only."""
+
+    step: int | None
+    level: str
+    levels: dict[str, str]
+
+
+@dataclass(frozen=True)
 class AnalysisResult:
     """Everything ``analyze`` found; ``to_json()`` is the documented JSON (schemas/result.schema.json)."""
+
+    JSON_SHAPES: ClassVar[dict[str, Any]] = {"step_levels": list[StepLevel]}  # fields whose JSON is typed further
 
     inputs: list[str]
     columns: dict[str, str]
@@ -669,6 +681,8 @@ class Recommendation:
 class ComparisonResult:
     """What ``compare_presets`` found; ``to_json()`` is the documented JSON. ``sweep`` is the run-level threshold
     sweep (one entry per option, with its share-vs-threshold curve: rollout_diag.metrics.sweep)."""
+
+    JSON_SHAPES: ClassVar[dict[str, Any]] = {"step_levels": list[StepLevel]}  # fields whose JSON is typed further
 
     inputs: list[str]
     columns: dict[str, str]
