@@ -23,7 +23,8 @@ from typer.core import TyperGroup
 from rollout_diag.dump import DEFAULT_CHUNK_TOKENS as CHUNK_TOKENS  # dump.py loads no pyarrow: --help stays light
 from rollout_diag.errors import RolloutDiagError
 
-COMMAND_ORDER = ("analyze", "compare-presets", "sweep", "report", "inspect", "check", "diff", "watch", "convert")  # README's
+# The README's order:
+COMMAND_ORDER = ("analyze", "compare-presets", "sweep", "report", "inspect", "check", "diff", "watch", "convert")
 
 
 class CommandsInReadmeOrder(TyperGroup):
