@@ -164,9 +164,10 @@ def _limits(comparison: Any, rejected: float, ess: float) -> tuple[float, float]
 
 
 def by_intrusiveness(comparison: Any) -> list[str]:
-    """Preset names, least intrusive first (ties keep the comparison's order)."""
+    """Preset names, least intrusive first, the presets that correct nothing (no IS, no rejection) last, as the
+    terminal table lists them (ties keep the comparison's order)."""
     ranked = standings(comparison)
-    return [item.name for item in sorted(ranked, key=lambda item: item.key)]
+    return [item.name for item in sorted(ranked, key=lambda item: (not item.corrects, *item.key))]
 
 
 def recommend(comparison: Any, presets: Sequence[Any] | None = None) -> Recommendation:
