@@ -1194,7 +1194,8 @@ def diff(
     debug: DebugOpt = False,
 ) -> None:
     """Did my fix help? Run A against run B: every key metric, B against A ("109× lower"), a bootstrap interval
-    of B − A over sequences, a verdict (better / worse / no detectable change), and which presets now drop a different share.
+    of B − A over sequences, a verdict (better / worse / no detectable change), and which presets now drop a
+    different share.
 
     \b
     Examples:
