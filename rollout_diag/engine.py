@@ -347,9 +347,11 @@ def _restricted(analysis: Analysis, steps: StepRange) -> Analysis:
     subset = copy.copy(analysis)
     for name, value in vars(analysis).items():
         if isinstance(value, StepAccumulator):
-            family = copy.copy(value)
-            family.steps = {step: state for step, state in value.steps.items() if keep(step)}
-            setattr(subset, name, family)
+            steps_held = value.store.steps
+            inside = (steps_held >= (first if first is not None else steps_held.min(initial=0))) & (
+                steps_held <= (last if last is not None else steps_held.max(initial=0))
+            )
+            setattr(subset, name, value.restricted(inside))
     subset.worst = WorstTracker(analysis.top_k, analysis.catastrophic)
     subset.empty_rows = [entry for entry in analysis.empty_rows if keep(entry[0])]
     if not subset.offpolicy.steps:

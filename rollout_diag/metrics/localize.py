@@ -115,8 +115,8 @@ class PositionAccumulator(StepAccumulator):
         """Run buckets first (step None), then each step's."""
         run = self.run_state()
         rows = [] if run is None else self.table(run, None)
-        for step in sorted(self.steps):
-            rows.extend(self.table(self.steps[step], step))
+        for step, state in self.store.states():
+            rows.extend(self.table(state, step))
         return rows
 
     def delta_histogram(self) -> dict[str, list[float]]:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import EPS, State, StepAccumulator, sequence_share
+from rollout_diag.metrics.base import EPS, Ragged, State, StepAccumulator, sequence_share
 from rollout_diag.metrics.segments import stats
 
 BINS_PER_DECADE = 32
@@ -104,7 +104,7 @@ class SweepAccumulator(StepAccumulator):
             "positive": signed[:, :HISTOGRAM_BINS],
             "negative": signed[:, HISTOGRAM_BINS:],
             "tokens": s.group_sum_rows(n),
-            "rows": _ragged_by_group(rows[valid], groups.row_group[valid], groups.count),
+            "rows": Ragged(rows[valid].cpu().numpy(), groups.row_group[valid].cpu().numpy()),
         }
 
     def _finalize(self, state: State) -> dict[str, float]:
@@ -112,12 +112,6 @@ class SweepAccumulator(StepAccumulator):
 
     def table(self, state: State, targets: tuple[float, ...], curve: bool) -> list[dict[str, Any]]:
         return [_option_row(option, state, targets, curve) for option in OPTIONS]
-
-
-def _ragged_by_group(rows: torch.Tensor, group: torch.Tensor, count: int) -> list[np.ndarray]:
-    """Rows split by step group: a list (one array per group), merged by concatenation."""
-    host, owner = rows.cpu().numpy(), group.cpu().numpy()
-    return [host[owner == g] for g in range(count)]
 
 
 # ----------------------------------------------------------------------------------- finalize
