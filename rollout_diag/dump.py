@@ -36,7 +36,7 @@ class Dump:
     strict: bool = False  # any skipped row is an error
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS
     device: str = "auto"
-    workers: int = 1
+    workers: int | str = "auto"  # a process count, or "auto": every core where the input splits
     backend: str = "process"
     # A reader opened ahead (``opened``), handed to the first call that reads: not part of the dump's identity.
     _reader: list = field(default_factory=list, init=False, compare=False, repr=False)
@@ -46,6 +46,8 @@ class Dump:
         inputs = (given,) if isinstance(given, (str, Path)) else tuple(given)
         object.__setattr__(self, "inputs", tuple(str(path) for path in inputs))
         object.__setattr__(self, "columns", dict(self.columns or {}))
+        if isinstance(self.workers, str) and self.workers.strip().isdigit():  # "4" from a command line
+            object.__setattr__(self, "workers", int(self.workers))
 
     def open(self):
         """A DumpReader over the inputs: files found, footers read, columns resolved (torch is not loaded).

@@ -13,7 +13,7 @@ import torch
 
 from rollout_diag.decisions.check import CheckResult, Gate, check
 from rollout_diag.decisions.diff import DEFAULT_LEVEL, DEFAULT_REPLICATES, DEFAULT_SEED, DiffResult, DiffSide, diff
-from rollout_diag.distributed import analyze_parts, check_workers
+from rollout_diag.distributed import AUTO, Workers, analyze_parts, check_workers, resolve_workers
 from rollout_diag.dump import reads_dump
 from rollout_diag.errors import ConfigError, DataError, option_name, where
 from rollout_diag.hints import with_hints
@@ -59,7 +59,7 @@ def analyze(
     top_k: int = DEFAULT_TOP_K,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     progress: Progress | None = None,
-    workers: int = 1,
+    workers: Workers = AUTO,
     backend: str = "process",
     dialect: str | Sequence[str] = DEFAULT_DIALECT,
 ) -> AnalysisResult:
@@ -67,7 +67,8 @@ def analyze(
 
     ``inputs``: Parquet files, globs or directories. ``columns``: role -> column overrides. ``workers`` > 1
     splits the input (by row groups, or by files in the token layout) over that many processes
-    (``backend="process"``) or Ray tasks (``backend="ray"``) and merges their states: the same result.
+    (``backend="process"``) or Ray tasks (``backend="ray"``) and merges their states: the same result; ``auto``
+    (the default) uses every core where the input splits (``distributed.resolve_workers``), 1 one process.
     ``dialect``: frameworks (``verl``, ``prime-rl``, …, or ``all``) whose own metrics each step and the run also
     carry under the names those trainers log (``StepResult.dialects``; docs/dialects.md).
     Raises RolloutDiagError (InputError, ColumnError, DataError, ConfigError) for bad input or options.
@@ -82,6 +83,7 @@ def analyze(
         "top_k": top_k,
         "dialects": resolve_dialects(dialect),
     }
+    workers = resolve_workers(workers, reader, torch_device)
     if workers > 1:
         analysis = analyze_parts(reader, workers, backend, torch_device, options, progress)
     else:

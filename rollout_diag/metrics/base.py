@@ -295,7 +295,16 @@ class StateTable:
         index = int(np.searchsorted(self.steps, step))
         if index >= self.steps.shape[0] or self.steps[index] != step:
             raise KeyError(step)
-        return next(self.subset(self.steps == step).states())[1]
+        state: State = {name: column[index] for name, column in self.dense.items()}
+        for name, (steps, bucket, values) in self.sparse.items():
+            lo, hi = np.searchsorted(steps, step, side="left"), np.searchsorted(steps, step, side="right")
+            out = self._blank(name).reshape(-1, *_tail(self.reductions[name]))
+            out[bucket[lo:hi]] = values[lo:hi]
+            state[name] = out.reshape(self.shapes[name])
+        for name, (steps, values) in self.ragged.items():
+            lo, hi = np.searchsorted(steps, step, side="left"), np.searchsorted(steps, step, side="right")
+            state[name] = values[lo:hi]
+        return {name: state[name] for name in self.reductions}
 
     def total(self) -> State | None:
         """Every step's state merged (a run is every row as one batch); None without steps."""
@@ -466,6 +475,8 @@ def clamp20(values: torch.Tensor) -> torch.Tensor:
 
 
 def as_float(value: np.ndarray | float) -> float:
+    if isinstance(value, float):  # a step's scalar field is a numpy float64 (a float): no array round trip
+        return float(value)
     return float(np.asarray(value).reshape(()))
 
 
