@@ -10,7 +10,7 @@ import statistics
 import numpy as np
 import pytest
 import torch
-from dumps import seq_row, write_sequence_dump
+from dumps import random_rows, seq_row, write_sequence_dump
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,7 +20,7 @@ from rollout_diag.decisions.check import Gate
 from rollout_diag.engine import check_run, diff_runs, threshold_sweep
 from rollout_diag.io.reader import DumpReader
 from rollout_diag.metrics import trends
-from rollout_diag.metrics.base import Ragged, StateTable, StepAccumulator, merge_states
+from rollout_diag.metrics.base import Ragged, Sparse, StateTable, StepAccumulator, merge_states
 from rollout_diag.passes import Analysis, run_chunks
 from rollout_diag.report import render_report
 from rollout_diag.results import Anomaly, StepResult
@@ -175,6 +175,53 @@ def test_table_equals_one_state_per_step_whatever_the_chunking_and_merge_order(s
         _assert_state(state, expected[step], f"subset step {step}")
 
 
+def test_sparse_partials_equal_dense_ones():
+    rng = random.Random(5)
+    steps, partial = _chunk(rng)
+    dense = StateTable.from_groups(REDUCTIONS, steps, partial)
+    given_sparse = dict(partial)
+    for name in ("pair", "buckets", "bucket_max", "bucket_moments"):
+        reduction = REDUCTIONS[name]
+        tail = (6,) if reduction == "moments" else ()
+        flat = np.asarray(partial[name]).reshape(len(steps), -1, *tail)
+        group, bucket = np.nonzero(np.ones(flat.shape[:2], dtype=bool))  # every entry, identities included
+        given_sparse[name] = Sparse(group, bucket, flat[group, bucket], SHAPES[name])
+    sparse = StateTable.from_groups(REDUCTIONS, steps, given_sparse)
+    for (step, mine), (_, theirs) in zip(sparse.states(), dense.states(), strict=True):
+        _assert_state(mine, theirs, f"step {step}")
+
+
+def _families(analysis: Analysis) -> list[StepAccumulator]:
+    families = [f for f in vars(analysis).values() if isinstance(f, StepAccumulator)]
+    for dialect in analysis.dialect.families.values():
+        families += [f for f in getattr(dialect, "families", [dialect]) if isinstance(f, StepAccumulator)]
+    return families
+
+
+def test_finalize_over_columns_gives_the_step_by_step_digits(tmp_path):
+    """Families that finalize a block of steps at once give exactly (bit for bit, same key order) what their
+    per-step ``_finalize`` gives: steps with rounds pooled, empty rows and a step without any model token."""
+    rows = random_rows(seed=8, steps=tuple(range(12)), rows_per_step=5, max_length=30, env_share=0.4)
+    rows += tiny_rows(9)
+    rows.append(seq_row(3, "empty", [-0.5, -1.0], [-0.4, -1.1], [0, 0]))
+    rows.append(seq_row(40, "nothing", [-0.5], [-0.4], [0]))  # a step with no model token
+    path = write_sequence_dump(tmp_path / "mixed.parquet", rows, row_group_size=7)
+    analysis = Analysis(max_rounds=3, dialects=("verl",))
+    run_chunks(
+        DumpReader([str(path)], chunk_tokens=97), [analysis.update], torch.device("cpu"), prepare=analysis.prepare
+    )
+    for family in _families(analysis):
+        by_columns = family.finalize_steps()
+        one_by_one = {step: family._finalize(state) for step, state in family.store.states()}
+        assert list(by_columns) == list(one_by_one)
+        for step, expected in one_by_one.items():
+            actual = by_columns[step]
+            assert list(actual) == list(expected), (type(family).__name__, step)
+            for key, value in expected.items():
+                assert actual[key] == value or (math.isnan(actual[key]) and math.isnan(value)), (key, step)
+                assert type(actual[key]) is float
+
+
 # ------------------------------------------------------------------------------- many tiny steps through every command
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
@@ -190,13 +237,7 @@ def test_state_of_twenty_thousand_one_row_steps_is_small(tmp_path):
     path = write_sequence_dump(tmp_path / "many.parquet", tiny_rows(steps), row_group_size=4096)
     analysis = Analysis()
     run_chunks(DumpReader([str(path)]), [analysis.update], torch.device("cpu"), prepare=analysis.prepare)
-    families = [f for f in vars(analysis).values() if isinstance(f, StepAccumulator)]
-    families += [
-        f
-        for d in analysis.dialect.families.values()
-        for f in getattr(d, "families", [d])
-        if isinstance(f, StepAccumulator)
-    ]
+    families = _families(analysis)
     held = sum(family.store.nbytes() for family in families)
     # one dict of float64 arrays per step, as before: every field at its full shape plus ~112 bytes of array header
     old_layout = sum(

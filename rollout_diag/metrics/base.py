@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import copy
 import importlib
+import itertools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -113,6 +114,18 @@ class Ragged:
     group: np.ndarray
 
 
+@dataclass(frozen=True)
+class Sparse:
+    """A wide field's partial state given as entries, for a kernel that never makes the dense [G, ...] array:
+    ``values[e]`` (shape ``tail``: (6,) for ``moments``, else ()) belongs to step group ``group[e]`` and flat bucket
+    ``bucket[e]`` of a per-step array of ``shape``; each (group, bucket) at most once."""
+
+    group: np.ndarray
+    bucket: np.ndarray
+    values: np.ndarray
+    shape: tuple[int, ...]
+
+
 def _reduce(reduction: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return _MERGE[reduction](a, b)
 
@@ -165,7 +178,8 @@ class StateTable:
 
     @classmethod
     def from_groups(cls, reductions: Mapping[str, str], steps: Sequence[int], partial: Mapping) -> StateTable:
-        """The table of one chunk: ``partial[name]`` is [G, ...] (group g is ``steps[g]``), or a Ragged."""
+        """The table of one chunk: ``partial[name]`` is [G, ...] (group g is ``steps[g]``), a Sparse (a wide field
+        only) or a Ragged (``concat``)."""
         step_ids = np.asarray(steps, dtype=np.int64)
         table = cls(reductions, {}, step_ids, {}, {}, {})
         for name, reduction in reductions.items():
@@ -176,6 +190,21 @@ class StateTable:
                 order = np.argsort(group, kind="stable")
                 table.shapes[name] = values.shape[1:]
                 table.ragged[name] = (step_ids[group[order]], values[order])
+                continue
+            if isinstance(value, Sparse) and math.prod(value.shape) <= SPARSE_MIN:  # small: a dense column
+                tail = _tail(reduction)
+                dense = np.full(
+                    (len(step_ids), math.prod(value.shape) // max(math.prod(tail), 1), *tail), IDENTITY[reduction]
+                )
+                dense[np.asarray(value.group, np.int64), np.asarray(value.bucket, np.int64)] = value.values
+                value = dense.reshape(len(step_ids), *value.shape)
+            if isinstance(value, Sparse):
+                table.shapes[name] = tuple(value.shape)
+                group, bucket = np.asarray(value.group, np.int64), np.asarray(value.bucket, np.int64)
+                order = np.lexsort((bucket, group))
+                values = np.asarray(value.values, dtype=np.float64)[order]
+                hit = _hits(reduction, values)
+                table.sparse[name] = (step_ids[group[order][hit]], bucket[order][hit], values[hit])
                 continue
             array = np.asarray(value, dtype=np.float64).reshape(len(step_ids), *np.shape(value)[1:])
             shape = array.shape[1:]
@@ -265,30 +294,34 @@ class StateTable:
         shape = self.shapes[name] if count is None else (count, *self.shapes[name])
         return np.full(shape, IDENTITY[self.reductions[name]], dtype=np.float64)
 
-    def states(self, block: int = 4096) -> Iterator[tuple[int, State]]:
-        """(step, state) in step order; wide fields are made dense ``block`` steps at a time (memory stays small)."""
+    def blocks(self, block: int = 4096) -> Iterator[tuple[list[int], dict[str, Any]]]:
+        """(steps, columns) of up to ``block`` consecutive steps: each field as one [B, ...] array (a list of B
+        arrays for ``concat``), wide fields made dense for these steps only (memory stays small)."""
         bounds = {name: np.searchsorted(step, self.steps) for name, (step, _, _) in self.sparse.items()}
         ragged_bounds = {name: np.searchsorted(step, self.steps) for name, (step, _) in self.ragged.items()}
         steps = self.steps.tolist()
         for begin in range(0, len(steps), block):
             end = min(begin + block, len(steps))
-            wide = {}
+            columns: dict[str, Any] = {name: column[begin:end] for name, column in self.dense.items()}
             for name, (step, bucket, values) in self.sparse.items():
                 out = self._blank(name, end - begin).reshape(end - begin, -1, *_tail(self.reductions[name]))
                 lo = bounds[name][begin]
                 hi = bounds[name][end] if end < len(steps) else step.shape[0]
                 row = np.searchsorted(self.steps, step[lo:hi]) - begin
                 out[row, bucket[lo:hi]] = values[lo:hi]
-                wide[name] = out.reshape(end - begin, *self.shapes[name])
-            for index in range(begin, end):
-                state: State = {name: column[index] for name, column in self.dense.items()}
-                for name, out in wide.items():
-                    state[name] = out[index - begin]
-                for name, (step, values) in self.ragged.items():
-                    lo = ragged_bounds[name][index]
-                    hi = ragged_bounds[name][index + 1] if index + 1 < len(steps) else step.shape[0]
-                    state[name] = values[lo:hi]
-                yield steps[index], {name: state[name] for name in self.reductions}
+                columns[name] = out.reshape(end - begin, *self.shapes[name])
+            for name, (step, values) in self.ragged.items():
+                last = ragged_bounds[name][end] if end < len(steps) else step.shape[0]
+                cuts = np.append(ragged_bounds[name][begin:end], last).tolist()
+                columns[name] = [values[lo:hi] for lo, hi in itertools.pairwise(cuts)]
+            yield steps[begin:end], {name: columns[name] for name in self.reductions}
+
+    def states(self, block: int = 4096) -> Iterator[tuple[int, State]]:
+        """(step, state) in step order."""
+        names = list(self.reductions)
+        for steps, columns in self.blocks(block):
+            for step, values in zip(steps, zip(*(list(columns[name]) for name in names), strict=True), strict=True):
+                yield step, dict(zip(names, values, strict=True))
 
     def state(self, step: int) -> State:
         """One step's state (dense arrays); KeyError when the step is not in the table."""
@@ -376,6 +409,12 @@ class StepStates(MutableMapping):
         self.owner.store = self.owner.store.subset(self.owner.store.steps != step)
 
 
+_METRIC_NAMES: dict[str, str] = {}  # one string per metric name (see StepAccumulator.finalize_steps)
+Columns = dict[str, Any]  # a block of steps: field -> [B, ...] (a list of B arrays for ``concat``)
+# (steps that report the keys: bool [B], key -> value [B] or a scalar)
+KeyGroup = tuple[np.ndarray, dict[str, Any]]
+
+
 class StepAccumulator(ABC):
     """Base of every metric family. Subclasses declare ``REDUCTIONS`` and write ``_stats``/``_finalize``.
 
@@ -413,8 +452,39 @@ class StepAccumulator(ABC):
     def run_state(self) -> State | None:
         return self.store.total()
 
+    def _finalize_columns(self, columns: Columns) -> list[KeyGroup] | None:
+        """``_finalize`` of a block of steps at once, where a family writes it (None: ``_finalize`` step by step).
+        ``columns``: each field as [B, ...]; returns key groups in ``_finalize``'s key order, each (steps that
+        report these keys: bool [B], key -> value [B]). Same float64 operations, so the same digits."""
+        return None
+
     def finalize_steps(self) -> dict[int, dict[str, float]]:
-        return {step: self._finalize(state) for step, state in self.store.states()}
+        # every step's metric names built once: a family builds its keys per call, and 200 000 steps would
+        # hold 200 000 copies of each name
+        keys = _METRIC_NAMES
+        out: dict[int, dict[str, float]] = {}
+        for steps, columns in self.store.blocks():
+            groups = self._finalize_columns(columns)
+            if groups is None:
+                names = list(columns)
+                for step, values in zip(steps, zip(*(list(columns[n]) for n in names), strict=True), strict=True):
+                    finalized = self._finalize(dict(zip(names, values, strict=True)))
+                    out[step] = {keys.setdefault(name, name): value for name, value in finalized.items()}
+                continue
+            rows: list[dict[str, float]] = [{} for _ in steps]
+            for reports, values in groups:
+                index = np.flatnonzero(reports)
+                if not index.size or not values:
+                    continue
+                names = [keys.setdefault(name, name) for name in values]
+                count = len(steps)
+                matrix = np.column_stack(
+                    [np.broadcast_to(np.asarray(v, np.float64), (count,))[index] for v in values.values()]
+                )
+                for position, row in zip(index.tolist(), matrix.tolist(), strict=True):
+                    rows[position].update(zip(names, row, strict=True))
+            out.update(zip(steps, rows, strict=True))
+        return out
 
     def finalize_run(self) -> dict[str, float]:
         state = self.run_state()

@@ -7,6 +7,7 @@ not depend on chunking.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -16,7 +17,7 @@ import torch
 
 from rollout_diag import catalogue
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import State, StepAccumulator, row_mean
+from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator, row_mean
 from rollout_diag.metrics.segments import stats
 from rollout_diag.results import RowTokens, WorstRow, WorstToken
 
@@ -43,6 +44,7 @@ def delta_bin(delta: torch.Tensor) -> torch.Tensor:
     return torch.where(delta < 0, -magnitude, magnitude).add_(_LEVELS)
 
 
+@functools.cache  # one label string per bucket, shared by every step's rows
 def bucket_label(bucket: int) -> tuple[int, int, str]:
     """(first position, last position, label) of a log2 bucket."""
     if bucket == 0:
@@ -100,6 +102,18 @@ class PositionAccumulator(StepAccumulator):
                 }
             )
         return rows
+
+    def _finalize_columns(self, columns: Columns) -> list[KeyGroup]:
+        """``_finalize`` over a block of steps (the same float64 operations)."""
+        tokens, catastrophic = columns["token_count"].sum(axis=1), columns["catastrophic"].sum(axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = catastrophic / tokens
+        return [
+            (
+                tokens != 0,
+                {catalogue.CATASTROPHIC_TOKENS.key: catastrophic, catalogue.CATASTROPHIC_TOKEN_SHARE.key: share},
+            )
+        ]
 
     def _finalize(self, state: State) -> dict[str, float]:
         tokens = float(state["token_count"].sum())

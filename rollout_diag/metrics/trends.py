@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -86,17 +85,26 @@ def _window_baselines(values: np.ndarray, window: int, spread: float) -> tuple[n
     if not ready.size:
         return baseline, threshold
     rows = recent[ready]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rows give NaN: no threshold
-        baseline[ready] = np.nanmedian(rows, axis=1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            logs = np.where(rows > 0, np.log(np.where(rows > 0, rows, 1.0)), np.nan)
-        centre = np.nanmedian(logs, axis=1)
+    baseline[ready] = _medians(rows)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logs = np.where(rows > 0, np.log(np.where(rows > 0, rows, 1.0)), np.nan)
+        centre = _medians(logs)
         above = np.where(logs > centre[:, None], logs - centre[:, None], np.nan)
-        deviation = np.nan_to_num(np.nanmedian(above, axis=1), nan=0.0)
+    deviation = np.nan_to_num(_medians(above), nan=0.0)
     enough = np.count_nonzero(rows > 0, axis=1) >= ANOMALY_MIN_HISTORY
     threshold[ready] = np.where(enough, centre + spread * MAD_TO_SIGMA * deviation, np.nan)
     return baseline, threshold
+
+
+def _medians(rows: np.ndarray) -> np.ndarray:
+    """The median of each row's non-NaN values, as statistics.median takes it (NaN for a row without any)."""
+    ordered = np.sort(rows, axis=1)  # NaN sorts last
+    count = np.count_nonzero(~np.isnan(rows), axis=1)
+    low = np.take_along_axis(ordered, np.maximum((count - 1) // 2, 0)[:, None], axis=1)[:, 0]
+    high = np.take_along_axis(ordered, np.minimum(count // 2, rows.shape[1] - 1)[:, None], axis=1)[:, 0]
+    with np.errstate(invalid="ignore", over="ignore"):
+        middle = np.where(count % 2 == 1, high, (low + high) / 2)
+    return np.where(count > 0, middle, np.nan)
 
 
 def keep_largest(anomalies: Sequence[Anomaly], limit: int = ANOMALY_KEEP) -> tuple[list[Anomaly], int]:
