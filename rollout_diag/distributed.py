@@ -104,9 +104,9 @@ def check_workers(workers: Workers, backend: str) -> None:
     if workers != AUTO and (
         isinstance(workers, bool) or not isinstance(workers, Integral) or not 1 <= workers <= MAX_WORKERS
     ):
-        raise ConfigError(
-            f"{option_name('workers')}={workers}: must be {AUTO} or a whole number from 1 to {MAX_WORKERS}."
-        )
+        what = f"a whole number from 1 to {MAX_WORKERS}"
+        what = what if isinstance(workers, Integral) else f"{AUTO} or {what}"
+        raise ConfigError(f"{option_name('workers')}={workers}: must be {what}.")
     if backend not in BACKENDS:
         raise ConfigError(f"{option_name('backend')}={backend}: choose {' or '.join(BACKENDS)}.")
 
