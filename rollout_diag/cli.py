@@ -128,8 +128,12 @@ OutputOpt = Annotated[
 StrictOpt = Annotated[bool, typer.Option("--strict", help="Fail on the first invalid row instead of skipping it.")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show Python tracebacks for errors.")]
 WorkersOpt = Annotated[
-    int,
-    typer.Option("--workers", help="Split the input over this many processes (or Ray tasks) and merge: same result."),
+    str,
+    typer.Option(
+        "--workers",
+        help="Split the input over this many processes (or Ray tasks) and merge: same result. auto: one per core "
+        "but one, where the input has that many row groups (files in the token layout); 1 on a GPU or on 2 cores.",
+    ),
 ]
 BackendOpt = Annotated[str, typer.Option("--backend", help="Where --workers run: process (this machine) or ray.")]
 ChunkOpt = Annotated[
@@ -450,7 +454,7 @@ def open_dump(
     strict: bool = False,
     chunk_tokens: int = CHUNK_TOKENS,
     device: str = "auto",
-    workers: int = 1,
+    workers: int | str = "auto",
     backend: str = "process",
 ):
     """The command's :class:`~rollout_diag.dump.Dump` (its shared reading options, given once), opened before torch
@@ -529,7 +533,7 @@ def analyze(
     max_rounds: MaxRoundsOpt = 64,
     catastrophic: CatastrophicOpt = 1.0,
     top_k: TopKOpt = 20,
-    workers: WorkersOpt = 1,
+    workers: WorkersOpt = "auto",
     backend: BackendOpt = "process",
     strict: StrictOpt = False,
     chunk_tokens: ChunkOpt = CHUNK_TOKENS,
@@ -746,7 +750,7 @@ def compare_presets(
             "--sort", help="Order of the presets: given (as chosen) or intrusiveness (least intrusive first)."
         ),
     ] = PresetOrder.given,
-    workers: WorkersOpt = 1,
+    workers: WorkersOpt = "auto",
     backend: BackendOpt = "process",
     column: ColumnOpt = None,
     device: DeviceOpt = "auto",
@@ -899,7 +903,7 @@ def report(
         list[Path] | None,
         typer.Option("--vs", help="A second run's dump(s): add an A/B section (what `diff` prints).", metavar="FILE"),
     ] = None,
-    workers: WorkersOpt = 1,
+    workers: WorkersOpt = "auto",
     backend: BackendOpt = "process",
     column: ColumnOpt = None,
     device: DeviceOpt = "auto",

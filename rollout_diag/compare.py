@@ -18,7 +18,7 @@ import torch
 from rollout_diag import catalogue
 from rollout_diag.decisions.intrusive import INTRUSIVE_MIN_ESS, INTRUSIVE_REJECTED_FRACTION, intrusive_reasons
 from rollout_diag.decisions.recommend import judge_comparison
-from rollout_diag.distributed import check_workers, run_parts
+from rollout_diag.distributed import AUTO, Workers, check_workers, resolve_workers, run_parts
 from rollout_diag.dump import reads_dump
 from rollout_diag.engine import build_result, check_targets
 from rollout_diag.errors import ConfigError, option_name
@@ -47,7 +47,7 @@ def compare_presets(
     targets: Sequence[float] = DEFAULT_TARGETS,
     intrusive_rejected_fraction: float = INTRUSIVE_REJECTED_FRACTION,
     intrusive_min_ess: float = INTRUSIVE_MIN_ESS,
-    workers: int = 1,
+    workers: Workers = AUTO,
     backend: str = "process",
     by: Sequence[str | GroupSpec] = (),
     where: str | None = None,
@@ -91,7 +91,7 @@ def analyze_and_compare(
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     progress: Progress | bool | None = None,
     targets: Sequence[float] = DEFAULT_TARGETS,
-    workers: int = 1,
+    workers: Workers = AUTO,
     backend: str = "process",
     analysis_options: Mapping[str, Any] | None = None,
     intrusive_rejected_fraction: float = INTRUSIVE_REJECTED_FRACTION,
@@ -139,7 +139,7 @@ def _one_pass(
     export_decisions_to: str | Path | None,
     targets: Sequence[float],
     intrusive: tuple[float, float],
-    workers: int = 1,
+    workers: Workers = AUTO,
     backend: str = "process",
     selection: RowSelection | None = None,
 ) -> tuple[AnalysisResult, ComparisonResult]:
@@ -152,6 +152,9 @@ def _one_pass(
     reader.select(selection)
     options = {**options, "by": group_specs(options.get("by", ()), reader)}
     spec = PassSpec(options, chosen, selection=reader.selection)
+    if workers == AUTO and export_decisions_to is not None:
+        workers = 1  # the decisions file is written from one process
+    workers = resolve_workers(workers, reader, torch_device)
     if workers > 1:
         if export_decisions_to is not None:
             raise ConfigError(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from numbers import Integral
@@ -25,6 +26,29 @@ from rollout_diag.passes import Analysis, Pass, PassSpec, Progress, progress_cal
 
 BACKENDS = ("process", "ray")
 MAX_WORKERS = 1024  # a Ray cluster may be large; more parts than this only adds overhead
+AUTO = "auto"  # the default --workers: every core (see resolve_workers)
+# auto splits only from this many cores: on 2 cores one process already keeps both busy (its reader thread and
+# its compute), and --workers 2 measured no faster (docs/benchmarks.md)
+AUTO_MIN_CORES = 3
+Workers = int | str  # a count, or AUTO
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity, where the OS tells)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def resolve_workers(workers: Workers, reader: DumpReader, device: torch.device) -> int:
+    """How many processes to run. A count is itself. ``auto``: one process on a GPU (the device is the engine)
+    or with fewer than AUTO_MIN_CORES cores; otherwise one per core but the one the driver keeps, as many as the
+    input splits into (``DumpReader.plan``: row groups, or files in the token layout), so a one-row-group file
+    stays in one process (``check_workers`` first)."""
+    if workers != AUTO:
+        return int(workers)
+    cores = available_cores()
+    if torch.device(device).type != "cpu" or cores < AUTO_MIN_CORES:
+        return 1
+    return max(1, len(reader.plan(cores - 1)))
 
 
 def run_part(
@@ -76,10 +100,15 @@ def run_parts(
     return merged
 
 
-def check_workers(workers: int, backend: str) -> None:
-    """Raises ConfigError unless 1 ≤ ``workers`` ≤ MAX_WORKERS and ``backend`` is one of BACKENDS."""
-    if isinstance(workers, bool) or not isinstance(workers, Integral) or not 1 <= workers <= MAX_WORKERS:
-        raise ConfigError(f"{option_name('workers')}={workers}: must be a whole number from 1 to {MAX_WORKERS}.")
+def check_workers(workers: Workers, backend: str) -> None:
+    """Raises ConfigError unless ``workers`` is AUTO or 1 ≤ ``workers`` ≤ MAX_WORKERS and ``backend`` is one of
+    BACKENDS."""
+    if workers != AUTO and (
+        isinstance(workers, bool) or not isinstance(workers, Integral) or not 1 <= workers <= MAX_WORKERS
+    ):
+        what = f"a whole number from 1 to {MAX_WORKERS}"
+        what = what if isinstance(workers, Integral) else f"{AUTO} or {what}"
+        raise ConfigError(f"{option_name('workers')}={workers}: must be {what}.")
     if backend not in BACKENDS:
         raise ConfigError(f"{option_name('backend')}={backend}: choose {' or '.join(BACKENDS)}.")
 

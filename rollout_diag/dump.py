@@ -36,7 +36,7 @@ class Dump:
     strict: bool = False  # any skipped row is an error
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS
     device: str = "auto"
-    workers: int = 1
+    workers: int | str = "auto"  # a process count, or "auto": every core where the input splits
     backend: str = "process"
     # per-token engine: auto, numba (CPU kernels) or torch (any device); None: the process's (rollout_diag.kernels)
     engine: str | None = None
@@ -52,6 +52,8 @@ class Dump:
 
         if self.engine is not None:
             check_engine(self.engine)
+        if isinstance(self.workers, str) and self.workers.strip().isdigit():  # "4" from a command line
+            object.__setattr__(self, "workers", int(self.workers))
 
     def open(self):
         """A DumpReader over the inputs: files found, footers read, columns resolved (torch is not loaded).

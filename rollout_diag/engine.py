@@ -15,7 +15,7 @@ import torch
 from rollout_diag.decisions.analysis import judge_analysis
 from rollout_diag.decisions.check import CheckResult, Gate, check
 from rollout_diag.decisions.diff import DEFAULT_LEVEL, DEFAULT_REPLICATES, DEFAULT_SEED, DiffResult, DiffSide, diff
-from rollout_diag.distributed import analyze_parts, check_workers
+from rollout_diag.distributed import AUTO, Workers, analyze_parts, check_workers, resolve_workers
 from rollout_diag.dump import reads_dump
 from rollout_diag.errors import ConfigError, DataError, option_name, where
 from rollout_diag.groups import GroupSpec, group_specs
@@ -60,7 +60,7 @@ def analyze(
     top_k: int = DEFAULT_TOP_K,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     progress: Progress | bool | None = None,
-    workers: int = 1,
+    workers: Workers = AUTO,
     backend: str = "process",
     dialect: str | Sequence[str] = DEFAULT_DIALECT,
     by: Sequence[str | GroupSpec] = (),
@@ -71,7 +71,8 @@ def analyze(
 
     ``inputs``: Parquet files, globs or directories. ``columns``: role -> column overrides. ``workers`` > 1
     splits the input (by row groups, or by files in the token layout) over that many processes
-    (``backend="process"``) or Ray tasks (``backend="ray"``) and merges their states: the same result.
+    (``backend="process"``) or Ray tasks (``backend="ray"``) and merges their states: the same result; ``auto``
+    (the default) uses every core where the input splits (``distributed.resolve_workers``), 1 one process.
     ``dialect``: frameworks (``verl``, ``prime-rl``, …, or ``all``) whose own metrics each step and the run also
     carry under the names those trainers log (``StepResult.dialects``; docs/dialects.md).
     ``by``: per-row columns (``env_name``, ``reward:sign``, ``response_length:bins=100,1000``; README "Which
@@ -94,6 +95,7 @@ def analyze(
         "dialects": resolve_dialects(dialect),
         "by": group_specs(by, reader),
     }
+    workers = resolve_workers(workers, reader, torch_device)
     if workers > 1:
         analysis = analyze_parts(reader, workers, backend, torch_device, options, progress)
     else:
@@ -369,9 +371,11 @@ def _restricted(analysis: Analysis, steps: StepRange) -> Analysis:
     subset = copy.copy(analysis)
     for name, value in vars(analysis).items():
         if isinstance(value, StepAccumulator):
-            family = copy.copy(value)
-            family.steps = {step: state for step, state in value.steps.items() if keep(step)}
-            setattr(subset, name, family)
+            steps_held = value.store.steps
+            inside = (steps_held >= (first if first is not None else steps_held.min(initial=0))) & (
+                steps_held <= (last if last is not None else steps_held.max(initial=0))
+            )
+            setattr(subset, name, value.restricted(inside))
     subset.worst = WorstTracker(analysis.top_k, analysis.catastrophic)
     subset.empty_rows = [entry for entry in analysis.empty_rows if keep(entry[0])]
     if not subset.offpolicy.steps:

@@ -236,6 +236,8 @@ class GroupedAnalysis:
     rollout_kl: RolloutKLAccumulator = field(default_factory=RolloutKLAccumulator)
     rounds: RoundAccumulator = field(init=False)
     values: dict[tuple, ExtraValue] = field(default_factory=dict)  # sort key -> group value
+    # (sort key, step) -> the integer the families key its state by while reading (first seen, first numbered)
+    ids: dict[tuple, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.rounds = RoundAccumulator(self.max_rounds, self.catastrophic)
@@ -262,25 +264,43 @@ class GroupedAnalysis:
                 f"{option_name('by')} {self.spec.label}: more than {MAX_GROUPS} groups; bucket the column "
                 f"({self.spec.column}:sign or {self.spec.column}:bins=…) or pick a coarser one."
             )
-        view = _view(chunk, tuple(ids), torch.from_numpy(row_group).to(chunk.device))
+        numbered = np.array([self.ids.setdefault(key, len(self.ids)) for key in ids], dtype=np.int64)
+        order = np.argsort(numbered)  # step groups in ascending order, as a chunk's own steps are
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        view = _view(chunk, tuple(numbered[order].tolist()), torch.from_numpy(rank[row_group]).to(chunk.device))
         for family in self.families:
             family.update(view)
 
     def merge(self, other: GroupedAnalysis) -> None:
+        # the other part numbered its (group, step) pairs in its own order: renamed to this part's numbers first
+        rename = np.empty(len(other.ids), dtype=np.int64)
+        for key, number in other.ids.items():
+            rename[number] = self.ids.setdefault(key, len(self.ids))
         for mine, theirs in zip(self.families, other.families, strict=True):
-            mine.merge(theirs)
+            renamed = copy.copy(theirs)
+            renamed.store = theirs.store.relabeled(rename)
+            mine.merge(renamed)
         for key, value in other.values.items():
             self.values.setdefault(key, value)
 
     def split(self, family: StepAccumulator) -> dict[tuple, StepAccumulator]:
         """One accumulator per group, keyed by step as analysing the group's rows alone keys it."""
+        by_group: dict[tuple, list[tuple[int, int]]] = {}
+        for (sort_key, step), number in self.ids.items():
+            by_group.setdefault(sort_key, []).append((number, step))
         out: dict[tuple, StepAccumulator] = {}
-        for (sort_key, step), state in family.steps.items():
-            single = out.get(sort_key)
-            if single is None:
-                single = out[sort_key] = copy.copy(family)
-                single.steps = {}
-            single.steps[step] = state
+        held = family.store.steps
+        for sort_key, pairs in by_group.items():
+            numbers = np.array([number for number, _ in pairs], dtype=np.int64)
+            keep = np.isin(held, numbers)
+            if not keep.any():
+                continue
+            step_of = np.zeros(len(self.ids), dtype=np.int64)
+            step_of[numbers] = [step for _, step in pairs]
+            single = family.restricted(keep)
+            single.store = single.store.relabeled(step_of)
+            out[sort_key] = single
         return out
 
     def results(self, total_rows: int, total_tokens: int) -> list[GroupResult]:

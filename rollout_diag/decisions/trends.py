@@ -55,19 +55,56 @@ def find_anomalies(
     their robust log-scale threshold (:func:`log_threshold`); ranked by factor, largest first."""
     anomalies = []
     for metric in metrics:
-        history: list[float] = []
-        for step in steps:
-            value = step.metrics.get(metric)
-            if value is None or math.isnan(value):
-                continue
-            recent = history[-window:]
-            if len(recent) >= ANOMALY_MIN_HISTORY:
-                baseline = statistics.median(recent)
-                threshold = log_threshold(recent, spread)
-                if baseline > 0 and threshold is not None and value > factor * baseline and math.log(value) > threshold:
-                    anomalies.append(Anomaly(int(step.step or 0), metric, value, baseline, value / baseline))
-            history.append(value)
+        present = [(step, step.metrics.get(metric)) for step in steps]
+        kept = [(step, value) for step, value in present if value is not None and not math.isnan(value)]
+        if len(kept) <= ANOMALY_MIN_HISTORY:
+            continue
+        values = np.array([value for _, value in kept], dtype=np.float64)
+        baseline, threshold = _window_baselines(values, window, spread)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            flagged = (baseline > 0) & ~np.isnan(threshold) & (values > factor * baseline)
+            flagged &= np.log(np.where(flagged, values, 1.0)) > threshold
+        for index in np.flatnonzero(flagged).tolist():
+            step, value = kept[index]
+            anomalies.append(
+                Anomaly(int(step.step or 0), metric, value, float(baseline[index]), value / baseline[index])
+            )
     return sorted(anomalies, key=lambda a: (-a.factor, a.step, a.metric))
+
+
+def _window_baselines(values: np.ndarray, window: int, spread: float) -> tuple[np.ndarray, np.ndarray]:
+    """For each i, over the previous ``window`` values (NaN where fewer than ANOMALY_MIN_HISTORY): their median and
+    :func:`log_threshold` (NaN where it is None), vectorised over i (a run can have 200 000 steps)."""
+    count = values.shape[0]
+    padded = np.concatenate([np.full(window, np.nan), values])
+    recent = np.lib.stride_tricks.sliding_window_view(padded[:-1], window)  # row i: values[i-window:i]
+    history = np.minimum(np.arange(count), window)
+    baseline = np.full(count, np.nan)
+    threshold = np.full(count, np.nan)
+    ready = np.flatnonzero(history >= ANOMALY_MIN_HISTORY)
+    if not ready.size:
+        return baseline, threshold
+    rows = recent[ready]
+    baseline[ready] = _medians(rows)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logs = np.where(rows > 0, np.log(np.where(rows > 0, rows, 1.0)), np.nan)
+        centre = _medians(logs)
+        above = np.where(logs > centre[:, None], logs - centre[:, None], np.nan)
+    deviation = np.nan_to_num(_medians(above), nan=0.0)
+    enough = np.count_nonzero(rows > 0, axis=1) >= ANOMALY_MIN_HISTORY
+    threshold[ready] = np.where(enough, centre + spread * MAD_TO_SIGMA * deviation, np.nan)
+    return baseline, threshold
+
+
+def _medians(rows: np.ndarray) -> np.ndarray:
+    """The median of each row's non-NaN values, as statistics.median takes it (NaN for a row without any)."""
+    ordered = np.sort(rows, axis=1)  # NaN sorts last
+    count = np.count_nonzero(~np.isnan(rows), axis=1)
+    low = np.take_along_axis(ordered, np.maximum((count - 1) // 2, 0)[:, None], axis=1)[:, 0]
+    high = np.take_along_axis(ordered, np.minimum(count // 2, rows.shape[1] - 1)[:, None], axis=1)[:, 0]
+    with np.errstate(invalid="ignore", over="ignore"):
+        middle = np.where(count % 2 == 1, high, (low + high) / 2)
+    return np.where(count > 0, middle, np.nan)
 
 
 def keep_largest(anomalies: Sequence[Anomaly], limit: int = ANOMALY_KEEP) -> tuple[list[Anomaly], int]:

@@ -10,11 +10,14 @@ state is the merge of all step states. Metric values are derived only in ``final
 
 from __future__ import annotations
 
+import copy
 import importlib
+import itertools
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from typing import ClassVar
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -95,18 +98,359 @@ def merge_states(a: State, b: State, reductions: Mapping[str, str]) -> State:
     return {name: _MERGE[reductions[name]](a[name], b[name]) for name in reductions}
 
 
+# ----------------------------------------------------------------------- per-step state as columns keyed by step
+IDENTITY = {"sum": 0.0, "max": -math.inf, "min": math.inf, "moments": 0.0}
+# A per-step array with more elements than this (round, position and histogram buckets) is stored sparse: only
+# the buckets a step hit, as (step, bucket) -> value entries; a smaller one is a dense column [steps, ...].
+SPARSE_MIN = 8
+
+
+@dataclass(frozen=True)
+class Ragged:
+    """Per-row values of a chunk (``values`` [n, ...]) with the step group of each (``group`` [n]), merged by
+    concatenation: what a ``concat`` reduction's ``_stats`` returns."""
+
+    values: np.ndarray
+    group: np.ndarray
+
+
+@dataclass(frozen=True)
+class Sparse:
+    """A wide field's partial state given as entries, for a kernel that never makes the dense [G, ...] array:
+    ``values[e]`` (shape ``tail``: (6,) for ``moments``, else ()) belongs to step group ``group[e]`` and flat bucket
+    ``bucket[e]`` of a per-step array of ``shape``; each (group, bucket) at most once."""
+
+    group: np.ndarray
+    bucket: np.ndarray
+    values: np.ndarray
+    shape: tuple[int, ...]
+
+
+def _reduce(reduction: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return _MERGE[reduction](a, b)
+
+
+def _tail(reduction: str) -> tuple[int, ...]:
+    return (6,) if reduction == "moments" else ()
+
+
+def _hits(reduction: str, values: np.ndarray) -> np.ndarray:
+    """Entries that differ from the identity of ``reduction`` (only those change a merge)."""
+    if reduction == "moments":
+        return values[..., 0] != 0
+    return values != IDENTITY[reduction]
+
+
+def _tree_reduce(reduction: str, values: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """Reduce the runs ``values[start[j]:start[j+1]]`` (in order, pairwise, vectorised over runs)."""
+    length = np.diff(np.append(start, values.shape[0]))
+    if reduction in ("sum", "max", "min") and values.ndim == 1:
+        return _MERGE[reduction].reduceat(values, start) if values.shape[0] else values[:0]
+    while values.shape[0] > length.shape[0]:
+        run = np.repeat(np.arange(length.shape[0]), length)
+        rank = np.arange(values.shape[0]) - np.repeat(start, length)
+        left = np.flatnonzero((rank % 2 == 0) & (rank + 1 < length[run]))
+        merged = values.copy()
+        merged[left] = _reduce(reduction, values[left], values[left + 1])
+        keep = rank % 2 == 0
+        values = merged[keep]
+        length = (length + 1) // 2
+        start = np.concatenate([[0], np.cumsum(length)[:-1]]).astype(np.int64)
+    return values
+
+
+@dataclass
+class StateTable:
+    """One family's per-step states as columns keyed by step: ``steps`` (sorted, unique); a dense column [S, ...]
+    per small field; (step, bucket, value) entries sorted by (step, bucket) per wide field, only where a step
+    hit the bucket; (step, row values) per ``concat`` field. Memory follows what the steps hold."""
+
+    reductions: Mapping[str, str]
+    shapes: dict[str, tuple[int, ...]]
+    steps: np.ndarray
+    dense: dict[str, np.ndarray]
+    sparse: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]  # name -> (step, flat bucket, values)
+    ragged: dict[str, tuple[np.ndarray, np.ndarray]]  # name -> (step, values), sorted by step (stable)
+
+    @classmethod
+    def empty(cls, reductions: Mapping[str, str]) -> StateTable:
+        return cls(reductions, {}, np.zeros(0, np.int64), {}, {}, {})
+
+    @classmethod
+    def from_groups(cls, reductions: Mapping[str, str], steps: Sequence[int], partial: Mapping) -> StateTable:
+        """The table of one chunk: ``partial[name]`` is [G, ...] (group g is ``steps[g]``), a Sparse (a wide field
+        only) or a Ragged (``concat``)."""
+        step_ids = np.asarray(steps, dtype=np.int64)
+        table = cls(reductions, {}, step_ids, {}, {}, {})
+        for name, reduction in reductions.items():
+            value = partial[name]
+            if reduction == "concat":
+                values = np.asarray(value.values, dtype=np.float64)
+                group = np.asarray(value.group, dtype=np.int64)
+                order = np.argsort(group, kind="stable")
+                table.shapes[name] = values.shape[1:]
+                table.ragged[name] = (step_ids[group[order]], values[order])
+                continue
+            if isinstance(value, Sparse) and math.prod(value.shape) <= SPARSE_MIN:  # small: a dense column
+                tail = _tail(reduction)
+                dense = np.full(
+                    (len(step_ids), math.prod(value.shape) // max(math.prod(tail), 1), *tail), IDENTITY[reduction]
+                )
+                dense[np.asarray(value.group, np.int64), np.asarray(value.bucket, np.int64)] = value.values
+                value = dense.reshape(len(step_ids), *value.shape)
+            if isinstance(value, Sparse):
+                table.shapes[name] = tuple(value.shape)
+                group, bucket = np.asarray(value.group, np.int64), np.asarray(value.bucket, np.int64)
+                order = np.lexsort((bucket, group))
+                values = np.asarray(value.values, dtype=np.float64)[order]
+                hit = _hits(reduction, values)
+                table.sparse[name] = (step_ids[group[order][hit]], bucket[order][hit], values[hit])
+                continue
+            array = np.asarray(value, dtype=np.float64).reshape(len(step_ids), *np.shape(value)[1:])
+            shape = array.shape[1:]
+            table.shapes[name] = shape
+            if math.prod(shape) <= SPARSE_MIN:
+                table.dense[name] = array
+                continue
+            tail = _tail(reduction)
+            flat = array.reshape(len(step_ids), -1, *tail)
+            group, bucket = np.nonzero(_hits(reduction, flat))
+            table.sparse[name] = (step_ids[group], bucket.astype(np.int64), flat[group, bucket])
+        return table
+
+    # -- merging -----------------------------------------------------------------------------------
+    def merged(self, other: StateTable) -> StateTable:
+        """This table merged with ``other`` (each step's state: reduce(mine, theirs), as merge_states)."""
+        if not other.steps.shape[0] and not other.ragged:
+            return self
+        if not self.shapes:
+            return other
+        if self.steps.shape[0] and other.steps.shape[0] and other.steps[0] > self.steps[-1]:
+            steps = np.concatenate([self.steps, other.steps])
+            dense = {name: np.concatenate([self.dense[name], other.dense[name]]) for name in self.dense}
+        else:
+            steps = np.union1d(self.steps, other.steps)
+            mine, theirs = np.searchsorted(steps, self.steps), np.searchsorted(steps, other.steps)
+            common = np.isin(other.steps, self.steps)
+            dense = {}
+            for name, column in self.dense.items():
+                reduction = self.reductions[name]
+                out = np.empty((steps.shape[0], *column.shape[1:]))
+                out[mine] = column
+                incoming = other.dense[name]
+                out[theirs[~common]] = incoming[~common]
+                at = theirs[common]
+                out[at] = _reduce(reduction, out[at], incoming[common])
+                dense[name] = out
+        sparse = {name: self._merge_sparse(name, other.sparse[name]) for name in self.sparse}
+        ragged = {}
+        for name, (step, values) in self.ragged.items():
+            their_step, their_values = other.ragged[name]
+            all_steps = np.concatenate([step, their_step])
+            order = np.argsort(all_steps, kind="stable")
+            ragged[name] = (all_steps[order], np.concatenate([values, their_values])[order])
+        return StateTable(self.reductions, self.shapes, steps, dense, sparse, ragged)
+
+    def _merge_sparse(self, name: str, theirs: tuple[np.ndarray, np.ndarray, np.ndarray]):
+        step, bucket, values = self.sparse[name]
+        their_step, their_bucket, their_values = theirs
+        if not their_step.shape[0]:
+            return step, bucket, values
+        if step.shape[0] and their_step[0] > step[-1]:
+            return (
+                np.concatenate([step, their_step]),
+                np.concatenate([bucket, their_bucket]),
+                np.concatenate([values, their_values]),
+            )
+        all_step = np.concatenate([step, their_step])
+        all_bucket = np.concatenate([bucket, their_bucket])
+        source = np.repeat(np.array([0, 1], np.int8), [step.shape[0], their_step.shape[0]])
+        order = np.lexsort((source, all_bucket, all_step))
+        all_step, all_bucket = all_step[order], all_bucket[order]
+        all_values = np.concatenate([values, their_values])[order]
+        same = (all_step[1:] == all_step[:-1]) & (all_bucket[1:] == all_bucket[:-1])
+        first = np.flatnonzero(same)  # each key is unique per table: duplicates come in (mine, theirs) pairs
+        all_values[first] = _reduce(self.reductions[name], all_values[first], all_values[first + 1])
+        keep = np.ones(all_step.shape[0], dtype=bool)
+        keep[first + 1] = False
+        return all_step[keep], all_bucket[keep], all_values[keep]
+
+    def subset(self, keep: np.ndarray) -> StateTable:
+        """The table of the steps where ``keep`` (bool [S]) holds."""
+        steps = self.steps[keep]
+        dense = {name: column[keep] for name, column in self.dense.items()}
+        sparse = {}
+        for name, (step, bucket, values) in self.sparse.items():
+            inside = np.isin(step, steps)
+            sparse[name] = (step[inside], bucket[inside], values[inside])
+        ragged = {}
+        for name, (step, values) in self.ragged.items():
+            inside = np.isin(step, steps)
+            ragged[name] = (step[inside], values[inside])
+        return StateTable(self.reductions, self.shapes, steps, dense, sparse, ragged)
+
+    def relabeled(self, rename: np.ndarray) -> StateTable:
+        """The table with every step s renamed ``rename[s]`` (one-to-one; the steps index ``rename``), re-sorted by
+        the new names: how ``--by`` keys (group, step) pairs by integers while it reads, then by the group's steps."""
+        steps = rename[self.steps]
+        order = np.argsort(steps, kind="stable")
+        dense = {name: column[order] for name, column in self.dense.items()}
+        sparse = {}
+        for name, (step, bucket, values) in self.sparse.items():
+            renamed = rename[step]
+            by_key = np.lexsort((bucket, renamed))
+            sparse[name] = (renamed[by_key], bucket[by_key], values[by_key])
+        ragged = {}
+        for name, (step, values) in self.ragged.items():
+            renamed = rename[step]
+            by_step = np.argsort(renamed, kind="stable")  # a step's rows keep their order
+            ragged[name] = (renamed[by_step], values[by_step])
+        return StateTable(self.reductions, self.shapes, steps[order], dense, sparse, ragged)
+
+    # -- reading -----------------------------------------------------------------------------------
+    def _blank(self, name: str, count: int | None = None) -> np.ndarray:
+        shape = self.shapes[name] if count is None else (count, *self.shapes[name])
+        return np.full(shape, IDENTITY[self.reductions[name]], dtype=np.float64)
+
+    def blocks(self, block: int = 4096) -> Iterator[tuple[list[int], dict[str, Any]]]:
+        """(steps, columns) of up to ``block`` consecutive steps: each field as one [B, ...] array (a list of B
+        arrays for ``concat``), wide fields made dense for these steps only (memory stays small)."""
+        bounds = {name: np.searchsorted(step, self.steps) for name, (step, _, _) in self.sparse.items()}
+        ragged_bounds = {name: np.searchsorted(step, self.steps) for name, (step, _) in self.ragged.items()}
+        steps = self.steps.tolist()
+        for begin in range(0, len(steps), block):
+            end = min(begin + block, len(steps))
+            columns: dict[str, Any] = {name: column[begin:end] for name, column in self.dense.items()}
+            for name, (step, bucket, values) in self.sparse.items():
+                out = self._blank(name, end - begin).reshape(end - begin, -1, *_tail(self.reductions[name]))
+                lo = bounds[name][begin]
+                hi = bounds[name][end] if end < len(steps) else step.shape[0]
+                row = np.searchsorted(self.steps, step[lo:hi]) - begin
+                out[row, bucket[lo:hi]] = values[lo:hi]
+                columns[name] = out.reshape(end - begin, *self.shapes[name])
+            for name, (step, values) in self.ragged.items():
+                last = ragged_bounds[name][end] if end < len(steps) else step.shape[0]
+                cuts = np.append(ragged_bounds[name][begin:end], last).tolist()
+                columns[name] = [values[lo:hi] for lo, hi in itertools.pairwise(cuts)]
+            yield steps[begin:end], {name: columns[name] for name in self.reductions}
+
+    def states(self, block: int = 4096) -> Iterator[tuple[int, State]]:
+        """(step, state) in step order."""
+        names = list(self.reductions)
+        for steps, columns in self.blocks(block):
+            for step, values in zip(steps, zip(*(list(columns[name]) for name in names), strict=True), strict=True):
+                yield step, dict(zip(names, values, strict=True))
+
+    def state(self, step: int) -> State:
+        """One step's state (dense arrays); KeyError when the step is not in the table."""
+        index = int(np.searchsorted(self.steps, step))
+        if index >= self.steps.shape[0] or self.steps[index] != step:
+            raise KeyError(step)
+        state: State = {name: column[index] for name, column in self.dense.items()}
+        for name, (steps, bucket, values) in self.sparse.items():
+            lo, hi = np.searchsorted(steps, step, side="left"), np.searchsorted(steps, step, side="right")
+            out = self._blank(name).reshape(-1, *_tail(self.reductions[name]))
+            out[bucket[lo:hi]] = values[lo:hi]
+            state[name] = out.reshape(self.shapes[name])
+        for name, (steps, values) in self.ragged.items():
+            lo, hi = np.searchsorted(steps, step, side="left"), np.searchsorted(steps, step, side="right")
+            state[name] = values[lo:hi]
+        return {name: state[name] for name in self.reductions}
+
+    def total(self) -> State | None:
+        """Every step's state merged (a run is every row as one batch); None without steps."""
+        if not self.steps.shape[0]:
+            return None
+        out: State = {}
+        for name, column in self.dense.items():
+            reduction = self.reductions[name]
+            out[name] = _tree_reduce(reduction, column, np.zeros(1, np.int64))[0]
+        for name, (step, bucket, values) in self.sparse.items():
+            reduction = self.reductions[name]
+            flat = self._blank(name).reshape(-1, *_tail(reduction))
+            if step.shape[0]:
+                order = np.lexsort((step, bucket))
+                sorted_bucket = bucket[order]
+                start = np.flatnonzero(np.r_[True, sorted_bucket[1:] != sorted_bucket[:-1]])
+                flat[sorted_bucket[start]] = _tree_reduce(reduction, values[order], start)
+            out[name] = flat.reshape(self.shapes[name])
+        for name, (_, values) in self.ragged.items():
+            out[name] = values
+        return {name: out[name] for name in self.reductions}
+
+    def nbytes(self) -> int:
+        """Bytes held by the arrays of the table."""
+        arrays = [self.steps, *self.dense.values()]
+        arrays += [a for entries in self.sparse.values() for a in entries]
+        arrays += [a for entries in self.ragged.values() for a in entries]
+        return sum(a.nbytes for a in arrays)
+
+
+class StepStates(MutableMapping):
+    """``accumulator.steps``: step -> state, a view of the accumulator's table (each state built on access)."""
+
+    def __init__(self, owner: StepAccumulator) -> None:
+        self.owner = owner
+
+    def __getitem__(self, step: int) -> State:
+        return self.owner.store.state(step)
+
+    def __contains__(self, step: object) -> bool:
+        steps = self.owner.store.steps
+        index = int(np.searchsorted(steps, step))  # type: ignore[arg-type]
+        return index < steps.shape[0] and steps[index] == step
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.owner.store.steps.tolist())
+
+    def __len__(self) -> int:
+        return int(self.owner.store.steps.shape[0])
+
+    def items(self):  # in step order, without a lookup per step
+        return list(self.owner.store.states())
+
+    def __setitem__(self, step: int, state: State) -> None:
+        """Replace one step's state."""
+        if step in self:
+            del self[step]
+        partial = {name: np.asarray(state[name], dtype=np.float64)[None] for name in self.owner.REDUCTIONS}
+        for name, reduction in self.owner.REDUCTIONS.items():
+            if reduction == "concat":
+                values = np.asarray(state[name], dtype=np.float64)
+                partial[name] = Ragged(values, np.zeros(values.shape[0], np.int64))
+        incoming = StateTable.from_groups(self.owner.REDUCTIONS, [step], partial)
+        self.owner.store = self.owner.store.merged(incoming)
+
+    def __delitem__(self, step: int) -> None:
+        if step not in self:
+            raise KeyError(step)
+        self.owner.store = self.owner.store.subset(self.owner.store.steps != step)
+
+
+_METRIC_NAMES: dict[str, str] = {}  # one string per metric name (see StepAccumulator.finalize_steps)
+Columns = dict[str, Any]  # a block of steps: field -> [B, ...] (a list of B arrays for ``concat``)
+# (steps that report the keys: bool [B], key -> value [B] or a scalar)
+KeyGroup = tuple[np.ndarray, dict[str, Any]]
+
+
 class StepAccumulator(ABC):
-    """Base of every metric family. Subclasses declare ``REDUCTIONS`` and write ``_stats``/``_finalize``."""
+    """Base of every metric family. Subclasses declare ``REDUCTIONS`` and write ``_stats``/``_finalize``.
+
+    The per-step states live in one :class:`StateTable` (``store``); ``steps`` is a step -> state view of it."""
 
     REDUCTIONS: ClassVar[dict[str, str]] = {}
 
     def __init__(self) -> None:
-        self.steps: dict[int, State] = {}
+        self.store = StateTable.empty(self.REDUCTIONS)
+
+    @property
+    def steps(self) -> StepStates:
+        return StepStates(self)
 
     # -- to write in a family --------------------------------------------------------------------
     @abstractmethod
-    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor | list[np.ndarray]]:
-        """Partial state of each step group of ``chunk``: name -> tensor [G, ...] (or a list of G arrays)."""
+    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor | np.ndarray | Ragged]:
+        """Partial state of each step group of ``chunk``: name -> tensor [G, ...] (a Ragged for ``concat``)."""
 
     @abstractmethod
     def _finalize(self, state: State) -> dict[str, float]:
@@ -118,29 +462,57 @@ class StepAccumulator(ABC):
             name: value.cpu().numpy() if isinstance(value, torch.Tensor) else value
             for name, value in self._stats(chunk).items()
         }
-        for group, step in enumerate(chunk.groups.steps):
-            state = {name: np.array(value[group], dtype=np.float64) for name, value in partial.items()}
-            current = self.steps.get(step)
-            self.steps[step] = state if current is None else merge_states(current, state, self.REDUCTIONS)
+        self.store = self.store.merged(StateTable.from_groups(self.REDUCTIONS, chunk.groups.steps, partial))
 
     def merge(self, other: StepAccumulator) -> None:
-        for step, state in other.steps.items():
-            current = self.steps.get(step)
-            self.steps[step] = state if current is None else merge_states(current, state, self.REDUCTIONS)
+        self.store = self.store.merged(other.store)
 
     def run_state(self) -> State | None:
-        merged: State | None = None
-        for step in sorted(self.steps):
-            state = self.steps[step]
-            merged = state if merged is None else merge_states(merged, state, self.REDUCTIONS)
-        return merged
+        return self.store.total()
+
+    def _finalize_columns(self, columns: Columns) -> list[KeyGroup] | None:
+        """``_finalize`` of a block of steps at once, where a family writes it (None: ``_finalize`` step by step).
+        ``columns``: each field as [B, ...]; returns key groups in ``_finalize``'s key order, each (steps that
+        report these keys: bool [B], key -> value [B]). Same float64 operations, so the same digits."""
+        return None
 
     def finalize_steps(self) -> dict[int, dict[str, float]]:
-        return {step: self._finalize(self.steps[step]) for step in sorted(self.steps)}
+        # every step's metric names built once: a family builds its keys per call, and 200 000 steps would
+        # hold 200 000 copies of each name
+        keys = _METRIC_NAMES
+        out: dict[int, dict[str, float]] = {}
+        for steps, columns in self.store.blocks():
+            groups = self._finalize_columns(columns)
+            if groups is None:
+                names = list(columns)
+                for step, values in zip(steps, zip(*(list(columns[n]) for n in names), strict=True), strict=True):
+                    finalized = self._finalize(dict(zip(names, values, strict=True)))
+                    out[step] = {keys.setdefault(name, name): value for name, value in finalized.items()}
+                continue
+            rows: list[dict[str, float]] = [{} for _ in steps]
+            for reports, values in groups:
+                index = np.flatnonzero(reports)
+                if not index.size or not values:
+                    continue
+                names = [keys.setdefault(name, name) for name in values]
+                count = len(steps)
+                matrix = np.column_stack(
+                    [np.broadcast_to(np.asarray(v, np.float64), (count,))[index] for v in values.values()]
+                )
+                for position, row in zip(index.tolist(), matrix.tolist(), strict=True):
+                    rows[position].update(zip(names, row, strict=True))
+            out.update(zip(steps, rows, strict=True))
+        return out
 
     def finalize_run(self) -> dict[str, float]:
         state = self.run_state()
         return {} if state is None else self._finalize(state)
+
+    def restricted(self, keep: np.ndarray) -> StepAccumulator:
+        """A shallow copy holding only the steps where ``keep`` (bool, one per step in order) holds."""
+        subset = copy.copy(self)
+        subset.store = self.store.subset(keep)
+        return subset
 
 
 def row_mean(row_sum: torch.Tensor, row_count: torch.Tensor) -> torch.Tensor:
@@ -191,6 +563,8 @@ def clamp20(values: torch.Tensor) -> torch.Tensor:
 
 
 def as_float(value: np.ndarray | float) -> float:
+    if isinstance(value, float):  # a step's scalar field is a numpy float64 (a float): no array round trip
+        return float(value)
     return float(np.asarray(value).reshape(()))
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from rollout_diag import catalogue
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import State, StepAccumulator, as_float, sample_std
+from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator, as_float, sample_std
 from rollout_diag.metrics.segments import stats
 
 PREFIX = catalogue.DEBUG_PREFIX
@@ -31,6 +32,28 @@ class DebugAccumulator(StepAccumulator):
             "probs_diff": s.group_moments("prob_diff", "prob_diff"),
             "probs": s.group_moments("trainer_prob", "rollout_prob"),
         }
+
+    def _finalize_columns(self, columns: Columns) -> list[KeyGroup]:
+        """``_finalize`` over a block of steps (the same float64 operations)."""
+        diff, probs = columns["probs_diff"], columns["probs"]
+        n, mean = diff[:, 0], diff[:, 1]
+        valid = n != 0
+        denominator = np.sqrt(probs[:, 3] * probs[:, 4])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            std = np.where(n >= 2, np.sqrt(np.maximum(diff[:, 3], 0.0) / (n - 1)), 0.0)
+            pearson = np.where(denominator > 0, np.minimum(np.maximum(probs[:, 5] / denominator, -1.0), 1.0), np.nan)
+        return [
+            (
+                np.ones(n.shape[0], dtype=bool),
+                {
+                    PREFIX + "rollout_probs_diff_valid": valid.astype(np.float64),
+                    PREFIX + "rollout_probs_diff_max": np.where(valid, columns["probs_diff_max"], np.nan),
+                    PREFIX + "rollout_probs_diff_mean": np.where(valid, mean, np.nan),
+                    PREFIX + "rollout_probs_diff_std": np.where(valid, std, np.nan),
+                    PREFIX + "rollout_actor_probs_pearson_corr": np.where(valid, pearson, np.nan),
+                },
+            )
+        ]
 
     def _finalize(self, state: State) -> dict[str, float]:
         n, mean = float(state["probs_diff"][0]), float(state["probs_diff"][1])

@@ -12,6 +12,7 @@ few example rows per hint in bounded top-K sets. Thresholds, also those applied 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -28,7 +29,7 @@ from rollout_diag.decisions.hints import (
     RowRef,
 )
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import State, StepAccumulator
+from rollout_diag.metrics.base import State, StateTable, StepAccumulator
 from rollout_diag.metrics.localize import POSITION_BUCKETS, TopK
 from rollout_diag.metrics.segments import ChunkStats, KernelStats, quantity, reduce_runs, stats
 
@@ -441,11 +442,31 @@ class HintEvidenceAccumulator(StepAccumulator):
             ]
         return Evidence(
             run=_named(run) if run is not None else {},
-            steps={step: _named(state) for step, state in sorted(self.steps.items())},
+            steps=_NamedSteps(self.store),
             examples=examples,
             lags={lag: [float(v) for v in sums] for lag, sums in sorted(self.lags.items())},
             has_versions=self.has_versions,
         )
+
+
+class _NamedSteps(Mapping):
+    """Each step's sums as ``_named`` gives them, built when read (a hint reads them only when it fires; a run can
+    have 200 000 steps)."""
+
+    def __init__(self, store: StateTable) -> None:
+        self.store = store
+
+    def __getitem__(self, step: int) -> dict[str, Any]:
+        return _named(self.store.state(step))
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.store.steps.tolist())
+
+    def __len__(self) -> int:
+        return int(self.store.steps.shape[0])
+
+    def items(self) -> Iterator[tuple[int, dict[str, Any]]]:  # type: ignore[override]
+        return ((step, _named(state)) for step, state in self.store.states())
 
 
 def _named(state: State) -> dict[str, Any]:

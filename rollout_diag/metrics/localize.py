@@ -7,6 +7,7 @@ not depend on chunking.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -16,12 +17,7 @@ import torch
 
 from rollout_diag import catalogue
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import (
-    EPS,
-    State,
-    StepAccumulator,
-    row_mean,
-)
+from rollout_diag.metrics.base import EPS, Columns, KeyGroup, State, StepAccumulator, row_mean
 from rollout_diag.metrics.segments import EXPONENT_MAX, EXPONENT_MIN, stats
 from rollout_diag.results import RowTokens, WorstRow, WorstToken
 
@@ -47,6 +43,7 @@ def delta_bin(delta: torch.Tensor) -> torch.Tensor:
     return torch.where(delta < 0, -magnitude, magnitude).add_(_LEVELS)
 
 
+@functools.cache  # one label string per bucket, shared by every step's rows
 def bucket_label(bucket: int) -> tuple[int, int, str]:
     """(first position, last position, label) of a log2 bucket."""
     if bucket == 0:
@@ -112,6 +109,29 @@ class PositionAccumulator(StepAccumulator):
             )
         return rows
 
+    def _finalize_columns(self, columns: Columns) -> list[KeyGroup]:
+        """``_finalize`` over a block of steps (the same float64 operations)."""
+        tokens, catastrophic = columns["token_count"].sum(axis=1), columns["catastrophic"].sum(axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = catastrophic / tokens
+        kept = tokens - catastrophic
+        count = len(tokens)
+        k3_kept = np.asarray(columns["k3_kept"], np.float64).reshape(count, -1).sum(axis=1)
+        chi2_kept = np.asarray(columns["chi2_kept"], np.float64).reshape(count, -1).sum(axis=1)
+        return [
+            (
+                tokens != 0,
+                {catalogue.CATASTROPHIC_TOKENS.key: catastrophic, catalogue.CATASTROPHIC_TOKEN_SHARE.key: share},
+            ),
+            (
+                (tokens != 0) & (kept > 0),  # token means over the kept tokens, as §1's T[·] (denominator + 1e-8)
+                {
+                    catalogue.K3_KL_WITHOUT_CATASTROPHIC.key: k3_kept / (kept + EPS),
+                    catalogue.CHI2_TOKEN_WITHOUT_CATASTROPHIC.key: chi2_kept / (kept + EPS) - 1.0,
+                },
+            ),
+        ]
+
     def _finalize(self, state: State) -> dict[str, float]:
         tokens = float(state["token_count"].sum())
         if tokens == 0:
@@ -131,8 +151,8 @@ class PositionAccumulator(StepAccumulator):
         """Run buckets first (step None), then each step's."""
         run = self.run_state()
         rows = [] if run is None else self.table(run, None)
-        for step in sorted(self.steps):
-            rows.extend(self.table(self.steps[step], step))
+        for step, state in self.store.states():
+            rows.extend(self.table(state, step))
         return rows
 
     def delta_histogram(self) -> dict[str, list[float]]:

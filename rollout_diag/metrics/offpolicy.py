@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from rollout_diag import catalogue
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import (
     EPS,
+    Columns,
+    KeyGroup,
     State,
     StepAccumulator,
     as_float,
@@ -21,6 +24,33 @@ from rollout_diag.metrics.base import (
 from rollout_diag.metrics.segments import stats
 
 PREFIX = catalogue.OFFPOLICY_PREFIX
+
+
+# the keys of a step, in the order _finalize gives them
+METRIC_ORDER = (
+    "training_ppl",
+    "training_log_ppl",
+    "rollout_ppl",
+    "rollout_log_ppl",
+    "kl",
+    "k3_kl",
+    "log_ppl_diff",
+    "log_ppl_abs_diff",
+    "log_ppl_diff_max",
+    "log_ppl_diff_min",
+    "ppl_ratio",
+    "chi2_token",
+    "chi2_seq",
+)
+ROW_AVERAGES = (
+    "training_ppl",
+    "training_log_ppl",
+    "rollout_ppl",
+    "rollout_log_ppl",
+    "log_ppl_diff",
+    "log_ppl_abs_diff",
+    "ppl_ratio",
+)
 
 
 class OffPolicyAccumulator(StepAccumulator):
@@ -74,6 +104,24 @@ class OffPolicyAccumulator(StepAccumulator):
             "chi2_seq": by_step(torch.exp(2.0 * clamp20(seq_log_ratio))),
             "abs_diff": s.group_sum("abs_log_ratio"),
         }
+
+    def _finalize_columns(self, columns: Columns) -> list[KeyGroup]:
+        """``_finalize`` over a block of steps (the same float64 operations)."""
+        rows, tokens = columns["rows"], columns["tokens"]
+        reports = (tokens != 0) & (rows != 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            metrics = {
+                **{name: columns[name] / rows for name in ROW_AVERAGES},
+                "kl": columns["kl"] / (tokens + EPS),
+                "k3_kl": columns["k3_kl"] / (tokens + EPS),
+                "log_ppl_diff_max": columns["log_ppl_diff_max"],
+                "log_ppl_diff_min": columns["log_ppl_diff_min"],
+                "chi2_token": columns["chi2_token"] / (tokens + EPS) - 1.0,
+                "chi2_seq": columns["chi2_seq"] / rows - 1.0,
+            }
+            out = {PREFIX + name: metrics[name] for name in METRIC_ORDER}
+            out[catalogue.LOGPROB_ABS_DIFF.key] = columns["abs_diff"] / (tokens + EPS)
+        return [(reports, out)]
 
     def _finalize(self, state: State) -> dict[str, float]:
         value = {name: as_float(array) for name, array in state.items()}

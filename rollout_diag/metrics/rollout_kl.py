@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from rollout_diag import catalogue
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import State, StepAccumulator, as_float, row_mean
+from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator, as_float, row_mean
 from rollout_diag.metrics.segments import stats
 
 PREFIX = catalogue.ROLLOUT_KL_PREFIX
@@ -36,6 +37,12 @@ class RolloutKLAccumulator(StepAccumulator):
         for name, (token_name, scale) in ESTIMATOR_TOKENS.items():
             out[name] = s.group_sum_rows(row_mean(s.row_sum(token_name) * scale, n))
         return out
+
+    def _finalize_columns(self, columns: Columns) -> list[KeyGroup]:
+        """``_finalize`` over a block of steps (the same float64 operations)."""
+        rows, tokens = columns["rows"], columns["tokens"]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return [((rows != 0) & (tokens != 0), {PREFIX + name: columns[name] / rows for name in ESTIMATORS})]
 
     def _finalize(self, state: State) -> dict[str, float]:
         rows, tokens = as_float(state["rows"]), as_float(state["tokens"])

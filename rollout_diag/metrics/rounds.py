@@ -14,7 +14,7 @@ import torch
 
 from rollout_diag import catalogue
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import State, StepAccumulator, as_float, segment_max
+from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator, as_float, segment_max
 from rollout_diag.metrics.segments import stats
 
 PREFIX = catalogue.ROUNDS_PREFIX
@@ -106,6 +106,37 @@ class RoundAccumulator(StepAccumulator):
                 }
             )
         return rows
+
+    def _finalize_columns(self, columns: Columns) -> list[KeyGroup]:
+        """``_finalize`` over a block of steps (the same float64 operations and the same choice of round)."""
+        tokens, seq_count = columns["token_count"], columns["seq_count"]
+        present = tokens > 0
+        groups: list[KeyGroup] = []
+        with np.errstate(divide="ignore", invalid="ignore"):
+            for k in np.flatnonzero(present.any(axis=0)).tolist():
+                n = tokens[:, k]
+                values = {
+                    "logprob_abs_diff_mean": columns["abs_diff"][:, k] / n,
+                    "token_count": n,
+                    "seq_count": seq_count[:, k],
+                    "k3_kl": columns["k3_kl"][:, k] / n,
+                    "kl": columns["kl"][:, k] / n,
+                    "chi2_token": columns["chi2_token"][:, k] / n - 1.0,
+                    "max_abs_diff": columns["max_abs_diff"][:, k],
+                }
+                groups.append((present[:, k], {f"{PREFIX}round_{k}/{name}": v for name, v in values.items()}))
+            any_round = present.any(axis=1)
+            groups.append((any_round, {PREFIX + "num_rounds_max": columns["num_rounds_max"]}))
+            # most_divergent_round: supported() and the highest mean |δ|, ties to the earliest round
+            most_tokens = np.where(present, tokens, -np.inf).max(axis=1, initial=-np.inf)
+            most_rows = np.where(present, seq_count, -np.inf).max(axis=1, initial=-np.inf)
+            min_tokens = np.minimum(SUPPORT_TOKENS, SUPPORT_SHARE * most_tokens)
+            min_rows = np.minimum(SUPPORT_ROWS, np.ceil(SUPPORT_SHARE * most_rows))
+            candidate = present & (tokens >= min_tokens[:, None]) & (seq_count >= min_rows[:, None])
+            means = np.where(candidate, columns["abs_diff"] / tokens, -np.inf)
+        best = np.argmax(means, axis=1).astype(np.float64)
+        groups.append((candidate.any(axis=1), {PREFIX + "most_divergent_round": best}))
+        return groups
 
     def _finalize(self, state: State) -> dict[str, float]:
         rows = self.table(state)

@@ -13,6 +13,8 @@ Shares are over model tokens (token options) or over rows with at least one mode
 
 from __future__ import annotations
 
+import bisect
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -21,7 +23,7 @@ import numpy as np
 import torch
 
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import EPS, State, StepAccumulator, sequence_share
+from rollout_diag.metrics.base import EPS, Ragged, State, StepAccumulator, sequence_share
 from rollout_diag.metrics.segments import stats
 
 BINS_PER_DECADE = 32
@@ -104,7 +106,7 @@ class SweepAccumulator(StepAccumulator):
             "positive": signed[:, :HISTOGRAM_BINS],
             "negative": signed[:, HISTOGRAM_BINS:],
             "tokens": s.group_sum_rows(n),
-            "rows": _ragged_by_group(rows[valid], groups.row_group[valid], groups.count),
+            "rows": Ragged(rows[valid].cpu().numpy(), groups.row_group[valid].cpu().numpy()),
         }
 
     def _finalize(self, state: State) -> dict[str, float]:
@@ -112,12 +114,6 @@ class SweepAccumulator(StepAccumulator):
 
     def table(self, state: State, targets: tuple[float, ...], curve: bool) -> list[dict[str, Any]]:
         return [_option_row(option, state, targets, curve) for option in OPTIONS]
-
-
-def _ragged_by_group(rows: torch.Tensor, group: torch.Tensor, count: int) -> list[np.ndarray]:
-    """Rows split by step group: a list (one array per group), merged by concatenation."""
-    host, owner = rows.cpu().numpy(), group.cpu().numpy()
-    return [host[owner == g] for g in range(count)]
 
 
 # ----------------------------------------------------------------------------------- finalize
@@ -160,6 +156,33 @@ def _parse_default(option: SweepOption) -> tuple[float, float]:
     return (lower, upper) if option.kind == "k1" else (-math.inf, upper)
 
 
+@functools.cache
+def _token_sides(option: SweepOption) -> tuple[tuple[np.ndarray, ...], np.ndarray, tuple[np.ndarray, ...]]:
+    """For a token option: the edge scores of each side (positive c, negative c), the candidate thresholds (every
+    edge score, and 0) and, per side, the tail index each candidate falls in. They depend on the option only, so a
+    sweep of 200 000 steps computes them once."""
+    if option.kind in ("is", "k1"):
+        scores: tuple[np.ndarray, ...] = (EDGES,) if option.kind == "is" else (EDGES, EDGES)
+    elif option.name.endswith("k2"):
+        scores = (0.5 * EDGES**2, 0.5 * EDGES**2)
+    else:
+        scores = (_k3(EDGES), _k3(-EDGES))
+    candidates = np.unique(np.concatenate([[0.0], *scores]))
+    holding = tuple(_holding(side, candidates) for side in scores)
+    return scores, candidates, holding
+
+
+@functools.cache
+def _score_lists(option: SweepOption) -> list[list[float]]:
+    """The edge scores of each side as Python lists (for bisect)."""
+    return [side.tolist() for side in _token_sides(option)[0]]
+
+
+def _holding(scores: np.ndarray, threshold: float | np.ndarray) -> Any:
+    """Index of the tail count above ``threshold`` on a side with these edge scores."""
+    return np.clip(np.searchsorted(scores, threshold, side="right") - 1, 0, HISTOGRAM_BINS)
+
+
 class _TokenShares:
     """Conservative share of tokens whose statistic exceeds a metric-space threshold, from c histograms.
 
@@ -174,28 +197,32 @@ class _TokenShares:
         def tail(counts: np.ndarray) -> np.ndarray:  # tokens in bins ≥ j, for j = 0 … HISTOGRAM_BINS
             return np.concatenate([np.cumsum(counts[::-1])[::-1], [0.0]])
 
-        if option.kind == "is":  # truncated: c > log U
-            self.sides = [(EDGES, tail(positive))]
-        elif option.kind == "k1":  # |c| > log U (L = 1/U)
-            self.sides = [(EDGES, tail(positive)), (EDGES, tail(negative))]
-        elif option.name.endswith("k2"):  # ½c² > U
-            self.sides = [(0.5 * EDGES**2, tail(positive)), (0.5 * EDGES**2, tail(negative))]
-        else:  # eᶜ − 1 − c > U, increasing in |c| on each side
-            self.sides = [(_k3(EDGES), tail(positive)), (_k3(-EDGES), tail(negative))]
+        self.option = option
+        self.scores, self.candidates, self.holding = _token_sides(option)
+        # IS: truncated, c > log U (positive side only); k1: |c| > log U (L = 1/U); k2: ½c² > U; k3: eᶜ − 1 − c > U
+        self.tails = (tail(positive),) if option.kind == "is" else (tail(positive), tail(negative))
+        self.candidate_shares: np.ndarray | None = None
 
     def share(self, threshold: float | np.ndarray) -> Any:
         """Upper bound of the share of tokens above ``threshold`` (a number or an array of them)."""
         total = 0.0
-        for scores, tails in self.sides:
-            holding = np.clip(np.searchsorted(scores, threshold, side="right") - 1, 0, HISTOGRAM_BINS)
-            total = total + tails[holding]
+        if isinstance(threshold, float):  # one number: bisect on the edge scores, as searchsorted does
+            for scores, tails in zip(_score_lists(self.option), self.tails, strict=True):
+                total = total + tails[min(max(bisect.bisect_right(scores, threshold) - 1, 0), HISTOGRAM_BINS)]
+            return total / self.tokens
+        for scores, tails in zip(self.scores, self.tails, strict=True):
+            total = total + tails[_holding(scores, threshold)]
         return total / self.tokens
 
     def threshold_for(self, target: float) -> float:
         """The smallest edge score whose share is at most ``target``: at most one bin above the exact one."""
-        candidates = np.unique(np.concatenate([[0.0], *(scores for scores, _ in self.sides)]))
-        passing = np.flatnonzero(self.share(candidates) <= target)
-        return float(candidates[passing[0]] if passing.size else candidates[-1])
+        if self.candidate_shares is None:  # the same sums as share(candidates), once for every target
+            total = 0.0
+            for tails, holding in zip(self.tails, self.holding, strict=True):
+                total = total + tails[holding]
+            self.candidate_shares = total / self.tokens
+        passing = np.flatnonzero(self.candidate_shares <= target)
+        return float(self.candidates[passing[0]] if passing.size else self.candidates[-1])
 
 
 def _option_row(option: SweepOption, state: State, targets: tuple[float, ...], curve: bool) -> dict[str, Any]:

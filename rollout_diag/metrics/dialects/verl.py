@@ -12,10 +12,11 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import State, StepAccumulator, as_float, clamp20, row_mean
+from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator, as_float, clamp20, row_mean
 from rollout_diag.metrics.debug import DebugAccumulator
 from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step
 from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
@@ -68,6 +69,16 @@ class ValidRowsAccumulator(StepAccumulator):
         out["log_ppl_diff_max"] = by_step(s, torch.where(valid, diff, -torch.inf), "max")
         out["log_ppl_diff_min"] = by_step(s, torch.where(valid, diff, torch.inf), "min")
         return out
+
+    def _finalize_columns(self, columns: Columns) -> list[KeyGroup]:
+        """``_finalize`` over a block of steps (the same float64 operations)."""
+        rows = columns["valid_rows"]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = {f"rollout_corr/{name}{VALID}": columns[name] / rows for name in ROW_METRICS}
+            out[f"rollout_corr/chi2_seq{VALID}"] = out[f"rollout_corr/chi2_seq{VALID}"] - 1.0
+        out[f"rollout_corr/log_ppl_diff_max{VALID}"] = columns["log_ppl_diff_max"]
+        out[f"rollout_corr/log_ppl_diff_min{VALID}"] = columns["log_ppl_diff_min"]
+        return [(rows != 0, out)]
 
     def _finalize(self, state: State) -> dict[str, float]:
         rows = as_float(state["valid_rows"])
@@ -122,15 +133,18 @@ def _has_tokens(values: dict[str, float]) -> bool:
 def dilution(run: dict[str, float]) -> tuple[str, float, float] | None:
     """(metric, verl's value, valid-rows value) of the row mean the empty rows moved most, relatively."""
     moved = []
-    for name in (*ROW_METRICS, "log_ppl_diff_max", "log_ppl_diff_min"):
+    for index, name in enumerate((*ROW_METRICS, "log_ppl_diff_max", "log_ppl_diff_min")):
         verl_value, valid_value = run.get(f"rollout_corr/{name}"), run.get(f"rollout_corr/{name}{VALID}")
         if verl_value is None or valid_value is None or not math.isfinite(verl_value - valid_value):
             continue
         scale = max(abs(valid_value), 1e-300)
-        moved.append((abs(verl_value - valid_value) / scale, name, verl_value, valid_value))
+        # the empty rows scale every plain row mean by the same factor: moves equal to 9 digits are a tie (rounding
+        # would pick by chunking), won by the first metric in the list
+        relative = float(f"{abs(verl_value - valid_value) / scale:.9g}")
+        moved.append((relative, -index, name, verl_value, valid_value))
     if not moved:
         return None
-    _, name, verl_value, valid_value = max(moved)
+    _, _, name, verl_value, valid_value = max(moved)
     return f"rollout_corr/{name}", verl_value, valid_value
 
 
