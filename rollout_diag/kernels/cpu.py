@@ -310,23 +310,6 @@ def segment_count_above(trainer: np.ndarray, rollout: np.ndarray, raw: np.ndarra
 
 
 @njit(**_FLAGS)
-def terms_within(trainer: np.ndarray, rollout: np.ndarray, raw: np.ndarray, length: np.ndarray, bound: float):
-    """Per model token, in segment order [2, M]: the k3 term expm1(δ) − δ and the χ² term exp(2·clamp20(δ)) where
-    |δ| ≤ bound, else 0 (the key metrics without the catastrophic tokens; formulas as the k3 and chi2_term
-    quantities). The caller sums them per segment with numpy's reduceat, the order the torch engine sums in."""
-    out = np.zeros((2, length.sum()))
-    k = 0
-    for s in range(raw.shape[0]):
-        for t in range(raw[s], raw[s] + length[s]):
-            d = trainer[t] - rollout[t]
-            if abs(d) <= bound:
-                out[0, k] = math.expm1(d) - d
-                out[1, k] = math.exp(2.0 * min(max(d, -CLAMP), CLAMP))
-            k += 1
-    return out
-
-
-@njit(**_FLAGS)
 def _value(q: int, a: float, r: float) -> float:
     """Kernel quantity ``q`` (a column of QUANTITIES) of one model token."""
     d = a - r

@@ -754,15 +754,7 @@ class KernelStats(ChunkStats):
             bound = self._bounds.get(name)
             within = self._within.get(name)
             if within is not None and within[0] in ("k3", "chi2_term"):
-                trainer, rollout = self._raw
-                raw, _, length, *_ = self._layout
-                terms = compiled().terms_within(trainer, rollout, raw, length, within[1])
-                starts = np.cumsum(length) - length
-                for column, quantity in enumerate(("k3", "chi2_term")):  # one pass gives both: keep both
-                    kept = self.within(quantity, within[1])
-                    self._sums[kept] = torch.from_numpy(
-                        np.add.reduceat(terms[column], starts) if len(starts) else starts * 0.0
-                    )
+                self._sums.update(self._kept_sums(within[1]))
                 found = self._sums[name]
             elif bound is not None:
                 trainer, rollout = self._raw
@@ -774,6 +766,26 @@ class KernelStats(ChunkStats):
                     return super().segment_sum(name)
             self._sums[name] = found
         return found
+
+    def _kept_sums(self, bound: float) -> dict[str, torch.Tensor]:
+        """Segment sums of k3 and of the χ² term over the tokens with |δ| ≤ bound. A segment without a catastrophic
+        token keeps the fused pass's sums; the few segments with one are summed again from their tokens, with the
+        torch engine's formulas and reduceat's order, so both engines give the same digits."""
+        k3, chi2 = self.segment_sum("k3").clone(), self.segment_sum("chi2_term").clone()
+        affected = np.flatnonzero(self.segment_sum(self.catastrophic(bound)).numpy() > 0)
+        if affected.size:
+            trainer, rollout = self._raw
+            raw, _, length, *_ = self._layout
+            lengths = length[affected]
+            firsts = np.cumsum(lengths) - lengths  # each affected segment's first token in the gathered run
+            index = np.repeat(raw[affected] - firsts, lengths) + np.arange(int(lengths.sum()))
+            delta = torch.from_numpy(trainer[index] - rollout[index])
+            kept = delta.abs() <= bound
+            k3_terms = torch.where(kept, token_expm1(delta) - delta, 0.0)
+            chi2_terms = torch.where(kept, token_exp(clamp20(delta) * 2.0), 0.0)
+            k3[affected] = torch.from_numpy(np.add.reduceat(k3_terms.numpy(), firsts))
+            chi2[affected] = torch.from_numpy(np.add.reduceat(chi2_terms.numpy(), firsts))
+        return {self.within("k3", bound): k3, self.within("chi2_term", bound): chi2}
 
     def segment_max(self, name: str) -> torch.Tensor:
         found = self._maxima.get(name)
