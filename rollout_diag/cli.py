@@ -1120,7 +1120,18 @@ def check(
     ] = CheckFormat.table,
     output: OutputOpt = None,
     junit: Annotated[
-        Path | None, typer.Option("--junit", help="Also write JUnit XML here (one testcase per gate and step).")
+        Path | None,
+        typer.Option("--junit", help="Also write JUnit XML here (one testcase per gate, step and --by group)."),
+    ] = None,
+    by: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--by",
+            help="Judge every gate on each group of rows too (a per-row column such as env_name, or "
+            "COLUMN:sign / COLUMN:bins=E1,E2; with --per-step, each group's steps); a failing group fails the "
+            "check. Repeatable. README, 'Which environment diverges?'.",
+            metavar="COLUMN[:sign|:bins=E1,E2]",
+        ),
     ] = None,
     column: ColumnOpt = None,
     device: DeviceOpt = "auto",
@@ -1136,6 +1147,7 @@ def check(
     Examples:
       rollout-diag check run/ --gates default
       rollout-diag check run/ --max rollout_corr/k3_kl=1e-3 --junit gates.xml
+      rollout-diag check run/ --gates default --by env_name --per-step
     """
     refuse_overwriting_inputs({"output": output, "junit": junit}, inputs, gates if gates != "default" else None)
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device)
@@ -1145,7 +1157,7 @@ def check(
 
     chosen = chosen_gates(gates, max_, min_)
     with progress_bar(inputs) as progress:
-        result = check_run(dump, chosen, per_step=per_step, progress=progress)
+        result = check_run(dump, chosen, per_step=per_step, progress=progress, by=by or ())
     if junit is not None:
         from rollout_diag.io.outputs import write_text
 

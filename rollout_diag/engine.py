@@ -18,7 +18,7 @@ from rollout_diag.decisions.diff import DEFAULT_LEVEL, DEFAULT_REPLICATES, DEFAU
 from rollout_diag.distributed import analyze_parts, check_workers
 from rollout_diag.dump import reads_dump
 from rollout_diag.errors import ConfigError, DataError, option_name, where
-from rollout_diag.groups import GroupSpec, group_specs
+from rollout_diag.groups import GroupLabels, GroupSpec, group_name, group_specs
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, ReadLog
 from rollout_diag.metrics.base import StepAccumulator, row_mean
@@ -347,6 +347,7 @@ class RowPass:
     log: ReadLog
     device: torch.device
     strict: bool
+    labels: GroupLabels | None = None  # --by: each row's group, to restrict the row statistics to a group
 
     def result(self, steps: StepRange | None = None) -> AnalysisResult:
         """The AnalysisResult of the steps in ``steps`` (all steps when None; worst rows/tokens only then)."""
@@ -355,6 +356,13 @@ class RowPass:
 
     def row_stats(self, steps: StepRange | None = None) -> RowStats:
         rows = self.rows.finalize()
+        return rows if steps is None else rows.in_steps(*steps)
+
+    def group_rows(self, column: str, value: Any, steps: StepRange | None = None) -> RowStats:
+        """The per-row statistics of the rows in group ``value`` of the ``--by`` spec ``column`` (in ``steps``)."""
+        rows = self.rows.finalize()
+        assert self.labels is not None, "row_pass(by=...) records the groups"
+        rows = rows.select(self.labels.mask(column, value))
         return rows if steps is None else rows.in_steps(*steps)
 
 
@@ -373,6 +381,15 @@ def _restricted(analysis: Analysis, steps: StepRange) -> Analysis:
             family.steps = {step: state for step, state in value.steps.items() if keep(step)}
             setattr(subset, name, family)
     subset.worst = WorstTracker(analysis.top_k, analysis.catastrophic)
+    subset.grouped = []
+    for grouped in analysis.grouped:  # families keyed by (group, step)
+        part = copy.copy(grouped)
+        for name, value in vars(grouped).items():
+            if isinstance(value, StepAccumulator):
+                family = copy.copy(value)
+                family.steps = {key: state for key, state in value.steps.items() if keep(key[1])}
+                setattr(part, name, family)
+        subset.grouped.append(part)
     subset.empty_rows = [entry for entry in analysis.empty_rows if keep(entry[0])]
     if not subset.offpolicy.steps:
         present = sorted(analysis.offpolicy.steps)
@@ -395,15 +412,20 @@ def row_pass(
     strict: bool = False,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     progress: Progress | None = None,
+    by: Sequence[str | GroupSpec] = (),
 ) -> RowPass:
     """Read ``inputs`` once into the analysis and the per-row statistics (with each preset's dropped tokens per
-    row). Raises RolloutDiagError for bad input or options."""
+    row); ``by``: also the key families per group and each row's group. Raises RolloutDiagError for bad input or
+    options."""
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
-    analysis = Analysis()
+    specs = group_specs(by, reader)
+    analysis = Analysis(by=specs)
     rows = RowStatsCollector(presets)
-    run_chunks(reader, [analysis.update, rows.update], torch_device, progress, analysis.prepare)
-    return RowPass(analysis, rows, reader.log, torch_device, strict)
+    labels = GroupLabels(specs) if specs else None
+    updates = [analysis.update, rows.update, *([labels.update] if labels else [])]
+    run_chunks(reader, updates, torch_device, progress, analysis.prepare)
+    return RowPass(analysis, rows, reader.log, torch_device, strict, labels)
 
 
 @reads_dump
@@ -417,17 +439,26 @@ def check_run(
     strict: bool = False,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     progress: Progress | None = None,
+    by: Sequence[str | GroupSpec] = (),
 ) -> CheckResult:
-    """Every gate (see :mod:`rollout_diag.decisions.check`) on the run and, with ``per_step``, on every step.
-    Raises RolloutDiagError for bad input, an unknown metric or no gate."""
+    """Every gate (see :mod:`rollout_diag.decisions.check`) on the run and, with ``per_step``, on every step;
+    ``by`` (``env_name``, ``reward:sign``, …): on each group's run metrics (and steps) too, the group named in
+    each such outcome. Raises RolloutDiagError for bad input, an unknown metric or no gate."""
     if not gates:
         raise ConfigError(
             "no gate given.",
             hint=f"add {option_name('max')} NAME=VALUE, {option_name('min')} NAME=VALUE or "
             f"{option_name('gates')} FILE|default.",
         )
-    done = row_pass(inputs, columns=columns, device=device, strict=strict, chunk_tokens=chunk_tokens, progress=progress)
-    return check(done.result(), gates, per_step=per_step, rows=done.row_stats())
+    done = row_pass(
+        inputs, columns=columns, device=device, strict=strict, chunk_tokens=chunk_tokens, progress=progress, by=by
+    )
+    result = done.result()
+    groups = [
+        (group_name(group.column, group.value), group, done.group_rows(group.column, group.value))
+        for group in result.groups
+    ]
+    return check(result, gates, per_step=per_step, rows=done.row_stats(), groups=groups)
 
 
 def parse_step_range(text: str | None, option: str) -> StepRange | None:
