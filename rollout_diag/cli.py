@@ -1195,6 +1195,16 @@ def diff(
     replicates: Annotated[int, typer.Option("--replicates", help="Bootstrap resamples of the rows.")] = 1000,
     level: Annotated[float, typer.Option("--level", help="Level of the interval of B − A.")] = 0.95,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap (same seed, same interval).")] = 0,
+    by: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--by",
+            help="Also compare each group of rows present in A or B (a per-row column such as env_name, or "
+            "COLUMN:sign / COLUMN:bins=E1,E2): its key metrics in A and B and the interval of B − A over its rows "
+            "alone, the largest change of k3_kl first. Repeatable.",
+            metavar="COLUMN[:sign|:bins=E1,E2]",
+        ),
+    ] = None,
     format: Annotated[RowFormat, typer.Option("--format", "-f", help="table (terminal) or json.")] = RowFormat.table,
     output: OutputOpt = None,
     column: ColumnOpt = None,
@@ -1212,6 +1222,7 @@ def diff(
     Examples:
       rollout-diag diff before/ after/
       rollout-diag diff run/ --steps-a 0:99 --steps-b 100:199 -f json
+      rollout-diag diff before/ after/ --by env_name
     """
     from rollout_diag.engine import diff_runs, parse_step_range
     from rollout_diag.render.decisions import diff_tables
@@ -1235,6 +1246,7 @@ def diff(
             strict=strict,
             chunk_tokens=chunk_tokens,
             progress=progress,
+            by=by or (),
         )
     if format is RowFormat.json:
         emit(to_json_text(result.to_json()), output)

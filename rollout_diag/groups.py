@@ -379,6 +379,8 @@ class GroupLabels:
         """bool [rows]: the rows in group ``value`` of the spec labelled ``column``."""
         index = next(i for i, spec in enumerate(self.specs) if spec.label == column)
         parts = self.parts[index]
-        ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        if len(parts) != 1:  # joined once
+            parts[:] = [np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)]
+        ids = parts[0]
         wanted = self.ids[index].get(value)
         return ids == wanted if wanted is not None else np.zeros(ids.shape, dtype=bool)

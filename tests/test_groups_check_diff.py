@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from rollout_diag import analyze
 from rollout_diag.cli import app
 from rollout_diag.decisions.check import MAX, Gate, load_gates
-from rollout_diag.engine import check_run
+from rollout_diag.engine import check_run, diff_runs
 from rollout_diag.groups import group_name
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
@@ -120,3 +120,78 @@ def test_check_table_names_the_failing_group(dump):
     )
     assert result.exit_code == 3
     assert "FAIL: 1 of 5 checks failed" in result.output and worst in result.output
+
+
+# ----------------------------------------------------------------------------------------- diff --by
+def same_metric(mine, theirs, where: str) -> None:
+    for name in ("a", "b", "difference", "low", "high"):
+        assert close(getattr(mine, name), getattr(theirs, name)), (where, mine.metric, name)
+    assert mine.verdict == theirs.verdict, (where, mine.metric)
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory) -> tuple[Path, pa.Table, Path, pa.Table]:
+    folder = tmp_path_factory.mktemp("bydiff")
+    a = env_table(0)
+    b = env_table(1)
+    b = b.filter(pc.fill_null(pc.not_equal(b.column("env_name"), "search"), True))  # no 'search' row in B
+    return write_table(folder / "a.parquet", a, row_group_size=13), a, write_table(folder / "b.parquet", b), b
+
+
+def test_each_group_equals_diffing_the_filtered_files(two_runs, tmp_path):
+    path_a, a, path_b, b = two_runs
+    result = diff_runs(path_a, path_b, by=["env_name"], device="cpu", replicates=200, seed=3)
+    plain = diff_runs(path_a, path_b, device="cpu", replicates=200, seed=3)
+    for mine, theirs in zip(result.metrics, plain.metrics, strict=True):  # all rows: as without --by
+        same_metric(mine, theirs, "all rows")
+    assert {g.value for g in result.groups} == {*ENVS, None}
+    for value in ("math", "code", None):
+        group = next(g for g in result.groups if g.value == value)
+        alone = diff_runs(
+            filtered(a, value, tmp_path, f"a{value}"),
+            filtered(b, value, tmp_path, f"b{value}"),
+            device="cpu",
+            replicates=200,
+            seed=3,
+        )
+        assert (group.rows_a, group.rows_b) == (alone.a.result.run.rows, alone.b.result.run.rows)
+        assert (group.tokens_a, group.tokens_b) == (alone.a.result.run.tokens, alone.b.result.run.tokens)
+        assert [m.metric for m in group.metrics] == [m.metric for m in alone.metrics]
+        for mine, theirs in zip(group.metrics, alone.metrics, strict=True):
+            same_metric(mine, theirs, str(value))
+    search = next(g for g in result.groups if g.value == "search")
+    assert search.rows_b == 0 and all(math.isnan(m.b) and m.verdict == "n/a" for m in search.metrics)
+    changes = [g.change for g in result.groups if math.isfinite(g.change)]
+    assert changes == sorted(changes, reverse=True) and result.groups[-1].value == "search"
+
+
+def test_one_dump_split_by_steps_groups_equal_the_filtered_file(dump, tmp_path):
+    path, table = dump
+    result = diff_runs(path, steps_a=(0, 1), steps_b=(2, 4), by=["env_name"], device="cpu", replicates=100)
+    for group in result.groups:
+        alone = diff_runs(
+            filtered(table, group.value, tmp_path, str(group.value)),
+            steps_a=(0, 1),
+            steps_b=(2, 4),
+            device="cpu",
+            replicates=100,
+        )
+        assert (group.rows_a, group.rows_b) == (alone.a.result.run.rows, alone.b.result.run.rows)
+        for mine, theirs in zip(group.metrics, alone.metrics, strict=True):
+            same_metric(mine, theirs, str(group.value))
+
+
+def test_diff_by_json_validates_and_the_table_lists_the_groups(two_runs, tmp_path):
+    path_a, _, path_b, _ = two_runs
+    out = tmp_path / "diff.json"
+    args = ["diff", str(path_a), str(path_b), "--device", "cpu", "--replicates", "100", "--by", "env_name"]
+    result = runner.invoke(app, [*args, "-f", "json", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    document = json.loads(out.read_text())
+    jsonschema.validate(document, json.loads((SCHEMAS / "diff.schema.json").read_text()))
+    assert {g["value"] for g in document["groups"]} == {*ENVS, None}
+    assert all(len(g["metrics"]) == len(document["metrics"]) for g in document["groups"])
+    table = runner.invoke(app, args, env={"COLUMNS": "220"})
+    assert table.exit_code == 0, table.output
+    assert "By env_name, B against A" in table.output
+    assert all(name in table.output for name in (*ENVS, "(null)"))
