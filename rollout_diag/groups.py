@@ -368,13 +368,6 @@ class GroupLabels:
                 row_ids[row] = found
             self.parts[index].append(row_ids)
 
-    def merge(self, other: GroupLabels) -> None:
-        for index in range(len(self.specs)):
-            remap = np.array(
-                [self.ids[index].setdefault(value, len(self.ids[index])) for value in other.ids[index]], dtype=np.int64
-            )
-            self.parts[index].extend(remap[part] for part in other.parts[index])
-
     def mask(self, column: str, value: ExtraValue) -> np.ndarray:
         """bool [rows]: the rows in group ``value`` of the spec labelled ``column``."""
         index = next(i for i, spec in enumerate(self.specs) if spec.label == column)

@@ -195,3 +195,14 @@ def test_diff_by_json_validates_and_the_table_lists_the_groups(two_runs, tmp_pat
     assert table.exit_code == 0, table.output
     assert "By env_name, B against A" in table.output
     assert all(name in table.output for name in (*ENVS, "(null)"))
+
+
+def test_an_unknown_by_column_is_a_one_line_error(two_runs):
+    path_a, _, path_b, _ = two_runs
+    for args in (
+        ["check", str(path_a), "--max", "k3_kl=1", "--by", "env"],
+        ["diff", str(path_a), str(path_b), "--by", "env"],
+    ):
+        result = runner.invoke(app, [*args, "--device", "cpu"])
+        assert result.exit_code == 1, result.output
+        assert "--by env: no per-row column 'env'" in result.output and "Traceback" not in result.output
