@@ -206,3 +206,14 @@ def test_an_unknown_by_column_is_a_one_line_error(two_runs):
         result = runner.invoke(app, [*args, "--device", "cpu"])
         assert result.exit_code == 1, result.output
         assert "--by env: no per-row column 'env'" in result.output and "Traceback" not in result.output
+
+
+def test_group_outcomes_do_not_depend_on_the_chunk_size(dump):
+    path, _ = dump
+    gates = [*load_gates("default"), Gate(K3, MAX, 1e-3)]
+    big = check_run(path, gates, per_step=True, by=["env_name", "reward:sign"], device="cpu")
+    small = check_run(path, gates, per_step=True, by=["env_name", "reward:sign"], device="cpu", chunk_tokens=37)
+    assert [(o.gate, o.group, o.step, o.status) for o in big.outcomes] == [
+        (o.gate, o.group, o.step, o.status) for o in small.outcomes
+    ]
+    assert all(close(x.value, y.value) for x, y in zip(big.outcomes, small.outcomes, strict=True))
