@@ -1124,7 +1124,18 @@ def check(
     ] = CheckFormat.table,
     output: OutputOpt = None,
     junit: Annotated[
-        Path | None, typer.Option("--junit", help="Also write JUnit XML here (one testcase per gate and step).")
+        Path | None,
+        typer.Option("--junit", help="Also write JUnit XML here (one testcase per gate, step and --by group)."),
+    ] = None,
+    by: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--by",
+            help="Judge every gate on each group of rows too (a per-row column such as env_name, or "
+            "COLUMN:sign / COLUMN:bins=E1,E2; with --per-step, each group's steps); a failing group fails the "
+            "check. Repeatable. README, 'Which environment diverges?'.",
+            metavar="COLUMN[:sign|:bins=E1,E2]",
+        ),
     ] = None,
     column: ColumnOpt = None,
     device: DeviceOpt = "auto",
@@ -1140,6 +1151,7 @@ def check(
     Examples:
       rollout-diag check run/ --gates default
       rollout-diag check run/ --max rollout_corr/k3_kl=1e-3 --junit gates.xml
+      rollout-diag check run/ --gates default --by env_name --per-step
     """
     refuse_overwriting_inputs({"output": output, "junit": junit}, inputs, gates if gates != "default" else None)
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device)
@@ -1149,7 +1161,7 @@ def check(
 
     chosen = chosen_gates(gates, max_, min_)
     with progress_bar(inputs) as progress:
-        result = check_run(dump, chosen, per_step=per_step, progress=progress)
+        result = check_run(dump, chosen, per_step=per_step, progress=progress, by=by or ())
     if junit is not None:
         from rollout_diag.io.outputs import write_text
 
@@ -1187,6 +1199,16 @@ def diff(
     replicates: Annotated[int, typer.Option("--replicates", help="Bootstrap resamples of the rows.")] = 1000,
     level: Annotated[float, typer.Option("--level", help="Level of the interval of B − A.")] = 0.95,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap (same seed, same interval).")] = 0,
+    by: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--by",
+            help="Also compare each group of rows present in A or B (a per-row column such as env_name, or "
+            "COLUMN:sign / COLUMN:bins=E1,E2): its key metrics in A and B and the interval of B − A over its rows "
+            "alone, the largest change of k3_kl first. Repeatable.",
+            metavar="COLUMN[:sign|:bins=E1,E2]",
+        ),
+    ] = None,
     format: Annotated[RowFormat, typer.Option("--format", "-f", help="table (terminal) or json.")] = RowFormat.table,
     output: OutputOpt = None,
     column: ColumnOpt = None,
@@ -1205,6 +1227,7 @@ def diff(
     Examples:
       rollout-diag diff before/ after/
       rollout-diag diff run/ --steps-a 0:99 --steps-b 100:199 -f json
+      rollout-diag diff before/ after/ --by env_name
     """
     from rollout_diag.engine import diff_runs, parse_step_range
     from rollout_diag.render.decisions import diff_tables
@@ -1228,6 +1251,7 @@ def diff(
             strict=strict,
             chunk_tokens=chunk_tokens,
             progress=progress,
+            by=by or (),
         )
     if format is RowFormat.json:
         emit(to_json_text(result.to_json()), output)

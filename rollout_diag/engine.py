@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from numbers import Integral
 from pathlib import Path
 from typing import Any
@@ -14,11 +15,21 @@ import torch
 
 from rollout_diag.decisions.analysis import judge_analysis
 from rollout_diag.decisions.check import CheckResult, Gate, check
-from rollout_diag.decisions.diff import DEFAULT_LEVEL, DEFAULT_REPLICATES, DEFAULT_SEED, DiffResult, DiffSide, diff
+from rollout_diag.decisions.diff import (
+    DEFAULT_LEVEL,
+    DEFAULT_REPLICATES,
+    DEFAULT_SEED,
+    DiffResult,
+    DiffSide,
+    GroupSide,
+    diff,
+    diff_group,
+    sort_group_diffs,
+)
 from rollout_diag.distributed import AUTO, Workers, analyze_parts, check_workers, resolve_workers
 from rollout_diag.dump import reads_dump
 from rollout_diag.errors import ConfigError, DataError, option_name, where
-from rollout_diag.groups import GroupSpec, group_specs
+from rollout_diag.groups import GroupLabels, GroupSpec, group_name, group_specs
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, ReadLog
 from rollout_diag.metrics.base import StepAccumulator, row_mean
@@ -349,14 +360,26 @@ class RowPass:
     log: ReadLog
     device: torch.device
     strict: bool
+    labels: GroupLabels | None = None  # --by: each row's group, to restrict the row statistics to a group
 
     def result(self, steps: StepRange | None = None) -> AnalysisResult:
         """The AnalysisResult of the steps in ``steps`` (all steps when None; worst rows/tokens only then)."""
         analysis = self.analysis if steps is None else _restricted(self.analysis, steps)
         return build_result(analysis, self.log, self.device, self.strict)
 
+    @cached_property
+    def all_rows(self) -> RowStats:
+        return self.rows.finalize()
+
     def row_stats(self, steps: StepRange | None = None) -> RowStats:
-        rows = self.rows.finalize()
+        rows = self.all_rows
+        return rows if steps is None else rows.in_steps(*steps)
+
+    def group_rows(self, column: str, value: Any, steps: StepRange | None = None) -> RowStats:
+        """The per-row statistics of the rows in group ``value`` of the ``--by`` spec ``column`` (in ``steps``)."""
+        rows = self.all_rows
+        assert self.labels is not None, "row_pass(by=...) records the groups"
+        rows = rows.select(self.labels.mask(column, value))
         return rows if steps is None else rows.in_steps(*steps)
 
 
@@ -377,6 +400,14 @@ def _restricted(analysis: Analysis, steps: StepRange) -> Analysis:
             )
             setattr(subset, name, value.restricted(inside))
     subset.worst = WorstTracker(analysis.top_k, analysis.catastrophic)
+    subset.grouped = []
+    for grouped in analysis.grouped:  # families keyed by the number of each (group, step) pair
+        part = copy.copy(grouped)
+        numbers = np.array([number for key, number in grouped.ids.items() if keep(key[1])], dtype=np.int64)
+        for name, value in vars(grouped).items():
+            if isinstance(value, StepAccumulator):
+                setattr(part, name, value.restricted(np.isin(value.store.steps, numbers)))
+        subset.grouped.append(part)
     subset.empty_rows = [entry for entry in analysis.empty_rows if keep(entry[0])]
     if not subset.offpolicy.steps:
         present = sorted(analysis.offpolicy.steps)
@@ -399,15 +430,20 @@ def row_pass(
     strict: bool = False,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     progress: Progress | None = None,
+    by: Sequence[str | GroupSpec] = (),
 ) -> RowPass:
     """Read ``inputs`` once into the analysis and the per-row statistics (with each preset's dropped tokens per
-    row). Raises RolloutDiagError for bad input or options."""
+    row); ``by``: also the key families per group and each row's group. Raises RolloutDiagError for bad input or
+    options."""
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
-    analysis = Analysis()
+    specs = group_specs(by, reader)
+    analysis = Analysis(by=specs)
     rows = RowStatsCollector(presets)
-    run_chunks(reader, [analysis.update, rows.update], torch_device, progress, analysis.prepare)
-    return RowPass(analysis, rows, reader.log, torch_device, strict)
+    labels = GroupLabels(specs) if specs else None
+    updates = [analysis.update, rows.update, *([labels.update] if labels else [])]
+    run_chunks(reader, updates, torch_device, progress, analysis.prepare)
+    return RowPass(analysis, rows, reader.log, torch_device, strict, labels)
 
 
 @reads_dump
@@ -421,17 +457,26 @@ def check_run(
     strict: bool = False,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     progress: Progress | None = None,
+    by: Sequence[str | GroupSpec] = (),
 ) -> CheckResult:
-    """Every gate (see :mod:`rollout_diag.decisions.check`) on the run and, with ``per_step``, on every step.
-    Raises RolloutDiagError for bad input, an unknown metric or no gate."""
+    """Every gate (see :mod:`rollout_diag.decisions.check`) on the run and, with ``per_step``, on every step;
+    ``by`` (``env_name``, ``reward:sign``, …): on each group's run metrics (and steps) too, the group named in
+    each such outcome. Raises RolloutDiagError for bad input, an unknown metric or no gate."""
     if not gates:
         raise ConfigError(
             "no gate given.",
             hint=f"add {option_name('max')} NAME=VALUE, {option_name('min')} NAME=VALUE or "
             f"{option_name('gates')} FILE|default.",
         )
-    done = row_pass(inputs, columns=columns, device=device, strict=strict, chunk_tokens=chunk_tokens, progress=progress)
-    return check(done.result(), gates, per_step=per_step, rows=done.row_stats())
+    done = row_pass(
+        inputs, columns=columns, device=device, strict=strict, chunk_tokens=chunk_tokens, progress=progress, by=by
+    )
+    result = done.result()
+    groups = [
+        (group_name(group.column, group.value), group, done.group_rows(group.column, group.value))
+        for group in result.groups
+    ]
+    return check(result, gates, per_step=per_step, rows=done.row_stats(), groups=groups)
 
 
 def parse_step_range(text: str | None, option: str) -> StepRange | None:
@@ -465,12 +510,15 @@ def diff_runs(
     strict: bool = False,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     progress: Progress | None = None,
+    by: Sequence[str | GroupSpec] = (),
 ) -> DiffResult:
     """Run A against run B (two dumps; or one dump, ``inputs_b`` None, split by ``steps_a`` / ``steps_b``): every
     key metric, its bootstrap interval of B − A over sequences and a verdict; per preset the change in dropped
-    tokens. Raises RolloutDiagError for bad input or options."""
+    tokens. ``by`` (``env_name``, ``reward:sign``, …): also each group of rows present in A or B, its key metrics
+    in A and B and the interval of B − A over its rows alone (``DiffResult.groups``, largest change first).
+    Raises RolloutDiagError for bad input or options."""
     chosen = resolve_presets(presets)
-    options = {"columns": columns, "device": device, "strict": strict, "chunk_tokens": chunk_tokens}
+    options = {"columns": columns, "device": device, "strict": strict, "chunk_tokens": chunk_tokens, "by": by}
     if inputs_b is None:
         if steps_a is None or steps_b is None:
             raise ConfigError(
@@ -482,13 +530,36 @@ def diff_runs(
             DiffSide(f"{_label(done.log.files)} {_range(r)}", done.result(r), done.row_stats(r))
             for r in (steps_a, steps_b)
         ]
+        passes = [(done, steps_a), (done, steps_b)]
     else:
-        sides = []
+        sides, passes = [], []
         for inputs, steps in ((inputs_a, steps_a), (inputs_b, steps_b)):
             done = row_pass(inputs, presets=chosen, progress=progress, **options)
             label = _label(done.log.files) + ("" if steps is None else f" {_range(steps)}")
             sides.append(DiffSide(label, done.result(steps), done.row_stats(steps)))
-    return diff(sides[0], sides[1], replicates=replicates, level=level, seed=seed)
+            passes.append((done, steps))
+    result = diff(sides[0], sides[1], replicates=replicates, level=level, seed=seed)
+    if not by:
+        return result
+    found = [{(g.column, _key(g.value)): g for g in side.result.groups} for side in sides]
+    values: dict[tuple[str, Any], Any] = {}
+    for present in found:
+        for key, group in present.items():
+            values.setdefault(key, group.value)
+    groups = []
+    for (column, key), value in values.items():
+        parts = []
+        for (done, steps), present in zip(passes, found, strict=True):
+            group = present.get((column, key))
+            rows = done.group_rows(column, value, steps)
+            parts.append(GroupSide({} if group is None else group.metrics, rows, 0 if group is None else group.tokens))
+        groups.append(diff_group(column, value, *parts, replicates=replicates, level=level, seed=seed))
+    return replace(result, groups=sort_group_diffs(groups))
+
+
+def _key(value: Any) -> tuple[str, Any]:
+    """A group value as a dict key that tells 1 from True and "1" (None: the null group)."""
+    return (type(value).__name__, value)
 
 
 def _label(files: Sequence[str]) -> str:

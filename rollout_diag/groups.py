@@ -360,3 +360,40 @@ def sort_groups(groups: Sequence[GroupResult]) -> list[GroupResult]:
         )
 
     return sorted(groups, key=key)
+
+
+def group_name(column: str, value: ExtraValue) -> str:
+    """How check and diff name a group: ``env_name=math``, ``reward:sign=negative``, ``env_name=(null)``."""
+    return f"{column}=" + ("(null)" if value is None else str(value))
+
+
+class GroupLabels:
+    """Each row's group under every spec, in reading order (the order RowStatsCollector keeps rows in), so that
+    ``check --by`` and ``diff --by`` can restrict the per-row sums to one group's rows."""
+
+    def __init__(self, specs: Sequence[GroupSpec]) -> None:
+        self.specs = tuple(specs)
+        self.ids: list[dict[ExtraValue, int]] = [{} for _ in self.specs]  # group value -> id, per spec
+        self.parts: list[list[np.ndarray]] = [[] for _ in self.specs]
+
+    def update(self, chunk: Chunk) -> None:
+        file = chunk.file[0] if chunk.file else ""
+        for index, spec in enumerate(self.specs):
+            ids, memo = self.ids[index], {}
+            row_ids = np.empty(chunk.rows, dtype=np.int64)
+            for row, value in enumerate(_row_values(spec, chunk)):
+                found = memo.get(value)
+                if found is None:
+                    found = memo[value] = ids.setdefault(_bucket(spec, value, file)[1], len(ids))
+                row_ids[row] = found
+            self.parts[index].append(row_ids)
+
+    def mask(self, column: str, value: ExtraValue) -> np.ndarray:
+        """bool [rows]: the rows in group ``value`` of the spec labelled ``column``."""
+        index = next(i for i, spec in enumerate(self.specs) if spec.label == column)
+        parts = self.parts[index]
+        if len(parts) != 1:  # joined once
+            parts[:] = [np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)]
+        ids = parts[0]
+        wanted = self.ids[index].get(value)
+        return ids == wanted if wanted is not None else np.zeros(ids.shape, dtype=bool)

@@ -21,7 +21,7 @@ from typing import Any
 from rollout_diag import catalogue
 from rollout_diag.decisions.rowmetrics import KEY_METRICS, by_step
 from rollout_diag.errors import ConfigError, option_name
-from rollout_diag.results import SCHEMA_VERSION, AnalysisResult, RowStats, StepResult, json_number
+from rollout_diag.results import SCHEMA_VERSION, AnalysisResult, GroupResult, RowStats, StepResult, json_number
 
 MAX, MIN = "max", "min"
 PASS, FAIL, SKIP = "pass", "fail", "skipped"
@@ -79,12 +79,19 @@ class GateOutcome:
     value: float | None
     status: str
     excess: float | None  # how far past the limit (> 0 on failure), in the metric's units
+    group: str | None = None  # --by: the group of rows judged ("env_name=math"); None: all rows
 
     @property
     def where(self) -> str:
-        return "run" if self.step is None else f"step {self.step}"
+        place = "run" if self.step is None else f"step {self.step}"
+        return place if self.group is None else f"{self.group} {place}"
 
     def message(self) -> str:
+        if self.status == SKIP and self.group is not None:
+            return (
+                f"{self.where}: {self.gate.metric} not reported for the group (no model token there, or not one of "
+                "the key metrics computed per group)"
+            )
         if self.status == SKIP:
             return f"{self.where}: {self.gate.metric} not reported (a step without model tokens)"
         shown = "NaN" if self.value is None or math.isnan(self.value) else f"{self.value:.6g}"
@@ -134,6 +141,7 @@ class CheckResult:
                     "bound": outcome.gate.bound,
                     "limit": outcome.gate.limit,
                     "step": outcome.step,
+                    "group": outcome.group,
                     "value": json_number(outcome.value),
                     "status": outcome.status,
                     "excess": json_number(outcome.excess),
@@ -269,6 +277,22 @@ def metric_values(result: AnalysisResult, rows: RowStats | None = None) -> dict[
                 values.setdefault(name, value)
                 values[f"{framework}:{name}"] = value
         table[step.step] = values
+    _add_row_metrics(table, rows)
+    return table
+
+
+def group_values(group: GroupResult, rows: RowStats | None = None) -> dict[int | None, dict[str, float]]:
+    """Every gateable value of one ``--by`` group, per step and for the run (key None): its key metrics
+    (``GroupResult.metrics``), then the key metrics from its rows' sums (``rows``: that group's rows only)."""
+    table: dict[int | None, dict[str, float]] = {None: dict(group.metrics)}
+    for step in group.steps:
+        table[step.step] = dict(step.metrics)
+    _add_row_metrics(table, rows)
+    return table
+
+
+def _add_row_metrics(table: dict[int | None, dict[str, float]], rows: RowStats | None) -> None:
+    """The key metrics computed from per-row sums, where ``table`` lacks them."""
     if rows is not None and rows.rows:
         for metric in KEY_METRICS:
             if metric.name not in table[None]:
@@ -276,13 +300,19 @@ def metric_values(result: AnalysisResult, rows: RowStats | None = None) -> dict[
             for step, value in by_step(metric, rows).items():
                 if step in table and not math.isnan(value):
                     table[step].setdefault(metric.name, value)
-    return table
 
 
 def check(
-    result: AnalysisResult, gates: Sequence[Gate], *, per_step: bool = False, rows: RowStats | None = None
+    result: AnalysisResult,
+    gates: Sequence[Gate],
+    *,
+    per_step: bool = False,
+    rows: RowStats | None = None,
+    groups: Sequence[tuple[str, GroupResult, RowStats | None]] = (),
 ) -> CheckResult:
-    """Every gate on the run and, when ``per_step`` (or the gate's own per_step), on each step.
+    """Every gate on the run and, when ``per_step`` (or the gate's own per_step), on each step; then the same on
+    each of ``groups`` (name, ``--by`` group, its rows' statistics), outcomes carrying the group's name. A gate
+    whose metric a group does not report is skipped for that group.
 
     Raises ConfigError when no gate is given or a gate names a metric the result does not have (with the
     closest names), or a short name several metrics share (with their full names). The result's gates carry
@@ -297,12 +327,15 @@ def check(
     table = metric_values(result, rows)
     known = sorted({name for values in table.values() for name in values})
     gates = [_resolved(gate, known) for gate in gates]
+    tables = [(name, group_values(group, group_rows), group.steps) for name, group, group_rows in groups]
     outcomes = []
     for gate in gates:
-        outcomes.append(_judge(gate, None, table[None].get(gate.metric)))
-        if gate.per_step if gate.per_step is not None else per_step:
-            for step in result.steps:
-                outcomes.append(_judge(gate, step.step, table[step.step].get(gate.metric)))
+        stepwise = gate.per_step if gate.per_step is not None else per_step
+        for name, values, steps in [(None, table, result.steps), *tables]:
+            outcomes.append(_judge(gate, None, values[None].get(gate.metric), name))
+            if stepwise:
+                for step in steps:
+                    outcomes.append(_judge(gate, step.step, values[step.step].get(gate.metric), name))
     resolved = [
         Gate(g.metric, g.bound, g.limit, g.per_step if g.per_step is not None else per_step, g.source) for g in gates
     ]
@@ -339,10 +372,10 @@ def _resolved(gate: Gate, known: Sequence[str]) -> Gate:
     raise ConfigError(f"gate {gate.describe()}: no metric '{gate.metric}' in this result.", hint=hint)
 
 
-def _judge(gate: Gate, step: int | None, value: float | None) -> GateOutcome:
+def _judge(gate: Gate, step: int | None, value: float | None, group: str | None = None) -> GateOutcome:
     if value is None:
-        return GateOutcome(gate, step, None, SKIP, None)
+        return GateOutcome(gate, step, None, SKIP, None, group)
     if math.isnan(value):
-        return GateOutcome(gate, step, value, FAIL, None)
+        return GateOutcome(gate, step, value, FAIL, None, group)
     excess = value - gate.limit if gate.bound == MAX else gate.limit - value
-    return GateOutcome(gate, step, value, FAIL if excess > 0 else PASS, excess)
+    return GateOutcome(gate, step, value, FAIL if excess > 0 else PASS, excess, group)

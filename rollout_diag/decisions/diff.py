@@ -10,15 +10,16 @@ tokens, are the unit: tokens of one sequence are correlated, sequences of a batc
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from rollout_diag import catalogue
 from rollout_diag.decisions.rowmetrics import KEY_METRICS, RowMetric, rejected_share
 from rollout_diag.errors import ConfigError, option_name
-from rollout_diag.results import SCHEMA_VERSION, AnalysisResult, RowStats, json_number
+from rollout_diag.results import SCHEMA_VERSION, AnalysisResult, ExtraValue, RowStats, json_number
 
 DEFAULT_REPLICATES = 1000
 DEFAULT_LEVEL = 0.95
@@ -67,6 +68,42 @@ class PresetDiff:
 
 
 @dataclass(frozen=True)
+class GroupDiff:
+    """``diff --by``: one group of rows (``column`` = the --by spec, ``value`` its value or bucket; None: null) in A
+    and B, each key metric B against A with its bootstrap interval over the group's rows alone."""
+
+    column: str
+    value: ExtraValue
+    rows_a: int
+    rows_b: int
+    tokens_a: int
+    tokens_b: int
+    metrics: list[MetricDiff]
+
+    @property
+    def headline(self) -> MetricDiff:
+        """The primary metric (rollout_corr/k3_kl) of the group."""
+        return next((m for m in self.metrics if m.metric == catalogue.K3_KL.key), self.metrics[0])
+
+    @property
+    def change(self) -> float:
+        """|B − A| of the primary metric (k3_kl), the order of the groups table; NaN where a side has no row."""
+        return abs(self.headline.difference)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "column": self.column,
+            "value": self.value,
+            "rows_a": self.rows_a,
+            "rows_b": self.rows_b,
+            "tokens_a": self.tokens_a,
+            "tokens_b": self.tokens_b,
+            "change": json_number(self.change),
+            "metrics": [_json_row(vars(metric)) for metric in self.metrics],
+        }
+
+
+@dataclass(frozen=True)
 class DiffResult:
     """What ``diff`` found; ``to_json()`` is the documented JSON (schemas/diff.schema.json)."""
 
@@ -78,6 +115,7 @@ class DiffResult:
     level: float
     seed: int
     warnings: list[str] = field(default_factory=list)
+    groups: list[GroupDiff] = field(default_factory=list)  # diff --by: largest change first
 
     @property
     def changed_presets(self) -> list[PresetDiff]:
@@ -104,6 +142,7 @@ class DiffResult:
             "metrics": [_json_row(vars(metric)) for metric in self.metrics],
             "presets": [_json_row(vars(preset)) for preset in self.presets],
             "changed_presets": [preset.preset for preset in self.changed_presets],
+            "groups": [group.to_json() for group in self.groups],
             "warnings": list(self.warnings),
         }
 
@@ -146,19 +185,7 @@ def diff(
             else (math.nan, math.nan)
         )
         if index < len(KEY_METRICS):
-            metric_diffs.append(
-                MetricDiff(
-                    metric.name,
-                    value_a,
-                    value_b,
-                    value_b / value_a if value_a not in (0.0,) and math.isfinite(value_a) else None,
-                    value_b - value_a,
-                    low,
-                    high,
-                    verdict(value_a, value_b, low, high),
-                    metric.meaning,
-                )
-            )
+            metric_diffs.append(_metric_diff(metric, value_a, value_b, low, high))
         else:
             name = chosen[index - len(KEY_METRICS)]
             changed = math.isfinite(low) and (low > _noise(value_a, value_b) or high < -_noise(value_a, value_b))
@@ -169,6 +196,70 @@ def diff(
         if side.rows.rows < 30
     ]
     return DiffResult(a, b, metric_diffs, preset_diffs, replicates, level, seed, warnings)
+
+
+def _metric_diff(metric: RowMetric, value_a: float, value_b: float, low: float, high: float) -> MetricDiff:
+    return MetricDiff(
+        metric.name,
+        value_a,
+        value_b,
+        value_b / value_a if value_a not in (0.0,) and math.isfinite(value_a) else None,
+        value_b - value_a,
+        low,
+        high,
+        verdict(value_a, value_b, low, high),
+        metric.meaning,
+    )
+
+
+@dataclass(frozen=True)
+class GroupSide:
+    """One group of rows on one side of ``diff --by``: its key metrics (``GroupResult.metrics``, empty where the
+    side has no such row) and its rows' statistics."""
+
+    metrics: Mapping[str, float]
+    rows: RowStats
+    tokens: int
+
+
+def diff_group(
+    column: str,
+    value: ExtraValue,
+    a: GroupSide,
+    b: GroupSide,
+    *,
+    replicates: int = DEFAULT_REPLICATES,
+    level: float = DEFAULT_LEVEL,
+    seed: int = DEFAULT_SEED,
+) -> GroupDiff:
+    """Each key metric of one group in A and B, as ``diff`` of the two sides' rows of that group alone would give:
+    the values the group's analysis reports (else from its row sums), the bootstrap interval of B − A over its rows
+    (resampled within steps, the same seed). A side without a row of the group gives NaN, and no interval."""
+    differences = bootstrap_differences(a.rows, b.rows, KEY_METRICS, replicates, seed)
+    tail = (1.0 - level) / 2.0
+    metrics = []
+    for index, metric in enumerate(KEY_METRICS):
+        value_a, value_b = _group_value(metric, a), _group_value(metric, b)
+        finite = differences[:, index][np.isfinite(differences[:, index])]
+        low, high = (
+            (float(np.quantile(finite, tail)), float(np.quantile(finite, 1.0 - tail)))
+            if finite.size
+            else (math.nan, math.nan)
+        )
+        metrics.append(_metric_diff(metric, value_a, value_b, low, high))
+    return GroupDiff(column, value, a.rows.rows, b.rows.rows, a.tokens, b.tokens, metrics)
+
+
+def _group_value(metric: RowMetric, side: GroupSide) -> float:
+    if side.rows.rows == 0:
+        return math.nan
+    reported = side.metrics.get(metric.name)
+    return float(reported) if reported is not None else metric.value(side.rows)
+
+
+def sort_group_diffs(groups: Sequence[GroupDiff]) -> list[GroupDiff]:
+    """By --by spec, then the largest change of k3_kl first (groups missing from a side last)."""
+    return sorted(groups, key=lambda g: (g.column, -(g.change if math.isfinite(g.change) else -1.0), str(g.value)))
 
 
 def verdict(a: float, b: float, low: float, high: float) -> str:

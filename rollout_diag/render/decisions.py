@@ -14,7 +14,7 @@ from rollout_diag.render.diff import diff_tables as diff_tables  # the diff tabl
 from rollout_diag.render.format import number
 
 if TYPE_CHECKING:
-    from rollout_diag.decisions.check import CheckResult
+    from rollout_diag.decisions.check import CheckResult, GateOutcome
     from rollout_diag.decisions.recommend import Recommendation
 
 VERDICT_STYLE = {"better": "green", "worse": "bold red", "no detectable change": "", "n/a": "dim"}
@@ -34,9 +34,11 @@ def check_table(result: CheckResult) -> Group:
     )
     shown = failures or (result.outcomes if checks <= MAX_LISTED_PASSES else [])
     parts: list = [headline]
+    grouped = any(outcome.group is not None for outcome in result.outcomes)  # check --by
     if shown:
         table = Table(title="Failed gates" if failures else "Gates", title_justify="left")
-        for header, justify in (("metric", "left"), ("where", "left"), ("value", "right"), ("limit", "right")):
+        headers = (("metric", "left"), *((("group", "left"),) if grouped else ()), ("where", "left"))
+        for header, justify in (*headers, ("value", "right"), ("limit", "right")):
             table.add_column(header, justify=justify, no_wrap=header == "metric")  # type: ignore[arg-type]
         table.add_column("past the limit by" if failures else "status", justify="right")
         for outcome in shown:
@@ -47,10 +49,13 @@ def check_table(result: CheckResult) -> Group:
                 if outcome.status == "fail"
                 else outcome.status
             )
-            table.add_row(escape(gate.metric), outcome.where, number(outcome.value, 4), limit, last)
+            place = "run" if outcome.step is None else f"step {outcome.step}"
+            group = (escape(outcome.group or "all rows"),) if grouped else ()
+            table.add_row(escape(gate.metric), *group, place, number(outcome.value, 4), limit, last)
         parts.append(table)
     if skipped:
-        parts.append(Text(f"{skipped} check(s) skipped: the metric is not reported for that step (no model token)."))
+        why = "no model token" + (", or not a key metric computed per group" if grouped else "")
+        parts.append(Text(f"{skipped} check(s) skipped: the metric is not reported for that step or group ({why})."))
     return Group(*parts)
 
 
@@ -60,7 +65,8 @@ def _excess(excess: float, limit: float) -> str:
 
 
 def junit_xml(result: CheckResult, suite: str = "rollout-diag check") -> str:
-    """JUnit XML: one testsuite, one testcase per gate and step (``name`` = gate, ``classname`` = where)."""
+    """JUnit XML: one testsuite, one testcase per gate, step and ``--by`` group (``name`` = gate, ``classname`` =
+    where: ``rollout-diag.step_3``, ``rollout-diag.env_name=math.step_3``)."""
     failures = len(result.failures)
     skipped = sum(outcome.status == "skipped" for outcome in result.outcomes)
     counts = {"tests": str(len(result.outcomes)), "failures": str(failures), "errors": "0", "skipped": str(skipped)}
@@ -74,7 +80,7 @@ def junit_xml(result: CheckResult, suite: str = "rollout-diag check") -> str:
         case = ElementTree.SubElement(
             testsuite,
             "testcase",
-            {"name": gate.describe(), "classname": f"rollout-diag.{outcome.where.replace(' ', '_')}", "time": "0"},
+            {"name": gate.describe(), "classname": _classname(outcome), "time": "0"},
         )
         if outcome.status == "fail":
             failure = ElementTree.SubElement(case, "failure", {"message": outcome.message(), "type": "GateFailed"})
@@ -85,6 +91,12 @@ def junit_xml(result: CheckResult, suite: str = "rollout-diag check") -> str:
             ElementTree.SubElement(case, "system-out").text = outcome.message()
     ElementTree.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ElementTree.tostring(root, encoding="unicode") + "\n"
+
+
+def _classname(outcome: GateOutcome) -> str:
+    place = "run" if outcome.step is None else f"step_{outcome.step}"
+    group = "" if outcome.group is None else outcome.group.replace(" ", "_").replace(".", "_") + "."
+    return f"rollout-diag.{group}{place}"
 
 
 # ----------------------------------------------------------------------------------------- recommendation

@@ -75,11 +75,61 @@ def diff_tables(result: DiffResult) -> Group:
         parts.append(presets)
     elif result.presets:
         parts.append(Text(f"No preset's share of dropped tokens changed by more than its {level} interval."))
+    if result.groups:
+        parts.extend(group_diff_tables(result))
     names = [f"{short_name(m.metric)} = {m.metric}" for m in result.metrics if short_name(m.metric) != m.metric]
     if names:
         parts.append(Text("Names: " + "; ".join(names) + ".", style="dim"))
     parts.extend(plain(f"warning: {warning}", style="yellow") for warning in result.warnings)
     return Group(*parts)
+
+
+MAX_GROUPS_SHOWN = 12  # per --by spec, as analyze's group table; JSON keeps every group
+
+
+def group_diff_tables(result: DiffResult) -> list:
+    """``diff --by``: per --by spec, one row per group (the largest change of k3_kl first): its rows in A and B,
+    k3_kl in both, B against A with the group's own interval, and how many key metrics got worse / better."""
+    level = f"{result.level:.0%}"
+    parts: list = []
+    for column in dict.fromkeys(group.column for group in result.groups):
+        groups = [group for group in result.groups if group.column == column]
+        table = FitTable(
+            f"By {column}, B against A (largest change of k3_kl first)",
+            [
+                Column(column, "left", key=True),
+                Column("rows A"),
+                Column("rows B"),
+                Column("k3_kl A"),
+                Column("k3_kl B"),
+                Column("B vs A", "left"),
+                Column(f"{level} low"),
+                Column(f"{level} high"),
+                Column("verdict", "left"),
+                Column("key metrics worse / better", "left"),
+            ],
+            caption=f"{level} bootstrap interval of B − A over each group's rows alone (same resampling and seed).",
+        )
+        for group in groups[:MAX_GROUPS_SHOWN]:
+            k3 = group.headline
+            worse = sum(m.verdict == "worse" for m in group.metrics)
+            better = sum(m.verdict == "better" for m in group.metrics)
+            table.add_row(
+                "(null)" if group.value is None else str(group.value),
+                Num(group.rows_a),
+                Num(group.rows_b),
+                Num(k3.a),
+                Num(k3.b),
+                change(k3.a, k3.b),
+                Num(k3.low, digits=3),
+                Num(k3.high, digits=3),
+                Text(k3.verdict, style=VERDICT_STYLE.get(k3.verdict, "")),
+                f"{worse} / {better} of {len(group.metrics)}",
+            )
+        parts.append(table)
+        if len(groups) > MAX_GROUPS_SHOWN:
+            parts.append(Text(f"{len(groups) - MAX_GROUPS_SHOWN} more groups of {column} (all in --format json)."))
+    return parts
 
 
 def _side(name: str, side: DiffSide) -> Text:
