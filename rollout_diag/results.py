@@ -963,6 +963,9 @@ def _hints(result_type: type) -> dict[str, Any]:
 
 
 def _join(path: str, name: str) -> str:
+    """``path.name``; a key from the file that holds control characters is shown escaped (messages are one line)."""
+    if not name.isprintable():
+        name = name.encode("unicode_escape").decode("ascii")
     return f"{path}.{name}" if path else name
 
 

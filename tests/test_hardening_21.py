@@ -642,3 +642,16 @@ def test_a_saved_result_that_loads_also_renders_a_report(saved_results, data, ki
         render_report(result_from_json(_replaced(document, path, value)))
     except RolloutDiagError as exc:
         assert "\n" not in str(exc)
+
+
+def test_a_wrong_value_under_a_key_with_a_newline_is_still_one_line(saved_results) -> None:
+    # found by hypothesis: the field path carries the file's own key, which may hold control characters
+    import copy
+
+    from rollout_diag.results import result_from_json
+
+    document = copy.deepcopy(saved_results["analyze"])
+    document["run"]["metrics"]["a\nb"] = False
+    with pytest.raises(InputError) as raised:
+        result_from_json(document)
+    assert "\n" not in str(raised.value) and "metrics.a\\nb" in str(raised.value)
