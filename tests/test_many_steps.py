@@ -359,3 +359,26 @@ def test_auto_workers_give_the_one_process_result(monkeypatch, split_dump):
     assert calls == [3]
     close([s.metrics for s in auto.steps], [s.metrics for s in one.steps])
     close(auto.run.metrics, one.run.metrics)
+
+
+def test_check_per_step_splits_rows_by_one_sort_with_the_same_digits():
+    # decisions.rowmetrics.by_step: one stable sort instead of a scan of every row per step (quadratic at 200 000
+    # steps); each step's rows keep their order, so every value is the one a boolean mask per step gives
+    from rollout_diag.decisions.rowmetrics import KEY_METRICS, by_step
+    from rollout_diag.metrics.rowstats import ROW_SUMS
+    from rollout_diag.results import RowStats
+
+    rng = np.random.default_rng(11)
+    count = 500
+    step = rng.integers(0, 40, count)  # interleaved, as rows of several files arrive
+    tokens = rng.integers(0, 30, count).astype(np.float64)
+    sums = {name: rng.normal(size=count) * tokens for name in ROW_SUMS}
+    sums["abs_log_ratio"] = np.abs(sums["abs_log_ratio"])
+    sums["chi2_term"] = np.abs(sums["chi2_term"]) + tokens
+    rows = RowStats(step, tokens, sums, {})
+    for metric in KEY_METRICS:
+        expected = {int(s): metric.value(rows.select(rows.step == s)) for s in np.unique(rows.step)}
+        found = by_step(metric, rows)
+        assert list(found) == list(expected)
+        assert all(found[s] == expected[s] or (found[s] != found[s] and expected[s] != expected[s]) for s in found)
+    assert by_step(KEY_METRICS[0], rows.select(np.zeros(count, dtype=bool))) == {}

@@ -9,6 +9,7 @@ it to 1e-12).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -105,5 +106,11 @@ def rejected_share(preset: str) -> RowMetric:
 
 
 def by_step(metric: RowMetric, rows: RowStats) -> dict[int, float]:
-    """The metric of each step's rows."""
-    return {int(step): metric.value(rows.select(rows.step == step)) for step in np.unique(rows.step)}
+    """The metric of each step's rows (each step's rows in their order, found by one stable sort: a scan of every
+    row per step made ``check --per-step`` quadratic in the step count)."""
+    if rows.rows == 0:
+        return {}
+    order = np.argsort(rows.step, kind="stable")
+    steps = rows.step[order]
+    bounds = [*np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]]).tolist(), len(order)]
+    return {int(steps[lo]): metric.value(rows.select(order[lo:hi])) for lo, hi in itertools.pairwise(bounds)}
