@@ -655,3 +655,16 @@ def test_a_wrong_value_under_a_key_with_a_newline_is_still_one_line(saved_result
     with pytest.raises(InputError) as raised:
         result_from_json(document)
     assert "\n" not in str(raised.value) and "metrics.a\\nb" in str(raised.value)
+
+
+@pytest.mark.parametrize("version", [[], "1", 1.5, True, {}])
+def test_a_schema_version_that_is_no_number_is_one_line(saved_results, version) -> None:
+    # found by hypothesis in CI: schema_version [] reached a `>` comparison (TypeError, an internal error)
+    import copy
+
+    from rollout_diag.results import result_from_json
+
+    document = copy.deepcopy(saved_results["analyze"])
+    document["schema_version"] = version
+    with pytest.raises(InputError, match="field 'schema_version': expected a whole number"):
+        result_from_json(document)
