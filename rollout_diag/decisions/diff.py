@@ -178,12 +178,7 @@ def diff(
     metric_diffs, preset_diffs = [], []
     for index, metric in enumerate(row_metrics):
         value_a, value_b = _value(metric, a), _value(metric, b)
-        finite = differences[:, index][np.isfinite(differences[:, index])]
-        low, high = (
-            (float(np.quantile(finite, tail)), float(np.quantile(finite, 1.0 - tail)))
-            if finite.size
-            else (math.nan, math.nan)
-        )
+        low, high = _interval(differences[:, index], tail)
         if index < len(KEY_METRICS):
             metric_diffs.append(_metric_diff(metric, value_a, value_b, low, high))
         else:
@@ -240,12 +235,7 @@ def diff_group(
     metrics = []
     for index, metric in enumerate(KEY_METRICS):
         value_a, value_b = _group_value(metric, a), _group_value(metric, b)
-        finite = differences[:, index][np.isfinite(differences[:, index])]
-        low, high = (
-            (float(np.quantile(finite, tail)), float(np.quantile(finite, 1.0 - tail)))
-            if finite.size
-            else (math.nan, math.nan)
-        )
+        low, high = _interval(differences[:, index], tail)
         metrics.append(_metric_diff(metric, value_a, value_b, low, high))
     return GroupDiff(column, value, a.rows.rows, b.rows.rows, a.tokens, b.tokens, metrics)
 
@@ -315,3 +305,12 @@ def _replicates(rows: RowStats, metrics: Sequence[RowMetric], replicates: int, r
         with np.errstate(divide="ignore", invalid="ignore"):
             out[start : start + count] = sums[:, 0::2] / (sums[:, 1::2] + eps) + offset
     return out
+
+
+def _interval(replicates: np.ndarray, tail: float) -> tuple[float, float]:
+    """The bootstrap interval of one metric's replicated differences: the ``tail`` and 1 − ``tail`` quantiles of
+    the finite replicates (NaN, NaN when none is finite)."""
+    finite = replicates[np.isfinite(replicates)]
+    if not finite.size:
+        return math.nan, math.nan
+    return float(np.quantile(finite, tail)), float(np.quantile(finite, 1.0 - tail))
