@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "rollout_diag"
-DRIVERS = ("rollout_diag.engine", "rollout_diag.compare", "rollout_diag.distributed", "rollout_diag.passes")
+DRIVERS = (
+    "rollout_diag.drivers.engine",
+    "rollout_diag.drivers.compare",
+    "rollout_diag.drivers.distributed",
+    "rollout_diag.drivers.passes",
+)
 HEAVY = ("torch", "rich", "plotly", "pyarrow", "polars", "typer", "ray")
 
 
@@ -84,11 +89,14 @@ def in_group(target: str, prefixes: tuple[str, ...]) -> bool:
 
 
 def test_the_walk_sees_the_package():
-    assert {"rollout_diag.engine", "rollout_diag.passes", "rollout_diag.report", "rollout_diag.io.reader"} <= set(
-        modules()
-    )
-    assert "rollout_diag.passes" in imports_of("rollout_diag.distributed")
-    assert "torch" in imports_of("rollout_diag.passes")
+    assert {
+        "rollout_diag.drivers.engine",
+        "rollout_diag.drivers.passes",
+        "rollout_diag.report",
+        "rollout_diag.io.reader",
+    } <= set(modules())
+    assert "rollout_diag.drivers.passes" in imports_of("rollout_diag.drivers.distributed")
+    assert "torch" in imports_of("rollout_diag.drivers.passes")
 
 
 def test_no_import_circle():
@@ -116,14 +124,14 @@ def test_no_import_circle():
 
 
 def test_distributed_and_engine_share_the_pass_module():
-    assert "rollout_diag.engine" not in reachable("rollout_diag.distributed")
-    assert "rollout_diag.engine" not in reachable("rollout_diag.passes")
-    assert "rollout_diag.distributed" not in reachable("rollout_diag.passes")
+    assert "rollout_diag.drivers.engine" not in reachable("rollout_diag.drivers.distributed")
+    assert "rollout_diag.drivers.engine" not in reachable("rollout_diag.drivers.passes")
+    assert "rollout_diag.drivers.distributed" not in reachable("rollout_diag.drivers.passes")
 
 
 @pytest.mark.parametrize("group", ["rollout_diag.report", "rollout_diag.render"])
 def test_presentation_imports_no_driver_io_metrics_or_torch(group):
-    forbidden = (*DRIVERS, "rollout_diag.exports", "rollout_diag.io", "rollout_diag.metrics", "torch")
+    forbidden = (*DRIVERS, "rollout_diag.drivers.exports", "rollout_diag.io", "rollout_diag.metrics", "torch")
     for name in [n for n in modules() if in_group(n, (group,))]:
         wrong = sorted(t for t in reachable(name) if in_group(t, forbidden))
         assert not wrong, f"{name} reaches {wrong}"
@@ -168,7 +176,7 @@ def test_metrics_import_no_presentation_or_cli():
 
 
 def test_compare_holds_only_the_comparison():
-    tree = ast.parse(modules()["rollout_diag.compare"].read_text(encoding="utf-8"))
+    tree = ast.parse(modules()["rollout_diag.drivers.compare"].read_text(encoding="utf-8"))
     classes = [node.name for node in tree.body if isinstance(node, ast.ClassDef)]
     assert classes == [], "result types live in results.py, writers in io/ and exports.py"
 
@@ -190,12 +198,28 @@ def test_the_intrusive_thresholds_live_in_one_module():
 
 # The README's module map ("How it works"): group -> what nothing in it may reach.
 MODULE_MAP = {
-    "rollout_diag.dump": ("rollout_diag.engine", "rollout_diag.compare", "rich", "typer"),
-    "rollout_diag.passes": ("rollout_diag.engine", "rollout_diag.compare", "rollout_diag.distributed"),
-    "rollout_diag.engine": ("rich", "typer", "plotly", "rollout_diag.render", "rollout_diag.report"),
-    "rollout_diag.compare": ("rich", "typer", "plotly", "rollout_diag.render", "rollout_diag.report"),
-    "rollout_diag.distributed": ("rollout_diag.engine", "rollout_diag.compare", "rich", "typer", "plotly"),
-    "rollout_diag.exports": ("rich", "typer", "plotly", "rollout_diag.engine", "rollout_diag.compare"),
+    "rollout_diag.drivers.dump": ("rollout_diag.drivers.engine", "rollout_diag.drivers.compare", "rich", "typer"),
+    "rollout_diag.drivers.passes": (
+        "rollout_diag.drivers.engine",
+        "rollout_diag.drivers.compare",
+        "rollout_diag.drivers.distributed",
+    ),
+    "rollout_diag.drivers.engine": ("rich", "typer", "plotly", "rollout_diag.render", "rollout_diag.report"),
+    "rollout_diag.drivers.compare": ("rich", "typer", "plotly", "rollout_diag.render", "rollout_diag.report"),
+    "rollout_diag.drivers.distributed": (
+        "rollout_diag.drivers.engine",
+        "rollout_diag.drivers.compare",
+        "rich",
+        "typer",
+        "plotly",
+    ),
+    "rollout_diag.drivers.exports": (
+        "rich",
+        "typer",
+        "plotly",
+        "rollout_diag.drivers.engine",
+        "rollout_diag.drivers.compare",
+    ),
     "rollout_diag.results": ("torch", "rich", "plotly"),
     "rollout_diag.catalogue": ("torch", "rich", "plotly", "rollout_diag.metrics", "rollout_diag.io"),
     "rollout_diag.decisions": ("rich", "plotly", "rollout_diag.render", "rollout_diag.report"),

@@ -26,8 +26,17 @@ from rollout_diag.decisions.diff import (
     diff_group,
     sort_group_diffs,
 )
-from rollout_diag.distributed import AUTO, Workers, analyze_parts, check_workers, resolve_workers
-from rollout_diag.dump import reads_dump
+from rollout_diag.drivers.distributed import AUTO, Workers, analyze_parts, check_workers, resolve_workers
+from rollout_diag.drivers.dump import reads_dump
+from rollout_diag.drivers.passes import (
+    Analysis,
+    Inputs,
+    Progress,
+    check_analysis_options,
+    open_reader,
+    resolve_device,
+    run_chunks,
+)
 from rollout_diag.errors import ConfigError, DataError, option_name, where
 from rollout_diag.groups import GroupLabels, GroupSpec, group_name, group_specs
 from rollout_diag.io.chunk import Chunk
@@ -44,15 +53,6 @@ from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS
 from rollout_diag.metrics.rowstats import RowStatsCollector
 from rollout_diag.metrics.segments import stats
 from rollout_diag.metrics.sweep import DEFAULT_TARGETS, SweepAccumulator, sweep_tables
-from rollout_diag.passes import (
-    Analysis,
-    Inputs,
-    Progress,
-    check_analysis_options,
-    open_reader,
-    resolve_device,
-    run_chunks,
-)
 from rollout_diag.paths import file_label
 from rollout_diag.presets import Preset, resolve_presets
 from rollout_diag.results import AnalysisResult, RowStats, RowTokens, SkippedRow, SweepOption, SweepResult, SweepStep
