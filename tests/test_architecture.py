@@ -182,18 +182,19 @@ def test_compare_holds_only_the_comparison():
 
 
 def test_the_intrusive_thresholds_live_in_one_module():
-    """Numeric ``INTRUSIVE_*`` constants and the rule itself (render's INTRUSIVE_STYLE is a colour, not a limit)."""
-    owners = set()
+    """Numeric ``INTRUSIVE_*`` constants in the catalogue (results.py names them as defaults without importing a
+    judgement), the rule itself in decisions.intrusive (render's INTRUSIVE_STYLE is a colour, not a limit)."""
+    owners: dict[str, set[str]] = {"threshold": set(), "rule": set()}
     for name, path in modules().items():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, (ast.Assign, ast.AnnAssign)):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 threshold = isinstance(node.value, ast.Constant) and isinstance(node.value.value, (int, float))
                 if threshold and any(isinstance(t, ast.Name) and t.id.startswith("INTRUSIVE_") for t in targets):
-                    owners.add(name)
+                    owners["threshold"].add(name)
             if isinstance(node, ast.FunctionDef) and node.name.lstrip("_") == "intrusive_reasons":
-                owners.add(name)
-    assert owners == {"rollout_diag.decisions.intrusive"}
+                owners["rule"].add(name)
+    assert owners == {"threshold": {"rollout_diag.catalogue"}, "rule": {"rollout_diag.decisions.intrusive"}}
 
 
 # The README's module map ("How it works"): group -> what nothing in it may reach.
