@@ -565,9 +565,9 @@ def analyze(
         writer_class()
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend)
     from rollout_diag.drivers.engine import analyze as run_analysis
-    from rollout_diag.drivers.engine import parse_step_range
     from rollout_diag.render.analysis import render_analysis
     from rollout_diag.render.export import analysis_csv, to_json_text
+    from rollout_diag.selection import parse_step_range
 
     with progress_bar(inputs) as progress:
         result = run_analysis(
@@ -663,7 +663,7 @@ def inspect(
 
     refuse_overwriting_inputs({"output": output}, inputs)
     dump = open_dump(inputs, input_format, trust_pickle, column, device=device)
-    from rollout_diag.drivers.engine import inspect_row
+    from rollout_diag.drivers.inspect import inspect_row
     from rollout_diag.render.export import to_json_text
     from rollout_diag.render.inspect import render_row
 
@@ -707,7 +707,7 @@ def sweep(
     """
     refuse_overwriting_inputs({"output": output}, inputs)
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device)
-    from rollout_diag.drivers.engine import threshold_sweep
+    from rollout_diag.drivers.sweep import threshold_sweep
     from rollout_diag.render.export import sweep_csv, to_json_text
     from rollout_diag.render.sweep import render_sweep
 
@@ -786,12 +786,12 @@ def compare_presets(
         writer_class()
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend)
     from rollout_diag.drivers.compare import compare_presets as run_comparison
-    from rollout_diag.drivers.engine import parse_step_range
     from rollout_diag.presets import choose_presets
     from rollout_diag.render.export import comparison_csv, to_json_text
     from rollout_diag.render.format import plain
     from rollout_diag.render.presets import presets_table
     from rollout_diag.render.sweep import render_sweep
+    from rollout_diag.selection import parse_step_range
 
     chosen = choose_presets(
         preset, presets_file, rollout_is, rollout_is_threshold, rollout_rs, rollout_rs_threshold, batch_normalize
@@ -947,8 +947,8 @@ def report(
         analysis, comparison = load_results(from_json)
     elif inputs:
         from rollout_diag.drivers.compare import analyze_and_compare
-        from rollout_diag.drivers.engine import parse_step_range
         from rollout_diag.presets import choose_presets
+        from rollout_diag.selection import parse_step_range
 
         chosen = choose_presets(
             preset, presets_file, rollout_is, rollout_is_threshold, rollout_rs, rollout_rs_threshold, batch_normalize
@@ -973,7 +973,7 @@ def report(
     if vs:
         if not inputs:
             fail("--vs compares two dumps: give run A's dump(s) as FILE, not --from-json.")
-        from rollout_diag.drivers.engine import diff_runs
+        from rollout_diag.drivers.diff import diff_runs
 
         options = {"columns": parse_columns(column), "device": device, "strict": strict, "chunk_tokens": chunk_tokens}
         comparison_ab = diff_runs(
@@ -1157,7 +1157,7 @@ def check(
     """
     refuse_overwriting_inputs({"output": output, "junit": junit}, inputs, gates if gates != "default" else None)
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device)
-    from rollout_diag.drivers.engine import check_run
+    from rollout_diag.drivers.check import check_run
     from rollout_diag.render.decisions import check_table, junit_xml
     from rollout_diag.render.export import to_json_text
 
@@ -1231,9 +1231,10 @@ def diff(
       rollout-diag diff run/ --steps-a 0:99 --steps-b 100:199 -f json
       rollout-diag diff before/ after/ --by env_name
     """
-    from rollout_diag.drivers.engine import diff_runs, parse_step_range
+    from rollout_diag.drivers.diff import diff_runs
     from rollout_diag.render.decisions import diff_tables
     from rollout_diag.render.export import to_json_text
+    from rollout_diag.selection import parse_step_range
 
     if len(inputs) > 2:
         fail(f"diff takes one or two dumps (A, B), not {len(inputs)}; quote a glob or use a directory for many files.")

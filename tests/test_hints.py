@@ -35,7 +35,7 @@ from rollout_diag.decisions.hints import (
     find_hints,
     staleness,
 )
-from rollout_diag.drivers.engine import Analysis, open_reader, run_chunks
+from rollout_diag.drivers.passes import Analysis, open_reader, run_chunks
 from rollout_diag.errors import ColumnError, DataError
 from rollout_diag.metrics.hints import PROBABILITY_EDGES, TOKEN_SUMS
 from rollout_diag.render.hints import hint_lines

@@ -20,9 +20,10 @@ from rollout_diag.decisions.intrusive import INTRUSIVE_MIN_ESS, INTRUSIVE_REJECT
 from rollout_diag.decisions.recommend import judge_comparison
 from rollout_diag.drivers.distributed import AUTO, Workers, check_workers, resolve_workers, run_parts
 from rollout_diag.drivers.dump import reads_dump
-from rollout_diag.drivers.engine import build_result, check_targets
+from rollout_diag.drivers.engine import build_result
 from rollout_diag.drivers.exports import DecisionWriter
 from rollout_diag.drivers.passes import Inputs, PassSpec, Progress, open_reader, resolve_device, run_chunks
+from rollout_diag.drivers.sweep import check_targets
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.groups import GroupSpec, group_specs
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
