@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-
-import torch
+from typing import TYPE_CHECKING
 
 from rollout_diag.decisions.check import CheckResult, Gate, check
 from rollout_diag.drivers.dump import reads_dump
@@ -13,6 +12,9 @@ from rollout_diag.drivers.rowpass import row_pass
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.groups import GroupSpec, group_name
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
+
+if TYPE_CHECKING:
+    import torch  # annotations only: the driver's arithmetic runs in passes and metrics
 
 
 @reads_dump

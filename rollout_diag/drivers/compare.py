@@ -11,9 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from rollout_diag import catalogue
 from rollout_diag.decisions.intrusive import INTRUSIVE_MIN_ESS, INTRUSIVE_REJECTED_FRACTION, intrusive_reasons
@@ -32,6 +30,9 @@ from rollout_diag.metrics.sweep import DEFAULT_TARGETS, sweep_tables
 from rollout_diag.presets import Preset, resolve_presets
 from rollout_diag.results import AnalysisResult, ComparisonResult, PresetResult, StepResult, SweepOption
 from rollout_diag.selection import RowSelection, StepRange, selection
+
+if TYPE_CHECKING:
+    import torch  # annotations only: the driver's arithmetic runs in passes and metrics
 
 
 @reads_dump

@@ -5,9 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from rollout_diag.decisions.diff import (
     DEFAULT_LEVEL,
@@ -27,6 +25,9 @@ from rollout_diag.groups import GroupSpec
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
 from rollout_diag.presets import Preset, resolve_presets
 from rollout_diag.selection import StepRange
+
+if TYPE_CHECKING:
+    import torch  # annotations only: the driver's arithmetic runs in passes and metrics
 
 
 def diff_runs(

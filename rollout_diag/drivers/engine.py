@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from rollout_diag.decisions.analysis import judge_analysis
 from rollout_diag.drivers.distributed import AUTO, Workers, analyze_parts, check_workers, resolve_workers
@@ -30,6 +28,9 @@ from rollout_diag.metrics.localize import DEFAULT_CATASTROPHIC, DEFAULT_TOP_K
 from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS
 from rollout_diag.results import AnalysisResult, SkippedRow
 from rollout_diag.selection import StepRange, no_rows_match, selection, selection_summary
+
+if TYPE_CHECKING:
+    import torch  # annotations only: the driver's arithmetic runs in passes and metrics
 
 
 @reads_dump

@@ -7,10 +7,9 @@ import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from rollout_diag.drivers.engine import build_result
 from rollout_diag.drivers.passes import Analysis, Inputs, Progress, open_reader, resolve_device, run_chunks
@@ -23,6 +22,9 @@ from rollout_diag.metrics.rowstats import RowStatsCollector
 from rollout_diag.presets import Preset
 from rollout_diag.results import AnalysisResult, RowStats
 from rollout_diag.selection import StepRange
+
+if TYPE_CHECKING:
+    import torch  # annotations only: the driver's arithmetic runs in passes and metrics
 
 
 @dataclass

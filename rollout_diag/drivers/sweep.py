@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-
-import torch
+from typing import TYPE_CHECKING
 
 from rollout_diag.drivers.dump import reads_dump
 from rollout_diag.drivers.passes import Inputs, Progress, open_reader, resolve_device, run_chunks
@@ -12,6 +11,9 @@ from rollout_diag.errors import ConfigError, DataError, option_name
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
 from rollout_diag.metrics.sweep import DEFAULT_TARGETS, SweepAccumulator, sweep_tables
 from rollout_diag.results import SweepOption, SweepResult, SweepStep
+
+if TYPE_CHECKING:
+    import torch  # annotations only: the driver's arithmetic runs in passes and metrics
 
 
 def check_targets(targets: Sequence[float]) -> tuple[float, ...]:

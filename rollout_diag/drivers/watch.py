@@ -26,9 +26,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from rollout_diag.decisions.check import FAIL, Gate, check
 from rollout_diag.decisions.rowmetrics import KEY_METRIC_NAMES
@@ -42,10 +40,8 @@ from rollout_diag.drivers.passes import (
     run_chunks,
 )
 from rollout_diag.errors import ConfigError, DataError, InputError, RolloutDiagError, option_name
-from rollout_diag.io.formats import _STEP_OF as STEP_OF
-from rollout_diag.io.formats import PARQUET, prime_rl, resolve
-from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, MAX_SKIP_RECORDS, DumpReader, ReadLog
-from rollout_diag.io.reader import _describe as describe_columns
+from rollout_diag.io.formats import PARQUET, prime_rl, resolve, step_of
+from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, MAX_SKIP_RECORDS, DumpReader, ReadLog, describe_columns
 from rollout_diag.io.sources import Source
 from rollout_diag.io.writer import COMPLETE_PREFIX
 from rollout_diag.metrics.base import StepAccumulator
@@ -55,6 +51,9 @@ from rollout_diag.metrics.localize import DEFAULT_CATASTROPHIC, DEFAULT_TOP_K
 from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS
 from rollout_diag.metrics.rowstats import RowStatsCollector
 from rollout_diag.results import AnalysisResult, StepResult, json_number
+
+if TYPE_CHECKING:
+    import torch  # annotations only: the driver's arithmetic runs in passes and metrics
 
 DEFAULT_INTERVAL = 2.0  # seconds between polls
 Signature = tuple[int, int]  # (size, mtime in ns): a file that changes gets another
@@ -322,7 +321,7 @@ class Watcher:
         return read_any
 
     def _step_of(self, source: Source) -> int | None:
-        step = source.partition.get("step") if self.format == PARQUET else STEP_OF[self.format](Path(source.path))
+        step = source.partition.get("step") if self.format == PARQUET else step_of(self.format, Path(source.path))
         return step if isinstance(step, int) else None
 
     def _ready(self, source: Source, signature: Signature) -> bool:
