@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from rollout_diag.engine import ANALYSIS_QUANTITIES
+from rollout_diag.drivers.passes import ANALYSIS_QUANTITIES
 from rollout_diag.io.reader import DumpReader
 from rollout_diag.metrics.outcome import CorrectionAnalysis
 from rollout_diag.metrics.segments import prepare, stats

@@ -873,3 +873,20 @@ def legacy_twin(metric: Metric) -> Metric:
     """The §8 legacy helper's row of the same name as a §2 IS row (``mismatch/rollout_is_mean`` for
     ``rollout_corr/rollout_is_mean``): legacy presets report their weights under it. KeyError when it has none."""
     return CATALOGUE[LEGACY_PREFIX + metric.key.removeprefix(OFFPOLICY_PREFIX)]
+
+
+# ------------------------------------------------------------------------------- thresholds shared by two layers
+# The intrusive rule (decisions/intrusive.py applies it): a preset is "intrusive" (highlighted) when, over the run,
+# it would drop more than this share of model tokens (RS rejection, IcePop zero weights, legacy mask/veto) ...
+INTRUSIVE_REJECTED_FRACTION = 0.10
+# ... or its IS weights leave an effective sample size (rollout_is_eff_sample_size) below this.
+INTRUSIVE_MIN_ESS = 0.5
+# The hints' per-row tests (decisions/hints.py judges with them; metrics/hints.py scores example rows with them).
+# off_by_one: shifting the trainer logprobs one position at least halves mean |δ| ...
+SHIFT_MAX_RATIO = 0.5
+SHIFT_ROW_MIN_PAIRS = 16  # ≥ 16 pairs in the row, and an aligned mean |δ| ≥ 0.05 (a shifted gather gives |δ| ~ 1)
+SHIFT_ROW_MIN_ALIGNED = 0.05
+# processed_logprobs: a row's δ ≈ c·log p fit
+FIT_MIN_TOKENS = 8  # a row's δ ≈ c·log p fit needs this many model tokens
+FIT_MIN_SLOPE = 0.05  # |c| ≥ 0.05: a temperature (or scale) at least 5 % away from 1
+FIT_MIN_R2 = 0.5  # the line explains at least half of Σδ² in the row

@@ -20,7 +20,9 @@ import typer
 from rich.console import Console, Group
 from typer.core import TyperGroup
 
-from rollout_diag.dump import DEFAULT_CHUNK_TOKENS as CHUNK_TOKENS  # dump.py loads no pyarrow: --help stays light
+from rollout_diag.drivers.dump import (
+    DEFAULT_CHUNK_TOKENS as CHUNK_TOKENS,  # dump.py loads no pyarrow: --help stays light
+)
 from rollout_diag.errors import RolloutDiagError
 
 # The README's order:
@@ -457,9 +459,9 @@ def open_dump(
     workers: int | str = "auto",
     backend: str = "process",
 ):
-    """The command's :class:`~rollout_diag.dump.Dump` (its shared reading options, given once), opened before torch
-    is loaded: files found, footers read, columns resolved, so a missing file or column fails at once."""
-    from rollout_diag.dump import Dump
+    """The command's :class:`~rollout_diag.drivers.dump.Dump` (its shared reading options, given once), opened before
+    torch is loaded: files found, footers read, columns resolved, so a missing file or column fails at once."""
+    from rollout_diag.drivers.dump import Dump
     from rollout_diag.io.sources import check_inputs_exist
 
     check_inputs_exist(inputs)  # a mistyped path fails before pyarrow loads (0.3–0.5 s)
@@ -562,10 +564,10 @@ def analyze(
 
         writer_class()
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend)
-    from rollout_diag.engine import analyze as run_analysis
-    from rollout_diag.engine import parse_step_range
+    from rollout_diag.drivers.engine import analyze as run_analysis
     from rollout_diag.render.analysis import render_analysis
     from rollout_diag.render.export import analysis_csv, to_json_text
+    from rollout_diag.selection import parse_step_range
 
     with progress_bar(inputs) as progress:
         result = run_analysis(
@@ -661,7 +663,7 @@ def inspect(
 
     refuse_overwriting_inputs({"output": output}, inputs)
     dump = open_dump(inputs, input_format, trust_pickle, column, device=device)
-    from rollout_diag.engine import inspect_row
+    from rollout_diag.drivers.inspect import inspect_row
     from rollout_diag.render.export import to_json_text
     from rollout_diag.render.inspect import render_row
 
@@ -705,7 +707,7 @@ def sweep(
     """
     refuse_overwriting_inputs({"output": output}, inputs)
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device)
-    from rollout_diag.engine import threshold_sweep
+    from rollout_diag.drivers.sweep import threshold_sweep
     from rollout_diag.render.export import sweep_csv, to_json_text
     from rollout_diag.render.sweep import render_sweep
 
@@ -783,13 +785,13 @@ def compare_presets(
 
         writer_class()
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend)
-    from rollout_diag.compare import compare_presets as run_comparison
-    from rollout_diag.engine import parse_step_range
+    from rollout_diag.drivers.compare import compare_presets as run_comparison
     from rollout_diag.presets import choose_presets
     from rollout_diag.render.export import comparison_csv, to_json_text
     from rollout_diag.render.format import plain
     from rollout_diag.render.presets import presets_table
     from rollout_diag.render.sweep import render_sweep
+    from rollout_diag.selection import parse_step_range
 
     chosen = choose_presets(
         preset, presets_file, rollout_is, rollout_is_threshold, rollout_rs, rollout_rs_threshold, batch_normalize
@@ -944,9 +946,9 @@ def report(
 
         analysis, comparison = load_results(from_json)
     elif inputs:
-        from rollout_diag.compare import analyze_and_compare
-        from rollout_diag.engine import parse_step_range
+        from rollout_diag.drivers.compare import analyze_and_compare
         from rollout_diag.presets import choose_presets
+        from rollout_diag.selection import parse_step_range
 
         chosen = choose_presets(
             preset, presets_file, rollout_is, rollout_is_threshold, rollout_rs, rollout_rs_threshold, batch_normalize
@@ -971,7 +973,7 @@ def report(
     if vs:
         if not inputs:
             fail("--vs compares two dumps: give run A's dump(s) as FILE, not --from-json.")
-        from rollout_diag.engine import diff_runs
+        from rollout_diag.drivers.diff import diff_runs
 
         options = {"columns": parse_columns(column), "device": device, "strict": strict, "chunk_tokens": chunk_tokens}
         comparison_ab = diff_runs(
@@ -1155,7 +1157,7 @@ def check(
     """
     refuse_overwriting_inputs({"output": output, "junit": junit}, inputs, gates if gates != "default" else None)
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device)
-    from rollout_diag.engine import check_run
+    from rollout_diag.drivers.check import check_run
     from rollout_diag.render.decisions import check_table, junit_xml
     from rollout_diag.render.export import to_json_text
 
@@ -1229,9 +1231,10 @@ def diff(
       rollout-diag diff run/ --steps-a 0:99 --steps-b 100:199 -f json
       rollout-diag diff before/ after/ --by env_name
     """
-    from rollout_diag.engine import diff_runs, parse_step_range
+    from rollout_diag.drivers.diff import diff_runs
     from rollout_diag.render.decisions import diff_tables
     from rollout_diag.render.export import to_json_text
+    from rollout_diag.selection import parse_step_range
 
     if len(inputs) > 2:
         fail(f"diff takes one or two dumps (A, B), not {len(inputs)}; quote a glob or use a directory for many files.")
@@ -1328,8 +1331,8 @@ def watch(
     if report_every < 1:
         fail(f"--report-every {report_every}: must be a positive number of steps.")
     refuse_overwriting_inputs({"report": report_file}, [directory], gates if gates != "default" else None)
+    from rollout_diag.drivers.watch import watch as follow
     from rollout_diag.io.formats import check_format
-    from rollout_diag.watch import watch as follow
 
     chosen = chosen_gates(gates, max_, min_)
     updates = follow(

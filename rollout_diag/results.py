@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from rollout_diag.decisions.intrusive import INTRUSIVE_MIN_ESS, INTRUSIVE_REJECTED_FRACTION
+from rollout_diag.catalogue import INTRUSIVE_MIN_ESS, INTRUSIVE_REJECTED_FRACTION
 from rollout_diag.errors import ConfigError, InputError, option_name
 
 SCHEMA_VERSION = 1
@@ -177,6 +177,34 @@ class Trend:
     ci_high: float
     points: int
     summary: str  # one line for a human, empty when the data shows no significant trend
+
+
+Sums = Mapping[str, Any]  # one state of metrics/hints.py as plain floats and lists (a step's or the run's)
+
+
+@dataclass(frozen=True)
+class RowRef:
+    """A row to look at, with how strongly it shows the hint's pattern."""
+
+    step: int
+    sample_id: str
+    file: str
+    row: int
+    score: float
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What ``HintEvidenceAccumulator.evidence()`` hands over: sums for the run and per step, example rows per
+    hint, and per version lag [tokens, Σy, Σy², rows] (empty without a policy_version column)."""
+
+    run: Sums
+    steps: Mapping[int, Sums]
+    examples: Mapping[str, Sequence[RowRef]] = field(default_factory=dict)
+    lags: Mapping[int, Sequence[float]] = field(default_factory=dict)
+    has_versions: bool = False
+    # inputs without a mask column: (tokens read, of them rollout logprob exactly 0.0 where the trainer's < log 0.5)
+    unmasked: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True)

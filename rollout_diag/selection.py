@@ -139,3 +139,19 @@ def no_rows_match(chosen: RowSelection | None, left_out: int) -> str:
     """The sentence for a selection that kept no row."""
     what = [] if chosen is None else [f"{k} {v!r}" for k, v in chosen.describe().items()]
     return f"no row matches {' and '.join(what) or 'the selection'} ({left_out} rows read, none kept)."
+
+
+def parse_step_range(text: str | None, option: str) -> StepRange | None:
+    """``first:last`` (inclusive, either end may be empty) or a single step; raises ConfigError."""
+    if text is None:
+        return None
+    first, sep, last = text.partition(":")
+    try:
+        bounds = (
+            (int(first) if first.strip() else None, int(last) if last.strip() else None) if sep else (int(text),) * 2
+        )
+    except ValueError:
+        raise ConfigError(f"{option} {text}: expected FIRST:LAST steps, e.g. 0:99 (inclusive).") from None
+    if bounds[0] is not None and bounds[1] is not None and bounds[0] > bounds[1]:
+        raise ConfigError(f"{option} {text}: the first step is after the last.")
+    return bounds

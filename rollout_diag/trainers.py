@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rollout_diag.drivers.passes import Analysis
 from rollout_diag.errors import ConfigError
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.writer import MASK, ROLLOUT, TRAINER, PackedRows, WarnOnce, pack_padded, row_problems
@@ -25,7 +26,6 @@ from rollout_diag.metrics.base import State, StepAccumulator, merge_states
 from rollout_diag.metrics.localize import DEFAULT_CATASTROPHIC
 from rollout_diag.metrics.outcome import CorrectionAnalysis
 from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS
-from rollout_diag.passes import Analysis
 from rollout_diag.presets import Preset, resolve_presets
 
 BATCH_STEP = 0  # every update of a BatchMetrics is one training step: its state lives under this step key

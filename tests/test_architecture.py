@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "rollout_diag"
-DRIVERS = ("rollout_diag.engine", "rollout_diag.compare", "rollout_diag.distributed", "rollout_diag.passes")
+DRIVERS = (
+    "rollout_diag.drivers.engine",
+    "rollout_diag.drivers.compare",
+    "rollout_diag.drivers.distributed",
+    "rollout_diag.drivers.passes",
+)
 HEAVY = ("torch", "rich", "plotly", "pyarrow", "polars", "typer", "ray")
 
 
@@ -84,11 +89,14 @@ def in_group(target: str, prefixes: tuple[str, ...]) -> bool:
 
 
 def test_the_walk_sees_the_package():
-    assert {"rollout_diag.engine", "rollout_diag.passes", "rollout_diag.report", "rollout_diag.io.reader"} <= set(
-        modules()
-    )
-    assert "rollout_diag.passes" in imports_of("rollout_diag.distributed")
-    assert "torch" in imports_of("rollout_diag.passes")
+    assert {
+        "rollout_diag.drivers.engine",
+        "rollout_diag.drivers.passes",
+        "rollout_diag.report",
+        "rollout_diag.io.reader",
+    } <= set(modules())
+    assert "rollout_diag.drivers.passes" in imports_of("rollout_diag.drivers.distributed")
+    assert "torch" in imports_of("rollout_diag.drivers.passes")
 
 
 def test_no_import_circle():
@@ -116,14 +124,14 @@ def test_no_import_circle():
 
 
 def test_distributed_and_engine_share_the_pass_module():
-    assert "rollout_diag.engine" not in reachable("rollout_diag.distributed")
-    assert "rollout_diag.engine" not in reachable("rollout_diag.passes")
-    assert "rollout_diag.distributed" not in reachable("rollout_diag.passes")
+    assert "rollout_diag.drivers.engine" not in reachable("rollout_diag.drivers.distributed")
+    assert "rollout_diag.drivers.engine" not in reachable("rollout_diag.drivers.passes")
+    assert "rollout_diag.drivers.distributed" not in reachable("rollout_diag.drivers.passes")
 
 
 @pytest.mark.parametrize("group", ["rollout_diag.report", "rollout_diag.render"])
 def test_presentation_imports_no_driver_io_metrics_or_torch(group):
-    forbidden = (*DRIVERS, "rollout_diag.exports", "rollout_diag.io", "rollout_diag.metrics", "torch")
+    forbidden = (*DRIVERS, "rollout_diag.drivers.exports", "rollout_diag.io", "rollout_diag.metrics", "torch")
     for name in [n for n in modules() if in_group(n, (group,))]:
         wrong = sorted(t for t in reachable(name) if in_group(t, forbidden))
         assert not wrong, f"{name} reaches {wrong}"
@@ -168,34 +176,51 @@ def test_metrics_import_no_presentation_or_cli():
 
 
 def test_compare_holds_only_the_comparison():
-    tree = ast.parse(modules()["rollout_diag.compare"].read_text(encoding="utf-8"))
+    tree = ast.parse(modules()["rollout_diag.drivers.compare"].read_text(encoding="utf-8"))
     classes = [node.name for node in tree.body if isinstance(node, ast.ClassDef)]
     assert classes == [], "result types live in results.py, writers in io/ and exports.py"
 
 
 def test_the_intrusive_thresholds_live_in_one_module():
-    """Numeric ``INTRUSIVE_*`` constants and the rule itself (render's INTRUSIVE_STYLE is a colour, not a limit)."""
-    owners = set()
+    """Numeric ``INTRUSIVE_*`` constants in the catalogue (results.py names them as defaults without importing a
+    judgement), the rule itself in decisions.intrusive (render's INTRUSIVE_STYLE is a colour, not a limit)."""
+    owners: dict[str, set[str]] = {"threshold": set(), "rule": set()}
     for name, path in modules().items():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, (ast.Assign, ast.AnnAssign)):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 threshold = isinstance(node.value, ast.Constant) and isinstance(node.value.value, (int, float))
                 if threshold and any(isinstance(t, ast.Name) and t.id.startswith("INTRUSIVE_") for t in targets):
-                    owners.add(name)
+                    owners["threshold"].add(name)
             if isinstance(node, ast.FunctionDef) and node.name.lstrip("_") == "intrusive_reasons":
-                owners.add(name)
-    assert owners == {"rollout_diag.decisions.intrusive"}
+                owners["rule"].add(name)
+    assert owners == {"threshold": {"rollout_diag.catalogue"}, "rule": {"rollout_diag.decisions.intrusive"}}
 
 
 # The README's module map ("How it works"): group -> what nothing in it may reach.
 MODULE_MAP = {
-    "rollout_diag.dump": ("rollout_diag.engine", "rollout_diag.compare", "rich", "typer"),
-    "rollout_diag.passes": ("rollout_diag.engine", "rollout_diag.compare", "rollout_diag.distributed"),
-    "rollout_diag.engine": ("rich", "typer", "plotly", "rollout_diag.render", "rollout_diag.report"),
-    "rollout_diag.compare": ("rich", "typer", "plotly", "rollout_diag.render", "rollout_diag.report"),
-    "rollout_diag.distributed": ("rollout_diag.engine", "rollout_diag.compare", "rich", "typer", "plotly"),
-    "rollout_diag.exports": ("rich", "typer", "plotly", "rollout_diag.engine", "rollout_diag.compare"),
+    "rollout_diag.drivers.dump": ("rollout_diag.drivers.engine", "rollout_diag.drivers.compare", "rich", "typer"),
+    "rollout_diag.drivers.passes": (
+        "rollout_diag.drivers.engine",
+        "rollout_diag.drivers.compare",
+        "rollout_diag.drivers.distributed",
+    ),
+    "rollout_diag.drivers.engine": ("rich", "typer", "plotly", "rollout_diag.render", "rollout_diag.report"),
+    "rollout_diag.drivers.compare": ("rich", "typer", "plotly", "rollout_diag.render", "rollout_diag.report"),
+    "rollout_diag.drivers.distributed": (
+        "rollout_diag.drivers.engine",
+        "rollout_diag.drivers.compare",
+        "rich",
+        "typer",
+        "plotly",
+    ),
+    "rollout_diag.drivers.exports": (
+        "rich",
+        "typer",
+        "plotly",
+        "rollout_diag.drivers.engine",
+        "rollout_diag.drivers.compare",
+    ),
     "rollout_diag.results": ("torch", "rich", "plotly"),
     "rollout_diag.catalogue": ("torch", "rich", "plotly", "rollout_diag.metrics", "rollout_diag.io"),
     "rollout_diag.decisions": ("rich", "plotly", "rollout_diag.render", "rollout_diag.report"),
@@ -257,3 +282,159 @@ def test_type_checking_imports_of_result_types_are_allowed():
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from rollout_diag.decisions.diff import DiffResult\n"
     )
     assert not [node for node in _import_nodes(ast.parse(source)) if "decisions" in (node.module or "")]
+
+
+# Layers, lowest first: a module imports only from its own layer or lower ones (no arrow climbs back up). Within a
+# layer, the module map's own rules above apply.
+LAYERS = (
+    ("rollout_diag.errors", "rollout_diag.paths", "rollout_diag.progress"),
+    ("rollout_diag.presets", "rollout_diag.catalogue", "rollout_diag.selection"),
+    ("rollout_diag.results",),
+    ("rollout_diag.formatting", "rollout_diag.glossary"),
+    ("rollout_diag.io",),
+    ("rollout_diag.export",),
+    ("rollout_diag.kernels",),
+    ("rollout_diag.metrics",),
+    ("rollout_diag.groups", "rollout_diag.decisions"),
+    ("rollout_diag.drivers",),
+    ("rollout_diag.trainers", "rollout_diag.render", "rollout_diag.report"),
+    ("rollout_diag.cli",),
+)
+# The one arrow up, on purpose: a result's notebook view (_repr_html_) loads its renderer when a notebook asks.
+CLIMBS_ALLOWED = {("rollout_diag.results", "rollout_diag.export.notebook")}
+
+
+def layer_of(name: str) -> int | None:
+    ranked = [(len(prefix), rank) for rank, group in enumerate(LAYERS) for prefix in group if in_group(name, (prefix,))]
+    return max(ranked)[1] if ranked else None
+
+
+def test_every_module_has_a_layer():
+    assert [name for name in modules() if name != "rollout_diag" and layer_of(name) is None] == []
+
+
+def test_no_import_climbs_back_up():
+    climbs = []
+    for name in modules():
+        if name == "rollout_diag":  # the package's lazy table of public names (PEP 562) names every layer
+            continue
+        for target in imports_of(name):
+            if target in modules() and target != "rollout_diag" and layer_of(target) > layer_of(name):
+                climbs.append((name, target))
+    assert sorted(set(climbs) - CLIMBS_ALLOWED) == []
+
+
+def test_the_climb_check_sees_a_climb():
+    assert layer_of("rollout_diag.metrics.hints") < layer_of("rollout_diag.decisions.hints")
+    assert layer_of("rollout_diag.results") < layer_of("rollout_diag.decisions.intrusive")
+
+
+def _torch_outside_annotations(tree: ast.AST) -> int:
+    """How many ``torch.…`` names the code uses other than in annotations (which ``from __future__ import
+    annotations`` never evaluates)."""
+    annotations: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg) and node.annotation is not None:
+            annotations.update(id(inner) for inner in ast.walk(node.annotation))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns is not None:
+            annotations.update(id(inner) for inner in ast.walk(node.returns))
+        elif isinstance(node, ast.AnnAssign):
+            annotations.update(id(inner) for inner in ast.walk(node.annotation))
+    return sum(
+        1
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "torch"
+        and id(node) not in annotations
+    )
+
+
+def test_torch_is_imported_only_where_torch_runs():
+    """A module that imports torch calls it; one that only names it in annotations imports it under TYPE_CHECKING
+    (importing torch costs 1–2 s of a fresh process)."""
+    idle = []
+    for name, path in modules().items():
+        if "torch" in imports_of(name):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            if _torch_outside_annotations(tree) == 0:
+                idle.append(name)
+    assert idle == []
+
+
+def test_the_idle_torch_check_sees_an_annotation_only_use():
+    source = "import torch\ndef f(device: torch.device) -> torch.Tensor:\n    x: torch.Tensor = g()\n    return x\n"
+    assert _torch_outside_annotations(ast.parse(source)) == 0
+    assert _torch_outside_annotations(ast.parse("import torch\nzeros = torch.zeros(3)\n")) == 1
+
+
+@pytest.mark.parametrize(
+    "group",
+    [
+        "rollout_diag.decisions",
+        "rollout_diag.results",
+        "rollout_diag.catalogue",
+        "rollout_diag.presets",
+        "rollout_diag.selection",
+        "rollout_diag.render",
+        "rollout_diag.report",
+        "rollout_diag.export",
+        "rollout_diag.kernels",
+        "rollout_diag.io.sources",
+        "rollout_diag.io.columns",
+    ],
+)
+def test_modules_that_run_no_torch_reach_no_torch(group):
+    for name in [n for n in modules() if in_group(n, (group,))]:
+        assert "torch" not in reachable(name), name
+
+
+# Trainer formats: each is one module of io/formats/ that registers itself; nothing else names it.
+FORMAT_HELPERS = (
+    "rollout_diag.io.formats.base",
+    "rollout_diag.io.formats.safe_pickle",
+    "rollout_diag.io.formats.registry",
+)
+
+
+def test_every_format_module_registers_itself_and_the_package_names_none():
+    from rollout_diag.io.formats import FORMAT_NAMES
+    from rollout_diag.io.formats.registry import FORMATS
+
+    format_modules = [
+        name for name in modules() if name.startswith("rollout_diag.io.formats.") and name not in FORMAT_HELPERS
+    ]
+    for name in format_modules:
+        source = modules()[name].read_text(encoding="utf-8")
+        assert "register(" in source, f"{name} does not register itself"
+    assert len(FORMATS) == len(format_modules) and ("parquet", *FORMAT_NAMES[1:]) == FORMAT_NAMES
+    package_imports = imports_of("rollout_diag.io.formats")
+    assert not [name for name in format_modules if name in package_imports]
+
+
+def test_a_new_format_is_one_registration(tmp_path):
+    """A format registered at run time is detected by its files, read in step order and opened through its own
+    ``open_file``: no other module changes."""
+    from rollout_diag.io.formats import format_of, open_source, resolve
+    from rollout_diag.io.formats.registry import FORMATS, TrainerFormat, register
+
+    opened = []
+    fake = TrainerFormat(
+        name="fake-rl",
+        suffix=".fake",
+        described="step_N.fake",
+        step_of=lambda path: int(path.stem.split("_")[1]) if path.stem.startswith("step_") else None,
+        open_file=lambda path, trust_pickle: opened.append((path, trust_pickle)) or "opened",
+        order=99,
+        by_name=lambda path: path.stem.startswith("step_"),
+    )
+    for step in (10, 2):
+        (tmp_path / f"step_{step}.fake").write_text("x")
+    register(fake)
+    try:
+        assert format_of(tmp_path / "step_2.fake") == "fake-rl"
+        fmt, sources = resolve([str(tmp_path)])
+        assert fmt == "fake-rl" and [s.path for s in sources] == [str(tmp_path / f"step_{n}.fake") for n in (2, 10)]
+        assert open_source(sources[0], fmt, trust_pickle=True) == "opened" and opened == [(sources[0].path, True)]
+    finally:
+        del FORMATS["fake-rl"]

@@ -18,7 +18,7 @@ from test_cli import error_line, invoke
 from rollout_diag import catalogue
 from rollout_diag.decisions.check import DEFAULT_GATES, Gate, check, load_gates, metric_values, parse_gate
 from rollout_diag.decisions.rowmetrics import KEY_METRICS, by_step
-from rollout_diag.engine import row_pass
+from rollout_diag.drivers.rowpass import row_pass
 from rollout_diag.errors import ConfigError
 from rollout_diag.results import AnalysisResult, StepResult
 

@@ -314,7 +314,7 @@ def test_console_script_runs_analyze(sample: Path, sample_json: dict) -> None:
 
 def test_cli_chunk_default_is_the_readers() -> None:
     from rollout_diag.cli import CHUNK_TOKENS
-    from rollout_diag.dump import DEFAULT_CHUNK_TOKENS as DUMP_CHUNK_TOKENS
+    from rollout_diag.drivers.dump import DEFAULT_CHUNK_TOKENS as DUMP_CHUNK_TOKENS
     from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
 
     assert CHUNK_TOKENS == DUMP_CHUNK_TOKENS == DEFAULT_CHUNK_TOKENS

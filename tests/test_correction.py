@@ -36,10 +36,10 @@ from reference import (
     token_mean,
 )
 
-from rollout_diag.compare import compare_presets
 from rollout_diag.decisions.intrusive import INTRUSIVE_MIN_ESS, intrusive_reasons
+from rollout_diag.drivers.compare import compare_presets
+from rollout_diag.drivers.exports import export_decisions
 from rollout_diag.errors import ConfigError, DataError
-from rollout_diag.exports import export_decisions
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.outcome import CorrectionAnalysis
 from rollout_diag.metrics.segments import ChunkStats

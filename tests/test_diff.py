@@ -15,7 +15,7 @@ from test_cli import error_line, invoke, succeeded
 
 import rollout_diag as rd
 from rollout_diag.decisions.diff import BETTER, SAME, WORSE, DiffSide, diff
-from rollout_diag.engine import diff_runs
+from rollout_diag.drivers.diff import diff_runs
 from rollout_diag.errors import ConfigError
 from rollout_diag.metrics.rowstats import ROW_SUMS
 from rollout_diag.results import AnalysisResult, RowStats, StepResult

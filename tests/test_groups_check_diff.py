@@ -23,7 +23,8 @@ from typer.testing import CliRunner
 from rollout_diag import analyze
 from rollout_diag.cli import app
 from rollout_diag.decisions.check import MAX, Gate, load_gates
-from rollout_diag.engine import check_run, diff_runs
+from rollout_diag.drivers.check import check_run
+from rollout_diag.drivers.diff import diff_runs
 from rollout_diag.groups import group_name
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"

@@ -335,7 +335,7 @@ def test_sweep_charts_one_per_option_with_unrepeated_ticks() -> None:
 
 
 def test_report_has_a_rounds_section_only_for_multi_turn_data(tmp_path: Path) -> None:
-    from rollout_diag.engine import analyze
+    from rollout_diag.drivers.engine import analyze
     from rollout_diag.report import render_report
 
     single = write_sequence_dump(tmp_path / "single.parquet", random_rows(5, env_share=0.0))
@@ -371,7 +371,7 @@ def test_inspect_window_shows_positions_of_the_row_not_of_the_window() -> None:
 def test_anomaly_counts_include_the_flags_the_result_cut() -> None:
     import dataclasses
 
-    from rollout_diag.engine import analyze
+    from rollout_diag.drivers.engine import analyze
     from rollout_diag.render.analysis import render_analysis
     from rollout_diag.report import render_report
     from rollout_diag.results import Anomaly

@@ -32,15 +32,15 @@ from rollout_diag.decisions.hints import (
     Contrast,
     Evidence,
     Group,
-    RowRef,
     find_hints,
     staleness,
 )
-from rollout_diag.engine import Analysis, open_reader, run_chunks
+from rollout_diag.drivers.passes import Analysis, open_reader, run_chunks
 from rollout_diag.errors import ColumnError, DataError
 from rollout_diag.metrics.hints import PROBABILITY_EDGES, TOKEN_SUMS
 from rollout_diag.render.hints import hint_lines
 from rollout_diag.report import render_report
+from rollout_diag.results import RowRef
 
 REPO = Path(__file__).resolve().parent.parent
 REAL_SAMPLE = REPO / "sample_data" / "textgenrnn_bf16_vs_fp32.parquet"

@@ -272,7 +272,7 @@ def test_a_fresh_cache_compiles_once_and_says_so(tmp_path):
 
 def test_dump_engine_option_selects_the_engine(tmp_path, monkeypatch):
     """``Dump(engine=…)`` holds for the calls that read it; without one the process setting holds."""
-    from rollout_diag.dump import Dump
+    from rollout_diag.drivers.dump import Dump
     from rollout_diag.metrics import segments
 
     monkeypatch.delenv(ENVIRONMENT, raising=False)

@@ -15,13 +15,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rollout_diag as rd
-from rollout_diag import distributed
 from rollout_diag.decisions import trends
 from rollout_diag.decisions.check import Gate
-from rollout_diag.engine import check_run, diff_runs, threshold_sweep
+from rollout_diag.drivers import distributed
+from rollout_diag.drivers.check import check_run
+from rollout_diag.drivers.diff import diff_runs
+from rollout_diag.drivers.passes import Analysis, run_chunks
+from rollout_diag.drivers.sweep import threshold_sweep
 from rollout_diag.io.reader import DumpReader
 from rollout_diag.metrics.base import Ragged, Sparse, StateTable, StepAccumulator, merge_states
-from rollout_diag.passes import Analysis, run_chunks
 from rollout_diag.report import render_report
 from rollout_diag.results import Anomaly, StepResult
 

@@ -368,7 +368,7 @@ def test_presets_section_from_a_comparison(real_result):
 
 
 def test_real_comparison_and_comparison_alone(tmp_path):
-    from rollout_diag.compare import compare_presets  # issue 4's module
+    from rollout_diag.drivers.compare import compare_presets  # issue 4's module
 
     comparison = compare_presets(str(real_dump()), device="cpu")
     html = render_report(comparison)  # no analysis: verdicts and trends from the presets' §1 metrics
@@ -539,7 +539,7 @@ def test_zero_catastrophic_tokens_say_none(tmp_path):
 
 
 def test_ratio_thresholds_are_spread_by_ln_u_and_pass_through_verl_defaults():
-    from rollout_diag.compare import compare_presets
+    from rollout_diag.drivers.compare import compare_presets
 
     comparison = compare_presets(str(real_dump()), device="cpu", presets=["decoupled_geo_rs"])
     html = render_report(comparison)

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 import rollout_diag as rd
+from rollout_diag.drivers.passes import open_reader, run_chunks
 from rollout_diag.errors import ConfigError, InputError
 from rollout_diag.metrics.sweep import SweepAccumulator, sweep_tables
-from rollout_diag.passes import open_reader, run_chunks
 from rollout_diag.report import render_report
 from rollout_diag.results import ComparisonResult, PresetResult, StepResult, SweepOption, SweepResult, SweepStep
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import rollout_diag as rd
-from rollout_diag.watch import Watcher, watch
+from rollout_diag.drivers.watch import Watcher, watch
 
 
 def batch(seed: int, rows: int = 5, width: int = 12, spread: float = 0.05) -> dict[str, Any]:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from rollout_diag.catalogue import parse_round_key, round_quantity
+from rollout_diag.catalogue import SHIFT_MAX_RATIO, parse_round_key, round_quantity
 from rollout_diag.decisions.trends import least_squares
-from rollout_diag.results import AnalysisResult, Hint
+from rollout_diag.results import AnalysisResult, Evidence, Hint, Sums
 
 HINT_IDS = (
     "off_by_one",
@@ -32,13 +32,12 @@ HINT_IDS = (
 MIN_GROUP_TOKENS = 30  # each side of a comparison needs this many tokens
 MIN_T = 5.0  # Welch's t over tokens; tokens of one row are correlated, so well above the usual 2–3
 MIN_GAP = 1e-3  # the elevated group's mean min(|δ|, 1) exceeds the other's by at least this: negligible otherwise
-# off_by_one: shifting the trainer logprobs one position at least halves mean |δ| over ≥ 100 token pairs
-SHIFT_MAX_RATIO = 0.5
+# off_by_one: shifting the trainer logprobs one position at least halves mean |δ| (SHIFT_MAX_RATIO) over ≥ 100
+# token pairs
 SHIFT_MIN_PAIRS = 100
 SHIFT_MIN_ALIGNED = 0.01  # … and the aligned mean |δ| is at least the log-ppl watch level;
-SHIFT_MIN_ROWS = 3  # or, when only some rows or steps are shifted, ≥ 3 rows pass the test on their own pairs:
-SHIFT_ROW_MIN_PAIRS = 16  # ≥ 16 pairs in the row, and an aligned mean |δ| ≥ 0.05 (a shifted gather gives |δ| ~ 1)
-SHIFT_ROW_MIN_ALIGNED = 0.05
+SHIFT_MIN_ROWS = 3  # or, when only some rows or steps are shifted, ≥ 3 rows pass the test on their own pairs
+# (SHIFT_ROW_MIN_PAIRS, SHIFT_ROW_MIN_ALIGNED in catalogue.py: the evidence accumulator tests each row with them)
 # no_mask: without a mask column, ≥ 1 % of the tokens have rollout logprob exactly 0.0 where the trainer's is below
 # log 0.5 (the reader's warning states the same rule): environment tokens the engine never scored
 NO_MASK_MIN_SHARE = 0.01
@@ -47,9 +46,7 @@ NO_MASK_MIN_SHARE = 0.01
 DUMMY_MIN_TOKENS = 10
 DUMMY_MIN_SHARE = 0.005
 # processed_logprobs: ≥ 8 rows with a fit, and ≥ half of them with a same-sign slope |c| ≥ 0.05 and R² ≥ 0.5
-FIT_MIN_TOKENS = 8  # a row's δ ≈ c·log p fit needs this many model tokens
-FIT_MIN_SLOPE = 0.05  # |c| ≥ 0.05: a temperature (or scale) at least 5 % away from 1
-FIT_MIN_R2 = 0.5  # the line explains at least half of Σδ² in the row
+# (FIT_MIN_TOKENS, FIT_MIN_SLOPE, FIT_MIN_R2 in catalogue.py: the evidence accumulator tests each row's fit)
 PROCESSED_MIN_ROWS = 8
 PROCESSED_MIN_SHARE = 0.5
 EDGE_MIN_FACTOR = 3.0  # first_token / last_token: mean at least 3× the other tokens'
@@ -62,33 +59,6 @@ STALENESS_MIN_FACTOR = 1.5  # rows behind the freshest policy at least 1.5× the
 MAX_STEPS = 10  # steps listed per hint
 PROBABILITY_LABELS = ("p ≥ 0.9", "0.5 ≤ p < 0.9", "0.1 ≤ p < 0.5", "0.01 ≤ p < 0.1", "p < 0.01")
 LOW_BUCKETS, HIGH_BUCKETS = (3, 4), (0, 1)
-
-Sums = Mapping[str, Any]  # one state of metrics/hints.py as plain floats and lists (a step's or the run's)
-
-
-@dataclass(frozen=True)
-class RowRef:
-    """A row to look at, with how strongly it shows the hint's pattern."""
-
-    step: int
-    sample_id: str
-    file: str
-    row: int
-    score: float
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """What ``HintEvidenceAccumulator.evidence()`` hands over: sums for the run and per step, example rows per
-    hint, and per version lag [tokens, Σy, Σy², rows] (empty without a policy_version column)."""
-
-    run: Sums
-    steps: Mapping[int, Sums]
-    examples: Mapping[str, Sequence[RowRef]] = field(default_factory=dict)
-    lags: Mapping[int, Sequence[float]] = field(default_factory=dict)
-    has_versions: bool = False
-    # inputs without a mask column: (tokens read, of them rollout logprob exactly 0.0 where the trainer's < log 0.5)
-    unmasked: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The intrusive rule: when a rollout-correction preset throws away too much of the training signal.
 
-The only place the thresholds live: compare-presets marks presets with it, the terminal table, the report, the
-glossary and the recommendation read it from here. Pure: run metrics in, reasons out.
+The only place the rule lives (its two thresholds are catalogue rows, so that results.py can name them without
+importing a judgement): compare-presets marks presets with it, the terminal table, the report, the glossary and the
+recommendation read it from here. Pure: run metrics in, reasons out.
 """
 
 from __future__ import annotations
@@ -10,12 +11,8 @@ import math
 from collections.abc import Mapping
 
 from rollout_diag import catalogue
+from rollout_diag.catalogue import INTRUSIVE_MIN_ESS, INTRUSIVE_REJECTED_FRACTION
 
-# A preset is "intrusive" (highlighted) when, over the run, it would drop more than this share of model
-# tokens (RS rejection, IcePop zero weights, legacy mask/veto) ...
-INTRUSIVE_REJECTED_FRACTION = 0.10
-# ... or its IS weights leave an effective sample size (rollout_is_eff_sample_size) below this.
-INTRUSIVE_MIN_ESS = 0.5
 # Where each number is read: summary/ covers every family; rollout_corr/ is verl's helper (§2), mismatch/ §8.
 REJECTED_KEY = catalogue.REJECTED_TOKEN_FRACTION.key
 ESS_KEYS = (catalogue.IS_EFF_SAMPLE_SIZE.key, catalogue.legacy_twin(catalogue.IS_EFF_SAMPLE_SIZE).key)

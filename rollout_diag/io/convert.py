@@ -33,11 +33,11 @@ from rollout_diag.io.outputs import check_outputs, commit, discard, temporary_be
 from rollout_diag.io.reader import (
     DEFAULT_CHUNK_TOKENS,
     DumpReader,
-    _column_names,
-    _extra_cap_warnings,
-    _one_line,
-    _OpenFile,
-    _row_groups,
+    OpenFile,
+    column_names,
+    extra_cap_warnings,
+    one_line,
+    row_groups,
 )
 from rollout_diag.results import SkippedRow
 
@@ -169,8 +169,8 @@ def convert(
     writer = _StepWriter(temporary, schema, partition)
     try:
         for opened in reader.files:
-            names = _column_names(opened) + [name for name in _all_extras(opened) if name not in opened.extras]
-            for batch, first_row in _row_groups(opened, names, lambda: 4096, reader):
+            names = column_names(opened) + [name for name in _all_extras(opened) if name not in opened.extras]
+            for batch, first_row in row_groups(opened, names, lambda: 4096, reader):
                 table = _canonical(opened, batch, first_row, reader, schema)
                 steps = table.column("step").to_numpy()
                 starts = np.concatenate([[0], np.flatnonzero(steps[1:] != steps[:-1]) + 1, [len(steps)]])
@@ -187,7 +187,7 @@ def convert(
     written = [str(output / Path(path).relative_to(temporary)) if partition else str(output) for path in writer.files]
     repeated = sorted(step for step, parts in writer.written.items() if parts > 1)
     # the reader's notes on extra columns its tables leave out do not apply: convert writes every one
-    not_shown = set(_extra_cap_warnings(reader.files))
+    not_shown = set(extra_cap_warnings(reader.files))
     warnings = [line for line in reader.log.warnings if line not in not_shown] + clashes
     if repeated:
         warnings.append(
@@ -207,13 +207,13 @@ def convert(
     )
 
 
-def _all_extras(opened: _OpenFile) -> list[str]:
+def _all_extras(opened: OpenFile) -> list[str]:
     """Every per-row scalar column no role takes, in file order: those ``analyze`` carries, those beyond its cap
     of 16, and long text it leaves out of its tables."""
     return [*opened.extras, *opened.extras_left_out, *(name for name, _ in opened.extras_long)]
 
 
-def _schema(files: list[_OpenFile]) -> tuple[pa.Schema, list[str]]:
+def _schema(files: list[OpenFile]) -> tuple[pa.Schema, list[str]]:
     """The output schema: the canonical columns present in any file, then policy_version, then every extra column
     in order of appearance (with the first file's type); and one warning per extra column left out because the
     canonical layout uses its name for a role."""
@@ -242,7 +242,7 @@ def _listed(paths: list[str]) -> str:
     return ", ".join(paths[:3]) + (f" (and {len(paths) - 3} more)" if len(paths) > 3 else "")
 
 
-def _canonical(opened: _OpenFile, batch: pa.RecordBatch, first_row: int, reader: DumpReader, schema: pa.Schema):
+def _canonical(opened: OpenFile, batch: pa.RecordBatch, first_row: int, reader: DumpReader, schema: pa.Schema):
     """The batch under canonical names and types; rows the format could not read are logged and dropped."""
     path = opened.source.path
     rows = np.arange(batch.num_rows, dtype=np.int64)
@@ -308,6 +308,6 @@ def _column(batch: pa.RecordBatch, name: str | None, output: pa.Field, path: str
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise InputError(
             f"{where(path, column=name)}cannot be written as {output.type}, the type of '{output.name}' in the "
-            f"first file that has it ({_one_line(exc)}).",
+            f"first file that has it ({one_line(exc)}).",
             hint="convert the files whose types differ separately.",
         ) from exc

@@ -1,7 +1,7 @@
 """The per-row decisions file (``compare-presets --export-decisions``): its columns and its Parquet writer.
 
 Only the file side lives here (names, types, writing); what each preset does to each row is computed by
-``rollout_diag.exports.DecisionWriter``, which hands this writer one chunk's columns at a time.
+``rollout_diag.drivers.exports.DecisionWriter``, which hands this writer one chunk's columns at a time.
 """
 
 from __future__ import annotations

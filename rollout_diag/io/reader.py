@@ -525,7 +525,7 @@ class DumpReader:
             if dict(opened.columns.names) != dict(first.columns.names):
                 self.log.warnings.append(
                     f"{opened.source.path}: columns differ from the first file's "
-                    f"({_describe(opened.columns)} vs {_describe(first.columns)})."
+                    f"({describe_columns(opened.columns)} vs {describe_columns(first.columns)})."
                 )
         self.log.total_rows = sum(f.parquet.metadata.num_rows for f in self.files)
         if self.log.total_rows == 0:
@@ -851,7 +851,8 @@ def _extra_cap_warnings(files: Sequence[_OpenFile]) -> list[str]:
     return warnings
 
 
-def _describe(columns: ColumnMap) -> str:
+def describe_columns(columns: ColumnMap) -> str:
+    """``role=column, …``: which column plays each role."""
     return ", ".join(f"{role}={name}" for role, name in columns.names.items())
 
 
@@ -1454,3 +1455,13 @@ def _fmt(value: float) -> str:
 
 
 __all__ = ["DEFAULT_CHUNK_TOKENS", "DumpReader", "ReadLog", "RolloutDiagError"]
+
+
+# The reader's seam for the other io modules (io/convert.py reads files through these names, never through the
+# underscored ones): a file the reader opened, its row groups as canonical batches, the columns it reads, the
+# warnings about capped extra columns, an exception as one line.
+OpenFile = _OpenFile
+row_groups = _row_groups
+column_names = _column_names
+extra_cap_warnings = _extra_cap_warnings
+one_line = _one_line

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
-import torch
 
 from rollout_diag import catalogue
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator, as_float, sample_std
 from rollout_diag.metrics.segments import stats
+
+if TYPE_CHECKING:
+    import torch  # annotations only
 
 PREFIX = catalogue.DEBUG_PREFIX
 

@@ -18,20 +18,19 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from rollout_diag.decisions.hints import (
+from rollout_diag.catalogue import (
     FIT_MIN_R2,
     FIT_MIN_SLOPE,
     FIT_MIN_TOKENS,
     SHIFT_MAX_RATIO,
     SHIFT_ROW_MIN_ALIGNED,
     SHIFT_ROW_MIN_PAIRS,
-    Evidence,
-    RowRef,
 )
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StateTable, StepAccumulator
 from rollout_diag.metrics.localize import POSITION_BUCKETS, TopK
 from rollout_diag.metrics.segments import ChunkStats, KernelStats, quantity, reduce_runs, stats
+from rollout_diag.results import Evidence, RowRef
 
 CLIP = 1.0  # group means use min(|δ|, 1) (ρ outside [1/e, e] counts as 1): a few catastrophic tokens cannot carry one
 LOG_HALF = math.log(0.5)  # a logprob of exactly 0 (p = 1) where the other side says p < 0.5 is no rounding error

@@ -23,7 +23,7 @@ from rollout_diag.render.format import level, number, plain
 from rollout_diag.render.summary import most_divergent_round
 
 if TYPE_CHECKING:
-    from rollout_diag.watch import StepReport, WatchUpdate
+    from rollout_diag.drivers.watch import StepReport, WatchUpdate
 
 KEY_METRICS = (catalogue.K3_KL.key, catalogue.CHI2_TOKEN.key, catalogue.LOG_PPL_ABS_DIFF.key)
 SHOWN_STEPS = 8  # rows of the last-steps table
@@ -34,7 +34,7 @@ CHANGE_RATIO = 1.2  # a step-to-step change of the headline metric worth an arro
 
 
 class WatchView:
-    """What the live view shows, updated from each :class:`~rollout_diag.watch.WatchUpdate`."""
+    """What the live view shows, updated from each :class:`~rollout_diag.drivers.watch.WatchUpdate`."""
 
     def __init__(self, directory: str, clock=time.monotonic) -> None:
         self.directory = directory

@@ -5,31 +5,30 @@ Every format opens a file as something with the ``pyarrow.parquet.ParquetFile`` 
 :class:`~rollout_diag.io.formats.base.RowsFile` of canonical sequence-layout batches. The reader does the
 rest, the same for all.
 
-| format    | what is read                                             | module        |
-|-----------|----------------------------------------------------------|---------------|
-| parquet   | ``*.parquet`` (rollout-diag's own layout, any columns)   | io/reader.py  |
-| prime-rl  | ``token_exports/step_<N>/rank_<R>.jsonl`` (STABLE steps)  | prime_rl.py   |
-| nemo-rl   | ``train_data_step<N>.jsonl``                             | nemo_rl.py    |
-| slime     | ``<dump-details>/train_data/<rollout_id>.pt``            | slime.py      |
-| skyrl     | ``dumped_data/global_step_<N>_training_input.pkl``       | skyrl.py      |
-| verl      | pickled ``DataProto`` (``save_to_disk``) ``*.pkl``       | verl_pickle.py|
+Parquet (``*.parquet``, rollout-diag's own layout, any columns) is the reader's own. Every other format is one
+module of this package that registers itself (:mod:`rollout_diag.io.formats.registry`); its docstring says what
+it reads. This module imports every module of the package, so a new format is one new module.
 """
 
 from __future__ import annotations
 
-import json
+import importlib
 import os
+import pkgutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rollout_diag.errors import ConfigError, InputError, option_name
-from rollout_diag.io.formats import nemo_rl, prime_rl, safe_pickle, skyrl, slime, verl_pickle
-from rollout_diag.io.formats.base import RowsFile, natural_key
+from rollout_diag.io.formats.base import natural_key
+from rollout_diag.io.formats.registry import FORMATS, Peek, ordered
 from rollout_diag.io.sources import DirectoryWalker, Source, expand_inputs, refuse_remote
 
+for _module in pkgutil.iter_modules(__path__):  # each format module registers itself when imported
+    importlib.import_module(f"{__name__}.{_module.name}")
+
 PARQUET = "parquet"
-FORMAT_NAMES = (PARQUET, prime_rl.NAME, nemo_rl.NAME, slime.NAME, skyrl.NAME, verl_pickle.NAME)
+FORMAT_NAMES = (PARQUET, *(trainer_format.name for trainer_format in ordered()))
 _GLOB_CHARS = set("*?[")
 
 
@@ -84,43 +83,24 @@ def _candidates(given: str) -> list[tuple[Path, Path | None]]:
     raise InputError(f"{given}: no such file or directory.")
 
 
-def _first_record(path: Path) -> dict[str, Any] | None:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            for line in handle:
-                if line.strip():
-                    record = json.loads(line)
-                    return record if isinstance(record, dict) else None
-    except (OSError, ValueError):
-        return None
-    return None
-
-
 def format_of(path: Path) -> str | None:
-    """The format one file belongs to, from its name and, where names do not tell, its first record."""
-    name = path.name
-    if name.endswith(".parquet"):
+    """The format one file belongs to, from its name and, where names do not tell, its content."""
+    if path.name.endswith(".parquet"):
         return PARQUET
-    if name.endswith(".jsonl"):
-        if prime_rl.step_of(path) is not None and name.startswith("rank_"):
-            return prime_rl.NAME
-        if nemo_rl.step_of(path) is not None:
-            return nemo_rl.NAME
-        record = _first_record(path)
-        if record is not None and prime_rl.looks_like(record):
-            return prime_rl.NAME
-        if record is not None and nemo_rl.looks_like(record):
-            return nemo_rl.NAME
-        return None
-    if name.endswith(".pt"):
-        return slime.NAME if path.parent.name != "rollout_data" else None
-    if name.endswith(".pkl"):
-        names = safe_pickle.global_names(str(path))
-        if names & set(skyrl.MARKERS):
-            return skyrl.NAME
-        if names & set(verl_pickle.MARKERS):
-            return verl_pickle.NAME
+    candidates = [trainer_format for trainer_format in ordered() if path.name.endswith(trainer_format.suffix)]
+    for trainer_format in candidates:
+        if trainer_format.by_name(path):
+            return trainer_format.name
+    peek = Peek(path)
+    for trainer_format in candidates:
+        if trainer_format.by_content(path, peek):
+            return trainer_format.name
     return None
+
+
+def step_of(fmt: str, path: Path) -> int | None:
+    """The step a file of trainer format ``fmt`` holds, from its path (None when the path does not say)."""
+    return FORMATS[fmt].step_of(path)
 
 
 def resolve(
@@ -147,9 +127,9 @@ def resolve(
             continue
         if input_format is None and not any(fmt for *_, fmt in detected):
             what = "directory holds no .parquet file" if Path(given).is_dir() else "not a dump of a known format"
+            described = ", ".join(trainer_format.described for trainer_format in ordered())
             raise InputError(
-                f"{given}: {what} (nor token_exports/step_N/rank_R.jsonl, train_data_stepN.jsonl, "
-                "train_data/N.pt, a SkyRL or verl *.pkl).",
+                f"{given}: {what} (nor {described}).",
                 hint=f"name the format with {option_name('input_format')} ({', '.join(FORMAT_NAMES)}).",
             )
         found += detected
@@ -170,13 +150,12 @@ def resolve(
 def _select(
     fmt: str, found: list[tuple[Path, Path | None, str | None]], forced: bool
 ) -> tuple[list[Source], list[str]]:
-    warnings: list[str] = []
     picked: list[Path] = []
     seen: set[str] = set()
     named: set[Path] = set()  # files the user named (not found in a directory)
     for path, root, detected in found:
         # forced: a file the user named, or one with the format's extension whose content did not tell
-        taken = forced and (root is None or (detected is None and path.suffix == _SUFFIX[fmt]))
+        taken = forced and (root is None or (detected is None and path.suffix == FORMATS[fmt].suffix))
         if detected != fmt and not taken:
             continue
         key = str(path.resolve())
@@ -185,53 +164,12 @@ def _select(
             picked.append(path)
             if root is None:
                 named.add(path)
-    if fmt == slime.NAME:
-        train = [path for path in picked if slime.is_train_dump(path)]
-        picked = train or picked
-    if fmt == prime_rl.NAME:
-        picked, warnings = _stable_steps(picked, named)
+    picked, warnings = FORMATS[fmt].select(picked, named)
     if not picked:
         raise InputError(f"{', '.join(sorted({str(r or p) for p, r, _ in found}))}: no {fmt} file to read.")
-    step_of = _STEP_OF[fmt]
-    picked.sort(key=lambda path: (step_of(path) if step_of(path) is not None else -1, natural_key(path)))
+    step = FORMATS[fmt].step_of
+    picked.sort(key=lambda path: (step(path) if step(path) is not None else -1, natural_key(path)))
     return [Source(path=str(path), partition={}) for path in picked], warnings
-
-
-def _stable_steps(files: list[Path], named: set[Path]) -> tuple[list[Path], list[str]]:
-    """prime-rl: keep files of step directories that carry the STABLE marker, and files the user named
-    (with a warning when theirs lacks it); say which were left out."""
-    kept, incomplete, warnings = [], set(), []
-    for path in files:
-        if (path.parent / prime_rl.STABLE_MARKER).exists():
-            kept.append(path)
-        elif path in named:
-            kept.append(path)
-            warnings.append(f"{path}: its directory has no STABLE marker; the step may be incomplete.")
-        else:
-            incomplete.add(path.parent)
-    if incomplete:
-        names = ", ".join(str(d) for d in sorted(incomplete, key=natural_key))
-        warnings.append(
-            f"{len(incomplete)} step director{'y' if len(incomplete) == 1 else 'ies'} without a STABLE marker "
-            f"(still being written, or the run stopped mid-step) left out: {names}."
-        )
-    return kept, warnings
-
-
-_SUFFIX = {
-    prime_rl.NAME: ".jsonl",
-    nemo_rl.NAME: ".jsonl",
-    slime.NAME: ".pt",
-    skyrl.NAME: ".pkl",
-    verl_pickle.NAME: ".pkl",
-}
-_STEP_OF = {
-    prime_rl.NAME: prime_rl.step_of,
-    nemo_rl.NAME: nemo_rl.step_of,
-    slime.NAME: slime.step_of,
-    skyrl.NAME: skyrl.step_of,
-    verl_pickle.NAME: verl_pickle.step_of,
-}
 
 
 # ------------------------------------------------------------------------------------ opening
@@ -245,18 +183,7 @@ def open_source(source: Source, fmt: str, trust_pickle: bool = False) -> Any:
         import pyarrow.parquet as pq
 
         return pq.ParquetFile(path)
-    opened: RowsFile
-    if fmt == prime_rl.NAME:
-        opened = prime_rl.open_file(path)
-    elif fmt == nemo_rl.NAME:
-        opened = nemo_rl.open_file(path)
-    elif fmt == slime.NAME:
-        opened = slime.open_file(path)
-    elif fmt == skyrl.NAME:
-        opened = skyrl.open_file(path, trust_pickle)
-    else:
-        opened = verl_pickle.open_file(path, trust_pickle)
-    return opened
+    return FORMATS[fmt].open_file(path, trust_pickle)
 
 
-__all__ = ["FORMAT_NAMES", "PARQUET", "DumpInputs", "check_format", "format_of", "open_source", "resolve"]
+__all__ = ["FORMAT_NAMES", "PARQUET", "DumpInputs", "check_format", "format_of", "open_source", "resolve", "step_of"]

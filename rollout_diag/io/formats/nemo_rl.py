@@ -40,6 +40,7 @@ from rollout_diag.io.formats.base import (
     row_any,
     unsafe_numbers,
 )
+from rollout_diag.io.formats.registry import TrainerFormat, register
 
 NAME = "nemo-rl"
 FILE_GLOB = "train_data_step*.jsonl"
@@ -194,3 +195,17 @@ def _fast_rows(
 
 
 FAST = FastLines(_FAST_SCHEMA, _fast_rows)
+
+
+register(
+    TrainerFormat(
+        name=NAME,
+        suffix=".jsonl",
+        described="train_data_stepN.jsonl",
+        step_of=step_of,
+        open_file=lambda path, trust_pickle: open_file(path),
+        order=20,
+        by_name=lambda path: step_of(path) is not None,
+        by_content=lambda path, peek: peek.first_record is not None and looks_like(peek.first_record),
+    )
+)

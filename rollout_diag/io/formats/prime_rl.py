@@ -41,12 +41,14 @@ from rollout_diag.io.formats.base import (
     field_named,
     jsonl_file,
     list_lengths,
+    natural_key,
     null_flags,
     number_in,
     row_any,
     row_count,
     unsafe_numbers,
 )
+from rollout_diag.io.formats.registry import TrainerFormat, register
 
 NAME = "prime-rl"
 STABLE_MARKER = "STABLE"
@@ -246,3 +248,39 @@ def _advantages(values: pa.ListArray, lengths: np.ndarray, trained: np.ndarray) 
 
 
 FAST = FastLines(_FAST_SCHEMA, _fast_rows)
+
+
+def stable_steps(files: list[Path], named: set[Path]) -> tuple[list[Path], list[str]]:
+    """Keep files of step directories that carry the STABLE marker, and files the user named (with a warning when
+    theirs lacks it); say which were left out."""
+    kept, incomplete, warnings = [], set(), []
+    for path in files:
+        if (path.parent / STABLE_MARKER).exists():
+            kept.append(path)
+        elif path in named:
+            kept.append(path)
+            warnings.append(f"{path}: its directory has no STABLE marker; the step may be incomplete.")
+        else:
+            incomplete.add(path.parent)
+    if incomplete:
+        names = ", ".join(str(d) for d in sorted(incomplete, key=natural_key))
+        warnings.append(
+            f"{len(incomplete)} step director{'y' if len(incomplete) == 1 else 'ies'} without a STABLE marker "
+            f"(still being written, or the run stopped mid-step) left out: {names}."
+        )
+    return kept, warnings
+
+
+register(
+    TrainerFormat(
+        name=NAME,
+        suffix=".jsonl",
+        described="token_exports/step_N/rank_R.jsonl",
+        step_of=step_of,
+        open_file=lambda path, trust_pickle: open_file(path),
+        order=10,
+        by_name=lambda path: path.name.startswith("rank_") and step_of(path) is not None,
+        by_content=lambda path, peek: peek.first_record is not None and looks_like(peek.first_record),
+        select=stable_steps,
+    )
+)

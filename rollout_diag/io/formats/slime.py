@@ -23,6 +23,7 @@ import numpy as np
 
 from rollout_diag.errors import InputError
 from rollout_diag.io.formats.base import Row, RowsFile, number_in
+from rollout_diag.io.formats.registry import TrainerFormat, register
 
 NAME = "slime"
 FILE_GLOB = "*.pt"
@@ -112,3 +113,22 @@ def _row(sample: Any, index: int, step: int) -> Row:
         mask=np.where(mask == 0, 0, np.where(mask == 1, 1, 2)).astype(np.int8),
         token_ids=token_ids,
     )
+
+
+def _train_dumps(files: list[Path], named: set[Path]) -> tuple[list[Path], list[str]]:
+    """The train_data dumps when there are any (a run dumps rollout_data beside them), else every file."""
+    return [path for path in files if is_train_dump(path)] or files, []
+
+
+register(
+    TrainerFormat(
+        name=NAME,
+        suffix=".pt",
+        described="train_data/N.pt",
+        step_of=step_of,
+        open_file=lambda path, trust_pickle: open_file(path),
+        order=30,
+        by_name=lambda path: path.parent.name != "rollout_data",
+        select=_train_dumps,
+    )
+)

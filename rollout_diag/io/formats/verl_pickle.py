@@ -28,6 +28,7 @@ import numpy as np
 from rollout_diag.errors import InputError
 from rollout_diag.io.formats import safe_pickle
 from rollout_diag.io.formats.base import Row, RowsFile, number_in
+from rollout_diag.io.formats.registry import TrainerFormat, register
 
 NAME = "verl"
 FILE_GLOB = "*.pkl"
@@ -158,3 +159,16 @@ def _read(path: str, trust_pickle: bool) -> list[Row]:
             )
         )
     return rows
+
+
+register(
+    TrainerFormat(
+        name=NAME,
+        suffix=".pkl",
+        described="a verl *.pkl",
+        step_of=step_of,
+        open_file=open_file,
+        order=50,
+        by_content=lambda path, peek: bool(peek.pickle_globals & set(MARKERS)),
+    )
+)

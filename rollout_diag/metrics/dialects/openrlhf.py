@@ -9,14 +9,15 @@ tokens across micro-batches) and ``openrlhf/utils/logging_utils.py`` (logged as 
 
 from __future__ import annotations
 
-from typing import ClassVar
-
-import torch
+from typing import TYPE_CHECKING, ClassVar
 
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float
 from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step
 from rollout_diag.metrics.segments import stats
+
+if TYPE_CHECKING:
+    import torch  # annotations only
 
 NAME = "train/vllm_kl"
 

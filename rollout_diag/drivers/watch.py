@@ -1,7 +1,7 @@
 """Follow a dump directory while the trainer writes it (``rollout-diag watch``).
 
 Each poll lists the directory (every trainer format ``analyze`` reads), reads each new file once into an
-:class:`~rollout_diag.passes.Analysis` of its own and merges it into the run's: the accumulators are mergeable,
+:class:`~rollout_diag.drivers.passes.Analysis` of its own and merges it into the run's: the accumulators are mergeable,
 so the run state after the last file equals what ``analyze`` computes over the finished directory (rtol 1e-12).
 What is kept per file is small (its steps, signature, reading log and a few side records; no token data), so
 memory grows with steps, as ``analyze``'s own per-step state does, never with tokens.
@@ -26,19 +26,22 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from rollout_diag.decisions.check import FAIL, Gate, check
 from rollout_diag.decisions.rowmetrics import KEY_METRIC_NAMES
 from rollout_diag.decisions.verdict import step_levels
-from rollout_diag.engine import build_result
+from rollout_diag.drivers.engine import build_result
+from rollout_diag.drivers.passes import (
+    MAX_LISTED_EMPTY_ROWS,
+    Analysis,
+    check_analysis_options,
+    resolve_device,
+    run_chunks,
+)
 from rollout_diag.errors import ConfigError, DataError, InputError, RolloutDiagError, option_name
-from rollout_diag.io.formats import _STEP_OF as STEP_OF
-from rollout_diag.io.formats import PARQUET, prime_rl, resolve
-from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, MAX_SKIP_RECORDS, DumpReader, ReadLog
-from rollout_diag.io.reader import _describe as describe_columns
+from rollout_diag.io.formats import PARQUET, prime_rl, resolve, step_of
+from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, MAX_SKIP_RECORDS, DumpReader, ReadLog, describe_columns
 from rollout_diag.io.sources import Source
 from rollout_diag.io.writer import COMPLETE_PREFIX
 from rollout_diag.metrics.base import StepAccumulator
@@ -47,8 +50,10 @@ from rollout_diag.metrics.dialects import resolve as resolve_dialects
 from rollout_diag.metrics.localize import DEFAULT_CATASTROPHIC, DEFAULT_TOP_K
 from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS
 from rollout_diag.metrics.rowstats import RowStatsCollector
-from rollout_diag.passes import MAX_LISTED_EMPTY_ROWS, Analysis, check_analysis_options, resolve_device, run_chunks
 from rollout_diag.results import AnalysisResult, StepResult, json_number
+
+if TYPE_CHECKING:
+    import torch  # annotations only: the driver's arithmetic runs in passes and metrics
 
 DEFAULT_INTERVAL = 2.0  # seconds between polls
 Signature = tuple[int, int]  # (size, mtime in ns): a file that changes gets another
@@ -316,7 +321,7 @@ class Watcher:
         return read_any
 
     def _step_of(self, source: Source) -> int | None:
-        step = source.partition.get("step") if self.format == PARQUET else STEP_OF[self.format](Path(source.path))
+        step = source.partition.get("step") if self.format == PARQUET else step_of(self.format, Path(source.path))
         return step if isinstance(step, int) else None
 
     def _ready(self, source: Source, signature: Signature) -> bool:

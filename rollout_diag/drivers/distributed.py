@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
+from rollout_diag.drivers.passes import Analysis, Pass, PassSpec, Progress, progress_callback, run_chunks
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.io.reader import DumpReader, ReadLog
 from rollout_diag.io.sources import Source
-from rollout_diag.passes import Analysis, Pass, PassSpec, Progress, progress_callback, run_chunks
 
 BACKENDS = ("process", "ray")
 MAX_WORKERS = 1024  # a Ray cluster may be large; more parts than this only adds overhead

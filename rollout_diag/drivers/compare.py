@@ -2,7 +2,7 @@
 
 ``compare_presets`` reads the dump once: per chunk the off-policy family (METRICS.md §1) and one shared
 :class:`~rollout_diag.metrics.segments.ChunkStats` feeding every preset's §2/§3/§8 accumulators
-(and, if asked, the per-row decision file of :mod:`rollout_diag.exports`). The results are
+(and, if asked, the per-row decision file of :mod:`rollout_diag.drivers.exports`). The results are
 :class:`~rollout_diag.results.ComparisonResult`; the intrusive rule is :mod:`rollout_diag.decisions.intrusive`.
 """
 
@@ -11,26 +11,28 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from rollout_diag import catalogue
 from rollout_diag.decisions.intrusive import INTRUSIVE_MIN_ESS, INTRUSIVE_REJECTED_FRACTION, intrusive_reasons
 from rollout_diag.decisions.recommend import judge_comparison
-from rollout_diag.distributed import AUTO, Workers, check_workers, resolve_workers, run_parts
-from rollout_diag.dump import reads_dump
-from rollout_diag.engine import build_result, check_targets
+from rollout_diag.drivers.distributed import AUTO, Workers, check_workers, resolve_workers, run_parts
+from rollout_diag.drivers.dump import reads_dump
+from rollout_diag.drivers.engine import build_result
+from rollout_diag.drivers.exports import DecisionWriter
+from rollout_diag.drivers.passes import Inputs, PassSpec, Progress, open_reader, resolve_device, run_chunks
+from rollout_diag.drivers.sweep import check_targets
 from rollout_diag.errors import ConfigError, option_name
-from rollout_diag.exports import DecisionWriter
 from rollout_diag.groups import GroupSpec, group_specs
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
 from rollout_diag.metrics.segments import stats
 from rollout_diag.metrics.sweep import DEFAULT_TARGETS, sweep_tables
-from rollout_diag.passes import Inputs, PassSpec, Progress, open_reader, resolve_device, run_chunks
 from rollout_diag.presets import Preset, resolve_presets
 from rollout_diag.results import AnalysisResult, ComparisonResult, PresetResult, StepResult, SweepOption
 from rollout_diag.selection import RowSelection, StepRange, selection
+
+if TYPE_CHECKING:
+    import torch  # annotations only: the driver's arithmetic runs in passes and metrics
 
 
 @reads_dump

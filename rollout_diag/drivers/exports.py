@@ -14,14 +14,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from rollout_diag.dump import reads_dump
+from rollout_diag.drivers.dump import reads_dump
+from rollout_diag.drivers.passes import Inputs, Progress, open_reader, resolve_device, run_chunks
 from rollout_diag.io.decisions import DecisionFile
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
 from rollout_diag.metrics.correction import importance_weights, rs_row_value
 from rollout_diag.metrics.legacy import legacy_weights
 from rollout_diag.metrics.outcome import DropRule
 from rollout_diag.metrics.segments import ChunkStats, stats
-from rollout_diag.passes import Inputs, Progress, open_reader, resolve_device, run_chunks
 from rollout_diag.presets import Preset, resolve_presets
 
 

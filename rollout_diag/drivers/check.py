@@ -1,0 +1,50 @@
+"""The ``check`` command: every gate on the run (and with ``per_step`` each step, with ``by`` each group)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from rollout_diag.decisions.check import CheckResult, Gate, check
+from rollout_diag.drivers.dump import reads_dump
+from rollout_diag.drivers.passes import Inputs, Progress
+from rollout_diag.drivers.rowpass import row_pass
+from rollout_diag.errors import ConfigError, option_name
+from rollout_diag.groups import GroupSpec, group_name
+from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
+
+if TYPE_CHECKING:
+    import torch  # annotations only: the driver's arithmetic runs in passes and metrics
+
+
+@reads_dump
+def check_run(
+    inputs: Inputs,
+    gates: Sequence[Gate],
+    *,
+    per_step: bool = False,
+    columns: Mapping[str, str] | None = None,
+    device: str | torch.device = "auto",
+    strict: bool = False,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    progress: Progress | None = None,
+    by: Sequence[str | GroupSpec] = (),
+) -> CheckResult:
+    """Every gate (see :mod:`rollout_diag.decisions.check`) on the run and, with ``per_step``, on every step;
+    ``by`` (``env_name``, ``reward:sign``, …): on each group's run metrics (and steps) too, the group named in
+    each such outcome. Raises RolloutDiagError for bad input, an unknown metric or no gate."""
+    if not gates:
+        raise ConfigError(
+            "no gate given.",
+            hint=f"add {option_name('max')} NAME=VALUE, {option_name('min')} NAME=VALUE or "
+            f"{option_name('gates')} FILE|default.",
+        )
+    done = row_pass(
+        inputs, columns=columns, device=device, strict=strict, chunk_tokens=chunk_tokens, progress=progress, by=by
+    )
+    result = done.result()
+    groups = [
+        (group_name(group.column, group.value), group, done.group_rows(group.column, group.value))
+        for group in result.groups
+    ]
+    return check(result, gates, per_step=per_step, rows=done.row_stats(), groups=groups)

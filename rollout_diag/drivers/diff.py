@@ -1,0 +1,102 @@
+"""The ``diff`` command: run A against run B (two dumps, or two step ranges of one), with bootstrap intervals."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rollout_diag.decisions.diff import (
+    DEFAULT_LEVEL,
+    DEFAULT_REPLICATES,
+    DEFAULT_SEED,
+    DiffResult,
+    DiffSide,
+    GroupSide,
+    diff,
+    diff_group,
+    sort_group_diffs,
+)
+from rollout_diag.drivers.passes import Progress
+from rollout_diag.drivers.rowpass import range_label, row_pass
+from rollout_diag.errors import ConfigError, option_name
+from rollout_diag.groups import GroupSpec
+from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
+from rollout_diag.presets import Preset, resolve_presets
+from rollout_diag.selection import StepRange
+
+if TYPE_CHECKING:
+    import torch  # annotations only: the driver's arithmetic runs in passes and metrics
+
+
+def diff_runs(
+    inputs_a: str | Path | Sequence[str | Path],
+    inputs_b: str | Path | Sequence[str | Path] | None = None,
+    *,
+    steps_a: StepRange | None = None,
+    steps_b: StepRange | None = None,
+    presets: Sequence[str | Preset] | None = None,
+    replicates: int = DEFAULT_REPLICATES,
+    level: float = DEFAULT_LEVEL,
+    seed: int = DEFAULT_SEED,
+    columns: Mapping[str, str] | None = None,
+    device: str | torch.device = "auto",
+    strict: bool = False,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    progress: Progress | None = None,
+    by: Sequence[str | GroupSpec] = (),
+) -> DiffResult:
+    """Run A against run B (two dumps; or one dump, ``inputs_b`` None, split by ``steps_a`` / ``steps_b``): every
+    key metric, its bootstrap interval of B − A over sequences and a verdict; per preset the change in dropped
+    tokens. ``by`` (``env_name``, ``reward:sign``, …): also each group of rows present in A or B, its key metrics
+    in A and B and the interval of B − A over its rows alone (``DiffResult.groups``, largest change first).
+    Raises RolloutDiagError for bad input or options."""
+    chosen = resolve_presets(presets)
+    options = {"columns": columns, "device": device, "strict": strict, "chunk_tokens": chunk_tokens, "by": by}
+    if inputs_b is None:
+        if steps_a is None or steps_b is None:
+            raise ConfigError(
+                f"one dump: give the two step ranges, {option_name('steps_a')} and "
+                f"{option_name('steps_b')} (e.g. 0:99 and 100:199)."
+            )
+        done = row_pass(inputs_a, presets=chosen, progress=progress, **options)
+        sides = [
+            DiffSide(f"{_label(done.log.files)} {range_label(r)}", done.result(r), done.row_stats(r))
+            for r in (steps_a, steps_b)
+        ]
+        passes = [(done, steps_a), (done, steps_b)]
+    else:
+        sides, passes = [], []
+        for inputs, steps in ((inputs_a, steps_a), (inputs_b, steps_b)):
+            done = row_pass(inputs, presets=chosen, progress=progress, **options)
+            label = _label(done.log.files) + ("" if steps is None else f" {range_label(steps)}")
+            sides.append(DiffSide(label, done.result(steps), done.row_stats(steps)))
+            passes.append((done, steps))
+    result = diff(sides[0], sides[1], replicates=replicates, level=level, seed=seed)
+    if not by:
+        return result
+    found = [{(g.column, _key(g.value)): g for g in side.result.groups} for side in sides]
+    values: dict[tuple[str, Any], Any] = {}
+    for present in found:
+        for key, group in present.items():
+            values.setdefault(key, group.value)
+    groups = []
+    for (column, key), value in values.items():
+        parts = []
+        for (done, steps), present in zip(passes, found, strict=True):
+            group = present.get((column, key))
+            rows = done.group_rows(column, value, steps)
+            parts.append(GroupSide({} if group is None else group.metrics, rows, 0 if group is None else group.tokens))
+        groups.append(diff_group(column, value, *parts, replicates=replicates, level=level, seed=seed))
+    return replace(result, groups=sort_group_diffs(groups))
+
+
+def _key(value: Any) -> tuple[str, Any]:
+    """A group value as a dict key that tells 1 from True and "1" (None: the null group)."""
+    return (type(value).__name__, value)
+
+
+def _label(files: Sequence[str]) -> str:
+    names = [Path(name).name for name in files]
+    return names[0] + (f" and {len(names) - 1} more" if len(names) > 1 else "") if names else "(no file)"

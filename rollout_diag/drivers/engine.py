@@ -1,0 +1,145 @@
+"""The ``analyze`` command: the analysis pass over a dump, and ``build_result``, the AnalysisResult assembly that
+every command ending in an analysis (compare-presets, check, diff, watch) shares."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from rollout_diag.decisions.analysis import judge_analysis
+from rollout_diag.drivers.distributed import AUTO, Workers, analyze_parts, check_workers, resolve_workers
+from rollout_diag.drivers.dump import reads_dump
+from rollout_diag.drivers.passes import (
+    Analysis,
+    Inputs,
+    Progress,
+    check_analysis_options,
+    open_reader,
+    resolve_device,
+    run_chunks,
+)
+from rollout_diag.errors import DataError, where
+from rollout_diag.groups import GroupSpec, group_specs
+from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, ReadLog
+from rollout_diag.metrics.dialects import DEFAULT as DEFAULT_DIALECT
+from rollout_diag.metrics.dialects import resolve as resolve_dialects
+from rollout_diag.metrics.localize import DEFAULT_CATASTROPHIC, DEFAULT_TOP_K
+from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS
+from rollout_diag.results import AnalysisResult, SkippedRow
+from rollout_diag.selection import StepRange, no_rows_match, selection, selection_summary
+
+if TYPE_CHECKING:
+    import torch  # annotations only: the driver's arithmetic runs in passes and metrics
+
+
+@reads_dump
+def analyze(
+    inputs: Inputs,
+    *,
+    columns: Mapping[str, str] | None = None,
+    device: str | torch.device = "auto",
+    strict: bool = False,
+    max_rounds: int = DEFAULT_MAX_ROUNDS,
+    catastrophic: float = DEFAULT_CATASTROPHIC,
+    top_k: int = DEFAULT_TOP_K,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    progress: Progress | bool | None = None,
+    workers: Workers = AUTO,
+    backend: str = "process",
+    dialect: str | Sequence[str] = DEFAULT_DIALECT,
+    by: Sequence[str | GroupSpec] = (),
+    where: str | None = None,
+    steps: StepRange | None = None,
+) -> AnalysisResult:
+    """Every mismatch metric of METRICS.md §1, §5, §6, §7, per step and for the run, in one streaming pass.
+
+    ``inputs``: Parquet files, globs or directories. ``columns``: role -> column overrides. ``workers`` > 1
+    splits the input (by row groups, or by files in the token layout) over that many processes
+    (``backend="process"``) or Ray tasks (``backend="ray"``) and merges their states: the same result; ``auto``
+    (the default) uses every core where the input splits (``distributed.resolve_workers``), 1 one process.
+    ``dialect``: frameworks (``verl``, ``prime-rl``, …, or ``all``) whose own metrics each step and the run also
+    carry under the names those trainers log (``StepResult.dialects``; docs/dialects.md).
+    ``by``: per-row columns (``env_name``, ``reward:sign``, ``response_length:bins=100,1000``; README "Which
+    environment diverges?") whose groups of rows each get the key metrics, per step and for the run
+    (``AnalysisResult.groups``), in the same pass. ``where``: a SQL condition over per-row columns (``"reward > 0
+    AND env_name = 'math'"``) and ``steps``: (first, last) inclusive, either None for an open end: only the rows
+    that match are read (``AnalysisResult.selection`` says which and how many). ``progress``: a callable
+    ``(rows done, total rows)``, or True for a line on stderr every few seconds (a notebook, a CI log).
+    Raises RolloutDiagError (InputError, ColumnError, DataError, ConfigError) for bad input or options.
+    """
+    check_analysis_options(max_rounds, catastrophic, top_k)
+    check_workers(workers, backend)
+    torch_device = resolve_device(device)
+    reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
+    reader.select(selection(where, steps))
+    options = {
+        "max_rounds": max_rounds,
+        "catastrophic": catastrophic,
+        "top_k": top_k,
+        "dialects": resolve_dialects(dialect),
+        "by": group_specs(by, reader),
+    }
+    workers = resolve_workers(workers, reader, torch_device)
+    if workers > 1:
+        analysis = analyze_parts(reader, workers, backend, torch_device, options, progress)
+    else:
+        analysis = Analysis(**options)
+        run_chunks(reader, [analysis.update], torch_device, progress, analysis.prepare)
+    return build_result(analysis, reader.log, torch_device, strict, reader.selection)
+
+
+def _first(log: ReadLog) -> SkippedRow | None:
+    return log.skipped[0] if log.skipped else None
+
+
+def build_result(
+    analysis: Analysis, log: ReadLog, device: torch.device, strict: bool, selection_of: Any = None
+) -> AnalysisResult:
+    """Finalize ``analysis`` into an AnalysisResult; raises DataError when nothing could be analysed.
+    ``selection_of``: the RowSelection the rows were read with (``reader.selection``), recorded in the result."""
+    steps = analysis.step_results()
+    run = analysis.run_result()
+    if run.rows == 0 and log.rows_selected_out:
+        raise DataError(f"{', '.join(log.files)}: {no_rows_match(selection_of, log.rows_selected_out)}")
+    if run.rows == 0:
+        raise DataError(
+            f"{', '.join(log.files)}: every row was skipped ({log.skipped_rows} rows); the first: "
+            + (f"{where(None, first.row, first.column)}{first.reason}." if (first := _first(log)) else "none.")
+        )
+    if run.tokens == 0:
+        raise DataError(
+            f"{', '.join(log.files)}: column '{log.columns.get('mask', 'response_mask')}': no model token "
+            f"(mask 1) in any of the {run.rows} rows; nothing to measure."
+        )
+    warnings = list(log.warnings) + analysis.warnings(steps)
+    if strict and any(s.tokens == 0 for s in steps):
+        raise DataError(f"{', '.join(log.files)}: {analysis.warnings(steps)[0]}")
+    if log.skipped_rows:
+        warnings.append(f"{log.skipped_rows} row(s) skipped as invalid; each is listed with its file, row and column.")
+    rounds = analysis.rounds.finalize_table()
+    result = AnalysisResult(
+        inputs=list(log.files),
+        columns=dict(log.columns),
+        layout=log.layout,
+        format=log.format,
+        device=str(device),
+        run=run,
+        steps=steps,
+        rounds=rounds,
+        verdicts=[],
+        positions=analysis.positions.position_rows(),
+        worst_rows=analysis.worst.worst_rows(),
+        worst_tokens=analysis.worst.worst_tokens(),
+        worst_row_tokens=analysis.worst.worst_row_tokens(),
+        delta_histogram=analysis.positions.delta_histogram(),
+        catastrophic_threshold=analysis.catastrophic,
+        warnings=warnings,
+        skipped=list(log.skipped),
+        skipped_rows=log.skipped_rows,
+        groups=[group for grouped in analysis.grouped for group in grouped.results(run.rows, run.tokens)],
+        selection=selection_summary(selection_of, log, run.rows),
+    )
+    unmasked = (sum(c[0] for c in log.unmasked.values()), sum(c[1] for c in log.unmasked.values()))
+    evidence = replace(analysis.hint_evidence.evidence(), unmasked=unmasked)
+    return judge_analysis(result, evidence)

@@ -1,0 +1,150 @@
+"""The ``inspect`` command: the tokens of one row (named, by sample id, or the worst)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from numbers import Integral
+
+import numpy as np
+import torch
+
+from rollout_diag.drivers.dump import reads_dump
+from rollout_diag.drivers.passes import Inputs, open_reader, resolve_device
+from rollout_diag.errors import ConfigError, DataError, option_name, where
+from rollout_diag.io.chunk import Chunk
+from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
+from rollout_diag.metrics.base import row_mean
+from rollout_diag.metrics.segments import stats
+from rollout_diag.paths import file_label
+from rollout_diag.results import RowTokens
+
+DEFAULT_WINDOW = 100  # tokens shown by ``inspect --around`` without ``--window``
+LONG_ROW = 1000  # a longer row is shown as DEFAULT_WINDOW tokens around its largest |δ| unless the whole is asked for
+
+
+@reads_dump
+def inspect_row(
+    inputs: Inputs,
+    sample_id: str | None = None,
+    *,
+    step: int | None = None,
+    row: str | None = None,
+    around: int | None = None,
+    window: int | None = None,
+    whole_row: bool = False,
+    columns: Mapping[str, str] | None = None,
+    device: str | torch.device = "auto",
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+) -> RowTokens:
+    """The tokens of one row: the one at ``row`` ("FILE:ROW", as the tables print it), or with ``sample_id`` (and
+    ``step``), or else the worst row by |log-ppl diff| of ``step`` (of the run without it).
+
+    Only the row groups that can hold the row are read (row-group statistics on step and sample id). ``around``
+    and ``window`` list only ``window`` tokens centred on position ``around`` (``window`` alone: centred on the
+    largest |δ|); the result's ``start`` and ``row_length`` say where they sit. Without them a row longer than
+    ``LONG_ROW`` tokens is listed as ``DEFAULT_WINDOW`` tokens around its largest |δ| (a 2 M-token row would take
+    minutes and gigabytes to list), unless ``whole_row``. Raises DataError when no row (or more than one, without
+    ``step``) matches, InputError / ConfigError for a bad ``row`` or window.
+    """
+    if whole_row and (around is not None or window is not None):
+        raise ConfigError(
+            f"{option_name('whole_row')} lists the whole row: leave out {option_name('around')} and "
+            f"{option_name('window')}."
+        )
+    if around is not None and (isinstance(around, bool) or not isinstance(around, Integral) or around < 0):
+        raise ConfigError(f"{option_name('around')}={around}: must be a token position (0 or more).")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, Integral) or window < 1):
+        raise ConfigError(f"{option_name('window')}={window}: must be a positive number of tokens.")
+    torch_device = resolve_device(device)
+    reader = open_reader(inputs, columns, strict=False, chunk_tokens=chunk_tokens)
+    if row is not None:
+        if sample_id is not None or step is not None:
+            raise ConfigError(
+                f"{option_name('row')} names one row already: leave out {option_name('sample_id')} and "
+                f"{option_name('step')}."
+            )
+        path, file_row = reader.narrow_to_row(row)
+        for chunk, _ in reader.chunks(torch_device):
+            for index, (file, candidate) in enumerate(zip(chunk.file, chunk.file_row, strict=True)):
+                if file == path and candidate == file_row:
+                    return _row_window(chunk, index, around, window, whole_row)
+        skipped = next((r for r in reader.log.skipped if r.file == path and r.row == file_row), None)
+        why = f"it was skipped: {skipped.reason}" if skipped else "it is not the first row of a sequence"
+        raise DataError(f"{where(path, file_row)}no row to inspect ({why}).")
+    reader.narrow(step, sample_id)
+    sample_column = f"column '{reader.log.columns.get('sample_id', 'sample_id')}'"
+    where_ = f"{', '.join(reader.log.files)}: {sample_column}"
+    if sample_id is None:  # the worst row by |log-ppl diff| (as analyze ranks them), of the step or the run
+        best: tuple[float, tuple] | None = None
+        found = None
+        for chunk, _ in reader.chunks(torch_device):
+            s = stats(chunk)
+            n = s.row_count
+            score = (row_mean(s.row_sum("rollout"), n) - row_mean(s.row_sum("trainer"), n)).abs().cpu().numpy()
+            eligible = (n > 0).cpu().numpy()
+            if step is not None:
+                eligible &= chunk.step.cpu().numpy() == step
+            for index in np.flatnonzero(eligible).tolist():
+                key = (int(chunk.step[index]), chunk.sample_id[index], chunk.file[index], chunk.file_row[index])
+                if best is None or (-score[index], key) < (-best[0], best[1]):
+                    best, found = (float(score[index]), key), _row_window(chunk, index, around, window, whole_row)
+        if found is None:
+            in_step = "" if step is None else f" in step {step}"
+            raise DataError(f"{', '.join(reader.log.files)}: no row with a model token{in_step} to inspect.")
+        return found
+    matches: list[RowTokens] = []
+    for chunk, _ in reader.chunks(torch_device):
+        for index, candidate in enumerate(chunk.sample_id):
+            if candidate == sample_id and (step is None or int(chunk.step[index]) == step):
+                matches.append(_row_window(chunk, index, around, window, whole_row))
+    if not matches:
+        in_step = "" if step is None else f" in step {step}"
+        raise DataError(f"{where_}: no row with sample id '{sample_id}'{in_step}.")
+    if len(matches) > 1:
+        steps = ", ".join(str(r.step) for r in matches[:10])
+        places = ", ".join(f"{file_label(r.file, reader.log.files)}:{r.row}" for r in matches[:10])
+        raise DataError(
+            f"{where_}: sample id '{sample_id}' names {len(matches)} rows (steps {steps}) at {places}.",
+            hint=f"pick one with {option_name('step')}."
+            if step is None
+            else f"pick one with {option_name('row')} FILE:ROW.",
+        )
+    return matches[0]
+
+
+def _row_window(chunk: Chunk, index: int, around: int | None, window: int | None, whole_row: bool = False) -> RowTokens:
+    """Row ``index`` of ``chunk``: all of it, or the window of ``window`` tokens centred on ``around`` (by default,
+    for a row longer than LONG_ROW, DEFAULT_WINDOW tokens around the largest |δ|)."""
+    begin, end = int(chunk.offsets[index]), int(chunk.offsets[index + 1])
+    length = end - begin
+    if whole_row or (around is None and window is None and length <= LONG_ROW):
+        first, last = 0, length
+    else:
+        if around is None:  # centred on the largest |δ| among model tokens
+            delta = (chunk.trainer[begin:end] - chunk.rollout[begin:end]).abs()
+            delta = torch.where(chunk.mask[begin:end], delta, torch.full_like(delta, -1.0))
+            around = int(torch.argmax(delta)) if length else 0
+        elif around >= length:
+            raise DataError(
+                f"{where(chunk.file[index], chunk.file_row[index])}{option_name('around')}={around}: the "
+                f"row has {length} tokens "
+                f"(positions 0 to {length - 1})."
+            )
+        size = DEFAULT_WINDOW if window is None else int(window)
+        first = max(0, min(around - size // 2, length - size))
+        last = min(length, first + size)
+    span = slice(begin + first, begin + last)
+    return RowTokens(
+        step=int(chunk.step[index]),
+        sample_id=chunk.sample_id[index],
+        file=chunk.file[index],
+        row=chunk.file_row[index],
+        mask=chunk.mask[span].to(torch.int8).tolist(),
+        trainer_logprob=chunk.trainer[span].tolist(),
+        rollout_logprob=chunk.rollout[span].tolist(),
+        token_id=None if chunk.token_ids is None else chunk.token_ids[span].tolist(),
+        token=None if chunk.token_text is None else [chunk.token_text(index, p) for p in range(first, last)],
+        start=first,
+        row_length=None if (first, last) == (0, length) else length,
+        extra=chunk.row_extra(index),
+    )

@@ -1,0 +1,122 @@
+"""The row pass ``check`` and ``diff`` share: the analysis and the per-row statistics in one read, and results for any
+step range."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rollout_diag.drivers.engine import build_result
+from rollout_diag.drivers.passes import Analysis, Inputs, Progress, open_reader, resolve_device, run_chunks
+from rollout_diag.errors import DataError
+from rollout_diag.groups import GroupLabels, GroupSpec, group_specs
+from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, ReadLog
+from rollout_diag.metrics.base import StepAccumulator
+from rollout_diag.metrics.localize import WorstTracker
+from rollout_diag.metrics.rowstats import RowStatsCollector
+from rollout_diag.presets import Preset
+from rollout_diag.results import AnalysisResult, RowStats
+from rollout_diag.selection import StepRange
+
+if TYPE_CHECKING:
+    import torch  # annotations only: the driver's arithmetic runs in passes and metrics
+
+
+@dataclass
+class RowPass:
+    """One pass of the analysis and the per-row statistics (``check``, ``diff``); results for any step range."""
+
+    analysis: Analysis
+    rows: RowStatsCollector
+    log: ReadLog
+    device: torch.device
+    strict: bool
+    labels: GroupLabels | None = None  # --by: each row's group, to restrict the row statistics to a group
+
+    def result(self, steps: StepRange | None = None) -> AnalysisResult:
+        """The AnalysisResult of the steps in ``steps`` (all steps when None; worst rows/tokens only then)."""
+        analysis = self.analysis if steps is None else _restricted(self.analysis, steps)
+        return build_result(analysis, self.log, self.device, self.strict)
+
+    @cached_property
+    def all_rows(self) -> RowStats:
+        return self.rows.finalize()
+
+    def row_stats(self, steps: StepRange | None = None) -> RowStats:
+        rows = self.all_rows
+        return rows if steps is None else rows.in_steps(*steps)
+
+    def group_rows(self, column: str, value: Any, steps: StepRange | None = None) -> RowStats:
+        """The per-row statistics of the rows in group ``value`` of the ``--by`` spec ``column`` (in ``steps``)."""
+        rows = self.all_rows
+        assert self.labels is not None, "row_pass(by=...) records the groups"
+        rows = rows.select(self.labels.mask(column, value))
+        return rows if steps is None else rows.in_steps(*steps)
+
+
+def _restricted(analysis: Analysis, steps: StepRange) -> Analysis:
+    """A copy of ``analysis`` whose per-step families keep only the steps in the range (no worst rows/tokens:
+    those are ranked over the whole input)."""
+    first, last = steps
+
+    def keep(step: int) -> bool:
+        return (first is None or step >= first) and (last is None or step <= last)
+
+    subset = copy.copy(analysis)
+    for name, value in vars(analysis).items():
+        if isinstance(value, StepAccumulator):
+            steps_held = value.store.steps
+            inside = (steps_held >= (first if first is not None else steps_held.min(initial=0))) & (
+                steps_held <= (last if last is not None else steps_held.max(initial=0))
+            )
+            setattr(subset, name, value.restricted(inside))
+    subset.worst = WorstTracker(analysis.top_k, analysis.catastrophic)
+    subset.grouped = []
+    for grouped in analysis.grouped:  # families keyed by the number of each (group, step) pair
+        part = copy.copy(grouped)
+        numbers = np.array([number for key, number in grouped.ids.items() if keep(key[1])], dtype=np.int64)
+        for name, value in vars(grouped).items():
+            if isinstance(value, StepAccumulator):
+                setattr(part, name, value.restricted(np.isin(value.store.steps, numbers)))
+        subset.grouped.append(part)
+    subset.empty_rows = [entry for entry in analysis.empty_rows if keep(entry[0])]
+    if not subset.offpolicy.steps:
+        present = sorted(analysis.offpolicy.steps)
+        shown = f"{present[0]}..{present[-1]}" if present else "none"
+        raise DataError(f"no step in {range_label(steps)} (the input has steps {shown}).")
+    return subset
+
+
+def range_label(steps: StepRange) -> str:
+    first, last = steps
+    return f"steps {'' if first is None else first}:{'' if last is None else last}"
+
+
+def row_pass(
+    inputs: Inputs,
+    *,
+    presets: Sequence[Preset] = (),
+    columns: Mapping[str, str] | None = None,
+    device: str | torch.device = "auto",
+    strict: bool = False,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    progress: Progress | None = None,
+    by: Sequence[str | GroupSpec] = (),
+) -> RowPass:
+    """Read ``inputs`` once into the analysis and the per-row statistics (with each preset's dropped tokens per
+    row); ``by``: also the key families per group and each row's group. Raises RolloutDiagError for bad input or
+    options."""
+    torch_device = resolve_device(device)
+    reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
+    specs = group_specs(by, reader)
+    analysis = Analysis(by=specs)
+    rows = RowStatsCollector(presets)
+    labels = GroupLabels(specs) if specs else None
+    updates = [analysis.update, rows.update, *([labels.update] if labels else [])]
+    run_chunks(reader, updates, torch_device, progress, analysis.prepare)
+    return RowPass(analysis, rows, reader.log, torch_device, strict, labels)
