@@ -28,7 +28,8 @@ from typer.testing import CliRunner
 
 import rollout_diag as rd
 from rollout_diag.cli import app
-from rollout_diag.io.reader import MAX_EXTRA_COLUMNS, DumpReader
+from rollout_diag.io.opening import MAX_EXTRA_COLUMNS
+from rollout_diag.io.reader import DumpReader
 from rollout_diag.render.analysis import EXTRAS_SHOWN, worst_rows_table
 from rollout_diag.render.format import number
 from rollout_diag.report import render_report, result_from_json

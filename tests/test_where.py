@@ -99,17 +99,17 @@ def test_where_with_workers_and_groups(dump, tmp_path):
 
 def test_rows_left_out_are_not_decoded(dump, monkeypatch):
     """The reader flattens the token lists only of matching rows: count the rows that reach list flattening."""
-    import rollout_diag.io.reader as reader_module
+    import rollout_diag.io.decode as decode_module
 
     path, table = dump
     seen = []
-    original = reader_module.pc.list_flatten
+    original = decode_module.pc.list_flatten
 
     def counting(array, *args, **kwargs):
         seen.append(len(array))
         return original(array, *args, **kwargs)
 
-    monkeypatch.setattr(reader_module.pc, "list_flatten", counting)
+    monkeypatch.setattr(decode_module.pc, "list_flatten", counting)
     result = analyze(path, device="cpu", where="env_name = 'code'")
     matching = pc.sum(pc.fill_null(pc.equal(table["env_name"], "code"), False)).as_py()
     assert result.run.rows == matching

@@ -21,7 +21,8 @@ import torch
 
 from rollout_diag.drivers.passes import Analysis, Pass, PassSpec, Progress, progress_callback, run_chunks
 from rollout_diag.errors import ConfigError, option_name
-from rollout_diag.io.reader import DumpReader, ReadLog
+from rollout_diag.io.reader import DumpReader
+from rollout_diag.io.readlog import ReadLog
 from rollout_diag.io.sources import Source
 
 BACKENDS = ("process", "ray")

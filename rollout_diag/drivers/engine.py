@@ -21,7 +21,8 @@ from rollout_diag.drivers.passes import (
 )
 from rollout_diag.errors import DataError, where
 from rollout_diag.groups import GroupSpec, group_specs
-from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, ReadLog
+from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
+from rollout_diag.io.readlog import ReadLog
 from rollout_diag.metrics.dialects import DEFAULT as DEFAULT_DIALECT
 from rollout_diag.metrics.dialects import resolve as resolve_dialects
 from rollout_diag.metrics.localize import DEFAULT_CATASTROPHIC, DEFAULT_TOP_K

@@ -15,7 +15,8 @@ from rollout_diag.drivers.engine import build_result
 from rollout_diag.drivers.passes import Analysis, Inputs, Progress, open_reader, resolve_device, run_chunks
 from rollout_diag.errors import DataError
 from rollout_diag.groups import GroupLabels, GroupSpec, group_specs
-from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, ReadLog
+from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
+from rollout_diag.io.readlog import ReadLog
 from rollout_diag.metrics.base import StepAccumulator
 from rollout_diag.metrics.localize import WorstTracker
 from rollout_diag.metrics.rowstats import RowStatsCollector

@@ -41,7 +41,9 @@ from rollout_diag.drivers.passes import (
 )
 from rollout_diag.errors import ConfigError, DataError, InputError, RolloutDiagError, option_name
 from rollout_diag.io.formats import PARQUET, prime_rl, resolve, step_of
-from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, MAX_SKIP_RECORDS, DumpReader, ReadLog, describe_columns
+from rollout_diag.io.opening import describe_columns
+from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, DumpReader
+from rollout_diag.io.readlog import MAX_SKIP_RECORDS, ReadLog
 from rollout_diag.io.sources import Source
 from rollout_diag.io.writer import COMPLETE_PREFIX
 from rollout_diag.metrics.base import StepAccumulator

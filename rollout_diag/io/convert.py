@@ -28,17 +28,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rollout_diag.errors import ConfigError, InputError, option_name, where
+from rollout_diag.io.decode import row_groups
 from rollout_diag.io.formats.base import SKIP_COLUMN, SKIP_REASON
+from rollout_diag.io.opening import OpenFile, column_names, extra_cap_warnings, one_line
 from rollout_diag.io.outputs import check_outputs, commit, discard, temporary_beside
-from rollout_diag.io.reader import (
-    DEFAULT_CHUNK_TOKENS,
-    DumpReader,
-    OpenFile,
-    column_names,
-    extra_cap_warnings,
-    one_line,
-    row_groups,
-)
+from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, DumpReader
 from rollout_diag.results import SkippedRow
 
 PARTITIONS = ("step",)

@@ -30,7 +30,7 @@ import torch
 from rollout_diag.errors import ConfigError
 from rollout_diag.io.columns import ROLE_CANDIDATES
 from rollout_diag.io.outputs import commit, discard, temporary_beside
-from rollout_diag.io.reader import MAX_POSITIVE_LOGPROB
+from rollout_diag.io.validate import MAX_POSITIVE_LOGPROB
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,195 @@
+"""What a read saw: rows skipped and why, warnings about masks, lengths and duplicates (one ``ReadLog`` per read,
+merged across workers)."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rollout_diag.errors import DataError, option_name, where
+from rollout_diag.io.formats import PARQUET
+from rollout_diag.results import SkippedRow
+
+MAX_SKIP_RECORDS = 1000  # skipped rows listed one by one; beyond this only counted
+
+
+# Without a mask, tokens whose rollout logprob is exactly 0.0 (p = 1) while the trainer's is below log 0.5 look
+# like environment tokens: engines write 0.0 where they produced no logprob, and a token the engine really gave
+# p = 1 is not one the trainer gives p < 0.5 (confident tokens have both near 0, so they do not count).
+ZERO_ROLLOUT_TRAINER_BELOW = math.log(0.5)
+
+
+ZERO_ROLLOUT_SHARE = 0.01  # ... and when at least this share of the tokens are such, say so
+
+
+@dataclass
+class ReadLog:
+    """What reading found besides data: which columns played which role, skipped rows, warnings."""
+
+    files: list[str] = field(default_factory=list)
+    columns: dict[str, str] = field(default_factory=dict)
+    layout: str = ""
+    format: str = PARQUET  # the trainer format the files were read as (io/formats)
+    skipped: list[SkippedRow] = field(default_factory=list)
+    skipped_rows: int = 0
+    warnings: list[str] = field(default_factory=list)
+    total_rows: int = 0  # rows in the files (token layout: tokens), known before reading
+    # Files without a mask column: [tokens analysed, of them rollout logprob 0.0 where the trainer's is < log 0.5].
+    unmasked: dict[str, list[int]] = field(default_factory=dict)
+    mask_candidates: dict[str, list[str]] = field(default_factory=dict)  # file -> '*mask*' columns no role took
+    # A 64-bit hash of (step, sample_id) per analysed row (files with a sample id only), and where the row is:
+    # (index into ``files``, file row). 16 bytes a row; exact up to hash collisions (2^-64 per pair).
+    row_keys: list[np.ndarray] = field(default_factory=list, repr=False)
+    row_places: list[np.ndarray] = field(default_factory=list, repr=False)
+    # Rows skipped for a list longer or shorter than the rollout's: (role, column, rollout column) -> {length
+    # difference: rows}. One difference in every row is a layout mistake worth naming (a prompt prefix).
+    length_offsets: dict[tuple[str, str, str], dict[int, int]] = field(default_factory=dict)
+    finished: bool = False
+    rows_selected_out: int = 0  # rows a row selection (--where, --steps) left out: not decoded, not skipped
+
+    def merge(self, other: ReadLog) -> None:
+        """Fold in the log of a worker that read other row groups of the same inputs."""
+        self.skipped = sorted([*self.skipped, *other.skipped], key=lambda r: (r.file, -1 if r.row is None else r.row))
+        del self.skipped[MAX_SKIP_RECORDS:]
+        self.skipped_rows += other.skipped_rows
+        self.warnings.extend(w for w in other.warnings if w not in self.warnings)
+        for file, (tokens, zeros) in other.unmasked.items():
+            counts = self.unmasked.setdefault(file, [0, 0])
+            counts[0] += tokens
+            counts[1] += zeros
+        self.row_keys += other.row_keys
+        self.row_places += other.row_places
+        for key, offsets in other.length_offsets.items():
+            mine = self.length_offsets.setdefault(key, {})
+            for offset, rows in offsets.items():
+                mine[offset] = mine.get(offset, 0) + rows
+        self.rows_selected_out += other.rows_selected_out
+
+    def finish(self) -> None:
+        """Add the warnings that need every row seen (missing mask, duplicate rows); once, after the last merge."""
+        if self.finished:
+            return
+        self.finished = True
+        self.warnings.extend(_mask_warnings(self) + _duplicate_warnings(self))
+        self.row_keys, self.row_places = [], []
+        for note, rows in _length_offset_notes(self):
+            if rows == self.total_rows == self.skipped_rows:  # nothing left to analyse: the note is the error
+                first = self.skipped[0]
+                raise DataError(
+                    f"{', '.join(self.files)}: every row was skipped ({rows} rows): {note} every row; the first: "
+                    f"{where(None, first.row, first.column)}{first.reason}.",
+                    hint="dump the same tokens on both sides (the response's), or cut the extra tokens off first.",
+                )
+            self.warnings.append(f"{note} each of the {rows} rows skipped for it: cut them off to analyse those rows.")
+
+    def note_length_offsets(self, role: str, column: str, rollout: str, offsets: np.ndarray) -> None:
+        """Count rows skipped because ``column`` (of ``role``) is longer (offset > 0) than the rollout's list."""
+        counts = self.length_offsets.setdefault((role, column, rollout), {})
+        values, rows = np.unique(offsets, return_counts=True)
+        for offset, count in zip(values.tolist(), rows.tolist(), strict=True):
+            counts[offset] = counts.get(offset, 0) + count
+
+    def skip(self, record: SkippedRow, strict: bool) -> None:
+        if strict:
+            raise DataError(
+                f"{where(record.file, record.row, record.column)}{record.reason}",
+                hint=f"drop {option_name('strict')} to analyse the other rows and list the skipped ones.",
+            )
+        self.skipped_rows += 1
+        if len(self.skipped) < MAX_SKIP_RECORDS:
+            self.skipped.append(record)
+
+
+def _length_offset_notes(log: ReadLog) -> list[tuple[str, int]]:
+    """(note, rows) for each column whose rows skipped as ragged all differ from the rollout's by one k ≠ 0 (at
+    least 2 rows): "the trainer side (old_log_probs) has 7 more tokens than rollout_log_probs in"."""
+    notes = []
+    for (role, column, rollout), offsets in log.length_offsets.items():
+        if len(offsets) != 1:
+            continue
+        ((offset, rows),) = offsets.items()
+        if rows < 2 or offset == 0:
+            continue
+        side = "the trainer side" if role == "trainer" else f"the {role}"
+        count = abs(offset)
+        more = f"{count} {'more' if offset > 0 else 'fewer'} token{'s' if count != 1 else ''}"
+        guess = " (a prompt prefix?)" if offset > 0 else " (a cut response?)"
+        notes.append((f"{side} ({column}) has {more} than {rollout}{guess} in", rows))
+    return notes
+
+
+def _mask_warnings(log: ReadLog) -> list[str]:
+    if not log.unmasked:
+        return []
+    tokens = sum(counts[0] for counts in log.unmasked.values())
+    zeros = sum(counts[1] for counts in log.unmasked.values())
+    files = sorted(log.unmasked, key=log.files.index) if set(log.unmasked) <= set(log.files) else list(log.unmasked)
+    which = "" if len(files) == len(log.files) else f" in {listed_names(files)}"
+    notes = [
+        f"no mask column{which}: all {tokens} tokens treated as model tokens "
+        "(looked for response_mask, loss_mask, token_loss_mask)."
+    ]
+    if tokens and zeros >= ZERO_ROLLOUT_SHARE * tokens:
+        candidates = sorted({name for file in files for name in log.mask_candidates.get(file, [])})
+        name = candidates[0] if len(candidates) == 1 else "<name>"
+        notes.append(
+            f"{zeros} of those {tokens} tokens ({100 * zeros / tokens:.3g} %) have a rollout logprob of exactly 0.0 "
+            "where the trainer's is below log 0.5: these look like environment tokens (tool output, prompt) that "
+            f"a mask would leave out; name the mask column with --column mask={name}"
+            + (f" (columns that may be one: {', '.join(candidates)})." if candidates else ".")
+        )
+    return notes
+
+
+def _duplicate_warnings(log: ReadLog) -> list[str]:
+    if not log.row_keys:
+        return []
+    keys = np.concatenate(log.row_keys)
+    places = np.concatenate(log.row_places)
+    order = np.lexsort((places[:, 1], places[:, 0], keys))  # by key, then by file and row
+    keys, places = keys[order], places[order]
+    same_as_next = keys[1:] == keys[:-1]
+    if not same_as_next.any():
+        return []
+    in_group = np.zeros(len(keys), dtype=bool)
+    in_group[1:] |= same_as_next
+    in_group[:-1] |= same_as_next
+    groups = int(np.count_nonzero(same_as_next & ~np.concatenate([[False], same_as_next[:-1]])))
+    # the example: the duplicated key whose first row comes first in the input
+    starts = np.flatnonzero(in_group & ~np.concatenate([[False], same_as_next]))
+    first = min(starts, key=lambda i: (places[i, 0], places[i, 1]))
+    example = [
+        f"{log.files[int(places[i, 0])]}:{int(places[i, 1])}"
+        for i in range(first, min(first + 3, len(keys)))
+        if keys[i] == keys[first]
+    ]
+    return [
+        f"duplicate (step, sample_id): {int(in_group.sum())} rows share their (step, sample_id) with another row "
+        f"({groups} keys), e.g. rows {' and '.join(example)}; each row is analysed as a sequence of its own. "
+        "Two dumps of one run, or an id per prompt (verl's uid is shared by the n responses of a prompt)? "
+        "Give each row its own id; inspect one with --row FILE:ROW."
+    ]
+
+
+def listed_names(files: Sequence[str], limit: int = 3) -> str:
+    shown = ", ".join(files[:limit])
+    return shown + (f" and {len(files) - limit} more files" if len(files) > limit else "")
+
+
+def row_keys(steps: np.ndarray, sample_ids: Sequence[str]) -> np.ndarray:
+    """uint64 [R]: a hash of each (step, sample_id), the same in every process (unlike Python's hash)."""
+    return np.fromiter(
+        (
+            int.from_bytes(
+                hashlib.blake2b(f"{step}\x1f{sample_id}".encode("utf-8", "surrogatepass"), digest_size=8).digest(),
+                "little",
+            )
+            for step, sample_id in zip(steps.tolist(), sample_ids, strict=True)
+        ),
+        dtype=np.uint64,
+        count=len(sample_ids),
+    )

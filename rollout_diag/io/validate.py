@@ -1,0 +1,72 @@
+"""Validating a decoded block: rows whose model tokens hold NaN/inf, positive logprobs, bad masks or ragged lists
+are skipped and recorded (``--strict`` makes the first one an error naming file, row and column)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from rollout_diag.io.decode import Block, drop_rows
+from rollout_diag.io.readlog import ReadLog
+from rollout_diag.results import SkippedRow
+
+MAX_POSITIVE_LOGPROB = 1e-6  # logprobs above this are not logprobs (float noise of log(1) stays below)
+
+
+# ---------------------------------------------------------------------------------- validation
+def validate_block(block: Block, log: ReadLog, strict: bool) -> Block | None:
+    """Skip (and record, in file-row order) rows with a bad mask value, or NaN/inf/positive logprobs on model
+    tokens, besides those already found while decoding (null lists, ragged rows, duplicate positions)."""
+    rows = len(block.lengths)
+    token_row = np.repeat(np.arange(rows), block.lengths)
+    offsets = np.concatenate([[0], np.cumsum(block.lengths)])
+    bad_row = np.zeros(rows, dtype=bool)
+    records = list(block.skipped)
+    mask = block.mask
+    model = np.ones(len(token_row), dtype=bool) if mask is None else mask == 1
+
+    def flag(bad_token: np.ndarray, role: str, describe) -> None:
+        for token in np.flatnonzero(bad_token):
+            row = int(token_row[token])
+            if bad_row[row]:
+                continue
+            bad_row[row] = True
+            # token layout: the row that holds the bad token; sequence layout: the sequence's row
+            file_row = int(block.file_row[row] if block.token_rows is None else block.token_rows[token])
+            records.append(
+                SkippedRow(
+                    block.file, file_row, block.names.get(role, role), describe(token, int(token - offsets[row]))
+                )
+            )
+
+    if mask is not None:
+        flag(
+            (mask != 0) & (mask != 1),
+            "mask",
+            lambda t, p: f"mask value {_fmt(mask[t])} at position {p} (must be 0 or 1)",
+        )
+    for role, values in (("trainer", block.trainer), ("rollout", block.rollout)):
+        with np.errstate(invalid="ignore"):
+            nonfinite = model & ~np.isfinite(values)
+            positive = model & (values > MAX_POSITIVE_LOGPROB)
+        flag(nonfinite, role, lambda t, p, v=values: f"{_fmt(v[t])} logprob at position {p}")
+        flag(
+            positive,
+            role,
+            lambda t, p, v=values: f"positive logprob {_fmt(v[t])} at position {p} (logprobs are ≤ 0)",
+        )
+    for record in sorted(records, key=lambda r: -1 if r.row is None else r.row):
+        log.skip(record, strict)  # under --strict the first (lowest) row raises
+    if bad_row.any():
+        block = drop_rows(block, np.flatnonzero(bad_row))
+    return block if len(block.lengths) else None
+
+
+def _fmt(value: float) -> str:
+    value = float(value)
+    if math.isnan(value):
+        return "NaN (or null)"
+    if math.isinf(value):
+        return "+inf" if value > 0 else "-inf"
+    return f"{value:g}"
