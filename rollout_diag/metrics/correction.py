@@ -9,7 +9,7 @@ accumulator per *distinct* part of the chosen presets. The legacy family (§8) i
 Exactness under chunking: every state is a float64 sum, count, min, max, or (count, mean, M2) merged by
 Chan's formula. Nothing in §2/§3 needs a step-level value during the row pass: the §2 metrics are taken
 on w before batch normalisation (METRICS.md says so, as verl computes them), the batch-norm factor is a
-ratio of two sums, and ESS / std are functions of (N, Σc, Σc²) — see :func:`effective_sample_size`.
+ratio of two sums, and ESS / std are functions of (N, Σc, Σc²) — see :func:`effective_sample_sizes`.
 """
 
 from __future__ import annotations
@@ -26,15 +26,12 @@ from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import (
     CLAMP,
     EPS,
+    Columns,
+    KeyGroup,
     State,
     StepAccumulator,
-    as_float,
     clamp20,
-    effective_sample_size,
-    population_std,
     row_mean,
-    safe_exp,
-    sample_std,
 )
 from rollout_diag.metrics.segments import ChunkStats, PerToken, stats
 from rollout_diag.presets import ImportanceSampling, RejectionOption
@@ -149,14 +146,22 @@ class CorrectionAccumulator(StepAccumulator, ABC):
         return self._shared_stats(stats(chunk))
 
     def _finalize(self, state: State) -> dict[str, float]:
-        value = values_of(state)
-        if value["tokens"] == 0:
+        # one state as a block of one step: the run and the steps share one formula, so one rounding
+        ((reports, metrics),) = self._finalize_columns({name: np.asarray(array)[None] for name, array in state.items()})
+        if not reports[0]:
             return {}  # §1: a step with N = 0 has no metrics
-        return self._metrics(value)
+        return {name: float(np.asarray(value).reshape(-1)[0]) for name, value in metrics.items()}
+
+    def _finalize_columns(self, columns: Columns) -> list[KeyGroup]:
+        """``_finalize`` over a block of steps: ``_metrics`` on [B] columns (the same float64 operations, so the same
+        digits), reported where a step has model tokens."""
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            return [(columns["tokens"] != 0, self._metrics(columns))]
 
     @abstractmethod
-    def _metrics(self, value: dict[str, Any]) -> dict[str, float]:
-        """Metric values from a merged state of a step (or run) that has model tokens."""
+    def _metrics(self, value: dict[str, Any]) -> dict[str, Any]:
+        """Metric values from a merged state of a step (or run) that has model tokens: floats from one state (a
+        step's or the run's), [B] columns from a block of steps (``value``'s scalars [B], moments [B, 6])."""
 
     @abstractmethod
     def _shared_stats(self, s: ChunkStats) -> dict[str, torch.Tensor]:
@@ -170,9 +175,25 @@ def log_bound(ratio: float | None, missing: float) -> float:
     return math.log(ratio) if ratio > 0 else -math.inf
 
 
-def values_of(state: State) -> dict[str, Any]:
-    """Scalars as floats, moment vectors as arrays."""
-    return {name: (array if np.ndim(array) else as_float(array)) for name, array in state.items()}
+# finalize over columns: ``moments`` are [B, 6] ([n, mean_x, ·, M2_x, ·, ·]), the result [B]; each is the scalar
+# formula of metrics.base (population_std, effective_sample_size, sample_std) with the same float64 operations
+def population_stds(moments: np.ndarray) -> np.ndarray:
+    count, m2 = moments[..., 0], moments[..., 3]
+    return np.where(count <= 1, 0.0, np.sqrt(np.maximum(m2, 0.0) / np.maximum(count, 1.0)))
+
+
+def effective_sample_sizes(moments: np.ndarray) -> np.ndarray:
+    count, mean, m2 = moments[..., 0], moments[..., 1], moments[..., 3]
+    sum_squares = m2 + count * mean * mean
+    token_mean = count * mean / (count + EPS)
+    # Python's ``x ** 2`` (C pow) as effective_sample_size writes it: pow and x·x can differ in the last bit
+    squared = np.array([value**2 for value in (token_mean + EPS).tolist()], dtype=np.float64)
+    return np.where(sum_squares <= 0, math.inf, squared * (count + EPS) / sum_squares)
+
+
+def sample_stds(moments: np.ndarray) -> np.ndarray:
+    count, m2 = moments[..., 0], moments[..., 3]
+    return np.where(count >= 2, np.sqrt(np.maximum(m2, 0.0) / np.maximum(count - 1, 1.0)), 0.0)
 
 
 # --------------------------------------------------------------------------- §2 IS weights
@@ -238,15 +259,15 @@ def weight_stats(
     }
 
 
-def weight_metrics(value: dict[str, Any], log_extremes: bool, fraction_base: float) -> dict[str, float]:
-    """rollout_is_mean … _seq_fraction_low from a WEIGHT_REDUCTIONS state (names without prefix).
+def weight_metrics(value: dict[str, Any], log_extremes: bool, fraction_base: Any) -> dict[str, Any]:
+    """rollout_is_mean … _seq_fraction_low from WEIGHT_REDUCTIONS columns of a block of steps (names without prefix).
 
     ``log_extremes``: max/min are exp(min(max ℓ, 20)) / exp(min ℓ) (sequence-like levels); ``fraction_base``:
     what the ratio fractions divide by (N + ε for token-weighted ones, B for row ones).
     """
     tokens, rows = value["tokens"], value["rows"]
-    if log_extremes:  # §2 sequence: exp(min(max_i s_i, 20)), exp(min_i s_i)
-        is_max, is_min = safe_exp(min(value["extreme_max"], CLAMP)), safe_exp(value["extreme_min"])
+    if log_extremes:  # §2 sequence: exp(min(max_i s_i, 20)), exp(min_i s_i) (inf, not an error, past exp's range)
+        is_max, is_min = np.exp(np.minimum(value["extreme_max"], CLAMP)), np.exp(value["extreme_min"])
     else:
         is_max, is_min = value["extreme_max"], value["extreme_min"]
     return {
@@ -255,10 +276,10 @@ def weight_metrics(value: dict[str, Any], log_extremes: bool, fraction_base: flo
         "rollout_is_min": is_min,
         "rollout_is_ratio_fraction_high": value["high"] / fraction_base,
         "rollout_is_ratio_fraction_low": value["low"] / fraction_base,
-        "rollout_is_std": population_std(value["clamped"]),
-        "rollout_is_eff_sample_size": effective_sample_size(value["clamped"]),
-        "rollout_is_seq_mean": float(value["seq_weight"][1]),
-        "rollout_is_seq_std": sample_std(value["seq_weight"]),
+        "rollout_is_std": population_stds(value["clamped"]),
+        "rollout_is_eff_sample_size": effective_sample_sizes(value["clamped"]),
+        "rollout_is_seq_mean": value["seq_weight"][..., 1],
+        "rollout_is_seq_std": sample_stds(value["seq_weight"]),
         "rollout_is_seq_max": value["seq_weight_max"],
         "rollout_is_seq_min": value["seq_weight_min"],
         "rollout_is_seq_max_deviation": value["seq_deviation_max"],
@@ -304,7 +325,7 @@ class ImportanceAccumulator(CorrectionAccumulator):
             "valid_seq_weight_sum": s.group_sum_rows(torch.where(s.valid_rows, seq_weight, 0.0)),
         }
 
-    def _metrics(self, value: dict[str, Any]) -> dict[str, float]:
+    def _metrics(self, value: dict[str, Any]) -> dict[str, Any]:
         tokens, rows = value["tokens"], value["rows"]
         config = self.config
         denominator = tokens + EPS  # T[x] = Σ m·x / (N + 1e-8)
@@ -314,11 +335,11 @@ class ImportanceAccumulator(CorrectionAccumulator):
             metrics["rollout_is_oob_ratio"] = value["oob"] / denominator
         if config.batch_normalize:  # §2: f = T[w] (token) or Σ_valid q_i / max(#valid, 1e-8) (sequence)
             if sequence:
-                factor = value["valid_seq_weight_sum"] / max(value["valid_rows"], EPS)
+                factor = value["valid_seq_weight_sum"] / np.maximum(value["valid_rows"], EPS)
             else:
                 factor = value["weight_sum"] / denominator
-            metrics["rollout_is_batch_norm_factor"] = factor if factor > EPS else 1.0
-        return {PREFIX + name: float(v) for name, v in metrics.items()}
+            metrics["rollout_is_batch_norm_factor"] = np.where(factor > EPS, factor, 1.0)
+        return {PREFIX + name: v for name, v in metrics.items()}
 
 
 # --------------------------------------------------------------------------- §3 rejection sampling
@@ -385,7 +406,7 @@ class RejectionOptionAccumulator(CorrectionAccumulator):
             "rejected_rows": rejected_rows,
         }
 
-    def _metrics(self, value: dict[str, Any]) -> dict[str, float]:
+    def _metrics(self, value: dict[str, Any]) -> dict[str, Any]:
         tokens, valid = value["tokens"], value["valid_rows"]
         option = self.option
         denominator = tokens + EPS
@@ -397,27 +418,25 @@ class RejectionOptionAccumulator(CorrectionAccumulator):
             "min": value["stat_min"],
             "fraction_high": share(value["high"]),
             "fraction_low": share(value["low"]) if option.has_lower else 0.0,  # §3: _low is 0.0 for k2/k3
-            "std": population_std(value["clamped"]),
+            "std": population_stds(value["clamped"]),
         }
         seq_names = ["seq_mean", "seq_std", "seq_max", "seq_min", "seq_max_deviation", "seq_fraction_high"]
         if option.has_lower:
             seq_names.append("seq_fraction_low")
-        if valid > 0:
-            seq_metrics = {
-                "seq_mean": float(value["row_value"][1]),
-                "seq_std": sample_std(value["row_value"]),
-                "seq_max": value["row_value_max"],
-                "seq_min": value["row_value_min"],
-                "seq_max_deviation": value["row_value_abs_max"],  # max |v|: deviation from 0
-                "seq_fraction_high": value["row_high"] / valid,
-                "seq_fraction_low": value["row_low"] / valid,
-            }
-            metrics.update({name: seq_metrics[name] for name in seq_names})
-        else:  # §3: all 0.0 when no row is valid
-            metrics.update(dict.fromkeys(seq_names, 0.0))
+        seq_metrics = {
+            "seq_mean": value["row_value"][..., 1],
+            "seq_std": sample_stds(value["row_value"]),
+            "seq_max": value["row_value_max"],
+            "seq_min": value["row_value_min"],
+            "seq_max_deviation": value["row_value_abs_max"],  # max |v|: deviation from 0
+            "seq_fraction_high": value["row_high"] / valid,
+            "seq_fraction_low": value["row_low"] / valid,
+        }
+        has_valid = valid > 0
+        metrics.update({name: np.where(has_valid, seq_metrics[name], 0.0) for name in seq_names})  # §3: 0.0 if none
         metrics["masked_fraction"] = value["rejected_tokens"] / denominator  # §3 T[1 − keep]
-        metrics["seq_masked_fraction"] = value["rejected_rows"] / valid if valid > 0 else 0.0
-        return {f"{PREFIX}rollout_rs_{option.option}_{name}": float(v) for name, v in metrics.items()}
+        metrics["seq_masked_fraction"] = np.where(has_valid, value["rejected_rows"] / valid, 0.0)
+        return {f"{PREFIX}rollout_rs_{option.option}_{name}": v for name, v in metrics.items()}
 
 
 class DropCountAccumulator(CorrectionAccumulator):
@@ -457,7 +476,7 @@ class RejectionChainAccumulator(DropCountAccumulator):
     def kept_tokens(self, s: ChunkStats) -> PerToken:
         return rs_final_keep(s, self.options)
 
-    def _metrics(self, value: dict[str, Any]) -> dict[str, float]:
+    def _metrics(self, value: dict[str, Any]) -> dict[str, Any]:
         return {
             PREFIX + "rollout_rs_masked_fraction": value["rejected_tokens"] / (value["tokens"] + EPS),
             PREFIX + "rollout_rs_seq_masked_fraction": value["rejected_rows"] / value["rows"],

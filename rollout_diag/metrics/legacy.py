@@ -128,7 +128,7 @@ class LegacyAccumulator(CorrectionAccumulator):
             "masked_rows": masked_rows,
         }
 
-    def _metrics(self, value: dict[str, Any]) -> dict[str, float]:
+    def _metrics(self, value: dict[str, Any]) -> dict[str, Any]:
         tokens, rows = value["tokens"], value["rows"]
         config = self.config
         denominator = tokens + EPS
@@ -144,4 +144,4 @@ class LegacyAccumulator(CorrectionAccumulator):
         if config.masks:
             metrics["rollout_is_masked_fraction"] = value["masked_tokens"] / denominator
             metrics["rollout_is_seq_masked_fraction"] = value["masked_rows"] / rows
-        return {PREFIX + name: float(v) for name, v in metrics.items()}
+        return {PREFIX + name: v for name, v in metrics.items()}

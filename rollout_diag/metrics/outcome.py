@@ -11,9 +11,11 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from rollout_diag import catalogue
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import sequence_share
+from rollout_diag.metrics.base import KeyGroup
 from rollout_diag.metrics.correction import (
     CorrectionAccumulator,
     DropCountAccumulator,
@@ -72,14 +74,15 @@ class OutcomeAccumulator(DropCountAccumulator):
     def kept_tokens(self, s: ChunkStats) -> PerToken:
         return self.rule.kept_tokens(s)
 
-    def _metrics(self, value: dict[str, Any]) -> dict[str, float]:
-        tokens = value["tokens"]
+    def _metrics(self, value: dict[str, Any]) -> dict[str, Any]:
+        tokens, valid = value["tokens"], value["valid_rows"]
         return {
             SUMMARY + "tokens_rejected": value["rejected_tokens"],
             SUMMARY + "tokens_kept": tokens - value["rejected_tokens"],
             SUMMARY + "rejected_token_fraction": value["rejected_tokens"] / tokens,
             SUMMARY + "rows_rejected": value["rejected_rows"],
-            SUMMARY + "rejected_row_fraction": sequence_share(value["rejected_rows"], value["valid_rows"]),
+            # base.sequence_share over columns: 0.0 where no row has a model token
+            SUMMARY + "rejected_row_fraction": np.where(valid > 0, value["rejected_rows"] / valid, 0.0),
         }
 
 
@@ -94,6 +97,7 @@ class CorrectionAnalysis:
     def __init__(self, presets: Sequence[Preset]) -> None:
         self.presets = list(presets)
         self.accumulators: dict[Hashable, CorrectionAccumulator] = {}
+        self._finalized: dict[Hashable, tuple[np.ndarray, list[KeyGroup]]] = {}  # step_columns, per accumulator
         self.parts: dict[str, list[Hashable]] = {}
         for preset in self.presets:
             parts: list[Hashable] = []
@@ -121,6 +125,47 @@ class CorrectionAnalysis:
     def merge(self, other: CorrectionAnalysis) -> None:
         for key, accumulator in self.accumulators.items():
             accumulator.merge(other.accumulators[key])
+
+    def finalize_run(self) -> dict[str, dict[str, float]]:
+        """Per preset name: its run metrics, each accumulator finalized once."""
+        runs = {key: accumulator.finalize_run() for key, accumulator in self.accumulators.items()}
+        out: dict[str, dict[str, float]] = {}
+        for preset in self.presets:
+            run: dict[str, float] = {}
+            for key in self.parts[preset.name]:
+                run.update(runs[key])
+            out[preset.name] = run
+        return out
+
+    def step_columns(self, name: str) -> list[tuple[np.ndarray, list[KeyGroup]]]:
+        """Preset ``name``'s per-step metrics as columns, one entry per part (in ``finalize``'s order): (the part's
+        steps, sorted int64 [S]; its key groups: bool [S] steps that report the keys, key -> float64 [S]). Each
+        accumulator is finalized once, on first use, a block of steps at a time (``_finalize_columns``): no dict per
+        step. Call it after the last ``update`` / ``merge``."""
+        return [self._columns(key) for key in self.parts[name]]
+
+    def _columns(self, key: Hashable) -> tuple[np.ndarray, list[KeyGroup]]:
+        found = self._finalized.get(key)
+        if found is None:
+            accumulator = self.accumulators[key]
+            blocks: list[list[KeyGroup]] = []
+            for steps, columns in accumulator.store.blocks():
+                size = len(steps)
+                blocks.append(
+                    [
+                        (reports, {k: np.broadcast_to(np.asarray(v, np.float64), (size,)) for k, v in values.items()})
+                        for reports, values in accumulator._finalize_columns(columns)
+                    ]
+                )
+            groups = [
+                (
+                    np.concatenate([block[g][0] for block in blocks]),
+                    {k: np.concatenate([block[g][1][k] for block in blocks]) for k in blocks[0][g][1]},
+                )
+                for g in range(len(blocks[0]) if blocks else 0)
+            ]
+            found = self._finalized[key] = (accumulator.store.steps, groups)
+        return found
 
     def finalize(self) -> dict[str, tuple[dict[int, dict[str, float]], dict[str, float]]]:
         """Per preset name: ({step: metrics}, run metrics), each accumulator finalized once."""
