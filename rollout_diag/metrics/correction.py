@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -23,6 +25,7 @@ import torch
 
 from rollout_diag import catalogue
 from rollout_diag.io.chunk import Chunk
+from rollout_diag.kernels import compiled_presets
 from rollout_diag.metrics.base import (
     CLAMP,
     EPS,
@@ -33,10 +36,117 @@ from rollout_diag.metrics.base import (
     clamp20,
     row_mean,
 )
-from rollout_diag.metrics.segments import ChunkStats, PerToken, stats
+from rollout_diag.metrics.segments import TOKEN_QUANTITIES, ChunkStats, KernelStats, PerToken, stats
 from rollout_diag.presets import ImportanceSampling, RejectionOption
 
 PREFIX = catalogue.OFFPOLICY_PREFIX
+
+
+# --------------------------------------------------------------------------- derived token quantities
+@dataclass(frozen=True)
+class Derived:
+    """A token quantity derived from one of the engine's (``base``: δ, c, w = exp(c), k1, k2, k3) and bounds: a
+    truncated or IcePop weight, a clamped value, or a bound flag (1.0 / 0.0). Registered under ``name`` as a token
+    quantity of ``metrics.segments``, so either engine reduces it by name, each chunk once for every preset: the torch
+    engine from the tensor ``torch_values`` builds, the numba engine from one compiled pass over every derived quantity
+    of the pass (``kernels/presets.py``, :func:`prepare_derived`) with no token tensor."""
+
+    base: str  # a key of kernels.presets.KINDS
+    op: str  # a key of kernels.presets.OPS
+    lower: float = -math.inf
+    upper: float = math.inf
+
+    @property
+    def name(self) -> str:
+        return f"{self.op}({self.base}; {self.lower!r}, {self.upper!r})"
+
+    @property
+    def is_flag(self) -> bool:
+        return self.op not in ("tis", "icepop", "clamp")
+
+    def torch_values(self, s: ChunkStats) -> torch.Tensor:
+        """The quantity at every model token, with the torch engine's formulas (a flag as bool)."""
+        v, lower, upper = s.token(self.base), self.lower, self.upper
+        if self.op == "tis":
+            return v.clamp(max=upper)
+        if self.op == "icepop":
+            return torch.where((v >= lower) & (v <= upper), v, 0.0)
+        if self.op == "clamp":
+            return v.clamp(lower, upper)
+        if self.op == "above":
+            return v > upper
+        if self.op == "below":
+            return v < lower
+        if self.op == "outside":
+            return ~((v >= lower) & (v <= upper))
+        if self.op == "beyond":
+            return (v < lower) | (v > upper)
+        return ~(v <= upper)  # not_at_most
+
+
+DERIVED: dict[str, Derived] = {}  # name -> quantity, every one registered in this process
+# The engine's own w and k3 (min(max(v, −inf), inf) = v): the compiled pass fills their reductions too, so no tensor
+# of k3 is made and w is summed beside everything else
+for _base in ("token_is_weight", "rs_k3"):
+    DERIVED[_base] = Derived(_base, "clamp")
+
+
+def derived(base: str, op: str, lower: float = -math.inf, upper: float = math.inf) -> str:
+    """The name of a derived token quantity (registered on first use)."""
+    quantity = Derived(base, op, float(lower), float(upper))
+    if quantity.name not in DERIVED:
+        DERIVED[quantity.name] = quantity
+        TOKEN_QUANTITIES[quantity.name] = quantity.torch_values
+    return quantity.name
+
+
+def prepare_derived(s: ChunkStats, names: Iterable[str], moments: Iterable[str] = ()) -> None:
+    """On the numba engine: segment sums, maxima and minima of the derived quantities ``names`` (and the step groups'
+    moments of ``moments``) from one compiled pass, cached in ``s`` where its reductions by name read them (quantities
+    already there are skipped). On the torch engine nothing: each is computed where it is read."""
+    if not isinstance(s, KernelStats):
+        return
+    moment_names = set(moments)
+    wanted = [name for name in dict.fromkeys([*names, *moment_names]) if name not in s._sums]
+    if not wanted:
+        return
+    kernels = compiled_presets()
+    quantities = [DERIVED[name] for name in wanted]
+    codes = np.array([[kernels.KINDS[q.base], kernels.OPS[q.op]] for q in quantities], dtype=np.int64)
+    bounds = np.array([[q.lower, q.upper] for q in quantities], dtype=np.float64)
+    needs_weight = any(q.base in ("token_is_weight", "rs_k3") for q in quantities)
+    weight = s.token("token_is_weight").numpy() if needs_weight else np.zeros(0)
+    trainer, rollout = s._raw
+    raw, model, length, *_ = s._layout
+    weight = np.ascontiguousarray(weight)
+    segment_group = s.segment_group.numpy()
+    sums, maxima, minima = kernels.preset_pass(
+        trainer, rollout, weight, raw, model, length, segment_group, s.chunk.groups.count, codes, bounds
+    )
+    for index, name in enumerate(wanted):
+        # KernelStats reads segment reductions by name from these caches (as it does for its own kernel's sums)
+        s._sums[name] = torch.from_numpy(sums[index])
+        s._maxima[name] = torch.from_numpy(maxima[index])
+        s._minima[name] = torch.from_numpy(minima[index])
+    centred = [index for index, name in enumerate(wanted) if name in moment_names]
+    if not centred:
+        return
+    # the torch engine's moments (ChunkStats.group_moments): group means from the sums by name, then centred squares
+    n = s.group_tokens
+    means = torch.stack([s.group_sum(wanted[index]) / n.clamp(min=1.0) for index in centred], dim=1)
+    m2 = kernels.centred_pass(
+        trainer, rollout, weight, raw, model, length, segment_group, codes[centred], bounds[centred], means.numpy()
+    )
+    zeros = torch.zeros_like(n)
+    for place, index in enumerate(centred):
+        moments = torch.stack([n, means[:, place], zeros, torch.from_numpy(m2[:, place]), zeros, zeros], dim=-1)
+        s.memo(("derived_moments", wanted[index]), lambda moments=moments: moments)
+
+
+def derived_moments(s: ChunkStats, name: str) -> torch.Tensor:
+    """[n, mean, 0, M2, 0, 0] per step group of a derived quantity: the compiled pass's (``prepare_derived`` with it
+    among ``moments``), else the torch engine's."""
+    return s.memo(("derived_moments", name), lambda: s.group_moments(PerToken.quantity(s, name)))
 
 
 # --------------------------------------------------------------------------- per-chunk values of a config
@@ -78,6 +188,36 @@ def rs_statistic(s: ChunkStats, option: RejectionOption) -> PerToken:
     return PerToken.quantity(s, f"rs_{option.statistic}")
 
 
+def rs_rejected_name(option: RejectionOption) -> str:
+    """The derived flag of a token option's rejected tokens: not (log L ≤ k1 ≤ log U); not (k ≤ U) for k2/k3."""
+    base = f"rs_{option.statistic}"
+    if option.has_lower:
+        return derived(base, "outside", option.lower, option.upper)
+    return derived(base, "not_at_most", upper=option.upper)
+
+
+def rs_clamped_name(option: RejectionOption) -> str:
+    """The derived token quantity clamp(stat, lower, U) of a token option (its ``_std``)."""
+    return derived(f"rs_{option.statistic}", "clamp", option.lower, option.upper)
+
+
+def rs_rejections(s: ChunkStats, options: tuple[RejectionOption, ...]) -> tuple[torch.Tensor | None, list[str]]:
+    """What a chain of options rejects: rows (bool [R]: a sequence option drops them; None if none does) and the
+    derived flags of its token options."""
+    rows = None
+    for option in options:
+        if option.is_sequence:
+            dropped = ~rs_keep(s, option).values
+            rows = dropped if rows is None else rows | dropped
+    return rows, [rs_rejected_name(option) for option in options if not option.is_sequence]
+
+
+def rs_quantities(options: tuple[RejectionOption, ...]) -> list[str]:
+    """The derived token quantities ``rs_rejections`` and the row statistics of ``options`` read."""
+    names = ["rs_k3"] if any(option.statistic == "k3" for option in options) else []
+    return names + [rs_rejected_name(option) for option in options if not option.is_sequence]
+
+
 def rs_keep(s: ChunkStats, option: RejectionOption) -> PerToken:
     """§3 keep flag: k1 log L ≤ stat ≤ log U; k2/k3 stat ≤ U (sequence options keep or drop whole rows)."""
 
@@ -109,12 +249,21 @@ def importance_weights(s: ChunkStats, config: ImportanceSampling) -> tuple[PerTo
 
     def compute() -> tuple[PerToken, PerToken]:
         raw = raw_importance_weights(s, config.level)
+        if config.level == "token":  # named derived quantities: reduced by name, on the numba engine without tensors
+            return raw, PerToken.quantity(s, token_weight_name(config))
         if config.icepop:
             inside = icepop_inside(s, config).values
             return raw, raw.map(lambda w: torch.where(inside, w, 0.0))
         return raw, raw.map(lambda w: w.clamp(max=config.upper))
 
     return s.memo(("is", config.level, config.upper, config.lower, config.icepop), compute)
+
+
+def token_weight_name(config: ImportanceSampling) -> str:
+    """The derived token quantity of a token-level §2 weight: min(w, U), or w inside [L, U] else 0 (IcePop)."""
+    if config.icepop:
+        return derived("token_is_weight", "icepop", config.lower, config.upper)
+    return derived("token_is_weight", "tis", upper=config.upper)
 
 
 def raw_importance_weights(s: ChunkStats, level: str) -> PerToken:
@@ -132,10 +281,21 @@ def icepop_inside(s: ChunkStats, config: ImportanceSampling) -> PerToken:
     return s.memo(("icepop_inside", config.level, config.lower, config.upper), compute)
 
 
-def rejection_counts(s: ChunkStats, rejected: PerToken) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rejected model tokens, rows with one) per step group, from one row count of the flags (exact integers)."""
-    per_row = s.row_sum(rejected)
+def rejection_counts(s: ChunkStats, rejected: PerToken | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rejected model tokens, rows with one) per step group, from one row count of the flags (exact integers), or
+    from the rejected model tokens of each row given as they are (float64 [R])."""
+    per_row = rejected if isinstance(rejected, torch.Tensor) else s.row_sum(rejected)
     return s.group_sum_rows(per_row), s.group_sum_rows(per_row > 0)
+
+
+def rejected_per_row(s: ChunkStats, rows: torch.Tensor | None, flags: list[str]) -> torch.Tensor | None:
+    """Rejected model tokens of each row (float64 [R]) when a rule rejects whole rows (``rows``: bool [R], None for
+    none) or the tokens of at most one derived flag quantity: every model token of a rejected row, else the row's
+    flagged tokens. None when two token flags would have to be combined token by token (the caller does that)."""
+    if len(flags) > 1:
+        return None
+    tokens = s.row_sum(flags[0]) if flags else torch.zeros_like(s.row_count)
+    return tokens if rows is None else torch.where(rows, s.row_count, tokens)
 
 
 class CorrectionAccumulator(StepAccumulator, ABC):
@@ -143,7 +303,13 @@ class CorrectionAccumulator(StepAccumulator, ABC):
     preset) computes δ, k1/k2/k3, row values, weights and keep masks once per chunk."""
 
     def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
-        return self._shared_stats(stats(chunk))
+        s = stats(chunk)
+        prepare_derived(s, *self.token_quantities())  # a no-op when the pass prepared every accumulator's at once
+        return self._shared_stats(s)
+
+    def token_quantities(self) -> tuple[list[str], list[str]]:
+        """(derived token quantities this accumulator reduces by name, those whose moments it reads)."""
+        return [], []
 
     def _finalize(self, state: State) -> dict[str, float]:
         # one state as a block of one step: the run and the steps share one formula, so one rounding
@@ -226,10 +392,10 @@ def weight_stats(
     token level); ``bounds``: (clamp floor of c, lower L', upper U) in ratio space, the floor None where w
     already lies in [0, U] (c = w)."""
     floor, lower, upper = bounds
-    if level_log_ratio is None:  # token level: extremes of w, fractions of w_raw over model tokens
+    if level_log_ratio is None:  # token level: extremes of w, fractions of w_raw over model tokens (named flags)
         extremes = {"extreme_max": s.group_max(weight), "extreme_min": s.group_min(weight)}
-        high = s.group_sum(raw.map(lambda w: w > upper))
-        low = s.group_sum(raw.map(lambda w: w < lower))
+        high = s.group_sum(derived("token_is_weight", "above", upper=upper))
+        low = s.group_sum(derived("token_is_weight", "below", lower=lower))
     else:  # sequence-like: unclamped ℓ_i over all rows, vs log U in float64 (verl takes log of a float32 U)
         extremes = {
             "extreme_max": s.group_max_rows(level_log_ratio),
@@ -243,13 +409,16 @@ def weight_stats(
             high, low = s.group_sum_rows(high_rows), s.group_sum_rows(low_rows)
     seq_weight = s.row_mean(weight)
     raw_seq_weight = seq_weight if raw is weight else s.row_mean(raw)
-    clamped = weight if floor is None else weight.map(lambda w: w.clamp(floor, upper))
+    if level_log_ratio is None:  # c = clamp(w, floor, U): the weight itself or a derived token quantity
+        clamped_moments = derived_moments(s, weight_moments_name(weight, floor, upper))
+    else:
+        clamped_moments = s.group_moments(weight if floor is None else weight.map(lambda w: w.clamp(floor, upper)))
     return {
         "weight_sum": s.group_sum(weight),
         **extremes,
         "high": high,
         "low": low,
-        "clamped": s.group_moments(clamped),
+        "clamped": clamped_moments,
         "seq_weight": s.group_moments_rows(seq_weight),
         "seq_weight_max": s.group_max_rows(seq_weight),
         "seq_weight_min": s.group_min_rows(seq_weight),
@@ -257,6 +426,19 @@ def weight_stats(
         "seq_high": s.group_sum_rows(raw_seq_weight > upper),
         "seq_low": s.group_sum_rows(raw_seq_weight < lower),
     }
+
+
+def weight_moments_name(weight: PerToken, floor: float | None, upper: float) -> str:
+    """The token quantity whose moments are a token-level weight summary's c: the weight, or clamp(w, floor, U)."""
+    assert weight.name is not None
+    return weight.name if floor is None else derived("token_is_weight", "clamp", floor, upper)
+
+
+def token_weight_names(weight: str, floor: float | None, lower: float, upper: float) -> tuple[list[str], list[str]]:
+    """(quantities, quantities with moments) a token-level weight summary reads (``weight_stats``)."""
+    flags = [derived("token_is_weight", "above", upper=upper), derived("token_is_weight", "below", lower=lower)]
+    moments = weight if floor is None else derived("token_is_weight", "clamp", floor, upper)
+    return ["token_is_weight", weight, *flags], [moments]
 
 
 def weight_metrics(value: dict[str, Any], log_extremes: bool, fraction_base: Any) -> dict[str, Any]:
@@ -304,6 +486,15 @@ class ImportanceAccumulator(CorrectionAccumulator):
         super().__init__()
         self.config = config
 
+    def token_quantities(self) -> tuple[list[str], list[str]]:
+        config = self.config
+        if config.level != "token":
+            return [], []
+        names, moments = token_weight_names(token_weight_name(config), None, config.lower, config.upper)
+        if config.icepop:
+            names.append(derived("token_is_weight", "outside", config.lower, config.upper))
+        return names, moments
+
     def _shared_stats(self, s: ChunkStats) -> dict[str, torch.Tensor]:
         config = self.config
         raw, weight = importance_weights(s, config)
@@ -311,7 +502,9 @@ class ImportanceAccumulator(CorrectionAccumulator):
         # which is w itself (TIS and IcePop weights lie in [0, U])
         level_log_ratio = sequence_log_ratio(s) if config.level == "sequence" else None
         weights = weight_stats(s, raw, weight, level_log_ratio, (None, config.lower, config.upper))
-        if config.icepop:  # §2 T[w_raw < L or w_raw > U]: the tokens not inside [L, U]
+        if config.icepop and config.level == "token":  # §2 T[w_raw < L or w_raw > U]: a named flag
+            oob = s.group_sum(derived("token_is_weight", "outside", config.lower, config.upper))
+        elif config.icepop:
             oob = s.group_tokens - s.group_sum(icepop_inside(s, config))
         else:
             oob = torch.zeros_like(s.group_tokens)
@@ -369,6 +562,15 @@ class RejectionOptionAccumulator(CorrectionAccumulator):
         super().__init__()
         self.option = option
 
+    def token_quantities(self) -> tuple[list[str], list[str]]:
+        option = self.option
+        base = f"rs_{option.statistic}"
+        names = [base] if base in DERIVED else []
+        if option.is_sequence:
+            return names, []
+        flags = [derived(base, "above", upper=option.upper), derived(base, "below", lower=option.lower)]
+        return [*names, *flags, rs_rejected_name(option)], [rs_clamped_name(option)]
+
     def _shared_stats(self, s: ChunkStats) -> dict[str, torch.Tensor]:
         option = self.option
         valid = s.valid_rows
@@ -380,11 +582,15 @@ class RejectionOptionAccumulator(CorrectionAccumulator):
         row_value_min = s.group_min_rows(row_value, valid)
         if option.is_sequence:  # §3: max/min/fractions of sequence options over valid rows' values
             stat_max, stat_min, high, low = row_value_max, row_value_min, row_high, row_low
-        else:
+        else:  # token options: named derived flags (no token tensor on the numba engine)
+            base = f"rs_{option.statistic}"
             stat_max, stat_min = s.group_max(statistic), s.group_min(statistic)
-            high = s.group_sum(statistic.map(lambda stat: stat > option.upper))
-            low = s.group_sum(statistic.map(lambda stat: stat < option.lower))
-        rejected_tokens, rejected_rows = rejection_counts(s, rs_keep(s, option).map(torch.logical_not))
+            high = s.group_sum(derived(base, "above", upper=option.upper))
+            low = s.group_sum(derived(base, "below", lower=option.lower))
+        if option.is_sequence:
+            rejected_tokens, rejected_rows = rejection_counts(s, rs_keep(s, option).map(torch.logical_not))
+        else:
+            rejected_tokens, rejected_rows = rejection_counts(s, s.row_sum(rs_rejected_name(option)))
         # Σ m·stat per row: n_i·v_i for sequence options, the cached S_i[k] for token options (no pass over tokens)
         stat_sums = s.row_sum(statistic) if option.is_sequence else statistic_row_sum(s, option.statistic)
         return {
@@ -395,7 +601,9 @@ class RejectionOptionAccumulator(CorrectionAccumulator):
             "stat_min": stat_min,
             "high": high,
             "low": low,
-            "clamped": s.group_moments(statistic.map(lambda stat: stat.clamp(option.lower, option.upper))),
+            "clamped": derived_moments(s, rs_clamped_name(option))
+            if not option.is_sequence
+            else s.group_moments(statistic.map(lambda stat: stat.clamp(option.lower, option.upper))),
             "row_value": s.group_moments_rows(row_value, valid),
             "row_value_max": row_value_max,
             "row_value_min": row_value_min,
@@ -454,8 +662,16 @@ class DropCountAccumulator(CorrectionAccumulator):
     def kept_tokens(self, s: ChunkStats) -> PerToken:
         """Keep flag of every model token under the rule."""
 
+    def rejected_per_row(self, s: ChunkStats) -> torch.Tensor | None:
+        """Rejected model tokens of each row from row flags and named token flags (``rejected_per_row`` of this
+        module), or None: then counted from ``kept_tokens``."""
+        return None
+
     def _shared_stats(self, s: ChunkStats) -> dict[str, torch.Tensor]:
-        rejected_tokens, rejected_rows = rejection_counts(s, self.kept_tokens(s).map(torch.logical_not))
+        per_row = self.rejected_per_row(s)
+        if per_row is None:
+            per_row = s.row_sum(self.kept_tokens(s).map(torch.logical_not))
+        rejected_tokens, rejected_rows = rejection_counts(s, per_row)
         return {
             "tokens": s.group_tokens,
             "rows": s.group_rows,
@@ -475,6 +691,12 @@ class RejectionChainAccumulator(DropCountAccumulator):
 
     def kept_tokens(self, s: ChunkStats) -> PerToken:
         return rs_final_keep(s, self.options)
+
+    def rejected_per_row(self, s: ChunkStats) -> torch.Tensor | None:
+        return rejected_per_row(s, *rs_rejections(s, self.options))
+
+    def token_quantities(self) -> tuple[list[str], list[str]]:
+        return rs_quantities(self.options), []
 
     def _metrics(self, value: dict[str, Any]) -> dict[str, Any]:
         return {

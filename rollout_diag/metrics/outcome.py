@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from rollout_diag import catalogue
 from rollout_diag.io.chunk import Chunk
@@ -22,11 +23,16 @@ from rollout_diag.metrics.correction import (
     ImportanceAccumulator,
     RejectionChainAccumulator,
     RejectionOptionAccumulator,
+    derived,
     icepop_inside,
+    prepare_derived,
+    rejected_per_row,
     rs_final_keep,
+    rs_quantities,
+    rs_rejections,
 )
-from rollout_diag.metrics.legacy import LegacyAccumulator, legacy_keep
-from rollout_diag.metrics.segments import ChunkStats, PerToken
+from rollout_diag.metrics.legacy import LegacyAccumulator, legacy_keep, legacy_rejections, mask_name, veto_name
+from rollout_diag.metrics.segments import ChunkStats, PerToken, stats
 from rollout_diag.presets import ImportanceSampling, LegacyCorrection, Preset, RejectionOption
 
 SUMMARY = catalogue.SUMMARY_PREFIX
@@ -74,6 +80,31 @@ class OutcomeAccumulator(DropCountAccumulator):
     def kept_tokens(self, s: ChunkStats) -> PerToken:
         return self.rule.kept_tokens(s)
 
+    def rejected_per_row(self, s: ChunkStats) -> torch.Tensor | None:
+        rule = self.rule
+        rows, flags = rs_rejections(s, rule.rejection)
+        if rule.icepop is not None and rule.icepop.level == "token":
+            flags.append(derived("token_is_weight", "outside", rule.icepop.lower, rule.icepop.upper))
+        elif rule.icepop is not None:
+            outside = ~icepop_inside(s, rule.icepop).values
+            rows = outside if rows is None else rows | outside
+        if rule.legacy is not None:
+            legacy_rows, legacy_flags = legacy_rejections(s, rule.legacy)
+            rows = legacy_rows if rows is None else rows | legacy_rows
+            flags += legacy_flags
+        return rejected_per_row(s, rows, flags)
+
+    def token_quantities(self) -> tuple[list[str], list[str]]:
+        rule = self.rule
+        names = rs_quantities(rule.rejection)
+        if rule.icepop is not None and rule.icepop.level == "token":
+            names.append(derived("token_is_weight", "outside", rule.icepop.lower, rule.icepop.upper))
+        if rule.legacy is not None:
+            names.append(veto_name(rule.legacy))
+            if rule.legacy.masks and rule.legacy.level == "token":
+                names.append(mask_name(rule.legacy))
+        return names, []
+
     def _metrics(self, value: dict[str, Any]) -> dict[str, Any]:
         tokens, valid = value["tokens"], value["valid_rows"]
         return {
@@ -119,6 +150,14 @@ class CorrectionAnalysis:
         return key
 
     def update(self, chunk: Chunk) -> None:
+        # every accumulator's derived token quantities in one compiled pass (numba engine; a no-op on torch's)
+        names: list[str] = []
+        moments: list[str] = []
+        for accumulator in self.accumulators.values():
+            own_names, own_moments = accumulator.token_quantities()
+            names += own_names
+            moments += own_moments
+        prepare_derived(stats(chunk), names, moments)
         for accumulator in self.accumulators.values():
             accumulator.update(chunk)
 
