@@ -34,21 +34,20 @@ _FLAGS = {"cache": True, "nogil": True, "error_model": "numpy"}
 
 
 @njit(**{**_FLAGS, "inline": "always"})
-def _derived(kind: int, op: int, lower: float, upper: float, d: float, w: float) -> float:
-    """One derived quantity of a token with δ = ``d`` and IS weight ``w`` (torch's exp(c))."""
+def _bases(d: float, w: float, out: np.ndarray) -> None:
+    """The base quantities of a token (KINDS order) with δ = ``d`` and IS weight ``w`` (torch's exp(c))."""
     c = min(max(d, -CLAMP), CLAMP)
-    if kind == 0:
-        v = d
-    elif kind == 1:
-        v = c
-    elif kind == 2:
-        v = w
-    elif kind == 3:
-        v = -c
-    elif kind == 4:
-        v = 0.5 * c * c
-    else:
-        v = (w - 1.0) - c
+    out[0] = d
+    out[1] = c
+    out[2] = w
+    out[3] = -c
+    out[4] = 0.5 * c * c
+    out[5] = (w - 1.0) - c
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _derived(op: int, lower: float, upper: float, v: float) -> float:
+    """Derived quantity ``op`` of base value ``v``."""
     if op == 0:
         return min(v, upper)
     if op == 1:
@@ -130,20 +129,31 @@ def preset_pass(
     for s in range(segments):
         longest = max(longest, length[s])
     scratch = np.empty((quantities, longest))
+    counts = np.zeros(quantities, np.int64)
+    base = np.empty(6)
     has_weight = weight.shape[0] > 0
     for s in range(segments):
         size = length[s]
+        counts[:] = 0
         for k in range(size):
             t = raw[s] + k
-            d = trainer[t] - rollout[t]
-            w = weight[model[s] + k] if has_weight else 1.0
+            _bases(trainer[t] - rollout[t], weight[model[s] + k] if has_weight else 1.0, base)
             for q in range(quantities):
-                scratch[q, k] = _derived(codes[q, 0], codes[q, 1], bounds[q, 0], bounds[q, 1], d, w)
+                op = codes[q, 1]
+                value = _derived(op, bounds[q, 0], bounds[q, 1], base[codes[q, 0]])
+                if op >= 3:  # a flag: its count is its sum in any order
+                    counts[q] += value > 0.0
+                else:
+                    scratch[q, k] = value
         for q in range(quantities):
+            if codes[q, 1] >= 3:
+                sums[q, s] = counts[q]
+                maxima[q, s] = 1.0 if counts[q] > 0 else 0.0
+                minima[q, s] = 1.0 if counts[q] == size else 0.0
+                continue
             row = scratch[q]
             rest = _pairwise(row, 1, size - 1) if size > 1 else -0.0
-            total = row[0] + rest
-            sums[q, s] = total
+            sums[q, s] = row[0] + rest
             largest, smallest = row[0], row[0]
             for k in range(1, size):
                 largest = max(largest, row[k])
@@ -169,14 +179,14 @@ def centred_pass(
     first (the torch engine's two passes: a constant quantity gives exactly 0)."""
     quantities = codes.shape[0]
     out = np.zeros(means.shape)
+    base = np.empty(6)
     has_weight = weight.shape[0] > 0
     for s in range(raw.shape[0]):
         g = segment_group[s]
         for k in range(length[s]):
             t = raw[s] + k
-            d = trainer[t] - rollout[t]
-            w = weight[model[s] + k] if has_weight else 1.0
+            _bases(trainer[t] - rollout[t], weight[model[s] + k] if has_weight else 1.0, base)
             for q in range(quantities):
-                centred = _derived(codes[q, 0], codes[q, 1], bounds[q, 0], bounds[q, 1], d, w) - means[g, q]
+                centred = _derived(codes[q, 1], bounds[q, 0], bounds[q, 1], base[codes[q, 0]]) - means[g, q]
                 out[g, q] += centred * centred
     return out
