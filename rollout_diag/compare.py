@@ -9,15 +9,12 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from rollout_diag import catalogue
 from rollout_diag.decisions.intrusive import INTRUSIVE_MIN_ESS, INTRUSIVE_REJECTED_FRACTION, intrusive_reasons
 from rollout_diag.decisions.recommend import judge_comparison
 from rollout_diag.distributed import AUTO, Workers, check_workers, resolve_workers, run_parts
@@ -27,13 +24,12 @@ from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.exports import DecisionWriter
 from rollout_diag.groups import GroupSpec, group_specs
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
-from rollout_diag.metrics.base import KeyGroup
-from rollout_diag.metrics.outcome import CorrectionAnalysis
+from rollout_diag.metrics.outcome import PresetSteps, with_metrics
 from rollout_diag.metrics.segments import stats
-from rollout_diag.metrics.sweep import DEFAULT_TARGETS, RunSweepAccumulator, SweepAccumulator
-from rollout_diag.passes import Inputs, Pass, PassSpec, Progress, open_reader, resolve_device, run_chunks
+from rollout_diag.metrics.sweep import DEFAULT_TARGETS, SweepAccumulator
+from rollout_diag.passes import Inputs, PassSpec, Progress, open_reader, resolve_device, run_chunks
 from rollout_diag.presets import Preset, resolve_presets
-from rollout_diag.results import AnalysisResult, ComparisonResult, PresetResult, StepResult, SweepOption
+from rollout_diag.results import AnalysisResult, ComparisonResult, PresetResult, SweepOption
 from rollout_diag.selection import RowSelection, StepRange, selection
 
 
@@ -155,7 +151,7 @@ def _one_pass(
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
     reader.select(selection)
     options = {**options, "by": group_specs(options.get("by", ()), reader)}
-    spec = _PresetPassSpec(options, chosen, selection=reader.selection)
+    spec = PassSpec(options, chosen, selection=reader.selection)
     if workers == AUTO and export_decisions_to is not None:
         workers = 1  # the decisions file is written from one process
     workers = resolve_workers(workers, reader, torch_device)
@@ -179,7 +175,7 @@ def _one_pass(
     results = []
     run_metrics = corrections.finalize_run()
     for preset in chosen:
-        run = _with_metrics(base.run, run_metrics[preset.name])
+        run = with_metrics(base.run, run_metrics[preset.name])
         results.append(
             PresetResult(
                 name=preset.name,
@@ -208,79 +204,7 @@ def _one_pass(
     return base, judge_comparison(comparison, base)
 
 
-@dataclass(frozen=True)
-class _PresetPassSpec(PassSpec):
-    """The pass of compare-presets: PassSpec's, with the run's sweep only (it shows no per-step sweep)."""
-
-    def new(self) -> Pass:
-        state = super().new()
-        state.sweep = RunSweepAccumulator()
-        return state
-
-
 def _run_sweep(sweep: SweepAccumulator, targets: tuple[float, ...]) -> list[dict[str, Any]]:
     """The run's sweep table with curves (sweep_tables' first table, without the per-step ones)."""
     state = sweep.run_state()
     return [] if state is None else sweep.table(state, targets, curve=True)
-
-
-class PresetSteps(Sequence[StepResult]):
-    """``PresetResult.steps`` of one preset: each step's §1 metrics (``rollout_corr/`` keys of the analysis's step)
-    followed by the preset's own, built when read from the pass's columns (``CorrectionAnalysis.step_columns``, made on
-    first read). Nothing per step is kept: 200 000 steps × 25 presets cost the accumulators' columns, not 5 million
-    dicts. Equal to the list of StepResults it stands for."""
-
-    def __init__(self, base: Sequence[StepResult], corrections: CorrectionAnalysis, name: str) -> None:
-        self.base, self.corrections, self.name = base, corrections, name
-        self._parts: list[tuple[np.ndarray, list[KeyGroup]]] | None = None
-
-    def __len__(self) -> int:
-        return len(self.base)
-
-    def __getitem__(self, index):  # type: ignore[override]
-        if isinstance(index, slice):
-            return [self[i] for i in range(len(self))[index]]
-        return self._step(range(len(self))[index], self.base[index])
-
-    def __iter__(self) -> Iterator[StepResult]:
-        for index, step in enumerate(self.base):
-            yield self._step(index, step)
-
-    def _step(self, index: int, offpolicy: StepResult) -> StepResult:
-        metrics: dict[str, float] = {}
-        for at, groups in self._columns():
-            position = int(at[index])
-            if position < 0:
-                continue
-            for reports, values in groups:
-                if reports[position]:
-                    metrics.update((key, float(column[position])) for key, column in values.items())
-        return _with_metrics(offpolicy, metrics)
-
-    def _columns(self) -> list[tuple[np.ndarray, list[KeyGroup]]]:
-        """Per part of the preset: (position in the part's columns of each base step, −1 where absent; key groups)."""
-        if self._parts is None:
-            ids = np.array([step.step for step in self.base], dtype=np.int64)
-            self._parts = []
-            for steps, groups in self.corrections.step_columns(self.name):
-                at = np.searchsorted(steps, ids)
-                found = at < steps.shape[0]
-                found[found] = steps[at[found]] == ids[found]
-                self._parts.append((np.where(found, at, -1), groups))
-        return self._parts
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Sequence) and not isinstance(other, str):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"PresetSteps({self.name!r}, {len(self)} steps)"
-
-
-def _with_metrics(offpolicy: StepResult, metrics: Mapping[str, float]) -> StepResult:
-    """The step's §1 metrics (``rollout_corr/`` keys only) followed by the preset's own."""
-    own = {name: value for name, value in offpolicy.metrics.items() if name.startswith(catalogue.OFFPOLICY_PREFIX)}
-    return StepResult(offpolicy.step, offpolicy.rows, offpolicy.tokens, {**own, **metrics}, offpolicy.empty_rows)

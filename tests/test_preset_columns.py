@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_correction import ALL_PRESETS, make_chunk, random_steps, write_dump
 
-from rollout_diag.compare import PresetSteps, compare_presets
-from rollout_diag.metrics.outcome import CorrectionAnalysis
+from rollout_diag.compare import compare_presets
+from rollout_diag.metrics.outcome import CorrectionAnalysis, PresetSteps
 from rollout_diag.metrics.sweep import RunSweepAccumulator, SweepAccumulator
 from rollout_diag.results import ComparisonResult, StepResult
 

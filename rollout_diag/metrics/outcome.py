@@ -7,7 +7,7 @@ options, 3 option chains and 5 drop rules (14 accumulators for 19 presets).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ from rollout_diag.metrics.correction import (
 from rollout_diag.metrics.legacy import LegacyAccumulator, legacy_keep, legacy_rejections, mask_name, veto_name
 from rollout_diag.metrics.segments import ChunkStats, PerToken, stats
 from rollout_diag.presets import ImportanceSampling, LegacyCorrection, Preset, RejectionOption
+from rollout_diag.results import StepResult
 
 SUMMARY = catalogue.SUMMARY_PREFIX
 
@@ -220,3 +221,66 @@ class CorrectionAnalysis:
                 run.update(runs[key])
             out[preset.name] = (per_step, run)
         return out
+
+
+# --------------------------------------------------------------------------- per-step results as columns
+class PresetSteps(Sequence[StepResult]):
+    """``PresetResult.steps`` of one preset: each step's §1 metrics (``rollout_corr/`` keys of the analysis's step)
+    followed by the preset's own, built when read from the pass's columns (``CorrectionAnalysis.step_columns``, made on
+    first read). Nothing per step is kept: 200 000 steps × 25 presets cost the accumulators' columns, not 5 million
+    dicts. Equal to the list of StepResults it stands for."""
+
+    def __init__(self, base: Sequence[StepResult], corrections: CorrectionAnalysis, name: str) -> None:
+        self.base, self.corrections, self.name = base, corrections, name
+        self._parts: list[tuple[np.ndarray, list[KeyGroup]]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        return self._step(range(len(self))[index], self.base[index])
+
+    def __iter__(self) -> Iterator[StepResult]:
+        for index, step in enumerate(self.base):
+            yield self._step(index, step)
+
+    def _step(self, index: int, offpolicy: StepResult) -> StepResult:
+        metrics: dict[str, float] = {}
+        for at, groups in self._columns():
+            position = int(at[index])
+            if position < 0:
+                continue
+            for reports, values in groups:
+                if reports[position]:
+                    metrics.update((key, float(column[position])) for key, column in values.items())
+        return with_metrics(offpolicy, metrics)
+
+    def _columns(self) -> list[tuple[np.ndarray, list[KeyGroup]]]:
+        """Per part of the preset: (position in the part's columns of each base step, −1 where absent; key groups)."""
+        if self._parts is None:
+            ids = np.array([step.step for step in self.base], dtype=np.int64)
+            self._parts = []
+            for steps, groups in self.corrections.step_columns(self.name):
+                at = np.searchsorted(steps, ids)
+                found = at < steps.shape[0]
+                found[found] = steps[at[found]] == ids[found]
+                self._parts.append((np.where(found, at, -1), groups))
+        return self._parts
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PresetSteps({self.name!r}, {len(self)} steps)"
+
+
+def with_metrics(offpolicy: StepResult, metrics: Mapping[str, float]) -> StepResult:
+    """The step's §1 metrics (``rollout_corr/`` keys only) followed by the preset's own."""
+    own = {name: value for name, value in offpolicy.metrics.items() if name.startswith(catalogue.OFFPOLICY_PREFIX)}
+    return StepResult(offpolicy.step, offpolicy.rows, offpolicy.tokens, {**own, **metrics}, offpolicy.empty_rows)
