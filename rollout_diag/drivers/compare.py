@@ -13,7 +13,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rollout_diag import catalogue
 from rollout_diag.decisions.intrusive import INTRUSIVE_MIN_ESS, INTRUSIVE_REJECTED_FRACTION, intrusive_reasons
 from rollout_diag.decisions.recommend import judge_comparison
 from rollout_diag.drivers.distributed import AUTO, Workers, check_workers, resolve_workers, run_parts
@@ -25,10 +24,11 @@ from rollout_diag.drivers.sweep import check_targets
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.groups import GroupSpec, group_specs
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
+from rollout_diag.metrics.outcome import PresetSteps, with_metrics
 from rollout_diag.metrics.segments import stats
-from rollout_diag.metrics.sweep import DEFAULT_TARGETS, sweep_tables
+from rollout_diag.metrics.sweep import DEFAULT_TARGETS, SweepAccumulator
 from rollout_diag.presets import Preset, resolve_presets
-from rollout_diag.results import AnalysisResult, ComparisonResult, PresetResult, StepResult, SweepOption
+from rollout_diag.results import AnalysisResult, ComparisonResult, PresetResult, SweepOption
 from rollout_diag.selection import RowSelection, StepRange, selection
 
 if TYPE_CHECKING:
@@ -175,17 +175,15 @@ def _one_pass(
     base = build_result(state.analysis, reader.log, torch_device, strict, reader.selection)
     sweep, corrections = state.sweep, state.corrections
     results = []
-    finalized = corrections.finalize()
+    run_metrics = corrections.finalize_run()
     for preset in chosen:
-        step_metrics, run_metrics = finalized[preset.name]
-        steps = [_with_metrics(step, step_metrics.get(step.step, {})) for step in base.steps]
-        run = _with_metrics(base.run, run_metrics)
+        run = with_metrics(base.run, run_metrics[preset.name])
         results.append(
             PresetResult(
                 name=preset.name,
                 config=preset.config(),
                 mode=preset.mode,
-                steps=steps,
+                steps=PresetSteps(base.steps, corrections, preset.name),  # type: ignore[arg-type]
                 run=run,
                 intrusive_reasons=intrusive_reasons(run.metrics, *intrusive),
             )
@@ -199,7 +197,7 @@ def _one_pass(
         skipped_rows=base.skipped_rows,
         layout=base.layout,
         device=base.device,
-        sweep=[SweepOption.from_json(row) for row in sweep_tables(sweep, checked_targets)[0]],
+        sweep=[SweepOption.from_json(row) for row in _run_sweep(sweep, checked_targets)],
         intrusive_rejected_fraction=intrusive[0],
         intrusive_min_ess=intrusive[1],
         groups=base.groups,
@@ -208,7 +206,7 @@ def _one_pass(
     return base, judge_comparison(comparison, base)
 
 
-def _with_metrics(offpolicy: StepResult, metrics: Mapping[str, float]) -> StepResult:
-    """The step's §1 metrics (``rollout_corr/`` keys only) followed by the preset's own."""
-    own = {name: value for name, value in offpolicy.metrics.items() if name.startswith(catalogue.OFFPOLICY_PREFIX)}
-    return StepResult(offpolicy.step, offpolicy.rows, offpolicy.tokens, {**own, **metrics}, offpolicy.empty_rows)
+def _run_sweep(sweep: SweepAccumulator, targets: tuple[float, ...]) -> list[dict[str, Any]]:
+    """The run's sweep table with curves (sweep_tables' first table, without the per-step ones)."""
+    state = sweep.run_state()
+    return [] if state is None else sweep.table(state, targets, curve=True)

@@ -32,7 +32,7 @@ from rollout_diag.metrics.outcome import CorrectionAnalysis
 from rollout_diag.metrics.rollout_kl import RolloutKLAccumulator
 from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS, RoundAccumulator
 from rollout_diag.metrics.segments import SHARED_QUANTITIES, prepare, stats
-from rollout_diag.metrics.sweep import SweepAccumulator
+from rollout_diag.metrics.sweep import RunSweepAccumulator, SweepAccumulator
 from rollout_diag.presets import Preset
 from rollout_diag.results import StepResult
 
@@ -304,7 +304,8 @@ class PassSpec:
 
     def new(self) -> Pass:
         presets = None if self.presets is None else CorrectionAnalysis(self.presets)
-        return Pass(Analysis(**self.options), presets, SweepAccumulator() if presets is not None else None)
+        # compare-presets shows the run's sweep only: one run-level state, not one per step
+        return Pass(Analysis(**self.options), presets, RunSweepAccumulator() if presets is not None else None)
 
 
 @dataclass

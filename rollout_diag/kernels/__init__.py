@@ -113,3 +113,12 @@ def _has_cache(directory: Path) -> bool:
     if not directory.is_dir():
         return False
     return any(directory.rglob("cpu.*.nbi"))
+
+
+def compiled_presets() -> ModuleType:
+    """The compiled pass of the presets' token quantities (``kernels/presets.py``), imported on first use, after
+    :func:`compiled` (which sets up the cache directory and announces a first compile)."""
+    compiled()
+    from rollout_diag.kernels import presets as module
+
+    return module

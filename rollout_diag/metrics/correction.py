@@ -9,13 +9,15 @@ accumulator per *distinct* part of the chosen presets. The legacy family (§8) i
 Exactness under chunking: every state is a float64 sum, count, min, max, or (count, mean, M2) merged by
 Chan's formula. Nothing in §2/§3 needs a step-level value during the row pass: the §2 metrics are taken
 on w before batch normalisation (METRICS.md says so, as verl computes them), the batch-norm factor is a
-ratio of two sums, and ESS / std are functions of (N, Σc, Σc²) — see :func:`effective_sample_size`.
+ratio of two sums, and ESS / std are functions of (N, Σc, Σc²) — see :func:`effective_sample_sizes`.
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -23,23 +25,128 @@ import torch
 
 from rollout_diag import catalogue
 from rollout_diag.io.chunk import Chunk
+from rollout_diag.kernels import compiled_presets
 from rollout_diag.metrics.base import (
     CLAMP,
     EPS,
+    Columns,
+    KeyGroup,
     State,
     StepAccumulator,
-    as_float,
     clamp20,
-    effective_sample_size,
-    population_std,
     row_mean,
-    safe_exp,
-    sample_std,
 )
-from rollout_diag.metrics.segments import ChunkStats, PerToken, stats
+from rollout_diag.metrics.segments import TOKEN_QUANTITIES, ChunkStats, KernelStats, PerToken, stats
 from rollout_diag.presets import ImportanceSampling, RejectionOption
 
 PREFIX = catalogue.OFFPOLICY_PREFIX
+
+
+# --------------------------------------------------------------------------- derived token quantities
+@dataclass(frozen=True)
+class Derived:
+    """A token quantity derived from one of the engine's (``base``: δ, c, w = exp(c), k1, k2, k3) and bounds: a
+    truncated or IcePop weight, a clamped value, or a bound flag (1.0 / 0.0). Registered under ``name`` as a token
+    quantity of ``metrics.segments``, so either engine reduces it by name, each chunk once for every preset: the torch
+    engine from the tensor ``torch_values`` builds, the numba engine from one compiled pass over every derived quantity
+    of the pass (``kernels/presets.py``, :func:`prepare_derived`) with no token tensor."""
+
+    base: str  # a key of kernels.presets.KINDS
+    op: str  # a key of kernels.presets.OPS
+    lower: float = -math.inf
+    upper: float = math.inf
+
+    @property
+    def name(self) -> str:
+        return f"{self.op}({self.base}; {self.lower!r}, {self.upper!r})"
+
+    @property
+    def is_flag(self) -> bool:
+        return self.op not in ("tis", "icepop", "clamp")
+
+    def torch_values(self, s: ChunkStats) -> torch.Tensor:
+        """The quantity at every model token, with the torch engine's formulas (a flag as bool)."""
+        v, lower, upper = s.token(self.base), self.lower, self.upper
+        if self.op == "tis":
+            return v.clamp(max=upper)
+        if self.op == "icepop":
+            return torch.where((v >= lower) & (v <= upper), v, 0.0)
+        if self.op == "clamp":
+            return v.clamp(lower, upper)
+        if self.op == "above":
+            return v > upper
+        if self.op == "below":
+            return v < lower
+        if self.op == "outside":
+            return ~((v >= lower) & (v <= upper))
+        if self.op == "beyond":
+            return (v < lower) | (v > upper)
+        return ~(v <= upper)  # not_at_most
+
+
+DERIVED: dict[str, Derived] = {}  # name -> quantity, every one registered in this process
+# The engine's own w and k3 (min(max(v, −inf), inf) = v): the compiled pass fills their reductions too, so no tensor
+# of k3 is made and w is summed beside everything else
+for _base in ("token_is_weight", "rs_k3"):
+    DERIVED[_base] = Derived(_base, "clamp")
+
+
+def derived(base: str, op: str, lower: float = -math.inf, upper: float = math.inf) -> str:
+    """The name of a derived token quantity (registered on first use)."""
+    quantity = Derived(base, op, float(lower), float(upper))
+    if quantity.name not in DERIVED:
+        DERIVED[quantity.name] = quantity
+        TOKEN_QUANTITIES[quantity.name] = quantity.torch_values
+    return quantity.name
+
+
+def prepare_derived(s: ChunkStats, names: Iterable[str], moments: Iterable[str] = ()) -> None:
+    """On the numba engine: segment sums, maxima and minima of the derived quantities ``names`` (and the step groups'
+    moments of ``moments``) from one compiled pass, cached in ``s`` where its reductions by name read them (quantities
+    already there are skipped). On the torch engine nothing: each is computed where it is read."""
+    if not isinstance(s, KernelStats):
+        return
+    moment_names = set(moments)
+    wanted = [name for name in dict.fromkeys([*names, *moment_names]) if name not in s._sums]
+    if not wanted:
+        return
+    kernels = compiled_presets()
+    quantities = [DERIVED[name] for name in wanted]
+    codes = np.array([[kernels.KINDS[q.base], kernels.OPS[q.op]] for q in quantities], dtype=np.int64)
+    bounds = np.array([[q.lower, q.upper] for q in quantities], dtype=np.float64)
+    needs_weight = any(q.base in ("token_is_weight", "rs_k3") for q in quantities)
+    weight = s.token("token_is_weight").numpy() if needs_weight else np.zeros(0)
+    trainer, rollout = s._raw
+    raw, model, length, *_ = s._layout
+    weight = np.ascontiguousarray(weight)
+    segment_group = s.segment_group.numpy()
+    sums, maxima, minima = kernels.preset_pass(
+        trainer, rollout, weight, raw, model, length, segment_group, s.chunk.groups.count, codes, bounds
+    )
+    for index, name in enumerate(wanted):
+        # KernelStats reads segment reductions by name from these caches (as it does for its own kernel's sums)
+        s._sums[name] = torch.from_numpy(sums[index])
+        s._maxima[name] = torch.from_numpy(maxima[index])
+        s._minima[name] = torch.from_numpy(minima[index])
+    centred = [index for index, name in enumerate(wanted) if name in moment_names]
+    if not centred:
+        return
+    # the torch engine's moments (ChunkStats.group_moments): group means from the sums by name, then centred squares
+    n = s.group_tokens
+    means = torch.stack([s.group_sum(wanted[index]) / n.clamp(min=1.0) for index in centred], dim=1)
+    m2 = kernels.centred_pass(
+        trainer, rollout, weight, raw, model, length, segment_group, codes[centred], bounds[centred], means.numpy()
+    )
+    zeros = torch.zeros_like(n)
+    for place, index in enumerate(centred):
+        moments = torch.stack([n, means[:, place], zeros, torch.from_numpy(m2[:, place]), zeros, zeros], dim=-1)
+        s.memo(("derived_moments", wanted[index]), lambda moments=moments: moments)
+
+
+def derived_moments(s: ChunkStats, name: str) -> torch.Tensor:
+    """[n, mean, 0, M2, 0, 0] per step group of a derived quantity: the compiled pass's (``prepare_derived`` with it
+    among ``moments``), else the torch engine's."""
+    return s.memo(("derived_moments", name), lambda: s.group_moments(PerToken.quantity(s, name)))
 
 
 # --------------------------------------------------------------------------- per-chunk values of a config
@@ -81,6 +188,36 @@ def rs_statistic(s: ChunkStats, option: RejectionOption) -> PerToken:
     return PerToken.quantity(s, f"rs_{option.statistic}")
 
 
+def rs_rejected_name(option: RejectionOption) -> str:
+    """The derived flag of a token option's rejected tokens: not (log L ≤ k1 ≤ log U); not (k ≤ U) for k2/k3."""
+    base = f"rs_{option.statistic}"
+    if option.has_lower:
+        return derived(base, "outside", option.lower, option.upper)
+    return derived(base, "not_at_most", upper=option.upper)
+
+
+def rs_clamped_name(option: RejectionOption) -> str:
+    """The derived token quantity clamp(stat, lower, U) of a token option (its ``_std``)."""
+    return derived(f"rs_{option.statistic}", "clamp", option.lower, option.upper)
+
+
+def rs_rejections(s: ChunkStats, options: tuple[RejectionOption, ...]) -> tuple[torch.Tensor | None, list[str]]:
+    """What a chain of options rejects: rows (bool [R]: a sequence option drops them; None if none does) and the
+    derived flags of its token options."""
+    rows = None
+    for option in options:
+        if option.is_sequence:
+            dropped = ~rs_keep(s, option).values
+            rows = dropped if rows is None else rows | dropped
+    return rows, [rs_rejected_name(option) for option in options if not option.is_sequence]
+
+
+def rs_quantities(options: tuple[RejectionOption, ...]) -> list[str]:
+    """The derived token quantities ``rs_rejections`` and the row statistics of ``options`` read."""
+    names = ["rs_k3"] if any(option.statistic == "k3" for option in options) else []
+    return names + [rs_rejected_name(option) for option in options if not option.is_sequence]
+
+
 def rs_keep(s: ChunkStats, option: RejectionOption) -> PerToken:
     """§3 keep flag: k1 log L ≤ stat ≤ log U; k2/k3 stat ≤ U (sequence options keep or drop whole rows)."""
 
@@ -112,12 +249,21 @@ def importance_weights(s: ChunkStats, config: ImportanceSampling) -> tuple[PerTo
 
     def compute() -> tuple[PerToken, PerToken]:
         raw = raw_importance_weights(s, config.level)
+        if config.level == "token":  # named derived quantities: reduced by name, on the numba engine without tensors
+            return raw, PerToken.quantity(s, token_weight_name(config))
         if config.icepop:
             inside = icepop_inside(s, config).values
             return raw, raw.map(lambda w: torch.where(inside, w, 0.0))
         return raw, raw.map(lambda w: w.clamp(max=config.upper))
 
     return s.memo(("is", config.level, config.upper, config.lower, config.icepop), compute)
+
+
+def token_weight_name(config: ImportanceSampling) -> str:
+    """The derived token quantity of a token-level §2 weight: min(w, U), or w inside [L, U] else 0 (IcePop)."""
+    if config.icepop:
+        return derived("token_is_weight", "icepop", config.lower, config.upper)
+    return derived("token_is_weight", "tis", upper=config.upper)
 
 
 def raw_importance_weights(s: ChunkStats, level: str) -> PerToken:
@@ -135,10 +281,21 @@ def icepop_inside(s: ChunkStats, config: ImportanceSampling) -> PerToken:
     return s.memo(("icepop_inside", config.level, config.lower, config.upper), compute)
 
 
-def rejection_counts(s: ChunkStats, rejected: PerToken) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rejected model tokens, rows with one) per step group, from one row count of the flags (exact integers)."""
-    per_row = s.row_sum(rejected)
+def rejection_counts(s: ChunkStats, rejected: PerToken | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rejected model tokens, rows with one) per step group, from one row count of the flags (exact integers), or
+    from the rejected model tokens of each row given as they are (float64 [R])."""
+    per_row = rejected if isinstance(rejected, torch.Tensor) else s.row_sum(rejected)
     return s.group_sum_rows(per_row), s.group_sum_rows(per_row > 0)
+
+
+def rejected_per_row(s: ChunkStats, rows: torch.Tensor | None, flags: list[str]) -> torch.Tensor | None:
+    """Rejected model tokens of each row (float64 [R]) when a rule rejects whole rows (``rows``: bool [R], None for
+    none) or the tokens of at most one derived flag quantity: every model token of a rejected row, else the row's
+    flagged tokens. None when two token flags would have to be combined token by token (the caller does that)."""
+    if len(flags) > 1:
+        return None
+    tokens = s.row_sum(flags[0]) if flags else torch.zeros_like(s.row_count)
+    return tokens if rows is None else torch.where(rows, s.row_count, tokens)
 
 
 class CorrectionAccumulator(StepAccumulator, ABC):
@@ -146,17 +303,31 @@ class CorrectionAccumulator(StepAccumulator, ABC):
     preset) computes δ, k1/k2/k3, row values, weights and keep masks once per chunk."""
 
     def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
-        return self._shared_stats(stats(chunk))
+        s = stats(chunk)
+        prepare_derived(s, *self.token_quantities())  # a no-op when the pass prepared every accumulator's at once
+        return self._shared_stats(s)
+
+    def token_quantities(self) -> tuple[list[str], list[str]]:
+        """(derived token quantities this accumulator reduces by name, those whose moments it reads)."""
+        return [], []
 
     def _finalize(self, state: State) -> dict[str, float]:
-        value = values_of(state)
-        if value["tokens"] == 0:
+        # one state as a block of one step: the run and the steps share one formula, so one rounding
+        ((reports, metrics),) = self._finalize_columns({name: np.asarray(array)[None] for name, array in state.items()})
+        if not reports[0]:
             return {}  # §1: a step with N = 0 has no metrics
-        return self._metrics(value)
+        return {name: float(np.asarray(value).reshape(-1)[0]) for name, value in metrics.items()}
+
+    def _finalize_columns(self, columns: Columns) -> list[KeyGroup]:
+        """``_finalize`` over a block of steps: ``_metrics`` on [B] columns (the same float64 operations, so the same
+        digits), reported where a step has model tokens."""
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            return [(columns["tokens"] != 0, self._metrics(columns))]
 
     @abstractmethod
-    def _metrics(self, value: dict[str, Any]) -> dict[str, float]:
-        """Metric values from a merged state of a step (or run) that has model tokens."""
+    def _metrics(self, value: dict[str, Any]) -> dict[str, Any]:
+        """Metric values from a merged state of a step (or run) that has model tokens: floats from one state (a
+        step's or the run's), [B] columns from a block of steps (``value``'s scalars [B], moments [B, 6])."""
 
     @abstractmethod
     def _shared_stats(self, s: ChunkStats) -> dict[str, torch.Tensor]:
@@ -170,9 +341,25 @@ def log_bound(ratio: float | None, missing: float) -> float:
     return math.log(ratio) if ratio > 0 else -math.inf
 
 
-def values_of(state: State) -> dict[str, Any]:
-    """Scalars as floats, moment vectors as arrays."""
-    return {name: (array if np.ndim(array) else as_float(array)) for name, array in state.items()}
+# finalize over columns: ``moments`` are [B, 6] ([n, mean_x, ·, M2_x, ·, ·]), the result [B]; each is the scalar
+# formula of metrics.base (population_std, effective_sample_size, sample_std) with the same float64 operations
+def population_stds(moments: np.ndarray) -> np.ndarray:
+    count, m2 = moments[..., 0], moments[..., 3]
+    return np.where(count <= 1, 0.0, np.sqrt(np.maximum(m2, 0.0) / np.maximum(count, 1.0)))
+
+
+def effective_sample_sizes(moments: np.ndarray) -> np.ndarray:
+    count, mean, m2 = moments[..., 0], moments[..., 1], moments[..., 3]
+    sum_squares = m2 + count * mean * mean
+    token_mean = count * mean / (count + EPS)
+    # Python's ``x ** 2`` (C pow) as effective_sample_size writes it: pow and x·x can differ in the last bit
+    squared = np.array([value**2 for value in (token_mean + EPS).tolist()], dtype=np.float64)
+    return np.where(sum_squares <= 0, math.inf, squared * (count + EPS) / sum_squares)
+
+
+def sample_stds(moments: np.ndarray) -> np.ndarray:
+    count, m2 = moments[..., 0], moments[..., 3]
+    return np.where(count >= 2, np.sqrt(np.maximum(m2, 0.0) / np.maximum(count - 1, 1.0)), 0.0)
 
 
 # --------------------------------------------------------------------------- §2 IS weights
@@ -205,10 +392,10 @@ def weight_stats(
     token level); ``bounds``: (clamp floor of c, lower L', upper U) in ratio space, the floor None where w
     already lies in [0, U] (c = w)."""
     floor, lower, upper = bounds
-    if level_log_ratio is None:  # token level: extremes of w, fractions of w_raw over model tokens
+    if level_log_ratio is None:  # token level: extremes of w, fractions of w_raw over model tokens (named flags)
         extremes = {"extreme_max": s.group_max(weight), "extreme_min": s.group_min(weight)}
-        high = s.group_sum(raw.map(lambda w: w > upper))
-        low = s.group_sum(raw.map(lambda w: w < lower))
+        high = s.group_sum(derived("token_is_weight", "above", upper=upper))
+        low = s.group_sum(derived("token_is_weight", "below", lower=lower))
     else:  # sequence-like: unclamped ℓ_i over all rows, vs log U in float64 (verl takes log of a float32 U)
         extremes = {
             "extreme_max": s.group_max_rows(level_log_ratio),
@@ -222,13 +409,16 @@ def weight_stats(
             high, low = s.group_sum_rows(high_rows), s.group_sum_rows(low_rows)
     seq_weight = s.row_mean(weight)
     raw_seq_weight = seq_weight if raw is weight else s.row_mean(raw)
-    clamped = weight if floor is None else weight.map(lambda w: w.clamp(floor, upper))
+    if level_log_ratio is None:  # c = clamp(w, floor, U): the weight itself or a derived token quantity
+        clamped_moments = derived_moments(s, weight_moments_name(weight, floor, upper))
+    else:
+        clamped_moments = s.group_moments(weight if floor is None else weight.map(lambda w: w.clamp(floor, upper)))
     return {
         "weight_sum": s.group_sum(weight),
         **extremes,
         "high": high,
         "low": low,
-        "clamped": s.group_moments(clamped),
+        "clamped": clamped_moments,
         "seq_weight": s.group_moments_rows(seq_weight),
         "seq_weight_max": s.group_max_rows(seq_weight),
         "seq_weight_min": s.group_min_rows(seq_weight),
@@ -238,15 +428,28 @@ def weight_stats(
     }
 
 
-def weight_metrics(value: dict[str, Any], log_extremes: bool, fraction_base: float) -> dict[str, float]:
-    """rollout_is_mean … _seq_fraction_low from a WEIGHT_REDUCTIONS state (names without prefix).
+def weight_moments_name(weight: PerToken, floor: float | None, upper: float) -> str:
+    """The token quantity whose moments are a token-level weight summary's c: the weight, or clamp(w, floor, U)."""
+    assert weight.name is not None
+    return weight.name if floor is None else derived("token_is_weight", "clamp", floor, upper)
+
+
+def token_weight_names(weight: str, floor: float | None, lower: float, upper: float) -> tuple[list[str], list[str]]:
+    """(quantities, quantities with moments) a token-level weight summary reads (``weight_stats``)."""
+    flags = [derived("token_is_weight", "above", upper=upper), derived("token_is_weight", "below", lower=lower)]
+    moments = weight if floor is None else derived("token_is_weight", "clamp", floor, upper)
+    return ["token_is_weight", weight, *flags], [moments]
+
+
+def weight_metrics(value: dict[str, Any], log_extremes: bool, fraction_base: Any) -> dict[str, Any]:
+    """rollout_is_mean … _seq_fraction_low from WEIGHT_REDUCTIONS columns of a block of steps (names without prefix).
 
     ``log_extremes``: max/min are exp(min(max ℓ, 20)) / exp(min ℓ) (sequence-like levels); ``fraction_base``:
     what the ratio fractions divide by (N + ε for token-weighted ones, B for row ones).
     """
     tokens, rows = value["tokens"], value["rows"]
-    if log_extremes:  # §2 sequence: exp(min(max_i s_i, 20)), exp(min_i s_i)
-        is_max, is_min = safe_exp(min(value["extreme_max"], CLAMP)), safe_exp(value["extreme_min"])
+    if log_extremes:  # §2 sequence: exp(min(max_i s_i, 20)), exp(min_i s_i) (inf, not an error, past exp's range)
+        is_max, is_min = np.exp(np.minimum(value["extreme_max"], CLAMP)), np.exp(value["extreme_min"])
     else:
         is_max, is_min = value["extreme_max"], value["extreme_min"]
     return {
@@ -255,10 +458,10 @@ def weight_metrics(value: dict[str, Any], log_extremes: bool, fraction_base: flo
         "rollout_is_min": is_min,
         "rollout_is_ratio_fraction_high": value["high"] / fraction_base,
         "rollout_is_ratio_fraction_low": value["low"] / fraction_base,
-        "rollout_is_std": population_std(value["clamped"]),
-        "rollout_is_eff_sample_size": effective_sample_size(value["clamped"]),
-        "rollout_is_seq_mean": float(value["seq_weight"][1]),
-        "rollout_is_seq_std": sample_std(value["seq_weight"]),
+        "rollout_is_std": population_stds(value["clamped"]),
+        "rollout_is_eff_sample_size": effective_sample_sizes(value["clamped"]),
+        "rollout_is_seq_mean": value["seq_weight"][..., 1],
+        "rollout_is_seq_std": sample_stds(value["seq_weight"]),
         "rollout_is_seq_max": value["seq_weight_max"],
         "rollout_is_seq_min": value["seq_weight_min"],
         "rollout_is_seq_max_deviation": value["seq_deviation_max"],
@@ -283,6 +486,15 @@ class ImportanceAccumulator(CorrectionAccumulator):
         super().__init__()
         self.config = config
 
+    def token_quantities(self) -> tuple[list[str], list[str]]:
+        config = self.config
+        if config.level != "token":
+            return [], []
+        names, moments = token_weight_names(token_weight_name(config), None, config.lower, config.upper)
+        if config.icepop:
+            names.append(derived("token_is_weight", "outside", config.lower, config.upper))
+        return names, moments
+
     def _shared_stats(self, s: ChunkStats) -> dict[str, torch.Tensor]:
         config = self.config
         raw, weight = importance_weights(s, config)
@@ -290,7 +502,9 @@ class ImportanceAccumulator(CorrectionAccumulator):
         # which is w itself (TIS and IcePop weights lie in [0, U])
         level_log_ratio = sequence_log_ratio(s) if config.level == "sequence" else None
         weights = weight_stats(s, raw, weight, level_log_ratio, (None, config.lower, config.upper))
-        if config.icepop:  # §2 T[w_raw < L or w_raw > U]: the tokens not inside [L, U]
+        if config.icepop and config.level == "token":  # §2 T[w_raw < L or w_raw > U]: a named flag
+            oob = s.group_sum(derived("token_is_weight", "outside", config.lower, config.upper))
+        elif config.icepop:
             oob = s.group_tokens - s.group_sum(icepop_inside(s, config))
         else:
             oob = torch.zeros_like(s.group_tokens)
@@ -304,7 +518,7 @@ class ImportanceAccumulator(CorrectionAccumulator):
             "valid_seq_weight_sum": s.group_sum_rows(torch.where(s.valid_rows, seq_weight, 0.0)),
         }
 
-    def _metrics(self, value: dict[str, Any]) -> dict[str, float]:
+    def _metrics(self, value: dict[str, Any]) -> dict[str, Any]:
         tokens, rows = value["tokens"], value["rows"]
         config = self.config
         denominator = tokens + EPS  # T[x] = Σ m·x / (N + 1e-8)
@@ -314,11 +528,11 @@ class ImportanceAccumulator(CorrectionAccumulator):
             metrics["rollout_is_oob_ratio"] = value["oob"] / denominator
         if config.batch_normalize:  # §2: f = T[w] (token) or Σ_valid q_i / max(#valid, 1e-8) (sequence)
             if sequence:
-                factor = value["valid_seq_weight_sum"] / max(value["valid_rows"], EPS)
+                factor = value["valid_seq_weight_sum"] / np.maximum(value["valid_rows"], EPS)
             else:
                 factor = value["weight_sum"] / denominator
-            metrics["rollout_is_batch_norm_factor"] = factor if factor > EPS else 1.0
-        return {PREFIX + name: float(v) for name, v in metrics.items()}
+            metrics["rollout_is_batch_norm_factor"] = np.where(factor > EPS, factor, 1.0)
+        return {PREFIX + name: v for name, v in metrics.items()}
 
 
 # --------------------------------------------------------------------------- §3 rejection sampling
@@ -348,6 +562,15 @@ class RejectionOptionAccumulator(CorrectionAccumulator):
         super().__init__()
         self.option = option
 
+    def token_quantities(self) -> tuple[list[str], list[str]]:
+        option = self.option
+        base = f"rs_{option.statistic}"
+        names = [base] if base in DERIVED else []
+        if option.is_sequence:
+            return names, []
+        flags = [derived(base, "above", upper=option.upper), derived(base, "below", lower=option.lower)]
+        return [*names, *flags, rs_rejected_name(option)], [rs_clamped_name(option)]
+
     def _shared_stats(self, s: ChunkStats) -> dict[str, torch.Tensor]:
         option = self.option
         valid = s.valid_rows
@@ -359,11 +582,15 @@ class RejectionOptionAccumulator(CorrectionAccumulator):
         row_value_min = s.group_min_rows(row_value, valid)
         if option.is_sequence:  # §3: max/min/fractions of sequence options over valid rows' values
             stat_max, stat_min, high, low = row_value_max, row_value_min, row_high, row_low
-        else:
+        else:  # token options: named derived flags (no token tensor on the numba engine)
+            base = f"rs_{option.statistic}"
             stat_max, stat_min = s.group_max(statistic), s.group_min(statistic)
-            high = s.group_sum(statistic.map(lambda stat: stat > option.upper))
-            low = s.group_sum(statistic.map(lambda stat: stat < option.lower))
-        rejected_tokens, rejected_rows = rejection_counts(s, rs_keep(s, option).map(torch.logical_not))
+            high = s.group_sum(derived(base, "above", upper=option.upper))
+            low = s.group_sum(derived(base, "below", lower=option.lower))
+        if option.is_sequence:
+            rejected_tokens, rejected_rows = rejection_counts(s, rs_keep(s, option).map(torch.logical_not))
+        else:
+            rejected_tokens, rejected_rows = rejection_counts(s, s.row_sum(rs_rejected_name(option)))
         # Σ m·stat per row: n_i·v_i for sequence options, the cached S_i[k] for token options (no pass over tokens)
         stat_sums = s.row_sum(statistic) if option.is_sequence else statistic_row_sum(s, option.statistic)
         return {
@@ -374,7 +601,9 @@ class RejectionOptionAccumulator(CorrectionAccumulator):
             "stat_min": stat_min,
             "high": high,
             "low": low,
-            "clamped": s.group_moments(statistic.map(lambda stat: stat.clamp(option.lower, option.upper))),
+            "clamped": derived_moments(s, rs_clamped_name(option))
+            if not option.is_sequence
+            else s.group_moments(statistic.map(lambda stat: stat.clamp(option.lower, option.upper))),
             "row_value": s.group_moments_rows(row_value, valid),
             "row_value_max": row_value_max,
             "row_value_min": row_value_min,
@@ -385,7 +614,7 @@ class RejectionOptionAccumulator(CorrectionAccumulator):
             "rejected_rows": rejected_rows,
         }
 
-    def _metrics(self, value: dict[str, Any]) -> dict[str, float]:
+    def _metrics(self, value: dict[str, Any]) -> dict[str, Any]:
         tokens, valid = value["tokens"], value["valid_rows"]
         option = self.option
         denominator = tokens + EPS
@@ -397,27 +626,25 @@ class RejectionOptionAccumulator(CorrectionAccumulator):
             "min": value["stat_min"],
             "fraction_high": share(value["high"]),
             "fraction_low": share(value["low"]) if option.has_lower else 0.0,  # §3: _low is 0.0 for k2/k3
-            "std": population_std(value["clamped"]),
+            "std": population_stds(value["clamped"]),
         }
         seq_names = ["seq_mean", "seq_std", "seq_max", "seq_min", "seq_max_deviation", "seq_fraction_high"]
         if option.has_lower:
             seq_names.append("seq_fraction_low")
-        if valid > 0:
-            seq_metrics = {
-                "seq_mean": float(value["row_value"][1]),
-                "seq_std": sample_std(value["row_value"]),
-                "seq_max": value["row_value_max"],
-                "seq_min": value["row_value_min"],
-                "seq_max_deviation": value["row_value_abs_max"],  # max |v|: deviation from 0
-                "seq_fraction_high": value["row_high"] / valid,
-                "seq_fraction_low": value["row_low"] / valid,
-            }
-            metrics.update({name: seq_metrics[name] for name in seq_names})
-        else:  # §3: all 0.0 when no row is valid
-            metrics.update(dict.fromkeys(seq_names, 0.0))
+        seq_metrics = {
+            "seq_mean": value["row_value"][..., 1],
+            "seq_std": sample_stds(value["row_value"]),
+            "seq_max": value["row_value_max"],
+            "seq_min": value["row_value_min"],
+            "seq_max_deviation": value["row_value_abs_max"],  # max |v|: deviation from 0
+            "seq_fraction_high": value["row_high"] / valid,
+            "seq_fraction_low": value["row_low"] / valid,
+        }
+        has_valid = valid > 0
+        metrics.update({name: np.where(has_valid, seq_metrics[name], 0.0) for name in seq_names})  # §3: 0.0 if none
         metrics["masked_fraction"] = value["rejected_tokens"] / denominator  # §3 T[1 − keep]
-        metrics["seq_masked_fraction"] = value["rejected_rows"] / valid if valid > 0 else 0.0
-        return {f"{PREFIX}rollout_rs_{option.option}_{name}": float(v) for name, v in metrics.items()}
+        metrics["seq_masked_fraction"] = np.where(has_valid, value["rejected_rows"] / valid, 0.0)
+        return {f"{PREFIX}rollout_rs_{option.option}_{name}": v for name, v in metrics.items()}
 
 
 class DropCountAccumulator(CorrectionAccumulator):
@@ -435,8 +662,16 @@ class DropCountAccumulator(CorrectionAccumulator):
     def kept_tokens(self, s: ChunkStats) -> PerToken:
         """Keep flag of every model token under the rule."""
 
+    def rejected_per_row(self, s: ChunkStats) -> torch.Tensor | None:
+        """Rejected model tokens of each row from row flags and named token flags (``rejected_per_row`` of this
+        module), or None: then counted from ``kept_tokens``."""
+        return None
+
     def _shared_stats(self, s: ChunkStats) -> dict[str, torch.Tensor]:
-        rejected_tokens, rejected_rows = rejection_counts(s, self.kept_tokens(s).map(torch.logical_not))
+        per_row = self.rejected_per_row(s)
+        if per_row is None:
+            per_row = s.row_sum(self.kept_tokens(s).map(torch.logical_not))
+        rejected_tokens, rejected_rows = rejection_counts(s, per_row)
         return {
             "tokens": s.group_tokens,
             "rows": s.group_rows,
@@ -457,7 +692,13 @@ class RejectionChainAccumulator(DropCountAccumulator):
     def kept_tokens(self, s: ChunkStats) -> PerToken:
         return rs_final_keep(s, self.options)
 
-    def _metrics(self, value: dict[str, Any]) -> dict[str, float]:
+    def rejected_per_row(self, s: ChunkStats) -> torch.Tensor | None:
+        return rejected_per_row(s, *rs_rejections(s, self.options))
+
+    def token_quantities(self) -> tuple[list[str], list[str]]:
+        return rs_quantities(self.options), []
+
+    def _metrics(self, value: dict[str, Any]) -> dict[str, Any]:
         return {
             PREFIX + "rollout_rs_masked_fraction": value["rejected_tokens"] / (value["tokens"] + EPS),
             PREFIX + "rollout_rs_seq_masked_fraction": value["rejected_rows"] / value["rows"],

@@ -18,10 +18,12 @@ from rollout_diag.metrics.base import EPS, clamp20, row_mean
 from rollout_diag.metrics.correction import (
     WEIGHT_REDUCTIONS,
     CorrectionAccumulator,
+    derived,
     log_bound,
     rejection_counts,
     sequence_log_ratio,
     sequence_weight,
+    token_weight_names,
     weight_metrics,
     weight_stats,
 )
@@ -74,6 +76,27 @@ def legacy_mask_keep(s: ChunkStats, config: LegacyCorrection) -> PerToken:
     return s.memo(("legacy_mask", config.level, config.mode, config.mask_lower, config.mask_upper), compute)
 
 
+def veto_name(config: LegacyCorrection) -> str:
+    """The derived flag of §8's vetoed tokens: δ outside the veto bounds in log space (unclamped δ)."""
+    return derived(
+        "log_ratio", "beyond", log_bound(config.veto_lower, -math.inf), log_bound(config.veto_upper, math.inf)
+    )
+
+
+def mask_name(config: LegacyCorrection) -> str:
+    """The derived flag of §8 token-level mask mode's masked tokens: w outside the mask bounds."""
+    return derived("token_is_weight", "outside", config.mask_lower, config.mask_upper)
+
+
+def legacy_rejections(s: ChunkStats, config: LegacyCorrection) -> tuple[torch.Tensor, list[str]]:
+    """What §8 rejects: rows (vetoed, or outside the mask at sequence / geometric level) and the named token flag of
+    token-level masking."""
+    rows = s.row_sum(veto_name(config)) > 0
+    if config.masks and config.level != "token":
+        rows = rows | ~legacy_mask_keep(s, config).values
+    return rows, [mask_name(config)] if config.masks and config.level == "token" else []
+
+
 def legacy_keep(s: ChunkStats, config: LegacyCorrection) -> PerToken:
     """§8 modified mask on model tokens: mask-mode keep × no veto on the row."""
     vetoed_rows = s.rows_with(legacy_catastrophic(s, config))
@@ -110,14 +133,27 @@ class LegacyAccumulator(CorrectionAccumulator):
         super().__init__()
         self.config = config
 
+    def token_quantities(self) -> tuple[list[str], list[str]]:
+        config = self.config
+        names, moments = [veto_name(config)], []
+        if config.level == "token":
+            weight_names, moments = token_weight_names("token_is_weight", config.lower, config.lower, config.upper)
+            names += weight_names
+            if config.masks:
+                names.append(mask_name(config))
+        return names, moments
+
     def _shared_stats(self, s: ChunkStats) -> dict[str, torch.Tensor]:
         config = self.config
         weights = legacy_weight_stats(s, config.level, config.lower, config.upper)
-        catastrophic_tokens, vetoed_rows = rejection_counts(s, legacy_catastrophic(s, config))
-        masked = legacy_mask_keep(s, config).map(torch.logical_not)
-        masked_tokens, rows_with_masked = rejection_counts(s, masked)
-        # token level: rows with a masked token; sequence/geometric: the helper reads each row's broadcast flag
-        masked_rows = s.group_sum_rows(masked.values) if masked.by_row else rows_with_masked
+        catastrophic_tokens, vetoed_rows = rejection_counts(s, s.row_sum(veto_name(config)))
+        if config.level == "token" and config.masks:  # a named flag: no token tensor on the numba engine
+            masked_tokens, masked_rows = rejection_counts(s, s.row_sum(mask_name(config)))
+        else:
+            masked = legacy_mask_keep(s, config).map(torch.logical_not)
+            masked_tokens, rows_with_masked = rejection_counts(s, masked)
+            # token level: rows with a masked token; sequence/geometric: the helper reads each row's broadcast flag
+            masked_rows = s.group_sum_rows(masked.values) if masked.by_row else rows_with_masked
         return {
             "tokens": s.group_tokens,
             "rows": s.group_rows,
@@ -128,7 +164,7 @@ class LegacyAccumulator(CorrectionAccumulator):
             "masked_rows": masked_rows,
         }
 
-    def _metrics(self, value: dict[str, Any]) -> dict[str, float]:
+    def _metrics(self, value: dict[str, Any]) -> dict[str, Any]:
         tokens, rows = value["tokens"], value["rows"]
         config = self.config
         denominator = tokens + EPS
@@ -144,4 +180,4 @@ class LegacyAccumulator(CorrectionAccumulator):
         if config.masks:
             metrics["rollout_is_masked_fraction"] = value["masked_tokens"] / denominator
             metrics["rollout_is_seq_masked_fraction"] = value["masked_rows"] / rows
-        return {PREFIX + name: float(v) for name, v in metrics.items()}
+        return {PREFIX + name: v for name, v in metrics.items()}

@@ -7,25 +7,36 @@ options, 3 option chains and 5 drop rules (14 accumulators for 19 presets).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from rollout_diag import catalogue
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import sequence_share
+from rollout_diag.metrics.base import KeyGroup
 from rollout_diag.metrics.correction import (
     CorrectionAccumulator,
     DropCountAccumulator,
     ImportanceAccumulator,
     RejectionChainAccumulator,
     RejectionOptionAccumulator,
+    derived,
     icepop_inside,
+    prepare_derived,
+    rejected_per_row,
     rs_final_keep,
+    rs_quantities,
+    rs_rejections,
 )
-from rollout_diag.metrics.legacy import LegacyAccumulator, legacy_keep
-from rollout_diag.metrics.segments import ChunkStats, PerToken
+from rollout_diag.metrics.legacy import LegacyAccumulator, legacy_keep, legacy_rejections, mask_name, veto_name
+from rollout_diag.metrics.segments import ChunkStats, PerToken, stats
 from rollout_diag.presets import ImportanceSampling, LegacyCorrection, Preset, RejectionOption
+from rollout_diag.results import StepResult
+
+if TYPE_CHECKING:
+    import torch
 
 SUMMARY = catalogue.SUMMARY_PREFIX
 
@@ -72,14 +83,40 @@ class OutcomeAccumulator(DropCountAccumulator):
     def kept_tokens(self, s: ChunkStats) -> PerToken:
         return self.rule.kept_tokens(s)
 
-    def _metrics(self, value: dict[str, Any]) -> dict[str, float]:
-        tokens = value["tokens"]
+    def rejected_per_row(self, s: ChunkStats) -> torch.Tensor | None:
+        rule = self.rule
+        rows, flags = rs_rejections(s, rule.rejection)
+        if rule.icepop is not None and rule.icepop.level == "token":
+            flags.append(derived("token_is_weight", "outside", rule.icepop.lower, rule.icepop.upper))
+        elif rule.icepop is not None:
+            outside = ~icepop_inside(s, rule.icepop).values
+            rows = outside if rows is None else rows | outside
+        if rule.legacy is not None:
+            legacy_rows, legacy_flags = legacy_rejections(s, rule.legacy)
+            rows = legacy_rows if rows is None else rows | legacy_rows
+            flags += legacy_flags
+        return rejected_per_row(s, rows, flags)
+
+    def token_quantities(self) -> tuple[list[str], list[str]]:
+        rule = self.rule
+        names = rs_quantities(rule.rejection)
+        if rule.icepop is not None and rule.icepop.level == "token":
+            names.append(derived("token_is_weight", "outside", rule.icepop.lower, rule.icepop.upper))
+        if rule.legacy is not None:
+            names.append(veto_name(rule.legacy))
+            if rule.legacy.masks and rule.legacy.level == "token":
+                names.append(mask_name(rule.legacy))
+        return names, []
+
+    def _metrics(self, value: dict[str, Any]) -> dict[str, Any]:
+        tokens, valid = value["tokens"], value["valid_rows"]
         return {
             SUMMARY + "tokens_rejected": value["rejected_tokens"],
             SUMMARY + "tokens_kept": tokens - value["rejected_tokens"],
             SUMMARY + "rejected_token_fraction": value["rejected_tokens"] / tokens,
             SUMMARY + "rows_rejected": value["rejected_rows"],
-            SUMMARY + "rejected_row_fraction": sequence_share(value["rejected_rows"], value["valid_rows"]),
+            # base.sequence_share over columns: 0.0 where no row has a model token
+            SUMMARY + "rejected_row_fraction": np.where(valid > 0, value["rejected_rows"] / valid, 0.0),
         }
 
 
@@ -94,6 +131,7 @@ class CorrectionAnalysis:
     def __init__(self, presets: Sequence[Preset]) -> None:
         self.presets = list(presets)
         self.accumulators: dict[Hashable, CorrectionAccumulator] = {}
+        self._finalized: dict[Hashable, tuple[np.ndarray, list[KeyGroup]]] = {}  # step_columns, per accumulator
         self.parts: dict[str, list[Hashable]] = {}
         for preset in self.presets:
             parts: list[Hashable] = []
@@ -115,12 +153,61 @@ class CorrectionAnalysis:
         return key
 
     def update(self, chunk: Chunk) -> None:
+        # every accumulator's derived token quantities in one compiled pass (numba engine; a no-op on torch's)
+        names: list[str] = []
+        moments: list[str] = []
+        for accumulator in self.accumulators.values():
+            own_names, own_moments = accumulator.token_quantities()
+            names += own_names
+            moments += own_moments
+        prepare_derived(stats(chunk), names, moments)
         for accumulator in self.accumulators.values():
             accumulator.update(chunk)
 
     def merge(self, other: CorrectionAnalysis) -> None:
         for key, accumulator in self.accumulators.items():
             accumulator.merge(other.accumulators[key])
+
+    def finalize_run(self) -> dict[str, dict[str, float]]:
+        """Per preset name: its run metrics, each accumulator finalized once."""
+        runs = {key: accumulator.finalize_run() for key, accumulator in self.accumulators.items()}
+        out: dict[str, dict[str, float]] = {}
+        for preset in self.presets:
+            run: dict[str, float] = {}
+            for key in self.parts[preset.name]:
+                run.update(runs[key])
+            out[preset.name] = run
+        return out
+
+    def step_columns(self, name: str) -> list[tuple[np.ndarray, list[KeyGroup]]]:
+        """Preset ``name``'s per-step metrics as columns, one entry per part (in ``finalize``'s order): (the part's
+        steps, sorted int64 [S]; its key groups: bool [S] steps that report the keys, key -> float64 [S]). Each
+        accumulator is finalized once, on first use, a block of steps at a time (``_finalize_columns``): no dict per
+        step. Call it after the last ``update`` / ``merge``."""
+        return [self._columns(key) for key in self.parts[name]]
+
+    def _columns(self, key: Hashable) -> tuple[np.ndarray, list[KeyGroup]]:
+        found = self._finalized.get(key)
+        if found is None:
+            accumulator = self.accumulators[key]
+            blocks: list[list[KeyGroup]] = []
+            for steps, columns in accumulator.store.blocks():
+                size = len(steps)
+                blocks.append(
+                    [
+                        (reports, {k: np.broadcast_to(np.asarray(v, np.float64), (size,)) for k, v in values.items()})
+                        for reports, values in accumulator._finalize_columns(columns)
+                    ]
+                )
+            groups = [
+                (
+                    np.concatenate([block[g][0] for block in blocks]),
+                    {k: np.concatenate([block[g][1][k] for block in blocks]) for k in blocks[0][g][1]},
+                )
+                for g in range(len(blocks[0]) if blocks else 0)
+            ]
+            found = self._finalized[key] = (accumulator.store.steps, groups)
+        return found
 
     def finalize(self) -> dict[str, tuple[dict[int, dict[str, float]], dict[str, float]]]:
         """Per preset name: ({step: metrics}, run metrics), each accumulator finalized once."""
@@ -136,3 +223,66 @@ class CorrectionAnalysis:
                 run.update(runs[key])
             out[preset.name] = (per_step, run)
         return out
+
+
+# --------------------------------------------------------------------------- per-step results as columns
+class PresetSteps(Sequence[StepResult]):
+    """``PresetResult.steps`` of one preset: each step's §1 metrics (``rollout_corr/`` keys of the analysis's step)
+    followed by the preset's own, built when read from the pass's columns (``CorrectionAnalysis.step_columns``, made on
+    first read). Nothing per step is kept: 200 000 steps × 25 presets cost the accumulators' columns, not 5 million
+    dicts. Equal to the list of StepResults it stands for."""
+
+    def __init__(self, base: Sequence[StepResult], corrections: CorrectionAnalysis, name: str) -> None:
+        self.base, self.corrections, self.name = base, corrections, name
+        self._parts: list[tuple[np.ndarray, list[KeyGroup]]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        return self._step(range(len(self))[index], self.base[index])
+
+    def __iter__(self) -> Iterator[StepResult]:
+        for index, step in enumerate(self.base):
+            yield self._step(index, step)
+
+    def _step(self, index: int, offpolicy: StepResult) -> StepResult:
+        metrics: dict[str, float] = {}
+        for at, groups in self._columns():
+            position = int(at[index])
+            if position < 0:
+                continue
+            for reports, values in groups:
+                if reports[position]:
+                    metrics.update((key, float(column[position])) for key, column in values.items())
+        return with_metrics(offpolicy, metrics)
+
+    def _columns(self) -> list[tuple[np.ndarray, list[KeyGroup]]]:
+        """Per part of the preset: (position in the part's columns of each base step, −1 where absent; key groups)."""
+        if self._parts is None:
+            ids = np.array([step.step for step in self.base], dtype=np.int64)
+            self._parts = []
+            for steps, groups in self.corrections.step_columns(self.name):
+                at = np.searchsorted(steps, ids)
+                found = at < steps.shape[0]
+                found[found] = steps[at[found]] == ids[found]
+                self._parts.append((np.where(found, at, -1), groups))
+        return self._parts
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PresetSteps({self.name!r}, {len(self)} steps)"
+
+
+def with_metrics(offpolicy: StepResult, metrics: Mapping[str, float]) -> StepResult:
+    """The step's §1 metrics (``rollout_corr/`` keys only) followed by the preset's own."""
+    own = {name: value for name, value in offpolicy.metrics.items() if name.startswith(catalogue.OFFPOLICY_PREFIX)}
+    return StepResult(offpolicy.step, offpolicy.rows, offpolicy.tokens, {**own, **metrics}, offpolicy.empty_rows)

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import EPS, Ragged, State, StepAccumulator, sequence_share
-from rollout_diag.metrics.segments import stats
+from rollout_diag.metrics.base import EPS, Ragged, State, StateTable, StepAccumulator, sequence_share
+from rollout_diag.metrics.segments import ChunkStats, stats
 
 BINS_PER_DECADE = 32
 DECADE_MIN, DECADE_MAX = -12, 2  # |c| from 1e-12 (smaller: first bin) to 100 (clamp20 keeps |c| ≤ 20)
@@ -83,29 +83,14 @@ class SweepAccumulator(StepAccumulator):
     def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
         s = stats(chunk)
         groups = chunk.groups
-        clamped = s.token("clamped_log_ratio")
-        level = torch.log10(clamped.abs().clamp(min=10.0**DECADE_MIN)) - DECADE_MIN
-        bins = (level * BINS_PER_DECADE).to(torch.int64).clamp(0, HISTOGRAM_BINS - 1)
         # one histogram of 2·HISTOGRAM_BINS per step: c > 0 in the first half, c ≤ 0 in the second
-        signed = s.group_bincount(bins.add_((clamped <= 0).to(torch.int64), alpha=HISTOGRAM_BINS), 2 * HISTOGRAM_BINS)
-        n = s.row_count
-        rows = torch.stack(
-            [
-                s.row_sum("clamped_log_ratio"),
-                s.row_sum("rs_k2"),
-                s.row_sum("rs_k3"),
-                s.row_max("rs_k2").clamp(min=0.0),
-                s.row_max("rs_k3").clamp(min=0.0),
-                n,
-                s.row_sum("log_ratio"),
-            ],
-            dim=-1,
-        )
-        valid = n > 0
+        signed = s.group_bincount(signed_bins(s), 2 * HISTOGRAM_BINS)
+        rows = row_fields(s)
+        valid = s.row_count > 0
         return {
             "positive": signed[:, :HISTOGRAM_BINS],
             "negative": signed[:, HISTOGRAM_BINS:],
-            "tokens": s.group_sum_rows(n),
+            "tokens": s.group_sum_rows(s.row_count),
             "rows": Ragged(rows[valid].cpu().numpy(), groups.row_group[valid].cpu().numpy()),
         }
 
@@ -114,6 +99,50 @@ class SweepAccumulator(StepAccumulator):
 
     def table(self, state: State, targets: tuple[float, ...], curve: bool) -> list[dict[str, Any]]:
         return [_option_row(option, state, targets, curve) for option in OPTIONS]
+
+
+class RunSweepAccumulator(SweepAccumulator):
+    """The run's sweep only (``compare-presets`` shows no per-step sweep): every chunk adds into one state, kept as
+    step 0, so state and per-chunk work do not grow with the step count. ``run_state()`` equals
+    SweepAccumulator's: the same histogram counts and the same valid rows (in read order; the table sorts them)."""
+
+    def update(self, chunk: Chunk) -> None:
+        s = stats(chunk)
+        signed = torch.bincount(signed_bins(s), minlength=2 * HISTOGRAM_BINS).to(torch.float64).view(1, -1)
+        rows = row_fields(s)
+        valid = s.row_count > 0
+        partial = {
+            "positive": signed[:, :HISTOGRAM_BINS].cpu().numpy(),
+            "negative": signed[:, HISTOGRAM_BINS:].cpu().numpy(),
+            "tokens": s.row_count.sum().reshape(1).cpu().numpy(),
+            "rows": Ragged(rows[valid].cpu().numpy(), np.zeros(int(valid.sum()), dtype=np.int64)),
+        }
+        self.store = self.store.merged(StateTable.from_groups(self.REDUCTIONS, [0], partial))
+
+
+def signed_bins(s: ChunkStats) -> torch.Tensor:
+    """Histogram bin of each model token's c: |c|'s bin, plus HISTOGRAM_BINS where c ≤ 0."""
+    clamped = s.token("clamped_log_ratio")
+    level = torch.log10(clamped.abs().clamp(min=10.0**DECADE_MIN)) - DECADE_MIN
+    bins = (level * BINS_PER_DECADE).to(torch.int64).clamp(0, HISTOGRAM_BINS - 1)
+    return bins.add_((clamped <= 0).to(torch.int64), alpha=HISTOGRAM_BINS)
+
+
+def row_fields(s: ChunkStats) -> torch.Tensor:
+    """ROW_FIELDS of every row of the chunk [R, len(ROW_FIELDS)]."""
+    n = s.row_count
+    return torch.stack(
+        [
+            s.row_sum("clamped_log_ratio"),
+            s.row_sum("rs_k2"),
+            s.row_sum("rs_k3"),
+            s.row_max("rs_k2").clamp(min=0.0),
+            s.row_max("rs_k3").clamp(min=0.0),
+            n,
+            s.row_sum("log_ratio"),
+        ],
+        dim=-1,
+    )
 
 
 # ----------------------------------------------------------------------------------- finalize
