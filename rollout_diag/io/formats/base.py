@@ -479,14 +479,3 @@ def only_items(array: pa.ListArray) -> pa.Array:
     import pyarrow.compute as pc
 
     return array.flatten() if not array.null_count else pc.list_element(array, 0)
-
-
-def unsafe_numbers(values: pa.Array) -> np.ndarray:
-    """Per value: where Arrow's number may differ from what Python's json and ``pa.array`` give.
-
-    An integer literal beyond 2**53 fails ``pa.array(..., float64)`` (Arrow's JSON reader rounds it) and
-    ``-0`` is 0.0 through Python (-0.0 through Arrow): values of such magnitude and every -0.0 are flagged.
-    """
-    numbers = values.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
-    with np.errstate(invalid="ignore"):
-        return (np.abs(numbers) >= 2.0**53) | ((numbers == 0) & np.signbit(numbers))

@@ -7,9 +7,10 @@ against JSON's grammar (as Python's ``json`` reads it, ``NaN``/``Infinity``/``-I
 skipped. A line is **accepted** only where Python's ``json.loads`` would certainly read it to the same
 values; any doubt sends the line back to the format's own line parser, which then gives the row (or the
 message) it always gave. Doubt means: not an object, a grammar error anywhere, a key with an escape, a
-field of interest given twice or with a value of another JSON type, an integer of more than 18 digits, a
-number of more than 19 significant digits or outside the normal double range, a string value with an
-escape or a control character, nesting deeper than 64.
+field of interest given twice or with a value of another JSON type, an integer of more than 18 digits, an
+integer literal of magnitude 2**53 or more in a float list (Python keeps it exact, ``pa.array`` refuses it),
+a number of more than 19 significant digits or outside the normal double range, a string value with an
+escape or a control character, nesting deeper than 64. ``-0`` (an integer to Python) reads as 0.0.
 
 Numbers are converted exactly as Python's ``float()`` does (correctly rounded): Clinger's fast path where
 the digits fit in 53 bits and the power of ten is exact, else the Eisel–Lemire algorithm (a 128-bit
@@ -441,9 +442,11 @@ def _element(buf, p, end, element, floats, ints, nulls, n):
             ints[n] = 0
             return p + 5
         return -1
-    q, value, whole, _ = _number(buf, p, end, element == INT_ELEMENT)
+    q, value, whole, literal_int = _number(buf, p, end, element == INT_ELEMENT)
     if element == INT_ELEMENT:
         ints[n] = whole
+    elif literal_int and abs(value) >= 9007199254740992.0:
+        return -1  # an integer Python keeps exact: Arrow refuses it as a float beyond 2**53
     else:
         floats[n] = value
     return q

@@ -38,7 +38,6 @@ from rollout_diag.io.formats.base import (
     only_items,
     prefixes,
     row_any,
-    unsafe_numbers,
 )
 
 NAME = "nemo-rl"
@@ -156,8 +155,6 @@ def _fast_rows(parsed: ParsedLines, step: int) -> tuple[pa.RecordBatch, np.ndarr
     for field in (*_LOGPROBS, "token_loss_mask"):
         good &= list_lengths(first[field]) >= length
     good &= ~row_any(first["token_loss_mask"], null_flags(first["token_loss_mask"].values))
-    for field in _LOGPROBS:
-        good &= ~row_any(first[field], unsafe_numbers(first[field].values))
     sample_absent = absent["sample_loss_mask"][ok]
     good &= sample_absent | first["sample_loss_mask"].is_valid().to_numpy(zero_copy_only=False)
     ok[np.flatnonzero(ok)[~good]] = False

@@ -45,7 +45,6 @@ from rollout_diag.io.formats.base import (
     number_in,
     row_any,
     row_count,
-    unsafe_numbers,
 )
 
 NAME = "prime-rl"
@@ -172,8 +171,6 @@ def _fast_rows(parsed: ParsedLines, fallback_step: int) -> tuple[pa.RecordBatch,
     ok = ~parsed.written_null["step"]  # an explicit null step is "not an integer"
     for field in REQUIRED_FIELDS:
         ok &= parsed.present(field)
-    for field in ("inference_logprobs", "trainer_logprobs", "advantages"):
-        ok &= ~row_any(columns[field], unsafe_numbers(columns[field].values))
     ok &= ~row_any(columns["loss_mask"], null_flags(columns["loss_mask"].values))
 
     kept = parsed.filtered(ok)
