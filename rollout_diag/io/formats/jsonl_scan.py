@@ -25,6 +25,8 @@ that place, as pyarrow's JSON reader gives it; :class:`Scanned` also says which 
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -681,10 +683,21 @@ def _field(data_type: pa.DataType) -> _Field:
     raise TypeError(f"jsonl_scan reads int64, string and (lists of) lists of float64/int64/bool, not {data_type}")
 
 
+def _announce_compiling() -> None:
+    """Say on stderr when the scanner is not in numba's cache yet (its first compile takes seconds)."""
+    try:
+        cached = os.path.exists(scan._cache._cache_file._index_path)
+    except AttributeError:  # numba's cache internals moved: say nothing
+        return
+    if not cached:
+        print("rollout-diag: compiling the JSON-lines reader once (about 15 s; cached after).", file=sys.stderr)
+
+
 class Scanner:
     """Reads blocks of lines into an Arrow table of ``schema``'s fields (see the module's docstring)."""
 
     def __init__(self, schema: pa.Schema) -> None:
+        _announce_compiling()
         self.schema = schema
         self.fields = [_field(field.type) for field in schema]
         names = [name.encode() for name in schema.names]
