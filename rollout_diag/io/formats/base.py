@@ -227,8 +227,8 @@ def jsonl_file(
 ) -> RowsFile:
     """A JSON-lines dump: ``parse(line, line_index, step)`` turns one line into a row (the reference).
 
-    With ``fast``, blocks of lines are read by Arrow's JSON reader instead and only the lines it cannot
-    vouch for go through ``parse`` (see :class:`FastLines`); the batches are the same, row for row. A
+    With ``fast``, blocks of lines are read by the compiled scanner (``jsonl_scan.py``) instead and only the
+    lines it cannot vouch for go through ``parse`` (see :class:`FastLines`); the batches are the same, row for row. A
     file with a carriage return is read line by line as text (Python's universal newlines split there).
     """
     lines, carriage_returns = _scan_lines(path)
