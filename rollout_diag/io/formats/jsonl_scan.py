@@ -43,6 +43,7 @@ ABSENT, NULL, PRESENT = 0, 1, 2  # per line and field
 MAX_DEPTH = 64
 
 _FLAGS = {"cache": True, "nogil": True}
+_INLINE = {**_FLAGS, "inline": "always"}  # per list item: no call (measured 2-3x faster on null/bool/int items)
 
 # -------------------------------------------------------------------------------- powers for Eisel–Lemire
 _SMALLEST_POWER, _LARGEST_POWER = -342, 308
@@ -155,7 +156,7 @@ def _unowned(typingctx, array):
     return array(array), codegen
 
 
-@njit(**_FLAGS)
+@njit(**_INLINE)
 def _space(buf, p, end):
     while p < end:
         c = buf[p]
@@ -165,17 +166,17 @@ def _space(buf, p, end):
     return p
 
 
-@njit(**_FLAGS)
+@njit(**_INLINE)
 def _is_null(buf, p, end):
     return p + 4 <= end and buf[p] == 110 and buf[p + 1] == 117 and buf[p + 2] == 108 and buf[p + 3] == 108
 
 
-@njit(**_FLAGS)
+@njit(**_INLINE)
 def _is_true(buf, p, end):
     return p + 4 <= end and buf[p] == 116 and buf[p + 1] == 114 and buf[p + 2] == 117 and buf[p + 3] == 101
 
 
-@njit(**_FLAGS)
+@njit(**_INLINE)
 def _is_false(buf, p, end):
     return (
         p + 5 <= end
@@ -423,7 +424,7 @@ def _skip_value(buf, p, end, stack):
             return -1
 
 
-@njit(**_FLAGS)
+@njit(**_INLINE)
 def _element(buf, p, end, element, floats, ints, nulls, n):
     """One list element at ``p`` into slot ``n``: returns the position after it, or -1."""
     if p >= end:
@@ -690,7 +691,7 @@ def _announce_compiling() -> None:
     except AttributeError:  # numba's cache internals moved: say nothing
         return
     if not cached:
-        print("rollout-diag: compiling the JSON-lines reader once (about 15 s; cached after).", file=sys.stderr)
+        print("rollout-diag: compiling the JSON-lines reader once (about 20 s; cached after).", file=sys.stderr)
 
 
 class Scanner:
