@@ -16,7 +16,7 @@ Numbers are converted exactly as Python's ``float()`` does (correctly rounded): 
 the digits fit in 53 bits and the power of ten is exact, else the Eisel–Lemire algorithm (a 128-bit
 product with a truncated power of five; Lemire, "Number Parsing at a Gigabyte per Second", 2021, and
 Mushtak & Lemire, "Fast Number Parsing Without Fallback", 2023, which shows the second product always
-suffices). tests/test_jsonl_scan.py checks it against ``float()`` on millions of strings.
+suffices). tests/test_jsonl_scan.py checks it against Python's json on 1.4 million strings and hypothesis.
 
 Schema kinds (``pyarrow`` types of a :data:`FastLines.schema`): ``int64``, ``string``, and lists or lists
 of lists of ``float64`` / ``int64`` / ``bool``. A JSON ``null`` (or an absent field) is an Arrow null at
