@@ -376,8 +376,8 @@ def test_slime_sample_without_rollout_logprobs_is_skipped_and_named(rows, tmp_pa
 
 
 # ------------------------------------------------------------------ JSON lines: the fast path equals Python's json
-# prime-rl and NeMo-RL files are read in blocks by Arrow's JSON reader (io/formats/base.py FastLines), and
-# line by line with Python's json where Arrow cannot vouch for a line. The reference is every line through
+# prime-rl and NeMo-RL files are read in blocks by the compiled scanner (io/formats/jsonl_scan.py), and
+# line by line with Python's json where the scanner cannot vouch for a line. The reference is every line through
 # Python's json (open_file(..., fast=False)); both must give the same batches, row for row and bit for bit.
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
@@ -385,7 +385,7 @@ from hypothesis import strategies as st  # noqa: E402
 from rollout_diag.io.formats import nemo_rl, prime_rl  # noqa: E402
 
 _ODD_LINES = ["", "   ", "not json", "[1, 2]", "3", "{}", "\ufeff{}"]  # each read by Python's json alone
-_SPOILING_LINES = [  # each makes Arrow's reading of its whole block fail: the block goes line by line
+_SPOILING_LINES = [  # malformed (or, for pyarrow's reader once, block-spoiling) lines the scanner leaves to Python
     '{"a": 1} {"b": 2}',
     '{"a": 1,}',
     '{"s": "\\ud800"}',

@@ -227,8 +227,8 @@ def jsonl_file(
 ) -> RowsFile:
     """A JSON-lines dump: ``parse(line, line_index, step)`` turns one line into a row (the reference).
 
-    With ``fast``, blocks of lines are read by Arrow's JSON reader instead and only the lines it cannot
-    vouch for go through ``parse`` (see :class:`FastLines`); the batches are the same, row for row. A
+    With ``fast``, blocks of lines are read by the compiled scanner (``jsonl_scan.py``) instead and only the
+    lines it cannot vouch for go through ``parse`` (see :class:`FastLines`); the batches are the same, row for row. A
     file with a carriage return is read line by line as text (Python's universal newlines split there).
     """
     lines, carriage_returns = _scan_lines(path)
@@ -260,136 +260,157 @@ def _scan_lines(path: str | Path) -> tuple[int, bool]:
 
 # ------------------------------------------------------------------ the fast JSON-lines path
 @dataclass(frozen=True)
+class ParsedLines:
+    """The lines of a block the compiled scanner read (``io/formats/jsonl_scan.py``), one row each.
+
+    ``columns``: the :attr:`FastLines.schema` fields by name (a field absent from a line, or written as
+    ``null``, is null there, as pyarrow's JSON reader gives it); ``lines``: each row's file row (0-based, the
+    row ``parse`` would be given); ``written_null[name]``: per row, whether the field was written as ``null``
+    (not absent: Python's json then sees the key).
+    """
+
+    columns: dict[str, pa.Array]
+    lines: np.ndarray
+    written_null: dict[str, np.ndarray]
+
+    @property
+    def rows(self) -> int:
+        return len(self.lines)
+
+    def present(self, name: str) -> np.ndarray:
+        """Per row: whether field ``name`` holds a value (neither absent nor null)."""
+        return self.columns[name].is_valid().to_numpy(zero_copy_only=False)
+
+    def filtered(self, keep: np.ndarray) -> ParsedLines:
+        """The rows flagged in ``keep``."""
+        if keep.all():
+            return self
+        selected = pa.array(keep)
+        return ParsedLines(
+            {name: column.filter(selected) for name, column in self.columns.items()},
+            self.lines[keep],
+            {name: flags[keep] for name, flags in self.written_null.items()},
+        )
+
+
+@dataclass(frozen=True)
 class FastLines:
-    """How a JSON-lines format reads well-formed lines in bulk with ``pyarrow.json`` (measured faster than
-    polars' NDJSON reader and than Python's json here; docs/benchmarks.md).
+    """How a JSON-lines format reads well-formed lines in bulk: the compiled scanner of
+    ``io/formats/jsonl_scan.py`` (measured against pyarrow's and polars' JSON readers in docs/benchmarks.md).
 
-    ``schema``: the fields the format uses, typed strictly (a value of another JSON type fails the whole
-    block, which then goes line by line). ``convert(table, lines, line_indexes, step)`` turns the parsed
-    rows into ``(canonical batch of the rows it accepts, accepted mask)``; it accepts a row only where it
-    is sure ``parse`` would give the same row, and every other line goes through ``parse``.
+    ``schema``: the fields the format uses, typed (``int64``, ``string``, lists or lists of lists of
+    ``float64``/``int64``/``bool``); a line where one holds a value of another JSON type goes to ``parse``.
+    ``convert(parsed, step)`` turns the :class:`ParsedLines` into ``(canonical batch of the rows it accepts,
+    accepted mask)``; it accepts a row only where it is sure ``parse`` would give the same row, and every
+    other line goes through ``parse``.
 
-    Lines never given to Arrow, because there its reading differs from Python's json: blank lines and lines
-    not starting with ``{`` (Python's messages), lines holding ``NaN`` / ``Infinity`` (bare non-finite
-    literals, which Python reads), and blocks that are not UTF-8 (raise UnicodeDecodeError, as text does).
+    The scanner itself leaves to ``parse`` every line where Python's json might read otherwise (see its
+    docstring): ``NaN``/``Infinity``/``-Infinity`` it reads as Python does. A block that is not UTF-8
+    raises UnicodeDecodeError, as reading the file as text does.
     """
 
     schema: pa.Schema
-    convert: Callable[[pa.Table, list[bytes], list[int], int], tuple[pa.RecordBatch, np.ndarray]]
+    convert: Callable[[ParsedLines, int], tuple[pa.RecordBatch, np.ndarray]]
 
 
 BLOCK_BYTES = 16 << 20  # a block of lines stops growing here even when the reader asks for more rows
-_NON_FINITE = (b"NaN", b"Infinity")  # "-Infinity" contains "Infinity"
+_SCANNERS: dict[int, Any] = {}
 
 
 @dataclass
 class _Block:
-    lines: list[bytes]
-    first: int  # file row of lines[0]
-    chosen: list[int]  # the lines given to Arrow
-    table: Any = None  # what Arrow read of them (a pyarrow Table, or None when it could not)
+    data: bytes  # the block's lines
+    ends: np.ndarray  # int64: line i is data[ends[i - 1]:ends[i]] (ends[-1] = 0)
+    first: int  # file row of the first line
+    scanned: Any = None  # what the scanner read (a jsonl_scan.Scanned), or None when it was not run
+
+    @property
+    def lines(self) -> int:
+        return len(self.ends) - 1
+
+    def line(self, index: int) -> bytes:
+        return self.data[int(self.ends[index]) : int(self.ends[index + 1])]
 
 
 def _blocks(path: str, size: int) -> Iterator[_Block]:
+    """The file's lines in blocks of at most ``size`` lines and about :data:`BLOCK_BYTES` (a longer line: one
+    block)."""
     first = 0
-    lines: list[bytes] = []
-    held = 0
+    rest = b""
     with open(path, "rb") as handle:
-        for line in handle:
-            lines.append(line)
-            held += len(line)
-            if len(lines) >= size or held >= BLOCK_BYTES:
-                yield _Block(lines, first, [])
-                first += len(lines)
-                lines, held = [], 0
-    if lines:
-        yield _Block(lines, first, [])
+        while True:
+            chunk = handle.read(BLOCK_BYTES)
+            data = rest + chunk if rest else chunk
+            if not chunk:
+                if data:  # a last line without a newline
+                    yield _Block(data, np.array([0, len(data)], dtype=np.int64), first)
+                return
+            ends = np.flatnonzero(np.frombuffer(data, np.uint8) == 10) + 1
+            if not len(ends):
+                rest = data
+                continue
+            starts = np.concatenate([[0], ends]).astype(np.int64)
+            for at in range(0, len(ends), size):
+                upto = min(at + size, len(ends))
+                lo = int(starts[at])
+                yield _Block(data[lo : int(starts[upto])], starts[at : upto + 1] - lo, first)
+                first += upto - at
+            rest = data[int(ends[-1]) :]
 
 
 def _fast_batches(
     path: str, step: int, parse: Callable[[str, int, int], Row], fast: FastLines, size: int, extra: pa.Schema | None
 ) -> Iterator[pa.RecordBatch]:
-    """Blocks of lines, each parsed by Arrow in a thread while the one before is converted and used."""
+    """Blocks of lines, each scanned in a thread (the compiled scanner drops the GIL) while the one before is
+    converted and used."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from rollout_diag.io.formats.jsonl_scan import Scanner
+
+    scanner = _SCANNERS.get(id(fast))
+    if scanner is None:
+        scanner = _SCANNERS[id(fast)] = Scanner(fast.schema)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-diag-jsonl") as pool:
         ahead = None
         for block in _blocks(path, size):
-            parsed = pool.submit(_parse_block, block, fast.schema)
+            scanned = pool.submit(_scan_block, block, scanner)
             if ahead is not None:
                 yield _finish_block(ahead.result(), step, parse, fast, extra)
-            ahead = parsed
+            ahead = scanned
         if ahead is not None:
             yield _finish_block(ahead.result(), step, parse, fast, extra)
 
 
-def _parse_block(block: _Block, schema: pa.Schema) -> _Block:
-    """Choose the lines Arrow may read and read them (``block.table``); raises UnicodeDecodeError as text does."""
-    import pyarrow.json as pj
-
-    lines = block.lines
-    data = b"".join(lines)
-    if not data.isascii():
-        data.decode("utf-8")  # raises UnicodeDecodeError where reading as text would
-    avoid = _lines_holding(data, lines, _NON_FINITE)
-    block.chosen = [i for i, line in enumerate(lines) if i not in avoid and line.lstrip()[:1] == b"{"]
-    if not block.chosen:
-        return block
-    text = data if len(block.chosen) == len(lines) else b"".join(_ended(lines[i]) for i in block.chosen)
-    longest = max(len(lines[i]) for i in block.chosen)
-    try:
-        table = pj.read_json(
-            pa.BufferReader(text),
-            read_options=pj.ReadOptions(block_size=max(1 << 20, 2 * longest + 2)),
-            parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
-        )
-    except pa.ArrowException:
-        return block  # one line Arrow cannot read spoils the block: every line goes through parse
-    if table.num_rows == len(block.chosen):  # else a line held two objects: Python says "Extra data"
-        block.table = table
+def _scan_block(block: _Block, scanner: Any) -> _Block:
+    """Read the block's lines with the scanner (``block.scanned``); raises UnicodeDecodeError as text does."""
+    if not block.data.isascii():
+        block.data.decode("utf-8")  # raises UnicodeDecodeError where reading as text would
+    block.scanned = scanner.scan(block.data, block.ends)
     return block
 
 
 def _finish_block(
     block: _Block, step: int, parse: Callable[[str, int, int], Row], fast: FastLines, extra: pa.Schema | None
 ) -> pa.RecordBatch:
-    lines, first = block.lines, block.first
-    if block.table is None:
-        return rows_to_batch([parse(line.decode("utf-8"), first + i, step) for i, line in enumerate(lines)], extra)
-    fast_batch, ok = fast.convert(
-        block.table, [lines[i] for i in block.chosen], [first + i for i in block.chosen], step
-    )
-    accepted = np.asarray(block.chosen, dtype=np.int64)[ok]
-    taken = np.zeros(len(lines), dtype=bool)
+    first = block.first
+    scanned = block.scanned
+    if scanned is None or not len(scanned.rows):
+        return rows_to_batch([parse(block.line(i).decode("utf-8"), first + i, step) for i in range(block.lines)], extra)
+    columns = {name: scanned.table.column(name).combine_chunks() for name in fast.schema.names}
+    written_null = {name: scanned.written_null[:, k] for k, name in enumerate(fast.schema.names)}
+    fast_batch, ok = fast.convert(ParsedLines(columns, first + scanned.rows, written_null), step)
+    accepted = scanned.rows[ok]
+    taken = np.zeros(block.lines, dtype=bool)
     taken[accepted] = True
     slow = np.flatnonzero(~taken)
     if not len(slow):
         return fast_batch
-    slow_batch = rows_to_batch([parse(lines[int(i)].decode("utf-8"), first + int(i), step) for i in slow], extra)
+    slow_batch = rows_to_batch([parse(block.line(int(i)).decode("utf-8"), first + int(i), step) for i in slow], extra)
     if not len(accepted):
         return slow_batch
     table = pa.Table.from_batches([fast_batch, slow_batch])
     order = np.argsort(np.concatenate([accepted, slow]), kind="stable")
     return table.take(order).combine_chunks().to_batches()[0]
-
-
-def _ended(line: bytes) -> bytes:
-    return line if line.endswith(b"\n") else line + b"\n"
-
-
-def _lines_holding(data: bytes, lines: list[bytes], needles: Sequence[bytes]) -> set[int]:
-    """Indexes of the lines in which any of ``needles`` occurs (``data`` is the lines joined)."""
-    found: set[int] = set()
-    starts: np.ndarray | None = None
-    for needle in needles:
-        at = data.find(needle)
-        while at >= 0:
-            if starts is None:
-                starts = np.cumsum([0, *map(len, lines)])
-            line = int(np.searchsorted(starts, at, side="right")) - 1
-            found.add(line)
-            at = data.find(needle, int(starts[line + 1]))  # next line: one look per line at most
-    return found
 
 
 # ------------------------------------------------------------------ helpers for FastLines.convert
@@ -458,20 +479,3 @@ def only_items(array: pa.ListArray) -> pa.Array:
     import pyarrow.compute as pc
 
     return array.flatten() if not array.null_count else pc.list_element(array, 0)
-
-
-def unsafe_numbers(values: pa.Array) -> np.ndarray:
-    """Per value: where Arrow's number may differ from what Python's json and ``pa.array`` give.
-
-    An integer literal beyond 2**53 fails ``pa.array(..., float64)`` (Arrow's JSON reader rounds it) and
-    ``-0`` is 0.0 through Python (-0.0 through Arrow): values of such magnitude and every -0.0 are flagged.
-    """
-    numbers = values.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
-    with np.errstate(invalid="ignore"):
-        return (np.abs(numbers) >= 2.0**53) | ((numbers == 0) & np.signbit(numbers))
-
-
-def field_named(line: bytes, name: str) -> bool:
-    """Whether ``"name"`` occurs in the line (a null field is then explicit, not missing; strings that
-    happen to hold the name, and any ``\\u`` escape, count too: they only send the line through ``parse``)."""
-    return f'"{name}"'.encode() in line or b"\\u" in line

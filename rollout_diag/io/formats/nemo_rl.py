@@ -27,10 +27,10 @@ import pyarrow as pa
 
 from rollout_diag.io.formats.base import (
     FastLines,
+    ParsedLines,
     Row,
     RowsFile,
     canonical_batch,
-    field_named,
     jsonl_file,
     list_lengths,
     null_flags,
@@ -38,7 +38,6 @@ from rollout_diag.io.formats.base import (
     only_items,
     prefixes,
     row_any,
-    unsafe_numbers,
 )
 from rollout_diag.io.formats.registry import TrainerFormat, register
 
@@ -137,12 +136,10 @@ _FAST_SCHEMA = pa.schema(
 )
 
 
-def _fast_rows(
-    table: pa.Table, lines: list[bytes], line_indexes: list[int], step: int
-) -> tuple[pa.RecordBatch, np.ndarray]:
+def _fast_rows(parsed: ParsedLines, step: int) -> tuple[pa.RecordBatch, np.ndarray]:
     """The rows ``_row`` would give, for the lines where that is certain (the others are left to ``_row``)."""
-    columns = {name: table.column(name).combine_chunks() for name in _FAST_SCHEMA.names}
-    ok = np.ones(table.num_rows, dtype=bool)
+    columns = parsed.columns
+    ok = np.ones(parsed.rows, dtype=bool)
     for field in (*_LOGPROBS, "token_loss_mask", "input_lengths"):
         ok &= list_lengths(columns[field]) == 1
     absent = {}
@@ -150,8 +147,7 @@ def _fast_rows(
         lengths = list_lengths(columns[field])
         absent[field] = lengths == -1
         ok &= absent[field] | (lengths == 1)
-        for row in np.flatnonzero(ok & absent[field]):
-            ok[row] = not field_named(lines[row], field)  # an explicit null is "not a length-1 batch list"
+        ok &= ~parsed.written_null[field]  # an explicit null is "not a length-1 batch list"
     # every list left is a length-1 batch list (or an absent optional one): take its one item
     some = pa.array(ok)
     first = {name: only_items(columns[name].filter(some)) for name in _FAST_SCHEMA.names if name != "idx"}
@@ -160,8 +156,6 @@ def _fast_rows(
     for field in (*_LOGPROBS, "token_loss_mask"):
         good &= list_lengths(first[field]) >= length
     good &= ~row_any(first["token_loss_mask"], null_flags(first["token_loss_mask"].values))
-    for field in _LOGPROBS:
-        good &= ~row_any(first[field], unsafe_numbers(first[field].values))
     sample_absent = absent["sample_loss_mask"][ok]
     good &= sample_absent | first["sample_loss_mask"].is_valid().to_numpy(zero_copy_only=False)
     ok[np.flatnonzero(ok)[~good]] = False
@@ -178,11 +172,9 @@ def _fast_rows(
     mask[starts[length > 0]] = 0.0  # position 0's logprob is a placeholder (NeMo-RL slices [:, 1:])
     mask_values = np.where(mask == 0, 0, np.where(mask == 1, 1, 2)).astype(np.int8)  # as _as_mask
     token_ids = prefixes(first["token_ids"], length, nulls=first["token_ids"].is_null().to_numpy(zero_copy_only=False))
-    idx = table.column("idx").combine_chunks().filter(pa.array(ok)).to_pylist()
-    chosen = np.asarray(line_indexes)[ok]
-    sample_ids = [
-        f"line{int(line) + 1}" if value is None else str(value) for value, line in zip(idx, chosen, strict=True)
-    ]
+    idx = columns["idx"].filter(pa.array(ok)).to_pylist()
+    lines = parsed.lines[ok].tolist()
+    sample_ids = [f"line{line + 1}" if value is None else str(value) for value, line in zip(idx, lines, strict=True)]
     batch = canonical_batch(
         pa.array(np.full(len(sample_ids), step, dtype=np.int64)),
         sample_ids,

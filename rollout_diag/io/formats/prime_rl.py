@@ -35,10 +35,10 @@ import pyarrow as pa
 
 from rollout_diag.io.formats.base import (
     FastLines,
+    ParsedLines,
     Row,
     RowsFile,
     canonical_batch,
-    field_named,
     jsonl_file,
     list_lengths,
     natural_key,
@@ -46,7 +46,6 @@ from rollout_diag.io.formats.base import (
     number_in,
     row_any,
     row_count,
-    unsafe_numbers,
 )
 from rollout_diag.io.formats.registry import TrainerFormat, register
 
@@ -168,24 +167,16 @@ _FAST_SCHEMA = pa.schema(
 )
 
 
-def _fast_rows(
-    table: pa.Table, lines: list[bytes], line_indexes: list[int], fallback_step: int
-) -> tuple[pa.RecordBatch, np.ndarray]:
+def _fast_rows(parsed: ParsedLines, fallback_step: int) -> tuple[pa.RecordBatch, np.ndarray]:
     """The rows ``_row`` would give, for the lines where that is certain (the others are left to ``_row``)."""
-    columns = {name: table.column(name).combine_chunks() for name in _FAST_SCHEMA.names}
-    ok = np.ones(table.num_rows, dtype=bool)
+    columns = parsed.columns
+    ok = ~parsed.written_null["step"]  # an explicit null step is "not an integer"
     for field in REQUIRED_FIELDS:
-        ok &= columns[field].is_valid().to_numpy(zero_copy_only=False)
-    for field in ("inference_logprobs", "trainer_logprobs", "advantages"):
-        ok &= ~row_any(columns[field], unsafe_numbers(columns[field].values))
+        ok &= parsed.present(field)
     ok &= ~row_any(columns["loss_mask"], null_flags(columns["loss_mask"].values))
-    steps = columns["step"]
-    for row in np.flatnonzero(ok & steps.is_null().to_numpy(zero_copy_only=False)):
-        ok[row] = not field_named(lines[row], "step")  # an explicit null step is "not an integer"
 
-    if not ok.all():
-        selected = pa.array(ok)
-        columns = {name: array.filter(selected) for name, array in columns.items()}
+    kept = parsed.filtered(ok)
+    columns = kept.columns
     loss_mask = columns["loss_mask"].flatten().to_numpy(zero_copy_only=False).astype(bool)
     lengths = list_lengths(columns["loss_mask"])
     # as _trained_tokens: a weight stream counts in a row where it is a list of the loss mask's length
@@ -208,10 +199,9 @@ def _fast_rows(
     mask = pa.ListArray.from_arrays(columns["loss_mask"].offsets, pa.array(trained.astype(np.int8)))
     steps = columns["step"].fill_null(fallback_step)
     ranks, indexes = columns["rank"].to_pylist(), columns["export_sequence_idx"].to_pylist()
-    chosen = np.asarray(line_indexes)[ok]
     sample_ids = [
-        f"line{int(line) + 1}" if rank is None or index is None else f"rank{rank}-{index}"
-        for rank, index, line in zip(ranks, indexes, chosen, strict=True)
+        f"line{line + 1}" if rank is None or index is None else f"rank{rank}-{index}"
+        for rank, index, line in zip(ranks, indexes, kept.lines.tolist(), strict=True)
     ]
     batch = canonical_batch(
         steps,

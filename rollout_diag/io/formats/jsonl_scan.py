@@ -1,0 +1,770 @@
+"""A compiled (numba) reader of JSON lines for the fields a trainer format uses: the fast path of
+:func:`rollout_diag.io.formats.base.jsonl_file`. Not a trainer format itself.
+
+One pass over a block of lines, byte by byte, with no Python object per value. Each line must be one JSON
+object; the fields named in the format's schema are read into typed arrays, every other value is checked
+against JSON's grammar (as Python's ``json`` reads it, ``NaN``/``Infinity``/``-Infinity`` included) and
+skipped. A line is **accepted** only where Python's ``json.loads`` would certainly read it to the same
+values; any doubt sends the line back to the format's own line parser, which then gives the row (or the
+message) it always gave. Doubt means: not an object, a grammar error anywhere, a key with an escape, a
+field of interest given twice or with a value of another JSON type, an integer of more than 18 digits, an
+integer literal of magnitude 2**53 or more in a float list (Python keeps it exact, ``pa.array`` refuses it),
+a number of more than 19 significant digits or outside the normal double range, a string value with an
+escape or a control character, nesting deeper than 64. ``-0`` (an integer to Python) reads as 0.0.
+
+Numbers are converted exactly as Python's ``float()`` does (correctly rounded): Clinger's fast path where
+the digits fit in 53 bits and the power of ten is exact, else the Eisel–Lemire algorithm (a 128-bit
+product with a truncated power of five; Lemire, "Number Parsing at a Gigabyte per Second", 2021, and
+Mushtak & Lemire, "Fast Number Parsing Without Fallback", 2023, which shows the second product always
+suffices). tests/test_jsonl_scan.py checks it against Python's json on 1.4 million strings and hypothesis.
+
+Schema kinds (``pyarrow`` types of a :data:`FastLines.schema`): ``int64``, ``string``, and lists or lists
+of lists of ``float64`` / ``int64`` / ``bool``. A JSON ``null`` (or an absent field) is an Arrow null at
+that place, as pyarrow's JSON reader gives it; :class:`Scanned` also says which nulls were written out.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+from numba import njit
+from numba.cpython.unsafe.numbers import leading_zeros
+from numba.extending import intrinsic
+from numba.np.arrayobj import populate_array
+
+# value kinds of a field, and element kinds of list fields
+INT, STRING, LIST, LIST2 = 0, 1, 2, 3
+FLOAT_ELEMENT, INT_ELEMENT, BOOL_ELEMENT = 0, 1, 2
+ABSENT, NULL, PRESENT = 0, 1, 2  # per line and field
+MAX_DEPTH = 64
+
+_FLAGS = {"cache": True, "nogil": True}
+_INLINE = {**_FLAGS, "inline": "always"}  # per list item: no call (measured 2-3x faster on null/bool/int items)
+
+# -------------------------------------------------------------------------------- powers for Eisel–Lemire
+_SMALLEST_POWER, _LARGEST_POWER = -342, 308
+
+
+def _powers_of_five() -> np.ndarray:
+    """128-bit truncated, normalised 5**q for q in [-342, 308], as (high, low) uint64 pairs (fast_float's table)."""
+    table = []
+    for q in range(_SMALLEST_POWER, 0):
+        power5 = 5**-q
+        z = power5.bit_length()  # smallest z with 2**z >= power5 (power5 is never a power of two)
+        if q >= -27:
+            c = 2 ** (z + 127) // power5 + 1
+        else:
+            c = 2 ** (2 * z + 128) // power5 + 1
+            while c >= 1 << 128:
+                c //= 2
+        table.append(c)
+    for q in range(0, _LARGEST_POWER + 1):
+        power5 = 5**q
+        while power5 < 1 << 127:
+            power5 *= 2
+        while power5 >= 1 << 128:
+            power5 //= 2
+        table.append(power5)
+    flat = []
+    for c in table:
+        flat += [c >> 64, c & ((1 << 64) - 1)]
+    return np.array(flat, dtype=np.uint64)
+
+
+_POWER_OF_FIVE = _powers_of_five()
+_EXACT_POWERS_OF_TEN = np.array([10.0**i for i in range(23)])  # exact doubles: 10**22 < 2**53 * 5**22 fits
+_U32 = np.uint64(0xFFFFFFFF)
+_ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
+_PRECISION_MASK = np.uint64(0xFFFFFFFFFFFFFFFF >> 55)
+_ONE = np.uint64(1)
+_TWO53 = np.uint64(1 << 53)
+_HIDDEN = np.uint64(1 << 52)
+_SIGN = np.uint64(1 << 63)
+
+
+@njit(**_FLAGS)
+def _multiply(a, b):
+    """The 128-bit product of two uint64 as (high, low)."""
+    s32 = np.uint64(32)
+    a_lo, a_hi = a & _U32, a >> s32
+    b_lo, b_hi = b & _U32, b >> s32
+    p0, p1, p2, p3 = a_lo * b_lo, a_lo * b_hi, a_hi * b_lo, a_hi * b_hi
+    middle = (p0 >> s32) + (p1 & _U32) + (p2 & _U32)
+    return p3 + (p1 >> s32) + (p2 >> s32) + (middle >> s32), (middle << s32) | (p0 & _U32)
+
+
+@njit(**_FLAGS)
+def decimal_to_double(w, q, negative):
+    """``w * 10**q`` correctly rounded to a double (``w`` a uint64 of at most 19 digits); ok False where this
+    path does not decide (out of the normal range), so the caller leaves the number to Python."""
+    if w == np.uint64(0):
+        return (-0.0 if negative else 0.0), True
+    if -22 <= q <= 22 and w <= _TWO53:  # Clinger: both operands exact, one rounding
+        value = float(w)
+        value = value * _EXACT_POWERS_OF_TEN[q] if q >= 0 else value / _EXACT_POWERS_OF_TEN[-q]
+        return (-value if negative else value), True
+    if q < _SMALLEST_POWER or q > _LARGEST_POWER:
+        return 0.0, False
+    lz = int(leading_zeros(w))
+    w = w << np.uint64(lz)
+    index = 2 * (q - _SMALLEST_POWER)
+    high, low = _multiply(w, _POWER_OF_FIVE[index])
+    if (high & _PRECISION_MASK) == _PRECISION_MASK:
+        high2, _ = _multiply(w, _POWER_OF_FIVE[index + 1])
+        low = low + high2
+        if high2 > low:
+            high = high + _ONE
+    if low == _ALL_ONES and (q < -27 or q > 55):
+        return 0.0, False  # the older, more cautious rule: leave it to Python
+    upper = int(high >> np.uint64(63))
+    shift = np.uint64(upper + 9)
+    mantissa = high >> shift
+    power2 = (((152170 + 65536) * q) >> 16) + 63 + upper - lz + 1023
+    if power2 <= 0:
+        return 0.0, False  # subnormal
+    if low <= _ONE and -4 <= q <= 23 and (mantissa & np.uint64(3)) == _ONE and (mantissa << shift) == high:
+        mantissa = mantissa & ~_ONE  # exactly half way: round to even
+    mantissa = (mantissa + (mantissa & _ONE)) >> _ONE
+    if mantissa >= (_HIDDEN << _ONE):
+        mantissa = _HIDDEN
+        power2 += 1
+    if power2 >= 0x7FF:
+        return 0.0, False  # overflows to infinity
+    sign = _SIGN if negative else np.uint64(0)
+    pattern = (np.uint64(power2) << np.uint64(52)) | (mantissa & ~_HIDDEN) | sign
+    return np.uint64(pattern).view(np.float64), True
+
+
+# -------------------------------------------------------------------------------- the byte scanner
+@intrinsic
+def _unowned(typingctx, array):
+    """A view of ``array`` without its memory owner (as ``numba.carray`` gives): passing it to a helper costs no
+    atomic reference count (measured: they took over half the scan's time). The caller keeps ``array`` alive."""
+
+    def codegen(context, builder, signature, args):
+        source = context.make_array(signature.args[0])(context, builder, args[0])
+        view = context.make_array(signature.return_type)(context, builder)
+        populate_array(
+            view, data=source.data, shape=source.shape, strides=source.strides, itemsize=source.itemsize, meminfo=None
+        )
+        return view._getvalue()
+
+    return array(array), codegen
+
+
+@njit(**_INLINE)
+def _space(buf, p, end):
+    while p < end:
+        c = buf[p]
+        if c != 32 and c != 10 and c != 9 and c != 13:
+            return p
+        p += 1
+    return p
+
+
+@njit(**_INLINE)
+def _is_null(buf, p, end):
+    return p + 4 <= end and buf[p] == 110 and buf[p + 1] == 117 and buf[p + 2] == 108 and buf[p + 3] == 108
+
+
+@njit(**_INLINE)
+def _is_true(buf, p, end):
+    return p + 4 <= end and buf[p] == 116 and buf[p + 1] == 114 and buf[p + 2] == 117 and buf[p + 3] == 101
+
+
+@njit(**_INLINE)
+def _is_false(buf, p, end):
+    return (
+        p + 5 <= end
+        and buf[p] == 102
+        and buf[p + 1] == 97
+        and buf[p + 2] == 108
+        and buf[p + 3] == 115
+        and buf[p + 4] == 101
+    )
+
+
+@njit(**_FLAGS)
+def _is_nan(buf, p, end):
+    return p + 3 <= end and buf[p] == 78 and buf[p + 1] == 97 and buf[p + 2] == 78
+
+
+@njit(**_FLAGS)
+def _is_infinity(buf, p, end):
+    if p + 8 > end:
+        return False
+    for i in range(8):  # noqa: SIM110 - a generator in all() does not compile in numba
+        if buf[p + i] != b"Infinity"[i]:
+            return False
+    return True
+
+
+@njit(**_FLAGS)
+def _number(buf, p, end, integer):
+    """A JSON number at ``p`` (Python's grammar; ``NaN``/``Infinity``/``-Infinity`` unless ``integer``).
+
+    Returns (end position or -1, value as float, value as int, is_integer_literal). ``integer``: only an
+    integer literal of at most 18 digits is accepted. -1 also where the value is left to Python."""
+    negative = False
+    if p < end and buf[p] == 45:  # -
+        negative = True
+        p += 1
+    if p >= end:
+        return -1, 0.0, 0, False
+    c = buf[p]
+    if not integer:
+        if c == 73 and _is_infinity(buf, p, end):
+            return p + 8, (-np.inf if negative else np.inf), 0, False
+        if c == 78 and not negative and _is_nan(buf, p, end):
+            return p + 3, np.nan, 0, False
+    w = np.uint64(0)
+    digits = 0  # significant digits in w (leading zeros not counted)
+    ten = np.uint64(10)
+    if c == 48:  # 0
+        p += 1
+    elif 49 <= c <= 57:
+        while p < end and 48 <= buf[p] <= 57:
+            w = w * ten + np.uint64(buf[p] - 48)
+            digits += 1
+            p += 1
+    else:
+        return -1, 0.0, 0, False
+    literal_int = True
+    fraction = 0
+    if p < end and buf[p] == 46:  # .
+        literal_int = False
+        p += 1
+        start = p
+        while p < end and 48 <= buf[p] <= 57:
+            if digits or buf[p] != 48:
+                w = w * ten + np.uint64(buf[p] - 48)
+                digits += 1
+            fraction += 1
+            p += 1
+        if p == start:
+            return -1, 0.0, 0, False
+    exponent = 0
+    if p < end and (buf[p] == 101 or buf[p] == 69):  # e E
+        literal_int = False
+        p += 1
+        minus = False
+        if p < end and (buf[p] == 43 or buf[p] == 45):
+            minus = buf[p] == 45
+            p += 1
+        start = p
+        while p < end and 48 <= buf[p] <= 57:
+            if p - start < 6:
+                exponent = exponent * 10 + (buf[p] - 48)
+            p += 1
+        if p == start or p - start > 5:
+            return -1, 0.0, 0, False
+        if minus:
+            exponent = -exponent
+    if integer:
+        if not literal_int or digits > 18:
+            return -1, 0.0, 0, False
+        value = np.int64(w)
+        return p, 0.0, (-value if negative else value), True
+    if digits > 19:
+        return -1, 0.0, 0, False
+    if literal_int:
+        negative = negative and digits > 0  # Python reads -0 as the integer 0: +0.0 as a float
+    value, ok = decimal_to_double(w, exponent - fraction, negative)
+    if not ok:
+        return -1, 0.0, 0, False
+    return p, value, 0, literal_int
+
+
+@njit(**_FLAGS)
+def _string_end(buf, p, end, plain):
+    """Position after the JSON string starting at ``p`` (a quote), or -1; ``plain``: refuse escapes."""
+    p += 1
+    while p < end:
+        c = buf[p]
+        if c == 34:
+            return p + 1
+        if c < 32:
+            return -1
+        if c == 92:
+            if plain or p + 1 >= end:
+                return -1
+            e = buf[p + 1]
+            if e == 117:  # u: four hex digits
+                if p + 6 > end:
+                    return -1
+                for i in range(p + 2, p + 6):
+                    h = buf[i]
+                    if not (48 <= h <= 57 or 65 <= h <= 70 or 97 <= h <= 102):
+                        return -1
+                p += 6
+                continue
+            if not (e == 34 or e == 92 or e == 47 or e == 98 or e == 102 or e == 110 or e == 114 or e == 116):
+                return -1
+            p += 2
+            continue
+        p += 1
+    return -1
+
+
+@njit(**_FLAGS)
+def _scalar_end(buf, p, end):
+    """Position after a JSON value that is not a container (string, number, literal), or -1 (grammar only:
+    a skipped number is not converted)."""
+    c = buf[p]
+    if c == 34:
+        return _string_end(buf, p, end, False)
+    if c == 110:
+        return p + 4 if _is_null(buf, p, end) else -1
+    if c == 116:
+        return p + 4 if _is_true(buf, p, end) else -1
+    if c == 102:
+        return p + 5 if _is_false(buf, p, end) else -1
+    if c == 78:
+        return p + 3 if _is_nan(buf, p, end) else -1
+    if c == 73:
+        return p + 8 if _is_infinity(buf, p, end) else -1
+    if c == 45 and p + 1 < end and buf[p + 1] == 73:
+        return p + 9 if _is_infinity(buf, p + 1, end) else -1
+    return _number_shape_end(buf, p, end)
+
+
+@njit(**_FLAGS)
+def _number_shape_end(buf, p, end):
+    """Position after a number Python reads though this module does not convert it (long, huge), or -1."""
+    if p < end and buf[p] == 45:
+        p += 1
+    if p >= end:
+        return -1
+    if buf[p] == 48:
+        p += 1
+    elif 49 <= buf[p] <= 57:
+        while p < end and 48 <= buf[p] <= 57:
+            p += 1
+    else:
+        return -1
+    if p < end and buf[p] == 46:
+        p += 1
+        start = p
+        while p < end and 48 <= buf[p] <= 57:
+            p += 1
+        if p == start:
+            return -1
+    if p < end and (buf[p] == 101 or buf[p] == 69):
+        p += 1
+        if p < end and (buf[p] == 43 or buf[p] == 45):
+            p += 1
+        start = p
+        while p < end and 48 <= buf[p] <= 57:
+            p += 1
+        if p == start:
+            return -1
+    return p
+
+
+@njit(**_FLAGS)
+def _member_value(buf, p, end):
+    """After an object member's key string at ``p``: the position of its value (past ``:``), or -1."""
+    p = _string_end(buf, p, end, False) if p < end and buf[p] == 34 else -1
+    if p < 0:
+        return -1
+    p = _space(buf, p, end)
+    if p >= end or buf[p] != 58:
+        return -1
+    return _space(buf, p + 1, end)
+
+
+@njit(**_FLAGS)
+def _skip_value(buf, p, end, stack):
+    """Position after the JSON value at ``p`` (any value, checked), or -1."""
+    depth = 0
+    while True:
+        p = _space(buf, p, end)
+        if p >= end:
+            return -1
+        c = buf[p]
+        if c == 123 or c == 91:  # { [
+            q = _space(buf, p + 1, end)
+            if q < end and buf[q] == c + 2:  # } ]: empty
+                p = q + 1
+            else:
+                if depth >= MAX_DEPTH:
+                    return -1
+                stack[depth] = c
+                depth += 1
+                p = _member_value(buf, q, end) if c == 123 else q
+                if p < 0:
+                    return -1
+                continue
+        else:
+            p = _scalar_end(buf, p, end)
+            if p < 0:
+                return -1
+        while True:  # a value ended: close what it ends
+            if depth == 0:
+                return p
+            p = _space(buf, p, end)
+            if p >= end:
+                return -1
+            c = buf[p]
+            if c == 44:  # ,
+                p = _space(buf, p + 1, end)
+                if stack[depth - 1] == 123:
+                    p = _member_value(buf, p, end)
+                    if p < 0:
+                        return -1
+                break
+            if c == stack[depth - 1] + 2:
+                p += 1
+                depth -= 1
+                continue
+            return -1
+
+
+@njit(**_INLINE)
+def _element(buf, p, end, element, floats, ints, nulls, n):
+    """One list element at ``p`` into slot ``n``: returns the position after it, or -1."""
+    if p >= end:
+        return -1
+    if buf[p] == 110:
+        if not _is_null(buf, p, end):
+            return -1
+        nulls[n] = 1
+        floats[n] = 0.0
+        ints[n] = 0
+        return p + 4
+    nulls[n] = 0
+    if element == BOOL_ELEMENT:
+        if buf[p] == 116 and _is_true(buf, p, end):
+            ints[n] = 1
+            return p + 4
+        if buf[p] == 102 and _is_false(buf, p, end):
+            ints[n] = 0
+            return p + 5
+        return -1
+    q, value, whole, literal_int = _number(buf, p, end, element == INT_ELEMENT)
+    if element == INT_ELEMENT:
+        ints[n] = whole
+    elif literal_int and abs(value) >= 9007199254740992.0:
+        return -1  # an integer Python keeps exact: Arrow refuses it as a float beyond 2**53
+    else:
+        floats[n] = value
+    return q
+
+
+@njit(**_FLAGS)
+def scan(raw, starts, key_bytes, key_starts, kinds, elements):
+    """Read lines ``raw[starts[i]:starts[i + 1]]``.
+
+    Returns ``accepted[line]``; per line and field ``status`` (ABSENT, NULL, PRESENT), ``first`` and ``count``:
+    an INT's value (first) / a STRING's byte range / a LIST's first element and length / a LIST2's first
+    sub-list and number of sub-lists; sub-lists as (``sub_first``, ``sub_count``, ``sub_null``); elements
+    in ``floats``/``ints`` with ``nulls`` (one slot each, shared by all fields)."""
+    lines = starts.shape[0] - 1
+    keys = kinds.shape[0]
+    accepted = np.zeros(lines, np.bool_)
+    status = np.zeros((lines, keys), np.int8)
+    first = np.zeros((lines, keys), np.int64)
+    count = np.zeros((lines, keys), np.int64)
+    items, opened = 1, 1  # every list item is followed by , or ]; every list opens with [
+    for p in range(starts[0], starts[lines]):
+        c = raw[p]
+        if c == 44 or c == 93:
+            items += 1
+        elif c == 91:
+            opened += 1
+    owned = (np.empty(items, np.float64), np.empty(items, np.int64), np.empty(items, np.uint8))
+    owned_subs = (np.empty(opened, np.int64), np.empty(opened, np.int64), np.empty(opened, np.uint8))
+    owned_stack = np.empty(MAX_DEPTH, np.uint8)
+    buf = _unowned(raw)
+    floats, ints, nulls = _unowned(owned[0]), _unowned(owned[1]), _unowned(owned[2])
+    sub_first, sub_count, sub_null = _unowned(owned_subs[0]), _unowned(owned_subs[1]), _unowned(owned_subs[2])
+    stack = _unowned(owned_stack)
+    n = 0  # elements used
+    m = 0  # sub-lists used
+    for line in range(lines):
+        p, end = starts[line], starts[line + 1]
+        line_n, line_m = n, m
+        ok = False
+        p = _space(buf, p, end)
+        if p < end and buf[p] == 123:
+            p = _space(buf, p + 1, end)
+            if p < end and buf[p] == 125:
+                p += 1
+                ok = True
+            while p < end and not ok:
+                if buf[p] != 34:
+                    break
+                key_end = _string_end(buf, p, end, True)
+                if key_end < 0:
+                    break
+                key = -1
+                for k in range(keys):
+                    a, b = key_starts[k], key_starts[k + 1]
+                    if b - a == key_end - p - 2:
+                        same = True
+                        for i in range(b - a):
+                            if buf[p + 1 + i] != key_bytes[a + i]:
+                                same = False
+                                break
+                        if same:
+                            key = k
+                            break
+                p = _space(buf, key_end, end)
+                if p >= end or buf[p] != 58:
+                    break
+                p = _space(buf, p + 1, end)
+                if p >= end:
+                    break
+                if key < 0:
+                    p = _skip_value(buf, p, end, stack)
+                elif status[line, key] != ABSENT:
+                    break  # given twice: Python keeps the last; left to it
+                elif buf[p] == 110:
+                    p = p + 4 if _is_null(buf, p, end) else -1
+                    status[line, key] = NULL
+                else:
+                    kind = kinds[key]
+                    status[line, key] = PRESENT
+                    if kind == INT:
+                        p, _, whole, _ = _number(buf, p, end, True)
+                        first[line, key] = whole
+                    elif kind == STRING:
+                        first[line, key] = p + 1
+                        p = _string_end(buf, p, end, True) if buf[p] == 34 else -1
+                        count[line, key] = p - 1
+                    elif buf[p] != 91:
+                        p = -1
+                    elif kind == LIST:
+                        first[line, key] = n
+                        p = _space(buf, p + 1, end)
+                        if p < end and buf[p] == 93:
+                            p += 1
+                        else:
+                            while p >= 0:
+                                p = _element(buf, p, end, elements[key], floats, ints, nulls, n)
+                                if p < 0:
+                                    break
+                                n += 1
+                                p = _space(buf, p, end)
+                                if p < end and buf[p] == 44:
+                                    p = _space(buf, p + 1, end)
+                                    if p >= end:
+                                        p = -1
+                                elif p < end and buf[p] == 93:
+                                    p += 1
+                                    break
+                                else:
+                                    p = -1
+                        count[line, key] = n - first[line, key]
+                    else:  # LIST2: a list of lists (or nulls)
+                        first[line, key] = m
+                        p = _space(buf, p + 1, end)
+                        if p < end and buf[p] == 93:
+                            p += 1
+                        else:
+                            while p >= 0:
+                                sub_first[m] = n
+                                sub_null[m] = 0
+                                if p >= end:
+                                    p = -1
+                                elif buf[p] == 110:
+                                    p = p + 4 if _is_null(buf, p, end) else -1
+                                    sub_null[m] = 1
+                                elif buf[p] != 91:
+                                    p = -1
+                                else:
+                                    p = _space(buf, p + 1, end)
+                                    if p < end and buf[p] == 93:
+                                        p += 1
+                                    else:
+                                        while p >= 0:
+                                            p = _element(buf, p, end, elements[key], floats, ints, nulls, n)
+                                            if p < 0:
+                                                break
+                                            n += 1
+                                            p = _space(buf, p, end)
+                                            if p < end and buf[p] == 44:
+                                                p = _space(buf, p + 1, end)
+                                                if p >= end:
+                                                    p = -1
+                                            elif p < end and buf[p] == 93:
+                                                p += 1
+                                                break
+                                            else:
+                                                p = -1
+                                if p < 0:
+                                    break
+                                sub_count[m] = n - sub_first[m]
+                                m += 1
+                                p = _space(buf, p, end)
+                                if p < end and buf[p] == 44:
+                                    p = _space(buf, p + 1, end)
+                                    if p >= end:
+                                        p = -1
+                                elif p < end and buf[p] == 93:
+                                    p += 1
+                                    break
+                                else:
+                                    p = -1
+                        count[line, key] = m - first[line, key]
+                if p < 0:
+                    break
+                p = _space(buf, p, end)
+                if p >= end:
+                    break
+                if buf[p] == 125:  # }: the object ends
+                    p += 1
+                    ok = True
+                elif buf[p] == 44:
+                    p = _space(buf, p + 1, end)
+                else:
+                    break
+        if ok and _space(buf, p, end) == end:
+            accepted[line] = True
+        else:
+            n, m = line_n, line_m  # what the line wrote is dropped
+            for k in range(keys):
+                status[line, k] = ABSENT
+    return (
+        accepted,
+        status,
+        first,
+        count,
+        owned_subs[0][:m],
+        owned_subs[1][:m],
+        owned_subs[2][:m],
+        owned[0][:n],
+        owned[1][:n],
+        owned[2][:n],
+    )
+
+
+@njit(**_FLAGS)
+def _gather(rows, first, count, values):
+    """Concatenate ``values[first[r]:first[r] + count[r]]`` over ``rows``; returns (offsets, values)."""
+    total = 0
+    for r in rows:
+        total += count[r]
+    out = np.empty(total, values.dtype)
+    offsets = np.empty(rows.shape[0] + 1, np.int32)
+    offsets[0] = 0
+    at = 0
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        out[at : at + count[r]] = values[first[r] : first[r] + count[r]]
+        at += count[r]
+        offsets[i + 1] = at
+    return offsets, out
+
+
+# -------------------------------------------------------------------------------- from scan to Arrow
+@dataclass(frozen=True)
+class _Field:
+    kind: int
+    element: int
+    arrow: pa.DataType
+
+
+def _field(data_type: pa.DataType) -> _Field:
+    elements = {pa.float64(): FLOAT_ELEMENT, pa.int64(): INT_ELEMENT, pa.bool_(): BOOL_ELEMENT}
+    if data_type == pa.int64():
+        return _Field(INT, INT_ELEMENT, data_type)
+    if data_type == pa.string():
+        return _Field(STRING, INT_ELEMENT, data_type)
+    if pa.types.is_list(data_type):
+        inner = data_type.value_type
+        if inner in elements:
+            return _Field(LIST, elements[inner], data_type)
+        if pa.types.is_list(inner) and inner.value_type in elements:
+            return _Field(LIST2, elements[inner.value_type], data_type)
+    raise TypeError(f"jsonl_scan reads int64, string and (lists of) lists of float64/int64/bool, not {data_type}")
+
+
+def _announce_compiling() -> None:
+    """Say on stderr when the scanner is not in numba's cache yet (its first compile takes seconds)."""
+    try:
+        cached = os.path.exists(scan._cache._cache_file._index_path)
+    except AttributeError:  # numba's cache internals moved: say nothing
+        return
+    if not cached:
+        print("rollout-diag: compiling the JSON-lines reader once (about 20 s; cached after).", file=sys.stderr)
+
+
+class Scanner:
+    """Reads blocks of lines into an Arrow table of ``schema``'s fields (see the module's docstring)."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        _announce_compiling()
+        self.schema = schema
+        self.fields = [_field(field.type) for field in schema]
+        names = [name.encode() for name in schema.names]
+        self._key_bytes = np.frombuffer(b"".join(names) or b"\0", np.uint8)
+        self._key_starts = np.cumsum([0, *map(len, names)]).astype(np.int64)
+        self._kinds = np.array([f.kind for f in self.fields], np.int64)
+        self._elements = np.array([f.element for f in self.fields], np.int64)
+
+    def scan(self, data: bytes, starts: np.ndarray) -> Scanned:
+        """Lines ``data[starts[i]:starts[i + 1]]`` (ASCII or checked UTF-8): the accepted ones, read."""
+        buf = np.frombuffer(data, np.uint8)
+        accepted, status, first, count, sub_first, sub_count, sub_null, floats, ints, nulls = scan(
+            buf, starts, self._key_bytes, self._key_starts, self._kinds, self._elements
+        )
+        rows = np.flatnonzero(accepted)
+        status = status[rows]
+        every = np.arange(len(rows))
+        columns = []
+        for k, field in enumerate(self.fields):
+            present = status[:, k] == PRESENT
+            starts_k = np.ascontiguousarray(first[rows, k])
+            if field.kind == INT:
+                columns.append(pa.array(starts_k, pa.int64(), mask=~present))
+                continue
+            if field.kind == STRING:
+                ends = count[rows, k].tolist()
+                values = [
+                    data[a:b].decode("utf-8") if ok else None
+                    for a, b, ok in zip(starts_k.tolist(), ends, present.tolist(), strict=True)
+                ]
+                columns.append(pa.array(values, pa.string()))
+                continue
+            items = floats if field.element == FLOAT_ELEMENT else ints
+            lengths = np.where(present, count[rows, k], 0)
+            if field.kind == LIST2:
+                offsets, subs = _gather(every, starts_k, lengths, np.arange(len(sub_first)))
+                inner_offsets, values = _gather(subs, sub_first, sub_count, items)
+                _, value_nulls = _gather(subs, sub_first, sub_count, nulls)
+                inner_nulls = sub_null[subs].view(np.bool_)
+                inner = pa.ListArray.from_arrays(
+                    pa.array(inner_offsets),
+                    _values(values, value_nulls, field.element),
+                    mask=pa.array(inner_nulls) if inner_nulls.any() else None,
+                )
+            else:
+                offsets, values = _gather(every, starts_k, lengths, items)
+                _, value_nulls = _gather(every, starts_k, lengths, nulls)
+                inner = _values(values, value_nulls, field.element)
+            mask = None if present.all() else pa.array(~present)
+            columns.append(pa.ListArray.from_arrays(pa.array(offsets), inner, mask=mask))
+        table = pa.Table.from_arrays(columns, schema=self.schema)
+        return Scanned(rows, table, status == NULL)
+
+
+def _values(values: np.ndarray, value_nulls: np.ndarray, element: int) -> pa.Array:
+    mask = value_nulls.view(np.bool_) if value_nulls.any() else None
+    if element == BOOL_ELEMENT:
+        return pa.array(values.astype(np.bool_), pa.bool_(), mask=mask)
+    return pa.array(values, pa.float64() if element == FLOAT_ELEMENT else pa.int64(), mask=mask)
+
+
+@dataclass(frozen=True)
+class Scanned:
+    """What :meth:`Scanner.scan` read: ``rows`` (indexes of the accepted lines in the block), ``table`` (one
+    row each, the schema's fields) and ``written_null[row, field]`` (a ``null`` written out, not absent)."""
+
+    rows: np.ndarray
+    table: pa.Table
+    written_null: np.ndarray
