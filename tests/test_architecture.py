@@ -291,9 +291,9 @@ LAYERS = (
     ("rollout_diag.presets", "rollout_diag.catalogue", "rollout_diag.selection"),
     ("rollout_diag.results",),
     ("rollout_diag.formatting", "rollout_diag.glossary"),
+    ("rollout_diag.kernels",),  # compiled CPU code over plain arrays: the reader's scans and the engines' passes
     ("rollout_diag.io",),
     ("rollout_diag.export",),
-    ("rollout_diag.kernels",),
     ("rollout_diag.metrics",),
     ("rollout_diag.groups", "rollout_diag.decisions"),
     ("rollout_diag.drivers",),

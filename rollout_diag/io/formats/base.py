@@ -227,7 +227,7 @@ def jsonl_file(
 ) -> RowsFile:
     """A JSON-lines dump: ``parse(line, line_index, step)`` turns one line into a row (the reference).
 
-    With ``fast``, blocks of lines are read by the compiled scanner (``jsonl_scan.py``) instead and only the
+    With ``fast``, blocks of lines are read by the compiled scanner (``kernels/jsonl.py``) instead and only the
     lines it cannot vouch for go through ``parse`` (see :class:`FastLines`); the batches are the same, row for row. A
     file with a carriage return is read line by line as text (Python's universal newlines split there).
     """
@@ -261,7 +261,7 @@ def _scan_lines(path: str | Path) -> tuple[int, bool]:
 # ------------------------------------------------------------------ the fast JSON-lines path
 @dataclass(frozen=True)
 class ParsedLines:
-    """The lines of a block the compiled scanner read (``io/formats/jsonl_scan.py``), one row each.
+    """The lines of a block the compiled scanner read (``kernels/jsonl.py``), one row each.
 
     ``columns``: the :attr:`FastLines.schema` fields by name (a field absent from a line, or written as
     ``null``, is null there, as pyarrow's JSON reader gives it); ``lines``: each row's file row (0-based, the
@@ -296,7 +296,7 @@ class ParsedLines:
 @dataclass(frozen=True)
 class FastLines:
     """How a JSON-lines format reads well-formed lines in bulk: the compiled scanner of
-    ``io/formats/jsonl_scan.py`` (measured against pyarrow's and polars' JSON readers in docs/benchmarks.md).
+    ``kernels/jsonl.py`` (measured against pyarrow's and polars' JSON readers in docs/benchmarks.md).
 
     ``schema``: the fields the format uses, typed (``int64``, ``string``, lists or lists of lists of
     ``float64``/``int64``/``bool``); a line where one holds a value of another JSON type goes to ``parse``.
@@ -322,7 +322,7 @@ class _Block:
     data: bytes  # the block's lines
     ends: np.ndarray  # int64: line i is data[ends[i - 1]:ends[i]] (ends[-1] = 0)
     first: int  # file row of the first line
-    scanned: Any = None  # what the scanner read (a jsonl_scan.Scanned), or None when it was not run
+    scanned: Any = None  # what the scanner read (a kernels.jsonl.Scanned), or None when it was not run
 
     @property
     def lines(self) -> int:
@@ -365,7 +365,7 @@ def _fast_batches(
     converted and used."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from rollout_diag.io.formats.jsonl_scan import Scanner
+    from rollout_diag.kernels.jsonl import Scanner
 
     scanner = _SCANNERS.get(id(fast))
     if scanner is None:

@@ -681,7 +681,7 @@ def _field(data_type: pa.DataType) -> _Field:
             return _Field(LIST, elements[inner], data_type)
         if pa.types.is_list(inner) and inner.value_type in elements:
             return _Field(LIST2, elements[inner.value_type], data_type)
-    raise TypeError(f"jsonl_scan reads int64, string and (lists of) lists of float64/int64/bool, not {data_type}")
+    raise TypeError(f"kernels.jsonl reads int64, string and (lists of) lists of float64/int64/bool, not {data_type}")
 
 
 def _announce_compiling() -> None:
