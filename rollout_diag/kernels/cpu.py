@@ -117,53 +117,71 @@ def _block(values: np.ndarray, lo: int, n: int) -> float:
     return total
 
 
+@njit(**_INLINE)
+def _bits(p: int) -> int:
+    """0 → 0, 1 → 1, 2–3 → 2, 4–7 → 3, …: the position bucket of position ``p``."""
+    b = 0
+    while (p >> b) > 0:
+        b += 1
+    return b
+
+
 @njit(**_FLAGS)
 def segment_layout(mask: np.ndarray, offsets: np.ndarray):
     """The segments of a chunk: maximal runs of model tokens (mask 1) in one row, one round (run without a skipped
     token) and one log2 position bucket. Returns int64 arrays [S]: raw start (index into the chunk's tokens), model
-    start (index into its model tokens), length, row, position bucket, round."""
+    start (index into its model tokens), length, row, position bucket, round.
+
+    One scan of the mask finds the runs of model tokens; the rest is work per run: a run [p0, p1) of a row's
+    positions is one round, cut where a position is a power of two (a new bucket)."""
     rows = offsets.shape[0] - 1
+    # runs: at most one per row plus one per environment token (untouched pages of np.empty cost nothing)
+    run_start = np.empty(mask.shape[0] + 1, np.int64)
+    run_end = np.empty(mask.shape[0] + 1, np.int64)
+    run_row = np.empty(mask.shape[0] + 1, np.int64)
+    runs = 0
     count = 0
     for i in range(rows):
-        lo = offsets[i]
-        previous = -2
-        for t in range(lo, offsets[i + 1]):
-            if mask[t]:
-                p = t - lo
-                if p != previous + 1 or (p & (p - 1)) == 0:
-                    count += 1
-                previous = p
+        lo, hi = offsets[i], offsets[i + 1]
+        t = lo
+        while t < hi:
+            if not mask[t]:
+                t += 1
+                continue
+            end = t
+            while end < hi and mask[end]:
+                end += 1
+            run_start[runs], run_end[runs], run_row[runs] = t, end, i
+            runs += 1
+            # the run's first position, and every power of two after it and before its end, opens a segment
+            count += 1 + max(_bits(end - lo - 1) - _bits(t - lo), 0)
+            t = end
     raw = np.empty(count, np.int64)
     model = np.empty(count, np.int64)
-    length = np.zeros(count, np.int64)
+    length = np.empty(count, np.int64)
     row = np.empty(count, np.int64)
     bucket = np.empty(count, np.int64)
     rounds = np.empty(count, np.int64)
-    s = -1
+    s = 0
     seen = 0
-    for i in range(rows):
+    current_round = -1
+    for k in range(runs):
+        i = run_row[k]
+        current_round = 0 if k == 0 or run_row[k - 1] != i else current_round + 1
         lo = offsets[i]
-        previous = -2
-        current_round = -1
-        for t in range(lo, offsets[i + 1]):
-            if mask[t]:
-                p = t - lo
-                gap = p != previous + 1
-                if gap or (p & (p - 1)) == 0:
-                    s += 1
-                    if gap:
-                        current_round += 1
-                    raw[s] = t
-                    model[s] = seen
-                    row[s] = i
-                    b = 0
-                    while (p >> b) > 0:
-                        b += 1
-                    bucket[s] = b
-                    rounds[s] = current_round
-                length[s] += 1
-                seen += 1
-                previous = p
+        p, p_end = run_start[k] - lo, run_end[k] - lo
+        while p < p_end:
+            b = _bits(p)
+            cut = min(p_end, 1 << b) if p > 0 else 1  # the next power of two after p
+            raw[s] = lo + p
+            model[s] = seen
+            length[s] = cut - p
+            row[s] = i
+            bucket[s] = b
+            rounds[s] = current_round
+            seen += cut - p
+            s += 1
+            p = cut
     return raw, model, length, row, bucket, rounds
 
 
