@@ -736,9 +736,11 @@ class DumpReader:
 
         from rollout_diag.io.chunk import Chunk
 
-        block = _validate(block, self.log, self.strict)
-        if block is None:
-            return None
+        scanned = None if block.skipped else _scanned(block, device)
+        if scanned is None:  # the exact check, which finds and records the bad rows
+            block = _validate(block, self.log, self.strict)
+            if block is None:
+                return None
         file_index, has_ids = self._file_index[block.file]
         if block.mask is None:
             counts = self.log.unmasked.setdefault(block.file, [0, 0])
@@ -747,16 +749,19 @@ class DumpReader:
         if has_ids:
             self.log.row_keys.append(_row_keys(block.step, block.sample_id))
             self.log.row_places.append(np.stack([np.full(len(block.file_row), file_index), block.file_row], axis=1))
-        # torch.tensor copies: Arrow's buffers are read-only, and the fill below writes in place.
-        trainer = torch.tensor(block.trainer, dtype=torch.float64, device=device)
-        rollout = torch.tensor(block.rollout, dtype=torch.float64, device=device)
-        if block.mask is None:
-            mask = torch.ones(len(block.trainer), dtype=torch.bool, device=device)
+        if scanned is not None:
+            trainer, rollout, mask = scanned
         else:
-            mask = torch.tensor(block.mask == 1, device=device)
-        # Environment tokens never enter a metric; zero them so NaN fill values there cannot leak in.
-        trainer.masked_fill_(~mask, 0.0)
-        rollout.masked_fill_(~mask, 0.0)
+            # torch.tensor copies: Arrow's buffers are read-only, and the fill below writes in place.
+            trainer = torch.tensor(block.trainer, dtype=torch.float64, device=device)
+            rollout = torch.tensor(block.rollout, dtype=torch.float64, device=device)
+            if block.mask is None:
+                mask = torch.ones(len(block.trainer), dtype=torch.bool, device=device)
+            else:
+                mask = torch.tensor(block.mask == 1, device=device)
+            # Environment tokens never enter a metric; zero them so NaN fill values there cannot leak in.
+            trainer.masked_fill_(~mask, 0.0)
+            rollout.masked_fill_(~mask, 0.0)
         offsets = np.zeros(len(block.lengths) + 1, dtype=np.int64)
         np.cumsum(block.lengths, out=offsets[1:])
         text = block.token_text
@@ -774,6 +779,40 @@ class DumpReader:
             policy_version=None if block.policy_version is None else torch.tensor(block.policy_version, device=device),
             extra=_chunk_extra(block),
         )
+
+
+def _scanned(block: _Block, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(trainer, rollout, mask) tensors of a clean block from one compiled scan that converts, zeroes environment
+    tokens and flags bad values at once (the numba engine's CPU chunks; ``kernels.cpu.checked_model_values``), the
+    same tensors ``_validated_chunk`` builds otherwise. None where the scan does not apply (another device or
+    engine, a dtype it is not compiled for) or where it flags anything: ``_validate`` then finds the rows and
+    records them with its messages, exactly as without the scan."""
+    import torch
+
+    from rollout_diag.kernels import compiled, kernel_for
+
+    trainer, rollout, mask = block.trainer, block.rollout, block.mask
+    if device.type != "cpu" or not kernel_for("cpu") or not len(block.lengths):
+        return None
+    if trainer.dtype != rollout.dtype or trainer.dtype not in (np.float32, np.float64):
+        return None
+    if mask is not None and mask.dtype.kind not in "biu":
+        return None
+    kernels = compiled()
+    limit = trainer.dtype.type(MAX_POSITIVE_LOGPROB)  # numpy compares a float32 array with it in float32
+    trainer, rollout = np.ascontiguousarray(trainer), np.ascontiguousarray(rollout)
+    if mask is None:
+        trainer, rollout, clean = kernels.checked_values(trainer, rollout, limit)
+        model = np.ones(len(trainer), dtype=bool)
+    else:
+        if mask.dtype.itemsize == 1:  # bool, int8 and uint8 share one compiled scan (-1 reads 255: flagged)
+            mask = mask.view(np.uint8)
+        trainer, rollout, model, clean = kernels.checked_model_values(
+            trainer, rollout, np.ascontiguousarray(mask), limit
+        )
+    if not clean:
+        return None
+    return torch.from_numpy(trainer), torch.from_numpy(rollout), torch.from_numpy(model)
 
 
 def _chunk_extra(block: _Block) -> dict[str, ExtraColumn]:
