@@ -799,7 +799,8 @@ def _scanned(block: _Block, device: torch.device) -> tuple[torch.Tensor, torch.T
     if mask is not None and mask.dtype.kind not in "biu":
         return None
     kernels = compiled()
-    limit = trainer.dtype.type(MAX_POSITIVE_LOGPROB)  # numpy compares a float32 array with it in float32
+    # numpy compares a float32 array with the tolerance rounded to float32; as float64 that bound is exact
+    limit = float(trainer.dtype.type(MAX_POSITIVE_LOGPROB))
     trainer, rollout = np.ascontiguousarray(trainer), np.ascontiguousarray(rollout)
     if mask is None:
         trainer, rollout, clean = kernels.checked_values(trainer, rollout, limit)

@@ -117,51 +117,50 @@ def _block(values: np.ndarray, lo: int, n: int) -> float:
     return total
 
 
+@njit(**_INLINE)
+def _bad_logprob(value: float, positive_max: float) -> bool:
+    """NaN, ±inf or above ``positive_max``; written without branches, so the scan's loop has none."""
+    return (value != value) | (value > positive_max) | (value == -np.inf)
+
+
 @njit(**_FLAGS)
-def checked_model_values(trainer: np.ndarray, rollout: np.ndarray, mask: np.ndarray, positive_max):
+def checked_model_values(trainer: np.ndarray, rollout: np.ndarray, mask: np.ndarray, positive_max: float):
     """A block's logprobs as float64 with environment tokens (mask 0) zeroed, its model-token mask (bool), and
     whether it is clean: every mask value 0 or 1, both logprobs of every model token finite and ≤ ``positive_max``
-    (compared in the values' own dtype, as ``io.reader._validate``'s numpy comparison is). It only flags: a block
-    that is not clean goes through ``_validate``, which finds the rows and says what is wrong where."""
+    (the tolerance as the values' own dtype rounds it: a float32 value compares as ``io.reader._validate``'s numpy
+    comparison does). It only flags: a block that is not clean goes through ``_validate``, which finds the rows and
+    says what is wrong where."""
     tokens = trainer.shape[0]
     out_trainer = np.empty(tokens)
     out_rollout = np.empty(tokens)
     model = np.empty(tokens, np.bool_)
-    clean = True
+    bad = False
     for t in range(tokens):
         m = mask[t]
-        if m == 1:
-            a, r = trainer[t], rollout[t]
-            # NaN fails both comparisons, +inf and positive values the first, -inf the second
-            if not (a <= positive_max and r <= positive_max and a > -np.inf and r > -np.inf):
-                clean = False
-            out_trainer[t] = a
-            out_rollout[t] = r
-            model[t] = True
-        else:
-            if m != 0:
-                clean = False
-            out_trainer[t] = 0.0
-            out_rollout[t] = 0.0
-            model[t] = False
-    return out_trainer, out_rollout, model, clean
+        kept = m == 1
+        a = np.float64(trainer[t]) if kept else 0.0
+        r = np.float64(rollout[t]) if kept else 0.0
+        bad |= ((m != 0) & ~kept) | _bad_logprob(a, positive_max) | _bad_logprob(r, positive_max)
+        out_trainer[t] = a
+        out_rollout[t] = r
+        model[t] = kept
+    return out_trainer, out_rollout, model, not bad
 
 
 @njit(**_FLAGS)
-def checked_values(trainer: np.ndarray, rollout: np.ndarray, positive_max):
+def checked_values(trainer: np.ndarray, rollout: np.ndarray, positive_max: float):
     """``checked_model_values`` of a block without a mask column (every token a model token): float64 copies and
     whether every logprob is finite and ≤ ``positive_max``."""
     tokens = trainer.shape[0]
     out_trainer = np.empty(tokens)
     out_rollout = np.empty(tokens)
-    clean = True
+    bad = False
     for t in range(tokens):
-        a, r = trainer[t], rollout[t]
-        if not (a <= positive_max and r <= positive_max and a > -np.inf and r > -np.inf):
-            clean = False
+        a, r = np.float64(trainer[t]), np.float64(rollout[t])
+        bad |= _bad_logprob(a, positive_max) | _bad_logprob(r, positive_max)
         out_trainer[t] = a
         out_rollout[t] = r
-    return out_trainer, out_rollout, clean
+    return out_trainer, out_rollout, not bad
 
 
 @njit(**_INLINE)
