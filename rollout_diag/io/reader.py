@@ -18,6 +18,7 @@ import os
 import queue
 import re
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Integral
@@ -692,15 +693,22 @@ class DumpReader:
     ) -> Iterator[tuple[Chunk, int]]:
         """Yield (chunk, file rows consumed so far) on ``device``.
 
-        With ``prefetch`` > 0 a reader thread decodes, validates and builds up to ``prefetch`` chunks ahead, and
-        runs ``prepare(chunk)`` (e.g. the per-chunk bookkeeping every metric shares) there too, so reading
-        overlaps the arithmetic of the previous chunk on another core (pyarrow and torch release the GIL).
+        With ``prefetch`` > 0 a reader thread decodes, validates and builds chunks ahead, and a pool of threads (one
+        per core but one) runs ``prepare(chunk)`` (e.g. the per-chunk arithmetic every metric shares) on the next
+        chunks, so reading, that arithmetic and the caller's work on an earlier chunk overlap (pyarrow, the compiled
+        kernels and torch release the GIL). Chunks come out in file order whatever the pool's size.
         """
         import torch
 
         device = torch.device(device)
-        built = self._built_chunks(device, prepare)
-        yield from _prefetched(built, prefetch) if prefetch > 0 else built
+        if prefetch <= 0:
+            yield from self._built_chunks(device, prepare)
+        elif prepare is None:
+            yield from _prefetched(self._built_chunks(device, None), prefetch)
+        else:
+            workers = _prepare_workers()
+            built = _prefetched(self._built_chunks(device, None), max(prefetch, workers))
+            yield from _prepared(built, prepare, workers)
         if self.parts is None:  # the whole input was read here (a worker's part is finished by the driver)
             self.log.finish()
 
@@ -907,7 +915,8 @@ def _text_lookup(text: pa.Array, offsets: np.ndarray):
 
 
 def _prefetched(blocks: Iterator, depth: int) -> Iterator:
-    """Run ``blocks`` in a thread (Parquet decoding releases the GIL), ``depth`` items ahead."""
+    """Run ``blocks`` in a thread (Parquet decoding releases the GIL), ``depth`` items ahead. A consumer that stops
+    early closes ``blocks`` too (an earlier stage of a pipeline stops its own thread)."""
     items: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
     done = object()
@@ -922,10 +931,15 @@ def _prefetched(blocks: Iterator, depth: int) -> Iterator:
                     except queue.Full:
                         continue
                 if stop.is_set():
-                    return
-            items.put(done)
+                    break
+            else:
+                items.put(done)
         except BaseException as exc:  # handed to the consumer, raised there
             items.put(exc)
+        finally:
+            close = getattr(blocks, "close", None)
+            if close is not None:
+                close()
 
     thread = threading.Thread(target=produce, name="rollout-diag-reader", daemon=True)
     thread.start()
@@ -939,6 +953,41 @@ def _prefetched(blocks: Iterator, depth: int) -> Iterator:
             yield item
     finally:
         stop.set()
+
+
+def _prepare_workers() -> int:
+    """Threads that prepare chunks: one per core but one (the reader's), at least one."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores - 1)
+
+
+def _prepared(
+    chunks: Iterator[tuple[Chunk, int]], prepare: Callable[[Chunk], None], workers: int
+) -> Iterator[tuple[Chunk, int]]:
+    """The items of ``chunks`` in order, each after ``prepare(chunk)``, which a pool of ``workers`` threads runs on
+    the chunks after the one handed out (each chunk is prepared on its own: the pool changes no digit)."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    pending: deque[tuple[Future, tuple[Chunk, int]]] = deque()
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="rollout-diag-prepare")
+    try:
+        for item in chunks:
+            pending.append((pool.submit(prepare, item[0]), item))
+            if len(pending) > workers:  # a chunk in every worker's hands and one more waiting
+                future, ready = pending.popleft()
+                future.result()  # raises what prepare raised
+                yield ready
+        while pending:
+            future, ready = pending.popleft()
+            future.result()
+            yield ready
+    finally:
+        for future, _ in pending:
+            future.cancel()
+        pool.shutdown(wait=True)
+        close = getattr(chunks, "close", None)
+        if close is not None:  # stops the reader's thread when the caller stops early
+            close()
 
 
 # ---------------------------------------------------------------------------------- row groups
