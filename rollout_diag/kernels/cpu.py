@@ -496,6 +496,8 @@ def hint_rows(
         continues = s + 1 < segments and row[s + 1] == i and rounds[s + 1] == rounds[s]
         row_ends = s + 1 == segments or row[s + 1] != i
         lo, n = raw[s], length[s]
+        # the row's running sums of the per-token columns in registers over the segment (same additions, same order)
+        zeros, zero_runs, shift_next, shift_prev, copied = out[i, 10], out[i, 11], out[i, 8], out[i, 9], out[i, 12]
         for k in range(n):
             t = lo + k
             a, r = trainer[t], rollout[t]
@@ -518,11 +520,11 @@ def hint_rows(
             zero = (r == 0.0 and a < log_half) or (a == 0.0 and r < log_half)
             counted = False
             if zero:
-                out[i, 10] += 1.0
+                zeros += 1.0
                 if prev_zero:
                     if not prev_counted:
-                        out[i, 11] += 1.0
-                    out[i, 11] += 1.0
+                        zero_runs += 1.0
+                    zero_runs += 1.0
                     counted = True
             prev_zero, prev_counted = zero, counted
             if k == n - 1 and not continues:  # the round's last token
@@ -536,10 +538,11 @@ def hint_rows(
                         out[i, 6] = y2
                 continue
             a1, r1 = trainer[t + 1], rollout[t + 1]  # the next token of the round
-            out[i, 8] += abs(a1 - r)
-            out[i, 9] += abs(a - r1)
+            shift_next += abs(a1 - r)
+            shift_prev += abs(a - r1)
             if (r1 == r and r1 != 0.0 and abs(a1 - a) > gap) or (a1 == a and a1 != 0.0 and abs(r1 - r) > gap):
-                out[i, 12] += 1.0
+                copied += 1.0
+        out[i, 10], out[i, 11], out[i, 8], out[i, 9], out[i, 12] = zeros, zero_runs, shift_next, shift_prev, copied
     return out, buckets
 
 
