@@ -91,3 +91,29 @@ def test_the_analysis_does_not_depend_on_the_pool(dump, monkeypatch):
         monkeypatch.setattr(reader_module, "_prepare_workers", lambda workers=workers: workers)
         documents.append(rd.analyze(dump, device="cpu", chunk_tokens=50, top_k=5).to_json())
     assert documents[0] == documents[1]
+
+
+def _most_at_once(reader: DumpReader) -> int:
+    """The most chunks ``prepare`` ran on at the same time while ``reader`` was read."""
+    lock, active, most = threading.Lock(), [0], [0]
+
+    def slow(chunk) -> None:
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        time.sleep(0.01)
+        with lock:
+            active[0] -= 1
+
+    for _ in reader.chunks(CPU, prefetch=1, prepare=slow):
+        pass
+    return most[0]
+
+
+def test_a_worker_process_prepares_one_chunk_at_a_time(dump, monkeypatch):
+    """Worker processes (a reader of one part) already use every core: their pool is one thread."""
+    monkeypatch.setattr(reader_module, "_prepare_workers", lambda: 4)
+    assert _most_at_once(DumpReader([str(dump)], chunk_tokens=40)) > 1
+    groups = DumpReader([str(dump)]).files[0].parquet.metadata.num_row_groups
+    part = DumpReader([str(dump)], chunk_tokens=40, parts={str(dump): list(range(groups))})
+    assert _most_at_once(part) == 1

@@ -694,9 +694,10 @@ class DumpReader:
         """Yield (chunk, file rows consumed so far) on ``device``.
 
         With ``prefetch`` > 0 a reader thread decodes, validates and builds chunks ahead, and a pool of threads (one
-        per core but one) runs ``prepare(chunk)`` (e.g. the per-chunk arithmetic every metric shares) on the next
-        chunks, so reading, that arithmetic and the caller's work on an earlier chunk overlap (pyarrow, the compiled
-        kernels and torch release the GIL). Chunks come out in file order whatever the pool's size.
+        per core but one; one in a worker process, which reads a part beside other workers) runs ``prepare(chunk)``
+        (e.g. the per-chunk arithmetic every metric shares) on the next chunks, so reading, that arithmetic and the
+        caller's work on an earlier chunk overlap (pyarrow, the compiled kernels and torch release the GIL). Chunks
+        come out in file order whatever the pool's size.
         """
         import torch
 
@@ -706,7 +707,7 @@ class DumpReader:
         elif prepare is None:
             yield from _prefetched(self._built_chunks(device, None), prefetch)
         else:
-            workers = _prepare_workers()
+            workers = _prepare_workers() if self.parts is None else 1
             built = _prefetched(self._built_chunks(device, None), max(prefetch, workers))
             yield from _prepared(built, prepare, workers)
         if self.parts is None:  # the whole input was read here (a worker's part is finished by the driver)
