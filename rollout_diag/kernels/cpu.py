@@ -360,10 +360,15 @@ def segment_pass(
 
 
 @njit(**_FLAGS)
-def segment_count_above(trainer: np.ndarray, rollout: np.ndarray, raw: np.ndarray, length: np.ndarray, bound: float):
-    """Per segment: model tokens with |a − r| > bound (float64 [S], exact counts)."""
+def segment_count_above(
+    trainer: np.ndarray, rollout: np.ndarray, raw: np.ndarray, length: np.ndarray, largest: np.ndarray, bound: float
+):
+    """Per segment: model tokens with |a − r| > bound (float64 [S], exact counts). ``largest``: each segment's max
+    |a − r| (the fused pass's): a segment whose max is not above the bound is not read."""
     out = np.zeros(raw.shape[0])
     for s in range(raw.shape[0]):
+        if not largest[s] > bound:
+            continue
         lo = raw[s]
         count = 0
         for t in range(lo, lo + length[s]):
@@ -548,11 +553,20 @@ def hint_rows(
 
 @njit(**_FLAGS)
 def tokens_at_least(
-    trainer: np.ndarray, rollout: np.ndarray, raw: np.ndarray, model: np.ndarray, length: np.ndarray, floor: float
+    trainer: np.ndarray,
+    rollout: np.ndarray,
+    raw: np.ndarray,
+    model: np.ndarray,
+    length: np.ndarray,
+    largest: np.ndarray,
+    floor: float,
 ):
-    """Model-token indices (ascending) and |δ| of the tokens with |a − r| ≥ floor: the worst-token prefilter."""
+    """Model-token indices (ascending) and |δ| of the tokens with |a − r| ≥ floor: the worst-token prefilter.
+    ``largest``: each segment's max |a − r| (the fused pass's): a segment whose max is below the floor is not read."""
     count = 0
     for s in range(raw.shape[0]):
+        if not largest[s] >= floor:
+            continue
         for t in range(raw[s], raw[s] + length[s]):
             if abs(trainer[t] - rollout[t]) >= floor:
                 count += 1
@@ -560,6 +574,8 @@ def tokens_at_least(
     values = np.empty(count)
     found = 0
     for s in range(raw.shape[0]):
+        if not largest[s] >= floor:
+            continue
         lo = raw[s]
         for t in range(lo, lo + length[s]):
             value = abs(trainer[t] - rollout[t])
