@@ -26,6 +26,7 @@ from rollout_diag.metrics.debug import DebugAccumulator
 from rollout_diag.metrics.dialects import DEFAULT as DEFAULT_DIALECT
 from rollout_diag.metrics.dialects import DialectsAccumulator, dilution_warning
 from rollout_diag.metrics.hints import HintEvidenceAccumulator
+from rollout_diag.metrics.hints import prepare as prepare_hint_evidence
 from rollout_diag.metrics.localize import DEFAULT_CATASTROPHIC, DEFAULT_TOP_K, PositionAccumulator, WorstTracker
 from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
 from rollout_diag.metrics.outcome import CorrectionAnalysis
@@ -120,8 +121,10 @@ class Analysis:
         self.worst = WorstTracker(self.top_k, self.catastrophic)
 
     def prepare(self, chunk: Chunk) -> None:
-        """The per-token quantities the families read, built in the reader's thread (``run_chunks``)."""
+        """The per-token quantities the families read and the hint evidence, built in the reader's pipeline
+        (``run_chunks``)."""
         prepare(chunk, OFFPOLICY_QUANTITIES if self.offpolicy_only else ANALYSIS_QUANTITIES)
+        prepare_hint_evidence(chunk)
 
     @property
     def families(self) -> tuple[StepAccumulator, ...]:

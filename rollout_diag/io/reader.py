@@ -16,8 +16,10 @@ Memory: one record batch per file at a time (a row group is decoded at once by P
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from numbers import Integral
 from pathlib import Path
@@ -42,7 +44,7 @@ from rollout_diag.io.opening import (
 )
 from rollout_diag.io.readlog import ZERO_ROLLOUT_TRAINER_BELOW, ReadLog, row_keys
 from rollout_diag.io.sources import Source
-from rollout_diag.io.validate import validate_block
+from rollout_diag.io.validate import MAX_POSITIVE_LOGPROB, validate_block
 from rollout_diag.paths import names_file
 
 if TYPE_CHECKING:  # torch is imported when the first chunk is built: opening files and their errors come first
@@ -282,15 +284,23 @@ class DumpReader:
     ) -> Iterator[tuple[Chunk, int]]:
         """Yield (chunk, file rows consumed so far) on ``device``.
 
-        With ``prefetch`` > 0 a reader thread decodes, validates and builds up to ``prefetch`` chunks ahead, and
-        runs ``prepare(chunk)`` (e.g. the per-chunk bookkeeping every metric shares) there too, so reading
-        overlaps the arithmetic of the previous chunk on another core (pyarrow and torch release the GIL).
+        With ``prefetch`` > 0 a reader thread decodes, validates and builds chunks ahead, and a pool of threads (one
+        per core but one; one in a worker process, which reads a part beside other workers) runs ``prepare(chunk)``
+        (e.g. the per-chunk arithmetic every metric shares) on the next chunks, so reading, that arithmetic and the
+        caller's work on an earlier chunk overlap (pyarrow, the compiled kernels and torch release the GIL). Chunks
+        come out in file order whatever the pool's size.
         """
         import torch
 
         device = torch.device(device)
-        built = self._built_chunks(device, prepare)
-        yield from _prefetched(built, prefetch) if prefetch > 0 else built
+        if prefetch <= 0:
+            yield from self._built_chunks(device, prepare)
+        elif prepare is None:
+            yield from _prefetched(self._built_chunks(device, None), prefetch)
+        else:
+            workers = _prepare_workers() if self.parts is None else 1
+            built = _prefetched(self._built_chunks(device, None), max(prefetch, workers))
+            yield from _prepared(built, prepare, workers)
         if self.parts is None:  # the whole input was read here (a worker's part is finished by the driver)
             self.log.finish()
 
@@ -326,9 +336,11 @@ class DumpReader:
 
         from rollout_diag.io.chunk import Chunk
 
-        block = validate_block(block, self.log, self.strict)
-        if block is None:
-            return None
+        scanned = None if block.skipped else _scanned(block, device)
+        if scanned is None:  # the exact check, which finds and records the bad rows
+            block = validate_block(block, self.log, self.strict)
+            if block is None:
+                return None
         file_index, has_ids = self._file_index[block.file]
         if block.mask is None:
             counts = self.log.unmasked.setdefault(block.file, [0, 0])
@@ -337,16 +349,19 @@ class DumpReader:
         if has_ids:
             self.log.row_keys.append(row_keys(block.step, block.sample_id))
             self.log.row_places.append(np.stack([np.full(len(block.file_row), file_index), block.file_row], axis=1))
-        # torch.tensor copies: Arrow's buffers are read-only, and the fill below writes in place.
-        trainer = torch.tensor(block.trainer, dtype=torch.float64, device=device)
-        rollout = torch.tensor(block.rollout, dtype=torch.float64, device=device)
-        if block.mask is None:
-            mask = torch.ones(len(block.trainer), dtype=torch.bool, device=device)
+        if scanned is not None:
+            trainer, rollout, mask = scanned
         else:
-            mask = torch.tensor(block.mask == 1, device=device)
-        # Environment tokens never enter a metric; zero them so NaN fill values there cannot leak in.
-        trainer.masked_fill_(~mask, 0.0)
-        rollout.masked_fill_(~mask, 0.0)
+            # torch.tensor copies: Arrow's buffers are read-only, and the fill below writes in place.
+            trainer = torch.tensor(block.trainer, dtype=torch.float64, device=device)
+            rollout = torch.tensor(block.rollout, dtype=torch.float64, device=device)
+            if block.mask is None:
+                mask = torch.ones(len(block.trainer), dtype=torch.bool, device=device)
+            else:
+                mask = torch.tensor(block.mask == 1, device=device)
+            # Environment tokens never enter a metric; zero them so NaN fill values there cannot leak in.
+            trainer.masked_fill_(~mask, 0.0)
+            rollout.masked_fill_(~mask, 0.0)
         offsets = np.zeros(len(block.lengths) + 1, dtype=np.int64)
         np.cumsum(block.lengths, out=offsets[1:])
         text = block.token_text
@@ -364,6 +379,41 @@ class DumpReader:
             policy_version=None if block.policy_version is None else torch.tensor(block.policy_version, device=device),
             extra=_chunk_extra(block),
         )
+
+
+def _scanned(block: Block, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(trainer, rollout, mask) tensors of a clean block from one compiled scan that converts, zeroes environment
+    tokens and flags bad values at once (the numba engine's CPU chunks; ``kernels.cpu.checked_model_values``), the
+    same tensors ``_validated_chunk`` builds otherwise. None where the scan does not apply (another device or
+    engine, a dtype it is not compiled for) or where it flags anything: ``validate_block`` then finds the rows and
+    records them with its messages, exactly as without the scan."""
+    import torch
+
+    from rollout_diag.kernels import compiled, kernel_for
+
+    trainer, rollout, mask = block.trainer, block.rollout, block.mask
+    if device.type != "cpu" or not kernel_for("cpu") or not len(block.lengths):
+        return None
+    if trainer.dtype != rollout.dtype or trainer.dtype not in (np.float32, np.float64):
+        return None
+    if mask is not None and mask.dtype.kind not in "biu":
+        return None
+    kernels = compiled()
+    # numpy compares a float32 array with the tolerance rounded to float32; as float64 that bound is exact
+    limit = float(trainer.dtype.type(MAX_POSITIVE_LOGPROB))
+    trainer, rollout = np.ascontiguousarray(trainer), np.ascontiguousarray(rollout)
+    if mask is None:
+        trainer, rollout, clean = kernels.checked_values(trainer, rollout, limit)
+        model = np.ones(len(trainer), dtype=bool)
+    else:
+        if mask.dtype.itemsize == 1:  # bool, int8 and uint8 share one compiled scan (-1 reads 255: flagged)
+            mask = mask.view(np.uint8)
+        trainer, rollout, model, clean = kernels.checked_model_values(
+            trainer, rollout, np.ascontiguousarray(mask), limit
+        )
+    if not clean:
+        return None
+    return torch.from_numpy(trainer), torch.from_numpy(rollout), torch.from_numpy(model)
 
 
 def _chunk_extra(block: Block) -> dict[str, ExtraColumn]:
@@ -385,7 +435,8 @@ def _text_lookup(text: pa.Array, offsets: np.ndarray):
 
 
 def _prefetched(blocks: Iterator, depth: int) -> Iterator:
-    """Run ``blocks`` in a thread (Parquet decoding releases the GIL), ``depth`` items ahead."""
+    """Run ``blocks`` in a thread (Parquet decoding releases the GIL), ``depth`` items ahead. A consumer that stops
+    early closes ``blocks`` too (an earlier stage of a pipeline stops its own thread)."""
     items: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
     done = object()
@@ -400,10 +451,15 @@ def _prefetched(blocks: Iterator, depth: int) -> Iterator:
                     except queue.Full:
                         continue
                 if stop.is_set():
-                    return
-            items.put(done)
+                    break
+            else:
+                items.put(done)
         except BaseException as exc:  # handed to the consumer, raised there
             items.put(exc)
+        finally:
+            close = getattr(blocks, "close", None)
+            if close is not None:
+                close()
 
     thread = threading.Thread(target=produce, name="rollout-diag-reader", daemon=True)
     thread.start()
@@ -417,6 +473,41 @@ def _prefetched(blocks: Iterator, depth: int) -> Iterator:
             yield item
     finally:
         stop.set()
+
+
+def _prepare_workers() -> int:
+    """Threads that prepare chunks: one per core but one (the reader's), at least one."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores - 1)
+
+
+def _prepared(
+    chunks: Iterator[tuple[Chunk, int]], prepare: Callable[[Chunk], None], workers: int
+) -> Iterator[tuple[Chunk, int]]:
+    """The items of ``chunks`` in order, each after ``prepare(chunk)``, which a pool of ``workers`` threads runs on
+    the chunks after the one handed out (each chunk is prepared on its own: the pool changes no digit)."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    pending: deque[tuple[Future, tuple[Chunk, int]]] = deque()
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="rollout-diag-prepare")
+    try:
+        for item in chunks:
+            pending.append((pool.submit(prepare, item[0]), item))
+            if len(pending) > workers:  # a chunk in every worker's hands and one more waiting
+                future, ready = pending.popleft()
+                future.result()  # raises what prepare raised
+                yield ready
+        while pending:
+            future, ready = pending.popleft()
+            future.result()
+            yield ready
+    finally:
+        for future, _ in pending:
+            future.cancel()
+        pool.shutdown(wait=True)
+        close = getattr(chunks, "close", None)
+        if close is not None:  # stops the reader's thread when the caller stops early
+            close()
 
 
 __all__ = ["DEFAULT_CHUNK_TOKENS", "DumpReader", "ReadLog", "RolloutDiagError"]

@@ -117,53 +117,117 @@ def _block(values: np.ndarray, lo: int, n: int) -> float:
     return total
 
 
+@njit(**_INLINE)
+def _bad_logprob(value: float, positive_max: float) -> bool:
+    """NaN, ±inf or above ``positive_max``; written without branches, so the scan's loop has none."""
+    return (value != value) | (value > positive_max) | (value == -np.inf)
+
+
+@njit(**_FLAGS)
+def checked_model_values(trainer: np.ndarray, rollout: np.ndarray, mask: np.ndarray, positive_max: float):
+    """A block's logprobs as float64 with environment tokens (mask 0) zeroed, its model-token mask (bool), and
+    whether it is clean: every mask value 0 or 1, both logprobs of every model token finite and ≤ ``positive_max``
+    (the tolerance as the values' own dtype rounds it: a float32 value compares as ``io.reader._validate``'s numpy
+    comparison does). It only flags: a block that is not clean goes through ``_validate``, which finds the rows and
+    says what is wrong where."""
+    tokens = trainer.shape[0]
+    out_trainer = np.empty(tokens)
+    out_rollout = np.empty(tokens)
+    model = np.empty(tokens, np.bool_)
+    bad = False
+    for t in range(tokens):
+        m = mask[t]
+        kept = m == 1
+        a = np.float64(trainer[t]) if kept else 0.0
+        r = np.float64(rollout[t]) if kept else 0.0
+        bad |= ((m != 0) & ~kept) | _bad_logprob(a, positive_max) | _bad_logprob(r, positive_max)
+        out_trainer[t] = a
+        out_rollout[t] = r
+        model[t] = kept
+    return out_trainer, out_rollout, model, not bad
+
+
+@njit(**_FLAGS)
+def checked_values(trainer: np.ndarray, rollout: np.ndarray, positive_max: float):
+    """``checked_model_values`` of a block without a mask column (every token a model token): float64 copies and
+    whether every logprob is finite and ≤ ``positive_max``."""
+    tokens = trainer.shape[0]
+    out_trainer = np.empty(tokens)
+    out_rollout = np.empty(tokens)
+    bad = False
+    for t in range(tokens):
+        a, r = np.float64(trainer[t]), np.float64(rollout[t])
+        bad |= _bad_logprob(a, positive_max) | _bad_logprob(r, positive_max)
+        out_trainer[t] = a
+        out_rollout[t] = r
+    return out_trainer, out_rollout, not bad
+
+
+@njit(**_INLINE)
+def _bits(p: int) -> int:
+    """0 → 0, 1 → 1, 2–3 → 2, 4–7 → 3, …: the position bucket of position ``p``."""
+    b = 0
+    while (p >> b) > 0:
+        b += 1
+    return b
+
+
 @njit(**_FLAGS)
 def segment_layout(mask: np.ndarray, offsets: np.ndarray):
     """The segments of a chunk: maximal runs of model tokens (mask 1) in one row, one round (run without a skipped
     token) and one log2 position bucket. Returns int64 arrays [S]: raw start (index into the chunk's tokens), model
-    start (index into its model tokens), length, row, position bucket, round."""
+    start (index into its model tokens), length, row, position bucket, round.
+
+    One scan of the mask finds the runs of model tokens; the rest is work per run: a run [p0, p1) of a row's
+    positions is one round, cut where a position is a power of two (a new bucket)."""
     rows = offsets.shape[0] - 1
+    # runs: at most one per row plus one per environment token (untouched pages of np.empty cost nothing)
+    run_start = np.empty(mask.shape[0] + 1, np.int64)
+    run_end = np.empty(mask.shape[0] + 1, np.int64)
+    run_row = np.empty(mask.shape[0] + 1, np.int64)
+    runs = 0
     count = 0
     for i in range(rows):
-        lo = offsets[i]
-        previous = -2
-        for t in range(lo, offsets[i + 1]):
-            if mask[t]:
-                p = t - lo
-                if p != previous + 1 or (p & (p - 1)) == 0:
-                    count += 1
-                previous = p
+        lo, hi = offsets[i], offsets[i + 1]
+        t = lo
+        while t < hi:
+            if not mask[t]:
+                t += 1
+                continue
+            end = t
+            while end < hi and mask[end]:
+                end += 1
+            run_start[runs], run_end[runs], run_row[runs] = t, end, i
+            runs += 1
+            # the run's first position, and every power of two after it and before its end, opens a segment
+            count += 1 + max(_bits(end - lo - 1) - _bits(t - lo), 0)
+            t = end
     raw = np.empty(count, np.int64)
     model = np.empty(count, np.int64)
-    length = np.zeros(count, np.int64)
+    length = np.empty(count, np.int64)
     row = np.empty(count, np.int64)
     bucket = np.empty(count, np.int64)
     rounds = np.empty(count, np.int64)
-    s = -1
+    s = 0
     seen = 0
-    for i in range(rows):
+    current_round = -1
+    for k in range(runs):
+        i = run_row[k]
+        current_round = 0 if k == 0 or run_row[k - 1] != i else current_round + 1
         lo = offsets[i]
-        previous = -2
-        current_round = -1
-        for t in range(lo, offsets[i + 1]):
-            if mask[t]:
-                p = t - lo
-                gap = p != previous + 1
-                if gap or (p & (p - 1)) == 0:
-                    s += 1
-                    if gap:
-                        current_round += 1
-                    raw[s] = t
-                    model[s] = seen
-                    row[s] = i
-                    b = 0
-                    while (p >> b) > 0:
-                        b += 1
-                    bucket[s] = b
-                    rounds[s] = current_round
-                length[s] += 1
-                seen += 1
-                previous = p
+        p, p_end = run_start[k] - lo, run_end[k] - lo
+        while p < p_end:
+            b = _bits(p)
+            cut = min(p_end, 1 << b) if p > 0 else 1  # the next power of two after p
+            raw[s] = lo + p
+            model[s] = seen
+            length[s] = cut - p
+            row[s] = i
+            bucket[s] = b
+            rounds[s] = current_round
+            seen += cut - p
+            s += 1
+            p = cut
     return raw, model, length, row, bucket, rounds
 
 
@@ -296,10 +360,15 @@ def segment_pass(
 
 
 @njit(**_FLAGS)
-def segment_count_above(trainer: np.ndarray, rollout: np.ndarray, raw: np.ndarray, length: np.ndarray, bound: float):
-    """Per segment: model tokens with |a − r| > bound (float64 [S], exact counts)."""
+def segment_count_above(
+    trainer: np.ndarray, rollout: np.ndarray, raw: np.ndarray, length: np.ndarray, largest: np.ndarray, bound: float
+):
+    """Per segment: model tokens with |a − r| > bound (float64 [S], exact counts). ``largest``: each segment's max
+    |a − r| (the fused pass's): a segment whose max is not above the bound is not read."""
     out = np.zeros(raw.shape[0])
     for s in range(raw.shape[0]):
+        if not largest[s] > bound:
+            continue
         lo = raw[s]
         count = 0
         for t in range(lo, lo + length[s]):
@@ -432,6 +501,8 @@ def hint_rows(
         continues = s + 1 < segments and row[s + 1] == i and rounds[s + 1] == rounds[s]
         row_ends = s + 1 == segments or row[s + 1] != i
         lo, n = raw[s], length[s]
+        # the row's running sums of the per-token columns in registers over the segment (same additions, same order)
+        zeros, zero_runs, shift_next, shift_prev, copied = out[i, 10], out[i, 11], out[i, 8], out[i, 9], out[i, 12]
         for k in range(n):
             t = lo + k
             a, r = trainer[t], rollout[t]
@@ -454,11 +525,11 @@ def hint_rows(
             zero = (r == 0.0 and a < log_half) or (a == 0.0 and r < log_half)
             counted = False
             if zero:
-                out[i, 10] += 1.0
+                zeros += 1.0
                 if prev_zero:
                     if not prev_counted:
-                        out[i, 11] += 1.0
-                    out[i, 11] += 1.0
+                        zero_runs += 1.0
+                    zero_runs += 1.0
                     counted = True
             prev_zero, prev_counted = zero, counted
             if k == n - 1 and not continues:  # the round's last token
@@ -472,20 +543,30 @@ def hint_rows(
                         out[i, 6] = y2
                 continue
             a1, r1 = trainer[t + 1], rollout[t + 1]  # the next token of the round
-            out[i, 8] += abs(a1 - r)
-            out[i, 9] += abs(a - r1)
+            shift_next += abs(a1 - r)
+            shift_prev += abs(a - r1)
             if (r1 == r and r1 != 0.0 and abs(a1 - a) > gap) or (a1 == a and a1 != 0.0 and abs(r1 - r) > gap):
-                out[i, 12] += 1.0
+                copied += 1.0
+        out[i, 10], out[i, 11], out[i, 8], out[i, 9], out[i, 12] = zeros, zero_runs, shift_next, shift_prev, copied
     return out, buckets
 
 
 @njit(**_FLAGS)
 def tokens_at_least(
-    trainer: np.ndarray, rollout: np.ndarray, raw: np.ndarray, model: np.ndarray, length: np.ndarray, floor: float
+    trainer: np.ndarray,
+    rollout: np.ndarray,
+    raw: np.ndarray,
+    model: np.ndarray,
+    length: np.ndarray,
+    largest: np.ndarray,
+    floor: float,
 ):
-    """Model-token indices (ascending) and |δ| of the tokens with |a − r| ≥ floor: the worst-token prefilter."""
+    """Model-token indices (ascending) and |δ| of the tokens with |a − r| ≥ floor: the worst-token prefilter.
+    ``largest``: each segment's max |a − r| (the fused pass's): a segment whose max is below the floor is not read."""
     count = 0
     for s in range(raw.shape[0]):
+        if not largest[s] >= floor:
+            continue
         for t in range(raw[s], raw[s] + length[s]):
             if abs(trainer[t] - rollout[t]) >= floor:
                 count += 1
@@ -493,6 +574,8 @@ def tokens_at_least(
     values = np.empty(count)
     found = 0
     for s in range(raw.shape[0]):
+        if not largest[s] >= floor:
+            continue
         lo = raw[s]
         for t in range(lo, lo + length[s]):
             value = abs(trainer[t] - rollout[t])

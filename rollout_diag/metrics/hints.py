@@ -278,6 +278,12 @@ def _evidence(chunk: Chunk) -> _ChunkEvidence:
     return found
 
 
+def prepare(chunk: Chunk) -> None:
+    """Build the chunk's hint evidence ahead of the accumulator (``passes.Analysis.prepare`` runs this in the
+    reader's pipeline, off the thread that updates the families)."""
+    _evidence(chunk)
+
+
 def probability_bucket(rollout: torch.Tensor) -> torch.Tensor:
     """Index of each rollout logprob's probability bucket (0: p ≥ 0.9 … 4: p < 0.01): the edges above it."""
     # a comparison per edge: 4× faster than bucketize's binary search over four edges on the CPU

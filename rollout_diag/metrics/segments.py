@@ -723,7 +723,8 @@ class KernelStats(ChunkStats):
             return super().largest_tokens(name, floor)
         trainer, rollout = self._raw
         raw, model, length, *_ = self._layout
-        index, values = compiled().tokens_at_least(trainer, rollout, raw, model, length, floor)
+        largest = self.segment_max("abs_log_ratio").numpy()
+        index, values = compiled().tokens_at_least(trainer, rollout, raw, model, length, largest, floor)
         return torch.from_numpy(index), torch.from_numpy(values)
 
     def token_locations(self, tokens: list[int]) -> list[tuple[int, int]]:
@@ -759,7 +760,8 @@ class KernelStats(ChunkStats):
             elif bound is not None:
                 trainer, rollout = self._raw
                 raw, _, length, *_ = self._layout
-                found = torch.from_numpy(compiled().segment_count_above(trainer, rollout, raw, length, bound))
+                largest = self.segment_max("abs_log_ratio").numpy()
+                found = torch.from_numpy(compiled().segment_count_above(trainer, rollout, raw, length, largest, bound))
             else:
                 found = self._kernel_sum(name)
                 if found is None:
