@@ -127,9 +127,9 @@ def _bad_logprob(value: float, positive_max: float) -> bool:
 def checked_model_values(trainer: np.ndarray, rollout: np.ndarray, mask: np.ndarray, positive_max: float):
     """A block's logprobs as float64 with environment tokens (mask 0) zeroed, its model-token mask (bool), and
     whether it is clean: every mask value 0 or 1, both logprobs of every model token finite and ≤ ``positive_max``
-    (the tolerance as the values' own dtype rounds it: a float32 value compares as ``io.validate.validate_block``'s numpy
-    comparison does). It only flags: a block that is not clean goes through ``validate_block``, which finds the rows and
-    says what is wrong where."""
+    (the tolerance as the values' own dtype rounds it: a float32 value compares as the numpy comparison of
+    ``io.validate.validate_block`` does). It only flags: a block that is not clean goes through ``validate_block``,
+    which finds the rows and says what is wrong where."""
     tokens = trainer.shape[0]
     out_trainer = np.empty(tokens)
     out_rollout = np.empty(tokens)
