@@ -85,6 +85,202 @@ class StepResult:
         return cls(raw.get("step"), raw["rows"], raw["tokens"], metrics, raw.get("empty_rows", 0), dialects)
 
 
+# ----------------------------------------------------------------------- per-step values as columns
+# One group of keys a set of steps reports together: (steps that report them: bool [S], key -> values [S]); the values
+# are a float64 array (each read back as a Python float) or an object array (values kept as the family gave them).
+KeyColumns = tuple[np.ndarray, dict[str, np.ndarray]]
+
+
+class MetricColumns:
+    """Per-step ``name -> value`` dicts held as columns: key groups in order. Step ``i``'s dict is the groups that
+    report at ``i``, folded in order as ``dict.update`` would (a key keeps its first place and takes its last
+    value); ``order`` (name -> rank) then moves the ranked names first, by rank (a framework's declared order)."""
+
+    __slots__ = ("groups", "order", "reports", "where")
+
+    def __init__(self, groups: Sequence[KeyColumns], count: int, order: Mapping[str, int] | None = None) -> None:
+        self.groups: tuple[KeyColumns, ...] = tuple(
+            (np.asarray(present, dtype=bool), dict(values)) for present, values in groups if values
+        )
+        self.order = dict(order) if order else None
+        self.where: dict[str, tuple[int, ...]] = {}  # name -> the groups holding it, in order
+        for index, (_, values) in enumerate(self.groups):
+            for name in values:
+                self.where[name] = (*self.where.get(name, ()), index)
+        reports = np.zeros(count, dtype=bool)
+        for present, _ in self.groups:
+            reports |= present
+        self.reports = reports  # steps with at least one value
+
+    def __reduce__(self):
+        return (MetricColumns, (self.groups, self.reports.shape[0], self.order))
+
+    def row(self, index: int) -> dict[str, Any]:
+        """Step ``index``'s values as a plain dict."""
+        out: dict[str, Any] = {}
+        for present, values in self.groups:
+            if present[index]:
+                out.update((name, _scalar(column, index)) for name, column in values.items())
+        if self.order is not None and out:
+            rank, last = self.order, len(self.order)
+            out = {name: out[name] for name in sorted(out, key=lambda name: rank.get(name, last))}
+        return out
+
+    def value(self, name: str, index: int) -> Any:
+        """Step ``index``'s value of ``name``; KeyError when it has none."""
+        for group in reversed(self.where.get(name, ())):
+            present, values = self.groups[group]
+            if present[index]:
+                return _scalar(values[name], index)
+        raise KeyError(name)
+
+    def column(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(steps that report ``name``: bool [S], its values [S] as float64, NaN where absent)."""
+        present = np.zeros(self.reports.shape[0], dtype=bool)
+        values = np.full(self.reports.shape[0], math.nan)
+        for group in self.where.get(name, ()):
+            reports, columns = self.groups[group]
+            values[reports] = np.asarray(columns[name][reports], dtype=np.float64)
+            present |= reports
+        return present, values
+
+
+def _scalar(column: np.ndarray, index: int) -> Any:
+    return float(column[index]) if column.dtype == np.float64 else column[index]
+
+
+class RowMetrics(Mapping):
+    """One step's values, read from its MetricColumns on access (no dict per step is kept). Equal to the dict it
+    stands for (NaN to NaN too); pickles and copies as that dict."""
+
+    __slots__ = ("columns", "index")
+
+    def __init__(self, columns: MetricColumns, index: int) -> None:
+        self.columns, self.index = columns, index
+
+    def __getitem__(self, name: str) -> Any:
+        return self.columns.value(name, self.index)
+
+    def __contains__(self, name: object) -> bool:
+        return any(self.columns.groups[g][0][self.index] for g in self.columns.where.get(name, ()))  # type: ignore[arg-type]
+
+    def __iter__(self):
+        return iter(self.columns.row(self.index))
+
+    def __len__(self) -> int:
+        return len(self.columns.row(self.index))
+
+    def items(self):  # one fold, not a lookup per key
+        return self.columns.row(self.index).items()
+
+    def values(self):
+        return self.columns.row(self.index).values()
+
+    def __eq__(self, other: object) -> bool:
+        # as dict equality, but a NaN equals a NaN (a dict only compares its own NaN objects equal, and each read
+        # of a column makes a new one)
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        mine, theirs = self.columns.row(self.index), dict(other.items())
+        return mine.keys() == theirs.keys() and all(
+            value == theirs[name] or (value != value and theirs[name] != theirs[name]) for name, value in mine.items()
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self.columns.row(self.index))
+
+    def __reduce__(self):
+        return (dict, (self.columns.row(self.index),))
+
+
+class StepTable(Sequence):
+    """``AnalysisResult.steps`` as columns: the step ids, their rows, tokens and empty rows, the metric values and each
+    framework's dialect values; ``table[i]`` is a StepResult read from the columns (nothing per step is kept, so
+    200 000 steps cost their numbers, not 200 000 dicts). Equal to the list of StepResults it stands for."""
+
+    def __init__(
+        self,
+        steps: np.ndarray,
+        rows: np.ndarray,
+        tokens: np.ndarray,
+        empty_rows: np.ndarray,
+        metrics: MetricColumns,
+        dialects: Mapping[str, MetricColumns] | None = None,
+    ) -> None:
+        self.step_ids = np.asarray(steps, dtype=np.int64)
+        self.rows, self.tokens, self.empty_rows = (
+            np.asarray(column, dtype=np.int64) for column in (rows, tokens, empty_rows)
+        )
+        self.metrics = metrics
+        self.dialects = dict(dialects or {})
+        self._built: list[StepResult] | None = None
+
+    def __len__(self) -> int:
+        return int(self.step_ids.shape[0])
+
+    def __getitem__(self, index):  # type: ignore[override]
+        return self._steps()[index]
+
+    def __iter__(self):
+        return iter(self._steps())
+
+    def _steps(self) -> list[StepResult]:
+        # built once, so that a step is the same object each time it is read (renderers key steps by identity);
+        # each holds views into the columns, not dicts
+        if self._built is None:
+            self._built = [self._step(index) for index in range(len(self))]
+        return self._built
+
+    def _step(self, index: int) -> StepResult:
+        dialects = {
+            name: RowMetrics(columns, index) for name, columns in self.dialects.items() if columns.reports[index]
+        }
+        return StepResult(
+            int(self.step_ids[index]),
+            int(self.rows[index]),
+            int(self.tokens[index]),
+            RowMetrics(self.metrics, index),  # type: ignore[arg-type]
+            int(self.empty_rows[index]),
+            dialects,  # type: ignore[arg-type]
+        )
+
+    def column(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(steps that report metric ``name``: bool [S], its values [S] as float64, NaN where absent)."""
+        return self.metrics.column(name)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"StepTable({len(self)} steps)"
+
+    def __reduce__(self):
+        return (StepTable, (self.step_ids, self.rows, self.tokens, self.empty_rows, self.metrics, self.dialects))
+
+
+def metric_column(steps: Sequence[StepResult], name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps that report metric ``name``: bool [S], its values as float64, NaN where absent), from a StepTable's
+    columns or step by step from a list."""
+    if isinstance(steps, StepTable):
+        return steps.column(name)
+    present = np.array([name in step.metrics for step in steps], dtype=bool)
+    values = np.array([step.metrics.get(name, math.nan) for step in steps], dtype=np.float64)
+    return present, values
+
+
+def step_ids(steps: Sequence[StepResult]) -> np.ndarray:
+    """The step of each entry of ``steps`` (0 for the run's None), as int64."""
+    if isinstance(steps, StepTable):
+        return steps.step_ids
+    return np.array([step.step or 0 for step in steps], dtype=np.int64)
+
+
 @dataclass(frozen=True)
 class WorstRow:
     """A row ranked among the worst by ``criterion``; ``value`` is its score under that criterion."""
@@ -294,7 +490,7 @@ class AnalysisResult:
     layout: str
     device: str
     run: StepResult
-    steps: list[StepResult]
+    steps: list[StepResult]  # built by analyze: a StepTable (the same StepResults, held as columns)
     rounds: list[dict[str, Any]]
     verdicts: list[Verdict]
     # Localisation (where it diverges): see rollout_diag/metrics/localize.py.

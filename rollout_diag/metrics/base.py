@@ -24,6 +24,7 @@ import torch
 
 from rollout_diag.catalogue import CLAMP, EPS
 from rollout_diag.io.chunk import Chunk
+from rollout_diag.results import KeyColumns, MetricColumns
 
 State = dict[str, np.ndarray]
 
@@ -427,6 +428,78 @@ class StepStates(MutableMapping):
         self.owner.store = self.owner.store.subset(self.owner.store.steps != step)
 
 
+def groups_of_dicts(rows: Sequence[Mapping[str, Any]]) -> list[KeyColumns]:
+    """Per-step dicts as key groups: the steps that report the same keys in the same order share one group (values
+    in a float64 column when all are floats, else as given)."""
+    by_keys: dict[tuple[str, ...], list[int]] = {}
+    for index, row in enumerate(rows):
+        if row:
+            by_keys.setdefault(tuple(row), []).append(index)
+    groups: list[KeyColumns] = []
+    for names, members in by_keys.items():
+        present = np.zeros(len(rows), dtype=bool)
+        present[members] = True
+        values = {}
+        for name in names:
+            found = [rows[i][name] for i in members]
+            floats = all(type(v) is float for v in found)
+            column = np.zeros(len(rows)) if floats else np.empty(len(rows), dtype=object)
+            column[members] = found
+            values[_METRIC_NAMES.setdefault(name, name)] = column
+        groups.append((present, values))
+    return groups
+
+
+def _joined(parts: Sequence[Sequence[KeyColumns]], sizes: Sequence[int], count: int) -> list[KeyColumns]:
+    """Blocks of steps' key groups (block b: ``sizes[b]`` steps) as groups over all the steps. Blocks that give the
+    same keys group for group (a family's ``_finalize_columns``) are concatenated; otherwise each block's groups
+    stand alone, padded with steps that do not report them (a step belongs to one block: its keys and their order
+    are unchanged)."""
+    if not parts:
+        return []
+    shape = [tuple(values) for _, values in parts[0]]
+    if all([tuple(values) for _, values in part] == shape for part in parts):
+        return [
+            (
+                np.concatenate([part[g][0] for part in parts]),
+                {name: np.concatenate([part[g][1][name] for part in parts]) for name in shape[g]},
+            )
+            for g in range(len(shape))
+        ]
+    out: list[KeyColumns] = []
+    begin = 0
+    for size, part in zip(sizes, parts, strict=True):
+        for present, values in part:
+            wide_present = np.zeros(count, dtype=bool)
+            wide_present[begin : begin + size] = present
+            wide = {}
+            for name, column in values.items():
+                padded = np.zeros(count, dtype=column.dtype)
+                padded[begin : begin + size] = column
+                wide[name] = padded
+            out.append((wide_present, wide))
+        begin += size
+    return out
+
+
+def _widened(groups: Sequence[KeyColumns], at: np.ndarray | None, count: int) -> list[KeyColumns]:
+    """Groups over a table's own steps placed at positions ``at`` of ``count`` steps (None: as they are; a position
+    of ``count``: a step left out)."""
+    if at is None:
+        return list(groups)
+    out: list[KeyColumns] = []
+    for present, values in groups:
+        wide_present = np.zeros(count + 1, dtype=bool)
+        wide_present[at] = present
+        wide = {}
+        for name, column in values.items():
+            padded = np.zeros(count + 1, dtype=column.dtype)
+            padded[at] = column
+            wide[name] = padded[:count]
+        out.append((wide_present[:count], wide))
+    return out
+
+
 _METRIC_NAMES: dict[str, str] = {}  # one string per metric name (see StepAccumulator.finalize_steps)
 Columns = dict[str, Any]  # a block of steps: field -> [B, ...] (a list of B arrays for ``concat``)
 # (steps that report the keys: bool [B], key -> value [B] or a scalar)
@@ -503,6 +576,46 @@ class StepAccumulator(ABC):
                     rows[position].update(zip(names, row, strict=True))
             out.update(zip(steps, rows, strict=True))
         return out
+
+    def finalize_columns(self, steps: np.ndarray | None = None) -> MetricColumns:
+        """``finalize_steps`` as columns over ``steps`` (sorted, holding every step of the table; the table's steps
+        when None): the same values, the same keys in the same order per step, no dict per step."""
+        own = self.store.steps
+        count = own.shape[0] if steps is None else steps.shape[0]
+        at = None if steps is None else np.searchsorted(steps, own)
+        if at is not None:  # a step ``steps`` lacks (a restricted analysis beside an unrestricted dialect) is left out
+            inside = at < count
+            inside[inside] = steps[at[inside]] == own[inside]
+            at = np.where(inside, at, count)
+        parts: list[list[KeyColumns]] = []
+        sizes: list[int] = []
+        for block_steps, columns in self.store.blocks():
+            groups = self._finalize_columns(columns)
+            size = len(block_steps)
+            sizes.append(size)
+            if groups is None:  # step by step, grouped by the keys each step reports
+                names = list(columns)
+                finalized = [
+                    self._finalize(dict(zip(names, values, strict=True)))
+                    for values in zip(*(list(columns[n]) for n in names), strict=True)
+                ]
+                parts.append(groups_of_dicts(finalized))
+                continue
+            parts.append(
+                [
+                    (
+                        np.asarray(reports, dtype=bool),
+                        {
+                            _METRIC_NAMES.setdefault(name, name): np.broadcast_to(
+                                np.asarray(value, np.float64), (size,)
+                            )
+                            for name, value in values.items()
+                        },
+                    )
+                    for reports, values in groups
+                ]
+            )
+        return MetricColumns(_widened(_joined(parts, sizes, own.shape[0]), at, count), count)
 
     def finalize_run(self) -> dict[str, float]:
         state = self.run_state()

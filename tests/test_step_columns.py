@@ -1,0 +1,128 @@
+"""Per-step results held as columns (issue 20, item 3): ``analyze`` keeps every step's metrics and dialect values
+in one column per key, not a dict per step, and gives exactly (same digits, keys, key order and types) what the
+step-by-step finalize gives; the judgements read the columns and find what they found step by step."""
+
+from __future__ import annotations
+
+import copy
+import math
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from dumps import random_rows, seq_row, write_sequence_dump
+from test_many_steps import tiny_rows
+
+from rollout_diag.decisions import trends
+from rollout_diag.decisions.verdict import step_levels, step_levels_of
+from rollout_diag.engine import analyze, step_table
+from rollout_diag.io.reader import DumpReader
+from rollout_diag.metrics.dialects import resolve
+from rollout_diag.passes import Analysis, run_chunks
+from rollout_diag.results import AnalysisResult, RowMetrics, StepResult, StepTable
+
+
+def _plain(step: StepResult) -> StepResult:
+    """The StepResult with plain dicts (what Analysis.step_results builds)."""
+    dialects = {name: dict(values) for name, values in step.dialects.items()}
+    return StepResult(step.step, step.rows, step.tokens, dict(step.metrics), step.empty_rows, dialects)
+
+
+def _same(actual: dict, expected: dict, where: str) -> None:
+    assert list(actual) == list(expected), where  # the same keys in the same order
+    for key, value in expected.items():
+        got = actual[key]
+        assert type(got) is type(value), (where, key)
+        assert got == value or (math.isnan(got) and math.isnan(value)), (where, key, got, value)
+
+
+@pytest.fixture(scope="module")
+def many_steps(tmp_path_factory) -> str:
+    """2 000 one-row steps, a few steps with several rows, rounds and an empty row, and a step without model token."""
+    rows = tiny_rows(2_000, seed=11)
+    rows += random_rows(seed=4, steps=(2_000, 2_001, 2_002), rows_per_step=5, max_length=30, env_share=0.4)
+    rows.append(seq_row(2_001, "empty", [-0.5, -1.0], [-0.4, -1.1], [0, 0]))
+    rows.append(seq_row(2_003, "nothing", [-0.5], [-0.4], [0]))
+    return str(write_sequence_dump(tmp_path_factory.mktemp("columns") / "many.parquet", rows, row_group_size=300))
+
+
+def _analysis(path: str, dialect: str, chunk_tokens: int) -> Analysis:
+    analysis = Analysis(dialects=resolve(dialect))
+    reader = DumpReader([path], chunk_tokens=chunk_tokens)
+    run_chunks(reader, [analysis.update], torch.device("cpu"), prepare=analysis.prepare)
+    return analysis
+
+
+@pytest.mark.parametrize("dialect", ["verl", "all"])
+def test_step_columns_give_the_step_by_step_results_bit_for_bit(many_steps, dialect):
+    analysis = _analysis(many_steps, dialect, chunk_tokens=1_000)
+    expected = analysis.step_results()
+    table = step_table(analysis)
+    assert isinstance(table, StepTable) and len(table) == len(expected) == 2_004
+    for mine, theirs in zip(table, expected, strict=True):
+        where = f"step {theirs.step}"
+        assert (mine.step, mine.rows, mine.tokens, mine.empty_rows) == (
+            theirs.step,
+            theirs.rows,
+            theirs.tokens,
+            theirs.empty_rows,
+        )
+        _same(dict(mine.metrics.items()), theirs.metrics, where)
+        assert list(mine.dialects) == list(theirs.dialects), where
+        for framework, values in theirs.dialects.items():
+            _same(dict(mine.dialects[framework].items()), values, f"{where} {framework}")
+        for key in theirs.metrics:  # single-key reads agree with the whole row
+            assert key in mine.metrics
+            assert mine.metrics.get(key) == theirs.metrics[key] or math.isnan(theirs.metrics[key])
+        assert "no/such-metric" not in mine.metrics and mine.metrics.get("no/such-metric") is None
+    assert table == [_plain(step) for step in table]  # a StepTable equals the list of plain StepResults
+
+
+def test_analyze_holds_no_dict_per_step(many_steps):
+    """The result's steps are columns: each step reads its metrics through a view, none holds a dict of its own."""
+    result = analyze(many_steps, device="cpu", workers=1)
+    assert isinstance(result.steps, StepTable)
+    assert all(isinstance(step.metrics, RowMetrics) for step in result.steps)
+    assert all(isinstance(values, RowMetrics) for step in result.steps for values in step.dialects.values())
+    assert result.steps[5] is result.steps[5]  # a step is one object (renderers key steps by identity)
+    # a saved result reads back as plain dicts with the same numbers; pickles and copies are plain dicts too
+    loaded = AnalysisResult.from_json(result.to_json())
+    assert [_plain(s).to_json() for s in result.steps] == [s.to_json() for s in loaded.steps]
+    for copied in (pickle.loads(pickle.dumps(result.steps)), copy.deepcopy(result.steps)):
+        assert [s.to_json() for s in copied] == [s.to_json() for s in result.steps]
+    assert type(pickle.loads(pickle.dumps(result.steps[3].metrics))) is dict
+
+
+@pytest.mark.parametrize("chunk_tokens", [97, 4_096])
+def test_step_columns_do_not_depend_on_the_chunking(many_steps, chunk_tokens):
+    whole = step_table(_analysis(many_steps, "verl", chunk_tokens=1 << 20))
+    chunked = step_table(_analysis(many_steps, "verl", chunk_tokens=chunk_tokens))
+    for mine, theirs in zip(chunked, whole, strict=True):
+        assert list(mine.metrics) == list(theirs.metrics)
+        for key, value in theirs.metrics.items():
+            assert math.isclose(mine.metrics[key], value, rel_tol=1e-12, abs_tol=1e-15) or (
+                math.isnan(value) and math.isnan(mine.metrics[key])
+            ), (theirs.step, key)
+
+
+def test_judgements_over_columns_equal_those_step_by_step(many_steps):
+    """Step levels, anomalies and the step trend read one column per metric: the same as over plain dicts."""
+    result = analyze(many_steps, device="cpu", workers=1)
+    plain = [_plain(step) for step in result.steps]
+    assert step_levels_of(result.steps) == step_levels([(s.step, s.metrics) for s in plain]) == result.step_levels
+    assert step_levels_of(plain) == result.step_levels
+    found = trends.find_anomalies(plain)
+    assert found  # every 7th step has a catastrophic token: the data has anomalies to find
+    assert trends.find_anomalies(result.steps) == found
+    assert trends.step_trend(result.steps) == trends.step_trend(plain)
+
+
+def test_a_nan_or_missing_judged_value_is_not_applicable_over_columns():
+    steps = [StepResult(i, 1, 4, {"rollout_corr/k3_kl": value}) for i, value in enumerate([math.nan, 0.5, 1e9])]
+    steps.append(StepResult(3, 1, 0, {}))
+    assert step_levels_of(steps) == step_levels([(s.step, s.metrics) for s in steps])
+    assert np.asarray([entry["levels"]["rollout_corr/k3_kl"] for entry in step_levels_of(steps)])[[0, 3]].tolist() == [
+        "n/a",
+        "n/a",
+    ]
