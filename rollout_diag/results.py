@@ -230,21 +230,20 @@ class StepTable(Sequence):
         # built once, so that a step is the same object each time it is read (renderers key steps by identity);
         # each holds views into the columns, not dicts
         if self._built is None:
-            self._built = [self._step(index) for index in range(len(self))]
+            reports = [(name, columns, columns.reports.tolist()) for name, columns in self.dialects.items()]
+            counts = (self.step_ids.tolist(), self.rows.tolist(), self.tokens.tolist(), self.empty_rows.tolist())
+            self._built = [
+                StepResult(
+                    step,
+                    rows,
+                    tokens,
+                    RowMetrics(self.metrics, index),  # type: ignore[arg-type]
+                    empty,
+                    {name: RowMetrics(columns, index) for name, columns, at in reports if at[index]},  # type: ignore[misc]
+                )
+                for index, (step, rows, tokens, empty) in enumerate(zip(*counts, strict=True))
+            ]
         return self._built
-
-    def _step(self, index: int) -> StepResult:
-        dialects = {
-            name: RowMetrics(columns, index) for name, columns in self.dialects.items() if columns.reports[index]
-        }
-        return StepResult(
-            int(self.step_ids[index]),
-            int(self.rows[index]),
-            int(self.tokens[index]),
-            RowMetrics(self.metrics, index),  # type: ignore[arg-type]
-            int(self.empty_rows[index]),
-            dialects,  # type: ignore[arg-type]
-        )
 
     def column(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """(steps that report metric ``name``: bool [S], its values [S] as float64, NaN where absent)."""
