@@ -364,7 +364,7 @@ def build_result(
         steps=steps,
         rounds=rounds,
         verdicts=[],
-        positions=analysis.positions.position_rows(),
+        positions=analysis.positions.position_table(),
         worst_rows=analysis.worst.worst_rows(),
         worst_tokens=analysis.worst.worst_tokens(),
         worst_row_tokens=analysis.worst.worst_row_tokens(),

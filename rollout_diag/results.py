@@ -263,6 +263,51 @@ class StepTable(Sequence):
         return (StepTable, (self.step_ids, self.rows, self.tokens, self.empty_rows, self.metrics, self.dialects))
 
 
+class Rows(Sequence):
+    """A list of table rows (dicts with the same keys) held as columns: ``head`` (plain dicts) first, then one row per
+    entry of the columns, each value a Python int, float, str or None as the dict it stands for would hold. Rows are
+    built when read, none is kept (a 200 000-step run has 600 000 position rows). Equal to that list of dicts."""
+
+    def __init__(self, head: Sequence[dict[str, Any]], columns: Mapping[str, np.ndarray]) -> None:
+        self.head = list(head)
+        self.names = tuple(columns)
+        self.columns = tuple(np.asarray(column) for column in columns.values())
+        self.count = self.columns[0].shape[0] if self.columns else 0
+
+    def __len__(self) -> int:
+        return len(self.head) + self.count
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        index = range(len(self))[index]
+        if index < len(self.head):
+            return dict(self.head[index])
+        at = index - len(self.head)
+        return dict(zip(self.names, (column[at : at + 1].tolist()[0] for column in self.columns), strict=True))
+
+    def __iter__(self):
+        for row in self.head:
+            yield dict(row)
+        for begin in range(0, self.count, 65_536):  # a block of rows at a time: Python values made in bulk
+            values = [column[begin : begin + 65_536].tolist() for column in self.columns]
+            for row in zip(*values, strict=True):
+                yield dict(zip(self.names, row, strict=True))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Rows({len(self)} rows)"
+
+    def __reduce__(self):
+        return (list, (list(self),))
+
+
 def metric_column(steps: Sequence[StepResult], name: str) -> tuple[np.ndarray, np.ndarray]:
     """(steps that report metric ``name``: bool [S], its values as float64, NaN where absent), from a StepTable's
     columns or step by step from a list."""
@@ -493,7 +538,8 @@ class AnalysisResult:
     rounds: list[dict[str, Any]]
     verdicts: list[Verdict]
     # Localisation (where it diverges): see rollout_diag/metrics/localize.py.
-    positions: list[dict[str, Any]] = field(default_factory=list)  # log2 position buckets; "step" None = run
+    # log2 position buckets; "step" None = run (built by analyze: Rows, the same dicts held as columns)
+    positions: list[dict[str, Any]] = field(default_factory=list)
     worst_rows: list[WorstRow] = field(default_factory=list)
     worst_tokens: list[WorstToken] = field(default_factory=list)
     worst_row_tokens: list[RowTokens] = field(default_factory=list)

@@ -126,3 +126,18 @@ def test_a_nan_or_missing_judged_value_is_not_applicable_over_columns():
         "n/a",
         "n/a",
     ]
+
+
+@pytest.mark.parametrize("chunk_tokens", [97, 1 << 20])
+def test_position_rows_held_as_columns_are_the_rows_step_by_step(many_steps, chunk_tokens):
+    """analyze's per-step position rows (one per step and bucket hit) come from columns, a block of steps at a time:
+    the same rows, keys, values, types and order as ``position_rows`` builds one dict at a time."""
+    analysis = _analysis(many_steps, "verl", chunk_tokens=chunk_tokens)
+    expected = analysis.positions.position_rows()
+    rows = analysis.positions.position_table()
+    assert not isinstance(rows, list) and len(rows) == len(expected) > 2_000
+    for mine, theirs in zip(rows, expected, strict=True):
+        assert list(mine.items()) == list(theirs.items())
+        assert [type(v) for v in mine.values()] == [type(v) for v in theirs.values()]
+    assert rows[len(rows) - 1] == expected[-1] and rows[0] == expected[0] and rows[-3:] == expected[-3:]
+    assert rows == expected and pickle.loads(pickle.dumps(rows)) == expected
