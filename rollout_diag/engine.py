@@ -57,6 +57,7 @@ from rollout_diag.paths import file_label
 from rollout_diag.presets import Preset, resolve_presets
 from rollout_diag.results import (
     AnalysisResult,
+    Converted,
     MetricColumns,
     RowStats,
     RowTokens,
@@ -163,7 +164,7 @@ def threshold_sweep(
         columns=dict(reader.log.columns),
         targets=list(checked),
         run=run,
-        steps=[SweepStep.from_json(entry) for entry in step_rows],
+        steps=Converted(step_rows, SweepStep.from_json),  # each step's objects made when read (200 000 steps)
         warnings=list(reader.log.warnings),
         skipped=list(reader.log.skipped),
         skipped_rows=reader.log.skipped_rows,

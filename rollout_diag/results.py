@@ -308,6 +308,38 @@ class Rows(Sequence):
         return (list, (list(self),))
 
 
+class Converted(Sequence):
+    """``[convert(item) for item in items]``, each made when read and none kept: per-step results of a 200 000-step
+    run (the sweep's 13 options × targets a step) as objects only while a renderer reads them. Equal to that list."""
+
+    def __init__(self, items: Sequence[Any], convert: Any) -> None:
+        self.items, self.convert = items, convert
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self.convert(item) for item in self.items[index]]
+        return self.convert(self.items[index])
+
+    def __iter__(self):
+        return (self.convert(item) for item in self.items)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Converted({len(self)} items)"
+
+    def __reduce__(self):
+        return (list, (list(self),))
+
+
 def metric_column(steps: Sequence[StepResult], name: str) -> tuple[np.ndarray, np.ndarray]:
     """(steps that report metric ``name``: bool [S], its values as float64, NaN where absent), from a StepTable's
     columns or step by step from a list."""

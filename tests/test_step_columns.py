@@ -16,11 +16,12 @@ from test_many_steps import tiny_rows
 
 from rollout_diag.decisions import trends
 from rollout_diag.decisions.verdict import step_levels, step_levels_of
-from rollout_diag.engine import analyze, step_table
+from rollout_diag.engine import analyze, step_table, threshold_sweep
 from rollout_diag.io.reader import DumpReader
 from rollout_diag.metrics.dialects import resolve
+from rollout_diag.metrics.sweep import SweepAccumulator, sweep_tables
 from rollout_diag.passes import Analysis, run_chunks
-from rollout_diag.results import AnalysisResult, RowMetrics, StepResult, StepTable
+from rollout_diag.results import AnalysisResult, RowMetrics, StepResult, StepTable, SweepStep
 
 
 def _plain(step: StepResult) -> StepResult:
@@ -141,3 +142,22 @@ def test_position_rows_held_as_columns_are_the_rows_step_by_step(many_steps, chu
         assert [type(v) for v in mine.values()] == [type(v) for v in theirs.values()]
     assert rows[len(rows) - 1] == expected[-1] and rows[0] == expected[0] and rows[-3:] == expected[-3:]
     assert rows == expected and pickle.loads(pickle.dumps(rows)) == expected
+
+
+@pytest.mark.parametrize("targets", [(0.001, 0.01, 0.05), (0.5, 0.2, 1e-6)])
+def test_sweep_of_every_step_at_once_gives_each_step_own_table(many_steps, targets):
+    """The per-step sweep, computed a block of steps at a time, is digit for digit (repr: every float exact, keys in
+    order) each step's own ``table(state, targets, curve=False)``; ``sweep`` makes each step's objects when read."""
+    sweep = SweepAccumulator()
+    run_chunks(DumpReader([many_steps], chunk_tokens=1_000), [sweep.update], torch.device("cpu"))
+    _, tables = sweep_tables(sweep, targets)
+    expected = [
+        {"step": step, "options": sweep.table(state, targets, curve=False)} for step, state in sweep.steps.items()
+    ]
+    assert len(tables) == len(expected) == 2_004
+    assert [repr(table) for table in tables] == [repr(table) for table in expected]
+    assert repr(tables[-1]) == repr(expected[-1])
+    result = threshold_sweep(many_steps, targets=targets, device="cpu")
+    assert not isinstance(result.steps, list)
+    assert [step.to_json() for step in result.steps] == expected
+    assert result.steps[3] == SweepStep.from_json(expected[3])

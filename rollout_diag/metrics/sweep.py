@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -282,12 +283,162 @@ def _curve(option: SweepOption, threshold_for, share, marked: tuple[float, ...] 
 
 def sweep_tables(
     accumulator: SweepAccumulator, targets: tuple[float, ...] = DEFAULT_TARGETS
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(run table with curves, per-step tables without curves)."""
+) -> tuple[list[dict[str, Any]], Sequence[dict[str, Any]]]:
+    """(run table with curves, per-step tables without curves). The per-step tables are computed when first read
+    (``compare-presets`` reads only the run's), every step at once (``step_columns``), and each step's dict is built
+    when read."""
     run_state = accumulator.run_state()
     run = [] if run_state is None else accumulator.table(run_state, targets, curve=True)
-    steps = [
-        {"step": step, "options": accumulator.table(state, targets, curve=False)}
-        for step, state in sorted(accumulator.steps.items())
+    return run, StepTables(accumulator, targets)
+
+
+class StepTables(Sequence):
+    """The per-step sweep tables (``{"step", "options"}`` dicts, as ``table`` writes them), from ``step_columns``."""
+
+    def __init__(self, accumulator: SweepAccumulator, targets: tuple[float, ...]) -> None:
+        self.accumulator, self.targets = accumulator, targets
+
+    @functools.cached_property
+    def columns(self) -> StepColumns:
+        return step_columns(self.accumulator, self.targets)
+
+    def __len__(self) -> int:
+        return int(self.accumulator.store.steps.shape[0])
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        return self.columns.step_table(range(len(self))[index])
+
+    def __iter__(self):
+        columns = self.columns
+        return (columns.step_table(index) for index in range(len(self)))
+
+
+@dataclass
+class OptionColumns:
+    """One option's per-step sweep: ``count`` [S]; ``default_share`` [S] (None without a verl default); per target,
+    the threshold in verl's units and the share it rejects [S]."""
+
+    count: list[int]
+    default_share: list[float] | None
+    thresholds: list[list[float]]
+    shares: list[list[float]]
+
+
+@dataclass
+class StepColumns:
+    """Every step's sweep as columns: ``steps`` and one OptionColumns per option (OPTIONS order)."""
+
+    steps: list[int]
+    targets: tuple[float, ...]
+    options: list[OptionColumns]
+
+    def step_table(self, index: int) -> dict[str, Any]:
+        """Step ``index``'s ``{"step", "options"}``: what ``table(state, targets, curve=False)`` gives."""
+        rows = []
+        for option, columns in zip(OPTIONS, self.options, strict=True):
+            row: dict[str, Any] = {"option": option.name, "level": option.level, "verl_default": option.verl_default}
+            if option.verl_default is not None:
+                row["default_threshold"] = float(option.verl_default.split("_")[-1])
+            row["count"] = columns.count[index]
+            row["exact"] = option.level == "sequence"
+            if columns.default_share is not None:
+                row["default_share"] = columns.default_share[index]
+            row["thresholds"] = [
+                {"target": target, "threshold": thresholds[index], "share": shares[index]}
+                for target, thresholds, shares in zip(self.targets, columns.thresholds, columns.shares, strict=True)
+            ]
+            rows.append(row)
+        return {"step": self.steps[index], "options": rows}
+
+
+def step_columns(accumulator: SweepAccumulator, targets: tuple[float, ...] = DEFAULT_TARGETS) -> StepColumns:
+    """Every step's sweep (``table(state, targets, curve=False)`` of each step's state), computed a block of steps at
+    a time with the same float64 operations, so the same digits, without a state or a dict per step."""
+    table = accumulator.store
+    step_count = table.steps.shape[0]
+    parts: list[list[tuple]] = [[] for _ in OPTIONS]
+    for _, columns in table.blocks():
+        tokens = np.asarray(columns["tokens"], np.float64).reshape(-1)
+        positive, negative = columns["positive"], columns["negative"]
+        rows = columns["rows"]
+        for index, option in enumerate(OPTIONS):
+            if option.level == "sequence":
+                parts[index].append(_sequence_block(option, rows, targets))
+            else:
+                parts[index].append(_token_block(option, positive, negative, tokens, targets))
+    options = []
+    for option, blocks in zip(OPTIONS, parts, strict=True):
+        count = [value for block in blocks for value in block[0]]
+        default = None if option.verl_default is None else [value for block in blocks for value in block[1]]
+        thresholds = [[value for block in blocks for value in block[2][t]] for t in range(len(targets))]
+        shares = [[value for block in blocks for value in block[3][t]] for t in range(len(targets))]
+        options.append(OptionColumns(count, default, thresholds, shares))
+    assert all(len(option.count) == step_count for option in options)
+    return StepColumns(table.steps.tolist(), tuple(targets), options)
+
+
+def _token_block(option: SweepOption, positive: np.ndarray, negative: np.ndarray, tokens: np.ndarray, targets):
+    """``_TokenShares`` of a block of steps at once: (count, default share, thresholds and shares per target)."""
+    scores, candidates, holding = _token_sides(option)
+    histograms = (positive,) if option.kind == "is" else (positive, negative)
+    # tokens in bins ≥ j, j = 0 … HISTOGRAM_BINS, per step (the same sums as _TokenShares.tail, row by row)
+    tails = [
+        np.concatenate([np.cumsum(np.asarray(h, np.float64)[:, ::-1], axis=1)[:, ::-1], np.zeros((h.shape[0], 1))], 1)
+        for h in histograms
     ]
-    return run, steps
+    denominator = np.maximum(tokens, 1.0)
+
+    def shares_at(indices: Sequence[np.ndarray | int]) -> np.ndarray:
+        total: Any = 0.0
+        for side, at in zip(tails, indices, strict=True):
+            total = total + side[:, at]
+        return total / (denominator[:, None] if np.ndim(total) == 2 else denominator)
+
+    candidate_shares = shares_at(holding)  # [B, candidates]
+    verl_units = [_to_verl(option, float(t)) for t in candidates.tolist()]  # the candidates' thresholds, once
+    thresholds, shares = [], []
+    for target in targets:
+        passing = candidate_shares <= target
+        chosen = np.where(passing.any(axis=1), np.argmax(passing, axis=1), candidates.shape[0] - 1)
+        at = [_holding(side, candidates[chosen]) for side in scores]
+        total: Any = 0.0
+        for side, where in zip(tails, at, strict=True):
+            total = total + np.take_along_axis(side, where[:, None], axis=1)[:, 0]
+        thresholds.append([verl_units[c] for c in chosen.tolist()])
+        shares.append((total / denominator).tolist())
+    default = None
+    if option.verl_default is not None:
+        limit = _parse_default(option)[1]
+        default = shares_at([int(_holding(side, limit)) for side in scores]).tolist()
+    return tokens.astype(np.int64).tolist(), default, thresholds, shares
+
+
+def _sequence_block(option: SweepOption, rows: Sequence[np.ndarray], targets):
+    """The sequence rows of ``_option_row`` for a block of steps at once (the same values, sorted per step)."""
+    lengths = np.array([len(r) for r in rows], dtype=np.int64)
+    stacked = np.concatenate([np.asarray(r, np.float64).reshape(-1, len(ROW_FIELDS)) for r in rows])
+    values = _row_values(option, stacked) if stacked.shape[0] else np.zeros(0)
+    scores = _score(option, values)
+    owner = np.repeat(np.arange(lengths.shape[0]), lengths)
+    ascending = scores[np.lexsort((scores, owner))]  # each step's scores in ascending order, steps in order
+    ends = np.cumsum(lengths)
+    totals = lengths.astype(np.float64)
+    thresholds, shares = [], []
+    for target in targets:
+        rank = np.floor(target * totals).astype(np.int64)  # math.floor(target * total), step by step
+        inside = rank < lengths
+        # the descending order's scores[rank] is the ascending order's [end - 1 - rank]
+        metric = np.where(inside, ascending[np.where(inside, ends - 1 - rank, 0)] if ascending.size else 0.0, 0.0)
+        above = np.bincount(owner, weights=scores > np.repeat(metric, lengths), minlength=lengths.shape[0])
+        thresholds.append([_to_verl(option, value) for value in metric.tolist()])
+        shares.append(
+            [sequence_share(float(a), float(t)) for a, t in zip(above.tolist(), lengths.tolist(), strict=True)]
+        )
+    default = None
+    if option.verl_default is not None:
+        lower, upper = _parse_default(option)
+        rejected = np.bincount(owner, weights=(values > upper) | (values < lower), minlength=lengths.shape[0])
+        default = [sequence_share(float(r), float(t)) for r, t in zip(rejected.tolist(), lengths.tolist(), strict=True)]
+    return lengths.tolist(), default, thresholds, shares
