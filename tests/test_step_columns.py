@@ -7,17 +7,23 @@ from __future__ import annotations
 import copy
 import math
 import pickle
+import random
+from typing import ClassVar
 
 import numpy as np
 import pytest
+import test_many_steps as many
 import torch
 from dumps import random_rows, seq_row, write_sequence_dump
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_many_steps import tiny_rows
 
 from rollout_diag.decisions import trends
 from rollout_diag.decisions.verdict import step_levels, step_levels_of
 from rollout_diag.engine import analyze, step_table, threshold_sweep
 from rollout_diag.io.reader import DumpReader
+from rollout_diag.metrics.base import StateTable, StepAccumulator
 from rollout_diag.metrics.dialects import resolve
 from rollout_diag.metrics.sweep import SweepAccumulator, sweep_tables
 from rollout_diag.passes import Analysis, run_chunks
@@ -161,3 +167,50 @@ def test_sweep_of_every_step_at_once_gives_each_step_own_table(many_steps, targe
     assert not isinstance(result.steps, list)
     assert [step.to_json() for step in result.steps] == expected
     assert result.steps[3] == SweepStep.from_json(expected[3])
+
+
+# ------------------------------------------------------------------------------- a chunk merges into the open steps
+class _Family(StepAccumulator):
+    REDUCTIONS: ClassVar[dict[str, str]] = many.REDUCTIONS
+
+    def _stats(self, chunk):  # pragma: no cover - fed tables directly
+        raise NotImplementedError
+
+    def _finalize(self, state):  # pragma: no cover
+        return {}
+
+
+def _identical(a: StateTable, b: StateTable) -> None:
+    """Bit for bit: the same steps, fields and entries."""
+    assert np.array_equal(a.steps, b.steps)
+    for name in b.dense:
+        assert np.array_equal(a.dense[name], b.dense[name], equal_nan=True), name
+    for name in b.sparse:
+        for mine, theirs in zip(a.sparse[name], b.sparse[name], strict=True):
+            assert np.array_equal(mine, theirs, equal_nan=True), name
+    for name in b.ragged:
+        for mine, theirs in zip(a.ragged[name], b.ragged[name], strict=True):
+            assert np.array_equal(mine, theirs, equal_nan=True), name
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10_000), in_order=st.booleans(), read_between=st.booleans())
+def test_merging_into_the_open_steps_equals_merging_into_the_whole_table(seed, in_order, read_between):
+    """A chunk merges into the latest steps only (the earlier ones are sealed and joined when read): the table is bit
+    for bit the one that merging each chunk into the whole table gives, in order, out of order, read in between."""
+    rng = random.Random(seed)
+    chunks = [many._chunk(rng) for _ in range(rng.randint(1, 9))]
+    if in_order:  # as a reader gives them: each chunk starts at or after the previous one's last step
+        chunks.sort(key=lambda chunk: chunk[0][0])
+        chunks = [c for i, c in enumerate(chunks) if i == 0 or c[0][0] >= chunks[i - 1][0][-1]]
+    family = _Family()
+    for index, (steps, partial) in enumerate(chunks):
+        family._append(StateTable.from_groups(many.REDUCTIONS, steps, partial))
+        if read_between:
+            _identical(family.store, many._table(chunks[: index + 1]))
+    _identical(family.store, many._table(chunks))
+    copied = copy.copy(family)  # a shallow copy (``restricted``) does not see later chunks
+    before = copied.store
+    later_steps, later = many._chunk(random.Random(seed))
+    family._append(StateTable.from_groups(many.REDUCTIONS, [step + 100 for step in later_steps], later))
+    _identical(copied.store, before)

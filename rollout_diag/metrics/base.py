@@ -276,6 +276,28 @@ class StateTable:
         keep[first + 1] = False
         return all_step[keep], all_bucket[keep], all_values[keep]
 
+    @classmethod
+    def joined(cls, tables: Sequence[StateTable]) -> StateTable:
+        """Tables whose steps follow each other (each table's first step after the previous one's last) as one."""
+        parts = [table for table in tables if table.shapes]
+        if len(parts) <= 1:
+            return parts[0] if parts else tables[-1]
+        first = parts[0]
+        return cls(
+            first.reductions,
+            first.shapes,
+            np.concatenate([table.steps for table in parts]),
+            {name: np.concatenate([table.dense[name] for table in parts]) for name in first.dense},
+            {
+                name: tuple(np.concatenate([table.sparse[name][i] for table in parts]) for i in range(3))  # type: ignore[misc]
+                for name in first.sparse
+            },
+            {
+                name: tuple(np.concatenate([table.ragged[name][i] for table in parts]) for i in range(2))  # type: ignore[misc]
+                for name in first.ragged
+            },
+        )
+
     def subset(self, keep: np.ndarray) -> StateTable:
         """The table of the steps where ``keep`` (bool [S]) holds."""
         steps = self.steps[keep]
@@ -516,6 +538,37 @@ class StepAccumulator(ABC):
     def __init__(self) -> None:
         self.store = StateTable.empty(self.REDUCTIONS)
 
+    # The table is kept as sealed parts (steps no later chunk can reach, in order) and an open one (the latest steps):
+    # a chunk merges into the open part only, so a chunk costs what it holds, not what the table holds; the parts are
+    # joined (concatenated: no arithmetic, so no digit changes) when the table is read.
+    @property
+    def store(self) -> StateTable:
+        sealed = self.__dict__.get("_sealed")
+        if sealed:
+            self.__dict__["_store"] = StateTable.joined([*sealed, self.__dict__["_store"]])
+            self.__dict__["_sealed"] = []
+        return self.__dict__["_store"]
+
+    @store.setter
+    def store(self, table: StateTable) -> None:
+        self.__dict__["_store"] = table
+        self.__dict__["_sealed"] = []
+
+    def _append(self, incoming: StateTable) -> None:
+        """Merge a chunk's table: into the open part when its steps start at or after the open part's last step
+        (the same merge, on fewer steps), else into the whole table."""
+        open_part: StateTable = self.__dict__["_store"]
+        last = open_part.steps[-1] if open_part.steps.shape[0] else None
+        if last is None or not incoming.steps.shape[0] or incoming.steps[0] < last:
+            self.store = self.store.merged(incoming)
+            return
+        if incoming.steps[0] > last:
+            sealed, self.__dict__["_store"] = open_part, incoming
+        else:  # the chunk goes on with the open part's last step: only that step merges
+            sealed = open_part.subset(open_part.steps < last)
+            self.__dict__["_store"] = open_part.subset(open_part.steps == last).merged(incoming)
+        self.__dict__["_sealed"] = [*self.__dict__.get("_sealed", []), sealed]  # a new list: copies may share the old
+
     @property
     def steps(self) -> StepStates:
         return StepStates(self)
@@ -535,7 +588,7 @@ class StepAccumulator(ABC):
             name: value.cpu().numpy() if isinstance(value, torch.Tensor) else value
             for name, value in self._stats(chunk).items()
         }
-        self.store = self.store.merged(StateTable.from_groups(self.REDUCTIONS, chunk.groups.steps, partial))
+        self._append(StateTable.from_groups(self.REDUCTIONS, chunk.groups.steps, partial))
 
     def merge(self, other: StepAccumulator) -> None:
         self.store = self.store.merged(other.store)

@@ -314,6 +314,16 @@ class StepTables(Sequence):
         columns = self.columns
         return (columns.step_table(index) for index in range(len(self)))
 
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self):
+        return (list, (list(self),))
+
 
 @dataclass
 class OptionColumns:
