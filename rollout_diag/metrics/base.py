@@ -335,9 +335,25 @@ class StateTable:
         shape = self.shapes[name] if count is None else (count, *self.shapes[name])
         return np.full(shape, IDENTITY[self.reductions[name]], dtype=np.float64)
 
-    def blocks(self, block: int = 4096) -> Iterator[tuple[list[int], dict[str, Any]]]:
-        """(steps, columns) of up to ``block`` consecutive steps: each field as one [B, ...] array (a list of B
-        arrays for ``concat``), wide fields made dense for these steps only (memory stays small)."""
+    def blocks(
+        self, block: int = 4096, names: Sequence[str] | None = None
+    ) -> Iterator[tuple[list[int], dict[str, Any]]]:
+        """(steps, columns) of up to ``block`` consecutive steps: each field (of ``names``; all when None) as one
+        [B, ...] array (a list of B arrays for ``concat``), wide fields made dense for these steps only (memory stays
+        small)."""
+        if names is not None:
+            fields = set(names)
+            sparse = {name: entries for name, entries in self.sparse.items() if name in fields}
+            narrowed = StateTable(
+                {name: self.reductions[name] for name in names},
+                self.shapes,
+                self.steps,
+                {name: column for name, column in self.dense.items() if name in fields},
+                sparse,
+                {name: entries for name, entries in self.ragged.items() if name in fields},
+            )
+            yield from narrowed.blocks(block)
+            return
         bounds = {name: np.searchsorted(step, self.steps) for name, (step, _, _) in self.sparse.items()}
         ragged_bounds = {name: np.searchsorted(step, self.steps) for name, (step, _) in self.ragged.items()}
         steps = self.steps.tolist()

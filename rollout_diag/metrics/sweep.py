@@ -330,10 +330,10 @@ class OptionColumns:
     """One option's per-step sweep: ``count`` [S]; ``default_share`` [S] (None without a verl default); per target,
     the threshold in verl's units and the share it rejects [S]."""
 
-    count: list[int]
-    default_share: list[float] | None
-    thresholds: list[list[float]]
-    shares: list[list[float]]
+    count: np.ndarray  # int64
+    default_share: np.ndarray | None
+    thresholds: list[np.ndarray]  # float64, one per target
+    shares: list[np.ndarray]
 
 
 @dataclass
@@ -351,12 +351,12 @@ class StepColumns:
             row: dict[str, Any] = {"option": option.name, "level": option.level, "verl_default": option.verl_default}
             if option.verl_default is not None:
                 row["default_threshold"] = float(option.verl_default.split("_")[-1])
-            row["count"] = columns.count[index]
+            row["count"] = int(columns.count[index])
             row["exact"] = option.level == "sequence"
             if columns.default_share is not None:
-                row["default_share"] = columns.default_share[index]
+                row["default_share"] = float(columns.default_share[index])
             row["thresholds"] = [
-                {"target": target, "threshold": thresholds[index], "share": shares[index]}
+                {"target": target, "threshold": float(thresholds[index]), "share": float(shares[index])}
                 for target, thresholds, shares in zip(self.targets, columns.thresholds, columns.shares, strict=True)
             ]
             rows.append(row)
@@ -369,66 +369,75 @@ def step_columns(accumulator: SweepAccumulator, targets: tuple[float, ...] = DEF
     table = accumulator.store
     step_count = table.steps.shape[0]
     parts: list[list[tuple]] = [[] for _ in OPTIONS]
-    for _, columns in table.blocks():
+    row_step, row_values = table.ragged["rows"]  # every valid row's statistics, by step
+    lengths = np.bincount(np.searchsorted(table.steps, row_step), minlength=step_count).astype(np.int64)
+    stacked = np.asarray(row_values, np.float64).reshape(-1, len(ROW_FIELDS))
+    for index, option in enumerate(OPTIONS):
+        if option.level == "sequence":  # every step at once: a step's rows are a run of the row columns
+            parts[index].append(_sequence_block(option, stacked, lengths, targets))
+    for _, columns in table.blocks(names=("tokens", "positive", "negative")):
         tokens = np.asarray(columns["tokens"], np.float64).reshape(-1)
-        positive, negative = columns["positive"], columns["negative"]
-        rows = columns["rows"]
+        # tokens in bins ≥ j, j = 0 … HISTOGRAM_BINS, per step (the same sums as _TokenShares.tail, row by row)
+        positive, negative = (
+            np.concatenate([np.cumsum(np.asarray(h, np.float64)[:, ::-1], axis=1)[:, ::-1], np.zeros((len(h), 1))], 1)
+            for h in (columns["positive"], columns["negative"])
+        )
         for index, option in enumerate(OPTIONS):
-            if option.level == "sequence":
-                parts[index].append(_sequence_block(option, rows, targets))
-            else:
+            if option.level == "token":
                 parts[index].append(_token_block(option, positive, negative, tokens, targets))
     options = []
     for option, blocks in zip(OPTIONS, parts, strict=True):
-        count = [value for block in blocks for value in block[0]]
-        default = None if option.verl_default is None else [value for block in blocks for value in block[1]]
-        thresholds = [[value for block in blocks for value in block[2][t]] for t in range(len(targets))]
-        shares = [[value for block in blocks for value in block[3][t]] for t in range(len(targets))]
+        count = np.concatenate([block[0] for block in blocks])
+        default = None if option.verl_default is None else np.concatenate([block[1] for block in blocks])
+        thresholds = [np.concatenate([block[2][t] for block in blocks]) for t in range(len(targets))]
+        shares = [np.concatenate([block[3][t] for block in blocks]) for t in range(len(targets))]
         options.append(OptionColumns(count, default, thresholds, shares))
-    assert all(len(option.count) == step_count for option in options)
+    assert all(option.count.shape[0] == step_count for option in options)
     return StepColumns(table.steps.tolist(), tuple(targets), options)
 
 
 def _token_block(option: SweepOption, positive: np.ndarray, negative: np.ndarray, tokens: np.ndarray, targets):
-    """``_TokenShares`` of a block of steps at once: (count, default share, thresholds and shares per target)."""
+    """``_TokenShares`` of a block of steps at once, from each side's tails [B, HISTOGRAM_BINS + 1]: (count, default
+    share, thresholds and shares per target)."""
     scores, candidates, holding = _token_sides(option)
-    histograms = (positive,) if option.kind == "is" else (positive, negative)
-    # tokens in bins ≥ j, j = 0 … HISTOGRAM_BINS, per step (the same sums as _TokenShares.tail, row by row)
-    tails = [
-        np.concatenate([np.cumsum(np.asarray(h, np.float64)[:, ::-1], axis=1)[:, ::-1], np.zeros((h.shape[0], 1))], 1)
-        for h in histograms
-    ]
+    tails = (positive,) if option.kind == "is" else (positive, negative)
     denominator = np.maximum(tokens, 1.0)
 
+    steps = np.arange(denominator.shape[0])
+
     def shares_at(indices: Sequence[np.ndarray | int]) -> np.ndarray:
+        """Each step's share at its own tail index per side (``_TokenShares.share``'s sums, step by step)."""
         total: Any = 0.0
         for side, at in zip(tails, indices, strict=True):
-            total = total + side[:, at]
-        return total / (denominator[:, None] if np.ndim(total) == 2 else denominator)
+            total = total + side[steps, at]
+        return total / denominator
 
-    candidate_shares = shares_at(holding)  # [B, candidates]
-    verl_units = [_to_verl(option, float(t)) for t in candidates.tolist()]  # the candidates' thresholds, once
+    count = candidates.shape[0]
+    verl_units = np.array([_to_verl(option, float(t)) for t in candidates.tolist()])  # the candidates', once
     thresholds, shares = [], []
     for target in targets:
-        passing = candidate_shares <= target
-        chosen = np.where(passing.any(axis=1), np.argmax(passing, axis=1), candidates.shape[0] - 1)
-        at = [_holding(side, candidates[chosen]) for side in scores]
-        total: Any = 0.0
-        for side, where in zip(tails, at, strict=True):
-            total = total + np.take_along_axis(side, where[:, None], axis=1)[:, 0]
-        thresholds.append([verl_units[c] for c in chosen.tolist()])
-        shares.append((total / denominator).tolist())
+        # threshold_for: the first candidate whose share is at most ``target``. The shares do not increase along the
+        # candidates (tails of non-negative counts, rounding is monotone), so a binary search per step finds the
+        # index the scan over every candidate finds, from the same sums.
+        low, high = np.zeros(steps.shape[0], np.int64), np.full(steps.shape[0], count)
+        while (open_ := low < high).any():
+            middle = np.minimum((low + high) // 2, count - 1)
+            passing = shares_at([side[middle] for side in holding]) <= target
+            high = np.where(open_ & passing, middle, high)
+            low = np.where(open_ & ~passing, middle + 1, low)
+        chosen = np.where(low < count, low, count - 1)
+        thresholds.append(verl_units[chosen])
+        shares.append(shares_at([_holding(side, candidates[chosen]) for side in scores]))
     default = None
     if option.verl_default is not None:
         limit = _parse_default(option)[1]
-        default = shares_at([int(_holding(side, limit)) for side in scores]).tolist()
-    return tokens.astype(np.int64).tolist(), default, thresholds, shares
+        default = shares_at([np.full(steps.shape[0], _holding(side, limit)) for side in scores])
+    return tokens.astype(np.int64), default, thresholds, shares
 
 
-def _sequence_block(option: SweepOption, rows: Sequence[np.ndarray], targets):
-    """The sequence rows of ``_option_row`` for a block of steps at once (the same values, sorted per step)."""
-    lengths = np.array([len(r) for r in rows], dtype=np.int64)
-    stacked = np.concatenate([np.asarray(r, np.float64).reshape(-1, len(ROW_FIELDS)) for r in rows])
+def _sequence_block(option: SweepOption, stacked: np.ndarray, lengths: np.ndarray, targets):
+    """The sequence rows of ``_option_row`` for steps whose valid rows are consecutive runs of ``stacked`` [R, fields]
+    (``lengths[s]`` rows for step s): the same values, sorted per step."""
     values = _row_values(option, stacked) if stacked.shape[0] else np.zeros(0)
     scores = _score(option, values)
     owner = np.repeat(np.arange(lengths.shape[0]), lengths)
@@ -442,13 +451,18 @@ def _sequence_block(option: SweepOption, rows: Sequence[np.ndarray], targets):
         # the descending order's scores[rank] is the ascending order's [end - 1 - rank]
         metric = np.where(inside, ascending[np.where(inside, ends - 1 - rank, 0)] if ascending.size else 0.0, 0.0)
         above = np.bincount(owner, weights=scores > np.repeat(metric, lengths), minlength=lengths.shape[0])
-        thresholds.append([_to_verl(option, value) for value in metric.tolist()])
-        shares.append(
-            [sequence_share(float(a), float(t)) for a, t in zip(above.tolist(), lengths.tolist(), strict=True)]
-        )
+        # math.exp step by step where verl's units are a ratio (numpy's exp may round differently)
+        thresholds.append(np.array([_to_verl(option, value) for value in metric.tolist()]) if metric.size else metric)
+        shares.append(_shares(above, totals))
     default = None
     if option.verl_default is not None:
         lower, upper = _parse_default(option)
         rejected = np.bincount(owner, weights=(values > upper) | (values < lower), minlength=lengths.shape[0])
-        default = [sequence_share(float(r), float(t)) for r, t in zip(rejected.tolist(), lengths.tolist(), strict=True)]
-    return lengths.tolist(), default, thresholds, shares
+        default = _shares(rejected, totals)
+    return lengths, default, thresholds, shares
+
+
+def _shares(rejected: np.ndarray, totals: np.ndarray) -> np.ndarray:
+    """``sequence_share`` of each step: rejected / valid rows (the same division), 0.0 without a valid row."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(totals > 0, rejected / np.where(totals > 0, totals, 1.0), 0.0)
