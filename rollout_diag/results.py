@@ -96,13 +96,28 @@ class MetricColumns:
     report at ``i``, folded in order as ``dict.update`` would (a key keeps its first place and takes its last
     value); ``order`` (name -> rank) then moves the ranked names first, by rank (a framework's declared order)."""
 
-    __slots__ = ("groups", "order", "reports", "where")
+    __slots__ = ("_rows", "_sorted", "groups", "order", "reports", "where")
 
     def __init__(self, groups: Sequence[KeyColumns], count: int, order: Mapping[str, int] | None = None) -> None:
-        self.groups: tuple[KeyColumns, ...] = tuple(
-            (np.asarray(present, dtype=bool), dict(values)) for present, values in groups if values
-        )
+        kept = []
+        self._rows: list[tuple[np.ndarray, tuple[str, ...], np.ndarray | None]] = []
+        for present, values in groups:
+            if not values:
+                continue
+            present = np.asarray(present, dtype=bool)
+            names = tuple(values)
+            matrix = None
+            if all(np.asarray(column).dtype == np.float64 for column in values.values()):
+                # a float group as one [S, keys] matrix: a step's row is one read (tolist), its columns are views
+                matrix = np.empty((present.shape[0], len(names)))
+                for index, column in enumerate(values.values()):
+                    matrix[:, index] = column
+                values = {name: matrix[:, index] for index, name in enumerate(names)}
+            kept.append((present, dict(values)))
+            self._rows.append((present, names, matrix))
+        self.groups: tuple[KeyColumns, ...] = tuple(kept)
         self.order = dict(order) if order else None
+        self._sorted: dict[tuple[str, ...], list[str]] = {}
         self.where: dict[str, tuple[int, ...]] = {}  # name -> the groups holding it, in order
         for index, (_, values) in enumerate(self.groups):
             for name in values:
@@ -118,12 +133,19 @@ class MetricColumns:
     def row(self, index: int) -> dict[str, Any]:
         """Step ``index``'s values as a plain dict."""
         out: dict[str, Any] = {}
-        for present, values in self.groups:
-            if present[index]:
+        for (present, names, matrix), (_, values) in zip(self._rows, self.groups, strict=True):
+            if not present[index]:
+                continue
+            if matrix is not None:
+                out.update(zip(names, matrix[index].tolist(), strict=True))
+            else:
                 out.update((name, _scalar(column, index)) for name, column in values.items())
         if self.order is not None and out:
-            rank, last = self.order, len(self.order)
-            out = {name: out[name] for name in sorted(out, key=lambda name: rank.get(name, last))}
+            keys = tuple(out)  # the order depends only on the keys: sorted once per set of keys
+            if (names := self._sorted.get(keys)) is None:
+                rank, last = self.order, len(self.order)
+                names = self._sorted[keys] = sorted(keys, key=lambda name: rank.get(name, last))
+            out = {name: out[name] for name in names}
         return out
 
     def value(self, name: str, index: int) -> Any:
