@@ -651,7 +651,8 @@ class StepAccumulator(ABC):
         when None): the same values, the same keys in the same order per step, no dict per step."""
         own = self.store.steps
         count = own.shape[0] if steps is None else steps.shape[0]
-        at = None if steps is None else np.searchsorted(steps, own)
+        same = steps is None or (steps.shape == own.shape and bool(np.array_equal(steps, own)))
+        at = None if same else np.searchsorted(steps, own)  # type: ignore[arg-type]
         if at is not None:  # a step ``steps`` lacks (a restricted analysis beside an unrestricted dialect) is left out
             inside = at < count
             inside[inside] = steps[at[inside]] == own[inside]
