@@ -872,8 +872,16 @@ class SweepResult:
             self,
             targets=list(self.targets),
             run=[option.to_json() for option in self.run],
-            steps=[step.to_json() for step in self.steps],
+            steps=_steps_json(self.steps),
         )
+
+
+def _steps_json(steps: Sequence[SweepStep]) -> list[dict[str, Any]]:
+    """Each step's JSON: the sweep's own per-step tables where the steps are read from them (``to_json`` of the step
+    ``SweepStep.from_json`` makes of a table is that table), else ``to_json`` step by step."""
+    if isinstance(steps, Converted) and steps.convert == SweepStep.from_json:
+        return list(steps.items)
+    return [step.to_json() for step in steps]
 
 
 def _document(result: Any, **body: Any) -> dict[str, Any]:

@@ -166,6 +166,7 @@ def test_sweep_of_every_step_at_once_gives_each_step_own_table(many_steps, targe
     result = threshold_sweep(many_steps, targets=targets, device="cpu")
     assert not isinstance(result.steps, list)
     assert [step.to_json() for step in result.steps] == expected
+    assert [repr(step) for step in result.to_json()["steps"]] == [repr(step) for step in expected]
     assert result.steps[3] == SweepStep.from_json(expected[3])
 
 
