@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -65,7 +65,7 @@ def assert_close(actual: Any, expected: Any, where: str = "") -> None:
         assert set(actual) == set(expected), f"{where}: keys differ: {set(actual) ^ set(expected)}"
         for key in expected:
             assert_close(actual[key], expected[key], f"{where}/{key}")
-    elif isinstance(expected, (list, tuple)):
+    elif isinstance(expected, Sequence) and not isinstance(expected, str):  # lists, and tables read as lists
         assert len(actual) == len(expected), where
         for index, (a, e) in enumerate(zip(actual, expected, strict=True)):
             assert_close(a, e, f"{where}[{index}]")

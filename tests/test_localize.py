@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import pytest
@@ -103,8 +104,8 @@ def comparable(result: rd.AnalysisResult) -> dict:
 
 
 def assert_same(a: object, b: object, path: str = "") -> None:
-    if isinstance(a, dict):
-        assert isinstance(b, dict) and set(a) == set(b), path
+    if isinstance(a, Mapping):  # a dict, or a step's metrics read from the result's columns
+        assert isinstance(b, Mapping) and set(a) == set(b), path
         for key in a:
             assert_same(a[key], b[key], f"{path}/{key}")
     elif isinstance(a, list):

@@ -23,7 +23,8 @@ def tables() -> tuple[list[dict], list[dict]]:
     """The sweep accumulator's own tables (plain dicts) on the bundled dump: what the JSON held before typing."""
     sweep = SweepAccumulator()
     run_chunks(open_reader(str(SAMPLE), None, strict=False, chunk_tokens=4096), [sweep.update], "cpu")
-    return sweep_tables(sweep, (0.01, 0.05))
+    run, steps = sweep_tables(sweep, (0.01, 0.05))
+    return run, list(steps)  # the per-step tables are computed when read
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from rollout_diag.decisions.trends import (
     round_trend,
     step_trend,
 )
-from rollout_diag.decisions.verdict import overall_verdict, step_levels
+from rollout_diag.decisions.verdict import overall_verdict, step_levels_of
 from rollout_diag.results import AnalysisResult
 
 # The most divergent round "stands out" (is named as a finding, drawn in red) only when its mean |δ| is at least
@@ -43,7 +43,7 @@ def judge_analysis(result: AnalysisResult, evidence: Evidence | None) -> Analysi
     judged = replace(
         result,
         verdicts=judge(result.run.metrics),
-        step_levels=step_levels([(step.step, step.metrics) for step in result.steps]),
+        step_levels=step_levels_of(result.steps),
         anomalies=anomalies,
         anomalies_cut=cut,
         anomaly_check=anomaly_check(len(result.steps)),

@@ -268,7 +268,7 @@ def metric_values(result: AnalysisResult, rows: RowStats | None = None) -> dict[
     steps: list[StepResult] = [result.run, *result.steps]
     table: dict[int | None, dict[str, float]] = {}
     for step in steps:
-        values = dict(step.metrics)
+        values = dict(step.metrics.items())  # one read of a step's metrics (a StepTable's steps read columns)
         dialects = getattr(step, "dialects", None) or {}
         for framework, named in dialects.items():
             for name, value in named.items():

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from rollout_diag import catalogue
-from rollout_diag.results import Anomaly, StepResult, Trend
+from rollout_diag.results import Anomaly, StepResult, Trend, metric_column, step_ids
 
 ANOMALY_METRICS = catalogue.keys_with_role(catalogue.Role.ANOMALY)
 # These metrics are positive and heavy-tailed (a step's value is often one token's), so the baseline is robust
@@ -54,20 +54,21 @@ def find_anomalies(
     """Steps whose metric is above ``factor`` × the median of the previous ``window`` steps' values and above
     their robust log-scale threshold (:func:`log_threshold`); ranked by factor, largest first."""
     anomalies = []
+    ids = step_ids(steps)
     for metric in metrics:
-        present = [(step, step.metrics.get(metric)) for step in steps]
-        kept = [(step, value) for step, value in present if value is not None and not math.isnan(value)]
-        if len(kept) <= ANOMALY_MIN_HISTORY:
+        present, column = metric_column(steps, metric)  # one column per metric: no walk over the steps' dicts
+        kept = np.flatnonzero(present & ~np.isnan(column))
+        if kept.shape[0] <= ANOMALY_MIN_HISTORY:
             continue
-        values = np.array([value for _, value in kept], dtype=np.float64)
+        values = column[kept]
         baseline, threshold = _window_baselines(values, window, spread)
         with np.errstate(divide="ignore", invalid="ignore"):
             flagged = (baseline > 0) & ~np.isnan(threshold) & (values > factor * baseline)
             flagged &= np.log(np.where(flagged, values, 1.0)) > threshold
         for index in np.flatnonzero(flagged).tolist():
-            step, value = kept[index]
+            value = float(values[index])
             anomalies.append(
-                Anomaly(int(step.step or 0), metric, value, float(baseline[index]), value / baseline[index])
+                Anomaly(int(ids[kept[index]]), metric, value, float(baseline[index]), value / baseline[index])
             )
     return sorted(anomalies, key=lambda a: (-a.factor, a.step, a.metric))
 
@@ -172,7 +173,8 @@ def step_trend(steps: Sequence[StepResult], metric: str = catalogue.K3_KL.key) -
     The change point is the split (≥ 5 steps each side) that minimises the within-segment squared error;
     it is reported only when the later mean is ≥ 2 × the earlier one with Welch's t > 3.
     """
-    points = [(float(s.step or 0), s.metrics[metric]) for s in steps if metric in s.metrics]
+    present, column = metric_column(steps, metric)
+    points = list(zip(step_ids(steps)[present].astype(np.float64).tolist(), column[present].tolist(), strict=True))
     fit = least_squares([p[0] for p in points], [p[1] for p in points])
     if fit is None:
         return None

@@ -25,11 +25,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 from rollout_diag import catalogue
 from rollout_diag.catalogue import short_name
-from rollout_diag.decisions.levels import judge
+from rollout_diag.decisions.levels import RULES, judge
 from rollout_diag.formatting import number, percent
-from rollout_diag.results import Hint, OverallVerdict, Verdict
+from rollout_diag.results import Hint, OverallVerdict, StepResult, StepTable, Verdict, metric_column
 
 LEVEL_ORDER = ("bad", "watch", "ok", "n/a")
 # Hints that are pipeline bugs, in the order to fix them: a shifted gather moves every token's logprob, so it
@@ -167,6 +169,30 @@ def step_levels(steps: Sequence[tuple[int | None, Mapping[str, float]]]) -> list
         level = worst_level([value for key, value in levels.items() if key not in growing])
         out.append({"step": step, "level": level, "levels": levels})
     return out
+
+
+def step_levels_of(steps: Sequence[StepResult]) -> list[dict[str, object]]:
+    """``step_levels`` of every step, judged a metric column at a time (the same levels as ``judge`` step by step:
+    ``n/a`` for a missing or NaN value, ``bad`` at or above ``bad``, ``watch`` at or above ``watch``, else ``ok``)."""
+    growing = set(catalogue.keys_with_role(catalogue.Role.LENGTH_GROWING))
+    count = len(steps)
+    names = np.array(LEVEL_ORDER, dtype=object)
+    columns: list[tuple[str, list[str]]] = []
+    worst = np.full(count, len(LEVEL_ORDER) - 1)  # the index in LEVEL_ORDER of each step's worst level
+    for rule in RULES:
+        _, values = metric_column(steps, rule.metric)
+        with np.errstate(invalid="ignore"):
+            rank = np.where(np.isnan(values), 3, np.where(values >= rule.bad, 0, np.where(values >= rule.watch, 1, 2)))
+        columns.append((rule.metric, names[rank].tolist()))
+        if rule.metric not in growing:
+            worst = np.minimum(worst, rank)
+    ids = [step.step for step in steps] if not isinstance(steps, StepTable) else steps.step_ids.tolist()
+    metrics = [metric for metric, _ in columns]
+    per_step = zip(*(levels for _, levels in columns), strict=True) if columns else ([] for _ in range(count))
+    return [
+        {"step": step, "level": level, "levels": dict(zip(metrics, levels, strict=True))}
+        for step, level, levels in zip(ids, names[worst].tolist(), per_step, strict=True)
+    ]
 
 
 def group_verdict(

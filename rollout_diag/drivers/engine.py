@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from rollout_diag.decisions.analysis import judge_analysis
 from rollout_diag.drivers.distributed import AUTO, Workers, analyze_parts, check_workers, resolve_workers
 from rollout_diag.drivers.dump import reads_dump
@@ -27,7 +29,7 @@ from rollout_diag.metrics.dialects import DEFAULT as DEFAULT_DIALECT
 from rollout_diag.metrics.dialects import resolve as resolve_dialects
 from rollout_diag.metrics.localize import DEFAULT_CATASTROPHIC, DEFAULT_TOP_K
 from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS
-from rollout_diag.results import AnalysisResult, SkippedRow
+from rollout_diag.results import AnalysisResult, MetricColumns, SkippedRow, StepResult, StepTable
 from rollout_diag.selection import StepRange, no_rows_match, selection, selection_summary
 
 if TYPE_CHECKING:
@@ -94,12 +96,34 @@ def _first(log: ReadLog) -> SkippedRow | None:
     return log.skipped[0] if log.skipped else None
 
 
+def step_table(analysis: Analysis) -> StepTable:
+    """Every step's result as columns (``Analysis.step_results``'s values, keys and key order, without a dict per
+    step): the families' metrics in family order, then the dialects."""
+    table = analysis.offpolicy.store
+    steps = table.steps
+    groups = [group for family in analysis.families for group in family.finalize_columns(steps).groups]
+    dialects = {} if analysis.offpolicy_only else analysis.dialect.finalize_columns(steps)
+    count = steps.shape[0]
+    rows, tokens, empty = (
+        table.dense[name].reshape(count) if count else np.zeros(0) for name in ("rows", "tokens", "empty_rows")
+    )
+    return StepTable(steps, rows, tokens, empty, MetricColumns(groups, count), dialects)
+
+
+def step_counts(steps: StepTable) -> list[StepResult]:
+    """Each step's rows, tokens and empty rows, without its metrics."""
+    counts = zip(
+        steps.step_ids.tolist(), steps.rows.tolist(), steps.tokens.tolist(), steps.empty_rows.tolist(), strict=True
+    )
+    return [StepResult(step, rows, tokens, {}, empty) for step, rows, tokens, empty in counts]
+
+
 def build_result(
     analysis: Analysis, log: ReadLog, device: torch.device, strict: bool, selection_of: Any = None
 ) -> AnalysisResult:
     """Finalize ``analysis`` into an AnalysisResult; raises DataError when nothing could be analysed.
     ``selection_of``: the RowSelection the rows were read with (``reader.selection``), recorded in the result."""
-    steps = analysis.step_results()
+    steps = step_table(analysis)
     run = analysis.run_result()
     if run.rows == 0 and log.rows_selected_out:
         raise DataError(f"{', '.join(log.files)}: {no_rows_match(selection_of, log.rows_selected_out)}")
@@ -113,9 +137,10 @@ def build_result(
             f"{', '.join(log.files)}: column '{log.columns.get('mask', 'response_mask')}': no model token "
             f"(mask 1) in any of the {run.rows} rows; nothing to measure."
         )
-    warnings = list(log.warnings) + analysis.warnings(steps)
-    if strict and any(s.tokens == 0 for s in steps):
-        raise DataError(f"{', '.join(log.files)}: {analysis.warnings(steps)[0]}")
+    counts = step_counts(steps)  # the warnings read only these: no metrics per step
+    warnings = list(log.warnings) + analysis.warnings(counts)
+    if strict and bool((steps.tokens == 0).any()):
+        raise DataError(f"{', '.join(log.files)}: {analysis.warnings(counts)[0]}")
     if log.skipped_rows:
         warnings.append(f"{log.skipped_rows} row(s) skipped as invalid; each is listed with its file, row and column.")
     rounds = analysis.rounds.finalize_table()
@@ -129,7 +154,7 @@ def build_result(
         steps=steps,
         rounds=rounds,
         verdicts=[],
-        positions=analysis.positions.position_rows(),
+        positions=analysis.positions.position_table(),
         worst_rows=analysis.worst.worst_rows(),
         worst_tokens=analysis.worst.worst_tokens(),
         worst_row_tokens=analysis.worst.worst_row_tokens(),

@@ -10,7 +10,7 @@ from rollout_diag.drivers.passes import Inputs, Progress, open_reader, resolve_d
 from rollout_diag.errors import ConfigError, DataError, option_name
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
 from rollout_diag.metrics.sweep import DEFAULT_TARGETS, SweepAccumulator, sweep_tables
-from rollout_diag.results import SweepOption, SweepResult, SweepStep
+from rollout_diag.results import Converted, SweepOption, SweepResult, SweepStep
 
 if TYPE_CHECKING:
     import torch  # annotations only: the driver's arithmetic runs in passes and metrics
@@ -53,7 +53,7 @@ def threshold_sweep(
         columns=dict(reader.log.columns),
         targets=list(checked),
         run=run,
-        steps=[SweepStep.from_json(entry) for entry in step_rows],
+        steps=Converted(step_rows, SweepStep.from_json),  # each step's objects made when read (200 000 steps)
         warnings=list(reader.log.warnings),
         skipped=list(reader.log.skipped),
         skipped_rows=reader.log.skipped_rows,

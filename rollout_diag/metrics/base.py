@@ -24,6 +24,7 @@ import torch
 
 from rollout_diag.catalogue import CLAMP, EPS
 from rollout_diag.io.chunk import Chunk
+from rollout_diag.results import KeyColumns, MetricColumns
 
 State = dict[str, np.ndarray]
 
@@ -275,6 +276,28 @@ class StateTable:
         keep[first + 1] = False
         return all_step[keep], all_bucket[keep], all_values[keep]
 
+    @classmethod
+    def joined(cls, tables: Sequence[StateTable]) -> StateTable:
+        """Tables whose steps follow each other (each table's first step after the previous one's last) as one."""
+        parts = [table for table in tables if table.shapes]
+        if len(parts) <= 1:
+            return parts[0] if parts else tables[-1]
+        first = parts[0]
+        return cls(
+            first.reductions,
+            first.shapes,
+            np.concatenate([table.steps for table in parts]),
+            {name: np.concatenate([table.dense[name] for table in parts]) for name in first.dense},
+            {
+                name: tuple(np.concatenate([table.sparse[name][i] for table in parts]) for i in range(3))  # type: ignore[misc]
+                for name in first.sparse
+            },
+            {
+                name: tuple(np.concatenate([table.ragged[name][i] for table in parts]) for i in range(2))  # type: ignore[misc]
+                for name in first.ragged
+            },
+        )
+
     def subset(self, keep: np.ndarray) -> StateTable:
         """The table of the steps where ``keep`` (bool [S]) holds."""
         steps = self.steps[keep]
@@ -312,9 +335,25 @@ class StateTable:
         shape = self.shapes[name] if count is None else (count, *self.shapes[name])
         return np.full(shape, IDENTITY[self.reductions[name]], dtype=np.float64)
 
-    def blocks(self, block: int = 4096) -> Iterator[tuple[list[int], dict[str, Any]]]:
-        """(steps, columns) of up to ``block`` consecutive steps: each field as one [B, ...] array (a list of B
-        arrays for ``concat``), wide fields made dense for these steps only (memory stays small)."""
+    def blocks(
+        self, block: int = 4096, names: Sequence[str] | None = None
+    ) -> Iterator[tuple[list[int], dict[str, Any]]]:
+        """(steps, columns) of up to ``block`` consecutive steps: each field (of ``names``; all when None) as one
+        [B, ...] array (a list of B arrays for ``concat``), wide fields made dense for these steps only (memory stays
+        small)."""
+        if names is not None:
+            fields = set(names)
+            sparse = {name: entries for name, entries in self.sparse.items() if name in fields}
+            narrowed = StateTable(
+                {name: self.reductions[name] for name in names},
+                self.shapes,
+                self.steps,
+                {name: column for name, column in self.dense.items() if name in fields},
+                sparse,
+                {name: entries for name, entries in self.ragged.items() if name in fields},
+            )
+            yield from narrowed.blocks(block)
+            return
         bounds = {name: np.searchsorted(step, self.steps) for name, (step, _, _) in self.sparse.items()}
         ragged_bounds = {name: np.searchsorted(step, self.steps) for name, (step, _) in self.ragged.items()}
         steps = self.steps.tolist()
@@ -427,6 +466,78 @@ class StepStates(MutableMapping):
         self.owner.store = self.owner.store.subset(self.owner.store.steps != step)
 
 
+def groups_of_dicts(rows: Sequence[Mapping[str, Any]]) -> list[KeyColumns]:
+    """Per-step dicts as key groups: the steps that report the same keys in the same order share one group (values
+    in a float64 column when all are floats, else as given)."""
+    by_keys: dict[tuple[str, ...], list[int]] = {}
+    for index, row in enumerate(rows):
+        if row:
+            by_keys.setdefault(tuple(row), []).append(index)
+    groups: list[KeyColumns] = []
+    for names, members in by_keys.items():
+        present = np.zeros(len(rows), dtype=bool)
+        present[members] = True
+        values = {}
+        for name in names:
+            found = [rows[i][name] for i in members]
+            floats = all(type(v) is float for v in found)
+            column = np.zeros(len(rows)) if floats else np.empty(len(rows), dtype=object)
+            column[members] = found
+            values[_METRIC_NAMES.setdefault(name, name)] = column
+        groups.append((present, values))
+    return groups
+
+
+def _joined(parts: Sequence[Sequence[KeyColumns]], sizes: Sequence[int], count: int) -> list[KeyColumns]:
+    """Blocks of steps' key groups (block b: ``sizes[b]`` steps) as groups over all the steps. Blocks that give the
+    same keys group for group (a family's ``_finalize_columns``) are concatenated; otherwise each block's groups
+    stand alone, padded with steps that do not report them (a step belongs to one block: its keys and their order
+    are unchanged)."""
+    if not parts:
+        return []
+    shape = [tuple(values) for _, values in parts[0]]
+    if all([tuple(values) for _, values in part] == shape for part in parts):
+        return [
+            (
+                np.concatenate([part[g][0] for part in parts]),
+                {name: np.concatenate([part[g][1][name] for part in parts]) for name in shape[g]},
+            )
+            for g in range(len(shape))
+        ]
+    out: list[KeyColumns] = []
+    begin = 0
+    for size, part in zip(sizes, parts, strict=True):
+        for present, values in part:
+            wide_present = np.zeros(count, dtype=bool)
+            wide_present[begin : begin + size] = present
+            wide = {}
+            for name, column in values.items():
+                padded = np.zeros(count, dtype=column.dtype)
+                padded[begin : begin + size] = column
+                wide[name] = padded
+            out.append((wide_present, wide))
+        begin += size
+    return out
+
+
+def _widened(groups: Sequence[KeyColumns], at: np.ndarray | None, count: int) -> list[KeyColumns]:
+    """Groups over a table's own steps placed at positions ``at`` of ``count`` steps (None: as they are; a position
+    of ``count``: a step left out)."""
+    if at is None:
+        return list(groups)
+    out: list[KeyColumns] = []
+    for present, values in groups:
+        wide_present = np.zeros(count + 1, dtype=bool)
+        wide_present[at] = present
+        wide = {}
+        for name, column in values.items():
+            padded = np.zeros(count + 1, dtype=column.dtype)
+            padded[at] = column
+            wide[name] = padded[:count]
+        out.append((wide_present[:count], wide))
+    return out
+
+
 _METRIC_NAMES: dict[str, str] = {}  # one string per metric name (see StepAccumulator.finalize_steps)
 Columns = dict[str, Any]  # a block of steps: field -> [B, ...] (a list of B arrays for ``concat``)
 # (steps that report the keys: bool [B], key -> value [B] or a scalar)
@@ -442,6 +553,37 @@ class StepAccumulator(ABC):
 
     def __init__(self) -> None:
         self.store = StateTable.empty(self.REDUCTIONS)
+
+    # The table is kept as sealed parts (steps no later chunk can reach, in order) and an open one (the latest steps):
+    # a chunk merges into the open part only, so a chunk costs what it holds, not what the table holds; the parts are
+    # joined (concatenated: no arithmetic, so no digit changes) when the table is read.
+    @property
+    def store(self) -> StateTable:
+        sealed = self.__dict__.get("_sealed")
+        if sealed:
+            self.__dict__["_store"] = StateTable.joined([*sealed, self.__dict__["_store"]])
+            self.__dict__["_sealed"] = []
+        return self.__dict__["_store"]
+
+    @store.setter
+    def store(self, table: StateTable) -> None:
+        self.__dict__["_store"] = table
+        self.__dict__["_sealed"] = []
+
+    def _append(self, incoming: StateTable) -> None:
+        """Merge a chunk's table: into the open part when its steps start at or after the open part's last step
+        (the same merge, on fewer steps), else into the whole table."""
+        open_part: StateTable = self.__dict__["_store"]
+        last = open_part.steps[-1] if open_part.steps.shape[0] else None
+        if last is None or not incoming.steps.shape[0] or incoming.steps[0] < last:
+            self.store = self.store.merged(incoming)
+            return
+        if incoming.steps[0] > last:
+            sealed, self.__dict__["_store"] = open_part, incoming
+        else:  # the chunk goes on with the open part's last step: only that step merges
+            sealed = open_part.subset(open_part.steps < last)
+            self.__dict__["_store"] = open_part.subset(open_part.steps == last).merged(incoming)
+        self.__dict__["_sealed"] = [*self.__dict__.get("_sealed", []), sealed]  # a new list: copies may share the old
 
     @property
     def steps(self) -> StepStates:
@@ -462,7 +604,7 @@ class StepAccumulator(ABC):
             name: value.cpu().numpy() if isinstance(value, torch.Tensor) else value
             for name, value in self._stats(chunk).items()
         }
-        self.store = self.store.merged(StateTable.from_groups(self.REDUCTIONS, chunk.groups.steps, partial))
+        self._append(StateTable.from_groups(self.REDUCTIONS, chunk.groups.steps, partial))
 
     def merge(self, other: StepAccumulator) -> None:
         self.store = self.store.merged(other.store)
@@ -503,6 +645,47 @@ class StepAccumulator(ABC):
                     rows[position].update(zip(names, row, strict=True))
             out.update(zip(steps, rows, strict=True))
         return out
+
+    def finalize_columns(self, steps: np.ndarray | None = None) -> MetricColumns:
+        """``finalize_steps`` as columns over ``steps`` (sorted, holding every step of the table; the table's steps
+        when None): the same values, the same keys in the same order per step, no dict per step."""
+        own = self.store.steps
+        count = own.shape[0] if steps is None else steps.shape[0]
+        same = steps is None or (steps.shape == own.shape and bool(np.array_equal(steps, own)))
+        at = None if same else np.searchsorted(steps, own)  # type: ignore[arg-type]
+        if at is not None:  # a step ``steps`` lacks (a restricted analysis beside an unrestricted dialect) is left out
+            inside = at < count
+            inside[inside] = steps[at[inside]] == own[inside]
+            at = np.where(inside, at, count)
+        parts: list[list[KeyColumns]] = []
+        sizes: list[int] = []
+        for block_steps, columns in self.store.blocks():
+            groups = self._finalize_columns(columns)
+            size = len(block_steps)
+            sizes.append(size)
+            if groups is None:  # step by step, grouped by the keys each step reports
+                names = list(columns)
+                finalized = [
+                    self._finalize(dict(zip(names, values, strict=True)))
+                    for values in zip(*(list(columns[n]) for n in names), strict=True)
+                ]
+                parts.append(groups_of_dicts(finalized))
+                continue
+            parts.append(
+                [
+                    (
+                        np.asarray(reports, dtype=bool),
+                        {
+                            _METRIC_NAMES.setdefault(name, name): np.broadcast_to(
+                                np.asarray(value, np.float64), (size,)
+                            )
+                            for name, value in values.items()
+                        },
+                    )
+                    for reports, values in groups
+                ]
+            )
+        return MetricColumns(_widened(_joined(parts, sizes, own.shape[0]), at, count), count)
 
     def finalize_run(self) -> dict[str, float]:
         state = self.run_state()

@@ -19,7 +19,7 @@ from rollout_diag import catalogue
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import EPS, Columns, KeyGroup, State, StepAccumulator, row_mean
 from rollout_diag.metrics.segments import EXPONENT_MAX, EXPONENT_MIN, stats
-from rollout_diag.results import RowTokens, WorstRow, WorstToken
+from rollout_diag.results import Rows, RowTokens, WorstRow, WorstToken
 
 POSITION_BUCKETS = 40  # log2 buckets: covers rows of up to 2^38 tokens
 DEFAULT_CATASTROPHIC = 1.0  # |δ| > 1: ρ outside [1/e, e]
@@ -50,6 +50,18 @@ def bucket_label(bucket: int) -> tuple[int, int, str]:
         return 0, 0, "0"
     start, end = 1 << (bucket - 1), (1 << bucket) - 1
     return start, end, str(start) if start == end else f"{start}–{end}"
+
+
+POSITION_COLUMNS = (
+    "step",
+    "bucket",
+    "start",
+    "end",
+    "token_count",
+    "logprob_abs_diff_mean",
+    "k3_kl",
+    "catastrophic_share",
+)
 
 
 class PositionAccumulator(StepAccumulator):
@@ -154,6 +166,41 @@ class PositionAccumulator(StepAccumulator):
         for step, state in self.store.states():
             rows.extend(self.table(state, step))
         return rows
+
+    def position_table(self) -> Rows:
+        """``position_rows`` as columns (the same rows, keys, values and order), a block of steps at a time: no dict
+        per (step, bucket) is kept."""
+        run = self.run_state()
+        head = [] if run is None else self.table(run, None)
+        labels = [bucket_label(bucket) for bucket in range(POSITION_BUCKETS)]
+        starts = np.array([label[0] for label in labels], dtype=np.int64)
+        ends = np.array([label[1] for label in labels], dtype=np.int64)
+        names = np.array([label[2] for label in labels], dtype=object)
+        parts: dict[str, list[np.ndarray]] = {name: [] for name in POSITION_COLUMNS}
+        for steps, columns in self.store.blocks():
+            counts = np.asarray(columns["token_count"], np.float64).reshape(len(steps), -1)
+            row, bucket = np.nonzero(counts > 0)  # step by step, buckets in order: as table() walks them
+            n = counts[row, bucket]
+            parts["step"].append(np.asarray(steps, dtype=np.int64)[row])
+            parts["bucket"].append(names[bucket])
+            parts["start"].append(starts[bucket])
+            parts["end"].append(ends[bucket])
+            parts["token_count"].append(n.astype(np.int64))
+            for name, summed in (
+                ("logprob_abs_diff_mean", "abs_diff"),
+                ("k3_kl", "k3_kl"),
+                ("catastrophic_share", "catastrophic"),
+            ):
+                parts[name].append(np.asarray(columns[summed], np.float64).reshape(len(steps), -1)[row, bucket] / n)
+        kinds = {"bucket": object, "logprob_abs_diff_mean": np.float64, "k3_kl": np.float64}
+        kinds["catastrophic_share"] = np.float64
+        return Rows(
+            head,
+            {
+                name: np.concatenate(parts[name]) if parts[name] else np.zeros(0, dtype=kinds.get(name, np.int64))
+                for name in POSITION_COLUMNS
+            },
+        )
 
     def delta_histogram(self) -> dict[str, list[float]]:
         run = self.run_state()

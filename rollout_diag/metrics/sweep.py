@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -311,12 +312,186 @@ def _curve(option: SweepOption, threshold_for, share, marked: tuple[float, ...] 
 
 def sweep_tables(
     accumulator: SweepAccumulator, targets: tuple[float, ...] = DEFAULT_TARGETS
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(run table with curves, per-step tables without curves)."""
+) -> tuple[list[dict[str, Any]], Sequence[dict[str, Any]]]:
+    """(run table with curves, per-step tables without curves). The per-step tables are computed when first read
+    (``compare-presets`` reads only the run's), every step at once (``step_columns``), and each step's dict is built
+    when read."""
     run_state = accumulator.run_state()
     run = [] if run_state is None else accumulator.table(run_state, targets, curve=True)
-    steps = [
-        {"step": step, "options": accumulator.table(state, targets, curve=False)}
-        for step, state in sorted(accumulator.steps.items())
-    ]
-    return run, steps
+    return run, StepTables(accumulator, targets)
+
+
+class StepTables(Sequence):
+    """The per-step sweep tables (``{"step", "options"}`` dicts, as ``table`` writes them), from ``step_columns``."""
+
+    def __init__(self, accumulator: SweepAccumulator, targets: tuple[float, ...]) -> None:
+        self.accumulator, self.targets = accumulator, targets
+
+    @functools.cached_property
+    def columns(self) -> StepColumns:
+        return step_columns(self.accumulator, self.targets)
+
+    def __len__(self) -> int:
+        return int(self.accumulator.store.steps.shape[0])
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        return self.columns.step_table(range(len(self))[index])
+
+    def __iter__(self):
+        columns = self.columns
+        return (columns.step_table(index) for index in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self):
+        return (list, (list(self),))
+
+
+@dataclass
+class OptionColumns:
+    """One option's per-step sweep: ``count`` [S]; ``default_share`` [S] (None without a verl default); per target,
+    the threshold in verl's units and the share it rejects [S]."""
+
+    count: np.ndarray  # int64
+    default_share: np.ndarray | None
+    thresholds: list[np.ndarray]  # float64, one per target
+    shares: list[np.ndarray]
+
+
+@dataclass
+class StepColumns:
+    """Every step's sweep as columns: ``steps`` and one OptionColumns per option (OPTIONS order)."""
+
+    steps: list[int]
+    targets: tuple[float, ...]
+    options: list[OptionColumns]
+
+    def step_table(self, index: int) -> dict[str, Any]:
+        """Step ``index``'s ``{"step", "options"}``: what ``table(state, targets, curve=False)`` gives."""
+        rows = []
+        for option, columns in zip(OPTIONS, self.options, strict=True):
+            row: dict[str, Any] = {"option": option.name, "level": option.level, "verl_default": option.verl_default}
+            if option.verl_default is not None:
+                row["default_threshold"] = float(option.verl_default.split("_")[-1])
+            row["count"] = int(columns.count[index])
+            row["exact"] = option.level == "sequence"
+            if columns.default_share is not None:
+                row["default_share"] = float(columns.default_share[index])
+            row["thresholds"] = [
+                {"target": target, "threshold": float(thresholds[index]), "share": float(shares[index])}
+                for target, thresholds, shares in zip(self.targets, columns.thresholds, columns.shares, strict=True)
+            ]
+            rows.append(row)
+        return {"step": self.steps[index], "options": rows}
+
+
+def step_columns(accumulator: SweepAccumulator, targets: tuple[float, ...] = DEFAULT_TARGETS) -> StepColumns:
+    """Every step's sweep (``table(state, targets, curve=False)`` of each step's state), computed a block of steps at
+    a time with the same float64 operations, so the same digits, without a state or a dict per step."""
+    table = accumulator.store
+    step_count = table.steps.shape[0]
+    parts: list[list[tuple]] = [[] for _ in OPTIONS]
+    row_step, row_values = table.ragged["rows"]  # every valid row's statistics, by step
+    lengths = np.bincount(np.searchsorted(table.steps, row_step), minlength=step_count).astype(np.int64)
+    stacked = np.asarray(row_values, np.float64).reshape(-1, len(ROW_FIELDS))
+    for index, option in enumerate(OPTIONS):
+        if option.level == "sequence":  # every step at once: a step's rows are a run of the row columns
+            parts[index].append(_sequence_block(option, stacked, lengths, targets))
+    for _, columns in table.blocks(names=("tokens", "positive", "negative")):
+        tokens = np.asarray(columns["tokens"], np.float64).reshape(-1)
+        # tokens in bins ≥ j, j = 0 … HISTOGRAM_BINS, per step (the same sums as _TokenShares.tail, row by row)
+        positive, negative = (
+            np.concatenate([np.cumsum(np.asarray(h, np.float64)[:, ::-1], axis=1)[:, ::-1], np.zeros((len(h), 1))], 1)
+            for h in (columns["positive"], columns["negative"])
+        )
+        for index, option in enumerate(OPTIONS):
+            if option.level == "token":
+                parts[index].append(_token_block(option, positive, negative, tokens, targets))
+    options = []
+    for option, blocks in zip(OPTIONS, parts, strict=True):
+        count = np.concatenate([block[0] for block in blocks])
+        default = None if option.verl_default is None else np.concatenate([block[1] for block in blocks])
+        thresholds = [np.concatenate([block[2][t] for block in blocks]) for t in range(len(targets))]
+        shares = [np.concatenate([block[3][t] for block in blocks]) for t in range(len(targets))]
+        options.append(OptionColumns(count, default, thresholds, shares))
+    assert all(option.count.shape[0] == step_count for option in options)
+    return StepColumns(table.steps.tolist(), tuple(targets), options)
+
+
+def _token_block(option: SweepOption, positive: np.ndarray, negative: np.ndarray, tokens: np.ndarray, targets):
+    """``_TokenShares`` of a block of steps at once, from each side's tails [B, HISTOGRAM_BINS + 1]: (count, default
+    share, thresholds and shares per target)."""
+    scores, candidates, holding = _token_sides(option)
+    tails = (positive,) if option.kind == "is" else (positive, negative)
+    denominator = np.maximum(tokens, 1.0)
+
+    steps = np.arange(denominator.shape[0])
+
+    def shares_at(indices: Sequence[np.ndarray | int]) -> np.ndarray:
+        """Each step's share at its own tail index per side (``_TokenShares.share``'s sums, step by step)."""
+        total: Any = 0.0
+        for side, at in zip(tails, indices, strict=True):
+            total = total + side[steps, at]
+        return total / denominator
+
+    count = candidates.shape[0]
+    verl_units = np.array([_to_verl(option, float(t)) for t in candidates.tolist()])  # the candidates', once
+    thresholds, shares = [], []
+    for target in targets:
+        # threshold_for: the first candidate whose share is at most ``target``. The shares do not increase along the
+        # candidates (tails of non-negative counts, rounding is monotone), so a binary search per step finds the
+        # index the scan over every candidate finds, from the same sums.
+        low, high = np.zeros(steps.shape[0], np.int64), np.full(steps.shape[0], count)
+        while (open_ := low < high).any():
+            middle = np.minimum((low + high) // 2, count - 1)
+            passing = shares_at([side[middle] for side in holding]) <= target
+            high = np.where(open_ & passing, middle, high)
+            low = np.where(open_ & ~passing, middle + 1, low)
+        chosen = np.where(low < count, low, count - 1)
+        thresholds.append(verl_units[chosen])
+        shares.append(shares_at([_holding(side, candidates[chosen]) for side in scores]))
+    default = None
+    if option.verl_default is not None:
+        limit = _parse_default(option)[1]
+        default = shares_at([np.full(steps.shape[0], _holding(side, limit)) for side in scores])
+    return tokens.astype(np.int64), default, thresholds, shares
+
+
+def _sequence_block(option: SweepOption, stacked: np.ndarray, lengths: np.ndarray, targets):
+    """The sequence rows of ``_option_row`` for steps whose valid rows are consecutive runs of ``stacked`` [R, fields]
+    (``lengths[s]`` rows for step s): the same values, sorted per step."""
+    values = _row_values(option, stacked) if stacked.shape[0] else np.zeros(0)
+    scores = _score(option, values)
+    owner = np.repeat(np.arange(lengths.shape[0]), lengths)
+    ascending = scores[np.lexsort((scores, owner))]  # each step's scores in ascending order, steps in order
+    ends = np.cumsum(lengths)
+    totals = lengths.astype(np.float64)
+    thresholds, shares = [], []
+    for target in targets:
+        rank = np.floor(target * totals).astype(np.int64)  # math.floor(target * total), step by step
+        inside = rank < lengths
+        # the descending order's scores[rank] is the ascending order's [end - 1 - rank]
+        metric = np.where(inside, ascending[np.where(inside, ends - 1 - rank, 0)] if ascending.size else 0.0, 0.0)
+        above = np.bincount(owner, weights=scores > np.repeat(metric, lengths), minlength=lengths.shape[0])
+        # math.exp step by step where verl's units are a ratio (numpy's exp may round differently)
+        thresholds.append(np.array([_to_verl(option, value) for value in metric.tolist()]) if metric.size else metric)
+        shares.append(_shares(above, totals))
+    default = None
+    if option.verl_default is not None:
+        lower, upper = _parse_default(option)
+        rejected = np.bincount(owner, weights=(values > upper) | (values < lower), minlength=lengths.shape[0])
+        default = _shares(rejected, totals)
+    return lengths, default, thresholds, shares
+
+
+def _shares(rejected: np.ndarray, totals: np.ndarray) -> np.ndarray:
+    """``sequence_share`` of each step: rejected / valid rows (the same division), 0.0 without a valid row."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(totals > 0, rejected / np.where(totals > 0, totals, 1.0), 0.0)

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.io.chunk import Chunk
+from rollout_diag.metrics.base import StepAccumulator, groups_of_dicts
 from rollout_diag.metrics.dialects import areal, nemo_rl, openrlhf, prime_rl, roll, skyrl, slime, trl, verl
 from rollout_diag.metrics.dialects.base import DialectFamily, DialectMetric, Framework
+from rollout_diag.results import MetricColumns
 
 FRAMEWORKS: dict[str, Framework] = {
     module.FRAMEWORK.name: module.FRAMEWORK
@@ -76,9 +80,33 @@ class DialectsAccumulator:
                     out.setdefault(step, {})[name] = _ordered(name, values)
         return out
 
+    def finalize_columns(self, steps: np.ndarray) -> dict[str, MetricColumns]:
+        """``finalize_steps`` as columns over ``steps``: framework -> its values per step, in its declared order (a
+        step a framework has no value at does not report it); no dict per step where the family gives columns."""
+        out: dict[str, MetricColumns] = {}
+        for name, family in self.families.items():
+            if _gives_columns(family):
+                groups = family.finalize_columns(steps).groups
+            else:
+                per_step = family.finalize_steps()
+                groups = groups_of_dicts([per_step.get(step, {}) for step in steps.tolist()])
+            rank: dict[str, int] = {}
+            for index, metric in enumerate(FRAMEWORKS[name].metrics):
+                rank.setdefault(metric.name, index)
+            out[name] = MetricColumns(groups, steps.shape[0], order=rank)
+        return out
+
     def finalize_run(self) -> dict[str, dict[str, float]]:
         run = {name: family.finalize_run() for name, family in self.families.items()}
         return {name: _ordered(name, values) for name, values in run.items() if values}
+
+
+def _gives_columns(family: DialectFamily) -> bool:
+    """Whether ``family.finalize_columns`` gives what its ``finalize_steps`` does (not where a family writes its own
+    ``finalize_steps``)."""
+    if isinstance(family, verl.VerlAccumulator):
+        return True
+    return isinstance(family, StepAccumulator) and type(family).finalize_steps is StepAccumulator.finalize_steps
 
 
 def _ordered(framework: str, values: dict[str, float]) -> dict[str, float]:

@@ -21,6 +21,7 @@ from rollout_diag.metrics.debug import DebugAccumulator
 from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step
 from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
 from rollout_diag.metrics.segments import stats
+from rollout_diag.results import MetricColumns
 
 VALID = "@valid_rows"
 # verl's row-mean metrics (METRICS.md §1) that an empty row dilutes, as (name, value of row i from R_i[a], R_i[r]).
@@ -113,6 +114,17 @@ class VerlAccumulator:
                 out.setdefault(step, {}).update(_verl_only(values))
         return {step: values for step, values in sorted(out.items()) if _has_tokens(values)}
 
+    def finalize_columns(self, steps: np.ndarray) -> MetricColumns:
+        """``finalize_steps`` as columns over ``steps`` (the same values and keys per step, no dict per step)."""
+        groups = []
+        for family in self.families:
+            for present, values in family.finalize_columns(steps).groups:
+                kept = {name: column for name, column in values.items() if _is_verl(name)}
+                if kept:
+                    groups.append((present, kept))
+        has_tokens, _ = MetricColumns(groups, steps.shape[0]).column("rollout_corr/kl")
+        return MetricColumns([(present & has_tokens, values) for present, values in groups], steps.shape[0])
+
     def finalize_run(self) -> dict[str, float]:
         out: dict[str, float] = {}
         for family in self.families:
@@ -120,9 +132,13 @@ class VerlAccumulator:
         return out if _has_tokens(out) else {}
 
 
-def _verl_only(values: dict[str, float]) -> dict[str, float]:
+def _is_verl(name: str) -> bool:
     # mismatch/logprob_abs_diff is rollout-diag's own key (METRICS.md §7), not one verl logs
-    return {name: value for name, value in values.items() if name.startswith(("rollout_corr/", "training/"))}
+    return name.startswith(("rollout_corr/", "training/"))
+
+
+def _verl_only(values: dict[str, float]) -> dict[str, float]:
+    return {name: value for name, value in values.items() if _is_verl(name)}
 
 
 def _has_tokens(values: dict[str, float]) -> bool:
