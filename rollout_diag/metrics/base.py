@@ -730,7 +730,8 @@ def _host_or_torch(numpy_function, torch_function, numpy_on_cpu: bool = True):
 
     def apply(values: torch.Tensor) -> torch.Tensor:
         if numpy_on_cpu and values.device.type == "cpu":
-            return torch.from_numpy(numpy_function(values.contiguous().numpy()))
+            with np.errstate(over="ignore", invalid="ignore"):  # inf / NaN as torch gives them, without a warning
+                return torch.from_numpy(numpy_function(values.contiguous().numpy()))
         return torch_function(values)
 
     return apply
