@@ -455,6 +455,30 @@ def _element(buf, p, end, element, floats, ints, nulls, n):
     return q
 
 
+@njit(**_INLINE)
+def _items(buf, p, end, element, floats, ints, nulls, n):
+    """The items of the list whose ``[`` is at ``p`` into the element arrays from index ``n``: (the position after its
+    ``]``, the next free index), or (-1, …) where the list is not one the fast path reads."""
+    p = _space(buf, p + 1, end)
+    if p < end and buf[p] == 93:
+        return p + 1, n
+    while p >= 0:
+        p = _element(buf, p, end, element, floats, ints, nulls, n)
+        if p < 0:
+            break
+        n += 1
+        p = _space(buf, p, end)
+        if p < end and buf[p] == 44:
+            p = _space(buf, p + 1, end)
+            if p >= end:
+                p = -1
+        elif p < end and buf[p] == 93:
+            return p + 1, n
+        else:
+            p = -1
+    return -1, n
+
+
 @njit(**_FLAGS)
 def scan(raw, starts, key_bytes, key_starts, kinds, elements):
     """Read lines ``raw[starts[i]:starts[i + 1]]``.
@@ -540,25 +564,7 @@ def scan(raw, starts, key_bytes, key_starts, kinds, elements):
                         p = -1
                     elif kind == LIST:
                         first[line, key] = n
-                        p = _space(buf, p + 1, end)
-                        if p < end and buf[p] == 93:
-                            p += 1
-                        else:
-                            while p >= 0:
-                                p = _element(buf, p, end, elements[key], floats, ints, nulls, n)
-                                if p < 0:
-                                    break
-                                n += 1
-                                p = _space(buf, p, end)
-                                if p < end and buf[p] == 44:
-                                    p = _space(buf, p + 1, end)
-                                    if p >= end:
-                                        p = -1
-                                elif p < end and buf[p] == 93:
-                                    p += 1
-                                    break
-                                else:
-                                    p = -1
+                        p, n = _items(buf, p, end, elements[key], floats, ints, nulls, n)
                         count[line, key] = n - first[line, key]
                     else:  # LIST2: a list of lists (or nulls)
                         first[line, key] = m
@@ -577,25 +583,7 @@ def scan(raw, starts, key_bytes, key_starts, kinds, elements):
                                 elif buf[p] != 91:
                                     p = -1
                                 else:
-                                    p = _space(buf, p + 1, end)
-                                    if p < end and buf[p] == 93:
-                                        p += 1
-                                    else:
-                                        while p >= 0:
-                                            p = _element(buf, p, end, elements[key], floats, ints, nulls, n)
-                                            if p < 0:
-                                                break
-                                            n += 1
-                                            p = _space(buf, p, end)
-                                            if p < end and buf[p] == 44:
-                                                p = _space(buf, p + 1, end)
-                                                if p >= end:
-                                                    p = -1
-                                            elif p < end and buf[p] == 93:
-                                                p += 1
-                                                break
-                                            else:
-                                                p = -1
+                                    p, n = _items(buf, p, end, elements[key], floats, ints, nulls, n)
                                 if p < 0:
                                     break
                                 sub_count[m] = n - sub_first[m]
