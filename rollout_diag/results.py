@@ -217,7 +217,22 @@ class RowMetrics(Mapping):
         return (dict, (self.columns.row(self.index),))
 
 
-class StepTable(Sequence):
+class ReadSequence(Sequence):
+    """A sequence whose items are made when read (none kept): equal to the list it stands for (item by item, so a
+    list of the same items compares equal either way round), unhashable as a list, pickled as that list."""
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self):
+        return (list, (list(self),))
+
+
+class StepTable(ReadSequence):
     """``AnalysisResult.steps`` as columns: the step ids, their rows, tokens and empty rows, the metric values and each
     framework's dialect values; ``table[i]`` is a StepResult read from the columns (nothing per step is kept, so
     200 000 steps cost their numbers, not 200 000 dicts). Equal to the list of StepResults it stands for."""
@@ -271,13 +286,6 @@ class StepTable(Sequence):
         """(steps that report metric ``name``: bool [S], its values [S] as float64, NaN where absent)."""
         return self.metrics.column(name)
 
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Sequence) and not isinstance(other, str):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
     def __repr__(self) -> str:
         return f"StepTable({len(self)} steps)"
 
@@ -285,7 +293,7 @@ class StepTable(Sequence):
         return (StepTable, (self.step_ids, self.rows, self.tokens, self.empty_rows, self.metrics, self.dialects))
 
 
-class Rows(Sequence):
+class Rows(ReadSequence):
     """A list of table rows (dicts with the same keys) held as columns: ``head`` (plain dicts) first, then one row per
     entry of the columns, each value a Python int, float, str or None as the dict it stands for would hold. Rows are
     built when read, none is kept (a 200 000-step run has 600 000 position rows). Equal to that list of dicts."""
@@ -316,21 +324,11 @@ class Rows(Sequence):
             for row in zip(*values, strict=True):
                 yield dict(zip(self.names, row, strict=True))
 
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Sequence) and not isinstance(other, str):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
     def __repr__(self) -> str:
         return f"Rows({len(self)} rows)"
 
-    def __reduce__(self):
-        return (list, (list(self),))
 
-
-class Converted(Sequence):
+class Converted(ReadSequence):
     """``[convert(item) for item in items]``, each made when read and none kept: per-step results of a 200 000-step
     run (the sweep's 13 options × targets a step) as objects only while a renderer reads them. Equal to that list."""
 
@@ -348,18 +346,8 @@ class Converted(Sequence):
     def __iter__(self):
         return (self.convert(item) for item in self.items)
 
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Sequence) and not isinstance(other, str):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
     def __repr__(self) -> str:
         return f"Converted({len(self)} items)"
-
-    def __reduce__(self):
-        return (list, (list(self),))
 
 
 def metric_column(steps: Sequence[StepResult], name: str) -> tuple[np.ndarray, np.ndarray]:

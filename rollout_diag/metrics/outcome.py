@@ -33,7 +33,7 @@ from rollout_diag.metrics.correction import (
 from rollout_diag.metrics.legacy import LegacyAccumulator, legacy_keep, legacy_rejections, mask_name, veto_name
 from rollout_diag.metrics.segments import ChunkStats, PerToken, stats
 from rollout_diag.presets import ImportanceSampling, LegacyCorrection, Preset, RejectionOption
-from rollout_diag.results import StepResult
+from rollout_diag.results import ReadSequence, StepResult
 
 if TYPE_CHECKING:
     import torch
@@ -226,7 +226,7 @@ class CorrectionAnalysis:
 
 
 # --------------------------------------------------------------------------- per-step results as columns
-class PresetSteps(Sequence[StepResult]):
+class PresetSteps(ReadSequence):
     """``PresetResult.steps`` of one preset: each step's §1 metrics (``rollout_corr/`` keys of the analysis's step)
     followed by the preset's own, built when read from the pass's columns (``CorrectionAnalysis.step_columns``, made on
     first read). Nothing per step is kept: 200 000 steps × 25 presets cost the accumulators' columns, not 5 million
@@ -270,13 +270,6 @@ class PresetSteps(Sequence[StepResult]):
                 found[found] = steps[at[found]] == ids[found]
                 self._parts.append((np.where(found, at, -1), groups))
         return self._parts
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Sequence) and not isinstance(other, str):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"PresetSteps({self.name!r}, {len(self)} steps)"
