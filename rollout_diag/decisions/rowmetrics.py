@@ -124,7 +124,8 @@ def by_step(metric: RowMetric, rows: RowStats) -> dict[int, float]:
     owner = np.repeat(np.arange(len(starts)), sizes)  # each sorted row's step index
     place = np.arange(len(order)) - starts[owner]  # its position within its step
     small = sizes[owner] < _SEQUENTIAL
-    num, den, tok = (_sequential(values, owner, place, small, len(starts)) for values in (numerator, denominator, tokens))
+    count = len(starts)
+    num, den, tok = (_sequential(values, owner, place, small, count) for values in (numerator, denominator, tokens))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         values = num / (den + metric.eps) + metric.offset
     values[tok == 0.0] = np.nan
@@ -137,9 +138,7 @@ def by_step(metric: RowMetric, rows: RowStats) -> dict[int, float]:
     return dict(zip(steps[starts].tolist(), values.tolist(), strict=True))
 
 
-def _sequential(
-    column: np.ndarray, owner: np.ndarray, place: np.ndarray, small: np.ndarray, count: int
-) -> np.ndarray:
+def _sequential(column: np.ndarray, owner: np.ndarray, place: np.ndarray, small: np.ndarray, count: int) -> np.ndarray:
     """Σ of ``column`` per step (``owner``), added position by position from 0.0 (the small steps only)."""
     grid = np.zeros((_SEQUENTIAL, count))
     grid[place[small], owner[small]] = column[small]
