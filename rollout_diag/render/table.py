@@ -3,12 +3,14 @@ columns still do not fit, splits into parts that each repeat the key columns (st
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import io
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderResult
+from rich.segment import Segment, Segments
 from rich.table import Table
 from rich.text import Text
 
@@ -16,6 +18,10 @@ from rollout_diag.formatting import numbers
 from rollout_diag.render.format import plain
 
 BORDER = 3  # per column: one padding space each side and one border line (plus one for the left edge)
+# From this many rows a part is laid out by rich for its header and first rows only, and every further row written
+# as one line of its own (the bytes rich writes: checked on the first rows, else rich lays out the whole part):
+# rich measures and renders cell by cell, minutes for 200 000 steps.
+FAST_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -82,9 +88,11 @@ class FitTable:
             widths.append(max(header, min(cells, column.fold_width) if column.wrap else cells))
         return widths
 
-    def parts(self, width: int, rows: list[tuple[list[Text], str | None]] | None = None) -> list[list[int]]:
+    def parts(
+        self, width: int, rows: list[tuple[list[Text], str | None]] | None = None, needs: list[int] | None = None
+    ) -> list[list[int]]:
         """Column indices of each part: key columns first in every part, the others in order, as many as fit."""
-        needs = self.needs(rows)
+        needs = self.needs(rows) if needs is None else needs
         keys = [i for i, column in enumerate(self.columns) if column.key]
         base = sum(needs[i] + BORDER for i in keys) + 1
         parts: list[list[int]] = []
@@ -104,12 +112,18 @@ class FitTable:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         rows = self.rows
-        parts = self.parts(options.max_width, rows)
+        needs = self.needs(rows)
+        parts = self.parts(options.max_width, rows, needs)
         for number, indices in enumerate(parts):
             title = self.title if number == 0 else f"{short_title(self.title)} (continued, {number + 1}/{len(parts)})"
             # title and caption as lines of their own: they wrap at the terminal's width, not the part's
             yield Text(title, style="table.title")
-            yield self._table(rows, indices, options.max_width)
+            widths = self._widths(rows, indices, options.max_width, needs)
+            lines = _line_by_line(self, console, options, rows, indices, widths) if len(rows) >= FAST_ROWS else None
+            if lines is None:
+                yield self._table(rows, indices, options.max_width, widths)
+            else:
+                yield from lines
         if self.caption:
             yield Text(self.caption, style="table.caption")
 
@@ -118,10 +132,11 @@ class FitTable:
         rows: list[tuple[list[Text], str | None]],
         indices: Sequence[int],
         width: int,
+        widths: Sequence[int | None] | None = None,
     ) -> Table:
         """Natural widths when they fit; else every column at a width of its own: numbers and names at their
         needed width (headers wrap at spaces), free text folded into what is left."""
-        widths = self._widths(rows, indices, width)
+        widths = self._widths(rows, indices, width) if widths is None else widths
         table = Table()
         for index, fixed in zip(indices, widths, strict=True):
             column = self.columns[index]
@@ -131,10 +146,16 @@ class FitTable:
         return table
 
     def _widths(
-        self, rows: list[tuple[list[Text], str | None]], indices: Sequence[int], width: int
+        self,
+        rows: list[tuple[list[Text], str | None]],
+        indices: Sequence[int],
+        width: int,
+        needs: list[int] | None = None,
     ) -> list[int | None]:
-        needs = self.needs(rows)
-        natural = [max(needs[i], cell_len(self.columns[i].header), *_cell_widths(rows, i)) for i in indices]
+        needs = self.needs(rows) if needs is None else needs
+        natural = [
+            max(needs[i], cell_len(self.columns[i].header), max(_cell_widths(rows, i), default=0)) for i in indices
+        ]
         if sum(natural) + BORDER * len(indices) + 1 <= width:
             return [None] * len(indices)  # rich lays it out at natural widths
         widths: list[int | None] = [needs[i] for i in indices]
@@ -174,3 +195,113 @@ def _cell_widths(rows: list[tuple[list[Text], str | None]], index: int) -> list[
 
 def _longest_line(text: Text) -> int:
     return max((cell_len(line) for line in text.plain.split("\n")), default=0)
+
+
+def _line_by_line(
+    table: FitTable,
+    console: Console,
+    options: ConsoleOptions,
+    rows: list[tuple[list[Text], str | None]],
+    indices: Sequence[int],
+    widths: Sequence[int | None],
+) -> Iterator[Segment | Segments] | None:
+    """One part of ``table`` as rich writes it, at O(1) rich calls per distinct styled cell rather than per cell:
+    rich lays out the header and the first two rows at the part's widths; every further row is one line joined
+    from its cells. None when that does not give rich's bytes for the first two rows (a row style, a cell that
+    wraps or is padded in a way other than rich's justification), and then rich lays out the whole part."""
+    columns = [table.columns[index] for index in indices]
+    fixed = [
+        width if width is not None else max(cell_len(column.header), max(_cell_widths(rows, index), default=0))
+        for width, column, index in zip(widths, columns, indices, strict=True)
+    ]
+    if any(style is not None for _, style in rows):
+        return None
+    head = Table()
+    for column, width in zip(columns, fixed, strict=True):
+        head.add_column(column.header, justify=column.justify, width=width, overflow="fold")
+    for cells, _ in rows[:2]:
+        head.add_row(*(cells[index] for index in indices))
+    lines = console.render_lines(head, options, pad=False, new_lines=False)
+    box = head.box.substitute(options, safe=head.safe_box if head.safe_box is not None else console.safe_box)
+    if box is None:
+        return None
+    styled: dict[tuple, list[Segment]] = {}
+
+    def cell(text: Text, column: Column, width: int) -> list[Segment] | str | None:
+        plain_text = text.plain
+        if (
+            plain_text != plain_text.strip()
+            or any(mark in plain_text for mark in "\t\n\r")
+            or cell_len(plain_text) > width
+            or text.justify is not None
+            or text.overflow is not None
+            or text.no_wrap is not None
+            or text.end != "\n"
+        ):
+            return None
+        if not text.style and not text.spans:
+            pad = width - cell_len(plain_text)
+            if column.justify == "right":
+                return " " * pad + plain_text
+            if column.justify == "center":
+                return " " * (pad // 2) + plain_text + " " * (pad - pad // 2)
+            return plain_text + " " * pad
+        key = (plain_text, str(text.style), tuple(text.spans), column.justify, width)
+        if key not in styled:
+            if len(styled) >= FAST_ROWS:
+                return None
+            alone = Table(show_header=False)
+            alone.add_column(justify=column.justify, width=width, overflow="fold")
+            alone.add_row(text)
+            line = console.render_lines(alone, options, pad=False, new_lines=False)[1]
+            styled[key] = list(Segment.divide(line, [2, 2 + width, width + 4]))[1]
+        return styled[key]
+
+    def line(cells: list[Text]) -> list[Segment] | None:
+        segments: list[Segment] = []
+        text = box.mid_left + " "
+        for number, (index, column, width) in enumerate(zip(indices, columns, fixed, strict=True)):
+            shown = cell(cells[index], column, width)
+            if shown is None:
+                return None
+            if isinstance(shown, str):
+                text += shown
+            else:
+                segments.append(Segment(text))
+                segments.extend(shown)
+                text = ""
+            text += " " + (box.mid_right if number == len(indices) - 1 else box.mid_vertical + " ")
+        segments.append(Segment(text))
+        return segments
+
+    first = [line(cells) for cells, _ in rows[:2]]
+    if any(segments is None for segments in first) or [_ansi(s) for s in first] != [_ansi(s) for s in lines[-3:-1]]:
+        return None
+
+    def written() -> Iterator[Segment | Segments]:
+        for segments in lines[:-1]:
+            yield Segments([*segments, Segment.line()])
+        for cells, _ in rows[2:]:
+            segments = line(cells)
+            if segments is None:  # a cell rich lays out otherwise: that row alone, by rich, without a header
+                alone = Table(show_header=False, box=head.box)
+                for column, width in zip(columns, fixed, strict=True):
+                    alone.add_column(justify=column.justify, width=width, overflow="fold")
+                alone.add_row(*(cells[index] for index in indices))
+                for segments in console.render_lines(alone, options, pad=False, new_lines=False)[1:-1]:
+                    yield Segments([*segments, Segment.line()])
+                continue
+            segments.append(Segment.line())
+            yield Segments(segments)
+        yield Segments([*lines[-1], Segment.line()])
+
+    return written()
+
+
+def _ansi(segments: Sequence[Segment] | None) -> str:
+    """``segments`` written with every colour and attribute (to compare two ways of writing one line)."""
+    sink = io.StringIO()
+    Console(file=sink, force_terminal=True, color_system="truecolor", width=10_000, soft_wrap=True).print(
+        Segments(segments or []), end=""
+    )
+    return sink.getvalue()
