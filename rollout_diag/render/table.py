@@ -22,6 +22,7 @@ BORDER = 3  # per column: one padding space each side and one border line (plus 
 # as one line of its own (the bytes rich writes: checked on the first rows, else rich lays out the whole part):
 # rich measures and renders cell by cell, minutes for 200 000 steps.
 FAST_ROWS = 64
+_ONE_LINE = frozenset("\t\n\r\x0b\x0c")  # a cell holding one of these is laid out by rich
 
 
 @dataclass(frozen=True)
@@ -78,12 +79,21 @@ class FitTable:
                     row.append(cell if isinstance(cell, Text) else plain("" if cell is None else cell))
         return [(row, style) for row, (_, style) in zip(formatted, self.raw, strict=True)]
 
+    def _widest(self, rows: list[tuple[list[Text], str | None]], index: int) -> int:
+        """The widest line of column ``index``'s cells in ``rows`` (measured once per rendering of ``rows``)."""
+        cached = self.__dict__.get("_widest_of")
+        if cached is None or cached[0] is not rows:
+            cached = self._widest_of = (rows, {})
+        if index not in cached[1]:
+            cached[1][index] = max((_longest_line(cells[index]) for cells, _ in rows), default=0)
+        return cached[1][index]
+
     def needs(self, rows: list[tuple[list[Text], str | None]] | None = None) -> list[int]:
         """The narrowest each column can be: its widest cell and longest header word (free text: ``fold_width``)."""
         rows = self.rows if rows is None else rows
         widths = []
         for index, column in enumerate(self.columns):
-            cells = max(_cell_widths(rows, index), default=0)
+            cells = self._widest(rows, index)
             header = max((cell_len(word) for word in column.header.split()), default=1)
             widths.append(max(header, min(cells, column.fold_width) if column.wrap else cells))
         return widths
@@ -153,9 +163,7 @@ class FitTable:
         needs: list[int] | None = None,
     ) -> list[int | None]:
         needs = self.needs(rows) if needs is None else needs
-        natural = [
-            max(needs[i], cell_len(self.columns[i].header), max(_cell_widths(rows, i), default=0)) for i in indices
-        ]
+        natural = [max(needs[i], cell_len(self.columns[i].header), self._widest(rows, i)) for i in indices]
         if sum(natural) + BORDER * len(indices) + 1 <= width:
             return [None] * len(indices)  # rich lays it out at natural widths
         widths: list[int | None] = [needs[i] for i in indices]
@@ -189,12 +197,11 @@ def _number_texts(cells: Sequence[Num]) -> list[Text]:
     return [Text(shown[index] + cell.suffix) for index, cell in enumerate(cells)]
 
 
-def _cell_widths(rows: list[tuple[list[Text], str | None]], index: int) -> list[int]:
-    return [_longest_line(cells[index]) for cells, _ in rows]
-
-
 def _longest_line(text: Text) -> int:
-    return max((cell_len(line) for line in text.plain.split("\n")), default=0)
+    plain = text.plain
+    if "\n" not in plain:
+        return cell_len(plain)
+    return max(cell_len(line) for line in plain.split("\n"))
 
 
 def _line_by_line(
@@ -211,7 +218,7 @@ def _line_by_line(
     wraps or is padded in a way other than rich's justification), and then rich lays out the whole part."""
     columns = [table.columns[index] for index in indices]
     fixed = [
-        width if width is not None else max(cell_len(column.header), max(_cell_widths(rows, index), default=0))
+        width if width is not None else max(cell_len(column.header), table._widest(rows, index))
         for width, column, index in zip(widths, columns, indices, strict=True)
     ]
     if any(style is not None for _, style in rows):
@@ -231,7 +238,7 @@ def _line_by_line(
         plain_text = text.plain
         if (
             plain_text != plain_text.strip()
-            or any(mark in plain_text for mark in "\t\n\r")
+            or not _ONE_LINE.isdisjoint(plain_text)
             or cell_len(plain_text) > width
             or text.justify is not None
             or text.overflow is not None
