@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rollout_diag.formatting import numbers
-from rollout_diag.render.format import plain
+from rollout_diag.render.format import visible
 
 BORDER = 3  # per column: one padding space each side and one border line (plus one for the left edge)
 # From this many rows a part is laid out by rich for its header and first rows only, and every further row written
@@ -36,6 +36,7 @@ class Num:
 
 
 Cell = str | Text | Num
+_Rows = Sequence[tuple[Sequence[str | Text], str | None]]  # laid-out cells of each row, and the row's style
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,12 @@ class FitTable:
     @property
     def rows(self) -> list[tuple[list[Text], str | None]]:
         """Every row as rich Text cells, numbers formatted column by column."""
-        formatted: list[list[Text]] = [[] for _ in self.raw]
+        return [([_text(cell) for cell in cells], style) for cells, style in self._cells()]
+
+    def _cells(self) -> list[tuple[list[str | Text], str | None]]:
+        """As ``rows``, with a cell of unstyled text as its string (a Text is made only for rich to lay out: 200 000
+        rows × 11 columns of Text objects were 1 GB)."""
+        formatted: list[list[str | Text]] = [[] for _ in self.raw]
         for index in range(len(self.columns)):
             column = [cells[index] for cells, _ in self.raw]
             texts = iter(_number_texts([cell for cell in column if isinstance(cell, Num)]))
@@ -76,10 +82,10 @@ class FitTable:
                 if isinstance(cell, Num):
                     row.append(next(texts))
                 else:
-                    row.append(cell if isinstance(cell, Text) else plain("" if cell is None else cell))
+                    row.append(cell if isinstance(cell, Text) else visible("" if cell is None else cell))
         return [(row, style) for row, (_, style) in zip(formatted, self.raw, strict=True)]
 
-    def _widest(self, rows: list[tuple[list[Text], str | None]], index: int) -> int:
+    def _widest(self, rows: _Rows, index: int) -> int:
         """The widest line of column ``index``'s cells in ``rows`` (measured once per rendering of ``rows``)."""
         cached = self.__dict__.get("_widest_of")
         if cached is None or cached[0] is not rows:
@@ -88,7 +94,7 @@ class FitTable:
             cached[1][index] = max((_longest_line(cells[index]) for cells, _ in rows), default=0)
         return cached[1][index]
 
-    def needs(self, rows: list[tuple[list[Text], str | None]] | None = None) -> list[int]:
+    def needs(self, rows: _Rows | None = None) -> list[int]:
         """The narrowest each column can be: its widest cell and longest header word (free text: ``fold_width``)."""
         rows = self.rows if rows is None else rows
         widths = []
@@ -98,9 +104,7 @@ class FitTable:
             widths.append(max(header, min(cells, column.fold_width) if column.wrap else cells))
         return widths
 
-    def parts(
-        self, width: int, rows: list[tuple[list[Text], str | None]] | None = None, needs: list[int] | None = None
-    ) -> list[list[int]]:
+    def parts(self, width: int, rows: _Rows | None = None, needs: list[int] | None = None) -> list[list[int]]:
         """Column indices of each part: key columns first in every part, the others in order, as many as fit."""
         needs = self.needs(rows) if needs is None else needs
         keys = [i for i, column in enumerate(self.columns) if column.key]
@@ -121,7 +125,7 @@ class FitTable:
         return [sorted(keys + part) for part in parts]
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        rows = self.rows
+        rows = self._cells()
         needs = self.needs(rows)
         parts = self.parts(options.max_width, rows, needs)
         for number, indices in enumerate(parts):
@@ -139,7 +143,7 @@ class FitTable:
 
     def _table(
         self,
-        rows: list[tuple[list[Text], str | None]],
+        rows: _Rows,
         indices: Sequence[int],
         width: int,
         widths: Sequence[int | None] | None = None,
@@ -152,12 +156,12 @@ class FitTable:
             column = self.columns[index]
             table.add_column(column.header, justify=column.justify, width=fixed, overflow="fold")
         for cells, style in rows:
-            table.add_row(*(cells[index] for index in indices), style=style)
+            table.add_row(*(_text(cells[index]) for index in indices), style=style)
         return table
 
     def _widths(
         self,
-        rows: list[tuple[list[Text], str | None]],
+        rows: _Rows,
         indices: Sequence[int],
         width: int,
         needs: list[int] | None = None,
@@ -187,18 +191,23 @@ def short_title(title: str) -> str:
     return title[: min(cuts)] if cuts else title
 
 
-def _number_texts(cells: Sequence[Num]) -> list[Text]:
+def _text(cell: str | Text) -> Text:
+    """A cell as rich lays it out: unstyled text (already made visible) as a Text of its own."""
+    return cell if isinstance(cell, Text) else Text(cell)
+
+
+def _number_texts(cells: Sequence[Num]) -> list[str]:
     """Number cells of one column, in one notation per precision."""
     shown: dict[int, str] = {}
     for digits in {cell.digits for cell in cells}:
         group = [index for index, cell in enumerate(cells) if cell.digits == digits]
         for index, text in zip(group, numbers([cells[i].value for i in group], digits), strict=True):
             shown[index] = text
-    return [Text(shown[index] + cell.suffix) for index, cell in enumerate(cells)]
+    return [shown[index] + cell.suffix for index, cell in enumerate(cells)]
 
 
-def _longest_line(text: Text) -> int:
-    plain = text.plain
+def _longest_line(text: str | Text) -> int:
+    plain = text if isinstance(text, str) else text.plain
     if "\n" not in plain:
         return cell_len(plain)
     return max(cell_len(line) for line in plain.split("\n"))
@@ -208,7 +217,7 @@ def _line_by_line(
     table: FitTable,
     console: Console,
     options: ConsoleOptions,
-    rows: list[tuple[list[Text], str | None]],
+    rows: _Rows,
     indices: Sequence[int],
     widths: Sequence[int | None],
 ) -> Iterator[Segment | Segments] | None:
@@ -227,15 +236,19 @@ def _line_by_line(
     for column, width in zip(columns, fixed, strict=True):
         head.add_column(column.header, justify=column.justify, width=width, overflow="fold")
     for cells, _ in rows[:2]:
-        head.add_row(*(cells[index] for index in indices))
+        head.add_row(*(_text(cells[index]) for index in indices))
     lines = console.render_lines(head, options, pad=False, new_lines=False)
     box = head.box.substitute(options, safe=head.safe_box if head.safe_box is not None else console.safe_box)
     if box is None:
         return None
     styled: dict[tuple, list[Segment]] = {}
 
-    def cell(text: Text, column: Column, width: int) -> list[Segment] | str | None:
-        plain_text = text.plain
+    def cell(text: str | Text, column: Column, width: int) -> list[Segment] | str | None:
+        plain_text = text if isinstance(text, str) else text.plain
+        if isinstance(text, str):
+            if plain_text != plain_text.strip() or not _ONE_LINE.isdisjoint(plain_text) or cell_len(plain_text) > width:
+                return None
+            return _justified(plain_text, column.justify, width)
         if (
             plain_text != plain_text.strip()
             or not _ONE_LINE.isdisjoint(plain_text)
@@ -247,12 +260,7 @@ def _line_by_line(
         ):
             return None
         if not text.style and not text.spans:
-            pad = width - cell_len(plain_text)
-            if column.justify == "right":
-                return " " * pad + plain_text
-            if column.justify == "center":
-                return " " * (pad // 2) + plain_text + " " * (pad - pad // 2)
-            return plain_text + " " * pad
+            return _justified(plain_text, column.justify, width)
         key = (plain_text, str(text.style), tuple(text.spans), column.justify, width)
         if key not in styled:
             if len(styled) >= FAST_ROWS:
@@ -264,7 +272,7 @@ def _line_by_line(
             styled[key] = list(Segment.divide(line, [2, 2 + width, width + 4]))[1]
         return styled[key]
 
-    def line(cells: list[Text]) -> list[Segment] | None:
+    def line(cells: list[str | Text]) -> list[Segment] | None:
         segments: list[Segment] = []
         text = box.mid_left + " "
         for number, (index, column, width) in enumerate(zip(indices, columns, fixed, strict=True)):
@@ -294,7 +302,7 @@ def _line_by_line(
                 alone = Table(show_header=False, box=head.box)
                 for column, width in zip(columns, fixed, strict=True):
                     alone.add_column(justify=column.justify, width=width, overflow="fold")
-                alone.add_row(*(cells[index] for index in indices))
+                alone.add_row(*(_text(cells[index]) for index in indices))
                 for segments in console.render_lines(alone, options, pad=False, new_lines=False)[1:-1]:
                     yield Segments([*segments, Segment.line()])
                 continue
@@ -303,6 +311,15 @@ def _line_by_line(
         yield Segments([*lines[-1], Segment.line()])
 
     return written()
+
+
+def _justified(text: str, justify: str, width: int) -> str:
+    pad = width - cell_len(text)
+    if justify == "right":
+        return " " * pad + text
+    if justify == "center":
+        return " " * (pad // 2) + text + " " * (pad - pad // 2)
+    return text + " " * pad
 
 
 def _ansi(segments: Sequence[Segment] | None) -> str:
