@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
@@ -382,6 +382,20 @@ def emit(text: str, output: Path | None) -> None:
         typer.echo(f"wrote {output}", err=True)
 
 
+def emit_pieces(pieces: Iterable[str], output: Path | None) -> None:
+    """As :func:`emit`, for a document written piece by piece (never held as one string)."""
+    if output is None:
+        for piece in pieces:
+            sys.stdout.write(piece)
+        return
+    from rollout_diag.io.outputs import atomic_path
+
+    with atomic_path(output) as temporary, temporary.open("w", encoding="utf-8") as handle:
+        for piece in pieces:
+            handle.write(piece)
+    typer.echo(f"wrote {output}", err=True)
+
+
 def show(renderable: Any, output: Path | None) -> None:
     """Print rich tables to the terminal, or write them as plain text (no colour) to ``output`` (atomically)."""
     if output is None:
@@ -708,7 +722,7 @@ def sweep(
     refuse_overwriting_inputs({"output": output}, inputs)
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device)
     from rollout_diag.drivers.sweep import threshold_sweep
-    from rollout_diag.render.export import sweep_csv, to_json_text
+    from rollout_diag.render.export import json_pieces, sweep_csv
     from rollout_diag.render.sweep import render_sweep
 
     with progress_bar(inputs) as progress:
@@ -719,7 +733,7 @@ def sweep(
         )
     chosen = output_format(format, output)
     if chosen is OutputFormat.json:
-        emit(to_json_text(result.to_json()), output)
+        emit_pieces(json_pieces(result.to_json()), output)  # 200 000 steps: written step by step
     elif chosen is OutputFormat.csv:
         emit(sweep_csv(result), output)
     else:

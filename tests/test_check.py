@@ -310,3 +310,41 @@ def test_the_table_goes_to_a_file_with_output(tmp_path: Path) -> None:
     result = invoke("check", SAMPLE, "--device", "cpu", "--max", "rollout_corr/k3_kl=1e-3", "-o", out)
     assert result.exit_code == 3 and result.stdout == ""
     assert "FAIL: 1 of 1 checks failed" in out.read_text() and "\x1b[" not in out.read_text()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_by_step_equals_the_metric_of_each_steps_rows(seed: int) -> None:
+    """by_step (sums of small steps taken together, position by position) gives, bit for bit, the value the metric
+    has on the rows of each step alone: steps of 1 to 20 rows in shuffled order, values spanning many decades,
+    signed zeros and steps without a model token."""
+    from rollout_diag.decisions.rowmetrics import rejected_share
+    from rollout_diag.results import RowStats
+
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 21, size=40)
+    step = np.repeat(rng.permutation(1000)[: len(sizes)], sizes)
+    rng.shuffle(step)
+    rows = len(step)
+    tokens = rng.integers(0, 5, size=rows).astype(np.float64)
+    tokens[step == step[0]] = 0.0
+
+    def spread() -> np.ndarray:
+        values = rng.standard_normal(rows) * 10.0 ** rng.integers(-6, 9, size=rows)
+        values[rng.random(rows) < 0.1] = -0.0
+        return values * (tokens > 0)
+
+    stats = RowStats(step, tokens, {}, {"rs": np.abs(spread())})
+    while True:  # every sum a key metric's formula reads
+        try:
+            for metric in KEY_METRICS:
+                metric.value(stats)
+            break
+        except KeyError as missing:
+            stats.sums[missing.args[0]] = spread()
+    for metric in [*KEY_METRICS, rejected_share("rs")]:
+        got = by_step(metric, stats)
+        assert list(got) == sorted(set(step.tolist()))
+        for key, value in got.items():
+            expected = metric.value(stats.select(step == key))
+            assert (math.isnan(value) and math.isnan(expected)) or value == expected, (metric.name, key)
+            assert math.copysign(1.0, value) == math.copysign(1.0, expected) or math.isnan(value)

@@ -133,3 +133,89 @@ def test_inspect_folds_an_environment_segment_into_one_line() -> None:
     for column in (3, 4, 5):  # rollout, trainer, δ: one notation per column
         kinds = {"e" in cells[column] for cells in rows if "." in cells[column]}
         assert len(kinds) == 1, [cells[column] for cells in rows]
+
+
+def _long_table(rows: int) -> object:
+    """A FitTable of ``rows`` rows like --all-steps' (numbers, a coloured verdict, gap rows), with a few cells rich
+    lays out otherwise (trailing space, a line break, a cell wider than the rest of its column would be)."""
+    from rich.text import Text
+
+    from rollout_diag.render.format import level
+    from rollout_diag.render.table import Column, FitTable, Num
+
+    table = FitTable(
+        "Per step (a long title that wraps at narrow widths)",
+        [
+            Column("step", key=True),
+            Column("tokens"),
+            Column("k3_kl"),
+            Column("mid", "center"),
+            Column("note", "left", wrap=True, fold_width=12),
+            Column("verdict", "left"),
+        ],
+        caption="caption",
+    )
+    for index in range(rows):
+        if index % 37 == 36:
+            table.add_row("⋮", "", "", "", "", "")
+            continue
+        verdict = level(["ok", "watch", "bad", "n/a"][index % 4])
+        if index == rows // 2:
+            verdict.append(" ◀ worst")
+        note = {rows - 5: "two\nlines", rows - 9: "trailing ", rows - 3: "a rather long free-text note here"}
+        table.add_row(
+            str(index),
+            Num(index * 7),
+            Num(1.0 / (index + 3)),
+            Text("•" * (index % 3), style="bold" if index % 5 == 0 else ""),
+            note.get(index, f"n{index % 11}"),
+            verdict,
+        )
+    return table
+
+
+@pytest.mark.parametrize("rows", [64, 65, 200])
+@pytest.mark.parametrize("width", [40, 60, 100, 200])
+@pytest.mark.parametrize("colour", [True, False])
+def test_long_tables_are_written_as_rich_lays_them_out(
+    rows: int, width: int, colour: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From FAST_ROWS rows a part is written line by line (rich lays out only the header and first rows): the same
+    bytes as rich laying out every cell, coloured or not, whole or split into parts, with rows rich must fold."""
+    import io
+
+    from rich.console import Console
+
+    from rollout_diag.render import table as table_module
+
+    def written() -> str:
+        sink = io.StringIO()
+        console = Console(
+            file=sink, width=width, force_terminal=colour, color_system="truecolor" if colour else None, soft_wrap=False
+        )
+        console.print(_long_table(rows))
+        return sink.getvalue()
+
+    fast = written()
+    monkeypatch.setattr(table_module, "FAST_ROWS", 10**9)
+    assert fast == written()
+
+
+def test_long_tables_take_the_line_by_line_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The steps of the test above go through the line-by-line writer (not only the fallback to rich)."""
+    import io
+
+    from rich.console import Console
+
+    from rollout_diag.render import table as table_module
+
+    calls: list[int] = []
+    original = table_module.Table.add_row
+
+    def counted(self, *cells, **options):
+        calls.append(1)
+        return original(self, *cells, **options)
+
+    monkeypatch.setattr(table_module.Table, "add_row", counted)
+    Console(file=io.StringIO(), width=200, color_system=None).print(_long_table(2000))
+    assert 0 < len(calls) < 100  # rich saw the first rows, distinct coloured cells and the odd rows, not 2000

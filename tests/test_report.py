@@ -33,6 +33,7 @@ from rollout_diag.results import (
     ComparisonResult,
     PresetResult,
     StepResult,
+    StepTable,
     SweepOption,
     SweepPoint,
     WorstToken,
@@ -580,3 +581,33 @@ def test_report_table_columns_take_one_notation():
 
     html = html_table([HtmlColumn("k", False), HtmlColumn("v", True)], [["a", 0.1115], ["b", 1.132e-4], ["c", 3]])
     assert re.findall(r'<td class="num">([^<]*)</td>', html) == ["1.115e-1", "1.132e-4", "3"]
+
+
+def test_report_figures_read_columns_as_the_steps_read(tmp_path):
+    """The presets' rejection figure and the per-round heatmap read columns (PresetSteps.metric, the StepTable's
+    round columns) instead of building each step: the same values, in the same steps, as reading step by step.
+    Multi-turn steps of varying row counts, every preset."""
+    from rollout_diag.drivers.compare import analyze_and_compare
+    from rollout_diag.report.comparison import rejection_by_step
+    from rollout_diag.report.series import per_round_by_step
+
+    path = write_run(tmp_path / "run.parquet", steps=30, rows_per_step=5, seed=3)
+    analysis, comparison = analyze_and_compare(str(path), device="cpu")
+    assert isinstance(analysis.steps, StepTable)
+    assert per_round_by_step(analysis.steps) == per_round_by_step(list(analysis.steps))
+    assert len(per_round_by_step(analysis.steps)) > 1
+    checked = 0
+    for preset in comparison.presets:
+        built = list(preset.steps)
+        keys = {key for step in built for key in step.metrics} | {"no/such_metric"}
+        assert preset.steps.step_ids() == [step.step for step in built]
+        for key in keys:
+            expected = [step.metrics.get(key) for step in built]
+            got = preset.steps.metric(key)
+            assert len(got) == len(expected)
+            assert all(a == b or (a != a and b != b) for a, b in zip(got, expected, strict=True)), (preset.name, key)
+            checked += 1
+    assert checked > 100
+    built_lines = rejection_by_step([dataclasses.replace(p, steps=list(p.steps)) for p in comparison.presets])
+    assert rejection_by_step(comparison.presets) == built_lines
+    assert built_lines

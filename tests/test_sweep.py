@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from reference import rs_row_values, rs_token_stats
 from test_metrics import as_reference_rows, random_rows, write_dump
 
@@ -102,3 +104,33 @@ def test_curves_pass_through_the_verl_default_marker(swept):
             assert at[0]["share"] == pytest.approx(row["default_share"]), name
         checked += 1
     assert checked >= 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(
+        st.text(max_size=4),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+            lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner, max_size=4),
+            max_leaves=20,
+        ),
+        max_size=5,
+    )
+)
+def test_json_pieces_are_the_indented_document(document: dict) -> None:
+    """``sweep -f json`` writes its document piece by piece: joined, the pieces are json.dumps(indent=2) + newline,
+    for any document of JSON values (empty lists and dicts, nesting, non-ASCII text, signed zeros, big ints)."""
+    from rollout_diag.render.export import json_pieces, to_json_text
+
+    assert "".join(json_pieces(document)) == to_json_text(document)
+
+
+def test_json_pieces_refuse_what_to_json_text_refuses() -> None:
+    from rollout_diag.render.export import json_pieces, to_json_text
+
+    for bad in ({"steps": [{"x": math.nan}]}, {"run": math.inf}, {"x": [object()]}):
+        with pytest.raises((ValueError, TypeError)) as expected:
+            to_json_text(bad)
+        with pytest.raises(expected.type):
+            "".join(json_pieces(bad))

@@ -9,7 +9,6 @@ it to 1e-12).
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -107,10 +106,47 @@ def rejected_share(preset: str) -> RowMetric:
 
 def by_step(metric: RowMetric, rows: RowStats) -> dict[int, float]:
     """The metric of each step's rows (each step's rows in their order, found by one stable sort: a scan of every
-    row per step made ``check --per-step`` quadratic in the step count)."""
+    row per step made ``check --per-step`` quadratic in the step count).
+
+    The per-row numerator and denominator are computed once over every row (they are elementwise); the steps of
+    fewer than ``_SEQUENTIAL`` rows are summed together, one row position at a time from 0.0, which is the order
+    ``ndarray.sum`` adds in below that size, so every value equals ``metric.value`` of the step's rows."""
     if rows.rows == 0:
         return {}
     order = np.argsort(rows.step, kind="stable")
     steps = rows.step[order]
-    bounds = [*np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]]).tolist(), len(order)]
-    return {int(steps[lo]): metric.value(rows.select(order[lo:hi])) for lo, hi in itertools.pairwise(bounds)}
+    starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]])
+    ends = np.r_[starts[1:], len(order)]
+    numerator = metric.numerator(rows)[order]
+    denominator = metric.denominator(rows)[order]
+    tokens = rows.tokens[order]
+    sizes = ends - starts
+    owner = np.repeat(np.arange(len(starts)), sizes)  # each sorted row's step index
+    place = np.arange(len(order)) - starts[owner]  # its position within its step
+    small = sizes[owner] < _SEQUENTIAL
+    count = len(starts)
+    num, den, tok = (_sequential(values, owner, place, small, count) for values in (numerator, denominator, tokens))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        values = num / (den + metric.eps) + metric.offset
+    values[tok == 0.0] = np.nan
+    for index in np.flatnonzero(ends - starts >= _SEQUENTIAL).tolist():  # pairwise summation: as metric.value
+        lo, hi = int(starts[index]), int(ends[index])
+        if float(tokens[lo:hi].sum()) == 0.0:
+            values[index] = np.nan
+        else:
+            values[index] = numerator[lo:hi].sum() / (denominator[lo:hi].sum() + metric.eps) + metric.offset
+    return dict(zip(steps[starts].tolist(), values.tolist(), strict=True))
+
+
+def _sequential(column: np.ndarray, owner: np.ndarray, place: np.ndarray, small: np.ndarray, count: int) -> np.ndarray:
+    """Σ of ``column`` per step (``owner``), added position by position from 0.0 (the small steps only)."""
+    grid = np.zeros((_SEQUENTIAL, count))
+    grid[place[small], owner[small]] = column[small]
+    total = np.zeros(count)
+    for row in grid:
+        total = total + row  # a trailing 0.0 leaves a sum as it is
+    return total
+
+
+# Below this many elements numpy's sum adds one after the other (its pairwise summation unrolls by 8 from there).
+_SEQUENTIAL = 8

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 from rich.console import Group, RenderableType
 from rich.markup import escape as escape_markup
 from rich.text import Text
@@ -20,7 +21,7 @@ from rollout_diag.render.format import extra_cell, level, number, percent, plain
 from rollout_diag.render.hints import hint_lines
 from rollout_diag.render.summary import HEADLINE, most_divergent_round, verdict_lines, where, worst_step
 from rollout_diag.render.table import Column, FitTable, Num
-from rollout_diag.results import AnalysisResult, ExtraValue, StepResult, extra_names
+from rollout_diag.results import AnalysisResult, ExtraValue, StepResult, StepTable, extra_names
 
 # The per-step table's metric columns: kl, the judged metrics (the step's verdict column shows their level), the
 # catastrophic token count.
@@ -157,6 +158,7 @@ def steps_table(steps: Sequence[StepResult], all_steps: bool, levels: Sequence[d
     table = FitTable(title, [*columns, Column("verdict", "left")])
     position = {id(s): index for index, s in enumerate(steps)}
     step_level = {entry["step"]: entry["level"] for entry in levels}
+    read = _metric_columns(steps)
     previous = None
     for step in shown:
         if previous is not None and position[id(step)] != position[id(previous)] + 1:
@@ -164,15 +166,32 @@ def steps_table(steps: Sequence[StepResult], all_steps: bool, levels: Sequence[d
         verdict = level(step_level.get(step.step, "n/a"))
         if worst is not None and step.step == worst.step:
             verdict.append(" ◀ worst")
+        at = position[id(step)]
         table.add_row(
             str(step.step),
             Num(step.rows),
             Num(step.tokens),
-            *(Num(step.metrics.get(name)) for name in STEP_METRICS),
+            *(Num(step.metrics.get(name) if read is None else read[k][at]) for k, name in enumerate(STEP_METRICS)),
             verdict,
         )
         previous = step
     return table
+
+
+def _metric_columns(steps: Sequence[StepResult]) -> list[list[float | None]] | None:
+    """Each of STEP_METRICS over a StepTable's steps, as ``step.metrics.get(name)`` reads it (None where a step has
+    none), from its columns; None for other step lists or a column that is not float64 (read step by step)."""
+    if not isinstance(steps, StepTable):
+        return None
+    metrics = steps.metrics
+    out = []
+    for name in STEP_METRICS:
+        holders = metrics.where.get(name, ())
+        if any(np.asarray(metrics.groups[group][1][name]).dtype != np.float64 for group in holders):
+            return None
+        present, values = steps.column(name)
+        out.append([value if hit else None for value, hit in zip(values.tolist(), present.tolist(), strict=True)])
+    return out
 
 
 def rounds_table(result: AnalysisResult) -> FitTable:

@@ -6,7 +6,8 @@ import csv
 import io
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from rollout_diag.results import StepResult, SweepResult
@@ -14,6 +15,73 @@ from rollout_diag.results import StepResult, SweepResult
 
 def to_json_text(document: dict[str, Any]) -> str:
     return json.dumps(document, indent=2, allow_nan=False) + "\n"
+
+
+def json_pieces(document: dict[str, Any]) -> Iterator[str]:
+    """``to_json_text(document)`` in pieces, one per top-level entry and one per item of a top-level list, each
+    made when asked for: a 200 000-step sweep is written step by step, never held as one string. The same bytes;
+    the indented encoding is :func:`_indented` (json's own indented encoder is pure Python, 5× slower)."""
+    yield "{"
+    for number, (key, value) in enumerate(document.items()):
+        lead = ("," if number else "") + "\n  " + _key(key) + ": "
+        if isinstance(value, list) and value:
+            yield lead + "["
+            for index, item in enumerate(value):
+                yield ("," if index else "") + "\n    " + _indented(item, "\n    ")
+            yield "\n  ]"
+        else:
+            yield lead + _indented(value, "\n  ")
+    yield "\n}\n" if document else "}\n"
+
+
+def _key(key: object) -> str:
+    if type(key) is str:
+        return encode_basestring_ascii(key)
+    return json.dumps({key: 0})[1:-4]  # json's own conversion of a non-string key
+
+
+def _indented(value: object, newline: str) -> str:
+    """``json.dumps(value, indent=2, allow_nan=False)`` with every line break followed by the indentation in
+    ``newline`` (the value's own depth): the same text for dicts, lists, str, int, float, bool and None."""
+    kind = type(value)
+    encode = _SCALARS.get(kind)
+    if encode is not None:
+        return encode(value)
+    inner = newline + "  "
+    scalar = _SCALARS.get  # scalars are encoded in place (a call per value was most of the time)
+    if kind is dict:
+        if not value:
+            return "{}"
+        items = (
+            _key(key) + ": " + (encode(item) if (encode := scalar(type(item))) else _indented(item, inner))
+            for key, item in value.items()  # type: ignore[attr-defined]
+        )
+        return "{" + inner + ("," + inner).join(items) + newline + "}"
+    if kind is list or kind is tuple:
+        if not value:
+            return "[]"
+        items = (
+            encode(item) if (encode := scalar(type(item))) else _indented(item, inner)
+            for item in value  # type: ignore[attr-defined]
+        )
+        return "[" + inner + ("," + inner).join(items) + newline + "]"
+    # anything else (subclasses, numpy scalars, NaN): json says what it makes of it, or raises as to_json_text does
+    return json.dumps(value, indent=2, allow_nan=False).replace("\n", newline)
+
+
+def _float(value: float) -> str:
+    if value != value or value in (math.inf, -math.inf):
+        raise ValueError(f"Out of range float values are not JSON compliant: {value!r}")
+    return float.__repr__(value)
+
+
+_SCALARS: dict[type, Callable[[Any], str]] = {
+    str: encode_basestring_ascii,
+    float: _float,
+    int: int.__repr__,
+    bool: lambda value: "true" if value else "false",
+    type(None): lambda value: "null",
+}
 
 
 def steps_csv(steps: Sequence[StepResult], leading: dict[str, Any] | None = None) -> str:

@@ -95,9 +95,16 @@ def rejection_by_step(presets: Sequence[PresetResult]) -> dict[str, tuple[list[A
     """Preset name → (steps, share of tokens dropped per step), for presets that drop anything."""
     lines = {}
     for preset in presets:
-        values = [_value(step.metrics, "rejected") for step in preset.steps]
+        steps = preset.steps
+        if callable(getattr(steps, "metric", None)):  # a pass's PresetSteps: read from its columns, no step built
+            candidates = zip(*(steps.metric(key) for key in METRIC_KEYS["rejected"]), strict=True)
+            values = [next((value for value in values if finite(value)), None) for values in candidates]
+            if any(values):
+                lines[preset.name] = (steps.step_ids(), values)
+            continue
+        values = [_value(step.metrics, "rejected") for step in steps]
         if any(values):
-            lines[preset.name] = ([step.step for step in preset.steps], values)
+            lines[preset.name] = ([step.step for step in steps], values)
     return lines
 
 

@@ -25,7 +25,7 @@ from rollout_diag.report.series import (
     step_series,
     weighted_buckets,
 )
-from rollout_diag.results import AnalysisResult, StepResult
+from rollout_diag.results import AnalysisResult, StepResult, StepTable
 
 # The per-step trend panels, in order (title, sign and unit come from the catalogue: shares are drawn in %).
 TREND_METRICS: tuple[catalogue.Metric, ...] = catalogue.with_role(catalogue.Role.TRENDED)
@@ -205,7 +205,8 @@ def _value(row: dict[str, Any], key: str) -> float | None:
 
 
 def _round_heatmap(result: AnalysisResult, labels: dict[int, str], canvas: Canvas) -> str:
-    steps = [s for s in result.steps if s.step is not None]
+    # a StepTable's steps all have an id: read as it is, per_round_by_step reads its round columns
+    steps = result.steps if isinstance(result.steps, StepTable) else [s for s in result.steps if s.step is not None]
     table_by_round = pool_rounds(per_round_by_step(steps))
     if len(steps) < 2 or len(table_by_round) < 2:
         return ""

@@ -9,8 +9,10 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Sequence
 
+import numpy as np
+
 from rollout_diag.catalogue import ROUND_ABS_DIFF_MEAN, ROUND_TOKEN_COUNT, parse_round_key
-from rollout_diag.results import StepResult
+from rollout_diag.results import StepResult, StepTable
 
 MAX_STEP_POINTS = 2000  # a per-step line keeps every step up to this many
 MAX_HEATMAP_COLUMNS = 400  # round×step and position×step heatmaps merge consecutive steps beyond this
@@ -93,6 +95,10 @@ def weighted_buckets(
 
 def per_round_by_step(steps: Sequence[StepResult]) -> dict[int, tuple[list[float | None], list[float]]]:
     """round index → (mean |δ| per step, model tokens per step), over ``steps`` in order."""
+    if isinstance(steps, StepTable):
+        columns = _round_columns(steps)
+        if columns is not None:
+            return columns
     table: dict[int, tuple[list[float | None], list[float]]] = {}
     for position, step in enumerate(steps):
         for name, value in step.metrics.items():
@@ -104,6 +110,29 @@ def per_round_by_step(steps: Sequence[StepResult]) -> dict[int, tuple[list[float
                 tokens[position] = float(value) if finite(value) else 0.0
             else:
                 means[position] = value if finite(value) else None
+    return dict(sorted(table.items()))
+
+
+def _round_columns(steps: StepTable) -> dict[int, tuple[list[float | None], list[float]]] | None:
+    """``per_round_by_step`` read from a StepTable's columns (no step's dict is built); None where a round column
+    is not float64 (then each step's value as it reads is what the figure shows)."""
+    metrics = steps.metrics
+    table: dict[int, tuple[list[float | None], list[float]]] = {}
+    for name, groups in metrics.where.items():
+        parsed = parse_round_key(name)
+        if parsed is None or parsed[1] not in (ROUND_TOKEN_COUNT, ROUND_ABS_DIFF_MEAN):
+            continue
+        if any(np.asarray(metrics.groups[group][1][name]).dtype != np.float64 for group in groups):
+            return None
+        present, values = steps.column(name)
+        if not present.any():
+            continue
+        means, tokens = table.setdefault(parsed[0], ([None] * len(steps), [0.0] * len(steps)))
+        for position, value in zip(np.flatnonzero(present).tolist(), values[present].tolist(), strict=True):
+            if parsed[1] is ROUND_TOKEN_COUNT:
+                tokens[position] = value if math.isfinite(value) else 0.0
+            else:
+                means[position] = value if math.isfinite(value) else None
     return dict(sorted(table.items()))
 
 
