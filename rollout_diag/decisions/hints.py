@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from rollout_diag.catalogue import SHIFT_MAX_RATIO, parse_round_key, round_quantity
@@ -131,11 +131,6 @@ def find_hints(evidence: Evidence, result: AnalysisResult) -> list[Hint]:
         if hint is not None:
             found.append(hint)
     return found
-
-
-def with_hints(result: AnalysisResult, evidence: Evidence) -> AnalysisResult:
-    """``result`` with its ``hints`` filled in."""
-    return replace(result, hints=find_hints(evidence, result))
 
 
 # ------------------------------------------------------------------------------------------ helpers

@@ -783,9 +783,3 @@ def sample_std(moments: np.ndarray) -> float:
     """Notation: unbiased (n−1) std over rows; 0 with fewer than 2 values."""
     count, m2 = float(moments[0]), float(moments[3])
     return math.sqrt(max(m2, 0.0) / (count - 1)) if count >= 2 else 0.0
-
-
-def safe_exp(value: float) -> float:
-    """exp that gives inf instead of raising on overflow (a row's summed log ratio can be huge)."""
-    with np.errstate(over="ignore"):
-        return float(np.exp(value))

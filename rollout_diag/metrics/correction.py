@@ -60,10 +60,6 @@ class Derived:
     def name(self) -> str:
         return f"{self.op}({self.base}; {self.lower!r}, {self.upper!r})"
 
-    @property
-    def is_flag(self) -> bool:
-        return self.op not in ("tis", "icepop", "clamp")
-
     def torch_values(self, s: ChunkStats) -> torch.Tensor:
         """The quantity at every model token, with the torch engine's formulas (a flag as bool)."""
         v, lower, upper = s.token(self.base), self.lower, self.upper
@@ -449,7 +445,8 @@ def weight_metrics(value: dict[str, Any], log_extremes: bool, fraction_base: Any
     """
     tokens, rows = value["tokens"], value["rows"]
     if log_extremes:  # §2 sequence: exp(min(max_i s_i, 20)), exp(min_i s_i) (inf, not an error, past exp's range)
-        is_max, is_min = np.exp(np.minimum(value["extreme_max"], CLAMP)), np.exp(value["extreme_min"])
+        with np.errstate(over="ignore"):
+            is_max, is_min = np.exp(np.minimum(value["extreme_max"], CLAMP)), np.exp(value["extreme_min"])
     else:
         is_max, is_min = value["extreme_max"], value["extreme_min"]
     return {
