@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from numbers import Integral
@@ -19,6 +18,7 @@ from typing import Any
 
 import torch
 
+from rollout_diag.cores import available_cores
 from rollout_diag.drivers.passes import Analysis, Pass, PassSpec, Progress, progress_callback, run_chunks
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.io.reader import DumpReader
@@ -32,11 +32,6 @@ AUTO = "auto"  # the default --workers: every core (see resolve_workers)
 # its compute), and --workers 2 measured no faster (docs/benchmarks.md)
 AUTO_MIN_CORES = 3
 Workers = int | str  # a count, or AUTO
-
-
-def available_cores() -> int:
-    """The cores this process may run on (its CPU affinity, where the OS tells)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def resolve_workers(workers: Workers, reader: DumpReader, device: torch.device) -> int:

@@ -5,7 +5,6 @@ device and the progress callback. The local engine (``engine.py``, ``compare.py`
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rollout_diag.cores import available_cores
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.groups import GroupedAnalysis, GroupSpec
 from rollout_diag.io.chunk import Chunk
@@ -248,7 +248,7 @@ def _core_for_the_reader(device: torch.device) -> Iterator[None]:
     With every core taken by torch, the reader thread and OpenMP's spinning workers fight over them: on 2 cores
     under load, 2 intra-op threads were 2–6× slower than 1 (measured, docs/benchmarks.md)."""
     threads = torch.get_num_threads()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = available_cores()
     if torch.device(device).type != "cpu" or threads < cores:
         yield
         return

@@ -16,7 +16,6 @@ Memory: one record batch per file at a time (a row group is decoded at once by P
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 from collections import deque
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from rollout_diag.cores import available_cores
 from rollout_diag.errors import ColumnError, ConfigError, InputError, RolloutDiagError, option_name
 from rollout_diag.io.decode import Block, ExtraColumn, may_hold, read_sequences, read_tokens
 from rollout_diag.io.formats import PARQUET, DumpInputs, input_options, resolve
@@ -477,8 +477,7 @@ def _prefetched(blocks: Iterator, depth: int) -> Iterator:
 
 def _prepare_workers() -> int:
     """Threads that prepare chunks: one per core but one (the reader's), at least one."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores - 1)
+    return max(1, available_cores() - 1)
 
 
 def _prepared(
