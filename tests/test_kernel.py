@@ -256,6 +256,85 @@ def test_engine_selection(monkeypatch):
         kernel_for("cpu")
 
 
+def test_auto_runs_torch_on_a_small_input(monkeypatch):
+    """``auto`` on the CPU: the torch engine for an input of fewer tokens than the bound (from the footers), the
+    numba kernels from the bound up; an explicit engine holds whatever the size; no size known: the kernels."""
+    from rollout_diag.drivers.dump import Dump
+    from rollout_diag.kernels import SMALL_INPUT_ENVIRONMENT, small_input_tokens
+    from rollout_diag.metrics import segments
+
+    monkeypatch.delenv(ENVIRONMENT, raising=False)
+    path = SAMPLES[-1]
+    tokens = Dump(path).open().input_tokens()
+    seen: list[str] = []
+    original = segments.stats
+
+    def spy(chunk):
+        found = original(chunk)
+        seen.append(type(found).__name__)
+        return found
+
+    monkeypatch.setattr(segments, "stats", spy)
+    for bound, engine, expected in (
+        (tokens + 1, None, "ChunkStats"),
+        (tokens, None, "KernelStats"),
+        (tokens + 1, "numba", "KernelStats"),
+        (0, "torch", "ChunkStats"),
+    ):
+        monkeypatch.setenv(SMALL_INPUT_ENVIRONMENT, str(bound))
+        seen.clear()
+        rd.analyze(Dump(path, device="cpu", engine=engine))
+        assert set(seen) == {expected}, (bound, engine)
+    monkeypatch.setenv(SMALL_INPUT_ENVIRONMENT, "10")
+    assert not kernel_for("cpu", 9) and kernel_for("cpu", 10) and kernel_for("cpu", None)
+    assert not kernel_for("cuda", 10**9)
+    monkeypatch.delenv(SMALL_INPUT_ENVIRONMENT)
+    assert small_input_tokens() == 1 << 22
+    monkeypatch.setenv(SMALL_INPUT_ENVIRONMENT, "-3")
+    with pytest.raises(ConfigError, match="ROLLOUT_DIAG_SMALL_INPUT_TOKENS=-3"):
+        kernel_for("cpu", 5)
+
+
+@pytest.mark.parametrize("layout", ["sequence", "token"])
+def test_input_tokens_are_the_tokens_read(tmp_path, layout):
+    """``DumpReader.input_tokens`` (from the footers, what ``auto`` is chosen by) is the number of tokens the chunks
+    hold, for the whole input and for a part of it; a worker's reader answers with its parent's figure."""
+    from dumps import random_rows, write_sequence_dump, write_token_dump
+
+    from rollout_diag.io.reader import DumpReader
+
+    rows = random_rows(3, steps=range(4), rows_per_step=5, max_length=40)
+    if layout == "sequence":  # parts split at row groups
+        paths = [str(write_sequence_dump(tmp_path / "dump.parquet", rows, row_group_size=3))]
+    else:  # parts split at files
+        paths = [str(write_token_dump(tmp_path / f"{i}.parquet", rows[i * 10 : i * 10 + 10])) for i in range(2)]
+
+    def tokens_read(reader: DumpReader) -> int:
+        return sum(int(chunk.offsets[-1]) for chunk, _ in reader.chunks("cpu", prefetch=0))
+
+    reader = DumpReader(paths)
+    whole = tokens_read(reader)
+    assert reader.input_tokens() == whole == sum(len(row["rollout"]) for row in rows)
+    part = reader.plan(2)[-1]
+    worker = DumpReader(paths, parts=part)
+    assert 0 < worker.input_tokens() == tokens_read(DumpReader(paths, parts=part)) < whole
+    assert DumpReader(paths, parts=part, input_tokens=whole).input_tokens() == whole
+
+
+def test_a_small_input_does_not_load_numba():
+    """A fresh process analysing the bundled sample with the default engine never imports numba (its start-up is
+    what the size rule saves)."""
+    env = {k: v for k, v in os.environ.items() if k != "ROLLOUT_DIAG_SMALL_INPUT_TOKENS"}
+    env.pop(ENVIRONMENT, None)
+    code = (
+        "import sys, rollout_diag as rd\n"
+        f"rd.analyze({str(SAMPLES[-1])!r}, device='cpu')\n"
+        "print('numba' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False", out.stdout + out.stderr
+
+
 def test_a_fresh_cache_compiles_once_and_says_so(tmp_path):
     """A run with an empty cache directory says once that it compiles; the next run loads the kernels silently."""
     sample = SAMPLES[0]

@@ -104,12 +104,25 @@ def test_the_torch_engine_and_other_dtypes_take_the_exact_path():
         rollout=np.array([-1.0, -2.0]),
         mask=np.array([1, 1], dtype=np.int8),
     )
-    with use_engine("numba"):
-        assert _scanned(block, CPU) is not None
-        assert _scanned(_with(block, trainer=block.trainer.astype(np.float16)), CPU) is None
-        assert _scanned(_with(block, mask=np.array([1.0, 1.0])), CPU) is None
-    with use_engine("torch"):
-        assert _scanned(block, CPU) is None
+    assert _scanned(block, CPU) is not None
+    assert _scanned(_with(block, trainer=block.trainer.astype(np.float16)), CPU) is None
+    assert _scanned(_with(block, mask=np.array([1.0, 1.0])), CPU) is None
+    assert _scanned(block, torch.device("meta")) is None
+
+
+def test_the_torch_engines_reader_never_scans(tmp_path, monkeypatch):
+    """The reader scans only the numba engine's chunks (the engine it chose for the input, stamped on each chunk)."""
+    import rollout_diag.io.reader as reader_module
+
+    path = tmp_path / "dump.parquet"
+    pq.write_table(pa.table({"step": [0], "rollout_log_probs": [[-1.0, -2.0]], "old_log_probs": [[-1.5, -2.0]]}), path)
+    calls = []
+    monkeypatch.setattr(reader_module, "_scanned", lambda block, device: calls.append(1))
+    for engine, scans in (("torch", 0), ("numba", 1)):
+        calls.clear()
+        with use_engine(engine):
+            chunks = [chunk for chunk, _ in DumpReader(str(path)).chunks("cpu", prefetch=0)]
+        assert [chunk.engine for chunk in chunks] == [engine] and len(calls) == scans
 
 
 def _with(block: Block, **changes) -> Block:

@@ -55,13 +55,17 @@ def run_part(
     chunk_tokens: int,
     device: str,
     spec: PassSpec,
+    input_tokens: int | None = None,
 ) -> tuple[Pass, ReadLog]:
     """One worker: read ``part`` of the inputs and return the accumulated state and the read log.
 
     ``inputs`` are the files the driver resolved (never expanded again: a file name may hold glob characters)
-    and ``columns`` the user's overrides, from which each file resolves its own columns as in one process."""
+    and ``columns`` the user's overrides, from which each file resolves its own columns as in one process;
+    ``input_tokens`` the driver's ``DumpReader.input_tokens`` (the engine is chosen by the whole input's size)."""
     torch.set_num_threads(1)  # the workers share the machine's cores
-    reader = DumpReader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens, parts=part)
+    reader = DumpReader(
+        inputs, columns, strict=strict, chunk_tokens=chunk_tokens, parts=part, input_tokens=input_tokens
+    )
     reader.select(spec.selection)
     state = spec.new()
     run_chunks(reader, state.consumers(), torch.device(device), prepare=state.prepare)
@@ -79,8 +83,9 @@ def run_parts(
     """Run :func:`run_part` on every part of ``reader.plan(workers)`` and merge the states into one; the
     workers' read logs are merged into ``reader.log``."""
     check_workers(workers, backend)
+    tokens = reader.input_tokens()
     jobs = [
-        (reader.worker_inputs(), reader.overrides, part, reader.strict, reader.chunk_tokens, str(device), spec)
+        (reader.worker_inputs(), reader.overrides, part, reader.strict, reader.chunk_tokens, str(device), spec, tokens)
         for part in reader.plan(workers)
     ]
     results = _run_ray(jobs) if backend == "ray" else _run_processes(jobs, workers, device)
@@ -124,7 +129,7 @@ def analyze_parts(
 def _run_processes(jobs: list[tuple], workers: int, device: torch.device) -> list[tuple[Analysis, ReadLog]]:
     # fork starts in milliseconds with torch already imported; CUDA cannot be forked, so GPUs spawn; nor can polars
     # once its thread pool runs (a forked child hangs on its first polars call), so --where (polars) spawns too
-    where = any(getattr(job[-1].selection, "where", None) for job in jobs)
+    where = any(getattr(job[6].selection, "where", None) for job in jobs)  # job[6]: the PassSpec
     method = "spawn" if device.type == "cuda" or where else "fork"
     context = multiprocessing.get_context(method)
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=context) as pool:

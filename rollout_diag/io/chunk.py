@@ -73,6 +73,9 @@ class Chunk:
     cache: dict = field(default_factory=dict, repr=False)
     # Per-row scalar columns no role takes (reward, advantage, …): column name -> R values (numpy array or list).
     extra: Mapping[str, Sequence[Any]] = field(default_factory=dict)
+    # The engine of this chunk's token statistics ("numba" or "torch"), as the reader chose it for the whole input
+    # (rollout_diag.kernels.kernel_for); None: the process's setting decides from the device alone.
+    engine: str | None = None
 
     @property
     def rows(self) -> int:

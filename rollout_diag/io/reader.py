@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from rollout_diag.cores import available_cores
 from rollout_diag.errors import ColumnError, ConfigError, InputError, RolloutDiagError, option_name
@@ -69,12 +70,14 @@ class DumpReader:
         parts: Mapping[str, Sequence[int]] | None = None,
         input_format: str | None = None,
         trust_pickle: bool | None = None,
+        input_tokens: int | None = None,
     ) -> None:
         """``inputs``: files, globs and directories, or the :class:`Source` list another reader resolved (then
         nothing is expanded again). ``columns``: the user's role -> column overrides; each file resolves its own
         columns from them. ``parts``: read only these row groups of these files (by path), as :meth:`plan`
         splits them. ``input_format``: a name of ``io.formats.FORMAT_NAMES`` (default: what ``inputs`` carries,
         else detected); ``trust_pickle`` lifts the pickle allowlist (``io/formats/safe_pickle.py``).
+        ``input_tokens``: a worker's reader is told its parent's :meth:`input_tokens` (what the engine is chosen by).
         Raises InputError / ColumnError for unreadable input, ConfigError for a bad chunk size."""
         if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, Integral) or chunk_tokens < 1:
             raise ConfigError(
@@ -86,6 +89,7 @@ class DumpReader:
         self.chunk_tokens = int(chunk_tokens)
         self.overrides = dict(columns or {})
         self.parts = None if parts is None else {path: set(groups) for path, groups in parts.items()}
+        self._input_tokens = input_tokens
         self.log = ReadLog()
         # Called per record batch with (batch, steps) -> bool per row: the rows to read (rollout_diag/selection.py).
         self.selection: Callable[[pa.RecordBatch | pa.Table, np.ndarray], np.ndarray] | None = None
@@ -245,6 +249,22 @@ class DumpReader:
         self.parts = {opened.source.path: set(range(group, last + 1))}
         return opened.source.path, row
 
+    def input_tokens(self) -> int | None:
+        """The tokens (model and environment) this reader reads, from the files' footers, as the engine ``auto``
+        is chosen by (``kernels.kernel_for``); None where a footer does not say (a trainer's own format). A
+        worker's reader answers with its parent's figure, so every worker runs the engine one process would."""
+        if self._input_tokens is not None:
+            return self._input_tokens
+        total = 0
+        for opened in self.files:
+            if self.parts is not None and opened.source.path not in self.parts:
+                continue
+            tokens = _footer_tokens(opened, None if self.parts is None else self.parts[opened.source.path])
+            if tokens is None:
+                return None
+            total += tokens
+        return total
+
     def worker_inputs(self) -> DumpInputs:
         """The files to hand a worker's reader, with the format they were read as (never re-detected)."""
         return DumpInputs(self.sources, self.log.format, self.trust_pickle)
@@ -292,23 +312,26 @@ class DumpReader:
         """
         import torch
 
+        from rollout_diag.kernels import kernel_for
+
         device = torch.device(device)
+        engine = "numba" if kernel_for(device.type, self.input_tokens()) else "torch"
         if prefetch <= 0:
-            yield from self._built_chunks(device, prepare)
+            yield from self._built_chunks(device, engine, prepare)
         elif prepare is None:
-            yield from _prefetched(self._built_chunks(device, None), prefetch)
+            yield from _prefetched(self._built_chunks(device, engine, None), prefetch)
         else:
             workers = _prepare_workers() if self.parts is None else 1
-            built = _prefetched(self._built_chunks(device, None), max(prefetch, workers))
+            built = _prefetched(self._built_chunks(device, engine, None), max(prefetch, workers))
             yield from _prepared(built, prepare, workers)
         if self.parts is None:  # the whole input was read here (a worker's part is finished by the driver)
             self.log.finish()
 
     def _built_chunks(
-        self, device: torch.device, prepare: Callable[[Chunk], None] | None
+        self, device: torch.device, engine: str, prepare: Callable[[Chunk], None] | None
     ) -> Iterator[tuple[Chunk, int]]:
         for block, consumed in self._blocks():
-            chunk = self._validated_chunk(block, device)
+            chunk = self._validated_chunk(block, device, engine)
             if chunk is not None:
                 if prepare is not None:
                     prepare(chunk)
@@ -331,12 +354,12 @@ class DumpReader:
                     f"{opened.source.path}: cannot be decoded, the file is corrupt ({one_line(exc)})."
                 ) from exc
 
-    def _validated_chunk(self, block: Block, device: torch.device) -> Chunk | None:
+    def _validated_chunk(self, block: Block, device: torch.device, engine: str) -> Chunk | None:
         import torch
 
         from rollout_diag.io.chunk import Chunk
 
-        scanned = None if block.skipped else _scanned(block, device)
+        scanned = None if block.skipped or engine != "numba" else _scanned(block, device)
         if scanned is None:  # the exact check, which finds and records the bad rows
             block = validate_block(block, self.log, self.strict)
             if block is None:
@@ -378,21 +401,22 @@ class DumpReader:
             token_text=None if text is None else _text_lookup(text, offsets),
             policy_version=None if block.policy_version is None else torch.tensor(block.policy_version, device=device),
             extra=_chunk_extra(block),
+            engine=engine,
         )
 
 
 def _scanned(block: Block, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """(trainer, rollout, mask) tensors of a clean block from one compiled scan that converts, zeroes environment
     tokens and flags bad values at once (the numba engine's CPU chunks; ``kernels.cpu.checked_model_values``), the
-    same tensors ``_validated_chunk`` builds otherwise. None where the scan does not apply (another device or
-    engine, a dtype it is not compiled for) or where it flags anything: ``validate_block`` then finds the rows and
-    records them with its messages, exactly as without the scan."""
+    same tensors ``_validated_chunk`` builds otherwise. None where the scan does not apply (another device, a dtype
+    it is not compiled for) or where it flags anything: ``validate_block`` then finds the rows and records them with
+    its messages, exactly as without the scan."""
     import torch
 
-    from rollout_diag.kernels import compiled, kernel_for
+    from rollout_diag.kernels import compiled
 
     trainer, rollout, mask = block.trainer, block.rollout, block.mask
-    if device.type != "cpu" or not kernel_for("cpu") or not len(block.lengths):
+    if device.type != "cpu" or not len(block.lengths):
         return None
     if trainer.dtype != rollout.dtype or trainer.dtype not in (np.float32, np.float64):
         return None
@@ -414,6 +438,26 @@ def _scanned(block: Block, device: torch.device) -> tuple[torch.Tensor, torch.Te
     if not clean:
         return None
     return torch.from_numpy(trainer), torch.from_numpy(rollout), torch.from_numpy(model)
+
+
+def _footer_tokens(opened: OpenFile, groups: set[int] | None) -> int | None:
+    """Tokens in ``groups`` (None: every row group) of a Parquet file, from its footer: rows in the token layout,
+    the trainer column's list values in the sequence layout. None for a trainer format's rows (no footer)."""
+    parquet = opened.parquet
+    if not isinstance(parquet, pq.ParquetFile):
+        return None
+    metadata = parquet.metadata
+    chosen = range(metadata.num_row_groups) if groups is None else sorted(groups)
+    if opened.layout != "sequence":
+        return sum(metadata.row_group(group).num_rows for group in chosen)
+    name = opened.columns.get("trainer")
+    leaf = next(
+        (j for j in range(metadata.num_columns) if parquet.schema.column(j).path.startswith(f"{name}.")),
+        None,
+    )
+    if leaf is None:
+        return None
+    return sum(metadata.row_group(group).column(leaf).num_values for group in chosen)
 
 
 def _chunk_extra(block: Block) -> dict[str, ExtraColumn]:

@@ -156,10 +156,12 @@ class PerToken:
 
 def stats(chunk: Chunk) -> ChunkStats:
     """The shared per-chunk computation (created on first use): the numba kernels' for a CPU chunk unless the
-    torch engine is chosen (``rollout_diag.kernels``), the device-generic torch engine otherwise."""
+    torch engine is chosen (``rollout_diag.kernels``; the reader's choice for the whole input, ``Chunk.engine``), the
+    device-generic torch engine otherwise."""
     found = chunk.cache.get("stats")
     if found is None:
-        engine = KernelStats if kernel_for(chunk.device.type) else ChunkStats
+        numba = chunk.engine == "numba" if chunk.engine is not None else kernel_for(chunk.device.type)
+        engine = KernelStats if numba else ChunkStats
         found = chunk.cache["stats"] = engine(chunk)
     return found
 
