@@ -321,6 +321,40 @@ def test_input_tokens_are_the_tokens_read(tmp_path, layout):
     assert DumpReader(paths, parts=part, input_tokens=whole).input_tokens() == whole
 
 
+def test_a_worker_runs_the_engine_it_is_given(monkeypatch):
+    """A worker (``run_part``) runs the driver's engine setting, not its own process's (a Ray worker may have been
+    started before the setting), and chooses ``auto`` by the driver's input size, not its part's."""
+    from rollout_diag.drivers.distributed import run_part
+    from rollout_diag.drivers.passes import PassSpec
+    from rollout_diag.io.reader import DumpReader
+    from rollout_diag.kernels import SMALL_INPUT_ENVIRONMENT
+    from rollout_diag.metrics import segments
+
+    seen: list[str] = []
+    original = segments.stats
+
+    def spy(chunk):
+        found = original(chunk)
+        seen.append(type(found).__name__)
+        return found
+
+    monkeypatch.setattr(segments, "stats", spy)
+    reader = DumpReader(str(SAMPLES[-1]))
+    tokens = reader.input_tokens()
+    job = (reader.worker_inputs(), {}, reader.plan(1)[0], False, reader.chunk_tokens, "cpu", PassSpec({}))
+    monkeypatch.setenv(SMALL_INPUT_ENVIRONMENT, str(tokens))
+    for process, engine, input_tokens, expected in (
+        ("numba", "torch", tokens, "ChunkStats"),
+        ("torch", "numba", tokens, "KernelStats"),
+        ("torch", "auto", tokens, "KernelStats"),  # the whole input is not below the bound …
+        ("numba", "auto", tokens - 1, "ChunkStats"),  # … this one is
+    ):
+        seen.clear()
+        with use_engine(process):
+            run_part(*job, input_tokens=input_tokens, engine=engine)
+        assert set(seen) == {expected}, (process, engine, input_tokens)
+
+
 def test_a_small_input_does_not_load_numba():
     """A fresh process analysing the bundled sample with the default engine never imports numba (its start-up is
     what the size rule saves)."""

@@ -24,6 +24,7 @@ from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.io.reader import DumpReader
 from rollout_diag.io.readlog import ReadLog
 from rollout_diag.io.sources import Source
+from rollout_diag.kernels import selected_engine
 
 BACKENDS = ("process", "ray")
 MAX_WORKERS = 1024  # a Ray cluster may be large; more parts than this only adds overhead
@@ -56,19 +57,24 @@ def run_part(
     device: str,
     spec: PassSpec,
     input_tokens: int | None = None,
+    engine: str | None = None,
 ) -> tuple[Pass, ReadLog]:
     """One worker: read ``part`` of the inputs and return the accumulated state and the read log.
 
     ``inputs`` are the files the driver resolved (never expanded again: a file name may hold glob characters)
     and ``columns`` the user's overrides, from which each file resolves its own columns as in one process;
-    ``input_tokens`` the driver's ``DumpReader.input_tokens`` (the engine is chosen by the whole input's size)."""
+    ``input_tokens`` the driver's ``DumpReader.input_tokens`` and ``engine`` its engine setting (a Ray worker started
+    before the setting does not inherit it): every worker runs the engine one process would."""
+    from rollout_diag.kernels import use_engine
+
     torch.set_num_threads(1)  # the workers share the machine's cores
     reader = DumpReader(
         inputs, columns, strict=strict, chunk_tokens=chunk_tokens, parts=part, input_tokens=input_tokens
     )
     reader.select(spec.selection)
     state = spec.new()
-    run_chunks(reader, state.consumers(), torch.device(device), prepare=state.prepare)
+    with use_engine(engine):
+        run_chunks(reader, state.consumers(), torch.device(device), prepare=state.prepare)
     return state, reader.log
 
 
@@ -83,11 +89,8 @@ def run_parts(
     """Run :func:`run_part` on every part of ``reader.plan(workers)`` and merge the states into one; the
     workers' read logs are merged into ``reader.log``."""
     check_workers(workers, backend)
-    tokens = reader.input_tokens()
-    jobs = [
-        (reader.worker_inputs(), reader.overrides, part, reader.strict, reader.chunk_tokens, str(device), spec, tokens)
-        for part in reader.plan(workers)
-    ]
+    shared = (reader.strict, reader.chunk_tokens, str(device), spec, reader.input_tokens(), selected_engine())
+    jobs = [(reader.worker_inputs(), reader.overrides, part, *shared) for part in reader.plan(workers)]
     results = _run_ray(jobs) if backend == "ray" else _run_processes(jobs, workers, device)
     merged = spec.new()
     total = reader.log.total_rows
