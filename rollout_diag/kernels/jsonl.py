@@ -31,7 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
 from numba.cpython.unsafe.numbers import leading_zeros
 from numba.extending import intrinsic
 from numba.np.arrayobj import populate_array
@@ -77,7 +78,6 @@ def _powers_of_five() -> np.ndarray:
 
 _POWER_OF_FIVE = _powers_of_five()
 _EXACT_POWERS_OF_TEN = np.array([10.0**i for i in range(23)])  # exact doubles: 10**22 < 2**53 * 5**22 fits
-_U32 = np.uint64(0xFFFFFFFF)
 _ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
 _PRECISION_MASK = np.uint64(0xFFFFFFFFFFFFFFFF >> 55)
 _ONE = np.uint64(1)
@@ -86,15 +86,21 @@ _HIDDEN = np.uint64(1 << 52)
 _SIGN = np.uint64(1 << 63)
 
 
-@njit(**_FLAGS)
-def _multiply(a, b):
-    """The 128-bit product of two uint64 as (high, low)."""
-    s32 = np.uint64(32)
-    a_lo, a_hi = a & _U32, a >> s32
-    b_lo, b_hi = b & _U32, b >> s32
-    p0, p1, p2, p3 = a_lo * b_lo, a_lo * b_hi, a_hi * b_lo, a_hi * b_hi
-    middle = (p0 >> s32) + (p1 & _U32) + (p2 & _U32)
-    return p3 + (p1 >> s32) + (p2 >> s32) + (middle >> s32), (middle << s32) | (p0 & _U32)
+@intrinsic
+def _multiply(typingctx, a, b):
+    """The 128-bit product of two uint64 as (high, low): one widening multiply (LLVM's i128)."""
+    if a != types.uint64 or b != types.uint64:
+        return None
+    signature = types.UniTuple(types.uint64, 2)(types.uint64, types.uint64)
+
+    def codegen(context, builder, signature, args):
+        wide = ir.IntType(128)
+        product = builder.mul(builder.zext(args[0], wide), builder.zext(args[1], wide))
+        high = builder.trunc(builder.lshr(product, ir.Constant(wide, 64)), ir.IntType(64))
+        low = builder.trunc(product, ir.IntType(64))
+        return context.make_tuple(builder, signature.return_type, [high, low])
+
+    return signature, codegen
 
 
 @njit(**_FLAGS)
@@ -140,6 +146,47 @@ def decimal_to_double(w, q, negative):
 
 
 # -------------------------------------------------------------------------------- the byte scanner
+_LITTLE_ENDIAN = sys.byteorder == "little"  # eight digits are read as one little-endian word
+_TEN8 = np.uint64(100_000_000)
+_HIGH_NIBBLES = np.uint64(0xF0F0F0F0F0F0F0F0)
+_SIXES = np.uint64(0x0606060606060606)
+_THREES = np.uint64(0x3333333333333333)
+_ZEROS = np.uint64(0x3030303030303030)
+_BYTES_0_4 = np.uint64(0x000000FF000000FF)
+_MUL_100_1000000 = np.uint64(100 + (1_000_000 << 32))
+_MUL_1_10000 = np.uint64(1 + (10_000 << 32))
+_S4, _S8, _S16, _S32 = np.uint64(4), np.uint64(8), np.uint64(16), np.uint64(32)
+
+
+@intrinsic
+def _load8(typingctx, array, index):
+    """The eight bytes ``array[index:index + 8]`` as one (unaligned) uint64 word; the caller checks the bounds."""
+    signature = types.uint64(array, index)
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        address = builder.gep(data, [args[1]])
+        return builder.load(builder.bitcast(address, ir.IntType(64).as_pointer()), align=1)
+
+    return signature, codegen
+
+
+@njit(**_INLINE)
+def _eight_digits(chunk):
+    """Whether all eight bytes of a little-endian word are ASCII digits (fast_float's test)."""
+    return ((chunk & _HIGH_NIBBLES) | (((chunk + _SIXES) & _HIGH_NIBBLES) >> _S4)) == _THREES
+
+
+@njit(**_INLINE)
+def _parse8(chunk):
+    """The value of eight ASCII digits in a little-endian word, the first byte the most significant digit."""
+    chunk = chunk - _ZEROS
+    chunk = chunk * np.uint64(10) + (chunk >> _S8)
+    low = (chunk & _BYTES_0_4) * _MUL_100_1000000
+    high = ((chunk >> _S16) & _BYTES_0_4) * _MUL_1_10000
+    return (low + high) >> _S32
+
+
 @intrinsic
 def _unowned(typingctx, array):
     """A view of ``array`` without its memory owner (as ``numba.carray`` gives): passing it to a helper costs no
@@ -239,12 +286,21 @@ def _number(buf, p, end, integer):
         literal_int = False
         p += 1
         start = p
+        if not digits:  # leading zeros are no significant digits
+            while p < end and buf[p] == 48:
+                p += 1
+        while _LITTLE_ENDIAN and p + 8 <= end:  # eight digits at a time (the first is significant here)
+            chunk = _load8(buf, p)
+            if not _eight_digits(chunk):
+                break
+            w = w * _TEN8 + _parse8(chunk)  # wraps past 19 digits: such numbers are refused below
+            digits += 8
+            p += 8
         while p < end and 48 <= buf[p] <= 57:
-            if digits or buf[p] != 48:
-                w = w * ten + np.uint64(buf[p] - 48)
-                digits += 1
-            fraction += 1
+            w = w * ten + np.uint64(buf[p] - 48)
+            digits += 1
             p += 1
+        fraction = p - start
         if p == start:
             return -1, 0.0, 0, False
     exponent = 0
@@ -493,15 +549,11 @@ def scan(raw, starts, key_bytes, key_starts, kinds, elements):
     status = np.zeros((lines, keys), np.int8)
     first = np.zeros((lines, keys), np.int64)
     count = np.zeros((lines, keys), np.int64)
-    items, opened = 1, 1  # every list item is followed by , or ]; every list opens with [
-    for p in range(starts[0], starts[lines]):
-        c = raw[p]
-        if c == 44 or c == 93:
-            items += 1
-        elif c == 91:
-            opened += 1
+    # every list item takes a byte and is followed by , or ]; every sub-list opens with [ and is followed by , or ]:
+    # at most one per two bytes. The memory is only reserved: a page is taken when the scan first writes to it.
+    items = (starts[lines] - starts[0]) // 2 + 1
     owned = (np.empty(items, np.float64), np.empty(items, np.int64), np.empty(items, np.uint8))
-    owned_subs = (np.empty(opened, np.int64), np.empty(opened, np.int64), np.empty(opened, np.uint8))
+    owned_subs = (np.empty(items, np.int64), np.empty(items, np.int64), np.empty(items, np.uint8))
     owned_stack = np.empty(MAX_DEPTH, np.uint8)
     buf = _unowned(raw)
     floats, ints, nulls = _unowned(owned[0]), _unowned(owned[1]), _unowned(owned[2])
