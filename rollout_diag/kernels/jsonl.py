@@ -684,6 +684,32 @@ def scan(raw, starts, key_bytes, key_starts, kinds, elements):
 
 
 @njit(**_FLAGS)
+def line_ends(buf):
+    """The position after each newline (byte 10) of ``buf``, in order (int64)."""
+    lines = 0
+    for p in range(buf.shape[0]):
+        lines += buf[p] == 10
+    ends = np.empty(lines, np.int64)
+    at = 0
+    for p in range(buf.shape[0]):
+        if buf[p] == 10:
+            ends[at] = p + 1
+            at += 1
+    return ends
+
+
+@njit(**_FLAGS)
+def newlines_and_returns(buf, upto):
+    """(newlines, carriage returns) in ``buf[:upto]``."""
+    newlines, returns = 0, 0
+    for p in range(upto):
+        c = buf[p]
+        newlines += c == 10
+        returns += c == 13
+    return newlines, returns
+
+
+@njit(**_FLAGS)
 def _gather(rows, first, count, values):
     """Concatenate ``values[first[r]:first[r] + count[r]]`` over ``rows``; returns (offsets, values)."""
     total = 0
