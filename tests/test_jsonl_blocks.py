@@ -1,10 +1,11 @@
-"""The JSON-lines fast path read in blocks on several threads: the same rows, in file order, wherever the reads cut.
+"""The JSON-lines fast path read in blocks, scanned in parts on several threads: the same rows, in file order,
+wherever the reads and the parts cut.
 
 - numbers: eight fraction digits at a time (kernels/jsonl.py) still converts exactly as Python's ``float()`` and
   leaves to Python exactly the numbers it left before (more than 19 significant digits);
-- blocks: the file is read ``BLOCK_BYTES`` at a time and split at newlines into blocks scanned by a pool of threads;
-  a read that ends in the middle of a line (or of a number, or of a multi-byte character) changes nothing, and the
-  rows come back in file order;
+- blocks: the file is read ``BLOCK_BYTES`` at a time and split at newlines into blocks, each scanned in parts of
+  about ``PART_BYTES`` by a pool of threads; a read or a part that ends in the middle of a line (or of a number, or
+  of a multi-byte character) changes nothing, and the rows come back in file order;
 - counting: the compiled line count equals :func:`count_lines` and finds a carriage return in any read.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -80,41 +82,47 @@ def test_an_integer_part_then_many_fraction_digits():
 _BLOCK_SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def _with_block_bytes(block_bytes: int, read):
-    saved = base.BLOCK_BYTES
-    base.BLOCK_BYTES = block_bytes
+def _with_block_bytes(block_bytes: int, read, part_bytes: int = 1):
+    saved = base.BLOCK_BYTES, base.PART_BYTES
+    base.BLOCK_BYTES, base.PART_BYTES = block_bytes, part_bytes
     try:
         return read()
     finally:
-        base.BLOCK_BYTES = saved
+        base.BLOCK_BYTES, base.PART_BYTES = saved
 
 
 @_BLOCK_SETTINGS
 @given(
     lines=st.booleans().flatmap(lambda spoil: st.lists(prime_rl_line(spoil), min_size=1, max_size=20)),
     block_bytes=st.integers(1, 600),
+    part_bytes=st.integers(1, 300),
     batch_size=st.integers(1, 9),
     end=st.booleans(),
 )
-def test_prime_rl_reads_cut_anywhere_give_the_same_rows_in_order(lines, block_bytes, batch_size, end, tmp_path_factory):
+def test_prime_rl_reads_cut_anywhere_give_the_same_rows_in_order(
+    lines, block_bytes, part_bytes, batch_size, end, tmp_path_factory
+):
     path = tmp_path_factory.mktemp("p") / "rank_0.jsonl"
     path.write_text("\n".join(lines) + ("\n" if end else ""))
     reference = _read(prime_rl, path, False, batch_size)
-    assert _with_block_bytes(block_bytes, lambda: _read(prime_rl, path, True, batch_size)) == reference
+    assert _with_block_bytes(block_bytes, lambda: _read(prime_rl, path, True, batch_size), part_bytes) == reference
 
 
 @_BLOCK_SETTINGS
 @given(
     lines=st.booleans().flatmap(lambda spoil: st.lists(nemo_rl_line(spoil), min_size=1, max_size=20)),
     block_bytes=st.integers(1, 600),
+    part_bytes=st.integers(1, 300),
     batch_size=st.integers(1, 9),
     end=st.booleans(),
 )
-def test_nemo_rl_reads_cut_anywhere_give_the_same_rows_in_order(lines, block_bytes, batch_size, end, tmp_path_factory):
+def test_nemo_rl_reads_cut_anywhere_give_the_same_rows_in_order(
+    lines, block_bytes, part_bytes, batch_size, end, tmp_path_factory
+):
     path = tmp_path_factory.mktemp("n") / "train_data_step2.jsonl"
     path.write_text("\n".join(lines) + ("\n" if end else ""))
     reference = _read(nemo_rl, path, False, batch_size)
-    assert _with_block_bytes(block_bytes, lambda: _read(nemo_rl, path, True, batch_size)) == reference
+    assert _with_block_bytes(block_bytes, lambda: _read(nemo_rl, path, True, batch_size), part_bytes) == reference
 
 
 def _prime_line(index: int, length: int) -> str:
@@ -124,11 +132,14 @@ def _prime_line(index: int, length: int) -> str:
     return json.dumps(record, ensure_ascii=False)
 
 
-@pytest.mark.parametrize("block_bytes", [1, 13, 64, 1000, 1 << 20])
-def test_many_blocks_on_every_thread_come_back_in_file_order(block_bytes, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("block_bytes", "part_bytes"), [(1, 1), (13, 1), (64, 1), (1000, 1), (1 << 20, 1), (1 << 20, 997)]
+)
+def test_many_blocks_on_every_thread_come_back_in_file_order(block_bytes, part_bytes, tmp_path, monkeypatch):
     """Hundreds of blocks (lines of different lengths, a multi-byte character in each, one bad line) scanned by the
     pool: every row in file order, the bad one where it was, and no line read by Python's json but the bad one."""
     monkeypatch.setattr(base, "BLOCK_BYTES", block_bytes)
+    monkeypatch.setattr(base, "PART_BYTES", part_bytes)
     lines = [_prime_line(i, 1 + (i * 37) % 50) for i in range(300)]
     lines[123] = "{not json"
     path = tmp_path / "rank_0.jsonl"
@@ -148,10 +159,21 @@ def test_a_byte_that_is_not_utf8_still_raises_when_reads_cut_around_it(tmp_path,
     good = json.dumps({"step": 1, "loss_mask": [True], "inference_logprobs": [-1.0], "trainer_logprobs": [-1.5]})
     path = tmp_path / "rank_0.jsonl"
     path.write_bytes((good + "\n").encode() * 5 + b'{"step":1,"env_name":"\xff"}\n' + (good + "\n").encode() * 5)
-    for block_bytes in (1, 7, 100, 1 << 20):
+    for block_bytes, part_bytes in ((1, 1), (7, 1), (100, 1), (1 << 20, 1), (1 << 20, 1 << 20)):
         monkeypatch.setattr(base, "BLOCK_BYTES", block_bytes)
+        monkeypatch.setattr(base, "PART_BYTES", part_bytes)
         with pytest.raises(UnicodeDecodeError):
             list(prime_rl.open_file(str(path)).iter_batches(batch_size=2))
+
+
+def test_parts_cover_the_block_in_order_and_cut_only_at_line_ends(monkeypatch):
+    monkeypatch.setattr(base, "PART_BYTES", 10)
+    ends = np.cumsum([0, 3, 40, 1, 1, 25, 7, 2, 90, 5]).astype(np.int64) + 17
+    parts = base._parts(ends)
+    assert parts[0][0] == 0 and parts[-1][1] == len(ends) - 1 and len(parts) > 3
+    assert all(a < b for a, b in parts) and all(b == c for (_, b), (c, _) in pairwise(parts))
+    monkeypatch.setattr(base, "PART_BYTES", 1 << 20)
+    assert base._parts(ends) == [(0, len(ends) - 1)]
 
 
 # ------------------------------------------------------------------ counting lines

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -316,8 +317,9 @@ class FastLines:
     convert: Callable[[ParsedLines, int], tuple[pa.RecordBatch, np.ndarray]]
 
 
-BLOCK_BYTES = 4 << 20  # bytes read at a time; a block of lines ends within them even when more rows are asked
-_SCAN_THREADS = 4  # blocks scanned at once at most (one per core up to this)
+BLOCK_BYTES = 16 << 20  # a block of lines (one batch) ends within this many bytes even when more rows are asked
+PART_BYTES = 1 << 20  # a block's lines are scanned in parts of about this many bytes, by one thread per core
+_SCAN_THREADS = 4  # threads scanning at most (one per core up to this)
 _SCANNERS: dict[int, Any] = {}
 
 
@@ -374,8 +376,9 @@ def _blocks(path: str, size: int) -> Iterator[_Block]:
 def _fast_batches(
     path: str, step: int, parse: Callable[[str, int, int], Row], fast: FastLines, size: int, extra: pa.Schema | None
 ) -> Iterator[pa.RecordBatch]:
-    """Blocks of lines, scanned by a pool of threads (the compiled scanner drops the GIL; one per core) while the
-    blocks before are converted and used, in file order."""
+    """Blocks of lines in file order, each scanned in parts (split at line ends) by a pool of threads, one per core
+    (the compiled scanner drops the GIL), while the block before is converted and used. The blocks, so the batches,
+    are the same whatever the threads and parts: a part changes only who reads which lines."""
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
@@ -389,18 +392,48 @@ def _fast_batches(
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollout-diag-jsonl") as pool:
         ahead: deque = deque()
         for block in _blocks(path, size):
-            ahead.append(pool.submit(_scan_block, block, scanner))
-            if len(ahead) > workers:
-                yield _finish_block(ahead.popleft().result(), step, parse, fast, extra)
+            parts = _parts(block.ends)
+            ahead.append((block, parts, [pool.submit(_scan_part, block, a, b, scanner) for a, b in parts]))
+            if len(ahead) > 1:
+                yield _finish_block(_joined(*ahead.popleft()), step, parse, fast, extra)
         while ahead:
-            yield _finish_block(ahead.popleft().result(), step, parse, fast, extra)
+            yield _finish_block(_joined(*ahead.popleft()), step, parse, fast, extra)
 
 
-def _scan_block(block: _Block, scanner: Any) -> _Block:
-    """Read the block's lines with the scanner (``block.scanned``); raises UnicodeDecodeError as text does."""
-    if not block.ascii:
+def _parts(ends: np.ndarray) -> list[tuple[int, int]]:
+    """The block's lines as ranges ``[a, b)`` of about :data:`PART_BYTES` each, in order, cut only at line ends."""
+    lines = len(ends) - 1
+    total = int(ends[-1] - ends[0])
+    count = max(1, min(lines, total // max(PART_BYTES, 1)))
+    if count <= 1:
+        return [(0, lines)]
+    targets = ends[0] + (np.arange(1, count, dtype=np.int64) * total) // count
+    cuts = np.unique(np.searchsorted(ends, targets))  # the first line starting at or after each target
+    bounds = [0, *(int(c) for c in cuts if 0 < c < lines), lines]
+    return list(pairwise(bounds))
+
+
+def _scan_part(block: _Block, a: int, b: int, scanner: Any) -> Any:
+    """Read lines ``[a, b)`` of the block with the scanner. The first part checks the whole block is UTF-8 (raising
+    UnicodeDecodeError as reading the file as text does)."""
+    if a == 0 and not block.ascii:
         block.data[int(block.ends[0]) : int(block.ends[-1])].decode("utf-8")  # raises where reading as text would
-    block.scanned = scanner.scan(block.data, block.ends)
+    return scanner.scan(block.data, block.ends[a : b + 1])
+
+
+def _joined(block: _Block, parts: list[tuple[int, int]], futures: list) -> _Block:
+    """The block with what its parts read, put together in line order (``block.scanned``)."""
+    from rollout_diag.kernels.jsonl import Scanned
+
+    scanned = [future.result() for future in futures]  # in order: raises what a part raised
+    if len(scanned) == 1:
+        block.scanned = scanned[0]
+        return block
+    block.scanned = Scanned(
+        np.concatenate([part.rows + a for part, (a, _) in zip(scanned, parts, strict=True)]),
+        pa.concat_tables([part.table for part in scanned]),
+        np.concatenate([part.written_null for part in scanned]),
+    )
     return block
 
 
