@@ -16,7 +16,14 @@ Numbers are converted exactly as Python's ``float()`` does (correctly rounded): 
 the digits fit in 53 bits and the power of ten is exact, else the Eisel–Lemire algorithm (a 128-bit
 product with a truncated power of five; Lemire, "Number Parsing at a Gigabyte per Second", 2021, and
 Mushtak & Lemire, "Fast Number Parsing Without Fallback", 2023, which shows the second product always
-suffices). tests/test_jsonl_scan.py checks it against Python's json on 1.4 million strings and hypothesis.
+suffices; the 128-bit products are one widening multiply). Fraction digits are read eight at a time where eight
+bytes are all digits (fast_float's word test; little-endian machines). tests/test_jsonl_scan.py and
+tests/test_jsonl_blocks.py check it against Python's json on 1.4 million strings and hypothesis.
+
+Speed (docs/benchmarks.md, issue 20 session 4): the per-item work (number, conversion, a skipped scalar) is
+inlined into the list loop (a call per item cost about half the scan), and the output buffers are reserved at
+their bound (one item per two bytes) instead of counted in a first pass: the pages are taken only as written.
+The scan holds no GIL (``nogil``): ``io/formats/base.py`` runs it on parts of a block on every core.
 
 Schema kinds (``pyarrow`` types of a :data:`FastLines.schema`): ``int64``, ``string``, and lists or lists
 of lists of ``float64`` / ``int64`` / ``bool``. A JSON ``null`` (or an absent field) is an Arrow null at
