@@ -16,7 +16,14 @@ Numbers are converted exactly as Python's ``float()`` does (correctly rounded): 
 the digits fit in 53 bits and the power of ten is exact, else the Eisel–Lemire algorithm (a 128-bit
 product with a truncated power of five; Lemire, "Number Parsing at a Gigabyte per Second", 2021, and
 Mushtak & Lemire, "Fast Number Parsing Without Fallback", 2023, which shows the second product always
-suffices). tests/test_jsonl_scan.py checks it against Python's json on 1.4 million strings and hypothesis.
+suffices; the 128-bit products are one widening multiply). Fraction digits are read eight at a time where eight
+bytes are all digits (fast_float's word test; little-endian machines). tests/test_jsonl_scan.py and
+tests/test_jsonl_blocks.py check it against Python's json on 1.4 million strings and hypothesis.
+
+Speed (docs/benchmarks.md, issue 20 session 4): the per-item work (number, conversion, a skipped scalar) is
+inlined into the list loop (a call per item cost about half the scan), and the output buffers are reserved at
+their bound (one item per two bytes) instead of counted in a first pass: the pages are taken only as written.
+The scan holds no GIL (``nogil``): ``io/formats/base.py`` runs it on parts of a block on every core.
 
 Schema kinds (``pyarrow`` types of a :data:`FastLines.schema`): ``int64``, ``string``, and lists or lists
 of lists of ``float64`` / ``int64`` / ``bool``. A JSON ``null`` (or an absent field) is an Arrow null at
@@ -31,7 +38,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
 from numba.cpython.unsafe.numbers import leading_zeros
 from numba.extending import intrinsic
 from numba.np.arrayobj import populate_array
@@ -77,7 +85,6 @@ def _powers_of_five() -> np.ndarray:
 
 _POWER_OF_FIVE = _powers_of_five()
 _EXACT_POWERS_OF_TEN = np.array([10.0**i for i in range(23)])  # exact doubles: 10**22 < 2**53 * 5**22 fits
-_U32 = np.uint64(0xFFFFFFFF)
 _ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
 _PRECISION_MASK = np.uint64(0xFFFFFFFFFFFFFFFF >> 55)
 _ONE = np.uint64(1)
@@ -86,18 +93,24 @@ _HIDDEN = np.uint64(1 << 52)
 _SIGN = np.uint64(1 << 63)
 
 
-@njit(**_FLAGS)
-def _multiply(a, b):
-    """The 128-bit product of two uint64 as (high, low)."""
-    s32 = np.uint64(32)
-    a_lo, a_hi = a & _U32, a >> s32
-    b_lo, b_hi = b & _U32, b >> s32
-    p0, p1, p2, p3 = a_lo * b_lo, a_lo * b_hi, a_hi * b_lo, a_hi * b_hi
-    middle = (p0 >> s32) + (p1 & _U32) + (p2 & _U32)
-    return p3 + (p1 >> s32) + (p2 >> s32) + (middle >> s32), (middle << s32) | (p0 & _U32)
+@intrinsic
+def _multiply(typingctx, a, b):
+    """The 128-bit product of two uint64 as (high, low): one widening multiply (LLVM's i128)."""
+    if a != types.uint64 or b != types.uint64:
+        return None
+    signature = types.UniTuple(types.uint64, 2)(types.uint64, types.uint64)
+
+    def codegen(context, builder, signature, args):
+        wide = ir.IntType(128)
+        product = builder.mul(builder.zext(args[0], wide), builder.zext(args[1], wide))
+        high = builder.trunc(builder.lshr(product, ir.Constant(wide, 64)), ir.IntType(64))
+        low = builder.trunc(product, ir.IntType(64))
+        return context.make_tuple(builder, signature.return_type, [high, low])
+
+    return signature, codegen
 
 
-@njit(**_FLAGS)
+@njit(**_INLINE)
 def decimal_to_double(w, q, negative):
     """``w * 10**q`` correctly rounded to a double (``w`` a uint64 of at most 19 digits); ok False where this
     path does not decide (out of the normal range), so the caller leaves the number to Python."""
@@ -140,6 +153,47 @@ def decimal_to_double(w, q, negative):
 
 
 # -------------------------------------------------------------------------------- the byte scanner
+_LITTLE_ENDIAN = sys.byteorder == "little"  # eight digits are read as one little-endian word
+_TEN8 = np.uint64(100_000_000)
+_HIGH_NIBBLES = np.uint64(0xF0F0F0F0F0F0F0F0)
+_SIXES = np.uint64(0x0606060606060606)
+_THREES = np.uint64(0x3333333333333333)
+_ZEROS = np.uint64(0x3030303030303030)
+_BYTES_0_4 = np.uint64(0x000000FF000000FF)
+_MUL_100_1000000 = np.uint64(100 + (1_000_000 << 32))
+_MUL_1_10000 = np.uint64(1 + (10_000 << 32))
+_S4, _S8, _S16, _S32 = np.uint64(4), np.uint64(8), np.uint64(16), np.uint64(32)
+
+
+@intrinsic
+def _load8(typingctx, array, index):
+    """The eight bytes ``array[index:index + 8]`` as one (unaligned) uint64 word; the caller checks the bounds."""
+    signature = types.uint64(array, index)
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        address = builder.gep(data, [args[1]])
+        return builder.load(builder.bitcast(address, ir.IntType(64).as_pointer()), align=1)
+
+    return signature, codegen
+
+
+@njit(**_INLINE)
+def _eight_digits(chunk):
+    """Whether all eight bytes of a little-endian word are ASCII digits (fast_float's test)."""
+    return ((chunk & _HIGH_NIBBLES) | (((chunk + _SIXES) & _HIGH_NIBBLES) >> _S4)) == _THREES
+
+
+@njit(**_INLINE)
+def _parse8(chunk):
+    """The value of eight ASCII digits in a little-endian word, the first byte the most significant digit."""
+    chunk = chunk - _ZEROS
+    chunk = chunk * np.uint64(10) + (chunk >> _S8)
+    low = (chunk & _BYTES_0_4) * _MUL_100_1000000
+    high = ((chunk >> _S16) & _BYTES_0_4) * _MUL_1_10000
+    return (low + high) >> _S32
+
+
 @intrinsic
 def _unowned(typingctx, array):
     """A view of ``array`` without its memory owner (as ``numba.carray`` gives): passing it to a helper costs no
@@ -203,7 +257,7 @@ def _is_infinity(buf, p, end):
     return True
 
 
-@njit(**_FLAGS)
+@njit(**_INLINE)
 def _number(buf, p, end, integer):
     """A JSON number at ``p`` (Python's grammar; ``NaN``/``Infinity``/``-Infinity`` unless ``integer``).
 
@@ -239,12 +293,21 @@ def _number(buf, p, end, integer):
         literal_int = False
         p += 1
         start = p
+        if not digits:  # leading zeros are no significant digits
+            while p < end and buf[p] == 48:
+                p += 1
+        while _LITTLE_ENDIAN and p + 8 <= end:  # eight digits at a time (the first is significant here)
+            chunk = _load8(buf, p)
+            if not _eight_digits(chunk):
+                break
+            w = w * _TEN8 + _parse8(chunk)  # wraps past 19 digits: such numbers are refused below
+            digits += 8
+            p += 8
         while p < end and 48 <= buf[p] <= 57:
-            if digits or buf[p] != 48:
-                w = w * ten + np.uint64(buf[p] - 48)
-                digits += 1
-            fraction += 1
+            w = w * ten + np.uint64(buf[p] - 48)
+            digits += 1
             p += 1
+        fraction = p - start
         if p == start:
             return -1, 0.0, 0, False
     exponent = 0
@@ -310,7 +373,7 @@ def _string_end(buf, p, end, plain):
     return -1
 
 
-@njit(**_FLAGS)
+@njit(**_INLINE)
 def _scalar_end(buf, p, end):
     """Position after a JSON value that is not a container (string, number, literal), or -1 (grammar only:
     a skipped number is not converted)."""
@@ -332,7 +395,7 @@ def _scalar_end(buf, p, end):
     return _number_shape_end(buf, p, end)
 
 
-@njit(**_FLAGS)
+@njit(**_INLINE)
 def _number_shape_end(buf, p, end):
     """Position after a number Python reads though this module does not convert it (long, huge), or -1."""
     if p < end and buf[p] == 45:
@@ -349,6 +412,8 @@ def _number_shape_end(buf, p, end):
     if p < end and buf[p] == 46:
         p += 1
         start = p
+        while _LITTLE_ENDIAN and p + 8 <= end and _eight_digits(_load8(buf, p)):
+            p += 8
         while p < end and 48 <= buf[p] <= 57:
             p += 1
         if p == start:
@@ -480,6 +545,13 @@ def _items(buf, p, end, element, floats, ints, nulls, n):
 
 
 @njit(**_FLAGS)
+def _integer(buf, p, end):
+    """An integer field's value (a call per line: the number reader is inlined once here)."""
+    p, _, whole, _ = _number(buf, p, end, True)
+    return p, whole
+
+
+@njit(**_FLAGS)
 def scan(raw, starts, key_bytes, key_starts, kinds, elements):
     """Read lines ``raw[starts[i]:starts[i + 1]]``.
 
@@ -493,15 +565,11 @@ def scan(raw, starts, key_bytes, key_starts, kinds, elements):
     status = np.zeros((lines, keys), np.int8)
     first = np.zeros((lines, keys), np.int64)
     count = np.zeros((lines, keys), np.int64)
-    items, opened = 1, 1  # every list item is followed by , or ]; every list opens with [
-    for p in range(starts[0], starts[lines]):
-        c = raw[p]
-        if c == 44 or c == 93:
-            items += 1
-        elif c == 91:
-            opened += 1
+    # every list item takes a byte and is followed by , or ]; every sub-list opens with [ and is followed by , or ]:
+    # at most one per two bytes. The memory is only reserved: a page is taken when the scan first writes to it.
+    items = (starts[lines] - starts[0]) // 2 + 1
     owned = (np.empty(items, np.float64), np.empty(items, np.int64), np.empty(items, np.uint8))
-    owned_subs = (np.empty(opened, np.int64), np.empty(opened, np.int64), np.empty(opened, np.uint8))
+    owned_subs = (np.empty(items, np.int64), np.empty(items, np.int64), np.empty(items, np.uint8))
     owned_stack = np.empty(MAX_DEPTH, np.uint8)
     buf = _unowned(raw)
     floats, ints, nulls = _unowned(owned[0]), _unowned(owned[1]), _unowned(owned[2])
@@ -554,7 +622,7 @@ def scan(raw, starts, key_bytes, key_starts, kinds, elements):
                     kind = kinds[key]
                     status[line, key] = PRESENT
                     if kind == INT:
-                        p, _, whole, _ = _number(buf, p, end, True)
+                        p, whole = _integer(buf, p, end)
                         first[line, key] = whole
                     elif kind == STRING:
                         first[line, key] = p + 1
@@ -632,6 +700,32 @@ def scan(raw, starts, key_bytes, key_starts, kinds, elements):
 
 
 @njit(**_FLAGS)
+def line_ends(buf):
+    """The position after each newline (byte 10) of ``buf``, in order (int64)."""
+    lines = 0
+    for p in range(buf.shape[0]):
+        lines += buf[p] == 10
+    ends = np.empty(lines, np.int64)
+    at = 0
+    for p in range(buf.shape[0]):
+        if buf[p] == 10:
+            ends[at] = p + 1
+            at += 1
+    return ends
+
+
+@njit(**_FLAGS)
+def newlines_and_returns(buf, upto):
+    """(newlines, carriage returns) in ``buf[:upto]``."""
+    newlines, returns = 0, 0
+    for p in range(upto):
+        c = buf[p]
+        newlines += c == 10
+        returns += c == 13
+    return newlines, returns
+
+
+@njit(**_FLAGS)
 def _gather(rows, first, count, values):
     """Concatenate ``values[first[r]:first[r] + count[r]]`` over ``rows``; returns (offsets, values)."""
     total = 0
@@ -679,7 +773,7 @@ def _announce_compiling() -> None:
     except AttributeError:  # numba's cache internals moved: say nothing
         return
     if not cached:
-        print("rollout-diag: compiling the JSON-lines reader once (about 20 s; cached after).", file=sys.stderr)
+        print("rollout-diag: compiling the JSON-lines reader once (about 30 s; cached after).", file=sys.stderr)
 
 
 class Scanner:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -247,15 +248,18 @@ def jsonl_file(
 
 
 def _scan_lines(path: str | Path) -> tuple[int, bool]:
-    """(lines as :func:`count_lines` counts them, whether the file holds a carriage return)."""
-    lines, carriage_returns = 0, False
-    last = b"\n"
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            lines += block.count(b"\n")
-            carriage_returns = carriage_returns or b"\r" in block
-            last = block[-1:]
-    return lines + (last != b"\n"), carriage_returns
+    """(lines as :func:`count_lines` counts them, whether the file holds a carriage return): one compiled pass over
+    blocks read into one reused buffer."""
+    from rollout_diag.kernels.jsonl import newlines_and_returns
+
+    lines, returns, last = 0, 0, 10
+    buffer = bytearray(1 << 20)
+    view = np.frombuffer(buffer, np.uint8)
+    with open(path, "rb", buffering=0) as handle:
+        while got := handle.readinto(buffer):
+            newlines, carriage = newlines_and_returns(view, got)
+            lines, returns, last = lines + newlines, returns + carriage, buffer[got - 1]
+    return lines + (last != 10), returns > 0
 
 
 # ------------------------------------------------------------------ the fast JSON-lines path
@@ -313,15 +317,18 @@ class FastLines:
     convert: Callable[[ParsedLines, int], tuple[pa.RecordBatch, np.ndarray]]
 
 
-BLOCK_BYTES = 16 << 20  # a block of lines stops growing here even when the reader asks for more rows
+BLOCK_BYTES = 16 << 20  # a block of lines (one batch) ends within this many bytes even when more rows are asked
+PART_BYTES = 1 << 20  # a block's lines are scanned in parts of about this many bytes, by one thread per core
+_SCAN_THREADS = 4  # threads scanning at most (one per core up to this)
 _SCANNERS: dict[int, Any] = {}
 
 
 @dataclass
 class _Block:
-    data: bytes  # the block's lines
-    ends: np.ndarray  # int64: line i is data[ends[i - 1]:ends[i]] (ends[-1] = 0)
+    data: bytes  # the bytes read, holding the block's lines (and maybe other blocks')
+    ends: np.ndarray  # int64 positions in data: line i is data[ends[i]:ends[i + 1]]
     first: int  # file row of the first line
+    ascii: bool  # whether all of data is ASCII (else the block's lines are checked to be UTF-8)
     scanned: Any = None  # what the scanner read (a kernels.jsonl.Scanned), or None when it was not run
 
     @property
@@ -333,59 +340,100 @@ class _Block:
 
 
 def _blocks(path: str, size: int) -> Iterator[_Block]:
-    """The file's lines in blocks of at most ``size`` lines and about :data:`BLOCK_BYTES` (a longer line: one
-    block)."""
+    """The file's lines in file order, in blocks of at most ``size`` lines and about :data:`BLOCK_BYTES` (a longer
+    line: one block). Every block ends at a newline (or at the file's end)."""
+    from rollout_diag.kernels.jsonl import line_ends
+
     first = 0
-    rest = b""
+    pending: list[bytes] = []  # bytes read after the last newline so far
     with open(path, "rb") as handle:
         while True:
             chunk = handle.read(BLOCK_BYTES)
-            data = rest + chunk if rest else chunk
             if not chunk:
+                data = b"".join(pending)
                 if data:  # a last line without a newline
-                    yield _Block(data, np.array([0, len(data)], dtype=np.int64), first)
+                    yield _Block(data, np.array([0, len(data)], dtype=np.int64), first, data.isascii())
                 return
-            ends = np.flatnonzero(np.frombuffer(data, np.uint8) == 10) + 1
+            ends = line_ends(np.frombuffer(chunk, np.uint8))
             if not len(ends):
-                rest = data
+                pending.append(chunk)
                 continue
-            starts = np.concatenate([[0], ends]).astype(np.int64)
+            data = chunk
+            if pending:
+                data = b"".join([*pending, chunk])
+                ends = ends + (len(data) - len(chunk))
+            starts = np.empty(len(ends) + 1, dtype=np.int64)
+            starts[0] = 0
+            starts[1:] = ends
+            ascii = data.isascii()
             for at in range(0, len(ends), size):
                 upto = min(at + size, len(ends))
-                lo = int(starts[at])
-                yield _Block(data[lo : int(starts[upto])], starts[at : upto + 1] - lo, first)
+                yield _Block(data, starts[at : upto + 1], first, ascii)
                 first += upto - at
-            rest = data[int(ends[-1]) :]
+            pending = [data[int(ends[-1]) :]] if int(ends[-1]) < len(data) else []
 
 
 def _fast_batches(
     path: str, step: int, parse: Callable[[str, int, int], Row], fast: FastLines, size: int, extra: pa.Schema | None
 ) -> Iterator[pa.RecordBatch]:
-    """Blocks of lines, each scanned in a thread (the compiled scanner drops the GIL) while the one before is
-    converted and used."""
+    """Blocks of lines in file order, each scanned in parts (split at line ends) by a pool of threads, one per core
+    (the compiled scanner drops the GIL), while the block before is converted and used. The blocks, so the batches,
+    are the same whatever the threads and parts: a part changes only who reads which lines."""
+    from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
+    from rollout_diag.cores import available_cores
     from rollout_diag.kernels.jsonl import Scanner
 
     scanner = _SCANNERS.get(id(fast))
     if scanner is None:
         scanner = _SCANNERS[id(fast)] = Scanner(fast.schema)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-diag-jsonl") as pool:
-        ahead = None
+    workers = max(1, min(available_cores(), _SCAN_THREADS))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollout-diag-jsonl") as pool:
+        ahead: deque = deque()
         for block in _blocks(path, size):
-            scanned = pool.submit(_scan_block, block, scanner)
-            if ahead is not None:
-                yield _finish_block(ahead.result(), step, parse, fast, extra)
-            ahead = scanned
-        if ahead is not None:
-            yield _finish_block(ahead.result(), step, parse, fast, extra)
+            parts = _parts(block.ends)
+            ahead.append((block, parts, [pool.submit(_scan_part, block, a, b, scanner) for a, b in parts]))
+            if len(ahead) > 1:
+                yield _finish_block(_joined(*ahead.popleft()), step, parse, fast, extra)
+        while ahead:
+            yield _finish_block(_joined(*ahead.popleft()), step, parse, fast, extra)
 
 
-def _scan_block(block: _Block, scanner: Any) -> _Block:
-    """Read the block's lines with the scanner (``block.scanned``); raises UnicodeDecodeError as text does."""
-    if not block.data.isascii():
-        block.data.decode("utf-8")  # raises UnicodeDecodeError where reading as text would
-    block.scanned = scanner.scan(block.data, block.ends)
+def _parts(ends: np.ndarray) -> list[tuple[int, int]]:
+    """The block's lines as ranges ``[a, b)`` of about :data:`PART_BYTES` each, in order, cut only at line ends."""
+    lines = len(ends) - 1
+    total = int(ends[-1] - ends[0])
+    count = max(1, min(lines, total // max(PART_BYTES, 1)))
+    if count <= 1:
+        return [(0, lines)]
+    targets = ends[0] + (np.arange(1, count, dtype=np.int64) * total) // count
+    cuts = np.unique(np.searchsorted(ends, targets))  # the first line starting at or after each target
+    bounds = [0, *(int(c) for c in cuts if 0 < c < lines), lines]
+    return list(pairwise(bounds))
+
+
+def _scan_part(block: _Block, a: int, b: int, scanner: Any) -> Any:
+    """Read lines ``[a, b)`` of the block with the scanner. The first part checks the whole block is UTF-8 (raising
+    UnicodeDecodeError as reading the file as text does)."""
+    if a == 0 and not block.ascii:
+        block.data[int(block.ends[0]) : int(block.ends[-1])].decode("utf-8")  # raises where reading as text would
+    return scanner.scan(block.data, block.ends[a : b + 1])
+
+
+def _joined(block: _Block, parts: list[tuple[int, int]], futures: list) -> _Block:
+    """The block with what its parts read, put together in line order (``block.scanned``)."""
+    from rollout_diag.kernels.jsonl import Scanned
+
+    scanned = [future.result() for future in futures]  # in order: raises what a part raised
+    if len(scanned) == 1:
+        block.scanned = scanned[0]
+        return block
+    block.scanned = Scanned(
+        np.concatenate([part.rows + a for part, (a, _) in zip(scanned, parts, strict=True)]),
+        pa.concat_tables([part.table for part in scanned]),
+        np.concatenate([part.written_null for part in scanned]),
+    )
     return block
 
 
@@ -396,7 +444,7 @@ def _finish_block(
     scanned = block.scanned
     if scanned is None or not len(scanned.rows):
         return rows_to_batch([parse(block.line(i).decode("utf-8"), first + i, step) for i in range(block.lines)], extra)
-    columns = {name: scanned.table.column(name).combine_chunks() for name in fast.schema.names}
+    columns = {name: _one_array(scanned.table.column(name)) for name in fast.schema.names}
     written_null = {name: scanned.written_null[:, k] for k, name in enumerate(fast.schema.names)}
     fast_batch, ok = fast.convert(ParsedLines(columns, first + scanned.rows, written_null), step)
     accepted = scanned.rows[ok]
@@ -411,6 +459,11 @@ def _finish_block(
     table = pa.Table.from_batches([fast_batch, slow_batch])
     order = np.argsort(np.concatenate([accepted, slow]), kind="stable")
     return table.take(order).combine_chunks().to_batches()[0]
+
+
+def _one_array(column: pa.ChunkedArray) -> pa.Array:
+    """The column as one array (the scanner's columns are one chunk: no copy then)."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
 # ------------------------------------------------------------------ helpers for FastLines.convert

@@ -150,7 +150,12 @@ def _fast_rows(parsed: ParsedLines, step: int) -> tuple[pa.RecordBatch, np.ndarr
         ok &= ~parsed.written_null[field]  # an explicit null is "not a length-1 batch list"
     # every list left is a length-1 batch list (or an absent optional one): take its one item
     some = pa.array(ok)
-    first = {name: only_items(columns[name].filter(some)) for name in _FAST_SCHEMA.names if name != "idx"}
+    every = ok.all()  # the usual block: no filter, which would copy every list
+    first = {
+        name: only_items(columns[name] if every else columns[name].filter(some))
+        for name in _FAST_SCHEMA.names
+        if name != "idx"
+    }
     length = first["input_lengths"].fill_null(-1).to_numpy(zero_copy_only=False)
     good = length >= 0
     for field in (*_LOGPROBS, "token_loss_mask"):
@@ -172,7 +177,7 @@ def _fast_rows(parsed: ParsedLines, step: int) -> tuple[pa.RecordBatch, np.ndarr
     mask[starts[length > 0]] = 0.0  # position 0's logprob is a placeholder (NeMo-RL slices [:, 1:])
     mask_values = np.where(mask == 0, 0, np.where(mask == 1, 1, 2)).astype(np.int8)  # as _as_mask
     token_ids = prefixes(first["token_ids"], length, nulls=first["token_ids"].is_null().to_numpy(zero_copy_only=False))
-    idx = columns["idx"].filter(pa.array(ok)).to_pylist()
+    idx = (columns["idx"] if ok.all() else columns["idx"].filter(pa.array(ok))).to_pylist()
     lines = parsed.lines[ok].tolist()
     sample_ids = [f"line{line + 1}" if value is None else str(value) for value, line in zip(idx, lines, strict=True)]
     batch = canonical_batch(
