@@ -1,16 +1,22 @@
 """The compiled pass of the presets' token quantities (numba): one pass over a chunk's segments computes every
 derived token quantity the chosen presets read (truncated and IcePop weights, clamped weights and statistics, bound
-flags: ``metrics/correction.py`` ``Derived``) in registers, and reduces each per segment: the sum in numpy
-reduceat's order (the first value, then numpy's pairwise sum of the rest), the maximum and minimum, and, where asked,
-the step group's centred moments. No token-sized temporary.
+flags: ``metrics/correction.py`` ``Derived``) and reduces each per segment: the sum in numpy reduceat's order (the
+first value, then numpy's pairwise sum of the rest), the maximum and minimum; with it the sweep's signed histogram
+of c (``metrics/sweep.py``), and in a second pass the step groups' centred moments. Per segment the base quantities
+(δ, c, w, k1, k2, k3) are laid out once in a scratch block the size of the longest segment, and each derived
+quantity's op runs over them in a loop of its own. No token-sized temporary beyond c and w.
 
-The IS weight w = exp(c) is read, not computed: it is torch's exp (the torch engine's ``token_is_weight``), so a weight
-that lands on a truncation or IcePop bound falls on the side verl's torch puts it (libm's exp, numba's, differs from
-torch's in the last bit for about 5 % of values: measured, docs/benchmarks.md). Everything else is computed here with
-the torch engine's float64 formulas, so each per-token value is the torch engine's, bit for bit.
+The IS weight w = exp(c) is read, not computed: it is torch's exp (the torch engine's ``token_is_weight``) of the
+c that :func:`clamped_tokens` writes, so a weight that lands on a truncation or IcePop bound falls on the side verl's
+torch puts it (libm's exp, numba's, differs from torch's in the last bit for about 5 % of values: measured,
+docs/benchmarks.md). Everything else is computed here with the torch engine's float64 formulas, so each per-token
+value is the torch engine's, bit for bit; the histogram's bins are found from the exact edges of the torch formula
+(``metrics.sweep.exact_bin_edges``), not from a log10 of our own.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from numba import njit
@@ -31,18 +37,6 @@ OPS = {
     "not_at_most": 7,  # not (v ≤ U)
 }
 _FLAGS = {"cache": True, "nogil": True, "error_model": "numpy"}
-
-
-@njit(**{**_FLAGS, "inline": "always"})
-def _bases(d: float, w: float, out: np.ndarray) -> None:
-    """The base quantities of a token (KINDS order) with δ = ``d`` and IS weight ``w`` (torch's exp(c))."""
-    c = min(max(d, -CLAMP), CLAMP)
-    out[0] = d
-    out[1] = c
-    out[2] = w
-    out[3] = -c
-    out[4] = 0.5 * c * c
-    out[5] = (w - 1.0) - c
 
 
 @njit(**{**_FLAGS, "inline": "always"})
@@ -105,6 +99,119 @@ def _pairwise(values: np.ndarray, lo: int, n: int) -> float:
 
 
 @njit(**_FLAGS)
+def clamped_tokens(trainer: np.ndarray, rollout: np.ndarray, raw: np.ndarray, model: np.ndarray, length: np.ndarray):
+    """c = clamp20(δ) at every model token (float64 [M], index ``model[s] + k``): what torch's exp turns into the IS
+    weights (the torch engine's ``clamped_log_ratio``, value for value), without the model-token tensors."""
+    total = 0
+    for s in range(raw.shape[0]):
+        total += length[s]
+    out = np.empty(total)
+    for s in range(raw.shape[0]):
+        r, m = raw[s], model[s]
+        for k in range(length[s]):
+            out[m + k] = min(max(trainer[r + k] - rollout[r + k], -CLAMP), CLAMP)
+    return out
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _needed(codes: np.ndarray) -> np.ndarray:
+    """Which base quantities (KINDS) the derived quantities ``codes`` read."""
+    needed = np.zeros(6, np.bool_)
+    for q in range(codes.shape[0]):
+        needed[codes[q, 0]] = True
+    return needed
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _fill_bases(
+    trainer: np.ndarray,
+    rollout: np.ndarray,
+    weight: np.ndarray,
+    start: int,
+    first: int,
+    size: int,
+    needed: np.ndarray,
+    bases: np.ndarray,
+) -> None:
+    """The base quantities (KINDS rows of ``bases``) of a segment's ``size`` tokens (raw index ``start + k``, model
+    index ``first + k``), with the torch engine's float64 formulas; w is read (torch's exp), 1.0 without weights."""
+    has_weight = weight.shape[0] > 0
+    for k in range(size):
+        d = trainer[start + k] - rollout[start + k]
+        bases[0, k] = d
+        bases[1, k] = min(max(d, -CLAMP), CLAMP)
+    if needed[2] or needed[5]:
+        for k in range(size):
+            bases[2, k] = weight[first + k] if has_weight else 1.0
+    if needed[3]:
+        for k in range(size):
+            bases[3, k] = -bases[1, k]
+    if needed[4]:
+        for k in range(size):
+            c = bases[1, k]
+            bases[4, k] = 0.5 * c * c
+    if needed[5]:
+        for k in range(size):
+            bases[5, k] = (bases[2, k] - 1.0) - bases[1, k]
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _flag_count(op: int, lower: float, upper: float, row: np.ndarray, size: int) -> int:
+    """Tokens of ``row[:size]`` that flag ``op`` marks (``_derived`` = 1.0), the op chosen once per segment."""
+    count = 0
+    if op == 3:
+        for k in range(size):
+            count += row[k] > upper
+    elif op == 4:
+        for k in range(size):
+            count += row[k] < lower
+    elif op == 5:
+        for k in range(size):
+            count += not (row[k] >= lower and row[k] <= upper)
+    elif op == 6:
+        for k in range(size):
+            count += row[k] < lower or row[k] > upper
+    else:
+        for k in range(size):
+            count += not (row[k] <= upper)
+    return count
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _fill_values(op: int, lower: float, upper: float, row: np.ndarray, size: int, out: np.ndarray) -> None:
+    """``_derived(op, …)`` of ``row[:size]`` into ``out`` (a weight or a clamped value: ops 0–2)."""
+    if op == 0:
+        for k in range(size):
+            out[k] = min(row[k], upper)
+    elif op == 1:
+        for k in range(size):
+            v = row[k]
+            out[k] = v if (v >= lower and v <= upper) else 0.0
+    else:
+        for k in range(size):
+            out[k] = min(max(row[k], lower), upper)
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _signed_bin(c: float, edges: np.ndarray, table: np.ndarray, first_exponent: int) -> int:
+    """The sweep's histogram bin of c (``metrics.sweep.signed_bins``), found from ``edges`` (edges[k], k ≥ 1: the
+    smallest |c| the torch formula puts in bin k or above) instead of a log10: ``table`` [E, SUB] holds the bin of
+    the lower end of each of SUB equal slices of each binary octave of |c|, each slice narrower than a bin, so at
+    most one edge lies above it."""
+    bins = edges.shape[0]
+    a = abs(c)
+    if a < edges[1]:
+        found = 0
+    else:
+        fraction, exponent = math.frexp(a)  # exact: a = fraction·2^exponent, fraction in [0.5, 1)
+        octave = min(exponent - first_exponent, table.shape[0] - 1)
+        found = table[octave, int((fraction - 0.5) * (2 * table.shape[1]))]
+        while found + 1 < bins and a >= edges[found + 1]:
+            found += 1
+    return found + bins if c <= 0.0 else found
+
+
+@njit(**_FLAGS)
 def preset_pass(
     trainer: np.ndarray,
     rollout: np.ndarray,
@@ -112,14 +219,18 @@ def preset_pass(
     raw: np.ndarray,
     model: np.ndarray,
     length: np.ndarray,
-    segment_group: np.ndarray,
-    groups: int,
     codes: np.ndarray,
     bounds: np.ndarray,
+    edges: np.ndarray,
+    table: np.ndarray,
+    first_exponent: int,
 ):
     """Every derived quantity q (``codes[q]`` = (kind, op), ``bounds[q]`` = (L, U)) of every segment's tokens, each
-    token read once: per segment the sum (numpy reduceat's order), the maximum and the minimum (float64 [Q, S] each).
-    ``weight``: torch's exp(c) at each model token (index ``model[s] + k``), or empty when no quantity reads w or k3."""
+    token read once: per segment the sum (numpy reduceat's order), the maximum and the minimum (float64 [Q, S] each),
+    and, with ``edges`` (empty: none), the sweep's signed histogram of c over the chunk's model tokens (int64
+    [2·BINS]). ``weight``: torch's exp(c) at each model token (index ``model[s] + k``), or empty when no quantity reads
+    w or k3. Per segment the base quantities are laid out once, then each quantity's op runs over them in its own
+    loop (the op is chosen once per segment, not per token)."""
     quantities = codes.shape[0]
     segments = raw.shape[0]
     sums = np.empty((quantities, segments))
@@ -128,38 +239,39 @@ def preset_pass(
     longest = 1
     for s in range(segments):
         longest = max(longest, length[s])
-    scratch = np.empty((quantities, longest))
-    counts = np.zeros(quantities, np.int64)
-    base = np.empty(6)
-    has_weight = weight.shape[0] > 0
+    bases = np.empty((6, longest))
+    values = np.empty(longest)
+    needed = _needed(codes)
+    histogram = edges.shape[0] > 0
+    counts = np.zeros(2 * edges.shape[0], np.int64)
     for s in range(segments):
         size = length[s]
-        counts[:] = 0
-        for k in range(size):
-            t = raw[s] + k
-            _bases(trainer[t] - rollout[t], weight[model[s] + k] if has_weight else 1.0, base)
-            for q in range(quantities):
-                op = codes[q, 1]
-                value = _derived(op, bounds[q, 0], bounds[q, 1], base[codes[q, 0]])
-                if op >= 3:  # a flag: its count is its sum in any order
-                    counts[q] += value > 0.0
-                else:
-                    scratch[q, k] = value
+        _fill_bases(trainer, rollout, weight, raw[s], model[s], size, needed, bases)
+        if histogram:
+            for k in range(size):
+                counts[_signed_bin(bases[1, k], edges, table, first_exponent)] += 1
         for q in range(quantities):
-            if codes[q, 1] >= 3:
-                sums[q, s] = counts[q]
-                maxima[q, s] = 1.0 if counts[q] > 0 else 0.0
-                minima[q, s] = 1.0 if counts[q] == size else 0.0
+            op, lower, upper = codes[q, 1], bounds[q, 0], bounds[q, 1]
+            row = bases[codes[q, 0]]
+            if op >= 3:  # a flag: its count is its sum in any order
+                count = _flag_count(op, lower, upper, row, size)
+                sums[q, s] = count
+                maxima[q, s] = 1.0 if count > 0 else 0.0
+                minima[q, s] = 1.0 if count == size else 0.0
                 continue
-            row = scratch[q]
-            rest = _pairwise(row, 1, size - 1) if size > 1 else -0.0
-            sums[q, s] = row[0] + rest
-            largest, smallest = row[0], row[0]
+            if op == 2 and lower == -np.inf and upper == np.inf:  # min(max(v, −inf), inf) = v: the base itself
+                source = row
+            else:
+                _fill_values(op, lower, upper, row, size, values)
+                source = values
+            rest = _pairwise(source, 1, size - 1) if size > 1 else -0.0
+            sums[q, s] = source[0] + rest
+            largest, smallest = source[0], source[0]
             for k in range(1, size):
-                largest = max(largest, row[k])
-                smallest = min(smallest, row[k])
+                largest = max(largest, source[k])
+                smallest = min(smallest, source[k])
             maxima[q, s], minima[q, s] = largest, smallest
-    return sums, maxima, minima
+    return sums, maxima, minima, counts
 
 
 @njit(**_FLAGS)
@@ -176,17 +288,30 @@ def centred_pass(
     means: np.ndarray,
 ):
     """Σ (x − mean)² per step group of each derived quantity (float64 [G, Q]), the group's ``means`` [G, Q] taken
-    first (the torch engine's two passes: a constant quantity gives exactly 0)."""
+    first (the torch engine's two passes: a constant quantity gives exactly 0). Each group's sum adds its tokens
+    one by one in token order, whatever the segments."""
     quantities = codes.shape[0]
     out = np.zeros(means.shape)
-    base = np.empty(6)
-    has_weight = weight.shape[0] > 0
+    longest = 1
     for s in range(raw.shape[0]):
-        g = segment_group[s]
-        for k in range(length[s]):
-            t = raw[s] + k
-            _bases(trainer[t] - rollout[t], weight[model[s] + k] if has_weight else 1.0, base)
-            for q in range(quantities):
-                centred = _derived(codes[q, 1], bounds[q, 0], bounds[q, 1], base[codes[q, 0]]) - means[g, q]
-                out[g, q] += centred * centred
+        longest = max(longest, length[s])
+    bases = np.empty((6, longest))
+    values = np.empty(longest)
+    needed = _needed(codes)
+    for s in range(raw.shape[0]):
+        g, size = segment_group[s], length[s]
+        _fill_bases(trainer, rollout, weight, raw[s], model[s], size, needed, bases)
+        for q in range(quantities):
+            op, lower, upper = codes[q, 1], bounds[q, 0], bounds[q, 1]
+            row = bases[codes[q, 0]]
+            if op >= 3:
+                for k in range(size):
+                    values[k] = _derived(op, lower, upper, row[k])
+            else:
+                _fill_values(op, lower, upper, row, size, values)
+            mean, total = means[g, q], out[g, q]
+            for k in range(size):
+                centred = values[k] - mean
+                total += centred * centred
+            out[g, q] = total
     return out

@@ -37,6 +37,7 @@ from rollout_diag.metrics.base import (
     row_mean,
 )
 from rollout_diag.metrics.segments import TOKEN_QUANTITIES, ChunkStats, KernelStats, PerToken, stats
+from rollout_diag.metrics.sweep import SIGNED_HISTOGRAM, exact_bin_edges
 from rollout_diag.presets import ImportanceSampling, RejectionOption
 
 PREFIX = catalogue.OFFPOLICY_PREFIX
@@ -96,29 +97,33 @@ def derived(base: str, op: str, lower: float = -math.inf, upper: float = math.in
     return quantity.name
 
 
-def prepare_derived(s: ChunkStats, names: Iterable[str], moments: Iterable[str] = ()) -> None:
+def prepare_derived(s: ChunkStats, names: Iterable[str], moments: Iterable[str] = (), histogram: bool = False) -> None:
     """On the numba engine: segment sums, maxima and minima of the derived quantities ``names`` (and the step groups'
     moments of ``moments``) from one compiled pass, cached in ``s`` where its reductions by name read them (quantities
-    already there are skipped). On the torch engine nothing: each is computed where it is read."""
+    already there are skipped); with ``histogram``, the sweep's signed histogram of c from the same pass
+    (``sweep.SIGNED_HISTOGRAM``). On the torch engine nothing: each is computed where it is read. Reads the chunk's
+    raw arrays and segments only (no model-token tensor but w), so the reader's prepare pool can run it."""
     if not isinstance(s, KernelStats):
         return
     moment_names = set(moments)
     wanted = [name for name in dict.fromkeys([*names, *moment_names]) if name not in s._sums]
-    if not wanted:
+    histogram = histogram and SIGNED_HISTOGRAM not in s._memo
+    if not wanted and not histogram:
         return
     kernels = compiled_presets()
     quantities = [DERIVED[name] for name in wanted]
-    codes = np.array([[kernels.KINDS[q.base], kernels.OPS[q.op]] for q in quantities], dtype=np.int64)
-    bounds = np.array([[q.lower, q.upper] for q in quantities], dtype=np.float64)
+    codes = np.array([[kernels.KINDS[q.base], kernels.OPS[q.op]] for q in quantities], dtype=np.int64).reshape(-1, 2)
+    bounds = np.array([[q.lower, q.upper] for q in quantities], dtype=np.float64).reshape(-1, 2)
     needs_weight = any(q.base in ("token_is_weight", "rs_k3") for q in quantities)
-    weight = s.token("token_is_weight").numpy() if needs_weight else np.zeros(0)
+    weight = token_weights(s).numpy() if needs_weight else np.zeros(0)
     trainer, rollout = s._raw
     raw, model, length, *_ = s._layout
-    weight = np.ascontiguousarray(weight)
-    segment_group = s.segment_group.numpy()
-    sums, maxima, minima = kernels.preset_pass(
-        trainer, rollout, weight, raw, model, length, segment_group, s.chunk.groups.count, codes, bounds
+    edges, table, first_exponent = exact_bin_edges() if histogram else (np.zeros(0), np.zeros((0, 0), np.int64), 0)
+    sums, maxima, minima, counts = kernels.preset_pass(
+        trainer, rollout, weight, raw, model, length, codes, bounds, edges, table, first_exponent
     )
+    if histogram:
+        s.memo(SIGNED_HISTOGRAM, lambda: counts)
     for index, name in enumerate(wanted):
         # KernelStats reads segment reductions by name from these caches (as it does for its own kernel's sums)
         s._sums[name] = torch.from_numpy(sums[index])
@@ -130,6 +135,7 @@ def prepare_derived(s: ChunkStats, names: Iterable[str], moments: Iterable[str] 
     # the torch engine's moments (ChunkStats.group_moments): group means from the sums by name, then centred squares
     n = s.group_tokens
     means = torch.stack([s.group_sum(wanted[index]) / n.clamp(min=1.0) for index in centred], dim=1)
+    segment_group = s.segment_group.numpy()
     m2 = kernels.centred_pass(
         trainer, rollout, weight, raw, model, length, segment_group, codes[centred], bounds[centred], means.numpy()
     )
@@ -137,6 +143,20 @@ def prepare_derived(s: ChunkStats, names: Iterable[str], moments: Iterable[str] 
     for place, index in enumerate(centred):
         moments = torch.stack([n, means[:, place], zeros, torch.from_numpy(m2[:, place]), zeros, zeros], dim=-1)
         s.memo(("derived_moments", wanted[index]), lambda moments=moments: moments)
+
+
+def token_weights(s: KernelStats) -> torch.Tensor:
+    """w = exp(c) at every model token, torch's exp as the torch engine takes it (``token_is_weight``, cached there),
+    of the c the compiled pass writes from the raw arrays: no model-token tensors of δ or c are built. torch's exp is
+    elementwise (a value's weight does not depend on where it sits in the array: tests/test_kernel_presets.py), so
+    these are the torch engine's weights bit for bit."""
+    found = s._tokens.get("token_is_weight")
+    if found is None:
+        trainer, rollout = s._raw
+        raw, model, length, *_ = s._layout
+        clamped = torch.from_numpy(compiled_presets().clamped_tokens(trainer, rollout, raw, model, length))
+        found = s._tokens["token_is_weight"] = torch.exp(clamped, out=clamped)
+    return found
 
 
 def derived_moments(s: ChunkStats, name: str) -> torch.Tensor:

@@ -146,21 +146,32 @@ class CorrectionAnalysis:
             rule = DropRule.of(preset)
             parts.append(self._add(("outcome", rule), OutcomeAccumulator, rule))
             self.parts[preset.name] = parts
+        self.token_quantities()  # registers every derived quantity in this process and thread
 
     def _add(self, key: Hashable, kind: Callable[[Any], CorrectionAccumulator], config: Any) -> Hashable:
         if key not in self.accumulators:
             self.accumulators[key] = kind(config)
         return key
 
-    def update(self, chunk: Chunk) -> None:
-        # every accumulator's derived token quantities in one compiled pass (numba engine; a no-op on torch's)
+    def prepare(self, chunk: Chunk, histogram: bool = False) -> None:
+        """Every accumulator's derived token quantities in one compiled pass (numba engine; a no-op on torch's), and
+        with ``histogram`` the run sweep's histogram of c: what the reader's prepare pool runs (``Pass.prepare``),
+        off the thread that calls ``update``."""
+        prepare_derived(stats(chunk), *self.token_quantities(), histogram=histogram)
+
+    def token_quantities(self) -> tuple[list[str], list[str]]:
+        """(derived token quantities, those with moments) of every accumulator (``__init__`` registers them, so the
+        prepare pool's thread only looks them up)."""
         names: list[str] = []
         moments: list[str] = []
         for accumulator in self.accumulators.values():
             own_names, own_moments = accumulator.token_quantities()
             names += own_names
             moments += own_moments
-        prepare_derived(stats(chunk), names, moments)
+        return names, moments
+
+    def update(self, chunk: Chunk) -> None:
+        self.prepare(chunk)  # a no-op where the prepare pool did it
         for accumulator in self.accumulators.values():
             accumulator.update(chunk)
 
