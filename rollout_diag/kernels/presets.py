@@ -16,8 +16,6 @@ value is the torch engine's, bit for bit; the histogram's bins are found from th
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import njit
 
@@ -61,15 +59,18 @@ def _derived(op: int, lower: float, upper: float, v: float) -> float:
 
 @njit(**_FLAGS)
 def _pairwise(values: np.ndarray, lo: int, n: int) -> float:
-    """numpy's pairwise sum of ``values[lo:lo + n]`` (blocks of 128, halves cut at a multiple of 8), its recursion on
-    an explicit stack (numba's cache cannot hold a recursive function)."""
+    """numpy's pairwise sum of ``values[lo:lo + n]`` (blocks of 128, halves cut at a multiple of 8)."""
+    return _pairwise_on(values, lo, n, np.empty((3, 64), np.int64), np.empty(64))
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _pairwise_on(values: np.ndarray, lo: int, n: int, stack: np.ndarray, left: np.ndarray) -> float:
+    """``_pairwise`` with its recursion on an explicit stack the caller allocates once (numba's cache cannot hold a
+    recursive function): ``stack`` int64 [3, 64] (start, size, stage of each level), ``left`` float64 [64]."""
     if n <= 128:
         return _block(values, lo, n)
-    starts = np.empty(64, np.int64)
-    sizes = np.empty(64, np.int64)
-    stage = np.zeros(64, np.int64)  # 0: nothing done, 1: left half under way, 2: right half under way
-    left = np.empty(64)
-    starts[0], sizes[0] = lo, n
+    starts, sizes, stage = stack[0], stack[1], stack[2]  # stage 0: nothing done, 1: left half under way, 2: right
+    starts[0], sizes[0], stage[0] = lo, n, 0
     depth = 1
     result = 0.0
     while depth > 0:
@@ -193,22 +194,39 @@ def _fill_values(op: int, lower: float, upper: float, row: np.ndarray, size: int
 
 
 @njit(**{**_FLAGS, "inline": "always"})
-def _signed_bin(c: float, edges: np.ndarray, table: np.ndarray, first_exponent: int) -> int:
-    """The sweep's histogram bin of c (``metrics.sweep.signed_bins``), found from ``edges`` (edges[k], k ≥ 1: the
-    smallest |c| the torch formula puts in bin k or above) instead of a log10: ``table`` [E, SUB] holds the bin of
-    the lower end of each of SUB equal slices of each binary octave of |c|, each slice narrower than a bin, so at
-    most one edge lies above it."""
+def _extremes(values: np.ndarray, size: int) -> tuple[float, float]:
+    """(max, min) of ``values[:size]`` (size ≥ 1), scanned in order as numpy's reduceat does."""
+    largest, smallest = values[0], values[0]
+    for k in range(1, size):
+        largest = max(largest, values[k])
+        smallest = min(smallest, values[k])
+    return largest, smallest
+
+
+ABS_BITS = 0x7FFFFFFFFFFFFFFF  # the bits of |x| of a float64 x: all but the sign
+SLICE_SHIFT = 52 - 6  # a float64's bits >> SLICE_SHIFT: its exponent and the top 6 bits of its mantissa
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _count_signed_bins(
+    clamped: np.ndarray, size: int, edges: np.ndarray, table: np.ndarray, counts: np.ndarray
+) -> None:
+    """Counts into ``counts`` the sweep's histogram bin of each c in ``clamped[:size]`` (``metrics.sweep.signed_bins``:
+    |c|'s bin, plus BINS where c ≤ 0), found from ``edges`` (edges[k], k ≥ 1: the smallest |c| the torch formula puts
+    in bin k or above) instead of a log10: ``table`` holds the bin of the lower end of each slice of |c| that shares
+    a float64 exponent and the top 6 bits of the mantissa, from edges[1]'s slice on (a slice is narrower than a bin,
+    so at most one edge lies inside it)."""
     bins = edges.shape[0]
-    a = abs(c)
-    if a < edges[1]:
-        found = 0
-    else:
-        fraction, exponent = math.frexp(a)  # exact: a = fraction·2^exponent, fraction in [0.5, 1)
-        octave = min(exponent - first_exponent, table.shape[0] - 1)
-        found = table[octave, int((fraction - 0.5) * (2 * table.shape[1]))]
+    first = (np.int64(edges[1:2].view(np.int64)[0]) >> SLICE_SHIFT) if bins > 1 else 0
+    last = table.shape[0] - 1
+    bits = clamped.view(np.int64)
+    for k in range(size):
+        magnitude = bits[k] & ABS_BITS
+        found = table[min(max((magnitude >> SLICE_SHIFT) - first, 0), last)]
+        a = abs(clamped[k])
         while found + 1 < bins and a >= edges[found + 1]:
             found += 1
-    return found + bins if c <= 0.0 else found
+        counts[found + bins if clamped[k] <= 0.0 else found] += 1
 
 
 @njit(**_FLAGS)
@@ -221,16 +239,17 @@ def preset_pass(
     length: np.ndarray,
     codes: np.ndarray,
     bounds: np.ndarray,
+    extremes: np.ndarray,
     edges: np.ndarray,
     table: np.ndarray,
-    first_exponent: int,
 ):
     """Every derived quantity q (``codes[q]`` = (kind, op), ``bounds[q]`` = (L, U)) of every segment's tokens, each
-    token read once: per segment the sum (numpy reduceat's order), the maximum and the minimum (float64 [Q, S] each),
-    and, with ``edges`` (empty: none), the sweep's signed histogram of c over the chunk's model tokens (int64
-    [2·BINS]). ``weight``: torch's exp(c) at each model token (index ``model[s] + k``), or empty when no quantity reads
-    w or k3. Per segment the base quantities are laid out once, then each quantity's op runs over them in its own
-    loop (the op is chosen once per segment, not per token)."""
+    token read once: per segment the sum (numpy reduceat's order), the maximum and the minimum (float64 [Q, S] each;
+    a value quantity's max and min only where ``extremes[q]``, else left unset), and, with ``edges`` (empty: none),
+    the sweep's signed histogram of c over the chunk's model tokens (int64 [2·BINS]). ``weight``: torch's exp(c) at
+    each model token (index ``model[s] + k``), or empty when no quantity reads w or k3. Per segment the base
+    quantities are laid out once, then each quantity's op runs over them in its own loop (the op is chosen once per
+    segment, not per token)."""
     quantities = codes.shape[0]
     segments = raw.shape[0]
     sums = np.empty((quantities, segments))
@@ -241,6 +260,7 @@ def preset_pass(
         longest = max(longest, length[s])
     bases = np.empty((6, longest))
     values = np.empty(longest)
+    stack, left = np.empty((3, 64), np.int64), np.empty(64)
     needed = _needed(codes)
     histogram = edges.shape[0] > 0
     counts = np.zeros(2 * edges.shape[0], np.int64)
@@ -248,8 +268,7 @@ def preset_pass(
         size = length[s]
         _fill_bases(trainer, rollout, weight, raw[s], model[s], size, needed, bases)
         if histogram:
-            for k in range(size):
-                counts[_signed_bin(bases[1, k], edges, table, first_exponent)] += 1
+            _count_signed_bins(bases[1], size, edges, table, counts)
         for q in range(quantities):
             op, lower, upper = codes[q, 1], bounds[q, 0], bounds[q, 1]
             row = bases[codes[q, 0]]
@@ -264,13 +283,10 @@ def preset_pass(
             else:
                 _fill_values(op, lower, upper, row, size, values)
                 source = values
-            rest = _pairwise(source, 1, size - 1) if size > 1 else -0.0
+            rest = _pairwise_on(source, 1, size - 1, stack, left) if size > 1 else -0.0
             sums[q, s] = source[0] + rest
-            largest, smallest = source[0], source[0]
-            for k in range(1, size):
-                largest = max(largest, source[k])
-                smallest = min(smallest, source[k])
-            maxima[q, s], minima[q, s] = largest, smallest
+            if extremes[q]:
+                maxima[q, s], minima[q, s] = _extremes(source, size)
     return sums, maxima, minima, counts
 
 

@@ -105,8 +105,8 @@ def prepare_derived(s: ChunkStats, names: Iterable[str], moments: Iterable[str] 
     raw arrays and segments only (no model-token tensor but w), so the reader's prepare pool can run it."""
     if not isinstance(s, KernelStats):
         return
-    moment_names = set(moments)
-    wanted = [name for name in dict.fromkeys([*names, *moment_names]) if name not in s._sums]
+    named, moment_names = set(names), set(moments)
+    wanted = [name for name in dict.fromkeys([*names, *moments]) if name not in s._sums]
     histogram = histogram and SIGNED_HISTOGRAM not in s._memo
     if not wanted and not histogram:
         return
@@ -118,17 +118,20 @@ def prepare_derived(s: ChunkStats, names: Iterable[str], moments: Iterable[str] 
     weight = token_weights(s).numpy() if needs_weight else np.zeros(0)
     trainer, rollout = s._raw
     raw, model, length, *_ = s._layout
-    edges, table, first_exponent = exact_bin_edges() if histogram else (np.zeros(0), np.zeros((0, 0), np.int64), 0)
+    edges, table = exact_bin_edges() if histogram else (np.zeros(0), np.zeros(0, np.int64))
+    # a quantity asked for its moments only needs no extremes (one read anyway is reduced as the torch engine does)
+    extremes = np.array([name in named for name in wanted], dtype=np.bool_)
     sums, maxima, minima, counts = kernels.preset_pass(
-        trainer, rollout, weight, raw, model, length, codes, bounds, edges, table, first_exponent
+        trainer, rollout, weight, raw, model, length, codes, bounds, extremes, edges, table
     )
     if histogram:
         s.memo(SIGNED_HISTOGRAM, lambda: counts)
     for index, name in enumerate(wanted):
         # KernelStats reads segment reductions by name from these caches (as it does for its own kernel's sums)
         s._sums[name] = torch.from_numpy(sums[index])
-        s._maxima[name] = torch.from_numpy(maxima[index])
-        s._minima[name] = torch.from_numpy(minima[index])
+        if extremes[index]:
+            s._maxima[name] = torch.from_numpy(maxima[index])
+            s._minima[name] = torch.from_numpy(minima[index])
     centred = [index for index, name in enumerate(wanted) if name in moment_names]
     if not centred:
         return

@@ -134,7 +134,7 @@ def signed_bins(s: ChunkStats) -> torch.Tensor:
     return bins.add_((clamped <= 0).to(torch.int64), alpha=HISTOGRAM_BINS)
 
 
-SLICES_PER_OCTAVE = 64  # exact_bin_edges' lookup table: a slice of an octave (ratio ≤ 1 + 1/64) is narrower than a bin
+SLICE_SHIFT = 52 - 6  # = kernels.presets.SLICE_SHIFT: a slice of |c| shares a float64 exponent and 6 mantissa bits
 
 
 def _torch_bins(magnitude: torch.Tensor) -> torch.Tensor:
@@ -144,15 +144,16 @@ def _torch_bins(magnitude: torch.Tensor) -> torch.Tensor:
 
 
 @functools.cache
-def exact_bin_edges() -> tuple[np.ndarray, np.ndarray, int]:
+def exact_bin_edges() -> tuple[np.ndarray, np.ndarray]:
     """Where ``signed_bins``' torch formula changes bin, so the compiled preset pass bins c exactly as torch does
     without a log10 of its own (libm's and torch's log10 can differ in the last bit): ``edges`` float64
     [HISTOGRAM_BINS], edges[k] (k ≥ 1) the smallest float64 |c| the formula puts in bin k or above (found by
-    bisection on the bit patterns of positive floats, which order as the floats do; edges[0] = 0); ``table`` int64
-    [octaves, SLICES_PER_OCTAVE], the bin of the lower end of each slice of each binary octave of |c| from
-    ``first_exponent`` (math.frexp's) up to |c| = CLAMP; and ``first_exponent``. Computed once per process with this
-    machine's torch, so the edges are the ones its log10 gives; they assume only that the formula never gives a
-    smaller bin to a larger |c| (tests/test_sweep.py checks every edge's neighbourhood and random values)."""
+    bisection on the bit patterns of positive floats, which order as the floats do; edges[0] = 0), and ``table``
+    int64, the bin of the lower end of each slice of |c| (the floats that share an exponent and the top 6 bits of
+    the mantissa: a ratio of at most 1 + 1/64, narrower than a bin) from edges[1]'s slice up to |c| = CLAMP's.
+    Computed once per process with this machine's torch, so the edges are the ones its log10 gives; they assume
+    only that the formula never gives a smaller bin to a larger |c| (tests/test_sweep.py checks every edge's
+    neighbourhood and random values)."""
     k = torch.arange(1, HISTOGRAM_BINS, dtype=torch.int64)
     low = torch.zeros_like(k)  # bits of +0.0: bin 0 < k
     high = torch.full_like(k, int(np.float64(np.finfo(np.float64).max).view(np.int64)))  # the last bin ≥ k
@@ -162,13 +163,9 @@ def exact_bin_edges() -> tuple[np.ndarray, np.ndarray, int]:
         high = torch.where(reached, middle, high)
         low = torch.where(reached, low, middle)
     edges = np.concatenate([[0.0], high.view(torch.float64).numpy()])
-    first_exponent = math.frexp(float(edges[1]))[1]
-    last_exponent = math.frexp(CLAMP)[1]
-    octaves = np.arange(first_exponent, last_exponent + 1)
-    slices = np.arange(SLICES_PER_OCTAVE)
-    lower_ends = np.ldexp(0.5 + slices[None, :] / (2 * SLICES_PER_OCTAVE), octaves[:, None])
-    table = np.searchsorted(edges[1:], lower_ends, side="right").astype(np.int64)
-    return edges, table, first_exponent
+    first, last = (int(np.float64(x).view(np.int64)) >> SLICE_SHIFT for x in (edges[1], CLAMP))
+    lower_ends = (np.arange(first, last + 1, dtype=np.int64) << SLICE_SHIFT).view(np.float64)
+    return edges, np.searchsorted(edges[1:], lower_ends, side="right").astype(np.int64)
 
 
 def row_fields(s: ChunkStats) -> torch.Tensor:
