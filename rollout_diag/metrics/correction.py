@@ -169,6 +169,21 @@ def derived_moments(s: ChunkStats, name: str) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- per-chunk values of a config
+class NamedQuantity(PerToken):
+    """``PerToken.quantity(s, name)`` whose token tensor is built only if its ``values`` are read: reductions by name
+    (segment, row and group sums, extremes, moments) come from the engine's caches, which on the numba engine the
+    compiled preset pass fills, so a truncated weight or a §3 statistic reduced by name costs no token tensor."""
+
+    def __init__(self, s: ChunkStats, name: str) -> None:
+        object.__setattr__(self, "by_row", False)
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "_stats", s)
+
+    @property
+    def values(self) -> torch.Tensor:  # type: ignore[override]
+        return self._stats.token(self.name)
+
+
 def sequence_log_ratio(s: ChunkStats) -> torch.Tensor:
     """s_i = S_i[δ] (unclamped, every row; 0 for an empty row): the row sum §1 takes too, computed once."""
     return s.row_sum("log_ratio")
@@ -204,7 +219,7 @@ def rs_statistic(s: ChunkStats, option: RejectionOption) -> PerToken:
     value (sequence options)."""
     if option.is_sequence:
         return PerToken(rs_row_value(s, option), by_row=True)
-    return PerToken.quantity(s, f"rs_{option.statistic}")
+    return NamedQuantity(s, f"rs_{option.statistic}")
 
 
 def rs_rejected_name(option: RejectionOption) -> str:
@@ -269,7 +284,7 @@ def importance_weights(s: ChunkStats, config: ImportanceSampling) -> tuple[PerTo
     def compute() -> tuple[PerToken, PerToken]:
         raw = raw_importance_weights(s, config.level)
         if config.level == "token":  # named derived quantities: reduced by name, on the numba engine without tensors
-            return raw, PerToken.quantity(s, token_weight_name(config))
+            return raw, NamedQuantity(s, token_weight_name(config))
         if config.icepop:
             inside = icepop_inside(s, config).values
             return raw, raw.map(lambda w: torch.where(inside, w, 0.0))
