@@ -286,3 +286,31 @@ def test_torch_exp_is_elementwise_so_the_prepared_weights_are_the_torch_engines(
         for stop in (start + 1, start + 7, start + 1001, 100_003):
             part = torch.exp(torch.from_numpy(clamped[start:stop].copy())).numpy()
             assert np.array_equal(part, whole[start:stop])
+
+
+def test_a_chunks_stats_are_freed_without_the_cyclic_collector():
+    """Once the pass clears a chunk's cache, its ChunkStats (and every token tensor it holds) is freed at once by
+    reference counting: nothing the presets memoise refers back to it (a cycle kept each chunk alive until the
+    cyclic collector ran, and memory grew with the file)."""
+    import gc
+    import weakref
+
+    from rollout_diag.drivers.passes import PassSpec
+    from rollout_diag.metrics.segments import stats
+
+    records = [(step, row) for step in range(2) for row in bound_rows(5 + step, 6)]
+    state = PassSpec({"offpolicy_only": True}, ALL_PRESETS).new()
+    gc.disable()
+    try:
+        for engine in (KernelStats, ChunkStats):
+            chunk = make_chunk(records)
+            chunk.cache["stats"] = engine(chunk)
+            state.prepare(chunk)
+            for consume in state.consumers():
+                consume(chunk)
+            alive = weakref.ref(stats(chunk))
+            chunk.cache.clear()  # as run_chunks does after the consumers
+            del chunk
+            assert alive() is None, engine.__name__
+    finally:
+        gc.enable()

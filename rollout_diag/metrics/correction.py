@@ -15,6 +15,7 @@ ratio of two sums, and ESS / std are functions of (N, Σc, Σc²) — see :func:
 from __future__ import annotations
 
 import math
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -172,16 +173,18 @@ def derived_moments(s: ChunkStats, name: str) -> torch.Tensor:
 class NamedQuantity(PerToken):
     """``PerToken.quantity(s, name)`` whose token tensor is built only if its ``values`` are read: reductions by name
     (segment, row and group sums, extremes, moments) come from the engine's caches, which on the numba engine the
-    compiled preset pass fills, so a truncated weight or a §3 statistic reduced by name costs no token tensor."""
+    compiled preset pass fills, so a truncated weight or a §3 statistic reduced by name costs no token tensor. It
+    refers to ``s`` weakly: ``s`` memoises it, and a reference cycle would keep each chunk's tensors alive until the
+    cyclic garbage collector ran (memory grew with the file)."""
 
     def __init__(self, s: ChunkStats, name: str) -> None:
         object.__setattr__(self, "by_row", False)
         object.__setattr__(self, "name", name)
-        object.__setattr__(self, "_stats", s)
+        object.__setattr__(self, "_stats", weakref.ref(s))
 
     @property
     def values(self) -> torch.Tensor:  # type: ignore[override]
-        return self._stats.token(self.name)
+        return self._stats().token(self.name)
 
 
 def sequence_log_ratio(s: ChunkStats) -> torch.Tensor:
