@@ -314,3 +314,61 @@ def test_a_chunks_stats_are_freed_without_the_cyclic_collector():
             assert alive() is None, engine.__name__
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 64, 129, 1000])
+def test_extremes_side_by_side_are_the_scan_in_order(size):
+    """The pass's max / min (four quarters side by side) are those of one scan in order, bit for bit: of equal
+    values the first, so +0.0 / −0.0 and repeated values come out as the scan finds them."""
+    from numba import njit
+
+    kernels = compiled_presets()
+
+    @njit(cache=False)
+    def extremes(values, size):
+        return kernels._extremes(values, size)
+
+    rng = np.random.default_rng(size)
+    for trial in range(30):
+        values = rng.choice(np.array([0.0, -0.0, 1.0, -1.0, 2.5, -2.5]), size) if trial % 2 else rng.normal(0, 1, size)
+        largest, smallest = values[0], values[0]
+        for value in values[1:]:
+            largest = value if value > largest else largest
+            smallest = value if value < smallest else smallest
+        found = extremes(values, size)
+        assert np.array_equal(np.array(found).view(np.int64), np.array([largest, smallest]).view(np.int64))
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000), quantities=st.integers(1, 9))
+def test_centred_sums_add_each_groups_tokens_in_order(seed, quantities):
+    """Σ (x − mean)² of each (group, quantity), four quantities side by side: bit for bit the sum that adds the
+    group's tokens one by one in token order."""
+    kernels = compiled_presets()
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 40, 12)
+    raw = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    total = int(lengths.sum())
+    rollout = -rng.exponential(1.0, total)
+    trainer = rollout + rng.normal(0, 0.3, total)
+    weight = np.exp(np.clip(trainer - rollout, -20, 20))
+    group = np.sort(rng.integers(0, 3, 12)).astype(np.int64)
+    ops = ["tis", "icepop", "clamp", "above", "outside"]
+    codes = np.array([[rng.integers(0, 6), kernels.OPS[ops[rng.integers(0, 5)]]] for _ in range(quantities)])
+    bounds = np.array([[0.5, 2.0]] * quantities)
+    means = rng.normal(1.0, 0.1, (3, quantities))
+    length = lengths.astype(np.int64)
+    out = kernels.centred_pass(trainer, rollout, weight, raw, raw, length, group, codes, bounds, means)
+    expected = np.zeros((3, quantities))
+    base = np.empty(6)
+    for s in range(12):
+        for k in range(lengths[s]):
+            t = raw[s] + k
+            d = trainer[t] - rollout[t]
+            c = min(max(d, -20.0), 20.0)
+            base[:] = [d, c, weight[t], -c, 0.5 * c * c, (weight[t] - 1.0) - c]
+            for q in range(quantities):
+                value = kernels._derived(codes[q, 1], bounds[q, 0], bounds[q, 1], base[codes[q, 0]])
+                centred = value - means[group[s], q]
+                expected[group[s], q] += centred * centred
+    assert np.array_equal(out, expected)

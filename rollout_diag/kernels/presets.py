@@ -195,11 +195,39 @@ def _fill_values(op: int, lower: float, upper: float, row: np.ndarray, size: int
 
 @njit(**{**_FLAGS, "inline": "always"})
 def _extremes(values: np.ndarray, size: int) -> tuple[float, float]:
-    """(max, min) of ``values[:size]`` (size ≥ 1), scanned in order as numpy's reduceat does."""
-    largest, smallest = values[0], values[0]
-    for k in range(1, size):
-        largest = max(largest, values[k])
-        smallest = min(smallest, values[k])
+    """(max, min) of ``values[:size]`` (size ≥ 1), the value numpy's reduceat finds scanning in order: of equal
+    values (+0.0 and −0.0 compare equal) the first. Four contiguous quarters are scanned side by side (four
+    independent chains, not one) and their results taken in order, the later one only where strictly larger
+    (smaller), which keeps the first of equal values as the scan in order does."""
+    quarter = size // 4
+    if quarter < 2:
+        largest, smallest = values[0], values[0]
+        for k in range(1, size):
+            largest = max(largest, values[k])
+            smallest = min(smallest, values[k])
+        return largest, smallest
+    a0, a1, a2, a3 = values[0], values[quarter], values[2 * quarter], values[3 * quarter]
+    b0, b1, b2, b3 = a0, a1, a2, a3
+    for k in range(1, quarter):
+        v0, v1, v2, v3 = values[k], values[quarter + k], values[2 * quarter + k], values[3 * quarter + k]
+        a0 = v0 if v0 > a0 else a0
+        a1 = v1 if v1 > a1 else a1
+        a2 = v2 if v2 > a2 else a2
+        a3 = v3 if v3 > a3 else a3
+        b0 = v0 if v0 < b0 else b0
+        b1 = v1 if v1 < b1 else b1
+        b2 = v2 if v2 < b2 else b2
+        b3 = v3 if v3 < b3 else b3
+    for k in range(4 * quarter, size):  # the tail, after the last quarter
+        v = values[k]
+        a3 = v if v > a3 else a3
+        b3 = v if v < b3 else b3
+    largest = a1 if a1 > a0 else a0
+    largest = a2 if a2 > largest else largest
+    largest = a3 if a3 > largest else largest
+    smallest = b1 if b1 < b0 else b0
+    smallest = b2 if b2 < smallest else smallest
+    smallest = b3 if b3 < smallest else smallest
     return largest, smallest
 
 
@@ -312,7 +340,7 @@ def centred_pass(
     for s in range(raw.shape[0]):
         longest = max(longest, length[s])
     bases = np.empty((6, longest))
-    values = np.empty(longest)
+    values = np.empty((max(quantities, 1), longest))
     needed = _needed(codes)
     for s in range(raw.shape[0]):
         g, size = segment_group[s], length[s]
@@ -322,12 +350,27 @@ def centred_pass(
             row = bases[codes[q, 0]]
             if op >= 3:
                 for k in range(size):
-                    values[k] = _derived(op, lower, upper, row[k])
+                    values[q, k] = _derived(op, lower, upper, row[k])
             else:
-                _fill_values(op, lower, upper, row, size, values)
-            mean, total = means[g, q], out[g, q]
+                _fill_values(op, lower, upper, row, size, values[q])
+        # four quantities' sums side by side (independent chains), each still adding its tokens in order
+        for first in range(0, quantities, 4):
+            count = min(4, quantities - first)
+            q0, q1, q2, q3 = first, first + min(1, count - 1), first + min(2, count - 1), first + min(3, count - 1)
+            m0, m1, m2, m3 = means[g, q0], means[g, q1], means[g, q2], means[g, q3]
+            t0, t1, t2, t3 = out[g, q0], out[g, q1], out[g, q2], out[g, q3]
             for k in range(size):
-                centred = values[k] - mean
-                total += centred * centred
-            out[g, q] = total
+                c0 = values[q0, k] - m0
+                c1 = values[q1, k] - m1
+                c2 = values[q2, k] - m2
+                c3 = values[q3, k] - m3
+                t0 += c0 * c0
+                t1 += c1 * c1
+                t2 += c2 * c2
+                t3 += c3 * c3
+            # a quantity repeated to fill the four lanes is written once, from its first lane
+            out[g, q3] = t3
+            out[g, q2] = t2
+            out[g, q1] = t1
+            out[g, q0] = t0
     return out
