@@ -148,21 +148,27 @@ class PresetColumns(StepAccumulator):
         return {}  # no metrics of its own: each accumulator finalizes its columns after ``hand_over``
 
     def hand_over(self) -> None:
-        """Merge the columns fed so far into each accumulator's own table, and start empty again."""
-        table = self.store
-        if not table.shapes:
-            return
+        """Give each accumulator the columns fed so far, and start empty again. Each accumulator takes them as the
+        chunks' tables would have reached it: the table's sealed parts (steps no later chunk reached, in order) and
+        its open part, appended in turn (``_append``: sealed parts are disjoint, so nothing is added, nothing
+        copied; each accumulator joins its parts when read, one at a time, as it did when fed chunk by chunk)."""
+        tables = [*self.__dict__.get("_sealed", []), self.__dict__["_store"]]
+        self.store = StateTable.empty(self.REDUCTIONS)
         for index, part in enumerate(self.parts):
             prefix = f"{index}/"
 
             def own(columns: dict[str, Any], prefix: str = prefix) -> dict[str, Any]:
                 return {name[len(prefix) :]: value for name, value in columns.items() if name.startswith(prefix)}
 
-            columns = StateTable(
-                part.REDUCTIONS, own(table.shapes), table.steps, own(table.dense), own(table.sparse), own(table.ragged)
-            )
-            part.store = part.store.merged(columns)
-        self.store = StateTable.empty(self.REDUCTIONS)
+            for table in tables:
+                if table.shapes:
+                    shapes, dense, sparse, ragged = (
+                        own(table.shapes),
+                        own(table.dense),
+                        own(table.sparse),
+                        own(table.ragged),
+                    )
+                    part._append(StateTable(part.REDUCTIONS, shapes, table.steps, dense, sparse, ragged))
 
 
 class CorrectionAnalysis:
@@ -201,8 +207,10 @@ class CorrectionAnalysis:
     @property
     def accumulators(self) -> dict[Hashable, CorrectionAccumulator]:
         """One accumulator per distinct part, each holding every chunk ``update`` has fed (``PresetColumns`` hands
-        them their columns when they are read)."""
+        them their columns when they are read; once read, after every chunk, so that each accumulator merges chunk
+        by chunk, in the order it would have been fed them)."""
         self._table.hand_over()
+        self._read = True
         return self._accumulators
 
     def prepare(self, chunk: Chunk, histogram: bool = False) -> None:
@@ -225,6 +233,8 @@ class CorrectionAnalysis:
     def update(self, chunk: Chunk) -> None:
         self.prepare(chunk)  # a no-op where the prepare pool did it
         self._table.update(chunk)
+        if self.__dict__.get("_read"):
+            self._table.hand_over()
 
     def merge(self, other: CorrectionAnalysis) -> None:
         for key, accumulator in self.accumulators.items():
