@@ -113,8 +113,10 @@ class RunSweepAccumulator(SweepAccumulator):
     def update(self, chunk: Chunk) -> None:
         s = stats(chunk)
         # counted by the compiled preset pass where the pass prepared it, else here: the same counts
-        counts = s.memo(SIGNED_HISTOGRAM, lambda: torch.bincount(signed_bins(s), minlength=2 * HISTOGRAM_BINS).numpy())
-        signed = torch.from_numpy(counts).to(torch.float64).view(1, -1)
+        counts = s.memo(
+            SIGNED_HISTOGRAM, lambda: torch.bincount(signed_bins(s), minlength=2 * HISTOGRAM_BINS).cpu().numpy()
+        )
+        signed = torch.from_numpy(counts).to(torch.float64).view(1, -1)  # on the CPU: the state is numpy
         rows = row_fields(s)
         valid = s.row_count > 0
         partial = {
