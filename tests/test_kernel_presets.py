@@ -107,3 +107,268 @@ def test_compare_presets_on_bounds_equals_the_torch_engine(tmp_path):
         torch_result = rd.compare_presets(path, ALL_PRESETS, device="cpu", chunk_tokens=61)
     assert_same_document(numba_result.to_json(), torch_result.to_json())
     assert math.isfinite(numba_result.presets[0].run.metrics["rollout_corr/rollout_is_mean"])
+
+
+# ------------------------------------------------------------------ the sweep's histogram, counted in the preset pass
+def torch_signed_counts(clamped: np.ndarray) -> np.ndarray:
+    """The run sweep's histogram of c as the torch engine counts it (``signed_bins``, then a bincount)."""
+    from rollout_diag.metrics.sweep import HISTOGRAM_BINS, signed_bins
+
+    class Stats:  # signed_bins reads only the token quantity c
+        def token(self, name):
+            assert name == "clamped_log_ratio"
+            return torch.from_numpy(clamped)
+
+    return torch.bincount(signed_bins(Stats()), minlength=2 * HISTOGRAM_BINS).numpy()
+
+
+def kernel_signed_counts(clamped: np.ndarray, segment: int = 97) -> np.ndarray:
+    """The compiled pass's histogram of the same c (trainer = c, rollout = 0, in segments of ``segment`` tokens)."""
+    from rollout_diag.metrics.sweep import exact_bin_edges
+
+    kernels = compiled_presets()
+    size = clamped.shape[0]
+    starts = np.arange(0, size, segment, dtype=np.int64)
+    length = np.minimum(segment, size - starts).astype(np.int64)
+    edges, table = exact_bin_edges()
+    none = np.zeros((0, 2), np.int64)
+    *_, counts = kernels.preset_pass(
+        clamped, np.zeros(size), np.zeros(0), starts, starts, length, none, none.astype(np.float64),
+        np.zeros(0, np.bool_), edges, table,
+    )  # fmt: skip
+    return counts
+
+
+def test_every_histogram_edge_is_where_the_torch_formula_changes_bin():
+    """edges[k] is the first float64 |c| of bin k: the float below it is in bin k − 1 (bisection found the change)."""
+    from rollout_diag.metrics.sweep import HISTOGRAM_BINS, _torch_bins, exact_bin_edges
+
+    edges, table = exact_bin_edges()
+    assert edges.shape == (HISTOGRAM_BINS,) and np.all(np.diff(edges) > 0)
+    inside = edges[1:]
+    assert np.array_equal(_torch_bins(torch.from_numpy(inside)).numpy(), np.arange(1, HISTOGRAM_BINS))
+    below = np.nextafter(inside, 0.0)
+    assert np.array_equal(_torch_bins(torch.from_numpy(below)).numpy(), np.arange(0, HISTOGRAM_BINS - 1))
+    # the edges are near 10^(k/32 − 12), where the formula's bins change in exact arithmetic
+    exact = 10.0 ** (-12 + np.arange(1, HISTOGRAM_BINS) / 32)
+    assert np.allclose(inside, exact, rtol=1e-12)
+    assert table.min() >= 0 and table.max() < HISTOGRAM_BINS
+
+
+def test_the_pass_bins_c_as_the_torch_formula_near_every_edge_and_everywhere():
+    """Every float within 40 ulps of every edge, each sign, and c over every decade (0, −0.0, ±20, below 1e-12):
+    the compiled pass's counts are the torch engine's, bin for bin."""
+    from rollout_diag.metrics.sweep import exact_bin_edges
+
+    edges, _ = exact_bin_edges()
+    steps = np.arange(-40, 41)
+    near = edges[1:, None].view(np.int64) + steps[None, :]
+    near = near.reshape(-1).view(np.float64)
+    near = near[near <= 20.0]
+    rng = np.random.default_rng(3)
+    spread = 10.0 ** rng.uniform(-16, np.log10(20.0), 200_000)
+    special = np.array([0.0, -0.0, 20.0, -20.0, 1e-12, -1e-12, 1e-300, 5e-324, 1.0, -1.0, 10.0, 0.1])
+    magnitudes = np.concatenate([near, spread, special])
+    values = np.concatenate([magnitudes, -magnitudes])
+    rng.shuffle(values)
+    assert np.array_equal(kernel_signed_counts(values), torch_signed_counts(values))
+    assert np.array_equal(kernel_signed_counts(values, segment=1), torch_signed_counts(values))
+
+
+def test_a_wrong_bin_would_show():
+    """The comparison above sees one token moved to a neighbouring bin (the test is not vacuous)."""
+    from rollout_diag.metrics.sweep import exact_bin_edges
+
+    edges, _ = exact_bin_edges()
+    at_edge = np.array([edges[100], np.nextafter(edges[100], 0.0)])
+    counts = kernel_signed_counts(at_edge)
+    assert counts[100] == 1 and counts[99] == 1
+    moved = torch_signed_counts(np.array([edges[100], edges[100]]))
+    assert not np.array_equal(counts, moved)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000), chunk_tokens=st.sampled_from([7, 61, 1000]))
+def test_the_prepared_pass_gives_the_torch_engines_sweep_and_presets(tmp_path_factory, seed, chunk_tokens):
+    """compare-presets with the preset pass in the prepare pool (weights, flags, moments and the run sweep's
+    histogram folded into it) against the torch engine, on δ at and around every bound: the same document."""
+    from test_correction import write_dump
+
+    steps = {step: bound_rows(seed + step, 7) for step in (0, 1, 3)}
+    rounded = {
+        step: [(np.float32(a).astype(np.float64), np.float32(r).astype(np.float64), m) for a, r, m in rows]
+        for step, rows in steps.items()
+    }
+    path = tmp_path_factory.mktemp("prepared") / "bounds.parquet"
+    write_dump(path, rounded)
+    with use_engine("numba"):
+        numba_result = rd.compare_presets(path, ALL_PRESETS, device="cpu", chunk_tokens=chunk_tokens, workers=1)
+    with use_engine("torch"):
+        torch_result = rd.compare_presets(path, ALL_PRESETS, device="cpu", chunk_tokens=chunk_tokens, workers=1)
+    assert_same_document(numba_result.to_json(), torch_result.to_json())
+    assert numba_result.to_json()["sweep"] == torch_result.to_json()["sweep"]  # histogram counts: exact
+
+
+@pytest.mark.parametrize("presets", ["built-in", "all"])
+def test_the_prepare_pool_builds_every_token_value_and_the_caller_none(monkeypatch, presets):
+    """After ``Pass.prepare`` (the reader's pool) the built-in presets' and the sweep's update build no token tensor:
+    the derived quantities, w, the moments and the histogram are all prepared; with every preset (a custom one
+    combines a token k3 option with IcePop, counted token by token) the caller builds what that needs. Either way
+    the result is the unprepared pass's."""
+    from test_correction import random_step
+
+    from rollout_diag.drivers.passes import PassSpec
+    from rollout_diag.metrics.segments import stats
+    from rollout_diag.presets import resolve_presets
+
+    chosen = resolve_presets(None) if presets == "built-in" else ALL_PRESETS
+    rng = np.random.default_rng(8)
+    records = [(step, row) for step in (0, 1) for row in random_step(rng, 12)]
+    documents = []
+    for prepared in (True, False):
+        chunk = make_chunk(records)
+        chunk.cache["stats"] = KernelStats(chunk)
+        state = PassSpec({"offpolicy_only": True}, chosen).new()
+        if prepared:
+            state.prepare(chunk)
+            built = []
+            original = ChunkStats.token
+
+            def watched(self, name, original=original, built=built):
+                if name not in self._tokens:
+                    built.append(name)
+                return original(self, name)
+
+            monkeypatch.setattr(ChunkStats, "token", watched)
+        state.corrections.update(chunk)
+        state.sweep.update(chunk)
+        if prepared:
+            monkeypatch.undo()
+            if presets == "built-in":
+                assert built == [], built
+                assert "model" not in chunk.__dict__  # no model-token tensors (δ, rows, positions) either
+                assert stats(chunk)._tokens.keys() == {"token_is_weight"}
+            else:
+                assert "rs_k3" in built
+        documents.append((state.corrections.finalize(), state.sweep.run_state()))
+    (prepared_metrics, prepared_sweep), (plain_metrics, plain_sweep) = documents
+    assert prepared_metrics == plain_metrics
+    assert prepared_sweep.keys() == plain_sweep.keys()
+    for name in ("positive", "negative", "tokens"):
+        assert np.array_equal(prepared_sweep[name], plain_sweep[name])
+
+
+def test_a_quantity_read_for_its_moments_only_still_reduces_as_the_torch_engine():
+    """The pass skips the extremes of a quantity asked for its moments only; read anyway, they are the torch
+    engine's (not the scratch the pass left)."""
+    from rollout_diag.metrics.correction import derived, derived_moments, prepare_derived
+
+    records = [(step, row) for step in range(2) for row in bound_rows(21 + step, 5)]
+    kernel_chunk, torch_chunk = make_chunk(records), make_chunk(records)
+    kernel_chunk.cache["stats"] = kernel = KernelStats(kernel_chunk)
+    torch_chunk.cache["stats"] = reference = ChunkStats(torch_chunk)
+    name = derived("token_is_weight", "clamp", 0.7, 1.3)
+    prepare_derived(kernel, [], [name])
+    assert name in kernel._sums and name not in kernel._maxima
+    assert torch.equal(kernel.segment_sum(name), reference.segment_sum(name))
+    assert torch.equal(kernel.segment_max(name), reference.segment_max(name))
+    assert torch.equal(kernel.segment_min(name), reference.segment_min(name))
+    assert torch.allclose(derived_moments(kernel, name), derived_moments(reference, name), rtol=1e-12, atol=0)
+
+
+def test_torch_exp_is_elementwise_so_the_prepared_weights_are_the_torch_engines():
+    """The prepared w is torch's exp of c computed over the chunk's model tokens in one array: a value's exp must
+    not depend on where it sits in the array (vector body or tail, thread split), or the engines could disagree."""
+    rng = np.random.default_rng(0)
+    clamped = np.clip(rng.normal(0, 2, 100_003), -20, 20)
+    whole = torch.exp(torch.from_numpy(clamped)).numpy()
+    for start in range(0, 17):
+        for stop in (start + 1, start + 7, start + 1001, 100_003):
+            part = torch.exp(torch.from_numpy(clamped[start:stop].copy())).numpy()
+            assert np.array_equal(part, whole[start:stop])
+
+
+def test_a_chunks_stats_are_freed_without_the_cyclic_collector():
+    """Once the pass clears a chunk's cache, its ChunkStats (and every token tensor it holds) is freed at once by
+    reference counting: nothing the presets memoise refers back to it (a cycle kept each chunk alive until the
+    cyclic collector ran, and memory grew with the file)."""
+    import gc
+    import weakref
+
+    from rollout_diag.drivers.passes import PassSpec
+    from rollout_diag.metrics.segments import stats
+
+    records = [(step, row) for step in range(2) for row in bound_rows(5 + step, 6)]
+    state = PassSpec({"offpolicy_only": True}, ALL_PRESETS).new()
+    gc.disable()
+    try:
+        for engine in (KernelStats, ChunkStats):
+            chunk = make_chunk(records)
+            chunk.cache["stats"] = engine(chunk)
+            state.prepare(chunk)
+            for consume in state.consumers():
+                consume(chunk)
+            alive = weakref.ref(stats(chunk))
+            chunk.cache.clear()  # as run_chunks does after the consumers
+            del chunk
+            assert alive() is None, engine.__name__
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 64, 129, 1000])
+def test_extremes_side_by_side_are_the_scan_in_order(size):
+    """The pass's max / min (four quarters side by side) are those of one scan in order, bit for bit: of equal
+    values the first, so +0.0 / −0.0 and repeated values come out as the scan finds them."""
+    from numba import njit
+
+    kernels = compiled_presets()
+
+    @njit(cache=False)
+    def extremes(values, size):
+        return kernels._extremes(values, size)
+
+    rng = np.random.default_rng(size)
+    for trial in range(30):
+        values = rng.choice(np.array([0.0, -0.0, 1.0, -1.0, 2.5, -2.5]), size) if trial % 2 else rng.normal(0, 1, size)
+        largest, smallest = values[0], values[0]
+        for value in values[1:]:
+            largest = value if value > largest else largest
+            smallest = value if value < smallest else smallest
+        found = extremes(values, size)
+        assert np.array_equal(np.array(found).view(np.int64), np.array([largest, smallest]).view(np.int64))
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000), quantities=st.integers(1, 9))
+def test_centred_sums_add_each_groups_tokens_in_order(seed, quantities):
+    """Σ (x − mean)² of each (group, quantity), four quantities side by side: bit for bit the sum that adds the
+    group's tokens one by one in token order."""
+    kernels = compiled_presets()
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 40, 12)
+    raw = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    total = int(lengths.sum())
+    rollout = -rng.exponential(1.0, total)
+    trainer = rollout + rng.normal(0, 0.3, total)
+    weight = np.exp(np.clip(trainer - rollout, -20, 20))
+    group = np.sort(rng.integers(0, 3, 12)).astype(np.int64)
+    ops = ["tis", "icepop", "clamp", "above", "outside"]
+    codes = np.array([[rng.integers(0, 6), kernels.OPS[ops[rng.integers(0, 5)]]] for _ in range(quantities)])
+    bounds = np.array([[0.5, 2.0]] * quantities)
+    means = rng.normal(1.0, 0.1, (3, quantities))
+    length = lengths.astype(np.int64)
+    out = kernels.centred_pass(trainer, rollout, weight, raw, raw, length, group, codes, bounds, means)
+    expected = np.zeros((3, quantities))
+    base = np.empty(6)
+    for s in range(12):
+        for k in range(lengths[s]):
+            t = raw[s] + k
+            d = trainer[t] - rollout[t]
+            c = min(max(d, -20.0), 20.0)
+            base[:] = [d, c, weight[t], -c, 0.5 * c * c, (weight[t] - 1.0) - c]
+            for q in range(quantities):
+                value = kernels._derived(codes[q, 1], bounds[q, 0], bounds[q, 1], base[codes[q, 0]])
+                centred = value - means[group[s], q]
+                expected[group[s], q] += centred * centred
+    assert np.array_equal(out, expected)

@@ -97,3 +97,38 @@ def test_run_sweep_holds_the_per_step_sweeps_run_state(seed, cuts):
     np.testing.assert_array_equal(order(actual["rows"]), order(expected["rows"]))
     targets = (0.001, 0.01, 0.05)
     assert run_only.table(actual, targets, curve=True) == per_step.table(expected, targets, curve=True)
+
+
+def same_table(a, b) -> bool:
+    """Two StateTables with the same steps and the same bits in every column."""
+    if not np.array_equal(a.steps, b.steps) or a.shapes != b.shapes or a.dense.keys() != b.dense.keys():
+        return False
+    return all(np.array_equal(a.dense[name], b.dense[name], equal_nan=True) for name in a.dense)
+
+
+@pytest.mark.parametrize("seed", [1, 8])
+def test_one_table_for_every_accumulator_gives_each_its_own_digits(seed):
+    """CorrectionAnalysis feeds every accumulator's partial through one table (PresetColumns) and hands each its
+    columns when read: the same tables, bit for bit, as feeding each accumulator every chunk itself, with steps that
+    go on across chunks, steps that come back (rows of a step are not contiguous), and a read between updates."""
+    records = records_of(seed)
+    rng = np.random.default_rng(seed)
+    chunks = [records[start : start + 9] for start in range(0, len(records), 9)]
+    rng.shuffle(chunks)
+    combined = CorrectionAnalysis(ALL_PRESETS)
+    separate = CorrectionAnalysis(ALL_PRESETS)
+    for index, records_of_chunk in enumerate(chunks):
+        combined.update(make_chunk(records_of_chunk))
+        if index == len(chunks) // 2:
+            assert combined.accumulators  # a read hands the columns over; later chunks merge onto them
+        chunk = make_chunk(records_of_chunk)
+        separate.prepare(chunk)
+        for accumulator in separate._accumulators.values():
+            accumulator.update(chunk)
+    assert len(combined.accumulators) > 10
+    for key, accumulator in combined.accumulators.items():
+        assert same_table(accumulator.store, separate._accumulators[key].store), key
+    assert combined.finalize() == separate.finalize()
+    merged = CorrectionAnalysis(ALL_PRESETS)
+    merged.merge(pickle.loads(pickle.dumps(combined)))  # a worker's state, shipped and folded in
+    assert merged.finalize() == combined.finalize()

@@ -323,10 +323,11 @@ class Pass:
         return [accumulator.update for accumulator in (self.analysis, self.corrections, self.sweep) if accumulator]
 
     def prepare(self, chunk: Chunk) -> None:
-        """Built in the reader's thread: the analysis's quantities. With presets, also preparing theirs moved more
-        work to the reader than it took off the main thread (measured: reader 52–68 vs main 41–45 ns/token,
-        against 50 vs 52), so the presets compute theirs where they read them."""
+        """Built in the reader's prepare pool: the analysis's quantities, and with presets their compiled pass (and
+        the run sweep's histogram of c), so the thread that runs the accumulators does no per-token work."""
         self.analysis.prepare(chunk)
+        if self.corrections is not None:
+            self.corrections.prepare(chunk, histogram=isinstance(self.sweep, RunSweepAccumulator))
 
     def merge(self, other: Pass) -> None:
         self.analysis.merge(other.analysis)

@@ -1,13 +1,17 @@
 """The compiled pass of the presets' token quantities (numba): one pass over a chunk's segments computes every
 derived token quantity the chosen presets read (truncated and IcePop weights, clamped weights and statistics, bound
-flags: ``metrics/correction.py`` ``Derived``) in registers, and reduces each per segment: the sum in numpy
-reduceat's order (the first value, then numpy's pairwise sum of the rest), the maximum and minimum, and, where asked,
-the step group's centred moments. No token-sized temporary.
+flags: ``metrics/correction.py`` ``Derived``) and reduces each per segment: the sum in numpy reduceat's order (the
+first value, then numpy's pairwise sum of the rest), the maximum and minimum; with it the sweep's signed histogram
+of c (``metrics/sweep.py``), and in a second pass the step groups' centred moments. Per segment the base quantities
+(δ, c, w, k1, k2, k3) are laid out once in a scratch block the size of the longest segment, and each derived
+quantity's op runs over them in a loop of its own. No token-sized temporary beyond c and w.
 
-The IS weight w = exp(c) is read, not computed: it is torch's exp (the torch engine's ``token_is_weight``), so a weight
-that lands on a truncation or IcePop bound falls on the side verl's torch puts it (libm's exp, numba's, differs from
-torch's in the last bit for about 5 % of values: measured, docs/benchmarks.md). Everything else is computed here with
-the torch engine's float64 formulas, so each per-token value is the torch engine's, bit for bit.
+The IS weight w = exp(c) is read, not computed: it is torch's exp (the torch engine's ``token_is_weight``) of the
+c that :func:`clamped_tokens` writes, so a weight that lands on a truncation or IcePop bound falls on the side verl's
+torch puts it (libm's exp, numba's, differs from torch's in the last bit for about 5 % of values: measured,
+docs/benchmarks.md). Everything else is computed here with the torch engine's float64 formulas, so each per-token
+value is the torch engine's, bit for bit; the histogram's bins are found from the exact edges of the torch formula
+(``metrics.sweep.exact_bin_edges``), not from a log10 of our own.
 """
 
 from __future__ import annotations
@@ -34,18 +38,6 @@ _FLAGS = {"cache": True, "nogil": True, "error_model": "numpy"}
 
 
 @njit(**{**_FLAGS, "inline": "always"})
-def _bases(d: float, w: float, out: np.ndarray) -> None:
-    """The base quantities of a token (KINDS order) with δ = ``d`` and IS weight ``w`` (torch's exp(c))."""
-    c = min(max(d, -CLAMP), CLAMP)
-    out[0] = d
-    out[1] = c
-    out[2] = w
-    out[3] = -c
-    out[4] = 0.5 * c * c
-    out[5] = (w - 1.0) - c
-
-
-@njit(**{**_FLAGS, "inline": "always"})
 def _derived(op: int, lower: float, upper: float, v: float) -> float:
     """Derived quantity ``op`` of base value ``v``."""
     if op == 0:
@@ -67,15 +59,18 @@ def _derived(op: int, lower: float, upper: float, v: float) -> float:
 
 @njit(**_FLAGS)
 def _pairwise(values: np.ndarray, lo: int, n: int) -> float:
-    """numpy's pairwise sum of ``values[lo:lo + n]`` (blocks of 128, halves cut at a multiple of 8), its recursion on
-    an explicit stack (numba's cache cannot hold a recursive function)."""
+    """numpy's pairwise sum of ``values[lo:lo + n]`` (blocks of 128, halves cut at a multiple of 8)."""
+    return _pairwise_on(values, lo, n, np.empty((3, 64), np.int64), np.empty(64))
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _pairwise_on(values: np.ndarray, lo: int, n: int, stack: np.ndarray, left: np.ndarray) -> float:
+    """``_pairwise`` with its recursion on an explicit stack the caller allocates once (numba's cache cannot hold a
+    recursive function): ``stack`` int64 [3, 64] (start, size, stage of each level), ``left`` float64 [64]."""
     if n <= 128:
         return _block(values, lo, n)
-    starts = np.empty(64, np.int64)
-    sizes = np.empty(64, np.int64)
-    stage = np.zeros(64, np.int64)  # 0: nothing done, 1: left half under way, 2: right half under way
-    left = np.empty(64)
-    starts[0], sizes[0] = lo, n
+    starts, sizes, stage = stack[0], stack[1], stack[2]  # stage 0: nothing done, 1: left half under way, 2: right
+    starts[0], sizes[0], stage[0] = lo, n, 0
     depth = 1
     result = 0.0
     while depth > 0:
@@ -105,6 +100,164 @@ def _pairwise(values: np.ndarray, lo: int, n: int) -> float:
 
 
 @njit(**_FLAGS)
+def clamped_tokens(trainer: np.ndarray, rollout: np.ndarray, raw: np.ndarray, model: np.ndarray, length: np.ndarray):
+    """c = clamp20(δ) at every model token (float64 [M], index ``model[s] + k``): what torch's exp turns into the IS
+    weights (the torch engine's ``clamped_log_ratio``, value for value), without the model-token tensors."""
+    total = 0
+    for s in range(raw.shape[0]):
+        total += length[s]
+    out = np.empty(total)
+    for s in range(raw.shape[0]):
+        r, m = raw[s], model[s]
+        for k in range(length[s]):
+            out[m + k] = min(max(trainer[r + k] - rollout[r + k], -CLAMP), CLAMP)
+    return out
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _needed(codes: np.ndarray) -> np.ndarray:
+    """Which base quantities (KINDS) the derived quantities ``codes`` read."""
+    needed = np.zeros(6, np.bool_)
+    for q in range(codes.shape[0]):
+        needed[codes[q, 0]] = True
+    return needed
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _fill_bases(
+    trainer: np.ndarray,
+    rollout: np.ndarray,
+    weight: np.ndarray,
+    start: int,
+    first: int,
+    size: int,
+    needed: np.ndarray,
+    bases: np.ndarray,
+) -> None:
+    """The base quantities (KINDS rows of ``bases``) of a segment's ``size`` tokens (raw index ``start + k``, model
+    index ``first + k``), with the torch engine's float64 formulas; w is read (torch's exp), 1.0 without weights."""
+    has_weight = weight.shape[0] > 0
+    for k in range(size):
+        d = trainer[start + k] - rollout[start + k]
+        bases[0, k] = d
+        bases[1, k] = min(max(d, -CLAMP), CLAMP)
+    if needed[2] or needed[5]:
+        for k in range(size):
+            bases[2, k] = weight[first + k] if has_weight else 1.0
+    if needed[3]:
+        for k in range(size):
+            bases[3, k] = -bases[1, k]
+    if needed[4]:
+        for k in range(size):
+            c = bases[1, k]
+            bases[4, k] = 0.5 * c * c
+    if needed[5]:
+        for k in range(size):
+            bases[5, k] = (bases[2, k] - 1.0) - bases[1, k]
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _flag_count(op: int, lower: float, upper: float, row: np.ndarray, size: int) -> int:
+    """Tokens of ``row[:size]`` that flag ``op`` marks (``_derived`` = 1.0), the op chosen once per segment."""
+    count = 0
+    if op == 3:
+        for k in range(size):
+            count += row[k] > upper
+    elif op == 4:
+        for k in range(size):
+            count += row[k] < lower
+    elif op == 5:
+        for k in range(size):
+            count += not (row[k] >= lower and row[k] <= upper)
+    elif op == 6:
+        for k in range(size):
+            count += row[k] < lower or row[k] > upper
+    else:
+        for k in range(size):
+            count += not (row[k] <= upper)
+    return count
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _fill_values(op: int, lower: float, upper: float, row: np.ndarray, size: int, out: np.ndarray) -> None:
+    """``_derived(op, …)`` of ``row[:size]`` into ``out`` (a weight or a clamped value: ops 0–2)."""
+    if op == 0:
+        for k in range(size):
+            out[k] = min(row[k], upper)
+    elif op == 1:
+        for k in range(size):
+            v = row[k]
+            out[k] = v if (v >= lower and v <= upper) else 0.0
+    else:
+        for k in range(size):
+            out[k] = min(max(row[k], lower), upper)
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _extremes(values: np.ndarray, size: int) -> tuple[float, float]:
+    """(max, min) of ``values[:size]`` (size ≥ 1), the value numpy's reduceat finds scanning in order: of equal
+    values (+0.0 and −0.0 compare equal) the first. Four contiguous quarters are scanned side by side (four
+    independent chains, not one) and their results taken in order, the later one only where strictly larger
+    (smaller), which keeps the first of equal values as the scan in order does."""
+    quarter = size // 4
+    if quarter < 2:
+        largest, smallest = values[0], values[0]
+        for k in range(1, size):
+            largest = max(largest, values[k])
+            smallest = min(smallest, values[k])
+        return largest, smallest
+    a0, a1, a2, a3 = values[0], values[quarter], values[2 * quarter], values[3 * quarter]
+    b0, b1, b2, b3 = a0, a1, a2, a3
+    for k in range(1, quarter):
+        v0, v1, v2, v3 = values[k], values[quarter + k], values[2 * quarter + k], values[3 * quarter + k]
+        a0 = v0 if v0 > a0 else a0
+        a1 = v1 if v1 > a1 else a1
+        a2 = v2 if v2 > a2 else a2
+        a3 = v3 if v3 > a3 else a3
+        b0 = v0 if v0 < b0 else b0
+        b1 = v1 if v1 < b1 else b1
+        b2 = v2 if v2 < b2 else b2
+        b3 = v3 if v3 < b3 else b3
+    for k in range(4 * quarter, size):  # the tail, after the last quarter
+        v = values[k]
+        a3 = v if v > a3 else a3
+        b3 = v if v < b3 else b3
+    largest = a1 if a1 > a0 else a0
+    largest = a2 if a2 > largest else largest
+    largest = a3 if a3 > largest else largest
+    smallest = b1 if b1 < b0 else b0
+    smallest = b2 if b2 < smallest else smallest
+    smallest = b3 if b3 < smallest else smallest
+    return largest, smallest
+
+
+ABS_BITS = 0x7FFFFFFFFFFFFFFF  # the bits of |x| of a float64 x: all but the sign
+SLICE_SHIFT = 52 - 6  # a float64's bits >> SLICE_SHIFT: its exponent and the top 6 bits of its mantissa
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _count_signed_bins(
+    clamped: np.ndarray, size: int, edges: np.ndarray, table: np.ndarray, counts: np.ndarray
+) -> None:
+    """Counts into ``counts`` the sweep's histogram bin of each c in ``clamped[:size]`` (``metrics.sweep.signed_bins``:
+    |c|'s bin, plus BINS where c ≤ 0), found from ``edges`` (edges[k], k ≥ 1: the smallest |c| the torch formula puts
+    in bin k or above) instead of a log10: ``table`` holds the bin of the lower end of each slice of |c| that shares
+    a float64 exponent and the top 6 bits of the mantissa, from edges[1]'s slice on (a slice is narrower than a bin,
+    so at most one edge lies inside it)."""
+    bins = edges.shape[0]
+    first = (np.int64(edges[1:2].view(np.int64)[0]) >> SLICE_SHIFT) if bins > 1 else 0
+    last = table.shape[0] - 1
+    bits = clamped.view(np.int64)
+    for k in range(size):
+        magnitude = bits[k] & ABS_BITS
+        found = table[min(max((magnitude >> SLICE_SHIFT) - first, 0), last)]
+        a = abs(clamped[k])
+        while found + 1 < bins and a >= edges[found + 1]:
+            found += 1
+        counts[found + bins if clamped[k] <= 0.0 else found] += 1
+
+
+@njit(**_FLAGS)
 def preset_pass(
     trainer: np.ndarray,
     rollout: np.ndarray,
@@ -112,14 +265,19 @@ def preset_pass(
     raw: np.ndarray,
     model: np.ndarray,
     length: np.ndarray,
-    segment_group: np.ndarray,
-    groups: int,
     codes: np.ndarray,
     bounds: np.ndarray,
+    extremes: np.ndarray,
+    edges: np.ndarray,
+    table: np.ndarray,
 ):
     """Every derived quantity q (``codes[q]`` = (kind, op), ``bounds[q]`` = (L, U)) of every segment's tokens, each
-    token read once: per segment the sum (numpy reduceat's order), the maximum and the minimum (float64 [Q, S] each).
-    ``weight``: torch's exp(c) at each model token (index ``model[s] + k``), or empty when no quantity reads w or k3."""
+    token read once: per segment the sum (numpy reduceat's order), the maximum and the minimum (float64 [Q, S] each;
+    a value quantity's max and min only where ``extremes[q]``, else left unset), and, with ``edges`` (empty: none),
+    the sweep's signed histogram of c over the chunk's model tokens (int64 [2·BINS]). ``weight``: torch's exp(c) at
+    each model token (index ``model[s] + k``), or empty when no quantity reads w or k3. Per segment the base
+    quantities are laid out once, then each quantity's op runs over them in its own loop (the op is chosen once per
+    segment, not per token)."""
     quantities = codes.shape[0]
     segments = raw.shape[0]
     sums = np.empty((quantities, segments))
@@ -128,38 +286,36 @@ def preset_pass(
     longest = 1
     for s in range(segments):
         longest = max(longest, length[s])
-    scratch = np.empty((quantities, longest))
-    counts = np.zeros(quantities, np.int64)
-    base = np.empty(6)
-    has_weight = weight.shape[0] > 0
+    bases = np.empty((6, longest))
+    values = np.empty(longest)
+    stack, left = np.empty((3, 64), np.int64), np.empty(64)
+    needed = _needed(codes)
+    histogram = edges.shape[0] > 0
+    counts = np.zeros(2 * edges.shape[0], np.int64)
     for s in range(segments):
         size = length[s]
-        counts[:] = 0
-        for k in range(size):
-            t = raw[s] + k
-            _bases(trainer[t] - rollout[t], weight[model[s] + k] if has_weight else 1.0, base)
-            for q in range(quantities):
-                op = codes[q, 1]
-                value = _derived(op, bounds[q, 0], bounds[q, 1], base[codes[q, 0]])
-                if op >= 3:  # a flag: its count is its sum in any order
-                    counts[q] += value > 0.0
-                else:
-                    scratch[q, k] = value
+        _fill_bases(trainer, rollout, weight, raw[s], model[s], size, needed, bases)
+        if histogram:
+            _count_signed_bins(bases[1], size, edges, table, counts)
         for q in range(quantities):
-            if codes[q, 1] >= 3:
-                sums[q, s] = counts[q]
-                maxima[q, s] = 1.0 if counts[q] > 0 else 0.0
-                minima[q, s] = 1.0 if counts[q] == size else 0.0
+            op, lower, upper = codes[q, 1], bounds[q, 0], bounds[q, 1]
+            row = bases[codes[q, 0]]
+            if op >= 3:  # a flag: its count is its sum in any order
+                count = _flag_count(op, lower, upper, row, size)
+                sums[q, s] = count
+                maxima[q, s] = 1.0 if count > 0 else 0.0
+                minima[q, s] = 1.0 if count == size else 0.0
                 continue
-            row = scratch[q]
-            rest = _pairwise(row, 1, size - 1) if size > 1 else -0.0
-            sums[q, s] = row[0] + rest
-            largest, smallest = row[0], row[0]
-            for k in range(1, size):
-                largest = max(largest, row[k])
-                smallest = min(smallest, row[k])
-            maxima[q, s], minima[q, s] = largest, smallest
-    return sums, maxima, minima
+            if op == 2 and lower == -np.inf and upper == np.inf:  # min(max(v, −inf), inf) = v: the base itself
+                source = row
+            else:
+                _fill_values(op, lower, upper, row, size, values)
+                source = values
+            rest = _pairwise_on(source, 1, size - 1, stack, left) if size > 1 else -0.0
+            sums[q, s] = source[0] + rest
+            if extremes[q]:
+                maxima[q, s], minima[q, s] = _extremes(source, size)
+    return sums, maxima, minima, counts
 
 
 @njit(**_FLAGS)
@@ -176,17 +332,45 @@ def centred_pass(
     means: np.ndarray,
 ):
     """Σ (x − mean)² per step group of each derived quantity (float64 [G, Q]), the group's ``means`` [G, Q] taken
-    first (the torch engine's two passes: a constant quantity gives exactly 0)."""
+    first (the torch engine's two passes: a constant quantity gives exactly 0). Each group's sum adds its tokens
+    one by one in token order, whatever the segments."""
     quantities = codes.shape[0]
     out = np.zeros(means.shape)
-    base = np.empty(6)
-    has_weight = weight.shape[0] > 0
+    longest = 1
     for s in range(raw.shape[0]):
-        g = segment_group[s]
-        for k in range(length[s]):
-            t = raw[s] + k
-            _bases(trainer[t] - rollout[t], weight[model[s] + k] if has_weight else 1.0, base)
-            for q in range(quantities):
-                centred = _derived(codes[q, 1], bounds[q, 0], bounds[q, 1], base[codes[q, 0]]) - means[g, q]
-                out[g, q] += centred * centred
+        longest = max(longest, length[s])
+    bases = np.empty((6, longest))
+    values = np.empty((max(quantities, 1), longest))
+    needed = _needed(codes)
+    for s in range(raw.shape[0]):
+        g, size = segment_group[s], length[s]
+        _fill_bases(trainer, rollout, weight, raw[s], model[s], size, needed, bases)
+        for q in range(quantities):
+            op, lower, upper = codes[q, 1], bounds[q, 0], bounds[q, 1]
+            row = bases[codes[q, 0]]
+            if op >= 3:
+                for k in range(size):
+                    values[q, k] = _derived(op, lower, upper, row[k])
+            else:
+                _fill_values(op, lower, upper, row, size, values[q])
+        # four quantities' sums side by side (independent chains), each still adding its tokens in order
+        for first in range(0, quantities, 4):
+            count = min(4, quantities - first)
+            q0, q1, q2, q3 = first, first + min(1, count - 1), first + min(2, count - 1), first + min(3, count - 1)
+            m0, m1, m2, m3 = means[g, q0], means[g, q1], means[g, q2], means[g, q3]
+            t0, t1, t2, t3 = out[g, q0], out[g, q1], out[g, q2], out[g, q3]
+            for k in range(size):
+                c0 = values[q0, k] - m0
+                c1 = values[q1, k] - m1
+                c2 = values[q2, k] - m2
+                c3 = values[q3, k] - m3
+                t0 += c0 * c0
+                t1 += c1 * c1
+                t2 += c2 * c2
+                t3 += c3 * c3
+            # a quantity repeated to fill the four lanes is written once, from its first lane
+            out[g, q3] = t3
+            out[g, q2] = t2
+            out[g, q1] = t1
+            out[g, q0] = t0
     return out

@@ -15,6 +15,7 @@ ratio of two sums, and ESS / std are functions of (N, Σc, Σc²) — see :func:
 from __future__ import annotations
 
 import math
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from rollout_diag.metrics.base import (
     row_mean,
 )
 from rollout_diag.metrics.segments import TOKEN_QUANTITIES, ChunkStats, KernelStats, PerToken, stats
+from rollout_diag.metrics.sweep import SIGNED_HISTOGRAM, exact_bin_edges
 from rollout_diag.presets import ImportanceSampling, RejectionOption
 
 PREFIX = catalogue.OFFPOLICY_PREFIX
@@ -96,40 +98,48 @@ def derived(base: str, op: str, lower: float = -math.inf, upper: float = math.in
     return quantity.name
 
 
-def prepare_derived(s: ChunkStats, names: Iterable[str], moments: Iterable[str] = ()) -> None:
+def prepare_derived(s: ChunkStats, names: Iterable[str], moments: Iterable[str] = (), histogram: bool = False) -> None:
     """On the numba engine: segment sums, maxima and minima of the derived quantities ``names`` (and the step groups'
     moments of ``moments``) from one compiled pass, cached in ``s`` where its reductions by name read them (quantities
-    already there are skipped). On the torch engine nothing: each is computed where it is read."""
+    already there are skipped); with ``histogram``, the sweep's signed histogram of c from the same pass
+    (``sweep.SIGNED_HISTOGRAM``). On the torch engine nothing: each is computed where it is read. Reads the chunk's
+    raw arrays and segments only (no model-token tensor but w), so the reader's prepare pool can run it."""
     if not isinstance(s, KernelStats):
         return
-    moment_names = set(moments)
-    wanted = [name for name in dict.fromkeys([*names, *moment_names]) if name not in s._sums]
-    if not wanted:
+    named, moment_names = set(names), set(moments)
+    wanted = [name for name in dict.fromkeys([*names, *moments]) if name not in s._sums]
+    histogram = histogram and SIGNED_HISTOGRAM not in s._memo
+    if not wanted and not histogram:
         return
     kernels = compiled_presets()
     quantities = [DERIVED[name] for name in wanted]
-    codes = np.array([[kernels.KINDS[q.base], kernels.OPS[q.op]] for q in quantities], dtype=np.int64)
-    bounds = np.array([[q.lower, q.upper] for q in quantities], dtype=np.float64)
+    codes = np.array([[kernels.KINDS[q.base], kernels.OPS[q.op]] for q in quantities], dtype=np.int64).reshape(-1, 2)
+    bounds = np.array([[q.lower, q.upper] for q in quantities], dtype=np.float64).reshape(-1, 2)
     needs_weight = any(q.base in ("token_is_weight", "rs_k3") for q in quantities)
-    weight = s.token("token_is_weight").numpy() if needs_weight else np.zeros(0)
+    weight = token_weights(s).numpy() if needs_weight else np.zeros(0)
     trainer, rollout = s._raw
     raw, model, length, *_ = s._layout
-    weight = np.ascontiguousarray(weight)
-    segment_group = s.segment_group.numpy()
-    sums, maxima, minima = kernels.preset_pass(
-        trainer, rollout, weight, raw, model, length, segment_group, s.chunk.groups.count, codes, bounds
+    edges, table = exact_bin_edges() if histogram else (np.zeros(0), np.zeros(0, np.int64))
+    # a quantity asked for its moments only needs no extremes (one read anyway is reduced as the torch engine does)
+    extremes = np.array([name in named for name in wanted], dtype=np.bool_)
+    sums, maxima, minima, counts = kernels.preset_pass(
+        trainer, rollout, weight, raw, model, length, codes, bounds, extremes, edges, table
     )
+    if histogram:
+        s.memo(SIGNED_HISTOGRAM, lambda: counts)
     for index, name in enumerate(wanted):
         # KernelStats reads segment reductions by name from these caches (as it does for its own kernel's sums)
         s._sums[name] = torch.from_numpy(sums[index])
-        s._maxima[name] = torch.from_numpy(maxima[index])
-        s._minima[name] = torch.from_numpy(minima[index])
+        if extremes[index]:
+            s._maxima[name] = torch.from_numpy(maxima[index])
+            s._minima[name] = torch.from_numpy(minima[index])
     centred = [index for index, name in enumerate(wanted) if name in moment_names]
     if not centred:
         return
     # the torch engine's moments (ChunkStats.group_moments): group means from the sums by name, then centred squares
     n = s.group_tokens
     means = torch.stack([s.group_sum(wanted[index]) / n.clamp(min=1.0) for index in centred], dim=1)
+    segment_group = s.segment_group.numpy()
     m2 = kernels.centred_pass(
         trainer, rollout, weight, raw, model, length, segment_group, codes[centred], bounds[centred], means.numpy()
     )
@@ -139,6 +149,20 @@ def prepare_derived(s: ChunkStats, names: Iterable[str], moments: Iterable[str] 
         s.memo(("derived_moments", wanted[index]), lambda moments=moments: moments)
 
 
+def token_weights(s: KernelStats) -> torch.Tensor:
+    """w = exp(c) at every model token, torch's exp as the torch engine takes it (``token_is_weight``, cached there),
+    of the c the compiled pass writes from the raw arrays: no model-token tensors of δ or c are built. torch's exp is
+    elementwise (a value's weight does not depend on where it sits in the array: tests/test_kernel_presets.py), so
+    these are the torch engine's weights bit for bit."""
+    found = s._tokens.get("token_is_weight")
+    if found is None:
+        trainer, rollout = s._raw
+        raw, model, length, *_ = s._layout
+        clamped = torch.from_numpy(compiled_presets().clamped_tokens(trainer, rollout, raw, model, length))
+        found = s._tokens["token_is_weight"] = torch.exp(clamped, out=clamped)
+    return found
+
+
 def derived_moments(s: ChunkStats, name: str) -> torch.Tensor:
     """[n, mean, 0, M2, 0, 0] per step group of a derived quantity: the compiled pass's (``prepare_derived`` with it
     among ``moments``), else the torch engine's."""
@@ -146,6 +170,23 @@ def derived_moments(s: ChunkStats, name: str) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- per-chunk values of a config
+class NamedQuantity(PerToken):
+    """``PerToken.quantity(s, name)`` whose token tensor is built only if its ``values`` are read: reductions by name
+    (segment, row and group sums, extremes, moments) come from the engine's caches, which on the numba engine the
+    compiled preset pass fills, so a truncated weight or a §3 statistic reduced by name costs no token tensor. It
+    refers to ``s`` weakly: ``s`` memoises it, and a reference cycle would keep each chunk's tensors alive until the
+    cyclic garbage collector ran (memory grew with the file)."""
+
+    def __init__(self, s: ChunkStats, name: str) -> None:
+        object.__setattr__(self, "by_row", False)
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "_stats", weakref.ref(s))
+
+    @property
+    def values(self) -> torch.Tensor:  # type: ignore[override]
+        return self._stats().token(self.name)
+
+
 def sequence_log_ratio(s: ChunkStats) -> torch.Tensor:
     """s_i = S_i[δ] (unclamped, every row; 0 for an empty row): the row sum §1 takes too, computed once."""
     return s.row_sum("log_ratio")
@@ -181,7 +222,7 @@ def rs_statistic(s: ChunkStats, option: RejectionOption) -> PerToken:
     value (sequence options)."""
     if option.is_sequence:
         return PerToken(rs_row_value(s, option), by_row=True)
-    return PerToken.quantity(s, f"rs_{option.statistic}")
+    return NamedQuantity(s, f"rs_{option.statistic}")
 
 
 def rs_rejected_name(option: RejectionOption) -> str:
@@ -246,7 +287,7 @@ def importance_weights(s: ChunkStats, config: ImportanceSampling) -> tuple[PerTo
     def compute() -> tuple[PerToken, PerToken]:
         raw = raw_importance_weights(s, config.level)
         if config.level == "token":  # named derived quantities: reduced by name, on the numba engine without tensors
-            return raw, PerToken.quantity(s, token_weight_name(config))
+            return raw, NamedQuantity(s, token_weight_name(config))
         if config.icepop:
             inside = icepop_inside(s, config).values
             return raw, raw.map(lambda w: torch.where(inside, w, 0.0))

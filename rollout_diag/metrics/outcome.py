@@ -15,7 +15,7 @@ import numpy as np
 
 from rollout_diag import catalogue
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import KeyGroup
+from rollout_diag.metrics.base import KeyGroup, State, StateTable, StepAccumulator
 from rollout_diag.metrics.correction import (
     CorrectionAccumulator,
     DropCountAccumulator,
@@ -121,6 +121,56 @@ class OutcomeAccumulator(DropCountAccumulator):
 
 
 # --------------------------------------------------------------------------- all presets
+class PresetColumns(StepAccumulator):
+    """Every correction accumulator's per-chunk partial state in one table (columns ``"<part>/<name>"``), so a chunk
+    costs one table build and one merge instead of one per accumulator. Each column is reduced and merged by its own
+    accumulator's reduction, on the same steps, in the same order: ``hand_over`` gives every accumulator the same
+    table, digit for digit, as feeding it each chunk itself would."""
+
+    def __init__(self, parts: Sequence[CorrectionAccumulator]) -> None:
+        self.parts = list(parts)
+        self.REDUCTIONS = {
+            f"{index}/{name}": reduction
+            for index, part in enumerate(self.parts)
+            for name, reduction in part.REDUCTIONS.items()
+        }
+        super().__init__()
+
+    def _stats(self, chunk: Chunk) -> dict[str, Any]:
+        s = stats(chunk)
+        return {
+            f"{index}/{name}": value
+            for index, part in enumerate(self.parts)
+            for name, value in part._shared_stats(s).items()
+        }
+
+    def _finalize(self, state: State) -> dict[str, float]:
+        return {}  # no metrics of its own: each accumulator finalizes its columns after ``hand_over``
+
+    def hand_over(self) -> None:
+        """Give each accumulator the columns fed so far, and start empty again. Each accumulator takes them as the
+        chunks' tables would have reached it: the table's sealed parts (steps no later chunk reached, in order) and
+        its open part, appended in turn (``_append``: sealed parts are disjoint, so nothing is added, nothing
+        copied; each accumulator joins its parts when read, one at a time, as it did when fed chunk by chunk)."""
+        tables = [*self.__dict__.get("_sealed", []), self.__dict__["_store"]]
+        self.store = StateTable.empty(self.REDUCTIONS)
+        for index, part in enumerate(self.parts):
+            prefix = f"{index}/"
+
+            def own(columns: dict[str, Any], prefix: str = prefix) -> dict[str, Any]:
+                return {name[len(prefix) :]: value for name, value in columns.items() if name.startswith(prefix)}
+
+            for table in tables:
+                if table.shapes:
+                    shapes, dense, sparse, ragged = (
+                        own(table.shapes),
+                        own(table.dense),
+                        own(table.sparse),
+                        own(table.ragged),
+                    )
+                    part._append(StateTable(part.REDUCTIONS, shapes, table.steps, dense, sparse, ragged))
+
+
 class CorrectionAnalysis:
     """The correction accumulators of a list of presets, deduplicated, fed in one pass.
 
@@ -130,7 +180,7 @@ class CorrectionAnalysis:
 
     def __init__(self, presets: Sequence[Preset]) -> None:
         self.presets = list(presets)
-        self.accumulators: dict[Hashable, CorrectionAccumulator] = {}
+        self._accumulators: dict[Hashable, CorrectionAccumulator] = {}
         self._finalized: dict[Hashable, tuple[np.ndarray, list[KeyGroup]]] = {}  # step_columns, per accumulator
         self.parts: dict[str, list[Hashable]] = {}
         for preset in self.presets:
@@ -146,23 +196,45 @@ class CorrectionAnalysis:
             rule = DropRule.of(preset)
             parts.append(self._add(("outcome", rule), OutcomeAccumulator, rule))
             self.parts[preset.name] = parts
+        self.token_quantities()  # registers every derived quantity in this process and thread
+        self._table = PresetColumns(list(self._accumulators.values()))
 
     def _add(self, key: Hashable, kind: Callable[[Any], CorrectionAccumulator], config: Any) -> Hashable:
-        if key not in self.accumulators:
-            self.accumulators[key] = kind(config)
+        if key not in self._accumulators:
+            self._accumulators[key] = kind(config)
         return key
 
-    def update(self, chunk: Chunk) -> None:
-        # every accumulator's derived token quantities in one compiled pass (numba engine; a no-op on torch's)
+    @property
+    def accumulators(self) -> dict[Hashable, CorrectionAccumulator]:
+        """One accumulator per distinct part, each holding every chunk ``update`` has fed (``PresetColumns`` hands
+        them their columns when they are read; once read, after every chunk, so that each accumulator merges chunk
+        by chunk, in the order it would have been fed them)."""
+        self._table.hand_over()
+        self._read = True
+        return self._accumulators
+
+    def prepare(self, chunk: Chunk, histogram: bool = False) -> None:
+        """Every accumulator's derived token quantities in one compiled pass (numba engine; a no-op on torch's), and
+        with ``histogram`` the run sweep's histogram of c: what the reader's prepare pool runs (``Pass.prepare``),
+        off the thread that calls ``update``."""
+        prepare_derived(stats(chunk), *self.token_quantities(), histogram=histogram)
+
+    def token_quantities(self) -> tuple[list[str], list[str]]:
+        """(derived token quantities, those with moments) of every accumulator (``__init__`` registers them, so the
+        prepare pool's thread only looks them up)."""
         names: list[str] = []
         moments: list[str] = []
-        for accumulator in self.accumulators.values():
+        for accumulator in self._accumulators.values():
             own_names, own_moments = accumulator.token_quantities()
             names += own_names
             moments += own_moments
-        prepare_derived(stats(chunk), names, moments)
-        for accumulator in self.accumulators.values():
-            accumulator.update(chunk)
+        return names, moments
+
+    def update(self, chunk: Chunk) -> None:
+        self.prepare(chunk)  # a no-op where the prepare pool did it
+        self._table.update(chunk)
+        if self.__dict__.get("_read"):
+            self._table.hand_over()
 
     def merge(self, other: CorrectionAnalysis) -> None:
         for key, accumulator in self.accumulators.items():

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import EPS, Ragged, State, StateTable, StepAccumulator, sequence_share
+from rollout_diag.metrics.base import CLAMP, EPS, Ragged, State, StateTable, StepAccumulator, sequence_share
 from rollout_diag.metrics.segments import ChunkStats, stats
 
 BINS_PER_DECADE = 32
@@ -34,6 +34,9 @@ EDGES = 10.0 ** (DECADE_MIN + np.arange(HISTOGRAM_BINS + 1) / BINS_PER_DECADE)
 EDGES[0] = 0.0  # the first bin also holds |c| < 1e-12, zero included
 DEFAULT_TARGETS = (0.001, 0.01, 0.05)
 CURVE_POINTS = 41
+# ChunkStats.memo key of a chunk's signed histogram of c (int64 [2·HISTOGRAM_BINS]) when the compiled preset pass
+# counted it (metrics.correction.prepare_derived)
+SIGNED_HISTOGRAM = "sweep_signed_histogram"
 ROW_FIELDS = ("sum_c", "sum_k2", "sum_k3", "max_k2", "max_k3", "count", "seq_log_ratio")
 
 
@@ -109,7 +112,11 @@ class RunSweepAccumulator(SweepAccumulator):
 
     def update(self, chunk: Chunk) -> None:
         s = stats(chunk)
-        signed = torch.bincount(signed_bins(s), minlength=2 * HISTOGRAM_BINS).to(torch.float64).view(1, -1)
+        # counted by the compiled preset pass where the pass prepared it, else here: the same counts
+        counts = s.memo(
+            SIGNED_HISTOGRAM, lambda: torch.bincount(signed_bins(s), minlength=2 * HISTOGRAM_BINS).cpu().numpy()
+        )
+        signed = torch.from_numpy(counts).to(torch.float64).view(1, -1)  # on the CPU: the state is numpy
         rows = row_fields(s)
         valid = s.row_count > 0
         partial = {
@@ -127,6 +134,40 @@ def signed_bins(s: ChunkStats) -> torch.Tensor:
     level = torch.log10(clamped.abs().clamp(min=10.0**DECADE_MIN)) - DECADE_MIN
     bins = (level * BINS_PER_DECADE).to(torch.int64).clamp(0, HISTOGRAM_BINS - 1)
     return bins.add_((clamped <= 0).to(torch.int64), alpha=HISTOGRAM_BINS)
+
+
+SLICE_SHIFT = 52 - 6  # = kernels.presets.SLICE_SHIFT: a slice of |c| shares a float64 exponent and 6 mantissa bits
+
+
+def _torch_bins(magnitude: torch.Tensor) -> torch.Tensor:
+    """The |c| part of ``signed_bins``: the same torch operations on |c| values."""
+    level = torch.log10(magnitude.clamp(min=10.0**DECADE_MIN)) - DECADE_MIN
+    return (level * BINS_PER_DECADE).to(torch.int64).clamp(0, HISTOGRAM_BINS - 1)
+
+
+@functools.cache
+def exact_bin_edges() -> tuple[np.ndarray, np.ndarray]:
+    """Where ``signed_bins``' torch formula changes bin, so the compiled preset pass bins c exactly as torch does
+    without a log10 of its own (libm's and torch's log10 can differ in the last bit): ``edges`` float64
+    [HISTOGRAM_BINS], edges[k] (k ≥ 1) the smallest float64 |c| the formula puts in bin k or above (found by
+    bisection on the bit patterns of positive floats, which order as the floats do; edges[0] = 0), and ``table``
+    int64, the bin of the lower end of each slice of |c| (the floats that share an exponent and the top 6 bits of
+    the mantissa: a ratio of at most 1 + 1/64, narrower than a bin) from edges[1]'s slice up to |c| = CLAMP's.
+    Computed once per process with this machine's torch, so the edges are the ones its log10 gives; they assume
+    only that the formula never gives a smaller bin to a larger |c| (tests/test_sweep.py checks every edge's
+    neighbourhood and random values)."""
+    k = torch.arange(1, HISTOGRAM_BINS, dtype=torch.int64)
+    low = torch.zeros_like(k)  # bits of +0.0: bin 0 < k
+    high = torch.full_like(k, int(np.float64(np.finfo(np.float64).max).view(np.int64)))  # the last bin ≥ k
+    while bool(((high - low) > 1).any()):
+        middle = low + (high - low) // 2
+        reached = _torch_bins(middle.view(torch.float64)) >= k
+        high = torch.where(reached, middle, high)
+        low = torch.where(reached, low, middle)
+    edges = np.concatenate([[0.0], high.view(torch.float64).numpy()])
+    first, last = (int(np.float64(x).view(np.int64)) >> SLICE_SHIFT for x in (edges[1], CLAMP))
+    lower_ends = (np.arange(first, last + 1, dtype=np.int64) << SLICE_SHIFT).view(np.float64)
+    return edges, np.searchsorted(edges[1:], lower_ends, side="right").astype(np.int64)
 
 
 def row_fields(s: ChunkStats) -> torch.Tensor:
