@@ -15,7 +15,7 @@ import struct
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from numba import njit
 
@@ -176,6 +176,14 @@ def _line(draw) -> str:
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_line(), min_size=1, max_size=6))
+# found by hypothesis on 339727f: a list of nulls after rows with more items ended the scan with a numba ValueError
+@example(
+    lines=[
+        ' {"i": 0, "ff": [null, null], "s": "", "x": null}',
+        ' {"i": 0, "ff": [null, null], "s": "", "x": null}',
+        '{"i": 0, "ff": [null], "s": "","x": null}',
+    ]
+)
 def test_accepted_lines_read_as_python_reads_them(lines):
     scanned = _scan_lines(lines)
     rows = scanned.table.to_pylist()
