@@ -156,8 +156,9 @@ def test_a_long_failure_table_is_what_rich_writes(width: int, colour: bool) -> N
 
 
 # ----------------------------------------------------------------------------------------- sweep JSON
-def test_the_sweep_json_written_from_the_columns_is_the_document(many: str) -> None:
-    result = threshold_sweep(many, device="cpu")
+def test_the_sweep_json_written_from_the_columns_is_the_document(tmp_path) -> None:
+    path = write_sequence_dump(tmp_path / "steps.parquet", tiny_rows(500), row_group_size=128)
+    result = threshold_sweep(str(path), device="cpu")
     assert "".join(json_pieces(result.json_document())) == to_json_text(result.to_json())
     listed = SweepResult(result.inputs, result.columns, result.targets, result.run, list(result.steps))
     assert "".join(json_pieces(listed.json_document())) == to_json_text(listed.to_json())
