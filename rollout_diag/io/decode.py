@@ -4,6 +4,7 @@ Memory: one record batch per file at a time (a row group is decoded at once by P
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -576,7 +577,7 @@ def split_steps(block: Block, max_steps: int = MAX_BLOCK_STEPS) -> list[Block]:
     owner = np.searchsorted(starts, [-1 if skip.row is None else skip.row for skip in block.skipped], side="right")
     owner = owner.tolist()
     pieces = []
-    for piece, (begin, end) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):
+    for piece, (begin, end) in enumerate(itertools.pairwise(cuts)):
         rows = np.arange(begin, end)
         first, last = int(offsets[begin]), int(offsets[end])
         pieces.append(
