@@ -14,7 +14,9 @@ run() {
 run analyze analyze "$file"
 run "analyze --all-steps" analyze "$file" --all-steps
 run sweep sweep "$file"
+run "sweep -f json" sweep "$file" -f json
 run report report "$file" -o "${TMPDIR:-/tmp}/many-steps-report.html"
 run compare-presets compare-presets "$file"
 run "check --per-step" check "$file" --gates default --per-step
+run "check --per-step -f json" check "$file" --gates default --per-step -f json
 run diff diff "$file" --steps-a "0:$((half - 1))" --steps-b "$half:"

@@ -891,6 +891,18 @@ class SweepResult:
             steps=_steps_json(self.steps),
         )
 
+    def json_document(self) -> dict[str, Any]:
+        """``to_json`` with ``steps`` as a sequence read step by step (the sweep's own per-step tables where the steps
+        come from them): what ``render.export.json_pieces`` writes without holding every step's dict."""
+        steps = self.steps
+        lazy = steps.items if isinstance(steps, Converted) and steps.convert == SweepStep.from_json else None
+        return _document(
+            self,
+            targets=list(self.targets),
+            run=[option.to_json() for option in self.run],
+            steps=lazy if lazy is not None else _steps_json(steps),
+        )
+
 
 def _steps_json(steps: Sequence[SweepStep]) -> list[dict[str, Any]]:
     """Each step's JSON: the sweep's own per-step tables where the steps are read from them (``to_json`` of the step

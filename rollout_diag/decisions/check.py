@@ -18,10 +18,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rollout_diag import catalogue
 from rollout_diag.decisions.rowmetrics import KEY_METRICS, by_step
 from rollout_diag.errors import ConfigError, option_name
-from rollout_diag.results import SCHEMA_VERSION, AnalysisResult, GroupResult, RowStats, StepResult, json_number
+from rollout_diag.results import (
+    SCHEMA_VERSION,
+    AnalysisResult,
+    GroupResult,
+    MetricColumns,
+    RowStats,
+    StepResult,
+    StepTable,
+    json_number,
+)
 
 MAX, MIN = "max", "min"
 PASS, FAIL, SKIP = "pass", "fail", "skipped"
@@ -266,19 +277,104 @@ def metric_values(result: AnalysisResult, rows: RowStats | None = None) -> dict[
     """Every gateable value, per step and for the run (key None): the step's metrics, its dialect metrics (as
     ``name`` unless a metric already has it, and as ``framework:name``), then the key metrics from row sums."""
     steps: list[StepResult] = [result.run, *result.steps]
-    table: dict[int | None, dict[str, float]] = {}
-    for step in steps:
-        values = dict(step.metrics.items())  # one read of a step's metrics (a StepTable's steps read columns)
-        dialects = getattr(step, "dialects", None) or {}
-        for framework, named in dialects.items():
-            for name, value in named.items():
-                if value is None:
-                    value = math.nan
-                values.setdefault(name, value)
-                values[f"{framework}:{name}"] = value
-        table[step.step] = values
+    table: dict[int | None, dict[str, float]] = {step.step: _values_of(step) for step in steps}
     _add_row_metrics(table, rows)
     return table
+
+
+def _values_of(step: StepResult) -> dict[str, float]:
+    """One step's (or the run's) gateable values: its metrics, then its dialect metrics."""
+    values = dict(step.metrics.items())  # one read of a step's metrics (a StepTable's steps read columns)
+    dialects = getattr(step, "dialects", None) or {}
+    for framework, named in dialects.items():
+        for name, value in named.items():
+            if value is None:
+                value = math.nan
+            values.setdefault(name, value)
+            values[f"{framework}:{name}"] = value
+    return values
+
+
+class _ColumnValues:
+    """``metric_values`` of a result whose steps are a StepTable, read one metric at a time from the columns (a dict
+    of every value per step cost 200 000 dicts): ``self[None]`` is the run's dict, ``per_step(name)`` each step's
+    value of ``name`` (None where the step has none), as ``metric_values(...)[step].get(name)`` gives it."""
+
+    def __init__(self, result: AnalysisResult, rows: RowStats | None) -> None:
+        self.steps: StepTable = result.steps  # type: ignore[assignment]
+        self.rows = rows if rows is not None and rows.rows else None
+        self.run = _values_of(result.run)
+        if self.rows is not None:
+            for metric in KEY_METRICS:
+                if metric.name not in self.run:
+                    self.run[metric.name] = metric.value(self.rows)
+
+    def __getitem__(self, step: None) -> dict[str, float]:
+        return self.run
+
+    def known(self) -> list[str]:
+        """Every name the run or a step reports (metric_values' keys over all steps)."""
+        names = set(self.run)
+        names.update(_reported(self.steps.metrics))
+        for framework, columns in self.steps.dialects.items():
+            reported = _reported(columns)
+            names.update(reported)
+            names.update(f"{framework}:{name}" for name in reported)
+        if self.rows is not None:
+            names.update(metric.name for metric in KEY_METRICS)
+        return sorted(names)
+
+    def per_step(self, name: str) -> list[Any]:
+        """Each step's value of ``name``, in the order metric_values folds them: the step's metrics, then the first
+        framework reporting ``name`` (setdefault), overridden by a ``framework:name`` copy (None values as NaN),
+        then a key metric from row sums where still missing and not NaN."""
+        count = len(self.steps)
+        values: list[Any] = [None] * count
+        found = np.zeros(count, dtype=bool)
+        _fill(values, found, self.steps.metrics, name, nan_for_none=False, override=True)
+        for columns in self.steps.dialects.values():
+            _fill(values, found, columns, name, nan_for_none=True, override=False)
+        for framework, columns in self.steps.dialects.items():
+            if name.startswith(f"{framework}:"):
+                _fill(values, found, columns, name[len(framework) + 1 :], nan_for_none=True, override=True)
+        if self.rows is not None and not found.all():
+            for metric in KEY_METRICS:
+                if metric.name != name:
+                    continue
+                index = {step: i for i, step in enumerate(self.steps.step_ids.tolist())}
+                for step, value in by_step(metric, self.rows).items():
+                    at = index.get(step)
+                    if at is not None and not found[at] and not math.isnan(value):
+                        values[at], found[at] = value, True
+        return values
+
+
+def _reported(columns: MetricColumns) -> set[str]:
+    """The names some step reports."""
+    return {name for present, values in columns.groups if present.any() for name in values}
+
+
+def _fill(
+    values: list[Any], found: np.ndarray, columns: MetricColumns, name: str, *, nan_for_none: bool, override: bool
+) -> None:
+    """Write ``columns``' value of ``name`` into ``values`` where a step reports it (``override``: over what is there,
+    as an assignment; else only where nothing is yet, as setdefault). A later group's value replaces an earlier one's
+    at a step, as the fold of MetricColumns.row does."""
+    reported = np.zeros(found.shape[0], dtype=bool)
+    picked: list[Any] = [None] * found.shape[0]
+    for group in columns.where.get(name, ()):
+        present, named = columns.groups[group]
+        column = named[name]
+        index = np.flatnonzero(present)
+        chosen = column[index].tolist() if column.dtype == np.float64 else [column[i] for i in index.tolist()]
+        for at, value in zip(index.tolist(), chosen, strict=True):
+            picked[at] = value
+        reported |= present
+    writes = reported if override else reported & ~found
+    for at in np.flatnonzero(writes).tolist():
+        value = picked[at]
+        values[at] = math.nan if value is None and nan_for_none else value
+    found |= reported
 
 
 def group_values(group: GroupResult, rows: RowStats | None = None) -> dict[int | None, dict[str, float]]:
@@ -324,8 +420,12 @@ def check(
             hint=f"add {option_name('max')} NAME=VALUE, {option_name('min')} NAME=VALUE or "
             f"{option_name('gates')} FILE|default.",
         )
-    table = metric_values(result, rows)
-    known = sorted({name for values in table.values() for name in values})
+    if isinstance(result.steps, StepTable):  # many steps: each gate's values read from the columns
+        table: Any = _ColumnValues(result, rows)
+        known = table.known()
+    else:
+        table = metric_values(result, rows)
+        known = sorted({name for values in table.values() for name in values})
     gates = [_resolved(gate, known) for gate in gates]
     tables = [(name, group_values(group, group_rows), group.steps) for name, group, group_rows in groups]
     outcomes = []
@@ -333,9 +433,15 @@ def check(
         stepwise = gate.per_step if gate.per_step is not None else per_step
         for name, values, steps in [(None, table, result.steps), *tables]:
             outcomes.append(_judge(gate, None, values[None].get(gate.metric), name))
-            if stepwise:
-                for step in steps:
-                    outcomes.append(_judge(gate, step.step, values[step.step].get(gate.metric), name))
+            if not stepwise:
+                continue
+            if isinstance(values, _ColumnValues):
+                ids = values.steps.step_ids.tolist()
+                for step, value in zip(ids, values.per_step(gate.metric), strict=True):
+                    outcomes.append(_judge(gate, step, value, name))
+                continue
+            for step in steps:
+                outcomes.append(_judge(gate, step.step, values[step.step].get(gate.metric), name))
     resolved = [
         Gate(g.metric, g.bound, g.limit, g.per_step if g.per_step is not None else per_step, g.source) for g in gates
     ]

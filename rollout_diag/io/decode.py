@@ -4,6 +4,7 @@ Memory: one record batch per file at a time (a row group is decoded at once by P
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -554,3 +555,48 @@ def _as_ids(values: np.ndarray | None) -> np.ndarray | None:
     if values.dtype.kind == "f":
         values = np.where(np.isnan(values), -1, values)
     return values.astype(np.int64, copy=False)
+
+
+# ---------------------------------------------------------------------------------- steps per block
+# A chunk's per-step partial state is allocated for every step it holds (rounds and positions: ~6 KB a step), so a
+# block of 128K one-row steps cost ~1 GB in partials alone. Blocks are cut so that one holds at most this many
+# steps: only at a change of step, so each step's rows in a block stay together and are summed in the same order.
+MAX_BLOCK_STEPS = 4096
+
+
+def split_steps(block: Block, max_steps: int = MAX_BLOCK_STEPS) -> list[Block]:
+    """``block`` as consecutive blocks of at most ``max_steps`` runs of one step each (the block itself when it holds
+    no more). Each skip record found while decoding goes with the piece whose rows surround it."""
+    changes = np.flatnonzero(block.step[1:] != block.step[:-1]) + 1  # where a run of one step begins
+    if changes.shape[0] < max_steps:
+        return [block]
+    cuts = [0, *changes[max_steps - 1 :: max_steps].tolist(), len(block.lengths)]
+    offsets = np.zeros(len(block.lengths) + 1, dtype=np.int64)
+    np.cumsum(block.lengths, out=offsets[1:])
+    starts = block.file_row[cuts[1:-1]]
+    owner = np.searchsorted(starts, [-1 if skip.row is None else skip.row for skip in block.skipped], side="right")
+    owner = owner.tolist()
+    pieces = []
+    for piece, (begin, end) in enumerate(itertools.pairwise(cuts)):
+        rows = np.arange(begin, end)
+        first, last = int(offsets[begin]), int(offsets[end])
+        pieces.append(
+            Block(
+                file=block.file,
+                file_row=block.file_row[begin:end],
+                step=block.step[begin:end],
+                sample_id=block.sample_id[begin:end],
+                lengths=block.lengths[begin:end],
+                trainer=block.trainer[first:last],
+                rollout=block.rollout[first:last],
+                mask=None if block.mask is None else block.mask[first:last],
+                token_ids=None if block.token_ids is None else block.token_ids[first:last],
+                token_text=None if block.token_text is None else block.token_text.slice(first, last - first),
+                policy_version=None if block.policy_version is None else block.policy_version[begin:end],
+                names=block.names,
+                extra={name: _take(values, rows) for name, values in block.extra.items()},
+                token_rows=None if block.token_rows is None else block.token_rows[first:last],
+                skipped=[skip for skip, at in zip(block.skipped, owner, strict=True) if at == piece],
+            )
+        )
+    return pieces

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from rollout_diag.cores import available_cores
 from rollout_diag.errors import ColumnError, ConfigError, InputError, RolloutDiagError, option_name
-from rollout_diag.io.decode import Block, ExtraColumn, may_hold, read_sequences, read_tokens
+from rollout_diag.io.decode import Block, ExtraColumn, may_hold, read_sequences, read_tokens, split_steps
 from rollout_diag.io.formats import PARQUET, DumpInputs, input_options, resolve
 from rollout_diag.io.opening import (
     OpenFile,
@@ -346,8 +346,11 @@ class DumpReader:
             reader = read_sequences if opened.layout == "sequence" else read_tokens
             try:
                 for block, rows in reader(opened, self):
+                    pieces = split_steps(block)  # a chunk's per-step partials are allocated per step it holds
+                    for piece in pieces[:-1]:
+                        yield piece, consumed
                     consumed += rows
-                    yield block, consumed
+                    yield pieces[-1], consumed
             except (UnicodeDecodeError, pa.ArrowException, OSError) as exc:
                 # Decoding errors outside a row group's read (text columns, metadata) mean a corrupt file.
                 raise InputError(
