@@ -477,10 +477,14 @@ def open_dump(
     torch is loaded: files found, footers read, columns resolved, so a missing file or column fails at once."""
     from rollout_diag.drivers.dump import Dump
     from rollout_diag.io.sources import check_inputs_exist
+    from rollout_diag.memory import many_short_rows, return_large_blocks
 
     check_inputs_exist(inputs)  # a mistyped path fails before pyarrow loads (0.3–0.5 s)
     options = {"strict": strict, "chunk_tokens": chunk_tokens, "device": device, "workers": workers, "backend": backend}
-    return Dump(inputs, parse_columns(column), input_format=input_format, trust_pickle=trust_pickle, **options).opened()
+    dump = Dump(inputs, parse_columns(column), input_format=input_format, trust_pickle=trust_pickle, **options).opened()
+    if many_short_rows(dump.input_size()):
+        return_large_blocks()  # the per-step state dominates: freed arrays go back to the system (rollout_diag.memory)
+    return dump
 
 
 def parse_columns(column: list[str] | None) -> dict[str, str]:
@@ -517,8 +521,9 @@ def root(
             "--engine",
             envvar="ROLLOUT_DIAG_ENGINE",
             help="Per-token engine of every reading command: numba (compiled CPU kernels), torch (any device, what "
-            "runs on CUDA) or auto (numba on the CPU, torch on a GPU and for an input under 4M tokens, where numba's "
-            "start-up costs more than it saves). Before the command: rollout-diag --engine torch analyze ….",
+            "runs on CUDA) or auto (numba on the CPU, torch on a GPU and for an input under 4M tokens and 4096 "
+            "rows, where numba's start-up costs more than it saves). Before the command: rollout-diag --engine torch "
+            "analyze ….",
         ),
     ] = Engine.auto,
 ) -> None:
@@ -1437,9 +1442,6 @@ def main() -> None:
     # A narrow pipe (CI logs, `| less`) should not wrap tables into unreadable columns.
     if not sys.stdout.isatty() and "COLUMNS" not in os.environ:
         os.environ["COLUMNS"] = "160"
-    from rollout_diag.memory import return_large_blocks
-
-    return_large_blocks()  # freed arrays go back to the system (200 000 steps: 15 % less peak memory)
     app()
 
 

@@ -1,5 +1,5 @@
-"""How the process's C heap gives memory back: set once by the command-line entry point, never by the library (a
-notebook that imports rollout_diag keeps its own allocator settings)."""
+"""How the process's C heap gives memory back: set by the command line for an input of many short rows, never by the
+library (a notebook that imports rollout_diag keeps its own allocator settings)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,22 @@ import sys
 # raises that bound to the largest block freed so far (up to 32 MB), after which a chunk's and a finalize's arrays of
 # a few MB come from the heap and stay resident once freed: 200 000 one-row steps peaked 15 % higher (1.64 against
 # 1.42 GB for `analyze`, docs/benchmarks.md). A fixed bound also fixes the heap's trim threshold at its default.
+# Each fresh mmap costs page faults, though: on long rows (100M tokens; the JSON-lines importers' 16 MiB blocks) the
+# fixed bound cost +0.9 s of system time and +20 % wall, so it is set only where many short rows make the per-step
+# state the larger part of the memory (``many_short_rows``).
 MMAP_THRESHOLD = 128 * 1024
+MANY_ROWS = 1 << 16  # from this many rows …
+SHORT_ROW_TOKENS = 64  # … of fewer tokens than this on average
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
+
+
+def many_short_rows(size: tuple[int, int] | None) -> bool:
+    """Whether an input of ``size`` (tokens, rows; None: not known) has MANY_ROWS rows or more, of fewer than
+    SHORT_ROW_TOKENS tokens on average."""
+    if size is None:
+        return False
+    tokens, rows = size
+    return rows >= MANY_ROWS and tokens < SHORT_ROW_TOKENS * rows
 
 
 def return_large_blocks() -> bool:

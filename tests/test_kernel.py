@@ -260,12 +260,13 @@ def test_auto_runs_torch_on_a_small_input(monkeypatch):
     """``auto`` on the CPU: the torch engine for an input of fewer tokens than the bound (from the footers), the
     numba kernels from the bound up; an explicit engine holds whatever the size; no size known: the kernels."""
     from rollout_diag.drivers.dump import Dump
-    from rollout_diag.kernels import SMALL_INPUT_ENVIRONMENT, small_input_tokens
+    from rollout_diag.kernels import SMALL_INPUT_ENVIRONMENT, SMALL_INPUT_ROWS, small_input_tokens
     from rollout_diag.metrics import segments
 
     monkeypatch.delenv(ENVIRONMENT, raising=False)
     path = SAMPLES[-1]
-    tokens = Dump(path).open().input_tokens()
+    tokens, rows = Dump(path).open().input_size()
+    assert rows < SMALL_INPUT_ROWS
     seen: list[str] = []
     original = segments.stats
 
@@ -286,19 +287,22 @@ def test_auto_runs_torch_on_a_small_input(monkeypatch):
         rd.analyze(Dump(path, device="cpu", engine=engine))
         assert set(seen) == {expected}, (bound, engine)
     monkeypatch.setenv(SMALL_INPUT_ENVIRONMENT, "10")
-    assert not kernel_for("cpu", 9) and kernel_for("cpu", 10) and kernel_for("cpu", None)
-    assert not kernel_for("cuda", 10**9)
+    assert not kernel_for("cpu", (9, 1)) and kernel_for("cpu", (10, 1)) and kernel_for("cpu", None)
+    # many rows (each perhaps a step of its own: the torch engine's cost per step is higher) go to the kernels
+    assert not kernel_for("cpu", (9, SMALL_INPUT_ROWS - 1)) and kernel_for("cpu", (9, SMALL_INPUT_ROWS))
+    assert not kernel_for("cuda", (10**9, 10**9))
     monkeypatch.delenv(SMALL_INPUT_ENVIRONMENT)
     assert small_input_tokens() == 1 << 22
     monkeypatch.setenv(SMALL_INPUT_ENVIRONMENT, "-3")
     with pytest.raises(ConfigError, match="ROLLOUT_DIAG_SMALL_INPUT_TOKENS=-3"):
-        kernel_for("cpu", 5)
+        kernel_for("cpu", (5, 1))
 
 
 @pytest.mark.parametrize("layout", ["sequence", "token"])
-def test_input_tokens_are_the_tokens_read(tmp_path, layout):
-    """``DumpReader.input_tokens`` (from the footers, what ``auto`` is chosen by) is the number of tokens the chunks
-    hold, for the whole input and for a part of it; a worker's reader answers with its parent's figure."""
+def test_input_size_is_what_is_read(tmp_path, layout):
+    """``DumpReader.input_size`` (from the footers, what ``auto`` is chosen by) is the number of tokens the chunks
+    hold and of the file rows, for the whole input and for a part of it; a worker's reader answers with its parent's
+    figure."""
     from dumps import random_rows, write_sequence_dump, write_token_dump
 
     from rollout_diag.io.reader import DumpReader
@@ -309,16 +313,20 @@ def test_input_tokens_are_the_tokens_read(tmp_path, layout):
     else:  # parts split at files
         paths = [str(write_token_dump(tmp_path / f"{i}.parquet", rows[i * 10 : i * 10 + 10])) for i in range(2)]
 
-    def tokens_read(reader: DumpReader) -> int:
-        return sum(int(chunk.offsets[-1]) for chunk, _ in reader.chunks("cpu", prefetch=0))
+    def size_read(reader: DumpReader) -> tuple[int, int]:
+        chunks = [chunk for chunk, _ in reader.chunks("cpu", prefetch=0)]
+        tokens = sum(int(chunk.offsets[-1]) for chunk in chunks)
+        return tokens, tokens if layout == "token" else sum(chunk.rows for chunk in chunks)
 
     reader = DumpReader(paths)
-    whole = tokens_read(reader)
-    assert reader.input_tokens() == whole == sum(len(row["rollout"]) for row in rows)
+    whole = size_read(reader)
+    assert reader.input_size() == whole
+    assert whole[0] == sum(len(row["rollout"]) for row in rows)
     part = reader.plan(2)[-1]
     worker = DumpReader(paths, parts=part)
-    assert 0 < worker.input_tokens() == tokens_read(DumpReader(paths, parts=part)) < whole
-    assert DumpReader(paths, parts=part, input_tokens=whole).input_tokens() == whole
+    assert 0 < worker.input_size()[0] < whole[0]
+    assert worker.input_size() == size_read(DumpReader(paths, parts=part))
+    assert DumpReader(paths, parts=part, input_size=whole).input_size() == whole
 
 
 def test_a_worker_runs_the_engine_it_is_given(monkeypatch):
@@ -340,19 +348,19 @@ def test_a_worker_runs_the_engine_it_is_given(monkeypatch):
 
     monkeypatch.setattr(segments, "stats", spy)
     reader = DumpReader(str(SAMPLES[-1]))
-    tokens = reader.input_tokens()
+    tokens, rows = reader.input_size()
     job = (reader.worker_inputs(), {}, reader.plan(1)[0], False, reader.chunk_tokens, "cpu", PassSpec({}))
     monkeypatch.setenv(SMALL_INPUT_ENVIRONMENT, str(tokens))
-    for process, engine, input_tokens, expected in (
-        ("numba", "torch", tokens, "ChunkStats"),
-        ("torch", "numba", tokens, "KernelStats"),
-        ("torch", "auto", tokens, "KernelStats"),  # the whole input is not below the bound …
-        ("numba", "auto", tokens - 1, "ChunkStats"),  # … this one is
+    for process, engine, size, expected in (
+        ("numba", "torch", (tokens, rows), "ChunkStats"),
+        ("torch", "numba", (tokens, rows), "KernelStats"),
+        ("torch", "auto", (tokens, rows), "KernelStats"),  # the whole input is not below the bound …
+        ("numba", "auto", (tokens - 1, rows), "ChunkStats"),  # … this one is
     ):
         seen.clear()
         with use_engine(process):
-            run_part(*job, input_tokens=input_tokens, engine=engine)
-        assert set(seen) == {expected}, (process, engine, input_tokens)
+            run_part(*job, input_size=size, engine=engine)
+        assert set(seen) == {expected}, (process, engine, size)
 
 
 def test_a_small_input_does_not_load_numba():

@@ -170,3 +170,16 @@ def test_the_cli_sets_glibc_to_give_freed_blocks_back() -> None:
     from rollout_diag.memory import return_large_blocks
 
     assert return_large_blocks() is (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
+
+
+def test_only_many_short_rows_set_the_allocator() -> None:
+    """The fixed mmap bound is for inputs of many short rows (per-step state dominates); long rows keep glibc's
+    dynamic bound (the fixed one cost them page faults), as does an input whose size the footers do not give."""
+    from rollout_diag.memory import MANY_ROWS, SHORT_ROW_TOKENS, many_short_rows
+
+    assert many_short_rows((4 * 200_000, 200_000))  # /work/bench/200k.parquet: one-row steps of 4 tokens
+    assert not many_short_rows((100_000_000, 100_000))  # make_synthetic.py --tokens 1e8: rows of ~1000 tokens
+    assert not many_short_rows((SHORT_ROW_TOKENS * MANY_ROWS, MANY_ROWS))
+    assert many_short_rows((SHORT_ROW_TOKENS * MANY_ROWS - 1, MANY_ROWS))
+    assert not many_short_rows((MANY_ROWS - 1, MANY_ROWS - 1))
+    assert not many_short_rows(None)

@@ -56,21 +56,19 @@ def run_part(
     chunk_tokens: int,
     device: str,
     spec: PassSpec,
-    input_tokens: int | None = None,
+    input_size: tuple[int, int] | None = None,
     engine: str | None = None,
 ) -> tuple[Pass, ReadLog]:
     """One worker: read ``part`` of the inputs and return the accumulated state and the read log.
 
     ``inputs`` are the files the driver resolved (never expanded again: a file name may hold glob characters)
     and ``columns`` the user's overrides, from which each file resolves its own columns as in one process;
-    ``input_tokens`` the driver's ``DumpReader.input_tokens`` and ``engine`` its engine setting (a Ray worker started
+    ``input_size`` the driver's ``DumpReader.input_size`` and ``engine`` its engine setting (a Ray worker started
     before the setting does not inherit it): every worker runs the engine one process would."""
     from rollout_diag.kernels import use_engine
 
     torch.set_num_threads(1)  # the workers share the machine's cores
-    reader = DumpReader(
-        inputs, columns, strict=strict, chunk_tokens=chunk_tokens, parts=part, input_tokens=input_tokens
-    )
+    reader = DumpReader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens, parts=part, input_size=input_size)
     reader.select(spec.selection)
     state = spec.new()
     with use_engine(engine):
@@ -89,7 +87,7 @@ def run_parts(
     """Run :func:`run_part` on every part of ``reader.plan(workers)`` and merge the states into one; the
     workers' read logs are merged into ``reader.log``."""
     check_workers(workers, backend)
-    shared = (reader.strict, reader.chunk_tokens, str(device), spec, reader.input_tokens(), selected_engine())
+    shared = (reader.strict, reader.chunk_tokens, str(device), spec, reader.input_size(), selected_engine())
     jobs = [(reader.worker_inputs(), reader.overrides, part, *shared) for part in reader.plan(workers)]
     results = _run_ray(jobs) if backend == "ray" else _run_processes(jobs, workers, device)
     merged = spec.new()

@@ -74,6 +74,10 @@ class Dump:
         ready._reader.append(self.open())
         return ready
 
+    def input_size(self) -> tuple[int, int] | None:
+        """(tokens, rows) of the input, from the files' footers (``DumpReader.input_size``)."""
+        return (self._reader[0] if self._reader else self.open()).input_size()
+
     def reader(self):
         """The reader opened ahead (once), else a new one."""
         return self._reader.pop() if self._reader else self.open()

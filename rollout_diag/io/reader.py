@@ -70,14 +70,14 @@ class DumpReader:
         parts: Mapping[str, Sequence[int]] | None = None,
         input_format: str | None = None,
         trust_pickle: bool | None = None,
-        input_tokens: int | None = None,
+        input_size: tuple[int, int] | None = None,
     ) -> None:
         """``inputs``: files, globs and directories, or the :class:`Source` list another reader resolved (then
         nothing is expanded again). ``columns``: the user's role -> column overrides; each file resolves its own
         columns from them. ``parts``: read only these row groups of these files (by path), as :meth:`plan`
         splits them. ``input_format``: a name of ``io.formats.FORMAT_NAMES`` (default: what ``inputs`` carries,
         else detected); ``trust_pickle`` lifts the pickle allowlist (``io/formats/safe_pickle.py``).
-        ``input_tokens``: a worker's reader is told its parent's :meth:`input_tokens` (what the engine is chosen by).
+        ``input_size``: a worker's reader is told its parent's :meth:`input_size` (what the engine is chosen by).
         Raises InputError / ColumnError for unreadable input, ConfigError for a bad chunk size."""
         if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, Integral) or chunk_tokens < 1:
             raise ConfigError(
@@ -89,7 +89,7 @@ class DumpReader:
         self.chunk_tokens = int(chunk_tokens)
         self.overrides = dict(columns or {})
         self.parts = None if parts is None else {path: set(groups) for path, groups in parts.items()}
-        self._input_tokens = input_tokens
+        self._input_size = input_size
         self.log = ReadLog()
         # Called per record batch with (batch, steps) -> bool per row: the rows to read (rollout_diag/selection.py).
         self.selection: Callable[[pa.RecordBatch | pa.Table, np.ndarray], np.ndarray] | None = None
@@ -249,21 +249,22 @@ class DumpReader:
         self.parts = {opened.source.path: set(range(group, last + 1))}
         return opened.source.path, row
 
-    def input_tokens(self) -> int | None:
-        """The tokens (model and environment) this reader reads, from the files' footers, as the engine ``auto``
-        is chosen by (``kernels.kernel_for``); None where a footer does not say (a trainer's own format). A
-        worker's reader answers with its parent's figure, so every worker runs the engine one process would."""
-        if self._input_tokens is not None:
-            return self._input_tokens
-        total = 0
+    def input_size(self) -> tuple[int, int] | None:
+        """(tokens, rows) this reader reads, from the files' footers: what the engine ``auto`` is chosen by
+        (``kernels.kernel_for``); tokens count model and environment tokens, rows are file rows. None where a
+        footer does not say (a trainer's own format). A worker's reader answers with its parent's figure, so every
+        worker runs the engine one process would."""
+        if self._input_size is not None:
+            return self._input_size
+        tokens = rows = 0
         for opened in self.files:
             if self.parts is not None and opened.source.path not in self.parts:
                 continue
-            tokens = _footer_tokens(opened, None if self.parts is None else self.parts[opened.source.path])
-            if tokens is None:
+            size = _footer_size(opened, None if self.parts is None else self.parts[opened.source.path])
+            if size is None:
                 return None
-            total += tokens
-        return total
+            tokens, rows = tokens + size[0], rows + size[1]
+        return tokens, rows
 
     def worker_inputs(self) -> DumpInputs:
         """The files to hand a worker's reader, with the format they were read as (never re-detected)."""
@@ -315,7 +316,7 @@ class DumpReader:
         from rollout_diag.kernels import kernel_for
 
         device = torch.device(device)
-        engine = "numba" if kernel_for(device.type, self.input_tokens()) else "torch"
+        engine = "numba" if kernel_for(device.type, self.input_size()) else "torch"
         if prefetch <= 0:
             yield from self._built_chunks(device, engine, prepare)
         elif prepare is None:
@@ -443,16 +444,18 @@ def _scanned(block: Block, device: torch.device) -> tuple[torch.Tensor, torch.Te
     return torch.from_numpy(trainer), torch.from_numpy(rollout), torch.from_numpy(model)
 
 
-def _footer_tokens(opened: OpenFile, groups: set[int] | None) -> int | None:
-    """Tokens in ``groups`` (None: every row group) of a Parquet file, from its footer: rows in the token layout,
-    the trainer column's list values in the sequence layout. None for a trainer format's rows (no footer)."""
+def _footer_size(opened: OpenFile, groups: set[int] | None) -> tuple[int, int] | None:
+    """(tokens, rows) in ``groups`` (None: every row group) of a Parquet file, from its footer: tokens are rows in
+    the token layout, the trainer column's list values in the sequence layout. None for a trainer format's rows
+    (no footer)."""
     parquet = opened.parquet
     if not isinstance(parquet, pq.ParquetFile):
         return None
     metadata = parquet.metadata
     chosen = range(metadata.num_row_groups) if groups is None else sorted(groups)
+    rows = sum(metadata.row_group(group).num_rows for group in chosen)
     if opened.layout != "sequence":
-        return sum(metadata.row_group(group).num_rows for group in chosen)
+        return rows, rows
     name = opened.columns.get("trainer")
     leaf = next(
         (j for j in range(metadata.num_columns) if parquet.schema.column(j).path.startswith(f"{name}.")),
@@ -460,7 +463,7 @@ def _footer_tokens(opened: OpenFile, groups: set[int] | None) -> int | None:
     )
     if leaf is None:
         return None
-    return sum(metadata.row_group(group).column(leaf).num_values for group in chosen)
+    return sum(metadata.row_group(group).column(leaf).num_values for group in chosen), rows
 
 
 def _chunk_extra(block: Block) -> dict[str, ExtraColumn]:
