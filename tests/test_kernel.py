@@ -256,26 +256,17 @@ def test_engine_selection(monkeypatch):
         kernel_for("cpu")
 
 
-def test_auto_runs_torch_on_a_small_input(monkeypatch):
+def test_auto_runs_torch_on_a_small_input(monkeypatch, engines_seen):
     """``auto`` on the CPU: the torch engine for an input of fewer tokens than the bound (from the footers), the
     numba kernels from the bound up; an explicit engine holds whatever the size; no size known: the kernels."""
     from rollout_diag.drivers.dump import Dump
     from rollout_diag.kernels import SMALL_INPUT_ENVIRONMENT, SMALL_INPUT_ROWS, small_input_tokens
-    from rollout_diag.metrics import segments
 
     monkeypatch.delenv(ENVIRONMENT, raising=False)
     path = SAMPLES[-1]
     tokens, rows = Dump(path).open().input_size()
     assert rows < SMALL_INPUT_ROWS
-    seen: list[str] = []
-    original = segments.stats
-
-    def spy(chunk):
-        found = original(chunk)
-        seen.append(type(found).__name__)
-        return found
-
-    monkeypatch.setattr(segments, "stats", spy)
+    seen = engines_seen
     for bound, engine, expected in (
         (tokens + 1, None, "ChunkStats"),
         (tokens, None, "KernelStats"),
@@ -329,24 +320,15 @@ def test_input_size_is_what_is_read(tmp_path, layout):
     assert DumpReader(paths, parts=part, input_size=whole).input_size() == whole
 
 
-def test_a_worker_runs_the_engine_it_is_given(monkeypatch):
+def test_a_worker_runs_the_engine_it_is_given(monkeypatch, engines_seen):
     """A worker (``run_part``) runs the driver's engine setting, not its own process's (a Ray worker may have been
     started before the setting), and chooses ``auto`` by the driver's input size, not its part's."""
     from rollout_diag.drivers.distributed import run_part
     from rollout_diag.drivers.passes import PassSpec
     from rollout_diag.io.reader import DumpReader
     from rollout_diag.kernels import SMALL_INPUT_ENVIRONMENT
-    from rollout_diag.metrics import segments
 
-    seen: list[str] = []
-    original = segments.stats
-
-    def spy(chunk):
-        found = original(chunk)
-        seen.append(type(found).__name__)
-        return found
-
-    monkeypatch.setattr(segments, "stats", spy)
+    seen = engines_seen
     reader = DumpReader(str(SAMPLES[-1]))
     tokens, rows = reader.input_size()
     job = (reader.worker_inputs(), {}, reader.plan(1)[0], False, reader.chunk_tokens, "cpu", PassSpec({}))
@@ -391,21 +373,12 @@ def test_a_fresh_cache_compiles_once_and_says_so(tmp_path):
     assert "compiling" not in second.stderr, second.stderr
 
 
-def test_dump_engine_option_selects_the_engine(tmp_path, monkeypatch):
+def test_dump_engine_option_selects_the_engine(tmp_path, monkeypatch, engines_seen):
     """``Dump(engine=…)`` holds for the calls that read it; without one the process setting holds."""
     from rollout_diag.drivers.dump import Dump
-    from rollout_diag.metrics import segments
 
     monkeypatch.delenv(ENVIRONMENT, raising=False)
-    seen: list[str] = []
-    original = segments.stats
-
-    def spy(chunk):
-        found = original(chunk)
-        seen.append(type(found).__name__)
-        return found
-
-    monkeypatch.setattr(segments, "stats", spy)
+    seen = engines_seen
     path = SAMPLES[-1]
     rd.analyze(Dump(path, device="cpu", engine="torch"))
     assert set(seen) == {"ChunkStats"}

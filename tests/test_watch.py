@@ -459,23 +459,14 @@ def test_any_arrival_order_with_rewrites_ends_with_analyzes_result(tmp_path, see
     assert_same(follow.result.to_json(), expected)
 
 
-def test_a_watch_runs_the_kernels_however_small_each_file(tmp_path, monkeypatch):
+def test_a_watch_runs_the_kernels_however_small_each_file(tmp_path, monkeypatch, engines_seen):
     """``auto`` chooses by the input's size, but a watched run keeps growing: its files are read by the compiled
     kernels, loaded once, even where each file alone is under the small-input bound."""
     from rollout_diag.kernels import ENVIRONMENT, SMALL_INPUT_ENVIRONMENT
-    from rollout_diag.metrics import segments
 
     monkeypatch.delenv(ENVIRONMENT, raising=False)
     monkeypatch.setenv(SMALL_INPUT_ENVIRONMENT, str(10**9))
-    seen: list[str] = []
-    original = segments.stats
-
-    def spy(chunk):
-        found = original(chunk)
-        seen.append(type(found).__name__)
-        return found
-
-    monkeypatch.setattr(segments, "stats", spy)
+    seen = engines_seen
     write_run(tmp_path, range(2))
     run_watch(tmp_path)
     assert seen and set(seen) == {"KernelStats"}
