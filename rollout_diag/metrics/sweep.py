@@ -26,6 +26,7 @@ import torch
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import CLAMP, EPS, Ragged, State, StateTable, StepAccumulator, sequence_share
 from rollout_diag.metrics.segments import ChunkStats, stats
+from rollout_diag.results import ReadSequence
 
 BINS_PER_DECADE = 32
 DECADE_MIN, DECADE_MAX = -12, 2  # |c| from 1e-12 (smaller: first bin) to 100 (clamp20 keeps |c| ≤ 20)
@@ -362,8 +363,9 @@ def sweep_tables(
     return run, StepTables(accumulator, targets)
 
 
-class StepTables(Sequence):
-    """The per-step sweep tables (``{"step", "options"}`` dicts, as ``table`` writes them), from ``step_columns``."""
+class StepTables(ReadSequence):
+    """The per-step sweep tables (``{"step", "options"}`` dicts, as ``table`` writes them), from ``step_columns``;
+    equal to, and pickled as, the list of them (``ReadSequence``)."""
 
     def __init__(self, accumulator: SweepAccumulator, targets: tuple[float, ...]) -> None:
         self.accumulator, self.targets = accumulator, targets
@@ -383,16 +385,6 @@ class StepTables(Sequence):
     def __iter__(self):
         columns = self.columns
         return (columns.step_table(index) for index in range(len(self)))
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Sequence) and not isinstance(other, str):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __reduce__(self):
-        return (list, (list(self),))
 
 
 @dataclass
