@@ -14,7 +14,7 @@ import multiprocessing
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from numbers import Integral
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -46,6 +46,20 @@ def resolve_workers(workers: Workers, reader: DumpReader, device: torch.device) 
     if torch.device(device).type != "cpu" or cores < AUTO_MIN_CORES:
         return 1
     return max(1, len(reader.plan(cores - 1)))
+
+
+class PartJob(NamedTuple):
+    """One worker's arguments to :func:`run_part`, in its order (a tuple, so processes and Ray pass it as is)."""
+
+    inputs: Sequence[Source]
+    columns: Mapping[str, str]
+    part: Mapping[str, Sequence[int]]
+    strict: bool
+    chunk_tokens: int
+    device: str
+    spec: PassSpec
+    input_size: tuple[int, int] | None
+    engine: str | None
 
 
 def run_part(
@@ -87,8 +101,20 @@ def run_parts(
     """Run :func:`run_part` on every part of ``reader.plan(workers)`` and merge the states into one; the
     workers' read logs are merged into ``reader.log``."""
     check_workers(workers, backend)
-    shared = (reader.strict, reader.chunk_tokens, str(device), spec, reader.input_size(), selected_engine())
-    jobs = [(reader.worker_inputs(), reader.overrides, part, *shared) for part in reader.plan(workers)]
+    jobs = [
+        PartJob(
+            reader.worker_inputs(),
+            reader.overrides,
+            part,
+            reader.strict,
+            reader.chunk_tokens,
+            str(device),
+            spec,
+            reader.input_size(),
+            selected_engine(),
+        )
+        for part in reader.plan(workers)
+    ]
     results = _run_ray(jobs) if backend == "ray" else _run_processes(jobs, workers, device)
     merged = spec.new()
     total = reader.log.total_rows
@@ -127,17 +153,17 @@ def analyze_parts(
     return run_parts(reader, workers, backend, device, PassSpec(options, selection=reader.selection), progress).analysis
 
 
-def _run_processes(jobs: list[tuple], workers: int, device: torch.device) -> list[tuple[Analysis, ReadLog]]:
+def _run_processes(jobs: list[PartJob], workers: int, device: torch.device) -> list[tuple[Pass, ReadLog]]:
     # fork starts in milliseconds with torch already imported; CUDA cannot be forked, so GPUs spawn; nor can polars
     # once its thread pool runs (a forked child hangs on its first polars call), so --where (polars) spawns too
-    where = any(getattr(job[6].selection, "where", None) for job in jobs)  # job[6]: the PassSpec
+    where = any(getattr(job.spec.selection, "where", None) for job in jobs)
     method = "spawn" if device.type == "cuda" or where else "fork"
     context = multiprocessing.get_context(method)
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=context) as pool:
         return list(pool.map(run_part, *zip(*jobs, strict=True)))
 
 
-def _run_ray(jobs: list[tuple]) -> list[tuple[Analysis, ReadLog]]:
+def _run_ray(jobs: list[PartJob]) -> list[tuple[Pass, ReadLog]]:
     try:
         import ray
     except ImportError:
