@@ -142,6 +142,29 @@ def _hits(reduction: str, values: np.ndarray) -> np.ndarray:
     return values != IDENTITY[reduction]
 
 
+def _merge_entries(
+    reduction: str,
+    mine: tuple[np.ndarray, np.ndarray, np.ndarray],
+    theirs: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Two tables' (step, bucket, values) entries of one wide field as one, sorted by (step, bucket); a key both
+    hold gets reduce(mine, theirs)."""
+    step, bucket, values = mine
+    their_step, their_bucket, their_values = theirs
+    all_step = np.concatenate([step, their_step])
+    all_bucket = np.concatenate([bucket, their_bucket])
+    source = np.repeat(np.array([0, 1], np.int8), [step.shape[0], their_step.shape[0]])
+    order = np.lexsort((source, all_bucket, all_step))
+    all_step, all_bucket = all_step[order], all_bucket[order]
+    all_values = np.concatenate([values, their_values])[order]
+    same = (all_step[1:] == all_step[:-1]) & (all_bucket[1:] == all_bucket[:-1])
+    first = np.flatnonzero(same)  # each key is unique per table: duplicates come in (mine, theirs) pairs
+    all_values[first] = _reduce(reduction, all_values[first], all_values[first + 1])
+    keep = np.ones(all_step.shape[0], dtype=bool)
+    keep[first + 1] = False
+    return all_step[keep], all_bucket[keep], all_values[keep]
+
+
 def _tree_reduce(reduction: str, values: np.ndarray, start: np.ndarray) -> np.ndarray:
     """Reduce the runs ``values[start[j]:start[j+1]]`` (in order, pairwise, vectorised over runs)."""
     length = np.diff(np.append(start, values.shape[0]))
@@ -226,6 +249,12 @@ class StateTable:
             return self
         if not self.shapes:
             return other
+        if self.steps.shape[0] and other.steps.shape[0] and other.steps[0] == self.steps[-1]:
+            return self._merged_touching(other)
+        return self._merged_general(other)
+
+    def _merged_general(self, other: StateTable) -> StateTable:
+        """``merged`` for steps in any order (``self`` and ``other`` both hold fields)."""
         if self.steps.shape[0] and other.steps.shape[0] and other.steps[0] > self.steps[-1]:
             steps = np.concatenate([self.steps, other.steps])
             dense = {name: np.concatenate([self.dense[name], other.dense[name]]) for name in self.dense}
@@ -252,6 +281,51 @@ class StateTable:
             ragged[name] = (all_steps[order], np.concatenate([values, their_values])[order])
         return StateTable(self.reductions, self.shapes, steps, dense, sparse, ragged)
 
+    def _merged_touching(self, other: StateTable) -> StateTable:
+        """``merged`` where ``other``'s first step is this table's last (a chunk going on with the open step): the
+        one shared step is reduced (mine, theirs), every other step is copied; entries sorted by step make each
+        field's shared step a slice, so no union, membership test or sort over the tables."""
+        last = self.steps[-1]
+        steps = np.concatenate([self.steps, other.steps[1:]])
+        dense = {}
+        for name, column in self.dense.items():
+            incoming = other.dense[name]
+            shared = _reduce(self.reductions[name], column[-1:], incoming[:1])
+            dense[name] = np.concatenate([column[:-1], shared, incoming[1:]])
+        sparse = {}
+        for name, (step, bucket, values) in self.sparse.items():
+            their_step, their_bucket, their_values = other.sparse[name]
+            mine = int(np.searchsorted(step, last))  # my entries of the shared step: [mine:]
+            theirs = int(np.searchsorted(their_step, last, side="right"))  # theirs: [:theirs]
+            if mine == step.shape[0] or not theirs:  # the shared step has entries on one side only
+                sparse[name] = (
+                    np.concatenate([step, their_step]),
+                    np.concatenate([bucket, their_bucket]),
+                    np.concatenate([values, their_values]),
+                )
+                continue
+            my_bucket, their_shared = bucket[mine:], their_bucket[:theirs]
+            if my_bucket.shape == their_shared.shape and np.array_equal(my_bucket, their_shared):
+                shared_step, shared_bucket = step[mine:], my_bucket
+                shared_values = _reduce(self.reductions[name], values[mine:], their_values[:theirs])
+            else:
+                shared_step, shared_bucket, shared_values = _merge_entries(
+                    self.reductions[name],
+                    (step[mine:], my_bucket, values[mine:]),
+                    (their_step[:theirs], their_shared, their_values[:theirs]),
+                )
+            sparse[name] = (
+                np.concatenate([step[:mine], shared_step, their_step[theirs:]]),
+                np.concatenate([bucket[:mine], shared_bucket, their_bucket[theirs:]]),
+                np.concatenate([values[:mine], shared_values, their_values[theirs:]]),
+            )
+        # my rows of every step come before theirs: concatenated, the entries stay sorted by step (stable)
+        ragged = {
+            name: (np.concatenate([step, other.ragged[name][0]]), np.concatenate([values, other.ragged[name][1]]))
+            for name, (step, values) in self.ragged.items()
+        }
+        return StateTable(self.reductions, self.shapes, steps, dense, sparse, ragged)
+
     def _merge_sparse(self, name: str, theirs: tuple[np.ndarray, np.ndarray, np.ndarray]):
         step, bucket, values = self.sparse[name]
         their_step, their_bucket, their_values = theirs
@@ -263,18 +337,7 @@ class StateTable:
                 np.concatenate([bucket, their_bucket]),
                 np.concatenate([values, their_values]),
             )
-        all_step = np.concatenate([step, their_step])
-        all_bucket = np.concatenate([bucket, their_bucket])
-        source = np.repeat(np.array([0, 1], np.int8), [step.shape[0], their_step.shape[0]])
-        order = np.lexsort((source, all_bucket, all_step))
-        all_step, all_bucket = all_step[order], all_bucket[order]
-        all_values = np.concatenate([values, their_values])[order]
-        same = (all_step[1:] == all_step[:-1]) & (all_bucket[1:] == all_bucket[:-1])
-        first = np.flatnonzero(same)  # each key is unique per table: duplicates come in (mine, theirs) pairs
-        all_values[first] = _reduce(self.reductions[name], all_values[first], all_values[first + 1])
-        keep = np.ones(all_step.shape[0], dtype=bool)
-        keep[first + 1] = False
-        return all_step[keep], all_bucket[keep], all_values[keep]
+        return _merge_entries(self.reductions[name], (step, bucket, values), theirs)
 
     @classmethod
     def joined(cls, tables: Sequence[StateTable]) -> StateTable:
@@ -300,6 +363,15 @@ class StateTable:
 
     def subset(self, keep: np.ndarray) -> StateTable:
         """The table of the steps where ``keep`` (bool [S]) holds."""
+        kept = np.flatnonzero(keep)
+        if not kept.shape[0]:
+            return self.sliced(0, 0)
+        if kept[-1] - kept[0] + 1 == kept.shape[0]:  # one run of steps (a prefix, a suffix, a range)
+            return self.sliced(int(kept[0]), int(kept[-1]) + 1)
+        return self._subset_general(keep)
+
+    def _subset_general(self, keep: np.ndarray) -> StateTable:
+        """``subset`` for any choice of steps: each field's entries by membership of their step."""
         steps = self.steps[keep]
         dense = {name: column[keep] for name, column in self.dense.items()}
         sparse = {}
@@ -310,6 +382,31 @@ class StateTable:
         for name, (step, values) in self.ragged.items():
             inside = np.isin(step, steps)
             ragged[name] = (step[inside], values[inside])
+        return StateTable(self.reductions, self.shapes, steps, dense, sparse, ragged)
+
+    def sliced(self, begin: int, end: int) -> StateTable:
+        """The table of the steps ``steps[begin:end]``: every field's entries are sorted by step, so each is a slice
+        (bounds by ``searchsorted``) and no step is tested for membership."""
+        count = self.steps.shape[0]
+        end = min(max(end, begin), count)
+        steps = self.steps[begin:end]
+        dense = {name: column[begin:end] for name, column in self.dense.items()}
+
+        def bounds(step: np.ndarray) -> tuple[int, int]:
+            if begin >= end:
+                return 0, 0
+            lo = 0 if begin == 0 else int(np.searchsorted(step, self.steps[begin]))
+            hi = step.shape[0] if end == count else int(np.searchsorted(step, self.steps[end]))
+            return lo, hi
+
+        sparse = {}
+        for name, (step, bucket, values) in self.sparse.items():
+            lo, hi = bounds(step)
+            sparse[name] = (step[lo:hi], bucket[lo:hi], values[lo:hi])
+        ragged = {}
+        for name, (step, values) in self.ragged.items():
+            lo, hi = bounds(step)
+            ragged[name] = (step[lo:hi], values[lo:hi])
         return StateTable(self.reductions, self.shapes, steps, dense, sparse, ragged)
 
     def relabeled(self, rename: np.ndarray) -> StateTable:
@@ -581,8 +678,9 @@ class StepAccumulator(ABC):
         if incoming.steps[0] > last:
             sealed, self.__dict__["_store"] = open_part, incoming
         else:  # the chunk goes on with the open part's last step: only that step merges
-            sealed = open_part.subset(open_part.steps < last)
-            self.__dict__["_store"] = open_part.subset(open_part.steps == last).merged(incoming)
+            count = open_part.steps.shape[0]
+            sealed = open_part.sliced(0, count - 1)
+            self.__dict__["_store"] = open_part.sliced(count - 1, count).merged(incoming)
         self.__dict__["_sealed"] = [*self.__dict__.get("_sealed", []), sealed]  # a new list: copies may share the old
 
     @property
