@@ -8,10 +8,16 @@ from typing import ClassVar
 
 import numpy as np
 import pytest
+from dumps import random_rows, write_sequence_dump
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rollout_diag.drivers.passes import Analysis
+from rollout_diag.io.reader import DumpReader
+from rollout_diag.metrics import base
 from rollout_diag.metrics.base import Ragged, Sparse, StateTable, StepAccumulator
+from rollout_diag.metrics.debug import DebugAccumulator
+from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NaN and ±inf in moments, as in real dumps
 
@@ -163,11 +169,21 @@ class _Family(StepAccumulator):
         max_size=10,
     ),
     seed=st.integers(0, 2**32 - 1),
+    open_steps=st.sampled_from([1, 2, base.OPEN_STEPS]),
 )
-def test_chunks_in_any_order_give_the_table_of_the_general_merge(chunks, seed):
+def test_chunks_in_any_order_give_the_table_of_the_general_merge(chunks, seed, open_steps):
     """Chunks as a reader gives them (each starting at, after or, for a shuffled input, before the previous one's
-    last step): the accumulator's table (sealed parts, open part) equals folding every chunk's table in with the
-    general merge."""
+    last step): the accumulator's table (sealed parts, open part, whatever its bound) equals folding every chunk's
+    table in with the general merge."""
+    bound = base.OPEN_STEPS
+    base.OPEN_STEPS = open_steps
+    try:
+        _fold(chunks, seed)
+    finally:
+        base.OPEN_STEPS = bound
+
+
+def _fold(chunks: list[tuple[int, list[int], float]], seed: int) -> None:
     rng = np.random.default_rng(seed)
     family = _Family()
     expected = StateTable.empty(REDUCTIONS)
@@ -183,3 +199,45 @@ def test_chunks_in_any_order_give_the_table_of_the_general_merge(chunks, seed):
         expected = expected._merged_general(incoming) if expected.shapes else incoming
         last = steps[-1]
     assert_same_table(family.store, expected)
+
+
+def test_accumulators_of_a_chunk_only_family_share_one_table_per_chunk(tmp_path):
+    """analyze's §1 and §5 and verl's dialect (which reports them again) build each chunk's table once, and their
+    tables stay equal to one another and to an accumulator fed alone; a subclass does not share its parent's."""
+
+    class Narrowed(OffPolicyAccumulator):  # a subclass may compute something else: it never takes §1's table
+        def _stats(self, chunk):
+            return {name: value * 2.0 for name, value in super()._stats(chunk).items()}
+
+    rows = random_rows(seed=4, steps=(0, 1, 2), rows_per_step=6, max_length=30, env_share=0.3)
+    path = write_sequence_dump(tmp_path / "dump.parquet", rows, row_group_size=5)
+    analysis = Analysis()
+    verl = analysis.dialect.families["verl"]
+    alone, debug_alone, narrowed = OffPolicyAccumulator(), DebugAccumulator(), Narrowed()
+    built = []
+    original = StateTable.from_groups
+
+    def counted(reductions, steps, partial):
+        table = original(reductions, steps, partial)
+        built.append(reductions)
+        return table
+
+    for chunk, _ in DumpReader([str(path)], chunk_tokens=64).chunks("cpu"):
+        built.clear()
+        StateTable.from_groups = counted  # type: ignore[method-assign]
+        try:
+            analysis.update(chunk)
+        finally:
+            StateTable.from_groups = original  # type: ignore[method-assign]
+        assert built.count(OffPolicyAccumulator.REDUCTIONS) == 1
+        assert built.count(DebugAccumulator.REDUCTIONS) == 1
+        narrowed.update(chunk)
+        chunk.cache.clear()
+        alone.update(chunk)
+        debug_alone.update(chunk)
+    assert_same_table(verl.families[0].store, analysis.offpolicy.store)
+    assert_same_table(analysis.offpolicy.store, alone.store)
+    assert_same_table(verl.families[1].store, debug_alone.store)
+    assert_same_table(analysis.debug.store, debug_alone.store)
+    doubled = narrowed.store.dense["rows"]
+    np.testing.assert_array_equal(doubled, 2.0 * alone.store.dense["rows"])

@@ -104,6 +104,8 @@ IDENTITY = {"sum": 0.0, "max": -math.inf, "min": math.inf, "moments": 0.0}
 # A per-step array with more elements than this (round, position and histogram buckets) is stored sparse: only
 # the buckets a step hit, as (step, bucket) -> value entries; a smaller one is a dense column [steps, ...].
 SPARSE_MIN = 8
+# The open part of an accumulator's table (StepAccumulator._append) is sealed off once it holds more steps than this.
+OPEN_STEPS = 16
 
 
 @dataclass(frozen=True)
@@ -647,6 +649,9 @@ class StepAccumulator(ABC):
     The per-step states live in one :class:`StateTable` (``store``); ``steps`` is a step -> state view of it."""
 
     REDUCTIONS: ClassVar[dict[str, str]] = {}
+    # True where a family's chunk state depends on the chunk alone (no option): every accumulator of that very class
+    # fed the same chunk (analyze's §1 and §5, and verl's dialect reporting them again) shares one table of it
+    CHUNK_ONLY: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.store = StateTable.empty(self.REDUCTIONS)
@@ -679,6 +684,9 @@ class StepAccumulator(ABC):
             sealed, self.__dict__["_store"] = open_part, incoming
         else:  # the chunk goes on with the open part's last step: only that step merges
             count = open_part.steps.shape[0]
+            if count <= OPEN_STEPS:  # a few steps: merged as they are (copying them costs less than cutting them off)
+                self.__dict__["_store"] = open_part.merged(incoming)
+                return
             sealed = open_part.sliced(0, count - 1)
             self.__dict__["_store"] = open_part.sliced(count - 1, count).merged(incoming)
         self.__dict__["_sealed"] = [*self.__dict__.get("_sealed", []), sealed]  # a new list: copies may share the old
@@ -698,11 +706,18 @@ class StepAccumulator(ABC):
 
     # -- shared machinery ------------------------------------------------------------------------
     def update(self, chunk: Chunk) -> None:
-        partial = {
-            name: value.cpu().numpy() if isinstance(value, torch.Tensor) else value
-            for name, value in self._stats(chunk).items()
-        }
-        self._append(StateTable.from_groups(self.REDUCTIONS, chunk.groups.steps, partial))
+        family = type(self)
+        key = ("chunk table", family) if family.__dict__.get("CHUNK_ONLY", False) else None
+        incoming = None if key is None else chunk.cache.get(key)
+        if incoming is None:
+            partial = {
+                name: value.cpu().numpy() if isinstance(value, torch.Tensor) else value
+                for name, value in self._stats(chunk).items()
+            }
+            incoming = StateTable.from_groups(self.REDUCTIONS, chunk.groups.steps, partial)
+            if key is not None:  # tables are never changed in place: merges build new arrays
+                chunk.cache[key] = incoming
+        self._append(incoming)
 
     def merge(self, other: StepAccumulator) -> None:
         self.store = self.store.merged(other.store)
