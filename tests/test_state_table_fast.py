@@ -51,10 +51,15 @@ def _value(rng: np.random.Generator) -> float:
 
 
 def _wide(rng: np.random.Generator, groups: int, shape: tuple[int, ...], reduction: str, hit: float) -> np.ndarray:
+    """Each bucket hit with probability ``hit``; a negative ``hit``: each group hits its buckets 0…k, k drawn (as
+    rounds and log2 positions fill)."""
     tail = (6,) if reduction == "moments" else ()
     out = np.full((groups, *shape, *tail), IDENTITY[reduction])
+    flat = math.prod(shape)
+    ends = rng.integers(0, flat + 1, groups)
     for index in np.ndindex(groups, *shape):
-        if rng.random() < hit:
+        inside = np.ravel_multi_index(index[1:], shape) < ends[index[0]] if shape else rng.random() < 0.7
+        if (rng.random() < hit) if hit >= 0 else inside:
             if reduction == "moments":
                 out[index] = [rng.integers(1, 5), _value(rng), _value(rng), abs(_value(rng)), rng.random(), _value(rng)]
             else:
@@ -119,10 +124,10 @@ sorted_steps = st.lists(st.integers(-5, 40), min_size=1, max_size=6, unique=True
     mine=sorted_steps,
     later=st.lists(st.integers(1, 9), max_size=5),
     seed=st.integers(0, 2**32 - 1),
-    hits=st.tuples(*[st.sampled_from([0.0, 0.1, 0.5, 1.0])] * 2),
+    hits=st.tuples(*[st.sampled_from([0.0, 0.1, 0.5, 1.0, -1.0])] * 2),
 )
 def test_merging_a_table_that_goes_on_with_my_last_step_equals_the_general_merge(mine, later, seed, hits):
-    """Both sides hitting every bucket of the shared step (the usual chunk), some, or none."""
+    """Both sides hitting every bucket of the shared step, buckets 0…k (the usual chunk), some, or none."""
     rng = np.random.default_rng(seed)
     theirs = [mine[-1]]
     for gap in later:
@@ -164,7 +169,7 @@ class _Family(StepAccumulator):
 @settings(max_examples=100, deadline=None)
 @given(
     chunks=st.lists(
-        st.tuples(st.integers(-3, 3), st.lists(st.integers(0, 3), max_size=4), st.sampled_from([0.0, 0.3, 1.0])),
+        st.tuples(st.integers(-3, 3), st.lists(st.integers(0, 3), max_size=4), st.sampled_from([0.0, 0.3, 1.0, -1.0])),
         min_size=1,
         max_size=10,
     ),
@@ -241,3 +246,22 @@ def test_accumulators_of_a_chunk_only_family_share_one_table_per_chunk(tmp_path)
     assert_same_table(analysis.debug.store, debug_alone.store)
     doubled = narrowed.store.dense["rows"]
     np.testing.assert_array_equal(doubled, 2.0 * alone.store.dense["rows"])
+
+
+moment_values = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0.0, -0.0, 1.0, 3.0, 1e308, -1e308, 5e-324]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(a=st.lists(moment_values, min_size=6, max_size=6), b=st.lists(moment_values, min_size=6, max_size=6))
+def test_one_pair_of_moments_merges_as_the_vectorised_merge(a, b):
+    """The merge of one step's moments (Python floats) gives the bits of the vectorised merge, NaN, ±inf, signed
+    zeros and overflow included."""
+    mine, theirs = np.array([a, a]), np.array([b, b])  # two rows: the vectorised path
+    vectorised = base.merge_moments(mine, theirs)[:1]
+    one = base.merge_moments(mine[:1], theirs[:1])
+    assert one.dtype == vectorised.dtype and one.shape == vectorised.shape == (1, 6)
+    assert one.tobytes() == vectorised.tobytes(), (one, vectorised)
+    assert base.merge_moments(mine[0], theirs[0]).tobytes() == vectorised[0].tobytes()

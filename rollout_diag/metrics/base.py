@@ -69,6 +69,8 @@ def segment_moments(x: torch.Tensor, y: torch.Tensor, index: torch.Tensor, count
 # ----------------------------------------------------------------------- merging (numpy, host)
 def merge_moments(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Chan et al.'s pairwise merge of [n, mean_x, mean_y, M2_x, M2_y, C_xy] (works elementwise on [..., 6])."""
+    if a.size == 6 and b.size == 6:  # one state (a step's, as chunks go on): the same operations on Python floats
+        return np.array(_merge_one(a.reshape(6).tolist(), b.reshape(6).tolist()), dtype=np.float64).reshape(a.shape)
     n_a, n_b = a[..., 0], b[..., 0]
     n = n_a + n_b
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -84,6 +86,25 @@ def merge_moments(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     out[..., 4] = a[..., 4] + b[..., 4] + d_y * d_y * cross
     out[..., 5] = a[..., 5] + b[..., 5] + d_x * d_y * cross
     return out
+
+
+def _merge_one(a: list[float], b: list[float]) -> list[float]:
+    """``merge_moments`` of one pair, operation for operation (IEEE float64 either way, so the same digits)."""
+    n_a, mean_x, mean_y, m2_x, m2_y, c_xy = a
+    n_b = b[0]
+    n = n_a + n_b
+    weight_b = n_b / n if n > 0 else 0.0
+    cross = n_a * n_b / n if n > 0 else 0.0
+    d_x = b[1] - mean_x
+    d_y = b[2] - mean_y
+    return [
+        n,
+        mean_x + d_x * weight_b,
+        mean_y + d_y * weight_b,
+        m2_x + b[3] + d_x * d_x * cross,
+        m2_y + b[4] + d_y * d_y * cross,
+        c_xy + b[5] + d_x * d_y * cross,
+    ]
 
 
 _MERGE = {
@@ -307,15 +328,29 @@ class StateTable:
                 )
                 continue
             my_bucket, their_shared = bucket[mine:], their_bucket[:theirs]
-            if my_bucket.shape == their_shared.shape and np.array_equal(my_bucket, their_shared):
-                shared_step, shared_bucket = step[mine:], my_bucket
-                shared_values = _reduce(self.reductions[name], values[mine:], their_values[:theirs])
-            else:
-                shared_step, shared_bucket, shared_values = _merge_entries(
-                    self.reductions[name],
-                    (step[mine:], my_bucket, values[mine:]),
-                    (their_step[:theirs], their_shared, their_values[:theirs]),
-                )
+            mine_count, their_count = my_bucket.shape[0], their_shared.shape[0]
+            common = min(mine_count, their_count)
+            if np.array_equal(my_bucket[:common], their_shared[:common]):
+                # one side's buckets begin the other's (rounds and positions 0…k): those reduce, the rest follow
+                reduced = _reduce(self.reductions[name], values[mine : mine + common], their_values[:common])
+                if mine_count >= their_count:  # mine go on: the step's entries end where mine do
+                    sparse[name] = (
+                        np.concatenate([step, their_step[theirs:]]),
+                        np.concatenate([bucket, their_bucket[theirs:]]),
+                        np.concatenate([values[:mine], reduced, values[mine + common :], their_values[theirs:]]),
+                    )
+                else:
+                    sparse[name] = (
+                        np.concatenate([step[:mine], their_step]),
+                        np.concatenate([bucket[:mine], their_bucket]),
+                        np.concatenate([values[:mine], reduced, their_values[common:]]),
+                    )
+                continue
+            shared_step, shared_bucket, shared_values = _merge_entries(
+                self.reductions[name],
+                (step[mine:], my_bucket, values[mine:]),
+                (their_step[:theirs], their_shared, their_values[:theirs]),
+            )
             sparse[name] = (
                 np.concatenate([step[:mine], shared_step, their_step[theirs:]]),
                 np.concatenate([bucket[:mine], shared_bucket, their_bucket[theirs:]]),
