@@ -28,7 +28,7 @@ from rollout_diag.catalogue import (
 )
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StateTable, StepAccumulator
-from rollout_diag.metrics.localize import POSITION_BUCKETS, TopK
+from rollout_diag.metrics.localize import POSITION_BUCKETS, TopK, top_candidates
 from rollout_diag.metrics.segments import ChunkStats, KernelStats, quantity, reduce_runs, stats
 from rollout_diag.results import Evidence, RowRef
 
@@ -414,7 +414,9 @@ class HintEvidenceAccumulator(StepAccumulator):
         for kind, (score, shows) in self._row_scores(chunk, evidence).items():
             tracker = self.examples[kind]
             values, eligible = score.cpu().numpy(), shows.cpu().numpy()
-            candidates = np.flatnonzero(eligible & (values >= tracker.threshold()))
+            candidates = top_candidates(
+                values, np.flatnonzero(eligible & (values >= tracker.threshold())), EXAMPLE_ROWS
+            )
             if candidates.size == 0:
                 continue
             keys = {
