@@ -248,7 +248,14 @@ class _ChunkEvidence:
         return self.rows[:, TOKEN_SUMS.index(name)]
 
     def fit(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per row: (has a fit, slope c of δ ≈ c·r through the origin, R² of that line)."""
+        """Per row: (has a fit, slope c of δ ≈ c·r through the origin, R² of that line); computed once (the step sums
+        and the examples both read it)."""
+        found = self.__dict__.get("_fit")
+        if found is None:
+            found = self.__dict__["_fit"] = self._fit()
+        return found
+
+    def _fit(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         n, cross = self.column("tokens"), self.column("cross")
         rollout_square, delta_square = self.column("rollout_square"), self.column("delta_square")
         fitted = (n >= FIT_MIN_TOKENS) & (rollout_square > 0) & (delta_square > 0)
