@@ -87,9 +87,8 @@ def main() -> None:
             for key, value in spent.items():
                 parts[index][key] = min(parts[index].get(key, value), value)
     total = sum(least)
-    print(
-        f"{len(chunks)} chunks, {tokens} tokens, least of {options.repeats}: Analysis.update {total / tokens:.2f} ns/token"
-    )
+    head = f"{len(chunks)} chunks, {tokens} tokens, least of {options.repeats}"
+    print(f"{head}: Analysis.update {total / tokens:.2f} ns/token")
     by_family: collections.Counter[str] = collections.Counter()
     for part in parts:
         by_family.update(part)
