@@ -69,6 +69,8 @@ def segment_moments(x: torch.Tensor, y: torch.Tensor, index: torch.Tensor, count
 # ----------------------------------------------------------------------- merging (numpy, host)
 def merge_moments(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Chan et al.'s pairwise merge of [n, mean_x, mean_y, M2_x, M2_y, C_xy] (works elementwise on [..., 6])."""
+    if a.size == 6 and b.size == 6:  # one state (a step's, as chunks go on): the same operations on Python floats
+        return np.array(_merge_one(a.reshape(6).tolist(), b.reshape(6).tolist()), dtype=np.float64).reshape(a.shape)
     n_a, n_b = a[..., 0], b[..., 0]
     n = n_a + n_b
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -84,6 +86,25 @@ def merge_moments(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     out[..., 4] = a[..., 4] + b[..., 4] + d_y * d_y * cross
     out[..., 5] = a[..., 5] + b[..., 5] + d_x * d_y * cross
     return out
+
+
+def _merge_one(a: list[float], b: list[float]) -> list[float]:
+    """``merge_moments`` of one pair, operation for operation (IEEE float64 either way, so the same digits)."""
+    n_a, mean_x, mean_y, m2_x, m2_y, c_xy = a
+    n_b = b[0]
+    n = n_a + n_b
+    weight_b = n_b / n if n > 0 else 0.0
+    cross = n_a * n_b / n if n > 0 else 0.0
+    d_x = b[1] - mean_x
+    d_y = b[2] - mean_y
+    return [
+        n,
+        mean_x + d_x * weight_b,
+        mean_y + d_y * weight_b,
+        m2_x + b[3] + d_x * d_x * cross,
+        m2_y + b[4] + d_y * d_y * cross,
+        c_xy + b[5] + d_x * d_y * cross,
+    ]
 
 
 _MERGE = {
@@ -104,6 +125,8 @@ IDENTITY = {"sum": 0.0, "max": -math.inf, "min": math.inf, "moments": 0.0}
 # A per-step array with more elements than this (round, position and histogram buckets) is stored sparse: only
 # the buckets a step hit, as (step, bucket) -> value entries; a smaller one is a dense column [steps, ...].
 SPARSE_MIN = 8
+# The open part of an accumulator's table (StepAccumulator._append) is sealed off once it holds more steps than this.
+OPEN_STEPS = 16
 
 
 @dataclass(frozen=True)
@@ -140,6 +163,29 @@ def _hits(reduction: str, values: np.ndarray) -> np.ndarray:
     if reduction == "moments":
         return values[..., 0] != 0
     return values != IDENTITY[reduction]
+
+
+def _merge_entries(
+    reduction: str,
+    mine: tuple[np.ndarray, np.ndarray, np.ndarray],
+    theirs: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Two tables' (step, bucket, values) entries of one wide field as one, sorted by (step, bucket); a key both
+    hold gets reduce(mine, theirs)."""
+    step, bucket, values = mine
+    their_step, their_bucket, their_values = theirs
+    all_step = np.concatenate([step, their_step])
+    all_bucket = np.concatenate([bucket, their_bucket])
+    source = np.repeat(np.array([0, 1], np.int8), [step.shape[0], their_step.shape[0]])
+    order = np.lexsort((source, all_bucket, all_step))
+    all_step, all_bucket = all_step[order], all_bucket[order]
+    all_values = np.concatenate([values, their_values])[order]
+    same = (all_step[1:] == all_step[:-1]) & (all_bucket[1:] == all_bucket[:-1])
+    first = np.flatnonzero(same)  # each key is unique per table: duplicates come in (mine, theirs) pairs
+    all_values[first] = _reduce(reduction, all_values[first], all_values[first + 1])
+    keep = np.ones(all_step.shape[0], dtype=bool)
+    keep[first + 1] = False
+    return all_step[keep], all_bucket[keep], all_values[keep]
 
 
 def _tree_reduce(reduction: str, values: np.ndarray, start: np.ndarray) -> np.ndarray:
@@ -226,6 +272,12 @@ class StateTable:
             return self
         if not self.shapes:
             return other
+        if self.steps.shape[0] and other.steps.shape[0] and other.steps[0] == self.steps[-1]:
+            return self._merged_touching(other)
+        return self._merged_general(other)
+
+    def _merged_general(self, other: StateTable) -> StateTable:
+        """``merged`` for steps in any order (``self`` and ``other`` both hold fields)."""
         if self.steps.shape[0] and other.steps.shape[0] and other.steps[0] > self.steps[-1]:
             steps = np.concatenate([self.steps, other.steps])
             dense = {name: np.concatenate([self.dense[name], other.dense[name]]) for name in self.dense}
@@ -252,6 +304,65 @@ class StateTable:
             ragged[name] = (all_steps[order], np.concatenate([values, their_values])[order])
         return StateTable(self.reductions, self.shapes, steps, dense, sparse, ragged)
 
+    def _merged_touching(self, other: StateTable) -> StateTable:
+        """``merged`` where ``other``'s first step is this table's last (a chunk going on with the open step): the
+        one shared step is reduced (mine, theirs), every other step is copied; entries sorted by step make each
+        field's shared step a slice, so no union, membership test or sort over the tables."""
+        last = self.steps[-1]
+        steps = np.concatenate([self.steps, other.steps[1:]])
+        dense = {}
+        for name, column in self.dense.items():
+            incoming = other.dense[name]
+            shared = _reduce(self.reductions[name], column[-1:], incoming[:1])
+            dense[name] = np.concatenate([column[:-1], shared, incoming[1:]])
+        sparse = {}
+        for name, (step, bucket, values) in self.sparse.items():
+            their_step, their_bucket, their_values = other.sparse[name]
+            mine = int(np.searchsorted(step, last))  # my entries of the shared step: [mine:]
+            theirs = int(np.searchsorted(their_step, last, side="right"))  # theirs: [:theirs]
+            if mine == step.shape[0] or not theirs:  # the shared step has entries on one side only
+                sparse[name] = (
+                    np.concatenate([step, their_step]),
+                    np.concatenate([bucket, their_bucket]),
+                    np.concatenate([values, their_values]),
+                )
+                continue
+            my_bucket, their_shared = bucket[mine:], their_bucket[:theirs]
+            mine_count, their_count = my_bucket.shape[0], their_shared.shape[0]
+            common = min(mine_count, their_count)
+            if np.array_equal(my_bucket[:common], their_shared[:common]):
+                # one side's buckets begin the other's (rounds and positions 0…k): those reduce, the rest follow
+                reduced = _reduce(self.reductions[name], values[mine : mine + common], their_values[:common])
+                if mine_count >= their_count:  # mine go on: the step's entries end where mine do
+                    sparse[name] = (
+                        np.concatenate([step, their_step[theirs:]]),
+                        np.concatenate([bucket, their_bucket[theirs:]]),
+                        np.concatenate([values[:mine], reduced, values[mine + common :], their_values[theirs:]]),
+                    )
+                else:
+                    sparse[name] = (
+                        np.concatenate([step[:mine], their_step]),
+                        np.concatenate([bucket[:mine], their_bucket]),
+                        np.concatenate([values[:mine], reduced, their_values[common:]]),
+                    )
+                continue
+            shared_step, shared_bucket, shared_values = _merge_entries(
+                self.reductions[name],
+                (step[mine:], my_bucket, values[mine:]),
+                (their_step[:theirs], their_shared, their_values[:theirs]),
+            )
+            sparse[name] = (
+                np.concatenate([step[:mine], shared_step, their_step[theirs:]]),
+                np.concatenate([bucket[:mine], shared_bucket, their_bucket[theirs:]]),
+                np.concatenate([values[:mine], shared_values, their_values[theirs:]]),
+            )
+        # my rows of every step come before theirs: concatenated, the entries stay sorted by step (stable)
+        ragged = {
+            name: (np.concatenate([step, other.ragged[name][0]]), np.concatenate([values, other.ragged[name][1]]))
+            for name, (step, values) in self.ragged.items()
+        }
+        return StateTable(self.reductions, self.shapes, steps, dense, sparse, ragged)
+
     def _merge_sparse(self, name: str, theirs: tuple[np.ndarray, np.ndarray, np.ndarray]):
         step, bucket, values = self.sparse[name]
         their_step, their_bucket, their_values = theirs
@@ -263,18 +374,7 @@ class StateTable:
                 np.concatenate([bucket, their_bucket]),
                 np.concatenate([values, their_values]),
             )
-        all_step = np.concatenate([step, their_step])
-        all_bucket = np.concatenate([bucket, their_bucket])
-        source = np.repeat(np.array([0, 1], np.int8), [step.shape[0], their_step.shape[0]])
-        order = np.lexsort((source, all_bucket, all_step))
-        all_step, all_bucket = all_step[order], all_bucket[order]
-        all_values = np.concatenate([values, their_values])[order]
-        same = (all_step[1:] == all_step[:-1]) & (all_bucket[1:] == all_bucket[:-1])
-        first = np.flatnonzero(same)  # each key is unique per table: duplicates come in (mine, theirs) pairs
-        all_values[first] = _reduce(self.reductions[name], all_values[first], all_values[first + 1])
-        keep = np.ones(all_step.shape[0], dtype=bool)
-        keep[first + 1] = False
-        return all_step[keep], all_bucket[keep], all_values[keep]
+        return _merge_entries(self.reductions[name], (step, bucket, values), theirs)
 
     @classmethod
     def joined(cls, tables: Sequence[StateTable]) -> StateTable:
@@ -300,6 +400,15 @@ class StateTable:
 
     def subset(self, keep: np.ndarray) -> StateTable:
         """The table of the steps where ``keep`` (bool [S]) holds."""
+        kept = np.flatnonzero(keep)
+        if not kept.shape[0]:
+            return self.sliced(0, 0)
+        if kept[-1] - kept[0] + 1 == kept.shape[0]:  # one run of steps (a prefix, a suffix, a range)
+            return self.sliced(int(kept[0]), int(kept[-1]) + 1)
+        return self._subset_general(keep)
+
+    def _subset_general(self, keep: np.ndarray) -> StateTable:
+        """``subset`` for any choice of steps: each field's entries by membership of their step."""
         steps = self.steps[keep]
         dense = {name: column[keep] for name, column in self.dense.items()}
         sparse = {}
@@ -310,6 +419,31 @@ class StateTable:
         for name, (step, values) in self.ragged.items():
             inside = np.isin(step, steps)
             ragged[name] = (step[inside], values[inside])
+        return StateTable(self.reductions, self.shapes, steps, dense, sparse, ragged)
+
+    def sliced(self, begin: int, end: int) -> StateTable:
+        """The table of the steps ``steps[begin:end]``: every field's entries are sorted by step, so each is a slice
+        (bounds by ``searchsorted``) and no step is tested for membership."""
+        count = self.steps.shape[0]
+        end = min(max(end, begin), count)
+        steps = self.steps[begin:end]
+        dense = {name: column[begin:end] for name, column in self.dense.items()}
+
+        def bounds(step: np.ndarray) -> tuple[int, int]:
+            if begin >= end:
+                return 0, 0
+            lo = 0 if begin == 0 else int(np.searchsorted(step, self.steps[begin]))
+            hi = step.shape[0] if end == count else int(np.searchsorted(step, self.steps[end]))
+            return lo, hi
+
+        sparse = {}
+        for name, (step, bucket, values) in self.sparse.items():
+            lo, hi = bounds(step)
+            sparse[name] = (step[lo:hi], bucket[lo:hi], values[lo:hi])
+        ragged = {}
+        for name, (step, values) in self.ragged.items():
+            lo, hi = bounds(step)
+            ragged[name] = (step[lo:hi], values[lo:hi])
         return StateTable(self.reductions, self.shapes, steps, dense, sparse, ragged)
 
     def relabeled(self, rename: np.ndarray) -> StateTable:
@@ -550,6 +684,9 @@ class StepAccumulator(ABC):
     The per-step states live in one :class:`StateTable` (``store``); ``steps`` is a step -> state view of it."""
 
     REDUCTIONS: ClassVar[dict[str, str]] = {}
+    # True where a family's chunk state depends on the chunk alone (no option): every accumulator of that very class
+    # fed the same chunk (analyze's §1 and §5, and verl's dialect reporting them again) shares one table of it
+    CHUNK_ONLY: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.store = StateTable.empty(self.REDUCTIONS)
@@ -581,8 +718,12 @@ class StepAccumulator(ABC):
         if incoming.steps[0] > last:
             sealed, self.__dict__["_store"] = open_part, incoming
         else:  # the chunk goes on with the open part's last step: only that step merges
-            sealed = open_part.subset(open_part.steps < last)
-            self.__dict__["_store"] = open_part.subset(open_part.steps == last).merged(incoming)
+            count = open_part.steps.shape[0]
+            if count <= OPEN_STEPS:  # a few steps: merged as they are (copying them costs less than cutting them off)
+                self.__dict__["_store"] = open_part.merged(incoming)
+                return
+            sealed = open_part.sliced(0, count - 1)
+            self.__dict__["_store"] = open_part.sliced(count - 1, count).merged(incoming)
         self.__dict__["_sealed"] = [*self.__dict__.get("_sealed", []), sealed]  # a new list: copies may share the old
 
     @property
@@ -600,11 +741,18 @@ class StepAccumulator(ABC):
 
     # -- shared machinery ------------------------------------------------------------------------
     def update(self, chunk: Chunk) -> None:
-        partial = {
-            name: value.cpu().numpy() if isinstance(value, torch.Tensor) else value
-            for name, value in self._stats(chunk).items()
-        }
-        self._append(StateTable.from_groups(self.REDUCTIONS, chunk.groups.steps, partial))
+        family = type(self)
+        key = ("chunk table", family) if family.__dict__.get("CHUNK_ONLY", False) else None
+        incoming = None if key is None else chunk.cache.get(key)
+        if incoming is None:
+            partial = {
+                name: value.cpu().numpy() if isinstance(value, torch.Tensor) else value
+                for name, value in self._stats(chunk).items()
+            }
+            incoming = StateTable.from_groups(self.REDUCTIONS, chunk.groups.steps, partial)
+            if key is not None:  # tables are never changed in place: merges build new arrays
+                chunk.cache[key] = incoming
+        self._append(incoming)
 
     def merge(self, other: StepAccumulator) -> None:
         self.store = self.store.merged(other.store)

@@ -21,6 +21,7 @@ PREFIX = catalogue.DEBUG_PREFIX
 class DebugAccumulator(StepAccumulator):
     """|p_a − p_r| max and moments, and the (p_a, p_r) co-moments for Pearson, merged by Chan's update."""
 
+    CHUNK_ONLY: ClassVar[bool] = True
     REDUCTIONS: ClassVar[dict[str, str]] = {
         "probs_diff_max": "max",
         "probs_diff": "moments",  # [n, mean, mean, M2, M2, C] of |p_a − p_r| (x = y)

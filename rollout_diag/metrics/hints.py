@@ -28,7 +28,7 @@ from rollout_diag.catalogue import (
 )
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StateTable, StepAccumulator
-from rollout_diag.metrics.localize import POSITION_BUCKETS, TopK
+from rollout_diag.metrics.localize import POSITION_BUCKETS, TopK, top_candidates
 from rollout_diag.metrics.segments import ChunkStats, KernelStats, quantity, reduce_runs, stats
 from rollout_diag.results import Evidence, RowRef
 
@@ -248,7 +248,14 @@ class _ChunkEvidence:
         return self.rows[:, TOKEN_SUMS.index(name)]
 
     def fit(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per row: (has a fit, slope c of δ ≈ c·r through the origin, R² of that line)."""
+        """Per row: (has a fit, slope c of δ ≈ c·r through the origin, R² of that line); computed once (the step sums
+        and the examples both read it)."""
+        found = self.__dict__.get("_fit")
+        if found is None:
+            found = self.__dict__["_fit"] = self._fit()
+        return found
+
+    def _fit(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         n, cross = self.column("tokens"), self.column("cross")
         rollout_square, delta_square = self.column("rollout_square"), self.column("delta_square")
         fitted = (n >= FIT_MIN_TOKENS) & (rollout_square > 0) & (delta_square > 0)
@@ -414,7 +421,9 @@ class HintEvidenceAccumulator(StepAccumulator):
         for kind, (score, shows) in self._row_scores(chunk, evidence).items():
             tracker = self.examples[kind]
             values, eligible = score.cpu().numpy(), shows.cpu().numpy()
-            candidates = np.flatnonzero(eligible & (values >= tracker.threshold()))
+            candidates = top_candidates(
+                values, np.flatnonzero(eligible & (values >= tracker.threshold())), EXAMPLE_ROWS
+            )
             if candidates.size == 0:
                 continue
             keys = {

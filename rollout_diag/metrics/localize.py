@@ -283,6 +283,16 @@ class TopK:
         self.offer(other.items)
 
 
+def top_candidates(values: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
+    """Of ``rows`` (ascending), those whose value is among the ``k`` largest, with every row tied with the k-th: all a
+    top-k list can take from them (ties go by location), found without a key per row."""
+    if rows.shape[0] <= k:
+        return rows
+    scores = values[rows]
+    kth = np.partition(scores, rows.shape[0] - k)[rows.shape[0] - k]
+    return rows[scores >= kth]
+
+
 class WorstTracker:
     """Top-K rows under each criterion and top-K tokens by |δ|, with the tokens of the top rows kept."""
 
@@ -312,7 +322,7 @@ class WorstTracker:
         chosen: set[int] = set()
         for criterion, tracker in self.rows.items():
             values = host[criterion]
-            entering = np.flatnonzero(valid & (values >= tracker.threshold())).tolist()
+            entering = top_candidates(values, np.flatnonzero(valid & (values >= tracker.threshold())), self.k).tolist()
             keys = {
                 row: _location(steps[row], chunk.sample_id[row], chunk.file[row], chunk.file_row[row])
                 for row in entering
@@ -344,10 +354,12 @@ class WorstTracker:
         lengths = chunk.lengths.cpu().numpy()
         rounds = s.rounds_per_row.cpu().numpy()
         details: dict[int, Any] = {}
-        for row in rows:
-            mine = segment_row == row
-            round_abs = np.bincount(segment_round[mine], weights=segment_abs[mine])
-            round_tokens = np.bincount(segment_round[mine], weights=segment_length[mine])
+        # a row's segments are one run (segments follow the tokens, rows in order): its bounds, not a mask per row
+        firsts = np.searchsorted(segment_row, rows, side="left").tolist()
+        lasts = np.searchsorted(segment_row, rows, side="right").tolist()
+        for row, lo, hi in zip(rows, firsts, lasts, strict=True):
+            round_abs = np.bincount(segment_round[lo:hi], weights=segment_abs[lo:hi])
+            round_tokens = np.bincount(segment_round[lo:hi], weights=segment_length[lo:hi])
             with np.errstate(invalid="ignore", divide="ignore"):
                 round_means = np.where(round_tokens > 0, round_abs / np.maximum(round_tokens, 1), -1.0)
             tokens = CapturedRow.of(chunk, row)

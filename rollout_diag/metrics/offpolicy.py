@@ -56,6 +56,7 @@ ROW_AVERAGES = (
 class OffPolicyAccumulator(StepAccumulator):
     """Sums over rows of row-level values and over tokens of token-level values, per step."""
 
+    CHUNK_ONLY: ClassVar[bool] = True
     REDUCTIONS: ClassVar[dict[str, str]] = {
         "rows": "sum",
         "empty_rows": "sum",

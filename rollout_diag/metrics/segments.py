@@ -385,14 +385,24 @@ class ChunkStats:
         """Σ of per-segment values into [G, buckets] by (step group, bucket)."""
         groups = self.chunk.groups.count
         out = torch.zeros(groups * buckets, dtype=torch.float64, device=segment_values.device)
-        out.index_add_(0, self.segment_group * buckets + bucket, segment_values.to(torch.float64))
+        out.index_add_(0, self._bucket_index(bucket, buckets), segment_values.to(torch.float64))
         return out.view(groups, buckets)
 
     def bucket_max(self, segment_values: torch.Tensor, bucket: torch.Tensor, buckets: int) -> torch.Tensor:
         groups = self.chunk.groups.count
         out = torch.full((groups * buckets,), -torch.inf, dtype=torch.float64, device=segment_values.device)
-        out.scatter_reduce_(0, self.segment_group * buckets + bucket, segment_values, reduce="amax")
+        out.scatter_reduce_(0, self._bucket_index(bucket, buckets), segment_values, reduce="amax")
         return out.view(groups, buckets)
+
+    def _bucket_index(self, bucket: torch.Tensor, buckets: int) -> torch.Tensor:
+        """(step group, bucket) of each segment as one index; kept for the latest ``bucket`` tensor, since a family
+        sums several quantities by the same buckets."""
+        found = self._memo.get(("bucket index", buckets))
+        if found is not None and found[0] is bucket:
+            return found[1]
+        index = self.segment_group * buckets + bucket
+        self._memo[("bucket index", buckets)] = (bucket, index)
+        return index
 
     def group_max(self, name: str | PerToken) -> torch.Tensor:
         """Max of a token quantity (by name) or a PerToken value over each step group's model tokens (-inf where a

@@ -1,0 +1,267 @@
+"""StateTable's fast paths (a chunk going on with the open step, a run of steps kept) equal its general paths bit for
+bit: the same entries, the same values, the same reductions in the same order (mine, then theirs)."""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import numpy as np
+import pytest
+from dumps import random_rows, write_sequence_dump
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rollout_diag.drivers.passes import Analysis
+from rollout_diag.io.reader import DumpReader
+from rollout_diag.metrics import base
+from rollout_diag.metrics.base import Ragged, Sparse, StateTable, StepAccumulator
+from rollout_diag.metrics.debug import DebugAccumulator
+from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NaN and ±inf in moments, as in real dumps
+
+REDUCTIONS = {
+    "count": "sum",
+    "high": "max",
+    "low": "min",
+    "spread": "moments",
+    "pair": "sum",  # small: a dense column
+    "small_sparse": "max",  # given as entries, small: made a dense column
+    "buckets": "sum",  # wide: (step, bucket) entries
+    "bucket_max": "max",
+    "bucket_min": "min",
+    "bucket_moments": "moments",
+    "given_entries": "sum",  # wide, given as entries (a kernel's Sparse)
+    "rows": "concat",
+}
+IDENTITY = {"sum": 0.0, "max": -math.inf, "min": math.inf, "moments": 0.0}
+
+
+def _value(rng: np.random.Generator) -> float:
+    """Mostly ordinary values; now and then a NaN, an infinity or a signed zero (each must land where it did)."""
+    pick = rng.random()
+    if pick < 0.03:
+        return math.nan
+    if pick < 0.06:
+        return math.inf if rng.random() < 0.5 else -math.inf
+    if pick < 0.09:
+        return -0.0
+    return float(rng.normal(0.0, 2.0))
+
+
+def _wide(rng: np.random.Generator, groups: int, shape: tuple[int, ...], reduction: str, hit: float) -> np.ndarray:
+    """Each bucket hit with probability ``hit``; a negative ``hit``: each group hits its buckets 0…k, k drawn (as
+    rounds and log2 positions fill)."""
+    tail = (6,) if reduction == "moments" else ()
+    out = np.full((groups, *shape, *tail), IDENTITY[reduction])
+    flat = math.prod(shape)
+    ends = rng.integers(0, flat + 1, groups)
+    for index in np.ndindex(groups, *shape):
+        inside = np.ravel_multi_index(index[1:], shape) < ends[index[0]] if shape else rng.random() < 0.7
+        if (rng.random() < hit) if hit >= 0 else inside:
+            if reduction == "moments":
+                out[index] = [rng.integers(1, 5), _value(rng), _value(rng), abs(_value(rng)), rng.random(), _value(rng)]
+            else:
+                out[index] = _value(rng)
+    return out
+
+
+def _partial(rng: np.random.Generator, groups: int, hit: float) -> dict:
+    """A chunk's partial state over ``groups`` step groups; ``hit``: the share of wide buckets a group fills."""
+    entries = _wide(rng, groups, (30,), "sum", hit).reshape(groups, -1)
+    group, bucket = np.nonzero(entries != 0.0)
+    small = _wide(rng, groups, (4,), "max", hit).reshape(groups, -1)
+    small_group, small_bucket = np.nonzero(small != -math.inf)
+    rows = int(rng.integers(0, 6))
+    return {
+        "count": np.array([_value(rng) for _ in range(groups)]),
+        "high": _wide(rng, groups, (), "max", 0.7),
+        "low": _wide(rng, groups, (), "min", 0.7),
+        "spread": _wide(rng, groups, (), "moments", 0.7),
+        "pair": np.array([[_value(rng), 0.0] for _ in range(groups)]),
+        "small_sparse": Sparse(small_group, small_bucket, small[small_group, small_bucket], (4,)),
+        "buckets": _wide(rng, groups, (20,), "sum", hit),
+        "bucket_max": _wide(rng, groups, (3, 4), "max", hit),
+        "bucket_min": _wide(rng, groups, (12,), "min", hit),
+        "bucket_moments": _wide(rng, groups, (10,), "moments", hit),
+        "given_entries": Sparse(group, bucket, entries[group, bucket], (30,)),
+        "rows": Ragged(rng.normal(size=(rows, 3)), rng.integers(0, groups, rows)),
+    }
+
+
+def _table(rng: np.random.Generator, steps: list[int], hit: float) -> StateTable:
+    return StateTable.from_groups(REDUCTIONS, steps, _partial(rng, len(steps), hit))
+
+
+def assert_same_table(actual: StateTable, expected: StateTable) -> None:
+    """Bit for bit: the same steps, fields, entries, dtypes and shapes (NaNs and signed zeros included)."""
+
+    def same(a: np.ndarray, e: np.ndarray, where: str) -> None:
+        assert a.dtype == e.dtype and a.shape == e.shape, f"{where}: {a.dtype}{a.shape} != {e.dtype}{e.shape}"
+        assert np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(e).tobytes(), f"{where}: {a} != {e}"
+
+    same(actual.steps, expected.steps, "steps")
+    assert actual.shapes == expected.shapes
+    assert list(actual.dense) == list(expected.dense)
+    assert list(actual.sparse) == list(expected.sparse)
+    assert list(actual.ragged) == list(expected.ragged)
+    for name in expected.dense:
+        same(actual.dense[name], expected.dense[name], name)
+    for name in expected.sparse:
+        for part, a, e in zip(("step", "bucket", "values"), actual.sparse[name], expected.sparse[name], strict=True):
+            same(a, e, f"{name} {part}")
+    for name in expected.ragged:
+        for part, a, e in zip(("step", "values"), actual.ragged[name], expected.ragged[name], strict=True):
+            same(a, e, f"{name} {part}")
+
+
+sorted_steps = st.lists(st.integers(-5, 40), min_size=1, max_size=6, unique=True).map(sorted)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    mine=sorted_steps,
+    later=st.lists(st.integers(1, 9), max_size=5),
+    seed=st.integers(0, 2**32 - 1),
+    hits=st.tuples(*[st.sampled_from([0.0, 0.1, 0.5, 1.0, -1.0])] * 2),
+)
+def test_merging_a_table_that_goes_on_with_my_last_step_equals_the_general_merge(mine, later, seed, hits):
+    """Both sides hitting every bucket of the shared step, buckets 0…k (the usual chunk), some, or none."""
+    rng = np.random.default_rng(seed)
+    theirs = [mine[-1]]
+    for gap in later:
+        theirs.append(theirs[-1] + gap)
+    table, other = _table(rng, mine, hits[0]), _table(rng, theirs, hits[1])
+    assert_same_table(table.merged(other), table._merged_general(other))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    steps=sorted_steps,
+    seed=st.integers(0, 2**32 - 1),
+    hit=st.sampled_from([0.0, 0.2, 1.0]),
+    bounds=st.tuples(st.integers(0, 7), st.integers(0, 7)),
+    keep=st.lists(st.booleans(), min_size=6, max_size=6),
+)
+def test_a_run_of_steps_is_sliced_as_the_general_subset_picks_it(steps, seed, hit, bounds, keep):
+    table = _table(np.random.default_rng(seed), steps, hit)
+    count = len(steps)
+    begin, end = min(bounds), max(bounds)
+    run = np.zeros(count, dtype=bool)
+    run[begin:end] = True
+    assert_same_table(table.subset(run), table._subset_general(run))
+    assert_same_table(table.sliced(min(begin, count), min(end, count)), table._subset_general(run))
+    chosen = np.array(keep[:count])  # any choice: a run or not
+    assert_same_table(table.subset(chosen), table._subset_general(chosen))
+
+
+class _Family(StepAccumulator):
+    REDUCTIONS: ClassVar[dict[str, str]] = REDUCTIONS
+
+    def _stats(self, chunk):  # fed tables directly (``_append``)
+        raise NotImplementedError
+
+    def _finalize(self, state):
+        return {}
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    chunks=st.lists(
+        st.tuples(st.integers(-3, 3), st.lists(st.integers(0, 3), max_size=4), st.sampled_from([0.0, 0.3, 1.0, -1.0])),
+        min_size=1,
+        max_size=10,
+    ),
+    seed=st.integers(0, 2**32 - 1),
+    open_steps=st.sampled_from([1, 2, base.OPEN_STEPS]),
+)
+def test_chunks_in_any_order_give_the_table_of_the_general_merge(chunks, seed, open_steps):
+    """Chunks as a reader gives them (each starting at, after or, for a shuffled input, before the previous one's
+    last step): the accumulator's table (sealed parts, open part, whatever its bound) equals folding every chunk's
+    table in with the general merge."""
+    bound = base.OPEN_STEPS
+    base.OPEN_STEPS = open_steps
+    try:
+        _fold(chunks, seed)
+    finally:
+        base.OPEN_STEPS = bound
+
+
+def _fold(chunks: list[tuple[int, list[int], float]], seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    family = _Family()
+    expected = StateTable.empty(REDUCTIONS)
+    last = 0
+    for shift, gaps, hit in chunks:
+        first = last + shift  # shift < 0: out of order; 0: the same step goes on; > 0: new steps
+        steps = [first]
+        for gap in gaps:
+            if gap:
+                steps.append(steps[-1] + gap)
+        incoming = _table(rng, steps, hit)
+        family._append(incoming)
+        expected = expected._merged_general(incoming) if expected.shapes else incoming
+        last = steps[-1]
+    assert_same_table(family.store, expected)
+
+
+def test_accumulators_of_a_chunk_only_family_share_one_table_per_chunk(tmp_path):
+    """analyze's §1 and §5 and verl's dialect (which reports them again) build each chunk's table once, and their
+    tables stay equal to one another and to an accumulator fed alone; a subclass does not share its parent's."""
+
+    class Narrowed(OffPolicyAccumulator):  # a subclass may compute something else: it never takes §1's table
+        def _stats(self, chunk):
+            return {name: value * 2.0 for name, value in super()._stats(chunk).items()}
+
+    rows = random_rows(seed=4, steps=(0, 1, 2), rows_per_step=6, max_length=30, env_share=0.3)
+    path = write_sequence_dump(tmp_path / "dump.parquet", rows, row_group_size=5)
+    analysis = Analysis()
+    verl = analysis.dialect.families["verl"]
+    alone, debug_alone, narrowed = OffPolicyAccumulator(), DebugAccumulator(), Narrowed()
+    built = []
+    original = StateTable.from_groups
+
+    def counted(reductions, steps, partial):
+        table = original(reductions, steps, partial)
+        built.append(reductions)
+        return table
+
+    for chunk, _ in DumpReader([str(path)], chunk_tokens=64).chunks("cpu"):
+        built.clear()
+        StateTable.from_groups = counted  # type: ignore[method-assign]
+        try:
+            analysis.update(chunk)
+        finally:
+            StateTable.from_groups = original  # type: ignore[method-assign]
+        assert built.count(OffPolicyAccumulator.REDUCTIONS) == 1
+        assert built.count(DebugAccumulator.REDUCTIONS) == 1
+        narrowed.update(chunk)
+        chunk.cache.clear()
+        alone.update(chunk)
+        debug_alone.update(chunk)
+    assert_same_table(verl.families[0].store, analysis.offpolicy.store)
+    assert_same_table(analysis.offpolicy.store, alone.store)
+    assert_same_table(verl.families[1].store, debug_alone.store)
+    assert_same_table(analysis.debug.store, debug_alone.store)
+    doubled = narrowed.store.dense["rows"]
+    np.testing.assert_array_equal(doubled, 2.0 * alone.store.dense["rows"])
+
+
+moment_values = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0.0, -0.0, 1.0, 3.0, 1e308, -1e308, 5e-324]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(a=st.lists(moment_values, min_size=6, max_size=6), b=st.lists(moment_values, min_size=6, max_size=6))
+def test_one_pair_of_moments_merges_as_the_vectorised_merge(a, b):
+    """The merge of one step's moments (Python floats) gives the bits of the vectorised merge, NaN, ±inf, signed
+    zeros and overflow included."""
+    mine, theirs = np.array([a, a]), np.array([b, b])  # two rows: the vectorised path
+    vectorised = base.merge_moments(mine, theirs)[:1]
+    one = base.merge_moments(mine[:1], theirs[:1])
+    assert one.dtype == vectorised.dtype and one.shape == vectorised.shape == (1, 6)
+    assert one.tobytes() == vectorised.tobytes(), (one, vectorised)
+    assert base.merge_moments(mine[0], theirs[0]).tobytes() == vectorised[0].tobytes()
