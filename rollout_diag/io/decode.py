@@ -218,6 +218,14 @@ def _policy_versions(opened: OpenFile, batch, first_row: int, rows, index=None) 
     return array.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
+def _list_lengths(array: pa.Array) -> np.ndarray:
+    """Each row's list length, -1 for a null list (int32 for a list, int64 for a large list). Without nulls these are
+    the differences of the offsets: one numpy call instead of three compute calls a column and batch."""
+    if isinstance(array, pa.ListArray | pa.LargeListArray) and not array.null_count:
+        return np.diff(array.offsets.to_numpy())
+    return pc.list_value_length(array).fill_null(-1).to_numpy(zero_copy_only=False)
+
+
 def _flat_numpy(array: pa.Array) -> np.ndarray:
     return array.to_numpy(zero_copy_only=False)
 
@@ -235,10 +243,7 @@ def read_sequences(opened: OpenFile, reader: DumpReader) -> Iterator[tuple[Block
         if rows == 0:
             continue
         lists = {role: batch.column(names[role]) for role in ("rollout", "trainer", "mask") if role in names}
-        lengths = {
-            role: pc.list_value_length(array).fill_null(-1).to_numpy(zero_copy_only=False)
-            for role, array in lists.items()
-        }
+        lengths = {role: _list_lengths(array) for role, array in lists.items()}
         keep = np.ones(rows, dtype=bool)
         if reader.selection is not None:  # rows left out here are neither decoded nor validated
             keep = reader.selection(batch, _batch_steps(opened, batch, rows))
@@ -290,11 +295,11 @@ def read_sequences(opened: OpenFile, reader: DumpReader) -> Iterator[tuple[Block
         token_ids = text = None
         if "token_ids" in names and "token_ids" not in opened.columns.from_partition:
             ids = batch.column(names["token_ids"])
-            if np.array_equal(pc.list_value_length(ids).fill_null(-1).to_numpy(zero_copy_only=False), lengths_kept):
+            if np.array_equal(_list_lengths(ids), lengths_kept):
                 token_ids = _as_ids(_flat_numpy(pc.list_flatten(ids)))
         if "tokens" in names and "tokens" not in opened.columns.from_partition:
             tokens = batch.column(names["tokens"])
-            if np.array_equal(pc.list_value_length(tokens).fill_null(-1).to_numpy(zero_copy_only=False), lengths_kept):
+            if np.array_equal(_list_lengths(tokens), lengths_kept):
                 text = pc.list_flatten(tokens)
         yield (
             Block(
