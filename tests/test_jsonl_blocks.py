@@ -194,3 +194,29 @@ def test_carriage_return_after_the_first_megabyte(tmp_path):
     path.write_bytes(b"{}\n" * 400_000 + b"{}\r\n" + b"{}")
     assert base._scan_lines(path) == (400_002, True)
     assert math.isclose(base.count_lines(path), 400_002)
+
+
+# ------------------------------------------------------------------ finding line ends (eight bytes at a time)
+@settings(max_examples=200, deadline=None)
+@given(
+    data=st.lists(st.sampled_from([b"\n", b"a", b"\x80", b"\xff", b"\r", b"\n\n", b"0123456789"]), max_size=400).map(
+        b"".join
+    ),
+    cut=st.tuples(st.integers(0, 4000), st.integers(0, 4000)),
+)
+def test_line_ends_and_ascii_of_any_range(data, cut):
+    """Every newline of ``data[start:stop]``, at any alignment, and whether that range is ASCII (a word at a time)."""
+    from rollout_diag.kernels.jsonl import line_ends
+
+    start, stop = sorted(min(c, len(data)) for c in cut)
+    ends, ascii = line_ends(base._readonly(data), start, stop)
+    assert ends.tolist() == [i + 1 for i in range(start, stop) if data[i] == 10]
+    assert ascii == data[start:stop].isascii()
+
+
+def test_line_ends_past_its_first_guess_of_lines():
+    from rollout_diag.kernels.jsonl import line_ends
+
+    data = b"{}\n" * 5000 + b"x"
+    ends, ascii = line_ends(base._readonly(data), 1, len(data))
+    assert ends.tolist() == list(range(3, 15001, 3)) and ascii

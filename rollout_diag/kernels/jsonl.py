@@ -699,29 +699,64 @@ def scan(raw, starts, key_bytes, key_starts, kinds, elements):
     )
 
 
+_ONES = np.uint64(0x0101010101010101)
+_HIGH_BITS = np.uint64(0x8080808080808080)
+_NEWLINES = np.uint64(0x0A0A0A0A0A0A0A0A)
+_RETURNS = np.uint64(0x0D0D0D0D0D0D0D0D)
+
+
+@njit(**_INLINE)
+def _holds(word, pattern):
+    """Non-zero where some byte of ``word`` equals the byte repeated in ``pattern`` (exact as a yes/no)."""
+    x = word ^ pattern
+    return (x - _ONES) & ~x & _HIGH_BITS
+
+
 @njit(**_FLAGS)
-def line_ends(buf):
-    """The position after each newline (byte 10) of ``buf``, in order (int64)."""
+def line_ends(buf, start, stop):
+    """(the position after each newline (byte 10) of ``buf[start:stop]``, in order, int64; whether those bytes are
+    all ASCII). One pass, eight bytes at a time: a word without a newline is passed over whole."""
+    ends = np.empty(1024, np.int64)
     lines = 0
-    for p in range(buf.shape[0]):
-        lines += buf[p] == 10
-    ends = np.empty(lines, np.int64)
-    at = 0
-    for p in range(buf.shape[0]):
-        if buf[p] == 10:
-            ends[at] = p + 1
-            at += 1
-    return ends
+    high = np.uint64(0)
+    p = start
+    while p < stop:
+        while p + 8 <= stop:  # words without a newline (this loop touches no array it could have to count)
+            word = _load8(buf, p)
+            high |= word
+            if _holds(word, _NEWLINES):
+                break
+            p += 8
+        upto = min(p + 8, stop)
+        for i in range(p, upto):
+            c = buf[i]
+            high |= np.uint64(c)
+            if c == 10:
+                if lines == ends.shape[0]:
+                    grown = np.empty(2 * lines, np.int64)
+                    grown[:lines] = ends
+                    ends = grown
+                ends[lines] = i + 1
+                lines += 1
+        p = upto
+    return ends[:lines].copy(), (high & _HIGH_BITS) == 0
 
 
 @njit(**_FLAGS)
 def newlines_and_returns(buf, upto):
-    """(newlines, carriage returns) in ``buf[:upto]``."""
+    """(newlines, carriage returns) in ``buf[:upto]``, eight bytes at a time."""
     newlines, returns = 0, 0
-    for p in range(upto):
-        c = buf[p]
-        newlines += c == 10
-        returns += c == 13
+    p = 0
+    while p + 8 <= upto:
+        word = _load8(buf, p)
+        if _holds(word, _NEWLINES) or _holds(word, _RETURNS):
+            for i in range(p, p + 8):
+                newlines += buf[i] == 10
+                returns += buf[i] == 13
+        p += 8
+    for i in range(p, upto):
+        newlines += buf[i] == 10
+        returns += buf[i] == 13
     return newlines, returns
 
 
@@ -792,6 +827,7 @@ class Scanner:
     def scan(self, data: bytes, starts: np.ndarray) -> Scanned:
         """Lines ``data[starts[i]:starts[i + 1]]`` (ASCII or checked UTF-8): the accepted ones, read."""
         buf = np.frombuffer(data, np.uint8)
+        buf.flags.writeable = False  # one compiled type whether ``data`` is bytes or a reused buffer
         accepted, status, first, count, sub_first, sub_count, sub_null, floats, ints, nulls = scan(
             buf, starts, self._key_bytes, self._key_starts, self._kinds, self._elements
         )
