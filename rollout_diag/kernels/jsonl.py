@@ -258,23 +258,49 @@ def _is_infinity(buf, p, end):
 
 
 @njit(**_INLINE)
-def _number(buf, p, end, integer):
-    """A JSON number at ``p`` (Python's grammar; ``NaN``/``Infinity``/``-Infinity`` unless ``integer``).
+def _integer_literal(buf, p, end):
+    """A JSON integer literal of at most 18 digits at ``p``: (end position, value), or (-1, 0) where there is none
+    (a fraction or an exponent included: Python reads those as floats)."""
+    negative = p < end and buf[p] == 45  # -
+    if negative:
+        p += 1
+    if p >= end:
+        return -1, 0
+    c = buf[p]
+    whole = 0
+    digits = 0
+    if c == 48:  # 0: a leading zero stands alone
+        p += 1
+    elif 49 <= c <= 57:
+        while p < end and 48 <= buf[p] <= 57:
+            if digits < 18:
+                whole = whole * 10 + (buf[p] - 48)
+            digits += 1
+            p += 1
+    else:
+        return -1, 0
+    if digits > 18 or (p < end and (buf[p] == 46 or buf[p] == 101 or buf[p] == 69)):  # . e E
+        return -1, 0
+    return p, (-whole if negative else whole)
 
-    Returns (end position or -1, value as float, value as int, is_integer_literal). ``integer``: only an
-    integer literal of at most 18 digits is accepted. -1 also where the value is left to Python."""
+
+@njit(**_INLINE)
+def _number(buf, p, end):
+    """A JSON number at ``p`` as a float (Python's grammar, ``NaN``/``Infinity``/``-Infinity`` included).
+
+    Returns (end position or -1, value, is_integer_literal); -1 also where the value is left to Python (more than 19
+    significant digits, outside the normal double range). Integer fields use :func:`_integer_literal`."""
     negative = False
     if p < end and buf[p] == 45:  # -
         negative = True
         p += 1
     if p >= end:
-        return -1, 0.0, 0, False
+        return -1, 0.0, False
     c = buf[p]
-    if not integer:
-        if c == 73 and _is_infinity(buf, p, end):
-            return p + 8, (-np.inf if negative else np.inf), 0, False
-        if c == 78 and not negative and _is_nan(buf, p, end):
-            return p + 3, np.nan, 0, False
+    if c == 73 and _is_infinity(buf, p, end):
+        return p + 8, (-np.inf if negative else np.inf), False
+    if c == 78 and not negative and _is_nan(buf, p, end):
+        return p + 3, np.nan, False
     w = np.uint64(0)
     digits = 0  # significant digits in w (leading zeros not counted)
     ten = np.uint64(10)
@@ -286,7 +312,7 @@ def _number(buf, p, end, integer):
             digits += 1
             p += 1
     else:
-        return -1, 0.0, 0, False
+        return -1, 0.0, False
     literal_int = True
     fraction = 0
     if p < end and buf[p] == 46:  # .
@@ -309,7 +335,7 @@ def _number(buf, p, end, integer):
             p += 1
         fraction = p - start
         if p == start:
-            return -1, 0.0, 0, False
+            return -1, 0.0, False
     exponent = 0
     if p < end and (buf[p] == 101 or buf[p] == 69):  # e E
         literal_int = False
@@ -324,22 +350,17 @@ def _number(buf, p, end, integer):
                 exponent = exponent * 10 + (buf[p] - 48)
             p += 1
         if p == start or p - start > 5:
-            return -1, 0.0, 0, False
+            return -1, 0.0, False
         if minus:
             exponent = -exponent
-    if integer:
-        if not literal_int or digits > 18:
-            return -1, 0.0, 0, False
-        value = np.int64(w)
-        return p, 0.0, (-value if negative else value), True
     if digits > 19:
-        return -1, 0.0, 0, False
+        return -1, 0.0, False
     if literal_int:
         negative = negative and digits > 0  # Python reads -0 as the integer 0: +0.0 as a float
     value, ok = decimal_to_double(w, exponent - fraction, negative)
     if not ok:
-        return -1, 0.0, 0, False
-    return p, value, 0, literal_int
+        return -1, 0.0, False
+    return p, value, literal_int
 
 
 @njit(**_FLAGS)
@@ -510,13 +531,14 @@ def _element(buf, p, end, element, floats, ints, nulls, n):
             ints[n] = 0
             return p + 5
         return -1
-    q, value, whole, literal_int = _number(buf, p, end, element == INT_ELEMENT)
     if element == INT_ELEMENT:
+        q, whole = _integer_literal(buf, p, end)
         ints[n] = whole
-    elif literal_int and abs(value) >= 9007199254740992.0:
+        return q
+    q, value, literal_int = _number(buf, p, end)
+    if literal_int and abs(value) >= 9007199254740992.0:
         return -1  # an integer Python keeps exact: Arrow refuses it as a float beyond 2**53
-    else:
-        floats[n] = value
+    floats[n] = value
     return q
 
 
@@ -546,9 +568,8 @@ def _items(buf, p, end, element, floats, ints, nulls, n):
 
 @njit(**_FLAGS)
 def _integer(buf, p, end):
-    """An integer field's value (a call per line: the number reader is inlined once here)."""
-    p, _, whole, _ = _number(buf, p, end, True)
-    return p, whole
+    """An integer field's value (a call per line)."""
+    return _integer_literal(buf, p, end)
 
 
 @njit(**_FLAGS)
@@ -630,43 +651,45 @@ def scan(raw, starts, key_bytes, key_starts, kinds, elements):
                         count[line, key] = p - 1
                     elif buf[p] != 91:
                         p = -1
-                    elif kind == LIST:
-                        first[line, key] = n
-                        p, n = _items(buf, p, end, elements[key], floats, ints, nulls, n)
-                        count[line, key] = n - first[line, key]
-                    else:  # LIST2: a list of lists (or nulls)
-                        first[line, key] = m
-                        p = _space(buf, p + 1, end)
-                        if p < end and buf[p] == 93:
-                            p += 1
-                        else:
-                            while p >= 0:
+                    else:  # a LIST, or a LIST2 (a list of lists or nulls): one place reads items (compile time)
+                        nested = kind == LIST2
+                        first[line, key] = m if nested else n
+                        more = True
+                        if nested:
+                            p = _space(buf, p + 1, end)
+                            if p < end and buf[p] == 93:
+                                p += 1
+                                more = False
+                        while more:
+                            if nested:
                                 sub_first[m] = n
                                 sub_null[m] = 0
+                            if p >= end:
+                                p = -1
+                            elif buf[p] == 91:
+                                p, n = _items(buf, p, end, elements[key], floats, ints, nulls, n)
+                            elif nested and buf[p] == 110:
+                                p = p + 4 if _is_null(buf, p, end) else -1
+                                sub_null[m] = 1
+                            else:
+                                p = -1
+                            if p < 0 or not nested:
+                                break
+                            sub_count[m] = n - sub_first[m]
+                            m += 1
+                            p = _space(buf, p, end)
+                            if p < end and buf[p] == 44:
+                                p = _space(buf, p + 1, end)
                                 if p >= end:
                                     p = -1
-                                elif buf[p] == 110:
-                                    p = p + 4 if _is_null(buf, p, end) else -1
-                                    sub_null[m] = 1
-                                elif buf[p] != 91:
-                                    p = -1
-                                else:
-                                    p, n = _items(buf, p, end, elements[key], floats, ints, nulls, n)
-                                if p < 0:
                                     break
-                                sub_count[m] = n - sub_first[m]
-                                m += 1
-                                p = _space(buf, p, end)
-                                if p < end and buf[p] == 44:
-                                    p = _space(buf, p + 1, end)
-                                    if p >= end:
-                                        p = -1
-                                elif p < end and buf[p] == 93:
-                                    p += 1
-                                    break
-                                else:
-                                    p = -1
-                        count[line, key] = m - first[line, key]
+                            elif p < end and buf[p] == 93:
+                                p += 1
+                                break
+                            else:
+                                p = -1
+                                break
+                        count[line, key] = (m if nested else n) - first[line, key]
                 if p < 0:
                     break
                 p = _space(buf, p, end)
@@ -772,8 +795,9 @@ def _gather(rows, first, count, values):
     at = 0
     for i in range(rows.shape[0]):
         r = rows[i]
-        out[at : at + count[r]] = values[first[r] : first[r] + count[r]]
-        at += count[r]
+        for j in range(first[r], first[r] + count[r]):  # a loop, not a slice copy: no size check to compile
+            out[at] = values[j]
+            at += 1
         offsets[i + 1] = at
     return offsets, out
 
