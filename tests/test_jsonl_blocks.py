@@ -169,11 +169,14 @@ def test_a_byte_that_is_not_utf8_still_raises_when_reads_cut_around_it(tmp_path,
 def test_parts_cover_the_block_in_order_and_cut_only_at_line_ends(monkeypatch):
     monkeypatch.setattr(base, "PART_BYTES", 10)
     ends = np.cumsum([0, 3, 40, 1, 1, 25, 7, 2, 90, 5]).astype(np.int64) + 17
-    parts = base._parts(ends)
+    parts = base._parts(ends, 100)
     assert parts[0][0] == 0 and parts[-1][1] == len(ends) - 1 and len(parts) > 3
     assert all(a < b for a, b in parts) and all(b == c for (_, b), (c, _) in pairwise(parts))
+    few = base._parts(ends, 3)  # no more parts than asked: larger ones
+    assert len(few) == 3 and few[0][0] == 0 and few[-1][1] == len(ends) - 1
+    assert all(b == c for (_, b), (c, _) in pairwise(few))
     monkeypatch.setattr(base, "PART_BYTES", 1 << 20)
-    assert base._parts(ends) == [(0, len(ends) - 1)]
+    assert base._parts(ends, 100) == [(0, len(ends) - 1)]
 
 
 # ------------------------------------------------------------------ counting lines

@@ -318,7 +318,8 @@ class FastLines:
 
 
 BLOCK_BYTES = 16 << 20  # a block of lines (one batch) ends within this many bytes even when more rows are asked
-PART_BYTES = 1 << 20  # a block's lines are scanned in parts of about this many bytes, by one thread per core
+PART_BYTES = 1 << 20  # a block's lines are scanned in parts of at least about this many bytes, by one thread per core
+_PARTS_PER_THREAD = 2  # parts of a block at most, per scanning thread (each part costs Python work per field)
 _SCAN_THREADS = 4  # threads scanning at most (one per core up to this)
 _BUFFERS = 3  # read buffers in turn: the block being read, the one being scanned, the one being converted
 _SPARE_BUFFERS: list[list[bytearray]] = []  # sets of read buffers kept between files (their pages stay taken)
@@ -425,7 +426,7 @@ def _fast_batches(
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollout-diag-jsonl") as pool:
             ahead: deque = deque()
             for block in _blocks(path, size, buffers):
-                parts = _parts(block.ends)
+                parts = _parts(block.ends, _PARTS_PER_THREAD * workers)
                 ahead.append((block, parts, [pool.submit(_scan_part, block, a, b, scanner) for a, b in parts]))
                 if len(ahead) > 1:
                     yield _finish_block(_joined(*ahead.popleft()), step, parse, fast, extra)
@@ -453,11 +454,12 @@ def _give_back_buffers(buffers: list[bytearray]) -> None:
         _SPARE_BUFFERS.append(buffers)
 
 
-def _parts(ends: np.ndarray) -> list[tuple[int, int]]:
-    """The block's lines as ranges ``[a, b)`` of about :data:`PART_BYTES` each, in order, cut only at line ends."""
+def _parts(ends: np.ndarray, most: int) -> list[tuple[int, int]]:
+    """The block's lines as at most ``most`` ranges ``[a, b)`` of about the same bytes, at least about
+    :data:`PART_BYTES` each, in order, cut only at line ends."""
     lines = len(ends) - 1
     total = int(ends[-1] - ends[0])
-    count = max(1, min(lines, total // max(PART_BYTES, 1)))
+    count = max(1, min(lines, most, total // max(PART_BYTES, 1)))
     if count <= 1:
         return [(0, lines)]
     targets = ends[0] + (np.arange(1, count, dtype=np.int64) * total) // count
