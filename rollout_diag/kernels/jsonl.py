@@ -858,6 +858,7 @@ class Scanner:
         rows = np.flatnonzero(accepted)
         status = status[rows]
         every = np.arange(len(rows))
+        any_null = bool(nulls.any())  # else no list needs its items' null flags gathered
         columns = []
         for k, field in enumerate(self.fields):
             present = status[:, k] == PRESENT
@@ -878,7 +879,7 @@ class Scanner:
             if field.kind == LIST2:
                 offsets, subs = _gather(every, starts_k, lengths, np.arange(len(sub_first)))
                 inner_offsets, values = _gather(subs, sub_first, sub_count, items)
-                _, value_nulls = _gather(subs, sub_first, sub_count, nulls)
+                value_nulls = _gather(subs, sub_first, sub_count, nulls)[1] if any_null else None
                 inner_nulls = sub_null[subs].view(np.bool_)
                 inner = pa.ListArray.from_arrays(
                     pa.array(inner_offsets),
@@ -887,7 +888,7 @@ class Scanner:
                 )
             else:
                 offsets, values = _gather(every, starts_k, lengths, items)
-                _, value_nulls = _gather(every, starts_k, lengths, nulls)
+                value_nulls = _gather(every, starts_k, lengths, nulls)[1] if any_null else None
                 inner = _values(values, value_nulls, field.element)
             mask = None if present.all() else pa.array(~present)
             columns.append(pa.ListArray.from_arrays(pa.array(offsets), inner, mask=mask))
@@ -895,8 +896,8 @@ class Scanner:
         return Scanned(rows, table, status == NULL)
 
 
-def _values(values: np.ndarray, value_nulls: np.ndarray, element: int) -> pa.Array:
-    mask = value_nulls.view(np.bool_) if value_nulls.any() else None
+def _values(values: np.ndarray, value_nulls: np.ndarray | None, element: int) -> pa.Array:
+    mask = value_nulls.view(np.bool_) if value_nulls is not None and value_nulls.any() else None
     if element == BOOL_ELEMENT:
         return pa.array(values.astype(np.bool_), pa.bool_(), mask=mask)
     return pa.array(values, pa.float64() if element == FLOAT_ELEMENT else pa.int64(), mask=mask)
