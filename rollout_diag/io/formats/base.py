@@ -359,8 +359,8 @@ def _blocks(path: str, size: int, buffers: list[bytearray]) -> Iterator[_Block]:
     with open(path, "rb", buffering=0) as handle:
         while True:
             data = buffers[turn % len(buffers)]
-            if len(data) < len(carried) + BLOCK_BYTES:
-                data = buffers[turn % len(buffers)] = bytearray(len(carried) + BLOCK_BYTES)
+            if len(data) < 2 * len(carried):  # room to read at least as much as the cut line holds
+                data = buffers[turn % len(buffers)] = bytearray(2 * len(carried))
             turn += 1
             data[: len(carried)] = carried
             filled = checked = len(carried)
