@@ -226,16 +226,17 @@ def test_line_ends_past_its_first_guess_of_lines():
 
 
 def test_read_buffers_are_reused_within_and_across_files(tmp_path, monkeypatch):
-    """Reads that cut lines keep the buffers at their size, so the next file reads into the same three buffers."""
-    monkeypatch.setattr(base, "BLOCK_BYTES", 1000)
+    """Reads that cut lines shorter than the buffers' slack keep the buffers, so the next file reads into the same
+    three buffers."""
+    monkeypatch.setattr(base, "BLOCK_BYTES", 4000)
     monkeypatch.setattr(base, "_SPARE_BUFFERS", [])
     lines = [_prime_line(i, 5) for i in range(40)]
-    assert all(300 < len(line) < 450 for line in lines)  # every read of 1000 bytes cuts a line shorter than half
+    assert all(300 < len(line) < 450 for line in lines)  # reads of 4000 bytes cut lines shorter than the slack (500)
     path = tmp_path / "rank_0.jsonl"
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     rows = _read(prime_rl, path, True, 7)
     assert len(base._SPARE_BUFFERS) == 1
     kept = base._SPARE_BUFFERS[0]
-    assert [len(buffer) for buffer in kept] == [1000, 1000, 1000]
+    assert [len(buffer) for buffer in kept] == [4501, 4501, 4501]
     assert _read(prime_rl, path, True, 7) == rows == _read(prime_rl, path, False, 7)
     assert len(base._SPARE_BUFFERS) == 1 and all(a is b for a, b in zip(base._SPARE_BUFFERS[0], kept, strict=True))

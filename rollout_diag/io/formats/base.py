@@ -348,9 +348,9 @@ def _blocks(path: str, size: int, buffers: list[bytearray]) -> Iterator[_Block]:
     line: one block). Every block ends at a newline (or at the file's end).
 
     The bytes are read into ``buffers`` in turn (no fresh pages, no joining of a line cut by a read: its start is
-    moved to the front of the next buffer; a buffer too short for a line is replaced in the list by a longer one), so a
-    block's ``data`` is overwritten once the generator has gone on ``len(buffers)`` reads: the caller must be done
-    with a block by then (``_fast_batches`` keeps one block ahead of three buffers)."""
+    moved to the front of the next buffer; a buffer too short is replaced in the list by a longer one), so a block's
+    ``data`` is overwritten once the generator has gone on ``len(buffers)`` reads: the caller must be done with a
+    block by then (``_fast_batches`` keeps one block ahead of three buffers)."""
     from rollout_diag.kernels.jsonl import line_ends
 
     first = 0
@@ -358,23 +358,24 @@ def _blocks(path: str, size: int, buffers: list[bytearray]) -> Iterator[_Block]:
     carried = b""  # the bytes after the last newline read so far (a line cut by a read)
     with open(path, "rb", buffering=0) as handle:
         while True:
-            data = buffers[turn % len(buffers)]
-            if len(data) < 2 * len(carried):  # room to read at least as much as the cut line holds
-                data = buffers[turn % len(buffers)] = bytearray(2 * len(carried))
+            slot = turn % len(buffers)
             turn += 1
-            data[: len(carried)] = carried
+            data = buffers[slot]
+            data[: len(carried)] = carried  # the buffers have room for a cut line of up to a slack (else it grows)
             filled = checked = len(carried)
             ascii = carried.isascii()
-            while True:  # read until the buffer holds a newline (a longer line grows it) or the file ends
-                filled = _fill(handle, data, filled)
+            while True:  # reads of BLOCK_BYTES (so the blocks, and the batches, are the same whatever the buffers)
+                wanted = filled + BLOCK_BYTES
+                if len(data) < wanted:  # not resized in place: an old view of it may still be alive
+                    grown = bytearray(wanted)
+                    grown[:filled] = data[:filled]
+                    data = buffers[slot] = grown
+                filled = _fill(handle, data, filled, wanted)
                 ends, ascii_read = line_ends(_readonly(data), checked, filled)
                 ascii = ascii and ascii_read
-                if len(ends) or filled < len(data):
+                if len(ends) or filled < wanted:  # a newline, or the file's end
                     break
                 checked = filled
-                grown = bytearray(2 * len(data))  # not resized in place: an old view of it may still be alive
-                grown[:filled] = data[:filled]
-                data = buffers[(turn - 1) % len(buffers)] = grown
             if not len(ends):  # the file's end
                 if filled:  # a last line without a newline
                     last = bytes(data[:filled])
@@ -390,10 +391,10 @@ def _blocks(path: str, size: int, buffers: list[bytearray]) -> Iterator[_Block]:
             carried = bytes(data[int(ends[-1]) : filled])
 
 
-def _fill(handle: Any, data: bytearray, filled: int) -> int:
-    """Read from ``handle`` into ``data[filled:]`` until it is full or the file ends; returns the bytes now held."""
+def _fill(handle: Any, data: bytearray, filled: int, wanted: int) -> int:
+    """Read from ``handle`` into ``data[filled:wanted]`` until that is full or the file ends; returns the bytes held."""
     with memoryview(data) as view:
-        while filled < len(data) and (got := handle.readinto(view[filled:])):
+        while filled < wanted and (got := handle.readinto(view[filled:wanted])):
             filled += got
     return filled
 
@@ -443,14 +444,19 @@ def _take_buffers() -> list[bytearray]:
             buffers = _SPARE_BUFFERS.pop()
         except IndexError:  # another thread took the last one
             break
-        if all(len(buffer) == BLOCK_BYTES for buffer in buffers):  # not from before BLOCK_BYTES changed
+        if all(len(buffer) == _buffer_bytes() for buffer in buffers):  # not from before BLOCK_BYTES changed
             return buffers
-    return [bytearray(BLOCK_BYTES) for _ in range(_BUFFERS)]
+    return [bytearray(_buffer_bytes()) for _ in range(_BUFFERS)]
+
+
+def _buffer_bytes() -> int:
+    """A read buffer's size: a read of :data:`BLOCK_BYTES` after a cut line of up to an eighth of that."""
+    return BLOCK_BYTES + BLOCK_BYTES // 8 + 1
 
 
 def _give_back_buffers(buffers: list[bytearray]) -> None:
     """Keep a file's read buffers for the next file, unless enough are kept or one grew for a long line."""
-    if len(_SPARE_BUFFERS) < _SPARE_SETS and all(len(buffer) == BLOCK_BYTES for buffer in buffers):
+    if len(_SPARE_BUFFERS) < _SPARE_SETS and all(len(buffer) == _buffer_bytes() for buffer in buffers):
         _SPARE_BUFFERS.append(buffers)
 
 
