@@ -169,11 +169,14 @@ def test_a_byte_that_is_not_utf8_still_raises_when_reads_cut_around_it(tmp_path,
 def test_parts_cover_the_block_in_order_and_cut_only_at_line_ends(monkeypatch):
     monkeypatch.setattr(base, "PART_BYTES", 10)
     ends = np.cumsum([0, 3, 40, 1, 1, 25, 7, 2, 90, 5]).astype(np.int64) + 17
-    parts = base._parts(ends)
+    parts = base._parts(ends, 100)
     assert parts[0][0] == 0 and parts[-1][1] == len(ends) - 1 and len(parts) > 3
     assert all(a < b for a, b in parts) and all(b == c for (_, b), (c, _) in pairwise(parts))
+    few = base._parts(ends, 3)  # no more parts than asked: larger ones
+    assert len(few) == 3 and few[0][0] == 0 and few[-1][1] == len(ends) - 1
+    assert all(b == c for (_, b), (c, _) in pairwise(few))
     monkeypatch.setattr(base, "PART_BYTES", 1 << 20)
-    assert base._parts(ends) == [(0, len(ends) - 1)]
+    assert base._parts(ends, 100) == [(0, len(ends) - 1)]
 
 
 # ------------------------------------------------------------------ counting lines
@@ -194,3 +197,46 @@ def test_carriage_return_after_the_first_megabyte(tmp_path):
     path.write_bytes(b"{}\n" * 400_000 + b"{}\r\n" + b"{}")
     assert base._scan_lines(path) == (400_002, True)
     assert math.isclose(base.count_lines(path), 400_002)
+
+
+# ------------------------------------------------------------------ finding line ends (eight bytes at a time)
+@settings(max_examples=200, deadline=None)
+@given(
+    data=st.lists(st.sampled_from([b"\n", b"a", b"\x80", b"\xff", b"\r", b"\n\n", b"0123456789"]), max_size=400).map(
+        b"".join
+    ),
+    cut=st.tuples(st.integers(0, 4000), st.integers(0, 4000)),
+)
+def test_line_ends_and_ascii_of_any_range(data, cut):
+    """Every newline of ``data[start:stop]``, at any alignment, and whether that range is ASCII (a word at a time)."""
+    from rollout_diag.kernels.jsonl import line_ends
+
+    start, stop = sorted(min(c, len(data)) for c in cut)
+    ends, ascii = line_ends(base._readonly(data), start, stop)
+    assert ends.tolist() == [i + 1 for i in range(start, stop) if data[i] == 10]
+    assert ascii == data[start:stop].isascii()
+
+
+def test_line_ends_past_its_first_guess_of_lines():
+    from rollout_diag.kernels.jsonl import line_ends
+
+    data = b"{}\n" * 5000 + b"x"
+    ends, ascii = line_ends(base._readonly(data), 1, len(data))
+    assert ends.tolist() == list(range(3, 15001, 3)) and ascii
+
+
+def test_read_buffers_are_reused_within_and_across_files(tmp_path, monkeypatch):
+    """Reads that cut lines shorter than the buffers' slack keep the buffers, so the next file reads into the same
+    three buffers."""
+    monkeypatch.setattr(base, "BLOCK_BYTES", 4000)
+    monkeypatch.setattr(base, "_SPARE_BUFFERS", [])
+    lines = [_prime_line(i, 5) for i in range(40)]
+    assert all(300 < len(line) < 450 for line in lines)  # reads of 4000 bytes cut lines shorter than the slack (500)
+    path = tmp_path / "rank_0.jsonl"
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    rows = _read(prime_rl, path, True, 7)
+    assert len(base._SPARE_BUFFERS) == 1
+    kept = base._SPARE_BUFFERS[0]
+    assert [len(buffer) for buffer in kept] == [4501, 4501, 4501]
+    assert _read(prime_rl, path, True, 7) == rows == _read(prime_rl, path, False, 7)
+    assert len(base._SPARE_BUFFERS) == 1 and all(a is b for a, b in zip(base._SPARE_BUFFERS[0], kept, strict=True))

@@ -30,7 +30,7 @@ def _numbers(buf, starts):
     out = np.empty(n)
     ok = np.zeros(n, np.bool_)
     for i in range(n):
-        p, value, _, _ = jsonl_scan._number(buf, starts[i], starts[i + 1], False)
+        p, value, _ = jsonl_scan._number(buf, starts[i], starts[i + 1])
         if p == starts[i + 1]:
             out[i] = value
             ok[i] = True
@@ -291,3 +291,27 @@ def test_bad_lines_alone_go_to_the_line_parser(tmp_path, monkeypatch):
     assert seen == [1, 3, 4, 6]
     reasons = {row["_skip_reason"] for row in reference if row["_skip_reason"]}
     assert any(reason.startswith("not JSON") for reason in reasons) and "blank line" in reasons
+
+
+_INTEGER_TEXTS = [
+    *("0", "-0", "7", "-7", "01", "00", "-", "--1", "1.0", "1.", "1e2", "1E2", "-1e-2"),
+    *("123456789012345678", "-123456789012345678", "1234567890123456789", "9223372036854775807"),
+    *("99999999999999999999999", "NaN", "Infinity", "-Infinity", "true", "1x", "0x1", "+1", "1 "),
+]
+
+
+@pytest.mark.parametrize("text", _INTEGER_TEXTS)
+def test_integer_fields_take_only_an_integer_literal_of_at_most_18_digits(text):
+    """An integer field (and an integer list item) is read only where Python's json gives an int of at most 18 digits
+    (a fraction or an exponent is a float to Python, longer integers are left to it); -0 reads as 0."""
+    lines = [f'{{"i": {text}}}', f'{{"n": [{text}]}}', f'{{"n": [1, {text}, 2]}}']
+    scanned = _scan_lines(lines)
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    readable = isinstance(value, int) and not isinstance(value, bool) and len(str(abs(value))) <= 18
+    assert scanned.rows.tolist() == ([0, 1, 2] if readable else [])
+    if readable:
+        rows = scanned.table.to_pylist()
+        assert (rows[0]["i"], rows[1]["n"], rows[2]["n"]) == (value, [value], [1, value, 2])

@@ -25,6 +25,11 @@ inlined into the list loop (a call per item cost about half the scan), and the o
 their bound (one item per two bytes) instead of counted in a first pass: the pages are taken only as written.
 The scan holds no GIL (``nogil``): ``io/formats/base.py`` runs it on parts of a block on every core.
 
+Compile time (issue 20 session 5; about 35 s of CPU before, about 20 after): numba inlines ``inline="always"``
+functions at its own IR level, so each call site of the item reader is typed and lowered again. Lists and lists
+of lists therefore share one call site of ``_items``, and integers have their own small reader
+(:func:`_integer_literal`) rather than the float number reader with a flag.
+
 Schema kinds (``pyarrow`` types of a :data:`FastLines.schema`): ``int64``, ``string``, and lists or lists
 of lists of ``float64`` / ``int64`` / ``bool``. A JSON ``null`` (or an absent field) is an Arrow null at
 that place, as pyarrow's JSON reader gives it; :class:`Scanned` also says which nulls were written out.
@@ -258,23 +263,49 @@ def _is_infinity(buf, p, end):
 
 
 @njit(**_INLINE)
-def _number(buf, p, end, integer):
-    """A JSON number at ``p`` (Python's grammar; ``NaN``/``Infinity``/``-Infinity`` unless ``integer``).
+def _integer_literal(buf, p, end):
+    """A JSON integer literal of at most 18 digits at ``p``: (end position, value), or (-1, 0) where there is none
+    (a fraction or an exponent included: Python reads those as floats)."""
+    negative = p < end and buf[p] == 45  # -
+    if negative:
+        p += 1
+    if p >= end:
+        return -1, 0
+    c = buf[p]
+    whole = 0
+    digits = 0
+    if c == 48:  # 0: a leading zero stands alone
+        p += 1
+    elif 49 <= c <= 57:
+        while p < end and 48 <= buf[p] <= 57:
+            if digits < 18:
+                whole = whole * 10 + (buf[p] - 48)
+            digits += 1
+            p += 1
+    else:
+        return -1, 0
+    if digits > 18 or (p < end and (buf[p] == 46 or buf[p] == 101 or buf[p] == 69)):  # . e E
+        return -1, 0
+    return p, (-whole if negative else whole)
 
-    Returns (end position or -1, value as float, value as int, is_integer_literal). ``integer``: only an
-    integer literal of at most 18 digits is accepted. -1 also where the value is left to Python."""
+
+@njit(**_INLINE)
+def _number(buf, p, end):
+    """A JSON number at ``p`` as a float (Python's grammar, ``NaN``/``Infinity``/``-Infinity`` included).
+
+    Returns (end position or -1, value, is_integer_literal); -1 also where the value is left to Python (more than 19
+    significant digits, outside the normal double range). Integer fields use :func:`_integer_literal`."""
     negative = False
     if p < end and buf[p] == 45:  # -
         negative = True
         p += 1
     if p >= end:
-        return -1, 0.0, 0, False
+        return -1, 0.0, False
     c = buf[p]
-    if not integer:
-        if c == 73 and _is_infinity(buf, p, end):
-            return p + 8, (-np.inf if negative else np.inf), 0, False
-        if c == 78 and not negative and _is_nan(buf, p, end):
-            return p + 3, np.nan, 0, False
+    if c == 73 and _is_infinity(buf, p, end):
+        return p + 8, (-np.inf if negative else np.inf), False
+    if c == 78 and not negative and _is_nan(buf, p, end):
+        return p + 3, np.nan, False
     w = np.uint64(0)
     digits = 0  # significant digits in w (leading zeros not counted)
     ten = np.uint64(10)
@@ -286,7 +317,7 @@ def _number(buf, p, end, integer):
             digits += 1
             p += 1
     else:
-        return -1, 0.0, 0, False
+        return -1, 0.0, False
     literal_int = True
     fraction = 0
     if p < end and buf[p] == 46:  # .
@@ -309,7 +340,7 @@ def _number(buf, p, end, integer):
             p += 1
         fraction = p - start
         if p == start:
-            return -1, 0.0, 0, False
+            return -1, 0.0, False
     exponent = 0
     if p < end and (buf[p] == 101 or buf[p] == 69):  # e E
         literal_int = False
@@ -324,22 +355,17 @@ def _number(buf, p, end, integer):
                 exponent = exponent * 10 + (buf[p] - 48)
             p += 1
         if p == start or p - start > 5:
-            return -1, 0.0, 0, False
+            return -1, 0.0, False
         if minus:
             exponent = -exponent
-    if integer:
-        if not literal_int or digits > 18:
-            return -1, 0.0, 0, False
-        value = np.int64(w)
-        return p, 0.0, (-value if negative else value), True
     if digits > 19:
-        return -1, 0.0, 0, False
+        return -1, 0.0, False
     if literal_int:
         negative = negative and digits > 0  # Python reads -0 as the integer 0: +0.0 as a float
     value, ok = decimal_to_double(w, exponent - fraction, negative)
     if not ok:
-        return -1, 0.0, 0, False
-    return p, value, 0, literal_int
+        return -1, 0.0, False
+    return p, value, literal_int
 
 
 @njit(**_FLAGS)
@@ -510,13 +536,14 @@ def _element(buf, p, end, element, floats, ints, nulls, n):
             ints[n] = 0
             return p + 5
         return -1
-    q, value, whole, literal_int = _number(buf, p, end, element == INT_ELEMENT)
     if element == INT_ELEMENT:
+        q, whole = _integer_literal(buf, p, end)
         ints[n] = whole
-    elif literal_int and abs(value) >= 9007199254740992.0:
+        return q
+    q, value, literal_int = _number(buf, p, end)
+    if literal_int and abs(value) >= 9007199254740992.0:
         return -1  # an integer Python keeps exact: Arrow refuses it as a float beyond 2**53
-    else:
-        floats[n] = value
+    floats[n] = value
     return q
 
 
@@ -546,9 +573,8 @@ def _items(buf, p, end, element, floats, ints, nulls, n):
 
 @njit(**_FLAGS)
 def _integer(buf, p, end):
-    """An integer field's value (a call per line: the number reader is inlined once here)."""
-    p, _, whole, _ = _number(buf, p, end, True)
-    return p, whole
+    """An integer field's value (a call per line)."""
+    return _integer_literal(buf, p, end)
 
 
 @njit(**_FLAGS)
@@ -630,43 +656,45 @@ def scan(raw, starts, key_bytes, key_starts, kinds, elements):
                         count[line, key] = p - 1
                     elif buf[p] != 91:
                         p = -1
-                    elif kind == LIST:
-                        first[line, key] = n
-                        p, n = _items(buf, p, end, elements[key], floats, ints, nulls, n)
-                        count[line, key] = n - first[line, key]
-                    else:  # LIST2: a list of lists (or nulls)
-                        first[line, key] = m
-                        p = _space(buf, p + 1, end)
-                        if p < end and buf[p] == 93:
-                            p += 1
-                        else:
-                            while p >= 0:
+                    else:  # a LIST, or a LIST2 (a list of lists or nulls): one place reads items (compile time)
+                        nested = kind == LIST2
+                        first[line, key] = m if nested else n
+                        more = True
+                        if nested:
+                            p = _space(buf, p + 1, end)
+                            if p < end and buf[p] == 93:
+                                p += 1
+                                more = False
+                        while more:
+                            if nested:
                                 sub_first[m] = n
                                 sub_null[m] = 0
+                            if p >= end:
+                                p = -1
+                            elif buf[p] == 91:
+                                p, n = _items(buf, p, end, elements[key], floats, ints, nulls, n)
+                            elif nested and buf[p] == 110:
+                                p = p + 4 if _is_null(buf, p, end) else -1
+                                sub_null[m] = 1
+                            else:
+                                p = -1
+                            if p < 0 or not nested:
+                                break
+                            sub_count[m] = n - sub_first[m]
+                            m += 1
+                            p = _space(buf, p, end)
+                            if p < end and buf[p] == 44:
+                                p = _space(buf, p + 1, end)
                                 if p >= end:
                                     p = -1
-                                elif buf[p] == 110:
-                                    p = p + 4 if _is_null(buf, p, end) else -1
-                                    sub_null[m] = 1
-                                elif buf[p] != 91:
-                                    p = -1
-                                else:
-                                    p, n = _items(buf, p, end, elements[key], floats, ints, nulls, n)
-                                if p < 0:
                                     break
-                                sub_count[m] = n - sub_first[m]
-                                m += 1
-                                p = _space(buf, p, end)
-                                if p < end and buf[p] == 44:
-                                    p = _space(buf, p + 1, end)
-                                    if p >= end:
-                                        p = -1
-                                elif p < end and buf[p] == 93:
-                                    p += 1
-                                    break
-                                else:
-                                    p = -1
-                        count[line, key] = m - first[line, key]
+                            elif p < end and buf[p] == 93:
+                                p += 1
+                                break
+                            else:
+                                p = -1
+                                break
+                        count[line, key] = (m if nested else n) - first[line, key]
                 if p < 0:
                     break
                 p = _space(buf, p, end)
@@ -699,29 +727,64 @@ def scan(raw, starts, key_bytes, key_starts, kinds, elements):
     )
 
 
+_ONES = np.uint64(0x0101010101010101)
+_HIGH_BITS = np.uint64(0x8080808080808080)
+_NEWLINES = np.uint64(0x0A0A0A0A0A0A0A0A)
+_RETURNS = np.uint64(0x0D0D0D0D0D0D0D0D)
+
+
+@njit(**_INLINE)
+def _holds(word, pattern):
+    """Non-zero where some byte of ``word`` equals the byte repeated in ``pattern`` (exact as a yes/no)."""
+    x = word ^ pattern
+    return (x - _ONES) & ~x & _HIGH_BITS
+
+
 @njit(**_FLAGS)
-def line_ends(buf):
-    """The position after each newline (byte 10) of ``buf``, in order (int64)."""
+def line_ends(buf, start, stop):
+    """(the position after each newline (byte 10) of ``buf[start:stop]``, in order, int64; whether those bytes are
+    all ASCII). One pass, eight bytes at a time: a word without a newline is passed over whole."""
+    ends = np.empty(1024, np.int64)
     lines = 0
-    for p in range(buf.shape[0]):
-        lines += buf[p] == 10
-    ends = np.empty(lines, np.int64)
-    at = 0
-    for p in range(buf.shape[0]):
-        if buf[p] == 10:
-            ends[at] = p + 1
-            at += 1
-    return ends
+    high = np.uint64(0)
+    p = start
+    while p < stop:
+        while p + 8 <= stop:  # words without a newline (this loop touches no array it could have to count)
+            word = _load8(buf, p)
+            high |= word
+            if _holds(word, _NEWLINES):
+                break
+            p += 8
+        upto = min(p + 8, stop)
+        for i in range(p, upto):
+            c = buf[i]
+            high |= np.uint64(c)
+            if c == 10:
+                if lines == ends.shape[0]:
+                    grown = np.empty(2 * lines, np.int64)
+                    grown[:lines] = ends
+                    ends = grown
+                ends[lines] = i + 1
+                lines += 1
+        p = upto
+    return ends[:lines].copy(), (high & _HIGH_BITS) == 0
 
 
 @njit(**_FLAGS)
 def newlines_and_returns(buf, upto):
-    """(newlines, carriage returns) in ``buf[:upto]``."""
+    """(newlines, carriage returns) in ``buf[:upto]``, eight bytes at a time."""
     newlines, returns = 0, 0
-    for p in range(upto):
-        c = buf[p]
-        newlines += c == 10
-        returns += c == 13
+    p = 0
+    while p + 8 <= upto:
+        word = _load8(buf, p)
+        if _holds(word, _NEWLINES) or _holds(word, _RETURNS):
+            for i in range(p, p + 8):
+                newlines += buf[i] == 10
+                returns += buf[i] == 13
+        p += 8
+    for i in range(p, upto):
+        newlines += buf[i] == 10
+        returns += buf[i] == 13
     return newlines, returns
 
 
@@ -737,8 +800,9 @@ def _gather(rows, first, count, values):
     at = 0
     for i in range(rows.shape[0]):
         r = rows[i]
-        out[at : at + count[r]] = values[first[r] : first[r] + count[r]]
-        at += count[r]
+        for j in range(first[r], first[r] + count[r]):  # a loop, not a slice copy: no size check to compile
+            out[at] = values[j]
+            at += 1
         offsets[i + 1] = at
     return offsets, out
 
@@ -773,7 +837,7 @@ def _announce_compiling() -> None:
     except AttributeError:  # numba's cache internals moved: say nothing
         return
     if not cached:
-        print("rollout-diag: compiling the JSON-lines reader once (about 30 s; cached after).", file=sys.stderr)
+        print("rollout-diag: compiling the JSON-lines reader once (about 20 s; cached after).", file=sys.stderr)
 
 
 class Scanner:
@@ -792,12 +856,14 @@ class Scanner:
     def scan(self, data: bytes, starts: np.ndarray) -> Scanned:
         """Lines ``data[starts[i]:starts[i + 1]]`` (ASCII or checked UTF-8): the accepted ones, read."""
         buf = np.frombuffer(data, np.uint8)
+        buf.flags.writeable = False  # one compiled type whether ``data`` is bytes or a reused buffer
         accepted, status, first, count, sub_first, sub_count, sub_null, floats, ints, nulls = scan(
             buf, starts, self._key_bytes, self._key_starts, self._kinds, self._elements
         )
         rows = np.flatnonzero(accepted)
         status = status[rows]
         every = np.arange(len(rows))
+        any_null = bool(nulls.any())  # else no list needs its items' null flags gathered
         columns = []
         for k, field in enumerate(self.fields):
             present = status[:, k] == PRESENT
@@ -818,7 +884,7 @@ class Scanner:
             if field.kind == LIST2:
                 offsets, subs = _gather(every, starts_k, lengths, np.arange(len(sub_first)))
                 inner_offsets, values = _gather(subs, sub_first, sub_count, items)
-                _, value_nulls = _gather(subs, sub_first, sub_count, nulls)
+                value_nulls = _gather(subs, sub_first, sub_count, nulls)[1] if any_null else None
                 inner_nulls = sub_null[subs].view(np.bool_)
                 inner = pa.ListArray.from_arrays(
                     pa.array(inner_offsets),
@@ -827,7 +893,7 @@ class Scanner:
                 )
             else:
                 offsets, values = _gather(every, starts_k, lengths, items)
-                _, value_nulls = _gather(every, starts_k, lengths, nulls)
+                value_nulls = _gather(every, starts_k, lengths, nulls)[1] if any_null else None
                 inner = _values(values, value_nulls, field.element)
             mask = None if present.all() else pa.array(~present)
             columns.append(pa.ListArray.from_arrays(pa.array(offsets), inner, mask=mask))
@@ -835,8 +901,8 @@ class Scanner:
         return Scanned(rows, table, status == NULL)
 
 
-def _values(values: np.ndarray, value_nulls: np.ndarray, element: int) -> pa.Array:
-    mask = value_nulls.view(np.bool_) if value_nulls.any() else None
+def _values(values: np.ndarray, value_nulls: np.ndarray | None, element: int) -> pa.Array:
+    mask = value_nulls.view(np.bool_) if value_nulls is not None and value_nulls.any() else None
     if element == BOOL_ELEMENT:
         return pa.array(values.astype(np.bool_), pa.bool_(), mask=mask)
     return pa.array(values, pa.float64() if element == FLOAT_ELEMENT else pa.int64(), mask=mask)

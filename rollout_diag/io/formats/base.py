@@ -318,14 +318,18 @@ class FastLines:
 
 
 BLOCK_BYTES = 16 << 20  # a block of lines (one batch) ends within this many bytes even when more rows are asked
-PART_BYTES = 1 << 20  # a block's lines are scanned in parts of about this many bytes, by one thread per core
+PART_BYTES = 1 << 20  # a block's lines are scanned in parts of at least about this many bytes, by one thread per core
+_PARTS_PER_THREAD = 2  # parts of a block at most, per scanning thread (each part costs Python work per field)
 _SCAN_THREADS = 4  # threads scanning at most (one per core up to this)
+_BUFFERS = 3  # read buffers in turn: the block being read, the one being scanned, the one being converted
+_SPARE_BUFFERS: list[list[bytearray]] = []  # sets of read buffers kept between files (their pages stay taken)
+_SPARE_SETS = 2  # sets kept at most (files read at once by different threads take one each)
 _SCANNERS: dict[int, Any] = {}
 
 
 @dataclass
 class _Block:
-    data: bytes  # the bytes read, holding the block's lines (and maybe other blocks')
+    data: bytes | bytearray  # the bytes read, holding the block's lines (and maybe other blocks'); may run past them
     ends: np.ndarray  # int64 positions in data: line i is data[ends[i]:ends[i + 1]]
     first: int  # file row of the first line
     ascii: bool  # whether all of data is ASCII (else the block's lines are checked to be UTF-8)
@@ -339,38 +343,67 @@ class _Block:
         return self.data[int(self.ends[index]) : int(self.ends[index + 1])]
 
 
-def _blocks(path: str, size: int) -> Iterator[_Block]:
+def _blocks(path: str, size: int, buffers: list[bytearray]) -> Iterator[_Block]:
     """The file's lines in file order, in blocks of at most ``size`` lines and about :data:`BLOCK_BYTES` (a longer
-    line: one block). Every block ends at a newline (or at the file's end)."""
+    line: one block). Every block ends at a newline (or at the file's end).
+
+    The bytes are read into ``buffers`` in turn (no fresh pages, no joining of a line cut by a read: its start is
+    moved to the front of the next buffer; a buffer too short is replaced in the list by a longer one), so a block's
+    ``data`` is overwritten once the generator has gone on ``len(buffers)`` reads: the caller must be done with a
+    block by then (``_fast_batches`` keeps one block ahead of three buffers)."""
     from rollout_diag.kernels.jsonl import line_ends
 
     first = 0
-    pending: list[bytes] = []  # bytes read after the last newline so far
-    with open(path, "rb") as handle:
+    turn = 0
+    carried = b""  # the bytes after the last newline read so far (a line cut by a read)
+    with open(path, "rb", buffering=0) as handle:
         while True:
-            chunk = handle.read(BLOCK_BYTES)
-            if not chunk:
-                data = b"".join(pending)
-                if data:  # a last line without a newline
-                    yield _Block(data, np.array([0, len(data)], dtype=np.int64), first, data.isascii())
+            slot = turn % len(buffers)
+            turn += 1
+            data = buffers[slot]
+            data[: len(carried)] = carried  # the buffers have room for a cut line of up to a slack (else it grows)
+            filled = checked = len(carried)
+            ascii = carried.isascii()
+            while True:  # reads of BLOCK_BYTES (so the blocks, and the batches, are the same whatever the buffers)
+                wanted = filled + BLOCK_BYTES
+                if len(data) < wanted:  # not resized in place: an old view of it may still be alive
+                    grown = bytearray(wanted)
+                    grown[:filled] = data[:filled]
+                    data = buffers[slot] = grown
+                filled = _fill(handle, data, filled, wanted)
+                ends, ascii_read = line_ends(_readonly(data), checked, filled)
+                ascii = ascii and ascii_read
+                if len(ends) or filled < wanted:  # a newline, or the file's end
+                    break
+                checked = filled
+            if not len(ends):  # the file's end
+                if filled:  # a last line without a newline
+                    last = bytes(data[:filled])
+                    yield _Block(last, np.array([0, filled], dtype=np.int64), first, last.isascii())
                 return
-            ends = line_ends(np.frombuffer(chunk, np.uint8))
-            if not len(ends):
-                pending.append(chunk)
-                continue
-            data = chunk
-            if pending:
-                data = b"".join([*pending, chunk])
-                ends = ends + (len(data) - len(chunk))
             starts = np.empty(len(ends) + 1, dtype=np.int64)
             starts[0] = 0
             starts[1:] = ends
-            ascii = data.isascii()
             for at in range(0, len(ends), size):
                 upto = min(at + size, len(ends))
                 yield _Block(data, starts[at : upto + 1], first, ascii)
                 first += upto - at
-            pending = [data[int(ends[-1]) :]] if int(ends[-1]) < len(data) else []
+            carried = bytes(data[int(ends[-1]) : filled])
+
+
+def _fill(handle: Any, data: bytearray, filled: int, wanted: int) -> int:
+    """Read from ``handle`` into ``data[filled:wanted]`` until that is full or the file ends; returns the bytes held."""
+    with memoryview(data) as view:
+        while filled < wanted and (got := handle.readinto(view[filled:wanted])):
+            filled += got
+    return filled
+
+
+def _readonly(data: bytes | bytearray) -> np.ndarray:
+    """``data`` as a read-only uint8 array: one type for the compiled passes whether a block is bytes or a buffer."""
+    array = np.frombuffer(data, np.uint8)
+    array.flags.writeable = False
+    return array
 
 
 def _fast_batches(
@@ -389,22 +422,50 @@ def _fast_batches(
     if scanner is None:
         scanner = _SCANNERS[id(fast)] = Scanner(fast.schema)
     workers = max(1, min(available_cores(), _SCAN_THREADS))
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollout-diag-jsonl") as pool:
-        ahead: deque = deque()
-        for block in _blocks(path, size):
-            parts = _parts(block.ends)
-            ahead.append((block, parts, [pool.submit(_scan_part, block, a, b, scanner) for a, b in parts]))
-            if len(ahead) > 1:
+    buffers = _take_buffers()
+    try:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollout-diag-jsonl") as pool:
+            ahead: deque = deque()
+            for block in _blocks(path, size, buffers):
+                parts = _parts(block.ends, _PARTS_PER_THREAD * workers)
+                ahead.append((block, parts, [pool.submit(_scan_part, block, a, b, scanner) for a, b in parts]))
+                if len(ahead) > 1:
+                    yield _finish_block(_joined(*ahead.popleft()), step, parse, fast, extra)
+            while ahead:
                 yield _finish_block(_joined(*ahead.popleft()), step, parse, fast, extra)
-        while ahead:
-            yield _finish_block(_joined(*ahead.popleft()), step, parse, fast, extra)
+    finally:  # after the pool has shut down: no scan reads the buffers any more
+        _give_back_buffers(buffers)
 
 
-def _parts(ends: np.ndarray) -> list[tuple[int, int]]:
-    """The block's lines as ranges ``[a, b)`` of about :data:`PART_BYTES` each, in order, cut only at line ends."""
+def _take_buffers() -> list[bytearray]:
+    """A set of :data:`_BUFFERS` read buffers for one file: a spare one (its pages already taken) or a new one."""
+    while _SPARE_BUFFERS:
+        try:
+            buffers = _SPARE_BUFFERS.pop()
+        except IndexError:  # another thread took the last one
+            break
+        if all(len(buffer) == _buffer_bytes() for buffer in buffers):  # not from before BLOCK_BYTES changed
+            return buffers
+    return [bytearray(_buffer_bytes()) for _ in range(_BUFFERS)]
+
+
+def _buffer_bytes() -> int:
+    """A read buffer's size: a read of :data:`BLOCK_BYTES` after a cut line of up to an eighth of that."""
+    return BLOCK_BYTES + BLOCK_BYTES // 8 + 1
+
+
+def _give_back_buffers(buffers: list[bytearray]) -> None:
+    """Keep a file's read buffers for the next file, unless enough are kept or one grew for a long line."""
+    if len(_SPARE_BUFFERS) < _SPARE_SETS and all(len(buffer) == _buffer_bytes() for buffer in buffers):
+        _SPARE_BUFFERS.append(buffers)
+
+
+def _parts(ends: np.ndarray, most: int) -> list[tuple[int, int]]:
+    """The block's lines as at most ``most`` ranges ``[a, b)`` of about the same bytes, at least about
+    :data:`PART_BYTES` each, in order, cut only at line ends."""
     lines = len(ends) - 1
     total = int(ends[-1] - ends[0])
-    count = max(1, min(lines, total // max(PART_BYTES, 1)))
+    count = max(1, min(lines, most, total // max(PART_BYTES, 1)))
     if count <= 1:
         return [(0, lines)]
     targets = ends[0] + (np.arange(1, count, dtype=np.int64) * total) // count
