@@ -394,6 +394,7 @@ def emit_pieces(pieces: Iterable[str], output: Path | None) -> None:
         for piece in pieces:
             handle.write(piece)
     typer.echo(f"wrote {output}", err=True)
+    typer.echo(f"wrote {output}", err=True)
 
 
 def show(renderable: Any, output: Path | None) -> None:
@@ -585,7 +586,7 @@ def analyze(
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend)
     from rollout_diag.drivers.engine import analyze as run_analysis
     from rollout_diag.render.analysis import render_analysis
-    from rollout_diag.render.export import analysis_csv, to_json_text
+    from rollout_diag.render.export import analysis_csv, analysis_json_pieces
     from rollout_diag.selection import parse_step_range
 
     with progress_bar(inputs) as progress:
@@ -605,7 +606,7 @@ def analyze(
     if chosen is DataFormat.parquet:
         write_parquet_tables(result, output)
     elif chosen is DataFormat.json:
-        emit(to_json_text(result.to_json()), output)
+        emit_pieces(analysis_json_pieces(result), output)  # 200 000 steps: written from the step columns
     elif chosen is DataFormat.csv:
         emit(analysis_csv(result), output)
     else:
