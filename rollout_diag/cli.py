@@ -1179,7 +1179,7 @@ def check(
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device)
     from rollout_diag.drivers.check import check_run
     from rollout_diag.render.decisions import check_table, junit_xml
-    from rollout_diag.render.export import to_json_text
+    from rollout_diag.render.export import json_pieces
 
     chosen = chosen_gates(gates, max_, min_)
     with progress_bar(inputs) as progress:
@@ -1190,7 +1190,7 @@ def check(
         write_text(junit, junit_xml(result))
         typer.echo(f"wrote {junit}", err=True)
     if format is CheckFormat.json:
-        emit(to_json_text(result.to_json()), output)
+        emit_pieces(json_pieces(result.json_document()), output)  # 200 000 steps: written outcome by outcome
     else:
         show(check_table(result), output)
     if not result.passed:

@@ -156,3 +156,27 @@ def test_step_results_equal_their_columns() -> None:
     table = StepTable(np.array([4, 9]), np.array([1, 2]), np.array([3, 4]), np.array([0, 1]), MetricColumns(groups, 2))
     read = [StepResult.from_json(json.loads(text)) for text in step_texts(table)]
     assert read == list(table)
+
+
+# ----------------------------------------------------------------------------------------- check
+def test_check_json_written_outcome_by_outcome_is_the_document(tiny_steps: str) -> None:
+    from rollout_diag.decisions.check import DEFAULT_GATES, FAIL, SKIP, CheckResult, Gate, GateOutcome
+    from rollout_diag.drivers.check import check_run
+
+    result = check_run(tiny_steps, list(DEFAULT_GATES), per_step=True, device="cpu")
+    assert len(result.outcomes) > 700
+    assert "".join(json_pieces(result.json_document())) == _dumps(result.to_json())
+    gate = Gate("rollout_corr/k3_kl", "max", 5e-4)
+    odd = CheckResult(
+        ["x"],
+        [gate],
+        [
+            GateOutcome(gate, None, math.nan, FAIL, None, group="env=a"),
+            GateOutcome(gate, 3, None, SKIP, None),
+            GateOutcome(gate, 4, math.inf, FAIL, math.inf),
+        ],
+        warnings=["w"],
+    )
+    document = odd.to_json()
+    assert [outcome["value"] for outcome in document["outcomes"]] == [None, None, None]
+    assert "".join(json_pieces(odd.json_document())) == _dumps(document)
