@@ -394,6 +394,7 @@ def emit_pieces(pieces: Iterable[str], output: Path | None) -> None:
         for piece in pieces:
             handle.write(piece)
     typer.echo(f"wrote {output}", err=True)
+    typer.echo(f"wrote {output}", err=True)
 
 
 def show(renderable: Any, output: Path | None) -> None:
@@ -585,7 +586,7 @@ def analyze(
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend)
     from rollout_diag.drivers.engine import analyze as run_analysis
     from rollout_diag.render.analysis import render_analysis
-    from rollout_diag.render.export import analysis_csv, to_json_text
+    from rollout_diag.render.export import analysis_csv, analysis_json_pieces
     from rollout_diag.selection import parse_step_range
 
     with progress_bar(inputs) as progress:
@@ -605,7 +606,7 @@ def analyze(
     if chosen is DataFormat.parquet:
         write_parquet_tables(result, output)
     elif chosen is DataFormat.json:
-        emit(to_json_text(result.to_json()), output)
+        emit_pieces(analysis_json_pieces(result), output)  # 200 000 steps: written from the step columns
     elif chosen is DataFormat.csv:
         emit(analysis_csv(result), output)
     else:
@@ -1178,7 +1179,7 @@ def check(
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device)
     from rollout_diag.drivers.check import check_run
     from rollout_diag.render.decisions import check_table, junit_xml
-    from rollout_diag.render.export import to_json_text
+    from rollout_diag.render.export import json_pieces
 
     chosen = chosen_gates(gates, max_, min_)
     with progress_bar(inputs) as progress:
@@ -1189,7 +1190,7 @@ def check(
         write_text(junit, junit_xml(result))
         typer.echo(f"wrote {junit}", err=True)
     if format is CheckFormat.json:
-        emit(to_json_text(result.to_json()), output)
+        emit_pieces(json_pieces(result.json_document()), output)  # 200 000 steps: written outcome by outcome
     else:
         show(check_table(result), output)
     if not result.passed:

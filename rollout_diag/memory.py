@@ -38,3 +38,18 @@ def return_large_blocks() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+
+
+def trim_heap() -> bool:
+    """Give the C heap's free pages back to the system (glibc's ``malloc_trim``): after many small arrays are freed
+    (a chunk's per-step state holds columns of a few kB each, below the mmap bound) their pages stay resident and
+    cannot serve the next large arrays. True where it ran; False off glibc."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        malloc_trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    malloc_trim.argtypes, malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+    malloc_trim(0)
+    return True

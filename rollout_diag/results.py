@@ -634,6 +634,18 @@ class AnalysisResult:
     selection: dict[str, Any] = field(default_factory=dict)  # --where / --steps: {"where", "steps", "rows_kept", …}
 
     def to_json(self) -> dict[str, Any]:
+        document = self.json_document()
+        return {
+            **document,
+            "steps": [step.to_json() for step in self.steps],
+            "positions": [_json_row(row) for row in self.positions],
+            "step_levels": [dict(entry) for entry in self.step_levels],
+        }
+
+    def json_document(self) -> dict[str, Any]:
+        """``to_json`` with the per-step tables ``steps``, ``positions`` and ``step_levels`` left as this result holds
+        them (a StepTable, Rows, a list of dicts), in their places: what ``render.export.analysis_json_pieces`` writes
+        from their columns, a step at a time, without a dict per step."""
         return {
             "schema_version": SCHEMA_VERSION,
             "inputs": list(self.inputs),
@@ -642,11 +654,11 @@ class AnalysisResult:
             "format": self.format,
             "device": self.device,
             "run": self.run.to_json(),
-            "steps": [step.to_json() for step in self.steps],
+            "steps": self.steps,
             "rounds": [_json_row(row) for row in self.rounds],
             "verdicts": [{**asdict(v), "value": json_number(v.value)} for v in self.verdicts],
             "catastrophic_threshold": self.catastrophic_threshold,
-            "positions": [_json_row(row) for row in self.positions],
+            "positions": self.positions,
             "worst_rows": [{**_json_row(asdict(row)), "extra": _json_row(row.extra)} for row in self.worst_rows],
             "worst_tokens": [
                 _json_row({**asdict(t), "trainer_prob": t.trainer_prob, "rollout_prob": t.rollout_prob})
@@ -662,7 +674,7 @@ class AnalysisResult:
             "skipped_rows": self.skipped_rows,
             "hints": [{**asdict(h), "evidence": _json_row(h.evidence)} for h in self.hints],
             "verdict": None if self.verdict is None else self.verdict.to_json(),
-            "step_levels": [dict(entry) for entry in self.step_levels],
+            "step_levels": self.step_levels,
             "divergent_round": None if self.divergent_round is None else _json_row(self.divergent_round),
             "anomaly_check": self.anomaly_check,
             "groups": [group.to_json() for group in self.groups],

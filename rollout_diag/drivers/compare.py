@@ -172,8 +172,9 @@ def _one_pass(
             consumers.append(lambda chunk: writer.write(stats(chunk)))
         with writer or contextlib.nullcontext():
             run_chunks(reader, consumers, torch_device, progress, state.prepare)
-    base = build_result(state.analysis, reader.log, torch_device, strict, reader.selection)
     sweep, corrections = state.sweep, state.corrections
+    corrections.settle()  # the presets' per-step states become columns before the analysis is built (peak memory)
+    base = build_result(state.analysis, reader.log, torch_device, strict, reader.selection)
     results = []
     run_metrics = corrections.finalize_run()
     for preset in chosen:

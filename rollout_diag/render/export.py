@@ -12,7 +12,17 @@ from typing import Any
 
 import numpy as np
 
-from rollout_diag.results import StepResult, SweepResult
+from rollout_diag.results import (
+    AnalysisResult,
+    MetricColumns,
+    RowMetrics,
+    Rows,
+    StepResult,
+    StepTable,
+    SweepResult,
+    _json_row,
+    json_number,
+)
 
 
 def to_json_text(document: dict[str, Any]) -> str:
@@ -26,9 +36,12 @@ def json_pieces(document: dict[str, Any]) -> Iterator[str]:
     yield "{"
     for number, (key, value) in enumerate(document.items()):
         lead = ("," if number else "") + "\n  " + _key(key) + ": "
-        if (isinstance(value, list) or _lazy(value)) and len(value):
+        if (isinstance(value, list | ItemTexts) or _lazy(value)) and len(value):
             yield lead + "["
-            items = _templated(value) if hasattr(value, "columns") else None  # the sweep's per-step tables
+            if isinstance(value, ItemTexts):
+                items = value.texts()
+            else:
+                items = _templated(value) if hasattr(value, "columns") else None  # the sweep's per-step tables
             if items is None:
                 items = (_indented(item, "\n    ") for item in value)
             for index, item in enumerate(items):
@@ -104,6 +117,179 @@ def _templated(steps: Any) -> Iterator[str] | None:
                 yield pattern % row
 
     return written()
+
+
+class ItemTexts:
+    """A top-level list of a document that :func:`json_pieces` writes from texts made when asked for: its length and
+    ``texts()``, each item's ``_indented(item, "\\n    ")`` in order."""
+
+    def __init__(self, count: int, texts: Callable[[], Iterator[str]]) -> None:
+        self.count, self.texts = count, texts
+
+    def __len__(self) -> int:
+        return self.count
+
+
+_ITEM = "\n    "  # the indentation of an item of a top-level list
+
+
+def analysis_json_pieces(result: AnalysisResult) -> Iterator[str]:
+    """``to_json_text(result.to_json())`` in pieces: ``steps`` and ``positions`` written a block of steps at a time
+    from their columns and ``step_levels`` entry by entry, never a dict per step nor the document as one string
+    (200 000 steps: 1 GB of JSON). The same bytes."""
+    document = result.json_document()
+    for name, texts in (("steps", step_texts), ("positions", row_texts), ("step_levels", level_texts)):
+        items = document[name]
+        document[name] = ItemTexts(len(items), lambda items=items, texts=texts: texts(items)) if len(items) else []
+    return json_pieces(document)
+
+
+def level_texts(levels: Sequence[dict[str, Any]]) -> Iterator[str]:
+    return (_indented(dict(entry), _ITEM) for entry in levels)
+
+
+def step_texts(steps: Sequence[StepResult]) -> Iterator[str]:
+    """``_indented(step.to_json(), "\\n    ")`` of every step. A StepTable's steps are written from its columns: the
+    steps that report the same key groups share one text with a slot per value, filled by one ``%`` a step from the
+    columns' texts (a block of steps at a time); checked against the step's own encoding on the first and last step
+    of each such text (where one differs, those steps are encoded one by one)."""
+    if not isinstance(steps, StepTable):
+        yield from (_indented(step.to_json(), _ITEM) for step in steps)
+        return
+    count = len(steps)
+    sources = [steps.metrics, *steps.dialects.values()]
+    presence = [present for columns in sources for present, _ in columns.groups]
+    if presence:
+        _, kinds = np.unique(np.packbits(np.stack(presence, axis=1), axis=1), axis=0, return_inverse=True)
+        kinds = kinds.reshape(count)
+    else:
+        kinds = np.zeros(count, dtype=np.int64)
+    patterns: dict[int, tuple[str, list[_Slot]] | None] = {}
+    for begin in range(0, count, _BLOCK):
+        block = kinds[begin : begin + _BLOCK]
+        texts: list[str] = [""] * block.shape[0]
+        for kind in np.unique(block).tolist():
+            if kind not in patterns:
+                patterns[kind] = _step_pattern(steps, np.flatnonzero(kinds == kind))
+            at = np.flatnonzero(block == kind)
+            if patterns[kind] is None:
+                for index in at.tolist():
+                    texts[index] = _indented(_step_at(steps, begin + index).to_json(), _ITEM)
+                continue
+            pattern, slots = patterns[kind]  # type: ignore[misc]
+            values = [_value_texts(column, at + begin, newline, scalars) for column, newline, scalars in slots]
+            for index, row in zip(at.tolist(), zip(*values, strict=True), strict=True):
+                texts[index] = pattern % row
+        yield from texts
+
+
+def _step_at(steps: StepTable, index: int) -> StepResult:
+    """Step ``index`` as ``steps[index]`` reads it, without building every step's StepResult."""
+    return StepResult(
+        int(steps.step_ids[index]),
+        int(steps.rows[index]),
+        int(steps.tokens[index]),
+        RowMetrics(steps.metrics, index),  # type: ignore[arg-type]
+        int(steps.empty_rows[index]),
+        {name: RowMetrics(columns, index) for name, columns in steps.dialects.items() if columns.reports[index]},  # type: ignore[misc]
+    )
+
+
+_COUNTS = "\n      "  # a value of a step's own dict
+_METRIC = "\n        "  # a value of its metrics
+_DIALECT = "\n          "  # a value of a framework's dialect metrics
+
+
+_Slot = tuple[np.ndarray, str, bool]  # a slot's column, indentation and whether it is read as MetricColumns reads it
+
+
+def _step_pattern(steps: StepTable, members: np.ndarray) -> tuple[str, list[_Slot]] | None:
+    """The text of the steps ``members`` (which report the same key groups) with ``%s`` for each value, and each
+    slot's column and indentation; None when a step checked encodes otherwise."""
+    first = int(members[0])
+    slots: list[_Slot] = [
+        (column, _COUNTS, False) for column in (steps.step_ids, steps.rows, steps.tokens, steps.empty_rows)
+    ]
+    slotted: dict[str, Any] = dict.fromkeys(("step", "rows", "tokens", "empty_rows"), _SLOT)
+    slotted["metrics"] = _slotted(steps.metrics, first, slots, _METRIC)
+    dialects = {
+        name: _slotted(columns, first, slots, _DIALECT)
+        for name, columns in steps.dialects.items()
+        if columns.reports[first]
+    }
+    if dialects:
+        slotted["dialects"] = dialects
+    pattern = _pattern(_indented(slotted, _ITEM), len(slots))
+    if pattern is None:
+        return None
+    for index in sorted({first, int(members[-1])}):
+        values = tuple(
+            _value_texts(column, np.array([index]), newline, scalars)[0] for column, newline, scalars in slots
+        )
+        if pattern % values != _indented(_step_at(steps, index).to_json(), _ITEM):
+            return None
+    return pattern, slots
+
+
+def _slotted(columns: MetricColumns, index: int, slots: list[_Slot], newline: str) -> dict[str, str]:
+    """Step ``index``'s keys of ``columns`` in their order, each a slot; the column each value comes from (the last
+    group reporting it at ``index``, as ``dict.update`` folds them) appended to ``slots``."""
+    out = {}
+    for name in columns.row(index):
+        group = next(g for g in reversed(columns.where[name]) if columns.groups[g][0][index])
+        slots.append((columns.groups[group][1][name], newline, True))
+        out[name] = _SLOT
+    return out
+
+
+def _pattern(text: str, slots: int) -> str | None:
+    """``text`` with each slot a ``%s`` (and every other ``%`` doubled); None unless it holds ``slots`` slots."""
+    template = encode_basestring_ascii(_SLOT)
+    if text.count(template) != slots:
+        return None
+    return "%s".join(piece.replace("%", "%%") for piece in text.split(template))
+
+
+def _value_texts(column: np.ndarray, at: np.ndarray, newline: str, numpy_scalars: bool = False) -> list[str]:
+    """The JSON text of ``column[at]``, each value as ``_indented(json_number(value), newline)`` encodes it: a float64
+    column read as Python floats (null where not finite), an integer one as ints. Other columns value by value:
+    ``numpy_scalars`` reads each as ``column[i]`` (MetricColumns' ``_scalar``), else as ``tolist`` gives it (Rows)."""
+    values = column[at]
+    if values.dtype == np.float64:
+        texts = list(map(float.__repr__, values.tolist()))
+        bad = ~np.isfinite(values)
+        if bad.any():
+            for index in np.flatnonzero(bad).tolist():
+                texts[index] = "null"
+        return texts
+    if values.dtype.kind in "iu" and not numpy_scalars:
+        return list(map(int.__repr__, values.tolist()))
+    read = list(values) if numpy_scalars else values.tolist()
+    return [_indented(json_number(value), newline) for value in read]
+
+
+def row_texts(rows: Sequence[dict[str, Any]]) -> Iterator[str]:
+    """``_indented(_json_row(row), "\\n    ")`` of every row (the ``positions`` table); a Rows' column rows written
+    into one text with a slot per key, checked against the row's own encoding on its first, middle and last row."""
+    if not isinstance(rows, Rows):
+        yield from (_indented(_json_row(row), _ITEM) for row in rows)
+        return
+    yield from (_indented(_json_row(row), _ITEM) for row in rows.head)
+    pattern = _pattern(_indented(dict.fromkeys(rows.names, _SLOT), _ITEM), len(rows.names)) if rows.count else None
+    slots = [(column, _COUNTS) for column in rows.columns]
+    if pattern is not None:
+        for index in sorted({0, rows.count // 2, rows.count - 1}):
+            values = tuple(_value_texts(column, np.array([index]), newline)[0] for column, newline in slots)
+            if pattern % values != _indented(_json_row(rows[len(rows.head) + index]), _ITEM):
+                pattern = None
+                break
+    if pattern is None:
+        yield from (_indented(_json_row(rows[len(rows.head) + index]), _ITEM) for index in range(rows.count))
+        return
+    for begin in range(0, rows.count, _BLOCK):
+        at = np.arange(begin, min(begin + _BLOCK, rows.count))
+        values = [_value_texts(column, at, newline) for column, newline in slots]
+        yield from (pattern % row for row in zip(*values, strict=True))
 
 
 def _plain(column: np.ndarray | list[int], kind: str) -> list:

@@ -207,6 +207,8 @@ def _number_texts(cells: Sequence[Num]) -> list[str]:
 
 
 def _longest_line(text: str | Text) -> int:
+    if type(text) is str and text.isascii() and text.isprintable():  # every number: one cell per character
+        return len(text)
     plain = text if isinstance(text, str) else text.plain
     if "\n" not in plain:
         return cell_len(plain)
@@ -272,11 +274,29 @@ def _line_by_line(
             styled[key] = list(Segment.divide(line, [2, 2 + width, width + 4]))[1]
         return styled[key]
 
+    # a plain cell of printable ASCII (every number) is its own width: justified by str.rjust / str.ljust
+    padders = [
+        str.rjust if column.justify == "right" else str.ljust if column.justify == "left" else None
+        for column in columns
+    ]
+
     def line(cells: list[str | Text]) -> list[Segment] | None:
         segments: list[Segment] = []
         text = box.mid_left + " "
-        for number, (index, column, width) in enumerate(zip(indices, columns, fixed, strict=True)):
-            shown = cell(cells[index], column, width)
+        for number, (index, column, width, pad) in enumerate(zip(indices, columns, fixed, padders, strict=True)):
+            value = cells[index]
+            if (
+                pad is not None
+                and type(value) is str
+                and len(value) <= width
+                and value.isascii()
+                and value.isprintable()
+                and value[:1] != " "
+                and value[-1:] != " "
+            ):
+                shown: list[Segment] | str | None = pad(value, width)
+            else:
+                shown = cell(value, column, width)
             if shown is None:
                 return None
             if isinstance(shown, str):
