@@ -9,7 +9,7 @@ import typing
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
@@ -430,6 +430,8 @@ class RowTokens:
     start: int = 0  # position in the row of the first token listed (``inspect --around``: a window of the row)
     row_length: int | None = None  # tokens in the whole row when only a window is listed
     extra: dict[str, ExtraValue] = field(default_factory=dict)  # the row's extra dump columns, as in WorstRow
+    # lists with one value per listed token: a saved result whose lists disagree is refused when read (check_shape)
+    JSON_SAME_LENGTH: ClassVar[tuple[str, ...]] = ("mask", "trainer_logprob", "rollout_logprob", "token_id", "token")
 
     @property
     def log_ratio(self) -> list[float]:
@@ -714,10 +716,20 @@ class AnalysisResult:
             )
         try:  # a field of the wrong shape: one line naming it
             check_shape(cls, document, "", require=False)
-            for name in ("rounds", "positions"):  # rows of numbers, labelled by a few keys
-                for index, row in enumerate(document.get(name, [])):
-                    for key, value in row.items():
-                        check_shape(_TABLE_ROW_KEYS.get(key, float), value, f"{name}[{index}].{key}")
+            rows = [
+                (f"{name}[{index}]", name, row)
+                for name in _TABLE_ROW_LABEL
+                for index, row in enumerate(document.get(name, []))
+            ]
+            if document.get("divergent_round") is not None:  # a rounds row, judged
+                rows.append(("divergent_round", "rounds", document["divergent_round"]))
+            for where_, name, row in rows:  # rows of numbers, labelled by a few keys
+                label, kind = _TABLE_ROW_LABEL[name]
+                if label not in row:
+                    raise InputError(f"field '{where_}.{label}': missing.")
+                check_shape(kind, row[label], f"{where_}.{label}")
+                for key, value in row.items():
+                    check_shape(_TABLE_ROW_KEYS.get(key, float), value, _join(where_, key))
             check_shape(dict[str, list[Number]], document.get("delta_histogram", {}), "delta_histogram")
         except InputError as exc:
             raise InputError(f"not an `analyze --format json` result: {exc.message}") from None
@@ -827,6 +839,8 @@ class SweepPoint:
 @dataclass(frozen=True)
 class SweepOption:
     """One rejection option (or IS truncation) of the sweep, for the run or one step (rollout_diag.metrics.sweep)."""
+
+    JSON_SHAPES: ClassVar[dict[str, Any]] = {"level": Literal["token", "sequence"]}  # what the sentences know
 
     option: str  # seq_mean_k3, token_k1, is_sequence, …
     level: str  # "token" | "sequence"
@@ -1220,7 +1234,9 @@ def load_results(paths: Sequence[str | Path]) -> tuple[AnalysisResult | None, Co
 
 # ------------------------------------------------------------------ the shape of a saved result
 # Keys of a rounds / positions row that are not numbers (every other key is a number, or null for NaN).
-_TABLE_ROW_KEYS: dict[str, Any] = {"pooled": bool, "bucket": str, "label": str, "step": int | None}
+_TABLE_ROW_KEYS: dict[str, Any] = {"pooled": bool, "bucket": str, "label": str, "step": int | None, "stands_out": bool}
+# The key that names each row of a table (never null), and its kind.
+_TABLE_ROW_LABEL: dict[str, tuple[str, Any]] = {"rounds": ("round", int), "positions": ("bucket", str)}
 
 
 class Number:
@@ -1264,8 +1280,14 @@ def _shape_problem(expected: Any, value: Any, path: str, require: bool = True) -
             problem = _shape_problem(shape, value[spec.name], _join(path, spec.name))
             if problem is not None:
                 return problem
-        return None
+        return _length_problem(expected, value, path)
     origin, arguments = typing.get_origin(expected), typing.get_args(expected)
+    if origin is Literal:
+        return (
+            None
+            if value in arguments and type(value) in {type(a) for a in arguments}
+            else (path, f"expected {_describe(expected)}, found {_found(value)}")
+        )
     if origin in (typing.Union, types.UnionType):
         problems = [_shape_problem(arm, value, path) for arm in arguments]
         if all(problems):
@@ -1303,6 +1325,19 @@ def _shape_problem(expected: Any, value: Any, path: str, require: bool = True) -
     return None if ok else (path, f"expected {_describe(expected)}, found {_found(value)}")
 
 
+def _length_problem(expected: type, value: dict, path: str) -> tuple[str, str] | None:
+    """Where the lists of ``expected.JSON_SAME_LENGTH`` in ``value`` (each a list or absent/null) differ in length
+    from the first of them: the field and what it should hold."""
+    names = [name for name in getattr(expected, "JSON_SAME_LENGTH", ()) if isinstance(value.get(name), list)]
+    for name in names[1:]:
+        if len(value[name]) != len(value[names[0]]):
+            return (
+                _join(path, name),
+                f"expected {len(value[names[0]])} values (one per entry of '{names[0]}'), found {len(value[name])}",
+            )
+    return None
+
+
 def _hints(result_type: type) -> dict[str, Any]:
     return typing.get_type_hints(result_type, globalns=globals())
 
@@ -1315,6 +1350,8 @@ def _join(path: str, name: str) -> str:
 
 
 def _describe(expected: Any) -> str:
+    if typing.get_origin(expected) is Literal:
+        return " or ".join(repr(choice) for choice in typing.get_args(expected))
     if dataclasses.is_dataclass(expected) or typing.get_origin(expected) is dict:
         return "an object"
     if typing.get_origin(expected) in (list, tuple):

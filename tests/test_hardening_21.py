@@ -644,6 +644,58 @@ def test_a_saved_result_that_loads_also_renders_a_report(saved_results, data, ki
         assert "\n" not in str(exc)
 
 
+@pytest.mark.parametrize(
+    ("name", "change"),
+    [("rollout_logprob", "empty"), ("trainer_logprob", "longer"), ("token_id", "longer"), ("mask", "empty")],
+)
+def test_a_saved_row_whose_token_lists_disagree_is_refused(saved_results, name, change) -> None:
+    # found by hypothesis: an empty rollout_logprob loaded, and the report crashed later in RowTokens.log_ratio
+    # (zip strict); the lists of one row are one value per token, so their lengths must agree when read
+    import copy
+
+    from rollout_diag.results import result_from_json
+
+    document = copy.deepcopy(saved_results["analyze"])
+    row = document["worst_row_tokens"][0]
+    assert row["mask"]  # the fixture's row lists tokens (its ids are null: no token_id column)
+    row[name] = [] if change == "empty" else [*(row[name] or [0] * len(row["mask"])), 0]
+    with pytest.raises(InputError) as raised:
+        result_from_json(document)
+    wrong = "trainer_logprob" if name == "mask" else name  # with the mask cut, the first list that disagrees
+    found = len(row[wrong])
+    assert f"result: field 'worst_row_tokens[0].{wrong}': expected {len(row['mask'])} values" in str(raised.value)
+    assert str(raised.value).endswith(f"found {found}.") and "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("kind", "path", "value", "message"),
+    [  # found by hypothesis: each loaded, then the report crashed (KeyError, a format code on a string)
+        ("analyze", ("rounds", 0), {}, "field 'rounds[0].round': missing."),
+        (
+            "analyze",
+            ("divergent_round",),
+            {"round": 0, "factor": "x"},
+            "field 'divergent_round.factor': expected a number",
+        ),
+        ("analyze", ("divergent_round",), {}, "field 'divergent_round.round': missing."),
+        ("compare-presets", ("sweep", 0, "level"), "x", "field 'sweep[0].level': expected 'token' or 'sequence'"),
+    ],
+)
+def test_a_saved_table_row_or_sweep_option_of_the_wrong_shape_is_refused(saved_results, kind, path, value, message):
+    import copy
+
+    from rollout_diag.results import result_from_json
+
+    document = copy.deepcopy(saved_results[kind])
+    parent = document
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = value
+    with pytest.raises(InputError) as raised:
+        result_from_json(document)
+    assert message in str(raised.value)
+
+
 def test_a_wrong_value_under_a_key_with_a_newline_is_still_one_line(saved_results) -> None:
     # found by hypothesis: the field path carries the file's own key, which may hold control characters
     import copy
