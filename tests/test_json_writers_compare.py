@@ -46,7 +46,11 @@ def test_compare_json_written_from_columns_is_the_document(tiny_steps: str) -> N
 
 @pytest.mark.parametrize(
     "options",
-    [{"presets": ["verl"]}, {"presets": ["legacy"], "steps": "10:40"}, {"presets": ["token_is"], "by": ["num_rounds"]}],
+    [
+        {"presets": ["verl"]},
+        {"presets": ["legacy"], "steps": "10:40"},
+        {"presets": ["decoupled_token_icepop", "legacy_token_mask"], "by": ["num_rounds"]},
+    ],
 )
 def test_compare_json_of_a_choice_of_presets_is_the_document(tiny_steps: str, options: dict) -> None:
     from rollout_diag.selection import parse_step_range

@@ -304,7 +304,9 @@ def comparison_json_pieces(result: ComparisonResult) -> Iterator[str]:
     step nor the document as one string (200 000 steps × 25 presets: about 12 GB of JSON). The same bytes."""
     document = result.json_document()
     presets = document["presets"]
-    document["presets"] = ItemTexts(len(presets), lambda: (_preset_pieces(preset) for preset in presets))
+    document["presets"] = (
+        ItemTexts(len(presets), lambda: (_preset_pieces(preset) for preset in presets)) if len(presets) else []
+    )
     levels = document["step_levels"]
     document["step_levels"] = ItemTexts(len(levels), lambda: level_texts(levels)) if len(levels) else []
     return json_pieces(document)
