@@ -394,7 +394,6 @@ def emit_pieces(pieces: Iterable[str], output: Path | None) -> None:
         for piece in pieces:
             handle.write(piece)
     typer.echo(f"wrote {output}", err=True)
-    typer.echo(f"wrote {output}", err=True)
 
 
 def show(renderable: Any, output: Path | None) -> None:

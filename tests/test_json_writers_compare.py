@@ -90,6 +90,7 @@ def test_the_cli_writes_the_document(tiny_steps: str, tmp_path: Path) -> None:
     out = tmp_path / "c.json"
     run = CliRunner().invoke(app, ["compare-presets", tiny_steps, "-f", "json", "-o", str(out), "--preset", "verl"])
     assert run.exit_code == 0, run.output
+    assert run.stderr.count(f"wrote {out}") == 1
     expected = compare_presets(tiny_steps, device="cpu", presets=["verl"])
     assert out.read_text() == _dumps(expected.to_json())
 
