@@ -394,7 +394,6 @@ def emit_pieces(pieces: Iterable[str], output: Path | None) -> None:
         for piece in pieces:
             handle.write(piece)
     typer.echo(f"wrote {output}", err=True)
-    typer.echo(f"wrote {output}", err=True)
 
 
 def show(renderable: Any, output: Path | None) -> None:
@@ -807,7 +806,7 @@ def compare_presets(
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend)
     from rollout_diag.drivers.compare import compare_presets as run_comparison
     from rollout_diag.presets import choose_presets
-    from rollout_diag.render.export import comparison_csv, to_json_text
+    from rollout_diag.render.export import comparison_csv, comparison_json_pieces
     from rollout_diag.render.format import plain
     from rollout_diag.render.presets import presets_table
     from rollout_diag.render.sweep import render_sweep
@@ -843,7 +842,7 @@ def compare_presets(
     if shown is DataFormat.parquet:
         write_parquet_tables(result, output)
     elif shown is DataFormat.json:
-        emit(to_json_text(result.to_json()), output)
+        emit_pieces(comparison_json_pieces(result), output)
     elif shown is DataFormat.csv:
         emit(comparison_csv(result), output)
     else:

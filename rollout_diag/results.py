@@ -1127,6 +1127,14 @@ class ComparisonResult:
         raise KeyError(name)
 
     def to_json(self) -> dict[str, Any]:
+        document = self.json_document()
+        document["step_levels"] = [dict(entry) for entry in self.step_levels]
+        document["presets"] = [preset.to_json() for preset in self.presets]
+        return document
+
+    def json_document(self) -> dict[str, Any]:
+        """``to_json`` with ``presets`` the PresetResults themselves (not their JSON) and ``step_levels`` the entries as
+        held: what ``render.export.comparison_json_pieces`` writes preset by preset and step by step."""
         return _document(
             self,
             layout=self.layout,
@@ -1136,8 +1144,8 @@ class ComparisonResult:
             recommendation=None if self.recommendation is None else self.recommendation.to_json(),
             recommendation_withheld=self.recommendation_withheld,
             verdicts=[{**asdict(v), "value": json_number(v.value)} for v in self.verdicts],
-            step_levels=[dict(entry) for entry in self.step_levels],
-            presets=[preset.to_json() for preset in self.presets],
+            step_levels=self.step_levels,
+            presets=list(self.presets),
             sweep=[option.to_json() for option in self.sweep],
             **({"groups": [group.to_json() for group in self.groups]} if self.groups else {}),
             **({"selection": dict(self.selection)} if self.selection else {}),

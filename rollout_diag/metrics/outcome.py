@@ -386,7 +386,9 @@ class PresetSteps(ReadSequence):
     def _columns(self) -> list[tuple[np.ndarray, list[KeyGroup]]]:
         """Per part of the preset: (position in the part's columns of each base step, −1 where absent; key groups)."""
         if self._parts is None:
-            ids = np.array([step.step for step in self.base], dtype=np.int64)
+            ids = getattr(self.base, "step_ids", None)  # a StepTable's own column: no StepResult per step is built
+            if not isinstance(ids, np.ndarray):
+                ids = np.array([step.step for step in self.base], dtype=np.int64)
             self._parts = []
             for steps, groups in self.corrections.step_columns(self.name):
                 at = np.searchsorted(steps, ids)

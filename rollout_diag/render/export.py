@@ -12,8 +12,10 @@ from typing import Any
 
 import numpy as np
 
+from rollout_diag.catalogue import OFFPOLICY_PREFIX
 from rollout_diag.results import (
     AnalysisResult,
+    ComparisonResult,
     MetricColumns,
     RowMetrics,
     Rows,
@@ -45,7 +47,11 @@ def json_pieces(document: dict[str, Any]) -> Iterator[str]:
             if items is None:
                 items = (_indented(item, "\n    ") for item in value)
             for index, item in enumerate(items):
-                yield ("," if index else "") + "\n    " + item
+                if isinstance(item, str):
+                    yield ("," if index else "") + "\n    " + item
+                else:  # an item written in pieces itself (ItemTexts of comparison_json_pieces' presets)
+                    yield ("," if index else "") + "\n    "
+                    yield from item
             yield "\n  ]"
         else:
             yield lead + _indented(value, "\n  ")
@@ -121,9 +127,9 @@ def _templated(steps: Any) -> Iterator[str] | None:
 
 class ItemTexts:
     """A top-level list of a document that :func:`json_pieces` writes from texts made when asked for: its length and
-    ``texts()``, each item's ``_indented(item, "\\n    ")`` in order."""
+    ``texts()``, each item's ``_indented(item, "\\n    ")`` in order (or an iterator of its pieces)."""
 
-    def __init__(self, count: int, texts: Callable[[], Iterator[str]]) -> None:
+    def __init__(self, count: int, texts: Callable[[], Iterator[str | Iterator[str]]]) -> None:
         self.count, self.texts = count, texts
 
     def __len__(self) -> int:
@@ -290,6 +296,144 @@ def row_texts(rows: Sequence[dict[str, Any]]) -> Iterator[str]:
         at = np.arange(begin, min(begin + _BLOCK, rows.count))
         values = [_value_texts(column, at, newline) for column, newline in slots]
         yield from (pattern % row for row in zip(*values, strict=True))
+
+
+def comparison_json_pieces(result: ComparisonResult) -> Iterator[str]:
+    """``to_json_text(result.to_json())`` in pieces: each preset written piece by piece, its ``steps`` a block of steps
+    at a time from the pass's columns (:func:`preset_step_texts`), ``step_levels`` entry by entry; never a dict per
+    step nor the document as one string (200 000 steps × 25 presets: about 12 GB of JSON). The same bytes."""
+    document = result.json_document()
+    presets = document["presets"]
+    document["presets"] = (
+        ItemTexts(len(presets), lambda: (_preset_pieces(preset) for preset in presets)) if len(presets) else []
+    )
+    levels = document["step_levels"]
+    document["step_levels"] = ItemTexts(len(levels), lambda: level_texts(levels)) if len(levels) else []
+    return json_pieces(document)
+
+
+_PRESET = "\n      "  # a value of a preset's own dict (an item of the top-level ``presets`` list)
+_PRESET_STEP = "\n        "  # an item of a preset's ``steps``
+
+
+def _preset_pieces(preset: Any) -> Iterator[str]:
+    """``_indented(preset.to_json(), "\\n    ")`` in pieces: its settings, its steps (one piece each), its run."""
+    head = _indented(
+        {
+            "name": preset.name,
+            "mode": preset.mode,
+            "config": dict(preset.config),
+            "intrusive": preset.intrusive,
+            "intrusive_reasons": list(preset.intrusive_reasons),
+        },
+        _ITEM,
+    )
+    yield head[: -len(_ITEM + "}")] + "," + _PRESET + '"steps": '
+    steps = preset.steps
+    if len(steps):
+        yield "["
+        for index, text in enumerate(preset_step_texts(steps, _PRESET_STEP)):
+            yield ("," if index else "") + _PRESET_STEP + text
+        yield _PRESET + "]"
+    else:
+        yield "[]"
+    yield "," + _PRESET + '"run": ' + _indented(preset.run.to_json(), _PRESET) + _ITEM + "}"
+
+
+def preset_step_texts(steps: Sequence[StepResult], newline: str) -> Iterator[str]:
+    """``_indented(step.to_json(), newline)`` of every step of a preset. A pass's steps (``metrics.outcome.PresetSteps``
+    over a StepTable) are written from the columns: the steps whose §1 keys and preset parts report the same key groups
+    share one text with a slot per value, filled by one ``%`` a step (a block of steps at a time); checked against
+    the step's own encoding on the first and last step of each such text (where one differs, those steps are encoded
+    one by one)."""
+    base = getattr(steps, "base", None)
+    parts_of = getattr(steps, "_columns", None)
+    if not isinstance(base, StepTable) or parts_of is None:
+        yield from (_indented(step.to_json(), newline) for step in steps)
+        return
+    count = len(base)
+    parts = parts_of()  # per part: (each step's position in the part's columns, -1 where absent; key groups)
+    presence = [present for present, _ in base.metrics.groups]
+    for at, groups in parts:
+        found = at >= 0
+        presence.append(found)
+        safe = np.where(found, at, 0)
+        for reports, _ in groups:
+            reports = np.asarray(reports, dtype=bool)
+            presence.append(found & reports[safe] if reports.shape[0] else np.zeros(count, dtype=bool))
+    if presence:
+        _, kinds = np.unique(np.packbits(np.stack(presence, axis=1), axis=1), axis=0, return_inverse=True)
+        kinds = kinds.reshape(count)
+    else:
+        kinds = np.zeros(count, dtype=np.int64)
+    patterns: dict[int, tuple[str, list[_PresetSlot]] | None] = {}
+    for begin in range(0, count, _BLOCK):
+        block = kinds[begin : begin + _BLOCK]
+        texts: list[str] = [""] * block.shape[0]
+        for kind in np.unique(block).tolist():
+            if kind not in patterns:
+                patterns[kind] = _preset_step_pattern(steps, base, parts, np.flatnonzero(kinds == kind), newline)
+            at = np.flatnonzero(block == kind)
+            if patterns[kind] is None:
+                for index in at.tolist():
+                    texts[index] = _indented(_preset_step(steps, base, begin + index).to_json(), newline)
+                continue
+            pattern, slots = patterns[kind]  # type: ignore[misc]
+            values = [
+                _value_texts(column, at + begin if where is None else where[at + begin], indent, scalars)
+                for column, where, indent, scalars in slots
+            ]
+            for index, row in zip(at.tolist(), zip(*values, strict=True), strict=True):
+                texts[index] = pattern % row
+        yield from texts
+
+
+# a slot's column, the position in it of each step (None: the step's own index), indentation, read as MetricColumns
+_PresetSlot = tuple[np.ndarray, "np.ndarray | None", str, bool]
+
+
+def _preset_step_pattern(
+    steps: Any, base: StepTable, parts: list, members: np.ndarray, newline: str
+) -> tuple[str, list[_PresetSlot]] | None:
+    """The text of the preset's steps ``members`` (which report the same key groups) with ``%s`` for each value, and
+    each slot's source; None when a step checked encodes otherwise. A step is ``with_metrics``: the base step's §1
+    (``rollout_corr/``) keys in their order, then the preset's parts folded in order (a later value wins)."""
+    first = int(members[0])
+    inner, value_indent = newline + "  ", newline + "    "
+    sources: dict[str, tuple[np.ndarray, np.ndarray | None, bool]] = {}
+    for name in base.metrics.row(first):
+        if name.startswith(OFFPOLICY_PREFIX):
+            group = next(g for g in reversed(base.metrics.where[name]) if base.metrics.groups[g][0][first])
+            sources[name] = (base.metrics.groups[group][1][name], None, True)
+    for at, groups in parts:
+        position = int(at[first])
+        if position < 0:
+            continue
+        for reports, values in groups:
+            if reports[position]:
+                sources.update((key, (column, at, False)) for key, column in values.items())
+    slots: list[_PresetSlot] = [
+        (column, None, inner, False) for column in (base.step_ids, base.rows, base.tokens, base.empty_rows)
+    ]
+    slotted: dict[str, Any] = dict.fromkeys(("step", "rows", "tokens", "empty_rows"), _SLOT)
+    slotted["metrics"] = dict.fromkeys(sources, _SLOT)
+    slots.extend((column, where, value_indent, scalars) for column, where, scalars in sources.values())
+    pattern = _pattern(_indented(slotted, newline), len(slots))
+    if pattern is None:
+        return None
+    for index in sorted({first, int(members[-1])}):
+        values = tuple(
+            _value_texts(column, np.array([index]) if where is None else where[[index]], indent, scalars)[0]
+            for column, where, indent, scalars in slots
+        )
+        if pattern % values != _indented(_preset_step(steps, base, index).to_json(), newline):
+            return None
+    return pattern, slots
+
+
+def _preset_step(steps: Any, base: StepTable, index: int) -> StepResult:
+    """``steps[index]`` of a PresetSteps, without building every base step's StepResult."""
+    return steps._step(index, _step_at(base, index))
 
 
 def _plain(column: np.ndarray | list[int], kind: str) -> list:
