@@ -291,20 +291,51 @@ def _replicates(rows: RowStats, metrics: Sequence[RowMetric], replicates: int, r
     columns = np.stack([part for metric in metrics for part in (metric.numerator(rows), metric.denominator(rows))], 1)
     eps = np.array([metric.eps for metric in metrics])
     offset = np.array([metric.offset for metric in metrics])
-    groups = [np.flatnonzero(rows.step == step) for step in np.unique(rows.step)]
+    runs = _step_runs(rows.step)
     batch = max(1, min(replicates, WEIGHT_CELLS // rows.rows))
     for start in range(0, replicates, batch):
         count = min(batch, replicates - start)
         # each step keeps its size: draw its rows' indices, then count how often each row was drawn
-        drawn = np.concatenate(
-            [members[rng.integers(0, members.size, size=(count, members.size))] for members in groups], 1
-        )
+        drawn = np.concatenate([run.draw(rng, count) for run in runs], 1)
         flat = (np.arange(count)[:, None] * rows.rows + drawn).ravel()
         weights = np.bincount(flat, minlength=count * rows.rows).reshape(count, rows.rows).astype(np.float64)
         sums = weights @ columns
         with np.errstate(divide="ignore", invalid="ignore"):
             out[start : start + count] = sums[:, 0::2] / (sums[:, 1::2] + eps) + offset
     return out
+
+
+@dataclass(frozen=True)
+class _StepRun:
+    """Consecutive steps (in ascending step order) that hold the same number of rows: ``members`` [steps, size],
+    each step's row indices in reading order."""
+
+    members: np.ndarray
+
+    def draw(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        """[count, steps·size] row indices: each step's ``count`` resamples of its rows, step after step. The
+        random stream is the one a ``rng.integers(0, size, (count, size))`` per step, in step order, consumes:
+        one call fills its values in C order from the same generator, and a step of one row draws nothing."""
+        steps, size = self.members.shape
+        if size == 1:
+            return np.broadcast_to(self.members[:, 0], (count, steps))
+        picked = rng.integers(0, size, size=(steps, count, size))
+        drawn = np.take_along_axis(self.members[:, None, :], picked, 2)  # [steps, count, size]
+        return drawn.transpose(1, 0, 2).reshape(count, steps * size)
+
+
+def _step_runs(step: np.ndarray) -> list[_StepRun]:
+    """The rows grouped by step (ascending), consecutive steps of one size in one run."""
+    order = np.argsort(step, kind="stable")
+    _, sizes = np.unique(step[order], return_counts=True)
+    runs = []
+    bounds = np.flatnonzero(np.diff(sizes)) + 1
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    for first, last in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [sizes.size]]), strict=True):
+        size = int(sizes[first])
+        members = order[starts[first] : starts[last]].reshape(int(last - first), size)
+        runs.append(_StepRun(members))
+    return runs
 
 
 def _interval(replicates: np.ndarray, tail: float) -> tuple[float, float]:

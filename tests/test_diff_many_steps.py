@@ -1,0 +1,93 @@
+"""``diff`` on many steps: the bootstrap's draws made a run of equal-sized steps at a time give the same replicates,
+digit for digit, as one draw per step (the former code, kept here as the reference)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rollout_diag.decisions import diff as diff_module
+from rollout_diag.decisions.diff import WEIGHT_CELLS, _replicates, bootstrap_differences
+from rollout_diag.decisions.rowmetrics import KEY_METRICS
+from rollout_diag.metrics.rowstats import ROW_SUMS
+from rollout_diag.results import RowStats
+
+
+def per_step_replicates(
+    rows: RowStats, metrics, replicates: int, rng: np.random.Generator, weight_cells: int = WEIGHT_CELLS
+) -> np.ndarray:
+    """The former ``_replicates``: one ``rng.integers`` per step and batch, steps in ascending order."""
+    out = np.full((replicates, len(metrics)), np.nan)
+    if rows.rows == 0:
+        return out
+    columns = np.stack([part for metric in metrics for part in (metric.numerator(rows), metric.denominator(rows))], 1)
+    eps = np.array([metric.eps for metric in metrics])
+    offset = np.array([metric.offset for metric in metrics])
+    groups = [np.flatnonzero(rows.step == step) for step in np.unique(rows.step)]
+    batch = max(1, min(replicates, weight_cells // rows.rows))
+    for start in range(0, replicates, batch):
+        count = min(batch, replicates - start)
+        drawn = np.concatenate(
+            [members[rng.integers(0, members.size, size=(count, members.size))] for members in groups], 1
+        )
+        flat = (np.arange(count)[:, None] * rows.rows + drawn).ravel()
+        weights = np.bincount(flat, minlength=count * rows.rows).reshape(count, rows.rows).astype(np.float64)
+        sums = weights @ columns
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[start : start + count] = sums[:, 0::2] / (sums[:, 1::2] + eps) + offset
+    return out
+
+
+def random_rows(rng: np.random.Generator, steps: np.ndarray) -> RowStats:
+    lengths = rng.integers(0, 30, steps.size).astype(np.float64)
+    sums = {name: rng.normal(0.0, 1.0, steps.size) * lengths for name in ROW_SUMS}
+    sums["abs_log_ratio"] = np.abs(sums["abs_log_ratio"])
+    sums["k3"] = np.abs(sums["k3"])
+    return RowStats(steps.astype(np.int64), lengths, sums)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 6), min_size=1, max_size=40),
+    shuffle=st.booleans(),
+    replicates=st.integers(100, 130),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_runs_of_steps_draw_what_one_draw_per_step_drew(
+    sizes: list[int], shuffle: bool, replicates: int, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    step_values = np.sort(rng.choice(10_000, len(sizes), replace=False)) - 5_000  # any order, negative too
+    steps = np.repeat(step_values, sizes)
+    if shuffle:  # steps interleaved in reading order
+        steps = steps[rng.permutation(steps.size)]
+    rows = random_rows(rng, steps)
+    new = _replicates(rows, KEY_METRICS, replicates, np.random.default_rng(seed))
+    old = per_step_replicates(rows, KEY_METRICS, replicates, np.random.default_rng(seed))
+    np.testing.assert_array_equal(new, old)
+
+
+def test_many_batches_and_one_row_steps_match_the_per_step_draws(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches of replicates (fewer weight cells than replicates × rows, the last batch short), one-row steps
+    between multi-row ones."""
+    monkeypatch.setattr(diff_module, "WEIGHT_CELLS", 60_000)
+    rng = np.random.default_rng(5)
+    sizes = rng.choice([1, 1, 1, 2, 3, 8], 3_000)
+    rows = random_rows(rng, np.repeat(np.arange(sizes.size), sizes))
+    assert 200 % (60_000 // rows.rows) != 0
+    for seed in (0, 1):
+        new = _replicates(rows, KEY_METRICS, 200, np.random.default_rng(seed))
+        old = per_step_replicates(rows, KEY_METRICS, 200, np.random.default_rng(seed), 60_000)
+        np.testing.assert_array_equal(new, old)
+
+
+def test_the_differences_of_two_sides_match_the_per_step_draws() -> None:
+    rng = np.random.default_rng(11)
+    a = random_rows(rng, np.repeat(np.arange(50), 4))
+    b = random_rows(rng, np.repeat(np.arange(70), rng.integers(1, 5, 70)))
+    new = bootstrap_differences(a, b, KEY_METRICS, 150, 3)
+    stream_a, stream_b = (np.random.default_rng(child) for child in np.random.SeedSequence(3).spawn(2))
+    old = per_step_replicates(b, KEY_METRICS, 150, stream_b) - per_step_replicates(a, KEY_METRICS, 150, stream_a)
+    np.testing.assert_array_equal(new, old)
