@@ -91,3 +91,13 @@ def test_the_differences_of_two_sides_match_the_per_step_draws() -> None:
     stream_a, stream_b = (np.random.default_rng(child) for child in np.random.SeedSequence(3).spawn(2))
     old = per_step_replicates(b, KEY_METRICS, 150, stream_b) - per_step_replicates(a, KEY_METRICS, 150, stream_a)
     np.testing.assert_array_equal(new, old)
+
+
+@pytest.mark.parametrize(("replicates", "rows", "metrics"), [(20, 200_000, 33), (7, 50_001, 8), (200, 20_000, 33)])
+def test_the_transposed_product_is_the_weighted_sums_bit_for_bit(replicates: int, rows: int, metrics: int) -> None:
+    """``_replicates`` asks BLAS for columnsᵀ · weightsᵀ: the same dot products as weights @ columns, digit for
+    digit, at the shapes ``diff`` meets (one-row steps of 200 000 rows, a few replicates per batch)."""
+    rng = np.random.default_rng(rows)
+    weights = rng.integers(0, 4, (replicates, rows)).astype(np.float64)
+    columns = np.stack([rng.lognormal(0.0, 3.0, rows) * rng.choice([-1.0, 1.0], rows) for _ in range(2 * metrics)], 1)
+    np.testing.assert_array_equal((columns.T @ weights.T).T, weights @ columns)

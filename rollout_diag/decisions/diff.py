@@ -295,11 +295,14 @@ def _replicates(rows: RowStats, metrics: Sequence[RowMetric], replicates: int, r
     batch = max(1, min(replicates, WEIGHT_CELLS // rows.rows))
     for start in range(0, replicates, batch):
         count = min(batch, replicates - start)
-        # each step keeps its size: draw its rows' indices, then count how often each row was drawn
-        drawn = np.concatenate([run.draw(rng, count) for run in runs], 1)
-        flat = (np.arange(count)[:, None] * rows.rows + drawn).ravel()
-        weights = np.bincount(flat, minlength=count * rows.rows).reshape(count, rows.rows).astype(np.float64)
-        sums = weights @ columns
+        # each step keeps its size: draw its rows' indices, count how often each row was drawn (exact integers)
+        weights = np.empty((count, rows.rows))
+        for run in runs:
+            weights[:, run.members.ravel()] = run.counts(rng, count)
+        # weights @ columns, the same dot products (each sum over the rows in the same order: tests check that the
+        # two agree bit for bit), asked of BLAS as columnsᵀ · weightsᵀ: the [few, rows] @ [rows, 2·metrics] shape
+        # made OpenBLAS's threads spin (1 s of CPU instead of 30 ms on 200 000 rows, per batch)
+        sums = (columns.T @ weights.T).T
         with np.errstate(divide="ignore", invalid="ignore"):
             out[start : start + count] = sums[:, 0::2] / (sums[:, 1::2] + eps) + offset
     return out
@@ -312,15 +315,17 @@ class _StepRun:
 
     members: np.ndarray
 
-    def draw(self, rng: np.random.Generator, count: int) -> np.ndarray:
-        """[count, steps·size] row indices: each step's ``count`` resamples of its rows, step after step. The
-        random stream is the one a ``rng.integers(0, size, (count, size))`` per step, in step order, consumes:
-        one call fills its values in C order from the same generator, and a step of one row draws nothing."""
+    def counts(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        """[count, steps·size]: how often each of the run's rows (``members`` in C order) is drawn in each of
+        ``count`` resamples of its step. The random stream is the one a ``rng.integers(0, size, (count, size))`` per
+        step, in step order, consumes: one call fills its values in C order from the same generator, and a step of
+        one row draws nothing."""
         steps, size = self.members.shape
         if size == 1:
-            return np.broadcast_to(self.members[:, 0], (count, steps))
+            return np.ones((count, steps))
         picked = rng.integers(0, size, size=(steps, count, size))
-        drawn = np.take_along_axis(self.members[:, None, :], picked, 2)  # [steps, count, size]
+        flat = (np.arange(steps * count)[:, None] * size + picked.reshape(steps * count, size)).ravel()
+        drawn = np.bincount(flat, minlength=steps * count * size).reshape(steps, count, size)
         return drawn.transpose(1, 0, 2).reshape(count, steps * size)
 
 
