@@ -3,16 +3,23 @@ digit for digit, as one draw per step (the former code, kept here as the referen
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
+from dumps import random_rows as dump_rows
+from dumps import write_sequence_dump
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollout_diag.decisions import diff as diff_module
-from rollout_diag.decisions.diff import WEIGHT_CELLS, _replicates, bootstrap_differences
+from rollout_diag.decisions.diff import WEIGHT_CELLS, DiffSide, _replicates, bootstrap_differences
 from rollout_diag.decisions.rowmetrics import KEY_METRICS
+from rollout_diag.drivers.diff import diff_runs
 from rollout_diag.metrics.rowstats import ROW_SUMS
-from rollout_diag.results import RowStats
+from rollout_diag.results import Rows, RowStats, StepTable
 
 
 def per_step_replicates(
@@ -101,3 +108,21 @@ def test_the_transposed_product_is_the_weighted_sums_bit_for_bit(replicates: int
     weights = rng.integers(0, 4, (replicates, rows)).astype(np.float64)
     columns = np.stack([rng.lognormal(0.0, 3.0, rows) * rng.choice([-1.0, 1.0], rows) for _ in range(2 * metrics)], 1)
     np.testing.assert_array_equal((columns.T @ weights.T).T, weights @ columns)
+
+
+def test_the_json_of_steps_and_run_positions_held_as_columns_is_the_json_of_the_lists(tmp_path: Path) -> None:
+    """``DiffResult.to_json`` reads a StepTable's step column and a Rows' head: the document equals the one made
+    from the same results as plain lists of StepResults and dicts."""
+    for name, seed in (("a", 1), ("b", 2)):
+        write_sequence_dump(tmp_path / f"{name}.parquet", dump_rows(seed, steps=range(40), rows_per_step=2))
+    result = diff_runs(str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet"), device="cpu", replicates=100)
+    assert isinstance(result.a.result.steps, StepTable) and isinstance(result.a.result.positions, Rows)
+    assert any(row["step"] is not None for row in result.a.result.positions)  # per-step rows to leave out
+
+    def as_lists(side: DiffSide) -> DiffSide:
+        plain = dataclasses.replace(side.result, steps=list(side.result.steps), positions=list(side.result.positions))
+        return dataclasses.replace(side, result=plain)
+
+    listed = dataclasses.replace(result, a=as_lists(result.a), b=as_lists(result.b))
+    assert json.dumps(result.to_json()) == json.dumps(listed.to_json())
+    assert result.to_json()["a"]["steps"] == list(range(40))

@@ -19,7 +19,16 @@ import numpy as np
 from rollout_diag import catalogue
 from rollout_diag.decisions.rowmetrics import KEY_METRICS, RowMetric, rejected_share
 from rollout_diag.errors import ConfigError, option_name
-from rollout_diag.results import SCHEMA_VERSION, AnalysisResult, ExtraValue, RowStats, json_number
+from rollout_diag.results import (
+    SCHEMA_VERSION,
+    AnalysisResult,
+    ExtraValue,
+    Rows,
+    RowStats,
+    StepResult,
+    StepTable,
+    json_number,
+)
 
 DEFAULT_REPLICATES = 1000
 DEFAULT_LEVEL = 0.95
@@ -127,11 +136,11 @@ class DiffResult:
             return {
                 "label": value.label,
                 "inputs": list(result.inputs),
-                "steps": [step.step for step in result.steps],
+                "steps": _step_ids(result.steps),
                 "rows": result.run.rows,
                 "tokens": result.run.tokens,
                 "rounds": [_json_row(row) for row in result.rounds],
-                "positions": [_json_row(row) for row in result.positions if row.get("step") is None],
+                "positions": [_json_row(row) for row in _run_positions(result.positions)],
             }
 
         return {
@@ -145,6 +154,23 @@ class DiffResult:
             "groups": [group.to_json() for group in self.groups],
             "warnings": list(self.warnings),
         }
+
+
+def _step_ids(steps: Sequence[StepResult]) -> list[int]:
+    """The step of each per-step result; a StepTable's from its column (no StepResult made per step)."""
+    if isinstance(steps, StepTable):
+        return steps.step_ids.tolist()
+    return [step.step for step in steps]
+
+
+def _run_positions(positions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The position rows of the whole run (``step`` None), in order. Rows held as columns: their run rows are the
+    head's (a per-step row's step, an integer column, is never None), so no per-step row is made."""
+    if isinstance(positions, Rows) and "step" in positions.names:
+        step = positions.columns[positions.names.index("step")]
+        if step.dtype.kind in "iu":
+            return [row for row in positions.head if row.get("step") is None]
+    return [row for row in positions if row.get("step") is None]
 
 
 def _json_row(row: dict[str, Any]) -> dict[str, Any]:
