@@ -90,6 +90,20 @@ def test_many_batches_and_one_row_steps_match_the_per_step_draws(monkeypatch: py
         np.testing.assert_array_equal(new, old)
 
 
+def test_one_row_steps_only_reuse_the_sums_and_match_the_per_step_draws(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every step one row (a token-layout dump with a wrong step column): every batch has the same weights; the
+    replicates equal the per-step code's, the short last batch too, and the stream is left as it found it."""
+    monkeypatch.setattr(diff_module, "WEIGHT_CELLS", 60_000)
+    rng = np.random.default_rng(8)
+    rows = random_rows(rng, rng.permutation(7_000) * 3)
+    assert 150 % (60_000 // rows.rows) != 0
+    stream, reference = np.random.default_rng(4), np.random.default_rng(4)
+    new = _replicates(rows, KEY_METRICS, 150, stream)
+    old = per_step_replicates(rows, KEY_METRICS, 150, reference, 60_000)
+    np.testing.assert_array_equal(new, old)
+    assert stream.integers(0, 2**62) == reference.integers(0, 2**62)
+
+
 def test_the_differences_of_two_sides_match_the_per_step_draws() -> None:
     rng = np.random.default_rng(11)
     a = random_rows(rng, np.repeat(np.arange(50), 4))

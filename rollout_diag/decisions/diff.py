@@ -318,12 +318,18 @@ def _replicates(rows: RowStats, metrics: Sequence[RowMetric], replicates: int, r
     eps = np.array([metric.eps for metric in metrics])
     offset = np.array([metric.offset for metric in metrics])
     runs = _step_runs(rows.step)
+    drawing = [run for run in runs if run.members.shape[1] > 1]  # a step of one row draws it once, every time
     batch = max(1, min(replicates, WEIGHT_CELLS // rows.rows))
+    weights = np.empty((0, rows.rows))
     for start in range(0, replicates, batch):
         count = min(batch, replicates - start)
+        if weights.shape[0] != count:  # the first batch, or the last when shorter
+            weights = np.ones((count, rows.rows))
+        elif not drawing:  # every step holds one row: the same weights, so the same sums as the batch before
+            out[start : start + count] = out[start - count : start]
+            continue
         # each step keeps its size: draw its rows' indices, count how often each row was drawn (exact integers)
-        weights = np.empty((count, rows.rows))
-        for run in runs:
+        for run in drawing:
             weights[:, run.members.ravel()] = run.counts(rng, count)
         # weights @ columns, the same dot products (each sum over the rows in the same order: tests check that the
         # two agree bit for bit), asked of BLAS as columnsᵀ · weightsᵀ: the [few, rows] @ [rows, 2·metrics] shape
@@ -344,11 +350,9 @@ class _StepRun:
     def counts(self, rng: np.random.Generator, count: int) -> np.ndarray:
         """[count, steps·size]: how often each of the run's rows (``members`` in C order) is drawn in each of
         ``count`` resamples of its step. The random stream is the one a ``rng.integers(0, size, (count, size))`` per
-        step, in step order, consumes: one call fills its values in C order from the same generator, and a step of
-        one row draws nothing."""
+        step, in step order, consumes: one call fills its values in C order from the same generator. Runs of
+        one-row steps are not drawn (``rng.integers(0, 1, …)`` takes nothing from the stream)."""
         steps, size = self.members.shape
-        if size == 1:
-            return np.ones((count, steps))
         picked = rng.integers(0, size, size=(steps, count, size))
         flat = (np.arange(steps * count)[:, None] * size + picked.reshape(steps * count, size)).ravel()
         drawn = np.bincount(flat, minlength=steps * count * size).reshape(steps, count, size)
