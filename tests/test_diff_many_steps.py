@@ -140,3 +140,5 @@ def test_the_json_of_steps_and_run_positions_held_as_columns_is_the_json_of_the_
     listed = dataclasses.replace(result, a=as_lists(result.a), b=as_lists(result.b))
     assert json.dumps(result.to_json()) == json.dumps(listed.to_json())
     assert result.to_json()["a"]["steps"] == list(range(40))
+    for table in (result.a.result.positions, result.b.result.rounds):  # the report's curves read these
+        assert run_rows(table) == [row for row in list(table) if row.get("step") is None]

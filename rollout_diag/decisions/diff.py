@@ -140,7 +140,7 @@ class DiffResult:
                 "rows": result.run.rows,
                 "tokens": result.run.tokens,
                 "rounds": [_json_row(row) for row in result.rounds],
-                "positions": [_json_row(row) for row in _run_positions(result.positions)],
+                "positions": [_json_row(row) for row in run_rows(result.positions)],
             }
 
         return {
@@ -163,9 +163,10 @@ def _step_ids(steps: Sequence[StepResult]) -> list[int]:
     return [step.step for step in steps]
 
 
-def _run_positions(positions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The position rows of the whole run (``step`` None), in order. Rows held as columns: their run rows are the
-    head's (a per-step row's step, an integer column, is never None), so no per-step row is made."""
+def run_rows(positions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of the whole run (``step`` None) of a positions or rounds table, in order. Rows held as columns:
+    their run rows are the head's (a per-step row's step, an integer column, is never None), so no per-step row is
+    made."""
     if isinstance(positions, Rows) and "step" in positions.names:
         step = positions.columns[positions.names.index("step")]
         if step.dtype.kind in "iu":
