@@ -15,11 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollout_diag.decisions import diff as diff_module
-from rollout_diag.decisions.diff import WEIGHT_CELLS, DiffSide, _replicates, bootstrap_differences, run_rows
+from rollout_diag.decisions.diff import WEIGHT_CELLS, DiffSide, _replicates, bootstrap_differences
 from rollout_diag.decisions.rowmetrics import KEY_METRICS
 from rollout_diag.drivers.diff import diff_runs
 from rollout_diag.metrics.rowstats import ROW_SUMS
-from rollout_diag.results import Rows, RowStats, StepTable
+from rollout_diag.results import Rows, RowStats, StepTable, run_rows
 
 
 def per_step_replicates(

@@ -23,11 +23,11 @@ from rollout_diag.results import (
     SCHEMA_VERSION,
     AnalysisResult,
     ExtraValue,
-    Rows,
     RowStats,
     StepResult,
     StepTable,
     json_number,
+    run_rows,
 )
 
 DEFAULT_REPLICATES = 1000
@@ -161,17 +161,6 @@ def _step_ids(steps: Sequence[StepResult]) -> list[int]:
     if isinstance(steps, StepTable):
         return steps.step_ids.tolist()
     return [step.step for step in steps]
-
-
-def run_rows(positions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows of the whole run (``step`` None) of a positions or rounds table, in order. Rows held as columns:
-    their run rows are the head's (a per-step row's step, an integer column, is never None), so no per-step row is
-    made."""
-    if isinstance(positions, Rows) and "step" in positions.names:
-        step = positions.columns[positions.names.index("step")]
-        if step.dtype.kind in "iu":
-            return [row for row in positions.head if row.get("step") is None]
-    return [row for row in positions if row.get("step") is None]
 
 
 def _json_row(row: dict[str, Any]) -> dict[str, Any]:

@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rollout_diag.decisions.diff import run_rows
 from rollout_diag.formatting import change, number, percent
 from rollout_diag.report.figures import BLUE, RED, Figure, axis, base_layout
 from rollout_diag.report.markup import Column, Markup, escape, note, table
 from rollout_diag.report.sections import Canvas, Section
+from rollout_diag.results import run_rows
 
 DIFF_COLUMNS = (
     Column("metric"),
