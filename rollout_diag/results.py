@@ -328,6 +328,17 @@ class Rows(ReadSequence):
         return f"Rows({len(self)} rows)"
 
 
+def run_rows(positions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of the whole run (``step`` None) of a positions or rounds table, in order. Rows held as columns:
+    their run rows are the head's (a per-step row's step, an integer column, is never None), so no per-step row is
+    made."""
+    if isinstance(positions, Rows) and "step" in positions.names:
+        step = positions.columns[positions.names.index("step")]
+        if step.dtype.kind in "iu":
+            return [row for row in positions.head if row.get("step") is None]
+    return [row for row in positions if row.get("step") is None]
+
+
 class Converted(ReadSequence):
     """``[convert(item) for item in items]``, each made when read and none kept: per-step results of a 200 000-step
     run (the sweep's 13 options × targets a step) as objects only while a renderer reads them. Equal to that list."""

@@ -19,7 +19,16 @@ import numpy as np
 from rollout_diag import catalogue
 from rollout_diag.decisions.rowmetrics import KEY_METRICS, RowMetric, rejected_share
 from rollout_diag.errors import ConfigError, option_name
-from rollout_diag.results import SCHEMA_VERSION, AnalysisResult, ExtraValue, RowStats, json_number
+from rollout_diag.results import (
+    SCHEMA_VERSION,
+    AnalysisResult,
+    ExtraValue,
+    RowStats,
+    StepResult,
+    StepTable,
+    json_number,
+    run_rows,
+)
 
 DEFAULT_REPLICATES = 1000
 DEFAULT_LEVEL = 0.95
@@ -127,11 +136,11 @@ class DiffResult:
             return {
                 "label": value.label,
                 "inputs": list(result.inputs),
-                "steps": [step.step for step in result.steps],
+                "steps": _step_ids(result.steps),
                 "rows": result.run.rows,
                 "tokens": result.run.tokens,
                 "rounds": [_json_row(row) for row in result.rounds],
-                "positions": [_json_row(row) for row in result.positions if row.get("step") is None],
+                "positions": [_json_row(row) for row in run_rows(result.positions)],
             }
 
         return {
@@ -145,6 +154,13 @@ class DiffResult:
             "groups": [group.to_json() for group in self.groups],
             "warnings": list(self.warnings),
         }
+
+
+def _step_ids(steps: Sequence[StepResult]) -> list[int]:
+    """The step of each per-step result; a StepTable's from its column (no StepResult made per step)."""
+    if isinstance(steps, StepTable):
+        return steps.step_ids.tolist()
+    return [step.step for step in steps]
 
 
 def _json_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -291,20 +307,60 @@ def _replicates(rows: RowStats, metrics: Sequence[RowMetric], replicates: int, r
     columns = np.stack([part for metric in metrics for part in (metric.numerator(rows), metric.denominator(rows))], 1)
     eps = np.array([metric.eps for metric in metrics])
     offset = np.array([metric.offset for metric in metrics])
-    groups = [np.flatnonzero(rows.step == step) for step in np.unique(rows.step)]
+    runs = _step_runs(rows.step)
+    drawing = [run for run in runs if run.members.shape[1] > 1]  # a step of one row draws it once, every time
     batch = max(1, min(replicates, WEIGHT_CELLS // rows.rows))
+    weights = np.empty((0, rows.rows))
     for start in range(0, replicates, batch):
         count = min(batch, replicates - start)
-        # each step keeps its size: draw its rows' indices, then count how often each row was drawn
-        drawn = np.concatenate(
-            [members[rng.integers(0, members.size, size=(count, members.size))] for members in groups], 1
-        )
-        flat = (np.arange(count)[:, None] * rows.rows + drawn).ravel()
-        weights = np.bincount(flat, minlength=count * rows.rows).reshape(count, rows.rows).astype(np.float64)
-        sums = weights @ columns
+        if weights.shape[0] != count:  # the first batch, or the last when shorter
+            weights = np.ones((count, rows.rows))
+        elif not drawing:  # every step holds one row: the same weights, so the same sums as the batch before
+            out[start : start + count] = out[start - count : start]
+            continue
+        # each step keeps its size: draw its rows' indices, count how often each row was drawn (exact integers)
+        for run in drawing:
+            weights[:, run.members.ravel()] = run.counts(rng, count)
+        # weights @ columns, the same dot products (each sum over the rows in the same order: tests check that the
+        # two agree bit for bit), asked of BLAS as columnsᵀ · weightsᵀ: the [few, rows] @ [rows, 2·metrics] shape
+        # made OpenBLAS's threads spin (1 s of CPU instead of 30 ms on 200 000 rows, per batch)
+        sums = (columns.T @ weights.T).T
         with np.errstate(divide="ignore", invalid="ignore"):
             out[start : start + count] = sums[:, 0::2] / (sums[:, 1::2] + eps) + offset
     return out
+
+
+@dataclass(frozen=True)
+class _StepRun:
+    """Consecutive steps (in ascending step order) that hold the same number of rows: ``members`` [steps, size],
+    each step's row indices in reading order."""
+
+    members: np.ndarray
+
+    def counts(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        """[count, steps·size]: how often each of the run's rows (``members`` in C order) is drawn in each of
+        ``count`` resamples of its step. The random stream is the one a ``rng.integers(0, size, (count, size))`` per
+        step, in step order, consumes: one call fills its values in C order from the same generator. Runs of
+        one-row steps are not drawn (``rng.integers(0, 1, …)`` takes nothing from the stream)."""
+        steps, size = self.members.shape
+        picked = rng.integers(0, size, size=(steps, count, size))
+        flat = (np.arange(steps * count)[:, None] * size + picked.reshape(steps * count, size)).ravel()
+        drawn = np.bincount(flat, minlength=steps * count * size).reshape(steps, count, size)
+        return drawn.transpose(1, 0, 2).reshape(count, steps * size)
+
+
+def _step_runs(step: np.ndarray) -> list[_StepRun]:
+    """The rows grouped by step (ascending), consecutive steps of one size in one run."""
+    order = np.argsort(step, kind="stable")
+    _, sizes = np.unique(step[order], return_counts=True)
+    runs = []
+    bounds = np.flatnonzero(np.diff(sizes)) + 1
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    for first, last in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [sizes.size]]), strict=True):
+        size = int(sizes[first])
+        members = order[starts[first] : starts[last]].reshape(int(last - first), size)
+        runs.append(_StepRun(members))
+    return runs
 
 
 def _interval(replicates: np.ndarray, tail: float) -> tuple[float, float]:

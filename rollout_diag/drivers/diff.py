@@ -65,6 +65,7 @@ def diff_runs(
             DiffSide(f"{_label(done.log.files)} {range_label(r)}", done.result(r), done.row_stats(r))
             for r in (steps_a, steps_b)
         ]
+        done.release()
         passes = [(done, steps_a), (done, steps_b)]
     else:
         sides, passes = [], []
@@ -72,6 +73,7 @@ def diff_runs(
             done = row_pass(inputs, presets=chosen, progress=progress, **options)
             label = _label(done.log.files) + ("" if steps is None else f" {range_label(steps)}")
             sides.append(DiffSide(label, done.result(steps), done.row_stats(steps)))
+            done.release()  # before the next run's pass: one analysis held at a time
             passes.append((done, steps))
     result = diff(sides[0], sides[1], replicates=replicates, level=level, seed=seed)
     if not by:

@@ -17,6 +17,7 @@ from rollout_diag.errors import DataError
 from rollout_diag.groups import GroupLabels, GroupSpec, group_specs
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
 from rollout_diag.io.readlog import ReadLog
+from rollout_diag.memory import trim_heap
 from rollout_diag.metrics.base import StepAccumulator
 from rollout_diag.metrics.localize import WorstTracker
 from rollout_diag.metrics.rowstats import RowStatsCollector
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 class RowPass:
     """One pass of the analysis and the per-row statistics (``check``, ``diff``); results for any step range."""
 
-    analysis: Analysis
+    analysis: Analysis | None  # None once released (``release``)
     rows: RowStatsCollector
     log: ReadLog
     device: torch.device
@@ -41,8 +42,16 @@ class RowPass:
 
     def result(self, steps: StepRange | None = None) -> AnalysisResult:
         """The AnalysisResult of the steps in ``steps`` (all steps when None; worst rows/tokens only then)."""
+        if self.analysis is None:
+            raise RuntimeError("RowPass.result after release(): build every result before releasing the analysis")
         analysis = self.analysis if steps is None else _restricted(self.analysis, steps)
         return build_result(analysis, self.log, self.device, self.strict)
+
+    def release(self) -> None:
+        """Drop the analysis once every result is built (``diff`` keeps the runs' row statistics, not their
+        analyses: 200 000 one-row steps hold ~1 GB of per-step state a run) and give the freed pages back."""
+        self.analysis = None
+        trim_heap()
 
     @cached_property
     def all_rows(self) -> RowStats:

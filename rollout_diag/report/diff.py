@@ -12,6 +12,7 @@ from rollout_diag.formatting import change, number, percent
 from rollout_diag.report.figures import BLUE, RED, Figure, axis, base_layout
 from rollout_diag.report.markup import Column, Markup, escape, note, table
 from rollout_diag.report.sections import Canvas, Section
+from rollout_diag.results import run_rows
 
 DIFF_COLUMNS = (
     Column("metric"),
@@ -77,7 +78,7 @@ def _curves(result: Any, field: str, key: str, x_title: str, canvas: Canvas) -> 
     """mean |δ| per round (or position bucket) of both runs, overlaid; a sentence when neither has any."""
     sides = []
     for name, side, color in (("A", result.a, BLUE), ("B", result.b, RED)):
-        table_rows = [row for row in getattr(side.result, field) if row.get("step") is None]
+        table_rows = run_rows(getattr(side.result, field))  # no per-step row made
         sides.append((name, side.label, color, table_rows))
     if not any(rows for *_, rows in sides):
         return note(f"No per-{key} data in either run.")
