@@ -3,7 +3,7 @@ every command ending in an analysis (compare-presets, check, diff, watch) shares
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,7 @@ from rollout_diag.errors import DataError, where
 from rollout_diag.groups import GroupSpec, group_specs
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
 from rollout_diag.io.readlog import ReadLog
+from rollout_diag.metrics.base import KeyGroup, StepAccumulator
 from rollout_diag.metrics.dialects import DEFAULT as DEFAULT_DIALECT
 from rollout_diag.metrics.dialects import resolve as resolve_dialects
 from rollout_diag.metrics.localize import DEFAULT_CATASTROPHIC, DEFAULT_TOP_K
@@ -101,13 +102,24 @@ def step_table(analysis: Analysis) -> StepTable:
     step): the families' metrics in family order, then the dialects."""
     table = analysis.offpolicy.store
     steps = table.steps
-    groups = [group for family in analysis.families for group in family.finalize_columns(steps).groups]
-    dialects = {} if analysis.offpolicy_only else analysis.dialect.finalize_columns(steps)
     count = steps.shape[0]
+    # one family finalized at a time, as MetricColumns takes its groups in: each family's columns are dropped once
+    # copied into the table's matrices, so the families' columns never coexist with the whole table
+    metrics = MetricColumns(_family_groups(analysis.families, steps), count)
+    dialects = {} if analysis.offpolicy_only else analysis.dialect.finalize_columns(steps)
     rows, tokens, empty = (
         table.dense[name].reshape(count) if count else np.zeros(0) for name in ("rows", "tokens", "empty_rows")
     )
-    return StepTable(steps, rows, tokens, empty, MetricColumns(groups, count), dialects)
+    return StepTable(steps, rows, tokens, empty, metrics, dialects)
+
+
+def _family_groups(families: Sequence[StepAccumulator], steps: np.ndarray) -> Iterator[KeyGroup]:
+    """The families' key groups over ``steps``, in family order, each family finalized only when the previous one's
+    groups have been taken (a generator: read once)."""
+    for family in families:
+        groups = list(family.finalize_columns(steps).groups)
+        while groups:
+            yield groups.pop(0)
 
 
 def step_counts(steps: StepTable) -> list[StepResult]:
