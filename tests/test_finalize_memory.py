@@ -11,8 +11,11 @@ import numpy as np
 import pytest
 import torch
 from dumps import write_sequence_dump
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_many_steps import tiny_rows
 
+from rollout_diag.decisions import trends
 from rollout_diag.drivers.engine import _family_groups, step_table
 from rollout_diag.drivers.passes import Analysis, run_chunks
 from rollout_diag.io.reader import DumpReader
@@ -96,3 +99,23 @@ def test_family_groups_are_read_once(analysis) -> None:
     groups = _family_groups(analysis.families[:2], steps)
     first = list(groups)
     assert first and list(groups) == []  # a generator: a second reader gets nothing, never stale columns
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.floats(0.0, 50.0), st.just(0.0), st.just(math.nan), st.floats(-1.0, 0.0)), min_size=9, max_size=90
+    ),
+    st.integers(1, 40),
+)
+def test_window_baselines_by_blocks_equal_all_at_once(listed, block) -> None:
+    values = np.array(listed, dtype=np.float64)
+    whole = trends._window_baselines(values, trends.ANOMALY_WINDOW, trends.ANOMALY_SPREAD)
+    saved = trends.BASELINE_BLOCK
+    trends.BASELINE_BLOCK = block
+    try:
+        blocked = trends._window_baselines(values, trends.ANOMALY_WINDOW, trends.ANOMALY_SPREAD)
+    finally:
+        trends.BASELINE_BLOCK = saved
+    for mine, theirs in zip(blocked, whole, strict=True):
+        assert mine.tobytes() == theirs.tobytes()  # the same digits, NaN where NaN
