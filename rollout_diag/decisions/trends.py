@@ -19,6 +19,7 @@ ANOMALY_FACTOR = 3.0  # … above 3 × the median of the previous steps,
 ANOMALY_SPREAD = 5.0  # … and its log above the median log + 5 robust spreads (1.4826 × the upper half's MAD),
 ANOMALY_WINDOW = 30  # … both taken over at most 30 previous steps …
 ANOMALY_MIN_HISTORY = 8  # … once at least 8 exist.
+BASELINE_BLOCK = 8192  # steps whose windows are taken at once (_window_baselines)
 ANOMALY_KEEP = 50  # the largest flags (by factor) kept in a result; the rest are counted as cut
 MAD_TO_SIGMA = 1.4826  # a normal's σ / its median absolute deviation
 CHANGE_MIN_SEGMENT = 5  # a drift change point needs 5 steps on each side
@@ -85,15 +86,19 @@ def _window_baselines(values: np.ndarray, window: int, spread: float) -> tuple[n
     ready = np.flatnonzero(history >= ANOMALY_MIN_HISTORY)
     if not ready.size:
         return baseline, threshold
-    rows = recent[ready]
-    baseline[ready] = _medians(rows)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        logs = np.where(rows > 0, np.log(np.where(rows > 0, rows, 1.0)), np.nan)
-        centre = _medians(logs)
-        above = np.where(logs > centre[:, None], logs - centre[:, None], np.nan)
-    deviation = np.nan_to_num(_medians(above), nan=0.0)
-    enough = np.count_nonzero(rows > 0, axis=1) >= ANOMALY_MIN_HISTORY
-    threshold[ready] = np.where(enough, centre + spread * MAD_TO_SIGMA * deviation, np.nan)
+    # a block of steps at a time: each row's arithmetic is its own, and the [steps, window] temporaries of a long
+    # run (200 000 steps: ~50 MB each, five of them) stay a block's size
+    for begin in range(0, ready.shape[0], BASELINE_BLOCK):
+        at = ready[begin : begin + BASELINE_BLOCK]
+        rows = recent[at]
+        baseline[at] = _medians(rows)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            logs = np.where(rows > 0, np.log(np.where(rows > 0, rows, 1.0)), np.nan)
+            centre = _medians(logs)
+            above = np.where(logs > centre[:, None], logs - centre[:, None], np.nan)
+        deviation = np.nan_to_num(_medians(above), nan=0.0)
+        enough = np.count_nonzero(rows > 0, axis=1) >= ANOMALY_MIN_HISTORY
+        threshold[at] = np.where(enough, centre + spread * MAD_TO_SIGMA * deviation, np.nan)
     return baseline, threshold
 
 

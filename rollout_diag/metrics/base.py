@@ -654,6 +654,16 @@ def _joined(parts: Sequence[Sequence[KeyColumns]], sizes: Sequence[int], count: 
     return out
 
 
+def _owned(column: np.ndarray) -> np.ndarray:
+    """``column`` as an array of its own where it is a strided view (a column ``[:, k]`` of a block's dense [B, buckets]
+    state): kept as a view it would hold the whole block alive until the blocks are joined (a round family's
+    densified sparse fields, 65 buckets of 200 000 one-row steps: ~0.4 GB). A broadcast scalar or a contiguous view
+    (a slice of the table's own dense column, alive anyway) is kept as it is."""
+    if column.base is None or column.flags.c_contiguous or 0 in column.strides:
+        return column
+    return column.copy()
+
+
 def _widened(groups: Sequence[KeyColumns], at: np.ndarray | None, count: int) -> list[KeyColumns]:
     """Groups over a table's own steps placed at positions ``at`` of ``count`` steps (None: as they are; a position
     of ``count``: a step left out)."""
@@ -822,10 +832,10 @@ class StepAccumulator(ABC):
             parts.append(
                 [
                     (
-                        np.asarray(reports, dtype=bool),
+                        _owned(np.asarray(reports, dtype=bool)),
                         {
-                            _METRIC_NAMES.setdefault(name, name): np.broadcast_to(
-                                np.asarray(value, np.float64), (size,)
+                            _METRIC_NAMES.setdefault(name, name): _owned(
+                                np.broadcast_to(np.asarray(value, np.float64), (size,))
                             )
                             for name, value in values.items()
                         },
@@ -833,6 +843,7 @@ class StepAccumulator(ABC):
                     for reports, values in groups
                 ]
             )
+            del groups, columns  # the block's dense state goes before the next block is made
         return MetricColumns(_widened(_joined(parts, sizes, own.shape[0]), at, count), count)
 
     def finalize_run(self) -> dict[str, float]:
