@@ -165,11 +165,7 @@ def step_texts(steps: Sequence[StepResult]) -> Iterator[str]:
     count = len(steps)
     sources = [steps.metrics, *steps.dialects.values()]
     presence = [present for columns in sources for present, _ in columns.groups]
-    if presence:
-        _, kinds = np.unique(np.packbits(np.stack(presence, axis=1), axis=1), axis=0, return_inverse=True)
-        kinds = kinds.reshape(count)
-    else:
-        kinds = np.zeros(count, dtype=np.int64)
+    kinds = _kinds(presence, count)
     patterns: dict[int, tuple[str, list[_Slot]] | None] = {}
     for begin in range(0, count, _BLOCK):
         block = kinds[begin : begin + _BLOCK]
@@ -361,11 +357,7 @@ def preset_step_texts(steps: Sequence[StepResult], newline: str) -> Iterator[str
         for reports, _ in groups:
             reports = np.asarray(reports, dtype=bool)
             presence.append(found & reports[safe] if reports.shape[0] else np.zeros(count, dtype=bool))
-    if presence:
-        _, kinds = np.unique(np.packbits(np.stack(presence, axis=1), axis=1), axis=0, return_inverse=True)
-        kinds = kinds.reshape(count)
-    else:
-        kinds = np.zeros(count, dtype=np.int64)
+    kinds = _kinds(presence, count)
     patterns: dict[int, tuple[str, list[_PresetSlot]] | None] = {}
     for begin in range(0, count, _BLOCK):
         block = kinds[begin : begin + _BLOCK]
@@ -580,3 +572,12 @@ def comparison_csv(result: Any) -> str:
                 ]
             )
     return buffer.getvalue()
+
+
+def _kinds(presence: list[np.ndarray], count: int) -> np.ndarray:
+    """Per step, a number naming which key groups it reports (``presence``: one bool [count] per group): steps of one
+    kind share one text with a slot per value."""
+    if not presence:
+        return np.zeros(count, dtype=np.int64)
+    _, kinds = np.unique(np.packbits(np.stack(presence, axis=1), axis=1), axis=0, return_inverse=True)
+    return kinds.reshape(count)
