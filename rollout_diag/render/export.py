@@ -165,24 +165,12 @@ def step_texts(steps: Sequence[StepResult]) -> Iterator[str]:
     count = len(steps)
     sources = [steps.metrics, *steps.dialects.values()]
     presence = [present for columns in sources for present, _ in columns.groups]
-    kinds = _kinds(presence, count)
-    patterns: dict[int, tuple[str, list[_Slot]] | None] = {}
-    for begin in range(0, count, _BLOCK):
-        block = kinds[begin : begin + _BLOCK]
-        texts: list[str] = [""] * block.shape[0]
-        for kind in np.unique(block).tolist():
-            if kind not in patterns:
-                patterns[kind] = _step_pattern(steps, np.flatnonzero(kinds == kind))
-            at = np.flatnonzero(block == kind)
-            if patterns[kind] is None:
-                for index in at.tolist():
-                    texts[index] = _indented(_step_at(steps, begin + index).to_json(), _ITEM)
-                continue
-            pattern, slots = patterns[kind]  # type: ignore[misc]
-            values = [_value_texts(column, at + begin, newline, scalars) for column, newline, scalars in slots]
-            for index, row in zip(at.tolist(), zip(*values, strict=True), strict=True):
-                texts[index] = pattern % row
-        yield from texts
+    yield from _pattern_texts(
+        _kinds(presence, count),
+        lambda members: _step_pattern(steps, members),
+        lambda index: _indented(_step_at(steps, index).to_json(), _ITEM),
+        lambda slots, where: [_value_texts(column, where, indent, scalars) for column, indent, scalars in slots],
+    )
 
 
 def _step_at(steps: StepTable, index: int) -> StepResult:
@@ -357,27 +345,15 @@ def preset_step_texts(steps: Sequence[StepResult], newline: str) -> Iterator[str
         for reports, _ in groups:
             reports = np.asarray(reports, dtype=bool)
             presence.append(found & reports[safe] if reports.shape[0] else np.zeros(count, dtype=bool))
-    kinds = _kinds(presence, count)
-    patterns: dict[int, tuple[str, list[_PresetSlot]] | None] = {}
-    for begin in range(0, count, _BLOCK):
-        block = kinds[begin : begin + _BLOCK]
-        texts: list[str] = [""] * block.shape[0]
-        for kind in np.unique(block).tolist():
-            if kind not in patterns:
-                patterns[kind] = _preset_step_pattern(steps, base, parts, np.flatnonzero(kinds == kind), newline)
-            at = np.flatnonzero(block == kind)
-            if patterns[kind] is None:
-                for index in at.tolist():
-                    texts[index] = _indented(_preset_step(steps, base, begin + index).to_json(), newline)
-                continue
-            pattern, slots = patterns[kind]  # type: ignore[misc]
-            values = [
-                _value_texts(column, at + begin if where is None else where[at + begin], indent, scalars)
-                for column, where, indent, scalars in slots
-            ]
-            for index, row in zip(at.tolist(), zip(*values, strict=True), strict=True):
-                texts[index] = pattern % row
-        yield from texts
+    yield from _pattern_texts(
+        _kinds(presence, count),
+        lambda members: _preset_step_pattern(steps, base, parts, members, newline),
+        lambda index: _indented(_preset_step(steps, base, index).to_json(), newline),
+        lambda slots, at: [
+            _value_texts(column, at if where is None else where[at], indent, scalars)
+            for column, where, indent, scalars in slots
+        ],
+    )
 
 
 # a slot's column, the position in it of each step (None: the step's own index), indentation, read as MetricColumns
@@ -581,3 +557,31 @@ def _kinds(presence: list[np.ndarray], count: int) -> np.ndarray:
         return np.zeros(count, dtype=np.int64)
     _, kinds = np.unique(np.packbits(np.stack(presence, axis=1), axis=1), axis=0, return_inverse=True)
     return kinds.reshape(count)
+
+
+def _pattern_texts(
+    kinds: np.ndarray,
+    pattern_of: Callable[[np.ndarray], tuple[str, list] | None],
+    encoded: Callable[[int], str],
+    values_of: Callable[[list, np.ndarray], list[list[str]]],
+) -> Iterator[str]:
+    """Each step's text, a block of steps at a time: the steps of one kind fill one pattern (``pattern_of`` the
+    kind's steps: its text with ``%s`` slots and the slots, made once per kind; ``values_of`` the slots' value texts
+    for some steps); a kind without a pattern is encoded step by step (``encoded``)."""
+    patterns: dict[int, tuple[str, list] | None] = {}
+    for begin in range(0, kinds.shape[0], _BLOCK):
+        block = kinds[begin : begin + _BLOCK]
+        texts: list[str] = [""] * block.shape[0]
+        for kind in np.unique(block).tolist():
+            if kind not in patterns:
+                patterns[kind] = pattern_of(np.flatnonzero(kinds == kind))
+            at = np.flatnonzero(block == kind)
+            found = patterns[kind]
+            if found is None:
+                for index in at.tolist():
+                    texts[index] = encoded(begin + index)
+                continue
+            pattern, slots = found
+            for index, row in zip(at.tolist(), zip(*values_of(slots, at + begin), strict=True), strict=True):
+                texts[index] = pattern % row
+        yield from texts
