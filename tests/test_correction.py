@@ -529,3 +529,19 @@ def test_decisions_file_errors(dump, tmp_path):
     with pytest.raises(DataError, match="positive logprob"):
         export_decisions(bad, out, ["disabled"], device="cpu", strict=True)
     assert not out.exists()  # a failed pass leaves no half-written file
+
+
+def test_derived_names_are_remembered_and_tell_the_signs_of_zero_apart():
+    """``derived`` answers from a memo after the first call: the same name, registered once, and a bound of −0.0
+    stays a quantity of its own (it compares equal to +0.0, and its name differs)."""
+    from rollout_diag.metrics.correction import DERIVED, derived
+    from rollout_diag.metrics.segments import TOKEN_QUANTITIES
+
+    positive = derived("token_is_weight", "below", lower=0.0)
+    negative = derived("token_is_weight", "below", lower=-0.0)
+    assert positive != negative
+    assert positive == "below(token_is_weight; 0.0, inf)" and negative == "below(token_is_weight; -0.0, inf)"
+    assert derived("token_is_weight", "below", 0, math.inf) == positive  # an int bound names the same quantity
+    for name in (positive, negative):
+        assert DERIVED[name].name == name and name in TOKEN_QUANTITIES
+    assert DERIVED[negative].lower == 0.0 and math.copysign(1.0, DERIVED[negative].lower) == -1.0

@@ -340,33 +340,40 @@ def test_extremes_side_by_side_are_the_scan_in_order(size):
 
 
 @settings(max_examples=10, deadline=None)
-@given(seed=st.integers(0, 10_000), quantities=st.integers(1, 9))
-def test_centred_sums_add_each_groups_tokens_in_order(seed, quantities):
+@given(seed=st.integers(0, 10_000), quantities=st.integers(1, 9), weight_only=st.booleans())
+def test_centred_sums_add_each_groups_tokens_in_order(seed, quantities, weight_only):
     """Σ (x − mean)² of each (group, quantity), four quantities side by side: bit for bit the sum that adds the
-    group's tokens one by one in token order."""
+    group's tokens one by one in token order; also where every quantity reads w alone (then read where it lies,
+    no base quantity laid out), and with model tokens at other places than the raw ones."""
     kernels = compiled_presets()
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, 40, 12)
     raw = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    model = raw + np.arange(12, dtype=np.int64)  # the model tokens' places: a gap before each segment
     total = int(lengths.sum())
     rollout = -rng.exponential(1.0, total)
     trainer = rollout + rng.normal(0, 0.3, total)
-    weight = np.exp(np.clip(trainer - rollout, -20, 20))
+    weight = np.full(total + 12, np.nan)
+    for s in range(12):
+        weight[model[s] : model[s] + lengths[s]] = np.exp(np.clip(trainer - rollout, -20, 20))[
+            raw[s] : raw[s] + lengths[s]
+        ]
     group = np.sort(rng.integers(0, 3, 12)).astype(np.int64)
     ops = ["tis", "icepop", "clamp", "above", "outside"]
-    codes = np.array([[rng.integers(0, 6), kernels.OPS[ops[rng.integers(0, 5)]]] for _ in range(quantities)])
+    kinds = [2 if weight_only else rng.integers(0, 6) for _ in range(quantities)]
+    codes = np.array([[kind, kernels.OPS[ops[rng.integers(0, 5)]]] for kind in kinds])
     bounds = np.array([[0.5, 2.0]] * quantities)
     means = rng.normal(1.0, 0.1, (3, quantities))
     length = lengths.astype(np.int64)
-    out = kernels.centred_pass(trainer, rollout, weight, raw, raw, length, group, codes, bounds, means)
+    out = kernels.centred_pass(trainer, rollout, weight, raw, model, length, group, codes, bounds, means)
     expected = np.zeros((3, quantities))
     base = np.empty(6)
     for s in range(12):
         for k in range(lengths[s]):
-            t = raw[s] + k
+            t, w = raw[s] + k, weight[model[s] + k]
             d = trainer[t] - rollout[t]
             c = min(max(d, -20.0), 20.0)
-            base[:] = [d, c, weight[t], -c, 0.5 * c * c, (weight[t] - 1.0) - c]
+            base[:] = [d, c, w, -c, 0.5 * c * c, (w - 1.0) - c]
             for q in range(quantities):
                 value = kernels._derived(codes[q, 1], bounds[q, 0], bounds[q, 1], base[codes[q, 0]])
                 centred = value - means[group[s], q]

@@ -17,9 +17,9 @@ value is the torch engine's, bit for bit; the histogram's bins are found from th
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, uint64
 
-from rollout_diag.kernels.cpu import CLAMP, _block
+from rollout_diag.kernels.cpu import CLAMP
 
 # The token quantities a derived one is made from (``Derived.base``), by code.
 KINDS = {"log_ratio": 0, "clamped_log_ratio": 1, "token_is_weight": 2, "rs_k1": 3, "rs_k2": 4, "rs_k3": 5}
@@ -57,6 +57,39 @@ def _derived(op: int, lower: float, upper: float, v: float) -> float:
     return 0.0 if v <= upper else 1.0
 
 
+@njit(**{**_FLAGS, "inline": "always"})
+def _block_sum(values: np.ndarray, lo: int, n: int) -> float:
+    """numpy's pairwise sum of at most 128 values (``values[lo:lo + n]``): 8 accumulators, then the rest in order;
+    ``kernels.cpu._block``'s sum, indexed with unsigned integers (numba then drops the negative-index wrap of every
+    read, and the eight chains run side by side: half the time per value, measured). Kept here rather than imported:
+    numba's cache keys a kernel on its own file, so a kernel that inlines another file's function is not recompiled
+    when that file changes."""
+    if n < 8:
+        total = -0.0
+        for i in range(lo, lo + n):
+            total += values[i]
+        return total
+    j = uint64(lo)
+    end = uint64(lo + n - n % 8)
+    r0, r1, r2, r3 = values[j], values[j + uint64(1)], values[j + uint64(2)], values[j + uint64(3)]
+    r4, r5, r6, r7 = values[j + uint64(4)], values[j + uint64(5)], values[j + uint64(6)], values[j + uint64(7)]
+    j += uint64(8)
+    while j < end:
+        r0 += values[j]
+        r1 += values[j + uint64(1)]
+        r2 += values[j + uint64(2)]
+        r3 += values[j + uint64(3)]
+        r4 += values[j + uint64(4)]
+        r5 += values[j + uint64(5)]
+        r6 += values[j + uint64(6)]
+        r7 += values[j + uint64(7)]
+        j += uint64(8)
+    total = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    for i in range(lo + n - n % 8, lo + n):
+        total += values[i]
+    return total
+
+
 @njit(**_FLAGS)
 def _pairwise(values: np.ndarray, lo: int, n: int) -> float:
     """numpy's pairwise sum of ``values[lo:lo + n]`` (blocks of 128, halves cut at a multiple of 8)."""
@@ -68,7 +101,7 @@ def _pairwise_on(values: np.ndarray, lo: int, n: int, stack: np.ndarray, left: n
     """``_pairwise`` with its recursion on an explicit stack the caller allocates once (numba's cache cannot hold a
     recursive function): ``stack`` int64 [3, 64] (start, size, stage of each level), ``left`` float64 [64]."""
     if n <= 128:
-        return _block(values, lo, n)
+        return _block_sum(values, lo, n)
     starts, sizes, stage = stack[0], stack[1], stack[2]  # stage 0: nothing done, 1: left half under way, 2: right
     starts[0], sizes[0], stage[0] = lo, n, 0
     depth = 1
@@ -82,7 +115,7 @@ def _pairwise_on(values: np.ndarray, lo: int, n: int, stack: np.ndarray, left: n
             starts[depth], sizes[depth], stage[depth] = starts[top], half, 0
             depth += 1
             continue
-        result = _block(values, starts[top], sizes[top])
+        result = _block_sum(values, starts[top], sizes[top])
         depth -= 1
         while depth > 0:  # hand the finished sum up the tree
             parent = depth - 1
@@ -108,9 +141,10 @@ def clamped_tokens(trainer: np.ndarray, rollout: np.ndarray, raw: np.ndarray, mo
         total += length[s]
     out = np.empty(total)
     for s in range(raw.shape[0]):
-        r, m = raw[s], model[s]
+        r, m = uint64(raw[s]), uint64(model[s])  # unsigned: no negative-index wrap per read
         for k in range(length[s]):
-            out[m + k] = min(max(trainer[r + k] - rollout[r + k], -CLAMP), CLAMP)
+            i = uint64(k)
+            out[m + i] = min(max(trainer[r + i] - rollout[r + i], -CLAMP), CLAMP)
     return out
 
 
@@ -137,13 +171,16 @@ def _fill_bases(
     """The base quantities (KINDS rows of ``bases``) of a segment's ``size`` tokens (raw index ``start + k``, model
     index ``first + k``), with the torch engine's float64 formulas; w is read (torch's exp), 1.0 without weights."""
     has_weight = weight.shape[0] > 0
+    raw, model = uint64(start), uint64(first)  # unsigned: no negative-index wrap per read
     for k in range(size):
-        d = trainer[start + k] - rollout[start + k]
-        bases[0, k] = d
-        bases[1, k] = min(max(d, -CLAMP), CLAMP)
+        i = uint64(k)
+        d = trainer[raw + i] - rollout[raw + i]
+        bases[0, i] = d
+        bases[1, i] = min(max(d, -CLAMP), CLAMP)
     if needed[2] or needed[5]:
         for k in range(size):
-            bases[2, k] = weight[first + k] if has_weight else 1.0
+            i = uint64(k)
+            bases[2, i] = weight[model + i] if has_weight else 1.0
     if needed[3]:
         for k in range(size):
             bases[3, k] = -bases[1, k]
@@ -240,21 +277,25 @@ def _count_signed_bins(
     clamped: np.ndarray, size: int, edges: np.ndarray, table: np.ndarray, counts: np.ndarray
 ) -> None:
     """Counts into ``counts`` the sweep's histogram bin of each c in ``clamped[:size]`` (``metrics.sweep.signed_bins``:
-    |c|'s bin, plus BINS where c ≤ 0), found from ``edges`` (edges[k], k ≥ 1: the smallest |c| the torch formula puts
-    in bin k or above) instead of a log10: ``table`` holds the bin of the lower end of each slice of |c| that shares
-    a float64 exponent and the top 6 bits of the mantissa, from edges[1]'s slice on (a slice is narrower than a bin,
-    so at most one edge lies inside it)."""
-    bins = edges.shape[0]
+    |c|'s bin, plus BINS where c ≤ 0), found from ``edges`` (edges[k], 1 ≤ k < BINS: the smallest |c| the torch
+    formula puts in bin k or above; edges[BINS] = +inf) instead of a log10: ``table`` holds the bin of the lower end
+    of each slice of |c| that shares a float64 exponent and the top 6 bits of the mantissa, from edges[1]'s slice on.
+    A slice is narrower than a bin, so at most one edge lies inside it: the step over it is taken without a branch
+    (a branch there is mispredicted for the tokens near an edge), and the loop after it, for any further edge, never
+    runs. Indexed with unsigned integers (no negative-index wrap per read)."""
+    bins = edges.shape[0] - 1
     first = (np.int64(edges[1:2].view(np.int64)[0]) >> SLICE_SHIFT) if bins > 1 else 0
     last = table.shape[0] - 1
     bits = clamped.view(np.int64)
     for k in range(size):
-        magnitude = bits[k] & ABS_BITS
-        found = table[min(max((magnitude >> SLICE_SHIFT) - first, 0), last)]
-        a = abs(clamped[k])
-        while found + 1 < bins and a >= edges[found + 1]:
+        i = uint64(k)
+        value = clamped[i]
+        found = table[uint64(min(max(((bits[i] & ABS_BITS) >> SLICE_SHIFT) - first, 0), last))]
+        magnitude = abs(value)
+        found += magnitude >= edges[uint64(found + 1)]
+        while found + 1 < bins and magnitude >= edges[uint64(found + 1)]:
             found += 1
-        counts[found + bins if clamped[k] <= 0.0 else found] += 1
+        counts[uint64(found + bins if value <= 0.0 else found)] += 1
 
 
 @njit(**_FLAGS)
@@ -292,11 +333,14 @@ def preset_pass(
     needed = _needed(codes)
     histogram = edges.shape[0] > 0
     counts = np.zeros(2 * edges.shape[0], np.int64)
+    padded = np.empty(edges.shape[0] + 1)  # the edges and +inf: the step over an edge reads no bound check
+    padded[: edges.shape[0]] = edges
+    padded[edges.shape[0]] = np.inf
     for s in range(segments):
         size = length[s]
         _fill_bases(trainer, rollout, weight, raw[s], model[s], size, needed, bases)
         if histogram:
-            _count_signed_bins(bases[1], size, edges, table, counts)
+            _count_signed_bins(bases[1], size, padded, table, counts)
         for q in range(quantities):
             op, lower, upper = codes[q, 1], bounds[q, 0], bounds[q, 1]
             row = bases[codes[q, 0]]
@@ -333,37 +377,44 @@ def centred_pass(
 ):
     """Σ (x − mean)² per step group of each derived quantity (float64 [G, Q]), the group's ``means`` [G, Q] taken
     first (the torch engine's two passes: a constant quantity gives exactly 0). Each group's sum adds its tokens
-    one by one in token order, whatever the segments."""
+    one by one in token order, whatever the segments. Four quantities' sums run side by side (independent chains),
+    each token's derived value computed where it is added (no array of values); only the base quantities the
+    quantities read are laid out, and w, when it is all they read, is read where it lies."""
     quantities = codes.shape[0]
     out = np.zeros(means.shape)
     longest = 1
     for s in range(raw.shape[0]):
         longest = max(longest, length[s])
-    bases = np.empty((6, longest))
-    values = np.empty((max(quantities, 1), longest))
     needed = _needed(codes)
+    weight_only = weight.shape[0] > 0 and not (needed[0] or needed[1] or needed[3] or needed[4] or needed[5])
+    bases = np.empty((6, 1 if weight_only else longest))
     for s in range(raw.shape[0]):
-        g, size = segment_group[s], length[s]
-        _fill_bases(trainer, rollout, weight, raw[s], model[s], size, needed, bases)
-        for q in range(quantities):
-            op, lower, upper = codes[q, 1], bounds[q, 0], bounds[q, 1]
-            row = bases[codes[q, 0]]
-            if op >= 3:
-                for k in range(size):
-                    values[q, k] = _derived(op, lower, upper, row[k])
-            else:
-                _fill_values(op, lower, upper, row, size, values[q])
-        # four quantities' sums side by side (independent chains), each still adding its tokens in order
-        for first in range(0, quantities, 4):
-            count = min(4, quantities - first)
-            q0, q1, q2, q3 = first, first + min(1, count - 1), first + min(2, count - 1), first + min(3, count - 1)
+        g, size, first = segment_group[s], length[s], model[s]
+        if not weight_only:
+            _fill_bases(trainer, rollout, weight, raw[s], first, size, needed, bases)
+        for lane in range(0, quantities, 4):
+            count = min(4, quantities - lane)
+            q0, q1, q2, q3 = lane, lane + min(1, count - 1), lane + min(2, count - 1), lane + min(3, count - 1)
+            o0, o1, o2, o3 = codes[q0, 1], codes[q1, 1], codes[q2, 1], codes[q3, 1]
+            l0, l1, l2, l3 = bounds[q0, 0], bounds[q1, 0], bounds[q2, 0], bounds[q3, 0]
+            u0, u1, u2, u3 = bounds[q0, 1], bounds[q1, 1], bounds[q2, 1], bounds[q3, 1]
             m0, m1, m2, m3 = means[g, q0], means[g, q1], means[g, q2], means[g, q3]
             t0, t1, t2, t3 = out[g, q0], out[g, q1], out[g, q2], out[g, q3]
+            if weight_only:
+                row0 = row1 = row2 = row3 = weight[first : first + size]
+            else:
+                row0, row1, row2, row3 = (
+                    bases[codes[q0, 0]],
+                    bases[codes[q1, 0]],
+                    bases[codes[q2, 0]],
+                    bases[codes[q3, 0]],
+                )
             for k in range(size):
-                c0 = values[q0, k] - m0
-                c1 = values[q1, k] - m1
-                c2 = values[q2, k] - m2
-                c3 = values[q3, k] - m3
+                i = uint64(k)
+                c0 = _derived(o0, l0, u0, row0[i]) - m0
+                c1 = _derived(o1, l1, u1, row1[i]) - m1
+                c2 = _derived(o2, l2, u2, row2[i]) - m2
+                c3 = _derived(o3, l3, u3, row3[i]) - m3
                 t0 += c0 * c0
                 t1 += c1 * c1
                 t2 += c2 * c2

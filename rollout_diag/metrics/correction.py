@@ -89,13 +89,23 @@ for _base in ("token_is_weight", "rs_k3"):
     DERIVED[_base] = Derived(_base, "clamp")
 
 
+_NAMES: dict[tuple, str] = {}  # derived()'s arguments -> the quantity's name (accumulators ask every chunk)
+
+
 def derived(base: str, op: str, lower: float = -math.inf, upper: float = math.inf) -> str:
     """The name of a derived token quantity (registered on first use)."""
-    quantity = Derived(base, op, float(lower), float(upper))
-    if quantity.name not in DERIVED:
-        DERIVED[quantity.name] = quantity
-        TOKEN_QUANTITIES[quantity.name] = quantity.torch_values
-    return quantity.name
+    lower, upper = float(lower), float(upper)
+    # the signs tell +0.0 from −0.0, which compare (and hash) equal but name different bounds
+    key = (base, op, lower, upper, math.copysign(1.0, lower), math.copysign(1.0, upper))
+    name = _NAMES.get(key)
+    if name is None:
+        quantity = Derived(base, op, lower, upper)
+        name = quantity.name
+        if name not in DERIVED:
+            DERIVED[name] = quantity
+            TOKEN_QUANTITIES[name] = quantity.torch_values
+        _NAMES[key] = name
+    return name
 
 
 def prepare_derived(s: ChunkStats, names: Iterable[str], moments: Iterable[str] = (), histogram: bool = False) -> None:
