@@ -16,6 +16,7 @@ Memory: one record batch per file at a time (a row group is decoded at once by P
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import queue
 import threading
@@ -679,10 +680,8 @@ def _quietly(function: Callable[[], None]) -> Callable[[], None]:
     """``function`` for a helper thread whose failure the work after it meets again, and reports, itself."""
 
     def run() -> None:
-        try:
+        with contextlib.suppress(Exception):  # the reader's first use of the kernels raises it in its place
             function()
-        except Exception:  # noqa: BLE001 - the reader's first use of the kernels raises it in its place
-            pass
 
     return run
 
