@@ -90,9 +90,9 @@ class Dump:
 
 
 # Memory for the chunks read ahead while torch loads: ~17 bytes a token (the scanned float64 values and the mask), so
-# 256 MiB hold ~30 chunks of the default size, about what the reader gets through while torch and the command's
-# modules load (~2 s).
-READ_AHEAD_BYTES = 256 << 20
+# 192 MiB hold 22 chunks of the default size, about what the reader gets through while torch and the command's
+# modules load (~2 s on two cores).
+READ_AHEAD_BYTES = 192 << 20
 READ_AHEAD_MAX_CHUNKS = 32
 AUTO_MIN_CORES = 3  # = drivers.distributed.AUTO_MIN_CORES (not imported: it loads torch)
 
@@ -135,7 +135,6 @@ def torch_may_use_a_gpu() -> bool:
     """False only where the installed torch is known to be built without CUDA and ROCm (its ``version.py`` says
     ``cuda = None`` and ``hip = None``), so that ``device="auto"`` is the CPU; read without importing torch."""
     import importlib.util
-    import re
     import sys
 
     torch = sys.modules.get("torch")
@@ -149,7 +148,14 @@ def torch_may_use_a_gpu() -> bool:
         text = (Path(next(iter(locations))) / "version.py").read_text(encoding="utf-8")
     except (ImportError, OSError, ValueError, UnicodeDecodeError):
         return True
-    return not all(re.search(rf"^{name}\s*(:[^=\n]*)?=\s*None\s*$", text, re.MULTILINE) for name in ("cuda", "hip"))
+    return not built_without_gpu(text)
+
+
+def built_without_gpu(version_py: str) -> bool:
+    """Whether torch's ``version.py`` text says the build has neither CUDA nor ROCm."""
+    import re
+
+    return all(re.search(rf"^{name}\s*(:[^=\n]*)?=\s*None\s*$", version_py, re.MULTILINE) for name in ("cuda", "hip"))
 
 
 _CALL_OPTIONS = tuple(

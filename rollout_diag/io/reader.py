@@ -22,7 +22,7 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from numbers import Integral
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -612,7 +612,7 @@ class _ReadAhead:
             for item in itertools.chain(blocks, [None]):  # None: the end, where the blocks still decoded go on
                 if item is not None:
                     decoded.append(item)
-                    if loading.is_alive() and len(decoded) < self.depth:
+                    if loading.is_alive() and len(decoded) + len(self.items) < self.depth:
                         continue
                 loading.join()
                 while decoded:
@@ -628,6 +628,8 @@ class _ReadAhead:
                         if valid.scanned is not None:
                             trainer, rollout, mask = valid.scanned
                             valid.prepass = prepass(valid.block.step, valid.offsets, trainer, rollout, mask)
+                            # the decoded values live on as the scan's: their Arrow buffers go while the chunk waits
+                            valid.block = replace(valid.block, trainer=None, rollout=None, mask=None)
                         built = valid
                     if not self._put((built, consumed)):
                         return
