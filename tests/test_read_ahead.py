@@ -235,9 +235,9 @@ def test_a_torch_build_with_cuda_or_rocm_may_use_a_gpu():
 
 
 def test_depth_follows_the_chunk_size():
-    assert read_ahead_depth(1 << 19) == 22
-    assert read_ahead_depth(1 << 22) == 2
-    assert read_ahead_depth(7) == 32 and read_ahead_depth(1 << 40) == 1
+    assert read_ahead_depth(1 << 19) == 45
+    assert read_ahead_depth(1 << 22) == 5
+    assert read_ahead_depth(7) == 64 and read_ahead_depth(1 << 40) == 1
 
 
 def test_a_reader_that_reads_ahead_refuses_to_change_what_it_reads(dump):

@@ -90,10 +90,10 @@ class Dump:
 
 
 # Memory for the chunks read ahead while torch loads: ~17 bytes a token (the scanned float64 values and the mask), so
-# 192 MiB hold 22 chunks of the default size, about what the reader gets through while torch and the command's
-# modules load (~2 s on two cores).
-READ_AHEAD_BYTES = 192 << 20
-READ_AHEAD_MAX_CHUNKS = 32
+# 384 MiB hold 45 chunks of the default size, more than the reader gets through while torch and the command's modules
+# load (~2 s on two cores; on a loaded machine the reader filled 22 before torch had loaded).
+READ_AHEAD_BYTES = 384 << 20
+READ_AHEAD_MAX_CHUNKS = 64
 AUTO_MIN_CORES = 3  # = drivers.distributed.AUTO_MIN_CORES (not imported: it loads torch)
 
 
