@@ -472,16 +472,19 @@ def open_dump(
     device: str = "auto",
     workers: int | str = "auto",
     backend: str = "process",
+    read_ahead: bool = False,
 ):
     """The command's :class:`~rollout_diag.drivers.dump.Dump` (its shared reading options, given once), opened before
-    torch is loaded: files found, footers read, columns resolved, so a missing file or column fails at once."""
+    torch is loaded: files found, footers read, columns resolved, so a missing file or column fails at once.
+    ``read_ahead``: the command reads every row (no --where / --steps): reading may start now (``Dump.opened``)."""
     from rollout_diag.drivers.dump import Dump
     from rollout_diag.io.sources import check_inputs_exist
     from rollout_diag.memory import many_short_rows, return_large_blocks
 
     check_inputs_exist(inputs)  # a mistyped path fails before pyarrow loads (0.3–0.5 s)
     options = {"strict": strict, "chunk_tokens": chunk_tokens, "device": device, "workers": workers, "backend": backend}
-    dump = Dump(inputs, parse_columns(column), input_format=input_format, trust_pickle=trust_pickle, **options).opened()
+    dump = Dump(inputs, parse_columns(column), input_format=input_format, trust_pickle=trust_pickle, **options)
+    dump = dump.opened(read_ahead=read_ahead)
     if many_short_rows(dump.input_size()):
         return_large_blocks()  # the per-step state dominates: freed arrays go back to the system (rollout_diag.memory)
     return dump
@@ -582,7 +585,8 @@ def analyze(
         from rollout_diag.export.tensorboard import writer_class
 
         writer_class()
-    dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend)
+    whole = where is None and steps is None
+    dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend, whole)
     from rollout_diag.drivers.engine import analyze as run_analysis
     from rollout_diag.render.analysis import render_analysis
     from rollout_diag.render.export import analysis_csv, analysis_json_pieces
@@ -803,7 +807,8 @@ def compare_presets(
         from rollout_diag.export.tensorboard import writer_class
 
         writer_class()
-    dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend)
+    whole = where is None and steps is None
+    dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend, whole)
     from rollout_diag.drivers.compare import compare_presets as run_comparison
     from rollout_diag.presets import choose_presets
     from rollout_diag.render.export import comparison_csv, comparison_json_pieces

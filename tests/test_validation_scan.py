@@ -117,7 +117,7 @@ def test_the_torch_engines_reader_never_scans(tmp_path, monkeypatch):
     path = tmp_path / "dump.parquet"
     pq.write_table(pa.table({"step": [0], "rollout_log_probs": [[-1.0, -2.0]], "old_log_probs": [[-1.5, -2.0]]}), path)
     calls = []
-    monkeypatch.setattr(reader_module, "_scanned", lambda block, device: calls.append(1))
+    monkeypatch.setattr(reader_module, "_scanned", lambda block, device, arrays=False: calls.append(1))
     for engine, scans in (("torch", 0), ("numba", 1)):
         calls.clear()
         with use_engine(engine):

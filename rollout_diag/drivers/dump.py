@@ -68,10 +68,16 @@ class Dump:
             chunk_tokens=self.chunk_tokens,
         )
 
-    def opened(self) -> Dump:
-        """This dump with its reader opened now (errors now); the next call that reads it uses that reader."""
+    def opened(self, read_ahead: bool = False) -> Dump:
+        """This dump with its reader opened now (errors now); the next call that reads it uses that reader.
+        ``read_ahead``: the reader also starts reading now, before torch is loaded, where the call will read the
+        whole input in this process with the numba engine on the CPU (:func:`reads_ahead`; the CLI's analyze and
+        compare-presets: decoding and the compiled passes overlap loading torch)."""
         ready = replace(self)
-        ready._reader.append(self.open())
+        reader = self.open()
+        if read_ahead and reads_ahead(self, reader):
+            reader.read_ahead(read_ahead_depth(self.chunk_tokens))
+        ready._reader.append(reader)
         return ready
 
     def input_size(self) -> tuple[int, int] | None:
@@ -81,6 +87,75 @@ class Dump:
     def reader(self):
         """The reader opened ahead (once), else a new one."""
         return self._reader.pop() if self._reader else self.open()
+
+
+# Memory for the chunks read ahead while torch loads: ~17 bytes a token (the scanned float64 values and the mask), so
+# 384 MiB hold 45 chunks of the default size, more than the reader gets through while torch and the command's modules
+# load (~2 s on two cores; on a loaded machine the reader filled 22 before torch had loaded).
+READ_AHEAD_BYTES = 384 << 20
+READ_AHEAD_MAX_CHUNKS = 64
+AUTO_MIN_CORES = 3  # = drivers.distributed.AUTO_MIN_CORES (not imported: it loads torch)
+
+
+def read_ahead_depth(chunk_tokens: int) -> int:
+    """How many chunks of ``chunk_tokens`` tokens the reader keeps while it reads ahead."""
+    return max(1, min(READ_AHEAD_MAX_CHUNKS, READ_AHEAD_BYTES // (17 * max(1, int(chunk_tokens)))))
+
+
+def reads_ahead(dump: Dump, reader: Any) -> bool:
+    """Whether a call on ``dump`` reads ``reader`` whole in this process with the numba engine on the CPU, decided
+    without loading torch: the engine the chunks get (``kernels.kernel_for``), a device that is the CPU (``auto`` on
+    a build of torch without CUDA or ROCm), one process (``distributed.resolve_workers``). Anything unsure: False
+    (the reading then starts when the call reads, as without reading ahead)."""
+    from rollout_diag.kernels import kernel_for, use_engine
+
+    if dump.device != "cpu" and not (dump.device == "auto" and not torch_may_use_a_gpu()):
+        return False
+    if reader.parts is not None or reader.selection is not None or not _one_process(dump.workers, reader):
+        return False
+    try:
+        with use_engine(dump.engine):
+            return kernel_for("cpu", reader.input_size())
+    except ConfigError:  # raised again where the call reads, in its place among the call's errors
+        return False
+
+
+def _one_process(workers: int | str, reader: Any) -> bool:
+    """``distributed.resolve_workers(workers, reader, cpu) == 1`` without loading torch (tests/test_read_ahead.py
+    compares the two)."""
+    from rollout_diag.cores import available_cores
+
+    if workers != "auto":
+        return isinstance(workers, int) and not isinstance(workers, bool) and workers == 1
+    cores = available_cores()
+    return cores < AUTO_MIN_CORES or len(reader.plan(cores - 1)) <= 1
+
+
+def torch_may_use_a_gpu() -> bool:
+    """False only where the installed torch is known to be built without CUDA and ROCm (its ``version.py`` says
+    ``cuda = None`` and ``hip = None``), so that ``device="auto"`` is the CPU; read without importing torch."""
+    import importlib.util
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "cuda"):
+        return bool(torch.cuda.is_available())
+    try:
+        spec = importlib.util.find_spec("torch")
+        locations = None if spec is None else spec.submodule_search_locations
+        if not locations:
+            return True
+        text = (Path(next(iter(locations))) / "version.py").read_text(encoding="utf-8")
+    except (ImportError, OSError, ValueError, UnicodeDecodeError):
+        return True
+    return not built_without_gpu(text)
+
+
+def built_without_gpu(version_py: str) -> bool:
+    """Whether torch's ``version.py`` text says the build has neither CUDA nor ROCm."""
+    import re
+
+    return all(re.search(rf"^{name}\s*(:[^=\n]*)?=\s*None\s*$", version_py, re.MULTILINE) for name in ("cuda", "hip"))
 
 
 _CALL_OPTIONS = tuple(

@@ -13,12 +13,15 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from rollout_diag.results import ExtraValue
+
+if TYPE_CHECKING:
+    from rollout_diag.kernels.prepass import KernelPrepass
 
 
 def extra_value(value: Any) -> ExtraValue:
@@ -76,6 +79,9 @@ class Chunk:
     # The engine of this chunk's token statistics ("numba" or "torch"), as the reader chose it for the whole input
     # (rollout_diag.kernels.kernel_for); None: the process's setting decides from the device alone.
     engine: str | None = None
+    # The numba engine's compiled passes over this chunk, when the reader ran them before torch was loaded
+    # (kernels/prepass.py; read by metrics.segments.KernelStats); None: computed when first read.
+    prepass: KernelPrepass | None = field(default=None, repr=False)
 
     @property
     def rows(self) -> int:
@@ -102,6 +108,8 @@ class Chunk:
 
     @cached_property
     def groups(self) -> StepGroups:
+        if self.prepass is not None:  # np.unique's steps and inverse: torch.unique's
+            return StepGroups(steps=self.prepass.steps, row_group=torch.from_numpy(self.prepass.row_group))
         steps, row_group = torch.unique(self.step, sorted=True, return_inverse=True)
         return StepGroups(steps=tuple(int(s) for s in steps.tolist()), row_group=row_group)
 

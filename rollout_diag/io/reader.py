@@ -16,10 +16,13 @@ Memory: one record batch per file at a time (a row group is decoded at once by P
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import queue
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from numbers import Integral
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,6 +55,7 @@ if TYPE_CHECKING:  # torch is imported when the first chunk is built: opening fi
     import torch
 
     from rollout_diag.io.chunk import Chunk
+    from rollout_diag.kernels.prepass import KernelPrepass
 
 DEFAULT_CHUNK_TOKENS = 1 << 19  # ~512K tokens: 4 MB per float64 quantity; larger chunks are no faster, only bigger
 
@@ -90,6 +94,7 @@ class DumpReader:
         self.overrides = dict(columns or {})
         self.parts = None if parts is None else {path: set(groups) for path, groups in parts.items()}
         self._input_size = input_size
+        self._ahead: _ReadAhead | None = None  # the reading started before torch was loaded (read_ahead)
         self.log = ReadLog()
         # Called per record batch with (batch, steps) -> bool per row: the rows to read (rollout_diag/selection.py).
         self.selection: Callable[[pa.RecordBatch | pa.Table, np.ndarray], np.ndarray] | None = None
@@ -161,6 +166,8 @@ class DumpReader:
     def select(self, selection: Callable[[pa.RecordBatch | pa.Table, np.ndarray], np.ndarray] | None) -> None:
         """Read only the rows ``selection(batch, steps)`` keeps; it may first ``check(schema, path)`` every file's
         per-row columns (a bad predicate fails before any reading)."""
+        if selection:  # an empty RowSelection (no predicate, no steps) reads every row
+            self._not_reading_yet("select rows")
         if selection is not None and hasattr(selection, "check"):
             for opened in self.files:  # what a predicate may name: the per-row values, never a token's
                 roles = ("step", "sample_id", "policy_version")
@@ -187,6 +194,7 @@ class DumpReader:
     def narrow(self, step: int | None = None, sample_id: str | None = None) -> None:
         """Read only the row groups that may hold rows of ``step`` / ``sample_id``, judged by the Parquet
         row-group statistics (a group without statistics is read) and hive partition values."""
+        self._not_reading_yet("narrow the input")
         parts: dict[str, list[int]] = {}
         for opened in self.files:
             partition = opened.source.partition
@@ -216,6 +224,7 @@ class DumpReader:
         """Read only the row group holding ``FILE:ROW`` (token layout: and those after it, where the sequence may
         go on); returns (file path, row). FILE is a path as given or resolved, or a file name unique in the input.
         Raises InputError when no file, or more than one, matches, or the file has no such row."""
+        self._not_reading_yet("narrow the input")
         name, sep, number = place.rpartition(":")
         if not sep or not name or not number.strip().isdigit():
             raise InputError(
@@ -297,6 +306,20 @@ class DumpReader:
             filled += rows
         return [part for part in parts if part]
 
+    def read_ahead(self, depth: int) -> None:
+        """Start reading now, on the reader's thread, before torch is loaded: the numba engine's work on the CPU that
+        needs no torch (Parquet decoding, the validation scan, each chunk's compiled passes, ``kernels/prepass.py``)
+        runs beside the command's imports, which hold one core. At most ``depth`` chunks wait (their arrays, ~17 bytes
+        a token); :meth:`chunks` takes them over. Only for the numba engine on the CPU (the caller knows it without
+        torch: ``drivers/dump.py``) and a reader read whole by this process (no selection, no parts)."""
+        if self._ahead is None:
+            self._not_reading_yet("read ahead")
+            self._ahead = _ReadAhead(self, max(1, depth))
+
+    def _not_reading_yet(self, what: str) -> None:
+        if self._ahead is not None:
+            raise RuntimeError(f"cannot {what}: the reader already reads ahead (DumpReader.read_ahead)")
+
     def chunks(
         self,
         device: torch.device | str = "cpu",
@@ -309,7 +332,8 @@ class DumpReader:
         per core but one; one in a worker process, which reads a part beside other workers) runs ``prepare(chunk)``
         (e.g. the per-chunk arithmetic every metric shares) on the next chunks, so reading, that arithmetic and the
         caller's work on an earlier chunk overlap (pyarrow, the compiled kernels and torch release the GIL). Chunks
-        come out in file order whatever the pool's size.
+        come out in file order whatever the pool's size. A reader that reads ahead (:meth:`read_ahead`) hands over
+        its thread and the chunks it has read.
         """
         import torch
 
@@ -317,7 +341,12 @@ class DumpReader:
 
         device = torch.device(device)
         engine = "numba" if kernel_for(device.type, self.input_size()) else "torch"
-        if prefetch <= 0:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            workers = _prepare_workers()
+            built = ahead.handover(device, engine, max(prefetch, workers, 1))
+            yield from built if prepare is None else _prepared(built, prepare, workers)
+        elif prefetch <= 0:
             yield from self._built_chunks(device, engine, prepare)
         elif prepare is None:
             yield from _prefetched(self._built_chunks(device, engine, None), prefetch)
@@ -359,11 +388,13 @@ class DumpReader:
                 ) from exc
 
     def _validated_chunk(self, block: Block, device: torch.device, engine: str) -> Chunk | None:
-        import torch
+        valid = self._validated(block, device.type, engine)
+        return None if valid is None else self._chunk(valid, device, engine)
 
-        from rollout_diag.io.chunk import Chunk
-
-        scanned = None if block.skipped or engine != "numba" else _scanned(block, device)
+    def _validated(self, block: Block, device_type: str, engine: str) -> _Valid | None:
+        """The block validated (bad rows recorded and dropped; None when none is left), with the numba engine's
+        scanned arrays on the CPU: numpy only, so the reader can do it before torch is loaded."""
+        scanned = None if block.skipped or engine != "numba" else _scanned(block, device_type, arrays=True)
         if scanned is None:  # the exact check, which finds and records the bad rows
             block = validate_block(block, self.log, self.strict)
             if block is None:
@@ -376,8 +407,20 @@ class DumpReader:
         if has_ids:
             self.log.row_keys.append(row_keys(block.step, block.sample_id))
             self.log.row_places.append(np.stack([np.full(len(block.file_row), file_index), block.file_row], axis=1))
-        if scanned is not None:
-            trainer, rollout, mask = scanned
+        offsets = np.zeros(len(block.lengths) + 1, dtype=np.int64)
+        np.cumsum(block.lengths, out=offsets[1:])
+        return _Valid(block, offsets, scanned)
+
+    def _chunk(self, valid: _Valid, device: torch.device, engine: str) -> Chunk:
+        """The validated block as a Chunk of torch tensors on ``device``."""
+        import torch
+
+        from rollout_diag.io.chunk import Chunk
+
+        block, offsets = valid.block, valid.offsets
+        if valid.scanned is not None:
+            # the scan's arrays (zero-copy on the CPU); elsewhere copied, the values the torch path builds
+            trainer, rollout, mask = (torch.from_numpy(values).to(device) for values in valid.scanned)
         else:
             # torch.tensor copies: Arrow's buffers are read-only, and the fill below writes in place.
             trainer = torch.tensor(block.trainer, dtype=torch.float64, device=device)
@@ -389,8 +432,6 @@ class DumpReader:
             # Environment tokens never enter a metric; zero them so NaN fill values there cannot leak in.
             trainer.masked_fill_(~mask, 0.0)
             rollout.masked_fill_(~mask, 0.0)
-        offsets = np.zeros(len(block.lengths) + 1, dtype=np.int64)
-        np.cumsum(block.lengths, out=offsets[1:])
         text = block.token_text
         return Chunk(
             step=torch.tensor(block.step, dtype=torch.int64, device=device),
@@ -406,21 +447,30 @@ class DumpReader:
             policy_version=None if block.policy_version is None else torch.tensor(block.policy_version, device=device),
             extra=_chunk_extra(block),
             engine=engine,
+            prepass=valid.prepass if engine == "numba" and device.type == "cpu" else None,
         )
 
 
-def _scanned(block: Block, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+@dataclass
+class _Valid:
+    """A validated block before it is a Chunk: numpy arrays only (``DumpReader._validated``)."""
+
+    block: Block
+    offsets: np.ndarray  # int64 [R + 1]
+    scanned: tuple[np.ndarray, np.ndarray, np.ndarray] | None  # the scan's (trainer, rollout, mask), if it ran
+    prepass: KernelPrepass | None = None  # the compiled passes, when read ahead of torch
+
+
+def _scanned(block: Block, device: torch.device | str, arrays: bool = False):
     """(trainer, rollout, mask) tensors of a clean block from one compiled scan that converts, zeroes environment
     tokens and flags bad values at once (the numba engine's CPU chunks; ``kernels.cpu.checked_model_values``), the
-    same tensors ``_validated_chunk`` builds otherwise. None where the scan does not apply (another device, a dtype
-    it is not compiled for) or where it flags anything: ``validate_block`` then finds the rows and records them with
-    its messages, exactly as without the scan."""
-    import torch
-
+    same tensors ``_validated_chunk`` builds otherwise (``arrays``: as numpy arrays, without torch). None where the
+    scan does not apply (another device, a dtype it is not compiled for) or where it flags anything:
+    ``validate_block`` then finds the rows and records them with its messages, exactly as without the scan."""
     from rollout_diag.kernels import compiled
 
     trainer, rollout, mask = block.trainer, block.rollout, block.mask
-    if device.type != "cpu" or not len(block.lengths):
+    if (device if isinstance(device, str) else device.type) != "cpu" or not len(block.lengths):
         return None
     if trainer.dtype != rollout.dtype or trainer.dtype not in (np.float32, np.float64):
         return None
@@ -441,6 +491,10 @@ def _scanned(block: Block, device: torch.device) -> tuple[torch.Tensor, torch.Te
         )
     if not clean:
         return None
+    if arrays:
+        return trainer, rollout, model
+    import torch
+
     return torch.from_numpy(trainer), torch.from_numpy(rollout), torch.from_numpy(model)
 
 
@@ -523,6 +577,115 @@ def _prefetched(blocks: Iterator, depth: int) -> Iterator:
             yield item
     finally:
         stop.set()
+
+
+class _ReadAhead:
+    """The reader's thread started before torch is loaded (``DumpReader.read_ahead``): until :meth:`handover` it
+    decodes, validates with the numba engine's scan and runs each chunk's compiled passes (``kernels/prepass.py``),
+    numpy and numba only, keeping at most ``depth`` validated blocks; after it, it builds chunks as the reader's
+    thread always does (``_prefetched``), with the engine and the queue depth :meth:`chunks` chose."""
+
+    _DONE = object()
+
+    def __init__(self, reader: DumpReader, depth: int) -> None:
+        self.reader = reader
+        self.depth = depth
+        self.items: deque = deque()
+        self.changed = threading.Condition()
+        self.device: torch.device | None = None  # set by handover: torch is loaded then
+        self.engine = "numba"
+        self.stopped = False
+        self.thread = threading.Thread(target=self._produce, name="rollout-diag-reader", daemon=True)
+        self.thread.start()
+
+    def _produce(self) -> None:
+        from rollout_diag.kernels.prepass import prepass, warm_up
+
+        reader = self.reader
+        # numba and the compiled kernels load on a thread of their own (their import holds the GIL, as the command's
+        # imports do), while this one decodes blocks, which it validates once they are loaded
+        loading = threading.Thread(target=_quietly(warm_up), name="rollout-diag-kernels", daemon=True)
+        loading.start()
+        decoded: deque = deque()
+        blocks = reader._blocks()
+        try:
+            for item in itertools.chain(blocks, [None]):  # None: the end, where the blocks still decoded go on
+                if item is not None:
+                    decoded.append(item)
+                    if loading.is_alive() and len(decoded) + len(self.items) < self.depth:
+                        continue
+                loading.join()
+                while decoded:
+                    block, consumed = decoded.popleft()
+                    with self.changed:
+                        device, engine = self.device, self.engine
+                    valid = reader._validated(block, "cpu" if device is None else device.type, engine)
+                    if valid is None:
+                        continue
+                    if device is not None:
+                        built = reader._chunk(valid, device, engine)
+                    else:
+                        if valid.scanned is not None:
+                            trainer, rollout, mask = valid.scanned
+                            valid.prepass = prepass(valid.block.step, valid.offsets, trainer, rollout, mask)
+                            # the decoded values live on as the scan's: their Arrow buffers go while the chunk waits
+                            valid.block = replace(valid.block, trainer=None, rollout=None, mask=None)
+                        built = valid
+                    if not self._put((built, consumed)):
+                        return
+            self._put(self._DONE)
+        except BaseException as exc:  # handed to the consumer, raised there
+            self._put(exc)
+        finally:
+            blocks.close()
+
+    def _put(self, item: object) -> bool:
+        with self.changed:
+            while len(self.items) >= self.depth and not self.stopped:
+                self.changed.wait()
+            if self.stopped:
+                return False
+            self.items.append(item)
+            self.changed.notify_all()
+            return True
+
+    def handover(self, device: torch.device, engine: str, depth: int) -> Iterator[tuple[Chunk, int]]:
+        """The chunks on ``device`` with ``engine`` (those read ahead, then the rest), read ``depth`` ahead from now;
+        closing the iterator stops the thread."""
+        with self.changed:
+            self.device, self.engine, self.depth = device, engine, depth
+            self.changed.notify_all()
+        return self._chunks(device, engine)
+
+    def _chunks(self, device: torch.device, engine: str) -> Iterator[tuple[Chunk, int]]:
+        try:
+            while True:
+                with self.changed:
+                    while not self.items:
+                        self.changed.wait()
+                    item = self.items.popleft()
+                    self.changed.notify_all()
+                if item is self._DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                value, consumed = item
+                yield (self.reader._chunk(value, device, engine) if isinstance(value, _Valid) else value), consumed
+        finally:
+            with self.changed:
+                self.stopped = True
+                self.items.clear()
+                self.changed.notify_all()
+
+
+def _quietly(function: Callable[[], None]) -> Callable[[], None]:
+    """``function`` for a helper thread whose failure the work after it meets again, and reports, itself."""
+
+    def run() -> None:
+        with contextlib.suppress(Exception):  # the reader's first use of the kernels raises it in its place
+            function()
+
+    return run
 
 
 def _prepare_workers() -> int:

@@ -27,15 +27,16 @@ from rollout_diag.catalogue import (
     SHIFT_ROW_MIN_PAIRS,
 )
 from rollout_diag.io.chunk import Chunk
+from rollout_diag.kernels.prepass import CLIP, COPY_GAP, LOG_HALF, PROBABILITY_EDGES
 from rollout_diag.metrics.base import State, StateTable, StepAccumulator
 from rollout_diag.metrics.localize import POSITION_BUCKETS, TopK, top_candidates
 from rollout_diag.metrics.segments import ChunkStats, KernelStats, quantity, reduce_runs, stats
 from rollout_diag.results import Evidence, RowRef
 
-CLIP = 1.0  # group means use min(|δ|, 1) (ρ outside [1/e, e] counts as 1): a few catastrophic tokens cannot carry one
-LOG_HALF = math.log(0.5)  # a logprob of exactly 0 (p = 1) where the other side says p < 0.5 is no rounding error
-# Rollout-probability buckets: p ≥ 0.9, 0.5–0.9, 0.1–0.5, 0.01–0.1, < 0.01 (bucket k: below k edges).
-PROBABILITY_EDGES = (0.9, 0.5, 0.1, 0.01)
+# Group means use min(|δ|, CLIP = 1) (ρ outside [1/e, e] counts as 1): a few catastrophic tokens cannot carry one.
+# A logprob of exactly 0 (p = 1) where the other side says p < 0.5 (LOG_HALF) is no rounding error. Rollout-probability
+# buckets: p ≥ 0.9, 0.5–0.9, 0.1–0.5, 0.01–0.1, < 0.01 (bucket k: below k edges). (kernels/prepass.py keeps them: the
+# reader runs the compiled hint pass with them before torch is loaded.)
 PROBABILITY_BUCKETS = len(PROBABILITY_EDGES) + 1
 EXAMPLE_ROWS = 5  # example rows kept per hint
 EXAMPLE_KINDS = ("off_by_one", "dummy_logprobs", "processed_logprobs", "first_token", "last_token", "staleness")
@@ -119,7 +120,7 @@ class _ChunkEvidence:
         self.chunk, self.stats = chunk, s
         self.row_lengths = s.row_count.to(torch.int64)
         if isinstance(s, KernelStats):  # the numba engine: one compiled pass over the tokens
-            parts, self.probability_buckets = s.hint_rows(CLIP, LOG_HALF, math.log(2.0), PROBABILITY_EDGES)
+            parts, self.probability_buckets = s.hint_rows(CLIP, LOG_HALF, COPY_GAP, PROBABILITY_EDGES)
         else:
             parts = self._token_parts()
             self.probability_buckets = None
@@ -232,9 +233,8 @@ class _ChunkEvidence:
             same = torch.nonzero((rollout[1:] == rollout[:-1]) | (trainer[1:] == trainer[:-1]), as_tuple=True)[0]
             same = same[~_isin(same, round_last)]  # token k and k + 1 in one round; counted on k + 1
             a0, a1, r0, r1 = trainer[same], trainer[same + 1], rollout[same], rollout[same + 1]
-            gap = math.log(2.0)
-            copied_rollout = (r1 == r0) & (r1 != 0.0) & ((a1 - a0).abs() > gap)
-            copied_trainer = (a1 == a0) & (a1 != 0.0) & ((r1 - r0).abs() > gap)
+            copied_rollout = (r1 == r0) & (r1 != 0.0) & ((a1 - a0).abs() > COPY_GAP)
+            copied_trainer = (a1 == a0) & (a1 != 0.0) & ((r1 - r0).abs() > COPY_GAP)
             hit = same[copied_rollout | copied_trainer] + 1
             count(hit, out[2])
         return out[0], out[1], out[2]

@@ -22,6 +22,8 @@ import torch
 
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.kernels import compiled, kernel_for
+from rollout_diag.kernels import prepass as kernel_prepass
+from rollout_diag.kernels.prepass import EXPONENT_MAX, EXPONENT_MIN, MOMENT_PAIRS
 from rollout_diag.metrics.base import (
     clamp20,
     row_mean,
@@ -32,8 +34,6 @@ from rollout_diag.metrics.base import (
     token_expm1,
 )
 
-# The δ histogram's bins (metrics.localize.delta_bin): binary exponents of |δ| from EXPONENT_MIN to EXPONENT_MAX.
-EXPONENT_MIN, EXPONENT_MAX = -20, 7
 # Per-token quantities over model tokens (δ = a − r), each computed at most once per chunk.
 TOKEN_QUANTITIES: dict[str, Callable[[ChunkStats], torch.Tensor]] = {}
 
@@ -666,10 +666,6 @@ def reduce_runs(values: torch.Tensor, lengths: torch.Tensor, how: str) -> torch.
     return out
 
 
-# Centred moments the fused pass computes (debug §5): any other pair is centred by a second pass.
-MOMENT_PAIRS = (("prob_diff", "prob_diff"), ("trainer_prob", "rollout_prob"))
-
-
 class KernelStats(ChunkStats):
     """The numba engine (CPU chunks): segments, and the segment sums / maxima / minima of every kernel quantity
     (``kernels/cpu.QUANTITIES``), catastrophic counts, centred moments and the δ histogram come from compiled passes
@@ -682,28 +678,27 @@ class KernelStats(ChunkStats):
         return np.ascontiguousarray(chunk.trainer.numpy()), np.ascontiguousarray(chunk.rollout.numpy())
 
     @cached_property
+    def _ahead(self) -> kernel_prepass.KernelPrepass | None:
+        """The chunk's compiled passes run by the reader before torch was loaded (kernels/prepass.py), if it has them
+        and its step groups are theirs (a view that regroups the rows, groups.py, computes its own)."""
+        found = self.chunk.prepass
+        return found if found is not None and self.chunk.groups.steps is found.steps else None
+
+    @cached_property
     def _layout(self) -> tuple[np.ndarray, ...]:
         """(raw start, model start, length, row, bucket, round) of each segment, int64 [S] each."""
-        chunk = self.chunk
-        return compiled().segment_layout(chunk.mask.numpy(), np.ascontiguousarray(chunk.offsets.numpy()))
+        if self._ahead is not None:
+            return self._ahead.layout
+        return kernel_prepass.layout(self.chunk.mask.numpy(), self.chunk.offsets.numpy())
 
     @cached_property
     def _reductions(self) -> tuple[np.ndarray, ...]:
         """The fused pass: (sums, maxima, minima) [Q, S], moments of MOMENT_PAIRS [G, P, 6], δ histogram [G, B]."""
-        kernels = compiled()
-        pairs = np.array([[kernels.COLUMN[x], kernels.COLUMN[y]] for x, y in MOMENT_PAIRS], dtype=np.int64)
+        if self._ahead is not None:
+            return self._ahead.reductions
         trainer, rollout = self._raw
-        raw, _, length, *_ = self._layout
-        return kernels.segment_pass(
-            trainer,
-            rollout,
-            raw,
-            length,
-            self.segment_group.numpy(),
-            self.chunk.groups.count,
-            pairs,
-            EXPONENT_MIN,
-            EXPONENT_MAX - EXPONENT_MIN,
+        return kernel_prepass.reductions(
+            trainer, rollout, self._layout, self.segment_group.numpy(), self.chunk.groups.count
         )
 
     @cached_property
@@ -851,27 +846,29 @@ class KernelStats(ChunkStats):
         self, clip: float, log_half: float, gap: float, edges: tuple[float, ...]
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """The token patterns of metrics.hints (``kernels.cpu.HINT_COLUMNS``, per row) and the rollout-probability
-        buckets [G, B, 4] of [tokens, Σ|δ|, Σy, Σy²], in one compiled pass."""
-        kernels = compiled()
-        trainer, rollout = self._raw
-        raw, _, length, row, _, rounds = self._layout
-        per_row, buckets = kernels.hint_rows(
-            trainer,
-            rollout,
-            raw,
-            length,
-            row,
-            rounds,
-            self.chunk.rows,
-            self.segment_group.numpy(),
-            self.chunk.groups.count,
-            clip,
-            log_half,
-            gap,
-            np.array([math.log(edge) for edge in edges]),  # as metrics.hints.probability_bucket
-        )
+        buckets [G, B, 4] of [tokens, Σ|δ|, Σy, Σy²], in one compiled pass (the reader's, where it ran it ahead with
+        these constants)."""
+        ahead = self._ahead
+        constants = (kernel_prepass.CLIP, kernel_prepass.LOG_HALF, kernel_prepass.COPY_GAP)
+        if ahead is not None and (clip, log_half, gap) == constants and edges == kernel_prepass.PROBABILITY_EDGES:
+            per_row, buckets = ahead.hints
+        else:
+            trainer, rollout = self._raw
+            per_row, buckets = kernel_prepass.hint_rows(
+                trainer,
+                rollout,
+                self._layout,
+                self.chunk.rows,
+                self.segment_group.numpy(),
+                self.chunk.groups.count,
+                clip,
+                log_half,
+                gap,
+                edges,
+            )
         columns = torch.from_numpy(per_row)
-        return {name: columns[:, index] for index, name in enumerate(kernels.HINT_COLUMNS)}, torch.from_numpy(buckets)
+        names = compiled().HINT_COLUMNS
+        return {name: columns[:, index] for index, name in enumerate(names)}, torch.from_numpy(buckets)
 
     def delta_histogram(self, delta_bin: Callable[[torch.Tensor], torch.Tensor], bins: int) -> torch.Tensor:
         if bins != 2 * (EXPONENT_MAX - EXPONENT_MIN) + 1 or delta_bin.__module__ != "rollout_diag.metrics.localize":

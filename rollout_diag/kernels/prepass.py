@@ -1,0 +1,135 @@
+"""The numba engine's compiled per-chunk passes run on a chunk's numpy arrays, without torch: what the reader
+computes for the chunks it reads ahead while the command still loads torch (``io/reader.py`` ``read_ahead``).
+
+``KernelStats`` (``metrics/segments.py``) and the hint evidence (``metrics/hints.py``) use a chunk's
+:class:`KernelPrepass` where it has one instead of running the same kernels on the same arrays again; a chunk without
+one computes them when first read. The constants of those calls live here, so both sides make exactly one call.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from rollout_diag.kernels import compiled
+
+# The δ histogram's bins (metrics.localize.delta_bin): binary exponents of |δ| from EXPONENT_MIN to EXPONENT_MAX.
+EXPONENT_MIN, EXPONENT_MAX = -20, 7
+# Centred moments the fused pass computes (debug §5): any other pair is centred by a second pass.
+MOMENT_PAIRS = (("prob_diff", "prob_diff"), ("trainer_prob", "rollout_prob"))
+# The hint evidence's token patterns (metrics.hints): group means use min(|δ|, CLIP) (ρ outside [1/e, e] counts as 1),
+# a logprob of exactly 0 where the other side says p < 0.5 is no rounding error, a copy counts where the other side
+# moves by more than log 2; rollout-probability buckets: p ≥ 0.9, 0.5–0.9, 0.1–0.5, 0.01–0.1, < 0.01.
+CLIP = 1.0
+LOG_HALF = math.log(0.5)
+COPY_GAP = math.log(2.0)
+PROBABILITY_EDGES = (0.9, 0.5, 0.1, 0.01)
+
+
+@dataclass(frozen=True, eq=False)
+class KernelPrepass:
+    """One chunk's compiled passes: step groups, segment layout, the fused pass and the hint rows (numpy)."""
+
+    steps: tuple[int, ...]  # the chunk's steps, ascending (``Chunk.groups.steps``)
+    row_group: np.ndarray  # int64 [R]: each row's index into ``steps``
+    layout: tuple[np.ndarray, ...]  # kernels.cpu.segment_layout: (raw start, model start, length, row, bucket, round)
+    reductions: tuple[np.ndarray, ...]  # kernels.cpu.segment_pass: sums, maxima, minima, moments, δ histogram
+    hints: tuple[np.ndarray, np.ndarray]  # kernels.cpu.hint_rows with the constants above: per row, buckets
+
+
+def step_groups(step: np.ndarray) -> tuple[tuple[int, ...], np.ndarray]:
+    """(sorted distinct steps, each row's index among them): what ``torch.unique(sorted=True, return_inverse=True)``
+    gives ``Chunk.groups``."""
+    steps, row_group = np.unique(step, return_inverse=True)
+    return tuple(steps.tolist()), row_group.astype(np.int64, copy=False).reshape(-1)
+
+
+def layout(mask: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, ...]:
+    return compiled().segment_layout(mask, np.ascontiguousarray(offsets))
+
+
+def reductions(
+    trainer: np.ndarray, rollout: np.ndarray, segments: tuple[np.ndarray, ...], segment_group: np.ndarray, groups: int
+) -> tuple[np.ndarray, ...]:
+    """The fused pass: (sums, maxima, minima) [Q, S], moments of MOMENT_PAIRS [G, P, 6], δ histogram [G, B]."""
+    kernels = compiled()
+    pairs = np.array([[kernels.COLUMN[x], kernels.COLUMN[y]] for x, y in MOMENT_PAIRS], dtype=np.int64)
+    raw, _, length, *_ = segments
+    return kernels.segment_pass(
+        trainer,
+        rollout,
+        raw,
+        length,
+        segment_group,
+        groups,
+        pairs,
+        EXPONENT_MIN,
+        EXPONENT_MAX - EXPONENT_MIN,
+    )
+
+
+def hint_rows(
+    trainer: np.ndarray,
+    rollout: np.ndarray,
+    segments: tuple[np.ndarray, ...],
+    rows: int,
+    segment_group: np.ndarray,
+    groups: int,
+    clip: float,
+    log_half: float,
+    gap: float,
+    edges: tuple[float, ...],
+) -> tuple[np.ndarray, np.ndarray]:
+    """kernels.cpu.hint_rows: per row the HINT_COLUMNS [R, 13], per step group and probability bucket [G, B, 4]."""
+    raw, _, length, row, _, rounds = segments
+    return compiled().hint_rows(
+        trainer,
+        rollout,
+        raw,
+        length,
+        row,
+        rounds,
+        rows,
+        segment_group,
+        groups,
+        clip,
+        log_half,
+        gap,
+        np.array([math.log(edge) for edge in edges]),  # as metrics.hints.probability_bucket
+    )
+
+
+def prepass(step: np.ndarray, offsets: np.ndarray, trainer: np.ndarray, rollout: np.ndarray, mask: np.ndarray):
+    """A chunk's :class:`KernelPrepass` from its arrays: ``trainer`` / ``rollout`` float64 with environment tokens
+    zeroed and ``mask`` bool, as the reader's validation scan leaves them (``Chunk.trainer`` etc. as numpy)."""
+    steps, row_group = step_groups(step)
+    segments = layout(mask, offsets)
+    segment_group = row_group[segments[3]]
+    return KernelPrepass(
+        steps=steps,
+        row_group=row_group,
+        layout=segments,
+        reductions=reductions(trainer, rollout, segments, segment_group, len(steps)),
+        hints=hint_rows(
+            trainer,
+            rollout,
+            segments,
+            len(step),
+            segment_group,
+            len(steps),
+            CLIP,
+            LOG_HALF,
+            COPY_GAP,
+            PROBABILITY_EDGES,
+        ),
+    )
+
+
+def warm_up() -> None:
+    """Load numba and the compiled passes (from numba's cache, or compiled now) by running :func:`prepass` on a tiny
+    chunk: what the reader's first chunk would otherwise wait for."""
+    mask = np.array([True, False, True])
+    values = np.array([-0.5, 0.0, -1.0])
+    prepass(np.zeros(2, dtype=np.int64), np.array([0, 2, 3], dtype=np.int64), values, values.copy(), mask)
