@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rollout_diag.drivers.engine import build_result
+from rollout_diag.drivers.engine import build_result, check_analysed, data_warnings
 from rollout_diag.drivers.passes import Analysis, Inputs, Progress, open_reader, resolve_device, run_chunks
 from rollout_diag.errors import DataError
 from rollout_diag.groups import GroupLabels, GroupSpec, group_specs
@@ -22,7 +22,7 @@ from rollout_diag.metrics.base import StepAccumulator
 from rollout_diag.metrics.localize import WorstTracker
 from rollout_diag.metrics.rowstats import RowStatsCollector
 from rollout_diag.presets import Preset
-from rollout_diag.results import AnalysisResult, RowStats
+from rollout_diag.results import AnalysisResult, MetricColumns, RowStats, StepTable
 from rollout_diag.selection import StepRange
 
 if TYPE_CHECKING:
@@ -47,6 +47,18 @@ class RowPass:
         analysis = self.analysis if steps is None else _restricted(self.analysis, steps)
         return build_result(analysis, self.log, self.device, self.strict)
 
+    def summary(self, steps: StepRange | None = None) -> AnalysisResult:
+        """What ``diff`` reads of the steps in ``steps`` (all when None), without the per-step metrics and the findings
+        ``result`` adds: the run's metrics, its rounds and positions tables, its ``--by`` groups, each step's rows,
+        tokens and empty rows (a StepTable without metric columns), the data's warnings; no verdicts, step levels,
+        anomalies, hints or worst rows. The same numbers as ``result(steps)``'s, at a fraction of its time and
+        memory on many steps (200 000 one-row steps: the step table and the judgements were ~70 % of ``diff``'s
+        time and most of its peak). Raises DataError as ``result`` does."""
+        if self.analysis is None:
+            raise RuntimeError("RowPass.summary after release(): build every result before releasing the analysis")
+        analysis = self.analysis if steps is None else _restricted(self.analysis, steps)
+        return summary_result(analysis, self.log, self.device, self.strict)
+
     def release(self) -> None:
         """Drop the analysis once every result is built (``diff`` keeps the runs' row statistics, not their
         analyses: 200 000 one-row steps hold ~1 GB of per-step state a run) and give the freed pages back."""
@@ -67,6 +79,37 @@ class RowPass:
         assert self.labels is not None, "row_pass(by=...) records the groups"
         rows = rows.select(self.labels.mask(column, value))
         return rows if steps is None else rows.in_steps(*steps)
+
+
+def summary_result(analysis: Analysis, log: ReadLog, device: torch.device, strict: bool) -> AnalysisResult:
+    """``build_result``'s numbers without the step table's metric columns and without ``judge_analysis``: see
+    ``RowPass.summary``."""
+    table = analysis.offpolicy.store
+    ids = table.steps
+    count = ids.shape[0]
+    rows, tokens, empty = (
+        table.dense[name].reshape(count) if count else np.zeros(0) for name in ("rows", "tokens", "empty_rows")
+    )
+    steps = StepTable(ids, rows, tokens, empty, MetricColumns((), count))
+    run = analysis.run_result()
+    check_analysed(run, log)
+    return AnalysisResult(
+        inputs=list(log.files),
+        columns=dict(log.columns),
+        layout=log.layout,
+        format=log.format,
+        device=str(device),
+        run=run,
+        steps=steps,
+        rounds=analysis.rounds.finalize_table(),
+        verdicts=[],
+        positions=analysis.positions.position_table(),
+        catastrophic_threshold=analysis.catastrophic,
+        warnings=data_warnings(analysis, log, steps, strict),
+        skipped=list(log.skipped),
+        skipped_rows=log.skipped_rows,
+        groups=[group for grouped in analysis.grouped for group in grouped.results(run.rows, run.tokens)],
+    )
 
 
 def _restricted(analysis: Analysis, steps: StepRange) -> Analysis:
