@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import weakref
@@ -57,8 +58,14 @@ def dumps(tmp_path_factory) -> tuple[Path, Path]:
     return paths[0], paths[1]
 
 
-def _same_summary(summary, full) -> None:
-    assert summary.run == full.run
+def _same_summary(summary, full, findings: bool = True) -> None:
+    """``summary`` holds ``full``'s numbers; from a ``row_pass(findings=False)``, without the dialects (and their
+    sentence on the empty rows' dilution, the end of a warning)."""
+    if findings:
+        assert summary.run == full.run
+    else:
+        assert summary.run == dataclasses.replace(full.run, dialects={})
+        assert full.run.dialects
     assert summary.rounds == full.rounds
     assert list(summary.positions) == list(full.positions)
     assert repr(summary.groups) == repr(full.groups)  # NaN metrics: equal as text (repr gives every digit)
@@ -68,7 +75,10 @@ def _same_summary(summary, full) -> None:
     ]
     assert all(not step.metrics for step in summary.steps)  # no per-step metric columns
     # the data's warnings, in build_result's order; build_result adds the judgements' after them
-    assert summary.warnings == full.warnings[: len(summary.warnings)]
+    if findings:
+        assert summary.warnings == full.warnings[: len(summary.warnings)]
+    else:
+        assert all(whole.startswith(part) for part, whole in zip(summary.warnings, full.warnings, strict=False))
     assert any("no model token" in warning for warning in summary.warnings)
     for name in ("inputs", "columns", "layout", "format", "device", "skipped", "skipped_rows"):
         assert getattr(summary, name) == getattr(full, name)
@@ -78,6 +88,18 @@ def _same_summary(summary, full) -> None:
 def test_summary_holds_the_numbers_of_the_full_result(dumps, steps) -> None:
     done = row_pass([str(dumps[0])], presets=resolve_presets(None), device="cpu", by=["env_name"])
     _same_summary(done.summary(steps), done.result(steps))
+    lean = row_pass([str(dumps[0])], presets=resolve_presets(None), device="cpu", by=["env_name"], findings=False)
+    _same_summary(lean.summary(steps), done.result(steps), findings=False)
+    assert lean.all_rows.rows == done.all_rows.rows
+    with pytest.raises(RuntimeError, match="findings=False"):
+        lean.result(steps)
+
+
+def test_a_pass_without_findings_gathers_no_hint_evidence_worst_rows_or_dialects(dumps) -> None:
+    lean = row_pass([str(dumps[0])], device="cpu", findings=False)
+    assert lean.analysis.hint_evidence.store.steps.shape[0] == 0
+    assert not lean.analysis.worst.worst_rows()
+    assert lean.analysis.run_result().dialects == {}
 
 
 def test_the_diff_of_summaries_is_the_diff_of_full_results(dumps) -> None:
@@ -103,7 +125,7 @@ def test_a_one_dump_diff_reads_summaries_of_the_two_ranges(dumps) -> None:
     for side, steps in ((result.a, (0, 4)), (result.b, (5, 11))):
         full = done.result(steps)
         assert (side.result.run, side.result.rounds, list(side.result.positions)) == (
-            full.run,
+            dataclasses.replace(full.run, dialects={}),
             full.rounds,
             list(full.positions),
         )

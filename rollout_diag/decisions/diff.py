@@ -44,7 +44,8 @@ class DiffSide:
     """One side of the comparison: a label (file names or a step range), what analyze found, its per-row sums.
 
     ``diff_runs`` gives each side the run-level part of the analysis (``RowPass.summary``: the run's metrics, rounds,
-    positions and groups, each step's counts), not its per-step metrics or findings: run ``analyze`` for those."""
+    positions and groups, each step's counts), not its per-step metrics, dialect metrics or findings: run ``analyze``
+    for those."""
 
     label: str
     result: AnalysisResult

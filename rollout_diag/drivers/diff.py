@@ -54,6 +54,7 @@ def diff_runs(
     Raises RolloutDiagError for bad input or options."""
     chosen = resolve_presets(presets)
     options = {"columns": columns, "device": device, "strict": strict, "chunk_tokens": chunk_tokens, "by": by}
+    options["findings"] = False  # each side is a summary: no hint evidence, worst rows or dialects gathered
     if inputs_b is None:
         if steps_a is None or steps_b is None:
             raise ConfigError(

@@ -44,6 +44,8 @@ class RowPass:
         """The AnalysisResult of the steps in ``steps`` (all steps when None; worst rows/tokens only then)."""
         if self.analysis is None:
             raise RuntimeError("RowPass.result after release(): build every result before releasing the analysis")
+        if not self.analysis.findings:
+            raise RuntimeError("RowPass.result of a row_pass(findings=False): it gathered for summary() only")
         analysis = self.analysis if steps is None else _restricted(self.analysis, steps)
         return build_result(analysis, self.log, self.device, self.strict)
 
@@ -51,9 +53,10 @@ class RowPass:
         """What ``diff`` reads of the steps in ``steps`` (all when None), without the per-step metrics and the findings
         ``result`` adds: the run's metrics, its rounds and positions tables, its ``--by`` groups, each step's rows,
         tokens and empty rows (a StepTable without metric columns), the data's warnings; no verdicts, step levels,
-        anomalies, hints or worst rows. The same numbers as ``result(steps)``'s, at a fraction of its time and
-        memory on many steps (200 000 one-row steps: the step table and the judgements were ~70 % of ``diff``'s
-        time and most of its peak). Raises DataError as ``result`` does."""
+        anomalies, hints or worst rows (and, from a ``row_pass(findings=False)``, no dialect metrics). The same
+        numbers as ``result(steps)``'s, at a fraction of its time and memory on many steps (200 000 one-row steps:
+        the step table and the judgements were ~70 % of ``diff``'s time and most of its peak). Raises DataError as
+        ``result`` does."""
         if self.analysis is None:
             raise RuntimeError("RowPass.summary after release(): build every result before releasing the analysis")
         analysis = self.analysis if steps is None else _restricted(self.analysis, steps)
@@ -160,14 +163,16 @@ def row_pass(
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     progress: Progress | None = None,
     by: Sequence[str | GroupSpec] = (),
+    findings: bool = True,
 ) -> RowPass:
     """Read ``inputs`` once into the analysis and the per-row statistics (with each preset's dropped tokens per
-    row); ``by``: also the key families per group and each row's group. Raises RolloutDiagError for bad input or
-    options."""
+    row); ``by``: also the key families per group and each row's group. ``findings`` False: without what only
+    ``result`` reads (hint evidence, worst rows, dialects): the pass serves ``summary`` alone. Raises
+    RolloutDiagError for bad input or options."""
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
     specs = group_specs(by, reader)
-    analysis = Analysis(by=specs)
+    analysis = Analysis(by=specs, findings=findings)
     rows = RowStatsCollector(presets)
     labels = GroupLabels(specs) if specs else None
     updates = [analysis.update, rows.update, *([labels.update] if labels else [])]
