@@ -41,7 +41,11 @@ BETTER, WORSE, SAME, UNKNOWN = "better", "worse", "no detectable change", "n/a"
 
 @dataclass(frozen=True)
 class DiffSide:
-    """One side of the comparison: a label (file names or a step range), what analyze found, its per-row sums."""
+    """One side of the comparison: a label (file names or a step range), what analyze found, its per-row sums.
+
+    ``diff_runs`` gives each side the run-level part of the analysis (``RowPass.summary``: the run's metrics, rounds,
+    positions and groups, each step's counts), not its per-step metrics, dialect metrics or findings: run ``analyze``
+    for those."""
 
     label: str
     result: AnalysisResult

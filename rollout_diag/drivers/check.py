@@ -43,6 +43,7 @@ def check_run(
         inputs, columns=columns, device=device, strict=strict, chunk_tokens=chunk_tokens, progress=progress, by=by
     )
     result = done.result()
+    done.release()  # the gates read the result and the row statistics: the per-step state goes before they run
     groups = [
         (group_name(group.column, group.value), group, done.group_rows(group.column, group.value))
         for group in result.groups

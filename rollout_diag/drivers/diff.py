@@ -54,6 +54,7 @@ def diff_runs(
     Raises RolloutDiagError for bad input or options."""
     chosen = resolve_presets(presets)
     options = {"columns": columns, "device": device, "strict": strict, "chunk_tokens": chunk_tokens, "by": by}
+    options["findings"] = False  # each side is a summary: no hint evidence, worst rows or dialects gathered
     if inputs_b is None:
         if steps_a is None or steps_b is None:
             raise ConfigError(
@@ -62,7 +63,7 @@ def diff_runs(
             )
         done = row_pass(inputs_a, presets=chosen, progress=progress, **options)
         sides = [
-            DiffSide(f"{_label(done.log.files)} {range_label(r)}", done.result(r), done.row_stats(r))
+            DiffSide(f"{_label(done.log.files)} {range_label(r)}", done.summary(r), done.row_stats(r))
             for r in (steps_a, steps_b)
         ]
         done.release()
@@ -72,7 +73,7 @@ def diff_runs(
         for inputs, steps in ((inputs_a, steps_a), (inputs_b, steps_b)):
             done = row_pass(inputs, presets=chosen, progress=progress, **options)
             label = _label(done.log.files) + ("" if steps is None else f" {range_label(steps)}")
-            sides.append(DiffSide(label, done.result(steps), done.row_stats(steps)))
+            sides.append(DiffSide(label, done.summary(steps), done.row_stats(steps)))
             done.release()  # before the next run's pass: one analysis held at a time
             passes.append((done, steps))
     result = diff(sides[0], sides[1], replicates=replicates, level=level, seed=seed)

@@ -136,16 +136,9 @@ def step_counts(steps: StepTable) -> list[StepResult]:
     return [StepResult(step, rows, tokens, {}, empty) for step, rows, tokens, empty in counts]
 
 
-def build_result(
-    analysis: Analysis, log: ReadLog, device: torch.device, strict: bool, selection_of: Any = None
-) -> AnalysisResult:
-    """Finalize ``analysis`` into an AnalysisResult; raises DataError when nothing could be analysed.
-    ``selection_of``: the RowSelection the rows were read with (``reader.selection``), recorded in the result."""
-    # the hint evidence first: reading it joins its per-step table's parts (a copy while they live), cheapest before
-    # the step table and the result exist (200 000 one-row steps: the peak of compare-presets was here)
-    evidence = analysis.hint_evidence.evidence()
-    steps = step_table(analysis)
-    run = analysis.run_result()
+def check_analysed(run: StepResult, log: ReadLog, selection_of: Any = None) -> None:
+    """Raise DataError when the run (``Analysis.run_result``) holds nothing to report: every row selected out or
+    skipped, or no model token."""
     if run.rows == 0 and log.rows_selected_out:
         raise DataError(f"{', '.join(log.files)}: {no_rows_match(selection_of, log.rows_selected_out)}")
     if run.rows == 0:
@@ -158,12 +151,36 @@ def build_result(
             f"{', '.join(log.files)}: column '{log.columns.get('mask', 'response_mask')}': no model token "
             f"(mask 1) in any of the {run.rows} rows; nothing to measure."
         )
-    counts = step_counts(steps)  # the warnings read only these: no metrics per step
-    warnings = list(log.warnings) + analysis.warnings(counts)
-    if strict and bool((steps.tokens == 0).any()):
-        raise DataError(f"{', '.join(log.files)}: {analysis.warnings(counts)[0]}")
+
+
+def data_warnings(analysis: Analysis, log: ReadLog, steps: StepTable, strict: bool) -> list[str]:
+    """The reading's warnings and the data's (steps without a model token, rows without one, skipped rows); with
+    ``strict``, DataError for a step without a model token. ``Analysis.warnings`` reads only the steps' counts, and
+    has nothing to say unless a step has no token or a row is empty: only then are the counts made per step."""
+    warnings = list(log.warnings)
+    no_token = bool((steps.tokens == 0).any())
+    if no_token or bool(steps.empty_rows.any()):
+        notes = analysis.warnings(step_counts(steps))
+        if strict and no_token:
+            raise DataError(f"{', '.join(log.files)}: {notes[0]}")
+        warnings += notes
     if log.skipped_rows:
         warnings.append(f"{log.skipped_rows} row(s) skipped as invalid; each is listed with its file, row and column.")
+    return warnings
+
+
+def build_result(
+    analysis: Analysis, log: ReadLog, device: torch.device, strict: bool, selection_of: Any = None
+) -> AnalysisResult:
+    """Finalize ``analysis`` into an AnalysisResult; raises DataError when nothing could be analysed.
+    ``selection_of``: the RowSelection the rows were read with (``reader.selection``), recorded in the result."""
+    # the hint evidence first: reading it joins its per-step table's parts (a copy while they live), cheapest before
+    # the step table and the result exist (200 000 one-row steps: the peak of compare-presets was here)
+    evidence = analysis.hint_evidence.evidence()
+    steps = step_table(analysis)
+    run = analysis.run_result()
+    check_analysed(run, log, selection_of)
+    warnings = data_warnings(analysis, log, steps, strict)
     rounds = analysis.rounds.finalize_table()
     result = AnalysisResult(
         inputs=list(log.files),

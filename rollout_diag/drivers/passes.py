@@ -111,6 +111,9 @@ class Analysis:
     hint_evidence: HintEvidenceAccumulator = field(default_factory=HintEvidenceAccumulator)
     by: tuple[GroupSpec, ...] = ()  # --by: the key families per group of rows (rollout_diag/groups.py)
     grouped: list[GroupedAnalysis] = field(init=False)
+    # False: no hint evidence, worst rows or dialects are gathered (a run-level summary reads none of them: ``diff``;
+    # on 200 000 one-row steps they held ~0.3 GB of per-step state)
+    findings: bool = True
 
     def __post_init__(self) -> None:
         check_analysis_options(self.max_rounds, self.catastrophic, self.top_k)
@@ -135,8 +138,9 @@ class Analysis:
     def update(self, chunk: Chunk) -> None:
         for family in self.families:
             family.update(chunk)
-        self.hint_evidence.update(chunk)  # compare-presets too: a pipeline bug withholds its recommendation
-        if not self.offpolicy_only:
+        if self.findings:
+            self.hint_evidence.update(chunk)  # compare-presets too: a pipeline bug withholds its recommendation
+        if not self.offpolicy_only and self.findings:
             self.worst.update(chunk)
             self.dialect.update(chunk)
         for grouped in self.grouped:
