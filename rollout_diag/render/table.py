@@ -367,7 +367,11 @@ def _widest_cell(cells: Sequence[str | Text]) -> int:
         joined = "".join(cells)  # type: ignore[arg-type]
         if joined.isascii() and joined.isprintable():
             return max(map(len, cells))
-    return max(_longest_line(cell) for cell in cells)
+    widest: dict[int, int] = {}  # a Text shared by many rows (a verdict level) is measured once
+    for cell in cells:
+        if id(cell) not in widest:
+            widest[id(cell)] = _longest_line(cell)
+    return max(widest.values())
 
 
 def _longest_line(text: str | Text) -> int:
@@ -493,28 +497,32 @@ def _line_by_line(
                 runs[-1][1].append(pieces)
             else:
                 runs.append((plain_text, [pieces]))
-        ends = [between] * (len(runs) - 1) + [" " + box.mid_right]
-        cells = [
-            [between.join(texts) for texts in zip(*parts, strict=True)] if len(parts) > 1 else parts[0]
-            for _, parts in runs
-        ]
+        # the line alternates text and styled cells: text (the borders and the plain runs between) as one string
+        # a row, each other cell as its segments (a cell written as text: one segment of its own)
+        count = end - start
+        alternating: list[Iterable] = []
+        text: str | list[str] = box.mid_left + " "  # the text before the next styled cell: a constant or a column
+        for number, (plain_text, parts) in enumerate(runs):
+            after = " " + box.mid_right if number == len(runs) - 1 else between
+            if plain_text:  # (runs of plain text are maximal: the text before is a constant)
+                texts = [between.join(cells) for cells in zip(*parts, strict=True)] if len(parts) > 1 else parts[0]
+                text = [f"{text}{cell}{after}" for cell in texts]
+                continue
+            alternating.append(repeat(text, count) if isinstance(text, str) else text)
+            alternating.append([[Segment(piece)] if type(piece) is str else piece for piece in parts[0]])
+            text = after
+        alternating.append(repeat(text, count) if isinstance(text, str) else text)
+        if len(alternating) == 1:
+            return [[Segment(text)] for text in alternating[0]]  # type: ignore[union-attr]
         out: list[list[Segment] | None] = []
-        for row in zip(*cells, strict=True):
-            segments: list[Segment] = []
-            text = box.mid_left + " "
-            for shown, after in zip(row, ends, strict=True):
-                if shown is None:
-                    segments = None  # type: ignore[assignment]
+        for row in zip(*alternating, strict=False):  # (a constant repeats without end)
+            segments: list[Segment] | None = [Segment(row[0])]
+            for at in range(1, len(row), 2):
+                if row[at] is None:
+                    segments = None
                     break
-                if type(shown) is str:
-                    text += shown
-                else:
-                    segments.append(Segment(text))
-                    segments.extend(shown)
-                    text = ""
-                text += after
-            if segments is not None:
-                segments.append(Segment(text))
+                segments.extend(row[at])  # type: ignore[union-attr]
+                segments.append(Segment(row[at + 1]))  # type: ignore[union-attr]
             out.append(segments)
         return out
 
