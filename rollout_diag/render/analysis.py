@@ -21,7 +21,7 @@ from rollout_diag.render.format import extra_cell, level, number, percent, plain
 from rollout_diag.render.hints import hint_lines
 from rollout_diag.render.summary import HEADLINE, most_divergent_round, verdict_lines, where, worst_step
 from rollout_diag.render.table import Column, FitTable, Num, Nums
-from rollout_diag.results import AnalysisResult, ExtraValue, StepResult, StepTable, extra_names, run_rows
+from rollout_diag.results import AnalysisResult, ExtraValue, RowMetrics, StepResult, StepTable, extra_names, run_rows
 
 # The per-step table's metric columns: kl, the judged metrics (the step's verdict column shows their level), the
 # catastrophic token count.
@@ -202,7 +202,10 @@ def _metric_reads(
     if isinstance(steps, StepTable) and (read := steps.float_column(name)) is not None:
         present, values = read
         return present[run.start : run.stop], values[run.start : run.stop]
-    picked = [steps[at].metrics for at in run]
+    if isinstance(steps, StepTable):  # a step's values read alone, without building every step
+        picked: list = [RowMetrics(steps.metrics, at) for at in run]
+    else:
+        picked = [steps[at].metrics for at in run]
     return [name in metrics for metrics in picked], [metrics.get(name) for metrics in picked]
 
 
