@@ -241,3 +241,21 @@ def test_step_series_from_the_column_is_read_step_by_step(many_steps: rd.Analysi
     for name in (HEADLINE, *STEP_METRICS, "no/such_metric"):
         assert step_series(steps, name) == step_series(list(steps), name)
     assert steps._built is not None  # list(steps) built them, once
+
+
+def test_a_thinned_out_line_says_so_on_its_plot(many_steps: rd.AnalysisResult) -> None:
+    """Beyond 2 000 steps the trend lines are decimated: the figure says how, above its panels; with fewer steps
+    every step is drawn and nothing is said."""
+    from rollout_diag.report.sections import Canvas, trends_section
+
+    canvas = Canvas()
+    trends_section(many_steps, canvas, {})
+    notes = [note["text"] for note in canvas.figures["trends"]["layout"]["annotations"] if "thinned" in note["text"]]
+    assert notes == [
+        "2,300 steps, thinned out: each line keeps the smallest and largest value of each of 1,000 runs of ~2 "
+        "consecutive steps, the first and last step and every anomaly"
+    ]
+    few = dataclasses.replace(many_steps, steps=list(many_steps.steps)[:1500])
+    canvas = Canvas()
+    trends_section(few, canvas, {})
+    assert not [note for note in canvas.figures["trends"]["layout"]["annotations"] if "thinned" in note["text"]]

@@ -18,6 +18,7 @@ from rollout_diag.report.markup import Column, Markup, code, escape, factor, not
 from rollout_diag.report.series import (
     MAX_HEATMAP_COLUMNS,
     MAX_HEATMAP_ROUNDS,
+    MAX_STEP_POINTS,
     MAX_TABLE_ROWS,
     bucket_bounds,
     decimate,
@@ -76,10 +77,14 @@ def trends_section(
         "of the previous steps. Dotted lines are the verdict thresholds (shown when near the data). "
         "Drag to zoom, double-click to zoom out; the step axis is shared."
     )
-    body = [Markup(f'<p class="lead">{escape(intro)}</p>'), canvas.plot("trends", figures.trends_figure(panels))]
+    thinned = thinned_note(len(steps))
+    body = [
+        Markup(f'<p class="lead">{escape(intro)}</p>'),
+        canvas.plot("trends", figures.trends_figure(panels, thinned)),
+    ]
     body.append(_anomaly_table(result))
     if rejection:
-        body.append(_rejection_plot(rejection, canvas))
+        body.append(_rejection_plot(rejection, canvas, thinned_note(len(steps), anomalies=False)))
     return Section("trends", title, "".join(body))
 
 
@@ -109,7 +114,22 @@ def _anomaly_text(anomaly: Any) -> str:
     return f"step {anomaly.step}: {value} = {factor(anomaly.factor)}× the median {baseline}"
 
 
-def _rejection_plot(rejection: dict[str, tuple[list[Any], list[float | None]]], canvas: Canvas) -> str:
+def thinned_note(steps: int, anomalies: bool = True) -> str:
+    """What a per-step line of ``steps`` steps keeps when decimated (``decimate``), to say on the plot; "" when every
+    step is drawn."""
+    if steps <= MAX_STEP_POINTS:
+        return ""
+    runs = MAX_STEP_POINTS // 2
+    kept = "the first and last step and every anomaly" if anomalies else "and the first and last step"
+    return (
+        f"{steps:,} steps, thinned out: each line keeps the smallest and largest value of each of {runs:,} runs of "
+        f"~{round(steps / runs):,} consecutive steps, {kept}"
+    )
+
+
+def _rejection_plot(
+    rejection: dict[str, tuple[list[Any], list[float | None]]], canvas: Canvas, thinned: str = ""
+) -> str:
     """Share of tokens each preset drops, per step: presets with identical series share one line."""
     groups: dict[tuple[Any, ...], list[str]] = {}
     for name, (steps, values) in rejection.items():
@@ -122,7 +142,7 @@ def _rejection_plot(rejection: dict[str, tuple[list[Any], list[float | None]]], 
     shown = f"the {MAX_PRESET_LINES} that drop the most of " if len(ranked) > MAX_PRESET_LINES else ""
     heading = f"Tokens dropped per step, per preset ({shown}{len(rejection)} presets that drop any)"
     panel = TrendPanel("", lines, legend=True, percent=True)
-    return f"<h3>{escape(heading)}</h3>" + canvas.plot("rejection", figures.trends_figure([panel]))
+    return f"<h3>{escape(heading)}</h3>" + canvas.plot("rejection", figures.trends_figure([panel], thinned))
 
 
 def _anomaly_table(result: AnalysisResult) -> str:
