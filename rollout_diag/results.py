@@ -286,6 +286,29 @@ class StepTable(ReadSequence):
         """(steps that report metric ``name``: bool [S], its values [S] as float64, NaN where absent)."""
         return self.metrics.column(name)
 
+    def float_column(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """``column(name)`` where every group holding ``name`` is float64 (each value is then exactly the float a step
+        reads); None where one is not (read those steps' values one by one)."""
+        holders = self.metrics.where.get(name, ())
+        if any(np.asarray(self.metrics.groups[group][1][name]).dtype != np.float64 for group in holders):
+            return None
+        return self.metrics.column(name)
+
+    def step(self, index: int) -> StepResult:
+        """``table[index]`` without building every step: the built step once the table has been read whole, else
+        one made alone (equal to it, not the same object)."""
+        if self._built is not None:
+            return self._built[index]
+        index = range(len(self))[index]
+        return StepResult(
+            int(self.step_ids[index]),
+            int(self.rows[index]),
+            int(self.tokens[index]),
+            RowMetrics(self.metrics, index),  # type: ignore[arg-type]
+            int(self.empty_rows[index]),
+            {name: RowMetrics(columns, index) for name, columns in self.dialects.items() if columns.reports[index]},  # type: ignore[misc]
+        )
+
     def __repr__(self) -> str:
         return f"StepTable({len(self)} steps)"
 

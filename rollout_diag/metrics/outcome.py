@@ -410,8 +410,16 @@ class PresetSteps(ReadSequence):
                 found |= here
         out: list[Any] = [value if hit else None for value, hit in zip(values.tolist(), found.tolist(), strict=True)]
         if key.startswith(catalogue.OFFPOLICY_PREFIX):  # the step's own §1 value where the preset has none
-            for index in np.flatnonzero(~found).tolist():
-                out[index] = self.base[index].metrics.get(key)
+            missing = np.flatnonzero(~found)
+            column = getattr(self.base, "float_column", None)  # a StepTable's float column: no step is built
+            read = column(key) if column is not None else None
+            if read is None:
+                for index in missing.tolist():
+                    out[index] = self.base[index].metrics.get(key)
+            else:
+                hits = missing[read[0][missing]]
+                for index, value in zip(hits.tolist(), read[1][hits].tolist(), strict=True):
+                    out[index] = value
         return out
 
     def _columns(self) -> list[tuple[np.ndarray, list[KeyGroup]]]:

@@ -20,8 +20,8 @@ from rollout_diag.paths import file_label, file_labels
 from rollout_diag.render.format import extra_cell, level, number, percent, plain, visible
 from rollout_diag.render.hints import hint_lines
 from rollout_diag.render.summary import HEADLINE, most_divergent_round, verdict_lines, where, worst_step
-from rollout_diag.render.table import Column, FitTable, Num
-from rollout_diag.results import AnalysisResult, ExtraValue, StepResult, StepTable, extra_names
+from rollout_diag.render.table import Column, FitTable, Num, Nums
+from rollout_diag.results import AnalysisResult, ExtraValue, RowMetrics, StepResult, StepTable, extra_names, run_rows
 
 # The per-step table's metric columns: kl, the judged metrics (the step's verdict column shows their level), the
 # catastrophic token count.
@@ -137,62 +137,76 @@ def metrics_table(run: StepResult) -> FitTable:
 
 
 def steps_table(steps: Sequence[StepResult], all_steps: bool, levels: Sequence[dict] = ()) -> FitTable:
-    if all_steps or len(steps) <= 3 * STEPS_SHOWN_EACH_END:
-        shown, title = list(steps), "Per step"
+    count = len(steps)
+    ids = steps.step_ids.tolist() if isinstance(steps, StepTable) else [step.step for step in steps]
+    if all_steps or count <= 3 * STEPS_SHOWN_EACH_END:
+        shown, title = list(range(count)), "Per step"
     else:
-        ranked = sorted(
-            (s for s in steps if HEADLINE in s.metrics),
-            key=lambda s: s.metrics[HEADLINE],
-            reverse=True,
-        )
-        chosen = {s.step for s in [*steps[:STEPS_SHOWN_EACH_END], *steps[-STEPS_SHOWN_EACH_END:]]}
-        chosen |= {s.step for s in ranked[:STEPS_SHOWN_EACH_END]}
-        shown = [s for s in steps if s.step in chosen]
+        present, read = _metric_reads(steps, HEADLINE, range(count))
+        values = read.tolist() if isinstance(read, np.ndarray) else read
+        ranked = sorted((at for at in range(count) if present[at]), key=values.__getitem__, reverse=True)
+        ends = [*range(STEPS_SHOWN_EACH_END), *range(count - STEPS_SHOWN_EACH_END, count)]
+        chosen = {ids[at] for at in [*ends, *ranked[:STEPS_SHOWN_EACH_END]]}
+        shown = [at for at in range(count) if ids[at] in chosen]
         title = (
             f"Per step: first {STEPS_SHOWN_EACH_END}, last {STEPS_SHOWN_EACH_END} and worst "
-            f"{STEPS_SHOWN_EACH_END} by {short_name(HEADLINE)} of {len(steps)} (--all-steps for every step)"
+            f"{STEPS_SHOWN_EACH_END} by {short_name(HEADLINE)} of {count} (--all-steps for every step)"
         )
     worst = worst_step(steps)
     columns = [Column("step", key=True), Column("rows"), Column("tokens")]
     columns += [Column(short_name(name)) for name in STEP_METRICS]
     table = FitTable(title, [*columns, Column("verdict", "left")])
-    position = {id(s): index for index, s in enumerate(steps)}
     step_level = {entry["step"]: entry["level"] for entry in levels}
-    read = _metric_columns(steps)
-    if read is not None:  # each column's Num cells made at once (a dataclass per cell: seconds for 200 000 steps)
-        read = [list(map(Num, values)) for values in read]  # type: ignore[arg-type]
     verdicts: dict[str, Text] = {}  # one Text per level, shared by its rows (the worst step's is its own)
-    previous = None
-    for step in shown:
-        at = position[id(step)]
-        if previous is not None and at != position[id(previous)] + 1:
+
+    def verdict(at: int) -> Text:
+        named = step_level.get(ids[at], "n/a")
+        if worst is not None and ids[at] == worst.step:
+            text = level(named)
+            text.append(" ◀ worst")
+            return text
+        if (shared := verdicts.get(named)) is None:
+            shared = verdicts[named] = level(named)
+        return shared
+
+    runs: list[range] = []  # the shown steps as runs of consecutive steps, a "⋮" row between two runs
+    for at in shown:
+        if runs and runs[-1].stop == at:
+            runs[-1] = range(runs[-1].start, at + 1)
+        else:
+            runs.append(range(at, at + 1))
+    for part, run in enumerate(runs):
+        if part:
             table.add_row("⋮", *[""] * (len(columns)))
-        named = step_level.get(step.step, "n/a")
-        if worst is not None and step.step == worst.step:
-            verdict = level(named)
-            verdict.append(" ◀ worst")
-        elif (verdict := verdicts.get(named)) is None:  # type: ignore[assignment]
-            verdict = verdicts[named] = level(named)
-        values = (Num(step.metrics.get(key)) for key in STEP_METRICS) if read is None else (c[at] for c in read)
-        table.add_row(str(step.step), Num(step.rows), Num(step.tokens), *values, verdict)
-        previous = step
+        table.add_rows(
+            [str(ids[at]) for at in run],
+            *(_counts(steps, name, run) for name in ("rows", "tokens")),
+            *(Nums(*_metric_reads(steps, name, run)[::-1]) for name in STEP_METRICS),
+            [verdict(at) for at in run],
+        )
     return table
 
 
-def _metric_columns(steps: Sequence[StepResult]) -> list[list[float | None]] | None:
-    """Each of STEP_METRICS over a StepTable's steps, as ``step.metrics.get(name)`` reads it (None where a step has
-    none), from its columns; None for other step lists or a column that is not float64 (read step by step)."""
-    if not isinstance(steps, StepTable):
-        return None
-    metrics = steps.metrics
-    out = []
-    for name in STEP_METRICS:
-        holders = metrics.where.get(name, ())
-        if any(np.asarray(metrics.groups[group][1][name]).dtype != np.float64 for group in holders):
-            return None
-        present, values = steps.column(name)
-        out.append([value if hit else None for value, hit in zip(values.tolist(), present.tolist(), strict=True)])
-    return out
+def _counts(steps: Sequence[StepResult], name: str, run: range) -> Nums:
+    """The steps' ``rows`` or ``tokens`` in ``run``: a StepTable's column, else read step by step."""
+    if isinstance(steps, StepTable):
+        return Nums(getattr(steps, name)[run.start : run.stop])
+    return Nums([getattr(steps[at], name) for at in run])
+
+
+def _metric_reads(
+    steps: Sequence[StepResult], name: str, run: range
+) -> tuple[np.ndarray | list[bool], np.ndarray | list[object]]:
+    """(whether each step in ``run`` has metric ``name``, ``step.metrics.get(name)`` of each): a StepTable's float64
+    column (NaN where absent), else read step by step."""
+    if isinstance(steps, StepTable) and (read := steps.float_column(name)) is not None:
+        present, values = read
+        return present[run.start : run.stop], values[run.start : run.stop]
+    if isinstance(steps, StepTable):  # a step's values read alone, without building every step
+        picked: list = [RowMetrics(steps.metrics, at) for at in run]
+    else:
+        picked = [steps[at].metrics for at in run]
+    return [name in metrics for metrics in picked], [metrics.get(name) for metrics in picked]
 
 
 def rounds_table(result: AnalysisResult) -> FitTable:
@@ -220,15 +234,14 @@ def positions_table(positions: Sequence[dict]) -> FitTable:
         "Per token position (log2 buckets of the index within the row)",
         [Column("positions", key=True), Column("tokens"), Column("|δ| mean"), Column("k3_kl"), Column("catastrophic")],
     )
-    for row in positions:
-        if row["step"] is None:
-            table.add_row(
-                row["bucket"],
-                Num(row["token_count"]),
-                Num(row["logprob_abs_diff_mean"]),
-                Num(row["k3_kl"]),
-                percent(row["catastrophic_share"]),
-            )
+    for row in run_rows(positions):  # the whole run's rows: no per-step row is made
+        table.add_row(
+            row["bucket"],
+            Num(row["token_count"]),
+            Num(row["logprob_abs_diff_mean"]),
+            Num(row["k3_kl"]),
+            percent(row["catastrophic_share"]),
+        )
     return table
 
 

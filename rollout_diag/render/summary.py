@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 from rich.console import RenderableType
 from rich.text import Text
 
@@ -17,7 +18,7 @@ from rollout_diag import catalogue
 from rollout_diag.catalogue import short_name as short_name
 from rollout_diag.paths import file_label
 from rollout_diag.render.format import LEVEL_STYLE, number, plain
-from rollout_diag.results import AnalysisResult, Hint, OverallVerdict, Recommendation, StepResult
+from rollout_diag.results import AnalysisResult, Hint, OverallVerdict, Recommendation, StepResult, StepTable
 
 HEADLINE = catalogue.K3_KL.key  # the metric that ranks steps
 
@@ -59,6 +60,10 @@ def recommendation_line(recommendation: Recommendation | None, withheld: str | N
 
 
 def worst_step(steps: Sequence[StepResult], metric: str = HEADLINE) -> StepResult | None:
+    if isinstance(steps, StepTable) and (read := steps.float_column(metric)) is not None:
+        present, values = read  # from the column: no step is built but the worst (the first of equal maxima)
+        scored = np.flatnonzero(present & np.isfinite(values))
+        return steps.step(int(scored[np.argmax(values[scored])])) if scored.size else None
     scored = [s for s in steps if s.step is not None and _finite(s.metrics.get(metric))]
     return max(scored, key=lambda s: s.metrics[metric]) if scored else None
 

@@ -4,17 +4,19 @@ columns still do not fit, splits into parts that each repeat the key columns (st
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Literal
 
+import numpy as np
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.segment import Segment, Segments
 from rich.table import Table
 from rich.text import Text
 
-from rollout_diag.formatting import numbers
+from rollout_diag.formatting import FIXED_RANGE, _needs_scientific, _number
 from rollout_diag.render.format import visible
 
 BORDER = 3  # per column: one padding space each side and one border line (plus one for the left edge)
@@ -22,7 +24,9 @@ BORDER = 3  # per column: one padding space each side and one border line (plus 
 # as one line of its own (the bytes rich writes: checked on the first rows, else rich lays out the whole part):
 # rich measures and renders cell by cell, minutes for 200 000 steps.
 FAST_ROWS = 64
+BLOCK_ROWS = 4096  # the line writer pads and joins this many rows' cells a column at a time
 _ONE_LINE = frozenset("\t\n\r\x0b\x0c")  # a cell holding one of these is laid out by rich
+_NEW_LINE = Segment.line()
 
 
 @dataclass(frozen=True)
@@ -35,8 +39,39 @@ class Num:
     digits: int = 4
 
 
+@dataclass(frozen=True, eq=False)
+class Nums:
+    """A column of number cells given at once (``FitTable.add_rows``), written as a ``Num`` per value would be (the
+    column's one notation) without an object per cell: 200 000 steps × 9 numbers. ``values``: a float64 array
+    (``present`` False where a cell has no value: a dash, as ``Num(None)``), an integer array, or a list of what
+    ``Num`` takes."""
+
+    values: np.ndarray | Sequence[float | int | None]
+    present: np.ndarray | None = None
+    suffix: str = ""
+    digits: int = 4
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
 Cell = str | Text | Num
-_Rows = Sequence[tuple[Sequence[str | Text], str | None]]  # laid-out cells of each row, and the row's style
+_Chunk = list["Cell | None"] | Nums  # a run of one column's cells: added row by row, or a Nums block
+
+
+@dataclass
+class _Laid:
+    """A table's cells as laid out, column by column (``columns[c][r]``: unstyled text as its string, a Text only
+    where styled), and each row's style."""
+
+    columns: list[list[str | Text]]
+    styles: list[str | None]
+
+    def __len__(self) -> int:
+        return len(self.styles)
+
+    def row(self, index: int) -> list[str | Text]:
+        return [column[index] for column in self.columns]
 
 
 @dataclass(frozen=True)
@@ -57,46 +92,60 @@ class FitTable:
         self.title = title
         self.columns = list(columns)
         self.caption = caption
-        self.raw: list[tuple[list[Cell | None], str | None]] = []
+        self._chunks: list[list[_Chunk]] = [[] for _ in self.columns]  # per column, its cells in runs
+        self._styles: list[str | None] = []
 
     def add_row(self, *cells: Cell | None, style: str | None = None) -> None:
         """Plain strings are data: shown as they are (control characters visible), never read as markup;
         ``Num`` cells are numbers, written in their column's one notation."""
         if len(cells) != len(self.columns):
             raise ValueError(f"{len(cells)} cells for {len(self.columns)} columns")
-        self.raw.append((list(cells), style))
+        for chunks, cell in zip(self._chunks, cells, strict=True):
+            if not chunks or isinstance(chunks[-1], Nums):
+                chunks.append([])
+            chunks[-1].append(cell)  # type: ignore[union-attr]
+        self._styles.append(style)
+
+    def add_rows(self, *columns: Sequence[Cell | None] | Nums) -> None:
+        """Rows given column by column (each column as long as the others; cells as ``add_row`` takes them, or a
+        ``Nums`` of a column's numbers), unstyled: what ``add_row`` of each row would add."""
+        if len(columns) != len(self.columns):
+            raise ValueError(f"{len(columns)} columns for {len(self.columns)} columns")
+        count = len(columns[0]) if columns else 0
+        if any(len(column) != count for column in columns):
+            raise ValueError("columns of different lengths")
+        for chunks, column in zip(self._chunks, columns, strict=True):
+            if isinstance(column, Nums):
+                chunks.append(column)
+            else:
+                if not chunks or isinstance(chunks[-1], Nums):
+                    chunks.append([])
+                chunks[-1].extend(column)  # type: ignore[union-attr]
+        self._styles.extend([None] * count)
 
     @property
     def rows(self) -> list[tuple[list[Text], str | None]]:
         """Every row as rich Text cells, numbers formatted column by column."""
-        return [([_text(cell) for cell in cells], style) for cells, style in self._cells()]
+        laid = self._cells()
+        return [([_text(cell) for cell in laid.row(index)], style) for index, style in enumerate(laid.styles)]
 
-    def _cells(self) -> list[tuple[list[str | Text], str | None]]:
-        """As ``rows``, with a cell of unstyled text as its string (a Text is made only for rich to lay out: 200 000
-        rows × 11 columns of Text objects were 1 GB)."""
-        formatted: list[list[str | Text]] = [[] for _ in self.raw]
-        for index in range(len(self.columns)):
-            column = [cells[index] for cells, _ in self.raw]
-            texts = iter(_number_texts([cell for cell in column if isinstance(cell, Num)]))
-            for row, cell in zip(formatted, column, strict=True):
-                if isinstance(cell, Num):
-                    row.append(next(texts))
-                else:
-                    row.append(cell if isinstance(cell, Text) else visible("" if cell is None else cell))
-        return [(row, style) for row, (_, style) in zip(formatted, self.raw, strict=True)]
+    def _cells(self) -> _Laid:
+        """As ``rows``, column by column, with a cell of unstyled text as its string (a Text is made only for rich to
+        lay out: 200 000 rows × 11 columns of Text objects were 1 GB)."""
+        return _Laid([_column_cells(chunks) for chunks in self._chunks], list(self._styles))
 
-    def _widest(self, rows: _Rows, index: int) -> int:
+    def _widest(self, rows: _Laid, index: int) -> int:
         """The widest line of column ``index``'s cells in ``rows`` (measured once per rendering of ``rows``)."""
         cached = self.__dict__.get("_widest_of")
         if cached is None or cached[0] is not rows:
             cached = self._widest_of = (rows, {})
         if index not in cached[1]:
-            cached[1][index] = max((_longest_line(cells[index]) for cells, _ in rows), default=0)
+            cached[1][index] = _widest_cell(rows.columns[index])
         return cached[1][index]
 
-    def needs(self, rows: _Rows | None = None) -> list[int]:
+    def needs(self, rows: _Laid | None = None) -> list[int]:
         """The narrowest each column can be: its widest cell and longest header word (free text: ``fold_width``)."""
-        rows = self.rows if rows is None else rows
+        rows = self._cells() if rows is None else rows
         widths = []
         for index, column in enumerate(self.columns):
             cells = self._widest(rows, index)
@@ -104,7 +153,7 @@ class FitTable:
             widths.append(max(header, min(cells, column.fold_width) if column.wrap else cells))
         return widths
 
-    def parts(self, width: int, rows: _Rows | None = None, needs: list[int] | None = None) -> list[list[int]]:
+    def parts(self, width: int, rows: _Laid | None = None, needs: list[int] | None = None) -> list[list[int]]:
         """Column indices of each part: key columns first in every part, the others in order, as many as fit."""
         needs = self.needs(rows) if needs is None else needs
         keys = [i for i, column in enumerate(self.columns) if column.key]
@@ -143,7 +192,7 @@ class FitTable:
 
     def _table(
         self,
-        rows: _Rows,
+        rows: _Laid,
         indices: Sequence[int],
         width: int,
         widths: Sequence[int | None] | None = None,
@@ -155,13 +204,13 @@ class FitTable:
         for index, fixed in zip(indices, widths, strict=True):
             column = self.columns[index]
             table.add_column(column.header, justify=column.justify, width=fixed, overflow="fold")
-        for cells, style in rows:
-            table.add_row(*(_text(cells[index]) for index in indices), style=style)
+        for at, style in enumerate(rows.styles):
+            table.add_row(*(_text(rows.columns[index][at]) for index in indices), style=style)
         return table
 
     def _widths(
         self,
-        rows: _Rows,
+        rows: _Laid,
         indices: Sequence[int],
         width: int,
         needs: list[int] | None = None,
@@ -196,14 +245,133 @@ def _text(cell: str | Text) -> Text:
     return cell if isinstance(cell, Text) else Text(cell)
 
 
-def _number_texts(cells: Sequence[Num]) -> list[str]:
-    """Number cells of one column, in one notation per precision."""
-    shown: dict[int, str] = {}
-    for digits in {cell.digits for cell in cells}:
-        group = [index for index, cell in enumerate(cells) if cell.digits == digits]
-        for index, text in zip(group, numbers([cells[i].value for i in group], digits), strict=True):
-            shown[index] = text
-    return [shown[index] + cell.suffix for index, cell in enumerate(cells)]
+def _column_cells(chunks: Sequence[_Chunk]) -> list[str | Text]:
+    """One column's cells as laid out: its numbers (``Num`` cells and ``Nums`` blocks alike) in one notation per
+    precision, as ``formatting.numbers`` of all of them writes them; text made visible."""
+    scientific: dict[int, bool] = {}
+    for chunk in chunks:
+        if isinstance(chunk, Nums):
+            scientific[chunk.digits] = scientific.get(chunk.digits, False) or _nums_scientific(chunk)
+            continue
+        for cell in chunk:
+            if isinstance(cell, Num):
+                scientific[cell.digits] = scientific.get(cell.digits, False) or _needs_scientific(
+                    cell.value, cell.digits
+                )
+    out: list[str | Text] = []
+    for chunk in chunks:
+        if isinstance(chunk, Nums):
+            out.extend(_nums_texts(chunk, scientific[chunk.digits]))
+            continue
+        for cell in chunk:
+            if isinstance(cell, Num):
+                out.append(_number(cell.value, cell.digits, scientific[cell.digits]) + cell.suffix)
+            elif isinstance(cell, Text):
+                out.append(cell)
+            elif cell is None:
+                out.append("")
+            else:  # printable ASCII has nothing to make visible
+                out.append(cell if cell.isascii() and cell.isprintable() else visible(cell))
+    return out
+
+
+def _float_array(nums: Nums) -> bool:
+    return isinstance(nums.values, np.ndarray) and nums.values.dtype == np.float64
+
+
+def _nums_scientific(nums: Nums) -> bool:
+    """Whether any of ``nums`` needs scientific notation (``formatting._needs_scientific``)."""
+    values, digits = nums.values, nums.digits
+    if isinstance(values, np.ndarray) and values.dtype.kind in "iu":
+        return False  # integers are written as integers
+    if not _float_array(nums):
+        shown = values if nums.present is None else [v for v, there in zip(values, nums.present, strict=True) if there]
+        return any(_needs_scientific(value, digits) for value in shown)
+    with np.errstate(invalid="ignore"):
+        fraction = np.isfinite(values) & (values != 0) & ~((values == np.trunc(values)) & (np.abs(values) < 1e15))
+    if nums.present is not None:
+        fraction &= nums.present
+    magnitude = np.abs(values[fraction])
+    if ((magnitude < FIXED_RANGE[0]) | (magnitude >= FIXED_RANGE[1])).any():
+        return True
+    # inside the fixed range %g still writes an exponent where a value rounds up to 10**digits: those few, exactly
+    border = magnitude[magnitude >= 10.0 ** (max(digits, 1) - 1)]
+    return any(_needs_scientific(value, digits) for value in border.tolist())
+
+
+def _nums_texts(nums: Nums, scientific: bool) -> list[str]:
+    """Each of ``nums`` as ``formatting._number`` writes it in the column's notation, then its suffix."""
+    values, digits, present = nums.values, nums.digits, nums.present
+    if _float_array(nums):
+        texts = _float_texts(values, present, digits, scientific)  # type: ignore[arg-type]
+    elif isinstance(values, np.ndarray) and values.dtype.kind in "iu":
+        texts = [format(value, ",") for value in values.tolist()]
+        if present is not None:
+            _put(texts, ~np.asarray(present, dtype=bool), repeat("–"))
+    else:
+        there = [True] * len(values) if present is None else np.asarray(present, dtype=bool).tolist()
+        texts = [_number(v, digits, scientific) if hit else "–" for v, hit in zip(values, there, strict=True)]
+    return texts if not nums.suffix else [text + nums.suffix for text in texts]
+
+
+def _float_texts(values: np.ndarray, present: np.ndarray | None, digits: int, scientific: bool) -> list[str]:
+    """``formatting._number(value, digits, scientific)`` of each float64 value (a dash where not ``present``): the
+    values sorted into kinds (absent or NaN, ±inf, integral, fractional) by numpy, each kind written by one loop."""
+    out = ["–"] * values.shape[0]
+    finite = np.isfinite(values)
+    infinite = np.isinf(values)
+    if present is not None:
+        present = np.asarray(present, dtype=bool)
+        finite &= present
+        infinite &= present
+    _put(out, infinite, ("inf" if value > 0 else "-inf" for value in values[infinite].tolist()))
+    integral = finite & (values == np.trunc(values)) & (np.abs(values) < 1e15)
+    _put(out, integral, (format(int(value), ",") for value in values[integral].tolist()))
+    fraction = finite & ~integral
+    shown = values[fraction].tolist()
+    if scientific:
+        _put(out, fraction, _scientific_texts(shown, digits))
+    else:
+        spec = f".{digits}g"
+        _put(out, fraction, (format(value, spec) for value in shown))
+    return out
+
+
+def _scientific_texts(values: list[float], digits: int) -> list[str]:
+    """Finite non-integral values in scientific notation as ``formatting._number`` writes them (``3.421e-3``)."""
+    spec = f".{max(digits - 1, 0)}e"
+    exponents: dict[str, str] = {}
+    out = []
+    for value in values:
+        mantissa, _, exponent = format(value, spec).partition("e")
+        if "." in mantissa:
+            mantissa = mantissa.rstrip("0").rstrip(".")
+        shown = exponents.get(exponent)
+        if shown is None:
+            shown = exponents[exponent] = f"e{int(exponent)}"
+        out.append(mantissa + shown)
+    return out
+
+
+def _put(out: list[str], mask: np.ndarray, texts: Iterable[str]) -> None:
+    """``out[i] = text`` for each index where ``mask`` holds, in order, from ``texts``."""
+    for at, text in zip(np.flatnonzero(mask).tolist(), texts, strict=False):  # texts: as many, or endless
+        out[at] = text
+
+
+def _widest_cell(cells: Sequence[str | Text]) -> int:
+    """The widest line of ``cells``: printable ASCII strings (numbers) measured by ``len`` a column at a time."""
+    if not cells:
+        return 0
+    if set(map(type, cells)) == {str}:
+        joined = "".join(cells)  # type: ignore[arg-type]
+        if joined.isascii() and joined.isprintable():
+            return max(map(len, cells))
+    widest: dict[int, int] = {}  # a Text shared by many rows (a verdict level) is measured once
+    for cell in cells:
+        if id(cell) not in widest:
+            widest[id(cell)] = _longest_line(cell)
+    return max(widest.values())
 
 
 def _longest_line(text: str | Text) -> int:
@@ -215,37 +383,41 @@ def _longest_line(text: str | Text) -> int:
     return max(cell_len(line) for line in plain.split("\n"))
 
 
+_Piece = str | list[Segment] | None  # a cell written: padded text, styled segments, or None (rich lays out its row)
+
+
 def _line_by_line(
     table: FitTable,
     console: Console,
     options: ConsoleOptions,
-    rows: _Rows,
+    rows: _Laid,
     indices: Sequence[int],
     widths: Sequence[int | None],
-) -> Iterator[Segment | Segments] | None:
+) -> Iterator[Segment] | None:
     """One part of ``table`` as rich writes it, at O(1) rich calls per distinct styled cell rather than per cell:
     rich lays out the header and the first two rows at the part's widths; every further row is one line joined
-    from its cells. None when that does not give rich's bytes for the first two rows (a row style, a cell that
-    wraps or is padded in a way other than rich's justification), and then rich lays out the whole part."""
+    from its cells (a block of rows at a time, column by column). None when that does not give rich's bytes for the
+    first two rows (a row style, a cell that wraps or is padded in a way other than rich's justification), and then
+    rich lays out the whole part."""
     columns = [table.columns[index] for index in indices]
     fixed = [
         width if width is not None else max(cell_len(column.header), table._widest(rows, index))
         for width, column, index in zip(widths, columns, indices, strict=True)
     ]
-    if any(style is not None for _, style in rows):
+    if any(style is not None for style in rows.styles):
         return None
     head = Table()
     for column, width in zip(columns, fixed, strict=True):
         head.add_column(column.header, justify=column.justify, width=width, overflow="fold")
-    for cells, _ in rows[:2]:
-        head.add_row(*(_text(cells[index]) for index in indices))
+    for at in range(2):
+        head.add_row(*(_text(rows.columns[index][at]) for index in indices))
     lines = console.render_lines(head, options, pad=False, new_lines=False)
     box = head.box.substitute(options, safe=head.safe_box if head.safe_box is not None else console.safe_box)
     if box is None:
         return None
     styled: dict[tuple, list[Segment]] = {}
 
-    def cell(text: str | Text, column: Column, width: int) -> list[Segment] | str | None:
+    def cell(text: str | Text, column: Column, width: int) -> _Piece:
         plain_text = text if isinstance(text, str) else text.plain
         if isinstance(text, str):
             if plain_text != plain_text.strip() or not _ONE_LINE.isdisjoint(plain_text) or cell_len(plain_text) > width:
@@ -280,55 +452,103 @@ def _line_by_line(
         for column in columns
     ]
 
-    def line(cells: list[str | Text]) -> list[Segment] | None:
-        segments: list[Segment] = []
-        text = box.mid_left + " "
-        for number, (index, column, width, pad) in enumerate(zip(indices, columns, fixed, padders, strict=True)):
-            value = cells[index]
+    def written_column(cells: list[str | Text], column: Column, width: int, pad) -> tuple[list[_Piece], bool]:
+        """A block of one column's cells as written, and whether every one is plain text."""
+        if pad is not None and set(map(type, cells)) == {str}:
+            joined = "".join(cells)  # type: ignore[arg-type]
             if (
-                pad is not None
-                and type(value) is str
-                and len(value) <= width
-                and value.isascii()
-                and value.isprintable()
-                and value[:1] != " "
-                and value[-1:] != " "
+                joined.isascii()
+                and joined.isprintable()
+                and max(map(len, cells)) <= width
+                and (" " not in joined or not any(value[:1] == " " or value[-1:] == " " for value in cells))
             ):
-                shown: list[Segment] | str | None = pad(value, width)
+                return [pad(value, width) for value in cells], True
+        out: list[_Piece] = []
+        seen: dict[int, _Piece] = {}  # a Text shared by many rows (a verdict level) is written once
+        for value in cells:
+            if type(value) is str:
+                if (
+                    pad is not None
+                    and len(value) <= width
+                    and value.isascii()
+                    and value.isprintable()
+                    and value[:1] != " "
+                    and value[-1:] != " "
+                ):
+                    out.append(pad(value, width))
+                else:
+                    out.append(cell(value, column, width))
             else:
-                shown = cell(value, column, width)
-            if shown is None:
-                return None
-            if isinstance(shown, str):
-                text += shown
-            else:
-                segments.append(Segment(text))
-                segments.extend(shown)
-                text = ""
-            text += " " + (box.mid_right if number == len(indices) - 1 else box.mid_vertical + " ")
-        segments.append(Segment(text))
-        return segments
+                key = id(value)
+                if key not in seen:
+                    seen[key] = cell(value, column, width)
+                out.append(seen[key])
+        return out, all(type(piece) is str for piece in out)
 
-    first = [line(cells) for cells, _ in rows[:2]]
+    between = " " + box.mid_vertical + " "
+
+    def block(start: int, end: int) -> list[list[Segment] | None]:
+        """Rows ``start``–``end`` as lines of segments (None for a row rich must lay out)."""
+        # consecutive columns of plain text are joined row by row at once; the others are written cell by cell
+        runs: list[tuple[bool, list]] = []
+        for index, column, width, pad in zip(indices, columns, fixed, padders, strict=True):
+            pieces, plain_text = written_column(rows.columns[index][start:end], column, width, pad)
+            if plain_text and runs and runs[-1][0]:
+                runs[-1][1].append(pieces)
+            else:
+                runs.append((plain_text, [pieces]))
+        # the line alternates text and styled cells: text (the borders and the plain runs between) as one string
+        # a row, each other cell as its segments (a cell written as text: one segment of its own)
+        count = end - start
+        alternating: list[Iterable] = []
+        text: str | list[str] = box.mid_left + " "  # the text before the next styled cell: a constant or a column
+        for number, (plain_text, parts) in enumerate(runs):
+            after = " " + box.mid_right if number == len(runs) - 1 else between
+            if plain_text:  # (runs of plain text are maximal: the text before is a constant)
+                texts = [between.join(cells) for cells in zip(*parts, strict=True)] if len(parts) > 1 else parts[0]
+                text = [f"{text}{cell}{after}" for cell in texts]
+                continue
+            alternating.append(repeat(text, count) if isinstance(text, str) else text)
+            alternating.append([[Segment(piece)] if type(piece) is str else piece for piece in parts[0]])
+            text = after
+        alternating.append(repeat(text, count) if isinstance(text, str) else text)
+        if len(alternating) == 1:
+            return [[Segment(text)] for text in alternating[0]]  # type: ignore[union-attr]
+        out: list[list[Segment] | None] = []
+        for row in zip(*alternating, strict=False):  # (a constant repeats without end)
+            segments: list[Segment] | None = [Segment(row[0])]
+            for at in range(1, len(row), 2):
+                if row[at] is None:
+                    segments = None
+                    break
+                segments.extend(row[at])  # type: ignore[union-attr]
+                segments.append(Segment(row[at + 1]))  # type: ignore[union-attr]
+            out.append(segments)
+        return out
+
+    first = block(0, 2)
     if any(segments is None for segments in first) or [_ansi(s) for s in first] != [_ansi(s) for s in lines[-3:-1]]:
         return None
 
-    def written() -> Iterator[Segment | Segments]:
+    def written() -> Iterator[Segment]:
         for segments in lines[:-1]:
-            yield Segments([*segments, Segment.line()])
-        for cells, _ in rows[2:]:
-            segments = line(cells)
-            if segments is None:  # a cell rich lays out otherwise: that row alone, by rich, without a header
-                alone = Table(show_header=False, box=head.box)
-                for column, width in zip(columns, fixed, strict=True):
-                    alone.add_column(justify=column.justify, width=width, overflow="fold")
-                alone.add_row(*(_text(cells[index]) for index in indices))
-                for segments in console.render_lines(alone, options, pad=False, new_lines=False)[1:-1]:
-                    yield Segments([*segments, Segment.line()])
-                continue
-            segments.append(Segment.line())
-            yield Segments(segments)
-        yield Segments([*lines[-1], Segment.line()])
+            yield from segments
+            yield _NEW_LINE
+        for start in range(2, len(rows), BLOCK_ROWS):
+            for at, segments in enumerate(block(start, min(start + BLOCK_ROWS, len(rows))), start):
+                if segments is None:  # a cell rich lays out otherwise: that row alone, by rich, without a header
+                    alone = Table(show_header=False, box=head.box)
+                    for column, width in zip(columns, fixed, strict=True):
+                        alone.add_column(justify=column.justify, width=width, overflow="fold")
+                    alone.add_row(*(_text(rows.columns[index][at]) for index in indices))
+                    for line in console.render_lines(alone, options, pad=False, new_lines=False)[1:-1]:
+                        yield from line
+                        yield _NEW_LINE
+                    continue
+                yield from segments
+                yield _NEW_LINE
+        yield from lines[-1]
+        yield _NEW_LINE
 
     return written()
 

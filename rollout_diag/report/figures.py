@@ -102,11 +102,29 @@ def axis_names(cell: int) -> tuple[str, str]:
 
 
 # ------------------------------------------------------------------------------------------ trends
-def trends_figure(panels: Sequence[TrendPanel]) -> Figure:
-    """Small multiples over steps, two per row, zoom linked on the step axis."""
+def trends_figure(panels: Sequence[TrendPanel], note: str = "") -> Figure:
+    """Small multiples over steps, two per row, zoom linked on the step axis; ``note`` (how the lines were thinned
+    out) is written above the panels."""
     cols = 2 if len(panels) > 1 else 1
     rows = math.ceil(len(panels) / cols)
     layout = base_layout(rows * 230 + 70, **grid(rows, cols, [p.title for p in panels], vgap=0.42 / rows))
+    if note:  # a line of its own above the panels' titles
+        layout["height"] += 22
+        layout["margin"] = {**layout["margin"], "t": layout["margin"]["t"] + 22}
+        layout["annotations"].append(
+            {
+                "text": escape(note),
+                "xref": "paper",
+                "yref": "paper",
+                "x": 0,
+                "y": 1,
+                "xanchor": "left",
+                "yanchor": "bottom",
+                "yshift": 24,
+                "showarrow": False,
+                "font": {"size": 11, "color": GREY},
+            }
+        )
     layout["shapes"] = []
     data: list[dict[str, Any]] = []
     for cell, panel in enumerate(panels):

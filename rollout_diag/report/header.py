@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import PurePath
 
 from rollout_diag import catalogue
 from rollout_diag.formatting import number, percent
 from rollout_diag.report.markup import badge, escape, factor
-from rollout_diag.report.series import finite
-from rollout_diag.results import AnalysisResult, ComparisonResult, OverallVerdict
+from rollout_diag.report.series import finite, step_series
+from rollout_diag.results import AnalysisResult, ComparisonResult, OverallVerdict, StepResult, StepTable
 
 MAX_INPUTS_SHOWN = 10
 
@@ -114,7 +115,7 @@ def _facts(result: AnalysisResult) -> str:
             + (escape(f" ({number(run.empty_rows)} without a model token)") if run.empty_rows else ""),
         ),
         ("model tokens", escape(number(run.tokens))),
-        ("steps", escape(number(len([s for s in result.steps if s.step is not None])))),
+        ("steps", escape(number(_with_ids(result.steps)))),
         ("layout", escape(result.layout or "–")),
         ("columns", columns or "–"),
         ("device", escape(result.device or "–")),
@@ -136,15 +137,15 @@ def _findings(result: AnalysisResult) -> str:
 
 def _step_findings(result: AnalysisResult) -> list[str]:
     metric = catalogue.K3_KL.key
-    scored = [s for s in result.steps if s.step is not None and finite(s.metrics.get(metric))]
+    ids, values = step_series(result.steps, metric)  # None where not finite
+    scored = [(value, step) for step, value in zip(ids, values, strict=True) if value is not None]
     findings = []
     run_value = result.run.metrics.get(metric)
     if len(scored) > 1 and finite(run_value) and run_value > 0:
-        worst = max(scored, key=lambda s: s.metrics[metric])
-        ratio = worst.metrics[metric] / run_value
+        value, step = max(scored, key=lambda pair: pair[0])  # the first of equal maxima, as step by step
+        ratio = value / run_value
         findings.append(
-            f"Worst step by {catalogue.K3_KL.short}: step {worst.step} ({number(worst.metrics[metric], 4)}, "
-            f"{ratio:.1f}× the run value)."
+            f"Worst step by {catalogue.K3_KL.short}: step {step} ({number(value, 4)}, {ratio:.1f}× the run value)."
         )
     if result.anomaly_check:
         findings.append(result.anomaly_check[0].upper() + result.anomaly_check[1:] + ".")
@@ -193,3 +194,8 @@ def _warnings(result: AnalysisResult) -> str:
         return ""
     items = "".join(f"<li>{escape(text, limit=400)}</li>" for text in result.warnings[:20])
     return f'<ul class="warnings">{items}</ul>'
+
+
+def _with_ids(steps: Sequence[StepResult]) -> int:
+    """How many of ``steps`` carry a step id (every step of a StepTable)."""
+    return len(steps) if isinstance(steps, StepTable) else sum(step.step is not None for step in steps)

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from rollout_diag import catalogue
 from rollout_diag.formatting import number, percent
 from rollout_diag.glossary import sections
@@ -16,6 +18,7 @@ from rollout_diag.report.markup import Column, Markup, code, escape, factor, not
 from rollout_diag.report.series import (
     MAX_HEATMAP_COLUMNS,
     MAX_HEATMAP_ROUNDS,
+    MAX_STEP_POINTS,
     MAX_TABLE_ROWS,
     bucket_bounds,
     decimate,
@@ -25,7 +28,8 @@ from rollout_diag.report.series import (
     step_series,
     weighted_buckets,
 )
-from rollout_diag.results import AnalysisResult, StepResult, StepTable
+from rollout_diag.results import AnalysisResult, Rows, StepResult, StepTable
+from rollout_diag.results import run_rows as whole_run
 
 # The per-step trend panels, in order (title, sign and unit come from the catalogue: shares are drawn in %).
 TREND_METRICS: tuple[catalogue.Metric, ...] = catalogue.with_role(catalogue.Role.TRENDED)
@@ -59,7 +63,8 @@ def trends_section(
     result: AnalysisResult, canvas: Canvas, rejection: dict[str, tuple[list[Any], list[float | None]]]
 ) -> Section:
     """Small multiples of the key metrics over steps (plus each preset's dropped-token share), anomalies marked."""
-    steps = [step for step in result.steps if step.step is not None]
+    # a StepTable's steps all have an id: read as it is, its series are read from its columns
+    steps = result.steps if isinstance(result.steps, StepTable) else [s for s in result.steps if s.step is not None]
     title = "Per-step trends"
     if len(steps) < 2:
         return Section("trends", title, note(f"{len(steps)} step in this run: trends need at least two steps."))
@@ -72,10 +77,14 @@ def trends_section(
         "of the previous steps. Dotted lines are the verdict thresholds (shown when near the data). "
         "Drag to zoom, double-click to zoom out; the step axis is shared."
     )
-    body = [Markup(f'<p class="lead">{escape(intro)}</p>'), canvas.plot("trends", figures.trends_figure(panels))]
+    thinned = thinned_note(len(steps))
+    body = [
+        Markup(f'<p class="lead">{escape(intro)}</p>'),
+        canvas.plot("trends", figures.trends_figure(panels, thinned)),
+    ]
     body.append(_anomaly_table(result))
     if rejection:
-        body.append(_rejection_plot(rejection, canvas))
+        body.append(_rejection_plot(rejection, canvas, thinned_note(len(steps), anomalies=False)))
     return Section("trends", title, "".join(body))
 
 
@@ -105,7 +114,22 @@ def _anomaly_text(anomaly: Any) -> str:
     return f"step {anomaly.step}: {value} = {factor(anomaly.factor)}× the median {baseline}"
 
 
-def _rejection_plot(rejection: dict[str, tuple[list[Any], list[float | None]]], canvas: Canvas) -> str:
+def thinned_note(steps: int, anomalies: bool = True) -> str:
+    """What a per-step line of ``steps`` steps keeps when decimated (``decimate``), to say on the plot; "" when every
+    step is drawn."""
+    if steps <= MAX_STEP_POINTS:
+        return ""
+    runs = MAX_STEP_POINTS // 2
+    kept = "the first and last step and every anomaly" if anomalies else "and the first and last step"
+    return (
+        f"{steps:,} steps, thinned out: each line keeps the smallest and largest value of each of {runs:,} runs of "
+        f"~{round(steps / runs):,} consecutive steps, {kept}"
+    )
+
+
+def _rejection_plot(
+    rejection: dict[str, tuple[list[Any], list[float | None]]], canvas: Canvas, thinned: str = ""
+) -> str:
     """Share of tokens each preset drops, per step: presets with identical series share one line."""
     groups: dict[tuple[Any, ...], list[str]] = {}
     for name, (steps, values) in rejection.items():
@@ -118,7 +142,7 @@ def _rejection_plot(rejection: dict[str, tuple[list[Any], list[float | None]]], 
     shown = f"the {MAX_PRESET_LINES} that drop the most of " if len(ranked) > MAX_PRESET_LINES else ""
     heading = f"Tokens dropped per step, per preset ({shown}{len(rejection)} presets that drop any)"
     panel = TrendPanel("", lines, legend=True, percent=True)
-    return f"<h3>{escape(heading)}</h3>" + canvas.plot("rejection", figures.trends_figure([panel]))
+    return f"<h3>{escape(heading)}</h3>" + canvas.plot("rejection", figures.trends_figure([panel], thinned))
 
 
 def _anomaly_table(result: AnalysisResult) -> str:
@@ -212,7 +236,7 @@ def _round_heatmap(result: AnalysisResult, labels: dict[int, str], canvas: Canva
         return ""
     pooled = len(table_by_round) > MAX_HEATMAP_ROUNDS
     row_labels = [f"≥ {k}" if pooled and k == MAX_HEATMAP_ROUNDS else labels.get(k, str(k)) for k in table_by_round]
-    step_ids = [s.step for s in steps]
+    step_ids = steps.step_ids.tolist() if isinstance(steps, StepTable) else [s.step for s in steps]
     heading = "Mean |δ| per round over steps"
     rows = list(table_by_round.values())
     return _heatmap_over_steps("rounds-by-step", heading, "round", row_labels, step_ids, rows, canvas)
@@ -259,7 +283,7 @@ def _trend_notes(result: AnalysisResult, against: str) -> list[Markup]:
 # ------------------------------------------------------------------------------------------ positions
 def positions_section(result: AnalysisResult, canvas: Canvas) -> Section:
     title = "Position in the response"
-    run_rows = sorted((p for p in result.positions if p.get("step") is None), key=lambda p: p.get("start", 0))
+    run_rows = sorted(whole_run(result.positions), key=lambda p: p.get("start", 0))
     if not run_rows:
         return Section("positions", title, note("No position data in this result."))
     labels = [str(p.get("bucket", p.get("start"))) for p in run_rows]
@@ -296,20 +320,55 @@ def positions_section(result: AnalysisResult, canvas: Canvas) -> Section:
 
 
 def _position_heatmap(result: AnalysisResult, labels: list[str], canvas: Canvas) -> str:
-    step_ids = sorted({p["step"] for p in result.positions if p.get("step") is not None})
+    read = _position_columns(result.positions, labels)
+    if read is None:
+        step_ids = sorted({p["step"] for p in result.positions if p.get("step") is not None})
+    else:
+        step_ids, rows = read
     if len(step_ids) < 2:
         return ""
-    column = {step: i for i, step in enumerate(step_ids)}
-    rows = {label: ([None] * len(step_ids), [0.0] * len(step_ids)) for label in labels}
-    for p in result.positions:
-        label = str(p.get("bucket", p.get("start")))
-        if p.get("step") is None or label not in rows:
-            continue
-        means, tokens = rows[label]
-        means[column[p["step"]]] = _value(p, "logprob_abs_diff_mean")
-        tokens[column[p["step"]]] = float(p.get("token_count") or 0)
+    if read is None:
+        column = {step: i for i, step in enumerate(step_ids)}
+        rows = {label: ([None] * len(step_ids), [0.0] * len(step_ids)) for label in labels}
+        for p in result.positions:
+            label = str(p.get("bucket", p.get("start")))
+            if p.get("step") is None or label not in rows:
+                continue
+            means, tokens = rows[label]
+            means[column[p["step"]]] = _value(p, "logprob_abs_diff_mean")
+            tokens[column[p["step"]]] = float(p.get("token_count") or 0)
     heading = "Mean |δ| per position bucket over steps"
     return _heatmap_over_steps("positions-by-step", heading, "positions", labels, step_ids, list(rows.values()), canvas)
+
+
+def _position_columns(
+    positions: Sequence[dict[str, Any]], labels: list[str]
+) -> tuple[list[int], dict[str, tuple[list[float | None], list[float]]]] | None:
+    """The heatmap's steps and (mean |δ|, tokens) per label and step, as ``_position_heatmap`` reads them row by row,
+    from a Rows table's columns (its per-step rows: a column each, a step id each); None for other tables."""
+    needed = ("step", "bucket", "logprob_abs_diff_mean", "token_count")
+    if not isinstance(positions, Rows) or any(name not in positions.names for name in needed):
+        return None
+    column = {name: positions.columns[positions.names.index(name)] for name in needed}
+    if column["step"].dtype.kind not in "iu" or any(row.get("step") is not None for row in positions.head):
+        return None
+    step_ids = np.unique(column["step"])
+    at = np.searchsorted(step_ids, column["step"]).tolist()
+    row_of = {label: index for index, label in enumerate(labels)}
+    rows = {label: ([None] * len(step_ids), [0.0] * len(step_ids)) for label in labels}
+    parts = [rows[label] for label in labels]
+    for bucket, where, mean, tokens in zip(
+        column["bucket"].tolist(),
+        at,
+        column["logprob_abs_diff_mean"].tolist(),
+        column["token_count"].tolist(),
+        strict=True,
+    ):
+        index = row_of.get(str(bucket))
+        if index is not None:  # later rows of a step and label win, as row by row
+            parts[index][0][where] = mean if finite(mean) else None
+            parts[index][1][where] = float(tokens or 0)
+    return step_ids.tolist(), rows
 
 
 # ------------------------------------------------------------------------------------------ δ distribution

@@ -44,14 +44,19 @@ def clip_text(text: str, limit: int = MAX_TEXT) -> str:
 
 def step_series(steps: Sequence[StepResult], metric: str) -> tuple[list[int], list[float | None]]:
     """(step ids, values) of ``metric`` over the steps that carry a step id; missing or NaN values are None."""
-    ids, values = [], []
+    if isinstance(steps, StepTable) and (read := steps.float_column(metric)) is not None:
+        present, values = read  # every step of a table has an id; no step is built
+        shown = (present & np.isfinite(values)).tolist()
+        out = [value if hit else None for value, hit in zip(values.tolist(), shown, strict=True)]
+        return steps.step_ids.tolist(), out
+    ids, out = [], []
     for step in steps:
         if step.step is None:
             continue
         value = step.metrics.get(metric)
         ids.append(step.step)
-        values.append(value if finite(value) else None)
-    return ids, values
+        out.append(value if finite(value) else None)
+    return ids, out
 
 
 def decimate(
@@ -64,14 +69,34 @@ def decimate(
     """
     if len(ids) <= max_points:
         return list(ids), list(values)
-    chosen = {0, len(ids) - 1} | {index for index, step in enumerate(ids) if step in keep}
+    chosen = {0, len(ids) - 1}
+    if keep:
+        chosen |= {index for index, step in enumerate(ids) if step in keep}
+    numbers = _as_floats(values)
     for start, end in bucket_bounds(len(ids), max_points // 2):
+        if numbers is not None:  # the first smallest and first largest of the run, as min() and max() pick them
+            run = numbers[start:end]
+            if not np.isnan(run).all():
+                chosen.add(start + int(np.nanargmin(run)))
+                chosen.add(start + int(np.nanargmax(run)))
+            continue
         present = [index for index in range(start, end) if values[index] is not None]
         if present:
             chosen.add(min(present, key=lambda index: values[index]))
             chosen.add(max(present, key=lambda index: values[index]))
     order = sorted(chosen)
     return [ids[index] for index in order], [values[index] for index in order]
+
+
+def _as_floats(values: Sequence[float | None]) -> np.ndarray | None:
+    """``values`` as float64, NaN for None; None where a value is not a float or is NaN itself (min() and max() of
+    those are read value by value)."""
+    if not all(value is None or type(value) is float for value in values):
+        return None
+    numbers = np.array([math.nan if value is None else value for value in values], dtype=np.float64)
+    if np.isnan(numbers).sum() != sum(value is None for value in values):
+        return None
+    return numbers
 
 
 def bucket_bounds(length: int, buckets: int) -> list[tuple[int, int]]:
