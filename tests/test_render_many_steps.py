@@ -13,7 +13,7 @@ import re
 import numpy as np
 import pytest
 from dumps import write_sequence_dump
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 from test_many_steps import tiny_rows
@@ -193,6 +193,8 @@ def _reference_decimate(ids: list, values: list, keep: set, max_points: int) -> 
     st.integers(2, 30),
     st.sets(st.integers(0, 80), max_size=4),
 )
+@example([None, None, None, math.inf, None, None, None, None, None], 8, set())  # a gap before +inf (nanargmin)
+@example([1.0, None, None, -math.inf, None, None, None, None, None], 8, set())  # a gap before -inf (nanargmax)
 def test_decimation_keeps_the_points_it_kept_value_by_value(values: list, max_points: int, keep: set) -> None:
     """Ties (the first smallest and largest stay), ±0.0, infinities, gaps, runs without a value: the same points."""
     ids = list(range(len(values)))

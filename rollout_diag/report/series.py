@@ -75,10 +75,12 @@ def decimate(
     numbers = _as_floats(values)
     for start, end in bucket_bounds(len(ids), max_points // 2):
         if numbers is not None:  # the first smallest and first largest of the run, as min() and max() pick them
-            run = numbers[start:end]
-            if not np.isnan(run).all():
-                chosen.add(start + int(np.nanargmin(run)))
-                chosen.add(start + int(np.nanargmax(run)))
+            # (not nanargmin/nanargmax: they read a gap as ±inf, so a gap before an infinite value would win)
+            present = start + np.flatnonzero(~np.isnan(numbers[start:end]))
+            if present.size:
+                run = numbers[present]
+                chosen.add(int(present[np.argmin(run)]))
+                chosen.add(int(present[np.argmax(run)]))
             continue
         present = [index for index in range(start, end) if values[index] is not None]
         if present:
