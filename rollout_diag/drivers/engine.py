@@ -169,6 +169,17 @@ def data_warnings(analysis: Analysis, log: ReadLog, steps: StepTable, strict: bo
     return warnings
 
 
+def read_fields(log: ReadLog, device: Any) -> dict[str, Any]:
+    """The fields of an AnalysisResult that say what was read, and where it was computed."""
+    return {
+        "inputs": list(log.files),
+        "columns": dict(log.columns),
+        "layout": log.layout,
+        "format": log.format,
+        "device": str(device),
+    }
+
+
 def build_result(
     analysis: Analysis, log: ReadLog, device: torch.device, strict: bool, selection_of: Any = None
 ) -> AnalysisResult:
@@ -183,11 +194,7 @@ def build_result(
     warnings = data_warnings(analysis, log, steps, strict)
     rounds = analysis.rounds.finalize_table()
     result = AnalysisResult(
-        inputs=list(log.files),
-        columns=dict(log.columns),
-        layout=log.layout,
-        format=log.format,
-        device=str(device),
+        **read_fields(log, device),
         run=run,
         steps=steps,
         rounds=rounds,

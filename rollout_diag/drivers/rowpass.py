@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rollout_diag.drivers.engine import build_result, check_analysed, data_warnings
+from rollout_diag.drivers.engine import build_result, check_analysed, data_warnings, read_fields
 from rollout_diag.drivers.passes import Analysis, Inputs, Progress, open_reader, resolve_device, run_chunks
 from rollout_diag.errors import DataError
 from rollout_diag.groups import GroupLabels, GroupSpec, group_specs
@@ -97,11 +97,7 @@ def summary_result(analysis: Analysis, log: ReadLog, device: torch.device, stric
     run = analysis.run_result()
     check_analysed(run, log)
     return AnalysisResult(
-        inputs=list(log.files),
-        columns=dict(log.columns),
-        layout=log.layout,
-        format=log.format,
-        device=str(device),
+        **read_fields(log, device),
         run=run,
         steps=steps,
         rounds=analysis.rounds.finalize_table(),
