@@ -13,7 +13,9 @@ numbers of the other rows stay the file's own (for JSONL, row N is line N + 1).
 
 from __future__ import annotations
 
+import os
 import re
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -249,17 +251,65 @@ def jsonl_file(
 
 def _scan_lines(path: str | Path) -> tuple[int, bool]:
     """(lines as :func:`count_lines` counts them, whether the file holds a carriage return): one compiled pass over
-    blocks read into one reused buffer."""
+    blocks read into reused buffers. It runs at open, before any row is read, so a large file is counted in ranges
+    by one thread per core (reads and the compiled pass drop the GIL)."""
+    from rollout_diag.cores import available_cores
+
+    size = os.path.getsize(path)
+    ranges = max(1, min(available_cores(), _COUNT_THREADS, size // _COUNT_RANGE_BYTES))
+    if ranges == 1:
+        newlines, returns, last = _count_range(path, 0, None)
+        return newlines + (last not in (10, -1)), returns > 0
+    cuts = [size * i // ranges for i in range(ranges)]
+    bounds = [(start, stop) for start, stop in pairwise([*cuts, None])]  # the last range reads to the file's end
+    results: list[Any] = [None] * ranges
+
+    def count(i: int) -> None:
+        try:
+            results[i] = _count_range(path, *bounds[i])
+        except BaseException as exc:  # raised in the caller's thread below
+            results[i] = exc
+
+    threads = [threading.Thread(target=count, args=(i,), name="rollout-diag-count") for i in range(1, ranges)]
+    for thread in threads:
+        thread.start()
+    count(0)
+    for thread in threads:
+        thread.join()
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    newlines = sum(result[0] for result in results)
+    returns = sum(result[1] for result in results)
+    last = next((result[2] for result in reversed(results) if result[2] >= 0), -1)
+    return newlines + (last not in (10, -1)), returns > 0
+
+
+_COUNT_THREADS = 4  # threads counting a file's lines at open, at most (one per core up to this)
+_COUNT_RANGE_BYTES = 8 << 20  # a file is counted in ranges of at least this many bytes
+_COUNT_READ_BYTES = 1 << 20  # the counting reads (a buffer that stays in the core's cache)
+
+
+def _count_range(path: str | Path, start: int, stop: int | None) -> tuple[int, int, int]:
+    """(newlines, carriage returns, last byte or -1 when none) of the file's bytes ``[start, stop)`` (``stop`` None:
+    to the file's end)."""
     from rollout_diag.kernels.jsonl import newlines_and_returns
 
-    lines, returns, last = 0, 0, 10
-    buffer = bytearray(1 << 20)
+    newlines, returns, last = 0, 0, -1
+    buffer = bytearray(_COUNT_READ_BYTES)
     view = np.frombuffer(buffer, np.uint8)
-    with open(path, "rb", buffering=0) as handle:
-        while got := handle.readinto(buffer):
-            newlines, carriage = newlines_and_returns(view, got)
-            lines, returns, last = lines + newlines, returns + carriage, buffer[got - 1]
-    return lines + (last != 10), returns > 0
+    with open(path, "rb", buffering=0) as handle, memoryview(buffer) as window:
+        handle.seek(start)
+        left = -1 if stop is None else stop - start
+        while left:
+            got = handle.readinto(window if left < 0 or left >= len(buffer) else window[:left])
+            if not got:
+                break
+            lines, carriage = newlines_and_returns(view, got)
+            newlines, returns, last = newlines + lines, returns + carriage, buffer[got - 1]
+            if left > 0:
+                left -= got
+    return newlines, returns, last
 
 
 # ------------------------------------------------------------------ the fast JSON-lines path
