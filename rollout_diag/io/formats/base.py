@@ -590,6 +590,8 @@ def row_count(array: pa.ListArray, flags: np.ndarray) -> np.ndarray:
     offsets = array.offsets.to_numpy()
     if not flags.any():
         return np.zeros(len(offsets) - 1, dtype=np.int64)
+    if flags.all():  # every item (a weight stream written as nulls): each row's length
+        return np.diff(offsets).astype(np.int64)
     counts = np.concatenate([[0], np.cumsum(flags, dtype=np.int64)])
     return counts[offsets[1:]] - counts[offsets[:-1]]
 
@@ -635,6 +637,8 @@ def null_flags(values: pa.Array) -> np.ndarray:
     """Per value: whether it is null."""
     if not values.null_count:
         return np.zeros(len(values), dtype=bool)
+    if values.null_count == len(values):
+        return np.ones(len(values), dtype=bool)
     return values.is_null().to_numpy(zero_copy_only=False)
 
 
