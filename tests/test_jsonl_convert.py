@@ -60,3 +60,26 @@ def test_row_count_of_flagged_items(lists, start):
     flags = base.null_flags(array.values)
     counts = base.row_count(array, flags).tolist()
     assert counts == [0 if row is None else sum(item is None for item in row) for row in array.to_pylist()]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    lists=st.lists(
+        st.one_of(st.none(), st.lists(st.one_of(st.floats(allow_nan=True), st.none()), max_size=200)), max_size=8
+    ),
+    keep=st.lists(st.integers(0, 220), min_size=8, max_size=8),
+    start=st.integers(0, 2),
+    null_rows=st.booleans(),
+    dense=st.booleans(),
+)
+def test_prefixes_keep_each_rows_first_items(lists, keep, start, null_rows, dense):
+    """prefixes (nothing cut: a slice; long rows: a copy per row; else a take) equals cutting each row in Python."""
+    if dense:  # no null item: the row-by-row copy applies where rows are long
+        lists = [None if row is None else [0.5 if v is None else v for v in row] for row in lists]
+    array = pa.array(lists, pa.list_(pa.float64())).slice(min(start, len(lists)))
+    rows = array.to_pylist()
+    keep = np.array(keep[: len(rows)], dtype=np.int64)
+    nulls = np.array([row is None for row in rows]) if null_rows else None
+    got = base.prefixes(array, keep, nulls).to_pylist()
+    want = [None if null_rows and row is None else (row or [])[: int(k)] for row, k in zip(rows, keep, strict=True)]
+    assert [repr(row) for row in got] == [repr(row) for row in want]

@@ -609,9 +609,23 @@ def prefixes(array: pa.ListArray, keep: np.ndarray, nulls: np.ndarray | None = N
     if nulls is not None:
         kept = np.where(nulls, 0, kept)
     new = np.concatenate([[0], np.cumsum(kept)]).astype(np.int32)
-    index = np.repeat(starts - new[:-1], kept) + np.arange(int(new[-1]))
     mask = None if nulls is None else pa.array(nulls, pa.bool_())
-    return pa.ListArray.from_arrays(pa.array(new, pa.int32()), array.values.take(pa.array(index)), mask=mask)
+    values = array.values
+    total = int(new[-1])
+    if total == int(offsets[-1] - offsets[0]) and np.array_equal(new[:-1], starts - offsets[0]):  # nothing cut
+        taken = values.slice(int(offsets[0]), total)
+    elif not values.null_count and len(kept) * _ROW_COPY_ITEMS <= total and pa.types.is_primitive(values.type):
+        # long rows: a copy of each row's kept run (a memcpy each), not an index per item and a take
+        numbers = values.to_numpy(zero_copy_only=False)
+        runs = [numbers[a : a + k] for a, k in zip(starts.tolist(), kept.tolist(), strict=True) if k]
+        taken = pa.array(np.concatenate([numbers[:0], *runs]), values.type)
+    else:
+        index = np.repeat(starts - new[:-1], kept) + np.arange(total)
+        taken = values.take(pa.array(index))
+    return pa.ListArray.from_arrays(pa.array(new, pa.int32()), taken, mask=mask)
+
+
+_ROW_COPY_ITEMS = 64  # prefixes copies row by row where the rows keep this many items on average
 
 
 def canonical_batch(
