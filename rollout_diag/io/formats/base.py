@@ -630,10 +630,10 @@ def prefixes(array: pa.ListArray, keep: np.ndarray, nulls: np.ndarray | None = N
     if total == int(offsets[-1] - offsets[0]) and np.array_equal(new[:-1], starts - offsets[0]):  # nothing cut
         taken = values.slice(int(offsets[0]), total)
     elif not values.null_count and len(kept) * _ROW_COPY_ITEMS <= total and pa.types.is_primitive(values.type):
-        # long rows: a copy of each row's kept run (a memcpy each), not an index per item and a take
-        numbers = values.to_numpy(zero_copy_only=False)
-        runs = [numbers[a : a + k] for a, k in zip(starts.tolist(), kept.tolist(), strict=True) if k]
-        taken = pa.array(np.concatenate([numbers[:0], *runs]), values.type)
+        # long rows: a copy of each row's kept run (a memcpy each, into Arrow's pool, whose memory is reused: a
+        # fresh numpy array this large is mapped afresh, a page fault per page), not an index per item and a take
+        runs = [values.slice(a, k) for a, k in zip(starts.tolist(), kept.tolist(), strict=True) if k]
+        taken = pa.concat_arrays(runs) if runs else values.slice(0, 0)
     else:
         index = np.repeat(starts - new[:-1], kept) + np.arange(total)
         taken = values.take(pa.array(index))
