@@ -291,34 +291,3 @@ def test_the_line_count_raises_what_a_counting_thread_raised(tmp_path, monkeypat
     monkeypatch.setattr(base, "_count_range", failing)
     with pytest.raises(OSError, match="Input/output error"):
         base._scan_lines(path)
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    lengths=st.lists(st.integers(0, 60), min_size=1, max_size=30),
-    cuts=st.lists(st.integers(1, 29), max_size=6),
-    kept=st.booleans(),
-)
-def test_parts_of_a_block_read_as_the_whole_block(lengths, cuts, kept):
-    """A block scanned in any parts (each in its own slots: equal shares of a kept set, or after its bytes' offset)
-    gives the table of one scan of all its lines, and reusing kept slot arrays changes nothing."""
-    from rollout_diag.kernels.jsonl import BlockScan, Scanner
-
-    lines = [_prime_line(i, n) for i, n in enumerate(lengths)]
-    lines[len(lines) // 2] = "{not json"
-    data = "".join(line + "\n" for line in lines).encode()
-    ends = np.concatenate([[0], np.cumsum([len(line.encode()) + 1 for line in lines])]).astype(np.int64)
-    scanner = Scanner(prime_rl.FAST.schema)
-    bounds = sorted({c for c in cuts if c < len(lines)} | {0, len(lines)})
-    parts = list(pairwise(bounds))
-    whole = scanner.scan(data, ends)
-    for _ in range(2 if kept else 1):  # the second time on the first's kept arrays
-        if kept:
-            scanner._spare.append(scanner.slots(1 << 22))  # a kept set: equal shares fit every part
-        block = BlockScan(scanner, data, ends, parts)
-        for i in reversed(range(len(parts))):  # any order
-            block.part(i)
-        scanned = block.finish()
-        assert scanned.rows.tolist() == whole.rows.tolist()
-        assert scanned.table.equals(whole.table)
-        assert (scanned.written_null == whole.written_null).all()

@@ -894,15 +894,10 @@ class BlockScan:
         self.status = np.zeros((lines, keys), np.int8)
         self.first = np.zeros((lines, keys), np.int64)
         self.count = np.zeros((lines, keys), np.int64)
-        # a part of B bytes takes at most B // 2 + 1 slots of each kind; the memory is only reserved: a page is taken
-        # when a scan first writes to it. Part i's slots start at i / parts of the arrays where every part fits there
-        # (the same places block after block, so a kept set's taken pages stay few), else at its bytes' offset / 2 + i
+        # part i's slots start at its bytes' offset in the block / 2, plus i (a part of B bytes takes at most
+        # B // 2 + 1 of each); the memory is only reserved: a page is taken when a scan first writes to it
+        self.bases = [int(starts[a] - starts[0]) // 2 + i for i, (a, _) in enumerate(parts)]
         self.items, self.subs = scanner.slots(int(starts[-1] - starts[0]) // 2 + len(parts))
-        share = len(self.items[0]) // len(parts)
-        if all(int(starts[b] - starts[a]) // 2 + 1 <= share for a, b in parts):
-            self.bases = [i * share for i in range(len(parts))]
-        else:
-            self.bases = [int(starts[a] - starts[0]) // 2 + i for i, (a, _) in enumerate(parts)]
         self.used: list[tuple[int, int] | None] = [None] * len(parts)
 
     def part(self, i: int) -> None:
