@@ -848,27 +848,6 @@ class Scanner:
         self._key_starts = np.cumsum([0, *map(len, names)]).astype(np.int64)
         self._kinds = np.array([f.kind for f in self.fields], np.int64)
         self._elements = np.array([f.element for f in self.fields], np.int64)
-        self._spare: list[tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]] = []  # element and sub-list slots
-
-    def slots(self, slots: int) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
-        """Element and sub-list slot arrays of at least ``slots`` each: a kept set (its pages already taken: arrays
-        this large are mapped afresh by every allocation, a page fault per page written) or a new one."""
-        while self._spare:
-            try:
-                kept = self._spare.pop()
-            except IndexError:  # another thread took the last one
-                break
-            if len(kept[0][0]) >= slots:
-                return kept
-        if slots > _KEPT_SLOTS // 4:  # a block of the usual size: room for any such block, so the set can be kept
-            slots = max(slots, _KEPT_SLOTS)
-        items = (np.empty(slots, np.float64), np.empty(slots, np.int64), np.empty(slots, np.uint8))
-        return items, (np.empty(slots, np.int64), np.empty(slots, np.int64), np.empty(slots, np.uint8))
-
-    def keep(self, arrays: tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]) -> None:
-        """Take back a set of slot arrays no table refers to, unless enough are kept or it is larger than usual."""
-        if len(self._spare) < _KEPT_SETS and len(arrays[0][0]) <= _KEPT_SLOTS:
-            self._spare.append(arrays)
 
     def scan(self, data: bytes, starts: np.ndarray) -> Scanned:
         """Lines ``data[starts[i]:starts[i + 1]]`` (ASCII or checked UTF-8): the accepted ones, read."""
@@ -897,7 +876,9 @@ class BlockScan:
         # part i's slots start at its bytes' offset in the block / 2, plus i (a part of B bytes takes at most
         # B // 2 + 1 of each); the memory is only reserved: a page is taken when a scan first writes to it
         self.bases = [int(starts[a] - starts[0]) // 2 + i for i, (a, _) in enumerate(parts)]
-        self.items, self.subs = scanner.slots(int(starts[-1] - starts[0]) // 2 + len(parts))
+        slots = int(starts[-1] - starts[0]) // 2 + len(parts)
+        self.items = (np.empty(slots, np.float64), np.empty(slots, np.int64), np.empty(slots, np.uint8))
+        self.subs = (np.empty(slots, np.int64), np.empty(slots, np.int64), np.empty(slots, np.uint8))
         self.used: list[tuple[int, int] | None] = [None] * len(parts)
 
     def part(self, i: int) -> None:
@@ -969,14 +950,7 @@ class BlockScan:
             mask = None if present.all() else pa.array(~present)
             columns.append(pa.ListArray.from_arrays(pa.array(offsets), inner, mask=mask))
         table = pa.Table.from_arrays(columns, schema=self.scanner.schema)
-        self.scanner.keep((self.items, self.subs))  # the table holds copies (gathered), none of the slots
         return Scanned(rows, table, status == NULL)
-
-
-_KEPT_SLOTS = (
-    18 << 20
-) // 2 + 16  # slots kept for a block of up to 18 MiB (io/formats/base.py reads 16 MiB and a cut line)
-_KEPT_SETS = 3  # sets kept per scanner: the block being scanned, the one being finished, one more
 
 
 def _values(values: np.ndarray, value_nulls: np.ndarray | None, element: int) -> pa.Array:
