@@ -578,23 +578,31 @@ def _integer(buf, p, end):
 
 
 @njit(**_FLAGS)
-def scan_into(raw, starts, key_bytes, key_starts, kinds, elements, accepted, status, first, count, items, n, subs, m):
-    """Read lines ``raw[starts[i]:starts[i + 1]]`` into the given outputs (zeroed by the caller); returns the next
-    free element and sub-list slots ``(n, m)``.
+def scan(raw, starts, key_bytes, key_starts, kinds, elements):
+    """Read lines ``raw[starts[i]:starts[i + 1]]``.
 
-    Per line ``accepted[line]``; per line and field ``status`` (ABSENT, NULL, PRESENT), ``first`` and ``count``: an
-    INT's value (first) / a STRING's byte range / a LIST's first element and length / a LIST2's first sub-list and
-    number of sub-lists. Elements go to ``items`` = (floats, ints, nulls) from slot ``n``, sub-lists to ``subs`` =
-    (first element, count, null) from slot ``m``; every list item takes a byte and is followed by , or ], every
-    sub-list opens with [ and is followed by , or ]: the lines take at most one slot of each per two bytes, plus one.
-    The parts of a block write into one set of outputs, each from its own slots (``BlockScan``)."""
+    Returns ``accepted[line]``; per line and field ``status`` (ABSENT, NULL, PRESENT), ``first`` and ``count``:
+    an INT's value (first) / a STRING's byte range / a LIST's first element and length / a LIST2's first
+    sub-list and number of sub-lists; sub-lists as (``sub_first``, ``sub_count``, ``sub_null``); elements
+    in ``floats``/``ints`` with ``nulls`` (one slot each, shared by all fields)."""
     lines = starts.shape[0] - 1
     keys = kinds.shape[0]
+    accepted = np.zeros(lines, np.bool_)
+    status = np.zeros((lines, keys), np.int8)
+    first = np.zeros((lines, keys), np.int64)
+    count = np.zeros((lines, keys), np.int64)
+    # every list item takes a byte and is followed by , or ]; every sub-list opens with [ and is followed by , or ]:
+    # at most one per two bytes. The memory is only reserved: a page is taken when the scan first writes to it.
+    items = (starts[lines] - starts[0]) // 2 + 1
+    owned = (np.empty(items, np.float64), np.empty(items, np.int64), np.empty(items, np.uint8))
+    owned_subs = (np.empty(items, np.int64), np.empty(items, np.int64), np.empty(items, np.uint8))
     owned_stack = np.empty(MAX_DEPTH, np.uint8)
     buf = _unowned(raw)
-    floats, ints, nulls = _unowned(items[0]), _unowned(items[1]), _unowned(items[2])
-    sub_first, sub_count, sub_null = _unowned(subs[0]), _unowned(subs[1]), _unowned(subs[2])
+    floats, ints, nulls = _unowned(owned[0]), _unowned(owned[1]), _unowned(owned[2])
+    sub_first, sub_count, sub_null = _unowned(owned_subs[0]), _unowned(owned_subs[1]), _unowned(owned_subs[2])
     stack = _unowned(owned_stack)
+    n = 0  # elements used
+    m = 0  # sub-lists used
     for line in range(lines):
         p, end = starts[line], starts[line + 1]
         line_n, line_m = n, m
@@ -705,7 +713,18 @@ def scan_into(raw, starts, key_bytes, key_starts, kinds, elements, accepted, sta
             n, m = line_n, line_m  # what the line wrote is dropped
             for k in range(keys):
                 status[line, k] = ABSENT
-    return n, m + owned_stack.shape[0] * 0  # (the stack is used to its end: not freed while the scan runs)
+    return (
+        accepted,
+        status,
+        first,
+        count,
+        owned_subs[0][:m],
+        owned_subs[1][:m],
+        owned_subs[2][:m],
+        owned[0][:n],
+        owned[1][:n],
+        owned[2][:n],
+    )
 
 
 _ONES = np.uint64(0x0101010101010101)
@@ -829,7 +848,7 @@ def _field(data_type: pa.DataType) -> _Field:
 def _announce_compiling() -> None:
     """Say on stderr when the scanner is not in numba's cache yet (its first compile takes seconds)."""
     try:
-        cached = os.path.exists(scan_into._cache._cache_file._index_path)
+        cached = os.path.exists(scan._cache._cache_file._index_path)
     except AttributeError:  # numba's cache internals moved: say nothing
         return
     if not cached:
@@ -851,70 +870,17 @@ class Scanner:
 
     def scan(self, data: bytes, starts: np.ndarray) -> Scanned:
         """Lines ``data[starts[i]:starts[i + 1]]`` (ASCII or checked UTF-8): the accepted ones, read."""
-        block = BlockScan(self, data, starts, [(0, len(starts) - 1)])
-        block.part(0)
-        return block.finish()
-
-
-class BlockScan:
-    """A block of lines read in parts (line ranges ``[a, b)`` in order, each on any thread: the scan drops the GIL)
-    into one set of outputs, each part from its own slots, then turned into one Arrow table for the whole block
-    (:meth:`finish`): no table per part, nor a concatenation of them."""
-
-    def __init__(self, scanner: Scanner, data: bytes | bytearray, starts: np.ndarray, parts: list[tuple[int, int]]):
-        self.scanner = scanner
-        self.data = data
-        self.starts = starts
-        self.parts = parts
-        self.buf = np.frombuffer(data, np.uint8)
-        self.buf.flags.writeable = False  # one compiled type whether ``data`` is bytes or a reused buffer
-        lines, keys = len(starts) - 1, len(scanner.fields)
-        self.accepted = np.zeros(lines, np.bool_)
-        self.status = np.zeros((lines, keys), np.int8)
-        self.first = np.zeros((lines, keys), np.int64)
-        self.count = np.zeros((lines, keys), np.int64)
-        # part i's slots start at its bytes' offset in the block / 2, plus i (a part of B bytes takes at most
-        # B // 2 + 1 of each); the memory is only reserved: a page is taken when a scan first writes to it
-        self.bases = [int(starts[a] - starts[0]) // 2 + i for i, (a, _) in enumerate(parts)]
-        slots = int(starts[-1] - starts[0]) // 2 + len(parts)
-        self.items = (np.empty(slots, np.float64), np.empty(slots, np.int64), np.empty(slots, np.uint8))
-        self.subs = (np.empty(slots, np.int64), np.empty(slots, np.int64), np.empty(slots, np.uint8))
-        self.used: list[tuple[int, int] | None] = [None] * len(parts)
-
-    def part(self, i: int) -> None:
-        """Scan part ``i`` (lines ``parts[i]``)."""
-        a, b = self.parts[i]
-        s = self.scanner
-        base = self.bases[i]
-        self.used[i] = scan_into(
-            self.buf,
-            self.starts[a : b + 1],
-            s._key_bytes,
-            s._key_starts,
-            s._kinds,
-            s._elements,
-            self.accepted[a:b],
-            self.status[a:b],
-            self.first[a:b],
-            self.count[a:b],
-            self.items,
-            base,
-            self.subs,
-            base,
+        buf = np.frombuffer(data, np.uint8)
+        buf.flags.writeable = False  # one compiled type whether ``data`` is bytes or a reused buffer
+        accepted, status, first, count, sub_first, sub_count, sub_null, floats, ints, nulls = scan(
+            buf, starts, self._key_bytes, self._key_starts, self._kinds, self._elements
         )
-
-    def finish(self) -> Scanned:
-        """The accepted lines of the whole block, read (every part scanned)."""
-        rows = np.flatnonzero(self.accepted)
-        status = self.status[rows]
-        first, count = self.first, self.count
-        floats, ints, nulls = self.items
-        sub_first, sub_count, sub_null = self.subs
-        used = [(base, *used) for base, used in zip(self.bases, self.used, strict=True)]
-        any_null = any(nulls[base:n].any() for base, n, _ in used)  # else no list gathers its items' null flags
-        data = self.data
+        rows = np.flatnonzero(accepted)
+        status = status[rows]
+        every = np.arange(len(rows))
+        any_null = bool(nulls.any())  # else no list needs its items' null flags gathered
         columns = []
-        for k, field in enumerate(self.scanner.fields):
+        for k, field in enumerate(self.fields):
             present = status[:, k] == PRESENT
             starts_k = np.ascontiguousarray(first[rows, k])
             if field.kind == INT:
@@ -931,9 +897,7 @@ class BlockScan:
             items = floats if field.element == FLOAT_ELEMENT else ints
             lengths = np.where(present, count[rows, k], 0)
             if field.kind == LIST2:
-                # the rows' sub-lists: runs [first, first + count) of the sub-list slots, in row order
-                offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-                subs = np.repeat(starts_k - offsets[:-1], lengths) + np.arange(int(offsets[-1]))
+                offsets, subs = _gather(every, starts_k, lengths, np.arange(len(sub_first)))
                 inner_offsets, values = _gather(subs, sub_first, sub_count, items)
                 value_nulls = _gather(subs, sub_first, sub_count, nulls)[1] if any_null else None
                 inner_nulls = sub_null[subs].view(np.bool_)
@@ -943,13 +907,12 @@ class BlockScan:
                     mask=pa.array(inner_nulls) if inner_nulls.any() else None,
                 )
             else:
-                every = np.arange(len(rows))
                 offsets, values = _gather(every, starts_k, lengths, items)
                 value_nulls = _gather(every, starts_k, lengths, nulls)[1] if any_null else None
                 inner = _values(values, value_nulls, field.element)
             mask = None if present.all() else pa.array(~present)
             columns.append(pa.ListArray.from_arrays(pa.array(offsets), inner, mask=mask))
-        table = pa.Table.from_arrays(columns, schema=self.scanner.schema)
+        table = pa.Table.from_arrays(columns, schema=self.schema)
         return Scanned(rows, table, status == NULL)
 
 

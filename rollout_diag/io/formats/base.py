@@ -466,7 +466,7 @@ def _fast_batches(
     from concurrent.futures import ThreadPoolExecutor
 
     from rollout_diag.cores import available_cores
-    from rollout_diag.kernels.jsonl import BlockScan, Scanner
+    from rollout_diag.kernels.jsonl import Scanner
 
     scanner = _SCANNERS.get(id(fast))
     if scanner is None:
@@ -477,10 +477,8 @@ def _fast_batches(
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollout-diag-jsonl") as pool:
             ahead: deque = deque()
             for block in _blocks(path, size, buffers):
-                job = _BlockJob(
-                    block, BlockScan(scanner, block.data, block.ends, _parts(block.ends, _PARTS_PER_THREAD * workers))
-                )
-                ahead.append((block, [pool.submit(job.run, i) for i in range(len(job.scan.parts))]))
+                parts = _parts(block.ends, _PARTS_PER_THREAD * workers)
+                ahead.append((block, parts, [pool.submit(_scan_part, block, a, b, scanner) for a, b in parts]))
                 if len(ahead) > 1:
                     yield _finish_block(_joined(*ahead.popleft()), step, parse, fast, extra)
             while ahead:
@@ -526,40 +524,27 @@ def _parts(ends: np.ndarray, most: int) -> list[tuple[int, int]]:
     return list(pairwise(bounds))
 
 
-class _BlockJob:
-    """A block's parts scanned on the pool's threads; the thread that finishes the last part turns the block's scan
-    into its table (``block.scanned``), so that work also runs beside the reader."""
-
-    def __init__(self, block: _Block, scan: Any) -> None:
-        self.block = block
-        self.scan = scan
-        self._left = len(scan.parts)
-        self._failed = False
-        self._lock = threading.Lock()
-
-    def run(self, i: int) -> None:
-        """Scan part ``i``. The first part checks the whole block is UTF-8 (raising UnicodeDecodeError as reading the
-        file as text does)."""
-        block = self.block
-        done = False
-        try:
-            if i == 0 and not block.ascii:
-                block.data[int(block.ends[0]) : int(block.ends[-1])].decode("utf-8")  # raises where text reading would
-            self.scan.part(i)
-            done = True
-        finally:
-            with self._lock:
-                self._left -= 1
-                self._failed |= not done
-                last = self._left == 0 and not self._failed
-        if last:
-            block.scanned = self.scan.finish()
+def _scan_part(block: _Block, a: int, b: int, scanner: Any) -> Any:
+    """Read lines ``[a, b)`` of the block with the scanner. The first part checks the whole block is UTF-8 (raising
+    UnicodeDecodeError as reading the file as text does)."""
+    if a == 0 and not block.ascii:
+        block.data[int(block.ends[0]) : int(block.ends[-1])].decode("utf-8")  # raises where reading as text would
+    return scanner.scan(block.data, block.ends[a : b + 1])
 
 
-def _joined(block: _Block, futures: list) -> _Block:
-    """The block once every part is scanned (raises what a part raised, the first in line order)."""
-    for future in futures:
-        future.result()
+def _joined(block: _Block, parts: list[tuple[int, int]], futures: list) -> _Block:
+    """The block with what its parts read, put together in line order (``block.scanned``)."""
+    from rollout_diag.kernels.jsonl import Scanned
+
+    scanned = [future.result() for future in futures]  # in order: raises what a part raised
+    if len(scanned) == 1:
+        block.scanned = scanned[0]
+        return block
+    block.scanned = Scanned(
+        np.concatenate([part.rows + a for part, (a, _) in zip(scanned, parts, strict=True)]),
+        pa.concat_tables([part.table for part in scanned]),
+        np.concatenate([part.written_null for part in scanned]),
+    )
     return block
 
 
