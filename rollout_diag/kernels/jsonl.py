@@ -713,6 +713,7 @@ def scan(raw, starts, key_bytes, key_starts, kinds, elements):
             n, m = line_n, line_m  # what the line wrote is dropped
             for k in range(keys):
                 status[line, k] = ABSENT
+    owned_stack[0] = 0  # a use after the loop: numba frees an array after its last use, and ``stack`` is a view of it
     return (
         accepted,
         status,
