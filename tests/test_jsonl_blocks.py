@@ -199,6 +199,22 @@ def test_carriage_return_after_the_first_megabyte(tmp_path):
     assert math.isclose(base.count_lines(path), 400_002)
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    data=st.lists(
+        st.sampled_from([b"\n", b"\r", b"\r\n", b"\n" * 9, b"\x8a", b"\x0b", b"\t", b"0123456789"]), max_size=600
+    ).map(b"".join),
+    upto=st.integers(0, 7000),
+)
+def test_newlines_and_returns_of_any_prefix(data, upto):
+    """The compiled count (32 bytes at a time, the equal bytes summed per word) is exact for runs of newlines and
+    carriage returns, and for their neighbours (0x8a, 0x0b), at any length."""
+    from rollout_diag.kernels.jsonl import newlines_and_returns
+
+    upto = min(upto, len(data))
+    assert newlines_and_returns(base._readonly(data), upto) == (data[:upto].count(b"\n"), data[:upto].count(b"\r"))
+
+
 # ------------------------------------------------------------------ finding line ends (eight bytes at a time)
 @settings(max_examples=200, deadline=None)
 @given(
@@ -240,3 +256,38 @@ def test_read_buffers_are_reused_within_and_across_files(tmp_path, monkeypatch):
     assert [len(buffer) for buffer in kept] == [4501, 4501, 4501]
     assert _read(prime_rl, path, True, 7) == rows == _read(prime_rl, path, False, 7)
     assert len(base._SPARE_BUFFERS) == 1 and all(a is b for a, b in zip(base._SPARE_BUFFERS[0], kept, strict=True))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    data=st.lists(st.sampled_from([b"\n", b"\r", b"{}", b"\xc3\xa9", b"0123456789"]), max_size=300).map(b"".join),
+    ranges=st.integers(1, 5),
+)
+def test_the_line_count_in_ranges_by_threads(data, ranges, tmp_path_factory):
+    """A file counted in ranges (one thread each, cut anywhere, even inside a line) gives the count of one pass."""
+    path = tmp_path_factory.mktemp("r") / "f.jsonl"
+    path.write_bytes(data)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(base, "_COUNT_RANGE_BYTES", 1)
+        patch.setattr(base, "_COUNT_THREADS", ranges)
+        patch.setattr(base, "_COUNT_READ_BYTES", 7)  # several reads per range
+        patch.setattr("rollout_diag.cores.available_cores", lambda: 8)
+        assert base._scan_lines(path) == (base.count_lines(path), b"\r" in data)
+
+
+def test_the_line_count_raises_what_a_counting_thread_raised(tmp_path, monkeypatch):
+    """An error in another range's thread reaches the caller (open_input turns it into one line)."""
+    monkeypatch.setattr(base, "_COUNT_RANGE_BYTES", 1)
+    monkeypatch.setattr("rollout_diag.cores.available_cores", lambda: 2)
+    path = tmp_path / "f.jsonl"
+    path.write_bytes(b"{}\n" * 10)
+    real = base._count_range
+
+    def failing(where, start, stop):
+        if start:
+            raise OSError(5, "Input/output error")
+        return real(where, start, stop)
+
+    monkeypatch.setattr(base, "_count_range", failing)
+    with pytest.raises(OSError, match="Input/output error"):
+        base._scan_lines(path)

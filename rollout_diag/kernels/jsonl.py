@@ -713,6 +713,7 @@ def scan(raw, starts, key_bytes, key_starts, kinds, elements):
             n, m = line_n, line_m  # what the line wrote is dropped
             for k in range(keys):
                 status[line, k] = ABSENT
+    owned_stack[0] = 0  # a use after the loop: numba frees an array after its last use, and ``stack`` is a view of it
     return (
         accepted,
         status,
@@ -729,8 +730,10 @@ def scan(raw, starts, key_bytes, key_starts, kinds, elements):
 
 _ONES = np.uint64(0x0101010101010101)
 _HIGH_BITS = np.uint64(0x8080808080808080)
+_LOW_BITS = np.uint64(0x7F7F7F7F7F7F7F7F)
 _NEWLINES = np.uint64(0x0A0A0A0A0A0A0A0A)
 _RETURNS = np.uint64(0x0D0D0D0D0D0D0D0D)
+_S7, _S56 = np.uint64(7), np.uint64(56)
 
 
 @njit(**_INLINE)
@@ -740,22 +743,31 @@ def _holds(word, pattern):
     return (x - _ONES) & ~x & _HIGH_BITS
 
 
+@njit(**_INLINE)
+def _equal_bytes(word, pattern):
+    """1 in each byte of ``word`` that equals the byte repeated in ``pattern``, else 0 (exact per byte: no carry
+    crosses bytes, unlike :func:`_holds`)."""
+    x = word ^ pattern
+    return (~(((x & _LOW_BITS) + _LOW_BITS) | x | _LOW_BITS)) >> _S7
+
+
 @njit(**_FLAGS)
 def line_ends(buf, start, stop):
     """(the position after each newline (byte 10) of ``buf[start:stop]``, in order, int64; whether those bytes are
-    all ASCII). One pass, eight bytes at a time: a word without a newline is passed over whole."""
+    all ASCII). One pass, 32 bytes at a time: four words without a newline are passed over whole (the four loads
+    and tests are independent, so they overlap)."""
     ends = np.empty(1024, np.int64)
     lines = 0
     high = np.uint64(0)
     p = start
     while p < stop:
-        while p + 8 <= stop:  # words without a newline (this loop touches no array it could have to count)
-            word = _load8(buf, p)
-            high |= word
-            if _holds(word, _NEWLINES):
+        while p + 32 <= stop:  # words without a newline (this loop touches no array it could have to count)
+            w0, w1, w2, w3 = _load8(buf, p), _load8(buf, p + 8), _load8(buf, p + 16), _load8(buf, p + 24)
+            high |= (w0 | w1) | (w2 | w3)
+            if (_holds(w0, _NEWLINES) | _holds(w1, _NEWLINES)) | (_holds(w2, _NEWLINES) | _holds(w3, _NEWLINES)):
                 break
-            p += 8
-        upto = min(p + 8, stop)
+            p += 32
+        upto = min(p + 32, stop)
         for i in range(p, upto):
             c = buf[i]
             high |= np.uint64(c)
@@ -772,16 +784,20 @@ def line_ends(buf, start, stop):
 
 @njit(**_FLAGS)
 def newlines_and_returns(buf, upto):
-    """(newlines, carriage returns) in ``buf[:upto]``, eight bytes at a time."""
+    """(newlines, carriage returns) in ``buf[:upto]``, 32 bytes at a time: each byte's equality as a 0/1 byte of a
+    word (exact), added up per byte over four words, then across the bytes by one multiply."""
     newlines, returns = 0, 0
     p = 0
-    while p + 8 <= upto:
-        word = _load8(buf, p)
-        if _holds(word, _NEWLINES) or _holds(word, _RETURNS):
-            for i in range(p, p + 8):
-                newlines += buf[i] == 10
-                returns += buf[i] == 13
-        p += 8
+    while p + 32 <= upto:
+        lines = np.uint64(0)
+        carriage = np.uint64(0)
+        for k in range(4):  # each byte of the sums reaches 4 at most
+            word = _load8(buf, p + 8 * k)
+            lines += _equal_bytes(word, _NEWLINES)
+            carriage += _equal_bytes(word, _RETURNS)
+        newlines += int((lines * _ONES) >> _S56)  # the sum of the eight bytes (at most 32) in the top byte
+        returns += int((carriage * _ONES) >> _S56)
+        p += 32
     for i in range(p, upto):
         newlines += buf[i] == 10
         returns += buf[i] == 13

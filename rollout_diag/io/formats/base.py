@@ -13,7 +13,9 @@ numbers of the other rows stay the file's own (for JSONL, row N is line N + 1).
 
 from __future__ import annotations
 
+import os
 import re
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -249,17 +251,65 @@ def jsonl_file(
 
 def _scan_lines(path: str | Path) -> tuple[int, bool]:
     """(lines as :func:`count_lines` counts them, whether the file holds a carriage return): one compiled pass over
-    blocks read into one reused buffer."""
+    blocks read into reused buffers. It runs at open, before any row is read, so a large file is counted in ranges
+    by one thread per core (reads and the compiled pass drop the GIL)."""
+    from rollout_diag.cores import available_cores
+
+    size = os.path.getsize(path)
+    ranges = max(1, min(available_cores(), _COUNT_THREADS, size // _COUNT_RANGE_BYTES))
+    if ranges == 1:
+        newlines, returns, last = _count_range(path, 0, None)
+        return newlines + (last not in (10, -1)), returns > 0
+    cuts = [size * i // ranges for i in range(ranges)]
+    bounds = [(start, stop) for start, stop in pairwise([*cuts, None])]  # the last range reads to the file's end
+    results: list[Any] = [None] * ranges
+
+    def count(i: int) -> None:
+        try:
+            results[i] = _count_range(path, *bounds[i])
+        except BaseException as exc:  # raised in the caller's thread below
+            results[i] = exc
+
+    threads = [threading.Thread(target=count, args=(i,), name="rollout-diag-count") for i in range(1, ranges)]
+    for thread in threads:
+        thread.start()
+    count(0)
+    for thread in threads:
+        thread.join()
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    newlines = sum(result[0] for result in results)
+    returns = sum(result[1] for result in results)
+    last = next((result[2] for result in reversed(results) if result[2] >= 0), -1)
+    return newlines + (last not in (10, -1)), returns > 0
+
+
+_COUNT_THREADS = 4  # threads counting a file's lines at open, at most (one per core up to this)
+_COUNT_RANGE_BYTES = 8 << 20  # a file is counted in ranges of at least this many bytes
+_COUNT_READ_BYTES = 1 << 20  # the counting reads (a buffer that stays in the core's cache)
+
+
+def _count_range(path: str | Path, start: int, stop: int | None) -> tuple[int, int, int]:
+    """(newlines, carriage returns, last byte or -1 when none) of the file's bytes ``[start, stop)`` (``stop`` None:
+    to the file's end)."""
     from rollout_diag.kernels.jsonl import newlines_and_returns
 
-    lines, returns, last = 0, 0, 10
-    buffer = bytearray(1 << 20)
+    newlines, returns, last = 0, 0, -1
+    buffer = bytearray(_COUNT_READ_BYTES)
     view = np.frombuffer(buffer, np.uint8)
-    with open(path, "rb", buffering=0) as handle:
-        while got := handle.readinto(buffer):
-            newlines, carriage = newlines_and_returns(view, got)
-            lines, returns, last = lines + newlines, returns + carriage, buffer[got - 1]
-    return lines + (last != 10), returns > 0
+    with open(path, "rb", buffering=0) as handle, memoryview(buffer) as window:
+        handle.seek(start)
+        left = -1 if stop is None else stop - start
+        while left:
+            got = handle.readinto(window if left < 0 or left >= len(buffer) else window[:left])
+            if not got:
+                break
+            lines, carriage = newlines_and_returns(view, got)
+            newlines, returns, last = newlines + lines, returns + carriage, buffer[got - 1]
+            if left > 0:
+                left -= got
+    return newlines, returns, last
 
 
 # ------------------------------------------------------------------ the fast JSON-lines path
@@ -540,6 +590,8 @@ def row_count(array: pa.ListArray, flags: np.ndarray) -> np.ndarray:
     offsets = array.offsets.to_numpy()
     if not flags.any():
         return np.zeros(len(offsets) - 1, dtype=np.int64)
+    if flags.all():  # every item (a weight stream written as nulls): each row's length
+        return np.diff(offsets).astype(np.int64)
     counts = np.concatenate([[0], np.cumsum(flags, dtype=np.int64)])
     return counts[offsets[1:]] - counts[offsets[:-1]]
 
@@ -557,9 +609,23 @@ def prefixes(array: pa.ListArray, keep: np.ndarray, nulls: np.ndarray | None = N
     if nulls is not None:
         kept = np.where(nulls, 0, kept)
     new = np.concatenate([[0], np.cumsum(kept)]).astype(np.int32)
-    index = np.repeat(starts - new[:-1], kept) + np.arange(int(new[-1]))
     mask = None if nulls is None else pa.array(nulls, pa.bool_())
-    return pa.ListArray.from_arrays(pa.array(new, pa.int32()), array.values.take(pa.array(index)), mask=mask)
+    values = array.values
+    total = int(new[-1])
+    if total == int(offsets[-1] - offsets[0]) and np.array_equal(new[:-1], starts - offsets[0]):  # nothing cut
+        taken = values.slice(int(offsets[0]), total)
+    elif not values.null_count and len(kept) * _ROW_COPY_ITEMS <= total and pa.types.is_primitive(values.type):
+        # long rows: a copy of each row's kept run (a memcpy each, into Arrow's pool, whose memory is reused: a
+        # fresh numpy array this large is mapped afresh, a page fault per page), not an index per item and a take
+        runs = [values.slice(a, k) for a, k in zip(starts.tolist(), kept.tolist(), strict=True) if k]
+        taken = pa.concat_arrays(runs) if runs else values.slice(0, 0)
+    else:
+        index = np.repeat(starts - new[:-1], kept) + np.arange(total)
+        taken = values.take(pa.array(index))
+    return pa.ListArray.from_arrays(pa.array(new, pa.int32()), taken, mask=mask)
+
+
+_ROW_COPY_ITEMS = 64  # prefixes copies row by row where the rows keep this many items on average
 
 
 def canonical_batch(
@@ -585,6 +651,8 @@ def null_flags(values: pa.Array) -> np.ndarray:
     """Per value: whether it is null."""
     if not values.null_count:
         return np.zeros(len(values), dtype=bool)
+    if values.null_count == len(values):
+        return np.ones(len(values), dtype=bool)
     return values.is_null().to_numpy(zero_copy_only=False)
 
 

@@ -172,10 +172,17 @@ def _fast_rows(parsed: ParsedLines, step: int) -> tuple[pa.RecordBatch, np.ndarr
     rollout, trainer = (prefixes(first[field], length) for field in _LOGPROBS)
     token_mask = prefixes(first["token_loss_mask"], length).values.to_numpy(zero_copy_only=False)
     sample_mask = first["sample_loss_mask"].fill_null(1.0).to_numpy(zero_copy_only=False)
-    mask = token_mask * np.repeat(sample_mask, length)
+    if (sample_mask == 1.0).all():  # x * 1.0 is x (NaN and -0.0 included)
+        mask = np.array(token_mask, dtype=np.float64)
+    else:
+        mask = token_mask * np.repeat(sample_mask, length)
     starts = np.cumsum(length) - length
     mask[starts[length > 0]] = 0.0  # position 0's logprob is a placeholder (NeMo-RL slices [:, 1:])
-    mask_values = np.where(mask == 0, 0, np.where(mask == 1, 1, 2)).astype(np.int8)  # as _as_mask
+    ones = mask == 1
+    if (ones | (mask == 0)).all():
+        mask_values = ones.view(np.int8)
+    else:
+        mask_values = np.where(mask == 0, 0, np.where(ones, 1, 2)).astype(np.int8)  # as _as_mask
     token_ids = prefixes(first["token_ids"], length, nulls=first["token_ids"].is_null().to_numpy(zero_copy_only=False))
     idx = (columns["idx"] if ok.all() else columns["idx"].filter(pa.array(ok))).to_pylist()
     lines = parsed.lines[ok].tolist()

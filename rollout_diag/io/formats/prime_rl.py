@@ -217,24 +217,34 @@ def _fast_rows(parsed: ParsedLines, fallback_step: int) -> tuple[pa.RecordBatch,
 
 
 def _advantages(values: pa.ListArray, lengths: np.ndarray, trained: np.ndarray) -> pa.Array:
-    """As _advantage, for every row at once (``trained``: the rows' trained-token flags, concatenated)."""
-    rows = len(lengths)
+    """As _advantage, for every row at once (``trained``: the rows' trained-token flags, concatenated).
+
+    Work over the trained tokens only (not per token of the block): each row's trained tokens are a run of
+    ``flatnonzero(trained)``, found by binary search of the row bounds; a row holds one sign where the sign does not
+    change along its run."""
     full = (list_lengths(values) == lengths) & (row_count(values, null_flags(values.values)) == 0)
-    numbers = np.zeros(len(trained), dtype=np.float64)
-    tokens = np.repeat(full, lengths)
-    if full.any():
-        numbers[tokens] = values.filter(pa.array(full)).flatten().to_numpy(zero_copy_only=False)
-    row_of = np.repeat(np.arange(rows), lengths)
-    counted = trained & tokens
-    count = np.bincount(row_of[counted], minlength=rows)
-    positive = np.bincount(row_of[counted & (numbers > 0)], minlength=rows)
-    negative = np.bincount(row_of[counted & (numbers < 0)], minlength=rows)
-    one_sign = (positive == count) | (negative == count) | (positive + negative == 0)
-    first = np.zeros(rows, dtype=np.float64)
+    if full.all():  # the usual block: every row's list is whole, its items in order
+        numbers = values.flatten().to_numpy(zero_copy_only=False)
+        counted = trained
+    else:
+        numbers = np.zeros(len(trained), dtype=np.float64)
+        tokens = np.repeat(full, lengths)
+        if full.any():
+            numbers[tokens] = values.filter(pa.array(full)).flatten().to_numpy(zero_copy_only=False)
+        counted = trained & tokens
+    ends = np.cumsum(lengths)
     at = np.flatnonzero(counted)
-    rows_at, index = np.unique(row_of[at], return_index=True)
-    first[rows_at] = numbers[at[index]]
-    return pa.array(first, pa.float64(), mask=~(full & one_sign))
+    before, after = np.searchsorted(at, ends - lengths), np.searchsorted(at, ends)  # each row's run of ``at``
+    has = after > before
+    picked = numbers[at]
+    sign = (picked > 0).astype(np.int8) - (picked < 0).astype(np.int8)  # NaN: 0, as (value > 0) - (value < 0)
+    changes = np.flatnonzero(sign[1:] != sign[:-1])  # j: the sign changes from trained token j to j + 1
+    mixed = np.zeros(len(lengths), dtype=bool)
+    if len(changes):  # a change inside a row's run [before, after)
+        mixed[has] = np.searchsorted(changes, after[has] - 1) > np.searchsorted(changes, before[has])
+    first = np.zeros(len(lengths), dtype=np.float64)
+    first[has] = picked[before[has]]
+    return pa.array(first, pa.float64(), mask=~full | mixed)
 
 
 FAST = FastLines(_FAST_SCHEMA, _fast_rows)
