@@ -1,9 +1,9 @@
 """The compiled validation scan (kernels.cpu.checked_model_values, io.reader._scanned) against the exact check.
 
 The scan only flags: a block it passes must be one ``io.validate.validate_block`` finds nothing wrong with, and its
-tensors must equal those ``_validated_chunk`` builds without it; a block it flags goes through ``validate_block``, so
-bad input still gives the same one-line errors and skip records (checked here with both engines, whose readers
-differ only by the scan).
+arrays must equal the tensors ``_validated_chunk`` builds without it; a block it flags goes through
+``validate_block``, so bad input still gives the same one-line errors and skip records (checked here with both
+engines, whose readers differ only by the scan).
 """
 
 from __future__ import annotations
@@ -80,12 +80,13 @@ def _unscanned_tensors(block: Block) -> tuple[torch.Tensor, torch.Tensor, torch.
 def test_the_scan_passes_exactly_the_blocks_the_exact_check_passes(block):
     log = ReadLog()
     with use_engine("numba"):
-        scanned = _scanned(block, CPU)
+        scanned = _scanned(block, "cpu")
     validated = validate_block(block, log, strict=False)
     exact_clean = not log.skipped and validated is block
     assert (scanned is not None) == exact_clean
     if scanned is not None:
-        for mine, theirs in zip(scanned, _unscanned_tensors(block), strict=True):
+        for values, theirs in zip(scanned, _unscanned_tensors(block), strict=True):
+            mine = torch.from_numpy(values)
             assert mine.dtype == theirs.dtype
             assert torch.equal(mine, theirs)
             # bit for bit: zeroed environment tokens are +0.0, as masked_fill writes them
@@ -104,10 +105,10 @@ def test_the_torch_engine_and_other_dtypes_take_the_exact_path():
         rollout=np.array([-1.0, -2.0]),
         mask=np.array([1, 1], dtype=np.int8),
     )
-    assert _scanned(block, CPU) is not None
-    assert _scanned(_with(block, trainer=block.trainer.astype(np.float16)), CPU) is None
-    assert _scanned(_with(block, mask=np.array([1.0, 1.0])), CPU) is None
-    assert _scanned(block, torch.device("meta")) is None
+    assert _scanned(block, "cpu") is not None
+    assert _scanned(_with(block, trainer=block.trainer.astype(np.float16)), "cpu") is None
+    assert _scanned(_with(block, mask=np.array([1.0, 1.0])), "cpu") is None
+    assert _scanned(block, "meta") is None
 
 
 def test_the_torch_engines_reader_never_scans(tmp_path, monkeypatch):
@@ -117,7 +118,7 @@ def test_the_torch_engines_reader_never_scans(tmp_path, monkeypatch):
     path = tmp_path / "dump.parquet"
     pq.write_table(pa.table({"step": [0], "rollout_log_probs": [[-1.0, -2.0]], "old_log_probs": [[-1.5, -2.0]]}), path)
     calls = []
-    monkeypatch.setattr(reader_module, "_scanned", lambda block, device, arrays=False: calls.append(1))
+    monkeypatch.setattr(reader_module, "_scanned", lambda block, device_type: calls.append(1))
     for engine, scans in (("torch", 0), ("numba", 1)):
         calls.clear()
         with use_engine(engine):

@@ -394,7 +394,7 @@ class DumpReader:
     def _validated(self, block: Block, device_type: str, engine: str) -> _Valid | None:
         """The block validated (bad rows recorded and dropped; None when none is left), with the numba engine's
         scanned arrays on the CPU: numpy only, so the reader can do it before torch is loaded."""
-        scanned = None if block.skipped or engine != "numba" else _scanned(block, device_type, arrays=True)
+        scanned = None if block.skipped or engine != "numba" else _scanned(block, device_type)
         if scanned is None:  # the exact check, which finds and records the bad rows
             block = validate_block(block, self.log, self.strict)
             if block is None:
@@ -461,16 +461,16 @@ class _Valid:
     prepass: KernelPrepass | None = None  # the compiled passes, when read ahead of torch
 
 
-def _scanned(block: Block, device: torch.device | str, arrays: bool = False):
-    """(trainer, rollout, mask) tensors of a clean block from one compiled scan that converts, zeroes environment
-    tokens and flags bad values at once (the numba engine's CPU chunks; ``kernels.cpu.checked_model_values``), the
-    same tensors ``_validated_chunk`` builds otherwise (``arrays``: as numpy arrays, without torch). None where the
-    scan does not apply (another device, a dtype it is not compiled for) or where it flags anything:
-    ``validate_block`` then finds the rows and records them with its messages, exactly as without the scan."""
+def _scanned(block: Block, device_type: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(trainer, rollout, mask) arrays of a clean block from one compiled scan that converts, zeroes environment
+    tokens and flags bad values at once (the numba engine's CPU chunks; ``kernels.cpu.checked_model_values``): the
+    values ``_chunk`` builds otherwise, as numpy (no torch). None where the scan does not apply (another device, a
+    dtype it is not compiled for) or where it flags anything: ``validate_block`` then finds the rows and records
+    them with its messages, exactly as without the scan."""
     from rollout_diag.kernels import compiled
 
     trainer, rollout, mask = block.trainer, block.rollout, block.mask
-    if (device if isinstance(device, str) else device.type) != "cpu" or not len(block.lengths):
+    if device_type != "cpu" or not len(block.lengths):
         return None
     if trainer.dtype != rollout.dtype or trainer.dtype not in (np.float32, np.float64):
         return None
@@ -491,11 +491,7 @@ def _scanned(block: Block, device: torch.device | str, arrays: bool = False):
         )
     if not clean:
         return None
-    if arrays:
-        return trainer, rollout, model
-    import torch
-
-    return torch.from_numpy(trainer), torch.from_numpy(rollout), torch.from_numpy(model)
+    return trainer, rollout, model
 
 
 def _footer_size(opened: OpenFile, groups: set[int] | None) -> tuple[int, int] | None:
