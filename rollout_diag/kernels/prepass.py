@@ -77,12 +77,9 @@ def hint_rows(
     rows: int,
     segment_group: np.ndarray,
     groups: int,
-    clip: float,
-    log_half: float,
-    gap: float,
-    edges: tuple[float, ...],
 ) -> tuple[np.ndarray, np.ndarray]:
-    """kernels.cpu.hint_rows: per row the HINT_COLUMNS [R, 13], per step group and probability bucket [G, B, 4]."""
+    """kernels.cpu.hint_rows with the constants above: per row the HINT_COLUMNS [R, 13], per step group and
+    probability bucket [G, B, 4]."""
     raw, _, length, row, _, rounds = segments
     return compiled().hint_rows(
         trainer,
@@ -94,10 +91,10 @@ def hint_rows(
         rows,
         segment_group,
         groups,
-        clip,
-        log_half,
-        gap,
-        np.array([math.log(edge) for edge in edges]),  # as metrics.hints.probability_bucket
+        CLIP,
+        LOG_HALF,
+        COPY_GAP,
+        np.array([math.log(edge) for edge in PROBABILITY_EDGES]),  # as metrics.hints.probability_bucket
     )
 
 
@@ -112,18 +109,7 @@ def prepass(step: np.ndarray, offsets: np.ndarray, trainer: np.ndarray, rollout:
         row_group=row_group,
         layout=segments,
         reductions=reductions(trainer, rollout, segments, segment_group, len(steps)),
-        hints=hint_rows(
-            trainer,
-            rollout,
-            segments,
-            len(step),
-            segment_group,
-            len(steps),
-            CLIP,
-            LOG_HALF,
-            COPY_GAP,
-            PROBABILITY_EDGES,
-        ),
+        hints=hint_rows(trainer, rollout, segments, len(step), segment_group, len(steps)),
     )
 
 

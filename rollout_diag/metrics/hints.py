@@ -120,7 +120,7 @@ class _ChunkEvidence:
         self.chunk, self.stats = chunk, s
         self.row_lengths = s.row_count.to(torch.int64)
         if isinstance(s, KernelStats):  # the numba engine: one compiled pass over the tokens
-            parts, self.probability_buckets = s.hint_rows(CLIP, LOG_HALF, COPY_GAP, PROBABILITY_EDGES)
+            parts, self.probability_buckets = s.hint_rows()
         else:
             parts = self._token_parts()
             self.probability_buckets = None

@@ -842,29 +842,16 @@ class KernelStats(ChunkStats):
         m2_x, m2_y, c_xy = torch.from_numpy(centred).unbind(dim=1)
         return torch.stack([n, mean_x, mean_y, m2_x, m2_y, c_xy], dim=-1)
 
-    def hint_rows(
-        self, clip: float, log_half: float, gap: float, edges: tuple[float, ...]
-    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    def hint_rows(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """The token patterns of metrics.hints (``kernels.cpu.HINT_COLUMNS``, per row) and the rollout-probability
-        buckets [G, B, 4] of [tokens, Σ|δ|, Σy, Σy²], in one compiled pass (the reader's, where it ran it ahead with
-        these constants)."""
-        ahead = self._ahead
-        constants = (kernel_prepass.CLIP, kernel_prepass.LOG_HALF, kernel_prepass.COPY_GAP)
-        if ahead is not None and (clip, log_half, gap) == constants and edges == kernel_prepass.PROBABILITY_EDGES:
-            per_row, buckets = ahead.hints
+        buckets [G, B, 4] of [tokens, Σ|δ|, Σy, Σy²], in one compiled pass with the hint constants of
+        ``kernels/prepass.py`` (the reader's pass, where it ran it ahead)."""
+        if self._ahead is not None:
+            per_row, buckets = self._ahead.hints
         else:
             trainer, rollout = self._raw
             per_row, buckets = kernel_prepass.hint_rows(
-                trainer,
-                rollout,
-                self._layout,
-                self.chunk.rows,
-                self.segment_group.numpy(),
-                self.chunk.groups.count,
-                clip,
-                log_half,
-                gap,
-                edges,
+                trainer, rollout, self._layout, self.chunk.rows, self.segment_group.numpy(), self.chunk.groups.count
             )
         columns = torch.from_numpy(per_row)
         names = compiled().HINT_COLUMNS
