@@ -4,8 +4,24 @@ are sized by."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 
 def available_cores() -> int:
     """The cores this process may run on (its CPU affinity, where the OS tells)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+# ``--workers auto`` splits only from this many cores: on 2 cores one process already keeps both busy (its reader
+# thread and its compute), and --workers 2 measured no faster (docs/benchmarks.md)
+AUTO_MIN_CORES = 3
+
+
+def auto_cpu_workers(reader: Any) -> int:
+    """``--workers auto`` on the CPU: one process below AUTO_MIN_CORES cores; otherwise one per core but the one the
+    driver keeps, as many as the input splits into (``DumpReader.plan``). Without torch: the read-ahead decides with
+    it before torch is loaded (``drivers/dump.py``)."""
+    cores = available_cores()
+    if cores < AUTO_MIN_CORES:
+        return 1
+    return max(1, len(reader.plan(cores - 1)))

@@ -340,7 +340,7 @@ def split_dump(tmp_path_factory) -> str:
     ("cores", "device", "expected"), [(1, "cpu", 1), (2, "cpu", 1), (4, "cpu", 3), (16, "cpu", 6), (16, "meta", 1)]
 )
 def test_auto_workers_resolve_as_documented(monkeypatch, split_dump, cores, device, expected):
-    monkeypatch.setattr(distributed, "available_cores", lambda: cores)
+    monkeypatch.setattr("rollout_diag.cores.available_cores", lambda: cores)
     reader = DumpReader([split_dump])  # 6 row groups
     assert distributed.resolve_workers("auto", reader, torch.device(device)) == expected
     assert distributed.resolve_workers(1, reader, torch.device("cpu")) == 1
@@ -354,7 +354,7 @@ def test_auto_workers_give_the_one_process_result(monkeypatch, split_dump):
         calls.append(workers)
         return real(reader, workers, *args, **kwargs)
 
-    monkeypatch.setattr(distributed, "available_cores", lambda: 4)
+    monkeypatch.setattr("rollout_diag.cores.available_cores", lambda: 4)
     monkeypatch.setattr(distributed, "run_parts", counting)
     one = rd.analyze(split_dump, device="cpu", workers=1)
     auto = rd.analyze(split_dump, device="cpu")  # the default is auto

@@ -220,8 +220,7 @@ def test_read_ahead_only_where_the_call_reads_everything_with_numba_on_the_cpu(d
 def test_one_process_agrees_with_resolve_workers(dump, monkeypatch, cores, workers):
     import rollout_diag.cores as cores_module
 
-    monkeypatch.setattr(cores_module, "available_cores", lambda: cores)
-    monkeypatch.setattr(distributed, "available_cores", lambda: cores)
+    monkeypatch.setattr(cores_module, "available_cores", lambda: cores)  # what both read (cores.auto_cpu_workers)
     reader = DumpReader([str(dump)])
     assert _one_process(workers, reader) == (distributed.resolve_workers(workers, reader, torch.device("cpu")) == 1)
 

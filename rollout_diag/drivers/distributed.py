@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from rollout_diag.cores import available_cores
+from rollout_diag.cores import auto_cpu_workers
 from rollout_diag.drivers.passes import Analysis, Pass, PassSpec, Progress, progress_callback, run_chunks
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.io.reader import DumpReader
@@ -29,23 +29,19 @@ from rollout_diag.kernels import selected_engine
 BACKENDS = ("process", "ray")
 MAX_WORKERS = 1024  # a Ray cluster may be large; more parts than this only adds overhead
 AUTO = "auto"  # the default --workers: every core (see resolve_workers)
-# auto splits only from this many cores: on 2 cores one process already keeps both busy (its reader thread and
-# its compute), and --workers 2 measured no faster (docs/benchmarks.md)
-AUTO_MIN_CORES = 3
 Workers = int | str  # a count, or AUTO
 
 
 def resolve_workers(workers: Workers, reader: DumpReader, device: torch.device) -> int:
-    """How many processes to run. A count is itself. ``auto``: one process on a GPU (the device is the engine)
-    or with fewer than AUTO_MIN_CORES cores; otherwise one per core but the one the driver keeps, as many as the
-    input splits into (``DumpReader.plan``: row groups, or files in the token layout), so a one-row-group file
-    stays in one process (``check_workers`` first)."""
+    """How many processes to run. A count is itself. ``auto``: one process on a GPU (the device is the engine);
+    on the CPU ``cores.auto_cpu_workers``: one below ``cores.AUTO_MIN_CORES`` cores, otherwise one per core but the
+    one the driver keeps, as many as the input splits into (``DumpReader.plan``: row groups, or files in the token
+    layout), so a one-row-group file stays in one process (``check_workers`` first)."""
     if workers != AUTO:
         return int(workers)
-    cores = available_cores()
-    if torch.device(device).type != "cpu" or cores < AUTO_MIN_CORES:
+    if torch.device(device).type != "cpu":
         return 1
-    return max(1, len(reader.plan(cores - 1)))
+    return auto_cpu_workers(reader)
 
 
 class PartJob(NamedTuple):

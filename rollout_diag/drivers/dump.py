@@ -94,7 +94,6 @@ class Dump:
 # load (~2 s on two cores; on a loaded machine the reader filled 22 before torch had loaded).
 READ_AHEAD_BYTES = 384 << 20
 READ_AHEAD_MAX_CHUNKS = 64
-AUTO_MIN_CORES = 3  # = drivers.distributed.AUTO_MIN_CORES (not imported: it loads torch)
 
 
 def read_ahead_depth(chunk_tokens: int) -> int:
@@ -123,12 +122,11 @@ def reads_ahead(dump: Dump, reader: Any) -> bool:
 def _one_process(workers: int | str, reader: Any) -> bool:
     """``distributed.resolve_workers(workers, reader, cpu) == 1`` without loading torch (tests/test_read_ahead.py
     compares the two)."""
-    from rollout_diag.cores import available_cores
+    from rollout_diag.cores import auto_cpu_workers
 
     if workers != "auto":
         return isinstance(workers, int) and not isinstance(workers, bool) and workers == 1
-    cores = available_cores()
-    return cores < AUTO_MIN_CORES or len(reader.plan(cores - 1)) <= 1
+    return auto_cpu_workers(reader) == 1
 
 
 def torch_may_use_a_gpu() -> bool:
