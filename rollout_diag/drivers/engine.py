@@ -103,20 +103,23 @@ def _first(log: ReadLog) -> SkippedRow | None:
     return log.skipped[0] if log.skipped else None
 
 
-def step_table(analysis: Analysis) -> StepTable:
+def step_table(analysis: Analysis, metrics: bool = True) -> StepTable:
     """Every step's result as columns (``Analysis.step_results``'s values, keys and key order, without a dict per
-    step): the families' metrics in family order, then the dialects."""
+    step): the families' metrics in family order, then the dialects. ``metrics`` False: each step's rows, tokens and
+    empty rows alone (what ``diff``'s run-level summary reads, ``rowpass.summary_result``)."""
     table = analysis.offpolicy.store
     steps = table.steps
     count = steps.shape[0]
-    # one family finalized at a time, as MetricColumns takes its groups in: each family's columns are dropped once
-    # copied into the table's matrices, so the families' columns never coexist with the whole table
-    metrics = MetricColumns(_family_groups(analysis.families, steps), count)
-    dialects = {} if analysis.offpolicy_only else analysis.dialect.finalize_columns(steps)
     rows, tokens, empty = (
         table.dense[name].reshape(count) if count else np.zeros(0) for name in ("rows", "tokens", "empty_rows")
     )
-    return StepTable(steps, rows, tokens, empty, metrics, dialects)
+    if not metrics:
+        return StepTable(steps, rows, tokens, empty, MetricColumns((), count))
+    # one family finalized at a time, as MetricColumns takes its groups in: each family's columns are dropped once
+    # copied into the table's matrices, so the families' columns never coexist with the whole table
+    columns = MetricColumns(_family_groups(analysis.families, steps), count)
+    dialects = {} if analysis.offpolicy_only else analysis.dialect.finalize_columns(steps)
+    return StepTable(steps, rows, tokens, empty, columns, dialects)
 
 
 def _family_groups(families: Sequence[StepAccumulator], steps: np.ndarray) -> Iterator[KeyGroup]:

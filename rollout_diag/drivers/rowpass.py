@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rollout_diag.drivers.engine import build_result, check_analysed, data_warnings, read_fields
+from rollout_diag.drivers.engine import build_result, check_analysed, data_warnings, read_fields, step_table
 from rollout_diag.drivers.passes import Analysis, Inputs, Progress, open_reader, resolve_device, run_chunks
 from rollout_diag.errors import DataError
 from rollout_diag.groups import GroupLabels, GroupSpec, group_specs
@@ -22,7 +22,7 @@ from rollout_diag.metrics.base import StepAccumulator
 from rollout_diag.metrics.localize import WorstTracker
 from rollout_diag.metrics.rowstats import RowStatsCollector
 from rollout_diag.presets import Preset
-from rollout_diag.results import AnalysisResult, MetricColumns, RowStats, StepTable
+from rollout_diag.results import AnalysisResult, RowStats
 from rollout_diag.selection import StepRange
 
 if TYPE_CHECKING:
@@ -87,13 +87,7 @@ class RowPass:
 def summary_result(analysis: Analysis, log: ReadLog, device: torch.device, strict: bool) -> AnalysisResult:
     """``build_result``'s numbers without the step table's metric columns and without ``judge_analysis``: see
     ``RowPass.summary``."""
-    table = analysis.offpolicy.store
-    ids = table.steps
-    count = ids.shape[0]
-    rows, tokens, empty = (
-        table.dense[name].reshape(count) if count else np.zeros(0) for name in ("rows", "tokens", "empty_rows")
-    )
-    steps = StepTable(ids, rows, tokens, empty, MetricColumns((), count))
+    steps = step_table(analysis, metrics=False)
     run = analysis.run_result()
     check_analysed(run, log)
     return AnalysisResult(
