@@ -374,15 +374,16 @@ def test_the_live_view_shows_verdict_steps_trend_round_and_events(tmp_path):
     assert sparkline([1.0, None, 3.0, float("nan")]) == "▁ █ "
 
 
-def test_cli_ends_with_one_line_when_the_directory_goes(tmp_path):
+def test_cli_ends_with_one_line_when_the_directory_goes(tmp_path, monkeypatch):
     root = tmp_path / "run"
     write_run(root, range(2))
-    remover = threading.Timer(1.0, shutil.rmtree, args=(root,))
-    remover.start()
-    try:
-        result = cli(root, "--interval", "0.05", "-f", "jsonl")
-    finally:
-        remover.join()
+
+    def sleep(_: float) -> None:  # the directory goes after the first poll, however long that poll took
+        if root.exists():
+            shutil.rmtree(root)
+
+    monkeypatch.setitem(watch.__kwdefaults__, "sleep", sleep)
+    result = cli(root, "--interval", "0.05", "-f", "jsonl")
     assert result.exit_code == 1
     assert result.stderr.splitlines() == [f"{root}: the directory was deleted or moved; the watch ends."]
     assert [json.loads(line)["step"] for line in result.stdout.splitlines()] == [0, 1]
