@@ -19,18 +19,20 @@ HIDDEN = frozenset("\u061c\u200b\u200c\u200e\u200f\u202a\u202b\u202c\u202d\u202e
 def number(value: float | int | None, digits: int = 4) -> str:
     """``digits`` significant digits (trailing zeros dropped), scientific with a short exponent (``3.421e-3``)
     outside 0.01–10 000; integers (and integral floats) with thousands separators; None and NaN as a dash."""
-    return _number(value, digits, None)
+    return number_in(value, digits, None)
 
 
 def numbers(values: Sequence[float | int | None], digits: int = 4) -> list[str]:
     """One table column: as :func:`number`, except that the column takes one notation: when any of its
     non-integral values needs scientific notation, every non-integral value is written in it (counts and
     integral values stay integers), so that a column never mixes ``0.1115`` with ``1.13e-4``."""
-    scientific = any(_needs_scientific(value, digits) for value in values)
-    return [_number(value, digits, scientific) for value in values]
+    scientific = any(needs_scientific(value, digits) for value in values)
+    return [number_in(value, digits, scientific) for value in values]
 
 
-def _needs_scientific(value: float | int | None, digits: int) -> bool:
+def needs_scientific(value: float | int | None, digits: int) -> bool:
+    """Whether ``value`` with ``digits`` significant digits is written in scientific notation (never for None,
+    integers, integral floats, zero or non-finite values)."""
     if value is None or isinstance(value, (bool, int)):
         return False
     value = float(value)
@@ -43,7 +45,9 @@ def _fixed(value: float, digits: int) -> str:
     return f"{value:.{digits}g}"
 
 
-def _number(value: float | int | None, digits: int, scientific: bool | None) -> str:
+def number_in(value: float | int | None, digits: int, scientific: bool | None) -> str:
+    """:func:`number` in a given notation: ``scientific`` True or False as a column decided it
+    (:func:`numbers`), None to decide for this value alone."""
     if value is None:
         return "–"
     if isinstance(value, bool):
@@ -58,7 +62,7 @@ def _number(value: float | int | None, digits: int, scientific: bool | None) -> 
     if value == int(value) and abs(value) < 1e15:
         return f"{int(value):,}"
     if scientific is None:
-        scientific = _needs_scientific(value, digits)
+        scientific = needs_scientific(value, digits)
     if not scientific:
         return _fixed(value, digits)
     mantissa, exponent = f"{value:.{max(digits - 1, 0)}e}".split("e")

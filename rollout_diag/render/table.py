@@ -16,7 +16,7 @@ from rich.segment import Segment, Segments
 from rich.table import Table
 from rich.text import Text
 
-from rollout_diag.formatting import FIXED_RANGE, _needs_scientific, _number
+from rollout_diag.formatting import FIXED_RANGE, needs_scientific, number_in
 from rollout_diag.render.format import visible
 
 BORDER = 3  # per column: one padding space each side and one border line (plus one for the left edge)
@@ -101,9 +101,7 @@ class FitTable:
         if len(cells) != len(self.columns):
             raise ValueError(f"{len(cells)} cells for {len(self.columns)} columns")
         for chunks, cell in zip(self._chunks, cells, strict=True):
-            if not chunks or isinstance(chunks[-1], Nums):
-                chunks.append([])
-            chunks[-1].append(cell)  # type: ignore[union-attr]
+            _open_cells(chunks).append(cell)
         self._styles.append(style)
 
     def add_rows(self, *columns: Sequence[Cell | None] | Nums) -> None:
@@ -118,9 +116,7 @@ class FitTable:
             if isinstance(column, Nums):
                 chunks.append(column)
             else:
-                if not chunks or isinstance(chunks[-1], Nums):
-                    chunks.append([])
-                chunks[-1].extend(column)  # type: ignore[union-attr]
+                _open_cells(chunks).extend(column)
         self._styles.extend([None] * count)
 
     @property
@@ -245,6 +241,13 @@ def _text(cell: str | Text) -> Text:
     return cell if isinstance(cell, Text) else Text(cell)
 
 
+def _open_cells(chunks: list[_Chunk]) -> list[Cell | None]:
+    """The column's last run of cells, a new one after a ``Nums`` block (cells are added to it in order)."""
+    if not chunks or isinstance(chunks[-1], Nums):
+        chunks.append([])
+    return chunks[-1]  # type: ignore[return-value]
+
+
 def _column_cells(chunks: Sequence[_Chunk]) -> list[str | Text]:
     """One column's cells as laid out: its numbers (``Num`` cells and ``Nums`` blocks alike) in one notation per
     precision, as ``formatting.numbers`` of all of them writes them; text made visible."""
@@ -255,7 +258,7 @@ def _column_cells(chunks: Sequence[_Chunk]) -> list[str | Text]:
             continue
         for cell in chunk:
             if isinstance(cell, Num):
-                scientific[cell.digits] = scientific.get(cell.digits, False) or _needs_scientific(
+                scientific[cell.digits] = scientific.get(cell.digits, False) or needs_scientific(
                     cell.value, cell.digits
                 )
     out: list[str | Text] = []
@@ -265,7 +268,7 @@ def _column_cells(chunks: Sequence[_Chunk]) -> list[str | Text]:
             continue
         for cell in chunk:
             if isinstance(cell, Num):
-                out.append(_number(cell.value, cell.digits, scientific[cell.digits]) + cell.suffix)
+                out.append(number_in(cell.value, cell.digits, scientific[cell.digits]) + cell.suffix)
             elif isinstance(cell, Text):
                 out.append(cell)
             elif cell is None:
@@ -280,13 +283,13 @@ def _float_array(nums: Nums) -> bool:
 
 
 def _nums_scientific(nums: Nums) -> bool:
-    """Whether any of ``nums`` needs scientific notation (``formatting._needs_scientific``)."""
+    """Whether any of ``nums`` needs scientific notation (``formatting.needs_scientific``)."""
     values, digits = nums.values, nums.digits
     if isinstance(values, np.ndarray) and values.dtype.kind in "iu":
         return False  # integers are written as integers
     if not _float_array(nums):
         shown = values if nums.present is None else [v for v, there in zip(values, nums.present, strict=True) if there]
-        return any(_needs_scientific(value, digits) for value in shown)
+        return any(needs_scientific(value, digits) for value in shown)
     with np.errstate(invalid="ignore"):
         fraction = np.isfinite(values) & (values != 0) & ~((values == np.trunc(values)) & (np.abs(values) < 1e15))
     if nums.present is not None:
@@ -296,7 +299,7 @@ def _nums_scientific(nums: Nums) -> bool:
         return True
     # inside the fixed range %g still writes an exponent where a value rounds up to 10**digits: those few, exactly
     border = magnitude[magnitude >= 10.0 ** (max(digits, 1) - 1)]
-    return any(_needs_scientific(value, digits) for value in border.tolist())
+    return any(needs_scientific(value, digits) for value in border.tolist())
 
 
 def _nums_texts(nums: Nums, scientific: bool) -> list[str]:
@@ -310,12 +313,12 @@ def _nums_texts(nums: Nums, scientific: bool) -> list[str]:
             _put(texts, ~np.asarray(present, dtype=bool), repeat("–"))
     else:
         there = [True] * len(values) if present is None else np.asarray(present, dtype=bool).tolist()
-        texts = [_number(v, digits, scientific) if hit else "–" for v, hit in zip(values, there, strict=True)]
+        texts = [number_in(v, digits, scientific) if hit else "–" for v, hit in zip(values, there, strict=True)]
     return texts if not nums.suffix else [text + nums.suffix for text in texts]
 
 
 def _float_texts(values: np.ndarray, present: np.ndarray | None, digits: int, scientific: bool) -> list[str]:
-    """``formatting._number(value, digits, scientific)`` of each float64 value (a dash where not ``present``): the
+    """``formatting.number_in(value, digits, scientific)`` of each float64 value (a dash where not ``present``): the
     values sorted into kinds (absent or NaN, ±inf, integral, fractional) by numpy, each kind written by one loop."""
     out = ["–"] * values.shape[0]
     finite = np.isfinite(values)
