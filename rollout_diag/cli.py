@@ -958,7 +958,8 @@ def report(
     refuse_overwriting_inputs({"output": output}, inputs, from_json, vs, presets_file)
     dump = None
     if inputs:  # opened before the imports below load torch: a bad file fails at once
-        dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend)
+        reading = (strict, chunk_tokens, device, workers, backend, where is None and steps is None)
+        dump = open_dump(inputs, input_format, trust_pickle, column, *reading)
     from rollout_diag.report import render_report
 
     if from_json:
@@ -1180,7 +1181,7 @@ def check(
       rollout-diag check run/ --gates default --by env_name --per-step
     """
     refuse_overwriting_inputs({"output": output, "junit": junit}, inputs, gates if gates != "default" else None)
-    dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device)
+    dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, read_ahead=True)
     from rollout_diag.drivers.check import check_run
     from rollout_diag.render.decisions import check_table, junit_xml
     from rollout_diag.render.export import json_pieces

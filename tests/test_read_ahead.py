@@ -1,7 +1,7 @@
-"""Reading ahead of torch (``DumpReader.read_ahead``, ``Dump.opened(read_ahead=True)``, the CLI's analyze and
-compare-presets): on the numba engine on the CPU the reader decodes, validates and runs each chunk's compiled passes
-(``kernels/prepass.py``) before torch is loaded, and the results, records and errors are those of reading when the
-call reads."""
+"""Reading ahead of torch (``DumpReader.read_ahead``, ``Dump.opened(read_ahead=True)``, the CLI's analyze,
+compare-presets, report and check): on the numba engine on the CPU the reader decodes, validates and runs each
+chunk's compiled passes (``kernels/prepass.py``) before torch is loaded, and the results, records and errors are
+those of reading when the call reads."""
 
 from __future__ import annotations
 
@@ -175,8 +175,21 @@ def test_bad_rows_are_recorded_and_fail_strict_reading_as_without_reading_ahead(
         ["analyze", "{spoilt}", "--strict", "--chunk-tokens", "8"],
         ["compare-presets", "{spoilt}", "--strict"],
         ["analyze", "{dump}", "--top-k", "0"],
+        ["check", "{dump}", "--max", "rollout_corr/k3_kl=1", "--per-step", "-f", "json", "--chunk-tokens", "200"],
+        ["check", "{spoilt}", "--max", "rollout_corr/k3_kl=1", "--chunk-tokens", "8"],
+        ["check", "{spoilt}", "--gates", "default", "--strict"],
     ],
-    ids=["analyze", "compare-presets", "skipped-rows", "strict", "strict-presets", "bad-option"],
+    ids=[
+        "analyze",
+        "compare-presets",
+        "skipped-rows",
+        "strict",
+        "strict-presets",
+        "bad-option",
+        "check",
+        "check-skipped-rows",
+        "check-strict",
+    ],
 )
 def test_the_cli_gives_the_same_output_and_errors_as_without_reading_ahead(tmp_path, dump, monkeypatch, arguments):
     from typer.testing import CliRunner
@@ -195,6 +208,28 @@ def test_the_cli_gives_the_same_output_and_errors_as_without_reading_ahead(tmp_p
     assert started == [True]
     assert (ahead.exit_code, ahead.stdout, ahead.stderr) == (plain.exit_code, plain.stdout, plain.stderr)
     assert "Traceback" not in ahead.stderr and (ahead.exit_code == 0) == ("0" not in given and "--strict" not in given)
+
+
+def test_the_report_is_the_same_as_without_reading_ahead(tmp_path, dump, monkeypatch):
+    from typer.testing import CliRunner
+
+    import rollout_diag.drivers.dump as dump_module
+    import rollout_diag.report as report_module
+    from rollout_diag.cli import app
+
+    monkeypatch.setattr(report_module, "_generated", lambda: "generated at a fixed time")
+    started = []
+    real = dump_module.reads_ahead
+    monkeypatch.setattr(dump_module, "reads_ahead", lambda *a: started.append(real(*a)) or started[-1])
+    pages = []
+    for name in ("ahead.html", "plain.html"):
+        given = ["--engine", "numba", "report", str(dump), "-o", str(tmp_path / name), "--chunk-tokens", "200"]
+        result = CliRunner().invoke(app, given)
+        assert result.exit_code == 0, result.output
+        pages.append((tmp_path / name).read_bytes())
+        monkeypatch.setattr(dump_module, "reads_ahead", lambda *a: False)
+    assert started == [True]
+    assert pages[0] == pages[1]
 
 
 def test_read_ahead_only_where_the_call_reads_everything_with_numba_on_the_cpu(dump, monkeypatch):

@@ -71,8 +71,8 @@ class Dump:
     def opened(self, read_ahead: bool = False) -> Dump:
         """This dump with its reader opened now (errors now); the next call that reads it uses that reader.
         ``read_ahead``: the reader also starts reading now, before torch is loaded, where the call will read the
-        whole input in this process with the numba engine on the CPU (:func:`reads_ahead`; the CLI's analyze and
-        compare-presets: decoding and the compiled passes overlap loading torch)."""
+        whole input in this process with the numba engine on the CPU (:func:`reads_ahead`; the CLI's analyze,
+        compare-presets, report and check: decoding and the compiled passes overlap loading torch)."""
         ready = replace(self)
         reader = self.open()
         if read_ahead and reads_ahead(self, reader):
