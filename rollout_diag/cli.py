@@ -958,8 +958,10 @@ def report(
     refuse_overwriting_inputs({"output": output}, inputs, from_json, vs, presets_file)
     dump = None
     if inputs:  # opened before the imports below load torch: a bad file fails at once
-        reading = (strict, chunk_tokens, device, workers, backend, where is None and steps is None)
-        dump = open_dump(inputs, input_format, trust_pickle, column, *reading)
+        whole = where is None and steps is None
+        dump = open_dump(
+            inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend, read_ahead=whole
+        )
     from rollout_diag.report import render_report
 
     if from_json:
