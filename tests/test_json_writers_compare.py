@@ -197,17 +197,15 @@ def test_preset_columns_are_each_steps_values(steps: PresetSteps) -> None:
         [getattr(step, name) for step in steps.base] for name in ("rows", "tokens", "empty_rows")
     ]
     for index, step in enumerate(expected):
-        folded = {
-            name: values[index]
-            for name, values in top.items()
-            if name.startswith("rollout_corr/") and values[index] is not None
-        }
-        folded.update(
-            (name, values[index]) for name, values in own.items() if name != "step" and values[index] is not None
-        )
-        assert folded == {
-            name: json_number(value) for name, value in step.metrics.items() if json_number(value) is not None
-        }
+        folded = {name: values[index] for name, values in top.items() if name.startswith("rollout_corr/")}
+        folded.update((name, values[index]) for name, values in own.items() if values[index] is not None)
+        folded = {name: value for name, value in folded.items() if value is not None and name != "step"}
+        for name, value in step.metrics.items():
+            if json_number(value) is not None:
+                assert folded.pop(name) == value, (index, name)
+            elif name in folded:  # a non-finite preset value of a §1 key: null, which a reader reads as "no value"
+                assert name in top and top[name][index] == folded.pop(name)
+        assert not folded, index
     assert "".join(comparison_json_pieces(result)) == comparison_text(document)
     again = ComparisonResult.from_json(json.loads(comparison_text(document)))
     assert "".join(comparison_json_pieces(again)) == comparison_text(document)

@@ -47,19 +47,31 @@ def json_pieces(document: dict[str, Any]) -> Iterator[str]:
                 items = _templated(value) if hasattr(value, "columns") else None  # the sweep's per-step tables
             if items is None:
                 items = (_indented(item, "\n    ") for item in value)
+            batch: list[str] = []  # items joined into pieces of about _PIECE characters: a write a piece
+            size = 0
             for index, item in enumerate(items):
+                batch.append(",\n    " if index else "\n    ")
                 if isinstance(item, str):
-                    yield ("," if index else "") + "\n    " + item
+                    batch.append(item)
+                    size += len(item)
+                    if size >= _PIECE:
+                        yield "".join(batch)
+                        batch, size = [], 0
                 else:  # an item written in pieces itself (ItemTexts of comparison_json_pieces' presets)
-                    yield ("," if index else "") + "\n    "
+                    yield "".join(batch)
                     yield from item
-            yield "\n  ]"
+                    batch, size = [], 0
+            batch.append("\n  ]")
+            yield "".join(batch)
         elif isinstance(value, ColumnTexts):
             yield lead
             yield from value.pieces("\n  ")
         else:
             yield lead + _indented(value, "\n  ")
     yield "\n}\n" if document else "}\n"
+
+
+_PIECE = 1 << 20
 
 
 def _lazy(value: object) -> bool:
@@ -110,8 +122,11 @@ def _templated(steps: Any) -> Iterator[str] | None:
         return None
 
     def texts(begin: int, end: int) -> list[list[str]]:
+        made: dict[bytes, list[str]] = {}  # a step's threshold is often the same for every target: formatted once
         return [
-            list(map(float.__repr__ if kind == "f" else int.__repr__, _plain(column[begin:end], kind)))
+            _float_texts(np.asarray(column[begin:end], dtype=np.float64), made)
+            if kind == "f"
+            else list(map(int.__repr__, _plain(column[begin:end], kind)))
             for column, kind in zip(values, kinds, strict=True)
         ]
 
@@ -154,8 +169,33 @@ def analysis_json_pieces(result: AnalysisResult) -> Iterator[str]:
     return json_pieces(document)
 
 
+_LEVEL_KEYS = ("step", "level", "levels")
+
+
 def level_texts(levels: Sequence[dict[str, Any]]) -> Iterator[str]:
-    return (_indented(dict(entry), _ITEM) for entry in levels)
+    """``_indented(dict(entry), "\\n    ")`` of every ``step_levels`` entry. An entry ``{"step": int, "level": str,
+    "levels": dict}`` is written around its levels' text, made once per levels dict (steps share one dict per row of
+    levels: ``decisions.step_levels_of``)."""
+    made: dict[int, tuple[dict[str, Any], str]] = {}
+    for entry in levels:
+        shape = tuple(entry) == _LEVEL_KEYS and tuple(map(type, entry.values())) == (int, str, dict)
+        if not shape:
+            yield _indented(dict(entry), _ITEM)
+        else:
+            judged = entry["levels"]
+            found = made.get(id(judged))
+            if found is None:  # the dict kept with its text, so that its id names it while the entries are written
+                found = made[id(judged)] = (judged, _indented(judged, _COUNTS))
+            yield (
+                '{\n      "step": '
+                + int.__repr__(entry["step"])
+                + ',\n      "level": '
+                + encode_basestring_ascii(entry["level"])
+                + ',\n      "levels": '
+                + found[1]
+                + _ITEM
+                + "}"
+            )
 
 
 def step_texts(steps: Sequence[StepResult]) -> Iterator[str]:
@@ -173,8 +213,15 @@ def step_texts(steps: Sequence[StepResult]) -> Iterator[str]:
         _kinds(presence, count),
         lambda members: _step_pattern(steps, members),
         lambda index: _indented(_step_at(steps, index).to_json(), _ITEM),
-        lambda slots, where: [_value_texts(column, where, indent, scalars) for column, indent, scalars in slots],
+        lambda slots, where: _slot_texts(slots, where),
     )
+
+
+def _slot_texts(slots: list[_Slot], where: np.ndarray) -> list[list[str]]:
+    """Each slot's value texts for the steps ``where``; equal float columns formatted once (a dialect's copy of a
+    metric, verl's ``log_ppl_diff_max`` of one-row steps)."""
+    made: dict[bytes, list[str]] = {}
+    return [_value_texts(column, where, indent, scalars, made) for column, indent, scalars in slots]
 
 
 def _step_at(steps: StepTable, index: int) -> StepResult:
@@ -244,22 +291,50 @@ def _pattern(text: str, slots: int) -> str | None:
     return "%s".join(piece.replace("%", "%%") for piece in text.split(template))
 
 
-def _value_texts(column: np.ndarray, at: np.ndarray, newline: str, numpy_scalars: bool = False) -> list[str]:
+def _value_texts(
+    column: np.ndarray,
+    at: np.ndarray,
+    newline: str,
+    numpy_scalars: bool = False,
+    made: dict[bytes, list[str]] | None = None,
+) -> list[str]:
     """The JSON text of ``column[at]``, each value as ``_indented(json_number(value), newline)`` encodes it: a float64
-    column read as Python floats (null where not finite), an integer one as ints. Other columns value by value:
-    ``numpy_scalars`` reads each as ``column[i]`` (MetricColumns' ``_scalar``), else as ``tolist`` gives it (Rows)."""
+    column read as Python floats (null where not finite; the texts of equal values ``made`` before, where given), an
+    integer one as ints. Other columns value by value: ``numpy_scalars`` reads each as ``column[i]`` (MetricColumns'
+    ``_scalar``), else as ``tolist`` gives it (Rows)."""
     values = column[at]
     if values.dtype == np.float64:
-        texts = list(map(float.__repr__, values.tolist()))
-        bad = ~np.isfinite(values)
-        if bad.any():
-            for index in np.flatnonzero(bad).tolist():
-                texts[index] = "null"
-        return texts
+        return _float_texts(values, made)
     if values.dtype.kind in "iu" and not numpy_scalars:
         return list(map(int.__repr__, values.tolist()))
     read = list(values) if numpy_scalars else values.tolist()
     return [_indented(json_number(value), newline) for value in read]
+
+
+def _float_texts(values: np.ndarray, made: dict[bytes, list[str]] | None = None, repeats: bool = True) -> list[str]:
+    """``json_number(value)``'s JSON text of each float64 value (null where not finite). With ``made``: the texts of
+    values equal bit for bit to some made before are those (the same list, read only), else made and kept there."""
+    if made is not None:
+        key = values.tobytes()
+        found = made.get(key)
+        if found is None:
+            found = made[key] = _float_texts(values)
+        return found
+    if repeats and values.shape[0] >= _REPEATS_FROM:
+        # a value repeated in a column (counts, shares of 0 or 1) formatted once: distinct bit patterns, so that
+        # -0.0 and 0.0 (and NaN payloads) keep their own texts
+        bits, where = np.unique(values.view(np.int64), return_inverse=True)
+        if bits.shape[0] * 4 <= values.shape[0] * 3:
+            return np.array(_float_texts(bits.view(np.float64), repeats=False), dtype=object)[where].tolist()
+    texts = list(map(float.__repr__, values.tolist()))
+    bad = ~np.isfinite(values)
+    if bad.any():
+        for index in np.flatnonzero(bad).tolist():
+            texts[index] = "null"
+    return texts
+
+
+_REPEATS_FROM = 64  # values in a block from which repeated values are looked for
 
 
 def row_texts(rows: Sequence[dict[str, Any]]) -> Iterator[str]:
@@ -282,7 +357,8 @@ def row_texts(rows: Sequence[dict[str, Any]]) -> Iterator[str]:
         return
     for begin in range(0, rows.count, _BLOCK):
         at = np.arange(begin, min(begin + _BLOCK, rows.count))
-        values = [_value_texts(column, at, newline) for column, newline in slots]
+        made: dict[bytes, list[str]] = {}
+        values = [_value_texts(column, at, newline, made=made) for column, newline in slots]
         yield from (pattern % row for row in zip(*values, strict=True))
 
 
@@ -353,8 +429,8 @@ def column_text(column: Column) -> str:
     """``json.dumps(column_json(column), separators=(",", ":"))``, from the column's values as a whole."""
     present, values = column.read()
     if values.dtype == np.float64:
-        texts = list(map(float.__repr__, values.tolist()))
-        for index in np.flatnonzero(~(present & np.isfinite(values))).tolist():
+        texts = _float_texts(values)
+        for index in np.flatnonzero(~present).tolist():
             texts[index] = "null"
     elif values.dtype.kind in "iu" and present.all():
         texts = list(map(int.__repr__, values.tolist()))
