@@ -6,17 +6,17 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from rollout_diag.catalogue import INTRUSIVE_MIN_ESS, INTRUSIVE_REJECTED_FRACTION
+from rollout_diag.catalogue import CATALOGUE, INTRUSIVE_MIN_ESS, INTRUSIVE_REJECTED_FRACTION, OFFPOLICY_PREFIX
 from rollout_diag.errors import ConfigError, InputError, option_name
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: compare-presets writes its per-step metrics as columns (1: a step object each)
 ExtraValue = float | int | bool | str | None  # a row's value of an extra dump column (reward, advantage, …)
 
 
@@ -985,6 +985,224 @@ def _document(result: Any, **body: Any) -> dict[str, Any]:
     }
 
 
+# ------------------------------------------------------------- compare-presets' per-step columns (schema version 2)
+# A column's source: (each step's position in ``values``, None where it is the step's own index, -1 where the source
+# has no entry for the step; the entries that hold a value, None: all; the values).
+ColumnSource = tuple["np.ndarray | None", "np.ndarray | None", np.ndarray]
+STEP_COUNTS = ("step", "rows", "tokens", "empty_rows")  # the leading columns of the document's top-level ``steps``
+# METRICS.md §1: the off-policy metrics of the data, the same under every preset (verl computes them before any
+# correction); the comparison document writes them once per step, in its top-level ``steps``
+FIRST_SECTION = frozenset(metric.key for metric in CATALOGUE.values() if metric.section == "offpolicy")
+
+
+class Column:
+    """One column of a per-step block of the ``compare-presets`` document: a value per step, assembled when read from
+    ``sources`` in order (a later source's value wins, as a step's key groups fold). ``identity`` names what the
+    column is read from (equal identities, equal columns; None: not named), so that a writer formats once a column
+    that several presets share."""
+
+    __slots__ = ("count", "identity", "sources")
+
+    def __init__(self, count: int, sources: Sequence[ColumnSource], identity: Hashable | None = None) -> None:
+        self.count, self.sources, self.identity = count, tuple(sources), identity
+
+    def read(self) -> tuple[np.ndarray, np.ndarray]:
+        """(steps with a value: bool [S], the values [S]): float64 (NaN where absent) where every source is float64,
+        a source's own dtype where it is the only one and covers every step (the int64 step counts), else object
+        (each value as the source holds it, None where absent)."""
+        if len(self.sources) == 1 and self.sources[0][0] is None and self.sources[0][1] is None:
+            return np.ones(self.count, dtype=bool), np.asarray(self.sources[0][2])
+        floats = all(np.asarray(values).dtype == np.float64 for _, _, values in self.sources)
+        out = np.full(self.count, math.nan) if floats else np.full(self.count, None, dtype=object)
+        present = np.zeros(self.count, dtype=bool)
+        for at, reports, values in self.sources:
+            values = np.asarray(values)
+            if at is None:
+                here = np.ones(self.count, dtype=bool) if reports is None else np.array(reports, dtype=bool)
+                out[here] = values[here]
+            else:
+                here = at >= 0
+                positions = at[here]
+                if reports is not None:
+                    keep = np.asarray(reports, dtype=bool)[positions]
+                    here[here] = keep
+                    positions = positions[keep]
+                out[here] = values[positions]
+            present |= here
+        return present, out
+
+
+def column_json(column: Column) -> list[Any]:
+    """``column`` as the document's list: each value as ``json_number`` gives it (null for NaN and ±inf), null where
+    the step has no value."""
+    present, values = column.read()
+    if values.dtype == np.float64:
+        out = values.tolist()
+        for index in np.flatnonzero(~(present & np.isfinite(values))).tolist():
+            out[index] = None
+        return out
+    out = values.tolist()
+    return [json_number(value) if here else None for value, here in zip(out, present.tolist(), strict=True)]
+
+
+def table_columns(metrics: MetricColumns, count: int, names: Iterable[str] | None = None) -> dict[str, Column]:
+    """The keys of ``metrics`` (``names`` of them, in their order; default: every key, in the order its groups list
+    them) as document columns, each folded from the groups that hold it."""
+    return {
+        name: Column(
+            count,
+            [(None, metrics.groups[group][0], metrics.groups[group][1][name]) for group in metrics.where[name]],
+            tuple((id(metrics.groups[group][0]), id(metrics.groups[group][1][name])) for group in metrics.where[name]),
+        )
+        for name in (metrics.where if names is None else names)
+    }
+
+
+def comparison_columns(presets: Sequence[PresetResult]) -> tuple[dict[str, Column], list[dict[str, Column]]]:
+    """The per-step columns of the ``compare-presets`` document: its top-level block (each step's id, rows, tokens and
+    empty rows, then its §1 metrics, the same under every preset) and each preset's own block (the step ids, then the
+    preset's own metrics: §2/§3 or §8 and ``summary/``; a §1 key too where the preset's value differs, which a reader
+    lays over the top-level one). Presets read from the pass (``metrics.outcome.PresetSteps``) or from a document
+    (:class:`PresetTable`) give their columns as held; other steps are read step by step. Raises ValueError when the
+    presets do not hold the same steps (a document has one set of steps)."""
+    tables = [preset.steps for preset in presets]
+    base = getattr(tables[0], "base", None) if tables else None
+    if isinstance(base, StepTable) and all(
+        getattr(steps, "base", None) is base and callable(getattr(steps, "json_columns", None)) for steps in tables
+    ):
+        count = len(base)
+        top = {
+            name: Column(count, [(None, None, column)], ("counts", id(column)))
+            for name, column in zip(STEP_COUNTS, (base.step_ids, base.rows, base.tokens, base.empty_rows), strict=True)
+        }
+        top.update(
+            table_columns(
+                base.metrics, count, [name for name in base.metrics.where if name.startswith(OFFPOLICY_PREFIX)]
+            )
+        )
+        return top, [{"step": top["step"], **steps.json_columns()} for steps in tables]
+    return _listed_columns(presets)
+
+
+def _listed_columns(presets: Sequence[PresetResult]) -> tuple[dict[str, Column], list[dict[str, Column]]]:
+    """:func:`comparison_columns` of presets whose steps are StepResults, read one by one."""
+    listed = [list(preset.steps) for preset in presets]
+    first = listed[0] if listed else []
+    count = len(first)
+    counts = [np.array([getattr(step, name) for step in first], dtype=np.int64) for name in STEP_COUNTS]
+    for preset, steps in zip(presets, listed, strict=True):
+        mine = [[getattr(step, name) for step in steps] for name in STEP_COUNTS]
+        if any(values != column.tolist() for values, column in zip(mine, counts, strict=True)):
+            raise ValueError(
+                f"preset {preset.name!r} holds other steps than {presets[0].name!r} (step ids, rows, tokens or empty "
+                "rows): a compare-presets document holds one set of steps"
+            )
+    top = {name: Column(count, [(None, None, column)]) for name, column in zip(STEP_COUNTS, counts, strict=True)}
+    shared = {name: None for step in first for name in step.metrics if name in FIRST_SECTION}
+    top.update((name, _listed_column(first, name)) for name in shared)
+    blocks = []
+    for steps in listed:
+        block = {"step": top["step"]}
+        for name in {name: None for step in steps for name in step.metrics}:
+            column = _listed_column(steps, name)
+            if name not in shared or not _same_column(column, top[name]):
+                block[name] = column
+        blocks.append(block)
+    return top, blocks
+
+
+def _listed_column(steps: Sequence[StepResult], name: str) -> Column:
+    present = np.array([name in step.metrics for step in steps], dtype=bool)
+    values = [step.metrics[name] if here else None for step, here in zip(steps, present.tolist(), strict=True)]
+    if all(type(value) is float for value, here in zip(values, present.tolist(), strict=True) if here):
+        column = np.array([math.nan if value is None else value for value in values], dtype=np.float64)
+    else:
+        column = np.empty(len(values), dtype=object)
+        column[:] = values
+    return Column(len(steps), [(None, present, column)])
+
+
+def _same_column(one: Column, other: Column) -> bool:
+    """The same steps hold a value in both, and the values are equal (NaN equal to NaN)."""
+    (here, values), (there, others) = one.read(), other.read()
+    if not np.array_equal(here, there):
+        return False
+    return all(
+        a == b or (a != a and b != b) for a, b in zip(values[here].tolist(), others[there].tolist(), strict=True)
+    )
+
+
+class PresetTable(StepTable):
+    """``PresetResult.steps`` read back from a ``compare-presets`` document (schema version 2): the document's
+    top-level columns (``base``: each step's counts and §1 metrics, shared by every preset) and the preset's own
+    (``own``). A step's metrics are the §1 ones followed by the preset's own (a preset's value of a §1 key in that
+    key's place), as the pass makes them (``metrics.outcome.with_metrics``)."""
+
+    def __init__(self, base: StepTable, own: MetricColumns) -> None:
+        super().__init__(
+            base.step_ids,
+            base.rows,
+            base.tokens,
+            base.empty_rows,
+            MetricColumns([*base.metrics.groups, *own.groups], len(base)),
+        )
+        self.base, self.own = base, own
+
+    def json_columns(self) -> dict[str, Column]:
+        """The preset's own metrics as document columns (:func:`comparison_columns`)."""
+        return table_columns(self.own, len(self))
+
+    def __repr__(self) -> str:
+        return f"PresetTable({len(self)} steps)"
+
+    def __reduce__(self):
+        return (PresetTable, (self.base, self.own))
+
+
+def _block_from_json(
+    raw: Any, path: str, counts: Sequence[str], length: int | None = None, prefix: str = ""
+) -> tuple[dict[str, np.ndarray], MetricColumns]:
+    """A per-step block of a ``compare-presets`` document (schema version 2): its ``counts`` columns as int64 and its
+    metric columns as MetricColumns (each run of keys with a value on the same steps one group; a value null where the
+    step has none; keys without ``prefix`` are left out); every column as long as the first (or ``length``). Raises
+    InputError naming the field."""
+    if not isinstance(raw, dict):
+        raise InputError(f"field '{path}': expected an object of columns, found {_found(raw)}.")
+    integers: dict[str, np.ndarray] = {}
+    for name in counts:
+        if name not in raw:
+            raise InputError(f"field '{_join(path, name)}': missing.")
+        check_shape(list[int], raw[name], _join(path, name))
+        integers[name] = np.array(raw[name], dtype=np.int64)
+    size = length if length is not None else len(raw[counts[0]])
+    groups: list[KeyColumns] = []
+    previous: np.ndarray | None = None
+    for name, values in raw.items():
+        if name in STEP_COUNTS or not name.startswith(prefix):
+            continue
+        where_ = _join(path, name)
+        check_shape(list[float], values, where_)
+        if len(values) != size:
+            raise InputError(f"field '{where_}': expected {size} values (one per step), found {len(values)}.")
+        present = np.array([value is not None for value in values], dtype=bool)
+        if all(type(value) is float for value in values if value is not None):
+            column = np.array([math.nan if value is None else value for value in values], dtype=np.float64)
+        else:
+            column = np.empty(size, dtype=object)
+            column[:] = values
+        if previous is not None and np.array_equal(previous, present):
+            groups[-1][1][name] = column
+        else:
+            groups.append((present, {name: column}))
+            previous = present
+    for name, column in integers.items():
+        if column.shape[0] != size:
+            raise InputError(
+                f"field '{_join(path, name)}': expected {size} values (one per step), found {column.shape[0]}."
+            )
+    return integers, MetricColumns(groups, size)
+
+
 @dataclass(frozen=True)
 class PresetResult:
     """One preset: its settings, §1 + §2/§3 (or §8) + ``summary/`` metrics per step and for the run."""
@@ -1100,16 +1318,27 @@ class ComparisonResult:
 
     @classmethod
     def from_json(cls, document: dict[str, Any]) -> ComparisonResult:
-        """Inverse of ``to_json`` (``compare-presets --format json``); raises InputError for another document."""
+        """Inverse of ``to_json`` (``compare-presets --format json``), of this schema version (per-step columns) or
+        version 1 (a step object each); raises InputError for another document or a newer version."""
         what = "not a `compare-presets --format json` result"
         if not isinstance(document, dict):
             raise InputError(f"{what}: expected an object, found {_found(document)}.")
+        presets: list[PresetResult] | None = None
         try:
-            check_shape(cls, document, "", require=False)
+            version = _schema_version(document)
+            shape, listed = document, document.get("presets")
+            if version >= 2 and isinstance(listed, list):  # the steps are columns, read below
+                shape = {
+                    **document,
+                    "presets": [{**item, "steps": []} if isinstance(item, dict) else item for item in listed],
+                }
+            check_shape(cls, shape, "", require=False)
             check_shape(dict[str, Number], document.get("intrusive", {}), "intrusive")
             for index, option in enumerate(document.get("sweep", [])):  # the target shares asked for are never null
                 for place, target in enumerate(option["thresholds"]):
                     check_shape(Number, target.get("target"), f"sweep[{index}].thresholds[{place}].target")
+            if version >= 2:
+                presets = _presets_from_columns(document)
         except InputError as exc:
             raise InputError(f"{what}: {exc.message}") from None
         try:
@@ -1117,7 +1346,7 @@ class ComparisonResult:
             return cls(
                 inputs=document["inputs"],
                 columns=document["columns"],
-                presets=[PresetResult.from_json(item) for item in document["presets"]],
+                presets=[PresetResult.from_json(item) for item in document["presets"]] if presets is None else presets,
                 warnings=document.get("warnings", []),
                 skipped=[SkippedRow(**item) for item in document.get("skipped", [])],
                 skipped_rows=document.get("skipped_rows", 0),
@@ -1161,14 +1390,34 @@ class ComparisonResult:
         raise KeyError(name)
 
     def to_json(self) -> dict[str, Any]:
+        """The documented JSON (schemas/comparison.schema.json): the per-step values as columns, a list per key, in the
+        top-level ``steps`` (each step's id, rows, tokens, empty rows and §1 metrics, the same under every preset) and
+        in each preset's ``steps`` (the step ids and the preset's own metrics); null where a step has no value."""
         document = self.json_document()
         document["step_levels"] = [dict(entry) for entry in self.step_levels]
-        document["presets"] = [preset.to_json() for preset in self.presets]
+        document["steps"] = {name: column_json(column) for name, column in document["steps"].items()}
+        document["presets"] = [
+            {**preset, "steps": {name: column_json(column) for name, column in preset["steps"].items()}}
+            for preset in document["presets"]
+        ]
         return document
 
     def json_document(self) -> dict[str, Any]:
-        """``to_json`` with ``presets`` the PresetResults themselves (not their JSON) and ``step_levels`` the entries as
-        held: what ``render.export.comparison_json_pieces`` writes preset by preset and step by step."""
+        """``to_json`` with the per-step blocks as :class:`Column` objects (read when written) and ``step_levels`` the
+        entries as held: what ``render.export.comparison_json_pieces`` writes a column at a time."""
+        top, blocks = comparison_columns(self.presets)
+        presets = [
+            {
+                "name": preset.name,
+                "mode": preset.mode,
+                "config": dict(preset.config),
+                "intrusive": preset.intrusive,
+                "intrusive_reasons": list(preset.intrusive_reasons),
+                "steps": block,
+                "run": preset.run.to_json(),
+            }
+            for preset, block in zip(self.presets, blocks, strict=True)
+        ]
         return _document(
             self,
             layout=self.layout,
@@ -1179,11 +1428,53 @@ class ComparisonResult:
             recommendation_withheld=self.recommendation_withheld,
             verdicts=[{**asdict(v), "value": json_number(v.value)} for v in self.verdicts],
             step_levels=self.step_levels,
-            presets=list(self.presets),
+            steps=top,
+            presets=presets,
             sweep=[option.to_json() for option in self.sweep],
             **({"groups": [group.to_json() for group in self.groups]} if self.groups else {}),
             **({"selection": dict(self.selection)} if self.selection else {}),
         )
+
+
+def _schema_version(document: dict[str, Any]) -> int:
+    """The document's ``schema_version`` (1 where it has none); raises InputError for one that is no whole number or
+    newer than this build reads."""
+    version = document.get("schema_version", 1)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise InputError(f"field 'schema_version': expected a whole number, found {_found(version)}.")
+    if version > SCHEMA_VERSION:
+        raise InputError(
+            f"result has schema_version {version}, this rollout-diag reads up to {SCHEMA_VERSION}: upgrade"
+        )
+    return version
+
+
+def _presets_from_columns(document: dict[str, Any]) -> list[PresetResult]:
+    """The presets of a ``compare-presets`` document of schema version 2: each preset's steps a :class:`PresetTable`
+    over the top-level ``steps`` columns and its own. Raises InputError naming the field that is wrong."""
+    if "steps" not in document:
+        raise InputError("field 'steps': missing.")
+    counts, shared = _block_from_json(document["steps"], "steps", STEP_COUNTS, prefix=OFFPOLICY_PREFIX)
+    base = StepTable(counts["step"], counts["rows"], counts["tokens"], counts["empty_rows"], shared)
+    presets = []
+    for index, item in enumerate(document.get("presets", [])):  # their other fields' shape is checked
+        path = f"presets[{index}].steps"
+        if "steps" not in item:
+            raise InputError(f"field '{path}': missing.")
+        steps, own = _block_from_json(item["steps"], path, ("step",), len(base))
+        if not np.array_equal(steps["step"], base.step_ids):
+            raise InputError(f"field '{path}.step': expected the steps of the top-level 'steps.step'.")
+        presets.append(
+            PresetResult(
+                name=item["name"],
+                config=item["config"],
+                mode=item["mode"],
+                steps=PresetTable(base, own),  # type: ignore[arg-type]
+                run=StepResult.from_json(item["run"]),
+                intrusive_reasons=tuple(item.get("intrusive_reasons", ())),
+            )
+        )
+    return presets
 
 
 @dataclass(frozen=True)

@@ -190,7 +190,7 @@ def test_worst_rows_table_points_at_the_file_row(sample_table: Result, sample_js
 # ---------------------------------------------------------------------------- analyze: json / csv
 def test_json_has_the_documented_shape(sample_json: dict, sample: Path) -> None:
     document = sample_json
-    assert document["schema_version"] == 1
+    assert document["schema_version"] == 2
     for key in ("inputs", "columns", "run", "steps", "rounds", "warnings", "skipped", "skipped_rows"):
         assert key in document, key
     assert document["inputs"] == [str(sample)]

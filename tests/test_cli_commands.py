@@ -45,7 +45,7 @@ def test_compare_presets_json_agrees_with_the_sweep(comparison_json: dict) -> No
 def test_compare_presets_csv_has_a_line_per_preset_and_step(comparison_json: dict) -> None:
     text = succeeded(invoke("compare-presets", SAMPLE, "--device", "cpu", "-f", "csv", "--preset", "verl"))
     rows = list(csv.DictReader(io.StringIO(text)))
-    steps = len(comparison_json["presets"][0]["steps"])
+    steps = len(comparison_json["steps"]["step"])
     assert len(rows) == len(VERL_PRESETS) * (steps + 1)
     assert {row["step"] for row in rows} == {"run", *(str(s) for s in range(steps))}
 

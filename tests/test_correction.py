@@ -341,11 +341,12 @@ def test_chunk_size_does_not_change_results(dump, compared):
 
 def test_json_shape(compared):
     data = compared.to_json()
-    assert data["schema_version"] == 1 and {row["option"] for row in data["sweep"]} >= {"is_token", "seq_mean_k3"}
-    assert {"inputs", "presets", "warnings", "skipped"} <= set(data)
+    assert data["schema_version"] == 2 and {row["option"] for row in data["sweep"]} >= {"is_token", "seq_mean_k3"}
+    assert {"inputs", "steps", "presets", "warnings", "skipped"} <= set(data)
+    assert {"step", "rows", "tokens", "empty_rows", "rollout_corr/k3_kl"} <= set(data["steps"])
     first = data["presets"][0]
     assert {"name", "config", "steps", "run", "mode", "intrusive"} <= set(first)
-    assert {"step", "metrics"} <= set(first["steps"][0]) and "metrics" in first["run"]
+    assert first["steps"]["step"] == data["steps"]["step"] and "metrics" in first["run"]
     assert any("no model token" in warning for warning in data["warnings"])
 
 

@@ -180,3 +180,80 @@ def test_check_json_written_outcome_by_outcome_is_the_document(tiny_steps: str) 
     document = odd.to_json()
     assert [outcome["value"] for outcome in document["outcomes"]] == [None, None, None]
     assert "".join(json_pieces(odd.json_document())) == _dumps(document)
+
+
+# ------------------------------------------------------------------ texts made once (issue 20: 200 000 steps)
+_POOL = [0.0, -0.0, 1.0, 0.1, 1e-300, 1e300, 3.0, math.inf, -math.inf, math.nan]
+_NAN_PAYLOAD = np.array([0x7FF8000000000001], dtype=np.int64).view(np.float64)[0]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.integers(0, 400).flatmap(lambda n: st.lists(st.sampled_from([*_POOL, _NAN_PAYLOAD]), min_size=n, max_size=n)),
+    st.lists(_FLOATS, max_size=20),
+    st.booleans(),
+)
+def test_float_texts_are_each_values_json(repeated: list, other: list, shared: bool) -> None:
+    """Repeated values (a block of 64 or more) and equal columns (``made``) are formatted once: the same texts,
+    -0.0 and 0.0 apart, every NaN and infinity null."""
+    from rollout_diag.render.export import _float_texts
+
+    flat = repeated + other
+    column = np.array(flat, dtype=np.float64)
+    expected = [json.dumps(value if math.isfinite(value) else None) for value in flat]
+    made: dict = {} if shared else None  # type: ignore[assignment]
+    assert _float_texts(column, made) == expected
+    assert _float_texts(column.copy(), made) == expected  # an equal column: the same texts
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(60, 300), st.data())
+def test_step_texts_of_repeated_values_are_each_steps_json(count: int, data) -> None:
+    """Blocks of repeated values and equal columns (a dialect copying a metric): the texts formatted once are the
+    texts each step's own encoding writes."""
+    pick = st.lists(st.sampled_from(_POOL), min_size=count, max_size=count)
+    first = np.array(data.draw(pick), dtype=np.float64)
+    groups = [(np.ones(count, dtype=bool), {"a": first, "b": np.array(data.draw(pick)), "c": first.copy()})]
+    dialect = MetricColumns([(np.arange(count) % 3 > 0, {"x": first.copy()})], count)
+    table = StepTable(
+        np.arange(count),
+        np.ones(count),
+        np.ones(count),
+        np.zeros(count),
+        MetricColumns(groups, count),
+        {"verl": dialect},
+    )
+    written = "".join(json_pieces({"steps": ItemTexts(count, lambda: step_texts(table))}))
+    assert written == _dumps({"steps": [step.to_json() for step in table]})
+
+
+def test_step_levels_are_written_around_their_shared_levels() -> None:
+    from rollout_diag.render.export import level_texts
+
+    shared = {"rollout_corr/k3_kl": "bad", "mismatch/x": "ok"}
+    entries = [
+        {"step": 0, "level": "bad", "levels": shared},
+        {"step": 1, "level": "ok", "levels": {}},
+        {"step": 2, "level": "bad", "levels": shared},
+        {"step": None, "level": "ok", "levels": shared},  # other shapes: encoded as they are
+        {"step": True, "level": "ok", "levels": shared},
+        {"level": "ok", "step": 3, "levels": shared},
+        {"step": 4, "level": "ok", "levels": shared, "more": 1},
+        {"step": 5, "level": "ok", "levels": [1]},
+        {"step": 6, "level": "é\n", "levels": {"ü": "\t"}},
+    ]
+    texts = list(level_texts(entries))
+    assert texts == [json.dumps(entry, indent=2).replace("\n", "\n    ") for entry in entries]
+
+
+def test_items_are_written_in_pieces_of_about_a_megabyte(tiny_steps: str, monkeypatch) -> None:
+    """Items are joined into larger pieces (fewer writes); any piece size gives the same text."""
+    import rollout_diag.render.export as export
+
+    result = rd.analyze(tiny_steps, device="cpu")
+    whole = "".join(analysis_json_pieces(result))
+    monkeypatch.setattr(export, "_PIECE", 100)
+    pieces = list(analysis_json_pieces(result))
+    assert "".join(pieces) == whole == _dumps(result.to_json())
+    monkeypatch.setattr(export, "_PIECE", 1 << 20)
+    assert len(list(analysis_json_pieces(result))) < len(pieces)

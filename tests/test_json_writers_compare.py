@@ -1,12 +1,12 @@
-"""``compare-presets -f json`` written piece by piece from the pass's columns (200 000 steps × 25 presets is about
-12 GB of JSON, issue 20 item 3): joined, the pieces are exactly ``json.dumps(document, indent=2)`` + newline of the
-document ``to_json()`` builds, whatever the presets' parts report per step (steps a part has not seen, key groups on
-some steps only, a preset value overriding a §1 key, NaN and infinities)."""
+"""``compare-presets -f json`` written piece by piece from the pass's columns (200 000 steps × 25 presets, issue 20
+item 3): joined, the pieces are exactly ``json.dumps(document, indent=2)`` + newline of the document ``to_json()``
+builds, with each list of a per-step block on one line (``comparison_text``), whatever the presets' parts report per
+step (steps a part has not seen, key groups on some steps only, a preset value overriding a §1 key, NaN and
+infinities)."""
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -19,15 +19,41 @@ from test_many_steps import tiny_rows
 from rollout_diag.decisions.recommend import sort_by_intrusiveness
 from rollout_diag.drivers.compare import compare_presets
 from rollout_diag.metrics.outcome import PresetSteps
-from rollout_diag.render.export import comparison_json_pieces, preset_step_texts
-from rollout_diag.results import ComparisonResult, MetricColumns, StepTable
+from rollout_diag.render.export import comparison_json_pieces
+from rollout_diag.results import (
+    ComparisonResult,
+    MetricColumns,
+    PresetResult,
+    StepResult,
+    StepTable,
+    json_number,
+)
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_data"
+_SLOT = "\x00column\x00"
 
 
-def _dumps(document: dict) -> str:
-    """The reference: the standard library's own encoder."""
-    return json.dumps(document, indent=2, allow_nan=False) + "\n"
+def comparison_text(document: dict) -> str:
+    """The reference: the standard library's own encoder, indented, each list of a per-step block (the top-level
+    ``steps`` and each preset's) encoded alone without spaces and put in its place."""
+    lines: list[str] = []
+
+    def slotted(block: dict) -> dict:
+        out = {}
+        for name, values in block.items():
+            out[name] = f"{_SLOT}{len(lines)}"
+            lines.append(json.dumps(values, separators=(",", ":"), allow_nan=False))
+        return out
+
+    marked = {**document, "steps": slotted(document["steps"])}
+    marked["presets"] = [{**preset, "steps": slotted(preset["steps"])} for preset in document["presets"]]
+    text = json.dumps(marked, indent=2, allow_nan=False) + "\n"
+    for index, line in enumerate(lines):
+        text = text.replace(json.dumps(f"{_SLOT}{index}"), line, 1)
+    return text
+
+
+_dumps = comparison_text
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +67,7 @@ def test_compare_json_written_from_columns_is_the_document(tiny_steps: str) -> N
     assert isinstance(result.presets[0].steps, PresetSteps) and len(result.presets) > 10
     written = "".join(comparison_json_pieces(result))
     assert written == _dumps(result.to_json())
-    assert json.loads(written)["presets"][2]["steps"][5]["step"] == 5
+    assert json.loads(written)["presets"][2]["steps"]["step"][5] == 5
 
 
 @pytest.mark.parametrize(
@@ -155,20 +181,31 @@ def _preset_steps(draw) -> PresetSteps:
 
 @settings(max_examples=150, deadline=None)
 @given(_preset_steps())
-def test_preset_step_texts_are_each_steps_json(steps: PresetSteps) -> None:
-    newline = "\n        "
-    expected = [json.dumps(step.to_json(), indent=2, allow_nan=False).replace("\n", newline) for step in steps]
-    assert list(preset_step_texts(steps, newline)) == expected
-    assert list(preset_step_texts(list(steps), newline)) == expected  # a plain list: step by step
-
-
-def test_a_preset_value_overrides_a_first_section_key_in_its_place() -> None:
-    """``with_metrics``: the step's §1 keys first, a preset's value of one of them in that key's place."""
-    groups = [(np.ones(2, dtype=bool), {"rollout_corr/k3_kl": np.array([1.0, 2.0]), "x": np.array([0.0, 0.0])})]
-    base = StepTable(np.array([3, 4]), np.ones(2), np.ones(2), np.zeros(2), MetricColumns(groups, 2))
-    part = (np.array([4]), [(np.array([True]), {"summary/y": np.array([5.0]), "rollout_corr/k3_kl": [math.inf]})])
-    part = (part[0], [(part[1][0][0], {k: np.asarray(v, dtype=np.float64) for k, v in part[1][0][1].items()})])
-    steps = PresetSteps(base, _Corrections([part]), "p")  # type: ignore[arg-type]
-    texts = [json.loads(text)["metrics"] for text in preset_step_texts(steps, "\n")]
-    assert texts == [{"rollout_corr/k3_kl": 1.0}, {"rollout_corr/k3_kl": None, "summary/y": 5.0}]
-    assert list(texts[1]) == ["rollout_corr/k3_kl", "summary/y"]
+def test_preset_columns_are_each_steps_values(steps: PresetSteps) -> None:
+    """A preset's columns hold each step's value of its own keys (null where the step has none); laid over the
+    top-level §1 columns they give each step's metrics, and a preset read back from them equals the pass's."""
+    expected = list(steps)
+    result = ComparisonResult(
+        inputs=["x"],
+        columns={},
+        presets=[PresetResult("p", {}, "m", steps, expected[0] if expected else StepResult(None, 0, 0, {}))],
+    )  # type: ignore[arg-type]
+    document = result.to_json()
+    top, own = document["steps"], document["presets"][0]["steps"]
+    assert top["step"] == own["step"] == [step.step for step in expected]
+    assert [top[name] for name in ("rows", "tokens", "empty_rows")] == [
+        [getattr(step, name) for step in steps.base] for name in ("rows", "tokens", "empty_rows")
+    ]
+    for index, step in enumerate(expected):
+        folded = {name: values[index] for name, values in top.items() if name.startswith("rollout_corr/")}
+        folded.update((name, values[index]) for name, values in own.items() if values[index] is not None)
+        folded = {name: value for name, value in folded.items() if value is not None and name != "step"}
+        for name, value in step.metrics.items():
+            if json_number(value) is not None:
+                assert folded.pop(name) == value, (index, name)
+            elif name in folded:  # a non-finite preset value of a §1 key: null, which a reader reads as "no value"
+                assert name in top and top[name][index] == folded.pop(name)
+        assert not folded, index
+    assert "".join(comparison_json_pieces(result)) == comparison_text(document)
+    again = ComparisonResult.from_json(json.loads(comparison_text(document)))
+    assert "".join(comparison_json_pieces(again)) == comparison_text(document)

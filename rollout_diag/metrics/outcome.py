@@ -34,7 +34,7 @@ from rollout_diag.metrics.correction import (
 from rollout_diag.metrics.legacy import LegacyAccumulator, legacy_keep, legacy_rejections, mask_name, veto_name
 from rollout_diag.metrics.segments import ChunkStats, PerToken, stats
 from rollout_diag.presets import ImportanceSampling, LegacyCorrection, Preset, RejectionOption
-from rollout_diag.results import ReadSequence, StepResult
+from rollout_diag.results import Column, ColumnSource, ReadSequence, StepResult
 
 if TYPE_CHECKING:
     import torch
@@ -421,6 +421,20 @@ class PresetSteps(ReadSequence):
                 for index, value in zip(hits.tolist(), read[1][hits].tolist(), strict=True):
                     out[index] = value
         return out
+
+    def json_columns(self) -> dict[str, Column]:
+        """The preset's own metrics (its parts' keys, in the order a step lists them) as the comparison document's
+        columns (``results.comparison_columns``): each key read from the parts that report it, in ``_step``'s order (a
+        later part's value wins), named by the arrays it is read from, so that presets sharing a part share it."""
+        ids = getattr(self.base, "step_ids", None)
+        sources: dict[str, list[ColumnSource]] = {}
+        names: dict[str, list[tuple[int, ...]]] = {}
+        for (at, groups), (steps, _) in zip(self._columns(), self.corrections.step_columns(self.name), strict=True):
+            for reports, values in groups:
+                for key, column in values.items():
+                    sources.setdefault(key, []).append((at, reports, column))
+                    names.setdefault(key, [(id(ids),)]).append((id(steps), id(reports), id(column)))
+        return {key: Column(len(self), found, tuple(names[key])) for key, found in sources.items()}
 
     def _columns(self) -> list[tuple[np.ndarray, list[KeyGroup]]]:
         """Per part of the preset: (position in the part's columns of each base step, −1 where absent; key groups)."""

@@ -6,15 +6,16 @@ import csv
 import io
 import json
 import math
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
 import numpy as np
 
-from rollout_diag.catalogue import OFFPOLICY_PREFIX
 from rollout_diag.results import (
     AnalysisResult,
+    Column,
     ComparisonResult,
     MetricColumns,
     RowMetrics,
@@ -46,16 +47,31 @@ def json_pieces(document: dict[str, Any]) -> Iterator[str]:
                 items = _templated(value) if hasattr(value, "columns") else None  # the sweep's per-step tables
             if items is None:
                 items = (_indented(item, "\n    ") for item in value)
+            batch: list[str] = []  # items joined into pieces of about _PIECE characters: a write a piece
+            size = 0
             for index, item in enumerate(items):
+                batch.append(",\n    " if index else "\n    ")
                 if isinstance(item, str):
-                    yield ("," if index else "") + "\n    " + item
+                    batch.append(item)
+                    size += len(item)
+                    if size >= _PIECE:
+                        yield "".join(batch)
+                        batch, size = [], 0
                 else:  # an item written in pieces itself (ItemTexts of comparison_json_pieces' presets)
-                    yield ("," if index else "") + "\n    "
+                    yield "".join(batch)
                     yield from item
-            yield "\n  ]"
+                    batch, size = [], 0
+            batch.append("\n  ]")
+            yield "".join(batch)
+        elif isinstance(value, ColumnTexts):
+            yield lead
+            yield from value.pieces("\n  ")
         else:
             yield lead + _indented(value, "\n  ")
     yield "\n}\n" if document else "}\n"
+
+
+_PIECE = 1 << 20
 
 
 def _lazy(value: object) -> bool:
@@ -106,8 +122,11 @@ def _templated(steps: Any) -> Iterator[str] | None:
         return None
 
     def texts(begin: int, end: int) -> list[list[str]]:
+        made: dict[bytes, list[str]] = {}  # a step's threshold is often the same for every target: formatted once
         return [
-            list(map(float.__repr__ if kind == "f" else int.__repr__, _plain(column[begin:end], kind)))
+            _float_texts(np.asarray(column[begin:end], dtype=np.float64), made)
+            if kind == "f"
+            else list(map(int.__repr__, _plain(column[begin:end], kind)))
             for column, kind in zip(values, kinds, strict=True)
         ]
 
@@ -150,8 +169,33 @@ def analysis_json_pieces(result: AnalysisResult) -> Iterator[str]:
     return json_pieces(document)
 
 
+_LEVEL_KEYS = ("step", "level", "levels")
+
+
 def level_texts(levels: Sequence[dict[str, Any]]) -> Iterator[str]:
-    return (_indented(dict(entry), _ITEM) for entry in levels)
+    """``_indented(dict(entry), "\\n    ")`` of every ``step_levels`` entry. An entry ``{"step": int, "level": str,
+    "levels": dict}`` is written around its levels' text, made once per levels dict (steps share one dict per row of
+    levels: ``decisions.step_levels_of``)."""
+    made: dict[int, tuple[dict[str, Any], str]] = {}
+    for entry in levels:
+        shape = tuple(entry) == _LEVEL_KEYS and tuple(map(type, entry.values())) == (int, str, dict)
+        if not shape:
+            yield _indented(dict(entry), _ITEM)
+        else:
+            judged = entry["levels"]
+            found = made.get(id(judged))
+            if found is None:  # the dict kept with its text, so that its id names it while the entries are written
+                found = made[id(judged)] = (judged, _indented(judged, _COUNTS))
+            yield (
+                '{\n      "step": '
+                + int.__repr__(entry["step"])
+                + ',\n      "level": '
+                + encode_basestring_ascii(entry["level"])
+                + ',\n      "levels": '
+                + found[1]
+                + _ITEM
+                + "}"
+            )
 
 
 def step_texts(steps: Sequence[StepResult]) -> Iterator[str]:
@@ -169,8 +213,15 @@ def step_texts(steps: Sequence[StepResult]) -> Iterator[str]:
         _kinds(presence, count),
         lambda members: _step_pattern(steps, members),
         lambda index: _indented(_step_at(steps, index).to_json(), _ITEM),
-        lambda slots, where: [_value_texts(column, where, indent, scalars) for column, indent, scalars in slots],
+        lambda slots, where: _slot_texts(slots, where),
     )
+
+
+def _slot_texts(slots: list[_Slot], where: np.ndarray) -> list[list[str]]:
+    """Each slot's value texts for the steps ``where``; equal float columns formatted once (a dialect's copy of a
+    metric, verl's ``log_ppl_diff_max`` of one-row steps)."""
+    made: dict[bytes, list[str]] = {}
+    return [_value_texts(column, where, indent, scalars, made) for column, indent, scalars in slots]
 
 
 def _step_at(steps: StepTable, index: int) -> StepResult:
@@ -240,22 +291,50 @@ def _pattern(text: str, slots: int) -> str | None:
     return "%s".join(piece.replace("%", "%%") for piece in text.split(template))
 
 
-def _value_texts(column: np.ndarray, at: np.ndarray, newline: str, numpy_scalars: bool = False) -> list[str]:
+def _value_texts(
+    column: np.ndarray,
+    at: np.ndarray,
+    newline: str,
+    numpy_scalars: bool = False,
+    made: dict[bytes, list[str]] | None = None,
+) -> list[str]:
     """The JSON text of ``column[at]``, each value as ``_indented(json_number(value), newline)`` encodes it: a float64
-    column read as Python floats (null where not finite), an integer one as ints. Other columns value by value:
-    ``numpy_scalars`` reads each as ``column[i]`` (MetricColumns' ``_scalar``), else as ``tolist`` gives it (Rows)."""
+    column read as Python floats (null where not finite; the texts of equal values ``made`` before, where given), an
+    integer one as ints. Other columns value by value: ``numpy_scalars`` reads each as ``column[i]`` (MetricColumns'
+    ``_scalar``), else as ``tolist`` gives it (Rows)."""
     values = column[at]
     if values.dtype == np.float64:
-        texts = list(map(float.__repr__, values.tolist()))
-        bad = ~np.isfinite(values)
-        if bad.any():
-            for index in np.flatnonzero(bad).tolist():
-                texts[index] = "null"
-        return texts
+        return _float_texts(values, made)
     if values.dtype.kind in "iu" and not numpy_scalars:
         return list(map(int.__repr__, values.tolist()))
     read = list(values) if numpy_scalars else values.tolist()
     return [_indented(json_number(value), newline) for value in read]
+
+
+def _float_texts(values: np.ndarray, made: dict[bytes, list[str]] | None = None, repeats: bool = True) -> list[str]:
+    """``json_number(value)``'s JSON text of each float64 value (null where not finite). With ``made``: the texts of
+    values equal bit for bit to some made before are those (the same list, read only), else made and kept there."""
+    if made is not None:
+        key = values.tobytes()
+        found = made.get(key)
+        if found is None:
+            found = made[key] = _float_texts(values)
+        return found
+    if repeats and values.shape[0] >= _REPEATS_FROM:
+        # a value repeated in a column (counts, shares of 0 or 1) formatted once: distinct bit patterns, so that
+        # -0.0 and 0.0 (and NaN payloads) keep their own texts
+        bits, where = np.unique(values.view(np.int64), return_inverse=True)
+        if bits.shape[0] * 4 <= values.shape[0] * 3:
+            return np.array(_float_texts(bits.view(np.float64), repeats=False), dtype=object)[where].tolist()
+    texts = list(map(float.__repr__, values.tolist()))
+    bad = ~np.isfinite(values)
+    if bad.any():
+        for index in np.flatnonzero(bad).tolist():
+            texts[index] = "null"
+    return texts
+
+
+_REPEATS_FROM = 64  # values in a block from which repeated values are looked for
 
 
 def row_texts(rows: Sequence[dict[str, Any]]) -> Iterator[str]:
@@ -278,130 +357,100 @@ def row_texts(rows: Sequence[dict[str, Any]]) -> Iterator[str]:
         return
     for begin in range(0, rows.count, _BLOCK):
         at = np.arange(begin, min(begin + _BLOCK, rows.count))
-        values = [_value_texts(column, at, newline) for column, newline in slots]
+        made: dict[bytes, list[str]] = {}
+        values = [_value_texts(column, at, newline, made=made) for column, newline in slots]
         yield from (pattern % row for row in zip(*values, strict=True))
 
 
 def comparison_json_pieces(result: ComparisonResult) -> Iterator[str]:
-    """``to_json_text(result.to_json())`` in pieces: each preset written piece by piece, its ``steps`` a block of steps
-    at a time from the pass's columns (:func:`preset_step_texts`), ``step_levels`` entry by entry; never a dict per
-    step nor the document as one string (200 000 steps × 25 presets: about 12 GB of JSON). The same bytes."""
+    """``compare-presets --format json``: ``to_json_text(result.to_json())``, but each list of a per-step block (the
+    top-level ``steps`` and each preset's) on one line without spaces; written in pieces, a column at a time (each
+    preset's read from the pass's columns) and ``step_levels`` entry by entry, never a dict per step nor the document
+    as one string. A column that several blocks share (a part's, such as one IS weight's) is formatted once."""
     document = result.json_document()
     presets = document["presets"]
-    document["presets"] = (
-        ItemTexts(len(presets), lambda: (_preset_pieces(preset) for preset in presets)) if len(presets) else []
+    blocks = [document["steps"], *(preset["steps"] for preset in presets)]
+    texts = _Texts(
+        Counter(column.identity for block in blocks for column in block.values() if column.identity), TEXT_BUDGET
     )
+    document["steps"] = ColumnTexts(document["steps"], texts)
+    for preset in presets:
+        preset["steps"] = ColumnTexts(preset["steps"], texts)
+    pieces = (_preset_pieces(preset) for preset in presets)
+    document["presets"] = ItemTexts(len(presets), lambda: pieces) if presets else []
     levels = document["step_levels"]
     document["step_levels"] = ItemTexts(len(levels), lambda: level_texts(levels)) if len(levels) else []
     return json_pieces(document)
 
 
-_PRESET = "\n      "  # a value of a preset's own dict (an item of the top-level ``presets`` list)
-_PRESET_STEP = "\n        "  # an item of a preset's ``steps``
+class ColumnTexts:
+    """A per-step block of the comparison document (name -> results.Column), which :func:`json_pieces` writes as an
+    object of one-line lists, a column at a time."""
+
+    def __init__(self, columns: dict[str, Column], texts: _Texts) -> None:
+        self.columns, self.texts = columns, texts
+
+    def pieces(self, newline: str) -> Iterator[str]:
+        inner = newline + "  "
+        for index, (name, column) in enumerate(self.columns.items()):
+            yield ("{" if index == 0 else ",") + inner + _key(name) + ": " + self.texts.text(column)
+        yield newline + "}" if self.columns else "{}"
 
 
-def _preset_pieces(preset: Any) -> Iterator[str]:
-    """``_indented(preset.to_json(), "\\n    ")`` in pieces: its settings, its steps (one piece each), its run."""
-    head = _indented(
-        {
-            "name": preset.name,
-            "mode": preset.mode,
-            "config": dict(preset.config),
-            "intrusive": preset.intrusive,
-            "intrusive_reasons": list(preset.intrusive_reasons),
-        },
-        _ITEM,
-    )
-    yield head[: -len(_ITEM + "}")] + "," + _PRESET + '"steps": '
-    steps = preset.steps
-    if len(steps):
-        yield "["
-        for index, text in enumerate(preset_step_texts(steps, _PRESET_STEP)):
-            yield ("," if index else "") + _PRESET_STEP + text
-        yield _PRESET + "]"
+TEXT_BUDGET = 192 * 2**20  # characters of column texts kept for a later preset (200 000 steps: ~3 MB a column)
+
+
+class _Texts:
+    """The one-line JSON text of columns, each column several blocks share formatted once: kept (``uses``: how many
+    blocks hold each column identity) until its last use, while the texts kept stay under ``budget`` characters; a
+    column past the budget is formatted each time it is written."""
+
+    def __init__(self, uses: Counter, budget: int) -> None:
+        self.uses, self.budget, self.kept, self.size = uses, budget, {}, 0
+
+    def text(self, column: Column) -> str:
+        identity = column.identity
+        if identity is None:
+            return column_text(column)
+        left = self.uses[identity] = self.uses[identity] - 1  # uses after this one
+        found = self.kept.pop(identity, None) if left <= 0 else self.kept.get(identity)
+        if found is not None:
+            if left <= 0:
+                self.size -= len(found)
+            return found
+        found = column_text(column)
+        if left > 0 and self.size + len(found) <= self.budget:
+            self.kept[identity] = found
+            self.size += len(found)
+        return found
+
+
+def column_text(column: Column) -> str:
+    """``json.dumps(column_json(column), separators=(",", ":"))``, from the column's values as a whole."""
+    present, values = column.read()
+    if values.dtype == np.float64:
+        texts = _float_texts(values)
+        for index in np.flatnonzero(~present).tolist():
+            texts[index] = "null"
+    elif values.dtype.kind in "iu" and present.all():
+        texts = list(map(int.__repr__, values.tolist()))
     else:
-        yield "[]"
-    yield "," + _PRESET + '"run": ' + _indented(preset.run.to_json(), _PRESET) + _ITEM + "}"
+        texts = [
+            _indented(json_number(value), "") if here else "null"
+            for value, here in zip(values.tolist(), present.tolist(), strict=True)
+        ]
+    return "[" + ",".join(texts) + "]"
 
 
-def preset_step_texts(steps: Sequence[StepResult], newline: str) -> Iterator[str]:
-    """``_indented(step.to_json(), newline)`` of every step of a preset. A pass's steps (``metrics.outcome.PresetSteps``
-    over a StepTable) are written from the columns: the steps whose §1 keys and preset parts report the same key groups
-    share one text with a slot per value, filled by one ``%`` a step (a block of steps at a time); checked against
-    the step's own encoding on the first and last step of each such text (where one differs, those steps are encoded
-    one by one)."""
-    base = getattr(steps, "base", None)
-    parts_of = getattr(steps, "_columns", None)
-    if not isinstance(base, StepTable) or parts_of is None:
-        yield from (_indented(step.to_json(), newline) for step in steps)
-        return
-    count = len(base)
-    parts = parts_of()  # per part: (each step's position in the part's columns, -1 where absent; key groups)
-    presence = [present for present, _ in base.metrics.groups]
-    for at, groups in parts:
-        found = at >= 0
-        presence.append(found)
-        safe = np.where(found, at, 0)
-        for reports, _ in groups:
-            reports = np.asarray(reports, dtype=bool)
-            presence.append(found & reports[safe] if reports.shape[0] else np.zeros(count, dtype=bool))
-    yield from _pattern_texts(
-        _kinds(presence, count),
-        lambda members: _preset_step_pattern(steps, base, parts, members, newline),
-        lambda index: _indented(_preset_step(steps, base, index).to_json(), newline),
-        lambda slots, at: [
-            _value_texts(column, at if where is None else where[at], indent, scalars)
-            for column, where, indent, scalars in slots
-        ],
-    )
+_PRESET = "\n      "  # a value of a preset's own dict (an item of the top-level ``presets`` list)
 
 
-# a slot's column, the position in it of each step (None: the step's own index), indentation, read as MetricColumns
-_PresetSlot = tuple[np.ndarray, "np.ndarray | None", str, bool]
-
-
-def _preset_step_pattern(
-    steps: Any, base: StepTable, parts: list, members: np.ndarray, newline: str
-) -> tuple[str, list[_PresetSlot]] | None:
-    """The text of the preset's steps ``members`` (which report the same key groups) with ``%s`` for each value, and
-    each slot's source; None when a step checked encodes otherwise. A step is ``with_metrics``: the base step's §1
-    (``rollout_corr/``) keys in their order, then the preset's parts folded in order (a later value wins)."""
-    first = int(members[0])
-    inner, value_indent = newline + "  ", newline + "    "
-    sources: dict[str, tuple[np.ndarray, np.ndarray | None, bool]] = {}
-    for name in base.metrics.row(first):
-        if name.startswith(OFFPOLICY_PREFIX):
-            group = next(g for g in reversed(base.metrics.where[name]) if base.metrics.groups[g][0][first])
-            sources[name] = (base.metrics.groups[group][1][name], None, True)
-    for at, groups in parts:
-        position = int(at[first])
-        if position < 0:
-            continue
-        for reports, values in groups:
-            if reports[position]:
-                sources.update((key, (column, at, False)) for key, column in values.items())
-    slots: list[_PresetSlot] = [
-        (column, None, inner, False) for column in (base.step_ids, base.rows, base.tokens, base.empty_rows)
-    ]
-    slotted: dict[str, Any] = dict.fromkeys(("step", "rows", "tokens", "empty_rows"), _SLOT)
-    slotted["metrics"] = dict.fromkeys(sources, _SLOT)
-    slots.extend((column, where, value_indent, scalars) for column, where, scalars in sources.values())
-    pattern = _pattern(_indented(slotted, newline), len(slots))
-    if pattern is None:
-        return None
-    for index in sorted({first, int(members[-1])}):
-        values = tuple(
-            _value_texts(column, np.array([index]) if where is None else where[[index]], indent, scalars)[0]
-            for column, where, indent, scalars in slots
-        )
-        if pattern % values != _indented(_preset_step(steps, base, index).to_json(), newline):
-            return None
-    return pattern, slots
-
-
-def _preset_step(steps: Any, base: StepTable, index: int) -> StepResult:
-    """``steps[index]`` of a PresetSteps, without building every base step's StepResult."""
-    return steps._step(index, _step_at(base, index))
+def _preset_pieces(preset: dict[str, Any]) -> Iterator[str]:
+    """``_indented(preset, "\\n    ")`` in pieces: its settings, its per-step columns (a piece each), its run."""
+    head = _indented({key: value for key, value in preset.items() if key not in ("steps", "run")}, _ITEM)
+    yield head[: -len(_ITEM + "}")] + "," + _PRESET + '"steps": '
+    yield from preset["steps"].pieces(_PRESET)
+    yield "," + _PRESET + '"run": ' + _indented(preset["run"], _PRESET) + _ITEM + "}"
 
 
 def _plain(column: np.ndarray | list[int], kind: str) -> list:
