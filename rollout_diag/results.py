@@ -741,13 +741,7 @@ class AnalysisResult:
         """
         if not isinstance(document, dict) or "run" not in document or "steps" not in document:
             raise InputError("not an `analyze --format json` result: expected keys 'run' and 'steps'")
-        version = document.get("schema_version")
-        if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
-            raise InputError(f"field 'schema_version': expected a whole number, found {_found(version)}.")
-        if version is not None and version > SCHEMA_VERSION:
-            raise InputError(
-                f"result has schema_version {version}, this rollout-diag reads up to {SCHEMA_VERSION}: upgrade"
-            )
+        _schema_version(document)
         try:  # a field of the wrong shape: one line naming it
             check_shape(cls, document, "", require=False)
             rows = [
