@@ -234,6 +234,16 @@ def segment_layout(mask: np.ndarray, offsets: np.ndarray):
 
 
 @njit(**_INLINE)
+def _delta_bin(d: float, exponent_min: int, levels: int) -> int:
+    """The δ histogram's bin of ``d`` (``metrics.localize.delta_bin``) without a call to frexp: frexp's exponent is the
+    IEEE-754 exponent field − 1022 (0 and subnormals give at most −1022, below any ``exponent_min``: the centre, as
+    frexp's), and the sign bit picks the side."""
+    bits = np.float64(d).view(np.int64)
+    magnitude = min(max(((bits >> 52) & 0x7FF) - 1022 - exponent_min, 0), levels)
+    return levels - magnitude if bits < 0 else levels + magnitude
+
+
+@njit(**_INLINE)
 def _leaf(
     trainer, rollout, start, size, group, scratch, sums, extremes, pairs, moments, histogram, exponent_min, levels
 ):
@@ -242,22 +252,26 @@ def _leaf(
     step group's (Chan) and its δ counted into the group's histogram."""
     for k in range(size):
         d = _values(trainer[start + k], rollout[start + k], scratch, k, extremes)
-        magnitude = 0
-        if d != 0.0:
-            magnitude = min(max(math.frexp(d)[1] - exponent_min, 0), levels)
-        histogram[group, levels - magnitude if d < 0.0 else levels + magnitude] += 1.0
+        histogram[group, _delta_bin(d, exponent_min, levels)] += 1.0
     for q in range(_Q):
         sums[q] = _block(scratch[q], 0, size)
     for p in range(pairs.shape[0]):
-        x, y = scratch[pairs[p, 0]], scratch[pairs[p, 1]]
-        mean_x = _block(x, 0, size) / size
-        mean_y = _block(y, 0, size) / size
+        column_x, column_y = pairs[p, 0], pairs[p, 1]
+        x, y = scratch[column_x], scratch[column_y]
+        mean_x = sums[column_x] / size  # the block sum just taken: _block(x, 0, size)
+        mean_y = sums[column_y] / size
         m2_x, m2_y, c_xy = 0.0, 0.0, 0.0
-        for k in range(size):
-            dx, dy = x[k] - mean_x, y[k] - mean_y
-            m2_x += dx * dx
-            m2_y += dy * dy
-            c_xy += dx * dy
+        if column_x == column_y:  # a quantity's own spread: M2_y and C_xy add the very terms of M2_x
+            for k in range(size):
+                dx = x[k] - mean_x
+                m2_x += dx * dx
+            m2_y, c_xy = m2_x, m2_x
+        else:
+            for k in range(size):
+                dx, dy = x[k] - mean_x, y[k] - mean_y
+                m2_x += dx * dx
+                m2_y += dy * dy
+                c_xy += dx * dy
         into = moments[group, p]
         n_a = into[0]
         n = n_a + size
