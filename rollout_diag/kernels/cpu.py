@@ -245,14 +245,66 @@ def _delta_bin(d: float, exponent_min: int, levels: int) -> int:
 
 @njit(**_INLINE)
 def _leaf(
-    trainer, rollout, start, size, group, scratch, sums, extremes, pairs, moments, histogram, exponent_min, levels
+    trainer,
+    rollout,
+    start,
+    size,
+    group,
+    scratch,
+    sums,
+    extremes,
+    pairs,
+    moments,
+    histogram,
+    exponent_min,
+    levels,
+    hints,
+    pair_end,
 ):
     """Tokens [start, start + size) of one segment (size ≤ 128): their values into ``scratch``, each quantity's sum
     in numpy's block order into ``sums``, extremes into ``extremes``; the block's centred moments merged into the
-    step group's (Chan) and its δ counted into the group's histogram."""
+    step group's (Chan) and its δ counted into the group's histogram; the hint patterns of each token (``_hint_token``;
+    a token before ``pair_end`` has a next one in its round)."""
+    probability, running, log_edges, log_half, gap = hints
+    zeros, zero_runs, shift_next, shift_prev, copied = running[0], running[1], running[2], running[3], running[4]
+    prev_zero, prev_counted = running[5] != 0.0, running[6] != 0.0
     for k in range(size):
-        d = _values(trainer[start + k], rollout[start + k], scratch, k, extremes)
+        t = start + k
+        a, r = trainer[t], rollout[t]
+        d = _values(a, r, scratch, k, extremes)
         histogram[group, _delta_bin(d, exponent_min, levels)] += 1.0
+        # the hint patterns (kernels.cpu.hint_rows' per-token work, the same additions in the same order)
+        ad = abs(d)
+        y = min(ad, CLIP)
+        b = 0
+        for e in range(log_edges.shape[0]):
+            if r < log_edges[e]:
+                b += 1
+        probability[group, b, 0] += 1.0
+        probability[group, b, 1] += ad
+        probability[group, b, 2] += y
+        probability[group, b, 3] += y * y
+        if a * r == 0.0:  # one side exactly 0 (logprobs are finite): a candidate for the exact-zero pattern
+            zero = (r == 0.0 and a < log_half) or (a == 0.0 and r < log_half)
+            counted = False
+            if zero:
+                zeros += 1.0
+                if prev_zero:
+                    if not prev_counted:
+                        zero_runs += 1.0
+                    zero_runs += 1.0
+                    counted = True
+            prev_zero, prev_counted = zero, counted
+        else:
+            prev_zero, prev_counted = False, False
+        if t < pair_end:
+            a1, r1 = trainer[t + 1], rollout[t + 1]  # the next token of the round
+            shift_next += abs(a1 - r)
+            shift_prev += abs(a - r1)
+            if (r1 == r and r1 != 0.0 and abs(a1 - a) > gap) or (a1 == a and a1 != 0.0 and abs(r1 - r) > gap):
+                copied += 1.0
+    running[0], running[1], running[2], running[3], running[4] = zeros, zero_runs, shift_next, shift_prev, copied
+    running[5], running[6] = 1.0 if prev_zero else 0.0, 1.0 if prev_counted else 0.0
     for q in range(_Q):
         sums[q] = _block(scratch[q], 0, size)
     for p in range(pairs.shape[0]):
@@ -296,19 +348,32 @@ def segment_pass(
     pairs: np.ndarray,
     exponent_min: int,
     levels: int,
+    row: np.ndarray,
+    rounds: np.ndarray,
+    rows: int,
+    log_half: float,
+    gap: float,
+    log_edges: np.ndarray,
 ):
     """The fused pass over every segment's tokens, each read once. Returns per segment and kernel quantity the sum
     (numpy reduceat's order: the first value plus numpy's pairwise sum of the rest; float64 [Q, S]), per segment
     the max and min of each of EXTREMES (float64 [E, S] each);
     per step group and quantity pair (``pairs`` [P, 2] of column indices) [n, mean_x, mean_y, M2_x, M2_y, C_xy]
     ([G, P, 6], blocks merged by Chan's update); per step group the δ histogram of ``metrics.localize.delta_bin``
-    ([G, 2·levels + 1])."""
+    ([G, 2·levels + 1]); and what :func:`hint_rows` returns for the same arguments (its ``clip`` is CLIP): per row the
+    HINT_COLUMNS [R, 13], per step group and rollout-probability bucket [tokens, Σ|δ|, Σy, Σy²] [G, B, 4], each value
+    the same additions in the same order (the leaves follow the tokens in order)."""
     segments = raw.shape[0]
     sums = np.empty((_Q, segments))
     maxima = np.empty((_E, segments))
     minima = np.empty((_E, segments))
     moments = np.zeros((groups, pairs.shape[0], 6))
     histogram = np.zeros((groups, 2 * levels + 1))
+    per_row = np.zeros((rows, 13))
+    probability = np.zeros((groups, log_edges.shape[0] + 1, 4))
+    # the row's running hint sums (HINT_COLUMNS 10, 11, 8, 9, 12) and the exact-zero run's state, carried leaf to leaf
+    running = np.zeros(7)
+    hints = (probability, running, log_edges, log_half, gap)
     scratch = np.empty((_Q, 128))
     block = np.empty(_Q)
     first = np.empty(_Q)
@@ -318,15 +383,42 @@ def segment_pass(
     stage = np.empty(64, np.int64)  # 0: nothing done, 1: left half under way, 2: right half under way
     left = np.empty((64, _Q))
     for s in range(segments):
-        g = segment_group[s]
+        g, i = segment_group[s], row[s]
+        opens = s == 0 or row[s - 1] != i or rounds[s - 1] != rounds[s]
+        continues = s + 1 < segments and row[s + 1] == i and rounds[s + 1] == rounds[s]
+        lo, n = raw[s], length[s]
+        if opens:  # the round's first token
+            y = min(abs(trainer[lo] - rollout[lo]), CLIP)
+            per_row[i, 0] += y
+            per_row[i, 1] += y * y
+            running[5] = 0.0
+        running[0], running[1], running[2] = per_row[i, 10], per_row[i, 11], per_row[i, 8]
+        running[3], running[4] = per_row[i, 9], per_row[i, 12]
+        pair_end = lo + n if continues else lo + n - 1
         extremes[0, :] = -np.inf
         extremes[1, :] = np.inf
-        _leaf(trainer, rollout, raw[s], 1, g, scratch, first, extremes, pairs, moments, histogram, exponent_min, levels)
-        rest = length[s] - 1
+        _leaf(
+            trainer,
+            rollout,
+            lo,
+            1,
+            g,
+            scratch,
+            first,
+            extremes,
+            pairs,
+            moments,
+            histogram,
+            exponent_min,
+            levels,
+            hints,
+            pair_end,
+        )
+        rest = n - 1
         if rest == 0:
             block[:] = -0.0
         else:  # numpy's pairwise tree over the rest, its recursion on an explicit stack
-            starts[0], sizes[0], stage[0] = raw[s] + 1, rest, 0
+            starts[0], sizes[0], stage[0] = lo + 1, rest, 0
             depth = 1
             while depth > 0:
                 top = depth - 1
@@ -352,6 +444,8 @@ def segment_pass(
                     histogram,
                     exponent_min,
                     levels,
+                    hints,
+                    pair_end,
                 )
                 depth -= 1
                 while depth > 0:  # hand the finished sums up the tree
@@ -372,7 +466,21 @@ def segment_pass(
         for e in range(_E):
             maxima[e, s] = extremes[0, e]
             minima[e, s] = extremes[1, e]
-    return sums, maxima, minima, moments, histogram
+        per_row[i, 10], per_row[i, 11], per_row[i, 8] = running[0], running[1], running[2]
+        per_row[i, 9], per_row[i, 12] = running[3], running[4]
+        if not continues:  # the round's last token
+            last = lo + n - 1
+            ad = abs(trainer[last] - rollout[last])
+            per_row[i, 7] += ad
+            if s + 1 == segments or row[s + 1] != i:  # the row's last token
+                y = min(ad, CLIP)
+                per_row[i, 2] = y
+                per_row[i, 3] = y * y
+                if opens and n == 1:  # also its round's first
+                    per_row[i, 4] = 1.0
+                    per_row[i, 5] = y
+                    per_row[i, 6] = y * y
+    return sums, maxima, minima, moments, histogram, per_row, probability
 
 
 @njit(**_FLAGS)
