@@ -263,8 +263,9 @@ def _leaf(
 ):
     """Tokens [start, start + size) of one segment (size ≤ 128): their values into ``scratch``, each quantity's sum
     in numpy's block order into ``sums``, extremes into ``extremes``; the block's centred moments merged into the
-    step group's (Chan) and its δ counted into the group's histogram; the hint patterns of each token (``_hint_token``;
-    a token before ``pair_end`` has a next one in its round)."""
+    step group's (Chan) and its δ counted into the group's histogram; each token's hint patterns (the per-token work of
+    :func:`hint_rows`) into ``hints``: probability buckets and the row's running sums (a token before ``pair_end`` has
+    a next one in its round)."""
     probability, running, log_edges, log_half, gap = hints
     zeros, zero_runs, shift_next, shift_prev, copied = running[0], running[1], running[2], running[3], running[4]
     prev_zero, prev_counted = running[5] != 0.0, running[6] != 0.0
@@ -284,7 +285,7 @@ def _leaf(
         probability[group, b, 1] += ad
         probability[group, b, 2] += y
         probability[group, b, 3] += y * y
-        if a * r == 0.0:  # one side exactly 0 (logprobs are finite): a candidate for the exact-zero pattern
+        if a == 0.0 or r == 0.0:  # a candidate for the exact-zero pattern (the common token skips its tests)
             zero = (r == 0.0 and a < log_half) or (a == 0.0 and r < log_half)
             counted = False
             if zero:
@@ -613,7 +614,9 @@ def hint_rows(
 ):
     """The token patterns of ``metrics.hints`` in one pass: per row the HINT_COLUMNS (float64 [R, 13]), per step group
     and rollout-probability bucket (the number of ``log_edges`` above r) [tokens, Σ|δ|, Σy, Σy²] ([G, B, 4]),
-    y = min(|δ|, clip). Sums run in token order, as the torch engine's index_add and bincount do."""
+    y = min(|δ|, clip). Sums run in token order, as the torch engine's index_add and bincount do. The engine takes
+    these from :func:`segment_pass`, which does the same per token; this separate pass is the reference it is tested
+    against (tests/test_kernel_fused_hints.py)."""
     out = np.zeros((rows, 13))
     buckets = np.zeros((groups, log_edges.shape[0] + 1, 4))
     segments = raw.shape[0]
