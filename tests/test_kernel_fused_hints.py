@@ -32,10 +32,9 @@ def assert_bits_equal(mine: np.ndarray, theirs: np.ndarray, what: str) -> None:
     assert np.array_equal(mine.view(np.uint8), theirs.view(np.uint8)), what  # bit for bit: -0.0 and 0.0 differ
 
 
-@settings(max_examples=80, deadline=None)
-@given(layouts())
-def test_the_fused_hint_rows_are_the_separate_passs_bit_for_bit(layout):
-    trainer, rollout, mask, offsets, step = arrays(chunk_of(*layout))
+def fused_and_separate(trainer, rollout, mask, offsets, step):
+    """The fused pass's (reductions, hint rows) of a chunk's arrays, its hint rows checked bit for bit against the
+    separate pass's."""
     steps, row_group = kernel_prepass.step_groups(step)
     segments = kernel_prepass.layout(mask, offsets)
     segment_group = row_group[segments[3]]
@@ -43,6 +42,13 @@ def test_the_fused_hint_rows_are_the_separate_passs_bit_for_bit(layout):
     separate = kernel_prepass.hint_rows(trainer, rollout, segments, len(step), segment_group, len(steps))
     for name, mine, theirs in zip(("per row", "probability buckets"), hints, separate, strict=True):
         assert_bits_equal(mine, theirs, name)
+    return fused, hints
+
+
+@settings(max_examples=80, deadline=None)
+@given(layouts())
+def test_the_fused_hint_rows_are_the_separate_passs_bit_for_bit(layout):
+    fused, _ = fused_and_separate(*arrays(chunk_of(*layout)))
     assert len(fused) == 5
 
 
@@ -65,13 +71,7 @@ def test_the_fused_hint_rows_follow_every_pattern(seed):
     runs = np.flatnonzero(mask_array)[::97]  # runs of exact zeros on the rollout side
     for start in runs:
         rollout[start : start + 3] = np.where(mask_array[start : start + 3], 0.0, rollout[start : start + 3])
-    steps, row_group = kernel_prepass.step_groups(step)
-    segments = kernel_prepass.layout(mask_array, offsets)
-    segment_group = row_group[segments[3]]
-    _, hints = kernel_prepass.reductions(trainer, rollout, segments, len(step), segment_group, len(steps))
-    separate = kernel_prepass.hint_rows(trainer, rollout, segments, len(step), segment_group, len(steps))
-    for name, mine, theirs in zip(("per row", "probability buckets"), hints, separate, strict=True):
-        assert_bits_equal(mine, theirs, name)
+    _, hints = fused_and_separate(trainer, rollout, mask_array, offsets, step)
     per_row = hints[0]
     assert (per_row != 0).any(axis=0).all(), "a hint column never hit"
 

@@ -244,6 +244,51 @@ def _delta_bin(d: float, exponent_min: int, levels: int) -> int:
 
 
 @njit(**_INLINE)
+def _probability_bucket(into: np.ndarray, r: float, ad: float, y: float, log_edges: np.ndarray) -> None:
+    """A model token counted into ``into`` (one step group's [B, 4]): [tokens, Σ|δ|, Σy, Σy²] of its rollout-probability
+    bucket, the number of ``log_edges`` above r."""
+    b = 0
+    for e in range(log_edges.shape[0]):
+        if r < log_edges[e]:
+            b += 1
+    into[b, 0] += 1.0
+    into[b, 1] += ad
+    into[b, 2] += y
+    into[b, 3] += y * y
+
+
+@njit(**_INLINE)
+def _exact_zero(
+    a: float, r: float, log_half: float, zeros: float, zero_runs: float, prev_zero: bool, prev_counted: bool
+):
+    """The exact-zero pattern at one token (a logprob of exactly 0 where the other side says p < 0.5): (zeros,
+    zero_runs, zero, counted) after it, from the running counts and whether the round's previous token was one (and
+    counted in a run)."""
+    zero = (r == 0.0 and a < log_half) or (a == 0.0 and r < log_half)
+    counted = False
+    if zero:
+        zeros += 1.0
+        if prev_zero:
+            if not prev_counted:
+                zero_runs += 1.0
+            zero_runs += 1.0
+            counted = True
+    return zeros, zero_runs, zero, counted
+
+
+@njit(**_INLINE)
+def _next_pair(
+    a: float, r: float, a1: float, r1: float, gap: float, shift_next: float, shift_prev: float, copied: float
+):
+    """A token (a, r) and the next one of its round (a1, r1): the shift sums and the exact-copy count after the pair."""
+    shift_next += abs(a1 - r)
+    shift_prev += abs(a - r1)
+    if (r1 == r and r1 != 0.0 and abs(a1 - a) > gap) or (a1 == a and a1 != 0.0 and abs(r1 - r) > gap):
+        copied += 1.0
+    return shift_next, shift_prev, copied
+
+
+@njit(**_INLINE)
 def _leaf(
     trainer,
     rollout,
@@ -269,41 +314,25 @@ def _leaf(
     probability, running, log_edges, log_half, gap = hints
     zeros, zero_runs, shift_next, shift_prev, copied = running[0], running[1], running[2], running[3], running[4]
     prev_zero, prev_counted = running[5] != 0.0, running[6] != 0.0
+    into = probability[group]
     for k in range(size):
         t = start + k
         a, r = trainer[t], rollout[t]
         d = _values(a, r, scratch, k, extremes)
         histogram[group, _delta_bin(d, exponent_min, levels)] += 1.0
-        # the hint patterns (kernels.cpu.hint_rows' per-token work, the same additions in the same order)
+        # the hint patterns (hint_rows' per-token work: the same additions in the same order)
         ad = abs(d)
-        y = min(ad, CLIP)
-        b = 0
-        for e in range(log_edges.shape[0]):
-            if r < log_edges[e]:
-                b += 1
-        probability[group, b, 0] += 1.0
-        probability[group, b, 1] += ad
-        probability[group, b, 2] += y
-        probability[group, b, 3] += y * y
+        _probability_bucket(into, r, ad, min(ad, CLIP), log_edges)
         if a == 0.0 or r == 0.0:  # a candidate for the exact-zero pattern (the common token skips its tests)
-            zero = (r == 0.0 and a < log_half) or (a == 0.0 and r < log_half)
-            counted = False
-            if zero:
-                zeros += 1.0
-                if prev_zero:
-                    if not prev_counted:
-                        zero_runs += 1.0
-                    zero_runs += 1.0
-                    counted = True
-            prev_zero, prev_counted = zero, counted
+            zeros, zero_runs, prev_zero, prev_counted = _exact_zero(
+                a, r, log_half, zeros, zero_runs, prev_zero, prev_counted
+            )
         else:
             prev_zero, prev_counted = False, False
-        if t < pair_end:
-            a1, r1 = trainer[t + 1], rollout[t + 1]  # the next token of the round
-            shift_next += abs(a1 - r)
-            shift_prev += abs(a - r1)
-            if (r1 == r and r1 != 0.0 and abs(a1 - a) > gap) or (a1 == a and a1 != 0.0 and abs(r1 - r) > gap):
-                copied += 1.0
+        if t < pair_end:  # the next token of the round
+            shift_next, shift_prev, copied = _next_pair(
+                a, r, trainer[t + 1], rollout[t + 1], gap, shift_next, shift_prev, copied
+            )
     running[0], running[1], running[2], running[3], running[4] = zeros, zero_runs, shift_next, shift_prev, copied
     running[5], running[6] = 1.0 if prev_zero else 0.0, 1.0 if prev_counted else 0.0
     for q in range(_Q):
@@ -630,35 +659,22 @@ def hint_rows(
         lo, n = raw[s], length[s]
         # the row's running sums of the per-token columns in registers over the segment (same additions, same order)
         zeros, zero_runs, shift_next, shift_prev, copied = out[i, 10], out[i, 11], out[i, 8], out[i, 9], out[i, 12]
+        into = buckets[g]
         for k in range(n):
             t = lo + k
             a, r = trainer[t], rollout[t]
             ad = abs(a - r)
             y = min(ad, clip)
             y2 = y * y
-            b = 0
-            for e in range(log_edges.shape[0]):
-                if r < log_edges[e]:
-                    b += 1
-            buckets[g, b, 0] += 1.0
-            buckets[g, b, 1] += ad
-            buckets[g, b, 2] += y
-            buckets[g, b, 3] += y2
+            _probability_bucket(into, r, ad, y, log_edges)
             first = opens and k == 0
             if first:
                 out[i, 0] += y
                 out[i, 1] += y2
                 prev_zero = False
-            zero = (r == 0.0 and a < log_half) or (a == 0.0 and r < log_half)
-            counted = False
-            if zero:
-                zeros += 1.0
-                if prev_zero:
-                    if not prev_counted:
-                        zero_runs += 1.0
-                    zero_runs += 1.0
-                    counted = True
-            prev_zero, prev_counted = zero, counted
+            zeros, zero_runs, prev_zero, prev_counted = _exact_zero(
+                a, r, log_half, zeros, zero_runs, prev_zero, prev_counted
+            )
             if k == n - 1 and not continues:  # the round's last token
                 out[i, 7] += ad
                 if row_ends:
@@ -669,11 +685,9 @@ def hint_rows(
                         out[i, 5] = y
                         out[i, 6] = y2
                 continue
-            a1, r1 = trainer[t + 1], rollout[t + 1]  # the next token of the round
-            shift_next += abs(a1 - r)
-            shift_prev += abs(a - r1)
-            if (r1 == r and r1 != 0.0 and abs(a1 - a) > gap) or (a1 == a and a1 != 0.0 and abs(r1 - r) > gap):
-                copied += 1.0
+            shift_next, shift_prev, copied = _next_pair(  # with the next token of the round
+                a, r, trainer[t + 1], rollout[t + 1], gap, shift_next, shift_prev, copied
+            )
         out[i, 10], out[i, 11], out[i, 8], out[i, 9], out[i, 12] = zeros, zero_runs, shift_next, shift_prev, copied
     return out, buckets
 
