@@ -234,30 +234,126 @@ def segment_layout(mask: np.ndarray, offsets: np.ndarray):
 
 
 @njit(**_INLINE)
+def _delta_bin(d: float, exponent_min: int, levels: int) -> int:
+    """The δ histogram's bin of ``d`` (``metrics.localize.delta_bin``) without a call to frexp: frexp's exponent is the
+    IEEE-754 exponent field − 1022 (0 and subnormals give at most −1022, below any ``exponent_min``: the centre, as
+    frexp's), and the sign bit picks the side."""
+    bits = np.float64(d).view(np.int64)
+    magnitude = min(max(((bits >> 52) & 0x7FF) - 1022 - exponent_min, 0), levels)
+    return levels - magnitude if bits < 0 else levels + magnitude
+
+
+@njit(**_INLINE)
+def _probability_bucket(into: np.ndarray, r: float, ad: float, y: float, log_edges: np.ndarray) -> None:
+    """A model token counted into ``into`` (one step group's [B, 4]): [tokens, Σ|δ|, Σy, Σy²] of its rollout-probability
+    bucket, the number of ``log_edges`` above r."""
+    b = 0
+    for e in range(log_edges.shape[0]):
+        if r < log_edges[e]:
+            b += 1
+    into[b, 0] += 1.0
+    into[b, 1] += ad
+    into[b, 2] += y
+    into[b, 3] += y * y
+
+
+@njit(**_INLINE)
+def _exact_zero(
+    a: float, r: float, log_half: float, zeros: float, zero_runs: float, prev_zero: bool, prev_counted: bool
+):
+    """The exact-zero pattern at one token (a logprob of exactly 0 where the other side says p < 0.5): (zeros,
+    zero_runs, zero, counted) after it, from the running counts and whether the round's previous token was one (and
+    counted in a run)."""
+    zero = (r == 0.0 and a < log_half) or (a == 0.0 and r < log_half)
+    counted = False
+    if zero:
+        zeros += 1.0
+        if prev_zero:
+            if not prev_counted:
+                zero_runs += 1.0
+            zero_runs += 1.0
+            counted = True
+    return zeros, zero_runs, zero, counted
+
+
+@njit(**_INLINE)
+def _next_pair(
+    a: float, r: float, a1: float, r1: float, gap: float, shift_next: float, shift_prev: float, copied: float
+):
+    """A token (a, r) and the next one of its round (a1, r1): the shift sums and the exact-copy count after the pair."""
+    shift_next += abs(a1 - r)
+    shift_prev += abs(a - r1)
+    if (r1 == r and r1 != 0.0 and abs(a1 - a) > gap) or (a1 == a and a1 != 0.0 and abs(r1 - r) > gap):
+        copied += 1.0
+    return shift_next, shift_prev, copied
+
+
+@njit(**_INLINE)
 def _leaf(
-    trainer, rollout, start, size, group, scratch, sums, extremes, pairs, moments, histogram, exponent_min, levels
+    trainer,
+    rollout,
+    start,
+    size,
+    group,
+    scratch,
+    sums,
+    extremes,
+    pairs,
+    moments,
+    histogram,
+    exponent_min,
+    levels,
+    hints,
+    pair_end,
 ):
     """Tokens [start, start + size) of one segment (size ≤ 128): their values into ``scratch``, each quantity's sum
     in numpy's block order into ``sums``, extremes into ``extremes``; the block's centred moments merged into the
-    step group's (Chan) and its δ counted into the group's histogram."""
+    step group's (Chan) and its δ counted into the group's histogram; each token's hint patterns (the per-token work of
+    :func:`hint_rows`) into ``hints``: probability buckets and the row's running sums (a token before ``pair_end`` has
+    a next one in its round)."""
+    probability, running, log_edges, log_half, gap = hints
+    zeros, zero_runs, shift_next, shift_prev, copied = running[0], running[1], running[2], running[3], running[4]
+    prev_zero, prev_counted = running[5] != 0.0, running[6] != 0.0
+    into = probability[group]
     for k in range(size):
-        d = _values(trainer[start + k], rollout[start + k], scratch, k, extremes)
-        magnitude = 0
-        if d != 0.0:
-            magnitude = min(max(math.frexp(d)[1] - exponent_min, 0), levels)
-        histogram[group, levels - magnitude if d < 0.0 else levels + magnitude] += 1.0
+        t = start + k
+        a, r = trainer[t], rollout[t]
+        d = _values(a, r, scratch, k, extremes)
+        histogram[group, _delta_bin(d, exponent_min, levels)] += 1.0
+        # the hint patterns (hint_rows' per-token work: the same additions in the same order)
+        ad = abs(d)
+        _probability_bucket(into, r, ad, min(ad, CLIP), log_edges)
+        if a == 0.0 or r == 0.0:  # a candidate for the exact-zero pattern (the common token skips its tests)
+            zeros, zero_runs, prev_zero, prev_counted = _exact_zero(
+                a, r, log_half, zeros, zero_runs, prev_zero, prev_counted
+            )
+        else:
+            prev_zero, prev_counted = False, False
+        if t < pair_end:  # the next token of the round
+            shift_next, shift_prev, copied = _next_pair(
+                a, r, trainer[t + 1], rollout[t + 1], gap, shift_next, shift_prev, copied
+            )
+    running[0], running[1], running[2], running[3], running[4] = zeros, zero_runs, shift_next, shift_prev, copied
+    running[5], running[6] = 1.0 if prev_zero else 0.0, 1.0 if prev_counted else 0.0
     for q in range(_Q):
         sums[q] = _block(scratch[q], 0, size)
     for p in range(pairs.shape[0]):
-        x, y = scratch[pairs[p, 0]], scratch[pairs[p, 1]]
-        mean_x = _block(x, 0, size) / size
-        mean_y = _block(y, 0, size) / size
+        column_x, column_y = pairs[p, 0], pairs[p, 1]
+        x, y = scratch[column_x], scratch[column_y]
+        mean_x = sums[column_x] / size  # the block sum just taken: _block(x, 0, size)
+        mean_y = sums[column_y] / size
         m2_x, m2_y, c_xy = 0.0, 0.0, 0.0
-        for k in range(size):
-            dx, dy = x[k] - mean_x, y[k] - mean_y
-            m2_x += dx * dx
-            m2_y += dy * dy
-            c_xy += dx * dy
+        if column_x == column_y:  # a quantity's own spread: M2_y and C_xy add the very terms of M2_x
+            for k in range(size):
+                dx = x[k] - mean_x
+                m2_x += dx * dx
+            m2_y, c_xy = m2_x, m2_x
+        else:
+            for k in range(size):
+                dx, dy = x[k] - mean_x, y[k] - mean_y
+                m2_x += dx * dx
+                m2_y += dy * dy
+                c_xy += dx * dy
         into = moments[group, p]
         n_a = into[0]
         n = n_a + size
@@ -282,19 +378,32 @@ def segment_pass(
     pairs: np.ndarray,
     exponent_min: int,
     levels: int,
+    row: np.ndarray,
+    rounds: np.ndarray,
+    rows: int,
+    log_half: float,
+    gap: float,
+    log_edges: np.ndarray,
 ):
     """The fused pass over every segment's tokens, each read once. Returns per segment and kernel quantity the sum
     (numpy reduceat's order: the first value plus numpy's pairwise sum of the rest; float64 [Q, S]), per segment
     the max and min of each of EXTREMES (float64 [E, S] each);
     per step group and quantity pair (``pairs`` [P, 2] of column indices) [n, mean_x, mean_y, M2_x, M2_y, C_xy]
     ([G, P, 6], blocks merged by Chan's update); per step group the δ histogram of ``metrics.localize.delta_bin``
-    ([G, 2·levels + 1])."""
+    ([G, 2·levels + 1]); and what :func:`hint_rows` returns for the same arguments (its ``clip`` is CLIP): per row the
+    HINT_COLUMNS [R, 13], per step group and rollout-probability bucket [tokens, Σ|δ|, Σy, Σy²] [G, B, 4], each value
+    the same additions in the same order (the leaves follow the tokens in order)."""
     segments = raw.shape[0]
     sums = np.empty((_Q, segments))
     maxima = np.empty((_E, segments))
     minima = np.empty((_E, segments))
     moments = np.zeros((groups, pairs.shape[0], 6))
     histogram = np.zeros((groups, 2 * levels + 1))
+    per_row = np.zeros((rows, 13))
+    probability = np.zeros((groups, log_edges.shape[0] + 1, 4))
+    # the row's running hint sums (HINT_COLUMNS 10, 11, 8, 9, 12) and the exact-zero run's state, carried leaf to leaf
+    running = np.zeros(7)
+    hints = (probability, running, log_edges, log_half, gap)
     scratch = np.empty((_Q, 128))
     block = np.empty(_Q)
     first = np.empty(_Q)
@@ -304,15 +413,42 @@ def segment_pass(
     stage = np.empty(64, np.int64)  # 0: nothing done, 1: left half under way, 2: right half under way
     left = np.empty((64, _Q))
     for s in range(segments):
-        g = segment_group[s]
+        g, i = segment_group[s], row[s]
+        opens = s == 0 or row[s - 1] != i or rounds[s - 1] != rounds[s]
+        continues = s + 1 < segments and row[s + 1] == i and rounds[s + 1] == rounds[s]
+        lo, n = raw[s], length[s]
+        if opens:  # the round's first token
+            y = min(abs(trainer[lo] - rollout[lo]), CLIP)
+            per_row[i, 0] += y
+            per_row[i, 1] += y * y
+            running[5] = 0.0
+        running[0], running[1], running[2] = per_row[i, 10], per_row[i, 11], per_row[i, 8]
+        running[3], running[4] = per_row[i, 9], per_row[i, 12]
+        pair_end = lo + n if continues else lo + n - 1
         extremes[0, :] = -np.inf
         extremes[1, :] = np.inf
-        _leaf(trainer, rollout, raw[s], 1, g, scratch, first, extremes, pairs, moments, histogram, exponent_min, levels)
-        rest = length[s] - 1
+        _leaf(
+            trainer,
+            rollout,
+            lo,
+            1,
+            g,
+            scratch,
+            first,
+            extremes,
+            pairs,
+            moments,
+            histogram,
+            exponent_min,
+            levels,
+            hints,
+            pair_end,
+        )
+        rest = n - 1
         if rest == 0:
             block[:] = -0.0
         else:  # numpy's pairwise tree over the rest, its recursion on an explicit stack
-            starts[0], sizes[0], stage[0] = raw[s] + 1, rest, 0
+            starts[0], sizes[0], stage[0] = lo + 1, rest, 0
             depth = 1
             while depth > 0:
                 top = depth - 1
@@ -338,6 +474,8 @@ def segment_pass(
                     histogram,
                     exponent_min,
                     levels,
+                    hints,
+                    pair_end,
                 )
                 depth -= 1
                 while depth > 0:  # hand the finished sums up the tree
@@ -358,7 +496,21 @@ def segment_pass(
         for e in range(_E):
             maxima[e, s] = extremes[0, e]
             minima[e, s] = extremes[1, e]
-    return sums, maxima, minima, moments, histogram
+        per_row[i, 10], per_row[i, 11], per_row[i, 8] = running[0], running[1], running[2]
+        per_row[i, 9], per_row[i, 12] = running[3], running[4]
+        if not continues:  # the round's last token
+            last = lo + n - 1
+            ad = abs(trainer[last] - rollout[last])
+            per_row[i, 7] += ad
+            if s + 1 == segments or row[s + 1] != i:  # the row's last token
+                y = min(ad, CLIP)
+                per_row[i, 2] = y
+                per_row[i, 3] = y * y
+                if opens and n == 1:  # also its round's first
+                    per_row[i, 4] = 1.0
+                    per_row[i, 5] = y
+                    per_row[i, 6] = y * y
+    return sums, maxima, minima, moments, histogram, per_row, probability
 
 
 @njit(**_FLAGS)
@@ -491,7 +643,9 @@ def hint_rows(
 ):
     """The token patterns of ``metrics.hints`` in one pass: per row the HINT_COLUMNS (float64 [R, 13]), per step group
     and rollout-probability bucket (the number of ``log_edges`` above r) [tokens, Σ|δ|, Σy, Σy²] ([G, B, 4]),
-    y = min(|δ|, clip). Sums run in token order, as the torch engine's index_add and bincount do."""
+    y = min(|δ|, clip). Sums run in token order, as the torch engine's index_add and bincount do. The engine takes
+    these from :func:`segment_pass`, which does the same per token; this separate pass is the reference it is tested
+    against (tests/test_kernel_fused_hints.py)."""
     out = np.zeros((rows, 13))
     buckets = np.zeros((groups, log_edges.shape[0] + 1, 4))
     segments = raw.shape[0]
@@ -505,35 +659,22 @@ def hint_rows(
         lo, n = raw[s], length[s]
         # the row's running sums of the per-token columns in registers over the segment (same additions, same order)
         zeros, zero_runs, shift_next, shift_prev, copied = out[i, 10], out[i, 11], out[i, 8], out[i, 9], out[i, 12]
+        into = buckets[g]
         for k in range(n):
             t = lo + k
             a, r = trainer[t], rollout[t]
             ad = abs(a - r)
             y = min(ad, clip)
             y2 = y * y
-            b = 0
-            for e in range(log_edges.shape[0]):
-                if r < log_edges[e]:
-                    b += 1
-            buckets[g, b, 0] += 1.0
-            buckets[g, b, 1] += ad
-            buckets[g, b, 2] += y
-            buckets[g, b, 3] += y2
+            _probability_bucket(into, r, ad, y, log_edges)
             first = opens and k == 0
             if first:
                 out[i, 0] += y
                 out[i, 1] += y2
                 prev_zero = False
-            zero = (r == 0.0 and a < log_half) or (a == 0.0 and r < log_half)
-            counted = False
-            if zero:
-                zeros += 1.0
-                if prev_zero:
-                    if not prev_counted:
-                        zero_runs += 1.0
-                    zero_runs += 1.0
-                    counted = True
-            prev_zero, prev_counted = zero, counted
+            zeros, zero_runs, prev_zero, prev_counted = _exact_zero(
+                a, r, log_half, zeros, zero_runs, prev_zero, prev_counted
+            )
             if k == n - 1 and not continues:  # the round's last token
                 out[i, 7] += ad
                 if row_ends:
@@ -544,11 +685,9 @@ def hint_rows(
                         out[i, 5] = y
                         out[i, 6] = y2
                 continue
-            a1, r1 = trainer[t + 1], rollout[t + 1]  # the next token of the round
-            shift_next += abs(a1 - r)
-            shift_prev += abs(a - r1)
-            if (r1 == r and r1 != 0.0 and abs(a1 - a) > gap) or (a1 == a and a1 != 0.0 and abs(r1 - r) > gap):
-                copied += 1.0
+            shift_next, shift_prev, copied = _next_pair(  # with the next token of the round
+                a, r, trainer[t + 1], rollout[t + 1], gap, shift_next, shift_prev, copied
+            )
         out[i, 10], out[i, 11], out[i, 8], out[i, 9], out[i, 12] = zeros, zero_runs, shift_next, shift_prev, copied
     return out, buckets
 

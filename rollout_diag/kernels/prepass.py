@@ -26,6 +26,7 @@ CLIP = 1.0
 LOG_HALF = math.log(0.5)
 COPY_GAP = math.log(2.0)
 PROBABILITY_EDGES = (0.9, 0.5, 0.1, 0.01)
+_LOG_EDGES = np.array([math.log(edge) for edge in PROBABILITY_EDGES])  # as metrics.hints.probability_bucket
 
 
 @dataclass(frozen=True, eq=False)
@@ -36,7 +37,7 @@ class KernelPrepass:
     row_group: np.ndarray  # int64 [R]: each row's index into ``steps``
     layout: tuple[np.ndarray, ...]  # kernels.cpu.segment_layout: (raw start, model start, length, row, bucket, round)
     reductions: tuple[np.ndarray, ...]  # kernels.cpu.segment_pass: sums, maxima, minima, moments, δ histogram
-    hints: tuple[np.ndarray, np.ndarray]  # kernels.cpu.hint_rows with the constants above: per row, buckets
+    hints: tuple[np.ndarray, np.ndarray]  # the fused pass's hint rows (= kernels.cpu.hint_rows): per row, buckets
 
 
 def step_groups(step: np.ndarray) -> tuple[tuple[int, ...], np.ndarray]:
@@ -51,13 +52,20 @@ def layout(mask: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, ...]:
 
 
 def reductions(
-    trainer: np.ndarray, rollout: np.ndarray, segments: tuple[np.ndarray, ...], segment_group: np.ndarray, groups: int
-) -> tuple[np.ndarray, ...]:
-    """The fused pass: (sums, maxima, minima) [Q, S], moments of MOMENT_PAIRS [G, P, 6], δ histogram [G, B]."""
+    trainer: np.ndarray,
+    rollout: np.ndarray,
+    segments: tuple[np.ndarray, ...],
+    rows: int,
+    segment_group: np.ndarray,
+    groups: int,
+) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, np.ndarray]]:
+    """The fused pass, the hint patterns with it (each token read once): ((sums, maxima, minima) [Q, S], moments of
+    MOMENT_PAIRS [G, P, 6], δ histogram [G, B]) and the hint rows: per row the HINT_COLUMNS [R, 13], per step group and
+    probability bucket [G, B, 4] (what :func:`hint_rows` gives)."""
     kernels = compiled()
     pairs = np.array([[kernels.COLUMN[x], kernels.COLUMN[y]] for x, y in MOMENT_PAIRS], dtype=np.int64)
-    raw, _, length, *_ = segments
-    return kernels.segment_pass(
+    raw, _, length, row, _, rounds = segments
+    *fused, per_row, buckets = kernels.segment_pass(
         trainer,
         rollout,
         raw,
@@ -67,7 +75,14 @@ def reductions(
         pairs,
         EXPONENT_MIN,
         EXPONENT_MAX - EXPONENT_MIN,
+        row,
+        rounds,
+        rows,
+        LOG_HALF,
+        COPY_GAP,
+        _LOG_EDGES,
     )
+    return tuple(fused), (per_row, buckets)
 
 
 def hint_rows(
@@ -78,23 +93,12 @@ def hint_rows(
     segment_group: np.ndarray,
     groups: int,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """kernels.cpu.hint_rows with the constants above: per row the HINT_COLUMNS [R, 13], per step group and
-    probability bucket [G, B, 4]."""
+    """kernels.cpu.hint_rows with the constants above, a pass of its own: per row the HINT_COLUMNS [R, 13], per step
+    group and probability bucket [G, B, 4]. The engine takes them from :func:`reductions`; this separate pass is the
+    reference the fused one is tested against (tests/test_kernel_fused_hints.py)."""
     raw, _, length, row, _, rounds = segments
     return compiled().hint_rows(
-        trainer,
-        rollout,
-        raw,
-        length,
-        row,
-        rounds,
-        rows,
-        segment_group,
-        groups,
-        CLIP,
-        LOG_HALF,
-        COPY_GAP,
-        np.array([math.log(edge) for edge in PROBABILITY_EDGES]),  # as metrics.hints.probability_bucket
+        trainer, rollout, raw, length, row, rounds, rows, segment_group, groups, CLIP, LOG_HALF, COPY_GAP, _LOG_EDGES
     )
 
 
@@ -104,13 +108,8 @@ def prepass(step: np.ndarray, offsets: np.ndarray, trainer: np.ndarray, rollout:
     steps, row_group = step_groups(step)
     segments = layout(mask, offsets)
     segment_group = row_group[segments[3]]
-    return KernelPrepass(
-        steps=steps,
-        row_group=row_group,
-        layout=segments,
-        reductions=reductions(trainer, rollout, segments, segment_group, len(steps)),
-        hints=hint_rows(trainer, rollout, segments, len(step), segment_group, len(steps)),
-    )
+    fused, hints = reductions(trainer, rollout, segments, len(step), segment_group, len(steps))
+    return KernelPrepass(steps=steps, row_group=row_group, layout=segments, reductions=fused, hints=hints)
 
 
 def warm_up() -> None:

@@ -692,14 +692,20 @@ class KernelStats(ChunkStats):
         return kernel_prepass.layout(self.chunk.mask.numpy(), self.chunk.offsets.numpy())
 
     @cached_property
-    def _reductions(self) -> tuple[np.ndarray, ...]:
-        """The fused pass: (sums, maxima, minima) [Q, S], moments of MOMENT_PAIRS [G, P, 6], δ histogram [G, B]."""
+    def _fused(self) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, np.ndarray]]:
+        """The fused pass (the reader's, where it ran it ahead): its reductions and the hint rows
+        (``kernels/prepass.py`` ``reductions``)."""
         if self._ahead is not None:
-            return self._ahead.reductions
+            return self._ahead.reductions, self._ahead.hints
         trainer, rollout = self._raw
         return kernel_prepass.reductions(
-            trainer, rollout, self._layout, self.segment_group.numpy(), self.chunk.groups.count
+            trainer, rollout, self._layout, self.chunk.rows, self.segment_group.numpy(), self.chunk.groups.count
         )
+
+    @property
+    def _reductions(self) -> tuple[np.ndarray, ...]:
+        """The fused pass: (sums, maxima, minima) [Q, S], moments of MOMENT_PAIRS [G, P, 6], δ histogram [G, B]."""
+        return self._fused[0]
 
     @cached_property
     def model_tokens(self) -> int:
@@ -844,15 +850,9 @@ class KernelStats(ChunkStats):
 
     def hint_rows(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """The token patterns of metrics.hints (``kernels.cpu.HINT_COLUMNS``, per row) and the rollout-probability
-        buckets [G, B, 4] of [tokens, Σ|δ|, Σy, Σy²], in one compiled pass with the hint constants of
-        ``kernels/prepass.py`` (the reader's pass, where it ran it ahead)."""
-        if self._ahead is not None:
-            per_row, buckets = self._ahead.hints
-        else:
-            trainer, rollout = self._raw
-            per_row, buckets = kernel_prepass.hint_rows(
-                trainer, rollout, self._layout, self.chunk.rows, self.segment_group.numpy(), self.chunk.groups.count
-            )
+        buckets [G, B, 4] of [tokens, Σ|δ|, Σy, Σy²], from the fused pass with the hint constants of
+        ``kernels/prepass.py``."""
+        per_row, buckets = self._fused[1]
         columns = torch.from_numpy(per_row)
         names = compiled().HINT_COLUMNS
         return {name: columns[:, index] for index, name in enumerate(names)}, torch.from_numpy(buckets)
