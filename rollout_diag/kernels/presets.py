@@ -17,7 +17,7 @@ value is the torch engine's, bit for bit; the histogram's bins are found from th
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, uint64
+from numba import njit, types, uint64
 
 from rollout_diag.kernels.cpu import CLAMP
 
@@ -425,3 +425,26 @@ def centred_pass(
             out[g, q1] = t1
             out[g, q0] = t0
     return out
+
+
+def _c(dtype: types.Type, ndim: int = 1) -> types.Array:
+    return types.Array(dtype, ndim, "C")
+
+
+_F, _I = _c(types.float64), _c(types.int64)
+# Every specialisation of each kernel (as ``kernels.cpu.SIGNATURES``): float64 values and weights, int64 layouts and
+# codes, whatever the input's dtypes. :func:`compile_signatures` compiles them without data (a helper process does,
+# ``kernels.expect_presets``).
+SIGNATURES: dict[str, tuple[tuple[types.Type, ...], ...]] = {
+    "clamped_tokens": ((_F, _F, _I, _I, _I),),
+    "preset_pass": ((_F, _F, _F, _I, _I, _I, _c(types.int64, 2), _c(types.float64, 2), _c(types.boolean), _F, _I),),
+    "centred_pass": ((_F, _F, _F, _I, _I, _I, _I, _c(types.int64, 2), _c(types.float64, 2), _c(types.float64, 2)),),
+}
+
+
+def compile_signatures() -> None:
+    """Compile (or load from numba's cache) every kernel of this module for its SIGNATURES."""
+    kernels = globals()
+    for name, signatures in SIGNATURES.items():
+        for signature in signatures:
+            kernels[name].compile(signature)
