@@ -187,3 +187,21 @@ def test_readonly_views_keep_the_values():
         assert view.flags.c_contiguous and not view.flags.writeable
         assert np.array_equal(view, given)
     assert values.flags.writeable  # the caller's array is left as it was
+
+
+def test_a_cache_older_than_its_source_counts_as_none(tmp_path):
+    """numba drops an index written before its source last changed: such a cache is a first run (announced; the
+    preset kernels' helper starts), one written since is not, and each kernel asked for needs its own index."""
+    from rollout_diag.kernels import _has_cache
+
+    nested = tmp_path / "work" / "rollout_diag" / "kernels"  # NUMBA_CACHE_DIR holds the source's path below it
+    nested.mkdir(parents=True)
+    index = nested / "presets.preset_pass-301.py311.nbi"
+    index.write_bytes(b"")
+    os.utime(index, (0, 0))  # 1970: before the source's last change
+    assert not _has_cache(tmp_path, "presets", ("preset_pass",))
+    os.utime(index, None)  # now
+    assert _has_cache(tmp_path, "presets", ("preset_pass",))
+    assert not _has_cache(tmp_path, "presets", ("preset_pass", "centred_pass"))
+    assert not _has_cache(tmp_path, "presets", ("preset",))  # a whole kernel name, not a prefix
+    assert not _has_cache(tmp_path, "cpu") and not _has_cache(tmp_path / "missing", "presets")

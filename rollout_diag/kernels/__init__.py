@@ -47,8 +47,9 @@ SMALL_INPUT_ENVIRONMENT = "ROLLOUT_DIAG_SMALL_INPUT_TOKENS"
 SMALL_INPUT_TOKENS = 1 << 22
 SMALL_INPUT_ROWS = 1 << 12
 InputSize = tuple[int, int]  # (tokens, rows) of a reader's whole input
-# First run (empty cache), quiet 2-core machine: what the kernels a command needs take to compile (docs/benchmarks.md)
-COMPILE_SECONDS = 15
+# What a first run (empty cache) spends compiling the kernels a command needs, on 2 cores (docs/benchmarks.md, issue 20
+# session 7: ~8 s of CPU for the analysis kernels; the preset kernels' ~10 s in the helper process alongside)
+COMPILE_SECONDS = 10
 # The longest the preset kernels' helper may take before this process compiles them itself.
 AHEAD_TIMEOUT = 600.0
 _loaded: list[ModuleType] = []
