@@ -334,7 +334,8 @@ def preset_pass(
     histogram = edges.shape[0] > 0
     counts = np.zeros(2 * edges.shape[0], np.int64)
     padded = np.empty(edges.shape[0] + 1)  # the edges and +inf: the step over an edge reads no bound check
-    padded[: edges.shape[0]] = edges
+    for e in range(edges.shape[0]):  # a loop, not a slice assignment: numba compiles ~2 s of broadcast checks for that
+        padded[e] = edges[e]
     padded[edges.shape[0]] = np.inf
     for s in range(segments):
         size = length[s]
