@@ -808,6 +808,9 @@ def compare_presets(
 
         writer_class()
     whole = where is None and steps is None
+    from rollout_diag.kernels import expect_presets
+
+    expect_presets()  # a first run compiles the preset kernels in a helper process from the start
     dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend, whole)
     from rollout_diag.drivers.compare import compare_presets as run_comparison
     from rollout_diag.presets import choose_presets
@@ -958,6 +961,9 @@ def report(
     refuse_overwriting_inputs({"output": output}, inputs, from_json, vs, presets_file)
     dump = None
     if inputs:  # opened before the imports below load torch: a bad file fails at once
+        from rollout_diag.kernels import expect_presets
+
+        expect_presets()  # a first run compiles the preset kernels in a helper process from the start
         whole = where is None and steps is None
         dump = open_dump(
             inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend, read_ahead=whole

@@ -479,19 +479,27 @@ def _scanned(block: Block, device_type: str) -> tuple[np.ndarray, np.ndarray, np
     kernels = compiled()
     # numpy compares a float32 array with the tolerance rounded to float32; as float64 that bound is exact
     limit = float(trainer.dtype.type(MAX_POSITIVE_LOGPROB))
-    trainer, rollout = np.ascontiguousarray(trainer), np.ascontiguousarray(rollout)
+    # one compiled scan per logprob dtype and mask width (kernels.cpu.SIGNATURES): the inputs as read-only views
+    # (Arrow's buffers are, a converted column is not; numba compiles each mix anew)
+    trainer, rollout = _readonly(trainer), _readonly(rollout)
     if mask is None:
         trainer, rollout, clean = kernels.checked_values(trainer, rollout, limit)
         model = np.ones(len(trainer), dtype=bool)
     else:
-        if mask.dtype.itemsize == 1:  # bool, int8 and uint8 share one compiled scan (-1 reads 255: flagged)
-            mask = mask.view(np.uint8)
-        trainer, rollout, model, clean = kernels.checked_model_values(
-            trainer, rollout, np.ascontiguousarray(mask), limit
-        )
+        # bool, int8 and uint8 share one compiled scan (-1 reads 255: flagged), any wider integer reads as int64 (a
+        # uint64 above 2**63 reads negative: flagged, as any value but 0 and 1 is)
+        mask = mask.view(np.uint8) if mask.dtype.itemsize == 1 else mask.astype(np.int64, copy=False)
+        trainer, rollout, model, clean = kernels.checked_model_values(trainer, rollout, _readonly(mask), limit)
     if not clean:
         return None
     return trainer, rollout, model
+
+
+def _readonly(values: np.ndarray) -> np.ndarray:
+    """A C-contiguous, read-only view of ``values`` (a copy only where it is not contiguous)."""
+    view = np.ascontiguousarray(values).view()
+    view.flags.writeable = False
+    return view
 
 
 def _footer_size(opened: OpenFile, groups: set[int] | None) -> tuple[int, int] | None:

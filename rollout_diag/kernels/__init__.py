@@ -19,12 +19,19 @@ The choice is a process setting (``ROLLOUT_DIAG_ENGINE``, or :func:`use_engine` 
 
 Compiled kernels are cached (numba ``cache=True``) next to this module, or, where the package directory is not
 writable, under ``$XDG_CACHE_HOME/rollout-diag/numba`` (``~/.cache/…``); a run that compiles says so once on stderr.
+numba compiles one function at a time in a process, so where a run will need the preset kernels too
+(:func:`expect_presets`) and they are not cached, a helper process compiles them into the cache on another core while
+this one compiles the analysis kernels (:func:`compiled_presets` waits for it).
 """
 
 from __future__ import annotations
 
+import atexit
+import multiprocessing
 import os
+import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,7 +47,17 @@ SMALL_INPUT_ENVIRONMENT = "ROLLOUT_DIAG_SMALL_INPUT_TOKENS"
 SMALL_INPUT_TOKENS = 1 << 22
 SMALL_INPUT_ROWS = 1 << 12
 InputSize = tuple[int, int]  # (tokens, rows) of a reader's whole input
+# What a first run (empty cache) spends compiling the kernels a command needs, on 2 cores (docs/benchmarks.md, issue 20
+# session 7: ~8 s of CPU for the analysis kernels; the preset kernels' ~10 s in the helper process alongside)
+COMPILE_SECONDS = 10
+# The longest the preset kernels' helper may take before this process compiles them itself.
+AHEAD_TIMEOUT = 600.0
 _loaded: list[ModuleType] = []
+_expected: list[bool] = []  # True once a pass has said it will run the preset kernels
+_decided: list[bool] = []  # True once the question of a helper process for them is settled
+_ahead: list[subprocess.Popen] = []  # the helper process compiling them
+_lock = threading.Lock()
+_waiting = threading.Lock()
 
 
 def check_engine(engine: str) -> str:
@@ -131,28 +148,86 @@ def compiled() -> ModuleType:
         os.environ["NUMBA_CACHE_DIR"] = str(directory)  # numba reads its configuration when imported …
         if "numba" in sys.modules:  # … or when told to read it again
             sys.modules["numba"].core.config.reload_config()
-    if not _has_cache(directory):
+    if not _has_cache(directory, "cpu"):
         print(
-            f"rollout-diag: compiling the CPU kernels once (about 15 s; cached in {directory}).",
+            f"rollout-diag: compiling the CPU kernels once (about {COMPILE_SECONDS} s; cached in {directory}).",
             file=sys.stderr,
             flush=True,
         )
     from rollout_diag.kernels import cpu as module
 
-    _loaded.append(module)
-    return module
+    with _lock:
+        if not _loaded:
+            _loaded.append(module)
+    if _expected:
+        _compile_presets_ahead()
+    return _loaded[0]
 
 
-def _has_cache(directory: Path) -> bool:
+def _has_cache(directory: Path, module: str, kernels: tuple[str, ...] = ("*",)) -> bool:
+    """Whether numba's cache in ``directory`` holds an index for each of ``kernels`` of ``module`` (``*``: any kernel)
+    written since the module's source last changed (numba drops an index whose source changed)."""
     if not directory.is_dir():
         return False
-    return any(directory.rglob("cpu.*.nbi"))
+    changed = Path(__file__).with_name(f"{module}.py").stat().st_mtime
+    return all(
+        any(index.stat().st_mtime >= changed for index in directory.rglob(f"{module}.{kernel}-*.nbi"))
+        for kernel in kernels
+    )
+
+
+def expect_presets() -> None:
+    """Say that this process will run the preset kernels (``kernels/presets.py``). Once it also runs the numba engine
+    (:func:`compiled`), and where they are not cached, a helper process compiles them into the cache meanwhile, on
+    another core (none on one core, or in a worker process: its parent's helper does it)."""
+    with _lock:
+        if _expected:
+            return
+        _expected.append(True)
+    if _loaded:
+        _compile_presets_ahead()
+
+
+def _compile_presets_ahead() -> None:
+    from rollout_diag.cores import available_cores
+
+    with _lock:
+        if _decided:
+            return
+        _decided.append(True)
+        if available_cores() < 2 or multiprocessing.parent_process() is not None:
+            return
+        from rollout_diag.kernels import presets
+
+        if _has_cache(cache_directory(), "presets", tuple(presets.SIGNATURES)):
+            return
+        # the package as this process imports it, first: numba keys its cache on the source file's path
+        root = str(Path(os.path.abspath(__file__)).parents[2])
+        command = f"import sys; sys.path.insert(0, {root!r}); from rollout_diag.kernels import presets; " + (
+            "presets.compile_signatures()"
+        )
+        process = subprocess.Popen(
+            [sys.executable, "-c", command],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        _ahead.append(process)
+        atexit.register(process.kill)  # a run that ends first leaves no compile behind (numba writes atomically)
 
 
 def compiled_presets() -> ModuleType:
     """The compiled pass of the presets' token quantities (``kernels/presets.py``), imported on first use, after
-    :func:`compiled` (which sets up the cache directory and announces a first compile)."""
+    :func:`compiled` (which sets up the cache directory and announces a first compile), and once the helper process
+    compiling them (:func:`expect_presets`), if one runs, has written them into the cache."""
     compiled()
+    with _waiting:
+        while _ahead:
+            try:
+                _ahead[0].wait(AHEAD_TIMEOUT)
+            except subprocess.TimeoutExpired:  # then this process compiles what it needs itself
+                _ahead[0].kill()
+            _ahead.pop()
     from rollout_diag.kernels import presets as module
 
     return module

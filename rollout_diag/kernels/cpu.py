@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, uint64
+from numba import njit, types, uint64
 
 CLAMP = 20.0  # = catalogue.CLAMP (clamp20)
 CLIP = 1.0  # = metrics.hints.CLIP
@@ -481,7 +481,8 @@ def segment_pass(
                 while depth > 0:  # hand the finished sums up the tree
                     parent = depth - 1
                     if stage[parent] == 1:
-                        left[parent, :] = block
+                        for q in range(_Q):  # a loop, not ``left[parent, :] = block``: that compiled a 2 s error path
+                            left[parent, q] = block[q]
                         stage[parent] = 2
                         half = sizes[parent] // 2
                         half -= half % 8
@@ -725,3 +726,34 @@ def tokens_at_least(
                 values[found] = value
                 found += 1
     return index, values
+
+
+def _c(dtype: types.Type, ndim: int = 1, readonly: bool = False) -> types.Array:
+    return types.Array(dtype, ndim, "C", readonly=readonly)
+
+
+_F, _I = _c(types.float64), _c(types.int64)
+# Every specialisation of each kernel (numba compiles one per distinct set of argument types, dtypes, layouts and
+# read-only flags, a full compile each): the call sites hand the kernels these types only (the scan's inputs as
+# read-only views, an integer mask wider than a byte as int64), and tests/test_compile.py runs the commands and
+# fails on any other. The scan has one per logprob dtype and mask width; everything after it reads its float64
+# output and int64 layouts.
+SIGNATURES: dict[str, tuple[tuple[types.Type, ...], ...]] = {
+    "checked_model_values": tuple(
+        (_c(value, readonly=True), _c(value, readonly=True), _c(mask, readonly=True), types.float64)
+        for value in (types.float32, types.float64)
+        for mask in (types.uint8, types.int64)
+    ),
+    "checked_values": tuple(
+        (_c(value, readonly=True), _c(value, readonly=True), types.float64) for value in (types.float32, types.float64)
+    ),
+    "segment_layout": ((_c(types.boolean), _I),),
+    "segment_pass": ((_F, _F, _I, _I, _I, types.int64, _c(types.int64, 2), types.int64, types.int64),),
+    "segment_count_above": ((_F, _F, _I, _I, _F, types.float64),),
+    "_value": ((types.int64, types.float64, types.float64),),
+    "group_centred": ((_F, _F, _I, _I, _I, types.int64, types.int64, types.int64, _F, _F),),
+    "hint_rows": (
+        (_F, _F, _I, _I, _I, _I, types.int64, _I, types.int64, types.float64, types.float64, types.float64, _F),
+    ),
+    "tokens_at_least": ((_F, _F, _I, _I, _I, _F, types.float64),),
+}

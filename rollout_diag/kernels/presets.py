@@ -17,7 +17,7 @@ value is the torch engine's, bit for bit; the histogram's bins are found from th
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, uint64
+from numba import njit, types, uint64
 
 from rollout_diag.kernels.cpu import CLAMP
 
@@ -334,7 +334,8 @@ def preset_pass(
     histogram = edges.shape[0] > 0
     counts = np.zeros(2 * edges.shape[0], np.int64)
     padded = np.empty(edges.shape[0] + 1)  # the edges and +inf: the step over an edge reads no bound check
-    padded[: edges.shape[0]] = edges
+    for e in range(edges.shape[0]):  # a loop, not a slice assignment: numba compiles ~2 s of broadcast checks for that
+        padded[e] = edges[e]
     padded[edges.shape[0]] = np.inf
     for s in range(segments):
         size = length[s]
@@ -425,3 +426,26 @@ def centred_pass(
             out[g, q1] = t1
             out[g, q0] = t0
     return out
+
+
+def _c(dtype: types.Type, ndim: int = 1) -> types.Array:
+    return types.Array(dtype, ndim, "C")
+
+
+_F, _I = _c(types.float64), _c(types.int64)
+# Every specialisation of each kernel (as ``kernels.cpu.SIGNATURES``): float64 values and weights, int64 layouts and
+# codes, whatever the input's dtypes. :func:`compile_signatures` compiles them without data (a helper process does,
+# ``kernels.expect_presets``).
+SIGNATURES: dict[str, tuple[tuple[types.Type, ...], ...]] = {
+    "clamped_tokens": ((_F, _F, _I, _I, _I),),
+    "preset_pass": ((_F, _F, _F, _I, _I, _I, _c(types.int64, 2), _c(types.float64, 2), _c(types.boolean), _F, _I),),
+    "centred_pass": ((_F, _F, _F, _I, _I, _I, _I, _c(types.int64, 2), _c(types.float64, 2), _c(types.float64, 2)),),
+}
+
+
+def compile_signatures() -> None:
+    """Compile (or load from numba's cache) every kernel of this module for its SIGNATURES."""
+    kernels = globals()
+    for name, signatures in SIGNATURES.items():
+        for signature in signatures:
+            kernels[name].compile(signature)

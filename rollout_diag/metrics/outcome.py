@@ -15,6 +15,7 @@ import numpy as np
 
 from rollout_diag import catalogue
 from rollout_diag.io.chunk import Chunk
+from rollout_diag.kernels import expect_presets
 from rollout_diag.memory import trim_heap
 from rollout_diag.metrics.base import KeyGroup, State, StateTable, StepAccumulator
 from rollout_diag.metrics.correction import (
@@ -198,6 +199,7 @@ class CorrectionAnalysis:
             parts.append(self._add(("outcome", rule), OutcomeAccumulator, rule))
             self.parts[preset.name] = parts
         self.token_quantities()  # registers every derived quantity in this process and thread
+        expect_presets()  # their compiled pass: compiled ahead where the numba engine runs and its cache lacks it
         self._table = PresetColumns(list(self._accumulators.values()))
 
     def _add(self, key: Hashable, kind: Callable[[Any], CorrectionAccumulator], config: Any) -> Hashable:
