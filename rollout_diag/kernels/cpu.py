@@ -737,7 +737,7 @@ _F, _I = _c(types.float64), _c(types.int64)
 # read-only flags, a full compile each): the call sites hand the kernels these types only (the scan's inputs as
 # read-only views, an integer mask wider than a byte as int64), and tests/test_compile.py runs the commands and
 # fails on any other. The scan has one per logprob dtype and mask width; everything after it reads its float64
-# output and int64 layouts.
+# output and int64 layouts. (hint_rows, the reference of segment_pass's hint rows, runs in tests only.)
 SIGNATURES: dict[str, tuple[tuple[types.Type, ...], ...]] = {
     "checked_model_values": tuple(
         (_c(value, readonly=True), _c(value, readonly=True), _c(mask, readonly=True), types.float64)
@@ -748,12 +748,14 @@ SIGNATURES: dict[str, tuple[tuple[types.Type, ...], ...]] = {
         (_c(value, readonly=True), _c(value, readonly=True), types.float64) for value in (types.float32, types.float64)
     ),
     "segment_layout": ((_c(types.boolean), _I),),
-    "segment_pass": ((_F, _F, _I, _I, _I, types.int64, _c(types.int64, 2), types.int64, types.int64),),
+    "segment_pass": (
+        (
+            *(_F, _F, _I, _I, _I, types.int64, _c(types.int64, 2), types.int64, types.int64),  # the segment sums
+            *(_I, _I, types.int64, types.float64, types.float64, _F),  # the hint rows
+        ),
+    ),
     "segment_count_above": ((_F, _F, _I, _I, _F, types.float64),),
     "_value": ((types.int64, types.float64, types.float64),),
     "group_centred": ((_F, _F, _I, _I, _I, types.int64, types.int64, types.int64, _F, _F),),
-    "hint_rows": (
-        (_F, _F, _I, _I, _I, _I, types.int64, _I, types.int64, types.float64, types.float64, types.float64, _F),
-    ),
     "tokens_at_least": ((_F, _F, _I, _I, _I, _F, types.float64),),
 }
