@@ -225,8 +225,14 @@ def _space(buf, p, end):
     return p
 
 
+_NULL_WORD = np.uint64(int.from_bytes(b"null", "little"))
+_LOW_FOUR = np.uint64(0xFFFFFFFF)
+
+
 @njit(**_INLINE)
 def _is_null(buf, p, end):
+    if _LITTLE_ENDIAN and p + 8 <= end:  # one compare of the word's first four bytes
+        return (_load8(buf, p) & _LOW_FOUR) == _NULL_WORD
     return p + 4 <= end and buf[p] == 110 and buf[p + 1] == 117 and buf[p + 2] == 108 and buf[p + 3] == 108
 
 
@@ -469,6 +475,43 @@ def _member_value(buf, p, end):
 
 
 @njit(**_FLAGS)
+def _flat_list_end(buf, p, end):
+    """Position after the list whose ``[`` is at ``p`` when it is a list of numbers, strings, ``null``, ``true`` and
+    ``false`` written without whitespace or with one space after each comma (checked as :func:`_skip_value` checks
+    them), else -1: anything else (other whitespace, a container, ``NaN``, a grammar error) is left to the caller's
+    general loop. The skipped lists of the trainer formats are such lists: one tight loop per item, no stack."""
+    p += 1
+    if p < end and buf[p] == 93:  # ]
+        return p + 1
+    while p < end:
+        c = buf[p]
+        if 48 <= c <= 57 or c == 45:  # a digit or -
+            p = _number_shape_end(buf, p, end)
+        elif c == 110:
+            p = p + 4 if _is_null(buf, p, end) else -1
+        elif c == 34:
+            p = _string_end(buf, p, end, False)
+        elif c == 116:
+            p = p + 4 if _is_true(buf, p, end) else -1
+        elif c == 102:
+            p = p + 5 if _is_false(buf, p, end) else -1
+        else:
+            return -1
+        if p < 0 or p >= end:
+            return -1
+        c = buf[p]
+        if c == 44:  # ,
+            p += 1
+            if p < end and buf[p] == 32:
+                p += 1
+        elif c == 93:
+            return p + 1
+        else:
+            return -1
+    return -1
+
+
+@njit(**_FLAGS)
 def _skip_value(buf, p, end, stack):
     """Position after the JSON value at ``p`` (any value, checked), or -1."""
     depth = 0
@@ -477,7 +520,10 @@ def _skip_value(buf, p, end, stack):
         if p >= end:
             return -1
         c = buf[p]
-        if c == 123 or c == 91:  # { [
+        flat = _flat_list_end(buf, p, end) if c == 91 else -1
+        if flat >= 0:
+            p = flat
+        elif c == 123 or c == 91:  # { [
             q = _space(buf, p + 1, end)
             if q < end and buf[q] == c + 2:  # } ]: empty
                 p = q + 1
@@ -550,14 +596,17 @@ def _element(buf, p, end, element, floats, ints, nulls, n):
 @njit(**_INLINE)
 def _items(buf, p, end, element, floats, ints, nulls, n):
     """The items of the list whose ``[`` is at ``p`` into the element arrays from index ``n``: (the position after its
-    ``]``, the next free index), or (-1, …) where the list is not one the fast path reads."""
+    ``]``, the next free index, whether an item was null), or (-1, …) where the list is not one the fast path reads."""
     p = _space(buf, p + 1, end)
+    null_seen = False
     if p < end and buf[p] == 93:
-        return p + 1, n
+        return p + 1, n, null_seen
     while p >= 0:
-        p = _element(buf, p, end, element, floats, ints, nulls, n)
-        if p < 0:
+        q = _element(buf, p, end, element, floats, ints, nulls, n)
+        if q < 0:
             break
+        null_seen |= buf[p] == 110  # the item read was null
+        p = q
         n += 1
         p = _space(buf, p, end)
         if p < end and buf[p] == 44:
@@ -565,10 +614,10 @@ def _items(buf, p, end, element, floats, ints, nulls, n):
             if p >= end:
                 p = -1
         elif p < end and buf[p] == 93:
-            return p + 1, n
+            return p + 1, n, null_seen
         else:
             p = -1
-    return -1, n
+    return -1, n, null_seen
 
 
 @njit(**_FLAGS)
@@ -581,7 +630,8 @@ def _integer(buf, p, end):
 def scan(raw, starts, key_bytes, key_starts, kinds, elements):
     """Read lines ``raw[starts[i]:starts[i + 1]]``.
 
-    Returns ``accepted[line]``; per line and field ``status`` (ABSENT, NULL, PRESENT), ``first`` and ``count``:
+    Returns ``accepted[line]``; per field whether a list item read was ``null`` (``field_nulls``, which may also be
+    set by a line later refused); per line and field ``status`` (ABSENT, NULL, PRESENT), ``first`` and ``count``:
     an INT's value (first) / a STRING's byte range / a LIST's first element and length / a LIST2's first
     sub-list and number of sub-lists; sub-lists as (``sub_first``, ``sub_count``, ``sub_null``); elements
     in ``floats``/``ints`` with ``nulls`` (one slot each, shared by all fields)."""
@@ -591,6 +641,7 @@ def scan(raw, starts, key_bytes, key_starts, kinds, elements):
     status = np.zeros((lines, keys), np.int8)
     first = np.zeros((lines, keys), np.int64)
     count = np.zeros((lines, keys), np.int64)
+    field_nulls = np.zeros(keys, np.bool_)  # per field: a null item may have been written (so its flags are gathered)
     # every list item takes a byte and is followed by , or ]; every sub-list opens with [ and is followed by , or ]:
     # at most one per two bytes. The memory is only reserved: a page is taken when the scan first writes to it.
     items = (starts[lines] - starts[0]) // 2 + 1
@@ -672,7 +723,9 @@ def scan(raw, starts, key_bytes, key_starts, kinds, elements):
                             if p >= end:
                                 p = -1
                             elif buf[p] == 91:
-                                p, n = _items(buf, p, end, elements[key], floats, ints, nulls, n)
+                                p, n, null_seen = _items(buf, p, end, elements[key], floats, ints, nulls, n)
+                                if null_seen:
+                                    field_nulls[key] = True
                             elif nested and buf[p] == 110:
                                 p = p + 4 if _is_null(buf, p, end) else -1
                                 sub_null[m] = 1
@@ -716,6 +769,7 @@ def scan(raw, starts, key_bytes, key_starts, kinds, elements):
     owned_stack[0] = 0  # a use after the loop: numba frees an array after its last use, and ``stack`` is a view of it
     return (
         accepted,
+        field_nulls,
         status,
         first,
         count,
@@ -874,13 +928,12 @@ class Scanner:
         """Lines ``data[starts[i]:starts[i + 1]]`` (ASCII or checked UTF-8): the accepted ones, read."""
         buf = np.frombuffer(data, np.uint8)
         buf.flags.writeable = False  # one compiled type whether ``data`` is bytes or a reused buffer
-        accepted, status, first, count, sub_first, sub_count, sub_null, floats, ints, nulls = scan(
+        accepted, field_nulls, status, first, count, sub_first, sub_count, sub_null, floats, ints, nulls = scan(
             buf, starts, self._key_bytes, self._key_starts, self._kinds, self._elements
         )
         rows = np.flatnonzero(accepted)
         status = status[rows]
         every = np.arange(len(rows))
-        any_null = bool(nulls.any())  # else no list needs its items' null flags gathered
         columns = []
         for k, field in enumerate(self.fields):
             present = status[:, k] == PRESENT
@@ -897,6 +950,7 @@ class Scanner:
                 columns.append(pa.array(values, pa.string()))
                 continue
             items = floats if field.element == FLOAT_ELEMENT else ints
+            any_null = field_nulls[k]  # else the field's items' null flags (all 0) are not gathered
             lengths = np.where(present, count[rows, k], 0)
             if field.kind == LIST2:
                 offsets, subs = _gather(every, starts_k, lengths, np.arange(len(sub_first)))
