@@ -118,7 +118,7 @@ def test_a_line_with_a_skipped_list_is_read_exactly_where_python_reads_it(values
     ]
     scanned = _scan(lines)
     readable = []
-    for index, line in enumerate(lines):
+    for line in lines:
         try:
             readable.append(isinstance(json.loads(line), dict))
         except ValueError:
