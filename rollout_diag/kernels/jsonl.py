@@ -949,7 +949,7 @@ class Scanner:
                 ]
                 columns.append(pa.array(values, pa.string()))
                 continue
-            items = floats if field.element == FLOAT_ELEMENT else ints
+            items = ints if field.element != FLOAT_ELEMENT else floats.view(np.int64)  # one compiled _gather: bits
             any_null = field_nulls[k]  # else the field's items' null flags (all 0) are not gathered
             lengths = np.where(present, count[rows, k], 0)
             if field.kind == LIST2:
@@ -973,10 +973,13 @@ class Scanner:
 
 
 def _values(values: np.ndarray, value_nulls: np.ndarray | None, element: int) -> pa.Array:
+    """``values`` (int64, or float64's bits as int64) as the element type's Arrow array."""
     mask = value_nulls.view(np.bool_) if value_nulls is not None and value_nulls.any() else None
     if element == BOOL_ELEMENT:
         return pa.array(values.astype(np.bool_), pa.bool_(), mask=mask)
-    return pa.array(values, pa.float64() if element == FLOAT_ELEMENT else pa.int64(), mask=mask)
+    if element == FLOAT_ELEMENT:
+        return pa.array(values.view(np.float64), pa.float64(), mask=mask)
+    return pa.array(values, pa.int64(), mask=mask)
 
 
 @dataclass(frozen=True)
