@@ -476,10 +476,11 @@ def _member_value(buf, p, end):
 
 @njit(**_FLAGS)
 def _flat_list_end(buf, p, end):
-    """Position after the list whose ``[`` is at ``p`` when it is a list of numbers, strings, ``null``, ``true`` and
-    ``false`` written without whitespace or with one space after each comma (checked as :func:`_skip_value` checks
-    them), else -1: anything else (other whitespace, a container, ``NaN``, a grammar error) is left to the caller's
-    general loop. The skipped lists of the trainer formats are such lists: one tight loop per item, no stack."""
+    """Position after the list whose ``[`` is at ``p`` when it is a list of numbers and ``null`` written without
+    whitespace or with one space after each comma (checked as :func:`_skip_value` checks them), else -1: anything
+    else (other whitespace, a container, a string, ``true``, ``NaN``, a grammar error) is left to the caller's general
+    loop. The large lists the trainer formats' readers skip are such lists: one tight loop per item, no stack (and
+    no more: each kind of item is code to compile)."""
     p += 1
     if p < end and buf[p] == 93:  # ]
         return p + 1
@@ -489,12 +490,6 @@ def _flat_list_end(buf, p, end):
             p = _number_shape_end(buf, p, end)
         elif c == 110:
             p = p + 4 if _is_null(buf, p, end) else -1
-        elif c == 34:
-            p = _string_end(buf, p, end, False)
-        elif c == 116:
-            p = p + 4 if _is_true(buf, p, end) else -1
-        elif c == 102:
-            p = p + 5 if _is_false(buf, p, end) else -1
         else:
             return -1
         if p < 0 or p >= end:
