@@ -1,9 +1,10 @@
 """Skipping the values a trainer format does not read (kernels/jsonl.py) against Python's json, the reference.
 
-The scanner skips an unused list of numbers and nulls by one tight loop (``_flat_list_end``) and leaves anything else to its
-general loop (``_skip_value``). Either way a skipped value must end where Python's json ends it, and a value Python
-refuses must be refused (so the line goes to the format's own parser and its message): the skip checks the grammar
-as reading does. Lists are drawn in the shapes the trainers write (no whitespace, or ``", "``) and broken at random.
+The scanner skips an unused list of numbers and nulls by one tight loop (``_flat_list_end``) and leaves anything else
+to its general loop (``_skip_value``). Either way a skipped value must end where Python's json ends it, and a value
+Python refuses must be refused (so the line goes to the format's own parser and its message): the skip checks the
+grammar as reading does. Lists are drawn in the shapes the trainers write (no whitespace, or ``", "``) and broken at
+random.
 """
 
 from __future__ import annotations
