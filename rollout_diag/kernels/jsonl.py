@@ -23,12 +23,20 @@ tests/test_jsonl_blocks.py check it against Python's json on 1.4 million strings
 Speed (docs/benchmarks.md, issue 20 session 4): the per-item work (number, conversion, a skipped scalar) is
 inlined into the list loop (a call per item cost about half the scan), and the output buffers are reserved at
 their bound (one item per two bytes) instead of counted in a first pass: the pages are taken only as written.
-The scan holds no GIL (``nogil``): ``io/formats/base.py`` runs it on parts of a block on every core.
+The scan holds no GIL (``nogil``): ``io/formats/base.py`` runs it on parts of a block on every core. An unused list
+of numbers and nulls (prime-rl's ``position_ids``, ``entropy``, …; NeMo-RL's ``advantages``) is skipped by one tight
+loop, checked as strictly (issue 20 session 7: a line with every field skipped about 1.95 -> 1.55 ns per byte); a list
+field's null flags are gathered only where the scan read a null item in it.
 
 Compile time (issue 20 session 5; about 35 s of CPU before, about 20 after): numba inlines ``inline="always"``
 functions at its own IR level, so each call site of the item reader is typed and lowered again. Lists and lists
 of lists therefore share one call site of ``_items``, and integers have their own small reader
-(:func:`_integer_literal`) rather than the float number reader with a flag.
+(:func:`_integer_literal`) rather than the float number reader with a flag. Array copies are loops, not slice
+assignments (a slice assignment compiles numba's size-check message: about 2-3 s for ``line_ends``). Where the
+rest goes (session 7): numba copies an inlined function's IR block by block, each copy of a block copying the
+function's whole variable scope, so the nested item reader (``_items`` <- ``_element`` <- ``_number``) costs about
+5 s of ``scan``'s 10; calls instead of inlining halve that but slow the scan by 5-70 % (numba's calls are not
+inlined by LLVM here).
 
 Schema kinds (``pyarrow`` types of a :data:`FastLines.schema`): ``int64``, ``string``, and lists or lists
 of lists of ``float64`` / ``int64`` / ``bool``. A JSON ``null`` (or an absent field) is an Arrow null at
@@ -225,8 +233,14 @@ def _space(buf, p, end):
     return p
 
 
+_NULL_WORD = np.uint64(int.from_bytes(b"null", "little"))
+_LOW_FOUR = np.uint64(0xFFFFFFFF)
+
+
 @njit(**_INLINE)
 def _is_null(buf, p, end):
+    if _LITTLE_ENDIAN and p + 8 <= end:  # one compare of the word's first four bytes
+        return (_load8(buf, p) & _LOW_FOUR) == _NULL_WORD
     return p + 4 <= end and buf[p] == 110 and buf[p + 1] == 117 and buf[p + 2] == 108 and buf[p + 3] == 108
 
 
@@ -469,6 +483,38 @@ def _member_value(buf, p, end):
 
 
 @njit(**_FLAGS)
+def _flat_list_end(buf, p, end):
+    """Position after the list whose ``[`` is at ``p`` when it is a list of numbers and ``null`` written without
+    whitespace or with one space after each comma (checked as :func:`_skip_value` checks them), else -1: anything
+    else (other whitespace, a container, a string, ``true``, ``NaN``, a grammar error) is left to the caller's general
+    loop. The large lists the trainer formats' readers skip are such lists: one tight loop per item, no stack (and
+    no more: each kind of item is code to compile)."""
+    p += 1
+    if p < end and buf[p] == 93:  # ]
+        return p + 1
+    while p < end:
+        c = buf[p]
+        if 48 <= c <= 57 or c == 45:  # a digit or -
+            p = _number_shape_end(buf, p, end)
+        elif c == 110:
+            p = p + 4 if _is_null(buf, p, end) else -1
+        else:
+            return -1
+        if p < 0 or p >= end:
+            return -1
+        c = buf[p]
+        if c == 44:  # ,
+            p += 1
+            if p < end and buf[p] == 32:
+                p += 1
+        elif c == 93:
+            return p + 1
+        else:
+            return -1
+    return -1
+
+
+@njit(**_FLAGS)
 def _skip_value(buf, p, end, stack):
     """Position after the JSON value at ``p`` (any value, checked), or -1."""
     depth = 0
@@ -477,7 +523,10 @@ def _skip_value(buf, p, end, stack):
         if p >= end:
             return -1
         c = buf[p]
-        if c == 123 or c == 91:  # { [
+        flat = _flat_list_end(buf, p, end) if c == 91 else -1
+        if flat >= 0:
+            p = flat
+        elif c == 123 or c == 91:  # { [
             q = _space(buf, p + 1, end)
             if q < end and buf[q] == c + 2:  # } ]: empty
                 p = q + 1
@@ -550,14 +599,17 @@ def _element(buf, p, end, element, floats, ints, nulls, n):
 @njit(**_INLINE)
 def _items(buf, p, end, element, floats, ints, nulls, n):
     """The items of the list whose ``[`` is at ``p`` into the element arrays from index ``n``: (the position after its
-    ``]``, the next free index), or (-1, …) where the list is not one the fast path reads."""
+    ``]``, the next free index, whether an item was null), or (-1, …) where the list is not one the fast path reads."""
     p = _space(buf, p + 1, end)
+    null_seen = False
     if p < end and buf[p] == 93:
-        return p + 1, n
+        return p + 1, n, null_seen
     while p >= 0:
-        p = _element(buf, p, end, element, floats, ints, nulls, n)
-        if p < 0:
+        q = _element(buf, p, end, element, floats, ints, nulls, n)
+        if q < 0:
             break
+        null_seen |= buf[p] == 110  # the item read was null
+        p = q
         n += 1
         p = _space(buf, p, end)
         if p < end and buf[p] == 44:
@@ -565,10 +617,10 @@ def _items(buf, p, end, element, floats, ints, nulls, n):
             if p >= end:
                 p = -1
         elif p < end and buf[p] == 93:
-            return p + 1, n
+            return p + 1, n, null_seen
         else:
             p = -1
-    return -1, n
+    return -1, n, null_seen
 
 
 @njit(**_FLAGS)
@@ -581,7 +633,8 @@ def _integer(buf, p, end):
 def scan(raw, starts, key_bytes, key_starts, kinds, elements):
     """Read lines ``raw[starts[i]:starts[i + 1]]``.
 
-    Returns ``accepted[line]``; per line and field ``status`` (ABSENT, NULL, PRESENT), ``first`` and ``count``:
+    Returns ``accepted[line]``; per field whether a list item read was ``null`` (``field_nulls``, which may also be
+    set by a line later refused); per line and field ``status`` (ABSENT, NULL, PRESENT), ``first`` and ``count``:
     an INT's value (first) / a STRING's byte range / a LIST's first element and length / a LIST2's first
     sub-list and number of sub-lists; sub-lists as (``sub_first``, ``sub_count``, ``sub_null``); elements
     in ``floats``/``ints`` with ``nulls`` (one slot each, shared by all fields)."""
@@ -591,6 +644,7 @@ def scan(raw, starts, key_bytes, key_starts, kinds, elements):
     status = np.zeros((lines, keys), np.int8)
     first = np.zeros((lines, keys), np.int64)
     count = np.zeros((lines, keys), np.int64)
+    field_nulls = np.zeros(keys, np.bool_)  # per field: a null item may have been written (so its flags are gathered)
     # every list item takes a byte and is followed by , or ]; every sub-list opens with [ and is followed by , or ]:
     # at most one per two bytes. The memory is only reserved: a page is taken when the scan first writes to it.
     items = (starts[lines] - starts[0]) // 2 + 1
@@ -672,7 +726,9 @@ def scan(raw, starts, key_bytes, key_starts, kinds, elements):
                             if p >= end:
                                 p = -1
                             elif buf[p] == 91:
-                                p, n = _items(buf, p, end, elements[key], floats, ints, nulls, n)
+                                p, n, null_seen = _items(buf, p, end, elements[key], floats, ints, nulls, n)
+                                if null_seen:
+                                    field_nulls[key] = True
                             elif nested and buf[p] == 110:
                                 p = p + 4 if _is_null(buf, p, end) else -1
                                 sub_null[m] = 1
@@ -716,6 +772,7 @@ def scan(raw, starts, key_bytes, key_starts, kinds, elements):
     owned_stack[0] = 0  # a use after the loop: numba frees an array after its last use, and ``stack`` is a view of it
     return (
         accepted,
+        field_nulls,
         status,
         first,
         count,
@@ -774,7 +831,8 @@ def line_ends(buf, start, stop):
             if c == 10:
                 if lines == ends.shape[0]:
                     grown = np.empty(2 * lines, np.int64)
-                    grown[:lines] = ends
+                    for j in range(lines):  # a loop, not a slice copy: no size-check message to compile (about 3 s)
+                        grown[j] = ends[j]
                     ends = grown
                 ends[lines] = i + 1
                 lines += 1
@@ -873,13 +931,12 @@ class Scanner:
         """Lines ``data[starts[i]:starts[i + 1]]`` (ASCII or checked UTF-8): the accepted ones, read."""
         buf = np.frombuffer(data, np.uint8)
         buf.flags.writeable = False  # one compiled type whether ``data`` is bytes or a reused buffer
-        accepted, status, first, count, sub_first, sub_count, sub_null, floats, ints, nulls = scan(
+        accepted, field_nulls, status, first, count, sub_first, sub_count, sub_null, floats, ints, nulls = scan(
             buf, starts, self._key_bytes, self._key_starts, self._kinds, self._elements
         )
         rows = np.flatnonzero(accepted)
         status = status[rows]
         every = np.arange(len(rows))
-        any_null = bool(nulls.any())  # else no list needs its items' null flags gathered
         columns = []
         for k, field in enumerate(self.fields):
             present = status[:, k] == PRESENT
@@ -895,7 +952,8 @@ class Scanner:
                 ]
                 columns.append(pa.array(values, pa.string()))
                 continue
-            items = floats if field.element == FLOAT_ELEMENT else ints
+            items = ints if field.element != FLOAT_ELEMENT else floats.view(np.int64)  # one compiled _gather: bits
+            any_null = field_nulls[k]  # else the field's items' null flags (all 0) are not gathered
             lengths = np.where(present, count[rows, k], 0)
             if field.kind == LIST2:
                 offsets, subs = _gather(every, starts_k, lengths, np.arange(len(sub_first)))
@@ -918,10 +976,13 @@ class Scanner:
 
 
 def _values(values: np.ndarray, value_nulls: np.ndarray | None, element: int) -> pa.Array:
+    """``values`` (int64, or float64's bits as int64) as the element type's Arrow array."""
     mask = value_nulls.view(np.bool_) if value_nulls is not None and value_nulls.any() else None
     if element == BOOL_ELEMENT:
         return pa.array(values.astype(np.bool_), pa.bool_(), mask=mask)
-    return pa.array(values, pa.float64() if element == FLOAT_ELEMENT else pa.int64(), mask=mask)
+    if element == FLOAT_ELEMENT:
+        return pa.array(values.view(np.float64), pa.float64(), mask=mask)
+    return pa.array(values, pa.int64(), mask=mask)
 
 
 @dataclass(frozen=True)
