@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-import torch
 
+from rollout_diag import arrays
+from rollout_diag.arrays import Array
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.segments import ChunkStats, quantity, stats
 from rollout_diag.presets import Preset
@@ -20,8 +21,8 @@ from rollout_diag.results import RowStats
 
 
 @quantity("exp_abs_log_ratio")
-def _exp_abs_log_ratio(s: ChunkStats) -> torch.Tensor:  # exp(|δ|): NeMo-RL's token_mult_prob_error term
-    return torch.exp(s.token("abs_log_ratio"))
+def _exp_abs_log_ratio(s: ChunkStats) -> Array:  # exp(|δ|): NeMo-RL's token_mult_prob_error term
+    return arrays.exp(s.token("abs_log_ratio"))
 
 
 # Row column -> token quantity summed over the row's model tokens (S_i[x]); "tokens" is n_i.
@@ -48,12 +49,12 @@ class RowStatsCollector:
 
     def update(self, chunk: Chunk) -> None:
         s = stats(chunk)
-        part = {"step": chunk.step.cpu().numpy().astype(np.int64), "tokens": s.row_count.cpu().numpy()}
+        part = {"step": arrays.host(chunk.step).astype(np.int64), "tokens": arrays.host(s.row_count)}
         for name, token_quantity in ROW_SUMS.items():
-            part[name] = s.row_sum(token_quantity).cpu().numpy()
+            part[name] = arrays.host(s.row_sum(token_quantity))
         for preset, rule in self.rules.items():
-            dropped = rule.kept_tokens(s).map(torch.logical_not)
-            part[f"rejected:{preset}"] = s.row_sum(dropped).cpu().numpy()
+            dropped = rule.kept_tokens(s).map(arrays.logical_not)
+            part[f"rejected:{preset}"] = arrays.host(s.row_sum(dropped))
         self.parts.append(part)
 
     def merge(self, other: RowStatsCollector) -> None:
