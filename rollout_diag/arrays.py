@@ -28,8 +28,8 @@ _DTYPES = ("float64", "int64", "bool", "uint8")
 
 def is_tensor(values: Any) -> bool:
     """Whether ``values`` is a torch tensor (never imports torch: a tensor exists only once torch is loaded)."""
-    torch_module = sys.modules.get("torch")
-    return torch_module is not None and isinstance(values, torch_module.Tensor)
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(values, torch.Tensor)
 
 
 def device_name(device: str | torch.device) -> str:

@@ -524,8 +524,7 @@ def root(
             "--engine",
             envvar="ROLLOUT_DIAG_ENGINE",
             help="Per-token engine of every reading command: numba (compiled CPU kernels), torch (any device, what "
-            "runs on CUDA) or auto (numba on the CPU, torch on a GPU and for an input under 4M tokens and 4096 "
-            "rows, where numba's start-up costs more than it saves). Before the command: rollout-diag --engine torch "
+            "runs on CUDA) or auto (numba on the CPU, torch on a GPU). Before the command: rollout-diag --engine torch "
             "analyze ….",
         ),
     ] = Engine.auto,

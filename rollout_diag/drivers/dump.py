@@ -114,7 +114,7 @@ def reads_ahead(dump: Dump, reader: Any) -> bool:
         return False
     try:
         with use_engine(dump.engine):
-            return kernel_for("cpu", reader.input_size())
+            return kernel_for("cpu")
     except ConfigError:  # raised again where the call reads, in its place among the call's errors
         return False
 

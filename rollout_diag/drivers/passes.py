@@ -250,7 +250,7 @@ def run_chunks(
     (``DumpReader.chunks``); else they are tensors, as the torch arithmetic of the preset families needs."""
     total = reader.log.total_rows
     progress = progress_callback(progress)
-    with _core_for_the_reader(device, numpy and kernel_for(device_kind(device), reader.input_size())):
+    with _core_for_the_reader(device, numpy and kernel_for(device_kind(device))):
         for chunk, consumed in reader.chunks(device, prepare=prepare, numpy=numpy):
             for consume in consumers:
                 consume(chunk)

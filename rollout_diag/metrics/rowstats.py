@@ -9,6 +9,7 @@ O(rows × columns) floats; the collector merges by concatenation, like any other
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,6 +19,9 @@ from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.segments import ChunkStats, quantity, stats
 from rollout_diag.presets import Preset
 from rollout_diag.results import RowStats
+
+if TYPE_CHECKING:
+    from rollout_diag.metrics.outcome import DropRule
 
 
 @quantity("exp_abs_log_ratio")
@@ -42,9 +46,11 @@ class RowStatsCollector:
     """Collects :class:`RowStats` chunk by chunk; ``presets`` adds each preset's rejected-token count per row."""
 
     def __init__(self, presets: Sequence[Preset] = ()) -> None:
-        from rollout_diag.metrics.outcome import DropRule  # the presets' drop rule, shared with compare-presets
+        self.rules: dict[str, DropRule] = {}
+        if presets:  # the presets' drop rule, shared with compare-presets (torch arithmetic: metrics/correction.py)
+            from rollout_diag.metrics.outcome import DropRule
 
-        self.rules = {preset.name: DropRule.of(preset) for preset in presets}
+            self.rules = {preset.name: DropRule.of(preset) for preset in presets}
         self.parts: list[dict[str, np.ndarray]] = []
 
     def update(self, chunk: Chunk) -> None:
