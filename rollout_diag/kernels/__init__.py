@@ -9,7 +9,7 @@ Two engines give the same metrics (tests/test_kernel.py requires 1e-12 relative,
 - ``torch``: the device-generic engine of ``metrics/segments.py`` (vectorised torch / numpy over token tensors);
   what runs on CUDA.
 - ``auto`` (default): numba for a chunk on the CPU, whatever the input's size, torch on a GPU. The numba engine's
-  chunks and statistics are numpy arrays where the command's families take them (``analyze``, ``check``, ``diff``:
+  chunks and statistics are numpy arrays where the command's families take them (``analyze``, ``check``:
   ``rollout_diag.arrays``), so those commands never import torch on the CPU; loading numba and the cached kernels
   costs less than importing torch (~1.5 s of a fresh process), so a small input gains too (docs/benchmarks.md).
 
