@@ -256,23 +256,48 @@ def test_engine_selection(monkeypatch):
         kernel_for("cpu")
 
 
-def test_auto_runs_the_kernels_on_the_cpu_whatever_the_size(monkeypatch, engines_seen):
-    """``auto`` on the CPU: the numba kernels, for the bundled sample (a small input) as for any other; an explicit
-    engine holds."""
+def test_auto_runs_torch_on_a_small_input(monkeypatch, engines_seen):
+    """``auto`` on the CPU, where the command loads torch anyway (compare-presets): the torch engine for an input of
+    fewer tokens than the bound (from the footers), the numba kernels from the bound up; an explicit engine holds
+    whatever the size; no size known: the kernels. ``analyze`` (numpy chunks, no torch): the kernels at any size."""
     from rollout_diag.drivers.dump import Dump
+    from rollout_diag.kernels import SMALL_INPUT_ENVIRONMENT, SMALL_INPUT_ROWS, small_input_tokens
 
     monkeypatch.delenv(ENVIRONMENT, raising=False)
+    path = SAMPLES[-1]
+    tokens, rows = Dump(path).open().input_size()
+    assert rows < SMALL_INPUT_ROWS
     seen = engines_seen
-    for engine, expected in ((None, "KernelStats"), ("numba", "KernelStats"), ("torch", "ChunkStats")):
+    for bound, engine, expected in (
+        (tokens + 1, None, "ChunkStats"),
+        (tokens, None, "KernelStats"),
+        (tokens + 1, "numba", "KernelStats"),
+        (0, "torch", "ChunkStats"),
+    ):
+        monkeypatch.setenv(SMALL_INPUT_ENVIRONMENT, str(bound))
         seen.clear()
-        rd.analyze(Dump(SAMPLES[-1], device="cpu", engine=engine))
-        assert set(seen) == {expected}, engine
+        rd.compare_presets(Dump(path, device="cpu", engine=engine), presets=["decoupled_token_is"])
+        assert set(seen) == {expected}, (bound, engine)
+        seen.clear()
+        rd.analyze(Dump(path, device="cpu", engine=engine))
+        assert set(seen) == {"ChunkStats" if engine == "torch" else "KernelStats"}, (bound, engine)
+    monkeypatch.setenv(SMALL_INPUT_ENVIRONMENT, "10")
+    assert not kernel_for("cpu", (9, 1)) and kernel_for("cpu", (10, 1)) and kernel_for("cpu", None)
+    # many rows (each perhaps a step of its own: the torch engine's cost per step is higher) go to the kernels
+    assert not kernel_for("cpu", (9, SMALL_INPUT_ROWS - 1)) and kernel_for("cpu", (9, SMALL_INPUT_ROWS))
+    assert not kernel_for("cuda", (10**9, 10**9))
+    monkeypatch.delenv(SMALL_INPUT_ENVIRONMENT)
+    assert small_input_tokens() == 1 << 22
+    monkeypatch.setenv(SMALL_INPUT_ENVIRONMENT, "-3")
+    with pytest.raises(ConfigError, match="ROLLOUT_DIAG_SMALL_INPUT_TOKENS=-3"):
+        kernel_for("cpu", (5, 1))
 
 
 @pytest.mark.parametrize("layout", ["sequence", "token"])
 def test_input_size_is_what_is_read(tmp_path, layout):
-    """``DumpReader.input_size`` (from the footers) is the number of tokens the chunks hold and of the file rows, for
-    the whole input and for a part of it."""
+    """``DumpReader.input_size`` (from the footers, what ``auto`` is chosen by) is the number of tokens the chunks
+    hold and of the file rows, for the whole input and for a part of it; a worker's reader answers with its parent's
+    figure."""
     from dumps import random_rows, write_sequence_dump, write_token_dump
 
     from rollout_diag.io.reader import DumpReader
@@ -296,27 +321,50 @@ def test_input_size_is_what_is_read(tmp_path, layout):
     worker = DumpReader(paths, parts=part)
     assert 0 < worker.input_size()[0] < whole[0]
     assert worker.input_size() == size_read(DumpReader(paths, parts=part))
+    assert DumpReader(paths, parts=part, input_size=whole).input_size() == whole
 
 
-def test_a_worker_runs_the_engine_it_is_given(engines_seen):
+def test_a_worker_runs_the_engine_it_is_given(monkeypatch, engines_seen):
     """A worker (``run_part``) runs the driver's engine setting, not its own process's (a Ray worker may have been
-    started before the setting)."""
+    started before the setting), and chooses ``auto`` by the driver's input size, not its part's, where its pass
+    loads torch anyway (presets); an analysis pass (numpy chunks) runs the kernels at any size."""
     from rollout_diag.drivers.distributed import run_part
     from rollout_diag.drivers.passes import PassSpec
     from rollout_diag.io.reader import DumpReader
+    from rollout_diag.kernels import SMALL_INPUT_ENVIRONMENT
+    from rollout_diag.presets import PRESETS
 
     seen = engines_seen
     reader = DumpReader(str(SAMPLES[-1]))
-    job = (reader.worker_inputs(), {}, reader.plan(1)[0], False, reader.chunk_tokens, "cpu", PassSpec({}))
-    for process, engine, expected in (
-        ("numba", "torch", "ChunkStats"),
-        ("torch", "numba", "KernelStats"),
-        ("torch", "auto", "KernelStats"),
+    tokens, rows = reader.input_size()
+    presets = PassSpec({}, presets=[PRESETS["decoupled_token_is"]])
+    monkeypatch.setenv(SMALL_INPUT_ENVIRONMENT, str(tokens))
+    for process, engine, size, spec, expected in (
+        ("numba", "torch", (tokens, rows), presets, "ChunkStats"),
+        ("torch", "numba", (tokens, rows), presets, "KernelStats"),
+        ("torch", "auto", (tokens, rows), presets, "KernelStats"),  # the whole input is not below the bound …
+        ("numba", "auto", (tokens - 1, rows), presets, "ChunkStats"),  # … this one is
+        ("numba", "auto", (tokens - 1, rows), PassSpec({}), "KernelStats"),  # numpy chunks: any size
     ):
+        job = (reader.worker_inputs(), {}, reader.plan(1)[0], False, reader.chunk_tokens, "cpu", spec)
         seen.clear()
         with use_engine(process):
-            run_part(*job, engine=engine)
-        assert set(seen) == {expected}, (process, engine)
+            run_part(*job, input_size=size, engine=engine)
+        assert set(seen) == {expected}, (process, engine, size, spec.presets)
+
+
+def test_a_small_input_does_not_load_numba_where_torch_runs():
+    """A fresh process comparing presets on the bundled sample with the default engine never imports numba (its
+    start-up is what the size rule saves where torch is loaded anyway)."""
+    env = {k: v for k, v in os.environ.items() if k != "ROLLOUT_DIAG_SMALL_INPUT_TOKENS"}
+    env.pop(ENVIRONMENT, None)
+    code = (
+        "import sys, rollout_diag as rd\n"
+        f"rd.compare_presets({str(SAMPLES[-1])!r}, device='cpu')\n"
+        "print('numba' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False", out.stdout + out.stderr
 
 
 def test_a_fresh_cache_compiles_once_and_says_so(tmp_path):

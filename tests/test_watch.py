@@ -460,12 +460,17 @@ def test_any_arrival_order_with_rewrites_ends_with_analyzes_result(tmp_path, see
     assert_same(follow.result.to_json(), expected)
 
 
-def test_a_watch_runs_the_kernels(tmp_path, monkeypatch, engines_seen):
-    """``auto`` on the CPU: a watched run's files are read by the compiled kernels, as ``analyze`` reads them."""
-    from rollout_diag.kernels import ENVIRONMENT
+def test_a_watch_runs_the_kernels_however_small_each_file(tmp_path, monkeypatch, engines_seen):
+    """``auto`` chooses by the input's size, but a watched run keeps growing: its files are read by the compiled
+    kernels, loaded once, even where each file alone is under the small-input bound."""
+    from rollout_diag.kernels import ENVIRONMENT, SMALL_INPUT_ENVIRONMENT
 
     monkeypatch.delenv(ENVIRONMENT, raising=False)
+    monkeypatch.setenv(SMALL_INPUT_ENVIRONMENT, str(10**9))
     seen = engines_seen
     write_run(tmp_path, range(2))
     run_watch(tmp_path)
     assert seen and set(seen) == {"KernelStats"}
+    seen.clear()
+    rd.compare_presets(str(tmp_path), device="cpu")  # the same files read once by a command that loads torch
+    assert set(seen) == {"ChunkStats"}

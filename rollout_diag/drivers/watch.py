@@ -59,6 +59,9 @@ if TYPE_CHECKING:
 
 DEFAULT_INTERVAL = 2.0  # seconds between polls
 Signature = tuple[int, int]  # (size, mtime in ns): a file that changes gets another
+# A watched run grows for as long as the trainer writes: the engine ``auto`` is chosen as for a large input (the
+# compiled kernels, loaded once per watch), not by what each new file holds (rollout_diag.kernels.kernel_for).
+WATCHED_RUN_SIZE = (1 << 62, 1 << 62)  # (tokens, rows)
 
 
 def verdict_of(result: AnalysisResult | None) -> tuple[str, str]:
@@ -417,6 +420,7 @@ class Watcher:
             chunk_tokens=self.chunk_tokens,
             input_format=self.format,
             trust_pickle=self.trust_pickle,
+            input_size=WATCHED_RUN_SIZE,
         )
 
     def _layout(self, layout: str) -> str:

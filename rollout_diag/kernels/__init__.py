@@ -8,10 +8,15 @@ Two engines give the same metrics (tests/test_kernel.py requires 1e-12 relative,
   ``kernels/jsonl.py`` the byte scanner of the JSON-lines importers: compiled CPU code, whatever the engine.)
 - ``torch``: the device-generic engine of ``metrics/segments.py`` (vectorised torch / numpy over token tensors);
   what runs on CUDA.
-- ``auto`` (default): numba for a chunk on the CPU, whatever the input's size, torch on a GPU. The numba engine's
-  chunks and statistics are numpy arrays where the command's families take them (``analyze``, ``check``:
-  ``rollout_diag.arrays``), so those commands never import torch on the CPU; loading numba and the cached kernels
-  costs less than importing torch (~1.5 s of a fresh process), so a small input gains too (docs/benchmarks.md).
+- ``auto`` (default): numba for a chunk on the CPU, torch on a GPU. A command whose families take numpy chunks
+  (``analyze``, ``check``: ``rollout_diag.arrays``) then never imports torch on the CPU, and runs the kernels
+  whatever the input's size (its reader asks without a size): loading numba and the cached kernels costs less than
+  importing torch. A command that loads torch anyway (its passes run the preset families: ``compare-presets``,
+  ``report``, ``sweep``, ``diff``, ``watch``) runs torch on the CPU for an input of fewer than
+  ``SMALL_INPUT_TOKENS`` tokens in fewer than ``SMALL_INPUT_ROWS`` rows (read from the Parquet footers before the
+  first chunk), where loading numba and its cached kernels (~0.8 s of CPU) costs more than the kernels save
+  (measured in docs/benchmarks.md: the two break even near 4M tokens; the torch engine's cost per step is higher,
+  so many short rows, each perhaps its own step, go to the kernels).
 
 The choice is a process setting (``ROLLOUT_DIAG_ENGINE``, or :func:`use_engine` around a call, or
 ``Dump(engine=…)``), so worker processes inherit it.
@@ -40,6 +45,12 @@ from rollout_diag.errors import ConfigError, option_name
 
 ENGINES = ("auto", "numba", "torch")
 ENVIRONMENT = "ROLLOUT_DIAG_ENGINE"
+# ``auto`` below this many input tokens and rows on the CPU is torch (see above); the variable sets another token
+# bound (0: never).
+SMALL_INPUT_ENVIRONMENT = "ROLLOUT_DIAG_SMALL_INPUT_TOKENS"
+SMALL_INPUT_TOKENS = 1 << 22
+SMALL_INPUT_ROWS = 1 << 12
+InputSize = tuple[int, int]  # (tokens, rows) of a reader's whole input
 # What a first run (empty cache) spends compiling the kernels a command needs, on 2 cores (docs/benchmarks.md, issue 20
 # session 7: ~8 s of CPU for the analysis kernels; the preset kernels' ~10 s in the helper process alongside)
 COMPILE_SECONDS = 10
@@ -86,16 +97,37 @@ def use_engine(engine: str | None) -> Iterator[None]:
             os.environ[ENVIRONMENT] = before
 
 
-def kernel_for(device_type: str) -> bool:
-    """Whether a chunk on ``device_type`` is computed by the numba kernels (``auto``: on the CPU); raises
-    ConfigError for ``numba`` with another device, or an unknown engine setting."""
+def kernel_for(device_type: str, input_size: InputSize | None = None) -> bool:
+    """Whether a chunk on ``device_type`` is computed by the numba kernels. ``input_size``: (tokens, rows) of the
+    whole input the chunk comes from, where a reader knows them and the command loads torch anyway (``auto`` on the
+    CPU is torch below :func:`small_input_tokens` tokens and SMALL_INPUT_ROWS rows); None: no size rule (numpy
+    chunks, which load no torch; the trainer-side API, whose chunk's size is not a run's)."""
     engine = selected_engine()
     if engine == "numba" and device_type != "cpu":
         raise ConfigError(
             f"{option_name('engine')}=numba runs on the CPU; the chunks are on {device_type}.",
             hint=f"use {option_name('engine')}=torch (or auto) with a GPU, or {option_name('device')}=cpu.",
         )
+    if engine == "auto" and input_size is not None:
+        tokens, rows = input_size
+        if tokens < small_input_tokens() and rows < SMALL_INPUT_ROWS:
+            return False
     return device_type == "cpu" and engine != "torch"
+
+
+def small_input_tokens() -> int:
+    """The input size below which ``auto`` runs the torch engine on the CPU (``SMALL_INPUT_TOKENS`` unless
+    ``ROLLOUT_DIAG_SMALL_INPUT_TOKENS`` says otherwise)."""
+    configured = os.environ.get(SMALL_INPUT_ENVIRONMENT)
+    if not configured:
+        return SMALL_INPUT_TOKENS
+    try:
+        value = int(configured)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ConfigError(f"{SMALL_INPUT_ENVIRONMENT}={configured}: must be a whole number of tokens, 0 or more.")
+    return value
 
 
 def cache_directory() -> Path:
