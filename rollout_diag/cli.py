@@ -473,10 +473,12 @@ def open_dump(
     workers: int | str = "auto",
     backend: str = "process",
     read_ahead: bool = False,
+    numpy: bool = False,
 ):
     """The command's :class:`~rollout_diag.drivers.dump.Dump` (its shared reading options, given once), opened before
     torch is loaded: files found, footers read, columns resolved, so a missing file or column fails at once.
-    ``read_ahead``: the command reads every row (no --where / --steps): reading may start now (``Dump.opened``)."""
+    ``read_ahead``: the command reads every row (no --where / --steps): reading may start now (``Dump.opened``);
+    ``numpy``: its passes take numpy chunks (analyze, check: no torch)."""
     from rollout_diag.drivers.dump import Dump
     from rollout_diag.io.sources import check_inputs_exist
     from rollout_diag.memory import many_short_rows, return_large_blocks
@@ -484,7 +486,7 @@ def open_dump(
     check_inputs_exist(inputs)  # a mistyped path fails before pyarrow loads (0.3–0.5 s)
     options = {"strict": strict, "chunk_tokens": chunk_tokens, "device": device, "workers": workers, "backend": backend}
     dump = Dump(inputs, parse_columns(column), input_format=input_format, trust_pickle=trust_pickle, **options)
-    dump = dump.opened(read_ahead=read_ahead)
+    dump = dump.opened(read_ahead=read_ahead, numpy=numpy)
     if many_short_rows(dump.input_size()):
         return_large_blocks()  # the per-step state dominates: freed arrays go back to the system (rollout_diag.memory)
     return dump
@@ -524,9 +526,9 @@ def root(
             "--engine",
             envvar="ROLLOUT_DIAG_ENGINE",
             help="Per-token engine of every reading command: numba (compiled CPU kernels), torch (any device, what "
-            "runs on CUDA) or auto (numba on the CPU, torch on a GPU and for an input under 4M tokens and 4096 "
-            "rows, where numba's start-up costs more than it saves). Before the command: rollout-diag --engine torch "
-            "analyze ….",
+            "runs on CUDA) or auto (numba on the CPU, torch on a GPU; and torch for an input under 4M tokens and 4096 "
+            "rows where the command loads torch anyway: not analyze or check). Before the command: "
+            "rollout-diag --engine torch analyze ….",
         ),
     ] = Engine.auto,
 ) -> None:
@@ -586,7 +588,9 @@ def analyze(
 
         writer_class()
     whole = where is None and steps is None
-    dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend, whole)
+    dump = open_dump(
+        inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend, whole, numpy=True
+    )
     from rollout_diag.drivers.engine import analyze as run_analysis
     from rollout_diag.render.analysis import render_analysis
     from rollout_diag.render.export import analysis_csv, analysis_json_pieces
@@ -1189,7 +1193,9 @@ def check(
       rollout-diag check run/ --gates default --by env_name --per-step
     """
     refuse_overwriting_inputs({"output": output, "junit": junit}, inputs, gates if gates != "default" else None)
-    dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, read_ahead=True)
+    dump = open_dump(
+        inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, read_ahead=True, numpy=True
+    )
     from rollout_diag.drivers.check import check_run
     from rollout_diag.render.decisions import check_table, junit_xml
     from rollout_diag.render.export import json_pieces

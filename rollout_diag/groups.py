@@ -19,9 +19,9 @@ from itertools import pairwise
 from typing import Any
 
 import numpy as np
-import torch
 
-from rollout_diag import catalogue
+from rollout_diag import arrays, catalogue
+from rollout_diag.arrays import Array
 from rollout_diag.decisions.verdict import group_verdict
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.io.chunk import Chunk, StepGroups, extra_value
@@ -165,8 +165,8 @@ class _ViewStats(ChunkStats):
     @cached_property
     def _runs(self) -> tuple[np.ndarray, list[tuple[int, int]]]:
         """(model-token order that makes each group one run, rows in order; [lo, hi) of each group in it)."""
-        row_group = self.chunk.groups.row_group.numpy()
-        lengths = self.row_tokens.numpy()
+        row_group = arrays.host(self.chunk.groups.row_group)
+        lengths = arrays.host(self.row_tokens)
         starts = np.cumsum(lengths) - lengths
         rows = np.argsort(row_group, kind="stable")
         run_lengths = lengths[rows]
@@ -176,40 +176,39 @@ class _ViewStats(ChunkStats):
         edges = np.concatenate([[0], np.cumsum(per_group)]).tolist()
         return order, list(pairwise(edges))
 
-    def group_moments(self, x_name: str | PerToken, y_name: str | None = None) -> torch.Tensor:
+    def group_moments(self, x_name: str | PerToken, y_name: str | None = None) -> Array:
         x_name = _named(x_name)
-        if not isinstance(x_name, str) or self.chunk.device.type != "cpu":
+        if not isinstance(x_name, str) or self.chunk.device_type != "cpu":
             return super().group_moments(x_name, y_name)
         order, ranges = self._runs
         n = self.group_tokens
-        safe_n = n.clamp(min=1.0)
+        safe_n = arrays.clamp(n, lower=1.0)
         mean_x = (self.group_sum(x_name) / safe_n).tolist()
         single, same = y_name is None, y_name == x_name
         mean_y = [0.0] * len(mean_x) if single else (self.group_sum(y_name) / safe_n).tolist()
-        x = self.token(x_name).numpy()[order]
-        y = x if single or same else self.token(y_name).numpy()[order]
+        x = arrays.host(self.token(x_name))[order]
+        y = x if single or same else arrays.host(self.token(y_name))[order]
+        kind = self.chunk.trainer  # the dot products of the chunk's kind of array: numpy's, or torch's on tensors
         sums = np.zeros((len(ranges), 3), dtype=np.float64)
         for group, (lo, hi) in enumerate(ranges):
             if hi == lo:
                 continue
-            dx = torch.from_numpy(x[lo:hi]) - mean_x[group]
-            sums[group, 0] = float(torch.dot(dx, dx))
+            dx = arrays.like(x[lo:hi], kind) - mean_x[group]
+            sums[group, 0] = arrays.dot(dx, dx)
             if single:
                 continue
             if same:
                 sums[group, 1] = sums[group, 2] = sums[group, 0]
                 continue
-            dy = torch.from_numpy(y[lo:hi]) - mean_y[group]
-            sums[group, 1] = float(torch.dot(dy, dy))
-            sums[group, 2] = float(torch.dot(dx, dy))
-        m2 = torch.from_numpy(sums)
-        means_y = torch.tensor(mean_y, dtype=torch.float64)
-        return torch.stack(
-            [n, torch.tensor(mean_x, dtype=torch.float64), means_y, m2[:, 0], m2[:, 1], m2[:, 2]], dim=-1
-        )
+            dy = arrays.like(y[lo:hi], kind) - mean_y[group]
+            sums[group, 1] = arrays.dot(dy, dy)
+            sums[group, 2] = arrays.dot(dx, dy)
+        m2 = arrays.like(sums, n)
+        means_x, means_y = (arrays.like(np.array(means, dtype=np.float64), n) for means in (mean_x, mean_y))
+        return arrays.stack([n, means_x, means_y, m2[:, 0], m2[:, 1], m2[:, 2]], axis=-1)
 
 
-def _view(chunk: Chunk, keys: tuple, row_group: torch.Tensor) -> Chunk:
+def _view(chunk: Chunk, keys: tuple, row_group: Array) -> Chunk:
     """``chunk`` with (group, step) pairs as its step groups; tensors and row-level statistics shared."""
     view = copy.copy(chunk)
     view.__dict__["groups"] = StepGroups(steps=keys, row_group=row_group)
@@ -268,7 +267,7 @@ class GroupedAnalysis:
         order = np.argsort(numbered)  # step groups in ascending order, as a chunk's own steps are
         rank = np.empty_like(order)
         rank[order] = np.arange(len(order))
-        view = _view(chunk, tuple(numbered[order].tolist()), torch.from_numpy(rank[row_group]).to(chunk.device))
+        view = _view(chunk, tuple(numbered[order].tolist()), arrays.like(rank[row_group], chunk.step))
         for family in self.families:
             family.update(view)
 

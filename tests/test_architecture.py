@@ -287,7 +287,14 @@ def test_type_checking_imports_of_result_types_are_allowed():
 # Layers, lowest first: a module imports only from its own layer or lower ones (no arrow climbs back up). Within a
 # layer, the module map's own rules above apply.
 LAYERS = (
-    ("rollout_diag.errors", "rollout_diag.paths", "rollout_diag.progress", "rollout_diag.cores", "rollout_diag.memory"),
+    (
+        "rollout_diag.errors",
+        "rollout_diag.paths",
+        "rollout_diag.progress",
+        "rollout_diag.cores",
+        "rollout_diag.memory",
+        "rollout_diag.arrays",  # numpy or torch alike: imports nothing of the package
+    ),
     ("rollout_diag.presets", "rollout_diag.catalogue", "rollout_diag.selection"),
     ("rollout_diag.results",),
     ("rollout_diag.formatting", "rollout_diag.glossary"),

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,11 +14,13 @@ import rollout_diag
 HEAVY = ("torch", "pyarrow", "plotly")
 
 
-def loaded_after(code: str, modules: tuple[str, ...] = HEAVY) -> set[str]:
-    """Which of ``modules`` (the heavy ones by default) are in sys.modules after ``code`` ran in a fresh interpreter."""
+def loaded_after(code: str, modules: tuple[str, ...] = HEAVY, env: dict[str, str] | None = None) -> set[str]:
+    """Which of ``modules`` (the heavy ones by default) are in sys.modules after ``code`` ran in a fresh interpreter
+    (with ``env`` as its environment, default this one's)."""
     probe = f"{code}\nimport sys\nprint(' '.join(m for m in {modules!r} if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
-    return set(out.stdout.split())
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    return set(done.stdout.split())
 
 
 def test_package_and_cli_import_nothing_heavy():
@@ -75,3 +79,83 @@ def test_a_mistyped_path_is_reported_before_pyarrow_and_numpy_load(tmp_path, com
         f"assert result.exit_code == 1 and 'such.parquet: no such file or directory' in result.output, result.output"
     )
     assert loaded_after(code, modules=("pyarrow", "numpy", "torch")) == set()
+
+
+# The modules that run torch, and only they, may import it when imported: the preset families' arithmetic
+# (metrics/correction.py and what builds on it), the trainer-side writer and API, and the drivers of the commands
+# that run those families. Every other module (the reader, the chunk, the numba engine, the analysis families, the
+# analyze and check drivers) imports without torch.
+TORCH_MODULES = {
+    "rollout_diag.drivers.compare",
+    "rollout_diag.drivers.exports",
+    "rollout_diag.drivers.inspect",
+    "rollout_diag.drivers.sweep",
+    "rollout_diag.drivers.watch",
+    "rollout_diag.io.decisions",
+    "rollout_diag.io.writer",
+    "rollout_diag.metrics.correction",
+    "rollout_diag.metrics.legacy",
+    "rollout_diag.metrics.outcome",
+    "rollout_diag.metrics.sweep",
+    "rollout_diag.trainers",
+}
+
+
+def test_only_the_torch_modules_import_torch():
+    """Every module outside TORCH_MODULES imports with torch made unimportable (one interpreter per module: a module
+    imported by an earlier one would hide its own top-level import)."""
+    import pkgutil
+
+    modules = sorted(info.name for info in pkgutil.walk_packages(rollout_diag.__path__, "rollout_diag."))
+    assert set(modules) >= TORCH_MODULES
+    failing = []
+    for name in modules:
+        if name in TORCH_MODULES:
+            continue
+        code = f"import sys\nsys.modules['torch'] = None\nimport {name}"
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        if done.returncode:
+            failing.append(f"{name}: {done.stderr.strip().splitlines()[-1]}")
+    assert failing == []
+
+
+@pytest.fixture(scope="module")
+def grouped_dump(tmp_path_factory):
+    """The bundled multi-turn sample with a per-row environment and reward (for --by and --where)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sample = Path(__file__).resolve().parent.parent / "sample_data" / "synthetic_multiturn.parquet"
+    table = pq.read_table(sample)
+    rows = table.num_rows
+    table = table.append_column("env_name", pa.array(["math" if row % 3 else "code" for row in range(rows)]))
+    table = table.append_column("reward", pa.array([float(row % 5) - 2.0 for row in range(rows)]))
+    path = tmp_path_factory.mktemp("grouped") / "grouped.parquet"
+    pq.write_table(table, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["analyze"],
+        ["analyze", "--all-steps", "-f", "json"],
+        ["analyze", "--dialect", "all", "-f", "json"],
+        ["analyze", "--by", "env_name", "--by", "reward:sign", "--where", "reward > 0", "--steps", "1:"],
+        ["check", "--gates", "default", "--per-step", "--by", "env_name"],
+    ],
+    ids=["analyze", "all-steps-json", "dialects", "by-where-steps", "check"],
+)
+@pytest.mark.parametrize("engine", ["numba", "auto"])
+def test_analyze_and_check_on_the_cpu_never_import_torch(grouped_dump, arguments, engine):
+    """The numba engine on the CPU (``auto`` there too, whose small-input rule this small dump falls under: it is for
+    the commands that load torch anyway) reads, computes and renders without torch."""
+    command, *options = arguments
+    invocation = ["--engine", engine, command, str(grouped_dump), *options]
+    code = (
+        "from typer.testing import CliRunner\nfrom rollout_diag.cli import app\n"
+        f"result = CliRunner().invoke(app, {invocation!r})\n"
+        "assert result.exit_code in (0, 3), result.output"  # 3: a gate failed (check)
+    )
+    env = {name: value for name, value in os.environ.items() if name != "ROLLOUT_DIAG_SMALL_INPUT_TOKENS"}
+    assert "torch" not in loaded_after(code, env=env)

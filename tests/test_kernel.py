@@ -257,8 +257,9 @@ def test_engine_selection(monkeypatch):
 
 
 def test_auto_runs_torch_on_a_small_input(monkeypatch, engines_seen):
-    """``auto`` on the CPU: the torch engine for an input of fewer tokens than the bound (from the footers), the
-    numba kernels from the bound up; an explicit engine holds whatever the size; no size known: the kernels."""
+    """``auto`` on the CPU, where the command loads torch anyway (compare-presets): the torch engine for an input of
+    fewer tokens than the bound (from the footers), the numba kernels from the bound up; an explicit engine holds
+    whatever the size; no size known: the kernels. ``analyze`` (numpy chunks, no torch): the kernels at any size."""
     from rollout_diag.drivers.dump import Dump
     from rollout_diag.kernels import SMALL_INPUT_ENVIRONMENT, SMALL_INPUT_ROWS, small_input_tokens
 
@@ -275,8 +276,11 @@ def test_auto_runs_torch_on_a_small_input(monkeypatch, engines_seen):
     ):
         monkeypatch.setenv(SMALL_INPUT_ENVIRONMENT, str(bound))
         seen.clear()
-        rd.analyze(Dump(path, device="cpu", engine=engine))
+        rd.compare_presets(Dump(path, device="cpu", engine=engine), presets=["decoupled_token_is"])
         assert set(seen) == {expected}, (bound, engine)
+        seen.clear()
+        rd.analyze(Dump(path, device="cpu", engine=engine))
+        assert set(seen) == {"ChunkStats" if engine == "torch" else "KernelStats"}, (bound, engine)
     monkeypatch.setenv(SMALL_INPUT_ENVIRONMENT, "10")
     assert not kernel_for("cpu", (9, 1)) and kernel_for("cpu", (10, 1)) and kernel_for("cpu", None)
     # many rows (each perhaps a step of its own: the torch engine's cost per step is higher) go to the kernels
@@ -322,37 +326,41 @@ def test_input_size_is_what_is_read(tmp_path, layout):
 
 def test_a_worker_runs_the_engine_it_is_given(monkeypatch, engines_seen):
     """A worker (``run_part``) runs the driver's engine setting, not its own process's (a Ray worker may have been
-    started before the setting), and chooses ``auto`` by the driver's input size, not its part's."""
+    started before the setting), and chooses ``auto`` by the driver's input size, not its part's, where its pass
+    loads torch anyway (presets); an analysis pass (numpy chunks) runs the kernels at any size."""
     from rollout_diag.drivers.distributed import run_part
     from rollout_diag.drivers.passes import PassSpec
     from rollout_diag.io.reader import DumpReader
     from rollout_diag.kernels import SMALL_INPUT_ENVIRONMENT
+    from rollout_diag.presets import PRESETS
 
     seen = engines_seen
     reader = DumpReader(str(SAMPLES[-1]))
     tokens, rows = reader.input_size()
-    job = (reader.worker_inputs(), {}, reader.plan(1)[0], False, reader.chunk_tokens, "cpu", PassSpec({}))
+    presets = PassSpec({}, presets=[PRESETS["decoupled_token_is"]])
     monkeypatch.setenv(SMALL_INPUT_ENVIRONMENT, str(tokens))
-    for process, engine, size, expected in (
-        ("numba", "torch", (tokens, rows), "ChunkStats"),
-        ("torch", "numba", (tokens, rows), "KernelStats"),
-        ("torch", "auto", (tokens, rows), "KernelStats"),  # the whole input is not below the bound …
-        ("numba", "auto", (tokens - 1, rows), "ChunkStats"),  # … this one is
+    for process, engine, size, spec, expected in (
+        ("numba", "torch", (tokens, rows), presets, "ChunkStats"),
+        ("torch", "numba", (tokens, rows), presets, "KernelStats"),
+        ("torch", "auto", (tokens, rows), presets, "KernelStats"),  # the whole input is not below the bound …
+        ("numba", "auto", (tokens - 1, rows), presets, "ChunkStats"),  # … this one is
+        ("numba", "auto", (tokens - 1, rows), PassSpec({}), "KernelStats"),  # numpy chunks: any size
     ):
+        job = (reader.worker_inputs(), {}, reader.plan(1)[0], False, reader.chunk_tokens, "cpu", spec)
         seen.clear()
         with use_engine(process):
             run_part(*job, input_size=size, engine=engine)
-        assert set(seen) == {expected}, (process, engine, size)
+        assert set(seen) == {expected}, (process, engine, size, spec.presets)
 
 
-def test_a_small_input_does_not_load_numba():
-    """A fresh process analysing the bundled sample with the default engine never imports numba (its start-up is
-    what the size rule saves)."""
+def test_a_small_input_does_not_load_numba_where_torch_runs():
+    """A fresh process comparing presets on the bundled sample with the default engine never imports numba (its
+    start-up is what the size rule saves where torch is loaded anyway)."""
     env = {k: v for k, v in os.environ.items() if k != "ROLLOUT_DIAG_SMALL_INPUT_TOKENS"}
     env.pop(ENVIRONMENT, None)
     code = (
         "import sys, rollout_diag as rd\n"
-        f"rd.analyze({str(SAMPLES[-1])!r}, device='cpu')\n"
+        f"rd.compare_presets({str(SAMPLES[-1])!r}, device='cpu')\n"
         "print('numba' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)

@@ -14,17 +14,19 @@ import multiprocessing
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from numbers import Integral
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import torch
-
+from rollout_diag.arrays import device_kind
 from rollout_diag.cores import auto_cpu_workers
 from rollout_diag.drivers.passes import Analysis, Pass, PassSpec, Progress, progress_callback, run_chunks
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.io.reader import DumpReader
 from rollout_diag.io.readlog import ReadLog
 from rollout_diag.io.sources import Source
-from rollout_diag.kernels import selected_engine
+from rollout_diag.kernels import kernel_for, selected_engine
+
+if TYPE_CHECKING:
+    import torch
 
 BACKENDS = ("process", "ray")
 MAX_WORKERS = 1024  # a Ray cluster may be large; more parts than this only adds overhead
@@ -32,14 +34,14 @@ AUTO = "auto"  # the default --workers: every core (see resolve_workers)
 Workers = int | str  # a count, or AUTO
 
 
-def resolve_workers(workers: Workers, reader: DumpReader, device: torch.device) -> int:
+def resolve_workers(workers: Workers, reader: DumpReader, device: str | torch.device) -> int:
     """How many processes to run. A count is itself. ``auto``: one process on a GPU (the device is the engine);
     on the CPU ``cores.auto_cpu_workers``: one below ``cores.AUTO_MIN_CORES`` cores, otherwise one per core but the
     one the driver keeps, as many as the input splits into (``DumpReader.plan``: row groups, or files in the token
     layout), so a one-row-group file stays in one process (``check_workers`` first)."""
     if workers != AUTO:
         return int(workers)
-    if torch.device(device).type != "cpu":
+    if device_kind(device) != "cpu":
         return 1
     return auto_cpu_workers(reader)
 
@@ -77,12 +79,16 @@ def run_part(
     before the setting does not inherit it): every worker runs the engine one process would."""
     from rollout_diag.kernels import use_engine
 
-    torch.set_num_threads(1)  # the workers share the machine's cores
     reader = DumpReader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens, parts=part, input_size=input_size)
     reader.select(spec.selection)
     state = spec.new()
     with use_engine(engine):
-        run_chunks(reader, state.consumers(), torch.device(device), prepare=state.prepare)
+        numpy = spec.numpy and kernel_for(device_kind(device))
+        if not numpy:  # torch runs here
+            import torch
+
+            torch.set_num_threads(1)  # the workers share the machine's cores
+        run_chunks(reader, state.consumers(), device, prepare=state.prepare, numpy=spec.numpy)
     return state, reader.log
 
 
@@ -90,7 +96,7 @@ def run_parts(
     reader: DumpReader,
     workers: int,
     backend: str,
-    device: torch.device,
+    device: str,
     spec: PassSpec,
     progress: Progress | None = None,
 ) -> Pass:
@@ -104,7 +110,7 @@ def run_parts(
             part,
             reader.strict,
             reader.chunk_tokens,
-            str(device),
+            device,
             spec,
             reader.input_size(),
             selected_engine(),
@@ -141,7 +147,7 @@ def analyze_parts(
     reader: DumpReader,
     workers: int,
     backend: str,
-    device: torch.device,
+    device: str,
     options: Mapping[str, Any],
     progress: Progress | None = None,
 ) -> Analysis:
@@ -149,11 +155,11 @@ def analyze_parts(
     return run_parts(reader, workers, backend, device, PassSpec(options, selection=reader.selection), progress).analysis
 
 
-def _run_processes(jobs: list[PartJob], workers: int, device: torch.device) -> list[tuple[Pass, ReadLog]]:
+def _run_processes(jobs: list[PartJob], workers: int, device: str) -> list[tuple[Pass, ReadLog]]:
     # fork starts in milliseconds with torch already imported; CUDA cannot be forked, so GPUs spawn; nor can polars
     # once its thread pool runs (a forked child hangs on its first polars call), so --where (polars) spawns too
     where = any(getattr(job.spec.selection, "where", None) for job in jobs)
-    method = "spawn" if device.type == "cuda" or where else "fork"
+    method = "spawn" if device_kind(device) == "cuda" or where else "fork"
     context = multiprocessing.get_context(method)
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=context) as pool:
         return list(pool.map(run_part, *zip(*jobs, strict=True)))

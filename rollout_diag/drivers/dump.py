@@ -68,14 +68,15 @@ class Dump:
             chunk_tokens=self.chunk_tokens,
         )
 
-    def opened(self, read_ahead: bool = False) -> Dump:
+    def opened(self, read_ahead: bool = False, numpy: bool = False) -> Dump:
         """This dump with its reader opened now (errors now); the next call that reads it uses that reader.
-        ``read_ahead``: the reader also starts reading now, before torch is loaded, where the call will read the
-        whole input in this process with the numba engine on the CPU (:func:`reads_ahead`; the CLI's analyze,
-        compare-presets, report and check: decoding and the compiled passes overlap loading torch)."""
+        ``read_ahead``: the reader also starts reading now, while the command's modules load, where the call will
+        read the whole input in this process with the numba engine on the CPU (:func:`reads_ahead`; the CLI's
+        analyze, compare-presets, report and check: decoding and the compiled passes overlap the imports).
+        ``numpy``: the call reads numpy chunks (analyze, check: ``DumpReader.chunks``), the kernels at any size."""
         ready = replace(self)
         reader = self.open()
-        if read_ahead and reads_ahead(self, reader):
+        if read_ahead and reads_ahead(self, reader, numpy):
             reader.read_ahead(read_ahead_depth(self.chunk_tokens))
         ready._reader.append(reader)
         return ready
@@ -101,9 +102,10 @@ def read_ahead_depth(chunk_tokens: int) -> int:
     return max(1, min(READ_AHEAD_MAX_CHUNKS, READ_AHEAD_BYTES // (17 * max(1, int(chunk_tokens)))))
 
 
-def reads_ahead(dump: Dump, reader: Any) -> bool:
+def reads_ahead(dump: Dump, reader: Any, numpy: bool = False) -> bool:
     """Whether a call on ``dump`` reads ``reader`` whole in this process with the numba engine on the CPU, decided
-    without loading torch: the engine the chunks get (``kernels.kernel_for``), a device that is the CPU (``auto`` on
+    without loading torch: the engine the chunks get (``kernels.kernel_for``; ``numpy``: numpy chunks, the kernels
+    at any size), a device that is the CPU (``auto`` on
     a build of torch without CUDA or ROCm), one process (``distributed.resolve_workers``). Anything unsure: False
     (the reading then starts when the call reads, as without reading ahead)."""
     from rollout_diag.kernels import kernel_for, use_engine
@@ -114,7 +116,7 @@ def reads_ahead(dump: Dump, reader: Any) -> bool:
         return False
     try:
         with use_engine(dump.engine):
-            return kernel_for("cpu", reader.input_size())
+            return kernel_for("cpu", None if numpy else reader.input_size())
     except ConfigError:  # raised again where the call reads, in its place among the call's errors
         return False
 

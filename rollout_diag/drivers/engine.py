@@ -90,7 +90,7 @@ def analyze(
         analysis = analyze_parts(reader, workers, backend, torch_device, options, progress)
     else:
         analysis = Analysis(**options)
-        run_chunks(reader, [analysis.update], torch_device, progress, analysis.prepare)
+        run_chunks(reader, [analysis.update], torch_device, progress, analysis.prepare, numpy=True)
     result = build_result(analysis, reader.log, torch_device, strict, reader.selection)
     # the per-step states are spent: their many small arrays' pages go back before the result is rendered or
     # written (200 000 one-row steps: ~0.55 GB; a no-op beside a large result)
@@ -184,7 +184,7 @@ def read_fields(log: ReadLog, device: Any) -> dict[str, Any]:
 
 
 def build_result(
-    analysis: Analysis, log: ReadLog, device: torch.device, strict: bool, selection_of: Any = None
+    analysis: Analysis, log: ReadLog, device: str, strict: bool, selection_of: Any = None
 ) -> AnalysisResult:
     """Finalize ``analysis`` into an AnalysisResult; raises DataError when nothing could be analysed.
     ``selection_of``: the RowSelection the rows were read with (``reader.selection``), recorded in the result."""

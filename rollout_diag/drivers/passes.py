@@ -10,17 +10,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from numbers import Integral
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
+from rollout_diag import arrays
+from rollout_diag.arrays import device_kind
 from rollout_diag.cores import available_cores
+from rollout_diag.drivers.dump import torch_may_use_a_gpu
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.groups import GroupedAnalysis, GroupSpec
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.formats import input_options
 from rollout_diag.io.reader import DumpReader
+from rollout_diag.kernels import kernel_for
 from rollout_diag.metrics.base import StepAccumulator
 from rollout_diag.metrics.debug import DebugAccumulator
 from rollout_diag.metrics.dialects import DEFAULT as DEFAULT_DIALECT
@@ -29,13 +32,17 @@ from rollout_diag.metrics.hints import HintEvidenceAccumulator
 from rollout_diag.metrics.hints import prepare as prepare_hint_evidence
 from rollout_diag.metrics.localize import DEFAULT_CATASTROPHIC, DEFAULT_TOP_K, PositionAccumulator, WorstTracker
 from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
-from rollout_diag.metrics.outcome import CorrectionAnalysis
 from rollout_diag.metrics.rollout_kl import RolloutKLAccumulator
 from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS, RoundAccumulator
 from rollout_diag.metrics.segments import SHARED_QUANTITIES, prepare, stats
-from rollout_diag.metrics.sweep import RunSweepAccumulator, SweepAccumulator
 from rollout_diag.presets import Preset
 from rollout_diag.results import StepResult
+
+if TYPE_CHECKING:  # the preset families run torch (metrics/correction.py): imported where a pass has presets
+    import torch
+
+    from rollout_diag.metrics.outcome import CorrectionAnalysis
+    from rollout_diag.metrics.sweep import SweepAccumulator
 
 Progress = Callable[[int, int], None]  # (file rows consumed, total file rows)
 
@@ -73,12 +80,18 @@ Inputs = str | Path | Sequence[str | Path] | DumpReader
 MAX_LISTED_EMPTY_ROWS = 20
 
 
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """``auto`` picks CUDA when torch sees a GPU, else the CPU. Raises ConfigError for an unusable device."""
-    if isinstance(device, torch.device):
-        return device
+def resolve_device(device: str | torch.device = "auto") -> str:
+    """The device's name (``cpu``, ``cuda``, ``cuda:1``): ``auto`` picks CUDA when torch sees a GPU, else the CPU.
+    ``cpu``, and ``auto`` with a build of torch that has neither CUDA nor ROCm, are decided without loading torch.
+    Raises ConfigError for an unusable device."""
+    if not isinstance(device, str):
+        return str(device)
+    if device == "cpu" or (device == "auto" and not torch_may_use_a_gpu()):
+        return "cpu"
+    import torch
+
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return "cuda" if torch.cuda.is_available() else "cpu"
     try:
         resolved = torch.device(device)
     except RuntimeError as exc:
@@ -88,7 +101,7 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
             f"{option_name('device')}={device}: torch sees no CUDA GPU.",
             hint=f"install a CUDA build of torch (see README) or use {option_name('device')}=cpu.",
         )
-    return resolved
+    return str(resolved)
 
 
 @dataclass
@@ -146,7 +159,7 @@ class Analysis:
         for grouped in self.grouped:
             grouped.update(chunk)
         if len(self.empty_rows) < MAX_LISTED_EMPTY_ROWS:
-            for row in torch.nonzero(stats(chunk).row_count == 0).flatten().tolist()[:MAX_LISTED_EMPTY_ROWS]:
+            for row in arrays.flatnonzero(stats(chunk).row_count == 0).tolist()[:MAX_LISTED_EMPTY_ROWS]:
                 self.empty_rows.append(
                     (int(chunk.step[row]), chunk.sample_id[row], chunk.file[row], chunk.file_row[row])
                 )
@@ -226,16 +239,19 @@ def _list(values: Sequence[int], limit: int = 10) -> str:
 def run_chunks(
     reader: DumpReader,
     consumers: Sequence[Callable[[Chunk], None]],
-    device: torch.device,
+    device: str,
     progress: Progress | None = None,
     prepare: Callable[[Chunk], None] = prepare,
+    numpy: bool = False,
 ) -> None:
     """Feed every chunk of ``reader`` to each consumer in turn; report progress in file rows. ``prepare`` runs on
-    each chunk in the reader's thread first (segments and shared token quantities, ``metrics.segments.prepare``)."""
+    each chunk in the reader's thread first (segments and shared token quantities, ``metrics.segments.prepare``).
+    ``numpy``: the consumers take numpy chunks, so the numba engine's chunks are numpy and torch is not loaded
+    (``DumpReader.chunks``); else they are tensors, as the torch arithmetic of the preset families needs."""
     total = reader.log.total_rows
     progress = progress_callback(progress)
-    with _core_for_the_reader(device):
-        for chunk, consumed in reader.chunks(device, prepare=prepare):
+    with _core_for_the_reader(device, numpy and kernel_for(device_kind(device))):
+        for chunk, consumed in reader.chunks(device, prepare=prepare, numpy=numpy):
             for consume in consumers:
                 consume(chunk)
             # The shared per-chunk values refer back to the chunk; clearing them frees its tensors now rather
@@ -246,14 +262,20 @@ def run_chunks(
 
 
 @contextmanager
-def _core_for_the_reader(device: torch.device) -> Iterator[None]:
-    """On the CPU, torch's intra-op threads leave one core to the reader thread while chunks are computed.
+def _core_for_the_reader(device: str, without_torch: bool) -> Iterator[None]:
+    """On the CPU, torch's intra-op threads leave one core to the reader thread while chunks are computed (nothing
+    to do ``without_torch``: numpy chunks of the numba engine, where torch is not loaded).
 
     With every core taken by torch, the reader thread and OpenMP's spinning workers fight over them: on 2 cores
     under load, 2 intra-op threads were 2–6× slower than 1 (measured, docs/benchmarks.md)."""
+    if without_torch or device_kind(device) != "cpu":
+        yield
+        return
+    import torch
+
     threads = torch.get_num_threads()
     cores = available_cores()
-    if torch.device(device).type != "cpu" or threads < cores:
+    if threads < cores:
         yield
         return
     torch.set_num_threads(max(1, cores - 1))
@@ -309,10 +331,20 @@ class PassSpec:
     presets: Sequence[Preset] | None = None
     selection: Any = None  # the rows to read (rollout_diag/selection.py RowSelection), None: all
 
+    @property
+    def numpy(self) -> bool:
+        """Whether the pass's families take numpy chunks (``run_chunks``): all but the preset families, whose
+        arithmetic is torch's (metrics/correction.py)."""
+        return self.presets is None
+
     def new(self) -> Pass:
-        presets = None if self.presets is None else CorrectionAnalysis(self.presets)
+        if self.presets is None:
+            return Pass(Analysis(**self.options))
+        from rollout_diag.metrics.outcome import CorrectionAnalysis
+        from rollout_diag.metrics.sweep import RunSweepAccumulator
+
         # compare-presets shows the run's sweep only: one run-level state, not one per step
-        return Pass(Analysis(**self.options), presets, RunSweepAccumulator() if presets is not None else None)
+        return Pass(Analysis(**self.options), CorrectionAnalysis(self.presets), RunSweepAccumulator())
 
 
 @dataclass
@@ -331,6 +363,8 @@ class Pass:
         the run sweep's histogram of c), so the thread that runs the accumulators does no per-token work."""
         self.analysis.prepare(chunk)
         if self.corrections is not None:
+            from rollout_diag.metrics.sweep import RunSweepAccumulator
+
             self.corrections.prepare(chunk, histogram=isinstance(self.sweep, RunSweepAccumulator))
 
     def merge(self, other: Pass) -> None:

@@ -36,7 +36,7 @@ class RowPass:
     analysis: Analysis | None  # None once released (``release``)
     rows: RowStatsCollector
     log: ReadLog
-    device: torch.device
+    device: str
     strict: bool
     labels: GroupLabels | None = None  # --by: each row's group, to restrict the row statistics to a group
 
@@ -84,7 +84,7 @@ class RowPass:
         return rows if steps is None else rows.in_steps(*steps)
 
 
-def summary_result(analysis: Analysis, log: ReadLog, device: torch.device, strict: bool) -> AnalysisResult:
+def summary_result(analysis: Analysis, log: ReadLog, device: str, strict: bool) -> AnalysisResult:
     """``build_result``'s numbers without the step table's metric columns and without ``judge_analysis``: see
     ``RowPass.summary``."""
     steps = step_table(analysis, metrics=False)
@@ -166,5 +166,6 @@ def row_pass(
     rows = RowStatsCollector(presets)
     labels = GroupLabels(specs) if specs else None
     updates = [analysis.update, rows.update, *([labels.update] if labels else [])]
-    run_chunks(reader, updates, torch_device, progress, analysis.prepare)
+    # the preset families' drop rules are torch arithmetic (metrics/correction.py): tensor chunks with presets
+    run_chunks(reader, updates, torch_device, progress, analysis.prepare, numpy=not presets)
     return RowPass(analysis, rows, reader.log, torch_device, strict, labels)

@@ -1,4 +1,7 @@
-"""A chunk: a few thousand whole rows as packed (unpadded) torch tensors, the unit every accumulator eats.
+"""A chunk: a few thousand whole rows as packed (unpadded) arrays, the unit every accumulator eats.
+
+The arrays are numpy for the numba engine (the CPU; torch is not loaded) and torch tensors on one device for the torch
+engine (``rollout_diag.kernels``); everything below works on either kind (``rollout_diag.arrays``).
 
 Packed, not padded: the tokens of all rows are concatenated, with ``offsets`` marking row boundaries
 (the varlen layout of flash-attention). Padding a batch of rows whose lengths range from 20 to 32k
@@ -16,8 +19,9 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
+from rollout_diag import arrays
+from rollout_diag.arrays import Array
 from rollout_diag.results import ExtraValue
 
 if TYPE_CHECKING:
@@ -38,7 +42,7 @@ class StepGroups:
     """The steps present in a chunk: ``steps[g]`` is the step of group g; ``row_group[i]`` the group of row i."""
 
     steps: tuple[int, ...]
-    row_group: torch.Tensor  # int64 [R]
+    row_group: Array  # int64 [R]
 
     @property
     def count(self) -> int:
@@ -49,27 +53,27 @@ class StepGroups:
 class ModelTokens:
     """The mask-1 tokens of a chunk, in row order."""
 
-    trainer: torch.Tensor  # float64 [M]  a = old_log_probs
-    rollout: torch.Tensor  # float64 [M]  r = rollout_log_probs
-    log_ratio: torch.Tensor  # float64 [M]  δ = a − r
-    row: torch.Tensor  # int64 [M]  row index within the chunk
-    position: torch.Tensor  # int64 [M]  index of the token within its row (environment tokens count)
+    trainer: Array  # float64 [M]  a = old_log_probs
+    rollout: Array  # float64 [M]  r = rollout_log_probs
+    log_ratio: Array  # float64 [M]  δ = a − r
+    row: Array  # int64 [M]  row index within the chunk
+    position: Array  # int64 [M]  index of the token within its row (environment tokens count)
 
 
 @dataclass
 class Chunk:
-    """Whole rows of one or more steps. Tensors live on one device; row metadata stays on the host."""
+    """Whole rows of one or more steps. Arrays are numpy, or tensors on one device; row metadata stays on the host."""
 
-    step: torch.Tensor  # int64 [R]
-    offsets: torch.Tensor  # int64 [R + 1], row i's tokens are [offsets[i], offsets[i+1])
-    trainer: torch.Tensor  # float64 [T]
-    rollout: torch.Tensor  # float64 [T]
-    mask: torch.Tensor  # bool [T]
+    step: Array  # int64 [R]
+    offsets: Array  # int64 [R + 1], row i's tokens are [offsets[i], offsets[i+1])
+    trainer: Array  # float64 [T]
+    rollout: Array  # float64 [T]
+    mask: Array  # bool [T]
     sample_id: list[str]
     file: list[str]  # source file of each row (shared string objects, not copies)
     file_row: list[int]  # row number within that file (first token's row in token layout)
-    token_ids: torch.Tensor | None = None  # int64 [T]
-    policy_version: torch.Tensor | None = None  # int64 [R]: version of the policy that generated each row
+    token_ids: Array | None = None  # int64 [T]
+    policy_version: Array | None = None  # int64 [R]: version of the policy that generated each row
     # Token text is only needed for the handful of tokens a report shows, so it is fetched on demand.
     token_text: Callable[[int, int], str | None] | None = field(default=None, repr=False)
     # Derived values shared by every accumulator that eats this chunk (see metrics/segments.py).
@@ -92,36 +96,52 @@ class Chunk:
         return {name: extra_value(values[row]) for name, values in self.extra.items()}
 
     @property
-    def device(self) -> torch.device:
-        return self.trainer.device
+    def device_type(self) -> str:
+        """Where the arrays live: ``cpu`` for numpy arrays, else the tensors' device type (``cuda``, ``cpu``)."""
+        return self.trainer.device.type if arrays.is_tensor(self.trainer) else "cpu"
 
     @cached_property
-    def lengths(self) -> torch.Tensor:
+    def lengths(self) -> Array:
         """Tokens per row, environment tokens included (int64 [R])."""
         return self.offsets[1:] - self.offsets[:-1]
 
     @cached_property
-    def token_row(self) -> torch.Tensor:
+    def token_row(self) -> Array:
         """Row index of every token (int64 [T])."""
-        rows = torch.arange(self.rows, device=self.device)
-        return torch.repeat_interleave(rows, self.lengths, output_size=int(self.trainer.shape[0]))
+        return arrays.repeat(arrays.arange(self.rows, self.offsets), self.lengths, int(self.trainer.shape[0]))
 
     @cached_property
     def groups(self) -> StepGroups:
         if self.prepass is not None:  # np.unique's steps and inverse: torch.unique's
-            return StepGroups(steps=self.prepass.steps, row_group=torch.from_numpy(self.prepass.row_group))
-        steps, row_group = torch.unique(self.step, sorted=True, return_inverse=True)
-        return StepGroups(steps=tuple(int(s) for s in steps.tolist()), row_group=row_group)
+            return StepGroups(steps=self.prepass.steps, row_group=arrays.like(self.prepass.row_group, self.step))
+        if not arrays.is_tensor(self.step):
+            from rollout_diag.kernels.prepass import step_groups
+
+            steps, row_group = step_groups(self.step)
+            return StepGroups(steps=steps, row_group=row_group)
+        import torch
+
+        steps_tensor, row_group = torch.unique(self.step, sorted=True, return_inverse=True)
+        return StepGroups(steps=tuple(int(s) for s in steps_tensor.tolist()), row_group=row_group)
 
     @cached_property
     def model(self) -> ModelTokens:
-        return _model_tokens_numpy(self) if self.device.type == "cpu" else _model_tokens_torch(self)
+        if not arrays.is_tensor(self.trainer):
+            return _model_tokens_numpy(self)
+        if self.device_type != "cpu":
+            return _model_tokens_torch(self)
+        import torch  # a CPU tensor chunk (the torch engine): numpy's index operations, as tensors
+
+        model = _model_tokens_numpy(self)
+        return ModelTokens(*(torch.from_numpy(values) for values in vars(model).values()))
 
 
 def _model_tokens_torch(chunk: Chunk) -> ModelTokens:
     """ModelTokens with torch ops on the chunk's device (the GPU path)."""
+    import torch
+
     token_row = chunk.token_row
-    position = torch.arange(chunk.trainer.shape[0], device=chunk.device) - chunk.offsets[token_row]
+    position = torch.arange(chunk.trainer.shape[0], device=chunk.trainer.device) - chunk.offsets[token_row]
     if bool(chunk.mask.all()):  # single-turn data: every token is a model token, no gather needed
         trainer, rollout, row = chunk.trainer, chunk.rollout, token_row
     else:
@@ -132,11 +152,11 @@ def _model_tokens_torch(chunk: Chunk) -> ModelTokens:
 
 
 def _model_tokens_numpy(chunk: Chunk) -> ModelTokens:
-    """ModelTokens of a CPU chunk with numpy's index operations (3–5× faster than torch's on the CPU); the same
-    values as the torch path."""
-    mask = chunk.mask.numpy()
-    offsets = chunk.offsets.numpy()
-    trainer, rollout = chunk.trainer.numpy(), chunk.rollout.numpy()
+    """ModelTokens of a CPU chunk with numpy's index operations (3–5× faster than torch's on the CPU), as numpy
+    arrays; the same values as the torch path."""
+    mask = arrays.host(chunk.mask)
+    offsets = arrays.host(chunk.offsets)
+    trainer, rollout = arrays.host(chunk.trainer), arrays.host(chunk.rollout)
     rows = np.arange(chunk.rows, dtype=np.int64)
     if mask.all():  # single-turn data: every token is a model token, no gather needed
         index = None
@@ -147,10 +167,4 @@ def _model_tokens_numpy(chunk: Chunk) -> ModelTokens:
         row = np.repeat(rows, np.diff(np.searchsorted(index, offsets)))
         trainer, rollout = trainer[index], rollout[index]
     position = (np.arange(len(row), dtype=np.int64) if index is None else index) - offsets[row]
-    return ModelTokens(
-        trainer=torch.from_numpy(trainer),
-        rollout=torch.from_numpy(rollout),
-        log_ratio=torch.from_numpy(trainer - rollout),
-        row=torch.from_numpy(row),
-        position=torch.from_numpy(position),
-    )
+    return ModelTokens(trainer=trainer, rollout=rollout, log_ratio=trainer - rollout, row=row, position=position)

@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rollout_diag.arrays import device_kind, device_name
 from rollout_diag.cores import available_cores
 from rollout_diag.errors import ColumnError, ConfigError, InputError, RolloutDiagError, option_name
 from rollout_diag.io.decode import Block, ExtraColumn, may_hold, read_sequences, read_tokens, split_steps
@@ -322,11 +323,14 @@ class DumpReader:
 
     def chunks(
         self,
-        device: torch.device | str = "cpu",
+        device: str | torch.device = "cpu",
         prefetch: int = 1,
         prepare: Callable[[Chunk], None] | None = None,
+        numpy: bool = False,
     ) -> Iterator[tuple[Chunk, int]]:
-        """Yield (chunk, file rows consumed so far) on ``device``.
+        """Yield (chunk, file rows consumed so far) on ``device``. The numba engine's chunks are numpy arrays with
+        ``numpy`` (the caller's arithmetic takes them: torch is not loaded), else CPU tensors on the same memory; the
+        torch engine's are tensors on ``device``.
 
         With ``prefetch`` > 0 a reader thread decodes, validates and builds chunks ahead, and a pool of threads (one
         per core but one; one in a worker process, which reads a part beside other workers) runs ``prepare(chunk)``
@@ -335,33 +339,34 @@ class DumpReader:
         come out in file order whatever the pool's size. A reader that reads ahead (:meth:`read_ahead`) hands over
         its thread and the chunks it has read.
         """
-        import torch
-
         from rollout_diag.kernels import kernel_for
 
-        device = torch.device(device)
-        engine = "numba" if kernel_for(device.type, self.input_size()) else "torch"
+        device = device_name(device)
+        # numpy chunks load no torch: the kernels then win at any size (kernels.kernel_for's small-input rule is for
+        # the commands that load torch anyway)
+        engine = "numba" if kernel_for(device_kind(device), None if numpy else self.input_size()) else "torch"
+        kind = "numpy" if numpy and engine == "numba" else "torch"
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
             workers = _prepare_workers()
-            built = ahead.handover(device, engine, max(prefetch, workers, 1))
+            built = ahead.handover(device, engine, kind, max(prefetch, workers, 1))
             yield from built if prepare is None else _prepared(built, prepare, workers)
         elif prefetch <= 0:
-            yield from self._built_chunks(device, engine, prepare)
+            yield from self._built_chunks(device, engine, kind, prepare)
         elif prepare is None:
-            yield from _prefetched(self._built_chunks(device, engine, None), prefetch)
+            yield from _prefetched(self._built_chunks(device, engine, kind, None), prefetch)
         else:
             workers = _prepare_workers() if self.parts is None else 1
-            built = _prefetched(self._built_chunks(device, engine, None), max(prefetch, workers))
+            built = _prefetched(self._built_chunks(device, engine, kind, None), max(prefetch, workers))
             yield from _prepared(built, prepare, workers)
         if self.parts is None:  # the whole input was read here (a worker's part is finished by the driver)
             self.log.finish()
 
     def _built_chunks(
-        self, device: torch.device, engine: str, prepare: Callable[[Chunk], None] | None
+        self, device: str, engine: str, kind: str, prepare: Callable[[Chunk], None] | None
     ) -> Iterator[tuple[Chunk, int]]:
         for block, consumed in self._blocks():
-            chunk = self._validated_chunk(block, device, engine)
+            chunk = self._validated_chunk(block, device, engine, kind)
             if chunk is not None:
                 if prepare is not None:
                     prepare(chunk)
@@ -387,9 +392,9 @@ class DumpReader:
                     f"{opened.source.path}: cannot be decoded, the file is corrupt ({one_line(exc)})."
                 ) from exc
 
-    def _validated_chunk(self, block: Block, device: torch.device, engine: str) -> Chunk | None:
-        valid = self._validated(block, device.type, engine)
-        return None if valid is None else self._chunk(valid, device, engine)
+    def _validated_chunk(self, block: Block, device: str, engine: str, kind: str) -> Chunk | None:
+        valid = self._validated(block, device_kind(device), engine)
+        return None if valid is None else self._chunk(valid, device, engine, kind)
 
     def _validated(self, block: Block, device_type: str, engine: str) -> _Valid | None:
         """The block validated (bad rows recorded and dropped; None when none is left), with the numba engine's
@@ -411,44 +416,78 @@ class DumpReader:
         np.cumsum(block.lengths, out=offsets[1:])
         return _Valid(block, offsets, scanned)
 
-    def _chunk(self, valid: _Valid, device: torch.device, engine: str) -> Chunk:
-        """The validated block as a Chunk of torch tensors on ``device``."""
-        import torch
-
+    def _chunk(self, valid: _Valid, device: str, engine: str, kind: str) -> Chunk:
+        """The validated block as a Chunk of ``kind`` arrays: ``numpy`` (the numba engine's, torch not loaded) or
+        ``torch`` tensors on ``device``."""
         from rollout_diag.io.chunk import Chunk
 
         block, offsets = valid.block, valid.offsets
-        if valid.scanned is not None:
-            # the scan's arrays (zero-copy on the CPU); elsewhere copied, the values the torch path builds
-            trainer, rollout, mask = (torch.from_numpy(values).to(device) for values in valid.scanned)
-        else:
-            # torch.tensor copies: Arrow's buffers are read-only, and the fill below writes in place.
-            trainer = torch.tensor(block.trainer, dtype=torch.float64, device=device)
-            rollout = torch.tensor(block.rollout, dtype=torch.float64, device=device)
-            if block.mask is None:
-                mask = torch.ones(len(block.trainer), dtype=torch.bool, device=device)
-            else:
-                mask = torch.tensor(block.mask == 1, device=device)
-            # Environment tokens never enter a metric; zero them so NaN fill values there cannot leak in.
-            trainer.masked_fill_(~mask, 0.0)
-            rollout.masked_fill_(~mask, 0.0)
+        columns = _numpy_columns(valid) if kind == "numpy" else _tensor_columns(valid, device)
         text = block.token_text
         return Chunk(
-            step=torch.tensor(block.step, dtype=torch.int64, device=device),
-            offsets=torch.from_numpy(offsets).to(device),
-            trainer=trainer,
-            rollout=rollout,
-            mask=mask,
+            **columns,
             sample_id=block.sample_id,
             file=[block.file] * len(block.lengths),
             file_row=block.file_row.tolist(),
-            token_ids=None if block.token_ids is None else torch.tensor(block.token_ids, device=device),
             token_text=None if text is None else _text_lookup(text, offsets),
-            policy_version=None if block.policy_version is None else torch.tensor(block.policy_version, device=device),
             extra=_chunk_extra(block),
             engine=engine,
-            prepass=valid.prepass if engine == "numba" and device.type == "cpu" else None,
+            prepass=valid.prepass if engine == "numba" else None,
         )
+
+
+def _numpy_columns(valid: _Valid) -> dict[str, np.ndarray | None]:
+    """A chunk's arrays as numpy (the numba engine): the scan's where it ran, else copies (Arrow's buffers are
+    read-only, and the fill below writes in place)."""
+    block = valid.block
+    if valid.scanned is not None:
+        trainer, rollout, mask = valid.scanned
+    else:
+        trainer = np.array(block.trainer, dtype=np.float64)
+        rollout = np.array(block.rollout, dtype=np.float64)
+        mask = np.ones(len(trainer), dtype=bool) if block.mask is None else np.asarray(block.mask == 1)
+        # Environment tokens never enter a metric; zero them so NaN fill values there cannot leak in.
+        trainer[~mask] = 0.0
+        rollout[~mask] = 0.0
+    return {
+        "step": np.array(block.step, dtype=np.int64),
+        "offsets": valid.offsets,
+        "trainer": trainer,
+        "rollout": rollout,
+        "mask": mask,
+        "token_ids": None if block.token_ids is None else np.array(block.token_ids),
+        "policy_version": None if block.policy_version is None else np.array(block.policy_version),
+    }
+
+
+def _tensor_columns(valid: _Valid, device: str) -> dict[str, torch.Tensor | None]:
+    """A chunk's arrays as torch tensors on ``device`` (the torch engine)."""
+    import torch
+
+    block = valid.block
+    if valid.scanned is not None:
+        # the scan's arrays (zero-copy on the CPU); elsewhere copied, the values the torch path builds
+        trainer, rollout, mask = (torch.from_numpy(values).to(device) for values in valid.scanned)
+    else:
+        # torch.tensor copies: Arrow's buffers are read-only, and the fill below writes in place.
+        trainer = torch.tensor(block.trainer, dtype=torch.float64, device=device)
+        rollout = torch.tensor(block.rollout, dtype=torch.float64, device=device)
+        if block.mask is None:
+            mask = torch.ones(len(block.trainer), dtype=torch.bool, device=device)
+        else:
+            mask = torch.tensor(block.mask == 1, device=device)
+        # Environment tokens never enter a metric; zero them so NaN fill values there cannot leak in.
+        trainer.masked_fill_(~mask, 0.0)
+        rollout.masked_fill_(~mask, 0.0)
+    return {
+        "step": torch.tensor(block.step, dtype=torch.int64, device=device),
+        "offsets": torch.from_numpy(valid.offsets).to(device),
+        "trainer": trainer,
+        "rollout": rollout,
+        "mask": mask,
+        "token_ids": None if block.token_ids is None else torch.tensor(block.token_ids, device=device),
+        "policy_version": None if block.policy_version is None else torch.tensor(block.policy_version, device=device),
+    }
 
 
 @dataclass
@@ -596,8 +635,9 @@ class _ReadAhead:
         self.depth = depth
         self.items: deque = deque()
         self.changed = threading.Condition()
-        self.device: torch.device | None = None  # set by handover: torch is loaded then
+        self.device: str | None = None  # set by handover
         self.engine = "numba"
+        self.kind = "torch"  # set by handover
         self.stopped = False
         self.thread = threading.Thread(target=self._produce, name="rollout-diag-reader", daemon=True)
         self.thread.start()
@@ -622,12 +662,12 @@ class _ReadAhead:
                 while decoded:
                     block, consumed = decoded.popleft()
                     with self.changed:
-                        device, engine = self.device, self.engine
-                    valid = reader._validated(block, "cpu" if device is None else device.type, engine)
+                        device, engine, kind = self.device, self.engine, self.kind
+                    valid = reader._validated(block, "cpu" if device is None else device_kind(device), engine)
                     if valid is None:
                         continue
                     if device is not None:
-                        built = reader._chunk(valid, device, engine)
+                        built = reader._chunk(valid, device, engine, kind)
                     else:
                         if valid.scanned is not None:
                             trainer, rollout, mask = valid.scanned
@@ -653,15 +693,15 @@ class _ReadAhead:
             self.changed.notify_all()
             return True
 
-    def handover(self, device: torch.device, engine: str, depth: int) -> Iterator[tuple[Chunk, int]]:
-        """The chunks on ``device`` with ``engine`` (those read ahead, then the rest), read ``depth`` ahead from now;
-        closing the iterator stops the thread."""
+    def handover(self, device: str, engine: str, kind: str, depth: int) -> Iterator[tuple[Chunk, int]]:
+        """The chunks on ``device`` with ``engine``, of ``kind`` arrays (those read ahead, then the rest), read
+        ``depth`` ahead from now; closing the iterator stops the thread."""
         with self.changed:
-            self.device, self.engine, self.depth = device, engine, depth
+            self.device, self.engine, self.kind, self.depth = device, engine, kind, depth
             self.changed.notify_all()
-        return self._chunks(device, engine)
+        return self._chunks(device, engine, kind)
 
-    def _chunks(self, device: torch.device, engine: str) -> Iterator[tuple[Chunk, int]]:
+    def _chunks(self, device: str, engine: str, kind: str) -> Iterator[tuple[Chunk, int]]:
         try:
             while True:
                 with self.changed:
@@ -674,7 +714,10 @@ class _ReadAhead:
                 if isinstance(item, BaseException):
                     raise item
                 value, consumed = item
-                yield (self.reader._chunk(value, device, engine) if isinstance(value, _Valid) else value), consumed
+                yield (
+                    (self.reader._chunk(value, device, engine, kind) if isinstance(value, _Valid) else value),
+                    consumed,
+                )
         finally:
             with self.changed:
                 self.stopped = True

@@ -3,7 +3,7 @@
 An accumulator keeps one *state* per training step: a dict of float64 numpy arrays, each merged by
 the reduction its family declares (``sum``, ``max``, ``min``, or ``moments``: Chan's pairwise update of
 count / means / centred second moments). ``update(chunk)`` computes the partial state of every step
-group in the chunk with vectorised torch ops and merges it in; ``merge(other)`` folds in another
+group in the chunk with vectorised numpy or torch ops and merges it in; ``merge(other)`` folds in another
 accumulator (another chunk range, another Ray worker). A run is every row as one batch, so the run
 state is the merge of all step states. Metric values are derived only in ``finalize``.
 """
@@ -15,13 +15,14 @@ import importlib
 import itertools
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-import torch
 
+from rollout_diag import arrays
+from rollout_diag.arrays import Array
 from rollout_diag.catalogue import CLAMP, EPS
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.results import KeyColumns, MetricColumns
@@ -29,33 +30,30 @@ from rollout_diag.results import KeyColumns, MetricColumns
 State = dict[str, np.ndarray]
 
 
-# ----------------------------------------------------------------------- segment reductions (torch)
-def segment_sum(values: torch.Tensor, index: torch.Tensor, count: int) -> torch.Tensor:
+# ----------------------------------------------------------------------- segment reductions (numpy or torch)
+def segment_sum(values: Array, index: Array, count: int) -> Array:
     """Sum ``values`` [n, ...] into ``count`` buckets by ``index`` [n] (float64)."""
-    out = torch.zeros((count, *values.shape[1:]), dtype=torch.float64, device=values.device)
-    return out.index_add_(0, index, values.to(torch.float64))
+    return arrays.index_add(arrays.zeros((count, *values.shape[1:]), values), index, arrays.float64(values))
 
 
-def segment_max(values: torch.Tensor, index: torch.Tensor, count: int) -> torch.Tensor:
+def segment_max(values: Array, index: Array, count: int) -> Array:
     """Max per bucket; empty buckets get -inf (the identity of max)."""
-    out = torch.full((count,), -torch.inf, dtype=torch.float64, device=values.device)
-    return out.scatter_reduce_(0, index, values.to(torch.float64), reduce="amax", include_self=True)
+    return arrays.scatter_max(arrays.full(count, -math.inf, values), index, arrays.float64(values))
 
 
-def segment_min(values: torch.Tensor, index: torch.Tensor, count: int) -> torch.Tensor:
+def segment_min(values: Array, index: Array, count: int) -> Array:
     """Min per bucket; empty buckets get +inf (the identity of min)."""
-    out = torch.full((count,), torch.inf, dtype=torch.float64, device=values.device)
-    return out.scatter_reduce_(0, index, values.to(torch.float64), reduce="amin", include_self=True)
+    return arrays.scatter_min(arrays.full(count, math.inf, values), index, arrays.float64(values))
 
 
-def segment_moments(x: torch.Tensor, y: torch.Tensor, index: torch.Tensor, count: int) -> torch.Tensor:
+def segment_moments(x: Array, y: Array, index: Array, count: int) -> Array:
     """Per bucket [n, mean_x, mean_y, M2_x, M2_y, C_xy], two passes (means, then centred sums).
 
     Exact enough for values far from zero (probabilities near 1, IS weights near 1), where raw sums of
     squares would cancel.
     """
-    n = segment_sum(torch.ones_like(x, dtype=torch.float64), index, count)
-    safe_n = n.clamp(min=1.0)
+    n = segment_sum(arrays.ones(x.shape[0], x), index, count)
+    safe_n = arrays.clamp(n, lower=1.0)
     mean_x = segment_sum(x, index, count) / safe_n
     mean_y = segment_sum(y, index, count) / safe_n
     dx = x - mean_x[index]
@@ -63,7 +61,7 @@ def segment_moments(x: torch.Tensor, y: torch.Tensor, index: torch.Tensor, count
     m2_x = segment_sum(dx * dx, index, count)
     m2_y = segment_sum(dy * dy, index, count)
     c_xy = segment_sum(dx * dy, index, count)
-    return torch.stack([n, mean_x, mean_y, m2_x, m2_y, c_xy], dim=-1)
+    return arrays.stack([n, mean_x, mean_y, m2_x, m2_y, c_xy], axis=-1)
 
 
 # ----------------------------------------------------------------------- merging (numpy, host)
@@ -742,8 +740,9 @@ class StepAccumulator(ABC):
 
     # -- to write in a family --------------------------------------------------------------------
     @abstractmethod
-    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor | np.ndarray | Ragged]:
-        """Partial state of each step group of ``chunk``: name -> tensor [G, ...] (a Ragged for ``concat``)."""
+    def _stats(self, chunk: Chunk) -> dict[str, Array | Ragged]:
+        """Partial state of each step group of ``chunk``: name -> array or tensor [G, ...] (a Ragged for
+        ``concat``)."""
 
     @abstractmethod
     def _finalize(self, state: State) -> dict[str, float]:
@@ -756,7 +755,7 @@ class StepAccumulator(ABC):
         incoming = None if key is None else chunk.cache.get(key)
         if incoming is None:
             partial = {
-                name: value.cpu().numpy() if isinstance(value, torch.Tensor) else value
+                name: arrays.host(value) if arrays.is_tensor(value) else value
                 for name, value in self._stats(chunk).items()
             }
             incoming = StateTable.from_groups(self.REDUCTIONS, chunk.groups.steps, partial)
@@ -857,9 +856,9 @@ class StepAccumulator(ABC):
         return subset
 
 
-def row_mean(row_sum: torch.Tensor, row_count: torch.Tensor) -> torch.Tensor:
+def row_mean(row_sum: Array, row_count: Array) -> Array:
     """R_i[x] = Σ_t m·x / (n_i + 1e-8): verl's masked mean (empty rows give 0)."""
-    return row_sum / (row_count.to(torch.float64) + EPS)
+    return row_sum / (arrays.float64(row_count) + EPS)
 
 
 def sequence_share(rows_dropped: float, valid_rows: float) -> float:
@@ -882,27 +881,33 @@ def _numpy_has_svml() -> bool:
     return False
 
 
-def _host_or_torch(numpy_function, torch_function, numpy_on_cpu: bool = True):
-    """An elementwise function: numpy's loop on CPU tensors when ``numpy_on_cpu``, torch's kernel otherwise.
-    The two agree within 1 ulp (tests/test_metrics.py); which one runs depends only on the CPU, never on timing,
-    so a machine gives the same digits run after run."""
+def _host_or_torch(numpy_function, torch_name: str, numpy_on_cpu: bool = True) -> Callable[[Array], Array]:
+    """An elementwise function: numpy's loop on numpy arrays (the numba engine), and on CPU tensors when
+    ``numpy_on_cpu``; torch's kernel ``torch_name`` on other tensors. The two agree within 1 ulp
+    (tests/test_metrics.py); which one runs depends only on the CPU and the engine, never on timing, so a machine
+    gives the same digits run after run."""
 
-    def apply(values: torch.Tensor) -> torch.Tensor:
-        if numpy_on_cpu and values.device.type == "cpu":
+    def apply(values: Array) -> Array:
+        if not arrays.is_tensor(values):
             with np.errstate(over="ignore", invalid="ignore"):  # inf / NaN as torch gives them, without a warning
+                return numpy_function(values)
+        if numpy_on_cpu and values.device.type == "cpu":
+            import torch
+
+            with np.errstate(over="ignore", invalid="ignore"):
                 return torch.from_numpy(numpy_function(values.contiguous().numpy()))
-        return torch_function(values)
+        return getattr(values, torch_name)()
 
     return apply
 
 
 NUMPY_SVML = _numpy_has_svml()
-token_exp = _host_or_torch(np.exp, torch.exp, numpy_on_cpu=NUMPY_SVML)  # per-token exp of a whole chunk
-token_expm1 = _host_or_torch(np.expm1, torch.expm1)  # numpy's: faster with SVML, about equal without
+token_exp = _host_or_torch(np.exp, "exp", numpy_on_cpu=NUMPY_SVML)  # per-token exp of a whole chunk
+token_expm1 = _host_or_torch(np.expm1, "expm1")  # numpy's: faster with SVML, about equal without
 
 
-def clamp20(values: torch.Tensor) -> torch.Tensor:
-    return values.clamp(-CLAMP, CLAMP)
+def clamp20(values: Array) -> Array:
+    return arrays.clamp(values, -CLAMP, CLAMP)
 
 
 def as_float(value: np.ndarray | float) -> float:

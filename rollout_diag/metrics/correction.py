@@ -282,7 +282,7 @@ def rs_final_keep(s: ChunkStats, options: tuple[RejectionOption, ...]) -> PerTok
     """§3 final mask on model tokens: Π(option keeps)."""
 
     def compute() -> PerToken:
-        keep = PerToken(torch.ones(s.chunk.rows, dtype=torch.bool, device=s.chunk.device), by_row=True)
+        keep = PerToken(torch.ones(s.chunk.rows, dtype=torch.bool, device=s.chunk.trainer.device), by_row=True)
         for option in options:
             keep = s.both(keep, rs_keep(s, option))
         return keep

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
 from rollout_diag import catalogue
+from rollout_diag.arrays import Array
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator, as_float, sample_std
 from rollout_diag.metrics.segments import stats
-
-if TYPE_CHECKING:
-    import torch  # annotations only
 
 PREFIX = catalogue.DEBUG_PREFIX
 
@@ -28,7 +26,7 @@ class DebugAccumulator(StepAccumulator):
         "probs": "moments",  # [n, mean p_a, mean p_r, M2 p_a, M2 p_r, C]
     }
 
-    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
+    def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)
         return {
             "probs_diff_max": s.group_max("prob_diff"),

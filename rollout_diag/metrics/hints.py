@@ -16,8 +16,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
-import torch
 
+from rollout_diag import arrays
+from rollout_diag.arrays import Array
 from rollout_diag.catalogue import (
     FIT_MIN_R2,
     FIT_MIN_SLOPE,
@@ -79,29 +80,31 @@ POSITION_COLUMNS = ("tokens", "y", "y2")  # per log2 position bucket
 
 
 @quantity("hint_clipped_abs")
-def _clipped_abs(s: ChunkStats) -> torch.Tensor:  # y = min(|δ|, 1)
-    return s.token("abs_log_ratio").clamp(max=CLIP)
+def _clipped_abs(s: ChunkStats) -> Array:  # y = min(|δ|, 1)
+    return arrays.clamp(s.token("abs_log_ratio"), upper=CLIP)
 
 
 @quantity("hint_clipped_square")
-def _clipped_square(s: ChunkStats) -> torch.Tensor:  # y²
+def _clipped_square(s: ChunkStats) -> Array:  # y²
     y = s.token("hint_clipped_abs")
     return y * y
 
 
 @quantity("hint_cross")
-def _cross(s: ChunkStats) -> torch.Tensor:  # δ·r (the δ ≈ c·r fit)
+def _cross(s: ChunkStats) -> Array:  # δ·r (the δ ≈ c·r fit)
     return s.token("log_ratio") * s.token("rollout")
 
 
 @quantity("hint_rollout_square")
-def _rollout_square(s: ChunkStats) -> torch.Tensor:  # r²
+def _rollout_square(s: ChunkStats) -> Array:  # r²
     rollout = s.token("rollout")
     return rollout * rollout
 
 
-def _isin(values: torch.Tensor, sorted_set: torch.Tensor) -> torch.Tensor:
-    """values ∈ sorted_set, elementwise (both small index tensors)."""
+def _isin(values: Array, sorted_set: Array) -> Array:
+    """values ∈ sorted_set, elementwise (both small index tensors; the torch engine's)."""
+    import torch
+
     if sorted_set.numel() == 0:
         return torch.zeros_like(values, dtype=torch.bool)
     found = torch.searchsorted(sorted_set, values).clamp(max=sorted_set.numel() - 1)
@@ -118,17 +121,17 @@ class _ChunkEvidence:
     def __init__(self, chunk: Chunk) -> None:
         s = stats(chunk)
         self.chunk, self.stats = chunk, s
-        self.row_lengths = s.row_count.to(torch.int64)
+        self.row_lengths = arrays.astype(s.row_count, "int64")
         if isinstance(s, KernelStats):  # the numba engine: one compiled pass over the tokens
             parts, self.probability_buckets = s.hint_rows()
         else:
             parts = self._token_parts()
             self.probability_buckets = None
         count = s.row_count
-        rounds = s.rounds_per_row.to(torch.float64)
+        rounds = arrays.float64(s.rounds_per_row)
         total_y, total_y2 = s.row_sum("hint_clipped_abs"), s.row_sum("hint_clipped_square")
         first_y, first_y2, last_y, last_y2 = parts["first_y"], parts["first_y2"], parts["last_y"], parts["last_y2"]
-        has_tokens = (count > 0).to(torch.float64)
+        has_tokens = arrays.float64(count > 0)
         sums = {
             "tokens": count,
             "pairs": count - rounds,  # a round of k tokens has k − 1 adjacent pairs
@@ -151,11 +154,13 @@ class _ChunkEvidence:
             "rest_y": total_y - first_y - last_y + parts["both_y"],
             "rest_y2": total_y2 - first_y2 - last_y2 + parts["both_y2"],
         }
-        self.rows = torch.stack([sums[name] for name in TOKEN_SUMS], dim=1)  # [R, K]
+        self.rows = arrays.stack([sums[name] for name in TOKEN_SUMS], axis=1)  # [R, K]
         self.total_y, self.total_y2 = total_y, total_y2
 
-    def _token_parts(self) -> dict[str, torch.Tensor]:
+    def _token_parts(self) -> dict[str, Array]:
         """The torch engine's per-row token patterns (what ``KernelStats.hint_rows`` computes in one pass)."""
+        import torch  # the torch engine's chunks are tensors
+
         chunk, s = self.chunk, self.stats
         model = chunk.model
         trainer, rollout = model.trainer, model.rollout
@@ -174,7 +179,7 @@ class _ChunkEvidence:
         y, y2 = s.token("hint_clipped_abs"), s.token("hint_clipped_square")
         abs_delta = s.token("abs_log_ratio")
 
-        def gathered(index: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        def gathered(index: Array, values: Array) -> Array:
             out = torch.zeros(chunk.rows, dtype=torch.float64, device=device)
             return out.index_add_(0, row_of[index], values[index])
 
@@ -207,14 +212,17 @@ class _ChunkEvidence:
             "copied": copied,
         }
 
-    def _patterns(self, round_last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _patterns(self, round_last: Array) -> tuple[Array, Array, Array]:
         """Per row: exact-zero tokens where the other side says p < 0.5, those of them next to another in the same
-        round, and exact copies of the neighbour's value where the other side differs by more than log 2."""
+        round, and exact copies of the neighbour's value where the other side differs by more than log 2 (the torch
+        engine's)."""
+        import torch
+
         model = self.chunk.model
         trainer, rollout, row = model.trainer, model.rollout, model.row
         out = [torch.zeros(self.chunk.rows, dtype=torch.float64, device=row.device) for _ in range(3)]
 
-        def count(index: torch.Tensor, into: torch.Tensor) -> None:
+        def count(index: Array, into: Array) -> None:
             into.index_add_(0, row[index], torch.ones(index.numel(), dtype=torch.float64, device=row.device))
 
         # candidates first (values are ≤ 0 and finite: a product is 0 only where one side is 0)
@@ -239,15 +247,15 @@ class _ChunkEvidence:
             count(hit, out[2])
         return out[0], out[1], out[2]
 
-    def row_sum(self, values: torch.Tensor) -> torch.Tensor:
+    def row_sum(self, values: Array) -> Array:
         """Σ of a model-token quantity over each row (float64 [R])."""
         return reduce_runs(values, self.row_lengths, "sum")
 
-    def column(self, name: str) -> torch.Tensor:
+    def column(self, name: str) -> Array:
         """Per-row sums of one TOKEN_SUMS column (float64 [R])."""
         return self.rows[:, TOKEN_SUMS.index(name)]
 
-    def fit(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def fit(self) -> tuple[Array, Array, Array]:
         """Per row: (has a fit, slope c of δ ≈ c·r through the origin, R² of that line); computed once (the step sums
         and the examples both read it)."""
         found = self.__dict__.get("_fit")
@@ -255,27 +263,27 @@ class _ChunkEvidence:
             found = self.__dict__["_fit"] = self._fit()
         return found
 
-    def _fit(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _fit(self) -> tuple[Array, Array, Array]:
         n, cross = self.column("tokens"), self.column("cross")
         rollout_square, delta_square = self.column("rollout_square"), self.column("delta_square")
         fitted = (n >= FIT_MIN_TOKENS) & (rollout_square > 0) & (delta_square > 0)
-        slope = cross / rollout_square.clamp(min=1e-300)
+        slope = cross / arrays.clamp(rollout_square, lower=1e-300)
         # R² = 1 − Σ(δ − c·r)² / Σδ² = (Σδr)² / (Σr² · Σδ²) for the least-squares c
-        r2 = cross * cross / (rollout_square * delta_square).clamp(min=1e-300)
-        return fitted, torch.where(fitted, slope, 0.0), torch.where(fitted, r2, 0.0)
+        r2 = cross * cross / arrays.clamp(rollout_square * delta_square, lower=1e-300)
+        return fitted, arrays.where(fitted, slope, 0.0), arrays.where(fitted, r2, 0.0)
 
 
-def _group_sums(chunk: Chunk, row_values: torch.Tensor) -> torch.Tensor:
+def _group_sums(chunk: Chunk, row_values: Array) -> Array:
     """Σ of per-row values [R, ...] over each step group [G, ...]."""
     groups = chunk.groups
-    out = torch.zeros((groups.count, *row_values.shape[1:]), dtype=torch.float64, device=row_values.device)
-    return out.index_add_(0, groups.row_group, row_values)
+    out = arrays.zeros((groups.count, *row_values.shape[1:]), row_values)
+    return arrays.index_add(out, groups.row_group, row_values)
 
 
-def _bucket_sums(chunk: Chunk, bucket: torch.Tensor, buckets: int, columns: list[torch.Tensor | None]) -> torch.Tensor:
+def _bucket_sums(chunk: Chunk, bucket: Array, buckets: int, columns: list[Array | None]) -> Array:
     """Σ of token values by (step group, bucket) into [G, buckets, K]; a None column counts tokens."""
     s = stats(chunk)
-    return torch.stack([s.group_bincount(bucket, buckets, values) for values in columns], dim=2)
+    return arrays.stack([s.group_bincount(bucket, buckets, values) for values in columns], axis=2)
 
 
 def _evidence(chunk: Chunk) -> _ChunkEvidence:
@@ -291,13 +299,13 @@ def prepare(chunk: Chunk) -> None:
     _evidence(chunk)
 
 
-def probability_bucket(rollout: torch.Tensor) -> torch.Tensor:
+def probability_bucket(rollout: Array) -> Array:
     """Index of each rollout logprob's probability bucket (0: p ≥ 0.9 … 4: p < 0.01): the edges above it."""
     # a comparison per edge: 4× faster than bucketize's binary search over four edges on the CPU
-    bucket = torch.zeros_like(rollout, dtype=torch.uint8)  # uint8: adding bools into int64 takes a slow path
+    bucket = arrays.zeros(arrays.size(rollout), rollout, "uint8")  # uint8: adding bools into int64 takes a slow path
     for edge in PROBABILITY_EDGES:
         bucket += rollout < math.log(edge)
-    return bucket.to(torch.int64)
+    return arrays.astype(bucket, "int64")
 
 
 class HintEvidenceAccumulator(StepAccumulator):
@@ -316,30 +324,30 @@ class HintEvidenceAccumulator(StepAccumulator):
         self.lags: dict[int, np.ndarray] = {}  # lag → [tokens, Σy, Σy², rows]
         self.has_versions = False
 
-    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
+    def _stats(self, chunk: Chunk) -> dict[str, Array]:
         evidence = _evidence(chunk)
         sums = _group_sums(chunk, evidence.rows)
         out = {name: sums[:, index] for index, name in enumerate(TOKEN_SUMS)}
         fitted, slope, r2 = evidence.fit()
         good = fitted & (r2 >= FIT_MIN_R2)
         pairs, aligned = evidence.column("pairs"), evidence.column("pair_abs")
-        shifted = torch.minimum(evidence.column("shift_next"), evidence.column("shift_prev"))
-        shift_row = (
+        shifted = arrays.minimum(evidence.column("shift_next"), evidence.column("shift_prev"))
+        shift_row = arrays.float64(
             (pairs >= SHIFT_ROW_MIN_PAIRS)
             & (aligned >= SHIFT_ROW_MIN_ALIGNED * pairs)
             & (shifted <= SHIFT_MAX_RATIO * aligned)
-        ).to(torch.float64)
-        row_values = torch.stack(
+        )
+        row_values = arrays.stack(
             [
-                fitted.to(torch.float64),
-                (good & (slope >= FIT_MIN_SLOPE)).to(torch.float64),
-                (good & (slope <= -FIT_MIN_SLOPE)).to(torch.float64),
+                arrays.float64(fitted),
+                arrays.float64(good & (slope >= FIT_MIN_SLOPE)),
+                arrays.float64(good & (slope <= -FIT_MIN_SLOPE)),
                 shift_row,
                 shift_row * pairs,
                 shift_row * aligned,
                 shift_row * shifted,
             ],
-            dim=1,
+            axis=1,
         )
         row_sums = _group_sums(chunk, row_values)
         out.update({name: row_sums[:, index] for index, name in enumerate(ROW_SUMS)})
@@ -355,8 +363,8 @@ class HintEvidenceAccumulator(StepAccumulator):
             )
         # segments never straddle a log2 position bucket: sum per segment, then by bucket
         s = evidence.stats
-        position = s.segment_bucket.clamp(max=POSITION_BUCKETS - 1)
-        out["position_buckets"] = torch.stack(
+        position = arrays.clamp(s.segment_bucket, upper=POSITION_BUCKETS - 1)
+        out["position_buckets"] = arrays.stack(
             [
                 s.bucket_sum(values, position, POSITION_BUCKETS)
                 for values in (
@@ -365,7 +373,7 @@ class HintEvidenceAccumulator(StepAccumulator):
                     s.segment_sum("hint_clipped_square"),
                 )
             ],
-            dim=2,
+            axis=2,
         )
         return out
 
@@ -390,37 +398,37 @@ class HintEvidenceAccumulator(StepAccumulator):
             self.lags[lag] = self.lags[lag] + sums if lag in self.lags else sums.copy()
         self.has_versions |= other.has_versions
 
-    def _row_scores(self, chunk: Chunk, evidence: _ChunkEvidence) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    def _row_scores(self, chunk: Chunk, evidence: _ChunkEvidence) -> dict[str, tuple[Array, Array]]:
         """Per hint: (score of each row, rows that show the pattern at all)."""
         pairs = evidence.column("pairs")
-        shifted = torch.minimum(evidence.column("shift_next"), evidence.column("shift_prev"))
-        drop = (evidence.column("pair_abs") - shifted) / pairs.clamp(min=1.0)  # mean |δ| the shift removes
+        shifted = arrays.minimum(evidence.column("shift_next"), evidence.column("shift_prev"))
+        drop = (evidence.column("pair_abs") - shifted) / arrays.clamp(pairs, lower=1.0)  # mean |δ| the shift removes
         fitted, slope, r2 = evidence.fit()
         first, last = evidence.column("first"), evidence.column("last")
-        first_mean = evidence.column("first_y") / first.clamp(min=1.0)
-        rest_mean = evidence.column("rest_y") / evidence.column("rest").clamp(min=1.0)
+        first_mean = evidence.column("first_y") / arrays.clamp(first, lower=1.0)
+        rest_mean = evidence.column("rest_y") / arrays.clamp(evidence.column("rest"), lower=1.0)
         dummy = evidence.column("dummy_zero_run") + evidence.column("copied")
-        processed = slope.abs() * r2
+        processed = abs(slope) * r2
         scores = {
             "off_by_one": (drop, (pairs > 0) & (drop > 0)),
             "dummy_logprobs": (dummy, dummy > 0),
-            "processed_logprobs": (processed, fitted & (slope.abs() >= FIT_MIN_SLOPE) & (r2 >= FIT_MIN_R2)),
+            "processed_logprobs": (processed, fitted & (abs(slope) >= FIT_MIN_SLOPE) & (r2 >= FIT_MIN_R2)),
             "first_token": (first_mean - rest_mean, (first > 0) & (first_mean > rest_mean)),
             "last_token": (evidence.column("last_y") - rest_mean, (last > 0) & (evidence.column("last_y") > rest_mean)),
         }
         if chunk.policy_version is not None:
             tokens = evidence.column("tokens")
-            row_mean = evidence.total_y / tokens.clamp(min=1.0)
-            lag = (chunk.step - chunk.policy_version).to(torch.float64)
+            row_mean = evidence.total_y / arrays.clamp(tokens, lower=1.0)
+            lag = arrays.float64(chunk.step - chunk.policy_version)
             # the most stale rows first; among equally stale ones the most mismatched (row_mean < 1)
-            scores["staleness"] = (lag + row_mean.clamp(max=0.999), tokens > 0)
+            scores["staleness"] = (lag + arrays.clamp(row_mean, upper=0.999), tokens > 0)
         return scores
 
     def _offer_examples(self, chunk: Chunk, evidence: _ChunkEvidence) -> None:
         steps = chunk.step.tolist()
         for kind, (score, shows) in self._row_scores(chunk, evidence).items():
             tracker = self.examples[kind]
-            values, eligible = score.cpu().numpy(), shows.cpu().numpy()
+            values, eligible = arrays.host(score), arrays.host(shows)
             candidates = top_candidates(
                 values, np.flatnonzero(eligible & (values >= tracker.threshold())), EXAMPLE_ROWS
             )
@@ -436,9 +444,9 @@ class HintEvidenceAccumulator(StepAccumulator):
 
     def _add_lags(self, chunk: Chunk, evidence: _ChunkEvidence) -> None:
         tokens = evidence.column("tokens")
-        lag = (chunk.step - chunk.policy_version).cpu().numpy()
-        per_row = torch.stack([tokens, evidence.total_y, evidence.total_y2, (tokens > 0).to(torch.float64)], dim=1)
-        per_row_host = per_row.cpu().numpy()
+        lag = arrays.host(chunk.step - chunk.policy_version)
+        per_row = arrays.stack([tokens, evidence.total_y, evidence.total_y2, arrays.float64(tokens > 0)], axis=1)
+        per_row_host = arrays.host(per_row)
         for value in np.unique(lag).tolist():
             sums = per_row_host[lag == value].sum(axis=0)
             if sums[0] == 0:

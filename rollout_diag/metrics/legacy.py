@@ -69,7 +69,7 @@ def legacy_mask_keep(s: ChunkStats, config: LegacyCorrection) -> PerToken:
 
     def compute() -> PerToken:
         if not config.masks:
-            return PerToken(torch.ones(s.chunk.rows, dtype=torch.bool, device=s.chunk.device), by_row=True)
+            return PerToken(torch.ones(s.chunk.rows, dtype=torch.bool, device=s.chunk.trainer.device), by_row=True)
         weight = legacy_weights(s, config.level)
         return weight.map(lambda w: (w >= config.mask_lower) & (w <= config.mask_upper))
 

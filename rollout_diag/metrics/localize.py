@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
-import torch
 
-from rollout_diag import catalogue
+from rollout_diag import arrays, catalogue
+from rollout_diag.arrays import Array
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import EPS, Columns, KeyGroup, State, StepAccumulator, row_mean
 from rollout_diag.metrics.segments import EXPONENT_MAX, EXPONENT_MIN, stats
@@ -34,13 +34,27 @@ DELTA_EDGES = [-e for e in reversed(_ABS_EDGES)] + _ABS_EDGES
 DELTA_BINS = len(DELTA_EDGES) - 1  # 2·_LEVELS + 1
 
 
-def delta_bin(delta: torch.Tensor) -> torch.Tensor:
+def delta_bin(delta: Array) -> Array:
     """Index of each δ's bin between consecutive DELTA_EDGES: centre ± k for |δ| in [2^(min+k−1), 2^(min+k))."""
     # frexp: |δ| = m·2^e with m in [0.5, 1), so k = e − min; its exponent of 0 is 0, which must land in the centre
-    on_host = delta.device.type == "cpu"  # numpy's frexp is 8× torch's there
-    exponent = torch.from_numpy(np.frexp(delta.numpy())[1]) if on_host else torch.frexp(delta).exponent
-    magnitude = (exponent - EXPONENT_MIN).clamp_(0, _LEVELS).masked_fill_(delta == 0, 0)
+    if not arrays.is_tensor(delta) or delta.device.type == "cpu":  # numpy's frexp is 8× torch's there
+        values = arrays.host(delta)
+        magnitude = np.clip(np.frexp(values)[1].astype(np.int64) - EXPONENT_MIN, 0, _LEVELS)
+        magnitude[values == 0] = 0
+        return arrays.like(np.where(values < 0, -magnitude, magnitude) + _LEVELS, delta)
+    import torch  # a GPU chunk
+
+    magnitude = (torch.frexp(delta).exponent - EXPONENT_MIN).clamp_(0, _LEVELS).masked_fill_(delta == 0, 0)
     return torch.where(delta < 0, -magnitude, magnitude).add_(_LEVELS)
+
+
+def _kth_largest(values: Array, k: int) -> float:
+    """The k-th largest of ``values`` (1 ≤ k ≤ their count)."""
+    if arrays.is_tensor(values):
+        import torch
+
+        return float(torch.topk(values, k).values[-1])
+    return float(np.partition(values, values.size - k)[values.size - k])
 
 
 @functools.cache  # one label string per bucket, shared by every step's rows
@@ -83,11 +97,11 @@ class PositionAccumulator(StepAccumulator):
         super().__init__()
         self.catastrophic = float(catastrophic)
 
-    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
+    def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)
-        bucket = s.segment_bucket.clamp(max=POSITION_BUCKETS - 1)
+        bucket = arrays.clamp(s.segment_bucket, upper=POSITION_BUCKETS - 1)
 
-        def by_bucket(name: str) -> torch.Tensor:
+        def by_bucket(name: str) -> Array:
             return s.bucket_sum(s.segment_sum(name), bucket, POSITION_BUCKETS)
 
         histogram = s.delta_histogram(delta_bin, DELTA_BINS)
@@ -232,10 +246,10 @@ class CapturedRow:
             sample_id=chunk.sample_id[row],
             file=chunk.file[row],
             row=chunk.file_row[row],
-            mask=chunk.mask[start:end].cpu().numpy().astype(np.int8),
-            trainer_logprob=chunk.trainer[start:end].cpu().numpy().copy(),
-            rollout_logprob=chunk.rollout[start:end].cpu().numpy().copy(),
-            token_id=None if chunk.token_ids is None else chunk.token_ids[start:end].cpu().numpy().copy(),
+            mask=arrays.host(chunk.mask[start:end]).astype(np.int8),
+            trainer_logprob=arrays.host(chunk.trainer[start:end]).copy(),
+            rollout_logprob=arrays.host(chunk.rollout[start:end]).copy(),
+            token_id=None if chunk.token_ids is None else arrays.host(chunk.token_ids[start:end]).copy(),
             token=None if chunk.token_text is None else [chunk.token_text(row, p) for p in range(end - start)],
             extra=chunk.row_extra(row),
         )
@@ -308,15 +322,15 @@ class WorstTracker:
         log_ppl_diff = row_mean(s.row_sum("rollout"), n) - row_mean(s.row_sum("trainer"), n)
         catastrophic = s.row_sum(s.catastrophic(self.catastrophic))
         scores = {
-            "log_ppl_abs_diff": log_ppl_diff.abs(),
-            "max_abs_diff": s.row_max("abs_log_ratio").clamp(min=0.0),
+            "log_ppl_abs_diff": abs(log_ppl_diff),
+            "max_abs_diff": arrays.clamp(s.row_max("abs_log_ratio"), lower=0.0),
             "k3_sum": s.row_sum("k3"),
-            "catastrophic_share": catastrophic / n.clamp(min=1),
+            "catastrophic_share": catastrophic / arrays.clamp(n, lower=1),
         }
-        host = {name: value.cpu().numpy() for name, value in scores.items()}
-        host["log_ppl_diff"] = log_ppl_diff.cpu().numpy()
-        host["catastrophic"] = catastrophic.cpu().numpy()
-        host["model_tokens"] = n.cpu().numpy()
+        host = {name: arrays.host(value) for name, value in scores.items()}
+        host["log_ppl_diff"] = arrays.host(log_ppl_diff)
+        host["catastrophic"] = arrays.host(catastrophic)
+        host["model_tokens"] = arrays.host(n)
         valid = host["model_tokens"] > 0  # rows with no model token have no score
         steps = chunk.step.tolist()
         chosen: set[int] = set()
@@ -347,12 +361,12 @@ class WorstTracker:
         if not rows:
             return {}
         s = stats(chunk)
-        segment_row = s.segment_row.cpu().numpy()
-        segment_round = s.segment_round.cpu().numpy()
-        segment_abs = s.segment_sum("abs_log_ratio").cpu().numpy()
-        segment_length = s.segment_length.cpu().numpy()
-        lengths = chunk.lengths.cpu().numpy()
-        rounds = s.rounds_per_row.cpu().numpy()
+        segment_row = arrays.host(s.segment_row)
+        segment_round = arrays.host(s.segment_round)
+        segment_abs = arrays.host(s.segment_sum("abs_log_ratio"))
+        segment_length = arrays.host(s.segment_length)
+        lengths = arrays.host(chunk.lengths)
+        rounds = arrays.host(s.rounds_per_row)
         details: dict[int, Any] = {}
         # a row's segments are one run (segments follow the tokens, rows in order): its bounds, not a mask per row
         firsts = np.searchsorted(segment_row, rows, side="left").tolist()
@@ -387,19 +401,20 @@ class WorstTracker:
         s = stats(chunk)
         # Once the tracker is full only tokens at or above its threshold can enter: a cheap filter before topk.
         index, values = s.largest_tokens("abs_log_ratio", self.tokens.threshold())
-        if values.numel() == 0:
+        count = arrays.size(values)
+        if count == 0:
             return
-        kth = torch.topk(values, min(self.k, values.numel())).values[-1]
-        # torch.topk breaks ties arbitrarily: widen to every token tied with the k-th value.
-        tied = torch.nonzero(values >= kth, as_tuple=True)[0]
+        kth = _kth_largest(values, min(self.k, count))
+        # the k largest are a set with ties at its edge: widen to every token tied with the k-th value.
+        tied = arrays.flatnonzero(values >= kth)
         scores = values[tied].tolist()
         if index is not None:
             tied = index[tied]
         tokens = tied.tolist()
-        starts = s.segment_starts
+        starts = arrays.host(s.segment_starts)
 
         def token_round(token: int) -> int:  # the round of the segment holding the token
-            segment = int(torch.searchsorted(starts, torch.tensor(token, device=starts.device), right=True)) - 1
+            segment = int(np.searchsorted(starts, token, side="right")) - 1
             return int(s.segment_round[segment])
 
         candidates = []

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import ClassVar
 
 import numpy as np
-import torch
 
-from rollout_diag import catalogue
+from rollout_diag import arrays, catalogue
+from rollout_diag.arrays import Array
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import (
     EPS,
@@ -77,7 +77,7 @@ class OffPolicyAccumulator(StepAccumulator):
         "abs_diff": "sum",  # Σ m·|δ|
     }
 
-    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
+    def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)
         groups = chunk.groups
         n = s.row_count
@@ -87,22 +87,22 @@ class OffPolicyAccumulator(StepAccumulator):
         seq_log_ratio = s.row_sum("log_ratio")  # §1 S_i[δ]
         by_step = s.group_sum_rows
         return {
-            "rows": by_step(torch.ones_like(n)),
-            "empty_rows": by_step((n == 0).to(torch.float64)),
+            "rows": by_step(arrays.ones(chunk.rows, n)),
+            "empty_rows": by_step(arrays.float64(n == 0)),
             "tokens": by_step(n),
-            "training_ppl": by_step(torch.exp(-mean_trainer)),
+            "training_ppl": by_step(arrays.exp(-mean_trainer)),
             "training_log_ppl": by_step(-mean_trainer),
-            "rollout_ppl": by_step(torch.exp(-mean_rollout)),
+            "rollout_ppl": by_step(arrays.exp(-mean_rollout)),
             "rollout_log_ppl": by_step(-mean_rollout),
             "kl": -s.group_sum("log_ratio"),  # Σ m·(r − a); fl(r − a) = −fl(a − r) exactly
             "k3_kl": s.group_sum("k3"),
             "log_ppl_diff": by_step(log_ppl_diff),
-            "log_ppl_abs_diff": by_step(log_ppl_diff.abs()),
+            "log_ppl_abs_diff": by_step(abs(log_ppl_diff)),
             "log_ppl_diff_max": segment_max(log_ppl_diff, groups.row_group, groups.count),
             "log_ppl_diff_min": segment_min(log_ppl_diff, groups.row_group, groups.count),
-            "ppl_ratio": by_step(torch.exp(log_ppl_diff)),
+            "ppl_ratio": by_step(arrays.exp(log_ppl_diff)),
             "chi2_token": s.group_sum("chi2_term"),
-            "chi2_seq": by_step(torch.exp(2.0 * clamp20(seq_log_ratio))),
+            "chi2_seq": by_step(arrays.exp(2.0 * clamp20(seq_log_ratio))),
             "abs_diff": s.group_sum("abs_log_ratio"),
         }
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import ClassVar
 
 import numpy as np
-import torch
 
-from rollout_diag import catalogue
+from rollout_diag import arrays, catalogue
+from rollout_diag.arrays import Array
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator, as_float, row_mean
 from rollout_diag.metrics.segments import stats
@@ -30,10 +30,10 @@ class RolloutKLAccumulator(StepAccumulator):
 
     REDUCTIONS: ClassVar[dict[str, str]] = {"rows": "sum", "tokens": "sum", **{name: "sum" for name in ESTIMATORS}}
 
-    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
+    def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)
         n = s.row_count
-        out = {"rows": s.group_sum_rows(torch.ones_like(n)), "tokens": s.group_sum_rows(n)}
+        out = {"rows": s.group_sum_rows(arrays.ones(chunk.rows, n)), "tokens": s.group_sum_rows(n)}
         for name, (token_name, scale) in ESTIMATOR_TOKENS.items():
             out[name] = s.group_sum_rows(row_mean(s.row_sum(token_name) * scale, n))
         return out

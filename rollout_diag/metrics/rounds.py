@@ -10,9 +10,9 @@ import math
 from typing import Any
 
 import numpy as np
-import torch
 
-from rollout_diag import catalogue
+from rollout_diag import arrays, catalogue
+from rollout_diag.arrays import Array
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator, as_float, segment_max
 from rollout_diag.metrics.segments import stats
@@ -54,24 +54,25 @@ class RoundAccumulator(StepAccumulator):
         self.catastrophic = float(catastrophic)
         self.REDUCTIONS = {**{name: "sum" for name in ROUND_SUMS}, "max_abs_diff": "max", "num_rounds_max": "max"}
 
-    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
+    def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)
         groups = chunk.groups
         buckets = self.max_rounds + 1
-        bucket = s.segment_round.clamp(max=self.max_rounds)
+        bucket = arrays.clamp(s.segment_round, upper=self.max_rounds)
 
-        def by_bucket(name: str) -> torch.Tensor:
+        def by_bucket(name: str) -> Array:
             return s.bucket_sum(s.segment_sum(name), bucket, buckets)
 
         rounds = s.rounds_per_row
         # seq_count[k] = rows with more than k rounds (bucket max_rounds: more than max_rounds).
-        histogram = torch.zeros(groups.count * (buckets + 1), dtype=torch.float64, device=chunk.device)
-        histogram.index_add_(
-            0,
-            groups.row_group * (buckets + 1) + rounds.clamp(max=buckets),
-            torch.ones_like(rounds, dtype=torch.float64),
-        )
-        rows_with_more = histogram.view(groups.count, buckets + 1).flip(1).cumsum(1).flip(1)[:, 1:]
+        histogram = arrays.host(  # [G, buckets + 1], small: counted up on the host
+            arrays.bincount(
+                groups.row_group * (buckets + 1) + arrays.clamp(rounds, upper=buckets),
+                None,
+                groups.count * (buckets + 1),
+            )
+        ).reshape(groups.count, buckets + 1)
+        rows_with_more = np.ascontiguousarray(histogram[:, ::-1].cumsum(1)[:, ::-1][:, 1:])
         return {
             "token_count": s.bucket_sum(s.segment_length, bucket, buckets),
             "seq_count": rows_with_more,
@@ -81,7 +82,7 @@ class RoundAccumulator(StepAccumulator):
             "chi2_token": by_bucket("chi2_term"),
             "catastrophic": by_bucket(s.catastrophic(self.catastrophic)),
             "max_abs_diff": s.bucket_max(s.segment_max("abs_log_ratio"), bucket, buckets),
-            "num_rounds_max": segment_max(rounds.to(torch.float64), groups.row_group, groups.count),
+            "num_rounds_max": segment_max(arrays.float64(rounds), groups.row_group, groups.count),
         }
 
     def table(self, state: State) -> list[dict[str, Any]]:

@@ -9,19 +9,24 @@ O(rows × columns) floats; the collector merges by concatenation, like any other
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
+from rollout_diag import arrays
+from rollout_diag.arrays import Array
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.segments import ChunkStats, quantity, stats
 from rollout_diag.presets import Preset
 from rollout_diag.results import RowStats
 
+if TYPE_CHECKING:
+    from rollout_diag.metrics.outcome import DropRule
+
 
 @quantity("exp_abs_log_ratio")
-def _exp_abs_log_ratio(s: ChunkStats) -> torch.Tensor:  # exp(|δ|): NeMo-RL's token_mult_prob_error term
-    return torch.exp(s.token("abs_log_ratio"))
+def _exp_abs_log_ratio(s: ChunkStats) -> Array:  # exp(|δ|): NeMo-RL's token_mult_prob_error term
+    return arrays.exp(s.token("abs_log_ratio"))
 
 
 # Row column -> token quantity summed over the row's model tokens (S_i[x]); "tokens" is n_i.
@@ -41,19 +46,21 @@ class RowStatsCollector:
     """Collects :class:`RowStats` chunk by chunk; ``presets`` adds each preset's rejected-token count per row."""
 
     def __init__(self, presets: Sequence[Preset] = ()) -> None:
-        from rollout_diag.metrics.outcome import DropRule  # the presets' drop rule, shared with compare-presets
+        self.rules: dict[str, DropRule] = {}
+        if presets:  # the presets' drop rule, shared with compare-presets (torch arithmetic: metrics/correction.py)
+            from rollout_diag.metrics.outcome import DropRule
 
-        self.rules = {preset.name: DropRule.of(preset) for preset in presets}
+            self.rules = {preset.name: DropRule.of(preset) for preset in presets}
         self.parts: list[dict[str, np.ndarray]] = []
 
     def update(self, chunk: Chunk) -> None:
         s = stats(chunk)
-        part = {"step": chunk.step.cpu().numpy().astype(np.int64), "tokens": s.row_count.cpu().numpy()}
+        part = {"step": arrays.host(chunk.step).astype(np.int64), "tokens": arrays.host(s.row_count)}
         for name, token_quantity in ROW_SUMS.items():
-            part[name] = s.row_sum(token_quantity).cpu().numpy()
+            part[name] = arrays.host(s.row_sum(token_quantity))
         for preset, rule in self.rules.items():
-            dropped = rule.kept_tokens(s).map(torch.logical_not)
-            part[f"rejected:{preset}"] = s.row_sum(dropped).cpu().numpy()
+            dropped = rule.kept_tokens(s).map(arrays.logical_not)
+            part[f"rejected:{preset}"] = arrays.host(s.row_sum(dropped))
         self.parts.append(part)
 
     def merge(self, other: RowStatsCollector) -> None:

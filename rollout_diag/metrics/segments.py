@@ -18,8 +18,9 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
-import torch
 
+from rollout_diag import arrays
+from rollout_diag.arrays import Array
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.kernels import compiled, kernel_for
 from rollout_diag.kernels import prepass as kernel_prepass
@@ -35,11 +36,11 @@ from rollout_diag.metrics.base import (
 )
 
 # Per-token quantities over model tokens (δ = a − r), each computed at most once per chunk.
-TOKEN_QUANTITIES: dict[str, Callable[[ChunkStats], torch.Tensor]] = {}
+TOKEN_QUANTITIES: dict[str, Callable[[ChunkStats], Array]] = {}
 
 
 def quantity(name: str):
-    def register(function: Callable[[ChunkStats], torch.Tensor]) -> Callable[[ChunkStats], torch.Tensor]:
+    def register(function: Callable[[ChunkStats], Array]) -> Callable[[ChunkStats], Array]:
         TOKEN_QUANTITIES[name] = function
         return function
 
@@ -47,89 +48,94 @@ def quantity(name: str):
 
 
 @quantity("trainer")
-def _trainer(s: ChunkStats) -> torch.Tensor:
+def _trainer(s: ChunkStats) -> Array:
     return s.chunk.model.trainer
 
 
 @quantity("rollout")
-def _rollout(s: ChunkStats) -> torch.Tensor:
+def _rollout(s: ChunkStats) -> Array:
     return s.chunk.model.rollout
 
 
 @quantity("log_ratio")
-def _log_ratio(s: ChunkStats) -> torch.Tensor:
+def _log_ratio(s: ChunkStats) -> Array:
     return s.chunk.model.log_ratio
 
 
 @quantity("abs_log_ratio")
-def _abs_log_ratio(s: ChunkStats) -> torch.Tensor:
-    return s.token("log_ratio").abs()
+def _abs_log_ratio(s: ChunkStats) -> Array:
+    return abs(s.token("log_ratio"))
 
 
 @quantity("k3")
-def _k3(s: ChunkStats) -> torch.Tensor:  # exp(δ) − δ − 1 (§1 k3_kl), expm1 for accuracy near 0
+def _k3(s: ChunkStats) -> Array:  # exp(δ) − δ − 1 (§1 k3_kl), expm1 for accuracy near 0
     return token_expm1(s.token("log_ratio")) - s.token("log_ratio")
 
 
 @quantity("chi2_term")
-def _chi2_term(s: ChunkStats) -> torch.Tensor:  # exp(2·clamp20(δ)) (§1 chi2_token)
+def _chi2_term(s: ChunkStats) -> Array:  # exp(2·clamp20(δ)) (§1 chi2_token)
     return token_exp(s.token("clamped_log_ratio") * 2.0)
 
 
 @quantity("square")
-def _square(s: ChunkStats) -> torch.Tensor:  # δ² (§6 k2 = ½δ²)
+def _square(s: ChunkStats) -> Array:  # δ² (§6 k2 = ½δ²)
     delta = s.token("log_ratio")
     return delta * delta
 
 
 @quantity("skyrl_k3")
-def _skyrl_k3(s: ChunkStats) -> torch.Tensor:  # exp(−x) − 1 + x, x = a − r (§6 k3)
+def _skyrl_k3(s: ChunkStats) -> Array:  # exp(−x) − 1 + x, x = a − r (§6 k3)
     delta = s.token("log_ratio")
     return token_expm1(-delta) + delta
 
 
 @quantity("clamped_log_ratio")
-def _clamped(s: ChunkStats) -> torch.Tensor:  # c = clamp20(δ): what §2 weights and §3 statistics see
+def _clamped(s: ChunkStats) -> Array:  # c = clamp20(δ): what §2 weights and §3 statistics see
     return clamp20(s.token("log_ratio"))
 
 
 @quantity("rs_k2")
-def _rs_k2(s: ChunkStats) -> torch.Tensor:  # §3 k2 = ½·c²
+def _rs_k2(s: ChunkStats) -> Array:  # §3 k2 = ½·c²
     clamped = s.token("clamped_log_ratio")
     return 0.5 * clamped * clamped
 
 
 @quantity("token_is_weight")
-def _token_is_weight(s: ChunkStats) -> torch.Tensor:
-    # §2 token-level w_raw = exp(c) (§8 token level too), with torch's exp as verl computes it: a weight at a
+def _token_is_weight(s: ChunkStats) -> Array:
+    # §2 token-level w_raw = exp(c) (§8 token level too), with torch's exp on tensors as verl computes it: a weight at a
     # truncation or IcePop bound falls on the same side as in verl
-    return torch.exp(s.token("clamped_log_ratio"))
+    return arrays.exp(s.token("clamped_log_ratio"))
 
 
 @quantity("rs_k3")
-def _rs_k3(s: ChunkStats) -> torch.Tensor:
+def _rs_k3(s: ChunkStats) -> Array:
     # §3 k3 = exp(c) − 1 − c, rounded as verl writes it (not expm1): a row value that sits exactly at a
     # rejection threshold must fall on the same side as in verl, in presets and in the sweep alike
-    return (s.token("token_is_weight") - 1.0).sub_(s.token("clamped_log_ratio"))  # one temporary, same rounding
+    weight, clamped = s.token("token_is_weight"), s.token("clamped_log_ratio")
+    if arrays.is_tensor(weight):
+        return (weight - 1.0).sub_(clamped)  # one temporary, same rounding
+    out = weight - 1.0
+    out -= clamped
+    return out
 
 
 @quantity("trainer_prob")
-def _trainer_prob(s: ChunkStats) -> torch.Tensor:
+def _trainer_prob(s: ChunkStats) -> Array:
     return token_exp(s.token("trainer"))
 
 
 @quantity("rollout_prob")
-def _rollout_prob(s: ChunkStats) -> torch.Tensor:
+def _rollout_prob(s: ChunkStats) -> Array:
     return token_exp(s.token("rollout"))
 
 
 @quantity("prob_diff")
-def _prob_diff(s: ChunkStats) -> torch.Tensor:  # |p_a − p_r| (§5)
-    return (s.token("trainer_prob") - s.token("rollout_prob")).abs()
+def _prob_diff(s: ChunkStats) -> Array:  # |p_a − p_r| (§5)
+    return abs(s.token("trainer_prob") - s.token("rollout_prob"))
 
 
 @quantity("rs_k1")
-def _rs_k1(s: ChunkStats) -> torch.Tensor:  # §3 k1 = −c
+def _rs_k1(s: ChunkStats) -> Array:  # §3 k1 = −c
     return -s.token("clamped_log_ratio")
 
 
@@ -141,7 +147,7 @@ class PerToken:
     token quantity these values are, if they are one; its cached segment sums and extrema then serve every
     reduction (a derived value, ``map``, has none)."""
 
-    values: torch.Tensor
+    values: Array
     by_row: bool = False
     name: str | None = None
 
@@ -150,7 +156,7 @@ class PerToken:
         """A token quantity of the engine as a PerToken that keeps its name."""
         return cls(s.token(name), name=name)
 
-    def map(self, function: Callable[[torch.Tensor], torch.Tensor]) -> PerToken:
+    def map(self, function: Callable[[Array], Array]) -> PerToken:
         return PerToken(function(self.values), self.by_row)
 
 
@@ -160,7 +166,7 @@ def stats(chunk: Chunk) -> ChunkStats:
     device-generic torch engine otherwise."""
     found = chunk.cache.get("stats")
     if found is None:
-        numba = chunk.engine == "numba" if chunk.engine is not None else kernel_for(chunk.device.type)
+        numba = chunk.engine == "numba" if chunk.engine is not None else kernel_for(chunk.device_type)
         engine = KernelStats if numba else ChunkStats
         found = chunk.cache["stats"] = engine(chunk)
     return found
@@ -184,9 +190,9 @@ def prepare(chunk: Chunk, quantities: tuple[str, ...] = SHARED_QUANTITIES) -> No
         s.segment_sum(name)
 
 
-def position_bucket(position: torch.Tensor) -> torch.Tensor:
+def position_bucket(position: Array) -> Array:
     """0 → 0, 1 → 1, 2–3 → 2, 4–7 → 3, …: the binary exponent (floor(log2 p) + 1 for p ≥ 1)."""
-    return torch.frexp(position.to(torch.float64)).exponent.to(torch.int64)
+    return arrays.frexp_exponent(position)
 
 
 class ChunkStats:
@@ -196,10 +202,10 @@ class ChunkStats:
 
     def __init__(self, chunk: Chunk) -> None:
         self.chunk = chunk
-        self._tokens: dict[str, torch.Tensor] = {}
-        self._sums: dict[str, torch.Tensor] = {}
-        self._maxima: dict[str, torch.Tensor] = {}
-        self._minima: dict[str, torch.Tensor] = {}
+        self._tokens: dict[str, Array] = {}
+        self._sums: dict[str, Array] = {}
+        self._maxima: dict[str, Array] = {}
+        self._minima: dict[str, Array] = {}
         self._memo: dict[Hashable, Any] = {}
         self._bounds: dict[str, float] = {}  # catastrophic token quantities: name -> |δ| bound
         self._within: dict[str, tuple[str, float]] = {}  # quantity where |δ| ≤ bound: name -> (quantity, bound)
@@ -212,17 +218,17 @@ class ChunkStats:
         return self._memo[key]
 
     # -- tokens ----------------------------------------------------------------------------------
-    def token(self, name: str) -> torch.Tensor:
+    def token(self, name: str) -> Array:
         value = self._tokens.get(name)
         if value is None:
             bound = self._bounds.get(name)
             if name in self._within:
                 quantity, limit = self._within[name]
-                value = torch.where(self.token("abs_log_ratio") <= limit, self.token(quantity), 0.0)
+                value = arrays.where(self.token("abs_log_ratio") <= limit, self.token(quantity), 0.0)
             elif bound is None:
                 value = TOKEN_QUANTITIES[name](self)
             else:
-                value = (self.token("abs_log_ratio") > bound).to(torch.float64)
+                value = arrays.float64(self.token("abs_log_ratio") > bound)
             self._tokens[name] = value
         return value
 
@@ -239,22 +245,22 @@ class ChunkStats:
         self._within[name] = (quantity, float(threshold))
         return name
 
-    def delta_histogram(self, delta_bin: Callable[[torch.Tensor], torch.Tensor], bins: int) -> torch.Tensor:
+    def delta_histogram(self, delta_bin: Callable[[Array], Array], bins: int) -> Array:
         """Counts [G, bins] of δ by ``delta_bin`` (metrics.localize) in each step group."""
         return self.group_bincount(delta_bin(self.token("log_ratio")), bins)
 
     @cached_property
     def model_tokens(self) -> int:
         """M: model tokens of the chunk."""
-        return int(self.chunk.model.row.numel())
+        return arrays.size(self.chunk.model.row)
 
-    def largest_tokens(self, name: str, floor: float) -> tuple[torch.Tensor | None, torch.Tensor]:
+    def largest_tokens(self, name: str, floor: float) -> tuple[Array | None, Array]:
         """(model-token indices, ascending; values) of the tokens whose quantity ``name`` is ≥ ``floor``; with a
         floor of −inf, (None, every token's value)."""
         values = self.token(name)
         if floor == -math.inf:
             return None, values
-        index = torch.nonzero(values >= floor, as_tuple=True)[0]
+        index = arrays.flatnonzero(values >= floor)
         return index, values[index]
 
     def token_locations(self, tokens: list[int]) -> list[tuple[int, int]]:
@@ -264,20 +270,22 @@ class ChunkStats:
 
     # -- segments --------------------------------------------------------------------------------
     @cached_property
-    def segment_starts(self) -> torch.Tensor:
+    def segment_starts(self) -> Array:
         """Index (into model tokens) of each segment's first token (int64 [S])."""
         model = self.chunk.model
         position, row = model.position, model.row
-        if position.numel() == 0:
-            return torch.zeros(0, dtype=torch.int64, device=position.device)
-        if position.device.type == "cpu":  # the same with numpy, 3× faster on the CPU
-            p, r = position.numpy(), row.numpy()
+        if arrays.size(position) == 0:
+            return arrays.zeros(0, position, "int64")
+        if self.chunk.device_type == "cpu":  # the same with numpy, 3× faster on the CPU
+            p, r = arrays.host(position), arrays.host(row)
             opens = np.empty(len(p), dtype=bool)
             opens[0] = True
             np.not_equal(r[1:], r[:-1], out=opens[1:])
             opens[1:] |= p[1:] != p[:-1] + 1
             opens |= (p & (p - 1)) == 0
-            return torch.from_numpy(np.flatnonzero(opens))
+            return arrays.like(np.flatnonzero(opens), position)
+        import torch  # a GPU chunk
+
         new = torch.ones_like(position, dtype=torch.bool)
         # A new segment where the row changes, a token was skipped (a new round), or p is a power of two.
         new[1:] = (row[1:] != row[:-1]) | (position[1:] != position[:-1] + 1)
@@ -285,59 +293,60 @@ class ChunkStats:
         return torch.nonzero(new, as_tuple=True)[0]
 
     @cached_property
-    def segment_length(self) -> torch.Tensor:
-        ends = torch.cat([self.segment_starts[1:], self.segment_starts.new_tensor([self.model_tokens])])
+    def segment_length(self) -> Array:
+        starts = self.segment_starts
+        ends = arrays.concat([starts[1:], arrays.full(1, self.model_tokens, starts, "int64")])
         return ends - self.segment_starts
 
     @cached_property
-    def segment_row(self) -> torch.Tensor:
+    def segment_row(self) -> Array:
         return self.chunk.model.row[self.segment_starts]
 
     @cached_property
-    def segment_bucket(self) -> torch.Tensor:
+    def segment_bucket(self) -> Array:
         return position_bucket(self.chunk.model.position[self.segment_starts])
 
     @cached_property
-    def segment_round(self) -> torch.Tensor:
+    def segment_round(self) -> Array:
         """Round index of each segment: rounds started so far in its row, minus one."""
         model = self.chunk.model
         starts = self.segment_starts
-        if starts.numel() == 0:
-            return starts.clone()
-        first_in_row = torch.ones_like(starts, dtype=torch.bool)
+        if arrays.size(starts) == 0:
+            return starts.copy() if not arrays.is_tensor(starts) else starts.clone()
+        first_in_row = arrays.ones(arrays.size(starts), starts, "bool")
         first_in_row[1:] = self.segment_row[1:] != self.segment_row[:-1]
-        gap = torch.ones_like(first_in_row)
+        gap = arrays.ones(arrays.size(starts), starts, "bool")
         gap[1:] = model.position[starts[1:]] != model.position[starts[1:] - 1] + 1
-        starts_round = (first_in_row | gap).to(torch.int64)
-        started = torch.cumsum(starts_round, 0)
-        row_base = torch.zeros(self.chunk.rows, dtype=torch.int64, device=starts.device)
+        starts_round = arrays.astype(first_in_row | gap, "int64")
+        started = arrays.cumsum(starts_round)
+        row_base = arrays.zeros(self.chunk.rows, starts, "int64")
         row_base[self.segment_row[first_in_row]] = started[first_in_row] - 1
         return started - 1 - row_base[self.segment_row]
 
     @cached_property
-    def rounds_per_row(self) -> torch.Tensor:
+    def rounds_per_row(self) -> Array:
         """Number of rounds (runs of model tokens) in each row (int64 [R]; 0 without model tokens)."""
-        out = torch.full((self.chunk.rows,), -1, dtype=torch.int64, device=self.chunk.device)
-        return out.scatter_reduce_(0, self.segment_row, self.segment_round, reduce="amax") + 1
+        out = arrays.full(self.chunk.rows, -1, self.segment_round, "int64")
+        return arrays.scatter_max(out, self.segment_row, self.segment_round) + 1
 
     @cached_property
-    def segment_group(self) -> torch.Tensor:
+    def segment_group(self) -> Array:
         return self.chunk.groups.row_group[self.segment_row]
 
-    def segment_sum(self, name: str) -> torch.Tensor:
+    def segment_sum(self, name: str) -> Array:
         """Σ of a token quantity over each segment (float64 [S])."""
         found = self._sums.get(name)
         if found is None:
             found = self._sums[name] = _reduce(self.token(name), self.segment_starts, self.segment_length, "sum")
         return found
 
-    def segment_max(self, name: str) -> torch.Tensor:
+    def segment_max(self, name: str) -> Array:
         found = self._maxima.get(name)
         if found is None:
             found = self._maxima[name] = _reduce(self.token(name), self.segment_starts, self.segment_length, "max")
         return found
 
-    def segment_min(self, name: str) -> torch.Tensor:
+    def segment_min(self, name: str) -> Array:
         found = self._minima.get(name)
         if found is None:
             found = self._minima[name] = _reduce(self.token(name), self.segment_starts, self.segment_length, "min")
@@ -345,12 +354,12 @@ class ChunkStats:
 
     # -- rows and step groups ----------------------------------------------------------------------
     @cached_property
-    def row_count(self) -> torch.Tensor:
+    def row_count(self) -> Array:
         """n_i: model tokens of each row (float64 [R])."""
-        out = torch.zeros(self.chunk.rows, dtype=torch.float64, device=self.chunk.device)
-        return out.index_add_(0, self.segment_row, self.segment_length.to(torch.float64))
+        out = arrays.zeros(self.chunk.rows, self.segment_length)
+        return arrays.index_add(out, self.segment_row, arrays.float64(self.segment_length))
 
-    def row_sum(self, name: str | PerToken) -> torch.Tensor:
+    def row_sum(self, name: str | PerToken) -> Array:
         """Σ over each row's model tokens (float64 [R]; 0 for a row without model tokens) of a token quantity (by
         name, cached) or a PerToken value (a bool one gives exact counts)."""
         name = _named(name)
@@ -359,42 +368,42 @@ class ChunkStats:
         key = f"row:{name}"
         found = self._sums.get(key)
         if found is None:
-            out = torch.zeros(self.chunk.rows, dtype=torch.float64, device=self.chunk.device)
-            found = self._sums[key] = out.index_add_(0, self.segment_row, self.segment_sum(name))
+            sums = self.segment_sum(name)
+            found = self._sums[key] = arrays.index_add(arrays.zeros(self.chunk.rows, sums), self.segment_row, sums)
         return found
 
-    def row_max(self, name: str) -> torch.Tensor:
+    def row_max(self, name: str) -> Array:
         """Max over each row's model tokens (-inf for a row without model tokens)."""
-        out = torch.full((self.chunk.rows,), -torch.inf, dtype=torch.float64, device=self.chunk.device)
-        return out.scatter_reduce_(0, self.segment_row, self.segment_max(name), reduce="amax")
+        maxima = self.segment_max(name)
+        return arrays.scatter_max(arrays.full(self.chunk.rows, -math.inf, maxima), self.segment_row, maxima)
 
-    def group_sum_rows(self, row_values: torch.Tensor) -> torch.Tensor:
+    def group_sum_rows(self, row_values: Array) -> Array:
         """Σ of per-row values over each step group of the chunk (float64 [G])."""
         groups = self.chunk.groups
-        out = torch.zeros(groups.count, dtype=torch.float64, device=row_values.device)
-        return out.index_add_(0, groups.row_group, row_values.to(torch.float64))
+        out = arrays.zeros(groups.count, row_values)
+        return arrays.index_add(out, groups.row_group, arrays.float64(row_values))
 
-    def group_sum(self, name: str | PerToken) -> torch.Tensor:
+    def group_sum(self, name: str | PerToken) -> Array:
         """Σ of a token quantity (by name) or a PerToken value over each step group's model tokens (float64 [G])."""
         name = _named(name)
         if isinstance(name, PerToken) and not name.by_row:
             return self._group_token_reduce(name.values, "sum")
         return self.group_sum_rows(self.row_sum(name))
 
-    def bucket_sum(self, segment_values: torch.Tensor, bucket: torch.Tensor, buckets: int) -> torch.Tensor:
+    def bucket_sum(self, segment_values: Array, bucket: Array, buckets: int) -> Array:
         """Σ of per-segment values into [G, buckets] by (step group, bucket)."""
         groups = self.chunk.groups.count
-        out = torch.zeros(groups * buckets, dtype=torch.float64, device=segment_values.device)
-        out.index_add_(0, self._bucket_index(bucket, buckets), segment_values.to(torch.float64))
-        return out.view(groups, buckets)
+        out = arrays.zeros(groups * buckets, segment_values)
+        arrays.index_add(out, self._bucket_index(bucket, buckets), arrays.float64(segment_values))
+        return out.reshape(groups, buckets)
 
-    def bucket_max(self, segment_values: torch.Tensor, bucket: torch.Tensor, buckets: int) -> torch.Tensor:
+    def bucket_max(self, segment_values: Array, bucket: Array, buckets: int) -> Array:
         groups = self.chunk.groups.count
-        out = torch.full((groups * buckets,), -torch.inf, dtype=torch.float64, device=segment_values.device)
-        out.scatter_reduce_(0, self._bucket_index(bucket, buckets), segment_values, reduce="amax")
-        return out.view(groups, buckets)
+        out = arrays.full(groups * buckets, -math.inf, segment_values)
+        arrays.scatter_max(out, self._bucket_index(bucket, buckets), segment_values)
+        return out.reshape(groups, buckets)
 
-    def _bucket_index(self, bucket: torch.Tensor, buckets: int) -> torch.Tensor:
+    def _bucket_index(self, bucket: Array, buckets: int) -> Array:
         """(step group, bucket) of each segment as one index; kept for the latest ``bucket`` tensor, since a family
         sums several quantities by the same buckets."""
         found = self._memo.get(("bucket index", buckets))
@@ -404,7 +413,7 @@ class ChunkStats:
         self._memo[("bucket index", buckets)] = (bucket, index)
         return index
 
-    def group_max(self, name: str | PerToken) -> torch.Tensor:
+    def group_max(self, name: str | PerToken) -> Array:
         """Max of a token quantity (by name) or a PerToken value over each step group's model tokens (-inf where a
         group has no model token)."""
         name = _named(name)
@@ -412,10 +421,10 @@ class ChunkStats:
             if name.by_row:
                 return self.group_max_rows(name.values, self.valid_rows)
             return self._group_token_reduce(name.values, "max")
-        out = torch.full((self.chunk.groups.count,), -torch.inf, dtype=torch.float64, device=self.chunk.device)
-        return out.scatter_reduce_(0, self.segment_group, self.segment_max(name), reduce="amax")
+        maxima = self.segment_max(name)
+        return arrays.scatter_max(arrays.full(self.chunk.groups.count, -math.inf, maxima), self.segment_group, maxima)
 
-    def group_moments(self, x_name: str | PerToken, y_name: str | None = None) -> torch.Tensor:
+    def group_moments(self, x_name: str | PerToken, y_name: str | None = None) -> Array:
         """Per step group [n, mean_x, mean_y, M2_x, M2_y, C_xy] over model tokens: means first, then centred sums.
         ``x_name`` is a token quantity or a PerToken value; without ``y_name`` the y slots are 0.
 
@@ -425,74 +434,75 @@ class ChunkStats:
         """
         x_name = _named(x_name)
         n = self.group_tokens
-        safe_n = n.clamp(min=1.0)
+        safe_n = arrays.clamp(n, lower=1.0)
         mean_x = self.group_sum(x_name) / safe_n
         if isinstance(x_name, PerToken) and x_name.by_row:  # Σ_i n_i·(v_i − mean)², over rows
             centred = x_name.values - mean_x[self.chunk.groups.row_group]
             m2_x = self.group_sum_rows(self.row_count * centred * centred)
-            zeros = torch.zeros_like(n)
-            return torch.stack([n, mean_x, zeros, m2_x, zeros, zeros], dim=-1)
+            zeros = arrays.zeros(arrays.size(n), n)
+            return arrays.stack([n, mean_x, zeros, m2_x, zeros, zeros], axis=-1)
         single = y_name is None
-        mean_y = torch.zeros_like(n) if single else self.group_sum(y_name) / safe_n
+        mean_y = arrays.zeros(arrays.size(n), n) if single else self.group_sum(y_name) / safe_n
         x = x_name.values if isinstance(x_name, PerToken) else self.token(x_name)
         same = y_name == x_name
         y = x if same or single else self.token(y_name)
         ranges = self.group_token_ranges
         if ranges is not None:
-            sums = torch.zeros((self.chunk.groups.count, 3), dtype=torch.float64, device=x.device)
+            sums = np.zeros((self.chunk.groups.count, 3))
             for group, (lo, hi) in enumerate(ranges):
                 if hi == lo:
                     continue
                 dx = x[lo:hi] - mean_x[group]
-                sums[group, 0] = torch.dot(dx, dx)
+                sums[group, 0] = arrays.dot(dx, dx)
                 if single:
                     continue
                 dy = dx if same else y[lo:hi] - mean_y[group]
-                sums[group, 1] = sums[group, 0] if same else torch.dot(dy, dy)
-                sums[group, 2] = sums[group, 0] if same else torch.dot(dx, dy)
-            m2_x, m2_y, c_xy = sums.unbind(dim=1)
+                sums[group, 1] = sums[group, 0] if same else arrays.dot(dy, dy)
+                sums[group, 2] = sums[group, 0] if same else arrays.dot(dx, dy)
+            on_device = arrays.like(sums, n)
+            m2_x, m2_y, c_xy = on_device[:, 0], on_device[:, 1], on_device[:, 2]
         else:
             dx = x - mean_x[self.token_group]
             m2_x = self._group_token_sum(dx * dx)
             if single:
-                m2_y = c_xy = torch.zeros_like(n)
+                m2_y = c_xy = arrays.zeros(arrays.size(n), n)
             else:
                 dy = dx if same else y - mean_y[self.token_group]
                 m2_y = m2_x if same else self._group_token_sum(dy * dy)
                 c_xy = m2_x if same else self._group_token_sum(dx * dy)
-        return torch.stack([n, mean_x, mean_y, m2_x, m2_y, c_xy], dim=-1)
+        return arrays.stack([n, mean_x, mean_y, m2_x, m2_y, c_xy], axis=-1)
 
     # -- rows and step groups of PerToken values (the correction families) ----------------------------
     @cached_property
-    def row_tokens(self) -> torch.Tensor:
+    def row_tokens(self) -> Array:
         """n_i as int64 [R]."""
-        return self.row_count.to(torch.int64)
+        return arrays.astype(self.row_count, "int64")
 
     @cached_property
-    def valid_rows(self) -> torch.Tensor:
+    def valid_rows(self) -> Array:
         """Rows with at least one model token, n_i > 0 (bool [R])."""
         return self.row_count > 0
 
     @cached_property
-    def group_tokens(self) -> torch.Tensor:
+    def group_tokens(self) -> Array:
         """N: model tokens of each step group (float64 [G])."""
         return self.group_sum_rows(self.row_count)
 
     @cached_property
-    def group_rows(self) -> torch.Tensor:
+    def group_rows(self) -> Array:
         """Rows of each step group (float64 [G])."""
-        return self.group_sum_rows(torch.ones(self.chunk.rows, dtype=torch.float64, device=self.chunk.device))
+        return self.group_sum_rows(arrays.ones(self.chunk.rows, self.row_count))
 
     @cached_property
-    def group_valid_rows(self) -> torch.Tensor:
+    def group_valid_rows(self) -> Array:
         """Rows with a model token in each step group (float64 [G])."""
         return self.group_sum_rows(self.valid_rows)
 
-    def row_mean(self, quantity: str | PerToken) -> torch.Tensor:
+    def row_mean(self, quantity: str | PerToken) -> Array:
         """R_i[x] = S_i[x] / (n_i + 1e-8) (Notation; 0 for an empty row)."""
         return row_mean(self.row_sum(quantity), self.row_count)
 
-    def rows_with(self, flags: PerToken) -> torch.Tensor:
+    def rows_with(self, flags: PerToken) -> Array:
         """Rows with at least one flagged model token (bool [R])."""
         if flags.by_row:
             return flags.values & self.valid_rows
@@ -505,61 +515,64 @@ class ChunkStats:
         row_flags, token_flags = (first, second) if first.by_row else (second, first)
         return PerToken(self.broadcast_rows(row_flags.values) & token_flags.values)
 
-    def broadcast_rows(self, row_values: torch.Tensor) -> torch.Tensor:
+    def broadcast_rows(self, row_values: Array) -> Array:
         """Each row's value at each of its model tokens [M]: rows are contiguous runs of model tokens, so a repeat
         (numpy's on the CPU: a block copy per row, no per-token index) rather than a gather."""
-        if row_values.device.type == "cpu":
-            return torch.from_numpy(np.repeat(row_values.numpy(), self.row_tokens.numpy()))
-        return torch.repeat_interleave(row_values, self.row_tokens, output_size=self.chunk.model.row.numel())
+        if self.chunk.device_type == "cpu":
+            return arrays.like(np.repeat(arrays.host(row_values), arrays.host(self.row_tokens)), row_values)
+        return arrays.repeat(row_values, self.row_tokens, arrays.size(self.chunk.model.row))
 
-    def group_min(self, quantity: str | PerToken) -> torch.Tensor:
+    def group_min(self, quantity: str | PerToken) -> Array:
         """Min of a token quantity (by name) or a PerToken value over each step group's model tokens (+inf where a
         group has none)."""
         quantity = _named(quantity)
         if isinstance(quantity, str):
-            out = torch.full((self.chunk.groups.count,), torch.inf, dtype=torch.float64, device=self.chunk.device)
-            return out.scatter_reduce_(0, self.segment_group, self.segment_min(quantity), reduce="amin")
+            minima = self.segment_min(quantity)
+            return arrays.scatter_min(
+                arrays.full(self.chunk.groups.count, math.inf, minima), self.segment_group, minima
+            )
         if quantity.by_row:
             return self.group_min_rows(quantity.values, self.valid_rows)
         return self._group_token_reduce(quantity.values, "min")
 
-    def group_max_rows(self, row_values: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    def group_max_rows(self, row_values: Array, rows: Array | None = None) -> Array:
         """Max of per-row values over each step group's rows, or over the rows flagged in ``rows`` (−inf where none)."""
-        values = row_values if rows is None else row_values.masked_fill(~rows, -torch.inf)
+        values = row_values if rows is None else arrays.where(rows, row_values, -math.inf)
         return segment_max(values, self.chunk.groups.row_group, self.chunk.groups.count)
 
-    def group_min_rows(self, row_values: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-        values = row_values if rows is None else row_values.masked_fill(~rows, torch.inf)
+    def group_min_rows(self, row_values: Array, rows: Array | None = None) -> Array:
+        values = row_values if rows is None else arrays.where(rows, row_values, math.inf)
         return segment_min(values, self.chunk.groups.row_group, self.chunk.groups.count)
 
-    def group_moments_rows(self, row_values: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    def group_moments_rows(self, row_values: Array, rows: Array | None = None) -> Array:
         """[n, mean, 0, M2, 0, 0] of per-row values over each step group's rows, or over the rows in ``rows``."""
         group = self.chunk.groups.row_group
         if rows is not None:
             row_values, group = row_values[rows], group[rows]
-        return segment_moments(row_values, torch.zeros_like(row_values), group, self.chunk.groups.count)
+        zeros = arrays.zeros(arrays.size(row_values), row_values)
+        return segment_moments(row_values, zeros, group, self.chunk.groups.count)
 
     @cached_property
-    def _filled_rows(self) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    def _filled_rows(self) -> tuple[Array | None, Array, Array]:
         """(rows with a model token, None when every row has one; their first model token; their lengths)."""
         lengths = self.row_tokens
-        starts = torch.cumsum(lengths, 0) - lengths
+        starts = arrays.cumsum(lengths) - lengths
         filled = lengths > 0
         if bool(filled.all()):
             return None, starts, lengths
         return filled, starts[filled], lengths[filled]
 
-    def _row_reduce(self, values: torch.Tensor, how: str) -> torch.Tensor:
+    def _row_reduce(self, values: Array, how: str) -> Array:
         """sum / max / min of a model-token tensor over each row; an empty row gets the identity (0, −inf, +inf)."""
         filled, starts, lengths = self._filled_rows
         reduced = _reduce(values, starts, lengths, how)
         if filled is None:
             return reduced
-        out = torch.full((self.chunk.rows,), _IDENTITY[how], dtype=torch.float64, device=values.device)
+        out = arrays.full(self.chunk.rows, _IDENTITY[how], reduced)
         out[filled] = reduced
         return out
 
-    def _group_token_reduce(self, values: torch.Tensor, how: str) -> torch.Tensor:
+    def _group_token_reduce(self, values: Array, how: str) -> Array:
         """sum / max / min of a model-token tensor over each step group: slice by slice where groups are contiguous
         runs of tokens, else through rows. A bool tensor sums to exact counts."""
         ranges = self.group_token_ranges
@@ -568,33 +581,30 @@ class ChunkStats:
             if how == "sum":
                 return self.group_sum_rows(per_row)
             return self.group_max_rows(per_row) if how == "max" else self.group_min_rows(per_row)
-        out = torch.full((self.chunk.groups.count,), _IDENTITY[how], dtype=torch.float64, device=values.device)
+        out = arrays.full(self.chunk.groups.count, _IDENTITY[how], values)
         for group, (lo, hi) in enumerate(ranges):
             if hi > lo:
                 out[group] = _reduce_slice(values[lo:hi], how)
         return out
 
-    def _group_token_sum(self, values: torch.Tensor) -> torch.Tensor:
+    def _group_token_sum(self, values: Array) -> Array:
         per_segment = _reduce(values, self.segment_starts, self.segment_length, "sum")
-        out = torch.zeros(self.chunk.groups.count, dtype=torch.float64, device=values.device)
-        return out.index_add_(0, self.segment_group, per_segment)
+        out = arrays.zeros(self.chunk.groups.count, per_segment)
+        return arrays.index_add(out, self.segment_group, per_segment)
 
-    def group_bincount(self, bins: torch.Tensor, size: int, weights: torch.Tensor | None = None) -> torch.Tensor:
+    def group_bincount(self, bins: Array, size: int, weights: Array | None = None) -> Array:
         """Histogram [G, size] of per-model-token bin indices in [0, size) by step group: token counts, or Σ of
         ``weights`` (float64). Contiguous step groups are counted slice by slice, without a per-token group index."""
         groups = self.chunk.groups.count
         ranges = self.group_token_ranges
 
-        def count(index: torch.Tensor, values: torch.Tensor | None, length: int) -> torch.Tensor:
-            return torch.bincount(index, weights=values, minlength=length).to(torch.float64)
-
         if groups == 1:
-            return count(bins, weights, size).view(1, size)
+            return arrays.bincount(bins, weights, size).reshape(1, size)
         if ranges is not None:
-            return torch.stack(
-                [count(bins[lo:hi], None if weights is None else weights[lo:hi], size) for lo, hi in ranges]
+            return arrays.stack(
+                [arrays.bincount(bins[lo:hi], None if weights is None else weights[lo:hi], size) for lo, hi in ranges]
             )
-        return count(self.token_group * size + bins, weights, groups * size).view(groups, size)
+        return arrays.bincount(self.token_group * size + bins, weights, groups * size).reshape(groups, size)
 
     @cached_property
     def group_token_ranges(self) -> list[tuple[int, int]] | None:
@@ -603,12 +613,13 @@ class ChunkStats:
         if groups.count == 1:
             return [(0, self.model_tokens)]
         row_group = groups.row_group
-        changes = torch.nonzero(row_group[1:] != row_group[:-1], as_tuple=True)[0] + 1
-        if changes.numel() != groups.count - 1:
+        changes = arrays.flatnonzero(row_group[1:] != row_group[:-1]) + 1
+        if arrays.size(changes) != groups.count - 1:
             return None
-        ends = torch.cumsum(self.row_count, 0).to(torch.int64)
-        first_rows = torch.cat([changes.new_zeros(1), changes])
-        bounds = torch.cat([ends.new_zeros(1), ends])[torch.cat([first_rows, changes.new_tensor([self.chunk.rows])])]
+        ends = arrays.astype(arrays.cumsum(self.row_count), "int64")
+        first_rows = arrays.concat([arrays.zeros(1, changes, "int64"), changes])
+        last = arrays.full(1, self.chunk.rows, changes, "int64")
+        bounds = arrays.concat([arrays.zeros(1, ends, "int64"), ends])[arrays.concat([first_rows, last])]
         ranges: list[tuple[int, int]] = [(0, 0)] * groups.count
         order = row_group[first_rows].tolist()
         edges = bounds.tolist()
@@ -617,7 +628,7 @@ class ChunkStats:
         return ranges
 
     @cached_property
-    def token_group(self) -> torch.Tensor:
+    def token_group(self) -> Array:
         """Step group of every model token (only built for the rare chunk that spans several steps)."""
         return self.chunk.groups.row_group[self.chunk.model.row]
 
@@ -633,21 +644,31 @@ _NUMPY_REDUCERS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
 _IDENTITY = {"sum": 0.0, "max": -np.inf, "min": np.inf}
 
 
-def _reduce(values: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, how: str) -> torch.Tensor:
+def _reduce(values: Array, starts: Array, lengths: Array, how: str) -> Array:
     """sum / max / min over contiguous non-empty segments: numpy's sequential reduceat on the CPU (5× faster
     than torch.segment_reduce there), segment_reduce on GPUs."""
-    if starts.numel() == 0:
-        return torch.zeros(0, dtype=torch.float64, device=values.device)
-    if values.device.type == "cpu":
-        if values.dtype == torch.bool and how == "sum":  # exact counts, summed over bytes (no float64 copy)
-            counts = np.add.reduceat(values.numpy().view(np.uint8), starts.numpy(), dtype=np.int64)
-            return torch.from_numpy(counts.astype(np.float64))
-        return torch.from_numpy(_NUMPY_REDUCERS[how].reduceat(values.to(torch.float64).numpy(), starts.numpy()))
+    if arrays.size(starts) == 0:
+        return arrays.zeros(0, values)
+    if not arrays.is_tensor(values) or values.device.type == "cpu":
+        host, first = arrays.host(values), arrays.host(starts)
+        if arrays.is_bool(values) and how == "sum":  # exact counts, summed over bytes (no float64 copy)
+            counts = np.add.reduceat(host.view(np.uint8), first, dtype=np.int64)
+            return arrays.like(counts.astype(np.float64), values)
+        return arrays.like(_NUMPY_REDUCERS[how].reduceat(host.astype(np.float64, copy=False), first), values)
+    import torch  # a GPU chunk
+
     return torch.segment_reduce(values.to(torch.float64), how, lengths=lengths)
 
 
-def _reduce_slice(values: torch.Tensor, how: str) -> torch.Tensor:
-    """sum / max / min of a non-empty run of values (0-dim float64); a bool run sums to an exact count."""
+def _reduce_slice(values: Array, how: str) -> Array | float:
+    """sum / max / min of a non-empty run of values (float64: 0-dim for a tensor); a bool run sums to an exact
+    count."""
+    if not arrays.is_tensor(values):
+        if how == "sum":
+            return float(np.count_nonzero(values)) if values.dtype == np.bool_ else float(values.sum(dtype=np.float64))
+        return float(values.max() if how == "max" else values.min())
+    import torch
+
     if how == "sum":
         if values.dtype == torch.bool and values.device.type == "cpu":
             return torch.tensor(float(np.count_nonzero(values.numpy())), dtype=torch.float64)
@@ -655,13 +676,13 @@ def _reduce_slice(values: torch.Tensor, how: str) -> torch.Tensor:
     return (values.max() if how == "max" else values.min()).to(torch.float64)
 
 
-def reduce_runs(values: torch.Tensor, lengths: torch.Tensor, how: str) -> torch.Tensor:
+def reduce_runs(values: Array, lengths: Array, how: str) -> Array:
     """sum / max / min of consecutive runs of ``values`` (e.g. rows of model tokens) with the given lengths;
     an empty run gets the identity (0, −inf, +inf)."""
-    out = torch.full((lengths.numel(),), _IDENTITY[how], dtype=torch.float64, device=values.device)
+    out = arrays.full(arrays.size(lengths), _IDENTITY[how], values)
     filled = lengths > 0
     if bool(filled.any()):
-        starts = torch.cumsum(lengths, 0) - lengths
+        starts = arrays.cumsum(lengths) - lengths
         out[filled] = _reduce(values, starts[filled], lengths[filled], how)
     return out
 
@@ -670,12 +691,17 @@ class KernelStats(ChunkStats):
     """The numba engine (CPU chunks): segments, and the segment sums / maxima / minima of every kernel quantity
     (``kernels/cpu.QUANTITIES``), catastrophic counts, centred moments and the δ histogram come from compiled passes
     over the chunk's raw arrays; model-token tensors are built only for what reads them (``token``), and a
-    quantity outside the kernel's is reduced by the torch engine's code. The same values as :class:`ChunkStats`."""
+    quantity outside the kernel's is reduced by the torch engine's code. The same values as :class:`ChunkStats`,
+    as arrays of the chunk's kind (numpy; CPU tensors where the caller reads tensors, ``DumpReader.chunks``)."""
+
+    def _out(self, values: np.ndarray) -> Array:
+        """A kernel's numpy result as the chunk's kind of array (zero-copy)."""
+        return arrays.like(values, self.chunk.trainer)
 
     @cached_property
     def _raw(self) -> tuple[np.ndarray, np.ndarray]:
         chunk = self.chunk
-        return np.ascontiguousarray(chunk.trainer.numpy()), np.ascontiguousarray(chunk.rollout.numpy())
+        return np.ascontiguousarray(arrays.host(chunk.trainer)), np.ascontiguousarray(arrays.host(chunk.rollout))
 
     @cached_property
     def _ahead(self) -> kernel_prepass.KernelPrepass | None:
@@ -689,7 +715,7 @@ class KernelStats(ChunkStats):
         """(raw start, model start, length, row, bucket, round) of each segment, int64 [S] each."""
         if self._ahead is not None:
             return self._ahead.layout
-        return kernel_prepass.layout(self.chunk.mask.numpy(), self.chunk.offsets.numpy())
+        return kernel_prepass.layout(arrays.host(self.chunk.mask), arrays.host(self.chunk.offsets))
 
     @cached_property
     def _fused(self) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, np.ndarray]]:
@@ -699,7 +725,7 @@ class KernelStats(ChunkStats):
             return self._ahead.reductions, self._ahead.hints
         trainer, rollout = self._raw
         return kernel_prepass.reductions(
-            trainer, rollout, self._layout, self.chunk.rows, self.segment_group.numpy(), self.chunk.groups.count
+            trainer, rollout, self._layout, self.chunk.rows, arrays.host(self.segment_group), self.chunk.groups.count
         )
 
     @property
@@ -712,57 +738,57 @@ class KernelStats(ChunkStats):
         return int(self._layout[2].sum())
 
     @cached_property
-    def segment_starts(self) -> torch.Tensor:
-        return torch.from_numpy(self._layout[1])
+    def segment_starts(self) -> Array:
+        return self._out(self._layout[1])
 
     @cached_property
-    def segment_length(self) -> torch.Tensor:
-        return torch.from_numpy(self._layout[2])
+    def segment_length(self) -> Array:
+        return self._out(self._layout[2])
 
     @cached_property
-    def segment_row(self) -> torch.Tensor:
-        return torch.from_numpy(self._layout[3])
+    def segment_row(self) -> Array:
+        return self._out(self._layout[3])
 
     @cached_property
-    def segment_bucket(self) -> torch.Tensor:
-        return torch.from_numpy(self._layout[4])
+    def segment_bucket(self) -> Array:
+        return self._out(self._layout[4])
 
     @cached_property
-    def segment_round(self) -> torch.Tensor:
-        return torch.from_numpy(self._layout[5])
+    def segment_round(self) -> Array:
+        return self._out(self._layout[5])
 
-    def largest_tokens(self, name: str, floor: float) -> tuple[torch.Tensor | None, torch.Tensor]:
+    def largest_tokens(self, name: str, floor: float) -> tuple[Array | None, Array]:
         if name != "abs_log_ratio" or floor == -math.inf:
             return super().largest_tokens(name, floor)
         trainer, rollout = self._raw
         raw, model, length, *_ = self._layout
-        largest = self.segment_max("abs_log_ratio").numpy()
+        largest = arrays.host(self.segment_max("abs_log_ratio"))
         index, values = compiled().tokens_at_least(trainer, rollout, raw, model, length, largest, floor)
-        return torch.from_numpy(index), torch.from_numpy(values)
+        return self._out(index), self._out(values)
 
     def token_locations(self, tokens: list[int]) -> list[tuple[int, int]]:
         raw, model, _, row, *_ = self._layout
         index = np.asarray(tokens, dtype=np.int64)
         segment = np.searchsorted(model, index, side="right") - 1
         rows = row[segment]
-        positions = raw[segment] + (index - model[segment]) - self.chunk.offsets.numpy()[rows]
+        positions = raw[segment] + (index - model[segment]) - arrays.host(self.chunk.offsets)[rows]
         return list(zip(rows.tolist(), positions.tolist(), strict=True))
 
-    def _kernel_sum(self, name: str) -> torch.Tensor | None:
+    def _kernel_sum(self, name: str) -> Array | None:
         if name == "rs_k1":  # Σ(−c) = −Σc exactly: negation is exact at every step of the sum
             found = self._kernel_sum("clamped_log_ratio")
             return None if found is None else -found
         column = compiled().COLUMN.get(name)
-        return None if column is None else torch.from_numpy(self._reductions[0][column])
+        return None if column is None else self._out(self._reductions[0][column])
 
-    def _kernel_extreme(self, name: str, largest: bool) -> torch.Tensor | None:
+    def _kernel_extreme(self, name: str, largest: bool) -> Array | None:
         if name == "rs_k1":  # max(−c) = −min(c), min(−c) = −max(c)
             found = self._kernel_extreme("clamped_log_ratio", not largest)
             return None if found is None else -found
         column = compiled().EXTREME.get(name)
-        return None if column is None else torch.from_numpy(self._reductions[1 if largest else 2][column])
+        return None if column is None else self._out(self._reductions[1 if largest else 2][column])
 
-    def segment_sum(self, name: str) -> torch.Tensor:
+    def segment_sum(self, name: str) -> Array:
         found = self._sums.get(name)
         if found is None:
             bound = self._bounds.get(name)
@@ -773,8 +799,8 @@ class KernelStats(ChunkStats):
             elif bound is not None:
                 trainer, rollout = self._raw
                 raw, _, length, *_ = self._layout
-                largest = self.segment_max("abs_log_ratio").numpy()
-                found = torch.from_numpy(compiled().segment_count_above(trainer, rollout, raw, length, largest, bound))
+                largest = arrays.host(self.segment_max("abs_log_ratio"))
+                found = self._out(compiled().segment_count_above(trainer, rollout, raw, length, largest, bound))
             else:
                 found = self._kernel_sum(name)
                 if found is None:
@@ -782,27 +808,27 @@ class KernelStats(ChunkStats):
             self._sums[name] = found
         return found
 
-    def _kept_sums(self, bound: float) -> dict[str, torch.Tensor]:
+    def _kept_sums(self, bound: float) -> dict[str, Array]:
         """Segment sums of k3 and of the χ² term over the tokens with |δ| ≤ bound. A segment without a catastrophic
         token keeps the fused pass's sums; the few segments with one are summed again from their tokens, with the
         torch engine's formulas and reduceat's order, so both engines give the same digits."""
-        k3, chi2 = self.segment_sum("k3").clone(), self.segment_sum("chi2_term").clone()
-        affected = np.flatnonzero(self.segment_sum(self.catastrophic(bound)).numpy() > 0)
+        k3, chi2 = (arrays.host(self.segment_sum(name)).copy() for name in ("k3", "chi2_term"))
+        affected = np.flatnonzero(arrays.host(self.segment_sum(self.catastrophic(bound))) > 0)
         if affected.size:
             trainer, rollout = self._raw
             raw, _, length, *_ = self._layout
             lengths = length[affected]
             firsts = np.cumsum(lengths) - lengths  # each affected segment's first token in the gathered run
             index = np.repeat(raw[affected] - firsts, lengths) + np.arange(int(lengths.sum()))
-            delta = torch.from_numpy(trainer[index] - rollout[index])
-            kept = delta.abs() <= bound
-            k3_terms = torch.where(kept, token_expm1(delta) - delta, 0.0)
-            chi2_terms = torch.where(kept, token_exp(clamp20(delta) * 2.0), 0.0)
-            k3[affected] = torch.from_numpy(np.add.reduceat(k3_terms.numpy(), firsts))
-            chi2[affected] = torch.from_numpy(np.add.reduceat(chi2_terms.numpy(), firsts))
-        return {self.within("k3", bound): k3, self.within("chi2_term", bound): chi2}
+            delta = self._out(trainer[index] - rollout[index])  # the chunk's kind: the exps the torch engine takes
+            kept = abs(delta) <= bound
+            k3_terms = arrays.host(arrays.where(kept, token_expm1(delta) - delta, 0.0))
+            chi2_terms = arrays.host(arrays.where(kept, token_exp(clamp20(delta) * 2.0), 0.0))
+            k3[affected] = np.add.reduceat(k3_terms, firsts)
+            chi2[affected] = np.add.reduceat(chi2_terms, firsts)
+        return {self.within("k3", bound): self._out(k3), self.within("chi2_term", bound): self._out(chi2)}
 
-    def segment_max(self, name: str) -> torch.Tensor:
+    def segment_max(self, name: str) -> Array:
         found = self._maxima.get(name)
         if found is None:
             found = self._kernel_extreme(name, largest=True)
@@ -811,7 +837,7 @@ class KernelStats(ChunkStats):
             self._maxima[name] = found
         return found
 
-    def segment_min(self, name: str) -> torch.Tensor:
+    def segment_min(self, name: str) -> Array:
         found = self._minima.get(name)
         if found is None:
             found = self._kernel_extreme(name, largest=False)
@@ -820,17 +846,17 @@ class KernelStats(ChunkStats):
             self._minima[name] = found
         return found
 
-    def group_moments(self, x_name: str | PerToken, y_name: str | None = None) -> torch.Tensor:
+    def group_moments(self, x_name: str | PerToken, y_name: str | None = None) -> Array:
         x_name = _named(x_name)
         columns = compiled().COLUMN
         if not isinstance(x_name, str) or x_name not in columns or (y_name is not None and y_name not in columns):
             return super().group_moments(x_name, y_name)
         if (x_name, y_name) in MOMENT_PAIRS:  # from the fused pass
-            return torch.from_numpy(self._reductions[3][:, MOMENT_PAIRS.index((x_name, y_name))].copy())
+            return self._out(self._reductions[3][:, MOMENT_PAIRS.index((x_name, y_name))].copy())
         n = self.group_tokens
-        safe_n = n.clamp(min=1.0)
+        safe_n = arrays.clamp(n, lower=1.0)
         mean_x = self.group_sum(x_name) / safe_n
-        mean_y = torch.zeros_like(n) if y_name is None else self.group_sum(y_name) / safe_n
+        mean_y = arrays.zeros(arrays.size(n), n) if y_name is None else self.group_sum(y_name) / safe_n
         trainer, rollout = self._raw
         raw, _, length, *_ = self._layout
         centred = compiled().group_centred(
@@ -838,26 +864,26 @@ class KernelStats(ChunkStats):
             rollout,
             raw,
             length,
-            self.segment_group.numpy(),
+            arrays.host(self.segment_group),
             self.chunk.groups.count,
             columns[x_name],
             -1 if y_name is None else columns[y_name],
-            mean_x.numpy(),
-            mean_y.numpy(),
+            arrays.host(mean_x),
+            arrays.host(mean_y),
         )
-        m2_x, m2_y, c_xy = torch.from_numpy(centred).unbind(dim=1)
-        return torch.stack([n, mean_x, mean_y, m2_x, m2_y, c_xy], dim=-1)
+        centred = self._out(centred)
+        return arrays.stack([n, mean_x, mean_y, centred[:, 0], centred[:, 1], centred[:, 2]], axis=-1)
 
-    def hint_rows(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    def hint_rows(self) -> tuple[dict[str, Array], Array]:
         """The token patterns of metrics.hints (``kernels.cpu.HINT_COLUMNS``, per row) and the rollout-probability
         buckets [G, B, 4] of [tokens, Σ|δ|, Σy, Σy²], from the fused pass with the hint constants of
         ``kernels/prepass.py``."""
         per_row, buckets = self._fused[1]
-        columns = torch.from_numpy(per_row)
+        columns = self._out(per_row)
         names = compiled().HINT_COLUMNS
-        return {name: columns[:, index] for index, name in enumerate(names)}, torch.from_numpy(buckets)
+        return {name: columns[:, index] for index, name in enumerate(names)}, self._out(buckets)
 
-    def delta_histogram(self, delta_bin: Callable[[torch.Tensor], torch.Tensor], bins: int) -> torch.Tensor:
+    def delta_histogram(self, delta_bin: Callable[[Array], Array], bins: int) -> Array:
         if bins != 2 * (EXPONENT_MAX - EXPONENT_MIN) + 1 or delta_bin.__module__ != "rollout_diag.metrics.localize":
             return super().delta_histogram(delta_bin, bins)
-        return torch.from_numpy(self._reductions[4])
+        return self._out(self._reductions[4])

@@ -13,10 +13,11 @@ defaults: level token, action mask, metric ratio, upper 5.0, lower None), commit
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
-import torch
-
+from rollout_diag import arrays
+from rollout_diag.arrays import Array
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float
 from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, row_extreme
@@ -28,30 +29,30 @@ UPPER = 5.0  # RejectionSamplingConfig.upper default (the old behave_imp_weight_
 
 
 @quantity("areal_kept")
-def _kept(s: ChunkStats) -> torch.Tensor:  # 1 where exp(δ) ≤ upper: the token survives rejection
-    return (torch.exp(s.token("log_ratio")) <= UPPER).to(torch.float64)
+def _kept(s: ChunkStats) -> Array:  # 1 where exp(δ) ≤ upper: the token survives rejection
+    return arrays.float64(arrays.exp(s.token("log_ratio")) <= UPPER)
 
 
 @quantity("areal_kept_log_ratio")
-def _kept_log_ratio(s: ChunkStats) -> torch.Tensor:
+def _kept_log_ratio(s: ChunkStats) -> Array:
     return s.token("log_ratio") * s.token("areal_kept")
 
 
 @quantity("areal_kept_weight")
-def _kept_weight(s: ChunkStats) -> torch.Tensor:
-    return torch.exp(s.token("log_ratio")) * s.token("areal_kept")
+def _kept_weight(s: ChunkStats) -> Array:
+    return arrays.exp(s.token("log_ratio")) * s.token("areal_kept")
 
 
 def _only_kept(value: str, fill: float):
-    def compute(s: ChunkStats) -> torch.Tensor:
-        return torch.where(s.token("areal_kept") > 0, s.token(value), fill)
+    def compute(s: ChunkStats) -> Array:
+        return arrays.where(s.token("areal_kept") > 0, s.token(value), fill)
 
     return compute
 
 
 for _value, _base in (("log_ratio", "log_ratio"), ("weight", "exp_log_ratio")):
-    quantity(f"areal_{_value}_for_max")(_only_kept(_base, -torch.inf))
-    quantity(f"areal_{_value}_for_min")(_only_kept(_base, torch.inf))
+    quantity(f"areal_{_value}_for_max")(_only_kept(_base, -math.inf))
+    quantity(f"areal_{_value}_for_min")(_only_kept(_base, math.inf))
 
 
 class ArealAccumulator(StepAccumulator):
@@ -68,7 +69,7 @@ class ArealAccumulator(StepAccumulator):
         "weight_min": "min",
     }
 
-    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
+    def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)
         return {
             "tokens": by_step(s, s.row_count),

@@ -8,12 +8,13 @@ over float64 sufficient statistics, like every other family) and a :class:`Frame
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import torch
-
+from rollout_diag import arrays
+from rollout_diag.arrays import Array
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import segment_max, segment_min, segment_sum
 from rollout_diag.metrics.segments import ChunkStats, quantity
@@ -53,48 +54,48 @@ class Framework:
 
 
 @quantity("exp_log_ratio")
-def _exp_log_ratio(s: ChunkStats) -> torch.Tensor:  # exp(δ), unclamped (ROLL, AReaL)
-    return torch.exp(s.token("log_ratio"))
+def _exp_log_ratio(s: ChunkStats) -> Array:  # exp(δ), unclamped (ROLL, AReaL)
+    return arrays.exp(s.token("log_ratio"))
 
 
 # Reductions built only on the stable per-chunk API (``stats``: ``token``, ``row_sum``, ``row_count``) and the
 # chunk's own row / step-group indices, so that the segment machinery can change underneath.
-def token_group(s: ChunkStats) -> torch.Tensor:
+def token_group(s: ChunkStats) -> Array:
     """Step group of every model token (int64 [M])."""
     return s.token_group
 
 
-def row_extreme(s: ChunkStats, name: str, how: str) -> torch.Tensor:
+def row_extreme(s: ChunkStats, name: str, how: str) -> Array:
     """Max (``how="amax"``) or min (``"amin"``) of a token quantity over each row (∓inf for an empty row)."""
-    fill = -torch.inf if how == "amax" else torch.inf
-    out = torch.full((s.chunk.rows,), fill, dtype=torch.float64, device=s.chunk.device)
-    return out.scatter_reduce_(0, s.chunk.model.row, s.token(name).to(torch.float64), reduce=how)
+    values = arrays.float64(s.token(name))
+    if how == "amax":
+        return arrays.scatter_max(arrays.full(s.chunk.rows, -math.inf, values), s.chunk.model.row, values)
+    return arrays.scatter_min(arrays.full(s.chunk.rows, math.inf, values), s.chunk.model.row, values)
 
 
-def by_step(s: ChunkStats, row_values: torch.Tensor, how: str = "sum") -> torch.Tensor:
+def by_step(s: ChunkStats, row_values: Array, how: str = "sum") -> Array:
     """Σ / max / min of per-row values over each step group of the chunk (float64 [G])."""
     groups = s.chunk.groups
     reducer = {"sum": segment_sum, "max": segment_max, "min": segment_min}[how]
-    return reducer(row_values.to(torch.float64), groups.row_group, groups.count)
+    return reducer(arrays.float64(row_values), groups.row_group, groups.count)
 
 
-def token_moments(s: ChunkStats, name: str) -> torch.Tensor:
+def token_moments(s: ChunkStats, name: str) -> Array:
     """Per step group [n, mean, mean, M2, M2, M2] of a token quantity (the ``moments`` layout of base.py):
     the mean first, then centred squares, so that values far from zero (ratios near 1) keep their variance."""
     return s.group_moments(name, name)
 
 
-def round_sums(s: ChunkStats, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def round_sums(s: ChunkStats, name: str) -> tuple[Array, Array, Array]:
     """(Σ of a token quantity, token count, row) of every round: a maximal run of model tokens within a row."""
     model = s.chunk.model
     row, position = model.row, model.position
-    if row.numel() == 0:
-        empty = torch.zeros(0, dtype=torch.float64, device=row.device)
-        return empty, empty.clone(), row.clone()
-    starts = torch.ones_like(row, dtype=torch.bool)
+    if arrays.size(row) == 0:
+        return arrays.zeros(0, row), arrays.zeros(0, row), row[:0]
+    starts = arrays.ones(arrays.size(row), row, "bool")
     starts[1:] = (row[1:] != row[:-1]) | (position[1:] != position[:-1] + 1)
-    round_id = torch.cumsum(starts.to(torch.int64), 0) - 1
+    round_id = arrays.cumsum(arrays.astype(starts, "int64")) - 1
     count = int(round_id[-1]) + 1
     sums = segment_sum(s.token(name), round_id, count)
-    lengths = segment_sum(torch.ones_like(row, dtype=torch.float64), round_id, count)
+    lengths = segment_sum(arrays.ones(arrays.size(row), row), round_id, count)
     return sums, lengths, row[starts]

@@ -20,8 +20,8 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
-import torch
-
+from rollout_diag import arrays
+from rollout_diag.arrays import Array
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import EPS, State, StepAccumulator, as_float
 from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step
@@ -36,23 +36,23 @@ LN2 = math.log(2.0)
 
 
 @quantity("exp_abs_log_ratio")
-def _exp_abs_log_ratio(s: ChunkStats) -> torch.Tensor:  # exp(|a − r|): NeMo-RL's multiplicative probability error
-    return torch.exp(s.token("abs_log_ratio"))
+def _exp_abs_log_ratio(s: ChunkStats) -> Array:  # exp(|a − r|): NeMo-RL's multiplicative probability error
+    return arrays.exp(s.token("abs_log_ratio"))
 
 
 @quantity("nemo_is_weight")
-def _is_weight(s: ChunkStats) -> torch.Tensor:  # nan_to_num(exp(a − r), posinf=0): an overflow weighs 0
-    weight = torch.exp(s.token("log_ratio"))
-    return torch.where(torch.isfinite(weight), weight, torch.zeros_like(weight))
+def _is_weight(s: ChunkStats) -> Array:  # nan_to_num(exp(a − r), posinf=0): an overflow weighs 0
+    weight = arrays.exp(s.token("log_ratio"))
+    return arrays.where(arrays.isfinite(weight), weight, 0.0)
 
 
 @quantity("nemo_js")
-def _js(s: ChunkStats) -> torch.Tensor:
+def _js(s: ChunkStats) -> Array:
     # ½·k3(a − m) + ½·k3(r − m) with m = log(½e^a + ½e^r), k3(x) = e^x − x − 1 (loss_functions.py, JSD)
     trainer, rollout = s.token("trainer"), s.token("rollout")
-    mixture = torch.logaddexp(trainer, rollout) - LN2
+    mixture = arrays.logaddexp(trainer, rollout) - LN2
     to_trainer, to_rollout = trainer - mixture, rollout - mixture
-    return 0.5 * (torch.expm1(to_trainer) - to_trainer) + 0.5 * (torch.expm1(to_rollout) - to_rollout)
+    return 0.5 * (arrays.expm1(to_trainer) - to_trainer) + 0.5 * (arrays.expm1(to_rollout) - to_rollout)
 
 
 TOKEN_MEANS = {
@@ -76,17 +76,17 @@ class NemoRLAccumulator(StepAccumulator):
         "seq_min": "min",
     }
 
-    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
+    def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)
         n = s.row_count
         valid = n > 0
         out = {"tokens": by_step(s, n), **{name: by_step(s, s.row_sum(token)) for name, token in TOKEN_MEANS.items()}}
         # per sequence: Σ exp|δ| / max(n_i, 1) over valid sequences only (an empty one would drag the min to 0)
-        per_row = s.row_sum("exp_abs_log_ratio") / n.clamp(min=1.0)
-        out["valid_rows"] = by_step(s, valid.to(torch.float64))
-        out["seq_sum"] = by_step(s, torch.where(valid, per_row, 0.0))
-        out["seq_max"] = by_step(s, torch.where(valid, per_row, -torch.inf), "max")
-        out["seq_min"] = by_step(s, torch.where(valid, per_row, torch.inf), "min")
+        per_row = s.row_sum("exp_abs_log_ratio") / arrays.clamp(n, lower=1.0)
+        out["valid_rows"] = by_step(s, arrays.float64(valid))
+        out["seq_sum"] = by_step(s, arrays.where(valid, per_row, 0.0))
+        out["seq_max"] = by_step(s, arrays.where(valid, per_row, -math.inf), "max")
+        out["seq_min"] = by_step(s, arrays.where(valid, per_row, math.inf), "min")
         return out
 
     def _finalize(self, state: State) -> dict[str, float]:

@@ -9,15 +9,13 @@ tokens across micro-batches) and ``openrlhf/utils/logging_utils.py`` (logged as 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
+from rollout_diag.arrays import Array
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float
 from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step
 from rollout_diag.metrics.segments import stats
-
-if TYPE_CHECKING:
-    import torch  # annotations only
 
 NAME = "train/vllm_kl"
 
@@ -27,7 +25,7 @@ class OpenRLHFAccumulator(StepAccumulator):
 
     REDUCTIONS: ClassVar[dict[str, str]] = {"tokens": "sum", "reverse_sum": "sum"}
 
-    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
+    def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)
         # Σ m·(r − a) = −Σ m·δ exactly (negation is exact in floating point)
         return {"tokens": by_step(s, s.row_count), "reverse_sum": -by_step(s, s.row_sum("log_ratio"))}

@@ -30,8 +30,9 @@ import math
 from typing import Any, ClassVar
 
 import numpy as np
-import torch
 
+from rollout_diag import arrays
+from rollout_diag.arrays import Array
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float, merge_moments, segment_moments, segment_sum
 from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, row_extreme, token_moments
@@ -55,7 +56,7 @@ SAMPLE_METRICS = (
 STATISTICS = ("mean", "std", "min", "max")
 
 
-def advantages(chunk: Chunk) -> torch.Tensor | None:
+def advantages(chunk: Chunk) -> Array | None:
     """The chunk's per-row advantages (float64 [R], NaN where null), or None when it carries none (text, or
     only nulls)."""
     for name in ADVANTAGE_COLUMNS:
@@ -75,7 +76,7 @@ def advantages(chunk: Chunk) -> torch.Tensor | None:
             array = np.array([math.nan if item is None else float(item) for item in items], dtype=np.float64)
         if np.isnan(array).all():
             return None
-        return torch.as_tensor(array, dtype=torch.float64, device=chunk.device)
+        return arrays.like(array, chunk.trainer)
     return None
 
 
@@ -97,7 +98,7 @@ class PrimeRLAccumulator(StepAccumulator):
         **{name + "_min": "min" for name in SAMPLE_METRICS},
     }
 
-    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
+    def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)
         out = {
             "k3": token_moments(s, "k3"),  # exp(δ) − δ − 1 (expm1 form: the same value, rounded better near 0)
@@ -107,18 +108,19 @@ class PrimeRLAccumulator(StepAccumulator):
         advantage = advantages(chunk)
         groups = chunk.groups
         if advantage is None:  # no sample enters: empty moments, max −inf, min +inf
-            empty = torch.zeros((groups.count, 6), dtype=torch.float64, device=chunk.device)
+            empty = np.zeros((groups.count, 6))
             for name in SAMPLE_METRICS:
                 out[name] = empty
-                out[name + "_max"] = torch.full((groups.count,), -math.inf, dtype=torch.float64, device=chunk.device)
-                out[name + "_min"] = torch.full((groups.count,), math.inf, dtype=torch.float64, device=chunk.device)
+                out[name + "_max"] = np.full(groups.count, -math.inf)
+                out[name + "_min"] = np.full(groups.count, math.inf)
             return out
-        sample = ~torch.isnan(advantage)  # a row without an advantage is no sample of these statistics
+        sample = ~arrays.isnan(advantage)  # a row without an advantage is no sample of these statistics
         for name, values in per_sample(s, advantage).items():
             kept = values[sample]
-            out[name] = segment_moments(kept, torch.zeros_like(kept), groups.row_group[sample], groups.count)
-            out[name + "_max"] = by_step(s, torch.where(sample, values, -math.inf), "max")
-            out[name + "_min"] = by_step(s, torch.where(sample, values, math.inf), "min")
+            zeros = arrays.zeros(arrays.size(kept), kept)
+            out[name] = segment_moments(kept, zeros, groups.row_group[sample], groups.count)
+            out[name + "_max"] = by_step(s, arrays.where(sample, values, -math.inf), "max")
+            out[name + "_min"] = by_step(s, arrays.where(sample, values, math.inf), "min")
         return out
 
     def _finalize(self, state: State) -> dict[str, float]:
@@ -140,32 +142,33 @@ def _extremes(state: State, name: str) -> tuple[float, float]:
     return as_float(state[name + "_min"]), as_float(state[name + "_max"])
 
 
-def per_sample(s: Any, advantage: torch.Tensor) -> dict[str, torch.Tensor]:
+def per_sample(s: Any, advantage: Array) -> dict[str, Array]:
     """default_loss_fn's per-sample values (float64 [R]) with the rows' advantages over their model tokens."""
     chunk = s.chunk
     row = chunk.model.row
     trainer, rollout = s.token("trainer"), s.token("rollout")
-    probs_diff = torch.exp(trainer) - torch.exp(rollout)
+    probs_diff = arrays.exp(trainer) - arrays.exp(rollout)
     high, low = probs_diff > DPPO_MASK_HIGH, probs_diff < -DPPO_MASK_LOW
     a = advantage[row]
     positive, negative = a > 0, a < 0
-    masked = torch.where(positive, high, low)
+    masked = arrays.where(positive, high, low)
     k3 = s.token("k3")
 
-    def rows_sum(values: torch.Tensor) -> torch.Tensor:
-        return segment_sum(values.to(torch.float64), row, chunk.rows)
+    def rows_sum(values: Array) -> Array:
+        return segment_sum(arrays.float64(values), row, chunk.rows)
 
-    n = rows_sum(torch.ones_like(k3))
+    n = rows_sum(arrays.ones(arrays.size(k3), k3))
     n_masked = rows_sum(masked)
+    safe_n, safe_masked = arrays.clamp(n, lower=1.0), arrays.clamp(n_masked, lower=1.0)
     return {
-        "masked_mismatch_kl": rows_sum(torch.where(masked, k3, 0.0)) / n_masked.clamp(min=1.0),
-        "unmasked_mismatch_kl": rows_sum(torch.where(masked, 0.0, k3)) / (n - n_masked).clamp(min=1.0),
-        "is_masked": n_masked / n.clamp(min=1.0),
-        "is_masked_low": rows_sum(negative & low) / n.clamp(min=1.0),
-        "is_masked_high": rows_sum(positive & high) / n.clamp(min=1.0),
+        "masked_mismatch_kl": rows_sum(arrays.where(masked, k3, 0.0)) / safe_masked,
+        "unmasked_mismatch_kl": rows_sum(arrays.where(masked, 0.0, k3)) / arrays.clamp(n - n_masked, lower=1.0),
+        "is_masked": n_masked / safe_n,
+        "is_masked_low": rows_sum(negative & low) / safe_n,
+        "is_masked_high": rows_sum(positive & high) / safe_n,
         # _safe_mean(advantages > 0, drop_mask), drop_mask = loss_mask & is_masked
-        "masked_advantage_positive": rows_sum(masked & positive) / n_masked.clamp(min=1.0),
-        "masked_advantage_negative": rows_sum(masked & negative) / n_masked.clamp(min=1.0),
+        "masked_advantage_positive": rows_sum(masked & positive) / safe_masked,
+        "masked_advantage_negative": rows_sum(masked & negative) / safe_masked,
     }
 
 
@@ -184,19 +187,19 @@ class EnvironmentAccumulator:
         if not labels:
             return
         code = {label: index for index, label in enumerate(labels)}
-        row_env = torch.tensor([-1 if env is None else code[str(env)] for env in envs], dtype=torch.int64)
+        row_env = np.array([-1 if env is None else code[str(env)] for env in envs], dtype=np.int64)
         s = stats(chunk)
-        k3 = s.token("k3").to(torch.float64).cpu()
-        row = chunk.model.row.cpu()
+        k3 = arrays.host(arrays.float64(s.token("k3")))  # on the host: a few values per step and environment
+        row = arrays.host(chunk.model.row)
         token_env = row_env[row]
-        token_group = chunk.groups.row_group.cpu()[row]
+        token_group = arrays.host(chunk.groups.row_group)[row]
         known = token_env >= 0
         key = token_group[known] * len(labels) + token_env[known]
         values = k3[known]
         count = chunk.groups.count * len(labels)
-        moments = segment_moments(values, torch.zeros_like(values), key, count).numpy()
-        high = torch.full((count,), -math.inf, dtype=torch.float64).scatter_reduce_(0, key, values, "amax").numpy()
-        low = torch.full((count,), math.inf, dtype=torch.float64).scatter_reduce_(0, key, values, "amin").numpy()
+        moments = segment_moments(values, np.zeros_like(values), key, count)
+        high = arrays.scatter_max(np.full(count, -math.inf), key, values)
+        low = arrays.scatter_min(np.full(count, math.inf), key, values)
         for group, step in enumerate(chunk.groups.steps):
             for label, env in code.items():
                 at = group * len(labels) + env

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import torch
-
+from rollout_diag import arrays
+from rollout_diag.arrays import Array
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import EPS, State, StepAccumulator, as_float, segment_sum
 from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, round_sums
@@ -26,7 +26,7 @@ LEVELS = ("token", "geometric", "sequence", "segment")
 
 
 @quantity("signed_prob_diff")
-def _signed_prob_diff(s: ChunkStats) -> torch.Tensor:  # exp(a) − exp(r)
+def _signed_prob_diff(s: ChunkStats) -> Array:  # exp(a) − exp(r)
     return s.token("trainer_prob") - s.token("rollout_prob")
 
 
@@ -43,33 +43,33 @@ class ROLLAccumulator(StepAccumulator):
         **{f"{kind}_{level}": "sum" for kind in ("ratio", "diff") for level in LEVELS},
     }
 
-    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
+    def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)
         n = s.row_count
         denominator = n + EPS  # masked_mean over the row
 
-        def broadcast_mean(per_row: torch.Tensor) -> torch.Tensor:  # a row constant broadcast, then masked_mean
+        def broadcast_mean(per_row: Array) -> Array:  # a row constant broadcast, then masked_mean
             return per_row * n / denominator
 
         delta_sum, diff_sum = s.row_sum("log_ratio"), s.row_sum("signed_prob_diff")
-        rows: dict[str, torch.Tensor] = {
+        rows: dict[str, Array] = {
             "ratio_token": s.row_sum("exp_log_ratio") / denominator,
-            "ratio_geometric": broadcast_mean(torch.exp(delta_sum / denominator)),
-            "ratio_sequence": broadcast_mean(torch.exp(delta_sum)),
-            "ratio_segment": self._segment(s, "log_ratio", torch.exp) / denominator,
+            "ratio_geometric": broadcast_mean(arrays.exp(delta_sum / denominator)),
+            "ratio_sequence": broadcast_mean(arrays.exp(delta_sum)),
+            "ratio_segment": self._segment(s, "log_ratio", arrays.exp) / denominator,
             "diff_token": diff_sum / denominator,
             "diff_geometric": broadcast_mean(diff_sum / denominator),
             "diff_sequence": broadcast_mean(diff_sum),
             "diff_segment": self._segment(s, "signed_prob_diff", lambda mean: mean) / denominator,
         }
-        valid = (n > 0).to(torch.float64)  # seq-mean-token-mean weighs only rows with a masked token
-        out = {name: by_step(s, torch.where(n > 0, values, 0.0)) for name, values in rows.items()}
+        valid = arrays.float64(n > 0)  # seq-mean-token-mean weighs only rows with a masked token
+        out = {name: by_step(s, arrays.where(n > 0, values, 0.0)) for name, values in rows.items()}
         out["valid_rows"] = by_step(s, valid)
         out["tokens"] = by_step(s, n)
         return out
 
     @staticmethod
-    def _segment(s: ChunkStats, name: str, transform) -> torch.Tensor:
+    def _segment(s: ChunkStats, name: str, transform) -> Array:
         """Σ over a row's segments of length × transform(segment mean), the segment mean being Σ/(len + 1e-8)."""
         sums, lengths, row = round_sums(s, name)
         per_round = lengths * transform(sums / (lengths + EPS))

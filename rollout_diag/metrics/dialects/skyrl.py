@@ -16,8 +16,9 @@ import math
 from typing import ClassVar
 
 import numpy as np
-import torch
 
+from rollout_diag import arrays
+from rollout_diag.arrays import Array
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import CLAMP, State, StepAccumulator, as_float, merge_moments
 from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, row_extreme, token_moments
@@ -28,8 +29,8 @@ IS = "policy/loss_metrics/is_ratio_"
 
 
 @quantity("exp_clamped_log_ratio")
-def _is_ratio(s: ChunkStats) -> torch.Tensor:  # safe_exp_delta: exp(clamp(δ, −20, 20))
-    return torch.exp(s.token("log_ratio").clamp(-CLAMP, CLAMP))
+def _is_ratio(s: ChunkStats) -> Array:  # safe_exp_delta: exp(clamp(δ, −20, 20))
+    return arrays.exp(arrays.clamp(s.token("log_ratio"), -CLAMP, CLAMP))
 
 
 class SkyRLAccumulator(StepAccumulator):
@@ -46,7 +47,7 @@ class SkyRLAccumulator(StepAccumulator):
         "longest": "max",
     }
 
-    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
+    def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)
         return {
             "abs": token_moments(s, "abs_log_ratio"),
@@ -55,9 +56,9 @@ class SkyRLAccumulator(StepAccumulator):
             "ratio": token_moments(s, "exp_clamped_log_ratio"),
             "ratio_max": by_step(s, row_extreme(s, "exp_clamped_log_ratio", "amax"), "max"),
             "ratio_min": by_step(s, row_extreme(s, "exp_clamped_log_ratio", "amin"), "min"),
-            "rows": by_step(s, torch.ones(chunk.rows, dtype=torch.float64, device=chunk.device)),
+            "rows": by_step(s, arrays.ones(chunk.rows, s.row_count)),
             # the response tensor is padded to the longest response (environment tokens included)
-            "longest": by_step(s, chunk.lengths.to(torch.float64), "max"),
+            "longest": by_step(s, arrays.float64(chunk.lengths), "max"),
         }
 
     def _finalize(self, state: State) -> dict[str, float]:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import torch
-
+from rollout_diag import arrays
+from rollout_diag.arrays import Array
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float
 from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step
@@ -35,13 +35,13 @@ class SlimeAccumulator(StepAccumulator):
         "token_denominator": "sum",
     }
 
-    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
+    def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)
         n = s.row_count
-        denominator = n.clamp(min=1.0)  # an empty sample still counts one token (and one sample)
+        denominator = arrays.clamp(n, lower=1.0)  # an empty sample still counts one token (and one sample)
         abs_sum = s.row_sum("abs_log_ratio")
         return {
-            "rows": by_step(s, torch.ones_like(n)),
+            "rows": by_step(s, arrays.ones(chunk.rows, n)),
             "tokens": by_step(s, n),
             "sample_means": by_step(s, abs_sum / denominator),
             "abs_sum": by_step(s, abs_sum),

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import torch
-
+from rollout_diag import arrays
+from rollout_diag.arrays import Array
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float
 from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, row_extreme
@@ -38,16 +38,16 @@ class TRLAccumulator(StepAccumulator):
         "ratio_max": "max",
     }
 
-    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
+    def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)
         n = s.row_count
-        ratio = torch.exp(s.row_sum("log_ratio"))  # exp(Σ_t m·δ), unclamped (an empty row has ratio 1)
-        ratio = torch.where(ratio > CLIP_MAX, 0.0, ratio)  # sequence_mask; no lower bound by default
+        ratio = arrays.exp(s.row_sum("log_ratio"))  # exp(Σ_t m·δ), unclamped (an empty row has ratio 1)
+        ratio = arrays.where(ratio > CLIP_MAX, 0.0, ratio)  # sequence_mask; no lower bound by default
         return {
             "tokens": by_step(s, n),
             "abs_sum": by_step(s, s.row_sum("abs_log_ratio")),
             "abs_max": by_step(s, row_extreme(s, "abs_log_ratio", "amax"), "max"),
-            "rows": by_step(s, torch.ones_like(n)),
+            "rows": by_step(s, arrays.ones(chunk.rows, n)),
             "ratio_sum": by_step(s, ratio),
             "ratio_min": by_step(s, ratio, "min"),
             "ratio_max": by_step(s, ratio, "max"),

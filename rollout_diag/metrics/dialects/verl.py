@@ -13,8 +13,9 @@ import math
 from typing import ClassVar
 
 import numpy as np
-import torch
 
+from rollout_diag import arrays
+from rollout_diag.arrays import Array
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator, as_float, clamp20, row_mean
 from rollout_diag.metrics.debug import DebugAccumulator
@@ -47,28 +48,28 @@ class ValidRowsAccumulator(StepAccumulator):
         "log_ppl_diff_min": "min",
     }
 
-    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
+    def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)
         n = s.row_count
         valid = n > 0
-        weight = valid.to(torch.float64)
+        weight = arrays.float64(valid)
         mean_trainer = row_mean(s.row_sum("trainer"), n)  # R_i[a], exactly as OffPolicyAccumulator
         mean_rollout = row_mean(s.row_sum("rollout"), n)
         diff = mean_rollout - mean_trainer  # d_i = R_i[r] − R_i[a]
         per_row = {
-            "training_ppl": torch.exp(-mean_trainer),
+            "training_ppl": arrays.exp(-mean_trainer),
             "training_log_ppl": -mean_trainer,
-            "rollout_ppl": torch.exp(-mean_rollout),
+            "rollout_ppl": arrays.exp(-mean_rollout),
             "rollout_log_ppl": -mean_rollout,
             "log_ppl_diff": diff,
-            "log_ppl_abs_diff": diff.abs(),
-            "ppl_ratio": torch.exp(diff),
-            "chi2_seq": torch.exp(2.0 * clamp20(s.row_sum("log_ratio"))),
+            "log_ppl_abs_diff": abs(diff),
+            "ppl_ratio": arrays.exp(diff),
+            "chi2_seq": arrays.exp(2.0 * clamp20(s.row_sum("log_ratio"))),
         }
         out = {name: by_step(s, values * weight) for name, values in per_row.items()}
         out["valid_rows"] = by_step(s, weight)
-        out["log_ppl_diff_max"] = by_step(s, torch.where(valid, diff, -torch.inf), "max")
-        out["log_ppl_diff_min"] = by_step(s, torch.where(valid, diff, torch.inf), "min")
+        out["log_ppl_diff_max"] = by_step(s, arrays.where(valid, diff, -math.inf), "max")
+        out["log_ppl_diff_min"] = by_step(s, arrays.where(valid, diff, math.inf), "min")
         return out
 
     def _finalize_columns(self, columns: Columns) -> list[KeyGroup]:

@@ -1,0 +1,253 @@
+"""Array operations that take numpy arrays or torch tensors alike, so the families' arithmetic runs on either.
+
+A chunk of the numba engine (on the CPU) holds numpy arrays and its statistics are numpy: that path never loads
+torch. A chunk of the torch engine (any device, CUDA included) holds torch tensors on that device. The families do
+their rows-, groups- and segments-sized arithmetic through these helpers, which take numpy first and reach torch
+only with a tensor in hand, when torch is loaded already: the import inside each torch branch costs a dict lookup.
+Each numpy operation is the one its torch twin performs, in the same order where the order sets the digits
+(``index_add``: one sequential sum per bucket, like ``index_add_`` on the CPU); elementwise functions agree within
+1 ulp (libm against Sleef), which is the engines' contract (1e-12 relative).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+# A numpy array or a torch tensor (every helper returns the kind it was given).
+Array = Any
+
+_DTYPES = ("float64", "int64", "bool", "uint8")
+
+
+def is_tensor(values: Any) -> bool:
+    """Whether ``values`` is a torch tensor (never imports torch: a tensor exists only once torch is loaded)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(values, torch.Tensor)
+
+
+def device_name(device: str | torch.device) -> str:
+    """A device as its name (``cpu``, ``cuda:0``), without loading torch for a name already given as one."""
+    return device if isinstance(device, str) else str(device)
+
+
+def device_kind(device: str | torch.device) -> str:
+    """A device's type: ``cpu``, ``cuda``, …"""
+    return device_name(device).split(":")[0]
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def _torch_dtype(dtype: str) -> torch.dtype:
+    return getattr(_torch(), dtype)
+
+
+def host(values: Array) -> np.ndarray:
+    """``values`` as a numpy array on the host (a CPU tensor's memory, zero-copy; a GPU tensor's, copied)."""
+    if is_tensor(values):
+        return values.detach().cpu().numpy()
+    return np.asarray(values)
+
+
+def like(values: np.ndarray, reference: Array) -> Array:
+    """A host array as the kind of ``reference``: itself beside numpy, a tensor on the reference's device beside a
+    tensor (zero-copy on the CPU)."""
+    if is_tensor(reference):
+        return _torch().from_numpy(np.ascontiguousarray(values)).to(reference.device)
+    return values
+
+
+def astype(values: Array, dtype: str) -> Array:
+    """``values`` as ``dtype`` (one of float64, int64, bool, uint8); itself when it already is."""
+    if is_tensor(values):
+        return values.to(_torch_dtype(dtype))
+    return values.astype(dtype, copy=False)
+
+
+def float64(values: Array) -> Array:
+    return astype(values, "float64")
+
+
+def is_bool(values: Array) -> bool:
+    if is_tensor(values):
+        return values.dtype == _torch().bool
+    return values.dtype == np.bool_
+
+
+def size(values: Array) -> int:
+    """Number of elements."""
+    return int(values.numel()) if is_tensor(values) else int(values.size)
+
+
+def full(shape: int | tuple[int, ...], fill: float | bool, like: Array, dtype: str = "float64") -> Array:
+    """A new array of ``shape`` filled with ``fill``, of the kind (and device) of ``like``."""
+    if is_tensor(like):
+        return _torch().full(
+            (shape,) if isinstance(shape, int) else shape, fill, dtype=_torch_dtype(dtype), device=like.device
+        )
+    return np.full(shape, fill, dtype=dtype)
+
+
+def zeros(shape: int | tuple[int, ...], like: Array, dtype: str = "float64") -> Array:
+    return full(shape, False if dtype == "bool" else 0, like, dtype)
+
+
+def ones(shape: int | tuple[int, ...], like: Array, dtype: str = "float64") -> Array:
+    return full(shape, True if dtype == "bool" else 1, like, dtype)
+
+
+def arange(count: int, like: Array) -> Array:
+    """0 … count − 1 as int64."""
+    if is_tensor(like):
+        return _torch().arange(count, device=like.device)
+    return np.arange(count, dtype=np.int64)
+
+
+def index_add(out: Array, index: Array, values: Array) -> Array:
+    """``out[index[k]] += values[k]`` for each k in order (in place; returns ``out``): each bucket's sum is taken
+    sequentially, as torch's ``index_add_`` does on the CPU."""
+    if is_tensor(out):
+        return out.index_add_(0, index, values.to(out.dtype))
+    np.add.at(out, index, values)
+    return out
+
+
+def scatter_max(out: Array, index: Array, values: Array) -> Array:
+    """``out[index[k]] = max(out[index[k]], values[k])`` (in place; returns ``out``; NaN wins, as in torch)."""
+    if is_tensor(out):
+        return out.scatter_reduce_(0, index, values.to(out.dtype), reduce="amax")
+    np.maximum.at(out, index, values)
+    return out
+
+
+def scatter_min(out: Array, index: Array, values: Array) -> Array:
+    """``out[index[k]] = min(out[index[k]], values[k])`` (in place; returns ``out``; NaN wins, as in torch)."""
+    if is_tensor(out):
+        return out.scatter_reduce_(0, index, values.to(out.dtype), reduce="amin")
+    np.minimum.at(out, index, values)
+    return out
+
+
+def bincount(index: Array, weights: Array | None, length: int) -> Array:
+    """Counts (or Σ weights) of each index in [0, length) as float64 [length]."""
+    if is_tensor(index):
+        return _torch().bincount(index, weights=weights, minlength=length).to(_torch().float64)
+    return np.bincount(index, weights=weights, minlength=length).astype(np.float64, copy=False)
+
+
+def exp(values: Array) -> Array:
+    if is_tensor(values):
+        return _torch().exp(values)
+    with np.errstate(over="ignore", invalid="ignore"):  # inf / NaN as torch gives them, without a warning
+        return np.exp(values)
+
+
+def expm1(values: Array) -> Array:
+    if is_tensor(values):
+        return _torch().expm1(values)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.expm1(values)
+
+
+def logaddexp(first: Array, second: Array) -> Array:
+    if is_tensor(first):
+        return _torch().logaddexp(first, second)
+    return np.logaddexp(first, second)
+
+
+def clamp(values: Array, lower: float | None = None, upper: float | None = None) -> Array:
+    """``values`` limited to [lower, upper] (either bound may be None; NaN stays NaN)."""
+    if is_tensor(values):
+        return values.clamp(min=lower, max=upper)
+    if lower is not None:
+        values = np.maximum(values, lower)
+    if upper is not None:
+        values = np.minimum(values, upper)
+    return values
+
+
+def where(condition: Array, chosen: Array | float, other: Array | float) -> Array:
+    """``chosen`` where ``condition`` holds, else ``other`` (either may be a Python scalar)."""
+    if is_tensor(condition):
+        return _torch().where(condition, chosen, other)
+    return np.where(condition, chosen, other)
+
+
+def minimum(first: Array, second: Array) -> Array:
+    if is_tensor(first):
+        return _torch().minimum(first, second)
+    return np.minimum(first, second)
+
+
+def isfinite(values: Array) -> Array:
+    return _torch().isfinite(values) if is_tensor(values) else np.isfinite(values)
+
+
+def isnan(values: Array) -> Array:
+    return _torch().isnan(values) if is_tensor(values) else np.isnan(values)
+
+
+def logical_not(values: Array) -> Array:
+    return _torch().logical_not(values) if is_tensor(values) else np.logical_not(values)
+
+
+def stack(arrays: Sequence[Array], axis: int = 0) -> Array:
+    if is_tensor(arrays[0]):
+        return _torch().stack(list(arrays), dim=axis)
+    return np.stack(arrays, axis=axis)
+
+
+def concat(arrays: Sequence[Array]) -> Array:
+    if is_tensor(arrays[0]):
+        return _torch().cat(list(arrays))
+    return np.concatenate(arrays)
+
+
+def cumsum(values: Array) -> Array:
+    if is_tensor(values):
+        return _torch().cumsum(values, 0)
+    return np.cumsum(values)
+
+
+def flatnonzero(values: Array) -> Array:
+    """Indices (int64) where ``values`` is true / non-zero."""
+    if is_tensor(values):
+        return _torch().nonzero(values, as_tuple=True)[0]
+    return np.flatnonzero(values)
+
+
+def repeat(values: Array, counts: Array, total: int) -> Array:
+    """Each value repeated counts[k] times (``total`` = Σ counts, which torch's GPU kernel needs up front)."""
+    if is_tensor(values):
+        return _torch().repeat_interleave(values, counts, output_size=total)
+    return np.repeat(values, counts)
+
+
+def searchsorted(sorted_values: Array, values: Array, right: bool = False) -> Array:
+    if is_tensor(sorted_values):
+        return _torch().searchsorted(sorted_values, values, right=right)
+    return np.searchsorted(sorted_values, values, side="right" if right else "left")
+
+
+def frexp_exponent(values: Array) -> Array:
+    """The binary exponent e of each value (value = m·2^e, 0.5 ≤ |m| < 1; 0 for 0) as int64."""
+    if is_tensor(values):
+        return _torch().frexp(values.to(_torch().float64)).exponent.to(_torch().int64)
+    return np.frexp(values.astype(np.float64, copy=False))[1].astype(np.int64)
+
+
+def dot(first: Array, second: Array) -> float:
+    """Σ first·second of two float64 vectors, as a Python float."""
+    if is_tensor(first):
+        return float(_torch().dot(first, second))
+    return float(np.dot(first, second))
