@@ -314,6 +314,9 @@ def handles_errors(command: F) -> F:
                 f"internal error: {type(exc).__name__}: {exc} "
                 "(rerun with --debug for the traceback, and please report it)"
             )
+        finally:
+            if "rollout_diag.memory" in sys.modules:  # open_dump deferred the cyclic collection (light commands: not)
+                sys.modules["rollout_diag.memory"].end_deferral()
 
     return wrapper  # type: ignore[return-value]
 
@@ -481,9 +484,12 @@ def open_dump(
     ``numpy``: its passes take numpy chunks (analyze, check: no torch)."""
     from rollout_diag.drivers.dump import Dump
     from rollout_diag.io.sources import check_inputs_exist
-    from rollout_diag.memory import many_short_rows, return_large_blocks
+    from rollout_diag.memory import defer_collection, many_short_rows, return_large_blocks
 
     check_inputs_exist(inputs)  # a mistyped path fails before pyarrow loads (0.3–0.5 s)
+    # No cyclic collection while pyarrow, torch and numba load; the reader switches it back on where the chunks begin
+    # (rollout_diag.memory), and handles_errors undoes it at the command's end whatever happened in between.
+    defer_collection()
     options = {"strict": strict, "chunk_tokens": chunk_tokens, "device": device, "workers": workers, "backend": backend}
     dump = Dump(inputs, parse_columns(column), input_format=input_format, trust_pickle=trust_pickle, **options)
     dump = dump.opened(read_ahead=read_ahead, numpy=numpy)

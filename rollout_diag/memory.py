@@ -1,9 +1,11 @@
-"""How the process's C heap gives memory back: set by the command line for an input of many short rows, never by the
-library (a notebook that imports rollout_diag keeps its own allocator settings)."""
+"""How the process's C heap gives memory back, and when Python's cyclic garbage collector runs: both set by the
+command line, never by the library (a notebook that imports rollout_diag keeps its own allocator and collector
+settings)."""
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import sys
 
 # glibc serves a block from this size up with its own mmap, returned to the system when freed. Left to itself it
@@ -53,3 +55,50 @@ def trim_heap() -> bool:
     malloc_trim.argtypes, malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
     malloc_trim(0)
     return True
+
+
+# The cyclic collector, left to itself, runs through every object the imports made (torch's, numba's and pyarrow's
+# modules: some 200 000) whenever enough new ones pile up while they load: 0.24 s of the bundled sample's `analyze`
+# (about 2.9 s), 0.94 s on 200 000 one-row steps (gc.callbacks; docs/benchmarks.md). The command line switches it off
+# while a command loads (``defer_collection``); the reader switches it back on where the chunks begin
+# (``collect_from_here``), the modules by then moved out of its reach (``gc.freeze``), so that whatever cycles the
+# reading makes are collected as before at a fraction of the cost.
+_deferred = False  # collection is off, by defer_collection, until collect_from_here
+_frozen = False  # collect_from_here froze the objects made before it
+
+
+def defer_collection() -> bool:
+    """Switch the cyclic garbage collector off until :func:`collect_from_here` (True where this call switched it
+    off; False where it was off already, which is then left alone). For the command line's process only."""
+    global _deferred
+    if _deferred or not gc.isenabled():
+        return False
+    gc.disable()
+    _deferred = True
+    return True
+
+
+def collect_from_here() -> bool:
+    """Where the chunks begin: after :func:`defer_collection`, move every object made so far out of the collector's
+    reach (``gc.freeze``) and switch it back on (True). Otherwise (the library's own use) nothing changes (False)."""
+    global _deferred, _frozen
+    if not _deferred:
+        return False
+    _deferred = False
+    gc.freeze()
+    _frozen = True
+    gc.enable()
+    return True
+
+
+def end_deferral() -> None:
+    """Undo :func:`defer_collection` and :func:`collect_from_here` at the command's end: the frozen objects back
+    within the collector's reach and collection on (a process that runs several commands, a test's, collects
+    between them as before)."""
+    global _deferred, _frozen
+    if _frozen:
+        gc.unfreeze()
+        _frozen = False
+    if _deferred:
+        _deferred = False
+        gc.enable()

@@ -24,6 +24,7 @@ from rollout_diag.io.reader import DumpReader
 from rollout_diag.io.readlog import ReadLog
 from rollout_diag.io.sources import Source
 from rollout_diag.kernels import kernel_for, selected_engine
+from rollout_diag.memory import collect_from_here
 
 if TYPE_CHECKING:
     import torch
@@ -103,6 +104,9 @@ def run_parts(
     """Run :func:`run_part` on every part of ``reader.plan(workers)`` and merge the states into one; the
     workers' read logs are merged into ``reader.log``."""
     check_workers(workers, backend)
+    # The parent reads no chunk itself: the command line's collector back on here, before the workers fork (each then
+    # shares the frozen modules' pages rather than copying them as its collector visits them, rollout_diag.memory).
+    collect_from_here()
     jobs = [
         PartJob(
             reader.worker_inputs(),

@@ -50,6 +50,7 @@ from rollout_diag.io.opening import (
 from rollout_diag.io.readlog import ZERO_ROLLOUT_TRAINER_BELOW, ReadLog, row_keys
 from rollout_diag.io.sources import Source
 from rollout_diag.io.validate import MAX_POSITIVE_LOGPROB, validate_block
+from rollout_diag.memory import collect_from_here
 from rollout_diag.paths import names_file
 
 if TYPE_CHECKING:  # torch is imported when the first chunk is built: opening files and their errors come first
@@ -346,6 +347,7 @@ class DumpReader:
         # the commands that load torch anyway)
         engine = "numba" if kernel_for(device_kind(device), None if numpy else self.input_size()) else "torch"
         kind = "numpy" if numpy and engine == "numba" else "torch"
+        collect_from_here()  # the command line's collector back on, its modules loaded (rollout_diag.memory)
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
             workers = _prepare_workers()
