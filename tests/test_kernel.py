@@ -32,7 +32,8 @@ from rollout_diag.metrics.segments import ChunkStats, KernelStats
 
 RTOL = 1e-12
 SAMPLES = sorted((Path(__file__).parent.parent / "sample_data").glob("*.parquet"))
-# exp / expm1: the torch engine takes torch's or numpy's, the kernel libm's; they may differ by an ulp
+# exp / expm1: the torch engine takes torch's or numpy's, the kernel its own (tests/test_kernel_exp.py); they may
+# differ by an ulp or two
 EXP_QUANTITIES = {"k3", "skyrl_k3", "chi2_term", "trainer_prob", "rollout_prob", "prob_diff"}
 
 
