@@ -52,10 +52,9 @@ _INLINE = {**_FLAGS, "inline": "always"}
 # exp and expm1 without libm calls, so that a loop of them runs on SIMD lanes (numba calls libm once per value: the
 # five calls a token were 56 % of the fused pass's time, measured by putting a multiply in their place).
 # x = n·ln2 + t (Cody–Waite: n·LN2_HI is exact for |n| < 2^11), expm1(t) = t + t²·Σ t^(k−2)/k! (k ≤ 13, |t| ≤ ln2/2:
-# the first term left out is below 10^-17 of the value), and 2^n from the exponent bits. Against glibc on 10^6 values
-# each over [−1, 1], [−40, 40], [−745, 0], [700, 709.7] and [−10^4, −700]: exp within 1 ulp, expm1 within 2 (torch's
-# and numpy's are each within 1 ulp of glibc's); the torch engine's are the reference the tests compare with (1e-12
-# relative; tests/test_kernel_exp.py).
+# the first term left out is below 10^-17 of the value), and 2^n from the exponent bits. Against glibc: exp within
+# 1 ulp from −10^4 to overflow, expm1 within 2 for |δ| ≤ ln2/2 (torch's and numpy's are each within 1 ulp of
+# glibc's); the torch engine's are the reference the tests compare with (1e-12 relative; tests/test_kernel_exp.py).
 _INV_LN2 = 1.4426950408889634
 _LN2_HI = 6.93147180369123816490e-01  # the upper bits of ln 2 (fdlibm's split)
 _LN2_LO = 1.90821492927058770002e-10
@@ -109,30 +108,11 @@ def _exp(x: float) -> float:
     return _scaled(1.0 + _expm1_reduced(t), n)
 
 
-@njit(**_INLINE)
-def _expm1(x: float) -> float:
-    """expm1(x): the polynomial itself for |x| ≤ ln2/2; else 2^n·expm1(t) + (2^n − 1), both terms exact but the sum,
-    for |n| ≤ 53, and exp(x) − 1 beyond (where −1 or the exponential decides). Both sides computed, one taken."""
-    small = _expm1_reduced(x)
-    small = x if x == 0.0 else small  # −0.0 stays −0.0
-    n, t = _reduce(x)
-    part = _expm1_reduced(t)
-    near = min(max(n, -53.0), 53.0)
-    scale = _power_of_two(near)
-    large = scale * part + (scale - 1.0) if near == n else _scaled(1.0 + part, n) - 1.0
-    return small if abs(x) <= _HALF_LN2 else large
-
-
-# The same two, compiled once and called where a token at a time needs them (the scalar quantity, the wide δ): inlined
-# there too they doubled the first compile.
+# Compiled once and called where one token at a time needs it (the scalar quantity): inlined there too it added
+# seconds to the first compile.
 @njit(**_FLAGS)
 def _exp_scalar(x: float) -> float:
     return _exp(x)
-
-
-@njit(**_FLAGS)
-def _expm1_scalar(x: float) -> float:
-    return _expm1(x)
 
 
 @njit(**_INLINE)
@@ -157,10 +137,11 @@ def _expm1_pair(d: float) -> tuple[float, float]:
 
 @njit(**_INLINE)
 def _k3_pair(d: float) -> tuple[float, float]:
-    """(expm1(δ) − δ, expm1(−δ) + δ) of one token as the fused pass computes them: one polynomial for |δ| ≤ ln2/2,
-    :func:`_expm1` (called) beyond."""
+    """(expm1(δ) − δ, expm1(−δ) + δ) of one token as the fused pass computes them: from one polynomial for
+    |δ| ≤ ln2/2; beyond, expm1(±δ) = exp(±δ) − 1 (the subtraction exact where exp(±δ) is within [1/2, 2], and k3 no
+    smaller than 0.05 there: within 1e-14 of it)."""
     if abs(d) > _HALF_LN2:
-        return _expm1_scalar(d) - d, _expm1_scalar(-d) + d
+        return (_exp(d) - 1.0) - d, (_exp(-d) - 1.0) + d
     up, down = _expm1_pair(d)
     return up - d, down + d
 
@@ -169,8 +150,8 @@ def _k3_pair(d: float) -> tuple[float, float]:
 def _exponentials(trainer: np.ndarray, rollout: np.ndarray, start: int, size: int, out: np.ndarray) -> None:
     """The five exponentials of tokens [start, start + size) into ``out[:, k]``: exp(a), exp(r), expm1(δ) − δ,
     exp(2c), expm1(−δ) + δ. A loop without branches or calls, so it runs on SIMD lanes; it takes both expm1 from
-    one polynomial (:func:`_expm1_pair`), right for |δ| ≤ ln2/2 (nearly every token), and a second loop redoes the
-    tokens beyond, if any, with :func:`_expm1` (called, not inlined: compiled once)."""
+    one polynomial (:func:`_expm1_pair`), right for |δ| ≤ ln2/2 (nearly every token: 3·10^-5 of them beyond in the
+    synthetic dumps), and a second loop redoes the tokens beyond, if any (:func:`_k3_pair`)."""
     wide = 0
     for k in range(size):
         a, r = trainer[start + k], rollout[start + k]
@@ -572,73 +553,66 @@ def segment_pass(
         pair_end = lo + n if continues else lo + n - 1
         extremes[0, :] = -np.inf
         extremes[1, :] = np.inf
-        _leaf(
-            trainer,
-            rollout,
-            lo,
-            1,
-            g,
-            scratch,
-            exponentials,
-            first,
-            extremes,
-            pairs,
-            moments,
-            histogram,
-            exponent_min,
-            levels,
-            hints,
-            pair_end,
-        )
+        # the segment's first token (a leaf of its own, into ``first``), then numpy's pairwise tree over the rest (into
+        # ``block``), its recursion on an explicit stack; one call site of the leaf (inlined: each site compiles anew)
+        head = True
         rest = n - 1
-        if rest == 0:
-            block[:] = -0.0
-        else:  # numpy's pairwise tree over the rest, its recursion on an explicit stack
+        depth = 0
+        if rest > 0:
             starts[0], sizes[0], stage[0] = lo + 1, rest, 0
             depth = 1
-            while depth > 0:
+        else:
+            block[:] = -0.0
+        while head or depth > 0:
+            if head:
+                leaf_start, leaf_size, into = lo, 1, first
+            else:
                 top = depth - 1
-                size = sizes[top]
-                if size > 128:
+                leaf_size = sizes[top]
+                if leaf_size > 128:
                     stage[top] = 1
-                    half = size // 2
+                    half = leaf_size // 2
                     half -= half % 8
                     starts[depth], sizes[depth], stage[depth] = starts[top], half, 0
                     depth += 1
                     continue
-                _leaf(
-                    trainer,
-                    rollout,
-                    starts[top],
-                    size,
-                    g,
-                    scratch,
-                    exponentials,
-                    block,
-                    extremes,
-                    pairs,
-                    moments,
-                    histogram,
-                    exponent_min,
-                    levels,
-                    hints,
-                    pair_end,
-                )
+                leaf_start, into = starts[top], block
+            _leaf(
+                trainer,
+                rollout,
+                leaf_start,
+                leaf_size,
+                g,
+                scratch,
+                exponentials,
+                into,
+                extremes,
+                pairs,
+                moments,
+                histogram,
+                exponent_min,
+                levels,
+                hints,
+                pair_end,
+            )
+            if head:
+                head = False
+                continue
+            depth -= 1
+            while depth > 0:  # hand the finished sums up the tree
+                parent = depth - 1
+                if stage[parent] == 1:
+                    for q in range(_Q):  # a loop, not ``left[parent, :] = block``: that compiled a 2 s error path
+                        left[parent, q] = block[q]
+                    stage[parent] = 2
+                    half = sizes[parent] // 2
+                    half -= half % 8
+                    starts[depth], sizes[depth], stage[depth] = starts[parent] + half, sizes[parent] - half, 0
+                    depth += 1
+                    break
+                for q in range(_Q):
+                    block[q] = left[parent, q] + block[q]
                 depth -= 1
-                while depth > 0:  # hand the finished sums up the tree
-                    parent = depth - 1
-                    if stage[parent] == 1:
-                        for q in range(_Q):  # a loop, not ``left[parent, :] = block``: that compiled a 2 s error path
-                            left[parent, q] = block[q]
-                        stage[parent] = 2
-                        half = sizes[parent] // 2
-                        half -= half % 8
-                        starts[depth], sizes[depth], stage[depth] = starts[parent] + half, sizes[parent] - half, 0
-                        depth += 1
-                        break
-                    for q in range(_Q):
-                        block[q] = left[parent, q] + block[q]
-                    depth -= 1
         for q in range(_Q):
             sums[q, s] = first[q] + block[q]
         for e in range(_E):
@@ -904,7 +878,6 @@ SIGNATURES: dict[str, tuple[tuple[types.Type, ...], ...]] = {
     "segment_count_above": ((_F, _F, _I, _I, _F, types.float64),),
     "_value": ((types.int64, types.float64, types.float64),),
     "_exp_scalar": ((types.float64,),),
-    "_expm1_scalar": ((types.float64,),),
     "group_centred": ((_F, _F, _I, _I, _I, types.int64, types.int64, types.int64, _F, _F),),
     "tokens_at_least": ((_F, _F, _I, _I, _I, _F, types.float64),),
 }
