@@ -52,7 +52,7 @@ SMALL_INPUT_TOKENS = 1 << 22
 SMALL_INPUT_ROWS = 1 << 12
 InputSize = tuple[int, int]  # (tokens, rows) of a reader's whole input
 # What a first run (empty cache) spends compiling the kernels a command needs, on 2 cores (docs/benchmarks.md, issue 20
-# session 7: ~8 s of CPU for the analysis kernels; the preset kernels' ~10 s in the helper process alongside)
+# session 9: ~10 s of CPU for the analysis kernels; the preset kernels' ~10 s in the helper process alongside)
 COMPILE_SECONDS = 10
 # The longest the preset kernels' helper may take before this process compiles them itself.
 AHEAD_TIMEOUT = 600.0
