@@ -1,7 +1,7 @@
 """The fused pass's own exp and expm1 (rollout_diag/kernels/cpu.py: no libm calls, so that they run on SIMD lanes)
 against libm's (Python's math module): exp within 1 ulp over every range a logprob, a δ or 2c reaches (subnormal
 results, under- and overflow), k3 = expm1(δ) − δ and expm1(−δ) + δ within 2 ulp of expm1 for |δ| ≤ ln2/2 and 1e-14
-of k3 beyond; and a leaf's five exponentials (one loop on SIMD lanes, the wide δ redone) equal the scalar functions."""
+of k3 beyond; and a leaf's values (one loop on SIMD lanes, the wide δ redone) equal the scalar functions."""
 
 from __future__ import annotations
 
@@ -85,26 +85,26 @@ def test_k3_against_libm(apply, spread):
     assert all(np.all(z == 0.0) for z in zeros)
 
 
-def test_a_leaf_s_exponentials_are_the_scalar_functions(kernels, apply):
-    """A leaf mixing |δ| ≤ ln2/2 (the shared polynomial, on SIMD lanes) with wider δ (redone one by one): each of the
-    five is the scalar function's bit for bit, and so is the kernels' scalar quantity (``_value``)."""
+def test_a_leaf_s_values_are_the_scalar_functions(kernels, apply):
+    """A leaf mixing |δ| ≤ ln2/2 (the shared polynomial, on SIMD lanes) with wider δ (redone one by one): each
+    exponential is the scalar function's bit for bit, and every quantity the kernels' scalar one (``_value``, what the
+    centred sums and the top-K scan read)."""
     rng = np.random.default_rng(3)
     size = 128
     rollout = -rng.exponential(2.0, size)
     delta = np.where(rng.random(size) < 0.3, rng.normal(0, 3, size), rng.normal(0, 0.05, size))
     delta[:4] = [0.0, -0.0, 0.34657359027997264, -0.3465735902799727]  # zeros, and each side of ln2/2
     trainer = rollout + delta
-    out = np.empty((5, size))
-    kernels._exponentials(trainer, rollout, 0, size, out)
+    out = np.full((len(kernels.QUANTITIES), size), np.nan)
+    kernels._quantities(trainer, rollout, 0, size, out)
     d = trainer - rollout
-    clamped = np.clip(d, -20.0, 20.0)
-    assert np.array_equal(out[0], apply(trainer, 0)) and np.array_equal(out[1], apply(rollout, 0))
-    assert np.array_equal(out[3], apply(clamped * 2.0, 0))
+    column = kernels.COLUMN
+    assert np.array_equal(out[column["trainer_prob"]], apply(trainer, 0))
+    assert np.array_equal(out[column["rollout_prob"]], apply(rollout, 0))
+    assert np.array_equal(out[column["chi2_term"]], apply(np.clip(d, -20.0, 20.0) * 2.0, 0))
     wide = np.abs(d) > math.log(2.0) / 2
     assert 10 < wide.sum() < size - 10
-    assert np.array_equal(out[2], apply(d, 1)) and np.array_equal(out[4], apply(d, 2))
-    # the scalar quantity (what the centred sums and the top-K scan read) takes the very same values
-    columns = {9: out[0], 10: out[1], 4: out[2], 5: out[3], 16: out[4], 11: np.abs(out[0] - out[1])}
-    for q, values in columns.items():
+    assert np.array_equal(out[column["k3"]], apply(d, 1)) and np.array_equal(out[column["skyrl_k3"]], apply(d, 2))
+    for q in range(len(kernels.QUANTITIES)):
         scalar = np.array([kernels._value(q, a, r) for a, r in zip(trainer, rollout, strict=True)])
-        assert np.array_equal(scalar, values), q
+        assert np.array_equal(scalar, out[q]), kernels.QUANTITIES[q]

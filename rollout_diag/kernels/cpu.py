@@ -147,59 +147,50 @@ def _k3_pair(d: float) -> tuple[float, float]:
 
 
 @njit(**_INLINE)
-def _exponentials(trainer: np.ndarray, rollout: np.ndarray, start: int, size: int, out: np.ndarray) -> None:
-    """The five exponentials of tokens [start, start + size) into ``out[:, k]``: exp(a), exp(r), expm1(δ) − δ,
-    exp(2c), expm1(−δ) + δ. A loop without branches or calls, so it runs on SIMD lanes; it takes both expm1 from
-    one polynomial (:func:`_expm1_pair`), right for |δ| ≤ ln2/2 (nearly every token: 3·10^-5 of them beyond in the
-    synthetic dumps), and a second loop redoes the tokens beyond, if any (:func:`_k3_pair`)."""
+def _quantities(trainer: np.ndarray, rollout: np.ndarray, start: int, size: int, out: np.ndarray) -> None:
+    """Every kernel quantity (QUANTITIES, in order) of tokens [start, start + size) into ``out[:, k]``, with the torch
+    engine's formulas but the exponentials of this module. A loop without branches or calls, so it runs on SIMD lanes;
+    it takes both expm1 from one polynomial (:func:`_expm1_pair`), right for |δ| ≤ ln2/2 (nearly every token: 3·10^-5
+    of them beyond in the synthetic dumps), and a second loop redoes the tokens beyond, if any (:func:`_k3_pair`)."""
     wide = 0
     for k in range(size):
         a, r = trainer[start + k], rollout[start + k]
         d = a - r
+        ad = abs(d)
         c = min(max(d, -CLAMP), CLAMP)
+        y = min(ad, CLIP)
         up, down = _expm1_pair(d)
-        out[0, k] = _exp(a)
-        out[1, k] = _exp(r)
-        out[2, k] = up - d
-        out[3, k] = _exp(c * 2.0)
-        out[4, k] = down + d
-        wide += abs(d) > _HALF_LN2
+        pa = _exp(a)
+        pr = _exp(r)
+        out[0, k] = a
+        out[1, k] = r
+        out[2, k] = d
+        out[3, k] = ad
+        out[4, k] = up - d
+        out[5, k] = _exp(c * 2.0)
+        out[6, k] = d * d
+        out[7, k] = c
+        out[8, k] = 0.5 * c * c
+        out[9, k] = pa
+        out[10, k] = pr
+        out[11, k] = abs(pa - pr)
+        out[12, k] = y
+        out[13, k] = y * y
+        out[14, k] = d * r
+        out[15, k] = r * r
+        out[16, k] = down + d
+        wide += ad > _HALF_LN2
     if wide:
         for k in range(size):
             d = trainer[start + k] - rollout[start + k]
             if abs(d) > _HALF_LN2:
-                out[2, k], out[4, k] = _k3_pair(d)
+                out[4, k], out[16, k] = _k3_pair(d)
 
 
 @njit(**_INLINE)
-def _values(a: float, r: float, exponentials: np.ndarray, out: np.ndarray, k: int, extremes: np.ndarray) -> float:
-    """Every kernel quantity of one model token (a = trainer, r = rollout logprob; its ``exponentials[:, k]``) into
-    ``out[:, k]``; the extremes of EXTREMES updated ([max, min] rows); returns δ."""
-    d = a - r
-    ad = abs(d)
-    c = min(max(d, -CLAMP), CLAMP)
-    pa = exponentials[0, k]
-    pr = exponentials[1, k]
-    y = min(ad, CLIP)
-    half_square = 0.5 * c * c
-    diff = abs(pa - pr)
-    out[0, k] = a
-    out[1, k] = r
-    out[2, k] = d
-    out[3, k] = ad
-    out[4, k] = exponentials[2, k]
-    out[5, k] = exponentials[3, k]
-    out[6, k] = d * d
-    out[7, k] = c
-    out[8, k] = half_square
-    out[9, k] = pa
-    out[10, k] = pr
-    out[11, k] = diff
-    out[12, k] = y
-    out[13, k] = y * y
-    out[14, k] = d * r
-    out[15, k] = r * r
-    out[16, k] = exponentials[4, k]
+def _extremes(values: np.ndarray, k: int, extremes: np.ndarray) -> None:
+    """The extremes of EXTREMES ([max, min] rows) updated with token k's ``values[:, k]``, in token order."""
+    ad, c, half_square, diff = values[3, k], values[7, k], values[8, k], values[11, k]
     extremes[0, 0] = max(extremes[0, 0], ad)
     extremes[1, 0] = min(extremes[1, 0], ad)
     extremes[0, 1] = max(extremes[0, 1], c)
@@ -208,7 +199,6 @@ def _values(a: float, r: float, exponentials: np.ndarray, out: np.ndarray, k: in
     extremes[1, 2] = min(extremes[1, 2], half_square)
     extremes[0, 3] = max(extremes[0, 3], diff)
     extremes[1, 3] = min(extremes[1, 3], diff)
-    return d
 
 
 @njit(**_INLINE)
@@ -419,7 +409,6 @@ def _leaf(
     size,
     group,
     scratch,
-    exponentials,
     sums,
     extremes,
     pairs,
@@ -434,16 +423,18 @@ def _leaf(
     in numpy's block order into ``sums``, extremes into ``extremes``; the block's centred moments merged into the
     step group's (Chan) and its δ counted into the group's histogram; each token's hint patterns (the per-token work of
     :func:`hint_rows`) into ``hints``: probability buckets and the row's running sums (a token before ``pair_end`` has
-    a next one in its round). The tokens' exponentials come first, from a loop of their own (``exponentials``)."""
+    a next one in its round). The values come first, from a loop of their own on SIMD lanes (:func:`_quantities`); the
+    per-token loop after it holds what branches or runs in token order."""
     probability, running, log_edges, log_half, gap = hints
     zeros, zero_runs, shift_next, shift_prev, copied = running[0], running[1], running[2], running[3], running[4]
     prev_zero, prev_counted = running[5] != 0.0, running[6] != 0.0
     into = probability[group]
-    _exponentials(trainer, rollout, start, size, exponentials)
+    _quantities(trainer, rollout, start, size, scratch)
     for k in range(size):
         t = start + k
         a, r = trainer[t], rollout[t]
-        d = _values(a, r, exponentials, scratch, k, extremes)
+        _extremes(scratch, k, extremes)
+        d = scratch[2, k]
         histogram[group, _delta_bin(d, exponent_min, levels)] += 1.0
         # the hint patterns (hint_rows' per-token work: the same additions in the same order)
         ad = abs(d)
@@ -530,7 +521,6 @@ def segment_pass(
     running = np.zeros(7)
     hints = (probability, running, log_edges, log_half, gap)
     scratch = np.empty((_Q, 128))
-    exponentials = np.empty((5, 128))
     block = np.empty(_Q)
     first = np.empty(_Q)
     extremes = np.empty((2, _E))
@@ -584,7 +574,6 @@ def segment_pass(
                 leaf_size,
                 g,
                 scratch,
-                exponentials,
                 into,
                 extremes,
                 pairs,
@@ -656,7 +645,7 @@ def segment_count_above(
 
 @njit(**_FLAGS)
 def _value(q: int, a: float, r: float) -> float:
-    """Kernel quantity ``q`` (a column of QUANTITIES) of one model token (the fused pass's exponentials)."""
+    """Kernel quantity ``q`` (a column of QUANTITIES) of one model token, as :func:`_quantities` computes it."""
     d = a - r
     c = min(max(d, -CLAMP), CLAMP)
     y = min(abs(d), CLIP)
