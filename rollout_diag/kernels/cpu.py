@@ -96,9 +96,10 @@ def _power_of_two(n: float) -> float:
 
 @njit(**_INLINE)
 def _scaled(value: float, n: float) -> float:
-    """value · 2^n rounded once, in two factors: the first a normal power (2^-1022 … 2^1023), the product with it
-    exact (``value`` is near 1), the second what is left of n (a subnormal result, or one near overflow)."""
-    first = min(max(n, -1022.0), 1023.0)
+    """value · 2^n rounded once, in two factors: the product with the first (2^-1021 … 2^1023) exact, as ``value``
+    lies in [0.7, 1.5] and the product stays normal; the second what is left of n (a subnormal result, where the one
+    rounding happens, or one near overflow)."""
+    first = min(max(n, -1021.0), 1023.0)
     return value * _power_of_two(first) * _power_of_two(n - first)
 
 
