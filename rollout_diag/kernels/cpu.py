@@ -437,9 +437,8 @@ def _leaf(
         _extremes(scratch, k, extremes)
         d = scratch[2, k]
         histogram[group, _delta_bin(d, exponent_min, levels)] += 1.0
-        # the hint patterns (hint_rows' per-token work: the same additions in the same order)
-        ad = abs(d)
-        _probability_bucket(into, r, ad, min(ad, CLIP), log_edges)
+        # the hint patterns (hint_rows' per-token work: the same additions in the same order) on |δ| and y as written
+        _probability_bucket(into, r, scratch[3, k], scratch[12, k], log_edges)
         if a == 0.0 or r == 0.0:  # a candidate for the exact-zero pattern (the common token skips its tests)
             zeros, zero_runs, prev_zero, prev_counted = _exact_zero(
                 a, r, log_half, zeros, zero_runs, prev_zero, prev_counted
