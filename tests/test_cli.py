@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -310,6 +311,63 @@ def test_console_script_runs_analyze(sample: Path, sample_json: dict) -> None:
     assert process.stderr == ""
     assert "Traceback" not in process.stdout
     assert len(process.stdout.splitlines()) == 1 + len(sample_json["steps"]) + 1  # header, steps, run
+
+
+def _exiting(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
+    """Run ``body`` (Python, ``tmp`` the test's directory) in a fresh interpreter, then ``cli.exit_now(3)``."""
+    script = f"import atexit, sys, threading, time\nfrom pathlib import Path\ntmp = Path({str(tmp_path)!r})\n{body}\n"
+    script += "from rollout_diag.cli import exit_now\nexit_now(3)\n"
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+
+
+def test_exit_now_runs_the_atexit_functions_and_flushes(tmp_path: Path) -> None:
+    # the console script ends with exit_now, skipping the interpreter's teardown: what the user would miss of it
+    # (atexit functions, buffered output) must still happen, and the code must be the command's
+    body = 'atexit.register(lambda: (tmp / "atexit").write_text("ran"))\nsys.stdout.write("no newline, buffered")'
+    process = _exiting(tmp_path, body)
+    assert process.returncode == 3, process.stderr
+    assert process.stdout == "no newline, buffered"
+    assert (tmp_path / "atexit").read_text() == "ran"
+
+
+def test_exit_now_waits_for_a_thread_still_working(tmp_path: Path) -> None:
+    # a thread that is not a daemon (a writer's) still running: the interpreter's own exit, which waits for it
+    body = (
+        'def write():\n    time.sleep(0.5)\n    (tmp / "late").write_text("written")\n'
+        "threading.Thread(target=write).start()"
+    )
+    process = _exiting(tmp_path, body)
+    assert process.returncode == 3, process.stderr
+    assert (tmp_path / "late").read_text() == "written"
+
+
+def test_exit_now_codes() -> None:
+    # SystemExit's codes: None is 0, a number itself, text printed on stderr and 1
+    for code, status in ((None, 0), (0, 0), (2, 2)):
+        script = f"from rollout_diag.cli import exit_now\nexit_now({code!r})"
+        assert subprocess.run([sys.executable, "-c", script], timeout=60).returncode == status
+    process = subprocess.run(
+        [sys.executable, "-c", "from rollout_diag.cli import exit_now\nexit_now('bad option')"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (process.returncode, process.stderr) == (1, "bad option\n")
+
+
+def test_exit_now_into_a_closed_pipe() -> None:
+    # `rollout-diag … | head -1`: the reader has closed the pipe when the buffered rest of the output is flushed; no
+    # "Exception ignored … BrokenPipeError" (the interpreter's own exit prints one, and exits 120)
+    script = "import sys, time\ntime.sleep(0.5)\nsys.stdout.write('x' * 100)\n"
+    script += "from rollout_diag.cli import exit_now\nexit_now(0)\n"
+    buffered = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
+    process = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=buffered
+    )
+    process.stdout.close()
+    _, errors = process.communicate(timeout=60)
+    assert process.returncode == 0
+    assert errors == ""
 
 
 def test_cli_chunk_default_is_the_readers() -> None:
