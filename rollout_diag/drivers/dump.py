@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from rollout_diag.errors import ConfigError, option_name
 
-DEFAULT_CHUNK_TOKENS = 1 << 19  # = io.reader.DEFAULT_CHUNK_TOKENS (not imported: it would load pyarrow)
+DEFAULT_CHUNK_TOKENS = 1 << 20  # = io.reader.DEFAULT_CHUNK_TOKENS (not imported: it would load pyarrow)
 F = TypeVar("F", bound=Callable[..., Any])
 
 

@@ -59,7 +59,10 @@ if TYPE_CHECKING:  # torch is imported when the first chunk is built: opening fi
     from rollout_diag.io.chunk import Chunk
     from rollout_diag.kernels.prepass import KernelPrepass
 
-DEFAULT_CHUNK_TOKENS = 1 << 19  # ~512K tokens: 4 MB per float64 quantity; larger chunks are no faster, only bigger
+# ~1M tokens: 8 MB per float64 quantity. Each chunk costs the families a fixed few ms of bookkeeping: against 512K,
+# 100M tokens took 0.93 of the wall for `analyze` (peak +50 MiB) and 0.87 for `compare-presets` (+150 MiB); 2M no
+# faster, only bigger (docs/benchmarks.md, issue 20 session 10)
+DEFAULT_CHUNK_TOKENS = 1 << 20
 
 
 # --------------------------------------------------------------------------------------- the reader
