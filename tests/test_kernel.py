@@ -35,6 +35,10 @@ SAMPLES = sorted((Path(__file__).parent.parent / "sample_data").glob("*.parquet"
 # exp / expm1: the torch engine takes torch's or numpy's, the kernel its own (tests/test_kernel_exp.py); they may
 # differ by an ulp or two
 EXP_QUANTITIES = {"k3", "skyrl_k3", "chi2_term", "trainer_prob", "rollout_prob", "prob_diff"}
+# k3 = expm1(±δ) ∓ δ cancels to ~δ²/2: an ulp or two of expm1 (~|δ|·2^-52 each) is then the engines' difference, up to
+# ~1e-11 of a lone token's k3 for |δ| near 1e-4 (docs/benchmarks.md, session 9); summed over a segment, its Σ|δ| (for a
+# segment's max or min, its max or min |δ|) sets the scale. Seen: 2.7e-20 apart on a k3 sum of 2.6e-8 (1.06e-12 rel.).
+CANCELLING = {"k3", "skyrl_k3"}
 
 
 def chunk_of(lengths: list[int], mask: list[bool], steps: list[int], seed: int, scale: float = 0.5) -> Chunk:
@@ -109,6 +113,11 @@ def test_segments_and_their_reductions_equal_the_torch_engine(layout):
             if name in EXP_QUANTITIES:
                 # |p_a − p_r| cancels: an ulp of a probability (≤ 2^-53) is the scale of the engines' difference
                 atol = 1e-15 * length if name == "prob_diff" else 1e-300
+                if name in CANCELLING:  # a tolerance per segment (assert_allclose takes one number)
+                    scale = 1e-15 * np.abs(getattr(kernel, reduction)("abs_log_ratio").numpy())
+                    close = np.isclose(mine, theirs, rtol=RTOL, atol=scale)
+                    assert close.all(), f"{reduction}({name}): {mine[~close]} against {theirs[~close]}"
+                    continue
                 np.testing.assert_allclose(mine, theirs, rtol=RTOL, atol=atol, err_msg=f"{reduction}({name})")
             else:
                 np.testing.assert_array_equal(mine, theirs, err_msg=f"{reduction}({name})")
