@@ -1,6 +1,6 @@
 """The compiled pass of the presets' derived token quantities (rollout_diag/kernels/presets.py) against the torch
 engine on the CPU: 1e-12 relative, counts exact, also where weights land on truncation, IcePop, mask and veto bounds
-(the IS weight is torch's exp on both engines, so a token on a bound falls on the side torch puts it)."""
+(the IS weight is numpy's exp on both engines on the CPU, so a token on a bound falls on the same side in both)."""
 
 from __future__ import annotations
 
@@ -139,25 +139,27 @@ def kernel_signed_counts(clamped: np.ndarray, segment: int = 97) -> np.ndarray:
     return counts
 
 
-def test_every_histogram_edge_is_where_the_torch_formula_changes_bin():
-    """edges[k] is the first float64 |c| of bin k: the float below it is in bin k − 1 (bisection found the change)."""
-    from rollout_diag.metrics.sweep import HISTOGRAM_BINS, _torch_bins, exact_bin_edges
+def test_every_histogram_edge_is_where_the_engines_formula_changes_bin():
+    """edges[k] is the first float64 |c| of bin k: the float below it is in bin k − 1 (bisection found the change),
+    for numpy chunks and CPU tensors alike (both take numpy's log10 on the host)."""
+    from rollout_diag.metrics.sweep import HISTOGRAM_BINS, exact_bin_edges, magnitude_bins
 
     edges, table = exact_bin_edges()
     assert edges.shape == (HISTOGRAM_BINS,) and np.all(np.diff(edges) > 0)
     inside = edges[1:]
-    assert np.array_equal(_torch_bins(torch.from_numpy(inside)).numpy(), np.arange(1, HISTOGRAM_BINS))
     below = np.nextafter(inside, 0.0)
-    assert np.array_equal(_torch_bins(torch.from_numpy(below)).numpy(), np.arange(0, HISTOGRAM_BINS - 1))
+    for kind in (np.asarray, torch.from_numpy):
+        assert np.array_equal(np.asarray(magnitude_bins(kind(inside))), np.arange(1, HISTOGRAM_BINS))
+        assert np.array_equal(np.asarray(magnitude_bins(kind(below))), np.arange(0, HISTOGRAM_BINS - 1))
     # the edges are near 10^(k/32 − 12), where the formula's bins change in exact arithmetic
     exact = 10.0 ** (-12 + np.arange(1, HISTOGRAM_BINS) / 32)
     assert np.allclose(inside, exact, rtol=1e-12)
     assert table.min() >= 0 and table.max() < HISTOGRAM_BINS
 
 
-def test_the_pass_bins_c_as_the_torch_formula_near_every_edge_and_everywhere():
+def test_the_pass_bins_c_as_the_engines_formula_near_every_edge_and_everywhere():
     """Every float within 40 ulps of every edge, each sign, and c over every decade (0, −0.0, ±20, below 1e-12):
-    the compiled pass's counts are the torch engine's, bin for bin."""
+    the compiled pass's counts are the torch engine's on the CPU, bin for bin."""
     from rollout_diag.metrics.sweep import exact_bin_edges
 
     edges, _ = exact_bin_edges()
@@ -276,16 +278,24 @@ def test_a_quantity_read_for_its_moments_only_still_reduces_as_the_torch_engine(
     assert torch.allclose(derived_moments(kernel, name), derived_moments(reference, name), rtol=1e-12, atol=0)
 
 
-def test_torch_exp_is_elementwise_so_the_prepared_weights_are_the_torch_engines():
-    """The prepared w is torch's exp of c computed over the chunk's model tokens in one array: a value's exp must
-    not depend on where it sits in the array (vector body or tail, thread split), or the engines could disagree."""
+def test_numpy_exp_is_elementwise_so_the_prepared_weights_are_the_torch_engines():
+    """The prepared w is numpy's exp of c computed in place over the chunk's model tokens in one array; the torch
+    engine takes numpy's exp of its CPU tensor (``arrays.host_exp``) over other arrays (a row's, a segment's): a
+    value's exp must not depend on where it sits in the array (vector body or tail, alignment, in place or not), or
+    the engines could disagree."""
+    from rollout_diag import arrays
+
     rng = np.random.default_rng(0)
     clamped = np.clip(rng.normal(0, 2, 100_003), -20, 20)
-    whole = torch.exp(torch.from_numpy(clamped)).numpy()
+    whole = clamped.copy()
+    np.exp(whole, out=whole)
+    assert np.array_equal(np.exp(clamped), whole)
+    assert np.array_equal(arrays.host_exp(torch.from_numpy(clamped)).numpy(), whole)
     for start in range(0, 17):
         for stop in (start + 1, start + 7, start + 1001, 100_003):
-            part = torch.exp(torch.from_numpy(clamped[start:stop].copy())).numpy()
+            part = arrays.host_exp(torch.from_numpy(clamped[start:stop].copy())).numpy()
             assert np.array_equal(part, whole[start:stop])
+            assert np.array_equal(np.exp(clamped[start:stop]), whole[start:stop])  # unaligned views too
 
 
 def test_a_chunks_stats_are_freed_without_the_cyclic_collector():

@@ -140,27 +140,38 @@ def test_memo_computes_once_per_chunk_and_key():
 
 
 def test_a_preset_pass_takes_exp_of_the_clamped_log_ratio_once(monkeypatch):
-    """Every preset (token TIS / IcePop at several bounds, k3 options, legacy token weights) reads one exp(c)."""
+    """Every preset (token TIS / IcePop at several bounds, k3 options, legacy token weights) reads one exp(c), numpy's
+    on the CPU in either engine (``arrays.host_exp``; the numba engine's ``correction.token_weights``)."""
     chunk = random_chunk(11, 40, sorted_steps=True)
     s = stats(chunk)
     tokens = chunk.model.row.numel()
     full_size_exps = []
-    original_exp = torch.exp
+    original_exp = np.exp
 
-    def counting_exp(values: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        if values.numel() == tokens:
-            full_size_exps.append(values)
-        return original_exp(values, *args, **kwargs)
+    class CountingNumpy:  # numpy as the two modules that take the exp see it, with its full-size exps counted
+        def __getattr__(self, name):
+            return getattr(np, name)
 
-    monkeypatch.setattr(torch, "exp", counting_exp)
+        @staticmethod
+        def exp(values, *args, **kwargs):
+            if np.size(values) == tokens:
+                full_size_exps.append(values)
+            return original_exp(values, *args, **kwargs)
+
+    from rollout_diag import arrays
+    from rollout_diag.metrics import correction
+
+    monkeypatch.setattr(arrays, "np", CountingNumpy())
+    monkeypatch.setattr(correction, "np", CountingNumpy())
     CorrectionAnalysis(list(PRESETS.values())).update(chunk)
     assert len(full_size_exps) == 1
 
     token_weight = s.token("token_is_weight")
     clamped = s.token("clamped_log_ratio")
-    assert torch.equal(token_weight, original_exp(clamped))
-    # §3 k3 rounds as verl writes it, exp(c) − 1 − c from torch's exp, so a row at a threshold falls on verl's side
-    assert torch.equal(s.token("rs_k3"), original_exp(clamped) - 1.0 - clamped)
+    numpy_exp = torch.from_numpy(original_exp(clamped.numpy()))
+    assert torch.equal(token_weight, numpy_exp)
+    # §3 k3 rounds as verl writes it, exp(c) − 1 − c, so a row at a threshold falls on verl's side
+    assert torch.equal(s.token("rs_k3"), numpy_exp - 1.0 - clamped)
     token_tis = ImportanceSampling("token", 2.0, 0.5, icepop=False, batch_normalize=False)
     assert importance_weights(s, token_tis)[0].values is token_weight
     assert legacy_weights(s, "token").values is token_weight

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
+from rollout_diag import arrays
 from rollout_diag.drivers.dump import reads_dump
 from rollout_diag.drivers.passes import Inputs, Progress, open_reader, resolve_device, run_chunks
 from rollout_diag.io.decisions import DecisionFile
@@ -23,6 +23,9 @@ from rollout_diag.metrics.legacy import legacy_weights
 from rollout_diag.metrics.outcome import DropRule
 from rollout_diag.metrics.segments import ChunkStats, stats
 from rollout_diag.presets import Preset, resolve_presets
+
+if TYPE_CHECKING:
+    import torch  # annotations only: the arithmetic runs in metrics, on numpy chunks or tensors alike
 
 
 class DecisionWriter:
@@ -44,21 +47,21 @@ class DecisionWriter:
         missing = np.full(rows, np.nan)
         parts: dict[str, list[Any]] = {name: [] for name in self._file.names}
         for preset, rule in zip(self.presets, self.rules, strict=True):
-            rejected_tokens = rule.kept_tokens(shared).map(torch.logical_not)
-            rejected = shared.row_sum(rejected_tokens).round().to(torch.int64).cpu().numpy()
+            rejected_tokens = rule.kept_tokens(shared).map(arrays.logical_not)
+            rejected = np.rint(arrays.host(shared.row_sum(rejected_tokens))).astype(np.int64)
             statistics = {option.option: rs_row_value(shared, option) for option in preset.rejection}
             parts["preset"].append([preset.name] * rows)
-            parts["step"].append(chunk.step.cpu().numpy())
+            parts["step"].append(arrays.host(chunk.step))
             parts["sample_id"].append(chunk.sample_id)
             parts["file"].append(chunk.file)
             parts["file_row"].append(np.asarray(chunk.file_row, dtype=np.int64))
-            parts["tokens"].append(shared.row_tokens.cpu().numpy())
+            parts["tokens"].append(arrays.host(shared.row_tokens))
             parts["tokens_rejected"].append(rejected)
             parts["kept"].append(rejected == 0)
             parts["is_weight"].append(self._row_weight(shared, preset, missing))
             for name in self.options:
                 values = statistics.get(name)
-                parts[f"stat_{name}"].append(missing if values is None else values.cpu().numpy())
+                parts[f"stat_{name}"].append(missing if values is None else arrays.host(values))
         self._file.write({name: _concatenate(pieces) for name, pieces in parts.items()})
         self.rows_written += rows * len(self.presets)
 
@@ -80,7 +83,7 @@ class DecisionWriter:
             weight = legacy_weights(shared, preset.legacy.level)
         else:
             return missing
-        return shared.row_mean(weight).cpu().numpy()
+        return arrays.host(shared.row_mean(weight))
 
 
 def _concatenate(pieces: list[Any]) -> np.ndarray:
@@ -111,5 +114,5 @@ def export_decisions(
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
     with DecisionWriter(path, chosen) as writer:
-        run_chunks(reader, [lambda chunk: writer.write(stats(chunk))], torch_device, progress)
+        run_chunks(reader, [lambda chunk: writer.write(stats(chunk))], torch_device, progress, numpy=True)
     return writer.rows_written

@@ -13,6 +13,9 @@ from pathlib import Path
 from rollout_diag.errors import InputError
 
 _GLOB_CHARS = set("*?[")
+# step=<N>/_COMPLETE-rank-<R>: rank R has written its file of step N (io/writer.py writes it, watch reads it: here,
+# where the watcher finds it without loading the writer's torch)
+COMPLETE_PREFIX = "_COMPLETE-rank-"
 # s3://, gs://, hf://, https://, file:// (a pathlib.Path, as the CLI hands them over, folds "//" into "/")
 _URI = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):/+(.*)", re.DOTALL)
 

@@ -29,7 +29,7 @@ import torch
 
 from rollout_diag.errors import ConfigError
 from rollout_diag.io.columns import ROLE_CANDIDATES
-from rollout_diag.io.outputs import commit, discard, temporary_beside
+from rollout_diag.io.sources import COMPLETE_PREFIX
 from rollout_diag.io.validate import MAX_POSITIVE_LOGPROB
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,6 @@ LOGPROB_TYPES = {"float32": pa.float32(), "float64": pa.float64()}
 _TORCH_TYPES = {"float32": torch.float32, "float64": torch.float64}
 PADDING_SIDES = ("right", "left")
 PARTITIONS = ("step",)
-COMPLETE_PREFIX = "_COMPLETE-rank-"  # step=<N>/_COMPLETE-rank-<R>: rank R has written its file of step N
 # Names the reader would take for a role (two candidates for one role is an error there), so extras avoid them.
 # policy_version is the exception: a per-row scalar role, written as an extra column and read back by that role.
 _RESERVED = {name for role, names in ROLE_CANDIDATES.items() if role != "policy_version" for name in names} | {
@@ -583,59 +582,3 @@ def _fsync(path: Path) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
-
-
-_KINDS = {
-    "string": pa.string(),
-    "category": pa.dictionary(pa.int32(), pa.string()),  # a few distinct values repeated on every row
-    "int64": pa.int64(),
-    "float64": pa.float64(),
-    "bool": pa.bool_(),
-}
-
-
-class RowTableWriter:
-    """Stream rows of plain columns (numpy arrays or lists; NaN floats become nulls) into one Parquet file.
-
-    ``columns``: (name, kind) with kind in string, category, int64, float64, bool. A context manager: a
-    pass that fails deletes the half-written file. Raises ConfigError when the file cannot be created.
-    """
-
-    def __init__(self, path: str | Path, columns: Sequence[tuple[str, str]], setting: str = "output") -> None:
-        self.path = Path(path)
-        self.schema = pa.schema([(name, _KINDS[kind]) for name, kind in columns])
-        try:  # written beside the target and renamed over it on close: a failed pass leaves the old file as it was
-            self._temporary = temporary_beside(self.path)
-            self._writer = pq.ParquetWriter(str(self._temporary), self.schema, compression="zstd")
-        except (OSError, pa.ArrowException) as exc:
-            if hasattr(self, "_temporary"):
-                discard(self._temporary)
-            raise ConfigError(f"{setting}={self.path}: cannot write ({' '.join(str(exc).split())}).") from None
-
-    def write(self, columns: dict[str, Any]) -> None:
-        arrays = []
-        for field in self.schema:
-            values = columns[field.name]
-            if pa.types.is_dictionary(field.type):
-                arrays.append(pa.array(values, pa.string()).dictionary_encode())
-            else:
-                arrays.append(pa.array(values, field.type, from_pandas=True))  # from_pandas: NaN -> null
-        self._writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema))
-
-    def close(self) -> None:
-        """Finish the file and put it in place (replacing what was at the path)."""
-        self._writer.close()
-        if os.path.lexists(self._temporary):
-            commit(self._temporary, self.path)
-
-    def __enter__(self) -> RowTableWriter:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        if kind is None:
-            self.close()
-            return
-        self._writer.close()
-        discard(self._temporary)

@@ -6,12 +6,13 @@ of c (``metrics/sweep.py``), and in a second pass the step groups' centred momen
 (δ, c, w, k1, k2, k3) are laid out once in a scratch block the size of the longest segment, and each derived
 quantity's op runs over them in a loop of its own. No token-sized temporary beyond c and w.
 
-The IS weight w = exp(c) is read, not computed: it is torch's exp (the torch engine's ``token_is_weight``) of the
-c that :func:`clamped_tokens` writes, so a weight that lands on a truncation or IcePop bound falls on the side verl's
-torch puts it (libm's exp, numba's, differs from torch's in the last bit for about 5 % of values: measured,
-docs/benchmarks.md). Everything else is computed here with the torch engine's float64 formulas, so each per-token
-value is the torch engine's, bit for bit; the histogram's bins are found from the exact edges of the torch formula
-(``metrics.sweep.exact_bin_edges``), not from a log10 of our own.
+The IS weight w = exp(c) is read, not computed: it is numpy's exp of the c that :func:`clamped_tokens` writes, the
+exp the torch engine takes on the CPU too (``arrays.host_exp``: the torch engine's ``token_is_weight``), so a weight
+that lands on a truncation or IcePop bound falls on the same side in both engines, on any CPU (numba's exp, libm's,
+and torch's differ from numpy's in the last bit for some values: about 5 % between torch's and numpy's without
+AVX-512; docs/benchmarks.md). Everything else is computed here with the torch engine's float64 formulas, so each
+per-token value is the torch engine's on the CPU, bit for bit; the histogram's bins are found from the exact edges of
+the engines' formula (``metrics.sweep.exact_bin_edges``), not from a log10 of our own.
 """
 
 from __future__ import annotations
@@ -134,8 +135,8 @@ def _pairwise_on(values: np.ndarray, lo: int, n: int, stack: np.ndarray, left: n
 
 @njit(**_FLAGS)
 def clamped_tokens(trainer: np.ndarray, rollout: np.ndarray, raw: np.ndarray, model: np.ndarray, length: np.ndarray):
-    """c = clamp20(δ) at every model token (float64 [M], index ``model[s] + k``): what torch's exp turns into the IS
-    weights (the torch engine's ``clamped_log_ratio``, value for value), without the model-token tensors."""
+    """c = clamp20(δ) at every model token (float64 [M], index ``model[s] + k``): what numpy's exp turns into the IS
+    weights (the torch engine's ``clamped_log_ratio``, value for value), without model-token arrays of δ."""
     total = 0
     for s in range(raw.shape[0]):
         total += length[s]
@@ -169,7 +170,7 @@ def _fill_bases(
     bases: np.ndarray,
 ) -> None:
     """The base quantities (KINDS rows of ``bases``) of a segment's ``size`` tokens (raw index ``start + k``, model
-    index ``first + k``), with the torch engine's float64 formulas; w is read (torch's exp), 1.0 without weights."""
+    index ``first + k``), with the torch engine's float64 formulas; w is read (numpy's exp), 1.0 without weights."""
     has_weight = weight.shape[0] > 0
     raw, model = uint64(start), uint64(first)  # unsigned: no negative-index wrap per read
     for k in range(size):
@@ -277,7 +278,7 @@ def _count_signed_bins(
     clamped: np.ndarray, size: int, edges: np.ndarray, table: np.ndarray, counts: np.ndarray
 ) -> None:
     """Counts into ``counts`` the sweep's histogram bin of each c in ``clamped[:size]`` (``metrics.sweep.signed_bins``:
-    |c|'s bin, plus BINS where c ≤ 0), found from ``edges`` (edges[k], 1 ≤ k < BINS: the smallest |c| the torch
+    |c|'s bin, plus BINS where c ≤ 0), found from ``edges`` (edges[k], 1 ≤ k < BINS: the smallest |c| the engines'
     formula puts in bin k or above; edges[BINS] = +inf) instead of a log10: ``table`` holds the bin of the lower end
     of each slice of |c| that shares a float64 exponent and the top 6 bits of the mantissa, from edges[1]'s slice on.
     A slice is narrower than a bin, so at most one edge lies inside it: the step over it is taken without a branch
@@ -315,7 +316,7 @@ def preset_pass(
     """Every derived quantity q (``codes[q]`` = (kind, op), ``bounds[q]`` = (L, U)) of every segment's tokens, each
     token read once: per segment the sum (numpy reduceat's order), the maximum and the minimum (float64 [Q, S] each;
     a value quantity's max and min only where ``extremes[q]``, else left unset), and, with ``edges`` (empty: none),
-    the sweep's signed histogram of c over the chunk's model tokens (int64 [2·BINS]). ``weight``: torch's exp(c) at
+    the sweep's signed histogram of c over the chunk's model tokens (int64 [2·BINS]). ``weight``: numpy's exp(c) at
     each model token (index ``model[s] + k``), or empty when no quantity reads w or k3. Per segment the base
     quantities are laid out once, then each quantity's op runs over them in its own loop (the op is chosen once per
     segment, not per token)."""

@@ -1,6 +1,8 @@
 """Rollout-correction metrics: IS weights (METRICS.md §2) and rejection sampling (§3), keys ``rollout_corr/…``.
 
-Every accumulator reads the chunk's one per-chunk engine, :class:`~rollout_diag.metrics.segments.ChunkStats`:
+Every accumulator reads the chunk's one per-chunk engine, :class:`~rollout_diag.metrics.segments.ChunkStats`
+(numpy arrays on the numba engine, which then never loads torch; tensors on the torch engine, through
+``rollout_diag.arrays``):
 token quantities shared with the analysis families (c = clamp20(δ), k2, k3, exp(c) and their row sums), and
 the values derived from a preset's config (IS weights, row statistics, keep flags), each memoised per chunk
 (``ChunkStats.memo``) so presets that share a part compute it once. ``outcome.CorrectionAnalysis`` holds one
@@ -22,9 +24,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-import torch
 
-from rollout_diag import catalogue
+from rollout_diag import arrays, catalogue
+from rollout_diag.arrays import Array
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.kernels import compiled_presets
 from rollout_diag.metrics.base import (
@@ -62,15 +64,15 @@ class Derived:
     def name(self) -> str:
         return f"{self.op}({self.base}; {self.lower!r}, {self.upper!r})"
 
-    def torch_values(self, s: ChunkStats) -> torch.Tensor:
-        """The quantity at every model token, with the torch engine's formulas (a flag as bool)."""
+    def torch_values(self, s: ChunkStats) -> Array:
+        """The quantity at every model token, with the torch engine's formulas (a flag as bool), of the chunk's kind."""
         v, lower, upper = s.token(self.base), self.lower, self.upper
         if self.op == "tis":
-            return v.clamp(max=upper)
+            return arrays.clamp(v, upper=upper)
         if self.op == "icepop":
-            return torch.where((v >= lower) & (v <= upper), v, 0.0)
+            return arrays.where((v >= lower) & (v <= upper), v, 0.0)
         if self.op == "clamp":
-            return v.clamp(lower, upper)
+            return arrays.clamp(v, lower, upper)
         if self.op == "above":
             return v > upper
         if self.op == "below":
@@ -126,7 +128,7 @@ def prepare_derived(s: ChunkStats, names: Iterable[str], moments: Iterable[str] 
     codes = np.array([[kernels.KINDS[q.base], kernels.OPS[q.op]] for q in quantities], dtype=np.int64).reshape(-1, 2)
     bounds = np.array([[q.lower, q.upper] for q in quantities], dtype=np.float64).reshape(-1, 2)
     needs_weight = any(q.base in ("token_is_weight", "rs_k3") for q in quantities)
-    weight = token_weights(s).numpy() if needs_weight else np.zeros(0)
+    weight = arrays.host(token_weights(s)) if needs_weight else np.zeros(0)
     trainer, rollout = s._raw
     raw, model, length, *_ = s._layout
     edges, table = exact_bin_edges() if histogram else (np.zeros(0), np.zeros(0, np.int64))
@@ -139,41 +141,54 @@ def prepare_derived(s: ChunkStats, names: Iterable[str], moments: Iterable[str] 
         s.memo(SIGNED_HISTOGRAM, lambda: counts)
     for index, name in enumerate(wanted):
         # KernelStats reads segment reductions by name from these caches (as it does for its own kernel's sums)
-        s._sums[name] = torch.from_numpy(sums[index])
+        s._sums[name] = s._out(sums[index])
         if extremes[index]:
-            s._maxima[name] = torch.from_numpy(maxima[index])
-            s._minima[name] = torch.from_numpy(minima[index])
+            s._maxima[name] = s._out(maxima[index])
+            s._minima[name] = s._out(minima[index])
     centred = [index for index, name in enumerate(wanted) if name in moment_names]
     if not centred:
         return
     # the torch engine's moments (ChunkStats.group_moments): group means from the sums by name, then centred squares
     n = s.group_tokens
-    means = torch.stack([s.group_sum(wanted[index]) / n.clamp(min=1.0) for index in centred], dim=1)
-    segment_group = s.segment_group.numpy()
-    m2 = kernels.centred_pass(
-        trainer, rollout, weight, raw, model, length, segment_group, codes[centred], bounds[centred], means.numpy()
+    means = arrays.stack([s.group_sum(wanted[index]) / arrays.clamp(n, lower=1.0) for index in centred], axis=1)
+    segment_group = arrays.host(s.segment_group)
+    m2 = s._out(
+        kernels.centred_pass(
+            trainer,
+            rollout,
+            weight,
+            raw,
+            model,
+            length,
+            segment_group,
+            codes[centred],
+            bounds[centred],
+            arrays.host(means),
+        )
     )
-    zeros = torch.zeros_like(n)
+    zeros = arrays.zeros(arrays.size(n), n)
     for place, index in enumerate(centred):
-        moments = torch.stack([n, means[:, place], zeros, torch.from_numpy(m2[:, place]), zeros, zeros], dim=-1)
+        moments = arrays.stack([n, means[:, place], zeros, m2[:, place], zeros, zeros], axis=-1)
         s.memo(("derived_moments", wanted[index]), lambda moments=moments: moments)
 
 
-def token_weights(s: KernelStats) -> torch.Tensor:
-    """w = exp(c) at every model token, torch's exp as the torch engine takes it (``token_is_weight``, cached there),
-    of the c the compiled pass writes from the raw arrays: no model-token tensors of δ or c are built. torch's exp is
-    elementwise (a value's weight does not depend on where it sits in the array: tests/test_kernel_presets.py), so
-    these are the torch engine's weights bit for bit."""
+def token_weights(s: KernelStats) -> Array:
+    """w = exp(c) at every model token (``token_is_weight``, cached there, of the chunk's kind), numpy's exp as the
+    torch engine takes it on the CPU (``arrays.host_exp``), of the c the compiled pass writes from the raw arrays: no
+    model-token arrays of δ or c are built. numpy's exp is elementwise (a value's weight does not depend on where it
+    sits in the array: tests/test_kernel_presets.py), so these are the torch engine's CPU weights bit for bit."""
     found = s._tokens.get("token_is_weight")
     if found is None:
         trainer, rollout = s._raw
         raw, model, length, *_ = s._layout
-        clamped = torch.from_numpy(compiled_presets().clamped_tokens(trainer, rollout, raw, model, length))
-        found = s._tokens["token_is_weight"] = torch.exp(clamped, out=clamped)
+        clamped = compiled_presets().clamped_tokens(trainer, rollout, raw, model, length)
+        with np.errstate(over="ignore", invalid="ignore"):  # c is clamped to ±20: nothing overflows; NaN stays NaN
+            np.exp(clamped, out=clamped)
+        found = s._tokens["token_is_weight"] = s._out(clamped)
     return found
 
 
-def derived_moments(s: ChunkStats, name: str) -> torch.Tensor:
+def derived_moments(s: ChunkStats, name: str) -> Array:
     """[n, mean, 0, M2, 0, 0] per step group of a derived quantity: the compiled pass's (``prepare_derived`` with it
     among ``moments``), else the torch engine's."""
     return s.memo(("derived_moments", name), lambda: s.group_moments(PerToken.quantity(s, name)))
@@ -193,35 +208,35 @@ class NamedQuantity(PerToken):
         object.__setattr__(self, "_stats", weakref.ref(s))
 
     @property
-    def values(self) -> torch.Tensor:  # type: ignore[override]
+    def values(self) -> Array:  # type: ignore[override]
         return self._stats().token(self.name)
 
 
-def sequence_log_ratio(s: ChunkStats) -> torch.Tensor:
+def sequence_log_ratio(s: ChunkStats) -> Array:
     """s_i = S_i[δ] (unclamped, every row; 0 for an empty row): the row sum §1 takes too, computed once."""
     return s.row_sum("log_ratio")
 
 
 def sequence_weight(s: ChunkStats) -> PerToken:
-    """§2 / §8 sequence-level w_raw = exp(clamp20(s_i)) per row."""
-    return s.memo("sequence_weight", lambda: PerToken(torch.exp(clamp20(sequence_log_ratio(s))), by_row=True))
+    """§2 / §8 sequence-level w_raw = exp(clamp20(s_i)) per row (numpy's exp on the CPU: ``arrays.host_exp``)."""
+    return s.memo("sequence_weight", lambda: PerToken(arrays.host_exp(clamp20(sequence_log_ratio(s))), by_row=True))
 
 
-def rs_row_value(s: ChunkStats, option: RejectionOption) -> torch.Tensor:
+def rs_row_value(s: ChunkStats, option: RejectionOption) -> Array:
     """§3 v_i per row: S_i[k] (seq_sum), R_i[k] (seq_mean and token options), max (seq_max, 0 if empty)."""
 
-    def compute() -> torch.Tensor:
+    def compute() -> Array:
         row_total = statistic_row_sum(s, option.statistic)
         if option.scope == "seq_sum":
             return row_total
         if option.scope == "seq_max":  # k2 / k3 only (§3 has no seq_max_k1)
-            return torch.where(s.valid_rows, s.row_max(f"rs_{option.statistic}"), 0.0)
+            return arrays.where(s.valid_rows, s.row_max(f"rs_{option.statistic}"), 0.0)
         return row_mean(row_total, s.row_count)
 
     return s.memo(("row_value", option.scope, option.statistic), compute)
 
 
-def statistic_row_sum(s: ChunkStats, statistic: str) -> torch.Tensor:
+def statistic_row_sum(s: ChunkStats, statistic: str) -> Array:
     """S_i[k] of a §3 token statistic, from the row sums the engine caches (the sweep reads the same ones); k1 = −c,
     so S_i[k1] = −S_i[c] (negation is exact)."""
     return -s.row_sum("clamped_log_ratio") if statistic == "k1" else s.row_sum(f"rs_{statistic}")
@@ -248,7 +263,7 @@ def rs_clamped_name(option: RejectionOption) -> str:
     return derived(f"rs_{option.statistic}", "clamp", option.lower, option.upper)
 
 
-def rs_rejections(s: ChunkStats, options: tuple[RejectionOption, ...]) -> tuple[torch.Tensor | None, list[str]]:
+def rs_rejections(s: ChunkStats, options: tuple[RejectionOption, ...]) -> tuple[Array | None, list[str]]:
     """What a chain of options rejects: rows (bool [R]: a sequence option drops them; None if none does) and the
     derived flags of its token options."""
     rows = None
@@ -282,7 +297,7 @@ def rs_final_keep(s: ChunkStats, options: tuple[RejectionOption, ...]) -> PerTok
     """§3 final mask on model tokens: Π(option keeps)."""
 
     def compute() -> PerToken:
-        keep = PerToken(torch.ones(s.chunk.rows, dtype=torch.bool, device=s.chunk.trainer.device), by_row=True)
+        keep = PerToken(arrays.ones(s.chunk.rows, s.chunk.trainer, "bool"), by_row=True)
         for option in options:
             keep = s.both(keep, rs_keep(s, option))
         return keep
@@ -300,8 +315,8 @@ def importance_weights(s: ChunkStats, config: ImportanceSampling) -> tuple[PerTo
             return raw, NamedQuantity(s, token_weight_name(config))
         if config.icepop:
             inside = icepop_inside(s, config).values
-            return raw, raw.map(lambda w: torch.where(inside, w, 0.0))
-        return raw, raw.map(lambda w: w.clamp(max=config.upper))
+            return raw, raw.map(lambda w: arrays.where(inside, w, 0.0))
+        return raw, raw.map(lambda w: arrays.clamp(w, upper=config.upper))
 
     return s.memo(("is", config.level, config.upper, config.lower, config.icepop), compute)
 
@@ -328,28 +343,28 @@ def icepop_inside(s: ChunkStats, config: ImportanceSampling) -> PerToken:
     return s.memo(("icepop_inside", config.level, config.lower, config.upper), compute)
 
 
-def rejection_counts(s: ChunkStats, rejected: PerToken | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rejection_counts(s: ChunkStats, rejected: PerToken | Array) -> tuple[Array, Array]:
     """(rejected model tokens, rows with one) per step group, from one row count of the flags (exact integers), or
     from the rejected model tokens of each row given as they are (float64 [R])."""
-    per_row = rejected if isinstance(rejected, torch.Tensor) else s.row_sum(rejected)
+    per_row = s.row_sum(rejected) if isinstance(rejected, PerToken) else rejected
     return s.group_sum_rows(per_row), s.group_sum_rows(per_row > 0)
 
 
-def rejected_per_row(s: ChunkStats, rows: torch.Tensor | None, flags: list[str]) -> torch.Tensor | None:
+def rejected_per_row(s: ChunkStats, rows: Array | None, flags: list[str]) -> Array | None:
     """Rejected model tokens of each row (float64 [R]) when a rule rejects whole rows (``rows``: bool [R], None for
     none) or the tokens of at most one derived flag quantity: every model token of a rejected row, else the row's
     flagged tokens. None when two token flags would have to be combined token by token (the caller does that)."""
     if len(flags) > 1:
         return None
-    tokens = s.row_sum(flags[0]) if flags else torch.zeros_like(s.row_count)
-    return tokens if rows is None else torch.where(rows, s.row_count, tokens)
+    tokens = s.row_sum(flags[0]) if flags else arrays.zeros(s.chunk.rows, s.row_count)
+    return tokens if rows is None else arrays.where(rows, s.row_count, tokens)
 
 
 class CorrectionAccumulator(StepAccumulator, ABC):
     """A StepAccumulator reading the chunk's shared :class:`ChunkStats`, so every accumulator of a pass (every
     preset) computes δ, k1/k2/k3, row values, weights and keep masks once per chunk."""
 
-    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
+    def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)
         prepare_derived(s, *self.token_quantities())  # a no-op when the pass prepared every accumulator's at once
         return self._shared_stats(s)
@@ -377,8 +392,8 @@ class CorrectionAccumulator(StepAccumulator, ABC):
         step's or the run's), [B] columns from a block of steps (``value``'s scalars [B], moments [B, 6])."""
 
     @abstractmethod
-    def _shared_stats(self, s: ChunkStats) -> dict[str, torch.Tensor]:
-        """Partial state of each step group: name -> tensor [G, ...]."""
+    def _shared_stats(self, s: ChunkStats) -> dict[str, Array]:
+        """Partial state of each step group: name -> array [G, ...] of the chunk's kind."""
 
 
 def log_bound(ratio: float | None, missing: float) -> float:
@@ -431,10 +446,10 @@ def weight_stats(
     s: ChunkStats,
     raw: PerToken,
     weight: PerToken,
-    level_log_ratio: torch.Tensor | None,
+    level_log_ratio: Array | None,
     bounds: tuple[float | None, float, float],
     token_weighted_fractions: bool = False,
-) -> dict[str, torch.Tensor]:
+) -> dict[str, Array]:
     """Partial state of WEIGHT_REDUCTIONS. ``level_log_ratio``: ℓ_i per row for sequence-like levels (None at
     token level); ``bounds``: (clamp floor of c, lower L', upper U) in ratio space, the floor None where w
     already lies in [0, U] (c = w)."""
@@ -459,7 +474,9 @@ def weight_stats(
     if level_log_ratio is None:  # c = clamp(w, floor, U): the weight itself or a derived token quantity
         clamped_moments = derived_moments(s, weight_moments_name(weight, floor, upper))
     else:
-        clamped_moments = s.group_moments(weight if floor is None else weight.map(lambda w: w.clamp(floor, upper)))
+        clamped_moments = s.group_moments(
+            weight if floor is None else weight.map(lambda w: arrays.clamp(w, floor, upper))
+        )
     return {
         "weight_sum": s.group_sum(weight),
         **extremes,
@@ -469,7 +486,7 @@ def weight_stats(
         "seq_weight": s.group_moments_rows(seq_weight),
         "seq_weight_max": s.group_max_rows(seq_weight),
         "seq_weight_min": s.group_min_rows(seq_weight),
-        "seq_deviation_max": s.group_max_rows((seq_weight - 1.0).abs()),
+        "seq_deviation_max": s.group_max_rows(abs(seq_weight - 1.0)),
         "seq_high": s.group_sum_rows(raw_seq_weight > upper),
         "seq_low": s.group_sum_rows(raw_seq_weight < lower),
     }
@@ -543,7 +560,7 @@ class ImportanceAccumulator(CorrectionAccumulator):
             names.append(derived("token_is_weight", "outside", config.lower, config.upper))
         return names, moments
 
-    def _shared_stats(self, s: ChunkStats) -> dict[str, torch.Tensor]:
+    def _shared_stats(self, s: ChunkStats) -> dict[str, Array]:
         config = self.config
         raw, weight = importance_weights(s, config)
         # §2: token level T[w_raw > U]; sequence level mean_i [s_i > log U] with unclamped s_i; c = clamp(w, 0, U),
@@ -555,7 +572,7 @@ class ImportanceAccumulator(CorrectionAccumulator):
         elif config.icepop:
             oob = s.group_tokens - s.group_sum(icepop_inside(s, config))
         else:
-            oob = torch.zeros_like(s.group_tokens)
+            oob = arrays.zeros(arrays.size(s.group_tokens), s.group_tokens)
         seq_weight = s.row_mean(weight)
         return {
             "tokens": s.group_tokens,
@@ -563,7 +580,7 @@ class ImportanceAccumulator(CorrectionAccumulator):
             "valid_rows": s.group_valid_rows,
             **weights,
             "oob": oob,
-            "valid_seq_weight_sum": s.group_sum_rows(torch.where(s.valid_rows, seq_weight, 0.0)),
+            "valid_seq_weight_sum": s.group_sum_rows(arrays.where(s.valid_rows, seq_weight, 0.0)),
         }
 
     def _metrics(self, value: dict[str, Any]) -> dict[str, Any]:
@@ -619,7 +636,7 @@ class RejectionOptionAccumulator(CorrectionAccumulator):
         flags = [derived(base, "above", upper=option.upper), derived(base, "below", lower=option.lower)]
         return [*names, *flags, rs_rejected_name(option)], [rs_clamped_name(option)]
 
-    def _shared_stats(self, s: ChunkStats) -> dict[str, torch.Tensor]:
+    def _shared_stats(self, s: ChunkStats) -> dict[str, Array]:
         option = self.option
         valid = s.valid_rows
         statistic = rs_statistic(s, option)
@@ -636,7 +653,7 @@ class RejectionOptionAccumulator(CorrectionAccumulator):
             high = s.group_sum(derived(base, "above", upper=option.upper))
             low = s.group_sum(derived(base, "below", lower=option.lower))
         if option.is_sequence:
-            rejected_tokens, rejected_rows = rejection_counts(s, rs_keep(s, option).map(torch.logical_not))
+            rejected_tokens, rejected_rows = rejection_counts(s, rs_keep(s, option).map(arrays.logical_not))
         else:
             rejected_tokens, rejected_rows = rejection_counts(s, s.row_sum(rs_rejected_name(option)))
         # Σ m·stat per row: n_i·v_i for sequence options, the cached S_i[k] for token options (no pass over tokens)
@@ -651,11 +668,11 @@ class RejectionOptionAccumulator(CorrectionAccumulator):
             "low": low,
             "clamped": derived_moments(s, rs_clamped_name(option))
             if not option.is_sequence
-            else s.group_moments(statistic.map(lambda stat: stat.clamp(option.lower, option.upper))),
+            else s.group_moments(statistic.map(lambda stat: arrays.clamp(stat, option.lower, option.upper))),
             "row_value": s.group_moments_rows(row_value, valid),
             "row_value_max": row_value_max,
             "row_value_min": row_value_min,
-            "row_value_abs_max": s.group_max_rows(row_value.abs(), valid),
+            "row_value_abs_max": s.group_max_rows(abs(row_value), valid),
             "row_high": row_high,
             "row_low": row_low,
             "rejected_tokens": rejected_tokens,
@@ -710,15 +727,15 @@ class DropCountAccumulator(CorrectionAccumulator):
     def kept_tokens(self, s: ChunkStats) -> PerToken:
         """Keep flag of every model token under the rule."""
 
-    def rejected_per_row(self, s: ChunkStats) -> torch.Tensor | None:
+    def rejected_per_row(self, s: ChunkStats) -> Array | None:
         """Rejected model tokens of each row from row flags and named token flags (``rejected_per_row`` of this
         module), or None: then counted from ``kept_tokens``."""
         return None
 
-    def _shared_stats(self, s: ChunkStats) -> dict[str, torch.Tensor]:
+    def _shared_stats(self, s: ChunkStats) -> dict[str, Array]:
         per_row = self.rejected_per_row(s)
         if per_row is None:
-            per_row = s.row_sum(self.kept_tokens(s).map(torch.logical_not))
+            per_row = s.row_sum(self.kept_tokens(s).map(arrays.logical_not))
         rejected_tokens, rejected_rows = rejection_counts(s, per_row)
         return {
             "tokens": s.group_tokens,
@@ -740,7 +757,7 @@ class RejectionChainAccumulator(DropCountAccumulator):
     def kept_tokens(self, s: ChunkStats) -> PerToken:
         return rs_final_keep(s, self.options)
 
-    def rejected_per_row(self, s: ChunkStats) -> torch.Tensor | None:
+    def rejected_per_row(self, s: ChunkStats) -> Array | None:
         return rejected_per_row(s, *rs_rejections(s, self.options))
 
     def token_quantities(self) -> tuple[list[str], list[str]]:

@@ -11,9 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
-import torch
-
-from rollout_diag import catalogue
+from rollout_diag import arrays, catalogue
+from rollout_diag.arrays import Array
 from rollout_diag.metrics.base import EPS, clamp20, row_mean
 from rollout_diag.metrics.correction import (
     WEIGHT_REDUCTIONS,
@@ -33,7 +32,7 @@ from rollout_diag.presets import LegacyCorrection
 PREFIX = catalogue.LEGACY_PREFIX
 
 
-def legacy_log_ratio(s: ChunkStats, level: str) -> torch.Tensor:
+def legacy_log_ratio(s: ChunkStats, level: str) -> Array:
     """§8 ℓ per row, unclamped: S_i[δ] (sequence) or R_i[δ] (geometric)."""
     if level == "sequence":
         return sequence_log_ratio(s)
@@ -42,13 +41,13 @@ def legacy_log_ratio(s: ChunkStats, level: str) -> torch.Tensor:
 
 def legacy_weights(s: ChunkStats, level: str) -> PerToken:
     """§8 w = exp(clamp20(ℓ)): per token (token level) or per row (sequence / geometric); the token and sequence
-    weights are §2's w_raw, shared with the IS accumulators."""
+    weights are §2's w_raw, shared with the IS accumulators; numpy's exp on the CPU (``arrays.host_exp``)."""
     if level == "token":
         return PerToken.quantity(s, "token_is_weight")
     if level == "sequence":
         return sequence_weight(s)
     return s.memo(
-        "legacy_geometric_weight", lambda: PerToken(torch.exp(clamp20(legacy_log_ratio(s, level))), by_row=True)
+        "legacy_geometric_weight", lambda: PerToken(arrays.host_exp(clamp20(legacy_log_ratio(s, level))), by_row=True)
     )
 
 
@@ -69,7 +68,7 @@ def legacy_mask_keep(s: ChunkStats, config: LegacyCorrection) -> PerToken:
 
     def compute() -> PerToken:
         if not config.masks:
-            return PerToken(torch.ones(s.chunk.rows, dtype=torch.bool, device=s.chunk.trainer.device), by_row=True)
+            return PerToken(arrays.ones(s.chunk.rows, s.chunk.trainer, "bool"), by_row=True)
         weight = legacy_weights(s, config.level)
         return weight.map(lambda w: (w >= config.mask_lower) & (w <= config.mask_upper))
 
@@ -88,7 +87,7 @@ def mask_name(config: LegacyCorrection) -> str:
     return derived("token_is_weight", "outside", config.mask_lower, config.mask_upper)
 
 
-def legacy_rejections(s: ChunkStats, config: LegacyCorrection) -> tuple[torch.Tensor, list[str]]:
+def legacy_rejections(s: ChunkStats, config: LegacyCorrection) -> tuple[Array, list[str]]:
     """What §8 rejects: rows (vetoed, or outside the mask at sequence / geometric level) and the named token flag of
     token-level masking."""
     rows = s.row_sum(veto_name(config)) > 0
@@ -103,11 +102,11 @@ def legacy_keep(s: ChunkStats, config: LegacyCorrection) -> PerToken:
     return s.both(legacy_mask_keep(s, config), PerToken(~vetoed_rows, by_row=True))
 
 
-def legacy_weight_stats(s: ChunkStats, level: str, lower: float, upper: float) -> dict[str, torch.Tensor]:
+def legacy_weight_stats(s: ChunkStats, level: str, lower: float, upper: float) -> dict[str, Array]:
     """§8 weight summary (WEIGHT_REDUCTIONS) of one level and bounds, shared by the configs that differ only in
     mode or veto (truncate and mask at the same bounds report the same weights)."""
 
-    def compute() -> dict[str, torch.Tensor]:
+    def compute() -> dict[str, Array]:
         weight = legacy_weights(s, level)  # metrics on the raw w: w_raw = w here
         level_log_ratio = None if level == "token" else legacy_log_ratio(s, level)
         # c = clamp(w, L, U); geometric fractions are token-weighted (row flags broadcast), sequence ones over rows
@@ -143,14 +142,14 @@ class LegacyAccumulator(CorrectionAccumulator):
                 names.append(mask_name(config))
         return names, moments
 
-    def _shared_stats(self, s: ChunkStats) -> dict[str, torch.Tensor]:
+    def _shared_stats(self, s: ChunkStats) -> dict[str, Array]:
         config = self.config
         weights = legacy_weight_stats(s, config.level, config.lower, config.upper)
         catastrophic_tokens, vetoed_rows = rejection_counts(s, s.row_sum(veto_name(config)))
         if config.level == "token" and config.masks:  # a named flag: no token tensor on the numba engine
             masked_tokens, masked_rows = rejection_counts(s, s.row_sum(mask_name(config)))
         else:
-            masked = legacy_mask_keep(s, config).map(torch.logical_not)
+            masked = legacy_mask_keep(s, config).map(arrays.logical_not)
             masked_tokens, rows_with_masked = rejection_counts(s, masked)
             # token level: rows with a masked token; sequence/geometric: the helper reads each row's broadcast flag
             masked_rows = s.group_sum_rows(masked.values) if masked.by_row else rows_with_masked

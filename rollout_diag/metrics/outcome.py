@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from rollout_diag import catalogue
+from rollout_diag.arrays import Array
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.kernels import expect_presets
 from rollout_diag.memory import trim_heap
@@ -36,9 +37,6 @@ from rollout_diag.metrics.legacy import LegacyAccumulator, legacy_keep, legacy_r
 from rollout_diag.metrics.segments import ChunkStats, PerToken, stats
 from rollout_diag.presets import ImportanceSampling, LegacyCorrection, Preset, RejectionOption
 from rollout_diag.results import Column, ColumnSource, ReadSequence, StepResult
-
-if TYPE_CHECKING:
-    import torch
 
 SUMMARY = catalogue.SUMMARY_PREFIX
 
@@ -85,7 +83,7 @@ class OutcomeAccumulator(DropCountAccumulator):
     def kept_tokens(self, s: ChunkStats) -> PerToken:
         return self.rule.kept_tokens(s)
 
-    def rejected_per_row(self, s: ChunkStats) -> torch.Tensor | None:
+    def rejected_per_row(self, s: ChunkStats) -> Array | None:
         rule = self.rule
         rows, flags = rs_rejections(s, rule.rejection)
         if rule.icepop is not None and rule.icepop.level == "token":

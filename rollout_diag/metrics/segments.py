@@ -102,9 +102,9 @@ def _rs_k2(s: ChunkStats) -> Array:  # §3 k2 = ½·c²
 
 @quantity("token_is_weight")
 def _token_is_weight(s: ChunkStats) -> Array:
-    # §2 token-level w_raw = exp(c) (§8 token level too), with torch's exp on tensors as verl computes it: a weight at a
-    # truncation or IcePop bound falls on the same side as in verl
-    return arrays.exp(s.token("clamped_log_ratio"))
+    # §2 token-level w_raw = exp(c) (§8 token level too), numpy's exp on the CPU in both engines (torch's on a GPU): a
+    # weight at a truncation or IcePop bound falls on the same side in either engine, on any CPU
+    return arrays.host_exp(s.token("clamped_log_ratio"))
 
 
 @quantity("rs_k3")

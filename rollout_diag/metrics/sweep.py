@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-import torch
 
+from rollout_diag import arrays
+from rollout_diag.arrays import Array
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import CLAMP, EPS, Ragged, State, StateTable, StepAccumulator, sequence_share
 from rollout_diag.metrics.segments import ChunkStats, stats
@@ -85,7 +86,7 @@ class SweepAccumulator(StepAccumulator):
         "rows": "concat",  # [rows, len(ROW_FIELDS)] of valid rows
     }
 
-    def _stats(self, chunk: Chunk) -> dict[str, torch.Tensor]:
+    def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)
         groups = chunk.groups
         # one histogram of 2·HISTOGRAM_BINS per step: c > 0 in the first half, c ≤ 0 in the second
@@ -96,7 +97,7 @@ class SweepAccumulator(StepAccumulator):
             "positive": signed[:, :HISTOGRAM_BINS],
             "negative": signed[:, HISTOGRAM_BINS:],
             "tokens": s.group_sum_rows(s.row_count),
-            "rows": Ragged(rows[valid].cpu().numpy(), groups.row_group[valid].cpu().numpy()),
+            "rows": Ragged(arrays.host(rows[valid]), arrays.host(groups.row_group[valid])),
         }
 
     def _finalize(self, state: State) -> dict[str, float]:
@@ -115,76 +116,77 @@ class RunSweepAccumulator(SweepAccumulator):
         s = stats(chunk)
         # counted by the compiled preset pass where the pass prepared it, else here: the same counts
         counts = s.memo(
-            SIGNED_HISTOGRAM, lambda: torch.bincount(signed_bins(s), minlength=2 * HISTOGRAM_BINS).cpu().numpy()
+            SIGNED_HISTOGRAM, lambda: arrays.host(arrays.bincount(signed_bins(s), None, 2 * HISTOGRAM_BINS))
         )
-        signed = torch.from_numpy(counts).to(torch.float64).view(1, -1)  # on the CPU: the state is numpy
-        rows = row_fields(s)
-        valid = s.row_count > 0
+        signed = np.asarray(counts, dtype=np.float64).reshape(1, -1)  # on the host: the state is numpy
+        rows = arrays.host(row_fields(s))
+        valid = arrays.host(s.row_count) > 0
         partial = {
-            "positive": signed[:, :HISTOGRAM_BINS].cpu().numpy(),
-            "negative": signed[:, HISTOGRAM_BINS:].cpu().numpy(),
-            "tokens": s.row_count.sum().reshape(1).cpu().numpy(),
-            "rows": Ragged(rows[valid].cpu().numpy(), np.zeros(int(valid.sum()), dtype=np.int64)),
+            "positive": signed[:, :HISTOGRAM_BINS],
+            "negative": signed[:, HISTOGRAM_BINS:],
+            "tokens": arrays.host(s.row_count).sum(keepdims=True),  # a sum of whole counts: exact in any order
+            "rows": Ragged(rows[valid], np.zeros(int(valid.sum()), dtype=np.int64)),
         }
         self.store = self.store.merged(StateTable.from_groups(self.REDUCTIONS, [0], partial))
 
 
-def signed_bins(s: ChunkStats) -> torch.Tensor:
-    """Histogram bin of each model token's c: |c|'s bin, plus HISTOGRAM_BINS where c ≤ 0."""
+def signed_bins(s: ChunkStats) -> Array:
+    """Histogram bin of each model token's c (int64, of the chunk's kind): |c|'s bin, plus HISTOGRAM_BINS where
+    c ≤ 0."""
     clamped = s.token("clamped_log_ratio")
-    level = torch.log10(clamped.abs().clamp(min=10.0**DECADE_MIN)) - DECADE_MIN
-    bins = (level * BINS_PER_DECADE).to(torch.int64).clamp(0, HISTOGRAM_BINS - 1)
-    return bins.add_((clamped <= 0).to(torch.int64), alpha=HISTOGRAM_BINS)
+    return magnitude_bins(abs(clamped)) + arrays.astype(clamped <= 0, "int64") * HISTOGRAM_BINS
 
 
 SLICE_SHIFT = 52 - 6  # = kernels.presets.SLICE_SHIFT: a slice of |c| shares a float64 exponent and 6 mantissa bits
 
 
-def _torch_bins(magnitude: torch.Tensor) -> torch.Tensor:
-    """The |c| part of ``signed_bins``: the same torch operations on |c| values."""
-    level = torch.log10(magnitude.clamp(min=10.0**DECADE_MIN)) - DECADE_MIN
-    return (level * BINS_PER_DECADE).to(torch.int64).clamp(0, HISTOGRAM_BINS - 1)
+def magnitude_bins(magnitude: Array) -> Array:
+    """The |c| part of ``signed_bins``: numpy's log10 on the host, so the CPU engines and the compiled pass's edges
+    (``exact_bin_edges``) bin alike; torch's on a GPU (``arrays.host_log10``)."""
+    level = arrays.host_log10(arrays.clamp(magnitude, lower=10.0**DECADE_MIN)) - DECADE_MIN
+    return arrays.clamp(arrays.astype(level * BINS_PER_DECADE, "int64"), 0, HISTOGRAM_BINS - 1)
 
 
 @functools.cache
 def exact_bin_edges() -> tuple[np.ndarray, np.ndarray]:
-    """Where ``signed_bins``' torch formula changes bin, so the compiled preset pass bins c exactly as torch does
-    without a log10 of its own (libm's and torch's log10 can differ in the last bit): ``edges`` float64
+    """Where ``signed_bins``' formula on the host (numpy's log10) changes bin, so the compiled preset pass bins c
+    exactly as the engines do on the CPU without a log10 of its own (numba's libm log10 and numpy's can differ in the
+    last bit): ``edges`` float64
     [HISTOGRAM_BINS], edges[k] (k ≥ 1) the smallest float64 |c| the formula puts in bin k or above (found by
     bisection on the bit patterns of positive floats, which order as the floats do; edges[0] = 0), and ``table``
     int64, the bin of the lower end of each slice of |c| (the floats that share an exponent and the top 6 bits of
     the mantissa: a ratio of at most 1 + 1/64, narrower than a bin) from edges[1]'s slice up to |c| = CLAMP's.
-    Computed once per process with this machine's torch, so the edges are the ones its log10 gives; they assume
+    Computed once per process with this machine's numpy, so the edges are the ones its log10 gives; they assume
     only that the formula never gives a smaller bin to a larger |c| (tests/test_sweep.py checks every edge's
     neighbourhood and random values)."""
-    k = torch.arange(1, HISTOGRAM_BINS, dtype=torch.int64)
-    low = torch.zeros_like(k)  # bits of +0.0: bin 0 < k
-    high = torch.full_like(k, int(np.float64(np.finfo(np.float64).max).view(np.int64)))  # the last bin ≥ k
+    k = np.arange(1, HISTOGRAM_BINS, dtype=np.int64)
+    low = np.zeros_like(k)  # bits of +0.0: bin 0 < k
+    high = np.full_like(k, np.float64(np.finfo(np.float64).max).view(np.int64))  # the last bin ≥ k
     while bool(((high - low) > 1).any()):
         middle = low + (high - low) // 2
-        reached = _torch_bins(middle.view(torch.float64)) >= k
-        high = torch.where(reached, middle, high)
-        low = torch.where(reached, low, middle)
-    edges = np.concatenate([[0.0], high.view(torch.float64).numpy()])
+        reached = magnitude_bins(middle.view(np.float64)) >= k
+        high = np.where(reached, middle, high)
+        low = np.where(reached, low, middle)
+    edges = np.concatenate([[0.0], high.view(np.float64)])
     first, last = (int(np.float64(x).view(np.int64)) >> SLICE_SHIFT for x in (edges[1], CLAMP))
     lower_ends = (np.arange(first, last + 1, dtype=np.int64) << SLICE_SHIFT).view(np.float64)
     return edges, np.searchsorted(edges[1:], lower_ends, side="right").astype(np.int64)
 
 
-def row_fields(s: ChunkStats) -> torch.Tensor:
-    """ROW_FIELDS of every row of the chunk [R, len(ROW_FIELDS)]."""
+def row_fields(s: ChunkStats) -> Array:
+    """ROW_FIELDS of every row of the chunk [R, len(ROW_FIELDS)], of the chunk's kind."""
     n = s.row_count
-    return torch.stack(
+    return arrays.stack(
         [
             s.row_sum("clamped_log_ratio"),
             s.row_sum("rs_k2"),
             s.row_sum("rs_k3"),
-            s.row_max("rs_k2").clamp(min=0.0),
-            s.row_max("rs_k3").clamp(min=0.0),
+            arrays.clamp(s.row_max("rs_k2"), lower=0.0),
+            arrays.clamp(s.row_max("rs_k3"), lower=0.0),
             n,
             s.row_sum("log_ratio"),
         ],
-        dim=-1,
+        axis=-1,
     )
 
 
