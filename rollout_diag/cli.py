@@ -483,7 +483,7 @@ def open_dump(
     """The command's :class:`~rollout_diag.drivers.dump.Dump` (its shared reading options, given once), opened before
     torch is loaded: files found, footers read, columns resolved, so a missing file or column fails at once.
     ``read_ahead``: the command reads every row (no --where / --steps): reading may start now (``Dump.opened``);
-    ``numpy``: its passes take numpy chunks (analyze, check: no torch)."""
+    ``numpy``: its passes take numpy chunks (every command that reads the whole dump: no torch on the CPU)."""
     from rollout_diag.drivers.dump import Dump
     from rollout_diag.io.sources import check_inputs_exist
     from rollout_diag.memory import defer_collection, many_short_rows, return_large_blocks
@@ -535,7 +535,7 @@ def root(
             envvar="ROLLOUT_DIAG_ENGINE",
             help="Per-token engine of every reading command: numba (compiled CPU kernels), torch (any device, what "
             "runs on CUDA) or auto (numba on the CPU, torch on a GPU; and torch for an input under 4M tokens and 4096 "
-            "rows where the command loads torch anyway: not analyze or check). Before the command: "
+            "rows where the command loads torch anyway: inspect). Before the command: "
             "rollout-diag --engine torch analyze ….",
         ),
     ] = Engine.auto,
@@ -741,7 +741,7 @@ def sweep(
       rollout-diag sweep run/ --target 0.001,0.01 -f json -o sweep.json
     """
     refuse_overwriting_inputs({"output": output}, inputs)
-    dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device)
+    dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, numpy=True)
     from rollout_diag.drivers.sweep import threshold_sweep
     from rollout_diag.render.export import json_pieces, sweep_csv
     from rollout_diag.render.sweep import render_sweep
@@ -823,7 +823,9 @@ def compare_presets(
     from rollout_diag.kernels import expect_presets
 
     expect_presets()  # a first run compiles the preset kernels in a helper process from the start
-    dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend, whole)
+    dump = open_dump(
+        inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend, whole, numpy=True
+    )
     from rollout_diag.drivers.compare import compare_presets as run_comparison
     from rollout_diag.presets import choose_presets
     from rollout_diag.render.export import comparison_csv, comparison_json_pieces
@@ -978,7 +980,17 @@ def report(
         expect_presets()  # a first run compiles the preset kernels in a helper process from the start
         whole = where is None and steps is None
         dump = open_dump(
-            inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend, read_ahead=whole
+            inputs,
+            input_format,
+            trust_pickle,
+            column,
+            strict,
+            chunk_tokens,
+            device,
+            workers,
+            backend,
+            read_ahead=whole,
+            numpy=True,
         )
     from rollout_diag.report import render_report
 

@@ -81,22 +81,13 @@ def test_a_mistyped_path_is_reported_before_pyarrow_and_numpy_load(tmp_path, com
     assert loaded_after(code, modules=("pyarrow", "numpy", "torch")) == set()
 
 
-# The modules that run torch, and only they, may import it when imported: the preset families' arithmetic
-# (metrics/correction.py and what builds on it), the trainer-side writer and API, and the drivers of the commands
-# that run those families. Every other module (the reader, the chunk, the numba engine, the analysis families, the
-# analyze and check drivers) imports without torch.
+# The modules that run torch, and only they, may import it when imported: the trainer-side writer and API, and the
+# driver of ``inspect`` (a row's tensors). Every other module (the reader, the chunk, the numba engine, every family
+# with the preset families, the drivers of analyze, check, compare-presets, report, sweep, diff and watch) imports
+# without torch.
 TORCH_MODULES = {
-    "rollout_diag.drivers.compare",
-    "rollout_diag.drivers.exports",
     "rollout_diag.drivers.inspect",
-    "rollout_diag.drivers.sweep",
-    "rollout_diag.drivers.watch",
-    "rollout_diag.io.decisions",
     "rollout_diag.io.writer",
-    "rollout_diag.metrics.correction",
-    "rollout_diag.metrics.legacy",
-    "rollout_diag.metrics.outcome",
-    "rollout_diag.metrics.sweep",
     "rollout_diag.trainers",
 }
 
@@ -156,6 +147,40 @@ def test_analyze_and_check_on_the_cpu_never_import_torch(grouped_dump, arguments
         "from typer.testing import CliRunner\nfrom rollout_diag.cli import app\n"
         f"result = CliRunner().invoke(app, {invocation!r})\n"
         "assert result.exit_code in (0, 3), result.output"  # 3: a gate failed (check)
+    )
+    env = {name: value for name, value in os.environ.items() if name != "ROLLOUT_DIAG_SMALL_INPUT_TOKENS"}
+    assert "torch" not in loaded_after(code, env=env)
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["compare-presets"],
+        ["compare-presets", "-f", "json", "--by", "env_name", "--where", "reward > 0"],
+        ["report", "-o", "{tmp}/report.html"],
+        ["sweep", "-f", "json"],
+        ["diff", "{dump}", "--by", "env_name"],
+        ["diff", "--steps-a", "0:1", "--steps-b", "2:", "-f", "json"],
+        ["watch", "--exit-after-idle", "0", "-f", "jsonl"],
+    ],
+    ids=["compare-presets", "compare-by-where", "report", "sweep", "diff", "diff-steps", "watch"],
+)
+@pytest.mark.parametrize("engine", ["numba", "auto"])
+def test_the_preset_and_sweep_commands_on_the_cpu_never_import_torch(grouped_dump, tmp_path, arguments, engine):
+    """compare-presets, report, sweep, diff and watch run the preset families and the sweep on numpy chunks: the numba
+    engine on the CPU (``auto`` there too, at any size) reads, computes and renders without torch."""
+    command, *options = arguments
+    target = str(grouped_dump)
+    if command == "watch":  # a directory of the dump, read once and left at once
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / "part.parquet").write_bytes(grouped_dump.read_bytes())
+        target = str(tmp_path / "run")
+    options = [option.format(tmp=tmp_path, dump=grouped_dump) for option in options]
+    invocation = ["--engine", engine, command, target, *options]
+    code = (
+        "from typer.testing import CliRunner\nfrom rollout_diag.cli import app\n"
+        f"result = CliRunner().invoke(app, {invocation!r})\n"
+        "assert result.exit_code in (0, 3), result.output"  # 3: a gate failed (watch)
     )
     env = {name: value for name, value in os.environ.items() if name != "ROLLOUT_DIAG_SMALL_INPUT_TOKENS"}
     assert "torch" not in loaded_after(code, env=env)

@@ -267,10 +267,12 @@ def test_engine_selection(monkeypatch):
 
 
 def test_auto_runs_torch_on_a_small_input(monkeypatch, engines_seen):
-    """``auto`` on the CPU, where the command loads torch anyway (compare-presets): the torch engine for an input of
-    fewer tokens than the bound (from the footers), the numba kernels from the bound up; an explicit engine holds
-    whatever the size; no size known: the kernels. ``analyze`` (numpy chunks, no torch): the kernels at any size."""
+    """``auto`` on the CPU, where the chunks are tensors (torch is loaded anyway: ``inspect``): the torch engine for an
+    input of fewer tokens than the bound (from the footers), the numba kernels from the bound up; an explicit engine
+    holds whatever the size; no size known: the kernels. The commands on numpy chunks (``analyze``,
+    ``compare-presets``, no torch): the kernels at any size."""
     from rollout_diag.drivers.dump import Dump
+    from rollout_diag.io.reader import DumpReader
     from rollout_diag.kernels import SMALL_INPUT_ENVIRONMENT, SMALL_INPUT_ROWS, small_input_tokens
 
     monkeypatch.delenv(ENVIRONMENT, raising=False)
@@ -279,18 +281,19 @@ def test_auto_runs_torch_on_a_small_input(monkeypatch, engines_seen):
     assert rows < SMALL_INPUT_ROWS
     seen = engines_seen
     for bound, engine, expected in (
-        (tokens + 1, None, "ChunkStats"),
-        (tokens, None, "KernelStats"),
-        (tokens + 1, "numba", "KernelStats"),
-        (0, "torch", "ChunkStats"),
+        (tokens + 1, None, "torch"),
+        (tokens, None, "numba"),
+        (tokens + 1, "numba", "numba"),
+        (0, "torch", "torch"),
     ):
         monkeypatch.setenv(SMALL_INPUT_ENVIRONMENT, str(bound))
-        seen.clear()
-        rd.compare_presets(Dump(path, device="cpu", engine=engine), presets=["decoupled_token_is"])
-        assert set(seen) == {expected}, (bound, engine)
-        seen.clear()
-        rd.analyze(Dump(path, device="cpu", engine=engine))
-        assert set(seen) == {"ChunkStats" if engine == "torch" else "KernelStats"}, (bound, engine)
+        with use_engine(engine):
+            engines = {chunk.engine for chunk, _ in DumpReader(str(path)).chunks("cpu")}  # tensor chunks
+        assert engines == {expected}, (bound, engine)
+        for command in (rd.analyze, lambda dump: rd.compare_presets(dump, presets=["decoupled_token_is"])):
+            seen.clear()
+            command(Dump(path, device="cpu", engine=engine))
+            assert set(seen) == {"ChunkStats" if engine == "torch" else "KernelStats"}, (bound, engine)
     monkeypatch.setenv(SMALL_INPUT_ENVIRONMENT, "10")
     assert not kernel_for("cpu", (9, 1)) and kernel_for("cpu", (10, 1)) and kernel_for("cpu", None)
     # many rows (each perhaps a step of its own: the torch engine's cost per step is higher) go to the kernels
@@ -336,8 +339,8 @@ def test_input_size_is_what_is_read(tmp_path, layout):
 
 def test_a_worker_runs_the_engine_it_is_given(monkeypatch, engines_seen):
     """A worker (``run_part``) runs the driver's engine setting, not its own process's (a Ray worker may have been
-    started before the setting), and chooses ``auto`` by the driver's input size, not its part's, where its pass
-    loads torch anyway (presets); an analysis pass (numpy chunks) runs the kernels at any size."""
+    started before the setting); its pass (numpy chunks, presets or not) runs the kernels at any size under
+    ``auto``."""
     from rollout_diag.drivers.distributed import run_part
     from rollout_diag.drivers.passes import PassSpec
     from rollout_diag.io.reader import DumpReader
@@ -353,8 +356,8 @@ def test_a_worker_runs_the_engine_it_is_given(monkeypatch, engines_seen):
         ("numba", "torch", (tokens, rows), presets, "ChunkStats"),
         ("torch", "numba", (tokens, rows), presets, "KernelStats"),
         ("torch", "auto", (tokens, rows), presets, "KernelStats"),  # the whole input is not below the bound …
-        ("numba", "auto", (tokens - 1, rows), presets, "ChunkStats"),  # … this one is
-        ("numba", "auto", (tokens - 1, rows), PassSpec({}), "KernelStats"),  # numpy chunks: any size
+        ("numba", "auto", (tokens - 1, rows), presets, "KernelStats"),  # … nor does it matter: numpy chunks
+        ("numba", "auto", (tokens - 1, rows), PassSpec({}), "KernelStats"),
     ):
         job = (reader.worker_inputs(), {}, reader.plan(1)[0], False, reader.chunk_tokens, "cpu", spec)
         seen.clear()
@@ -363,18 +366,19 @@ def test_a_worker_runs_the_engine_it_is_given(monkeypatch, engines_seen):
         assert set(seen) == {expected}, (process, engine, size, spec.presets)
 
 
-def test_a_small_input_does_not_load_numba_where_torch_runs():
-    """A fresh process comparing presets on the bundled sample with the default engine never imports numba (its
-    start-up is what the size rule saves where torch is loaded anyway)."""
+def test_a_small_input_compares_presets_with_the_kernels_and_without_torch():
+    """A fresh process comparing presets on the bundled sample with the default engine runs the numba kernels on numpy
+    chunks and never imports torch (the small-input rule is for readings of tensor chunks, where torch is loaded
+    anyway)."""
     env = {k: v for k, v in os.environ.items() if k != "ROLLOUT_DIAG_SMALL_INPUT_TOKENS"}
     env.pop(ENVIRONMENT, None)
     code = (
         "import sys, rollout_diag as rd\n"
         f"rd.compare_presets({str(SAMPLES[-1])!r}, device='cpu')\n"
-        "print('numba' in sys.modules)\n"
+        "print('numba' in sys.modules, 'torch' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip().splitlines()[-1] == "False", out.stdout + out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "True False", out.stdout + out.stderr
 
 
 def test_a_fresh_cache_compiles_once_and_says_so(tmp_path):

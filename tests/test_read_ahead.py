@@ -246,7 +246,7 @@ def test_read_ahead_only_where_the_call_reads_everything_with_numba_on_the_cpu(d
     monkeypatch.delenv("ROLLOUT_DIAG_SMALL_INPUT_TOKENS")
     assert not decided(engine="auto")  # a small input: the torch engine (kernels.kernel_for) …
     chosen = Dump([str(dump)], device="cpu", workers=1)
-    assert reads_ahead(chosen, chosen.open(), numpy=True)  # … but numpy chunks (analyze, check) run the kernels
+    assert reads_ahead(chosen, chosen.open(), numpy=True)  # … but numpy chunks (every reading command) run the kernels
     reader = DumpReader([str(dump)])
     reader.narrow(step=1)
     assert not reads_ahead(Dump([str(dump)], device="cpu", engine="numba", workers=1), reader)

@@ -84,12 +84,11 @@ def run_part(
     reader.select(spec.selection)
     state = spec.new()
     with use_engine(engine):
-        numpy = spec.numpy and kernel_for(device_kind(device))
-        if not numpy:  # torch runs here
+        if not kernel_for(device_kind(device)):  # torch runs here (numpy chunks load none: the numba engine)
             import torch
 
             torch.set_num_threads(1)  # the workers share the machine's cores
-        run_chunks(reader, state.consumers(), device, prepare=state.prepare, numpy=spec.numpy)
+        run_chunks(reader, state.consumers(), device, prepare=state.prepare, numpy=True)
     return state, reader.log
 
 

@@ -73,7 +73,8 @@ class Dump:
         ``read_ahead``: the reader also starts reading now, while the command's modules load, where the call will
         read the whole input in this process with the numba engine on the CPU (:func:`reads_ahead`; the CLI's
         analyze, compare-presets, report and check: decoding and the compiled passes overlap the imports).
-        ``numpy``: the call reads numpy chunks (analyze, check: ``DumpReader.chunks``), the kernels at any size."""
+        ``numpy``: the call reads numpy chunks (analyze, check, compare-presets, report, sweep: ``DumpReader.chunks``),
+        the kernels at any size."""
         ready = replace(self)
         reader = self.open()
         if read_ahead and reads_ahead(self, reader, numpy):
@@ -90,9 +91,9 @@ class Dump:
         return self._reader.pop() if self._reader else self.open()
 
 
-# Memory for the chunks read ahead while torch loads: ~17 bytes a token (the scanned float64 values and the mask), so
-# 384 MiB hold 45 chunks of the default size, more than the reader gets through while torch and the command's modules
-# load (~2 s on two cores; on a loaded machine the reader filled 22 before torch had loaded).
+# Memory for the chunks read ahead while the command's modules load: ~17 bytes a token (the scanned float64 values and
+# the mask), so 384 MiB hold 45 chunks of the default size, more than the reader gets through while torch (where it
+# was loaded) and the command's modules loaded (~2 s on two cores; on a loaded machine the reader filled 22 first).
 READ_AHEAD_BYTES = 384 << 20
 READ_AHEAD_MAX_CHUNKS = 64
 

@@ -38,7 +38,7 @@ from rollout_diag.metrics.segments import SHARED_QUANTITIES, prepare, stats
 from rollout_diag.presets import Preset
 from rollout_diag.results import StepResult
 
-if TYPE_CHECKING:  # the preset families run torch (metrics/correction.py): imported where a pass has presets
+if TYPE_CHECKING:  # the preset families are imported where a pass has presets
     import torch
 
     from rollout_diag.metrics.outcome import CorrectionAnalysis
@@ -246,8 +246,8 @@ def run_chunks(
 ) -> None:
     """Feed every chunk of ``reader`` to each consumer in turn; report progress in file rows. ``prepare`` runs on
     each chunk in the reader's thread first (segments and shared token quantities, ``metrics.segments.prepare``).
-    ``numpy``: the consumers take numpy chunks, so the numba engine's chunks are numpy and torch is not loaded
-    (``DumpReader.chunks``); else they are tensors, as the torch arithmetic of the preset families needs."""
+    ``numpy``: the consumers take numpy chunks (every family does, through ``rollout_diag.arrays``), so the numba
+    engine's chunks are numpy and torch is not loaded (``DumpReader.chunks``); else they are tensors."""
     total = reader.log.total_rows
     progress = progress_callback(progress)
     with _core_for_the_reader(device, numpy and kernel_for(device_kind(device))):
@@ -330,12 +330,6 @@ class PassSpec:
     options: Mapping[str, Any]
     presets: Sequence[Preset] | None = None
     selection: Any = None  # the rows to read (rollout_diag/selection.py RowSelection), None: all
-
-    @property
-    def numpy(self) -> bool:
-        """Whether the pass's families take numpy chunks (``run_chunks``): all but the preset families, whose
-        arithmetic is torch's (metrics/correction.py)."""
-        return self.presets is None
 
     def new(self) -> Pass:
         if self.presets is None:

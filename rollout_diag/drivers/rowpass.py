@@ -166,6 +166,5 @@ def row_pass(
     rows = RowStatsCollector(presets)
     labels = GroupLabels(specs) if specs else None
     updates = [analysis.update, rows.update, *([labels.update] if labels else [])]
-    # the preset families' drop rules are torch arithmetic (metrics/correction.py): tensor chunks with presets
-    run_chunks(reader, updates, torch_device, progress, analysis.prepare, numpy=not presets)
+    run_chunks(reader, updates, torch_device, progress, analysis.prepare, numpy=True)
     return RowPass(analysis, rows, reader.log, torch_device, strict, labels)

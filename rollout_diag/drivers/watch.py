@@ -44,8 +44,7 @@ from rollout_diag.io.formats import PARQUET, prime_rl, resolve, step_of
 from rollout_diag.io.opening import describe_columns
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, DumpReader
 from rollout_diag.io.readlog import MAX_SKIP_RECORDS, ReadLog
-from rollout_diag.io.sources import Source
-from rollout_diag.io.writer import COMPLETE_PREFIX
+from rollout_diag.io.sources import COMPLETE_PREFIX, Source
 from rollout_diag.metrics.base import StepAccumulator
 from rollout_diag.metrics.dialects import DEFAULT as DEFAULT_DIALECT
 from rollout_diag.metrics.dialects import resolve as resolve_dialects
@@ -59,9 +58,6 @@ if TYPE_CHECKING:
 
 DEFAULT_INTERVAL = 2.0  # seconds between polls
 Signature = tuple[int, int]  # (size, mtime in ns): a file that changes gets another
-# A watched run grows for as long as the trainer writes: the engine ``auto`` is chosen as for a large input (the
-# compiled kernels, loaded once per watch), not by what each new file holds (rollout_diag.kernels.kernel_for).
-WATCHED_RUN_SIZE = (1 << 62, 1 << 62)  # (tokens, rows)
 
 
 def verdict_of(result: AnalysisResult | None) -> tuple[str, str]:
@@ -382,7 +378,9 @@ class Watcher:
             analysis = Analysis(**self.options)
             rows = RowStatsCollector() if self.need_rows else None
             consumers = [analysis.update] + ([rows.update] if rows is not None else [])
-            run_chunks(reader, consumers, self.device, None, analysis.prepare)
+            # numpy chunks: on the CPU the compiled kernels however small each file (a watched run keeps growing;
+            # loaded once per watch), and no torch
+            run_chunks(reader, consumers, self.device, None, analysis.prepare, numpy=True)
         except (RolloutDiagError, OSError) as exc:
             if isinstance(exc, DataError) and self.strict:
                 raise
@@ -420,7 +418,6 @@ class Watcher:
             chunk_tokens=self.chunk_tokens,
             input_format=self.format,
             trust_pickle=self.trust_pickle,
-            input_size=WATCHED_RUN_SIZE,
         )
 
     def _layout(self, layout: str) -> str:
@@ -470,7 +467,7 @@ class Watcher:
         for path, keys in wanted.items():
             tracker = Analysis(**self.options)
             reader = self._reader(self.files[path].source)
-            run_chunks(reader, [tracker.worst.update], self.device, None, tracker.prepare)
+            run_chunks(reader, [tracker.worst.update], self.device, None, tracker.prepare, numpy=True)
             for top in tracker.worst.rows.values():
                 captured.update({key: details for _, key, details in top.items if key in keys})
         for top in self.analysis.worst.rows.values():

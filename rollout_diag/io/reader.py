@@ -347,7 +347,7 @@ class DumpReader:
 
         device = device_name(device)
         # numpy chunks load no torch: the kernels then win at any size (kernels.kernel_for's small-input rule is for
-        # the commands that load torch anyway)
+        # readings of tensor chunks, which load torch anyway: inspect)
         engine = "numba" if kernel_for(device_kind(device), None if numpy else self.input_size()) else "torch"
         kind = "numpy" if numpy and engine == "numba" else "torch"
         collect_from_here()  # the command line's collector back on, its modules loaded (rollout_diag.memory)

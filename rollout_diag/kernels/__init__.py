@@ -8,11 +8,11 @@ Two engines give the same metrics (tests/test_kernel.py requires 1e-12 relative,
   ``kernels/jsonl.py`` the byte scanner of the JSON-lines importers: compiled CPU code, whatever the engine.)
 - ``torch``: the device-generic engine of ``metrics/segments.py`` (vectorised torch / numpy over token tensors);
   what runs on CUDA.
-- ``auto`` (default): numba for a chunk on the CPU, torch on a GPU. A command whose families take numpy chunks
-  (``analyze``, ``check``: ``rollout_diag.arrays``) then never imports torch on the CPU, and runs the kernels
-  whatever the input's size (its reader asks without a size): loading numba and the cached kernels costs less than
-  importing torch. A command that loads torch anyway (its passes run the preset families: ``compare-presets``,
-  ``report``, ``sweep``, ``diff``, ``watch``) runs torch on the CPU for an input of fewer than
+- ``auto`` (default): numba for a chunk on the CPU, torch on a GPU. The commands whose families take numpy chunks
+  (every family does, through ``rollout_diag.arrays``: ``analyze``, ``check``, ``compare-presets``, ``report``,
+  ``sweep``, ``diff``, ``watch``) then never import torch on the CPU, and run the kernels whatever the input's size
+  (their reader asks without a size): loading numba and the cached kernels costs less than importing torch. A
+  reading of tensor chunks, which loads torch anyway (``inspect``), runs torch on the CPU for an input of fewer than
   ``SMALL_INPUT_TOKENS`` tokens in fewer than ``SMALL_INPUT_ROWS`` rows (read from the Parquet footers before the
   first chunk), where loading numba and its cached kernels (~0.8 s of CPU) costs more than the kernels save
   (measured in docs/benchmarks.md: the two break even near 4M tokens; the torch engine's cost per step is higher,
@@ -99,7 +99,7 @@ def use_engine(engine: str | None) -> Iterator[None]:
 
 def kernel_for(device_type: str, input_size: InputSize | None = None) -> bool:
     """Whether a chunk on ``device_type`` is computed by the numba kernels. ``input_size``: (tokens, rows) of the
-    whole input the chunk comes from, where a reader knows them and the command loads torch anyway (``auto`` on the
+    whole input the chunk comes from, where a reader knows them and its chunks are tensors (``auto`` on the
     CPU is torch below :func:`small_input_tokens` tokens and SMALL_INPUT_ROWS rows); None: no size rule (numpy
     chunks, which load no torch; the trainer-side API, whose chunk's size is not a run's)."""
     engine = selected_engine()
