@@ -139,17 +139,23 @@ def grouped_dump(tmp_path_factory):
 )
 @pytest.mark.parametrize("engine", ["numba", "auto"])
 def test_analyze_and_check_on_the_cpu_never_import_torch(grouped_dump, arguments, engine):
-    """The numba engine on the CPU (``auto`` there too, whose small-input rule this small dump falls under: it is for
-    the commands that load torch anyway) reads, computes and renders without torch."""
+    """The numba engine on the CPU (``auto`` there too, at any size: this small dump falls under the small-input rule,
+    which is for readings of tensor chunks) reads, computes and renders without torch."""
     command, *options = arguments
-    invocation = ["--engine", engine, command, str(grouped_dump), *options]
+    assert "torch" not in loaded_by_the_cli(["--engine", engine, command, str(grouped_dump), *options])
+
+
+def loaded_by_the_cli(invocation: list[str]) -> set[str]:
+    """Which heavy modules (``loaded_after``'s) a fresh process holds after running the command line with
+    ``invocation`` (through typer's runner; the command must end with 0, or 3 where a gate failed), with the
+    small-input bound the user's, not the suite's."""
     code = (
         "from typer.testing import CliRunner\nfrom rollout_diag.cli import app\n"
         f"result = CliRunner().invoke(app, {invocation!r})\n"
-        "assert result.exit_code in (0, 3), result.output"  # 3: a gate failed (check)
+        "assert result.exit_code in (0, 3), result.output"
     )
     env = {name: value for name, value in os.environ.items() if name != "ROLLOUT_DIAG_SMALL_INPUT_TOKENS"}
-    assert "torch" not in loaded_after(code, env=env)
+    return loaded_after(code, env=env)
 
 
 @pytest.mark.parametrize(
@@ -176,11 +182,4 @@ def test_the_preset_and_sweep_commands_on_the_cpu_never_import_torch(grouped_dum
         (tmp_path / "run" / "part.parquet").write_bytes(grouped_dump.read_bytes())
         target = str(tmp_path / "run")
     options = [option.format(tmp=tmp_path, dump=grouped_dump) for option in options]
-    invocation = ["--engine", engine, command, target, *options]
-    code = (
-        "from typer.testing import CliRunner\nfrom rollout_diag.cli import app\n"
-        f"result = CliRunner().invoke(app, {invocation!r})\n"
-        "assert result.exit_code in (0, 3), result.output"  # 3: a gate failed (watch)
-    )
-    env = {name: value for name, value in os.environ.items() if name != "ROLLOUT_DIAG_SMALL_INPUT_TOKENS"}
-    assert "torch" not in loaded_after(code, env=env)
+    assert "torch" not in loaded_by_the_cli(["--engine", engine, command, target, *options])
