@@ -57,7 +57,6 @@ class PartJob(NamedTuple):
     chunk_tokens: int
     device: str
     spec: PassSpec
-    input_size: tuple[int, int] | None
     engine: str | None
 
 
@@ -69,18 +68,17 @@ def run_part(
     chunk_tokens: int,
     device: str,
     spec: PassSpec,
-    input_size: tuple[int, int] | None = None,
     engine: str | None = None,
 ) -> tuple[Pass, ReadLog]:
     """One worker: read ``part`` of the inputs and return the accumulated state and the read log.
 
     ``inputs`` are the files the driver resolved (never expanded again: a file name may hold glob characters)
     and ``columns`` the user's overrides, from which each file resolves its own columns as in one process;
-    ``input_size`` the driver's ``DumpReader.input_size`` and ``engine`` its engine setting (a Ray worker started
-    before the setting does not inherit it): every worker runs the engine one process would."""
+    ``engine`` the driver's engine setting (a Ray worker started before the setting does not inherit it): every worker
+    runs the engine one process would (its chunks are numpy, so ``auto`` takes no input size into account)."""
     from rollout_diag.kernels import use_engine
 
-    reader = DumpReader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens, parts=part, input_size=input_size)
+    reader = DumpReader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens, parts=part)
     reader.select(spec.selection)
     state = spec.new()
     with use_engine(engine):
@@ -115,7 +113,6 @@ def run_parts(
             reader.chunk_tokens,
             device,
             spec,
-            reader.input_size(),
             selected_engine(),
         )
         for part in reader.plan(workers)

@@ -79,14 +79,12 @@ class DumpReader:
         parts: Mapping[str, Sequence[int]] | None = None,
         input_format: str | None = None,
         trust_pickle: bool | None = None,
-        input_size: tuple[int, int] | None = None,
     ) -> None:
         """``inputs``: files, globs and directories, or the :class:`Source` list another reader resolved (then
         nothing is expanded again). ``columns``: the user's role -> column overrides; each file resolves its own
         columns from them. ``parts``: read only these row groups of these files (by path), as :meth:`plan`
         splits them. ``input_format``: a name of ``io.formats.FORMAT_NAMES`` (default: what ``inputs`` carries,
         else detected); ``trust_pickle`` lifts the pickle allowlist (``io/formats/safe_pickle.py``).
-        ``input_size``: a worker's reader is told its parent's :meth:`input_size` (what the engine is chosen by).
         Raises InputError / ColumnError for unreadable input, ConfigError for a bad chunk size."""
         if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, Integral) or chunk_tokens < 1:
             raise ConfigError(
@@ -98,7 +96,6 @@ class DumpReader:
         self.chunk_tokens = int(chunk_tokens)
         self.overrides = dict(columns or {})
         self.parts = None if parts is None else {path: set(groups) for path, groups in parts.items()}
-        self._input_size = input_size
         self._ahead: _ReadAhead | None = None  # the reading started before torch was loaded (read_ahead)
         self.log = ReadLog()
         # Called per record batch with (batch, steps) -> bool per row: the rows to read (rollout_diag/selection.py).
@@ -266,10 +263,7 @@ class DumpReader:
     def input_size(self) -> tuple[int, int] | None:
         """(tokens, rows) this reader reads, from the files' footers: what the engine ``auto`` is chosen by
         (``kernels.kernel_for``); tokens count model and environment tokens, rows are file rows. None where a
-        footer does not say (a trainer's own format). A worker's reader answers with its parent's figure, so every
-        worker runs the engine one process would."""
-        if self._input_size is not None:
-            return self._input_size
+        footer does not say (a trainer's own format)."""
         tokens = rows = 0
         for opened in self.files:
             if self.parts is not None and opened.source.path not in self.parts:
