@@ -159,6 +159,46 @@ def test_hint_evidence_equals_the_torch_engine(layout):
         np.testing.assert_allclose(stats_mine[name].numpy(), value.numpy(), rtol=RTOL, atol=1e-300, err_msg=name)
 
 
+@settings(max_examples=40, deadline=None)
+@given(layouts())
+def test_the_pass_without_probabilities_changes_nothing_else(layout):
+    """``prepare(..., probabilities=False)`` (compare-presets: no debug family) runs ``segment_pass_offpolicy``: every
+    other result of the fused pass is the full pass's, bit for bit, and the probability quantities, read anyway, are
+    reduced from the tokens by the torch engine's code, not taken as the lean pass's zeros."""
+    from rollout_diag.kernels.prepass import PROBABILITIES
+    from rollout_diag.metrics.segments import prepare
+
+    reference, full = both(layout)
+    lean = KernelStats(chunk_of(*layout))
+    lean.chunk.cache["stats"] = lean
+    prepare(lean.chunk, probabilities=False)
+    assert not lean.probabilities and full.probabilities
+    (full_sums, full_max, full_min, _, full_histogram), full_hints = full._fused
+    (sums, maxima, minima, moments, histogram), hints = lean._fused
+    assert moments.shape[1] == 0  # the moment pairs are the probabilities'
+    kernels = compiled()
+    for name, column in kernels.COLUMN.items():
+        if name not in PROBABILITIES:
+            np.testing.assert_array_equal(sums[column], full_sums[column], err_msg=name)
+    for name, column in kernels.EXTREME.items():
+        if name not in PROBABILITIES:
+            np.testing.assert_array_equal(maxima[column], full_max[column], err_msg=name)
+            np.testing.assert_array_equal(minima[column], full_min[column], err_msg=name)
+    np.testing.assert_array_equal(histogram, full_histogram)
+    for mine, theirs in zip(hints, full_hints, strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+    for name in PROBABILITIES:
+        for reduction in ("segment_sum", "segment_max", "segment_min"):
+            np.testing.assert_array_equal(
+                getattr(lean, reduction)(name).numpy(), getattr(reference, reduction)(name).numpy(), err_msg=name
+            )
+    for x, y in (("prob_diff", "prob_diff"), ("trainer_prob", "rollout_prob")):
+        # the kernel's centred sums (its own exps) about the torch code's means: an ulp of a probability apart
+        atol = 1e-15 * lean.model_tokens
+        mine, theirs = lean.group_moments(x, y).numpy(), reference.group_moments(x, y).numpy()
+        np.testing.assert_allclose(mine, theirs, rtol=RTOL, atol=atol, err_msg=f"moments({x}, {y})")
+
+
 def test_a_quantity_outside_the_kernel_is_reduced_by_the_torch_code():
     layout = (
         [5, 0, 9],

@@ -12,6 +12,7 @@ import pytest
 from numba import njit
 
 from rollout_diag.kernels import compiled
+from rollout_diag.kernels.prepass import PROBABILITIES
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +97,12 @@ def test_a_leaf_s_values_are_the_scalar_functions(kernels, apply):
     delta[:4] = [0.0, -0.0, 0.34657359027997264, -0.3465735902799727]  # zeros, and each side of ln2/2
     trainer = rollout + delta
     out = np.full((len(kernels.QUANTITIES), size), np.nan)
-    kernels._quantities(trainer, rollout, 0, size, out)
+    lean = out.copy()
+    kernels._quantities(trainer, rollout, 0, size, out, True)
+    kernels._quantities(trainer, rollout, 0, size, lean, False)  # without the probabilities: 0, the rest as they were
+    for name, column in kernels.COLUMN.items():
+        expected = np.zeros(size) if name in PROBABILITIES else out[column]
+        assert np.array_equal(lean[column], expected), name
     d = trainer - rollout
     column = kernels.COLUMN
     assert np.array_equal(out[column["trainer_prob"]], apply(trainer, 0))

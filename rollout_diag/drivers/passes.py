@@ -139,7 +139,8 @@ class Analysis:
     def prepare(self, chunk: Chunk) -> None:
         """The per-token quantities the families read and the hint evidence, built in the reader's pipeline
         (``run_chunks``)."""
-        prepare(chunk, OFFPOLICY_QUANTITIES if self.offpolicy_only else ANALYSIS_QUANTITIES)
+        # without the debug family (offpolicy_only), the fused pass without its probabilities (3.5 ns a token less)
+        prepare(chunk, OFFPOLICY_QUANTITIES if self.offpolicy_only else ANALYSIS_QUANTITIES, not self.offpolicy_only)
         prepare_hint_evidence(chunk)
 
     @property

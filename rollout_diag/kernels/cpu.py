@@ -148,11 +148,15 @@ def _k3_pair(d: float) -> tuple[float, float]:
 
 
 @njit(**_INLINE)
-def _quantities(trainer: np.ndarray, rollout: np.ndarray, start: int, size: int, out: np.ndarray) -> None:
+def _quantities(
+    trainer: np.ndarray, rollout: np.ndarray, start: int, size: int, out: np.ndarray, probabilities: bool
+) -> None:
     """Every kernel quantity (QUANTITIES, in order) of tokens [start, start + size) into ``out[:, k]``, with the torch
     engine's formulas but the exponentials of this module. A loop without branches or calls, so it runs on SIMD lanes;
     it takes both expm1 from one polynomial (:func:`_expm1_pair`), right for |δ| ≤ ln2/2 (nearly every token: 3·10^-5
-    of them beyond in the synthetic dumps), and a second loop redoes the tokens beyond, if any (:func:`_k3_pair`)."""
+    of them beyond in the synthetic dumps), and a second loop redoes the tokens beyond, if any (:func:`_k3_pair`).
+    Without ``probabilities`` (a constant where it is inlined: :func:`segment_pass_offpolicy`) p_a, p_r and |p_a − p_r|
+    are left 0 and their two exps are not taken (3.5 of the fused pass's ~20 ns a token)."""
     wide = 0
     for k in range(size):
         a, r = trainer[start + k], rollout[start + k]
@@ -161,8 +165,12 @@ def _quantities(trainer: np.ndarray, rollout: np.ndarray, start: int, size: int,
         c = min(max(d, -CLAMP), CLAMP)
         y = min(ad, CLIP)
         up, down = _expm1_pair(d)
-        pa = _exp(a)
-        pr = _exp(r)
+        if probabilities:
+            pa = _exp(a)
+            pr = _exp(r)
+        else:
+            pa = 0.0
+            pr = 0.0
         out[0, k] = a
         out[1, k] = r
         out[2, k] = d
@@ -186,20 +194,6 @@ def _quantities(trainer: np.ndarray, rollout: np.ndarray, start: int, size: int,
             d = trainer[start + k] - rollout[start + k]
             if abs(d) > _HALF_LN2:
                 out[4, k], out[16, k] = _k3_pair(d)
-
-
-@njit(**_INLINE)
-def _extremes(values: np.ndarray, k: int, extremes: np.ndarray) -> None:
-    """The extremes of EXTREMES ([max, min] rows) updated with token k's ``values[:, k]``, in token order."""
-    ad, c, half_square, diff = values[3, k], values[7, k], values[8, k], values[11, k]
-    extremes[0, 0] = max(extremes[0, 0], ad)
-    extremes[1, 0] = min(extremes[1, 0], ad)
-    extremes[0, 1] = max(extremes[0, 1], c)
-    extremes[1, 1] = min(extremes[1, 1], c)
-    extremes[0, 2] = max(extremes[0, 2], half_square)
-    extremes[1, 2] = min(extremes[1, 2], half_square)
-    extremes[0, 3] = max(extremes[0, 3], diff)
-    extremes[1, 3] = min(extremes[1, 3], diff)
 
 
 @njit(**_INLINE)
@@ -434,20 +428,27 @@ def _leaf(
     step group's (Chan) and its δ counted into the group's histogram; each token's hint patterns (the per-token work of
     :func:`hint_rows`) into ``hints``: probability buckets and the row's running sums (a token before ``pair_end`` has
     a next one in its round). The values come first, from a loop of their own on SIMD lanes (:func:`_quantities`); the
-    per-token loop after it holds what branches or runs in token order."""
-    probability, running, log_edges, log_half, gap = hints
+    per-token loop after it holds what branches or runs in token order. The extremes of EXTREMES ([max, min] rows of
+    ``extremes``) are kept in registers over the loop: updated in memory, each token's max and min waited on the
+    previous token's store (0.6–1.2 of ~20 ns a token, measured); the same comparisons in the same order."""
+    probability, running, log_edges, log_half, gap, probabilities = hints
     zeros, zero_runs, shift_next, shift_prev, copied = running[0], running[1], running[2], running[3], running[4]
     prev_zero, prev_counted = running[5] != 0.0, running[6] != 0.0
     into = probability[group]
-    _quantities(trainer, rollout, start, size, scratch)
+    _quantities(trainer, rollout, start, size, scratch, probabilities)
+    max_ad, max_c, max_k2, max_diff = extremes[0, 0], extremes[0, 1], extremes[0, 2], extremes[0, 3]
+    min_ad, min_c, min_k2, min_diff = extremes[1, 0], extremes[1, 1], extremes[1, 2], extremes[1, 3]
     for k in range(size):
         t = start + k
         a, r = trainer[t], rollout[t]
-        _extremes(scratch, k, extremes)
-        d = scratch[2, k]
-        histogram[group, _delta_bin(d, exponent_min, levels)] += 1.0
+        ad, c, half_square, diff = scratch[3, k], scratch[7, k], scratch[8, k], scratch[11, k]
+        max_ad, min_ad = max(max_ad, ad), min(min_ad, ad)
+        max_c, min_c = max(max_c, c), min(min_c, c)
+        max_k2, min_k2 = max(max_k2, half_square), min(min_k2, half_square)
+        max_diff, min_diff = max(max_diff, diff), min(min_diff, diff)
+        histogram[group, _delta_bin(scratch[2, k], exponent_min, levels)] += 1.0
         # the hint patterns (hint_rows' per-token work: the same additions in the same order) on |δ| and y as written
-        _probability_bucket(into, r, scratch[3, k], scratch[12, k], log_edges)
+        _probability_bucket(into, r, ad, scratch[12, k], log_edges)
         if a == 0.0 or r == 0.0:  # a candidate for the exact-zero pattern (the common token skips its tests)
             zeros, zero_runs, prev_zero, prev_counted = _exact_zero(
                 a, r, log_half, zeros, zero_runs, prev_zero, prev_counted
@@ -458,6 +459,8 @@ def _leaf(
             shift_next, shift_prev, copied = _next_pair(
                 a, r, trainer[t + 1], rollout[t + 1], gap, shift_next, shift_prev, copied
             )
+    extremes[0, 0], extremes[0, 1], extremes[0, 2], extremes[0, 3] = max_ad, max_c, max_k2, max_diff
+    extremes[1, 0], extremes[1, 1], extremes[1, 2], extremes[1, 3] = min_ad, min_c, min_k2, min_diff
     running[0], running[1], running[2], running[3], running[4] = zeros, zero_runs, shift_next, shift_prev, copied
     running[5], running[6] = 1.0 if prev_zero else 0.0, 1.0 if prev_counted else 0.0
     for q in range(_Q):
@@ -492,8 +495,8 @@ def _leaf(
         into[5] += c_xy + delta_x * delta_y * cross
 
 
-@njit(**_FLAGS)
-def segment_pass(
+@njit(**_INLINE)
+def _segment_pass(
     trainer: np.ndarray,
     rollout: np.ndarray,
     raw: np.ndarray,
@@ -509,6 +512,7 @@ def segment_pass(
     log_half: float,
     gap: float,
     log_edges: np.ndarray,
+    probabilities: bool,
 ):
     """The fused pass over every segment's tokens, each read once. Returns per segment and kernel quantity the sum
     (numpy reduceat's order: the first value plus numpy's pairwise sum of the rest; float64 [Q, S]), per segment
@@ -517,7 +521,11 @@ def segment_pass(
     ([G, P, 6], blocks merged by Chan's update); per step group the δ histogram of ``metrics.localize.delta_bin``
     ([G, 2·levels + 1]); and what :func:`hint_rows` returns for the same arguments (its ``clip`` is CLIP): per row the
     HINT_COLUMNS [R, 13], per step group and rollout-probability bucket [tokens, Σ|δ|, Σy, Σy²] [G, B, 4], each value
-    the same additions in the same order (the leaves follow the tokens in order)."""
+    the same additions in the same order (the leaves follow the tokens in order). Without ``probabilities`` the
+    columns of trainer_prob, rollout_prob and prob_diff (and prob_diff's extremes) are 0 (:func:`_quantities`).
+
+    Inlined into its two entry points, each compiled with ``probabilities`` a constant: a flag read at run time
+    cost the pass with probabilities 0.7 ns a token (measured), the branch left in its SIMD loop."""
     segments = raw.shape[0]
     sums = np.empty((_Q, segments))
     maxima = np.empty((_E, segments))
@@ -528,7 +536,7 @@ def segment_pass(
     probability = np.zeros((groups, log_edges.shape[0] + 1, 4))
     # the row's running hint sums (HINT_COLUMNS 10, 11, 8, 9, 12) and the exact-zero run's state, carried leaf to leaf
     running = np.zeros(7)
-    hints = (probability, running, log_edges, log_half, gap)
+    hints = (probability, running, log_edges, log_half, gap, probabilities)
     scratch = np.empty((_Q, 128))
     block = np.empty(_Q)
     first = np.empty(_Q)
@@ -631,6 +639,33 @@ def segment_pass(
                     per_row[i, 5] = y
                     per_row[i, 6] = y * y
     return sums, maxima, minima, moments, histogram, per_row, probability
+
+
+@njit(**_FLAGS)
+def segment_pass(
+    trainer, rollout, raw, length, segment_group, groups, pairs, exponent_min, levels, row, rounds, rows, log_half, gap,
+    log_edges,
+):  # fmt: skip
+    """The fused pass (:func:`_segment_pass`) with every kernel quantity: what ``analyze`` reads."""
+    return _segment_pass(
+        trainer, rollout, raw, length, segment_group, groups, pairs, exponent_min, levels, row, rounds, rows, log_half,
+        gap, log_edges, True,
+    )  # fmt: skip
+
+
+@njit(**_FLAGS)
+def segment_pass_offpolicy(
+    trainer, rollout, raw, length, segment_group, groups, pairs, exponent_min, levels, row, rounds, rows, log_half, gap,
+    log_edges,
+):  # fmt: skip
+    """The fused pass (:func:`_segment_pass`) without the probability quantities (trainer_prob, rollout_prob,
+    prob_diff: 0, their exps not taken), for a pass whose families read none of them (``compare-presets``: §1, the
+    catastrophic tokens and the hint evidence). ``pairs`` is then empty: the moment pairs are the debug family's
+    probabilities (``kernels.prepass.MOMENT_PAIRS``). 16.5 against 20 ns a model token on 10m's chunks."""
+    return _segment_pass(
+        trainer, rollout, raw, length, segment_group, groups, pairs, exponent_min, levels, row, rounds, rows, log_half,
+        gap, log_edges, False,
+    )  # fmt: skip
 
 
 @njit(**_FLAGS)
@@ -857,6 +892,12 @@ _F, _I = _c(types.float64), _c(types.int64)
 # read-only views, an integer mask wider than a byte as int64), and tests/test_compile.py runs the commands and
 # fails on any other. The scan has one per logprob dtype and mask width; everything after it reads its float64
 # output and int64 layouts. (hint_rows, the reference of segment_pass's hint rows, runs in tests only.)
+_SEGMENT_PASS = (
+    (
+        *(_F, _F, _I, _I, _I, types.int64, _c(types.int64, 2), types.int64, types.int64),  # the segment sums
+        *(_I, _I, types.int64, types.float64, types.float64, _F),  # the hint rows
+    ),
+)
 SIGNATURES: dict[str, tuple[tuple[types.Type, ...], ...]] = {
     "checked_model_values": tuple(
         (_c(value, readonly=True), _c(value, readonly=True), _c(mask, readonly=True), types.float64)
@@ -867,12 +908,8 @@ SIGNATURES: dict[str, tuple[tuple[types.Type, ...], ...]] = {
         (_c(value, readonly=True), _c(value, readonly=True), types.float64) for value in (types.float32, types.float64)
     ),
     "segment_layout": ((_c(types.boolean), _I),),
-    "segment_pass": (
-        (
-            *(_F, _F, _I, _I, _I, types.int64, _c(types.int64, 2), types.int64, types.int64),  # the segment sums
-            *(_I, _I, types.int64, types.float64, types.float64, _F),  # the hint rows
-        ),
-    ),
+    "segment_pass": _SEGMENT_PASS,
+    "segment_pass_offpolicy": _SEGMENT_PASS,
     "segment_count_above": ((_F, _F, _I, _I, _F, types.float64),),
     "_value": ((types.int64, types.float64, types.float64),),
     "_exp_scalar": ((types.float64,),),

@@ -24,7 +24,7 @@ from rollout_diag.arrays import Array
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.kernels import compiled, kernel_for
 from rollout_diag.kernels import prepass as kernel_prepass
-from rollout_diag.kernels.prepass import EXPONENT_MAX, EXPONENT_MIN, MOMENT_PAIRS
+from rollout_diag.kernels.prepass import EXPONENT_MAX, EXPONENT_MIN, MOMENT_PAIRS, PROBABILITIES
 from rollout_diag.metrics.base import (
     clamp20,
     row_mean,
@@ -175,11 +175,15 @@ def stats(chunk: Chunk) -> ChunkStats:
 SHARED_QUANTITIES = ("log_ratio", "abs_log_ratio")  # what every family reads
 
 
-def prepare(chunk: Chunk, quantities: tuple[str, ...] = SHARED_QUANTITIES) -> None:
+def prepare(chunk: Chunk, quantities: tuple[str, ...] = SHARED_QUANTITIES, probabilities: bool = True) -> None:
     """Build ahead of the families what they read first: model tokens, segments, rows, step groups, and the given
     token quantities with their segment sums. The reader runs this in its thread, so on a machine with two cores
-    or more it overlaps the previous chunk's arithmetic instead of adding to it."""
+    or more it overlaps the previous chunk's arithmetic instead of adding to it. ``probabilities=False``: the
+    families read none of PROBABILITIES (no debug family), so the numba engine's fused pass leaves them out (their
+    reductions, if read after all, are then computed from the tokens, as for a quantity outside the pass)."""
     s = stats(chunk)
+    if not probabilities and isinstance(s, KernelStats) and "_fused" not in s.__dict__:
+        s.probabilities = False
     cached = ("segment_length", "segment_row", "segment_bucket", "segment_round", "segment_group", "row_count")
     for name in (*cached, "group_token_ranges"):
         getattr(s, name)
@@ -694,6 +698,9 @@ class KernelStats(ChunkStats):
     quantity outside the kernel's is reduced by the torch engine's code. The same values as :class:`ChunkStats`,
     as arrays of the chunk's kind (numpy; CPU tensors where the caller reads tensors, ``DumpReader.chunks``)."""
 
+    # False: the fused pass leaves out PROBABILITIES (``prepare``), whose reductions then come from the tokens
+    probabilities = True
+
     def _out(self, values: np.ndarray) -> Array:
         """A kernel's numpy result as the chunk's kind of array (zero-copy)."""
         return arrays.like(values, self.chunk.trainer)
@@ -725,8 +732,18 @@ class KernelStats(ChunkStats):
             return self._ahead.reductions, self._ahead.hints
         trainer, rollout = self._raw
         return kernel_prepass.reductions(
-            trainer, rollout, self._layout, self.chunk.rows, arrays.host(self.segment_group), self.chunk.groups.count
+            trainer,
+            rollout,
+            self._layout,
+            self.chunk.rows,
+            arrays.host(self.segment_group),
+            self.chunk.groups.count,
+            self.probabilities,
         )
+
+    def _in_pass(self, name: str) -> bool:
+        """Whether the fused pass computed quantity ``name``'s reductions (any but PROBABILITIES left out)."""
+        return self.probabilities or self._ahead is not None or name not in PROBABILITIES
 
     @property
     def _reductions(self) -> tuple[np.ndarray, ...]:
@@ -778,14 +795,14 @@ class KernelStats(ChunkStats):
         if name == "rs_k1":  # Σ(−c) = −Σc exactly: negation is exact at every step of the sum
             found = self._kernel_sum("clamped_log_ratio")
             return None if found is None else -found
-        column = compiled().COLUMN.get(name)
+        column = compiled().COLUMN.get(name) if self._in_pass(name) else None
         return None if column is None else self._out(self._reductions[0][column])
 
     def _kernel_extreme(self, name: str, largest: bool) -> Array | None:
         if name == "rs_k1":  # max(−c) = −min(c), min(−c) = −max(c)
             found = self._kernel_extreme("clamped_log_ratio", not largest)
             return None if found is None else -found
-        column = compiled().EXTREME.get(name)
+        column = compiled().EXTREME.get(name) if self._in_pass(name) else None
         return None if column is None else self._out(self._reductions[1 if largest else 2][column])
 
     def segment_sum(self, name: str) -> Array:
@@ -851,7 +868,7 @@ class KernelStats(ChunkStats):
         columns = compiled().COLUMN
         if not isinstance(x_name, str) or x_name not in columns or (y_name is not None and y_name not in columns):
             return super().group_moments(x_name, y_name)
-        if (x_name, y_name) in MOMENT_PAIRS:  # from the fused pass
+        if (x_name, y_name) in MOMENT_PAIRS and self._in_pass(x_name):  # from the fused pass
             return self._out(self._reductions[3][:, MOMENT_PAIRS.index((x_name, y_name))].copy())
         n = self.group_tokens
         safe_n = arrays.clamp(n, lower=1.0)
