@@ -155,6 +155,8 @@ def test_every_histogram_edge_is_where_the_engines_formula_changes_bin():
     exact = 10.0 ** (-12 + np.arange(1, HISTOGRAM_BINS) / 32)
     assert np.allclose(inside, exact, rtol=1e-12)
     assert table.min() >= 0 and table.max() < HISTOGRAM_BINS
+    # what the compiled pass relies on: one step over an edge at most within a slice of |c|
+    assert np.diff(table).max() == 1 and np.searchsorted(inside, 20.0, side="right") - table[-1] <= 1
 
 
 def test_the_pass_bins_c_as_the_engines_formula_near_every_edge_and_everywhere():
