@@ -22,9 +22,8 @@ import typer
 from rich.console import Console, Group
 from typer.core import TyperGroup
 
-from rollout_diag.drivers.dump import (
-    DEFAULT_CHUNK_TOKENS as CHUNK_TOKENS,  # dump.py loads no pyarrow: --help stays light
-)
+from rollout_diag.drivers.dump import DEFAULT_CHUNK_TOKENS as CHUNK_TOKENS  # dump.py loads no pyarrow: light --help
+from rollout_diag.drivers.dump import PRESET_CHUNK_TOKENS
 from rollout_diag.errors import RolloutDiagError
 
 # The README's order:
@@ -794,7 +793,7 @@ def compare_presets(
     format: DataFormatOpt = None,
     output: OutputOpt = None,
     strict: StrictOpt = False,
-    chunk_tokens: ChunkOpt = CHUNK_TOKENS,
+    chunk_tokens: ChunkOpt = PRESET_CHUNK_TOKENS,
     input_format: InputFormatOpt = None,
     trust_pickle: TrustPickleOpt = False,
     by: ByOpt = None,
@@ -951,7 +950,7 @@ def report(
     column: ColumnOpt = None,
     device: DeviceOpt = "auto",
     strict: StrictOpt = False,
-    chunk_tokens: ChunkOpt = CHUNK_TOKENS,
+    chunk_tokens: ChunkOpt = PRESET_CHUNK_TOKENS,
     dialect: DialectOpt = None,
     input_format: InputFormatOpt = None,
     trust_pickle: TrustPickleOpt = False,

@@ -378,6 +378,24 @@ def test_cli_chunk_default_is_the_readers() -> None:
     assert CHUNK_TOKENS == DUMP_CHUNK_TOKENS == DEFAULT_CHUNK_TOKENS
 
 
+def test_the_preset_commands_read_larger_chunks_by_default() -> None:
+    """compare-presets and report, on the command line and in the library, read PRESET_CHUNK_TOKENS-token chunks (their
+    accumulators' fixed cost per chunk: docs/benchmarks.md, issue 20 session 11); analyze the reader's default."""
+    import inspect
+
+    from rollout_diag import cli
+    from rollout_diag.drivers import compare
+    from rollout_diag.drivers.dump import DEFAULT_CHUNK_TOKENS, PRESET_CHUNK_TOKENS
+
+    def default(function) -> int:
+        return inspect.signature(function).parameters["chunk_tokens"].default
+
+    assert PRESET_CHUNK_TOKENS == 2 * DEFAULT_CHUNK_TOKENS
+    assert default(cli.compare_presets) == default(cli.report) == PRESET_CHUNK_TOKENS
+    assert default(compare.compare_presets) == default(compare.analyze_and_compare) == PRESET_CHUNK_TOKENS
+    assert default(cli.analyze) == default(cli.sweep) == default(cli.check) == DEFAULT_CHUNK_TOKENS
+
+
 def test_progress_bar_on_a_terminal(monkeypatch: pytest.MonkeyPatch, sample: Path) -> None:
     import io as stdio
 

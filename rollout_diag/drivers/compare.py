@@ -16,14 +16,13 @@ from typing import TYPE_CHECKING, Any
 from rollout_diag.decisions.intrusive import INTRUSIVE_MIN_ESS, INTRUSIVE_REJECTED_FRACTION, intrusive_reasons
 from rollout_diag.decisions.recommend import judge_comparison
 from rollout_diag.drivers.distributed import AUTO, Workers, check_workers, resolve_workers, run_parts
-from rollout_diag.drivers.dump import reads_dump
+from rollout_diag.drivers.dump import PRESET_CHUNK_TOKENS, reads_dump
 from rollout_diag.drivers.engine import build_result
 from rollout_diag.drivers.exports import DecisionWriter
 from rollout_diag.drivers.passes import Inputs, PassSpec, Progress, open_reader, resolve_device, run_chunks
 from rollout_diag.drivers.sweep import check_targets
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.groups import GroupSpec, group_specs
-from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
 from rollout_diag.memory import trim_heap
 from rollout_diag.metrics.outcome import PresetSteps, with_metrics
 from rollout_diag.metrics.segments import stats
@@ -44,7 +43,7 @@ def compare_presets(
     columns: Mapping[str, str] | None = None,
     device: str | torch.device = "auto",
     strict: bool = False,
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    chunk_tokens: int = PRESET_CHUNK_TOKENS,
     progress: Progress | bool | None = None,
     export_decisions_to: str | Path | None = None,
     targets: Sequence[float] = DEFAULT_TARGETS,
@@ -91,7 +90,7 @@ def analyze_and_compare(
     columns: Mapping[str, str] | None = None,
     device: str | torch.device = "auto",
     strict: bool = False,
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    chunk_tokens: int = PRESET_CHUNK_TOKENS,
     progress: Progress | bool | None = None,
     targets: Sequence[float] = DEFAULT_TARGETS,
     workers: Workers = AUTO,

@@ -22,6 +22,11 @@ from typing import Any, TypeVar
 from rollout_diag.errors import ConfigError, option_name
 
 DEFAULT_CHUNK_TOKENS = 1 << 20  # = io.reader.DEFAULT_CHUNK_TOKENS (not imported: it would load pyarrow)
+# Chunks of the passes with presets (compare-presets, report): each chunk costs the ~26 preset accumulators a fixed
+# ~20 ms of bookkeeping, twice analyze's. On 100M tokens, 2M against 1M: compare-presets wall 0.92 and report 0.93
+# (peaks 456 -> 584 and 506 -> 651 MiB), 10M 0.99; 4M against 2M 1.006; analyze 1.00 (so it keeps 1M: +115 MiB for
+# nothing). docs/benchmarks.md, issue 20 session 11.
+PRESET_CHUNK_TOKENS = 1 << 21
 F = TypeVar("F", bound=Callable[..., Any])
 
 
