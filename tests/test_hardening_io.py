@@ -259,6 +259,45 @@ def test_duplicate_rows_within_a_file_and_none_without_ids(tmp_path: Path) -> No
     assert not any("duplicate" in w for w in analyze([str(no_ids), str(again)])["warnings"])  # row numbers
 
 
+def reference_row_key(step: int, sample_id: str) -> int:
+    """FNV-1a (64-bit: offset 0xcbf29ce484222325, prime 0x100000001b3) over the step's 8 little-endian bytes and the
+    id's UTF-8 bytes, then splitmix64's finalizer: one byte at a time, in Python integers mod 2^64."""
+    mask = (1 << 64) - 1
+    key = 0xCBF29CE484222325
+    for byte in step.to_bytes(8, "little", signed=True) + sample_id.encode("utf-8", "surrogatepass"):
+        key = ((key ^ byte) * 0x100000001B3) & mask
+    key = ((key ^ (key >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    key = ((key ^ (key >> 27)) * 0x94D049BB133111EB) & mask
+    return key ^ (key >> 31)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(-(2**63), 2**63 - 1), st.text(max_size=12) | st.sampled_from(["", "a", "s1-2", "é"])),
+        max_size=30,
+    )
+)
+def test_row_keys_are_the_byte_by_byte_hash(rows) -> None:
+    """io.readlog.row_keys (vectorised across rows, ids of mixed lengths, non-ASCII, empty) equals the hash written
+    one byte at a time, so every process, of any version with this code, keys a row alike."""
+    from rollout_diag.io.readlog import row_keys
+
+    steps = np.array([step for step, _ in rows], dtype=np.int64)
+    keys = row_keys(steps, [sample_id for _, sample_id in rows])
+    assert keys.dtype == np.uint64 and keys.tolist() == [reference_row_key(*row) for row in rows]
+
+
+def test_row_keys_tell_rows_apart() -> None:
+    """Keys of (step, id) pairs that share bytes differ: the step is fixed-width, an id's bytes are its own (a
+    shorter id is not a longer one's prefix padded with zeros)."""
+    from rollout_diag.io.readlog import row_keys
+
+    pairs = [(1, "a"), (1, "a\x00"), (1, "ab"), (2, "a"), (1, ""), (0, "\x01a"), (256, "a"), (1, "b")]
+    keys = row_keys(np.array([step for step, _ in pairs]), [sample_id for _, sample_id in pairs])
+    assert len(set(keys.tolist())) == len(pairs)
+
+
 def test_no_duplicate_warning_for_unique_rows(tmp_path: Path) -> None:
     path = write_sequence_dump(tmp_path / "unique.parquet", random_rows(15))
     assert not any("duplicate" in w for w in analyze(path)["warnings"])

@@ -3,7 +3,6 @@ merged across workers)."""
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -180,16 +179,33 @@ def listed_names(files: Sequence[str], limit: int = 3) -> str:
     return shown + (f" and {len(files) - limit} more files" if len(files) > limit else "")
 
 
+_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+_FNV_PRIME = np.uint64(0x100000001B3)
+
+
 def row_keys(steps: np.ndarray, sample_ids: Sequence[str]) -> np.ndarray:
-    """uint64 [R]: a hash of each (step, sample_id), the same in every process (unlike Python's hash)."""
-    return np.fromiter(
-        (
-            int.from_bytes(
-                hashlib.blake2b(f"{step}\x1f{sample_id}".encode("utf-8", "surrogatepass"), digest_size=8).digest(),
-                "little",
-            )
-            for step, sample_id in zip(steps.tolist(), sample_ids, strict=True)
-        ),
-        dtype=np.uint64,
-        count=len(sample_ids),
-    )
+    """uint64 [R]: a hash of each (step, sample_id), the same in every process (unlike Python's hash): FNV-1a over
+    the step's 8 bytes (little-endian) and the id's UTF-8 bytes, then splitmix64's finalizer, so that keys that differ
+    in one byte differ in about half their bits. Vectorised across the rows, one numpy step per byte position: a
+    blake2b object per row cost 3 µs a row, 0.18 s of the reader's thread on 100M tokens (57 403 rows)."""
+    rows = len(sample_ids)
+    joined = "".join(sample_ids)
+    data = np.frombuffer(joined.encode("utf-8", "surrogatepass"), dtype=np.uint8)
+    if data.shape[0] == len(joined):  # ASCII: one byte a character
+        lengths = np.fromiter(map(len, sample_ids), dtype=np.int64, count=rows)
+    else:
+        lengths = np.fromiter((len(s.encode("utf-8", "surrogatepass")) for s in sample_ids), np.int64, count=rows)
+    key = np.full(rows, _FNV_OFFSET, dtype=np.uint64)
+    for byte in np.ascontiguousarray(steps, dtype="<i8").view(np.uint8).reshape(rows, 8).T:
+        key = (key ^ byte) * _FNV_PRIME
+    # the ids' bytes as a matrix [R, longest], rows padded with zeros that the mask below leaves out
+    width = int(lengths.max(initial=0))
+    padded = np.zeros((rows, width), dtype=np.uint8)
+    starts = np.cumsum(lengths) - lengths
+    row = np.repeat(np.arange(rows), lengths)
+    padded[row, np.arange(data.shape[0]) - starts[row]] = data
+    for position in range(width):
+        key = np.where(lengths > position, (key ^ padded[:, position]) * _FNV_PRIME, key)
+    key = (key ^ (key >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    key = (key ^ (key >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return key ^ (key >> np.uint64(31))
