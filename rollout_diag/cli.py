@@ -485,7 +485,7 @@ def open_dump(
     ``numpy``: its passes take numpy chunks (every command that reads the whole dump: no torch on the CPU)."""
     from rollout_diag.drivers.dump import Dump
     from rollout_diag.io.sources import check_inputs_exist
-    from rollout_diag.memory import defer_collection, many_short_rows, return_large_blocks
+    from rollout_diag.memory import defer_collection, keep_large_blocks, many_short_rows, return_large_blocks
 
     check_inputs_exist(inputs)  # a mistyped path fails before pyarrow loads (0.3–0.5 s)
     # No cyclic collection while pyarrow, torch and numba load; the reader switches it back on where the chunks begin
@@ -494,8 +494,12 @@ def open_dump(
     options = {"strict": strict, "chunk_tokens": chunk_tokens, "device": device, "workers": workers, "backend": backend}
     dump = Dump(inputs, parse_columns(column), input_format=input_format, trust_pickle=trust_pickle, **options)
     dump = dump.opened(read_ahead=read_ahead, numpy=numpy)
+    # the C heap's bounds (rollout_diag.memory): where the per-step state dominates, freed arrays go back to the
+    # system; elsewhere a chunk's arrays reuse the pages of the chunk before
     if many_short_rows(dump.input_size()):
-        return_large_blocks()  # the per-step state dominates: freed arrays go back to the system (rollout_diag.memory)
+        return_large_blocks()
+    else:
+        keep_large_blocks()
     return dump
 
 

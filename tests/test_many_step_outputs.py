@@ -14,6 +14,7 @@ from dumps import write_sequence_dump
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from test_check import SAMPLE
 from test_many_steps import tiny_rows
 
 import rollout_diag as rd
@@ -172,9 +173,31 @@ def test_the_cli_sets_glibc_to_give_freed_blocks_back() -> None:
     assert return_large_blocks() is (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
 
 
+def test_the_cli_sets_glibc_to_keep_freed_chunks() -> None:
+    import platform
+
+    from rollout_diag.memory import keep_large_blocks
+
+    assert keep_large_blocks() is (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
+
+
+@pytest.mark.parametrize("short", [True, False])
+def test_the_cli_picks_the_heap_bounds_by_the_rows(monkeypatch, short) -> None:
+    """open_dump gives freed blocks back for many short rows and keeps them for the next chunk otherwise."""
+    from rollout_diag import cli, memory
+
+    called: list[str] = []
+    monkeypatch.setattr(memory, "many_short_rows", lambda size: short)
+    monkeypatch.setattr(memory, "return_large_blocks", lambda: called.append("return"))
+    monkeypatch.setattr(memory, "keep_large_blocks", lambda: called.append("keep"))
+    monkeypatch.setattr(memory, "defer_collection", lambda: False)  # the test process keeps its collector
+    cli.open_dump([SAMPLE], None, False, None)
+    assert called == ["return" if short else "keep"]
+
+
 def test_only_many_short_rows_set_the_allocator() -> None:
-    """The fixed mmap bound is for inputs of many short rows (per-step state dominates); long rows keep glibc's
-    dynamic bound (the fixed one cost them page faults), as does an input whose size the footers do not give."""
+    """The small fixed mmap bound is for inputs of many short rows (per-step state dominates); long rows, and an
+    input whose size the footers do not give, get the large bounds (the small one cost them page faults)."""
     from rollout_diag.memory import MANY_ROWS, SHORT_ROW_TOKENS, many_short_rows
 
     assert many_short_rows((4 * 200_000, 200_000))  # /work/bench/200k.parquet: one-row steps of 4 tokens
