@@ -162,7 +162,7 @@ def test_hint_evidence_equals_the_torch_engine(layout):
 @settings(max_examples=40, deadline=None)
 @given(layouts())
 def test_the_pass_without_probabilities_changes_nothing_else(layout):
-    """``prepare(..., probabilities=False)`` (compare-presets: no debug family) runs ``segment_pass_offpolicy``: every
+    """``prepare(..., probabilities=False)`` (compare-presets: no debug family) runs the fused pass without them: every
     other result of the fused pass is the full pass's, bit for bit, and the probability quantities, read anyway, are
     reduced from the tokens by the torch engine's code, not taken as the lean pass's zeros."""
     from rollout_diag.kernels.prepass import PROBABILITIES

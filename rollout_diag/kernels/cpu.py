@@ -155,8 +155,8 @@ def _quantities(
     engine's formulas but the exponentials of this module. A loop without branches or calls, so it runs on SIMD lanes;
     it takes both expm1 from one polynomial (:func:`_expm1_pair`), right for |δ| ≤ ln2/2 (nearly every token: 3·10^-5
     of them beyond in the synthetic dumps), and a second loop redoes the tokens beyond, if any (:func:`_k3_pair`).
-    Without ``probabilities`` (a constant where it is inlined: :func:`segment_pass_offpolicy`) p_a, p_r and |p_a − p_r|
-    are left 0 and their two exps are not taken (3.5 of the fused pass's ~20 ns a token)."""
+    Without ``probabilities`` p_a, p_r and |p_a − p_r| are left 0 and their two exps are not taken (3.5 of the fused
+    pass's ~20 ns a token; the flag's branch in the loop costs the pass with them ~0.6)."""
     wide = 0
     for k in range(size):
         a, r = trainer[start + k], rollout[start + k]
@@ -495,8 +495,8 @@ def _leaf(
         into[5] += c_xy + delta_x * delta_y * cross
 
 
-@njit(**_INLINE)
-def _segment_pass(
+@njit(**_FLAGS)
+def segment_pass(
     trainer: np.ndarray,
     rollout: np.ndarray,
     raw: np.ndarray,
@@ -521,11 +521,13 @@ def _segment_pass(
     ([G, P, 6], blocks merged by Chan's update); per step group the δ histogram of ``metrics.localize.delta_bin``
     ([G, 2·levels + 1]); and what :func:`hint_rows` returns for the same arguments (its ``clip`` is CLIP): per row the
     HINT_COLUMNS [R, 13], per step group and rollout-probability bucket [tokens, Σ|δ|, Σy, Σy²] [G, B, 4], each value
-    the same additions in the same order (the leaves follow the tokens in order). Without ``probabilities`` the
-    columns of trainer_prob, rollout_prob and prob_diff (and prob_diff's extremes) are 0 (:func:`_quantities`).
+    the same additions in the same order (the leaves follow the tokens in order). Without ``probabilities`` (a pass
+    whose families read none of them: ``compare-presets``, §1, the catastrophic tokens and the hint evidence) the
+    columns of trainer_prob, rollout_prob and prob_diff (and prob_diff's extremes) are 0 (:func:`_quantities`), and
+    ``pairs`` is then empty: the moment pairs are the debug family's probabilities (``kernels.prepass.MOMENT_PAIRS``).
 
-    Inlined into its two entry points, each compiled with ``probabilities`` a constant: a flag read at run time
-    cost the pass with probabilities 0.7 ns a token (measured), the branch left in its SIMD loop."""
+    One function with the flag read at run time: two entry points with it a constant (the body inlined into each)
+    saved that 0.6 ns a token but took 6.7 s each to compile against 4.6 s, and compare-presets compiled both."""
     segments = raw.shape[0]
     sums = np.empty((_Q, segments))
     maxima = np.empty((_E, segments))
@@ -639,33 +641,6 @@ def _segment_pass(
                     per_row[i, 5] = y
                     per_row[i, 6] = y * y
     return sums, maxima, minima, moments, histogram, per_row, probability
-
-
-@njit(**_FLAGS)
-def segment_pass(
-    trainer, rollout, raw, length, segment_group, groups, pairs, exponent_min, levels, row, rounds, rows, log_half, gap,
-    log_edges,
-):  # fmt: skip
-    """The fused pass (:func:`_segment_pass`) with every kernel quantity: what ``analyze`` reads."""
-    return _segment_pass(
-        trainer, rollout, raw, length, segment_group, groups, pairs, exponent_min, levels, row, rounds, rows, log_half,
-        gap, log_edges, True,
-    )  # fmt: skip
-
-
-@njit(**_FLAGS)
-def segment_pass_offpolicy(
-    trainer, rollout, raw, length, segment_group, groups, pairs, exponent_min, levels, row, rounds, rows, log_half, gap,
-    log_edges,
-):  # fmt: skip
-    """The fused pass (:func:`_segment_pass`) without the probability quantities (trainer_prob, rollout_prob,
-    prob_diff: 0, their exps not taken), for a pass whose families read none of them (``compare-presets``: §1, the
-    catastrophic tokens and the hint evidence). ``pairs`` is then empty: the moment pairs are the debug family's
-    probabilities (``kernels.prepass.MOMENT_PAIRS``). 16.5 against 20 ns a model token on 10m's chunks."""
-    return _segment_pass(
-        trainer, rollout, raw, length, segment_group, groups, pairs, exponent_min, levels, row, rounds, rows, log_half,
-        gap, log_edges, False,
-    )  # fmt: skip
 
 
 @njit(**_FLAGS)
@@ -896,6 +871,7 @@ _SEGMENT_PASS = (
     (
         *(_F, _F, _I, _I, _I, types.int64, _c(types.int64, 2), types.int64, types.int64),  # the segment sums
         *(_I, _I, types.int64, types.float64, types.float64, _F),  # the hint rows
+        types.boolean,
     ),
 )
 SIGNATURES: dict[str, tuple[tuple[types.Type, ...], ...]] = {
@@ -909,7 +885,6 @@ SIGNATURES: dict[str, tuple[tuple[types.Type, ...], ...]] = {
     ),
     "segment_layout": ((_c(types.boolean), _I),),
     "segment_pass": _SEGMENT_PASS,
-    "segment_pass_offpolicy": _SEGMENT_PASS,
     "segment_count_above": ((_F, _F, _I, _I, _F, types.float64),),
     "_value": ((types.int64, types.float64, types.float64),),
     "_exp_scalar": ((types.float64,),),

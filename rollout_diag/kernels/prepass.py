@@ -20,7 +20,7 @@ EXPONENT_MIN, EXPONENT_MAX = -20, 7
 # Centred moments the fused pass computes (debug §5): any other pair is centred by a second pass.
 MOMENT_PAIRS = (("prob_diff", "prob_diff"), ("trainer_prob", "rollout_prob"))
 # The kernel quantities that take the fused pass two exps a token, read by the debug family only (§5): a pass without
-# it runs the pass without them (``kernels.cpu.segment_pass_offpolicy``).
+# it runs the pass without them (``kernels.cpu.segment_pass(..., probabilities=False)``).
 PROBABILITIES = ("trainer_prob", "rollout_prob", "prob_diff")
 # The hint evidence's token patterns (metrics.hints): group means use min(|δ|, CLIP) (ρ outside [1/e, e] counts as 1),
 # a logprob of exactly 0 where the other side says p < 0.5 is no rounding error, a copy counts where the other side
@@ -66,13 +66,12 @@ def reductions(
     """The fused pass, the hint patterns with it (each token read once): ((sums, maxima, minima) [Q, S], moments of
     MOMENT_PAIRS [G, P, 6], δ histogram [G, B]) and the hint rows: per row the HINT_COLUMNS [R, 13], per step group and
     probability bucket [G, B, 4] (what :func:`hint_rows` gives). Without ``probabilities`` the probability quantities'
-    sums and extremes are 0 and there are no moments ([G, 0, 6]): ``kernels.cpu.segment_pass_offpolicy``."""
+    sums and extremes are 0 and there are no moments ([G, 0, 6]) (``kernels.cpu.segment_pass``)."""
     kernels = compiled()
     wanted = MOMENT_PAIRS if probabilities else ()
     pairs = np.array([[kernels.COLUMN[x], kernels.COLUMN[y]] for x, y in wanted], dtype=np.int64).reshape(-1, 2)
     raw, _, length, row, _, rounds = segments
-    fused_pass = kernels.segment_pass if probabilities else kernels.segment_pass_offpolicy
-    *fused, per_row, buckets = fused_pass(
+    *fused, per_row, buckets = kernels.segment_pass(
         trainer,
         rollout,
         raw,
@@ -88,6 +87,7 @@ def reductions(
         LOG_HALF,
         COPY_GAP,
         _LOG_EDGES,
+        probabilities,
     )
     return tuple(fused), (per_row, buckets)
 
