@@ -184,7 +184,11 @@ def _run_ray(jobs: list[PartJob]) -> list[tuple[Pass, ReadLog]]:
         except Exception as exc:  # a task's error (or its cancellation), re-raised below as its cause
             if failure is None:
                 failure = exc
-                for other in pending:
+                # only the tasks still running: a cancel racing a task's completion can abort the driver inside
+                # Ray ("Check failed: it != submissible_tasks_.end() Tried to complete task that was not pending",
+                # seen once in CI with Ray 2.60; ray-project/ray#54798 fixed one such race)
+                _, running = ray.wait(pending, num_returns=len(pending), timeout=0)
+                for other in running:
                     ray.cancel(other)
     if failure is not None:
         # RayTaskError's text is the worker's traceback; the error the task raised is its ``cause``.
