@@ -60,8 +60,9 @@ if TYPE_CHECKING:  # torch is imported when the first chunk is built: opening fi
     from rollout_diag.kernels.prepass import KernelPrepass
 
 # ~1M tokens: 8 MB per float64 quantity. Each chunk costs the families a fixed few ms of bookkeeping: against 512K,
-# 100M tokens took 0.93 of the wall for `analyze` (peak +50 MiB) and 0.87 for `compare-presets` (+150 MiB); 2M no
-# faster, only bigger (docs/benchmarks.md, issue 20 session 10)
+# 100M tokens took 0.93 of the wall for `analyze` (peak +50 MiB) and 0.87 for `compare-presets` (+150 MiB); 2M is no
+# faster for `analyze`, only bigger (docs/benchmarks.md, issue 20 session 10). The commands with presets, whose
+# accumulators cost twice as much a chunk, read 2M (drivers/dump.PRESET_CHUNK_TOKENS, session 11).
 DEFAULT_CHUNK_TOKENS = 1 << 20
 
 
