@@ -178,18 +178,14 @@ def _run_ray(jobs: list[PartJob]) -> list[tuple[Pass, ReadLog]]:
     remote = ray.remote(run_part)
     pending = [remote.remote(*job) for job in jobs]
     results, failure = [], None
-    for ref in pending:  # every result fetched, so that Ray has no unretrieved error to print at exit
+    # Every task runs to its end, as the process backend's pool does: no ray.cancel, which can race a task's completion
+    # and abort the driver inside Ray ("Check failed: it != submissible_tasks_.end()", seen in CI with Ray 2.60; see
+    # ray-project/ray#54798). Every result is fetched, so that Ray has no unretrieved error to print at exit.
+    for ref in pending:
         try:
             results.append(ray.get(ref))
-        except Exception as exc:  # a task's error (or its cancellation), re-raised below as its cause
-            if failure is None:
-                failure = exc
-                # only the tasks still running: a cancel racing a task's completion can abort the driver inside
-                # Ray ("Check failed: it != submissible_tasks_.end() Tried to complete task that was not pending",
-                # seen once in CI with Ray 2.60; ray-project/ray#54798 fixed one such race)
-                _, running = ray.wait(pending, num_returns=len(pending), timeout=0)
-                for other in running:
-                    ray.cancel(other)
+        except Exception as exc:  # a task's error, re-raised below as its cause: the first in plan order
+            failure = failure or exc
     if failure is not None:
         # RayTaskError's text is the worker's traceback; the error the task raised is its ``cause``.
         cause = getattr(failure, "cause", None)
