@@ -49,3 +49,30 @@ def test_an_opened_reader_serves_one_call(path):
     first = rd.analyze(dump)
     second = rd.analyze(dump)  # the reader opened ahead was used up: a new one is opened
     assert first.run.metrics == second.run.metrics
+
+
+def test_a_dump_without_a_chunk_size_reads_each_calls_own(path, monkeypatch):
+    from rollout_diag.drivers.dump import DEFAULT_CHUNK_TOKENS, PRESET_CHUNK_TOKENS
+    from rollout_diag.io.reader import DumpReader
+
+    sizes = []
+    chunks = DumpReader.chunks
+
+    def recording(reader, *args, **kwargs):
+        sizes.append(reader.chunk_tokens)
+        return chunks(reader, *args, **kwargs)
+
+    monkeypatch.setattr(DumpReader, "chunks", recording)
+    dump = rd.Dump([path], device="cpu", workers=1)
+    rd.analyze(dump)
+    rd.compare_presets(dump, ["decoupled_k3_rs"])
+    rd.compare_presets(dump.opened(), ["decoupled_k3_rs"])  # a reader opened ahead takes the call's size too
+    rd.analyze(dump, chunk_tokens=37)
+    rd.analyze(rd.Dump([path], device="cpu", workers=1, chunk_tokens=37))
+    assert sizes == [DEFAULT_CHUNK_TOKENS, PRESET_CHUNK_TOKENS, PRESET_CHUNK_TOKENS, 37, 37]
+
+
+@pytest.mark.parametrize("size", [0, -5, 2.5, True])
+def test_a_bad_chunk_size_given_beside_a_dump_is_a_config_error(path, size):
+    with pytest.raises(rd.ConfigError, match=r"chunk_tokens=.*: must be a positive whole number of tokens"):
+        rd.compare_presets(rd.Dump([path], device="cpu"), ["decoupled_k3_rs"], chunk_tokens=size)

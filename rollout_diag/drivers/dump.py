@@ -39,7 +39,9 @@ class Dump:
     input_format: str | None = None  # a name of io.formats.FORMAT_NAMES; None: detected
     trust_pickle: bool = False
     strict: bool = False  # any skipped row is an error
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+    # None: each call's own size (DEFAULT_CHUNK_TOKENS; PRESET_CHUNK_TOKENS for compare_presets and the report's
+    # analyze_and_compare), or the size of a reader that already reads ahead (``opened(read_ahead=True)``)
+    chunk_tokens: int | None = None
     device: str = "auto"
     workers: int | str = "auto"  # a process count, or "auto": every core where the input splits
     backend: str = "process"
@@ -61,8 +63,9 @@ class Dump:
             object.__setattr__(self, "workers", int(self.workers))
 
     def open(self):
-        """A DumpReader over the inputs: files found, footers read, columns resolved (torch is not loaded).
-        Raises InputError / ColumnError for unreadable input, ConfigError for a bad option."""
+        """A DumpReader over the inputs: files found, footers read, columns resolved (torch is not loaded); chunks of
+        ``chunk_tokens`` tokens, or DEFAULT_CHUNK_TOKENS where that is None (a call that reads it sets its own size:
+        :meth:`reader`). Raises InputError / ColumnError for unreadable input, ConfigError for a bad option."""
         from rollout_diag.io.formats import DumpInputs
         from rollout_diag.io.reader import DumpReader
 
@@ -70,7 +73,7 @@ class Dump:
             DumpInputs(list(self.inputs), self.input_format, self.trust_pickle),
             self.columns,
             strict=self.strict,
-            chunk_tokens=self.chunk_tokens,
+            chunk_tokens=DEFAULT_CHUNK_TOKENS if self.chunk_tokens is None else self.chunk_tokens,
         )
 
     def opened(self, read_ahead: bool = False, numpy: bool = False) -> Dump:
@@ -83,7 +86,7 @@ class Dump:
         ready = replace(self)
         reader = self.open()
         if read_ahead and reads_ahead(self, reader, numpy):
-            reader.read_ahead(read_ahead_depth(self.chunk_tokens))
+            reader.read_ahead(read_ahead_depth(reader.chunk_tokens))
         ready._reader.append(reader)
         return ready
 
@@ -91,9 +94,13 @@ class Dump:
         """(tokens, rows) of the input, from the files' footers (``DumpReader.input_size``)."""
         return (self._reader[0] if self._reader else self.open()).input_size()
 
-    def reader(self):
-        """The reader opened ahead (once), else a new one."""
-        return self._reader.pop() if self._reader else self.open()
+    def reader(self, chunk_tokens: int | None = None):
+        """The reader opened ahead (once), else a new one. ``chunk_tokens``: the calling function's size, taken where
+        the dump leaves the size to the call and the reader has not started reading ahead."""
+        reader = self._reader.pop() if self._reader else self.open()
+        if self.chunk_tokens is None and chunk_tokens is not None and not reader.reads_ahead:
+            reader.resize(chunk_tokens)
+        return reader
 
 
 # Memory for the chunks read ahead while the command's modules load: ~17 bytes a token (the scanned float64 values and
@@ -172,16 +179,18 @@ _CALL_OPTIONS = tuple(
 def reads_dump(function: F) -> F:
     """Let ``function(inputs, …)`` take a :class:`Dump` as ``inputs``: the dump's options fill the keyword arguments
     the function has (an explicit one that disagrees is a ConfigError) and its reader replaces the file names."""
-    accepted = set(inspect.signature(function).parameters)
+    parameters = inspect.signature(function).parameters
+    accepted = set(parameters)
+    chunk_default = parameters["chunk_tokens"].default if "chunk_tokens" in parameters else None
 
     @functools.wraps(function)
     def wrapper(inputs: Any, *args: Any, **kwargs: Any) -> Any:
         if not isinstance(inputs, Dump):
             return function(inputs, *args, **kwargs)
         for name in _CALL_OPTIONS:
-            if name not in accepted:
-                continue
             value = getattr(inputs, name)
+            if name not in accepted or value is None:  # None (chunk_tokens): the call's own
+                continue
             if name in kwargs and kwargs[name] is not None and kwargs[name] != value:
                 raise ConfigError(
                     f"{option_name(name)}={kwargs[name]!r} disagrees with the Dump's {name}={value!r}: give it once."
@@ -189,7 +198,11 @@ def reads_dump(function: F) -> F:
             kwargs[name] = value
         from rollout_diag.kernels import use_engine
 
+        size = kwargs.get("chunk_tokens")
+        reader = inputs.reader(chunk_default if size is None else size)
+        if "chunk_tokens" in accepted and size is None:
+            kwargs["chunk_tokens"] = reader.chunk_tokens
         with use_engine(inputs.engine):
-            return function(inputs.reader(), *args, **kwargs)
+            return function(reader, *args, **kwargs)
 
     return wrapper  # type: ignore[return-value]

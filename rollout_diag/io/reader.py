@@ -67,6 +67,13 @@ DEFAULT_CHUNK_TOKENS = 1 << 20
 
 
 # --------------------------------------------------------------------------------------- the reader
+def checked_chunk_tokens(chunk_tokens: Any) -> int:
+    """``chunk_tokens`` as an int; raises ConfigError unless it is a positive whole number."""
+    if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, Integral) or chunk_tokens < 1:
+        raise ConfigError(f"{option_name('chunk_tokens')}={chunk_tokens}: must be a positive whole number of tokens.")
+    return int(chunk_tokens)
+
+
 class DumpReader:
     """Opens every input up front (so a bad file fails before any work), then streams chunks."""
 
@@ -87,14 +94,11 @@ class DumpReader:
         splits them. ``input_format``: a name of ``io.formats.FORMAT_NAMES`` (default: what ``inputs`` carries,
         else detected); ``trust_pickle`` lifts the pickle allowlist (``io/formats/safe_pickle.py``).
         Raises InputError / ColumnError for unreadable input, ConfigError for a bad chunk size."""
-        if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, Integral) or chunk_tokens < 1:
-            raise ConfigError(
-                f"{option_name('chunk_tokens')}={chunk_tokens}: must be a positive whole number of tokens."
-            )
+        chunk_tokens = checked_chunk_tokens(chunk_tokens)
         carried_format, carried_trust = input_options(inputs)
         self.trust_pickle = carried_trust if trust_pickle is None else trust_pickle
         self.strict = strict
-        self.chunk_tokens = int(chunk_tokens)
+        self.chunk_tokens = chunk_tokens
         self.overrides = dict(columns or {})
         self.parts = None if parts is None else {path: set(groups) for path, groups in parts.items()}
         self._ahead: _ReadAhead | None = None  # the reading started before torch was loaded (read_ahead)
@@ -315,6 +319,16 @@ class DumpReader:
         if self._ahead is None:
             self._not_reading_yet("read ahead")
             self._ahead = _ReadAhead(self, max(1, depth))
+
+    @property
+    def reads_ahead(self) -> bool:
+        """Whether :meth:`read_ahead` has started the reading (its chunk size is then fixed)."""
+        return self._ahead is not None
+
+    def resize(self, chunk_tokens: int) -> None:
+        """Read chunks of ``chunk_tokens`` tokens, set before the reading starts. Raises ConfigError for a bad size."""
+        self._not_reading_yet("resize its chunks")
+        self.chunk_tokens = checked_chunk_tokens(chunk_tokens)
 
     def _not_reading_yet(self, what: str) -> None:
         if self._ahead is not None:
