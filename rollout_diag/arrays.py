@@ -166,20 +166,21 @@ def host_exp(values: Array) -> Array:
     tensor), torch's on a GPU. The preset families' weights take it: on the CPU both engines then give the same bits
     and a weight on a truncation or IcePop bound falls on the same side in both, on any CPU (torch's CPU exp and
     numpy's differ in the last bit on ~5 % of values where numpy has no AVX-512 loop)."""
-    if is_tensor(values) and values.device.type != "cpu":
-        return _torch().exp(values)
-    with np.errstate(over="ignore", invalid="ignore"):  # inf / NaN as torch gives them, without a warning
-        return like(np.exp(host(values)), values)
+    return _numpy_on_host(np.exp, "exp", values)
 
 
 def host_log10(values: Array) -> Array:
     """log10 taken by numpy wherever the values are on the host (a CPU tensor's on its memory), torch's on a GPU: the
     sweep's histogram bins (``metrics.sweep.signed_bins``) are then the same in both CPU engines and in the compiled
     pass, whose bin edges are found with this function."""
+    return _numpy_on_host(np.log10, "log10", values)
+
+
+def _numpy_on_host(function: np.ufunc, torch_name: str, values: Array) -> Array:
     if is_tensor(values) and values.device.type != "cpu":
-        return _torch().log10(values)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return like(np.log10(host(values)), values)
+        return getattr(_torch(), torch_name)(values)
+    with np.errstate(all="ignore"):  # inf / NaN (and log10's -inf) as torch gives them, without a warning
+        return like(function(host(values)), values)
 
 
 def expm1(values: Array) -> Array:
