@@ -4,6 +4,9 @@ option validation, warnings that stop silent wrong answers, and a fast ``inspect
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -473,3 +476,43 @@ def test_inspect_around_a_position_of_a_long_row_lists_only_the_window(tmp_path:
     assert (document["start"], document["row_length"], len(document["mask"])) == (5, length, 4)
     assert "the row has 5 tokens" in error_line(cli("inspect", path, "-s", "short", "--around", "5", "--device", "cpu"))
     assert "--window 0" in error_line(cli("inspect", path, "--window", "0", "--device", "cpu"))
+
+
+LINUX = pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts descriptors in /proc/self/fd (Linux)")
+
+
+@LINUX
+def test_a_directory_of_more_files_than_open_descriptors_is_read(tmp_path: Path) -> None:
+    # Every file was kept open from its footer to the end: 300 files under a limit of 256 descriptors failed
+    # ("Too many open files", as a traceback). Now a file is open only while its row groups are read.
+    for i in range(300):
+        write_sequence_dump(tmp_path / f"part-{i:04d}.parquet", random_rows(i, steps=[i // 30], rows_per_step=1))
+    code = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))\n"
+        "import rollout_diag as rd\n"
+        f"result = rd.analyze({str(tmp_path)!r}, device='cpu', workers=1)\n"
+        "print(result.run.rows)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "300"
+
+
+@LINUX
+def test_a_read_file_lets_its_descriptor_and_buffers_go(tmp_path: Path) -> None:
+    from rollout_diag.io.formats.base import ParquetSource
+
+    path = write_sequence_dump(tmp_path / "big.parquet", random_rows(5, rows_per_step=300, max_length=600))
+    pool = pa.default_memory_pool()
+    before, descriptors = pool.bytes_allocated(), len(os.listdir("/proc/self/fd"))
+    source = ParquetSource(str(path))
+    assert len(os.listdir("/proc/self/fd")) == descriptors  # the footer's handle is closed
+    for batch in source.iter_batches(batch_size=64, row_groups=[0], columns=["old_log_probs"], use_threads=False):
+        assert batch.num_rows > 0
+    del batch
+    assert len(os.listdir("/proc/self/fd")) == descriptors + 1
+    assert pool.bytes_allocated() > before  # the row group's compressed column chunk, held by the open file
+    source.close()
+    assert len(os.listdir("/proc/self/fd")) == descriptors
+    assert pool.bytes_allocated() == before

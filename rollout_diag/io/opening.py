@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 from rollout_diag.errors import ColumnError, InputError, option_name, where
 from rollout_diag.io.columns import ROLE_CANDIDATES, ColumnMap, resolve_columns
 from rollout_diag.io.formats import PARQUET, open_source
-from rollout_diag.io.formats.base import SKIP_COLUMN, SKIP_REASON
+from rollout_diag.io.formats.base import SKIP_COLUMN, SKIP_REASON, ParquetSource, RowsFile
 from rollout_diag.io.readlog import listed_names
 from rollout_diag.io.sources import Source
 
@@ -34,7 +34,7 @@ _PANDAS_INDEX = re.compile(r"__index_level_\d+__")  # what DataFrame.to_parquet 
 @dataclass(frozen=True)
 class OpenFile:
     source: Source
-    parquet: pq.ParquetFile  # or a format's RowsFile, which offers the same members (io/formats/base.py)
+    parquet: ParquetSource | RowsFile  # the members of a pyarrow ParquetFile the reader uses (io/formats/base.py)
     columns: ColumnMap
     layout: str
     mask_candidates: tuple[str, ...] = ()  # without a mask column: integer/bool '*mask*' columns of the layout's shape
@@ -186,7 +186,7 @@ def _unfinished_parquet(path: str) -> bool:
         return False
 
 
-def _bytes_per_row(parquet: pq.ParquetFile, name: str) -> float | None:
+def _bytes_per_row(parquet: ParquetSource, name: str) -> float | None:
     """Uncompressed bytes per row of column ``name`` in the first row group; None when the file does not say."""
     metadata = parquet.metadata
     if metadata.num_row_groups == 0:

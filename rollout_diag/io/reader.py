@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from rollout_diag.arrays import device_kind, device_name
 from rollout_diag.cores import available_cores
 from rollout_diag.errors import ColumnError, ConfigError, InputError, RolloutDiagError, option_name
 from rollout_diag.io.decode import Block, ExtraColumn, may_hold, read_sequences, read_tokens, split_steps
 from rollout_diag.io.formats import PARQUET, DumpInputs, input_options, resolve
+from rollout_diag.io.formats.base import ParquetSource
 from rollout_diag.io.opening import (
     OpenFile,
     describe_columns,
@@ -405,6 +405,8 @@ class DumpReader:
                 raise InputError(
                     f"{opened.source.path}: cannot be decoded, the file is corrupt ({one_line(exc)})."
                 ) from exc
+            finally:
+                opened.parquet.close()  # its descriptor and last row group's buffers (io/formats/base.ParquetSource)
 
     def _validated_chunk(self, block: Block, device: str, engine: str, kind: str) -> Chunk | None:
         valid = self._validated(block, device_kind(device), engine)
@@ -560,7 +562,7 @@ def _footer_size(opened: OpenFile, groups: set[int] | None) -> tuple[int, int] |
     the token layout, the trainer column's list values in the sequence layout. None for a trainer format's rows
     (no footer)."""
     parquet = opened.parquet
-    if not isinstance(parquet, pq.ParquetFile):
+    if not isinstance(parquet, ParquetSource):
         return None
     metadata = parquet.metadata
     chosen = range(metadata.num_row_groups) if groups is None else sorted(groups)

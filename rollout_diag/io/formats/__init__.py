@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout_diag.errors import ConfigError, InputError, option_name
-from rollout_diag.io.formats.base import natural_key
+from rollout_diag.io.formats.base import ParquetSource, natural_key
 from rollout_diag.io.formats.registry import FORMATS, Peek, ordered
 from rollout_diag.io.sources import DirectoryWalker, Source, expand_inputs, refuse_remote
 
@@ -174,15 +174,13 @@ def _select(
 
 # ------------------------------------------------------------------------------------ opening
 def open_source(source: Source, fmt: str, trust_pickle: bool = False) -> Any:
-    """The opened file: a ``pyarrow.parquet.ParquetFile`` for Parquet, a RowsFile for the others.
+    """The opened file: a ParquetSource (its footer) for Parquet, a RowsFile for the others.
 
     Raises InputError (or the OSError / Arrow errors the reader turns into one) for an unreadable file.
     """
     path = source.path
     if fmt == PARQUET:
-        import pyarrow.parquet as pq
-
-        return pq.ParquetFile(path)
+        return ParquetSource(path)
     return FORMATS[fmt].open_file(path, trust_pickle)
 
 
