@@ -36,7 +36,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
@@ -152,13 +152,14 @@ def compiled() -> ModuleType:
         os.environ["NUMBA_CACHE_DIR"] = str(directory)  # numba reads its configuration when imported …
         if "numba" in sys.modules:  # … or when told to read it again
             sys.modules["numba"].core.config.reload_config()
-    if not _has_cache(directory, "cpu"):
+    from rollout_diag.kernels import cpu as module  # numba and the kernels' definitions: nothing compiles yet
+
+    if not _has_cache(module, module.SIGNATURES, every=False):
         print(
             f"rollout-diag: compiling the CPU kernels once (about {COMPILE_SECONDS} s; cached in {directory}).",
             file=sys.stderr,
             flush=True,
         )
-    from rollout_diag.kernels import cpu as module
 
     with _lock:
         if not _loaded:
@@ -168,16 +169,22 @@ def compiled() -> ModuleType:
     return _loaded[0]
 
 
-def _has_cache(directory: Path, module: str, kernels: tuple[str, ...] = ("*",)) -> bool:
-    """Whether numba's cache in ``directory`` holds an index for each of ``kernels`` of ``module`` (``*``: any kernel)
-    written since the module's source last changed (numba drops an index whose source changed)."""
-    if not directory.is_dir():
-        return False
-    changed = Path(__file__).with_name(f"{module}.py").stat().st_mtime
-    return all(
-        any(index.stat().st_mtime >= changed for index in directory.rglob(f"{module}.{kernel}-*.nbi"))
-        for kernel in kernels
-    )
+def _has_cache(module: ModuleType, kernels: Iterable[str], every: bool = True) -> bool:
+    """Whether numba's cache holds each (``every=False``: any) of ``module``'s ``kernels`` compiled from the source as
+    it is now, by numba's own test: an index whose stamp is the source's (its text's hash in numba 0.68, its mtime and
+    size in 0.60). So a source only touched (a reinstall, a checkout) counts as cached where numba loads it; an earlier
+    test of mtimes alone announced a compile and started the preset kernels' helper on every run after that, though
+    numba compiled nothing (+0.4 s a run of compare-presets, waiting for the helper). False where numba's cache is not
+    laid out as it expects (an announced first run)."""
+    found = []
+    for name in kernels:
+        cache_file = getattr(getattr(getattr(module, name), "_cache", None), "_cache_file", None)
+        load_index = getattr(cache_file, "_load_index", None)  # {} for an index missing, of another numba, or stale
+        try:
+            found.append(load_index is not None and bool(load_index()))
+        except Exception:  # an index numba cannot read: it compiles anew
+            found.append(False)
+    return all(found) if every else any(found)
 
 
 def expect_presets() -> None:
@@ -203,7 +210,7 @@ def _compile_presets_ahead() -> None:
             return
         from rollout_diag.kernels import presets
 
-        if _has_cache(cache_directory(), "presets", tuple(presets.SIGNATURES)):
+        if _has_cache(presets, presets.SIGNATURES):
             return
         # the package as this process imports it, first: numba keys its cache on the source file's path
         root = str(Path(os.path.abspath(__file__)).parents[2])
