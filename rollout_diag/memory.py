@@ -23,7 +23,9 @@ SHORT_ROW_TOKENS = 64  # … of fewer tokens than this on average
 # to fault them in again for the next chunk. Fixed at 32 MiB (the dynamic bound's ceiling) with a 256 MiB trim
 # threshold, a chunk's arrays reuse the pages the chunk before freed: on 100M tokens `analyze` system time 0.54 ->
 # 0.45 s, wall 0.970 paired (peak +41 MiB), `compare-presets` 0.976 (issue 20 session 11, docs/benchmarks.md). The
-# free pages the heap keeps are bounded by the trim threshold, whatever the input's size.
+# trim threshold bounds only the free pages at the heap's top: freed arrays of as many sizes as chunks left holes
+# that later arrays did not fit, and the heap grew with the input (compare-presets: 596 MiB at 100M tokens, 734–940
+# at 1G), so the kernels allocate chunk-sized arrays in a few sizes (``kernels.cpu.size_class``; 682–720 at 1G).
 KEEP_MMAP_THRESHOLD = 32 << 20
 KEEP_TRIM_THRESHOLD = 256 << 20
 _M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)

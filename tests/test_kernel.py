@@ -467,3 +467,21 @@ def test_cli_engine_option(tmp_path, monkeypatch):
     bad = runner.invoke(app, ["--engine", "gpu", "analyze", str(SAMPLES[-1])])
     assert bad.exit_code == 2 and "gpu" in bad.output
     assert ENVIRONMENT not in os.environ  # the option held for the command only
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(min_value=0, max_value=1 << 40))
+def test_a_size_class_holds_its_size_with_at_most_an_eighth_more(n: int) -> None:
+    size_class = compiled().size_class
+    got = size_class(n)
+    assert got == n if n < 65536 else n <= got <= n + n // 8
+
+
+def test_chunks_of_nearby_sizes_share_a_few_size_classes() -> None:
+    # 2M-token chunks cut at rows come in as many sizes as chunks; their arrays in a few sizes fit one another
+    size_class = compiled().size_class
+    assert len({size_class(n) for n in range(1_500_000, 2_100_001, 997)}) <= 6
+    # the class of a length is one of eight per doubling: 2**20 + 1 .. 2**21 take 2**20 + k * 2**17, k = 1..8
+    assert {size_class(n) for n in range((1 << 20) + 1, (1 << 21) + 1, 4099)} == {
+        (1 << 20) + k * (1 << 17) for k in range(1, 9)
+    }

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, types, uint64
 
-from rollout_diag.kernels.cpu import CLAMP
+from rollout_diag.kernels.cpu import CLAMP, size_class
 
 # The token quantities a derived one is made from (``Derived.base``), by code.
 KINDS = {"log_ratio": 0, "clamped_log_ratio": 1, "token_is_weight": 2, "rs_k1": 3, "rs_k2": 4, "rs_k3": 5}
@@ -140,7 +140,7 @@ def clamped_tokens(trainer: np.ndarray, rollout: np.ndarray, raw: np.ndarray, mo
     total = 0
     for s in range(raw.shape[0]):
         total += length[s]
-    out = np.empty(total)
+    out = np.empty(size_class(total))[:total]
     for s in range(raw.shape[0]):
         r, m = uint64(raw[s]), uint64(model[s])  # unsigned: no negative-index wrap per read
         for k in range(length[s]):
