@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from rollout_diag.errors import InputError
+
 SKIP_REASON = "_skip_reason"  # canonical batches only: why a row could not be read (null = readable)
 SKIP_COLUMN = "_skip_column"  # the source field the reason is about
 
@@ -133,6 +135,8 @@ class ParquetSource:
     def __init__(self, path: str) -> None:
         import pyarrow.parquet as pq
 
+        self.path = path
+        self._identity = _identity(path)  # the file the footer is of
         footer = pq.ParquetFile(path)
         try:
             self.metadata = footer.metadata
@@ -140,14 +144,20 @@ class ParquetSource:
             self.schema_arrow = footer.schema_arrow
         finally:
             footer.close()
-        self.path = path
         self._file: Any = None
 
     def iter_batches(self, **options: Any) -> Iterator[pa.RecordBatch]:
-        """``ParquetFile.iter_batches`` on the file, opened now if it is not (its footer is not read again)."""
+        """``ParquetFile.iter_batches`` on the file, opened now if it is not (its footer is not read again). Raises
+        InputError where the file was replaced or rewritten since its footer was read: the footer's offsets would
+        point into other bytes (a file kept open used to read the old one)."""
         if self._file is None:
             import pyarrow.parquet as pq
 
+            if _identity(self.path) != self._identity:
+                raise InputError(
+                    f"{self.path}: the file changed while it was read (replaced or rewritten since its footer was "
+                    "read); read it again once it is written."
+                )
             self._file = pq.ParquetFile(self.path, metadata=self.metadata)
         return self._file.iter_batches(**options)
 
@@ -156,6 +166,12 @@ class ParquetSource:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _identity(path: str) -> tuple[int, ...]:
+    """(device, inode, size, mtime in ns) of ``path``: another file, or the same rewritten, has another."""
+    info = os.stat(path)
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 
 @dataclass(frozen=True)
