@@ -136,9 +136,17 @@ def test_analyze_table_has_every_section(sample_table: Result, sample_json: dict
     assert positions == sorted(positions)  # in this order, each once found
 
 
+def without_compile_notice(stderr: str) -> str:
+    """``stderr`` without the line of a run that compiles the kernels (a cache of another numba, or none yet: the
+    lowest-versions CI run shares the package's cache directory with the main one)."""
+    from rollout_diag.kernels import COMPILE_NOTICE
+
+    return "".join(line for line in stderr.splitlines(keepends=True) if not line.startswith(COMPILE_NOTICE))
+
+
 def test_analyze_table_shows_no_debug_text(sample_table: Result) -> None:
     output = sample_table.stdout
-    assert sample_table.stderr == ""
+    assert without_compile_notice(sample_table.stderr) == ""
     for unwanted in ("Traceback", "DEBUG", "\x1b[", "internal error"):
         assert unwanted not in output
     assert max(len(line) for line in output.splitlines()) <= WIDTH
@@ -308,7 +316,7 @@ def test_console_script_runs_analyze(sample: Path, sample_json: dict) -> None:
         timeout=120,
     )
     assert process.returncode == 0, process.stderr
-    assert process.stderr == ""
+    assert without_compile_notice(process.stderr) == ""
     assert "Traceback" not in process.stdout
     assert len(process.stdout.splitlines()) == 1 + len(sample_json["steps"]) + 1  # header, steps, run
 

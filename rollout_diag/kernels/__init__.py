@@ -54,6 +54,7 @@ InputSize = tuple[int, int]  # (tokens, rows) of a reader's whole input
 # What a first run (empty cache) spends compiling the kernels a command needs, on 2 cores (docs/benchmarks.md, issue 20
 # session 9: ~10 s of CPU for the analysis kernels; the preset kernels' ~10 s in the helper process alongside)
 COMPILE_SECONDS = 10
+COMPILE_NOTICE = "rollout-diag: compiling the CPU kernels once"  # the start of the line a first run says it with
 # The longest the preset kernels' helper may take before this process compiles them itself.
 AHEAD_TIMEOUT = 600.0
 _loaded: list[ModuleType] = []
@@ -156,7 +157,7 @@ def compiled() -> ModuleType:
 
     if not _has_cache(module, module.SIGNATURES, every=False):
         print(
-            f"rollout-diag: compiling the CPU kernels once (about {COMPILE_SECONDS} s; cached in {directory}).",
+            f"{COMPILE_NOTICE} (about {COMPILE_SECONDS} s; cached in {directory}).",
             file=sys.stderr,
             flush=True,
         )
