@@ -6,8 +6,18 @@ its files apart; a flat list of files needs only their names. ``inspect --row`` 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import PurePath
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(path: str | PurePath) -> tuple[list[str | int], str]:
+    """Sort key that puts ``step=2`` before ``step=10``: the path's runs of digits compare as numbers (the split
+    alternates text and digits, so like compares with like), then the path itself (``step=01`` and ``step=1``)."""
+    text = str(path)
+    return [int(part) if index % 2 else part for index, part in enumerate(_DIGITS.split(text))], text
 
 
 def _parts(path: str) -> tuple[str, ...]:

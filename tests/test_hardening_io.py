@@ -29,6 +29,8 @@ from typer.testing import CliRunner
 
 import rollout_diag as rd
 from rollout_diag.cli import app
+from rollout_diag.io.sources import expand_inputs
+from rollout_diag.paths import natural_key
 
 runner = CliRunner()
 LAYOUT_KEYS = ("inputs", "layout", "columns")  # what differs between two files of the same data, by design
@@ -366,6 +368,28 @@ def test_symlink_loops_in_a_directory_are_skipped_with_a_warning(tmp_path: Path)
         assert f"{run / 'self'}: symlink loop; skipped." in loops or typed.endswith("*.parquet")
     result = cli("analyze", f"{run}/**/*.parquet", "--device", "cpu", "-f", "json")
     assert result.exit_code == 0
+
+
+def test_a_directory_dump_is_read_in_step_order(tmp_path: Path) -> None:
+    """``step=10/`` after ``step=9/``, not after ``step=1/`` (text order): each chunk then goes on from the one
+    before, and files and rows are listed in the order the run wrote them. Globs list theirs the same way."""
+    run = tmp_path / "run"
+    for step in (1, 2, 9, 10, 11):
+        for rank in (0, 1, 10, 2):
+            write_sequence_dump(
+                run / f"step={step}" / f"rank-{rank}.parquet", random_rows(step * 100 + rank, steps=(step,))
+            )
+    expected = [
+        str(run / f"step={step}" / f"rank-{rank}.parquet") for step in (1, 2, 9, 10, 11) for rank in (0, 1, 2, 10)
+    ]
+    assert analyze(run)["inputs"] == expected
+    assert analyze(f"{run}/step=*/*.parquet")["inputs"] == expected
+    assert [s.path for s in expand_inputs([run / "step=*"])] == expected
+
+
+def test_natural_order_compares_digit_runs_as_numbers_and_breaks_ties_by_text() -> None:
+    names = ["a10", "a9", "a09", "b1", "a", "a1b2", "a1b10", "10", "9", "a²"]
+    assert sorted(names, key=natural_key) == ["9", "10", "a", "a1b2", "a1b10", "a09", "a9", "a10", "a²", "b1"]
 
 
 # ------------------------------------------------------------------------------------------ option checks

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rollout_diag.errors import InputError
+from rollout_diag.paths import natural_key
 
 _GLOB_CHARS = set("*?[")
 # step=<N>/_COMPLETE-rank-<R>: rank R has written its file of step N (io/writer.py writes it, watch reads it: here,
@@ -93,11 +94,12 @@ class DirectoryWalker:
         return key
 
     def parquet_files(self, root: Path) -> list[Path]:
-        """Every ``*.parquet`` data file under ``root``, sorted by path."""
+        """Every ``*.parquet`` data file under ``root``, in natural order (``step=2/`` before ``step=10/``: a directory
+        dump is read in step order, so each chunk goes on from the one before it)."""
         found: list[Path] = []
         info = os.stat(root)
         self._walk(root, ((info.st_dev, info.st_ino),), found)
-        return sorted(path for path in found if _is_data_file(path))
+        return sorted((path for path in found if _is_data_file(path)), key=natural_key)
 
     def _walk(self, directory: Path, ancestors: tuple[DirKey, ...], found: list[Path]) -> None:
         if (ancestors[-1], -1) in self.visited:  # reached again through another link: listed already
@@ -111,7 +113,7 @@ class DirectoryWalker:
                 found.append(Path(entry.path))
 
     def glob(self, pattern: str) -> list[Path]:
-        """What ``glob.glob(pattern, recursive=True)`` matches, sorted, without following a symlink loop."""
+        """What ``glob.glob(pattern, recursive=True)`` matches, in natural order, without following a symlink loop."""
         parts = Path(pattern).parts
         fixed = next((i for i, part in enumerate(parts) if _GLOB_CHARS & set(part)), len(parts))
         base = Path(*parts[:fixed]) if fixed else Path(".")
@@ -120,7 +122,7 @@ class DirectoryWalker:
         info = os.stat(base)
         matches: set[Path] = set()
         self._match(base, parts[fixed:], ((info.st_dev, info.st_ino),), matches, relative=fixed == 0)
-        return sorted(matches, key=str)
+        return sorted(matches, key=natural_key)
 
     def _match(
         self, path: Path, parts: tuple[str, ...], ancestors: tuple[DirKey, ...], out: set[Path], relative: bool
@@ -203,7 +205,8 @@ def _missing(text: str) -> InputError:
 
 
 def expand_inputs(inputs: Iterable[str | Path], warnings: list[str] | None = None) -> list[Source]:
-    """Resolve inputs in the order given; a directory contributes its ``*.parquet`` files, sorted.
+    """Resolve inputs in the order given; a directory contributes its ``*.parquet`` files in natural order (digits
+    compare as numbers: ``step=2/`` before ``step=10/``), as a glob its matches.
 
     A path that exists is taken as it is, even when its name holds glob characters (``part[0].parquet``);
     anything else with ``*``, ``?`` or ``[`` is a glob (``**`` recursive). Symlinks are followed, but a link

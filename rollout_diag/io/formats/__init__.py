@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from rollout_diag.errors import ConfigError, InputError, option_name
-from rollout_diag.io.formats.base import ParquetSource, natural_key
+from rollout_diag.io.formats.base import ParquetSource
 from rollout_diag.io.formats.registry import FORMATS, Peek, ordered
 from rollout_diag.io.sources import DirectoryWalker, Source, expand_inputs, refuse_remote
+from rollout_diag.paths import natural_key
 
 for _module in pkgutil.iter_modules(__path__):  # each format module registers itself when imported
     importlib.import_module(f"{__name__}.{_module.name}")

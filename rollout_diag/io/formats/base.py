@@ -250,18 +250,10 @@ def _select(batch: pa.RecordBatch, columns: Sequence[str] | None) -> pa.RecordBa
 
 
 # ------------------------------------------------------------------ helpers shared by formats
-_NUMBER = re.compile(r"(\d+)")
-
-
 def number_in(name: str, pattern: str) -> int | None:
     """The integer captured by ``pattern`` (one group) in ``name``, or None."""
     match = re.search(pattern, name)
     return int(match.group(1)) if match else None
-
-
-def natural_key(path: str | Path) -> list[Any]:
-    """Sort key that puts step_2 before step_10."""
-    return [int(part) if part.isdigit() else part for part in _NUMBER.split(str(path))]
 
 
 def count_lines(path: str | Path) -> int:

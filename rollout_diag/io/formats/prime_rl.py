@@ -41,13 +41,13 @@ from rollout_diag.io.formats.base import (
     canonical_batch,
     jsonl_file,
     list_lengths,
-    natural_key,
     null_flags,
     number_in,
     row_any,
     row_count,
 )
 from rollout_diag.io.formats.registry import TrainerFormat, register
+from rollout_diag.paths import natural_key
 
 NAME = "prime-rl"
 STABLE_MARKER = "STABLE"
