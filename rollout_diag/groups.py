@@ -246,14 +246,13 @@ class GroupedAnalysis:
         return (self.offpolicy, self.debug, self.rollout_kl, self.rounds)
 
     def update(self, chunk: Chunk) -> None:
-        file = chunk.file[0] if chunk.file else ""
         ids: dict[tuple, int] = {}
         row_group = np.empty(chunk.rows, dtype=np.int64)
         memo: dict[Any, tuple[tuple, ExtraValue]] = {}
         for row, (value, step) in enumerate(zip(_row_values(self.spec, chunk), chunk.step.tolist(), strict=True)):
             found = memo.get(value)
             if found is None:
-                found = memo[value] = _bucket(self.spec, value, file)
+                found = memo[value] = _bucket(self.spec, value, chunk.file[row])  # a chunk may span files
             sort_key, group_value = found
             self.values.setdefault(sort_key, group_value)
             key = (sort_key, step)
@@ -376,14 +375,13 @@ class GroupLabels:
         self.parts: list[list[np.ndarray]] = [[] for _ in self.specs]
 
     def update(self, chunk: Chunk) -> None:
-        file = chunk.file[0] if chunk.file else ""
         for index, spec in enumerate(self.specs):
             ids, memo = self.ids[index], {}
             row_ids = np.empty(chunk.rows, dtype=np.int64)
             for row, value in enumerate(_row_values(spec, chunk)):
                 found = memo.get(value)
                 if found is None:
-                    found = memo[value] = ids.setdefault(_bucket(spec, value, file)[1], len(ids))
+                    found = memo[value] = ids.setdefault(_bucket(spec, value, chunk.file[row])[1], len(ids))
                 row_ids[row] = found
             self.parts[index].append(row_ids)
 

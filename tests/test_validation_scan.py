@@ -1,7 +1,7 @@
 """The compiled validation scan (kernels.cpu.checked_model_values, io.reader._scanned) against the exact check.
 
 The scan only flags: a block it passes must be one ``io.validate.validate_block`` finds nothing wrong with, and its
-arrays must equal the tensors ``_validated_chunk`` builds without it; a block it flags goes through
+arrays must equal the tensors ``DumpReader._chunk`` builds without it; a block it flags goes through
 ``validate_block``, so bad input still gives the same one-line errors and skip records (checked here with both
 engines, whose readers differ only by the scan).
 """
@@ -66,7 +66,7 @@ def blocks(draw) -> Block:
 
 
 def _unscanned_tensors(block: Block) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """What _validated_chunk builds without the scan."""
+    """What DumpReader._chunk builds without the scan."""
     trainer = torch.tensor(block.trainer, dtype=torch.float64)
     rollout = torch.tensor(block.rollout, dtype=torch.float64)
     mask = torch.ones(len(block.trainer), dtype=torch.bool) if block.mask is None else torch.tensor(block.mask == 1)

@@ -33,7 +33,15 @@ import pyarrow as pa
 from rollout_diag.arrays import device_kind, device_name
 from rollout_diag.cores import available_cores
 from rollout_diag.errors import ColumnError, ConfigError, InputError, RolloutDiagError, option_name
-from rollout_diag.io.decode import Block, ExtraColumn, may_hold, read_sequences, read_tokens, split_steps
+from rollout_diag.io.decode import (
+    MAX_BLOCK_STEPS,
+    Block,
+    ExtraColumn,
+    may_hold,
+    read_sequences,
+    read_tokens,
+    split_steps,
+)
 from rollout_diag.io.formats import PARQUET, DumpInputs, input_options, resolve
 from rollout_diag.io.formats.base import ParquetSource
 from rollout_diag.io.opening import (
@@ -379,12 +387,18 @@ class DumpReader:
     def _built_chunks(
         self, device: str, engine: str, kind: str, prepare: Callable[[Chunk], None] | None
     ) -> Iterator[tuple[Chunk, int]]:
-        for block, consumed in self._blocks():
-            chunk = self._validated_chunk(block, device, engine, kind)
-            if chunk is not None:
+        joiner = _Joiner(self.chunk_tokens)
+        for item in itertools.chain(self._blocks(), [None]):  # None: the end, where the joiner flushes
+            if item is None:
+                ready = joiner.flush()
+            else:
+                valid = self._validated(item[0], device_kind(device), engine)
+                ready = [] if valid is None else joiner.add(valid, item[1])
+            for joined, at in ready:
+                chunk = self._chunk(joined, device, engine, kind)
                 if prepare is not None:
                     prepare(chunk)
-                yield chunk, consumed
+                yield chunk, at
 
     # -- decoding --------------------------------------------------------------------------------
     def _blocks(self) -> Iterator[tuple[Block, int]]:
@@ -407,10 +421,6 @@ class DumpReader:
                 ) from exc
             finally:
                 opened.parquet.close()  # its descriptor and last row group's buffers (io/formats/base.ParquetSource)
-
-    def _validated_chunk(self, block: Block, device: str, engine: str, kind: str) -> Chunk | None:
-        valid = self._validated(block, device_kind(device), engine)
-        return None if valid is None else self._chunk(valid, device, engine, kind)
 
     def _validated(self, block: Block, device_type: str, engine: str) -> _Valid | None:
         """The block validated (bad rows recorded and dropped; None when none is left), with the numba engine's
@@ -443,7 +453,7 @@ class DumpReader:
         return Chunk(
             **columns,
             sample_id=block.sample_id,
-            file=[block.file] * len(block.lengths),
+            file=[block.file] * len(block.lengths) if valid.files is None else valid.files,
             file_row=block.file_row.tolist(),
             token_text=None if text is None else _text_lookup(text, offsets),
             extra=_chunk_extra(block),
@@ -456,15 +466,7 @@ def _numpy_columns(valid: _Valid) -> dict[str, np.ndarray | None]:
     """A chunk's arrays as numpy (the numba engine): the scan's where it ran, else copies (Arrow's buffers are
     read-only, and the fill below writes in place)."""
     block = valid.block
-    if valid.scanned is not None:
-        trainer, rollout, mask = valid.scanned
-    else:
-        trainer = np.array(block.trainer, dtype=np.float64)
-        rollout = np.array(block.rollout, dtype=np.float64)
-        mask = np.ones(len(trainer), dtype=bool) if block.mask is None else np.asarray(block.mask == 1)
-        # Environment tokens never enter a metric; zero them so NaN fill values there cannot leak in.
-        trainer[~mask] = 0.0
-        rollout[~mask] = 0.0
+    trainer, rollout, mask = _host_values(valid)
     return {
         "step": np.array(block.step, dtype=np.int64),
         "offsets": valid.offsets,
@@ -514,6 +516,138 @@ class _Valid:
     offsets: np.ndarray  # int64 [R + 1]
     scanned: tuple[np.ndarray, np.ndarray, np.ndarray] | None  # the scan's (trainer, rollout, mask), if it ran
     prepass: KernelPrepass | None = None  # the compiled passes, when read ahead of torch
+    files: list[str] | None = None  # each row's file, where blocks of several files were joined (else block.file)
+
+
+def _host_values(valid: _Valid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(trainer, rollout, mask) of a validated block as the numba engine's numpy chunk holds them: the scan's where it
+    ran, else float64 copies (Arrow's buffers are read-only, and the fill below writes in place)."""
+    if valid.scanned is not None:
+        return valid.scanned
+    block = valid.block
+    trainer = np.array(block.trainer, dtype=np.float64)
+    rollout = np.array(block.rollout, dtype=np.float64)
+    mask = np.ones(len(trainer), dtype=bool) if block.mask is None else np.asarray(block.mask == 1)
+    # Environment tokens never enter a metric; zero them so NaN fill values there cannot leak in.
+    trainer[~mask] = 0.0
+    rollout[~mask] = 0.0
+    return trainer, rollout, mask
+
+
+# A validated block under chunk_tokens / JOIN_BELOW tokens is joined with the small blocks after it (of the same file
+# or the next ones) into one chunk of up to chunk_tokens. Every chunk costs the families a fixed ~2.7 ms of numpy calls
+# (2-core VM), so a directory dump of one small file per step and rank (DumpWriter's, prime-rl's) paid it per file:
+# 10M tokens in 184 files of 54K took 1.6-1.8 s against 0.9-1.1 s in one file (docs/benchmarks.md, session 13).
+JOIN_BELOW = 4
+
+
+class _Joiner:
+    """Joins consecutive small validated blocks into one, in reading order: ``add`` returns the items now ready to
+    become chunks, ``flush`` the rest at the end. A joined block holds at most ``chunk_tokens`` tokens and
+    ``MAX_BLOCK_STEPS`` runs of one step (``decode.split_steps``); blocks whose optional columns do not line up
+    (``_joinable``) are not joined. Joining moves chunk boundaries only: results stay within the accumulators'
+    chunking contract, and rows keep their order, files and row numbers."""
+
+    def __init__(self, chunk_tokens: int) -> None:
+        self.limit = chunk_tokens
+        self.small = max(1, chunk_tokens // JOIN_BELOW)
+        self.pending: list[tuple[_Valid, int]] = []
+        self.tokens = 0
+        self.runs = 0  # runs of one step in the pending blocks, joined
+
+    def add(self, valid: _Valid, consumed: int) -> list[tuple[_Valid, int]]:
+        tokens = int(valid.offsets[-1])
+        if tokens >= self.small:
+            return [*self.flush(), (valid, consumed)]
+        step = valid.block.step
+        runs = _step_runs(step)
+        ready: list[tuple[_Valid, int]] = []
+        if self.pending:
+            last = self.pending[-1][0].block.step
+            runs -= bool(len(last) and len(step) and last[-1] == step[0])  # a step going on across the two
+            if (
+                self.tokens + tokens > self.limit
+                or self.runs + runs > MAX_BLOCK_STEPS
+                or not _joinable(self.pending[0][0].block, valid.block)
+            ):
+                ready = self.flush()
+                runs = _step_runs(step)
+        self.pending.append((valid, consumed))
+        self.tokens += tokens
+        self.runs += runs
+        return ready
+
+    def flush(self) -> list[tuple[_Valid, int]]:
+        pending, self.pending, self.tokens, self.runs = self.pending, [], 0, 0
+        if len(pending) <= 1:
+            return pending
+        return [(_joined([valid for valid, _ in pending]), pending[-1][1])]
+
+
+def _step_runs(step: np.ndarray) -> int:
+    """Runs of one step in a block's step column."""
+    return int(np.count_nonzero(step[1:] != step[:-1])) + 1 if len(step) else 0
+
+
+def _column_type(values: Any) -> Any:
+    """What two blocks' optional column must share to be joined: its Arrow type or numpy dtype; None when absent."""
+    if values is None:
+        return None
+    values = getattr(values, "array", values)  # an extra column's Arrow values (decode._ArrowValues)
+    return values.type if isinstance(values, pa.Array | pa.ChunkedArray) else values.dtype
+
+
+def _joinable(first: Block, block: Block) -> bool:
+    """Whether ``block`` can join ``first`` in one chunk: the same optional columns (token ids and text, policy
+    version by the same name, the extra columns in the same order), of the same types."""
+    if list(first.extra) != list(block.extra) or first.names.get("policy_version") != block.names.get("policy_version"):
+        return False
+    return all(
+        _column_type(getattr(first, name)) == _column_type(getattr(block, name))
+        for name in ("token_ids", "token_text", "policy_version")
+    ) and all(_column_type(values) == _column_type(block.extra[name]) for name, values in first.extra.items())
+
+
+def _arrow_joined(parts: Sequence[pa.Array | pa.ChunkedArray]) -> pa.Array:
+    return pa.concat_arrays([c for p in parts for c in (p.chunks if isinstance(p, pa.ChunkedArray) else [p])])
+
+
+def _joined(parts: Sequence[_Valid]) -> _Valid:
+    """Validated blocks (``_joinable``, in reading order) as one: rows concatenated, each keeping its file and row."""
+    blocks = [valid.block for valid in parts]
+    first = blocks[0]
+
+    def joined(name: str) -> np.ndarray | None:
+        values = [getattr(block, name) for block in blocks]
+        return None if values[0] is None else np.concatenate(values)
+
+    def joined_extra(values: list[ExtraColumn]) -> ExtraColumn:
+        if isinstance(values[0], np.ndarray):
+            return np.concatenate(values)
+        return type(values[0])(_arrow_joined([v.array for v in values]))  # decode._ArrowValues
+
+    lengths = np.concatenate([block.lengths for block in blocks])
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    host = [_host_values(valid) for valid in parts]
+    block = Block(
+        file=first.file,
+        file_row=np.concatenate([block.file_row for block in blocks]),
+        step=np.concatenate([block.step for block in blocks]),
+        sample_id=[sample for block in blocks for sample in block.sample_id],
+        lengths=lengths,
+        trainer=None,  # type: ignore[arg-type]  # the values are the joined ``scanned`` arrays
+        rollout=None,  # type: ignore[arg-type]
+        mask=None,
+        token_ids=joined("token_ids"),
+        token_text=None if first.token_text is None else _arrow_joined([block.token_text for block in blocks]),
+        policy_version=joined("policy_version"),
+        names=first.names,
+        extra={name: joined_extra([block.extra[name] for block in blocks]) for name in first.extra},
+    )
+    scanned = tuple(np.concatenate([values[i] for values in host]) for i in range(3))
+    files = [name for valid in parts for name in (valid.files or [valid.block.file] * len(valid.block.lengths))]
+    return _Valid(block, offsets, scanned, files=files)  # type: ignore[arg-type]
 
 
 def _scanned(block: Block, device_type: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -668,6 +802,25 @@ class _ReadAhead:
         loading.start()
         decoded: deque = deque()
         blocks = reader._blocks()
+        joiner = _Joiner(reader.chunk_tokens)
+
+        def put(ready: list[tuple[_Valid, int]]) -> bool:
+            for valid, consumed in ready:
+                with self.changed:
+                    device, engine, kind = self.device, self.engine, self.kind
+                if device is not None:
+                    built = reader._chunk(valid, device, engine, kind)
+                else:
+                    if valid.scanned is not None:
+                        trainer, rollout, mask = valid.scanned
+                        valid.prepass = prepass(valid.block.step, valid.offsets, trainer, rollout, mask)
+                        # the decoded values live on as the scan's: their Arrow buffers go while the chunk waits
+                        valid.block = replace(valid.block, trainer=None, rollout=None, mask=None)
+                    built = valid
+                if not self._put((built, consumed)):
+                    return False
+            return True
+
         try:
             for item in itertools.chain(blocks, [None]):  # None: the end, where the blocks still decoded go on
                 if item is not None:
@@ -678,22 +831,12 @@ class _ReadAhead:
                 while decoded:
                     block, consumed = decoded.popleft()
                     with self.changed:
-                        device, engine, kind = self.device, self.engine, self.kind
+                        device, engine = self.device, self.engine
                     valid = reader._validated(block, "cpu" if device is None else device_kind(device), engine)
-                    if valid is None:
-                        continue
-                    if device is not None:
-                        built = reader._chunk(valid, device, engine, kind)
-                    else:
-                        if valid.scanned is not None:
-                            trainer, rollout, mask = valid.scanned
-                            valid.prepass = prepass(valid.block.step, valid.offsets, trainer, rollout, mask)
-                            # the decoded values live on as the scan's: their Arrow buffers go while the chunk waits
-                            valid.block = replace(valid.block, trainer=None, rollout=None, mask=None)
-                        built = valid
-                    if not self._put((built, consumed)):
+                    if valid is not None and not put(joiner.add(valid, consumed)):
                         return
-            self._put(self._DONE)
+            if put(joiner.flush()):
+                self._put(self._DONE)
         except BaseException as exc:  # handed to the consumer, raised there
             self._put(exc)
         finally:

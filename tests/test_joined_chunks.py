@@ -1,0 +1,186 @@
+"""Small blocks joined into one chunk (``io/reader._Joiner``).
+
+A directory dump of one small file per step and rank (``DumpWriter``'s ``step=N/rank-R.parquet``, prime-rl's) is read
+in chunks of the reader's size, not a chunk per file: every chunk costs the families a fixed few milliseconds. Each row
+of a joined chunk keeps its file, row number, extra columns and token text; the results are the one-file results.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from dumps import random_rows, seq_row, sequence_table, write_table
+
+import rollout_diag as rd
+from rollout_diag.io import reader as reader_module
+from rollout_diag.io.reader import DumpReader
+
+STEPS, RANKS = (1, 2, 9, 10), 4
+RTOL, ATOL = 1e-12, 1e-15  # joining moves chunk boundaries: the accumulators' contract (test_accumulator_contract)
+
+
+def rank_rows(step: int, rank: int) -> list[dict[str, Any]]:
+    rows = random_rows(step * 100 + rank, steps=(step,), rows_per_step=3, with_token_ids=True)
+    for index, row in enumerate(rows):
+        row["sample_id"] = f"s{step}-r{rank}-{index}"
+        row["tokens"] = [f"t{step}.{rank}.{index}.{p}" for p in range(len(row["trainer"]))]
+    return rows
+
+
+def with_reward(table: pa.Table, step: int, rank: int) -> pa.Table:
+    reward = [float(step * 10 + rank) + index / 10 for index in range(table.num_rows)]
+    return table.append_column("reward", pa.array(reward, pa.float64()))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``step=N/rank-R.parquet``: 16 files of 3 rows (≤ 36 tokens each), with token ids, token text and a reward."""
+    root = tmp_path_factory.mktemp("joined") / "run"
+    for step in STEPS:
+        for rank in range(RANKS):
+            table = with_reward(sequence_table(rank_rows(step, rank)), step, rank)
+            write_table(root / f"step={step}" / f"rank-{rank}.parquet", table)
+    return root
+
+
+@pytest.fixture(scope="module")
+def one_file(run: Path) -> Path:
+    """The same rows, in the same order, in one file."""
+    tables = [pq.read_table(run / f"step={step}" / f"rank-{rank}.parquet") for step in STEPS for rank in range(RANKS)]
+    return write_table(run.parent / "one.parquet", pa.concat_tables(tables))
+
+
+def read(path: Path, chunk_tokens: int, **options: Any) -> list[Any]:
+    reader = DumpReader([str(path)], chunk_tokens=chunk_tokens)
+    if options.pop("ahead", False):
+        reader.read_ahead(2)
+    return [chunk for chunk, _ in reader.chunks("cpu", numpy=True, **options)]
+
+
+def test_small_files_are_read_in_chunks_of_the_readers_size(run: Path) -> None:
+    files = sorted(run.rglob("*.parquet"))
+    sizes = [
+        sum(len(v) for v in pq.read_table(f, columns=["old_log_probs"])["old_log_probs"].to_pylist()) for f in files
+    ]
+    limit = 4 * (max(sizes) + 1)  # every file is a small block (under a quarter of the chunk size)
+    chunks = read(run, limit, prefetch=0)
+    tokens = [int(chunk.offsets[-1]) for chunk in chunks]
+    assert sum(tokens) == sum(sizes)
+    assert len(chunks) < len(files) / 2  # a chunk per file before
+    assert all(t <= limit for t in tokens)
+    assert all(t + max(sizes) > limit for t in tokens[:-1])  # each chunk but the last took files while they fit
+    assert sum(len(set(chunk.file)) > 1 for chunk in chunks) >= len(chunks) - 1
+
+
+@pytest.mark.parametrize("how", ["plain", "prefetched", "read ahead"])
+def test_each_row_of_a_joined_chunk_keeps_its_file_row_values_extras_and_text(run: Path, how: str) -> None:
+    options = {"plain": {"prefetch": 0}, "prefetched": {"prefetch": 2}, "read ahead": {"ahead": True}}[how]
+    chunks = read(run, 160, **options)
+    assert any(len(set(chunk.file)) > 1 for chunk in chunks)
+    tables = {str(f): pq.read_table(f) for f in run.rglob("*.parquet")}
+    seen = []
+    for chunk in chunks:
+        assert set(chunk.extra) == {"reward"}
+        for row in range(chunk.rows):
+            file, file_row = chunk.file[row], chunk.file_row[row]
+            source = tables[file].slice(file_row, 1).to_pylist()[0]
+            begin, end = int(chunk.offsets[row]), int(chunk.offsets[row + 1])
+            mask = np.asarray(source["response_mask"], dtype=bool)
+            assert chunk.sample_id[row] == source["sample_id"] and int(chunk.step[row]) == source["step"]
+            assert chunk.trainer[begin:end].tolist() == np.where(mask, source["old_log_probs"], 0.0).tolist()
+            assert chunk.rollout[begin:end].tolist() == np.where(mask, source["rollout_log_probs"], 0.0).tolist()
+            assert chunk.mask[begin:end].tolist() == mask.tolist()
+            assert chunk.token_ids[begin:end].tolist() == source["token_ids"]
+            assert [chunk.token_text(row, p) for p in range(end - begin)] == source["tokens"]
+            assert chunk.row_extra(row) == {"reward": source["reward"]}
+            seen.append((file, file_row))
+    assert seen == [(str(f), r) for f in sorted(run.rglob("*.parquet"), key=str_step) for r in range(3)]
+
+
+def str_step(path: Path) -> tuple[int, int]:
+    return int(path.parent.name.split("=")[1]), int(path.stem.split("-")[1])
+
+
+def test_blocks_whose_columns_differ_are_not_joined(tmp_path: Path) -> None:
+    """A file without the reward column, or with it as text, starts a chunk of its own: a chunk's extra columns
+    hold a value for each of its rows."""
+    kinds = {0: "number", 1: "number", 2: None, 3: "text", 4: "text", 5: "number"}
+    for rank, kind in kinds.items():
+        table = sequence_table(rank_rows(1, rank))
+        if kind == "number":
+            table = with_reward(table, 1, rank)
+        elif kind == "text":
+            table = table.append_column("reward", pa.array([f"r{rank}"] * table.num_rows))
+        write_table(tmp_path / f"rank-{rank}.parquet", table)
+    chunks = read(tmp_path, 1 << 20, prefetch=0)
+    assert [sorted({Path(f).stem for f in chunk.file}) for chunk in chunks] == [
+        ["rank-0", "rank-1"],
+        ["rank-2"],
+        ["rank-3", "rank-4"],
+        ["rank-5"],
+    ]
+    assert [list(chunk.extra) for chunk in chunks] == [["reward"], [], ["reward"], ["reward"]]
+
+
+def test_a_joined_chunk_holds_at_most_max_block_steps_runs_of_one_step(
+    run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(reader_module, "MAX_BLOCK_STEPS", 3)
+    chunks = read(run, 1 << 20, prefetch=0)
+    runs = [int(np.count_nonzero(np.diff(chunk.step))) + 1 for chunk in chunks]
+    assert max(runs) == 3 and len(chunks) == 2  # steps 1, 2, 9 | 10 (each step's four files join as one run)
+
+
+def test_only_small_blocks_are_joined(tmp_path: Path) -> None:
+    """A block of a quarter of the chunk size or more is a chunk of its own (joining it would only copy it); the
+    small ones around it join each other."""
+    sizes = (10, 10, 40, 10, 10, 25, 24)
+    for index, size in enumerate(sizes):
+        row = seq_row(0, f"s{index}", [-0.5] * size, [-0.25] * size)
+        write_table(tmp_path / f"part-{index}.parquet", sequence_table([row]))
+    chunks = read(tmp_path, 100, prefetch=0)  # small: under 25 tokens
+    assert [[Path(f).stem for f in chunk.file] for chunk in chunks] == [
+        ["part-0", "part-1"],
+        ["part-2"],
+        ["part-3", "part-4"],
+        ["part-5"],
+        ["part-6"],
+    ]
+
+
+def close(actual: Any, expected: Any, where: str = "") -> None:
+    if isinstance(expected, dict):
+        assert set(actual) == set(expected), where
+        for key in expected:
+            close(actual[key], expected[key], f"{where}/{key}")
+    elif isinstance(expected, list):
+        assert len(actual) == len(expected), where
+        for index, (a, e) in enumerate(zip(actual, expected, strict=True)):
+            close(a, e, f"{where}[{index}]")
+    elif isinstance(expected, float) and math.isfinite(expected):
+        assert math.isclose(actual, expected, rel_tol=RTOL, abs_tol=ATOL), f"{where}: {actual} != {expected}"
+    else:
+        assert actual == expected or (actual != actual and expected != expected), f"{where}: {actual} != {expected}"
+
+
+@pytest.mark.parametrize("command", ["analyze", "compare_presets"])
+def test_a_directory_dump_gives_the_one_file_results(run: Path, one_file: Path, command: str) -> None:
+    function = getattr(rd, command)
+    directory = function(str(run), device="cpu", chunk_tokens=160).to_json()
+    single = function(str(one_file), device="cpu", chunk_tokens=160).to_json()
+    close(placeless(directory), placeless(single))
+
+
+def placeless(document: Any) -> Any:
+    """``document`` without the rows' places (inputs, file, row): they differ by design, which rows they are does not."""
+    if isinstance(document, dict):
+        return {key: placeless(value) for key, value in document.items() if key not in ("inputs", "file", "row")}
+    if isinstance(document, list):
+        return [placeless(value) for value in document]
+    return document
