@@ -17,7 +17,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -125,6 +125,11 @@ IDENTITY = {"sum": 0.0, "max": -math.inf, "min": math.inf, "moments": 0.0}
 SPARSE_MIN = 8
 # The open part of an accumulator's table (StepAccumulator._append) is sealed off once it holds more steps than this.
 OPEN_STEPS = 16
+# The finished layers of an accumulator's table (StepAccumulator._begin_layer) are folded, whatever their size, once
+# more than LAYERS of them span one step (a fold reduces that many states of the step one after another), or once there
+# are more than HELD_LAYERS of them (the tables held, and the work of deciding when to fold).
+LAYERS = 64
+HELD_LAYERS = 1024
 
 
 @dataclass(frozen=True)
@@ -202,6 +207,39 @@ def _tree_reduce(reduction: str, values: np.ndarray, start: np.ndarray) -> np.nd
         length = (length + 1) // 2
         start = np.concatenate([[0], np.cumsum(length)[:-1]]).astype(np.int64)
     return values
+
+
+def _run_starts(*keys: np.ndarray) -> np.ndarray:
+    """Where each run of equal keys begins in entries sorted by ``keys`` (int64 [runs]; none without entries)."""
+    count = keys[0].shape[0]
+    if not count:
+        return np.zeros(0, np.int64)
+    differs = np.zeros(count - 1, dtype=bool)
+    for key in keys:
+        differs |= key[1:] != key[:-1]
+    return np.flatnonzero(np.r_[True, differs])
+
+
+def _fold_plan(start: np.ndarray, count: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """For runs beginning at ``start`` of ``count`` entries: per offset k ≥ 1, (the runs longer than k, their k-th
+    entry), what ``_fold_runs`` reduces in turn."""
+    length = np.diff(np.append(start, count))
+    plan = []
+    for offset in range(1, int(length.max(initial=1))):
+        runs = np.flatnonzero(length > offset)
+        plan.append((runs, start[runs] + offset))
+    return plan
+
+
+def _fold_runs(
+    reduction: str, values: np.ndarray, start: np.ndarray, plan: list[tuple[np.ndarray, np.ndarray]]
+) -> np.ndarray:
+    """Each run of ``values`` reduced left to right, reduce(reduce(v0, v1), v2)…: the entries a chain of merges
+    reduces, in its order and with its operations (elementwise, so the same digits), one offset at a time."""
+    out = values[start]  # a new array: the tables' arrays are never written to
+    for runs, entry in plan:
+        out[runs] = _reduce(reduction, out[runs], values[entry])
+    return out
 
 
 @dataclass
@@ -354,9 +392,12 @@ class StateTable:
                 np.concatenate([bucket[:mine], shared_bucket, their_bucket[theirs:]]),
                 np.concatenate([values[:mine], shared_values, their_values[theirs:]]),
             )
-        # my rows of every step come before theirs: concatenated, the entries stay sorted by step (stable)
+        # my rows of every step come before theirs: concatenated, the entries stay sorted by step (stable); none of
+        # theirs (held aside, StepAccumulator._hold_rows): mine as they are (arrays are never written in place)
         ragged = {
-            name: (np.concatenate([step, other.ragged[name][0]]), np.concatenate([values, other.ragged[name][1]]))
+            name: (step, values)
+            if not other.ragged[name][0].shape[0]
+            else (np.concatenate([step, other.ragged[name][0]]), np.concatenate([values, other.ragged[name][1]]))
             for name, (step, values) in self.ragged.items()
         }
         return StateTable(self.reductions, self.shapes, steps, dense, sparse, ragged)
@@ -395,6 +436,55 @@ class StateTable:
                 for name in first.ragged
             },
         )
+
+    @classmethod
+    def folded(cls, tables: Sequence[StateTable]) -> StateTable:
+        """``tables[0].merged(tables[1]).merged(tables[2])…`` in one pass, digit for digit: every table's entries
+        sorted by key (the step; the step and bucket of a wide field), a key's entries in table order, and each key's
+        run reduced left to right, reduce(reduce(first, second), third)…, the order the chain of merges takes. The
+        chain copies the growing table once per table; this copies each entry once (and sorts them)."""
+        parts = [table for table in tables if table.shapes and table.steps.shape[0]]
+        if len(parts) <= 1:  # nothing to reduce (a table without steps adds no state to a merge)
+            shaped = [table for table in tables if table.shapes]
+            return parts[0] if parts else (shaped[0] if shaped else tables[0])
+        first = parts[0]
+        all_steps = np.concatenate([table.steps for table in parts])
+        order = np.argsort(all_steps, kind="stable")  # a step's entries in table order
+        all_steps = all_steps[order]
+        start = _run_starts(all_steps)
+        plan = _fold_plan(start, all_steps.shape[0])  # the same runs for every dense field
+        dense = {
+            name: _fold_runs(
+                first.reductions[name], np.concatenate([table.dense[name] for table in parts])[order], start, plan
+            )
+            for name in first.dense
+        }
+        sparse = {}
+        for name in first.sparse:
+            step, bucket, values = (np.concatenate([table.sparse[name][i] for table in parts]) for i in range(3))
+            source = np.repeat(np.arange(len(parts)), [table.sparse[name][0].shape[0] for table in parts])
+            by_key = np.lexsort((source, bucket, step))
+            step, bucket = step[by_key], bucket[by_key]
+            runs = _run_starts(step, bucket)
+            values = _fold_runs(first.reductions[name], values[by_key], runs, _fold_plan(runs, step.shape[0]))
+            sparse[name] = (step[runs], bucket[runs], values)
+        ragged = {}
+        for name in first.ragged:  # concatenation: a step's rows in table order, each table's in its own order
+            step = np.concatenate([table.ragged[name][0] for table in parts])
+            by_step = np.argsort(step, kind="stable")
+            ragged[name] = (step[by_step], np.concatenate([table.ragged[name][1] for table in parts])[by_step])
+        return cls(first.reductions, first.shapes, all_steps[start], dense, sparse, ragged)
+
+    def with_rows(self, blocks: Sequence[Mapping[str, tuple[np.ndarray, np.ndarray]]]) -> StateTable:
+        """This table with per-row values (``ragged`` blocks, each (step, values) per field) after its own, in order,
+        sorted by step (stable: a step's rows in the order they came, as merging the blocks' tables one by one keeps
+        them)."""
+        ragged = {}
+        for name, (step, values) in self.ragged.items():
+            all_steps = np.concatenate([step, *(block[name][0] for block in blocks)])
+            order = np.argsort(all_steps, kind="stable")
+            ragged[name] = (all_steps[order], np.concatenate([values, *(block[name][1] for block in blocks)])[order])
+        return StateTable(self.reductions, self.shapes, self.steps, self.dense, self.sparse, ragged)
 
     def subset(self, keep: np.ndarray) -> StateTable:
         """The table of the steps where ``keep`` (bool [S]) holds."""
@@ -557,6 +647,30 @@ class StateTable:
         return sum(a.nbytes for a in arrays)
 
 
+class _Layer(NamedTuple):
+    """A finished layer of an accumulator's table (StepAccumulator._begin_layer): its parts, in step order, and what
+    deciding when to fold weighs (the bytes its arrays hold, its first and last step)."""
+
+    pieces: tuple[StateTable, ...]
+    nbytes: int
+    first: int
+    last: int
+
+    @classmethod
+    def of(cls, pieces: Sequence[StateTable]) -> _Layer:
+        spanned = [piece.steps for piece in pieces if piece.steps.shape[0]]
+        return cls(tuple(pieces), sum(piece.nbytes() for piece in pieces), int(spanned[0][0]), int(spanned[-1][-1]))
+
+
+def _depth(layers: Sequence[_Layer]) -> int:
+    """The most layers whose spans (first to last step) hold one step: at most this many states of a step reduce one
+    after another in a fold. The most spans hold some span's first step x: those that begin at or before x, less those
+    that end before it."""
+    first = np.sort(np.array([layer.first for layer in layers], dtype=np.int64))
+    last = np.sort(np.array([layer.last for layer in layers], dtype=np.int64))
+    return int((np.searchsorted(first, first, side="right") - np.searchsorted(last, first, side="left")).max())
+
+
 class StepStates(MutableMapping):
     """``accumulator.steps``: step -> state, a view of the accumulator's table (each state built on access)."""
 
@@ -702,26 +816,85 @@ class StepAccumulator(ABC):
     # The table is kept as sealed parts (steps no later chunk can reach, in order) and an open one (the latest steps):
     # a chunk merges into the open part only, so a chunk costs what it holds, not what the table holds; the parts are
     # joined (concatenated: no arithmetic, so no digit changes) when the table is read.
+    #
+    # A chunk that goes back in steps (per-rank files each holding every step, the same file read twice) reaches steps
+    # the parts have sealed. Merged into the whole table, it would cost what the table holds, chunk after chunk (the
+    # ragged fields' rows concatenated and sorted each time): quadratic over such a run. Instead it starts a *layer*:
+    # the parts so far become a finished layer, kept as they are, and the chunk starts the parts anew. The table is the
+    # finished layers and the parts folded in order (StateTable.folded: one pass, each entry copied once), when it is
+    # read or when the finished layers grow (_begin_layer).
+    #
+    # Digits: a chain of merges, chunk after chunk, reduces each step's (and bucket's) partial states left to right,
+    # in the order the chunks came: reduce(reduce(c1, c2), c3)… The first layer merges as the chain does (a chunk going
+    # on with the open step is reduced into it); a later layer never merges (a chunk that goes on with its open step
+    # starts a layer too), so each of its steps holds one chunk's state, and the fold, left to right over the layers,
+    # reduces exactly what the chain would, in its order: the same table, bit for bit, however the chunks come (but a
+    # NaN's sign: which of two NaNs a merge keeps is numpy's choice by SIMD lane, so it follows the lengths of the
+    # arrays merged; NaN reads and prints as NaN either way).
+    # Layers that merged within themselves would be cheaper to hold, but would reduce a step split over two chunks as
+    # reduce(earlier, reduce(c1, c2)) and change the last digits of a re-read input.
     @property
     def store(self) -> StateTable:
+        layers = self.__dict__.get("_layers")
+        if layers:
+            self.__dict__["_store"] = StateTable.folded(self._pieces(rows=False))
+            self.__dict__["_layers"], self.__dict__["_sealed"] = [], []
         sealed = self.__dict__.get("_sealed")
         if sealed:
             self.__dict__["_store"] = StateTable.joined([*sealed, self.__dict__["_store"]])
             self.__dict__["_sealed"] = []
+        rows = self.__dict__.get("_rows")
+        if rows:
+            self.__dict__["_store"] = self.__dict__["_store"].with_rows(rows)
+            self.__dict__["_rows"] = []
         return self.__dict__["_store"]
 
     @store.setter
     def store(self, table: StateTable) -> None:
         self.__dict__["_store"] = table
-        self.__dict__["_sealed"] = []
+        # new lists, never cleared in place: a shallow copy (``restricted``) may share the old ones
+        self.__dict__["_sealed"], self.__dict__["_layers"], self.__dict__["_rows"] = [], [], []
+
+    def _pieces(self, rows: bool = True) -> list[StateTable]:
+        """The tables the accumulator's table is kept in, in order (each finished layer's, then the sealed parts, then
+        the open part): folded, they are the table; appended in turn (``_append``) to an empty accumulator, they
+        give it the same table, digit for digit (a layer's parts follow each other; a layer's first part starts at or
+        before the previous part's last step, so it starts a layer there too, or goes on with the open step of a first
+        layer, which reduces it as the fold would). With per-row values held aside (``_hold_rows``) and ``rows``, the
+        table itself, with them: they belong to no piece."""
+        if rows and self.__dict__.get("_rows"):
+            return [self.store]
+        finished = [piece for layer in self.__dict__.get("_layers", ()) for piece in layer.pieces]
+        return [*finished, *self.__dict__.get("_sealed", []), self.__dict__["_store"]]
+
+    # Per-row values (``concat`` fields: the sweep's row statistics) are held aside, a chunk's block at a time, and
+    # joined to the table when it is read. Merged with the table, a chunk going on with the open step copied every row
+    # of that step so far: the run's sweep (RunSweepAccumulator: every chunk into one step) or a dump of one big step
+    # copied all the rows read, chunk after chunk (quadratic: ~35 MiB a G tokens copied per chunk at 1G, and a block
+    # of a new size each time for the heap to place). Joining is concatenation, a step's rows in the order they came:
+    # the table is the same, byte for byte.
+    def _hold_rows(self, incoming: StateTable) -> StateTable:
+        """``incoming`` without its per-row values, which are held aside until the table is read."""
+        self.__dict__["_rows"] = [*self.__dict__.get("_rows", []), incoming.ragged]  # a new list: copies may share
+        empty = {name: (step[:0], values[:0]) for name, (step, values) in incoming.ragged.items()}
+        return StateTable(incoming.reductions, incoming.shapes, incoming.steps, incoming.dense, incoming.sparse, empty)
 
     def _append(self, incoming: StateTable) -> None:
         """Merge a chunk's table: into the open part when its steps start at or after the open part's last step
-        (the same merge, on fewer steps), else into the whole table."""
+        (the same merge, on fewer steps), else (it goes back in steps) as a new layer; in a later layer, one that goes
+        on with the open part's last step starts a layer too (see ``store``). Its per-row values are held aside."""
+        if incoming.ragged and self.__dict__["_store"].shapes:
+            incoming = self._hold_rows(incoming)
         open_part: StateTable = self.__dict__["_store"]
+        layers = self.__dict__.get("_layers")
+        if layers and not incoming.steps.shape[0]:
+            return  # no steps, no state: merged, it would copy the table to the same entries
         last = open_part.steps[-1] if open_part.steps.shape[0] else None
-        if last is None or not incoming.steps.shape[0] or incoming.steps[0] < last:
+        if last is None or not incoming.steps.shape[0]:  # an empty table (a later layer never is: it starts a chunk)
             self.store = self.store.merged(incoming)
+            return
+        if incoming.steps[0] < last or (layers and incoming.steps[0] == last):
+            self._begin_layer(incoming)
             return
         if incoming.steps[0] > last:
             sealed, self.__dict__["_store"] = open_part, incoming
@@ -733,6 +906,30 @@ class StepAccumulator(ABC):
             sealed = open_part.sliced(0, count - 1)
             self.__dict__["_store"] = open_part.sliced(count - 1, count).merged(incoming)
         self.__dict__["_sealed"] = [*self.__dict__.get("_sealed", []), sealed]  # a new list: copies may share the old
+
+    def _begin_layer(self, incoming: StateTable) -> None:
+        """Finish the current layer (its sealed parts and open part, kept as they are) and start one with ``incoming``.
+
+        The finished layers are folded into one when those after the first hold as many bytes as the first: each fold
+        then copies at most about twice what the layers after the first bring in, so over a run each entry is copied
+        a few times (the first layer at least doubles from fold to fold), and the layers held stay within about the
+        table's size. They are folded too when more than ``LAYERS`` of them span one step (many small layers, each
+        going back over the others: a fold reduces that many states in turn) or when there are more than
+        ``HELD_LAYERS``, so such an input folds the whole table once per ``LAYERS`` chunks at most, where it merged
+        each chunk into the whole table. Folding the layers so far, whenever, reduces each step's states in the same
+        order: when it happens changes no digit."""
+        layers = [
+            *self.__dict__.get("_layers", []),
+            _Layer.of([*self.__dict__.get("_sealed", []), self.__dict__["_store"]]),
+        ]
+        if len(layers) > 1 and (
+            sum(layer.nbytes for layer in layers[1:]) >= layers[0].nbytes
+            or len(layers) > HELD_LAYERS
+            or (len(layers) > LAYERS and _depth(layers) > LAYERS)
+        ):
+            layers = [_Layer.of([StateTable.folded([piece for layer in layers for piece in layer.pieces])])]
+        self.__dict__["_layers"] = layers  # a new list: copies may share the old
+        self.__dict__["_sealed"], self.__dict__["_store"] = [], incoming
 
     @property
     def steps(self) -> StepStates:

@@ -149,10 +149,11 @@ class PresetColumns(StepAccumulator):
 
     def hand_over(self) -> None:
         """Give each accumulator the columns fed so far, and start empty again. Each accumulator takes them as the
-        chunks' tables would have reached it: the table's sealed parts (steps no later chunk reached, in order) and
-        its open part, appended in turn (``_append``: sealed parts are disjoint, so nothing is added, nothing
-        copied; each accumulator joins its parts when read, one at a time, as it did when fed chunk by chunk)."""
-        tables = [*self.__dict__.get("_sealed", []), self.__dict__["_store"]]
+        chunks' tables would have reached it: the table's pieces (``_pieces``: each finished layer's parts, then the
+        sealed parts, steps no later chunk reached, in order, then the open part), appended in turn (``_append``:
+        a layer's parts are disjoint, so nothing is added, nothing copied; a layer's first part starts a layer again;
+        each accumulator joins or folds its pieces when read, one at a time, as it did when fed chunk by chunk)."""
+        tables = self._pieces()
         self.store = StateTable.empty(self.REDUCTIONS)
         for index, part in enumerate(self.parts):
             prefix = f"{index}/"

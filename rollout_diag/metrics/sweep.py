@@ -127,7 +127,7 @@ class RunSweepAccumulator(SweepAccumulator):
             "tokens": arrays.host(s.row_count).sum(keepdims=True),  # a sum of whole counts: exact in any order
             "rows": Ragged(rows[valid], np.zeros(int(valid.sum()), dtype=np.int64)),
         }
-        self.store = self.store.merged(StateTable.from_groups(self.REDUCTIONS, [0], partial))
+        self._append(StateTable.from_groups(self.REDUCTIONS, [0], partial))  # the rows held aside, not copied again
 
 
 def signed_bins(s: ChunkStats) -> Array:
