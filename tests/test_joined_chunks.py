@@ -1,4 +1,5 @@
-"""Small blocks joined into one chunk (``io/reader._Joiner``).
+"""Directory dumps of small files: small blocks joined into one chunk (``io/reader._Joiner``), small files decoded
+ahead on threads (``DumpReader._decoded_files``).
 
 A directory dump of one small file per step and rank (``DumpWriter``'s ``step=N/rank-R.parquet``, prime-rl's) is read
 in chunks of the reader's size, not a chunk per file: every chunk costs the families a fixed few milliseconds. Each row
@@ -8,6 +9,7 @@ of a joined chunk keeps its file, row number, extra columns and token text; the 
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +17,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from dumps import random_rows, seq_row, sequence_table, write_table
+from dumps import random_rows, seq_row, sequence_table, write_sequence_dump, write_table
+from test_bad_input import corrupt_row_group
 
 import rollout_diag as rd
 from rollout_diag.io import reader as reader_module
 from rollout_diag.io.reader import DumpReader
+from rollout_diag.render.export import to_json_text
 
 STEPS, RANKS = (1, 2, 9, 10), 4
 RTOL, ATOL = 1e-12, 1e-15  # joining moves chunk boundaries: the accumulators' contract (test_accumulator_contract)
@@ -178,9 +182,95 @@ def test_a_directory_dump_gives_the_one_file_results(run: Path, one_file: Path, 
 
 
 def placeless(document: Any) -> Any:
-    """``document`` without the rows' places (inputs, file, row): they differ by design, which rows they are does not."""
+    """``document`` without the rows' places (inputs, file, row): they differ by design; which rows they are does
+    not."""
     if isinstance(document, dict):
         return {key: placeless(value) for key, value in document.items() if key not in ("inputs", "file", "row")}
     if isinstance(document, list):
         return [placeless(value) for value in document]
     return document
+
+
+# ------------------------------------------------------------------------------ small files decoded ahead
+def bad_directory(root: Path) -> Path:
+    """Twelve small files, four of them with rows skipped while decoding (a null step, a trainer list longer than the
+    rollout's, an undecodable row group) or validating (NaN)."""
+    for index in range(12):
+        rows = random_rows(index, steps=(index // 3,), rows_per_step=4)
+        for row in rows:
+            row["sample_id"] = f"f{index}-{row['sample_id']}"
+        if index == 1:
+            rows[2]["step"] = None
+        if index == 4:
+            rows[1]["trainer"] = [*rows[1]["trainer"], -0.5, -0.5]
+        if index == 7:
+            rows[3]["trainer"][0] = float("nan")
+            rows[3]["mask"][0] = 1
+        path = write_sequence_dump(root / f"part-{index}.parquet", rows, row_group_size=2)
+        if index == 9:
+            corrupt_row_group(path, 1)
+    return root
+
+
+def decoding_threads(monkeypatch: pytest.MonkeyPatch, threads: int, slow_first: bool = False) -> None:
+    monkeypatch.setattr(reader_module, "_decoding_threads", lambda: threads)
+    if slow_first:  # the first files finish last: their records must still come first
+        decode = reader_module.read_sequences
+
+        def slow(opened: Any, reading: Any) -> Any:
+            if opened.source.path.endswith(("part-0.parquet", "part-1.parquet")):
+                time.sleep(0.2)
+            return decode(opened, reading)
+
+        monkeypatch.setattr(reader_module, "read_sequences", slow)
+
+
+@pytest.mark.parametrize("slow_first", [False, True])
+def test_small_files_decoded_ahead_give_one_threads_result_and_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slow_first: bool
+) -> None:
+    run = bad_directory(tmp_path / "run")
+    documents = {}
+    for threads in (1, 3):
+        with monkeypatch.context() as patch:
+            decoding_threads(patch, threads, slow_first and threads > 1)
+            documents[threads] = rd.analyze(str(run), device="cpu", chunk_tokens=4096).to_json()
+    one, three = documents[1], documents[3]
+    assert [(Path(s["file"]).stem, s["row"]) for s in one["skipped"]] == [
+        ("part-1", 2),
+        ("part-4", 1),
+        ("part-7", 3),
+        ("part-9", 2),
+        ("part-9", 3),
+    ]
+    assert any("part-9.parquet: row group 1 cannot be decoded" in w for w in one["warnings"])
+    assert to_json_text(three) == to_json_text(one)
+
+
+def test_an_error_in_a_file_decoded_ahead_is_raised_in_its_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Strict reading stops at the first bad row in reading order, whichever thread decoded its file first."""
+    run = bad_directory(tmp_path / "run")
+    messages = []
+    for threads in (1, 3):
+        with monkeypatch.context() as patch:
+            decoding_threads(patch, threads, slow_first=threads > 1)
+            with pytest.raises(rd.RolloutDiagError) as raised:
+                rd.analyze(str(run), device="cpu", strict=True)
+            messages.append(str(raised.value))
+    assert messages[0] == messages[1]
+    assert "part-1.parquet" in messages[0] and "null step" in messages[0]
+
+
+def test_workers_list_skipped_rows_in_reading_order(tmp_path: Path) -> None:
+    """The records of workers that read other files are merged in reading order: part-9 before part-10."""
+    run = bad_directory(tmp_path / "run")
+    extra = random_rows(10, steps=(4,), rows_per_step=4)
+    extra[0]["step"] = None
+    write_sequence_dump(run / "part-10.parquet", extra)
+    one = rd.analyze(str(run), device="cpu").to_json()
+    two = rd.analyze(str(run), device="cpu", workers=2).to_json()
+    order = [(Path(s["file"]).stem, s["row"]) for s in one["skipped"]]
+    assert order[-3:] == [("part-9", 2), ("part-9", 3), ("part-10", 0)]
+    assert [(Path(s["file"]).stem, s["row"]) for s in two["skipped"]] == order

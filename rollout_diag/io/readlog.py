@@ -52,7 +52,11 @@ class ReadLog:
 
     def merge(self, other: ReadLog) -> None:
         """Fold in the log of a worker that read other row groups of the same inputs."""
-        self.skipped = sorted([*self.skipped, *other.skipped], key=lambda r: (r.file, -1 if r.row is None else r.row))
+        order = {file: index for index, file in enumerate(self.files)}  # the reading order (natural: step=2 < step=10)
+        self.skipped = sorted(
+            [*self.skipped, *other.skipped],
+            key=lambda r: (order.get(r.file, len(order)), r.file, -1 if r.row is None else r.row),
+        )
         del self.skipped[MAX_SKIP_RECORDS:]
         self.skipped_rows += other.skipped_rows
         self.warnings.extend(w for w in other.warnings if w not in self.warnings)
@@ -62,11 +66,23 @@ class ReadLog:
             counts[1] += zeros
         self.row_keys += other.row_keys
         self.row_places += other.row_places
+        self._add_counts(other)
+
+    def _add_counts(self, other: ReadLog) -> None:
+        """``other``'s row counts added to this log's: rows left out by a selection, rows skipped for their length."""
         for key, offsets in other.length_offsets.items():
             mine = self.length_offsets.setdefault(key, {})
             for offset, rows in offsets.items():
                 mine[offset] = mine.get(offset, 0) + rows
         self.rows_selected_out += other.rows_selected_out
+
+    def fold(self, other: ReadLog) -> None:
+        """Fold in the log of one file decoded apart (``DumpReader._decoded_files``), in reading order: as if the
+        file had been decoded into this log (its records after this log's, within the same record cap)."""
+        self.warnings.extend(other.warnings)
+        self.skipped.extend(other.skipped[: max(MAX_SKIP_RECORDS - len(self.skipped), 0)])
+        self.skipped_rows += other.skipped_rows
+        self._add_counts(other)
 
     def finish(self) -> None:
         """Add the warnings that need every row seen (missing mask, duplicate rows); once, after the last merge."""
