@@ -8,10 +8,12 @@ The reading is split by job, each in its own module:
   columns plus ``sample_id``; consecutive tokens of one (step, sample_id) form a sequence);
 - ``io/validate.py`` skips and records the rows a metric must not see;
 - ``io/readlog.py`` keeps what a read saw (skipped rows, warnings), mergeable across workers;
-- here, blocks become device chunks (``io/chunk.py``), prefetched on a reader thread.
+- here, blocks become device chunks (``io/chunk.py``), prefetched on a reader thread; small files are decoded ahead
+  on a few threads, and small blocks (of one file or the next ones) join into one chunk.
 
 Memory: one record batch per file at a time (a row group is decoded at once by Parquet), plus at most
-``prefetch`` decoded blocks waiting; nothing is kept across chunks but small counters.
+``prefetch`` decoded blocks waiting and two chunks' worth of small files decoded ahead; nothing is kept across
+chunks but small counters.
 """
 
 from __future__ import annotations
