@@ -18,33 +18,19 @@ import pytest
 from dumps import random_rows, seq_row, write_sequence_dump
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_accumulator_contract import FAMILIES, chunks, finalized
 from test_state_table_fast import REDUCTIONS as EVERY_REDUCTION
+from test_state_table_fast import _Family as TableFamily
 from test_state_table_fast import _table as adversarial_table
 from test_state_table_fast import assert_same_table
 
-from rollout_diag.io.reader import DumpReader
 from rollout_diag.metrics import base
 from rollout_diag.metrics.base import Ragged, StateTable, StepAccumulator
-from rollout_diag.metrics.debug import DebugAccumulator
-from rollout_diag.metrics.localize import PositionAccumulator
-from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
 from rollout_diag.metrics.outcome import CorrectionAnalysis
-from rollout_diag.metrics.rollout_kl import RolloutKLAccumulator
-from rollout_diag.metrics.rounds import RoundAccumulator
-from rollout_diag.metrics.sweep import SweepAccumulator, sweep_tables
+from rollout_diag.metrics.sweep import SweepAccumulator
 from rollout_diag.presets import PRESETS
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NaN and ±inf in moments, as in real dumps
-
-FAMILIES: dict[str, Callable[[], StepAccumulator | CorrectionAnalysis]] = {
-    "offpolicy": OffPolicyAccumulator,
-    "debug": DebugAccumulator,
-    "rollout_kl": RolloutKLAccumulator,
-    "rounds": lambda: RoundAccumulator(max_rounds=3, catastrophic=0.5),
-    "positions": lambda: PositionAccumulator(0.5),
-    "sweep": SweepAccumulator,
-    "correction (every preset)": lambda: CorrectionAnalysis(list(PRESETS.values())),
-}
 
 
 def _rows(seed: int) -> list[dict[str, Any]]:
@@ -68,25 +54,6 @@ def dumps(tmp_path_factory) -> dict[str, str]:
         "ordered": str(write_sequence_dump(folder / "ordered.parquet", ordered, row_group_size=9)),
         "shuffled": str(write_sequence_dump(folder / "shuffled.parquet", shuffled, row_group_size=9)),
     }
-
-
-def chunks(path: str, chunk_tokens: int) -> list[Any]:
-    return [chunk for chunk, _ in DumpReader([path], chunk_tokens=chunk_tokens).chunks("cpu")]
-
-
-def finalized(accumulator: Any) -> Any:
-    """Everything a family's finalize gives (as tests/test_accumulator_contract.py reads it)."""
-    if isinstance(accumulator, CorrectionAnalysis):
-        return accumulator.finalize()
-    out: dict[str, Any] = {"steps": accumulator.finalize_steps(), "run": accumulator.finalize_run()}
-    if isinstance(accumulator, SweepAccumulator):
-        out["tables"] = sweep_tables(accumulator)
-    if isinstance(accumulator, RoundAccumulator):
-        out["table"] = accumulator.finalize_table()
-    if isinstance(accumulator, PositionAccumulator):
-        out["positions"] = accumulator.position_rows()
-        out["histogram"] = accumulator.delta_histogram()
-    return out
 
 
 def assert_same(actual: Any, expected: Any, where: str = "") -> None:
@@ -264,14 +231,8 @@ def test_folding_tables_is_merging_them_one_after_another(spans, empty, seed):
 REDUCTIONS = {"count": "sum", "high": "max", "spread": "moments", "buckets": "sum", "rows": "concat"}
 
 
-class _Family(StepAccumulator):
+class _Family(TableFamily):
     REDUCTIONS: ClassVar[dict[str, str]] = REDUCTIONS
-
-    def _stats(self, chunk):  # fed tables directly (``_append``)
-        raise NotImplementedError
-
-    def _finalize(self, state):
-        return {}
 
 
 def _table(rng: np.random.Generator, steps: list[int], rows: int) -> StateTable:
