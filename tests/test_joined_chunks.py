@@ -24,6 +24,7 @@ import rollout_diag as rd
 from rollout_diag.io import reader as reader_module
 from rollout_diag.io.reader import DumpReader
 from rollout_diag.render.export import to_json_text
+from rollout_diag.report import render_report
 
 STEPS, RANKS = (1, 2, 9, 10), 4
 RTOL, ATOL = 1e-12, 1e-15  # joining moves chunk boundaries: the accumulators' contract (test_accumulator_contract)
@@ -274,3 +275,21 @@ def test_workers_list_skipped_rows_in_reading_order(tmp_path: Path) -> None:
     order = [(Path(s["file"]).stem, s["row"]) for s in one["skipped"]]
     assert order[-3:] == [("part-9", 2), ("part-9", 3), ("part-10", 0)]
     assert [(Path(s["file"]).stem, s["row"]) for s in two["skipped"]] == order
+
+
+# ------------------------------------------------------------------------------ naming a directory's files
+def test_notes_and_the_report_name_a_directory_file_by_its_label(tmp_path: Path) -> None:
+    """Every step's file is ``rank-0.parquet``: a note, the report's title and its inputs say ``step=2/rank-0.parquet``,
+    as the tables do."""
+    run = tmp_path / "run"
+    for step in (1, 2):
+        rows = random_rows(step, steps=(step,), rows_per_step=3)
+        if step == 2:
+            rows[1]["mask"] = [0] * len(rows[1]["mask"])  # a row without a model token
+        write_sequence_dump(run / f"step={step}" / "rank-0.parquet", rows)
+    result = rd.analyze(str(run), device="cpu")
+    note = next(w for w in result.warnings if "have no model token" in w)
+    assert "step 2 sample 's2-1' (step=2/rank-0.parquet row 1)" in note
+    html = render_report(result)
+    assert "rollout-diag report: step=1/rank-0.parquet and 1 more" in html
+    assert "step=1/rank-0.parquet, step=2/rank-0.parquet" in html

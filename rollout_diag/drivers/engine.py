@@ -163,7 +163,7 @@ def data_warnings(analysis: Analysis, log: ReadLog, steps: StepTable, strict: bo
     warnings = list(log.warnings)
     no_token = bool((steps.tokens == 0).any())
     if no_token or bool(steps.empty_rows.any()):
-        notes = analysis.warnings(step_counts(steps))
+        notes = analysis.warnings(step_counts(steps), log.files)
         if strict and no_token:
             raise DataError(f"{', '.join(log.files)}: {notes[0]}")
         warnings += notes

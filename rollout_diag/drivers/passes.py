@@ -35,6 +35,7 @@ from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
 from rollout_diag.metrics.rollout_kl import RolloutKLAccumulator
 from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS, RoundAccumulator
 from rollout_diag.metrics.segments import SHARED_QUANTITIES, prepare, stats
+from rollout_diag.paths import file_label
 from rollout_diag.presets import Preset
 from rollout_diag.results import StepResult
 
@@ -207,7 +208,9 @@ class Analysis:
         rows, tokens, empty = int(state["rows"]), int(state["tokens"]), int(state["empty_rows"])
         return StepResult(None, rows, tokens, metrics, empty, dialects)
 
-    def warnings(self, steps: Sequence[StepResult]) -> list[str]:
+    def warnings(self, steps: Sequence[StepResult], files: Sequence[str] = ()) -> list[str]:
+        """Notes on steps and rows without a model token; a row's file is named by its label among ``files`` (the
+        inputs: ``step=3/rank-0.parquet`` in a directory dump, where the name alone is every step's)."""
         notes = []
         no_token_steps = [s.step for s in steps if s.tokens == 0]
         if no_token_steps:
@@ -218,7 +221,7 @@ class Analysis:
         empty = sum(s.empty_rows for s in steps)
         if empty:
             examples = ", ".join(
-                f"step {step} sample '{sample}' ({Path(file).name} row {row})"
+                f"step {step} sample '{sample}' ({file_label(file, files)} row {row})"
                 for step, sample, file, row in self.empty_rows[:5]
             )
             note = (

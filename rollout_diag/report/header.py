@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import PurePath
 
 from rollout_diag import catalogue
 from rollout_diag.formatting import number, percent
+from rollout_diag.paths import file_labels
 from rollout_diag.report.markup import badge, escape, factor
 from rollout_diag.report.series import finite, step_series
 from rollout_diag.results import AnalysisResult, ComparisonResult, OverallVerdict, StepResult, StepTable
@@ -99,7 +99,8 @@ def _steps_at_level(result: AnalysisResult, metric: str) -> tuple[int, int]:
 
 
 def _facts(result: AnalysisResult) -> str:
-    names = [PurePath(path).name or path for path in result.inputs]
+    labels = file_labels(result.inputs)  # the shortest path ends that tell the inputs apart, as the tables print them
+    names = [labels[path] or path for path in result.inputs]
     inputs = ", ".join(escape(name, limit=120) for name in names[:MAX_INPUTS_SHOWN])
     if len(names) > MAX_INPUTS_SHOWN:
         inputs += escape(f" and {len(names) - MAX_INPUTS_SHOWN} more")
