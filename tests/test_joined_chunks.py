@@ -293,3 +293,18 @@ def test_notes_and_the_report_name_a_directory_file_by_its_label(tmp_path: Path)
     html = render_report(result)
     assert "rollout-diag report: step=1/rank-0.parquet and 1 more" in html
     assert "step=1/rank-0.parquet, step=2/rank-0.parquet" in html
+
+
+def test_workers_list_rows_without_a_model_token_in_reading_order(tmp_path: Path) -> None:
+    for index in (8, 9, 10):
+        rows = random_rows(index, steps=(0,), rows_per_step=3)
+        for row in rows:
+            row["sample_id"] = f"p{index}-{row['sample_id']}"
+        rows[1]["mask"] = [0] * len(rows[1]["mask"])
+        write_sequence_dump(tmp_path / f"part-{index}.parquet", rows)
+    notes = [
+        next(w for w in rd.analyze(str(tmp_path), device="cpu", workers=workers).warnings if "no model token" in w)
+        for workers in (1, 2)
+    ]
+    assert notes[0] == notes[1]
+    assert notes[0].index("part-9.parquet row 1") < notes[0].index("part-10.parquet row 1")

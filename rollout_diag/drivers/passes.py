@@ -35,7 +35,7 @@ from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
 from rollout_diag.metrics.rollout_kl import RolloutKLAccumulator
 from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS, RoundAccumulator
 from rollout_diag.metrics.segments import SHARED_QUANTITIES, prepare, stats
-from rollout_diag.paths import file_label
+from rollout_diag.paths import file_label, natural_key
 from rollout_diag.presets import Preset
 from rollout_diag.results import StepResult
 
@@ -175,7 +175,7 @@ class Analysis:
         for mine_grouped, their_grouped in zip(self.grouped, other.grouped, strict=True):
             mine_grouped.merge(their_grouped)
         # the first rows by (step, file, row), whichever worker found them
-        self.empty_rows = sorted(self.empty_rows + other.empty_rows, key=lambda e: (e[0], e[2], e[3]))
+        self.empty_rows = sorted(self.empty_rows + other.empty_rows, key=empty_row_order)
         del self.empty_rows[MAX_LISTED_EMPTY_ROWS:]
 
     def step_results(self) -> list[StepResult]:
@@ -233,6 +233,12 @@ class Analysis:
                 note += f" {moved}"
             notes.append(note)
         return notes
+
+
+def empty_row_order(entry: tuple[int, str, str, int]) -> tuple[int, tuple, int]:
+    """Sort key of an empty row's (step, sample_id, file, row): by step, then file in natural order (a directory's
+    reading order: ``step=2/`` before ``step=10/``, ``rank-9`` before ``rank-10``), then row."""
+    return entry[0], natural_key(entry[2]), entry[3]
 
 
 def _list(values: Sequence[int], limit: int = 10) -> str:

@@ -36,6 +36,7 @@ from rollout_diag.drivers.passes import (
     MAX_LISTED_EMPTY_ROWS,
     Analysis,
     check_analysis_options,
+    empty_row_order,
     resolve_device,
     run_chunks,
 )
@@ -444,7 +445,7 @@ class Watcher:
             for lag, sums in record.lags.items():
                 evidence.lags[lag] = evidence.lags[lag] + sums if lag in evidence.lags else sums.copy()
         evidence.has_versions = any(record.has_versions for record in left)
-        empty = sorted((row for record in left for row in record.empty_rows), key=lambda e: (e[0], e[2], e[3]))
+        empty = sorted((row for record in left for row in record.empty_rows), key=empty_row_order)
         self.analysis.empty_rows = empty[:MAX_LISTED_EMPTY_ROWS]
 
     def _refill_rows(self, steps: set[int], left: list[_FileRecord]) -> None:
