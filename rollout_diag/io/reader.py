@@ -618,14 +618,15 @@ class _Joiner:
         ready: list[tuple[_Valid, int]] = []
         if self.pending:
             last = self.pending[-1][0].block.step
-            runs -= bool(len(last) and len(step) and last[-1] == step[0])  # a step going on across the two
+            going_on = bool(len(last) and len(step) and last[-1] == step[0])  # a step going on across the two
             if (
                 self.tokens + tokens > self.limit
-                or self.runs + runs > MAX_BLOCK_STEPS
+                or self.runs + runs - going_on > MAX_BLOCK_STEPS
                 or not _joinable(self.pending[0][0].block, valid.block)
             ):
                 ready = self.flush()
-                runs = _step_runs(step)
+            else:
+                runs -= going_on
         self.pending.append((valid, consumed))
         self.tokens += tokens
         self.runs += runs

@@ -209,6 +209,14 @@ def _tree_reduce(reduction: str, values: np.ndarray, start: np.ndarray) -> np.nd
     return values
 
 
+def _rows_by_step(blocks: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row (step, values) blocks, in the order they came, as one block sorted by step (stable: a step's rows keep
+    that order): how a ``concat`` field merges."""
+    step = np.concatenate([block[0] for block in blocks])
+    order = np.argsort(step, kind="stable")
+    return step[order], np.concatenate([block[1] for block in blocks])[order]
+
+
 def _run_starts(*keys: np.ndarray) -> np.ndarray:
     """Where each run of equal keys begins in entries sorted by ``keys`` (int64 [runs]; none without entries)."""
     count = keys[0].shape[0]
@@ -332,12 +340,7 @@ class StateTable:
                 out[at] = _reduce(reduction, out[at], incoming[common])
                 dense[name] = out
         sparse = {name: self._merge_sparse(name, other.sparse[name]) for name in self.sparse}
-        ragged = {}
-        for name, (step, values) in self.ragged.items():
-            their_step, their_values = other.ragged[name]
-            all_steps = np.concatenate([step, their_step])
-            order = np.argsort(all_steps, kind="stable")
-            ragged[name] = (all_steps[order], np.concatenate([values, their_values])[order])
+        ragged = {name: _rows_by_step([rows, other.ragged[name]]) for name, rows in self.ragged.items()}
         return StateTable(self.reductions, self.shapes, steps, dense, sparse, ragged)
 
     def _merged_touching(self, other: StateTable) -> StateTable:
@@ -468,22 +471,15 @@ class StateTable:
             runs = _run_starts(step, bucket)
             values = _fold_runs(first.reductions[name], values[by_key], runs, _fold_plan(runs, step.shape[0]))
             sparse[name] = (step[runs], bucket[runs], values)
-        ragged = {}
-        for name in first.ragged:  # concatenation: a step's rows in table order, each table's in its own order
-            step = np.concatenate([table.ragged[name][0] for table in parts])
-            by_step = np.argsort(step, kind="stable")
-            ragged[name] = (step[by_step], np.concatenate([table.ragged[name][1] for table in parts])[by_step])
+        # concatenation: a step's rows in table order, each table's in its own order
+        ragged = {name: _rows_by_step([table.ragged[name] for table in parts]) for name in first.ragged}
         return cls(first.reductions, first.shapes, all_steps[start], dense, sparse, ragged)
 
     def with_rows(self, blocks: Sequence[Mapping[str, tuple[np.ndarray, np.ndarray]]]) -> StateTable:
         """This table with per-row values (``ragged`` blocks, each (step, values) per field) after its own, in order,
         sorted by step (stable: a step's rows in the order they came, as merging the blocks' tables one by one keeps
         them)."""
-        ragged = {}
-        for name, (step, values) in self.ragged.items():
-            all_steps = np.concatenate([step, *(block[name][0] for block in blocks)])
-            order = np.argsort(all_steps, kind="stable")
-            ragged[name] = (all_steps[order], np.concatenate([values, *(block[name][1] for block in blocks)])[order])
+        ragged = {name: _rows_by_step([rows, *(block[name] for block in blocks)]) for name, rows in self.ragged.items()}
         return StateTable(self.reductions, self.shapes, self.steps, self.dense, self.sparse, ragged)
 
     def subset(self, keep: np.ndarray) -> StateTable:
