@@ -18,6 +18,11 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
+# Before numpy loads: OpenBLAS's helper threads busy-wait after its start-up, ~0.09 s of a second core per process
+# (the sample's analyze 0.72 -> 0.66 s wall on 2 cores; docs/benchmarks.md, session 14). The commands ask BLAS for
+# nothing that threads pay for, and one thread makes its dot products independent of the core count.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import typer
 from rich.console import Console, Group
 from typer.core import TyperGroup

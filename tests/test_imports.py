@@ -183,3 +183,24 @@ def test_the_preset_and_sweep_commands_on_the_cpu_never_import_torch(grouped_dum
         target = str(tmp_path / "run")
     options = [option.format(tmp=tmp_path, dump=grouped_dump) for option in options]
     assert "torch" not in loaded_by_the_cli(["--engine", engine, command, target, *options])
+
+
+@pytest.mark.parametrize(("given", "expected"), [(None, "1"), ("3", "3")])
+def test_the_cli_gives_openblas_one_thread_before_numpy_loads(given, expected):
+    """OpenBLAS reads OPENBLAS_NUM_THREADS once, when numpy loads it: the CLI sets it (unless the user did) before
+    anything it imports loads numpy. A meta-path hook records the variable at the moment numpy is first looked up."""
+    env = {key: value for key, value in os.environ.items() if key != "OPENBLAS_NUM_THREADS"}
+    if given is not None:
+        env["OPENBLAS_NUM_THREADS"] = given
+    code = (
+        "import os, sys\nseen = []\n"
+        "class Hook:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'numpy' and not seen:\n"
+        "            seen.append(os.environ.get('OPENBLAS_NUM_THREADS'))\n"
+        "sys.meta_path.insert(0, Hook())\n"
+        "import rollout_diag.cli\nimport numpy\nprint(seen[0])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [expected]
