@@ -50,8 +50,8 @@ def make_batch(rows: int, width: int, fill: float, dtype: torch.dtype, seed: int
     }
 
 
-def time_steps(batch: dict[str, torch.Tensor], repeat: int, **options) -> list[float]:
-    """Seconds of each of ``repeat`` write_step calls into a fresh dump."""
+def time_steps(batch: dict[str, torch.Tensor], repeat: int, **options) -> tuple[list[float], int]:
+    """Seconds of each of ``repeat`` write_step calls into a fresh dump, and the dump's bytes on disk."""
     seconds = []
     with tempfile.TemporaryDirectory() as directory:
         target = Path(directory) / ("dump.parquet" if options.pop("one_file", False) else "dump")
@@ -60,7 +60,8 @@ def time_steps(batch: dict[str, torch.Tensor], repeat: int, **options) -> list[f
                 start = time.perf_counter()
                 dump.write_step(step, **batch)
                 seconds.append(time.perf_counter() - start)
-    return seconds
+        size = sum(path.stat().st_size for path in Path(directory).rglob("*.parquet"))
+    return seconds, size
 
 
 def split(batch: dict[str, torch.Tensor], repeat: int) -> dict[str, float]:
@@ -88,10 +89,11 @@ def split(batch: dict[str, torch.Tensor], repeat: int) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in phases.items()}
 
 
-def row(label: str, seconds: list[float], tokens: int) -> str:
+def row(label: str, seconds: list[float], tokens: int, size: str = "") -> str:
     median = statistics.median(seconds)
     return (
-        f"| {label} | {median:.3f} s ({min(seconds):.3f}–{max(seconds):.3f}) | {tokens / median / 1e6:.1f} M tokens/s |"
+        f"| {label} | {median:.3f} s ({min(seconds):.3f}–{max(seconds):.3f}) | {tokens / median / 1e6:.1f} M tokens/s "
+        f"| {size} |"
     )
 
 
@@ -111,7 +113,7 @@ def main() -> None:
     fp32 = make_batch(args.rows, args.length, args.fill, torch.float32)
     tokens = int(bf16["lengths"].sum())
     time_steps(bf16, 1)  # warm-up: imports, allocator, Parquet writer
-    cases = [
+    cases: list[tuple[str, tuple[list[float], int]]] = [
         ("bf16, directory mode, zstd (default)", time_steps(bf16, args.repeat)),
         ("fp32, directory mode, zstd", time_steps(fp32, args.repeat)),
         ("bf16, directory mode, snappy", time_steps(bf16, args.repeat, compression="snappy")),
@@ -136,9 +138,9 @@ def main() -> None:
         f"Python {platform.python_version()}, torch {torch.__version__}; median seconds per step (min–max). "
         "Target: < 1 s per step; `DumpWriter(every=k)` writes every k-th step only.",
         "",
-        "| case | seconds per step | throughput |",
-        "|---|---|---|",
-        *[row(label, seconds, tokens) for label, seconds in cases],
+        "| case | seconds per step | throughput | bytes per token on disk |",
+        "|---|---|---|---|",
+        *[row(label, seconds, tokens, f"{size / (tokens * args.repeat):.2f}") for label, (seconds, size) in cases],
         row("`compute_metrics` (§1, §5–§7, no preset), same batch", metrics, tokens),
         "",
         f"Default case split: stripping the padding {phases['pack']:.3f} s; host copy, float32 cast, validation "

@@ -226,3 +226,9 @@ def _float(value: float | None) -> float | None:
 
 def _floats(values: Sequence[float | None] | None) -> list[float | None] | None:
     return None if values is None else [_float(v) for v in values]
+
+
+def encodings(path: str | Path) -> dict[str, set[str]]:
+    """Each leaf column's Parquet encodings in the first row group (e.g. 'rollout_log_probs.list.element')."""
+    group = pq.ParquetFile(path).metadata.row_group(0)
+    return {group.column(i).path_in_schema: set(group.column(i).encodings) for i in range(group.num_columns)}

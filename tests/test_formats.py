@@ -19,6 +19,7 @@ import jsonschema
 import pyarrow.parquet as pq
 import pytest
 import torch
+from dumps import encodings
 from typer.testing import CliRunner, Result
 
 import rollout_diag as rd
@@ -98,11 +99,21 @@ def test_workers_read_an_importer_format_to_the_same_numbers(dumps, reference):
     assert_same_steps(result, reference)
 
 
+def assert_canonical_encodings(path: Path) -> None:
+    """What convert writes, as DumpWriter does (io/columns.parquet_options): logprobs byte-stream-split under zstd,
+    without a dictionary; the sample ids keep theirs."""
+    found = encodings(path)
+    for name in ("rollout_log_probs.list.element", "old_log_probs.list.element"):
+        assert "BYTE_STREAM_SPLIT" in found[name] and "RLE_DICTIONARY" not in found[name], (name, found[name])
+    assert "RLE_DICTIONARY" in found["sample_id"]
+
+
 @pytest.mark.parametrize("name", FORMATS)
 def test_convert_round_trip(name, dumps, reference, tmp_path):
     converted = convert(str(dumps[name]), tmp_path / "out.parquet")
     assert converted.format == name and converted.rows == 15 and converted.steps == list(ff.STEPS)
     assert pq.ParquetFile(tmp_path / "out.parquet").metadata.num_row_groups == len(ff.STEPS)  # one per step
+    assert_canonical_encodings(tmp_path / "out.parquet")
     source = rd.analyze(str(dumps[name]), device="cpu")
     assert_same_steps(rd.analyze(str(tmp_path / "out.parquet"), device="cpu"), source)
     assert_same_steps(source, reference)
@@ -113,6 +124,7 @@ def test_convert_to_a_hive_directory(dumps, reference, tmp_path):
     assert result.exit_code == 0, result.output
     assert "15 rows, 3 step(s) in 3 file(s), from 3 nemo-rl file(s)" in result.stdout
     assert sorted(p.parent.name for p in (tmp_path / "hive").rglob("*.parquet")) == ["step=1", "step=2", "step=3"]
+    assert_canonical_encodings(next((tmp_path / "hive").rglob("*.parquet")))
     converted = rd.analyze(str(tmp_path / "hive"), device="cpu")
     assert converted.columns["step"] == "step (partition)"
     assert_same_steps(converted, reference)

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+from dumps import encodings
 
 import rollout_diag as rd
 
@@ -282,3 +283,30 @@ def test_directory_dump_rows_are_labelled_so_inspect_finds_them(tmp_path):
     assert json.loads(shown.output)["sample_id"] == worst.sample_id
     ambiguous = runner.invoke(app, ["inspect", str(root), "--row", f"rank-0.parquet:{worst.row}"])
     assert ambiguous.exit_code == 1 and "2 input files named rank-0.parquet" in ambiguous.output
+
+
+@pytest.mark.parametrize(("compression", "float_encoding"), [("zstd", "BYTE_STREAM_SPLIT"), ("snappy", "PLAIN")])
+@pytest.mark.parametrize("one_file", [False, True])
+def test_logprobs_are_written_without_a_dictionary(tmp_path, compression, float_encoding, one_file):
+    """Logprobs rarely repeat (the bundled real dump: 25 263 distinct rollout values in 30 432 tokens): a dictionary
+    made the files larger and slower to write and read (docs/benchmarks.md, "Writer"). Float columns go without one
+    (byte-stream-split under zstd), every other column keeps Parquet's dictionary; the values read back unchanged."""
+    tensors = batch(3)
+    rows, width = tensors["response_mask"].shape
+    target = tmp_path / ("one.parquet" if one_file else "dump")
+    with rd.DumpWriter(target, compression=compression) as dump:
+        dump.write_step(
+            0, **tensors, token_ids=torch.zeros(rows, width, dtype=torch.long), extra={"reward": [0.5] * rows}
+        )
+    path = target if one_file else target / "step=0" / "rank-0.parquet"
+    found = encodings(path)
+    for name in ("rollout_log_probs.list.element", "old_log_probs.list.element"):
+        assert float_encoding in found[name] and "RLE_DICTIONARY" not in found[name], (name, found[name])
+    for name in ("step", "sample_id", "response_mask.list.element", "token_ids.list.element"):
+        assert "RLE_DICTIONARY" in found[name], (name, found[name])
+    assert "RLE_DICTIONARY" not in found["reward"]  # a float, if one per row
+    table = pq.read_table(path)
+    lengths = tensors["lengths"].tolist()
+    for column in ("rollout_log_probs", "old_log_probs"):
+        written = [tensors[column][row, :length].float().tolist() for row, length in enumerate(lengths)]
+        assert table.column(column).to_pylist() == written

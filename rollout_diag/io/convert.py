@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rollout_diag.errors import ConfigError, InputError, option_name, where
+from rollout_diag.io.columns import parquet_options
 from rollout_diag.io.decode import row_groups
 from rollout_diag.io.formats.base import SKIP_COLUMN, SKIP_REASON
 from rollout_diag.io.opening import OpenFile, column_names, extra_cap_warnings, one_line
@@ -94,14 +95,15 @@ class _StepWriter:
         self.rows += table.num_rows
         if self.partition is None:
             if self.writer is None:
-                self.writer = pq.ParquetWriter(self.output, self.schema, compression="zstd")
+                self.writer = pq.ParquetWriter(self.output, self.schema, **parquet_options(self.schema, "zstd"))
                 self.files.append(str(self.output))
             self.writer.write_table(table, row_group_size=max(table.num_rows, 1))
             return
         directory = self.output / f"{self.partition}={self.step}"
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"part-{part}.parquet"
-        pq.write_table(table.drop_columns(["step"]), path, compression="zstd", row_group_size=max(table.num_rows, 1))
+        table = table.drop_columns(["step"])
+        pq.write_table(table, path, row_group_size=max(table.num_rows, 1), **parquet_options(table.schema, "zstd"))
         self.files.append(str(path))
 
     def close(self) -> None:

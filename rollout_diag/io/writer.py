@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 import torch
 
 from rollout_diag.errors import ConfigError
-from rollout_diag.io.columns import ROLE_CANDIDATES
+from rollout_diag.io.columns import ROLE_CANDIDATES, parquet_options
 from rollout_diag.io.sources import COMPLETE_PREFIX
 from rollout_diag.io.validate import MAX_POSITIVE_LOGPROB
 
@@ -453,7 +453,7 @@ class DumpWriter:
         temporary = directory / f".rank-{self.rank}.parquet.{os.getpid()}.tmp"
         try:
             directory.mkdir(exist_ok=True)
-            pq.write_table(table, temporary, compression=self.compression)
+            pq.write_table(table, temporary, **parquet_options(table.schema, self.compression))
             if self.durable:
                 _fsync(temporary)
             os.replace(temporary, final)
@@ -484,7 +484,9 @@ class DumpWriter:
         if self._schema is None:
             self._schema = table.schema
             try:
-                self._writer = pq.ParquetWriter(self.path, self._schema, compression=self.compression)
+                self._writer = pq.ParquetWriter(
+                    self.path, self._schema, **parquet_options(self._schema, self.compression)
+                )
             except (OSError, pa.ArrowException) as exc:
                 raise ConfigError(f"{self.path}: cannot write ({' '.join(str(exc).split())}).") from None
         elif table.schema.names != self._schema.names:
