@@ -224,3 +224,51 @@ def test_a_cache_counts_as_one_where_numba_loads_it(tmp_path):
     source.write_text(source.read_text().replace("2 * x", "3 * x"))  # changed on the same line
     os.utime(source, (source.stat().st_atime, source.stat().st_mtime + 200))
     assert probe() == {"cached": False, "compiled": True}
+
+
+STALE_PROBE = """
+import importlib, json, sys
+sys.path.insert(0, sys.argv[1])
+from rollout_diag.kernels import drop_stale_caches
+module = importlib.import_module("probe")
+module.double(2.0)
+module.triple(2.0)
+print(json.dumps({"dropped": drop_stale_caches(module) if sys.argv[2] == "drop" else 0}))
+"""
+
+
+def test_an_earlier_versions_cache_files_are_dropped(tmp_path):
+    """numba names a kernel's cache files by its line: a kernel that moved leaves its old files behind for good.
+    drop_stale_caches removes those of the module's kernels as they are no longer written; the current ones, another
+    Python's and another module's stay, and the next run loads from the cache."""
+    source, cache = tmp_path / "probe.py", tmp_path / "cache"
+    kernels = (
+        "@njit(cache=True)\ndef double(x):\n    return 2 * x\n\n@njit(cache=True)\ndef triple(x):\n    return 3 * x\n"
+    )
+
+    def probe(action: str) -> int:
+        environment = {**os.environ, "NUMBA_CACHE_DIR": str(cache)}
+        done = subprocess.run(
+            [sys.executable, "-c", STALE_PROBE, str(tmp_path), action], capture_output=True, text=True, env=environment
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout.splitlines()[-1])["dropped"]
+
+    def names() -> set[str]:
+        return {path.name for path in cache.rglob("*.nb*")}
+
+    source.write_text("from numba import njit\n\n" + kernels)
+    probe("keep")
+    first = names()
+    assert len(first) == 4 and {name.split("-")[0] for name in first} == {"probe.double", "probe.triple"}
+    source.write_text("from numba import njit\n\n\n\n" + kernels)  # both kernels two lines down: new file names
+    probe("keep")
+    assert len(names()) == 8  # what numba leaves: both versions
+    directory = next(cache.rglob("*.nbi")).parent
+    tag = next(iter(first)).split(".py")[1].split(".")[0]
+    others = {f"probe.double-1.py{int(tag) + 1}.nbi", "probes.double-3.py" + tag + ".nbi"}
+    for name in others:
+        (directory / name).write_bytes(b"")
+    assert probe("drop") == 4
+    assert names() - others == {name.replace("-3.", "-5.").replace("-7.", "-9.") for name in first}
+    assert names() >= others

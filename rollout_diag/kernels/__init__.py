@@ -31,6 +31,7 @@ this one compiles the analysis kernels (:func:`compiled_presets` waits for it).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing
 import os
 import subprocess
@@ -161,6 +162,10 @@ def compiled() -> ModuleType:
             file=sys.stderr,
             flush=True,
         )
+        from rollout_diag.kernels import jsonl, presets
+
+        for kernels in (module, presets, jsonl):  # an upgrade's first run: the last version's files go
+            drop_stale_caches(kernels)
 
     with _lock:
         if not _loaded:
@@ -168,6 +173,39 @@ def compiled() -> ModuleType:
     if _expected:
         _compile_presets_ahead()
     return _loaded[0]
+
+
+def drop_stale_caches(module: ModuleType) -> int:
+    """Remove the cache files of ``module``'s kernels that this source can no longer load; returns how many. numba
+    names them by the function's line (``cpu.segment_pass-512.py311.nbi`` and its ``.0.nbc``), so every version of
+    the source that moved a kernel left its compiled code behind, ~8 MB a version (an upgrade, an edit). Files of
+    another Python's tag are kept (two interpreters may share an editable checkout's cache)."""
+    current: set[str] = set()
+    directory = None
+    for value in vars(module).values():
+        cache = getattr(value, "_cache", None)
+        index = getattr(getattr(cache, "_cache_file", None), "_index_name", None)
+        if isinstance(index, str) and index.endswith(".nbi"):
+            current.add(index[: -len(".nbi")])
+            directory = getattr(cache, "_cache_path", directory)
+    if not current or directory is None:
+        return 0
+    tag = "." + next(iter(current)).rsplit(".", 1)[1]  # ".py311"
+    prefix = module.__name__.rsplit(".", 1)[-1] + "."  # "cpu."
+    dropped = 0
+    for path in Path(directory).glob(prefix + "*"):
+        name = path.name
+        if name.endswith(".nbi"):
+            stem = name[: -len(".nbi")]
+        elif name.endswith(".nbc") and name.count(".") >= 3:
+            stem = name.rsplit(".", 2)[0]  # cpu.segment_pass-512.py311 of cpu.segment_pass-512.py311.0.nbc
+        else:
+            continue
+        if stem.endswith(tag) and stem not in current:
+            with contextlib.suppress(OSError):  # another process removed it first, or a read-only cache
+                path.unlink()
+                dropped += 1
+    return dropped
 
 
 def _has_cache(module: ModuleType, kernels: Iterable[str], every: bool = True) -> bool:

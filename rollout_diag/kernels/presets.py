@@ -17,6 +17,8 @@ the engines' formula (``metrics.sweep.exact_bin_edges``), not from a log10 of ou
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 from numba import njit, types, uint64
 
@@ -443,7 +445,11 @@ SIGNATURES: dict[str, tuple[tuple[types.Type, ...], ...]] = {
 
 
 def compile_signatures() -> None:
-    """Compile (or load from numba's cache) every kernel of this module for its SIGNATURES."""
+    """Compile (or load from numba's cache) every kernel of this module for its SIGNATURES, and drop the cache files
+    of earlier versions of this source (``kernels.drop_stale_caches``)."""
+    from rollout_diag.kernels import drop_stale_caches
+
+    drop_stale_caches(sys.modules[__name__])
     kernels = globals()
     for name, signatures in SIGNATURES.items():
         for signature in signatures:
