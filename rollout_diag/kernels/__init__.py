@@ -22,7 +22,8 @@ The choice is a process setting (``ROLLOUT_DIAG_ENGINE``, or :func:`use_engine` 
 ``Dump(engine=…)``), so worker processes inherit it.
 
 Compiled kernels are cached (numba ``cache=True``) next to this module, or, where the package directory is not
-writable, under ``$XDG_CACHE_HOME/rollout-diag/numba`` (``~/.cache/…``); a run that compiles says so once on stderr.
+writable, under ``$XDG_CACHE_HOME/rollout-diag/numba`` (``~/.cache/…``); a run that compiles says so once on stderr,
+and removes the files an earlier version of the kernels left (:func:`drop_stale_caches`).
 numba compiles one function at a time in a process, so where a run will need the preset kernels too
 (:func:`expect_presets`) and they are not cached, a helper process compiles them into the cache on another core while
 this one compiles the analysis kernels (:func:`compiled_presets` waits for it).
