@@ -171,7 +171,7 @@ def _one_pass(
         if writer is not None:
             consumers.append(lambda chunk: writer.write(stats(chunk)))
         with writer or contextlib.nullcontext():
-            run_chunks(reader, consumers, torch_device, progress, state.prepare, numpy=True)
+            run_chunks(reader, consumers, torch_device, progress, state.prepare)
         del consumers  # their bound methods hold the analysis
     sweep, corrections = state.sweep, state.corrections
     corrections.settle()  # the presets' per-step states become columns before the analysis is built (peak memory)

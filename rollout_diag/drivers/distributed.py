@@ -86,7 +86,7 @@ def run_part(
             import torch
 
             torch.set_num_threads(1)  # the workers share the machine's cores
-        run_chunks(reader, state.consumers(), device, prepare=state.prepare, numpy=True)
+        run_chunks(reader, state.consumers(), device, prepare=state.prepare)
     return state, reader.log
 
 

@@ -90,7 +90,7 @@ def analyze(
         analysis = analyze_parts(reader, workers, backend, torch_device, options, progress)
     else:
         analysis = Analysis(**options)
-        run_chunks(reader, [analysis.update], torch_device, progress, analysis.prepare, numpy=True)
+        run_chunks(reader, [analysis.update], torch_device, progress, analysis.prepare)
     result = build_result(analysis, reader.log, torch_device, strict, reader.selection)
     # the per-step states are spent: their many small arrays' pages go back before the result is rendered or
     # written (200 000 one-row steps: ~0.55 GB; a no-op beside a large result)

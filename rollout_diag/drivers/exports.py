@@ -114,5 +114,5 @@ def export_decisions(
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
     with DecisionWriter(path, chosen) as writer:
-        run_chunks(reader, [lambda chunk: writer.write(stats(chunk))], torch_device, progress, numpy=True)
+        run_chunks(reader, [lambda chunk: writer.write(stats(chunk))], torch_device, progress)
     return writer.rows_written

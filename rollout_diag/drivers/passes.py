@@ -252,16 +252,15 @@ def run_chunks(
     device: str,
     progress: Progress | None = None,
     prepare: Callable[[Chunk], None] = prepare,
-    numpy: bool = False,
 ) -> None:
     """Feed every chunk of ``reader`` to each consumer in turn; report progress in file rows. ``prepare`` runs on
     each chunk in the reader's thread first (segments and shared token quantities, ``metrics.segments.prepare``).
-    ``numpy``: the consumers take numpy chunks (every family does, through ``rollout_diag.arrays``), so the numba
-    engine's chunks are numpy and torch is not loaded (``DumpReader.chunks``); else they are tensors."""
+    The consumers take numpy chunks (every family does, through ``rollout_diag.arrays``): the numba engine's chunks
+    are numpy and torch is not loaded (``DumpReader.chunks``); the torch engine's are tensors."""
     total = reader.log.total_rows
     progress = progress_callback(progress)
-    with _core_for_the_reader(device, numpy and kernel_for(device_kind(device))):
-        for chunk, consumed in reader.chunks(device, prepare=prepare, numpy=numpy):
+    with _core_for_the_reader(device, kernel_for(device_kind(device))):
+        for chunk, consumed in reader.chunks(device, prepare=prepare, numpy=True):
             for consume in consumers:
                 consume(chunk)
             # The shared per-chunk values refer back to the chunk; clearing them frees its tensors now rather

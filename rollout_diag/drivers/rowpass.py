@@ -166,5 +166,5 @@ def row_pass(
     rows = RowStatsCollector(presets)
     labels = GroupLabels(specs) if specs else None
     updates = [analysis.update, rows.update, *([labels.update] if labels else [])]
-    run_chunks(reader, updates, torch_device, progress, analysis.prepare, numpy=True)
+    run_chunks(reader, updates, torch_device, progress, analysis.prepare)
     return RowPass(analysis, rows, reader.log, torch_device, strict, labels)

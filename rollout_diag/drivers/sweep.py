@@ -43,7 +43,7 @@ def threshold_sweep(
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
     sweep = SweepAccumulator()
-    run_chunks(reader, [sweep.update], torch_device, progress, numpy=True)
+    run_chunks(reader, [sweep.update], torch_device, progress)
     run_rows, step_rows = sweep_tables(sweep, checked)
     run = [SweepOption.from_json(row) for row in run_rows]
     if not any(option.count for option in run):

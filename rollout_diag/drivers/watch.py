@@ -381,7 +381,7 @@ class Watcher:
             consumers = [analysis.update] + ([rows.update] if rows is not None else [])
             # numpy chunks: on the CPU the compiled kernels however small each file (a watched run keeps growing;
             # loaded once per watch), and no torch
-            run_chunks(reader, consumers, self.device, None, analysis.prepare, numpy=True)
+            run_chunks(reader, consumers, self.device, None, analysis.prepare)
         except (RolloutDiagError, OSError) as exc:
             if isinstance(exc, DataError) and self.strict:
                 raise
@@ -468,7 +468,7 @@ class Watcher:
         for path, keys in wanted.items():
             tracker = Analysis(**self.options)
             reader = self._reader(self.files[path].source)
-            run_chunks(reader, [tracker.worst.update], self.device, None, tracker.prepare, numpy=True)
+            run_chunks(reader, [tracker.worst.update], self.device, None, tracker.prepare)
             for top in tracker.worst.rows.values():
                 captured.update({key: details for _, key, details in top.items if key in keys})
         for top in self.analysis.worst.rows.values():
