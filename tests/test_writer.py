@@ -289,7 +289,7 @@ def test_directory_dump_rows_are_labelled_so_inspect_finds_them(tmp_path):
 @pytest.mark.parametrize("one_file", [False, True])
 def test_logprobs_are_written_without_a_dictionary(tmp_path, compression, float_encoding, one_file):
     """Logprobs rarely repeat (the bundled real dump: 25 263 distinct rollout values in 30 432 tokens): a dictionary
-    made the files larger and slower to write and read (docs/benchmarks.md, "Writer"). Float columns go without one
+    made the files larger and slower to write and read (docs/benchmarks.md, session 14). Float columns go without one
     (byte-stream-split under zstd), every other column keeps Parquet's dictionary; the values read back unchanged."""
     tensors = batch(3)
     rows, width = tensors["response_mask"].shape

@@ -127,9 +127,10 @@ def resolve_columns(
 def parquet_options(schema: pa.Schema, compression: str) -> dict[str, Any]:
     """How the dump's columns are encoded. Logprobs are floats that rarely repeat: a dictionary only costs there
     (Parquet tries one for every column until its page passes 1 MB), so float columns go without one, and with zstd
-    their bytes are split by stream (byte_stream_split: zstd then packs them ~8 % tighter). A rank's file of 200
-    ~46K-token steps: writing 135 -> 46 ns per token, the file 10.3 -> 6.4 bytes per token, reading it 35 -> 31 ns
-    (docs/benchmarks.md, "Writer"). Every other column (step, ids, mask, token ids) keeps Parquet's dictionary.
+    their bytes are split by stream (byte_stream_split: zstd then packs them ~8 % tighter). 200 rank files of ~46K
+    tokens: writing 135 -> 46 ns per token, 10.3 -> 6.4 bytes per token, reading 35 -> 31 ns; the bundled real dump
+    16.6 -> 11.1 bytes per token (docs/benchmarks.md, issue 20 session 14). Every other column (step, ids, mask,
+    token ids) keeps Parquet's dictionary.
     What ``DumpWriter`` and ``convert`` write."""
     import pyarrow as pa  # the caller has it loaded: this module loads no pyarrow
 
