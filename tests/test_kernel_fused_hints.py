@@ -1,5 +1,5 @@
-"""The fused pass's extra work against what it replaced, bit for bit: its hint rows against the separate compiled
-hint pass (``kernels.cpu.hint_rows``, the reference), its δ histogram bins against ``metrics.localize.delta_bin``, and
+"""The fused pass's extra work against what it replaced, bit for bit: its hint rows against a separate compiled hint
+pass (``separate_hint_rows`` below, the reference), its δ histogram bins against ``metrics.localize.delta_bin``, and
 the read-ahead's chunks against chunks that compute their own, over random dumps and chunkings."""
 
 from __future__ import annotations
@@ -14,11 +14,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numba import njit
 from test_kernel import chunk_of, layouts
 
 from rollout_diag.drivers import passes
 from rollout_diag.kernels import compiled, use_engine
 from rollout_diag.kernels import prepass as kernel_prepass
+from rollout_diag.kernels.cpu import _exact_zero, _next_pair, _probability_bucket
 from rollout_diag.metrics.localize import DELTA_BINS, delta_bin
 from rollout_diag.metrics.segments import KernelStats
 
@@ -32,6 +34,76 @@ def assert_bits_equal(mine: np.ndarray, theirs: np.ndarray, what: str) -> None:
     assert np.array_equal(mine.view(np.uint8), theirs.view(np.uint8)), what  # bit for bit: -0.0 and 0.0 differ
 
 
+@njit(cache=False, nogil=True, error_model="numpy")
+def separate_hint_rows(
+    trainer: np.ndarray,
+    rollout: np.ndarray,
+    raw: np.ndarray,
+    length: np.ndarray,
+    row: np.ndarray,
+    rounds: np.ndarray,
+    rows: int,
+    segment_group: np.ndarray,
+    groups: int,
+    clip: float,
+    log_half: float,
+    gap: float,
+    log_edges: np.ndarray,
+):
+    """The token patterns of ``metrics.hints`` in one pass: per row the HINT_COLUMNS (float64 [R, 13]), per step group
+    and rollout-probability bucket (the number of ``log_edges`` above r) [tokens, Σ|δ|, Σy, Σy²] ([G, B, 4]),
+    y = min(|δ|, clip). Sums run in token order, as the torch engine's index_add and bincount do. The engine takes
+    these from ``kernels.cpu.segment_pass``, which does the same per token inside its fused traversal (leaves of a
+    pairwise tree, values first on SIMD lanes); this pass, a plain loop over the segments, is the reference the fused
+    one must equal bit for bit. The per-token patterns are the kernels' own inline helpers: what is checked here is
+    the fusion (order, carry across leaves and segments); the patterns themselves are checked against a plain float64
+    reference in tests/test_hints.py."""
+    out = np.zeros((rows, 13))
+    buckets = np.zeros((groups, log_edges.shape[0] + 1, 4))
+    segments = raw.shape[0]
+    prev_zero = False
+    prev_counted = False
+    for s in range(segments):
+        i, g = row[s], segment_group[s]
+        opens = s == 0 or row[s - 1] != i or rounds[s - 1] != rounds[s]
+        continues = s + 1 < segments and row[s + 1] == i and rounds[s + 1] == rounds[s]
+        row_ends = s + 1 == segments or row[s + 1] != i
+        lo, n = raw[s], length[s]
+        # the row's running sums of the per-token columns in registers over the segment (same additions, same order)
+        zeros, zero_runs, shift_next, shift_prev, copied = out[i, 10], out[i, 11], out[i, 8], out[i, 9], out[i, 12]
+        into = buckets[g]
+        for k in range(n):
+            t = lo + k
+            a, r = trainer[t], rollout[t]
+            ad = abs(a - r)
+            y = min(ad, clip)
+            y2 = y * y
+            _probability_bucket(into, r, ad, y, log_edges)
+            first = opens and k == 0
+            if first:
+                out[i, 0] += y
+                out[i, 1] += y2
+                prev_zero = False
+            zeros, zero_runs, prev_zero, prev_counted = _exact_zero(
+                a, r, log_half, zeros, zero_runs, prev_zero, prev_counted
+            )
+            if k == n - 1 and not continues:  # the round's last token
+                out[i, 7] += ad
+                if row_ends:
+                    out[i, 2] = y
+                    out[i, 3] = y2
+                    if first:
+                        out[i, 4] = 1.0
+                        out[i, 5] = y
+                        out[i, 6] = y2
+                continue
+            shift_next, shift_prev, copied = _next_pair(  # with the next token of the round
+                a, r, trainer[t + 1], rollout[t + 1], gap, shift_next, shift_prev, copied
+            )
+        out[i, 10], out[i, 11], out[i, 8], out[i, 9], out[i, 12] = zeros, zero_runs, shift_next, shift_prev, copied
+    return out, buckets
+
+
 def fused_and_separate(trainer, rollout, mask, offsets, step):
     """The fused pass's (reductions, hint rows) of a chunk's arrays, its hint rows checked bit for bit against the
     separate pass's."""
@@ -39,7 +111,11 @@ def fused_and_separate(trainer, rollout, mask, offsets, step):
     segments = kernel_prepass.layout(mask, offsets)
     segment_group = row_group[segments[3]]
     fused, hints = kernel_prepass.reductions(trainer, rollout, segments, len(step), segment_group, len(steps))
-    separate = kernel_prepass.hint_rows(trainer, rollout, segments, len(step), segment_group, len(steps))
+    raw, _, length, row, _, rounds = segments
+    constants = (kernel_prepass.CLIP, kernel_prepass.LOG_HALF, kernel_prepass.COPY_GAP, kernel_prepass._LOG_EDGES)
+    separate = separate_hint_rows(
+        trainer, rollout, raw, length, row, rounds, len(step), segment_group, len(steps), *constants
+    )
     for name, mine, theirs in zip(("per row", "probability buckets"), hints, separate, strict=True):
         assert_bits_equal(mine, theirs, name)
     return fused, hints

@@ -440,7 +440,7 @@ def _leaf(
     """Tokens [start, start + size) of one segment (size ≤ 128): their values into ``scratch``, each quantity's sum
     in numpy's block order into ``sums``, extremes into ``extremes``; the block's centred moments merged into the
     step group's (Chan) and its δ counted into the group's histogram; each token's hint patterns (the per-token work of
-    :func:`hint_rows`) into ``hints``: probability buckets and the row's running sums (a token before ``pair_end`` has
+    the hint rows) into ``hints``: probability buckets and the row's running sums (a token before ``pair_end`` has
     a next one in its round). The values come first, from a loop of their own on SIMD lanes (:func:`_quantities`); the
     per-token loop after it holds what branches or runs in token order. The extremes of EXTREMES ([max, min] rows of
     ``extremes``) are kept in registers over the loop: updated in memory, each token's max and min waited on the
@@ -461,7 +461,7 @@ def _leaf(
         max_k2, min_k2 = max(max_k2, half_square), min(min_k2, half_square)
         max_diff, min_diff = max(max_diff, diff), min(min_diff, diff)
         histogram[group, _delta_bin(scratch[2, k], exponent_min, levels)] += 1.0
-        # the hint patterns (hint_rows' per-token work: the same additions in the same order) on |δ| and y as written
+        # the hint patterns (the reference pass's per-token work, the same additions in order) on |δ|, y as written
         _probability_bucket(into, r, ad, scratch[12, k], log_edges)
         if a == 0.0 or r == 0.0:  # a candidate for the exact-zero pattern (the common token skips its tests)
             zeros, zero_runs, prev_zero, prev_counted = _exact_zero(
@@ -533,12 +533,13 @@ def segment_pass(
     the max and min of each of EXTREMES (float64 [E, S] each);
     per step group and quantity pair (``pairs`` [P, 2] of column indices) [n, mean_x, mean_y, M2_x, M2_y, C_xy]
     ([G, P, 6], blocks merged by Chan's update); per step group the δ histogram of ``metrics.localize.delta_bin``
-    ([G, 2·levels + 1]); and what :func:`hint_rows` returns for the same arguments (its ``clip`` is CLIP): per row the
-    HINT_COLUMNS [R, 13], per step group and rollout-probability bucket [tokens, Σ|δ|, Σy, Σy²] [G, B, 4], each value
-    the same additions in the same order (the leaves follow the tokens in order). Without ``probabilities`` (a pass
-    whose families read none of them: ``compare-presets``, §1, the catastrophic tokens and the hint evidence) the
-    columns of trainer_prob, rollout_prob and prob_diff (and prob_diff's extremes) are 0 (:func:`_quantities`), and
-    ``pairs`` is then empty: the moment pairs are the debug family's probabilities (``kernels.prepass.MOMENT_PAIRS``).
+    ([G, 2·levels + 1]); and the hint rows (tests/test_kernel_fused_hints.py holds a separate pass, their reference):
+    per row the HINT_COLUMNS [R, 13], per step group and rollout-probability bucket [tokens, Σ|δ|, Σy, Σy²]
+    [G, B, 4], each value the same additions in the same order (the leaves follow the tokens in order). Without
+    ``probabilities`` (a pass whose families read none of them: ``compare-presets``, §1, the catastrophic tokens and
+    the hint evidence) the columns of trainer_prob, rollout_prob and prob_diff (and prob_diff's extremes) are 0
+    (:func:`_quantities`), and ``pairs`` is then empty: the moment pairs are the debug family's probabilities
+    (``kernels.prepass.MOMENT_PAIRS``).
 
     One function with the flag read at run time: two entry points with it a constant (the body inlined into each)
     saved that 0.6 ns a token but took 6.7 s each to compile against 4.6 s, and compare-presets compiled both."""
@@ -751,7 +752,7 @@ def group_centred(
     return out
 
 
-# Columns of ``hint_rows``' per-row output.
+# Columns of the hint rows (segment_pass's ``hints`` per row).
 HINT_COLUMNS = (
     "first_y",  # Σ y over the first token of each round
     "first_y2",
@@ -767,73 +768,6 @@ HINT_COLUMNS = (
     "dummy_zero_run",  # those of them next to another in the same round
     "copied",  # exact copies of the neighbour's value where the other side moves by more than ``gap``
 )
-
-
-@njit(**_FLAGS)
-def hint_rows(
-    trainer: np.ndarray,
-    rollout: np.ndarray,
-    raw: np.ndarray,
-    length: np.ndarray,
-    row: np.ndarray,
-    rounds: np.ndarray,
-    rows: int,
-    segment_group: np.ndarray,
-    groups: int,
-    clip: float,
-    log_half: float,
-    gap: float,
-    log_edges: np.ndarray,
-):
-    """The token patterns of ``metrics.hints`` in one pass: per row the HINT_COLUMNS (float64 [R, 13]), per step group
-    and rollout-probability bucket (the number of ``log_edges`` above r) [tokens, Σ|δ|, Σy, Σy²] ([G, B, 4]),
-    y = min(|δ|, clip). Sums run in token order, as the torch engine's index_add and bincount do. The engine takes
-    these from :func:`segment_pass`, which does the same per token; this separate pass is the reference it is tested
-    against (tests/test_kernel_fused_hints.py)."""
-    out = np.zeros((rows, 13))
-    buckets = np.zeros((groups, log_edges.shape[0] + 1, 4))
-    segments = raw.shape[0]
-    prev_zero = False
-    prev_counted = False
-    for s in range(segments):
-        i, g = row[s], segment_group[s]
-        opens = s == 0 or row[s - 1] != i or rounds[s - 1] != rounds[s]
-        continues = s + 1 < segments and row[s + 1] == i and rounds[s + 1] == rounds[s]
-        row_ends = s + 1 == segments or row[s + 1] != i
-        lo, n = raw[s], length[s]
-        # the row's running sums of the per-token columns in registers over the segment (same additions, same order)
-        zeros, zero_runs, shift_next, shift_prev, copied = out[i, 10], out[i, 11], out[i, 8], out[i, 9], out[i, 12]
-        into = buckets[g]
-        for k in range(n):
-            t = lo + k
-            a, r = trainer[t], rollout[t]
-            ad = abs(a - r)
-            y = min(ad, clip)
-            y2 = y * y
-            _probability_bucket(into, r, ad, y, log_edges)
-            first = opens and k == 0
-            if first:
-                out[i, 0] += y
-                out[i, 1] += y2
-                prev_zero = False
-            zeros, zero_runs, prev_zero, prev_counted = _exact_zero(
-                a, r, log_half, zeros, zero_runs, prev_zero, prev_counted
-            )
-            if k == n - 1 and not continues:  # the round's last token
-                out[i, 7] += ad
-                if row_ends:
-                    out[i, 2] = y
-                    out[i, 3] = y2
-                    if first:
-                        out[i, 4] = 1.0
-                        out[i, 5] = y
-                        out[i, 6] = y2
-                continue
-            shift_next, shift_prev, copied = _next_pair(  # with the next token of the round
-                a, r, trainer[t + 1], rollout[t + 1], gap, shift_next, shift_prev, copied
-            )
-        out[i, 10], out[i, 11], out[i, 8], out[i, 9], out[i, 12] = zeros, zero_runs, shift_next, shift_prev, copied
-    return out, buckets
 
 
 @njit(**_FLAGS)
@@ -880,7 +814,7 @@ _F, _I = _c(types.float64), _c(types.int64)
 # read-only flags, a full compile each): the call sites hand the kernels these types only (the scan's inputs as
 # read-only views, an integer mask wider than a byte as int64), and tests/test_compile.py runs the commands and
 # fails on any other. The scan has one per logprob dtype and mask width; everything after it reads its float64
-# output and int64 layouts. (hint_rows, the reference of segment_pass's hint rows, runs in tests only.)
+# output and int64 layouts.
 _SEGMENT_PASS = (
     (
         *(_F, _F, _I, _I, _I, types.int64, _c(types.int64, 2), types.int64, types.int64),  # the segment sums

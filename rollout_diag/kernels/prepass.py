@@ -40,7 +40,7 @@ class KernelPrepass:
     row_group: np.ndarray  # int64 [R]: each row's index into ``steps``
     layout: tuple[np.ndarray, ...]  # kernels.cpu.segment_layout: (raw start, model start, length, row, bucket, round)
     reductions: tuple[np.ndarray, ...]  # kernels.cpu.segment_pass: sums, maxima, minima, moments, δ histogram
-    hints: tuple[np.ndarray, np.ndarray]  # the fused pass's hint rows (= kernels.cpu.hint_rows): per row, buckets
+    hints: tuple[np.ndarray, np.ndarray]  # the fused pass's hint rows: per row, buckets
 
 
 def step_groups(step: np.ndarray) -> tuple[tuple[int, ...], np.ndarray]:
@@ -65,8 +65,8 @@ def reductions(
 ) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, np.ndarray]]:
     """The fused pass, the hint patterns with it (each token read once): ((sums, maxima, minima) [Q, S], moments of
     MOMENT_PAIRS [G, P, 6], δ histogram [G, B]) and the hint rows: per row the HINT_COLUMNS [R, 13], per step group and
-    probability bucket [G, B, 4] (what :func:`hint_rows` gives). Without ``probabilities`` the probability quantities'
-    sums and extremes are 0 and there are no moments ([G, 0, 6]) (``kernels.cpu.segment_pass``)."""
+    probability bucket [G, B, 4]. Without ``probabilities`` the probability quantities' sums and extremes are 0 and
+    there are no moments ([G, 0, 6]) (``kernels.cpu.segment_pass``)."""
     kernels = compiled()
     wanted = MOMENT_PAIRS if probabilities else ()
     pairs = np.array([[kernels.COLUMN[x], kernels.COLUMN[y]] for x, y in wanted], dtype=np.int64).reshape(-1, 2)
@@ -90,23 +90,6 @@ def reductions(
         probabilities,
     )
     return tuple(fused), (per_row, buckets)
-
-
-def hint_rows(
-    trainer: np.ndarray,
-    rollout: np.ndarray,
-    segments: tuple[np.ndarray, ...],
-    rows: int,
-    segment_group: np.ndarray,
-    groups: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """kernels.cpu.hint_rows with the constants above, a pass of its own: per row the HINT_COLUMNS [R, 13], per step
-    group and probability bucket [G, B, 4]. The engine takes them from :func:`reductions`; this separate pass is the
-    reference the fused one is tested against (tests/test_kernel_fused_hints.py)."""
-    raw, _, length, row, _, rounds = segments
-    return compiled().hint_rows(
-        trainer, rollout, raw, length, row, rounds, rows, segment_group, groups, CLIP, LOG_HALF, COPY_GAP, _LOG_EDGES
-    )
 
 
 def prepass(step: np.ndarray, offsets: np.ndarray, trainer: np.ndarray, rollout: np.ndarray, mask: np.ndarray):
