@@ -71,3 +71,33 @@ def test_index_add_of_rows_of_values():
     added = np.array([[1.0, math.inf], [2.0, -0.0], [1e16, 1.0], [-1e16, 2.0]])
     out = arrays.index_add(np.zeros((2, 2)), index, added)
     assert out.tolist() == [[2.0, 0.0], [1.0 + 1e16 - 1e16, math.inf]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(buckets=st.integers(1, 6), data=st.data(), ordered=st.booleans(), start=st.sampled_from(["identity", "values"]))
+def test_scatter_extremes_take_what_ufunc_at_takes(buckets, data, ordered, start):
+    """scatter_max / scatter_min against numpy's ufunc.at (the definition, one value at a time) and torch's
+    scatter_reduce: NaN wins, infinities and empty buckets as they are. An index that never goes down takes the
+    reduceat path, any other ufunc.at; equal as numbers (+0.0 and -0.0 tie: neither keeps a promised one)."""
+    n = data.draw(st.integers(0, 40))
+    index = np.array(data.draw(st.lists(st.integers(0, buckets - 1), min_size=n, max_size=n)), dtype=np.int64)
+    if ordered:
+        index.sort()
+    given_values = np.array(data.draw(st.lists(values, min_size=n, max_size=n)), dtype=np.float64)
+    for ours, ufunc, identity, reduce in (
+        (arrays.scatter_max, np.maximum, -math.inf, "amax"),
+        (arrays.scatter_min, np.minimum, math.inf, "amin"),
+    ):
+        if start == "identity":
+            out = np.full(buckets, identity)
+        else:
+            out = np.array(data.draw(st.lists(values, min_size=buckets, max_size=buckets)), dtype=np.float64)
+        expected = out.copy()
+        with np.errstate(invalid="ignore"):
+            ufunc.at(expected, index, given_values)
+        through_torch = torch.from_numpy(out.copy()).scatter_reduce_(
+            0, torch.from_numpy(index), torch.from_numpy(given_values), reduce=reduce
+        )
+        result = ours(out.copy(), index, given_values)
+        assert np.array_equal(result, expected, equal_nan=True), (ufunc.__name__, index, given_values, out)
+        assert np.array_equal(result, through_torch.numpy(), equal_nan=True)
