@@ -5,6 +5,7 @@ engine on the CPU: 1e-12 relative, counts exact, also where weights land on trun
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -132,11 +133,12 @@ def kernel_signed_counts(clamped: np.ndarray, segment: int = 97) -> np.ndarray:
     length = np.minimum(segment, size - starts).astype(np.int64)
     edges, table = exact_bin_edges()
     none = np.zeros((0, 2), np.int64)
+    one_group = np.zeros(len(starts), np.int64)
     *_, counts = kernels.preset_pass(
-        clamped, np.zeros(size), np.zeros(0), starts, starts, length, none, none.astype(np.float64),
+        clamped, np.zeros(size), np.zeros(0), starts, starts, length, one_group, 1, none, none.astype(np.float64),
         np.zeros(0, np.bool_), edges, table,
     )  # fmt: skip
-    return counts
+    return counts[0]
 
 
 def test_every_histogram_edge_is_where_the_engines_formula_changes_bin():
@@ -211,6 +213,40 @@ def test_the_prepared_pass_gives_the_torch_engines_sweep_and_presets(tmp_path_fa
         torch_result = rd.compare_presets(path, ALL_PRESETS, device="cpu", chunk_tokens=chunk_tokens, workers=1)
     assert_same_document(numba_result.to_json(), torch_result.to_json())
     assert numba_result.to_json()["sweep"] == torch_result.to_json()["sweep"]  # histogram counts: exact
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 10_000), chunk_tokens=st.sampled_from([7, 61, 1000]))
+def test_the_per_step_sweep_counts_in_the_preset_pass_as_the_torch_engine(tmp_path_factory, seed, chunk_tokens):
+    """``sweep``: on the numba engine the reader's prepare pool counts each step group's histogram of c (and k3's
+    sums) in the compiled preset pass (``metrics.sweep.prepare_histograms``) and the accumulator builds no token value;
+    the document is the torch engine's, which bins every token's c itself: counts, thresholds and shares exact."""
+    from test_correction import write_dump
+
+    from rollout_diag.metrics import segments
+
+    steps = {step: bound_rows(seed + step, 7) for step in (0, 1, 3, 4)}
+    rounded = {
+        step: [(np.float32(a).astype(np.float64), np.float32(r).astype(np.float64), m) for a, r, m in rows]
+        for step, rows in steps.items()
+    }
+    path = tmp_path_factory.mktemp("sweep") / "bounds.parquet"
+    write_dump(path, rounded)
+    with use_engine("torch"):
+        torch_result = rd.threshold_sweep(path, device="cpu", chunk_tokens=chunk_tokens)
+    token = segments.ChunkStats.token
+
+    def prepared_only(self, name):
+        assert threading.current_thread() is not threading.main_thread(), f"{name} built by the accumulator"
+        return token(self, name)
+
+    segments.ChunkStats.token = prepared_only
+    try:
+        with use_engine("numba"):
+            numba_result = rd.threshold_sweep(path, device="cpu", chunk_tokens=chunk_tokens)
+    finally:
+        segments.ChunkStats.token = token
+    assert numba_result.to_json() == torch_result.to_json()
 
 
 @pytest.mark.parametrize("presets", ["built-in", "all"])

@@ -9,7 +9,8 @@ from rollout_diag.drivers.dump import reads_dump
 from rollout_diag.drivers.passes import Inputs, Progress, open_reader, resolve_device, run_chunks
 from rollout_diag.errors import ConfigError, DataError, option_name
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
-from rollout_diag.metrics.sweep import DEFAULT_TARGETS, SweepAccumulator, sweep_tables
+from rollout_diag.kernels import expect_presets
+from rollout_diag.metrics.sweep import DEFAULT_TARGETS, SweepAccumulator, prepare_histograms, sweep_tables
 from rollout_diag.results import Converted, SweepOption, SweepResult, SweepStep
 
 if TYPE_CHECKING:
@@ -43,7 +44,8 @@ def threshold_sweep(
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
     sweep = SweepAccumulator()
-    run_chunks(reader, [sweep.update], torch_device, progress)
+    expect_presets()  # the histograms' compiled pass: compiled ahead where the numba engine runs and its cache lacks it
+    run_chunks(reader, [sweep.update], torch_device, progress, prepare_histograms)
     run_rows, step_rows = sweep_tables(sweep, checked)
     run = [SweepOption.from_json(row) for row in run_rows]
     if not any(option.count for option in run):

@@ -311,6 +311,8 @@ def preset_pass(
     raw: np.ndarray,
     model: np.ndarray,
     length: np.ndarray,
+    segment_group: np.ndarray,
+    groups: int,
     codes: np.ndarray,
     bounds: np.ndarray,
     extremes: np.ndarray,
@@ -320,7 +322,8 @@ def preset_pass(
     """Every derived quantity q (``codes[q]`` = (kind, op), ``bounds[q]`` = (L, U)) of every segment's tokens, each
     token read once: per segment the sum (numpy reduceat's order), the maximum and the minimum (float64 [Q, S] each;
     a value quantity's max and min only where ``extremes[q]``, else left unset), and, with ``edges`` (empty: none),
-    the sweep's signed histogram of c over the chunk's model tokens (int64 [2·BINS]). ``weight``: numpy's exp(c) at
+    the sweep's signed histogram of c over each step group's model tokens (``segment_group[s]`` the group of segment
+    s; int64 [groups, 2·BINS]: the run's sweep sums them, the per-step sweep keeps them). ``weight``: numpy's exp(c) at
     each model token (index ``model[s] + k``), or empty when no quantity reads w or k3. Per segment the base
     quantities are laid out once, then each quantity's op runs over them in its own loop (the op is chosen once per
     segment, not per token)."""
@@ -337,7 +340,7 @@ def preset_pass(
     stack, left = np.empty((3, 64), np.int64), np.empty(64)
     needed = _needed(codes)
     histogram = edges.shape[0] > 0
-    counts = np.zeros(2 * edges.shape[0], np.int64)
+    counts = np.zeros((groups, 2 * edges.shape[0]), np.int64)
     padded = np.empty(edges.shape[0] + 1)  # the edges and +inf: the step over an edge reads no bound check
     for e in range(edges.shape[0]):  # a loop, not a slice assignment: numba compiles ~2 s of broadcast checks for that
         padded[e] = edges[e]
@@ -346,7 +349,7 @@ def preset_pass(
         size = length[s]
         _fill_bases(trainer, rollout, weight, raw[s], model[s], size, needed, bases)
         if histogram:
-            _count_signed_bins(bases[1], size, padded, table, counts)
+            _count_signed_bins(bases[1], size, padded, table, counts[segment_group[s]])
         for q in range(quantities):
             op, lower, upper, kind = codes[q, 1], bounds[q, 0], bounds[q, 1], codes[q, 0]
             if op >= 3:  # a flag: its count is its sum in any order
@@ -439,7 +442,9 @@ _F, _I = _c(types.float64), _c(types.int64)
 # ``kernels.expect_presets``).
 SIGNATURES: dict[str, tuple[tuple[types.Type, ...], ...]] = {
     "clamped_tokens": ((_F, _F, _I, _I, _I),),
-    "preset_pass": ((_F, _F, _F, _I, _I, _I, _c(types.int64, 2), _c(types.float64, 2), _c(types.boolean), _F, _I),),
+    "preset_pass": (
+        (_F, _F, _F, _I, _I, _I, _I, types.int64, _c(types.int64, 2), _c(types.float64, 2), _c(types.boolean), _F, _I),
+    ),
     "centred_pass": ((_F, _F, _F, _I, _I, _I, _I, _c(types.int64, 2), _c(types.float64, 2), _c(types.float64, 2)),),
 }
 

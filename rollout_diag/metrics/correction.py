@@ -113,8 +113,8 @@ def derived(base: str, op: str, lower: float = -math.inf, upper: float = math.in
 def prepare_derived(s: ChunkStats, names: Iterable[str], moments: Iterable[str] = (), histogram: bool = False) -> None:
     """On the numba engine: segment sums, maxima and minima of the derived quantities ``names`` (and the step groups'
     moments of ``moments``) from one compiled pass, cached in ``s`` where its reductions by name read them (quantities
-    already there are skipped); with ``histogram``, the sweep's signed histogram of c from the same pass
-    (``sweep.SIGNED_HISTOGRAM``). On the torch engine nothing: each is computed where it is read. Reads the chunk's
+    already there are skipped); with ``histogram``, the sweep's signed histograms of c per step group from the same
+    pass (``sweep.SIGNED_HISTOGRAM``). On the torch engine nothing: each is computed where it is read. Reads the chunk's
     raw arrays and segments only (no model-token tensor but w), so the reader's prepare pool can run it."""
     if not isinstance(s, KernelStats):
         return
@@ -131,11 +131,12 @@ def prepare_derived(s: ChunkStats, names: Iterable[str], moments: Iterable[str] 
     weight = arrays.host(token_weights(s)) if needs_weight else np.zeros(0)
     trainer, rollout = s._raw
     raw, model, length, *_ = s._layout
+    segment_group, groups = arrays.host(s.segment_group), s.chunk.groups.count
     edges, table = exact_bin_edges() if histogram else (np.zeros(0), np.zeros(0, np.int64))
     # a quantity asked for its moments only needs no extremes (one read anyway is reduced as the torch engine does)
     extremes = np.array([name in named for name in wanted], dtype=np.bool_)
     sums, maxima, minima, counts = kernels.preset_pass(
-        trainer, rollout, weight, raw, model, length, codes, bounds, extremes, edges, table
+        trainer, rollout, weight, raw, model, length, segment_group, groups, codes, bounds, extremes, edges, table
     )
     if histogram:
         s.memo(SIGNED_HISTOGRAM, lambda: counts)

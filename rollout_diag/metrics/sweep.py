@@ -26,7 +26,7 @@ from rollout_diag import arrays
 from rollout_diag.arrays import Array
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import CLAMP, EPS, Ragged, State, StateTable, StepAccumulator, sequence_share
-from rollout_diag.metrics.segments import ChunkStats, stats
+from rollout_diag.metrics.segments import ChunkStats, prepare, stats
 from rollout_diag.results import ReadSequence
 
 BINS_PER_DECADE = 32
@@ -36,8 +36,8 @@ EDGES = 10.0 ** (DECADE_MIN + np.arange(HISTOGRAM_BINS + 1) / BINS_PER_DECADE)
 EDGES[0] = 0.0  # the first bin also holds |c| < 1e-12, zero included
 DEFAULT_TARGETS = (0.001, 0.01, 0.05)
 CURVE_POINTS = 41
-# ChunkStats.memo key of a chunk's signed histogram of c (int64 [2·HISTOGRAM_BINS]) when the compiled preset pass
-# counted it (metrics.correction.prepare_derived)
+# ChunkStats.memo key of a chunk's signed histograms of c per step group ([G, 2·HISTOGRAM_BINS]): the compiled preset
+# pass's where it counted them (metrics.correction.prepare_derived), else signed_histograms'
 SIGNED_HISTOGRAM = "sweep_signed_histogram"
 ROW_FIELDS = ("sum_c", "sum_k2", "sum_k3", "max_k2", "max_k3", "count", "seq_log_ratio")
 
@@ -90,7 +90,7 @@ class SweepAccumulator(StepAccumulator):
         s = stats(chunk)
         groups = chunk.groups
         # one histogram of 2·HISTOGRAM_BINS per step: c > 0 in the first half, c ≤ 0 in the second
-        signed = s.group_bincount(signed_bins(s), 2 * HISTOGRAM_BINS)
+        signed = signed_histograms(s)
         rows = row_fields(s)
         valid = s.row_count > 0
         return {
@@ -114,11 +114,9 @@ class RunSweepAccumulator(SweepAccumulator):
 
     def update(self, chunk: Chunk) -> None:
         s = stats(chunk)
-        # counted by the compiled preset pass where the pass prepared it, else here: the same counts
-        counts = s.memo(
-            SIGNED_HISTOGRAM, lambda: arrays.host(arrays.bincount(signed_bins(s), None, 2 * HISTOGRAM_BINS))
-        )
-        signed = np.asarray(counts, dtype=np.float64).reshape(1, -1)  # on the host: the state is numpy
+        # the step groups' counts added (whole numbers: exact in any order), on the host: the state is numpy
+        counts = arrays.host(signed_histograms(s)).sum(axis=0)
+        signed = np.asarray(counts, dtype=np.float64).reshape(1, -1)
         rows = arrays.host(row_fields(s))
         valid = arrays.host(s.row_count) > 0
         partial = {
@@ -128,6 +126,23 @@ class RunSweepAccumulator(SweepAccumulator):
             "rows": Ragged(rows[valid], np.zeros(int(valid.sum()), dtype=np.int64)),
         }
         self._append(StateTable.from_groups(self.REDUCTIONS, [0], partial))  # the rows held aside, not copied again
+
+
+def signed_histograms(s: ChunkStats) -> Array:
+    """The chunk's histogram of each model token's ``signed_bins`` per step group ([G, 2·HISTOGRAM_BINS] counts):
+    counted by the compiled preset pass where the reader's prepare pool ran it (``prepare_histograms``), else here from
+    the bins. The same counts either way (tests/test_sweep.py)."""
+    return s.memo(SIGNED_HISTOGRAM, lambda: s.group_bincount(signed_bins(s), 2 * HISTOGRAM_BINS))
+
+
+def prepare_histograms(chunk: Chunk) -> None:
+    """The reader's prepare step for the per-step sweep: the shared quantities (``metrics.segments.prepare``), then on
+    the numba engine, from one compiled preset pass, the signed histograms and k3's segment sums and extremes (the
+    one ROW_FIELDS quantity the fused pass has not), so the accumulator makes no token-sized array."""
+    from rollout_diag.metrics.correction import prepare_derived
+
+    prepare(chunk)
+    prepare_derived(stats(chunk), ("rs_k3",), histogram=True)
 
 
 def signed_bins(s: ChunkStats) -> Array:
