@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -51,6 +52,21 @@ def bound_rows(seed: int, rows: int) -> list:
     return out
 
 
+def write_bounds_dump(path: Path, seed: int, steps: tuple[int, ...], rows: int) -> Path:
+    """A dump of ``bound_rows`` per step (step s from seed + s), logprobs rounded to float32 as a dump holds them."""
+    from test_correction import write_dump
+
+    rounded = {
+        step: [
+            (np.float32(a).astype(np.float64), np.float32(r).astype(np.float64), m)
+            for a, r, m in bound_rows(seed + step, rows)
+        ]
+        for step in steps
+    }
+    write_dump(path, rounded)
+    return path
+
+
 @settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 10_000), steps=st.integers(1, 4))
 def test_presets_on_the_bounds_equal_the_torch_engine(seed, steps):
@@ -93,15 +109,7 @@ def test_every_derived_quantity_reduces_as_the_torch_engine(seed):
 
 
 def test_compare_presets_on_bounds_equals_the_torch_engine(tmp_path):
-    from test_correction import write_dump
-
-    steps = {step: bound_rows(100 + step, 9) for step in (0, 2, 3)}
-    rounded = {
-        step: [(np.float32(a).astype(np.float64), np.float32(r).astype(np.float64), m) for a, r, m in rows]
-        for step, rows in steps.items()
-    }
-    path = tmp_path / "bounds.parquet"
-    write_dump(path, rounded)
+    path = write_bounds_dump(tmp_path / "bounds.parquet", 100, (0, 2, 3), 9)
     with use_engine("numba"):
         numba_result = rd.compare_presets(path, ALL_PRESETS, device="cpu", chunk_tokens=61)
     with use_engine("torch"):
@@ -198,15 +206,7 @@ def test_a_wrong_bin_would_show():
 def test_the_prepared_pass_gives_the_torch_engines_sweep_and_presets(tmp_path_factory, seed, chunk_tokens):
     """compare-presets with the preset pass in the prepare pool (weights, flags, moments and the run sweep's
     histogram folded into it) against the torch engine, on δ at and around every bound: the same document."""
-    from test_correction import write_dump
-
-    steps = {step: bound_rows(seed + step, 7) for step in (0, 1, 3)}
-    rounded = {
-        step: [(np.float32(a).astype(np.float64), np.float32(r).astype(np.float64), m) for a, r, m in rows]
-        for step, rows in steps.items()
-    }
-    path = tmp_path_factory.mktemp("prepared") / "bounds.parquet"
-    write_dump(path, rounded)
+    path = write_bounds_dump(tmp_path_factory.mktemp("prepared") / "bounds.parquet", seed, (0, 1, 3), 7)
     with use_engine("numba"):
         numba_result = rd.compare_presets(path, ALL_PRESETS, device="cpu", chunk_tokens=chunk_tokens, workers=1)
     with use_engine("torch"):
@@ -221,17 +221,9 @@ def test_the_per_step_sweep_counts_in_the_preset_pass_as_the_torch_engine(tmp_pa
     """``sweep``: on the numba engine the reader's prepare pool counts each step group's histogram of c (and k3's
     sums) in the compiled preset pass (``metrics.sweep.prepare_histograms``) and the accumulator builds no token value;
     the document is the torch engine's, which bins every token's c itself: counts, thresholds and shares exact."""
-    from test_correction import write_dump
-
     from rollout_diag.metrics import segments
 
-    steps = {step: bound_rows(seed + step, 7) for step in (0, 1, 3, 4)}
-    rounded = {
-        step: [(np.float32(a).astype(np.float64), np.float32(r).astype(np.float64), m) for a, r, m in rows]
-        for step, rows in steps.items()
-    }
-    path = tmp_path_factory.mktemp("sweep") / "bounds.parquet"
-    write_dump(path, rounded)
+    path = write_bounds_dump(tmp_path_factory.mktemp("sweep") / "bounds.parquet", seed, (0, 1, 3, 4), 7)
     with use_engine("torch"):
         torch_result = rd.threshold_sweep(path, device="cpu", chunk_tokens=chunk_tokens)
     token = segments.ChunkStats.token
