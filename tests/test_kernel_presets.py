@@ -219,7 +219,7 @@ def test_the_prepared_pass_gives_the_torch_engines_sweep_and_presets(tmp_path_fa
 @given(seed=st.integers(0, 10_000), chunk_tokens=st.sampled_from([7, 61, 1000]))
 def test_the_per_step_sweep_counts_in_the_preset_pass_as_the_torch_engine(tmp_path_factory, seed, chunk_tokens):
     """``sweep``: on the numba engine the reader's prepare pool counts each step group's histogram of c (and k3's
-    sums) in the compiled preset pass (``metrics.sweep.prepare_histograms``) and the accumulator builds no token value;
+    sums) in the compiled preset pass (``drivers.sweep._prepare_histograms``) and the accumulator builds no token value;
     the document is the torch engine's, which bins every token's c itself: counts, thresholds and shares exact."""
     from rollout_diag.metrics import segments
 

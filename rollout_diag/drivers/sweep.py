@@ -10,11 +10,15 @@ from rollout_diag.drivers.passes import Inputs, Progress, open_reader, resolve_d
 from rollout_diag.errors import ConfigError, DataError, option_name
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
 from rollout_diag.kernels import expect_presets
-from rollout_diag.metrics.sweep import DEFAULT_TARGETS, SweepAccumulator, prepare_histograms, sweep_tables
+from rollout_diag.metrics.correction import prepare_derived
+from rollout_diag.metrics.segments import prepare, stats
+from rollout_diag.metrics.sweep import DEFAULT_TARGETS, SweepAccumulator, sweep_tables
 from rollout_diag.results import Converted, SweepOption, SweepResult, SweepStep
 
 if TYPE_CHECKING:
     import torch  # annotations only: the driver's arithmetic runs in passes and metrics
+
+    from rollout_diag.io.chunk import Chunk
 
 
 def check_targets(targets: Sequence[float]) -> tuple[float, ...]:
@@ -25,6 +29,14 @@ def check_targets(targets: Sequence[float]) -> tuple[float, ...]:
             f"{option_name('targets')}={','.join(map(str, targets))}: each target share must lie in (0, 1)."
         )
     return checked
+
+
+def _prepare_histograms(chunk: Chunk) -> None:
+    """The reader's prepare step for the per-step sweep: the shared quantities (``metrics.segments.prepare``), then on
+    the numba engine, from one compiled preset pass, each step group's signed histogram of c and k3's segment sums and
+    extremes (the one ROW_FIELDS quantity the fused pass has not), so the accumulator makes no token-sized array."""
+    prepare(chunk)
+    prepare_derived(stats(chunk), ("rs_k3",), histogram=True)
 
 
 @reads_dump
@@ -45,7 +57,7 @@ def threshold_sweep(
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
     sweep = SweepAccumulator()
     expect_presets()  # the histograms' compiled pass: compiled ahead where the numba engine runs and its cache lacks it
-    run_chunks(reader, [sweep.update], torch_device, progress, prepare_histograms)
+    run_chunks(reader, [sweep.update], torch_device, progress, _prepare_histograms)
     run_rows, step_rows = sweep_tables(sweep, checked)
     run = [SweepOption.from_json(row) for row in run_rows]
     if not any(option.count for option in run):

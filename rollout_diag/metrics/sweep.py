@@ -26,7 +26,7 @@ from rollout_diag import arrays
 from rollout_diag.arrays import Array
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import CLAMP, EPS, Ragged, State, StateTable, StepAccumulator, sequence_share
-from rollout_diag.metrics.segments import ChunkStats, prepare, stats
+from rollout_diag.metrics.segments import ChunkStats, stats
 from rollout_diag.results import ReadSequence
 
 BINS_PER_DECADE = 32
@@ -130,19 +130,9 @@ class RunSweepAccumulator(SweepAccumulator):
 
 def signed_histograms(s: ChunkStats) -> Array:
     """The chunk's histogram of each model token's ``signed_bins`` per step group ([G, 2·HISTOGRAM_BINS] counts):
-    counted by the compiled preset pass where the reader's prepare pool ran it (``prepare_histograms``), else here from
-    the bins. The same counts either way (tests/test_sweep.py)."""
+    counted by the compiled preset pass where the reader's prepare pool ran it (``drivers.sweep``, ``compare-presets``'
+    ``Pass.prepare``), else here from the bins. The same counts either way (tests/test_kernel_presets.py)."""
     return s.memo(SIGNED_HISTOGRAM, lambda: s.group_bincount(signed_bins(s), 2 * HISTOGRAM_BINS))
-
-
-def prepare_histograms(chunk: Chunk) -> None:
-    """The reader's prepare step for the per-step sweep: the shared quantities (``metrics.segments.prepare``), then on
-    the numba engine, from one compiled preset pass, the signed histograms and k3's segment sums and extremes (the
-    one ROW_FIELDS quantity the fused pass has not), so the accumulator makes no token-sized array."""
-    from rollout_diag.metrics.correction import prepare_derived
-
-    prepare(chunk)
-    prepare_derived(stats(chunk), ("rs_k3",), histogram=True)
 
 
 def signed_bins(s: ChunkStats) -> Array:
