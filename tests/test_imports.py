@@ -86,7 +86,6 @@ def test_a_mistyped_path_is_reported_before_pyarrow_and_numpy_load(tmp_path, com
 # with the preset families, the drivers of analyze, check, compare-presets, report, sweep, diff and watch) imports
 # without torch.
 TORCH_MODULES = {
-    "rollout_diag.drivers.inspect",
     "rollout_diag.io.writer",
     "rollout_diag.trainers",
 }
@@ -168,13 +167,27 @@ def loaded_by_the_cli(invocation: list[str]) -> set[str]:
         ["diff", "{dump}", "--by", "env_name"],
         ["diff", "--steps-a", "0:1", "--steps-b", "2:", "-f", "json"],
         ["watch", "--exit-after-idle", "0", "-f", "jsonl"],
+        ["inspect"],
+        ["inspect", "--step", "1", "--window", "20"],
+        ["inspect", "--row", "grouped.parquet:3"],
     ],
-    ids=["compare-presets", "compare-by-where", "report", "sweep", "diff", "diff-steps", "watch"],
+    ids=[
+        "compare-presets",
+        "compare-by-where",
+        "report",
+        "sweep",
+        "diff",
+        "diff-steps",
+        "watch",
+        "inspect",
+        "inspect-step",
+        "inspect-row",
+    ],
 )
 @pytest.mark.parametrize("engine", ["numba", "auto"])
 def test_the_preset_and_sweep_commands_on_the_cpu_never_import_torch(grouped_dump, tmp_path, arguments, engine):
-    """compare-presets, report, sweep, diff and watch run the preset families and the sweep on numpy chunks: the numba
-    engine on the CPU (``auto`` there too, at any size) reads, computes and renders without torch."""
+    """compare-presets, report, sweep, diff, watch and inspect run on numpy chunks: the numba engine on the CPU
+    (``auto`` there too, at any size) reads, computes and renders without torch."""
     command, *options = arguments
     target = str(grouped_dump)
     if command == "watch":  # a directory of the dump, read once and left at once

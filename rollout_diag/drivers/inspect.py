@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from numbers import Integral
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
+from rollout_diag import arrays
 from rollout_diag.drivers.dump import reads_dump
 from rollout_diag.drivers.passes import Inputs, open_reader, resolve_device
 from rollout_diag.errors import ConfigError, DataError, option_name, where
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
 from rollout_diag.metrics.base import row_mean
-from rollout_diag.metrics.segments import stats
+from rollout_diag.metrics.segments import prepare, stats
 from rollout_diag.paths import file_label
 from rollout_diag.results import RowTokens
+
+if TYPE_CHECKING:
+    import torch  # annotations only: the chunks are numpy on the CPU (no torch loaded), tensors on a GPU
+
+    from rollout_diag.io.reader import DumpReader
 
 DEFAULT_WINDOW = 100  # tokens shown by ``inspect --around`` without ``--window``
 LONG_ROW = 1000  # a longer row is shown as DEFAULT_WINDOW tokens around its largest |δ| unless the whole is asked for
@@ -64,7 +70,7 @@ def inspect_row(
                 f"{option_name('step')}."
             )
         path, file_row = reader.narrow_to_row(row)
-        for chunk, _ in reader.chunks(torch_device):
+        for chunk in _chunks(reader, torch_device):
             for index, (file, candidate) in enumerate(zip(chunk.file, chunk.file_row, strict=True)):
                 if file == path and candidate == file_row:
                     return _row_window(chunk, index, around, window, whole_row)
@@ -77,23 +83,29 @@ def inspect_row(
     if sample_id is None:  # the worst row by |log-ppl diff| (as analyze ranks them), of the step or the run
         best: tuple[float, tuple] | None = None
         found = None
-        for chunk, _ in reader.chunks(torch_device):
+        # the row sums come from the fused pass, run on the next chunks in the reader's prepare pool
+        for chunk in _chunks(reader, torch_device, prepare):
             s = stats(chunk)
             n = s.row_count
-            score = (row_mean(s.row_sum("rollout"), n) - row_mean(s.row_sum("trainer"), n)).abs().cpu().numpy()
-            eligible = (n > 0).cpu().numpy()
+            score = arrays.host(abs(row_mean(s.row_sum("rollout"), n) - row_mean(s.row_sum("trainer"), n)))
+            eligible = arrays.host(n > 0)
             if step is not None:
-                eligible &= chunk.step.cpu().numpy() == step
-            for index in np.flatnonzero(eligible).tolist():
-                key = (int(chunk.step[index]), chunk.sample_id[index], chunk.file[index], chunk.file_row[index])
-                if best is None or (-score[index], key) < (-best[0], best[1]):
-                    best, found = (float(score[index]), key), _row_window(chunk, index, around, window, whole_row)
+                eligible &= arrays.host(chunk.step) == step
+            if not eligible.any():
+                continue
+            # the chunk's worst (the largest score, ties by location), then against the rows before: as analyze ranks
+            top = score[eligible].max()
+            tied = np.flatnonzero(eligible & (score == top)).tolist()
+            keys = {i: (int(chunk.step[i]), chunk.sample_id[i], chunk.file[i], chunk.file_row[i]) for i in tied}
+            index = min(tied, key=keys.__getitem__)
+            if best is None or (-float(top), keys[index]) < (-best[0], best[1]):
+                best, found = (float(top), keys[index]), _row_window(chunk, index, around, window, whole_row)
         if found is None:
             in_step = "" if step is None else f" in step {step}"
             raise DataError(f"{', '.join(reader.log.files)}: no row with a model token{in_step} to inspect.")
         return found
     matches: list[RowTokens] = []
-    for chunk, _ in reader.chunks(torch_device):
+    for chunk in _chunks(reader, torch_device):
         for index, candidate in enumerate(chunk.sample_id):
             if candidate == sample_id and (step is None or int(chunk.step[index]) == step):
                 matches.append(_row_window(chunk, index, around, window, whole_row))
@@ -112,6 +124,16 @@ def inspect_row(
     return matches[0]
 
 
+def _chunks(
+    reader: DumpReader, device: str | torch.device, prepare: Callable[[Chunk], None] | None = None
+) -> Iterator[Chunk]:
+    """The reader's chunks, numpy on the CPU (no torch loaded), each chunk's shared values let go once looked at (as
+    ``run_chunks`` does: left to the cyclic collector, a 100M-token search peaked at 1.4 GB instead of ~0.5)."""
+    for chunk, _ in reader.chunks(device, prepare=prepare, numpy=True):
+        yield chunk
+        chunk.cache.clear()
+
+
 def _row_window(chunk: Chunk, index: int, around: int | None, window: int | None, whole_row: bool = False) -> RowTokens:
     """Row ``index`` of ``chunk``: all of it, or the window of ``window`` tokens centred on ``around`` (by default,
     for a row longer than LONG_ROW, DEFAULT_WINDOW tokens around the largest |δ|)."""
@@ -121,9 +143,9 @@ def _row_window(chunk: Chunk, index: int, around: int | None, window: int | None
         first, last = 0, length
     else:
         if around is None:  # centred on the largest |δ| among model tokens
-            delta = (chunk.trainer[begin:end] - chunk.rollout[begin:end]).abs()
-            delta = torch.where(chunk.mask[begin:end], delta, torch.full_like(delta, -1.0))
-            around = int(torch.argmax(delta)) if length else 0
+            trainer, rollout = arrays.host(chunk.trainer[begin:end]), arrays.host(chunk.rollout[begin:end])
+            delta = np.where(arrays.host(chunk.mask[begin:end]), np.abs(trainer - rollout), -1.0)
+            around = int(np.argmax(delta)) if length else 0
         elif around >= length:
             raise DataError(
                 f"{where(chunk.file[index], chunk.file_row[index])}{option_name('around')}={around}: the "
@@ -139,10 +161,10 @@ def _row_window(chunk: Chunk, index: int, around: int | None, window: int | None
         sample_id=chunk.sample_id[index],
         file=chunk.file[index],
         row=chunk.file_row[index],
-        mask=chunk.mask[span].to(torch.int8).tolist(),
-        trainer_logprob=chunk.trainer[span].tolist(),
-        rollout_logprob=chunk.rollout[span].tolist(),
-        token_id=None if chunk.token_ids is None else chunk.token_ids[span].tolist(),
+        mask=arrays.host(chunk.mask[span]).astype(np.int8).tolist(),
+        trainer_logprob=arrays.host(chunk.trainer[span]).tolist(),
+        rollout_logprob=arrays.host(chunk.rollout[span]).tolist(),
+        token_id=None if chunk.token_ids is None else arrays.host(chunk.token_ids[span]).tolist(),
         token=None if chunk.token_text is None else [chunk.token_text(index, p) for p in range(first, last)],
         start=first,
         row_length=None if (first, last) == (0, length) else length,

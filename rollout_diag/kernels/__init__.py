@@ -10,9 +10,10 @@ Two engines give the same metrics (tests/test_kernel.py requires 1e-12 relative,
   what runs on CUDA.
 - ``auto`` (default): numba for a chunk on the CPU, torch on a GPU. The commands whose families take numpy chunks
   (every family does, through ``rollout_diag.arrays``: ``analyze``, ``check``, ``compare-presets``, ``report``,
-  ``sweep``, ``diff``, ``watch``) then never import torch on the CPU, and run the kernels whatever the input's size
-  (their reader asks without a size): loading numba and the cached kernels costs less than importing torch. A
-  reading of tensor chunks, which loads torch anyway (``inspect``), runs torch on the CPU for an input of fewer than
+  ``sweep``, ``diff``, ``watch``, ``inspect``) then never import torch on the CPU, and run the kernels whatever the
+  input's size (their reader asks without a size): loading numba and the cached kernels costs less than importing
+  torch. A reading of tensor chunks (``DumpReader.chunks`` without ``numpy``, a caller that wants tensors and loads
+  torch anyway) runs torch on the CPU for an input of fewer than
   ``SMALL_INPUT_TOKENS`` tokens in fewer than ``SMALL_INPUT_ROWS`` rows (read from the Parquet footers before the
   first chunk), where loading numba and its cached kernels (~0.8 s of CPU) costs more than the kernels save
   (measured in docs/benchmarks.md: the two break even near 4M tokens; the torch engine's cost per step is higher,
