@@ -419,3 +419,36 @@ def test_centred_sums_add_each_groups_tokens_in_order(seed, quantities, weight_o
                 centred = value - means[group[s], q]
                 expected[group[s], q] += centred * centred
     assert np.array_equal(out, expected)
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 10_000), chunk_tokens=st.sampled_from([7, 61, 1000]))
+def test_the_row_pass_counts_rejections_from_the_prepared_flags(tmp_path_factory, seed, chunk_tokens):
+    """``check`` and ``diff``'s per-row statistics: each preset's rejected tokens per row from the flags the compiled
+    pass prepared (``RowStatsCollector.prepare``), as compare-presets counts them, equal the count of every token the
+    preset's keep rule drops (the definition, token by token), on δ at and around every bound."""
+    from rollout_diag.drivers.rowpass import row_pass
+    from rollout_diag.metrics import rowstats
+    from rollout_diag.metrics.segments import stats
+
+    path = write_bounds_dump(tmp_path_factory.mktemp("rows") / "bounds.parquet", seed, (0, 1, 3), 7)
+    expected: dict[str, list[np.ndarray]] = {}
+    update = rowstats.RowStatsCollector.update
+
+    def counted_by_definition(self, chunk):
+        s = stats(chunk)
+        for name, outcome in self.rules.items():
+            dropped = outcome.kept_tokens(s).map(lambda keep: ~np.asarray(keep, dtype=bool))
+            expected.setdefault(name, []).append(np.asarray(s.row_sum(dropped)))
+        update(self, chunk)
+
+    rowstats.RowStatsCollector.update = counted_by_definition
+    try:
+        with use_engine("numba"):
+            rows = row_pass(path, presets=ALL_PRESETS, device="cpu", chunk_tokens=chunk_tokens).rows.finalize()
+    finally:
+        rowstats.RowStatsCollector.update = update
+    assert set(rows.rejected) == set(expected) == {preset.name for preset in ALL_PRESETS}
+    for name, counts in rows.rejected.items():
+        assert counts.tolist() == np.concatenate(expected[name]).tolist(), name
+    assert any(counts.any() for counts in rows.rejected.values())

@@ -28,6 +28,8 @@ from rollout_diag.selection import StepRange
 if TYPE_CHECKING:
     import torch  # annotations only: the driver's arithmetic runs in passes and metrics
 
+    from rollout_diag.io.chunk import Chunk
+
 
 @dataclass
 class RowPass:
@@ -166,5 +168,10 @@ def row_pass(
     rows = RowStatsCollector(presets)
     labels = GroupLabels(specs) if specs else None
     updates = [analysis.update, rows.update, *([labels.update] if labels else [])]
-    run_chunks(reader, updates, torch_device, progress, analysis.prepare)
+
+    def prepare(chunk: Chunk) -> None:  # in the reader's prepare pool: the analysis's, then the presets' flags
+        analysis.prepare(chunk)
+        rows.prepare(chunk)
+
+    run_chunks(reader, updates, torch_device, progress, prepare)
     return RowPass(analysis, rows, reader.log, torch_device, strict, labels)

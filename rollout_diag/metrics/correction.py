@@ -733,11 +733,14 @@ class DropCountAccumulator(CorrectionAccumulator):
         module), or None: then counted from ``kept_tokens``."""
         return None
 
-    def _shared_stats(self, s: ChunkStats) -> dict[str, Array]:
+    def rejected_tokens(self, s: ChunkStats) -> Array:
+        """Rejected model tokens of each row (float64 [R], whole numbers): from the named flags where one serves (no
+        token array on the numba engine), else counted from ``kept_tokens``."""
         per_row = self.rejected_per_row(s)
-        if per_row is None:
-            per_row = s.row_sum(self.kept_tokens(s).map(arrays.logical_not))
-        rejected_tokens, rejected_rows = rejection_counts(s, per_row)
+        return s.row_sum(self.kept_tokens(s).map(arrays.logical_not)) if per_row is None else per_row
+
+    def _shared_stats(self, s: ChunkStats) -> dict[str, Array]:
+        rejected_tokens, rejected_rows = rejection_counts(s, self.rejected_tokens(s))
         return {
             "tokens": s.group_tokens,
             "rows": s.group_rows,

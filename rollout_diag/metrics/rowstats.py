@@ -21,7 +21,7 @@ from rollout_diag.presets import Preset
 from rollout_diag.results import RowStats
 
 if TYPE_CHECKING:
-    from rollout_diag.metrics.outcome import DropRule
+    from rollout_diag.metrics.outcome import OutcomeAccumulator
 
 
 @quantity("exp_abs_log_ratio")
@@ -46,21 +46,29 @@ class RowStatsCollector:
     """Collects :class:`RowStats` chunk by chunk; ``presets`` adds each preset's rejected-token count per row."""
 
     def __init__(self, presets: Sequence[Preset] = ()) -> None:
-        self.rules: dict[str, DropRule] = {}
-        if presets:  # the presets' drop rule, shared with compare-presets (torch arithmetic: metrics/correction.py)
-            from rollout_diag.metrics.outcome import DropRule
+        self.rules: dict[str, OutcomeAccumulator] = {}
+        if presets:  # each preset's drop rule and its count, shared with compare-presets (metrics/outcome.py)
+            from rollout_diag.metrics.outcome import DropRule, OutcomeAccumulator
 
-            self.rules = {preset.name: DropRule.of(preset) for preset in presets}
+            self.rules = {preset.name: OutcomeAccumulator(DropRule.of(preset)) for preset in presets}
         self.parts: list[dict[str, np.ndarray]] = []
+
+    def prepare(self, chunk: Chunk) -> None:
+        """In the reader's prepare pool: the presets' flags from the compiled preset pass (on the numba engine), so
+        ``update`` counts each row's rejected tokens from their sums, as compare-presets does, without token arrays."""
+        if self.rules:
+            from rollout_diag.metrics.correction import prepare_derived
+
+            names = [name for outcome in self.rules.values() for name in outcome.token_quantities()[0]]
+            prepare_derived(stats(chunk), list(dict.fromkeys(names)))
 
     def update(self, chunk: Chunk) -> None:
         s = stats(chunk)
         part = {"step": arrays.host(chunk.step).astype(np.int64), "tokens": arrays.host(s.row_count)}
         for name, token_quantity in ROW_SUMS.items():
             part[name] = arrays.host(s.row_sum(token_quantity))
-        for preset, rule in self.rules.items():
-            dropped = rule.kept_tokens(s).map(arrays.logical_not)
-            part[f"rejected:{preset}"] = arrays.host(s.row_sum(dropped))
+        for preset, outcome in self.rules.items():
+            part[f"rejected:{preset}"] = arrays.host(outcome.rejected_tokens(s))
         self.parts.append(part)
 
     def merge(self, other: RowStatsCollector) -> None:
