@@ -22,7 +22,7 @@ from test_accumulator_contract import FAMILIES, chunks, finalized
 from test_state_table_fast import REDUCTIONS as EVERY_REDUCTION
 from test_state_table_fast import _Family as TableFamily
 from test_state_table_fast import _table as adversarial_table
-from test_state_table_fast import assert_same_table
+from test_state_table_fast import assert_same_table, steps_of, table_specs
 
 from rollout_diag.metrics import base
 from rollout_diag.metrics.base import Ragged, StateTable, StepAccumulator
@@ -195,11 +195,7 @@ def test_chunks_in_step_order_never_start_a_layer(dumps, monkeypatch):
 
 @settings(max_examples=150, deadline=None)
 @given(
-    spans=st.lists(
-        st.tuples(st.integers(-3, 6), st.lists(st.integers(0, 3), max_size=4), st.sampled_from([0.0, 0.3, 1.0, -1.0])),
-        min_size=1,
-        max_size=7,
-    ),
+    spans=table_specs(-3, 6, 7),
     empty=st.lists(st.integers(0, 7), max_size=2),
     seed=st.integers(0, 2**32 - 1),
 )
@@ -210,11 +206,7 @@ def test_folding_tables_is_merging_them_one_after_another(spans, empty, seed):
     rng = np.random.default_rng(seed)
     tables = []
     for first, gaps, hit in spans:
-        steps = [first]
-        for gap in gaps:
-            if gap:
-                steps.append(steps[-1] + gap)
-        tables.append(adversarial_table(rng, steps, hit))
+        tables.append(adversarial_table(rng, steps_of(first, gaps), hit))
     for index in sorted(empty, reverse=True):  # the empty table (no fields), or a chunk's without steps
         blank = StateTable.empty(EVERY_REDUCTION) if index % 2 else adversarial_table(rng, [0], 1.0).sliced(0, 0)
         tables.insert(min(index, len(tables)), blank)

@@ -171,13 +171,32 @@ class _Family(StepAccumulator):
         return {}
 
 
+def table_specs(first_low: int, first_high: int, max_size: int) -> st.SearchStrategy:
+    """Tables as (first step, gaps between its steps (a gap of 0 adds no step), bucket hit rate; ``steps_of``): the
+    first step drawn from [first_low, first_high]."""
+    return st.lists(
+        st.tuples(
+            st.integers(first_low, first_high),
+            st.lists(st.integers(0, 3), max_size=4),
+            st.sampled_from([0.0, 0.3, 1.0, -1.0]),
+        ),
+        min_size=1,
+        max_size=max_size,
+    )
+
+
+def steps_of(first: int, gaps: list[int]) -> list[int]:
+    """The steps of a ``table_specs`` table: ``first``, then each non-zero gap further on."""
+    steps = [first]
+    for gap in gaps:
+        if gap:
+            steps.append(steps[-1] + gap)
+    return steps
+
+
 @settings(max_examples=100, deadline=None)
 @given(
-    chunks=st.lists(
-        st.tuples(st.integers(-3, 3), st.lists(st.integers(0, 3), max_size=4), st.sampled_from([0.0, 0.3, 1.0, -1.0])),
-        min_size=1,
-        max_size=10,
-    ),
+    chunks=table_specs(-3, 3, 10),
     seed=st.integers(0, 2**32 - 1),
     open_steps=st.sampled_from([1, 2, base.OPEN_STEPS]),
 )
@@ -199,11 +218,7 @@ def _fold(chunks: list[tuple[int, list[int], float]], seed: int) -> None:
     expected = StateTable.empty(REDUCTIONS)
     last = 0
     for shift, gaps, hit in chunks:
-        first = last + shift  # shift < 0: out of order; 0: the same step goes on; > 0: new steps
-        steps = [first]
-        for gap in gaps:
-            if gap:
-                steps.append(steps[-1] + gap)
+        steps = steps_of(last + shift, gaps)  # shift < 0: out of order; 0: the same step goes on; > 0: new steps
         incoming = _table(rng, steps, hit)
         family._append(incoming)
         expected = expected._merged_general(incoming) if expected.shapes else incoming
