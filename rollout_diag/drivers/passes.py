@@ -17,7 +17,7 @@ import numpy as np
 from rollout_diag import arrays
 from rollout_diag.arrays import device_kind
 from rollout_diag.cores import available_cores
-from rollout_diag.drivers.dump import torch_may_use_a_gpu
+from rollout_diag.drivers.dump import DEFAULT_CHUNK_TOKENS, PRESET_CHUNK_TOKENS, torch_may_use_a_gpu
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.groups import GroupedAnalysis, GroupSpec
 from rollout_diag.io.chunk import Chunk
@@ -246,6 +246,15 @@ def _list(values: Sequence[int], limit: int = 10) -> str:
     return shown + (f", … ({len(values)} in all)" if len(values) > limit else "")
 
 
+# The chunk size on a GPU where the call kept its CPU default. The torch engine's cost on CUDA is mostly per chunk
+# (kernel launches; ~450-800 host copies of the families' per-segment results), not per token: on an H100 the
+# analysis families computed 30 M tokens/s in 1 M-token chunks, 73 M in 4 M, 161 M in 8 M and 249 M in 16 M ones,
+# with a peak of 7.0 GiB of device memory for analyze at 16 M against 6.9 GiB at 1 M (docs/benchmarks.md, "The GPU").
+# A size the caller chose (not one of the CPU defaults) is kept.
+GPU_CHUNK_TOKENS = 1 << 24
+CPU_CHUNK_DEFAULTS = (DEFAULT_CHUNK_TOKENS, PRESET_CHUNK_TOKENS)
+
+
 def run_chunks(
     reader: DumpReader,
     consumers: Sequence[Callable[[Chunk], None]],
@@ -259,6 +268,8 @@ def run_chunks(
     are numpy and torch is not loaded (``DumpReader.chunks``); the torch engine's are tensors."""
     total = reader.log.total_rows
     progress = progress_callback(progress)
+    if device_kind(device) == "cuda" and reader.chunk_tokens in CPU_CHUNK_DEFAULTS and not reader.reads_ahead:
+        reader.resize(GPU_CHUNK_TOKENS)
     with _core_for_the_reader(device, kernel_for(device_kind(device))):
         for chunk, consumed in reader.chunks(device, prepare=prepare, numpy=True):
             for consume in consumers:
