@@ -107,7 +107,7 @@ def test_per_round_and_framework_copies_do_not_make_a_short_name_ambiguous() -> 
     assert check(result, [Gate("k3_kl", "max", 1.0)]).gates[0].metric == "rollout_corr/k3_kl"
     # only per-round keys: those are the candidates, and two of them are ambiguous
     rounds = result_of({"per_round/round_0/seq_count": 1.0, "per_round/round_1/seq_count": 2.0}, {})
-    with pytest.raises(ConfigError, match=r"short name of several metrics: per_round/round_0/seq_count, "):
+    with pytest.raises(ConfigError, match=r"ambiguous: it could mean per_round/round_0/seq_count, "):
         check(rounds, [Gate("seq_count", "max", 1.0)])
     single = result_of({"per_round/round_0/seq_count": 1.0}, {})
     assert check(single, [Gate("seq_count", "max", 1.0)]).gates[0].metric == "per_round/round_0/seq_count"
@@ -121,6 +121,18 @@ def test_a_short_name_several_metrics_share_lists_their_full_names() -> None:
         check(shared, [Gate(short, "max", 1.0)])
     assert "mismatch/rollout_is_mean" in str(error.value) and "rollout_corr/rollout_is_mean" in str(error.value)
     assert "name one in full" in (error.value.hint or "")
+
+
+def test_a_short_name_that_starts_a_key_metrics_is_ambiguous() -> None:
+    """``k3`` is SkyRL's ``rollout_kl/k3`` by its short name, and reads as the start of ``k3_kl``: an error listing
+    both, never a gate on one of them chosen silently; ``k3_kl`` itself still names ``rollout_corr/k3_kl``."""
+    both = result_of({"rollout_kl/k3": 0.5, "rollout_corr/k3_kl": 1e-3, "diag/k3_kl_without_catastrophic": 1e-4}, {})
+    with pytest.raises(ConfigError, match=r"'k3' is ambiguous: it could mean rollout_kl/k3, rollout_corr/k3_kl\."):
+        check(both, [Gate("k3", "max", 1.0)])
+    assert check(both, [Gate("k3_kl", "max", 1.0)]).gates[0].metric == "rollout_corr/k3_kl"
+    assert check(both, [Gate("rollout_kl/k3", "max", 1.0)]).gates[0].metric == "rollout_kl/k3"
+    line = error_line(invoke("check", SAMPLE, "--device", "cpu", "--max", "k3=1"))
+    assert "rollout_kl/k3" in line and "rollout_corr/k3_kl" in line and "name one in full" in line
 
 
 @pytest.mark.parametrize("text", ["rollout_corr/k3_kl", "=1", "rollout_corr/k3_kl=abc", "x=nan"])

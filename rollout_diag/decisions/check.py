@@ -505,11 +505,20 @@ def full_names(short: str, known: Sequence[str]) -> list[str]:
     """The metrics of ``known`` that the tables print as ``short`` (``k3_kl`` → ``rollout_corr/k3_kl``).
 
     Per-round keys (``per_round/round_<k>/k3_kl``) and ``framework:name`` copies of dialect values share a
-    short name with the run-level metric; they count only when nothing else does.
+    short name with the run-level metric; they count only when nothing else does. A judged key metric whose short
+    name starts with ``short`` and a word more counts too: ``k3`` names SkyRL's ``rollout_kl/k3`` and may mean
+    ``rollout_corr/k3_kl``, so it is ambiguous.
     """
     named = [name for name in known if catalogue.short_name(name) == short]
     primary = [name for name in named if ":" not in name and not name.startswith(catalogue.ROUNDS_PREFIX)]
-    return primary or named
+    return (primary or named) + [name for name in _judged_extending(short, known) if name not in named]
+
+
+def _judged_extending(short: str, known: Sequence[str]) -> list[str]:
+    """The judged key metrics whose short name is ``short`` plus more words (``k3`` → ``rollout_corr/k3_kl``): a
+    name that reads as the start of a key metric's may mean it, so it never names another metric silently."""
+    judged = catalogue.keys_with_role(catalogue.Role.JUDGED)
+    return [name for name in judged if name in known and catalogue.short_name(name).startswith(f"{short}_")]
 
 
 def _resolved(gate: Gate, known: Sequence[str]) -> Gate:
@@ -523,7 +532,7 @@ def _resolved(gate: Gate, known: Sequence[str]) -> Gate:
     if full:
         listed = ", ".join(full[:8]) + (f" (and {len(full) - 8} more)" if len(full) > 8 else "")
         raise ConfigError(
-            f"gate {gate.describe()}: '{gate.metric}' is the short name of several metrics: {listed}.",
+            f"gate {gate.describe()}: '{gate.metric}' is ambiguous: it could mean {listed}.",
             hint="name one in full.",
         )
     close = difflib.get_close_matches(gate.metric, known, n=3, cutoff=0.6)
