@@ -195,7 +195,7 @@ def test_step_of_string_type(tmp_path: Path) -> None:
     ("text", "found"),
     [
         ("step,sample_id,rollout_log_probs\n0,a,-0.5\n", "a CSV file, not Parquet"),
-        ('{"step": 0, "tokens": [1, 2]}\n', "a JSON-lines file of no trainer format rollout-diag knows, not Parquet"),
+        ('{"step": 0, "tokens": [1, 2]}\n', "a JSON-lines file whose name says no trainer format, not Parquet"),
         ("step\tsample_id\n0\ta\n", "a tab-separated text file, not Parquet"),
     ],
 )

@@ -181,8 +181,8 @@ def open_input(
 
 
 def _text_kind(path: str) -> str | None:
-    """What a file that is not Parquet looks like from its first bytes: "a JSON-lines file of no trainer format
-    rollout-diag knows", "a CSV file", "a text file"; None for binary (a corrupt or truncated file says more)."""
+    """What a file that is not Parquet looks like from its first bytes: "a JSON-lines file whose name says no trainer
+    format", "a CSV file", "a text file"; None for binary (a corrupt or truncated file says more)."""
     try:
         with open(path, "rb") as handle:
             head = handle.read(4096)
@@ -195,7 +195,7 @@ def _text_kind(path: str) -> str | None:
     except (UnicodeDecodeError, IndexError):
         return None
     if first.startswith(("{", "[")):
-        return "a JSON-lines file of no trainer format rollout-diag knows"
+        return "a JSON-lines file whose name says no trainer format"
     if "," in first or "\t" in first:
         return "a CSV file" if "," in first else "a tab-separated text file"
     return "a text file"
