@@ -39,6 +39,88 @@ class SkippedRow:
 
 
 @dataclass(frozen=True)
+class SkippedData:
+    """How much of the input reading left out, and why: the rows and model tokens skipped as invalid, of those read
+    (analysed + skipped), and every skipped row counted by what was wrong with it (``reasons``, most rows first).
+    ``tokens`` counts the model tokens of the skipped rows whose lists could be read (a null list, lists of unequal
+    lengths or an undecodable row group have none to count)."""
+
+    rows: int = 0
+    input_rows: int = 0
+    tokens: int = 0
+    input_tokens: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+    first: SkippedRow | None = None  # the first row skipped, in reading order
+
+    @property
+    def row_share(self) -> float:
+        return self.rows / self.input_rows if self.input_rows else 0.0
+
+    @property
+    def token_share(self) -> float:
+        return self.tokens / self.input_tokens if self.input_tokens else 0.0
+
+    def line(self) -> str:
+        """ "64 of 128 rows (50 %) skipped: trainer logprobs NaN (all 64)" ("" when nothing was skipped)."""
+        if not self.rows:
+            return ""
+        return f"{self.rows:,} of {self.input_rows:,} rows ({share_text(self.row_share)}) skipped: {self.reason_text()}"
+
+    def detail(self) -> str:
+        """``line()``, then the model tokens skipped and the first skipped row: what ``invalid_rows`` says."""
+        tokens = (
+            f"; {self.tokens:,} of {self.input_tokens:,} model tokens ({share_text(self.token_share)})"
+            if self.tokens
+            else ""
+        )
+        first = f"; the first: {self.first.describe()}" if self.first is not None else ""
+        return f"{self.line()}{tokens}{first}"
+
+    def reason_text(self) -> str:
+        """ "trainer logprobs NaN (all 64)" or "trainer logprobs NaN (40), rollout logprobs null (24)"."""
+        if len(self.reasons) == 1:
+            ((reason, rows),) = self.reasons.items()
+            return f"{reason} ({'all ' if rows == self.rows and rows > 1 else ''}{rows:,})"
+        return ", ".join(f"{reason} ({rows:,})" for reason, rows in self.reasons.items())
+
+    def counts(self, rows: int, tokens: int) -> str:
+        """ "64 of 128 rows, 4,000 of 8,000 model tokens" (the analysed ``rows`` and ``tokens`` of those read), or "128
+        rows, 8,000 model tokens" when nothing was skipped."""
+        if not self.rows:
+            return f"{rows:,} rows, {tokens:,} model tokens"
+        return f"{rows:,} of {self.input_rows:,} rows, {tokens:,} of {self.input_tokens:,} model tokens"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rows": self.rows,
+            "input_rows": self.input_rows,
+            "row_share": self.row_share,
+            "tokens": self.tokens,
+            "input_tokens": self.input_tokens,
+            "token_share": self.token_share,
+            "reasons": dict(self.reasons),
+            "first": None if self.first is None else asdict(self.first),
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> SkippedData:
+        first = raw.get("first")
+        return cls(
+            rows=raw["rows"],
+            input_rows=raw["input_rows"],
+            tokens=raw.get("tokens", 0),
+            input_tokens=raw.get("input_tokens", 0),
+            reasons=dict(raw.get("reasons", {})),
+            first=None if first is None else SkippedRow(**first),
+        )
+
+
+def share_text(share: float) -> str:
+    """A share in 3 significant digits, for sentences: "50 %", "99.6 %", "0.781 %"."""
+    return f"{100.0 * share:.3g} %"
+
+
+@dataclass(frozen=True)
 class Verdict:
     """How a key metric looks: ``ok`` below ``watch``, ``watch`` below ``bad``, else ``bad``."""
 
@@ -656,6 +738,8 @@ class AnalysisResult:
     warnings: list[str] = field(default_factory=list)
     skipped: list[SkippedRow] = field(default_factory=list)
     skipped_rows: int = 0
+    # how much of the input was skipped, of how much, and why (every skipped row counted, not only those listed)
+    skipped_data: SkippedData = field(default_factory=SkippedData)
     anomalies_cut: int = 0  # flags beyond the ANOMALY_KEEP largest (``anomalies`` holds those, largest first)
     hints: list[Hint] = field(default_factory=list)  # likely root causes, only those the data supports
     format: str = "parquet"  # the trainer format the inputs were read as (io/formats)
@@ -708,6 +792,7 @@ class AnalysisResult:
             "warnings": list(self.warnings),
             "skipped": [asdict(s) for s in self.skipped],
             "skipped_rows": self.skipped_rows,
+            "skipped_data": self.skipped_data.to_json(),
             "hints": [{**asdict(h), "evidence": _json_row(h.evidence)} for h in self.hints],
             "verdict": None if self.verdict is None else self.verdict.to_json(),
             "step_levels": self.step_levels,
@@ -774,6 +859,8 @@ class AnalysisResult:
                 values[spec.name] = [_item(_ITEM_TYPES[spec.name], item) for item in raw]
             elif spec.name == "verdict":
                 values[spec.name] = None if raw is None else OverallVerdict.from_json(raw)
+            elif spec.name == "skipped_data":
+                values[spec.name] = SkippedData.from_json(raw)
             elif spec.name == "groups":
                 values[spec.name] = [GroupResult.from_json(group) for group in raw]
             elif spec.name in ("rounds", "positions"):
@@ -1295,6 +1382,7 @@ class ComparisonResult:
     warnings: list[str] = field(default_factory=list)
     skipped: list[SkippedRow] = field(default_factory=list)
     skipped_rows: int = 0
+    skipped_data: SkippedData = field(default_factory=SkippedData)  # as AnalysisResult.skipped_data
     layout: str = ""
     device: str = ""
     sweep: list[SweepOption] = field(default_factory=list)
@@ -1344,6 +1432,9 @@ class ComparisonResult:
                 warnings=document.get("warnings", []),
                 skipped=[SkippedRow(**item) for item in document.get("skipped", [])],
                 skipped_rows=document.get("skipped_rows", 0),
+                skipped_data=SkippedData.from_json(document["skipped_data"])
+                if "skipped_data" in document
+                else SkippedData(),
                 layout=document.get("layout", ""),
                 device=document.get("device", ""),
                 sweep=[SweepOption.from_json(option) for option in document.get("sweep", [])],
@@ -1420,6 +1511,7 @@ class ComparisonResult:
             verdict=None if self.verdict is None else self.verdict.to_json(),
             recommendation=None if self.recommendation is None else self.recommendation.to_json(),
             recommendation_withheld=self.recommendation_withheld,
+            skipped_data=self.skipped_data.to_json(),
             verdicts=[{**asdict(v), "value": json_number(v.value)} for v in self.verdicts],
             step_levels=self.step_levels,
             steps=top,

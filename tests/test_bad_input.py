@@ -191,12 +191,28 @@ def test_step_of_string_type(tmp_path: Path) -> None:
     assert "integer step" in line and "string" in line
 
 
-@pytest.mark.parametrize("kind", ["text", "truncated", "empty"])
+@pytest.mark.parametrize(
+    ("text", "found"),
+    [
+        ("step,sample_id,rollout_log_probs\n0,a,-0.5\n", "a CSV file, not Parquet"),
+        ('{"step": 0, "tokens": [1, 2]}\n', "a JSON-lines file whose name says no trainer format, not Parquet"),
+        ("step\tsample_id\n0\ta\n", "a tab-separated text file, not Parquet"),
+    ],
+)
+def test_a_text_file_is_named_with_what_is_accepted(tmp_path: Path, text: str, found: str) -> None:
+    """A CSV or unknown JSON-lines input is called what it is, not "not a readable Parquet file", and the message
+    lists what rollout-diag reads."""
+    path = tmp_path / "dump.parquet"
+    path.write_text(text)
+    line = analyze_error(path)
+    assert f"{path}: {found}. rollout-diag reads Parquet dumps and the trainer formats prime-rl, " in line
+    assert "--input-format" in line and "not a readable" not in line
+
+
+@pytest.mark.parametrize("kind", ["truncated", "empty"])
 def test_file_that_is_not_parquet(tmp_path: Path, kind: str) -> None:
     path = tmp_path / "dump.parquet"
-    if kind == "text":
-        path.write_text("step,sample_id,rollout_log_probs\n0,a,-0.5\n")
-    elif kind == "truncated":
+    if kind == "truncated":
         whole = write_sequence_dump(tmp_path / "whole.parquet", base_rows()).read_bytes()
         path.write_bytes(whole[: len(whole) // 2])
     else:
@@ -317,7 +333,7 @@ def test_subprocess_prints_one_line_without_traceback(tmp_path: Path) -> None:
     assert process.returncode == 1
     assert process.stdout == ""
     assert process.stderr.strip().splitlines() == [process.stderr.strip()]
-    assert process.stderr.startswith(f"Error: {path}: not a readable Parquet file")
+    assert process.stderr.startswith(f"Error: {path}: a text file, not Parquet")
     assert "Traceback" not in process.stderr
 
 
@@ -430,7 +446,7 @@ def test_skipped_rows_table_in_the_terminal(tmp_path: Path) -> None:
     result = invoke("analyze", path, "--device", "cpu", env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.stderr
     assert "Skipped rows: 1" in result.stdout
-    line = next(line for line in result.stdout.splitlines() if "null list" in line)
+    line = next(line for line in result.stdout.splitlines() if "null list" in line and "│" in line)  # the table's
     assert str(path) in line and f" {BAD_ROW} " in line and "rollout_log_probs" in line
     assert "warning: 1 row(s) skipped" in result.stdout
 

@@ -107,7 +107,7 @@ def test_per_round_and_framework_copies_do_not_make_a_short_name_ambiguous() -> 
     assert check(result, [Gate("k3_kl", "max", 1.0)]).gates[0].metric == "rollout_corr/k3_kl"
     # only per-round keys: those are the candidates, and two of them are ambiguous
     rounds = result_of({"per_round/round_0/seq_count": 1.0, "per_round/round_1/seq_count": 2.0}, {})
-    with pytest.raises(ConfigError, match=r"short name of several metrics: per_round/round_0/seq_count, "):
+    with pytest.raises(ConfigError, match=r"ambiguous: it could mean per_round/round_0/seq_count, "):
         check(rounds, [Gate("seq_count", "max", 1.0)])
     single = result_of({"per_round/round_0/seq_count": 1.0}, {})
     assert check(single, [Gate("seq_count", "max", 1.0)]).gates[0].metric == "per_round/round_0/seq_count"
@@ -121,6 +121,18 @@ def test_a_short_name_several_metrics_share_lists_their_full_names() -> None:
         check(shared, [Gate(short, "max", 1.0)])
     assert "mismatch/rollout_is_mean" in str(error.value) and "rollout_corr/rollout_is_mean" in str(error.value)
     assert "name one in full" in (error.value.hint or "")
+
+
+def test_a_short_name_that_starts_a_key_metrics_is_ambiguous() -> None:
+    """``k3`` is SkyRL's ``rollout_kl/k3`` by its short name, and reads as the start of ``k3_kl``: an error listing
+    both, never a gate on one of them chosen silently; ``k3_kl`` itself still names ``rollout_corr/k3_kl``."""
+    both = result_of({"rollout_kl/k3": 0.5, "rollout_corr/k3_kl": 1e-3, "diag/k3_kl_without_catastrophic": 1e-4}, {})
+    with pytest.raises(ConfigError, match=r"'k3' is ambiguous: it could mean rollout_kl/k3, rollout_corr/k3_kl\."):
+        check(both, [Gate("k3", "max", 1.0)])
+    assert check(both, [Gate("k3_kl", "max", 1.0)]).gates[0].metric == "rollout_corr/k3_kl"
+    assert check(both, [Gate("rollout_kl/k3", "max", 1.0)]).gates[0].metric == "rollout_kl/k3"
+    line = error_line(invoke("check", SAMPLE, "--device", "cpu", "--max", "k3=1"))
+    assert "rollout_kl/k3" in line and "rollout_corr/k3_kl" in line and "name one in full" in line
 
 
 @pytest.mark.parametrize("text", ["rollout_corr/k3_kl", "=1", "rollout_corr/k3_kl=abc", "x=nan"])
@@ -244,9 +256,11 @@ def test_exit_codes_zero_three_one() -> None:
     assert invoke("check", SAMPLE, "--device", "cpu", "--max", "rollout_corr/k3_kl=0.01").exit_code == 0
     failing = invoke("check", SAMPLE, "--device", "cpu", "--max", "rollout_corr/k3_kl=1e-3", "--per-step")
     assert failing.exit_code == 3
-    assert "FAIL: 2 of 5 checks failed" in failing.stdout and "step 3" in failing.stdout
+    # one gate of two fails (the default skipped_row_share gate passes), on the run and step 3: 2 of its 5 checks and
+    # the skipped gate's 1
+    assert "FAIL: 1 of 2 gates failed, in 2 of 6 checks" in failing.stdout and "step 3" in failing.stdout
     short = invoke("check", SAMPLE, "--device", "cpu", "--max", "k3_kl=1e-3", "--per-step")
-    assert short.exit_code == 3 and "FAIL: 2 of 5 checks failed" in short.stdout
+    assert short.exit_code == 3 and "FAIL: 1 of 2 gates failed, in 2 of 6 checks" in short.stdout
     assert "rollout_corr/k3_kl" in short.stdout
     unknown = error_line(invoke("check", SAMPLE, "--device", "cpu", "--max", "rollout_corr/k3kl=1"))
     assert "did you mean rollout_corr/k3_kl" in unknown
@@ -263,7 +277,10 @@ def test_json_output_follows_the_schema(tmp_path: Path) -> None:
     assert document["passed"] is False and document["failures"] == sum(
         outcome["status"] == "fail" for outcome in document["outcomes"]
     )
-    assert {gate["metric"] for gate in document["gates"]} == {gate.metric for gate in DEFAULT_GATES}
+    assert [gate["metric"] for gate in document["gates"]] == [gate.metric for gate in DEFAULT_GATES] + [
+        "skipped_row_share"
+    ]
+    assert document["failed_gates"] == len({o["metric"] for o in document["outcomes"] if o["status"] == "fail"})
 
 
 def test_junit_xml_is_read_back_by_a_real_parser(tmp_path: Path) -> None:
@@ -275,7 +292,8 @@ def test_junit_xml_is_read_back_by_a_real_parser(tmp_path: Path) -> None:
     assert root.tag == "testsuites"
     (suite,) = root.findall("testsuite")
     cases = suite.findall("testcase")
-    assert len(cases) == int(suite.get("tests")) == int(root.get("tests")) == 2 * 5  # 2 gates × (run + 4 steps)
+    # 2 gates × (run + 4 steps), and the default skipped_row_share gate on the run
+    assert len(cases) == int(suite.get("tests")) == int(root.get("tests")) == 2 * 5 + 1
     failed = [case for case in cases if case.find("failure") is not None]
     assert len(failed) == int(suite.get("failures")) == 2
     assert {case.get("classname") for case in failed} == {"rollout-diag.run", "rollout-diag.step_3"}
@@ -309,7 +327,7 @@ def test_the_table_goes_to_a_file_with_output(tmp_path: Path) -> None:
     out = tmp_path / "check.txt"
     result = invoke("check", SAMPLE, "--device", "cpu", "--max", "rollout_corr/k3_kl=1e-3", "-o", out)
     assert result.exit_code == 3 and result.stdout == ""
-    assert "FAIL: 1 of 1 checks failed" in out.read_text() and "\x1b[" not in out.read_text()
+    assert "FAIL: 1 of 2 gates failed, in 1 of 2 checks" in out.read_text() and "\x1b[" not in out.read_text()
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -158,7 +158,8 @@ def test_input_format_forces_a_format_where_names_do_not_tell(dumps, reference, 
     renamed.write_text("".join(p.read_text() for p in sorted(dumps["prime-rl"].rglob("rank_*.jsonl"))))
     result = rd.analyze(DumpInputs([renamed], "prime-rl"), device="cpu")
     assert result.format == "prime-rl" and result.run.rows == reference.run.rows
-    assert "not a readable Parquet file" in error_line(invoke("analyze", renamed, "--device", "cpu"))
+    line = error_line(invoke("analyze", renamed, "--device", "cpu"))  # named as what it is, with the way out
+    assert "a JSON-lines file whose name says no trainer format, not Parquet" in line and "--input-format" in line
 
 
 def test_unknown_format_name_and_mixed_formats_are_one_line_errors(dumps):

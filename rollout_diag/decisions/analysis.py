@@ -1,5 +1,6 @@
 """Every judgement of an analysis, run once when its result is built (``engine.build_result``): the key metrics'
-levels, per-step levels, anomalies and trends, root-cause hints, the most divergent round, the overall verdict.
+levels, per-step levels, anomalies and trends, root-cause hints (``invalid_rows`` first when too much was skipped), the
+most divergent round, the overall verdict.
 
 ``judge_analysis`` takes the finished numbers and returns the result with its findings filled in; the terminal, the
 report and the exports only read them.
@@ -14,6 +15,7 @@ from typing import Any
 from rollout_diag import catalogue
 from rollout_diag.decisions.hints import Evidence, find_hints
 from rollout_diag.decisions.levels import judge
+from rollout_diag.decisions.skipped import invalid_rows_hint
 from rollout_diag.decisions.trends import (
     ANOMALY_KEEP,
     ANOMALY_MIN_HISTORY,
@@ -51,7 +53,8 @@ def judge_analysis(result: AnalysisResult, evidence: Evidence | None) -> Analysi
         divergent_round=divergent_round(result.rounds, result.run.metrics),
         warnings=warnings,
     )
-    hints = [] if evidence is None else find_hints(evidence, judged)
+    invalid = invalid_rows_hint(result.skipped_data)
+    hints = ([] if invalid is None else [invalid]) + ([] if evidence is None else find_hints(evidence, judged))
     verdict = overall_verdict(
         result.run.metrics,
         hints,

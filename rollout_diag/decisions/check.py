@@ -14,7 +14,7 @@ import difflib
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import numpy as np
 
 from rollout_diag import catalogue
 from rollout_diag.decisions.rowmetrics import KEY_METRICS, by_step
+from rollout_diag.decisions.skipped import SKIPPED_ROW_SHARE, SKIPPED_SHARE_LIMIT
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.results import (
     SCHEMA_VERSION,
@@ -82,6 +83,25 @@ DEFAULT_GATES: tuple[Gate, ...] = (
 )
 
 
+# `check` gates the share of rows skipped as invalid unless told otherwise: a dump that lost half its rows must not
+# pass on the half that was read (decisions/skipped.py). Judged on the run only: a step's share is not kept.
+SKIPPED_GATE = Gate(
+    SKIPPED_ROW_SHARE,
+    MAX,
+    SKIPPED_SHARE_LIMIT,
+    per_step=False,
+    source="rollout-diag's default: more than 1 % of the rows skipped as invalid (docs/gates.md, 'Skipped rows'); "
+    "set it with --max skipped_row_share=VALUE; --strict makes any skipped row an error",
+)
+
+
+def with_skipped_gate(gates: Sequence[Gate]) -> list[Gate]:
+    """``gates`` and, unless one of them names ``skipped_row_share``, the default SKIPPED_GATE after them."""
+    if any(gate.metric == SKIPPED_ROW_SHARE for gate in gates):
+        return list(gates)
+    return [*gates, SKIPPED_GATE]
+
+
 @dataclass(frozen=True)
 class GateOutcome:
     """One gate on the run (``step`` None) or on one step: the value, pass / fail / skipped, and by how much."""
@@ -92,6 +112,7 @@ class GateOutcome:
     status: str
     excess: float | None  # how far past the limit (> 0 on failure), in the metric's units
     group: str | None = None  # --by: the group of rows judged ("env_name=math"); None: all rows
+    detail: str = ""  # what the value stands for, said after the message (the skipped rows and their reasons)
 
     @property
     def where(self) -> str:
@@ -112,7 +133,8 @@ class GateOutcome:
         if self.excess is None:
             return f"{self.where}: {self.gate.metric} = {shown}: not a number, the gate cannot pass"
         side = "above" if self.gate.bound == MAX else "below"
-        return f"{self.where}: {self.gate.metric} = {shown} is {self.excess:.3g} {side} the limit {self.gate.limit:g}"
+        failed = f"{self.where}: {self.gate.metric} = {shown} is {self.excess:.3g} {side} the limit {self.gate.limit:g}"
+        return f"{failed} ({self.detail})" if self.detail else failed
 
 
 @dataclass(frozen=True)
@@ -131,6 +153,12 @@ class CheckResult:
     @property
     def failures(self) -> list[GateOutcome]:
         return [outcome for outcome in self.outcomes if outcome.status == FAIL]
+
+    @property
+    def failed_gates(self) -> list[Gate]:
+        """The gates with at least one failed check (a gate checks the run, and per step or group many more)."""
+        failed = {(outcome.gate.metric, outcome.gate.bound, outcome.gate.limit) for outcome in self.failures}
+        return [gate for gate in self.gates if (gate.metric, gate.bound, gate.limit) in failed]
 
     def to_json(self) -> dict[str, Any]:
         document = self.json_document()
@@ -155,6 +183,7 @@ class CheckResult:
             ],
             "outcomes": Converted(self.outcomes, _outcome_json),
             "failures": len(self.failures),
+            "failed_gates": len(self.failed_gates),
             "warnings": list(self.warnings),
         }
 
@@ -287,6 +316,7 @@ def metric_values(result: AnalysisResult, rows: RowStats | None = None) -> dict[
     steps: list[StepResult] = [result.run, *result.steps]
     table: dict[int | None, dict[str, float]] = {step.step: _values_of(step) for step in steps}
     _add_row_metrics(table, rows)
+    table[None][SKIPPED_ROW_SHARE] = result.skipped_data.row_share
     return table
 
 
@@ -312,6 +342,7 @@ class _ColumnValues:
         self.steps: StepTable = result.steps  # type: ignore[assignment]
         self.rows = rows if rows is not None and rows.rows else None
         self.run = _values_of(result.run)
+        self.run[SKIPPED_ROW_SHARE] = result.skipped_data.row_share
         if self.rows is not None:
             for metric in KEY_METRICS:
                 if metric.name not in self.run:
@@ -436,8 +467,15 @@ def check(
         known = sorted({name for values in table.values() for name in values})
     gates = [_resolved(gate, known) for gate in gates]
     tables = [(name, group_values(group, group_rows), group.steps) for name, group, group_rows in groups]
+    skipped = result.skipped_data
+    detail = (
+        f"{skipped.line()}; --strict (strict=True) makes any skipped row an error" if skipped.rows else "no row skipped"
+    )
     outcomes = []
     for gate in gates:
+        if gate.metric == SKIPPED_ROW_SHARE:  # the whole input's share: no step or group has its own
+            outcomes.append(replace(_judge(gate, None, skipped.row_share), detail=detail))
+            continue
         stepwise = gate.per_step if gate.per_step is not None else per_step
         for name, values, steps in [(None, table, result.steps), *tables]:
             outcomes.append(_judge(gate, None, values[None].get(gate.metric), name))
@@ -451,7 +489,14 @@ def check(
             for step in steps:
                 outcomes.append(_judge(gate, step.step, values[step.step].get(gate.metric), name))
     resolved = [
-        Gate(g.metric, g.bound, g.limit, g.per_step if g.per_step is not None else per_step, g.source) for g in gates
+        Gate(
+            g.metric,
+            g.bound,
+            g.limit,
+            False if g.metric == SKIPPED_ROW_SHARE else g.per_step if g.per_step is not None else per_step,
+            g.source,
+        )
+        for g in gates
     ]
     return CheckResult(list(result.inputs), resolved, outcomes, list(result.warnings))
 
@@ -460,11 +505,20 @@ def full_names(short: str, known: Sequence[str]) -> list[str]:
     """The metrics of ``known`` that the tables print as ``short`` (``k3_kl`` → ``rollout_corr/k3_kl``).
 
     Per-round keys (``per_round/round_<k>/k3_kl``) and ``framework:name`` copies of dialect values share a
-    short name with the run-level metric; they count only when nothing else does.
+    short name with the run-level metric; they count only when nothing else does. A judged key metric whose short
+    name starts with ``short`` and a word more counts too: ``k3`` names SkyRL's ``rollout_kl/k3`` and may mean
+    ``rollout_corr/k3_kl``, so it is ambiguous.
     """
     named = [name for name in known if catalogue.short_name(name) == short]
     primary = [name for name in named if ":" not in name and not name.startswith(catalogue.ROUNDS_PREFIX)]
-    return primary or named
+    return (primary or named) + [name for name in _judged_extending(short, known) if name not in named]
+
+
+def _judged_extending(short: str, known: Sequence[str]) -> list[str]:
+    """The judged key metrics whose short name is ``short`` plus more words (``k3`` → ``rollout_corr/k3_kl``): a
+    name that reads as the start of a key metric's may mean it, so it never names another metric silently."""
+    judged = catalogue.keys_with_role(catalogue.Role.JUDGED)
+    return [name for name in judged if name in known and catalogue.short_name(name).startswith(f"{short}_")]
 
 
 def _resolved(gate: Gate, known: Sequence[str]) -> Gate:
@@ -478,7 +532,7 @@ def _resolved(gate: Gate, known: Sequence[str]) -> Gate:
     if full:
         listed = ", ".join(full[:8]) + (f" (and {len(full) - 8} more)" if len(full) > 8 else "")
         raise ConfigError(
-            f"gate {gate.describe()}: '{gate.metric}' is the short name of several metrics: {listed}.",
+            f"gate {gate.describe()}: '{gate.metric}' is ambiguous: it could mean {listed}.",
             hint="name one in full.",
         )
     close = difflib.get_close_matches(gate.metric, known, n=3, cutoff=0.6)

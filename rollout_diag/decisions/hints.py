@@ -18,6 +18,7 @@ from rollout_diag.decisions.trends import least_squares
 from rollout_diag.results import AnalysisResult, Evidence, Hint, Sums
 
 HINT_IDS = (
+    "invalid_rows",  # not found here: decisions/skipped.py makes it from what reading skipped, before the others
     "off_by_one",
     "no_mask",
     "dummy_logprobs",

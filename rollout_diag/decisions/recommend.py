@@ -24,7 +24,7 @@ from rollout_diag import catalogue
 from rollout_diag.decisions.intrusive import INTRUSIVE_MIN_ESS, INTRUSIVE_REJECTED_FRACTION, intrusive_reasons
 from rollout_diag.decisions.levels import judge
 from rollout_diag.decisions.verdict import FIX_FIRST
-from rollout_diag.results import AnalysisResult, ComparisonResult, Hint, OverallVerdict, Recommendation
+from rollout_diag.results import AnalysisResult, ComparisonResult, Hint, OverallVerdict, Recommendation, SkippedData
 
 IS_MEAN_BAND = (0.5, 2.0)  # verl's warning band for rollout_is_mean (docs/algo/rollout_corr.md)
 # Noise bounds: two presets whose numbers differ by less than these are tied (docs/recommendation.md).
@@ -289,16 +289,19 @@ def _note(presets: Sequence[Any]) -> str:
     return ""
 
 
-def withheld_reason(verdict: OverallVerdict | None, hints: Sequence[Hint] = ()) -> str | None:
+def withheld_reason(
+    verdict: OverallVerdict | None, hints: Sequence[Hint] = (), skipped: SkippedData | None = None
+) -> str | None:
     """Why no preset is recommended on this data (None: recommend one): a pipeline bug, which a correction would
-    hide."""
+    hide; rows skipped as invalid (``skipped``) are said with their count and reasons."""
     if verdict is None or verdict.cause != "pipeline":
         return None
     first = next((hint for hint in hints if hint.id in verdict.findings), None)
     what = verdict.findings[0] if first is None else first.id
     fix = FIX_FIRST.get(what, "fix the pipeline")
+    lost = f": {skipped.line()}" if what == "invalid_rows" and skipped is not None and skipped.rows else ""
     return (
-        f"withheld: the data shows a pipeline bug ({', '.join(verdict.findings)}). First, {fix}; then compare "
+        f"withheld: the data shows a pipeline bug ({', '.join(verdict.findings)}){lost}. First, {fix}; then compare "
         "the presets again (a correction would hide the bug)."
     )
 
@@ -306,7 +309,7 @@ def withheld_reason(verdict: OverallVerdict | None, hints: Sequence[Hint] = ()) 
 def judge_comparison(comparison: ComparisonResult, analysis: AnalysisResult) -> ComparisonResult:
     """``comparison`` with the judgement of its data (``analysis``: the overall verdict, the key metrics' and the
     steps' levels) and the recommendation, or why it is withheld."""
-    withheld = withheld_reason(analysis.verdict, analysis.hints)
+    withheld = withheld_reason(analysis.verdict, analysis.hints, analysis.skipped_data)
     return replace(
         comparison,
         verdict=analysis.verdict,

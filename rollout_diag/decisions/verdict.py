@@ -5,8 +5,9 @@ function judges a whole run, a step or a group of rows (``slicing``), so it read
 
 The rules, in order:
 
-1. **Pipeline first.** When a hint shows a pipeline bug (``PIPELINE_HINTS``: a shifted gather, no mask over
-   environment-like tokens, placeholder logprobs under the mask, processed logprobs on one side), the level is
+1. **Pipeline first.** When a hint shows a pipeline bug (``PIPELINE_HINTS``: more than 1 % of the rows or tokens
+   skipped as invalid, a shifted gather, no mask over environment-like tokens, placeholder logprobs under the mask,
+   processed logprobs on one side), the level is
    ``bad``, the cause ``pipeline`` and the sentence says which to fix first: the mismatch metrics measure the bug,
    and a rollout correction would hide it.
 2. **Token-level metrics set the level.** The judged metrics (``catalogue.Role.JUDGED``) set it at their worst,
@@ -37,8 +38,12 @@ LEVEL_ORDER = ("bad", "watch", "ok", "n/a")
 # Hints that are pipeline bugs, in the order to fix them: a shifted gather moves every token's logprob, so it
 # comes first; a missing mask or placeholder logprobs put tokens nobody scored into the loss; processed logprobs
 # (temperature, top-p) change every token's value but keep the tokens right.
-PIPELINE_HINTS = ("off_by_one", "no_mask", "dummy_logprobs", "processed_logprobs")
+# Rows skipped as invalid come before them all: past 1 % skipped (decisions/skipped.py), the metrics describe the rows
+# that happened to be valid, so no other finding can be read until every row is.
+PIPELINE_HINTS = ("invalid_rows", "off_by_one", "no_mask", "dummy_logprobs", "processed_logprobs")
 FIX_FIRST = {
+    "invalid_rows": "fix what writes the dump, so that no row is left out (the skipped rows are listed with their "
+    "file, row and column; --strict stops at the first)",
     "off_by_one": "fix the off-by-one gather of the logprobs (labels vs logits shifted by one position)",
     "no_mask": "give the response mask (--column mask=NAME), so that environment tokens leave the measurement",
     "dummy_logprobs": "fix the response mask, so that tokens the engine never scored leave the loss",
@@ -91,10 +96,16 @@ def overall_verdict(
     if pipeline:
         first = pipeline[0]
         rest = [hint.id for hint in pipeline[1:]]
+        until = (
+            "the metrics describe only the rows that were valid, and a rollout correction chosen on them would hide "
+            "the bug."
+            if first.id == "invalid_rows"
+            else "the mismatch metrics measure the bug, and a rollout correction would hide it."
+        )
         sentence = (
             f"a pipeline bug ({first.id}). First, {FIX_FIRST[first.id]}"
             + (f"; then look again at {', '.join(rest)}" if rest else "")
-            + ". Until then the mismatch metrics measure the bug, and a rollout correction would hide it."
+            + f". Until then {until}"
         )
         # the other notes read the metrics, which measure the bug here: only the amount of data is worth a note
         notes = _little_data_notes(rows, tokens)

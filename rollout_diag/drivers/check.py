@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from rollout_diag.decisions.check import CheckResult, Gate, check
+from rollout_diag.decisions.check import CheckResult, Gate, check, with_skipped_gate
 from rollout_diag.drivers.dump import reads_dump
 from rollout_diag.drivers.passes import Inputs, Progress
 from rollout_diag.drivers.rowpass import row_pass
@@ -32,7 +32,8 @@ def check_run(
 ) -> CheckResult:
     """Every gate (see :mod:`rollout_diag.decisions.check`) on the run and, with ``per_step``, on every step;
     ``by`` (``env_name``, ``reward:sign``, …): on each group's run metrics (and steps) too, the group named in
-    each such outcome. Raises RolloutDiagError for bad input, an unknown metric or no gate."""
+    each such outcome. The share of rows skipped as invalid is gated too (``skipped_row_share`` ≤ 1 % unless
+    ``gates`` names it). Raises RolloutDiagError for bad input, an unknown metric or no gate."""
     if not gates:
         raise ConfigError(
             "no gate given.",
@@ -48,4 +49,4 @@ def check_run(
         (group_name(group.column, group.value), group, done.group_rows(group.column, group.value))
         for group in result.groups
     ]
-    return check(result, gates, per_step=per_step, rows=done.row_stats(), groups=groups)
+    return check(result, with_skipped_gate(gates), per_step=per_step, rows=done.row_stats(), groups=groups)

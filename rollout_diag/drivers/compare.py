@@ -201,6 +201,7 @@ def _one_pass(
         warnings=base.warnings,
         skipped=base.skipped,
         skipped_rows=base.skipped_rows,
+        skipped_data=base.skipped_data,
         layout=base.layout,
         device=base.device,
         sweep=[SweepOption.from_json(row) for row in _run_sweep(sweep, checked_targets)],

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rollout_diag.decisions.analysis import judge_analysis
+from rollout_diag.decisions.skipped import skipped_data
 from rollout_diag.drivers.distributed import AUTO, Workers, analyze_parts, check_workers, resolve_workers
 from rollout_diag.drivers.dump import reads_dump
 from rollout_diag.drivers.passes import (
@@ -31,7 +32,7 @@ from rollout_diag.metrics.dialects import DEFAULT as DEFAULT_DIALECT
 from rollout_diag.metrics.dialects import resolve as resolve_dialects
 from rollout_diag.metrics.localize import DEFAULT_CATASTROPHIC, DEFAULT_TOP_K
 from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS
-from rollout_diag.results import AnalysisResult, MetricColumns, SkippedRow, StepResult, StepTable
+from rollout_diag.results import AnalysisResult, MetricColumns, SkippedData, SkippedRow, StepResult, StepTable
 from rollout_diag.selection import StepRange, no_rows_match, selection, selection_summary
 
 if TYPE_CHECKING:
@@ -172,6 +173,19 @@ def data_warnings(analysis: Analysis, log: ReadLog, steps: StepTable, strict: bo
     return warnings
 
 
+def skipped_of(log: ReadLog, run: StepResult) -> SkippedData:
+    """What reading skipped of the rows and model tokens read (the run's analysed ones and the skipped ones), by
+    reason."""
+    return skipped_data(
+        run.rows,
+        run.tokens,
+        log.skipped_rows,
+        log.skipped_tokens,
+        log.skip_reasons,
+        log.skipped[0] if log.skipped else None,
+    )
+
+
 def read_fields(log: ReadLog, device: Any) -> dict[str, Any]:
     """The fields of an AnalysisResult that say what was read, and where it was computed."""
     return {
@@ -211,6 +225,7 @@ def build_result(
         warnings=warnings,
         skipped=list(log.skipped),
         skipped_rows=log.skipped_rows,
+        skipped_data=skipped_of(log, run),
         groups=[group for grouped in analysis.grouped for group in grouped.results(run.rows, run.tokens)],
         selection=selection_summary(selection_of, log, run.rows),
     )

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rollout_diag.drivers.engine import build_result, check_analysed, data_warnings, read_fields, step_table
+from rollout_diag.drivers.engine import build_result, check_analysed, data_warnings, read_fields, skipped_of, step_table
 from rollout_diag.drivers.passes import Analysis, Inputs, Progress, open_reader, resolve_device, run_chunks
 from rollout_diag.errors import DataError
 from rollout_diag.groups import GroupLabels, GroupSpec, group_specs
@@ -103,6 +103,7 @@ def summary_result(analysis: Analysis, log: ReadLog, device: str, strict: bool) 
         warnings=data_warnings(analysis, log, steps, strict),
         skipped=list(log.skipped),
         skipped_rows=log.skipped_rows,
+        skipped_data=skipped_of(log, run),
         groups=[group for grouped in analysis.grouped for group in grouped.results(run.rows, run.tokens)],
     )
 

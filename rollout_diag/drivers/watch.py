@@ -499,6 +499,7 @@ class Watcher:
         for index, record in enumerate(records):
             log.skipped.extend(record.log.skipped)
             log.skipped_rows += record.log.skipped_rows
+            log.add_skip_counts(record.log)
             for file, counts in record.log.unmasked.items():
                 log.unmasked[file] = list(counts)
             log.mask_candidates.update(record.log.mask_candidates)

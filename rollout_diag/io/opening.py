@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 
 from rollout_diag.errors import ColumnError, InputError, option_name, where
 from rollout_diag.io.columns import ROLE_CANDIDATES, ColumnMap, resolve_columns
-from rollout_diag.io.formats import PARQUET, open_source
+from rollout_diag.io.formats import FORMAT_NAMES, PARQUET, open_source
 from rollout_diag.io.formats.base import SKIP_COLUMN, SKIP_REASON, ParquetSource, RowsFile
 from rollout_diag.io.readlog import listed_names
 from rollout_diag.io.sources import Source
@@ -105,6 +105,14 @@ def open_input(
     except (OSError, pa.ArrowException, UnicodeDecodeError, ValueError) as exc:
         kind = "Parquet" if input_format == PARQUET else input_format
         unfinished = input_format == PARQUET and _unfinished_parquet(source.path)
+        found = _text_kind(source.path) if input_format == PARQUET else None
+        if found is not None:
+            raise InputError(
+                f"{source.path}: {found}, not Parquet. rollout-diag reads Parquet dumps and the trainer formats "
+                f"{', '.join(FORMAT_NAMES[1:])}.",
+                hint=f"write the dump as Parquet (pandas: df.to_parquet), or name its format with "
+                f"{option_name('input_format')}; `rollout-diag convert` turns a trainer's own files into Parquet.",
+            ) from exc
         raise InputError(
             f"{source.path}: not a readable {kind} file ({one_line(exc)}).",
             hint="it starts as Parquet but has no footer: was a DumpWriter killed before close()? Use the directory "
@@ -170,6 +178,27 @@ def open_input(
         extras_left_out=extras[MAX_EXTRA_COLUMNS:],
         extras_long=long_text,
     )
+
+
+def _text_kind(path: str) -> str | None:
+    """What a file that is not Parquet looks like from its first bytes: "a JSON-lines file whose name says no trainer
+    format", "a CSV file", "a text file"; None for binary (a corrupt or truncated file says more)."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(4096)
+    except OSError:
+        return None
+    if not head or head.startswith(b"PAR1") or b"\x00" in head:
+        return None
+    try:
+        first = head.decode("utf-8").lstrip("\ufeff").splitlines()[0].strip()
+    except (UnicodeDecodeError, IndexError):
+        return None
+    if first.startswith(("{", "[")):
+        return "a JSON-lines file whose name says no trainer format"
+    if "," in first or "\t" in first:
+        return "a CSV file" if "," in first else "a tab-separated text file"
+    return "a text file"
 
 
 def _unfinished_parquet(path: str) -> bool:

@@ -4,7 +4,7 @@ merged across workers)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,6 +35,10 @@ class ReadLog:
     format: str = PARQUET  # the trainer format the files were read as (io/formats)
     skipped: list[SkippedRow] = field(default_factory=list)
     skipped_rows: int = 0
+    # every skipped row counted by what was wrong (``reason_group``), not only the first MAX_SKIP_RECORDS listed
+    skip_reasons: dict[str, int] = field(default_factory=dict)
+    # model tokens of the skipped rows whose lists could be read (a null list or an undecodable row group has none)
+    skipped_tokens: int = 0
     warnings: list[str] = field(default_factory=list)
     total_rows: int = 0  # rows in the files (token layout: tokens), known before reading
     # Files without a mask column: [tokens analysed, of them rollout logprob 0.0 where the trainer's is < log 0.5].
@@ -59,6 +63,7 @@ class ReadLog:
         )
         del self.skipped[MAX_SKIP_RECORDS:]
         self.skipped_rows += other.skipped_rows
+        self.add_skip_counts(other)
         self.warnings.extend(w for w in other.warnings if w not in self.warnings)
         for file, (tokens, zeros) in other.unmasked.items():
             counts = self.unmasked.setdefault(file, [0, 0])
@@ -82,6 +87,7 @@ class ReadLog:
         self.warnings.extend(other.warnings)
         self.skipped.extend(other.skipped[: max(MAX_SKIP_RECORDS - len(self.skipped), 0)])
         self.skipped_rows += other.skipped_rows
+        self.add_skip_counts(other)
         self._add_counts(other)
 
     def finish(self) -> None:
@@ -101,6 +107,13 @@ class ReadLog:
                 )
             self.warnings.append(f"{note} each of the {rows} rows skipped for it: cut them off to analyse those rows.")
 
+    def add_skip_counts(self, other: ReadLog) -> None:
+        """``other``'s skipped rows by reason and their model tokens added to this log's (the records are merged apart,
+        under their cap)."""
+        for reason, rows in other.skip_reasons.items():
+            self.skip_reasons[reason] = self.skip_reasons.get(reason, 0) + rows
+        self.skipped_tokens += other.skipped_tokens
+
     def note_length_offsets(self, role: str, column: str, rollout: str, offsets: np.ndarray) -> None:
         """Count rows skipped because ``column`` (of ``role``) is longer (offset > 0) than the rollout's list."""
         counts = self.length_offsets.setdefault((role, column, rollout), {})
@@ -108,15 +121,50 @@ class ReadLog:
         for offset, count in zip(values.tolist(), rows.tolist(), strict=True):
             counts[offset] = counts.get(offset, 0) + count
 
-    def skip(self, record: SkippedRow, strict: bool) -> None:
+    def skip(self, record: SkippedRow, strict: bool, tokens: int = 0, names: Mapping[str, str] | None = None) -> None:
+        """Record a row left out (``tokens``: its model tokens, 0 where its lists could not be read; ``names``: the
+        role -> column names of the row's file, the log's when None); under ``strict`` raise DataError instead."""
         if strict:
             raise DataError(
                 f"{where(record.file, record.row, record.column)}{record.reason}",
                 hint=f"drop {option_name('strict')} to analyse the other rows and list the skipped ones.",
             )
         self.skipped_rows += 1
+        self.skipped_tokens += tokens
+        group = reason_group(record, self.columns if names is None else names)
+        self.skip_reasons[group] = self.skip_reasons.get(group, 0) + 1
         if len(self.skipped) < MAX_SKIP_RECORDS:
             self.skipped.append(record)
+
+
+# What the reasons io/validate.py and io/decode.py write start with -> what was wrong, said once for every such row
+# (the position or the value each row's own reason adds is left out, so that 64 rows count as one reason).
+_REASON_GROUPS = (
+    ("NaN", "{side} NaN"),
+    ("+inf", "{side} infinite"),
+    ("-inf", "{side} infinite"),
+    ("positive logprob", "{side} positive"),
+    ("mask value", "mask values not 0 or 1"),
+    ("null list", "{side} null"),
+    ("list length", "{side} list length unlike the rollout's"),
+    ("null step", "step null"),
+    ("duplicate token position", "duplicate token positions"),
+)
+_SIDES = {"trainer": "trainer logprobs", "rollout": "rollout logprobs", "mask": "mask"}
+
+
+def reason_group(record: SkippedRow, columns: Mapping[str, str]) -> str:
+    """What was wrong with a skipped row, without where in the row: "trainer logprobs NaN", "rollout logprobs
+    positive", "mask values not 0 or 1", "row group cannot be decoded"; a trainer format's own reason as written."""
+    roles = {name: role for role, name in columns.items()}
+    role = roles.get(record.column or "")
+    side = _SIDES.get(role or "", f"column '{record.column}'" if record.column else "row")
+    if record.reason.startswith("row group ") and record.reason.endswith("cannot be decoded"):
+        return "row group cannot be decoded"
+    for start, group in _REASON_GROUPS:
+        if record.reason.startswith(start):
+            return group.format(side=side)
+    return record.reason
 
 
 def _length_offset_notes(log: ReadLog) -> list[tuple[str, int]]:

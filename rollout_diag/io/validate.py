@@ -22,9 +22,10 @@ def validate_block(block: Block, log: ReadLog, strict: bool) -> Block | None:
     token_row = np.repeat(np.arange(rows), block.lengths)
     offsets = np.concatenate([[0], np.cumsum(block.lengths)])
     bad_row = np.zeros(rows, dtype=bool)
-    records = list(block.skipped)
+    records = [(record, 0) for record in block.skipped]  # rows skipped while decoding: their lists were not read
     mask = block.mask
     model = np.ones(len(token_row), dtype=bool) if mask is None else mask == 1
+    model_tokens = np.bincount(token_row, weights=model, minlength=rows).astype(np.int64)
 
     def flag(bad_token: np.ndarray, role: str, describe) -> None:
         for token in np.flatnonzero(bad_token):
@@ -34,10 +35,9 @@ def validate_block(block: Block, log: ReadLog, strict: bool) -> Block | None:
             bad_row[row] = True
             # token layout: the row that holds the bad token; sequence layout: the sequence's row
             file_row = int(block.file_row[row] if block.token_rows is None else block.token_rows[token])
+            reason = describe(token, int(token - offsets[row]))
             records.append(
-                SkippedRow(
-                    block.file, file_row, block.names.get(role, role), describe(token, int(token - offsets[row]))
-                )
+                (SkippedRow(block.file, file_row, block.names.get(role, role), reason), int(model_tokens[row]))
             )
 
     if mask is not None:
@@ -56,8 +56,8 @@ def validate_block(block: Block, log: ReadLog, strict: bool) -> Block | None:
             role,
             lambda t, p, v=values: f"positive logprob {_fmt(v[t])} at position {p} (logprobs are ≤ 0)",
         )
-    for record in sorted(records, key=lambda r: -1 if r.row is None else r.row):
-        log.skip(record, strict)  # under --strict the first (lowest) row raises
+    for record, tokens in sorted(records, key=lambda item: -1 if item[0].row is None else item[0].row):
+        log.skip(record, strict, tokens, block.names)  # under --strict the first (lowest) row raises
     if bad_row.any():
         block = drop_rows(block, np.flatnonzero(bad_row))
     return block if len(block.lengths) else None

@@ -75,8 +75,9 @@ def header(result: AnalysisResult) -> Text:
     columns = ", ".join(f"{role}={name}" for role, name in result.columns.items())
     text = Text("rollout-diag analyze", style="bold")
     text.append(
-        f": {len(result.inputs)} {result.format} file(s), {result.layout} layout, {number(result.run.rows)} rows, "
-        f"{number(result.run.tokens)} model tokens, {len(result.steps)} step(s), device {result.device}\n"
+        f": {len(result.inputs)} {result.format} file(s), {result.layout} layout, "
+        f"{result.skipped_data.counts(result.run.rows, result.run.tokens)}, {len(result.steps)} step(s), "
+        f"device {result.device}\n"
     )
     text.append_text(plain(f"columns: {columns}", style="dim"))
     return text
@@ -85,7 +86,7 @@ def header(result: AnalysisResult) -> Text:
 def first_screen(result: AnalysisResult) -> list[RenderableType]:
     """The overall verdict (as the report's banner says it) with its pipeline findings and notes under it, then one
     line with where the mismatch sits."""
-    lines = verdict_lines(result.verdict, result.hints)
+    lines = verdict_lines(result.verdict, result.hints, result.skipped_data)
     places = where(result)
     if places:
         lines.append(plain("Where: " + "; ".join(places) + "."))

@@ -31,10 +31,15 @@ def check_table(result: CheckResult) -> Group:
     failures = result.failures
     checks = len(result.outcomes)
     skipped = sum(outcome.status == "skipped" for outcome in result.outcomes)
+    gates = len(result.gates)
     headline = (
-        Text(f"FAIL: {len(failures)} of {checks} checks failed ({len(result.gates)} gates)", style="bold red")
+        Text(
+            f"FAIL: {len(result.failed_gates)} of {gates} gates failed, in {len(failures)} of {checks} checks "
+            "(run, steps, groups)",
+            style="bold red",
+        )
         if failures
-        else Text(f"PASS: all {checks - skipped} checks passed ({len(result.gates)} gates)", style="bold green")
+        else Text(f"PASS: all {gates} gates passed ({checks - skipped} checks)", style="bold green")
     )
     shown = failures or (result.outcomes if checks <= MAX_LISTED_PASSES else [])
     parts: list = [headline]
@@ -61,6 +66,7 @@ def check_table(result: CheckResult) -> Group:
             group = (outcome.group or "all rows",) if grouped else ()
             rows.append((gate.metric, *group, place, number(outcome.value, 4), limit, last))
         parts.append(_GateTable("Failed gates" if failures else "Gates", columns, rows))
+    parts.extend(Text(outcome.detail, style="bold red") for outcome in failures if outcome.detail)
     if skipped:
         why = "no model token" + (", or not a key metric computed per group" if grouped else "")
         parts.append(Text(f"{skipped} check(s) skipped: the metric is not reported for that step or group ({why})."))

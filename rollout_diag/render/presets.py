@@ -37,7 +37,10 @@ COLUMNS = (
 def answer_block(result: ComparisonResult) -> list[RenderableType]:
     """The first lines: the data's verdict (as ``analyze`` opens), its pipeline findings, then the recommendation
     and its reason, or why it is withheld."""
-    return [*verdict_lines(result.verdict), recommendation_line(result.recommendation, result.recommendation_withheld)]
+    return [
+        *verdict_lines(result.verdict, (), result.skipped_data),
+        recommendation_line(result.recommendation, result.recommendation_withheld),
+    ]
 
 
 def presets_table(result: ComparisonResult) -> FitTable:

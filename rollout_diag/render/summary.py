@@ -18,14 +18,25 @@ from rollout_diag import catalogue
 from rollout_diag.catalogue import short_name as short_name
 from rollout_diag.paths import file_label
 from rollout_diag.render.format import LEVEL_STYLE, number, plain
-from rollout_diag.results import AnalysisResult, Hint, OverallVerdict, Recommendation, StepResult, StepTable
+from rollout_diag.results import (
+    AnalysisResult,
+    Hint,
+    OverallVerdict,
+    Recommendation,
+    SkippedData,
+    StepResult,
+    StepTable,
+)
 
 HEADLINE = catalogue.K3_KL.key  # the metric that ranks steps
+INVALID_ROWS = "invalid_rows"  # the finding whose words are the skipped data's (decisions/skipped.py names it)
 
 
-def verdict_lines(verdict: OverallVerdict | None, hints: Sequence[Hint] = ()) -> list[RenderableType]:
-    """``Verdict: LEVEL — sentence``, then each pipeline finding (the hint's sentence) directly under it, then the
-    notes."""
+def verdict_lines(
+    verdict: OverallVerdict | None, hints: Sequence[Hint] = (), skipped: SkippedData | None = None
+) -> list[RenderableType]:
+    """``Verdict: LEVEL — sentence``, then what reading skipped ("64 of 128 rows (50 %) skipped: …", as the finding
+    ``invalid_rows`` when it is one), each other pipeline finding (the hint's sentence), then the notes."""
     if verdict is None:
         return [plain("Verdict: – (this result carries no verdict: made by an older rollout-diag)")]
     line = Text("Verdict: ", style="bold")
@@ -35,9 +46,17 @@ def verdict_lines(verdict: OverallVerdict | None, hints: Sequence[Hint] = ()) ->
     line.append_text(plain(f" — {verdict.sentence}"))
     lines: list[RenderableType] = [line]
     by_id = {hint.id: hint for hint in hints}
+    if skipped is not None and skipped.rows and INVALID_ROWS not in verdict.findings:
+        lines.append(plain(f"  {skipped.line()}", style="yellow"))
     for finding in verdict.findings:
         hint = by_id.get(finding)
-        lines.append(plain(f"  ↳ {finding}: {hint.message if hint else 'see the hints below'}", style="bold"))
+        if hint is not None:
+            message = hint.message
+        elif finding == INVALID_ROWS and skipped is not None:
+            message = skipped.detail()
+        else:
+            message = "see the hints below"
+        lines.append(plain(f"  ↳ {finding}: {message}", style="bold"))
     lines.extend(plain(f"  note: {note}", style="dim") for note in verdict.notes)
     return lines
 

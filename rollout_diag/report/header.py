@@ -38,7 +38,13 @@ def overall_html(result: AnalysisResult, comparison: ComparisonResult | None = N
     cause = " (pipeline bug)" if verdict.cause == "pipeline" else ""
     parts = [f"Verdict: {badge(verdict.level)}{escape(cause)} <span>{escape(verdict.sentence, limit=600)}</span>"]
     messages = {hint.id: hint.message for hint in result.hints}
-    items = [
+    skipped = result.skipped_data
+    items = (
+        [f'<li class="skipped">{escape(skipped.line(), limit=600)}</li>']
+        if skipped.rows and "invalid_rows" not in verdict.findings
+        else []
+    )
+    items += [
         f"<li><code>{escape(finding)}</code>: {escape(messages.get(finding, 'see the hints'), limit=600)}</li>"
         for finding in verdict.findings
     ]
@@ -104,7 +110,7 @@ def _facts(result: AnalysisResult) -> str:
     inputs = ", ".join(escape(name, limit=120) for name in names[:MAX_INPUTS_SHOWN])
     if len(names) > MAX_INPUTS_SHOWN:
         inputs += escape(f" and {len(names) - MAX_INPUTS_SHOWN} more")
-    run = result.run
+    run, skipped = result.run, result.skipped_data
     columns = ", ".join(
         f"{escape(role)} = <code>{escape(name, limit=80)}</code>" for role, name in result.columns.items()
     )
@@ -112,17 +118,17 @@ def _facts(result: AnalysisResult) -> str:
         ("inputs", inputs or "–"),
         (
             "rows",
-            escape(number(run.rows))
+            escape(number(run.rows) + (f" of {number(skipped.input_rows)}" if skipped.rows else ""))
             + (escape(f" ({number(run.empty_rows)} without a model token)") if run.empty_rows else ""),
         ),
-        ("model tokens", escape(number(run.tokens))),
+        ("model tokens", escape(number(run.tokens) + (f" of {number(skipped.input_tokens)}" if skipped.rows else ""))),
         ("steps", escape(number(_with_ids(result.steps)))),
         ("layout", escape(result.layout or "–")),
         ("columns", columns or "–"),
         ("device", escape(result.device or "–")),
     ]
-    if result.skipped_rows:
-        facts.append(("skipped rows", escape(f"{result.skipped_rows:,} (see analyze output for the reasons)")))
+    if skipped.rows:
+        facts.append(("skipped rows", escape(f"{skipped.rows:,} ({skipped.reason_text()}; analyze lists each row)")))
     items = "".join(f"<dt>{escape(key)}</dt><dd>{value}</dd>" for key, value in facts)
     return f'<dl class="facts">{items}</dl>'
 
