@@ -36,6 +36,25 @@ def file_labels(files: Sequence[str]) -> dict[str, str]:
     return {file: file for file in files}
 
 
+def inputs_label(files: Sequence[str]) -> str:
+    """One name for a command's input files: the file itself; for several files under one directory (a directory
+    dump, or files named one by one beside each other), that directory and the count, ``run/ (8 files)``, not the
+    first file (which names one step and rank of the run); otherwise the first file's label and how many more."""
+    if not files:
+        return ""
+    if len(files) == 1:
+        return files[0]
+    parents = [_parts(file)[:-1] for file in files]
+    common: list[str] = []
+    for level in zip(*parents, strict=False):  # as deep as the shallowest file
+        if len(set(level)) != 1:
+            break
+        common.append(level[0])
+    if common and common != ["/"]:
+        return f"{PurePath(*common).as_posix().rstrip('/')}/ ({len(files)} files)"
+    return f"{file_labels(files)[files[0]] or files[0]} and {len(files) - 1} more"
+
+
 def file_label(file: str, files: Sequence[str]) -> str:
     """``file``'s label among ``files`` (its name alone when ``files`` does not list it)."""
     return file_labels([*files, file] if file not in files else files)[file]

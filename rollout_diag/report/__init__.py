@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rollout_diag.errors import ConfigError
-from rollout_diag.paths import file_labels
+from rollout_diag.paths import inputs_label
 from rollout_diag.report.comparison import presets_section, rejection_by_step, select_presets
 from rollout_diag.report.dialects import dialects_section
 from rollout_diag.report.diff import diff_section, recommendation_section
@@ -111,8 +111,7 @@ def render_report(
 def default_title(inputs: Sequence[str]) -> str:
     if not inputs:
         return "rollout-diag report"
-    first = file_labels(inputs)[inputs[0]] or inputs[0]  # step=3/rank-0.parquet in a directory dump
-    return f"rollout-diag report: {first}" + (f" and {len(inputs) - 1} more" if len(inputs) > 1 else "")
+    return f"rollout-diag report: {inputs_label(list(inputs))}"  # run/ (8 files) for a directory dump
 
 
 def analysis_from_comparison(comparison: ComparisonResult) -> AnalysisResult:

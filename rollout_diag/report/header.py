@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from rollout_diag import catalogue
 from rollout_diag.formatting import number, percent
-from rollout_diag.paths import file_labels
+from rollout_diag.paths import file_labels, inputs_label
 from rollout_diag.report.markup import badge, escape, factor
 from rollout_diag.report.series import finite, step_series
 from rollout_diag.results import AnalysisResult, ComparisonResult, OverallVerdict, StepResult, StepTable
@@ -108,8 +108,8 @@ def _facts(result: AnalysisResult) -> str:
     labels = file_labels(result.inputs)  # the shortest path ends that tell the inputs apart, as the tables print them
     names = [labels[path] or path for path in result.inputs]
     inputs = ", ".join(escape(name, limit=120) for name in names[:MAX_INPUTS_SHOWN])
-    if len(names) > MAX_INPUTS_SHOWN:
-        inputs += escape(f" and {len(names) - MAX_INPUTS_SHOWN} more")
+    if len(names) > MAX_INPUTS_SHOWN:  # a directory dump: the directory and its count of files
+        inputs = escape(inputs_label(list(result.inputs)), limit=160)
     run, skipped = result.run, result.skipped_data
     columns = ", ".join(
         f"{escape(role)} = <code>{escape(name, limit=80)}</code>" for role, name in result.columns.items()
