@@ -76,3 +76,25 @@ def test_the_readme_and_benchmarks_stay_references() -> None:
     benchmarks = (REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     assert len(benchmarks.splitlines()) <= 300
     assert not [line for line in benchmarks.splitlines() if line.startswith("#") and "session" in line.lower()]
+
+
+def anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a page's headings (lower case, punctuation dropped, spaces as hyphens)."""
+    import re
+
+    found, fenced = set(), False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("#"):
+            found.add(re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-"))
+    return found
+
+
+def test_the_readme_and_docs_links_land_on_a_heading() -> None:
+    import re
+
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for target, anchor in re.findall(r"\]\(([\w./-]*)#([\w-]+)\)", page.read_text(encoding="utf-8")):
+            linked = page.parent / target if target else page
+            assert anchor in anchors(linked.read_text(encoding="utf-8")), f"{page.name}: {target}#{anchor}"
