@@ -140,12 +140,17 @@ WorkersOpt = Annotated[
     typer.Option(
         "--workers",
         help="Split the input over this many processes (or Ray tasks) and merge: same result. auto: one per core "
-        "but one, where the input has that many row groups (files in the token layout); 1 on a GPU or on 2 cores.",
+        "but one, at most 8, where the input has that many row groups (files in the token layout); 1 on a GPU or on "
+        "2 cores.",
     ),
 ]
 BackendOpt = Annotated[str, typer.Option("--backend", help="Where --workers run: process (this machine) or ray.")]
 ChunkOpt = Annotated[
-    int, typer.Option("--chunk-tokens", help="Tokens per chunk (memory vs overhead); results do not depend on it.")
+    int,
+    typer.Option(
+        "--chunk-tokens",
+        help="Tokens per chunk (memory vs overhead); results do not depend on it. On a GPU the default becomes 16 M.",
+    ),
 ]
 ByOpt = Annotated[
     list[str] | None,
