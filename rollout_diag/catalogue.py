@@ -342,7 +342,7 @@ IS_MAX = _metric(
     "some token or sequence gets a large weight (capped by the threshold under TIS)",
     unit=RATIO,
 )
-_metric(
+IS_MIN = _metric(
     "rollout_corr/rollout_is_min",
     "is",
     "min of w over masked tokens (sequence: exp(min_i s_i))",
