@@ -243,7 +243,7 @@ def test_a_negative_chi2_seq_is_read_from_the_row_count_and_the_spread(chi2_seq,
 def test_long_rows_with_chi2_seq_near_minus_one_get_the_degenerate_sentence(altered):
     result = altered["long_degenerate"]
     chi2 = result.run.metrics[catalogue.CHI2_SEQ.key]
-    assert -1.0 <= chi2 < -0.9  # exp(2S) ≈ 0 for S ~ N(−20.3, 6.4²) in all 24 rows
+    assert -1.0 <= chi2 < -0.99  # exp(2S) ≈ 0 for S ~ N(−20.3, 6.4²) in all 24 rows (measured: −0.999999999)
     verdict = agree(result)
     note = next(text for text in verdict["notes"] if text.startswith("chi2_seq"))
     assert "near −1" in note and "degenerate at a mean of 6350 tokens per row: prefer token-level correction" in note
