@@ -46,11 +46,13 @@ LEVEL_ORDER = ("bad", "watch", "ok", "n/a")
 # Hints that are pipeline bugs, in the order to fix them: a shifted gather moves every token's logprob, so it
 # comes first; a missing mask or placeholder logprobs put tokens nobody scored into the loss; processed logprobs
 # (temperature, top-p) change every token's value but keep the tokens right.
-PIPELINE_HINTS = ("off_by_one", "no_mask", "dummy_logprobs", "processed_logprobs")
+PIPELINE_HINTS = ("off_by_one", "no_mask", "dummy_logprobs", "fill_values", "processed_logprobs")
 FIX_FIRST = {
     "off_by_one": "fix the off-by-one gather of the logprobs (labels vs logits shifted by one position)",
     "no_mask": "give the response mask (--column mask=NAME), so that environment tokens leave the measurement",
     "dummy_logprobs": "fix the response mask, so that tokens the engine never scored leave the loss",
+    "fill_values": "fix the response mask (or the dump), so that tokens holding a fill value instead of a logprob "
+    "leave the loss",
     "processed_logprobs": "compute both sides' logprobs from the same distribution (one side applies a temperature "
     "or top-p/top-k)",
 }
