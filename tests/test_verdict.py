@@ -259,6 +259,8 @@ def test_identical_logprobs_agree_exactly_and_say_nothing_else(altered):
     head = "\n".join(terminal(result)[:8])
     # no χ² of −4e-13 read as a finding, no "worst step 0 (k3_kl 0)": identical logprobs have no worst place
     assert "is negative" not in head and "worst step" not in head and "Where:" not in head
+    grouped = rd.analyze(str(result.inputs[0]), device="cpu", by=["num_rounds"])  # nor a worst group of k3_kl 0
+    assert grouped.groups and "Where:" not in "\n".join(terminal(grouped)[:8])
 
 
 def test_little_data_says_so(altered):

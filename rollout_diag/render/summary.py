@@ -111,7 +111,7 @@ def where(result: AnalysisResult) -> list[str]:
         lines.append(
             f"largest |δ| {number(abs(token.log_ratio))} at position {token.position} of sample {token.sample_id}"
         )
-    line = worst_group_line(result.groups)
+    line = worst_group_line([group for group in result.groups if _positive(group.metrics.get(HEADLINE))])
     if line:
         lines.append(line)
     return lines
