@@ -342,7 +342,7 @@ IS_MAX = _metric(
     "some token or sequence gets a large weight (capped by the threshold under TIS)",
     unit=RATIO,
 )
-_metric(
+IS_MIN = _metric(
     "rollout_corr/rollout_is_min",
     "is",
     "min of w over masked tokens (sequence: exp(min_i s_i))",
@@ -887,6 +887,11 @@ def legacy_twin(metric: Metric) -> Metric:
 INTRUSIVE_REJECTED_FRACTION = 0.10
 # ... or its IS weights leave an effective sample size (rollout_is_eff_sample_size) below this.
 INTRUSIVE_MIN_ESS = 0.5
+# A logprob at or below this is a fill value, not a logprob (io/reader.py counts them on model tokens, the
+# fill_values hint names them): no softmax over real logits gets there (a logit gap of 1 000; float64's smallest
+# positive probability is e^−745), while the fills engines and dumps use (−1e4, −65504, −1e9, −1e30, finfo.min of
+# float16, bfloat16, float32 or float64) all lie below.
+FILL_LOGPROB = -1000.0
 # The hints' per-row tests (decisions/hints.py judges with them; metrics/hints.py scores example rows with them).
 # off_by_one: shifting the trainer logprobs one position at least halves mean |δ| ...
 SHIFT_MAX_RATIO = 0.5

@@ -817,7 +817,8 @@ def compare_presets(
     debug: DebugOpt = False,
 ) -> None:
     """What every rollout-correction preset (verl's 19, the legacy family, your own) would do to this data,
-    side by side, plus the threshold sweep.
+    side by side, plus the threshold sweep. Opens with the data's verdict and the recommended preset, or why none
+    is (a pipeline bug; no correction needed; too little data to choose: docs/recommendation.md).
 
     \b
     Examples:

@@ -593,6 +593,32 @@ class RowRef:
     score: float
 
 
+FILL_VALUES_KEPT = 4  # distinct fill values named per file and side
+
+
+@dataclass
+class FillCount:
+    """Model tokens of one side of one file whose logprob is a fill value (``catalogue.FILL_LOGPROB`` or below):
+    how many, in how many rows, which values, and the first of them in reading order."""
+
+    column: str
+    tokens: int = 0
+    rows: int = 0
+    values: dict[float, int] = field(default_factory=dict)  # fill value -> tokens (the FILL_VALUES_KEPT commonest)
+    first: RowRef | None = None  # the first row holding one (its score: the token's position in the row)
+
+    def add(self, other: FillCount) -> None:
+        """Fold in another part of the same file and side (a later part: the first row stays the earliest)."""
+        self.tokens += other.tokens
+        self.rows += other.rows
+        for value, count in other.values.items():
+            self.values[value] = self.values.get(value, 0) + count
+        kept = sorted(self.values.items(), key=lambda item: -item[1])[:FILL_VALUES_KEPT]
+        self.values = dict(kept)
+        if self.first is None or (other.first is not None and other.first.row < self.first.row):
+            self.first = other.first
+
+
 @dataclass(frozen=True)
 class Evidence:
     """What ``HintEvidenceAccumulator.evidence()`` hands over: sums for the run and per step, example rows per
@@ -605,6 +631,8 @@ class Evidence:
     has_versions: bool = False
     # inputs without a mask column: (tokens read, of them rollout logprob exactly 0.0 where the trainer's < log 0.5)
     unmasked: tuple[int, int] = (0, 0)
+    # (file, role) -> model tokens holding a fill value instead of a logprob (io/reader.py counts them)
+    fills: Mapping[tuple[str, str], FillCount] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

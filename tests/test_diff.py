@@ -194,3 +194,19 @@ def test_report_vs_adds_the_a_b_section(two_dumps: tuple[Path, Path, Path], tmp_
     assert 'data-figure="diff-positions"' in html and "mismatch/logprob_abs_diff" in html
     assert re.search(r"[\d.,]+× (lower|higher)|>same<", html) and ">B/A<" not in html  # as the terminal says it
     assert "Which correction should I turn on?" in html
+
+
+def test_presets_with_the_same_numbers_share_a_row_as_in_compare_presets(two_dumps: tuple[Path, Path, Path]) -> None:
+    path_a, path_b, _ = two_dumps
+    result = diff_runs(str(path_a), str(path_b), device="cpu", replicates=200)
+    grouped = result.changed_preset_groups
+    # verl's k3 rejection in decoupled and bypass mode drops the same tokens offline: one group, one row
+    k3 = next(group for group in grouped if group[0].preset == "decoupled_k3_rs")
+    assert "bypass_ppo_clip_k3_rs" in [p.preset for p in k3]
+    assert [p.preset for group in grouped for p in group] == [p.preset for p in result.changed_presets]
+    for group in grouped:
+        assert len({(p.a, p.b, p.difference, p.low, p.high) for p in group}) == 1
+    table = succeeded(invoke("diff", path_a, path_b, "--device", "cpu", "--replicates", "200"))
+    rows = re.findall(r"^│ (\S+)(?: \+(\d+))? ", table[table.index("Presets whose share") :], re.MULTILINE)
+    assert [(name, int(more or 0)) for name, more in rows] == [(g[0].preset, len(g) - 1) for g in grouped]
+    assert "decoupled_k3_rs also stands for " in " ".join(table.split())

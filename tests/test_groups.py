@@ -246,3 +246,18 @@ def test_report_section_and_compare_presets(dump, tmp_path):
     done = runner.invoke(app, ["report", str(path), "--by", "env_name", "-o", str(tmp_path / "r.html")])
     assert done.exit_code == 0, done.output
     assert "Which group diverges?" in (tmp_path / "r.html").read_text()
+
+
+def test_the_worst_group_is_named_on_the_first_screen(dump):
+    from rollout_diag.render.analysis import first_screen
+    from rollout_diag.render.groups import worst_group_line
+
+    path, _ = dump
+    result = analyze(path, device="cpu", by=["env_name", "reward:sign"])
+    where = next(str(line) for line in first_screen(result) if str(line).startswith("Where: "))
+    # the worst group of each spec (the first of its groups, worst first), beside the worst step, row and token
+    for column in ("env_name", "reward:sign"):
+        worst = next(g for g in result.groups if g.column == column)
+        assert worst_group_line([worst]) in where
+    plain = analyze(path, device="cpu")
+    assert "is the worst group" not in " ".join(str(line) for line in first_screen(plain))  # without --by: none

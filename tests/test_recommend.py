@@ -64,7 +64,8 @@ def test_the_least_intrusive_correcting_preset_that_meets_the_rule_is_chosen() -
     assert reasons["geo_rs"] == "drops 40.0% of model tokens (> 10%)"  # compare.py's intrusive rule, imported
     assert reasons["wild_is"] == "IS effective sample size 0.3 (< 0.5)"
     assert "disabled" not in reasons  # corrects nothing: never a candidate
-    assert found.order == ["disabled", "token_is", "token_is_bypass", "seq_is", "wild_is", "k3_rs", "geo_rs"]
+    # least intrusive first, the presets that correct nothing last (as --sort intrusiveness lists them)
+    assert found.order == ["token_is", "token_is_bypass", "seq_is", "wild_is", "k3_rs", "geo_rs", "disabled"]
     assert found.note  # every key metric ok: metrics only is defensible, and the output says so
 
 
@@ -224,3 +225,82 @@ def test_the_recommendation_lives_in_the_comparison_and_its_json() -> None:
     again = ComparisonResult.from_json(json.loads(json.dumps(carried.to_json())))
     assert isinstance(again.recommendation, Recommendation) and again.recommendation == found
     assert again.recommendation_withheld is None
+
+
+# ------------------------------------------------------------------------------------------ no correction needed
+def test_a_preset_that_changes_nothing_is_no_candidate_and_a_missing_ess_never_ties_as_one() -> None:
+    hand = comparison(
+        # seq_mean_k3 at 0.01 drops nothing and has no IS weights: it used to win as "ESS 1, less intrusive"
+        preset("k3_rs", rs="seq_mean_k3", **dropped(0, 0)),
+        preset("token_is", is_="token", **dropped(0, 0), **importance(0.995)),
+        preset("seq_is", is_="sequence", **dropped(0, 0), **importance(0.48)),
+    )
+    found = recommend(hand)
+    assert found.preset == "token_is" and found.ties == []
+    assert dict(found.not_chosen)["k3_rs"] == "neither reweights nor drops a single token on this data"
+    # an RS preset that drops a few tokens (within the 0.1-point tie bound) has no ESS: not tied with ESS 0.995
+    dropping = comparison(
+        preset("k3_rs", rs="seq_mean_k3", **dropped(0.0004, 0.004)),
+        preset("token_is", is_="token", **dropped(0, 0), **importance(0.995)),
+    )
+    assert recommend(dropping).ties == [] and recommend(dropping).preset == "token_is"
+    # IS weights all exactly 1 (min = max = 1) and nothing dropped: no candidate either
+    unit = {"rollout_corr__rollout_is_min": 1.0, "rollout_corr__rollout_is_max": 1.0}
+    idle = recommend(comparison(preset("token_is", is_="token", **dropped(0, 0), **importance(1.0), **unit)))
+    assert idle.preset is None and "neither reweights nor drops" in idle.reasons[0]
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory) -> dict[str, Path]:
+    from verdict_dumps import identical, long_rows, one_row
+
+    folder = tmp_path_factory.mktemp("shapes")
+    return {
+        "identical": identical(folder / "identical.parquet"),
+        "one_row": one_row(folder / "one_row.parquet"),  # 91 model tokens in one row
+        "long_rows": long_rows(folder / "long_rows.parquet"),  # 16 rows of 8 192 tokens, δ ~ N(0, 0.02²)
+    }
+
+
+def compared(path: Path) -> dict:
+    document = json.loads(succeeded(invoke("compare-presets", path, "--device", "cpu", "-f", "json")))
+    validator("comparison.schema.json").validate(document)
+    return document
+
+
+@pytest.mark.parametrize(
+    ("shape", "why"),
+    [
+        ("identical", "no correction needed: trainer and rollout logprobs are identical on every model token"),
+        ("one_row", "too little data to choose a correction (91 model tokens in 1 row;"),
+        ("long_rows", "no correction needed: every key mismatch metric is ok"),
+    ],
+)
+def test_no_correction_is_recommended_where_none_is_needed_or_the_data_cannot_choose(shapes, shape, why) -> None:
+    document = compared(shapes[shape])
+    assert document["recommendation"] is None and why in document["recommendation_withheld"]
+    output = succeeded(invoke("compare-presets", shapes[shape], "--device", "cpu"))
+    lines = output.splitlines()
+    line = next(index for index, text in enumerate(lines) if text.startswith("Recommendation: "))
+    assert " ".join(" ".join(lines[line : line + 3]).split()).find(why) > 0  # one line in the terminal (wrapped)
+    assert line < next(index for index, text in enumerate(lines) if text.startswith("Rollout-correction presets"))
+
+
+def test_on_long_rows_a_k3_preset_that_drops_nothing_is_never_recommended(shapes) -> None:
+    document = compared(shapes["long_rows"])
+    presets = {p["name"]: p["run"]["metrics"] for p in document["presets"]}
+    assert presets["decoupled_k3_rs"]["summary/rejected_token_fraction"] == 0.0  # row mean k3 ≈ 2e-4 < 0.01
+    found = recommend(document)  # what the rule picks if asked anyway (the comparison withholds: verdict ok)
+    assert found.preset not in ("decoupled_k3_rs", "bypass_ppo_clip_k3_rs", "decoupled_geo_rs")
+    assert dict(found.not_chosen)["decoupled_k3_rs"] == "neither reweights nor drops a single token on this data"
+    assert "decoupled_k3_rs" not in found.ties
+
+
+def test_the_report_says_no_correction_is_needed(shapes) -> None:
+    import rollout_diag as rd
+    from rollout_diag.report import render_report
+
+    path = str(shapes["identical"])
+    page = render_report(rd.analyze(path, device="cpu"), comparison=rd.compare_presets(path, device="cpu"))
+    banner = page[: page.index("</div>", page.index('class="overall'))]
+    assert "<strong>Recommendation:</strong> no correction needed" in banner and "agree exactly" in banner

@@ -11,12 +11,23 @@ import io
 import json
 import math
 import re
+from functools import partial
 from pathlib import Path
 
 import jsonschema
 import pytest
 from rich.console import Console
-from verdict_dumps import MULTITURN, REAL, concatenated, long_rows, mask_dropped, one_row, processed, shifted
+from verdict_dumps import (
+    MULTITURN,
+    REAL,
+    concatenated,
+    identical,
+    long_rows,
+    mask_dropped,
+    one_row,
+    processed,
+    shifted,
+)
 
 import rollout_diag as rd
 from rollout_diag import catalogue
@@ -76,6 +87,10 @@ def altered(tmp_path_factory) -> dict[str, AnalysisResult]:
         "concatenated": concatenated,
         "long_rows": long_rows,
         "one_row": one_row,
+        "identical": identical,
+        # 6 350 tokens per row, δ ~ N(−σ²/2, σ²) with σ = 0.08: a row's log-weight S ~ N(−20.3, 6.4²), so nearly every
+        # row's exp(2S) is ≈ 0 and chi2_seq ≈ −1 while the weights are degenerate
+        "long_degenerate": partial(long_rows, length=6350, rows=24, sigma=0.08, shift=-0.0032),
     }
     return {name: rd.analyze(str(make(folder / f"{name}.parquet")), device="cpu") for name, make in makers.items()}
 
@@ -199,10 +214,53 @@ def test_real_tokens_in_8k_rows_are_not_bad(altered):
 
 
 def test_a_negative_chi2_gets_a_note_and_is_never_large():
-    metrics = {catalogue.K3_KL.key: 1e-4, catalogue.CHI2_TOKEN.key: -0.5, catalogue.CHI2_SEQ.key: -3.0}
+    metrics = {catalogue.K3_KL.key: 1e-4, catalogue.CHI2_TOKEN.key: -0.5, catalogue.CHI2_SEQ.key: -0.05}
     verdict = overall_verdict(metrics, rows=100, tokens=10_000)
     assert verdict.level == "ok"
     assert sum("is negative" in note for note in verdict.notes) == 2
+
+
+# 100 rows of 100 tokens, k3_kl 1e-4: σ² = 100 · 2e-4 = 0.02; one standard error of a log-normal ρ's mean of ρ² over
+# 100 rows = sqrt((e^0.12 − e^0.04) / 100) = sqrt((1.127497 − 1.040811) / 100) = 0.02944, so 3 SE = 0.0883
+@pytest.mark.parametrize(
+    ("chi2_seq", "k3", "reading"),
+    [
+        (-0.05, 1e-4, "within the sampling noise of 100 rows (±0.02944"),  # −0.05 ≥ −0.0883: noise
+        (-0.2, 1e-4, "below what sampling noise over 100 rows explains"),  # −0.2 < −0.0883, σ² small: a shift
+        (-0.6, 1e-4, "near −1: what degenerate sequence weights give"),  # ≤ −0.5: at least half the rows ≈ 0
+        (-0.1, 1e-2, "(negative): what degenerate sequence weights give"),  # σ² = 100 · 0.02 = 2 > 1
+    ],
+)
+def test_a_negative_chi2_seq_is_read_from_the_row_count_and_the_spread(chi2_seq, k3, reading):
+    metrics = {catalogue.K3_KL.key: k3, catalogue.CHI2_SEQ.key: chi2_seq}
+    notes = [n for n in overall_verdict(metrics, rows=100, tokens=10_000).notes if n.startswith("chi2_seq")]
+    assert len(notes) == 1 and reading in notes[0], notes
+    degenerate = "degenerate at a mean of 100 tokens per row: prefer token-level correction" in notes[0]
+    assert degenerate == ("degenerate sequence weights" in reading)
+    assert ("read as ≈ 0" in notes[0]) == reading.startswith("within")
+
+
+def test_long_rows_with_chi2_seq_near_minus_one_get_the_degenerate_sentence(altered):
+    result = altered["long_degenerate"]
+    chi2 = result.run.metrics[catalogue.CHI2_SEQ.key]
+    assert -1.0 <= chi2 < -0.99  # exp(2S) ≈ 0 for S ~ N(−20.3, 6.4²) in all 24 rows (measured: −0.999999999)
+    verdict = agree(result)
+    note = next(text for text in verdict["notes"] if text.startswith("chi2_seq"))
+    assert "near −1" in note and "degenerate at a mean of 6350 tokens per row: prefer token-level correction" in note
+    assert "no spread" not in note and "read as ≈ 0" not in note
+
+
+def test_identical_logprobs_agree_exactly_and_say_nothing_else(altered):
+    result = altered["identical"]
+    assert result.run.metrics[catalogue.LOGPROB_ABS_DIFF.key] == 0.0
+    verdict = agree(result)
+    assert (verdict["level"], verdict["cause"], verdict["notes"]) == ("ok", "identical", [])
+    assert "agree exactly" in verdict["sentence"] and f"{result.run.tokens} model tokens" in verdict["sentence"]
+    head = "\n".join(terminal(result)[:8])
+    # no χ² of −4e-13 read as a finding, no "worst step 0 (k3_kl 0)": identical logprobs have no worst place
+    assert "is negative" not in head and "worst step" not in head and "Where:" not in head
+    grouped = rd.analyze(str(result.inputs[0]), device="cpu", by=["num_rounds"])  # nor a worst group of k3_kl 0
+    assert grouped.groups and "Where:" not in "\n".join(terminal(grouped)[:8])
 
 
 def test_little_data_says_so(altered):

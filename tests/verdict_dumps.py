@@ -100,14 +100,24 @@ def one_row(path: Path) -> Path:
     return _write({name: values[:1] for name, values in rows.items()}, path)
 
 
-def long_rows(path: Path, length: int = 8192, rows: int = 16, sigma: float = 0.02, seed: int = 0) -> Path:
-    """Synthetic rows of ``length`` model tokens with δ ~ N(0, sigma²): k3_kl ≈ sigma²/2 = 2e-4 and chi2_token ≈
-    2·sigma² = 8e-4 are ok, chi2_seq (expected exp(2·length·sigma²) − 1 ≈ 700) is bad; rollout p around 0.1."""
+def identical(path: Path) -> Path:
+    """The real sample with the trainer logprobs replaced by the rollout's (trainer == rollout on every token)."""
+    rows = _rows(REAL)
+    rows["old_log_probs"] = [list(values) for values in rows["rollout_log_probs"]]
+    return _write(rows, path)
+
+
+def long_rows(
+    path: Path, length: int = 8192, rows: int = 16, sigma: float = 0.02, seed: int = 0, shift: float = 0.0
+) -> Path:
+    """Synthetic rows of ``length`` model tokens with δ ~ N(shift, sigma²): k3_kl ≈ sigma²/2 = 2e-4 and chi2_token ≈
+    2·sigma² = 8e-4 are ok, chi2_seq (expected exp(2·length·sigma²) − 1 ≈ 700) is bad; rollout p around 0.1.
+    ``shift`` = −sigma²/2 makes ρ = exp(δ) a likelihood ratio (E[ρ] = 1), as a real trainer/rollout pair's is."""
     rng = np.random.default_rng(seed)
     out: dict[str, list] = {name: [] for name in COLUMNS}
     for index in range(rows):
         rollout = -1.5 - 0.5 * rng.standard_exponential(length)
-        trainer = rollout + rng.normal(0.0, sigma, length)
+        trainer = rollout + rng.normal(shift, sigma, length)
         out["step"].append(index // 4)
         out["sample_id"].append(f"long-{index:02d}")
         out["rollout_log_probs"].append(rollout.tolist())

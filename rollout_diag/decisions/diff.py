@@ -134,6 +134,16 @@ class DiffResult:
     def changed_presets(self) -> list[PresetDiff]:
         return [preset for preset in self.presets if preset.changed]
 
+    @property
+    def changed_preset_groups(self) -> list[list[PresetDiff]]:
+        """The changed presets, those with the same numbers (A, B, B − A and its interval) in one group, in the
+        order of each group's first member: as compare-presets shares one row among presets of equal effect
+        (``decoupled_k3_rs`` and ``bypass_ppo_clip_k3_rs`` drop the same tokens offline)."""
+        groups: dict[tuple[float, ...], list[PresetDiff]] = {}
+        for preset in self.changed_presets:
+            groups.setdefault((preset.a, preset.b, preset.difference, preset.low, preset.high), []).append(preset)
+        return list(groups.values())
+
     def to_json(self) -> dict[str, Any]:
         def side(value: DiffSide) -> dict[str, Any]:
             result = value.result

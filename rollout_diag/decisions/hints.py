@@ -13,15 +13,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rollout_diag.catalogue import SHIFT_MAX_RATIO, parse_round_key, round_quantity
+import numpy as np
+
+from rollout_diag.catalogue import FILL_LOGPROB, SHIFT_MAX_RATIO, parse_round_key, round_quantity
 from rollout_diag.decisions.trends import least_squares
-from rollout_diag.results import AnalysisResult, Evidence, Hint, Sums
+from rollout_diag.formatting import number
+from rollout_diag.results import FILL_VALUES_KEPT, AnalysisResult, Evidence, FillCount, Hint, Sums
 
 HINT_IDS = (
     "invalid_rows",  # not found here: decisions/skipped.py makes it from what reading skipped, before the others
     "off_by_one",
     "no_mask",
     "dummy_logprobs",
+    "fill_values",
     "processed_logprobs",
     "first_token",
     "last_token",
@@ -58,6 +62,7 @@ TURN_MIN_ROUNDS = 3  # rounds with ≥ 30 tokens (the round trend's own rule)
 TURN_MIN_FACTOR = 2.0  # the fitted mean |δ| at the last such round at least 2× the fitted one at the first
 STALENESS_MIN_FACTOR = 1.5  # rows behind the freshest policy at least 1.5× the mismatch of the freshest
 MAX_STEPS = 10  # steps listed per hint
+EXAMPLES = 5  # example rows listed per hint (the schema's bound)
 PROBABILITY_LABELS = ("p ≥ 0.9", "0.5 ≤ p < 0.9", "0.1 ≤ p < 0.5", "0.01 ≤ p < 0.1", "p < 0.01")
 LOW_BUCKETS, HIGH_BUCKETS = (3, 4), (0, 1)
 
@@ -121,6 +126,7 @@ def find_hints(evidence: Evidence, result: AnalysisResult) -> list[Hint]:
         # a shifted gather puts p < 0.5 next to a rollout's exact 0.0 (p = 1) by itself: isolated zeros count then
         # only in runs
         dummy_logprobs(evidence, isolated=shifted is None),
+        fill_values(evidence),
         processed_logprobs(evidence),
         first_token(evidence),
         last_token(evidence),
@@ -274,6 +280,66 @@ def dummy_logprobs(evidence: Evidence, isolated: bool = True) -> Hint | None:
         rows=_rows(evidence, "dummy_logprobs"),
         look_at="the response_mask of these rows: mask-1 tokens carrying dummy logprobs",
     )
+
+
+# ------------------------------------------------------------------------------------------ fill_values
+# The fill values dumps use, named: the most negative finite value of each float type an engine computes in.
+FILL_NAMES = {
+    float(np.finfo(np.float16).min): "float16's finfo.min",
+    -3.3895313892515355e38: "bfloat16's finfo.min",
+    float(np.finfo(np.float32).min): "float32's finfo.min",
+    float(np.finfo(np.float64).min): "float64's finfo.min",
+}
+
+
+def _fill_name(value: float) -> str:
+    name = FILL_NAMES.get(value)
+    return number(value) + (f" ({name})" if name else "")
+
+
+def fill_values(evidence: Evidence) -> Hint | None:
+    """Model tokens whose logprob is a fill value (``FILL_LOGPROB`` or below), counted while reading: one is enough,
+    since no softmax gets there and a single one makes |δ| astronomical in every metric."""
+    if not evidence.fills:
+        return None
+    counts = list(evidence.fills.values())
+    tokens, rows = sum(c.tokens for c in counts), sum(c.rows for c in counts)
+    sides = [_fill_side(role, evidence.fills) for role in ("trainer", "rollout")]
+    examples = [(file, c.first) for (file, _), c in evidence.fills.items() if c.first is not None]
+    file, first = examples[0]
+    return Hint(
+        id="fill_values",
+        message=(
+            f"{tokens} model token(s) in {rows} row(s) carry a fill value instead of a logprob — "
+            f"{'; '.join(side for side in sides if side)}; the first at position {int(first.score)} of {file}:"
+            f"{first.row} (step {first.step}, sample {first.sample_id}). No softmax gives a logprob ≤ "
+            f"{FILL_LOGPROB:g}: tokens the engine never scored that the mask lets into the loss (a masking or dump "
+            "bug), and every metric they enter is meaningless."
+        ),
+        evidence={
+            "tokens": float(tokens),
+            "rows": float(rows),
+            "lowest_value": min(value for c in counts for value in c.values),
+        },
+        steps=sorted({ref.step for _, ref in examples})[:MAX_STEPS],
+        rows=[{"step": r.step, "sample_id": r.sample_id, "file": f, "row": r.row} for f, r in examples[:EXAMPLES]],
+        look_at="the response_mask and the logprob columns of these rows: mask-1 tokens holding a fill value",
+    )
+
+
+def _fill_side(role: str, fills: Mapping[tuple[str, str], FillCount]) -> str:
+    """ "3 on the trainer side (old_log_probs: -1e+30 ×3)"; "" when that side has none."""
+    counts = [count for (_, side), count in fills.items() if side == role]
+    if not counts:
+        return ""
+    values: dict[float, int] = {}
+    for count in counts:
+        for value, tokens in count.values.items():
+            values[value] = values.get(value, 0) + tokens
+    commonest = sorted(values.items(), key=lambda item: -item[1])[:FILL_VALUES_KEPT]
+    named = ", ".join(f"{_fill_name(value)} ×{tokens}" for value, tokens in commonest)
+    columns = ", ".join(dict.fromkeys(count.column for count in counts))
+    return f"{sum(count.tokens for count in counts)} on the {role} side ({columns}: {named})"
 
 
 # ------------------------------------------------------------------------------------------ processed

@@ -1,11 +1,17 @@
 """ "Which correction should I turn on?": a recommendation from a preset comparison, with its rule and reasons.
 
 The rule (docs/recommendation.md gives the reasons): among presets that correct something (IS weights or
-rejection), keep those that compare-presets does not call intrusive (``decisions.intrusive.intrusive_reasons``: at
+rejection) and that on this data reweight or drop at least one token, keep those that compare-presets does not call
+intrusive (``decisions.intrusive.intrusive_reasons``: at
 most 10 % of model tokens dropped, IS effective sample size ≥ 0.5) and whose IS weights stay in verl's healthy band
 (mean IS weight within [0.5, 2]); recommend the least intrusive of them. Intrusiveness orders presets by the
 share of model tokens dropped, then of sequences dropped, then by how far the IS weights are from uniform
-(1 − ESS). Pure functions over a ComparisonResult (its ``--format json`` dict works too).
+(1 − ESS; a preset without IS weights has no ESS and ranks after every preset whose ESS was measured: "no weights" is
+not "uniform weights"). Pure functions over a ComparisonResult (its ``--format json`` dict works too).
+
+No correction is recommended (``withheld_reason``) when the data shows a pipeline bug, when trainer and rollout agree
+exactly, when the data is too small to choose (the verdict's little-data rule: ``LITTLE_DATA_TOKENS`` model tokens or
+fewer, or ``LITTLE_DATA_ROWS`` row), or when the verdict is ok: then no correction is needed.
 
 Differences below a noise bound are ties (``TIE_*``): among presets that tie with the least intrusive one, verl's
 current presets go before the legacy family, then the less intrusive. Every family is judged like for like: the
@@ -23,7 +29,7 @@ from typing import Any
 from rollout_diag import catalogue
 from rollout_diag.decisions.intrusive import INTRUSIVE_MIN_ESS, INTRUSIVE_REJECTED_FRACTION, intrusive_reasons
 from rollout_diag.decisions.levels import judge
-from rollout_diag.decisions.verdict import FIX_FIRST
+from rollout_diag.decisions.verdict import FIX_FIRST, LITTLE_DATA_ROWS, LITTLE_DATA_TOKENS
 from rollout_diag.results import AnalysisResult, ComparisonResult, Hint, OverallVerdict, Recommendation, SkippedData
 
 IS_MEAN_BAND = (0.5, 2.0)  # verl's warning band for rollout_is_mean (docs/algo/rollout_corr.md)
@@ -34,8 +40,10 @@ TIE_ROWS_DROPPED = 0.01  # 1 percentage point of sequences (a batch of a few hun
 RULE = (
     "the least intrusive preset that corrects (IS weights or rejection), drops at most {rejected:.0%} of model "
     "tokens, keeps the IS effective sample size at or above {ess:g} and the mean IS weight within [0.5, 2]; "
-    "intrusiveness = share of tokens dropped, then of sequences dropped, then 1 − ESS"
+    "intrusiveness = share of tokens dropped, then of sequences dropped, then 1 − ESS (no IS weights: after every "
+    "measured ESS); a preset that neither reweights nor drops a token on this data is no candidate"
 )
+IDLE = "neither reweights nor drops a single token on this data"
 
 
 @dataclass(frozen=True)
@@ -53,10 +61,12 @@ class PresetStanding:
     problems: tuple[str, ...]  # why it fails the rule (empty: it passes)
     legacy: bool = False  # the §8 legacy family: its is_mean is the raw mean, before truncation
     used_weights: tuple[float, float] | None = None  # legacy: the interval the weights the trainer uses lie in
+    acts: bool = True  # on this data it reweights (some IS weight ≠ 1) or drops at least one token
 
     @property
     def key(self) -> tuple[float, float, float]:
-        return (self.tokens_dropped, self.rows_dropped, 0.0 if self.ess is None else 1.0 - self.ess)
+        """Intrusiveness: tokens dropped, sequences dropped, 1 − ESS (no ESS: after every measured one)."""
+        return (self.tokens_dropped, self.rows_dropped, math.inf if self.ess is None else 1.0 - self.ess)
 
 
 def _attr(item: Any, name: str, default: Any = None) -> Any:
@@ -95,22 +105,36 @@ def standings(comparison: Any, presets: Sequence[Any] | None = None) -> list[Pre
         if is_mean is not None and not _in_band(is_mean, used):
             raw = " raw (before truncation)" if legacy else ""
             problems.append(f"mean IS weight {is_mean:.3g}{raw} outside [0.5, 2]")
+        tokens_dropped = _metric(metrics, catalogue.REJECTED_TOKEN_FRACTION) or 0.0
+        rows_dropped = _metric(metrics, catalogue.REJECTED_ROW_FRACTION) or 0.0
+        acts = tokens_dropped > 0 or rows_dropped > 0 or (importance and _reweights(metrics))
+        if (importance or rejection) and not acts:
+            problems.append(IDLE)
         out.append(
             PresetStanding(
                 name=str(_attr(preset, "name")),
                 mode=str(_attr(preset, "mode", "")),
                 corrects=importance or rejection,
-                tokens_dropped=_metric(metrics, catalogue.REJECTED_TOKEN_FRACTION) or 0.0,
-                rows_dropped=_metric(metrics, catalogue.REJECTED_ROW_FRACTION) or 0.0,
+                tokens_dropped=tokens_dropped,
+                rows_dropped=rows_dropped,
                 ess=ess,
                 is_mean=is_mean,
                 setting=_setting(config),
                 problems=tuple(problems),
                 legacy=legacy,
                 used_weights=used,
+                acts=acts,
             )
         )
     return out
+
+
+def _reweights(metrics: Mapping[str, Any]) -> bool:
+    """Whether some IS weight differs from 1: its min or max is not exactly 1 (unknown without them: assume it
+    does, so that only a preset known to change nothing loses its candidacy)."""
+    low = _weight_metric(metrics, catalogue.IS_MIN)
+    high = _weight_metric(metrics, catalogue.IS_MAX)
+    return low is None or high is None or low != 1.0 or high != 1.0
 
 
 def _used_weights(config: Mapping[str, Any]) -> tuple[float, float]:
@@ -140,7 +164,9 @@ def _ties(item: PresetStanding, best: PresetStanding) -> bool:
         return False
     if abs(item.rows_dropped - best.rows_dropped) >= TIE_ROWS_DROPPED:
         return False
-    return abs((1.0 if item.ess is None else item.ess) - (1.0 if best.ess is None else best.ess)) < TIE_ESS
+    if item.ess is None or best.ess is None:  # no IS weights ties only with no IS weights, never with an ESS of 1
+        return item.ess is None and best.ess is None
+    return abs(item.ess - best.ess) < TIE_ESS
 
 
 def _setting(config: Mapping[str, Any]) -> tuple[str, str]:
@@ -176,13 +202,13 @@ def recommend(comparison: Any, presets: Sequence[Any] | None = None) -> Recommen
     rejected, min_ess = _limits(comparison, INTRUSIVE_REJECTED_FRACTION, INTRUSIVE_MIN_ESS)
     rule = RULE.format(rejected=rejected, ess=min_ess)
     ranked = sorted(standings(comparison, presets), key=lambda item: item.key)
-    order = [item.name for item in ranked]
+    order = [item.name for item in sorted(ranked, key=lambda item: not item.corrects)]  # as --sort intrusiveness
     correcting = [item for item in ranked if item.corrects]
     passing = [item for item in correcting if not item.problems]
     note = _note(_attr(comparison, "presets") or [] if presets is None else presets)
     if not passing:
-        closest = correcting[0] if correcting else None
-        reasons = ["every correcting preset drops too many tokens or leaves too low an ESS"] if correcting else []
+        closest = next((item for item in correcting if item.acts), correcting[0] if correcting else None)
+        reasons = [_none_passes(correcting)] if correcting else []
         return Recommendation(
             None,
             rule,
@@ -215,6 +241,13 @@ def recommend(comparison: Any, presets: Sequence[Any] | None = None) -> Recommen
         ties=ties,
         tie_reason=_tie_reason(chosen, [item for item in tied if item.name in ties]),
     )
+
+
+def _none_passes(correcting: Sequence[PresetStanding]) -> str:
+    """Why no correcting preset meets the rule."""
+    if all(not item.acts for item in correcting):
+        return f"every correcting preset {IDLE}"
+    return "every correcting preset drops too many tokens, leaves too low an ESS or changes nothing on this data"
 
 
 def _tie_reason(chosen: PresetStanding, tied: Sequence[PresetStanding]) -> str:
@@ -290,26 +323,54 @@ def _note(presets: Sequence[Any]) -> str:
 
 
 def withheld_reason(
-    verdict: OverallVerdict | None, hints: Sequence[Hint] = (), skipped: SkippedData | None = None
+    verdict: OverallVerdict | None,
+    hints: Sequence[Hint] = (),
+    skipped: SkippedData | None = None,
+    *,
+    rows: int | None = None,
+    tokens: int | None = None,
 ) -> str | None:
-    """Why no preset is recommended on this data (None: recommend one): a pipeline bug, which a correction would
-    hide; rows skipped as invalid (``skipped``) are said with their count and reasons."""
-    if verdict is None or verdict.cause != "pipeline":
+    """Why no preset is recommended on this data (None: recommend one), in this order: a pipeline bug (a correction
+    would hide it); trainer and rollout identical, or the verdict ok (no correction needed); too little data to
+    choose (``rows`` rows and ``tokens`` model tokens, when given: the verdict's little-data rule). Rows skipped as
+    invalid (``skipped``) are said with their count and reasons."""
+    if verdict is None:
         return None
-    first = next((hint for hint in hints if hint.id in verdict.findings), None)
-    what = verdict.findings[0] if first is None else first.id
-    fix = FIX_FIRST.get(what, "fix the pipeline")
-    lost = f": {skipped.line()}" if what == "invalid_rows" and skipped is not None and skipped.rows else ""
-    return (
-        f"withheld: the data shows a pipeline bug ({', '.join(verdict.findings)}){lost}. First, {fix}; then compare "
-        "the presets again (a correction would hide the bug)."
-    )
+    if verdict.cause == "pipeline":
+        first = next((hint for hint in hints if hint.id in verdict.findings), None)
+        what = verdict.findings[0] if first is None else first.id
+        fix = FIX_FIRST.get(what, "fix the pipeline")
+        lost = f": {skipped.line()}" if what == "invalid_rows" and skipped is not None and skipped.rows else ""
+        return (
+            f"withheld: the data shows a pipeline bug ({', '.join(verdict.findings)}){lost}. First, {fix}; then "
+            "compare the presets again (a correction would hide the bug)."
+        )
+    if verdict.cause == "identical":
+        return (
+            "no correction needed: trainer and rollout logprobs are identical on every model token, so every preset "
+            "leaves the batch as it is."
+        )
+    if rows is not None and tokens is not None and (tokens <= LITTLE_DATA_TOKENS or rows <= LITTLE_DATA_ROWS):
+        return (
+            f"withheld: too little data to choose a correction ({tokens} model tokens in {rows} "
+            f"row{'s' if rows != 1 else ''}; the choice needs more than {LITTLE_DATA_TOKENS} model tokens and more "
+            f"than {LITTLE_DATA_ROWS} row: one token moves a level, and one row's sequence weight is its own mean, "
+            "an ESS of 1 by construction). Compare the presets on a larger dump."
+        )
+    if verdict.level == "ok":
+        return (
+            "no correction needed: every key mismatch metric is ok (the verdict above), so run with metrics only "
+            "(preset disabled) and watch the per-step trend; the table shows what each preset would do."
+        )
+    return None
 
 
 def judge_comparison(comparison: ComparisonResult, analysis: AnalysisResult) -> ComparisonResult:
     """``comparison`` with the judgement of its data (``analysis``: the overall verdict, the key metrics' and the
     steps' levels) and the recommendation, or why it is withheld."""
-    withheld = withheld_reason(analysis.verdict, analysis.hints, analysis.skipped_data)
+    withheld = withheld_reason(
+        analysis.verdict, analysis.hints, analysis.skipped_data, rows=analysis.run.rows, tokens=analysis.run.tokens
+    )
     return replace(
         comparison,
         verdict=analysis.verdict,

@@ -14,11 +14,20 @@ The rules, in order:
    except those whose expected value grows with the response length (``catalogue.Role.LENGTH_GROWING``: χ² seq ≈
    exp(N·Var δ) − 1): they never raise the level above the other metrics'; when they would, a note says what
    they mean (sequence-level IS would be degenerate at N tokens per row; prefer a token-level correction).
-3. **A negative χ²** (a sample estimate below its expected value) is judged ok and gets a note.
+3. **A negative χ²** is judged ok and gets a note that reads it. χ² token: a sample estimate below its expected
+   value (≈ 0). χ² seq (``_chi2_seq_note``): E[ρ] = 1 makes E[ρ²] ≥ 1, so a mean of ρ² far below 1 is what
+   degenerate weights give (most rows ≈ 0, a few huge ones the sample missed). It is called *degenerate* (the
+   length note's sentence) when χ² seq ≤ ``DEGENERATE_CHI2`` or a row's log-weight spreads by σ² >
+   ``SEQ_SPREAD_RELIABLE`` (σ² ≈ tokens per row × 2·k3_kl, as Var δ ≈ 2·k3_kl for small δ); *noise* only when σ²
+   is small and χ² seq lies within ``NOISE_SE`` standard errors of a log-normal ρ's mean of ρ² over the rows;
+   otherwise *a shift*: the row weights sit below 1 on average.
 4. **A few outliers or a broad mismatch?** When the metrics at the worst level are ok without the catastrophic
    tokens (``diag/…_without_catastrophic``), the sentence says so: the outliers are the problem, not the bulk.
 5. **Little data** (``LITTLE_DATA_TOKENS`` model tokens or fewer, or one row) adds a note: the levels are
    indicative.
+6. **Identical logprobs** (mean |δ| exactly 0 over at least one model token): level ``ok``, cause ``identical``,
+   a sentence saying the two sides agree exactly, and no notes (a χ² of −4e-13 is rounding of exp(0), and one
+   token cannot move a level that every token says is 0).
 """
 
 from __future__ import annotations
@@ -40,13 +49,15 @@ LEVEL_ORDER = ("bad", "watch", "ok", "n/a")
 # (temperature, top-p) change every token's value but keep the tokens right.
 # Rows skipped as invalid come before them all: past 1 % skipped (decisions/skipped.py), the metrics describe the rows
 # that happened to be valid, so no other finding can be read until every row is.
-PIPELINE_HINTS = ("invalid_rows", "off_by_one", "no_mask", "dummy_logprobs", "processed_logprobs")
+PIPELINE_HINTS = ("invalid_rows", "off_by_one", "no_mask", "dummy_logprobs", "fill_values", "processed_logprobs")
 FIX_FIRST = {
     "invalid_rows": "fix what writes the dump, so that no row is left out (the skipped rows are listed with their "
     "file, row and column; --strict stops at the first)",
     "off_by_one": "fix the off-by-one gather of the logprobs (labels vs logits shifted by one position)",
     "no_mask": "give the response mask (--column mask=NAME), so that environment tokens leave the measurement",
     "dummy_logprobs": "fix the response mask, so that tokens the engine never scored leave the loss",
+    "fill_values": "fix the response mask (or the dump), so that tokens holding a fill value instead of a logprob "
+    "leave the loss",
     "processed_logprobs": "compute both sides' logprobs from the same distribution (one side applies a temperature "
     "or top-p/top-k)",
 }
@@ -54,6 +65,12 @@ FIX_FIRST = {
 # level (1e-3), so a verdict on fewer tokens rests on a handful of them.
 LITTLE_DATA_TOKENS = 1000
 LITTLE_DATA_ROWS = 1  # a sequence-level metric over one row has no spread to speak of
+# χ² seq read when negative (rule 3): E[ρ²] ≥ 1, so a mean of ρ² at or below 0.5 says at least half the rows carry
+# almost no weight; a log-normal ρ's sample mean of ρ² stops estimating E[ρ²] = exp(σ²) once σ² > 1 (its variance
+# exp(6σ²) − exp(2σ²) outgrows any batch); within 3 standard errors a negative value is sampling noise.
+DEGENERATE_CHI2 = -0.5
+SEQ_SPREAD_RELIABLE = 1.0
+NOISE_SE = 3.0
 ADVICE = {
     "bad": "the run is off-policy enough to matter: consider a rollout correction (compare-presets shows what "
     "each would do to this data).",
@@ -84,7 +101,10 @@ def overall_verdict(
     """The verdict on ``metrics`` (a run's, a step's or a group's), its ``hints``, ``rows`` rows and ``tokens``
     model tokens (see the module docstring for the rules)."""
     verdicts = judge(dict(metrics))
-    notes = _negative_notes(verdicts) + _little_data_notes(rows, tokens)
+    pipeline = [hint for kind in PIPELINE_HINTS for hint in hints if hint.id == kind]
+    if not pipeline and identical(metrics, tokens):
+        return OverallVerdict("ok", "identical", _identical_sentence(tokens), [], [], [])
+    notes = _negative_notes(verdicts, metrics, rows, tokens) + _little_data_notes(rows, tokens)
     growing = set(catalogue.keys_with_role(catalogue.Role.LENGTH_GROWING))
     token_level = [v for v in verdicts if v.metric not in growing]
     level = worst_level([v.level for v in token_level])
@@ -92,7 +112,6 @@ def overall_verdict(
         if verdict.metric in growing and LEVEL_ORDER.index(verdict.level) < LEVEL_ORDER.index(level):
             notes.append(_length_note(verdict, rows, tokens))
     flagged = [v for v in verdicts if v.level == level and level in ("bad", "watch")]
-    pipeline = [hint for kind in PIPELINE_HINTS for hint in hints if hint.id == kind]
     if pipeline:
         first = pipeline[0]
         rest = [hint.id for hint in pipeline[1:]]
@@ -143,13 +162,68 @@ def _outliers(flagged: Sequence[Verdict], metrics: Mapping[str, float], threshol
     )
 
 
-def _negative_notes(verdicts: Sequence[Verdict]) -> list[str]:
-    return [
-        f"{short_name(v.metric)} is negative ({number(v.value)}): a sample estimate below its expected value, read as "
-        "≈ 0 (no spread in the IS weights), not as large."
-        for v in verdicts
-        if v.value is not None and not math.isnan(v.value) and v.value < 0
-    ]
+def identical(metrics: Mapping[str, float], tokens: int) -> bool:
+    """Whether trainer and rollout logprobs are equal on every model token: mean |δ| exactly 0 over ``tokens`` > 0
+    (a sum of |δ| is 0 only when every term is)."""
+    value = metrics.get(catalogue.LOGPROB_ABS_DIFF.key)
+    return tokens > 0 and value is not None and value == 0.0
+
+
+def _identical_sentence(tokens: int) -> str:
+    return (
+        f"trainer and rollout agree exactly: every one of the {tokens} model tokens has the same logprob on both "
+        "sides (δ = 0), so there is no mismatch to correct. If the trainer did not recompute its logprobs (verl's "
+        "bypass mode copies the rollout's), this dump cannot measure the mismatch."
+    )
+
+
+def _negative_notes(verdicts: Sequence[Verdict], metrics: Mapping[str, float], rows: int, tokens: int) -> list[str]:
+    notes = []
+    for v in verdicts:
+        if v.value is None or math.isnan(v.value) or v.value >= 0:
+            continue
+        if v.metric == catalogue.CHI2_SEQ.key:
+            notes.append(_chi2_seq_note(v.value, metrics, rows, tokens))
+        else:
+            notes.append(
+                f"{short_name(v.metric)} is negative ({number(v.value)}): a sample estimate below its expected value, "
+                "read as ≈ 0 (no spread in the IS weights), not as large."
+            )
+    return notes
+
+
+def seq_log_weight_spread(metrics: Mapping[str, float], rows: int, tokens: int) -> float | None:
+    """σ², the variance of a row's log-weight S_i = Σ_t δ: tokens per row × Var δ, with Var δ ≈ 2·k3_kl (k3 ≈ δ²/2
+    for small δ, and never negative); None without k3_kl or rows."""
+    k3 = metrics.get(catalogue.K3_KL.key)
+    if k3 is None or math.isnan(k3) or rows <= 0:
+        return None
+    return tokens / rows * 2.0 * max(k3, 0.0)
+
+
+def _chi2_seq_note(value: float, metrics: Mapping[str, float], rows: int, tokens: int) -> str:
+    """A negative χ² seq read as degenerate weights, sampling noise or a shift (module docstring, rule 3)."""
+    name = short_name(catalogue.CHI2_SEQ.key)
+    spread = seq_log_weight_spread(metrics, rows, tokens)
+    mean = tokens / rows if rows else 0.0
+    if value <= DEGENERATE_CHI2 or (spread is not None and spread > SEQ_SPREAD_RELIABLE):
+        measured = "" if spread is None else f"; a row's log-weight varies by σ² ≈ {number(spread)}"
+        near = ", near −1" if value <= DEGENERATE_CHI2 else " (negative)"
+        return (
+            f"{name} is {number(value)}{near}: what degenerate sequence weights give (most rows' weights ≈ 0, a few "
+            f"huge ones the sample missed{measured}), not a lack of spread. Sequence-level IS would be degenerate at "
+            f"a mean of {mean:.0f} tokens per row: prefer token-level correction."
+        )
+    error = math.sqrt(max(math.expm1(6 * spread) - math.expm1(2 * spread), 0.0) / rows) if spread is not None else 0
+    if spread is not None and value >= -NOISE_SE * error:
+        return (
+            f"{name} is negative ({number(value)}): within the sampling noise of {rows} rows (±{number(error)} at "
+            f"σ² ≈ {number(spread)}), read as ≈ 0 (little spread in the sequence weights), not as large."
+        )
+    return (
+        f"{name} is negative ({number(value)}), below what sampling noise over {rows} rows explains: the sequence "
+        "weights sit below 1 on average (a systematic shift between the two sides), not a lack of spread."
+    )
 
 
 def _little_data_notes(rows: int, tokens: int) -> list[str]:

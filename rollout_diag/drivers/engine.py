@@ -230,4 +230,4 @@ def build_result(
         selection=selection_summary(selection_of, log, run.rows),
     )
     unmasked = (sum(c[0] for c in log.unmasked.values()), sum(c[1] for c in log.unmasked.values()))
-    return judge_analysis(result, replace(evidence, unmasked=unmasked))
+    return judge_analysis(result, replace(evidence, unmasked=unmasked, fills=dict(log.fills)))

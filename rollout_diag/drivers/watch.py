@@ -502,6 +502,7 @@ class Watcher:
             log.add_skip_counts(record.log)
             for file, counts in record.log.unmasked.items():
                 log.unmasked[file] = list(counts)
+            log.fills.update(record.log.fills)
             log.mask_candidates.update(record.log.mask_candidates)
             log.row_keys.extend(record.log.row_keys)
             for places in record.log.row_places:

@@ -59,7 +59,7 @@ from rollout_diag.io.opening import (
 )
 from rollout_diag.io.readlog import ZERO_ROLLOUT_TRAINER_BELOW, ReadLog, row_keys
 from rollout_diag.io.sources import Source
-from rollout_diag.io.validate import MAX_POSITIVE_LOGPROB, validate_block
+from rollout_diag.io.validate import MAX_POSITIVE_LOGPROB, count_fills, validate_block
 from rollout_diag.memory import collect_from_here
 from rollout_diag.paths import names_file
 
@@ -489,6 +489,12 @@ class DumpReader:
             counts = self.log.unmasked.setdefault(block.file, [0, 0])
             counts[0] += len(block.rollout)
             counts[1] += int(np.count_nonzero((block.rollout == 0.0) & (block.trainer < ZERO_ROLLOUT_TRAINER_BELOW)))
+        sides = (block.trainer, block.rollout) if scanned is None else scanned[:2]
+        for role, values in zip(("trainer", "rollout"), sides, strict=True):
+            # the scan's values are zero on environment tokens; the block's are masked here
+            found = count_fills(block, role, values, block.mask if scanned is None else None)
+            if found is not None:
+                self.log.add_fills(block.file, role, found)
         if has_ids:
             self.log.row_keys.append(row_keys(block.step, block.sample_id))
             self.log.row_places.append(np.stack([np.full(len(block.file_row), file_index), block.file_row], axis=1))

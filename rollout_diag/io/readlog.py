@@ -11,7 +11,7 @@ import numpy as np
 
 from rollout_diag.errors import DataError, option_name, where
 from rollout_diag.io.formats import PARQUET
-from rollout_diag.results import SkippedRow
+from rollout_diag.results import FillCount, SkippedRow
 
 MAX_SKIP_RECORDS = 1000  # skipped rows listed one by one; beyond this only counted
 
@@ -53,6 +53,8 @@ class ReadLog:
     length_offsets: dict[tuple[str, str, str], dict[int, int]] = field(default_factory=dict)
     finished: bool = False
     rows_selected_out: int = 0  # rows a row selection (--where, --steps) left out: not decoded, not skipped
+    # (file, role) -> model tokens whose logprob is a fill value (validate.count_fills), for the fill_values hint
+    fills: dict[tuple[str, str], FillCount] = field(default_factory=dict)
 
     def merge(self, other: ReadLog) -> None:
         """Fold in the log of a worker that read other row groups of the same inputs."""
@@ -71,7 +73,14 @@ class ReadLog:
             counts[1] += zeros
         self.row_keys += other.row_keys
         self.row_places += other.row_places
+        for (file, role), count in other.fills.items():
+            self.add_fills(file, role, count)
         self._add_counts(other)
+
+    def add_fills(self, file: str, role: str, count: FillCount) -> None:
+        """Count fill values found in a part of ``file`` (a block, or another worker's log)."""
+        mine = self.fills.setdefault((file, role), FillCount(count.column))
+        mine.add(count)
 
     def _add_counts(self, other: ReadLog) -> None:
         """``other``'s row counts added to this log's: rows left out by a selection, rows skipped for their length."""

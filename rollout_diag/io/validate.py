@@ -7,9 +7,10 @@ import math
 
 import numpy as np
 
+from rollout_diag.catalogue import FILL_LOGPROB
 from rollout_diag.io.decode import Block, drop_rows
 from rollout_diag.io.readlog import ReadLog
-from rollout_diag.results import SkippedRow
+from rollout_diag.results import FILL_VALUES_KEPT, FillCount, RowRef, SkippedRow
 
 MAX_POSITIVE_LOGPROB = 1e-6  # logprobs above this are not logprobs (float noise of log(1) stays below)
 
@@ -61,6 +62,36 @@ def validate_block(block: Block, log: ReadLog, strict: bool) -> Block | None:
     if bad_row.any():
         block = drop_rows(block, np.flatnonzero(bad_row))
     return block if len(block.lengths) else None
+
+
+def count_fills(block: Block, role: str, values: np.ndarray, mask: np.ndarray | None) -> FillCount | None:
+    """The model tokens of ``role`` in a validated ``block`` whose logprob is a fill value (``FILL_LOGPROB`` or
+    below; ``values``: that side's logprobs, ``mask``: None when environment tokens are already 0). None when there
+    is none: one min over the values decides that for almost every block."""
+    with np.errstate(invalid="ignore"):
+        if not len(values) or values.min() > FILL_LOGPROB:
+            return None
+        filled = values <= FILL_LOGPROB
+    if mask is not None:
+        filled &= mask == 1
+    tokens = np.flatnonzero(filled)
+    if not tokens.size:
+        return None
+    offsets = np.concatenate([[0], np.cumsum(block.lengths)])
+    token_row = np.searchsorted(offsets, tokens, side="right") - 1
+    found, counts = np.unique(values[tokens], return_counts=True)
+    commonest = np.argsort(-counts, kind="stable")[:FILL_VALUES_KEPT]
+    first, row = int(tokens[0]), int(token_row[0])
+    # token layout: the file row that holds the token; sequence layout: the sequence's row
+    file_row = int(block.file_row[row] if block.token_rows is None else block.token_rows[first])
+    example = RowRef(int(block.step[row]), str(block.sample_id[row]), block.file, file_row, float(first - offsets[row]))
+    return FillCount(
+        block.names.get(role, role),
+        int(tokens.size),
+        int(np.unique(token_row).size),
+        {float(found[k]): int(counts[k]) for k in commonest},
+        example,
+    )
 
 
 def _fmt(value: float) -> str:

@@ -50,8 +50,9 @@ def diff_tables(result: DiffResult) -> Group:
             Text(metric.verdict, style=VERDICT_STYLE.get(metric.verdict, "")),
         )
     parts: list = [_side("A", result.a), _side("B", result.b), metrics]
-    changed = result.changed_presets
-    if changed:
+    grouped = result.changed_preset_groups
+    if grouped:
+        shared = [f"{g[0].preset} also stands for {', '.join(p.preset for p in g[1:])}" for g in grouped if len(g) > 1]
         presets = FitTable(
             "Presets whose share of dropped tokens changed",
             [
@@ -62,10 +63,14 @@ def diff_tables(result: DiffResult) -> Group:
                 Column(f"{level} low"),
                 Column(f"{level} high"),
             ],
+            caption="+N: N more presets with the same numbers share the row: " + "; ".join(shared) + "."
+            if shared
+            else None,
         )
-        for preset in changed:
+        for group in grouped:
+            preset = group[0]
             presets.add_row(
-                preset.preset,
+                preset.preset + (f" +{len(group) - 1}" if len(group) > 1 else ""),
                 percent(preset.a),
                 percent(preset.b),
                 percent(preset.difference),

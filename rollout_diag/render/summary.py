@@ -18,6 +18,7 @@ from rollout_diag import catalogue
 from rollout_diag.catalogue import short_name as short_name
 from rollout_diag.paths import file_label
 from rollout_diag.render.format import LEVEL_STYLE, number, plain
+from rollout_diag.render.groups import worst_group_line
 from rollout_diag.results import (
     AnalysisResult,
     Hint,
@@ -61,11 +62,12 @@ def verdict_lines(
     return lines
 
 
-def recommendation_line(recommendation: Recommendation | None, withheld: str | None) -> Text:
-    """One line: the recommended preset and its reason, none, or why it is withheld."""
+def recommendation_line(recommendation: Recommendation | None, withheld: str | None, alarm: bool = True) -> Text:
+    """One line: the recommended preset and its reason, none, or why it is withheld (in red with ``alarm``: a
+    pipeline bug; "no correction needed" is no alarm)."""
     line = Text("Recommendation: ", style="bold")
     if withheld:
-        line.append_text(plain(withheld, style="bold red"))
+        line.append_text(plain(withheld, style="bold red" if alarm else "bold"))
     elif recommendation is None:
         line.append("– (this result carries no recommendation: made by an older rollout-diag)")
     elif recommendation.preset is None:
@@ -105,29 +107,37 @@ def round_phrase(found: dict) -> str:
 
 
 def where(result: AnalysisResult) -> list[str]:
-    """Where the mismatch sits: the worst step, the most divergent round, the worst row and token."""
+    """Where the mismatch sits: the worst step, the most divergent round, the worst row and token, the worst group of
+    each ``--by`` spec. A place whose value is 0 is no place (identical logprobs have no worst step, row or token)."""
     lines = []
     step = worst_step(result.steps)
     run_value = result.run.metrics.get(HEADLINE)
-    if step is not None and len(result.steps) > 1:
+    if step is not None and len(result.steps) > 1 and _positive(step.metrics.get(HEADLINE)):
         value = step.metrics[HEADLINE]
         ratio = f", {value / run_value:.1f}× the run" if _finite(run_value) and run_value > 0 else ""
         lines.append(f"worst step {step.step} ({short_name(HEADLINE)} {number(value)}{ratio})")
-    if result.divergent_round is not None:
+    if result.divergent_round is not None and _positive(result.divergent_round.get("logprob_abs_diff_mean")):
         lines.append(round_phrase(result.divergent_round))
-    rows = [r for r in result.worst_rows if r.criterion == "log_ppl_abs_diff"]
+    rows = [r for r in result.worst_rows if r.criterion == "log_ppl_abs_diff" and r.log_ppl_diff != 0]
     if rows:
         row = rows[0]
         lines.append(
             f"worst row: sample {row.sample_id} of step {row.step} ({file_label(row.file, result.inputs)}:{row.row}, "
             f"log-ppl diff {number(row.log_ppl_diff)})"
         )
-    if result.worst_tokens:
+    if result.worst_tokens and result.worst_tokens[0].log_ratio != 0:
         token = result.worst_tokens[0]
         lines.append(
             f"largest |δ| {number(abs(token.log_ratio))} at position {token.position} of sample {token.sample_id}"
         )
+    line = worst_group_line([group for group in result.groups if _positive(group.metrics.get(HEADLINE))])
+    if line:
+        lines.append(line)
     return lines
+
+
+def _positive(value: float | None) -> bool:
+    return _finite(value) and value > 0  # type: ignore[operator]
 
 
 def _finite(value: float | None) -> bool:

@@ -59,12 +59,13 @@ def diff_section(result: Any, canvas: Canvas) -> Section:
     body = [intro, table(DIFF_COLUMNS, rows, classes)]
     body.append(_curves(result, "rounds", "round", "round", canvas))
     body.append(_curves(result, "positions", "bucket", "position (log2 bucket)", canvas))
-    changed = result.changed_presets
-    if changed:
+    grouped = result.changed_preset_groups
+    if grouped:
         body.append(Markup(f"<h3>Presets whose share of dropped tokens changed (beyond the {level} interval)</h3>"))
         preset_rows = [
-            [p.preset, percent(p.a), percent(p.b), percent(p.difference), f"[{percent(p.low)}, {percent(p.high)}]"]
-            for p in changed
+            [_names(group), percent(p.a), percent(p.b), percent(p.difference), f"[{percent(p.low)}, {percent(p.high)}]"]
+            for group in grouped
+            for p in group[:1]
         ]
         body.append(table(PRESET_COLUMNS, preset_rows))
     elif result.presets:
@@ -72,6 +73,12 @@ def diff_section(result: Any, canvas: Canvas) -> Section:
     for warning in result.warnings:
         body.append(note(f"warning: {warning}"))
     return Section("diff", "Run A against run B", "".join(body))
+
+
+def _names(group: Sequence[Any]) -> str:
+    """A group of presets with the same numbers as one row's name: the first, then the others in brackets."""
+    others = ", ".join(p.preset for p in group[1:])
+    return group[0].preset + (f" (+{len(group) - 1}: {others})" if others else "")
 
 
 def _curves(result: Any, field: str, key: str, x_title: str, canvas: Canvas) -> str:
