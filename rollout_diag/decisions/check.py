@@ -33,6 +33,8 @@ from rollout_diag.results import (
     StepResult,
     StepTable,
     json_number,
+    repr_inputs,
+    short_repr,
 )
 
 MAX, MIN = "max", "min"
@@ -131,6 +133,15 @@ class CheckResult:
     @property
     def failures(self) -> list[GateOutcome]:
         return [outcome for outcome in self.outcomes if outcome.status == FAIL]
+
+    def __repr__(self) -> str:
+        failed = len(self.failures)
+        return short_repr(
+            "CheckResult",
+            "passed" if failed == 0 else f"failed: {failed:,} of {len(self.outcomes):,} outcomes",
+            f"{len(self.gates):,} gates",
+            repr_inputs(self.inputs),
+        )
 
     def to_json(self) -> dict[str, Any]:
         document = self.json_document()
