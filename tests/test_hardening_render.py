@@ -242,7 +242,7 @@ def test_sweep_csv_prints_plain_numbers() -> None:
     option = SweepOption("seq_mean_k3", "sequence", "0.01", 40, True, [entry], default_share=np.float64(0.0078))
     text = sweep_csv(SweepResult([], {}, [0.01], [option], []))
     assert "np." not in text and "float64" not in text
-    assert text.splitlines()[1] == "run,seq_mean_k3,sequence,0.01,1.25,0.0093,0.01,0.0078"
+    assert text.splitlines()[1] == ",seq_mean_k3,sequence,0.01,1.25,0.0093,0.01,0.0078"  # the run: step null
 
 
 # ------------------------------------------------------------------------------------- report options
