@@ -263,7 +263,8 @@ TensorboardOpt = Annotated[
     typer.Option(
         "--tensorboard",
         help="Also write every per-step metric as a TensorBoard scalar under its verl name (global step = the dump's "
-        "step) into this log directory, with rollout_diag/alert (0 ok, 1 watch, 2 bad) per step. Needs "
+        "step) into this log directory, with rollout_diag/alert (0 ok, 1 watch, 2 bad) per step; each --by group "
+        "and each preset as a run (a sub-directory), so that they overlay on one chart. Needs "
         "pip install 'rollout-diag[tensorboard]'.",
         metavar="DIR",
     ),
