@@ -8,15 +8,18 @@ Each command parses options, makes one library call and renders. ``RolloutDiagEr
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import os
+import re
 import sys
 import threading
+import typing
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 # Before numpy loads: OpenBLAS's helper threads busy-wait after its start-up, ~0.09 s of a second core per process
 # (the sample's analyze 0.72 -> 0.66 s wall on 2 cores; docs/benchmarks.md, session 14). The commands ask BLAS for
@@ -24,12 +27,14 @@ from typing import Annotated, Any, NoReturn, TypeVar
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import typer
-from rich.console import Console, Group
 from typer.core import TyperGroup
 
 from rollout_diag.drivers.dump import DEFAULT_CHUNK_TOKENS as CHUNK_TOKENS  # dump.py loads no pyarrow: light --help
 from rollout_diag.drivers.dump import PRESET_CHUNK_TOKENS
 from rollout_diag.errors import RolloutDiagError
+
+if TYPE_CHECKING:  # rich.console loads where a command renders: --help and an input error do without it (issue 39)
+    from rich.console import Console
 
 # The README's order:
 COMMAND_ORDER = ("analyze", "compare-presets", "sweep", "report", "inspect", "check", "diff", "watch", "convert")
@@ -46,7 +51,86 @@ class CommandsInReadmeOrder(TyperGroup):
         command = super().get_command(ctx, name)
         if command is not None and command.short_help is None and command.help:
             command.short_help = " ".join(command.help.strip().split("\n\n")[0].split())
+        if command is not None:
+            light_coercion(command.get_params(ctx))  # its options and its --help (made and kept by get_params)
         return command
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        light_coercion(self.get_params(ctx))  # the group's own options (--engine, --help)
+        return super().parse_args(ctx, args)
+
+
+# --------------------------------------------------------------------------- option values without pydantic
+# Typer (0.29) turns every option's text into its type through a pydantic TypeAdapter: importing pydantic and
+# building ~20 adapters took 0.24 s of the 0.46 s a missing-file error took (docs/benchmarks.md, issue 39). The
+# options here are str, int, float, Path, an Enum, bool or lists of those: plain text is converted as pydantic
+# would; anything else (a bad number, an unknown choice) goes to typer's own adapter, whose message is unchanged.
+_PLAIN_INT = re.compile(r"[+-]?\d+")
+_PLAIN_FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+_UNCONVERTED = object()
+
+
+def _light_value(annotation: Any, value: Any) -> Any:
+    """``value`` (the option's text, or its default) as ``annotation``, or _UNCONVERTED where typer should decide."""
+    if annotation is str or annotation is bool:
+        return value if isinstance(value, annotation) else _UNCONVERTED
+    if annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        return int(value) if isinstance(value, str) and _PLAIN_INT.fullmatch(value) else _UNCONVERTED
+    if annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        return float(value) if isinstance(value, str) and _PLAIN_FLOAT.fullmatch(value) else _UNCONVERTED
+    if annotation is Path:
+        return value if isinstance(value, Path) else Path(value) if isinstance(value, str) and value else _UNCONVERTED
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        if isinstance(value, annotation):
+            return value
+        return next((member for member in annotation if member.value == value), _UNCONVERTED)
+    return _UNCONVERTED
+
+
+def light_coercion(params: Iterable[Any]) -> None:
+    """Give each of the options ``params`` whose type :func:`_light_value` knows a converter that needs no pydantic;
+    typer's own is built only for a value it cannot convert. A typer without these internals keeps its own."""
+    try:
+        from typer._coercion import RuntimeParam, build_runtime_param
+    except ImportError:
+        return
+
+    @dataclasses.dataclass(frozen=True)
+    class LightParam(RuntimeParam):
+        descriptor: Any
+
+        def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
+            item_type = self.annotation
+            if typing.get_origin(item_type) is list:
+                item_type = typing.get_args(item_type)[0]
+                items = [_light_value(item_type, item) for item in value] if isinstance(value, (list, tuple)) else None
+                if items is not None and _UNCONVERTED not in items:
+                    return items
+            else:
+                converted = _light_value(item_type, value)
+                if converted is not _UNCONVERTED:
+                    return converted
+            return build_runtime_param(self.descriptor)._coerce_value(value, param=param, ctx=ctx)
+
+    for param in params:
+        descriptor = getattr(param, "type_descriptor", None)
+        info = getattr(descriptor, "parameter_info", None)
+        if (
+            getattr(param, "_runtime_param", False) is not None
+            or descriptor is None
+            or descriptor.file_annotation is not None
+            or getattr(info, "parser", None) is not None
+            or getattr(info, "click_type", None) is not None
+        ):
+            continue
+        annotation = descriptor.annotation
+        item = typing.get_args(annotation)[0] if typing.get_origin(annotation) is list else annotation
+        if item in (str, bool, int, float, Path) or (isinstance(item, type) and issubclass(item, Enum)):
+            param._runtime_param = LightParam(info, annotation, descriptor)
 
 
 app = typer.Typer(
@@ -184,7 +268,8 @@ TensorboardOpt = Annotated[
     typer.Option(
         "--tensorboard",
         help="Also write every per-step metric as a TensorBoard scalar under its verl name (global step = the dump's "
-        "step) into this log directory, with rollout_diag/alert (0 ok, 1 watch, 2 bad) per step. Needs "
+        "step) into this log directory, with rollout_diag/alert (0 ok, 1 watch, 2 bad) per step; each --by group "
+        "and each preset as a run (a sub-directory), so that they overlay on one chart. Needs "
         "pip install 'rollout-diag[tensorboard]'.",
         metavar="DIR",
     ),
@@ -271,6 +356,8 @@ DialectOpt = Annotated[
 
 
 def _console(stream=None) -> Console:
+    from rich.console import Console
+
     return Console(file=stream or sys.stdout, soft_wrap=False)
 
 
@@ -345,6 +432,7 @@ def progress_bar(inputs: list[Path]) -> Iterator[Callable[[int, int], None] | No
     if size < PROGRESS_MIN_BYTES:
         yield None
         return
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     with Progress(
@@ -415,6 +503,8 @@ def show(renderable: Any, output: Path | None) -> None:
     if output is None:
         _console().print(renderable)
         return
+    from rich.console import Console
+
     from rollout_diag.io.outputs import atomic_path
 
     with atomic_path(output) as temporary, temporary.open("w", encoding="utf-8") as handle:
@@ -652,6 +742,8 @@ def analyze(
             from rollout_diag.render.groups import groups_tables
 
             tables.append(groups_tables(result.groups))
+        from rich.console import Group
+
         show(Group(*tables), output)
 
 
@@ -891,6 +983,8 @@ def compare_presets(
                 tables.insert(0, selection_line(result.selection))
             tables.append(groups_tables(result.groups))
         details = [] if result.recommendation is None else [recommendation_lines(result.recommendation, headline=False)]
+        from rich.console import Group
+
         show(Group(*tables, *warnings, *details), output)
 
 

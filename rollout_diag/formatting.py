@@ -24,8 +24,9 @@ def number(value: float | int | None, digits: int = 4) -> str:
 
 def numbers(values: Sequence[float | int | None], digits: int = 4) -> list[str]:
     """One table column: as :func:`number`, except that the column takes one notation: when any of its
-    non-integral values needs scientific notation, every non-integral value is written in it (counts and
-    integral values stay integers), so that a column never mixes ``0.1115`` with ``1.13e-4``."""
+    non-integral values needs scientific notation, every non-integral value below 1 in magnitude is written in it
+    (counts and integral values stay integers; 1 ≤ |value| < 10 000 stays fixed: ``-13.05``, not ``-1.305e1``), so
+    that a column never mixes ``0.1115`` with ``1.13e-4``."""
     scientific = any(needs_scientific(value, digits) for value in values)
     return [number_in(value, digits, scientific) for value in values]
 
@@ -43,6 +44,13 @@ def needs_scientific(value: float | int | None, digits: int) -> bool:
 
 def _fixed(value: float, digits: int) -> str:
     return f"{value:.{digits}g}"
+
+
+def reads_fixed(value: float, digits: int) -> bool:
+    """Whether a value in a scientific column still prints fixed: 1 ≤ |value| < 10 000 (a logprob, an O(1) ratio)
+    reads as ``-13.05`` rather than ``-1.305e1``, no wider, and cannot pass for a small number in scientific
+    notation (its integer part is not 0); below 1 the column's notation holds (no ``0.1115`` beside ``1.13e-4``)."""
+    return 1.0 <= abs(value) < FIXED_RANGE[1] and "e" not in _fixed(value, digits)
 
 
 def number_in(value: float | int | None, digits: int, scientific: bool | None) -> str:
@@ -63,7 +71,7 @@ def number_in(value: float | int | None, digits: int, scientific: bool | None) -
         return f"{int(value):,}"
     if scientific is None:
         scientific = needs_scientific(value, digits)
-    if not scientific:
+    if not scientific or reads_fixed(value, digits):
         return _fixed(value, digits)
     mantissa, exponent = f"{value:.{max(digits - 1, 0)}e}".split("e")
     if "." in mantissa:

@@ -13,11 +13,62 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from rollout_diag.catalogue import CATALOGUE, INTRUSIVE_MIN_ESS, INTRUSIVE_REJECTED_FRACTION, OFFPOLICY_PREFIX
+from rollout_diag.catalogue import CATALOGUE, INTRUSIVE_MIN_ESS, INTRUSIVE_REJECTED_FRACTION, K3_KL, OFFPOLICY_PREFIX
 from rollout_diag.errors import ConfigError, InputError, option_name
 
 SCHEMA_VERSION = 2  # 2: compare-presets writes its per-step metrics as columns (1: a step object each)
 ExtraValue = float | int | bool | str | None  # a row's value of an extra dump column (reward, advantage, …)
+
+
+# ----------------------------------------------------------------------- short reprs
+REPR_MAX = 1000  # characters of any result's repr, whatever the data: a notebook cell or a log line, never a dump
+REPR_TEXT = 160  # characters of one data string (a sentence, a file name) inside a repr
+
+
+def short_repr(kind: str, *parts: str) -> str:
+    """``<kind: part; part; …>`` cut to REPR_MAX characters: what a result is about (verdict, sizes, worst step), so
+    that ``repr`` in a REPL or a log shows an answer rather than every token and per-step dict."""
+    text = f"<{kind}: {'; '.join(part for part in parts if part)}>"
+    return text if len(text) <= REPR_MAX else f"{text[: REPR_MAX - 2]}…>"
+
+
+def repr_text(text: object) -> str:
+    """A data string quoted for a repr, cut to REPR_TEXT characters."""
+    shown = repr(str(text))
+    return shown if len(shown) <= REPR_TEXT else f"{shown[: REPR_TEXT - 2]}…{shown[0]}"
+
+
+def repr_inputs(inputs: Sequence[str]) -> str:
+    """``1 input 'a.parquet'`` or ``12 inputs 'a.parquet', …``."""
+    if not inputs:
+        return ""
+    more = ", …" if len(inputs) > 1 else ""
+    return f"{len(inputs):,} input{'s' if len(inputs) != 1 else ''} {repr_text(inputs[0])}{more}"
+
+
+def repr_sizes(run: StepResult, steps: Sequence[StepResult], skipped_rows: int) -> str:
+    """Rows and model tokens analysed, steps, and the rows reading skipped."""
+    return (
+        f"{run.rows:,} rows, {run.tokens:,} model tokens, {len(steps):,} step{'s' if len(steps) != 1 else ''}, "
+        f"{skipped_rows:,} rows skipped"
+    )
+
+
+def repr_worst_step(steps: Sequence[StepResult]) -> str:
+    """The step with the largest k3_kl (the one a user looks at first), or "" with fewer than two scored steps."""
+    key = K3_KL.key
+    present, values = metric_column(steps, key)
+    scored = present & ~np.isnan(values)
+    if int(scored.sum()) < 2:
+        return ""
+    index = int(np.flatnonzero(scored)[np.argmax(values[scored])])
+    return f"worst step {int(step_ids(steps)[index])} (k3_kl {values[index]:.4g})"
+
+
+def repr_verdict(verdict: OverallVerdict | None) -> str:
+    if verdict is None:
+        return "verdict n/a"
+    return f"verdict {verdict.level} ({verdict.cause}): {repr_text(verdict.sentence)}"
 
 
 @dataclass(frozen=True)
@@ -165,6 +216,15 @@ class StepResult:
             for framework, values in raw.get("dialects", {}).items()
         }
         return cls(raw.get("step"), raw["rows"], raw["tokens"], metrics, raw.get("empty_rows", 0), dialects)
+
+    def __repr__(self) -> str:
+        k3_kl = self.metrics.get(K3_KL.key)
+        return short_repr(
+            "StepResult",
+            "run" if self.step is None else f"step {self.step}",
+            f"{self.rows:,} rows, {self.tokens:,} model tokens, {self.empty_rows:,} empty",
+            f"{len(self.metrics):,} metrics" + ("" if k3_kl is None else f", k3_kl {k3_kl:.4g}"),
+        )
 
 
 # ----------------------------------------------------------------------- per-step values as columns
@@ -553,6 +613,15 @@ class RowTokens:
     def log_ratio(self) -> list[float]:
         return [a - r for a, r in zip(self.trainer_logprob, self.rollout_logprob, strict=True)]
 
+    def __repr__(self) -> str:
+        listed = len(self.mask)
+        length = listed if self.row_length is None else self.row_length
+        return short_repr(
+            "RowTokens",
+            f"sample {repr_text(self.sample_id)}, step {self.step}, {repr_text(self.file)} row {self.row:,}",
+            f"tokens {self.start:,}–{self.start + listed:,} of {length:,} ({sum(self.mask):,} model tokens listed)",
+        )
+
 
 @dataclass(frozen=True)
 class Anomaly:
@@ -713,6 +782,14 @@ class GroupResult:
             most_divergent_round=raw.get("most_divergent_round"),
         )
 
+    def __repr__(self) -> str:
+        return short_repr(
+            "GroupResult",
+            f"{repr_text(self.column)} = {repr_text('(null)' if self.value is None else self.value)}",
+            f"verdict {self.verdict.get('level', 'n/a')}",
+            f"{self.rows:,} rows, {self.tokens:,} model tokens, {len(self.steps):,} steps",
+        )
+
 
 def _frames() -> Any:
     """rollout_diag.export.frames, loaded when a dataframe is asked for: by name, so that the result contract (which
@@ -812,7 +889,10 @@ class AnalysisResult:
                 _json_row({**asdict(t), "trainer_prob": t.trainer_prob, "rollout_prob": t.rollout_prob})
                 for t in self.worst_tokens
             ],
-            "worst_row_tokens": [{**asdict(row), "extra": _json_row(row.extra)} for row in self.worst_row_tokens],
+            "worst_row_tokens": [
+                {**asdict(row), "end": row.start + len(row.mask), "extra": _json_row(row.extra)}
+                for row in self.worst_row_tokens
+            ],
             "delta_histogram": dict(self.delta_histogram),
             "anomalies": [_json_row(asdict(a)) for a in self.anomalies],
             "anomalies_cut": self.anomalies_cut,
@@ -845,6 +925,17 @@ class AnalysisResult:
         from rollout_diag.export.notebook import analysis_html
 
         return analysis_html(self)
+
+    def __repr__(self) -> str:
+        findings = self.verdict.findings if self.verdict is not None else []
+        return short_repr(
+            "AnalysisResult",
+            repr_verdict(self.verdict),
+            repr_sizes(self.run, self.steps, self.skipped_rows),
+            repr_worst_step(self.steps),
+            f"findings {', '.join(findings)}" if findings else "",
+            repr_inputs(self.inputs),
+        )
 
     @classmethod
     def from_json(cls, document: dict[str, Any]) -> AnalysisResult:
@@ -1070,6 +1161,15 @@ class SweepResult:
             targets=list(self.targets),
             run=[option.to_json() for option in self.run],
             steps=lazy if lazy is not None else _steps_json(steps),
+        )
+
+    def __repr__(self) -> str:
+        return short_repr(
+            "SweepResult",
+            f"{len(self.run):,} options, targets {', '.join(f'{target:g}' for target in self.targets[:8])}"
+            + (", …" if len(self.targets) > 8 else ""),
+            f"{len(self.steps):,} steps, {self.skipped_rows:,} rows skipped",
+            repr_inputs(self.inputs),
         )
 
 
@@ -1350,6 +1450,14 @@ class PresetResult:
             intrusive_reasons=tuple(raw.get("intrusive_reasons", ())),
         )
 
+    def __repr__(self) -> str:
+        return short_repr(
+            "PresetResult",
+            f"{repr_text(self.name)} ({self.mode})" + (", intrusive" if self.intrusive else ""),
+            f"{self.run.rows:,} rows, {self.run.tokens:,} model tokens, {len(self.steps):,} steps",
+            f"{len(self.run.metrics):,} run metrics",
+        )
+
 
 @dataclass(frozen=True)
 class Recommendation:
@@ -1395,6 +1503,15 @@ class Recommendation:
         values = {key: value for key, value in raw.items() if key in {f.name for f in dataclasses.fields(cls)}}
         values["not_chosen"] = [(item["preset"], item["reason"]) for item in raw.get("not_chosen", [])]
         return cls(**values)
+
+    def __repr__(self) -> str:
+        return short_repr(
+            "Recommendation",
+            repr_text(self.summary()),
+            f"runner-up {self.runner_up}" if self.runner_up else "",
+            f"{len(self.ties):,} ties" if self.ties else "",
+            f"{len(self.order):,} presets ranked",
+        )
 
 
 @dataclass(frozen=True)
@@ -1494,6 +1611,22 @@ class ComparisonResult:
         from rollout_diag.export.notebook import comparison_html
 
         return comparison_html(self)
+
+    def __repr__(self) -> str:
+        if self.recommendation is not None and self.recommendation.preset is not None:
+            answer = f"recommended {self.recommendation.preset}"
+        else:
+            answer = f"no recommendation: {repr_text(self.recommendation_withheld or 'no preset meets the rule')}"
+        first = self.presets[0] if self.presets else None
+        return short_repr(
+            "ComparisonResult",
+            repr_verdict(self.verdict),
+            answer,
+            f"{len(self.presets):,} presets",
+            "" if first is None else repr_sizes(first.run, first.steps, self.skipped_rows),
+            "" if first is None else repr_worst_step(first.steps),
+            repr_inputs(self.inputs),
+        )
 
     def preset(self, name: str) -> PresetResult:
         """The result of preset ``name``; raises KeyError."""
@@ -1630,6 +1763,14 @@ class RowStats:
         if name.startswith("rejected:"):
             return self.rejected[name.removeprefix("rejected:")]
         return self.sums[name]
+
+    def __repr__(self) -> str:
+        steps = np.unique(self.step).shape[0]
+        return short_repr(
+            "RowStats",
+            f"{self.rows:,} rows, {steps:,} steps, {int(self.tokens.sum()):,} model tokens",
+            f"{len(self.sums):,} row sums, {len(self.rejected):,} presets' rejections",
+        )
 
 
 @dataclass(frozen=True)

@@ -226,8 +226,8 @@ def test_csv_has_one_line_per_step(sample: Path, sample_json: dict) -> None:
     assert header[:3] == ["step", "rows", "tokens"]
     assert "rollout_corr/k3_kl" in header and "training/rollout_probs_diff_mean" in header
     assert len(lines) == len(sample_json["steps"]) + 1  # and the run, last (issue 22)
-    run = {**sample_json["run"], "step": "run"}
-    assert lines[-1][:3] == ["run", str(run["rows"]), str(run["tokens"])]
+    run = {**sample_json["run"], "step": ""}  # the run's step is null: an empty cell, the column stays numeric
+    assert lines[-1][:3] == ["", str(run["rows"]), str(run["tokens"])]
     for line, step in zip(lines, [*sample_json["steps"], run], strict=True):
         assert len(line) == len(header)
         assert [int(v) for v in line[1:3]] == [step["rows"], step["tokens"]] and line[0] == str(step["step"])

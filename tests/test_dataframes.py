@@ -118,9 +118,12 @@ def test_csv_run_row(dump):
     done = runner.invoke(app, ["analyze", str(dump), "--device", "cpu", "-f", "csv"])
     records = list(csv.reader(io.StringIO(done.stdout)))
     run = analyze(dump, device="cpu").run
-    assert records[-1][0] == "run" and int(records[-1][1]) == run.rows and int(records[-1][2]) == run.tokens
+    assert records[-1][0] == "" and int(records[-1][1]) == run.rows and int(records[-1][2]) == run.tokens
     header = records[0]
     assert float(records[-1][header.index("rollout_corr/k3_kl")]) == run.metrics["rollout_corr/k3_kl"]
+    frame = pl.read_csv(io.StringIO(done.stdout))  # the step column read as numbers, the run's step as null
+    assert frame["step"].dtype.is_integer() and frame["step"].to_list()[-1] is None
+    assert frame["step"].to_list()[:-1] == [step.step for step in analyze(dump, device="cpu").steps]
 
 
 def test_comparison_frames_and_parquet(dump, tmp_path):

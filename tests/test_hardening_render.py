@@ -159,16 +159,30 @@ def test_numbers_have_four_significant_digits_in_both_notations() -> None:
 
 
 def test_a_column_takes_one_notation() -> None:
-    """Any value that needs scientific notation puts the whole column in it; counts stay integers."""
-    assert numbers([0.1115, 1.132e-4, 11.38, 2256.4, 3.0, None]) == [
+    """Any value that needs scientific notation puts the column's values below 1 in it; counts stay integers, and
+    1 ≤ |value| < 10 000 (logprobs, O(1) ratios) stays fixed: ``-13.05`` reads better than ``-1.305e1`` and cannot
+    pass for a small number (issue 39)."""
+    assert numbers([0.1115, 1.132e-4, 11.38, 2256.4, 3.0, None, 4.40232, -13.0512, -0.5, 9999.7, 12345.6]) == [
         "1.115e-1",
         "1.132e-4",
-        "1.138e1",
-        "2.256e3",
+        "11.38",
+        "2256",
         "3",
         "–",
+        "4.402",
+        "-13.05",
+        "-5e-1",
+        "1e4",  # 9999.7 rounds to 1e+04 in fixed notation: the column's scientific form
+        "1.235e4",
     ]
     assert numbers([0.1115, 11.38, 2256.4]) == ["0.1115", "11.38", "2256"]
+
+
+def test_fixed_values_in_a_scientific_column_are_never_wider() -> None:
+    """The column keeps its width: for 1 ≤ |value| < 10 000 the fixed form is never longer than the scientific one."""
+    for value in (1.0001, 4.40232, -13.0512, -99.99, 123.456, -1234.5, 9998.4, 1.5, -2.0001):
+        fixed, scientific = numbers([value, 1e-6])[0], f"{value:.3e}".split("e")[0].rstrip("0").rstrip(".")
+        assert len(fixed) <= len(scientific) + 2 + len(str(int(math.log10(abs(value))))), (value, fixed)
 
 
 def test_percentages_always_have_two_decimals() -> None:
@@ -185,8 +199,8 @@ def test_percentages_always_have_two_decimals() -> None:
 
 
 def test_analyze_columns_do_not_mix_notations() -> None:
-    """On the multi-turn sample (main printed 0.1115 above 1.13e-4 in one per-step column), every numeric column
-    of every table is either all fixed or all scientific."""
+    """On the multi-turn sample (main printed 0.1115 above 1.13e-4 in one per-step column), the values below 1 of
+    every numeric column of every table are either all fixed or all scientific; from 1 on they print fixed."""
     output = ok(run("analyze", MULTI_TURN, "--device", "cpu", width=200))
     assert "nan" not in output
     for block in output.split("┏")[1:]:
@@ -194,8 +208,10 @@ def test_analyze_columns_do_not_mix_notations() -> None:
         columns = zip(*(line.strip("│").split("│") for line in lines), strict=False)
         for column in columns:
             numeric = [cell.strip() for cell in column if NUMBER.fullmatch(cell.strip())]
-            kinds = {"e" in cell for cell in numeric if not INTEGER.fullmatch(cell)}
+            fractions = [cell for cell in numeric if not INTEGER.fullmatch(cell)]
+            kinds = {"e" in cell for cell in fractions if abs(float(cell.replace(",", ""))) < 1}
             assert len(kinds) <= 1, numeric
+            assert not [cell for cell in fractions if "e" in cell and 1 <= abs(float(cell)) < 1e4], numeric
 
 
 # ------------------------------------------------------------------------------------- first screen
@@ -242,7 +258,7 @@ def test_sweep_csv_prints_plain_numbers() -> None:
     option = SweepOption("seq_mean_k3", "sequence", "0.01", 40, True, [entry], default_share=np.float64(0.0078))
     text = sweep_csv(SweepResult([], {}, [0.01], [option], []))
     assert "np." not in text and "float64" not in text
-    assert text.splitlines()[1] == "run,seq_mean_k3,sequence,0.01,1.25,0.0093,0.01,0.0078"
+    assert text.splitlines()[1] == ",seq_mean_k3,sequence,0.01,1.25,0.0093,0.01,0.0078"  # the run: step null
 
 
 # ------------------------------------------------------------------------------------- report options

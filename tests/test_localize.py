@@ -267,3 +267,54 @@ def test_delta_histogram_bins_by_brute_force():
 
     got = delta_bin(torch.tensor(values, dtype=torch.float64)).tolist()
     assert got == [brute(v) for v in values]
+
+
+def _long_row_dump(tmp_path, length: int, spike: int) -> str:
+    """One step: a short row and a row of ``length`` tokens whose largest |δ| (3.0) sits at position ``spike``; every
+    other token has |δ| 0.01 (trainer −1.0, rollout −1.01), so the long row is the worst row by every criterion."""
+    from dumps import seq_row, write_sequence_dump
+
+    trainer = [-1.0] * length
+    rollout = [-1.01] * length
+    rollout[spike] = -4.0
+    rows = [seq_row(0, "short", [-1.0, -1.0], [-1.0, -1.0]), seq_row(0, "long", rollout, trainer)]
+    return str(write_sequence_dump(tmp_path / f"long_{length}.parquet", rows))
+
+
+@pytest.mark.parametrize("length, spike", [(50_000, 31_000), (50_000, 10), (50_000, 49_995)])
+def test_a_long_row_is_carried_as_the_window_inspect_shows(tmp_path, length, spike):
+    from rollout_diag.metrics.localize import DEFAULT_WINDOW
+
+    path = _long_row_dump(tmp_path, length, spike)
+    result = rd.analyze(path, device="cpu")
+    carried = next(tokens for tokens in result.worst_row_tokens if tokens.sample_id == "long")
+    # DEFAULT_WINDOW (100) tokens centred on the spike, moved inside the row at its ends:
+    # spike 31 000 -> [30 950, 31 050); spike 10 -> [0, 100); spike 49 995 -> [49 900, 50 000)
+    first = min(max(0, spike - DEFAULT_WINDOW // 2), length - DEFAULT_WINDOW)
+    assert (carried.start, carried.row_length, len(carried.mask)) == (first, length, DEFAULT_WINDOW)
+    assert carried.log_ratio[spike - first] == pytest.approx(3.0, abs=1e-5)  # float32 logprobs: −1 − (−4)
+    shown = rd.inspect_row(path, "long", device="cpu")
+    assert (shown.start, shown.row_length, shown.mask) == (carried.start, carried.row_length, carried.mask)
+    entry = next(row for row in result.to_json()["worst_row_tokens"] if row["sample_id"] == "long")
+    assert (entry["start"], entry["end"], entry["row_length"]) == (first, first + DEFAULT_WINDOW, length)
+    short = next(row for row in result.to_json()["worst_row_tokens"] if row["sample_id"] == "short")
+    assert (short["start"], short["end"], short["row_length"]) == (0, 2, None)  # a short row whole
+
+
+def test_no_output_grows_with_the_length_of_one_row(tmp_path):
+    """analyze's JSON and CSV of a 10×-longer worst row differ by its counts' digits and the log2 position buckets
+    (log2(50 000 / 5 000) ≈ 3.3 more), not by its tokens: within 10 % in size (tokens in whole: the JSON ~10×)."""
+    from typer.testing import CliRunner
+
+    from rollout_diag.cli import app
+
+    sizes = {}
+    for length in (5_000, 50_000):
+        path = _long_row_dump(tmp_path, length, length // 2)
+        for output in ("json", "csv"):
+            target = tmp_path / f"{length}.{output}"
+            done = CliRunner().invoke(app, ["analyze", path, "--format", output, "--output", str(target)])
+            assert done.exit_code == 0, done.output
+            sizes[length, output] = target.stat().st_size
+    for output in ("json", "csv"):
+        assert sizes[50_000, output] <= 1.1 * sizes[5_000, output], sizes

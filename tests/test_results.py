@@ -3,6 +3,7 @@ the typed sweep rows, and the report taking typed results at its boundary."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -79,3 +80,83 @@ def test_report_of_a_comparison_takes_no_second_comparison(comparison):
     assert '<section id="presets">' in html
     with pytest.raises(ConfigError, match="one comparison"):
         render_report(comparison, comparison=comparison)
+
+
+# ----------------------------------------------------------------------------------------------- short reprs
+def _public_results(path: str, tmp_path: Path) -> dict[str, object]:
+    """Every result type the public API returns (and the results they hold), on the dump at ``path``."""
+    from rollout_diag.drivers.watch import StepReport, WatchUpdate
+
+    analysis, comparison = rd.analyze_and_compare(path, ["decoupled_token_is", "decoupled_k3_rs"], device="cpu")
+    difference = rd.diff_runs(path, path, device="cpu", replicates=100)
+    first = analysis.worst_rows[0]
+    update = WatchUpdate(
+        analysis, "bad", "x" * 100_000, [StepReport(0, 0, 1, 1, {}, "ok")] * 5_000, ["note"] * 5_000, [], 1.0, True, []
+    )
+    return {
+        "analysis": analysis,
+        "comparison": comparison,
+        "preset": comparison.presets[0],
+        "recommendation": comparison.recommendation,
+        "step": analysis.steps[0],
+        "run": analysis.run,
+        "sweep": rd.threshold_sweep(path, device="cpu"),
+        "row": rd.inspect_row(path, first.sample_id, step=first.step, device="cpu"),
+        "whole row": rd.inspect_row(path, first.sample_id, step=first.step, whole_row=True, device="cpu"),
+        "check": rd.check_run(path, [rd.Gate("rollout_corr/k3_kl", "max", 1e-9)], per_step=True, device="cpu"),
+        "diff": difference,
+        "row stats": difference.a.rows,
+        "convert": rd.convert(path, tmp_path / "converted"),
+        "watch update": update,
+        "step report": update.steps[0],
+        "group": analysis.groups[0] if analysis.groups else None,
+    }
+
+
+def _large_dump(tmp_path: Path) -> str:
+    """Many steps, a 60 000-token row and 2 000-character sample ids and file name: a repr that echoed any of them
+    (a StepResult per step, a row's tokens, a whole id) would pass 1 000 characters many times over."""
+    from dumps import random_rows, write_sequence_dump
+
+    rows = random_rows(3, steps=range(300), rows_per_step=2, max_length=40)
+    for row in rows:
+        row["sample_id"] = f"{row['sample_id']}-" + "i" * 2_000
+    rows[5]["rollout"] = rows[5]["rollout"] * (60_000 // len(rows[5]["rollout"]) + 1)
+    rows[5]["trainer"] = rows[5]["trainer"] * (60_000 // len(rows[5]["trainer"]) + 1)
+    rows[5]["mask"] = rows[5]["mask"] * (60_000 // len(rows[5]["mask"]) + 1)
+    return str(write_sequence_dump(tmp_path / ("d" * 200) / "large.parquet", rows))
+
+
+@pytest.mark.parametrize("dump", ["sample", "large"])
+def test_every_result_repr_is_short_and_leads_with_the_answer(tmp_path, dump):
+    path = str(SAMPLE) if dump == "sample" else _large_dump(tmp_path)
+    results = _public_results(path, tmp_path)
+    for name, result in results.items():
+        if result is None:
+            continue
+        text = repr(result)
+        assert len(text) <= 1_000, (name, len(text))
+        assert text.startswith(f"<{type(result).__name__}: "), (name, text[:80])
+    analysis, comparison = results["analysis"], results["comparison"]
+    level = analysis.verdict.level
+    assert repr(analysis).startswith(f"<AnalysisResult: verdict {level} ({analysis.verdict.cause}): ")
+    assert f"{analysis.run.rows:,} rows, {analysis.run.tokens:,} model tokens, {len(analysis.steps):,} steps" in repr(
+        analysis
+    )
+    assert f"{analysis.skipped_rows:,} rows skipped" in repr(analysis)
+    key = "rollout_corr/k3_kl"
+    worst = max(analysis.steps, key=lambda step: step.metrics[key])
+    assert f"worst step {worst.step} (k3_kl {worst.metrics[key]:.4g})" in repr(analysis)
+    answer = comparison.recommendation.preset if comparison.recommendation else None
+    assert (f"recommended {answer}" if answer else "no recommendation") in repr(comparison)
+    row = results["row"]
+    assert f"tokens {row.start:,}–{row.start + len(row.mask):,} of " in repr(row)
+
+
+def test_comparison_notebook_view_starts_with_the_verdict_and_the_recommendation(comparison):
+    page = comparison._repr_html_()
+    verdict, answer, table = page.index("Verdict:"), page.index("Recommended:"), page.index("<table>")
+    assert verdict < answer < table and comparison.recommendation.preset in page[answer:table]
+    withheld = dataclasses.replace(comparison, recommendation=None, recommendation_withheld="the data is too small")
+    page = withheld._repr_html_()
+    assert page.index("Verdict:") < page.index("No recommendation: the data is too small") < page.index("<table>")

@@ -23,7 +23,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.util.tensor_util import make_ndarray  # noqa: E402
 
 from rollout_diag import analyze, compare_presets  # noqa: E402
-from rollout_diag.export.tensorboard import ALERT_TAG, step_alert, write_tensorboard  # noqa: E402
+from rollout_diag.export.tensorboard import ALERT_TAG, run_name, step_alert, write_tensorboard  # noqa: E402
+from rollout_diag.results import FIRST_SECTION  # noqa: E402
 
 runner = CliRunner()
 
@@ -61,11 +62,16 @@ def test_cli_scalars_read_back_equal_the_json(dump, tmp_path):
             assert same(scalars[name][step["step"]], value), (name, step["step"])
     for entry in document["step_levels"]:  # the alert is the level the verdict rules gave each step
         assert scalars[ALERT_TAG][entry["step"]] == step_alert(entry["level"])
-    for group in document["groups"]:
-        suffix = f"/env_name={'(null)' if group['value'] is None else group['value']}"
+    runs = sorted(path.name for path in logs.iterdir() if path.is_dir())
+    assert runs == sorted(
+        f"env_name={'(null)' if group['value'] is None else group['value']}" for group in document["groups"]
+    )
+    for group in document["groups"]:  # a run (sub-directory) per group, its metrics under their own names: one chart
+        run = read_scalars(logs / f"env_name={'(null)' if group['value'] is None else group['value']}")
+        assert not any("=" in tag for tag in run)
         for step in group["steps"]:
             for name, value in step["metrics"].items():
-                assert same(scalars[name + suffix][step["step"]], value)
+                assert same(run[name][step["step"]], value)
     assert "wrote" in done.stderr and "TensorBoard scalars" in done.stderr
 
 
@@ -77,13 +83,24 @@ def test_alert_levels(dump):
 
 
 def test_comparison_scalars_per_preset(dump, tmp_path):
-    comparison = compare_presets(dump, ["decoupled_token_is"], device="cpu")
+    """§1 once in DIR, each preset's own metrics in DIR/<preset> under their own names: TensorBoard overlays the same
+    metric of every preset on one chart (a tag per preset would draw a chart each)."""
+    comparison = compare_presets(dump, ["decoupled_token_is", "decoupled_k3_rs"], device="cpu")
     count = write_tensorboard(comparison, tmp_path / "cmp")
-    scalars = read_scalars(tmp_path / "cmp")
-    assert count == sum(len(s.metrics) for s in comparison.presets[0].steps)
-    step = comparison.presets[0].steps[0]
-    for name, value in step.metrics.items():
-        assert same(scalars[f"{name}/decoupled_token_is"][step.step], value)
+    shared = read_scalars(tmp_path / "cmp")
+    assert set(shared) == {
+        name for step in comparison.presets[0].steps for name in step.metrics if name in FIRST_SECTION
+    }
+    expected = sum(len(shared[name]) for name in shared)
+    for preset in comparison.presets:
+        own = read_scalars(tmp_path / "cmp" / preset.name)
+        assert own and not set(own) & FIRST_SECTION  # §1 is not repeated under every preset
+        for step in preset.steps:
+            for name, value in step.metrics.items():
+                assert same((shared if name in FIRST_SECTION else own)[name][step.step], value), (preset.name, name)
+        expected += sum(len(values) for values in own.values())
+    assert "rollout_corr/rollout_rs_masked_fraction" in read_scalars(tmp_path / "cmp" / "decoupled_k3_rs")
+    assert count == expected
 
 
 def test_without_tensorboard_the_error_says_what_to_install(dump, tmp_path, monkeypatch):
@@ -92,3 +109,8 @@ def test_without_tensorboard_the_error_says_what_to_install(dump, tmp_path, monk
         write_tensorboard(analyze(dump, device="cpu"), tmp_path / "none")
     done = runner.invoke(app, ["analyze", str(dump), "--tensorboard", str(tmp_path / "none")])
     assert done.exit_code == 1 and "rollout-diag[tensorboard]" in done.output and "Traceback" not in done.output
+
+
+def test_run_names_stay_one_directory_inside_dir():
+    assert run_name("env_name=math") == "env_name=math" and run_name("env_name=(null)") == "env_name=(null)"
+    assert run_name("path=../a/b c") == "path=.._a_b_c" and run_name("..") == "_.."

@@ -34,6 +34,8 @@ from rollout_diag.results import (
     StepResult,
     StepTable,
     json_number,
+    repr_inputs,
+    short_repr,
 )
 
 MAX, MIN = "max", "min"
@@ -159,6 +161,15 @@ class CheckResult:
         """The gates with at least one failed check (a gate checks the run, and per step or group many more)."""
         failed = {(outcome.gate.metric, outcome.gate.bound, outcome.gate.limit) for outcome in self.failures}
         return [gate for gate in self.gates if (gate.metric, gate.bound, gate.limit) in failed]
+
+    def __repr__(self) -> str:
+        failed = len(self.failures)
+        return short_repr(
+            "CheckResult",
+            "passed" if failed == 0 else f"failed: {failed:,} of {len(self.outcomes):,} outcomes",
+            f"{len(self.gates):,} gates",
+            repr_inputs(self.inputs),
+        )
 
     def to_json(self) -> dict[str, Any]:
         document = self.json_document()

@@ -10,6 +10,7 @@ tokens, are the unit: tokens of one sequence are correlated, sequences of a batc
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +28,9 @@ from rollout_diag.results import (
     StepResult,
     StepTable,
     json_number,
+    repr_text,
     run_rows,
+    short_repr,
 )
 
 DEFAULT_REPLICATES = 1000
@@ -143,6 +146,16 @@ class DiffResult:
         for preset in self.changed_presets:
             groups.setdefault((preset.a, preset.b, preset.difference, preset.low, preset.high), []).append(preset)
         return list(groups.values())
+
+    def __repr__(self) -> str:
+        verdicts = Counter(metric.verdict for metric in self.metrics)
+        return short_repr(
+            "DiffResult",
+            f"A {repr_text(self.a.label)} vs B {repr_text(self.b.label)}",
+            ", ".join(f"{count} {name}" for name, count in verdicts.most_common()) or "no metrics",
+            f"{len(self.changed_presets):,} of {len(self.presets):,} presets changed",
+            f"{self.a.rows.rows:,} vs {self.b.rows.rows:,} rows",
+        )
 
     def to_json(self) -> dict[str, Any]:
         def side(value: DiffSide) -> dict[str, Any]:

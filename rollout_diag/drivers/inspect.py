@@ -15,6 +15,7 @@ from rollout_diag.errors import ConfigError, DataError, option_name, where
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
 from rollout_diag.metrics.base import row_mean
+from rollout_diag.metrics.localize import DEFAULT_WINDOW, default_window, window_at
 from rollout_diag.metrics.segments import prepare, stats
 from rollout_diag.paths import file_label
 from rollout_diag.results import RowTokens
@@ -23,9 +24,6 @@ if TYPE_CHECKING:
     import torch  # annotations only: the chunks are numpy on the CPU (no torch loaded), tensors on a GPU
 
     from rollout_diag.io.reader import DumpReader
-
-DEFAULT_WINDOW = 100  # tokens shown by ``inspect --around`` without ``--window``
-LONG_ROW = 1000  # a longer row is shown as DEFAULT_WINDOW tokens around its largest |δ| unless the whole is asked for
 
 
 @reads_dump
@@ -139,8 +137,12 @@ def _row_window(chunk: Chunk, index: int, around: int | None, window: int | None
     for a row longer than LONG_ROW, DEFAULT_WINDOW tokens around the largest |δ|)."""
     begin, end = int(chunk.offsets[index]), int(chunk.offsets[index + 1])
     length = end - begin
-    if whole_row or (around is None and window is None and length <= LONG_ROW):
+    if whole_row:
         first, last = 0, length
+    elif around is None and window is None:  # the window a result carries for this row (metrics/localize.py)
+        first, last = default_window(
+            *(arrays.host(values[begin:end]) for values in (chunk.mask, chunk.trainer, chunk.rollout))
+        )
     else:
         if around is None:  # centred on the largest |δ| among model tokens
             trainer, rollout = arrays.host(chunk.trainer[begin:end]), arrays.host(chunk.rollout[begin:end])
@@ -152,9 +154,7 @@ def _row_window(chunk: Chunk, index: int, around: int | None, window: int | None
                 f"row has {length} tokens "
                 f"(positions 0 to {length - 1})."
             )
-        size = DEFAULT_WINDOW if window is None else int(window)
-        first = max(0, min(around - size // 2, length - size))
-        last = min(length, first + size)
+        first, last = window_at(around, DEFAULT_WINDOW if window is None else int(window), length)
     span = slice(begin + first, begin + last)
     return RowTokens(
         step=int(chunk.step[index]),

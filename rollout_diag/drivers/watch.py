@@ -52,7 +52,7 @@ from rollout_diag.metrics.dialects import resolve as resolve_dialects
 from rollout_diag.metrics.localize import DEFAULT_CATASTROPHIC, DEFAULT_TOP_K
 from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS
 from rollout_diag.metrics.rowstats import RowStatsCollector
-from rollout_diag.results import AnalysisResult, StepResult, json_number
+from rollout_diag.results import AnalysisResult, StepResult, json_number, repr_sizes, repr_text, short_repr
 
 if TYPE_CHECKING:
     import torch  # annotations only: the driver's arithmetic runs in passes and metrics
@@ -100,6 +100,14 @@ class StepReport:
             "alerts": list(self.alerts),
         }
 
+    def __repr__(self) -> str:
+        return short_repr(
+            "StepReport",
+            f"step {self.step}" + (f" (revision {self.revision})" if self.revision else ""),
+            f"level {self.level}, {self.rows:,} rows, {self.tokens:,} model tokens",
+            f"{len(self.anomalies)} anomalies, {len(self.findings)} findings, {len(self.alerts)} alerts",
+        )
+
 
 @dataclass
 class WatchUpdate:
@@ -116,6 +124,15 @@ class WatchUpdate:
     pending_steps: list[int]  # steps with data that are not final yet
     ended: str | None = None  # why the watch stops after this update (one line), None while it goes on
     exit_code: int | None = None
+
+    def __repr__(self) -> str:
+        return short_repr(
+            "WatchUpdate",
+            f"level {self.level}: {repr_text(self.sentence)}",
+            f"{len(self.steps):,} steps final, {len(self.pending_steps):,} pending, {len(self.alerts):,} alerts",
+            "" if self.result is None else repr_sizes(self.result.run, self.result.steps, self.result.skipped_rows),
+            f"ended: {repr_text(self.ended)}" if self.ended else f"idle {self.idle:.1f} s",
+        )
 
 
 class WatchGone(Exception):

@@ -79,8 +79,24 @@ def analysis_html(result: AnalysisResult) -> str:
     return "".join(parts)
 
 
+def _answer_html(result: ComparisonResult) -> str:
+    """The comparison's answer first, as the terminal says it: the data's verdict, then the recommended preset or why
+    none is recommended (a table of presets alone reads as if any of them would do)."""
+    level, sentence = (result.verdict.level, result.verdict.sentence) if result.verdict else ("n/a", "")
+    recommendation = result.recommendation
+    if recommendation is not None and recommendation.preset is not None:
+        reasons = html.escape("; ".join(recommendation.reasons))
+        answer = f"Recommended: <b>{html.escape(recommendation.preset)}</b> ({reasons})"
+    elif result.recommendation_withheld:
+        answer = f"No recommendation: {html.escape(result.recommendation_withheld)}"
+    else:
+        answer = html.escape(recommendation.summary() if recommendation is not None else "No recommendation.")
+    return f"Verdict: {_level(level)} — {html.escape(sentence)}<br>{answer}<br>"
+
+
 def comparison_html(result: ComparisonResult) -> str:
-    """An HTML fragment: one row per preset with its run-level rejected shares and IS effective sample size."""
+    """An HTML fragment: the verdict and the recommendation (or why it is withheld), then one row per preset with its
+    run-level rejected shares and IS effective sample size."""
     metrics = (catalogue.REJECTED_TOKEN_FRACTION, catalogue.REJECTED_ROW_FRACTION, catalogue.IS_EFF_SAMPLE_SIZE)
 
     def value(run: dict, metric: catalogue.Metric) -> str:
@@ -95,7 +111,8 @@ def comparison_html(result: ComparisonResult) -> str:
     )
     head = "".join(f"<th>{html.escape(short_name(m.key))}</th>" for m in metrics)
     return (
-        f"<div><b>rollout-diag compare-presets</b>: {len(result.presets)} preset(s) on {len(result.inputs)} file(s)"
+        f"<div>{_answer_html(result)}"
+        f"<b>rollout-diag compare-presets</b>: {len(result.presets)} preset(s) on {len(result.inputs)} file(s)"
         f"<table><thead><tr><th>preset</th><th>mode</th>{head}<th></th></tr></thead><tbody>{rows}</tbody></table>"
         "<small>Tables: <code>result.to_polars()</code>.</small></div>"
     )

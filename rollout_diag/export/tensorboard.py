@@ -4,15 +4,19 @@ stays NaN). Also written, per step:
 
 - ``rollout_diag/alert``: 0 when every judged metric of the step is ok (or n/a), 1 at watch level, 2 at bad level
   (the thresholds of ``analyze``'s verdict, applied to the step);
-- with ``--by``: each group's metrics under ``<metric>/<column>=<value>`` (as prime-rl logs
-  ``mismatch_kl/<env_name>/…``).
+- with ``--by``: each group's metrics under their own names in a sub-directory ``<column>=<value>`` of DIR;
+- ``compare-presets``: the §1 metrics (the same under every preset: verl computes them before any correction) once in
+  DIR, each preset's own metrics under their own names in a sub-directory ``<preset>``.
+
+TensorBoard shows each sub-directory as a run: the same metric of every group or preset overlays on one chart.
 
 Needs the optional ``tensorboard`` package (``pip install 'rollout-diag[tensorboard]'``); its own writer is used.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,36 +53,61 @@ def step_alert(level: str | None) -> float:
     return ALERT_LEVEL.get(level or "", 0.0)
 
 
-def _scalars(writer: Any, steps: Iterable[StepResult], suffix: str = "") -> int:
+def _scalars(writer: Any, steps: Iterable[StepResult], keep: Callable[[str], bool] = lambda name: True) -> int:
     written = 0
     for step in steps:
         if step.step is None:
             continue
         for name, value in step.metrics.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                writer.add_scalar(name + suffix, float(value), step=int(step.step))
+            if keep(name) and isinstance(value, (int, float)) and not isinstance(value, bool):
+                writer.add_scalar(name, float(value), step=int(step.step))
                 written += 1
     return written
 
 
+def run_name(label: str) -> str:
+    """A preset's or group's sub-directory: its label with every character outside ``A-Za-z0-9._=+-()`` as ``_`` (a
+    value holding ``/`` or ``..`` stays one directory inside DIR)."""
+    name = re.sub(r"[^A-Za-z0-9._=+()-]", "_", label)
+    return "_" + name if name.startswith(".") else name
+
+
+def _run(
+    directory: Path, label: str, steps: Iterable[StepResult], keep: Callable[[str], bool] = lambda name: True
+) -> int:
+    writer = _writer(directory / run_name(label))
+    try:
+        written = _scalars(writer, steps, keep)
+        writer.flush()
+    finally:
+        writer.close()
+    return written
+
+
 def write_tensorboard(result: AnalysisResult | ComparisonResult, directory: str | Path) -> int:
-    """Write ``result``'s per-step metrics (a comparison: each preset's, under ``<metric>/<preset>``) to an event
-    file in ``directory``; returns the number of scalars written. Raises ConfigError without tensorboard."""
-    writer = _writer(Path(directory))
+    """Write ``result``'s per-step metrics to event files in ``directory`` (a comparison's §1 metrics once there, each
+    preset's own in a sub-directory named after it; each ``--by`` group's in a sub-directory ``<column>=<value>``);
+    returns the number of scalars written. Raises ConfigError without tensorboard."""
+    from rollout_diag.results import FIRST_SECTION
+
+    root = Path(directory)
+    writer = _writer(root)
     try:
         written = 0
         if hasattr(result, "presets"):
-            for preset in result.presets:
-                written += _scalars(writer, preset.steps, f"/{preset.name}")
+            if result.presets:  # §1 is the data's, the same under every preset: once
+                written += _scalars(writer, result.presets[0].steps, lambda name: name in FIRST_SECTION)
         else:
             written += _scalars(writer, result.steps)
             for entry in result.step_levels:
                 if entry["step"] is not None:
                     writer.add_scalar(ALERT_TAG, step_alert(entry["level"]), step=int(entry["step"]))
                     written += 1
-        for group in result.groups:
-            written += _scalars(writer, group.steps, f"/{group.column}={group_label(group.value)}")
         writer.flush()
     finally:
         writer.close()
+    for preset in getattr(result, "presets", []):
+        written += _run(root, preset.name, preset.steps, lambda name: name not in FIRST_SECTION)
+    for group in result.groups:
+        written += _run(root, f"{group.column}={group_label(group.value)}", group.steps)
     return written

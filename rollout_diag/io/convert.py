@@ -34,7 +34,7 @@ from rollout_diag.io.formats.base import SKIP_COLUMN, SKIP_REASON
 from rollout_diag.io.opening import OpenFile, column_names, extra_cap_warnings, one_line
 from rollout_diag.io.outputs import check_outputs, commit, discard, temporary_beside
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, DumpReader
-from rollout_diag.results import SkippedRow
+from rollout_diag.results import SkippedRow, repr_inputs, repr_text, short_repr
 
 PARTITIONS = ("step",)
 POLICY_VERSION = "policy_version"  # the canonical name of that role (schemas/dump.schema.json)
@@ -65,6 +65,15 @@ class ConvertResult:
         from dataclasses import asdict
 
         return {**asdict(self), "skipped": [asdict(s) for s in self.skipped]}
+
+    def __repr__(self) -> str:
+        return short_repr(
+            "ConvertResult",
+            f"{self.rows:,} rows of {len(self.steps):,} steps",
+            f"{len(self.files):,} files written in {repr_text(self.output)}",
+            f"format {self.format}, {self.skipped_rows:,} rows skipped",
+            repr_inputs(self.inputs),
+        )
 
 
 class _StepWriter:

@@ -222,6 +222,28 @@ class PositionAccumulator(StepAccumulator):
         return {"edges": list(DELTA_EDGES), "counts": counts}
 
 
+# The window of a long row that ``inspect`` lists by default and that a result carries (worst_row_tokens).
+DEFAULT_WINDOW = 100  # tokens around a position (inspect --around without --window; a long row's largest |δ|)
+LONG_ROW = 1000  # a longer row is listed as DEFAULT_WINDOW tokens around its largest |δ|
+
+
+def window_at(around: int, size: int, length: int) -> tuple[int, int]:
+    """[first, last) of ``size`` tokens centred on position ``around`` of a row of ``length`` tokens, moved inside
+    the row at its ends."""
+    first = max(0, min(around - size // 2, length - size))
+    return first, min(length, first + size)
+
+
+def default_window(mask: np.ndarray, trainer: np.ndarray, rollout: np.ndarray) -> tuple[int, int]:
+    """[first, last) of a row as listed by default: all of it up to LONG_ROW tokens, else DEFAULT_WINDOW tokens
+    centred on its largest |δ| among model tokens."""
+    length = int(mask.shape[0])
+    if length <= LONG_ROW:
+        return 0, length
+    delta = np.where(mask.astype(bool), np.abs(trainer - rollout), -1.0)
+    return window_at(int(np.argmax(delta)), DEFAULT_WINDOW, length)
+
+
 @dataclass
 class CapturedRow:
     """Every token of one row (environment tokens included), copied out of its chunk as arrays. A row entering a
@@ -238,20 +260,35 @@ class CapturedRow:
     token: list[str | None] | None
     extra: dict[str, Any]
 
+    start: int = 0  # position in the row of the first token kept
+    row_length: int | None = None  # tokens in the whole row when only a window is kept
+
     @classmethod
     def of(cls, chunk: Chunk, row: int) -> CapturedRow:
-        start, end = int(chunk.offsets[row]), int(chunk.offsets[row + 1])
+        """The row's tokens, or for a row longer than LONG_ROW the window ``inspect`` shows by default: what a result
+        carries (JSON, report) then never grows with the length of one row (a 5 M-token row made 344 MB of JSON)."""
+        begin, end = int(chunk.offsets[row]), int(chunk.offsets[row + 1])
+        length = end - begin
+        first, last = 0, length
+        if length > LONG_ROW:
+            mask, trainer, rollout = (
+                arrays.host(values[begin:end]) for values in (chunk.mask, chunk.trainer, chunk.rollout)
+            )
+            first, last = default_window(mask, trainer, rollout)
+        span = slice(begin + first, begin + last)
         return cls(
             step=int(chunk.step[row]),
             sample_id=chunk.sample_id[row],
             file=chunk.file[row],
             row=chunk.file_row[row],
-            mask=arrays.host(chunk.mask[start:end]).astype(np.int8),
-            trainer_logprob=arrays.host(chunk.trainer[start:end]).copy(),
-            rollout_logprob=arrays.host(chunk.rollout[start:end]).copy(),
-            token_id=None if chunk.token_ids is None else arrays.host(chunk.token_ids[start:end]).copy(),
-            token=None if chunk.token_text is None else [chunk.token_text(row, p) for p in range(end - start)],
+            mask=arrays.host(chunk.mask[span]).astype(np.int8),
+            trainer_logprob=arrays.host(chunk.trainer[span]).copy(),
+            rollout_logprob=arrays.host(chunk.rollout[span]).copy(),
+            token_id=None if chunk.token_ids is None else arrays.host(chunk.token_ids[span]).copy(),
+            token=None if chunk.token_text is None else [chunk.token_text(row, p) for p in range(first, last)],
             extra=chunk.row_extra(row),
+            start=first,
+            row_length=None if (first, last) == (0, length) else length,
         )
 
     def tokens(self) -> RowTokens:
@@ -265,6 +302,8 @@ class CapturedRow:
             rollout_logprob=self.rollout_logprob.tolist(),
             token_id=None if self.token_id is None else self.token_id.tolist(),
             token=self.token,
+            start=self.start,
+            row_length=self.row_length,
             extra=self.extra,
         )
 

@@ -393,7 +393,7 @@ def legend(result: AnalysisResult) -> Text:
     return Text(
         "Names: "
         + "; ".join(entries)
-        + ". Numbers: 4 significant digits; a column in which any value is below 0.01 or from 10,000 up is "
-        "written in scientific notation throughout (1.013e-3 = 0.001013).",
+        + ". Numbers: 4 significant digits; in a column in which any value is below 0.01 or from 10,000 up, the "
+        "values below 1 are written in scientific notation (1.013e-3 = 0.001013).",
         style="dim",
     )

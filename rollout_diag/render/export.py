@@ -534,10 +534,9 @@ def steps_csv(steps: Sequence[StepResult], leading: dict[str, Any] | None = None
 
 
 def analysis_csv(result: Any) -> str:
-    """``analyze --format csv``: one line per step, then a line for the whole run (step ``run``)."""
-    text = steps_csv([*result.steps, result.run])
-    head, _, last = text.rstrip("\n").rpartition("\n")
-    return f"{head}\nrun{last}\n"  # the run's step cell is empty: name it, as compare-presets' CSV does
+    """``analyze --format csv``: one line per step, then a line for the whole run, whose step cell is empty (null): a
+    word there would make a reader (polars, pandas) take the whole step column as text."""
+    return steps_csv([*result.steps, result.run])
 
 
 def plain_number(value: Any) -> str:
@@ -551,11 +550,12 @@ def plain_number(value: Any) -> str:
 
 
 def sweep_csv(result: SweepResult) -> str:
-    """One line per step (and 'run') × option × target: the threshold and the share it rejects."""
+    """One line per step (and the run, its step cell empty) × option × target: the threshold and the share it
+    rejects."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(["step", "option", "level", "target", "threshold", "share", "verl_default", "default_share"])
-    tables = [("run", result.run)] + [(entry.step, entry.options) for entry in result.steps]
+    tables = [(None, result.run)] + [(entry.step, entry.options) for entry in result.steps]
     for step, options in tables:
         for row in options:
             for entry in row.thresholds:
@@ -575,7 +575,7 @@ def sweep_csv(result: SweepResult) -> str:
 
 
 def comparison_csv(result: Any) -> str:
-    """One line per preset × step (and a 'run' line per preset): name, mode, then every metric."""
+    """One line per preset × step (and a run line per preset, its step cell empty): name, mode, then every metric."""
     names: dict[str, None] = {}
     for preset in result.presets:
         for step in [*preset.steps, preset.run]:
@@ -590,7 +590,7 @@ def comparison_csv(result: Any) -> str:
                 [
                     preset.name,
                     preset.mode,
-                    "run" if step.step is None else step.step,
+                    step.step,  # None (an empty cell) for the run: the column stays numeric
                     step.rows,
                     step.tokens,
                     *(plain_number(v) for v in values),

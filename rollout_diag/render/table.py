@@ -16,7 +16,7 @@ from rich.segment import Segment, Segments
 from rich.table import Table
 from rich.text import Text
 
-from rollout_diag.formatting import FIXED_RANGE, needs_scientific, number_in
+from rollout_diag.formatting import FIXED_RANGE, needs_scientific, number_in, reads_fixed
 from rollout_diag.render.format import visible
 
 BORDER = 3  # per column: one padding space each side and one border line (plus one for the left edge)
@@ -331,10 +331,18 @@ def _float_texts(values: np.ndarray, present: np.ndarray | None, digits: int, sc
     integral = finite & (values == np.trunc(values)) & (np.abs(values) < 1e15)
     _put(out, integral, (format(int(value), ",") for value in values[integral].tolist()))
     fraction = finite & ~integral
-    shown = values[fraction].tolist()
-    if scientific:
-        _put(out, fraction, _scientific_texts(shown, digits))
+    if scientific:  # 1 ≤ |value| < 10 000 stays fixed in a scientific column (formatting.reads_fixed)
+        magnitude = np.abs(values)
+        maybe_fixed = fraction & (magnitude >= 1.0) & (magnitude < FIXED_RANGE[1])
+        reads = np.array([reads_fixed(value, digits) for value in values[maybe_fixed].tolist()], dtype=bool)
+        fixed = np.zeros_like(fraction)
+        fixed[np.flatnonzero(maybe_fixed)[reads]] = True
+        spec = f".{digits}g"
+        _put(out, fixed, (format(value, spec) for value in values[fixed].tolist()))
+        rest = fraction & ~fixed
+        _put(out, rest, _scientific_texts(values[rest].tolist(), digits))
     else:
+        shown = values[fraction].tolist()
         spec = f".{digits}g"
         _put(out, fraction, (format(value, spec) for value in shown))
     return out

@@ -206,7 +206,7 @@ def _strip_heading(row: RowTokens, payload: dict[str, Any]) -> str:
     if payload["length"] > len(payload["mask"]):
         first, last = payload["start"], payload["start"] + len(payload["mask"]) - 1
         window = (
-            f'<span class="muted"> — positions {first:,}–{last:,} shown, the {MAX_STRIP_TOKENS:,} tokens '
+            f'<span class="muted"> — positions {first:,}–{last:,} shown, the {len(payload["mask"]):,} tokens '
             "around the largest |δ|</span>"
         )
     return f'<h4 class="strip-title">{heading}{window}</h4>'
@@ -223,8 +223,8 @@ def strip_payload(anchor: str, row: RowTokens) -> dict[str, Any]:
     token_ids = row.token_id
     return {
         "id": anchor,
-        "start": start,
-        "length": len(mask),
+        "start": row.start + start,  # positions in the row, where the result carries a window of a long row
+        "length": len(mask) if row.row_length is None else row.row_length,
         "rounds": max(rounds) + 1 if rounds else 0,
         "mask": mask[start:end],
         "round": rounds[start:end],
