@@ -495,6 +495,13 @@ class Trend:
     ci_high: float
     points: int
     summary: str  # one line for a human, empty when the data shows no significant trend
+    # step trends: the rise test (decisions/trends.py rise_test); NaN for a round trend or fewer than 8 steps
+    headline: str = ""  # "mean |δ| up 2.5× from step 0 to 44" when the rise is significant, else empty
+    rank_correlation: float = math.nan  # Spearman's ρ of the value with the step
+    p_value: float = math.nan  # one-sided, for a rise
+    level_before: float = math.nan  # median of the first max(3, n // 10) steps
+    level_after: float = math.nan  # … of the last as many
+    ratio: float = math.nan  # level_after / level_before
 
 
 Sums = Mapping[str, Any]  # one state of metrics/hints.py as plain floats and lists (a step's or the run's)

@@ -20,7 +20,7 @@ from rollout_diag.decisions.trends import (
     find_anomalies,
     keep_largest,
     round_trend,
-    step_trend,
+    step_trends,
 )
 from rollout_diag.decisions.verdict import overall_verdict, step_levels_of
 from rollout_diag.results import AnalysisResult
@@ -36,7 +36,7 @@ def judge_analysis(result: AnalysisResult, evidence: Evidence | None) -> Analysi
     cut), trends, hints (none without ``evidence``), the most divergent round, the overall verdict. Warnings about
     the findings are appended to ``result.warnings``."""
     warnings = list(result.warnings)
-    trends = [t for t in (round_trend(result.rounds), step_trend(result.steps)) if t is not None]
+    trends = [t for t in (round_trend(result.rounds),) if t is not None] + step_trends(result.steps)
     anomalies, cut = keep_largest(find_anomalies(result.steps))
     if cut:
         warnings.append(f"{len(anomalies) + cut} anomaly flags: the {ANOMALY_KEEP} largest are kept, {cut} cut.")

@@ -86,8 +86,9 @@ def round_phrase(found: dict) -> str:
 
 
 def where(result: AnalysisResult) -> list[str]:
-    """Where the mismatch sits: the worst step, the most divergent round, the worst row and token."""
-    lines = []
+    """Where the mismatch sits: the step trends that rise ("mean |δ| up 2.5× from step 0 to 44"), the worst step,
+    the most divergent round, the worst row and token."""
+    lines = [trend.headline for trend in result.trends if trend.against == "step" and trend.headline]
     step = worst_step(result.steps)
     run_value = result.run.metrics.get(HEADLINE)
     if step is not None and len(result.steps) > 1:
