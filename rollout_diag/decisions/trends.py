@@ -223,13 +223,18 @@ def step_trend(steps: Sequence[StepResult], metric: str = catalogue.K3_KL.key) -
         return Trend(metric, "step", slope, low, high, int(ids.shape[0]), summary)
     headline = ""
     if rise["rising"]:
-        headline = f"{name} up {rise['ratio']:.2g}× from step {rise['first_step']} to {rise['last_step']}"
+        headline = f"{name} up {_times(rise['ratio'])}× from step {rise['first_step']} to {rise['last_step']}"
         summary = summary or (
             f"{headline} (median of the first {rise['window']} steps {rise['level_before']:.3g} → of the last "
             f"{rise['window']} {rise['level_after']:.3g}; Spearman ρ = {rise['rank_correlation']:.2f}, "
             f"{rise['test']} p = {rise['p_value']:.2g})"
         )
     return Trend(metric, "step", slope, low, high, int(ids.shape[0]), summary, headline=headline, **_rise_fields(rise))
+
+
+def _times(ratio: float) -> str:
+    """A ratio as a sentence says it: 2.5, 18, 120 (two significant digits, no exponent)."""
+    return f"{ratio:.2g}" if ratio < 10 else f"{ratio:.0f}"
 
 
 def trend_name(metric: str) -> str:
