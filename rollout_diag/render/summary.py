@@ -82,7 +82,8 @@ def round_phrase(found: dict) -> str:
     numbers = f"mean |δ| {number(found['logprob_abs_diff_mean'])} over {number(found['token_count'])} tokens{versus}"
     if found.get("stands_out"):
         return f"most divergent round {label} ({numbers})"
-    return f"no round stands out (the highest, round {label}: {numbers})"
+    made = f"; {found['note']}" if found.get("note") else ""
+    return f"no round stands out (the highest, round {label}: {numbers}{made})"
 
 
 def where(result: AnalysisResult) -> list[str]:
