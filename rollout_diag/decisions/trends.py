@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -159,14 +158,16 @@ def least_squares(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, floa
     n = len(xs)
     if n < 3:
         return None
-    mean_x, mean_y = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mean_x) ** 2 for x in xs)
+    # numpy over the points (a run can have 200 000 steps, and three step trends are fitted)
+    x, y = np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
+    centred_x = x - x.mean()
+    sxx = float(centred_x @ centred_x)
     if sxx == 0:
         return None
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sxx
-    intercept = mean_y - slope * mean_x
-    residual = sum((y - intercept - slope * x) ** 2 for x, y in zip(xs, ys, strict=True))
-    stderr = math.sqrt(residual / (n - 2) / sxx)
+    slope = float(centred_x @ (y - y.mean())) / sxx
+    intercept = float(y.mean()) - slope * float(x.mean())
+    residuals = y - intercept - slope * x
+    stderr = math.sqrt(float(residuals @ residuals) / (n - 2) / sxx)
     half = t_quantile_975(n - 2) * stderr
     return slope, slope - half, slope + half
 
@@ -205,7 +206,7 @@ def step_trend(steps: Sequence[StepResult], metric: str = catalogue.K3_KL.key) -
     kept = present & np.isfinite(column)
     ids = step_ids(steps)[kept].astype(np.float64)
     values = column[kept]
-    fit = least_squares(ids.tolist(), values.tolist())
+    fit = least_squares(ids, values)
     if fit is None:
         return None
     slope, low, high = fit
@@ -322,9 +323,11 @@ def change_point(values: Sequence[float]) -> tuple[int, float, float, float] | N
     right_sum, right_sq = total[-1] - left_sum, total_sq[-1] - left_sq
     sse = (left_sq - left_sum**2 / left_n) + (right_sq - right_sum**2 / right_n)
     split = int(splits[int(np.argmin(sse))])
-    before, after = values[:split], values[split:]
-    mean_before, mean_after = statistics.fmean(before), statistics.fmean(after)
-    spread = math.sqrt(statistics.variance(before) / len(before) + statistics.variance(after) / len(after))
+    # numpy's two-pass moments (statistics.variance is exact but takes ~0.2 s per 100 000 steps, and three
+    # metrics are trended now)
+    before, after = np.asarray(values[:split], dtype=np.float64), np.asarray(values[split:], dtype=np.float64)
+    mean_before, mean_after = float(before.mean()), float(after.mean())
+    spread = math.sqrt(float(before.var(ddof=1)) / before.shape[0] + float(after.var(ddof=1)) / after.shape[0])
     t = (mean_after - mean_before) / spread if spread > 0 else math.inf
     if mean_before > 0 and mean_after >= CHANGE_MIN_RATIO * mean_before and t > CHANGE_MIN_T:
         return split, mean_before, mean_after, t
