@@ -22,8 +22,10 @@ Pure data: no torch, no rich, no plotly; importable by every renderer.
 from __future__ import annotations
 
 import functools
+import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from rollout_diag.presets import RS_OPTIONS
 
@@ -670,6 +672,25 @@ MOST_DIVERGENT_ROUND = _metric(
     unit=INDEX,
     direction=NONE,
 )
+
+# The support rule of MOST_DIVERGENT_ROUND (metrics/rounds.py names the round; decisions/analysis.py marks the rounds
+# below it, which the report draws grey): this many model tokens from this many rows …
+ROUND_SUPPORT_TOKENS = 200
+ROUND_SUPPORT_ROWS = 3
+# … or, in a step too small for that, this share of the largest round's tokens and rows
+ROUND_SUPPORT_SHARE = 0.1
+
+
+def supported_rounds(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rounds with enough support to be named: ≥ min(ROUND_SUPPORT_TOKENS, ROUND_SUPPORT_SHARE × the most tokens
+    any round has) model tokens from ≥ min(ROUND_SUPPORT_ROWS, ⌈ROUND_SUPPORT_SHARE × the most rows any round has⌉)
+    rows."""
+    if not rounds:
+        return []
+    min_tokens = min(ROUND_SUPPORT_TOKENS, ROUND_SUPPORT_SHARE * max(r["token_count"] for r in rounds))
+    min_rows = min(ROUND_SUPPORT_ROWS, math.ceil(ROUND_SUPPORT_SHARE * max(r["seq_count"] for r in rounds)))
+    return [r for r in rounds if r["token_count"] >= min_tokens and r["seq_count"] >= min_rows]
+
 
 # ------------------------------------------------------------------------------------------ localisation
 CATASTROPHIC_TOKENS = _metric(

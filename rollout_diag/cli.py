@@ -1482,8 +1482,9 @@ def watch(
     debug: DebugOpt = False,
 ) -> None:
     """Follow a run while it trains: each new step is read once and merged into the run so far; a live view (or
-    one JSON line per step) says the moment the mismatch goes wrong. Exit 0, 3 when a gate failed, 1 for bad
-    input or when DIR is deleted or moved.
+    one JSON line per step) says the moment the mismatch goes wrong. A DIR the trainer has not made yet is waited
+    for (the view says so; --exit-after-idle counts the wait). Exit 0, 3 when a gate failed, 1 for bad input or when
+    DIR is deleted or moved.
 
     \b
     Examples:
@@ -1493,8 +1494,8 @@ def watch(
     """
     from rollout_diag.errors import InputError
 
-    if not directory.is_dir():
-        raise InputError(f"{directory}: no such directory to watch.")
+    if directory.exists() and not directory.is_dir():
+        raise InputError(f"{directory}: not a directory; watch follows a dump directory.")
     if report_every < 1:
         fail(f"--report-every {report_every}: must be a positive number of steps.")
     refuse_overwriting_inputs({"report": report_file}, [directory], gates if gates != "default" else None)

@@ -605,6 +605,9 @@ class RowTokens:
     token: list[str | None] | None = None
     start: int = 0  # position in the row of the first token listed (``inspect --around``: a window of the row)
     row_length: int | None = None  # tokens in the whole row when only a window is listed
+    # … and then the whole row's largest |δ| over model tokens and its position (the window's may be smaller)
+    row_largest_abs_delta: float | None = None
+    row_largest_position: int | None = None
     extra: dict[str, ExtraValue] = field(default_factory=dict)  # the row's extra dump columns, as in WorstRow
     # lists with one value per listed token: a saved result whose lists disagree is refused when read (check_shape)
     JSON_SAME_LENGTH: ClassVar[tuple[str, ...]] = ("mask", "trainer_logprob", "rollout_logprob", "token_id", "token")
@@ -646,6 +649,13 @@ class Trend:
     ci_high: float
     points: int
     summary: str  # one line for a human, empty when the data shows no significant trend
+    # step trends: the rise test (decisions/trends.py rise_test); NaN for a round trend or fewer than 8 steps
+    headline: str = ""  # "mean |δ| up 2.5× from step 0 to 44" when the rise is significant, else empty
+    rank_correlation: float = math.nan  # Spearman's ρ of the value with the step
+    p_value: float = math.nan  # one-sided, for a rise
+    level_before: float = math.nan  # median of the first max(3, n // 10) steps
+    level_after: float = math.nan  # … of the last as many
+    ratio: float = math.nan  # level_after / level_before
 
 
 Sums = Mapping[str, Any]  # one state of metrics/hints.py as plain floats and lists (a step's or the run's)
@@ -1822,7 +1832,15 @@ def load_results(paths: Sequence[str | Path]) -> tuple[AnalysisResult | None, Co
 
 # ------------------------------------------------------------------ the shape of a saved result
 # Keys of a rounds / positions row that are not numbers (every other key is a number, or null for NaN).
-_TABLE_ROW_KEYS: dict[str, Any] = {"pooled": bool, "bucket": str, "label": str, "step": int | None, "stands_out": bool}
+_TABLE_ROW_KEYS: dict[str, Any] = {
+    "pooled": bool,
+    "bucket": str,
+    "label": str,
+    "step": int | None,
+    "stands_out": bool,
+    "note": str,  # divergent_round's
+    "unsupported": list[int],  # … and the rounds below the support rule
+}
 # The key that names each row of a table (never null), and its kind.
 _TABLE_ROW_LABEL: dict[str, tuple[str, Any]] = {"rounds": ("round", int), "positions": ("bucket", str)}
 

@@ -194,6 +194,10 @@ def test_report_vs_adds_the_a_b_section(two_dumps: tuple[Path, Path, Path], tmp_
     assert 'data-figure="diff-positions"' in html and "mismatch/logprob_abs_diff" in html
     assert re.search(r"[\d.,]+× (lower|higher)|>same<", html) and ">B/A<" not in html  # as the terminal says it
     assert "Which correction should I turn on?" in html
+    # the A/B answer is in the banner, above every section (it was 11 560 px down the page)
+    banner = html.split('<div class="overall', 1)[1].split("</div>", 1)[0]
+    assert "<strong>A/B:</strong> B against A: " in banner and 'href="#diff"' in banner
+    assert html.index("<strong>A/B:</strong>") < html.index('<section id="')
 
 
 def test_presets_with_the_same_numbers_share_a_row_as_in_compare_presets(two_dumps: tuple[Path, Path, Path]) -> None:

@@ -720,3 +720,22 @@ def test_a_schema_version_that_is_no_number_is_one_line(saved_results, version) 
     document["schema_version"] = version
     with pytest.raises(InputError, match="field 'schema_version': expected a whole number"):
         result_from_json(document)
+
+
+def test_inspect_around_says_the_windows_largest_and_the_rows(tmp_path: Path) -> None:
+    import json
+
+    from rollout_diag.formatting import number
+
+    dump = _long_row_dump(tmp_path / "long.parquet", 5_000, 4_001)  # the row's largest |δ| at position 4 001
+    header = " ".join(cli("inspect", dump, "--device", "cpu", "--around", "100", "--window", "20").stdout.split())
+
+    options = ("--device", "cpu", "--around", "100", "--window", "20")
+    document = json.loads(cli("inspect", dump, *options, "-f", "json").stdout)
+    assert document["start"] == 90 and document["row_largest_position"] == 4_001
+    largest = document["row_largest_abs_delta"]
+    window = max(abs(d) for d, m in zip(document["log_ratio"], document["mask"], strict=True) if m)
+    assert largest > window  # the planted token is outside the window
+    assert "largest |δ| in the window = " in header and f"in the row = {number(largest)} at position 4001" in header
+    whole = " ".join(cli("inspect", dump, "--device", "cpu", "--all").stdout.split()[:60])
+    assert "largest |δ| = " in whole and "in the window" not in whole  # the whole row: one largest

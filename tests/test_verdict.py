@@ -314,12 +314,14 @@ def test_a_round_that_does_not_stand_out_is_not_painted_as_one(samples):
 
 def test_divergent_round_reads_the_support_rules_choice():
     rounds = [
-        {"round": 0, "pooled": False, "logprob_abs_diff_mean": 0.010, "token_count": 5000},
-        {"round": 1, "pooled": False, "logprob_abs_diff_mean": 0.030, "token_count": 1000},
-        {"round": 2, "pooled": False, "logprob_abs_diff_mean": 0.500, "token_count": 40},  # no support
+        {"round": 0, "pooled": False, "logprob_abs_diff_mean": 0.010, "token_count": 5000, "seq_count": 50},
+        {"round": 1, "pooled": False, "logprob_abs_diff_mean": 0.030, "token_count": 1000, "seq_count": 50},
+        {"round": 2, "pooled": False, "logprob_abs_diff_mean": 0.500, "token_count": 40, "seq_count": 2},  # no support
     ]
     found = divergent_round(rounds, {catalogue.MOST_DIVERGENT_ROUND.key: 1.0})
-    assert found["round"] == 1 and found["stands_out"]
+    # no max_abs_diff: the one-token test cannot apply (factor_without_largest None), the gap stands
+    assert found["round"] == 1 and found["stands_out"] and found["factor_without_largest"] is None
+    assert found["unsupported"] == [2]  # 40 tokens < min(200, 0.1 × 5000)
     assert divergent_round(rounds, {}) is None
 
 
@@ -384,3 +386,49 @@ def test_the_readme_excerpt_is_what_analyze_prints(samples):
     where = squash(block[block.index("Where:") : block.index("Key metrics")])
     head = squash(" ".join(terminal(result, width=120)[2:12]))
     assert where.rstrip("…").strip() in head
+
+
+def test_one_token_cannot_make_a_round_stand_out():
+    # round 1: mean |δ| 0.05 over 300 tokens, one of them |δ| 9 (Σ|δ| = 15); the others' mean 0.02 → 2.5×. Without
+    # its largest token: (15 − 9) / 299 = 0.020067 → 1.003× the others: made by one token, not standing out
+    rounds = [
+        {"round": 0, "pooled": False, "logprob_abs_diff_mean": 0.02, "token_count": 3000, "seq_count": 30,
+         "max_abs_diff": 0.3},
+        {"round": 1, "pooled": False, "logprob_abs_diff_mean": 0.05, "token_count": 300, "seq_count": 30,
+         "max_abs_diff": 9.0},
+    ]  # fmt: skip
+    found = divergent_round(rounds, {catalogue.MOST_DIVERGENT_ROUND.key: 1.0})
+    assert found["factor"] == pytest.approx(2.5)
+    assert found["factor_without_largest"] == pytest.approx((15 - 9) / 299 / 0.02)
+    assert not found["stands_out"] and found["note"] == "made by one token: 1× the others without its largest |δ| (9)"
+    # a broad gap: the largest token |δ| 0.3 leaves (15 − 0.3) / 299 = 0.04916 → 2.46×: it stands out, no note
+    broad = divergent_round([rounds[0], {**rounds[1], "max_abs_diff": 0.3}], {catalogue.MOST_DIVERGENT_ROUND.key: 1.0})
+    assert broad["stands_out"] and broad["note"] == "" and broad["unsupported"] == []
+
+
+def test_the_round_chart_marks_rounds_below_the_support_rule_and_all_outputs_agree(samples):
+    import dataclasses
+
+    from rollout_diag.export.notebook import where_lines
+    from rollout_diag.report.figures import BLUE, GREY, RED
+    from rollout_diag.report.sections import Canvas, rounds_section
+
+    multi = samples[MULTITURN.name]
+    named = multi.divergent_round["round"]
+    tall = {**multi.rounds[-1], "round": 60, "pooled": False, "logprob_abs_diff_mean": 50.0, "token_count": 4,
+            "seq_count": 1, "max_abs_diff": 60.0}  # fmt: skip
+    rounds = [*multi.rounds, tall]  # the tallest bar, on 4 tokens of 1 row: below the support rule
+    result = dataclasses.replace(multi, rounds=rounds, divergent_round=divergent_round(rounds, multi.run.metrics))
+    assert result.divergent_round["round"] == named and 60 in result.divergent_round["unsupported"]
+    canvas = Canvas()
+    section = rounds_section(result, canvas)
+    colours = canvas.figures["rounds"]["data"][0]["marker"]["color"]
+    by_round = dict(zip([r["round"] for r in sorted(rounds, key=lambda r: r["round"])], colours, strict=True))
+    assert by_round[named] == RED and by_round[60] == GREY
+    others = set(by_round) - {named, 60} - set(result.divergent_round["unsupported"])
+    assert {by_round[r] for r in others} <= {BLUE}
+    assert "grey: too few tokens or rows to be named" in str(canvas.figures["rounds"]) and section.body
+    # the terminal, the report and the notebook name the same round, or none
+    assert f"most divergent round {named} " in "\n".join(terminal(result))
+    assert f"Most divergent round: {named} " in html.unescape(render_report(result))
+    assert where_lines(result)[1].startswith(f"round {named} diverges most")

@@ -326,10 +326,12 @@ def test_jsonl_prints_one_parsable_line_per_finished_step_and_gates_exit_3(tmp_p
 
 
 def test_cli_bad_input_is_one_error_line(tmp_path):
-    missing = cli(tmp_path / "nowhere")
-    assert (
-        missing.exit_code == 1
-        and missing.stderr.strip() == f"Error: {tmp_path / 'nowhere'}: no such directory to watch."
+    waiting = cli(tmp_path / "nowhere", "--exit-after-idle", "0", "-f", "jsonl")  # waited for, not an error
+    assert waiting.exit_code == 0 and "no such directory yet; waiting for the trainer" in waiting.stderr
+    (tmp_path / "file").write_text("x")
+    not_a_directory = cli(tmp_path / "file")
+    assert not_a_directory.exit_code == 1 and not_a_directory.stderr.strip() == (
+        f"Error: {tmp_path / 'file'}: not a directory; watch follows a dump directory."
     )
     (tmp_path / "run").mkdir()
     unknown = cli(tmp_path / "run", "--max", "k4_kl=1", "--exit-after-idle", "0")
@@ -474,3 +476,89 @@ def test_a_watch_runs_the_kernels_however_small_each_file(tmp_path, monkeypatch,
     seen.clear()
     rd.compare_presets(str(tmp_path), device="cpu")  # numpy chunks too: the kernels at any size
     assert set(seen) == {"KernelStats"}
+
+
+# ----------------------------------------------------------------------------------------------- issue 39: the view
+def low_probability_batch(seed: int, spread: float, rows: int = 8, width: int = 48) -> dict[str, Any]:
+    """A batch whose mismatch grows with the square of the rollout's surprisal: tokens with p < 0.1 (logp < −2.3)
+    get a |δ| ≥ 40× that of tokens with p ≥ 0.5 (logp > −0.69), the low_probability finding's pattern."""
+    generator = torch.Generator().manual_seed(seed)
+    rollout = -torch.rand(rows, width, generator=generator, dtype=torch.float64) * 5.0
+    noise = torch.randn(rows, width, generator=generator, dtype=torch.float64) * spread * rollout**2
+    trainer = (rollout + noise).clamp(max=0.0)
+    mask = torch.ones(rows, width, dtype=torch.int64)
+    return {"old_log_probs": trainer, "rollout_log_probs": rollout, "response_mask": mask}
+
+
+def frames_of(root: Path, steps: int, **options: Any) -> tuple[list[str], list]:
+    """The live view after each update, as an 80-column terminal of 40 lines shows it (the rest is cut)."""
+    from rich.console import Console
+
+    from rollout_diag.render.watch import WatchView
+
+    view = WatchView(str(root), clock=lambda: 0.0)
+    frames, updates = [], []
+    with rd.DumpWriter(root, rank=0, world_size=1, logprob_type="float64") as writer:
+        follow = Watcher(root, device="cpu", **options)
+        for step in range(steps):
+            writer.write_step(step, **low_probability_batch(step, spread=0.004 * 1.3**step))
+            update = follow.poll()
+            updates.append(update)
+            view.add(update)
+            console = Console(width=80, record=True, color_system=None, file=open(os.devnull, "w"))  # noqa: SIM115
+            console.print(view)
+            frames.append("\n".join(console.export_text().splitlines()[:40]))
+    return frames, updates
+
+
+def test_frames_say_each_finding_once_newest_events_first_and_lead_with_the_last_steps(tmp_path):
+    gate = rd.Gate("rollout_corr/k3_kl", "max", 1e-9)  # every step fails: one new alert per step
+    frames, updates = frames_of(tmp_path / "run", 12, gates=[gate])
+    found = [frame for frame in frames if "low_probability:" in frame]
+    assert len(found) >= 6  # the planted finding shows from the first steps on
+    for frame in found:  # once per frame, however many steps repeated it, its numbers those of the latest result
+        assert frame.count("low_probability:") == 1 and frame.count("concentrated on low-probability") == 1
+    said = [message for update in updates for report in update.steps for message in report.findings]
+    assert sum("concentrated on low-probability" in message for message in said) == 1  # jsonl: said once
+    alerted = [int(m.group(1)) for frame in frames[-1:] for m in re.finditer(r"ALERT step (\d+):", frame)]
+    last = max(report.step for update in updates for report in update.steps)
+    assert alerted and alerted[0] == last and alerted == sorted(alerted, reverse=True)  # newest first, on screen
+    for frame, update in zip(frames, updates, strict=True):
+        if update.steps:  # the header's first line: the last step reported, its level and what set it
+            header = frame.splitlines()[1]
+            assert re.search(rf"step {update.steps[-1].step}: (watch|bad) \(k3_kl", header)
+
+
+def test_the_header_says_a_rise_and_arrows_show_a_13_percent_step(tmp_path):
+    from rollout_diag.render.watch import change
+
+    assert change(1.0, 1.13).plain == "↑ 1.13×"  # 13 % a step: the threshold is 10 %
+    assert change(1.0, 1.16).plain == "↑ 1.16×"
+    assert change(1.0, 1.05).plain == "→" and change(1.0, 1 / 1.05).plain == "→"
+    assert change(1.0, 0.8).plain == "↓ 0.8×"
+    frames, updates = frames_of(tmp_path / "run", 12)
+    trends = {t.metric: t for t in updates[-1].result.trends if t.headline}
+    assert "mismatch/logprob_abs_diff" in trends  # spread ×1.3 a step: mean |δ| rises 1.3¹¹ ≈ 18×
+    header = frames[-1].split("╰", 1)[0]
+    assert trends["mismatch/logprob_abs_diff"].headline in header and "from step 0 to 11" in header
+
+
+def test_watch_waits_for_a_directory_the_trainer_has_not_made_yet(tmp_path):
+    root = tmp_path / "later"
+
+    def sleep(_: float) -> None:  # the trainer makes the directory and writes two steps after the second poll
+        sleeps.append(_)
+        if len(sleeps) == 2:
+            write_run(root, range(2))
+
+    sleeps: list[float] = []
+    updates = list(watch(root, interval=0.01, exit_after_idle=5.0, max_polls=5, sleep=sleep, device="cpu"))
+    assert updates[0].notes == [f"{root}: no such directory yet; waiting for the trainer to make it."]
+    assert updates[1].notes == [] and updates[1].exit_code is None  # said once, and the watch goes on
+    assert any(f"{root}: the directory appeared" in note for update in updates for note in update.notes)
+    assert updates[-1].exit_code == 0 and reports_of(*updates) == [(0, 0), (1, 0)]
+    idle = list(watch(tmp_path / "never", interval=0.01, exit_after_idle=0.0, sleep=lambda _: None, device="cpu"))
+    assert idle[-1].exit_code == 0 and "nothing new for" in idle[-1].ended  # the idle rule ends a wait too
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(rd.RolloutDiagError, match="not a directory"):
+        Watcher(tmp_path / "file")

@@ -22,14 +22,15 @@ from rollout_diag.decisions.trends import (
     find_anomalies,
     keep_largest,
     round_trend,
-    step_trend,
+    step_trends,
 )
 from rollout_diag.decisions.verdict import overall_verdict, step_levels_of
 from rollout_diag.results import AnalysisResult
 
 # The most divergent round "stands out" (is named as a finding, drawn in red) only when its mean |δ| is at least
 # 1.5× the token-weighted mean of the other supported rounds: per-token |δ| is heavy-tailed and tokens of one row
-# are correlated, so smaller gaps between rounds of a few hundred tokens are within their scatter.
+# are correlated, so smaller gaps between rounds of a few hundred tokens are within their scatter. It must also be
+# 1.5× with its largest |δ| token left out: one token of |δ| 10 among 200 adds 0.05 to a round's mean |δ|.
 ROUND_STANDS_OUT = 1.5
 
 
@@ -38,7 +39,7 @@ def judge_analysis(result: AnalysisResult, evidence: Evidence | None) -> Analysi
     cut), trends, hints (none without ``evidence``), the most divergent round, the overall verdict. Warnings about
     the findings are appended to ``result.warnings``."""
     warnings = list(result.warnings)
-    trends = [t for t in (round_trend(result.rounds), step_trend(result.steps)) if t is not None]
+    trends = [t for t in (round_trend(result.rounds),) if t is not None] + step_trends(result.steps)
     anomalies, cut = keep_largest(find_anomalies(result.steps))
     if cut:
         warnings.append(f"{len(anomalies) + cut} anomaly flags: the {ANOMALY_KEEP} largest are kept, {cut} cut.")
@@ -76,8 +77,10 @@ def anomaly_check(steps: int) -> str:
 
 def divergent_round(rounds: Sequence[Mapping[str, Any]], run_metrics: Mapping[str, float]) -> dict[str, Any] | None:
     """The round ``per_round/most_divergent_round`` names (the support rule, metrics/rounds.py), its mean |δ|, the
-    token-weighted mean of the other rounds (tiny rounds weigh little), their ratio and whether it stands out
-    (ROUND_STANDS_OUT); None with fewer than two rounds or no round named."""
+    token-weighted mean of the other rounds (tiny rounds weigh little), their ratio, the ratio without the round's
+    largest |δ| token, whether it stands out (both ratios ≥ ROUND_STANDS_OUT: one token cannot make a round stand out)
+    and the rounds below the support rule (never named, whatever their mean); None with fewer than two rounds or no
+    round named."""
     named = run_metrics.get(catalogue.MOST_DIVERGENT_ROUND.key)
     if len(rounds) < 2 or named is None or named != named or named < 0:
         return None
@@ -89,6 +92,9 @@ def divergent_round(rounds: Sequence[Mapping[str, Any]], run_metrics: Mapping[st
     others_mean = sum(r["logprob_abs_diff_mean"] * r["token_count"] for r in others) / tokens if tokens else None
     mean = chosen["logprob_abs_diff_mean"]
     factor = mean / others_mean if others_mean else None
+    without = _factor_without_largest(chosen, others_mean)
+    one_token = factor is not None and factor >= ROUND_STANDS_OUT and without is not None and without < ROUND_STANDS_OUT
+    eligible = {r["round"] for r in catalogue.supported_rounds([dict(r) for r in rounds])}
     return {
         "round": int(chosen["round"]),
         "pooled": bool(chosen.get("pooled")),
@@ -96,5 +102,21 @@ def divergent_round(rounds: Sequence[Mapping[str, Any]], run_metrics: Mapping[st
         "token_count": int(chosen["token_count"]),
         "others_mean": others_mean,
         "factor": factor,
-        "stands_out": factor is not None and factor >= ROUND_STANDS_OUT,
+        "factor_without_largest": without,
+        "stands_out": factor is not None and factor >= ROUND_STANDS_OUT and not one_token,
+        "note": (
+            f"made by one token: {without:.2g}× the others without its largest |δ| ({chosen['max_abs_diff']:.3g})"
+            if one_token
+            else ""
+        ),
+        "unsupported": sorted(int(r["round"]) for r in rounds if r["round"] not in eligible),
     }
+
+
+def _factor_without_largest(chosen: Mapping[str, Any], others_mean: float | None) -> float | None:
+    """The round's mean |δ| with its largest |δ| token left out ((mean·n − max) / (n − 1)) over the others' mean;
+    None without a max, a second token or the others' mean."""
+    largest, count = chosen.get("max_abs_diff"), int(chosen["token_count"])
+    if not others_mean or largest is None or largest != largest or count < 2:
+        return None
+    return (chosen["logprob_abs_diff_mean"] * count - largest) / (count - 1) / others_mean

@@ -157,6 +157,24 @@ class DiffResult:
             f"{self.a.rows.rows:,} vs {self.b.rows.rows:,} rows",
         )
 
+    def answer(self) -> str:
+        """The A/B answer in one sentence (the report's banner says it): which key metrics B made worse or better
+        beyond the bootstrap interval, else that none changed detectably."""
+        by_verdict: dict[str, list[str]] = {}
+        for metric in self.metrics:
+            by_verdict.setdefault(metric.verdict, []).append(catalogue.short_name(metric.metric))
+        level = f"{self.level:.0%}"
+        said = [
+            f"{word} on {', '.join(by_verdict[verdict])}"
+            for verdict, word in ((WORSE, "worse"), (BETTER, "better"))
+            if by_verdict.get(verdict)
+        ]
+        if not said:
+            return f"B against A: no detectable change in any key metric ({level} bootstrap intervals contain 0)."
+        rest = len(by_verdict.get(SAME, []))
+        tail = f"; no detectable change on {rest} other(s)" if rest else ""
+        return f"B against A: {'; '.join(said)}{tail} ({level} bootstrap intervals of B − A)."
+
     def to_json(self) -> dict[str, Any]:
         def side(value: DiffSide) -> dict[str, Any]:
             result = value.result

@@ -137,17 +137,19 @@ def _row_window(chunk: Chunk, index: int, around: int | None, window: int | None
     for a row longer than LONG_ROW, DEFAULT_WINDOW tokens around the largest |δ|)."""
     begin, end = int(chunk.offsets[index]), int(chunk.offsets[index + 1])
     length = end - begin
+    largest: tuple[float, int] | None = None  # the whole row's largest |δ| and its position, said beside a window's
     if whole_row:
         first, last = 0, length
     elif around is None and window is None:  # the window a result carries for this row (metrics/localize.py)
         first, last = default_window(
             *(arrays.host(values[begin:end]) for values in (chunk.mask, chunk.trainer, chunk.rollout))
         )
+        if (first, last) != (0, length):
+            largest = _largest_abs_delta(chunk, begin, end)
     else:
+        largest = _largest_abs_delta(chunk, begin, end)
         if around is None:  # centred on the largest |δ| among model tokens
-            trainer, rollout = arrays.host(chunk.trainer[begin:end]), arrays.host(chunk.rollout[begin:end])
-            delta = np.where(arrays.host(chunk.mask[begin:end]), np.abs(trainer - rollout), -1.0)
-            around = int(np.argmax(delta)) if length else 0
+            around = 0 if largest is None else largest[1]
         elif around >= length:
             raise DataError(
                 f"{where(chunk.file[index], chunk.file_row[index])}{option_name('around')}={around}: the "
@@ -169,4 +171,16 @@ def _row_window(chunk: Chunk, index: int, around: int | None, window: int | None
         start=first,
         row_length=None if (first, last) == (0, length) else length,
         extra=chunk.row_extra(index),
+        row_largest_abs_delta=None if largest is None or (first, last) == (0, length) else largest[0],
+        row_largest_position=None if largest is None or (first, last) == (0, length) else largest[1],
     )
+
+
+def _largest_abs_delta(chunk: Chunk, begin: int, end: int) -> tuple[float, int] | None:
+    """(largest |δ| over the model tokens of chunk[begin:end], its position in the row); None without one."""
+    mask = arrays.host(chunk.mask[begin:end]).astype(bool)
+    if not mask.any():
+        return None
+    delta = np.abs(arrays.host(chunk.trainer[begin:end]) - arrays.host(chunk.rollout[begin:end]))
+    position = int(np.argmax(np.where(mask, delta, -1.0)))
+    return float(delta[position]), position

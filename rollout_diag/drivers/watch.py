@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rollout_diag import catalogue
 from rollout_diag.decisions.check import FAIL, Gate, check
 from rollout_diag.decisions.rowmetrics import KEY_METRIC_NAMES
 from rollout_diag.decisions.verdict import step_levels
@@ -83,8 +84,9 @@ class StepReport:
     metrics: dict[str, float]
     level: str
     anomalies: list[str] = field(default_factory=list)  # anomaly flags new at this step
-    findings: list[str] = field(default_factory=list)  # pipeline findings (hints) new since the last report
+    findings: list[str] = field(default_factory=list)  # pipeline findings (hints) first seen since the last report
     alerts: list[str] = field(default_factory=list)  # gates failing on this step (or newly on the run)
+    set_by: list[str] = field(default_factory=list)  # the judged metrics at the step's watch/bad level
 
     def to_json(self) -> dict[str, Any]:
         """One ``--format jsonl`` line (schemas/watch.schema.json)."""
@@ -94,6 +96,7 @@ class StepReport:
             "rows": self.rows,
             "tokens": self.tokens,
             "level": self.level,
+            "level_set_by": list(self.set_by),
             "metrics": {name: json_number(value) for name, value in self.metrics.items()},
             "anomalies": list(self.anomalies),
             "findings": list(self.findings),
@@ -179,8 +182,10 @@ class Watcher:
     ) -> None:
         check_analysis_options(max_rounds, catastrophic, top_k)
         self.directory = Path(directory)
-        if not self.directory.is_dir():
-            raise InputError(f"{directory}: no such directory to watch.")
+        if self.directory.exists() and not self.directory.is_dir():
+            raise InputError(f"{directory}: not a directory; watch follows a dump directory.")
+        # a directory the trainer has not made yet is waited for (polls note it); once seen, its removal ends the watch
+        self.appeared = self.directory.is_dir()
         self.columns = dict(columns or {})
         self.input_format = input_format
         self.trust_pickle = trust_pickle
@@ -210,7 +215,8 @@ class Watcher:
         self.result: AnalysisResult | None = None
         self.alerted: set[tuple[str, int | None]] = set()
         self.failed_gates = False
-        self.known_findings: set[str] = set()
+        self.known_findings: set[str] = set()  # notes said once
+        self.known_hints: set[str] = set()  # pipeline findings (hint ids) said once
         self.known_anomalies: set[tuple[int, str]] = set()
         self.last_change = time.monotonic()
 
@@ -249,7 +255,14 @@ class Watcher:
         return not self.directory.is_dir()
 
     def _list(self, notes: list[str]) -> list[Source] | None:
-        """The data files of the directory in reading order; None when nothing can be listed this poll."""
+        """The data files of the directory in reading order; None when nothing can be listed this poll (the
+        directory not made yet included)."""
+        if not self.appeared:
+            if not self.directory.is_dir():
+                self._note_once(notes, f"{self.directory}: no such directory yet; waiting for the trainer to make it.")
+                return None
+            self.appeared = True
+            self._note_once(notes, f"{self.directory}: the directory appeared; reading it.")
         if self._gone():
             raise WatchGone(f"{self.directory}: the directory was deleted or moved; the watch ends.")
         warnings: list[str] = []
@@ -563,12 +576,15 @@ class Watcher:
             if step in by_step and self.reported.get(step, (-1, -1))[0] != self.versions.get(step)
         )
         failures = self._gate_failures(result)
-        new_findings = [h.message for h in result.hints if h.message not in self.known_findings] if ready else []
-        self.known_findings.update(new_findings)  # said with the last step reported now, else at the next one
+        # a finding is said once, by its id: its numbers change as steps arrive (the live view shows them in place)
+        fresh = [h for h in result.hints if h.id not in self.known_hints] if ready else []
+        self.known_hints.update(h.id for h in fresh)  # said with the last step reported now, else at the next one
+        new_findings = [h.message for h in fresh]
         reports: list[StepReport] = []
         alerts: list[str] = []
         for step in ready:
             entry = by_step[step]
+            step_level = _step_level(entry)
             revision = self.reported[step][1] + 1 if step in self.reported else 0
             self.reported[step] = (self.versions[step], revision)
             anomalies = [
@@ -586,10 +602,11 @@ class Watcher:
                     rows=entry.rows,
                     tokens=entry.tokens,
                     metrics=dict(entry.metrics),
-                    level=_step_level(entry),
+                    level=step_level,
                     anomalies=anomalies,
                     findings=new_findings if step == ready[-1] else [],
                     alerts=step_alerts,
+                    set_by=level_set_by(entry.metrics, step_level),
                 )
             )
         run_alerts = self._new_alerts(failures, None) if ready or final else []
@@ -727,6 +744,15 @@ def _steps_text(steps: frozenset[int] | set[int]) -> str:
 
 def _step_level(step: StepResult) -> str:
     return str(step_levels([(step.step, step.metrics)])[0]["level"]) if step.tokens else "n/a"
+
+
+def level_set_by(metrics: Mapping[str, float], level: str) -> list[str]:
+    """The judged metrics of a step at its (watch or bad) level: what made the step's level; [] for ok and n/a."""
+    if level not in ("watch", "bad"):
+        return []
+    levels = step_levels([(None, metrics)])[0]["levels"]
+    growing = set(catalogue.keys_with_role(catalogue.Role.LENGTH_GROWING))
+    return [metric for metric, found in levels.items() if found == level and metric not in growing]
 
 
 def _step_families(analysis: Analysis) -> list[StepAccumulator]:

@@ -25,9 +25,12 @@ def where_lines(result: AnalysisResult) -> list[str]:
     if len(scored) > 1:
         top = max(scored, key=lambda s: s.metrics[key])
         lines.append(f"step {top.step} has the largest k3_kl ({number(top.metrics[key])})")
-    named = result.run.metrics.get(catalogue.MOST_DIVERGENT_ROUND.key)
-    if named is not None and named == named and len(result.rounds) > 1:
-        lines.append(f"round {int(named)} diverges most")
+    found = result.divergent_round  # as the terminal and the report say it: named only when it stands out
+    if found is not None and found.get("stands_out"):
+        lines.append(f"round {found['round']} diverges most ({found['factor']:.2g}× the other rounds)")
+    elif found is not None:
+        made = f"; {found['note']}" if found.get("note") else ""
+        lines.append(f"no round stands out (the highest: round {found['round']}{made})")
     if result.worst_tokens:
         token = result.worst_tokens[0]
         lines.append(

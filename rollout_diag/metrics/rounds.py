@@ -6,7 +6,6 @@ A round is a maximal run of mask-1 tokens within a row, numbered 0, 1, … Round
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -19,22 +18,12 @@ from rollout_diag.metrics.segments import stats
 
 PREFIX = catalogue.ROUNDS_PREFIX
 DEFAULT_MAX_ROUNDS = 64
-# most_divergent_round names a round only with support: this many model tokens from this many rows …
-SUPPORT_TOKENS = 200
-SUPPORT_ROWS = 3
-# … or, in a step too small for that, this share of the largest round's tokens and rows
-SUPPORT_SHARE = 0.1
+# most_divergent_round names a round only with support (the rule lives in the catalogue: decisions reads it too)
+SUPPORT_TOKENS = catalogue.ROUND_SUPPORT_TOKENS
+SUPPORT_ROWS = catalogue.ROUND_SUPPORT_ROWS
+SUPPORT_SHARE = catalogue.ROUND_SUPPORT_SHARE
 ROUND_SUMS = ("token_count", "seq_count", "abs_diff", "kl", "k3_kl", "chi2_token", "catastrophic")
-
-
-def supported(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rounds with enough support to be named: ≥ min(SUPPORT_TOKENS, SUPPORT_SHARE × the most tokens any round
-    has) model tokens from ≥ min(SUPPORT_ROWS, ⌈SUPPORT_SHARE × the most rows any round has⌉) rows."""
-    if not rounds:
-        return []
-    min_tokens = min(SUPPORT_TOKENS, SUPPORT_SHARE * max(r["token_count"] for r in rounds))
-    min_rows = min(SUPPORT_ROWS, math.ceil(SUPPORT_SHARE * max(r["seq_count"] for r in rounds)))
-    return [r for r in rounds if r["token_count"] >= min_tokens and r["seq_count"] >= min_rows]
+supported = catalogue.supported_rounds
 
 
 def most_divergent_round(rounds: list[dict[str, Any]]) -> int | None:

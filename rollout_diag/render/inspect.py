@@ -18,6 +18,17 @@ def delta_style(abs_delta: float) -> str:
     return next(style for floor, style in BANDS if abs_delta >= floor)
 
 
+def _largest(row: RowTokens, worst: int | None, windowed: bool) -> str:
+    """The largest |δ|: the row's; for a window, the window's and the whole row's (which may lie outside it)."""
+    if worst is None and row.row_largest_abs_delta is None:
+        return ""
+    here = "" if worst is None else f"{number(abs(row.log_ratio[worst]))} at position {row.start + worst}"
+    if not windowed or row.row_largest_abs_delta is None:
+        return f"; largest |δ| = {here}"
+    whole = f"{number(row.row_largest_abs_delta)} at position {row.row_largest_position}"
+    return f"; largest |δ| in the window = {here or '– (no model token)'}, in the row = {whole}"
+
+
 def render_row(row: RowTokens) -> RenderableType:
     deltas = row.log_ratio
     model = [i for i, m in enumerate(row.mask) if m]
@@ -38,7 +49,7 @@ def render_row(row: RowTokens) -> RenderableType:
         " (",
         plain(row.file),
         f" row {row.row}): {extent}, {len(model)} from the model",
-        "" if worst is None else f"; largest |δ| = {number(abs(deltas[worst]))} at position {row.start + worst}",
+        _largest(row, worst, windowed),
     )
     if row.extra:  # the row's extra dump columns (reward, advantage, …)
         header.append("\n")

@@ -103,13 +103,15 @@ def round_phrase(found: dict) -> str:
     numbers = f"mean |δ| {number(found['logprob_abs_diff_mean'])} over {number(found['token_count'])} tokens{versus}"
     if found.get("stands_out"):
         return f"most divergent round {label} ({numbers})"
-    return f"no round stands out (the highest, round {label}: {numbers})"
+    made = f"; {found['note']}" if found.get("note") else ""
+    return f"no round stands out (the highest, round {label}: {numbers}{made})"
 
 
 def where(result: AnalysisResult) -> list[str]:
-    """Where the mismatch sits: the worst step, the most divergent round, the worst row and token, the worst group of
-    each ``--by`` spec. A place whose value is 0 is no place (identical logprobs have no worst step, row or token)."""
-    lines = []
+    """Where the mismatch sits: the step trends that rise ("mean |δ| up 2.5× from step 0 to 44"), the worst step,
+    the most divergent round, the worst row and token, the worst group of each ``--by`` spec. A place whose value is
+    0 is no place (identical logprobs have no worst step, row or token)."""
+    lines = [trend.headline for trend in result.trends if trend.against == "step" and trend.headline]
     step = worst_step(result.steps)
     run_value = result.run.metrics.get(HEADLINE)
     if step is not None and len(result.steps) > 1 and _positive(step.metrics.get(HEADLINE)):

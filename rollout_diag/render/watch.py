@@ -1,5 +1,7 @@
-"""The live view of ``rollout-diag watch``: the run's verdict, the last steps and their trend, where the mismatch
-sits, and what the watch noticed (new anomalies, pipeline findings, gate alerts), with the time since the last step.
+"""The live view of ``rollout-diag watch``: a header that leads with the last steps (each with the metric that set
+its level), then the run's verdict and the step rises the analysis found; the last steps' table; where the mismatch
+sits; the pipeline findings (each once, its numbers updated in place); and what the watch noticed (gate alerts, new
+anomalies, notes), newest first, so that on a short screen the cut falls on the oldest.
 
 :class:`WatchView` keeps what the updates said (bounded: the last steps and the last lines) and renders it as one
 rich renderable; it reads results and the watch's updates, never computes a metric.
@@ -28,9 +30,13 @@ if TYPE_CHECKING:
 KEY_METRICS = (catalogue.K3_KL.key, catalogue.CHI2_TOKEN.key, catalogue.LOG_PPL_ABS_DIFF.key)
 SHOWN_STEPS = 8  # rows of the last-steps table
 SPARK_STEPS = 40  # steps in the k3_kl sparkline
-SHOWN_LINES = 8  # newest notes, anomalies, findings and alerts
+SHOWN_LINES = 8  # newest notes, anomalies and alerts
+HEADER_STEPS = 3  # steps the header leads with, newest first
+HEADER_SET_BY = 2  # metrics named per step in the header (all of them in --format jsonl's level_set_by)
 SPARKS = "▁▂▃▄▅▆▇█"
-CHANGE_RATIO = 1.2  # a step-to-step change of the headline metric worth an arrow
+# a step-to-step change of the headline metric worth an arrow: 10 % either way (a run rising 13 % a step doubles in
+# 6 steps; the arrow is the first place it shows)
+CHANGE_RATIO = 1.1
 
 
 class WatchView:
@@ -41,7 +47,7 @@ class WatchView:
         self.clock = clock
         self.update: WatchUpdate | None = None
         self.steps: deque[StepReport] = deque(maxlen=SPARK_STEPS)
-        self.lines: deque[tuple[str, str]] = deque(maxlen=SHOWN_LINES)  # (style, text)
+        self.lines: deque[tuple[str, str]] = deque(maxlen=SHOWN_LINES)  # (style, text), oldest first
         self.last_step_at: float | None = None
         self.reported = 0
 
@@ -55,8 +61,6 @@ class WatchView:
             self.reported += 1
             for anomaly in report.anomalies:
                 self.lines.append(("yellow", f"anomaly {anomaly}"))
-            for finding in report.findings:
-                self.lines.append(("magenta", f"finding: {finding}"))
         if update.steps:
             self.last_step_at = self.clock()
         for note in update.notes:
@@ -73,9 +77,21 @@ class WatchView:
         where = self._where()
         if where is not None:
             parts.append(where)
+        findings = self._findings()
+        if findings is not None:
+            parts.append(findings)
         if self.lines:
-            parts.append(Panel(Group(*(plain(text, style) for style, text in self.lines)), title="events", expand=True))
+            newest_first = [plain(text, style) for style, text in reversed(self.lines)]
+            parts.append(Panel(Group(*newest_first), title="events, newest first", expand=True))
         return Group(*parts)
+
+    def _findings(self) -> Panel | None:
+        """The run's pipeline findings as the latest result words them: one line each, however many steps passed."""
+        result = None if self.update is None else self.update.result
+        if result is None or not result.hints:
+            return None
+        lines = [plain(f"{hint.id}: {hint.message}", "magenta") for hint in result.hints]
+        return Panel(Group(*lines), title="findings (updated in place)", expand=True)
 
     def _header(self) -> Panel:
         update = self.update
@@ -84,14 +100,17 @@ class WatchView:
             head.append("waiting for the first step with model tokens…", style="dim")
         else:
             result = update.result
-            head.append("verdict ")
-            head.append_text(level(update.level))
-            head.append(f"  {len(result.steps)} steps, {number(result.run.tokens)} model tokens")
             if self.steps:
-                head.append(f"  ·  step {self.steps[-1].step}: ")
-                head.append_text(level(self.steps[-1].level))
-            head.append("\n")
+                head.append_text(self._last_steps())
+                head.append("\n")
+            head.append("run: verdict ")
+            head.append_text(level(update.level))
+            head.append(f"  {len(result.steps)} steps, {number(result.run.tokens)} model tokens\n")
             head.append_text(plain(update.sentence))
+            for trend in result.trends:
+                if trend.against == "step" and trend.headline:
+                    head.append("\n")
+                    head.append_text(plain(trend.headline, "bold red"))
         status = Text("\n")
         since = "no step yet"
         if self.last_step_at is not None:
@@ -101,6 +120,19 @@ class WatchView:
             status.append(f"  ·  in progress: step {', '.join(map(str, update.pending_steps[-3:]))}", style="dim")
         head.append_text(status)
         return Panel(head, title=f"rollout-diag watch {self.directory}", expand=True)
+
+    def _last_steps(self) -> Text:
+        """ "step 44: bad (k3_kl) · step 43: watch (k3_kl, chi2_token) · step 42: ok", newest first."""
+        line = Text()
+        for index, report in enumerate(reversed(list(self.steps)[-HEADER_STEPS:])):
+            line.append(" · " if index else "")
+            line.append(f"step {report.step}: ", style="bold")
+            line.append_text(level(report.level))
+            if report.set_by:  # the first two metrics that set it (catalogue order: k3_kl first), then how many more
+                names = [short_name(metric) for metric in report.set_by]
+                more = f" +{len(names) - HEADER_SET_BY}" if len(names) > HEADER_SET_BY else ""
+                line.append(f" ({', '.join(names[:HEADER_SET_BY])}{more})")
+        return line
 
     def _steps_table(self) -> Table:
         every = list(self.steps)
@@ -132,7 +164,8 @@ class WatchView:
             return None
         result = update.result
         lines = Text()
-        trend = next((t for t in result.trends if t.against == "step" and t.summary), None)
+        # a change point the header's rises do not already say
+        trend = next((t for t in result.trends if t.against == "step" and t.summary and not t.headline), None)
         if trend is not None:
             lines.append("trend: ", style="bold")
             lines.append_text(plain(trend.summary))
@@ -166,14 +199,15 @@ def sparkline(values: list[float | None]) -> str:
 
 
 def change(before: float | None, now: float | None) -> Text:
-    """An arrow for the change of the headline metric from the previous step: up (red) past 1.2×, down (green)."""
+    """An arrow for the change of the headline metric from the previous step: up (red) from 1.1×, down (green) to
+    1/1.1×, the ratio to 3 digits ("↑ 1.13×")."""
     if before is None or now is None or not (math.isfinite(before) and math.isfinite(now)) or before <= 0:
         return Text("")
     ratio = now / before
     if ratio >= CHANGE_RATIO:
-        return Text(f"↑ {ratio:.2g}×", style="red")
+        return Text(f"↑ {ratio:.3g}×", style="red")
     if ratio <= 1 / CHANGE_RATIO:
-        return Text(f"↓ {ratio:.2g}×", style="green")
+        return Text(f"↓ {ratio:.3g}×", style="green")
     return Text("→", style="dim")
 
 

@@ -104,7 +104,7 @@ def render_report(
         "catastrophic": result.catastrophic_threshold,
     }
     return render_page(
-        title, header_html(result, title, _generated(), comparison), sections, payload, _footer(), _plotly_js()
+        title, header_html(result, title, _generated(), comparison, diff), sections, payload, _footer(), _plotly_js()
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from rollout_diag import catalogue
 from rollout_diag.formatting import number, percent
@@ -11,15 +12,24 @@ from rollout_diag.report.markup import badge, escape, factor
 from rollout_diag.report.series import finite, step_series
 from rollout_diag.results import AnalysisResult, ComparisonResult, OverallVerdict, StepResult, StepTable
 
+if TYPE_CHECKING:  # a type only: report modules never call decisions' functions
+    from rollout_diag.decisions.diff import DiffResult
+
 MAX_INPUTS_SHOWN = 10
 
 
-def header_html(result: AnalysisResult, title: str, generated: str, comparison: ComparisonResult | None = None) -> str:
+def header_html(
+    result: AnalysisResult,
+    title: str,
+    generated: str,
+    comparison: ComparisonResult | None = None,
+    diff: DiffResult | None = None,
+) -> str:
     return "".join(
         [
             f"<h1>{escape(title, limit=200)}</h1>",
             f'<p class="subtitle">{escape(generated)}</p>',
-            overall_html(result, comparison),
+            overall_html(result, comparison, diff),
             _cards(result),
             _facts(result),
             _findings(result),
@@ -28,9 +38,12 @@ def header_html(result: AnalysisResult, title: str, generated: str, comparison: 
     )
 
 
-def overall_html(result: AnalysisResult, comparison: ComparisonResult | None = None) -> str:
+def overall_html(
+    result: AnalysisResult, comparison: ComparisonResult | None = None, diff: DiffResult | None = None
+) -> str:
     """The banner: the result's verdict (the first line of ``analyze``), its pipeline findings directly under it, its
-    notes, and with a comparison the recommendation (or why it is withheld) right after."""
+    notes, with a comparison the recommendation (or why it is withheld) right after, and with ``report --vs`` the A/B
+    answer (the question the page was asked for, not a section at the bottom of the page)."""
     verdict: OverallVerdict | None = result.verdict
     if verdict is None:
         text = "this result carries no verdict (an older rollout-diag)"
@@ -53,6 +66,11 @@ def overall_html(result: AnalysisResult, comparison: ComparisonResult | None = N
         parts.append(f'<ul class="verdict-findings">{"".join(items)}</ul>')
     if comparison is not None:
         parts.append(f"<p>{recommendation_html(comparison)}</p>")
+    if diff is not None:
+        parts.append(
+            f'<p class="ab-answer"><strong>A/B:</strong> {escape(diff.answer(), limit=600)} '
+            '<a href="#diff">the intervals, per metric</a></p>'
+        )
     return f'<div class="overall {_css(verdict.level)}">{"".join(parts)}</div>'
 
 
@@ -175,10 +193,11 @@ def _where_findings(result: AnalysisResult) -> list[str]:
         numbers = (
             f"mean |δ| {number(found['logprob_abs_diff_mean'], 4)} over {number(found['token_count'])} tokens{versus}"
         )
+        made = f"; {found['note']}" if found.get("note") else ""
         findings.append(
             f"Most divergent round: {label} ({numbers})."
             if found.get("stands_out")
-            else f"No round stands out (the highest, round {label}: {numbers})."
+            else f"No round stands out (the highest, round {label}: {numbers}{made})."
         )
     share = result.run.metrics.get(catalogue.CATASTROPHIC_TOKEN_SHARE.key)
     count = result.run.metrics.get(catalogue.CATASTROPHIC_TOKENS.key)

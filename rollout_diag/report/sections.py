@@ -182,9 +182,11 @@ def rounds_section(result: AnalysisResult, canvas: Canvas) -> Section:
     if len(rounds) == 1:
         body.append(note("Every row has a single round (no environment segment between model tokens)."))
     labels = [_round_label(r) for r in rounds]
-    # red only for the round the analysis found standing out (support rule, a gap beyond the rounds' scatter)
+    # red only for the round the analysis found standing out (support rule, a gap beyond the rounds' scatter, not
+    # one token's); grey for the rounds below the support rule, which are never named however tall their bar
     found = result.divergent_round
     most = found["round"] if found is not None and found.get("stands_out") else None
+    unsupported = set(found.get("unsupported", [])) if found is not None else set()
     hover = [
         f"round {escape(label)}<br>mean |δ| {number(r.get('logprob_abs_diff_mean'), 4)}<br>k3_kl "
         f"{number(r.get('k3_kl'), 4)}<br>max |δ| {number(r.get('max_abs_diff'), 4)}<br>"
@@ -194,10 +196,12 @@ def rounds_section(result: AnalysisResult, canvas: Canvas) -> Section:
     tokens = [_value(r, "token_count") for r in rounds]
     panels = [
         BarPanel(
-            f"mean |δ| per round ({'most divergent in red' if most is not None else 'none stands out'})",
+            f"mean |δ| per round ({'most divergent in red' if most is not None else 'none stands out'}"
+            + ("; grey: too few tokens or rows to be named" if unsupported else "")
+            + ")",
             [_value(r, "logprob_abs_diff_mean") for r in rounds],
             hover,
-            [RED if r["round"] == most else BLUE for r in rounds],
+            [RED if r["round"] == most else GREY if r["round"] in unsupported else BLUE for r in rounds],
         ),
         BarPanel("k3_kl per round", [_value(r, "k3_kl") for r in rounds], hover, BLUE),
         BarPanel("model tokens per round", tokens, hover, GREY, log=wide_range(tokens), count=True),
