@@ -279,8 +279,8 @@ def test_workers_list_skipped_rows_in_reading_order(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------ naming a directory's files
 def test_notes_and_the_report_name_a_directory_file_by_its_label(tmp_path: Path) -> None:
-    """Every step's file is ``rank-0.parquet``: a note, the report's title and its inputs say ``step=2/rank-0.parquet``,
-    as the tables do."""
+    """Every step's file is ``rank-0.parquet``: a note and the report's inputs say ``step=2/rank-0.parquet``, as the
+    tables do; the report's title names the directory (rollout_diag/paths.py ``inputs_label``)."""
     run = tmp_path / "run"
     for step in (1, 2):
         rows = random_rows(step, steps=(step,), rows_per_step=3)
@@ -291,7 +291,7 @@ def test_notes_and_the_report_name_a_directory_file_by_its_label(tmp_path: Path)
     note = next(w for w in result.warnings if "have no model token" in w)
     assert "step 2 sample 's2-1' (step=2/rank-0.parquet row 1)" in note
     html = render_report(result)
-    assert "rollout-diag report: step=1/rank-0.parquet and 1 more" in html
+    assert f"rollout-diag report: {run}/ (2 files)" in html
     assert "step=1/rank-0.parquet, step=2/rank-0.parquet" in html
 
 
