@@ -18,6 +18,7 @@ import difflib
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,7 +111,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=20_000_000)
     parser.add_argument("--dir", type=Path, default=Path("/tmp"), help="where the generated dumps stay")
     args = parser.parse_args()
-    found = outputs(inputs(args.dir, args.tokens), args.dir / "same_outputs_scratch")
+    with tempfile.TemporaryDirectory() as scratch:  # the reports of this run alone (several may run at once)
+        found = outputs(inputs(args.dir, args.tokens), Path(scratch))
     if args.action == "save":
         args.outputs.mkdir(parents=True, exist_ok=True)
         for name, text in found.items():
