@@ -3,6 +3,7 @@
 
     python benchmarks/device_check.py --out "$OUT"                       # on the device machine (~4 minutes)
     python benchmarks/device_check.py --tokens 2000000 --cores 1,2 --workers 1,2,auto --out /tmp/dc   # a dry run
+    python benchmarks/device_check.py --parts tests,gpu --out "$OUT"     # the CUDA tests and GPU figures only
 
 Steps, each recorded in ``OUT/device_check.json`` (and the whole log in ``OUT/device_check.log``):
 
@@ -381,6 +382,9 @@ def main() -> None:
     parser.add_argument("--cores", default="1,2,4,8,16", help="core counts for the scaling table (taskset)")
     parser.add_argument("--workers", default="1,2,4,8,16,auto", help="--workers settings on every core")
     parser.add_argument("--repeat", type=int, default=3, help="in-process GPU runs (median)")
+    parser.add_argument(
+        "--parts", type=lambda text: set(text.split(",")), default={"tests", "gpu", "cpu"}, help="of tests,gpu,cpu"
+    )
     parser.add_argument("--gpu-on-cpu", action="store_true", help="without a GPU, run step 4 with torch on the CPU")
     parser.add_argument("--timeout", type=int, default=240, help="seconds for one child process")
     args = parser.parse_args()
@@ -390,11 +394,14 @@ def main() -> None:
     try:
         machine = step(record, "machine", versions)
         say(f"   {json.dumps(machine)}")
-        step(record, "cuda_tests", lambda: cuda_tests(args.timeout))
+        if "tests" in args.parts:
+            step(record, "cuda_tests", lambda: cuda_tests(args.timeout))
         path, warm = args.dir / f"device_check_{args.tokens}.parquet", args.dir / "device_check_warm.parquet"
         step(record, "dump", lambda: make_dump(args.tokens, path))
         step(record, "warm_dump", lambda: make_dump(200_000, warm))
-        if machine.get("cuda_available") or args.gpu_on_cpu:
+        if "gpu" not in args.parts:
+            pass
+        elif machine.get("cuda_available") or args.gpu_on_cpu:
             device = "cuda" if machine.get("cuda_available") else "cpu"
             record["gpu_so_far"] = found = {}  # what a failing step 4 had measured before it failed
             step(record, "gpu", lambda: on_the_gpu(path, warm, args.tokens, args.repeat, device, found))
@@ -403,7 +410,8 @@ def main() -> None:
             say("-- gpu: skipped, torch sees no CUDA GPU")
         cores = [int(part) for part in args.cores.split(",") if part]
         workers = [part for part in args.workers.split(",") if part]
-        step(record, "cpu", lambda: on_the_cpu(path, warm, args.tokens, cores, workers, args.timeout))
+        if "cpu" in args.parts:
+            step(record, "cpu", lambda: on_the_cpu(path, warm, args.tokens, cores, workers, args.timeout))
     finally:
         record["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
         (args.out / "device_check.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
