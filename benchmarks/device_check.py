@@ -327,8 +327,8 @@ def equal_to_cpu(path: Path, tokens: int, gpu_result: Any, found: dict) -> None:
         say(f"   and {len(other)} other differences, first: {other[:3]}")
 
 
-def fresh(kind: str, path: Path, workers: str, cores: int | None, timeout: int) -> dict[str, Any]:
-    command = [sys.executable, "-c", CHILD, kind, str(path), "cpu", workers]
+def fresh(kind: str, path: Path, workers: str, cores: int | None, timeout: int, device: str = "cpu") -> dict[str, Any]:
+    command = [sys.executable, "-c", CHILD, kind, str(path), device, workers]
     pinned = None if cores is None else (lambda: os.sched_setaffinity(0, range(cores)))  # as taskset -c 0-(N-1)
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, preexec_fn=pinned)
     if done.returncode != 0:
@@ -374,6 +374,17 @@ def on_the_cpu(path: Path, warm_path: Path, tokens: int, cores: list[int], worke
     return table
 
 
+def gpu_workers(path: Path, tokens: int, timeout: int) -> dict[str, Any]:
+    """``analyze --device cuda --workers N`` in fresh processes: whether several processes, each decoding its part
+    and computing on the one GPU, lift the single reader thread's limit."""
+    table: dict[str, Any] = {}
+    for setting in ("1", "2", "4", "8"):
+        table[setting] = attempt(partial(fresh, "analyze", path, setting, None, timeout, "cuda"))
+        wall = table[setting]["wall"]
+        say(f"   cuda --workers {setting}: analyze {wall:.2f} s ({tokens / wall / 1e6:.0f} M tokens/s, fresh process)")
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=lambda text: int(float(text)), default=50_000_000)
@@ -383,7 +394,10 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2,4,8,16,auto", help="--workers settings on every core")
     parser.add_argument("--repeat", type=int, default=3, help="in-process GPU runs (median)")
     parser.add_argument(
-        "--parts", type=lambda text: set(text.split(",")), default={"tests", "gpu", "cpu"}, help="of tests,gpu,cpu"
+        "--parts",
+        type=lambda text: set(text.split(",")),
+        default={"tests", "gpu", "cpu", "gpu_workers"},
+        help="of tests,gpu,cpu,gpu_workers",
     )
     parser.add_argument("--gpu-on-cpu", action="store_true", help="without a GPU, run step 4 with torch on the CPU")
     parser.add_argument("--timeout", type=int, default=240, help="seconds for one child process")
@@ -412,6 +426,8 @@ def main() -> None:
         workers = [part for part in args.workers.split(",") if part]
         if "cpu" in args.parts:
             step(record, "cpu", lambda: on_the_cpu(path, warm, args.tokens, cores, workers, args.timeout))
+        if "gpu_workers" in args.parts:
+            step(record, "gpu_workers", lambda: gpu_workers(path, args.tokens, args.timeout))
     finally:
         record["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
         (args.out / "device_check.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
