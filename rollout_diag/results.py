@@ -15,9 +15,9 @@ import numpy as np
 
 from rollout_diag.catalogue import CATALOGUE, INTRUSIVE_MIN_ESS, INTRUSIVE_REJECTED_FRACTION, K3_KL, OFFPOLICY_PREFIX
 from rollout_diag.errors import ConfigError, InputError, option_name
+from rollout_diag.formatting import ExtraValue
 
 SCHEMA_VERSION = 2  # 2: compare-presets writes its per-step metrics as columns (1: a step object each)
-ExtraValue = float | int | bool | str | None  # a row's value of an extra dump column (reward, advantage, …)
 
 
 # ----------------------------------------------------------------------- short reprs

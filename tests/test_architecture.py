@@ -296,8 +296,9 @@ LAYERS = (
         "rollout_diag.arrays",  # numpy or torch alike: imports nothing of the package
     ),
     ("rollout_diag.presets", "rollout_diag.catalogue", "rollout_diag.selection"),
+    ("rollout_diag.formatting",),  # numbers and data strings as text: imports nothing of the package
     ("rollout_diag.results",),
-    ("rollout_diag.formatting", "rollout_diag.glossary"),
+    ("rollout_diag.glossary",),
     ("rollout_diag.kernels",),  # compiled CPU code over plain arrays: the reader's scans and the engines' passes
     ("rollout_diag.io",),
     ("rollout_diag.export",),
