@@ -7,24 +7,17 @@ Each command parses options, makes one library call and renders. ``RolloutDiagEr
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import functools
 import os
 import re
 import sys
-import threading
 import typing
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
-
-# Before numpy loads: OpenBLAS's helper threads busy-wait after its start-up, ~0.09 s of a second core per process
-# (the sample's analyze 0.72 -> 0.66 s wall on 2 cores; docs/benchmarks.md, session 14). The commands ask BLAS for
-# nothing that threads pay for, and one thread makes its dot products independent of the core count.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import typer
 from typer.core import TyperGroup
@@ -32,6 +25,9 @@ from typer.core import TyperGroup
 from rollout_diag.drivers.dump import DEFAULT_CHUNK_TOKENS as CHUNK_TOKENS  # dump.py loads no pyarrow: light --help
 from rollout_diag.drivers.dump import PRESET_CHUNK_TOKENS
 from rollout_diag.errors import RolloutDiagError
+from rollout_diag.process import command_ended, exit_now, one_blas_thread, open_for_reading
+
+one_blas_thread()  # before anything a command imports loads numpy (rollout_diag.process)
 
 if TYPE_CHECKING:  # rich.console loads where a command renders: --help and an input error do without it (issue 39)
     from rich.console import Console
@@ -413,8 +409,7 @@ def handles_errors(command: F) -> F:
                 "(rerun with --debug for the traceback, and please report it)"
             )
         finally:
-            if "rollout_diag.memory" in sys.modules:  # open_dump deferred the cyclic collection (light commands: not)
-                sys.modules["rollout_diag.memory"].end_deferral()
+            command_ended()  # the collector as it was before open_dump (rollout_diag.process)
 
     return wrapper  # type: ignore[return-value]
 
@@ -585,22 +580,12 @@ def open_dump(
     ``numpy``: its passes take numpy chunks (every command that reads the whole dump: no torch on the CPU)."""
     from rollout_diag.drivers.dump import Dump
     from rollout_diag.io.sources import check_inputs_exist
-    from rollout_diag.memory import defer_collection, keep_large_blocks, many_short_rows, return_large_blocks
 
     check_inputs_exist(inputs)  # a mistyped path fails before pyarrow loads (0.3–0.5 s)
-    # No cyclic collection while pyarrow, torch and numba load; the reader switches it back on where the chunks begin
-    # (rollout_diag.memory), and handles_errors undoes it at the command's end whatever happened in between.
-    defer_collection()
     options = {"strict": strict, "chunk_tokens": chunk_tokens, "device": device, "workers": workers, "backend": backend}
     dump = Dump(inputs, parse_columns(column), input_format=input_format, trust_pickle=trust_pickle, **options)
-    dump = dump.opened(read_ahead=read_ahead, numpy=numpy)
-    # the C heap's bounds (rollout_diag.memory): where the per-step state dominates, freed arrays go back to the
-    # system; elsewhere a chunk's arrays reuse the pages of the chunk before
-    if many_short_rows(dump.input_size()):
-        return_large_blocks()
-    else:
-        keep_large_blocks()
-    return dump
+    # the process tuned for the reading (the collector, the C heap's bounds), undone by handles_errors at the end
+    return open_for_reading(lambda: dump.opened(read_ahead=read_ahead, numpy=numpy), Dump.input_size)
 
 
 def parse_columns(column: list[str] | None) -> dict[str, str]:
@@ -1596,29 +1581,6 @@ def main() -> NoReturn:
     except SystemExit as done:
         exit_now(done.code)
     exit_now(0)
-
-
-def exit_now(code: int | str | None) -> NoReturn:
-    """End the process with ``code`` (SystemExit's: None is 0, text is printed and is 1) once a command is done,
-    without the interpreter's teardown: its modules' and objects' dismantling and final collection of every object
-    torch, numba and pyarrow made take 0.16 s after `analyze` of 100M tokens and 0.43 s after `compare-presets`
-    (docs/benchmarks.md, issue 20 session 10), all of it after the answer is out. What the teardown would still do
-    for the user is done first: the atexit functions (a preset kernels' compile left running is stopped, the logging
-    and multiprocessing shutdowns, Ray's) and the flush of stdout and stderr. Where a thread that is not a daemon is
-    still alive (some writer's), the interpreter's own exit, which waits for it, is taken instead."""
-    if code is None:
-        code = 0
-    elif not isinstance(code, int):
-        print(code, file=sys.stderr)
-        code = 1
-    main_thread = threading.main_thread()
-    if any(thread.is_alive() and not thread.daemon and thread is not main_thread for thread in threading.enumerate()):
-        sys.exit(code)
-    atexit._run_exitfuncs()  # what the interpreter's exit runs first (the atexit module's own hook)
-    for stream in (sys.stdout, sys.stderr):
-        with suppress(OSError, ValueError):  # a reader that closed the pipe (`| head`), or a stream already closed
-            stream.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -293,6 +293,7 @@ LAYERS = (
         "rollout_diag.progress",
         "rollout_diag.cores",
         "rollout_diag.memory",
+        "rollout_diag.process",
         "rollout_diag.arrays",  # numpy or torch alike: imports nothing of the package
     ),
     ("rollout_diag.presets", "rollout_diag.catalogue", "rollout_diag.selection"),
