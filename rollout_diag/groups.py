@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from rollout_diag import arrays, catalogue
-from rollout_diag.arrays import Array
+from rollout_diag import catalogue
 from rollout_diag.decisions.verdict import group_verdict
+from rollout_diag.engine import arrays
+from rollout_diag.engine.arrays import Array
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.io.chunk import Chunk, StepGroups, extra_value
 from rollout_diag.metrics.base import StepAccumulator

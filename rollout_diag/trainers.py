@@ -19,10 +19,11 @@ import numpy as np
 import torch
 
 from rollout_diag.drivers.passes import Analysis
+from rollout_diag.engine.state import merge_states
 from rollout_diag.errors import ConfigError
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.writer import MASK, ROLLOUT, TRAINER, PackedRows, WarnOnce, pack_padded, row_problems
-from rollout_diag.metrics.base import State, StepAccumulator, merge_states
+from rollout_diag.metrics.base import State, StepAccumulator
 from rollout_diag.metrics.localize import DEFAULT_CATASTROPHIC
 from rollout_diag.metrics.outcome import CorrectionAnalysis
 from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS

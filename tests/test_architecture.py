@@ -294,7 +294,7 @@ LAYERS = (
         "rollout_diag.cores",
         "rollout_diag.memory",
         "rollout_diag.process",
-        "rollout_diag.arrays",  # numpy or torch alike: imports nothing of the package
+        "rollout_diag.engine.arrays",  # numpy or torch alike: imports nothing of the package
     ),
     ("rollout_diag.presets", "rollout_diag.catalogue", "rollout_diag.selection"),
     ("rollout_diag.formatting",),  # numbers and data strings as text: imports nothing of the package
@@ -302,6 +302,7 @@ LAYERS = (
     ("rollout_diag.glossary",),
     ("rollout_diag.kernels",),  # compiled CPU code over plain arrays: the reader's scans and the engines' passes
     ("rollout_diag.io",),
+    ("rollout_diag.engine",),  # how a chunk's numbers are computed fast: the engines and the per-step state
     ("rollout_diag.export",),
     ("rollout_diag.metrics",),
     ("rollout_diag.groups", "rollout_diag.decisions"),

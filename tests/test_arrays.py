@@ -1,4 +1,4 @@
-"""rollout_diag.arrays: the numpy operations give the bits of the obvious loop (and of torch's CPU kernels)."""
+"""rollout_diag.engine.arrays: the numpy operations give the bits of the obvious loop (and of torch's CPU kernels)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout_diag import arrays
+from rollout_diag.engine import arrays
 
 values = st.floats(allow_nan=True, allow_infinity=True, width=64) | st.sampled_from([0.0, -0.0, 1e-310, -1e308])
 

@@ -24,8 +24,9 @@ from test_state_table_fast import _Family as TableFamily
 from test_state_table_fast import _table as adversarial_table
 from test_state_table_fast import assert_same_table, steps_of, table_specs
 
+from rollout_diag.engine.state import Ragged, StateTable
 from rollout_diag.metrics import base
-from rollout_diag.metrics.base import Ragged, StateTable, StepAccumulator
+from rollout_diag.metrics.base import StepAccumulator
 from rollout_diag.metrics.outcome import CorrectionAnalysis
 from rollout_diag.metrics.sweep import SweepAccumulator
 from rollout_diag.presets import PRESETS

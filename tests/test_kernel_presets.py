@@ -313,7 +313,7 @@ def test_numpy_exp_is_elementwise_so_the_prepared_weights_are_the_torch_engines(
     engine takes numpy's exp of its CPU tensor (``arrays.host_exp``) over other arrays (a row's, a segment's): a
     value's exp must not depend on where it sits in the array (vector body or tail, alignment, in place or not), or
     the engines could disagree."""
-    from rollout_diag import arrays
+    from rollout_diag.engine import arrays
 
     rng = np.random.default_rng(0)
     clamped = np.clip(rng.normal(0, 2, 100_003), -20, 20)

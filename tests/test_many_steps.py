@@ -22,8 +22,9 @@ from rollout_diag.drivers.check import check_run
 from rollout_diag.drivers.diff import diff_runs
 from rollout_diag.drivers.passes import Analysis, run_chunks
 from rollout_diag.drivers.sweep import threshold_sweep
+from rollout_diag.engine.state import Ragged, Sparse, StateTable, merge_states
 from rollout_diag.io.reader import DumpReader
-from rollout_diag.metrics.base import Ragged, Sparse, StateTable, StepAccumulator, merge_states
+from rollout_diag.metrics.base import StepAccumulator
 from rollout_diag.report import render_report
 from rollout_diag.results import Anomaly, StepResult
 

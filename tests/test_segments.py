@@ -158,7 +158,7 @@ def test_a_preset_pass_takes_exp_of_the_clamped_log_ratio_once(monkeypatch):
                 full_size_exps.append(values)
             return original_exp(values, *args, **kwargs)
 
-    from rollout_diag import arrays
+    from rollout_diag.engine import arrays
     from rollout_diag.metrics import correction
 
     monkeypatch.setattr(arrays, "np", CountingNumpy())

@@ -13,9 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollout_diag.drivers.passes import Analysis
+from rollout_diag.engine.state import Ragged, Sparse, StateTable, merge_moments
 from rollout_diag.io.reader import DumpReader
 from rollout_diag.metrics import base
-from rollout_diag.metrics.base import Ragged, Sparse, StateTable, StepAccumulator
+from rollout_diag.metrics.base import StepAccumulator
 from rollout_diag.metrics.debug import DebugAccumulator
 from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
 
@@ -280,8 +281,8 @@ def test_one_pair_of_moments_merges_as_the_vectorised_merge(a, b):
     """The merge of one step's moments (Python floats) gives the bits of the vectorised merge, NaN, ±inf, signed
     zeros and overflow included."""
     mine, theirs = np.array([a, a]), np.array([b, b])  # two rows: the vectorised path
-    vectorised = base.merge_moments(mine, theirs)[:1]
-    one = base.merge_moments(mine[:1], theirs[:1])
+    vectorised = merge_moments(mine, theirs)[:1]
+    one = merge_moments(mine[:1], theirs[:1])
     assert one.dtype == vectorised.dtype and one.shape == vectorised.shape == (1, 6)
     assert one.tobytes() == vectorised.tobytes(), (one, vectorised)
-    assert base.merge_moments(mine[0], theirs[0]).tobytes() == vectorised[0].tobytes()
+    assert merge_moments(mine[0], theirs[0]).tobytes() == vectorised[0].tobytes()

@@ -24,8 +24,9 @@ from rollout_diag.decisions.verdict import step_levels, step_levels_of
 from rollout_diag.drivers.engine import analyze, step_table
 from rollout_diag.drivers.passes import Analysis, run_chunks
 from rollout_diag.drivers.sweep import threshold_sweep
+from rollout_diag.engine.state import StateTable
 from rollout_diag.io.reader import DumpReader
-from rollout_diag.metrics.base import StateTable, StepAccumulator
+from rollout_diag.metrics.base import StepAccumulator
 from rollout_diag.metrics.dialects import resolve
 from rollout_diag.metrics.sweep import SweepAccumulator, sweep_tables
 from rollout_diag.results import AnalysisResult, RowMetrics, StepResult, StepTable, SweepStep

@@ -16,9 +16,9 @@ from concurrent.futures import ProcessPoolExecutor
 from numbers import Integral
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from rollout_diag.arrays import device_kind
 from rollout_diag.cores import auto_cpu_workers
 from rollout_diag.drivers.passes import Analysis, Pass, PassSpec, Progress, progress_callback, run_chunks
+from rollout_diag.engine.arrays import device_kind
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.io.reader import DumpReader
 from rollout_diag.io.readlog import ReadLog

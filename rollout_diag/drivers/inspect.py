@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rollout_diag import arrays
 from rollout_diag.drivers.dump import reads_dump
 from rollout_diag.drivers.passes import Inputs, open_reader, resolve_device
+from rollout_diag.engine import arrays
 from rollout_diag.errors import ConfigError, DataError, option_name, where
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS

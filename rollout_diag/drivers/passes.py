@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rollout_diag import arrays
-from rollout_diag.arrays import device_kind
 from rollout_diag.cores import available_cores
 from rollout_diag.drivers.dump import DEFAULT_CHUNK_TOKENS, PRESET_CHUNK_TOKENS, torch_may_use_a_gpu
+from rollout_diag.engine import arrays
+from rollout_diag.engine.arrays import device_kind
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.groups import GroupedAnalysis, GroupSpec
 from rollout_diag.io.chunk import Chunk
@@ -264,8 +264,8 @@ def run_chunks(
 ) -> None:
     """Feed every chunk of ``reader`` to each consumer in turn; report progress in file rows. ``prepare`` runs on
     each chunk in the reader's thread first (segments and shared token quantities, ``metrics.segments.prepare``).
-    The consumers take numpy chunks (every family does, through ``rollout_diag.arrays``): the numba engine's chunks
-    are numpy and torch is not loaded (``DumpReader.chunks``); the torch engine's are tensors."""
+    The consumers take numpy chunks (every family does, through ``rollout_diag.engine.arrays``): the numba engine's
+    chunks are numpy and torch is not loaded (``DumpReader.chunks``); the torch engine's are tensors."""
     total = reader.log.total_rows
     progress = progress_callback(progress)
     if device_kind(device) == "cuda" and reader.chunk_tokens in CPU_CHUNK_DEFAULTS and not reader.reads_ahead:

@@ -1,7 +1,7 @@
 """A chunk: a few thousand whole rows as packed (unpadded) arrays, the unit every accumulator eats.
 
 The arrays are numpy for the numba engine (the CPU; torch is not loaded) and torch tensors on one device for the torch
-engine (``rollout_diag.kernels``); everything below works on either kind (``rollout_diag.arrays``).
+engine (``rollout_diag.kernels``); everything below works on either kind (``rollout_diag.engine.arrays``).
 
 Packed, not padded: the tokens of all rows are concatenated, with ``offsets`` marking row boundaries
 (the varlen layout of flash-attention). Padding a batch of rows whose lengths range from 20 to 32k
@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rollout_diag import arrays
-from rollout_diag.arrays import Array
+from rollout_diag.engine import arrays
+from rollout_diag.engine.arrays import Array
 from rollout_diag.results import ExtraValue
 
 if TYPE_CHECKING:

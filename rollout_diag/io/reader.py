@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from rollout_diag.arrays import device_kind, device_name
 from rollout_diag.cores import available_cores
+from rollout_diag.engine.arrays import device_kind, device_name
 from rollout_diag.errors import ColumnError, ConfigError, InputError, RolloutDiagError, option_name
 from rollout_diag.io.decode import (
     MAX_BLOCK_STEPS,

@@ -9,7 +9,7 @@ Two engines give the same metrics (tests/test_kernel.py requires 1e-12 relative,
 - ``torch``: the device-generic engine of ``metrics/segments.py`` (vectorised torch / numpy over token tensors);
   what runs on CUDA.
 - ``auto`` (default): numba for a chunk on the CPU, torch on a GPU. The commands whose families take numpy chunks
-  (every family does, through ``rollout_diag.arrays``: ``analyze``, ``check``, ``compare-presets``, ``report``,
+  (every family does, through ``rollout_diag.engine.arrays``: ``analyze``, ``check``, ``compare-presets``, ``report``,
   ``sweep``, ``diff``, ``watch``, ``inspect``) then never import torch on the CPU, and run the kernels whatever the
   input's size (their reader asks without a size): loading numba and the cached kernels costs less than importing
   torch. A reading of tensor chunks (``DumpReader.chunks`` without ``numpy``, a caller that wants tensors and loads

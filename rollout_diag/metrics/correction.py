@@ -2,7 +2,7 @@
 
 Every accumulator reads the chunk's one per-chunk engine, :class:`~rollout_diag.metrics.segments.ChunkStats`
 (numpy arrays on the numba engine, which then never loads torch; tensors on the torch engine, through
-``rollout_diag.arrays``):
+``rollout_diag.engine.arrays``):
 token quantities shared with the analysis families (c = clamp20(δ), k2, k3, exp(c) and their row sums), and
 the values derived from a preset's config (IS weights, row statistics, keep flags), each memoised per chunk
 (``ChunkStats.memo``) so presets that share a part compute it once. ``outcome.CorrectionAnalysis`` holds one
@@ -25,8 +25,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from rollout_diag import arrays, catalogue
-from rollout_diag.arrays import Array
+from rollout_diag import catalogue
+from rollout_diag.engine import arrays
+from rollout_diag.engine.arrays import Array
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.kernels import compiled_presets
 from rollout_diag.metrics.base import (

@@ -8,7 +8,7 @@ from typing import ClassVar
 import numpy as np
 
 from rollout_diag import catalogue
-from rollout_diag.arrays import Array
+from rollout_diag.engine.arrays import Array
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator, as_float, sample_std
 from rollout_diag.metrics.segments import stats

@@ -17,8 +17,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from rollout_diag import arrays
-from rollout_diag.arrays import Array
 from rollout_diag.catalogue import (
     FIT_MIN_R2,
     FIT_MIN_SLOPE,
@@ -27,9 +25,12 @@ from rollout_diag.catalogue import (
     SHIFT_ROW_MIN_ALIGNED,
     SHIFT_ROW_MIN_PAIRS,
 )
+from rollout_diag.engine import arrays
+from rollout_diag.engine.arrays import Array
+from rollout_diag.engine.state import StateTable
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.kernels.prepass import CLIP, COPY_GAP, LOG_HALF, PROBABILITY_EDGES
-from rollout_diag.metrics.base import State, StateTable, StepAccumulator
+from rollout_diag.metrics.base import State, StepAccumulator
 from rollout_diag.metrics.localize import POSITION_BUCKETS, TopK, top_candidates
 from rollout_diag.metrics.segments import ChunkStats, KernelStats, quantity, reduce_runs, stats
 from rollout_diag.results import Evidence, RowRef

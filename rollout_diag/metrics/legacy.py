@@ -11,8 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
-from rollout_diag import arrays, catalogue
-from rollout_diag.arrays import Array
+from rollout_diag import catalogue
+from rollout_diag.engine import arrays
+from rollout_diag.engine.arrays import Array
 from rollout_diag.metrics.base import EPS, clamp20, row_mean
 from rollout_diag.metrics.correction import (
     WEIGHT_REDUCTIONS,

@@ -10,10 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from rollout_diag import arrays, catalogue
-from rollout_diag.arrays import Array
+from rollout_diag import catalogue
+from rollout_diag.engine import arrays
+from rollout_diag.engine.arrays import Array, segment_max
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator, as_float, segment_max
+from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator, as_float
 from rollout_diag.metrics.segments import stats
 
 PREFIX = catalogue.ROUNDS_PREFIX

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rollout_diag import arrays
-from rollout_diag.arrays import Array
+from rollout_diag.engine import arrays
+from rollout_diag.engine.arrays import Array
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.segments import ChunkStats, quantity, stats
 from rollout_diag.presets import Preset

@@ -19,21 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from rollout_diag import arrays
-from rollout_diag.arrays import Array
+from rollout_diag.engine import arrays
+from rollout_diag.engine.arrays import Array, segment_max, segment_min, segment_moments
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.kernels import compiled, kernel_for
 from rollout_diag.kernels import prepass as kernel_prepass
 from rollout_diag.kernels.prepass import EXPONENT_MAX, EXPONENT_MIN, MOMENT_PAIRS, PROBABILITIES
-from rollout_diag.metrics.base import (
-    clamp20,
-    row_mean,
-    segment_max,
-    segment_min,
-    segment_moments,
-    token_exp,
-    token_expm1,
-)
+from rollout_diag.metrics.base import clamp20, row_mean, token_exp, token_expm1
 
 # Per-token quantities over model tokens (δ = a − r), each computed at most once per chunk.
 TOKEN_QUANTITIES: dict[str, Callable[[ChunkStats], Array]] = {}

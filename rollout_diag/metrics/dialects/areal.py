@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
-from rollout_diag import arrays
-from rollout_diag.arrays import Array
+from rollout_diag.engine import arrays
+from rollout_diag.engine.arrays import Array
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float
 from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, row_extreme

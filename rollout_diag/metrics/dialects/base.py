@@ -13,10 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rollout_diag import arrays
-from rollout_diag.arrays import Array
+from rollout_diag.engine import arrays
+from rollout_diag.engine.arrays import Array, segment_max, segment_min, segment_sum
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import segment_max, segment_min, segment_sum
 from rollout_diag.metrics.segments import ChunkStats, quantity
 
 

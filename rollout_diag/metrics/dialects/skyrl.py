@@ -17,10 +17,11 @@ from typing import ClassVar
 
 import numpy as np
 
-from rollout_diag import arrays
-from rollout_diag.arrays import Array
+from rollout_diag.engine import arrays
+from rollout_diag.engine.arrays import Array
+from rollout_diag.engine.state import merge_moments
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import CLAMP, State, StepAccumulator, as_float, merge_moments
+from rollout_diag.metrics.base import CLAMP, State, StepAccumulator, as_float
 from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, row_extreme, token_moments
 from rollout_diag.metrics.segments import ChunkStats, quantity, stats
 

@@ -14,8 +14,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from rollout_diag import arrays
-from rollout_diag.arrays import Array
+from rollout_diag.engine import arrays
+from rollout_diag.engine.arrays import Array
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator, as_float, clamp20, row_mean
 from rollout_diag.metrics.debug import DebugAccumulator

@@ -11,6 +11,7 @@ Each numpy operation is the one its torch twin performs, in the same order where
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -296,3 +297,37 @@ def dot(first: Array, second: Array) -> float:
     if is_tensor(first):
         return float(_torch().dot(first, second))
     return float(np.dot(first, second))
+
+
+# ----------------------------------------------------------------------- segment reductions (numpy or torch)
+def segment_sum(values: Array, index: Array, count: int) -> Array:
+    """Sum ``values`` [n, ...] into ``count`` buckets by ``index`` [n] (float64)."""
+    return index_add(zeros((count, *values.shape[1:]), values), index, float64(values))
+
+
+def segment_max(values: Array, index: Array, count: int) -> Array:
+    """Max per bucket; empty buckets get -inf (the identity of max)."""
+    return scatter_max(full(count, -math.inf, values), index, float64(values))
+
+
+def segment_min(values: Array, index: Array, count: int) -> Array:
+    """Min per bucket; empty buckets get +inf (the identity of min)."""
+    return scatter_min(full(count, math.inf, values), index, float64(values))
+
+
+def segment_moments(x: Array, y: Array, index: Array, count: int) -> Array:
+    """Per bucket [n, mean_x, mean_y, M2_x, M2_y, C_xy], two passes (means, then centred sums).
+
+    Exact enough for values far from zero (probabilities near 1, IS weights near 1), where raw sums of
+    squares would cancel.
+    """
+    n = segment_sum(ones(x.shape[0], x), index, count)
+    safe_n = clamp(n, lower=1.0)
+    mean_x = segment_sum(x, index, count) / safe_n
+    mean_y = segment_sum(y, index, count) / safe_n
+    dx = x - mean_x[index]
+    dy = y - mean_y[index]
+    m2_x = segment_sum(dx * dx, index, count)
+    m2_y = segment_sum(dy * dy, index, count)
+    c_xy = segment_sum(dx * dy, index, count)
+    return stack([n, mean_x, mean_y, m2_x, m2_y, c_xy], axis=-1)
