@@ -43,6 +43,7 @@ from rollout_diag.drivers.passes import (
     run_chunks,
 )
 from rollout_diag.errors import ConfigError, DataError, InputError, RolloutDiagError, option_name
+from rollout_diag.io import storage
 from rollout_diag.io.formats import PARQUET, prime_rl, resolve, step_of
 from rollout_diag.io.opening import describe_columns
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, DumpReader
@@ -201,11 +202,12 @@ class Watcher:
             if len(directory.inputs) != 1:
                 raise ConfigError(f"watch follows one dump directory, not {len(directory.inputs)} inputs.")
             directory = directory.inputs[0]
-        self.directory = Path(directory)
-        if self.directory.exists() and not self.directory.is_dir():
+        remote = storage.remote_uri(str(directory))  # a prefix on object storage, polled by listing it
+        self.directory: Any = remote or Path(directory)
+        if not remote and self.directory.exists() and not self.directory.is_dir():
             raise InputError(f"{directory}: not a directory; watch follows a dump directory.")
         # a directory the trainer has not made yet is waited for (polls note it); once seen, its removal ends the watch
-        self.appeared = self.directory.is_dir()
+        self.appeared = self._listable()
         self.columns = dict(reading["columns"] or {})
         self.input_format = reading["input_format"]
         self.trust_pickle = bool(reading["trust_pickle"])
@@ -271,14 +273,17 @@ class Watcher:
             pending_steps=[s for s in known if s not in self.reported],
         )
 
+    def _listable(self) -> bool:
+        return self.directory.is_dir() if isinstance(self.directory, Path) else storage.is_prefix(self.directory)
+
     def _gone(self) -> bool:
-        return not self.directory.is_dir()
+        return not self._listable()
 
     def _list(self, notes: list[str]) -> list[Source] | None:
         """The data files of the directory in reading order; None when nothing can be listed this poll (the
         directory not made yet included)."""
         if not self.appeared:
-            if not self.directory.is_dir():
+            if not self._listable():
                 self._note_once(notes, f"{self.directory}: no such directory yet; waiting for the trainer to make it.")
                 return None
             self.appeared = True
@@ -738,6 +743,8 @@ def _ended(watcher: Watcher, why: str, code: int) -> WatchUpdate:
 
 # ----------------------------------------------------------------------------------------------- helpers
 def _signature(path: str) -> Signature | None:
+    if storage.is_remote(path):
+        return storage.signature(path)
     try:
         info = os.stat(path)
     except OSError:
