@@ -658,7 +658,26 @@ class AnalysisKnobs:
     top_k: TopKOpt = 20
 
 
-OPTION_GROUPS = (Reading, PresetChoice, AnalysisKnobs)
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """--by, --where, --steps of analyze, compare-presets and report: which rows, and their groups."""
+
+    by: ByOpt = None
+    where: WhereOpt = None
+    steps: StepsOpt = None
+
+    def every_row(self) -> bool:
+        """Whether the command reads every row (its reading may start at once: ``Reading.open(read_ahead=…)``)."""
+        return self.where is None and self.steps is None
+
+    def options(self) -> dict[str, Any]:
+        """The library's ``by``, ``where`` and ``steps``; raises ConfigError for a bad --steps."""
+        from rollout_diag.selection import parse_step_range
+
+        return {"by": self.by or (), "where": self.where, "steps": parse_step_range(self.steps, "--steps")}
+
+
+OPTION_GROUPS = (Reading, PresetChoice, AnalysisKnobs, Selection)
 
 
 @functools.cache
@@ -784,9 +803,7 @@ def analyze(
     dialect: DialectOpt = None,
     input_format: Shared = SHARED,
     trust_pickle: Shared = SHARED,
-    by: ByOpt = None,
-    where: WhereOpt = None,
-    steps: StepsOpt = None,
+    selection: Selection = SHARED,
     tensorboard: TensorboardOpt = None,
     debug: DebugOpt = False,
     *,
@@ -802,16 +819,15 @@ def analyze(
       rollout-diag analyze run.parquet -c rollout=vllm_logprobs --all-steps
     """
     chosen = data_format(format, output)  # before any reading: --format parquet without --output fails at once
-    refuse_overwriting_inputs(data_outputs(chosen, output, by), inputs)
+    refuse_overwriting_inputs(data_outputs(chosen, output, selection.by), inputs)
     if tensorboard is not None:  # a missing package fails before the reading, not after
         from rollout_diag.export.tensorboard import writer_class
 
         writer_class()
-    dump = reading.open(inputs, read_ahead=where is None and steps is None, numpy=True)
+    dump = reading.open(inputs, read_ahead=selection.every_row(), numpy=True)
     from rollout_diag.drivers.engine import analyze as run_analysis
     from rollout_diag.render.analysis import render_analysis
     from rollout_diag.render.export import analysis_csv, analysis_json_pieces
-    from rollout_diag.selection import parse_step_range
 
     with progress_bar(inputs) as progress:
         result = run_analysis(
@@ -819,9 +835,7 @@ def analyze(
             **dataclasses.asdict(knobs),
             progress=progress,
             dialect=dialect or "verl",
-            by=by or (),
-            where=where,
-            steps=parse_step_range(steps, "--steps"),
+            **selection.options(),
         )
     if tensorboard is not None:
         write_tensorboard_events(result, tensorboard)
@@ -1007,9 +1021,7 @@ def compare_presets(
     chunk_tokens: Shared = PRESET_CHUNKS,
     input_format: Shared = SHARED,
     trust_pickle: Shared = SHARED,
-    by: ByOpt = None,
-    where: WhereOpt = None,
-    steps: StepsOpt = None,
+    selection: Selection = SHARED,
     tensorboard: TensorboardOpt = None,
     debug: DebugOpt = False,
     *,
@@ -1026,7 +1038,7 @@ def compare_presets(
       rollout-diag compare-presets run/ --export-decisions decisions.parquet
     """
     chosen_format = data_format(format, output)
-    outputs = {**data_outputs(chosen_format, output, by), "export_decisions_to": export_decisions}
+    outputs = {**data_outputs(chosen_format, output, selection.by), "export_decisions_to": export_decisions}
     refuse_overwriting_inputs(outputs, inputs, choice.presets_file)
     if tensorboard is not None:  # a missing package fails before the reading, not after
         from rollout_diag.export.tensorboard import writer_class
@@ -1035,13 +1047,12 @@ def compare_presets(
     from rollout_diag.kernels import expect_presets
 
     expect_presets()  # a first run compiles the preset kernels in a helper process from the start
-    dump = reading.open(inputs, read_ahead=where is None and steps is None, numpy=True)
+    dump = reading.open(inputs, read_ahead=selection.every_row(), numpy=True)
     from rollout_diag.drivers.compare import compare_presets as run_comparison
     from rollout_diag.render.export import comparison_csv, comparison_json_pieces
     from rollout_diag.render.format import plain
     from rollout_diag.render.presets import presets_table
     from rollout_diag.render.sweep import render_sweep
-    from rollout_diag.selection import parse_step_range
 
     chosen = choice.presets()
     with progress_bar(inputs) as progress:
@@ -1053,9 +1064,7 @@ def compare_presets(
             targets=parse_targets(target),
             intrusive_rejected_fraction=intrusive_reject,
             intrusive_min_ess=intrusive_ess,
-            by=by or (),
-            where=where,
-            steps=parse_step_range(steps, "--steps"),
+            **selection.options(),
         )
     if export_decisions is not None:
         typer.echo(f"wrote {export_decisions}", err=True)
@@ -1157,9 +1166,7 @@ def report(
     dialect: DialectOpt = None,
     input_format: Shared = SHARED,
     trust_pickle: Shared = SHARED,
-    by: ByOpt = None,
-    where: WhereOpt = None,
-    steps: StepsOpt = None,
+    selection: Selection = SHARED,
     debug: DebugOpt = False,
     *,
     reading: Reading,
@@ -1182,7 +1189,7 @@ def report(
         from rollout_diag.kernels import expect_presets
 
         expect_presets()  # a first run compiles the preset kernels in a helper process from the start
-        dump = reading.open(inputs, read_ahead=where is None and steps is None, numpy=True)
+        dump = reading.open(inputs, read_ahead=selection.every_row(), numpy=True)
     from rollout_diag.report import render_report
 
     if from_json:
@@ -1195,7 +1202,6 @@ def report(
         analysis, comparison = load_results(from_json)
     elif inputs:
         from rollout_diag.drivers.compare import analyze_and_compare
-        from rollout_diag.selection import parse_step_range
 
         with progress_bar(inputs) as progress:
             analysis, comparison = analyze_and_compare(
@@ -1207,9 +1213,7 @@ def report(
                 intrusive_rejected_fraction=intrusive_reject,
                 intrusive_min_ess=intrusive_ess,
                 dialect=dialect or "verl",
-                by=by or (),
-                where=where,
-                steps=parse_step_range(steps, "--steps"),
+                **selection.options(),
             )
     else:
         fail("give the dump(s) to analyse, or --from-json FILE.")

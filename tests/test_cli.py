@@ -424,8 +424,9 @@ def test_progress_bar_on_a_terminal(monkeypatch: pytest.MonkeyPatch, sample: Pat
 
 
 def test_each_shared_option_is_declared_once_whatever_command_shows_it() -> None:
-    """The option groups (cli.Reading, PresetChoice, AnalysisKnobs) declare each option once: every command that
-    shows it gives the same help and flags; only a command's own default may differ (compare-presets' chunks)."""
+    """The option groups (cli.Reading, PresetChoice, AnalysisKnobs, Selection) declare each option once: every
+    command that shows it gives the same help and flags; only a command's own default may differ (compare-presets'
+    chunks)."""
     from typer._click import Context
 
     from rollout_diag import cli
@@ -440,6 +441,7 @@ def test_each_shared_option_is_declared_once_whatever_command_shows_it() -> None
                 shown.setdefault(param.name, set()).add((*param.opts, re.sub(r"\s+", " ", param.help or "")))
     assert set(shown) >= {"column", "device", "strict", "chunk_tokens", "input_format", "trust_pickle", "workers"}
     shown.pop("preset")  # diff's --preset is its own (presets whose dropped share to compare)
+    shown.pop("by")  # check's and diff's --by are their own (what a group's gate or interval is)
     assert all(len(records) == 1 for records in shown.values()), shown
     assert {p.name: p.default for p in group.get_command(root, "compare-presets").params}["chunk_tokens"] == 1 << 21
 
