@@ -181,19 +181,6 @@ Inputs = Annotated[
         metavar="FILE",
     ),
 ]
-ColumnOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--column",
-        "-c",
-        help="Say which column plays a role: role=name (roles: rollout, trainer, "
-        "mask, step, sample_id, position, token_ids, tokens, policy_version). Repeatable.",
-        metavar="ROLE=NAME",
-    ),
-]
-DeviceOpt = Annotated[
-    str, typer.Option("--device", help="auto (CUDA when available), cpu or cuda[:N].", metavar="DEVICE")
-]
 FormatOpt = Annotated[
     OutputFormat | None,
     typer.Option(
@@ -216,52 +203,7 @@ DataFormatOpt = Annotated[
 OutputOpt = Annotated[
     Path | None, typer.Option("--output", "-o", help="Write the output to this file instead of stdout.")
 ]
-StrictOpt = Annotated[bool, typer.Option("--strict", help="Fail on the first invalid row instead of skipping it.")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show Python tracebacks for errors.")]
-WorkersOpt = Annotated[
-    str,
-    typer.Option(
-        "--workers",
-        help="Split the input over this many processes (or Ray tasks) and merge: same result. auto: one per core "
-        "but one, at most 8, where the input has that many row groups (files in the token layout); 1 on a GPU or on "
-        "2 cores.",
-    ),
-]
-BackendOpt = Annotated[str, typer.Option("--backend", help="Where --workers run: process (this machine) or ray.")]
-ChunkOpt = Annotated[
-    int,
-    typer.Option(
-        "--chunk-tokens",
-        help="Tokens per chunk (memory vs overhead); results do not depend on it. On a GPU the default becomes 16 M.",
-    ),
-]
-ByOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--by",
-        help="Key metrics per group of rows: a per-row column (env_name, reward, a data-source tag) or a derived one "
-        "(response_length, num_rounds); numbers can be bucketed: COLUMN:sign or COLUMN:bins=E1,E2,... Repeatable "
-        "(each is its own grouping). README, 'Which environment diverges?'.",
-        metavar="COLUMN[:sign|:bins=E1,E2]",
-    ),
-]
-WhereOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--where",
-        help='Analyse only the rows for which this SQL condition over per-row columns holds, e.g. "reward > 0 AND '
-        "env_name = 'math'\" (evaluated with polars; rows that do not match are not decoded).",
-        metavar="PREDICATE",
-    ),
-]
-StepsOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--steps",
-        help="Analyse only these steps: FIRST:LAST, inclusive (either end may be empty).",
-        metavar="FIRST:LAST",
-    ),
-]
 TensorboardOpt = Annotated[
     Path | None,
     typer.Option(
@@ -273,46 +215,6 @@ TensorboardOpt = Annotated[
         metavar="DIR",
     ),
 ]
-# analyze's knobs (also on report)
-MaxRoundsOpt = Annotated[
-    int, typer.Option("--max-rounds", help="Pool rounds at this index and beyond into one bucket.")
-]
-CatastrophicOpt = Annotated[
-    float,
-    typer.Option("--catastrophic", help="|δ| above which a token counts as catastrophic (1.0: ρ outside [1/e, e])."),
-]
-TopKOpt = Annotated[int, typer.Option("--top-k", help="How many worst rows and tokens to keep.")]
-# compare-presets' knobs (also on report)
-PresetOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--preset", help="Preset name or group (all, verl, legacy); repeatable. Default: all.", metavar="NAME"
-    ),
-]
-PresetsFileOpt = Annotated[
-    Path | None,
-    typer.Option("--presets-file", help="YAML or JSON file of named presets, added to the comparison."),
-]
-RolloutIsOpt = Annotated[
-    str | None, typer.Option("--rollout-is", help="Custom preset: IS level, token or sequence.", metavar="LEVEL")
-]
-RolloutIsThresholdOpt = Annotated[
-    str | None,
-    typer.Option("--rollout-is-threshold", help="Custom preset: U (truncation) or L_U (IcePop).", metavar="SPEC"),
-]
-RolloutRsOpt = Annotated[
-    str | None,
-    typer.Option("--rollout-rs", help="Custom preset: RS options, e.g. seq_mean_k3,token_k1.", metavar="OPTIONS"),
-]
-RolloutRsThresholdOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--rollout-rs-threshold", help="Custom preset: one threshold per RS option (or one shared).", metavar="SPECS"
-    ),
-]
-BatchNormalizeOpt = Annotated[
-    bool, typer.Option("--batch-normalize", help="Custom preset: normalise IS weights per batch.")
-]
 TargetOpt = Annotated[
     str, typer.Option("--target", help="Sweep: target rejection shares, comma separated.", metavar="SHARES")
 ]
@@ -321,23 +223,6 @@ IntrusiveRejectOpt = Annotated[
 ]
 IntrusiveEssOpt = Annotated[
     float, typer.Option("--intrusive-ess", help="Mark presets whose IS effective sample size falls below this.")
-]
-InputFormatOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--input-format",
-        help="Read the inputs as this format instead of detecting it: parquet, prime-rl, nemo-rl, slime, skyrl, "
-        "verl (README, 'Where is my dump?').",
-        metavar="NAME",
-    ),
-]
-TrustPickleOpt = Annotated[
-    bool,
-    typer.Option(
-        "--trust-pickle",
-        help="Unpickle SkyRL/verl .pkl files without the allowlist of plain data classes. Unpickling runs code "
-        "the file names: only for files you trust.",
-    ),
 ]
 DEFAULT_TARGETS = "0.001,0.01,0.05"
 FILE_WIDTH = 160  # a table written with -o: as wide as a terminal that would show it without splitting
@@ -577,14 +462,59 @@ class Reading:
     """How a command reads its dump(s): the reading options every reading command shares, and the Dump built from
     them (``rollout_diag.drivers.dump``)."""
 
-    column: ColumnOpt = None
-    device: DeviceOpt = "auto"
-    workers: WorkersOpt = "auto"
-    backend: BackendOpt = "process"
-    strict: StrictOpt = False
-    chunk_tokens: ChunkOpt = CHUNK_TOKENS
-    input_format: InputFormatOpt = None
-    trust_pickle: TrustPickleOpt = False
+    column: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--column",
+            "-c",
+            help="Say which column plays a role: role=name (roles: rollout, trainer, "
+            "mask, step, sample_id, position, token_ids, tokens, policy_version). Repeatable.",
+            metavar="ROLE=NAME",
+        ),
+    ] = None
+    device: Annotated[
+        str, typer.Option("--device", help="auto (CUDA when available), cpu or cuda[:N].", metavar="DEVICE")
+    ] = "auto"
+    workers: Annotated[
+        str,
+        typer.Option(
+            "--workers",
+            help="Split the input over this many processes (or Ray tasks) and merge: same result. auto: one per "
+            "core but one, at most 8, where the input has that many row groups (files in the token layout); 1 on a GPU "
+            "or on 2 cores.",
+        ),
+    ] = "auto"
+    backend: Annotated[str, typer.Option("--backend", help="Where --workers run: process (this machine) or ray.")] = (
+        "process"
+    )
+    strict: Annotated[bool, typer.Option("--strict", help="Fail on the first invalid row instead of skipping it.")] = (
+        False
+    )
+    chunk_tokens: Annotated[
+        int,
+        typer.Option(
+            "--chunk-tokens",
+            help="Tokens per chunk (memory vs overhead); results do not depend on it. On a GPU the default becomes "
+            "16 M.",
+        ),
+    ] = CHUNK_TOKENS
+    input_format: Annotated[
+        str | None,
+        typer.Option(
+            "--input-format",
+            help="Read the inputs as this format instead of detecting it: parquet, prime-rl, nemo-rl, slime, skyrl, "
+            "verl (README, 'Where is my dump?').",
+            metavar="NAME",
+        ),
+    ] = None
+    trust_pickle: Annotated[
+        bool,
+        typer.Option(
+            "--trust-pickle",
+            help="Unpickle SkyRL/verl .pkl files without the allowlist of plain data classes. Unpickling runs code "
+            "the file names: only for files you trust.",
+        ),
+    ] = False
 
     def columns(self) -> dict[str, str]:
         """--column ROLE=NAME as role -> column; raises ConfigError."""
@@ -634,13 +564,38 @@ class Reading:
 class PresetChoice:
     """The presets compare-presets and report compare: named, from a file, or one custom preset."""
 
-    preset: PresetOpt = None
-    presets_file: PresetsFileOpt = None
-    rollout_is: RolloutIsOpt = None
-    rollout_is_threshold: RolloutIsThresholdOpt = None
-    rollout_rs: RolloutRsOpt = None
-    rollout_rs_threshold: RolloutRsThresholdOpt = None
-    batch_normalize: BatchNormalizeOpt = False
+    preset: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--preset", help="Preset name or group (all, verl, legacy); repeatable. Default: all.", metavar="NAME"
+        ),
+    ] = None
+    presets_file: Annotated[
+        Path | None,
+        typer.Option("--presets-file", help="YAML or JSON file of named presets, added to the comparison."),
+    ] = None
+    rollout_is: Annotated[
+        str | None, typer.Option("--rollout-is", help="Custom preset: IS level, token or sequence.", metavar="LEVEL")
+    ] = None
+    rollout_is_threshold: Annotated[
+        str | None,
+        typer.Option("--rollout-is-threshold", help="Custom preset: U (truncation) or L_U (IcePop).", metavar="SPEC"),
+    ] = None
+    rollout_rs: Annotated[
+        str | None,
+        typer.Option("--rollout-rs", help="Custom preset: RS options, e.g. seq_mean_k3,token_k1.", metavar="OPTIONS"),
+    ] = None
+    rollout_rs_threshold: Annotated[
+        str | None,
+        typer.Option(
+            "--rollout-rs-threshold",
+            help="Custom preset: one threshold per RS option (or one shared).",
+            metavar="SPECS",
+        ),
+    ] = None
+    batch_normalize: Annotated[
+        bool, typer.Option("--batch-normalize", help="Custom preset: normalise IS weights per batch.")
+    ] = False
 
     def presets(self) -> list:
         """The chosen presets (``presets.choose_presets``); raises ConfigError."""
@@ -653,18 +608,49 @@ class PresetChoice:
 class AnalysisKnobs:
     """analyze's knobs (also report's)."""
 
-    max_rounds: MaxRoundsOpt = 64
-    catastrophic: CatastrophicOpt = 1.0
-    top_k: TopKOpt = 20
+    max_rounds: Annotated[
+        int, typer.Option("--max-rounds", help="Pool rounds at this index and beyond into one bucket.")
+    ] = 64
+    catastrophic: Annotated[
+        float,
+        typer.Option(
+            "--catastrophic", help="|δ| above which a token counts as catastrophic (1.0: ρ outside [1/e, e])."
+        ),
+    ] = 1.0
+    top_k: Annotated[int, typer.Option("--top-k", help="How many worst rows and tokens to keep.")] = 20
 
 
 @dataclasses.dataclass(frozen=True)
 class Selection:
     """--by, --where, --steps of analyze, compare-presets and report: which rows, and their groups."""
 
-    by: ByOpt = None
-    where: WhereOpt = None
-    steps: StepsOpt = None
+    by: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--by",
+            help="Key metrics per group of rows: a per-row column (env_name, reward, a data-source tag) or a derived "
+            "one (response_length, num_rounds); numbers can be bucketed: COLUMN:sign or COLUMN:bins=E1,E2,... "
+            "Repeatable (each is its own grouping). README, 'Which environment diverges?'.",
+            metavar="COLUMN[:sign|:bins=E1,E2]",
+        ),
+    ] = None
+    where: Annotated[
+        str | None,
+        typer.Option(
+            "--where",
+            help='Analyse only the rows for which this SQL condition over per-row columns holds, e.g. "reward > 0 AND '
+            "env_name = 'math'\" (evaluated with polars; rows that do not match are not decoded).",
+            metavar="PREDICATE",
+        ),
+    ] = None
+    steps: Annotated[
+        str | None,
+        typer.Option(
+            "--steps",
+            help="Analyse only these steps: FIRST:LAST, inclusive (either end may be empty).",
+            metavar="FIRST:LAST",
+        ),
+    ] = None
 
     def every_row(self) -> bool:
         """Whether the command reads every row (its reading may start at once: ``Reading.open(read_ahead=…)``)."""
