@@ -82,9 +82,14 @@ def diff_runs(
             sides.append(DiffSide(label, done.summary(steps), done.row_stats(steps)))
             done.release()  # before the next run's pass: one analysis held at a time
             passes.append((done, steps))
-    result = diff(sides[0], sides[1], replicates=replicates, level=level, seed=seed)
-    if not by:
-        return result
+    interval = {"replicates": replicates, "level": level, "seed": seed}
+    result = diff(sides[0], sides[1], **interval)
+    return replace(result, groups=_group_diffs(sides, passes, interval)) if by else result
+
+
+def _group_diffs(sides: list[DiffSide], passes: list[tuple[Any, StepRange | None]], interval: dict[str, Any]) -> list:
+    """Each --by group present in A or B: its key metrics on both sides and the interval of B − A over its rows
+    alone, the largest change first."""
     found = [{(g.column, _key(g.value)): g for g in side.result.groups} for side in sides]
     values: dict[tuple[str, Any], Any] = {}
     for present in found:
@@ -97,8 +102,8 @@ def diff_runs(
             group = present.get((column, key))
             rows = done.group_rows(column, value, steps)
             parts.append(GroupSide({} if group is None else group.metrics, rows, 0 if group is None else group.tokens))
-        groups.append(diff_group(column, value, *parts, replicates=replicates, level=level, seed=seed))
-    return replace(result, groups=sort_group_diffs(groups))
+        groups.append(diff_group(column, value, *parts, **interval))
+    return sort_group_diffs(groups)
 
 
 def _key(value: Any) -> tuple[str, Any]:

@@ -89,8 +89,12 @@ class Dump:
         reader = self.open()
         if read_ahead and reads_ahead(self, reader, numpy):
             reader.read_ahead(read_ahead_depth(reader.chunk_tokens))
-        ready._reader.append(reader)
+        ready.hold(reader)
         return ready
+
+    def hold(self, reader: Any) -> None:
+        """Hand ``reader`` (opened from this dump, not read yet) to the next call that reads the dump."""
+        self._reader.append(reader)
 
     def input_size(self) -> tuple[int, int] | None:
         """(tokens, rows) of the input, from the files' footers (``DumpReader.input_size``)."""

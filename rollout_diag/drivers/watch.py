@@ -44,7 +44,7 @@ from rollout_diag.drivers.passes import (
 )
 from rollout_diag.errors import ConfigError, DataError, InputError, RolloutDiagError, option_name
 from rollout_diag.io import storage
-from rollout_diag.io.formats import PARQUET, prime_rl, resolve, step_of
+from rollout_diag.io.formats import PARQUET, check_format, prime_rl, resolve, step_of
 from rollout_diag.io.opening import describe_columns
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, DumpReader
 from rollout_diag.io.readlog import MAX_SKIP_RECORDS, ReadLog
@@ -209,7 +209,7 @@ class Watcher:
         # a directory the trainer has not made yet is waited for (polls note it); once seen, its removal ends the watch
         self.appeared = self._listable()
         self.columns = dict(reading["columns"] or {})
-        self.input_format = reading["input_format"]
+        self.input_format = check_format(reading["input_format"])  # an unknown one fails now, not at a poll
         self.trust_pickle = bool(reading["trust_pickle"])
         self.device = resolve_device("cpu" if reading["device"] is None else reading["device"])
         self.strict = bool(reading["strict"])
