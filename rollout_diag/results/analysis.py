@@ -6,7 +6,7 @@ import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from rollout_diag.errors import InputError
 from rollout_diag.formatting import ExtraValue
@@ -20,7 +20,6 @@ from rollout_diag.results.rows import (
     RowTokens,
     SkippedData,
     SkippedRow,
-    StepLevel,
     StepResult,
     Trend,
     Verdict,
@@ -30,7 +29,8 @@ from rollout_diag.results.rows import (
     repr_sizes,
     repr_verdict,
 )
-from rollout_diag.results.shapes import Number, check_shape, item_from_json, join_path, required
+from rollout_diag.results.schema import check_document
+from rollout_diag.results.shapes import check_same_lengths, item_from_json, required
 
 
 def json_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -108,8 +108,6 @@ def json_verdict(verdict: Mapping[str, Any]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class AnalysisResult:
     """Everything ``analyze`` found; ``to_json()`` is the documented JSON (schemas/result.schema.json)."""
-
-    JSON_SHAPES: ClassVar[dict[str, Any]] = {"step_levels": list[StepLevel]}  # fields whose JSON is typed further
 
     inputs: list[str]
     columns: dict[str, str]
@@ -240,22 +238,8 @@ class AnalysisResult:
             raise InputError("not an `analyze --format json` result: expected keys 'run' and 'steps'")
         schema_version(document)
         try:  # a field of the wrong shape: one line naming it
-            check_shape(cls, document, "", require=False)
-            rows = [
-                (f"{name}[{index}]", name, row)
-                for name in _TABLE_ROW_LABEL
-                for index, row in enumerate(document.get(name, []))
-            ]
-            if document.get("divergent_round") is not None:  # a rounds row, judged
-                rows.append(("divergent_round", "rounds", document["divergent_round"]))
-            for where_, name, row in rows:  # rows of numbers, labelled by a few keys
-                label, kind = _TABLE_ROW_LABEL[name]
-                if label not in row:
-                    raise InputError(f"field '{where_}.{label}': missing.")
-                check_shape(kind, row[label], f"{where_}.{label}")
-                for key, value in row.items():
-                    check_shape(_TABLE_ROW_KEYS.get(key, float), value, join_path(where_, key))
-            check_shape(dict[str, list[Number]], document.get("delta_histogram", {}), "delta_histogram")
+            check_document(document, "result.schema.json")
+            check_same_lengths(document.get("worst_row_tokens"), RowTokens.JSON_SAME_LENGTH, "worst_row_tokens")
         except InputError as exc:
             raise InputError(f"not an `analyze --format json` result: {exc.message}") from None
         values: dict[str, Any] = {}
@@ -303,20 +287,3 @@ def _nan_for_null(value: Any, key: str) -> Any:
     if value is None and key not in ("step", "bucket", "label"):
         return math.nan
     return value
-
-
-# ------------------------------------------------------------------ the shape of a saved result
-# Keys of a rounds / positions row that are not numbers (every other key is a number, or null for NaN).
-_TABLE_ROW_KEYS: dict[str, Any] = {
-    "pooled": bool,
-    "bucket": str,
-    "label": str,
-    "step": int | None,
-    "stands_out": bool,
-    "note": str,  # divergent_round's
-    "unsupported": list[int],  # … and the rounds below the support rule
-}
-
-
-# The key that names each row of a table (never null), and its kind.
-_TABLE_ROW_LABEL: dict[str, tuple[str, Any]] = {"rounds": ("round", int), "positions": ("bucket", str)}

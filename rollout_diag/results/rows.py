@@ -259,7 +259,7 @@ class RowTokens:
     row_largest_abs_delta: float | None = None
     row_largest_position: int | None = None
     extra: dict[str, ExtraValue] = field(default_factory=dict)  # the row's extra dump columns, as in WorstRow
-    # lists with one value per listed token: a saved result whose lists disagree is refused when read (check_shape)
+    # lists with one value per listed token: a saved result whose lists disagree is refused when read
     JSON_SAME_LENGTH: ClassVar[tuple[str, ...]] = ("mask", "trainer_logprob", "rollout_logprob", "token_id", "token")
 
     @property
@@ -396,16 +396,6 @@ class OverallVerdict:
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> OverallVerdict:
         return item_from_json(cls, raw)
-
-
-@dataclass(frozen=True)
-class StepLevel:
-    """The JSON shape of one ``step_levels`` entry (kept as a plain dict in the results): the step, its level and
-    each judged metric's level. Read by ``check_shape`` only."""
-
-    step: int | None
-    level: str
-    levels: dict[str, str]
 
 
 @dataclass(frozen=True)
