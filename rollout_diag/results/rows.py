@@ -365,6 +365,16 @@ class Evidence:
 
 
 @dataclass(frozen=True)
+class HintRow:
+    """A row a hint points at: its step, sample and where it sits (file, row number within the file)."""
+
+    step: int
+    sample_id: str
+    file: str
+    row: int
+
+
+@dataclass(frozen=True)
 class Hint:
     """A likely root cause the data supports (rollout_diag/decisions/hints.py): one sentence, the numbers behind it, and
     where to look (steps, rows, and what in them)."""
@@ -373,7 +383,7 @@ class Hint:
     message: str
     evidence: dict[str, float]
     steps: list[int] = field(default_factory=list)
-    rows: list[dict[str, Any]] = field(default_factory=list)  # {"step", "sample_id", "file", "row"}
+    rows: list[HintRow] = field(default_factory=list)
     look_at: str = ""
 
 
