@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 from rollout_diag.errors import InputError
@@ -242,27 +243,11 @@ class AnalysisResult:
             check_same_lengths(document.get("worst_row_tokens"), RowTokens.JSON_SAME_LENGTH, "worst_row_tokens")
         except InputError as exc:
             raise InputError(f"not an `analyze --format json` result: {exc.message}") from None
-        values: dict[str, Any] = {}
-        for spec in dataclasses.fields(cls):
-            if spec.name not in document:
-                continue
-            raw = document[spec.name]
-            if spec.name == "run":
-                values[spec.name] = StepResult.from_json(raw)
-            elif spec.name == "steps":
-                values[spec.name] = [StepResult.from_json(step) for step in raw]
-            elif spec.name in _ITEM_TYPES:
-                values[spec.name] = [item_from_json(_ITEM_TYPES[spec.name], item) for item in raw]
-            elif spec.name == "verdict":
-                values[spec.name] = None if raw is None else OverallVerdict.from_json(raw)
-            elif spec.name == "skipped_data":
-                values[spec.name] = SkippedData.from_json(raw)
-            elif spec.name == "groups":
-                values[spec.name] = [GroupResult.from_json(group) for group in raw]
-            elif spec.name in ("rounds", "positions"):
-                values[spec.name] = [{key: _nan_for_null(value, key) for key, value in row.items()} for row in raw]
-            else:
-                values[spec.name] = raw
+        values = {
+            spec.name: _FIELD_READERS.get(spec.name, _as_written)(document[spec.name])
+            for spec in dataclasses.fields(cls)
+            if spec.name in document
+        }
         missing = [spec.name for spec in dataclasses.fields(cls) if required(spec) and spec.name not in values]
         if missing:
             raise InputError(f"result JSON lacks {', '.join(missing)}")
@@ -279,6 +264,30 @@ _ITEM_TYPES: dict[str, type] = {
     "anomalies": Anomaly,
     "trends": Trend,
     "hints": Hint,
+}
+
+
+def _as_written(raw: Any) -> Any:
+    return raw
+
+
+def _table_rows(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{key: _nan_for_null(value, key) for key, value in row.items()} for row in raw]
+
+
+# How each field of AnalysisResult is read from its JSON (any other field: as written).
+_FIELD_READERS: dict[str, Callable[[Any], Any]] = {
+    "run": StepResult.from_json,
+    "steps": lambda raw: [StepResult.from_json(step) for step in raw],
+    **{
+        name: partial(lambda item_type, raw: [item_from_json(item_type, item) for item in raw], item_type)
+        for name, item_type in _ITEM_TYPES.items()
+    },
+    "verdict": lambda raw: None if raw is None else OverallVerdict.from_json(raw),
+    "skipped_data": SkippedData.from_json,
+    "groups": lambda raw: [GroupResult.from_json(group) for group in raw],
+    "rounds": _table_rows,
+    "positions": _table_rows,
 }
 
 

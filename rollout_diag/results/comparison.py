@@ -103,12 +103,17 @@ def _listed_columns(presets: Sequence[PresetResult]) -> tuple[dict[str, Column],
 def _listed_column(steps: Sequence[StepResult], name: str) -> Column:
     present = np.array([name in step.metrics for step in steps], dtype=bool)
     values = [step.metrics[name] if here else None for step, here in zip(steps, present.tolist(), strict=True)]
+    return Column(len(steps), [(None, present, _values_column(values, present))])
+
+
+def _values_column(values: Sequence[Any], present: np.ndarray) -> np.ndarray:
+    """One value per step as a column: float64 (NaN where None) when the value of every ``present`` step is a float,
+    else an object array holding the values as given."""
     if all(type(value) is float for value, here in zip(values, present.tolist(), strict=True) if here):
-        column = np.array([math.nan if value is None else value for value in values], dtype=np.float64)
-    else:
-        column = np.empty(len(values), dtype=object)
-        column[:] = values
-    return Column(len(steps), [(None, present, column)])
+        return np.array([math.nan if value is None else value for value in values], dtype=np.float64)
+    column = np.empty(len(values), dtype=object)
+    column[:] = values
+    return column
 
 
 def _same_column(one: Column, other: Column) -> bool:
@@ -172,11 +177,7 @@ def _block_from_json(
         if len(values) != size:
             raise InputError(f"field '{where_}': expected {size} values (one per step), found {len(values)}.")
         present = np.array([value is not None for value in values], dtype=bool)
-        if all(type(value) is float for value in values if value is not None):
-            column = np.array([math.nan if value is None else value for value in values], dtype=np.float64)
-        else:
-            column = np.empty(size, dtype=object)
-            column[:] = values
+        column = _values_column(values, present)
         if previous is not None and np.array_equal(previous, present):
             groups[-1][1][name] = column
         else:
