@@ -16,6 +16,7 @@ from rollout_diag.results.document import SCHEMA_VERSION, schema_version
 from rollout_diag.results.reprs import repr_inputs, repr_text, short_repr
 from rollout_diag.results.rows import (
     Anomaly,
+    DivergentRound,
     Hint,
     OverallVerdict,
     RowTokens,
@@ -141,7 +142,7 @@ class AnalysisResult:
     # per step: {"step", "level" (the step's worst), "levels": {judged metric: level}}
     step_levels: list[dict[str, Any]] = field(default_factory=list)
     # the most divergent round under the support rule and whether it stands out from the others (None: one round)
-    divergent_round: dict[str, Any] | None = None
+    divergent_round: DivergentRound | None = None
     anomaly_check: str = ""  # why the anomaly rule could not apply ("" when it did)
     groups: list[GroupResult] = field(default_factory=list)  # --by: every group of every spec, worst first
     selection: dict[str, Any] = field(default_factory=dict)  # --where / --steps: {"where", "steps", "rows_kept", …}
@@ -192,7 +193,7 @@ class AnalysisResult:
             "hints": [{**asdict(h), "evidence": json_row(h.evidence)} for h in self.hints],
             "verdict": None if self.verdict is None else self.verdict.to_json(),
             "step_levels": self.step_levels,
-            "divergent_round": None if self.divergent_round is None else json_row(self.divergent_round),
+            "divergent_round": None if self.divergent_round is None else json_row(asdict(self.divergent_round)),
             "anomaly_check": self.anomaly_check,
             "groups": [group.to_json() for group in self.groups],
             "selection": dict(self.selection),
@@ -284,6 +285,7 @@ _FIELD_READERS: dict[str, Callable[[Any], Any]] = {
         for name, item_type in _ITEM_TYPES.items()
     },
     "verdict": lambda raw: None if raw is None else OverallVerdict.from_json(raw),
+    "divergent_round": lambda raw: None if raw is None else DivergentRound.from_json(raw),
     "skipped_data": SkippedData.from_json,
     "groups": lambda raw: [GroupResult.from_json(group) for group in raw],
     "rounds": _table_rows,

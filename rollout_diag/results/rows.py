@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 import numpy as np
@@ -362,6 +362,33 @@ class Evidence:
     unmasked: tuple[int, int] = (0, 0)
     # (file, role) -> model tokens holding a fill value instead of a logprob (io/reader.py counts them)
     fills: Mapping[tuple[str, str], FillCount] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DivergentRound:
+    """The most divergent round, as the support rule names it and rollout_diag/decisions/analysis.py judges it: its mean
+    |δ| and tokens, the other rounds' token-weighted mean (None without another round's token), their ratio with and
+    without the round's largest |δ| token (None where not defined), whether it stands out, why not when one token
+    makes it (``note``), and the rounds below the support rule (never named)."""
+
+    round: int
+    pooled: bool
+    logprob_abs_diff_mean: float
+    token_count: int
+    others_mean: float | None
+    factor: float | None
+    factor_without_largest: float | None
+    stands_out: bool
+    note: str
+    unsupported: list[int]
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> DivergentRound:
+        """As written (null stays None); keys of an older build's document default, keys this build does not know are
+        left out."""
+        known = {spec.name for spec in fields(cls)}
+        optional = {"factor_without_largest": None, "note": "", "unsupported": []}
+        return cls(**{**optional, **{key: value for key, value in raw.items() if key in known}})
 
 
 @dataclass(frozen=True)
