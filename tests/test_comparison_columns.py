@@ -152,7 +152,10 @@ def test_a_preset_value_of_a_first_section_key_is_laid_over_it() -> None:
         ],
     )
     steps = PresetSteps(base, _Corrections([part]), "p")  # type: ignore[arg-type]
-    result = ComparisonResult(["x"], {}, [PresetResult("p", {}, "m", steps, StepResult(None, 3, 3, {}))])  # type: ignore[arg-type]
+    config = dict.fromkeys(("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs"))
+    config["rollout_rs_threshold"] = None  # the settings every preset's config names (comparison.schema.json)
+    preset = PresetResult("p", config, "m", steps, StepResult(None, 3, 3, {}))  # type: ignore[arg-type]
+    result = ComparisonResult(["x"], {}, [preset], layout="sequence")
     document = json.loads(_text(result))
     assert document["steps"] == {
         "step": [3, 4, 5],
@@ -224,7 +227,7 @@ def test_shared_columns_are_formatted_once_within_the_budget(odd: ComparisonResu
             lambda d: d["presets"][0]["steps"]["step"].reverse(),
             "field 'presets[0].steps.step': expected the steps of the top-level 'steps.step'",
         ),
-        (lambda d: d["presets"][0].update(steps=[]), "field 'presets[0].steps': expected an object of columns"),
+        (lambda d: d["presets"][0].update(steps=[]), "field 'presets[0].steps': expected an object, found a list"),
         (lambda d: d["presets"][0].pop("name"), "field 'presets[0].name': missing"),
     ],
 )

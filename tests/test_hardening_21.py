@@ -334,7 +334,7 @@ def saved_results(tmp_path_factory) -> dict:
     [
         ({"run": 1, "steps": 2}, "field 'run': expected an object, found a number (1)"),
         ({"run": {}, "steps": 2}, "field 'run.rows': missing"),
-        ({"presets": {"a": 1}, "inputs": [], "columns": {}}, "field 'presets': expected a list"),
+        ({"presets": {"a": 1}, "inputs": ["a.parquet"], "columns": {}}, "field 'presets': expected a list"),
     ],
 )
 def test_report_from_json_of_the_wrong_shape_names_the_field(tmp_path: Path, document: dict, field: str) -> None:
@@ -674,7 +674,15 @@ def test_a_saved_row_whose_token_lists_disagree_is_refused(saved_results, name, 
         (
             "analyze",
             ("divergent_round",),
-            {"round": 0, "factor": "x"},
+            {
+                "round": 0,
+                "pooled": False,
+                "logprob_abs_diff_mean": 0.1,
+                "token_count": 9,
+                "others_mean": 0.1,
+                "factor": "x",
+                "stands_out": False,
+            },
             "field 'divergent_round.factor': expected a number",
         ),
         ("analyze", ("divergent_round",), {}, "field 'divergent_round.round': missing."),

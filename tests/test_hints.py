@@ -40,7 +40,7 @@ from rollout_diag.errors import ColumnError, DataError
 from rollout_diag.metrics.hints import PROBABILITY_EDGES, TOKEN_SUMS
 from rollout_diag.render.hints import hint_lines
 from rollout_diag.report import render_report
-from rollout_diag.results import RowRef
+from rollout_diag.results import HintRow, RowRef
 
 REPO = Path(__file__).resolve().parent.parent
 REAL_SAMPLE = REPO / "sample_data" / "textgenrnn_bf16_vs_fp32.parquet"
@@ -247,7 +247,7 @@ def test_off_by_one_fires_only_on_the_shifted_rows_steps(tmp_path):
     ]
     hint = next(h for h in rd.analyze(str(dump(tmp_path, made)), device="cpu").hints if h.id == "off_by_one")
     assert hint.steps == [7]
-    assert all(row["step"] == 7 and row["sample_id"].startswith("bad-") for row in hint.rows)
+    assert all(row.step == 7 and row.sample_id.startswith("bad-") for row in hint.rows)
 
 
 def test_copied_environment_values_are_dummy_logprobs(tmp_path):
@@ -298,7 +298,7 @@ def test_staleness_rule_on_hand_built_lags():
     fresh, stale = [1000.0, 10.0, 0.2], [1000.0, 30.0, 1.2]
     hint = staleness(evidence({0: fresh, 2: stale}))
     assert hint is not None and hint.evidence["factor"] == pytest.approx(3.0) and hint.evidence["max_lag"] == 2
-    assert hint.rows == [{"step": 5, "sample_id": "a", "file": "f", "row": 3}] and hint.steps == [5]
+    assert hint.rows == [HintRow(5, "a", "f", 3)] and hint.steps == [5]
     assert staleness(evidence({0: fresh, 2: fresh})) is None
     assert staleness(evidence({0: fresh})) is None
     assert staleness(evidence({0: fresh, 2: stale}, has_versions=False)) is None
@@ -577,7 +577,7 @@ def test_fill_values_on_model_tokens_are_named_with_what_where_and_how_many(tmp_
     assert "3 on the trainer side (old_log_probs: -1e30 ×3)" in hint.message
     assert "1 on the rollout side (rollout_log_probs: -3.403e38 (float32's finfo.min) ×1)" in hint.message
     assert f"the first at position 3 of {path}:1 (step 0, sample s0-01)" in hint.message
-    assert [(r["row"], r["sample_id"]) for r in hint.rows] == [(1, "s0-01"), (9, "s0-09")]
+    assert [(r.row, r.sample_id) for r in hint.rows] == [(1, "s0-01"), (9, "s0-09")]
     # a pipeline bug: the verdict names it first and compare-presets withholds its recommendation
     assert result.verdict.cause == "pipeline" and result.verdict.findings[0] == "fill_values"
 

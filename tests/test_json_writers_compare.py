@@ -179,6 +179,16 @@ def _preset_steps(draw) -> PresetSteps:
     return PresetSteps(base, _Corrections(parts), "p")  # type: ignore[arg-type]
 
 
+# the settings every preset's config names (comparison.schema.json, which a document read back is checked against)
+CONFIG = {
+    "rollout_is": None,
+    "rollout_is_threshold": None,
+    "rollout_is_batch_normalize": False,
+    "rollout_rs": None,
+    "rollout_rs_threshold": None,
+}
+
+
 @settings(max_examples=150, deadline=None)
 @given(_preset_steps())
 def test_preset_columns_are_each_steps_values(steps: PresetSteps) -> None:
@@ -188,7 +198,7 @@ def test_preset_columns_are_each_steps_values(steps: PresetSteps) -> None:
     result = ComparisonResult(
         inputs=["x"],
         columns={},
-        presets=[PresetResult("p", {}, "m", steps, expected[0] if expected else StepResult(None, 0, 0, {}))],
+        presets=[PresetResult("p", CONFIG, "m", steps, expected[0] if expected else StepResult(None, 0, 0, {}))],
     )  # type: ignore[arg-type]
     document = result.to_json()
     top, own = document["steps"], document["presets"][0]["steps"]

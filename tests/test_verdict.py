@@ -303,13 +303,13 @@ def test_a_short_run_says_the_anomaly_check_did_not_run(samples):
 
 def test_a_round_that_does_not_stand_out_is_not_painted_as_one(samples):
     real = samples[REAL.name]
-    assert real.divergent_round is not None and not real.divergent_round["stands_out"]
-    assert real.divergent_round["factor"] < ROUND_STANDS_OUT
+    assert real.divergent_round is not None and not real.divergent_round.stands_out
+    assert real.divergent_round.factor < ROUND_STANDS_OUT
     page = render_report(real)
     assert "No round stands out" in page and "most divergent in red" not in page
     multi = samples[MULTITURN.name]
     named = int(multi.run.metrics[catalogue.MOST_DIVERGENT_ROUND.key])
-    assert multi.divergent_round["round"] == named and multi.divergent_round["stands_out"]
+    assert multi.divergent_round.round == named and multi.divergent_round.stands_out
 
 
 def test_divergent_round_reads_the_support_rules_choice():
@@ -320,8 +320,8 @@ def test_divergent_round_reads_the_support_rules_choice():
     ]
     found = divergent_round(rounds, {catalogue.MOST_DIVERGENT_ROUND.key: 1.0})
     # no max_abs_diff: the one-token test cannot apply (factor_without_largest None), the gap stands
-    assert found["round"] == 1 and found["stands_out"] and found["factor_without_largest"] is None
-    assert found["unsupported"] == [2]  # 40 tokens < min(200, 0.1 × 5000)
+    assert found.round == 1 and found.stands_out and found.factor_without_largest is None
+    assert found.unsupported == [2]  # 40 tokens < min(200, 0.1 × 5000)
     assert divergent_round(rounds, {}) is None
 
 
@@ -331,9 +331,9 @@ def test_report_and_analyze_name_the_same_round_levels_and_recommendation(sample
         text = "\n".join(terminal(result))
         page = html.unescape(render_report(result))
         found = result.divergent_round
-        if found is not None and found["stands_out"]:
-            assert f"most divergent round {found['round']} " in text
-            assert f"Most divergent round: {found['round']} " in page
+        if found is not None and found.stands_out:
+            assert f"most divergent round {found.round} " in text
+            assert f"Most divergent round: {found.round} " in page
         counts = {}
         for entry in result.step_levels:
             for metric, level in entry["levels"].items():
@@ -398,12 +398,12 @@ def test_one_token_cannot_make_a_round_stand_out():
          "max_abs_diff": 9.0},
     ]  # fmt: skip
     found = divergent_round(rounds, {catalogue.MOST_DIVERGENT_ROUND.key: 1.0})
-    assert found["factor"] == pytest.approx(2.5)
-    assert found["factor_without_largest"] == pytest.approx((15 - 9) / 299 / 0.02)
-    assert not found["stands_out"] and found["note"] == "made by one token: 1× the others without its largest |δ| (9)"
+    assert found.factor == pytest.approx(2.5)
+    assert found.factor_without_largest == pytest.approx((15 - 9) / 299 / 0.02)
+    assert not found.stands_out and found.note == "made by one token: 1× the others without its largest |δ| (9)"
     # a broad gap: the largest token |δ| 0.3 leaves (15 − 0.3) / 299 = 0.04916 → 2.46×: it stands out, no note
     broad = divergent_round([rounds[0], {**rounds[1], "max_abs_diff": 0.3}], {catalogue.MOST_DIVERGENT_ROUND.key: 1.0})
-    assert broad["stands_out"] and broad["note"] == "" and broad["unsupported"] == []
+    assert broad.stands_out and broad.note == "" and broad.unsupported == []
 
 
 def test_the_round_chart_marks_rounds_below_the_support_rule_and_all_outputs_agree(samples):
@@ -414,18 +414,18 @@ def test_the_round_chart_marks_rounds_below_the_support_rule_and_all_outputs_agr
     from rollout_diag.report.sections import Canvas, rounds_section
 
     multi = samples[MULTITURN.name]
-    named = multi.divergent_round["round"]
+    named = multi.divergent_round.round
     tall = {**multi.rounds[-1], "round": 60, "pooled": False, "logprob_abs_diff_mean": 50.0, "token_count": 4,
             "seq_count": 1, "max_abs_diff": 60.0}  # fmt: skip
     rounds = [*multi.rounds, tall]  # the tallest bar, on 4 tokens of 1 row: below the support rule
     result = dataclasses.replace(multi, rounds=rounds, divergent_round=divergent_round(rounds, multi.run.metrics))
-    assert result.divergent_round["round"] == named and 60 in result.divergent_round["unsupported"]
+    assert result.divergent_round.round == named and 60 in result.divergent_round.unsupported
     canvas = Canvas()
     section = rounds_section(result, canvas)
     colours = canvas.figures["rounds"]["data"][0]["marker"]["color"]
     by_round = dict(zip([r["round"] for r in sorted(rounds, key=lambda r: r["round"])], colours, strict=True))
     assert by_round[named] == RED and by_round[60] == GREY
-    others = set(by_round) - {named, 60} - set(result.divergent_round["unsupported"])
+    others = set(by_round) - {named, 60} - set(result.divergent_round.unsupported)
     assert {by_round[r] for r in others} <= {BLUE}
     assert "grey: too few tokens or rows to be named" in str(canvas.figures["rounds"]) and section.body
     # the terminal, the report and the notebook name the same round, or none

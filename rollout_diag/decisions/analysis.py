@@ -25,7 +25,7 @@ from rollout_diag.decisions.trends import (
     step_trends,
 )
 from rollout_diag.decisions.verdict import overall_verdict, step_levels_of
-from rollout_diag.results import AnalysisResult
+from rollout_diag.results import AnalysisResult, DivergentRound
 
 # The most divergent round "stands out" (is named as a finding, drawn in red) only when its mean |δ| is at least
 # 1.5× the token-weighted mean of the other supported rounds: per-token |δ| is heavy-tailed and tokens of one row
@@ -75,7 +75,7 @@ def anomaly_check(steps: int) -> str:
     return ""
 
 
-def divergent_round(rounds: Sequence[Mapping[str, Any]], run_metrics: Mapping[str, float]) -> dict[str, Any] | None:
+def divergent_round(rounds: Sequence[Mapping[str, Any]], run_metrics: Mapping[str, float]) -> DivergentRound | None:
     """The round ``per_round/most_divergent_round`` names (the support rule, metrics/rounds.py), its mean |δ|, the
     token-weighted mean of the other rounds (tiny rounds weigh little), their ratio, the ratio without the round's
     largest |δ| token, whether it stands out (both ratios ≥ ROUND_STANDS_OUT: one token cannot make a round stand out)
@@ -95,22 +95,22 @@ def divergent_round(rounds: Sequence[Mapping[str, Any]], run_metrics: Mapping[st
     without = _factor_without_largest(chosen, others_mean)
     one_token = factor is not None and factor >= ROUND_STANDS_OUT and without is not None and without < ROUND_STANDS_OUT
     eligible = {r["round"] for r in catalogue.supported_rounds([dict(r) for r in rounds])}
-    return {
-        "round": int(chosen["round"]),
-        "pooled": bool(chosen.get("pooled")),
-        "logprob_abs_diff_mean": mean,
-        "token_count": int(chosen["token_count"]),
-        "others_mean": others_mean,
-        "factor": factor,
-        "factor_without_largest": without,
-        "stands_out": factor is not None and factor >= ROUND_STANDS_OUT and not one_token,
-        "note": (
+    return DivergentRound(
+        round=int(chosen["round"]),
+        pooled=bool(chosen.get("pooled")),
+        logprob_abs_diff_mean=mean,
+        token_count=int(chosen["token_count"]),
+        others_mean=others_mean,
+        factor=factor,
+        factor_without_largest=without,
+        stands_out=factor is not None and factor >= ROUND_STANDS_OUT and not one_token,
+        note=(
             f"made by one token: {without:.2g}× the others without its largest |δ| ({chosen['max_abs_diff']:.3g})"
             if one_token
             else ""
         ),
-        "unsupported": sorted(int(r["round"]) for r in rounds if r["round"] not in eligible),
-    }
+        unsupported=sorted(int(r["round"]) for r in rounds if r["round"] not in eligible),
+    )
 
 
 def _factor_without_largest(chosen: Mapping[str, Any], others_mean: float | None) -> float | None:

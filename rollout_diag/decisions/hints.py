@@ -18,7 +18,7 @@ import numpy as np
 from rollout_diag.catalogue import FILL_LOGPROB, SHIFT_MAX_RATIO, parse_round_key, round_quantity
 from rollout_diag.decisions.trends import least_squares
 from rollout_diag.formatting import number
-from rollout_diag.results import FILL_VALUES_KEPT, AnalysisResult, Evidence, FillCount, Hint, Sums
+from rollout_diag.results import FILL_VALUES_KEPT, AnalysisResult, Evidence, FillCount, Hint, HintRow, Sums
 
 HINT_IDS = (
     "invalid_rows",  # not found here: decisions/skipped.py makes it from what reading skipped, before the others
@@ -148,11 +148,8 @@ def _steps(evidence: Evidence, measure: Callable[[Sums], float | None]) -> list[
     return [step for _, step in sorted(passing, key=lambda item: (-item[0], item[1]))[:MAX_STEPS]]
 
 
-def _rows(evidence: Evidence, kind: str) -> list[dict[str, Any]]:
-    return [
-        {"step": ref.step, "sample_id": ref.sample_id, "file": ref.file, "row": ref.row}
-        for ref in evidence.examples.get(kind, ())
-    ]
+def _rows(evidence: Evidence, kind: str) -> list[HintRow]:
+    return [HintRow(ref.step, ref.sample_id, ref.file, ref.row) for ref in evidence.examples.get(kind, ())]
 
 
 def _group(sums: Sums, prefix: str) -> Group:
@@ -322,7 +319,7 @@ def fill_values(evidence: Evidence) -> Hint | None:
             "lowest_value": min(value for c in counts for value in c.values),
         },
         steps=sorted({ref.step for _, ref in examples})[:MAX_STEPS],
-        rows=[{"step": r.step, "sample_id": r.sample_id, "file": f, "row": r.row} for f, r in examples[:EXAMPLES]],
+        rows=[HintRow(r.step, r.sample_id, f, r.row) for f, r in examples[:EXAMPLES]],
         look_at="the response_mask and the logprob columns of these rows: mask-1 tokens holding a fill value",
     )
 
@@ -614,7 +611,7 @@ def staleness(evidence: Evidence) -> Hint | None:
             "max_lag": float(max(lags) - freshest),
             "stale_tokens": contrast.high.n,
         },
-        steps=sorted({row["step"] for row in rows})[:MAX_STEPS],
+        steps=sorted({row.step for row in rows})[:MAX_STEPS],
         rows=rows,
         look_at="rows whose policy_version lags their step the most",
     )

@@ -224,7 +224,7 @@ def rounds_table(result: AnalysisResult) -> FitTable:
     for row in result.rounds:
         label = f"≥ {row['round']}" if row["pooled"] else str(row["round"])
         table.add_row(
-            label + (" ◀ most" if named is not None and row["round"] == named["round"] else ""),
+            label + (" ◀ most" if named is not None and row["round"] == named.round else ""),
             *(Num(row[round_quantity(metric)]) for metric in ROUND_COLUMNS),
             Num(row["catastrophic_count"]),
         )

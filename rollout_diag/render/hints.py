@@ -28,7 +28,7 @@ def hint_text(hint: Hint) -> Text:
         where.append("steps " + ", ".join(str(step) for step in hint.steps))
     if hint.rows:
         # sample ids are data: control characters shown escaped, never sent to the terminal
-        shown = ", ".join(f"{visible(str(row['sample_id']))} (step {row['step']})" for row in hint.rows[:ROWS_SHOWN])
+        shown = ", ".join(f"{visible(str(row.sample_id))} (step {row.step})" for row in hint.rows[:ROWS_SHOWN])
         more = len(hint.rows) - ROWS_SHOWN
         where.append(f"rows {shown}" + (f" and {more} more" if more > 0 else ""))
     if hint.look_at:

@@ -22,7 +22,7 @@ from rich.text import Text
 from rollout_diag import catalogue
 from rollout_diag.catalogue import short_name
 from rollout_diag.render.format import level, number, plain
-from rollout_diag.results.wording import most_divergent_round
+from rollout_diag.results.wording import most_divergent_round, round_label, round_numbers
 
 if TYPE_CHECKING:
     from rollout_diag.drivers.watch import StepReport, WatchUpdate
@@ -172,12 +172,8 @@ class WatchView:
             lines.append("\n")
         chosen = most_divergent_round(result)
         if chosen is not None:
-            label = f"≥ {chosen['round']}" if chosen.get("pooled") else str(chosen["round"])
             lines.append("most divergent round so far: ", style="bold")
-            lines.append(
-                f"{label} (mean |δ| {number(chosen['logprob_abs_diff_mean'])} over {number(chosen['token_count'])} "
-                "tokens)\n"
-            )
+            lines.append(f"{round_label(chosen)} ({round_numbers(chosen, versus=False)})\n")
         return lines if lines.plain else None
 
 

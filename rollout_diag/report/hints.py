@@ -41,7 +41,7 @@ def _row(hint: Hint) -> list[object]:
     if hint.steps:
         where.append(escape("steps " + ", ".join(str(step) for step in hint.steps)))
     for row in hint.rows[:ROWS_SHOWN]:
-        where.append(f"{code(row['sample_id'])} " + escape(f"step {row['step']}, row {row['row']}"))
+        where.append(f"{code(row.sample_id)} " + escape(f"step {row.step}, row {row.row}"))
     if hint.look_at:
         where.append(escape(hint.look_at))
     # Markup, not str: a plain string cell is clipped at 200 characters

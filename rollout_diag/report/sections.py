@@ -185,8 +185,8 @@ def rounds_section(result: AnalysisResult, canvas: Canvas) -> Section:
     # red only for the round the analysis found standing out (support rule, a gap beyond the rounds' scatter, not
     # one token's); grey for the rounds below the support rule, which are never named however tall their bar
     found = result.divergent_round
-    most = found["round"] if found is not None and found.get("stands_out") else None
-    unsupported = set(found.get("unsupported", [])) if found is not None else set()
+    most = found.round if found is not None and found.stands_out else None
+    unsupported = set(found.unsupported) if found is not None else set()
     hover = [
         f"round {escape(label)}<br>mean |δ| {number(r.get('logprob_abs_diff_mean'), 4)}<br>k3_kl "
         f"{number(r.get('k3_kl'), 4)}<br>max |δ| {number(r.get('max_abs_diff'), 4)}<br>"

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from functools import partial
+from typing import Any
 
 from rollout_diag.errors import InputError
 from rollout_diag.formatting import ExtraValue
@@ -15,12 +16,12 @@ from rollout_diag.results.document import SCHEMA_VERSION, schema_version
 from rollout_diag.results.reprs import repr_inputs, repr_text, short_repr
 from rollout_diag.results.rows import (
     Anomaly,
+    DivergentRound,
     Hint,
     OverallVerdict,
     RowTokens,
     SkippedData,
     SkippedRow,
-    StepLevel,
     StepResult,
     Trend,
     Verdict,
@@ -30,7 +31,8 @@ from rollout_diag.results.rows import (
     repr_sizes,
     repr_verdict,
 )
-from rollout_diag.results.shapes import Number, check_shape, item_from_json, join_path, required
+from rollout_diag.results.schema import check_document
+from rollout_diag.results.shapes import check_same_lengths, item_from_json, required
 
 
 def json_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -109,8 +111,6 @@ def json_verdict(verdict: Mapping[str, Any]) -> dict[str, Any]:
 class AnalysisResult:
     """Everything ``analyze`` found; ``to_json()`` is the documented JSON (schemas/result.schema.json)."""
 
-    JSON_SHAPES: ClassVar[dict[str, Any]] = {"step_levels": list[StepLevel]}  # fields whose JSON is typed further
-
     inputs: list[str]
     columns: dict[str, str]
     layout: str
@@ -142,7 +142,7 @@ class AnalysisResult:
     # per step: {"step", "level" (the step's worst), "levels": {judged metric: level}}
     step_levels: list[dict[str, Any]] = field(default_factory=list)
     # the most divergent round under the support rule and whether it stands out from the others (None: one round)
-    divergent_round: dict[str, Any] | None = None
+    divergent_round: DivergentRound | None = None
     anomaly_check: str = ""  # why the anomaly rule could not apply ("" when it did)
     groups: list[GroupResult] = field(default_factory=list)  # --by: every group of every spec, worst first
     selection: dict[str, Any] = field(default_factory=dict)  # --where / --steps: {"where", "steps", "rows_kept", …}
@@ -193,7 +193,7 @@ class AnalysisResult:
             "hints": [{**asdict(h), "evidence": json_row(h.evidence)} for h in self.hints],
             "verdict": None if self.verdict is None else self.verdict.to_json(),
             "step_levels": self.step_levels,
-            "divergent_round": None if self.divergent_round is None else json_row(self.divergent_round),
+            "divergent_round": None if self.divergent_round is None else json_row(asdict(self.divergent_round)),
             "anomaly_check": self.anomaly_check,
             "groups": [group.to_json() for group in self.groups],
             "selection": dict(self.selection),
@@ -240,45 +240,15 @@ class AnalysisResult:
             raise InputError("not an `analyze --format json` result: expected keys 'run' and 'steps'")
         schema_version(document)
         try:  # a field of the wrong shape: one line naming it
-            check_shape(cls, document, "", require=False)
-            rows = [
-                (f"{name}[{index}]", name, row)
-                for name in _TABLE_ROW_LABEL
-                for index, row in enumerate(document.get(name, []))
-            ]
-            if document.get("divergent_round") is not None:  # a rounds row, judged
-                rows.append(("divergent_round", "rounds", document["divergent_round"]))
-            for where_, name, row in rows:  # rows of numbers, labelled by a few keys
-                label, kind = _TABLE_ROW_LABEL[name]
-                if label not in row:
-                    raise InputError(f"field '{where_}.{label}': missing.")
-                check_shape(kind, row[label], f"{where_}.{label}")
-                for key, value in row.items():
-                    check_shape(_TABLE_ROW_KEYS.get(key, float), value, join_path(where_, key))
-            check_shape(dict[str, list[Number]], document.get("delta_histogram", {}), "delta_histogram")
+            check_document(document, "result.schema.json")
+            check_same_lengths(document.get("worst_row_tokens"), RowTokens.JSON_SAME_LENGTH, "worst_row_tokens")
         except InputError as exc:
             raise InputError(f"not an `analyze --format json` result: {exc.message}") from None
-        values: dict[str, Any] = {}
-        for spec in dataclasses.fields(cls):
-            if spec.name not in document:
-                continue
-            raw = document[spec.name]
-            if spec.name == "run":
-                values[spec.name] = StepResult.from_json(raw)
-            elif spec.name == "steps":
-                values[spec.name] = [StepResult.from_json(step) for step in raw]
-            elif spec.name in _ITEM_TYPES:
-                values[spec.name] = [item_from_json(_ITEM_TYPES[spec.name], item) for item in raw]
-            elif spec.name == "verdict":
-                values[spec.name] = None if raw is None else OverallVerdict.from_json(raw)
-            elif spec.name == "skipped_data":
-                values[spec.name] = SkippedData.from_json(raw)
-            elif spec.name == "groups":
-                values[spec.name] = [GroupResult.from_json(group) for group in raw]
-            elif spec.name in ("rounds", "positions"):
-                values[spec.name] = [{key: _nan_for_null(value, key) for key, value in row.items()} for row in raw]
-            else:
-                values[spec.name] = raw
+        values = {
+            spec.name: _FIELD_READERS.get(spec.name, _as_written)(document[spec.name])
+            for spec in dataclasses.fields(cls)
+            if spec.name in document
+        }
         missing = [spec.name for spec in dataclasses.fields(cls) if required(spec) and spec.name not in values]
         if missing:
             raise InputError(f"result JSON lacks {', '.join(missing)}")
@@ -298,25 +268,33 @@ _ITEM_TYPES: dict[str, type] = {
 }
 
 
+def _as_written(raw: Any) -> Any:
+    return raw
+
+
+def _table_rows(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{key: _nan_for_null(value, key) for key, value in row.items()} for row in raw]
+
+
+# How each field of AnalysisResult is read from its JSON (any other field: as written).
+_FIELD_READERS: dict[str, Callable[[Any], Any]] = {
+    "run": StepResult.from_json,
+    "steps": lambda raw: [StepResult.from_json(step) for step in raw],
+    **{
+        name: partial(lambda item_type, raw: [item_from_json(item_type, item) for item in raw], item_type)
+        for name, item_type in _ITEM_TYPES.items()
+    },
+    "verdict": lambda raw: None if raw is None else OverallVerdict.from_json(raw),
+    "divergent_round": lambda raw: None if raw is None else DivergentRound.from_json(raw),
+    "skipped_data": SkippedData.from_json,
+    "groups": lambda raw: [GroupResult.from_json(group) for group in raw],
+    "rounds": _table_rows,
+    "positions": _table_rows,
+}
+
+
 def _nan_for_null(value: Any, key: str) -> Any:
     # Integers-or-labels stay as they are; a null float metric was NaN before to_json().
     if value is None and key not in ("step", "bucket", "label"):
         return math.nan
     return value
-
-
-# ------------------------------------------------------------------ the shape of a saved result
-# Keys of a rounds / positions row that are not numbers (every other key is a number, or null for NaN).
-_TABLE_ROW_KEYS: dict[str, Any] = {
-    "pooled": bool,
-    "bucket": str,
-    "label": str,
-    "step": int | None,
-    "stands_out": bool,
-    "note": str,  # divergent_round's
-    "unsupported": list[int],  # … and the rounds below the support rule
-}
-
-
-# The key that names each row of a table (never null), and its kind.
-_TABLE_ROW_LABEL: dict[str, tuple[str, Any]] = {"rounds": ("round", int), "positions": ("bucket", str)}

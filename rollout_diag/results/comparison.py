@@ -7,7 +7,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -29,14 +29,14 @@ from rollout_diag.results.rows import (
     OverallVerdict,
     SkippedData,
     SkippedRow,
-    StepLevel,
     StepResult,
     Verdict,
     json_number,
     repr_sizes,
     repr_verdict,
 )
-from rollout_diag.results.shapes import Number, check_shape, found, item_from_json, join_path
+from rollout_diag.results.schema import check_document
+from rollout_diag.results.shapes import found, item_from_json, join_path
 from rollout_diag.results.sweep import SweepOption
 
 STEP_COUNTS = ("step", "rows", "tokens", "empty_rows")  # the leading columns of the document's top-level ``steps``
@@ -103,12 +103,17 @@ def _listed_columns(presets: Sequence[PresetResult]) -> tuple[dict[str, Column],
 def _listed_column(steps: Sequence[StepResult], name: str) -> Column:
     present = np.array([name in step.metrics for step in steps], dtype=bool)
     values = [step.metrics[name] if here else None for step, here in zip(steps, present.tolist(), strict=True)]
+    return Column(len(steps), [(None, present, _values_column(values, present))])
+
+
+def _values_column(values: Sequence[Any], present: np.ndarray) -> np.ndarray:
+    """One value per step as a column: float64 (NaN where None) when the value of every ``present`` step is a float,
+    else an object array holding the values as given."""
     if all(type(value) is float for value, here in zip(values, present.tolist(), strict=True) if here):
-        column = np.array([math.nan if value is None else value for value in values], dtype=np.float64)
-    else:
-        column = np.empty(len(values), dtype=object)
-        column[:] = values
-    return Column(len(steps), [(None, present, column)])
+        return np.array([math.nan if value is None else value for value in values], dtype=np.float64)
+    column = np.empty(len(values), dtype=object)
+    column[:] = values
+    return column
 
 
 def _same_column(one: Column, other: Column) -> bool:
@@ -161,7 +166,6 @@ def _block_from_json(
     for name in counts:
         if name not in raw:
             raise InputError(f"field '{join_path(path, name)}': missing.")
-        check_shape(list[int], raw[name], join_path(path, name))
         integers[name] = np.array(raw[name], dtype=np.int64)
     size = length if length is not None else len(raw[counts[0]])
     groups: list[KeyColumns] = []
@@ -170,15 +174,10 @@ def _block_from_json(
         if name in STEP_COUNTS or not name.startswith(prefix):
             continue
         where_ = join_path(path, name)
-        check_shape(list[float], values, where_)
         if len(values) != size:
             raise InputError(f"field '{where_}': expected {size} values (one per step), found {len(values)}.")
         present = np.array([value is not None for value in values], dtype=bool)
-        if all(type(value) is float for value in values if value is not None):
-            column = np.array([math.nan if value is None else value for value in values], dtype=np.float64)
-        else:
-            column = np.empty(size, dtype=object)
-            column[:] = values
+        column = _values_column(values, present)
         if previous is not None and np.array_equal(previous, present):
             groups[-1][1][name] = column
         else:
@@ -250,8 +249,6 @@ class Recommendation:
     runner_up: str | None = None
     runner_up_reason: str = ""
     not_chosen: list[tuple[str, str]] = field(default_factory=list)  # (preset, why), most intrusive last
-    # Fields whose JSON form differs from their Python type (check_shape reads this): pairs are written as objects.
-    JSON_SHAPES: ClassVar[dict[str, Any]] = {"not_chosen": list[dict[str, str]]}
     equivalent: list[str] = field(default_factory=list)  # same IS/RS settings, another mode: same numbers
     note: str = ""
     order: list[str] = field(default_factory=list)  # every preset, least intrusive first
@@ -299,8 +296,6 @@ class ComparisonResult:
     """What ``compare_presets`` found; ``to_json()`` is the documented JSON. ``sweep`` is the run-level threshold
     sweep (one entry per option, with its share-vs-threshold curve: rollout_diag.metrics.sweep)."""
 
-    JSON_SHAPES: ClassVar[dict[str, Any]] = {"step_levels": list[StepLevel]}  # fields whose JSON is typed further
-
     inputs: list[str]
     columns: dict[str, str]
     presets: list[PresetResult]
@@ -334,16 +329,12 @@ class ComparisonResult:
         try:
             version = schema_version(document)
             shape, listed = document, document.get("presets")
-            if version >= 2 and isinstance(listed, list):  # the steps are columns, read below
+            if version < 2 and isinstance(listed, list):  # a step object each: read step by step, as written then
                 shape = {
                     **document,
-                    "presets": [{**item, "steps": []} if isinstance(item, dict) else item for item in listed],
+                    "presets": [{**item, "steps": {"step": []}} if isinstance(item, dict) else item for item in listed],
                 }
-            check_shape(cls, shape, "", require=False)
-            check_shape(dict[str, Number], document.get("intrusive", {}), "intrusive")
-            for index, option in enumerate(document.get("sweep", [])):  # the target shares asked for are never null
-                for place, target in enumerate(option["thresholds"]):
-                    check_shape(Number, target.get("target"), f"sweep[{index}].thresholds[{place}].target")
+            check_document(shape, "comparison.schema.json")
             if version >= 2:
                 presets = _presets_from_columns(document)
         except InputError as exc:

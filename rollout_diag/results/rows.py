@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 import numpy as np
@@ -259,7 +259,7 @@ class RowTokens:
     row_largest_abs_delta: float | None = None
     row_largest_position: int | None = None
     extra: dict[str, ExtraValue] = field(default_factory=dict)  # the row's extra dump columns, as in WorstRow
-    # lists with one value per listed token: a saved result whose lists disagree is refused when read (check_shape)
+    # lists with one value per listed token: a saved result whose lists disagree is refused when read
     JSON_SAME_LENGTH: ClassVar[tuple[str, ...]] = ("mask", "trainer_logprob", "rollout_logprob", "token_id", "token")
 
     @property
@@ -365,6 +365,43 @@ class Evidence:
 
 
 @dataclass(frozen=True)
+class DivergentRound:
+    """The most divergent round, as the support rule names it and rollout_diag/decisions/analysis.py judges it: its mean
+    |δ| and tokens, the other rounds' token-weighted mean (None without another round's token), their ratio with and
+    without the round's largest |δ| token (None where not defined), whether it stands out, why not when one token
+    makes it (``note``), and the rounds below the support rule (never named)."""
+
+    round: int
+    pooled: bool
+    logprob_abs_diff_mean: float
+    token_count: int
+    others_mean: float | None
+    factor: float | None
+    factor_without_largest: float | None
+    stands_out: bool
+    note: str
+    unsupported: list[int]
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> DivergentRound:
+        """As written (null stays None); keys of an older build's document default, keys this build does not know are
+        left out."""
+        known = {spec.name for spec in fields(cls)}
+        optional = {"factor_without_largest": None, "note": "", "unsupported": []}
+        return cls(**{**optional, **{key: value for key, value in raw.items() if key in known}})
+
+
+@dataclass(frozen=True)
+class HintRow:
+    """A row a hint points at: its step, sample and where it sits (file, row number within the file)."""
+
+    step: int
+    sample_id: str
+    file: str
+    row: int
+
+
+@dataclass(frozen=True)
 class Hint:
     """A likely root cause the data supports (rollout_diag/decisions/hints.py): one sentence, the numbers behind it, and
     where to look (steps, rows, and what in them)."""
@@ -373,7 +410,7 @@ class Hint:
     message: str
     evidence: dict[str, float]
     steps: list[int] = field(default_factory=list)
-    rows: list[dict[str, Any]] = field(default_factory=list)  # {"step", "sample_id", "file", "row"}
+    rows: list[HintRow] = field(default_factory=list)
     look_at: str = ""
 
 
@@ -396,16 +433,6 @@ class OverallVerdict:
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> OverallVerdict:
         return item_from_json(cls, raw)
-
-
-@dataclass(frozen=True)
-class StepLevel:
-    """The JSON shape of one ``step_levels`` entry (kept as a plain dict in the results): the step, its level and
-    each judged metric's level. Read by ``check_shape`` only."""
-
-    step: int | None
-    level: str
-    levels: dict[str, str]
 
 
 @dataclass(frozen=True)

@@ -1,113 +1,14 @@
-"""The shape of a saved result: a JSON value checked against a result type, the error naming the field."""
+"""Reading a saved result's items back into their types (JSON null as NaN where a number was written), and how a
+field and a JSON value are named in a one-line error. The document's shape is checked by ``schema.py``."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import types
 import typing
-from typing import Any, Literal
+from typing import Any
 
 from rollout_diag.errors import InputError
-
-
-class Number:
-    """For :func:`check_shape`: a number that cannot be null (histogram edges and counts are never NaN)."""
-
-
-_KIND_NAMES = {
-    int: "a whole number",
-    float: "a number",
-    Number: "a number",
-    str: "a string",
-    bool: "true or false",
-    type(None): "null",
-}
-
-
-def check_shape(expected: Any, value: Any, path: str, *, require: bool = True) -> None:
-    """Raises InputError naming the field (``steps[3].metrics``) where ``value``, read from JSON, does not have the
-    shape of the type ``expected``: a result dataclass (an object with its fields; unknown keys are allowed, and
-    missing required ones are an error when ``require``), ``list[X]``, ``tuple[X, ...]``, ``dict[str, X]``, a union,
-    ``int``, ``float`` (null allowed: NaN and inf are written as null), ``str``, ``bool`` or ``Any``."""
-    problem = _shape_problem(expected, value, path, require)
-    if problem is not None:
-        where_, message = problem
-        raise InputError(f"field '{where_}': {message}." if where_ else f"{message}.")
-
-
-def _shape_problem(expected: Any, value: Any, path: str, require: bool = True) -> tuple[str, str] | None:
-    if expected is Any:
-        return None
-    if dataclasses.is_dataclass(expected):
-        if not isinstance(value, dict):
-            return path, f"expected an object, found {found(value)}"
-        hints = type_hints(expected)
-        for spec in dataclasses.fields(expected):
-            if spec.name not in value:  # a field that may be null may be left out (the run's step)
-                if require and required(spec) and _shape_problem(hints[spec.name], None, "") is not None:
-                    return join_path(path, spec.name), "missing"
-                continue
-            shape = getattr(expected, "JSON_SHAPES", {}).get(spec.name, hints[spec.name])
-            problem = _shape_problem(shape, value[spec.name], join_path(path, spec.name))
-            if problem is not None:
-                return problem
-        return _length_problem(expected, value, path)
-    origin, arguments = typing.get_origin(expected), typing.get_args(expected)
-    if origin is Literal:
-        return (
-            None
-            if value in arguments and type(value) in {type(a) for a in arguments}
-            else (path, f"expected {_describe(expected)}, found {found(value)}")
-        )
-    if origin in (typing.Union, types.UnionType):
-        problems = [_shape_problem(arm, value, path) for arm in arguments]
-        if all(problems):
-            deepest = max(problems, key=lambda problem: len(problem[0]))  # type: ignore[index]
-            if deepest[0] != path:  # the value has the right kind, but something inside it is wrong
-                return deepest
-            return path, f"expected {' or '.join(_describe(arm) for arm in arguments)}, found {found(value)}"
-        return None
-    if origin in (list, tuple):
-        if not isinstance(value, list):
-            return path, f"expected a list, found {found(value)}"
-        item = arguments[0] if arguments else Any
-        for index, element in enumerate(value):
-            problem = _shape_problem(item, element, f"{path}[{index}]")
-            if problem is not None:
-                return problem
-        return None
-    if origin is dict:
-        if not isinstance(value, dict):
-            return path, f"expected an object, found {found(value)}"
-        item = arguments[1] if arguments else Any
-        for key, element in value.items():
-            problem = _shape_problem(item, element, join_path(path, str(key)))
-            if problem is not None:
-                return problem
-        return None
-    if expected is float or expected is Number:
-        ok = (value is None and expected is float) or (isinstance(value, (int, float)) and not isinstance(value, bool))
-    elif expected is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif expected in (str, bool, type(None)):
-        ok = isinstance(value, expected)
-    else:
-        ok = True  # a type this check does not know: left to the constructor
-    return None if ok else (path, f"expected {_describe(expected)}, found {found(value)}")
-
-
-def _length_problem(expected: type, value: dict, path: str) -> tuple[str, str] | None:
-    """Where the lists of ``expected.JSON_SAME_LENGTH`` in ``value`` (each a list or absent/null) differ in length
-    from the first of them: the field and what it should hold."""
-    names = [name for name in getattr(expected, "JSON_SAME_LENGTH", ()) if isinstance(value.get(name), list)]
-    for name in names[1:]:
-        if len(value[name]) != len(value[names[0]]):
-            return (
-                join_path(path, name),
-                f"expected {len(value[names[0]])} values (one per entry of '{names[0]}'), found {len(value[name])}",
-            )
-    return None
 
 
 def type_hints(result_type: type) -> dict[str, Any]:
@@ -119,16 +20,6 @@ def join_path(path: str, name: str) -> str:
     if not name.isprintable():
         name = name.encode("unicode_escape").decode("ascii")
     return f"{path}.{name}" if path else name
-
-
-def _describe(expected: Any) -> str:
-    if typing.get_origin(expected) is Literal:
-        return " or ".join(repr(choice) for choice in typing.get_args(expected))
-    if dataclasses.is_dataclass(expected) or typing.get_origin(expected) is dict:
-        return "an object"
-    if typing.get_origin(expected) in (list, tuple):
-        return "a list"
-    return _KIND_NAMES.get(expected, str(expected))
 
 
 def found(value: Any) -> str:
@@ -169,8 +60,23 @@ def nan_nulls(expected: Any, value: Any) -> Any:
         return {key: math.nan if item is None else item for key, item in value.items()}
     if origin is list and arguments == (float,) and isinstance(value, list):
         return [math.nan if item is None else item for item in value]
+    if origin is list and arguments and dataclasses.is_dataclass(arguments[0]) and isinstance(value, list):
+        return [item_from_json(arguments[0], item) if isinstance(item, dict) else item for item in value]
     return value
 
 
 def required(spec: dataclasses.Field) -> bool:
     return spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING
+
+
+def check_same_lengths(rows: Any, names: tuple[str, ...], path: str) -> None:
+    """Raises InputError where, in an item of ``rows`` (a list read from JSON), the lists named ``names`` (each a list
+    or absent/null) differ in length from the first of them: one value per listed token, which a schema cannot say."""
+    for index, row in enumerate(rows if isinstance(rows, list) else []):
+        listed = [name for name in names if isinstance(row, dict) and isinstance(row.get(name), list)]
+        for name in listed[1:]:
+            if len(row[name]) != len(row[listed[0]]):
+                raise InputError(
+                    f"field '{join_path(f'{path}[{index}]', name)}': expected {len(row[listed[0]])} values (one per "
+                    f"entry of '{listed[0]}'), found {len(row[name])}."
+                )

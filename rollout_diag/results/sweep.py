@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any
 
 from rollout_diag.results.columns import Converted
 from rollout_diag.results.document import result_document
@@ -32,8 +32,6 @@ class SweepPoint:
 @dataclass(frozen=True)
 class SweepOption:
     """One rejection option (or IS truncation) of the sweep, for the run or one step (rollout_diag.metrics.sweep)."""
-
-    JSON_SHAPES: ClassVar[dict[str, Any]] = {"level": Literal["token", "sequence"]}  # what the sentences know
 
     option: str  # seq_mean_k3, token_k1, is_sequence, …
     level: str  # "token" | "sequence"

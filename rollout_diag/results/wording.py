@@ -9,9 +9,9 @@ renderer escapes and styles them.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from itertools import groupby
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from rollout_diag.results.columns import StepTable
 
 if TYPE_CHECKING:
     from rollout_diag.results.analysis import AnalysisResult, GroupResult
-    from rollout_diag.results.rows import StepResult
+    from rollout_diag.results.rows import DivergentRound, StepResult
 
 HEADLINE = K3_KL.key  # the metric that ranks steps
 
@@ -37,38 +37,39 @@ def worst_step(steps: Sequence[StepResult], metric: str = HEADLINE) -> StepResul
     return max(scored_steps, key=lambda s: s.metrics[metric]) if scored_steps else None
 
 
-def most_divergent_round(result: AnalysisResult) -> dict[str, Any] | None:
+def most_divergent_round(result: AnalysisResult) -> DivergentRound | None:
     """The round the analysis named as most divergent, when it stands out from the others (``divergent_round``)."""
     found = result.divergent_round
-    return found if found is not None and found.get("stands_out") else None
+    return found if found is not None and found.stands_out else None
 
 
-def _round_label(found: Mapping[str, Any]) -> str:
-    return f"≥ {found['round']}" if found.get("pooled") else str(found["round"])
+def round_label(found: DivergentRound) -> str:
+    """The round's number, "≥ 8" for the bucket that pools every later round."""
+    return f"≥ {found.round}" if found.pooled else str(found.round)
 
 
-def _round_numbers(found: Mapping[str, Any]) -> str:
-    factor = found.get("factor")
-    versus = f", {factor:.2g}× the other rounds" if factor is not None else ""
-    return f"mean |δ| {number(found['logprob_abs_diff_mean'])} over {number(found['token_count'])} tokens{versus}"
+def round_numbers(found: DivergentRound, *, versus: bool = True) -> str:
+    """ "mean |δ| 0.031 over 1,204 tokens, 2.1× the other rounds" (the ratio left out without ``versus``)."""
+    ratio = f", {found.factor:.2g}× the other rounds" if versus and found.factor is not None else ""
+    return f"mean |δ| {number(found.logprob_abs_diff_mean)} over {number(found.token_count)} tokens{ratio}"
 
 
-def _no_round(found: Mapping[str, Any]) -> str:
-    made = f"; {found['note']}" if found.get("note") else ""
-    return f"no round stands out (the highest, round {_round_label(found)}: {_round_numbers(found)}{made})"
+def _no_round(found: DivergentRound) -> str:
+    made = f"; {found.note}" if found.note else ""
+    return f"no round stands out (the highest, round {round_label(found)}: {round_numbers(found)}{made})"
 
 
-def round_phrase(found: Mapping[str, Any]) -> str:
+def round_phrase(found: DivergentRound) -> str:
     """ "most divergent round 3 (mean |δ| …, 2.1× the other rounds)" or "no round stands out (the highest, …)"."""
-    if found.get("stands_out"):
-        return f"most divergent round {_round_label(found)} ({_round_numbers(found)})"
+    if found.stands_out:
+        return f"most divergent round {round_label(found)} ({round_numbers(found)})"
     return _no_round(found)
 
 
-def round_sentence(found: Mapping[str, Any]) -> str:
+def round_sentence(found: DivergentRound) -> str:
     """:func:`round_phrase` as a finding of its own: "Most divergent round: 3 (…)." or "No round stands out (…)."."""
-    if found.get("stands_out"):
-        return f"Most divergent round: {_round_label(found)} ({_round_numbers(found)})."
+    if found.stands_out:
+        return f"Most divergent round: {round_label(found)} ({round_numbers(found)})."
     phrase = _no_round(found)
     return f"{phrase[0].upper()}{phrase[1:]}."
 
@@ -98,7 +99,7 @@ def where(result: AnalysisResult) -> list[str]:
         value = step.metrics[HEADLINE]
         ratio = f", {value / run_value:.1f}× the run" if _finite(run_value) and run_value > 0 else ""
         lines.append(f"worst step {step.step} ({short_name(HEADLINE)} {number(value)}{ratio})")
-    if result.divergent_round is not None and _positive(result.divergent_round.get("logprob_abs_diff_mean")):
+    if result.divergent_round is not None and _positive(result.divergent_round.logprob_abs_diff_mean):
         lines.append(round_phrase(result.divergent_round))
     rows = [r for r in result.worst_rows if r.criterion == "log_ppl_abs_diff" and r.log_ppl_diff != 0]
     if rows:
