@@ -298,6 +298,7 @@ LAYERS = (
     ("rollout_diag.presets", "rollout_diag.catalogue", "rollout_diag.selection"),
     ("rollout_diag.results",),
     ("rollout_diag.formatting", "rollout_diag.glossary"),
+    ("rollout_diag.engine.quantities",),  # the token-quantity table the kernels and the engines read
     ("rollout_diag.kernels",),  # compiled CPU code over plain arrays: the reader's scans and the engines' passes
     ("rollout_diag.io",),
     ("rollout_diag.engine",),  # how a chunk's numbers are computed fast: the engines and the per-step state
@@ -446,3 +447,16 @@ def test_a_new_format_is_one_registration(tmp_path):
         assert open_source(sources[0], fmt, trust_pickle=True) == "opened" and opened == [(sources[0].path, True)]
     finally:
         del FORMATS["fake-rl"]
+
+
+def test_the_token_quantity_table_is_stated_once():
+    """engine/quantities.py names every quantity the kernels compute; each name has its formula, and the kernels read
+    the names from the table (no list of their own)."""
+    import rollout_diag.metrics.hints  # noqa: F401  (registers the hint quantities' formulas)
+    from rollout_diag.engine import quantities
+    from rollout_diag.engine.formulas import TOKEN_QUANTITIES
+
+    named = {*quantities.QUANTITIES, *quantities.EXTREMES, *quantities.PRESET_BASES, *quantities.SHARED_QUANTITIES}
+    assert named <= set(TOKEN_QUANTITIES)
+    for kernel in ("rollout_diag.kernels.cpu", "rollout_diag.kernels.presets"):
+        assert "rollout_diag.engine.quantities" in imports_of(kernel)

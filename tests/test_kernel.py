@@ -1,4 +1,4 @@
-"""The numba engine (rollout_diag/kernels) against the torch engine (metrics/segments.py ChunkStats) on the CPU.
+"""The numba engine (rollout_diag/kernels) against the torch engine (engine/stats.py ChunkStats) on the CPU.
 
 The torch engine is what runs on CUDA; CI runs it on the CPU here and requires every result of the numba engine to
 equal it (1e-12 relative, counts exact), so CUDA differs from CI only by the device (tests/test_cuda.py).
@@ -24,11 +24,11 @@ from test_metrics import random_rows, write_dump
 
 import rollout_diag as rd
 import rollout_diag.metrics.dialects
+from rollout_diag.engine.stats import ChunkStats, KernelStats
 from rollout_diag.errors import ConfigError
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.kernels import ENVIRONMENT, compiled, kernel_for, use_engine
 from rollout_diag.metrics.localize import DELTA_BINS, delta_bin
-from rollout_diag.metrics.segments import ChunkStats, KernelStats
 
 RTOL = 1e-12
 SAMPLES = sorted((Path(__file__).parent.parent / "sample_data").glob("*.parquet"))
@@ -165,8 +165,8 @@ def test_the_pass_without_probabilities_changes_nothing_else(layout):
     """``prepare(..., probabilities=False)`` (compare-presets: no debug family) runs the fused pass without them: every
     other result of the fused pass is the full pass's, bit for bit, and the probability quantities, read anyway, are
     reduced from the tokens by the torch engine's code, not taken as the lean pass's zeros."""
+    from rollout_diag.engine.stats import prepare
     from rollout_diag.kernels.prepass import PROBABILITIES
-    from rollout_diag.metrics.segments import prepare
 
     reference, full = both(layout)
     lean = KernelStats(chunk_of(*layout))

@@ -18,11 +18,11 @@ from numba import njit
 from test_kernel import chunk_of, layouts
 
 from rollout_diag.drivers import passes
+from rollout_diag.engine.stats import KernelStats
 from rollout_diag.kernels import compiled, use_engine
 from rollout_diag.kernels import prepass as kernel_prepass
 from rollout_diag.kernels.cpu import _exact_zero, _next_pair, _probability_bucket
 from rollout_diag.metrics.localize import DELTA_BINS, delta_bin
-from rollout_diag.metrics.segments import KernelStats
 
 
 def arrays(chunk):

@@ -11,15 +11,14 @@ state is the merge of all step states. Metric values are derived only in ``final
 from __future__ import annotations
 
 import copy
-import importlib
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
-from rollout_diag.catalogue import CLAMP, EPS
+from rollout_diag.catalogue import EPS
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
 from rollout_diag.engine.state import (
@@ -418,58 +417,10 @@ class StepAccumulator(ABC):
         return subset
 
 
-def row_mean(row_sum: Array, row_count: Array) -> Array:
-    """R_i[x] = Σ_t m·x / (n_i + 1e-8): verl's masked mean (empty rows give 0)."""
-    return row_sum / (arrays.float64(row_count) + EPS)
-
-
 def sequence_share(rows_dropped: float, valid_rows: float) -> float:
     """The one definition of "share of sequences" a rule drops (preset table, sweep): over rows with at least one
     model token, since an empty row has nothing to keep or drop; 0.0 when no row has one."""
     return rows_dropped / valid_rows if valid_rows > 0 else 0.0
-
-
-def _numpy_has_svml() -> bool:
-    """Whether numpy runs its SVML float64 loops (exp, expm1) on this CPU: they need AVX-512 (Skylake-X class).
-
-    Measured (docs/benchmarks.md): with AVX-512, numpy's float64 exp and expm1 are 2.4× torch's; on an AVX2-only
-    CPU numpy falls back to libm, its exp is 2.7× slower than torch's (Sleef) and its expm1 about equal."""
-    for module in ("numpy._core._multiarray_umath", "numpy.core._multiarray_umath"):  # numpy 2.x, 1.x
-        try:
-            features = importlib.import_module(module).__cpu_features__
-        except (ImportError, AttributeError):
-            continue
-        return bool(features.get("AVX512_SKX", False))
-    return False
-
-
-def _host_or_torch(numpy_function, torch_name: str, numpy_on_cpu: bool = True) -> Callable[[Array], Array]:
-    """An elementwise function: numpy's loop on numpy arrays (the numba engine), and on CPU tensors when
-    ``numpy_on_cpu``; torch's kernel ``torch_name`` on other tensors. The two agree within 1 ulp
-    (tests/test_metrics.py); which one runs depends only on the CPU and the engine, never on timing, so a machine
-    gives the same digits run after run."""
-
-    def apply(values: Array) -> Array:
-        if not arrays.is_tensor(values):
-            with np.errstate(over="ignore", invalid="ignore"):  # inf / NaN as torch gives them, without a warning
-                return numpy_function(values)
-        if numpy_on_cpu and values.device.type == "cpu":
-            import torch
-
-            with np.errstate(over="ignore", invalid="ignore"):
-                return torch.from_numpy(numpy_function(values.contiguous().numpy()))
-        return getattr(values, torch_name)()
-
-    return apply
-
-
-NUMPY_SVML = _numpy_has_svml()
-token_exp = _host_or_torch(np.exp, "exp", numpy_on_cpu=NUMPY_SVML)  # per-token exp of a whole chunk
-token_expm1 = _host_or_torch(np.expm1, "expm1")  # numpy's: faster with SVML, about equal without
-
-
-def clamp20(values: Array) -> Array:
-    return arrays.clamp(values, -CLAMP, CLAMP)
 
 
 def as_float(value: np.ndarray | float) -> float:

@@ -9,9 +9,9 @@ import numpy as np
 
 from rollout_diag import catalogue
 from rollout_diag.engine.arrays import Array
+from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator, as_float, sample_std
-from rollout_diag.metrics.segments import stats
 
 PREFIX = catalogue.DEBUG_PREFIX
 

@@ -15,11 +15,13 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rollout_diag import catalogue
+from rollout_diag.catalogue import EPS
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
+from rollout_diag.engine.formulas import row_mean
+from rollout_diag.engine.stats import EXPONENT_MAX, EXPONENT_MIN, stats
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import EPS, Columns, KeyGroup, State, StepAccumulator, row_mean
-from rollout_diag.metrics.segments import EXPONENT_MAX, EXPONENT_MIN, stats
+from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator
 from rollout_diag.results import Rows, RowTokens, WorstRow, WorstToken
 
 POSITION_BUCKETS = 40  # log2 buckets: covers rows of up to 2^38 tokens

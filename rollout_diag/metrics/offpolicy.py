@@ -7,11 +7,13 @@ from typing import ClassVar
 import numpy as np
 
 from rollout_diag import catalogue
+from rollout_diag.catalogue import EPS
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array, segment_max, segment_min
+from rollout_diag.engine.formulas import clamp20, row_mean
+from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import EPS, Columns, KeyGroup, State, StepAccumulator, as_float, clamp20, row_mean
-from rollout_diag.metrics.segments import stats
+from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator, as_float
 
 PREFIX = catalogue.OFFPOLICY_PREFIX
 

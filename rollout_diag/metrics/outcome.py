@@ -15,7 +15,9 @@ import numpy as np
 
 from rollout_diag import catalogue
 from rollout_diag.engine.arrays import Array
+from rollout_diag.engine.formulas import derived
 from rollout_diag.engine.state import StateTable
+from rollout_diag.engine.stats import ChunkStats, PerToken, stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.kernels import expect_presets
 from rollout_diag.memory import trim_heap
@@ -26,7 +28,6 @@ from rollout_diag.metrics.correction import (
     ImportanceAccumulator,
     RejectionChainAccumulator,
     RejectionOptionAccumulator,
-    derived,
     icepop_inside,
     prepare_derived,
     rejected_per_row,
@@ -35,7 +36,6 @@ from rollout_diag.metrics.correction import (
     rs_rejections,
 )
 from rollout_diag.metrics.legacy import LegacyAccumulator, legacy_keep, legacy_rejections, mask_name, veto_name
-from rollout_diag.metrics.segments import ChunkStats, PerToken, stats
 from rollout_diag.presets import ImportanceSampling, LegacyCorrection, Preset, RejectionOption
 from rollout_diag.results import Column, ColumnSource, ReadSequence, StepResult
 

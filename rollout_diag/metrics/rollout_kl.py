@@ -9,15 +9,16 @@ import numpy as np
 from rollout_diag import catalogue
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
+from rollout_diag.engine.formulas import row_mean
+from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator, as_float, row_mean
-from rollout_diag.metrics.segments import stats
+from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator, as_float
 
 PREFIX = catalogue.ROLLOUT_KL_PREFIX
 ESTIMATORS = ("k1", "abs", "k2", "k3")
 
 
-# §6 estimators of x = a − r: k1 = x, abs = |x|, k2 = ½x², k3 = exp(−x) − 1 + x (token quantities, segments.py)
+# §6 estimators of x = a − r: k1 = x, abs = |x|, k2 = ½x², k3 = exp(−x) − 1 + x (token quantities, engine/quantities.py)
 ESTIMATOR_TOKENS = {
     "k1": ("log_ratio", 1.0),
     "abs": ("abs_log_ratio", 1.0),

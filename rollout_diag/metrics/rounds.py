@@ -13,9 +13,9 @@ import numpy as np
 from rollout_diag import catalogue
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array, segment_max
+from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator, as_float
-from rollout_diag.metrics.segments import stats
 
 PREFIX = catalogue.ROUNDS_PREFIX
 DEFAULT_MAX_ROUNDS = 64

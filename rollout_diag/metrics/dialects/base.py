@@ -15,8 +15,9 @@ from typing import Any, Protocol
 
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array, segment_max, segment_min, segment_sum
+from rollout_diag.engine.formulas import quantity
+from rollout_diag.engine.stats import ChunkStats
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.segments import ChunkStats, quantity
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,13 @@ import numpy as np
 
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
+from rollout_diag.engine.formulas import clamp20, row_mean
+from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator, as_float, clamp20, row_mean
+from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator, as_float
 from rollout_diag.metrics.debug import DebugAccumulator
 from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step
 from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
-from rollout_diag.metrics.segments import stats
 from rollout_diag.results import MetricColumns
 
 VALID = "@valid_rows"
