@@ -4,8 +4,8 @@ Two engines give the same metrics (tests/test_kernel.py requires 1e-12 relative,
 
 - ``numba``: the compiled CPU kernels of ``kernels/cpu.py``: one pass over a chunk's raw arrays builds its segments
   and every per-segment sum, maximum and minimum in registers. CPU only.
-- (``kernels/presets.py`` is the preset pass's compiled twin of ``metrics/correction.py``'s token quantities, and
-  ``kernels/jsonl.py`` the byte scanner of the JSON-lines importers: compiled CPU code, whatever the engine.)
+- (``kernels/presets.py`` is the preset pass's compiled twin of ``engine/formulas.py``'s derived token quantities, and
+  ``io/jsonl.py`` the byte scanner of the JSON-lines importers: compiled CPU code, whatever the engine.)
 - ``torch``: the device-generic engine of ``engine/stats.py`` (vectorised torch / numpy over token tensors);
   what runs on CUDA.
 - ``auto`` (default): numba for a chunk on the CPU, torch on a GPU. The commands whose families take numpy chunks
@@ -164,9 +164,9 @@ def compiled() -> ModuleType:
             file=sys.stderr,
             flush=True,
         )
-        from rollout_diag.kernels import jsonl, presets
+        from rollout_diag.kernels import presets
 
-        for kernels in (module, presets, jsonl):  # an upgrade's first run: the last version's files go
+        for kernels in (module, presets):  # an upgrade's first run: the last version's files go
             drop_stale_caches(kernels)
 
     with _lock:
