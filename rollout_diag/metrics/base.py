@@ -18,7 +18,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from rollout_diag.catalogue import EPS
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
 from rollout_diag.engine.state import (
@@ -100,7 +99,7 @@ def groups_of_dicts(rows: Sequence[Mapping[str, Any]]) -> list[KeyColumns]:
 
 def _joined(parts: Sequence[Sequence[KeyColumns]], sizes: Sequence[int], count: int) -> list[KeyColumns]:
     """Blocks of steps' key groups (block b: ``sizes[b]`` steps) as groups over all the steps. Blocks that give the
-    same keys group for group (a family's ``_finalize_columns``) are concatenated; otherwise each block's groups
+    same keys group for group (a family's ``finalize_block``) are concatenated; otherwise each block's groups
     stand alone, padded with steps that do not report them (a step belongs to one block: its keys and their order
     are unchanged)."""
     if not parts:
@@ -305,9 +304,17 @@ class StepAccumulator(ABC):
         """Partial state of each step group of ``chunk``: name -> array or tensor [G, ...] (a Ragged for
         ``concat``)."""
 
-    @abstractmethod
     def _finalize(self, state: State) -> dict[str, float]:
-        """Metric values from one merged state (a step's, or the run's)."""
+        """Metric values from one merged state (a step's, or the run's): ``finalize_block`` over a block of one step,
+        so the steps and the run share one formula (a family without ``finalize_block`` writes this instead)."""
+        groups = self.finalize_block({name: np.asarray(value)[None] for name, value in state.items()})
+        if groups is None:
+            raise NotImplementedError(f"{type(self).__name__} writes finalize_block or _finalize")
+        out: dict[str, float] = {}
+        for reports, values in groups:
+            if np.asarray(reports).reshape(-1)[0]:
+                out.update({name: float(np.asarray(value).reshape(-1)[0]) for name, value in values.items()})
+        return out
 
     # -- shared machinery ------------------------------------------------------------------------
     def update(self, chunk: Chunk) -> None:
@@ -330,10 +337,11 @@ class StepAccumulator(ABC):
     def run_state(self) -> State | None:
         return self.store.total()
 
-    def _finalize_columns(self, columns: Columns) -> list[KeyGroup] | None:
-        """``_finalize`` of a block of steps at once, where a family writes it (None: ``_finalize`` step by step).
-        ``columns``: each field as [B, ...]; returns key groups in ``_finalize``'s key order, each (steps that
-        report these keys: bool [B], key -> value [B]). Same float64 operations, so the same digits."""
+    def finalize_block(self, columns: Columns) -> list[KeyGroup] | None:
+        """A family's one formula: metric values of a block of steps at once (one step, or the run's state, is a block
+        of one: ``_finalize``); None where a family writes ``_finalize`` instead, step by step. ``columns``: each field
+        as [B, ...]; returns key groups in key order, each (steps that report these keys: bool [B], key -> value [B] or
+        a scalar)."""
         return None
 
     def finalize_steps(self) -> dict[int, dict[str, float]]:
@@ -342,7 +350,7 @@ class StepAccumulator(ABC):
         keys = _METRIC_NAMES
         out: dict[int, dict[str, float]] = {}
         for steps, columns in self.store.blocks():
-            groups = self._finalize_columns(columns)
+            groups = self.finalize_block(columns)
             if groups is None:
                 names = list(columns)
                 for step, values in zip(steps, zip(*(list(columns[n]) for n in names), strict=True), strict=True):
@@ -378,7 +386,7 @@ class StepAccumulator(ABC):
         parts: list[list[KeyColumns]] = []
         sizes: list[int] = []
         for block_steps, columns in self.store.blocks():
-            groups = self._finalize_columns(columns)
+            groups = self.finalize_block(columns)
             size = len(block_steps)
             sizes.append(size)
             if groups is None:  # step by step, grouped by the keys each step reports
@@ -430,32 +438,6 @@ def as_float(value: np.ndarray | float) -> float:
 
 
 # ----------------------------------------------------------------------- finalize helpers (every family)
-def population_std(moments: np.ndarray) -> float:
-    """§2/§3 ``_std``: the population std of c over model tokens when N > 1, else 0, from [N, mean, ·, M2, ·, ·].
-
-    sqrt(M2 / N) from centred moments, so constant c gives exactly 0. verl writes T[c²] − T[c]², whose 1e-8
-    guards add N·mean²·ε / (N+ε)² to the variance: sqrt(ε/N)·|mean| (5.5e-6 for 330 tokens of weight 1) where
-    the spread is 0. We leave that artefact out: the variances differ by exactly that term, never more.
-    """
-    count, m2 = float(moments[0]), float(moments[3])
-    if count <= 1:
-        return 0.0
-    return math.sqrt(max(m2, 0.0) / count)
-
-
-def effective_sample_size(moments: np.ndarray) -> float:
-    """§2 ESS = 1 / T[(c / (T[c] + ε))²] = (T[c] + ε)² · (N + ε) / Σc², from [N, mean, ·, M2, ·, ·].
-
-    All-zero weights (IcePop rejecting every token) give 1/0: inf (verl raises there).
-    """
-    count, mean, m2 = float(moments[0]), float(moments[1]), float(moments[3])
-    sum_squares = m2 + count * mean * mean
-    if sum_squares <= 0:
-        return math.inf
-    token_mean = count * mean / (count + EPS)
-    return (token_mean + EPS) ** 2 * (count + EPS) / sum_squares
-
-
 def sample_std(moments: np.ndarray) -> float:
     """Notation: unbiased (n−1) std over rows; 0 with fewer than 2 values."""
     count, m2 = float(moments[0]), float(moments[3])

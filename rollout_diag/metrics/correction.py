@@ -31,7 +31,7 @@ from rollout_diag.engine.arrays import Array
 from rollout_diag.engine.formulas import DERIVED, clamp20, derived, row_mean
 from rollout_diag.engine.stats import ChunkStats, PerToken, stats
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator
+from rollout_diag.metrics.base import Columns, KeyGroup, StepAccumulator
 from rollout_diag.metrics.sweep import SIGNED_HISTOGRAM, exact_bin_edges
 from rollout_diag.presets import ImportanceSampling, RejectionOption
 
@@ -232,16 +232,9 @@ class CorrectionAccumulator(StepAccumulator, ABC):
         """(derived token quantities this accumulator reduces by name, those whose moments it reads)."""
         return [], []
 
-    def _finalize(self, state: State) -> dict[str, float]:
-        # one state as a block of one step: the run and the steps share one formula, so one rounding
-        ((reports, metrics),) = self._finalize_columns({name: np.asarray(array)[None] for name, array in state.items()})
-        if not reports[0]:
-            return {}  # §1: a step with N = 0 has no metrics
-        return {name: float(np.asarray(value).reshape(-1)[0]) for name, value in metrics.items()}
-
-    def _finalize_columns(self, columns: Columns) -> list[KeyGroup]:
-        """``_finalize`` over a block of steps: ``_metrics`` on [B] columns (the same float64 operations, so the same
-        digits), reported where a step has model tokens."""
+    def finalize_block(self, columns: Columns) -> list[KeyGroup]:
+        """The family's one formula over a block of steps (the run is a block of one): ``_metrics`` on [B] columns,
+        reported where a step has model tokens."""
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             return [(columns["tokens"] != 0, self._metrics(columns))]
 
@@ -262,23 +255,31 @@ def log_bound(ratio: float | None, missing: float) -> float:
     return math.log(ratio) if ratio > 0 else -math.inf
 
 
-# finalize over columns: ``moments`` are [B, 6] ([n, mean_x, ·, M2_x, ·, ·]), the result [B]; each is the scalar
-# formula of metrics.base (population_std, effective_sample_size, sample_std) with the same float64 operations
+# over a block of steps: ``moments`` are [B, 6] ([n, mean_x, ·, M2_x, ·, ·]), the result [B]
 def population_stds(moments: np.ndarray) -> np.ndarray:
+    """§2/§3 ``_std``: the population std of c over model tokens when N > 1, else 0.
+
+    sqrt(M2 / N) from centred moments, so constant c gives exactly 0. verl writes T[c²] − T[c]², whose 1e-8
+    guards add N·mean²·ε / (N+ε)² to the variance: sqrt(ε/N)·|mean| (5.5e-6 for 330 tokens of weight 1) where
+    the spread is 0. We leave that artefact out: the variances differ by exactly that term, never more.
+    """
     count, m2 = moments[..., 0], moments[..., 3]
     return np.where(count <= 1, 0.0, np.sqrt(np.maximum(m2, 0.0) / np.maximum(count, 1.0)))
 
 
 def effective_sample_sizes(moments: np.ndarray) -> np.ndarray:
+    """§2 ESS = 1 / T[(c / (T[c] + ε))²] = (T[c] + ε)² · (N + ε) / Σc². All-zero weights (IcePop rejecting every
+    token) give 1/0: inf (verl raises there)."""
     count, mean, m2 = moments[..., 0], moments[..., 1], moments[..., 3]
     sum_squares = m2 + count * mean * mean
     token_mean = count * mean / (count + EPS)
-    # Python's ``x ** 2`` (C pow) as effective_sample_size writes it: pow and x·x can differ in the last bit
+    # Python's ``x ** 2`` (C pow), as the scalar formula was written: pow and x·x can differ in the last bit
     squared = np.array([value**2 for value in (token_mean + EPS).tolist()], dtype=np.float64)
     return np.where(sum_squares <= 0, math.inf, squared * (count + EPS) / sum_squares)
 
 
 def sample_stds(moments: np.ndarray) -> np.ndarray:
+    """Notation: unbiased (n−1) std over rows; 0 with fewer than 2 values."""
     count, m2 = moments[..., 0], moments[..., 3]
     return np.where(count >= 2, np.sqrt(np.maximum(m2, 0.0) / np.maximum(count - 1, 1.0)), 0.0)
 

@@ -138,8 +138,8 @@ class PositionAccumulator(StepAccumulator):
             )
         return rows
 
-    def _finalize_columns(self, columns: Columns) -> list[KeyGroup]:
-        """``_finalize`` over a block of steps (the same float64 operations)."""
+    def finalize_block(self, columns: Columns) -> list[KeyGroup]:
+        """The family's metrics over a block of steps: its one formula (the run is a block of one, ``_finalize``)."""
         tokens, catastrophic = columns["token_count"].sum(axis=1), columns["catastrophic"].sum(axis=1)
         with np.errstate(divide="ignore", invalid="ignore"):
             share = catastrophic / tokens
@@ -160,21 +160,6 @@ class PositionAccumulator(StepAccumulator):
                 },
             ),
         ]
-
-    def _finalize(self, state: State) -> dict[str, float]:
-        tokens = float(state["token_count"].sum())
-        if tokens == 0:
-            return {}
-        catastrophic = float(state["catastrophic"].sum())
-        out = {
-            catalogue.CATASTROPHIC_TOKENS.key: catastrophic,
-            catalogue.CATASTROPHIC_TOKEN_SHARE.key: catastrophic / tokens,
-        }
-        kept = tokens - catastrophic
-        if kept > 0:  # token means over the kept tokens, as §1's T[·] (denominator + 1e-8)
-            out[catalogue.K3_KL_WITHOUT_CATASTROPHIC.key] = float(state["k3_kept"].sum()) / (kept + EPS)
-            out[catalogue.CHI2_TOKEN_WITHOUT_CATASTROPHIC.key] = float(state["chi2_kept"].sum()) / (kept + EPS) - 1.0
-        return out
 
     def position_rows(self) -> list[dict[str, Any]]:
         """Run buckets first (step None), then each step's."""

@@ -290,7 +290,7 @@ class CorrectionAnalysis:
     def step_columns(self, name: str) -> list[tuple[np.ndarray, list[KeyGroup]]]:
         """Preset ``name``'s per-step metrics as columns, one entry per part (in ``finalize``'s order): (the part's
         steps, sorted int64 [S]; its key groups: bool [S] steps that report the keys, key -> float64 [S]). Each
-        accumulator is finalized once, on first use, a block of steps at a time (``_finalize_columns``): no dict per
+        accumulator is finalized once, on first use, a block of steps at a time (``finalize_block``): no dict per
         step. Call it after the last ``update`` / ``merge``."""
         return [self._columns(key) for key in self.parts[name]]
 
@@ -304,7 +304,7 @@ class CorrectionAnalysis:
                 blocks.append(
                     [
                         (reports, {k: np.broadcast_to(np.asarray(v, np.float64), (size,)) for k, v in values.items()})
-                        for reports, values in accumulator._finalize_columns(columns)
+                        for reports, values in accumulator.finalize_block(columns)
                     ]
                 )
             groups = [
