@@ -220,7 +220,7 @@ class StepAccumulator(ABC):
 
     def _pieces(self, rows: bool = True) -> list[StateTable]:
         """The tables the accumulator's table is kept in, in order (each finished layer's, then the sealed parts, then
-        the open part): folded, they are the table; appended in turn (``_append``) to an empty accumulator, they
+        the open part): folded, they are the table; appended in turn (``append_table``) to an empty accumulator, they
         give it the same table, digit for digit (a layer's parts follow each other; a layer's first part starts at or
         before the previous part's last step, so it starts a layer there too, or goes on with the open step of a first
         layer, which reduces it as the fold would). With per-row values held aside (``_hold_rows``) and ``rows``, the
@@ -242,7 +242,7 @@ class StepAccumulator(ABC):
         empty = {name: (step[:0], values[:0]) for name, (step, values) in incoming.ragged.items()}
         return StateTable(incoming.reductions, incoming.shapes, incoming.steps, incoming.dense, incoming.sparse, empty)
 
-    def _append(self, incoming: StateTable) -> None:
+    def append_table(self, incoming: StateTable) -> None:
         """Merge a chunk's table: into the open part when its steps start at or after the open part's last step
         (the same merge, on fewer steps), else (it goes back in steps) as a new layer; in a later layer, one that goes
         on with the open part's last step starts a layer too (see ``store``). Its per-row values are held aside."""
@@ -329,10 +329,14 @@ class StepAccumulator(ABC):
             incoming = StateTable.from_groups(self.REDUCTIONS, chunk.groups.steps, partial)
             if key is not None:  # tables are never changed in place: merges build new arrays
                 chunk.cache[key] = incoming
-        self._append(incoming)
+        self.append_table(incoming)
 
     def merge(self, other: StepAccumulator) -> None:
         self.store = self.store.merged(other.store)
+
+    def step_accumulators(self) -> tuple[StepAccumulator, ...]:
+        """The per-step accumulators this one is (a composite family lists its parts)."""
+        return (self,)
 
     def run_state(self) -> State | None:
         return self.store.total()

@@ -226,7 +226,7 @@ class CorrectionAccumulator(StepAccumulator, ABC):
     def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)
         prepare_derived(s, *self.token_quantities())  # a no-op when the pass prepared every accumulator's at once
-        return self._shared_stats(s)
+        return self.shared_stats(s)
 
     def token_quantities(self) -> tuple[list[str], list[str]]:
         """(derived token quantities this accumulator reduces by name, those whose moments it reads)."""
@@ -244,7 +244,7 @@ class CorrectionAccumulator(StepAccumulator, ABC):
         step's or the run's), [B] columns from a block of steps (``value``'s scalars [B], moments [B, 6])."""
 
     @abstractmethod
-    def _shared_stats(self, s: ChunkStats) -> dict[str, Array]:
+    def shared_stats(self, s: ChunkStats) -> dict[str, Array]:
         """Partial state of each step group: name -> array [G, ...] of the chunk's kind."""
 
 
@@ -420,7 +420,7 @@ class ImportanceAccumulator(CorrectionAccumulator):
             names.append(derived("token_is_weight", "outside", config.lower, config.upper))
         return names, moments
 
-    def _shared_stats(self, s: ChunkStats) -> dict[str, Array]:
+    def shared_stats(self, s: ChunkStats) -> dict[str, Array]:
         config = self.config
         raw, weight = importance_weights(s, config)
         # §2: token level T[w_raw > U]; sequence level mean_i [s_i > log U] with unclamped s_i; c = clamp(w, 0, U),
@@ -496,7 +496,7 @@ class RejectionOptionAccumulator(CorrectionAccumulator):
         flags = [derived(base, "above", upper=option.upper), derived(base, "below", lower=option.lower)]
         return [*names, *flags, rs_rejected_name(option)], [rs_clamped_name(option)]
 
-    def _shared_stats(self, s: ChunkStats) -> dict[str, Array]:
+    def shared_stats(self, s: ChunkStats) -> dict[str, Array]:
         option = self.option
         valid = s.valid_rows
         statistic = rs_statistic(s, option)
@@ -598,7 +598,7 @@ class DropCountAccumulator(CorrectionAccumulator):
         per_row = self.rejected_per_row(s)
         return s.row_sum(self.kept_tokens(s).map(arrays.logical_not)) if per_row is None else per_row
 
-    def _shared_stats(self, s: ChunkStats) -> dict[str, Array]:
+    def shared_stats(self, s: ChunkStats) -> dict[str, Array]:
         rejected_tokens, rejected_rows = rejection_counts(s, self.rejected_tokens(s))
         return {
             "tokens": s.group_tokens,

@@ -143,7 +143,7 @@ class LegacyAccumulator(CorrectionAccumulator):
                 names.append(mask_name(config))
         return names, moments
 
-    def _shared_stats(self, s: ChunkStats) -> dict[str, Array]:
+    def shared_stats(self, s: ChunkStats) -> dict[str, Array]:
         config = self.config
         weights = legacy_weight_stats(s, config.level, config.lower, config.upper)
         catastrophic_tokens, vetoed_rows = rejection_counts(s, s.row_sum(veto_name(config)))

@@ -142,7 +142,7 @@ class PresetColumns(StepAccumulator):
         return {
             f"{index}/{name}": value
             for index, part in enumerate(self.parts)
-            for name, value in part._shared_stats(s).items()
+            for name, value in part.shared_stats(s).items()
         }
 
     def _finalize(self, state: State) -> dict[str, float]:
@@ -151,7 +151,7 @@ class PresetColumns(StepAccumulator):
     def hand_over(self) -> None:
         """Give each accumulator the columns fed so far, and start empty again. Each accumulator takes them as the
         chunks' tables would have reached it: the table's pieces (``_pieces``: each finished layer's parts, then the
-        sealed parts, steps no later chunk reached, in order, then the open part), appended in turn (``_append``:
+        sealed parts, steps no later chunk reached, in order, then the open part), appended in turn (``append_table``:
         a layer's parts are disjoint, so nothing is added, nothing copied; a layer's first part starts a layer again;
         each accumulator joins or folds its pieces when read, one at a time, as it did when fed chunk by chunk)."""
         tables = self._pieces()
@@ -170,7 +170,7 @@ class PresetColumns(StepAccumulator):
                         own(table.sparse),
                         own(table.ragged),
                     )
-                    part._append(StateTable(part.REDUCTIONS, shapes, table.steps, dense, sparse, ragged))
+                    part.append_table(StateTable(part.REDUCTIONS, shapes, table.steps, dense, sparse, ragged))
 
 
 class CorrectionAnalysis:

@@ -127,7 +127,8 @@ class RunSweepAccumulator(SweepAccumulator):
             "tokens": arrays.host(s.row_count).sum(keepdims=True),  # a sum of whole counts: exact in any order
             "rows": Ragged(rows[valid], np.zeros(int(valid.sum()), dtype=np.int64)),
         }
-        self._append(StateTable.from_groups(self.REDUCTIONS, [0], partial))  # the rows held aside, not copied again
+        # the rows held aside, not copied again
+        self.append_table(StateTable.from_groups(self.REDUCTIONS, [0], partial))
 
 
 def signed_histograms(s: ChunkStats) -> Array:

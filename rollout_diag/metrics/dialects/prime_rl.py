@@ -257,6 +257,10 @@ class PrimeRLFamily:
         self.main.merge(other.main)
         self.envs.merge(other.envs)
 
+    def step_accumulators(self) -> tuple[StepAccumulator, ...]:
+        """The per-step table's accumulator (the per-environment states are kept by step in a dict of their own)."""
+        return (self.main,)
+
     def finalize_steps(self) -> dict[int, dict[str, float]]:
         envs = self.envs.finalize_steps()
         return {step: _with_envs(values, envs.get(step, {})) for step, values in self.main.finalize_steps().items()}

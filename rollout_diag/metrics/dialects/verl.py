@@ -99,6 +99,9 @@ class VerlAccumulator:
         for mine, theirs in zip(self.families, other.families, strict=True):
             mine.merge(theirs)
 
+    def step_accumulators(self) -> tuple[StepAccumulator, ...]:
+        return self.families
+
     def finalize_steps(self) -> dict[int, dict[str, float]]:
         out: dict[int, dict[str, float]] = {}
         for family in self.families:
