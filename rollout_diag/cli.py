@@ -618,7 +618,7 @@ def print_version(value: bool) -> None:
 
 
 class Engine(str, Enum):
-    """The per-token engines (rollout_diag.kernels.ENGINES)."""
+    """The per-token engines (rollout_diag.engine.choice.ENGINES)."""
 
     auto = "auto"
     numba = "numba"
@@ -926,7 +926,7 @@ def compare_presets(
 
         writer_class()
     whole = where is None and steps is None
-    from rollout_diag.kernels import expect_presets
+    from rollout_diag.engine.choice import expect_presets
 
     expect_presets()  # a first run compiles the preset kernels in a helper process from the start
     dump = open_dump(
@@ -1083,7 +1083,7 @@ def report(
     refuse_overwriting_inputs({"output": output}, inputs, from_json, vs, presets_file)
     dump = None
     if inputs:  # opened before the imports below load torch: a bad file fails at once
-        from rollout_diag.kernels import expect_presets
+        from rollout_diag.engine.choice import expect_presets
 
         expect_presets()  # a first run compiles the preset kernels in a helper process from the start
         whole = where is None and steps is None

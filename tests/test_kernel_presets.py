@@ -17,9 +17,10 @@ from test_correction import ALL_PRESETS, assert_metrics_close, make_chunk
 from test_kernel import assert_same_document
 
 import rollout_diag as rd
+from rollout_diag.engine.choice import use_engine
 from rollout_diag.engine.formulas import DERIVED
 from rollout_diag.engine.stats import ChunkStats, KernelStats
-from rollout_diag.kernels import compiled_presets, use_engine
+from rollout_diag.kernels import compiled_presets
 from rollout_diag.metrics.outcome import CorrectionAnalysis
 
 RTOL = 1e-12

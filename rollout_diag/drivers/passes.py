@@ -18,6 +18,7 @@ from rollout_diag.cores import available_cores
 from rollout_diag.drivers.dump import DEFAULT_CHUNK_TOKENS, PRESET_CHUNK_TOKENS, torch_may_use_a_gpu
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import device_kind
+from rollout_diag.engine.choice import kernel_for
 from rollout_diag.engine.quantities import SHARED_QUANTITIES
 from rollout_diag.engine.stats import prepare, stats
 from rollout_diag.errors import ConfigError, option_name
@@ -25,7 +26,6 @@ from rollout_diag.groups import GroupedAnalysis, GroupSpec
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.formats import input_options
 from rollout_diag.io.reader import DumpReader
-from rollout_diag.kernels import kernel_for
 from rollout_diag.metrics.base import StepAccumulator
 from rollout_diag.metrics.debug import DebugAccumulator
 from rollout_diag.metrics.dialects import DEFAULT as DEFAULT_DIALECT

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 
 from rollout_diag.drivers.dump import reads_dump
 from rollout_diag.drivers.passes import Inputs, Progress, open_reader, resolve_device, run_chunks
+from rollout_diag.engine.choice import expect_presets
 from rollout_diag.engine.stats import prepare, stats
 from rollout_diag.errors import ConfigError, DataError, option_name
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
-from rollout_diag.kernels import expect_presets
 from rollout_diag.metrics.correction import prepare_derived
 from rollout_diag.metrics.sweep import DEFAULT_TARGETS, SweepAccumulator, sweep_tables
 from rollout_diag.results import Converted, SweepOption, SweepResult, SweepStep

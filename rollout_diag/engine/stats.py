@@ -22,12 +22,12 @@ import numpy as np
 
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array, segment_max, segment_min, segment_moments
+from rollout_diag.engine.choice import kernel_for
 from rollout_diag.engine.formulas import DERIVED, TOKEN_QUANTITIES, clamp20, row_mean, token_exp, token_expm1
-from rollout_diag.engine.quantities import SHARED_QUANTITIES
+from rollout_diag.engine.quantities import EXPONENT_MAX, EXPONENT_MIN, MOMENT_PAIRS, PROBABILITIES, SHARED_QUANTITIES
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.kernels import compiled, compiled_presets, kernel_for
+from rollout_diag.kernels import compiled, compiled_presets
 from rollout_diag.kernels import prepass as kernel_prepass
-from rollout_diag.kernels.prepass import EXPONENT_MAX, EXPONENT_MIN, MOMENT_PAIRS, PROBABILITIES
 
 
 @dataclass(frozen=True, eq=False)  # compared by identity: its values are tensors

@@ -81,7 +81,7 @@ class Chunk:
     # Per-row scalar columns no role takes (reward, advantage, …): column name -> R values (numpy array or list).
     extra: Mapping[str, Sequence[Any]] = field(default_factory=dict)
     # The engine of this chunk's token statistics ("numba" or "torch"), as the reader chose it for the whole input
-    # (rollout_diag.kernels.kernel_for); None: the process's setting decides from the device alone.
+    # (rollout_diag.engine.choice.kernel_for); None: the process's setting decides from the device alone.
     engine: str | None = None
     # The numba engine's compiled passes over this chunk, when the reader ran them before torch was loaded
     # (kernels/prepass.py; read by engine.stats.KernelStats); None: computed when first read.

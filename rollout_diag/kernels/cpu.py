@@ -17,10 +17,9 @@ import math
 import numpy as np
 from numba import njit, types, uint64
 
-from rollout_diag.engine.quantities import EXTREMES, QUANTITIES
+from rollout_diag.engine.quantities import CLIP, EXTREMES, QUANTITIES
 
 CLAMP = 20.0  # = catalogue.CLAMP (clamp20)
-CLIP = 1.0  # = metrics.hints.CLIP
 # The kernel quantities (their segment sums; maxima and minima of EXTREMES), in the order of the pass's output rows.
 COLUMN = {name: index for index, name in enumerate(QUANTITIES)}
 EXTREME = {name: index for index, name in enumerate(EXTREMES)}

@@ -19,7 +19,8 @@ from rollout_diag.catalogue import EPS
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
 from rollout_diag.engine.formulas import row_mean
-from rollout_diag.engine.stats import EXPONENT_MAX, EXPONENT_MIN, stats
+from rollout_diag.engine.quantities import EXPONENT_MAX, EXPONENT_MIN
+from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator
 from rollout_diag.results import Rows, RowTokens, WorstRow, WorstToken

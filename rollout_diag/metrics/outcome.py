@@ -15,11 +15,11 @@ import numpy as np
 
 from rollout_diag import catalogue
 from rollout_diag.engine.arrays import Array
+from rollout_diag.engine.choice import expect_presets
 from rollout_diag.engine.formulas import derived
 from rollout_diag.engine.state import StateTable
 from rollout_diag.engine.stats import ChunkStats, PerToken, stats
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.kernels import expect_presets
 from rollout_diag.memory import trim_heap
 from rollout_diag.metrics.base import KeyGroup, State, StepAccumulator
 from rollout_diag.metrics.correction import (
