@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
@@ -27,10 +27,8 @@ from rollout_diag.engine.stats import stats
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.io.chunk import Chunk, StepGroups, extra_value
 from rollout_diag.metrics.base import StepAccumulator
-from rollout_diag.metrics.debug import DebugAccumulator
-from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
-from rollout_diag.metrics.rollout_kl import RolloutKLAccumulator
-from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS, RoundAccumulator
+from rollout_diag.metrics.families import FAMILIES
+from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS
 from rollout_diag.results import ExtraValue, GroupResult, StepResult
 
 # Per-row values derived from the tokens, usable as --by columns like a dump column.
@@ -154,25 +152,21 @@ def _view(chunk: Chunk, keys: tuple, row_group: Array) -> Chunk:
 
 @dataclass
 class GroupedAnalysis:
-    """The key families (§1 off-policy, §5 debug, rollout-KL, per round) per (group, step), for one GroupSpec."""
+    """The key families (``FAMILIES`` reported per group: §1 off-policy, §5 debug, rollout-KL, per round) per
+    (group, step), for one GroupSpec."""
 
     spec: GroupSpec
     max_rounds: int = DEFAULT_MAX_ROUNDS
     catastrophic: float = 1.0
-    offpolicy: OffPolicyAccumulator = field(default_factory=OffPolicyAccumulator)
-    debug: DebugAccumulator = field(default_factory=DebugAccumulator)
-    rollout_kl: RolloutKLAccumulator = field(default_factory=RolloutKLAccumulator)
-    rounds: RoundAccumulator = field(init=False)
+    families: tuple[StepAccumulator, ...] = field(init=False)  # FAMILIES' per-group ones, in their order
     values: dict[tuple, ExtraValue] = field(default_factory=dict)  # sort key -> group value
     # (sort key, step) -> the integer the families key its state by while reading (first seen, first numbered)
     ids: dict[tuple, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.rounds = RoundAccumulator(self.max_rounds, self.catastrophic)
-
-    @property
-    def families(self) -> tuple[StepAccumulator, ...]:
-        return (self.offpolicy, self.debug, self.rollout_kl, self.rounds)
+        self.families = tuple(
+            family.make(self.max_rounds, self.catastrophic) for family in FAMILIES if family.per_group
+        )
 
     def update(self, chunk: Chunk) -> None:
         ids: dict[tuple, int] = {}
@@ -210,6 +204,13 @@ class GroupedAnalysis:
             mine.merge(renamed)
         for key, value in other.values.items():
             self.values.setdefault(key, value)
+
+    def restricted(self, keep: Callable[[int], bool]) -> GroupedAnalysis:
+        """A shallow copy whose families hold only the (group, step) pairs whose step ``keep`` accepts."""
+        numbers = np.array([number for key, number in self.ids.items() if keep(key[1])], dtype=np.int64)
+        part = copy.copy(self)
+        part.families = tuple(family.restricted(np.isin(family.store.steps, numbers)) for family in self.families)
+        return part
 
     def split(self, family: StepAccumulator) -> dict[tuple, StepAccumulator]:
         """One accumulator per group, keyed by step as analysing the group's rows alone keys it."""
