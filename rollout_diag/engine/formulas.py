@@ -9,7 +9,7 @@ import importlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -17,8 +17,13 @@ from rollout_diag.catalogue import CLAMP, EPS
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
 
-if TYPE_CHECKING:
-    from rollout_diag.engine.stats import ChunkStats
+
+class TokenSource(Protocol):
+    """What a formula reads (an engine's ``ChunkStats``): the chunk, and other quantities by name."""
+
+    chunk: Any
+
+    def token(self, name: str) -> Array: ...
 
 
 # ----------------------------------------------------------------------- elementwise functions of a chunk's tokens
@@ -72,11 +77,11 @@ def clamp20(values: Array) -> Array:
 
 # ----------------------------------------------------------------------- the formulas (the torch engine's)
 # Per-token quantities over model tokens (δ = a − r), each computed at most once per chunk.
-TOKEN_QUANTITIES: dict[str, Callable[[ChunkStats], Array]] = {}
+TOKEN_QUANTITIES: dict[str, Callable[[TokenSource], Array]] = {}
 
 
 def quantity(name: str):
-    def register(function: Callable[[ChunkStats], Array]) -> Callable[[ChunkStats], Array]:
+    def register(function: Callable[[TokenSource], Array]) -> Callable[[TokenSource], Array]:
         TOKEN_QUANTITIES[name] = function
         return function
 
@@ -84,67 +89,67 @@ def quantity(name: str):
 
 
 @quantity("trainer")
-def _trainer(s: ChunkStats) -> Array:
+def _trainer(s: TokenSource) -> Array:
     return s.chunk.model.trainer
 
 
 @quantity("rollout")
-def _rollout(s: ChunkStats) -> Array:
+def _rollout(s: TokenSource) -> Array:
     return s.chunk.model.rollout
 
 
 @quantity("log_ratio")
-def _log_ratio(s: ChunkStats) -> Array:
+def _log_ratio(s: TokenSource) -> Array:
     return s.chunk.model.log_ratio
 
 
 @quantity("abs_log_ratio")
-def _abs_log_ratio(s: ChunkStats) -> Array:
+def _abs_log_ratio(s: TokenSource) -> Array:
     return abs(s.token("log_ratio"))
 
 
 @quantity("k3")
-def _k3(s: ChunkStats) -> Array:  # exp(δ) − δ − 1 (§1 k3_kl), expm1 for accuracy near 0
+def _k3(s: TokenSource) -> Array:  # exp(δ) − δ − 1 (§1 k3_kl), expm1 for accuracy near 0
     return token_expm1(s.token("log_ratio")) - s.token("log_ratio")
 
 
 @quantity("chi2_term")
-def _chi2_term(s: ChunkStats) -> Array:  # exp(2·clamp20(δ)) (§1 chi2_token)
+def _chi2_term(s: TokenSource) -> Array:  # exp(2·clamp20(δ)) (§1 chi2_token)
     return token_exp(s.token("clamped_log_ratio") * 2.0)
 
 
 @quantity("square")
-def _square(s: ChunkStats) -> Array:  # δ² (§6 k2 = ½δ²)
+def _square(s: TokenSource) -> Array:  # δ² (§6 k2 = ½δ²)
     delta = s.token("log_ratio")
     return delta * delta
 
 
 @quantity("skyrl_k3")
-def _skyrl_k3(s: ChunkStats) -> Array:  # exp(−x) − 1 + x, x = a − r (§6 k3)
+def _skyrl_k3(s: TokenSource) -> Array:  # exp(−x) − 1 + x, x = a − r (§6 k3)
     delta = s.token("log_ratio")
     return token_expm1(-delta) + delta
 
 
 @quantity("clamped_log_ratio")
-def _clamped(s: ChunkStats) -> Array:  # c = clamp20(δ): what §2 weights and §3 statistics see
+def _clamped(s: TokenSource) -> Array:  # c = clamp20(δ): what §2 weights and §3 statistics see
     return clamp20(s.token("log_ratio"))
 
 
 @quantity("rs_k2")
-def _rs_k2(s: ChunkStats) -> Array:  # §3 k2 = ½·c²
+def _rs_k2(s: TokenSource) -> Array:  # §3 k2 = ½·c²
     clamped = s.token("clamped_log_ratio")
     return 0.5 * clamped * clamped
 
 
 @quantity("token_is_weight")
-def _token_is_weight(s: ChunkStats) -> Array:
+def _token_is_weight(s: TokenSource) -> Array:
     # §2 token-level w_raw = exp(c) (§8 token level too), numpy's exp on the CPU in both engines (torch's on a GPU): a
     # weight at a truncation or IcePop bound falls on the same side in either engine, on any CPU
     return arrays.host_exp(s.token("clamped_log_ratio"))
 
 
 @quantity("rs_k3")
-def _rs_k3(s: ChunkStats) -> Array:
+def _rs_k3(s: TokenSource) -> Array:
     # §3 k3 = exp(c) − 1 − c, rounded as verl writes it (not expm1): a row value that sits exactly at a
     # rejection threshold must fall on the same side as in verl, in presets and in the sweep alike
     weight, clamped = s.token("token_is_weight"), s.token("clamped_log_ratio")
@@ -156,22 +161,22 @@ def _rs_k3(s: ChunkStats) -> Array:
 
 
 @quantity("trainer_prob")
-def _trainer_prob(s: ChunkStats) -> Array:
+def _trainer_prob(s: TokenSource) -> Array:
     return token_exp(s.token("trainer"))
 
 
 @quantity("rollout_prob")
-def _rollout_prob(s: ChunkStats) -> Array:
+def _rollout_prob(s: TokenSource) -> Array:
     return token_exp(s.token("rollout"))
 
 
 @quantity("prob_diff")
-def _prob_diff(s: ChunkStats) -> Array:  # |p_a − p_r| (§5)
+def _prob_diff(s: TokenSource) -> Array:  # |p_a − p_r| (§5)
     return abs(s.token("trainer_prob") - s.token("rollout_prob"))
 
 
 @quantity("rs_k1")
-def _rs_k1(s: ChunkStats) -> Array:  # §3 k1 = −c
+def _rs_k1(s: TokenSource) -> Array:  # §3 k1 = −c
     return -s.token("clamped_log_ratio")
 
 
@@ -193,7 +198,7 @@ class Derived:
     def name(self) -> str:
         return f"{self.op}({self.base}; {self.lower!r}, {self.upper!r})"
 
-    def torch_values(self, s: ChunkStats) -> Array:
+    def torch_values(self, s: TokenSource) -> Array:
         """The quantity at every model token, with the torch engine's formulas (a flag as bool), of the chunk's kind."""
         v, lower, upper = s.token(self.base), self.lower, self.upper
         if self.op == "tis":

@@ -16,7 +16,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import pairwise
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,9 +25,11 @@ from rollout_diag.engine.arrays import Array, segment_max, segment_min, segment_
 from rollout_diag.engine.choice import kernel_for
 from rollout_diag.engine.formulas import DERIVED, TOKEN_QUANTITIES, clamp20, row_mean, token_exp, token_expm1
 from rollout_diag.engine.quantities import EXPONENT_MAX, EXPONENT_MIN, MOMENT_PAIRS, PROBABILITIES, SHARED_QUANTITIES
-from rollout_diag.io.chunk import Chunk
 from rollout_diag.kernels import compiled, compiled_presets
 from rollout_diag.kernels import prepass as kernel_prepass
+
+if TYPE_CHECKING:  # the engines read a chunk's arrays; they never build one
+    from rollout_diag.io.chunk import Chunk
 
 
 @dataclass(frozen=True, eq=False)  # compared by identity: its values are tensors
