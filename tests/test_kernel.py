@@ -424,7 +424,7 @@ def test_a_fresh_cache_compiles_once_and_says_so(tmp_path):
     """A run with an empty cache directory says once that it compiles; the next run loads the kernels silently."""
     sample = SAMPLES[0]
     code = (
-        "import sys, rollout_diag as rd; from rollout_diag.kernels import use_engine\n"
+        "import sys, rollout_diag as rd; from rollout_diag.engine.choice import use_engine\n"
         f"with use_engine('numba'): rd.analyze({str(sample)!r}, device='cpu')\n"
     )
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
