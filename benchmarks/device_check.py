@@ -3,6 +3,7 @@
 
     python benchmarks/device_check.py --out "$OUT"                       # on the device machine (~4 minutes)
     python benchmarks/device_check.py --tokens 2000000 --cores 1,2 --workers 1,2,auto --out /tmp/dc   # a dry run
+    python benchmarks/device_check.py --parts tests,gpu --out "$OUT"     # the CUDA tests and GPU figures only
 
 Steps, each recorded in ``OUT/device_check.json`` (and the whole log in ``OUT/device_check.log``):
 
@@ -253,7 +254,8 @@ def arithmetic_alone(path: Path, device: str, size: int, repeat: int) -> dict[st
     chunks = [chunk for chunk, _ in reader.chunks(device, prefetch=0)]
     on_gpu = sum(int(chunk.mask.sum()) for chunk in chunks)
 
-    def arithmetic() -> None:
+    def arithmetic(chunks: list) -> None:
+        """Every analysis family over ``chunks``, as ``run_chunks`` feeds them (each chunk's shared values let go)."""
         work = Pass(Analysis())
         for chunk in chunks:
             chunk.cache.clear()
@@ -262,8 +264,8 @@ def arithmetic_alone(path: Path, device: str, size: int, repeat: int) -> dict[st
                 consume(chunk)
             chunk.cache.clear()
 
-    arithmetic()  # warm
-    wall, walls, _ = timed(arithmetic, repeat)
+    arithmetic(chunks)  # warm
+    wall, walls, _ = timed(lambda: arithmetic(chunks), repeat)
     all_tokens = sum(int(chunk.trainer.numel()) for chunk in chunks)
     found["arithmetic"] = {
         "wall": wall,
@@ -282,12 +284,7 @@ def arithmetic_alone(path: Path, device: str, size: int, repeat: int) -> dict[st
         if device.startswith("cuda"):
             torch.cuda.set_sync_debug_mode("warn")
         try:
-            work = Pass(Analysis())
-            for chunk in sample:
-                chunk.cache.clear()
-                work.prepare(chunk)
-                for consume in work.consumers():
-                    consume(chunk)
+            arithmetic(sample)
         finally:
             if device.startswith("cuda"):
                 torch.cuda.set_sync_debug_mode("default")
@@ -326,8 +323,8 @@ def equal_to_cpu(path: Path, tokens: int, gpu_result: Any, found: dict) -> None:
         say(f"   and {len(other)} other differences, first: {other[:3]}")
 
 
-def fresh(kind: str, path: Path, workers: str, cores: int | None, timeout: int) -> dict[str, Any]:
-    command = [sys.executable, "-c", CHILD, kind, str(path), "cpu", workers]
+def fresh(kind: str, path: Path, workers: str, cores: int | None, timeout: int, device: str = "cpu") -> dict[str, Any]:
+    command = [sys.executable, "-c", CHILD, kind, str(path), device, workers]
     pinned = None if cores is None else (lambda: os.sched_setaffinity(0, range(cores)))  # as taskset -c 0-(N-1)
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, preexec_fn=pinned)
     if done.returncode != 0:
@@ -373,6 +370,17 @@ def on_the_cpu(path: Path, warm_path: Path, tokens: int, cores: list[int], worke
     return table
 
 
+def gpu_workers(path: Path, tokens: int, timeout: int) -> dict[str, Any]:
+    """``analyze --device cuda --workers N`` in fresh processes: whether several processes, each decoding its part
+    and computing on the one GPU, lift the single reader thread's limit."""
+    table: dict[str, Any] = {}
+    for setting in ("1", "2", "4", "8"):
+        table[setting] = attempt(partial(fresh, "analyze", path, setting, None, timeout, "cuda"))
+        wall = table[setting]["wall"]
+        say(f"   cuda --workers {setting}: analyze {wall:.2f} s ({tokens / wall / 1e6:.0f} M tokens/s, fresh process)")
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=lambda text: int(float(text)), default=50_000_000)
@@ -381,6 +389,12 @@ def main() -> None:
     parser.add_argument("--cores", default="1,2,4,8,16", help="core counts for the scaling table (taskset)")
     parser.add_argument("--workers", default="1,2,4,8,16,auto", help="--workers settings on every core")
     parser.add_argument("--repeat", type=int, default=3, help="in-process GPU runs (median)")
+    parser.add_argument(
+        "--parts",
+        type=lambda text: set(text.split(",")),
+        default={"tests", "gpu", "cpu", "gpu_workers"},
+        help="of tests,gpu,cpu,gpu_workers",
+    )
     parser.add_argument("--gpu-on-cpu", action="store_true", help="without a GPU, run step 4 with torch on the CPU")
     parser.add_argument("--timeout", type=int, default=240, help="seconds for one child process")
     args = parser.parse_args()
@@ -390,11 +404,14 @@ def main() -> None:
     try:
         machine = step(record, "machine", versions)
         say(f"   {json.dumps(machine)}")
-        step(record, "cuda_tests", lambda: cuda_tests(args.timeout))
+        if "tests" in args.parts:
+            step(record, "cuda_tests", lambda: cuda_tests(args.timeout))
         path, warm = args.dir / f"device_check_{args.tokens}.parquet", args.dir / "device_check_warm.parquet"
         step(record, "dump", lambda: make_dump(args.tokens, path))
         step(record, "warm_dump", lambda: make_dump(200_000, warm))
-        if machine.get("cuda_available") or args.gpu_on_cpu:
+        if "gpu" not in args.parts:
+            pass
+        elif machine.get("cuda_available") or args.gpu_on_cpu:
             device = "cuda" if machine.get("cuda_available") else "cpu"
             record["gpu_so_far"] = found = {}  # what a failing step 4 had measured before it failed
             step(record, "gpu", lambda: on_the_gpu(path, warm, args.tokens, args.repeat, device, found))
@@ -403,7 +420,10 @@ def main() -> None:
             say("-- gpu: skipped, torch sees no CUDA GPU")
         cores = [int(part) for part in args.cores.split(",") if part]
         workers = [part for part in args.workers.split(",") if part]
-        step(record, "cpu", lambda: on_the_cpu(path, warm, args.tokens, cores, workers, args.timeout))
+        if "cpu" in args.parts:
+            step(record, "cpu", lambda: on_the_cpu(path, warm, args.tokens, cores, workers, args.timeout))
+        if "gpu_workers" in args.parts:
+            step(record, "gpu_workers", lambda: gpu_workers(path, args.tokens, args.timeout))
     finally:
         record["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
         (args.out / "device_check.json").write_text(json.dumps(record, indent=1, default=str) + "\n")

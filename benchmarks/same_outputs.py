@@ -26,6 +26,12 @@ SAMPLES = ("sample_data/textgenrnn_bf16_vs_fp32.parquet", "sample_data/synthetic
 STAMP = re.compile(r"rollout-diag [^ <]* · \d{4}-\d\d-\d\d \d\d:\d\d UTC")
 
 
+def at_any_root(text: str) -> str:
+    """``text`` with this checkout's path written as ``<repo>``, so that outputs saved in one checkout (main) compare
+    with those of another (a worktree): the samples' paths are in every document."""
+    return text.replace(str(ROOT), "<repo>")
+
+
 def cli(*args: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-c", "from rollout_diag.cli import main; main()", *args]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
@@ -75,7 +81,7 @@ def outputs(dumps: dict[str, Path], scratch: Path) -> dict[str, str]:
         done = cli(*args)
         if done.returncode not in codes:
             raise SystemExit(f"{name}: exit {done.returncode}: {done.stderr.strip()[-800:]}")
-        found[name] = done.stdout
+        found[name] = at_any_root(done.stdout)
 
     for label in ("textgenrnn_bf16_vs_fp32", "synthetic_multiturn", "large"):
         dump = str(dumps[label])
@@ -87,7 +93,7 @@ def outputs(dumps: dict[str, Path], scratch: Path) -> dict[str, str]:
         run(f"{label}.diff.json", "diff", dump, "--steps-a", first, "--steps-b", later, "-f", "json", "--device", "cpu")
         html = scratch / f"{label}.html"
         run(f"{label}.report.log", "report", dump, "-o", str(html), "--device", "cpu")
-        found[f"{label}.report.html"] = STAMP.sub("rollout-diag · (time)", html.read_text())
+        found[f"{label}.report.html"] = at_any_root(STAMP.sub("rollout-diag · (time)", html.read_text()))
         del found[f"{label}.report.log"]  # says where it wrote, a path in the scratch directory
     run(
         "steps_dir.watch.jsonl",

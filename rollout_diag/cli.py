@@ -7,24 +7,18 @@ Each command parses options, makes one library call and renders. ``RolloutDiagEr
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import functools
 import os
 import re
 import sys
-import threading
 import typing
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from enum import Enum
+from inspect import signature as signature_of  # `inspect` is a command's name here
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
-
-# Before numpy loads: OpenBLAS's helper threads busy-wait after its start-up, ~0.09 s of a second core per process
-# (the sample's analyze 0.72 -> 0.66 s wall on 2 cores; docs/benchmarks.md, session 14). The commands ask BLAS for
-# nothing that threads pay for, and one thread makes its dot products independent of the core count.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import typer
 from typer.core import TyperGroup
@@ -32,9 +26,14 @@ from typer.core import TyperGroup
 from rollout_diag.drivers.dump import DEFAULT_CHUNK_TOKENS as CHUNK_TOKENS  # dump.py loads no pyarrow: light --help
 from rollout_diag.drivers.dump import PRESET_CHUNK_TOKENS
 from rollout_diag.errors import RolloutDiagError
+from rollout_diag.process import command_ended, exit_now, one_blas_thread, open_for_reading
+
+one_blas_thread()  # before anything a command imports loads numpy (rollout_diag.process)
 
 if TYPE_CHECKING:  # rich.console loads where a command renders: --help and an input error do without it (issue 39)
     from rich.console import Console
+
+    from rollout_diag.drivers.dump import Dump
 
 # The README's order:
 COMMAND_ORDER = ("analyze", "compare-presets", "sweep", "report", "inspect", "check", "diff", "watch", "convert")
@@ -182,19 +181,6 @@ Inputs = Annotated[
         metavar="FILE",
     ),
 ]
-ColumnOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--column",
-        "-c",
-        help="Say which column plays a role: role=name (roles: rollout, trainer, "
-        "mask, step, sample_id, position, token_ids, tokens, policy_version). Repeatable.",
-        metavar="ROLE=NAME",
-    ),
-]
-DeviceOpt = Annotated[
-    str, typer.Option("--device", help="auto (CUDA when available), cpu or cuda[:N].", metavar="DEVICE")
-]
 FormatOpt = Annotated[
     OutputFormat | None,
     typer.Option(
@@ -217,52 +203,7 @@ DataFormatOpt = Annotated[
 OutputOpt = Annotated[
     Path | None, typer.Option("--output", "-o", help="Write the output to this file instead of stdout.")
 ]
-StrictOpt = Annotated[bool, typer.Option("--strict", help="Fail on the first invalid row instead of skipping it.")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show Python tracebacks for errors.")]
-WorkersOpt = Annotated[
-    str,
-    typer.Option(
-        "--workers",
-        help="Split the input over this many processes (or Ray tasks) and merge: same result. auto: one per core "
-        "but one, at most 8, where the input has that many row groups (files in the token layout); 1 on a GPU or on "
-        "2 cores.",
-    ),
-]
-BackendOpt = Annotated[str, typer.Option("--backend", help="Where --workers run: process (this machine) or ray.")]
-ChunkOpt = Annotated[
-    int,
-    typer.Option(
-        "--chunk-tokens",
-        help="Tokens per chunk (memory vs overhead); results do not depend on it. On a GPU the default becomes 16 M.",
-    ),
-]
-ByOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--by",
-        help="Key metrics per group of rows: a per-row column (env_name, reward, a data-source tag) or a derived one "
-        "(response_length, num_rounds); numbers can be bucketed: COLUMN:sign or COLUMN:bins=E1,E2,... Repeatable "
-        "(each is its own grouping). README, 'Which environment diverges?'.",
-        metavar="COLUMN[:sign|:bins=E1,E2]",
-    ),
-]
-WhereOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--where",
-        help='Analyse only the rows for which this SQL condition over per-row columns holds, e.g. "reward > 0 AND '
-        "env_name = 'math'\" (evaluated with polars; rows that do not match are not decoded).",
-        metavar="PREDICATE",
-    ),
-]
-StepsOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--steps",
-        help="Analyse only these steps: FIRST:LAST, inclusive (either end may be empty).",
-        metavar="FIRST:LAST",
-    ),
-]
 TensorboardOpt = Annotated[
     Path | None,
     typer.Option(
@@ -274,46 +215,6 @@ TensorboardOpt = Annotated[
         metavar="DIR",
     ),
 ]
-# analyze's knobs (also on report)
-MaxRoundsOpt = Annotated[
-    int, typer.Option("--max-rounds", help="Pool rounds at this index and beyond into one bucket.")
-]
-CatastrophicOpt = Annotated[
-    float,
-    typer.Option("--catastrophic", help="|δ| above which a token counts as catastrophic (1.0: ρ outside [1/e, e])."),
-]
-TopKOpt = Annotated[int, typer.Option("--top-k", help="How many worst rows and tokens to keep.")]
-# compare-presets' knobs (also on report)
-PresetOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--preset", help="Preset name or group (all, verl, legacy); repeatable. Default: all.", metavar="NAME"
-    ),
-]
-PresetsFileOpt = Annotated[
-    Path | None,
-    typer.Option("--presets-file", help="YAML or JSON file of named presets, added to the comparison."),
-]
-RolloutIsOpt = Annotated[
-    str | None, typer.Option("--rollout-is", help="Custom preset: IS level, token or sequence.", metavar="LEVEL")
-]
-RolloutIsThresholdOpt = Annotated[
-    str | None,
-    typer.Option("--rollout-is-threshold", help="Custom preset: U (truncation) or L_U (IcePop).", metavar="SPEC"),
-]
-RolloutRsOpt = Annotated[
-    str | None,
-    typer.Option("--rollout-rs", help="Custom preset: RS options, e.g. seq_mean_k3,token_k1.", metavar="OPTIONS"),
-]
-RolloutRsThresholdOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--rollout-rs-threshold", help="Custom preset: one threshold per RS option (or one shared).", metavar="SPECS"
-    ),
-]
-BatchNormalizeOpt = Annotated[
-    bool, typer.Option("--batch-normalize", help="Custom preset: normalise IS weights per batch.")
-]
 TargetOpt = Annotated[
     str, typer.Option("--target", help="Sweep: target rejection shares, comma separated.", metavar="SHARES")
 ]
@@ -322,23 +223,6 @@ IntrusiveRejectOpt = Annotated[
 ]
 IntrusiveEssOpt = Annotated[
     float, typer.Option("--intrusive-ess", help="Mark presets whose IS effective sample size falls below this.")
-]
-InputFormatOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--input-format",
-        help="Read the inputs as this format instead of detecting it: parquet, prime-rl, nemo-rl, slime, skyrl, "
-        "verl (README, 'Where is my dump?').",
-        metavar="NAME",
-    ),
-]
-TrustPickleOpt = Annotated[
-    bool,
-    typer.Option(
-        "--trust-pickle",
-        help="Unpickle SkyRL/verl .pkl files without the allowlist of plain data classes. Unpickling runs code "
-        "the file names: only for files you trust.",
-    ),
 ]
 DEFAULT_TARGETS = "0.001,0.01,0.05"
 FILE_WIDTH = 160  # a table written with -o: as wide as a terminal that would show it without splitting
@@ -413,8 +297,7 @@ def handles_errors(command: F) -> F:
                 "(rerun with --debug for the traceback, and please report it)"
             )
         finally:
-            if "rollout_diag.memory" in sys.modules:  # open_dump deferred the cyclic collection (light commands: not)
-                sys.modules["rollout_diag.memory"].end_deferral()
+            command_ended()  # the collector as it was before Reading.open (rollout_diag.process)
 
     return wrapper  # type: ignore[return-value]
 
@@ -556,57 +439,287 @@ def write_tensorboard_events(result: Any, directory: Path) -> None:
     typer.echo(f"wrote {count:,} TensorBoard scalars to {directory}", err=True)
 
 
-def dump_inputs(inputs: list[Path], input_format: str | None, trust_pickle: bool) -> list[str]:
-    """The input paths, carrying how to read them (``io.formats.DumpInputs``)."""
-    from rollout_diag.io.sources import check_inputs_exist
+# ------------------------------------------------------------------ option groups: declared once, placed by name
+# A group is a frozen dataclass whose fields are options (each declared once: its Annotated type, help and default). A
+# command takes a group as one argument annotated with it, and shows its options either all together where that
+# argument stands (``knobs: AnalysisKnobs = SHARED``) or one by one where its signature names them (``column: Shared =
+# SHARED``, the group a keyword-only ``reading: Reading``): each command's --help keeps its order. An option a command
+# does not show keeps the group's default. ``@option_groups`` does the rest.
+class Shared:
+    """Where a command shows one option of a group; ``Shared(default)``: this command's own default."""
 
-    check_inputs_exist(inputs)  # a mistyped path fails before pyarrow loads (0.3–0.5 s)
-    from rollout_diag.io.formats import DumpInputs
-
-    return DumpInputs(inputs, input_format, trust_pickle)
-
-
-def open_dump(
-    inputs: list[Path],
-    input_format: str | None,
-    trust_pickle: bool,
-    column: list[str] | None,
-    strict: bool = False,
-    chunk_tokens: int = CHUNK_TOKENS,
-    device: str = "auto",
-    workers: int | str = "auto",
-    backend: str = "process",
-    read_ahead: bool = False,
-    numpy: bool = False,
-):
-    """The command's :class:`~rollout_diag.drivers.dump.Dump` (its shared reading options, given once), opened before
-    torch is loaded: files found, footers read, columns resolved, so a missing file or column fails at once.
-    ``read_ahead``: the command reads every row (no --where / --steps): reading may start now (``Dump.opened``);
-    ``numpy``: its passes take numpy chunks (every command that reads the whole dump: no torch on the CPU)."""
-    from rollout_diag.drivers.dump import Dump
-    from rollout_diag.io.sources import check_inputs_exist
-    from rollout_diag.memory import defer_collection, keep_large_blocks, many_short_rows, return_large_blocks
-
-    check_inputs_exist(inputs)  # a mistyped path fails before pyarrow loads (0.3–0.5 s)
-    # No cyclic collection while pyarrow, torch and numba load; the reader switches it back on where the chunks begin
-    # (rollout_diag.memory), and handles_errors undoes it at the command's end whatever happened in between.
-    defer_collection()
-    options = {"strict": strict, "chunk_tokens": chunk_tokens, "device": device, "workers": workers, "backend": backend}
-    dump = Dump(inputs, parse_columns(column), input_format=input_format, trust_pickle=trust_pickle, **options)
-    dump = dump.opened(read_ahead=read_ahead, numpy=numpy)
-    # the C heap's bounds (rollout_diag.memory): where the per-step state dominates, freed arrays go back to the
-    # system; elsewhere a chunk's arrays reuse the pages of the chunk before
-    if many_short_rows(dump.input_size()):
-        return_large_blocks()
-    else:
-        keep_large_blocks()
-    return dump
+    def __init__(self, default: Any = dataclasses.MISSING) -> None:
+        self.default = default
 
 
-def parse_columns(column: list[str] | None) -> dict[str, str]:
-    from rollout_diag.io.columns import parse_overrides
+SHARED = Shared()
+PRESET_CHUNKS = Shared(PRESET_CHUNK_TOKENS)  # --chunk-tokens of the commands with presets (drivers/dump.py)
+ON_THE_CPU = Shared("cpu")  # --device of watch
 
-    return parse_overrides(column or [])
+
+@dataclasses.dataclass(frozen=True)
+class Reading:
+    """How a command reads its dump(s): the reading options every reading command shares, and the Dump built from
+    them (``rollout_diag.drivers.dump``)."""
+
+    column: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--column",
+            "-c",
+            help="Say which column plays a role: role=name (roles: rollout, trainer, "
+            "mask, step, sample_id, position, token_ids, tokens, policy_version). Repeatable.",
+            metavar="ROLE=NAME",
+        ),
+    ] = None
+    device: Annotated[
+        str, typer.Option("--device", help="auto (CUDA when available), cpu or cuda[:N].", metavar="DEVICE")
+    ] = "auto"
+    workers: Annotated[
+        str,
+        typer.Option(
+            "--workers",
+            help="Split the input over this many processes (or Ray tasks) and merge: same result. auto: one per "
+            "core but one, at most 8, where the input has that many row groups (files in the token layout); 1 on a GPU "
+            "or on 2 cores.",
+        ),
+    ] = "auto"
+    backend: Annotated[str, typer.Option("--backend", help="Where --workers run: process (this machine) or ray.")] = (
+        "process"
+    )
+    strict: Annotated[bool, typer.Option("--strict", help="Fail on the first invalid row instead of skipping it.")] = (
+        False
+    )
+    chunk_tokens: Annotated[
+        int,
+        typer.Option(
+            "--chunk-tokens",
+            help="Tokens per chunk (memory vs overhead); results do not depend on it. On a GPU the default becomes "
+            "16 M.",
+        ),
+    ] = CHUNK_TOKENS
+    input_format: Annotated[
+        str | None,
+        typer.Option(
+            "--input-format",
+            help="Read the inputs as this format instead of detecting it: parquet, prime-rl, nemo-rl, slime, skyrl, "
+            "verl (README, 'Where is my dump?').",
+            metavar="NAME",
+        ),
+    ] = None
+    trust_pickle: Annotated[
+        bool,
+        typer.Option(
+            "--trust-pickle",
+            help="Unpickle SkyRL/verl .pkl files without the allowlist of plain data classes. Unpickling runs code "
+            "the file names: only for files you trust.",
+        ),
+    ] = False
+
+    def columns(self) -> dict[str, str]:
+        """--column ROLE=NAME as role -> column; raises ConfigError."""
+        from rollout_diag.io.columns import parse_overrides
+
+        return parse_overrides(self.column or [])
+
+    def sources(self, inputs: list[Path]) -> list[str]:
+        """The input paths, carrying how to read them (``io.formats.DumpInputs``); a missing one fails before pyarrow
+        loads (0.3–0.5 s)."""
+        from rollout_diag.io.sources import check_inputs_exist
+
+        check_inputs_exist(inputs)
+        from rollout_diag.io.formats import DumpInputs
+
+        return DumpInputs(inputs, self.input_format, self.trust_pickle)
+
+    def dump(self, inputs: list[Path], one_process: bool = False, must_exist: bool = True) -> Dump:
+        """The :class:`~rollout_diag.drivers.dump.Dump` of ``inputs`` with these options, not opened; a missing input
+        fails before pyarrow loads (0.3–0.5 s) unless not ``must_exist`` (a directory ``watch`` waits for).
+        ``one_process``: without --workers and --backend (a call that reads in one process: ``diff``'s)."""
+        from rollout_diag.drivers.dump import Dump
+        from rollout_diag.io.sources import check_inputs_exist
+
+        if must_exist:
+            check_inputs_exist(inputs)
+
+        split = {} if one_process else {"workers": self.workers, "backend": self.backend}
+        options = {"strict": self.strict, "chunk_tokens": self.chunk_tokens, "device": self.device, **split}
+        return Dump(inputs, self.columns(), input_format=self.input_format, trust_pickle=self.trust_pickle, **options)
+
+    def open(
+        self, inputs: list[Path], read_ahead: bool = False, numpy: bool = False, one_process: bool = False
+    ) -> Dump:
+        """The command's Dump opened before torch is loaded: files found, footers read, columns resolved, so a
+        missing file or column fails at once; the process tuned for the reading (``rollout_diag.process``: undone
+        by handles_errors at the end). ``read_ahead``: the command reads every row (no --where / --steps): reading
+        may start now (``Dump.opened``); ``numpy``: its passes take numpy chunks (every command that reads the whole
+        dump: no torch on the CPU)."""
+        from rollout_diag.drivers.dump import Dump
+
+        dump = self.dump(inputs)
+        return open_for_reading(lambda: dump.opened(read_ahead=read_ahead, numpy=numpy), Dump.input_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class PresetChoice:
+    """The presets compare-presets and report compare: named, from a file, or one custom preset."""
+
+    preset: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--preset", help="Preset name or group (all, verl, legacy); repeatable. Default: all.", metavar="NAME"
+        ),
+    ] = None
+    presets_file: Annotated[
+        Path | None,
+        typer.Option("--presets-file", help="YAML or JSON file of named presets, added to the comparison."),
+    ] = None
+    rollout_is: Annotated[
+        str | None, typer.Option("--rollout-is", help="Custom preset: IS level, token or sequence.", metavar="LEVEL")
+    ] = None
+    rollout_is_threshold: Annotated[
+        str | None,
+        typer.Option("--rollout-is-threshold", help="Custom preset: U (truncation) or L_U (IcePop).", metavar="SPEC"),
+    ] = None
+    rollout_rs: Annotated[
+        str | None,
+        typer.Option("--rollout-rs", help="Custom preset: RS options, e.g. seq_mean_k3,token_k1.", metavar="OPTIONS"),
+    ] = None
+    rollout_rs_threshold: Annotated[
+        str | None,
+        typer.Option(
+            "--rollout-rs-threshold",
+            help="Custom preset: one threshold per RS option (or one shared).",
+            metavar="SPECS",
+        ),
+    ] = None
+    batch_normalize: Annotated[
+        bool, typer.Option("--batch-normalize", help="Custom preset: normalise IS weights per batch.")
+    ] = False
+
+    def presets(self) -> list:
+        """The chosen presets (``presets.choose_presets``); raises ConfigError."""
+        from rollout_diag.presets import choose_presets
+
+        return choose_presets(*(getattr(self, field.name) for field in dataclasses.fields(self)))
+
+
+@dataclasses.dataclass(frozen=True)
+class AnalysisKnobs:
+    """analyze's knobs (also report's)."""
+
+    max_rounds: Annotated[
+        int, typer.Option("--max-rounds", help="Pool rounds at this index and beyond into one bucket.")
+    ] = 64
+    catastrophic: Annotated[
+        float,
+        typer.Option(
+            "--catastrophic", help="|δ| above which a token counts as catastrophic (1.0: ρ outside [1/e, e])."
+        ),
+    ] = 1.0
+    top_k: Annotated[int, typer.Option("--top-k", help="How many worst rows and tokens to keep.")] = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """--by, --where, --steps of analyze, compare-presets and report: which rows, and their groups."""
+
+    by: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--by",
+            help="Key metrics per group of rows: a per-row column (env_name, reward, a data-source tag) or a derived "
+            "one (response_length, num_rounds); numbers can be bucketed: COLUMN:sign or COLUMN:bins=E1,E2,... "
+            "Repeatable (each is its own grouping). README, 'Which environment diverges?'.",
+            metavar="COLUMN[:sign|:bins=E1,E2]",
+        ),
+    ] = None
+    where: Annotated[
+        str | None,
+        typer.Option(
+            "--where",
+            help='Analyse only the rows for which this SQL condition over per-row columns holds, e.g. "reward > 0 AND '
+            "env_name = 'math'\" (evaluated with polars; rows that do not match are not decoded).",
+            metavar="PREDICATE",
+        ),
+    ] = None
+    steps: Annotated[
+        str | None,
+        typer.Option(
+            "--steps",
+            help="Analyse only these steps: FIRST:LAST, inclusive (either end may be empty).",
+            metavar="FIRST:LAST",
+        ),
+    ] = None
+
+    def every_row(self) -> bool:
+        """Whether the command reads every row (its reading may start at once: ``Reading.open(read_ahead=…)``)."""
+        return self.where is None and self.steps is None
+
+    def options(self) -> dict[str, Any]:
+        """The library's ``by``, ``where`` and ``steps``; raises ConfigError for a bad --steps."""
+        from rollout_diag.selection import parse_step_range
+
+        return {"by": self.by or (), "where": self.where, "steps": parse_step_range(self.steps, "--steps")}
+
+
+OPTION_GROUPS = (Reading, PresetChoice, AnalysisKnobs, Selection)
+
+
+@functools.cache
+def _group_fields() -> dict[str, tuple[type, Any, Any]]:
+    """Option name -> (its group, its Annotated declaration, its default), over every group."""
+    found = {}
+    for group in OPTION_GROUPS:
+        hints = typing.get_type_hints(group, include_extras=True)
+        for field in dataclasses.fields(group):
+            found[field.name] = (group, hints[field.name], field.default)
+    return found
+
+
+def option_groups(command: F) -> F:
+    """Declare the options ``command``'s signature shows from their groups, in their places (a group's argument with
+    ``SHARED``: all of its options there; ``name: Shared = SHARED``: that one), and hand ``command`` each group it
+    takes built from their values."""
+    signature = signature_of(command, eval_str=True)
+    groups = {
+        parameter.name: parameter.annotation
+        for parameter in signature.parameters.values()
+        if parameter.annotation in OPTION_GROUPS
+    }
+    parameters, placed = [], []
+    for parameter in signature.parameters.values():
+        if parameter.name in groups:
+            if parameter.default is SHARED:  # the whole group here, in its fields' order
+                for field in dataclasses.fields(parameter.annotation):
+                    _, declared, default = _group_fields()[field.name]
+                    parameters.append(parameter.replace(name=field.name, annotation=declared, default=default))
+                    placed.append(field.name)
+            continue
+        if isinstance(parameter.default, Shared):
+            group, declared, default = _group_fields()[parameter.name]
+            if group not in groups.values():
+                raise TypeError(f"{command.__name__}: {parameter.name} is shown but no argument takes {group.__name__}")
+            if parameter.default.default is not dataclasses.MISSING:
+                default = parameter.default.default
+            parameter = parameter.replace(annotation=declared, default=default)
+            placed.append(parameter.name)
+        parameters.append(parameter)
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        given = {name: kwargs.pop(name) for name in placed}
+        for argument, group in groups.items():
+            names = {field.name for field in dataclasses.fields(group)}
+            kwargs[argument] = group(**{name: value for name, value in given.items() if name in names})
+        return command(*args, **kwargs)
+
+    wrapper.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {
+        **{parameter.name: parameter.annotation for parameter in parameters},
+        "return": signature.return_annotation,
+    }
+    return wrapper  # type: ignore[return-value]
 
 
 def print_version(value: bool) -> None:
@@ -658,30 +771,29 @@ def _restore_environment(name: str, value: str | None) -> None:
 
 @app.command()
 @handles_errors
+@option_groups
 def analyze(
     inputs: Inputs,
-    column: ColumnOpt = None,
-    device: DeviceOpt = "auto",
+    column: Shared = SHARED,
+    device: Shared = SHARED,
     format: DataFormatOpt = None,
     output: OutputOpt = None,
     all_steps: Annotated[
         bool, typer.Option("--all-steps", help="Show every step (default: first, last, worst).")
     ] = False,
-    max_rounds: MaxRoundsOpt = 64,
-    catastrophic: CatastrophicOpt = 1.0,
-    top_k: TopKOpt = 20,
-    workers: WorkersOpt = "auto",
-    backend: BackendOpt = "process",
-    strict: StrictOpt = False,
-    chunk_tokens: ChunkOpt = CHUNK_TOKENS,
+    knobs: AnalysisKnobs = SHARED,
+    workers: Shared = SHARED,
+    backend: Shared = SHARED,
+    strict: Shared = SHARED,
+    chunk_tokens: Shared = SHARED,
     dialect: DialectOpt = None,
-    input_format: InputFormatOpt = None,
-    trust_pickle: TrustPickleOpt = False,
-    by: ByOpt = None,
-    where: WhereOpt = None,
-    steps: StepsOpt = None,
+    input_format: Shared = SHARED,
+    trust_pickle: Shared = SHARED,
+    selection: Selection = SHARED,
     tensorboard: TensorboardOpt = None,
     debug: DebugOpt = False,
+    *,
+    reading: Reading,
 ) -> None:
     """Every mismatch metric (verl's names), per step and for the run, with a verdict on what looks unhealthy
     and hints at the likely root cause.
@@ -693,31 +805,23 @@ def analyze(
       rollout-diag analyze run.parquet -c rollout=vllm_logprobs --all-steps
     """
     chosen = data_format(format, output)  # before any reading: --format parquet without --output fails at once
-    refuse_overwriting_inputs(data_outputs(chosen, output, by), inputs)
+    refuse_overwriting_inputs(data_outputs(chosen, output, selection.by), inputs)
     if tensorboard is not None:  # a missing package fails before the reading, not after
         from rollout_diag.export.tensorboard import writer_class
 
         writer_class()
-    whole = where is None and steps is None
-    dump = open_dump(
-        inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend, whole, numpy=True
-    )
+    dump = reading.open(inputs, read_ahead=selection.every_row(), numpy=True)
     from rollout_diag.drivers.engine import analyze as run_analysis
     from rollout_diag.render.analysis import render_analysis
     from rollout_diag.render.export import analysis_csv, analysis_json_pieces
-    from rollout_diag.selection import parse_step_range
 
     with progress_bar(inputs) as progress:
         result = run_analysis(
             dump,
-            max_rounds=max_rounds,
-            catastrophic=catastrophic,
-            top_k=top_k,
+            **dataclasses.asdict(knobs),
             progress=progress,
             dialect=dialect or "verl",
-            by=by or (),
-            where=where,
-            steps=parse_step_range(steps, "--steps"),
+            **selection.options(),
         )
     if tensorboard is not None:
         write_tensorboard_events(result, tensorboard)
@@ -749,6 +853,7 @@ def analyze(
 
 @app.command()
 @handles_errors
+@option_groups
 def inspect(
     inputs: Inputs,
     sample: Annotated[
@@ -782,13 +887,15 @@ def inspect(
             "largest |δ| (in the table and the JSON).",
         ),
     ] = False,
-    column: ColumnOpt = None,
-    device: DeviceOpt = "auto",
+    column: Shared = SHARED,
+    device: Shared = SHARED,
     format: Annotated[RowFormat, typer.Option("--format", "-f", help="table (terminal) or json.")] = RowFormat.table,
     output: OutputOpt = None,
-    input_format: InputFormatOpt = None,
-    trust_pickle: TrustPickleOpt = False,
+    input_format: Shared = SHARED,
+    trust_pickle: Shared = SHARED,
     debug: DebugOpt = False,
+    *,
+    reading: Reading,
 ) -> None:
     """One row token by token: position, round, token, both logprobs and δ, coloured by |δ|. Reads only the
     row groups that can hold the row.
@@ -802,7 +909,7 @@ def inspect(
     from dataclasses import asdict
 
     refuse_overwriting_inputs({"output": output}, inputs)
-    dump = open_dump(inputs, input_format, trust_pickle, column, device=device)
+    dump = reading.open(inputs)
     from rollout_diag.drivers.inspect import inspect_row
     from rollout_diag.render.export import to_json_text
     from rollout_diag.render.inspect import render_row
@@ -824,18 +931,21 @@ def inspect(
 
 @app.command()
 @handles_errors
+@option_groups
 def sweep(
     inputs: Inputs,
     target: TargetOpt = DEFAULT_TARGETS,
-    column: ColumnOpt = None,
-    device: DeviceOpt = "auto",
+    column: Shared = SHARED,
+    device: Shared = SHARED,
     format: FormatOpt = None,
     output: OutputOpt = None,
-    strict: StrictOpt = False,
-    chunk_tokens: ChunkOpt = CHUNK_TOKENS,
-    input_format: InputFormatOpt = None,
-    trust_pickle: TrustPickleOpt = False,
+    strict: Shared = SHARED,
+    chunk_tokens: Shared = SHARED,
+    input_format: Shared = SHARED,
+    trust_pickle: Shared = SHARED,
     debug: DebugOpt = False,
+    *,
+    reading: Reading,
 ) -> None:
     """Which threshold of each rejection option / IS truncation rejects a target share of tokens or
     sequences, and what verl's default thresholds reject on this data.
@@ -846,7 +956,7 @@ def sweep(
       rollout-diag sweep run/ --target 0.001,0.01 -f json -o sweep.json
     """
     refuse_overwriting_inputs({"output": output}, inputs)
-    dump = open_dump(inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, numpy=True)
+    dump = reading.open(inputs, numpy=True)
     from rollout_diag.drivers.sweep import threshold_sweep
     from rollout_diag.render.export import json_pieces, sweep_csv
     from rollout_diag.render.sweep import render_sweep
@@ -868,15 +978,10 @@ def sweep(
 
 @app.command("compare-presets")
 @handles_errors
+@option_groups
 def compare_presets(
     inputs: Inputs,
-    preset: PresetOpt = None,
-    presets_file: PresetsFileOpt = None,
-    rollout_is: RolloutIsOpt = None,
-    rollout_is_threshold: RolloutIsThresholdOpt = None,
-    rollout_rs: RolloutRsOpt = None,
-    rollout_rs_threshold: RolloutRsThresholdOpt = None,
-    batch_normalize: BatchNormalizeOpt = False,
+    choice: PresetChoice = SHARED,
     target: TargetOpt = DEFAULT_TARGETS,
     export_decisions: Annotated[
         Path | None,
@@ -892,21 +997,21 @@ def compare_presets(
             "--sort", help="Order of the presets: given (as chosen) or intrusiveness (least intrusive first)."
         ),
     ] = PresetOrder.given,
-    workers: WorkersOpt = "auto",
-    backend: BackendOpt = "process",
-    column: ColumnOpt = None,
-    device: DeviceOpt = "auto",
+    workers: Shared = SHARED,
+    backend: Shared = SHARED,
+    column: Shared = SHARED,
+    device: Shared = SHARED,
     format: DataFormatOpt = None,
     output: OutputOpt = None,
-    strict: StrictOpt = False,
-    chunk_tokens: ChunkOpt = PRESET_CHUNK_TOKENS,
-    input_format: InputFormatOpt = None,
-    trust_pickle: TrustPickleOpt = False,
-    by: ByOpt = None,
-    where: WhereOpt = None,
-    steps: StepsOpt = None,
+    strict: Shared = SHARED,
+    chunk_tokens: Shared = PRESET_CHUNKS,
+    input_format: Shared = SHARED,
+    trust_pickle: Shared = SHARED,
+    selection: Selection = SHARED,
     tensorboard: TensorboardOpt = None,
     debug: DebugOpt = False,
+    *,
+    reading: Reading,
 ) -> None:
     """What every rollout-correction preset (verl's 19, the legacy family, your own) would do to this data,
     side by side, plus the threshold sweep. Opens with the data's verdict and the recommended preset, or why none
@@ -919,30 +1024,23 @@ def compare_presets(
       rollout-diag compare-presets run/ --export-decisions decisions.parquet
     """
     chosen_format = data_format(format, output)
-    outputs = {**data_outputs(chosen_format, output, by), "export_decisions_to": export_decisions}
-    refuse_overwriting_inputs(outputs, inputs, presets_file)
+    outputs = {**data_outputs(chosen_format, output, selection.by), "export_decisions_to": export_decisions}
+    refuse_overwriting_inputs(outputs, inputs, choice.presets_file)
     if tensorboard is not None:  # a missing package fails before the reading, not after
         from rollout_diag.export.tensorboard import writer_class
 
         writer_class()
-    whole = where is None and steps is None
     from rollout_diag.engine.choice import expect_presets
 
     expect_presets()  # a first run compiles the preset kernels in a helper process from the start
-    dump = open_dump(
-        inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, workers, backend, whole, numpy=True
-    )
+    dump = reading.open(inputs, read_ahead=selection.every_row(), numpy=True)
     from rollout_diag.drivers.compare import compare_presets as run_comparison
-    from rollout_diag.presets import choose_presets
     from rollout_diag.render.export import comparison_csv, comparison_json_pieces
     from rollout_diag.render.format import plain
     from rollout_diag.render.presets import presets_table
     from rollout_diag.render.sweep import render_sweep
-    from rollout_diag.selection import parse_step_range
 
-    chosen = choose_presets(
-        preset, presets_file, rollout_is, rollout_is_threshold, rollout_rs, rollout_rs_threshold, batch_normalize
-    )
+    chosen = choice.presets()
     with progress_bar(inputs) as progress:
         result = run_comparison(
             dump,
@@ -952,9 +1050,7 @@ def compare_presets(
             targets=parse_targets(target),
             intrusive_rejected_fraction=intrusive_reject,
             intrusive_min_ess=intrusive_ess,
-            by=by or (),
-            where=where,
-            steps=parse_step_range(steps, "--steps"),
+            **selection.options(),
         )
     if export_decisions is not None:
         typer.echo(f"wrote {export_decisions}", err=True)
@@ -1016,6 +1112,7 @@ LIVE_ONLY = (
 
 @app.command()
 @handles_errors
+@option_groups
 def report(
     ctx: typer.Context,
     inputs: Annotated[
@@ -1036,37 +1133,29 @@ def report(
         ),
     ] = None,
     title: Annotated[str | None, typer.Option("--title", help="Title of the report.")] = None,
-    preset: PresetOpt = None,
-    presets_file: PresetsFileOpt = None,
-    rollout_is: RolloutIsOpt = None,
-    rollout_is_threshold: RolloutIsThresholdOpt = None,
-    rollout_rs: RolloutRsOpt = None,
-    rollout_rs_threshold: RolloutRsThresholdOpt = None,
-    batch_normalize: BatchNormalizeOpt = False,
+    choice: PresetChoice = SHARED,
     target: TargetOpt = DEFAULT_TARGETS,
     intrusive_reject: IntrusiveRejectOpt = 0.10,
     intrusive_ess: IntrusiveEssOpt = 0.5,
-    max_rounds: MaxRoundsOpt = 64,
-    catastrophic: CatastrophicOpt = 1.0,
-    top_k: TopKOpt = 20,
+    knobs: AnalysisKnobs = SHARED,
     open_browser: Annotated[bool, typer.Option("--open", help="Open the report in a browser.")] = False,
     vs: Annotated[
         list[Path] | None,
         typer.Option("--vs", help="A second run's dump(s): add an A/B section (what `diff` prints).", metavar="FILE"),
     ] = None,
-    workers: WorkersOpt = "auto",
-    backend: BackendOpt = "process",
-    column: ColumnOpt = None,
-    device: DeviceOpt = "auto",
-    strict: StrictOpt = False,
-    chunk_tokens: ChunkOpt = PRESET_CHUNK_TOKENS,
+    workers: Shared = SHARED,
+    backend: Shared = SHARED,
+    column: Shared = SHARED,
+    device: Shared = SHARED,
+    strict: Shared = SHARED,
+    chunk_tokens: Shared = PRESET_CHUNKS,
     dialect: DialectOpt = None,
-    input_format: InputFormatOpt = None,
-    trust_pickle: TrustPickleOpt = False,
-    by: ByOpt = None,
-    where: WhereOpt = None,
-    steps: StepsOpt = None,
+    input_format: Shared = SHARED,
+    trust_pickle: Shared = SHARED,
+    selection: Selection = SHARED,
     debug: DebugOpt = False,
+    *,
+    reading: Reading,
 ) -> None:
     """One self-contained HTML file (no network needed) showing where and why rollout and trainer disagree.
 
@@ -1080,26 +1169,13 @@ def report(
 
     if from_json and inputs:
         raise ConfigError("give dump files or --from-json, not both.")
-    refuse_overwriting_inputs({"output": output}, inputs, from_json, vs, presets_file)
+    refuse_overwriting_inputs({"output": output}, inputs, from_json, vs, choice.presets_file)
     dump = None
     if inputs:  # opened before the imports below load torch: a bad file fails at once
         from rollout_diag.engine.choice import expect_presets
 
         expect_presets()  # a first run compiles the preset kernels in a helper process from the start
-        whole = where is None and steps is None
-        dump = open_dump(
-            inputs,
-            input_format,
-            trust_pickle,
-            column,
-            strict,
-            chunk_tokens,
-            device,
-            workers,
-            backend,
-            read_ahead=whole,
-            numpy=True,
-        )
+        dump = reading.open(inputs, read_ahead=selection.every_row(), numpy=True)
     from rollout_diag.report import render_report
 
     if from_json:
@@ -1112,25 +1188,18 @@ def report(
         analysis, comparison = load_results(from_json)
     elif inputs:
         from rollout_diag.drivers.compare import analyze_and_compare
-        from rollout_diag.presets import choose_presets
-        from rollout_diag.selection import parse_step_range
 
-        chosen = choose_presets(
-            preset, presets_file, rollout_is, rollout_is_threshold, rollout_rs, rollout_rs_threshold, batch_normalize
-        )
         with progress_bar(inputs) as progress:
             analysis, comparison = analyze_and_compare(
                 dump,
-                chosen,
+                choice.presets(),
                 progress=progress,
                 targets=parse_targets(target),
-                analysis_options={"max_rounds": max_rounds, "catastrophic": catastrophic, "top_k": top_k},
+                analysis_options=dataclasses.asdict(knobs),
                 intrusive_rejected_fraction=intrusive_reject,
                 intrusive_min_ess=intrusive_ess,
                 dialect=dialect or "verl",
-                by=by or (),
-                where=where,
-                steps=parse_step_range(steps, "--steps"),
+                **selection.options(),
             )
     else:
         fail("give the dump(s) to analyse, or --from-json FILE.")
@@ -1140,14 +1209,9 @@ def report(
             fail("--vs compares two dumps: give run A's dump(s) as FILE, not --from-json.")
         from rollout_diag.drivers.diff import diff_runs
 
-        options = {"columns": parse_columns(column), "device": device, "strict": strict, "chunk_tokens": chunk_tokens}
-        comparison_ab = diff_runs(
-            dump_inputs(inputs, input_format, trust_pickle),
-            dump_inputs(vs, input_format, trust_pickle),
-            presets=preset or None,
-            **options,
-        )
-    shown = (preset or None) if from_json else None  # a live run already compared only these
+        runs = (reading.dump(inputs, one_process=True), reading.dump(vs, one_process=True))  # diff reads in one
+        comparison_ab = diff_runs(*runs, presets=choice.preset or None)
+    shown = (choice.preset or None) if from_json else None  # a live run already compared only these
     if analysis is None:  # a saved compare-presets result alone: the report derives the rest from it
         text = render_report(comparison, title=title, presets=shown)
     else:
@@ -1165,6 +1229,7 @@ def report(
 
 @app.command()
 @handles_errors
+@option_groups
 def convert(
     inputs: Inputs,
     output: Annotated[
@@ -1175,12 +1240,14 @@ def convert(
         typer.Option("--partition", help="Write a hive directory OUT/step=N/part-K.parquet instead of one file."),
     ] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace OUT when it exists.")] = False,
-    column: ColumnOpt = None,
-    strict: StrictOpt = False,
-    input_format: InputFormatOpt = None,
-    trust_pickle: TrustPickleOpt = False,
+    column: Shared = SHARED,
+    strict: Shared = SHARED,
+    input_format: Shared = SHARED,
+    trust_pickle: Shared = SHARED,
     format: Annotated[RowFormat, typer.Option("--format", "-f", help="table (a summary) or json.")] = RowFormat.table,
     debug: DebugOpt = False,
+    *,
+    reading: Reading,
 ) -> None:
     """Write any dump rollout-diag reads (prime-rl, NeMo-RL, slime, SkyRL, verl, Parquet) as its canonical
     Parquet sequence layout: zstd, one row group per step, per-row columns (reward, advantage, policy_version…)
@@ -1195,16 +1262,11 @@ def convert(
     from rollout_diag.io.outputs import check_outputs
 
     check_outputs({option_name("output"): output}, inputs, directories=(option_name("output"),))
-    sources = dump_inputs(inputs, input_format, trust_pickle)
+    sources = reading.sources(inputs)
     from rollout_diag.io.convert import convert as run_convert
 
     result = run_convert(
-        sources,
-        output,
-        partition=partition,
-        columns=parse_columns(column),
-        strict=strict,
-        overwrite=overwrite,
+        sources, output, partition=partition, columns=reading.columns(), strict=reading.strict, overwrite=overwrite
     )
     if format is RowFormat.json:
         from rollout_diag.render.export import to_json_text
@@ -1280,6 +1342,7 @@ def chosen_gates(gates: str | None, max_: list[str] | None, min_: list[str] | No
 
 @app.command()
 @handles_errors
+@option_groups
 def check(
     inputs: Inputs,
     max_: MaxGateOpt = None,
@@ -1304,13 +1367,15 @@ def check(
             metavar="COLUMN[:sign|:bins=E1,E2]",
         ),
     ] = None,
-    column: ColumnOpt = None,
-    device: DeviceOpt = "auto",
-    strict: StrictOpt = False,
-    chunk_tokens: ChunkOpt = CHUNK_TOKENS,
-    input_format: InputFormatOpt = None,
-    trust_pickle: TrustPickleOpt = False,
+    column: Shared = SHARED,
+    device: Shared = SHARED,
+    strict: Shared = SHARED,
+    chunk_tokens: Shared = SHARED,
+    input_format: Shared = SHARED,
+    trust_pickle: Shared = SHARED,
     debug: DebugOpt = False,
+    *,
+    reading: Reading,
 ) -> None:
     """Gate a run for CI: exit 0 when every gate passes, 3 when one fails, 1 for bad input or an unknown metric.
 
@@ -1321,9 +1386,7 @@ def check(
       rollout-diag check run/ --gates default --by env_name --per-step
     """
     refuse_overwriting_inputs({"output": output, "junit": junit}, inputs, gates if gates != "default" else None)
-    dump = open_dump(
-        inputs, input_format, trust_pickle, column, strict, chunk_tokens, device, read_ahead=True, numpy=True
-    )
+    dump = reading.open(inputs, read_ahead=True, numpy=True)
     from rollout_diag.drivers.check import check_run
     from rollout_diag.render.decisions import check_table, junit_xml
     from rollout_diag.render.export import json_pieces
@@ -1346,6 +1409,7 @@ def check(
 
 @app.command()
 @handles_errors
+@option_groups
 def diff(
     inputs: Annotated[
         list[Path],
@@ -1380,13 +1444,15 @@ def diff(
     ] = None,
     format: Annotated[RowFormat, typer.Option("--format", "-f", help="table (terminal) or json.")] = RowFormat.table,
     output: OutputOpt = None,
-    column: ColumnOpt = None,
-    device: DeviceOpt = "auto",
-    strict: StrictOpt = False,
-    chunk_tokens: ChunkOpt = CHUNK_TOKENS,
-    input_format: InputFormatOpt = None,
-    trust_pickle: TrustPickleOpt = False,
+    column: Shared = SHARED,
+    device: Shared = SHARED,
+    strict: Shared = SHARED,
+    chunk_tokens: Shared = SHARED,
+    input_format: Shared = SHARED,
+    trust_pickle: Shared = SHARED,
     debug: DebugOpt = False,
+    *,
+    reading: Reading,
 ) -> None:
     """Did my fix help? Run A against run B: every key metric, B against A ("109× lower"), a bootstrap interval
     of B − A over sequences, a verdict (better / worse / no detectable change), and which presets now drop a
@@ -1406,20 +1472,16 @@ def diff(
     if len(inputs) > 2:
         fail(f"diff takes one or two dumps (A, B), not {len(inputs)}; quote a glob or use a directory for many files.")
     refuse_overwriting_inputs({"output": output}, inputs)
+    runs = [reading.dump([path]) for path in inputs]  # each run a Dump of its own (diff reads each in one process)
     with progress_bar(inputs) as progress:
         result = diff_runs(
-            dump_inputs(inputs[:1], input_format, trust_pickle),
-            dump_inputs(inputs[1:], input_format, trust_pickle) if len(inputs) == 2 else None,
+            *runs,
             steps_a=parse_step_range(steps_a, "--steps-a"),
             steps_b=parse_step_range(steps_b, "--steps-b"),
             presets=preset or None,
             replicates=replicates,
             level=level,
             seed=seed,
-            columns=parse_columns(column),
-            device=device,
-            strict=strict,
-            chunk_tokens=chunk_tokens,
             progress=progress,
             by=by or (),
         )
@@ -1437,6 +1499,7 @@ class WatchFormat(str, Enum):
 
 @app.command()
 @handles_errors
+@option_groups
 def watch(
     directory: Annotated[
         Path,
@@ -1473,13 +1536,15 @@ def watch(
             metavar="SECONDS",
         ),
     ] = None,
-    column: ColumnOpt = None,
-    input_format: InputFormatOpt = None,
-    trust_pickle: TrustPickleOpt = False,
-    device: DeviceOpt = "cpu",
-    strict: StrictOpt = False,
-    chunk_tokens: ChunkOpt = CHUNK_TOKENS,
+    column: Shared = SHARED,
+    input_format: Shared = SHARED,
+    trust_pickle: Shared = SHARED,
+    device: Shared = ON_THE_CPU,
+    strict: Shared = SHARED,
+    chunk_tokens: Shared = SHARED,
     debug: DebugOpt = False,
+    *,
+    reading: Reading,
 ) -> None:
     """Follow a run while it trains: each new step is read once and merged into the run so far; a live view (or
     one JSON line per step) says the moment the mismatch goes wrong. A DIR the trainer has not made yet is waited
@@ -1500,22 +1565,10 @@ def watch(
         fail(f"--report-every {report_every}: must be a positive number of steps.")
     refuse_overwriting_inputs({"report": report_file}, [directory], gates if gates != "default" else None)
     from rollout_diag.drivers.watch import watch as follow
-    from rollout_diag.io.formats import check_format
 
     chosen = chosen_gates(gates, max_, min_)
-    updates = follow(
-        directory,
-        interval=interval,
-        exit_after_idle=exit_after_idle,
-        exit_on_fail=exit_on_fail,
-        columns=parse_columns(column),
-        input_format=check_format(input_format),
-        trust_pickle=trust_pickle,
-        device=device,
-        strict=strict,
-        chunk_tokens=chunk_tokens,
-        gates=chosen,
-    )
+    dump = reading.dump([directory], must_exist=False)  # a directory the trainer has not made yet is waited for
+    updates = follow(dump, interval=interval, exit_after_idle=exit_after_idle, exit_on_fail=exit_on_fail, gates=chosen)
     writer = _ReportWriter(report_file, report_every)
     if format is WatchFormat.jsonl:
         code = _watch_jsonl(updates, writer)
@@ -1596,29 +1649,6 @@ def main() -> NoReturn:
     except SystemExit as done:
         exit_now(done.code)
     exit_now(0)
-
-
-def exit_now(code: int | str | None) -> NoReturn:
-    """End the process with ``code`` (SystemExit's: None is 0, text is printed and is 1) once a command is done,
-    without the interpreter's teardown: its modules' and objects' dismantling and final collection of every object
-    torch, numba and pyarrow made take 0.16 s after `analyze` of 100M tokens and 0.43 s after `compare-presets`
-    (docs/benchmarks.md, issue 20 session 10), all of it after the answer is out. What the teardown would still do
-    for the user is done first: the atexit functions (a preset kernels' compile left running is stopped, the logging
-    and multiprocessing shutdowns, Ray's) and the flush of stdout and stderr. Where a thread that is not a daemon is
-    still alive (some writer's), the interpreter's own exit, which waits for it, is taken instead."""
-    if code is None:
-        code = 0
-    elif not isinstance(code, int):
-        print(code, file=sys.stderr)
-        code = 1
-    main_thread = threading.main_thread()
-    if any(thread.is_alive() and not thread.daemon and thread is not main_thread for thread in threading.enumerate()):
-        sys.exit(code)
-    atexit._run_exitfuncs()  # what the interpreter's exit runs first (the atexit module's own hook)
-    for stream in (sys.stdout, sys.stderr):
-        with suppress(OSError, ValueError):  # a reader that closed the pipe (`| head`), or a stream already closed
-            stream.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -6,10 +6,9 @@ from __future__ import annotations
 import math
 import unicodedata
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # a type only: importing results would load numpy before an error message can print
-    from rollout_diag.results import ExtraValue
+ExtraValue = float | int | bool | str | None  # a row's value of an extra dump column (reward, advantage, …)
 
 FIXED_RANGE = (0.01, 1e4)  # |value| in this range prints as 0.01691 or 1234; outside it as 3.42e-3
 # Invisible characters that reorder or hide text (bidi overrides, zero-width): shown like control characters.

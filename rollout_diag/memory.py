@@ -1,6 +1,6 @@
 """How the process's C heap gives memory back, and when Python's cyclic garbage collector runs: both set by the
-command line, never by the library (a notebook that imports rollout_diag keeps its own allocator and collector
-settings)."""
+command line (``rollout_diag.process``, once per command), never by the library (a notebook that imports rollout_diag
+keeps its own allocator and collector settings)."""
 
 from __future__ import annotations
 

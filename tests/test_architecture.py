@@ -71,13 +71,13 @@ def imports_of(name: str) -> frozenset[str]:
     return frozenset(t if t.startswith("rollout_diag") else t.split(".")[0] for t in targets)
 
 
-def reachable(name: str) -> set[str]:
-    """Every module ``name`` imports, directly or through package modules."""
+def reachable(name: str, avoid: tuple[str, ...] = ()) -> set[str]:
+    """Every module ``name`` imports, directly or through package modules (but not through those in ``avoid``)."""
     seen: set[str] = set()
     pending = [name]
     while pending:
         for target in imports_of(pending.pop()):
-            if target not in seen:
+            if target not in seen and not in_group(target, avoid):
                 seen.add(target)
                 if target in modules():
                     pending.append(target)
@@ -157,7 +157,7 @@ def test_report_and_render_are_independent():
     ],
 )
 def test_contract_and_neutral_modules_import_nothing_heavy(name):
-    heavy = sorted(t for t in reachable(name) if t in HEAVY)
+    heavy = sorted(t for t in reachable(name, avoid=RESULT_VIEWS) if t in HEAVY)
     assert not heavy, f"{name} reaches {heavy}"
 
 
@@ -220,11 +220,11 @@ def test_watch_finds_its_accumulators_without_reflection():
 def test_compare_holds_only_the_comparison():
     tree = ast.parse(modules()["rollout_diag.drivers.compare"].read_text(encoding="utf-8"))
     classes = [node.name for node in tree.body if isinstance(node, ast.ClassDef)]
-    assert classes == [], "result types live in results.py, writers in io/ and exports.py"
+    assert classes == [], "result types live in results/, writers in io/ and exports.py"
 
 
 def test_the_intrusive_thresholds_live_in_one_module():
-    """Numeric ``INTRUSIVE_*`` constants in the catalogue (results.py names them as defaults without importing a
+    """Numeric ``INTRUSIVE_*`` constants in the catalogue (results/ names them as defaults without importing a
     judgement), the rule itself in decisions.intrusive (render's INTRUSIVE_STYLE is a colour, not a limit)."""
     owners: dict[str, set[str]] = {"threshold": set(), "rule": set()}
     for name, path in modules().items():
@@ -263,7 +263,7 @@ MODULE_MAP = {
         "rollout_diag.drivers.engine",
         "rollout_diag.drivers.compare",
     ),
-    "rollout_diag.results": ("torch", "rich", "plotly"),
+    "rollout_diag.results": ("torch", "rich", "plotly", "rollout_diag.render", "rollout_diag.report"),
     "rollout_diag.catalogue": ("torch", "rich", "plotly", "rollout_diag.metrics", "rollout_diag.io"),
     "rollout_diag.decisions": ("rich", "plotly", "rollout_diag.render", "rollout_diag.report"),
     "rollout_diag.formatting": ("rich", "torch", "plotly"),
@@ -335,11 +335,13 @@ LAYERS = (
         "rollout_diag.progress",
         "rollout_diag.cores",
         "rollout_diag.memory",
+        "rollout_diag.process",
         "rollout_diag.engine.arrays",  # numpy or torch alike: imports nothing of the package
     ),
     ("rollout_diag.presets", "rollout_diag.catalogue", "rollout_diag.selection"),
+    ("rollout_diag.formatting",),  # numbers and data strings as text: imports nothing of the package
     ("rollout_diag.results",),
-    ("rollout_diag.formatting", "rollout_diag.glossary"),
+    ("rollout_diag.glossary",),
     ("rollout_diag.engine.quantities",),  # the token-quantity table the kernels and the engines read
     # compiled CPU code over plain arrays (the reader's scans and the engines' passes), and which engine runs
     ("rollout_diag.kernels", "rollout_diag.engine.choice"),
@@ -352,8 +354,13 @@ LAYERS = (
     ("rollout_diag.trainers", "rollout_diag.render", "rollout_diag.report"),
     ("rollout_diag.cli",),
 )
-# The one arrow up, on purpose: a result's notebook view (_repr_html_) loads its renderer when a notebook asks.
-CLIMBS_ALLOWED = {("rollout_diag.results", "rollout_diag.export.notebook")}
+# The one arrow up, on purpose: a result's views (to_polars, to_pandas, _repr_html_) call export/'s public functions
+# through a plain import inside the method, when a user asks (tests below: never at module level, never by name).
+RESULT_VIEWS = ("rollout_diag.export",)
+CLIMBS_ALLOWED = {
+    ("rollout_diag.results.analysis", "rollout_diag.export"),
+    ("rollout_diag.results.comparison", "rollout_diag.export"),
+}
 
 
 def layer_of(name: str) -> int | None:
@@ -374,6 +381,56 @@ def test_no_import_climbs_back_up():
             if target in modules() and target != "rollout_diag" and layer_of(target) > layer_of(name):
                 climbs.append((name, target))
     assert sorted(set(climbs) - CLIMBS_ALLOWED) == []
+
+
+def _module_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """The imports that run when the module is imported (top level, and in top-level ``if``/``try`` blocks)."""
+    return [
+        node for node in _import_nodes(ast.Module(body=[n for n in tree.body if not isinstance(n, FUNCTION_OR_CLASS)]))
+    ]
+
+
+FUNCTION_OR_CLASS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def test_results_import_no_export_or_presentation_at_module_level():
+    """The contract loads no view: export/ (and the renderers) read results, so results name them only inside the
+    view methods, where a user's call loads them."""
+    forbidden = ("rollout_diag.export", "rollout_diag.render", "rollout_diag.report")
+    for name in [n for n in modules() if in_group(n, ("rollout_diag.results",))]:
+        tree = ast.parse(modules()[name].read_text(encoding="utf-8"))
+        wrong = sorted(
+            node.module or "" for node in _module_level_imports(tree) if isinstance(node, ast.ImportFrom)
+        ) + sorted(
+            alias.name for node in _module_level_imports(tree) if isinstance(node, ast.Import) for alias in node.names
+        )
+        assert not [target for target in wrong if in_group(target, forbidden)], name
+
+
+# A package module loaded by a name in a string is an arrow neither the walks above nor farm-studio see. Allowed: the
+# package's lazy table of public names (PEP 562) and the trainer formats (each a module of io/formats/, found by
+# listing the package).
+NAMED_LOADS_ALLOWED = {"rollout_diag", "rollout_diag.io.formats"}
+
+
+def _loads_by_name(tree: ast.AST) -> bool:
+    """Whether the code calls ``import_module`` or ``__import__`` on a package module's name or a formatted name."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        function = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        argument = node.args[0]
+        named = isinstance(argument, ast.Constant) and str(argument.value).startswith("rollout_diag")
+        if function in ("import_module", "__import__") and (named or isinstance(argument, ast.JoinedStr)):
+            return True
+    return False
+
+
+def test_no_import_detours():
+    detours = [name for name, path in modules().items() if _loads_by_name(ast.parse(path.read_text(encoding="utf-8")))]
+    assert set(detours) <= NAMED_LOADS_ALLOWED, detours
+    assert _loads_by_name(ast.parse('import importlib\nframes = importlib.import_module("rollout_diag.export.frames")'))
+    assert not _loads_by_name(ast.parse('features = importlib.import_module("numpy._core._multiarray_umath")'))
 
 
 def test_the_climb_check_sees_a_climb():

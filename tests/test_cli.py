@@ -421,3 +421,38 @@ def test_progress_bar_on_a_terminal(monkeypatch: pytest.MonkeyPatch, sample: Pat
         update(10, 100)
         update(100, 100)
     assert "100/100" in terminal.getvalue()
+
+
+def test_each_shared_option_is_declared_once_whatever_command_shows_it() -> None:
+    """The option groups (cli.Reading, PresetChoice, AnalysisKnobs, Selection) declare each option once: every
+    command that shows it gives the same help and flags; only a command's own default may differ (compare-presets'
+    chunks)."""
+    from typer._click import Context
+
+    from rollout_diag import cli
+
+    group = typer.main.get_command(app)
+    root = Context(group, info_name="rollout-diag")
+    shown: dict[str, set[tuple[str, ...]]] = {}
+    for name in group.list_commands(root):
+        command = group.get_command(root, name)
+        for param in command.params:
+            if param.name in {field.name for kind in cli.OPTION_GROUPS for field in cli.dataclasses.fields(kind)}:
+                shown.setdefault(param.name, set()).add((*param.opts, re.sub(r"\s+", " ", param.help or "")))
+    assert set(shown) >= {"column", "device", "strict", "chunk_tokens", "input_format", "trust_pickle", "workers"}
+    shown.pop("preset")  # diff's --preset is its own (presets whose dropped share to compare)
+    shown.pop("by")  # check's and diff's --by are their own (what a group's gate or interval is)
+    assert all(len(records) == 1 for records in shown.values()), shown
+    assert {p.name: p.default for p in group.get_command(root, "compare-presets").params}["chunk_tokens"] == 1 << 21
+
+
+def test_a_group_option_shown_without_its_group_is_a_programming_error() -> None:
+    from rollout_diag.cli import SHARED, Shared, option_groups
+
+    def command(column: Shared = SHARED) -> None:
+        """Shows --column but takes no Reading."""
+
+    command.__annotations__ = {"column": Shared, "return": None}  # resolved here, not in this module's globals
+
+    with pytest.raises(TypeError, match="column is shown but no argument takes Reading"):
+        option_groups(command)

@@ -158,7 +158,7 @@ def test_to_pandas_goes_through_polars_or_says_what_to_install(result):
 
 def test_repr_html(result):
     page = result._repr_html_()
-    assert "Verdict:" in page and "k3_kl" in page and "has the largest k3_kl" in page
-    assert "Worst env_name:" in page
+    assert "Verdict:" in page and "k3_kl" in page and "worst step " in page
+    assert "env_name=" in page and "is the worst group" in page  # the terminal's "Where:" lines
     assert "AnalysisResult(" not in page
     assert "<table>" in compare_presets(result.inputs, ["decoupled_token_is"], device="cpu")._repr_html_()

@@ -76,3 +76,67 @@ def test_a_dump_without_a_chunk_size_reads_each_calls_own(path, monkeypatch):
 def test_a_bad_chunk_size_given_beside_a_dump_is_a_config_error(path, size):
     with pytest.raises(rd.ConfigError, match=r"chunk_tokens=.*: must be a positive whole number of tokens"):
         rd.compare_presets(rd.Dump([path], device="cpu"), ["decoupled_k3_rs"], chunk_tokens=size)
+
+
+def test_every_call_that_reads_a_dump_takes_one(path, tmp_path):
+    dump = rd.Dump([path], device="cpu", chunk_tokens=37)
+    gates = [rd.Gate("rollout_corr/k3_kl", "max", 10.0)]
+    assert rd.check_run(dump, gates).to_json() == rd.check_run(path, gates, device="cpu", chunk_tokens=37).to_json()
+    by_dumps = rd.diff_runs(dump, dump, replicates=100)
+    assert by_dumps.to_json() == rd.diff_runs(path, path, device="cpu", chunk_tokens=37, replicates=100).to_json()
+    one = rd.diff_runs(dump, steps_a=(0, 0), steps_b=(1, 2), replicates=100, device="cpu")  # agreeing: fine
+    split = rd.diff_runs(path, steps_a=(0, 0), steps_b=(1, 2), replicates=100, device="cpu", chunk_tokens=37)
+    assert one.to_json() == split.to_json()
+    assert rd.inspect_row(dump, step=1) == rd.inspect_row(path, step=1, device="cpu", chunk_tokens=37)
+    written = rd.export_decisions(dump, tmp_path / "decisions.parquet", ["decoupled_k3_rs"])
+    assert written == rd.export_decisions(path, tmp_path / "again.parquet", ["decoupled_k3_rs"], device="cpu")
+
+
+def test_diff_runs_reads_each_dump_with_its_own_options(path):
+    with pytest.raises(rd.ConfigError, match=r"device='cuda' disagrees with the Dump's device='cpu'"):
+        rd.diff_runs(rd.Dump(path, device="cpu"), path, device="cuda")
+    with pytest.raises(rd.ColumnError):  # B's own column override: its reader cannot find the column
+        rd.diff_runs(rd.Dump(path, device="cpu"), rd.Dump(path, device="cpu", columns={"rollout": "missing"}))
+
+
+@pytest.mark.parametrize(
+    ("call", "option", "value"),
+    [
+        (lambda dump: rd.threshold_sweep(dump), "workers", 4),
+        (lambda dump: rd.check_run(dump, [rd.Gate("rollout_corr/k3_kl", "max", 1.0)]), "backend", "ray"),
+        (lambda dump: rd.diff_runs(dump, dump), "workers", 2),
+        (lambda dump: rd.inspect_row(dump), "strict", True),
+        (lambda dump: rd.export_decisions(dump, "unwritten.parquet"), "workers", 3),
+    ],
+)
+def test_an_option_a_call_cannot_honour_is_refused(path, call, option, value):
+    with pytest.raises(rd.ConfigError, match=rf"^{option}={value!r}: \w+ cannot honour it") as refused:
+        call(rd.Dump(path, device="cpu", **{option: value}))
+    assert f"leave the Dump's {option} at" in str(refused.value)
+
+
+def test_one_process_is_what_a_one_process_call_honours(path):
+    swept = rd.threshold_sweep(rd.Dump(path, device="cpu", workers=1))
+    assert swept.run == rd.threshold_sweep(rd.Dump(path, device="cpu", workers="auto")).run
+
+
+def test_watch_takes_a_dump_of_its_directory(tmp_path):
+    from rollout_diag.drivers.watch import Watcher
+
+    directory = tmp_path / "run"
+    watcher = Watcher(rd.Dump(directory, columns={"rollout": "vllm"}, device="cpu", strict=True, chunk_tokens=99))
+    assert (watcher.directory, watcher.columns, watcher.strict, watcher.chunk_tokens) == (
+        directory,
+        {"rollout": "vllm"},
+        True,
+        99,
+    )
+    updates = list(rd.watch(rd.Dump(directory, device="cpu"), interval=0.01, max_polls=1, sleep=lambda _: None))
+    assert updates[-1].exit_code == 0
+    for options, refused in [({"workers": 3}, r"workers=3: watch cannot honour it"), ({"engine": "torch"}, "engine")]:
+        with pytest.raises(rd.ConfigError, match=refused):
+            Watcher(rd.Dump(directory, **options))
+    with pytest.raises(rd.ConfigError, match="strict=False disagrees"):
+        Watcher(rd.Dump(directory, strict=True), strict=False)
+    with pytest.raises(rd.ConfigError, match="one dump directory"):
+        Watcher(rd.Dump([directory, tmp_path / "other"]))

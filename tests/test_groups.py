@@ -250,7 +250,7 @@ def test_report_section_and_compare_presets(dump, tmp_path):
 
 def test_the_worst_group_is_named_on_the_first_screen(dump):
     from rollout_diag.render.analysis import first_screen
-    from rollout_diag.render.groups import worst_group_line
+    from rollout_diag.results.wording import worst_group_line
 
     path, _ = dump
     result = analyze(path, device="cpu", by=["env_name", "reward:sign"])

@@ -183,7 +183,7 @@ def test_the_cli_sets_glibc_to_keep_freed_chunks() -> None:
 
 @pytest.mark.parametrize("short", [True, False])
 def test_the_cli_picks_the_heap_bounds_by_the_rows(monkeypatch, short) -> None:
-    """open_dump gives freed blocks back for many short rows and keeps them for the next chunk otherwise."""
+    """A command's dump opens with freed blocks given back for many short rows, kept for the next chunk otherwise."""
     from rollout_diag import cli, memory
 
     called: list[str] = []
@@ -191,7 +191,7 @@ def test_the_cli_picks_the_heap_bounds_by_the_rows(monkeypatch, short) -> None:
     monkeypatch.setattr(memory, "return_large_blocks", lambda: called.append("return"))
     monkeypatch.setattr(memory, "keep_large_blocks", lambda: called.append("keep"))
     monkeypatch.setattr(memory, "defer_collection", lambda: False)  # the test process keeps its collector
-    cli.open_dump([SAMPLE], None, False, None)
+    cli.Reading().open([SAMPLE])
     assert called == ["return" if short else "keep"]
 
 

@@ -80,6 +80,15 @@ def test_deferred_collection_is_undone_without_a_chunk() -> None:
     assert gc.isenabled() and gc.get_freeze_count() == 0
 
 
+def test_a_command_opens_its_dump_with_the_collector_off_until_it_ends(dump: Path) -> None:
+    from rollout_diag import process
+
+    opened = process.open_for_reading(lambda: rd.Dump([str(dump)]).opened(), rd.Dump.input_size)
+    assert isinstance(opened, rd.Dump) and not gc.isenabled()
+    process.command_ended()  # a command that failed before reading
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
 @pytest.mark.parametrize("enabled", [True, False])
 def test_the_library_leaves_the_collector_as_it_finds_it(dump: Path, enabled: bool) -> None:
     if not enabled:

@@ -24,11 +24,11 @@ from rollout_diag.formatting import numbers
 from rollout_diag.render import table as table_module
 from rollout_diag.render.analysis import STEP_METRICS, STEPS_SHOWN_EACH_END, render_analysis, steps_table
 from rollout_diag.render.format import level
-from rollout_diag.render.summary import HEADLINE, worst_step
 from rollout_diag.render.table import Column, FitTable, Num, Nums
 from rollout_diag.report import render_report
 from rollout_diag.report.series import bucket_bounds, decimate, step_series
 from rollout_diag.results import MetricColumns, StepResult, StepTable
+from rollout_diag.results.wording import HEADLINE, worst_step
 
 _FLOATS = (
     st.floats(allow_nan=True, allow_infinity=True)

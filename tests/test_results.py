@@ -1,4 +1,4 @@
-"""The result contract (rollout_diag/results.py): typed results read back from their JSON, the JSON unchanged by
+"""The result contract (rollout_diag/results/): typed results read back from their JSON, the JSON unchanged by
 the typed sweep rows, and the report taking typed results at its boundary."""
 
 from __future__ import annotations

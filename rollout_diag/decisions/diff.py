@@ -115,7 +115,7 @@ class GroupDiff:
             "tokens_a": self.tokens_a,
             "tokens_b": self.tokens_b,
             "change": json_number(self.change),
-            "metrics": [_json_row(vars(metric)) for metric in self.metrics],
+            "metrics": [json_row(vars(metric)) for metric in self.metrics],
         }
 
 
@@ -184,8 +184,8 @@ class DiffResult:
                 "steps": _step_ids(result.steps),
                 "rows": result.run.rows,
                 "tokens": result.run.tokens,
-                "rounds": [_json_row(row) for row in result.rounds],
-                "positions": [_json_row(row) for row in run_rows(result.positions)],
+                "rounds": [json_row(row) for row in result.rounds],
+                "positions": [json_row(row) for row in run_rows(result.positions)],
             }
 
         return {
@@ -193,8 +193,8 @@ class DiffResult:
             "a": side(self.a),
             "b": side(self.b),
             "bootstrap": {"replicates": self.replicates, "level": self.level, "seed": self.seed, "unit": "rows"},
-            "metrics": [_json_row(vars(metric)) for metric in self.metrics],
-            "presets": [_json_row(vars(preset)) for preset in self.presets],
+            "metrics": [json_row(vars(metric)) for metric in self.metrics],
+            "presets": [json_row(vars(preset)) for preset in self.presets],
             "changed_presets": [preset.preset for preset in self.changed_presets],
             "groups": [group.to_json() for group in self.groups],
             "warnings": list(self.warnings),
@@ -208,7 +208,7 @@ def _step_ids(steps: Sequence[StepResult]) -> list[int]:
     return [step.step for step in steps]
 
 
-def _json_row(row: dict[str, Any]) -> dict[str, Any]:
+def json_row(row: dict[str, Any]) -> dict[str, Any]:
     return {key: json_number(value) for key, value in row.items()}
 
 

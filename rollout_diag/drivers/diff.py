@@ -18,11 +18,11 @@ from rollout_diag.decisions.diff import (
     diff_group,
     sort_group_diffs,
 )
-from rollout_diag.drivers.passes import Progress
-from rollout_diag.drivers.rowpass import range_label, row_pass
+from rollout_diag.drivers.dump import Dump, call_options
+from rollout_diag.drivers.passes import Inputs, Progress
+from rollout_diag.drivers.rowpass import READING_OPTIONS, range_label, row_pass
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.groups import GroupSpec
-from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
 from rollout_diag.presets import Preset, resolve_presets
 from rollout_diag.selection import StepRange
 
@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
 
 def diff_runs(
-    inputs_a: str | Path | Sequence[str | Path],
-    inputs_b: str | Path | Sequence[str | Path] | None = None,
+    inputs_a: Inputs | Dump,
+    inputs_b: Inputs | Dump | None = None,
     *,
     steps_a: StepRange | None = None,
     steps_b: StepRange | None = None,
@@ -41,9 +41,9 @@ def diff_runs(
     level: float = DEFAULT_LEVEL,
     seed: int = DEFAULT_SEED,
     columns: Mapping[str, str] | None = None,
-    device: str | torch.device = "auto",
-    strict: bool = False,
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    device: str | torch.device | None = None,
+    strict: bool | None = None,
+    chunk_tokens: int | None = None,
     progress: Progress | None = None,
     by: Sequence[str | GroupSpec] = (),
 ) -> DiffResult:
@@ -51,10 +51,16 @@ def diff_runs(
     key metric, its bootstrap interval of B − A over sequences and a verdict; per preset the change in dropped
     tokens. ``by`` (``env_name``, ``reward:sign``, …): also each group of rows present in A or B, its key metrics
     in A and B and the interval of B − A over its rows alone (``DiffResult.groups``, largest change first).
-    Raises RolloutDiagError for bad input or options."""
+    Each run may be a :class:`Dump` (its own reading options: A's and B's columns may differ); ``columns``,
+    ``device``, ``strict``, ``chunk_tokens`` left None: the Dump's, else ``auto``, False and 1 M tokens.
+    Raises RolloutDiagError for bad input or options (a Dump's option that a one-process read cannot honour)."""
+    given = {"columns": columns, "device": device, "strict": strict, "chunk_tokens": chunk_tokens}
+    for side in (inputs_a, inputs_b):  # before anything is read: a Dump's option refused at once
+        if isinstance(side, Dump):
+            call_options(side, "diff_runs", READING_OPTIONS, given)
     chosen = resolve_presets(presets)
-    options = {"columns": columns, "device": device, "strict": strict, "chunk_tokens": chunk_tokens, "by": by}
-    options["findings"] = False  # each side is a summary: no hint evidence, worst rows or dialects gathered
+    options: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
+    options.update(by=by, findings=False)  # each side is a summary: no hint evidence, worst rows or dialects gathered
     if inputs_b is None:
         if steps_a is None or steps_b is None:
             raise ConfigError(
@@ -76,9 +82,14 @@ def diff_runs(
             sides.append(DiffSide(label, done.summary(steps), done.row_stats(steps)))
             done.release()  # before the next run's pass: one analysis held at a time
             passes.append((done, steps))
-    result = diff(sides[0], sides[1], replicates=replicates, level=level, seed=seed)
-    if not by:
-        return result
+    interval = {"replicates": replicates, "level": level, "seed": seed}
+    result = diff(sides[0], sides[1], **interval)
+    return replace(result, groups=_group_diffs(sides, passes, interval)) if by else result
+
+
+def _group_diffs(sides: list[DiffSide], passes: list[tuple[Any, StepRange | None]], interval: dict[str, Any]) -> list:
+    """Each --by group present in A or B: its key metrics on both sides and the interval of B − A over its rows
+    alone, the largest change first."""
     found = [{(g.column, _key(g.value)): g for g in side.result.groups} for side in sides]
     values: dict[tuple[str, Any], Any] = {}
     for present in found:
@@ -91,8 +102,8 @@ def diff_runs(
             group = present.get((column, key))
             rows = done.group_rows(column, value, steps)
             parts.append(GroupSide({} if group is None else group.metrics, rows, 0 if group is None else group.tokens))
-        groups.append(diff_group(column, value, *parts, replicates=replicates, level=level, seed=seed))
-    return replace(result, groups=sort_group_diffs(groups))
+        groups.append(diff_group(column, value, *parts, **interval))
+    return sort_group_diffs(groups)
 
 
 def _key(value: Any) -> tuple[str, Any]:

@@ -5,17 +5,19 @@
     comparison = compare_presets(dump, ["verl"])
 
 Every library call that reads a dump (``analyze``, ``compare_presets``, ``threshold_sweep``, ``inspect_row``,
-``check_run``, …) takes a :class:`Dump` where it takes file names, and reads the options it knows from it; an
-option given both ways must agree. ``Dump.opened()`` reads the footers and resolves the columns at once (without
-loading torch): the CLI does that first, so that a missing file or column fails in a fraction of a second.
+``check_run``, ``diff_runs``, ``watch``, …) takes a :class:`Dump` where it takes file names, and reads the options it
+knows from it; an option given both ways must agree, and an option set that the call cannot honour (``workers=4`` for
+a call that reads in one process) is a ConfigError, never silently ignored. ``Dump.opened()`` reads the footers and
+resolves the columns at once (without loading torch): the CLI does that first, so that a missing file or column fails
+in a fraction of a second.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -87,8 +89,12 @@ class Dump:
         reader = self.open()
         if read_ahead and reads_ahead(self, reader, numpy):
             reader.read_ahead(read_ahead_depth(reader.chunk_tokens))
-        ready._reader.append(reader)
+        ready.hold(reader)
         return ready
+
+    def hold(self, reader: Any) -> None:
+        """Hand ``reader`` (opened from this dump, not read yet) to the next call that reads the dump."""
+        self._reader.append(reader)
 
     def input_size(self) -> tuple[int, int] | None:
         """(tokens, rows) of the input, from the files' footers (``DumpReader.input_size``)."""
@@ -171,14 +177,62 @@ def built_without_gpu(version_py: str) -> bool:
     return all(re.search(rf"^{name}\s*(:[^=\n]*)?=\s*None\s*$", version_py, re.MULTILINE) for name in ("cuda", "hip"))
 
 
+# The options a call takes from a Dump as keyword arguments; the others reach it through the reader (input_format,
+# trust_pickle) or the engine in use (engine).
 _CALL_OPTIONS = tuple(
     f.name for f in fields(Dump) if f.name not in ("inputs", "input_format", "trust_pickle", "engine", "_reader")
 )
+_DEFAULTS = {
+    f.name: f.default_factory() if f.default is MISSING else f.default
+    for f in fields(Dump)
+    if f.init and f.name != "inputs"
+}
+# Why a call without the option cannot honour a value other than its default (a value it would silently ignore).
+_WHY = {
+    "workers": "it reads in one process (1 or auto)",
+    "backend": "it reads in one process",
+    "strict": "it reads only the row groups that can hold the row",
+    "engine": "it reads with the process's engine",
+}
+
+
+def call_options(
+    dump: Dump,
+    call: str,
+    accepted: Collection[str],
+    given: Mapping[str, Any] | None = None,
+    names: Sequence[str] = _CALL_OPTIONS,
+) -> dict[str, Any]:
+    """The keyword arguments ``call`` takes from ``dump``'s options ``names``: each one ``call`` accepts
+    (``accepted``) and the dump sets (None: the call's own). Raises ConfigError where ``given`` (the call's explicit
+    arguments) holds another value, or where the dump sets an option ``call`` has no argument for to anything but its
+    default (``workers`` 1 or auto: one process), which would be silently ignored."""
+    given = given or {}
+    options: dict[str, Any] = {}
+    for name in names:
+        value = getattr(dump, name)
+        if name not in accepted:
+            if value != _DEFAULTS[name] and not (name == "workers" and value == 1):
+                why = _WHY.get(name, "it takes no such option")
+                raise ConfigError(
+                    f"{option_name(name)}={value!r}: {call} cannot honour it, {why}.",
+                    hint=f"leave the Dump's {name} at {_DEFAULTS[name]!r}.",
+                )
+            continue
+        if value is None:  # chunk_tokens: the call's own
+            continue
+        if given.get(name) is not None and given[name] != value:
+            raise ConfigError(
+                f"{option_name(name)}={given[name]!r} disagrees with the Dump's {name}={value!r}: give it once."
+            )
+        options[name] = value
+    return options
 
 
 def reads_dump(function: F) -> F:
     """Let ``function(inputs, …)`` take a :class:`Dump` as ``inputs``: the dump's options fill the keyword arguments
-    the function has (an explicit one that disagrees is a ConfigError) and its reader replaces the file names."""
+    the function has (:func:`call_options`: an explicit one that disagrees, or an option set that the function cannot
+    honour, is a ConfigError) and its reader replaces the file names."""
     parameters = inspect.signature(function).parameters
     accepted = set(parameters)
     chunk_default = parameters["chunk_tokens"].default if "chunk_tokens" in parameters else None
@@ -187,15 +241,7 @@ def reads_dump(function: F) -> F:
     def wrapper(inputs: Any, *args: Any, **kwargs: Any) -> Any:
         if not isinstance(inputs, Dump):
             return function(inputs, *args, **kwargs)
-        for name in _CALL_OPTIONS:
-            value = getattr(inputs, name)
-            if name not in accepted or value is None:  # None (chunk_tokens): the call's own
-                continue
-            if name in kwargs and kwargs[name] is not None and kwargs[name] != value:
-                raise ConfigError(
-                    f"{option_name(name)}={kwargs[name]!r} disagrees with the Dump's {name}={value!r}: give it once."
-                )
-            kwargs[name] = value
+        kwargs.update(call_options(inputs, function.__name__, accepted, kwargs))
         from rollout_diag.engine.choice import use_engine
 
         size = kwargs.get("chunk_tokens")

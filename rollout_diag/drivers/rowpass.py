@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from rollout_diag.drivers.dump import reads_dump
 from rollout_diag.drivers.engine import build_result, check_analysed, data_warnings, read_fields, skipped_of, step_table
 from rollout_diag.drivers.passes import Analysis, Inputs, Progress, open_reader, resolve_device, run_chunks
 from rollout_diag.errors import DataError
@@ -139,6 +140,11 @@ def range_label(steps: StepRange) -> str:
     return f"steps {'' if first is None else first}:{'' if last is None else last}"
 
 
+# The reading options a row pass takes from a Dump (``diff_runs`` refuses the others before it reads).
+READING_OPTIONS = ("columns", "device", "strict", "chunk_tokens")
+
+
+@reads_dump
 def row_pass(
     inputs: Inputs,
     *,

@@ -32,6 +32,7 @@ from rollout_diag import catalogue
 from rollout_diag.decisions.check import FAIL, Gate, check
 from rollout_diag.decisions.rowmetrics import KEY_METRIC_NAMES
 from rollout_diag.decisions.verdict import step_levels
+from rollout_diag.drivers.dump import Dump, call_options
 from rollout_diag.drivers.engine import build_result
 from rollout_diag.drivers.passes import (
     MAX_LISTED_EMPTY_ROWS,
@@ -42,7 +43,8 @@ from rollout_diag.drivers.passes import (
     run_chunks,
 )
 from rollout_diag.errors import ConfigError, DataError, InputError, RolloutDiagError, option_name
-from rollout_diag.io.formats import PARQUET, prime_rl, resolve, step_of
+from rollout_diag.io import storage
+from rollout_diag.io.formats import PARQUET, check_format, prime_rl, resolve, step_of
 from rollout_diag.io.opening import describe_columns
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS, DumpReader
 from rollout_diag.io.readlog import MAX_SKIP_RECORDS, ReadLog
@@ -161,19 +163,25 @@ class _FileRecord:
 
 
 # ----------------------------------------------------------------------------------------------- the state
+# What a Watcher takes from a Dump, of all its options (the others, workers, backend and engine, left at their defaults)
+WATCHER_OPTIONS = ("columns", "input_format", "trust_pickle", "device", "strict", "chunk_tokens")
+_WATCHED_DUMP_OPTIONS = (*WATCHER_OPTIONS, "workers", "backend", "engine")
+
+
 class Watcher:
-    """The run state of one dump directory, advanced by :meth:`poll`. Raises RolloutDiagError for bad options."""
+    """The run state of one dump directory (or a :class:`Dump` of one, its reading options with it), advanced by
+    :meth:`poll`. Raises RolloutDiagError for bad options."""
 
     def __init__(
         self,
-        directory: str | Path,
+        directory: str | Path | Dump,
         *,
         columns: Mapping[str, str] | None = None,
         input_format: str | None = None,
-        trust_pickle: bool = False,
-        device: str | torch.device = "cpu",
-        strict: bool = False,
-        chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        trust_pickle: bool | None = None,
+        device: str | torch.device | None = None,
+        strict: bool | None = None,
+        chunk_tokens: int | None = None,
         max_rounds: int = DEFAULT_MAX_ROUNDS,
         catastrophic: float = DEFAULT_CATASTROPHIC,
         top_k: int = DEFAULT_TOP_K,
@@ -181,17 +189,31 @@ class Watcher:
         gates: Sequence[Gate] = (),
     ) -> None:
         check_analysis_options(max_rounds, catastrophic, top_k)
-        self.directory = Path(directory)
-        if self.directory.exists() and not self.directory.is_dir():
+        reading = {
+            "columns": columns,
+            "input_format": input_format,
+            "trust_pickle": trust_pickle,
+            "device": device,
+            "strict": strict,
+            "chunk_tokens": chunk_tokens,
+        }
+        if isinstance(directory, Dump):  # its reading options; given again, they must agree
+            reading.update(call_options(directory, "watch", WATCHER_OPTIONS, reading, _WATCHED_DUMP_OPTIONS))
+            if len(directory.inputs) != 1:
+                raise ConfigError(f"watch follows one dump directory, not {len(directory.inputs)} inputs.")
+            directory = directory.inputs[0]
+        remote = storage.remote_uri(str(directory))  # a prefix on object storage, polled by listing it
+        self.directory: Any = remote or Path(directory)
+        if not remote and self.directory.exists() and not self.directory.is_dir():
             raise InputError(f"{directory}: not a directory; watch follows a dump directory.")
         # a directory the trainer has not made yet is waited for (polls note it); once seen, its removal ends the watch
-        self.appeared = self.directory.is_dir()
-        self.columns = dict(columns or {})
-        self.input_format = input_format
-        self.trust_pickle = trust_pickle
-        self.device = resolve_device(device)
-        self.strict = strict
-        self.chunk_tokens = chunk_tokens
+        self.appeared = self._listable()
+        self.columns = dict(reading["columns"] or {})
+        self.input_format = check_format(reading["input_format"])  # an unknown one fails now, not at a poll
+        self.trust_pickle = bool(reading["trust_pickle"])
+        self.device = resolve_device("cpu" if reading["device"] is None else reading["device"])
+        self.strict = bool(reading["strict"])
+        self.chunk_tokens = DEFAULT_CHUNK_TOKENS if reading["chunk_tokens"] is None else reading["chunk_tokens"]
         self.options = {
             "max_rounds": max_rounds,
             "catastrophic": catastrophic,
@@ -251,14 +273,17 @@ class Watcher:
             pending_steps=[s for s in known if s not in self.reported],
         )
 
+    def _listable(self) -> bool:
+        return self.directory.is_dir() if isinstance(self.directory, Path) else storage.is_prefix(self.directory)
+
     def _gone(self) -> bool:
-        return not self.directory.is_dir()
+        return not self._listable()
 
     def _list(self, notes: list[str]) -> list[Source] | None:
         """The data files of the directory in reading order; None when nothing can be listed this poll (the
         directory not made yet included)."""
         if not self.appeared:
-            if not self.directory.is_dir():
+            if not self._listable():
                 self._note_once(notes, f"{self.directory}: no such directory yet; waiting for the trainer to make it.")
                 return None
             self.appeared = True
@@ -646,7 +671,7 @@ class Watcher:
 
 # ----------------------------------------------------------------------------------------------- the loop
 def watch(
-    directory: str | Path,
+    directory: str | Path | Dump,
     *,
     interval: float = DEFAULT_INTERVAL,
     exit_after_idle: float | None = None,
@@ -658,9 +683,9 @@ def watch(
     """Follow ``directory``: one :class:`WatchUpdate` per poll, every ``interval`` seconds, until the directory
     is deleted or moved (exit code 1), a gate fails with ``exit_on_fail`` (3), nothing new has arrived for
     ``exit_after_idle`` seconds (0, or 3 if a gate failed), or ``max_polls`` polls (same codes). The last update
-    carries ``ended`` and ``exit_code``; every step still pending is reported final in it. ``options``: those of
-    :class:`Watcher`; ``sleep`` waits between polls (a test passes its own). Raises RolloutDiagError for bad
-    options or a gate naming an unknown metric."""
+    carries ``ended`` and ``exit_code``; every step still pending is reported final in it. ``directory`` and
+    ``options``: those of :class:`Watcher` (a :class:`Dump` of the directory too); ``sleep`` waits between polls (a
+    test passes its own). Raises RolloutDiagError for bad options or a gate naming an unknown metric."""
     if not (isinstance(interval, (int, float)) and interval > 0 and math.isfinite(interval)):
         raise ConfigError(f"{option_name('interval')}={interval}: must be a positive number of seconds.")
     if exit_after_idle is not None and not exit_after_idle >= 0:
@@ -718,6 +743,8 @@ def _ended(watcher: Watcher, why: str, code: int) -> WatchUpdate:
 
 # ----------------------------------------------------------------------------------------------- helpers
 def _signature(path: str) -> Signature | None:
+    if storage.is_remote(path):
+        return storage.signature(path)
     try:
         info = os.stat(path)
     except OSError:

@@ -1,43 +1,21 @@
-"""What a notebook shows for a result (``_repr_html_``): the verdict, the key metrics and where the mismatch sits,
-as the first screen of ``analyze`` says them; not a dump of the dataclass."""
+"""What a notebook shows for a result (``_repr_html_``): the verdict, where the mismatch sits (the terminal's "Where:"
+lines, worded by rollout_diag/results/wording.py: the worst step, round, row, token and group of each ``--by`` spec)
+and the key metrics, as the first screen of ``analyze`` says them; not a dump of the dataclass."""
 
 from __future__ import annotations
 
 import html
-from itertools import groupby
 from typing import TYPE_CHECKING
 
 from rollout_diag import catalogue
 from rollout_diag.catalogue import short_name
-from rollout_diag.formatting import group_label, number, percent, selection_sentence
+from rollout_diag.formatting import number, selection_sentence
+from rollout_diag.results.wording import where
 
 if TYPE_CHECKING:  # types only: results imports this module (_repr_html_)
     from rollout_diag.results import AnalysisResult, ComparisonResult
 
 LEVEL_COLOR = {"bad": "#cf222e", "watch": "#bf8700", "ok": "#1a7f37"}
-
-
-def where_lines(result: AnalysisResult) -> list[str]:
-    """Where to look first: the step with the largest k3_kl, the round the analysis named, the largest |δ|."""
-    key = catalogue.K3_KL.key
-    lines = []
-    scored = [s for s in result.steps if isinstance(s.metrics.get(key), float) and s.metrics[key] == s.metrics[key]]
-    if len(scored) > 1:
-        top = max(scored, key=lambda s: s.metrics[key])
-        lines.append(f"step {top.step} has the largest k3_kl ({number(top.metrics[key])})")
-    found = result.divergent_round  # as the terminal and the report say it: named only when it stands out
-    if found is not None and found.get("stands_out"):
-        lines.append(f"round {found['round']} diverges most ({found['factor']:.2g}× the other rounds)")
-    elif found is not None:
-        made = f"; {found['note']}" if found.get("note") else ""
-        lines.append(f"no round stands out (the highest: round {found['round']}{made})")
-    if result.worst_tokens:
-        token = result.worst_tokens[0]
-        lines.append(
-            f"|δ| {number(abs(token.log_ratio))} at position {token.position} of sample {token.sample_id} "
-            f"(step {token.step})"
-        )
-    return lines
 
 
 def _level(level: str) -> str:
@@ -46,7 +24,8 @@ def _level(level: str) -> str:
 
 
 def analysis_html(result: AnalysisResult) -> str:
-    """An HTML fragment: header, verdict sentence, "where" lines, the key-metrics table, the worst group per --by."""
+    """An HTML fragment: header, verdict sentence, "where" lines (the worst group per --by among them), the
+    key-metrics table."""
     level, sentence = (result.verdict.level, result.verdict.sentence) if result.verdict else ("n/a", "")
     parts = [
         "<div>",
@@ -56,7 +35,7 @@ def analysis_html(result: AnalysisResult) -> str:
     if result.selection:
         parts.append(f"{html.escape(selection_sentence(result.selection))}<br>")
     parts.append(f"Verdict: {_level(level)} — {html.escape(sentence)}")
-    places = where_lines(result)
+    places = where(result)  # as the terminal's "Where:" says it (rollout_diag/results/wording.py)
     if places:
         parts.append("<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in places) + "</ul>")
     rows = "".join(
@@ -69,14 +48,6 @@ def analysis_html(result: AnalysisResult) -> str:
         "<table><thead><tr><th>key metric</th><th>value</th><th>verdict</th><th>watch ≥</th><th>bad ≥</th></tr>"
         f"</thead><tbody>{rows}</tbody></table>"
     )
-    for column, members in groupby(result.groups, key=lambda g: g.column):
-        worst = next(iter(members))
-        parts.append(
-            f"Worst {html.escape(column)}: <b>{html.escape(group_label(worst.value))}</b> "
-            f"{_level(worst.verdict.get('level', 'n/a'))} "
-            f"(k3_kl {html.escape(number(worst.metrics.get(catalogue.K3_KL.key)))}"
-            f", {html.escape(percent(worst.token_share))} of tokens)<br>"
-        )
     parts.append("<small>Tables: <code>result.to_polars()</code>; everything: <code>result.to_json()</code>.</small>")
     parts.append("</div>")
     return "".join(parts)

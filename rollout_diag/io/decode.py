@@ -5,9 +5,9 @@ Memory: one record batch per file at a time (a row group is decoded at once by P
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -17,10 +17,18 @@ import pyarrow.parquet as pq
 from rollout_diag.errors import ColumnError, DataError, InputError, where
 from rollout_diag.io.formats.base import SKIP_COLUMN, SKIP_REASON
 from rollout_diag.io.opening import OpenFile, column_names, decoded, numeric_type, one_line
+from rollout_diag.io.readlog import ReadLog
 from rollout_diag.results import SkippedRow
 
-if TYPE_CHECKING:
-    from rollout_diag.io.reader import DumpReader
+
+class DumpReader(Protocol):
+    """What decoding reads of the reader (io/reader.py ``DumpReader``): its options, and the log it writes to."""
+
+    strict: bool
+    chunk_tokens: int
+    parts: dict[str, set[int]] | None  # row groups to read, by file path; None: every one
+    selection: Callable[[pa.RecordBatch | pa.Table, np.ndarray], np.ndarray] | None  # rows to read, per batch
+    log: ReadLog
 
 
 @dataclass

@@ -18,6 +18,7 @@ from rollout_diag.io.formats import FORMAT_NAMES, PARQUET, open_source
 from rollout_diag.io.formats.base import SKIP_COLUMN, SKIP_REASON, ParquetSource, RowsFile
 from rollout_diag.io.readlog import listed_names
 from rollout_diag.io.sources import Source
+from rollout_diag.io.storage import is_remote, open_file
 
 # Per-row scalar columns no role takes (reward, advantage, …) ride along to the worst rows; a dump with hundreds of
 # metadata columns would decode them all for every row, so only the first ones (in file order) are carried.
@@ -256,16 +257,23 @@ def normalised(path: Any) -> str:
 def no_token_column(path: str, overrides: Mapping[str, str]) -> bool:
     """Whether the Parquet file at ``path`` has none of the per-token columns (built-in names or the user's)."""
     try:
-        names = set(pq.read_schema(path).names)
-    except (OSError, pa.ArrowException):
+        names = set(_schema(path).names)
+    except (OSError, pa.ArrowException, InputError):
         return False
     wanted = {name for role in TOKEN_ROLES for name in ROLE_CANDIDATES[role]}
     wanted |= {name for role, name in overrides.items() if role in TOKEN_ROLES}
     return not names & wanted
 
 
+def _schema(path: str) -> pa.Schema:
+    if not is_remote(path):
+        return pq.read_schema(path)
+    with open_file(path) as handle:
+        return pq.read_schema(handle)
+
+
 def listed_columns(path: str, limit: int = 6) -> str:
-    names = pq.read_schema(path).names
+    names = _schema(path).names
     shown = ", ".join(names[:limit]) + (f", … ({len(names)} in all)" if len(names) > limit else "")
     return f"columns: {shown}" if names else "no columns"
 

@@ -35,6 +35,7 @@ import pyarrow as pa
 from rollout_diag.cores import available_cores
 from rollout_diag.engine.arrays import device_kind, device_name
 from rollout_diag.errors import ColumnError, ConfigError, InputError, RolloutDiagError, option_name
+from rollout_diag.io import storage
 from rollout_diag.io.decode import (
     MAX_BLOCK_STEPS,
     Block,
@@ -469,6 +470,8 @@ class DumpReader:
         try:
             yield from decode(opened, reading)  # type: ignore[arg-type]  # _Apart has what decoding reads
         except (UnicodeDecodeError, pa.ArrowException, OSError) as exc:
+            if isinstance(exc, OSError) and storage.is_remote(opened.source.path):  # the network, not the file
+                raise storage.failure(opened.source.path, exc) from exc
             # Decoding errors outside a row group's read (text columns, metadata) mean a corrupt file.
             raise InputError(
                 f"{opened.source.path}: cannot be decoded, the file is corrupt ({one_line(exc)})."

@@ -8,9 +8,10 @@ import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from rollout_diag.errors import InputError
+from rollout_diag.io import storage
 from rollout_diag.paths import natural_key
 
 _GLOB_CHARS = set("*?[")
@@ -36,9 +37,9 @@ def _partition_value(text: str) -> int | str:
         return text
 
 
-def _partition_keys(path: Path, root: Path | None) -> dict[str, int | str]:
+def _partition_keys(path: PurePath, root: PurePath | None) -> dict[str, int | str]:
     # The root's own name counts: `analyze run/step=3` and `analyze 'run/step=*'` name partition directories.
-    parts = (root.name, *path.relative_to(root).parts[:-1]) if root is not None else path.parts[:-1]
+    parts = (root.name, *path.parts[len(root.parts) : -1]) if root is not None else path.parts[:-1]
     keys: dict[str, int | str] = {}
     for part in parts:
         key, sep, value = part.partition("=")
@@ -176,16 +177,15 @@ def remote_scheme(text: str) -> str | None:
 
 
 def refuse_remote(text: str) -> None:
-    """Raises InputError when ``text`` is a URI (``s3://…``) rather than a local path that exists."""
+    """Raises InputError when ``text`` is a URI that is not read (``https://…``, ``file://…``) rather than a local path
+    that exists; ``s3://``, ``gs://`` and ``hf://`` are read (io/storage.py)."""
     found = _URI.match(text)
-    if found is not None and not Path(text).exists():
+    if found is not None and not Path(text).exists() and not storage.is_remote(text):
         scheme = found.group(1).lower()
         uri = f"{found.group(1)}://{'/' if scheme == 'file' else ''}{found.group(2)}"
         raise InputError(
-            f"{uri}: {scheme}:// URIs are not read; rollout-diag reads local paths only.",
-            hint="mount the bucket (s3fs, gcsfuse, …) or copy the files to a local directory."
-            if scheme != "file"
-            else "give the path without file://.",
+            f"{uri}: {scheme}:// URIs are not read; rollout-diag reads local paths and s3://, gs://, hf:// ones.",
+            hint="download the files to a local directory." if scheme != "file" else "give the path without file://.",
         )
 
 
@@ -196,7 +196,10 @@ def check_inputs_exist(inputs: Iterable[str | Path]) -> None:
     for given in inputs:
         text = str(given)
         refuse_remote(text)
-        if not Path(text).exists() and not _GLOB_CHARS & set(text):
+        uri = storage.remote_uri(text)
+        if uri is not None:
+            storage.check_client(uri)  # whether a remote path exists is asked when it is listed
+        elif not Path(text).exists() and not _GLOB_CHARS & set(text):
             raise _missing(text)
 
 
@@ -208,10 +211,12 @@ def expand_inputs(inputs: Iterable[str | Path], warnings: list[str] | None = Non
     """Resolve inputs in the order given; a directory contributes its ``*.parquet`` files in natural order (digits
     compare as numbers: ``step=2/`` before ``step=10/``), as a glob its matches.
 
-    A path that exists is taken as it is, even when its name holds glob characters (``part[0].parquet``);
-    anything else with ``*``, ``?`` or ``[`` is a glob (``**`` recursive). Symlinks are followed, but a link
-    back into a directory being listed (a loop) is skipped with a warning appended to ``warnings``.
-    Raises InputError for a path that does not exist, a glob that matches nothing or an empty directory.
+    ``s3://``, ``gs://`` and ``hf://`` paths, prefixes and globs expand the same way through their object store
+    (io/storage.py). A path that exists is taken as it is, even when its name holds glob characters
+    (``part[0].parquet``); anything else with ``*``, ``?`` or ``[`` is a glob (``**`` recursive). Symlinks are
+    followed, but a link back into a directory being listed (a loop) is skipped with a warning appended to
+    ``warnings``. Raises InputError for a path that does not exist, a glob that matches nothing or an empty
+    directory (a missing bucket or key, an empty prefix, an unreadable object store).
     """
     sources: list[Source] = []
     seen: set[str] = set()
@@ -223,9 +228,20 @@ def expand_inputs(inputs: Iterable[str | Path], warnings: list[str] | None = Non
             seen.add(key)
             sources.append(Source(path=str(path), partition=_partition_keys(path, root)))
 
+    def add_remote(uri: str, prefix: str | None) -> None:
+        if uri not in seen:
+            seen.add(uri)
+            root = None if prefix is None else storage.partition_path(prefix)
+            sources.append(Source(path=uri, partition=_partition_keys(storage.partition_path(uri), root)))
+
     for given in inputs:
         text = str(given)
         refuse_remote(text)
+        uri = storage.remote_uri(text)
+        if uri is not None:
+            for file, prefix in storage.expand(uri):
+                add_remote(file, prefix)
+            continue
         path = Path(text)
         if not path.exists() and _GLOB_CHARS & set(text):
             matches = walker.glob(text)

@@ -19,9 +19,10 @@ from rollout_diag.catalogue import lookup, parse_round_key, round_quantity, shor
 from rollout_diag.paths import file_label, file_labels
 from rollout_diag.render.format import extra_cell, level, number, percent, plain, visible
 from rollout_diag.render.hints import hint_lines
-from rollout_diag.render.summary import HEADLINE, most_divergent_round, verdict_lines, where, worst_step
+from rollout_diag.render.summary import verdict_lines
 from rollout_diag.render.table import Column, FitTable, Num, Nums
 from rollout_diag.results import AnalysisResult, ExtraValue, RowMetrics, StepResult, StepTable, extra_names, run_rows
+from rollout_diag.results.wording import HEADLINE, most_divergent_round, where, worst_step
 
 # The per-step table's metric columns: kl, the judged metrics (the step's verdict column shows their level), the
 # catastrophic token count.

@@ -23,8 +23,8 @@ from rollout_diag.results import (
     StepResult,
     StepTable,
     SweepResult,
-    _json_row,
     json_number,
+    json_row,
 )
 
 
@@ -338,22 +338,22 @@ _REPEATS_FROM = 64  # values in a block from which repeated values are looked fo
 
 
 def row_texts(rows: Sequence[dict[str, Any]]) -> Iterator[str]:
-    """``_indented(_json_row(row), "\\n    ")`` of every row (the ``positions`` table); a Rows' column rows written
+    """``_indented(json_row(row), "\\n    ")`` of every row (the ``positions`` table); a Rows' column rows written
     into one text with a slot per key, checked against the row's own encoding on its first, middle and last row."""
     if not isinstance(rows, Rows):
-        yield from (_indented(_json_row(row), _ITEM) for row in rows)
+        yield from (_indented(json_row(row), _ITEM) for row in rows)
         return
-    yield from (_indented(_json_row(row), _ITEM) for row in rows.head)
+    yield from (_indented(json_row(row), _ITEM) for row in rows.head)
     pattern = _pattern(_indented(dict.fromkeys(rows.names, _SLOT), _ITEM), len(rows.names)) if rows.count else None
     slots = [(column, _COUNTS) for column in rows.columns]
     if pattern is not None:
         for index in sorted({0, rows.count // 2, rows.count - 1}):
             values = tuple(_value_texts(column, np.array([index]), newline)[0] for column, newline in slots)
-            if pattern % values != _indented(_json_row(rows[len(rows.head) + index]), _ITEM):
+            if pattern % values != _indented(json_row(rows[len(rows.head) + index]), _ITEM):
                 pattern = None
                 break
     if pattern is None:
-        yield from (_indented(_json_row(rows[len(rows.head) + index]), _ITEM) for index in range(rows.count))
+        yield from (_indented(json_row(rows[len(rows.head) + index]), _ITEM) for index in range(rows.count))
         return
     for begin in range(0, rows.count, _BLOCK):
         at = np.arange(begin, min(begin + _BLOCK, rows.count))

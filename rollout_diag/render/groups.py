@@ -14,6 +14,7 @@ from rollout_diag.formatting import GROUPS_SHOWN, group_label, selection_sentenc
 from rollout_diag.render.format import level, number, percent, plain
 from rollout_diag.render.table import Column, FitTable
 from rollout_diag.results import GroupResult
+from rollout_diag.results.wording import worst_group_line
 
 GROUP_METRICS = (catalogue.K3_KL.key, catalogue.CHI2_TOKEN.key, catalogue.LOG_PPL_ABS_DIFF.key)  # all in JSON
 
@@ -60,20 +61,6 @@ def group_table(column: str, groups: Sequence[GroupResult], shown: int = GROUPS_
             )
         )
     return parts
-
-
-def worst_group_line(groups: Sequence[GroupResult]) -> str | None:
-    """The worst group of each spec, joined ("env_name=code is the worst group: bad (k3_kl 0.035, 31 % of
-    tokens)"); None without groups."""
-    lines = []
-    for column, members in groupby(groups, key=lambda g: g.column):
-        worst = next(iter(members))
-        k3 = worst.metrics.get(catalogue.K3_KL.key)
-        lines.append(
-            f"{column}={group_label(worst.value)} is the worst group: {worst.verdict.get('level', 'n/a')} "
-            f"(k3_kl {number(k3)}, {percent(worst.token_share)} of tokens)"
-        )
-    return "; ".join(lines) or None
 
 
 def selection_line(selection: dict) -> Text:

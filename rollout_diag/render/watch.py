@@ -22,7 +22,7 @@ from rich.text import Text
 from rollout_diag import catalogue
 from rollout_diag.catalogue import short_name
 from rollout_diag.render.format import level, number, plain
-from rollout_diag.render.summary import most_divergent_round
+from rollout_diag.results.wording import most_divergent_round
 
 if TYPE_CHECKING:
     from rollout_diag.drivers.watch import StepReport, WatchUpdate

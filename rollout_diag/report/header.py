@@ -11,6 +11,7 @@ from rollout_diag.paths import file_labels, inputs_label
 from rollout_diag.report.markup import badge, escape, factor
 from rollout_diag.report.series import finite, step_series
 from rollout_diag.results import AnalysisResult, ComparisonResult, OverallVerdict, StepResult, StepTable
+from rollout_diag.results.wording import round_sentence
 
 if TYPE_CHECKING:  # a type only: report modules never call decisions' functions
     from rollout_diag.decisions.diff import DiffResult
@@ -185,20 +186,8 @@ def _step_findings(result: AnalysisResult) -> list[str]:
 
 def _where_findings(result: AnalysisResult) -> list[str]:
     findings = []
-    found = result.divergent_round  # named by the analysis (support rule) and judged there: stands out or not
-    if found is not None:
-        label = f"{'≥ ' if found.get('pooled') else ''}{found['round']}"
-        factor = found.get("factor")
-        versus = f", {factor:.2g}× the other rounds" if factor is not None else ""
-        numbers = (
-            f"mean |δ| {number(found['logprob_abs_diff_mean'], 4)} over {number(found['token_count'])} tokens{versus}"
-        )
-        made = f"; {found['note']}" if found.get("note") else ""
-        findings.append(
-            f"Most divergent round: {label} ({numbers})."
-            if found.get("stands_out")
-            else f"No round stands out (the highest, round {label}: {numbers}{made})."
-        )
+    if result.divergent_round is not None:  # named by the analysis (support rule) and judged there
+        findings.append(round_sentence(result.divergent_round))
     share = result.run.metrics.get(catalogue.CATASTROPHIC_TOKEN_SHARE.key)
     count = result.run.metrics.get(catalogue.CATASTROPHIC_TOKENS.key)
     if finite(share) and finite(count):

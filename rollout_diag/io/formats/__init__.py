@@ -23,6 +23,7 @@ from rollout_diag.errors import ConfigError, InputError, option_name
 from rollout_diag.io.formats.base import ParquetSource
 from rollout_diag.io.formats.registry import FORMATS, Peek, ordered
 from rollout_diag.io.sources import DirectoryWalker, Source, expand_inputs, refuse_remote
+from rollout_diag.io.storage import is_remote
 from rollout_diag.paths import natural_key
 
 for _module in pkgutil.iter_modules(__path__):  # each format module registers itself when imported
@@ -109,14 +110,17 @@ def resolve(
 ) -> tuple[str, list[Source]]:
     """(format, files to read in order) for the user's inputs; what should be said is appended to ``warnings``.
 
-    Parquet inputs expand exactly as before (``sources.expand_inputs``). Other formats: a directory
-    contributes its files of the format, ordered by step then name. Raises InputError when nothing of a
-    known format is found, or when inputs mix formats.
+    Parquet inputs expand exactly as before (``sources.expand_inputs``), and so do inputs on object storage (read as
+    Parquet only). Other formats: a directory contributes its files of the format, ordered by step then name. Raises
+    InputError when nothing of a known format is found, or when inputs mix formats.
     """
     input_format = check_format(input_format)
     for given in inputs:
         refuse_remote(str(given))
-    if input_format == PARQUET:
+    remote = next((str(given) for given in inputs if is_remote(str(given))), None)
+    if remote is not None and input_format not in (None, PARQUET):
+        raise InputError(f"{remote}: {input_format} files are read from local paths; object storage only as Parquet.")
+    if input_format == PARQUET or remote is not None:
         return PARQUET, expand_inputs(inputs, warnings)
     found: list[tuple[Path, Path | None, str | None]] = []
     for given in inputs:

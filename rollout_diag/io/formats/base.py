@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from rollout_diag.errors import InputError
+from rollout_diag.io.storage import identity, is_remote, open_file
 
 SKIP_REASON = "_skip_reason"  # canonical batches only: why a row could not be read (null = readable)
 SKIP_COLUMN = "_skip_column"  # the source field the reason is about
@@ -133,43 +134,56 @@ class ParquetSource:
     (~5 MiB a file of 100M tokens: +51 MiB at 1G tokens in ten files); ``ParquetFile.close`` keeps those."""
 
     def __init__(self, path: str) -> None:
-        import pyarrow.parquet as pq
-
         self.path = path
         self._identity = _identity(path)  # the file the footer is of
-        footer = pq.ParquetFile(path)
+        footer = self._open()
         try:
             self.metadata = footer.metadata
             self.schema = footer.schema
             self.schema_arrow = footer.schema_arrow
         finally:
-            footer.close()
+            footer.close(force=True)
         self._file: Any = None
+
+    def _open(self, metadata: Any = None) -> Any:
+        """A ``ParquetFile`` on the file: a local path as itself; an object-storage one (io/storage.py) through its
+        filesystem's random-access file, each row group's column chunks fetched in a few coalesced ranged reads."""
+        import pyarrow.parquet as pq
+
+        if not is_remote(self.path):
+            return pq.ParquetFile(self.path, metadata=metadata)
+        handle = open_file(self.path)
+        try:
+            return pq.ParquetFile(handle, metadata=metadata, pre_buffer=True)
+        except BaseException:
+            handle.close()
+            raise
 
     def iter_batches(self, **options: Any) -> Iterator[pa.RecordBatch]:
         """``ParquetFile.iter_batches`` on the file, opened now if it is not (its footer is not read again). Raises
         InputError where the file was replaced or rewritten since its footer was read: the footer's offsets would
         point into other bytes (a file kept open used to read the old one)."""
         if self._file is None:
-            import pyarrow.parquet as pq
-
             if _identity(self.path) != self._identity:
                 raise InputError(
                     f"{self.path}: the file changed while it was read (replaced or rewritten since its footer was "
                     "read); read it again once it is written."
                 )
-            self._file = pq.ParquetFile(self.path, metadata=self.metadata)
+            self._file = self._open(self.metadata)
         return self._file.iter_batches(**options)
 
     def close(self) -> None:
         """Let the open file go, with the buffers of the row group it read last (reopened if read again)."""
         if self._file is not None:
-            self._file.close()
+            self._file.close(force=True)  # force: a remote file's handle was opened here, not by the ParquetFile
             self._file = None
 
 
 def _identity(path: str) -> tuple[int, ...]:
-    """(device, inode, size, mtime in ns) of ``path``: another file, or the same rewritten, has another."""
+    """(device, inode, size, mtime in ns) of ``path`` ((size, mtime) on object storage): another file, or the same
+    rewritten, has another."""
+    if is_remote(path):
+        return identity(path)
     info = os.stat(path)
     return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 

@@ -1,0 +1,119 @@
+"""The contract: what every command returns, as typed results that read back from their JSON.
+
+- ``rows.py``: a step's metrics, the typed rows and findings (worst rows and tokens, anomalies, trends, hints, the
+  overall verdict) and what reading skipped;
+- ``columns.py``: the column store (steps held as float64 columns, read back as ``StepResult`` lists and dicts);
+- ``analysis.py``, ``comparison.py``, ``sweep.py``: each command's result and its JSON;
+- ``shapes.py``, ``document.py``, ``loading.py``: a saved document's shape, its common fields, reading it back;
+- ``reprs.py``: one-line reprs.
+"""
+
+from __future__ import annotations
+
+from rollout_diag.formatting import ExtraValue
+from rollout_diag.results.analysis import AnalysisResult, GroupResult, extra_names, json_row
+from rollout_diag.results.columns import (
+    Column,
+    ColumnSource,
+    Converted,
+    KeyColumns,
+    MetricColumns,
+    ReadSequence,
+    RowMetrics,
+    Rows,
+    StepTable,
+    metric_column,
+    run_rows,
+    step_ids,
+)
+from rollout_diag.results.comparison import (
+    FIRST_SECTION,
+    ComparisonResult,
+    PresetResult,
+    PresetTable,
+    Recommendation,
+)
+from rollout_diag.results.document import SCHEMA_VERSION
+from rollout_diag.results.loading import load_results, result_from_json
+from rollout_diag.results.reprs import repr_inputs, repr_text, short_repr
+from rollout_diag.results.rows import (
+    FILL_VALUES_KEPT,
+    Anomaly,
+    DialectLayout,
+    Evidence,
+    FillCount,
+    Hint,
+    OverallVerdict,
+    RowRef,
+    RowStats,
+    RowTokens,
+    SkippedData,
+    SkippedRow,
+    StepResult,
+    Sums,
+    Trend,
+    Verdict,
+    WorstRow,
+    WorstToken,
+    json_number,
+    repr_sizes,
+    share_text,
+)
+from rollout_diag.results.sweep import SweepOption, SweepPoint, SweepResult, SweepStep, SweepTarget
+
+__all__ = [
+    "FILL_VALUES_KEPT",
+    "FIRST_SECTION",
+    "SCHEMA_VERSION",
+    "AnalysisResult",
+    "Anomaly",
+    "Column",
+    "ColumnSource",
+    "ComparisonResult",
+    "Converted",
+    "DialectLayout",
+    "Evidence",
+    "ExtraValue",
+    "FillCount",
+    "GroupResult",
+    "Hint",
+    "KeyColumns",
+    "MetricColumns",
+    "OverallVerdict",
+    "PresetResult",
+    "PresetTable",
+    "ReadSequence",
+    "Recommendation",
+    "RowMetrics",
+    "RowRef",
+    "RowStats",
+    "RowTokens",
+    "Rows",
+    "SkippedData",
+    "SkippedRow",
+    "StepResult",
+    "StepTable",
+    "Sums",
+    "SweepOption",
+    "SweepPoint",
+    "SweepResult",
+    "SweepStep",
+    "SweepTarget",
+    "Trend",
+    "Verdict",
+    "WorstRow",
+    "WorstToken",
+    "extra_names",
+    "json_number",
+    "json_row",
+    "load_results",
+    "metric_column",
+    "repr_inputs",
+    "repr_sizes",
+    "repr_text",
+    "result_from_json",
+    "run_rows",
+    "share_text",
+    "short_repr",
+    "step_ids",
+]

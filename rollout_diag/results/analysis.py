@@ -1,0 +1,322 @@
+"""``analyze``'s result (``AnalysisResult``) and a ``--by`` group's (``GroupResult``), with their JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+from rollout_diag.errors import InputError
+from rollout_diag.formatting import ExtraValue
+from rollout_diag.results.columns import repr_worst_step
+from rollout_diag.results.document import SCHEMA_VERSION, schema_version
+from rollout_diag.results.reprs import repr_inputs, repr_text, short_repr
+from rollout_diag.results.rows import (
+    Anomaly,
+    Hint,
+    OverallVerdict,
+    RowTokens,
+    SkippedData,
+    SkippedRow,
+    StepLevel,
+    StepResult,
+    Trend,
+    Verdict,
+    WorstRow,
+    WorstToken,
+    json_number,
+    repr_sizes,
+    repr_verdict,
+)
+from rollout_diag.results.shapes import Number, check_shape, item_from_json, join_path, required
+
+
+def json_row(row: dict[str, Any]) -> dict[str, Any]:
+    return {key: json_number(value) for key, value in row.items()}
+
+
+def extra_names(rows: Iterable[WorstRow]) -> list[str]:
+    """The extra columns of ``rows``, each once, in the order they first appear (a table's extra columns)."""
+    names: dict[str, None] = {}
+    for row in rows:
+        names.update(dict.fromkeys(getattr(row, "extra", None) or {}))
+    return list(names)
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    """One group of rows of ``--by`` (``rollout_diag/groups.py``): its key metrics for the run and per step."""
+
+    column: str  # the --by spec as written: "env_name", "reward:sign", "response_length:bins=100,1000"
+    value: ExtraValue  # the column's value or the bucket's label; None: rows where the column is null
+    rows: int
+    tokens: int
+    row_share: float  # of the run's rows
+    token_share: float  # of the run's model tokens
+    metrics: dict[str, float]
+    steps: list[StepResult]
+    verdict: dict[str, Any]  # {"level", "sentence", "metrics": {key: {"value", "level"}}}
+    most_divergent_round: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "column": self.column,
+            "value": self.value,
+            "rows": self.rows,
+            "tokens": self.tokens,
+            "row_share": self.row_share,
+            "token_share": self.token_share,
+            "metrics": {name: json_number(value) for name, value in self.metrics.items()},
+            "steps": [step.to_json() for step in self.steps],
+            "verdict": json_verdict(self.verdict),
+            "most_divergent_round": self.most_divergent_round,
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> GroupResult:
+        return cls(
+            column=raw["column"],
+            value=raw["value"],
+            rows=raw["rows"],
+            tokens=raw["tokens"],
+            row_share=raw.get("row_share", 0.0),
+            token_share=raw.get("token_share", 0.0),
+            metrics={name: math.nan if value is None else value for name, value in raw["metrics"].items()},
+            steps=[StepResult.from_json(step) for step in raw.get("steps", [])],
+            verdict=dict(raw.get("verdict", {})),
+            most_divergent_round=raw.get("most_divergent_round"),
+        )
+
+    def __repr__(self) -> str:
+        return short_repr(
+            "GroupResult",
+            f"{repr_text(self.column)} = {repr_text('(null)' if self.value is None else self.value)}",
+            f"verdict {self.verdict.get('level', 'n/a')}",
+            f"{self.rows:,} rows, {self.tokens:,} model tokens, {len(self.steps):,} steps",
+        )
+
+
+def json_verdict(verdict: Mapping[str, Any]) -> dict[str, Any]:
+    metrics = {
+        key: {**entry, "value": json_number(entry.get("value"))} for key, entry in verdict.get("metrics", {}).items()
+    }
+    return {**verdict, "metrics": metrics}
+
+
+@dataclass(frozen=True)
+class AnalysisResult:
+    """Everything ``analyze`` found; ``to_json()`` is the documented JSON (schemas/result.schema.json)."""
+
+    JSON_SHAPES: ClassVar[dict[str, Any]] = {"step_levels": list[StepLevel]}  # fields whose JSON is typed further
+
+    inputs: list[str]
+    columns: dict[str, str]
+    layout: str
+    device: str
+    run: StepResult
+    steps: list[StepResult]  # built by analyze: a StepTable (the same StepResults, held as columns)
+    rounds: list[dict[str, Any]]
+    verdicts: list[Verdict]
+    # Localisation (where it diverges): see rollout_diag/metrics/localize.py.
+    # log2 position buckets; "step" None = run (built by analyze: Rows, the same dicts held as columns)
+    positions: list[dict[str, Any]] = field(default_factory=list)
+    worst_rows: list[WorstRow] = field(default_factory=list)
+    worst_tokens: list[WorstToken] = field(default_factory=list)
+    worst_row_tokens: list[RowTokens] = field(default_factory=list)
+    delta_histogram: dict[str, list[float]] = field(default_factory=dict)  # signed log bins of δ, run level
+    anomalies: list[Anomaly] = field(default_factory=list)
+    trends: list[Trend] = field(default_factory=list)
+    catastrophic_threshold: float = 1.0
+    warnings: list[str] = field(default_factory=list)
+    skipped: list[SkippedRow] = field(default_factory=list)
+    skipped_rows: int = 0
+    # how much of the input was skipped, of how much, and why (every skipped row counted, not only those listed)
+    skipped_data: SkippedData = field(default_factory=SkippedData)
+    anomalies_cut: int = 0  # flags beyond the ANOMALY_KEEP largest (``anomalies`` holds those, largest first)
+    hints: list[Hint] = field(default_factory=list)  # likely root causes, only those the data supports
+    format: str = "parquet"  # the trainer format the inputs were read as (io/formats)
+    # Judgement, filled once by rollout_diag.decisions when the result is built; renderers only read these.
+    verdict: OverallVerdict | None = None
+    # per step: {"step", "level" (the step's worst), "levels": {judged metric: level}}
+    step_levels: list[dict[str, Any]] = field(default_factory=list)
+    # the most divergent round under the support rule and whether it stands out from the others (None: one round)
+    divergent_round: dict[str, Any] | None = None
+    anomaly_check: str = ""  # why the anomaly rule could not apply ("" when it did)
+    groups: list[GroupResult] = field(default_factory=list)  # --by: every group of every spec, worst first
+    selection: dict[str, Any] = field(default_factory=dict)  # --where / --steps: {"where", "steps", "rows_kept", …}
+
+    def to_json(self) -> dict[str, Any]:
+        document = self.json_document()
+        return {
+            **document,
+            "steps": [step.to_json() for step in self.steps],
+            "positions": [json_row(row) for row in self.positions],
+            "step_levels": [dict(entry) for entry in self.step_levels],
+        }
+
+    def json_document(self) -> dict[str, Any]:
+        """``to_json`` with the per-step tables ``steps``, ``positions`` and ``step_levels`` left as this result holds
+        them (a StepTable, Rows, a list of dicts), in their places: what ``render.export.analysis_json_pieces`` writes
+        from their columns, a step at a time, without a dict per step."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "inputs": list(self.inputs),
+            "columns": dict(self.columns),
+            "layout": self.layout,
+            "format": self.format,
+            "device": self.device,
+            "run": self.run.to_json(),
+            "steps": self.steps,
+            "rounds": [json_row(row) for row in self.rounds],
+            "verdicts": [{**asdict(v), "value": json_number(v.value)} for v in self.verdicts],
+            "catastrophic_threshold": self.catastrophic_threshold,
+            "positions": self.positions,
+            "worst_rows": [{**json_row(asdict(row)), "extra": json_row(row.extra)} for row in self.worst_rows],
+            "worst_tokens": [
+                json_row({**asdict(t), "trainer_prob": t.trainer_prob, "rollout_prob": t.rollout_prob})
+                for t in self.worst_tokens
+            ],
+            "worst_row_tokens": [
+                {**asdict(row), "end": row.start + len(row.mask), "extra": json_row(row.extra)}
+                for row in self.worst_row_tokens
+            ],
+            "delta_histogram": dict(self.delta_histogram),
+            "anomalies": [json_row(asdict(a)) for a in self.anomalies],
+            "anomalies_cut": self.anomalies_cut,
+            "trends": [json_row(asdict(t)) for t in self.trends],
+            "warnings": list(self.warnings),
+            "skipped": [asdict(s) for s in self.skipped],
+            "skipped_rows": self.skipped_rows,
+            "skipped_data": self.skipped_data.to_json(),
+            "hints": [{**asdict(h), "evidence": json_row(h.evidence)} for h in self.hints],
+            "verdict": None if self.verdict is None else self.verdict.to_json(),
+            "step_levels": self.step_levels,
+            "divergent_round": None if self.divergent_round is None else json_row(self.divergent_round),
+            "anomaly_check": self.anomaly_check,
+            "groups": [group.to_json() for group in self.groups],
+            "selection": dict(self.selection),
+        }
+
+    def to_polars(self) -> dict[str, Any]:
+        """The tables a user slices, as polars DataFrames: steps (one row per step, one column per verl-named
+        metric), run, rounds, positions, worst_rows (with their extra columns), worst_tokens, verdicts, groups and
+        group_steps (``--by``). Raises ConfigError without polars."""
+        from rollout_diag.export import analysis_frames  # a view, loaded when asked for (export/ reads results)
+
+        return analysis_frames(self)
+
+    def to_pandas(self) -> dict[str, Any]:
+        """``to_polars()``'s tables as pandas DataFrames; raises ConfigError (saying what to install) without pandas."""
+        from rollout_diag.export import to_pandas
+
+        return to_pandas(self.to_polars())
+
+    def _repr_html_(self) -> str:
+        """A notebook shows the verdict, where the mismatch sits and the key metrics (not the dataclass)."""
+        from rollout_diag.export import analysis_html
+
+        return analysis_html(self)
+
+    def __repr__(self) -> str:
+        findings = self.verdict.findings if self.verdict is not None else []
+        return short_repr(
+            "AnalysisResult",
+            repr_verdict(self.verdict),
+            repr_sizes(self.run, self.steps, self.skipped_rows),
+            repr_worst_step(self.steps),
+            f"findings {', '.join(findings)}" if findings else "",
+            repr_inputs(self.inputs),
+        )
+
+    @classmethod
+    def from_json(cls, document: dict[str, Any]) -> AnalysisResult:
+        """The AnalysisResult that ``to_json()`` wrote ``document`` from (JSON null metrics come back as NaN).
+
+        Raises InputError when the document is not an ``analyze`` result of a schema version this build reads.
+        """
+        if not isinstance(document, dict) or "run" not in document or "steps" not in document:
+            raise InputError("not an `analyze --format json` result: expected keys 'run' and 'steps'")
+        schema_version(document)
+        try:  # a field of the wrong shape: one line naming it
+            check_shape(cls, document, "", require=False)
+            rows = [
+                (f"{name}[{index}]", name, row)
+                for name in _TABLE_ROW_LABEL
+                for index, row in enumerate(document.get(name, []))
+            ]
+            if document.get("divergent_round") is not None:  # a rounds row, judged
+                rows.append(("divergent_round", "rounds", document["divergent_round"]))
+            for where_, name, row in rows:  # rows of numbers, labelled by a few keys
+                label, kind = _TABLE_ROW_LABEL[name]
+                if label not in row:
+                    raise InputError(f"field '{where_}.{label}': missing.")
+                check_shape(kind, row[label], f"{where_}.{label}")
+                for key, value in row.items():
+                    check_shape(_TABLE_ROW_KEYS.get(key, float), value, join_path(where_, key))
+            check_shape(dict[str, list[Number]], document.get("delta_histogram", {}), "delta_histogram")
+        except InputError as exc:
+            raise InputError(f"not an `analyze --format json` result: {exc.message}") from None
+        values: dict[str, Any] = {}
+        for spec in dataclasses.fields(cls):
+            if spec.name not in document:
+                continue
+            raw = document[spec.name]
+            if spec.name == "run":
+                values[spec.name] = StepResult.from_json(raw)
+            elif spec.name == "steps":
+                values[spec.name] = [StepResult.from_json(step) for step in raw]
+            elif spec.name in _ITEM_TYPES:
+                values[spec.name] = [item_from_json(_ITEM_TYPES[spec.name], item) for item in raw]
+            elif spec.name == "verdict":
+                values[spec.name] = None if raw is None else OverallVerdict.from_json(raw)
+            elif spec.name == "skipped_data":
+                values[spec.name] = SkippedData.from_json(raw)
+            elif spec.name == "groups":
+                values[spec.name] = [GroupResult.from_json(group) for group in raw]
+            elif spec.name in ("rounds", "positions"):
+                values[spec.name] = [{key: _nan_for_null(value, key) for key, value in row.items()} for row in raw]
+            else:
+                values[spec.name] = raw
+        missing = [spec.name for spec in dataclasses.fields(cls) if required(spec) and spec.name not in values]
+        if missing:
+            raise InputError(f"result JSON lacks {', '.join(missing)}")
+        return cls(**values)
+
+
+# List fields of AnalysisResult whose items are dataclasses.
+_ITEM_TYPES: dict[str, type] = {
+    "verdicts": Verdict,
+    "skipped": SkippedRow,
+    "worst_rows": WorstRow,
+    "worst_tokens": WorstToken,
+    "worst_row_tokens": RowTokens,
+    "anomalies": Anomaly,
+    "trends": Trend,
+    "hints": Hint,
+}
+
+
+def _nan_for_null(value: Any, key: str) -> Any:
+    # Integers-or-labels stay as they are; a null float metric was NaN before to_json().
+    if value is None and key not in ("step", "bucket", "label"):
+        return math.nan
+    return value
+
+
+# ------------------------------------------------------------------ the shape of a saved result
+# Keys of a rounds / positions row that are not numbers (every other key is a number, or null for NaN).
+_TABLE_ROW_KEYS: dict[str, Any] = {
+    "pooled": bool,
+    "bucket": str,
+    "label": str,
+    "step": int | None,
+    "stands_out": bool,
+    "note": str,  # divergent_round's
+    "unsupported": list[int],  # … and the rounds below the support rule
+}
+
+
+# The key that names each row of a table (never null), and its kind.
+_TABLE_ROW_LABEL: dict[str, tuple[str, Any]] = {"rounds": ("round", int), "positions": ("bucket", str)}

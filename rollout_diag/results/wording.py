@@ -1,0 +1,126 @@
+"""Findings in words: the "Where:" lines and the most divergent round, worded once for every place that prints them
+(the terminal's first screen and ``watch``, the report's "What stands out", a notebook's ``_repr_html_``).
+
+Reads what a result carries (its steps, ``divergent_round``, worst rows and tokens, groups, trends); judges nothing:
+whether a round stands out was decided when the result was built (rollout_diag/decisions/). Plain strings: each
+renderer escapes and styles them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from itertools import groupby
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rollout_diag.catalogue import K3_KL, short_name
+from rollout_diag.formatting import group_label, number, percent
+from rollout_diag.paths import file_label
+from rollout_diag.results.columns import StepTable
+
+if TYPE_CHECKING:
+    from rollout_diag.results.analysis import AnalysisResult, GroupResult
+    from rollout_diag.results.rows import StepResult
+
+HEADLINE = K3_KL.key  # the metric that ranks steps
+
+
+def worst_step(steps: Sequence[StepResult], metric: str = HEADLINE) -> StepResult | None:
+    """The step with the largest finite ``metric`` (the first of equal maxima); None when no step has one."""
+    if isinstance(steps, StepTable) and (read := steps.float_column(metric)) is not None:
+        present, values = read  # from the column: no step is built but the worst (the first of equal maxima)
+        scored = np.flatnonzero(present & np.isfinite(values))
+        return steps.step(int(scored[np.argmax(values[scored])])) if scored.size else None
+    scored_steps = [s for s in steps if s.step is not None and _finite(s.metrics.get(metric))]
+    return max(scored_steps, key=lambda s: s.metrics[metric]) if scored_steps else None
+
+
+def most_divergent_round(result: AnalysisResult) -> dict[str, Any] | None:
+    """The round the analysis named as most divergent, when it stands out from the others (``divergent_round``)."""
+    found = result.divergent_round
+    return found if found is not None and found.get("stands_out") else None
+
+
+def _round_label(found: Mapping[str, Any]) -> str:
+    return f"≥ {found['round']}" if found.get("pooled") else str(found["round"])
+
+
+def _round_numbers(found: Mapping[str, Any]) -> str:
+    factor = found.get("factor")
+    versus = f", {factor:.2g}× the other rounds" if factor is not None else ""
+    return f"mean |δ| {number(found['logprob_abs_diff_mean'])} over {number(found['token_count'])} tokens{versus}"
+
+
+def _no_round(found: Mapping[str, Any]) -> str:
+    made = f"; {found['note']}" if found.get("note") else ""
+    return f"no round stands out (the highest, round {_round_label(found)}: {_round_numbers(found)}{made})"
+
+
+def round_phrase(found: Mapping[str, Any]) -> str:
+    """ "most divergent round 3 (mean |δ| …, 2.1× the other rounds)" or "no round stands out (the highest, …)"."""
+    if found.get("stands_out"):
+        return f"most divergent round {_round_label(found)} ({_round_numbers(found)})"
+    return _no_round(found)
+
+
+def round_sentence(found: Mapping[str, Any]) -> str:
+    """:func:`round_phrase` as a finding of its own: "Most divergent round: 3 (…)." or "No round stands out (…)."."""
+    if found.get("stands_out"):
+        return f"Most divergent round: {_round_label(found)} ({_round_numbers(found)})."
+    phrase = _no_round(found)
+    return f"{phrase[0].upper()}{phrase[1:]}."
+
+
+def worst_group_line(groups: Sequence[GroupResult]) -> str | None:
+    """The worst group of each spec, joined ("env_name=code is the worst group: bad (k3_kl 0.035, 31 % of
+    tokens)"); None without groups."""
+    lines = []
+    for column, members in groupby(groups, key=lambda g: g.column):
+        worst = next(iter(members))
+        k3 = worst.metrics.get(K3_KL.key)
+        lines.append(
+            f"{column}={group_label(worst.value)} is the worst group: {worst.verdict.get('level', 'n/a')} "
+            f"(k3_kl {number(k3)}, {percent(worst.token_share)} of tokens)"
+        )
+    return "; ".join(lines) or None
+
+
+def where(result: AnalysisResult) -> list[str]:
+    """Where the mismatch sits: the step trends that rise ("mean |δ| up 2.5× from step 0 to 44"), the worst step,
+    the most divergent round, the worst row and token, the worst group of each ``--by`` spec. A place whose value is
+    0 is no place (identical logprobs have no worst step, row or token)."""
+    lines = [trend.headline for trend in result.trends if trend.against == "step" and trend.headline]
+    step = worst_step(result.steps)
+    run_value = result.run.metrics.get(HEADLINE)
+    if step is not None and len(result.steps) > 1 and _positive(step.metrics.get(HEADLINE)):
+        value = step.metrics[HEADLINE]
+        ratio = f", {value / run_value:.1f}× the run" if _finite(run_value) and run_value > 0 else ""
+        lines.append(f"worst step {step.step} ({short_name(HEADLINE)} {number(value)}{ratio})")
+    if result.divergent_round is not None and _positive(result.divergent_round.get("logprob_abs_diff_mean")):
+        lines.append(round_phrase(result.divergent_round))
+    rows = [r for r in result.worst_rows if r.criterion == "log_ppl_abs_diff" and r.log_ppl_diff != 0]
+    if rows:
+        row = rows[0]
+        lines.append(
+            f"worst row: sample {row.sample_id} of step {row.step} ({file_label(row.file, result.inputs)}:{row.row}, "
+            f"log-ppl diff {number(row.log_ppl_diff)})"
+        )
+    if result.worst_tokens and result.worst_tokens[0].log_ratio != 0:
+        token = result.worst_tokens[0]
+        lines.append(
+            f"largest |δ| {number(abs(token.log_ratio))} at position {token.position} of sample {token.sample_id}"
+        )
+    line = worst_group_line([group for group in result.groups if _positive(group.metrics.get(HEADLINE))])
+    if line:
+        lines.append(line)
+    return lines
+
+
+def _positive(value: float | None) -> bool:
+    return _finite(value) and value > 0  # type: ignore[operator]
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
