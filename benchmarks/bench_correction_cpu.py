@@ -19,9 +19,9 @@ import time
 import torch
 
 from rollout_diag.drivers.passes import ANALYSIS_QUANTITIES
+from rollout_diag.engine.stats import prepare, stats
 from rollout_diag.io.reader import DumpReader
 from rollout_diag.metrics.outcome import CorrectionAnalysis
-from rollout_diag.metrics.segments import prepare, stats
 from rollout_diag.metrics.sweep import SweepAccumulator
 from rollout_diag.presets import get_presets
 

@@ -303,7 +303,7 @@ def arithmetic_alone(path: Path, device: str, size: int, repeat: int) -> dict[st
 
 def equal_to_cpu(path: Path, tokens: int, gpu_result: Any, found: dict) -> None:
     import rollout_diag as rd
-    from rollout_diag.kernels import use_engine
+    from rollout_diag.engine.choice import use_engine
 
     with use_engine("numba"):
         cpu_result = rd.analyze(path, device="cpu")

@@ -66,7 +66,7 @@ def main() -> None:
         if tokens >= options.tokens:
             break
     timed(base.StepAccumulator, "update")
-    timed(base.StepAccumulator, "_append", "StateTable bookkeeping (_append)")
+    timed(base.StepAccumulator, "append_table", "StateTable bookkeeping (append_table)")
     timed(hints.HintEvidenceAccumulator, "update")
     timed(localize.WorstTracker, "update")
     timed(verl.VerlAccumulator, "update")

@@ -731,7 +731,7 @@ def print_version(value: bool) -> None:
 
 
 class Engine(str, Enum):
-    """The per-token engines (rollout_diag.kernels.ENGINES)."""
+    """The per-token engines (rollout_diag.engine.choice.ENGINES)."""
 
     auto = "auto"
     numba = "numba"
@@ -1030,7 +1030,7 @@ def compare_presets(
         from rollout_diag.export.tensorboard import writer_class
 
         writer_class()
-    from rollout_diag.kernels import expect_presets
+    from rollout_diag.engine.choice import expect_presets
 
     expect_presets()  # a first run compiles the preset kernels in a helper process from the start
     dump = reading.open(inputs, read_ahead=selection.every_row(), numpy=True)
@@ -1172,7 +1172,7 @@ def report(
     refuse_overwriting_inputs({"output": output}, inputs, from_json, vs, choice.presets_file)
     dump = None
     if inputs:  # opened before the imports below load torch: a bad file fails at once
-        from rollout_diag.kernels import expect_presets
+        from rollout_diag.engine.choice import expect_presets
 
         expect_presets()  # a first run compiles the preset kernels in a helper process from the start
         dump = reading.open(inputs, read_ahead=selection.every_row(), numpy=True)

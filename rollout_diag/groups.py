@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from itertools import pairwise
 from typing import Any
 
@@ -24,14 +23,12 @@ from rollout_diag import catalogue
 from rollout_diag.decisions.verdict import group_verdict
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
+from rollout_diag.engine.stats import stats
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.io.chunk import Chunk, StepGroups, extra_value
 from rollout_diag.metrics.base import StepAccumulator
-from rollout_diag.metrics.debug import DebugAccumulator
-from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
-from rollout_diag.metrics.rollout_kl import RolloutKLAccumulator
-from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS, RoundAccumulator
-from rollout_diag.metrics.segments import ChunkStats, PerToken, _named, stats
+from rollout_diag.metrics.families import FAMILIES
+from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS
 from rollout_diag.results import ExtraValue, GroupResult, StepResult
 
 # Per-row values derived from the tokens, usable as --by columns like a dump column.
@@ -42,19 +39,6 @@ DERIVED = {
 BUCKETINGS = ("sign", "bins")
 SIGN_LABELS = ("negative", "zero", "positive")
 MAX_GROUPS = 10_000  # state per group: a bound keeps memory bounded (a sample id is no grouping column)
-# ChunkStats values that do not depend on how rows are grouped: a view reuses them.
-_ROW_LEVEL = (
-    "segment_starts",
-    "segment_length",
-    "segment_row",
-    "segment_bucket",
-    "segment_round",
-    "rounds_per_row",
-    "row_count",
-    "row_tokens",
-    "valid_rows",
-    "_filled_rows",
-)
 
 
 @dataclass(frozen=True)
@@ -158,93 +142,31 @@ def _bucket(spec: GroupSpec, value: ExtraValue, file: str) -> tuple[tuple, Extra
     return (0, index), spec.bucket_labels()[index]
 
 
-class _ViewStats(ChunkStats):
-    """ChunkStats of a view. Groups interleave within a chunk, so the centred sums of ``group_moments`` are taken
-    over each group's tokens gathered into one contiguous run (rows in order), as analysing the group alone does,
-    instead of through a per-token group index (2 gathers and 2 temporaries per quantity)."""
-
-    @cached_property
-    def _runs(self) -> tuple[np.ndarray, list[tuple[int, int]]]:
-        """(model-token order that makes each group one run, rows in order; [lo, hi) of each group in it)."""
-        row_group = arrays.host(self.chunk.groups.row_group)
-        lengths = arrays.host(self.row_tokens)
-        starts = np.cumsum(lengths) - lengths
-        rows = np.argsort(row_group, kind="stable")
-        run_lengths = lengths[rows]
-        run_starts = np.cumsum(run_lengths) - run_lengths
-        order = np.repeat(starts[rows] - run_starts, run_lengths) + np.arange(int(run_lengths.sum()))
-        per_group = np.bincount(row_group, weights=lengths, minlength=self.chunk.groups.count).astype(np.int64)
-        edges = np.concatenate([[0], np.cumsum(per_group)]).tolist()
-        return order, list(pairwise(edges))
-
-    def group_moments(self, x_name: str | PerToken, y_name: str | None = None) -> Array:
-        x_name = _named(x_name)
-        if not isinstance(x_name, str) or self.chunk.device_type != "cpu":
-            return super().group_moments(x_name, y_name)
-        order, ranges = self._runs
-        n = self.group_tokens
-        safe_n = arrays.clamp(n, lower=1.0)
-        mean_x = (self.group_sum(x_name) / safe_n).tolist()
-        single, same = y_name is None, y_name == x_name
-        mean_y = [0.0] * len(mean_x) if single else (self.group_sum(y_name) / safe_n).tolist()
-        x = arrays.host(self.token(x_name))[order]
-        y = x if single or same else arrays.host(self.token(y_name))[order]
-        kind = self.chunk.trainer  # the dot products of the chunk's kind of array: numpy's, or torch's on tensors
-        sums = np.zeros((len(ranges), 3), dtype=np.float64)
-        for group, (lo, hi) in enumerate(ranges):
-            if hi == lo:
-                continue
-            dx = arrays.like(x[lo:hi], kind) - mean_x[group]
-            sums[group, 0] = arrays.dot(dx, dx)
-            if single:
-                continue
-            if same:
-                sums[group, 1] = sums[group, 2] = sums[group, 0]
-                continue
-            dy = arrays.like(y[lo:hi], kind) - mean_y[group]
-            sums[group, 1] = arrays.dot(dy, dy)
-            sums[group, 2] = arrays.dot(dx, dy)
-        m2 = arrays.like(sums, n)
-        means_x, means_y = (arrays.like(np.array(means, dtype=np.float64), n) for means in (mean_x, mean_y))
-        return arrays.stack([n, means_x, means_y, m2[:, 0], m2[:, 1], m2[:, 2]], axis=-1)
-
-
 def _view(chunk: Chunk, keys: tuple, row_group: Array) -> Chunk:
     """``chunk`` with (group, step) pairs as its step groups; tensors and row-level statistics shared."""
     view = copy.copy(chunk)
     view.__dict__["groups"] = StepGroups(steps=keys, row_group=row_group)
-    original = stats(chunk)
-    shared = _ViewStats(view)
-    shared._tokens, shared._sums = original._tokens, original._sums
-    shared._maxima, shared._minima = original._maxima, original._minima
-    for name in _ROW_LEVEL:
-        if name in original.__dict__:
-            shared.__dict__[name] = original.__dict__[name]
-    view.cache = {"stats": shared}
+    view.cache = {"stats": stats(chunk).regrouped(view)}
     return view
 
 
 @dataclass
 class GroupedAnalysis:
-    """The key families (§1 off-policy, §5 debug, rollout-KL, per round) per (group, step), for one GroupSpec."""
+    """The key families (``FAMILIES`` reported per group: §1 off-policy, §5 debug, rollout-KL, per round) per
+    (group, step), for one GroupSpec."""
 
     spec: GroupSpec
     max_rounds: int = DEFAULT_MAX_ROUNDS
     catastrophic: float = 1.0
-    offpolicy: OffPolicyAccumulator = field(default_factory=OffPolicyAccumulator)
-    debug: DebugAccumulator = field(default_factory=DebugAccumulator)
-    rollout_kl: RolloutKLAccumulator = field(default_factory=RolloutKLAccumulator)
-    rounds: RoundAccumulator = field(init=False)
+    families: tuple[StepAccumulator, ...] = field(init=False)  # FAMILIES' per-group ones, in their order
     values: dict[tuple, ExtraValue] = field(default_factory=dict)  # sort key -> group value
     # (sort key, step) -> the integer the families key its state by while reading (first seen, first numbered)
     ids: dict[tuple, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.rounds = RoundAccumulator(self.max_rounds, self.catastrophic)
-
-    @property
-    def families(self) -> tuple[StepAccumulator, ...]:
-        return (self.offpolicy, self.debug, self.rollout_kl, self.rounds)
+        self.families = tuple(
+            family.make(self.max_rounds, self.catastrophic) for family in FAMILIES if family.per_group
+        )
 
     def update(self, chunk: Chunk) -> None:
         ids: dict[tuple, int] = {}
@@ -282,6 +204,13 @@ class GroupedAnalysis:
             mine.merge(renamed)
         for key, value in other.values.items():
             self.values.setdefault(key, value)
+
+    def restricted(self, keep: Callable[[int], bool]) -> GroupedAnalysis:
+        """A shallow copy whose families hold only the (group, step) pairs whose step ``keep`` accepts."""
+        numbers = np.array([number for key, number in self.ids.items() if keep(key[1])], dtype=np.int64)
+        part = copy.copy(self)
+        part.families = tuple(family.restricted(np.isin(family.store.steps, numbers)) for family in self.families)
+        return part
 
     def split(self, family: StepAccumulator) -> dict[tuple, StepAccumulator]:
         """One accumulator per group, keyed by step as analysing the group's rows alone keys it."""

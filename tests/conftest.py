@@ -20,8 +20,8 @@ os.environ["ROLLOUT_DIAG_SMALL_INPUT_TOKENS"] = "0"
 @pytest.fixture
 def engines_seen(monkeypatch) -> list[str]:
     """The engine class of every chunk's statistics (``KernelStats``: numba, ``ChunkStats``: torch), in the order
-    ``metrics.segments.stats`` made them; clear the list between runs."""
-    from rollout_diag.metrics import segments
+    ``engine.stats.stats`` made them; clear the list between runs."""
+    from rollout_diag.engine import stats as segments
 
     seen: list[str] = []
     original = segments.stats

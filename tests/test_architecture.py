@@ -175,6 +175,48 @@ def test_metrics_import_no_presentation_or_cli():
         assert not wrong, f"{name} imports {wrong}"
 
 
+def test_engine_imports_no_metrics_decisions_or_presentation():
+    """engine/ says how a chunk's numbers are computed fast; what is measured lives in metrics/, above it."""
+    forbidden = ("rollout_diag.metrics", "rollout_diag.decisions", "rollout_diag.groups", "rich", "typer")
+    for name in [n for n in modules() if in_group(n, ("rollout_diag.engine",))]:
+        wrong = sorted(t for t in imports_of(name) if in_group(t, forbidden))
+        assert not wrong, f"{name} imports {wrong}"
+
+
+def _private_names_imported(name: str, source: str) -> list[str]:
+    """The ``_private`` names a module takes from another module of ``source`` (a package prefix)."""
+    found = []
+    for node in _import_nodes(ast.parse(modules()[name].read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and in_group(node.module, (source,)):
+            found += [f"{node.module}.{alias.name}" for alias in node.names if alias.name.startswith("_")]
+    return found
+
+
+def test_metrics_import_no_private_name_of_the_engine():
+    for name in [n for n in modules() if in_group(n, ("rollout_diag.metrics", "rollout_diag.groups"))]:
+        assert not _private_names_imported(name, "rollout_diag.engine"), name
+
+
+def test_a_private_import_from_the_engine_is_caught(tmp_path, monkeypatch):
+    module = tmp_path / "probe.py"
+    module.write_text("from rollout_diag.engine.stats import _reduce\n", encoding="utf-8")
+    monkeypatch.setitem(modules(), "probe", module)
+    assert _private_names_imported("probe", "rollout_diag.engine") == ["rollout_diag.engine.stats._reduce"]
+
+
+def test_only_the_engine_and_io_import_the_kernels():
+    """The compiled passes are the engine's (and the reader's scans): drivers, metrics and the CLI ask the engine."""
+    allowed = ("rollout_diag.kernels", "rollout_diag.engine", "rollout_diag.io")
+    for name in [n for n in modules() if not in_group(n, allowed) and n != "rollout_diag"]:
+        wrong = sorted(t for t in imports_of(name) if in_group(t, ("rollout_diag.kernels",)))
+        assert not wrong, f"{name} imports {wrong}"
+
+
+def test_watch_finds_its_accumulators_without_reflection():
+    source = modules()["rollout_diag.drivers.watch"].read_text(encoding="utf-8")
+    assert "vars(" not in source and "__module__" not in source
+
+
 def test_compare_holds_only_the_comparison():
     tree = ast.parse(modules()["rollout_diag.drivers.compare"].read_text(encoding="utf-8"))
     classes = [node.name for node in tree.body if isinstance(node, ast.ClassDef)]
@@ -300,7 +342,9 @@ LAYERS = (
     ("rollout_diag.formatting",),  # numbers and data strings as text: imports nothing of the package
     ("rollout_diag.results",),
     ("rollout_diag.glossary",),
-    ("rollout_diag.kernels",),  # compiled CPU code over plain arrays: the reader's scans and the engines' passes
+    ("rollout_diag.engine.quantities",),  # the token-quantity table the kernels and the engines read
+    # compiled CPU code over plain arrays (the reader's scans and the engines' passes), and which engine runs
+    ("rollout_diag.kernels", "rollout_diag.engine.choice"),
     ("rollout_diag.io",),
     ("rollout_diag.engine",),  # how a chunk's numbers are computed fast: the engines and the per-step state
     ("rollout_diag.export",),
@@ -503,3 +547,16 @@ def test_a_new_format_is_one_registration(tmp_path):
         assert open_source(sources[0], fmt, trust_pickle=True) == "opened" and opened == [(sources[0].path, True)]
     finally:
         del FORMATS["fake-rl"]
+
+
+def test_the_token_quantity_table_is_stated_once():
+    """engine/quantities.py names every quantity the kernels compute; each name has its formula, and the kernels read
+    the names from the table (no list of their own)."""
+    import rollout_diag.metrics.hints  # noqa: F401  (registers the hint quantities' formulas)
+    from rollout_diag.engine import quantities
+    from rollout_diag.engine.formulas import TOKEN_QUANTITIES
+
+    named = {*quantities.QUANTITIES, *quantities.EXTREMES, *quantities.PRESET_BASES, *quantities.SHARED_QUANTITIES}
+    assert named <= set(TOKEN_QUANTITIES)
+    for kernel in ("rollout_diag.kernels.cpu", "rollout_diag.kernels.presets"):
+        assert "rollout_diag.engine.quantities" in imports_of(kernel)

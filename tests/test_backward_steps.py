@@ -1,6 +1,6 @@
 """Chunks that go back in steps (per-rank files each holding every step, the same file read twice, a shuffled input):
-each starts a layer of the accumulator's table instead of merging into the whole table (StepAccumulator._append), and
-the layers are folded in one pass (StateTable.folded). The table, and every result, is the one merging chunk after
+each starts a layer of the accumulator's table instead of merging into the whole table (StepAccumulator.append_table),
+and the layers are folded in one pass (StateTable.folded). The table, and every result, is the one merging chunk after
 chunk into the whole table gave, bit for bit (but a NaN's sign: ``test_state_table_fast.assert_same_table``); the work
 grows with the input, not with its square; and chunks that come in step order never start a layer."""
 
@@ -85,7 +85,7 @@ def fed(make: Callable[[], Any], sequence: Sequence[Any]) -> Any:
 
 def merged_chunk_by_chunk(make: Callable[[], Any], sequence: Sequence[Any]) -> Any:
     """The whole-table path: one accumulator per chunk, merged in order (``merge``: the table so far merged with the
-    chunk's, as ``_append`` did for a chunk that went back)."""
+    chunk's, as ``append_table`` did for a chunk that went back)."""
     first = fed(make, sequence[:1])
     for chunk in sequence[1:]:
         first.merge(fed(make, [chunk]))
@@ -274,7 +274,7 @@ def _work(monkeypatch, tables: Sequence[StateTable]) -> tuple[int, int, StateTab
         monkeypatch.setattr(StateTable, "folded", classmethod(folded))
     family = _Family()
     for table in tables:
-        family._append(table)
+        family.append_table(table)
     table = family.store
     work = read[0]
     for name, original in originals.items():
@@ -344,7 +344,7 @@ def test_every_chunk_going_back_to_one_step_holds_few_layers(monkeypatch):
     tables += [_table(rng, [0, 1, 2], rows=2) for _ in range(3 * bound)]
     family, held = _Family(), []
     for table in tables:
-        family._append(table)
+        family.append_table(table)
         held.append(len(family.__dict__.get("_layers", ())))
     assert max(held) == bound, max(held)  # the bound, not the bytes, decided
     work, whole, table, expected = _work(monkeypatch, tables)

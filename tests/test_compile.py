@@ -45,7 +45,7 @@ class Compiles(event.Listener):
 
 event.register("numba:compile", Compiles())
 import rollout_diag as rd
-from rollout_diag.kernels import use_engine
+from rollout_diag.engine.choice import use_engine
 
 commands = sys.argv[1].split(",")
 with use_engine("numba"):

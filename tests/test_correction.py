@@ -39,10 +39,10 @@ from reference import (
 from rollout_diag.decisions.intrusive import INTRUSIVE_MIN_ESS, intrusive_reasons
 from rollout_diag.drivers.compare import compare_presets
 from rollout_diag.drivers.exports import export_decisions
+from rollout_diag.engine.stats import ChunkStats
 from rollout_diag.errors import ConfigError, DataError
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.outcome import CorrectionAnalysis
-from rollout_diag.metrics.segments import ChunkStats
 from rollout_diag.presets import PRESETS, RS_OPTIONS, LegacyCorrection, Preset, preset_from_options
 
 RTOL = 1e-9  # library and reference sum in different orders; both float64
@@ -535,8 +535,7 @@ def test_decisions_file_errors(dump, tmp_path):
 def test_derived_names_are_remembered_and_tell_the_signs_of_zero_apart():
     """``derived`` answers from a memo after the first call: the same name, registered once, and a bound of −0.0
     stays a quantity of its own (it compares equal to +0.0, and its name differs)."""
-    from rollout_diag.metrics.correction import DERIVED, derived
-    from rollout_diag.metrics.segments import TOKEN_QUANTITIES
+    from rollout_diag.engine.formulas import DERIVED, TOKEN_QUANTITIES, derived
 
     positive = derived("token_is_weight", "below", lower=0.0)
     negative = derived("token_is_weight", "below", lower=-0.0)

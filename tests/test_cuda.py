@@ -19,7 +19,7 @@ from test_correction import write_dump as write_preset_dump
 from test_metrics import assert_metrics_match, random_rows, reference_metrics, write_dump
 
 import rollout_diag as rd
-from rollout_diag.kernels import use_engine
+from rollout_diag.engine.choice import use_engine
 
 # ROLLOUT_DIAG_TEST_DEVICE=cpu runs these tests with the torch engine on the CPU in place of CUDA: a dry run of this
 # file on a machine without a GPU (benchmarks/device_check.py), so that a lent GPU's time is not spent on a typo.

@@ -1,7 +1,7 @@
 """The JSON-lines fast path read in blocks, scanned in parts on several threads: the same rows, in file order,
 wherever the reads and the parts cut.
 
-- numbers: eight fraction digits at a time (kernels/jsonl.py) still converts exactly as Python's ``float()`` and
+- numbers: eight fraction digits at a time (io/jsonl.py) still converts exactly as Python's ``float()`` and
   leaves to Python exactly the numbers it left before (more than 19 significant digits);
 - blocks: the file is read ``BLOCK_BYTES`` at a time and split at newlines into blocks, each scanned in parts of
   about ``PART_BYTES`` by a pool of threads; a read or a part that ends in the middle of a line (or of a number, or
@@ -209,7 +209,7 @@ def test_carriage_return_after_the_first_megabyte(tmp_path):
 def test_newlines_and_returns_of_any_prefix(data, upto):
     """The compiled count (32 bytes at a time, the equal bytes summed per word) is exact for runs of newlines and
     carriage returns, and for their neighbours (0x8a, 0x0b), at any length."""
-    from rollout_diag.kernels.jsonl import newlines_and_returns
+    from rollout_diag.io.jsonl import newlines_and_returns
 
     upto = min(upto, len(data))
     assert newlines_and_returns(base._readonly(data), upto) == (data[:upto].count(b"\n"), data[:upto].count(b"\r"))
@@ -225,7 +225,7 @@ def test_newlines_and_returns_of_any_prefix(data, upto):
 )
 def test_line_ends_and_ascii_of_any_range(data, cut):
     """Every newline of ``data[start:stop]``, at any alignment, and whether that range is ASCII (a word at a time)."""
-    from rollout_diag.kernels.jsonl import line_ends
+    from rollout_diag.io.jsonl import line_ends
 
     start, stop = sorted(min(c, len(data)) for c in cut)
     ends, ascii = line_ends(base._readonly(data), start, stop)
@@ -234,7 +234,7 @@ def test_line_ends_and_ascii_of_any_range(data, cut):
 
 
 def test_line_ends_past_its_first_guess_of_lines():
-    from rollout_diag.kernels.jsonl import line_ends
+    from rollout_diag.io.jsonl import line_ends
 
     data = b"{}\n" * 5000 + b"x"
     ends, ascii = line_ends(base._readonly(data), 1, len(data))

@@ -1,4 +1,4 @@
-"""The compiled JSON-lines scanner (kernels/jsonl.py) against Python's json, the reference.
+"""The compiled JSON-lines scanner (io/jsonl.py) against Python's json, the reference.
 
 - numbers: every string it converts gives the double Python's json gives (correct rounding, -0, NaN/Infinity);
 - lines: where it accepts a line, Python's json reads the same values; where Python's json refuses a line, it
@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from numba import njit
 
+from rollout_diag.io import jsonl as jsonl_scan
 from rollout_diag.io.formats import nemo_rl, prime_rl
-from rollout_diag.kernels import jsonl as jsonl_scan
-from rollout_diag.kernels.jsonl import Scanner
+from rollout_diag.io.jsonl import Scanner
 
 
 @njit(cache=False)

@@ -1,4 +1,4 @@
-"""Skipping the values a trainer format does not read (kernels/jsonl.py) against Python's json, the reference.
+"""Skipping the values a trainer format does not read (io/jsonl.py) against Python's json, the reference.
 
 The scanner skips an unused list of numbers and nulls by one tight loop (``_flat_list_end``) and leaves anything else
 to its general loop (``_skip_value``). Either way a skipped value must end where Python's json ends it, and a value
@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from numba import njit
 
-from rollout_diag.kernels import jsonl as jsonl_scan
-from rollout_diag.kernels.jsonl import Scanner
+from rollout_diag.io import jsonl as jsonl_scan
+from rollout_diag.io.jsonl import Scanner
 
 
 @njit(cache=False)

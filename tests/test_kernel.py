@@ -1,4 +1,4 @@
-"""The numba engine (rollout_diag/kernels) against the torch engine (metrics/segments.py ChunkStats) on the CPU.
+"""The numba engine (rollout_diag/kernels) against the torch engine (engine/stats.py ChunkStats) on the CPU.
 
 The torch engine is what runs on CUDA; CI runs it on the CPU here and requires every result of the numba engine to
 equal it (1e-12 relative, counts exact), so CUDA differs from CI only by the device (tests/test_cuda.py).
@@ -24,11 +24,12 @@ from test_metrics import random_rows, write_dump
 
 import rollout_diag as rd
 import rollout_diag.metrics.dialects
+from rollout_diag.engine.choice import ENVIRONMENT, kernel_for, use_engine
+from rollout_diag.engine.stats import ChunkStats, KernelStats
 from rollout_diag.errors import ConfigError
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.kernels import ENVIRONMENT, compiled, kernel_for, use_engine
+from rollout_diag.kernels import compiled
 from rollout_diag.metrics.localize import DELTA_BINS, delta_bin
-from rollout_diag.metrics.segments import ChunkStats, KernelStats
 
 RTOL = 1e-12
 SAMPLES = sorted((Path(__file__).parent.parent / "sample_data").glob("*.parquet"))
@@ -165,8 +166,8 @@ def test_the_pass_without_probabilities_changes_nothing_else(layout):
     """``prepare(..., probabilities=False)`` (compare-presets: no debug family) runs the fused pass without them: every
     other result of the fused pass is the full pass's, bit for bit, and the probability quantities, read anyway, are
     reduced from the tokens by the torch engine's code, not taken as the lean pass's zeros."""
-    from rollout_diag.kernels.prepass import PROBABILITIES
-    from rollout_diag.metrics.segments import prepare
+    from rollout_diag.engine.quantities import PROBABILITIES
+    from rollout_diag.engine.stats import prepare
 
     reference, full = both(layout)
     lean = KernelStats(chunk_of(*layout))
@@ -312,8 +313,8 @@ def test_auto_runs_torch_on_a_small_input(monkeypatch, engines_seen):
     holds whatever the size; no size known: the kernels. The commands on numpy chunks (``analyze``,
     ``compare-presets``, no torch): the kernels at any size."""
     from rollout_diag.drivers.dump import Dump
+    from rollout_diag.engine.choice import SMALL_INPUT_ENVIRONMENT, SMALL_INPUT_ROWS, small_input_tokens
     from rollout_diag.io.reader import DumpReader
-    from rollout_diag.kernels import SMALL_INPUT_ENVIRONMENT, SMALL_INPUT_ROWS, small_input_tokens
 
     monkeypatch.delenv(ENVIRONMENT, raising=False)
     path = SAMPLES[-1]
@@ -381,8 +382,8 @@ def test_a_worker_runs_the_engine_it_is_given(monkeypatch, engines_seen):
     ``auto``."""
     from rollout_diag.drivers.distributed import run_part
     from rollout_diag.drivers.passes import PassSpec
+    from rollout_diag.engine.choice import SMALL_INPUT_ENVIRONMENT
     from rollout_diag.io.reader import DumpReader
-    from rollout_diag.kernels import SMALL_INPUT_ENVIRONMENT
     from rollout_diag.presets import PRESETS
 
     seen = engines_seen
@@ -423,7 +424,7 @@ def test_a_fresh_cache_compiles_once_and_says_so(tmp_path):
     """A run with an empty cache directory says once that it compiles; the next run loads the kernels silently."""
     sample = SAMPLES[0]
     code = (
-        "import sys, rollout_diag as rd; from rollout_diag.kernels import use_engine\n"
+        "import sys, rollout_diag as rd; from rollout_diag.engine.choice import use_engine\n"
         f"with use_engine('numba'): rd.analyze({str(sample)!r}, device='cpu')\n"
     )
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from numba import njit
 
+from rollout_diag.engine.quantities import PROBABILITIES
 from rollout_diag.kernels import compiled
-from rollout_diag.kernels.prepass import PROBABILITIES
 
 
 @pytest.fixture(scope="module")

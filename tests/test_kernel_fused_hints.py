@@ -18,11 +18,13 @@ from numba import njit
 from test_kernel import chunk_of, layouts
 
 from rollout_diag.drivers import passes
-from rollout_diag.kernels import compiled, use_engine
+from rollout_diag.engine import quantities
+from rollout_diag.engine.choice import use_engine
+from rollout_diag.engine.stats import KernelStats
+from rollout_diag.kernels import compiled
 from rollout_diag.kernels import prepass as kernel_prepass
 from rollout_diag.kernels.cpu import _exact_zero, _next_pair, _probability_bucket
 from rollout_diag.metrics.localize import DELTA_BINS, delta_bin
-from rollout_diag.metrics.segments import KernelStats
 
 
 def arrays(chunk):
@@ -112,7 +114,7 @@ def fused_and_separate(trainer, rollout, mask, offsets, step):
     segment_group = row_group[segments[3]]
     fused, hints = kernel_prepass.reductions(trainer, rollout, segments, len(step), segment_group, len(steps))
     raw, _, length, row, _, rounds = segments
-    constants = (kernel_prepass.CLIP, kernel_prepass.LOG_HALF, kernel_prepass.COPY_GAP, kernel_prepass._LOG_EDGES)
+    constants = (quantities.CLIP, kernel_prepass.LOG_HALF, kernel_prepass.COPY_GAP, kernel_prepass._LOG_EDGES)
     separate = separate_hint_rows(
         trainer, rollout, raw, length, row, rounds, len(step), segment_group, len(steps), *constants
     )
@@ -153,7 +155,7 @@ def test_the_fused_hint_rows_follow_every_pattern(seed):
 
 
 def test_the_fused_pass_clips_as_the_hint_constants_say():
-    assert compiled().CLIP == kernel_prepass.CLIP
+    assert compiled().CLIP == quantities.CLIP
 
 
 EDGE_VALUES = [

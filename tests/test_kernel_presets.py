@@ -17,10 +17,11 @@ from test_correction import ALL_PRESETS, assert_metrics_close, make_chunk
 from test_kernel import assert_same_document
 
 import rollout_diag as rd
-from rollout_diag.kernels import compiled_presets, use_engine
-from rollout_diag.metrics.correction import DERIVED
+from rollout_diag.engine.choice import use_engine
+from rollout_diag.engine.formulas import DERIVED
+from rollout_diag.engine.stats import ChunkStats, KernelStats
+from rollout_diag.kernels import compiled_presets
 from rollout_diag.metrics.outcome import CorrectionAnalysis
-from rollout_diag.metrics.segments import ChunkStats, KernelStats
 
 RTOL = 1e-12
 # every ratio bound of the built-in and test presets, and their log (where δ sits for w = exp(c) to land on them)
@@ -221,7 +222,7 @@ def test_the_per_step_sweep_counts_in_the_preset_pass_as_the_torch_engine(tmp_pa
     """``sweep``: on the numba engine the reader's prepare pool counts each step group's histogram of c (and k3's
     sums) in the compiled preset pass (``drivers.sweep._prepare_histograms``) and the accumulator builds no token value;
     the document is the torch engine's, which bins every token's c itself: counts, thresholds and shares exact."""
-    from rollout_diag.metrics import segments
+    from rollout_diag.engine import stats as segments
 
     path = write_bounds_dump(tmp_path_factory.mktemp("sweep") / "bounds.parquet", seed, (0, 1, 3, 4), 7)
     with use_engine("torch"):
@@ -250,7 +251,7 @@ def test_the_prepare_pool_builds_every_token_value_and_the_caller_none(monkeypat
     from test_correction import random_step
 
     from rollout_diag.drivers.passes import PassSpec
-    from rollout_diag.metrics.segments import stats
+    from rollout_diag.engine.stats import stats
     from rollout_diag.presets import resolve_presets
 
     chosen = resolve_presets(None) if presets == "built-in" else ALL_PRESETS
@@ -293,7 +294,8 @@ def test_the_prepare_pool_builds_every_token_value_and_the_caller_none(monkeypat
 def test_a_quantity_read_for_its_moments_only_still_reduces_as_the_torch_engine():
     """The pass skips the extremes of a quantity asked for its moments only; read anyway, they are the torch
     engine's (not the scratch the pass left)."""
-    from rollout_diag.metrics.correction import derived, derived_moments, prepare_derived
+    from rollout_diag.engine.formulas import derived
+    from rollout_diag.metrics.correction import derived_moments, prepare_derived
 
     records = [(step, row) for step in range(2) for row in bound_rows(21 + step, 5)]
     kernel_chunk, torch_chunk = make_chunk(records), make_chunk(records)
@@ -336,7 +338,7 @@ def test_a_chunks_stats_are_freed_without_the_cyclic_collector():
     import weakref
 
     from rollout_diag.drivers.passes import PassSpec
-    from rollout_diag.metrics.segments import stats
+    from rollout_diag.engine.stats import stats
 
     records = [(step, row) for step in range(2) for row in bound_rows(5 + step, 6)]
     state = PassSpec({"offpolicy_only": True}, ALL_PRESETS).new()
@@ -428,8 +430,8 @@ def test_the_row_pass_counts_rejections_from_the_prepared_flags(tmp_path_factory
     pass prepared (``RowStatsCollector.prepare``), as compare-presets counts them, equal the count of every token the
     preset's keep rule drops (the definition, token by token), on δ at and around every bound."""
     from rollout_diag.drivers.rowpass import row_pass
+    from rollout_diag.engine.stats import stats
     from rollout_diag.metrics import rowstats
-    from rollout_diag.metrics.segments import stats
 
     path = write_bounds_dump(tmp_path_factory.mktemp("rows") / "bounds.parquet", seed, (0, 1, 3), 7)
     expected: dict[str, list[np.ndarray]] = {}

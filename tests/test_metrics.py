@@ -168,7 +168,7 @@ def test_real_dump_matches_the_reference():
 def test_cpu_exp_backends_agree_within_one_ulp(function):
     """token_exp / token_expm1 run numpy's loop or torch's kernel by CPU (metrics/base.py, NUMPY_SVML): either
     must give the same value to 1 ulp over the range a log-prob dump reaches (δ and log-probs in [−40, 40])."""
-    from rollout_diag.metrics.base import _host_or_torch
+    from rollout_diag.engine.formulas import _host_or_torch
 
     values = torch.cat([torch.linspace(-40.0, 40.0, 200_001, dtype=torch.float64), torch.tensor([0.0, -0.0, 1e-300])])
     numpy_path = _host_or_torch(getattr(np, function), function, numpy_on_cpu=True)(values)

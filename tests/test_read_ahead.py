@@ -22,10 +22,10 @@ from test_metrics import random_rows, write_dump
 import rollout_diag as rd
 from rollout_diag.drivers import distributed
 from rollout_diag.drivers.dump import Dump, _one_process, built_without_gpu, read_ahead_depth, reads_ahead
+from rollout_diag.engine.choice import use_engine
 from rollout_diag.errors import DataError
 from rollout_diag.io.reader import DumpReader
 from rollout_diag.kernels import prepass as prepass_module
-from rollout_diag.kernels import use_engine
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -247,7 +247,7 @@ def test_read_ahead_only_where_the_call_reads_everything_with_numba_on_the_cpu(d
     assert not decided(workers=2)
     assert decided(engine="auto")  # the suite's bound: auto is numba on the CPU whatever the size (conftest.py)
     monkeypatch.delenv("ROLLOUT_DIAG_SMALL_INPUT_TOKENS")
-    assert not decided(engine="auto")  # a small input: the torch engine (kernels.kernel_for) …
+    assert not decided(engine="auto")  # a small input: the torch engine (engine.choice.kernel_for) …
     chosen = Dump([str(dump)], device="cpu", workers=1)
     assert reads_ahead(chosen, chosen.open(), numpy=True)  # … but numpy chunks (every reading command) run the kernels
     reader = DumpReader([str(dump)])

@@ -1,4 +1,4 @@
-"""The per-chunk engine (metrics/segments.py) on PerToken values: row and step-group sums, extrema, moments, flags
+"""The per-chunk engine (engine/stats.py) on PerToken values: row and step-group sums, extrema, moments, flags
 and broadcasts against plain float64 loops, on contiguous and on interleaved step groups; and the sharing that makes
 it one engine (a preset pass computes exp(c) once, the weights of §2 and §8 are the same tensors)."""
 
@@ -12,11 +12,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rollout_diag.engine.stats import ChunkStats, PerToken, stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.correction import importance_weights, sequence_weight
 from rollout_diag.metrics.legacy import legacy_weights
 from rollout_diag.metrics.outcome import CorrectionAnalysis
-from rollout_diag.metrics.segments import ChunkStats, PerToken, stats
 from rollout_diag.presets import PRESETS, ImportanceSampling
 
 RTOL = 1e-12
@@ -141,7 +141,7 @@ def test_memo_computes_once_per_chunk_and_key():
 
 def test_a_preset_pass_takes_exp_of_the_clamped_log_ratio_once(monkeypatch):
     """Every preset (token TIS / IcePop at several bounds, k3 options, legacy token weights) reads one exp(c), numpy's
-    on the CPU in either engine (``arrays.host_exp``; the numba engine's ``correction.token_weights``)."""
+    on the CPU in either engine (``arrays.host_exp``; the numba engine's ``KernelStats.token_weights``)."""
     chunk = random_chunk(11, 40, sorted_steps=True)
     s = stats(chunk)
     tokens = chunk.model.row.numel()
@@ -159,10 +159,10 @@ def test_a_preset_pass_takes_exp_of_the_clamped_log_ratio_once(monkeypatch):
             return original_exp(values, *args, **kwargs)
 
     from rollout_diag.engine import arrays
-    from rollout_diag.metrics import correction
+    from rollout_diag.engine import stats as engine_stats
 
     monkeypatch.setattr(arrays, "np", CountingNumpy())
-    monkeypatch.setattr(correction, "np", CountingNumpy())
+    monkeypatch.setattr(engine_stats, "np", CountingNumpy())
     CorrectionAnalysis(list(PRESETS.values())).update(chunk)
     assert len(full_size_exps) == 1
 

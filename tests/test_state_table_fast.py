@@ -165,7 +165,7 @@ def test_a_run_of_steps_is_sliced_as_the_general_subset_picks_it(steps, seed, hi
 class _Family(StepAccumulator):
     REDUCTIONS: ClassVar[dict[str, str]] = REDUCTIONS
 
-    def _stats(self, chunk):  # fed tables directly (``_append``)
+    def _stats(self, chunk):  # fed tables directly (``append_table``)
         raise NotImplementedError
 
     def _finalize(self, state):
@@ -221,7 +221,7 @@ def _fold(chunks: list[tuple[int, list[int], float]], seed: int) -> None:
     for shift, gaps, hit in chunks:
         steps = steps_of(last + shift, gaps)  # shift < 0: out of order; 0: the same step goes on; > 0: new steps
         incoming = _table(rng, steps, hit)
-        family._append(incoming)
+        family.append_table(incoming)
         expected = expected._merged_general(incoming) if expected.shapes else incoming
         last = steps[-1]
     assert_same_table(family.store, expected)

@@ -208,12 +208,12 @@ def test_merging_into_the_open_steps_equals_merging_into_the_whole_table(seed, i
         chunks = [c for i, c in enumerate(chunks) if i == 0 or c[0][0] >= chunks[i - 1][0][-1]]
     family = _Family()
     for index, (steps, partial) in enumerate(chunks):
-        family._append(StateTable.from_groups(many.REDUCTIONS, steps, partial))
+        family.append_table(StateTable.from_groups(many.REDUCTIONS, steps, partial))
         if read_between:
             _identical(family.store, many._table(chunks[: index + 1]))
     _identical(family.store, many._table(chunks))
     copied = copy.copy(family)  # a shallow copy (``restricted``) does not see later chunks
     before = copied.store
     later_steps, later = many._chunk(random.Random(seed))
-    family._append(StateTable.from_groups(many.REDUCTIONS, [step + 100 for step in later_steps], later))
+    family.append_table(StateTable.from_groups(many.REDUCTIONS, [step + 100 for step in later_steps], later))
     _identical(copied.store, before)

@@ -19,12 +19,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rollout_diag.engine.choice import use_engine
 from rollout_diag.errors import DataError
 from rollout_diag.io.decode import Block
 from rollout_diag.io.reader import DumpReader, _scanned
 from rollout_diag.io.readlog import ReadLog
 from rollout_diag.io.validate import MAX_POSITIVE_LOGPROB, validate_block
-from rollout_diag.kernels import use_engine
 
 CPU = torch.device("cpu")
 

@@ -465,7 +465,7 @@ def test_any_arrival_order_with_rewrites_ends_with_analyzes_result(tmp_path, see
 def test_a_watch_runs_the_kernels_however_small_each_file(tmp_path, monkeypatch, engines_seen):
     """A watched run keeps growing: its files are read by the compiled kernels on numpy chunks, loaded once, even
     where each file alone is under the small-input bound (which only a reading of tensor chunks heeds)."""
-    from rollout_diag.kernels import ENVIRONMENT, SMALL_INPUT_ENVIRONMENT
+    from rollout_diag.engine.choice import ENVIRONMENT, SMALL_INPUT_ENVIRONMENT
 
     monkeypatch.delenv(ENVIRONMENT, raising=False)
     monkeypatch.setenv(SMALL_INPUT_ENVIRONMENT, str(10**9))

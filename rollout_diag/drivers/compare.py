@@ -1,7 +1,7 @@
 """Every rollout-correction preset on one dump, side by side, in one streaming pass (issue 4).
 
 ``compare_presets`` reads the dump once: per chunk the off-policy family (METRICS.md §1) and one shared
-:class:`~rollout_diag.metrics.segments.ChunkStats` feeding every preset's §2/§3/§8 accumulators
+:class:`~rollout_diag.engine.stats.ChunkStats` feeding every preset's §2/§3/§8 accumulators
 (and, if asked, the per-row decision file of :mod:`rollout_diag.drivers.exports`). The results are
 :class:`~rollout_diag.results.ComparisonResult`; the intrusive rule is :mod:`rollout_diag.decisions.intrusive`.
 """
@@ -21,11 +21,11 @@ from rollout_diag.drivers.engine import build_result
 from rollout_diag.drivers.exports import DecisionWriter
 from rollout_diag.drivers.passes import Inputs, PassSpec, Progress, open_reader, resolve_device, run_chunks
 from rollout_diag.drivers.sweep import check_targets
+from rollout_diag.engine.stats import stats
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.groups import GroupSpec, group_specs
 from rollout_diag.memory import trim_heap
 from rollout_diag.metrics.outcome import PresetSteps, with_metrics
-from rollout_diag.metrics.segments import stats
 from rollout_diag.metrics.sweep import DEFAULT_TARGETS, SweepAccumulator
 from rollout_diag.presets import Preset, resolve_presets
 from rollout_diag.results import AnalysisResult, ComparisonResult, PresetResult, SweepOption

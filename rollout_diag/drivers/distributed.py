@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from rollout_diag.cores import auto_cpu_workers
 from rollout_diag.drivers.passes import Analysis, Pass, PassSpec, Progress, progress_callback, run_chunks
 from rollout_diag.engine.arrays import device_kind
+from rollout_diag.engine.choice import kernel_for, selected_engine
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.io.reader import DumpReader
 from rollout_diag.io.readlog import ReadLog
 from rollout_diag.io.sources import Source
-from rollout_diag.kernels import kernel_for, selected_engine
 from rollout_diag.memory import collect_from_here
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ def run_part(
     and ``columns`` the user's overrides, from which each file resolves its own columns as in one process;
     ``engine`` the driver's engine setting (a Ray worker started before the setting does not inherit it): every worker
     runs the engine one process would (its chunks are numpy, so ``auto`` takes no input size into account)."""
-    from rollout_diag.kernels import use_engine
+    from rollout_diag.engine.choice import use_engine
 
     reader = DumpReader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens, parts=part)
     reader.select(spec.selection)

@@ -47,7 +47,7 @@ class Dump:
     device: str = "auto"
     workers: int | str = "auto"  # a process count, or "auto": every core where the input splits
     backend: str = "process"
-    # per-token engine: auto, numba (CPU kernels) or torch (any device); None: the process's (rollout_diag.kernels)
+    # per-token engine: auto, numba (CPU kernels) or torch (any device); None: the process's (engine/choice.py)
     engine: str | None = None
     # A reader opened ahead (``opened``), handed to the first call that reads: not part of the dump's identity.
     _reader: list = field(default_factory=list, init=False, compare=False, repr=False)
@@ -57,7 +57,7 @@ class Dump:
         inputs = (given,) if isinstance(given, (str, Path)) else tuple(given)
         object.__setattr__(self, "inputs", tuple(str(path) for path in inputs))
         object.__setattr__(self, "columns", dict(self.columns or {}))
-        from rollout_diag.kernels import check_engine  # light: numba loads only when a kernel first runs
+        from rollout_diag.engine.choice import check_engine  # light: numba loads only when a kernel first runs
 
         if self.engine is not None:
             check_engine(self.engine)
@@ -123,11 +123,11 @@ def read_ahead_depth(chunk_tokens: int) -> int:
 
 def reads_ahead(dump: Dump, reader: Any, numpy: bool = False) -> bool:
     """Whether a call on ``dump`` reads ``reader`` whole in this process with the numba engine on the CPU, decided
-    without loading torch: the engine the chunks get (``kernels.kernel_for``; ``numpy``: numpy chunks, the kernels
+    without loading torch: the engine the chunks get (``kernel_for``; ``numpy``: numpy chunks, the kernels
     at any size), a device that is the CPU (``auto`` on
     a build of torch without CUDA or ROCm), one process (``distributed.resolve_workers``). Anything unsure: False
     (the reading then starts when the call reads, as without reading ahead)."""
-    from rollout_diag.kernels import kernel_for, use_engine
+    from rollout_diag.engine.choice import kernel_for, use_engine
 
     if dump.device != "cpu" and not (dump.device == "auto" and not torch_may_use_a_gpu()):
         return False
@@ -242,7 +242,7 @@ def reads_dump(function: F) -> F:
         if not isinstance(inputs, Dump):
             return function(inputs, *args, **kwargs)
         kwargs.update(call_options(inputs, function.__name__, accepted, kwargs))
-        from rollout_diag.kernels import use_engine
+        from rollout_diag.engine.choice import use_engine
 
         size = kwargs.get("chunk_tokens")
         reader = inputs.reader(chunk_default if size is None else size)

@@ -1,7 +1,7 @@
 """Per-row decisions: what each preset would do to each row, streamed into one Parquet file.
 
 ``DecisionWriter`` is a chunk consumer (it reads the chunk's shared per-chunk engine,
-``metrics.segments.ChunkStats``); the file itself is ``io.decisions.DecisionFile``. ``export_decisions``
+``engine.stats.ChunkStats``); the file itself is ``io.decisions.DecisionFile``. ``export_decisions``
 is the pass that runs it alone; ``compare_presets(export_decisions_to=…)`` runs it beside the comparison.
 """
 
@@ -16,12 +16,12 @@ import numpy as np
 from rollout_diag.drivers.dump import reads_dump
 from rollout_diag.drivers.passes import Inputs, Progress, open_reader, resolve_device, run_chunks
 from rollout_diag.engine import arrays
+from rollout_diag.engine.stats import ChunkStats, stats
 from rollout_diag.io.decisions import DecisionFile
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
 from rollout_diag.metrics.correction import importance_weights, rs_row_value
 from rollout_diag.metrics.legacy import legacy_weights
 from rollout_diag.metrics.outcome import DropRule
-from rollout_diag.metrics.segments import ChunkStats, stats
 from rollout_diag.presets import Preset, resolve_presets
 
 if TYPE_CHECKING:

@@ -11,12 +11,12 @@ import numpy as np
 from rollout_diag.drivers.dump import reads_dump
 from rollout_diag.drivers.passes import Inputs, open_reader, resolve_device
 from rollout_diag.engine import arrays
+from rollout_diag.engine.formulas import row_mean
+from rollout_diag.engine.stats import prepare, stats
 from rollout_diag.errors import ConfigError, DataError, option_name, where
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
-from rollout_diag.metrics.base import row_mean
 from rollout_diag.metrics.localize import DEFAULT_WINDOW, default_window, window_at
-from rollout_diag.metrics.segments import prepare, stats
 from rollout_diag.paths import file_label
 from rollout_diag.results import RowTokens
 

@@ -18,12 +18,14 @@ from rollout_diag.cores import available_cores
 from rollout_diag.drivers.dump import DEFAULT_CHUNK_TOKENS, PRESET_CHUNK_TOKENS, torch_may_use_a_gpu
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import device_kind
+from rollout_diag.engine.choice import kernel_for
+from rollout_diag.engine.quantities import SHARED_QUANTITIES
+from rollout_diag.engine.stats import prepare, stats
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.groups import GroupedAnalysis, GroupSpec
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.formats import input_options
 from rollout_diag.io.reader import DumpReader
-from rollout_diag.kernels import kernel_for
 from rollout_diag.metrics.base import StepAccumulator
 from rollout_diag.metrics.debug import DebugAccumulator
 from rollout_diag.metrics.dialects import DEFAULT as DEFAULT_DIALECT
@@ -34,7 +36,6 @@ from rollout_diag.metrics.localize import DEFAULT_CATASTROPHIC, DEFAULT_TOP_K, P
 from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
 from rollout_diag.metrics.rollout_kl import RolloutKLAccumulator
 from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS, RoundAccumulator
-from rollout_diag.metrics.segments import SHARED_QUANTITIES, prepare, stats
 from rollout_diag.paths import file_label, natural_key
 from rollout_diag.presets import Preset
 from rollout_diag.results import StepResult
@@ -263,7 +264,7 @@ def run_chunks(
     prepare: Callable[[Chunk], None] = prepare,
 ) -> None:
     """Feed every chunk of ``reader`` to each consumer in turn; report progress in file rows. ``prepare`` runs on
-    each chunk in the reader's thread first (segments and shared token quantities, ``metrics.segments.prepare``).
+    each chunk in the reader's thread first (segments and shared token quantities, ``engine.stats.prepare``).
     The consumers take numpy chunks (every family does, through ``rollout_diag.engine.arrays``): the numba engine's
     chunks are numpy and torch is not loaded (``DumpReader.chunks``); the torch engine's are tensors."""
     total = reader.log.total_rows

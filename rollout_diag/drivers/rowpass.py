@@ -9,8 +9,6 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from rollout_diag.drivers.dump import reads_dump
 from rollout_diag.drivers.engine import build_result, check_analysed, data_warnings, read_fields, skipped_of, step_table
 from rollout_diag.drivers.passes import Analysis, Inputs, Progress, open_reader, resolve_device, run_chunks
@@ -127,13 +125,8 @@ def _restricted(analysis: Analysis, steps: StepRange) -> Analysis:
             setattr(subset, name, value.restricted(inside))
     subset.worst = WorstTracker(analysis.top_k, analysis.catastrophic)
     subset.grouped = []
-    for grouped in analysis.grouped:  # families keyed by the number of each (group, step) pair
-        part = copy.copy(grouped)
-        numbers = np.array([number for key, number in grouped.ids.items() if keep(key[1])], dtype=np.int64)
-        for name, value in vars(grouped).items():
-            if isinstance(value, StepAccumulator):
-                setattr(part, name, value.restricted(np.isin(value.store.steps, numbers)))
-        subset.grouped.append(part)
+    for grouped in analysis.grouped:
+        subset.grouped.append(grouped.restricted(keep))
     subset.empty_rows = [entry for entry in analysis.empty_rows if keep(entry[0])]
     if not subset.offpolicy.steps:
         present = sorted(analysis.offpolicy.steps)

@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING
 
 from rollout_diag.drivers.dump import reads_dump
 from rollout_diag.drivers.passes import Inputs, Progress, open_reader, resolve_device, run_chunks
+from rollout_diag.engine.choice import expect_presets
+from rollout_diag.engine.stats import prepare, stats
 from rollout_diag.errors import ConfigError, DataError, option_name
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
-from rollout_diag.kernels import expect_presets
 from rollout_diag.metrics.correction import prepare_derived
-from rollout_diag.metrics.segments import prepare, stats
 from rollout_diag.metrics.sweep import DEFAULT_TARGETS, SweepAccumulator, sweep_tables
 from rollout_diag.results import Converted, SweepOption, SweepResult, SweepStep
 
@@ -32,7 +32,7 @@ def check_targets(targets: Sequence[float]) -> tuple[float, ...]:
 
 
 def _prepare_histograms(chunk: Chunk) -> None:
-    """The reader's prepare step for the per-step sweep: the shared quantities (``metrics.segments.prepare``), then on
+    """The reader's prepare step for the per-step sweep: the shared quantities (``engine.stats.prepare``), then on
     the numba engine, from one compiled preset pass, each step group's signed histogram of c and k3's segment sums and
     extremes (the one ROW_FIELDS quantity the fused pass has not), so the accumulator makes no token-sized array."""
     prepare(chunk)

@@ -783,29 +783,8 @@ def level_set_by(metrics: Mapping[str, float], level: str) -> list[str]:
 
 
 def _step_families(analysis: Analysis) -> list[StepAccumulator]:
-    """Every per-step accumulator in the analysis (its families, the hint evidence, each dialect's), once."""
-    found: list[StepAccumulator] = []
-    seen: set[int] = set()
-
-    def visit(value: Any) -> None:
-        if id(value) in seen:
-            return
-        seen.add(id(value))
-        if isinstance(value, StepAccumulator):
-            found.append(value)
-        if isinstance(value, (list, tuple)):
-            for item in value:
-                visit(item)
-        elif isinstance(value, dict):
-            for item in value.values():
-                visit(item)
-        elif hasattr(value, "__dict__") and type(value).__module__.startswith("rollout_diag.metrics"):
-            for item in vars(value).values():
-                visit(item)
-
-    for item in vars(analysis).values():
-        visit(item)
-    return found
+    """Every per-step accumulator in the analysis (its families, the hint evidence, each dialect's)."""
+    return [*analysis.families, analysis.hint_evidence, *analysis.dialect.step_accumulators()]
 
 
 __all__ = ["DEFAULT_INTERVAL", "StepReport", "WatchGone", "WatchUpdate", "Watcher", "verdict_of", "watch"]

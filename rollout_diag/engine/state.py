@@ -76,7 +76,8 @@ IDENTITY = {"sum": 0.0, "max": -math.inf, "min": math.inf, "moments": 0.0}
 # A per-step array with more elements than this (round, position and histogram buckets) is stored sparse: only
 # the buckets a step hit, as (step, bucket) -> value entries; a smaller one is a dense column [steps, ...].
 SPARSE_MIN = 8
-# The open part of an accumulator's table (StepAccumulator._append) is sealed off once it holds more steps than this.
+# The open part of an accumulator's table (StepAccumulator.append_table) is sealed off once it holds more steps than
+# this.
 OPEN_STEPS = 16
 # The finished layers of an accumulator's table (StepAccumulator._begin_layer) are folded, whatever their size, once
 # more than LAYERS of them span one step (a fold reduces that many states of the step one after another), or once there

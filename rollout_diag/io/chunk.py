@@ -76,15 +76,15 @@ class Chunk:
     policy_version: Array | None = None  # int64 [R]: version of the policy that generated each row
     # Token text is only needed for the handful of tokens a report shows, so it is fetched on demand.
     token_text: Callable[[int, int], str | None] | None = field(default=None, repr=False)
-    # Derived values shared by every accumulator that eats this chunk (see metrics/segments.py).
+    # Derived values shared by every accumulator that eats this chunk (see engine/stats.py).
     cache: dict = field(default_factory=dict, repr=False)
     # Per-row scalar columns no role takes (reward, advantage, …): column name -> R values (numpy array or list).
     extra: Mapping[str, Sequence[Any]] = field(default_factory=dict)
     # The engine of this chunk's token statistics ("numba" or "torch"), as the reader chose it for the whole input
-    # (rollout_diag.kernels.kernel_for); None: the process's setting decides from the device alone.
+    # (rollout_diag.engine.choice.kernel_for); None: the process's setting decides from the device alone.
     engine: str | None = None
     # The numba engine's compiled passes over this chunk, when the reader ran them before torch was loaded
-    # (kernels/prepass.py; read by metrics.segments.KernelStats); None: computed when first read.
+    # (kernels/prepass.py; read by engine.stats.KernelStats); None: computed when first read.
     prepass: KernelPrepass | None = field(default=None, repr=False)
 
     @property

@@ -278,7 +278,7 @@ class DumpReader:
 
     def input_size(self) -> tuple[int, int] | None:
         """(tokens, rows) this reader reads, from the files' footers: what the engine ``auto`` is chosen by
-        (``kernels.kernel_for``); tokens count model and environment tokens, rows are file rows. None where a
+        (``engine.choice.kernel_for``); tokens count model and environment tokens, rows are file rows. None where a
         footer does not say (a trainer's own format)."""
         tokens = rows = 0
         for opened in self.files:
@@ -363,10 +363,10 @@ class DumpReader:
         come out in file order whatever the pool's size. A reader that reads ahead (:meth:`read_ahead`) hands over
         its thread and the chunks it has read.
         """
-        from rollout_diag.kernels import kernel_for
+        from rollout_diag.engine.choice import kernel_for
 
         device = device_name(device)
-        # numpy chunks load no torch: the kernels then win at any size (kernels.kernel_for's small-input rule is for
+        # numpy chunks load no torch: the kernels then win at any size (kernel_for's small-input rule is for
         # readings of tensor chunks, which load torch anyway: inspect)
         engine = "numba" if kernel_for(device_kind(device), None if numpy else self.input_size()) else "torch"
         kind = "numpy" if numpy and engine == "numba" else "torch"

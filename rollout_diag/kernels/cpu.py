@@ -1,7 +1,7 @@
 """The compiled CPU kernels (numba): one pass over a chunk's raw arrays builds its segments and the per-segment
 sums, maxima and minima of every kernel token quantity, computed in registers (no token-sized temporaries).
 
-Each quantity is the same float64 formula the torch engine writes (``metrics/segments.py``), and each segment
+Each quantity is the same float64 formula the torch engine writes (``engine/quantities.py``), and each segment
 sum adds in the same order as numpy's ``add.reduceat`` (the first value, then numpy's pairwise summation of the
 rest), so the two engines give the same segment sums wherever the per-token values agree (they can differ only
 where an exponential does: the kernels' own exp and expm1, below, within 1 and 2 ulp of the C library's; torch's and
@@ -17,31 +17,11 @@ import math
 import numpy as np
 from numba import njit, types, uint64
 
+from rollout_diag.engine.quantities import CLIP, EXTREMES, QUANTITIES
+
 CLAMP = 20.0  # = catalogue.CLAMP (clamp20)
-CLIP = 1.0  # = metrics.hints.CLIP
-# The kernel quantities whose segment sums the fused pass computes, in the order of its output rows.
-QUANTITIES = (
-    "trainer",
-    "rollout",
-    "log_ratio",
-    "abs_log_ratio",
-    "k3",
-    "chi2_term",
-    "square",
-    "clamped_log_ratio",
-    "rs_k2",
-    "trainer_prob",
-    "rollout_prob",
-    "prob_diff",
-    "hint_clipped_abs",
-    "hint_clipped_square",
-    "hint_cross",
-    "hint_rollout_square",
-    "skyrl_k3",
-)
+# The kernel quantities (their segment sums; maxima and minima of EXTREMES), in the order of the pass's output rows.
 COLUMN = {name: index for index, name in enumerate(QUANTITIES)}
-# The quantities whose segment maxima and minima it computes (what the families read), in output order.
-EXTREMES = ("abs_log_ratio", "clamped_log_ratio", "rs_k2", "prob_diff")
 EXTREME = {name: index for index, name in enumerate(EXTREMES)}
 _Q = len(QUANTITIES)
 _E = len(EXTREMES)

@@ -1,9 +1,10 @@
 """The numba engine's compiled per-chunk passes run on a chunk's numpy arrays, without torch: what the reader
 computes for the chunks it reads ahead while the command still loads torch (``io/reader.py`` ``read_ahead``).
 
-``KernelStats`` (``metrics/segments.py``) and the hint evidence (``metrics/hints.py``) use a chunk's
+``KernelStats`` (``engine/stats.py``) and the hint evidence (``metrics/hints.py``) use a chunk's
 :class:`KernelPrepass` where it has one instead of running the same kernels on the same arrays again; a chunk without
-one computes them when first read. The constants of those calls live here, so both sides make exactly one call.
+one computes them when first read. The constants of those calls live in ``engine/quantities.py``, so both sides make
+exactly one call.
 """
 
 from __future__ import annotations
@@ -13,22 +14,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rollout_diag.engine.quantities import (
+    COPY_GAP,
+    EXPONENT_MAX,
+    EXPONENT_MIN,
+    LOG_HALF,
+    MOMENT_PAIRS,
+    PROBABILITY_EDGES,
+)
 from rollout_diag.kernels import compiled
 
-# The δ histogram's bins (metrics.localize.delta_bin): binary exponents of |δ| from EXPONENT_MIN to EXPONENT_MAX.
-EXPONENT_MIN, EXPONENT_MAX = -20, 7
-# Centred moments the fused pass computes (debug §5): any other pair is centred by a second pass.
-MOMENT_PAIRS = (("prob_diff", "prob_diff"), ("trainer_prob", "rollout_prob"))
-# The kernel quantities that take the fused pass two exps a token, read by the debug family only (§5): a pass without
-# it runs the pass without them (``kernels.cpu.segment_pass(..., probabilities=False)``).
-PROBABILITIES = ("trainer_prob", "rollout_prob", "prob_diff")
-# The hint evidence's token patterns (metrics.hints): group means use min(|δ|, CLIP) (ρ outside [1/e, e] counts as 1),
-# a logprob of exactly 0 where the other side says p < 0.5 is no rounding error, a copy counts where the other side
-# moves by more than log 2; rollout-probability buckets: p ≥ 0.9, 0.5–0.9, 0.1–0.5, 0.01–0.1, < 0.01.
-CLIP = 1.0
-LOG_HALF = math.log(0.5)
-COPY_GAP = math.log(2.0)
-PROBABILITY_EDGES = (0.9, 0.5, 0.1, 0.01)
 _LOG_EDGES = np.array([math.log(edge) for edge in PROBABILITY_EDGES])  # as metrics.hints.probability_bucket
 
 

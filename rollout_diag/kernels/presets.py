@@ -1,6 +1,6 @@
 """The compiled pass of the presets' token quantities (numba): one pass over a chunk's segments computes every
 derived token quantity the chosen presets read (truncated and IcePop weights, clamped weights and statistics, bound
-flags: ``metrics/correction.py`` ``Derived``) and reduces each per segment: the sum in numpy reduceat's order (the
+flags: ``engine/quantities.py`` ``Derived``) and reduces each per segment: the sum in numpy reduceat's order (the
 first value, then numpy's pairwise sum of the rest), the maximum and minimum; with it the sweep's signed histogram
 of c (``metrics/sweep.py``), and in a second pass the step groups' centred moments. Per segment the base quantities
 (δ, c, w, k1, k2, k3) are laid out once in a scratch block the size of the longest segment, and each derived
@@ -22,10 +22,11 @@ import sys
 import numpy as np
 from numba import njit, types, uint64
 
+from rollout_diag.engine.quantities import PRESET_BASES
 from rollout_diag.kernels.cpu import CLAMP, size_class
 
 # The token quantities a derived one is made from (``Derived.base``), by code.
-KINDS = {"log_ratio": 0, "clamped_log_ratio": 1, "token_is_weight": 2, "rs_k1": 3, "rs_k2": 4, "rs_k3": 5}
+KINDS = {name: code for code, name in enumerate(PRESET_BASES)}
 # What a derived quantity does to its base value v (``Derived.op``), by code; flags are 1.0 / 0.0.
 OPS = {
     "tis": 0,  # min(v, U)

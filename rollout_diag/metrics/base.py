@@ -11,15 +11,13 @@ state is the merge of all step states. Metric values are derived only in ``final
 from __future__ import annotations
 
 import copy
-import importlib
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
-from rollout_diag.catalogue import CLAMP, EPS
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
 from rollout_diag.engine.state import (
@@ -101,7 +99,7 @@ def groups_of_dicts(rows: Sequence[Mapping[str, Any]]) -> list[KeyColumns]:
 
 def _joined(parts: Sequence[Sequence[KeyColumns]], sizes: Sequence[int], count: int) -> list[KeyColumns]:
     """Blocks of steps' key groups (block b: ``sizes[b]`` steps) as groups over all the steps. Blocks that give the
-    same keys group for group (a family's ``_finalize_columns``) are concatenated; otherwise each block's groups
+    same keys group for group (a family's ``finalize_block``) are concatenated; otherwise each block's groups
     stand alone, padded with steps that do not report them (a step belongs to one block: its keys and their order
     are unchanged)."""
     if not parts:
@@ -222,7 +220,7 @@ class StepAccumulator(ABC):
 
     def _pieces(self, rows: bool = True) -> list[StateTable]:
         """The tables the accumulator's table is kept in, in order (each finished layer's, then the sealed parts, then
-        the open part): folded, they are the table; appended in turn (``_append``) to an empty accumulator, they
+        the open part): folded, they are the table; appended in turn (``append_table``) to an empty accumulator, they
         give it the same table, digit for digit (a layer's parts follow each other; a layer's first part starts at or
         before the previous part's last step, so it starts a layer there too, or goes on with the open step of a first
         layer, which reduces it as the fold would). With per-row values held aside (``_hold_rows``) and ``rows``, the
@@ -244,7 +242,7 @@ class StepAccumulator(ABC):
         empty = {name: (step[:0], values[:0]) for name, (step, values) in incoming.ragged.items()}
         return StateTable(incoming.reductions, incoming.shapes, incoming.steps, incoming.dense, incoming.sparse, empty)
 
-    def _append(self, incoming: StateTable) -> None:
+    def append_table(self, incoming: StateTable) -> None:
         """Merge a chunk's table: into the open part when its steps start at or after the open part's last step
         (the same merge, on fewer steps), else (it goes back in steps) as a new layer; in a later layer, one that goes
         on with the open part's last step starts a layer too (see ``store``). Its per-row values are held aside."""
@@ -306,9 +304,17 @@ class StepAccumulator(ABC):
         """Partial state of each step group of ``chunk``: name -> array or tensor [G, ...] (a Ragged for
         ``concat``)."""
 
-    @abstractmethod
     def _finalize(self, state: State) -> dict[str, float]:
-        """Metric values from one merged state (a step's, or the run's)."""
+        """Metric values from one merged state (a step's, or the run's): ``finalize_block`` over a block of one step,
+        so the steps and the run share one formula (a family without ``finalize_block`` writes this instead)."""
+        groups = self.finalize_block({name: np.asarray(value)[None] for name, value in state.items()})
+        if groups is None:
+            raise NotImplementedError(f"{type(self).__name__} writes finalize_block or _finalize")
+        out: dict[str, float] = {}
+        for reports, values in groups:
+            if np.asarray(reports).reshape(-1)[0]:
+                out.update({name: float(np.asarray(value).reshape(-1)[0]) for name, value in values.items()})
+        return out
 
     # -- shared machinery ------------------------------------------------------------------------
     def update(self, chunk: Chunk) -> None:
@@ -323,18 +329,23 @@ class StepAccumulator(ABC):
             incoming = StateTable.from_groups(self.REDUCTIONS, chunk.groups.steps, partial)
             if key is not None:  # tables are never changed in place: merges build new arrays
                 chunk.cache[key] = incoming
-        self._append(incoming)
+        self.append_table(incoming)
 
     def merge(self, other: StepAccumulator) -> None:
         self.store = self.store.merged(other.store)
 
+    def step_accumulators(self) -> tuple[StepAccumulator, ...]:
+        """The per-step accumulators this one is (a composite family lists its parts)."""
+        return (self,)
+
     def run_state(self) -> State | None:
         return self.store.total()
 
-    def _finalize_columns(self, columns: Columns) -> list[KeyGroup] | None:
-        """``_finalize`` of a block of steps at once, where a family writes it (None: ``_finalize`` step by step).
-        ``columns``: each field as [B, ...]; returns key groups in ``_finalize``'s key order, each (steps that
-        report these keys: bool [B], key -> value [B]). Same float64 operations, so the same digits."""
+    def finalize_block(self, columns: Columns) -> list[KeyGroup] | None:
+        """A family's one formula: metric values of a block of steps at once (one step, or the run's state, is a block
+        of one: ``_finalize``); None where a family writes ``_finalize`` instead, step by step. ``columns``: each field
+        as [B, ...]; returns key groups in key order, each (steps that report these keys: bool [B], key -> value [B] or
+        a scalar)."""
         return None
 
     def finalize_steps(self) -> dict[int, dict[str, float]]:
@@ -343,7 +354,7 @@ class StepAccumulator(ABC):
         keys = _METRIC_NAMES
         out: dict[int, dict[str, float]] = {}
         for steps, columns in self.store.blocks():
-            groups = self._finalize_columns(columns)
+            groups = self.finalize_block(columns)
             if groups is None:
                 names = list(columns)
                 for step, values in zip(steps, zip(*(list(columns[n]) for n in names), strict=True), strict=True):
@@ -379,7 +390,7 @@ class StepAccumulator(ABC):
         parts: list[list[KeyColumns]] = []
         sizes: list[int] = []
         for block_steps, columns in self.store.blocks():
-            groups = self._finalize_columns(columns)
+            groups = self.finalize_block(columns)
             size = len(block_steps)
             sizes.append(size)
             if groups is None:  # step by step, grouped by the keys each step reports
@@ -418,58 +429,10 @@ class StepAccumulator(ABC):
         return subset
 
 
-def row_mean(row_sum: Array, row_count: Array) -> Array:
-    """R_i[x] = Σ_t m·x / (n_i + 1e-8): verl's masked mean (empty rows give 0)."""
-    return row_sum / (arrays.float64(row_count) + EPS)
-
-
 def sequence_share(rows_dropped: float, valid_rows: float) -> float:
     """The one definition of "share of sequences" a rule drops (preset table, sweep): over rows with at least one
     model token, since an empty row has nothing to keep or drop; 0.0 when no row has one."""
     return rows_dropped / valid_rows if valid_rows > 0 else 0.0
-
-
-def _numpy_has_svml() -> bool:
-    """Whether numpy runs its SVML float64 loops (exp, expm1) on this CPU: they need AVX-512 (Skylake-X class).
-
-    Measured (docs/benchmarks.md): with AVX-512, numpy's float64 exp and expm1 are 2.4× torch's; on an AVX2-only
-    CPU numpy falls back to libm, its exp is 2.7× slower than torch's (Sleef) and its expm1 about equal."""
-    for module in ("numpy._core._multiarray_umath", "numpy.core._multiarray_umath"):  # numpy 2.x, 1.x
-        try:
-            features = importlib.import_module(module).__cpu_features__
-        except (ImportError, AttributeError):
-            continue
-        return bool(features.get("AVX512_SKX", False))
-    return False
-
-
-def _host_or_torch(numpy_function, torch_name: str, numpy_on_cpu: bool = True) -> Callable[[Array], Array]:
-    """An elementwise function: numpy's loop on numpy arrays (the numba engine), and on CPU tensors when
-    ``numpy_on_cpu``; torch's kernel ``torch_name`` on other tensors. The two agree within 1 ulp
-    (tests/test_metrics.py); which one runs depends only on the CPU and the engine, never on timing, so a machine
-    gives the same digits run after run."""
-
-    def apply(values: Array) -> Array:
-        if not arrays.is_tensor(values):
-            with np.errstate(over="ignore", invalid="ignore"):  # inf / NaN as torch gives them, without a warning
-                return numpy_function(values)
-        if numpy_on_cpu and values.device.type == "cpu":
-            import torch
-
-            with np.errstate(over="ignore", invalid="ignore"):
-                return torch.from_numpy(numpy_function(values.contiguous().numpy()))
-        return getattr(values, torch_name)()
-
-    return apply
-
-
-NUMPY_SVML = _numpy_has_svml()
-token_exp = _host_or_torch(np.exp, "exp", numpy_on_cpu=NUMPY_SVML)  # per-token exp of a whole chunk
-token_expm1 = _host_or_torch(np.expm1, "expm1")  # numpy's: faster with SVML, about equal without
-
-
-def clamp20(values: Array) -> Array:
-    return arrays.clamp(values, -CLAMP, CLAMP)
 
 
 def as_float(value: np.ndarray | float) -> float:
@@ -479,32 +442,6 @@ def as_float(value: np.ndarray | float) -> float:
 
 
 # ----------------------------------------------------------------------- finalize helpers (every family)
-def population_std(moments: np.ndarray) -> float:
-    """§2/§3 ``_std``: the population std of c over model tokens when N > 1, else 0, from [N, mean, ·, M2, ·, ·].
-
-    sqrt(M2 / N) from centred moments, so constant c gives exactly 0. verl writes T[c²] − T[c]², whose 1e-8
-    guards add N·mean²·ε / (N+ε)² to the variance: sqrt(ε/N)·|mean| (5.5e-6 for 330 tokens of weight 1) where
-    the spread is 0. We leave that artefact out: the variances differ by exactly that term, never more.
-    """
-    count, m2 = float(moments[0]), float(moments[3])
-    if count <= 1:
-        return 0.0
-    return math.sqrt(max(m2, 0.0) / count)
-
-
-def effective_sample_size(moments: np.ndarray) -> float:
-    """§2 ESS = 1 / T[(c / (T[c] + ε))²] = (T[c] + ε)² · (N + ε) / Σc², from [N, mean, ·, M2, ·, ·].
-
-    All-zero weights (IcePop rejecting every token) give 1/0: inf (verl raises there).
-    """
-    count, mean, m2 = float(moments[0]), float(moments[1]), float(moments[3])
-    sum_squares = m2 + count * mean * mean
-    if sum_squares <= 0:
-        return math.inf
-    token_mean = count * mean / (count + EPS)
-    return (token_mean + EPS) ** 2 * (count + EPS) / sum_squares
-
-
 def sample_std(moments: np.ndarray) -> float:
     """Notation: unbiased (n−1) std over rows; 0 with fewer than 2 values."""
     count, m2 = float(moments[0]), float(moments[3])

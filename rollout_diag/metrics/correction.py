@@ -1,6 +1,6 @@
 """Rollout-correction metrics: IS weights (METRICS.md §2) and rejection sampling (§3), keys ``rollout_corr/…``.
 
-Every accumulator reads the chunk's one per-chunk engine, :class:`~rollout_diag.metrics.segments.ChunkStats`
+Every accumulator reads the chunk's one per-chunk engine, :class:`~rollout_diag.engine.stats.ChunkStats`
 (numpy arrays on the numba engine, which then never loads torch; tensors on the torch engine, through
 ``rollout_diag.engine.arrays``):
 token quantities shared with the analysis families (c = clamp20(δ), k2, k3, exp(c) and their row sums), and
@@ -20,27 +20,18 @@ import math
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 from rollout_diag import catalogue
+from rollout_diag.catalogue import CLAMP, EPS
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
+from rollout_diag.engine.formulas import DERIVED, clamp20, derived, row_mean
+from rollout_diag.engine.stats import ChunkStats, PerToken, stats
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.kernels import compiled_presets
-from rollout_diag.metrics.base import (
-    CLAMP,
-    EPS,
-    Columns,
-    KeyGroup,
-    State,
-    StepAccumulator,
-    clamp20,
-    row_mean,
-)
-from rollout_diag.metrics.segments import TOKEN_QUANTITIES, ChunkStats, KernelStats, PerToken, stats
+from rollout_diag.metrics.base import Columns, KeyGroup, StepAccumulator
 from rollout_diag.metrics.sweep import SIGNED_HISTOGRAM, exact_bin_edges
 from rollout_diag.presets import ImportanceSampling, RejectionOption
 
@@ -48,146 +39,12 @@ PREFIX = catalogue.OFFPOLICY_PREFIX
 
 
 # --------------------------------------------------------------------------- derived token quantities
-@dataclass(frozen=True)
-class Derived:
-    """A token quantity derived from one of the engine's (``base``: δ, c, w = exp(c), k1, k2, k3) and bounds: a
-    truncated or IcePop weight, a clamped value, or a bound flag (1.0 / 0.0). Registered under ``name`` as a token
-    quantity of ``metrics.segments``, so either engine reduces it by name, each chunk once for every preset: the torch
-    engine from the tensor ``torch_values`` builds, the numba engine from one compiled pass over every derived quantity
-    of the pass (``kernels/presets.py``, :func:`prepare_derived`) with no token tensor."""
-
-    base: str  # a key of kernels.presets.KINDS
-    op: str  # a key of kernels.presets.OPS
-    lower: float = -math.inf
-    upper: float = math.inf
-
-    @property
-    def name(self) -> str:
-        return f"{self.op}({self.base}; {self.lower!r}, {self.upper!r})"
-
-    def torch_values(self, s: ChunkStats) -> Array:
-        """The quantity at every model token, with the torch engine's formulas (a flag as bool), of the chunk's kind."""
-        v, lower, upper = s.token(self.base), self.lower, self.upper
-        if self.op == "tis":
-            return arrays.clamp(v, upper=upper)
-        if self.op == "icepop":
-            return arrays.where((v >= lower) & (v <= upper), v, 0.0)
-        if self.op == "clamp":
-            return arrays.clamp(v, lower, upper)
-        if self.op == "above":
-            return v > upper
-        if self.op == "below":
-            return v < lower
-        if self.op == "outside":
-            return ~((v >= lower) & (v <= upper))
-        if self.op == "beyond":
-            return (v < lower) | (v > upper)
-        return ~(v <= upper)  # not_at_most
-
-
-DERIVED: dict[str, Derived] = {}  # name -> quantity, every one registered in this process
-# The engine's own w and k3 (min(max(v, −inf), inf) = v): the compiled pass fills their reductions too, so no tensor
-# of k3 is made and w is summed beside everything else
-for _base in ("token_is_weight", "rs_k3"):
-    DERIVED[_base] = Derived(_base, "clamp")
-
-
-_NAMES: dict[tuple, str] = {}  # derived()'s arguments -> the quantity's name (accumulators ask every chunk)
-
-
-def derived(base: str, op: str, lower: float = -math.inf, upper: float = math.inf) -> str:
-    """The name of a derived token quantity (registered on first use)."""
-    lower, upper = float(lower), float(upper)
-    # the signs tell +0.0 from −0.0, which compare (and hash) equal but name different bounds
-    key = (base, op, lower, upper, math.copysign(1.0, lower), math.copysign(1.0, upper))
-    name = _NAMES.get(key)
-    if name is None:
-        quantity = Derived(base, op, lower, upper)
-        name = quantity.name
-        if name not in DERIVED:
-            DERIVED[name] = quantity
-            TOKEN_QUANTITIES[name] = quantity.torch_values
-        _NAMES[key] = name
-    return name
-
-
 def prepare_derived(s: ChunkStats, names: Iterable[str], moments: Iterable[str] = (), histogram: bool = False) -> None:
-    """On the numba engine: segment sums, maxima and minima of the derived quantities ``names`` (and the step groups'
-    moments of ``moments``) from one compiled pass, cached in ``s`` where its reductions by name read them (quantities
-    already there are skipped); with ``histogram``, the sweep's signed histograms of c per step group from the same
-    pass (``sweep.SIGNED_HISTOGRAM``). On the torch engine nothing: each is computed where it is read. Reads the chunk's
-    raw arrays and segments only (no model-token tensor but w), so the reader's prepare pool can run it."""
-    if not isinstance(s, KernelStats):
-        return
-    named, moment_names = set(names), set(moments)
-    wanted = [name for name in dict.fromkeys([*names, *moments]) if name not in s._sums]
-    histogram = histogram and SIGNED_HISTOGRAM not in s._memo
-    if not wanted and not histogram:
-        return
-    kernels = compiled_presets()
-    quantities = [DERIVED[name] for name in wanted]
-    codes = np.array([[kernels.KINDS[q.base], kernels.OPS[q.op]] for q in quantities], dtype=np.int64).reshape(-1, 2)
-    bounds = np.array([[q.lower, q.upper] for q in quantities], dtype=np.float64).reshape(-1, 2)
-    needs_weight = any(q.base in ("token_is_weight", "rs_k3") for q in quantities)
-    weight = arrays.host(token_weights(s)) if needs_weight else np.zeros(0)
-    trainer, rollout = s._raw
-    raw, model, length, *_ = s._layout
-    segment_group, groups = arrays.host(s.segment_group), s.chunk.groups.count
-    edges, table = exact_bin_edges() if histogram else (np.zeros(0), np.zeros(0, np.int64))
-    # a quantity asked for its moments only needs no extremes (one read anyway is reduced as the torch engine does)
-    extremes = np.array([name in named for name in wanted], dtype=np.bool_)
-    sums, maxima, minima, counts = kernels.preset_pass(
-        trainer, rollout, weight, raw, model, length, segment_group, groups, codes, bounds, extremes, edges, table
-    )
-    if histogram:
-        s.memo(SIGNED_HISTOGRAM, lambda: counts)
-    for index, name in enumerate(wanted):
-        # KernelStats reads segment reductions by name from these caches (as it does for its own kernel's sums)
-        s._sums[name] = s._out(sums[index])
-        if extremes[index]:
-            s._maxima[name] = s._out(maxima[index])
-            s._minima[name] = s._out(minima[index])
-    centred = [index for index, name in enumerate(wanted) if name in moment_names]
-    if not centred:
-        return
-    # the torch engine's moments (ChunkStats.group_moments): group means from the sums by name, then centred squares
-    n = s.group_tokens
-    means = arrays.stack([s.group_sum(wanted[index]) / arrays.clamp(n, lower=1.0) for index in centred], axis=1)
-    segment_group = arrays.host(s.segment_group)
-    m2 = s._out(
-        kernels.centred_pass(
-            trainer,
-            rollout,
-            weight,
-            raw,
-            model,
-            length,
-            segment_group,
-            codes[centred],
-            bounds[centred],
-            arrays.host(means),
-        )
-    )
-    zeros = arrays.zeros(arrays.size(n), n)
-    for place, index in enumerate(centred):
-        moments = arrays.stack([n, means[:, place], zeros, m2[:, place], zeros, zeros], axis=-1)
-        s.memo(("derived_moments", wanted[index]), lambda moments=moments: moments)
-
-
-def token_weights(s: KernelStats) -> Array:
-    """w = exp(c) at every model token (``token_is_weight``, cached there, of the chunk's kind), numpy's exp as the
-    torch engine takes it on the CPU (``arrays.host_exp``), of the c the compiled pass writes from the raw arrays: no
-    model-token arrays of δ or c are built. numpy's exp is elementwise (a value's weight does not depend on where it
-    sits in the array: tests/test_kernel_presets.py), so these are the torch engine's CPU weights bit for bit."""
-    found = s._tokens.get("token_is_weight")
-    if found is None:
-        trainer, rollout = s._raw
-        raw, model, length, *_ = s._layout
-        clamped = compiled_presets().clamped_tokens(trainer, rollout, raw, model, length)
-        with np.errstate(over="ignore", invalid="ignore"):  # c is clamped to ±20: nothing overflows; NaN stays NaN
-            np.exp(clamped, out=clamped)
-        found = s._tokens["token_is_weight"] = s._out(clamped)
-    return found
+    """On the numba engine: the reductions of the derived quantities ``names`` (and the step groups' moments of
+    ``moments``) from one compiled pass (``KernelStats.prepare_derived``); with ``histogram``, the sweep's signed
+    histograms of c per step group from the same pass (``sweep.SIGNED_HISTOGRAM``). On the torch engine nothing: each
+    is computed where it is read."""
+    s.prepare_derived(names, moments, (SIGNED_HISTOGRAM, *exact_bin_edges()) if histogram else None)
 
 
 def derived_moments(s: ChunkStats, name: str) -> Array:
@@ -369,22 +226,15 @@ class CorrectionAccumulator(StepAccumulator, ABC):
     def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)
         prepare_derived(s, *self.token_quantities())  # a no-op when the pass prepared every accumulator's at once
-        return self._shared_stats(s)
+        return self.shared_stats(s)
 
     def token_quantities(self) -> tuple[list[str], list[str]]:
         """(derived token quantities this accumulator reduces by name, those whose moments it reads)."""
         return [], []
 
-    def _finalize(self, state: State) -> dict[str, float]:
-        # one state as a block of one step: the run and the steps share one formula, so one rounding
-        ((reports, metrics),) = self._finalize_columns({name: np.asarray(array)[None] for name, array in state.items()})
-        if not reports[0]:
-            return {}  # §1: a step with N = 0 has no metrics
-        return {name: float(np.asarray(value).reshape(-1)[0]) for name, value in metrics.items()}
-
-    def _finalize_columns(self, columns: Columns) -> list[KeyGroup]:
-        """``_finalize`` over a block of steps: ``_metrics`` on [B] columns (the same float64 operations, so the same
-        digits), reported where a step has model tokens."""
+    def finalize_block(self, columns: Columns) -> list[KeyGroup]:
+        """The family's one formula over a block of steps (the run is a block of one): ``_metrics`` on [B] columns,
+        reported where a step has model tokens."""
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             return [(columns["tokens"] != 0, self._metrics(columns))]
 
@@ -394,7 +244,7 @@ class CorrectionAccumulator(StepAccumulator, ABC):
         step's or the run's), [B] columns from a block of steps (``value``'s scalars [B], moments [B, 6])."""
 
     @abstractmethod
-    def _shared_stats(self, s: ChunkStats) -> dict[str, Array]:
+    def shared_stats(self, s: ChunkStats) -> dict[str, Array]:
         """Partial state of each step group: name -> array [G, ...] of the chunk's kind."""
 
 
@@ -405,23 +255,31 @@ def log_bound(ratio: float | None, missing: float) -> float:
     return math.log(ratio) if ratio > 0 else -math.inf
 
 
-# finalize over columns: ``moments`` are [B, 6] ([n, mean_x, ·, M2_x, ·, ·]), the result [B]; each is the scalar
-# formula of metrics.base (population_std, effective_sample_size, sample_std) with the same float64 operations
+# over a block of steps: ``moments`` are [B, 6] ([n, mean_x, ·, M2_x, ·, ·]), the result [B]
 def population_stds(moments: np.ndarray) -> np.ndarray:
+    """§2/§3 ``_std``: the population std of c over model tokens when N > 1, else 0.
+
+    sqrt(M2 / N) from centred moments, so constant c gives exactly 0. verl writes T[c²] − T[c]², whose 1e-8
+    guards add N·mean²·ε / (N+ε)² to the variance: sqrt(ε/N)·|mean| (5.5e-6 for 330 tokens of weight 1) where
+    the spread is 0. We leave that artefact out: the variances differ by exactly that term, never more.
+    """
     count, m2 = moments[..., 0], moments[..., 3]
     return np.where(count <= 1, 0.0, np.sqrt(np.maximum(m2, 0.0) / np.maximum(count, 1.0)))
 
 
 def effective_sample_sizes(moments: np.ndarray) -> np.ndarray:
+    """§2 ESS = 1 / T[(c / (T[c] + ε))²] = (T[c] + ε)² · (N + ε) / Σc². All-zero weights (IcePop rejecting every
+    token) give 1/0: inf (verl raises there)."""
     count, mean, m2 = moments[..., 0], moments[..., 1], moments[..., 3]
     sum_squares = m2 + count * mean * mean
     token_mean = count * mean / (count + EPS)
-    # Python's ``x ** 2`` (C pow) as effective_sample_size writes it: pow and x·x can differ in the last bit
+    # Python's ``x ** 2`` (C pow), as the scalar formula was written: pow and x·x can differ in the last bit
     squared = np.array([value**2 for value in (token_mean + EPS).tolist()], dtype=np.float64)
     return np.where(sum_squares <= 0, math.inf, squared * (count + EPS) / sum_squares)
 
 
 def sample_stds(moments: np.ndarray) -> np.ndarray:
+    """Notation: unbiased (n−1) std over rows; 0 with fewer than 2 values."""
     count, m2 = moments[..., 0], moments[..., 3]
     return np.where(count >= 2, np.sqrt(np.maximum(m2, 0.0) / np.maximum(count - 1, 1.0)), 0.0)
 
@@ -562,7 +420,7 @@ class ImportanceAccumulator(CorrectionAccumulator):
             names.append(derived("token_is_weight", "outside", config.lower, config.upper))
         return names, moments
 
-    def _shared_stats(self, s: ChunkStats) -> dict[str, Array]:
+    def shared_stats(self, s: ChunkStats) -> dict[str, Array]:
         config = self.config
         raw, weight = importance_weights(s, config)
         # §2: token level T[w_raw > U]; sequence level mean_i [s_i > log U] with unclamped s_i; c = clamp(w, 0, U),
@@ -638,7 +496,7 @@ class RejectionOptionAccumulator(CorrectionAccumulator):
         flags = [derived(base, "above", upper=option.upper), derived(base, "below", lower=option.lower)]
         return [*names, *flags, rs_rejected_name(option)], [rs_clamped_name(option)]
 
-    def _shared_stats(self, s: ChunkStats) -> dict[str, Array]:
+    def shared_stats(self, s: ChunkStats) -> dict[str, Array]:
         option = self.option
         valid = s.valid_rows
         statistic = rs_statistic(s, option)
@@ -740,7 +598,7 @@ class DropCountAccumulator(CorrectionAccumulator):
         per_row = self.rejected_per_row(s)
         return s.row_sum(self.kept_tokens(s).map(arrays.logical_not)) if per_row is None else per_row
 
-    def _shared_stats(self, s: ChunkStats) -> dict[str, Array]:
+    def shared_stats(self, s: ChunkStats) -> dict[str, Array]:
         rejected_tokens, rejected_rows = rejection_counts(s, self.rejected_tokens(s))
         return {
             "tokens": s.group_tokens,

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar
 
 import numpy as np
 
 from rollout_diag import catalogue
 from rollout_diag.engine.arrays import Array
+from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator, as_float, sample_std
-from rollout_diag.metrics.segments import stats
+from rollout_diag.metrics.base import Columns, KeyGroup, StepAccumulator
 
 PREFIX = catalogue.DEBUG_PREFIX
 
@@ -34,8 +33,8 @@ class DebugAccumulator(StepAccumulator):
             "probs": s.group_moments("trainer_prob", "rollout_prob"),
         }
 
-    def _finalize_columns(self, columns: Columns) -> list[KeyGroup]:
-        """``_finalize`` over a block of steps (the same float64 operations)."""
+    def finalize_block(self, columns: Columns) -> list[KeyGroup]:
+        """The family's metrics over a block of steps: its one formula (the run is a block of one, ``_finalize``)."""
         diff, probs = columns["probs_diff"], columns["probs"]
         n, mean = diff[:, 0], diff[:, 1]
         valid = n != 0
@@ -55,27 +54,3 @@ class DebugAccumulator(StepAccumulator):
                 },
             )
         ]
-
-    def _finalize(self, state: State) -> dict[str, float]:
-        n, mean = float(state["probs_diff"][0]), float(state["probs_diff"][1])
-        if n == 0:  # §5: no masked token -> valid 0, values NaN
-            names = (
-                "rollout_probs_diff_max",
-                "rollout_probs_diff_mean",
-                "rollout_probs_diff_std",
-                "rollout_actor_probs_pearson_corr",
-            )
-            return {PREFIX + "rollout_probs_diff_valid": 0.0, **{PREFIX + name: math.nan for name in names}}
-        _, _, _, m2_trainer, m2_rollout, co_moment = (float(v) for v in state["probs"])
-        denominator = math.sqrt(m2_trainer * m2_rollout)
-        return {
-            PREFIX + "rollout_probs_diff_valid": 1.0,
-            PREFIX + "rollout_probs_diff_max": as_float(state["probs_diff_max"]),
-            PREFIX + "rollout_probs_diff_mean": mean,
-            # unbiased, as torch.std; 0 with fewer than 2 values (METRICS.md, Notation)
-            PREFIX + "rollout_probs_diff_std": sample_std(state["probs_diff"]),
-            # clipped to [-1, 1] as torch.corrcoef does
-            PREFIX + "rollout_actor_probs_pearson_corr": min(max(co_moment / denominator, -1.0), 1.0)
-            if denominator > 0
-            else math.nan,
-        }

@@ -27,12 +27,13 @@ from rollout_diag.catalogue import (
 )
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
+from rollout_diag.engine.formulas import quantity
+from rollout_diag.engine.quantities import CLIP, COPY_GAP, LOG_HALF, PROBABILITY_EDGES
 from rollout_diag.engine.state import StateTable
+from rollout_diag.engine.stats import ChunkStats, KernelStats, reduce_runs, stats
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.kernels.prepass import CLIP, COPY_GAP, LOG_HALF, PROBABILITY_EDGES
 from rollout_diag.metrics.base import State, StepAccumulator
 from rollout_diag.metrics.localize import POSITION_BUCKETS, TopK, top_candidates
-from rollout_diag.metrics.segments import ChunkStats, KernelStats, quantity, reduce_runs, stats
 from rollout_diag.results import Evidence, RowRef
 
 # Group means use min(|δ|, CLIP = 1) (ρ outside [1/e, e] counts as 1): a few catastrophic tokens cannot carry one.

@@ -12,13 +12,14 @@ import math
 from typing import Any, ClassVar
 
 from rollout_diag import catalogue
+from rollout_diag.catalogue import EPS
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
-from rollout_diag.metrics.base import EPS, clamp20, row_mean
+from rollout_diag.engine.formulas import clamp20, derived, row_mean
+from rollout_diag.engine.stats import ChunkStats, PerToken
 from rollout_diag.metrics.correction import (
     WEIGHT_REDUCTIONS,
     CorrectionAccumulator,
-    derived,
     log_bound,
     rejection_counts,
     sequence_log_ratio,
@@ -27,7 +28,6 @@ from rollout_diag.metrics.correction import (
     weight_metrics,
     weight_stats,
 )
-from rollout_diag.metrics.segments import ChunkStats, PerToken
 from rollout_diag.presets import LegacyCorrection
 
 PREFIX = catalogue.LEGACY_PREFIX
@@ -143,7 +143,7 @@ class LegacyAccumulator(CorrectionAccumulator):
                 names.append(mask_name(config))
         return names, moments
 
-    def _shared_stats(self, s: ChunkStats) -> dict[str, Array]:
+    def shared_stats(self, s: ChunkStats) -> dict[str, Array]:
         config = self.config
         weights = legacy_weight_stats(s, config.level, config.lower, config.upper)
         catastrophic_tokens, vetoed_rows = rejection_counts(s, s.row_sum(veto_name(config)))

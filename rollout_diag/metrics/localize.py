@@ -15,11 +15,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rollout_diag import catalogue
+from rollout_diag.catalogue import EPS
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
+from rollout_diag.engine.formulas import row_mean
+from rollout_diag.engine.quantities import EXPONENT_MAX, EXPONENT_MIN
+from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import EPS, Columns, KeyGroup, State, StepAccumulator, row_mean
-from rollout_diag.metrics.segments import EXPONENT_MAX, EXPONENT_MIN, stats
+from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator
 from rollout_diag.results import Rows, RowTokens, WorstRow, WorstToken
 
 POSITION_BUCKETS = 40  # log2 buckets: covers rows of up to 2^38 tokens
@@ -136,8 +139,8 @@ class PositionAccumulator(StepAccumulator):
             )
         return rows
 
-    def _finalize_columns(self, columns: Columns) -> list[KeyGroup]:
-        """``_finalize`` over a block of steps (the same float64 operations)."""
+    def finalize_block(self, columns: Columns) -> list[KeyGroup]:
+        """The family's metrics over a block of steps: its one formula (the run is a block of one, ``_finalize``)."""
         tokens, catastrophic = columns["token_count"].sum(axis=1), columns["catastrophic"].sum(axis=1)
         with np.errstate(divide="ignore", invalid="ignore"):
             share = catastrophic / tokens
@@ -158,21 +161,6 @@ class PositionAccumulator(StepAccumulator):
                 },
             ),
         ]
-
-    def _finalize(self, state: State) -> dict[str, float]:
-        tokens = float(state["token_count"].sum())
-        if tokens == 0:
-            return {}
-        catastrophic = float(state["catastrophic"].sum())
-        out = {
-            catalogue.CATASTROPHIC_TOKENS.key: catastrophic,
-            catalogue.CATASTROPHIC_TOKEN_SHARE.key: catastrophic / tokens,
-        }
-        kept = tokens - catastrophic
-        if kept > 0:  # token means over the kept tokens, as §1's T[·] (denominator + 1e-8)
-            out[catalogue.K3_KL_WITHOUT_CATASTROPHIC.key] = float(state["k3_kept"].sum()) / (kept + EPS)
-            out[catalogue.CHI2_TOKEN_WITHOUT_CATASTROPHIC.key] = float(state["chi2_kept"].sum()) / (kept + EPS) - 1.0
-        return out
 
     def position_rows(self) -> list[dict[str, Any]]:
         """Run buckets first (step None), then each step's."""

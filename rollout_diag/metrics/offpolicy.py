@@ -7,11 +7,13 @@ from typing import ClassVar
 import numpy as np
 
 from rollout_diag import catalogue
+from rollout_diag.catalogue import EPS
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array, segment_max, segment_min
+from rollout_diag.engine.formulas import clamp20, row_mean
+from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import EPS, Columns, KeyGroup, State, StepAccumulator, as_float, clamp20, row_mean
-from rollout_diag.metrics.segments import stats
+from rollout_diag.metrics.base import Columns, KeyGroup, StepAccumulator
 
 PREFIX = catalogue.OFFPOLICY_PREFIX
 
@@ -96,8 +98,8 @@ class OffPolicyAccumulator(StepAccumulator):
             "abs_diff": s.group_sum("abs_log_ratio"),
         }
 
-    def _finalize_columns(self, columns: Columns) -> list[KeyGroup]:
-        """``_finalize`` over a block of steps (the same float64 operations)."""
+    def finalize_block(self, columns: Columns) -> list[KeyGroup]:
+        """The family's metrics over a block of steps: its one formula (the run is a block of one, ``_finalize``)."""
         rows, tokens = columns["rows"], columns["tokens"]
         reports = (tokens != 0) & (rows != 0)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -113,34 +115,3 @@ class OffPolicyAccumulator(StepAccumulator):
             out = {PREFIX + name: metrics[name] for name in METRIC_ORDER}
             out[catalogue.LOGPROB_ABS_DIFF.key] = columns["abs_diff"] / (tokens + EPS)
         return [(reports, out)]
-
-    def _finalize(self, state: State) -> dict[str, float]:
-        value = {name: as_float(array) for name, array in state.items()}
-        rows, tokens = value["rows"], value["tokens"]
-        if tokens == 0 or rows == 0:
-            return {}  # METRICS.md §1: a step with N = 0 has no metrics
-
-        def token_mean(name: str) -> float:  # T[x] = Σ m·x / (N + 1e-8)
-            return value[name] / (tokens + EPS)
-
-        def row_average(name: str) -> float:  # mean_i over all B rows
-            return value[name] / rows
-
-        metrics = {
-            "training_ppl": row_average("training_ppl"),
-            "training_log_ppl": row_average("training_log_ppl"),
-            "rollout_ppl": row_average("rollout_ppl"),
-            "rollout_log_ppl": row_average("rollout_log_ppl"),
-            "kl": token_mean("kl"),
-            "k3_kl": token_mean("k3_kl"),
-            "log_ppl_diff": row_average("log_ppl_diff"),
-            "log_ppl_abs_diff": row_average("log_ppl_abs_diff"),
-            "log_ppl_diff_max": value["log_ppl_diff_max"],
-            "log_ppl_diff_min": value["log_ppl_diff_min"],
-            "ppl_ratio": row_average("ppl_ratio"),
-            "chi2_token": token_mean("chi2_token") - 1.0,
-            "chi2_seq": row_average("chi2_seq") - 1.0,
-        }
-        out = {PREFIX + name: float(v) for name, v in metrics.items()}
-        out[catalogue.LOGPROB_ABS_DIFF.key] = token_mean("abs_diff")  # §7, last line
-        return out

@@ -15,9 +15,11 @@ import numpy as np
 
 from rollout_diag import catalogue
 from rollout_diag.engine.arrays import Array
+from rollout_diag.engine.choice import expect_presets
+from rollout_diag.engine.formulas import derived
 from rollout_diag.engine.state import StateTable
+from rollout_diag.engine.stats import ChunkStats, PerToken, stats
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.kernels import expect_presets
 from rollout_diag.memory import trim_heap
 from rollout_diag.metrics.base import KeyGroup, State, StepAccumulator
 from rollout_diag.metrics.correction import (
@@ -26,7 +28,6 @@ from rollout_diag.metrics.correction import (
     ImportanceAccumulator,
     RejectionChainAccumulator,
     RejectionOptionAccumulator,
-    derived,
     icepop_inside,
     prepare_derived,
     rejected_per_row,
@@ -35,7 +36,6 @@ from rollout_diag.metrics.correction import (
     rs_rejections,
 )
 from rollout_diag.metrics.legacy import LegacyAccumulator, legacy_keep, legacy_rejections, mask_name, veto_name
-from rollout_diag.metrics.segments import ChunkStats, PerToken, stats
 from rollout_diag.presets import ImportanceSampling, LegacyCorrection, Preset, RejectionOption
 from rollout_diag.results import Column, ColumnSource, ReadSequence, StepResult
 
@@ -142,7 +142,7 @@ class PresetColumns(StepAccumulator):
         return {
             f"{index}/{name}": value
             for index, part in enumerate(self.parts)
-            for name, value in part._shared_stats(s).items()
+            for name, value in part.shared_stats(s).items()
         }
 
     def _finalize(self, state: State) -> dict[str, float]:
@@ -151,7 +151,7 @@ class PresetColumns(StepAccumulator):
     def hand_over(self) -> None:
         """Give each accumulator the columns fed so far, and start empty again. Each accumulator takes them as the
         chunks' tables would have reached it: the table's pieces (``_pieces``: each finished layer's parts, then the
-        sealed parts, steps no later chunk reached, in order, then the open part), appended in turn (``_append``:
+        sealed parts, steps no later chunk reached, in order, then the open part), appended in turn (``append_table``:
         a layer's parts are disjoint, so nothing is added, nothing copied; a layer's first part starts a layer again;
         each accumulator joins or folds its pieces when read, one at a time, as it did when fed chunk by chunk)."""
         tables = self._pieces()
@@ -170,7 +170,7 @@ class PresetColumns(StepAccumulator):
                         own(table.sparse),
                         own(table.ragged),
                     )
-                    part._append(StateTable(part.REDUCTIONS, shapes, table.steps, dense, sparse, ragged))
+                    part.append_table(StateTable(part.REDUCTIONS, shapes, table.steps, dense, sparse, ragged))
 
 
 class CorrectionAnalysis:
@@ -290,7 +290,7 @@ class CorrectionAnalysis:
     def step_columns(self, name: str) -> list[tuple[np.ndarray, list[KeyGroup]]]:
         """Preset ``name``'s per-step metrics as columns, one entry per part (in ``finalize``'s order): (the part's
         steps, sorted int64 [S]; its key groups: bool [S] steps that report the keys, key -> float64 [S]). Each
-        accumulator is finalized once, on first use, a block of steps at a time (``_finalize_columns``): no dict per
+        accumulator is finalized once, on first use, a block of steps at a time (``finalize_block``): no dict per
         step. Call it after the last ``update`` / ``merge``."""
         return [self._columns(key) for key in self.parts[name]]
 
@@ -304,7 +304,7 @@ class CorrectionAnalysis:
                 blocks.append(
                     [
                         (reports, {k: np.broadcast_to(np.asarray(v, np.float64), (size,)) for k, v in values.items()})
-                        for reports, values in accumulator._finalize_columns(columns)
+                        for reports, values in accumulator.finalize_block(columns)
                     ]
                 )
             groups = [

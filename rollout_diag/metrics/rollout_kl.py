@@ -9,15 +9,16 @@ import numpy as np
 from rollout_diag import catalogue
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
+from rollout_diag.engine.formulas import row_mean
+from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator, as_float, row_mean
-from rollout_diag.metrics.segments import stats
+from rollout_diag.metrics.base import Columns, KeyGroup, StepAccumulator
 
 PREFIX = catalogue.ROLLOUT_KL_PREFIX
 ESTIMATORS = ("k1", "abs", "k2", "k3")
 
 
-# §6 estimators of x = a − r: k1 = x, abs = |x|, k2 = ½x², k3 = exp(−x) − 1 + x (token quantities, segments.py)
+# §6 estimators of x = a − r: k1 = x, abs = |x|, k2 = ½x², k3 = exp(−x) − 1 + x (token quantities, engine/quantities.py)
 ESTIMATOR_TOKENS = {
     "k1": ("log_ratio", 1.0),
     "abs": ("abs_log_ratio", 1.0),
@@ -39,14 +40,8 @@ class RolloutKLAccumulator(StepAccumulator):
             out[name] = s.group_sum_rows(row_mean(s.row_sum(token_name) * scale, n))
         return out
 
-    def _finalize_columns(self, columns: Columns) -> list[KeyGroup]:
-        """``_finalize`` over a block of steps (the same float64 operations)."""
+    def finalize_block(self, columns: Columns) -> list[KeyGroup]:
+        """The family's metrics over a block of steps: its one formula (the run is a block of one, ``_finalize``)."""
         rows, tokens = columns["rows"], columns["tokens"]
         with np.errstate(divide="ignore", invalid="ignore"):
             return [((rows != 0) & (tokens != 0), {PREFIX + name: columns[name] / rows for name in ESTIMATORS})]
-
-    def _finalize(self, state: State) -> dict[str, float]:
-        rows, tokens = as_float(state["rows"]), as_float(state["tokens"])
-        if rows == 0 or tokens == 0:
-            return {}
-        return {PREFIX + name: as_float(state[name]) / rows for name in ESTIMATORS}

@@ -13,9 +13,9 @@ import numpy as np
 from rollout_diag import catalogue
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array, segment_max
+from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator, as_float
-from rollout_diag.metrics.segments import stats
+from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator
 
 PREFIX = catalogue.ROUNDS_PREFIX
 DEFAULT_MAX_ROUNDS = 64
@@ -98,8 +98,8 @@ class RoundAccumulator(StepAccumulator):
             )
         return rows
 
-    def _finalize_columns(self, columns: Columns) -> list[KeyGroup]:
-        """``_finalize`` over a block of steps (the same float64 operations and the same choice of round)."""
+    def finalize_block(self, columns: Columns) -> list[KeyGroup]:
+        """The family's metrics over a block of steps: its one formula (the run is a block of one, ``_finalize``)."""
         tokens, seq_count = columns["token_count"], columns["seq_count"]
         present = tokens > 0
         groups: list[KeyGroup] = []
@@ -128,29 +128,6 @@ class RoundAccumulator(StepAccumulator):
         best = np.argmax(means, axis=1).astype(np.float64)
         groups.append((candidate.any(axis=1), {PREFIX + "most_divergent_round": best}))
         return groups
-
-    def _finalize(self, state: State) -> dict[str, float]:
-        rows = self.table(state)
-        if not rows:
-            return {}
-        out: dict[str, float] = {}
-        for row in rows:
-            key = f"{PREFIX}round_{row['round']}/"
-            for name in (
-                "logprob_abs_diff_mean",
-                "token_count",
-                "seq_count",
-                "k3_kl",
-                "kl",
-                "chi2_token",
-                "max_abs_diff",
-            ):
-                out[key + name] = float(row[name])
-        out[PREFIX + "num_rounds_max"] = as_float(state["num_rounds_max"])
-        best = most_divergent_round(rows)
-        if best is not None:
-            out[PREFIX + "most_divergent_round"] = float(best)
-        return out
 
     def finalize_table(self) -> list[dict[str, Any]]:
         state = self.run_state()

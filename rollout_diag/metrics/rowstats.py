@@ -15,8 +15,9 @@ import numpy as np
 
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
+from rollout_diag.engine.formulas import quantity
+from rollout_diag.engine.stats import ChunkStats, stats
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.segments import ChunkStats, quantity, stats
 from rollout_diag.presets import Preset
 from rollout_diag.results import RowStats
 

@@ -22,12 +22,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from rollout_diag.catalogue import CLAMP, EPS
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
 from rollout_diag.engine.state import Ragged, StateTable
+from rollout_diag.engine.stats import ChunkStats, stats
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import CLAMP, EPS, State, StepAccumulator, sequence_share
-from rollout_diag.metrics.segments import ChunkStats, stats
+from rollout_diag.metrics.base import State, StepAccumulator, sequence_share
 from rollout_diag.results import ReadSequence
 
 BINS_PER_DECADE = 32
@@ -126,7 +127,8 @@ class RunSweepAccumulator(SweepAccumulator):
             "tokens": arrays.host(s.row_count).sum(keepdims=True),  # a sum of whole counts: exact in any order
             "rows": Ragged(rows[valid], np.zeros(int(valid.sum()), dtype=np.int64)),
         }
-        self._append(StateTable.from_groups(self.REDUCTIONS, [0], partial))  # the rows held aside, not copied again
+        # the rows held aside, not copied again
+        self.append_table(StateTable.from_groups(self.REDUCTIONS, [0], partial))
 
 
 def signed_histograms(s: ChunkStats) -> Array:

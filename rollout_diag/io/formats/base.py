@@ -290,7 +290,7 @@ def jsonl_file(
 ) -> RowsFile:
     """A JSON-lines dump: ``parse(line, line_index, step)`` turns one line into a row (the reference).
 
-    With ``fast``, blocks of lines are read by the compiled scanner (``kernels/jsonl.py``) instead and only the
+    With ``fast``, blocks of lines are read by the compiled scanner (``io/jsonl.py``) instead and only the
     lines it cannot vouch for go through ``parse`` (see :class:`FastLines`); the batches are the same, row for row. A
     file with a carriage return is read line by line as text (Python's universal newlines split there).
     """
@@ -353,7 +353,7 @@ _COUNT_READ_BYTES = 1 << 20  # the counting reads (a buffer that stays in the co
 def _count_range(path: str | Path, start: int, stop: int | None) -> tuple[int, int, int]:
     """(newlines, carriage returns, last byte or -1 when none) of the file's bytes ``[start, stop)`` (``stop`` None:
     to the file's end)."""
-    from rollout_diag.kernels.jsonl import newlines_and_returns
+    from rollout_diag.io.jsonl import newlines_and_returns
 
     newlines, returns, last = 0, 0, -1
     buffer = bytearray(_COUNT_READ_BYTES)
@@ -375,7 +375,7 @@ def _count_range(path: str | Path, start: int, stop: int | None) -> tuple[int, i
 # ------------------------------------------------------------------ the fast JSON-lines path
 @dataclass(frozen=True)
 class ParsedLines:
-    """The lines of a block the compiled scanner read (``kernels/jsonl.py``), one row each.
+    """The lines of a block the compiled scanner read (``io/jsonl.py``), one row each.
 
     ``columns``: the :attr:`FastLines.schema` fields by name (a field absent from a line, or written as
     ``null``, is null there, as pyarrow's JSON reader gives it); ``lines``: each row's file row (0-based, the
@@ -410,7 +410,7 @@ class ParsedLines:
 @dataclass(frozen=True)
 class FastLines:
     """How a JSON-lines format reads well-formed lines in bulk: the compiled scanner of
-    ``kernels/jsonl.py`` (measured against pyarrow's and polars' JSON readers in docs/benchmarks.md).
+    ``io/jsonl.py`` (measured against pyarrow's and polars' JSON readers in docs/benchmarks.md).
 
     ``schema``: the fields the format uses, typed (``int64``, ``string``, lists or lists of lists of
     ``float64``/``int64``/``bool``); a line where one holds a value of another JSON type goes to ``parse``.
@@ -443,7 +443,7 @@ class _Block:
     ends: np.ndarray  # int64 positions in data: line i is data[ends[i]:ends[i + 1]]
     first: int  # file row of the first line
     ascii: bool  # whether all of data is ASCII (else the block's lines are checked to be UTF-8)
-    scanned: Any = None  # what the scanner read (a kernels.jsonl.Scanned), or None when it was not run
+    scanned: Any = None  # what the scanner read (a io.jsonl.Scanned), or None when it was not run
 
     @property
     def lines(self) -> int:
@@ -461,7 +461,7 @@ def _blocks(path: str, size: int, buffers: list[bytearray]) -> Iterator[_Block]:
     moved to the front of the next buffer; a buffer too short is replaced in the list by a longer one), so a block's
     ``data`` is overwritten once the generator has gone on ``len(buffers)`` reads: the caller must be done with a
     block by then (``_fast_batches`` keeps one block ahead of three buffers)."""
-    from rollout_diag.kernels.jsonl import line_ends
+    from rollout_diag.io.jsonl import line_ends
 
     first = 0
     turn = 0
@@ -526,7 +526,7 @@ def _fast_batches(
     from concurrent.futures import ThreadPoolExecutor
 
     from rollout_diag.cores import available_cores
-    from rollout_diag.kernels.jsonl import Scanner
+    from rollout_diag.io.jsonl import Scanner
 
     scanner = _SCANNERS.get(id(fast))
     if scanner is None:
@@ -594,7 +594,7 @@ def _scan_part(block: _Block, a: int, b: int, scanner: Any) -> Any:
 
 def _joined(block: _Block, parts: list[tuple[int, int]], futures: list) -> _Block:
     """The block with what its parts read, put together in line order (``block.scanned``)."""
-    from rollout_diag.kernels.jsonl import Scanned
+    from rollout_diag.io.jsonl import Scanned
 
     scanned = [future.result() for future in futures]  # in order: raises what a part raised
     if len(scanned) == 1:

@@ -71,6 +71,10 @@ class DialectsAccumulator:
         for name, family in self.families.items():
             family.merge(other.families[name])
 
+    def step_accumulators(self) -> list[StepAccumulator]:
+        """Every framework's per-step accumulators, in framework order."""
+        return [accumulator for family in self.families.values() for accumulator in family.step_accumulators()]
+
     def finalize_steps(self) -> dict[int, dict[str, dict[str, float]]]:
         """step -> framework -> metric name as logged -> value (a framework without values at a step is left out)."""
         out: dict[int, dict[str, dict[str, float]]] = {}

@@ -18,10 +18,11 @@ from typing import ClassVar
 
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
+from rollout_diag.engine.formulas import quantity
+from rollout_diag.engine.stats import ChunkStats, stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float
 from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, row_extreme
-from rollout_diag.metrics.segments import ChunkStats, quantity, stats
 
 KL = "ppo_actor/update/behave_approx_kl/"
 WEIGHT = "ppo_actor/update/behave_imp_weight/"

@@ -9,14 +9,16 @@ over float64 sufficient statistics, like every other family) and a :class:`Frame
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array, segment_max, segment_min, segment_sum
+from rollout_diag.engine.formulas import quantity
+from rollout_diag.engine.stats import ChunkStats
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.segments import ChunkStats, quantity
+from rollout_diag.metrics.base import StepAccumulator
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class DialectFamily(Protocol):
     def merge(self, other: Any) -> None: ...
     def finalize_steps(self) -> dict[int, dict[str, float]]: ...
     def finalize_run(self) -> dict[str, float]: ...
+    def step_accumulators(self) -> Sequence[StepAccumulator]: ...
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import ClassVar
 
 from rollout_diag.engine.arrays import Array
+from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float
 from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step
-from rollout_diag.metrics.segments import stats
 
 NAME = "train/vllm_kl"
 

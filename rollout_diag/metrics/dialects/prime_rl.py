@@ -34,10 +34,10 @@ import numpy as np
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array, segment_moments, segment_sum
 from rollout_diag.engine.state import merge_moments
+from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float
 from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, row_extreme, token_moments
-from rollout_diag.metrics.segments import stats
 
 PREFIX = "mismatch_kl/all/"
 ENV_PREFIX = "mismatch_kl/"
@@ -256,6 +256,10 @@ class PrimeRLFamily:
     def merge(self, other: PrimeRLFamily) -> None:
         self.main.merge(other.main)
         self.envs.merge(other.envs)
+
+    def step_accumulators(self) -> tuple[StepAccumulator, ...]:
+        """The per-step table's accumulator (the per-environment states are kept by step in a dict of their own)."""
+        return (self.main,)
 
     def finalize_steps(self) -> dict[int, dict[str, float]]:
         envs = self.envs.finalize_steps()

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from rollout_diag.catalogue import EPS
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array, segment_sum
+from rollout_diag.engine.formulas import quantity
+from rollout_diag.engine.stats import ChunkStats, stats
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import EPS, State, StepAccumulator, as_float
+from rollout_diag.metrics.base import State, StepAccumulator, as_float
 from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, round_sums
-from rollout_diag.metrics.segments import ChunkStats, quantity, stats
 
 LEVELS = ("token", "geometric", "sequence", "segment")
 

@@ -17,13 +17,15 @@ from typing import ClassVar
 
 import numpy as np
 
+from rollout_diag.catalogue import CLAMP
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
+from rollout_diag.engine.formulas import quantity
 from rollout_diag.engine.state import merge_moments
+from rollout_diag.engine.stats import ChunkStats, stats
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import CLAMP, State, StepAccumulator, as_float
+from rollout_diag.metrics.base import State, StepAccumulator, as_float
 from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, row_extreme, token_moments
-from rollout_diag.metrics.segments import ChunkStats, quantity, stats
 
 ABS = "policy/rollout_train_logprobs_abs_diff_"
 IS = "policy/loss_metrics/is_ratio_"

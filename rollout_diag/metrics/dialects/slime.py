@@ -15,10 +15,10 @@ from typing import ClassVar
 
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
+from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float
 from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step
-from rollout_diag.metrics.segments import stats
 
 NAME = "train/train_rollout_logprob_abs_diff"
 PER_TOKEN = NAME + " (--calculate-per-token-loss)"

@@ -16,12 +16,13 @@ import numpy as np
 
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
+from rollout_diag.engine.formulas import clamp20, row_mean
+from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator, as_float, clamp20, row_mean
+from rollout_diag.metrics.base import Columns, KeyGroup, StepAccumulator
 from rollout_diag.metrics.debug import DebugAccumulator
 from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step
 from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
-from rollout_diag.metrics.segments import stats
 from rollout_diag.results import MetricColumns
 
 VALID = "@valid_rows"
@@ -72,8 +73,8 @@ class ValidRowsAccumulator(StepAccumulator):
         out["log_ppl_diff_min"] = by_step(s, arrays.where(valid, diff, math.inf), "min")
         return out
 
-    def _finalize_columns(self, columns: Columns) -> list[KeyGroup]:
-        """``_finalize`` over a block of steps (the same float64 operations)."""
+    def finalize_block(self, columns: Columns) -> list[KeyGroup]:
+        """The family's metrics over a block of steps: its one formula (the run is a block of one, ``_finalize``)."""
         rows = columns["valid_rows"]
         with np.errstate(divide="ignore", invalid="ignore"):
             out = {f"rollout_corr/{name}{VALID}": columns[name] / rows for name in ROW_METRICS}
@@ -81,16 +82,6 @@ class ValidRowsAccumulator(StepAccumulator):
         out[f"rollout_corr/log_ppl_diff_max{VALID}"] = columns["log_ppl_diff_max"]
         out[f"rollout_corr/log_ppl_diff_min{VALID}"] = columns["log_ppl_diff_min"]
         return [(rows != 0, out)]
-
-    def _finalize(self, state: State) -> dict[str, float]:
-        rows = as_float(state["valid_rows"])
-        if rows == 0:
-            return {}
-        out = {f"rollout_corr/{name}{VALID}": as_float(state[name]) / rows for name in ROW_METRICS}
-        out[f"rollout_corr/chi2_seq{VALID}"] -= 1.0  # chi2_seq = mean exp(2·clamp20(S_i[δ])) − 1
-        out[f"rollout_corr/log_ppl_diff_max{VALID}"] = as_float(state["log_ppl_diff_max"])
-        out[f"rollout_corr/log_ppl_diff_min{VALID}"] = as_float(state["log_ppl_diff_min"])
-        return out
 
 
 class VerlAccumulator:
@@ -107,6 +98,9 @@ class VerlAccumulator:
     def merge(self, other: VerlAccumulator) -> None:
         for mine, theirs in zip(self.families, other.families, strict=True):
             mine.merge(theirs)
+
+    def step_accumulators(self) -> tuple[StepAccumulator, ...]:
+        return self.families
 
     def finalize_steps(self) -> dict[int, dict[str, float]]:
         out: dict[int, dict[str, float]] = {}

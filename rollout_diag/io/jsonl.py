@@ -901,7 +901,7 @@ def _field(data_type: pa.DataType) -> _Field:
             return _Field(LIST, elements[inner], data_type)
         if pa.types.is_list(inner) and inner.value_type in elements:
             return _Field(LIST2, elements[inner.value_type], data_type)
-    raise TypeError(f"kernels.jsonl reads int64, string and (lists of) lists of float64/int64/bool, not {data_type}")
+    raise TypeError(f"io.jsonl reads int64, string and (lists of) lists of float64/int64/bool, not {data_type}")
 
 
 def _announce_compiling() -> None:
@@ -912,6 +912,9 @@ def _announce_compiling() -> None:
         return
     if not cached:
         print("rollout-diag: compiling the JSON-lines reader once (about 20 s; cached after).", file=sys.stderr)
+        from rollout_diag.kernels import drop_stale_caches
+
+        drop_stale_caches(sys.modules[__name__])  # an upgrade's first run: the last version's files go
 
 
 class Scanner:

@@ -1,4 +1,4 @@
-"""Per-token quantities computed once per chunk, and their sums over *segments*.
+"""The per-chunk engines: token quantities computed once per chunk, and their sums over *segments*.
 
 A segment is a maximal run of model tokens that share a row, a multi-turn round and a log2 position
 bucket. Every additive statistic of every family (per row, per step, per round, per position bucket) is a
@@ -12,123 +12,24 @@ Quantities are cached on the chunk (``chunk.cache``), so families and presets sh
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from itertools import pairwise
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array, segment_max, segment_min, segment_moments
-from rollout_diag.io.chunk import Chunk
-from rollout_diag.kernels import compiled, kernel_for
+from rollout_diag.engine.choice import kernel_for
+from rollout_diag.engine.formulas import DERIVED, TOKEN_QUANTITIES, clamp20, row_mean, token_exp, token_expm1
+from rollout_diag.engine.quantities import EXPONENT_MAX, EXPONENT_MIN, MOMENT_PAIRS, PROBABILITIES, SHARED_QUANTITIES
+from rollout_diag.kernels import compiled, compiled_presets
 from rollout_diag.kernels import prepass as kernel_prepass
-from rollout_diag.kernels.prepass import EXPONENT_MAX, EXPONENT_MIN, MOMENT_PAIRS, PROBABILITIES
-from rollout_diag.metrics.base import clamp20, row_mean, token_exp, token_expm1
 
-# Per-token quantities over model tokens (δ = a − r), each computed at most once per chunk.
-TOKEN_QUANTITIES: dict[str, Callable[[ChunkStats], Array]] = {}
-
-
-def quantity(name: str):
-    def register(function: Callable[[ChunkStats], Array]) -> Callable[[ChunkStats], Array]:
-        TOKEN_QUANTITIES[name] = function
-        return function
-
-    return register
-
-
-@quantity("trainer")
-def _trainer(s: ChunkStats) -> Array:
-    return s.chunk.model.trainer
-
-
-@quantity("rollout")
-def _rollout(s: ChunkStats) -> Array:
-    return s.chunk.model.rollout
-
-
-@quantity("log_ratio")
-def _log_ratio(s: ChunkStats) -> Array:
-    return s.chunk.model.log_ratio
-
-
-@quantity("abs_log_ratio")
-def _abs_log_ratio(s: ChunkStats) -> Array:
-    return abs(s.token("log_ratio"))
-
-
-@quantity("k3")
-def _k3(s: ChunkStats) -> Array:  # exp(δ) − δ − 1 (§1 k3_kl), expm1 for accuracy near 0
-    return token_expm1(s.token("log_ratio")) - s.token("log_ratio")
-
-
-@quantity("chi2_term")
-def _chi2_term(s: ChunkStats) -> Array:  # exp(2·clamp20(δ)) (§1 chi2_token)
-    return token_exp(s.token("clamped_log_ratio") * 2.0)
-
-
-@quantity("square")
-def _square(s: ChunkStats) -> Array:  # δ² (§6 k2 = ½δ²)
-    delta = s.token("log_ratio")
-    return delta * delta
-
-
-@quantity("skyrl_k3")
-def _skyrl_k3(s: ChunkStats) -> Array:  # exp(−x) − 1 + x, x = a − r (§6 k3)
-    delta = s.token("log_ratio")
-    return token_expm1(-delta) + delta
-
-
-@quantity("clamped_log_ratio")
-def _clamped(s: ChunkStats) -> Array:  # c = clamp20(δ): what §2 weights and §3 statistics see
-    return clamp20(s.token("log_ratio"))
-
-
-@quantity("rs_k2")
-def _rs_k2(s: ChunkStats) -> Array:  # §3 k2 = ½·c²
-    clamped = s.token("clamped_log_ratio")
-    return 0.5 * clamped * clamped
-
-
-@quantity("token_is_weight")
-def _token_is_weight(s: ChunkStats) -> Array:
-    # §2 token-level w_raw = exp(c) (§8 token level too), numpy's exp on the CPU in both engines (torch's on a GPU): a
-    # weight at a truncation or IcePop bound falls on the same side in either engine, on any CPU
-    return arrays.host_exp(s.token("clamped_log_ratio"))
-
-
-@quantity("rs_k3")
-def _rs_k3(s: ChunkStats) -> Array:
-    # §3 k3 = exp(c) − 1 − c, rounded as verl writes it (not expm1): a row value that sits exactly at a
-    # rejection threshold must fall on the same side as in verl, in presets and in the sweep alike
-    weight, clamped = s.token("token_is_weight"), s.token("clamped_log_ratio")
-    if arrays.is_tensor(weight):
-        return (weight - 1.0).sub_(clamped)  # one temporary, same rounding
-    out = weight - 1.0
-    out -= clamped
-    return out
-
-
-@quantity("trainer_prob")
-def _trainer_prob(s: ChunkStats) -> Array:
-    return token_exp(s.token("trainer"))
-
-
-@quantity("rollout_prob")
-def _rollout_prob(s: ChunkStats) -> Array:
-    return token_exp(s.token("rollout"))
-
-
-@quantity("prob_diff")
-def _prob_diff(s: ChunkStats) -> Array:  # |p_a − p_r| (§5)
-    return abs(s.token("trainer_prob") - s.token("rollout_prob"))
-
-
-@quantity("rs_k1")
-def _rs_k1(s: ChunkStats) -> Array:  # §3 k1 = −c
-    return -s.token("clamped_log_ratio")
+if TYPE_CHECKING:  # the engines read a chunk's arrays; they never build one
+    from rollout_diag.io.chunk import Chunk
 
 
 @dataclass(frozen=True, eq=False)  # compared by identity: its values are tensors
@@ -164,26 +65,13 @@ def stats(chunk: Chunk) -> ChunkStats:
     return found
 
 
-SHARED_QUANTITIES = ("log_ratio", "abs_log_ratio")  # what every family reads
-
-
 def prepare(chunk: Chunk, quantities: tuple[str, ...] = SHARED_QUANTITIES, probabilities: bool = True) -> None:
     """Build ahead of the families what they read first: model tokens, segments, rows, step groups, and the given
     token quantities with their segment sums. The reader runs this in its thread, so on a machine with two cores
     or more it overlaps the previous chunk's arithmetic instead of adding to it. ``probabilities=False``: the
     families read none of PROBABILITIES (no debug family), so the numba engine's fused pass leaves them out (their
     reductions, if read after all, are then computed from the tokens, as for a quantity outside the pass)."""
-    s = stats(chunk)
-    if not probabilities and isinstance(s, KernelStats) and "_fused" not in s.__dict__:
-        s.probabilities = False
-    cached = ("segment_length", "segment_row", "segment_bucket", "segment_round", "segment_group", "row_count")
-    for name in (*cached, "group_token_ranges"):
-        getattr(s, name)
-    if isinstance(s, KernelStats):  # the fused pass; a quantity outside it is computed where a family reads it
-        s._reductions  # noqa: B018
-        return
-    for name in quantities:
-        s.segment_sum(name)
+    stats(chunk).prepare(quantities, probabilities)
 
 
 def position_bucket(position: Array) -> Array:
@@ -191,20 +79,77 @@ def position_bucket(position: Array) -> Array:
     return arrays.frexp_exponent(position)
 
 
+@dataclass
+class TokenCaches:
+    """A chunk's token values and segment reductions by quantity name: what views of the chunk share."""
+
+    tokens: dict[str, Array] = field(default_factory=dict)
+    sums: dict[str, Array] = field(default_factory=dict)  # segment sums; "row:name": row sums
+    maxima: dict[str, Array] = field(default_factory=dict)
+    minima: dict[str, Array] = field(default_factory=dict)
+
+
+# ChunkStats values that do not depend on how rows are grouped: a regrouped view reuses them.
+ROW_LEVEL = (
+    "segment_starts",
+    "segment_length",
+    "segment_row",
+    "segment_bucket",
+    "segment_round",
+    "rounds_per_row",
+    "row_count",
+    "row_tokens",
+    "valid_rows",
+    "_filled_rows",
+)
+
+
 class ChunkStats:
     """Token quantities, their segment sums and maxima, and row / step group reductions of a chunk: the one
     per-chunk engine every family reads (analysis families by quantity name, correction families also with
     :class:`PerToken` values and memoised per-preset values, ``memo``)."""
 
-    def __init__(self, chunk: Chunk) -> None:
+    def __init__(self, chunk: Chunk, caches: TokenCaches | None = None) -> None:
         self.chunk = chunk
-        self._tokens: dict[str, Array] = {}
-        self._sums: dict[str, Array] = {}
-        self._maxima: dict[str, Array] = {}
-        self._minima: dict[str, Array] = {}
+        self.caches = TokenCaches() if caches is None else caches
+        self._tokens = self.caches.tokens
+        self._sums = self.caches.sums
+        self._maxima = self.caches.maxima
+        self._minima = self.caches.minima
         self._memo: dict[Hashable, Any] = {}
         self._bounds: dict[str, float] = {}  # catastrophic token quantities: name -> |δ| bound
         self._within: dict[str, tuple[str, float]] = {}  # quantity where |δ| ≤ bound: name -> (quantity, bound)
+
+    def prepare_derived(
+        self,
+        names: Iterable[str],
+        moments: Iterable[str] = (),
+        histogram: tuple[Hashable, np.ndarray, np.ndarray] | None = None,
+    ) -> None:
+        """Compute ahead the derived quantities' reductions (``KernelStats``); the torch engine computes each where
+        it is read."""
+
+    def prepare(self, quantities: tuple[str, ...] = SHARED_QUANTITIES, probabilities: bool = True) -> None:
+        """Segments, rows, step groups and the segment sums of ``quantities`` (module ``prepare``)."""
+        self.prepare_layout()
+        for name in quantities:
+            self.segment_sum(name)
+
+    def prepare_layout(self) -> None:
+        """Segments, rows and step groups, computed now."""
+        cached = ("segment_length", "segment_row", "segment_bucket", "segment_round", "segment_group", "row_count")
+        for name in (*cached, "group_token_ranges"):
+            getattr(self, name)
+
+    def regrouped(self, view: Chunk) -> ChunkStats:
+        """The torch engine's stats of ``view``, this chunk's rows in other step groups: token values, segment
+        reductions and row-level values shared with this chunk's stats (computed once for both), step groups its
+        own."""
+        regrouped = RegroupedStats(view, self.caches)
+        for name in ROW_LEVEL:
+            if name in self.__dict__:  # a cached_property computed already
+                regrouped.__dict__[name] = self.__dict__[name]
+        return regrouped
 
     def memo(self, key: Hashable, compute: Callable[[], Any]) -> Any:
         """``compute()`` once per chunk and key: values derived from a preset's config (weights, keep flags) that
@@ -358,7 +303,7 @@ class ChunkStats:
     def row_sum(self, name: str | PerToken) -> Array:
         """Σ over each row's model tokens (float64 [R]; 0 for a row without model tokens) of a token quantity (by
         name, cached) or a PerToken value (a bool one gives exact counts)."""
-        name = _named(name)
+        name = named(name)
         if isinstance(name, PerToken):
             return self.row_count * name.values if name.by_row else self._row_reduce(name.values, "sum")
         key = f"row:{name}"
@@ -381,7 +326,7 @@ class ChunkStats:
 
     def group_sum(self, name: str | PerToken) -> Array:
         """Σ of a token quantity (by name) or a PerToken value over each step group's model tokens (float64 [G])."""
-        name = _named(name)
+        name = named(name)
         if isinstance(name, PerToken) and not name.by_row:
             return self._group_token_reduce(name.values, "sum")
         return self.group_sum_rows(self.row_sum(name))
@@ -412,7 +357,7 @@ class ChunkStats:
     def group_max(self, name: str | PerToken) -> Array:
         """Max of a token quantity (by name) or a PerToken value over each step group's model tokens (-inf where a
         group has no model token)."""
-        name = _named(name)
+        name = named(name)
         if isinstance(name, PerToken):
             if name.by_row:
                 return self.group_max_rows(name.values, self.valid_rows)
@@ -428,7 +373,7 @@ class ChunkStats:
         each step group is one contiguous run of tokens (the usual case) the centred sums are dot products over
         slices: no per-token temporaries beyond the centred values themselves; a per-row value costs O(rows).
         """
-        x_name = _named(x_name)
+        x_name = named(x_name)
         n = self.group_tokens
         safe_n = arrays.clamp(n, lower=1.0)
         mean_x = self.group_sum(x_name) / safe_n
@@ -521,7 +466,7 @@ class ChunkStats:
     def group_min(self, quantity: str | PerToken) -> Array:
         """Min of a token quantity (by name) or a PerToken value over each step group's model tokens (+inf where a
         group has none)."""
-        quantity = _named(quantity)
+        quantity = named(quantity)
         if isinstance(quantity, str):
             minima = self.segment_min(quantity)
             return arrays.scatter_min(
@@ -629,7 +574,7 @@ class ChunkStats:
         return self.chunk.groups.row_group[self.chunk.model.row]
 
 
-def _named(quantity: str | PerToken) -> str | PerToken:
+def named(quantity: str | PerToken) -> str | PerToken:
     """A PerToken that is a token quantity, by its name (so its cached reductions serve); anything else as it is."""
     if isinstance(quantity, PerToken) and quantity.name is not None:
         return quantity.name
@@ -692,6 +637,14 @@ class KernelStats(ChunkStats):
 
     # False: the fused pass leaves out PROBABILITIES (``prepare``), whose reductions then come from the tokens
     probabilities = True
+
+    def prepare(self, quantities: tuple[str, ...] = SHARED_QUANTITIES, probabilities: bool = True) -> None:
+        """The layout and the fused pass (without PROBABILITIES unless ``probabilities``, if it has not run yet); a
+        quantity outside it is computed where a family reads it."""
+        if not probabilities and "_fused" not in self.__dict__:
+            self.probabilities = False
+        self.prepare_layout()
+        self._reductions  # noqa: B018
 
     def _out(self, values: np.ndarray) -> Array:
         """A kernel's numpy result as the chunk's kind of array (zero-copy)."""
@@ -856,7 +809,7 @@ class KernelStats(ChunkStats):
         return found
 
     def group_moments(self, x_name: str | PerToken, y_name: str | None = None) -> Array:
-        x_name = _named(x_name)
+        x_name = named(x_name)
         columns = compiled().COLUMN
         if not isinstance(x_name, str) or x_name not in columns or (y_name is not None and y_name not in columns):
             return super().group_moments(x_name, y_name)
@@ -892,7 +845,141 @@ class KernelStats(ChunkStats):
         names = compiled().HINT_COLUMNS
         return {name: columns[:, index] for index, name in enumerate(names)}, self._out(buckets)
 
+    def prepare_derived(
+        self,
+        names: Iterable[str],
+        moments: Iterable[str] = (),
+        histogram: tuple[Hashable, np.ndarray, np.ndarray] | None = None,
+    ) -> None:
+        """Segment sums, maxima and minima of the derived quantities ``names`` (and the step groups' moments of
+        ``moments``, memoised as ``("derived_moments", name)``) from one compiled pass, cached where the reductions by
+        name read them (quantities already there are skipped); with ``histogram`` (memo key, exact bin edges, their
+        table), the signed histograms of c per step group from the same pass, memoised under that key. Reads the
+        chunk's raw arrays and segments only (no model-token tensor but w), so the reader's prepare pool can run it."""
+        named, moment_names = set(names), set(moments)
+        wanted = [name for name in dict.fromkeys([*names, *moments]) if name not in self._sums]
+        histogram = None if histogram is None or histogram[0] in self._memo else histogram
+        if not wanted and histogram is None:
+            return
+        kernels = compiled_presets()
+        quantities = [DERIVED[name] for name in wanted]
+        codes = np.array([[kernels.KINDS[q.base], kernels.OPS[q.op]] for q in quantities], dtype=np.int64).reshape(
+            -1, 2
+        )
+        bounds = np.array([[q.lower, q.upper] for q in quantities], dtype=np.float64).reshape(-1, 2)
+        needs_weight = any(q.base in ("token_is_weight", "rs_k3") for q in quantities)
+        weight = arrays.host(self.token_weights()) if needs_weight else np.zeros(0)
+        trainer, rollout = self._raw
+        raw, model, length, *_ = self._layout
+        segment_group, groups = arrays.host(self.segment_group), self.chunk.groups.count
+        edges, table = (np.zeros(0), np.zeros(0, np.int64)) if histogram is None else histogram[1:]
+        # a quantity asked for its moments only needs no extremes (one read anyway is reduced as the torch engine does)
+        extremes = np.array([name in named for name in wanted], dtype=np.bool_)
+        sums, maxima, minima, counts = kernels.preset_pass(
+            trainer, rollout, weight, raw, model, length, segment_group, groups, codes, bounds, extremes, edges, table
+        )
+        if histogram is not None:
+            self.memo(histogram[0], lambda: counts)
+        for index, name in enumerate(wanted):
+            self._sums[name] = self._out(sums[index])
+            if extremes[index]:
+                self._maxima[name] = self._out(maxima[index])
+                self._minima[name] = self._out(minima[index])
+        centred = [index for index, name in enumerate(wanted) if name in moment_names]
+        if not centred:
+            return
+        # the torch engine's moments (ChunkStats.group_moments): group means from the sums by name, then centred squares
+        n = self.group_tokens
+        means = arrays.stack([self.group_sum(wanted[index]) / arrays.clamp(n, lower=1.0) for index in centred], axis=1)
+        segment_group = arrays.host(self.segment_group)
+        m2 = self._out(
+            kernels.centred_pass(
+                trainer,
+                rollout,
+                weight,
+                raw,
+                model,
+                length,
+                segment_group,
+                codes[centred],
+                bounds[centred],
+                arrays.host(means),
+            )
+        )
+        zeros = arrays.zeros(arrays.size(n), n)
+        for place, index in enumerate(centred):
+            moments = arrays.stack([n, means[:, place], zeros, m2[:, place], zeros, zeros], axis=-1)
+            self.memo(("derived_moments", wanted[index]), lambda moments=moments: moments)
+
+    def token_weights(self) -> Array:
+        """w = exp(c) at every model token (``token_is_weight``, cached there, of the chunk's kind), numpy's exp as
+        the torch engine takes it on the CPU (``arrays.host_exp``), of the c the compiled pass writes from the raw
+        arrays: no model-token arrays of δ or c are built. numpy's exp is elementwise (a value's weight does not depend
+        on where it sits in the array: tests/test_kernel_presets.py), so these are the torch engine's CPU weights bit
+        for bit."""
+        found = self._tokens.get("token_is_weight")
+        if found is None:
+            trainer, rollout = self._raw
+            raw, model, length, *_ = self._layout
+            clamped = compiled_presets().clamped_tokens(trainer, rollout, raw, model, length)
+            with np.errstate(over="ignore", invalid="ignore"):  # c is clamped to ±20: nothing overflows; NaN stays NaN
+                np.exp(clamped, out=clamped)
+            found = self._tokens["token_is_weight"] = self._out(clamped)
+        return found
+
     def delta_histogram(self, delta_bin: Callable[[Array], Array], bins: int) -> Array:
         if bins != 2 * (EXPONENT_MAX - EXPONENT_MIN) + 1 or delta_bin.__module__ != "rollout_diag.metrics.localize":
             return super().delta_histogram(delta_bin, bins)
         return self._out(self._reductions[4])
+
+
+class RegroupedStats(ChunkStats):
+    """ChunkStats of a view that regroups a chunk's rows (``ChunkStats.regrouped``; ``--by``, groups.py). Groups
+    interleave within a chunk, so the centred sums of ``group_moments`` are taken over each group's tokens gathered
+    into one contiguous run (rows in order), as analysing the group alone does, instead of through a per-token group
+    index (2 gathers and 2 temporaries per quantity)."""
+
+    @cached_property
+    def _runs(self) -> tuple[np.ndarray, list[tuple[int, int]]]:
+        """(model-token order that makes each group one run, rows in order; [lo, hi) of each group in it)."""
+        row_group = arrays.host(self.chunk.groups.row_group)
+        lengths = arrays.host(self.row_tokens)
+        starts = np.cumsum(lengths) - lengths
+        rows = np.argsort(row_group, kind="stable")
+        run_lengths = lengths[rows]
+        run_starts = np.cumsum(run_lengths) - run_lengths
+        order = np.repeat(starts[rows] - run_starts, run_lengths) + np.arange(int(run_lengths.sum()))
+        per_group = np.bincount(row_group, weights=lengths, minlength=self.chunk.groups.count).astype(np.int64)
+        edges = np.concatenate([[0], np.cumsum(per_group)]).tolist()
+        return order, list(pairwise(edges))
+
+    def group_moments(self, x_name: str | PerToken, y_name: str | None = None) -> Array:
+        x_name = named(x_name)
+        if not isinstance(x_name, str) or self.chunk.device_type != "cpu":
+            return super().group_moments(x_name, y_name)
+        order, ranges = self._runs
+        n = self.group_tokens
+        safe_n = arrays.clamp(n, lower=1.0)
+        mean_x = (self.group_sum(x_name) / safe_n).tolist()
+        single, same = y_name is None, y_name == x_name
+        mean_y = [0.0] * len(mean_x) if single else (self.group_sum(y_name) / safe_n).tolist()
+        x = arrays.host(self.token(x_name))[order]
+        y = x if single or same else arrays.host(self.token(y_name))[order]
+        kind = self.chunk.trainer  # the dot products of the chunk's kind of array: numpy's, or torch's on tensors
+        sums = np.zeros((len(ranges), 3), dtype=np.float64)
+        for group, (lo, hi) in enumerate(ranges):
+            if hi == lo:
+                continue
+            dx = arrays.like(x[lo:hi], kind) - mean_x[group]
+            sums[group, 0] = arrays.dot(dx, dx)
+            if single:
+                continue
+            if same:
+                sums[group, 1] = sums[group, 2] = sums[group, 0]
+                continue
+            dy = arrays.like(y[lo:hi], kind) - mean_y[group]
+            sums[group, 1] = arrays.dot(dy, dy)
+            sums[group, 2] = arrays.dot(dx, dy)
+        m2 = arrays.like(sums, n)
+        means_x, means_y = (arrays.like(np.array(means, dtype=np.float64), n) for means in (mean_x, mean_y))
+        return arrays.stack([n, means_x, means_y, m2[:, 0], m2[:, 1], m2[:, 2]], axis=-1)

@@ -1,0 +1,244 @@
+"""The token quantities' formulas, as the torch engine computes them (float64, numpy arrays or torch tensors alike):
+``TOKEN_QUANTITIES`` maps each name of ``engine/quantities.py`` (and any a family adds with ``quantity``) to its
+formula; ``Derived`` quantities (truncated and IcePop weights, clamped statistics, bound flags) are registered on first
+use by ``derived``. The numba engine computes the same values in compiled passes (``kernels/``)."""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from rollout_diag.catalogue import CLAMP, EPS
+from rollout_diag.engine import arrays
+from rollout_diag.engine.arrays import Array
+
+
+class TokenSource(Protocol):
+    """What a formula reads (an engine's ``ChunkStats``): the chunk, and other quantities by name."""
+
+    chunk: Any
+
+    def token(self, name: str) -> Array: ...
+
+
+# ----------------------------------------------------------------------- elementwise functions of a chunk's tokens
+def row_mean(row_sum: Array, row_count: Array) -> Array:
+    """R_i[x] = Σ_t m·x / (n_i + 1e-8): verl's masked mean (empty rows give 0)."""
+    return row_sum / (arrays.float64(row_count) + EPS)
+
+
+def _numpy_has_svml() -> bool:
+    """Whether numpy runs its SVML float64 loops (exp, expm1) on this CPU: they need AVX-512 (Skylake-X class).
+
+    Measured (docs/benchmarks.md): with AVX-512, numpy's float64 exp and expm1 are 2.4× torch's; on an AVX2-only
+    CPU numpy falls back to libm, its exp is 2.7× slower than torch's (Sleef) and its expm1 about equal."""
+    for module in ("numpy._core._multiarray_umath", "numpy.core._multiarray_umath"):  # numpy 2.x, 1.x
+        try:
+            features = importlib.import_module(module).__cpu_features__
+        except (ImportError, AttributeError):
+            continue
+        return bool(features.get("AVX512_SKX", False))
+    return False
+
+
+def _host_or_torch(numpy_function, torch_name: str, numpy_on_cpu: bool = True) -> Callable[[Array], Array]:
+    """An elementwise function: numpy's loop on numpy arrays (the numba engine), and on CPU tensors when
+    ``numpy_on_cpu``; torch's kernel ``torch_name`` on other tensors. The two agree within 1 ulp
+    (tests/test_metrics.py); which one runs depends only on the CPU and the engine, never on timing, so a machine
+    gives the same digits run after run."""
+
+    def apply(values: Array) -> Array:
+        if not arrays.is_tensor(values):
+            with np.errstate(over="ignore", invalid="ignore"):  # inf / NaN as torch gives them, without a warning
+                return numpy_function(values)
+        if numpy_on_cpu and values.device.type == "cpu":
+            import torch
+
+            with np.errstate(over="ignore", invalid="ignore"):
+                return torch.from_numpy(numpy_function(values.contiguous().numpy()))
+        return getattr(values, torch_name)()
+
+    return apply
+
+
+NUMPY_SVML = _numpy_has_svml()
+token_exp = _host_or_torch(np.exp, "exp", numpy_on_cpu=NUMPY_SVML)  # per-token exp of a whole chunk
+token_expm1 = _host_or_torch(np.expm1, "expm1")  # numpy's: faster with SVML, about equal without
+
+
+def clamp20(values: Array) -> Array:
+    return arrays.clamp(values, -CLAMP, CLAMP)
+
+
+# ----------------------------------------------------------------------- the formulas (the torch engine's)
+# Per-token quantities over model tokens (δ = a − r), each computed at most once per chunk.
+TOKEN_QUANTITIES: dict[str, Callable[[TokenSource], Array]] = {}
+
+
+def quantity(name: str):
+    def register(function: Callable[[TokenSource], Array]) -> Callable[[TokenSource], Array]:
+        TOKEN_QUANTITIES[name] = function
+        return function
+
+    return register
+
+
+@quantity("trainer")
+def _trainer(s: TokenSource) -> Array:
+    return s.chunk.model.trainer
+
+
+@quantity("rollout")
+def _rollout(s: TokenSource) -> Array:
+    return s.chunk.model.rollout
+
+
+@quantity("log_ratio")
+def _log_ratio(s: TokenSource) -> Array:
+    return s.chunk.model.log_ratio
+
+
+@quantity("abs_log_ratio")
+def _abs_log_ratio(s: TokenSource) -> Array:
+    return abs(s.token("log_ratio"))
+
+
+@quantity("k3")
+def _k3(s: TokenSource) -> Array:  # exp(δ) − δ − 1 (§1 k3_kl), expm1 for accuracy near 0
+    return token_expm1(s.token("log_ratio")) - s.token("log_ratio")
+
+
+@quantity("chi2_term")
+def _chi2_term(s: TokenSource) -> Array:  # exp(2·clamp20(δ)) (§1 chi2_token)
+    return token_exp(s.token("clamped_log_ratio") * 2.0)
+
+
+@quantity("square")
+def _square(s: TokenSource) -> Array:  # δ² (§6 k2 = ½δ²)
+    delta = s.token("log_ratio")
+    return delta * delta
+
+
+@quantity("skyrl_k3")
+def _skyrl_k3(s: TokenSource) -> Array:  # exp(−x) − 1 + x, x = a − r (§6 k3)
+    delta = s.token("log_ratio")
+    return token_expm1(-delta) + delta
+
+
+@quantity("clamped_log_ratio")
+def _clamped(s: TokenSource) -> Array:  # c = clamp20(δ): what §2 weights and §3 statistics see
+    return clamp20(s.token("log_ratio"))
+
+
+@quantity("rs_k2")
+def _rs_k2(s: TokenSource) -> Array:  # §3 k2 = ½·c²
+    clamped = s.token("clamped_log_ratio")
+    return 0.5 * clamped * clamped
+
+
+@quantity("token_is_weight")
+def _token_is_weight(s: TokenSource) -> Array:
+    # §2 token-level w_raw = exp(c) (§8 token level too), numpy's exp on the CPU in both engines (torch's on a GPU): a
+    # weight at a truncation or IcePop bound falls on the same side in either engine, on any CPU
+    return arrays.host_exp(s.token("clamped_log_ratio"))
+
+
+@quantity("rs_k3")
+def _rs_k3(s: TokenSource) -> Array:
+    # §3 k3 = exp(c) − 1 − c, rounded as verl writes it (not expm1): a row value that sits exactly at a
+    # rejection threshold must fall on the same side as in verl, in presets and in the sweep alike
+    weight, clamped = s.token("token_is_weight"), s.token("clamped_log_ratio")
+    if arrays.is_tensor(weight):
+        return (weight - 1.0).sub_(clamped)  # one temporary, same rounding
+    out = weight - 1.0
+    out -= clamped
+    return out
+
+
+@quantity("trainer_prob")
+def _trainer_prob(s: TokenSource) -> Array:
+    return token_exp(s.token("trainer"))
+
+
+@quantity("rollout_prob")
+def _rollout_prob(s: TokenSource) -> Array:
+    return token_exp(s.token("rollout"))
+
+
+@quantity("prob_diff")
+def _prob_diff(s: TokenSource) -> Array:  # |p_a − p_r| (§5)
+    return abs(s.token("trainer_prob") - s.token("rollout_prob"))
+
+
+@quantity("rs_k1")
+def _rs_k1(s: TokenSource) -> Array:  # §3 k1 = −c
+    return -s.token("clamped_log_ratio")
+
+
+# ----------------------------------------------------------------------- derived token quantities
+@dataclass(frozen=True)
+class Derived:
+    """A token quantity derived from one of the engine's (``base``: δ, c, w = exp(c), k1, k2, k3) and bounds: a
+    truncated or IcePop weight, a clamped value, or a bound flag (1.0 / 0.0). Registered under ``name`` in
+    ``TOKEN_QUANTITIES``, so either engine reduces it by name, each chunk once for every preset: the torch
+    engine from the tensor ``torch_values`` builds, the numba engine from one compiled pass over every derived quantity
+    of the pass (``kernels/presets.py``, ``KernelStats.prepare_derived``) with no token tensor."""
+
+    base: str  # a key of kernels.presets.KINDS
+    op: str  # a key of kernels.presets.OPS
+    lower: float = -math.inf
+    upper: float = math.inf
+
+    @property
+    def name(self) -> str:
+        return f"{self.op}({self.base}; {self.lower!r}, {self.upper!r})"
+
+    def torch_values(self, s: TokenSource) -> Array:
+        """The quantity at every model token, with the torch engine's formulas (a flag as bool), of the chunk's kind."""
+        v, lower, upper = s.token(self.base), self.lower, self.upper
+        if self.op == "tis":
+            return arrays.clamp(v, upper=upper)
+        if self.op == "icepop":
+            return arrays.where((v >= lower) & (v <= upper), v, 0.0)
+        if self.op == "clamp":
+            return arrays.clamp(v, lower, upper)
+        if self.op == "above":
+            return v > upper
+        if self.op == "below":
+            return v < lower
+        if self.op == "outside":
+            return ~((v >= lower) & (v <= upper))
+        if self.op == "beyond":
+            return (v < lower) | (v > upper)
+        return ~(v <= upper)  # not_at_most
+
+
+DERIVED: dict[str, Derived] = {}  # name -> quantity, every one registered in this process
+# The engine's own w and k3 (min(max(v, −inf), inf) = v): the compiled pass fills their reductions too, so no tensor
+# of k3 is made and w is summed beside everything else
+for _base in ("token_is_weight", "rs_k3"):
+    DERIVED[_base] = Derived(_base, "clamp")
+
+
+_NAMES: dict[tuple, str] = {}  # derived()'s arguments -> the quantity's name (accumulators ask every chunk)
+
+
+def derived(base: str, op: str, lower: float = -math.inf, upper: float = math.inf) -> str:
+    """The name of a derived token quantity (registered on first use)."""
+    lower, upper = float(lower), float(upper)
+    # the signs tell +0.0 from −0.0, which compare (and hash) equal but name different bounds
+    key = (base, op, lower, upper, math.copysign(1.0, lower), math.copysign(1.0, upper))
+    name = _NAMES.get(key)
+    if name is None:
+        quantity = Derived(base, op, lower, upper)
+        name = quantity.name
+        if name not in DERIVED:
+            DERIVED[name] = quantity
+            TOKEN_QUANTITIES[name] = quantity.torch_values
+        _NAMES[key] = name
+    return name

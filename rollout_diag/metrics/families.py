@@ -1,0 +1,33 @@
+"""The analysis families, in the order their keys are reported: the one list the ``--by`` groups build their
+accumulators from. A new family is one module in ``metrics/`` and one line here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rollout_diag.metrics.base import StepAccumulator
+from rollout_diag.metrics.debug import DebugAccumulator
+from rollout_diag.metrics.localize import PositionAccumulator
+from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
+from rollout_diag.metrics.rollout_kl import RolloutKLAccumulator
+from rollout_diag.metrics.rounds import RoundAccumulator
+
+
+@dataclass(frozen=True)
+class Family:
+    """One family: its name, how a fresh accumulator is made from the analysis options (max rounds, the catastrophic
+    |δ| threshold), and whether it is reported per ``--by`` group too."""
+
+    name: str
+    make: Callable[[int, float], StepAccumulator]
+    per_group: bool = True
+
+
+FAMILIES = (
+    Family("offpolicy", lambda max_rounds, catastrophic: OffPolicyAccumulator()),  # §1 (§7's |δ| line)
+    Family("debug", lambda max_rounds, catastrophic: DebugAccumulator()),  # §5
+    Family("rollout_kl", lambda max_rounds, catastrophic: RolloutKLAccumulator()),  # §6
+    Family("rounds", RoundAccumulator),  # §7 per round
+    Family("positions", lambda max_rounds, catastrophic: PositionAccumulator(catastrophic), per_group=False),
+)
