@@ -251,6 +251,15 @@ def load_gates(path: str | Path) -> list[Gate]:
         return list(DEFAULT_GATES)
     path = Path(path)
     document = _read_document(path)
+    per_step = _file_per_step(document, path)
+    gates = _table_gates(document, path, per_step) + _listed_gates(document, path, per_step)
+    if not gates:
+        raise ConfigError(f"{path}: no gate in the file.")
+    return gates
+
+
+def _file_per_step(document: Any, path: Path) -> bool | None:
+    """The file's ``per_step``, after checking that the document is a table of known keys."""
     if not isinstance(document, Mapping):
         raise ConfigError(f"{path}: expected a table of gates at the top level.")
     unknown = sorted(set(document) - {"per_step", MAX, MIN, "gate"})
@@ -259,6 +268,11 @@ def load_gates(path: str | Path) -> list[Gate]:
     per_step = document.get("per_step")
     if per_step is not None and not isinstance(per_step, bool):
         raise ConfigError(f"{path}: per_step must be true or false.")
+    return per_step
+
+
+def _table_gates(document: Mapping[str, Any], path: Path, per_step: bool | None) -> list[Gate]:
+    """The gates of the ``[max]`` and ``[min]`` tables (metric = limit)."""
     gates: list[Gate] = []
     for bound in (MAX, MIN):
         table = document.get(bound, {})
@@ -266,25 +280,35 @@ def load_gates(path: str | Path) -> list[Gate]:
             raise ConfigError(f"{path}: '{bound}' must be a table of metric = limit.")
         for metric, value in table.items():
             gates.append(Gate(str(metric), bound, _limit(value, f"{path}: {bound}.{metric}"), per_step))
+    return gates
+
+
+def _listed_gates(document: Mapping[str, Any], path: Path, per_step: bool | None) -> list[Gate]:
+    """The gates of the ``[[gate]]`` list, one table each."""
     entries = document.get("gate", [])
     if not isinstance(entries, list):
         raise ConfigError(f"{path}: 'gate' must be a list of tables.")
+    gates: list[Gate] = []
     for index, entry in enumerate(entries):
-        where = f"{path}: gate {index + 1}"
-        if not isinstance(entry, Mapping) or not isinstance(entry.get("metric"), str):
-            raise ConfigError(f'{where}: needs a metric name (metric = "…").')
-        bounds = [bound for bound in (MAX, MIN) if bound in entry]
-        if not bounds:
-            raise ConfigError(f"{where}: needs max = … or min = ….")
-        own = entry.get("per_step", per_step)
-        if own is not None and not isinstance(own, bool):
-            raise ConfigError(f"{where}: per_step must be true or false.")
-        for bound in bounds:
-            limit = _limit(entry[bound], f"{where} ({entry['metric']})")
-            gates.append(Gate(entry["metric"], bound, limit, own, str(entry.get("source", ""))))
-    if not gates:
-        raise ConfigError(f"{path}: no gate in the file.")
+        gates.extend(_entry_gates(entry, f"{path}: gate {index + 1}", per_step))
     return gates
+
+
+def _entry_gates(entry: Any, where: str, per_step: bool | None) -> list[Gate]:
+    """One ``[[gate]]`` table's gates: one per bound it names."""
+    if not isinstance(entry, Mapping) or not isinstance(entry.get("metric"), str):
+        raise ConfigError(f'{where}: needs a metric name (metric = "…").')
+    bounds = [bound for bound in (MAX, MIN) if bound in entry]
+    if not bounds:
+        raise ConfigError(f"{where}: needs max = … or min = ….")
+    own = entry.get("per_step", per_step)
+    if own is not None and not isinstance(own, bool):
+        raise ConfigError(f"{where}: per_step must be true or false.")
+    source = str(entry.get("source", ""))
+    return [
+        Gate(entry["metric"], bound, _limit(entry[bound], f"{where} ({entry['metric']})"), own, source)
+        for bound in bounds
+    ]
 
 
 def _read_document(path: Path) -> Any:
