@@ -14,79 +14,113 @@ from rollout_diag.results import StepResult
 VALID_ROWS = "@valid_rows"  # suffix of verl's metrics taken over rows with a model token only
 
 
-def differences(run: StepResult) -> list[str]:
-    """Where the frameworks' numbers part on this data, one line each (only for the frameworks computed)."""
-    d = run.dialects
+class _Dialects:
+    """A step's dialect metrics by framework; a missing or NaN value reads as None."""
 
-    def get(framework: str, metric: str) -> float | None:
-        value = d.get(framework, {}).get(metric)
+    def __init__(self, run: StepResult) -> None:
+        self.run = run
+
+    def get(self, framework: str, metric: str) -> float | None:
+        value = self.run.dialects.get(framework, {}).get(metric)
         return None if value is None or math.isnan(value) else value
 
-    lines = []
-    token_abs = get("skyrl", "policy/rollout_train_logprobs_abs_diff_mean")
-    if token_abs is None:
-        token_abs = get("trl", "sampling/sampling_logp_difference/mean")
-    sequence_abs = get("slime", "train/train_rollout_logprob_abs_diff")
-    if token_abs is not None and sequence_abs is not None and token_abs > 0:
-        heavier = "short" if sequence_abs > token_abs else "long"
-        lines.append(
-            f"token- vs sequence-normalised: mean |δ| is {number(token_abs, 4)} over tokens (SkyRL, TRL) but "
-            f"{number(sequence_abs, 4)} as slime's mean of per-sequence means ({sequence_abs / token_abs:.3g}×): "
-            f"{heavier} sequences diverge more here."
-        )
-    mult = get("nemo-rl", "train/token_mult_prob_error")
-    if mult is not None:
-        log_space = f"; in log space the same tokens have mean |δ| {number(token_abs, 4)}" if token_abs else ""
-        prob_diff = get("roll", "actor/train_infer_diff_token_mean")
-        roll = f"; ROLL's train_infer_diff_* are signed p_a − p_r (token: {number(prob_diff, 4)})" if prob_diff else ""
-        lines.append(
-            f"probability vs log space: NeMo-RL's token_mult_prob_error {number(mult, 4)} is mean exp|δ| "
-            f"(1 = identical, alert above 1.05){log_space}{roll}."
-        )
-    is_min = get("skyrl", "policy/loss_metrics/is_ratio_min")
-    if is_min is not None:
-        if is_min == 0.0:
-            kept_min = get("areal", "ppo_actor/update/behave_imp_weight/min")
-            other = f" (AReaL's, over model tokens: {number(kept_min, 4)})" if kept_min is not None else ""
-            lines.append(
-                "padding leaking into min/std: SkyRL's is_ratio_min is 0 and its is_ratio_std "
-                f"{number(get('skyrl', 'policy/loss_metrics/is_ratio_std'), 4)} counts the zeros of padding and "
-                f"environment tokens; the other minima are over model tokens only{other}."
-            )
-        else:
-            lines.append("padding leaking into min/std: every row is full length and fully masked here, so none.")
-    if run.empty_rows:
-        verl_valid = get("verl", catalogue.LOG_PPL_ABS_DIFF.key + VALID_ROWS)
-        verl_value = get("verl", catalogue.LOG_PPL_ABS_DIFF.key)
-        moved = (
-            f" (verl's log_ppl_abs_diff {number(verl_value, 4)} vs {number(verl_valid, 4)} over valid rows)"
-            if verl_valid is not None and verl_value is not None
-            else ""
-        )
-        lines.append(
-            f"empty rows counted or not: {run.empty_rows} row(s) have no model token; verl's row means{moved} and "
-            "slime count them, TRL counts them as ratio 1, ROLL and NeMo-RL's per-sequence values leave them out."
-        )
-    else:
-        lines.append("empty rows counted or not: every row has a model token here, so it changes nothing.")
-    max_abs = get("skyrl", "policy/rollout_train_logprobs_abs_diff_max")
+    def token_abs(self) -> float | None:
+        """Mean |δ| over tokens: SkyRL's, else TRL's."""
+        value = self.get("skyrl", "policy/rollout_train_logprobs_abs_diff_mean")
+        return self.get("trl", "sampling/sampling_logp_difference/mean") if value is None else value
+
+
+def _normalisation(dialects: _Dialects) -> str | None:
+    token_abs = dialects.token_abs()
+    sequence_abs = dialects.get("slime", "train/train_rollout_logprob_abs_diff")
+    if token_abs is None or sequence_abs is None or not token_abs > 0:
+        return None
+    heavier = "short" if sequence_abs > token_abs else "long"
+    return (
+        f"token- vs sequence-normalised: mean |δ| is {number(token_abs, 4)} over tokens (SkyRL, TRL) but "
+        f"{number(sequence_abs, 4)} as slime's mean of per-sequence means ({sequence_abs / token_abs:.3g}×): "
+        f"{heavier} sequences diverge more here."
+    )
+
+
+def _probability_space(dialects: _Dialects) -> str | None:
+    mult = dialects.get("nemo-rl", "train/token_mult_prob_error")
+    if mult is None:
+        return None
+    token_abs = dialects.token_abs()
+    log_space = f"; in log space the same tokens have mean |δ| {number(token_abs, 4)}" if token_abs else ""
+    prob_diff = dialects.get("roll", "actor/train_infer_diff_token_mean")
+    roll = f"; ROLL's train_infer_diff_* are signed p_a − p_r (token: {number(prob_diff, 4)})" if prob_diff else ""
+    return (
+        f"probability vs log space: NeMo-RL's token_mult_prob_error {number(mult, 4)} is mean exp|δ| "
+        f"(1 = identical, alert above 1.05){log_space}{roll}."
+    )
+
+
+def _padding(dialects: _Dialects) -> str | None:
+    is_min = dialects.get("skyrl", "policy/loss_metrics/is_ratio_min")
+    if is_min is None:
+        return None
+    if is_min != 0.0:
+        return "padding leaking into min/std: every row is full length and fully masked here, so none."
+    kept_min = dialects.get("areal", "ppo_actor/update/behave_imp_weight/min")
+    other = f" (AReaL's, over model tokens: {number(kept_min, 4)})" if kept_min is not None else ""
+    return (
+        "padding leaking into min/std: SkyRL's is_ratio_min is 0 and its is_ratio_std "
+        f"{number(dialects.get('skyrl', 'policy/loss_metrics/is_ratio_std'), 4)} counts the zeros of padding and "
+        f"environment tokens; the other minima are over model tokens only{other}."
+    )
+
+
+def _empty_rows(dialects: _Dialects) -> str | None:
+    empty_rows = dialects.run.empty_rows
+    if not empty_rows:
+        return "empty rows counted or not: every row has a model token here, so it changes nothing."
+    verl_valid = dialects.get("verl", catalogue.LOG_PPL_ABS_DIFF.key + VALID_ROWS)
+    verl_value = dialects.get("verl", catalogue.LOG_PPL_ABS_DIFF.key)
+    moved = (
+        f" (verl's log_ppl_abs_diff {number(verl_value, 4)} vs {number(verl_valid, 4)} over valid rows)"
+        if verl_valid is not None and verl_value is not None
+        else ""
+    )
+    return (
+        f"empty rows counted or not: {empty_rows} row(s) have no model token; verl's row means{moved} and "
+        "slime count them, TRL counts them as ratio 1, ROLL and NeMo-RL's per-sequence values leave them out."
+    )
+
+
+def _clamping(dialects: _Dialects) -> str | None:
+    max_abs = dialects.get("skyrl", "policy/rollout_train_logprobs_abs_diff_max")
     if max_abs is None:
-        max_abs = get("trl", "sampling/sampling_logp_difference/max")
-    if max_abs is not None:
-        if max_abs > 20.0:
-            lines.append(
-                f"clamped vs raw: a token has |δ| = {number(max_abs, 4)} > 20: verl's χ² and SkyRL's is_ratio clamp "
-                "δ at ±20, prime-rl, NeMo-RL, ROLL, TRL and AReaL exponentiate it raw."
-            )
-        else:
-            lines.append(f"clamped vs raw: the largest |δ| is {number(max_abs, 4)} ≤ 20, so clamping changes nothing.")
-    reverse = get("openrlhf", "train/vllm_kl")
-    if reverse is None:
-        reverse = get("verl", catalogue.KL.key)
-    forward = get("areal", "ppo_actor/update/behave_approx_kl/avg")
-    if reverse is not None and forward is not None:
-        lines.append(
-            f"sign: verl's kl and OpenRLHF's vllm_kl are E[r − a] = {number(reverse, 4)}; AReaL's behave_approx_kl is "
-            f"E[a − r] over the tokens its rejection keeps = {number(forward, 4)}."
+        max_abs = dialects.get("trl", "sampling/sampling_logp_difference/max")
+    if max_abs is None:
+        return None
+    if max_abs > 20.0:
+        return (
+            f"clamped vs raw: a token has |δ| = {number(max_abs, 4)} > 20: verl's χ² and SkyRL's is_ratio clamp "
+            "δ at ±20, prime-rl, NeMo-RL, ROLL, TRL and AReaL exponentiate it raw."
         )
-    return lines
+    return f"clamped vs raw: the largest |δ| is {number(max_abs, 4)} ≤ 20, so clamping changes nothing."
+
+
+def _sign(dialects: _Dialects) -> str | None:
+    reverse = dialects.get("openrlhf", "train/vllm_kl")
+    if reverse is None:
+        reverse = dialects.get("verl", catalogue.KL.key)
+    forward = dialects.get("areal", "ppo_actor/update/behave_approx_kl/avg")
+    if reverse is None or forward is None:
+        return None
+    return (
+        f"sign: verl's kl and OpenRLHF's vllm_kl are E[r − a] = {number(reverse, 4)}; AReaL's behave_approx_kl is "
+        f"E[a − r] over the tokens its rejection keeps = {number(forward, 4)}."
+    )
+
+
+# one sentence each where the frameworks part, in the order printed; None where the data says nothing
+_DIFFERENCES = (_normalisation, _probability_space, _padding, _empty_rows, _clamping, _sign)
+
+
+def differences(run: StepResult) -> list[str]:
+    """Where the frameworks' numbers part on this data, one line each (only for the frameworks computed)."""
+    dialects = _Dialects(run)
+    return [line for line in (difference(dialects) for difference in _DIFFERENCES) if line is not None]
