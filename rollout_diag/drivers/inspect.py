@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from numbers import Integral
 from typing import TYPE_CHECKING
 
@@ -50,15 +51,7 @@ def inspect_row(
     minutes and gigabytes to list), unless ``whole_row``. Raises DataError when no row (or more than one, without
     ``step``) matches, InputError / ConfigError for a bad ``row`` or window.
     """
-    if whole_row and (around is not None or window is not None):
-        raise ConfigError(
-            f"{option_name('whole_row')} lists the whole row: leave out {option_name('around')} and "
-            f"{option_name('window')}."
-        )
-    if around is not None and (isinstance(around, bool) or not isinstance(around, Integral) or around < 0):
-        raise ConfigError(f"{option_name('around')}={around}: must be a token position (0 or more).")
-    if window is not None and (isinstance(window, bool) or not isinstance(window, Integral) or window < 1):
-        raise ConfigError(f"{option_name('window')}={window}: must be a positive number of tokens.")
+    listing = _Listing.checked(around, window, whole_row)
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=False, chunk_tokens=chunk_tokens)
     if row is not None:
@@ -67,46 +60,98 @@ def inspect_row(
                 f"{option_name('row')} names one row already: leave out {option_name('sample_id')} and "
                 f"{option_name('step')}."
             )
-        path, file_row = reader.narrow_to_row(row)
-        for chunk in _chunks(reader, torch_device):
-            for index, (file, candidate) in enumerate(zip(chunk.file, chunk.file_row, strict=True)):
-                if file == path and candidate == file_row:
-                    return _row_window(chunk, index, around, window, whole_row)
-        skipped = next((r for r in reader.log.skipped if r.file == path and r.row == file_row), None)
-        why = f"it was skipped: {skipped.reason}" if skipped else "it is not the first row of a sequence"
-        raise DataError(f"{where(path, file_row)}no row to inspect ({why}).")
+        return _at_row(reader, torch_device, row, listing)
     reader.narrow(step, sample_id)
+    if sample_id is None:
+        return _worst_row(reader, torch_device, step, listing)
+    return _with_sample_id(reader, torch_device, sample_id, step, listing)
+
+
+@dataclass(frozen=True)
+class _Listing:
+    """Which of a row's tokens to list (``inspect_row``'s ``around``, ``window`` and ``whole_row``)."""
+
+    around: int | None
+    window: int | None
+    whole_row: bool
+
+    @classmethod
+    def checked(cls, around: int | None, window: int | None, whole_row: bool) -> _Listing:
+        """The listing asked for; raises ConfigError for a window that is not one."""
+        if whole_row and (around is not None or window is not None):
+            raise ConfigError(
+                f"{option_name('whole_row')} lists the whole row: leave out {option_name('around')} and "
+                f"{option_name('window')}."
+            )
+        if around is not None and (isinstance(around, bool) or not isinstance(around, Integral) or around < 0):
+            raise ConfigError(f"{option_name('around')}={around}: must be a token position (0 or more).")
+        if window is not None and (isinstance(window, bool) or not isinstance(window, Integral) or window < 1):
+            raise ConfigError(f"{option_name('window')}={window}: must be a positive number of tokens.")
+        return cls(around, window, whole_row)
+
+    def of(self, chunk: Chunk, index: int) -> RowTokens:
+        return _row_window(chunk, index, self.around, self.window, self.whole_row)
+
+
+def _at_row(reader: DumpReader, device: str | torch.device, row: str, listing: _Listing) -> RowTokens:
+    """The row at ``row`` ("FILE:ROW"); raises DataError saying why when no row starts there."""
+    path, file_row = reader.narrow_to_row(row)
+    for chunk in _chunks(reader, device):
+        for index, (file, candidate) in enumerate(zip(chunk.file, chunk.file_row, strict=True)):
+            if file == path and candidate == file_row:
+                return listing.of(chunk, index)
+    skipped = next((r for r in reader.log.skipped if r.file == path and r.row == file_row), None)
+    why = f"it was skipped: {skipped.reason}" if skipped else "it is not the first row of a sequence"
+    raise DataError(f"{where(path, file_row)}no row to inspect ({why}).")
+
+
+def _worst_row(reader: DumpReader, device: str | torch.device, step: int | None, listing: _Listing) -> RowTokens:
+    """The worst row by |log-ppl diff| (as analyze ranks them), of ``step`` or the run; raises DataError if none."""
+    best: tuple[float, tuple] | None = None
+    found = None
+    # the row sums come from the fused pass, run on the next chunks in the reader's prepare pool
+    for chunk in _chunks(reader, device, prepare):
+        worst = _chunk_worst(chunk, step)
+        if worst is None:
+            continue
+        top, key, index = worst
+        if best is None or (-top, key) < (-best[0], best[1]):
+            best, found = (top, key), listing.of(chunk, index)
+    if found is None:
+        in_step = "" if step is None else f" in step {step}"
+        raise DataError(f"{', '.join(reader.log.files)}: no row with a model token{in_step} to inspect.")
+    return found
+
+
+def _chunk_worst(chunk: Chunk, step: int | None) -> tuple[float, tuple, int] | None:
+    """The chunk's worst row of ``step`` (the largest score, ties by location): its score, location and index;
+    None when the chunk has no row with a model token there."""
+    s = stats(chunk)
+    n = s.row_count
+    score = arrays.host(abs(row_mean(s.row_sum("rollout"), n) - row_mean(s.row_sum("trainer"), n)))
+    eligible = arrays.host(n > 0)
+    if step is not None:
+        eligible &= arrays.host(chunk.step) == step
+    if not eligible.any():
+        return None
+    top = score[eligible].max()
+    tied = np.flatnonzero(eligible & (score == top)).tolist()
+    keys = {i: (int(chunk.step[i]), chunk.sample_id[i], chunk.file[i], chunk.file_row[i]) for i in tied}
+    index = min(tied, key=keys.__getitem__)
+    return float(top), keys[index], index
+
+
+def _with_sample_id(
+    reader: DumpReader, device: str | torch.device, sample_id: str, step: int | None, listing: _Listing
+) -> RowTokens:
+    """The one row with ``sample_id`` (in ``step``); raises DataError when none or several match."""
     sample_column = f"column '{reader.log.columns.get('sample_id', 'sample_id')}'"
     where_ = f"{', '.join(reader.log.files)}: {sample_column}"
-    if sample_id is None:  # the worst row by |log-ppl diff| (as analyze ranks them), of the step or the run
-        best: tuple[float, tuple] | None = None
-        found = None
-        # the row sums come from the fused pass, run on the next chunks in the reader's prepare pool
-        for chunk in _chunks(reader, torch_device, prepare):
-            s = stats(chunk)
-            n = s.row_count
-            score = arrays.host(abs(row_mean(s.row_sum("rollout"), n) - row_mean(s.row_sum("trainer"), n)))
-            eligible = arrays.host(n > 0)
-            if step is not None:
-                eligible &= arrays.host(chunk.step) == step
-            if not eligible.any():
-                continue
-            # the chunk's worst (the largest score, ties by location), then against the rows before: as analyze ranks
-            top = score[eligible].max()
-            tied = np.flatnonzero(eligible & (score == top)).tolist()
-            keys = {i: (int(chunk.step[i]), chunk.sample_id[i], chunk.file[i], chunk.file_row[i]) for i in tied}
-            index = min(tied, key=keys.__getitem__)
-            if best is None or (-float(top), keys[index]) < (-best[0], best[1]):
-                best, found = (float(top), keys[index]), _row_window(chunk, index, around, window, whole_row)
-        if found is None:
-            in_step = "" if step is None else f" in step {step}"
-            raise DataError(f"{', '.join(reader.log.files)}: no row with a model token{in_step} to inspect.")
-        return found
     matches: list[RowTokens] = []
-    for chunk in _chunks(reader, torch_device):
+    for chunk in _chunks(reader, device):
         for index, candidate in enumerate(chunk.sample_id):
             if candidate == sample_id and (step is None or int(chunk.step[index]) == step):
-                matches.append(_row_window(chunk, index, around, window, whole_row))
+                matches.append(listing.of(chunk, index))
     if not matches:
         in_step = "" if step is None else f" in step {step}"
         raise DataError(f"{where_}: no row with sample id '{sample_id}'{in_step}.")
