@@ -322,6 +322,24 @@ class Watcher:
         by_path = {source.path: source for source in listed}
         self.order = [source.path for source in listed]
         removed = [path for path in self.files if path not in by_path]
+        changed, new, signatures = self._sort_listed(listed)
+        self._update_complete_steps()
+        self.listed_steps = {step for step in map(self._step_of, listed) if step is not None}
+        if not (removed or changed or new):
+            return False
+        dirty = self._forget(removed, changed, notes)
+        reread = self._forget_sharing(dirty, by_path)
+        if dirty:
+            self._remove_steps(dirty)
+        for step in dirty:
+            self.versions[step] = self.versions.get(step, 0) + 1
+        read_new = self._read_again(changed, new, reread, signatures, dirty, notes)
+        for step in [step for step in self.versions if step not in self.analysis.offpolicy.steps]:
+            del self.versions[step]  # every row of it is gone (a removed step)
+        return bool(dirty) or read_new
+
+    def _sort_listed(self, listed: list[Source]) -> tuple[list[Source], list[Source], dict[str, Signature]]:
+        """The listed files rewritten since read and those new and ready, with every listed file's signature."""
         changed: list[Source] = []
         new: list[Source] = []
         signatures: dict[str, Signature] = {}
@@ -337,30 +355,42 @@ class Watcher:
             elif self.failed.get(source.path) != signature and self._ready(source, signature):
                 new.append(source)
             self.seen[source.path] = signature
-        self._update_complete_steps()
-        self.listed_steps = {step for step in map(self._step_of, listed) if step is not None}
-        if not (removed or changed or new):
-            return False
+        return changed, new, signatures
+
+    def _forget(self, removed: list[str], changed: list[Source], notes: list[str]) -> set[int]:
+        """Drops the removed and rewritten files, saying so; returns their steps."""
         dirty: set[int] = set()
         for path in removed + [source.path for source in changed]:
             record = self.files.pop(path)
             dirty |= record.steps
             what = "removed" if path in removed else "rewritten"
             notes.append(f"{path}: {what}; step(s) {_steps_text(record.steps)} replaced.")
+        return dirty
+
+    def _forget_sharing(self, dirty: set[int], by_path: dict[str, Source]) -> list[Source]:
+        """Drops the other files of the ``dirty`` steps, and of their other steps (a file may hold several), adding
+        those steps to ``dirty``; returns the files to read again."""
         reread: list[Source] = []
-        while True:  # the other files of those steps, and of their other steps (a file may hold several)
+        while True:
             touching = [path for path, record in self.files.items() if record.steps & dirty]
             if not touching:
-                break
+                return reread
             for path in touching:
                 dirty |= self.files.pop(path).steps
                 reread.append(by_path[path])
-        if dirty:
-            self._remove_steps(dirty)
-        for step in dirty:
-            self.versions[step] = self.versions.get(step, 0) + 1
+
+    def _read_again(
+        self,
+        changed: list[Source],
+        new: list[Source],
+        reread: list[Source],
+        signatures: dict[str, Signature],
+        dirty: set[int],
+        notes: list[str],
+    ) -> bool:
+        """Reads the changed, new and re-read files in listing order; whether a changed or new one gave rows."""
         known_steps = set(self.versions)
-        read_any = bool(dirty)
+        read_any = False
         fresh = {source.path for source in changed + new}
         position = {path: index for index, path in enumerate(self.order)}
         for source in sorted(changed + new + reread, key=lambda s: position[s.path]):
@@ -373,8 +403,6 @@ class Watcher:
                 notes.append(f"{source.path}: joins step(s) {_steps_text(record.steps)} (arrived late).")
             for step in record.steps - dirty:
                 self.versions[step] = self.versions.get(step, 0) + 1
-        for step in [step for step in self.versions if step not in self.analysis.offpolicy.steps]:
-            del self.versions[step]  # every row of it is gone (a removed step)
         return read_any
 
     def _step_of(self, source: Source) -> int | None:
