@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Literal
 
 import numpy as np
+from rich.box import Box
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.segment import Segment, Segments
@@ -66,9 +67,16 @@ class _Laid:
 
     columns: list[list[str | Text]]
     styles: list[str | None]
+    _widest: dict[int, int] = field(default_factory=dict, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.styles)
+
+    def widest(self, index: int) -> int:
+        """The widest line of column ``index``'s cells (measured once)."""
+        if index not in self._widest:
+            self._widest[index] = _widest_cell(self.columns[index])
+        return self._widest[index]
 
     def row(self, index: int) -> list[str | Text]:
         return [column[index] for column in self.columns]
@@ -130,21 +138,12 @@ class FitTable:
         lay out: 200 000 rows × 11 columns of Text objects were 1 GB)."""
         return _Laid([_column_cells(chunks) for chunks in self._chunks], list(self._styles))
 
-    def _widest(self, rows: _Laid, index: int) -> int:
-        """The widest line of column ``index``'s cells in ``rows`` (measured once per rendering of ``rows``)."""
-        cached = self.__dict__.get("_widest_of")
-        if cached is None or cached[0] is not rows:
-            cached = self._widest_of = (rows, {})
-        if index not in cached[1]:
-            cached[1][index] = _widest_cell(rows.columns[index])
-        return cached[1][index]
-
     def needs(self, rows: _Laid | None = None) -> list[int]:
         """The narrowest each column can be: its widest cell and longest header word (free text: ``fold_width``)."""
         rows = self._cells() if rows is None else rows
         widths = []
         for index, column in enumerate(self.columns):
-            cells = self._widest(rows, index)
+            cells = rows.widest(index)
             header = max((cell_len(word) for word in column.header.split()), default=1)
             widths.append(max(header, min(cells, column.fold_width) if column.wrap else cells))
         return widths
@@ -212,7 +211,7 @@ class FitTable:
         needs: list[int] | None = None,
     ) -> list[int | None]:
         needs = self.needs(rows) if needs is None else needs
-        natural = [max(needs[i], cell_len(self.columns[i].header), self._widest(rows, i)) for i in indices]
+        natural = [max(needs[i], cell_len(self.columns[i].header), rows.widest(i)) for i in indices]
         if sum(natural) + BORDER * len(indices) + 1 <= width:
             return [None] * len(indices)  # rich lays it out at natural widths
         widths: list[int | None] = [needs[i] for i in indices]
@@ -251,6 +250,18 @@ def _open_cells(chunks: list[_Chunk]) -> list[Cell | None]:
 def _column_cells(chunks: Sequence[_Chunk]) -> list[str | Text]:
     """One column's cells as laid out: its numbers (``Num`` cells and ``Nums`` blocks alike) in one notation per
     precision, as ``formatting.numbers`` of all of them writes them; text made visible."""
+    scientific = _notations(chunks)
+    out: list[str | Text] = []
+    for chunk in chunks:
+        if isinstance(chunk, Nums):
+            out.extend(_nums_texts(chunk, scientific[chunk.digits]))
+        else:
+            out.extend(_cell_text(cell, scientific) for cell in chunk)
+    return out
+
+
+def _notations(chunks: Sequence[_Chunk]) -> dict[int, bool]:
+    """Per precision, whether any of the column's numbers written at it needs scientific notation."""
     scientific: dict[int, bool] = {}
     for chunk in chunks:
         if isinstance(chunk, Nums):
@@ -261,21 +272,18 @@ def _column_cells(chunks: Sequence[_Chunk]) -> list[str | Text]:
                 scientific[cell.digits] = scientific.get(cell.digits, False) or needs_scientific(
                     cell.value, cell.digits
                 )
-    out: list[str | Text] = []
-    for chunk in chunks:
-        if isinstance(chunk, Nums):
-            out.extend(_nums_texts(chunk, scientific[chunk.digits]))
-            continue
-        for cell in chunk:
-            if isinstance(cell, Num):
-                out.append(number_in(cell.value, cell.digits, scientific[cell.digits]) + cell.suffix)
-            elif isinstance(cell, Text):
-                out.append(cell)
-            elif cell is None:
-                out.append("")
-            else:  # printable ASCII has nothing to make visible
-                out.append(cell if cell.isascii() and cell.isprintable() else visible(cell))
-    return out
+    return scientific
+
+
+def _cell_text(cell: Cell | None, scientific: dict[int, bool]) -> str | Text:
+    """One cell as laid out: a number in its precision's notation, a Text as it is, text made visible."""
+    if isinstance(cell, Num):
+        return number_in(cell.value, cell.digits, scientific[cell.digits]) + cell.suffix
+    if isinstance(cell, Text):
+        return cell
+    if cell is None:
+        return ""
+    return cell if cell.isascii() and cell.isprintable() else visible(cell)  # printable ASCII: nothing to make visible
 
 
 def _float_array(nums: Nums) -> bool:
@@ -412,156 +420,199 @@ def _line_by_line(
     rich lays out the whole part."""
     columns = [table.columns[index] for index in indices]
     fixed = [
-        width if width is not None else max(cell_len(column.header), table._widest(rows, index))
+        width if width is not None else max(cell_len(column.header), rows.widest(index))
         for width, column, index in zip(widths, columns, indices, strict=True)
     ]
     if any(style is not None for style in rows.styles):
         return None
-    head = Table()
-    for column, width in zip(columns, fixed, strict=True):
-        head.add_column(column.header, justify=column.justify, width=width, overflow="fold")
-    for at in range(2):
-        head.add_row(*(_text(rows.columns[index][at]) for index in indices))
-    lines = console.render_lines(head, options, pad=False, new_lines=False)
-    box = head.box.substitute(options, safe=head.safe_box if head.safe_box is not None else console.safe_box)
-    if box is None:
-        return None
-    styled: dict[tuple, list[Segment]] = {}
+    writer = _LineWriter.checked(console, options, rows, list(zip(indices, columns, fixed, strict=True)))
+    return None if writer is None else writer.written()
 
-    def cell(text: str | Text, column: Column, width: int) -> _Piece:
-        plain_text = text if isinstance(text, str) else text.plain
-        if isinstance(text, str):
-            if plain_text != plain_text.strip() or not _ONE_LINE.isdisjoint(plain_text) or cell_len(plain_text) > width:
-                return None
-            return _justified(plain_text, column.justify, width)
-        if (
-            plain_text != plain_text.strip()
-            or not _ONE_LINE.isdisjoint(plain_text)
-            or cell_len(plain_text) > width
-            or text.justify is not None
-            or text.overflow is not None
-            or text.no_wrap is not None
-            or text.end != "\n"
-        ):
+
+class _LineWriter:
+    """A part of a table written line by line (``_line_by_line``): the header and first two rows as rich lays them
+    out, then each row joined from its cells, plain text padded by hand, a styled cell laid out by rich once."""
+
+    def __init__(
+        self,
+        console: Console,
+        options: ConsoleOptions,
+        rows: _Laid,
+        placed: list[tuple[int, Column, int]],
+        head: Table,
+        head_lines: list[list[Segment]],
+        box: Box,
+    ) -> None:
+        self.console = console
+        self.options = options
+        self.rows = rows
+        self.placed = placed  # each column of the part: its index in the table, the column, its width
+        self.head = head
+        self.head_lines = head_lines  # the header and first two rows as rich lays them out, and the bottom line
+        self.box = box
+        self.between = " " + box.mid_vertical + " "
+        self.styled: dict[tuple, list[Segment]] = {}  # a styled cell as rich lays it out, by text, style and width
+
+    @classmethod
+    def checked(
+        cls, console: Console, options: ConsoleOptions, rows: _Laid, placed: list[tuple[int, Column, int]]
+    ) -> _LineWriter | None:
+        """The writer of the part, or None when it does not write the first two rows as rich does."""
+        head = Table()
+        for _, column, width in placed:
+            head.add_column(column.header, justify=column.justify, width=width, overflow="fold")
+        for at in range(2):
+            head.add_row(*(_text(rows.columns[index][at]) for index, _, _ in placed))
+        lines = console.render_lines(head, options, pad=False, new_lines=False)
+        box = head.box.substitute(options, safe=head.safe_box if head.safe_box is not None else console.safe_box)
+        if box is None:
             return None
-        if not text.style and not text.spans:
-            return _justified(plain_text, column.justify, width)
-        key = (plain_text, str(text.style), tuple(text.spans), column.justify, width)
-        if key not in styled:
-            if len(styled) >= FAST_ROWS:
-                return None
-            alone = Table(show_header=False)
+        writer = cls(console, options, rows, placed, head, lines, box)
+        first = writer.block(0, 2)
+        if any(segments is None for segments in first) or [_ansi(s) for s in first] != [_ansi(s) for s in lines[-3:-1]]:
+            return None
+        return writer
+
+    def written(self) -> Iterator[Segment]:
+        """The part: rich's header lines, every row from the third in blocks, rich's bottom line."""
+        for segments in self.head_lines[:-1]:
+            yield from segments
+            yield _NEW_LINE
+        for start in range(2, len(self.rows), BLOCK_ROWS):
+            for at, segments in enumerate(self.block(start, min(start + BLOCK_ROWS, len(self.rows))), start):
+                if segments is None:  # a cell rich lays out otherwise: that row alone, by rich, without a header
+                    yield from self._by_rich(at)
+                    continue
+                yield from segments
+                yield _NEW_LINE
+        yield from self.head_lines[-1]
+        yield _NEW_LINE
+
+    def _by_rich(self, at: int) -> Iterator[Segment]:
+        """Row ``at`` as rich lays it out alone (its lines between the box's top and bottom)."""
+        alone = Table(show_header=False, box=self.head.box)
+        for _, column, width in self.placed:
             alone.add_column(justify=column.justify, width=width, overflow="fold")
-            alone.add_row(text)
-            line = console.render_lines(alone, options, pad=False, new_lines=False)[1]
-            styled[key] = list(Segment.divide(line, [2, 2 + width, width + 4]))[1]
-        return styled[key]
+        alone.add_row(*(_text(self.rows.columns[index][at]) for index, _, _ in self.placed))
+        for line in self.console.render_lines(alone, self.options, pad=False, new_lines=False)[1:-1]:
+            yield from line
+            yield _NEW_LINE
 
-    # a plain cell of printable ASCII (every number) is its own width: justified by str.rjust / str.ljust
-    padders = [
-        str.rjust if column.justify == "right" else str.ljust if column.justify == "left" else None
-        for column in columns
-    ]
-
-    def written_column(cells: list[str | Text], column: Column, width: int, pad) -> tuple[list[_Piece], bool]:
-        """A block of one column's cells as written, and whether every one is plain text."""
-        if pad is not None and set(map(type, cells)) == {str}:
-            joined = "".join(cells)  # type: ignore[arg-type]
-            if (
-                joined.isascii()
-                and joined.isprintable()
-                and max(map(len, cells)) <= width
-                and (" " not in joined or not any(value[:1] == " " or value[-1:] == " " for value in cells))
-            ):
-                return [pad(value, width) for value in cells], True
-        out: list[_Piece] = []
-        seen: dict[int, _Piece] = {}  # a Text shared by many rows (a verdict level) is written once
-        for value in cells:
-            if type(value) is str:
-                if (
-                    pad is not None
-                    and len(value) <= width
-                    and value.isascii()
-                    and value.isprintable()
-                    and value[:1] != " "
-                    and value[-1:] != " "
-                ):
-                    out.append(pad(value, width))
-                else:
-                    out.append(cell(value, column, width))
-            else:
-                key = id(value)
-                if key not in seen:
-                    seen[key] = cell(value, column, width)
-                out.append(seen[key])
-        return out, all(type(piece) is str for piece in out)
-
-    between = " " + box.mid_vertical + " "
-
-    def block(start: int, end: int) -> list[list[Segment] | None]:
+    def block(self, start: int, end: int) -> list[list[Segment] | None]:
         """Rows ``start``–``end`` as lines of segments (None for a row rich must lay out)."""
-        # consecutive columns of plain text are joined row by row at once; the others are written cell by cell
+        alternating = self._alternating(self._runs(start, end), end - start)
+        if len(alternating) == 1:
+            return [[Segment(text)] for text in alternating[0]]  # type: ignore[union-attr]
+        return [_joined(row) for row in zip(*alternating, strict=False)]  # (a constant repeats without end)
+
+    def _runs(self, start: int, end: int) -> list[tuple[bool, list]]:
+        """Rows ``start``–``end`` column by column, consecutive columns of plain text in one run (joined row by row at
+        once), each other column a run of its own (written cell by cell)."""
         runs: list[tuple[bool, list]] = []
-        for index, column, width, pad in zip(indices, columns, fixed, padders, strict=True):
-            pieces, plain_text = written_column(rows.columns[index][start:end], column, width, pad)
+        for index, column, width in self.placed:
+            pieces, plain_text = self._column_pieces(self.rows.columns[index][start:end], column, width)
             if plain_text and runs and runs[-1][0]:
                 runs[-1][1].append(pieces)
             else:
                 runs.append((plain_text, [pieces]))
-        # the line alternates text and styled cells: text (the borders and the plain runs between) as one string
-        # a row, each other cell as its segments (a cell written as text: one segment of its own)
-        count = end - start
+        return runs
+
+    def _alternating(self, runs: list[tuple[bool, list]], count: int) -> list[Iterable]:
+        """The line alternating text and styled cells: text (the borders and the plain runs between) as one string a
+        row, each other cell as its segments (a cell written as text: one segment of its own)."""
         alternating: list[Iterable] = []
-        text: str | list[str] = box.mid_left + " "  # the text before the next styled cell: a constant or a column
+        text: str | list[str] = self.box.mid_left + " "  # the text before the next styled cell: a constant or a column
         for number, (plain_text, parts) in enumerate(runs):
-            after = " " + box.mid_right if number == len(runs) - 1 else between
+            after = " " + self.box.mid_right if number == len(runs) - 1 else self.between
             if plain_text:  # (runs of plain text are maximal: the text before is a constant)
-                texts = [between.join(cells) for cells in zip(*parts, strict=True)] if len(parts) > 1 else parts[0]
+                texts = [self.between.join(cells) for cells in zip(*parts, strict=True)] if len(parts) > 1 else parts[0]
                 text = [f"{text}{cell}{after}" for cell in texts]
                 continue
             alternating.append(repeat(text, count) if isinstance(text, str) else text)
             alternating.append([[Segment(piece)] if type(piece) is str else piece for piece in parts[0]])
             text = after
         alternating.append(repeat(text, count) if isinstance(text, str) else text)
-        if len(alternating) == 1:
-            return [[Segment(text)] for text in alternating[0]]  # type: ignore[union-attr]
-        out: list[list[Segment] | None] = []
-        for row in zip(*alternating, strict=False):  # (a constant repeats without end)
-            segments: list[Segment] | None = [Segment(row[0])]
-            for at in range(1, len(row), 2):
-                if row[at] is None:
-                    segments = None
-                    break
-                segments.extend(row[at])  # type: ignore[union-attr]
-                segments.append(Segment(row[at + 1]))  # type: ignore[union-attr]
-            out.append(segments)
-        return out
+        return alternating
 
-    first = block(0, 2)
-    if any(segments is None for segments in first) or [_ansi(s) for s in first] != [_ansi(s) for s in lines[-3:-1]]:
-        return None
+    def _column_pieces(self, cells: list[str | Text], column: Column, width: int) -> tuple[list[_Piece], bool]:
+        """A block of one column's cells as written, and whether every one is plain text."""
+        # a plain cell of printable ASCII (every number) is its own width: justified by str.rjust / str.ljust
+        pad = str.rjust if column.justify == "right" else str.ljust if column.justify == "left" else None
+        if pad is not None and _all_padded(cells, width):
+            return [pad(value, width) for value in cells], True  # type: ignore[arg-type]
+        out: list[_Piece] = []
+        seen: dict[int, _Piece] = {}  # a Text shared by many rows (a verdict level) is written once
+        for value in cells:
+            if type(value) is not str:
+                if id(value) not in seen:
+                    seen[id(value)] = self._cell(value, column, width)
+                out.append(seen[id(value)])
+            elif pad is not None and _padded(value, width):
+                out.append(pad(value, width))
+            else:
+                out.append(self._cell(value, column, width))
+        return out, all(type(piece) is str for piece in out)
 
-    def written() -> Iterator[Segment]:
-        for segments in lines[:-1]:
-            yield from segments
-            yield _NEW_LINE
-        for start in range(2, len(rows), BLOCK_ROWS):
-            for at, segments in enumerate(block(start, min(start + BLOCK_ROWS, len(rows))), start):
-                if segments is None:  # a cell rich lays out otherwise: that row alone, by rich, without a header
-                    alone = Table(show_header=False, box=head.box)
-                    for column, width in zip(columns, fixed, strict=True):
-                        alone.add_column(justify=column.justify, width=width, overflow="fold")
-                    alone.add_row(*(_text(rows.columns[index][at]) for index in indices))
-                    for line in console.render_lines(alone, options, pad=False, new_lines=False)[1:-1]:
-                        yield from line
-                        yield _NEW_LINE
-                    continue
-                yield from segments
-                yield _NEW_LINE
-        yield from lines[-1]
-        yield _NEW_LINE
+    def _cell(self, text: str | Text, column: Column, width: int) -> _Piece:
+        """One cell written as rich would, or None where rich must lay it out (it wraps, or is padded otherwise)."""
+        plain_text = text if isinstance(text, str) else text.plain
+        if plain_text != plain_text.strip() or not _ONE_LINE.isdisjoint(plain_text) or cell_len(plain_text) > width:
+            return None
+        if isinstance(text, str):
+            return _justified(plain_text, column.justify, width)
+        if not _laid_as_given(text):
+            return None
+        if not text.style and not text.spans:
+            return _justified(plain_text, column.justify, width)
+        return self._styled_cell(text, column, width)
 
-    return written()
+    def _styled_cell(self, text: Text, column: Column, width: int) -> list[Segment] | None:
+        """A styled cell as rich lays it out alone (once per text, style and width; None past FAST_ROWS of them)."""
+        key = (text.plain, str(text.style), tuple(text.spans), column.justify, width)
+        if key not in self.styled:
+            if len(self.styled) >= FAST_ROWS:
+                return None
+            alone = Table(show_header=False)
+            alone.add_column(justify=column.justify, width=width, overflow="fold")
+            alone.add_row(text)
+            line = self.console.render_lines(alone, self.options, pad=False, new_lines=False)[1]
+            self.styled[key] = list(Segment.divide(line, [2, 2 + width, width + 4]))[1]
+        return self.styled[key]
+
+
+def _all_padded(cells: list[str | Text], width: int) -> bool:
+    """Whether every cell of a block is a string of printable ASCII that fits ``width`` and that str.rjust /
+    str.ljust pads as rich would (no space at either end)."""
+    if set(map(type, cells)) != {str}:
+        return False
+    joined = "".join(cells)  # type: ignore[arg-type]
+    return (
+        joined.isascii()
+        and joined.isprintable()
+        and max(map(len, cells)) <= width
+        and (" " not in joined or not any(value[:1] == " " or value[-1:] == " " for value in cells))
+    )
+
+
+def _padded(value: str, width: int) -> bool:
+    """Whether str.rjust / str.ljust pads ``value`` as rich would: printable ASCII, fits, no space at either end."""
+    return len(value) <= width and value.isascii() and value.isprintable() and value[:1] != " " and value[-1:] != " "
+
+
+def _laid_as_given(text: Text) -> bool:
+    """Whether a Text sets nothing of its own that changes how rich lays it out in a cell."""
+    return text.justify is None and text.overflow is None and text.no_wrap is None and text.end == "\n"
+
+
+def _joined(row: tuple) -> list[Segment] | None:
+    """One line from its alternating text and styled cells; None when a cell is one rich must lay out."""
+    segments = [Segment(row[0])]
+    for at in range(1, len(row), 2):
+        if row[at] is None:
+            return None
+        segments.extend(row[at])
+        segments.append(Segment(row[at + 1]))
+    return segments
 
 
 def _justified(text: str, justify: str, width: int) -> str:
