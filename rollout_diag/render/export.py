@@ -90,58 +90,75 @@ def _templated(steps: Any) -> Iterator[str] | None:
     finite (the table-by-table encoding raises as json does), or the text differs from it for a step checked."""
     columns = steps.columns
     count = len(steps)
-    first = columns.step_table(0)
-    slotted = {**first, "step": _SLOT, "options": []}
-    values: list[np.ndarray | list[int]] = [columns.steps]
-    for row, option in zip(first["options"], columns.options, strict=True):
-        row = {**row, "count": _SLOT}
-        values.append(option.count)
-        if "default_share" in row:
-            if option.default_share is None:
-                return None
-            row["default_share"] = _SLOT
-            values.append(option.default_share)
-        if len(row["thresholds"]) != len(option.thresholds):
-            return None
-        row["thresholds"] = [{**entry, "threshold": _SLOT, "share": _SLOT} for entry in row["thresholds"]]
-        for thresholds, shares in zip(option.thresholds, option.shares, strict=True):
-            values.extend((thresholds, shares))
-        slotted["options"].append(row)
+    layout = _sweep_slots(columns)
+    if layout is None:
+        return None
+    slotted, values = layout
     if any(
         isinstance(column, np.ndarray) and column.dtype.kind == "f" and not np.isfinite(column).all()
         for column in values
     ):
         return None
-    text = _indented(slotted, "\n    ")
-    template = encode_basestring_ascii(_SLOT)
-    if text.count(template) != len(values):
-        return None
-    pattern = "%s".join(piece.replace("%", "%%") for piece in text.split(template))
+    pattern = _pattern(_indented(slotted, "\n    "), len(values))
     kinds = [column.dtype.kind if isinstance(column, np.ndarray) else "i" for column in values]
-    if any(kind not in "fi" for kind in kinds):
+    if pattern is None or any(kind not in "fi" for kind in kinds):
         return None
-
-    def texts(begin: int, end: int) -> list[list[str]]:
-        made: dict[bytes, list[str]] = {}  # a step's threshold is often the same for every target: formatted once
-        return [
-            _float_texts(np.asarray(column[begin:end], dtype=np.float64), made)
-            if kind == "f"
-            else list(map(int.__repr__, _plain(column[begin:end], kind)))
-            for column, kind in zip(values, kinds, strict=True)
-        ]
-
     for index in sorted({0, count // 2, count - 1}):
-        if pattern % tuple(text[0] for text in texts(index, index + 1)) != _indented(
+        if pattern % tuple(text[0] for text in _sweep_texts(values, kinds, index, index + 1)) != _indented(
             columns.step_table(index), "\n    "
         ):
             return None
+    return _sweep_tables(pattern, values, kinds, count)
 
-    def written() -> Iterator[str]:
-        for begin in range(0, count, _BLOCK):
-            for row in zip(*texts(begin, min(begin + _BLOCK, count)), strict=True):
-                yield pattern % row
 
-    return written()
+def _sweep_slots(columns: Any) -> tuple[dict, list[np.ndarray | list[int]]] | None:
+    """The first step's table with a slot for each of a step's own values, and those values' step columns in the
+    slots' order; None when the steps do not share the first one's layout."""
+    first = columns.step_table(0)
+    slotted = {**first, "step": _SLOT, "options": []}
+    values: list[np.ndarray | list[int]] = [columns.steps]
+    for row, option in zip(first["options"], columns.options, strict=True):
+        option_row = _sweep_option_slots(row, option, values)
+        if option_row is None:
+            return None
+        slotted["options"].append(option_row)
+    return slotted, values
+
+
+def _sweep_option_slots(row: dict, option: Any, values: list[np.ndarray | list[int]]) -> dict | None:
+    """One option's row of the first step's table with slots, its step columns appended to ``values``; None when
+    the option's columns do not fit the row."""
+    row = {**row, "count": _SLOT}
+    values.append(option.count)
+    if "default_share" in row:
+        if option.default_share is None:
+            return None
+        row["default_share"] = _SLOT
+        values.append(option.default_share)
+    if len(row["thresholds"]) != len(option.thresholds):
+        return None
+    row["thresholds"] = [{**entry, "threshold": _SLOT, "share": _SLOT} for entry in row["thresholds"]]
+    for thresholds, shares in zip(option.thresholds, option.shares, strict=True):
+        values.extend((thresholds, shares))
+    return row
+
+
+def _sweep_texts(values: list[np.ndarray | list[int]], kinds: list[str], begin: int, end: int) -> list[list[str]]:
+    """Steps ``begin``–``end`` of each value column as JSON texts."""
+    made: dict[bytes, list[str]] = {}  # a step's threshold is often the same for every target: formatted once
+    return [
+        _float_texts(np.asarray(column[begin:end], dtype=np.float64), made)
+        if kind == "f"
+        else list(map(int.__repr__, _plain(column[begin:end], kind)))
+        for column, kind in zip(values, kinds, strict=True)
+    ]
+
+
+def _sweep_tables(pattern: str, values: list[np.ndarray | list[int]], kinds: list[str], count: int) -> Iterator[str]:
+    """Every step's table: ``pattern`` filled with the step's values, a block of steps at a time."""
+    for begin in range(0, count, _BLOCK):
+        for row in zip(*_sweep_texts(values, kinds, begin, min(begin + _BLOCK, count)), strict=True):
+            yield pattern % row
 
 
 class ItemTexts:
