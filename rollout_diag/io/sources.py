@@ -128,46 +128,64 @@ class DirectoryWalker:
     def _match(
         self, path: Path, parts: tuple[str, ...], ancestors: tuple[DirKey, ...], out: set[Path], relative: bool
     ) -> None:
-        def child(entry: os.DirEntry) -> Path:
-            return Path(entry.name) if relative else Path(entry.path)
-
+        """Adds to ``out`` what the pattern ``parts`` matches under ``path`` (names relative to it if ``relative``)."""
         if not parts:
             out.add(path)
+        elif parts[0] == "**":
+            self._match_any_depth(path, parts, ancestors, out, relative)
+        elif not _GLOB_CHARS & set(parts[0]):
+            self._match_name(path, parts, ancestors, out)
+        else:
+            self._match_pattern(path, parts, ancestors, out, relative)
+
+    def _match_any_depth(
+        self, path: Path, parts: tuple[str, ...], ancestors: tuple[DirKey, ...], out: set[Path], relative: bool
+    ) -> None:
+        """``**`` first in ``parts``: the rest matched here and in every directory below (hidden ones left out)."""
+        rest = parts[1:]
+        if (ancestors[-1], len(parts)) in self.visited:
             return
+        self.visited.add((ancestors[-1], len(parts)))
+        self._match(path, rest, ancestors, out, relative)  # ** matches no directory too
+        for entry in self.entries(path):
+            if entry.name.startswith("."):
+                continue
+            key = self.subdirectory(entry, ancestors)
+            if key is not None:
+                self._match(_child(entry, relative), parts, (*ancestors, key), out, False)
+            elif not rest:
+                out.add(_child(entry, relative))
+
+    def _match_name(self, path: Path, parts: tuple[str, ...], ancestors: tuple[DirKey, ...], out: set[Path]) -> None:
+        """A plain name first in ``parts``: that entry of ``path``, if there."""
+        target, rest = path / parts[0], parts[1:]
+        if rest and target.is_dir():
+            info = os.stat(target)
+            self._match(target, rest, (*ancestors, (info.st_dev, info.st_ino)), out, False)
+        elif not rest and os.path.lexists(target):
+            out.add(target)
+
+    def _match_pattern(
+        self, path: Path, parts: tuple[str, ...], ancestors: tuple[DirKey, ...], out: set[Path], relative: bool
+    ) -> None:
+        """A name pattern first in ``parts``: the entries of ``path`` it matches (a hidden one only by a dot)."""
         head, rest = parts[0], parts[1:]
-        if head == "**":
-            if (ancestors[-1], len(parts)) in self.visited:
-                return
-            self.visited.add((ancestors[-1], len(parts)))
-            self._match(path, rest, ancestors, out, relative)  # ** matches no directory too
-            for entry in self.entries(path):
-                if entry.name.startswith("."):
-                    continue
-                key = self.subdirectory(entry, ancestors)
-                if key is not None:
-                    self._match(child(entry), parts, (*ancestors, key), out, False)
-                elif not rest:
-                    out.add(child(entry))
-            return
-        if not _GLOB_CHARS & set(head):
-            target = path / head
-            if rest and target.is_dir():
-                info = os.stat(target)
-                self._match(target, rest, (*ancestors, (info.st_dev, info.st_ino)), out, False)
-            elif not rest and os.path.lexists(target):
-                out.add(target)
-            return
         for entry in self.entries(path):
             if entry.name.startswith(".") and not head.startswith("."):
                 continue
             if not fnmatch.fnmatchcase(entry.name, head):
                 continue
             if not rest:
-                out.add(child(entry))
+                out.add(_child(entry, relative))
                 continue
             key = self.subdirectory(entry, ancestors)
             if key is not None:
-                self._match(child(entry), rest, (*ancestors, key), out, False)
+                self._match(_child(entry, relative), rest, (*ancestors, key), out, False)
+
+
+def _child(entry: os.DirEntry, relative: bool) -> Path:
+    """An entry's path as a glob gives it: its name alone under a relative pattern's first directory."""
+    return Path(entry.name) if relative else Path(entry.path)
 
 
 def remote_scheme(text: str) -> str | None:
@@ -218,52 +236,68 @@ def expand_inputs(inputs: Iterable[str | Path], warnings: list[str] | None = Non
     ``warnings``. Raises InputError for a path that does not exist, a glob that matches nothing or an empty
     directory (a missing bucket or key, an empty prefix, an unreadable object store).
     """
-    sources: list[Source] = []
-    seen: set[str] = set()
+    found = _Found()
     walker = DirectoryWalker(warnings)
-
-    def add(path: Path, root: Path | None) -> None:
-        key = str(path.resolve())
-        if key not in seen:
-            seen.add(key)
-            sources.append(Source(path=str(path), partition=_partition_keys(path, root)))
-
-    def add_remote(uri: str, prefix: str | None) -> None:
-        if uri not in seen:
-            seen.add(uri)
-            root = None if prefix is None else storage.partition_path(prefix)
-            sources.append(Source(path=uri, partition=_partition_keys(storage.partition_path(uri), root)))
-
     for given in inputs:
         text = str(given)
         refuse_remote(text)
         uri = storage.remote_uri(text)
         if uri is not None:
             for file, prefix in storage.expand(uri):
-                add_remote(file, prefix)
-            continue
-        path = Path(text)
-        if not path.exists() and _GLOB_CHARS & set(text):
-            matches = walker.glob(text)
-            if not matches:
-                raise InputError(f"{text}: no file matches this pattern.")
-            for match_path in matches:
-                if match_path.is_dir():
-                    for inner in walker.parquet_files(match_path):
-                        add(inner, match_path)
-                elif match_path.exists():
-                    add(match_path, None)
-            continue
-        if path.is_dir():
-            found = walker.parquet_files(path)
-            if not found:
-                raise InputError(f"{text}: directory holds no .parquet file.")
-            for inner in found:
-                add(inner, path)
-        elif path.exists():
-            add(path, None)
+                found.add_remote(file, prefix)
+        elif not Path(text).exists() and _GLOB_CHARS & set(text):
+            _add_matches(text, walker, found)
         else:
-            raise _missing(text)
+            _add_local(text, walker, found)
+    sources = found.sources
     if not sources:
         raise InputError("no input file given.")
     return sources
+
+
+class _Found:
+    """The sources found so far, in order, each file once (a local file by its resolved path)."""
+
+    def __init__(self) -> None:
+        self.sources: list[Source] = []
+        self.seen: set[str] = set()
+
+    def add(self, path: Path, root: Path | None) -> None:
+        key = str(path.resolve())
+        if key not in self.seen:
+            self.seen.add(key)
+            self.sources.append(Source(path=str(path), partition=_partition_keys(path, root)))
+
+    def add_remote(self, uri: str, prefix: str | None) -> None:
+        if uri not in self.seen:
+            self.seen.add(uri)
+            root = None if prefix is None else storage.partition_path(prefix)
+            self.sources.append(Source(path=uri, partition=_partition_keys(storage.partition_path(uri), root)))
+
+
+def _add_matches(text: str, walker: DirectoryWalker, found: _Found) -> None:
+    """A glob's matches: a directory's Parquet files, a file itself; raises InputError when nothing matches."""
+    matches = walker.glob(text)
+    if not matches:
+        raise InputError(f"{text}: no file matches this pattern.")
+    for match_path in matches:
+        if match_path.is_dir():
+            for inner in walker.parquet_files(match_path):
+                found.add(inner, match_path)
+        elif match_path.exists():
+            found.add(match_path, None)
+
+
+def _add_local(text: str, walker: DirectoryWalker, found: _Found) -> None:
+    """A local path: a directory's Parquet files, or the file; raises InputError when neither is there."""
+    path = Path(text)
+    if path.is_dir():
+        inner_files = walker.parquet_files(path)
+        if not inner_files:
+            raise InputError(f"{text}: directory holds no .parquet file.")
+        for inner in inner_files:
+            found.add(inner, path)
+    elif path.exists():
+        found.add(path, None)
+    else:
+        raise _missing(text)
