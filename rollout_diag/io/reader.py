@@ -802,27 +802,9 @@ def _prefetched(blocks: Iterator, depth: int) -> Iterator:
     stop = threading.Event()
     done = object()
 
-    def produce() -> None:
-        try:
-            for item in blocks:
-                while not stop.is_set():
-                    try:
-                        items.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    break
-            else:
-                items.put(done)
-        except BaseException as exc:  # handed to the consumer, raised there
-            items.put(exc)
-        finally:
-            close = getattr(blocks, "close", None)
-            if close is not None:
-                close()
-
-    thread = threading.Thread(target=produce, name="rollout-diag-reader", daemon=True)
+    thread = threading.Thread(
+        target=_produce_ahead, args=(blocks, items, stop, done), name="rollout-diag-reader", daemon=True
+    )
     thread.start()
     try:
         while True:
@@ -834,6 +816,34 @@ def _prefetched(blocks: Iterator, depth: int) -> Iterator:
             yield item
     finally:
         stop.set()
+
+
+def _produce_ahead(blocks: Iterator, items: queue.Queue, stop: threading.Event, done: object) -> None:
+    """``_prefetched``'s thread: puts each of ``blocks`` into ``items`` until ``stop``, then ``done`` (or what it
+    raised, for the consumer to raise), and closes ``blocks``."""
+    try:
+        for item in blocks:
+            if not _offer(items, item, stop):
+                break
+        else:
+            items.put(done)
+    except BaseException as exc:  # handed to the consumer, raised there
+        items.put(exc)
+    finally:
+        close = getattr(blocks, "close", None)
+        if close is not None:
+            close()
+
+
+def _offer(items: queue.Queue, item: object, stop: threading.Event) -> bool:
+    """Puts ``item`` once there is room, unless ``stop`` comes first; whether to go on (``stop`` not set)."""
+    while not stop.is_set():
+        try:
+            items.put(item, timeout=0.1)
+            break
+        except queue.Full:
+            continue
+    return not stop.is_set()
 
 
 class _ReadAhead:
@@ -857,7 +867,7 @@ class _ReadAhead:
         self.thread.start()
 
     def _produce(self) -> None:
-        from rollout_diag.kernels.prepass import prepass, warm_up
+        from rollout_diag.kernels.prepass import warm_up
 
         reader = self.reader
         # numba and the compiled kernels load on a thread of their own (their import holds the GIL, as the command's
@@ -867,24 +877,6 @@ class _ReadAhead:
         decoded: deque = deque()
         blocks = reader._blocks()
         joiner = _Joiner(reader.chunk_tokens)
-
-        def put(ready: list[tuple[_Valid, int]]) -> bool:
-            for valid, consumed in ready:
-                with self.changed:
-                    device, engine, kind = self.device, self.engine, self.kind
-                if device is not None:
-                    built = reader._chunk(valid, device, engine, kind)
-                else:
-                    if valid.scanned is not None:
-                        trainer, rollout, mask = valid.scanned
-                        valid.prepass = prepass(valid.block.step, valid.offsets, trainer, rollout, mask)
-                        # the decoded values live on as the scan's: their Arrow buffers go while the chunk waits
-                        valid.block = replace(valid.block, trainer=None, rollout=None, mask=None)
-                    built = valid
-                if not self._put((built, consumed)):
-                    return False
-            return True
-
         try:
             for item in itertools.chain(blocks, [None]):  # None: the end, where the blocks still decoded go on
                 if item is not None:
@@ -892,19 +884,48 @@ class _ReadAhead:
                     if loading.is_alive() and len(decoded) + len(self.items) < self.depth:
                         continue
                 loading.join()
-                while decoded:
-                    block, consumed = decoded.popleft()
-                    with self.changed:
-                        device, engine = self.device, self.engine
-                    valid = reader._validated(block, "cpu" if device is None else device_kind(device), engine)
-                    if valid is not None and not put(joiner.add(valid, consumed)):
-                        return
-            if put(joiner.flush()):
+                if not self._validate(decoded, joiner):
+                    return
+            if self._put_ready(joiner.flush()):
                 self._put(self._DONE)
         except BaseException as exc:  # handed to the consumer, raised there
             self._put(exc)
         finally:
             blocks.close()
+
+    def _validate(self, decoded: deque, joiner: _Joiner) -> bool:
+        """Validates the blocks decoded so far and puts the chunks they complete; False once stopped."""
+        while decoded:
+            block, consumed = decoded.popleft()
+            with self.changed:
+                device, engine = self.device, self.engine
+            valid = self.reader._validated(block, "cpu" if device is None else device_kind(device), engine)
+            if valid is not None and not self._put_ready(joiner.add(valid, consumed)):
+                return False
+        return True
+
+    def _put_ready(self, ready: list[tuple[_Valid, int]]) -> bool:
+        """Puts each joined block: as a chunk once handed over, else with its compiled passes run; False once
+        stopped."""
+        for valid, consumed in ready:
+            with self.changed:
+                device, engine, kind = self.device, self.engine, self.kind
+            built = self._prepassed(valid) if device is None else self.reader._chunk(valid, device, engine, kind)
+            if not self._put((built, consumed)):
+                return False
+        return True
+
+    @staticmethod
+    def _prepassed(valid: _Valid) -> _Valid:
+        """``valid`` with its compiled passes run (before the handover: numpy and numba only)."""
+        from rollout_diag.kernels.prepass import prepass
+
+        if valid.scanned is not None:
+            trainer, rollout, mask = valid.scanned
+            valid.prepass = prepass(valid.block.step, valid.offsets, trainer, rollout, mask)
+            # the decoded values live on as the scan's: their Arrow buffers go while the chunk waits
+            valid.block = replace(valid.block, trainer=None, rollout=None, mask=None)
+        return valid
 
     def _put(self, item: object) -> bool:
         with self.changed:
