@@ -61,20 +61,6 @@ def input_files(inputs: Iterable[str | Path | None]) -> dict[FileKey, str]:
     with its own error)."""
     walker = DirectoryWalker(None)
     found: dict[FileKey, str] = {}
-
-    def add(path: Path) -> None:
-        if path.is_dir():
-            for inner in _walk(path, walker):
-                if inner.name.endswith(DATA_SUFFIXES):
-                    add_file(inner)
-        else:
-            add_file(path)
-
-    def add_file(path: Path) -> None:
-        key = _key(path)
-        if key is not None:
-            found.setdefault(key, str(path))
-
     for given in inputs:
         if given is None:
             continue
@@ -82,10 +68,26 @@ def input_files(inputs: Iterable[str | Path | None]) -> dict[FileKey, str]:
         path = Path(text)
         if not os.path.lexists(path) and _GLOB_CHARS & set(text):
             for match in walker.glob(text):
-                add(match)
+                _add_input(match, walker, found)
         else:
-            add(path)
+            _add_input(path, walker, found)
     return found
+
+
+def _add_input(path: Path, walker: DirectoryWalker, found: dict[FileKey, str]) -> None:
+    """A file, or every data file under a directory, into ``found`` (the first path of each file kept)."""
+    if not path.is_dir():
+        _add_file(path, found)
+        return
+    for inner in _walk(path, walker):
+        if inner.name.endswith(DATA_SUFFIXES):
+            _add_file(inner, found)
+
+
+def _add_file(path: Path, found: dict[FileKey, str]) -> None:
+    key = _key(path)
+    if key is not None:
+        found.setdefault(key, str(path))
 
 
 def check_outputs(
@@ -117,20 +119,27 @@ def check_outputs(
             continue
         if read is None:
             read = input_files(inputs)
-        if key in read:
-            raise ConfigError(
-                f"{flag} {path}: this is an input ({read[key]}); writing it would destroy the input. "
-                "Choose another output path."
-            )
-        if path.is_dir():
-            if flag not in directories:
-                raise ConfigError(f"{flag} {path}: is a directory; give a file name.")
-            inside = next((read[k] for p in _walk(path, DirectoryWalker(None)) if (k := _key(p)) in read), None)
-            if inside is not None:
-                raise ConfigError(
-                    f"{flag} {path}: this directory holds an input ({inside}); replacing it would destroy the input. "
-                    "Choose another output path."
-                )
+        _check_existing(flag, path, key, read, flag in directories)
+
+
+def _check_existing(flag: str, path: Path, key: FileKey, read: dict[FileKey, str], may_be_directory: bool) -> None:
+    """Raises ConfigError when the existing output ``path`` is an input, a directory not allowed, or a directory
+    that holds an input."""
+    if key in read:
+        raise ConfigError(
+            f"{flag} {path}: this is an input ({read[key]}); writing it would destroy the input. "
+            "Choose another output path."
+        )
+    if not path.is_dir():
+        return
+    if not may_be_directory:
+        raise ConfigError(f"{flag} {path}: is a directory; give a file name.")
+    inside = next((read[k] for p in _walk(path, DirectoryWalker(None)) if (k := _key(p)) in read), None)
+    if inside is not None:
+        raise ConfigError(
+            f"{flag} {path}: this directory holds an input ({inside}); replacing it would destroy the input. "
+            "Choose another output path."
+        )
 
 
 def _refuse_remote(outputs: Mapping[str, Path]) -> None:
