@@ -147,12 +147,7 @@ def convert(
         raise ConfigError(f"{option_name('partition')}={partition}: only 'step' is supported.")
     output = Path(output)
     paths = [str(inputs)] if isinstance(inputs, (str, Path)) else list(inputs)
-    # before anything is read or written: --overwrite must never replace (or delete) an input
-    check_outputs({option_name("output"): output}, paths, directories=(option_name("output"),))
-    if os.path.lexists(output) and not overwrite:
-        raise ConfigError(
-            f"{output}: already exists.", hint=f"choose another path, or pass {option_name('overwrite')}."
-        )
+    _check_output(output, paths, overwrite)
     reader = DumpReader(
         paths,
         columns,
@@ -173,14 +168,7 @@ def convert(
     temporary = temporary_beside(output, directory=partition is not None)
     writer = _StepWriter(temporary, schema, partition)
     try:
-        for opened in reader.files:
-            names = column_names(opened) + [name for name in _all_extras(opened) if name not in opened.extras]
-            for batch, first_row in row_groups(opened, names, lambda: 4096, reader):
-                table = _canonical(opened, batch, first_row, reader, schema)
-                steps = table.column("step").to_numpy()
-                starts = np.concatenate([[0], np.flatnonzero(steps[1:] != steps[:-1]) + 1, [len(steps)]])
-                for start, end in itertools.pairwise(starts):
-                    writer.add(int(steps[start]), table.slice(int(start), int(end - start)))
+        _write_steps(reader, schema, writer)
         writer.close()
         if writer.writer is None and partition is None:  # no row at all: still an (empty) Parquet file
             pq.write_table(schema.empty_table(), temporary, compression="zstd")
@@ -190,6 +178,43 @@ def convert(
         discard(temporary)
         raise
     written = [str(output / Path(path).relative_to(temporary)) if partition else str(output) for path in writer.files]
+    return ConvertResult(
+        inputs=list(reader.log.files),
+        format=reader.log.format,
+        output=str(output),
+        files=written,
+        rows=writer.rows,
+        steps=sorted(writer.written),
+        warnings=_warnings(reader, writer, clashes),
+        skipped=list(reader.log.skipped),
+        skipped_rows=reader.log.skipped_rows,
+    )
+
+
+def _check_output(output: Path, paths: list[str], overwrite: bool) -> None:
+    """Raises ConfigError for an output that would replace an input, or that exists (unless ``overwrite``)."""
+    # before anything is read or written: --overwrite must never replace (or delete) an input
+    check_outputs({option_name("output"): output}, paths, directories=(option_name("output"),))
+    if os.path.lexists(output) and not overwrite:
+        raise ConfigError(
+            f"{output}: already exists.", hint=f"choose another path, or pass {option_name('overwrite')}."
+        )
+
+
+def _write_steps(reader: DumpReader, schema: pa.Schema, writer: _StepWriter) -> None:
+    """Every file's rows in canonical form, handed to ``writer`` a run of one step at a time."""
+    for opened in reader.files:
+        names = column_names(opened) + [name for name in _all_extras(opened) if name not in opened.extras]
+        for batch, first_row in row_groups(opened, names, lambda: 4096, reader):
+            table = _canonical(opened, batch, first_row, reader, schema)
+            steps = table.column("step").to_numpy()
+            starts = np.concatenate([[0], np.flatnonzero(steps[1:] != steps[:-1]) + 1, [len(steps)]])
+            for start, end in itertools.pairwise(starts):
+                writer.add(int(steps[start]), table.slice(int(start), int(end - start)))
+
+
+def _warnings(reader: DumpReader, writer: _StepWriter, clashes: list[str]) -> list[str]:
+    """The reader's warnings that apply to a conversion, the name clashes, and steps written in several places."""
     repeated = sorted(step for step, parts in writer.written.items() if parts > 1)
     # the reader's notes on extra columns its tables leave out do not apply: convert writes every one
     not_shown = set(extra_cap_warnings(reader.files))
@@ -199,17 +224,7 @@ def convert(
             f"step(s) {', '.join(map(str, repeated[:10]))} appear in more than one place in the input order: "
             "each such step spans several row groups (files)."
         )
-    return ConvertResult(
-        inputs=list(reader.log.files),
-        format=reader.log.format,
-        output=str(output),
-        files=written,
-        rows=writer.rows,
-        steps=sorted(writer.written),
-        warnings=warnings,
-        skipped=list(reader.log.skipped),
-        skipped_rows=reader.log.skipped_rows,
-    )
+    return warnings
 
 
 def _all_extras(opened: OpenFile) -> list[str]:
@@ -250,58 +265,88 @@ def _listed(paths: list[str]) -> str:
 def _canonical(opened: OpenFile, batch: pa.RecordBatch, first_row: int, reader: DumpReader, schema: pa.Schema):
     """The batch under canonical names and types; rows the format could not read are logged and dropped."""
     path = opened.source.path
-    rows = np.arange(batch.num_rows, dtype=np.int64)
-    if SKIP_REASON in batch.schema.names:
-        reasons = batch.column(SKIP_REASON)
-        unreadable = reasons.is_valid().to_numpy(zero_copy_only=False)
-        for row in np.flatnonzero(unreadable):
-            reason, column = reasons[int(row)].as_py(), batch.column(SKIP_COLUMN)[int(row)].as_py()
-            reader.log.skip(SkippedRow(path, first_row + int(row), column, reason), reader.strict)
-        rows = rows[~unreadable]
-        batch = batch.take(pa.array(rows))
-    names, from_partition = opened.columns.names, opened.columns.from_partition
-    count = batch.num_rows
-    arrays: dict[str, pa.Array] = {}
-    if "step" not in names:
-        arrays["step"] = pa.array(np.zeros(count, dtype=np.int64))
-    elif "step" in from_partition:
-        arrays["step"] = pa.array(np.full(count, int(opened.source.partition[names["step"]]), dtype=np.int64))
-    else:
-        step = batch.column(names["step"])
-        if step.null_count:
-            bad = int(np.flatnonzero(step.is_null().to_numpy(zero_copy_only=False))[0])
-            raise InputError(f"{where(path, first_row + int(rows[bad]), names['step'])}step is null.")
-        arrays["step"] = step.cast(pa.int64())
-    if "sample_id" not in names:
-        arrays["sample_id"] = pa.array([str(first_row + int(row)) for row in rows], pa.string())
-    elif "sample_id" in from_partition:
-        arrays["sample_id"] = pa.array([str(opened.source.partition[names["sample_id"]])] * count, pa.string())
-    else:
-        arrays["sample_id"] = pc.cast(batch.column(names["sample_id"]), pa.string())
-    for role, (name, data_type) in _TYPES.items():
-        if name not in schema.names:
-            continue
-        if role not in names or role in from_partition:
-            arrays[name] = pa.nulls(count, data_type)
-            continue
-        try:
-            arrays[name] = batch.column(names[role]).cast(data_type)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise InputError(
-                f"{where(path, column=names[role])}cannot be written as {data_type} ({exc}).",
-                hint="analyse this file directly; convert needs 0/1 masks and numeric logprobs.",
-            ) from exc
+    batch, rows = _readable(opened, batch, first_row, reader)
+    arrays: dict[str, pa.Array] = {
+        "step": _steps(opened, batch, first_row, rows),
+        "sample_id": _sample_ids(opened, batch, first_row, rows),
+        **_roles(opened, batch, schema),
+    }
     if POLICY_VERSION in schema.names:
-        if "policy_version" in from_partition:
-            version = int(opened.source.partition[names["policy_version"]])
-            arrays[POLICY_VERSION] = pa.array(np.full(count, version, dtype=np.int64))
-        else:
-            arrays[POLICY_VERSION] = _column(batch, names.get("policy_version"), schema.field(POLICY_VERSION), path)
+        arrays[POLICY_VERSION] = _policy_versions(opened, batch, schema)
     mine = set(_all_extras(opened))
     for output in schema:
         if output.name not in arrays:
             arrays[output.name] = _column(batch, output.name if output.name in mine else None, output, path)
     return pa.table([arrays[name] for name in schema.names], schema=schema)
+
+
+def _readable(
+    opened: OpenFile, batch: pa.RecordBatch, first_row: int, reader: DumpReader
+) -> tuple[pa.RecordBatch, np.ndarray]:
+    """The rows of ``batch`` the format could read, and their numbers in it; the others logged as skipped."""
+    rows = np.arange(batch.num_rows, dtype=np.int64)
+    if SKIP_REASON not in batch.schema.names:
+        return batch, rows
+    reasons = batch.column(SKIP_REASON)
+    unreadable = reasons.is_valid().to_numpy(zero_copy_only=False)
+    for row in np.flatnonzero(unreadable):
+        reason, column = reasons[int(row)].as_py(), batch.column(SKIP_COLUMN)[int(row)].as_py()
+        reader.log.skip(SkippedRow(opened.source.path, first_row + int(row), column, reason), reader.strict)
+    rows = rows[~unreadable]
+    return batch.take(pa.array(rows)), rows
+
+
+def _steps(opened: OpenFile, batch: pa.RecordBatch, first_row: int, rows: np.ndarray) -> pa.Array:
+    """The step column: 0 without one, the partition's, or the file's (raises InputError for a null step)."""
+    names, count = opened.columns.names, batch.num_rows
+    if "step" not in names:
+        return pa.array(np.zeros(count, dtype=np.int64))
+    if "step" in opened.columns.from_partition:
+        return pa.array(np.full(count, int(opened.source.partition[names["step"]]), dtype=np.int64))
+    step = batch.column(names["step"])
+    if step.null_count:
+        bad = int(np.flatnonzero(step.is_null().to_numpy(zero_copy_only=False))[0])
+        raise InputError(f"{where(opened.source.path, first_row + int(rows[bad]), names['step'])}step is null.")
+    return step.cast(pa.int64())
+
+
+def _sample_ids(opened: OpenFile, batch: pa.RecordBatch, first_row: int, rows: np.ndarray) -> pa.Array:
+    """The sample id column: the row number without one, the partition's, or the file's as strings."""
+    names = opened.columns.names
+    if "sample_id" not in names:
+        return pa.array([str(first_row + int(row)) for row in rows], pa.string())
+    if "sample_id" in opened.columns.from_partition:
+        return pa.array([str(opened.source.partition[names["sample_id"]])] * batch.num_rows, pa.string())
+    return pc.cast(batch.column(names["sample_id"]), pa.string())
+
+
+def _roles(opened: OpenFile, batch: pa.RecordBatch, schema: pa.Schema) -> dict[str, pa.Array]:
+    """The columns of the roles the output holds, cast to their canonical types (nulls where this file has none)."""
+    names, from_partition = opened.columns.names, opened.columns.from_partition
+    arrays: dict[str, pa.Array] = {}
+    for role, (name, data_type) in _TYPES.items():
+        if name not in schema.names:
+            continue
+        if role not in names or role in from_partition:
+            arrays[name] = pa.nulls(batch.num_rows, data_type)
+            continue
+        try:
+            arrays[name] = batch.column(names[role]).cast(data_type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise InputError(
+                f"{where(opened.source.path, column=names[role])}cannot be written as {data_type} ({exc}).",
+                hint="analyse this file directly; convert needs 0/1 masks and numeric logprobs.",
+            ) from exc
+    return arrays
+
+
+def _policy_versions(opened: OpenFile, batch: pa.RecordBatch, schema: pa.Schema) -> pa.Array:
+    """The policy version column: the partition's, or the file's cast to the output's type."""
+    names = opened.columns.names
+    if "policy_version" in opened.columns.from_partition:
+        version = int(opened.source.partition[names["policy_version"]])
+        return pa.array(np.full(batch.num_rows, version, dtype=np.int64))
+    return _column(batch, names.get("policy_version"), schema.field(POLICY_VERSION), opened.source.path)
 
 
 def _column(batch: pa.RecordBatch, name: str | None, output: pa.Field, path: str) -> pa.Array:
