@@ -114,6 +114,42 @@ def pack_padded(
     """
     if padding_side not in PADDING_SIDES:
         raise ConfigError(f"padding_side={padding_side!r}: choose 'right' or 'left'.")
+    trainer, rollout, mask = _padded_tensors(old_log_probs, rollout_log_probs, response_mask)
+    device = trainer.device
+    rollout, mask = rollout.to(device), mask.to(device)
+    rows, width = trainer.shape
+    ids = None if token_ids is None else _token_ids(token_ids, device, rows, width)
+    if lengths is None:
+        row_lengths = _masked_lengths(mask, padding_side)
+    else:
+        row_lengths = _given_lengths(lengths, device, rows, width)
+    row_lengths = row_lengths.to(torch.int64)
+    if rows and bool((row_lengths == width).all()):  # no padding: the rows are the flattened tensors (no copy)
+        return PackedRows(
+            lengths=row_lengths,
+            trainer=trainer.reshape(-1),
+            rollout=rollout.reshape(-1),
+            mask=mask.reshape(-1),
+            token_ids=None if ids is None else ids.reshape(-1),
+        )
+    positions = torch.arange(width, device=device)
+    if padding_side == "right":
+        keep = positions[None, :] < row_lengths[:, None]
+    else:
+        keep = positions[None, :] >= (width - row_lengths)[:, None]
+    return PackedRows(
+        lengths=row_lengths,
+        trainer=trainer[keep],
+        rollout=rollout[keep],
+        mask=mask[keep],
+        token_ids=None if ids is None else ids[keep],
+    )
+
+
+def _padded_tensors(
+    old_log_probs: Any, rollout_log_probs: Any, response_mask: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The three [B, L] tensors, checked: float logprobs, one shape, a 0/1 mask; raises ConfigError."""
     trainer, rollout = as_tensor(TRAINER, old_log_probs), as_tensor(ROLLOUT, rollout_log_probs)
     mask = as_tensor(MASK, response_mask)
     for name, values in ((TRAINER, trainer), (ROLLOUT, rollout)):
@@ -133,50 +169,35 @@ def pack_padded(
                 f"{MASK}: float values other than 0 and 1, such as {float(mask[not_binary][0]):g}; "
                 "was a logprob or weight tensor passed as the mask?"
             )
-    device = trainer.device
-    rollout, mask = rollout.to(device), mask.to(device)
-    rows, width = trainer.shape
-    ids = None
-    if token_ids is not None:
-        ids = as_tensor("token_ids", token_ids).to(device)
-        if tuple(ids.shape) != (rows, width) or ids.dtype.is_floating_point or ids.dtype == torch.bool:
-            raise ConfigError(
-                f"token_ids: expected integer [B, L] = {(rows, width)}, got {ids.dtype} {tuple(ids.shape)}."
-            )
-    positions = torch.arange(width, device=device)
-    if lengths is None:
-        model = mask != 0
-        present = model.any(dim=1)
-        if padding_side == "right":  # last non-zero mask position + 1
-            row_lengths = torch.where(present, width - torch.flip(model, (1,)).to(torch.int8).argmax(dim=1), 0)
-        else:  # from the first non-zero mask position to the end
-            row_lengths = torch.where(present, width - model.to(torch.int8).argmax(dim=1), 0)
-    else:
-        row_lengths = as_tensor("lengths", lengths).to(device)
-        if tuple(row_lengths.shape) != (rows,) or row_lengths.dtype.is_floating_point:
-            raise ConfigError(f"lengths: expected {rows} integers (one per row), got {tuple(row_lengths.shape)}.")
-        if rows and bool(((row_lengths < 0) | (row_lengths > width)).any()):
-            raise ConfigError(f"lengths: every length must lie in [0, {width}] (the padded width).")
-    row_lengths = row_lengths.to(torch.int64)
-    if rows and bool((row_lengths == width).all()):  # no padding: the rows are the flattened tensors (no copy)
-        return PackedRows(
-            lengths=row_lengths,
-            trainer=trainer.reshape(-1),
-            rollout=rollout.reshape(-1),
-            mask=mask.reshape(-1),
-            token_ids=None if ids is None else ids.reshape(-1),
-        )
-    if padding_side == "right":
-        keep = positions[None, :] < row_lengths[:, None]
-    else:
-        keep = positions[None, :] >= (width - row_lengths)[:, None]
-    return PackedRows(
-        lengths=row_lengths,
-        trainer=trainer[keep],
-        rollout=rollout[keep],
-        mask=mask[keep],
-        token_ids=None if ids is None else ids[keep],
-    )
+    return trainer, rollout, mask
+
+
+def _token_ids(token_ids: Any, device: torch.device, rows: int, width: int) -> torch.Tensor:
+    """The token ids as an integer [B, L] tensor on ``device``; raises ConfigError."""
+    ids = as_tensor("token_ids", token_ids).to(device)
+    if tuple(ids.shape) != (rows, width) or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise ConfigError(f"token_ids: expected integer [B, L] = {(rows, width)}, got {ids.dtype} {tuple(ids.shape)}.")
+    return ids
+
+
+def _masked_lengths(mask: torch.Tensor, padding_side: str) -> torch.Tensor:
+    """Each row's length without ``lengths``: up to its last model token (right padding) or from its first (left)."""
+    width = mask.shape[1]
+    model = mask != 0
+    present = model.any(dim=1)
+    if padding_side == "right":  # last non-zero mask position + 1
+        return torch.where(present, width - torch.flip(model, (1,)).to(torch.int8).argmax(dim=1), 0)
+    return torch.where(present, width - model.to(torch.int8).argmax(dim=1), 0)  # from the first non-zero to the end
+
+
+def _given_lengths(lengths: Any, device: torch.device, rows: int, width: int) -> torch.Tensor:
+    """``lengths`` as a tensor on ``device``: one integer in [0, width] per row; raises ConfigError."""
+    row_lengths = as_tensor("lengths", lengths).to(device)
+    if tuple(row_lengths.shape) != (rows,) or row_lengths.dtype.is_floating_point:
+        raise ConfigError(f"lengths: expected {rows} integers (one per row), got {tuple(row_lengths.shape)}.")
+    if rows and bool(((row_lengths < 0) | (row_lengths > width)).any()):
+        raise ConfigError(f"lengths: every length must lie in [0, {width}] (the padded width).")
+    return row_lengths
 
 
 @dataclass(frozen=True)
