@@ -100,6 +100,42 @@ _ELEMENT_CHECKS = {
 def open_input(
     source: Source, overrides: Mapping[str, str] | None, input_format: str = PARQUET, trust_pickle: bool = False
 ) -> OpenFile:
+    parquet, schema = _open_rows(source, input_format, trust_pickle)
+    columns = resolve_columns(source.path, schema.names, overrides, source.partition.keys())
+    is_list, _ = _kind(schema.field(columns.names["rollout"]).type)
+    layout = "sequence" if is_list else "token"
+    _check_element_types(source.path, schema, columns, is_list)
+    _check_integer_roles(source.path, schema, columns)
+    if layout == "token" and "sample_id" not in columns:
+        raise ColumnError(
+            f"{source.path}: token layout (one row per token) needs a sample_id column to group tokens into rows.",
+            hint=f"name it with {option_name('columns')} sample_id=<name>.",
+        )
+    candidates = () if "mask" in columns else _mask_candidates(schema, columns, is_list)
+    extras = _extra_columns(schema, columns)
+    long_text = tuple(
+        (name, size)
+        for name in extras
+        if _text(_kind(schema.field(name).type)[1])
+        and (size := _bytes_per_row(parquet, name)) is not None
+        and size > MAX_EXTRA_TEXT_BYTES
+    )
+    extras = tuple(name for name in extras if name not in dict(long_text))
+    return OpenFile(
+        source=source,
+        parquet=parquet,
+        columns=columns,
+        layout=layout,
+        mask_candidates=candidates,
+        extras=extras[:MAX_EXTRA_COLUMNS],
+        extras_left_out=extras[MAX_EXTRA_COLUMNS:],
+        extras_long=long_text,
+    )
+
+
+def _open_rows(source: Source, input_format: str, trust_pickle: bool) -> tuple[Any, pa.Schema]:
+    """The file opened as Parquet or its trainer format, and its schema; raises InputError saying what the file
+    looks like instead (text, a Parquet file without its footer)."""
     try:
         parquet = open_source(source, input_format, trust_pickle)
         schema = parquet.schema_arrow
@@ -121,8 +157,11 @@ def open_input(
             if unfinished
             else None,
         ) from exc
-    columns = resolve_columns(source.path, schema.names, overrides, source.partition.keys())
-    is_list, _ = _kind(schema.field(columns.names["rollout"]).type)
+    return parquet, schema
+
+
+def _check_element_types(path: str, schema: pa.Schema, columns: ColumnMap, is_list: bool) -> None:
+    """Raises ColumnError for a role's column that is not of the layout's shape or its element type."""
     layout = "sequence" if is_list else "token"
     for role, (check, expected) in _ELEMENT_CHECKS.items():
         name = columns.get(role)
@@ -133,8 +172,12 @@ def open_input(
         if role_is_list != is_list or not check(element):
             shape = f"list<{expected}>" if is_list else expected
             raise ColumnError(
-                f"{where(source.path, column=name)}expected {shape} ({layout} layout), found {_type_name(data_type)}."
+                f"{where(path, column=name)}expected {shape} ({layout} layout), found {_type_name(data_type)}."
             )
+
+
+def _check_integer_roles(path: str, schema: pa.Schema, columns: ColumnMap) -> None:
+    """Raises ColumnError for a step or policy version column that is not of integers (a float step may be)."""
     for role in ("step", "policy_version"):
         name = columns.get(role)
         if name is not None and role not in columns.from_partition:
@@ -143,41 +186,19 @@ def open_input(
             # must be whole, which _whole_steps checks as it reads
             floating_step = role == "step" and pa.types.is_floating(_plain(data_type))
             if not (pa.types.is_integer(_plain(data_type)) or floating_step):
-                raise ColumnError(f"{where(source.path, column=name)}expected an integer {role}, found {data_type}.")
-    if layout == "token" and "sample_id" not in columns:
-        raise ColumnError(
-            f"{source.path}: token layout (one row per token) needs a sample_id column to group tokens into rows.",
-            hint=f"name it with {option_name('columns')} sample_id=<name>.",
-        )
-    candidates: tuple[str, ...] = ()
-    if "mask" not in columns:
-        taken = set(columns.names.values())
-        candidates = tuple(
-            field.name
-            for field in schema
-            if field.name not in taken
-            and "mask" in field.name.lower()
-            and _kind(field.type)[0] == is_list
-            and (pa.types.is_integer(_kind(field.type)[1]) or pa.types.is_boolean(_kind(field.type)[1]))
-        )
-    extras = _extra_columns(schema, columns)
-    long_text = tuple(
-        (name, size)
-        for name in extras
-        if _text(_kind(schema.field(name).type)[1])
-        and (size := _bytes_per_row(parquet, name)) is not None
-        and size > MAX_EXTRA_TEXT_BYTES
-    )
-    extras = tuple(name for name in extras if name not in dict(long_text))
-    return OpenFile(
-        source=source,
-        parquet=parquet,
-        columns=columns,
-        layout=layout,
-        mask_candidates=candidates,
-        extras=extras[:MAX_EXTRA_COLUMNS],
-        extras_left_out=extras[MAX_EXTRA_COLUMNS:],
-        extras_long=long_text,
+                raise ColumnError(f"{where(path, column=name)}expected an integer {role}, found {data_type}.")
+
+
+def _mask_candidates(schema: pa.Schema, columns: ColumnMap, is_list: bool) -> tuple[str, ...]:
+    """Columns no role took whose name holds "mask" and that could be one (of the layout's shape, int or bool)."""
+    taken = set(columns.names.values())
+    return tuple(
+        field.name
+        for field in schema
+        if field.name not in taken
+        and "mask" in field.name.lower()
+        and _kind(field.type)[0] == is_list
+        and (pa.types.is_integer(_kind(field.type)[1]) or pa.types.is_boolean(_kind(field.type)[1]))
     )
 
 
