@@ -240,7 +240,6 @@ def _flat_numpy(array: pa.Array) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------- sequence layout
 def read_sequences(opened: OpenFile, reader: DumpReader) -> Iterator[tuple[Block, int]]:
-    path = opened.source.path
     names = opened.columns.names
     # Aim each batch at ~chunk_tokens tokens, from the uncompressed size of the rollout column.
     tokens_per_row = _estimate_tokens_per_row(opened)
@@ -258,78 +257,116 @@ def read_sequences(opened: OpenFile, reader: DumpReader) -> Iterator[tuple[Block
             reader.log.rows_selected_out += int(rows - keep.sum())
             if not keep.any():
                 continue
-        pending: list[SkippedRow] = []
-        step_nulls = _step_nulls(opened, batch)
+        skipped = _Skipped(opened.source.path, first_row, keep)
+        skipped.null_steps(_step_nulls(opened, batch), names)
+        skipped.unreadable(batch)
+        skipped.null_lists(lengths, names)
+        skipped.ragged(lengths, names, reader)
+        block = _sequence_block(opened, batch, first_row, lengths["rollout"], keep, skipped.rows)
+        if block.lengths.size:  # the next batch aimed at ~chunk_tokens tokens from the rows of this one
+            state["rows"] = max(1, int(reader.chunk_tokens / max(float(block.lengths.mean()), 1.0)))
+        yield block, rows
+
+
+class _Skipped:
+    """The rows of a batch left out as they are found (``keep`` cleared), each with its reason, in order."""
+
+    def __init__(self, path: str, first_row: int, keep: np.ndarray) -> None:
+        self.path = path
+        self.first_row = first_row
+        self.keep = keep
+        self.rows: list[SkippedRow] = []
+
+    def add(self, row: int, column: str, reason: str) -> None:
+        self.keep[row] = False
+        self.rows.append(SkippedRow(self.path, self.first_row + int(row), column, reason))
+
+    def null_steps(self, step_nulls: np.ndarray | None, names: Mapping[str, str]) -> None:
         if step_nulls is not None:
-            for row in np.flatnonzero(step_nulls & keep):
-                keep[row] = False
-                pending.append(SkippedRow(path, first_row + int(row), names["step"], "null step"))
-        if SKIP_REASON in batch.schema.names:  # rows a trainer format could not read (io/formats/base.py)
-            reasons = batch.column(SKIP_REASON)
-            for row in np.flatnonzero(reasons.is_valid().to_numpy(zero_copy_only=False) & keep):
-                keep[row] = False
-                column = batch.column(SKIP_COLUMN)[int(row)].as_py()
-                pending.append(SkippedRow(path, first_row + int(row), column, reasons[int(row)].as_py()))
+            for row in np.flatnonzero(step_nulls & self.keep):
+                self.add(row, names["step"], "null step")
+
+    def unreadable(self, batch: pa.RecordBatch) -> None:
+        """Rows a trainer format could not read (io/formats/base.py)."""
+        if SKIP_REASON not in batch.schema.names:
+            return
+        reasons = batch.column(SKIP_REASON)
+        for row in np.flatnonzero(reasons.is_valid().to_numpy(zero_copy_only=False) & self.keep):
+            self.add(row, batch.column(SKIP_COLUMN)[int(row)].as_py(), reasons[int(row)].as_py())
+
+    def null_lists(self, lengths: dict[str, np.ndarray], names: Mapping[str, str]) -> None:
         for role, length in lengths.items():
-            for row in np.flatnonzero(keep & (length < 0)):
-                keep[row] = False
-                pending.append(SkippedRow(path, first_row + int(row), names[role], "null list"))
+            for row in np.flatnonzero(self.keep & (length < 0)):
+                self.add(row, names[role], "null list")
+
+    def ragged(self, lengths: dict[str, np.ndarray], names: Mapping[str, str], reader: DumpReader) -> None:
+        """Rows whose trainer or mask list is not as long as the rollout's (the offsets noted in the log)."""
         reference = lengths["rollout"]
         for role in ("trainer", "mask"):
             if role not in lengths:
                 continue
-            ragged = np.flatnonzero(keep & (lengths[role] != reference))
+            ragged = np.flatnonzero(self.keep & (lengths[role] != reference))
             if len(ragged):
                 offsets = lengths[role][ragged] - reference[ragged]
                 reader.log.note_length_offsets(role, names[role], names["rollout"], offsets)
             for row in ragged:
-                keep[row] = False
-                pending.append(
-                    SkippedRow(
-                        path,
-                        first_row + int(row),
-                        names[role],
-                        f"list length {int(lengths[role][row])} differs from {names['rollout']}'s "
-                        f"{int(reference[row])}",
-                    )
+                reason = (
+                    f"list length {int(lengths[role][row])} differs from {names['rollout']}'s {int(reference[row])}"
                 )
-        index = None if keep.all() else np.flatnonzero(keep)
-        step, sample_id = _scalar_roles(opened, batch, first_row, int(keep.sum()), index)
-        if index is not None:
-            batch = batch.take(pa.array(index))
-        file_row = first_row + (np.arange(rows, dtype=np.int64) if index is None else index.astype(np.int64))
-        lengths_kept = reference if index is None else reference[index]
-        flat = {role: _flat_numpy(pc.list_flatten(batch.column(names[role]))) for role in lists}
-        token_ids = text = None
-        if "token_ids" in names and "token_ids" not in opened.columns.from_partition:
-            ids = batch.column(names["token_ids"])
-            if np.array_equal(_list_lengths(ids), lengths_kept):
-                token_ids = _as_ids(_flat_numpy(pc.list_flatten(ids)))
-        if "tokens" in names and "tokens" not in opened.columns.from_partition:
-            tokens = batch.column(names["tokens"])
-            if np.array_equal(_list_lengths(tokens), lengths_kept):
-                text = pc.list_flatten(tokens)
-        yield (
-            Block(
-                file=path,
-                file_row=file_row,
-                step=step,
-                sample_id=sample_id,
-                lengths=lengths_kept.astype(np.int64, copy=False),
-                trainer=flat["trainer"],
-                rollout=flat["rollout"],
-                mask=flat.get("mask"),
-                token_ids=token_ids,
-                token_text=text,
-                policy_version=_policy_versions(opened, batch, first_row, index),
-                names=names,
-                extra=_extra_values(opened, batch),
-                skipped=pending,
-            ),
-            rows,
-        )
-        if lengths_kept.size:
-            state["rows"] = max(1, int(reader.chunk_tokens / max(float(lengths_kept.mean()), 1.0)))
+                self.add(row, names[role], reason)
+
+
+def _sequence_block(
+    opened: OpenFile,
+    batch: pa.RecordBatch,
+    first_row: int,
+    reference: np.ndarray,
+    keep: np.ndarray,
+    pending: list[SkippedRow],
+) -> Block:
+    """The kept rows of ``batch`` as a block (``reference``: each row's rollout list length)."""
+    names = opened.columns.names
+    rows = batch.num_rows
+    index = None if keep.all() else np.flatnonzero(keep)
+    step, sample_id = _scalar_roles(opened, batch, first_row, int(keep.sum()), index)
+    if index is not None:
+        batch = batch.take(pa.array(index))
+    file_row = first_row + (np.arange(rows, dtype=np.int64) if index is None else index.astype(np.int64))
+    lengths_kept = reference if index is None else reference[index]
+    flat = {
+        role: _flat_numpy(pc.list_flatten(batch.column(names[role])))
+        for role in ("rollout", "trainer", "mask")
+        if role in names
+    }
+    token_ids = _token_list(opened, batch, "token_ids", lengths_kept)
+    text = _token_list(opened, batch, "tokens", lengths_kept)
+    return Block(
+        file=opened.source.path,
+        file_row=file_row,
+        step=step,
+        sample_id=sample_id,
+        lengths=lengths_kept.astype(np.int64, copy=False),
+        trainer=flat["trainer"],
+        rollout=flat["rollout"],
+        mask=flat.get("mask"),
+        token_ids=None if token_ids is None else _as_ids(_flat_numpy(token_ids)),
+        token_text=text,
+        policy_version=_policy_versions(opened, batch, first_row, index),
+        names=names,
+        extra=_extra_values(opened, batch),
+        skipped=pending,
+    )
+
+
+def _token_list(opened: OpenFile, batch: pa.RecordBatch, role: str, lengths: np.ndarray) -> pa.Array | None:
+    """The flattened token ids or texts of the kept rows, where the file has them with a row's every token."""
+    names = opened.columns.names
+    if role not in names or role in opened.columns.from_partition:
+        return None
+    column = batch.column(names[role])
+    if not np.array_equal(_list_lengths(column), lengths):
+        return None
+    return pc.list_flatten(column)
 
 
 def _estimate_tokens_per_row(opened: OpenFile) -> float:
