@@ -89,28 +89,12 @@ def resolve_columns(
     from_partition: set[str] = set()
     for role, candidates in ROLE_CANDIDATES.items():
         if role in overrides:
-            name = overrides[role]
-            if name not in present and name not in partition:
-                raise ColumnError(
-                    f"{where(file, column=name)}no such column (asked for by {option_name('columns')} {role}={name}).",
-                    hint=f"columns in the file: {', '.join(sorted(present))}.",
-                )
-            names[role] = name
-            if name not in present:
-                from_partition.add(role)
-            continue
-        found = [name for name in candidates if name in present]
-        if len(found) > 1:
-            raise ColumnError(
-                f"{file}: columns '{found[0]}' and '{found[1]}' both look like the {role} column.",
-                hint=f"choose one with {option_name('columns')} {role}={found[0]}.",
-            )
-        if found:
-            names[role] = found[0]
+            column = _overridden(file, role, overrides[role], present, partition)
         else:
-            in_partition = [name for name in candidates if name in partition]
-            if in_partition:
-                names[role] = in_partition[0]
+            column = _found(file, role, candidates, present, partition)
+        if column is not None:
+            names[role] = column[0]
+            if column[1]:
                 from_partition.add(role)
     for role in REQUIRED_ROLES:
         if role not in names:
@@ -122,6 +106,34 @@ def resolve_columns(
     if names["rollout"] == names["trainer"]:
         raise ColumnError(f"{file}: column '{names['rollout']}' cannot be both the rollout and trainer column.")
     return ColumnMap(names=names, from_partition=frozenset(from_partition))
+
+
+def _overridden(file: str, role: str, name: str, present: set[str], partition: set[str]) -> tuple[str, bool]:
+    """The column ``--columns`` names for ``role`` and whether it is a partition key; raises ColumnError if neither
+    the file nor its partition has it."""
+    if name not in present and name not in partition:
+        raise ColumnError(
+            f"{where(file, column=name)}no such column (asked for by {option_name('columns')} {role}={name}).",
+            hint=f"columns in the file: {', '.join(sorted(present))}.",
+        )
+    return name, name not in present
+
+
+def _found(
+    file: str, role: str, candidates: tuple[str, ...], present: set[str], partition: set[str]
+) -> tuple[str, bool] | None:
+    """The one built-in candidate for ``role`` in the file, else the first in the partition (and whether it is
+    there), else None; raises ColumnError when two candidates are both in the file."""
+    found = [name for name in candidates if name in present]
+    if len(found) > 1:
+        raise ColumnError(
+            f"{file}: columns '{found[0]}' and '{found[1]}' both look like the {role} column.",
+            hint=f"choose one with {option_name('columns')} {role}={found[0]}.",
+        )
+    if found:
+        return found[0], False
+    in_partition = [name for name in candidates if name in partition]
+    return (in_partition[0], True) if in_partition else None
 
 
 def parquet_options(schema: pa.Schema, compression: str) -> dict[str, Any]:
