@@ -117,25 +117,9 @@ def _read(path: str, trust_pickle: bool) -> list[Row]:
         raise InputError(f"{path}: not a verl DataProto pickle (found {type(loaded).__name__}).")
     batch_bytes, non_tensor_batch, meta_info = state
     fields = _batch(path, batch_bytes)
-    for key in ("rollout_log_probs", "old_log_probs"):
-        if key not in fields:
-            raise InputError(f"{path}: the DataProto batch has no '{key}' (keys: {', '.join(sorted(fields))}).")
-    rollout, trainer = fields["rollout_log_probs"], fields["old_log_probs"]
-    mask = fields.get("response_mask")
-    if mask is None:
-        mask = np.ones(rollout.shape, dtype=np.int8)
-    for key, array in (("old_log_probs", trainer), ("response_mask", mask)):
-        if array.shape != rollout.shape or rollout.ndim != 2:
-            raise InputError(
-                f"{path}: '{key}' has shape {tuple(array.shape)}, rollout_log_probs {tuple(rollout.shape)}; "
-                "expected one [batch, response_len] shape."
-            )
+    rollout, trainer, mask = _log_probs(path, fields)
     rows_count, width = rollout.shape
-    attention = fields.get("attention_mask")
-    if attention is not None and attention.ndim == 2 and attention.shape[0] == rows_count:
-        lengths = np.count_nonzero(attention[:, attention.shape[1] - width :], axis=1)
-    else:
-        lengths = np.full(rows_count, width)
+    lengths = _response_lengths(fields.get("attention_mask"), rows_count, width)
     responses = fields.get("responses")
     step = meta_info.get("global_steps") if isinstance(meta_info, dict) else None
     if not isinstance(step, (int, np.integer)):
@@ -159,6 +143,32 @@ def _read(path: str, trust_pickle: bool) -> list[Row]:
             )
         )
     return rows
+
+
+def _log_probs(path: str, fields: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The batch's rollout and trainer logprobs and response mask (all ones without one), of one [batch,
+    response_len] shape; raises InputError."""
+    for key in ("rollout_log_probs", "old_log_probs"):
+        if key not in fields:
+            raise InputError(f"{path}: the DataProto batch has no '{key}' (keys: {', '.join(sorted(fields))}).")
+    rollout, trainer = fields["rollout_log_probs"], fields["old_log_probs"]
+    mask = fields.get("response_mask")
+    if mask is None:
+        mask = np.ones(rollout.shape, dtype=np.int8)
+    for key, array in (("old_log_probs", trainer), ("response_mask", mask)):
+        if array.shape != rollout.shape or rollout.ndim != 2:
+            raise InputError(
+                f"{path}: '{key}' has shape {tuple(array.shape)}, rollout_log_probs {tuple(rollout.shape)}; "
+                "expected one [batch, response_len] shape."
+            )
+    return rollout, trainer, mask
+
+
+def _response_lengths(attention: np.ndarray | None, rows_count: int, width: int) -> np.ndarray:
+    """Each row's response length: the attention mask's ones over the response positions, else the full width."""
+    if attention is not None and attention.ndim == 2 and attention.shape[0] == rows_count:
+        return np.count_nonzero(attention[:, attention.shape[1] - width :], axis=1)
+    return np.full(rows_count, width)
 
 
 register(
