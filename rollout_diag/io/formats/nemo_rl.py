@@ -69,37 +69,53 @@ def _unwrap(record: dict[str, Any], field: str) -> Any:
     return value[0]
 
 
+class _Unreadable(Exception):
+    """A line that is no row: the reason, and the field it lies in (None: the line as a whole)."""
+
+    def __init__(self, reason: str, field: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.field = field
+
+
 def _row(line: str, line_index: int, step: int) -> Row:
     sample_id = f"line{line_index + 1}"
+    try:
+        record = _record(line)
+        if isinstance(record.get("idx"), int):
+            sample_id = str(record["idx"])
+        return _sample_row(record, step, sample_id)
+    except _Unreadable as exc:
+        return Row.unreadable(step, sample_id, exc.reason, exc.field)
+
+
+def _record(line: str) -> dict[str, Any]:
+    """The line's JSON object; raises _Unreadable for a blank line, bad JSON or another JSON value."""
     if not line.strip():
-        return Row.unreadable(step, sample_id, "blank line")
+        raise _Unreadable("blank line")
     try:
         record = json.loads(line)  # accepts NaN / Infinity, as NeMo-RL writes them
     except ValueError as exc:
-        return Row.unreadable(step, sample_id, f"not JSON ({exc.args[0] if exc.args else exc})")
+        raise _Unreadable(f"not JSON ({exc.args[0] if exc.args else exc})") from None
     if not isinstance(record, dict):
-        return Row.unreadable(step, sample_id, "not a JSON object")
-    if isinstance(record.get("idx"), int):
-        sample_id = str(record["idx"])
-    values: dict[str, Any] = {}
-    for field in (*REQUIRED_FIELDS, "sample_loss_mask", "token_ids"):
-        if field not in record and field in ("sample_loss_mask", "token_ids"):
-            continue
-        try:
-            values[field] = _unwrap(record, field)
-        except ValueError as exc:
-            return Row.unreadable(step, sample_id, str(exc), field)
+        raise _Unreadable("not a JSON object")
+    return record
+
+
+def _sample_row(record: dict[str, Any], step: int, sample_id: str) -> Row:
+    """The row of one sample's record, its lists cut to ``input_lengths``; raises _Unreadable naming the field."""
+    values = _fields(record)
     length = values["input_lengths"]
     if not isinstance(length, int) or length < 0:
-        return Row.unreadable(step, sample_id, f"input length {length!r} is not a count", "input_lengths")
+        raise _Unreadable(f"input length {length!r} is not a count", "input_lengths")
     for field in ("generation_logprobs", "prev_logprobs", "token_loss_mask"):
         if not isinstance(values[field], list) or len(values[field]) < length:
-            return Row.unreadable(step, sample_id, f"shorter than input_lengths {length} (or not a list)", field)
+            raise _Unreadable(f"shorter than input_lengths {length} (or not a list)", field)
     try:
         token_mask = np.asarray(values["token_loss_mask"][:length], dtype=float)
         sample_mask = float(values.get("sample_loss_mask", 1.0))
     except (TypeError, ValueError):
-        return Row.unreadable(step, sample_id, "mask values are not numbers", "token_loss_mask")
+        raise _Unreadable("mask values are not numbers", "token_loss_mask") from None
     mask = token_mask * sample_mask
     if length:
         mask[0] = 0.0  # position 0's logprob is a placeholder (NeMo-RL slices [:, 1:])
@@ -112,6 +128,19 @@ def _row(line: str, line_index: int, step: int) -> Row:
         mask=_as_mask(mask),
         token_ids=token_ids[:length] if isinstance(token_ids, list) else None,
     )
+
+
+def _fields(record: dict[str, Any]) -> dict[str, Any]:
+    """Each field's sample value (the optional ones where present); raises _Unreadable for one not a batch list."""
+    values: dict[str, Any] = {}
+    for field in (*REQUIRED_FIELDS, "sample_loss_mask", "token_ids"):
+        if field not in record and field in ("sample_loss_mask", "token_ids"):
+            continue
+        try:
+            values[field] = _unwrap(record, field)
+        except ValueError as exc:
+            raise _Unreadable(str(exc), field) from None
+    return values
 
 
 def _as_mask(mask: np.ndarray) -> np.ndarray | list:
