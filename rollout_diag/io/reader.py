@@ -67,8 +67,8 @@ from rollout_diag.paths import names_file
 if TYPE_CHECKING:  # torch is imported when the first chunk is built: opening files and their errors come first
     import torch
 
+    from rollout_diag.engine.kernels.prepass import KernelPrepass
     from rollout_diag.io.chunk import Chunk
-    from rollout_diag.kernels.prepass import KernelPrepass
 
 # ~1M tokens: 8 MB per float64 quantity. Each chunk costs the families a fixed few ms of bookkeeping: against 512K,
 # 100M tokens took 0.93 of the wall for `analyze` (peak +50 MiB) and 0.87 for `compare-presets` (+150 MiB); 2M is no
@@ -720,7 +720,7 @@ def _scanned(block: Block, device_type: str) -> tuple[np.ndarray, np.ndarray, np
     values ``_chunk`` builds otherwise, as numpy (no torch). None where the scan does not apply (another device, a
     dtype it is not compiled for) or where it flags anything: ``validate_block`` then finds the rows and records
     them with its messages, exactly as without the scan."""
-    from rollout_diag.kernels import compiled
+    from rollout_diag.engine.kernels import compiled
 
     trainer, rollout, mask = block.trainer, block.rollout, block.mask
     if device_type != "cpu" or not len(block.lengths):
@@ -857,7 +857,7 @@ class _ReadAhead:
         self.thread.start()
 
     def _produce(self) -> None:
-        from rollout_diag.kernels.prepass import prepass, warm_up
+        from rollout_diag.engine.kernels.prepass import prepass, warm_up
 
         reader = self.reader
         # numba and the compiled kernels load on a thread of their own (their import holds the GIL, as the command's
