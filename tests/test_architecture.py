@@ -175,9 +175,17 @@ def test_metrics_import_no_presentation_or_cli():
         assert not wrong, f"{name} imports {wrong}"
 
 
-def test_engine_imports_no_metrics_decisions_or_presentation():
-    """engine/ says how a chunk's numbers are computed fast; what is measured lives in metrics/, above it."""
-    forbidden = ("rollout_diag.metrics", "rollout_diag.decisions", "rollout_diag.groups", "rich", "typer")
+def test_engine_imports_no_io_metrics_decisions_or_presentation():
+    """engine/ says how a chunk's numbers are computed fast; what is measured lives in metrics/, above it, and the
+    chunks it reads come from io/, above it too (``engine.stats.ChunkArrays``)."""
+    forbidden = (
+        "rollout_diag.io",
+        "rollout_diag.metrics",
+        "rollout_diag.decisions",
+        "rollout_diag.groups",
+        "rich",
+        "typer",
+    )
     for name in [n for n in modules() if in_group(n, ("rollout_diag.engine",))]:
         wrong = sorted(t for t in imports_of(name) if in_group(t, forbidden))
         assert not wrong, f"{name} imports {wrong}"
@@ -345,8 +353,8 @@ LAYERS = (
     ("rollout_diag.engine.quantities",),  # the token-quantity table the kernels and the engines read
     # compiled CPU code over plain arrays (the reader's scans and the engines' passes), and which engine runs
     ("rollout_diag.engine.kernels", "rollout_diag.engine.choice"),
-    ("rollout_diag.io",),
     ("rollout_diag.engine",),  # how a chunk's numbers are computed fast: the engines and the per-step state
+    ("rollout_diag.io",),  # reads files into chunks, which the engines read (engine.stats.ChunkArrays)
     ("rollout_diag.export",),
     ("rollout_diag.metrics",),
     ("rollout_diag.groups", "rollout_diag.decisions"),
