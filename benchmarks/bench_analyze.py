@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ENGINES = ("auto", "numba", "torch")  # = rollout_diag.kernels.ENGINES (not imported: the script runs without it)
+ENGINES = ("auto", "numba", "torch")  # = rollout_diag.engine.kernels.ENGINES (not imported: the script runs without it)
 COLUMNS = ["step", "sample_id", "rollout_log_probs", "old_log_probs", "response_mask"]
 
 FLOOR = """

@@ -758,7 +758,7 @@ def root(
 ) -> None:
     """Diagnose training–inference logprob mismatch in RL for LLMs, offline, from Parquet dumps."""
     before = os.environ.get("ROLLOUT_DIAG_ENGINE")
-    os.environ["ROLLOUT_DIAG_ENGINE"] = engine.value  # read where each chunk is computed (rollout_diag.kernels)
+    os.environ["ROLLOUT_DIAG_ENGINE"] = engine.value  # read where each chunk is computed (rollout_diag.engine.kernels)
     context.call_on_close(lambda: _restore_environment("ROLLOUT_DIAG_ENGINE", before))
 
 

@@ -175,9 +175,17 @@ def test_metrics_import_no_presentation_or_cli():
         assert not wrong, f"{name} imports {wrong}"
 
 
-def test_engine_imports_no_metrics_decisions_or_presentation():
-    """engine/ says how a chunk's numbers are computed fast; what is measured lives in metrics/, above it."""
-    forbidden = ("rollout_diag.metrics", "rollout_diag.decisions", "rollout_diag.groups", "rich", "typer")
+def test_engine_imports_no_io_metrics_decisions_or_presentation():
+    """engine/ says how a chunk's numbers are computed fast; what is measured lives in metrics/, above it, and the
+    chunks it reads come from io/, above it too (``engine.stats.ChunkArrays``)."""
+    forbidden = (
+        "rollout_diag.io",
+        "rollout_diag.metrics",
+        "rollout_diag.decisions",
+        "rollout_diag.groups",
+        "rich",
+        "typer",
+    )
     for name in [n for n in modules() if in_group(n, ("rollout_diag.engine",))]:
         wrong = sorted(t for t in imports_of(name) if in_group(t, forbidden))
         assert not wrong, f"{name} imports {wrong}"
@@ -206,9 +214,9 @@ def test_a_private_import_from_the_engine_is_caught(tmp_path, monkeypatch):
 
 def test_only_the_engine_and_io_import_the_kernels():
     """The compiled passes are the engine's (and the reader's scans): drivers, metrics and the CLI ask the engine."""
-    allowed = ("rollout_diag.kernels", "rollout_diag.engine", "rollout_diag.io")
+    allowed = ("rollout_diag.engine.kernels", "rollout_diag.engine", "rollout_diag.io")
     for name in [n for n in modules() if not in_group(n, allowed) and n != "rollout_diag"]:
-        wrong = sorted(t for t in imports_of(name) if in_group(t, ("rollout_diag.kernels",)))
+        wrong = sorted(t for t in imports_of(name) if in_group(t, ("rollout_diag.engine.kernels",)))
         assert not wrong, f"{name} imports {wrong}"
 
 
@@ -344,9 +352,9 @@ LAYERS = (
     ("rollout_diag.glossary",),
     ("rollout_diag.engine.quantities",),  # the token-quantity table the kernels and the engines read
     # compiled CPU code over plain arrays (the reader's scans and the engines' passes), and which engine runs
-    ("rollout_diag.kernels", "rollout_diag.engine.choice"),
-    ("rollout_diag.io",),
+    ("rollout_diag.engine.kernels", "rollout_diag.engine.choice"),
     ("rollout_diag.engine",),  # how a chunk's numbers are computed fast: the engines and the per-step state
+    ("rollout_diag.io",),  # reads files into chunks, which the engines read (engine.stats.ChunkArrays)
     ("rollout_diag.export",),
     ("rollout_diag.metrics",),
     ("rollout_diag.groups", "rollout_diag.decisions"),
@@ -488,7 +496,7 @@ def test_the_idle_torch_check_sees_an_annotation_only_use():
         "rollout_diag.render",
         "rollout_diag.report",
         "rollout_diag.export",
-        "rollout_diag.kernels",
+        "rollout_diag.engine.kernels",
         "rollout_diag.io.sources",
         "rollout_diag.io.columns",
     ],
@@ -558,5 +566,5 @@ def test_the_token_quantity_table_is_stated_once():
 
     named = {*quantities.QUANTITIES, *quantities.EXTREMES, *quantities.PRESET_BASES, *quantities.SHARED_QUANTITIES}
     assert named <= set(TOKEN_QUANTITIES)
-    for kernel in ("rollout_diag.kernels.cpu", "rollout_diag.kernels.presets"):
+    for kernel in ("rollout_diag.engine.kernels.cpu", "rollout_diag.engine.kernels.presets"):
         assert "rollout_diag.engine.quantities" in imports_of(kernel)

@@ -1,5 +1,5 @@
 """Chunks that go back in steps (per-rank files each holding every step, the same file read twice, a shuffled input):
-each starts a layer of the accumulator's table instead of merging into the whole table (StepAccumulator.append_table),
+each starts a layer of the accumulator's table instead of merging into the whole table (engine/store.py StepStore),
 and the layers are folded in one pass (StateTable.folded). The table, and every result, is the one merging chunk after
 chunk into the whole table gave, bit for bit (but a NaN's sign: ``test_state_table_fast.assert_same_table``); the work
 grows with the input, not with its square; and chunks that come in step order never start a layer."""
@@ -25,8 +25,7 @@ from test_state_table_fast import _table as adversarial_table
 from test_state_table_fast import assert_same_table, steps_of, table_specs
 
 from rollout_diag.engine.state import Ragged, StateTable
-from rollout_diag.metrics import base
-from rollout_diag.metrics.base import StepAccumulator
+from rollout_diag.engine.store import LAYERS, StepStore
 from rollout_diag.metrics.outcome import CorrectionAnalysis
 from rollout_diag.metrics.sweep import SweepAccumulator
 from rollout_diag.presets import PRESETS
@@ -94,15 +93,15 @@ def merged_chunk_by_chunk(make: Callable[[], Any], sequence: Sequence[Any]) -> A
 
 @pytest.fixture
 def layers_begun(monkeypatch) -> list[int]:
-    """How many layers accumulators begin (one entry per ``_begin_layer`` call)."""
+    """How many layers accumulators begin (one entry per ``StepStore._begin_layer`` call)."""
     begun: list[int] = []
-    original = StepAccumulator._begin_layer
+    original = StepStore._begin_layer
 
     def counted(self, incoming):
         begun.append(1)
         return original(self, incoming)
 
-    monkeypatch.setattr(StepAccumulator, "_begin_layer", counted)
+    monkeypatch.setattr(StepStore, "_begin_layer", counted)
     return begun
 
 
@@ -132,10 +131,10 @@ def test_the_table_and_its_views_are_the_folded_one(dumps):
     small = chunks(dumps["shuffled"], chunk_tokens=83)
     sequence = small + small[::-1]
     layered = fed(SweepAccumulator, sequence)
-    assert layered.__dict__["_layers"], "the chunks left no layer to fold"
+    assert layered.step_store.layer_count, "the chunks left no layer to fold"
     reference = merged_chunk_by_chunk(SweepAccumulator, sequence)
     assert list(layered.steps) == list(reference.steps) and len(layered.steps) == len(reference.steps)
-    assert not layered.__dict__["_layers"]  # read: folded into one table
+    assert not layered.step_store.layer_count  # read: folded into one table
     for (step, state), (their_step, theirs) in zip(layered.steps.items(), reference.steps.items(), strict=True):
         assert step == their_step
         for name in state:
@@ -150,7 +149,7 @@ def test_the_table_and_its_views_are_the_folded_one(dumps):
     assert_same(finalized(subset), expected, "restricted")
 
     layered, other = fed(SweepAccumulator, sequence), fed(SweepAccumulator, small[::-1] + small)
-    assert layered.__dict__["_layers"] and other.__dict__["_layers"]
+    assert layered.step_store.layer_count and other.step_store.layer_count
     layered.merge(other)
     reference.merge(merged_chunk_by_chunk(SweepAccumulator, small[::-1] + small))
     assert_same(finalized(layered), finalized(reference), "merged")
@@ -168,7 +167,7 @@ def test_correction_accumulators_read_mid_run_take_every_layer(dumps):
     for index, chunk in enumerate(sequence):
         analysis.update(chunk)
         if index == len(small) + 2:  # layers held: the hand-over must pass them on
-            assert analysis._table.__dict__["_layers"]
+            assert analysis._table.step_store.layer_count
             analysis.accumulators  # noqa: B018
     assert_same(finalized(analysis), finalized(merged_chunk_by_chunk(make, sequence)))
 
@@ -180,7 +179,7 @@ def test_chunks_in_step_order_never_start_a_layer(dumps, monkeypatch):
     def refused(self, incoming):
         raise AssertionError("a chunk in step order started a layer")
 
-    monkeypatch.setattr(StepAccumulator, "_begin_layer", refused)
+    monkeypatch.setattr(StepStore, "_begin_layer", refused)
     monkeypatch.setattr(StateTable, "folded", classmethod(lambda cls, tables: refused(None, None)))
     ordered = chunks(dumps["ordered"], chunk_tokens=97)
     assert len(ordered) > 8 and all(  # in step order, some chunks going on with the previous one's last step
@@ -338,14 +337,14 @@ def test_every_chunk_going_back_to_one_step_holds_few_layers(monkeypatch):
     """A large table, then small chunks each back at step 0 (the worst case: every layer spans the same steps, and
     together they stay smaller than the first): at most ``LAYERS`` finished layers, folded once per ``LAYERS`` chunks
     (merging each chunk into the whole table read the table every chunk), and the table of the whole-table merges."""
-    bound = getattr(base, "LAYERS", 64)  # (read so that the work is measured without layers too)
+    bound = LAYERS
     rng = np.random.default_rng(4)
     tables = [_table(rng, list(range(200)), rows=2000)]
     tables += [_table(rng, [0, 1, 2], rows=2) for _ in range(3 * bound)]
     family, held = _Family(), []
     for table in tables:
         family.append_table(table)
-        held.append(len(family.__dict__.get("_layers", ())))
+        held.append(family.step_store.layer_count)
     assert max(held) == bound, max(held)  # the bound, not the bytes, decided
     work, whole, table, expected = _work(monkeypatch, tables)
     _same_table(table, expected)

@@ -139,7 +139,7 @@ def test_analyze_table_has_every_section(sample_table: Result, sample_json: dict
 def without_compile_notice(stderr: str) -> str:
     """``stderr`` without the line of a run that compiles the kernels (a cache of another numba, or none yet: the
     lowest-versions CI run shares the package's cache directory with the main one)."""
-    from rollout_diag.kernels import COMPILE_NOTICE
+    from rollout_diag.engine.kernels import COMPILE_NOTICE
 
     return "".join(line for line in stderr.splitlines(keepends=True) if not line.startswith(COMPILE_NOTICE))
 

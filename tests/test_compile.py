@@ -1,4 +1,4 @@
-"""The compiled kernels' specialisations and their cache (rollout_diag/kernels).
+"""The compiled kernels' specialisations and their cache (rollout_diag/engine/kernels).
 
 numba compiles a kernel once per distinct set of argument types (dtype, layout, read-only flag), each a full compile
 of 0.3–5 s, and loads what it compiled from its cache in later runs. Each test runs the commands in a fresh process
@@ -20,7 +20,7 @@ import pytest
 from dumps import random_rows, sequence_table, write_sequence_dump, write_table, write_token_dump
 
 from rollout_diag.cores import available_cores
-from rollout_diag.kernels import cpu, presets
+from rollout_diag.engine.kernels import cpu, presets
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,7 +60,7 @@ with use_engine("numba"):
             rd.threshold_sweep(path, device="cpu")
         if "report" in commands:
             rd.analyze_and_compare(path, device="cpu", workers=1)
-from rollout_diag.kernels import cpu, presets
+from rollout_diag.engine.kernels import cpu, presets
 
 signatures = {}
 for module in (cpu, presets):
@@ -172,8 +172,8 @@ def test_a_helper_process_compiles_the_preset_kernels(dumps, tmp_path):
     process (on the other core), then loads them from the cache; the result is the one a cached run gives."""
     first = run("compare", dumps[:1], cache=tmp_path / "cache")
     compiled_here = {name.rsplit(".", 1)[0] for name in first["compiled"]}
-    assert "rollout_diag.kernels.cpu" in compiled_here
-    assert "rollout_diag.kernels.presets" not in compiled_here
+    assert "rollout_diag.engine.kernels.cpu" in compiled_here
+    assert "rollout_diag.engine.kernels.presets" not in compiled_here
     for kernel, signatures in presets.SIGNATURES.items():
         assert first["signatures"][f"presets.{kernel}"] == [str(signatures[0])]
     assert run("compare", dumps[:1], cache=tmp_path / "cache")["compiled"] == []
@@ -193,7 +193,7 @@ def test_readonly_views_keep_the_values():
 CACHE_PROBE = """
 import importlib, json, sys
 sys.path.insert(0, sys.argv[1])
-from rollout_diag.kernels import _has_cache
+from rollout_diag.engine.kernels import _has_cache
 module = importlib.import_module("probe")
 before = _has_cache(module, ["double"])
 module.double(2.0)  # loads it from numba's cache, or compiles it (and writes the cache)
@@ -229,7 +229,7 @@ def test_a_cache_counts_as_one_where_numba_loads_it(tmp_path):
 STALE_PROBE = """
 import importlib, json, sys
 sys.path.insert(0, sys.argv[1])
-from rollout_diag.kernels import drop_stale_caches
+from rollout_diag.engine.kernels import drop_stale_caches
 module = importlib.import_module("probe")
 module.double(2.0)
 module.triple(2.0)

@@ -1,4 +1,4 @@
-"""The numba engine (rollout_diag/kernels) against the torch engine (engine/stats.py ChunkStats) on the CPU.
+"""The numba engine (rollout_diag/engine/kernels) against the torch engine (engine/stats.py ChunkStats) on the CPU.
 
 The torch engine is what runs on CUDA; CI runs it on the CPU here and requires every result of the numba engine to
 equal it (1e-12 relative, counts exact), so CUDA differs from CI only by the device (tests/test_cuda.py).
@@ -25,10 +25,10 @@ from test_metrics import random_rows, write_dump
 import rollout_diag as rd
 import rollout_diag.metrics.dialects
 from rollout_diag.engine.choice import ENVIRONMENT, kernel_for, use_engine
+from rollout_diag.engine.kernels import compiled
 from rollout_diag.engine.stats import ChunkStats, KernelStats
 from rollout_diag.errors import ConfigError
 from rollout_diag.io.chunk import Chunk
-from rollout_diag.kernels import compiled
 from rollout_diag.metrics.localize import DELTA_BINS, delta_bin
 
 RTOL = 1e-12

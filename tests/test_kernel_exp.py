@@ -1,4 +1,4 @@
-"""The fused pass's own exp and expm1 (rollout_diag/kernels/cpu.py: no libm calls, so that they run on SIMD lanes)
+"""The fused pass's own exp and expm1 (engine/kernels/cpu.py: no libm calls, so that they run on SIMD lanes)
 against libm's (Python's math module): exp within 1 ulp over every range a logprob, a δ or 2c reaches (subnormal
 results, under- and overflow), k3 = expm1(δ) − δ and expm1(−δ) + δ within 2 ulp of expm1 for |δ| ≤ ln2/2 and 1e-14
 of k3 beyond; and a leaf's values (one loop on SIMD lanes, the wide δ redone) equal the scalar functions."""
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from numba import njit
 
+from rollout_diag.engine.kernels import compiled
 from rollout_diag.engine.quantities import PROBABILITIES
-from rollout_diag.kernels import compiled
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,10 @@ from test_kernel import chunk_of, layouts
 from rollout_diag.drivers import passes
 from rollout_diag.engine import quantities
 from rollout_diag.engine.choice import use_engine
+from rollout_diag.engine.kernels import compiled
+from rollout_diag.engine.kernels import prepass as kernel_prepass
+from rollout_diag.engine.kernels.cpu import _exact_zero, _next_pair, _probability_bucket
 from rollout_diag.engine.stats import KernelStats
-from rollout_diag.kernels import compiled
-from rollout_diag.kernels import prepass as kernel_prepass
-from rollout_diag.kernels.cpu import _exact_zero, _next_pair, _probability_bucket
 from rollout_diag.metrics.localize import DELTA_BINS, delta_bin
 
 

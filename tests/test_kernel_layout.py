@@ -1,4 +1,4 @@
-"""The compiled segment layout (rollout_diag/kernels/cpu.py ``segment_layout``) against a plain Python one written
+"""The compiled segment layout (engine/kernels/cpu.py ``segment_layout``) against a plain Python one written
 from its definition: segments are maximal runs of model tokens (mask 1) within a row, cut where the row position
 reaches a power of two (a new position bucket); a row's rounds are its runs. The kernel reads a run's inside eight
 mask bytes at a time, so the cases here put run ends on, before and after word boundaries, rows that start off a
@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout_diag.kernels import compiled
+from rollout_diag.engine.kernels import compiled
 
 
 def reference_layout(mask: list[bool], offsets: list[int]) -> list[tuple[int, int, int, int, int, int]]:

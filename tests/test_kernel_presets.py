@@ -1,4 +1,4 @@
-"""The compiled pass of the presets' derived token quantities (rollout_diag/kernels/presets.py) against the torch
+"""The compiled pass of the presets' derived token quantities (rollout_diag/engine/kernels/presets.py) against the torch
 engine on the CPU: 1e-12 relative, counts exact, also where weights land on truncation, IcePop, mask and veto bounds
 (the IS weight is numpy's exp on both engines on the CPU, so a token on a bound falls on the same side in both)."""
 
@@ -19,8 +19,8 @@ from test_kernel import assert_same_document
 import rollout_diag as rd
 from rollout_diag.engine.choice import use_engine
 from rollout_diag.engine.formulas import DERIVED
+from rollout_diag.engine.kernels import compiled_presets
 from rollout_diag.engine.stats import ChunkStats, KernelStats
-from rollout_diag.kernels import compiled_presets
 from rollout_diag.metrics.outcome import CorrectionAnalysis
 
 RTOL = 1e-12

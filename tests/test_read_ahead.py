@@ -23,9 +23,9 @@ import rollout_diag as rd
 from rollout_diag.drivers import distributed
 from rollout_diag.drivers.dump import Dump, _one_process, built_without_gpu, read_ahead_depth, reads_ahead
 from rollout_diag.engine.choice import use_engine
+from rollout_diag.engine.kernels import prepass as prepass_module
 from rollout_diag.errors import DataError
 from rollout_diag.io.reader import DumpReader
-from rollout_diag.kernels import prepass as prepass_module
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -89,7 +89,7 @@ def test_reading_ahead_changes_no_digit_of_compare_presets(dump):
 
 def test_the_chunks_read_ahead_carry_the_kernels_the_chunk_would_compute(dump):
     """Each chunk's KernelPrepass equals the layout, fused pass and hint rows KernelStats computes from the chunk."""
-    from rollout_diag.kernels.prepass import prepass
+    from rollout_diag.engine.kernels.prepass import prepass
 
     reader = DumpReader([str(dump)], chunk_tokens=300)
     with use_engine("numba"):

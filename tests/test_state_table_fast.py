@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from rollout_diag.drivers.passes import Analysis
 from rollout_diag.engine.state import Ragged, Sparse, StateTable, merge_moments
+from rollout_diag.engine.store import OPEN_STEPS, StepStore
 from rollout_diag.io.reader import DumpReader
-from rollout_diag.metrics import base
 from rollout_diag.metrics.base import StepAccumulator
 from rollout_diag.metrics.debug import DebugAccumulator
 from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
@@ -98,7 +98,7 @@ def _table(rng: np.random.Generator, steps: list[int], hit: float) -> StateTable
 def assert_same_table(actual: StateTable, expected: StateTable) -> None:
     """Bit for bit: the same steps, fields, entries, dtypes and shapes (signed zeros included; NaN where NaN). A NaN's
     sign is not compared: which of two NaNs an addition keeps is the CPU's choice by SIMD lane, so it follows the
-    lengths of the arrays added, and the layered table (StepAccumulator._begin_layer) adds other lengths than one
+    lengths of the arrays added, and the layered table (StepStore._begin_layer) adds other lengths than one
     merge after another (NaN reads, prints and sorts as NaN either way)."""
 
     def same(a: np.ndarray, e: np.ndarray, where: str) -> None:
@@ -199,32 +199,27 @@ def steps_of(first: int, gaps: list[int]) -> list[int]:
 @given(
     chunks=table_specs(-3, 3, 10),
     seed=st.integers(0, 2**32 - 1),
-    open_steps=st.sampled_from([1, 2, base.OPEN_STEPS]),
+    open_steps=st.sampled_from([1, 2, OPEN_STEPS]),
 )
 def test_chunks_in_any_order_give_the_table_of_the_general_merge(chunks, seed, open_steps):
     """Chunks as a reader gives them (each starting at, after or, for a shuffled input, before the previous one's
-    last step): the accumulator's table (sealed parts, open part, whatever its bound) equals folding every chunk's
+    last step): the store's table (sealed parts, open part, whatever its bound) equals folding every chunk's
     table in with the general merge."""
-    bound = base.OPEN_STEPS
-    base.OPEN_STEPS = open_steps
-    try:
-        _fold(chunks, seed)
-    finally:
-        base.OPEN_STEPS = bound
+    _fold(chunks, seed, open_steps)
 
 
-def _fold(chunks: list[tuple[int, list[int], float]], seed: int) -> None:
+def _fold(chunks: list[tuple[int, list[int], float]], seed: int, open_steps: int) -> None:
     rng = np.random.default_rng(seed)
-    family = _Family()
+    store = StepStore(StateTable.empty(REDUCTIONS), open_steps=open_steps)
     expected = StateTable.empty(REDUCTIONS)
     last = 0
     for shift, gaps, hit in chunks:
         steps = steps_of(last + shift, gaps)  # shift < 0: out of order; 0: the same step goes on; > 0: new steps
         incoming = _table(rng, steps, hit)
-        family.append_table(incoming)
+        store.append(incoming)
         expected = expected._merged_general(incoming) if expected.shapes else incoming
         last = steps[-1]
-    assert_same_table(family.store, expected)
+    assert_same_table(store.table, expected)
 
 
 def test_accumulators_of_a_chunk_only_family_share_one_table_per_chunk(tmp_path):

@@ -29,7 +29,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from rollout_diag import kernels
+from rollout_diag.engine import kernels
 from rollout_diag.errors import ConfigError, option_name
 
 ENGINES = ("auto", "numba", "torch")

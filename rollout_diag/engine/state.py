@@ -10,7 +10,7 @@ import itertools
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -76,14 +76,6 @@ IDENTITY = {"sum": 0.0, "max": -math.inf, "min": math.inf, "moments": 0.0}
 # A per-step array with more elements than this (round, position and histogram buckets) is stored sparse: only
 # the buckets a step hit, as (step, bucket) -> value entries; a smaller one is a dense column [steps, ...].
 SPARSE_MIN = 8
-# The open part of an accumulator's table (StepAccumulator.append_table) is sealed off once it holds more steps than
-# this.
-OPEN_STEPS = 16
-# The finished layers of an accumulator's table (StepAccumulator._begin_layer) are folded, whatever their size, once
-# more than LAYERS of them span one step (a fold reduces that many states of the step one after another), or once there
-# are more than HELD_LAYERS of them (the tables held, and the work of deciding when to fold).
-LAYERS = 64
-HELD_LAYERS = 1024
 
 
 @dataclass(frozen=True)
@@ -350,7 +342,7 @@ class StateTable:
                 np.concatenate([values[:mine], shared_values, their_values[theirs:]]),
             )
         # my rows of every step come before theirs: concatenated, the entries stay sorted by step (stable); none of
-        # theirs (held aside, StepAccumulator._hold_rows): mine as they are (arrays are never written in place)
+        # theirs (held aside, StepStore.append in engine/store.py): mine as they are (arrays are never written in place)
         ragged = {
             name: (step, values)
             if not other.ragged[name][0].shape[0]
@@ -595,27 +587,3 @@ class StateTable:
         arrays += [a for entries in self.sparse.values() for a in entries]
         arrays += [a for entries in self.ragged.values() for a in entries]
         return sum(a.nbytes for a in arrays)
-
-
-class Layer(NamedTuple):
-    """A finished layer of an accumulator's table (StepAccumulator._begin_layer): its parts, in step order, and what
-    deciding when to fold weighs (the bytes its arrays hold, its first and last step)."""
-
-    pieces: tuple[StateTable, ...]
-    nbytes: int
-    first: int
-    last: int
-
-    @classmethod
-    def of(cls, pieces: Sequence[StateTable]) -> Layer:
-        spanned = [piece.steps for piece in pieces if piece.steps.shape[0]]
-        return cls(tuple(pieces), sum(piece.nbytes() for piece in pieces), int(spanned[0][0]), int(spanned[-1][-1]))
-
-
-def layer_depth(layers: Sequence[Layer]) -> int:
-    """The most layers whose spans (first to last step) hold one step: at most this many states of a step reduce one
-    after another in a fold. The most spans hold some span's first step x: those that begin at or before x, less those
-    that end before it."""
-    first = np.sort(np.array([layer.first for layer in layers], dtype=np.int64))
-    last = np.sort(np.array([layer.last for layer in layers], dtype=np.int64))
-    return int((np.searchsorted(first, first, side="right") - np.searchsorted(last, first, side="left")).max())

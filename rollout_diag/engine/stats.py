@@ -16,7 +16,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -24,12 +24,56 @@ from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array, segment_max, segment_min, segment_moments
 from rollout_diag.engine.choice import kernel_for
 from rollout_diag.engine.formulas import DERIVED, TOKEN_QUANTITIES, clamp20, row_mean, token_exp, token_expm1
+from rollout_diag.engine.kernels import compiled, compiled_presets
+from rollout_diag.engine.kernels import prepass as kernel_prepass
 from rollout_diag.engine.quantities import EXPONENT_MAX, EXPONENT_MIN, MOMENT_PAIRS, PROBABILITIES, SHARED_QUANTITIES
-from rollout_diag.kernels import compiled, compiled_presets
-from rollout_diag.kernels import prepass as kernel_prepass
 
-if TYPE_CHECKING:  # the engines read a chunk's arrays; they never build one
-    from rollout_diag.io.chunk import Chunk
+
+class ModelTokenArrays(Protocol):
+    """A chunk's model tokens (mask 1), in row order (``io/chunk.py`` ``ModelTokens``)."""
+
+    @property
+    def trainer(self) -> Array: ...
+    @property
+    def rollout(self) -> Array: ...
+    @property
+    def log_ratio(self) -> Array: ...
+    @property
+    def row(self) -> Array: ...
+    @property
+    def position(self) -> Array: ...
+
+
+class StepGroupArrays(Protocol):
+    """The steps of a chunk and each row's step group (``io/chunk.py`` ``StepGroups``)."""
+
+    @property
+    def steps(self) -> tuple[int, ...]: ...
+    @property
+    def row_group(self) -> Array: ...
+    @property
+    def count(self) -> int: ...
+
+
+class ChunkArrays(Protocol):
+    """What the engines read of a chunk (``io/chunk.py`` ``Chunk`` is one): its arrays, never how it is built."""
+
+    trainer: Array
+    rollout: Array
+    mask: Array
+    offsets: Array
+    cache: dict
+    engine: str | None
+    prepass: kernel_prepass.KernelPrepass | None
+
+    @property
+    def rows(self) -> int: ...
+    @property
+    def device_type(self) -> str: ...
+    @property
+    def model(self) -> ModelTokenArrays: ...
+    @property
+    def groups(self) -> StepGroupArrays: ...
 
 
 @dataclass(frozen=True, eq=False)  # compared by identity: its values are tensors
@@ -53,9 +97,9 @@ class PerToken:
         return PerToken(function(self.values), self.by_row)
 
 
-def stats(chunk: Chunk) -> ChunkStats:
+def stats(chunk: ChunkArrays) -> ChunkStats:
     """The shared per-chunk computation (created on first use): the numba kernels' for a CPU chunk unless the
-    torch engine is chosen (``rollout_diag.kernels``; the reader's choice for the whole input, ``Chunk.engine``), the
+    torch engine is chosen (``engine/kernels/``; the reader's choice for the whole input, ``Chunk.engine``), the
     device-generic torch engine otherwise."""
     found = chunk.cache.get("stats")
     if found is None:
@@ -65,7 +109,7 @@ def stats(chunk: Chunk) -> ChunkStats:
     return found
 
 
-def prepare(chunk: Chunk, quantities: tuple[str, ...] = SHARED_QUANTITIES, probabilities: bool = True) -> None:
+def prepare(chunk: ChunkArrays, quantities: tuple[str, ...] = SHARED_QUANTITIES, probabilities: bool = True) -> None:
     """Build ahead of the families what they read first: model tokens, segments, rows, step groups, and the given
     token quantities with their segment sums. The reader runs this in its thread, so on a machine with two cores
     or more it overlaps the previous chunk's arithmetic instead of adding to it. ``probabilities=False``: the
@@ -109,7 +153,7 @@ class ChunkStats:
     per-chunk engine every family reads (analysis families by quantity name, correction families also with
     :class:`PerToken` values and memoised per-preset values, ``memo``)."""
 
-    def __init__(self, chunk: Chunk, caches: TokenCaches | None = None) -> None:
+    def __init__(self, chunk: ChunkArrays, caches: TokenCaches | None = None) -> None:
         self.chunk = chunk
         self.caches = TokenCaches() if caches is None else caches
         self._tokens = self.caches.tokens
@@ -141,7 +185,7 @@ class ChunkStats:
         for name in (*cached, "group_token_ranges"):
             getattr(self, name)
 
-    def regrouped(self, view: Chunk) -> ChunkStats:
+    def regrouped(self, view: ChunkArrays) -> ChunkStats:
         """The torch engine's stats of ``view``, this chunk's rows in other step groups: token values, segment
         reductions and row-level values shared with this chunk's stats (computed once for both), step groups its
         own."""

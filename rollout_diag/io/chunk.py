@@ -1,7 +1,7 @@
 """A chunk: a few thousand whole rows as packed (unpadded) arrays, the unit every accumulator eats.
 
 The arrays are numpy for the numba engine (the CPU; torch is not loaded) and torch tensors on one device for the torch
-engine (``rollout_diag.kernels``); everything below works on either kind (``rollout_diag.engine.arrays``).
+engine (``rollout_diag.engine.kernels``); everything below works on either kind (``rollout_diag.engine.arrays``).
 
 Packed, not padded: the tokens of all rows are concatenated, with ``offsets`` marking row boundaries
 (the varlen layout of flash-attention). Padding a batch of rows whose lengths range from 20 to 32k
@@ -25,7 +25,7 @@ from rollout_diag.engine.arrays import Array
 from rollout_diag.results import ExtraValue
 
 if TYPE_CHECKING:
-    from rollout_diag.kernels.prepass import KernelPrepass
+    from rollout_diag.engine.kernels.prepass import KernelPrepass
 
 
 def extra_value(value: Any) -> ExtraValue:
@@ -115,7 +115,7 @@ class Chunk:
         if self.prepass is not None:  # np.unique's steps and inverse: torch.unique's
             return StepGroups(steps=self.prepass.steps, row_group=arrays.like(self.prepass.row_group, self.step))
         if not arrays.is_tensor(self.step):
-            from rollout_diag.kernels.prepass import step_groups
+            from rollout_diag.engine.kernels.prepass import step_groups
 
             steps, row_group = step_groups(self.step)
             return StepGroups(steps=steps, row_group=row_group)

@@ -912,7 +912,7 @@ def _announce_compiling() -> None:
         return
     if not cached:
         print("rollout-diag: compiling the JSON-lines reader once (about 20 s; cached after).", file=sys.stderr)
-        from rollout_diag.kernels import drop_stale_caches
+        from rollout_diag.engine.kernels import drop_stale_caches
 
         drop_stale_caches(sys.modules[__name__])  # an upgrade's first run: the last version's files go
 

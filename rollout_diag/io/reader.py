@@ -67,8 +67,8 @@ from rollout_diag.paths import names_file
 if TYPE_CHECKING:  # torch is imported when the first chunk is built: opening files and their errors come first
     import torch
 
+    from rollout_diag.engine.kernels.prepass import KernelPrepass
     from rollout_diag.io.chunk import Chunk
-    from rollout_diag.kernels.prepass import KernelPrepass
 
 # ~1M tokens: 8 MB per float64 quantity. Each chunk costs the families a fixed few ms of bookkeeping: against 512K,
 # 100M tokens took 0.93 of the wall for `analyze` (peak +50 MiB) and 0.87 for `compare-presets` (+150 MiB); 2M is no
@@ -323,7 +323,7 @@ class DumpReader:
 
     def read_ahead(self, depth: int) -> None:
         """Start reading now, on the reader's thread, before torch is loaded: the numba engine's work on the CPU that
-        needs no torch (Parquet decoding, the validation scan, each chunk's compiled passes, ``kernels/prepass.py``)
+        needs no torch (Parquet decoding, the validation scan, each chunk's compiled passes, ``engine/kernels/prepass.py``)
         runs beside the command's imports, which hold one core. At most ``depth`` chunks wait (their arrays, ~17 bytes
         a token); :meth:`chunks` takes them over. Only for the numba engine on the CPU (the caller knows it without
         torch: ``drivers/dump.py``) and a reader read whole by this process (no selection, no parts)."""
@@ -720,7 +720,7 @@ def _scanned(block: Block, device_type: str) -> tuple[np.ndarray, np.ndarray, np
     values ``_chunk`` builds otherwise, as numpy (no torch). None where the scan does not apply (another device, a
     dtype it is not compiled for) or where it flags anything: ``validate_block`` then finds the rows and records
     them with its messages, exactly as without the scan."""
-    from rollout_diag.kernels import compiled
+    from rollout_diag.engine.kernels import compiled
 
     trainer, rollout, mask = block.trainer, block.rollout, block.mask
     if device_type != "cpu" or not len(block.lengths):
@@ -848,7 +848,7 @@ def _offer(items: queue.Queue, item: object, stop: threading.Event) -> bool:
 
 class _ReadAhead:
     """The reader's thread started before torch is loaded (``DumpReader.read_ahead``): until :meth:`handover` it
-    decodes, validates with the numba engine's scan and runs each chunk's compiled passes (``kernels/prepass.py``),
+    decodes, validates with the numba engine's scan and runs each chunk's compiled passes (``engine/kernels/prepass.py``),
     numpy and numba only, keeping at most ``depth`` validated blocks; after it, it builds chunks as the reader's
     thread always does (``_prefetched``), with the engine and the queue depth :meth:`chunks` chose."""
 
@@ -867,7 +867,7 @@ class _ReadAhead:
         self.thread.start()
 
     def _produce(self) -> None:
-        from rollout_diag.kernels.prepass import warm_up
+        from rollout_diag.engine.kernels.prepass import warm_up
 
         reader = self.reader
         # numba and the compiled kernels load on a thread of their own (their import holds the GIL, as the command's
@@ -918,7 +918,7 @@ class _ReadAhead:
     @staticmethod
     def _prepassed(valid: _Valid) -> _Valid:
         """``valid`` with its compiled passes run (before the handover: numpy and numba only)."""
-        from rollout_diag.kernels.prepass import prepass
+        from rollout_diag.engine.kernels.prepass import prepass
 
         if valid.scanned is not None:
             trainer, rollout, mask = valid.scanned

@@ -20,16 +20,8 @@ import numpy as np
 
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
-from rollout_diag.engine.state import (
-    HELD_LAYERS,
-    LAYERS,
-    OPEN_STEPS,
-    Layer,
-    Ragged,
-    State,
-    StateTable,
-    layer_depth,
-)
+from rollout_diag.engine.state import Ragged, State, StateTable
+from rollout_diag.engine.store import StepStore
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.results import KeyColumns, MetricColumns
 
@@ -166,133 +158,32 @@ KeyGroup = tuple[np.ndarray, dict[str, Any]]
 class StepAccumulator(ABC):
     """Base of every metric family. Subclasses declare ``REDUCTIONS`` and write ``_stats``/``_finalize``.
 
-    The per-step states live in one :class:`StateTable` (``store``); ``steps`` is a step -> state view of it."""
+    The per-step states live in one :class:`StepStore` (``step_store``), read whole as a :class:`StateTable`
+    (``store``); ``steps`` is a step -> state view of it."""
 
     REDUCTIONS: ClassVar[dict[str, str]] = {}
     # True where a family's chunk state depends on the chunk alone (no option): every accumulator of that very class
-    # fed the same chunk (analyze's §1 and §5, and verl's dialect reporting them again) shares one table of it
+    # fed the same chunk (analyze's §1 and §5, and verl's dialect reporting them again) shares one table of it (a
+    # subclass with options of its own sets it back to False)
     CHUNK_ONLY: ClassVar[bool] = False
 
     def __init__(self) -> None:
-        self.store = StateTable.empty(self.REDUCTIONS)
+        self.step_store = StepStore(StateTable.empty(self.REDUCTIONS))
 
-    # The table is kept as sealed parts (steps no later chunk can reach, in order) and an open one (the latest steps):
-    # a chunk merges into the open part only, so a chunk costs what it holds, not what the table holds; the parts are
-    # joined (concatenated: no arithmetic, so no digit changes) when the table is read.
-    #
-    # A chunk that goes back in steps (per-rank files each holding every step, the same file read twice) reaches steps
-    # the parts have sealed. Merged into the whole table, it would cost what the table holds, chunk after chunk (the
-    # ragged fields' rows concatenated and sorted each time): quadratic over such a run. Instead it starts a *layer*:
-    # the parts so far become a finished layer, kept as they are, and the chunk starts the parts anew. The table is the
-    # finished layers and the parts folded in order (StateTable.folded: one pass, each entry copied once), when it is
-    # read or when the finished layers grow (_begin_layer).
-    #
-    # Digits: a chain of merges, chunk after chunk, reduces each step's (and bucket's) partial states left to right,
-    # in the order the chunks came: reduce(reduce(c1, c2), c3)… The first layer merges as the chain does (a chunk going
-    # on with the open step is reduced into it); a later layer never merges (a chunk that goes on with its open step
-    # starts a layer too), so each of its steps holds one chunk's state, and the fold, left to right over the layers,
-    # reduces exactly what the chain would, in its order: the same table, bit for bit, however the chunks come (but a
-    # NaN's sign: which of two NaNs a merge keeps is numpy's choice by SIMD lane, so it follows the lengths of the
-    # arrays merged; NaN reads and prints as NaN either way).
-    # Layers that merged within themselves would be cheaper to hold, but would reduce a step split over two chunks as
-    # reduce(earlier, reduce(c1, c2)) and change the last digits of a re-read input.
     @property
     def store(self) -> StateTable:
-        layers = self.__dict__.get("_layers")
-        if layers:
-            self.__dict__["_store"] = StateTable.folded(self._pieces(rows=False))
-            self.__dict__["_layers"], self.__dict__["_sealed"] = [], []
-        sealed = self.__dict__.get("_sealed")
-        if sealed:
-            self.__dict__["_store"] = StateTable.joined([*sealed, self.__dict__["_store"]])
-            self.__dict__["_sealed"] = []
-        rows = self.__dict__.get("_rows")
-        if rows:
-            self.__dict__["_store"] = self.__dict__["_store"].with_rows(rows)
-            self.__dict__["_rows"] = []
-        return self.__dict__["_store"]
+        """The per-step table, whole (``StepStore.table``)."""
+        return self.step_store.table
 
     @store.setter
     def store(self, table: StateTable) -> None:
-        self.__dict__["_store"] = table
-        # new lists, never cleared in place: a shallow copy (``restricted``) may share the old ones
-        self.__dict__["_sealed"], self.__dict__["_layers"], self.__dict__["_rows"] = [], [], []
-
-    def _pieces(self, rows: bool = True) -> list[StateTable]:
-        """The tables the accumulator's table is kept in, in order (each finished layer's, then the sealed parts, then
-        the open part): folded, they are the table; appended in turn (``append_table``) to an empty accumulator, they
-        give it the same table, digit for digit (a layer's parts follow each other; a layer's first part starts at or
-        before the previous part's last step, so it starts a layer there too, or goes on with the open step of a first
-        layer, which reduces it as the fold would). With per-row values held aside (``_hold_rows``) and ``rows``, the
-        table itself, with them: they belong to no piece."""
-        if rows and self.__dict__.get("_rows"):
-            return [self.store]
-        finished = [piece for layer in self.__dict__.get("_layers", ()) for piece in layer.pieces]
-        return [*finished, *self.__dict__.get("_sealed", []), self.__dict__["_store"]]
-
-    # Per-row values (``concat`` fields: the sweep's row statistics) are held aside, a chunk's block at a time, and
-    # joined to the table when it is read. Merged with the table, a chunk going on with the open step copied every row
-    # of that step so far: the run's sweep (RunSweepAccumulator: every chunk into one step) or a dump of one big step
-    # copied all the rows read, chunk after chunk (quadratic: ~35 MiB a G tokens copied per chunk at 1G, and a block
-    # of a new size each time for the heap to place). Joining is concatenation, a step's rows in the order they came:
-    # the table is the same, byte for byte.
-    def _hold_rows(self, incoming: StateTable) -> StateTable:
-        """``incoming`` without its per-row values, which are held aside until the table is read."""
-        self.__dict__["_rows"] = [*self.__dict__.get("_rows", []), incoming.ragged]  # a new list: copies may share
-        empty = {name: (step[:0], values[:0]) for name, (step, values) in incoming.ragged.items()}
-        return StateTable(incoming.reductions, incoming.shapes, incoming.steps, incoming.dense, incoming.sparse, empty)
+        self.step_store = StepStore(table)  # a store of its own: a shallow copy (``restricted``) keeps the old one
 
     def append_table(self, incoming: StateTable) -> None:
-        """Merge a chunk's table: into the open part when its steps start at or after the open part's last step
-        (the same merge, on fewer steps), else (it goes back in steps) as a new layer; in a later layer, one that goes
-        on with the open part's last step starts a layer too (see ``store``). Its per-row values are held aside."""
-        if incoming.ragged and self.__dict__["_store"].shapes:
-            incoming = self._hold_rows(incoming)
-        open_part: StateTable = self.__dict__["_store"]
-        layers = self.__dict__.get("_layers")
-        if layers and not incoming.steps.shape[0]:
-            return  # no steps, no state: merged, it would copy the table to the same entries
-        last = open_part.steps[-1] if open_part.steps.shape[0] else None
-        if last is None or not incoming.steps.shape[0]:  # an empty table (a later layer never is: it starts a chunk)
-            self.store = self.store.merged(incoming)
-            return
-        if incoming.steps[0] < last or (layers and incoming.steps[0] == last):
-            self._begin_layer(incoming)
-            return
-        if incoming.steps[0] > last:
-            sealed, self.__dict__["_store"] = open_part, incoming
-        else:  # the chunk goes on with the open part's last step: only that step merges
-            count = open_part.steps.shape[0]
-            if count <= OPEN_STEPS:  # a few steps: merged as they are (copying them costs less than cutting them off)
-                self.__dict__["_store"] = open_part.merged(incoming)
-                return
-            sealed = open_part.sliced(0, count - 1)
-            self.__dict__["_store"] = open_part.sliced(count - 1, count).merged(incoming)
-        self.__dict__["_sealed"] = [*self.__dict__.get("_sealed", []), sealed]  # a new list: copies may share the old
-
-    def _begin_layer(self, incoming: StateTable) -> None:
-        """Finish the current layer (its sealed parts and open part, kept as they are) and start one with ``incoming``.
-
-        The finished layers are folded into one when those after the first hold as many bytes as the first: each fold
-        then copies at most about twice what the layers after the first bring in, so over a run each entry is copied
-        a few times (the first layer at least doubles from fold to fold), and the layers held stay within about the
-        table's size. They are folded too when more than ``LAYERS`` of them span one step (many small layers, each
-        going back over the others: a fold reduces that many states in turn) or when there are more than
-        ``HELD_LAYERS``, so such an input folds the whole table once per ``LAYERS`` chunks at most, where it merged
-        each chunk into the whole table. Folding the layers so far, whenever, reduces each step's states in the same
-        order: when it happens changes no digit."""
-        layers = [
-            *self.__dict__.get("_layers", []),
-            Layer.of([*self.__dict__.get("_sealed", []), self.__dict__["_store"]]),
-        ]
-        if len(layers) > 1 and (
-            sum(layer.nbytes for layer in layers[1:]) >= layers[0].nbytes
-            or len(layers) > HELD_LAYERS
-            or (len(layers) > LAYERS and layer_depth(layers) > LAYERS)
-        ):
-            layers = [Layer.of([StateTable.folded([piece for layer in layers for piece in layer.pieces])])]
-        self.__dict__["_layers"] = layers  # a new list: copies may share the old
-        self.__dict__["_sealed"], self.__dict__["_store"] = [], incoming
+        """Merge a chunk's table (``StepStore.append``: the open part, or a new layer for a chunk that goes back)."""
+        store = copy.copy(self.step_store)  # a shallow copy of this accumulator keeps the table it had
+        store.append(incoming)
+        self.step_store = store
 
     @property
     def steps(self) -> StepStates:
@@ -319,7 +210,7 @@ class StepAccumulator(ABC):
     # -- shared machinery ------------------------------------------------------------------------
     def update(self, chunk: Chunk) -> None:
         family = type(self)
-        key = ("chunk table", family) if family.__dict__.get("CHUNK_ONLY", False) else None
+        key = ("chunk table", family) if family.CHUNK_ONLY else None
         incoming = None if key is None else chunk.cache.get(key)
         if incoming is None:
             partial = {

@@ -123,6 +123,7 @@ class _ChunkEvidence:
     def __init__(self, chunk: Chunk) -> None:
         s = stats(chunk)
         self.chunk, self.stats = chunk, s
+        self._fitted: tuple[Array, Array, Array] | None = None  # ``fit``, once computed
         self.row_lengths = arrays.astype(s.row_count, "int64")
         if isinstance(s, KernelStats):  # the numba engine: one compiled pass over the tokens
             parts, self.probability_buckets = s.hint_rows()
@@ -260,10 +261,9 @@ class _ChunkEvidence:
     def fit(self) -> tuple[Array, Array, Array]:
         """Per row: (has a fit, slope c of δ ≈ c·r through the origin, R² of that line); computed once (the step sums
         and the examples both read it)."""
-        found = self.__dict__.get("_fit")
-        if found is None:
-            found = self.__dict__["_fit"] = self._fit()
-        return found
+        if self._fitted is None:
+            self._fitted = self._fit()
+        return self._fitted
 
     def _fit(self) -> tuple[Array, Array, Array]:
         n, cross = self.column("tokens"), self.column("cross")

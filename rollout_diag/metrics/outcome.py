@@ -150,11 +150,12 @@ class PresetColumns(StepAccumulator):
 
     def hand_over(self) -> None:
         """Give each accumulator the columns fed so far, and start empty again. Each accumulator takes them as the
-        chunks' tables would have reached it: the table's pieces (``_pieces``: each finished layer's parts, then the
-        sealed parts, steps no later chunk reached, in order, then the open part), appended in turn (``append_table``:
-        a layer's parts are disjoint, so nothing is added, nothing copied; a layer's first part starts a layer again;
-        each accumulator joins or folds its pieces when read, one at a time, as it did when fed chunk by chunk)."""
-        tables = self._pieces()
+        chunks' tables would have reached it: the table's pieces (``StepStore.pieces``: each finished layer's parts,
+        then the sealed parts, steps no later chunk reached, in order, then the open part), appended in turn
+        (``append_table``: a layer's parts are disjoint, so nothing is added, nothing copied; a layer's first part
+        starts a layer again; each accumulator joins or folds its pieces when read, one at a time, as it did when fed
+        chunk by chunk)."""
+        tables = self.step_store.pieces()
         self.store = StateTable.empty(self.REDUCTIONS)
         for index, part in enumerate(self.parts):
             prefix = f"{index}/"
@@ -201,6 +202,8 @@ class CorrectionAnalysis:
         self.token_quantities()  # registers every derived quantity in this process and thread
         expect_presets()  # their compiled pass: compiled ahead where the numba engine runs and its cache lacks it
         self._table = PresetColumns(list(self._accumulators.values()))
+        self._read = False  # the accumulators were read: each chunk is handed over as it comes
+        self._runs: dict[Hashable, dict[str, float]] | None = None  # ``settle``'s run metrics
 
     def _add(self, key: Hashable, kind: Callable[[Any], CorrectionAccumulator], config: Any) -> Hashable:
         if key not in self._accumulators:
@@ -237,7 +240,7 @@ class CorrectionAnalysis:
         self._refuse_settled()
         self.prepare(chunk)  # a no-op where the prepare pool did it
         self._table.update(chunk)
-        if self.__dict__.get("_read"):
+        if self._read:
             self._table.hand_over()
 
     def merge(self, other: CorrectionAnalysis) -> None:
@@ -252,7 +255,7 @@ class CorrectionAnalysis:
         state against ~410 MB of columns, and the state is no longer needed. Call after the last ``update`` /
         ``merge``; the results read afterwards are the same, digit for digit (the same finalization, done earlier).
         """
-        if self.__dict__.get("_runs") is not None:
+        if self._runs is not None:
             return
         runs: dict[Hashable, dict[str, float]] = {}
         pool = _ArrayPool()
@@ -271,12 +274,12 @@ class CorrectionAnalysis:
         self._runs = runs
 
     def _refuse_settled(self) -> None:
-        if self.__dict__.get("_runs") is not None:
+        if self._runs is not None:
             raise RuntimeError("CorrectionAnalysis.settle() dropped the per-step states: nothing can be added to them")
 
     def finalize_run(self) -> dict[str, dict[str, float]]:
         """Per preset name: its run metrics, each accumulator finalized once."""
-        runs = self.__dict__.get("_runs")
+        runs = self._runs
         if runs is None:
             runs = {key: accumulator.finalize_run() for key, accumulator in self.accumulators.items()}
         out: dict[str, dict[str, float]] = {}

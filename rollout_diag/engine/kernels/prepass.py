@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rollout_diag.engine.kernels import compiled
 from rollout_diag.engine.quantities import (
     COPY_GAP,
     EXPONENT_MAX,
@@ -22,7 +23,6 @@ from rollout_diag.engine.quantities import (
     MOMENT_PAIRS,
     PROBABILITY_EDGES,
 )
-from rollout_diag.kernels import compiled
 
 _LOG_EDGES = np.array([math.log(edge) for edge in PROBABILITY_EDGES])  # as metrics.hints.probability_bucket
 

@@ -22,8 +22,8 @@ import sys
 import numpy as np
 from numba import njit, types, uint64
 
+from rollout_diag.engine.kernels.cpu import CLAMP, size_class
 from rollout_diag.engine.quantities import PRESET_BASES
-from rollout_diag.kernels.cpu import CLAMP, size_class
 
 # The token quantities a derived one is made from (``Derived.base``), by code.
 KINDS = {name: code for code, name in enumerate(PRESET_BASES)}
@@ -453,7 +453,7 @@ SIGNATURES: dict[str, tuple[tuple[types.Type, ...], ...]] = {
 def compile_signatures() -> None:
     """Compile (or load from numba's cache) every kernel of this module for its SIGNATURES, and drop the cache files
     of earlier versions of this source (``kernels.drop_stale_caches``)."""
-    from rollout_diag.kernels import drop_stale_caches
+    from rollout_diag.engine.kernels import drop_stale_caches
 
     drop_stale_caches(sys.modules[__name__])
     kernels = globals()

@@ -61,7 +61,7 @@ def compiled() -> ModuleType:
         os.environ["NUMBA_CACHE_DIR"] = str(directory)  # numba reads its configuration when imported …
         if "numba" in sys.modules:  # … or when told to read it again
             sys.modules["numba"].core.config.reload_config()
-    from rollout_diag.kernels import cpu as module  # numba and the kernels' definitions: nothing compiles yet
+    from rollout_diag.engine.kernels import cpu as module  # numba and the kernels' definitions: nothing compiles yet
 
     if not _has_cache(module, module.SIGNATURES, every=False):
         print(
@@ -69,7 +69,7 @@ def compiled() -> ModuleType:
             file=sys.stderr,
             flush=True,
         )
-        from rollout_diag.kernels import presets
+        from rollout_diag.engine.kernels import presets
 
         for kernels in (module, presets):  # an upgrade's first run: the last version's files go
             drop_stale_caches(kernels)
@@ -154,13 +154,13 @@ def _compile_presets_ahead() -> None:
         _decided.append(True)
         if available_cores() < 2 or multiprocessing.parent_process() is not None:
             return
-        from rollout_diag.kernels import presets
+        from rollout_diag.engine.kernels import presets
 
         if _has_cache(presets, presets.SIGNATURES):
             return
         # the package as this process imports it, first: numba keys its cache on the source file's path
         root = str(Path(os.path.abspath(__file__)).parents[2])
-        command = f"import sys; sys.path.insert(0, {root!r}); from rollout_diag.kernels import presets; " + (
+        command = f"import sys; sys.path.insert(0, {root!r}); from rollout_diag.engine.kernels import presets; " + (
             "presets.compile_signatures()"
         )
         process = subprocess.Popen(
@@ -185,6 +185,6 @@ def compiled_presets() -> ModuleType:
             except subprocess.TimeoutExpired:  # then this process compiles what it needs itself
                 _ahead[0].kill()
             _ahead.pop()
-    from rollout_diag.kernels import presets as module
+    from rollout_diag.engine.kernels import presets as module
 
     return module
