@@ -323,10 +323,11 @@ class DumpReader:
 
     def read_ahead(self, depth: int) -> None:
         """Start reading now, on the reader's thread, before torch is loaded: the numba engine's work on the CPU that
-        needs no torch (Parquet decoding, the validation scan, each chunk's compiled passes, ``engine/kernels/prepass.py``)
-        runs beside the command's imports, which hold one core. At most ``depth`` chunks wait (their arrays, ~17 bytes
-        a token); :meth:`chunks` takes them over. Only for the numba engine on the CPU (the caller knows it without
-        torch: ``drivers/dump.py``) and a reader read whole by this process (no selection, no parts)."""
+        needs no torch (Parquet decoding, the validation scan, each chunk's compiled passes,
+        ``engine/kernels/prepass.py``) runs beside the command's imports, which hold one core. At most ``depth`` chunks
+        wait (their arrays, ~17 bytes a token); :meth:`chunks` takes them over. Only for the numba engine on the CPU
+        (the caller knows it without torch: ``drivers/dump.py``) and a reader read whole by this process (no
+        selection, no parts)."""
         if self._ahead is None:
             self._not_reading_yet("read ahead")
             self._ahead = _ReadAhead(self, max(1, depth))
@@ -848,9 +849,10 @@ def _offer(items: queue.Queue, item: object, stop: threading.Event) -> bool:
 
 class _ReadAhead:
     """The reader's thread started before torch is loaded (``DumpReader.read_ahead``): until :meth:`handover` it
-    decodes, validates with the numba engine's scan and runs each chunk's compiled passes (``engine/kernels/prepass.py``),
-    numpy and numba only, keeping at most ``depth`` validated blocks; after it, it builds chunks as the reader's
-    thread always does (``_prefetched``), with the engine and the queue depth :meth:`chunks` chose."""
+    decodes, validates with the numba engine's scan and runs each chunk's compiled passes
+    (``engine/kernels/prepass.py``), numpy and numba only, keeping at most ``depth`` validated blocks; after it, it
+    builds chunks as the reader's thread always does (``_prefetched``), with the engine and the queue depth
+    :meth:`chunks` chose."""
 
     _DONE = object()
 
