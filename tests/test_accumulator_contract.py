@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from dumps import random_rows, seq_row, write_sequence_dump
+from helpers.dumps import random_rows, seq_row, write_sequence_dump
 
 from rollout_diag.io.reader import DumpReader
 from rollout_diag.metrics.base import StepAccumulator

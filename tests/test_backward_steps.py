@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
-from dumps import random_rows, seq_row, write_sequence_dump
+from helpers.dumps import random_rows, seq_row, write_sequence_dump
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_accumulator_contract import FAMILIES, chunks, finalized

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from dumps import (
+from helpers.dumps import (
     ALT_KEY_NAMES,
     NEMO_RL_NAMES,
     OPEN_INSTRUCT_NAMES,

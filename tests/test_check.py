@@ -11,8 +11,8 @@ from pathlib import Path
 import jsonschema
 import numpy as np
 import pytest
-from dumps import random_rows, write_sequence_dump
-from reference import debug_metrics, offpolicy_metrics, rollout_kl_metrics
+from helpers.dumps import random_rows, write_sequence_dump
+from helpers.reference import debug_metrics, offpolicy_metrics, rollout_kl_metrics
 from test_cli import error_line, invoke
 
 from rollout_diag import catalogue

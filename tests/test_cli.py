@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import typer.main
-from dumps import random_rows, write_sequence_dump
+from helpers.dumps import random_rows, write_sequence_dump
 from typer.testing import CliRunner, Result
 
 from rollout_diag import __version__

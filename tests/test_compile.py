@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from dumps import random_rows, sequence_table, write_sequence_dump, write_table, write_token_dump
+from helpers.dumps import random_rows, sequence_table, write_sequence_dump, write_table, write_token_dump
 
 from rollout_diag.cores import available_cores
 from rollout_diag.kernels import cpu, presets

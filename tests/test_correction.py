@@ -12,9 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from reference import (
+from helpers.reference import (
     EPS,
     SAFETY_BOUND,
     centred_population_std,
@@ -35,6 +33,8 @@ from reference import (
     sample_std,
     token_mean,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rollout_diag.decisions.intrusive import INTRUSIVE_MIN_ESS, intrusive_reasons
 from rollout_diag.drivers.compare import compare_presets

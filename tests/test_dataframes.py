@@ -11,7 +11,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from dumps import write_table
+from helpers.dumps import write_table
 from test_groups import env_table
 from typer.testing import CliRunner
 

@@ -1,4 +1,4 @@
-"""Dialects (``--dialect``) against the slow float64 reference in tests/reference_dialects.py."""
+"""Dialects (``--dialect``) against the slow float64 reference in tests/helpers/reference_dialects.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from reference_dialects import REFERENCES
+from helpers.reference_dialects import REFERENCES
 
 import rollout_diag as rd
 from rollout_diag.errors import ConfigError

@@ -10,7 +10,7 @@ from pathlib import Path
 import jsonschema
 import numpy as np
 import pytest
-from dumps import random_rows, write_sequence_dump
+from helpers.dumps import random_rows, write_sequence_dump
 from test_cli import error_line, invoke, succeeded
 
 import rollout_diag as rd

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from dumps import random_rows, sequence_table, token_table, write_table
+from helpers.dumps import random_rows, sequence_table, token_table, write_table
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console

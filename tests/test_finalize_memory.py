@@ -10,7 +10,7 @@ import tracemalloc
 import numpy as np
 import pytest
 import torch
-from dumps import write_sequence_dump
+from helpers.dumps import write_sequence_dump
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_many_steps import tiny_rows

@@ -1,8 +1,8 @@
 """Trainer formats (io/formats): every importer reads one known dataset to the same per-step metrics as its
 Parquet dump, `convert` round-trips, pickles are read without running their code, bad input is named.
 
-The fixtures (tests/fixtures_formats.py) lay the dataset out as each framework's writer does; the
-reference is the same rows written by tests/dumps.py as Parquet, analysed by the Parquet reader.
+The fixtures (tests/helpers/formats.py) lay the dataset out as each framework's writer does; the
+reference is the same rows written by tests/helpers/dumps.py as Parquet, analysed by the Parquet reader.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import re
 from collections import Counter
 from pathlib import Path
 
-import fixtures_formats as ff
+import helpers.formats as ff
 import jsonschema
 import pyarrow.parquet as pq
 import pytest
 import torch
-from dumps import encodings
+from helpers.dumps import encodings
 from typer.testing import CliRunner, Result
 
 import rollout_diag as rd
@@ -219,10 +219,10 @@ def test_prime_rl_weight_streams_narrow_the_trained_tokens(rows, tmp_path):
 
 def test_prime_rl_advantages_and_env_names_reach_the_prime_rl_dialect(rows, tmp_path):
     """Each record's advantages and env_name ride along per row: --dialect prime-rl gives the DPPO values and
-    mismatch_kl/<env> of tests/reference_dialects.py on the same rows; a row whose trained tokens carry advantages
-    of both signs has no advantage (null) and is no sample of the DPPO values."""
+    mismatch_kl/<env> of tests/helpers/reference_dialects.py on the same rows; a row whose trained tokens carry
+    advantages of both signs has no advantage (null) and is no sample of the DPPO values."""
     import numpy as np
-    from reference_dialects import prime_rl as reference
+    from helpers.reference_dialects import prime_rl as reference
 
     finite = [row for row in rows if all(math.isfinite(v) for v in (*row["rollout"], *row["trainer"]))]
     exports = ff.write_prime_rl(tmp_path / "p", finite, ranks=1)

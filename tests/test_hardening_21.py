@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from dumps import random_rows, seq_row, write_sequence_dump
+from helpers.dumps import random_rows, seq_row, write_sequence_dump
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_hardening_io import error_line  # one Error: line, exit 1, no internal error
@@ -420,7 +420,7 @@ def test_a_role_given_two_columns_is_an_error(dump: Path) -> None:
 def test_an_integral_float_step_column_is_read_as_integers(tmp_path: Path, layout: str) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from dumps import sequence_table, token_table
+    from helpers.dumps import sequence_table, token_table
 
     import rollout_diag as rd
 
@@ -540,7 +540,7 @@ def test_help_lists_commands_in_the_readme_order_uncut_with_an_example_each() ->
 
 
 def test_check_and_diff_take_input_format_and_trust_pickle(dump: Path, tmp_path: Path) -> None:
-    from fixtures_formats import dataset, write_slime
+    from helpers.formats import dataset, write_slime
 
     slime = write_slime(tmp_path / "slime", dataset())
     for command in (["check", slime, "--max", "rollout_corr/k3_kl=10"], ["diff", slime, slime]):
@@ -555,7 +555,7 @@ def test_check_and_diff_take_input_format_and_trust_pickle(dump: Path, tmp_path:
 def test_a_float16_logprob_column_gets_a_warning(tmp_path: Path, layout: str) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from dumps import sequence_table, token_table
+    from helpers.dumps import sequence_table, token_table
 
     import rollout_diag as rd
 

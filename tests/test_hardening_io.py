@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from dumps import (
+from helpers.dumps import (
     random_rows,
     seq_row,
     sequence_table,

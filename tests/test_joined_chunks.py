@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from dumps import random_rows, seq_row, sequence_table, write_sequence_dump, write_table
+from helpers.dumps import random_rows, seq_row, sequence_table, write_sequence_dump, write_table
 from test_bad_input import corrupt_row_group
 
 import rollout_diag as rd

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from dumps import write_sequence_dump
+from helpers.dumps import write_sequence_dump
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_many_steps import tiny_rows

@@ -351,7 +351,7 @@ def test_auto_runs_torch_on_a_small_input(monkeypatch, engines_seen):
 def test_input_size_is_what_is_read(tmp_path, layout):
     """``DumpReader.input_size`` (from the footers, what ``auto`` is chosen by) is the number of tokens the chunks
     hold and of the file rows, for the whole input and for a part of it."""
-    from dumps import random_rows, write_sequence_dump, write_token_dump
+    from helpers.dumps import random_rows, write_sequence_dump, write_token_dump
 
     from rollout_diag.io.reader import DumpReader
 

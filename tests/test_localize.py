@@ -272,7 +272,7 @@ def test_delta_histogram_bins_by_brute_force():
 def _long_row_dump(tmp_path, length: int, spike: int) -> str:
     """One step: a short row and a row of ``length`` tokens whose largest |δ| (3.0) sits at position ``spike``; every
     other token has |δ| 0.01 (trainer −1.0, rollout −1.01), so the long row is the worst row by every criterion."""
-    from dumps import seq_row, write_sequence_dump
+    from helpers.dumps import seq_row, write_sequence_dump
 
     trainer = [-1.0] * length
     rollout = [-1.01] * length

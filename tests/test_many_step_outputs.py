@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from dumps import write_sequence_dump
+from helpers.dumps import write_sequence_dump
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table

@@ -10,7 +10,7 @@ import statistics
 import numpy as np
 import pytest
 import torch
-from dumps import random_rows, seq_row, write_sequence_dump
+from helpers.dumps import random_rows, seq_row, write_sequence_dump
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -1,4 +1,4 @@
-"""The library against the slow float64 reference (tests/reference.py), written from METRICS.md alone."""
+"""The library against the slow float64 reference (tests/helpers/reference.py), written from METRICS.md alone."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from reference import debug_metrics, offpolicy_metrics, rollout_kl_metrics, round_metrics
+from helpers.reference import debug_metrics, offpolicy_metrics, rollout_kl_metrics, round_metrics
 
 import rollout_diag as rd
 

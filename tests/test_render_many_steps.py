@@ -12,7 +12,7 @@ import re
 
 import numpy as np
 import pytest
-from dumps import write_sequence_dump
+from helpers.dumps import write_sequence_dump
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from rich.console import Console

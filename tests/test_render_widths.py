@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
-from dumps import seq_row, write_sequence_dump
+from helpers.dumps import seq_row, write_sequence_dump
 from rich.cells import cell_len
 from typer.testing import CliRunner, Result
 

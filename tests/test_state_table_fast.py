@@ -8,7 +8,7 @@ from typing import ClassVar
 
 import numpy as np
 import pytest
-from dumps import random_rows, write_sequence_dump
+from helpers.dumps import random_rows, write_sequence_dump
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import test_many_steps as many
 import torch
-from dumps import random_rows, seq_row, write_sequence_dump
+from helpers.dumps import random_rows, seq_row, write_sequence_dump
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_many_steps import tiny_rows

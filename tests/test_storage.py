@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from dumps import random_rows, write_sequence_dump
+from helpers.dumps import random_rows, write_sequence_dump
 from test_hardening_io import error_line  # one Error: line, exit 1, no internal error
 from typer.testing import CliRunner
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from dumps import write_table
+from helpers.dumps import write_table
 from test_groups import env_table
 from typer.testing import CliRunner
 

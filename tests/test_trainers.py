@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from helpers.reference import offpolicy_metrics
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference import offpolicy_metrics
 
 import rollout_diag as rd
 from rollout_diag.trainers import unique_sample_ids

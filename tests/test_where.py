@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from dumps import random_rows, sequence_table, token_table, write_table
+from helpers.dumps import random_rows, sequence_table, token_table, write_table
 from test_groups import assert_close, env_table
 from typer.testing import CliRunner
 

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from dumps import encodings
+from helpers.dumps import encodings
 
 import rollout_diag as rd
 

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-SAMPLES = Path(__file__).resolve().parent.parent / "sample_data"
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_data"
 REAL = SAMPLES / "textgenrnn_bf16_vs_fp32.parquet"
 MULTITURN = SAMPLES / "synthetic_multiturn.parquet"
 COLUMNS = ("step", "sample_id", "rollout_log_probs", "old_log_probs", "response_mask")

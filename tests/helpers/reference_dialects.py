@@ -15,7 +15,8 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from reference import debug_metrics, offpolicy_metrics
+
+from helpers.reference import debug_metrics, offpolicy_metrics
 
 Row = tuple[np.ndarray, np.ndarray, np.ndarray]
 
@@ -50,7 +51,7 @@ def k3(x: float) -> float:
 
 # -------------------------------------------------------------------------------------------------- verl
 def verl(rows: Sequence[Row]) -> dict[str, float]:
-    """verl's names: tests/reference.py's §1 and §5 (checked there), plus the row means over valid rows."""
+    """verl's names: tests/helpers/reference.py's §1 and §5 (checked there), plus the row means over valid rows."""
     tokens = flat(rows)
     if not tokens:
         return {}

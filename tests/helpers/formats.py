@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from dumps import Row, random_rows, write_sequence_dump
+
+from helpers.dumps import Row, random_rows, write_sequence_dump
 
 STEPS = (1, 2, 3)  # every trainer here logs 1-based steps
 PROMPT_LENGTH = 3
