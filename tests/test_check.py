@@ -11,9 +11,9 @@ from pathlib import Path
 import jsonschema
 import numpy as np
 import pytest
+from helpers.cli import error_line, invoke
 from helpers.dumps import random_rows, write_sequence_dump
 from helpers.reference import debug_metrics, offpolicy_metrics, rollout_kl_metrics
-from test_cli import error_line, invoke
 
 from rollout_diag import catalogue
 from rollout_diag.decisions.check import DEFAULT_GATES, Gate, check, load_gates, metric_values, parse_gate

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 import typer.main
+from helpers.cli import WIDTH, error_line, invoke, succeeded
 from helpers.dumps import random_rows, write_sequence_dump
-from typer.testing import CliRunner, Result
+from typer.testing import Result
 
 from rollout_diag import __version__
 from rollout_diag.cli import app
@@ -33,30 +34,6 @@ SAMPLE_CANDIDATES = (
     REPO / "sample_data" / "textgenrnn_bf16_vs_fp32.parquet",
     REPO.parent / "shared" / "data" / "textgenrnn_bf16_vs_fp32.parquet",
 )
-WIDTH = 160
-runner = CliRunner()
-
-
-def invoke(*args: object) -> Result:
-    """Run the CLI in-process at a fixed width; an exception escaping the app is a traceback a user would see."""
-    result = runner.invoke(app, [str(a) for a in args], env={"COLUMNS": str(WIDTH)})
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise AssertionError(f"exception escaped the CLI: {result.exception!r}\n{result.output}") from result.exception
-    assert "Traceback" not in result.output
-    return result
-
-
-def succeeded(result: Result) -> str:
-    assert result.exit_code == 0, result.output
-    return result.stdout
-
-
-def error_line(result: Result) -> str:
-    assert result.exit_code == 1, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
-    assert result.stdout == ""
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

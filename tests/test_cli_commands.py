@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from test_cli import error_line, invoke, succeeded
+from helpers.cli import error_line, invoke, succeeded
 
 from rollout_diag.presets import VERL_PRESETS as VERL
 

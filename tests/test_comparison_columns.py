@@ -13,8 +13,8 @@ import jsonschema
 import numpy as np
 import polars as pl
 import pytest
+from helpers.cli import error_line, invoke, succeeded
 from helpers.dumps import seq_row, write_sequence_dump
-from test_cli import error_line, invoke, succeeded
 from test_json_writers_compare import _Corrections, comparison_text
 from test_many_steps import tiny_rows
 from test_schema import validator

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cli import invoke, succeeded
+from helpers.cli import invoke, succeeded
 from test_schema import validator
 
 from rollout_diag.decisions.recommend import by_intrusiveness, recommend, sort_by_intrusiveness
