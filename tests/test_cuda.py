@@ -14,9 +14,9 @@ import os
 import numpy as np
 import pytest
 import torch
-from test_correction import ALL_PRESETS, random_steps
-from test_correction import write_dump as write_preset_dump
-from test_metrics import assert_metrics_match, random_rows, reference_metrics, write_dump
+from helpers.metrics import assert_metrics_match, random_rows, reference_metrics, write_dump
+from helpers.presets import ALL_PRESETS, random_steps
+from helpers.presets import write_dump as write_preset_dump
 
 import rollout_diag as rd
 from rollout_diag.engine.choice import use_engine

@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.metrics import random_rows, write_dump
+from helpers.presets import ALL_PRESETS, random_steps
+from helpers.presets import write_dump as write_preset_dump
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_correction import ALL_PRESETS, random_steps
-from test_correction import write_dump as write_preset_dump
-from test_metrics import random_rows, write_dump
 
 import rollout_diag as rd
 import rollout_diag.metrics.dialects

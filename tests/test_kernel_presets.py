@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.presets import ALL_PRESETS, assert_metrics_close, make_chunk
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_correction import ALL_PRESETS, assert_metrics_close, make_chunk
 from test_kernel import assert_same_document
 
 import rollout_diag as rd
@@ -55,7 +55,7 @@ def bound_rows(seed: int, rows: int) -> list:
 
 def write_bounds_dump(path: Path, seed: int, steps: tuple[int, ...], rows: int) -> Path:
     """A dump of ``bound_rows`` per step (step s from seed + s), logprobs rounded to float32 as a dump holds them."""
-    from test_correction import write_dump
+    from helpers.presets import write_dump
 
     rounded = {
         step: [
@@ -248,7 +248,7 @@ def test_the_prepare_pool_builds_every_token_value_and_the_caller_none(monkeypat
     the derived quantities, w, the moments and the histogram are all prepared; with every preset (a custom one
     combines a token k3 option with IcePop, counted token by token) the caller builds what that needs. Either way
     the result is the unprepared pass's."""
-    from test_correction import random_step
+    from helpers.presets import random_step
 
     from rollout_diag.drivers.passes import PassSpec
     from rollout_diag.engine.stats import stats

@@ -7,9 +7,9 @@ from collections.abc import Mapping
 
 import numpy as np
 import pytest
+from helpers.metrics import random_rows, write_dump
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_metrics import random_rows, write_dump
 
 import rollout_diag as rd
 from rollout_diag.decisions.trends import change_point, find_anomalies, least_squares, t_quantile_975

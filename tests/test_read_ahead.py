@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from test_metrics import random_rows, write_dump
+from helpers.metrics import random_rows, write_dump
 
 import rollout_diag as rd
 from rollout_diag.drivers import distributed

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from test_correction import ALL_PRESETS, make_chunk, random_steps
+from helpers.presets import ALL_PRESETS, make_chunk, random_steps
 
 from rollout_diag.memory import trim_heap
 from rollout_diag.metrics.outcome import CorrectionAnalysis

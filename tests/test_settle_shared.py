@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import numpy as np
+from helpers.presets import ALL_PRESETS
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_correction import ALL_PRESETS
 from test_settle import _fed
 
 from rollout_diag.metrics.outcome import _ArrayPool
