@@ -15,8 +15,8 @@ import polars as pl
 import pytest
 from helpers.cli import error_line, invoke, succeeded
 from helpers.dumps import seq_row, write_sequence_dump
+from helpers.steps import tiny_rows
 from test_json_writers_compare import _Corrections, comparison_text
-from test_many_steps import tiny_rows
 from test_schema import validator
 
 from rollout_diag.drivers.compare import compare_presets

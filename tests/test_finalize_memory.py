@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 from helpers.dumps import write_sequence_dump
+from helpers.steps import tiny_rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_many_steps import tiny_rows
 
 from rollout_diag.decisions import trends
 from rollout_diag.drivers.engine import _family_groups, step_table

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers.dumps import write_sequence_dump
+from helpers.steps import tiny_rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_many_steps import tiny_rows
 
 from rollout_diag.decisions.recommend import sort_by_intrusiveness
 from rollout_diag.drivers.compare import compare_presets

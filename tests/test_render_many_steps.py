@@ -13,10 +13,10 @@ import re
 import numpy as np
 import pytest
 from helpers.dumps import write_sequence_dump
+from helpers.steps import tiny_rows
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
-from test_many_steps import tiny_rows
 
 import rollout_diag as rd
 from rollout_diag.catalogue import short_name
