@@ -119,7 +119,7 @@ def analyze_on_both(path, **options) -> None:
 
 
 def samples():
-    from test_kernel import SAMPLES
+    from helpers.kernel import SAMPLES
 
     return SAMPLES
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 from helpers.dumps import write_table
-from test_groups import env_table
+from helpers.groups import env_table
 from typer.testing import CliRunner
 
 from rollout_diag import analyze, compare_presets

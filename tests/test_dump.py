@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from helpers.dumps import random_rows, write_sequence_dump
-from test_imports import loaded_after
+from helpers.imports import loaded_after
 
 import rollout_diag as rd
 

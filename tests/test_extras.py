@@ -53,7 +53,7 @@ runner = CliRunner()
 
 
 def padded(step: int) -> dict[str, torch.Tensor]:
-    from test_trainers import padded_batch
+    from helpers.trainers import padded_batch
 
     old, rollout, mask, lengths, _ = padded_batch(step, rows=ROWS, width=WIDTH, empty_row=False)
     return {"old_log_probs": old, "rollout_log_probs": rollout, "response_mask": mask, "lengths": lengths}

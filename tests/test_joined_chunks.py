@@ -17,8 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers.dumps import random_rows, seq_row, sequence_table, write_sequence_dump, write_table
-from test_bad_input import corrupt_row_group
+from helpers.dumps import corrupt_row_group, random_rows, seq_row, sequence_table, write_sequence_dump, write_table
 
 import rollout_diag as rd
 from rollout_diag.io import reader as reader_module

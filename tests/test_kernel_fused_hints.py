@@ -12,10 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from helpers.kernel import chunk_of, layouts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba import njit
-from test_kernel import chunk_of, layouts
 
 from rollout_diag.drivers import passes
 from rollout_diag.engine import quantities

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.kernel import assert_same_document
 from helpers.presets import ALL_PRESETS, assert_metrics_close, make_chunk
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_kernel import assert_same_document
 
 import rollout_diag as rd
 from rollout_diag.engine.choice import use_engine

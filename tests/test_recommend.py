@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from helpers.cli import invoke, succeeded
-from test_schema import validator
+from helpers.schema import validator
 
 from rollout_diag.decisions.recommend import by_intrusiveness, recommend, sort_by_intrusiveness
 from rollout_diag.render.presets import corrects

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers.dumps import write_table
-from test_groups import env_table
+from helpers.groups import env_table
 from typer.testing import CliRunner
 
 from rollout_diag.cli import app

@@ -232,3 +232,14 @@ def encodings(path: str | Path) -> dict[str, set[str]]:
     """Each leaf column's Parquet encodings in the first row group (e.g. 'rollout_log_probs.list.element')."""
     group = pq.ParquetFile(path).metadata.row_group(0)
     return {group.column(i).path_in_schema: set(group.column(i).encodings) for i in range(group.num_columns)}
+
+
+def corrupt_row_group(path: Path, group: int) -> None:
+    """Overwrite the first page header of every column chunk in ``group`` (the footer stays valid)."""
+    metadata = pq.ParquetFile(path).metadata.row_group(group)
+    data = bytearray(path.read_bytes())
+    for index in range(metadata.num_columns):
+        chunk = metadata.column(index)
+        start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+        data[start : start + 8] = b"\xff" * 8
+    path.write_bytes(bytes(data))
