@@ -18,10 +18,10 @@ from itertools import pairwise
 
 import numpy as np
 import pytest
+from helpers.jsonl import _read, nemo_rl_line, prime_rl_line
+from helpers.scanner import _convert, _scan_lines
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_formats import _read, nemo_rl_line, prime_rl_line
-from test_jsonl_scan import _convert, _scan_lines
 
 from rollout_diag.io.formats import base, nemo_rl, prime_rl
 

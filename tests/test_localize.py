@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 import numpy as np
 import pytest
+from helpers.localize import assert_same
 from helpers.metrics import random_rows, write_dump
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -101,21 +101,6 @@ def comparable(result: rd.AnalysisResult) -> dict:
         entry.pop("file")
         entry.pop("row")
     return document
-
-
-def assert_same(a: object, b: object, path: str = "") -> None:
-    if isinstance(a, Mapping):  # a dict, or a step's metrics read from the result's columns
-        assert isinstance(b, Mapping) and set(a) == set(b), path
-        for key in a:
-            assert_same(a[key], b[key], f"{path}/{key}")
-    elif isinstance(a, list):
-        assert isinstance(b, list) and len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_same(x, y, f"{path}[{i}]")
-    elif isinstance(a, float) and isinstance(b, float):
-        assert b == pytest.approx(a, rel=1e-12, abs=1e-15), path
-    else:
-        assert a == b, path
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from helpers.dumps import random_rows, write_sequence_dump
-from test_localize import assert_same
+from helpers.localize import assert_same
 
 import rollout_diag as rd
 

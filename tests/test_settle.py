@@ -7,18 +7,9 @@ import math
 
 import numpy as np
 import pytest
-from helpers.presets import ALL_PRESETS, make_chunk, random_steps
+from helpers.presets import ALL_PRESETS, _fed, make_chunk, random_steps
 
 from rollout_diag.memory import trim_heap
-from rollout_diag.metrics.outcome import CorrectionAnalysis
-
-
-def _fed(seed: int) -> CorrectionAnalysis:
-    analysis = CorrectionAnalysis(ALL_PRESETS)
-    records = [(step, row) for step, rows in random_steps(seed).items() for row in rows]
-    for begin in range(0, len(records), 5):  # chunks that cut steps
-        analysis.update(make_chunk(records[begin : begin + 5]))
-    return analysis
 
 
 def _same(a: float, b: float) -> bool:

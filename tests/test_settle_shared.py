@@ -4,10 +4,9 @@
 from __future__ import annotations
 
 import numpy as np
-from helpers.presets import ALL_PRESETS
+from helpers.presets import ALL_PRESETS, _fed
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_settle import _fed
 
 from rollout_diag.metrics.outcome import _ArrayPool
 

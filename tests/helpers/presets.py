@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import torch
 
 from rollout_diag.io.chunk import Chunk
+from rollout_diag.metrics.outcome import CorrectionAnalysis
 from rollout_diag.presets import PRESETS, Preset, preset_from_options
 
 RTOL = 1e-9  # library and reference sum in different orders; both float64
@@ -134,3 +135,11 @@ def make_chunk(records: list[tuple[int, Row]]) -> Chunk:
         file=["memory"] * len(records),
         file_row=list(range(len(records))),
     )
+
+
+def _fed(seed: int) -> CorrectionAnalysis:
+    analysis = CorrectionAnalysis(ALL_PRESETS)
+    records = [(step, row) for step, rows in random_steps(seed).items() for row in rows]
+    for begin in range(0, len(records), 5):  # chunks that cut steps
+        analysis.update(make_chunk(records[begin : begin + 5]))
+    return analysis
