@@ -27,7 +27,7 @@ from rollout_diag.errors import DataError
 from rollout_diag.io.reader import DumpReader
 from rollout_diag.kernels import prepass as prepass_module
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from rollout_diag.io.convert import convert
 from rollout_diag.io.formats import FORMAT_NAMES, DumpInputs
 
 FORMATS = list(ff.WRITERS)
-SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "schemas" / "result.schema.json").read_text())
+SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "result.schema.json").read_text())
 runner = CliRunner()
 
 
