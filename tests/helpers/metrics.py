@@ -70,7 +70,7 @@ def reference_metrics(rows: list[dict]) -> dict[str, float]:
 
 
 def assert_metrics_match(actual: dict[str, float], expected: dict[str, float]) -> None:
-    # Diagnostics of our own (diag/…) have no reference here; they are tested in test_localize.py.
+    # Diagnostics of our own (diag/…) have no reference here; they are tested in tests/metrics/test_localize.py.
     ours = {k: v for k, v in actual.items() if not k.startswith("diag/")}
     assert set(ours) == set(expected)
     for name, value in expected.items():

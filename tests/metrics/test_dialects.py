@@ -17,7 +17,7 @@ from rollout_diag.errors import ConfigError
 from rollout_diag.metrics.dialects import FRAMEWORKS, markdown, resolve
 
 RTOL = 1e-9  # the library sums in another order than the reference; both are float64
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "dialects.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "dialects.md"
 
 
 def random_rows(rng: np.random.Generator, count: int, max_len: int = 30) -> list[dict]:
