@@ -2,8 +2,9 @@
 
 Skipped (saying so) where torch sees no GPU. Where one is present, every analysis and preset metric on
 CUDA must equal the CPU result of the numba kernels to 1e-12 relative and the float64 reference to the suite's
-tolerance. CI runs the same torch engine on the CPU against the kernels over every test dump (tests/test_kernel.py),
-so what only a GPU can check is the device: ``segment_reduce`` and the device-side validation and bookkeeping.
+tolerance. CI runs the same torch engine on the CPU against the kernels over every test dump
+(tests/kernels/test_kernel.py), so what only a GPU can check is the device: ``segment_reduce`` and the device-side
+validation and bookkeeping.
 """
 
 from __future__ import annotations
@@ -84,8 +85,8 @@ def test_presets_on_cuda_match_cpu(tmp_path):
 
 
 # ---------------------------------------------------------------- the kernel-equality tests, with torch on CUDA
-# tests/test_kernel.py requires the torch engine on the CPU to equal the numba kernels over every test dump; here the
-# same documents are compared with the torch engine on the GPU, so the device is the only thing that differs.
+# tests/kernels/test_kernel.py requires the torch engine on the CPU to equal the numba kernels over every test dump;
+# here the same documents are compared with the torch engine on the GPU, so the device is the only thing that differs.
 
 
 def assert_same_document(cpu_doc, cuda_doc, where: str = "") -> None:

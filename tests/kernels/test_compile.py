@@ -22,7 +22,7 @@ from helpers.dumps import random_rows, sequence_table, write_sequence_dump, writ
 from rollout_diag.cores import available_cores
 from rollout_diag.kernels import cpu, presets
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Runs the commands on the numba engine over the dumps given, then prints {"signatures": {kernel: [signature]},
 # "compiled": [function compiled in this process]}.

@@ -30,8 +30,8 @@ from rollout_diag.errors import ConfigError
 from rollout_diag.kernels import compiled
 from rollout_diag.metrics.localize import DELTA_BINS, delta_bin
 
-# exp / expm1: the torch engine takes torch's or numpy's, the kernel its own (tests/test_kernel_exp.py); they may
-# differ by an ulp or two
+# exp / expm1: the torch engine takes torch's or numpy's, the kernel its own (tests/kernels/test_kernel_exp.py); they
+# may differ by an ulp or two
 EXP_QUANTITIES = {"k3", "skyrl_k3", "chi2_term", "trainer_prob", "rollout_prob", "prob_diff"}
 # k3 = expm1(±δ) ∓ δ cancels to ~δ²/2: an ulp or two of expm1 (~|δ|·2^-52 each) is then the engines' difference, up to
 # ~1e-11 of a lone token's k3 for |δ| near 1e-4 (docs/benchmarks.md, session 9); summed over a segment, its Σ|δ| (for a
