@@ -18,7 +18,7 @@ from typer.testing import CliRunner, Result
 from rollout_diag.cli import app
 from rollout_diag.render.diff import change
 
-SAMPLES = Path(__file__).resolve().parent.parent / "sample_data"
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_data"
 BF16 = SAMPLES / "textgenrnn_bf16_vs_fp32.parquet"
 MULTI_TURN = SAMPLES / "synthetic_multiturn.parquet"
 WIDTHS = (80, 120)
