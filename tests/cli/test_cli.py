@@ -29,7 +29,7 @@ from rollout_diag.formatting import numbers
 from rollout_diag.render.format import number
 from rollout_diag.render.summary import short_name
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SAMPLE_CANDIDATES = (
     REPO / "sample_data" / "textgenrnn_bf16_vs_fp32.parquet",
     REPO.parent / "shared" / "data" / "textgenrnn_bf16_vs_fp32.parquet",

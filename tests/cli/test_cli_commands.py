@@ -15,7 +15,7 @@ from rollout_diag.presets import VERL_PRESETS as VERL
 
 VERL_PRESETS = [preset.name for preset in VERL]
 
-SAMPLE = Path(__file__).resolve().parent.parent / "sample_data" / "textgenrnn_bf16_vs_fp32.parquet"
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "textgenrnn_bf16_vs_fp32.parquet"
 
 
 @pytest.fixture(scope="module")
