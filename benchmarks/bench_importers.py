@@ -4,7 +4,7 @@
     python benchmarks/bench_importers.py --tokens 10000000
     python benchmarks/bench_importers.py --tokens 10000000 --write docs/benchmarks.md
 
-The dataset is tests/fixtures_formats.py's (the one the importer tests use), scaled up: `--steps` steps of
+The dataset is tests/helpers/formats.py's (the one the importer tests use), scaled up: `--steps` steps of
 rows up to `--max-length` tokens, written as Parquet (the reference) and as prime-rl, NeMo-RL, slime,
 SkyRL and verl dumps by the same writers as the tests. Each contender is `rollout_diag.analyze` on that
 directory in a fresh process (median of --repeat; wall seconds include interpreter start), and `convert`
@@ -84,8 +84,8 @@ def make_dumps(
 ) -> tuple[dict[str, Path], int]:
     """The dataset in every format (or those of ``formats``) under ``root``, each reused when already
     there; returns paths and its tokens."""
-    import fixtures_formats as ff
-    from dumps import random_rows
+    import helpers.formats as ff
+    from helpers.dumps import random_rows
 
     rows_per_step = max(1, int(tokens / steps / ((1 + max_length) / 2)))
     root = root / f"dataset_{tokens}_{steps}_{max_length}"
@@ -157,7 +157,7 @@ def main() -> None:
         "",
         f"Machine: {platform.machine()}, {platform.processor() or 'cpu'}, Python {platform.python_version()}; "
         f"one dataset ({args.steps} steps, rows of 1–{args.max_length} tokens) written in every format by "
-        f"tests/fixtures_formats.py; median of {args.repeat} fresh processes (min–max), wall seconds.",
+        f"tests/helpers/formats.py; median of {args.repeat} fresh processes (min–max), wall seconds.",
         "",
         "| format | input MB | analyze wall s | M tokens/s | peak RSS MB | convert wall s |",
         "|---|---|---|---|---|---|",

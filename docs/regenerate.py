@@ -6,7 +6,7 @@ headless Chromium draws it at 1400 px).
     PYTHONPATH=. python docs/regenerate.py --readme    # the README excerpt only (no Chromium needed)
     PYTHONPATH=. python docs/regenerate.py --check     # exit 1 when the README excerpt differs from the code's
 
-tests/test_render_widths.py fails when the README excerpt drifts; the PNG is only ever regenerated (pixels
+tests/render/test_render_widths.py fails when the README excerpt drifts; the PNG is only ever regenerated (pixels
 differ between Chromium builds and fonts).
 """
 

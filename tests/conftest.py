@@ -3,9 +3,9 @@
 ``auto`` runs the torch engine on the CPU for an input of fewer than ``SMALL_INPUT_TOKENS`` tokens where the chunks
 are tensors (``inspect``: loading numba costs more than it saves there beside torch; engine/kernels/). Every dump
 of this suite is that small, so the suite sets the bound to 0: ``auto`` then means the numba kernels on the CPU, as
-for a real dump, and the tests that compare the engines or run the size rule itself (tests/test_kernel.py) choose
-them explicitly. Set here, before any test imports the package, so the CLI subprocesses the tests start inherit it
-too.
+for a real dump, and the tests that compare the engines or run the size rule itself (tests/kernels/test_kernel.py)
+choose them explicitly. Set here, before any test imports the package, so the CLI subprocesses the tests start
+inherit it too.
 """
 
 from __future__ import annotations

@@ -6,23 +6,13 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pytest
-from dumps import random_rows, seq_row, write_sequence_dump
-
-from rollout_diag.io.reader import DumpReader
-from rollout_diag.metrics.base import StepAccumulator
-from rollout_diag.metrics.debug import DebugAccumulator
-from rollout_diag.metrics.localize import PositionAccumulator
-from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
-from rollout_diag.metrics.outcome import CorrectionAnalysis
-from rollout_diag.metrics.rollout_kl import RolloutKLAccumulator
-from rollout_diag.metrics.rounds import RoundAccumulator
-from rollout_diag.metrics.sweep import SweepAccumulator, sweep_tables
-from rollout_diag.presets import PRESETS
+from helpers.dumps import random_rows, seq_row, write_sequence_dump
+from helpers.tables import FAMILIES, chunks, finalized
 
 RTOL = 1e-12
 ATOL = 1e-15  # values that are 0 in exact arithmetic (a std of equal weights) come out at ~1e-17 either way
@@ -39,25 +29,6 @@ def dump(tmp_path_factory) -> str:
     rows.append(seq_row(2, "empty", [-0.5, -1.0], [-0.4, -1.1], [0, 0]))
     random.Random(21).shuffle(rows)
     return str(write_sequence_dump(tmp_path_factory.mktemp("contract") / "dump.parquet", rows, row_group_size=9))
-
-
-def chunks(path: str, chunk_tokens: int) -> list[Any]:
-    return [chunk for chunk, _ in DumpReader([path], chunk_tokens=chunk_tokens).chunks("cpu")]
-
-
-def finalized(accumulator: Any) -> Any:
-    """Everything a family's finalize gives: per step and run values (and the sweep's tables)."""
-    if isinstance(accumulator, CorrectionAnalysis):
-        return accumulator.finalize()
-    out: dict[str, Any] = {"steps": accumulator.finalize_steps(), "run": accumulator.finalize_run()}
-    if isinstance(accumulator, SweepAccumulator):
-        out["tables"] = sweep_tables(accumulator)
-    if isinstance(accumulator, RoundAccumulator):
-        out["table"] = accumulator.finalize_table()
-    if isinstance(accumulator, PositionAccumulator):
-        out["positions"] = accumulator.position_rows()
-        out["histogram"] = accumulator.delta_histogram()
-    return out
 
 
 def assert_close(actual: Any, expected: Any, where: str = "") -> None:
@@ -83,19 +54,6 @@ def merged(parts: list[Any]) -> Any:
     for other in parts[1:]:
         first.merge(other)
     return first
-
-
-FAMILIES: dict[str, Callable[[], StepAccumulator | CorrectionAnalysis]] = {
-    "offpolicy": OffPolicyAccumulator,
-    "debug": DebugAccumulator,
-    "rollout_kl": RolloutKLAccumulator,
-    "rounds": lambda: RoundAccumulator(max_rounds=3, catastrophic=0.5),
-    "positions": lambda: PositionAccumulator(0.5),
-    "sweep": SweepAccumulator,
-    "correction (every preset: IS, RS options and chains, legacy, drop rules)": lambda: CorrectionAnalysis(
-        list(PRESETS.values())
-    ),
-}
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

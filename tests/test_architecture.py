@@ -568,3 +568,42 @@ def test_the_token_quantity_table_is_stated_once():
     assert named <= set(TOKEN_QUANTITIES)
     for kernel in ("rollout_diag.engine.kernels.cpu", "rollout_diag.engine.kernels.presets"):
         assert "rollout_diag.engine.quantities" in imports_of(kernel)
+
+
+# ---------------------------------------------------------------- the tests: shared pieces live in tests/helpers/
+TESTS = Path(__file__).resolve().parent
+
+
+def imported_test_modules(source: str) -> list[str]:
+    """The ``test_*`` (and ``conftest``) modules a test source imports, at any depth: what tests share lives in
+    tests/helpers/ (builders, references) or tests/conftest.py (fixtures), never in another test module."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [f"{node.module or ''}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        found += [
+            name for name in names if any(part.startswith("test_") or part == "conftest" for part in name.split("."))
+        ]
+    return found
+
+
+def test_no_test_module_imports_another():
+    sources = sorted(path for path in TESTS.rglob("*.py") if ".venv" not in path.parts)
+    assert any(path.parent.name == "helpers" for path in sources)
+    offenders = {
+        str(path.relative_to(TESTS)): found for path in sources if (found := imported_test_modules(path.read_text()))
+    }
+    assert offenders == {}, "import the shared piece from tests/helpers/ (or a fixture from tests/conftest.py)"
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["from test_cli import invoke", "import test_many_steps as many", "def f():\n    from metrics.test_x import y"],
+)
+def test_a_test_module_importing_another_is_caught(source):
+    assert imported_test_modules(source) != []
+    assert imported_test_modules("from helpers.cli import invoke\nimport pytest") == []

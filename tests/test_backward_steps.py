@@ -15,14 +15,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
-from dumps import random_rows, seq_row, write_sequence_dump
+from helpers.dumps import random_rows, seq_row, write_sequence_dump
+from helpers.tables import FAMILIES, assert_same_table, chunks, finalized, steps_of, table_specs
+from helpers.tables import REDUCTIONS as EVERY_REDUCTION
+from helpers.tables import _Family as TableFamily
+from helpers.tables import _table as adversarial_table
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_accumulator_contract import FAMILIES, chunks, finalized
-from test_state_table_fast import REDUCTIONS as EVERY_REDUCTION
-from test_state_table_fast import _Family as TableFamily
-from test_state_table_fast import _table as adversarial_table
-from test_state_table_fast import assert_same_table, steps_of, table_specs
 
 from rollout_diag.engine.state import Ragged, StateTable
 from rollout_diag.engine.store import LAYERS, StepStore

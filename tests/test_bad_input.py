@@ -16,14 +16,14 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-from dumps import (
+from helpers.dumps import (
     ALT_KEY_NAMES,
     NEMO_RL_NAMES,
     OPEN_INSTRUCT_NAMES,
     PRIME_RL_NAMES,
     SKYRL_NAMES,
+    corrupt_row_group,
     random_rows,
     seq_row,
     sequence_table,
@@ -289,17 +289,6 @@ def test_invalid_utf8_sample_id_names_file_and_column(tmp_path: Path) -> None:
     line = analyze_error(path)
     assert str(path) in line
     assert "column 'sample_id'" in line
-
-
-def corrupt_row_group(path: Path, group: int) -> None:
-    """Overwrite the first page header of every column chunk in ``group`` (the footer stays valid)."""
-    metadata = pq.ParquetFile(path).metadata.row_group(group)
-    data = bytearray(path.read_bytes())
-    for index in range(metadata.num_columns):
-        chunk = metadata.column(index)
-        start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
-        data[start : start + 8] = b"\xff" * 8
-    path.write_bytes(bytes(data))
 
 
 def test_undecodable_row_group_is_skipped_and_listed(tmp_path: Path) -> None:

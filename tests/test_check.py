@@ -11,9 +11,10 @@ from pathlib import Path
 import jsonschema
 import numpy as np
 import pytest
-from dumps import random_rows, write_sequence_dump
-from reference import debug_metrics, offpolicy_metrics, rollout_kl_metrics
-from test_cli import error_line, invoke
+from helpers.cli import error_line, invoke
+from helpers.dumps import random_rows, write_sequence_dump
+from helpers.reference import debug_metrics, offpolicy_metrics, rollout_kl_metrics
+from helpers.steps import SAMPLE
 
 from rollout_diag import catalogue
 from rollout_diag.decisions.check import DEFAULT_GATES, Gate, check, load_gates, metric_values, parse_gate
@@ -22,7 +23,6 @@ from rollout_diag.drivers.rowpass import row_pass
 from rollout_diag.errors import ConfigError
 from rollout_diag.results import AnalysisResult, StepResult
 
-SAMPLE = Path(__file__).resolve().parent.parent / "sample_data" / "textgenrnn_bf16_vs_fp32.parquet"
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
 
 

@@ -13,11 +13,11 @@ import jsonschema
 import numpy as np
 import polars as pl
 import pytest
-from dumps import seq_row, write_sequence_dump
-from test_cli import error_line, invoke, succeeded
-from test_json_writers_compare import _Corrections, comparison_text
-from test_many_steps import tiny_rows
-from test_schema import validator
+from helpers.cli import error_line, invoke, succeeded
+from helpers.compare import _Corrections, comparison_text
+from helpers.dumps import seq_row, write_sequence_dump
+from helpers.schema import validator
+from helpers.steps import tiny_rows
 
 from rollout_diag.drivers.compare import compare_presets
 from rollout_diag.errors import InputError

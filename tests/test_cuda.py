@@ -2,8 +2,9 @@
 
 Skipped (saying so) where torch sees no GPU. Where one is present, every analysis and preset metric on
 CUDA must equal the CPU result of the numba kernels to 1e-12 relative and the float64 reference to the suite's
-tolerance. CI runs the same torch engine on the CPU against the kernels over every test dump (tests/test_kernel.py),
-so what only a GPU can check is the device: ``segment_reduce`` and the device-side validation and bookkeeping.
+tolerance. CI runs the same torch engine on the CPU against the kernels over every test dump
+(tests/kernels/test_kernel.py), so what only a GPU can check is the device: ``segment_reduce`` and the device-side
+validation and bookkeeping.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import os
 import numpy as np
 import pytest
 import torch
-from test_correction import ALL_PRESETS, random_steps
-from test_correction import write_dump as write_preset_dump
-from test_metrics import assert_metrics_match, random_rows, reference_metrics, write_dump
+from helpers.metrics import assert_metrics_match, random_rows, reference_metrics, write_dump
+from helpers.presets import ALL_PRESETS, random_steps
+from helpers.presets import write_dump as write_preset_dump
 
 import rollout_diag as rd
 from rollout_diag.engine.choice import use_engine
@@ -84,8 +85,8 @@ def test_presets_on_cuda_match_cpu(tmp_path):
 
 
 # ---------------------------------------------------------------- the kernel-equality tests, with torch on CUDA
-# tests/test_kernel.py requires the torch engine on the CPU to equal the numba kernels over every test dump; here the
-# same documents are compared with the torch engine on the GPU, so the device is the only thing that differs.
+# tests/kernels/test_kernel.py requires the torch engine on the CPU to equal the numba kernels over every test dump;
+# here the same documents are compared with the torch engine on the GPU, so the device is the only thing that differs.
 
 
 def assert_same_document(cpu_doc, cuda_doc, where: str = "") -> None:
@@ -119,7 +120,7 @@ def analyze_on_both(path, **options) -> None:
 
 
 def samples():
-    from test_kernel import SAMPLES
+    from helpers.kernel import SAMPLES
 
     return SAMPLES
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import jsonschema
 import numpy as np
 import pytest
-from dumps import random_rows, write_sequence_dump
-from test_cli import error_line, invoke, succeeded
+from helpers.cli import error_line, invoke, succeeded
+from helpers.dumps import random_rows, write_sequence_dump
 
 import rollout_diag as rd
 from rollout_diag.decisions.diff import BETTER, SAME, WORSE, DiffSide, diff

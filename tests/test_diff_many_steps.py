@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from dumps import random_rows as dump_rows
-from dumps import write_sequence_dump
+from helpers.dumps import random_rows as dump_rows
+from helpers.dumps import write_sequence_dump
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from dumps import random_rows, write_sequence_dump
-from test_imports import loaded_after
+from helpers.dumps import random_rows, write_sequence_dump
+from helpers.imports import loaded_after
 
 import rollout_diag as rd
 

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from dumps import random_rows, sequence_table, token_table, write_table
+from helpers.dumps import random_rows, sequence_table, token_table, write_table
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
@@ -53,7 +53,7 @@ runner = CliRunner()
 
 
 def padded(step: int) -> dict[str, torch.Tensor]:
-    from test_trainers import padded_batch
+    from helpers.trainers import padded_batch
 
     old, rollout, mask, lengths, _ = padded_batch(step, rows=ROWS, width=WIDTH, empty_row=False)
     return {"old_log_probs": old, "rollout_log_probs": rollout, "response_mask": mask, "lengths": lengths}

@@ -10,10 +10,10 @@ import tracemalloc
 import numpy as np
 import pytest
 import torch
-from dumps import write_sequence_dump
+from helpers.dumps import write_sequence_dump
+from helpers.steps import tiny_rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_many_steps import tiny_rows
 
 from rollout_diag.decisions import trends
 from rollout_diag.drivers.engine import _family_groups, step_table

@@ -16,7 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from dumps import random_rows, sequence_table, write_table
+from helpers.dumps import random_rows, sequence_table, write_table
+from helpers.groups import ENVS, assert_close, env_table
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -28,30 +29,7 @@ from rollout_diag.groups import GroupSpec, parse_by
 from rollout_diag.results import AnalysisResult
 
 SCHEMA = Path(__file__).resolve().parent.parent / "schemas" / "result.schema.json"
-ENVS = ("math", "code", "search")
-RTOL = ATOL = 1e-12  # chi2 − 1 and similar differences of values near 1: an absolute floor as well
 runner = CliRunner()
-
-
-def env_table(seed: int = 0) -> pa.Table:
-    """5 steps × 12 rows; env_name cycles over three environments except that step 1 has no 'code' row and
-    every 7th row's env_name is null; reward of both signs (and some exact zeros); a bool tag."""
-    rows = random_rows(seed, steps=(0, 1, 2, 3, 4), rows_per_step=12, max_length=40)
-    rng = np.random.default_rng(seed)
-    envs: list[str | None] = []
-    for index, row in enumerate(rows):
-        env = ENVS[index % 3]
-        if row["step"] == 1 and env == "code":
-            env = "math"
-        envs.append(None if index % 7 == 3 else env)
-    rewards = np.round(rng.normal(size=len(rows)), 1)
-    rewards[::5] = 0.0
-    table = sequence_table(rows)
-    return (
-        table.append_column("env_name", pa.array(envs, pa.string()))
-        .append_column("reward", pa.array(rewards))
-        .append_column("flag", pa.array([bool(i % 2) for i in range(len(rows))]))
-    )
 
 
 @pytest.fixture(scope="module")
@@ -59,17 +37,6 @@ def dump(tmp_path_factory) -> tuple[Path, pa.Table]:
     table = env_table()
     path = write_table(tmp_path_factory.mktemp("groups") / "envs.parquet", table, row_group_size=13)
     return path, table
-
-
-def assert_close(actual: dict[str, float], expected: dict[str, float], where: str) -> None:
-    assert set(actual) <= set(expected), f"{where}: unexpected {set(actual) - set(expected)}"
-    assert actual, where
-    for name, value in actual.items():
-        want = expected[name]
-        if math.isnan(want) or math.isinf(want):
-            assert value == want or (math.isnan(value) and math.isnan(want)), f"{where} {name}: {value} != {want}"
-        else:
-            assert math.isclose(value, want, rel_tol=RTOL, abs_tol=ATOL), f"{where} {name}: {value} != {want}"
 
 
 def alone(table: pa.Table, mask: pa.Array, folder: Path, name: str) -> AnalysisResult:

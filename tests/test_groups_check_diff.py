@@ -16,8 +16,8 @@ import jsonschema
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from dumps import write_table
-from test_groups import ENVS, RTOL, env_table
+from helpers.dumps import write_table
+from helpers.groups import ENVS, RTOL, env_table
 from typer.testing import CliRunner
 
 from rollout_diag import analyze

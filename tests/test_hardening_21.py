@@ -7,10 +7,10 @@ import os
 from pathlib import Path
 
 import pytest
-from dumps import random_rows, seq_row, write_sequence_dump
+from helpers.cli import one_error_line
+from helpers.dumps import random_rows, seq_row, write_sequence_dump
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_hardening_io import error_line  # one Error: line, exit 1, no internal error
 from typer.testing import CliRunner
 
 from rollout_diag.cli import app
@@ -72,7 +72,7 @@ def test_an_output_that_is_an_input_is_refused_and_the_input_kept(
     if spelling == "hardlink":
         os.link(dump, out)
     args = [part.format(dump=dump, out=out) for part in command]
-    line = error_line(cli(*args))
+    line = one_error_line(cli(*args))
     assert "is an input" in line and "destroy" in line, line
     assert dump.read_bytes() == before
     assert hidden_files(tmp_path) == []
@@ -82,10 +82,10 @@ def test_an_output_into_a_dump_directory_is_refused(tmp_path: Path) -> None:
     run = tmp_path / "run"
     first = write_sequence_dump(run / "step=0" / "part-0.parquet", random_rows(0, steps=(0,)))
     before = first.read_bytes()
-    line = error_line(cli("analyze", run, "-f", "json", "-o", first))
+    line = one_error_line(cli("analyze", run, "-f", "json", "-o", first))
     assert "is an input" in line
     # convert --partition over the directory that holds the input would delete it
-    line = error_line(cli("convert", run, "-o", run, "--partition", "step", "--overwrite"))
+    line = one_error_line(cli("convert", run, "-o", run, "--partition", "step", "--overwrite"))
     assert "holds an input" in line
     assert first.read_bytes() == before
 
@@ -94,24 +94,24 @@ def test_saved_results_and_presets_files_count_as_inputs(dump: Path, tmp_path: P
     saved = tmp_path / "saved.json"
     assert cli("analyze", dump, "-f", "json", "-o", saved).exit_code == 0
     before = saved.read_bytes()
-    assert "is an input" in error_line(cli("report", "--from-json", saved, "-o", saved))
+    assert "is an input" in one_error_line(cli("report", "--from-json", saved, "-o", saved))
     assert saved.read_bytes() == before
     presets = tmp_path / "mine.yaml"
     presets.write_text("mine:\n  rollout_is: token\n  rollout_is_threshold: 2.0\n")
-    assert "is an input" in error_line(cli("compare-presets", dump, "--presets-file", presets, "-o", presets))
+    assert "is an input" in one_error_line(cli("compare-presets", dump, "--presets-file", presets, "-o", presets))
     assert presets.read_text().startswith("mine:")
 
 
 def test_two_outputs_that_are_one_file_are_refused(dump: Path, tmp_path: Path) -> None:
     out = tmp_path / "gates.txt"
-    line = error_line(cli("check", dump, "--max", "rollout_corr/k3_kl=1", "--junit", out, "-o", out))
+    line = one_error_line(cli("check", dump, "--max", "rollout_corr/k3_kl=1", "--junit", out, "-o", out))
     assert "same file" in line
     assert not out.exists()
 
 
 def test_an_output_that_is_a_directory_is_refused(dump: Path, tmp_path: Path) -> None:
     (tmp_path / "somewhere").mkdir()
-    assert "is a directory" in error_line(cli("analyze", dump, "-o", tmp_path / "somewhere"))
+    assert "is a directory" in one_error_line(cli("analyze", dump, "-o", tmp_path / "somewhere"))
 
 
 def test_library_convert_refuses_overwriting_its_input(dump: Path) -> None:
@@ -206,7 +206,7 @@ def test_a_failed_convert_leaves_the_previous_output(tmp_path: Path, monkeypatch
 # ------------------------------------------------------------------ small inputs
 @pytest.mark.parametrize("uri", ["https://host/run/", "ftp://host/run.parquet", "file:///tmp/x"])
 def test_a_uri_not_read_is_a_one_line_error(uri: str) -> None:  # s3://, gs://, hf:// are read: tests/test_storage.py
-    line = error_line(cli("analyze", uri))
+    line = one_error_line(cli("analyze", uri))
     assert uri.rstrip("/") in line and "URIs are not read" in line, line
 
 
@@ -215,7 +215,7 @@ def test_a_remote_uri_in_the_library_and_as_output(dump: Path, tmp_path: Path) -
 
     with pytest.raises(rd.RolloutDiagError, match="URIs are not read"):
         rd.analyze("https://host/run.parquet", device="cpu")
-    line = error_line(cli("analyze", dump, "-o", "s3://bucket/out.json"))
+    line = one_error_line(cli("analyze", dump, "-o", "s3://bucket/out.json"))
     assert "remote URIs are not written" in line
 
 
@@ -278,7 +278,7 @@ def test_inspect_lists_short_rows_whole_and_long_ones_with_all(tmp_path: Path) -
     assert len(document["mask"]) == 100 and document["row_length"] == 1001
     document = json.loads(cli("inspect", long, "--device", "cpu", "-f", "json", "--all").stdout)
     assert len(document["mask"]) == 1001 and document["row_length"] is None
-    line = error_line(cli("inspect", long, "--device", "cpu", "--all", "--window", "5"))
+    line = one_error_line(cli("inspect", long, "--device", "cpu", "--all", "--window", "5"))
     assert "--all lists the whole row" in line and "--window" in line
 
 
@@ -342,7 +342,7 @@ def test_report_from_json_of_the_wrong_shape_names_the_field(tmp_path: Path, doc
 
     saved = tmp_path / "saved.json"
     saved.write_text(json.dumps(document))
-    line = error_line(cli("report", "--from-json", saved, "-o", tmp_path / "report.html"))
+    line = one_error_line(cli("report", "--from-json", saved, "-o", tmp_path / "report.html"))
     assert line.startswith(f"Error: {saved}: not a") and field in line, line
     assert not (tmp_path / "report.html").exists()
 
@@ -399,18 +399,18 @@ def test_a_file_with_some_roles_or_named_alone_stays_an_error(tmp_path: Path) ->
     run = tmp_path / "run"
     write_sequence_dump(run / "dump.parquet", random_rows(0, steps=(0,), rows_per_step=3))
     stats = _stats_file(tmp_path / "train_stats.parquet")
-    assert "no rollout logprob column" in error_line(cli("analyze", stats, "--device", "cpu"))
-    assert "no rollout logprob column" in error_line(cli("analyze", run / "dump.parquet", stats, "--device", "cpu"))
+    assert "no rollout logprob column" in one_error_line(cli("analyze", stats, "--device", "cpu"))
+    assert "no rollout logprob column" in one_error_line(cli("analyze", run / "dump.parquet", stats, "--device", "cpu"))
     only_stats = tmp_path / "only"
     _stats_file(only_stats / "a.parquet")
-    assert "no rollout logprob column" in error_line(cli("analyze", only_stats, "--device", "cpu"))
+    assert "no rollout logprob column" in one_error_line(cli("analyze", only_stats, "--device", "cpu"))
     half = pa.table({"step": [0], "rollout_log_probs": pa.array([[-0.1, -0.2]], pa.list_(pa.float32()))})
     pq.write_table(half, run / "half.parquet")
-    assert "no trainer logprob column" in error_line(cli("analyze", run, "--device", "cpu"))
+    assert "no trainer logprob column" in one_error_line(cli("analyze", run, "--device", "cpu"))
 
 
 def test_a_role_given_two_columns_is_an_error(dump: Path) -> None:
-    line = error_line(cli("analyze", dump, "--device", "cpu", "-c", "mask=a", "-c", "mask=b"))
+    line = one_error_line(cli("analyze", dump, "--device", "cpu", "-c", "mask=a", "-c", "mask=b"))
     assert "--column mask=a and mask=b: one column per role" in line
     same = cli("analyze", dump, "--device", "cpu", "-c", "mask=response_mask", "-c", "mask=response_mask")
     assert same.exit_code == 0, same.output
@@ -420,7 +420,7 @@ def test_a_role_given_two_columns_is_an_error(dump: Path) -> None:
 def test_an_integral_float_step_column_is_read_as_integers(tmp_path: Path, layout: str) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from dumps import sequence_table, token_table
+    from helpers.dumps import sequence_table, token_table
 
     import rollout_diag as rd
 
@@ -437,7 +437,7 @@ def test_an_integral_float_step_column_is_read_as_integers(tmp_path: Path, layou
     steps[4] = 1.5
     broken = table.set_column(index, "step", pa.array(steps, pa.float64()))
     pq.write_table(broken, tmp_path / "broken.parquet")
-    line = error_line(cli("analyze", tmp_path / "broken.parquet", "--device", "cpu"))
+    line = one_error_line(cli("analyze", tmp_path / "broken.parquet", "--device", "cpu"))
     assert "row 4, column 'step': step 1.5 is not a whole number" in line
 
 
@@ -448,7 +448,7 @@ def test_trainer_rows_a_constant_k_tokens_longer_are_named(tmp_path: Path) -> No
     for row in rows:
         row["trainer"] = [-0.5] * 7 + row["trainer"]  # the trainer side kept the prompt's last 7 tokens
     every = write_sequence_dump(tmp_path / "every.parquet", rows)
-    line = error_line(cli("analyze", every, "--device", "cpu"))
+    line = one_error_line(cli("analyze", every, "--device", "cpu"))
     assert (
         "the trainer side (old_log_probs) has 7 more tokens than rollout_log_probs (a prompt prefix?) in every row"
         in (line)
@@ -485,12 +485,12 @@ def test_a_one_file_dumpwriter_killed_before_close_says_so(tmp_path: Path) -> No
     killed = tmp_path / "killed.parquet"
     killed.write_bytes(path.read_bytes())  # what a job killed now leaves: no footer yet
     writer.close()
-    line = error_line(cli("analyze", killed, "--device", "cpu"))
+    line = one_error_line(cli("analyze", killed, "--device", "cpu"))
     assert "not a readable Parquet file" in line
     assert "was a DumpWriter killed before close()? Use the directory mode" in line
     other = tmp_path / "other.parquet"
     other.write_bytes(b"not parquet at all")
-    assert "DumpWriter" not in error_line(cli("analyze", other, "--device", "cpu"))
+    assert "DumpWriter" not in one_error_line(cli("analyze", other, "--device", "cpu"))
 
 
 def test_make_synthetic_writes_the_steps_it_says(
@@ -540,13 +540,13 @@ def test_help_lists_commands_in_the_readme_order_uncut_with_an_example_each() ->
 
 
 def test_check_and_diff_take_input_format_and_trust_pickle(dump: Path, tmp_path: Path) -> None:
-    from fixtures_formats import dataset, write_slime
+    from helpers.formats import dataset, write_slime
 
     slime = write_slime(tmp_path / "slime", dataset())
     for command in (["check", slime, "--max", "rollout_corr/k3_kl=10"], ["diff", slime, slime]):
         result = cli(*command, "--device", "cpu", "--input-format", "slime", "--trust-pickle")
         assert result.exit_code == 0, result.output
-        line = error_line(cli(*command, "--device", "cpu", "--input-format", "nemo-rl"))
+        line = one_error_line(cli(*command, "--device", "cpu", "--input-format", "nemo-rl"))
         assert "nemo-rl" in line.lower() or "NeMo-RL" in line, line
     assert cli("diff", dump, dump, "--device", "cpu", "--input-format", "parquet").exit_code == 0
 
@@ -555,7 +555,7 @@ def test_check_and_diff_take_input_format_and_trust_pickle(dump: Path, tmp_path:
 def test_a_float16_logprob_column_gets_a_warning(tmp_path: Path, layout: str) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from dumps import sequence_table, token_table
+    from helpers.dumps import sequence_table, token_table
 
     import rollout_diag as rd
 

@@ -15,7 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from dumps import (
+from helpers.cli import one_error_line
+from helpers.dumps import (
     random_rows,
     seq_row,
     sequence_table,
@@ -71,14 +72,6 @@ def cli(*args: object):
         raise AssertionError(f"exception escaped the CLI: {result.exception!r}") from result.exception
     assert "Traceback" not in result.output
     return result
-
-
-def error_line(result) -> str:
-    assert result.exit_code == 1, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
-    assert "internal error" not in lines[0]
-    return lines[0]
 
 
 # ---------------------------------------------------------------- token layout = sequence layout, exactly
@@ -196,7 +189,7 @@ def test_null_step_skips_its_sequence_in_the_token_layout(tmp_path: Path, where:
     assert document["skipped"][0] == {"file": str(path), "row": null_token, "column": "step", "reason": "null step"}
     expected = analyze(write_sequence_dump(tmp_path / "without.parquet", rows[:sequence] + rows[sequence + 1 :]))
     assert document["run"] == expected["run"] and document["steps"] == expected["steps"]
-    assert "null step" in error_line(cli("analyze", path, "--strict", "--device", "cpu"))
+    assert "null step" in one_error_line(cli("analyze", path, "--strict", "--device", "cpu"))
 
 
 # ------------------------------------------------------------------------------------------ no mask column
@@ -410,7 +403,7 @@ def test_natural_order_compares_digit_runs_as_numbers_and_breaks_ties_by_text() 
 )
 def test_options_out_of_range_are_one_line_errors(tmp_path: Path, option: str, value: str, message: str) -> None:
     path = write_sequence_dump(tmp_path / "ok.parquet", random_rows(32))
-    assert message in error_line(cli("analyze", path, option, value, "--device", "cpu"))
+    assert message in one_error_line(cli("analyze", path, option, value, "--device", "cpu"))
 
 
 @pytest.mark.parametrize(
@@ -441,9 +434,9 @@ def test_inspect_row_selects_every_row_the_tables_print(tmp_path: Path) -> None:
         assert tokens.rollout_logprob == pytest.approx(
             [v if m else 0.0 for v, m in zip(rows[shown["row"]]["rollout"], rows[shown["row"]]["mask"], strict=True)]
         )
-    line = error_line(cli("inspect", first, second, "--row", "c.parquet:1", "--device", "cpu"))
+    line = one_error_line(cli("inspect", first, second, "--row", "c.parquet:1", "--device", "cpu"))
     assert "--row c.parquet:1: no input file named c.parquet" in line
-    assert "has rows 0 to 5" in error_line(cli("inspect", first, "--row", "a.parquet:6", "--device", "cpu"))
+    assert "has rows 0 to 5" in one_error_line(cli("inspect", first, "--row", "a.parquet:6", "--device", "cpu"))
 
 
 def test_inspect_step_alone_shows_the_worst_row_of_that_step(tmp_path: Path) -> None:
@@ -499,8 +492,10 @@ def test_inspect_around_a_position_of_a_long_row_lists_only_the_window(tmp_path:
     assert centred.start == 1_234_565 and centred.rollout_logprob[2] == -30.0
     document = json.loads(cli("inspect", path, "-s", "long", "--around", "7", "--window", "4", "-f", "json").stdout)
     assert (document["start"], document["row_length"], len(document["mask"])) == (5, length, 4)
-    assert "the row has 5 tokens" in error_line(cli("inspect", path, "-s", "short", "--around", "5", "--device", "cpu"))
-    assert "--window 0" in error_line(cli("inspect", path, "--window", "0", "--device", "cpu"))
+    assert "the row has 5 tokens" in one_error_line(
+        cli("inspect", path, "-s", "short", "--around", "5", "--device", "cpu")
+    )
+    assert "--window 0" in one_error_line(cli("inspect", path, "--window", "0", "--device", "cpu"))
 
 
 LINUX = pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts descriptors in /proc/self/fd (Linux)")

@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 import pytest
-from dumps import seq_row, write_sequence_dump
-from reference import round_metrics
+from helpers.dumps import seq_row, write_sequence_dump
+from helpers.reference import round_metrics
 
 import rollout_diag as rd
 from rollout_diag.decisions.trends import ANOMALY_METRICS, find_anomalies, keep_largest

@@ -17,7 +17,7 @@ from typing import get_args, get_origin, get_type_hints
 
 import numpy as np
 import pytest
-from dumps import random_rows, seq_row, write_sequence_dump
+from helpers.dumps import random_rows, seq_row, write_sequence_dump
 from rich.console import Console
 from typer.models import OptionInfo
 from typer.testing import CliRunner, Result

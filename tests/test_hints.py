@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from dumps import random_rows, seq_row, sequence_table, write_sequence_dump, write_table, write_token_dump
+from helpers.dumps import random_rows, seq_row, sequence_table, write_sequence_dump, write_table, write_token_dump
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner

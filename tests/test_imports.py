@@ -8,19 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.imports import loaded_after
 
 import rollout_diag
-
-HEAVY = ("torch", "pyarrow", "plotly")
-
-
-def loaded_after(code: str, modules: tuple[str, ...] = HEAVY, env: dict[str, str] | None = None) -> set[str]:
-    """Which of ``modules`` (the heavy ones by default) are in sys.modules after ``code`` ran in a fresh interpreter
-    (with ``env`` as its environment, default this one's)."""
-    probe = f"{code}\nimport sys\nprint(' '.join(m for m in {modules!r} if m in sys.modules))"
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env)
-    assert done.returncode == 0, done.stderr
-    return set(done.stdout.split())
 
 
 def test_package_and_cli_import_nothing_heavy():

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from dumps import write_sequence_dump
+from helpers.dumps import write_sequence_dump
+from helpers.steps import tiny_rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_many_steps import tiny_rows
 
 import rollout_diag as rd
 from rollout_diag.render.export import ItemTexts, analysis_json_pieces, json_pieces, row_texts, step_texts, to_json_text

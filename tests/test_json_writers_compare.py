@@ -11,10 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from dumps import write_sequence_dump
+from helpers.compare import _Corrections, comparison_text
+from helpers.dumps import write_sequence_dump
+from helpers.steps import tiny_rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_many_steps import tiny_rows
 
 from rollout_diag.decisions.recommend import sort_by_intrusiveness
 from rollout_diag.drivers.compare import compare_presets
@@ -30,27 +31,6 @@ from rollout_diag.results import (
 )
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_data"
-_SLOT = "\x00column\x00"
-
-
-def comparison_text(document: dict) -> str:
-    """The reference: the standard library's own encoder, indented, each list of a per-step block (the top-level
-    ``steps`` and each preset's) encoded alone without spaces and put in its place."""
-    lines: list[str] = []
-
-    def slotted(block: dict) -> dict:
-        out = {}
-        for name, values in block.items():
-            out[name] = f"{_SLOT}{len(lines)}"
-            lines.append(json.dumps(values, separators=(",", ":"), allow_nan=False))
-        return out
-
-    marked = {**document, "steps": slotted(document["steps"])}
-    marked["presets"] = [{**preset, "steps": slotted(preset["steps"])} for preset in document["presets"]]
-    text = json.dumps(marked, indent=2, allow_nan=False) + "\n"
-    for index, line in enumerate(lines):
-        text = text.replace(json.dumps(f"{_SLOT}{index}"), line, 1)
-    return text
 
 
 _dumps = comparison_text
@@ -133,16 +113,6 @@ def _floats(draw, count: int) -> np.ndarray:
 
 def _flags(draw, count: int) -> np.ndarray:
     return np.array(draw(st.lists(st.booleans(), min_size=count, max_size=count)), dtype=bool)
-
-
-class _Corrections:
-    """Stands for CorrectionAnalysis: per part, (its steps, its key groups)."""
-
-    def __init__(self, parts: list) -> None:
-        self.parts = parts
-
-    def step_columns(self, name: str) -> list:
-        return self.parts
 
 
 @st.composite

@@ -10,12 +10,11 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from dumps import write_sequence_dump
+from helpers.dumps import write_sequence_dump
+from helpers.steps import SAMPLE, tiny_rows
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from test_check import SAMPLE
-from test_many_steps import tiny_rows
 
 import rollout_diag as rd
 from rollout_diag.decisions.check import DEFAULT_GATES, FAIL, CheckResult, Gate, GateOutcome, check

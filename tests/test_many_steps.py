@@ -10,7 +10,8 @@ import statistics
 import numpy as np
 import pytest
 import torch
-from dumps import random_rows, seq_row, write_sequence_dump
+from helpers.dumps import random_rows, seq_row, write_sequence_dump
+from helpers.steps import REDUCTIONS, _chunk, _table, tiny_rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,28 +23,13 @@ from rollout_diag.drivers.check import check_run
 from rollout_diag.drivers.diff import diff_runs
 from rollout_diag.drivers.passes import Analysis, run_chunks
 from rollout_diag.drivers.sweep import threshold_sweep
-from rollout_diag.engine.state import Ragged, Sparse, StateTable, merge_states
+from rollout_diag.engine.state import Sparse, StateTable, merge_states
 from rollout_diag.io.reader import DumpReader
 from rollout_diag.metrics.base import StepAccumulator
 from rollout_diag.report import render_report
 from rollout_diag.results import Anomaly, StepResult
 
 RTOL = 1e-12
-
-
-def tiny_rows(steps: int, seed: int = 3) -> list[dict]:
-    """One row of 4 tokens per step; odd steps have two rounds (an environment token inside); every 7th a
-    catastrophic token."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for step in range(steps):
-        rollout = np.float32(-rng.exponential(0.5, 4)).astype(np.float64)
-        trainer = np.minimum(rollout + np.float32(rng.normal(0.0, 0.05, 4)), 0.0)
-        if step % 7 == 0:
-            trainer[1] = float(np.float32(rollout[1] - 2.0))
-        mask = [1, 0, 1, 1] if step % 2 else [1, 1, 1, 1]
-        rows.append(seq_row(step, f"s{step}", rollout.tolist(), trainer.tolist(), mask))
-    return rows
 
 
 def close(actual, expected, where: str = "") -> None:
@@ -62,64 +48,7 @@ def close(actual, expected, where: str = "") -> None:
 
 
 # ------------------------------------------------------------------------------- the table against dicts of states
-REDUCTIONS = {
-    "count": "sum",
-    "high": "max",
-    "low": "min",
-    "spread": "moments",
-    "pair": "sum",  # small: a dense column
-    "buckets": "sum",  # wide: (step, bucket) entries
-    "bucket_max": "max",
-    "bucket_moments": "moments",
-    "rows": "concat",
-}
 SHAPES = {"pair": (2,), "buckets": (20,), "bucket_max": (12,), "bucket_moments": (10, 6), "spread": (6,)}
-
-
-def _moments(rng: random.Random, shape: tuple[int, ...]) -> np.ndarray:
-    out = np.zeros((*shape, 6))
-    for index in np.ndindex(*shape):
-        n = rng.choice([0, 0, 1, 3])
-        if n:
-            out[index] = [
-                n,
-                rng.uniform(-2, 2),
-                rng.uniform(0, 1),
-                rng.uniform(0, 3),
-                rng.uniform(0, 3),
-                rng.uniform(-1, 1),
-            ]
-    return out
-
-
-def _chunk(rng: random.Random) -> tuple[list[int], dict]:
-    """A chunk's partial state: sorted distinct steps (negative ones too), mostly identity-valued buckets."""
-    steps = sorted(rng.sample(range(-3, 9), rng.randint(1, 4)))
-    groups = len(steps)
-
-    def sparse(shape, fill, draw):
-        out = np.full((groups, *shape), fill)
-        for index in np.ndindex(groups, *shape):
-            if rng.random() < 0.2:
-                out[index] = draw()
-        return out
-
-    rows = rng.randint(0, 5)
-    partial = {
-        "count": np.array([float(rng.randint(0, 5)) for _ in steps]),
-        "high": np.array([rng.choice([-math.inf, rng.uniform(-5, 5)]) for _ in steps]),
-        "low": np.array([rng.choice([math.inf, rng.uniform(-5, 5)]) for _ in steps]),
-        "spread": _moments(rng, (groups,)),
-        "pair": np.array([[rng.uniform(-1, 1), 0.0] for _ in steps]),
-        "buckets": sparse((20,), 0.0, lambda: rng.uniform(-3, 3)),
-        "bucket_max": sparse((12,), -math.inf, lambda: rng.uniform(-3, 3)),
-        "bucket_moments": _moments(rng, (groups, 10)),
-        "rows": Ragged(
-            np.array([[rng.random(), rng.random(), rng.random()] for _ in range(rows)]).reshape(rows, 3),
-            np.array([rng.randrange(groups) for _ in range(rows)], dtype=np.int64),
-        ),
-    }
-    return steps, partial
 
 
 def _reference(chunks: list[tuple[list[int], dict]]) -> dict[int, dict]:
@@ -134,13 +63,6 @@ def _reference(chunks: list[tuple[list[int], dict]]) -> dict[int, dict]:
             state["rows"] = ragged.values[ragged.group == group].reshape(-1, 3)
             states[step] = state if step not in states else merge_states(states[step], state, REDUCTIONS)
     return states
-
-
-def _table(chunks: list[tuple[list[int], dict]]) -> StateTable:
-    table = StateTable.empty(REDUCTIONS)
-    for steps, partial in chunks:
-        table = table.merged(StateTable.from_groups(REDUCTIONS, steps, partial))
-    return table
 
 
 def _assert_state(actual: dict, expected: dict, where: str) -> None:

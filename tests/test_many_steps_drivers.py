@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from dumps import random_rows, sequence_table, write_sequence_dump, write_table
+from helpers.dumps import random_rows, sequence_table, write_sequence_dump, write_table
 
 from rollout_diag.decisions.check import DEFAULT_GATES
 from rollout_diag.decisions.diff import DiffSide, diff

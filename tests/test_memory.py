@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from dumps import random_rows, write_sequence_dump
+from helpers.dumps import random_rows, write_sequence_dump
 from typer.testing import CliRunner
 
 import rollout_diag as rd

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from test_metrics import random_rows, write_dump
+from helpers.metrics import random_rows, write_dump
 
 import rollout_diag as rd
 from rollout_diag.io import reader as reader_module

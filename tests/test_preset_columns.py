@@ -9,9 +9,9 @@ import pickle
 
 import numpy as np
 import pytest
+from helpers.presets import ALL_PRESETS, make_chunk, random_steps, write_dump
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_correction import ALL_PRESETS, make_chunk, random_steps, write_dump
 
 from rollout_diag.drivers.compare import compare_presets
 from rollout_diag.metrics.outcome import CorrectionAnalysis, PresetSteps

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from dumps import random_rows, write_sequence_dump
-from test_localize import assert_same
+from helpers.dumps import random_rows, write_sequence_dump
+from helpers.localize import assert_same
 
 import rollout_diag as rd
 

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cli import invoke, succeeded
-from test_schema import validator
+from helpers.cli import invoke, succeeded
+from helpers.schema import validator
 
 from rollout_diag.decisions.recommend import by_intrusiveness, recommend, sort_by_intrusiveness
 from rollout_diag.render.presets import corrects
@@ -252,7 +252,7 @@ def test_a_preset_that_changes_nothing_is_no_candidate_and_a_missing_ess_never_t
 
 @pytest.fixture(scope="module")
 def shapes(tmp_path_factory) -> dict[str, Path]:
-    from verdict_dumps import identical, long_rows, one_row
+    from helpers.verdicts import identical, long_rows, one_row
 
     folder = tmp_path_factory.mktemp("shapes")
     return {

@@ -1,4 +1,4 @@
-"""Hand-computed checks of the float64 reference in tests/reference.py.
+"""Hand-computed checks of the float64 reference in tests/helpers/reference.py.
 
 Every expected number is derived by hand from METRICS.md; the arithmetic sits in a comment
 next to it.  E = 1e-8 is the masked-mean denominator guard (T and R_i divide by N + E, n_i + E).
@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 import pytest
-from reference import (
+from helpers.reference import (
     debug_metrics,
     is_metrics,
     is_weights,

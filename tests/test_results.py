@@ -116,7 +116,7 @@ def _public_results(path: str, tmp_path: Path) -> dict[str, object]:
 def _large_dump(tmp_path: Path) -> str:
     """Many steps, a 60 000-token row and 2 000-character sample ids and file name: a repr that echoed any of them
     (a StepResult per step, a row's tokens, a whole id) would pass 1 000 characters many times over."""
-    from dumps import random_rows, write_sequence_dump
+    from helpers.dumps import random_rows, write_sequence_dump
 
     rows = random_rows(3, steps=range(300), rows_per_step=2, max_length=40)
     for row in rows:

@@ -8,17 +8,11 @@ from pathlib import Path
 import jsonschema
 import pyarrow.parquet as pq
 import pytest
+from helpers.schema import schema, validator
 
 import rollout_diag as rd
 
-SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
 SAMPLES = sorted((Path(__file__).resolve().parent.parent / "sample_data").glob("*.parquet"))
-
-
-def schema(name: str) -> dict:
-    document = json.loads((SCHEMAS / name).read_text())
-    jsonschema.Draft202012Validator.check_schema(document)
-    return document
 
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)
@@ -39,17 +33,6 @@ def test_sample_rows_match_the_dump_schema(sample):
     rows = pq.ParquetFile(sample).read_row_group(0).slice(0, 5).to_pylist()
     for row in rows:
         jsonschema.validate(row, schema("dump.schema.json"))
-
-
-def validator(name: str) -> jsonschema.Draft202012Validator:
-    """A validator that resolves references between the files of schemas/."""
-    from referencing import Registry, Resource
-
-    resources = [
-        (f"rollout-diag/{path.name}", Resource.from_contents(json.loads(path.read_text())))
-        for path in SCHEMAS.glob("*.json")
-    ]
-    return jsonschema.Draft202012Validator(schema(name), registry=Registry().with_resources(resources))
 
 
 def test_compare_presets_json_matches_its_schema():

@@ -21,8 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers.cli import error_line, invoke
 from rich.console import Console
-from test_cli import error_line, invoke
 
 import rollout_diag as rd
 from rollout_diag.decisions.skipped import SKIPPED_SHARE_LIMIT, too_much_skipped

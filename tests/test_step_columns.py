@@ -12,12 +12,12 @@ from typing import ClassVar
 
 import numpy as np
 import pytest
-import test_many_steps as many
 import torch
-from dumps import random_rows, seq_row, write_sequence_dump
+from helpers import steps as many
+from helpers.dumps import random_rows, seq_row, write_sequence_dump
+from helpers.steps import tiny_rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_many_steps import tiny_rows
 
 from rollout_diag.decisions import trends
 from rollout_diag.decisions.verdict import step_levels, step_levels_of

@@ -11,7 +11,7 @@ from pathlib import Path
 import jsonschema
 import numpy as np
 import pytest
-from dumps import seq_row, write_sequence_dump
+from helpers.dumps import seq_row, write_sequence_dump
 from rich.console import Console
 
 import rollout_diag as rd

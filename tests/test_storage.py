@@ -15,8 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from dumps import random_rows, write_sequence_dump
-from test_hardening_io import error_line  # one Error: line, exit 1, no internal error
+from helpers.cli import one_error_line
+from helpers.dumps import random_rows, write_sequence_dump
 from typer.testing import CliRunner
 
 from rollout_diag.cli import app
@@ -170,11 +170,11 @@ def test_only_the_needed_columns_and_row_groups_are_fetched(s3: tuple[ServedByte
 
 # ------------------------------------------------------------------ errors
 def test_a_missing_key_or_bucket_is_one_line(s3: tuple[ServedBytes, Any]) -> None:
-    line = error_line(runner.invoke(app, ["analyze", f"s3://{BUCKET}/nothing/here.parquet"]))
+    line = one_error_line(runner.invoke(app, ["analyze", f"s3://{BUCKET}/nothing/here.parquet"]))
     assert line == f"Error: s3://{BUCKET}/nothing/here.parquet: no such file or prefix.", line
-    line = error_line(runner.invoke(app, ["analyze", "s3://no-such-bucket/run/"]))
+    line = one_error_line(runner.invoke(app, ["analyze", "s3://no-such-bucket/run/"]))
     assert line == "Error: s3://no-such-bucket/run: no such bucket (no-such-bucket).", line
-    line = error_line(runner.invoke(app, ["analyze", f"s3://{BUCKET}/nothing/step=*/"]))
+    line = one_error_line(runner.invoke(app, ["analyze", f"s3://{BUCKET}/nothing/step=*/"]))
     assert "no file matches this pattern" in line, line
 
 
@@ -182,24 +182,24 @@ def test_access_denied_is_one_line(s3: tuple[ServedBytes, Any], monkeypatch: pyt
     _, client = s3
     uri = upload(client, SAMPLE, "private")
     monkeypatch.setenv("ROLLOUT_DIAG_ANONYMOUS", "1")  # unsigned requests: the bucket is not public
-    line = error_line(runner.invoke(app, ["analyze", uri]))
+    line = one_error_line(runner.invoke(app, ["analyze", uri]))
     assert line.startswith(f"Error: {uri}: access denied;") and "ROLLOUT_DIAG_ANONYMOUS=1" in line, line
 
 
 def test_hf_without_the_extra_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # as if not installed
-    line = error_line(runner.invoke(app, ["analyze", "hf://datasets/org/run/step=1/part-0.parquet"]))
+    line = one_error_line(runner.invoke(app, ["analyze", "hf://datasets/org/run/step=1/part-0.parquet"]))
     assert "huggingface_hub, not installed; pip install 'rollout-diag[cloud]'" in line, line
 
 
 def test_outputs_stay_local(s3: tuple[ServedBytes, Any], tmp_path: Path) -> None:
     _, client = s3
     uri = upload(client, SAMPLE, "outputs")
-    line = error_line(runner.invoke(app, ["analyze", uri, "-o", f"s3://{BUCKET}/outputs/result.json"]))
+    line = one_error_line(runner.invoke(app, ["analyze", uri, "-o", f"s3://{BUCKET}/outputs/result.json"]))
     assert "remote URIs are not written" in line, line
     local = tmp_path / SAMPLE.name
     shutil.copy(SAMPLE, local)
-    line = error_line(runner.invoke(app, ["analyze", uri, str(local), "-o", str(local)]))
+    line = one_error_line(runner.invoke(app, ["analyze", uri, str(local), "-o", str(local)]))
     assert "this is an input" in line, line
 
 

@@ -6,10 +6,10 @@ import math
 
 import numpy as np
 import pytest
+from helpers.metrics import as_reference_rows, random_rows, write_dump
+from helpers.reference import rs_row_values, rs_token_stats
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference import rs_row_values, rs_token_stats
-from test_metrics import as_reference_rows, random_rows, write_dump
 
 import rollout_diag as rd
 

@@ -1,7 +1,7 @@
 """The overall verdict (issue 19): one object in the result, the same in JSON, the terminal's first lines and the
 report banner; pipeline bugs take over; length-aware; a few outliers told from a broad mismatch.
 
-The altered copies are built from the bundled samples by tests/verdict_dumps.py (each with one known bug).
+The altered copies are built from the bundled samples by tests/helpers/verdicts.py (each with one known bug).
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from rich.console import Console
-from verdict_dumps import (
+from helpers.verdicts import (
     MULTITURN,
     REAL,
     concatenated,
@@ -28,6 +27,7 @@ from verdict_dumps import (
     processed,
     shifted,
 )
+from rich.console import Console
 
 import rollout_diag as rd
 from rollout_diag import catalogue

@@ -236,7 +236,7 @@ def test_a_failing_gate_alerts_once_and_exit_on_fail_stops_at_once(tmp_path):
 
 
 def test_prime_rl_steps_count_once_they_have_their_stable_marker(tmp_path):
-    from fixtures_formats import dataset, write_prime_rl
+    from helpers.formats import dataset, write_prime_rl
 
     exports = write_prime_rl(tmp_path, dataset(), stable=False)
     follow = watcher(exports)
@@ -253,7 +253,7 @@ def test_prime_rl_steps_count_once_they_have_their_stable_marker(tmp_path):
 
 
 def test_a_nemo_rl_file_is_read_once_its_last_line_is_whole_and_it_stopped_growing(tmp_path):
-    from fixtures_formats import dataset, write_nemo_rl
+    from helpers.formats import dataset, write_nemo_rl
 
     directory = write_nemo_rl(tmp_path / "nemo", dataset())
     files = sorted(directory.rglob("*.jsonl"))

@@ -12,8 +12,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from dumps import random_rows, sequence_table, token_table, write_table
-from test_groups import assert_close, env_table
+from helpers.dumps import random_rows, sequence_table, token_table, write_table
+from helpers.groups import assert_close, env_table
 from typer.testing import CliRunner
 
 from rollout_diag import analyze, compare_presets
@@ -188,7 +188,7 @@ def test_cli_analyze_compare_and_json(dump, tmp_path):
     assert document["selection"]["where"] == "reward > 0"
     comparison = compare_presets(path, ["decoupled_token_is"], device="cpu", where="reward > 0", by=["env_name"])
     assert comparison.selection["where"] == "reward > 0" and comparison.groups
-    from test_schema import validator
+    from helpers.schema import validator
 
     validator("comparison.schema.json").validate(json.loads(json.dumps(comparison.to_json(), allow_nan=False)))
     bad = runner.invoke(app, ["compare-presets", str(path), "--steps", "3:1"])

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from dumps import encodings
+from helpers.dumps import encodings
 
 import rollout_diag as rd
 
@@ -44,7 +44,7 @@ def test_shape_mismatch_is_a_clear_error(tmp_path):
 # ----------------------------------------------------------------------------- issue 11: the trainer side
 def batch(seed: int = 0, rows: int = 6, width: int = 9, dtype: torch.dtype = torch.float32):
     """Right-padded [B, L] tensors; the last row has no model token."""
-    from test_trainers import padded_batch
+    from helpers.trainers import padded_batch
 
     old, rollout, mask, lengths, _ = padded_batch(seed, rows=rows, width=width, dtype=dtype, empty_row=rows > 3)
     return {"old_log_probs": old, "rollout_log_probs": rollout, "response_mask": mask, "lengths": lengths}

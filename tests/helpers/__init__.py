@@ -1,0 +1,1 @@
+"""Builders and references the tests share; no test module imports another (tests/test_architecture.py)."""

@@ -1,0 +1,367 @@
+"""Slow, obvious float64 reference for every dialect (``rollout_diag/metrics/dialects/``).
+
+Written from each framework's own code (the files and commits cited in the dialect modules), not from the
+accumulators: each function lays the batch out as the framework sees it (a list of rows, or a padded matrix
+where the framework pads) and repeats its arithmetic with plain loops over Python floats.
+
+``rows``: a list of ``(trainer, rollout, mask)`` tuples of 1-D float64 arrays, one per sequence; all rows together
+are one batch (one step). a = trainer, r = rollout logprob, δ = a − r. Every function returns ``{}`` for a
+batch without any masked token (rollout-diag reports no metrics for such a step).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from helpers.reference import debug_metrics, offpolicy_metrics
+
+Row = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def masked(rows: Sequence[Row]) -> list[list[tuple[float, float]]]:
+    """Per row, the (a, r) pairs of its masked tokens in order."""
+    return [[(float(a[t]), float(r[t])) for t in range(len(m)) if m[t] == 1] for a, r, m in rows]
+
+
+def flat(rows: Sequence[Row]) -> list[tuple[float, float]]:
+    return [pair for row in masked(rows) for pair in row]
+
+
+def total(values) -> float:
+    out = 0.0
+    for value in values:
+        out += value
+    return out
+
+
+def unbiased_std(values: list[float]) -> float:
+    """torch.Tensor.std: n − 1 in the denominator, NaN for one value."""
+    if len(values) < 2:
+        return math.nan
+    mean = total(values) / len(values)
+    return math.sqrt(total((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def k3(x: float) -> float:
+    return math.exp(x) - x - 1.0
+
+
+# -------------------------------------------------------------------------------------------------- verl
+def verl(rows: Sequence[Row]) -> dict[str, float]:
+    """verl's names: tests/helpers/reference.py's §1 and §5 (checked there), plus the row means over valid rows."""
+    tokens = flat(rows)
+    if not tokens:
+        return {}
+    out = dict(offpolicy_metrics(rows))
+    out.update(debug_metrics(rows))
+    valid = [row for row in masked(rows) if row]
+    diffs, values = [], {name: [] for name in ("training_ppl", "training_log_ppl", "rollout_ppl", "rollout_log_ppl")}
+    more = {name: [] for name in ("log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio", "chi2_seq")}
+    for row in valid:
+        mean_a = total(a for a, _ in row) / (len(row) + 1e-8)
+        mean_r = total(r for _, r in row) / (len(row) + 1e-8)
+        values["training_ppl"].append(math.exp(-mean_a))
+        values["training_log_ppl"].append(-mean_a)
+        values["rollout_ppl"].append(math.exp(-mean_r))
+        values["rollout_log_ppl"].append(-mean_r)
+        d = mean_r - mean_a
+        diffs.append(d)
+        more["log_ppl_diff"].append(d)
+        more["log_ppl_abs_diff"].append(abs(d))
+        more["ppl_ratio"].append(math.exp(d))
+        seq = total(a - r for a, r in row)
+        more["chi2_seq"].append(math.exp(2.0 * min(max(seq, -20.0), 20.0)))
+    for name, series in {**values, **more}.items():
+        out[f"rollout_corr/{name}@valid_rows"] = total(series) / len(series)
+    out["rollout_corr/chi2_seq@valid_rows"] -= 1.0
+    out["rollout_corr/log_ppl_diff_max@valid_rows"] = max(diffs)
+    out["rollout_corr/log_ppl_diff_min@valid_rows"] = min(diffs)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- prime-rl
+def prime_rl(
+    rows: Sequence[Row], advantages: Sequence[float | None] | None = None, envs: Sequence[str | None] | None = None
+) -> dict[str, float]:
+    """loss.py: mismatch_kl = exp(δ) − δ − 1 at loss_mask tokens; utils.py: mean / std / min / max of all of them.
+
+    With ``advantages`` (one per row, None for a row that is no sample): default_loss_fn per sample, then the same
+    statistics over samples. With ``envs`` (one per row): train.py's mismatch_kl/<env>, the tokens of that
+    environment's rows."""
+    values = [k3(a - r) for a, r in flat(rows)]
+    if not values:
+        return {}
+    out = {
+        "mismatch_kl/all/mean": total(values) / len(values),
+        "mismatch_kl/all/std": unbiased_std(values),
+        "mismatch_kl/all/min": min(values),
+        "mismatch_kl/all/max": max(values),
+    }
+    if advantages is not None:
+        samples: dict[str, list[float]] = {
+            name: []
+            for name in (
+                "masked_mismatch_kl",
+                "unmasked_mismatch_kl",
+                "is_masked",
+                "is_masked_low",
+                "is_masked_high",
+                "masked_advantage_positive",
+                "masked_advantage_negative",
+            )
+        }
+        for pairs, advantage in zip(masked(rows), advantages, strict=True):
+            if advantage is None:  # no advantage: no sample of these statistics
+                continue
+            adv = float(advantage)
+            n = n_masked = n_low = n_high = masked_positive = masked_negative = 0
+            kl_masked = kl_kept = 0.0
+            for a, r in pairs:
+                probs_diff = math.exp(a) - math.exp(r)
+                high, low = probs_diff > 0.2, probs_diff < -0.2
+                is_masked = high if adv > 0 else low  # torch.where(advantages > 0, high, low)
+                n += 1
+                n_masked += is_masked
+                n_high += adv > 0 and high
+                n_low += adv < 0 and low
+                if is_masked:
+                    kl_masked += k3(a - r)
+                    masked_positive += adv > 0
+                    masked_negative += adv < 0
+                else:
+                    kl_kept += k3(a - r)
+            # _safe_mean: Σ over the mask / max(count, 1)
+            samples["masked_mismatch_kl"].append(kl_masked / max(n_masked, 1))
+            samples["unmasked_mismatch_kl"].append(kl_kept / max(n - n_masked, 1))
+            samples["is_masked"].append(n_masked / max(n, 1))
+            samples["is_masked_low"].append(n_low / max(n, 1))
+            samples["is_masked_high"].append(n_high / max(n, 1))
+            # _safe_mean(advantages > 0 / < 0, drop_mask = loss_mask & is_masked)
+            samples["masked_advantage_positive"].append(masked_positive / max(n_masked, 1))
+            samples["masked_advantage_negative"].append(masked_negative / max(n_masked, 1))
+        for name, series in samples.items() if any(a is not None for a in advantages) else ():
+            out[f"{name}/mean"] = total(series) / len(series)
+            out[f"{name}/std"] = unbiased_std(series)
+            out[f"{name}/min"] = min(series)
+            out[f"{name}/max"] = max(series)
+    if envs is not None:
+        by_env: dict[str, list[float]] = {}
+        for pairs, env in zip(masked(rows), envs, strict=True):
+            if env is not None:
+                by_env.setdefault(env, []).extend(k3(a - r) for a, r in pairs)
+        for env, series in sorted(by_env.items()):
+            if series:
+                out[f"mismatch_kl/{env}/mean"] = total(series) / len(series)
+                out[f"mismatch_kl/{env}/std"] = unbiased_std(series)
+                out[f"mismatch_kl/{env}/min"] = min(series)
+                out[f"mismatch_kl/{env}/max"] = max(series)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- NeMo-RL
+def nemo_rl(rows: Sequence[Row]) -> dict[str, float]:
+    """loss_functions.py ClippedPGLossFn: masked_mean(x, mask, global_valid_toks) = Σ/(N + 1e-8); grpo.py for the
+    per-sequence error (valid sequences) and the 1.05 alert."""
+    tokens = flat(rows)
+    if not tokens:
+        return {}
+    n = len(tokens)
+    mult = total(math.exp(abs(r - a)) for a, r in tokens) / (n + 1e-8)
+    # calculate_kl(logprobs, reference, k3): logr = reference − logprobs, kl = exp(logr) − 1 − logr
+    gen_kl = total(math.exp(a - r) - 1 - (a - r) for a, r in tokens) / (n + 1e-8)  # logprobs = r, reference = a
+    policy_kl = total(math.exp(r - a) - 1 - (r - a) for a, r in tokens) / (n + 1e-8)  # logprobs = a, reference = r
+    js_terms = []
+    for a, r in tokens:
+        mixture = math.log(0.5 * math.exp(a) + 0.5 * math.exp(r))
+        js_terms.append(0.5 * k3(a - mixture) + 0.5 * k3(r - mixture))
+    js = total(js_terms) / (n + 1e-8)
+    # "Off-policy (actor) importance-sampling correction", token level: nan_to_num(exp(prev − generation)) with
+    # posinf → 0; "Metric: sampling importance ratio": masked_mean over mask with global_valid_toks
+    weights = []
+    for a, r in tokens:
+        try:
+            weights.append(math.exp(a - r))
+        except OverflowError:
+            weights.append(0.0)
+    sampling_ratio = total(weights) / (n + 1e-8)
+    per_seq = [total(math.exp(abs(r - a)) for a, r in row) / max(len(row), 1) for row in masked(rows) if row]
+    return {
+        "train/token_mult_prob_error": mult,
+        "train/gen_kl_error": gen_kl,
+        "train/policy_kl_error": policy_kl,
+        "train/js_divergence_error": js,
+        "train/sampling_importance_ratio": sampling_ratio,
+        "train/max_seq_mult_prob_error": max(per_seq),
+        "train/mean_seq_mult_prob_error": total(per_seq) / len(per_seq),
+        "train/min_seq_mult_prob_error": min(per_seq),
+        "alert: token_mult_prob_error > 1.05": 1.0 if mult > 1.05 else 0.0,
+    }
+
+
+# ------------------------------------------------------------------------------------------------- slime
+def slime(rows: Sequence[Row]) -> dict[str, float]:
+    """cp_utils.get_sum_of_sample_mean: Σ_i (Σ m·x)/clamp_min(n_i, 1); divided by the global batch size (samples),
+    or with --calculate-per-token-loss the token sum divided by num_tokens = Σ_i clamp_min(n_i, 1)."""
+    per_row = masked(rows)
+    if not any(per_row):
+        return {}
+    sample_means = [total(abs(a - r) for a, r in row) / max(len(row), 1) for row in per_row]
+    token_sum = total(abs(a - r) for row in per_row for a, r in row)
+    num_tokens = total(max(len(row), 1) for row in per_row)
+    return {
+        "train/train_rollout_logprob_abs_diff": total(sample_means) / len(per_row),
+        "train/train_rollout_logprob_abs_diff (--calculate-per-token-loss)": token_sum / num_tokens,
+    }
+
+
+# ------------------------------------------------------------------------------------------------- SkyRL
+def skyrl(rows: Sequence[Row]) -> dict[str, float]:
+    """trainer.py: |rollout − action| at loss_mask > 0; off_policy_correction_utils.py: is_ratio over the padded
+    [B, L] tensor (L = longest row), is_ratio * loss_mask for std / max / min, masked_mean for the mean."""
+    tokens = flat(rows)
+    if not tokens:
+        return {}
+    diffs = [abs(r - a) for a, r in tokens]
+    longest = max(len(m) for _, _, m in rows)
+    padded: list[float] = []  # is_ratio * loss_mask, cell by cell
+    for a, r, m in rows:
+        for t in range(longest):
+            if t < len(m) and m[t] == 1:
+                padded.append(math.exp(min(max(float(a[t]) - float(r[t]), -20.0), 20.0)))
+            else:
+                padded.append(0.0)
+    ratios = [math.exp(min(max(a - r, -20.0), 20.0)) for a, r in tokens]
+    return {
+        "policy/rollout_train_logprobs_abs_diff_mean": total(diffs) / len(diffs),
+        "policy/rollout_train_logprobs_abs_diff_std": unbiased_std(diffs),
+        "policy/rollout_train_logprobs_abs_diff_max": max(diffs),
+        "policy/rollout_train_logprobs_abs_diff_min": min(diffs),
+        "policy/loss_metrics/is_ratio_mean": total(ratios) / max(len(ratios), 1),
+        "policy/loss_metrics/is_ratio_std": unbiased_std(padded),
+        "policy/loss_metrics/is_ratio_max": max(padded),
+        "policy/loss_metrics/is_ratio_min": min(padded),
+    }
+
+
+# --------------------------------------------------------------------------------------------------- TRL
+def trl(rows: Sequence[Row], clip_max: float = 3.0) -> dict[str, float]:
+    """grpo_trainer.py, mode sequence_mask: per sequence exp(Σ (old − sampling)·mask), 0 above clip_max; the
+    ratio statistics over every sequence, the |δ| statistics over masked tokens."""
+    tokens = flat(rows)
+    if not tokens:
+        return {}
+    deltas = [abs(a - r) for a, r in tokens]
+    sequence_ratios = []
+    for row in masked(rows):
+        try:
+            ratio = math.exp(total(a - r for a, r in row))
+        except OverflowError:
+            ratio = math.inf
+        sequence_ratios.append(0.0 if ratio > clip_max else ratio)
+    return {
+        "sampling/sampling_logp_difference/mean": total(deltas) / len(deltas),
+        "sampling/sampling_logp_difference/max": max(deltas),
+        "sampling/importance_sampling_ratio/min": min(sequence_ratios),
+        "sampling/importance_sampling_ratio/mean": total(sequence_ratios) / len(sequence_ratios),
+        "sampling/importance_sampling_ratio/max": max(sequence_ratios),
+    }
+
+
+# -------------------------------------------------------------------------------------------------- ROLL
+def roll_segments(m: np.ndarray) -> list[tuple[int, int]]:
+    """compute_segment_masked_mean: [start, end) of every maximal run of mask 1."""
+    out, start = [], None
+    for t in range(len(m)):
+        if m[t] == 1 and start is None:
+            start = t
+        if m[t] != 1 and start is not None:
+            out.append((start, t))
+            start = None
+    if start is not None:
+        out.append((start, len(m)))
+    return out
+
+
+def roll(rows: Sequence[Row]) -> dict[str, float]:
+    """train_infer_corrections.py: per-token tensors at four granularities, each reduced by agg_loss
+    seq-mean-token-mean: Σ over rows with a masked token of masked_mean(row) / (max(valid rows, 1) + 1e-8)."""
+    if not flat(rows):
+        return {}
+    levels = ("token", "geometric", "sequence", "segment")
+    sums = {f"{kind}_{level}": 0.0 for kind in ("ratio", "diff") for level in levels}
+    valid_rows = 0
+    for a, r, m in rows:
+        length = len(m)
+        n = sum(1 for t in range(length) if m[t] == 1)
+        if n == 0:
+            continue  # masked_mean(dim=-1) is 0 and valid_samples weighs it 0
+        valid_rows += 1
+        log_ratio = [float(a[t]) - float(r[t]) for t in range(length)]
+        diff = [math.exp(float(a[t])) - math.exp(float(r[t])) for t in range(length)]
+        tensors: dict[str, list[float]] = {}
+        geo = total(log_ratio[t] for t in range(length) if m[t] == 1) / (n + 1e-8)
+        seq = total(log_ratio[t] for t in range(length) if m[t] == 1)
+        diff_geo = total(diff[t] for t in range(length) if m[t] == 1) / (n + 1e-8)
+        diff_seq = total(diff[t] for t in range(length) if m[t] == 1)
+        tensors["ratio_token"] = [math.exp(x) for x in log_ratio]
+        tensors["ratio_geometric"] = [math.exp(geo)] * length
+        tensors["ratio_sequence"] = [math.exp(seq)] * length
+        tensors["diff_token"] = diff
+        tensors["diff_geometric"] = [diff_geo] * length
+        tensors["diff_sequence"] = [diff_seq] * length
+        segment_log, segment_diff = [0.0] * length, [0.0] * length
+        for start, end in roll_segments(m):
+            span = end - start
+            mean_log = total(log_ratio[start:end]) / (span + 1e-8)
+            mean_diff = total(diff[start:end]) / (span + 1e-8)
+            for t in range(start, end):
+                segment_log[t], segment_diff[t] = mean_log, mean_diff
+        tensors["ratio_segment"] = [math.exp(x) for x in segment_log]
+        tensors["diff_segment"] = segment_diff
+        for name, values in tensors.items():
+            sums[name] += total(values[t] for t in range(length) if m[t] == 1) / (n + 1e-8)
+    denominator = max(float(valid_rows), 1.0) + 1e-8
+    return {f"actor/train_infer_{name}_mean": value / denominator for name, value in sums.items()}
+
+
+# ------------------------------------------------------------------------------------------------- AReaL
+def areal(rows: Sequence[Row], upper: float = 5.0) -> dict[str, float]:
+    """functional.py apply_rejection_sampling (token, mask, ratio ≤ upper) and ppo_actor_loss_fn; stats_tracker:
+    avg / min / max over the kept tokens, nothing when none is kept."""
+    kept = [(a - r) for a, r in flat(rows) if math.exp(a - r) <= upper]
+    if not flat(rows) or not kept:
+        return {}
+    weights = [math.exp(x) for x in kept]
+    return {
+        "ppo_actor/update/behave_approx_kl/avg": total(kept) / len(kept),
+        "ppo_actor/update/behave_approx_kl/min": min(kept),
+        "ppo_actor/update/behave_approx_kl/max": max(kept),
+        "ppo_actor/update/behave_imp_weight/avg": total(weights) / len(weights),
+        "ppo_actor/update/behave_imp_weight/min": min(weights),
+        "ppo_actor/update/behave_imp_weight/max": max(weights),
+    }
+
+
+# ---------------------------------------------------------------------------------------------- OpenRLHF
+def openrlhf(rows: Sequence[Row]) -> dict[str, float]:
+    """loss.py: masked_mean(rollout − old, action_mask) = Σ/N."""
+    tokens = flat(rows)
+    if not tokens:
+        return {}
+    return {"train/vllm_kl": total(r - a for a, r in tokens) / len(tokens)}
+
+
+REFERENCES = {
+    "verl": verl,
+    "prime-rl": prime_rl,
+    "nemo-rl": nemo_rl,
+    "slime": slime,
+    "skyrl": skyrl,
+    "trl": trl,
+    "roll": roll,
+    "areal": areal,
+    "openrlhf": openrlhf,
+}
