@@ -141,8 +141,8 @@ def reads_ahead(dump: Dump, reader: Any, numpy: bool = False) -> bool:
 
 
 def _one_process(workers: int | str, reader: Any) -> bool:
-    """``distributed.resolve_workers(workers, reader, cpu) == 1`` without loading torch (tests/test_read_ahead.py
-    compares the two)."""
+    """``distributed.resolve_workers(workers, reader, cpu) == 1`` without loading torch
+    (tests/io/test_reader_read_ahead.py compares the two)."""
     from rollout_diag.cores import auto_cpu_workers
 
     if workers != "auto":

@@ -1,6 +1,6 @@
 """Which engine computes each chunk's token statistics.
 
-Two engines give the same metrics (tests/test_kernel.py requires 1e-12 relative, exact counts):
+Two engines give the same metrics (tests/kernels/test_kernel.py requires 1e-12 relative, exact counts):
 
 - ``numba``: the compiled CPU kernels of ``kernels/cpu.py``: one pass over a chunk's raw arrays builds its segments
   and every per-segment sum, maximum and minimum in registers. CPU only.

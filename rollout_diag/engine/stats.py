@@ -959,8 +959,8 @@ class KernelStats(ChunkStats):
         """w = exp(c) at every model token (``token_is_weight``, cached there, of the chunk's kind), numpy's exp as
         the torch engine takes it on the CPU (``arrays.host_exp``), of the c the compiled pass writes from the raw
         arrays: no model-token arrays of δ or c are built. numpy's exp is elementwise (a value's weight does not depend
-        on where it sits in the array: tests/test_kernel_presets.py), so these are the torch engine's CPU weights bit
-        for bit."""
+        on where it sits in the array: tests/kernels/test_kernel_presets.py), so these are the torch engine's CPU
+        weights bit for bit."""
         found = self._tokens.get("token_is_weight")
         if found is None:
             trainer, rollout = self._raw

@@ -17,8 +17,8 @@ the digits fit in 53 bits and the power of ten is exact, else the Eisel–Lemire
 product with a truncated power of five; Lemire, "Number Parsing at a Gigabyte per Second", 2021, and
 Mushtak & Lemire, "Fast Number Parsing Without Fallback", 2023, which shows the second product always
 suffices; the 128-bit products are one widening multiply). Fraction digits are read eight at a time where eight
-bytes are all digits (fast_float's word test; little-endian machines). tests/test_jsonl_scan.py and
-tests/test_jsonl_blocks.py check it against Python's json on 1.4 million strings and hypothesis.
+bytes are all digits (fast_float's word test; little-endian machines). tests/io/test_jsonl_scan.py and
+tests/io/test_jsonl_blocks.py check it against Python's json on 1.4 million strings and hypothesis.
 
 Speed (docs/benchmarks.md, issue 20 session 4): the per-item work (number, conversion, a skipped scalar) is
 inlined into the list loop (a call per item cost about half the scan), and the output buffers are reserved at

@@ -134,7 +134,7 @@ class RunSweepAccumulator(SweepAccumulator):
 def signed_histograms(s: ChunkStats) -> Array:
     """The chunk's histogram of each model token's ``signed_bins`` per step group ([G, 2·HISTOGRAM_BINS] counts):
     counted by the compiled preset pass where the reader's prepare pool ran it (``drivers.sweep``, ``compare-presets``'
-    ``Pass.prepare``), else here from the bins. The same counts either way (tests/test_kernel_presets.py)."""
+    ``Pass.prepare``), else here from the bins. The same counts either way (tests/kernels/test_kernel_presets.py)."""
     return s.memo(SIGNED_HISTOGRAM, lambda: s.group_bincount(signed_bins(s), 2 * HISTOGRAM_BINS))
 
 

@@ -34,7 +34,8 @@ _INLINE = {**_FLAGS, "inline": "always"}
 # x = n·ln2 + t (Cody–Waite: n·LN2_HI is exact for |n| < 2^11), expm1(t) = t + t²·Σ t^(k−2)/k! (k ≤ 13, |t| ≤ ln2/2:
 # the first term left out is below 10^-17 of the value), and 2^n from the exponent bits. Against glibc: exp within
 # 1 ulp from −10^4 to overflow, expm1 within 2 for |δ| ≤ ln2/2 (torch's and numpy's are each within 1 ulp of
-# glibc's); the torch engine's are the reference the tests compare with (1e-12 relative; tests/test_kernel_exp.py).
+# glibc's); the torch engine's are the reference the tests compare with (1e-12 relative;
+# tests/kernels/test_kernel_exp.py).
 _INV_LN2 = 1.4426950408889634
 _LN2_HI = 6.93147180369123816490e-01  # the upper bits of ln 2 (fdlibm's split)
 _LN2_LO = 1.90821492927058770002e-10
@@ -513,8 +514,8 @@ def segment_pass(
     the max and min of each of EXTREMES (float64 [E, S] each);
     per step group and quantity pair (``pairs`` [P, 2] of column indices) [n, mean_x, mean_y, M2_x, M2_y, C_xy]
     ([G, P, 6], blocks merged by Chan's update); per step group the δ histogram of ``metrics.localize.delta_bin``
-    ([G, 2·levels + 1]); and the hint rows (tests/test_kernel_fused_hints.py holds a separate pass, their reference):
-    per row the HINT_COLUMNS [R, 13], per step group and rollout-probability bucket [tokens, Σ|δ|, Σy, Σy²]
+    ([G, 2·levels + 1]); and the hint rows (tests/kernels/test_kernel_fused_hints.py holds a separate pass, their
+    reference): per row the HINT_COLUMNS [R, 13], per step group and rollout-probability bucket [tokens, Σ|δ|, Σy, Σy²]
     [G, B, 4], each value the same additions in the same order (the leaves follow the tokens in order). Without
     ``probabilities`` (a pass whose families read none of them: ``compare-presets``, §1, the catastrophic tokens and
     the hint evidence) the columns of trainer_prob, rollout_prob and prob_diff (and prob_diff's extremes) are 0
@@ -792,7 +793,7 @@ def _c(dtype: types.Type, ndim: int = 1, readonly: bool = False) -> types.Array:
 _F, _I = _c(types.float64), _c(types.int64)
 # Every specialisation of each kernel (numba compiles one per distinct set of argument types, dtypes, layouts and
 # read-only flags, a full compile each): the call sites hand the kernels these types only (the scan's inputs as
-# read-only views, an integer mask wider than a byte as int64), and tests/test_compile.py runs the commands and
+# read-only views, an integer mask wider than a byte as int64), and tests/kernels/test_compile.py runs the commands and
 # fails on any other. The scan has one per logprob dtype and mask width; everything after it reads its float64
 # output and int64 layouts.
 _SEGMENT_PASS = (
