@@ -15,6 +15,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from helpers import kernel
 from helpers.metrics import assert_metrics_match, random_rows, reference_metrics, write_dump
 from helpers.presets import ALL_PRESETS, random_steps
 from helpers.presets import write_dump as write_preset_dump
@@ -89,21 +90,9 @@ def test_presets_on_cuda_match_cpu(tmp_path):
 # here the same documents are compared with the torch engine on the GPU, so the device is the only thing that differs.
 
 
-def assert_same_document(cpu_doc, cuda_doc, where: str = "") -> None:
+def assert_same_document(cpu_doc, cuda_doc) -> None:
     """Two JSON documents equal: floats as :func:`assert_close` (named by their key), every other value exact."""
-    if isinstance(cuda_doc, dict):
-        assert isinstance(cpu_doc, dict) and set(cpu_doc) == set(cuda_doc), where
-        for key in cuda_doc:
-            if key not in ("elapsed_seconds", "engine", "device"):
-                assert_same_document(cpu_doc[key], cuda_doc[key], f"{where}/{key}")
-    elif isinstance(cuda_doc, list):
-        assert isinstance(cpu_doc, list) and len(cpu_doc) == len(cuda_doc), where
-        for index, (mine, theirs) in enumerate(zip(cpu_doc, cuda_doc, strict=True)):
-            assert_same_document(mine, theirs, f"{where}[{index}]")
-    elif isinstance(cuda_doc, float) and not isinstance(cpu_doc, bool):
-        assert_close(cpu_doc, cuda_doc, where)
-    else:
-        assert cpu_doc == cuda_doc, where
+    kernel.assert_same_document(cpu_doc, cuda_doc, close=assert_close, skipped=("elapsed_seconds", "engine", "device"))
 
 
 def same_document(cpu_doc: dict, cuda_doc: dict) -> None:

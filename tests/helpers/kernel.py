@@ -68,22 +68,29 @@ def layouts(draw):
     return lengths, mask, steps, draw(st.integers(0, 10_000))
 
 
-def assert_same_document(numba_doc, torch_doc, where: str = "") -> None:
-    """Two JSON documents equal, every float within 1e-12 relative (NaN matches NaN), every other value exact."""
+def assert_close(numba_value: float, torch_value: float, where: str) -> None:
+    """Within 1e-12 relative; NaN matches NaN."""
+    if math.isnan(torch_value):
+        assert math.isnan(numba_value), where
+    else:
+        assert numba_value == pytest.approx(torch_value, rel=RTOL, abs=1e-300), where
+
+
+def assert_same_document(
+    numba_doc, torch_doc, where: str = "", close=assert_close, skipped=("elapsed_seconds", "engine")
+) -> None:
+    """Two JSON documents equal: every float as ``close(numba, torch, where)`` says (by default within 1e-12 relative,
+    NaN matching NaN), every other value exact; the keys in ``skipped`` are not compared."""
     if isinstance(torch_doc, dict):
         assert isinstance(numba_doc, dict) and set(numba_doc) == set(torch_doc), where
         for key in torch_doc:
-            if key in ("elapsed_seconds", "engine"):
-                continue
-            assert_same_document(numba_doc[key], torch_doc[key], f"{where}/{key}")
+            if key not in skipped:
+                assert_same_document(numba_doc[key], torch_doc[key], f"{where}/{key}", close, skipped)
     elif isinstance(torch_doc, list):
         assert isinstance(numba_doc, list) and len(numba_doc) == len(torch_doc), where
         for index, (mine, theirs) in enumerate(zip(numba_doc, torch_doc, strict=True)):
-            assert_same_document(mine, theirs, f"{where}[{index}]")
+            assert_same_document(mine, theirs, f"{where}[{index}]", close, skipped)
     elif isinstance(torch_doc, float) and not isinstance(numba_doc, bool):
-        if math.isnan(torch_doc):
-            assert math.isnan(numba_doc), where
-        else:
-            assert numba_doc == pytest.approx(torch_doc, rel=RTOL, abs=1e-300), where
+        close(numba_doc, torch_doc, where)
     else:
         assert numba_doc == torch_doc, where
