@@ -44,12 +44,26 @@ from rollout_diag.formatting import number, percent
 from rollout_diag.results import Hint, OverallVerdict, StepResult, StepTable, Verdict, metric_column
 
 LEVEL_ORDER = ("bad", "watch", "ok", "n/a")
+RESUME_SHARE = 0.5  # a resume_spike is a pipeline finding when its steps carry ≥ half of the run's Σ min(|δ|, 1)
 # Hints that are pipeline bugs, in the order to fix them: a shifted gather moves every token's logprob, so it
 # comes first; a missing mask or placeholder logprobs put tokens nobody scored into the loss; processed logprobs
 # (temperature, top-p) change every token's value but keep the tokens right.
 # Rows skipped as invalid come before them all: past 1 % skipped (decisions/skipped.py), the metrics describe the rows
 # that happened to be valid, so no other finding can be read until every row is.
-PIPELINE_HINTS = ("invalid_rows", "off_by_one", "no_mask", "dummy_logprobs", "fill_values", "processed_logprobs")
+# Truncated sampling logprobs come before temperature: both change every token's value, truncation also the support.
+# Retokenization changes the tokens after turn boundaries only; a resume spike counts only where it carries at least
+# half of the run's mismatch (RESUME_SHARE): a small transient in a long run is no pipeline bug.
+PIPELINE_HINTS = (
+    "invalid_rows",
+    "off_by_one",
+    "no_mask",
+    "dummy_logprobs",
+    "fill_values",
+    "top_p_truncation",
+    "processed_logprobs",
+    "retokenization",
+    "resume_spike",
+)
 FIX_FIRST = {
     "invalid_rows": "fix what writes the dump, so that no row is left out (the skipped rows are listed with their "
     "file, row and column; --strict stops at the first)",
@@ -58,8 +72,14 @@ FIX_FIRST = {
     "dummy_logprobs": "fix the response mask, so that tokens the engine never scored leave the loss",
     "fill_values": "fix the response mask (or the dump), so that tokens holding a fill value instead of a logprob "
     "leave the loss",
-    "processed_logprobs": "compute both sides' logprobs from the same distribution (one side applies a temperature "
-    "or top-p/top-k)",
+    "processed_logprobs": "compute both sides' logprobs from the same distribution, at the same temperature (one "
+    "side's come from a temperature-scaled one)",
+    "top_p_truncation": "take the rollout logprobs from the full distribution, before top-p / top-k (vLLM: "
+    "logprobs_mode='raw_logprobs'), or apply the same truncation in the trainer",
+    "retokenization": "reuse the rollout's token ids for the multi-turn history (do not re-tokenize it in the "
+    "trainer), or re-score with them",
+    "resume_spike": "check what the resume restores (the inference engine's weights and their sync, the "
+    "checkpoint's optimizer and scheduler state) and leave the steps right after it out of any comparison",
 }
 # A single token with |δ| = 1 moves k3_kl by (e − 2)/N: over 1000 tokens that is 7e-4, close to the watch
 # level (1e-3), so a verdict on fewer tokens rests on a handful of them.
@@ -101,7 +121,12 @@ def overall_verdict(
     """The verdict on ``metrics`` (a run's, a step's or a group's), its ``hints``, ``rows`` rows and ``tokens``
     model tokens (see the module docstring for the rules)."""
     verdicts = judge(dict(metrics))
-    pipeline = [hint for kind in PIPELINE_HINTS for hint in hints if hint.id == kind]
+    pipeline = [
+        hint
+        for kind in PIPELINE_HINTS
+        for hint in hints
+        if hint.id == kind and (kind != "resume_spike" or hint.evidence.get("share_of_run", 0.0) >= RESUME_SHARE)
+    ]
     if not pipeline and identical(metrics, tokens):
         return OverallVerdict("ok", "identical", _identical_sentence(tokens), [], [], [])
     notes = _negative_notes(verdicts, metrics, rows, tokens) + _little_data_notes(rows, tokens)
