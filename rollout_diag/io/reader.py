@@ -116,7 +116,8 @@ class DumpReader:
         self.log = ReadLog()
         # Called per record batch with (batch, steps) -> bool per row: the rows to read (rollout_diag/selection.py).
         self.selection: Callable[[pa.RecordBatch | pa.Table, np.ndarray], np.ndarray] | None = None
-        given = [inputs] if isinstance(inputs, str) else list(inputs)
+        given: list[Any] = [inputs] if isinstance(inputs, str) else list(inputs)  # names, or Sources resolved before
+        self.sources: list[Source]
         if given and all(isinstance(item, Source) for item in given):
             self.sources = given
             self.log.format = input_format or carried_format or PARQUET
@@ -485,9 +486,10 @@ class DumpReader:
         scanned arrays on the CPU: numpy only, so the reader can do it before torch is loaded."""
         scanned = None if block.skipped or engine != "numba" else _scanned(block, device_type)
         if scanned is None:  # the exact check, which finds and records the bad rows
-            block = validate_block(block, self.log, self.strict)
-            if block is None:
+            checked = validate_block(block, self.log, self.strict)
+            if checked is None:
                 return None
+            block = checked
         file_index, has_ids = self._file_index[block.file]
         if block.mask is None:
             counts = self.log.unmasked.setdefault(block.file, [0, 0])
@@ -686,7 +688,7 @@ def _joined(parts: Sequence[_Valid]) -> _Valid:
         values = [getattr(block, name) for block in blocks]
         return None if values[0] is None else np.concatenate(values)
 
-    def joined_extra(values: list[ExtraColumn]) -> ExtraColumn:
+    def joined_extra(values: list[Any]) -> ExtraColumn:  # all numpy, or all decode._ArrowValues
         if isinstance(values[0], np.ndarray):
             return np.concatenate(values)
         return type(values[0])(_arrow_joined([v.array for v in values]))  # decode._ArrowValues
