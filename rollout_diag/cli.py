@@ -114,7 +114,8 @@ def light_coercion(params: Iterable[Any]) -> None:
                 converted = _light_value(item_type, value)
                 if converted is not _UNCONVERTED:
                     return converted
-            return build_runtime_param(self.descriptor)._coerce_value(value, param=param, ctx=ctx)
+            # typer's own conversion, for what the light path leaves (typer has no public hook for it)
+            return build_runtime_param(self.descriptor)._coerce_value(value, param=param, ctx=ctx)  # noqa: SLF001
 
     for param in params:
         descriptor = getattr(param, "type_descriptor", None)
@@ -131,7 +132,7 @@ def light_coercion(params: Iterable[Any]) -> None:
         annotation = descriptor.annotation
         item = typing.get_args(annotation)[0] if typing.get_origin(annotation) is list else annotation
         if item in (str, bool, int, float, Path) or (isinstance(item, type) and issubclass(item, Enum)):
-            param._runtime_param = LightParam(info, annotation, descriptor)
+            param._runtime_param = LightParam(info, annotation, descriptor)  # noqa: SLF001  (typer's lazy slot)
 
 
 app = typer.Typer(

@@ -24,7 +24,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -666,7 +666,7 @@ class Watcher:
         run_alerts = self._new_alerts(failures, None) if ready or final else []
         if run_alerts and reports:
             last = reports[-1]
-            reports[-1] = StepReport(**{**last.__dict__, "alerts": last.alerts + run_alerts})
+            reports[-1] = replace(last, alerts=last.alerts + run_alerts)
         return reports, alerts + run_alerts
 
     def _gate_failures(self, result: AnalysisResult) -> dict[int | None, list[str]]:

@@ -222,7 +222,7 @@ def _unowned(typingctx, array):
         populate_array(
             view, data=source.data, shape=source.shape, strides=source.strides, itemsize=source.itemsize, meminfo=None
         )
-        return view._getvalue()
+        return view._getvalue()  # noqa: SLF001  (numba's intrinsic API: the proxy's LLVM value)
 
     return array(array), codegen
 
@@ -911,7 +911,7 @@ def _field(data_type: pa.DataType) -> _Field:
 def _announce_compiling() -> None:
     """Say on stderr when the scanner is not in numba's cache yet (its first compile takes seconds)."""
     try:
-        cached = os.path.exists(scan._cache._cache_file._index_path)
+        cached = os.path.exists(scan._cache._cache_file._index_path)  # noqa: SLF001  (no public cache query)
     except AttributeError:  # numba's cache internals moved: say nothing
         return
     if not cached:

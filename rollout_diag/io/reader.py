@@ -23,7 +23,7 @@ import itertools
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from numbers import Integral
 from pathlib import Path
@@ -393,20 +393,21 @@ class DumpReader:
         self, device: str, engine: str, kind: str, prepare: Callable[[Chunk], None] | None
     ) -> Iterator[tuple[Chunk, int]]:
         joiner = _Joiner(self.chunk_tokens)
-        for item in itertools.chain(self._blocks(), [None]):  # None: the end, where the joiner flushes
+        for item in itertools.chain(self.decoded_blocks(), [None]):  # None: the end, where the joiner flushes
             if item is None:
                 ready = joiner.flush()
             else:
-                valid = self._validated(item[0], device_kind(device), engine)
+                valid = self.validated(item[0], device_kind(device), engine)
                 ready = [] if valid is None else joiner.add(valid, item[1])
             for joined, at in ready:
-                chunk = self._chunk(joined, device, engine, kind)
+                chunk = self.built_chunk(joined, device, engine, kind)
                 if prepare is not None:
                     prepare(chunk)
                 yield chunk, at
 
     # -- decoding --------------------------------------------------------------------------------
-    def _blocks(self) -> Iterator[tuple[Block, int]]:
+    def decoded_blocks(self) -> Generator[tuple[Block, int], None, None]:
+        """The first stage of a read: each decoded block of whole rows, with the input rows consumed so far."""
         consumed = 0
         for decoded in self._decoded_files():
             for block, rows in decoded:
@@ -481,7 +482,7 @@ class DumpReader:
         finally:
             opened.parquet.close()  # its descriptor and last row group's buffers (io/formats/base.ParquetSource)
 
-    def _validated(self, block: Block, device_type: str, engine: str) -> _Valid | None:
+    def validated(self, block: Block, device_type: str, engine: str) -> _Valid | None:
         """The block validated (bad rows recorded and dropped; None when none is left), with the numba engine's
         scanned arrays on the CPU: numpy only, so the reader can do it before torch is loaded."""
         scanned = None if block.skipped or engine != "numba" else _scanned(block, device_type)
@@ -508,7 +509,7 @@ class DumpReader:
         np.cumsum(block.lengths, out=offsets[1:])
         return _Valid(block, offsets, scanned)
 
-    def _chunk(self, valid: _Valid, device: str, engine: str, kind: str) -> Chunk:
+    def built_chunk(self, valid: _Valid, device: str, engine: str, kind: str) -> Chunk:
         """The validated block as a Chunk of ``kind`` arrays: ``numpy`` (the numba engine's, torch not loaded) or
         ``torch`` tensors on ``device``."""
         from rollout_diag.io.chunk import Chunk
@@ -879,7 +880,7 @@ class _ReadAhead:
         loading = threading.Thread(target=_quietly(warm_up), name="rollout-diag-kernels", daemon=True)
         loading.start()
         decoded: deque = deque()
-        blocks = reader._blocks()
+        blocks = reader.decoded_blocks()
         joiner = _Joiner(reader.chunk_tokens)
         try:
             for item in itertools.chain(blocks, [None]):  # None: the end, where the blocks still decoded go on
@@ -903,7 +904,7 @@ class _ReadAhead:
             block, consumed = decoded.popleft()
             with self.changed:
                 device, engine = self.device, self.engine
-            valid = self.reader._validated(block, "cpu" if device is None else device_kind(device), engine)
+            valid = self.reader.validated(block, "cpu" if device is None else device_kind(device), engine)
             if valid is not None and not self._put_ready(joiner.add(valid, consumed)):
                 return False
         return True
@@ -914,7 +915,7 @@ class _ReadAhead:
         for valid, consumed in ready:
             with self.changed:
                 device, engine, kind = self.device, self.engine, self.kind
-            built = self._prepassed(valid) if device is None else self.reader._chunk(valid, device, engine, kind)
+            built = self._prepassed(valid) if device is None else self.reader.built_chunk(valid, device, engine, kind)
             if not self._put((built, consumed)):
                 return False
         return True
@@ -963,7 +964,7 @@ class _ReadAhead:
                     raise item
                 value, consumed = item
                 yield (
-                    (self.reader._chunk(value, device, engine, kind) if isinstance(value, _Valid) else value),
+                    (self.reader.built_chunk(value, device, engine, kind) if isinstance(value, _Valid) else value),
                     consumed,
                 )
         finally:
