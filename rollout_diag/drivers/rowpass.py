@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 from rollout_diag.drivers.dump import reads_dump
 from rollout_diag.drivers.engine import build_result, check_analysed, data_warnings, read_fields, skipped_of, step_table
-from rollout_diag.drivers.passes import Analysis, Inputs, Progress, open_reader, resolve_device, run_chunks
+from rollout_diag.drivers.passes import (
+    Analysis,
+    Inputs,
+    Progress,
+    open_reader,
+    resolve_device,
+    run_chunks,
+)
 from rollout_diag.errors import DataError
 from rollout_diag.groups import GroupLabels, GroupSpec, group_specs
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
