@@ -653,10 +653,27 @@ def _truncation(sums: Sums) -> tuple[float, Signed, list[tuple[int, Signed]]] | 
     return sign, total, buckets
 
 
+KEPT_EXPLAINED = 0.5  # with a kept_mass column: Σ|δ − log M| at most half of Σ|δ| (δ tracks log M)
+
+
+def _kept_mass_column(sums: Sums) -> tuple[float, float] | None:
+    """(mean log M, Σ|δ − log M| / Σ|δ|) when a kept_mass column shows a kept mass ≤ 99.5 % that δ follows."""
+    tokens = sums.get("kept_tokens", 0.0)
+    if tokens < MIN_GROUP_TOKENS or sums["kept_abs"] <= 0:
+        return None
+    mean_log, residual = sums["kept_log"] / tokens, sums["kept_residual"] / sums["kept_abs"]
+    if mean_log > -TRUNCATION_MIN_LOG_MASS or residual > KEPT_EXPLAINED:
+        return None
+    return mean_log, residual
+
+
 def top_p_truncation(evidence: Evidence) -> Hint | None:
     """The engine reports logprobs of the truncated, renormalised sampling distribution (top-p / top-k) and the trainer
     those of the full one: for a token of a kept set of mass M, r = a − log M, so δ = log M ≤ 0 on every token and ρ
-    = M; every rollout-probability bucket leans to one side (TRL #6789)."""
+    = M; every rollout-probability bucket leans to one side (TRL #6789). A kept_mass column, where the dump has one,
+    decides instead."""
+    if evidence.run.get("kept_tokens", 0.0) > 0:
+        return _top_p_from_column(evidence)
     found = _truncation(evidence.run)
     if found is None or not _persistent(evidence, _truncation):
         return None
@@ -684,6 +701,28 @@ def top_p_truncation(evidence: Evidence) -> Hint | None:
         steps=_steps(evidence, lambda s: None if (f := _truncation(s)) is None else abs(f[1].mean)),
         rows=[],
         look_at=f"the {side} engine's sampling parameters (top_p, top_k, min_p) and whether its logprobs are taken "
+        "before or after they are applied (e.g. vLLM logprobs_mode='processed_logprobs')",
+    )
+
+
+def _top_p_from_column(evidence: Evidence) -> Hint | None:
+    found = _kept_mass_column(evidence.run)
+    if found is None:
+        return None
+    mean_log, residual = found
+    kept = math.exp(mean_log)
+    return Hint(
+        id="top_p_truncation",
+        message=(
+            f"The dump's kept_mass column says top-p / top-k kept {kept:.3g} of the probability (geometric mean over "
+            f"{int(evidence.run['kept_tokens'])} model tokens) and δ follows log kept_mass (Σ|δ − log M| is "
+            f"{residual:.0%} of Σ|δ|): the rollout logprobs are those of the truncated, renormalised distribution, the "
+            "trainer's of the full one."
+        ),
+        evidence={"kept_mass": kept, "mean_log_kept_mass": mean_log, "unexplained_share": residual},
+        steps=_steps(evidence, lambda s: None if (f := _kept_mass_column(s)) is None else -f[0]),
+        rows=[],
+        look_at="the rollout engine's sampling parameters (top_p, top_k, min_p) and whether its logprobs are taken "
         "before or after they are applied (e.g. vLLM logprobs_mode='processed_logprobs')",
     )
 
@@ -799,10 +838,55 @@ def _retokenization(sums: Sums) -> tuple[int, Contrast, Contrast] | None:
     return k, head, prompt
 
 
+def _id_differences(evidence: Evidence) -> Hint | None:
+    """With rollout_token_ids beside token_ids: the model tokens whose two ids differ, and the first of them."""
+    differ, tokens = evidence.run.get("id_differ", 0.0), evidence.run.get("id_tokens", 0.0)
+    if differ <= 0:
+        return None
+    firsts = evidence.examples.get("retokenization", ())
+    first = firsts[0] if firsts else None
+    where = (
+        f"; the first at position {int(first.score)} of {first.file}:{first.row} (step {first.step}, sample "
+        f"{first.sample_id})"
+        if first is not None
+        else ""
+    )
+    found = _retokenization(evidence.run)
+    concentrated = (
+        f" The mismatch agrees: the first {found[0]} token(s) after environment segments have {found[1].factor:.1f}× "
+        "that of the rest of their turn."
+        if found is not None
+        else ""
+    )
+    return Hint(
+        id="retokenization",
+        message=(
+            f"{int(differ)} of {int(tokens)} model tokens ({differ / tokens:.2%}) carry a different token id on the "
+            f"two sides (token_ids vs rollout_token_ids){where}: the trainer scores a re-tokenized sequence, not the "
+            f"tokens the engine sampled.{concentrated}"
+        ),
+        evidence={
+            "token_id_mismatches": differ,
+            "tokens_with_ids": tokens,
+            "share": differ / tokens,
+            **({"first_position": first.score} if first is not None else {}),
+            **({"k": float(found[0]), "factor": found[1].factor} if found is not None else {}),
+        },
+        steps=_steps(evidence, lambda s: s.get("id_differ", 0.0) or None),
+        rows=[HintRow(r.step, r.sample_id, r.file, r.row) for r in firsts],
+        look_at="the positions where token_ids and rollout_token_ids differ (rollout-diag inspect shows the row): "
+        "reuse the rollout's token ids instead of re-tokenizing the history",
+    )
+
+
 def retokenization(evidence: Evidence) -> Hint | None:
     """Multi-turn histories re-tokenized by the trainer: the tokens right after each environment segment (tool output,
     user turn) are split differently on the two sides, the rest of the turn agrees (slime #2360, ms-swift #10012,
-    rllm #272)."""
+    rllm #272). With a rollout_token_ids column, the positions where the ids differ say it directly."""
+    if evidence.run.get("id_tokens", 0.0) > 0:
+        by_ids = _id_differences(evidence)
+        if by_ids is not None:
+            return by_ids
     found = _retokenization(evidence.run)
     if found is None:
         return None

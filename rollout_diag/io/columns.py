@@ -31,7 +31,13 @@ ROLE_CANDIDATES: dict[str, tuple[str, ...]] = {
     "token_ids": ("token_ids",),
     "tokens": ("tokens",),
     "policy_version": ("policy_version",),  # version of the policy that generated the row (async RL)
+    # per-token columns the hints read (docs/hints.md): the engine's own token ids where the trainer re-tokenized
+    # (token_ids then holds the trainer's), and the probability mass top-p / top-k kept for each sampled token
+    "rollout_token_ids": ("rollout_token_ids", "rollout_ids"),
+    "kept_mass": ("kept_mass", "sampling_kept_mass"),
 }
+# The per-token columns carried as ``Chunk.token_columns`` (and ``decode.Block.token_columns``) by role.
+TOKEN_SIDE_ROLES = ("rollout_token_ids", "kept_mass")
 REQUIRED_ROLES = ("rollout", "trainer")
 ROLES = tuple(ROLE_CANDIDATES)
 

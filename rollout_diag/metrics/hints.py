@@ -42,7 +42,15 @@ from rollout_diag.results import Evidence, RowRef
 # reader runs the compiled hint pass with them before torch is loaded.)
 PROBABILITY_BUCKETS = len(PROBABILITY_EDGES) + 1
 EXAMPLE_ROWS = 5  # example rows kept per hint
-EXAMPLE_KINDS = ("off_by_one", "dummy_logprobs", "processed_logprobs", "first_token", "last_token", "staleness")
+EXAMPLE_KINDS = (
+    "off_by_one",
+    "dummy_logprobs",
+    "processed_logprobs",
+    "first_token",
+    "last_token",
+    "staleness",
+    "retokenization",  # the first model tokens whose two token ids differ, in reading order (score: −position)
+)
 
 # Per-step sums, one column each (token counts, Σ y and Σ y² with y = min(|δ|, 1), and pattern counts).
 TOKEN_SUMS = (
@@ -85,6 +93,10 @@ ROW_SUMS = (
 TURN_OFFSETS = 8
 TURN_COLUMNS = ("tokens", "y", "y2")
 LATER_SUMS = ("later_tokens", "later_y", "later_y2")
+# With the per-token side columns (io/columns.py TOKEN_SIDE_ROLES): model tokens with both token ids and those whose
+# trainer (token_ids) and rollout (rollout_token_ids) ids differ; model tokens with a kept mass M, Σ log M and
+# Σ|δ − log M| (δ explained by the truncation when small against Σ|δ|).
+SIDE_SUMS = ("id_tokens", "id_differ", "kept_tokens", "kept_log", "kept_residual", "kept_abs")
 # The policy versions of each step's rows (a resume that resets the weight-sync counter makes them go back).
 VERSION_EXTREMES = {"version_min": "min", "version_max": "max"}
 PROBABILITY_COLUMNS = ("tokens", "abs", "y", "y2", "delta")  # per rollout-probability bucket (abs: Σ|δ|, delta: Σδ)
@@ -332,6 +344,7 @@ class HintEvidenceAccumulator(StepAccumulator):
         "position_buckets": "sum",
         "turn_offsets": "sum",
         **{name: "sum" for name in LATER_SUMS},
+        **{name: "sum" for name in SIDE_SUMS},
         **VERSION_EXTREMES,
     }
 
@@ -403,6 +416,7 @@ class HintEvidenceAccumulator(StepAccumulator):
         )
         out.update(_turn_sums(chunk, s))
         out.update(_version_extremes(chunk))
+        out.update(_side_sums(chunk))
         return out
 
     def _finalize(self, state: State) -> dict[str, float]:
@@ -414,6 +428,7 @@ class HintEvidenceAccumulator(StepAccumulator):
         evidence = _evidence(chunk)
         self._offer_examples(chunk, evidence)
         self._add_file_steps(chunk)
+        self._offer_id_differences(chunk)
         if chunk.policy_version is not None:
             self.has_versions = True
             self._add_lags(chunk, evidence)
@@ -428,6 +443,31 @@ class HintEvidenceAccumulator(StepAccumulator):
         self.has_versions |= other.has_versions
         for file, pieces in other.files.items():
             self.files[file] = sorted(self.files.get(file, []) + pieces)
+
+    def _offer_id_differences(self, chunk: Chunk) -> None:
+        """The first model tokens (by step, file, row, position) whose trainer and rollout token ids differ."""
+        rollout_ids = chunk.token_columns.get("rollout_token_ids")
+        if rollout_ids is None or chunk.token_ids is None:
+            return
+        differ = np.flatnonzero(
+            arrays.host(chunk.mask).astype(bool) & (arrays.host(chunk.token_ids) != arrays.host(rollout_ids))
+        )
+        if differ.size == 0:
+            return
+        offsets = arrays.host(chunk.offsets)
+        rows = np.searchsorted(offsets, differ, side="right") - 1
+        steps = arrays.host(chunk.step)
+        found: dict[int, tuple] = {}
+        for token, row in zip(differ.tolist(), rows.tolist(), strict=True):  # the first difference of each row
+            if row not in found:
+                position = token - int(offsets[row])
+                key = (int(steps[row]), chunk.sample_id[row], chunk.file[row], chunk.file_row[row], position)
+                found[row] = key
+        best = sorted(found.values(), key=lambda key: (key[0], key[2], key[3], key[4]))[:EXAMPLE_ROWS]
+        # TopK keeps the largest scores: the earliest first as the highest, −(step, row, position) in one number
+        self.examples["retokenization"].offer(
+            [(-float(key[0]) * 1e12 - key[3] * 1e6 - key[4], key, None) for key in best]
+        )
 
     def _add_file_steps(self, chunk: Chunk) -> None:
         """Each file's rows of the chunk as one piece: its first and last step, extremes and first step back."""
@@ -521,7 +561,13 @@ class HintEvidenceAccumulator(StepAccumulator):
         examples: dict[str, list[RowRef]] = {}
         for kind, tracker in self.examples.items():
             examples[kind] = [
-                RowRef(step=key[0], sample_id=key[1], file=key[2], row=key[3], score=score)
+                RowRef(
+                    step=key[0],
+                    sample_id=key[1],
+                    file=key[2],
+                    row=key[3],
+                    score=float(key[4]) if kind == "retokenization" else score,  # there: the token's position
+                )
                 for score, key, _ in tracker.items
             ]
         return Evidence(
@@ -557,7 +603,7 @@ class _NamedSteps(Mapping):
 def _named(state: State) -> dict[str, Any]:
     """A state as plain floats and nested lists (what the pure hint functions read)."""
     out: dict[str, Any] = {name: float(state[name]) for name in TOKEN_SUMS + ROW_SUMS}
-    out.update({name: float(state[name]) for name in (*LATER_SUMS, *VERSION_EXTREMES)})
+    out.update({name: float(state[name]) for name in (*LATER_SUMS, *SIDE_SUMS, *VERSION_EXTREMES)})
     for name, columns in (
         ("probability_buckets", PROBABILITY_COLUMNS),
         ("position_buckets", POSITION_COLUMNS),
@@ -614,6 +660,37 @@ def _turn_sums(chunk: Chunk, s: ChunkStats | KernelStats) -> dict[str, Array]:
     out = {name: arrays.like(values.astype(np.float64), like) for name, values in totals.items()}
     out["turn_offsets"] = arrays.like(offsets.reshape(groups, buckets, len(TURN_COLUMNS)), like)
     return out
+
+
+def _side_sums(chunk: Chunk) -> dict[str, Array]:
+    """SIDE_SUMS per step group from the per-token side columns (zeros without them): a pass over the raw arrays only
+    for dumps that carry one."""
+    groups = chunk.groups.count
+    like = arrays.float64(chunk.groups.row_group)
+    sums = {name: np.zeros(groups) for name in SIDE_SUMS}
+    columns = chunk.token_columns
+    if columns:
+        mask = arrays.host(chunk.mask).astype(bool)
+        group = arrays.host(chunk.groups.row_group)[arrays.host(chunk.token_row)]
+        rollout_ids = columns.get("rollout_token_ids")
+        if rollout_ids is not None and chunk.token_ids is not None:
+            ids, other = arrays.host(chunk.token_ids), arrays.host(rollout_ids)
+            both = mask & (ids >= 0) & (other >= 0)
+            sums["id_tokens"] = np.bincount(group[both], minlength=groups).astype(np.float64)
+            sums["id_differ"] = np.bincount(group[both & (ids != other)], minlength=groups).astype(np.float64)
+        kept = columns.get("kept_mass")
+        if kept is not None:
+            mass = arrays.host(kept)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                usable = mask & (mass > 0) & (mass <= 1)
+                log_mass = np.log(np.where(usable, mass, 1.0))
+            delta = arrays.host(chunk.trainer) - arrays.host(chunk.rollout)
+            index = group[usable]
+            sums["kept_tokens"] = np.bincount(index, minlength=groups).astype(np.float64)
+            sums["kept_log"] = np.bincount(index, log_mass[usable], groups)
+            sums["kept_residual"] = np.bincount(index, np.abs(delta - log_mass)[usable], groups)
+            sums["kept_abs"] = np.bincount(index, np.abs(delta)[usable], groups)
+    return {name: arrays.like(values, like) for name, values in sums.items()}
 
 
 def _version_extremes(chunk: Chunk) -> dict[str, Array]:

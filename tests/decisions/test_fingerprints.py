@@ -255,3 +255,64 @@ def test_the_report_shows_the_new_hints(tmp_path):
     assert "resume_spike" in html and "Resume at step 10" in html and "resume at step 10" in html
     truncated = analyze(tmp_path, sampled_rows(1, Processing(top_p=0.9)), "p.parquet")
     assert "top_p_truncation" in render_report(truncated)
+
+
+# ------------------------------------------------------------------------------------------ side columns
+def test_rollout_token_ids_name_the_first_difference(tmp_path):
+    table = retokenize(pq.read_table(REAL))
+    rows = table.to_pydict()
+    rollout_ids, first = [], None
+    for index, (mask, trainer_ids) in enumerate(zip(rows["response_mask"], rows["token_ids"], strict=True)):
+        other = list(trainer_ids)
+        for t in range(1, len(mask)):
+            if mask[t] == 1 and mask[t - 1] == 0 and 1 in mask[:t]:
+                other[t] = trainer_ids[t] + 1  # the engine's id of the boundary token: another split
+                first = first or (rows["step"][index], index, t)
+        rollout_ids.append(other)
+    with_ids = table.append_column("rollout_token_ids", pa.array(rollout_ids, pa.list_(pa.int64())))
+    result = rd.analyze(str(write_table(tmp_path / "ids.parquet", with_ids)), device="cpu")
+    hint = next(h for h in result.hints if h.id == "retokenization")
+    changed = sum(
+        a != b for x, y in zip(rows["token_ids"], rollout_ids, strict=True) for a, b in zip(x, y, strict=True)
+    )
+    assert hint.evidence["token_id_mismatches"] == changed and hint.evidence["k"] == 2
+    step, row, position = first
+    assert (hint.rows[0].step, hint.rows[0].row, hint.evidence["first_position"]) == (step, row, position)
+    assert f"position {position}" in hint.message
+    same = pq.read_table(REAL)
+    same = same.append_column("rollout_token_ids", same.column("token_ids"))
+    assert "retokenization" not in ids(rd.analyze(str(write_table(tmp_path / "same.parquet", same)), device="cpu"))
+
+
+def test_a_kept_mass_column_decides_top_p(tmp_path):
+    rng = np.random.default_rng(4)
+    made, clean = [], []
+    for step in range(3):
+        for index in range(16):
+            truncated = sample(rng, 64, Processing(top_p=0.9), numerics=0.01)
+            full = sample(rng, 64, Processing(), numerics=0.01)
+            for out, drawn, kept in ((made, truncated, truncated["kept"]), (clean, full, np.full(64, 0.9))):
+                out.append(
+                    {
+                        "step": step,
+                        "sample_id": f"s{step}-{index}",
+                        "rollout": drawn["rollout"].tolist(),
+                        "trainer": drawn["trainer"].tolist(),
+                        "mask": [1] * 64,
+                        "kept": kept.tolist(),
+                    }
+                )
+
+    def written(rows: list[dict], name: str) -> Path:
+        table = sequence_table(rows).append_column(
+            "kept_mass", pa.array([r["kept"] for r in rows], pa.list_(pa.float64()))
+        )
+        return write_table(tmp_path / name, table)
+
+    hint = next(
+        h for h in rd.analyze(str(written(made, "kept.parquet")), device="cpu").hints if h.id == "top_p_truncation"
+    )
+    expected = math.exp(np.mean([math.log(k) for r in made for k in r["kept"]]))
+    assert hint.evidence["kept_mass"] == pytest.approx(expected, rel=1e-6) and hint.evidence["unexplained_share"] < 0.2
+    # a kept mass recorded while the engine reports the full distribution's logprobs: δ does not follow it
+    assert "top_p_truncation" not in ids(rd.analyze(str(written(clean, "full.parquet")), device="cpu"))
