@@ -472,7 +472,8 @@ class Reading:
             "--column",
             "-c",
             help="Say which column plays a role: role=name (roles: rollout, trainer, "
-            "mask, step, sample_id, position, token_ids, tokens, policy_version). Repeatable.",
+            "mask, step, sample_id, position, token_ids, tokens, policy_version, rollout_token_ids, kept_mass). "
+            "Repeatable.",
             metavar="ROLE=NAME",
         ),
     ] = None
