@@ -529,6 +529,8 @@ class Watcher:
             for lag, sums in record.lags.items():
                 evidence.lags[lag] = evidence.lags[lag] + sums if lag in evidence.lags else sums.copy()
         evidence.has_versions = any(record.has_versions for record in left)
+        # where each file's steps go back (resumes): a file taken out takes its pieces with it
+        evidence.files = {path: pieces for path, pieces in evidence.files.items() if path in self.files}
         empty = sorted((row for record in left for row in record.empty_rows), key=empty_row_order)
         self.analysis.empty_rows = empty[:MAX_LISTED_EMPTY_ROWS]
 
