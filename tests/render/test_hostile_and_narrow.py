@@ -1,4 +1,4 @@
-"""Issue 9 (terminal, report options) and issue 13 (CLI compatibility): hostile strings, narrow terminals,
+"""The terminal, the report's options and the CLI's compatibility: hostile strings, narrow terminals,
 ``-o`` with tables, report options and ``--from-json`` merging, explicitly named options.
 
 Tables are rendered through the CLI at a fixed width (CliRunner: no colour, COLUMNS pinned) and checked for what

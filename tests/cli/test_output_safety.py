@@ -1,4 +1,4 @@
-"""Hardening, third round (issue 21, the I/O items): outputs that would destroy an input, atomic outputs, huge
+"""Outputs that would destroy an input, atomic outputs, huge
 rows in ``inspect``, malformed saved results, stray Parquet files beside a dump, and small inputs."""
 
 from __future__ import annotations
