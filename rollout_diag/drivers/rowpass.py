@@ -122,14 +122,16 @@ def _restricted(analysis: Analysis, steps: StepRange) -> Analysis:
     def keep(step: int) -> bool:
         return (first is None or step >= first) and (last is None or step <= last)
 
+    def restricted(accumulator: StepAccumulator) -> StepAccumulator:
+        steps_held = accumulator.store.steps
+        inside = (steps_held >= (first if first is not None else steps_held.min(initial=0))) & (
+            steps_held <= (last if last is not None else steps_held.max(initial=0))
+        )
+        return accumulator.restricted(inside)
+
     subset = copy.copy(analysis)
-    for name, value in vars(analysis).items():
-        if isinstance(value, StepAccumulator):
-            steps_held = value.store.steps
-            inside = (steps_held >= (first if first is not None else steps_held.min(initial=0))) & (
-                steps_held <= (last if last is not None else steps_held.max(initial=0))
-            )
-            setattr(subset, name, value.restricted(inside))
+    subset.family = {name: restricted(family) for name, family in analysis.family.items()}
+    subset.hint_evidence = restricted(analysis.hint_evidence)
     subset.worst = WorstTracker(analysis.top_k, analysis.catastrophic)
     subset.grouped = []
     for grouped in analysis.grouped:
