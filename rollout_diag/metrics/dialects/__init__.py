@@ -14,14 +14,35 @@ import numpy as np
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import StepAccumulator, groups_of_dicts
-from rollout_diag.metrics.dialects import areal, nemo_rl, openrlhf, prime_rl, roll, skyrl, slime, trl, verl
+from rollout_diag.metrics.dialects import (
+    areal,
+    areal_4aef98d,
+    nemo_rl,
+    openrlhf,
+    prime_rl,
+    roll,
+    skyrl,
+    slime,
+    trl,
+    verl,
+    verl_b178a3c,
+)
 from rollout_diag.metrics.dialects.base import DialectFamily, DialectMetric, Framework
 from rollout_diag.results import MetricColumns
 
-FRAMEWORKS: dict[str, Framework] = {
-    module.FRAMEWORK.name: module.FRAMEWORK
-    for module in (verl, prime_rl, nemo_rl, slime, skyrl, trl, roll, areal, openrlhf)
-}
+# Each trainer at its current code (``--dialect all``), then the variants a name reaches: ``NAME:CONFIG`` (another
+# configuration of the same code) and ``NAME@COMMIT`` (the trainer's code at an earlier commit).
+TRAINERS: tuple[Framework, ...] = tuple(
+    module.FRAMEWORK for module in (verl, prime_rl, nemo_rl, slime, skyrl, trl, roll, areal, openrlhf)
+)
+VARIANTS: tuple[Framework, ...] = (
+    verl_b178a3c.FRAMEWORK,
+    verl_b178a3c.FRAMEWORK_SEQ,
+    prime_rl.FRAMEWORK_IPO,
+    areal.FRAMEWORK_KPOP,
+    areal_4aef98d.FRAMEWORK,
+)
+FRAMEWORKS: dict[str, Framework] = {framework.name: framework for framework in (*TRAINERS, *VARIANTS)}
 DEFAULT = "verl"
 ALL = "all"
 CHOICES = (*FRAMEWORKS, ALL)
@@ -31,6 +52,8 @@ __all__ = [
     "CHOICES",
     "DEFAULT",
     "FRAMEWORKS",
+    "TRAINERS",
+    "VARIANTS",
     "DialectMetric",
     "DialectsAccumulator",
     "Framework",
@@ -41,11 +64,12 @@ __all__ = [
 
 
 def resolve(dialect: str | Sequence[str]) -> tuple[str, ...]:
-    """Framework names from ``--dialect`` (one name, ``all``, or a comma-separated list); raises ConfigError."""
+    """Framework names from ``--dialect`` (one name, ``all`` = every trainer at its current code, or a
+    comma-separated list); raises ConfigError."""
     parts = [dialect] if isinstance(dialect, str) else list(dialect)
     names: list[str] = []
     for part in (p.strip().lower() for text in parts for p in text.split(",")):
-        chosen = tuple(FRAMEWORKS) if part == ALL else (part,)
+        chosen = tuple(framework.name for framework in TRAINERS) if part == ALL else (part,)
         for name in chosen:
             if name not in FRAMEWORKS:
                 raise ConfigError(f"{option_name('dialect')}={part}: not a dialect (choose from {', '.join(CHOICES)}).")
