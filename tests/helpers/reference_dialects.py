@@ -331,7 +331,8 @@ def roll(rows: Sequence[Row]) -> dict[str, float]:
 
 # ------------------------------------------------------------------------------------------------- AReaL
 def areal(rows: Sequence[Row], upper: float = 5.0) -> dict[str, float]:
-    """AReaL at 4aef98d (``areal@4aef98d``), in float64: functional.py apply_rejection_sampling (token, mask, ratio ≤ upper) and ppo_actor_loss_fn; stats_tracker:
+    """AReaL at 4aef98d (``areal@4aef98d``), in float64: functional.py apply_rejection_sampling (token, mask,
+    ratio ≤ upper) and ppo_actor_loss_fn; stats_tracker:
     avg / min / max over the kept tokens, nothing when none is kept."""
     kept = [(a - r) for a, r in flat(rows) if math.exp(a - r) <= upper]
     if not flat(rows) or not kept:

@@ -7,9 +7,8 @@ import math
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
+from helpers.dialect_dumps import one_step, write_dump
 from helpers.reference_dialects import REFERENCES
 
 import rollout_diag as rd
@@ -50,28 +49,6 @@ def random_rows(rng: np.random.Generator, count: int, max_len: int = 30) -> list
             }
         )
     return rows
-
-
-def write_dump(path: Path, steps: dict[int, list[dict]], row_group_size: int) -> None:
-    records = [(step, index, row) for step, rows in steps.items() for index, row in enumerate(rows)]
-    table = pa.table(
-        {
-            "step": pa.array([s for s, _, _ in records], pa.int64()),
-            "sample_id": pa.array([f"{s}-{i}" for s, i, _ in records]),
-            "rollout_log_probs": pa.array([r["rollout"].tolist() for *_, r in records], pa.list_(pa.float32())),
-            "old_log_probs": pa.array([r["trainer"].tolist() for *_, r in records], pa.list_(pa.float32())),
-            "response_mask": pa.array([r["mask"].tolist() for *_, r in records], pa.list_(pa.int8())),
-            **(
-                {
-                    "advantages": pa.array([r.get("advantage") for *_, r in records], pa.float64()),
-                    "env_name": pa.array([r.get("env") for *_, r in records], pa.string()),
-                }
-                if any("advantage" in r for *_, r in records)
-                else {}
-            ),
-        }
-    )
-    pq.write_table(table, path, row_group_size=row_group_size)
 
 
 def as_reference(rows: list[dict]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -175,17 +152,6 @@ def test_verl_is_the_default_and_repeats_todays_numbers_exactly(dataset):
                 "log_ppl_diff_min",
             )
         }
-
-
-def one_step(path: Path, rows: list[tuple[list[float], list[float], list[int]]]) -> Path:
-    steps = {
-        0: [
-            {"trainer": np.array(a, np.float32), "rollout": np.array(r, np.float32), "mask": np.array(m, np.int8)}
-            for a, r, m in rows
-        ]
-    }
-    write_dump(path, steps, row_group_size=10)
-    return path
 
 
 def test_dilution_warning_says_how_far_empty_rows_moved_verls_row_means(tmp_path):
