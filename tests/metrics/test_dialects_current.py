@@ -235,3 +235,25 @@ def test_prime_rl_ipo_masks_both_sides_without_reading_advantages(tmp_path):
     assert d["is_masked/mean"] == pytest.approx(2 / 3, rel=1e-15)
     assert "is_masked_high/mean" not in d and "masked_advantage_positive/mean" not in d
     assert math.isnan(d["is_masked/std"])  # one sample: torch's std is NaN
+
+
+# ------------------------------------------------------------------------------------------------ sentences
+def test_the_differences_name_areals_traps_and_verls_two_meanings(tmp_path):
+    from rollout_diag.decisions import dialects as decisions
+    from rollout_diag.decisions.dialects import differences
+    from rollout_diag.metrics.dialects import areal
+
+    assert (decisions.AREAL_NAN, decisions.AREAL_UNDERFLOW, decisions.AREAL_DROPPED) == (
+        areal.NOTE_NAN,
+        areal.NOTE_UNDERFLOW,
+        areal.NOTE_DROPPED,
+    )
+    path = one_step(tmp_path / "t.parquet", [([0.0, -20.0, -1.0], [-0.1, -110.0, -1.0], [1, 1, 1])])
+    run = rd.analyze(str(path), device="cpu", dialect="areal:kpop,verl@b178a3c").run
+    text = " ".join(differences(run))
+    assert "1 token(s) with a logprob of 0.0 get a NaN binary-KL score" in text
+    assert "2 infinite /min or /max value(s) are dropped" in text
+    assert "one key, two meanings: verl@b178a3c's rollout_is_mean" in text
+    clean = rd.analyze(str(one_step(tmp_path / "c.parquet", [([-1.0], [-1.0], [1])])), device="cpu", dialect="areal")
+    clean_text = " ".join(differences(clean.run))
+    assert "NaN" not in clean_text and "dropped" not in clean_text and "two meanings" not in clean_text

@@ -224,6 +224,7 @@ def markdown() -> str:
         "  out tokens with ratio above 5).",
         "- **sign**: verl's `kl` and OpenRLHF's `vllm_kl` are E[r − a]; AReaL's `behave_approx_kl` is E[a − r].",
         "",
+        *VERSIONS,
     ]
     for framework in FRAMEWORKS.values():
         lines += [
@@ -239,6 +240,45 @@ def markdown() -> str:
         lines += [f"| `{m.name}` | {_cell(m.formula)} | {_cell(m.aggregation)} |" for m in framework.metrics]
         lines.append("")
     return "\n".join(lines)
+
+
+VERSIONS = [
+    "## Versions and variants",
+    "",
+    "`--dialect all` is every trainer at the commit its section names (its current code when it was last read).",
+    "A name with `@COMMIT` is that trainer's code at an earlier commit, for numbers logged before it changed; a",
+    "name with `:CONFIG` is another configuration of the same code. Neither is part of `all`: ask for it by name",
+    "(`--dialect all,verl@b178a3c`).",
+    "",
+    "| dialect | code | what changed, and when |",
+    "|---|---|---|",
+    "| `verl` | verl-project/verl 1dda039b9 (2026-08-22) | `compute_offpolicy_metrics` and `calculate_debug_metrics` "
+    "give the same numbers as at b178a3c for a step with a model token (#5860, 2026-04-03, only adds NaN "
+    "placeholders for a batch without one). The presets (`compare-presets`) compute `rollout_is_*` as 1dda039b9 "
+    "does. |",
+    "| `verl@b178a3c`, `verl@b178a3c:seq` | volcengine/verl b178a3c (2026-01-29) | #5722 (IcePop, 2026-03-24) "
+    "redefined `rollout_corr/rollout_is_*` without renaming them: token-level `rollout_is_mean/max/min` became "
+    "post-truncation (max ≤ U), `rollout_is_std` and `_eff_sample_size` clamp the weights to [0, U] instead of "
+    "[1/U, U], and `rollout_is_seq_*` describe the truncated weights; #6806 (2026-06-25) moved "
+    "`rollout_is_seq_fraction_high/_low` back to the raw weights (between the two they were computed from the "
+    "truncated ones, `_high` always 0). These dialects give every `rollout_is_*` from the weights before "
+    "truncation, as b178a3c logged them (token or sequence level, U = 2). |",
+    '| `prime-rl`, `prime-rl:ipo` | PrimeIntellect-ai/prime-rl 559b447 (2026-08-21) | `loss.type = "ipo"` (#2798, '
+    "2026-06-14) logs `masked_mismatch_kl`, `unmasked_mismatch_kl` and `is_masked` with a symmetric trust region "
+    "\\|p_a − p_r\\| > 0.1. Both leave a filtered sample (no trained token) out of the per-sample statistics, as "
+    "`compute_loss` does: rollout-diag counted it as 0 before (a step with one such row in 8 read 7/8 of "
+    "prime-rl's `masked_mismatch_kl/mean`). |",
+    "| `areal`, `areal:kpop` | areal-project/AReaL cbff54d (2026-08-22; the repository moved from inclusionAI) | "
+    "since 4aef98d: `logp_diff`, `logp_abs_diff`, `behave_filtered_ratio`, `masked_token_ratio`, "
+    "`rs_filtered_fraction` and `compute_logp/kl_div_*` beside `behave_imp_weight` / `behave_approx_kl`, computed "
+    "in float32 as AReaL does; the KPop gate (`metric: binary_kl`), which AReaL's own config check rejects at "
+    "cbff54d. AReaL's traps are kept and counted in `note: …` keys. |",
+    "| `areal@4aef98d` | inclusionAI/AReaL 4aef98d (2026-05-21) | the dialect before AReaL moved: the two "
+    "`behave_*` keys in float64 (AReaL's float32 values differ in the 7th digit). |",
+    "| `openrlhf` | OpenRLHF/OpenRLHF 3c3be62 (2026-08-13, #1307) | the newest commit the snapshot holds; the "
+    "options of #1339 are not in it, and its merged text could not be read, so their metrics are not reproduced. |",
+    "",
+]
 
 
 def _cell(text: str) -> str:
