@@ -159,7 +159,7 @@ def _areal_traps(dialects: _Dialects) -> str | None:
 def _versions(dialects: _Dialects) -> str | None:
     """verl's rollout_is_* before and after #5722, when a verl@b178a3c dialect was asked for."""
     for name in ("verl@b178a3c", "verl@b178a3c:seq"):
-        old = dialects.get(name, "rollout_corr/rollout_is_mean")
+        old = dialects.get(name, catalogue.IS_MEAN.key)
         if old is None:
             continue
         return (
