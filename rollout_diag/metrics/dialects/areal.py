@@ -156,7 +156,7 @@ def gate(s: Any, config: Gate) -> dict[str, Array]:
     return {"kept": kept, "nan_score": nan_score & ~kept, "weight": weight, "behave": kept & (weight > 0), "x": x}
 
 
-def values(s: Any, config: Gate) -> tuple[dict[str, tuple[str, Array]], dict[str, Array]]:
+def token_values(s: Any, config: Gate) -> tuple[dict[str, tuple[str, Array]], dict[str, Array]]:
     """Per stat (denominator, float32 value at every model token), and the gate's flags."""
     g = gate(s, config)
     x = g["x"]
@@ -197,7 +197,7 @@ class ArealAccumulator(StepAccumulator):
         s = stats(chunk)
         groups = chunk.groups
         group = s.token_group
-        per_token, g = values(s, self.GATE)
+        per_token, g = token_values(s, self.GATE)
         denominators = {"valid": None, "behave": g["behave"]}
 
         def total(flags: Array) -> Array:
