@@ -369,7 +369,12 @@ FRAMEWORK = Framework(
         "The `median` of each key is left out: an exact median needs every value, which a streaming pass "
         "does not keep. W&B receives only mean and max (the other statistics go to the console and other "
         "monitors). prime-rl runs the DPPO values on the rl component's mask (loss mask ∧ rl weight ≠ 0); the "
-        "dump's trained tokens also hold ref-KL tokens when that stream exists (the same without one)."
+        "dump's trained tokens also hold ref-KL tokens when that stream exists (the same without one). prime-rl "
+        "pads a step's micro-batches to a multiple of its trainer workers with copies of the first whose loss "
+        "mask is all false and that carry no rl weight stream (`batch.py` `_pad_group_for_distribution`): "
+        "`compute_loss` runs the loss fn on each of their samples and stacks zeros into the per-sample "
+        "statistics, a dilution that depends on the worker count and leaves no trace in a dump; the values here "
+        "are prime-rl's without that padding."
     ),
     metrics=(
         DialectMetric(PREFIX + "mean", "k3 KL exp(δ) − δ − 1 (token mean)", "exp(δ) − δ − 1", "mean, " + _AGG),
