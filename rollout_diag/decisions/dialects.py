@@ -125,7 +125,7 @@ AREAL = "ppo_actor/update/"
 
 def _areal_traps(dialects: _Dialects) -> str | None:
     """What AReaL's own code gets wrong on this data, for each AReaL dialect computed."""
-    parts = []
+    parts: list[str] = []
     for name in ("areal", "areal:kpop"):
         masked = dialects.get(name, AREAL + "masked_token_ratio")
         if masked is None:

@@ -110,9 +110,8 @@ def _log(values: Array) -> Array:
 
 def _maximum(a: Array, b: Array) -> Array:
     """Elementwise max, NaN winning (torch.maximum)."""
-    if arrays.is_tensor(a):
-        return arrays._torch().maximum(a, b)
-    return np.maximum(a, b)
+    larger = arrays.where(a > b, a, b)
+    return arrays.where(arrays.isnan(a) | arrays.isnan(b), math.nan, larger)
 
 
 def binary_kl(log_p: Array, log_q: Array) -> Array:

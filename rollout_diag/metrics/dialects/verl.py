@@ -93,7 +93,11 @@ class VerlAccumulator:
     three accumulator families side by side, updated, merged and finalized together."""
 
     def __init__(self) -> None:
-        self.families = (OffPolicyAccumulator(), DebugAccumulator(), ValidRowsAccumulator())
+        self.families: tuple[StepAccumulator, ...] = (
+            OffPolicyAccumulator(),
+            DebugAccumulator(),
+            ValidRowsAccumulator(),
+        )
 
     def update(self, chunk: Chunk) -> None:
         for family in self.families:
