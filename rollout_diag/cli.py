@@ -235,8 +235,9 @@ DialectOpt = Annotated[
     typer.Option(
         "--dialect",
         help="Also report a trainer's own mismatch metrics under its logged names: verl (the default, in the JSON), "
-        "prime-rl, nemo-rl, slime, skyrl, trl, roll, areal, openrlhf, a comma-separated list, or all "
-        "(one table, trainers as columns). See docs/dialects.md.",
+        "prime-rl, nemo-rl, slime, skyrl, trl, roll, areal, openrlhf; an earlier commit or another configuration "
+        "(verl@b178a3c, verl@b178a3c:seq, prime-rl:ipo, areal:kpop, areal@4aef98d); a comma-separated list, or all "
+        "(every trainer at its current code; one table, trainers as columns). See docs/dialects.md.",
         metavar="NAME",
     ),
 ]
