@@ -708,6 +708,8 @@ CATASTROPHIC_TOKEN_SHARE = _metric(
     unit=SHARE,
     title="catastrophic token share",
     roles={Role.TRENDED: 8},
+    row=RowFormula("token", "catastrophic", eps=0.0),  # S_i[|δ| > threshold]: runs' row statistics count it
+    row_meaning="share of model tokens with |δ| above the catastrophic threshold",
 )
 K3_KL_WITHOUT_CATASTROPHIC = _metric(
     "diag/k3_kl_without_catastrophic",

@@ -36,6 +36,7 @@ from rollout_diag.results.comparison import (
 from rollout_diag.results.document import SCHEMA_VERSION
 from rollout_diag.results.loading import load_results, result_from_json
 from rollout_diag.results.reprs import repr_inputs, repr_text, short_repr
+from rollout_diag.results.runs import KnobEffect, RatioGate, RunMetric, RunsResult, RunSteps, RunSummary
 from rollout_diag.results.rows import (
     FILL_VALUES_KEPT,
     Anomaly,
@@ -64,6 +65,12 @@ from rollout_diag.results.rows import (
 from rollout_diag.results.sweep import SweepOption, SweepPoint, SweepResult, SweepStep, SweepTarget
 
 __all__ = [
+    "KnobEffect",
+    "RatioGate",
+    "RunMetric",
+    "RunSteps",
+    "RunSummary",
+    "RunsResult",
     "FILL_VALUES_KEPT",
     "FIRST_SECTION",
     "SCHEMA_VERSION",
