@@ -99,19 +99,8 @@ def compare_runs(
     ``max_ratios`` gates (metric, short or full name → largest allowed run / baseline ratio).
     Raises ConfigError for fewer than two runs, repeated names, an unknown baseline, a run without a knob another
     gives, knobs that always change together (their effects cannot be told apart), an unknown metric or preset."""
-    if len(runs) < 2:
-        raise ConfigError(f"runs compares two or more runs, not {len(runs)}.", hint="give NAME=DUMP for each run.")
-    if replicates < 100:
-        raise ConfigError(f"{option_name('replicates')}={replicates}: use at least 100 bootstrap replicates.")
-    if not 0.0 < level < 1.0:
-        raise ConfigError(f"{option_name('level')}={level}: the interval's level must lie in (0, 1), e.g. 0.95.")
     names = [run.name for run in runs]
-    repeated = sorted({name for name in names if names.count(name) > 1})
-    if repeated:
-        raise ConfigError(f"run name {repeated[0]!r} given twice; give each run its own name (NAME=DUMP).")
-    base = names[0] if baseline is None else baseline
-    if base not in names:
-        raise ConfigError(f"{option_name('baseline')}={base!r}: no run has that name (runs: {', '.join(names)}).")
+    base = check_options(names, baseline, presets, max_ratios, replicates, level)
     knobs = _knobs(runs)
     metrics = [*run_metrics(), *_preset_metrics(runs, presets)]
     keys = [metric.name for metric in metrics]
@@ -156,6 +145,45 @@ def compare_runs(
         gates=gates,
         warnings=warnings,
     )
+
+
+def check_options(
+    names: Sequence[str],
+    baseline: str | None,
+    presets: Sequence[str] = (),
+    max_ratios: Mapping[str, float] | None = None,
+    replicates: int = DEFAULT_REPLICATES,
+    level: float = DEFAULT_LEVEL,
+) -> str:
+    """The options of :func:`compare_runs` checked before anything is read; returns the baseline's name. Raises
+    ConfigError as ``compare_runs`` does."""
+    if len(names) < 2:
+        raise ConfigError(f"runs compares two or more runs, not {len(names)}.", hint="give NAME=DUMP for each run.")
+    if replicates < 100:
+        raise ConfigError(f"{option_name('replicates')}={replicates}: use at least 100 bootstrap replicates.")
+    if not 0.0 < level < 1.0:
+        raise ConfigError(f"{option_name('level')}={level}: the interval's level must lie in (0, 1), e.g. 0.95.")
+    repeated = sorted({name for name in names if list(names).count(name) > 1})
+    if repeated:
+        raise ConfigError(f"run name {repeated[0]!r} given twice; give each run its own name (NAME=DUMP).")
+    base = names[0] if baseline is None else baseline
+    if base not in names:
+        raise ConfigError(f"{option_name('baseline')}={base!r}: no run has that name (runs: {', '.join(names)}).")
+    keys = [metric.name for metric in run_metrics()] + [rejected_share(name).name for name in presets]
+    for given in max_ratios or {}:
+        _gate_metric(given, keys)
+    return base
+
+
+def _gate_metric(given: str, metrics: Sequence[str]) -> str:
+    found = [given] if given in metrics else full_names(given, metrics)
+    if len(found) != 1:
+        raise ConfigError(
+            f"{option_name('max_ratio')} {given}: "
+            + ("no such key metric" if not found else f"ambiguous ({', '.join(found)})")
+            + f"; runs reports {', '.join(catalogue.short_name(m) for m in metrics)}."
+        )
+    return found[0]
 
 
 def _knobs(runs: Sequence[RunInput]) -> list[dict[str, str]]:
@@ -391,14 +419,7 @@ def _gates(
     gates = []
     base = names.index(baseline)
     for given, limit in limits.items():
-        found = [given] if given in metrics else full_names(given, metrics)
-        if len(found) != 1:
-            raise ConfigError(
-                f"{option_name('max_ratio')} {given}: "
-                + ("no such key metric" if not found else f"ambiguous ({', '.join(found)})")
-                + f"; runs reports {', '.join(catalogue.short_name(m) for m in metrics)}."
-            )
-        m = metrics.index(found[0])
+        m = metrics.index(_gate_metric(given, metrics))
         for position, name in enumerate(names):
             if position == base:
                 continue
@@ -408,7 +429,7 @@ def _gates(
             passed = math.isfinite(ratio) and ratio <= limit
             if values[position, m] == 0.0 and values[base, m] == 0.0:
                 ratio, passed = 1.0, True  # both exactly zero: nothing grew
-            gates.append(RatioGate(name, found[0], float(limit), ratio, low, high, passed))
+            gates.append(RatioGate(name, metrics[m], float(limit), ratio, low, high, passed))
     return gates
 
 

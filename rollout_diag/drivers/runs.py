@@ -15,7 +15,7 @@ from typing import Any
 
 from rollout_diag.cores import AUTO_MAX_WORKERS, AUTO_MIN_CORES, available_cores
 from rollout_diag.decisions.diff import DEFAULT_LEVEL, DEFAULT_REPLICATES, DEFAULT_SEED
-from rollout_diag.decisions.runs import RunInput, compare_runs
+from rollout_diag.decisions.runs import RunInput, check_options, compare_runs
 from rollout_diag.drivers.distributed import AUTO, Workers, check_workers
 from rollout_diag.drivers.dump import Dump
 from rollout_diag.drivers.rowpass import row_pass
@@ -69,6 +69,7 @@ def compare_dumps(
     or options."""
     check_workers(workers, backend)
     names = tuple(dict.fromkeys(presets))
+    check_options([spec.name for spec in runs], baseline, names, max_ratios, replicates, level)
     if names:
         resolve_presets(names)  # an unknown preset fails before anything is read
     states = read_runs([spec.inputs for spec in runs], names, workers, backend, state_dir, progress, runs)
