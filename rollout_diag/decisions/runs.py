@@ -49,28 +49,15 @@ from rollout_diag.results import (
     RunSummary,
 )
 
-# The key metrics ``runs`` reports per run and per knob, in this order: catalogue keys with a row formula
-# (``catalogue.RowFormula``); a key not (yet) in the catalogue, or without one, is left out. Extend here.
-RUN_METRIC_KEYS: tuple[str, ...] = (
-    catalogue.K3_KL.key,
-    "mismatch/logprob_abs_diff",  # mean |δ|
-    catalogue.CATASTROPHIC_TOKEN_SHARE.key,
-    "mismatch/extreme_frac_ln2",
-    "mismatch/extreme_frac_1",
-)
 ONSET_PERSIST = 3  # consecutive shared steps beyond noise, in one direction, that make an onset
 RUN_KNOB = "run"  # the knob every run gets when none is given: each run against the baseline
 ROUNDING = 1e-12  # a ratio within this of 1 is float64 summation order
 
 
 def run_metrics() -> tuple[RowMetric, ...]:
-    """The RowMetrics of ``RUN_METRIC_KEYS`` that the catalogue holds with a row formula."""
-    found = []
-    for key in RUN_METRIC_KEYS:
-        row = catalogue.lookup(key)
-        if row is not None and row.row is not None:
-            found.append(row_metric(row))
-    return tuple(found)
+    """The key metrics ``runs`` reports: the catalogue's rows with the role ``runs`` (each with a row formula), in
+    its order. A metric joins by that role in its row (e.g. an extreme-token share once it has a row formula)."""
+    return tuple(row_metric(row) for row in catalogue.with_role(catalogue.Role.RUNS))
 
 
 @dataclass(frozen=True)
@@ -280,7 +267,9 @@ def knob_effects(
             pair = _pair(knobs, names, reference, knob, level_name) if saturated else None
             if pair is not None:
                 a, b = pair
-                effects.append(_pair_effect(knob, reference[knob], level_name, metric, names, a, b, values, draws, m, level))
+                effects.append(
+                    _pair_effect(knob, reference[knob], level_name, metric, names, a, b, values, draws, m, level)
+                )
                 continue
             if not math.isfinite(coefficients[column]):
                 effects.append(_unknown(knob, reference[knob], level_name, metric))
@@ -462,7 +451,7 @@ def answer(effects: Sequence[KnobEffect], metric: str, level: float) -> str:
 
 
 def _factor(effect: KnobEffect, short: str) -> str:
-    """"cut k3_kl 25× (interval 18–34×)" / "raised k3_kl 3.1× (interval 2.6–3.7×)"."""
+    """ "cut k3_kl 25× (interval 18–34×)" / "raised k3_kl 3.1× (interval 2.6–3.7×)"."""
     assert effect.ratio is not None
     if effect.ratio < 1.0:
         return f"cut {short} {_times(1.0 / effect.ratio)} (interval {_range(1.0 / effect.high, 1.0 / effect.low)})"

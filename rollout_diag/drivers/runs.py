@@ -6,12 +6,13 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import time
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from rollout_diag.cores import AUTO_MAX_WORKERS, AUTO_MIN_CORES, available_cores
 from rollout_diag.decisions.diff import DEFAULT_LEVEL, DEFAULT_REPLICATES, DEFAULT_SEED
@@ -170,7 +171,7 @@ def _workers(workers: Workers, pending: int) -> int:
 
 
 def _run_processes(jobs: list[tuple[Dump, tuple[str, ...]]], workers: int, device: str) -> list[RunState]:
-    method = "spawn" if device_kind(device) == "cuda" or device == "auto" and _cuda() else "fork"
+    method = "spawn" if device_kind(device) == "cuda" or (device == "auto" and _cuda()) else "fork"
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method)) as pool:
         return list(pool.map(read_run, *zip(*jobs, strict=True)))
 

@@ -612,7 +612,6 @@ def _fsync(path: Path) -> None:
         os.close(descriptor)
 
 
-
 def _config_json(config: Mapping[str, Any]) -> bytes:
     """``config`` as JSON (an object of JSON-able values). Raises ConfigError for anything else."""
     if not isinstance(config, Mapping):

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from rich.console import Group
 from rich.text import Text
 
-from rollout_diag.catalogue import short_name
+from rollout_diag.catalogue import CATASTROPHIC_TOKEN_SHARE, LOGPROB_ABS_DIFF, short_name
 from rollout_diag.render.format import plain
 from rollout_diag.render.table import Column, FitTable, Num
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 LEVEL_STYLE = {"bad": "bold red", "watch": "yellow", "ok": "green", "n/a": "dim"}
 # Column headers short enough for 80 columns (the "Names:" line spells each key)
-HEADERS = {"mismatch/logprob_abs_diff": "mean |δ|", "diag/catastrophic_token_share": "cat. share"}
+HEADERS = {LOGPROB_ABS_DIFF.key: "mean |δ|", CATASTROPHIC_TOKEN_SHARE.key: "cat. share"}
 
 
 def _header(metric: str) -> str:

@@ -52,7 +52,7 @@ def render_runs_report(result: RunsResult, *, title: str | None = None) -> str:
         sections.append(_effects_section(result, canvas))
     title = title or f"rollout-diag runs: {len(result.runs)} runs"
     header = (
-        f"<h1>{escape(title)}</h1><p class=\"lead\"><strong>{escape(result.answer)}</strong></p>"
+        f'<h1>{escape(title)}</h1><p class="lead"><strong>{escape(result.answer)}</strong></p>'
         f"<p>Baseline: <code>{escape(result.baseline)}</code>. {escape(_generated())}</p>"
     )
     return render_page(title, header, sections, {"figures": canvas.figures, "strips": []}, _footer(), _plotly_js())

@@ -36,7 +36,6 @@ from rollout_diag.results.comparison import (
 from rollout_diag.results.document import SCHEMA_VERSION
 from rollout_diag.results.loading import load_results, result_from_json
 from rollout_diag.results.reprs import repr_inputs, repr_text, short_repr
-from rollout_diag.results.runs import KnobEffect, RatioGate, RunMetric, RunsResult, RunSteps, RunSummary
 from rollout_diag.results.rows import (
     FILL_VALUES_KEPT,
     Anomaly,
@@ -62,15 +61,10 @@ from rollout_diag.results.rows import (
     repr_sizes,
     share_text,
 )
+from rollout_diag.results.runs import KnobEffect, RatioGate, RunMetric, RunsResult, RunSteps, RunSummary
 from rollout_diag.results.sweep import SweepOption, SweepPoint, SweepResult, SweepStep, SweepTarget
 
 __all__ = [
-    "KnobEffect",
-    "RatioGate",
-    "RunMetric",
-    "RunSteps",
-    "RunSummary",
-    "RunsResult",
     "FILL_VALUES_KEPT",
     "FIRST_SECTION",
     "SCHEMA_VERSION",
@@ -89,10 +83,12 @@ __all__ = [
     "Hint",
     "HintRow",
     "KeyColumns",
+    "KnobEffect",
     "MetricColumns",
     "OverallVerdict",
     "PresetResult",
     "PresetTable",
+    "RatioGate",
     "ReadSequence",
     "Recommendation",
     "RowMetrics",
@@ -100,6 +96,10 @@ __all__ = [
     "RowStats",
     "RowTokens",
     "Rows",
+    "RunMetric",
+    "RunSteps",
+    "RunSummary",
+    "RunsResult",
     "SkippedData",
     "SkippedRow",
     "StepResult",

@@ -10,12 +10,12 @@ import pickle
 import numpy as np
 import pytest
 
+from rollout_diag.decisions.rowmetrics import RowMetric
 from rollout_diag.decisions.runs import compare_runs, step_errors
 from rollout_diag.drivers import runs as runs_driver
 from rollout_diag.drivers.diff import diff_runs
 from rollout_diag.drivers.dump import Dump
 from rollout_diag.drivers.runs import RunSpec, compare_dumps, knob_columns, load_knobs, parse_run, read_run
-from rollout_diag.decisions.rowmetrics import RowMetric
 from rollout_diag.errors import ConfigError
 from rollout_diag.results import RowStats
 from tests.helpers.runs import k3_of, write_run
