@@ -52,7 +52,8 @@ def runs_tables(result: RunsResult) -> Group:
             "base" if run.name == result.baseline else ("-" if run.onset_step is None else str(run.onset_step)),
         )
     parts.append(runs)
-    if result.effects:
+    rated = [effect for effect in result.effects if effect.ratio is not None]
+    if rated:
         effects = FitTable(
             "Knob effects (ratio to the baseline's level)",
             [
@@ -65,15 +66,18 @@ def runs_tables(result: RunsResult) -> Group:
             caption=f"{level} bootstrap interval over rows ({result.replicates} resamples within steps, seed "
             f"{result.seed}); pair: two runs differing in that knob alone; fit: least squares on log(metric).",
         )
-        for effect in result.effects:
+        for effect in rated:
             effects.add_row(
                 f"{effect.knob} {effect.from_}→{effect.to}",
                 _header(effect.metric),
-                Num(effect.ratio, digits=3) if effect.ratio is not None else "n/a",
+                Num(effect.ratio, digits=3),
                 _interval(effect),
                 _effect_word(effect),
             )
         parts.append(effects)
+    unrated = list(dict.fromkeys(_header(e.metric) for e in result.effects if e.ratio is None))
+    if unrated:
+        parts.append(Text(f"No ratio where a run's value is 0: {', '.join(unrated)} (see --format json).", style="dim"))
     if result.gates:
         gates = FitTable(
             "Gates: run / baseline",
@@ -108,8 +112,7 @@ def _interval(effect: KnobEffect) -> str:
 
 
 def _effect_word(effect: KnobEffect) -> Text:
-    if effect.ratio is None:
-        return Text("n/a: a 0", style="dim")
+    assert effect.ratio is not None
     if not effect.detectable:
         return Text("no detectable effect", style="dim")
     if effect.ratio < 1.0:
