@@ -71,7 +71,7 @@ def main() -> None:
             write_dump(path, args.tokens, seed=index, scale=1.0 + (index % 4) * 0.5)
         paths.append(path)
     scales = ",".join(str(1.0 + (index % 4) * 0.5) for index in range(args.runs))
-    tps = ",".join("8" if index % 2 == 0 else "4" for index in range(args.runs))
+    tps = ",".join("8" if index < args.runs // 2 else "4" for index in range(args.runs))  # crossed with scale
     run_measured("analyze", str(paths[0]), "-f", "json")  # compile the kernels once, outside the timings
 
     singles = []
