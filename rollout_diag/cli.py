@@ -1618,7 +1618,7 @@ def runs(
     named = [parse_run(text) for text in inputs]
     names = [name for name, _ in named]
     refuse_overwriting_inputs({"output": output, "report": report}, [Path(path) for _, path in named])
-    given = {name: {} for name in names}
+    given: dict[str, dict[str, Any]] = {name: {} for name in names}
     if knobs is not None:
         for name, values in load_knobs(knobs, names).items():
             given[name].update(values)

@@ -12,8 +12,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import tomllib
-
 from rollout_diag.cores import AUTO_MAX_WORKERS, AUTO_MIN_CORES, available_cores
 from rollout_diag.decisions.diff import DEFAULT_LEVEL, DEFAULT_REPLICATES, DEFAULT_SEED
 from rollout_diag.decisions.runs import RunInput, check_options, compare_runs
@@ -243,6 +241,13 @@ def load_knobs(path: str | Path, names: Sequence[str]) -> dict[str, dict[str, An
     """A knobs file (TOML): one table per run, ``[base]`` then ``tp = 8``, ``r3 = "off"`` …. Raises ConfigError for
     an unreadable file, a table that is not a run, or a value that is not a scalar."""
     file = Path(path)
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        try:
+            import tomli as tomllib
+        except ImportError:
+            raise ConfigError(f"{file}: TOML needs Python 3.11 or tomli.", hint="pip install tomli") from None
     try:
         document = tomllib.loads(file.read_text(encoding="utf-8"))
     except OSError as exc:

@@ -137,8 +137,8 @@ def forest_figure(result: RunsResult) -> Figure:
                 "error_x": {
                     "type": "data",
                     "symmetric": False,
-                    "array": [max(0.0, e.high - e.ratio) if math.isfinite(e.high) else 0.0 for e in effects],
-                    "arrayminus": [max(0.0, e.ratio - e.low) if math.isfinite(e.low) else 0.0 for e in effects],
+                    "array": [_above(e.ratio, e.high) for e in effects],
+                    "arrayminus": [_above(e.low, e.ratio) for e in effects],
                 },
                 "hovertemplate": "%{y}: ratio %{x:.3g}<extra></extra>",
             }
@@ -150,3 +150,10 @@ def forest_figure(result: RunsResult) -> Figure:
         {"type": "line", "xref": "x", "yref": "paper", "x0": 1, "x1": 1, "y0": 0, "y1": 1, "line": {"color": GREY}}
     ]
     return {"data": data, "layout": layout}
+
+
+def _above(low: float | None, high: float | None) -> float:
+    """high − low for an error bar's arm (0 where either end is missing or not finite)."""
+    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
+        return 0.0
+    return max(0.0, high - low)
