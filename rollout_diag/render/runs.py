@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from rich.console import Group
 from rich.text import Text
 
-from rollout_diag.catalogue import CATASTROPHIC_TOKEN_SHARE, LOGPROB_ABS_DIFF, short_name
+from rollout_diag.catalogue import CATASTROPHIC_TOKEN_SHARE, LOGPROB_ABS_DIFF, REJECTED_TOKEN_FRACTION, short_name
 from rollout_diag.render.format import plain
 from rollout_diag.render.table import Column, FitTable, Num
 
@@ -22,7 +22,12 @@ LEVEL_STYLE = {"bad": "bold red", "watch": "yellow", "ok": "green", "n/a": "dim"
 HEADERS = {LOGPROB_ABS_DIFF.key: "mean |δ|", CATASTROPHIC_TOKEN_SHARE.key: "cat. share"}
 
 
-def _header(metric: str) -> str:
+def _header(metric: str, presets: list[str] | None = None) -> str:
+    """The column header of ``metric``: a preset's dropped-token share is "drops" (numbered past one preset)."""
+    if metric.startswith(REJECTED_TOKEN_FRACTION.key + "["):
+        if presets is None or len(presets) == 1:
+            return "drops"
+        return f"drops{presets.index(metric) + 1}"
     return HEADERS.get(metric, short_name(metric))
 
 
@@ -30,15 +35,17 @@ def runs_tables(result: RunsResult) -> Group:
     """The answer line, the runs table, the knob effects table, the gates (if any), the names and warnings."""
     level = f"{result.level:.0%}"
     parts: list = [Text(result.answer, style="bold")]
-    shown = result.metrics[:3]  # k3_kl, mean |δ|, catastrophic share: the rest in --format json
+    presets = [m for m in result.metrics if m.startswith(REJECTED_TOKEN_FRACTION.key + "[")]
+    shown = [*result.metrics[:3], *presets]  # k3_kl, mean |δ|, catastrophic share, --preset: the rest in JSON
     knobs = "; ".join(f"{run.name}: " + " ".join(f"{k}={v}" for k, v in run.knobs.items()) for run in result.runs)
-    parts.append(plain(f"Knobs: {knobs}."))
+    if any(run.knobs != {"run": run.name} for run in result.runs):  # else each run is its own knob: said above
+        parts.append(plain(f"Knobs: {knobs}."))
     runs = FitTable(
         f"Runs (baseline {result.baseline})",
         [
             Column("run", "left", key=True),
             Column("verdict", "left"),
-            *(Column(_header(metric)) for metric in shown),
+            *(Column(_header(metric, presets)) for metric in shown),
             Column("onset"),
         ],
         caption=f"onset: first step where {short_name(result.onset_metric)} departs from the baseline's beyond "
@@ -69,13 +76,13 @@ def runs_tables(result: RunsResult) -> Group:
         for effect in rated:
             effects.add_row(
                 f"{effect.knob} {effect.from_}→{effect.to}",
-                _header(effect.metric),
+                _header(effect.metric, presets),
                 Num(effect.ratio, digits=3),
                 _interval(effect),
                 _effect_word(effect),
             )
         parts.append(effects)
-    unrated = list(dict.fromkeys(_header(e.metric) for e in result.effects if e.ratio is None))
+    unrated = list(dict.fromkeys(_header(e.metric, presets) for e in result.effects if e.ratio is None))
     if unrated:
         parts.append(Text(f"No ratio where a run's value is 0: {', '.join(unrated)} (see --format json).", style="dim"))
     if result.gates:
@@ -92,13 +99,13 @@ def runs_tables(result: RunsResult) -> Group:
         for gate in result.gates:
             gates.add_row(
                 gate.run,
-                _header(gate.metric),
+                _header(gate.metric, presets),
                 Num(gate.ratio, digits=3),
                 Num(gate.limit, digits=3),
                 Text("pass", style="green") if gate.passed else Text("FAIL", style="bold red"),
             )
         parts.append(gates)
-    names = [f"{_header(m)} = {m}" for m in result.metrics if _header(m) != m]
+    names = [f"{_header(m, presets)} = {m}" for m in result.metrics if _header(m, presets) != m]
     if names:
         parts.append(Text("Names: " + "; ".join(names) + ".", style="dim"))
     parts.extend(plain(f"warning: {warning}", style="yellow") for warning in result.warnings)
