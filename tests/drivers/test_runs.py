@@ -201,3 +201,27 @@ def test_command_line_parsing(tmp_path):
     with pytest.raises(ConfigError, match=r"\[c\] names no run"):
         file.write_text("[c]\ntp = 1\n")
         load_knobs(file, ["a", "b"])
+
+
+def test_null_knob_alone_says_no_effect(dumps):
+    """Two runs drawn alike (different seeds): every interval holds 1, the answer says so, no onset."""
+    result = compare_dumps(_specs(dumps, ["base", "tp4"]), workers=1, metadata_knobs=False)
+    assert result.answer.startswith("no knob had a detectable effect on k3_kl")
+    assert not any(effect.detectable for effect in result.effects)
+    assert [run.onset_step for run in result.runs] == [None, None]
+
+
+@pytest.mark.parametrize("chunk_tokens", [1000, 4099])
+def test_chunk_size_leaves_the_answer(dumps, chunk_tokens):
+    """Chunks that cut the dump elsewhere (1000 and 4099 tokens against the default) give the same runs to 1e-12."""
+    whole = compare_dumps(_specs(dumps, ["base", "r3"]), workers=1, metadata_knobs=False)
+    specs = [
+        RunSpec(name, Dump(str(dumps[name]), chunk_tokens=chunk_tokens), KNOBS[name]) for name in ("base", "r3")
+    ]
+    chunked = compare_dumps(specs, workers=1, metadata_knobs=False)
+    for a, b in zip(whole.effects, chunked.effects, strict=True):
+        if a.ratio is None:
+            assert b.ratio is None
+            continue
+        np.testing.assert_allclose([a.ratio, a.low, a.high], [b.ratio, b.low, b.high], rtol=1e-12)
+    assert [run.onset_step for run in whole.runs] == [run.onset_step for run in chunked.runs]
