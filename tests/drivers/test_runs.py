@@ -215,9 +215,7 @@ def test_null_knob_alone_says_no_effect(dumps):
 def test_chunk_size_leaves_the_answer(dumps, chunk_tokens):
     """Chunks that cut the dump elsewhere (1000 and 4099 tokens against the default) give the same runs to 1e-12."""
     whole = compare_dumps(_specs(dumps, ["base", "r3"]), workers=1, metadata_knobs=False)
-    specs = [
-        RunSpec(name, Dump(str(dumps[name]), chunk_tokens=chunk_tokens), KNOBS[name]) for name in ("base", "r3")
-    ]
+    specs = [RunSpec(name, Dump(str(dumps[name]), chunk_tokens=chunk_tokens), KNOBS[name]) for name in ("base", "r3")]
     chunked = compare_dumps(specs, workers=1, metadata_knobs=False)
     for a, b in zip(whole.effects, chunked.effects, strict=True):
         if a.ratio is None:
