@@ -19,7 +19,7 @@ import inspect
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeAlias, TypeVar
 
 from rollout_diag.errors import ConfigError, option_name
 
@@ -33,7 +33,11 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 if TYPE_CHECKING:
-    from rollout_diag.drivers.passes import Inputs
+    from rollout_diag.io.reader import DumpReader
+
+# Files, globs or directories (a DumpInputs carries the trainer format), or a DumpReader opened over them: what a
+# reading call takes besides a Dump.
+Inputs: TypeAlias = "str | Path | Sequence[str | Path] | DumpReader"
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from rollout_diag.cores import available_cores
-from rollout_diag.drivers.dump import DEFAULT_CHUNK_TOKENS, PRESET_CHUNK_TOKENS, torch_may_use_a_gpu
+from rollout_diag.drivers.dump import DEFAULT_CHUNK_TOKENS, PRESET_CHUNK_TOKENS, Inputs, torch_may_use_a_gpu
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import device_kind
 from rollout_diag.engine.choice import kernel_for
@@ -76,8 +76,6 @@ ANALYSIS_QUANTITIES = (
 )
 # §1 alone: what every preset reports beside its own metrics.
 OFFPOLICY_QUANTITIES = (*SHARED_QUANTITIES, "k3", "square", "clamped_log_ratio", "chi2_term")
-# Files, globs or directories (a DumpInputs carries the trainer format), or a DumpReader opened over them.
-Inputs = str | Path | Sequence[str | Path] | DumpReader
 MAX_LISTED_EMPTY_ROWS = 20
 
 
