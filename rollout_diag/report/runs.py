@@ -92,7 +92,14 @@ def _curves_section(result: RunsResult, canvas: Canvas) -> Section:
             for steps in result.steps
         ]
         panels.append(TrendPanel(short_name(metric), lines, legend=True, percent="share" in metric))
-    body = canvas.plot("runs-curves", trends_figure(panels))
+    figure = trends_figure(panels)
+    seen: set[str] = set()
+    for trace in figure["data"]:  # one legend entry per run (its lines in every panel toggle together)
+        name = trace.get("name", "")
+        trace["legendgroup"] = name
+        trace["showlegend"] = name not in seen
+        seen.add(name)
+    body = canvas.plot("runs-curves", figure)
     return Section("curves", "Per-step curves, every run", str(body))
 
 
