@@ -35,6 +35,7 @@ from rollout_diag.results.comparison import (
 )
 from rollout_diag.results.document import SCHEMA_VERSION
 from rollout_diag.results.loading import load_results, result_from_json
+from rollout_diag.results.prompts import ExtremePrompt, PromptCells, PromptEvidence, PromptFindings, prompt_label
 from rollout_diag.results.reprs import repr_inputs, repr_text, short_repr
 from rollout_diag.results.rows import (
     FILL_VALUES_KEPT,
@@ -64,6 +65,9 @@ from rollout_diag.results.rows import (
 from rollout_diag.results.sweep import SweepOption, SweepPoint, SweepResult, SweepStep, SweepTarget
 
 __all__ = [
+    "PromptCells",
+    "PromptEvidence",
+    "PromptFindings",
     "FILL_VALUES_KEPT",
     "FIRST_SECTION",
     "SCHEMA_VERSION",
@@ -76,6 +80,7 @@ __all__ = [
     "DialectLayout",
     "DivergentRound",
     "Evidence",
+    "ExtremePrompt",
     "ExtraValue",
     "FillCount",
     "GroupResult",
@@ -109,6 +114,7 @@ __all__ = [
     "WorstToken",
     "extra_names",
     "json_number",
+    "prompt_label",
     "json_row",
     "load_results",
     "metric_column",
