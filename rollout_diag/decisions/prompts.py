@@ -114,7 +114,7 @@ def stale_prefix_cache(evidence: PromptEvidence | None) -> Hint | None:
     found = _stale(evidence)
     if found is None:
         return None
-    contrast, ages, mixed = found
+    contrast, ages, _mixed = found
     by_age = _by_age(evidence, ages)
     fit = least_squares([float(age) for age, _ in by_age], [g.mean for _, g in by_age]) if len(by_age) >= 3 else None
     if fit is not None and fit[0] <= 0:
