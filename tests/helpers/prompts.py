@@ -31,7 +31,9 @@ def prompt_rows(
     noise: Callable[[int], float] | None = None,
     extreme: int = 0,
     extreme_bias: float = 0.8,
+    extreme_group: int | None = None,
     versions: bool = False,
+    drift: float = 0.0,
 ) -> list[dict]:
     """Rows (dicts) of ``steps`` steps: each step answers ``new_per_step`` prompts never seen before and
     ``recurring_per_step`` prompts seen at an earlier step (none at step 0), ``group`` rows each. Each row holds
@@ -39,7 +41,9 @@ def prompt_rows(
 
     ``noise(age)``: the δ noise scale of a row whose prompt was first seen ``age`` steps before (default: clean,
     CLEAN_NOISE at every age). ``extreme``: that many prompts (seen at every step) get a mean δ of ``extreme_bias``
-    on every row. ``versions``: write a ``policy_version`` column (= step − 1 for odd steps: async lag)."""
+    on every row (``extreme_group`` rows a step, default ``group``). ``versions``: write a ``policy_version`` column
+    (= step − 1 for odd steps: async lag). ``drift``: every row's noise grows by this share per step (a mismatch
+    that rises over training, the same for new and recurring prompts)."""
     rng = np.random.default_rng(seed)
     first_seen: dict[str, int] = {}
     prompt_ids: dict[str, list[int]] = {}
@@ -58,9 +62,10 @@ def prompt_rows(
             first_seen.setdefault(prompt, version)
             ids = prompt_ids.setdefault(prompt, rng.integers(0, 50_000, prompt_tokens).tolist())
             age = version - first_seen[prompt]
-            for member in range(group):
+            members = group if prompt not in extreme_prompts or extreme_group is None else extreme_group
+            for member in range(members):
                 true = -rng.exponential(1.0, length)
-                scale = CLEAN_NOISE if noise is None else noise(age)
+                scale = (CLEAN_NOISE if noise is None else noise(age)) * (1.0 + drift * step)
                 delta = rng.normal(0.0, scale, length)
                 if prompt in extreme_prompts:
                     delta = delta + extreme_bias
