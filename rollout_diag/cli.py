@@ -489,7 +489,7 @@ class Reading:
             "--column",
             "-c",
             help="Say which column plays a role: role=name (roles: rollout, trainer, "
-            "mask, step, sample_id, position, token_ids, tokens, policy_version). Repeatable.",
+            "mask, step, sample_id, position, token_ids, tokens, policy_version, prompt_id). Repeatable.",
             metavar="ROLE=NAME",
         ),
     ] = None

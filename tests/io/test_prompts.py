@@ -146,5 +146,5 @@ def test_a_found_list_column_is_no_prompt_id(tmp_path):
     made = prompt_rows(0, steps=2, new_per_step=2, recurring_per_step=1, group=2)
     table = prompt_table(made, prompt_column=None).append_column("group_id", pa.array([[1, 2]] * len(made)))
     pq.write_table(table, tmp_path / "d.parquet")
-    keys, source = _keys(tmp_path / "d.parquet")
+    _, source = _keys(tmp_path / "d.parquet")
     assert source == prompts.TOKENS_SOURCE  # the token prefix instead
