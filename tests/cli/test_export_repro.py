@@ -19,7 +19,7 @@ def _dump(tmp_path, **options):
 
 
 def test_the_fixture_holds_the_extreme_prompts_rows_as_dumped(tmp_path):
-    path, made = _dump(tmp_path, extreme_group=1)
+    path, _ = _dump(tmp_path, extreme_group=1)
     out = tmp_path / "repro.jsonl"
     result = invoke("analyze", path, "--export-repro", out, "-f", "json")
     document = json.loads(succeeded(result))
