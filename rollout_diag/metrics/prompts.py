@@ -3,11 +3,10 @@ every time read (``rollout_diag/decisions/prompts.py`` judges; ``docs/hints.md``
 
 State, mergeable and the same for any chunking, row order or worker split (to float64 rounding of the sums):
 
-- **cells**: per (prompt key, version) — version is the row's ``policy_version``, else its step — the rows, model
-  tokens, Σy and Σy² of y = min(|δ|, 1) (the other hints' clipped mismatch), the smallest and largest row score
-  (|log-ppl diff| of the row, the worst-rows table's first criterion) and the rows per step kept apart only as the
-  step that the cell's rows came from (a cell is also keyed by step, so that a hint can name steps). Cells arrive per
-  chunk and are folded by (key, version, step) with a sort and ``reduceat`` once pending ones pass a size.
+- **cells**: per (prompt key, version, step) — version is the row's ``policy_version``, else its step; the step too,
+  so that a hint can name steps — the rows, model tokens, Σy and Σy² of y = min(|δ|, 1) (the other hints' clipped
+  mismatch), and the smallest and largest row score (|log-ppl diff| of the row, the worst-rows table's first
+  criterion). Cells arrive per chunk and are folded by key with a sort and ``reduceat`` once enough are pending.
   The table grows with the distinct (prompt, version, step) triples, not with rows or tokens; past ``max_cells`` a
   hash-chosen half of the prompts is dropped, then half of the rest, and so on (distinct sampling: which prompts are
   followed depends only on the keys and the cap, never on the chunking), and the result says which share is kept.
@@ -128,7 +127,7 @@ class PromptAccumulator:
         score = np.abs(
             arrays.host(s.row_sum("rollout")) / denominator - arrays.host(s.row_sum("trainer")) / denominator
         )
-        np.add.at(self.scores, score_bin(score[valid]), 1)
+        self.scores += np.bincount(score_bin(score[valid]), minlength=SCORE_BINS)
         if chunk.prompt_key is None:
             return
         key = chunk.prompt_key

@@ -206,3 +206,18 @@ def test_distinct_sampling_follows_the_same_prompts_whatever_the_chunking(tmp_pa
     whole = _evidence(path, 1 << 22)
     followed = (whole.cells.key & ((1 << level) - 1)) == 0
     np.testing.assert_array_equal(capped[0].cells.key, whole.cells.key[followed])
+
+
+@pytest.mark.parametrize("how", ["workers", "torch_engine"])
+def test_workers_and_the_torch_engine_find_the_same(tmp_path, how):
+    made = prompt_rows(7, noise=stale_noise, extreme=1, extreme_group=1, new_per_step=20, recurring_per_step=20)
+    path = write_prompt_dump(tmp_path / "d.parquet", made, row_group_size=40)
+    one = analyze(path)
+    other = (
+        analyze(path, workers=2) if how == "workers" else rd.analyze(rd.Dump(str(path), engine="torch", device="cpu"))
+    )
+    assert other.prompts == one.prompts and one.prompts.extreme
+    mine, theirs = hint(one), hint(other)
+    assert mine.steps == theirs.steps and mine.rows == theirs.rows
+    for key, value in mine.evidence.items():
+        assert theirs.evidence[key] == pytest.approx(value, rel=1e-12, nan_ok=True)
