@@ -62,6 +62,7 @@ from rollout_diag.results.rows import (
     repr_sizes,
     share_text,
 )
+from rollout_diag.results.runs import KnobEffect, RatioGate, RunMetric, RunsResult, RunSteps, RunSummary
 from rollout_diag.results.sweep import SweepOption, SweepPoint, SweepResult, SweepStep, SweepTarget
 
 __all__ = [
@@ -84,6 +85,7 @@ __all__ = [
     "Hint",
     "HintRow",
     "KeyColumns",
+    "KnobEffect",
     "MetricColumns",
     "OverallVerdict",
     "PresetResult",
@@ -91,6 +93,7 @@ __all__ = [
     "PromptCells",
     "PromptEvidence",
     "PromptFindings",
+    "RatioGate",
     "ReadSequence",
     "Recommendation",
     "RowMetrics",
@@ -98,6 +101,10 @@ __all__ = [
     "RowStats",
     "RowTokens",
     "Rows",
+    "RunMetric",
+    "RunSteps",
+    "RunSummary",
+    "RunsResult",
     "SkippedData",
     "SkippedRow",
     "StepResult",
