@@ -41,6 +41,7 @@ import numpy as np
 from rollout_diag import catalogue
 from rollout_diag.catalogue import short_name
 from rollout_diag.decisions.levels import RULES, judge
+from rollout_diag.decisions.prompts import FIX_FIRST as STALE_FIX_FIRST
 from rollout_diag.formatting import number, percent
 from rollout_diag.results import Hint, OverallVerdict, StepResult, StepTable, Verdict, metric_column
 
@@ -64,6 +65,7 @@ PIPELINE_HINTS = (
     "processed_logprobs",
     "retokenization",
     "resume_spike",
+    "stale_prefix_cache",  # only when it explains the mismatch (``_is_pipeline``)
 )
 FIX_FIRST = {
     "invalid_rows": "fix what writes the dump, so that no row is left out (the skipped rows are listed with their "
@@ -81,6 +83,7 @@ FIX_FIRST = {
     "trainer), or re-score with them",
     "resume_spike": "check what the resume restores (the inference engine's weights and their sync, the "
     "checkpoint's optimizer and scheduler state) and leave the steps right after it out of any comparison",
+    "stale_prefix_cache": STALE_FIX_FIRST,
 }
 # A single token with |δ| = 1 moves k3_kl by (e − 2)/N: over 1000 tokens that is 7e-4, close to the watch
 # level (1e-3), so a verdict on fewer tokens rests on a handful of them.
@@ -106,6 +109,15 @@ WITHOUT_CATASTROPHIC = {
 }
 
 
+def _is_pipeline(hint: Hint) -> bool:
+    """Whether a pipeline hint sets the cause: a stale prefix cache only where its excess explains the mismatch
+    (decisions/prompts.py ``STALE_EXPLAINS_SHARE``), a resume spike only where its steps carry ≥ RESUME_SHARE of the
+    run's mismatch, every other pipeline hint always."""
+    if hint.id == "resume_spike":
+        return hint.evidence.get("share_of_run", 0.0) >= RESUME_SHARE
+    return hint.id != "stale_prefix_cache" or hint.evidence.get("explains_mismatch") == 1.0
+
+
 def worst_level(levels: Sequence[str]) -> str:
     """The worst of ``levels`` (bad > watch > ok > n/a)."""
     return next((level for level in LEVEL_ORDER if level in levels), "n/a")
@@ -122,12 +134,7 @@ def overall_verdict(
     """The verdict on ``metrics`` (a run's, a step's or a group's), its ``hints``, ``rows`` rows and ``tokens``
     model tokens (see the module docstring for the rules)."""
     verdicts = judge(dict(metrics))
-    pipeline = [
-        hint
-        for kind in PIPELINE_HINTS
-        for hint in hints
-        if hint.id == kind and (kind != "resume_spike" or hint.evidence.get("share_of_run", 0.0) >= RESUME_SHARE)
-    ]
+    pipeline = [hint for kind in PIPELINE_HINTS for hint in hints if hint.id == kind and _is_pipeline(hint)]
     if not pipeline and identical(metrics, tokens):
         return OverallVerdict("ok", "identical", _identical_sentence(tokens), [], [], [])
     notes = _negative_notes(verdicts, metrics, rows, tokens) + _little_data_notes(rows, tokens)

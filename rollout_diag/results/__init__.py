@@ -35,6 +35,7 @@ from rollout_diag.results.comparison import (
 )
 from rollout_diag.results.document import SCHEMA_VERSION
 from rollout_diag.results.loading import load_results, result_from_json
+from rollout_diag.results.prompts import ExtremePrompt, PromptCells, PromptEvidence, PromptFindings, prompt_label
 from rollout_diag.results.reprs import repr_inputs, repr_text, short_repr
 from rollout_diag.results.rows import (
     FILL_VALUES_KEPT,
@@ -61,6 +62,7 @@ from rollout_diag.results.rows import (
     repr_sizes,
     share_text,
 )
+from rollout_diag.results.runs import KnobEffect, RatioGate, RunMetric, RunsResult, RunSteps, RunSummary
 from rollout_diag.results.sweep import SweepOption, SweepPoint, SweepResult, SweepStep, SweepTarget
 
 __all__ = [
@@ -77,15 +79,21 @@ __all__ = [
     "DivergentRound",
     "Evidence",
     "ExtraValue",
+    "ExtremePrompt",
     "FillCount",
     "GroupResult",
     "Hint",
     "HintRow",
     "KeyColumns",
+    "KnobEffect",
     "MetricColumns",
     "OverallVerdict",
     "PresetResult",
     "PresetTable",
+    "PromptCells",
+    "PromptEvidence",
+    "PromptFindings",
+    "RatioGate",
     "ReadSequence",
     "Recommendation",
     "RowMetrics",
@@ -93,6 +101,10 @@ __all__ = [
     "RowStats",
     "RowTokens",
     "Rows",
+    "RunMetric",
+    "RunSteps",
+    "RunSummary",
+    "RunsResult",
     "SkippedData",
     "SkippedRow",
     "StepResult",
@@ -112,6 +124,7 @@ __all__ = [
     "json_row",
     "load_results",
     "metric_column",
+    "prompt_label",
     "repr_inputs",
     "repr_sizes",
     "repr_text",
