@@ -15,8 +15,8 @@ from typing import Any
 from rollout_diag import catalogue
 from rollout_diag.decisions.hints import Evidence, find_hints
 from rollout_diag.decisions.levels import judge
-from rollout_diag.decisions.resume import resume_steps, resume_windows
 from rollout_diag.decisions.prompts import prompt_findings, stale_prefix_cache
+from rollout_diag.decisions.resume import resume_steps, resume_windows
 from rollout_diag.decisions.skipped import invalid_rows_hint
 from rollout_diag.decisions.trends import (
     ANOMALY_KEEP,
