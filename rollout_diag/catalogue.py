@@ -227,7 +227,7 @@ _metric(
     unit=PERPLEXITY,
     direction=NONE,
 )
-_metric(
+ROLLOUT_LOG_PPL = _metric(
     "rollout_corr/rollout_log_ppl",
     "offpolicy",
     "mean_i (−R_i[r])",
