@@ -199,6 +199,50 @@ def offpolicy_metrics(rows: Sequence[Row]) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------
+# Counts of model tokens by |δ| (rollout-diag's own keys: exactness, extreme tokens, tolerance bands)
+# ---------------------------------------------------------------------------
+
+BANDS = ("1e-3", "1e-2", "1e-1")
+
+
+def extreme_and_band_shares(deltas: list[float]) -> dict[str, float]:
+    """Shares of the given δ (no 1e-8): |δ| > ln 2, > ln 5, and ≤ each band."""
+    n = len(deltas)
+    out = {
+        "extreme_frac_ln2": sum(abs(x) > math.log(2.0) for x in deltas) / n,
+        "extreme_frac_ln5": sum(abs(x) > math.log(5.0) for x in deltas) / n,
+    }
+    for band in BANDS:
+        out[f"band_token_share@{band}"] = sum(abs(x) <= float(band) for x in deltas) / n
+    return out
+
+
+def bits(value: float, float32: bool) -> bytes:
+    """A logprob's bytes as compared: float64, or float32 where either column of the dump is float32."""
+    return np.float32(value).tobytes() if float32 else np.float64(value).tobytes()
+
+
+def count_metrics(rows: Sequence[Row], float32: bool = False) -> dict[str, float]:
+    """mismatch/extreme_frac_*, mismatch/band_*_share@ε and diag/mismatched_tokens, its share, diag/max_abs_delta."""
+    require_tokens(rows)
+    deltas = per_token(rows, log_ratio)
+    every = [x for values in deltas for x in values]
+    differing = sum(
+        bits(pair[0], float32) != bits(pair[1], float32)
+        for values in per_token(rows, lambda a, r: (a, r))
+        for pair in values
+    )
+    valid = [values for values in deltas if values]
+    out = {"mismatch/" + name: value for name, value in extreme_and_band_shares(every).items()}
+    for band in BANDS:  # valid rows whose every model token is within the band
+        out[f"mismatch/band_seq_share@{band}"] = sum(max(abs(x) for x in v) <= float(band) for v in valid) / len(valid)
+    out["diag/mismatched_tokens"] = float(differing)
+    out["diag/mismatched_token_share"] = differing / len(every)
+    out["diag/max_abs_delta"] = max(abs(x) for x in every)
+    return out
+
+
+# ---------------------------------------------------------------------------
 # §5 verl debug metrics
 # ---------------------------------------------------------------------------
 
@@ -290,6 +334,7 @@ def round_metrics(rows: Sequence[Row], max_rounds: int = 64) -> dict[str, float]
     require_tokens(rows)
     bucket_deltas: dict[int, list[float]] = {}
     bucket_rows: dict[int, int] = {}
+    bucket_row_max: dict[int, list[float]] = {}  # per bucket, each row's largest |δ| there
     num_rounds_max = 0
     for a, r, m in check_rows(rows):
         rounds = split_rounds(a, r, m)
@@ -301,6 +346,8 @@ def round_metrics(rows: Sequence[Row], max_rounds: int = 64) -> dict[str, float]
             buckets_of_row.add(bucket)
         for bucket in buckets_of_row:  # a row counts once per bucket, even when pooled
             bucket_rows[bucket] = bucket_rows.get(bucket, 0) + 1
+            pooled = [abs(x) for k, deltas in enumerate(rounds) if min(k, max_rounds) == bucket for x in deltas]
+            bucket_row_max.setdefault(bucket, []).append(max(pooled))
 
     metrics: dict[str, float] = {}
     abs_diff_means = {}
@@ -315,6 +362,10 @@ def round_metrics(rows: Sequence[Row], max_rounds: int = 64) -> dict[str, float]
         metrics[prefix + "kl"] = plain_mean([-x for x in deltas])  # r − a = −δ
         metrics[prefix + "max_abs_diff"] = max(abs(x) for x in deltas)
         metrics[prefix + "chi2_token"] = plain_mean([math.exp(2.0 * clamp20(x)) for x in deltas]) - 1.0
+        metrics.update({prefix + name: value for name, value in extreme_and_band_shares(deltas).items()})
+        for band in BANDS:  # rows reaching bucket k whose every bucket-k token is within the band
+            within = [largest <= float(band) for largest in bucket_row_max[k]]
+            metrics[prefix + f"band_seq_share@{band}"] = sum(within) / len(within)
     metrics["per_round/num_rounds_max"] = float(num_rounds_max)
     # highest abs-diff mean among rounds with support; iterating k upwards with ">" keeps the smallest k on ties
     token_counts = {k: len(deltas) for k, deltas in bucket_deltas.items()}
