@@ -65,6 +65,18 @@ SECTIONS = {
     "summary": "What a preset drops (rollout-diag's own keys)",
     "gates": "Gate and diff metrics (check, diff)",
 }
+# A section's paragraph under its heading in docs/metrics.md (where its numbers come from, what to compare them with).
+SECTION_NOTES = {
+    "counts": "Exact counts from the fused pass: any chunking or worker count gives the same digits. *Is this zero "
+    "real?* `diag/mismatched_tokens` = 0 means δ ≡ 0 bit for bit: deterministic, batch-invariant inference (verl #7688 "
+    "targets k3_kl = 0, Megatron-LM #7562) or a trainer column copied from the rollout's (verl's bypass mode); the "
+    "verdict's cause is then `identical` and `compare-presets` recommends nothing, and `check --exact` gates it "
+    "(slime's CI gate asks |δ| ≤ 1e-6 instead). Where either column is float32 the values compare as float32 (one ulp "
+    "at |logprob| ≈ 1 is 1.2e-7; RL-Kernel #329 reports 96 of 128 tokens one ulp apart, which the verdict says in so "
+    "many words). Reference magnitudes for the extreme shares: AReaL #1496 measured |δ| > ln 2 on 9.08e-3 of the "
+    "tokens without R3 (rollout routing replay) and 6.8e-5 with it, |δ| > ln 5 on 1.33e-3 and 4.0e-6. The bands are "
+    "MLPerf-style parity checks (maxtext #5231): the share of tokens, and of whole sequences, within ±ε nats.",
+}
 
 # Units: what a value is measured in (the report draws SHARE in %).
 NATS = "nats"  # a log-probability difference or a KL

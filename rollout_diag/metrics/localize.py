@@ -216,6 +216,15 @@ DEFAULT_WINDOW = 100  # tokens around a position (inspect --around without --win
 LONG_ROW = 1000  # a longer row is listed as DEFAULT_WINDOW tokens around its largest |δ|
 
 
+def first_differing(chunk: Chunk, row: int) -> int | None:
+    """Position in row ``row`` of ``chunk`` of its first model token whose two logprobs differ in any bit (as float32
+    where either column was: ``Chunk.float32``); None when every one is equal."""
+    begin, end = int(chunk.offsets[row]), int(chunk.offsets[row + 1])
+    trainer, rollout = arrays.host(chunk.trainer[begin:end]), arrays.host(chunk.rollout[begin:end])
+    differ = arrays.bits_differ(trainer, rollout, bool(chunk.float32)) & arrays.host(chunk.mask[begin:end]).astype(bool)
+    return int(np.argmax(differ)) if differ.any() else None
+
+
 def window_at(around: int, size: int, length: int) -> tuple[int, int]:
     """[first, last) of ``size`` tokens centred on position ``around`` of a row of ``length`` tokens, moved inside
     the row at its ends."""
@@ -420,6 +429,7 @@ class WorstTracker:
                     "k3_sum": float(host["k3_sum"][row]),
                     "catastrophic_count": int(host["catastrophic"][row]),
                     "extra": dict(tokens.extra),
+                    "first_differing_position": first_differing(chunk, row),
                 },
                 tokens,
             )
