@@ -217,6 +217,30 @@ def extreme_and_band_shares(deltas: list[float]) -> dict[str, float]:
     return out
 
 
+def round_count_metrics(rows: Sequence[Row], max_rounds: int = 64) -> dict[str, float]:
+    """Per round bucket (§7's pooling): extreme_frac_ln2/ln5 and band_token_share@ε over its tokens, band_seq_share@ε
+    over the rows that reach it (every one of their bucket tokens within ε)."""
+    require_tokens(rows)
+    bucket_deltas: dict[int, list[float]] = {}
+    bucket_row_max: dict[int, list[float]] = {}  # per bucket, each row's largest |δ| there
+    for a, r, m in check_rows(rows):
+        largest: dict[int, float] = {}
+        for k, deltas in enumerate(split_rounds(a, r, m)):
+            bucket = min(k, max_rounds)
+            bucket_deltas.setdefault(bucket, []).extend(deltas)
+            largest[bucket] = max([largest.get(bucket, 0.0), *(abs(x) for x in deltas)])
+        for bucket, value in largest.items():
+            bucket_row_max.setdefault(bucket, []).append(value)
+    metrics: dict[str, float] = {}
+    for k in sorted(bucket_deltas):
+        prefix = f"per_round/round_{k}/"
+        metrics.update({prefix + name: value for name, value in extreme_and_band_shares(bucket_deltas[k]).items()})
+        for band in BANDS:
+            within = [value <= float(band) for value in bucket_row_max[k]]
+            metrics[prefix + f"band_seq_share@{band}"] = sum(within) / len(within)
+    return metrics
+
+
 def bits(value: float, float32: bool) -> bytes:
     """A logprob's bytes as compared: float64, or float32 where either column of the dump is float32."""
     return np.float32(value).tobytes() if float32 else np.float64(value).tobytes()
@@ -334,7 +358,6 @@ def round_metrics(rows: Sequence[Row], max_rounds: int = 64) -> dict[str, float]
     require_tokens(rows)
     bucket_deltas: dict[int, list[float]] = {}
     bucket_rows: dict[int, int] = {}
-    bucket_row_max: dict[int, list[float]] = {}  # per bucket, each row's largest |δ| there
     num_rounds_max = 0
     for a, r, m in check_rows(rows):
         rounds = split_rounds(a, r, m)
@@ -346,8 +369,6 @@ def round_metrics(rows: Sequence[Row], max_rounds: int = 64) -> dict[str, float]
             buckets_of_row.add(bucket)
         for bucket in buckets_of_row:  # a row counts once per bucket, even when pooled
             bucket_rows[bucket] = bucket_rows.get(bucket, 0) + 1
-            pooled = [abs(x) for k, deltas in enumerate(rounds) if min(k, max_rounds) == bucket for x in deltas]
-            bucket_row_max.setdefault(bucket, []).append(max(pooled))
 
     metrics: dict[str, float] = {}
     abs_diff_means = {}
@@ -362,10 +383,6 @@ def round_metrics(rows: Sequence[Row], max_rounds: int = 64) -> dict[str, float]
         metrics[prefix + "kl"] = plain_mean([-x for x in deltas])  # r − a = −δ
         metrics[prefix + "max_abs_diff"] = max(abs(x) for x in deltas)
         metrics[prefix + "chi2_token"] = plain_mean([math.exp(2.0 * clamp20(x)) for x in deltas]) - 1.0
-        metrics.update({prefix + name: value for name, value in extreme_and_band_shares(deltas).items()})
-        for band in BANDS:  # rows reaching bucket k whose every bucket-k token is within the band
-            within = [largest <= float(band) for largest in bucket_row_max[k]]
-            metrics[prefix + f"band_seq_share@{band}"] = sum(within) / len(within)
     metrics["per_round/num_rounds_max"] = float(num_rounds_max)
     # highest abs-diff mean among rounds with support; iterating k upwards with ">" keeps the smallest k on ties
     token_counts = {k: len(deltas) for k, deltas in bucket_deltas.items()}
