@@ -13,6 +13,7 @@ Imported lazily: numba compiles on first use, or loads the compiled kernels from
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from numba import njit, types, uint64
@@ -28,8 +29,8 @@ _E = len(EXTREMES)
 _N = len(COUNTS)
 _ABOVE_LOW, _ABOVE_HIGH = EXTREME_BOUNDS  # ln 2, ln 5
 _BAND_NARROW, _BAND_MIDDLE, _BAND_WIDE = BANDS  # 1e-3, 1e-2, 1e-1
-_FLAGS = {"cache": True, "nogil": True, "error_model": "numpy"}
-_INLINE = {**_FLAGS, "inline": "always"}
+_FLAGS: dict[str, Any] = {"cache": True, "nogil": True, "error_model": "numpy"}
+_INLINE: dict[str, Any] = {**_FLAGS, "inline": "always"}
 
 
 # exp and expm1 without libm calls, so that a loop of them runs on SIMD lanes (numba calls libm once per value: the
