@@ -1412,6 +1412,14 @@ def check(
     min_: MinGateOpt = None,
     gates: GatesOpt = None,
     per_step: Annotated[bool, typer.Option("--per-step", help="Check every step too, not only the whole run.")] = False,
+    exact: Annotated[
+        bool,
+        typer.Option(
+            "--exact",
+            help="Fail (exit 3) on any model token whose two logprobs differ in any bit (float32 where either column "
+            "is), naming the first: file, row, position, both values. For batch-invariant inference.",
+        ),
+    ] = False,
     format: Annotated[
         CheckFormat, typer.Option("--format", "-f", help="table (terminal) or json.")
     ] = CheckFormat.table,
@@ -1447,6 +1455,7 @@ def check(
       rollout-diag check run/ --gates default
       rollout-diag check run/ --max rollout_corr/k3_kl=1e-3 --junit gates.xml
       rollout-diag check run/ --gates default --by env_name --per-step
+      rollout-diag check run/ --exact
     """
     refuse_overwriting_inputs({"output": output, "junit": junit}, inputs, gates if gates != "default" else None)
     dump = reading.open(inputs, read_ahead=True, numpy=True)
@@ -1456,7 +1465,7 @@ def check(
 
     chosen = chosen_gates(gates, max_, min_)
     with progress_bar(inputs) as progress:
-        result = check_run(dump, chosen, per_step=per_step, progress=progress, by=by or ())
+        result = check_run(dump, chosen, per_step=per_step, progress=progress, by=by or (), exact=exact)
     if junit is not None:
         from rollout_diag.io.outputs import write_text
 
