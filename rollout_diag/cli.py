@@ -515,6 +515,16 @@ class Reading:
             "the file names: only for files you trust.",
         ),
     ] = False
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            "--tokenizer",
+            help="Show token ids as text: a tokenizer.json, a local Hugging Face model directory, or a model name "
+            "found in the local Hugging Face cache (nothing is downloaded). Needs pip install "
+            "'rollout-diag[tokenizer]'.",
+            metavar="PATH|NAME",
+        ),
+    ] = None
 
     def columns(self) -> dict[str, str]:
         """--column ROLE=NAME as role -> column; raises ConfigError."""
@@ -544,7 +554,14 @@ class Reading:
 
         split = {} if one_process else {"workers": self.workers, "backend": self.backend}
         options = {"strict": self.strict, "chunk_tokens": self.chunk_tokens, "device": self.device, **split}
-        return Dump(inputs, self.columns(), input_format=self.input_format, trust_pickle=self.trust_pickle, **options)
+        return Dump(
+            inputs,
+            self.columns(),
+            input_format=self.input_format,
+            trust_pickle=self.trust_pickle,
+            tokenizer=self.tokenizer,
+            **options,
+        )
 
     def open(
         self, inputs: list[Path], read_ahead: bool = False, numpy: bool = False, one_process: bool = False
@@ -789,6 +806,7 @@ def analyze(
     dialect: DialectOpt = None,
     input_format: Shared = SHARED,
     trust_pickle: Shared = SHARED,
+    tokenizer: Shared = SHARED,
     selection: Selection = SHARED,
     tensorboard: TensorboardOpt = None,
     debug: DebugOpt = False,
@@ -893,6 +911,7 @@ def inspect(
     output: OutputOpt = None,
     input_format: Shared = SHARED,
     trust_pickle: Shared = SHARED,
+    tokenizer: Shared = SHARED,
     debug: DebugOpt = False,
     *,
     reading: Reading,
@@ -1152,6 +1171,7 @@ def report(
     dialect: DialectOpt = None,
     input_format: Shared = SHARED,
     trust_pickle: Shared = SHARED,
+    tokenizer: Shared = SHARED,
     selection: Selection = SHARED,
     debug: DebugOpt = False,
     *,
@@ -1186,6 +1206,10 @@ def report(
         from rollout_diag.results import load_results
 
         analysis, comparison = load_results(from_json)
+        if reading.tokenizer is not None and analysis is not None:  # a saved result's token ids, shown as text
+            from rollout_diag.drivers.tokens import with_token_text
+
+            analysis = with_token_text(analysis, reading.tokenizer)
     elif inputs:
         from rollout_diag.drivers.compare import analyze_and_compare
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from rollout_diag.formatting import ExtraValue
 from rollout_diag.results.analysis import AnalysisResult, GroupResult, extra_names, json_row
+from rollout_diag.results.association import ColumnAssociation, GroupWorstRows, TrainerColumns
 from rollout_diag.results.columns import (
     Column,
     ColumnSource,
@@ -70,6 +71,7 @@ __all__ = [
     "AnalysisResult",
     "Anomaly",
     "Column",
+    "ColumnAssociation",
     "ColumnSource",
     "ComparisonResult",
     "Converted",
@@ -79,6 +81,7 @@ __all__ = [
     "ExtraValue",
     "FillCount",
     "GroupResult",
+    "GroupWorstRows",
     "Hint",
     "HintRow",
     "KeyColumns",
@@ -103,6 +106,7 @@ __all__ = [
     "SweepResult",
     "SweepStep",
     "SweepTarget",
+    "TrainerColumns",
     "Trend",
     "Verdict",
     "WorstRow",

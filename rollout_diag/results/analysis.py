@@ -11,6 +11,7 @@ from typing import Any
 
 from rollout_diag.errors import InputError
 from rollout_diag.formatting import ExtraValue
+from rollout_diag.results.association import TrainerColumns
 from rollout_diag.results.columns import repr_worst_step
 from rollout_diag.results.document import SCHEMA_VERSION, schema_version
 from rollout_diag.results.reprs import repr_inputs, repr_text, short_repr
@@ -146,6 +147,8 @@ class AnalysisResult:
     anomaly_check: str = ""  # why the anomaly rule could not apply ("" when it did)
     groups: list[GroupResult] = field(default_factory=list)  # --by: every group of every spec, worst first
     selection: dict[str, Any] = field(default_factory=dict)  # --where / --steps: {"where", "steps", "rows_kept", …}
+    # row mismatch against the dump's reward, advantage, entropy, response length and GRPO groups (None: no such column)
+    trainer_columns: TrainerColumns | None = None
 
     def to_json(self) -> dict[str, Any]:
         document = self.json_document()
@@ -197,6 +200,7 @@ class AnalysisResult:
             "anomaly_check": self.anomaly_check,
             "groups": [group.to_json() for group in self.groups],
             "selection": dict(self.selection),
+            "trainer_columns": None if self.trainer_columns is None else self.trainer_columns.to_json(),
         }
 
     def to_polars(self) -> dict[str, Any]:
@@ -288,6 +292,7 @@ _FIELD_READERS: dict[str, Callable[[Any], Any]] = {
     "divergent_round": lambda raw: None if raw is None else DivergentRound.from_json(raw),
     "skipped_data": SkippedData.from_json,
     "groups": lambda raw: [GroupResult.from_json(group) for group in raw],
+    "trainer_columns": lambda raw: None if raw is None else TrainerColumns.from_json(raw),
     "rounds": _table_rows,
     "positions": _table_rows,
 }
