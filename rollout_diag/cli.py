@@ -680,7 +680,75 @@ class Selection:
         return {"by": self.by or (), "where": self.where, "steps": parse_step_range(self.steps, "--steps")}
 
 
-OPTION_GROUPS = (Reading, PresetChoice, AnalysisKnobs, Selection)
+@dataclasses.dataclass(frozen=True)
+class WandbLogging:
+    """--wandb of analyze, compare-presets and watch: the result in a Weights & Biases project
+    (rollout_diag/export/wandb.py)."""
+
+    wandb: Annotated[
+        str | None,
+        typer.Option(
+            "--wandb",
+            help="Also log to this W&B project: every per-step metric under its verl name at the dump's step, each "
+            "--by group and preset as a run in one W&B group (they overlay), the verdict and findings as the run's "
+            "summary and a table, the report as an artifact. WANDB_MODE=offline works (wandb sync later). Needs "
+            "pip install 'rollout-diag[wandb]'.",
+            metavar="PROJECT",
+        ),
+    ] = None
+    wandb_group: Annotated[
+        str | None,
+        typer.Option(
+            "--wandb-group",
+            help="The W&B group of this command's runs (default: rollout-diag-<UTC time>).",
+            metavar="NAME",
+        ),
+    ] = None
+    wandb_run_id: Annotated[
+        str | None,
+        typer.Option(
+            "--wandb-run-id",
+            help="Add to this existing W&B run (the training run itself, resume=allow): the metrics under "
+            "rollout_diag/... against their own step, groups and presets in the same run.",
+            metavar="ID",
+        ),
+    ] = None
+
+    def check(self) -> None:
+        """Before any reading: wandb is installed (ConfigError saying what to install), the options make sense."""
+        if self.wandb is None:
+            from rollout_diag.errors import ConfigError
+
+            if self.wandb_group is not None or self.wandb_run_id is not None:
+                raise ConfigError("--wandb-group and --wandb-run-id go with --wandb PROJECT.")
+            return
+        from rollout_diag.export.wandb import wandb_module
+
+        wandb_module()
+
+    def log(self, result: Any, report: Path | None = None) -> None:
+        """``result`` to W&B (nothing without --wandb)."""
+        if self.wandb is None:
+            return
+        from rollout_diag.export.wandb import log_to_wandb
+
+        target = log_to_wandb(result, self.wandb, group=self.wandb_group, run_id=self.wandb_run_id, report=report)
+        names = [name for name, _ in target.runs]
+        runs = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        typer.echo(
+            f"logged {target.scalars:,} scalars to W&B project {self.wandb}, group {target.group}: {runs}", err=True
+        )
+
+    def target(self) -> Any:
+        """The W&B target of a command that logs as it goes (watch); None without --wandb."""
+        if self.wandb is None:
+            return None
+        from rollout_diag.export.wandb import WandbTarget
+
+        return WandbTarget(self.wandb, self.wandb_group, self.wandb_run_id)
+
+
+OPTION_GROUPS = (Reading, PresetChoice, AnalysisKnobs, Selection, WandbLogging)
 
 
 @functools.cache
@@ -809,6 +877,7 @@ def analyze(
     tokenizer: Shared = SHARED,
     selection: Selection = SHARED,
     tensorboard: TensorboardOpt = None,
+    logging: WandbLogging = SHARED,
     debug: DebugOpt = False,
     *,
     reading: Reading,
@@ -828,6 +897,7 @@ def analyze(
         from rollout_diag.export.tensorboard import writer_class
 
         writer_class()
+    logging.check()
     dump = reading.open(inputs, read_ahead=selection.every_row(), numpy=True)
     from rollout_diag.drivers.engine import analyze as run_analysis
     from rollout_diag.render.analysis import render_analysis
@@ -843,6 +913,7 @@ def analyze(
         )
     if tensorboard is not None:
         write_tensorboard_events(result, tensorboard)
+    logging.log(result)
     if chosen is DataFormat.parquet:
         write_parquet_tables(result, output)
     elif chosen is DataFormat.json:
@@ -1028,6 +1099,7 @@ def compare_presets(
     trust_pickle: Shared = SHARED,
     selection: Selection = SHARED,
     tensorboard: TensorboardOpt = None,
+    logging: WandbLogging = SHARED,
     debug: DebugOpt = False,
     *,
     reading: Reading,
@@ -1049,6 +1121,7 @@ def compare_presets(
         from rollout_diag.export.tensorboard import writer_class
 
         writer_class()
+    logging.check()
     from rollout_diag.engine.choice import expect_presets
 
     expect_presets()  # a first run compiles the preset kernels in a helper process from the start
@@ -1075,6 +1148,7 @@ def compare_presets(
         typer.echo(f"wrote {export_decisions}", err=True)
     if tensorboard is not None:
         write_tensorboard_events(result, tensorboard)
+    logging.log(result)
     from rollout_diag.decisions.recommend import sort_by_intrusiveness
     from rollout_diag.render.decisions import recommendation_lines
     from rollout_diag.render.presets import answer_block
@@ -1173,6 +1247,7 @@ def report(
     trust_pickle: Shared = SHARED,
     tokenizer: Shared = SHARED,
     selection: Selection = SHARED,
+    logging: WandbLogging = SHARED,
     debug: DebugOpt = False,
     *,
     reading: Reading,
@@ -1190,6 +1265,7 @@ def report(
     if from_json and inputs:
         raise ConfigError("give dump files or --from-json, not both.")
     refuse_overwriting_inputs({"output": output}, inputs, from_json, vs, choice.presets_file)
+    logging.check()
     dump = None
     if inputs:  # opened before the imports below load torch: a bad file fails at once
         from rollout_diag.engine.choice import expect_presets
@@ -1245,6 +1321,7 @@ def report(
     write_text(output, text)  # atomic: a failed run leaves an earlier report as it was
     path = output
     typer.echo(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)", err=True)
+    logging.log(analysis if analysis is not None else comparison, report=path)
     if open_browser:
         import webbrowser
 
@@ -1566,6 +1643,7 @@ def watch(
     device: Shared = ON_THE_CPU,
     strict: Shared = SHARED,
     chunk_tokens: Shared = SHARED,
+    logging: WandbLogging = SHARED,
     debug: DebugOpt = False,
     *,
     reading: Reading,
@@ -1588,16 +1666,20 @@ def watch(
     if report_every < 1:
         fail(f"--report-every {report_every}: must be a positive number of steps.")
     refuse_overwriting_inputs({"report": report_file}, [directory], gates if gates != "default" else None)
+    logging.check()
     from rollout_diag.drivers.watch import watch as follow
 
     chosen = chosen_gates(gates, max_, min_)
     dump = reading.dump([directory], must_exist=False)  # a directory the trainer has not made yet is waited for
     updates = follow(dump, interval=interval, exit_after_idle=exit_after_idle, exit_on_fail=exit_on_fail, gates=chosen)
-    writer = _ReportWriter(report_file, report_every)
-    if format is WatchFormat.jsonl:
-        code = _watch_jsonl(updates, writer)
-    else:
-        code = _watch_live(updates, writer, str(directory))
+    writer = _ReportWriter(report_file, report_every, logging.target())
+    try:
+        if format is WatchFormat.jsonl:
+            code = _watch_jsonl(updates, writer)
+        else:
+            code = _watch_live(updates, writer, str(directory))
+    finally:
+        writer.close()
     raise typer.Exit(code)
 
 
@@ -1646,12 +1728,22 @@ class _ReportWriter:
     """Rewrites the --report file every N finished steps and at the end, through a temporary file and a rename
     (a browser that reloads never sees half a file)."""
 
-    def __init__(self, path: Path | None, every: int) -> None:
+    def __init__(self, path: Path | None, every: int, wandb: Any = None) -> None:
         self.path = path
         self.every = every
         self.since = 0
+        self.wandb = wandb  # --wandb: a WandbTarget, its run opened at the first finished step
+        self.run: Any = None
+        self.last: Any = None
 
     def after(self, update: Any) -> None:
+        if self.wandb is not None and update.steps:
+            if self.run is None:
+                self.run = self.wandb.open("watch")
+            for report in update.steps:  # a step revised after W&B took a later one is not logged again
+                self.run.log_step(report.step, report.metrics, report.level)
+        if update.result is not None:
+            self.last = update.result
         if self.path is None or update.result is None:
             return
         self.since += len(update.steps)
@@ -1661,6 +1753,19 @@ class _ReportWriter:
             from rollout_diag.report import render_report
 
             write_text(self.path, render_report(update.result, title=f"rollout-diag watch: {update.result.inputs[0]}"))
+
+    def close(self) -> None:
+        """The W&B run's summary (the run so far), the report as an artifact, and the run finished."""
+        if self.run is None:
+            return
+        try:
+            if self.last is not None:
+                self.run.summarize(self.last)
+            if self.path is not None and self.path.exists():
+                self.run.attach_report(self.path)
+        finally:
+            self.run.finish()
+        typer.echo(f"logged {self.wandb.scalars:,} scalars to W&B project {self.wandb.project}", err=True)
 
 
 def main() -> NoReturn:
