@@ -256,7 +256,7 @@ def test_a_bad_option_value_keeps_typers_message():
 )
 def test_the_optional_extras_load_only_when_asked_for(grouped_dump, tmp_path, arguments):
     """Without --tokenizer and --wandb no command loads tokenizers or wandb (optional extras: each a one-line error
-    saying what to install where it is asked for and missing: tests/io/test_tokenizer.py, tests/export/test_wandb.py)."""
+    saying what to install where asked for and missing: tests/io/test_tokenizer.py, tests/export/test_wandb.py)."""
     command, *options = arguments
     options = [option.format(tmp=tmp_path) for option in options]
     code = (
