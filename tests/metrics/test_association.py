@@ -218,3 +218,19 @@ def test_report_draws_a_scatter_or_a_histogram_per_column(tmp_path, monkeypatch)
     assert drawn(rd.analyze(str(planted(tmp_path, rows=300)), device="cpu")) == ["heatmap"] * 4
     plain = write_rows(tmp_path / "plain.parquet", [0.01 * i for i in range(40)])
     assert "trainer-columns" not in render_report(rd.analyze(str(plain), device="cpu"))
+
+
+def test_per_token_entropy_lists_enter_as_their_row_mean(tmp_path):
+    # row i: entropy list [i, i + 2, null] → mean over non-null elements i + 1; mismatch rises with i: ρ = 1
+    rows = 40
+    dump = write_rows(
+        tmp_path / "entropy.parquet",
+        [0.001 * (1 + i) for i in range(rows)],
+        entropy=[[float(i), float(i + 2), None] for i in range(rows)],
+    )
+    result = rd.analyze(str(dump), device="cpu")
+    entropy = next(item for item in result.trainer_columns.correlations if item.role == "entropy")
+    assert entropy.spearman == pytest.approx(1.0, rel=1e-12) and entropy.significant
+    assert sorted(entropy.points["x"]) == [float(i + 1) for i in range(rows)]
+    worst = result.worst_rows[0]
+    assert worst.extra["entropy"] == pytest.approx(float(rows))  # the worst row (i = 39) carries its mean, 40
