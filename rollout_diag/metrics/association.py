@@ -67,7 +67,9 @@ def row_keys(files: Sequence[str], file_rows: Sequence[int], seed: int = SEED) -
     """uint64 [R]: each row's sampling key, a function of its file name, its row number in the file and ``seed``
     only (not of the chunk, the order or the worker that read it)."""
     memo: dict[str, int] = {}
-    names = np.array([memo.setdefault(name, _file_hash(name)) for name in files], dtype=np.uint64)
+    for name in set(files):  # a chunk's rows share a few file names
+        memo[name] = _file_hash(name)
+    names = np.array([memo[name] for name in files], dtype=np.uint64)
     with np.errstate(over="ignore"):
         mixed = names ^ _mix(np.asarray(file_rows, dtype=np.int64).astype(np.uint64) + np.uint64(seed))
     return _mix(mixed)
@@ -182,8 +184,8 @@ class TrainerColumnsTracker:
         self.mismatch = np.zeros(0)
         self.values: dict[str, np.ndarray] = {}  # role -> float64 aligned with keys
         self.rows = 0  # rows with a model token seen
-        # (step, group id) -> [rows, worst |d|, worst key, advantage of the worst, largest advantage, smallest,
-        # rows at the largest advantage]
+        # (step, group id) -> [rows, worst |d|, worst key (an int), advantage of the worst, largest advantage,
+        # smallest, rows at the largest advantage]
         self.groups: dict[tuple[int, Any], list[float]] = {}
         self.groups_overflow = False
         self.derived_length = False  # response_length counted from the mask (no such column)
@@ -219,7 +221,7 @@ class TrainerColumnsTracker:
             ranking = values.get("advantage", values.get("reward"))
             if ranking is not None:
                 ids = _group_values(chunk.extra[self.group_column])
-                self._group_update(chunk.step.tolist(), ids, keys, mismatch, ranking, valid)
+                self._group_update(arrays.host(chunk.step), ids, keys, mismatch, ranking, valid)
 
     def _sample(self, keys: np.ndarray, mismatch: np.ndarray, values: dict[str, np.ndarray]) -> None:
         if len(self.keys) >= self.sample_rows:  # only rows below the current k-th key can enter
@@ -243,23 +245,54 @@ class TrainerColumnsTracker:
 
     def _group_update(
         self,
-        steps: list[int],
+        steps: np.ndarray,
         ids: list[Any],
         keys: np.ndarray,
         mismatch: np.ndarray,
         ranking: np.ndarray,
         valid: np.ndarray,
     ) -> None:
-        for row in np.flatnonzero(valid & np.isfinite(ranking)).tolist():
-            group = ids[row]
-            if group is None:
-                continue
-            entry = (steps[row], group)
-            self._offer(entry, [1.0, mismatch[row], float(keys[row]), ranking[row], ranking[row], ranking[row], 1.0])
-            if len(self.groups) > MAX_GROUPS:
-                self.groups_overflow = True
-                self.groups.clear()
-                return
+        codes: dict[Any, int] = {None: -1}
+        code = np.fromiter((codes.setdefault(value, len(codes) - 1) for value in ids), np.int64, len(ids))
+        rows = np.flatnonzero(valid & np.isfinite(ranking) & (code >= 0))
+        if not len(rows):
+            return
+        # (step, group id) pairs numbered 0…count-1: step · K + code is one integer per pair (0 ≤ code < K)
+        row_step, row_code = steps[rows].astype(np.int64), code[rows]
+        _, first, group_of = np.unique(row_step * len(codes) + row_code, return_index=True, return_inverse=True)
+        group_of = group_of.reshape(-1)
+        count = len(first)
+        value_of = list(codes)[1:]  # code -> the group id
+        numbered = {
+            (step, value_of[value]): number
+            for number, (step, value) in enumerate(zip(row_step[first].tolist(), row_code[first].tolist(), strict=True))
+        }
+        row_mismatch, row_key, row_rank = mismatch[rows], keys[rows], ranking[rows]
+        sizes = np.bincount(group_of, minlength=count)
+        order = np.lexsort((row_key, -row_mismatch, group_of))  # per group: the largest |d| first, equal: smaller key
+        worst = order[np.r_[True, group_of[order][1:] != group_of[order][:-1]]]  # one per group, in group order
+        best = np.full(count, -np.inf)
+        np.maximum.at(best, group_of, row_rank)
+        lowest = np.full(count, np.inf)
+        np.minimum.at(lowest, group_of, row_rank)
+        at_best = np.bincount(group_of, weights=(row_rank == best[group_of]).astype(np.float64), minlength=count)
+        for entry, number in numbered.items():
+            chosen = worst[number]
+            self._offer(
+                entry,
+                [
+                    float(sizes[number]),
+                    float(row_mismatch[chosen]),
+                    int(row_key[chosen]),
+                    float(row_rank[chosen]),
+                    float(best[number]),
+                    float(lowest[number]),
+                    float(at_best[number]),
+                ],
+            )
+        if len(self.groups) > MAX_GROUPS:
+            self.groups_overflow = True
+            self.groups.clear()
 
     def _offer(self, entry: tuple[int, Any], state: list[float]) -> None:
         held = self.groups.get(entry)
