@@ -121,7 +121,7 @@ class TokenDecoder:
         kinds = set(_types(described.get("decoder"))) | set(_types(described.get("pre_tokenizer")))
         self.byte_level = "ByteLevel" in kinds
         self.metaspace = "Metaspace" in kinds or any(
-            step.get("type") == "Replace" and "▁" in json.dumps(step.get("pattern", ""))
+            step.get("type") == "Replace" and "▁" in json.dumps(step.get("pattern", ""), ensure_ascii=False)
             for step in _steps(described.get("decoder"))
         )
         self.special = {

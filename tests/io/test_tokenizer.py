@@ -66,6 +66,17 @@ def test_word_level_and_byte_fallback(tmp_path):
     assert decoder.texts([1, 2, 3, 0]) == ["hello", "world", "\n", "[UNK]"]  # <0x0A>: SentencePiece's byte fallback
 
 
+def test_sentencepiece_word_boundary_is_a_space(tmp_path):
+    from tokenizers import Tokenizer, decoders, models, normalizers
+
+    # Llama 2's tokenizer.json: "▁" marks a word start, its decoder a Replace("▁", " ") then ByteFallback and Fuse
+    tokenizer = Tokenizer(models.WordLevel({"<unk>": 0, "▁hello": 1, "lo": 2}, unk_token="<unk>"))
+    tokenizer.normalizer = normalizers.Replace(" ", "▁")
+    tokenizer.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    assert load_tokenizer(tmp_path / "tokenizer.json").texts([1, 2]) == [" hello", "lo"]
+
+
 def test_a_name_is_looked_up_in_the_local_cache_only(bpe, tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
