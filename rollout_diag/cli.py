@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # rich.console loads where a command renders: --help and an i
     from rich.console import Console
 
     from rollout_diag.drivers.dump import Dump
+    from rollout_diag.presets import Preset
 
 # The README's order:
 COMMAND_ORDER = ("analyze", "compare-presets", "sweep", "report", "inspect", "check", "diff", "watch", "convert")
@@ -113,7 +114,8 @@ def light_coercion(params: Iterable[Any]) -> None:
                 converted = _light_value(item_type, value)
                 if converted is not _UNCONVERTED:
                     return converted
-            return build_runtime_param(self.descriptor)._coerce_value(value, param=param, ctx=ctx)
+            # typer's own conversion, for what the light path leaves (typer has no public hook for it)
+            return build_runtime_param(self.descriptor)._coerce_value(value, param=param, ctx=ctx)  # noqa: SLF001
 
     for param in params:
         descriptor = getattr(param, "type_descriptor", None)
@@ -121,6 +123,7 @@ def light_coercion(params: Iterable[Any]) -> None:
         if (
             getattr(param, "_runtime_param", False) is not None
             or descriptor is None
+            or info is None
             or descriptor.file_annotation is not None
             or getattr(info, "parser", None) is not None
             or getattr(info, "click_type", None) is not None
@@ -129,7 +132,7 @@ def light_coercion(params: Iterable[Any]) -> None:
         annotation = descriptor.annotation
         item = typing.get_args(annotation)[0] if typing.get_origin(annotation) is list else annotation
         if item in (str, bool, int, float, Path) or (isinstance(item, type) and issubclass(item, Enum)):
-            param._runtime_param = LightParam(info, annotation, descriptor)
+            param._runtime_param = LightParam(info, annotation, descriptor)  # noqa: SLF001  (typer's lazy slot)
 
 
 app = typer.Typer(
@@ -245,7 +248,7 @@ def _console(stream=None) -> Console:
     return Console(file=stream or sys.stdout, soft_wrap=False)
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     from rollout_diag.formatting import visible  # messages name files and columns: never raw escapes
 
     typer.echo(f"Error: {visible(message)}", err=True)
@@ -425,7 +428,8 @@ def data_outputs(chosen: DataFormat, output: Path | None, by: list[str] | None) 
     return {"output": output}
 
 
-def write_parquet_tables(result: Any, output: Path) -> None:
+def write_parquet_tables(result: Any, output: Path | None) -> None:
+    assert output is not None, "data_format refuses --format parquet without --output"
     from rollout_diag.export.parquet import write_parquet
 
     for path in write_parquet(result, output):
@@ -452,7 +456,7 @@ class Shared:
         self.default = default
 
 
-SHARED = Shared()
+SHARED: Any = Shared()  # typed Any: it stands in a parameter's default for the group's own value
 PRESET_CHUNKS = Shared(PRESET_CHUNK_TOKENS)  # --chunk-tokens of the commands with presets (drivers/dump.py)
 ON_THE_CPU = Shared("cpu")  # --device of watch
 
@@ -553,9 +557,14 @@ class Reading:
             check_inputs_exist(inputs)
 
         split = {} if one_process else {"workers": self.workers, "backend": self.backend}
-        options = {"strict": self.strict, "chunk_tokens": self.chunk_tokens, "device": self.device, **split}
+        options: dict[str, Any] = {
+            "strict": self.strict,
+            "chunk_tokens": self.chunk_tokens,
+            "device": self.device,
+            **split,
+        }
         return Dump(
-            inputs,
+            tuple(str(path) for path in inputs),
             self.columns(),
             input_format=self.input_format,
             trust_pickle=self.trust_pickle,
@@ -614,7 +623,7 @@ class PresetChoice:
         bool, typer.Option("--batch-normalize", help="Custom preset: normalise IS weights per batch.")
     ] = False
 
-    def presets(self) -> list:
+    def presets(self) -> list[str | Preset] | None:
         """The chosen presets (``presets.choose_presets``); raises ConfigError."""
         from rollout_diag.presets import choose_presets
 
@@ -754,7 +763,7 @@ OPTION_GROUPS = (Reading, PresetChoice, AnalysisKnobs, Selection, WandbLogging)
 @functools.cache
 def _group_fields() -> dict[str, tuple[type, Any, Any]]:
     """Option name -> (its group, its Annotated declaration, its default), over every group."""
-    found = {}
+    found: dict[str, tuple[type, Any, Any]] = {}
     for group in OPTION_GROUPS:
         hints = typing.get_type_hints(group, include_extras=True)
         for field in dataclasses.fields(group):
@@ -1266,7 +1275,7 @@ def report(
         raise ConfigError("give dump files or --from-json, not both.")
     refuse_overwriting_inputs({"output": output}, inputs, from_json, vs, choice.presets_file)
     logging.check()
-    dump = None
+    dump: Dump | None = None
     if inputs:  # opened before the imports below load torch: a bad file fails at once
         from rollout_diag.engine.choice import expect_presets
 
@@ -1290,6 +1299,7 @@ def report(
         from rollout_diag.drivers.compare import analyze_and_compare
 
         with progress_bar(inputs) as progress:
+            assert dump is not None  # opened above, from the same inputs
             analysis, comparison = analyze_and_compare(
                 dump,
                 choice.presets(),
@@ -1313,6 +1323,7 @@ def report(
         comparison_ab = diff_runs(*runs, presets=choice.preset or None)
     shown = (choice.preset or None) if from_json else None  # a live run already compared only these
     if analysis is None:  # a saved compare-presets result alone: the report derives the rest from it
+        assert comparison is not None  # load_results returns one of the two at least
         text = render_report(comparison, title=title, presets=shown)
     else:
         text = render_report(analysis, comparison=comparison, title=title, presets=shown, diff=comparison_ab)

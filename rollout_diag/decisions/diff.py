@@ -205,7 +205,7 @@ def _step_ids(steps: Sequence[StepResult]) -> list[int]:
     """The step of each per-step result; a StepTable's from its column (no StepResult made per step)."""
     if isinstance(steps, StepTable):
         return steps.step_ids.tolist()
-    return [step.step for step in steps]
+    return [step.step for step in steps if step.step is not None]  # a per-step result always has its step
 
 
 def json_row(row: dict[str, Any]) -> dict[str, Any]:

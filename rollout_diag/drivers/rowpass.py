@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 from rollout_diag.drivers.dump import reads_dump
 from rollout_diag.drivers.engine import build_result, check_analysed, data_warnings, read_fields, skipped_of, step_table
-from rollout_diag.drivers.passes import Analysis, Inputs, Progress, open_reader, resolve_device, run_chunks
+from rollout_diag.drivers.passes import (
+    Analysis,
+    Inputs,
+    Progress,
+    open_reader,
+    resolve_device,
+    run_chunks,
+)
 from rollout_diag.errors import DataError
 from rollout_diag.groups import GroupLabels, GroupSpec, group_specs
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
@@ -115,14 +122,16 @@ def _restricted(analysis: Analysis, steps: StepRange) -> Analysis:
     def keep(step: int) -> bool:
         return (first is None or step >= first) and (last is None or step <= last)
 
+    def restricted(accumulator: StepAccumulator) -> StepAccumulator:
+        steps_held = accumulator.store.steps
+        inside = (steps_held >= (first if first is not None else steps_held.min(initial=0))) & (
+            steps_held <= (last if last is not None else steps_held.max(initial=0))
+        )
+        return accumulator.restricted(inside)
+
     subset = copy.copy(analysis)
-    for name, value in vars(analysis).items():
-        if isinstance(value, StepAccumulator):
-            steps_held = value.store.steps
-            inside = (steps_held >= (first if first is not None else steps_held.min(initial=0))) & (
-                steps_held <= (last if last is not None else steps_held.max(initial=0))
-            )
-            setattr(subset, name, value.restricted(inside))
+    subset.family = {name: restricted(family) for name, family in analysis.family.items()}
+    subset.hint_evidence = restricted(analysis.hint_evidence)
     subset.worst = WorstTracker(analysis.top_k, analysis.catastrophic)
     subset.grouped = []
     for grouped in analysis.grouped:
