@@ -10,9 +10,8 @@ from pathlib import Path
 
 import jsonschema
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
+from helpers.trainer_columns import planted, write_rows
 from typer.testing import CliRunner
 
 import rollout_diag as rd
@@ -24,24 +23,6 @@ from rollout_diag.results.wording import trainer_column_lines
 
 SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "result.schema.json"
 runner = CliRunner()
-
-
-def write_rows(path: Path, mismatch: list[float], **columns: list) -> Path:
-    """One row per value of ``mismatch``: 3 model tokens, trainer −1, rollout −1 − m, so row |log-ppl diff| = m
-    exactly; ``columns``: extra per-row columns (reward, advantage, uid, …); ``step`` defaults to 0."""
-    rows = []
-    for index, shift in enumerate(mismatch):
-        row = {
-            "step": 0,
-            "sample_id": f"s{index}",
-            "rollout_log_probs": [-1.0 - shift] * 3,
-            "old_log_probs": [-1.0] * 3,
-            "response_mask": [1, 1, 1],
-        }
-        row.update({name: values[index] for name, values in columns.items()})
-        rows.append(row)
-    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=7)
-    return path
 
 
 def test_spearman_on_a_known_permutation(tmp_path):
@@ -85,21 +66,6 @@ def test_ranks_and_ties_against_a_slow_reference():
     assert spearman(x, y) == pytest.approx(pearson(slow_ranks(x), slow_ranks(y)), rel=1e-12)
     assert math.isnan(spearman(np.ones(5), np.arange(5.0)))
     assert all(math.isnan(v) for v in fisher_interval(0.5, 3))
-
-
-def planted(tmp_path: Path, rows: int = 600, seed: int = 0) -> Path:
-    """Row mismatch that rises with reward (ρ ≈ 0.8), advantage = reward, an unrelated entropy; groups of 6."""
-    generator = np.random.default_rng(seed)
-    reward = generator.normal(size=rows)
-    mismatch = np.exp(reward + 0.6 * generator.normal(size=rows)) * 1e-3
-    return write_rows(
-        tmp_path / "planted.parquet",
-        mismatch.tolist(),
-        reward=reward.tolist(),
-        advantage=reward.tolist(),
-        entropy=generator.uniform(0, 2, rows).tolist(),
-        group_id=[f"g{i // 6}" for i in range(rows)],
-    )
 
 
 def test_planted_correlation_stands_out_and_unrelated_column_stays_silent(tmp_path):
@@ -197,27 +163,6 @@ def test_silence_without_trainer_columns_and_json_round_trip(tmp_path):
     assert back.trainer_columns.to_json() == document["trainer_columns"]
     table = runner.invoke(app, ["analyze", str(planted(tmp_path))], env={"COLUMNS": "200"})
     assert "rises with reward" in table.stdout
-
-
-def test_report_draws_a_scatter_or_a_histogram_per_column(tmp_path, monkeypatch):
-    from rollout_diag.report import render_report
-    from rollout_diag.report.sections import Canvas
-    from rollout_diag.report.trainer_columns import trainer_columns_section
-
-    def drawn(result: AnalysisResult) -> list[str]:
-        canvas = Canvas()
-        trainer_columns_section(result, canvas)
-        return [figure["data"][0]["type"] for name, figure in canvas.figures.items()]
-
-    result = rd.analyze(str(planted(tmp_path, rows=300)), device="cpu")
-    page = render_report(result)
-    assert "Mismatch against the trainer&#x27;s columns" in page and "Row |log-ppl diff| rises with reward" in page
-    assert page.count('data-figure="trainer-columns-') == 4  # reward, advantage, entropy, response length
-    assert drawn(result) == ["scattergl"] * 4
-    monkeypatch.setattr(association, "SCATTER_POINTS", 100)
-    assert drawn(rd.analyze(str(planted(tmp_path, rows=300)), device="cpu")) == ["heatmap"] * 4
-    plain = write_rows(tmp_path / "plain.parquet", [0.01 * i for i in range(40)])
-    assert "trainer-columns" not in render_report(rd.analyze(str(plain), device="cpu"))
 
 
 def test_per_token_entropy_lists_enter_as_their_row_mean(tmp_path):
