@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +42,7 @@ TRAINER_COLUMNS: dict[str, tuple[str, ...]] = {
     "response_length": ("response_length",),
 }
 GROUP_COLUMNS = ("uid", "group_id", "prompt_id")  # a GRPO group's id (verl: uid), the first present taken
+SUFFIXED_ID = re.compile(r".+#\d+")  # a sample id "<prompt id>#<k>" (rollout_diag.trainers.unique_sample_ids)
 SAMPLE_ROWS = 50_000  # rows kept for the rank correlations: 50 000 × (8 + 8 + 8 per column) bytes at most
 SEED = 20_261_127
 MAX_GROUPS = 4_000_000  # (step, group) pairs tracked: beyond, the group rule stops (and says so)
@@ -94,6 +96,22 @@ def _group_values(values: Any) -> list[Any]:
     array = getattr(values, "array", None)
     raw = array.to_pylist() if array is not None else list(values.tolist() if hasattr(values, "tolist") else values)
     return raw
+
+
+def group_ids(chunk: Chunk) -> tuple[str, list[Any]] | None:
+    """(where from, each row's GRPO group id) of ``chunk``: an extra column of GROUP_COLUMNS; the reader's
+    ``prompt_id`` where it carries one; else sample ids written ``<id>#<k>`` (verl's and SkyRL's importers and
+    ``DumpWriter`` make a prompt's k-th response's id so: the group is ``<id>``). None without any."""
+    for name in GROUP_COLUMNS:
+        if name in chunk.extra:
+            return name, _group_values(chunk.extra[name])
+    prompt_ids = getattr(chunk, "prompt_id", None)
+    if prompt_ids is not None:
+        return "prompt_id", _group_values(prompt_ids)
+    ids = chunk.sample_id
+    if ids and all(SUFFIXED_ID.fullmatch(str(sample)) for sample in ids):
+        return "prompt (sample id prefix)", [str(sample).rsplit("#", 1)[0] for sample in ids]
+    return None
 
 
 def ranks(values: np.ndarray) -> np.ndarray:
@@ -197,13 +215,11 @@ class TrainerColumnsTracker:
             if name is not None and name in chunk.extra:
                 self.columns.setdefault(role, name)
                 found[role] = chunk.extra[name]
-        if self.group_column is None:
-            self.group_column = next((name for name in GROUP_COLUMNS if name in chunk.extra), None)
         return found
 
     def update(self, chunk: Chunk) -> None:
         found = self._roles(chunk)
-        if not found and (self.group_column is None or self.group_column not in chunk.extra):
+        if not found:
             return  # rows without a trainer column are never sampled (whichever part of the input reads them)
         s = stats(chunk)
         n = s.row_count
@@ -217,11 +233,11 @@ class TrainerColumnsTracker:
             values["response_length"] = model_tokens.astype(np.float64)
         self.rows += int(valid.sum())
         self._sample(keys[valid], mismatch[valid], {role: column[valid] for role, column in values.items()})
-        if self.group_column is not None and self.group_column in chunk.extra and not self.groups_overflow:
-            ranking = values.get("advantage", values.get("reward"))
-            if ranking is not None:
-                ids = _group_values(chunk.extra[self.group_column])
-                self._group_update(arrays.host(chunk.step), ids, keys, mismatch, ranking, valid)
+        ranking = values.get("advantage", values.get("reward"))
+        grouped = group_ids(chunk)
+        if grouped is not None and ranking is not None and not self.groups_overflow:
+            self.group_column = self.group_column or grouped[0]
+            self._group_update(arrays.host(chunk.step), grouped[1], keys, mismatch, ranking, valid)
 
     def _sample(self, keys: np.ndarray, mismatch: np.ndarray, values: dict[str, np.ndarray]) -> None:
         if len(self.keys) >= self.sample_rows:  # only rows below the current k-th key can enter

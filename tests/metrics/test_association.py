@@ -10,6 +10,8 @@ from pathlib import Path
 
 import jsonschema
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from helpers.trainer_columns import planted, write_rows
 from typer.testing import CliRunner
@@ -179,3 +181,19 @@ def test_per_token_entropy_lists_enter_as_their_row_mean(tmp_path):
     assert sorted(entropy.points["x"]) == [float(i + 1) for i in range(rows)]
     worst = result.worst_rows[0]
     assert worst.extra["entropy"] == pytest.approx(float(rows))  # the worst row (i = 39) carries its mean, 40
+
+
+def test_group_rule_from_sample_ids_written_id_hash_k(tmp_path):
+    # verl's and SkyRL's importers (and DumpWriter) write a prompt's k-th response as "<uid>#<k>": the group is <uid>
+    mismatch, advantage = [], []
+    for _ in range(12):
+        for index in range(3):  # the worst row is the top-advantage one in every group
+            mismatch.append(0.3 if index == 2 else 0.01 * (index + 1))
+            advantage.append(float(index))
+    path = write_rows(tmp_path / "verl.parquet", mismatch, advantage=advantage)
+    table = pq.read_table(path)
+    ids = pa.array([f"u{row // 3}#{row % 3}" for row in range(len(mismatch))])
+    pq.write_table(table.set_column(table.schema.get_field_index("sample_id"), "sample_id", ids), path)
+    groups = rd.analyze(str(path), device="cpu").trainer_columns.groups
+    assert (groups.column, groups.groups, groups.worst_is_best) == ("prompt (sample id prefix)", 12, 12)
+    assert groups.expected == pytest.approx(4.0) and groups.significant  # 12 groups × 1/3
