@@ -37,7 +37,18 @@ if TYPE_CHECKING:  # rich.console loads where a command renders: --help and an i
     from rollout_diag.presets import Preset
 
 # The README's order:
-COMMAND_ORDER = ("analyze", "compare-presets", "sweep", "report", "inspect", "check", "diff", "watch", "convert")
+COMMAND_ORDER = (
+    "analyze",
+    "compare-presets",
+    "sweep",
+    "report",
+    "inspect",
+    "check",
+    "diff",
+    "runs",
+    "watch",
+    "convert",
+)
 
 
 class CommandsInReadmeOrder(TyperGroup):
@@ -235,8 +246,9 @@ DialectOpt = Annotated[
     typer.Option(
         "--dialect",
         help="Also report a trainer's own mismatch metrics under its logged names: verl (the default, in the JSON), "
-        "prime-rl, nemo-rl, slime, skyrl, trl, roll, areal, openrlhf, a comma-separated list, or all "
-        "(one table, trainers as columns). See docs/dialects.md.",
+        "prime-rl, nemo-rl, slime, skyrl, trl, roll, areal, openrlhf; an earlier commit or another configuration "
+        "(verl@b178a3c, verl@b178a3c:seq, prime-rl:ipo, areal:kpop, areal@4aef98d); a comma-separated list, or all "
+        "(every trainer at its current code; one table, trainers as columns). See docs/dialects.md.",
         metavar="NAME",
     ),
 ]
@@ -1601,6 +1613,148 @@ def diff(
         emit(to_json_text(result.to_json()), output)
     else:
         show(diff_tables(result), output)
+
+
+# ------------------------------------------------------------------ runs: many runs, what each knob did
+class RunsFormat(str, Enum):
+    table = "table"
+    json = "json"
+    parquet = "parquet"
+
+
+@app.command()
+@handles_errors
+@option_groups
+def runs(
+    inputs: Annotated[
+        list[str],
+        typer.Argument(
+            help="Each run as NAME=DUMP (a file, directory or glob); a bare DUMP is named after its last path part.",
+            show_default=False,
+            metavar="NAME=DUMP...",
+        ),
+    ],
+    knob: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--knob",
+            help="A knob and its value in each run, in the runs' order (tp=8,8,4). Repeatable. Knobs a dump's "
+            "DumpWriter(config=...) recorded count too.",
+            metavar="NAME=V1,V2,...",
+        ),
+    ] = None,
+    knobs: Annotated[
+        Path | None,
+        typer.Option("--knobs", help="Knobs from a TOML file: a table per run ([base] tp = 8).", metavar="FILE"),
+    ] = None,
+    baseline: Annotated[
+        str | None,
+        typer.Option("--baseline", help="The run the others are compared with (default: the first).", metavar="NAME"),
+    ] = None,
+    preset: Annotated[
+        list[str] | None,
+        typer.Option("--preset", help="Also compare this preset's dropped-token share. Repeatable.", metavar="NAME"),
+    ] = None,
+    max_ratio: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--max-ratio",
+            help="Gate: every run's metric over the baseline's must be ≤ VALUE (k3_kl=2); exit 3 when one is "
+            "not. Repeatable.",
+            metavar="NAME=VALUE",
+        ),
+    ] = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--state-dir",
+            help="Keep each run's pass here (keyed by its files' paths, sizes and mtimes): a run added later costs "
+            "one pass. Pickles: use a directory you own.",
+            metavar="DIR",
+        ),
+    ] = None,
+    report: Annotated[
+        Path | None, typer.Option("--report", help="Also write the HTML report of the runs.", metavar="FILE")
+    ] = None,
+    replicates: Annotated[int, typer.Option("--replicates", help="Bootstrap resamples of the rows.")] = 1000,
+    level: Annotated[float, typer.Option("--level", help="Level of the intervals.")] = 0.95,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap (same seed, same interval).")] = 0,
+    format: Annotated[
+        RunsFormat,
+        typer.Option("--format", "-f", help="table (terminal), json, or parquet (one row per run × step; --output)."),
+    ] = RunsFormat.table,
+    output: OutputOpt = None,
+    column: Shared = SHARED,
+    device: Shared = SHARED,
+    strict: Shared = SHARED,
+    chunk_tokens: Shared = SHARED,
+    input_format: Shared = SHARED,
+    trust_pickle: Shared = SHARED,
+    workers: Shared = SHARED,
+    backend: Shared = SHARED,
+    debug: DebugOpt = False,
+    *,
+    reading: Reading,
+) -> None:
+    """Many runs at once: which knob changed the mismatch? Per run its verdict, key metrics with bootstrap
+    intervals and the step where it departs from the baseline; per knob its effect on each metric (a ratio with an
+    interval, or "no detectable effect"). --workers runs read in parallel (one process a run).
+
+    \b
+    Examples:
+      rollout-diag runs base=runA/ r3=runB/ fp16=runC/ --knob r3=off,on,off --knob fp16=off,off,on
+      rollout-diag runs base=a/ tp4=b/ --knobs runs.toml --report runs.html
+      rollout-diag runs base=main/ cand=pr/ --max-ratio k3_kl=2 --state-dir .rd-cache
+    """
+    from rollout_diag.decisions.check import parse_gate
+    from rollout_diag.drivers.runs import RunSpec, compare_dumps, knob_columns, load_knobs, parse_run
+
+    if format is RunsFormat.parquet and output is None:
+        fail("--format parquet writes a file: give --output FILE.parquet.")
+    named = [parse_run(text) for text in inputs]
+    names = [name for name, _ in named]
+    refuse_overwriting_inputs({"output": output, "report": report}, [Path(path) for _, path in named])
+    given: dict[str, dict[str, Any]] = {name: {} for name in names}
+    if knobs is not None:
+        for name, values in load_knobs(knobs, names).items():
+            given[name].update(values)
+    for name, values in knob_columns(knob or [], names).items():
+        given[name].update(values)
+    gates = {gate.metric: gate.limit for gate in (parse_gate(text, "max-ratio") for text in max_ratio or [])}
+    specs = [RunSpec(name, reading.dump([Path(path)], one_process=True), given[name]) for name, path in named]
+    result = compare_dumps(
+        specs,
+        baseline=baseline,
+        presets=preset or (),
+        max_ratios=gates,
+        replicates=replicates,
+        level=level,
+        seed=seed,
+        workers=int(reading.workers) if str(reading.workers).isdigit() else reading.workers,
+        backend=reading.backend,
+        state_dir=state_dir,
+        progress=lambda line: typer.echo(line, err=True),
+    )
+    if report is not None:
+        from rollout_diag.report.runs import write_runs_report
+
+        write_runs_report(result, report)
+        typer.echo(f"wrote {report}", err=True)
+    if format is RunsFormat.json:
+        from rollout_diag.render.export import to_json_text
+
+        emit(to_json_text(result.to_json()), output)
+    elif format is RunsFormat.parquet:
+        from rollout_diag.export.parquet import write_runs_parquet
+
+        write_runs_parquet(result, output)  # type: ignore[arg-type]
+        typer.echo(f"wrote {output}", err=True)
+    else:
+        from rollout_diag.render.runs import runs_tables
+
+        show(runs_tables(result), output)
+    if not result.passed:
+        raise typer.Exit(GATE_FAILED)
 
 
 # ------------------------------------------------------------------ watch: follow a run while it trains

@@ -343,6 +343,19 @@ def bootstrap_differences(
     return _replicates(b, metrics, replicates, stream_b) - _replicates(a, metrics, replicates, stream_a)
 
 
+def bootstrap_values(
+    rows: RowStats, metrics: Sequence[RowMetric], replicates: int, rng: np.random.Generator
+) -> np.ndarray:
+    """[replicates, metrics] of each metric on ``replicates`` within-step resamples of ``rows`` (``runs`` draws run
+    i from child i of ``np.random.SeedSequence(seed)``, as ``diff`` draws A from child 0 and B from child 1)."""
+    return _replicates(rows, metrics, replicates, rng)
+
+
+def percentile_interval(replicates: np.ndarray, level: float) -> tuple[float, float]:
+    """The ``level`` percentile interval of one statistic's replicates (its finite ones; NaN, NaN when none)."""
+    return _interval(replicates, (1.0 - level) / 2.0)
+
+
 def _replicates(rows: RowStats, metrics: Sequence[RowMetric], replicates: int, rng: np.random.Generator) -> np.ndarray:
     """[replicates, metrics] of each metric on ``replicates`` within-step resamples of ``rows``."""
     out = np.full((replicates, len(metrics)), np.nan)

@@ -527,7 +527,7 @@ def test_help_lists_commands_in_the_readme_order_uncut_with_an_example_each() ->
     import re
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    order = ["analyze", "compare-presets", "sweep", "report", "inspect", "check", "diff", "watch", "convert"]
+    order = ["analyze", "compare-presets", "sweep", "report", "inspect", "check", "diff", "runs", "watch", "convert"]
     for width in ("80", "120"):
         text = cli("--help", env={"COLUMNS": width}).stdout
         listed = re.findall(r"^  ([a-z-]+)  ", text.split("Commands:")[1], flags=re.MULTILINE)
