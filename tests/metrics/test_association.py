@@ -14,6 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from helpers.trainer_columns import planted, write_rows
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import rollout_diag as rd
@@ -197,3 +199,14 @@ def test_group_rule_from_sample_ids_written_id_hash_k(tmp_path):
     groups = rd.analyze(str(path), device="cpu").trainer_columns.groups
     assert (groups.column, groups.groups, groups.worst_is_best) == ("prompt (sample id prefix)", 12, 12)
     assert groups.expected == pytest.approx(4.0) and groups.significant  # 12 groups × 1/3
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(chunk_tokens=st.integers(min_value=3, max_value=400), sample=st.sampled_from([16, 50, 1000]))
+def test_any_chunking_gives_the_same_sample_and_groups(tmp_path, monkeypatch, chunk_tokens, sample):
+    # chunks that do not divide the rows (113-row style): the bottom-k sample and the per-group state merge exactly
+    monkeypatch.setattr(association.TrainerColumnsTracker.__init__, "__defaults__", (sample, association.SEED))
+    dump = planted(tmp_path, rows=113, seed=5)
+    whole = rd.analyze(str(dump), device="cpu", workers=1).trainer_columns.to_json()
+    chunked = rd.analyze(str(dump), device="cpu", workers=1, chunk_tokens=chunk_tokens).trainer_columns.to_json()
+    assert chunked == whole and whole["sampled_rows"] == min(sample, 113)
