@@ -711,9 +711,9 @@ class WandbLogging:
         typer.Option(
             "--wandb",
             help="Also log to this W&B project: every per-step metric under its verl name at the dump's step, each "
-            "--by group and preset as a run in one W&B group (they overlay), the verdict and findings as the run's "
-            "summary and a table, the report as an artifact. WANDB_MODE=offline works (wandb sync later). Needs "
-            "pip install 'rollout-diag[wandb]'.",
+            "--by group, preset or (runs) run as a run in one W&B group (they overlay), the verdict and findings as "
+            "the run's summary and a table, the report as an artifact. WANDB_MODE=offline works (wandb sync later). "
+            "Needs pip install 'rollout-diag[wandb]'.",
             metavar="PROJECT",
         ),
     ] = None
@@ -1692,9 +1692,12 @@ def runs(
     trust_pickle: Shared = SHARED,
     workers: Shared = SHARED,
     backend: Shared = SHARED,
+    wandb: Shared = SHARED,
+    wandb_group: Shared = SHARED,
     debug: DebugOpt = False,
     *,
     reading: Reading,
+    logging: WandbLogging,
 ) -> None:
     """Many runs at once: which knob changed the mismatch? Per run its verdict, key metrics with bootstrap
     intervals and the step where it departs from the baseline; per knob its effect on each metric (a ratio with an
@@ -1714,6 +1717,7 @@ def runs(
     named = [parse_run(text) for text in inputs]
     names = [name for name, _ in named]
     refuse_overwriting_inputs({"output": output, "report": report}, [Path(path) for _, path in named])
+    logging.check()
     given: dict[str, dict[str, Any]] = {name: {} for name in names}
     if knobs is not None:
         for name, values in load_knobs(knobs, names).items():
@@ -1740,6 +1744,11 @@ def runs(
 
         write_runs_report(result, report)
         typer.echo(f"wrote {report}", err=True)
+    if logging.wandb is not None:
+        from rollout_diag.export.wandb import log_runs_to_wandb
+
+        target = log_runs_to_wandb(result, logging.wandb, group=logging.wandb_group, report=report)
+        typer.echo(f"logged {target.scalars:,} scalars to W&B project {logging.wandb}, group {target.group}", err=True)
     if format is RunsFormat.json:
         from rollout_diag.render.export import to_json_text
 

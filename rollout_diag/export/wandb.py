@@ -16,6 +16,9 @@
 metrics go under ``rollout_diag/…`` against their own step metric ``rollout_diag_step`` (``define_metric``), and the
 groups and presets under ``rollout_diag/<group or preset>/…`` in the same run.
 
+``runs`` (many dumps): ``log_runs_to_wandb``, each run a W&B run with its knobs as config, and a run ``runs`` with the
+answer and the knob effects.
+
 Works offline (``WANDB_MODE=offline``: ``wandb sync`` uploads later). Needs the optional ``wandb`` package
 (``pip install 'rollout-diag[wandb]'``). Reads results; judges nothing.
 """
@@ -32,7 +35,7 @@ from rollout_diag.errors import ConfigError
 from rollout_diag.formatting import group_label
 
 if TYPE_CHECKING:
-    from rollout_diag.results import AnalysisResult, ComparisonResult, StepResult
+    from rollout_diag.results import AnalysisResult, ComparisonResult, RunsResult, StepResult
 
 ALERT_KEY = "rollout_diag/alert"
 ALERT_LEVEL = {"bad": 2.0, "watch": 1.0}
@@ -128,7 +131,7 @@ class WandbRun:
                 self.defined = True
             self.run.log({STEP_KEY: step, **values})
         else:
-            self.run.log(values, step=int(step))
+            self.run.log(values, step=int(step), commit=True)  # the row now: a later summary update is not overwritten
         self.logged_to = step
         self.target.scalars += len(values)
         return True
@@ -273,3 +276,61 @@ def _parts(result: AnalysisResult | ComparisonResult) -> list[tuple[str, Iterabl
         if shown[group.column] <= GROUP_RUNS:
             parts.append((f"{group.column}={group_label(group.value)}", group.steps, lambda metric: True))
     return parts
+
+
+def log_runs_to_wandb(
+    result: RunsResult,
+    project: str,
+    *,
+    group: str | None = None,
+    report: str | Path | None = None,
+    directory: str | Path | None = None,
+    entity: str | None = None,
+) -> WandbTarget:
+    """Log a ``runs`` result: each run a W&B run of its own in ``group`` (its knobs as its config, its per-step key
+    metrics at the dump's steps, its verdict and whole-run metrics with their bootstrap intervals as its summary), so
+    that W&B overlays them; and a run ``runs`` holding the answer, the knob effects and gates as tables, and the
+    report as an artifact. Returns the target. Raises ConfigError without wandb."""
+    wandb = wandb_module()
+    target = WandbTarget(project, group, None, directory, None, entity)
+    summaries = {run.name: run for run in result.runs}
+    for steps in result.steps:
+        part = target.open(steps.run, main=False)
+        try:
+            summary = summaries.get(steps.run)
+            if summary is not None:
+                part.run.config.update({"knobs": dict(summary.knobs), "inputs": list(summary.inputs)})
+            for index, step in enumerate(steps.step.tolist()):
+                part.log_step(int(step), {metric: values[index] for metric, values in steps.values.items()})
+            if summary is not None:
+                part.run.summary.update(
+                    {
+                        PREFIX + "verdict_level": summary.verdict,
+                        PREFIX + "verdict": summary.verdict_sentence,
+                        PREFIX + "onset_step": summary.onset_step,
+                        **{metric.metric: metric.value for metric in summary.metrics},
+                        **{f"{metric.metric}/low": metric.low for metric in summary.metrics},
+                        **{f"{metric.metric}/high": metric.high for metric in summary.metrics},
+                    }
+                )
+        finally:
+            part.finish()
+    main = target.open("runs")
+    try:
+        effects = [[e.knob, e.from_, e.to, e.metric, e.ratio, e.low, e.high, e.detectable] for e in result.effects]
+        tables = {
+            PREFIX + "effects": wandb.Table(
+                columns=["knob", "from", "to", "metric", "ratio", "low", "high", "detectable"], data=effects
+            ),
+            PREFIX + "gates": wandb.Table(
+                columns=["run", "metric", "limit", "ratio", "low", "high", "passed"],
+                data=[[g.run, g.metric, g.limit, g.ratio, g.low, g.high, g.passed] for g in result.gates],
+            ),
+        }
+        main.run.log(tables)
+        main.run.summary.update({PREFIX + "answer": result.answer, PREFIX + "baseline": result.baseline})
+        if report is not None:
+            main.attach_report(report)
+    finally:
+        main.finish()
+    return target

@@ -194,3 +194,35 @@ def test_without_wandb_the_error_says_what_to_install(dump, monkeypatch):
     assert done.exit_code == 1 and "rollout-diag[wandb]" in done.output and "Traceback" not in done.output
     done = runner.invoke(app, ["analyze", str(dump), "--wandb-run-id", "x"])
     assert done.exit_code == 1 and "go with --wandb PROJECT" in done.output
+
+
+def test_runs_each_run_a_wandb_run_and_the_effects_a_table(tmp_path, wb):
+    from helpers.dumps import sequence_table
+
+    for name, shift in (("a", 0.0), ("b", 0.05)):
+        rows = [
+            {
+                "step": step,
+                "sample_id": f"s{step}-{i}",
+                "rollout": [-0.5 - shift * (i % 3), -0.6],
+                "trainer": [-0.5, -0.61],
+                "mask": [1, 1],
+            }
+            for step in range(3)
+            for i in range(8)
+        ]
+        write_table(tmp_path / f"{name}.parquet", sequence_table(rows))
+    arguments = ["runs", f"base={tmp_path / 'a.parquet'}", f"cand={tmp_path / 'b.parquet'}", "-f", "json"]
+    done = runner.invoke(app, [*arguments, "--replicates", "100", "--wandb", "p", "--wandb-group", "abl"])
+    assert done.exit_code in (0, 3), done.output
+    document = json.loads(done.stdout)
+    runs = runs_of(wb, "abl")
+    assert set(runs) == {"base", "cand", "runs"}
+    for run in document["runs"]:
+        logged = runs[run["name"]]
+        assert logged.summary[PREFIX + "verdict_level"] == run["verdict"]
+        for metric, value in run["metrics"].items():
+            assert same(logged.summary[metric], value["value"]), metric
+        assert sorted(history(logged)) == [0, 1, 2]
+    assert runs["runs"].summary[PREFIX + "answer"] == document["answer"]
+    assert len(runs["runs"].table(PREFIX + "effects")) == len(document["effects"])
