@@ -99,15 +99,16 @@ def _group_values(values: Any) -> list[Any]:
 
 
 def group_ids(chunk: Chunk) -> tuple[str, list[Any]] | None:
-    """(where from, each row's GRPO group id) of ``chunk``: an extra column of GROUP_COLUMNS; the reader's
-    ``prompt_id`` where it carries one; else sample ids written ``<id>#<k>`` (verl's and SkyRL's importers and
+    """(where from, each row's GRPO group id) of ``chunk``: an extra column of GROUP_COLUMNS; the reader's prompt
+    key where it has one (``Chunk.prompt_key``: a prompt_id column's, or the token ids before the first model
+    token); else sample ids written ``<id>#<k>`` (verl's and SkyRL's importers and
     ``DumpWriter`` make a prompt's k-th response's id so: the group is ``<id>``). None without any."""
     for name in GROUP_COLUMNS:
         if name in chunk.extra:
             return name, _group_values(chunk.extra[name])
-    prompt_ids = getattr(chunk, "prompt_id", None)
-    if prompt_ids is not None:
-        return "prompt_id", _group_values(prompt_ids)
+    prompt_keys = chunk.prompt_key  # the reader's prompt identity (io/prompts.py): a key per row, 0 for none
+    if prompt_keys is not None:
+        return f"prompt ({chunk.prompt_source or 'key'})", [key or None for key in prompt_keys.tolist()]
     ids = chunk.sample_id
     if ids and all(SUFFIXED_ID.fullmatch(str(sample)) for sample in ids):
         return "prompt (sample id prefix)", [str(sample).rsplit("#", 1)[0] for sample in ids]

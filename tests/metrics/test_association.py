@@ -210,3 +210,26 @@ def test_any_chunking_gives_the_same_sample_and_groups(tmp_path, monkeypatch, ch
     whole = rd.analyze(str(dump), device="cpu", workers=1).trainer_columns.to_json()
     chunked = rd.analyze(str(dump), device="cpu", workers=1, chunk_tokens=chunk_tokens).trainer_columns.to_json()
     assert chunked == whole and whole["sampled_rows"] == min(sample, 113)
+
+
+def test_group_rule_from_the_readers_prompt_key(tmp_path):
+    # no group column, plain sample ids: the prompt is the token ids before the first model token (io/prompts.py)
+    rows = []
+    for index in range(36):
+        group, member = divmod(index, 3)
+        shift = 0.3 if member == 2 else 0.01 * (member + 1)  # the worst row is the top-advantage one in every group
+        rows.append(
+            {
+                "step": 0,
+                "sample_id": f"s{index}",
+                "rollout_log_probs": [0.0] + [-1.0 - shift] * 3,
+                "old_log_probs": [0.0, -1.0, -1.0, -1.0],
+                "response_mask": [0, 1, 1, 1],
+                "token_ids": [1000 + group, 5, 6, 7],
+                "advantage": float(member),
+            }
+        )
+    path = tmp_path / "prompts.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    groups = rd.analyze(str(path), device="cpu").trainer_columns.groups
+    assert groups.column.startswith("prompt (") and (groups.groups, groups.worst_is_best) == (12, 12)
