@@ -172,11 +172,13 @@ class PromptAccumulator:
         steps = chunk.step.tolist() if not arrays.is_tensor(chunk.step) else arrays.host(chunk.step).tolist()
         version = None if chunk.policy_version is None else arrays.host(chunk.policy_version)
         label = _labels(chunk)
+        keys = chunk.prompt_key
+        assert keys is not None  # only a chunk with prompt keys offers rows
         offered = []
         for row in candidates.tolist():
             location = (steps[row], chunk.sample_id[row], chunk.file[row], chunk.file_row[row], -1)
             payload = (
-                int(chunk.prompt_key[row]),
+                int(keys[row]),
                 label(row),
                 steps[row] if version is None else int(version[row]),
             )
@@ -248,7 +250,9 @@ def _labels(chunk: Chunk):
         return lambda row: str(chunk.sample_id[row])
     if values is not None:
         return lambda row: None if values[row] is None else str(values[row])
-    return lambda row: label(int(chunk.prompt_key[row]))
+    keys = chunk.prompt_key
+    assert keys is not None  # labels are asked of a chunk with prompt keys only
+    return lambda row: label(int(keys[row]))
 
 
 def _refs(tracker: TopK) -> list[tuple[RowRef, int, str | None, int]]:
