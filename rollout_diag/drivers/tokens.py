@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import TypeVar
+from typing import overload
 
 from rollout_diag.io.tokenizer import TokenDecoder, decode_ids, load_tokenizer
 from rollout_diag.results import AnalysisResult, RowTokens
 
-Shown = TypeVar("Shown", AnalysisResult, RowTokens)
 Tokenizer = str | Path | TokenDecoder | None
 
 
@@ -21,7 +20,11 @@ def row_with_text(row: RowTokens, decoder: TokenDecoder) -> RowTokens:
     return replace(row, token=decode_ids(decoder, row.token_id, row.token))
 
 
-def with_token_text(shown: Shown, tokenizer: Tokenizer) -> Shown:
+@overload
+def with_token_text(shown: AnalysisResult, tokenizer: Tokenizer) -> AnalysisResult: ...
+@overload
+def with_token_text(shown: RowTokens, tokenizer: Tokenizer) -> RowTokens: ...
+def with_token_text(shown: AnalysisResult | RowTokens, tokenizer: Tokenizer) -> AnalysisResult | RowTokens:
     """``shown`` (an AnalysisResult: its worst tokens and the rows the report draws; or one row's RowTokens) with the
     text of every token id it holds, read with ``tokenizer`` (``io.tokenizer.load_tokenizer``); unchanged without one.
     Raises ConfigError for a tokenizer that cannot be loaded."""

@@ -232,13 +232,13 @@ def log_to_wandb(
     preset a run of its own in ``group``; with ``run_id``, all of it into that existing run. ``report``: an HTML report
     to attach. Returns the target, listing the runs written and the scalars logged. Raises ConfigError without
     wandb."""
-    from rollout_diag.results import FIRST_SECTION
+    from rollout_diag.results import FIRST_SECTION, ComparisonResult
 
-    comparison = hasattr(result, "presets")
+    comparison = isinstance(result, ComparisonResult)
     target = WandbTarget(project, group, run_id, directory, name, entity)
     main = target.open("compare-presets" if comparison else "analyze")
     try:
-        if comparison:
+        if isinstance(result, ComparisonResult):
             if result.presets:  # §1 is the data's, the same under every preset: once
                 main.log_steps(result.presets[0].steps, lambda metric: metric in FIRST_SECTION, step_levels(result))
         else:
