@@ -198,7 +198,7 @@ def test_repeated_rs_options_are_dropped_as_verl_does():
             "give one shared entry or one per option.",
         ),
         ({"rollout_rs": "seq_foo_k3", "rollout_rs_threshold": "1"}, "rollout_rs option 'seq_foo_k3': unknown; choose"),
-        ({"rollout_rs": "binary_kl", "rollout_rs_threshold": "1"}, "rollout_rs option 'binary_kl': unknown"),
+        ({"rollout_rs": "binary_kl_k9", "rollout_rs_threshold": "1"}, "rollout_rs option 'binary_kl_k9': unknown"),
         ({"rollout_rs": "seq_max_k1", "rollout_rs_threshold": "2"}, "rollout_rs option 'seq_max_k1' does not exist"),
     ],
 )

@@ -23,10 +23,25 @@ import numpy as np
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array, segment_max, segment_min, segment_moments
 from rollout_diag.engine.choice import kernel_for
-from rollout_diag.engine.formulas import DERIVED, TOKEN_QUANTITIES, clamp20, row_mean, token_exp, token_expm1
+from rollout_diag.engine.formulas import (
+    DERIVED,
+    TOKEN_QUANTITIES,
+    clamp20,
+    gate_values,
+    row_mean,
+    token_exp,
+    token_expm1,
+)
 from rollout_diag.engine.kernels import compiled, compiled_presets
 from rollout_diag.engine.kernels import prepass as kernel_prepass
-from rollout_diag.engine.quantities import EXPONENT_MAX, EXPONENT_MIN, MOMENT_PAIRS, PROBABILITIES, SHARED_QUANTITIES
+from rollout_diag.engine.quantities import (
+    EXPONENT_MAX,
+    EXPONENT_MIN,
+    GATE_BASES,
+    MOMENT_PAIRS,
+    PROBABILITIES,
+    SHARED_QUANTITIES,
+)
 
 
 class ModelTokenArrays(Protocol):
@@ -913,6 +928,8 @@ class KernelStats(ChunkStats):
         bounds = np.array([[q.lower, q.upper] for q in quantities], dtype=np.float64).reshape(-1, 2)
         needs_weight = any(q.base in ("token_is_weight", "rs_k3") for q in quantities)
         weight = arrays.host(self.token_weights()) if needs_weight else np.zeros(0)
+        needs_gates = any(q.base in GATE_BASES for q in quantities)
+        gates = self.gate_values() if needs_gates else np.zeros((3, 0))
         trainer, rollout = self._raw
         raw, model, length, *_ = self._layout
         segment_group, groups = arrays.host(self.segment_group), self.chunk.groups.count
@@ -920,8 +937,9 @@ class KernelStats(ChunkStats):
         # a quantity asked for its moments only needs no extremes (one read anyway is reduced as the torch engine does)
         extremes = np.array([name in named for name in wanted], dtype=np.bool_)
         sums, maxima, minima, counts = kernels.preset_pass(
-            trainer, rollout, weight, raw, model, length, segment_group, groups, codes, bounds, extremes, edges, table
-        )
+            trainer, rollout, weight, gates, raw, model, length, segment_group, groups, codes, bounds, extremes, edges,
+            table,
+        )  # fmt: skip
         if histogram is not None:
             self.memo(histogram[0], lambda: counts)
         for index, name in enumerate(wanted):
@@ -941,6 +959,7 @@ class KernelStats(ChunkStats):
                 trainer,
                 rollout,
                 weight,
+                gates,
                 raw,
                 model,
                 length,
@@ -954,6 +973,21 @@ class KernelStats(ChunkStats):
         for place, index in enumerate(centred):
             moments = arrays.stack([n, means[:, place], zeros, m2[:, place], zeros, zeros], axis=-1)
             self.memo(("derived_moments", wanted[index]), lambda moments=moments: moments)
+
+    def gate_values(self) -> np.ndarray:
+        """The probability gates (kpop, bkl, tv) at every model token, float64 [3, M] on the host:
+        ``engine.formulas.gate_values`` of the model tokens' logprobs (numpy's exps and logs, the torch engine's on the
+        CPU, bit for bit), computed once a chunk."""
+        found = self._memo.get("gate_values")
+        if found is None:
+            trainer, rollout = self._raw
+            raw, model, length, *_ = self._layout
+            kernels = compiled_presets()
+            values = gate_values(
+                kernels.model_values(trainer, raw, model, length), kernels.model_values(rollout, raw, model, length)
+            )
+            found = self._memo["gate_values"] = np.stack(values)
+        return found
 
     def token_weights(self) -> Array:
         """w = exp(c) at every model token (``token_is_weight``, cached there, of the chunk's kind), numpy's exp as

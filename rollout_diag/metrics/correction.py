@@ -33,7 +33,7 @@ from rollout_diag.engine.stats import ChunkStats, PerToken, stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import Columns, KeyGroup, StepAccumulator
 from rollout_diag.metrics.sweep import SIGNED_HISTOGRAM, exact_bin_edges
-from rollout_diag.presets import ImportanceSampling, RejectionOption
+from rollout_diag.presets import GATE_STATISTICS, ImportanceSampling, RejectionOption
 
 PREFIX = catalogue.OFFPOLICY_PREFIX
 
@@ -136,6 +136,8 @@ def rs_rejections(s: ChunkStats, options: tuple[RejectionOption, ...]) -> tuple[
 def rs_quantities(options: tuple[RejectionOption, ...]) -> list[str]:
     """The derived token quantities ``rs_rejections`` and the row statistics of ``options`` read."""
     names = ["rs_k3"] if any(option.statistic == "k3" for option in options) else []
+    # a gate's row values read its row sums (or maxima): reduced in the compiled pass, with no token tensor
+    names += list(dict.fromkeys(f"rs_{option.statistic}" for option in options if option.statistic in GATE_STATISTICS))
     return names + [rs_rejected_name(option) for option in options if not option.is_sequence]
 
 

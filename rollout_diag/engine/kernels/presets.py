@@ -39,6 +39,8 @@ OPS = {
     "not_at_most": 7,  # not (v ≤ U)
 }
 _FLAGS = {"cache": True, "nogil": True, "error_model": "numpy"}
+BASES = len(PRESET_BASES)
+KPOP, BKL, TV = KINDS["rs_kpop"], KINDS["rs_bkl"], KINDS["rs_tv"]
 
 
 @njit(**{**_FLAGS, "inline": "always"})
@@ -152,10 +154,24 @@ def clamped_tokens(trainer: np.ndarray, rollout: np.ndarray, raw: np.ndarray, mo
     return out
 
 
+@njit(**_FLAGS)
+def model_values(values: np.ndarray, raw: np.ndarray, model: np.ndarray, length: np.ndarray):
+    """``values`` (a raw array: logprobs) at every model token (float64 [M], index ``model[s] + k``)."""
+    total = 0
+    for s in range(raw.shape[0]):
+        total += length[s]
+    out = np.empty(size_class(total))[:total]
+    for s in range(raw.shape[0]):
+        r, m = uint64(raw[s]), uint64(model[s])
+        for k in range(length[s]):
+            out[m + uint64(k)] = values[r + uint64(k)]
+    return out
+
+
 @njit(**{**_FLAGS, "inline": "always"})
 def _needed(codes: np.ndarray) -> np.ndarray:
     """Which base quantities (KINDS) the derived quantities ``codes`` read."""
-    needed = np.zeros(6, np.bool_)
+    needed = np.zeros(BASES, np.bool_)
     for q in range(codes.shape[0]):
         needed[codes[q, 0]] = True
     return needed
@@ -166,6 +182,7 @@ def _fill_bases(
     trainer: np.ndarray,
     rollout: np.ndarray,
     weight: np.ndarray,
+    gates: np.ndarray,
     start: int,
     first: int,
     size: int,
@@ -173,7 +190,9 @@ def _fill_bases(
     bases: np.ndarray,
 ) -> None:
     """The base quantities (KINDS rows of ``bases``) of a segment's ``size`` tokens (raw index ``start + k``, model
-    index ``first + k``), with the torch engine's float64 formulas; w is read (numpy's exp), 1.0 without weights."""
+    index ``first + k``), with the torch engine's float64 formulas; w is read (numpy's exp), 1.0 without weights; the
+    probability gates (kpop, bkl, tv) are read from ``gates`` [3, M] (``engine.formulas.gate_values``, numpy's exps
+    and logs, as the torch engine takes them on the CPU)."""
     has_weight = weight.shape[0] > 0
     raw, model = uint64(start), uint64(first)  # unsigned: no negative-index wrap per read
     for k in range(size):
@@ -195,6 +214,12 @@ def _fill_bases(
     if needed[5]:
         for k in range(size):
             bases[5, k] = (bases[2, k] - 1.0) - bases[1, k]
+    for kind in (KPOP, BKL, TV):
+        if needed[kind]:
+            row = gates[kind - KPOP]
+            for k in range(size):
+                i = uint64(k)
+                bases[kind, i] = row[model + i]
 
 
 @njit(**{**_FLAGS, "inline": "always"})
@@ -309,6 +334,7 @@ def preset_pass(
     trainer: np.ndarray,
     rollout: np.ndarray,
     weight: np.ndarray,
+    gates: np.ndarray,
     raw: np.ndarray,
     model: np.ndarray,
     length: np.ndarray,
@@ -336,7 +362,7 @@ def preset_pass(
     longest = 1
     for s in range(segments):
         longest = max(longest, length[s])
-    bases = np.empty((6, longest))
+    bases = np.empty((BASES, longest))
     values = np.empty(longest)
     stack, left = np.empty((3, 64), np.int64), np.empty(64)
     needed = _needed(codes)
@@ -348,7 +374,7 @@ def preset_pass(
     padded[edges.shape[0]] = np.inf
     for s in range(segments):
         size = length[s]
-        _fill_bases(trainer, rollout, weight, raw[s], model[s], size, needed, bases)
+        _fill_bases(trainer, rollout, weight, gates, raw[s], model[s], size, needed, bases)
         if histogram:
             _count_signed_bins(bases[1], size, padded, table, counts[segment_group[s]])
         for q in range(quantities):
@@ -373,6 +399,7 @@ def centred_pass(
     trainer: np.ndarray,
     rollout: np.ndarray,
     weight: np.ndarray,
+    gates: np.ndarray,
     raw: np.ndarray,
     model: np.ndarray,
     length: np.ndarray,
@@ -392,12 +419,14 @@ def centred_pass(
     for s in range(raw.shape[0]):
         longest = max(longest, length[s])
     needed = _needed(codes)
-    weight_only = weight.shape[0] > 0 and not (needed[0] or needed[1] or needed[3] or needed[4] or needed[5])
-    bases = np.empty((6, 1 if weight_only else longest))
+    weight_only = weight.shape[0] > 0
+    for kind in range(BASES):
+        weight_only = weight_only and (kind == 2 or not needed[kind])
+    bases = np.empty((BASES, 1 if weight_only else longest))
     for s in range(raw.shape[0]):
         g, size, first = segment_group[s], length[s], model[s]
         if not weight_only:
-            _fill_bases(trainer, rollout, weight, raw[s], first, size, needed, bases)
+            _fill_bases(trainer, rollout, weight, gates, raw[s], first, size, needed, bases)
         for lane in range(0, quantities, 4):
             count = min(4, quantities - lane)
             q0, q1, q2, q3 = lane, lane + min(1, count - 1), lane + min(2, count - 1), lane + min(3, count - 1)
@@ -437,16 +466,17 @@ def _c(dtype: types.Type, ndim: int = 1) -> types.Array:
     return types.Array(dtype, ndim, "C")
 
 
-_F, _I = _c(types.float64), _c(types.int64)
+_F, _I, _F2 = _c(types.float64), _c(types.int64), _c(types.float64, 2)
 # Every specialisation of each kernel (as ``kernels.cpu.SIGNATURES``): float64 values and weights, int64 layouts and
 # codes, whatever the input's dtypes. :func:`compile_signatures` compiles them without data (a helper process does,
 # ``kernels.expect_presets``).
 SIGNATURES: dict[str, tuple[tuple[types.Type, ...], ...]] = {
     "clamped_tokens": ((_F, _F, _I, _I, _I),),
+    "model_values": ((_F, _I, _I, _I),),
     "preset_pass": (
-        (_F, _F, _F, _I, _I, _I, _I, types.int64, _c(types.int64, 2), _c(types.float64, 2), _c(types.boolean), _F, _I),
+        (_F, _F, _F, _F2, _I, _I, _I, _I, types.int64, _c(types.int64, 2), _F2, _c(types.boolean), _F, _I),
     ),
-    "centred_pass": ((_F, _F, _F, _I, _I, _I, _I, _c(types.int64, 2), _c(types.float64, 2), _c(types.float64, 2)),),
+    "centred_pass": ((_F, _F, _F, _F2, _I, _I, _I, _I, _c(types.int64, 2), _F2, _F2),),
 }
 
 
