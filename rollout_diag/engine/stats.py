@@ -974,6 +974,11 @@ class KernelStats(ChunkStats):
             moments = arrays.stack([n, means[:, place], zeros, m2[:, place], zeros, zeros], axis=-1)
             self.memo(("derived_moments", wanted[index]), lambda moments=moments: moments)
 
+    def token(self, name: str) -> Array:
+        if name in GATE_BASES and name not in self._tokens:  # the three gates are computed together, once a chunk
+            self._tokens[name] = self._out(self.gate_values()[GATE_BASES.index(name)])
+        return super().token(name)
+
     def gate_values(self) -> np.ndarray:
         """The probability gates (kpop, bkl, tv) at every model token, float64 [3, M] on the host:
         ``engine.formulas.gate_values`` of the model tokens' logprobs (numpy's exps and logs, the torch engine's on the
