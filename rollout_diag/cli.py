@@ -567,12 +567,18 @@ class PresetChoice:
     preset: Annotated[
         list[str] | None,
         typer.Option(
-            "--preset", help="Preset name or group (all, verl, legacy); repeatable. Default: all.", metavar="NAME"
+            "--preset",
+            help="Preset name or group (all, verl, legacy, gates); repeatable. Default: all.",
+            metavar="NAME",
         ),
     ] = None
     presets_file: Annotated[
         Path | None,
-        typer.Option("--presets-file", help="YAML or JSON file of named presets, added to the comparison."),
+        typer.Option(
+            "--presets-file",
+            help="YAML or JSON file of named presets (verl's keys or OpenRLHF's is_correction_*), added to the "
+            "comparison.",
+        ),
     ] = None
     rollout_is: Annotated[
         str | None, typer.Option("--rollout-is", help="Custom preset: IS level, token or sequence.", metavar="LEVEL")

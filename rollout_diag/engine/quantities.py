@@ -44,6 +44,7 @@ PRESET_BASES = (
     "rs_tv",
 )
 GATE_BASES = ("rs_kpop", "rs_bkl", "rs_tv")  # the probability gates, in kernels.presets' gates rows
+GATE_HISTOGRAM = "sweep_gate_histograms"  # ChunkStats.memo key of the sweep's gate histograms (metrics.sweep)
 # The probability gates' clamps of p = exp(logprob) (presets.GATE_STATISTICS): AReaL's KPop, OpenRLHF's binary_kl.
 KPOP_EPS, BKL_EPS = 1e-8, 1e-6
 SHARED_QUANTITIES = ("log_ratio", "abs_log_ratio")  # what every family reads

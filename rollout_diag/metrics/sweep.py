@@ -25,6 +25,7 @@ import numpy as np
 from rollout_diag.catalogue import CLAMP, EPS
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
+from rollout_diag.engine.quantities import GATE_HISTOGRAM
 from rollout_diag.engine.state import Ragged, StateTable
 from rollout_diag.engine.stats import ChunkStats, stats
 from rollout_diag.io.chunk import Chunk
@@ -155,7 +156,7 @@ def gate_histograms(s: ChunkStats) -> Array:
         parts = [s.group_bincount(magnitude_bins(s.token(f"rs_{gate}")), HISTOGRAM_BINS) for gate in GATES]
         return arrays.stack(parts, axis=1).reshape(parts[0].shape[0], -1)
 
-    return s.memo("sweep_gate_histograms", count)
+    return s.memo(GATE_HISTOGRAM, count)
 
 
 def signed_bins(s: ChunkStats) -> Array:
