@@ -833,6 +833,38 @@ TOKENS_KEPT = _metric(
 )
 _metric("summary/tokens_rejected", "summary", "model tokens the preset drops", unit=COUNT)
 _metric("summary/rows_rejected", "summary", "rows with a model token that have at least one dropped", unit=COUNT)
+# IS weights before truncation (TRL #5243, NeMo-RL #3900): verl's rollout_is_* formulas on w_raw
+_metric(
+    "summary/is_raw_mean",
+    "summary",
+    "T[w_raw]: w_raw = exp(clamp20(δ)) per token, exp(clamp20(s_i)) per row at sequence level, before truncation",
+    "the policies disagree on average; compare with rollout_is_mean, the weight after truncation",
+    unit=RATIO,
+    signed=True,
+)
+_metric(
+    "summary/is_raw_std",
+    "summary",
+    "population std of w_raw over model tokens (before truncation)",
+    "the raw weights spread; truncation hides how far",
+    unit=RATIO,
+)
+_metric("summary/is_raw_min", "summary", "min of w_raw over model tokens (before truncation)", unit=RATIO, signed=True)
+_metric(
+    "summary/is_raw_max",
+    "summary",
+    "max of w_raw over model tokens (before truncation; exp(20) at most, verl's clamp)",
+    "a token or sequence the trainer likes far more than the sampler did",
+    unit=RATIO,
+)
+_metric(
+    "summary/is_raw_eff_sample_size",
+    "summary",
+    "1 / T[(w_raw / T[w_raw])²] over model tokens (before truncation)",
+    "high is good: how uniform the weights would be without truncation",
+    unit=SHARE,
+    direction=DOWN,
+)
 
 # ------------------------------------------------------------------------------------------ check / diff only
 TOKEN_MULT_PROB_ERROR = _metric(

@@ -1043,7 +1043,7 @@ def compare_presets(
     from rollout_diag.drivers.compare import compare_presets as run_comparison
     from rollout_diag.render.export import comparison_csv, comparison_json_pieces
     from rollout_diag.render.format import plain
-    from rollout_diag.render.presets import presets_table
+    from rollout_diag.render.presets import presets_table, raw_applied_table
     from rollout_diag.render.sweep import render_sweep
 
     chosen = choice.presets()
@@ -1077,7 +1077,13 @@ def compare_presets(
         emit(comparison_csv(result), output)
     else:
         warnings = [plain(f"warning: {warning}", style="yellow") for warning in result.warnings]
-        tables = [*answer_block(result), presets_table(result), render_sweep(result.sweep, parse_targets(target))]
+        raw_applied = raw_applied_table(result)
+        tables = [
+            *answer_block(result),
+            presets_table(result),
+            *([raw_applied] if raw_applied is not None else []),
+            render_sweep(result.sweep, parse_targets(target)),
+        ]
         if result.groups or result.selection:
             from rollout_diag.render.groups import groups_tables, selection_line
 

@@ -407,6 +407,10 @@ class ImportanceAccumulator(CorrectionAccumulator):
         **WEIGHT_REDUCTIONS,
         "oob": "sum",  # IcePop: #tokens w_raw outside [L, U]
         "valid_seq_weight_sum": "sum",  # Σ_valid q_i (sequence batch norm)
+        # w_raw before truncation (after verl's clamp20 of the log ratio), over model tokens: summary/is_raw_*
+        "raw_weight": "moments",
+        "raw_max": "max",
+        "raw_min": "min",
     }
 
     def __init__(self, config: ImportanceSampling) -> None:
@@ -420,7 +424,7 @@ class ImportanceAccumulator(CorrectionAccumulator):
         names, moments = token_weight_names(token_weight_name(config), None, config.lower, config.upper)
         if config.icepop:
             names.append(derived("token_is_weight", "outside", config.lower, config.upper))
-        return names, moments
+        return names, [*moments, "token_is_weight"]
 
     def shared_stats(self, s: ChunkStats) -> dict[str, Array]:
         config = self.config
@@ -443,6 +447,7 @@ class ImportanceAccumulator(CorrectionAccumulator):
             **weights,
             "oob": oob,
             "valid_seq_weight_sum": s.group_sum_rows(arrays.where(s.valid_rows, seq_weight, 0.0)),
+            **raw_weight_stats(s, raw),
         }
 
     def _metrics(self, value: dict[str, Any]) -> dict[str, Any]:
@@ -459,7 +464,44 @@ class ImportanceAccumulator(CorrectionAccumulator):
             else:
                 factor = value["weight_sum"] / denominator
             metrics["rollout_is_batch_norm_factor"] = np.where(factor > EPS, factor, 1.0)
-        return {PREFIX + name: v for name, v in metrics.items()}
+        return {**{PREFIX + name: v for name, v in metrics.items()}, **raw_weight_metrics(value)}
+
+
+def raw_weight_stats(s: ChunkStats, raw: PerToken) -> dict[str, Array]:
+    """Partial state of the raw IS weights w_raw (exp(clamp20(δ)) per token, exp(clamp20(s_i)) of the row at sequence
+    level) over model tokens: moments, max and min (a row without model tokens adds nothing)."""
+    if raw.by_row:
+        valid = s.valid_rows
+        return {
+            "raw_weight": s.group_moments(raw),
+            "raw_max": s.group_max_rows(arrays.where(valid, raw.values, -math.inf)),
+            "raw_min": s.group_min_rows(arrays.where(valid, raw.values, math.inf)),
+        }
+    return {
+        "raw_weight": derived_moments(s, "token_is_weight"),
+        "raw_max": s.group_max(raw),
+        "raw_min": s.group_min(raw),
+    }
+
+
+def raw_weight_metrics(value: dict[str, Any]) -> dict[str, Any]:
+    """``summary/is_raw_*``: verl's rollout_is_mean / _std / _eff_sample_size / _max / _min formulas on w_raw, before
+    truncation or IcePop (TRL #5243, NeMo-RL #3900 ask for both sides): T[w_raw], its population std and ESS over
+    model tokens, and its extremes (a sequence's weight counts once per model token)."""
+    moments = value["raw_weight"]
+    count, mean = moments[..., 0], moments[..., 1]
+    return {
+        RAW_IS_MEAN: count * mean / (count + EPS),  # T[w_raw] = Σ m·w_raw / (N + 1e-8)
+        RAW_IS_STD: population_stds(moments),
+        RAW_IS_MIN: value["raw_min"],
+        RAW_IS_MAX: value["raw_max"],
+        RAW_IS_ESS: effective_sample_sizes(moments),
+    }
+
+
+RAW_IS_MEAN, RAW_IS_STD, RAW_IS_MIN, RAW_IS_MAX, RAW_IS_ESS = (
+    f"{catalogue.SUMMARY_PREFIX}is_raw_{name}" for name in ("mean", "std", "min", "max", "eff_sample_size")
+)
 
 
 # --------------------------------------------------------------------------- §3 rejection sampling

@@ -89,6 +89,43 @@ def presets_table(result: ComparisonResult) -> FitTable:
     return table
 
 
+RAW_APPLIED = (  # (label, the raw key, verl's key on the applied weights)
+    ("mean", "summary/is_raw_mean", catalogue.IS_MEAN.key),
+    ("std", "summary/is_raw_std", "rollout_corr/rollout_is_std"),
+    ("min", "summary/is_raw_min", "rollout_corr/rollout_is_min"),
+    ("max", "summary/is_raw_max", catalogue.IS_MAX.key),
+    ("ESS", "summary/is_raw_eff_sample_size", catalogue.IS_EFF_SAMPLE_SIZE.key),
+)
+
+
+def raw_applied_table(result: ComparisonResult) -> FitTable | None:
+    """The IS presets' weights before truncation (``summary/is_raw_*``) beside verl's ``rollout_is_*`` on the weights
+    it applies, one row per distinct IS setting (level, threshold); None when no preset sets IS weights."""
+    rows: dict[str, PresetResult] = {}
+    for preset in result.presets:
+        if preset.run.metrics.get("summary/is_raw_mean") is not None:
+            rows.setdefault(is_setting(preset.config), preset)
+    if not rows:
+        return None
+    columns = [Column("IS", "left", key=True)]
+    for label, _, _ in RAW_APPLIED:
+        columns += [Column(f"{label} raw"), Column(f"{label} applied")]
+    caption = (
+        "raw = w_raw = exp(clamp20(δ)) (token) or exp(clamp20(s_i)) (sequence) before truncation or IcePop, over "
+        "model tokens (summary/is_raw_*); applied = verl's rollout_is_* on the weights it applies (its "
+        "sequence-level max and min are of the raw weights too)."
+    )
+    table = FitTable("IS weights before and after truncation (whole run)", columns, caption=caption)
+    for setting, preset in rows.items():
+        metrics = preset.run.metrics
+        cells: list[str | Num] = [setting]
+        for label, raw_key, applied_key in RAW_APPLIED:
+            digits = 5 if label == "mean" else 4
+            cells += [Num(metrics.get(raw_key), digits=digits), Num(metrics.get(applied_key), digits=digits)]
+        table.add_row(*cells)
+    return table
+
+
 def groups(presets: Sequence[PresetResult], normalised: bool = True) -> list[list[PresetResult]]:
     """Presets with identical effect on this data (every value of the table the same, and the same intrusive
     mark), in the comparison's order of their first member; groups of presets that correct nothing last."""
