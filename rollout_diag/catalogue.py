@@ -833,6 +833,20 @@ TOKENS_KEPT = _metric(
 )
 _metric("summary/tokens_rejected", "summary", "model tokens the preset drops", unit=COUNT)
 _metric("summary/rows_rejected", "summary", "rows with a model token that have at least one dropped", unit=COUNT)
+# verl's k1 rejection with asymmetric bounds L_U keeps ρ in [1/U, 1/L] (verl #6377): what [L, U] as written would drop
+_metric(
+    "summary/k1_as_written_token_fraction",
+    "summary",
+    "share of model tokens the preset's first asymmetric k1 option would reject with ρ kept in [L, U] as written "
+    "(verl keeps [1/U, 1/L]); T[1 − keep]",
+    unit=SHARE,
+)
+_metric(
+    "summary/k1_as_written_row_fraction",
+    "summary",
+    "share of rows with a model token that the same option would touch with ρ kept in [L, U] as written",
+    unit=SHARE,
+)
 # IS weights before truncation (TRL #5243, NeMo-RL #3900): verl's rollout_is_* formulas on w_raw
 _metric(
     "summary/is_raw_mean",

@@ -1043,7 +1043,7 @@ def compare_presets(
     from rollout_diag.drivers.compare import compare_presets as run_comparison
     from rollout_diag.render.export import comparison_csv, comparison_json_pieces
     from rollout_diag.render.format import plain
-    from rollout_diag.render.presets import presets_table, raw_applied_table
+    from rollout_diag.render.presets import k1_bounds_lines, presets_table, raw_applied_table
     from rollout_diag.render.sweep import render_sweep
 
     chosen = choice.presets()
@@ -1081,6 +1081,7 @@ def compare_presets(
         tables = [
             *answer_block(result),
             presets_table(result),
+            *k1_bounds_lines(result),
             *([raw_applied] if raw_applied is not None else []),
             render_sweep(result.sweep, parse_targets(target)),
         ]

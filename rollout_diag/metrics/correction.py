@@ -616,6 +616,38 @@ class RejectionOptionAccumulator(CorrectionAccumulator):
         return {f"{PREFIX}rollout_rs_{option.option}_{name}": v for name, v in metrics.items()}
 
 
+def k1_is_asymmetric(option: RejectionOption) -> bool:
+    """A k1 option whose ratio bounds L, U are not reciprocal (L·U ≠ 1): verl keeps log L ≤ k1 ≤ log U with k1 = −log ρ,
+    so it applies ρ ∈ [1/U, 1/L], not the [L, U] one reads in the config (verl #6377, closed unmerged)."""
+    return option.statistic == "k1" and option.lower != -option.upper
+
+
+def k1_as_written(option: RejectionOption) -> RejectionOption:
+    """The k1 option that keeps ρ ∈ [L, U] as written: −log U ≤ k1 ≤ −log L."""
+    lower, upper = -option.upper, -option.lower
+    spec = f"{math.exp(-option.upper)!r}_{math.exp(-option.lower)!r}"
+    return RejectionOption(option.option, option.scope, option.statistic, lower, upper, spec)
+
+
+class K1AsWrittenAccumulator(RejectionOptionAccumulator):
+    """What an asymmetric k1 option would reject with ρ in [L, U] as written (``k1_as_written``), beside verl's own
+    numbers (which stay verl's): ``summary/k1_as_written_token_fraction`` and ``_row_fraction`` of the option."""
+
+    def __init__(self, option: RejectionOption) -> None:
+        super().__init__(k1_as_written(option))
+
+    def _metrics(self, value: dict[str, Any]) -> dict[str, Any]:
+        valid = value["valid_rows"]
+        return {
+            K1_WRITTEN_TOKENS: value["rejected_tokens"] / (value["tokens"] + EPS),
+            K1_WRITTEN_ROWS: np.where(valid > 0, value["rejected_rows"] / np.maximum(valid, 1.0), 0.0),
+        }
+
+
+K1_WRITTEN_TOKENS = f"{catalogue.SUMMARY_PREFIX}k1_as_written_token_fraction"
+K1_WRITTEN_ROWS = f"{catalogue.SUMMARY_PREFIX}k1_as_written_row_fraction"
+
+
 class DropCountAccumulator(CorrectionAccumulator):
     """Counts of model tokens, and of rows with a model token, that a keep rule drops (per step)."""
 

@@ -11,10 +11,11 @@ from typing import Any
 from rich.console import RenderableType
 
 from rollout_diag import catalogue
-from rollout_diag.render.format import number, percent
+from rollout_diag.render.format import number, percent, plain
 from rollout_diag.render.summary import recommendation_line, verdict_lines
 from rollout_diag.render.table import Column, FitTable, Num
 from rollout_diag.results import ComparisonResult, PresetResult
+from rollout_diag.results.wording import k1_bounds_line
 
 INTRUSIVE_STYLE = "bold red"
 INTRUSIVE_MARK = "!"  # in the text itself, so logs and pipes (no colour) show it too
@@ -96,6 +97,16 @@ RAW_APPLIED = (  # (label, the raw key, verl's key on the applied weights)
     ("max", "summary/is_raw_max", catalogue.IS_MAX.key),
     ("ESS", "summary/is_raw_eff_sample_size", catalogue.IS_EFF_SAMPLE_SIZE.key),
 )
+
+
+def k1_bounds_lines(result: ComparisonResult) -> list[RenderableType]:
+    """One line per distinct asymmetric k1 setting (verl applies ρ ∈ [1/U, 1/L]; what [L, U] would reject)."""
+    lines: dict[str, str] = {}
+    for preset in result.presets:
+        line = k1_bounds_line(preset.name, preset.config, preset.run.metrics)
+        if line is not None:
+            lines.setdefault(line.partition(": ")[2], line)
+    return [plain(f"• {line}", style="dim") for line in lines.values()]
 
 
 def raw_applied_table(result: ComparisonResult) -> FitTable | None:

@@ -125,3 +125,31 @@ def _positive(value: float | None) -> bool:
 
 def _finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
+
+
+def k1_bounds_line(name: str, config: dict, metrics: dict) -> str | None:
+    """One line for a preset whose first asymmetric k1 option (L·U ≠ 1) has ``summary/k1_as_written_*``: verl
+    applies ρ ∈ [1/U, 1/L] (verl #6377, closed unmerged; its numbers are kept), and what [L, U] as written would
+    reject; None for any other preset."""
+    written_tokens = metrics.get("summary/k1_as_written_token_fraction")
+    if written_tokens is None:
+        return None
+    options = str(config.get("rollout_rs") or "").split(",")
+    thresholds = str(config.get("rollout_rs_threshold") or "").split(",")
+    for index, option in enumerate(options):
+        spec = thresholds[index] if len(thresholds) == len(options) else thresholds[0]
+        if not option.endswith("_k1") or "_" not in spec:
+            continue
+        lower, upper = (float(part) for part in spec.split("_"))
+        if lower * upper == 1.0:
+            continue
+        verl_tokens = metrics.get(f"rollout_corr/rollout_rs_{option}_masked_fraction")
+        verl_rows = metrics.get(f"rollout_corr/rollout_rs_{option}_seq_masked_fraction")
+        written_rows = metrics.get("summary/k1_as_written_row_fraction")
+        applied = f"[{number(1 / upper, 6)}, {number(1 / lower, 6)}]"
+        return (
+            f"{name}: verl applies {option} {spec} as ρ ∈ [1/U, 1/L] = {applied} "
+            f"(rejecting {percent(verl_tokens)} of tokens, {percent(verl_rows)} of rows); ρ ∈ [{lower:g}, {upper:g}] "
+            f"as written would reject {percent(written_tokens)} of tokens, {percent(written_rows)} of rows"
+        )
+    return None

@@ -24,7 +24,9 @@ def gate_rows(seed: int, rows: int) -> list:
     out = []
     for _ in range(rows):
         length = int(rng.integers(0, 50))
-        rollout = -rng.choice([1e-9, 1e-7, 1e-5, 0.3, 2.0, 13.0, 14.5, 19.0, 30.0], length) * rng.uniform(0.5, 2, length)
+        rollout = -rng.choice([1e-9, 1e-7, 1e-5, 0.3, 2.0, 13.0, 14.5, 19.0, 30.0], length) * rng.uniform(
+            0.5, 2, length
+        )
         trainer = np.minimum(rollout + rng.normal(0, 1, length) * rng.choice([0.0, 1e-6, 0.05, 2.0], length), 0.0)
         mask = (rng.random(length) > 0.1).astype(np.float64)
         out.append((trainer, rollout, mask))

@@ -35,8 +35,11 @@ def test_raw_is_statistics_equal_the_reference(tmp_path, engine, setting):
     steps = random_steps(9)
     path = tmp_path / "raw.parquet"
     write_dump(path, steps)
-    rows = [(np.float32(a).astype(np.float64), np.float32(r).astype(np.float64), m) for step_rows in steps.values()
-            for a, r, m in step_rows]  # fmt: skip  (the dump holds float32 logprobs)
+    rows = [
+        (np.float32(a).astype(np.float64), np.float32(r).astype(np.float64), m)
+        for step_rows in steps.values()
+        for a, r, m in step_rows
+    ]  # fmt: skip  (the dump holds float32 logprobs)
     preset = rd.preset_from_options("is", rollout_is=level, rollout_is_threshold=threshold)
     with use_engine(engine):
         metrics = rd.compare_presets(path, [preset], device="cpu", chunk_tokens=29).presets[0].run.metrics
