@@ -500,8 +500,10 @@ def raw_weight_metrics(value: dict[str, Any]) -> dict[str, Any]:
 
 
 RAW_IS_MEAN, RAW_IS_STD, RAW_IS_MIN, RAW_IS_MAX, RAW_IS_ESS = (
-    f"{catalogue.SUMMARY_PREFIX}is_raw_{name}" for name in ("mean", "std", "min", "max", "eff_sample_size")
-)
+    metric.key
+    for metric in (catalogue.IS_RAW_MEAN, catalogue.IS_RAW_STD, catalogue.IS_RAW_MIN, catalogue.IS_RAW_MAX,
+                   catalogue.IS_RAW_ESS)
+)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- §3 rejection sampling
@@ -644,8 +646,7 @@ class K1AsWrittenAccumulator(RejectionOptionAccumulator):
         }
 
 
-K1_WRITTEN_TOKENS = f"{catalogue.SUMMARY_PREFIX}k1_as_written_token_fraction"
-K1_WRITTEN_ROWS = f"{catalogue.SUMMARY_PREFIX}k1_as_written_row_fraction"
+K1_WRITTEN_TOKENS, K1_WRITTEN_ROWS = catalogue.K1_WRITTEN_TOKENS.key, catalogue.K1_WRITTEN_ROWS.key
 
 
 class DropCountAccumulator(CorrectionAccumulator):

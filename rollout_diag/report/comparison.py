@@ -99,11 +99,11 @@ def presets_section(comparison: ComparisonResult, presets: Sequence[PresetResult
 
 
 RAW_APPLIED = (  # (label, the raw key, verl's key on the applied weights)
-    ("mean", "summary/is_raw_mean", catalogue.IS_MEAN.key),
-    ("std", "summary/is_raw_std", "rollout_corr/rollout_is_std"),
-    ("min", "summary/is_raw_min", "rollout_corr/rollout_is_min"),
-    ("max", "summary/is_raw_max", catalogue.IS_MAX.key),
-    ("ESS", "summary/is_raw_eff_sample_size", catalogue.IS_EFF_SAMPLE_SIZE.key),
+    ("mean", catalogue.IS_RAW_MEAN.key, catalogue.IS_MEAN.key),
+    ("std", catalogue.IS_RAW_STD.key, catalogue.IS_STD.key),
+    ("min", catalogue.IS_RAW_MIN.key, catalogue.IS_MIN.key),
+    ("max", catalogue.IS_RAW_MAX.key, catalogue.IS_MAX.key),
+    ("ESS", catalogue.IS_RAW_ESS.key, catalogue.IS_EFF_SAMPLE_SIZE.key),
 )
 
 
@@ -112,7 +112,7 @@ def _raw_applied(presets: Sequence[PresetResult]) -> str:
     one row per IS setting; empty when no preset sets IS weights."""
     settings: dict[str, PresetResult] = {}
     for preset in presets:
-        if preset.run.metrics.get("summary/is_raw_mean") is not None:
+        if preset.run.metrics.get(catalogue.IS_RAW_MEAN.key) is not None:
             settings.setdefault(_is_config(preset.config), preset)
     if not settings:
         return ""

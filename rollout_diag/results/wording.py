@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rollout_diag.catalogue import K3_KL, short_name
+from rollout_diag.catalogue import K1_WRITTEN_ROWS, K1_WRITTEN_TOKENS, K3_KL, OFFPOLICY_PREFIX, short_name
 from rollout_diag.formatting import group_label, number, percent
 from rollout_diag.paths import file_label
 from rollout_diag.results.columns import StepTable
@@ -131,7 +131,7 @@ def k1_bounds_line(name: str, config: dict, metrics: dict) -> str | None:
     """One line for a preset whose first asymmetric k1 option (L·U ≠ 1) has ``summary/k1_as_written_*``: verl
     applies ρ ∈ [1/U, 1/L] (verl #6377, closed unmerged; its numbers are kept), and what [L, U] as written would
     reject; None for any other preset."""
-    written_tokens = metrics.get("summary/k1_as_written_token_fraction")
+    written_tokens = metrics.get(K1_WRITTEN_TOKENS.key)
     if written_tokens is None:
         return None
     options = str(config.get("rollout_rs") or "").split(",")
@@ -143,9 +143,9 @@ def k1_bounds_line(name: str, config: dict, metrics: dict) -> str | None:
         lower, upper = (float(part) for part in spec.split("_"))
         if lower * upper == 1.0:
             continue
-        verl_tokens = metrics.get(f"rollout_corr/rollout_rs_{option}_masked_fraction")
-        verl_rows = metrics.get(f"rollout_corr/rollout_rs_{option}_seq_masked_fraction")
-        written_rows = metrics.get("summary/k1_as_written_row_fraction")
+        verl_tokens = metrics.get(f"{OFFPOLICY_PREFIX}rollout_rs_{option}_masked_fraction")
+        verl_rows = metrics.get(f"{OFFPOLICY_PREFIX}rollout_rs_{option}_seq_masked_fraction")
+        written_rows = metrics.get(K1_WRITTEN_ROWS.key)
         applied = f"[{number(1 / upper, 6)}, {number(1 / lower, 6)}]"
         return (
             f"{name}: verl applies {option} {spec} as ρ ∈ [1/U, 1/L] = {applied} "
