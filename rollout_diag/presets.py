@@ -367,6 +367,13 @@ def _rejection_option(option: str, entry: str) -> RejectionOption:
     return RejectionOption(option, scope, statistic, 0.0, upper, entry)
 
 
+def k1_bounds_asymmetric(log_lower: float, log_upper: float) -> bool:
+    """Whether k1 ratio bounds L, U (as log L, log U) are not reciprocal: verl then applies ρ ∈ [1/U, 1/L], not [L, U]
+    (verl #6377). A relative 1e-9 tolerance: 0.8_1.25 is reciprocal (its logs differ in the last bit), 0.999_1.001 not
+    (by 1e-6 in ρ)."""
+    return abs(log_lower + log_upper) > 1e-9 * max(abs(log_lower), abs(log_upper))
+
+
 def parse_legacy(
     level: str | None,
     mode: str | None,

@@ -18,6 +18,7 @@ import numpy as np
 from rollout_diag.catalogue import K1_WRITTEN_ROWS, K1_WRITTEN_TOKENS, K3_KL, OFFPOLICY_PREFIX, short_name
 from rollout_diag.formatting import group_label, number, percent
 from rollout_diag.paths import file_label
+from rollout_diag.presets import k1_bounds_asymmetric
 from rollout_diag.results.columns import StepTable
 
 if TYPE_CHECKING:
@@ -141,7 +142,7 @@ def k1_bounds_line(name: str, config: dict, metrics: dict) -> str | None:
         if not option.endswith("_k1") or "_" not in spec:
             continue
         lower, upper = (float(part) for part in spec.split("_"))
-        if lower * upper == 1.0:
+        if not k1_bounds_asymmetric(math.log(lower), math.log(upper)):
             continue
         verl_tokens = metrics.get(f"{OFFPOLICY_PREFIX}rollout_rs_{option}_masked_fraction")
         verl_rows = metrics.get(f"{OFFPOLICY_PREFIX}rollout_rs_{option}_seq_masked_fraction")

@@ -654,3 +654,31 @@ def rs_keep(rows: Sequence[Row], options: list[str], thresholds: list[str]) -> l
     """§3 final mask per row: m × Π(option keeps), as 0.0/1.0 float64 arrays."""
     final = _final_keep(rows, parse_rs(options, thresholds))
     return scatter(rows, [[indicator(k) for k in v] for v in final])
+
+
+# ---------------------------------------------------------------------------
+# Our additions beside verl's numbers: IS weights before truncation, asymmetric k1 bounds as written
+# ---------------------------------------------------------------------------
+
+
+def raw_is_summary(rows: Sequence[Row], level: str) -> dict[str, float]:
+    """summary/is_raw_*: verl's T[·], population std and ESS formulas, and the extremes, of w_raw over model tokens."""
+    raw = raw_is_weights(rows, level)
+    values = [w for row in raw for w in row]
+    mean = token_mean(raw)
+    count = len(values)
+    plain = sum(values) / count
+    std = math.sqrt(sum((w - plain) ** 2 for w in values) / count) if count > 1 else 0.0
+    ess = 1.0 / token_mean([[(w / (mean + 1e-8)) ** 2 for w in row] for row in raw])
+    keys = {"mean": mean, "std": std, "min": min(values), "max": max(values), "eff_sample_size": ess}
+    return {f"summary/is_raw_{name}": value for name, value in keys.items()}
+
+
+def k1_as_written(rows: Sequence[Row], option: str, lower: float, upper: float) -> dict[str, float]:
+    """summary/k1_as_written_*: what the k1 option would reject keeping ρ in [L, U] as written, which is verl's k1 rule
+    with bounds 1/U_1/L (verl keeps −log ρ in [log L, log U])."""
+    metrics = rs_metrics(rows, [option], [f"{1.0 / upper!r}_{1.0 / lower!r}"])
+    return {
+        "summary/k1_as_written_token_fraction": metrics[f"{OFFPOLICY}rollout_rs_{option}_masked_fraction"],
+        "summary/k1_as_written_row_fraction": metrics[f"{OFFPOLICY}rollout_rs_{option}_seq_masked_fraction"],
+    }

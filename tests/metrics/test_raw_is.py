@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 from helpers.presets import random_steps, write_dump
-from helpers.reference import raw_is_weights, token_mean
+from helpers.reference import raw_is_summary
 
 import rollout_diag as rd
 from rollout_diag.engine.choice import use_engine
@@ -18,14 +18,8 @@ KEYS = ("mean", "std", "min", "max", "eff_sample_size")
 
 
 def reference(rows, level: str) -> dict[str, float]:
-    """The reference: verl's T[·], population std and ESS formulas on w_raw over model tokens, and its extremes."""
-    raw = raw_is_weights(rows, level)
-    values = [w for row in raw for w in row]
-    mean = token_mean(raw)
-    count = len(values)
-    std = math.sqrt(sum((w - sum(values) / count) ** 2 for w in values) / count) if count > 1 else 0.0
-    ess = 1.0 / token_mean([[(w / (mean + 1e-8)) ** 2 for w in row] for row in raw])
-    return {"mean": mean, "std": std, "min": min(values), "max": max(values), "eff_sample_size": ess}
+    """The reference (helpers/reference.py raw_is_summary), without the key prefix."""
+    return {key.removeprefix("summary/is_raw_"): value for key, value in raw_is_summary(rows, level).items()}
 
 
 @pytest.mark.parametrize("engine", ["numba", "torch"])
