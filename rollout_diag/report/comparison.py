@@ -89,10 +89,11 @@ def presets_section(comparison: ComparisonResult, presets: Sequence[PresetResult
         f"effective sample size below {comparison.intrusive_min_ess:g}. A preset without importance sampling has no "
         "ESS bar.</p>"
     )
-    k1_lines = dict.fromkeys(
-        line for p in presets if (line := k1_bounds_line(p.name, p.config, p.run.metrics)) is not None
-    )
-    k1_note = "".join(note(line) for line in k1_lines)
+    k1_lines: dict[str, str] = {}  # one per distinct setting and numbers (the first preset's name)
+    for p in presets:
+        if (line := k1_bounds_line(p.name, p.config, p.run.metrics)) is not None:
+            k1_lines.setdefault(line.partition(": ")[2], line)
+    k1_note = "".join(note(line) for line in k1_lines.values())
     body = [intro, table(columns, rows, classes), k1_note, canvas.plot("presets", chart), _raw_applied(presets)]
     body.append(_sweep(comparison.sweep, canvas))
     return Section("presets", title, "".join(body))
