@@ -17,7 +17,7 @@ from rollout_diag.engine.stats import prepare, stats
 from rollout_diag.errors import ConfigError, DataError, option_name, where
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
-from rollout_diag.metrics.localize import DEFAULT_WINDOW, default_window, window_at
+from rollout_diag.metrics.localize import DEFAULT_WINDOW, default_window, first_differing, window_at
 from rollout_diag.paths import file_label
 from rollout_diag.results import RowTokens
 
@@ -218,6 +218,7 @@ def _row_window(chunk: Chunk, index: int, around: int | None, window: int | None
         extra=chunk.row_extra(index),
         row_largest_abs_delta=None if largest is None or (first, last) == (0, length) else largest[0],
         row_largest_position=None if largest is None or (first, last) == (0, length) else largest[1],
+        first_differing_position=first_differing(chunk, index),
     )
 
 

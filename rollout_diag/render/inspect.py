@@ -29,6 +29,19 @@ def _largest(row: RowTokens, worst: int | None, windowed: bool) -> str:
     return f"; largest |δ| in the window = {here or '– (no model token)'}, in the row = {whole}"
 
 
+def _first_differing(row: RowTokens) -> str:
+    """ "; first bitwise difference at position 40" (or "; every model token bitwise equal") where inspect found it."""
+    if row.first_differing_position is None:
+        return "; every model token bitwise equal (δ ≡ 0)" if row.row_length is None and _all_equal(row) else ""
+    return f"; first bitwise difference at position {row.first_differing_position}"
+
+
+def _all_equal(row: RowTokens) -> bool:
+    """Whether every listed model token has δ exactly 0 and at least one is listed (a whole row: what inspect says)."""
+    listed = [d for d, m in zip(row.log_ratio, row.mask, strict=True) if m]
+    return bool(listed) and all(d == 0.0 for d in listed)
+
+
 def render_row(row: RowTokens) -> RenderableType:
     deltas = row.log_ratio
     model = [i for i, m in enumerate(row.mask) if m]
@@ -50,6 +63,7 @@ def render_row(row: RowTokens) -> RenderableType:
         plain(row.file),
         f" row {row.row}): {extent}, {len(model)} from the model",
         _largest(row, worst, windowed),
+        _first_differing(row),
     )
     if row.extra:  # the row's extra dump columns (reward, advantage, …)
         header.append("\n")
