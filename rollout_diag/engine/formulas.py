@@ -125,10 +125,18 @@ def _counted(name: str, test: Callable[[Array], Array]) -> None:
     quantity(name)(lambda s: arrays.float64(test(s.token("abs_log_ratio"))))
 
 
+def _above(bound: float) -> Callable[[Array], Array]:
+    return lambda abs_delta: abs_delta > bound
+
+
+def _within(band: float) -> Callable[[Array], Array]:
+    return lambda abs_delta: abs_delta <= band
+
+
 for _bound, _name in zip(EXTREME_BOUNDS, COUNTS[1:3], strict=True):  # above_ln2, above_ln5: |δ| > bound
-    _counted(_name, lambda abs_delta, bound=_bound: abs_delta > bound)
+    _counted(_name, _above(_bound))
 for _band, _name in zip(BANDS, COUNTS[3:], strict=True):  # within_<ε>: |δ| ≤ ε
-    _counted(_name, lambda abs_delta, band=_band: abs_delta <= band)
+    _counted(_name, _within(_band))
 
 
 @quantity("chi2_term")

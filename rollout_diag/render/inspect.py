@@ -6,7 +6,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from rollout_diag.formatting import numbers
+from rollout_diag.formatting import numbers, token_cell
 from rollout_diag.render.format import extra_cell, number, plain
 from rollout_diag.results import RowTokens
 
@@ -119,8 +119,7 @@ def _environment_row(tokens: int, windowed: bool) -> tuple:
 
 
 def _token_text(row: RowTokens, position: int) -> str:
-    if row.token is not None and (text := row.token[position]) is not None:
-        return text
-    if row.token_id is not None:
-        return f"#{row.token_id[position]}"
-    return "–"
+    text = token_cell(
+        None if row.token is None else row.token[position], None if row.token_id is None else row.token_id[position]
+    )
+    return "–" if text is None else text

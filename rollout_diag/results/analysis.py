@@ -11,6 +11,7 @@ from typing import Any
 
 from rollout_diag.errors import InputError
 from rollout_diag.formatting import ExtraValue
+from rollout_diag.results.association import TrainerColumns
 from rollout_diag.results.columns import repr_worst_step
 from rollout_diag.results.document import SCHEMA_VERSION, schema_version
 from rollout_diag.results.prompts import PromptFindings
@@ -158,6 +159,8 @@ class AnalysisResult:
     selection: dict[str, Any] = field(default_factory=dict)  # --where / --steps: {"where", "steps", "rows_kept", …}
     # the prompt identity and the prompts extreme every time (decisions/prompts.py); None: the dump has no prompt id
     prompts: PromptFindings | None = None
+    # row mismatch against the dump's reward, advantage, entropy, response length and GRPO groups (None: no such column)
+    trainer_columns: TrainerColumns | None = None
 
     def to_json(self) -> dict[str, Any]:
         document = self.json_document()
@@ -195,7 +198,7 @@ class AnalysisResult:
                 for row in self.worst_row_tokens
             ],
             "delta_histogram": dict(self.delta_histogram),
-            "anomalies": [json_row(asdict(a)) for a in self.anomalies],
+            "anomalies": [json_row(_anomaly_row(a)) for a in self.anomalies],
             "anomalies_cut": self.anomalies_cut,
             "trends": [json_row(asdict(t)) for t in self.trends],
             "warnings": list(self.warnings),
@@ -210,6 +213,7 @@ class AnalysisResult:
             "groups": [group.to_json() for group in self.groups],
             "selection": dict(self.selection),
             "prompts": None if self.prompts is None else json_row_nested(self.prompts.to_json()),
+            "trainer_columns": None if self.trainer_columns is None else self.trainer_columns.to_json(),
         }
 
     def to_polars(self) -> dict[str, Any]:
@@ -302,6 +306,7 @@ _FIELD_READERS: dict[str, Callable[[Any], Any]] = {
     "skipped_data": SkippedData.from_json,
     "prompts": lambda raw: None if raw is None else PromptFindings.from_json(raw),
     "groups": lambda raw: [GroupResult.from_json(group) for group in raw],
+    "trainer_columns": lambda raw: None if raw is None else TrainerColumns.from_json(raw),
     "rounds": _table_rows,
     "positions": _table_rows,
 }
@@ -312,3 +317,11 @@ def _nan_for_null(value: Any, key: str) -> Any:
     if value is None and key not in ("step", "bucket", "label"):
         return math.nan
     return value
+
+
+def _anomaly_row(anomaly: Anomaly) -> dict[str, Any]:
+    """An anomaly's JSON fields; ``resume`` only where the step follows a resume."""
+    row = asdict(anomaly)
+    if row["resume"] is None:
+        del row["resume"]
+    return row
