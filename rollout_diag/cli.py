@@ -627,12 +627,18 @@ class PresetChoice:
     preset: Annotated[
         list[str] | None,
         typer.Option(
-            "--preset", help="Preset name or group (all, verl, legacy); repeatable. Default: all.", metavar="NAME"
+            "--preset",
+            help="Preset name or group (all, verl, legacy, gates); repeatable. Default: all.",
+            metavar="NAME",
         ),
     ] = None
     presets_file: Annotated[
         Path | None,
-        typer.Option("--presets-file", help="YAML or JSON file of named presets, added to the comparison."),
+        typer.Option(
+            "--presets-file",
+            help="YAML or JSON file of named presets (verl's keys or OpenRLHF's is_correction_*), added to the "
+            "comparison.",
+        ),
     ] = None
     rollout_is: Annotated[
         str | None, typer.Option("--rollout-is", help="Custom preset: IS level, token or sequence.", metavar="LEVEL")
@@ -1185,7 +1191,7 @@ def compare_presets(
     from rollout_diag.drivers.compare import compare_presets as run_comparison
     from rollout_diag.render.export import comparison_csv, comparison_json_pieces
     from rollout_diag.render.format import plain
-    from rollout_diag.render.presets import presets_table
+    from rollout_diag.render.presets import k1_bounds_lines, presets_table, raw_applied_table
     from rollout_diag.render.sweep import render_sweep
 
     chosen = choice.presets()
@@ -1220,7 +1226,14 @@ def compare_presets(
         emit(comparison_csv(result), output)
     else:
         warnings = [plain(f"warning: {warning}", style="yellow") for warning in result.warnings]
-        tables = [*answer_block(result), presets_table(result), render_sweep(result.sweep, parse_targets(target))]
+        raw_applied = raw_applied_table(result)
+        tables = [
+            *answer_block(result),
+            presets_table(result),
+            *k1_bounds_lines(result),
+            *([raw_applied] if raw_applied is not None else []),
+            render_sweep(result.sweep, parse_targets(target)),
+        ]
         if result.groups or result.selection:
             from rollout_diag.render.groups import groups_tables, selection_line
 
