@@ -5,7 +5,8 @@ State, mergeable and the same for any chunking, row order or worker split (to fl
 
 - **cells**: per (prompt key, version, step) — version is the row's ``policy_version``, else its step; the step too,
   so that a hint can name steps — the rows, model tokens, Σy and Σy² of y = min(|δ|, 1) (the other hints' clipped
-  mismatch), and the smallest and largest row score (|log-ppl diff| of the row, the worst-rows table's first
+  mismatch), the sum of the row scores (a prompt's mean row mismatch, ``runs``' prompts matched across runs), and the
+  smallest and largest row score (|log-ppl diff| of the row, the worst-rows table's first
   criterion). Cells arrive per chunk and are folded by key with a sort and ``reduceat`` once enough are pending.
   The table grows with the distinct (prompt, version, step) triples, not with rows or tokens; past ``max_cells`` a
   hash-chosen half of the prompts is dropped, then half of the rest, and so on (distinct sampling: which prompts are
@@ -19,6 +20,7 @@ State, mergeable and the same for any chunking, row order or worker split (to fl
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,9 +34,9 @@ from rollout_diag.results import PromptCells, PromptEvidence, RowRef
 from rollout_diag.results import prompt_label as label
 
 CELL_KEYS = ("key", "version", "step")
-CELL_SUMS = ("rows", "tokens", "y", "y2")  # summed
+CELL_SUMS = ("rows", "tokens", "y", "y2", "score")  # summed
 CELL_MIN, CELL_MAX = "score_min", "score_max"
-MAX_CELLS = 1 << 21  # 2M cells × 72 bytes ≈ 150 MB at most; then distinct sampling halves the prompts followed
+MAX_CELLS = 1 << 21  # 2M cells × 80 bytes ≈ 160 MB at most; then distinct sampling halves the prompts followed
 PENDING_CELLS = 1 << 16  # chunk cells gathered before they are folded into the table
 # Row-score histogram: bin 0 holds a score of 0; then 16 bins per octave from 2^-40 up to 2^24 (a score is a mean
 # |log-ppl diff|, bounded by the logprobs' range); the worst-1 % threshold is the lower edge of a bin (6 % wide).
@@ -71,12 +73,12 @@ def _followed(keys: np.ndarray, level: int) -> np.ndarray:
 @dataclass
 class _Cells:
     keys: np.ndarray  # int64 [C, 3]: key, version, step
-    sums: np.ndarray  # float64 [C, 4]: CELL_SUMS
+    sums: np.ndarray  # float64 [C, 5]: CELL_SUMS
     extrema: np.ndarray  # float64 [C, 2]: smallest, largest row score
 
     @classmethod
     def empty(cls) -> _Cells:
-        return cls(np.zeros((0, 3), np.int64), np.zeros((0, 4)), np.zeros((0, 2)))
+        return cls(np.zeros((0, 3), np.int64), np.zeros((0, len(CELL_SUMS))), np.zeros((0, 2)))
 
     def __len__(self) -> int:
         return int(self.keys.shape[0])
@@ -155,7 +157,7 @@ class PromptAccumulator:
                 [
                     _Cells(
                         keys=np.stack([key[kept], version[kept], step[kept]], axis=1),
-                        sums=np.stack([np.ones(int(kept.sum())), tokens[kept], y[kept], y2[kept]], axis=1),
+                        sums=np.stack([np.ones(int(kept.sum())), tokens[kept], y[kept], y2[kept], score[kept]], axis=1),
                         extrema=np.stack([score[kept], score[kept]], axis=1),
                     )
                 ]
@@ -171,7 +173,7 @@ class PromptAccumulator:
             return
         steps = chunk.step.tolist() if not arrays.is_tensor(chunk.step) else arrays.host(chunk.step).tolist()
         version = None if chunk.policy_version is None else arrays.host(chunk.policy_version)
-        label = _labels(chunk)
+        label = prompt_texts(chunk)
         keys = chunk.prompt_key
         assert keys is not None  # only a chunk with prompt keys offers rows
         offered = []
@@ -231,6 +233,7 @@ class PromptAccumulator:
                 tokens=table.sums[:, 1],
                 y=table.sums[:, 2],
                 y2=table.sums[:, 3],
+                score=table.sums[:, 4],
                 score_min=table.extrema[:, 0],
                 score_max=table.extrema[:, 1],
             ),
@@ -241,8 +244,8 @@ class PromptAccumulator:
         )
 
 
-def _labels(chunk: Chunk):
-    """row -> the prompt id's text where the dump has an id column, else the key in hex."""
+def prompt_texts(chunk: Chunk) -> Callable[[int], str | None]:
+    """row -> the prompt id's text where the dump has an id column (None for a null id), else the key in hex."""
     source = chunk.prompt_source or ""
     name = source.removeprefix("column ") if source.startswith("column ") else None
     values = chunk.extra.get(name) if name is not None else None
