@@ -284,7 +284,8 @@ def prompt_findings(evidence: PromptEvidence | None) -> PromptFindings | None:
 # 1 % by row score (``worst_threshold`` of the run's own histogram, as extreme every time). Chance guard, the same
 # family-wise bound as extreme every time: under "rows land in a run's worst share independently with that run's
 # share", the chance of one prompt doing so is Π_runs share_r^rows_r; it is listed when that, times the prompts seen
-# in two runs or more (the candidates), is at most EXTREME_MAX_CHANCE (1 %). One row in each of 3 runs: 1e-6 × 10 000
+# in two runs or more (the candidates; over the share followed where a run's table sampled its prompts), is at most
+# EXTREME_MAX_CHANCE (1 %). One row in each of 3 runs: 1e-6 × 10 000
 # candidates = 0.01; clean runs list none.
 MATCHED_MIN_RUNS = 2
 MATRIX_PROMPTS = 50  # prompts in the prompts × runs matrix: the listed outliers, then the most extreme elsewhere
@@ -323,7 +324,9 @@ def matched_prompts(runs: Sequence[tuple[str, PromptEvidence | None]]) -> RunsPr
     worst_tail = np.zeros(count)
     for table, cut, (_, found) in zip(tables, worst, keyed, strict=True):
         index = np.searchsorted(table["key"], shared)
-        present = (index < table["key"].shape[0]) & (table["key"][np.minimum(index, len(table["key"]) - 1)] == shared)
+        present = np.zeros(count, dtype=bool)
+        inside = index < table["key"].shape[0]
+        present[inside] = table["key"][index[inside]] == shared[inside]
         at = index[present]
         rows, lowest = table["rows"][at], table["score_min"][at]
         runs_of[present] += 1
@@ -332,7 +335,8 @@ def matched_prompts(runs: Sequence[tuple[str, PromptEvidence | None]]) -> RunsPr
         with np.errstate(divide="ignore"):
             log_chance[present] += rows * (math.log(cut.share) if cut.share > 0 else -math.inf)
         worst_tail[present] = np.maximum(worst_tail[present], _tails(found, lowest))
-    guard = math.log(EXTREME_MAX_CHANCE / max(count, 1))
+    # the candidates: the recurring prompts followed, scaled back to all of them where the tables sampled
+    guard = math.log(EXTREME_MAX_CHANCE / max(count / 0.5**level, 1.0))
     outlier = all_worst & (log_chance <= guard)
     # the matrix: the outliers (in the most runs, then the least likely by chance), then the other prompts whose
     # largest tail share over their runs is smallest (the most extreme in every run they appear in)
