@@ -382,20 +382,28 @@ def _sampling_level(share: float) -> int:
 
 
 def _per_prompt(evidence: PromptEvidence, level: int) -> dict[str, np.ndarray]:
-    """Per prompt key followed at sampling ``level`` (ascending): rows, Σ score, smallest and largest score."""
+    """Per prompt key followed at sampling ``level`` (ascending): rows, Σ score, smallest and largest score. The
+    cells come in key order from ``PromptAccumulator.evidence()`` (sorted here when not): one ``reduceat`` a column."""
     cells = evidence.cells
     kept = (cells.key & ((1 << level) - 1)) == 0 if level else np.ones(cells.key.shape[0], dtype=bool)
-    keys, inverse = np.unique(cells.key[kept], return_inverse=True)
-    count = keys.shape[0]
-    rows = np.zeros(count)
-    np.add.at(rows, inverse, cells.rows[kept])
-    score = np.zeros(count)
-    np.add.at(score, inverse, cells.score[kept])
-    lowest = np.full(count, np.inf)
-    np.minimum.at(lowest, inverse, cells.score_min[kept])
-    highest = np.full(count, -np.inf)
-    np.maximum.at(highest, inverse, cells.score_max[kept])
-    return {"key": keys, "rows": rows, "score": score, "score_min": lowest, "score_max": highest}
+    key = cells.key[kept]
+    order = None if np.all(key[1:] >= key[:-1]) else np.argsort(key, kind="stable")
+
+    def column(values: np.ndarray) -> np.ndarray:
+        return values[kept] if order is None else values[kept][order]
+
+    key = column(cells.key)
+    if key.shape[0] == 0:
+        empty = np.zeros(0)
+        return {"key": key, "rows": empty, "score": empty, "score_min": empty, "score_max": empty}
+    starts = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
+    return {
+        "key": key[starts],
+        "rows": np.add.reduceat(column(cells.rows), starts),
+        "score": np.add.reduceat(column(cells.score), starts),
+        "score_min": np.minimum.reduceat(column(cells.score_min), starts),
+        "score_max": np.maximum.reduceat(column(cells.score_max), starts),
+    }
 
 
 def _tails(evidence: PromptEvidence, scores: np.ndarray) -> np.ndarray:
