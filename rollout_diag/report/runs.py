@@ -229,7 +229,7 @@ def _prompts_section(prompts: RunsPrompts | None, runs: list[str], canvas: Canva
     caption = (
         f"<p>Row mismatch (mean |log-ppl diff| of the prompt's rows) of the {len(prompts.matrix)} most extreme "
         f"recurring prompts (outliers first) in each run ({escape(', '.join(shown))}); blank: not in that run"
-        + (f"; {prompts.matrix_cut} more recurring prompts in none of the lists." if prompts.matrix_cut else ".")
+        + (f"; {prompts.matrix_cut} more recurring prompts not shown." if prompts.matrix_cut else ".")
         + "</p>"
     )
     body = lead + outliers + caption + str(canvas.plot("runs-prompts", prompts_figure(prompts, shown)))

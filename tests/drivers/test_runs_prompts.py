@@ -108,6 +108,13 @@ def test_matched_values_do_not_depend_on_chunking_or_processes(planted, how):
             assert (a.score_min, a.score_max) == (b.score_min, b.score_max)
 
 
+def test_the_state_dir_keeps_the_prompts(planted, tmp_path):
+    made, whole = planted
+    first = _compare(made, state_dir=tmp_path)
+    again = _compare(made, state_dir=tmp_path)  # every run from its saved state
+    assert first.prompts == whole.prompts and again.prompts == whole.prompts
+
+
 def test_the_export_holds_the_outliers_rows_in_every_run(planted, tmp_path):
     made, result = planted
     out = tmp_path / "repro.jsonl"
