@@ -22,17 +22,27 @@ from rollout_diag.drivers.passes import (
     resolve_device,
     run_chunks,
 )
+from rollout_diag.drivers.tokens import Tokenizer, with_token_text
 from rollout_diag.errors import DataError, where
 from rollout_diag.groups import GroupSpec, group_specs
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
 from rollout_diag.io.readlog import ReadLog
+from rollout_diag.io.tokenizer import load_tokenizer
 from rollout_diag.memory import trim_heap
 from rollout_diag.metrics.base import KeyGroup, StepAccumulator
 from rollout_diag.metrics.dialects import DEFAULT as DEFAULT_DIALECT
 from rollout_diag.metrics.dialects import resolve as resolve_dialects
 from rollout_diag.metrics.localize import DEFAULT_CATASTROPHIC, DEFAULT_TOP_K
 from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS
-from rollout_diag.results import AnalysisResult, MetricColumns, SkippedData, SkippedRow, StepResult, StepTable
+from rollout_diag.results import (
+    AnalysisResult,
+    MetricColumns,
+    SkippedData,
+    SkippedRow,
+    StepResult,
+    StepTable,
+    TrainerColumns,
+)
 from rollout_diag.selection import StepRange, no_rows_match, selection, selection_summary
 
 if TYPE_CHECKING:
@@ -57,6 +67,7 @@ def analyze(
     by: Sequence[str | GroupSpec] = (),
     where: str | None = None,
     steps: StepRange | None = None,
+    tokenizer: Tokenizer = None,
 ) -> AnalysisResult:
     """Every mismatch metric of METRICS.md §1, §5, §6, §7, per step and for the run, in one streaming pass.
 
@@ -70,12 +81,15 @@ def analyze(
     environment diverges?") whose groups of rows each get the key metrics, per step and for the run
     (``AnalysisResult.groups``), in the same pass. ``where``: a SQL condition over per-row columns (``"reward > 0
     AND env_name = 'math'"``) and ``steps``: (first, last) inclusive, either None for an open end: only the rows
-    that match are read (``AnalysisResult.selection`` says which and how many). ``progress``: a callable
+    that match are read (``AnalysisResult.selection`` says which and how many). ``tokenizer``: a ``tokenizer.json``,
+    a model directory or a model name in the local Hugging Face cache: the worst tokens and the rows the report draws
+    carry each token id's text (``rollout_diag/io/tokenizer.py``; needs ``tokenizers``). ``progress``: a callable
     ``(rows done, total rows)``, or True for a line on stderr every few seconds (a notebook, a CI log).
     Raises RolloutDiagError (InputError, ColumnError, DataError, ConfigError) for bad input or options.
     """
     check_analysis_options(max_rounds, catastrophic, top_k)
     check_workers(workers, backend)
+    decoder = load_tokenizer(tokenizer)  # a missing tokenizer fails before the reading
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
     reader.select(selection(where, steps))
@@ -97,7 +111,7 @@ def analyze(
     # written (200 000 one-row steps: ~0.55 GB; a no-op beside a large result)
     del analysis
     trim_heap()
-    return result
+    return with_token_text(result, decoder)
 
 
 def _first(log: ReadLog) -> SkippedRow | None:
@@ -197,6 +211,12 @@ def read_fields(log: ReadLog, device: Any) -> dict[str, Any]:
     }
 
 
+def trainer_columns_of(analysis: Analysis) -> TrainerColumns | None:
+    """Row mismatch against the dump's trainer columns (None without any, or where no findings were gathered)."""
+    numbers = analysis.trainer_columns.finalize() if analysis.findings and not analysis.offpolicy_only else None
+    return None if numbers is None else TrainerColumns.of(numbers)
+
+
 def build_result(
     analysis: Analysis, log: ReadLog, device: str, strict: bool, selection_of: Any = None
 ) -> AnalysisResult:
@@ -229,6 +249,7 @@ def build_result(
         skipped_data=skipped_of(log, run),
         groups=[group for grouped in analysis.grouped for group in grouped.results(run.rows, run.tokens)],
         selection=selection_summary(selection_of, log, run.rows),
+        trainer_columns=trainer_columns_of(analysis),
     )
     unmasked = (sum(c[0] for c in log.unmasked.values()), sum(c[1] for c in log.unmasked.values()))
     return judge_analysis(result, replace(evidence, unmasked=unmasked, fills=dict(log.fills)), prompts)

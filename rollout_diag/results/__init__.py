@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from rollout_diag.formatting import ExtraValue
 from rollout_diag.results.analysis import AnalysisResult, GroupResult, extra_names, json_row
+from rollout_diag.results.association import ColumnAssociation, GroupWorstRows, TrainerColumns
 from rollout_diag.results.columns import (
     Column,
     ColumnSource,
@@ -82,6 +83,7 @@ __all__ = [
     "AnalysisResult",
     "Anomaly",
     "Column",
+    "ColumnAssociation",
     "ColumnSource",
     "ComparisonResult",
     "Converted",
@@ -92,6 +94,7 @@ __all__ = [
     "ExtremePrompt",
     "FillCount",
     "GroupResult",
+    "GroupWorstRows",
     "Hint",
     "HintRow",
     "KeyColumns",
@@ -129,6 +132,7 @@ __all__ = [
     "SweepResult",
     "SweepStep",
     "SweepTarget",
+    "TrainerColumns",
     "Trend",
     "Verdict",
     "WorstRow",
