@@ -346,6 +346,8 @@ def matched_prompts(runs: Sequence[tuple[str, PromptEvidence | None]]) -> RunsPr
     rest = rest[np.lexsort((shared[rest], -runs_of[rest], worst_tail[rest]))]
     chosen = np.concatenate([first, rest])[:MATRIX_PROMPTS]
     texts = {key: text for _, found in keyed for _, key, text, _ in [*found.worst_rows, *found.stale_rows] if text}
+    for _, found in keyed:
+        texts.update(found.texts)
     columns = [
         _cells(name, found, table, cut, shared[chosen])
         for (name, found), table, cut in zip(keyed, tables, worst, strict=True)

@@ -137,6 +137,7 @@ class Analysis:
         self.dialect = DialectsAccumulator(self.dialects)
         self.family = {family.name: family.make(self.max_rounds, self.catastrophic) for family in FAMILIES}
         self.worst = WorstTracker(self.top_k, self.catastrophic)
+        self.prompts.keep_texts = self.prompt_evidence  # runs' matrix names its prompts (metrics/prompts.py)
 
     def prepare(self, chunk: Chunk) -> None:
         """The per-token quantities the families read and the hint evidence, built in the reader's pipeline

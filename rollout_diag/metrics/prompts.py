@@ -15,6 +15,9 @@ State, mergeable and the same for any chunking, row order or worker split (to fl
   the worst 1 % threshold.
 - **examples**: the rows with the largest score and the rows of recurring prompts with the largest y, in bounded
   top-K sets with their prompt's id text, so that findings can name rows and prompts.
+- **texts** (``keep_texts``: ``runs``, whose matrix names any recurring prompt): the id text of each prompt of an id
+  column, at most ``MAX_TEXTS``; past that, distinct sampling as the cells' (the keys whose low ``text_level`` bits
+  are 0), so that which prompts keep their text depends only on the keys.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ SCORE_BINS_PER_OCTAVE = 16
 SCORE_LOW_EXPONENT, SCORE_HIGH_EXPONENT = -40, 24
 SCORE_BINS = 1 + (SCORE_HIGH_EXPONENT - SCORE_LOW_EXPONENT) * SCORE_BINS_PER_OCTAVE
 EXAMPLE_ROWS = 64  # rows kept per example set (several per prompt named)
+MAX_TEXTS = 1 << 16  # prompt id texts kept (keep_texts): ~10 MB of short ids at most
 
 
 def score_bin(scores: np.ndarray) -> np.ndarray:
@@ -117,6 +121,9 @@ class PromptAccumulator:
     rows_without: int = 0  # valid rows of chunks with keys whose key is NO_PROMPT
     sources: dict[str, None] = field(default_factory=dict)
     has_versions: bool = False
+    keep_texts: bool = False  # also keep each prompt's id text (the ``texts`` of the module docstring)
+    texts: dict[int, str] = field(default_factory=dict)
+    text_level: int = 0
     worst: TopK = field(default_factory=lambda: TopK(EXAMPLE_ROWS))  # rows by score, with their prompt
     stale: TopK = field(default_factory=lambda: TopK(EXAMPLE_ROWS))  # rows by mean y, with their prompt
 
@@ -149,6 +156,8 @@ class PromptAccumulator:
         mean_y = y / np.maximum(tokens, 1.0)
         self._offer(chunk, self.worst, score, keyed)
         self._offer(chunk, self.stale, mean_y, keyed)
+        if self.keep_texts and (chunk.prompt_source or "").startswith("column "):
+            self._keep_texts(chunk, key, keyed)
         kept = keyed & _followed(key, self.level)
         if not kept.any():
             return
@@ -188,6 +197,26 @@ class PromptAccumulator:
         offered.sort(key=lambda item: (-item[0], item[1]))
         tracker.offer(offered[: tracker.k])
 
+    def _keep_texts(self, chunk: Chunk, key: np.ndarray, keyed: np.ndarray) -> None:
+        """The id text of each prompt of the chunk not yet held (one row of each), then the cap."""
+        rows = np.flatnonzero(keyed & _followed(key, self.text_level))
+        if rows.size == 0:
+            return
+        unique, first = np.unique(key[rows], return_index=True)
+        text = prompt_texts(chunk)
+        for found, row in zip(unique.tolist(), rows[first].tolist(), strict=True):
+            if found not in self.texts:
+                value = text(row)
+                if value is not None:
+                    self.texts[found] = value
+        self._cap_texts()
+
+    def _cap_texts(self) -> None:
+        while len(self.texts) > MAX_TEXTS:  # distinct sampling: keep half the texts kept so far
+            self.text_level += 1
+            mask = (1 << self.text_level) - 1
+            self.texts = {found: value for found, value in self.texts.items() if found & mask == 0}
+
     def _fold(self) -> None:
         self.table = _folded([self.table, *self.pending])
         self.pending, self.pending_rows = [], 0
@@ -212,6 +241,13 @@ class PromptAccumulator:
         self.rows_without += other.rows_without
         self.sources.update(other.sources)
         self.has_versions |= other.has_versions
+        self.keep_texts |= other.keep_texts
+        for found, value in other.texts.items():
+            self.texts.setdefault(found, value)
+        self.text_level = max(self.text_level, other.text_level)
+        mask = (1 << self.text_level) - 1
+        self.texts = {found: value for found, value in self.texts.items() if found & mask == 0}
+        self._cap_texts()
         self.worst.merge(other.worst)
         self.stale.merge(other.stale)
 
@@ -241,6 +277,7 @@ class PromptAccumulator:
             score_edges=[score_bin_edge(index) for index in range(SCORE_BINS)],
             worst_rows=_refs(self.worst),
             stale_rows=_refs(self.stale),
+            texts=dict(self.texts),
         )
 
 

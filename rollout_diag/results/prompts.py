@@ -47,6 +47,7 @@ class PromptEvidence:
     score_edges: list[float]  # each bin's lowest score
     worst_rows: list[tuple[RowRef, int, str | None, int]] = field(default_factory=list)
     stale_rows: list[tuple[RowRef, int, str | None, int]] = field(default_factory=list)
+    texts: dict[int, str] = field(default_factory=dict)  # prompt key → id text (``keep_texts``; else empty)
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,7 @@ def test_the_planted_deterministic_outliers_are_listed(planted):
     # the rest of the matrix: clean prompts, none of them in the worst 1 % in every run
     assert len(prompts.matrix) == 50 and prompts.matrix_cut == 302 - 50
     assert not any(item.listed for item in prompts.matrix[2:])
+    assert all(item.prompt[0] in "px" for item in prompts.matrix)  # every prompt by its id text, none by its key
     validator("runs.schema.json").validate(json.loads(json.dumps(result.to_json())))
 
 
