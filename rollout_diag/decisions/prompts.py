@@ -1,6 +1,7 @@
 """The prompt checks: pure functions from the per-prompt evidence (``metrics/prompts.py``) to the
-``stale_prefix_cache`` hint and the prompts that are extreme every time. Thresholds are module constants with their
-reasons in ``docs/hints.md``.
+``stale_prefix_cache`` hint and the prompts that are extreme every time, and (``matched_prompts``) from several runs'
+evidence to the prompts matched across runs. Thresholds are module constants with their reasons in ``docs/hints.md``
+and ``docs/runs.md``.
 
 Ages: a row's *age* is its version (``policy_version``, else its step) minus the first version at which its prompt
 appears in the dump. Rows of age 0 are first-seen (all n rows of a GRPO group at the prompt's first step among them);
@@ -285,8 +286,7 @@ def prompt_findings(evidence: PromptEvidence | None) -> PromptFindings | None:
 # family-wise bound as extreme every time: under "rows land in a run's worst share independently with that run's
 # share", the chance of one prompt doing so is Π_runs share_r^rows_r; it is listed when that, times the prompts seen
 # in two runs or more (the candidates; over the share followed where a run's table sampled its prompts), is at most
-# EXTREME_MAX_CHANCE (1 %). One row in each of 3 runs: 1e-6 × 10 000
-# candidates = 0.01; clean runs list none.
+# EXTREME_MAX_CHANCE (1 %). One row in each of 3 runs: 1e-6 × 10 000 candidates = 0.01; clean runs list none.
 MATCHED_MIN_RUNS = 2
 MATRIX_PROMPTS = 50  # prompts in the prompts × runs matrix: the listed outliers, then the most extreme elsewhere
 
