@@ -527,7 +527,8 @@ class Reading:
             "--column",
             "-c",
             help="Say which column plays a role: role=name (roles: rollout, trainer, "
-            "mask, step, sample_id, position, token_ids, tokens, policy_version, prompt_id). Repeatable.",
+            "mask, step, sample_id, position, token_ids, tokens, policy_version, prompt_id, rollout_token_ids, "
+            "kept_mass). Repeatable.",
             metavar="ROLE=NAME",
         ),
     ] = None

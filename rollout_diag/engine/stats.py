@@ -758,6 +758,12 @@ class KernelStats(ChunkStats):
     def segment_length(self) -> Array:
         return self._out(self._layout[2])
 
+    @property
+    def segment_raw_starts(self) -> np.ndarray:
+        """Index (into the chunk's raw token arrays, environment tokens included) of each segment's first token: the
+        few tokens a reader gathers are read there, without building the model-token arrays."""
+        return self._layout[0]
+
     @cached_property
     def segment_row(self) -> Array:
         return self._out(self._layout[3])
@@ -891,7 +897,7 @@ class KernelStats(ChunkStats):
 
     def hint_rows(self) -> tuple[dict[str, Array], Array]:
         """The token patterns of metrics.hints (``kernels.cpu.HINT_COLUMNS``, per row) and the rollout-probability
-        buckets [G, B, 4] of [tokens, Σ|δ|, Σy, Σy²], from the fused pass with the hint constants of
+        buckets [G, B, 5] of [tokens, Σ|δ|, Σy, Σy², Σδ], from the fused pass with the hint constants of
         ``kernels/prepass.py``."""
         per_row, buckets = self._fused[1]
         columns = self._out(per_row)
