@@ -687,9 +687,11 @@ def _side_sums(chunk: Chunk) -> dict[str, Array]:
             delta = arrays.host(chunk.trainer) - arrays.host(chunk.rollout)
             index = group[usable]
             sums["kept_tokens"] = np.bincount(index, minlength=groups).astype(np.float64)
-            sums["kept_log"] = np.bincount(index, log_mass[usable], groups)
-            sums["kept_residual"] = np.bincount(index, np.abs(delta - log_mass)[usable], groups)
-            sums["kept_abs"] = np.bincount(index, np.abs(delta)[usable], groups)
+            sums["kept_log"] = np.bincount(index, log_mass[usable], groups).astype(np.float64, copy=False)
+            sums["kept_residual"] = np.bincount(index, np.abs(delta - log_mass)[usable], groups).astype(
+                np.float64, copy=False
+            )
+            sums["kept_abs"] = np.bincount(index, np.abs(delta)[usable], groups).astype(np.float64, copy=False)
     return {name: arrays.like(values, like) for name, values in sums.items()}
 
 
