@@ -128,6 +128,8 @@ class Analysis:
     # False: no hint evidence, worst rows or dialects are gathered (a run-level summary reads none of them: ``diff``;
     # on 200 000 one-row steps they held ~0.3 GB of per-step state)
     findings: bool = True
+    # True: the per-prompt evidence is gathered without the findings too (``runs``' prompts matched across runs)
+    prompt_evidence: bool = False
 
     def __post_init__(self) -> None:
         check_analysis_options(self.max_rounds, self.catastrophic, self.top_k)
@@ -135,6 +137,7 @@ class Analysis:
         self.dialect = DialectsAccumulator(self.dialects)
         self.family = {family.name: family.make(self.max_rounds, self.catastrophic) for family in FAMILIES}
         self.worst = WorstTracker(self.top_k, self.catastrophic)
+        self.prompts.keep_texts = self.prompt_evidence  # runs' matrix names its prompts (metrics/prompts.py)
 
     def prepare(self, chunk: Chunk) -> None:
         """The per-token quantities the families read and the hint evidence, built in the reader's pipeline
@@ -166,6 +169,7 @@ class Analysis:
             family.update(chunk)
         if self.findings:
             self.hint_evidence.update(chunk)  # compare-presets too: a pipeline bug withholds its recommendation
+        if self.findings or self.prompt_evidence:
             self.prompts.update(chunk)
         if not self.offpolicy_only and self.findings:
             self.worst.update(chunk)
