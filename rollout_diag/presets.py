@@ -132,6 +132,11 @@ class Preset:
     rejection: tuple[RejectionOption, ...] = field(init=False, compare=False, repr=False)
     legacy: LegacyCorrection | None = field(init=False, compare=False, repr=False)
 
+    @property
+    def gated(self) -> bool:
+        """Whether a rejection option is a probability gate (GATE_STATISTICS: KPop, binary KL, TV)."""
+        return any(option.statistic in GATE_STATISTICS for option in self.rejection)
+
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
             raise ConfigError(
@@ -542,14 +547,15 @@ PRESET_GROUPS: dict[str, tuple[str, ...]] = {
 
 
 def get_presets(names: Iterable[str] | None = None, extra: Mapping[str, Preset] | None = None) -> list[Preset]:
-    """Presets by name, in the order given (duplicates dropped); None -> every built-in preset.
+    """Presets by name, in the order given (duplicates dropped); None -> the default set: every built-in preset but
+    the probability gates (``gates``; they cost compare-presets about a third more CPU: docs/gates.md), and ``extra``.
 
-    Names may be a group (``all``, ``verl``: the 19 of §4, ``legacy``: §8) or a preset of ``extra``
+    Names may be a group (``all``, ``verl``: the 19 of §4, ``legacy``: §8, ``gates``) or a preset of ``extra``
     (e.g. from :func:`load_presets_file`). Raises ConfigError for an unknown name, listing the known ones.
     """
     known = {**PRESETS, **(extra or {})}
     if names is None:
-        return list(known.values())
+        return [preset for name, preset in known.items() if name not in PRESET_GROUPS["gates"]]
     chosen: dict[str, Preset] = {}
     for name in names:
         if name in PRESET_GROUPS:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from rollout_diag.errors import ConfigError
 from rollout_diag.presets import (
+    GATE_PRESETS,
     LEGACY_PRESETS,
     PRESETS,
     RS_OPTIONS,
@@ -115,7 +116,11 @@ def test_rs_options_are_the_eleven_of_section_3_and_the_gates_in_every_scope():
 
 
 def test_get_presets_by_name_group_and_default():
-    assert [p.name for p in get_presets(None)] == list(PRESETS)
+    # the default set: every built-in preset but the probability gates (asked for by name, as a group or with all)
+    assert [p.name for p in get_presets(None)] == [p.name for p in (*VERL_PRESETS, *LEGACY_PRESETS)]
+    assert [p.name for p in get_presets(["all"])] == list(PRESETS)
+    assert [p.name for p in get_presets(["gates"])] == [p.name for p in GATE_PRESETS]
+    assert [p.gated for p in get_presets(["all"])] == [p in GATE_PRESETS for p in PRESETS.values()]
     assert len(get_presets(["verl"])) == 19
     assert [p.name for p in get_presets(["legacy"])] == [p.name for p in LEGACY_PRESETS]
     assert [p.name for p in get_presets(["disabled", "decoupled_k3_rs", "disabled"])] == ["disabled", "decoupled_k3_rs"]

@@ -16,7 +16,7 @@ import numpy as np
 from rollout_diag.catalogue import CLAMP, EPS
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
-from rollout_diag.engine.quantities import BANDS, BKL_EPS, COUNTS, EXTREME_BOUNDS, KPOP_EPS
+from rollout_diag.engine.quantities import BANDS, BKL_EPS, CLIP, COUNTS, EXTREME_BOUNDS, KPOP_EPS
 
 
 class TokenSource(Protocol):
@@ -137,6 +137,29 @@ for _bound, _name in zip(EXTREME_BOUNDS, COUNTS[1:3], strict=True):  # above_ln2
     _counted(_name, _above(_bound))
 for _band, _name in zip(BANDS, COUNTS[3:], strict=True):  # within_<ε>: |δ| ≤ ε
     _counted(_name, _within(_band))
+
+
+# The hint evidence's token quantities (metrics/hints.py): y = min(|δ|, CLIP), y², δ·r and r² (the δ ≈ c·r fit).
+@quantity("hint_clipped_abs")
+def _clipped_abs(s: TokenSource) -> Array:
+    return arrays.clamp(s.token("abs_log_ratio"), upper=CLIP)
+
+
+@quantity("hint_clipped_square")
+def _clipped_square(s: TokenSource) -> Array:
+    y = s.token("hint_clipped_abs")
+    return y * y
+
+
+@quantity("hint_cross")
+def _cross(s: TokenSource) -> Array:
+    return s.token("log_ratio") * s.token("rollout")
+
+
+@quantity("hint_rollout_square")
+def _rollout_square(s: TokenSource) -> Array:
+    rollout = s.token("rollout")
+    return rollout * rollout
 
 
 @quantity("chi2_term")

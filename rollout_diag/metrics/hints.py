@@ -27,7 +27,6 @@ from rollout_diag.catalogue import (
 )
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
-from rollout_diag.engine.formulas import quantity
 from rollout_diag.engine.quantities import CLIP, COPY_GAP, LOG_HALF, PROBABILITY_EDGES
 from rollout_diag.engine.state import StateTable
 from rollout_diag.engine.stats import ChunkStats, KernelStats, reduce_runs, stats
@@ -101,28 +100,6 @@ SIDE_SUMS = ("id_tokens", "id_differ", "kept_tokens", "kept_log", "kept_residual
 VERSION_EXTREMES = {"version_min": "min", "version_max": "max"}
 PROBABILITY_COLUMNS = ("tokens", "abs", "y", "y2", "delta")  # per rollout-probability bucket (abs: Σ|δ|, delta: Σδ)
 POSITION_COLUMNS = ("tokens", "y", "y2")  # per log2 position bucket
-
-
-@quantity("hint_clipped_abs")
-def _clipped_abs(s: ChunkStats) -> Array:  # y = min(|δ|, 1)
-    return arrays.clamp(s.token("abs_log_ratio"), upper=CLIP)
-
-
-@quantity("hint_clipped_square")
-def _clipped_square(s: ChunkStats) -> Array:  # y²
-    y = s.token("hint_clipped_abs")
-    return y * y
-
-
-@quantity("hint_cross")
-def _cross(s: ChunkStats) -> Array:  # δ·r (the δ ≈ c·r fit)
-    return s.token("log_ratio") * s.token("rollout")
-
-
-@quantity("hint_rollout_square")
-def _rollout_square(s: ChunkStats) -> Array:  # r²
-    rollout = s.token("rollout")
-    return rollout * rollout
 
 
 def _isin(values: Array, sorted_set: Array) -> Array:

@@ -41,6 +41,7 @@ DEFAULT_TARGETS = (0.001, 0.01, 0.05)
 # the probability gates (presets.GATE_STATISTICS): each row's sum, for the exact sweep of their seq_mean options
 GATES = ("kpop", "bkl", "tv")
 GATE_ROW_FIELDS = tuple(f"sum_{gate}" for gate in GATES)
+GATE_OPTIONS = frozenset(f"{scope}_{gate}" for scope in ("token", "seq_mean") for gate in GATES)  # in OPTIONS
 CURVE_POINTS = 41
 # ChunkStats.memo key of a chunk's signed histograms of c per step group ([G, 2·HISTOGRAM_BINS]): the compiled preset
 # pass's where it counted them (metrics.correction.prepare_derived), else signed_histograms'
@@ -96,26 +97,38 @@ class SweepAccumulator(StepAccumulator):
         "gates": "sum",  # histograms of each probability gate's value over |c|'s bins, GATES in order
     }
 
+    def __init__(self, gates: bool = True) -> None:
+        """``gates``: the probability gates' options too (their values cost compare-presets about a third more CPU:
+        it asks for them only with a gate preset); without, their columns and histograms hold zeros."""
+        super().__init__()
+        self.gates = gates
+
     def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)
         groups = chunk.groups
         # one histogram of 2·HISTOGRAM_BINS per step: c > 0 in the first half, c ≤ 0 in the second
         signed = signed_histograms(s)
-        rows = row_fields(s)
+        rows = row_fields(s, self.gates)
         valid = s.row_count > 0
         return {
             "positive": signed[:, :HISTOGRAM_BINS],
             "negative": signed[:, HISTOGRAM_BINS:],
             "tokens": s.group_sum_rows(s.row_count),
             "rows": Ragged(arrays.host(rows[valid]), arrays.host(groups.row_group[valid])),
-            "gates": gate_histograms(s),
+            "gates": gate_histograms(s)
+            if self.gates
+            else arrays.zeros((signed.shape[0], len(GATES) * HISTOGRAM_BINS), signed),
         }
 
     def _finalize(self, state: State) -> dict[str, float]:
         return {}  # the sweep is a table, not metrics: see sweep_tables()
 
     def table(self, state: State, targets: tuple[float, ...], curve: bool) -> list[dict[str, Any]]:
-        return [_option_row(option, state, targets, curve) for option in OPTIONS]
+        return [
+            _option_row(option, state, targets, curve)
+            for option in OPTIONS
+            if self.gates or option.name not in GATE_OPTIONS
+        ]
 
 
 class RunSweepAccumulator(SweepAccumulator):
@@ -128,14 +141,18 @@ class RunSweepAccumulator(SweepAccumulator):
         # the step groups' counts added (whole numbers: exact in any order), on the host: the state is numpy
         counts = arrays.host(signed_histograms(s)).sum(axis=0)
         signed = np.asarray(counts, dtype=np.float64).reshape(1, -1)
-        rows = arrays.host(row_fields(s))
+        rows = arrays.host(row_fields(s, self.gates))
         valid = arrays.host(s.row_count) > 0
         partial = {
             "positive": signed[:, :HISTOGRAM_BINS],
             "negative": signed[:, HISTOGRAM_BINS:],
             "tokens": arrays.host(s.row_count).sum(keepdims=True),  # a sum of whole counts: exact in any order
             "rows": Ragged(rows[valid], np.zeros(int(valid.sum()), dtype=np.int64)),
-            "gates": np.asarray(arrays.host(gate_histograms(s)), dtype=np.float64).sum(axis=0, keepdims=True),
+            "gates": (
+                np.asarray(arrays.host(gate_histograms(s)), dtype=np.float64).sum(axis=0, keepdims=True)
+                if self.gates
+                else np.zeros((1, len(GATES) * HISTOGRAM_BINS))
+            ),
         }
         # the rows held aside, not copied again
         self.append_table(StateTable.from_groups(self.REDUCTIONS, [0], partial))
@@ -207,9 +224,11 @@ def exact_bin_edges() -> tuple[np.ndarray, np.ndarray]:
     return edges, table
 
 
-def row_fields(s: ChunkStats) -> Array:
-    """ROW_FIELDS of every row of the chunk [R, len(ROW_FIELDS)], of the chunk's kind."""
+def row_fields(s: ChunkStats, gates: bool = True) -> Array:
+    """ROW_FIELDS of every row of the chunk [R, len(ROW_FIELDS)], of the chunk's kind (the gates' sums 0 without
+    ``gates``)."""
     n = s.row_count
+    zero = n * 0.0
     return arrays.stack(
         [
             s.row_sum("clamped_log_ratio"),
@@ -219,7 +238,7 @@ def row_fields(s: ChunkStats) -> Array:
             arrays.clamp(s.row_max("rs_k3"), lower=0.0),
             n,
             s.row_sum("log_ratio"),
-            *(s.row_sum(f"rs_{gate}") for gate in GATES),
+            *(s.row_sum(f"rs_{gate}") if gates else zero for gate in GATES),
         ],
         axis=-1,
     )

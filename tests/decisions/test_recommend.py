@@ -102,7 +102,9 @@ def test_compare_presets_json_carries_the_recommendation(sample_comparison: dict
 
 
 def test_terminal_opens_with_the_answer_and_sorts_by_intrusiveness(sample_comparison: dict) -> None:
-    output = succeeded(invoke("compare-presets", SAMPLE, "--device", "cpu", "--sort", "intrusiveness"))
+    output = succeeded(
+        invoke("compare-presets", SAMPLE, "--device", "cpu", "--sort", "intrusiveness", "--preset", "all")
+    )
     # the answer first: the data's verdict, then the recommendation and its reason (issue 19)
     assert output.startswith("Verdict: ")
     assert output.index("Recommendation: decoupled_token_is") < output.index("Rollout-correction presets")
@@ -119,7 +121,11 @@ def test_terminal_opens_with_the_answer_and_sorts_by_intrusiveness(sample_compar
     assert shown == [n for n in ranked if corrects(config[n])] + [n for n in ranked if not corrects(config[n])]
     assert set(order) <= set(re.sub(r"[,;.]", " ", output).split())  # every preset named, in a row or a caption
     document = json.loads(
-        succeeded(invoke("compare-presets", SAMPLE, "--device", "cpu", "-f", "json", "--sort", "intrusiveness"))
+        succeeded(
+            invoke(
+                "compare-presets", SAMPLE, "--device", "cpu", "-f", "json", "--sort", "intrusiveness", "--preset", "all"
+            )
+        )
     )
     # the JSON in the table's order: correcting presets least intrusive first, those that correct nothing last
     listed = [p["name"] for p in document["presets"]]
