@@ -77,7 +77,8 @@ ROW_SUMS = (
     "shift_rows_shifted",
 )
 
-PROBABILITY_COLUMNS = ("tokens", "abs", "y", "y2")  # per rollout-probability bucket (abs: Σ|δ| unclipped)
+PROBABILITY_COLUMNS = ("tokens", "abs", "y", "y2", "k3")  # per rollout-probability bucket (abs: Σ|δ| unclipped;
+# k3: Σ(exp δ − δ − 1), what the drift split reads)
 POSITION_COLUMNS = ("tokens", "y", "y2")  # per log2 position bucket
 
 
@@ -361,7 +362,13 @@ class HintEvidenceAccumulator(StepAccumulator):
                 chunk,
                 probability_bucket(chunk.model.rollout),
                 PROBABILITY_BUCKETS,
-                [None, s.token("abs_log_ratio"), s.token("hint_clipped_abs"), s.token("hint_clipped_square")],
+                [
+                    None,
+                    s.token("abs_log_ratio"),
+                    s.token("hint_clipped_abs"),
+                    s.token("hint_clipped_square"),
+                    s.token("k3"),
+                ],
             )
         # segments never straddle a log2 position bucket: sum per segment, then by bucket
         s = evidence.stats

@@ -146,6 +146,9 @@ class AnalysisResult:
     anomaly_check: str = ""  # why the anomaly rule could not apply ("" when it did)
     groups: list[GroupResult] = field(default_factory=list)  # --by: every group of every spec, worst first
     selection: dict[str, Any] = field(default_factory=dict)  # --where / --steps: {"where", "steps", "rows_kept", …}
+    # why the mismatch moved from the early to the late window of steps: per metric (k3_kl, mean |δ|) the change split
+    # per factor into mix and within parts, judged (docs/drift.md; built by drivers/drift.py)
+    drift: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         document = self.json_document()
@@ -197,6 +200,7 @@ class AnalysisResult:
             "anomaly_check": self.anomaly_check,
             "groups": [group.to_json() for group in self.groups],
             "selection": dict(self.selection),
+            "drift": [dict(entry) for entry in self.drift],
         }
 
     def to_polars(self) -> dict[str, Any]:

@@ -89,10 +89,12 @@ def worst_group_line(groups: Sequence[GroupResult]) -> str | None:
 
 
 def where(result: AnalysisResult) -> list[str]:
-    """Where the mismatch sits: the step trends that rise ("mean |δ| up 2.5× from step 0 to 44"), the worst step,
+    """Where the mismatch sits: the step trends that rise ("mean |δ| up 2.5× from step 0 to 44"), why the mismatch moved
+    between the early and the late steps (``drift``, when beyond noise), the worst step,
     the most divergent round, the worst row and token, the worst group of each ``--by`` spec. A place whose value is
     0 is no place (identical logprobs have no worst step, row or token)."""
     lines = [trend.headline for trend in result.trends if trend.against == "step" and trend.headline]
+    lines += [sentence for entry in result.drift if (sentence := drift_sentence(entry))]
     step = worst_step(result.steps)
     run_value = result.run.metrics.get(HEADLINE)
     if step is not None and len(result.steps) > 1 and _positive(step.metrics.get(HEADLINE)):
@@ -125,3 +127,61 @@ def _positive(value: float | None) -> bool:
 
 def _finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
+
+
+# ------------------------------------------------------------------------------------------------ drift
+_DRIFT_NAMES = {"mismatch/logprob_abs_diff": "mean |δ|"}
+_BUCKET_NOUNS = {"probability": "probability bucket", "length": "length", "position": "position", "round": "round"}
+
+
+def _toward(factor: str, bucket: str) -> str:
+    """The bucket the tokens moved toward, in words."""
+    if factor == "probability":
+        return f"tokens of rollout {bucket}"
+    if factor == "length":
+        return f"responses of {bucket} tokens"
+    if factor == "position":
+        return f"positions {bucket}"
+    if factor == "round":
+        return f"round {bucket}"
+    return f"rows of {factor} = {bucket}"
+
+
+def _share(value: float) -> str:
+    return f"{100.0 * value:.0f} %"
+
+
+def _steps(pair: Sequence[int]) -> str:
+    return str(pair[0]) if pair[0] == pair[1] else f"{pair[0]}–{pair[1]}"
+
+
+def drift_sentence(entry: dict) -> str | None:
+    """The analysis' ``drift`` entry of one metric in one sentence when its change is beyond noise (None otherwise):
+    "k3_kl rose 3.1× from steps 0–8 to 36–44: 74 % from the shift toward responses of 1024–2047 tokens (length mix),
+    little change within each length"."""
+    if not entry.get("beyond_noise"):
+        return None
+    ratio = entry["ratio"]
+    name = _DRIFT_NAMES.get(entry["metric"]) or short_name(entry["metric"])
+    verb = "rose" if entry["change"] > 0 else "fell"
+    moved = f"rose {ratio:.1f}×" if entry["change"] > 0 else f"fell {1.0 / ratio:.1f}×" if ratio else "fell"
+    head = f"{name} {moved} from steps {_steps(entry['from_steps'])} to {_steps(entry['to_steps'])}"
+    found = entry.get("explained_by")
+    if not found:
+        return head
+    factor = found["factor"]
+    noun = _BUCKET_NOUNS.get(factor, f"{factor} group")
+    if found["part"] == "mix":
+        tail = (
+            f"little change within each {noun}"
+            if found["rest_little"]
+            else f"within each {noun} it {verb} too ({_share(found['rest'])})"
+        )
+        toward = _toward(factor, found["toward"])
+        return f"{head}: {_share(found['share'])} from the shift toward {toward} ({factor} mix), {tail}"
+    if found["within_everywhere"]:
+        return (
+            f"{head}: the mismatch itself {verb} ({_share(found['share'])} within each {noun}), not a shift in "
+            "rollout probability, length, position or round"
+        )
+    return f"{head}: {_share(found['share'])} within each {noun}, {_share(found['rest'])} from the mix of {noun}s"

@@ -60,7 +60,7 @@ def reductions(
 ) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, np.ndarray]]:
     """The fused pass, the hint patterns with it (each token read once): ((sums, maxima, minima) [Q, S], moments of
     MOMENT_PAIRS [G, P, 6], δ histogram [G, B]) and the hint rows: per row the HINT_COLUMNS [R, 13], per step group and
-    probability bucket [G, B, 4]. Without ``probabilities`` the probability quantities' sums and extremes are 0 and
+    probability bucket [G, B, 5]. Without ``probabilities`` the probability quantities' sums and extremes are 0 and
     there are no moments ([G, 0, 6]) (``kernels.cpu.segment_pass``)."""
     kernels = compiled()
     wanted = MOMENT_PAIRS if probabilities else ()
