@@ -92,8 +92,9 @@ def _replicates(analysis: Analysis, window: np.ndarray) -> np.ndarray:
 def drift_of(analysis: Analysis) -> list[dict[str, Any]]:
     """One entry per metric of DRIFT_METRICS (k3_kl, mean |δ|): the early and the late window
     (``analysis.drift_windows``: step ranges, inclusive; None: the first and the last 20 % of the steps), the token
-    mean in each, its change and the change's split per factor, judged (bootstrap interval, beyond noise); [] with fewer than two steps and no windows,
-    or a pass without the families it reads. Raises ConfigError when a given window holds no step."""
+    mean in each, its change and the change's split per factor, judged (bootstrap interval, beyond noise); [] with
+    fewer than two steps and no windows, or a pass without the families it reads.
+    Raises ConfigError when a given window holds no step."""
     if analysis.offpolicy_only or not analysis.findings:
         return []
     windows: DriftWindows | None = analysis.drift_windows  # type: ignore[assignment]  # parsed by Analysis
