@@ -41,26 +41,23 @@ def bootstrap_changes(
 
 
 def _explained_by(entry: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The part (a factor's mix or within) that carries the largest share of the change, with the rest of that
-    factor's share; None when the change is 0."""
+    """What explains the change: the factor whose mix carries the largest share of it; its mix when that share is at
+    least EXPLAINS (with the bucket the tokens moved toward), else the within part (no shift between buckets explains
+    it: each bucket's own mismatch moved). None when the change is 0."""
     change = entry["change"]
-    if change == 0 or not math.isfinite(change):
+    if change == 0 or not math.isfinite(change) or not entry["factors"]:
         return None
-    best: dict[str, Any] | None = None
-    for factor in entry["factors"]:
-        for part, other in (("mix", "within"), ("within", "mix")):
-            share = factor[part] / change
-            if best is None or share > best["share"]:
-                best = {"factor": factor["factor"], "part": part, "share": share, "rest": factor[other] / change}
-    if best is None:
-        return None
-    if best["part"] == "mix":  # toward which bucket: the one whose mix moved the value most in the change's direction
-        factor = next(f for f in entry["factors"] if f["factor"] == best["factor"])
+    factor = max(entry["factors"], key=lambda f: f["mix"] / change)
+    mix, within = factor["mix"] / change, factor["within"] / change
+    found: dict[str, Any] = {"factor": factor["factor"], "mix_share": mix}
+    if mix >= EXPLAINS:
+        # toward the bucket whose mix moved the value most in the change's direction
         toward = max(factor["buckets"], key=lambda b: (b["mix"] / change, b["to_share"] - b["from_share"]))
-        best["toward"] = toward["bucket"]
-    best["rest_little"] = abs(best["rest"]) < LITTLE
-    best["within_everywhere"] = all(f["within"] / change >= EXPLAINS for f in entry["factors"])
-    return best
+        found.update(part="mix", share=mix, rest=within, toward=toward["bucket"])
+    else:
+        found.update(part="within", share=within, rest=mix)
+    found["rest_little"] = abs(found["rest"]) < LITTLE
+    return found
 
 
 def judge_drift(

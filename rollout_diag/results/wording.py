@@ -179,9 +179,8 @@ def drift_sentence(entry: dict) -> str | None:
         )
         toward = _toward(factor, found["toward"])
         return f"{head}: {_share(found['share'])} from the shift toward {toward} ({factor} mix), {tail}"
-    if found["within_everywhere"]:
-        return (
-            f"{head}: the mismatch itself {verb} ({_share(found['share'])} within each {noun}), not a shift in "
-            "rollout probability, length, position or round"
-        )
-    return f"{head}: {_share(found['share'])} within each {noun}, {_share(found['rest'])} from the mix of {noun}s"
+    largest = f"{_share(max(found['mix_share'], 0.0))}, {factor}" if found["mix_share"] > 0 else "none"
+    return (
+        f"{head}: the mismatch itself {verb} within buckets, not a shift in rollout probability, length, position "
+        f"or round (the largest mix part: {largest})"
+    )
