@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+
 from helpers.dumps import seq_row, write_sequence_dump
 
 STEPS = 10
