@@ -151,8 +151,14 @@ def _share(value: float) -> str:
     return f"{100.0 * value:.0f} %"
 
 
-def _steps(pair: Sequence[int]) -> str:
+def drift_steps(pair: Sequence[int]) -> str:
+    """A window's steps: "0–8", or "3" for one step."""
     return str(pair[0]) if pair[0] == pair[1] else f"{pair[0]}–{pair[1]}"
+
+
+def drift_name(metric: str) -> str:
+    """A drift metric's name in sentences: k3_kl, mean |δ|."""
+    return _DRIFT_NAMES.get(metric) or short_name(metric)
 
 
 def drift_sentence(entry: dict) -> str | None:
@@ -162,10 +168,10 @@ def drift_sentence(entry: dict) -> str | None:
     if not entry.get("beyond_noise"):
         return None
     ratio = entry["ratio"]
-    name = _DRIFT_NAMES.get(entry["metric"]) or short_name(entry["metric"])
+    name = drift_name(entry["metric"])
     verb = "rose" if entry["change"] > 0 else "fell"
     moved = f"rose {ratio:.1f}×" if entry["change"] > 0 else f"fell {1.0 / ratio:.1f}×" if ratio else "fell"
-    head = f"{name} {moved} from steps {_steps(entry['from_steps'])} to {_steps(entry['to_steps'])}"
+    head = f"{name} {moved} from steps {drift_steps(entry['from_steps'])} to {drift_steps(entry['to_steps'])}"
     found = entry.get("explained_by")
     if not found:
         return head

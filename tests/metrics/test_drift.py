@@ -214,3 +214,15 @@ def test_merged_parts_give_the_whole(scenarios: dict[str, Path], cut: int, backw
         assert b["interval"] == pytest.approx(a["interval"], rel=1e-9)
         for fa, fb in zip(a["factors"], b["factors"], strict=True):
             assert (fb["mix"], fb["within"]) == pytest.approx((fa["mix"], fa["within"]), rel=1e-10, abs=1e-15)
+
+
+def test_torch_engine_gives_the_same_split(scenarios: dict[str, Path]) -> None:
+    from rollout_diag.engine.choice import use_engine
+
+    numba = analyze([str(scenarios["probability"])], workers=1).drift
+    with use_engine("torch"):
+        torch = analyze([str(scenarios["probability"])], workers=1).drift
+    for a, b in zip(numba, torch, strict=True):
+        assert b["change"] == pytest.approx(a["change"], rel=1e-12)
+        for fa, fb in zip(a["factors"], b["factors"], strict=True):
+            assert (fb["mix"], fb["within"]) == pytest.approx((fa["mix"], fa["within"]), rel=1e-10, abs=1e-15)
