@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from rollout_diag import catalogue
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
 from rollout_diag.engine.stats import stats
@@ -39,7 +40,7 @@ LENGTH_BUCKETS = POSITION_BUCKETS  # log2 buckets of a row's model tokens: 0, 1,
 # and give a percentile interval as steady as resampling rows does once a window holds a few hundred rows.
 REPLICATE_GROUPS = 64
 DRIFT_SUMS = ("tokens", "abs", "k3")  # per bucket: model tokens, Σ|δ|, Σ(exp δ − δ − 1)
-DRIFT_METRICS = {"k3": "rollout_corr/k3_kl", "abs": "mismatch/logprob_abs_diff"}  # each a token mean (METRICS.md)
+DRIFT_METRICS = {"k3": catalogue.K3_KL.key, "abs": catalogue.LOGPROB_ABS_DIFF.key}  # each a token mean (METRICS.md)
 WINDOW_SHARE = 0.2  # default windows: the first and the last 20 % of the steps (at least one step each)
 DriftWindows = tuple[tuple[int, int], tuple[int, int]]  # (early, late): first and last step of each, inclusive
 _MIX64 = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)

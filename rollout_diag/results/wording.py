@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rollout_diag.catalogue import K3_KL, short_name
+from rollout_diag.catalogue import K3_KL, LOGPROB_ABS_DIFF, short_name
 from rollout_diag.formatting import group_label, number, percent
 from rollout_diag.paths import file_label
 from rollout_diag.results.columns import StepTable
@@ -130,7 +130,7 @@ def _finite(value: float | None) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ drift
-_DRIFT_NAMES = {"mismatch/logprob_abs_diff": "mean |δ|"}
+_DRIFT_NAMES = {LOGPROB_ABS_DIFF.key: "mean |δ|"}
 _BUCKET_NOUNS = {"probability": "probability bucket", "length": "length", "position": "position", "round": "round"}
 
 
