@@ -185,8 +185,8 @@ def drift_sentence(entry: dict) -> str | None:
         )
         toward = _toward(factor, found["toward"])
         return f"{head}: {_share(found['share'])} from the shift toward {toward} ({factor} mix), {tail}"
-    largest = f"{_share(max(found['mix_share'], 0.0))}, {factor}" if found["mix_share"] > 0 else "none"
+    most = f" (no factor's mix carries more than {_share(found['mix_share'])})" if found["mix_share"] > 0 else ""
     return (
         f"{head}: the mismatch itself {verb} within buckets, not a shift in rollout probability, length, position "
-        f"or round (the largest mix part: {largest})"
+        f"or round{most}"
     )
