@@ -49,7 +49,7 @@ _MIX64 = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
 def length_bucket(tokens: np.ndarray) -> np.ndarray:
     """The log2 bucket of each row's model-token count (0 → 0, 1 → 1, 2–3 → 2, 4–7 → 3, …), as positions'."""
     exponent = np.frexp(np.asarray(tokens, dtype=np.float64))[1].astype(np.int64)  # n = m·2^e, m in [0.5, 1)
-    return np.clip(exponent, 0, LENGTH_BUCKETS - 1)
+    return np.minimum(exponent, LENGTH_BUCKETS - 1)  # a count ≥ 0 has an exponent ≥ 0
 
 
 def length_label(bucket: int) -> str:
