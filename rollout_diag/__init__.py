@@ -68,6 +68,11 @@ _EXPORTS: dict[str, str] = {
     "CheckResult": "rollout_diag.decisions.check",
     "Gate": "rollout_diag.decisions.check",
     "DiffResult": "rollout_diag.decisions.diff",
+    # runs: many runs with their knobs (an ablation matrix)
+    "compare_dumps": "rollout_diag.drivers.runs",
+    "RunSpec": "rollout_diag.drivers.runs",
+    "RunsResult": "rollout_diag.results",
+    "write_runs_report": "rollout_diag.report.runs",
     "Recommendation": "rollout_diag.decisions.recommend",
     "recommend": "rollout_diag.decisions.recommend",
     "RowStats": "rollout_diag.results",

@@ -145,7 +145,8 @@ class Role:
     ANOMALY = "anomaly"  # checked for anomalous steps (decisions.trends)
     TRENDED = "trended"  # drawn as a per-step trend panel in the report
     BOOTSTRAPPED = "bootstrapped"  # recomputed from per-row sums by diff (bootstrap) and check: needs ``row=``
-    ALL = (JUDGED, LENGTH_GROWING, ANOMALY, TRENDED, BOOTSTRAPPED)
+    RUNS = "runs"  # the key metrics ``runs`` reports per run and per knob effect: needs ``row=``
+    ALL = (JUDGED, LENGTH_GROWING, ANOMALY, TRENDED, BOOTSTRAPPED, RUNS)
 
 
 def with_role(role: str) -> tuple[Metric, ...]:
@@ -254,7 +255,7 @@ K3_KL = _metric(
     note="KL(rollout‖trainer), k3 estimator, token mean: the headline number",
     verdict=Thresholds(1e-3, 1e-2, "token-level KL(rollout‖trainer), k3 estimator"),
     row_meaning="token-mean k3 KL, exp(δ) − δ − 1 (§1)",
-    roles={Role.BOOTSTRAPPED: 1, Role.JUDGED: 1, Role.TRENDED: 1, Role.ANOMALY: 1},
+    roles={Role.BOOTSTRAPPED: 1, Role.JUDGED: 1, Role.TRENDED: 1, Role.ANOMALY: 1, Role.RUNS: 1},
     row=RowFormula("token", "k3"),
 )
 _metric(
@@ -595,7 +596,7 @@ LOGPROB_ABS_DIFF = _metric(
     title="|δ| mean",
     verdict=Thresholds(5e-2, 2e-1, "mean |log p_train − log p_rollout| per token"),
     row_meaning="token-mean |δ| (§7)",
-    roles={Role.BOOTSTRAPPED: 5, Role.JUDGED: 6, Role.TRENDED: 7},
+    roles={Role.BOOTSTRAPPED: 5, Role.JUDGED: 6, Role.TRENDED: 7, Role.RUNS: 2},
     row=RowFormula("token", "abs_log_ratio"),
 )
 ROUND_ABS_DIFF_MEAN = _metric(
@@ -707,7 +708,9 @@ CATASTROPHIC_TOKEN_SHARE = _metric(
     "catastrophic tokens are not rare",
     unit=SHARE,
     title="catastrophic token share",
-    roles={Role.TRENDED: 8},
+    roles={Role.TRENDED: 8, Role.RUNS: 3},
+    row=RowFormula("token", "catastrophic", eps=0.0),  # S_i[|δ| > threshold]: runs' row statistics count it
+    row_meaning="share of model tokens with |δ| above the catastrophic threshold",
 )
 K3_KL_WITHOUT_CATASTROPHIC = _metric(
     "diag/k3_kl_without_catastrophic",

@@ -34,9 +34,21 @@ if TYPE_CHECKING:  # rich.console loads where a command renders: --help and an i
     from rich.console import Console
 
     from rollout_diag.drivers.dump import Dump
+    from rollout_diag.presets import Preset
 
 # The README's order:
-COMMAND_ORDER = ("analyze", "compare-presets", "sweep", "report", "inspect", "check", "diff", "watch", "convert")
+COMMAND_ORDER = (
+    "analyze",
+    "compare-presets",
+    "sweep",
+    "report",
+    "inspect",
+    "check",
+    "diff",
+    "runs",
+    "watch",
+    "convert",
+)
 
 
 class CommandsInReadmeOrder(TyperGroup):
@@ -113,7 +125,8 @@ def light_coercion(params: Iterable[Any]) -> None:
                 converted = _light_value(item_type, value)
                 if converted is not _UNCONVERTED:
                     return converted
-            return build_runtime_param(self.descriptor)._coerce_value(value, param=param, ctx=ctx)
+            # typer's own conversion, for what the light path leaves (typer has no public hook for it)
+            return build_runtime_param(self.descriptor)._coerce_value(value, param=param, ctx=ctx)  # noqa: SLF001
 
     for param in params:
         descriptor = getattr(param, "type_descriptor", None)
@@ -121,6 +134,7 @@ def light_coercion(params: Iterable[Any]) -> None:
         if (
             getattr(param, "_runtime_param", False) is not None
             or descriptor is None
+            or info is None
             or descriptor.file_annotation is not None
             or getattr(info, "parser", None) is not None
             or getattr(info, "click_type", None) is not None
@@ -129,7 +143,7 @@ def light_coercion(params: Iterable[Any]) -> None:
         annotation = descriptor.annotation
         item = typing.get_args(annotation)[0] if typing.get_origin(annotation) is list else annotation
         if item in (str, bool, int, float, Path) or (isinstance(item, type) and issubclass(item, Enum)):
-            param._runtime_param = LightParam(info, annotation, descriptor)
+            param._runtime_param = LightParam(info, annotation, descriptor)  # noqa: SLF001  (typer's lazy slot)
 
 
 app = typer.Typer(
@@ -232,8 +246,9 @@ DialectOpt = Annotated[
     typer.Option(
         "--dialect",
         help="Also report a trainer's own mismatch metrics under its logged names: verl (the default, in the JSON), "
-        "prime-rl, nemo-rl, slime, skyrl, trl, roll, areal, openrlhf, a comma-separated list, or all "
-        "(one table, trainers as columns). See docs/dialects.md.",
+        "prime-rl, nemo-rl, slime, skyrl, trl, roll, areal, openrlhf; an earlier commit or another configuration "
+        "(verl@b178a3c, verl@b178a3c:seq, prime-rl:ipo, areal:kpop, areal@4aef98d); a comma-separated list, or all "
+        "(every trainer at its current code; one table, trainers as columns). See docs/dialects.md.",
         metavar="NAME",
     ),
 ]
@@ -245,7 +260,7 @@ def _console(stream=None) -> Console:
     return Console(file=stream or sys.stdout, soft_wrap=False)
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     from rollout_diag.formatting import visible  # messages name files and columns: never raw escapes
 
     typer.echo(f"Error: {visible(message)}", err=True)
@@ -425,7 +440,8 @@ def data_outputs(chosen: DataFormat, output: Path | None, by: list[str] | None) 
     return {"output": output}
 
 
-def write_parquet_tables(result: Any, output: Path) -> None:
+def write_parquet_tables(result: Any, output: Path | None) -> None:
+    assert output is not None, "data_format refuses --format parquet without --output"
     from rollout_diag.export.parquet import write_parquet
 
     for path in write_parquet(result, output):
@@ -452,7 +468,7 @@ class Shared:
         self.default = default
 
 
-SHARED = Shared()
+SHARED: Any = Shared()  # typed Any: it stands in a parameter's default for the group's own value
 PRESET_CHUNKS = Shared(PRESET_CHUNK_TOKENS)  # --chunk-tokens of the commands with presets (drivers/dump.py)
 ON_THE_CPU = Shared("cpu")  # --device of watch
 
@@ -543,8 +559,19 @@ class Reading:
             check_inputs_exist(inputs)
 
         split = {} if one_process else {"workers": self.workers, "backend": self.backend}
-        options = {"strict": self.strict, "chunk_tokens": self.chunk_tokens, "device": self.device, **split}
-        return Dump(inputs, self.columns(), input_format=self.input_format, trust_pickle=self.trust_pickle, **options)
+        options: dict[str, Any] = {
+            "strict": self.strict,
+            "chunk_tokens": self.chunk_tokens,
+            "device": self.device,
+            **split,
+        }
+        return Dump(
+            tuple(str(path) for path in inputs),
+            self.columns(),
+            input_format=self.input_format,
+            trust_pickle=self.trust_pickle,
+            **options,
+        )
 
     def open(
         self, inputs: list[Path], read_ahead: bool = False, numpy: bool = False, one_process: bool = False
@@ -597,7 +624,7 @@ class PresetChoice:
         bool, typer.Option("--batch-normalize", help="Custom preset: normalise IS weights per batch.")
     ] = False
 
-    def presets(self) -> list:
+    def presets(self) -> list[str | Preset] | None:
         """The chosen presets (``presets.choose_presets``); raises ConfigError."""
         from rollout_diag.presets import choose_presets
 
@@ -679,7 +706,7 @@ OPTION_GROUPS = (Reading, PresetChoice, AnalysisKnobs, Selection)
 @functools.cache
 def _group_fields() -> dict[str, tuple[type, Any, Any]]:
     """Option name -> (its group, its Annotated declaration, its default), over every group."""
-    found = {}
+    found: dict[str, tuple[type, Any, Any]] = {}
     for group in OPTION_GROUPS:
         hints = typing.get_type_hints(group, include_extras=True)
         for field in dataclasses.fields(group):
@@ -1181,7 +1208,7 @@ def report(
     if from_json and inputs:
         raise ConfigError("give dump files or --from-json, not both.")
     refuse_overwriting_inputs({"output": output}, inputs, from_json, vs, choice.presets_file)
-    dump = None
+    dump: Dump | None = None
     if inputs:  # opened before the imports below load torch: a bad file fails at once
         from rollout_diag.engine.choice import expect_presets
 
@@ -1201,6 +1228,7 @@ def report(
         from rollout_diag.drivers.compare import analyze_and_compare
 
         with progress_bar(inputs) as progress:
+            assert dump is not None  # opened above, from the same inputs
             analysis, comparison = analyze_and_compare(
                 dump,
                 choice.presets(),
@@ -1224,6 +1252,7 @@ def report(
         comparison_ab = diff_runs(*runs, presets=choice.preset or None)
     shown = (choice.preset or None) if from_json else None  # a live run already compared only these
     if analysis is None:  # a saved compare-presets result alone: the report derives the rest from it
+        assert comparison is not None  # load_results returns one of the two at least
         text = render_report(comparison, title=title, presets=shown)
     else:
         text = render_report(analysis, comparison=comparison, title=title, presets=shown, diff=comparison_ab)
@@ -1500,6 +1529,148 @@ def diff(
         emit(to_json_text(result.to_json()), output)
     else:
         show(diff_tables(result), output)
+
+
+# ------------------------------------------------------------------ runs: many runs, what each knob did
+class RunsFormat(str, Enum):
+    table = "table"
+    json = "json"
+    parquet = "parquet"
+
+
+@app.command()
+@handles_errors
+@option_groups
+def runs(
+    inputs: Annotated[
+        list[str],
+        typer.Argument(
+            help="Each run as NAME=DUMP (a file, directory or glob); a bare DUMP is named after its last path part.",
+            show_default=False,
+            metavar="NAME=DUMP...",
+        ),
+    ],
+    knob: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--knob",
+            help="A knob and its value in each run, in the runs' order (tp=8,8,4). Repeatable. Knobs a dump's "
+            "DumpWriter(config=...) recorded count too.",
+            metavar="NAME=V1,V2,...",
+        ),
+    ] = None,
+    knobs: Annotated[
+        Path | None,
+        typer.Option("--knobs", help="Knobs from a TOML file: a table per run ([base] tp = 8).", metavar="FILE"),
+    ] = None,
+    baseline: Annotated[
+        str | None,
+        typer.Option("--baseline", help="The run the others are compared with (default: the first).", metavar="NAME"),
+    ] = None,
+    preset: Annotated[
+        list[str] | None,
+        typer.Option("--preset", help="Also compare this preset's dropped-token share. Repeatable.", metavar="NAME"),
+    ] = None,
+    max_ratio: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--max-ratio",
+            help="Gate: every run's metric over the baseline's must be ≤ VALUE (k3_kl=2); exit 3 when one is "
+            "not. Repeatable.",
+            metavar="NAME=VALUE",
+        ),
+    ] = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--state-dir",
+            help="Keep each run's pass here (keyed by its files' paths, sizes and mtimes): a run added later costs "
+            "one pass. Pickles: use a directory you own.",
+            metavar="DIR",
+        ),
+    ] = None,
+    report: Annotated[
+        Path | None, typer.Option("--report", help="Also write the HTML report of the runs.", metavar="FILE")
+    ] = None,
+    replicates: Annotated[int, typer.Option("--replicates", help="Bootstrap resamples of the rows.")] = 1000,
+    level: Annotated[float, typer.Option("--level", help="Level of the intervals.")] = 0.95,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap (same seed, same interval).")] = 0,
+    format: Annotated[
+        RunsFormat,
+        typer.Option("--format", "-f", help="table (terminal), json, or parquet (one row per run × step; --output)."),
+    ] = RunsFormat.table,
+    output: OutputOpt = None,
+    column: Shared = SHARED,
+    device: Shared = SHARED,
+    strict: Shared = SHARED,
+    chunk_tokens: Shared = SHARED,
+    input_format: Shared = SHARED,
+    trust_pickle: Shared = SHARED,
+    workers: Shared = SHARED,
+    backend: Shared = SHARED,
+    debug: DebugOpt = False,
+    *,
+    reading: Reading,
+) -> None:
+    """Many runs at once: which knob changed the mismatch? Per run its verdict, key metrics with bootstrap
+    intervals and the step where it departs from the baseline; per knob its effect on each metric (a ratio with an
+    interval, or "no detectable effect"). --workers runs read in parallel (one process a run).
+
+    \b
+    Examples:
+      rollout-diag runs base=runA/ r3=runB/ fp16=runC/ --knob r3=off,on,off --knob fp16=off,off,on
+      rollout-diag runs base=a/ tp4=b/ --knobs runs.toml --report runs.html
+      rollout-diag runs base=main/ cand=pr/ --max-ratio k3_kl=2 --state-dir .rd-cache
+    """
+    from rollout_diag.decisions.check import parse_gate
+    from rollout_diag.drivers.runs import RunSpec, compare_dumps, knob_columns, load_knobs, parse_run
+
+    if format is RunsFormat.parquet and output is None:
+        fail("--format parquet writes a file: give --output FILE.parquet.")
+    named = [parse_run(text) for text in inputs]
+    names = [name for name, _ in named]
+    refuse_overwriting_inputs({"output": output, "report": report}, [Path(path) for _, path in named])
+    given: dict[str, dict[str, Any]] = {name: {} for name in names}
+    if knobs is not None:
+        for name, values in load_knobs(knobs, names).items():
+            given[name].update(values)
+    for name, values in knob_columns(knob or [], names).items():
+        given[name].update(values)
+    gates = {gate.metric: gate.limit for gate in (parse_gate(text, "max-ratio") for text in max_ratio or [])}
+    specs = [RunSpec(name, reading.dump([Path(path)], one_process=True), given[name]) for name, path in named]
+    result = compare_dumps(
+        specs,
+        baseline=baseline,
+        presets=preset or (),
+        max_ratios=gates,
+        replicates=replicates,
+        level=level,
+        seed=seed,
+        workers=int(reading.workers) if str(reading.workers).isdigit() else reading.workers,
+        backend=reading.backend,
+        state_dir=state_dir,
+        progress=lambda line: typer.echo(line, err=True),
+    )
+    if report is not None:
+        from rollout_diag.report.runs import write_runs_report
+
+        write_runs_report(result, report)
+        typer.echo(f"wrote {report}", err=True)
+    if format is RunsFormat.json:
+        from rollout_diag.render.export import to_json_text
+
+        emit(to_json_text(result.to_json()), output)
+    elif format is RunsFormat.parquet:
+        from rollout_diag.export.parquet import write_runs_parquet
+
+        write_runs_parquet(result, output)  # type: ignore[arg-type]
+        typer.echo(f"wrote {output}", err=True)
+    else:
+        from rollout_diag.render.runs import runs_tables
+
+        show(runs_tables(result), output)
+    if not result.passed:
+        raise typer.Exit(GATE_FAILED)
 
 
 # ------------------------------------------------------------------ watch: follow a run while it trains

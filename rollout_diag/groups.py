@@ -144,8 +144,7 @@ def _bucket(spec: GroupSpec, value: ExtraValue, file: str) -> tuple[tuple, Extra
 
 def _view(chunk: Chunk, keys: tuple, row_group: Array) -> Chunk:
     """``chunk`` with (group, step) pairs as its step groups; tensors and row-level statistics shared."""
-    view = copy.copy(chunk)
-    view.__dict__["groups"] = StepGroups(steps=keys, row_group=row_group)
+    view = chunk.regrouped(StepGroups(steps=keys, row_group=row_group))
     view.cache = {"stats": stats(chunk).regrouped(view)}
     return view
 

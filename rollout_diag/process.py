@@ -65,7 +65,7 @@ def exit_now(code: int | str | None) -> NoReturn:
     main_thread = threading.main_thread()
     if any(thread.is_alive() and not thread.daemon and thread is not main_thread for thread in threading.enumerate()):
         sys.exit(code)
-    atexit._run_exitfuncs()  # what the interpreter's exit runs first (the atexit module's own hook)
+    atexit._run_exitfuncs()  # noqa: SLF001  (what the interpreter's exit runs first: the atexit module's own hook)
     for stream in (sys.stdout, sys.stderr):
         with suppress(OSError, ValueError):  # a reader that closed the pipe (`| head`), or a stream already closed
             stream.flush()

@@ -83,15 +83,7 @@ class BatchMetrics:
     @property
     def families(self) -> list[tuple[str, StepAccumulator]]:
         """(name, accumulator) in the fixed order of the flat state."""
-        analysis = self.analysis
-        named: list[tuple[str, StepAccumulator]] = [
-            ("offpolicy", analysis.offpolicy),
-            ("debug", analysis.debug),
-            ("rollout_kl", analysis.rollout_kl),
-            ("rounds", analysis.rounds),
-            ("positions", analysis.positions),
-        ]
-        assert [family for _, family in named] == list(analysis.families)
+        named: list[tuple[str, StepAccumulator]] = list(self.analysis.family.items())  # FAMILIES' order
         named += [(_family_name(key), accumulator) for key, accumulator in self.corrections.accumulators.items()]
         return named
 

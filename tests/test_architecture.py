@@ -607,3 +607,24 @@ def test_no_test_module_imports_another():
 def test_a_test_module_importing_another_is_caught(source):
     assert imported_test_modules(source) != []
     assert imported_test_modules("from helpers.cli import invoke\nimport pytest") == []
+
+
+# The suites that are about the whole package, not one module (they stay at tests/'s top with the top-level modules').
+WHOLE_PACKAGE_SUITES = {"architecture", "docs", "imports", "reference", "cuda", "extras", "paths", "groups_check_diff"}
+
+
+def test_tests_mirror_the_package():
+    """A test file sits in the folder of the package it tests (tests/io/ for rollout_diag/io/, …); at tests/'s top only
+    the tests of top-level modules (test_presets.py for presets.py; test_where.py for --where, selection.py) and the
+    whole-package suites."""
+    top_modules = {path.stem for path in (TESTS.parent / "rollout_diag").glob("*.py")} | {"where"}
+    packages = {path.name for path in (TESTS.parent / "rollout_diag").iterdir() if any(path.glob("*.py"))}
+    stray = [
+        path.name
+        for path in TESTS.glob("test_*.py")
+        if path.stem.removeprefix("test_") not in top_modules | WHOLE_PACKAGE_SUITES
+    ]
+    assert stray == [], "move these into the tests/ folder of the package they test"
+    folders = {path.name for path in TESTS.iterdir() if path.is_dir() and any(path.glob("test_*.py"))}
+    # tests/kernels/: rollout_diag/engine/kernels/; tests/cli/: cli.py's commands
+    assert folders <= packages | {"kernels", "cli"}, folders - packages

@@ -116,8 +116,62 @@ def _sign(dialects: _Dialects) -> str | None:
     )
 
 
+# rollout-diag's notes beside AReaL's values (rollout_diag/metrics/dialects/areal.py spells the same keys)
+AREAL_NAN = "note: tokens AReaL filters for a NaN binary-KL score (a logprob of 0.0)"
+AREAL_UNDERFLOW = "note: kept tokens whose float32 weight underflows to 0 (counted as filtered)"
+AREAL_DROPPED = "note: infinite /min or /max values AReaL drops"
+AREAL = "ppo_actor/update/"
+
+
+def _areal_traps(dialects: _Dialects) -> str | None:
+    """What AReaL's own code gets wrong on this data, for each AReaL dialect computed."""
+    parts: list[str] = []
+    for name in ("areal", "areal:kpop"):
+        masked = dialects.get(name, AREAL + "masked_token_ratio")
+        if masked is None:
+            continue
+        filtered = dialects.get(name, AREAL + "rs_filtered_fraction") or 0.0
+        found = []
+        if nan := dialects.get(name, AREAL_NAN):
+            found.append(
+                f"{nan:.0f} token(s) with a logprob of 0.0 get a NaN binary-KL score (1 − 1e-8 is 1.0 in float32) "
+                "and are filtered, whatever their mismatch"
+            )
+        if dropped := dialects.get(name, AREAL_DROPPED):
+            found.append(f"{dropped:.0f} infinite /min or /max value(s) are dropped (AReaL logs nothing for them)")
+        if underflow := dialects.get(name, AREAL_UNDERFLOW):
+            found.append(
+                f"{underflow:.0f} kept token(s) whose float32 weight underflows to 0 count as filtered in "
+                "behave_filtered_ratio but not in rs_filtered_fraction"
+            )
+        if not parts:  # the same positions in every AReaL dialect: said once
+            found.append(
+                f"masked_token_ratio {number(masked, 4)} is the share of positions outside the loss mask (AReaL's "
+                f"own count adds prompts and padding), not what its gate filtered ({number(filtered, 4)})"
+            )
+        if found:
+            parts.append(f"{name}: " + "; ".join(found))
+    if not parts:
+        return None
+    return "AReaL's own code (cbff54d) on this data: " + " — ".join(parts) + "."
+
+
+def _versions(dialects: _Dialects) -> str | None:
+    """verl's rollout_is_* before and after #5722, when a verl@b178a3c dialect was asked for."""
+    for name in ("verl@b178a3c", "verl@b178a3c:seq"):
+        old = dialects.get(name, catalogue.IS_MEAN.key)
+        if old is None:
+            continue
+        return (
+            f"one key, two meanings: {name}'s rollout_is_mean {number(old, 4)} averages the weights before "
+            "truncation, as verl logged it until #5722 (2026-03-24); verl since then logs the truncated mean under "
+            "the same name (compare-presets), so a curve from before that date is not comparable with one after it."
+        )
+    return None
+
+
 # one sentence each where the frameworks part, in the order printed; None where the data says nothing
-_DIFFERENCES = (_normalisation, _probability_space, _padding, _empty_rows, _clamping, _sign)
+_DIFFERENCES = (_normalisation, _probability_space, _padding, _empty_rows, _clamping, _sign, _areal_traps, _versions)
 
 
 def differences(run: StepResult) -> list[str]:

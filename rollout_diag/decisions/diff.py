@@ -205,7 +205,7 @@ def _step_ids(steps: Sequence[StepResult]) -> list[int]:
     """The step of each per-step result; a StepTable's from its column (no StepResult made per step)."""
     if isinstance(steps, StepTable):
         return steps.step_ids.tolist()
-    return [step.step for step in steps]
+    return [step.step for step in steps if step.step is not None]  # a per-step result always has its step
 
 
 def json_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -341,6 +341,19 @@ def bootstrap_differences(
     independent streams of one ``np.random.SeedSequence(seed)``)."""
     stream_a, stream_b = (np.random.default_rng(child) for child in np.random.SeedSequence(seed).spawn(2))
     return _replicates(b, metrics, replicates, stream_b) - _replicates(a, metrics, replicates, stream_a)
+
+
+def bootstrap_values(
+    rows: RowStats, metrics: Sequence[RowMetric], replicates: int, rng: np.random.Generator
+) -> np.ndarray:
+    """[replicates, metrics] of each metric on ``replicates`` within-step resamples of ``rows`` (``runs`` draws run
+    i from child i of ``np.random.SeedSequence(seed)``, as ``diff`` draws A from child 0 and B from child 1)."""
+    return _replicates(rows, metrics, replicates, rng)
+
+
+def percentile_interval(replicates: np.ndarray, level: float) -> tuple[float, float]:
+    """The ``level`` percentile interval of one statistic's replicates (its finite ones; NaN, NaN when none)."""
+    return _interval(replicates, (1.0 - level) / 2.0)
 
 
 def _replicates(rows: RowStats, metrics: Sequence[RowMetric], replicates: int, rng: np.random.Generator) -> np.ndarray:

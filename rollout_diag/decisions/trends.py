@@ -49,7 +49,7 @@ def log_threshold(history: Sequence[float], spread: float = ANOMALY_SPREAD) -> f
 
     The upper half's deviations measure the right tail the flag is about: for a lognormal series this is the
     usual MAD (median ± 5σ), for a Pareto one (log x exponential) it widens with the tail, so stationary
-    heavy-tailed noise stays below it (tests/test_hardening_metrics.py measures ≤ 1 % flagged).
+    heavy-tailed noise stays below it (tests/metrics/test_robust_statistics.py measures ≤ 1 % flagged).
     """
     logs = np.log(np.asarray([x for x in history if x > 0], dtype=np.float64))
     if logs.size < ANOMALY_MIN_HISTORY:

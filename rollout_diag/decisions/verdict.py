@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -244,11 +245,11 @@ def _length_note(verdict: Verdict, rows: int, tokens: int) -> str:
     )
 
 
-def step_levels(steps: Sequence[tuple[int | None, Mapping[str, float]]]) -> list[dict[str, object]]:
+def step_levels(steps: Sequence[tuple[int | None, Mapping[str, float]]]) -> list[dict[str, Any]]:
     """Per step: its level (the worst of its judged metrics but the length-growing ones, as the overall verdict's)
     and each judged metric's level (what ``analyze``'s per-step table and the report's cards count)."""
     growing = set(catalogue.keys_with_role(catalogue.Role.LENGTH_GROWING))
-    out: list[dict[str, object]] = []
+    out: list[dict[str, Any]] = []
     for step, metrics in steps:
         levels = {v.metric: v.level for v in judge(dict(metrics))}
         level = worst_level([value for key, value in levels.items() if key not in growing])
@@ -256,7 +257,7 @@ def step_levels(steps: Sequence[tuple[int | None, Mapping[str, float]]]) -> list
     return out
 
 
-def step_levels_of(steps: Sequence[StepResult]) -> list[dict[str, object]]:
+def step_levels_of(steps: Sequence[StepResult]) -> list[dict[str, Any]]:
     """``step_levels`` of every step, judged a metric column at a time (the same levels as ``judge`` step by step:
     ``n/a`` for a missing or NaN value, ``bad`` at or above ``bad``, ``watch`` at or above ``watch``, else ``ok``).
     Steps judged alike share one ``levels`` dict (read it, never change it): 200 000 steps hold a few distinct

@@ -19,7 +19,14 @@ from rollout_diag.drivers.distributed import AUTO, Workers, check_workers, resol
 from rollout_diag.drivers.dump import PRESET_CHUNK_TOKENS, reads_dump
 from rollout_diag.drivers.engine import build_result
 from rollout_diag.drivers.exports import DecisionWriter
-from rollout_diag.drivers.passes import Inputs, PassSpec, Progress, open_reader, resolve_device, run_chunks
+from rollout_diag.drivers.passes import (
+    Inputs,
+    PassSpec,
+    Progress,
+    open_reader,
+    resolve_device,
+    run_chunks,
+)
 from rollout_diag.drivers.sweep import check_targets
 from rollout_diag.engine.stats import stats
 from rollout_diag.errors import ConfigError, option_name

@@ -19,7 +19,7 @@ import inspect
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeAlias, TypeVar
 
 from rollout_diag.errors import ConfigError, option_name
 
@@ -29,7 +29,15 @@ DEFAULT_CHUNK_TOKENS = 1 << 20  # = io.reader.DEFAULT_CHUNK_TOKENS (not imported
 # (peaks 456 -> 584 and 506 -> 651 MiB), 10M 0.99; 4M against 2M 1.006; analyze 1.00 (so it keeps 1M: +115 MiB for
 # nothing). docs/benchmarks.md, issue 20 session 11.
 PRESET_CHUNK_TOKENS = 1 << 21
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
+
+if TYPE_CHECKING:
+    from rollout_diag.io.reader import DumpReader
+
+# Files, globs or directories (a DumpInputs carries the trainer format), or a DumpReader opened over them: what a
+# reading call takes besides a Dump.
+Inputs: TypeAlias = "str | Path | Sequence[str | Path] | DumpReader"
 
 
 @dataclass(frozen=True)
@@ -229,7 +237,7 @@ def call_options(
     return options
 
 
-def reads_dump(function: F) -> F:
+def reads_dump(function: Callable[Concatenate[Inputs, P], R]) -> Callable[Concatenate[Inputs | Dump, P], R]:
     """Let ``function(inputs, …)`` take a :class:`Dump` as ``inputs``: the dump's options fill the keyword arguments
     the function has (:func:`call_options`: an explicit one that disagrees, or an option set that the function cannot
     honour, is a ConfigError) and its reader replaces the file names."""
@@ -238,7 +246,7 @@ def reads_dump(function: F) -> F:
     chunk_default = parameters["chunk_tokens"].default if "chunk_tokens" in parameters else None
 
     @functools.wraps(function)
-    def wrapper(inputs: Any, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(inputs: Inputs | Dump, /, *args: P.args, **kwargs: P.kwargs) -> R:
         if not isinstance(inputs, Dump):
             return function(inputs, *args, **kwargs)
         kwargs.update(call_options(inputs, function.__name__, accepted, kwargs))
@@ -251,4 +259,4 @@ def reads_dump(function: F) -> F:
         with use_engine(inputs.engine):
             return function(reader, *args, **kwargs)
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper

@@ -10,12 +10,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from numbers import Integral
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from rollout_diag.cores import available_cores
-from rollout_diag.drivers.dump import DEFAULT_CHUNK_TOKENS, PRESET_CHUNK_TOKENS, torch_may_use_a_gpu
+from rollout_diag.drivers.dump import DEFAULT_CHUNK_TOKENS, PRESET_CHUNK_TOKENS, Inputs, torch_may_use_a_gpu
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import device_kind
 from rollout_diag.engine.choice import kernel_for
@@ -27,15 +27,14 @@ from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.formats import input_options
 from rollout_diag.io.reader import DumpReader
 from rollout_diag.metrics.base import StepAccumulator
-from rollout_diag.metrics.debug import DebugAccumulator
 from rollout_diag.metrics.dialects import DEFAULT as DEFAULT_DIALECT
 from rollout_diag.metrics.dialects import DialectsAccumulator, dilution_warning
 from rollout_diag.metrics.drift import DriftAccumulator, DriftWindows, parse_windows
+from rollout_diag.metrics.families import FAMILIES
 from rollout_diag.metrics.hints import HintEvidenceAccumulator
 from rollout_diag.metrics.hints import prepare as prepare_hint_evidence
 from rollout_diag.metrics.localize import DEFAULT_CATASTROPHIC, DEFAULT_TOP_K, PositionAccumulator, WorstTracker
 from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
-from rollout_diag.metrics.rollout_kl import RolloutKLAccumulator
 from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS, RoundAccumulator
 from rollout_diag.paths import file_label, natural_key
 from rollout_diag.presets import Preset
@@ -78,8 +77,6 @@ ANALYSIS_QUANTITIES = (
 )
 # §1 alone: what every preset reports beside its own metrics.
 OFFPOLICY_QUANTITIES = (*SHARED_QUANTITIES, "k3", "square", "clamped_log_ratio", "chi2_term")
-# Files, globs or directories (a DumpInputs carries the trainer format), or a DumpReader opened over them.
-Inputs = str | Path | Sequence[str | Path] | DumpReader
 MAX_LISTED_EMPTY_ROWS = 20
 
 
@@ -115,11 +112,8 @@ class Analysis:
     catastrophic: float = DEFAULT_CATASTROPHIC
     top_k: int = DEFAULT_TOP_K
     offpolicy_only: bool = False  # only §1 (what every preset reports alongside its own metrics)
-    offpolicy: OffPolicyAccumulator = field(default_factory=OffPolicyAccumulator)
-    debug: DebugAccumulator = field(default_factory=DebugAccumulator)
-    rollout_kl: RolloutKLAccumulator = field(default_factory=RolloutKLAccumulator)
-    rounds: RoundAccumulator = field(init=False)
-    positions: PositionAccumulator = field(init=False)
+    # FAMILIES' accumulators by name, in their order
+    family: dict[str, StepAccumulator] = field(init=False)
     worst: WorstTracker = field(init=False)
     empty_rows: list[tuple[int, str, str, int]] = field(default_factory=list)  # (step, sample_id, file, row)
     dialects: tuple[str, ...] = (DEFAULT_DIALECT,)  # frameworks whose own metric names to report (--dialect)
@@ -141,8 +135,7 @@ class Analysis:
             self.drift_windows = parse_windows(self.drift_windows)
         self.grouped = [GroupedAnalysis(spec, self.max_rounds, self.catastrophic) for spec in self.by]
         self.dialect = DialectsAccumulator(self.dialects)
-        self.rounds = RoundAccumulator(self.max_rounds, self.catastrophic)
-        self.positions = PositionAccumulator(self.catastrophic)
+        self.family = {family.name: family.make(self.max_rounds, self.catastrophic) for family in FAMILIES}
         self.worst = WorstTracker(self.top_k, self.catastrophic)
 
     def prepare(self, chunk: Chunk) -> None:
@@ -154,9 +147,21 @@ class Analysis:
 
     @property
     def families(self) -> tuple[StepAccumulator, ...]:
-        if self.offpolicy_only:  # positions too: the verdict's catastrophic tokens, as analyze's
-            return (self.offpolicy, self.positions)
-        return (self.offpolicy, self.debug, self.rollout_kl, self.rounds, self.positions)
+        """The families this pass feeds: every one, or those of the off-policy-only pass (the others stay empty)."""
+        return tuple(self.family[f.name] for f in FAMILIES if f.offpolicy_pass or not self.offpolicy_only)
+
+    # the families read by name (their tables and run state)
+    @property
+    def offpolicy(self) -> OffPolicyAccumulator:
+        return cast(OffPolicyAccumulator, self.family["offpolicy"])
+
+    @property
+    def rounds(self) -> RoundAccumulator:
+        return cast(RoundAccumulator, self.family["rounds"])
+
+    @property
+    def positions(self) -> PositionAccumulator:
+        return cast(PositionAccumulator, self.family["positions"])
 
     def update(self, chunk: Chunk) -> None:
         for family in self.families:

@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 from rollout_diag.drivers.dump import reads_dump
 from rollout_diag.drivers.engine import build_result, check_analysed, data_warnings, read_fields, skipped_of, step_table
-from rollout_diag.drivers.passes import Analysis, Inputs, Progress, open_reader, resolve_device, run_chunks
+from rollout_diag.drivers.passes import (
+    Analysis,
+    Inputs,
+    Progress,
+    open_reader,
+    resolve_device,
+    run_chunks,
+)
 from rollout_diag.errors import DataError
 from rollout_diag.groups import GroupLabels, GroupSpec, group_specs
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
@@ -115,14 +122,16 @@ def _restricted(analysis: Analysis, steps: StepRange) -> Analysis:
     def keep(step: int) -> bool:
         return (first is None or step >= first) and (last is None or step <= last)
 
+    def restricted(accumulator: StepAccumulator) -> StepAccumulator:
+        steps_held = accumulator.store.steps
+        inside = (steps_held >= (first if first is not None else steps_held.min(initial=0))) & (
+            steps_held <= (last if last is not None else steps_held.max(initial=0))
+        )
+        return accumulator.restricted(inside)
+
     subset = copy.copy(analysis)
-    for name, value in vars(analysis).items():
-        if isinstance(value, StepAccumulator):
-            steps_held = value.store.steps
-            inside = (steps_held >= (first if first is not None else steps_held.min(initial=0))) & (
-                steps_held <= (last if last is not None else steps_held.max(initial=0))
-            )
-            setattr(subset, name, value.restricted(inside))
+    subset.family = {name: restricted(family) for name, family in analysis.family.items()}
+    subset.hint_evidence = restricted(analysis.hint_evidence)
     subset.worst = WorstTracker(analysis.top_k, analysis.catastrophic)
     subset.grouped = []
     for grouped in analysis.grouped:
@@ -156,16 +165,18 @@ def row_pass(
     progress: Progress | None = None,
     by: Sequence[str | GroupSpec] = (),
     findings: bool = True,
+    catastrophic_rows: bool = False,
 ) -> RowPass:
     """Read ``inputs`` once into the analysis and the per-row statistics (with each preset's dropped tokens per
     row); ``by``: also the key families per group and each row's group. ``findings`` False: without what only
-    ``result`` reads (hint evidence, worst rows, dialects): the pass serves ``summary`` alone. Raises
+    ``result`` reads (hint evidence, worst rows, dialects): the pass serves ``summary`` alone. ``catastrophic_rows``:
+    the row statistics also count each row's catastrophic tokens (``runs``' catastrophic share). Raises
     RolloutDiagError for bad input or options."""
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
     specs = group_specs(by, reader)
     analysis = Analysis(by=specs, findings=findings)
-    rows = RowStatsCollector(presets)
+    rows = RowStatsCollector(presets, catastrophic=analysis.catastrophic if catastrophic_rows else None)
     labels = GroupLabels(specs) if specs else None
     updates = [analysis.update, rows.update, *([labels.update] if labels else [])]
 

@@ -24,7 +24,8 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -189,7 +190,7 @@ class Watcher:
         gates: Sequence[Gate] = (),
     ) -> None:
         check_analysis_options(max_rounds, catastrophic, top_k)
-        reading = {
+        reading: dict[str, Any] = {
             "columns": columns,
             "input_format": input_format,
             "trust_pickle": trust_pickle,
@@ -204,7 +205,7 @@ class Watcher:
             directory = directory.inputs[0]
         remote = storage.remote_uri(str(directory))  # a prefix on object storage, polled by listing it
         self.directory: Any = remote or Path(directory)
-        if not remote and self.directory.exists() and not self.directory.is_dir():
+        if not remote and Path(directory).exists() and not Path(directory).is_dir():
             raise InputError(f"{directory}: not a directory; watch follows a dump directory.")
         # a directory the trainer has not made yet is waited for (polls note it); once seen, its removal ends the watch
         self.appeared = self._listable()
@@ -214,15 +215,12 @@ class Watcher:
         self.device = resolve_device("cpu" if reading["device"] is None else reading["device"])
         self.strict = bool(reading["strict"])
         self.chunk_tokens = DEFAULT_CHUNK_TOKENS if reading["chunk_tokens"] is None else reading["chunk_tokens"]
-        self.options = {
-            "max_rounds": max_rounds,
-            "catastrophic": catastrophic,
-            "top_k": top_k,
-            "dialects": resolve_dialects(dialect),
-        }
+        self.new_analysis = partial(
+            Analysis, max_rounds=max_rounds, catastrophic=catastrophic, top_k=top_k, dialects=resolve_dialects(dialect)
+        )
         self.gates = list(gates)
         self.need_rows = any(gate.metric in KEY_METRIC_NAMES for gate in self.gates)
-        self.analysis = Analysis(**self.options)
+        self.analysis = self.new_analysis()
         self.files: dict[str, _FileRecord] = {}
         self.order: list[str] = []  # listed files in the order analyze reads them
         self.format: str | None = None
@@ -406,7 +404,10 @@ class Watcher:
         return read_any
 
     def _step_of(self, source: Source) -> int | None:
-        step = source.partition.get("step") if self.format == PARQUET else step_of(self.format, Path(source.path))
+        if self.format == PARQUET or self.format is None:
+            step = source.partition.get("step")
+        else:
+            step = step_of(self.format, Path(source.path))
         return step if isinstance(step, int) else None
 
     def _ready(self, source: Source, signature: Signature) -> bool:
@@ -459,7 +460,7 @@ class Watcher:
             if reader.log.layout != self._layout(reader.log.layout):
                 raise InputError(f"{source.path}: {reader.log.layout} layout, the files before it have another.")
             reader.log.finished = True  # keep the row keys: duplicates are found over every file (_log)
-            analysis = Analysis(**self.options)
+            analysis = self.new_analysis()
             rows = RowStatsCollector() if self.need_rows else None
             consumers = [analysis.update] + ([rows.update] if rows is not None else [])
             # numpy chunks: on the CPU the compiled kernels however small each file (a watched run keeps growing;
@@ -549,7 +550,7 @@ class Watcher:
             return
         captured: dict[tuple, Any] = {}
         for path, keys in wanted.items():
-            tracker = Analysis(**self.options)
+            tracker = self.new_analysis()
             reader = self._reader(self.files[path].source)
             run_chunks(reader, [tracker.worst.update], self.device, None, tracker.prepare)
             for top in tracker.worst.rows.values():
@@ -665,7 +666,7 @@ class Watcher:
         run_alerts = self._new_alerts(failures, None) if ready or final else []
         if run_alerts and reports:
             last = reports[-1]
-            reports[-1] = StepReport(**{**last.__dict__, "alerts": last.alerts + run_alerts})
+            reports[-1] = replace(last, alerts=last.alerts + run_alerts)
         return reports, alerts + run_alerts
 
     def _gate_failures(self, result: AnalysisResult) -> dict[int | None, list[str]]:

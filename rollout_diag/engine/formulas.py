@@ -49,8 +49,8 @@ def _numpy_has_svml() -> bool:
 def _host_or_torch(numpy_function, torch_name: str, numpy_on_cpu: bool = True) -> Callable[[Array], Array]:
     """An elementwise function: numpy's loop on numpy arrays (the numba engine), and on CPU tensors when
     ``numpy_on_cpu``; torch's kernel ``torch_name`` on other tensors. The two agree within 1 ulp
-    (tests/test_metrics.py); which one runs depends only on the CPU and the engine, never on timing, so a machine
-    gives the same digits run after run."""
+    (tests/metrics/test_metrics.py); which one runs depends only on the CPU and the engine, never on timing, so a
+    machine gives the same digits run after run."""
 
     def apply(values: Array) -> Array:
         if not arrays.is_tensor(values):

@@ -12,7 +12,7 @@ Quantities are cached on the chunk (``chunk.cache``), so families and presets sh
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import pairwise
@@ -189,11 +189,8 @@ class ChunkStats:
         """The torch engine's stats of ``view``, this chunk's rows in other step groups: token values, segment
         reductions and row-level values shared with this chunk's stats (computed once for both), step groups its
         own."""
-        regrouped = RegroupedStats(view, self.caches)
-        for name in ROW_LEVEL:
-            if name in self.__dict__:  # a cached_property computed already
-                regrouped.__dict__[name] = self.__dict__[name]
-        return regrouped
+        computed = {name: self.__dict__[name] for name in ROW_LEVEL if name in self.__dict__}  # cached already
+        return RegroupedStats(view, self.caches, computed)
 
     def memo(self, key: Hashable, compute: Callable[[], Any]) -> Any:
         """``compute()`` once per chunk and key: values derived from a preset's config (weights, keep flags) that
@@ -982,6 +979,11 @@ class RegroupedStats(ChunkStats):
     interleave within a chunk, so the centred sums of ``group_moments`` are taken over each group's tokens gathered
     into one contiguous run (rows in order), as analysing the group alone does, instead of through a per-token group
     index (2 gathers and 2 temporaries per quantity)."""
+
+    def __init__(self, chunk: ChunkArrays, caches: TokenCaches, row_level: Mapping[str, Any]) -> None:
+        """``row_level``: the row-level cached properties the regrouped chunk's stats computed already (shared)."""
+        super().__init__(chunk, caches)
+        self.__dict__.update(row_level)
 
     @cached_property
     def _runs(self) -> tuple[np.ndarray, list[tuple[int, int]]]:

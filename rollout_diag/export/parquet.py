@@ -10,7 +10,7 @@ from rollout_diag.export.frames import analysis_frames, comparison_frames
 from rollout_diag.io.outputs import atomic_path
 
 if TYPE_CHECKING:
-    from rollout_diag.results import AnalysisResult, ComparisonResult
+    from rollout_diag.results import AnalysisResult, ComparisonResult, RunsResult
 
 
 def groups_path(output: Path) -> Path:
@@ -35,3 +35,14 @@ def write_parquet(result: AnalysisResult | ComparisonResult, output: Path) -> li
         with atomic_path(path) as temporary:
             frame.write_parquet(temporary)
     return [path for path, _ in tables]
+
+
+def write_runs_parquet(result: RunsResult, output: Path) -> Path:
+    """``runs --format parquet``: one row per run × step (``RunsResult.step_records``: run, each knob, step, rows,
+    each key metric), written atomically. Returns the path."""
+    import polars as pl
+
+    frame = pl.DataFrame(result.step_records(), strict=False)
+    with atomic_path(output) as temporary:
+        frame.write_parquet(temporary)
+    return output

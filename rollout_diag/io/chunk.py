@@ -12,6 +12,7 @@ keeps a compacted view of them, built once and shared by every accumulator.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -123,6 +124,13 @@ class Chunk:
 
         steps_tensor, row_group = torch.unique(self.step, sorted=True, return_inverse=True)
         return StepGroups(steps=tuple(int(s) for s in steps_tensor.tolist()), row_group=row_group)
+
+    def regrouped(self, groups: StepGroups) -> Chunk:
+        """This chunk with ``groups`` as its step groups (``--by``: (group, step) pairs; rollout_diag/groups.py):
+        arrays and caches shared, ``groups`` the view's own."""
+        view = copy.copy(self)
+        view.__dict__["groups"] = groups  # the cached property's slot (functools.cached_property)
+        return view
 
     @cached_property
     def model(self) -> ModelTokens:

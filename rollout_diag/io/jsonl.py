@@ -48,6 +48,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -63,8 +64,11 @@ FLOAT_ELEMENT, INT_ELEMENT, BOOL_ELEMENT = 0, 1, 2
 ABSENT, NULL, PRESENT = 0, 1, 2  # per line and field
 MAX_DEPTH = 64
 
-_FLAGS = {"cache": True, "nogil": True}
-_INLINE = {**_FLAGS, "inline": "always"}  # per list item: no call (measured 2-3x faster on null/bool/int items)
+_FLAGS: dict[str, Any] = {"cache": True, "nogil": True}
+_INLINE: dict[str, Any] = {
+    **_FLAGS,
+    "inline": "always",
+}  # per list item: no call (measured 2-3x faster on null/bool/int items)
 
 # -------------------------------------------------------------------------------- powers for Eisel–Lemire
 _SMALLEST_POWER, _LARGEST_POWER = -342, 308
@@ -218,7 +222,7 @@ def _unowned(typingctx, array):
         populate_array(
             view, data=source.data, shape=source.shape, strides=source.strides, itemsize=source.itemsize, meminfo=None
         )
-        return view._getvalue()
+        return view._getvalue()  # noqa: SLF001  (numba's intrinsic API: the proxy's LLVM value)
 
     return array(array), codegen
 
@@ -907,7 +911,7 @@ def _field(data_type: pa.DataType) -> _Field:
 def _announce_compiling() -> None:
     """Say on stderr when the scanner is not in numba's cache yet (its first compile takes seconds)."""
     try:
-        cached = os.path.exists(scan._cache._cache_file._index_path)
+        cached = os.path.exists(scan._cache._cache_file._index_path)  # noqa: SLF001  (no public cache query)
     except AttributeError:  # numba's cache internals moved: say nothing
         return
     if not cached:

@@ -23,7 +23,7 @@ import itertools
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from numbers import Integral
 from pathlib import Path
@@ -116,7 +116,8 @@ class DumpReader:
         self.log = ReadLog()
         # Called per record batch with (batch, steps) -> bool per row: the rows to read (rollout_diag/selection.py).
         self.selection: Callable[[pa.RecordBatch | pa.Table, np.ndarray], np.ndarray] | None = None
-        given = [inputs] if isinstance(inputs, str) else list(inputs)
+        given: list[Any] = [inputs] if isinstance(inputs, str) else list(inputs)  # names, or Sources resolved before
+        self.sources: list[Source]
         if given and all(isinstance(item, Source) for item in given):
             self.sources = given
             self.log.format = input_format or carried_format or PARQUET
@@ -392,20 +393,21 @@ class DumpReader:
         self, device: str, engine: str, kind: str, prepare: Callable[[Chunk], None] | None
     ) -> Iterator[tuple[Chunk, int]]:
         joiner = _Joiner(self.chunk_tokens)
-        for item in itertools.chain(self._blocks(), [None]):  # None: the end, where the joiner flushes
+        for item in itertools.chain(self.decoded_blocks(), [None]):  # None: the end, where the joiner flushes
             if item is None:
                 ready = joiner.flush()
             else:
-                valid = self._validated(item[0], device_kind(device), engine)
+                valid = self.validated(item[0], device_kind(device), engine)
                 ready = [] if valid is None else joiner.add(valid, item[1])
             for joined, at in ready:
-                chunk = self._chunk(joined, device, engine, kind)
+                chunk = self.built_chunk(joined, device, engine, kind)
                 if prepare is not None:
                     prepare(chunk)
                 yield chunk, at
 
     # -- decoding --------------------------------------------------------------------------------
-    def _blocks(self) -> Iterator[tuple[Block, int]]:
+    def decoded_blocks(self) -> Generator[tuple[Block, int], None, None]:
+        """The first stage of a read: each decoded block of whole rows, with the input rows consumed so far."""
         consumed = 0
         for decoded in self._decoded_files():
             for block, rows in decoded:
@@ -480,14 +482,15 @@ class DumpReader:
         finally:
             opened.parquet.close()  # its descriptor and last row group's buffers (io/formats/base.ParquetSource)
 
-    def _validated(self, block: Block, device_type: str, engine: str) -> _Valid | None:
+    def validated(self, block: Block, device_type: str, engine: str) -> _Valid | None:
         """The block validated (bad rows recorded and dropped; None when none is left), with the numba engine's
         scanned arrays on the CPU: numpy only, so the reader can do it before torch is loaded."""
         scanned = None if block.skipped or engine != "numba" else _scanned(block, device_type)
         if scanned is None:  # the exact check, which finds and records the bad rows
-            block = validate_block(block, self.log, self.strict)
-            if block is None:
+            checked = validate_block(block, self.log, self.strict)
+            if checked is None:
                 return None
+            block = checked
         file_index, has_ids = self._file_index[block.file]
         if block.mask is None:
             counts = self.log.unmasked.setdefault(block.file, [0, 0])
@@ -506,7 +509,7 @@ class DumpReader:
         np.cumsum(block.lengths, out=offsets[1:])
         return _Valid(block, offsets, scanned)
 
-    def _chunk(self, valid: _Valid, device: str, engine: str, kind: str) -> Chunk:
+    def built_chunk(self, valid: _Valid, device: str, engine: str, kind: str) -> Chunk:
         """The validated block as a Chunk of ``kind`` arrays: ``numpy`` (the numba engine's, torch not loaded) or
         ``torch`` tensors on ``device``."""
         from rollout_diag.io.chunk import Chunk
@@ -686,7 +689,7 @@ def _joined(parts: Sequence[_Valid]) -> _Valid:
         values = [getattr(block, name) for block in blocks]
         return None if values[0] is None else np.concatenate(values)
 
-    def joined_extra(values: list[ExtraColumn]) -> ExtraColumn:
+    def joined_extra(values: list[Any]) -> ExtraColumn:  # all numpy, or all decode._ArrowValues
         if isinstance(values[0], np.ndarray):
             return np.concatenate(values)
         return type(values[0])(_arrow_joined([v.array for v in values]))  # decode._ArrowValues
@@ -877,7 +880,7 @@ class _ReadAhead:
         loading = threading.Thread(target=_quietly(warm_up), name="rollout-diag-kernels", daemon=True)
         loading.start()
         decoded: deque = deque()
-        blocks = reader._blocks()
+        blocks = reader.decoded_blocks()
         joiner = _Joiner(reader.chunk_tokens)
         try:
             for item in itertools.chain(blocks, [None]):  # None: the end, where the blocks still decoded go on
@@ -901,7 +904,7 @@ class _ReadAhead:
             block, consumed = decoded.popleft()
             with self.changed:
                 device, engine = self.device, self.engine
-            valid = self.reader._validated(block, "cpu" if device is None else device_kind(device), engine)
+            valid = self.reader.validated(block, "cpu" if device is None else device_kind(device), engine)
             if valid is not None and not self._put_ready(joiner.add(valid, consumed)):
                 return False
         return True
@@ -912,7 +915,7 @@ class _ReadAhead:
         for valid, consumed in ready:
             with self.changed:
                 device, engine, kind = self.device, self.engine, self.kind
-            built = self._prepassed(valid) if device is None else self.reader._chunk(valid, device, engine, kind)
+            built = self._prepassed(valid) if device is None else self.reader.built_chunk(valid, device, engine, kind)
             if not self._put((built, consumed)):
                 return False
         return True
@@ -961,7 +964,7 @@ class _ReadAhead:
                     raise item
                 value, consumed = item
                 yield (
-                    (self.reader._chunk(value, device, engine, kind) if isinstance(value, _Valid) else value),
+                    (self.reader.built_chunk(value, device, engine, kind) if isinstance(value, _Valid) else value),
                     consumed,
                 )
         finally:

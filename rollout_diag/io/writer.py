@@ -29,6 +29,7 @@ import torch
 
 from rollout_diag.errors import ConfigError
 from rollout_diag.io.columns import ROLE_CANDIDATES, parquet_options
+from rollout_diag.io.config import CONFIG_KEY
 from rollout_diag.io.sources import COMPLETE_PREFIX
 from rollout_diag.io.validate import MAX_POSITIVE_LOGPROB
 
@@ -288,7 +289,9 @@ class DumpWriter:
     ``every``: write only steps that are a multiple of it (the others return at once).
     ``logprob_type``: ``float32`` (default) holds bf16, fp16 and fp32 logprobs exactly; ``float64`` keeps
     float64 tensors exact. ``durable``: fsync each step's file and directory (survives a machine crash, not
-    only a killed process). Use as a context manager, or call ``close()``.
+    only a killed process). ``config``: the run's knobs (``{"tp": 8, "r3": "on", "vllm": "0.11"}``: JSON-able),
+    stored in every file's Parquet key-value metadata under ``rollout_diag.config``; ``rollout-diag runs`` reads
+    them as the run's knobs (:func:`dump_config`). Use as a context manager, or call ``close()``.
 
     Data problems the reader would skip (a positive or NaN logprob on a model token, a mask value other than
     0/1, repeated sample ids) are written as they are and logged once through ``logging``; programmer errors
@@ -306,8 +309,10 @@ class DumpWriter:
         logprob_type: str = "float32",
         compression: str = "zstd",
         durable: bool = False,
+        config: Mapping[str, Any] | None = None,
     ) -> None:
         self.path = Path(path)
+        self._metadata = None if config is None else {CONFIG_KEY: _config_json(config)}
         if partition is not None and partition not in PARTITIONS:
             raise ConfigError(f"partition={partition!r}: the only partition is 'step'.")
         if logprob_type not in LOGPROB_TYPES:
@@ -465,7 +470,7 @@ class DumpWriter:
         if packed.token_ids is not None:
             columns["token_ids"] = lists(packed.token_ids.cpu().to(torch.int32).numpy())
         columns.update(extras)
-        return pa.table(columns)
+        return pa.table(columns, metadata=self._metadata)
 
     def _write_file(self, step: int, table: pa.Table) -> Path | None:
         directory = self.path / f"step={step}"
@@ -605,3 +610,13 @@ def _fsync(path: Path) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+def _config_json(config: Mapping[str, Any]) -> bytes:
+    """``config`` as JSON (an object of JSON-able values). Raises ConfigError for anything else."""
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"config={config!r}: give a mapping of knob names to values (e.g. {{'tp': 8}}).")
+    try:
+        return json.dumps({str(name): value for name, value in config.items()}, sort_keys=True).encode()
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"config: {exc}; give JSON-able values (numbers, strings, booleans, lists).") from None

@@ -22,12 +22,20 @@ class Family:
     name: str
     make: Callable[[int, float], StepAccumulator]
     per_group: bool = True
+    # also in the pass that reads §1 alone (every preset reports it beside its own metrics): positions for the
+    # verdict's catastrophic tokens, as analyze's
+    offpolicy_pass: bool = False
 
 
 FAMILIES = (
-    Family("offpolicy", lambda max_rounds, catastrophic: OffPolicyAccumulator()),  # §1 (§7's |δ| line)
+    Family("offpolicy", lambda max_rounds, catastrophic: OffPolicyAccumulator(), offpolicy_pass=True),  # §1, §7's |δ|
     Family("debug", lambda max_rounds, catastrophic: DebugAccumulator()),  # §5
     Family("rollout_kl", lambda max_rounds, catastrophic: RolloutKLAccumulator()),  # §6
     Family("rounds", RoundAccumulator),  # §7 per round
-    Family("positions", lambda max_rounds, catastrophic: PositionAccumulator(catastrophic), per_group=False),
+    Family(
+        "positions",
+        lambda max_rounds, catastrophic: PositionAccumulator(catastrophic),
+        per_group=False,
+        offpolicy_pass=True,
+    ),
 )

@@ -135,7 +135,7 @@ class LegacyAccumulator(CorrectionAccumulator):
 
     def token_quantities(self) -> tuple[list[str], list[str]]:
         config = self.config
-        names, moments = [veto_name(config)], []
+        names, moments = [veto_name(config)], list[str]()
         if config.level == "token":
             weight_names, moments = token_weight_names("token_is_weight", config.lower, config.lower, config.upper)
             names += weight_names

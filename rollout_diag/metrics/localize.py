@@ -205,7 +205,7 @@ class PositionAccumulator(StepAccumulator):
             },
         )
 
-    def delta_histogram(self) -> dict[str, list[float]]:
+    def delta_histogram(self) -> dict[str, list[float] | list[int]]:
         run = self.run_state()
         counts = [] if run is None else [int(c) for c in run["delta_histogram"]]
         return {"edges": list(DELTA_EDGES), "counts": counts}

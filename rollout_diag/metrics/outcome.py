@@ -130,7 +130,7 @@ class PresetColumns(StepAccumulator):
 
     def __init__(self, parts: Sequence[CorrectionAccumulator]) -> None:
         self.parts = list(parts)
-        self.REDUCTIONS = {
+        self.REDUCTIONS = {  # type: ignore[misc]  # per instance: the preset shapes the state
             f"{index}/{name}": reduction
             for index, part in enumerate(self.parts)
             for name, reduction in part.REDUCTIONS.items()
@@ -374,7 +374,7 @@ class PresetSteps(ReadSequence):
     def __len__(self) -> int:
         return len(self.base)
 
-    def __getitem__(self, index):  # type: ignore[override]
+    def __getitem__(self, index):
         if isinstance(index, slice):
             return [self[i] for i in range(len(self))[index]]
         return self._step(range(len(self))[index], self.base[index])

@@ -42,7 +42,8 @@ class RoundAccumulator(StepAccumulator):
         super().__init__()
         self.max_rounds = int(max_rounds)
         self.catastrophic = float(catastrophic)
-        self.REDUCTIONS = {**{name: "sum" for name in ROUND_SUMS}, "max_abs_diff": "max", "num_rounds_max": "max"}
+        # per instance: the round count shapes this family's state
+        self.REDUCTIONS = {**{name: "sum" for name in ROUND_SUMS}, "max_abs_diff": "max", "num_rounds_max": "max"}  # type: ignore[misc]
 
     def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)

@@ -43,10 +43,17 @@ ROW_SUMS: dict[str, str] = {
 }
 
 
-class RowStatsCollector:
-    """Collects :class:`RowStats` chunk by chunk; ``presets`` adds each preset's rejected-token count per row."""
+# The optional row sum ``RowStatsCollector(catastrophic=threshold)`` adds: S_i[|δ| > threshold], the row's count of
+# catastrophic tokens (diag/catastrophic_token_share = Σ_i S_i / Σ_i n_i).
+CATASTROPHIC = "catastrophic"
 
-    def __init__(self, presets: Sequence[Preset] = ()) -> None:
+
+class RowStatsCollector:
+    """Collects :class:`RowStats` chunk by chunk; ``presets`` adds each preset's rejected-token count per row,
+    ``catastrophic`` (a |δ| threshold) each row's count of catastrophic tokens (``sums["catastrophic"]``)."""
+
+    def __init__(self, presets: Sequence[Preset] = (), catastrophic: float | None = None) -> None:
+        self.catastrophic = catastrophic
         self.rules: dict[str, OutcomeAccumulator] = {}
         if presets:  # each preset's drop rule and its count, shared with compare-presets (metrics/outcome.py)
             from rollout_diag.metrics.outcome import DropRule, OutcomeAccumulator
@@ -68,6 +75,8 @@ class RowStatsCollector:
         part = {"step": arrays.host(chunk.step).astype(np.int64), "tokens": arrays.host(s.row_count)}
         for name, token_quantity in ROW_SUMS.items():
             part[name] = arrays.host(s.row_sum(token_quantity))
+        if self.catastrophic is not None:
+            part[CATASTROPHIC] = arrays.host(s.row_sum(s.catastrophic(self.catastrophic)))
         for preset, outcome in self.rules.items():
             part[f"rejected:{preset}"] = arrays.host(outcome.rejected_tokens(s))
         self.parts.append(part)
@@ -76,7 +85,8 @@ class RowStatsCollector:
         self.parts.extend(other.parts)
 
     def finalize(self) -> RowStats:
-        names = ["step", "tokens", *ROW_SUMS, *(f"rejected:{preset}" for preset in self.rules)]
+        sums = [*ROW_SUMS, *([CATASTROPHIC] if self.catastrophic is not None else [])]
+        names = ["step", "tokens", *sums, *(f"rejected:{preset}" for preset in self.rules)]
         columns: Mapping[str, np.ndarray] = {
             name: np.concatenate([part[name] for part in self.parts])
             if self.parts
@@ -86,6 +96,6 @@ class RowStatsCollector:
         return RowStats(
             step=np.asarray(columns["step"], dtype=np.int64),
             tokens=np.asarray(columns["tokens"], dtype=np.float64),
-            sums={name: np.asarray(columns[name], dtype=np.float64) for name in ROW_SUMS},
+            sums={name: np.asarray(columns[name], dtype=np.float64) for name in sums},
             rejected={preset: np.asarray(columns[f"rejected:{preset}"], dtype=np.float64) for preset in self.rules},
         )

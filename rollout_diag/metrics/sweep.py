@@ -165,7 +165,7 @@ def exact_bin_edges() -> tuple[np.ndarray, np.ndarray]:
     int64, the bin of the lower end of each slice of |c| (the floats that share an exponent and the top 6 bits of
     the mantissa: a ratio of at most 1 + 1/64, narrower than a bin) from edges[1]'s slice up to |c| = CLAMP's.
     Computed once per process with this machine's numpy, so the edges are the ones its log10 gives; they assume
-    only that the formula never gives a smaller bin to a larger |c| (tests/test_sweep.py checks every edge's
+    only that the formula never gives a smaller bin to a larger |c| (tests/metrics/test_sweep.py checks every edge's
     neighbourhood and random values)."""
     k = np.arange(1, HISTOGRAM_BINS, dtype=np.int64)
     low = np.zeros_like(k)  # bits of +0.0: bin 0 < k

@@ -105,8 +105,8 @@ def _environment_row(tokens: int, windowed: bool) -> tuple:
 
 
 def _token_text(row: RowTokens, position: int) -> str:
-    if row.token is not None and row.token[position] is not None:
-        return row.token[position]
+    if row.token is not None and (text := row.token[position]) is not None:
+        return text
     if row.token_id is not None:
         return f"#{row.token_id[position]}"
     return "–"

@@ -167,7 +167,7 @@ def _step_findings(result: AnalysisResult) -> list[str]:
     scored = [(value, step) for step, value in zip(ids, values, strict=True) if value is not None]
     findings = []
     run_value = result.run.metrics.get(metric)
-    if len(scored) > 1 and finite(run_value) and run_value > 0:
+    if len(scored) > 1 and run_value is not None and finite(run_value) and run_value > 0:
         value, step = max(scored, key=lambda pair: pair[0])  # the first of equal maxima, as step by step
         ratio = value / run_value
         findings.append(

@@ -61,6 +61,7 @@ from rollout_diag.results.rows import (
     repr_sizes,
     share_text,
 )
+from rollout_diag.results.runs import KnobEffect, RatioGate, RunMetric, RunsResult, RunSteps, RunSummary
 from rollout_diag.results.sweep import SweepOption, SweepPoint, SweepResult, SweepStep, SweepTarget
 
 __all__ = [
@@ -82,10 +83,12 @@ __all__ = [
     "Hint",
     "HintRow",
     "KeyColumns",
+    "KnobEffect",
     "MetricColumns",
     "OverallVerdict",
     "PresetResult",
     "PresetTable",
+    "RatioGate",
     "ReadSequence",
     "Recommendation",
     "RowMetrics",
@@ -93,6 +96,10 @@ __all__ = [
     "RowStats",
     "RowTokens",
     "Rows",
+    "RunMetric",
+    "RunSteps",
+    "RunSummary",
+    "RunsResult",
     "SkippedData",
     "SkippedRow",
     "StepResult",

@@ -387,7 +387,7 @@ class DivergentRound:
         """As written (null stays None); keys of an older build's document default, keys this build does not know are
         left out."""
         known = {spec.name for spec in fields(cls)}
-        optional = {"factor_without_largest": None, "note": "", "unsupported": []}
+        optional: dict[str, Any] = {"factor_without_largest": None, "note": "", "unsupported": []}
         return cls(**{**optional, **{key: value for key, value in raw.items() if key in known}})
 
 

@@ -4,7 +4,7 @@ expected a whole number, found a string ('3')``.
 
 Reading is lenient where a document of another build may differ and still be read: fields at the top may be absent
 (each result says which it needs) and keys this build does not know are allowed (``additionalProperties: false`` and
-``propertyNames`` are for writing; ``tests/test_schema.py`` holds every written document to them)."""
+``propertyNames`` are for writing; ``tests/results/test_schema.py`` holds every written document to them)."""
 
 from __future__ import annotations
 

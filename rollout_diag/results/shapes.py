@@ -60,7 +60,13 @@ def nan_nulls(expected: Any, value: Any) -> Any:
         return {key: math.nan if item is None else item for key, item in value.items()}
     if origin is list and arguments == (float,) and isinstance(value, list):
         return [math.nan if item is None else item for item in value]
-    if origin is list and arguments and dataclasses.is_dataclass(arguments[0]) and isinstance(value, list):
+    if (
+        origin is list
+        and arguments
+        and isinstance(arguments[0], type)
+        and dataclasses.is_dataclass(arguments[0])
+        and isinstance(value, list)
+    ):
         return [item_from_json(arguments[0], item) if isinstance(item, dict) else item for item in value]
     return value
 

@@ -99,7 +99,11 @@ def where(result: AnalysisResult) -> list[str]:
     run_value = result.run.metrics.get(HEADLINE)
     if step is not None and len(result.steps) > 1 and _positive(step.metrics.get(HEADLINE)):
         value = step.metrics[HEADLINE]
-        ratio = f", {value / run_value:.1f}× the run" if _finite(run_value) and run_value > 0 else ""
+        ratio = (
+            f", {value / run_value:.1f}× the run"
+            if run_value is not None and _finite(run_value) and run_value > 0
+            else ""
+        )
         lines.append(f"worst step {step.step} ({short_name(HEADLINE)} {number(value)}{ratio})")
     if result.divergent_round is not None and _positive(result.divergent_round.logprob_abs_diff_mean):
         lines.append(round_phrase(result.divergent_round))

@@ -114,7 +114,9 @@ def prime_rl(
             )
         }
         for pairs, advantage in zip(masked(rows), advantages, strict=True):
-            if advantage is None:  # no advantage: no sample of these statistics
+            # no advantage: no sample of these statistics; no trained token: compute_loss skips the sample
+            # (``if bool(rl_mask.any())``: a filtered row's rl weights are all 0), it does not count as 0
+            if advantage is None or not pairs:
                 continue
             adv = float(advantage)
             n = n_masked = n_low = n_high = masked_positive = masked_negative = 0
@@ -142,7 +144,7 @@ def prime_rl(
             # _safe_mean(advantages > 0 / < 0, drop_mask = loss_mask & is_masked)
             samples["masked_advantage_positive"].append(masked_positive / max(n_masked, 1))
             samples["masked_advantage_negative"].append(masked_negative / max(n_masked, 1))
-        for name, series in samples.items() if any(a is not None for a in advantages) else ():
+        for name, series in samples.items() if any(samples.values()) else ():
             out[f"{name}/mean"] = total(series) / len(series)
             out[f"{name}/std"] = unbiased_std(series)
             out[f"{name}/min"] = min(series)
@@ -329,7 +331,8 @@ def roll(rows: Sequence[Row]) -> dict[str, float]:
 
 # ------------------------------------------------------------------------------------------------- AReaL
 def areal(rows: Sequence[Row], upper: float = 5.0) -> dict[str, float]:
-    """functional.py apply_rejection_sampling (token, mask, ratio ≤ upper) and ppo_actor_loss_fn; stats_tracker:
+    """AReaL at 4aef98d (``areal@4aef98d``), in float64: functional.py apply_rejection_sampling (token, mask,
+    ratio ≤ upper) and ppo_actor_loss_fn; stats_tracker:
     avg / min / max over the kept tokens, nothing when none is kept."""
     kept = [(a - r) for a, r in flat(rows) if math.exp(a - r) <= upper]
     if not flat(rows) or not kept:
@@ -354,6 +357,191 @@ def openrlhf(rows: Sequence[Row]) -> dict[str, float]:
     return {"train/vllm_kl": total(r - a for a, r in tokens) / len(tokens)}
 
 
+def prime_rl_ipo(rows: Sequence[Row], envs: Sequence[str | None] | None = None) -> dict[str, float]:
+    """loss.py ipo_loss_fn (prime-rl 559b447, #2798) with IPOLossConfig's ipo_threshold 0.1: is_masked =
+    |exp(a) − exp(r)| > 0.1 on both sides, no advantage read; per sample (a row with a trained token) _safe_mean of
+    k3 over masked / kept tokens and of is_masked; then mean / std / min / max over the samples."""
+    out = {k: v for k, v in prime_rl(rows, None, envs).items()}
+    if not out:
+        return {}
+    samples: dict[str, list[float]] = {"masked_mismatch_kl": [], "unmasked_mismatch_kl": [], "is_masked": []}
+    for pairs in masked(rows):
+        if not pairs:
+            continue
+        masked_kl = [k3(a - r) for a, r in pairs if abs(math.exp(a) - math.exp(r)) > 0.1]
+        kept_kl = [k3(a - r) for a, r in pairs if not abs(math.exp(a) - math.exp(r)) > 0.1]
+        samples["masked_mismatch_kl"].append(total(masked_kl) / max(len(masked_kl), 1))
+        samples["unmasked_mismatch_kl"].append(total(kept_kl) / max(len(kept_kl), 1))
+        samples["is_masked"].append(len(masked_kl) / len(pairs))
+    for name, series in samples.items():
+        out[f"{name}/mean"] = total(series) / len(series)
+        out[f"{name}/std"] = unbiased_std(series)
+        out[f"{name}/min"] = min(series)
+        out[f"{name}/max"] = max(series)
+    return out
+
+
+# ------------------------------------------------------------------------------------ AReaL @ cbff54d
+def f32(x: float) -> np.float32:
+    return np.float32(x)
+
+
+def exp32(x: np.float32) -> np.float32:
+    """float32 exp, correctly rounded (the float64 exp rounded), as the dialect takes it."""
+    with np.errstate(all="ignore"):
+        return np.float32(np.exp(np.float64(x)))
+
+
+def log32(x: np.float32) -> np.float32:
+    with np.errstate(all="ignore"):
+        return np.float32(np.log(np.float64(x)))
+
+
+def areal_binary_kl(log_p: np.float32, log_q: np.float32) -> np.float32:
+    """functional.py compute_binary_kl_divergence, one token in float32: clamp(exp(·), 1e-8, 1 − 1e-8)."""
+    with np.errstate(all="ignore"):
+        p = min(max(exp32(log_p), f32(1e-8)), f32(1.0 - 1e-8))  # f32(1 − 1e-8) == 1.0
+        q = min(max(exp32(log_q), f32(1e-8)), f32(1.0 - 1e-8))
+        return p * log32(p / q) + (f32(1) - p) * log32((f32(1) - p) / (f32(1) - q))
+
+
+def areal_cbff54d(
+    rows: Sequence[Row], metric: str = "ratio", upper: float = 5.0, level: str = "token"
+) -> dict[str, float]:
+    """AReaL cbff54d: apply_rejection_sampling (action mask, agg mean), ppo_actor_loss_fn, grpo_loss_fn's stats
+    and _log_proximal_approximation_stats, stats_tracker's avg / min / max (None, so absent, for an empty
+    denominator or an infinite min / max) and scalars; every per-token value a float32 as AReaL's tensors are."""
+    tokens = []  # (x, kept, nan_score) per loss-mask token, x = float32(a) − float32(r)
+    positions = 0
+    for a, r, m in rows:
+        positions += len(m)
+        row = [(f32(a[t]), f32(r[t])) for t in range(len(m)) if m[t] == 1]
+        scores = []
+        for a32, r32 in row:
+            x = a32 - r32
+            log_ratio = x if np.isfinite(x) else f32(0)
+            ratio = exp32(log_ratio)
+            if metric == "ratio":
+                scores.append((ratio, log_ratio))
+            else:
+                kl = areal_binary_kl(a32, r32)
+                rev = areal_binary_kl(r32, a32)
+                scores.append((f32("nan") if np.isnan(kl) or np.isnan(rev) else max(kl, rev), log_ratio))
+        if level == "sequence" and row:
+            if metric == "ratio":
+                mean_log = f32(sum(float(lr) for _, lr in scores) / len(scores))
+                seq_metric = exp32(mean_log)
+            else:
+                seq_metric = f32(sum(float(v) for v, _ in scores) / len(scores))
+            scores = [(seq_metric, mean_log if metric == "ratio" else lr) for _, lr in scores]
+        for (a32, r32), (value, log_ratio) in zip(row, scores, strict=True):
+            kept = bool(value <= f32(upper))
+            weight = exp32(log_ratio) if kept else f32(0)
+            tokens.append((a32 - r32, kept, bool(np.isnan(value)), weight))
+    if not tokens:
+        return {}
+    behave = [(x, w) for x, kept, _, w in tokens if kept and w > 0]
+    stats: dict[str, list[float]] = {
+        "logp_diff": [float(-x) for x, *_ in tokens],
+        "logp_abs_diff": [float(abs(-x)) for x, *_ in tokens],
+        "behave_imp_weight": [float(w) for _, w in behave],
+        "behave_approx_kl": [float(x) for x, _ in behave],
+        "behave_filtered_ratio": [0.0 if kept and w > 0 else 1.0 for _, kept, _, w in tokens],
+        "compute_logp/kl_div_direct": [float(-x) for x, _ in behave],
+        "compute_logp/kl_div_taylor": [float(x * x / f32(2)) for x, _ in behave],
+    }
+    with np.errstate(over="ignore", invalid="ignore"):
+        stats["compute_logp/kl_div_dual"] = [float(exp32(x) - f32(1) - x) for x, _ in behave]
+    out: dict[str, float] = {}
+    dropped = 0
+    for name in (
+        "logp_diff",
+        "logp_abs_diff",
+        "behave_imp_weight",
+        "behave_approx_kl",
+        "behave_filtered_ratio",
+    ):
+        dropped += areal_avg_min_max(out, name, stats[name])
+    n = len(tokens)
+    out["ppo_actor/update/masked_token_ratio"] = 1.0 - n / max(positions, 1)
+    out["ppo_actor/update/rs_filtered_fraction"] = sum(not kept for _, kept, _, _ in tokens) / n
+    for name in ("compute_logp/kl_div_direct", "compute_logp/kl_div_taylor", "compute_logp/kl_div_dual"):
+        dropped += areal_avg_min_max(out, name, stats[name])
+    out["note: tokens AReaL filters for a NaN binary-KL score (a logprob of 0.0)"] = float(
+        sum(nan and not kept for _, kept, nan, _ in tokens)
+    )
+    out["note: kept tokens whose float32 weight underflows to 0 (counted as filtered)"] = float(
+        sum(kept and not w > 0 for _, kept, _, w in tokens)
+    )
+    out["note: infinite /min or /max values AReaL drops"] = float(dropped)
+    return out
+
+
+def areal_avg_min_max(out: dict[str, float], name: str, values: list[float]) -> int:
+    """stats_tracker: avg / min / max under ppo_actor/update/<name>; returns how many infinite extremes it drops."""
+    if not values:
+        return 0
+    key = "ppo_actor/update/" + name
+    out[key + "/avg"] = total(values) / len(values)
+    dropped = 0
+    for statistic, value in (("min", min(values)), ("max", max(values))):
+        if math.isinf(value):
+            dropped += 1
+        else:
+            out[f"{key}/{statistic}"] = value
+    return dropped
+
+
+# ------------------------------------------------------------------------------------ verl @ b178a3c
+def verl_b178a3c(rows: Sequence[Row], level: str = "token", threshold: float = 2.0) -> dict[str, float]:
+    """verl b178a3c rollout_corr_helper.py compute_rollout_correction_weights + compute_is_metrics: every metric on
+    w_raw = exp(clamp(·, −20, 20))·mask before truncation; std / ESS on clamp(w_raw, 1/U, U); seq_* on
+    masked_mean(w_raw, mask, axis=−1) over all rows (Σ/(n + 1e-8)). Plus verl's other keys (``verl``)."""
+    out = verl(rows)
+    if not out:
+        return {}
+    upper, lower = threshold, 1.0 / threshold
+    clamp = lambda x: min(max(x, -20.0), 20.0)  # noqa: E731
+    weights: list[list[float]] = []  # w_raw per masked token, per row
+    log_sums = []
+    for pairs in masked(rows):
+        s = total(a - r for a, r in pairs)
+        log_sums.append(s)
+        if level == "token":
+            weights.append([math.exp(clamp(a - r)) for a, r in pairs])
+        else:
+            weights.append([math.exp(clamp(s))] * len(pairs))
+    flat_w = [w for row in weights for w in row]
+    n = len(flat_w)
+    is_metrics = {"rollout_is_mean": total(flat_w) / (n + 1e-8)}
+    if level == "token":
+        is_metrics["rollout_is_ratio_fraction_high"] = sum(w > upper for w in flat_w) / (n + 1e-8)
+        is_metrics["rollout_is_ratio_fraction_low"] = sum(w < lower for w in flat_w) / (n + 1e-8)
+        is_metrics["rollout_is_max"] = max(flat_w)
+        is_metrics["rollout_is_min"] = min(flat_w)
+    else:
+        is_metrics["rollout_is_max"] = math.exp(min(max(log_sums), 20.0))
+        is_metrics["rollout_is_min"] = math.exp(min(log_sums))
+        is_metrics["rollout_is_ratio_fraction_high"] = sum(s > math.log(upper) for s in log_sums) / len(log_sums)
+        is_metrics["rollout_is_ratio_fraction_low"] = sum(s < math.log(lower) for s in log_sums) / len(log_sums)
+    clamped = [min(max(w, lower), upper) for w in flat_w]
+    mean_c = total(clamped) / n
+    # population std (rollout-diag's centred form of verl's T[c²] − T[c]², METRICS.md §2), 0 for one token
+    is_metrics["rollout_is_std"] = math.sqrt(total((c - mean_c) ** 2 for c in clamped) / n) if n > 1 else 0.0
+    t_c = total(clamped) / (n + 1e-8)
+    is_metrics["rollout_is_eff_sample_size"] = 1.0 / (total((c / (t_c + 1e-8)) ** 2 for c in clamped) / (n + 1e-8))
+    q = [total(row) / (len(row) + 1e-8) for row in weights]
+    mean_q = total(q) / len(q)
+    is_metrics["rollout_is_seq_mean"] = mean_q
+    is_metrics["rollout_is_seq_std"] = unbiased_std(q) if len(q) > 1 else 0.0
+    is_metrics["rollout_is_seq_max"] = max(q)
+    is_metrics["rollout_is_seq_min"] = min(q)
+    is_metrics["rollout_is_seq_max_deviation"] = max(abs(v - 1.0) for v in q)
+    is_metrics["rollout_is_seq_fraction_high"] = sum(v > upper for v in q) / len(q)
+    is_metrics["rollout_is_seq_fraction_low"] = sum(v < lower for v in q) / len(q)
+    return {**out, **{"rollout_corr/" + name: value for name, value in is_metrics.items()}}
+
+
 REFERENCES = {
     "verl": verl,
     "prime-rl": prime_rl,
@@ -362,6 +550,11 @@ REFERENCES = {
     "skyrl": skyrl,
     "trl": trl,
     "roll": roll,
-    "areal": areal,
+    "areal": areal_cbff54d,
     "openrlhf": openrlhf,
+    "verl@b178a3c": verl_b178a3c,
+    "verl@b178a3c:seq": lambda rows: verl_b178a3c(rows, "sequence"),
+    "prime-rl:ipo": prime_rl_ipo,
+    "areal:kpop": lambda rows: areal_cbff54d(rows, "binary_kl", 2.0),
+    "areal@4aef98d": areal,
 }

@@ -1,4 +1,5 @@
-"""Altered copies of the bundled samples, each with one known pipeline bug or shape (tests/test_verdict.py)."""
+"""Altered copies of the bundled samples, each with one known pipeline bug or shape
+(tests/decisions/test_verdict.py)."""
 
 from __future__ import annotations
 

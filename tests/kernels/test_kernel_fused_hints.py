@@ -59,7 +59,7 @@ def separate_hint_rows(
     pairwise tree, values first on SIMD lanes); this pass, a plain loop over the segments, is the reference the fused
     one must equal bit for bit. The per-token patterns are the kernels' own inline helpers: what is checked here is
     the fusion (order, carry across leaves and segments); the patterns themselves are checked against a plain float64
-    reference in tests/test_hints.py."""
+    reference in tests/decisions/test_hints.py."""
     out = np.zeros((rows, 13))
     buckets = np.zeros((groups, log_edges.shape[0] + 1, 5))
     segments = raw.shape[0]

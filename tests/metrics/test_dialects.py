@@ -7,16 +7,16 @@ import math
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
+from helpers.dialect_dumps import one_step, write_dump
 from helpers.reference_dialects import REFERENCES
 
 import rollout_diag as rd
 from rollout_diag.errors import ConfigError
-from rollout_diag.metrics.dialects import FRAMEWORKS, markdown, resolve
+from rollout_diag.metrics.dialects import FRAMEWORKS, TRAINERS, VARIANTS, markdown, resolve
 
 RTOL = 1e-9  # the library sums in another order than the reference; both are float64
+EVERY = ",".join(FRAMEWORKS)  # every trainer and every variant (``all`` is the trainers at their current code)
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "dialects.md"
 
 
@@ -51,28 +51,6 @@ def random_rows(rng: np.random.Generator, count: int, max_len: int = 30) -> list
     return rows
 
 
-def write_dump(path: Path, steps: dict[int, list[dict]], row_group_size: int) -> None:
-    records = [(step, index, row) for step, rows in steps.items() for index, row in enumerate(rows)]
-    table = pa.table(
-        {
-            "step": pa.array([s for s, _, _ in records], pa.int64()),
-            "sample_id": pa.array([f"{s}-{i}" for s, i, _ in records]),
-            "rollout_log_probs": pa.array([r["rollout"].tolist() for *_, r in records], pa.list_(pa.float32())),
-            "old_log_probs": pa.array([r["trainer"].tolist() for *_, r in records], pa.list_(pa.float32())),
-            "response_mask": pa.array([r["mask"].tolist() for *_, r in records], pa.list_(pa.int8())),
-            **(
-                {
-                    "advantages": pa.array([r.get("advantage") for *_, r in records], pa.float64()),
-                    "env_name": pa.array([r.get("env") for *_, r in records], pa.string()),
-                }
-                if any("advantage" in r for *_, r in records)
-                else {}
-            ),
-        }
-    )
-    pq.write_table(table, path, row_group_size=row_group_size)
-
-
 def as_reference(rows: list[dict]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     return [
         (r["trainer"].astype(np.float64), r["rollout"].astype(np.float64), r["mask"].astype(np.int64)) for r in rows
@@ -85,9 +63,11 @@ def expected_dialects(rows: list[dict]) -> dict[str, dict[str, float]]:
     for name, reference in REFERENCES.items():
         if name == "prime-rl" and any("advantage" in row for row in rows):
             values = reference(ref, [row.get("advantage") for row in rows], [row.get("env") for row in rows])
+        elif name == "prime-rl:ipo" and any("env" in row for row in rows):
+            values = reference(ref, [row.get("env") for row in rows])
         else:
             values = reference(ref)
-        if name == "verl":  # verl's dialect is verl's names only (mismatch/… is rollout-diag's own key)
+        if name.startswith("verl"):  # verl's dialect is verl's names only (mismatch/… is rollout-diag's own key)
             values = {k: v for k, v in values.items() if k.startswith(("rollout_corr/", "training/"))}
         if values:
             out[name] = values
@@ -118,13 +98,13 @@ def dataset(tmp_path_factory) -> tuple[Path, dict[int, list[dict]]]:
 
 @pytest.fixture(scope="module")
 def all_result(dataset) -> rd.AnalysisResult:
-    return rd.analyze(str(dataset[0]), device="cpu", dialect="all")
+    return rd.analyze(str(dataset[0]), device="cpu", dialect=EVERY)
 
 
 @pytest.mark.parametrize("chunk_tokens", [17, 113, 1 << 20])
 def test_every_dialect_matches_the_reference_per_step_and_for_the_run(dataset, chunk_tokens):
     path, steps = dataset
-    result = rd.analyze(str(path), device="cpu", dialect="all", chunk_tokens=chunk_tokens)
+    result = rd.analyze(str(path), device="cpu", dialect=EVERY, chunk_tokens=chunk_tokens)
     by_step = {s.step: s for s in result.steps}
     for step, rows in steps.items():
         assert_dialects_match(by_step[step].dialects, expected_dialects(rows))
@@ -136,7 +116,7 @@ def test_every_dialect_matches_the_reference_per_step_and_for_the_run(dataset, c
 def test_merged_parts_equal_one_pass(dataset, all_result):
     """Chunks dealt alternately to two accumulators (rows of one step on both sides), merged in reverse order."""
     path, _ = dataset
-    parts = [rd.Analysis(dialects=resolve("all")), rd.Analysis(dialects=resolve("all"))]
+    parts = [rd.Analysis(dialects=resolve(EVERY)), rd.Analysis(dialects=resolve(EVERY))]
     for index, (chunk, _) in enumerate(rd.DumpReader([str(path)], chunk_tokens=29).chunks("cpu")):
         parts[index % 2].update(chunk)
     parts[1].merge(parts[0])
@@ -172,17 +152,6 @@ def test_verl_is_the_default_and_repeats_todays_numbers_exactly(dataset):
                 "log_ppl_diff_min",
             )
         }
-
-
-def one_step(path: Path, rows: list[tuple[list[float], list[float], list[int]]]) -> Path:
-    steps = {
-        0: [
-            {"trainer": np.array(a, np.float32), "rollout": np.array(r, np.float32), "mask": np.array(m, np.int8)}
-            for a, r, m in rows
-        ]
-    }
-    write_dump(path, steps, row_group_size=10)
-    return path
 
 
 def test_dilution_warning_says_how_far_empty_rows_moved_verls_row_means(tmp_path):
@@ -221,6 +190,7 @@ def test_hand_checked_quirks(tmp_path):
     # AReaL: the ratio-8 token is rejected (> 5), the mean of δ is over the two kept tokens
     assert d["areal"]["ppo_actor/update/behave_approx_kl/avg"] == pytest.approx(delta0 / 2)
     assert d["areal"]["ppo_actor/update/behave_imp_weight/max"] == pytest.approx(math.exp(delta0))
+    assert d["areal"]["ppo_actor/update/rs_filtered_fraction"] == pytest.approx(1 / 3)  # 1 of 3 loss-mask tokens
     # slime: mean of per-sample means (δ0/2 and δ1) over 2 samples, or Σ|δ| / Σ max(n_i, 1) = (δ0 + δ1)/3
     assert d["slime"]["train/train_rollout_logprob_abs_diff"] == pytest.approx((delta0 / 2 + delta1) / 2)
     assert d["slime"]["train/train_rollout_logprob_abs_diff (--calculate-per-token-loss)"] == pytest.approx(
@@ -233,7 +203,9 @@ def test_hand_checked_quirks(tmp_path):
 
 
 def test_resolve_names_and_refuse_unknown_ones():
-    assert resolve("all") == tuple(FRAMEWORKS)
+    assert resolve("all") == tuple(f.name for f in TRAINERS)
+    assert resolve("all,verl@b178a3c") == (*(f.name for f in TRAINERS), "verl@b178a3c")
+    assert set(FRAMEWORKS) == {f.name for f in (*TRAINERS, *VARIANTS)}
     assert resolve("TRL, skyrl,trl") == ("trl", "skyrl")
     with pytest.raises(ConfigError, match="dialect=grpo: not a dialect"):
         resolve("grpo")
@@ -252,7 +224,7 @@ def test_every_framework_cites_repo_and_commit_and_its_metrics_are_the_ones_it_r
 
 def metric_name(framework: str, key: str) -> str:
     """The declared name of a reported key: prime-rl's per-environment keys stand for ``mismatch_kl/<env>/…``."""
-    if framework == "prime-rl" and key.startswith("mismatch_kl/") and not key.startswith("mismatch_kl/all/"):
+    if framework.startswith("prime-rl") and key.startswith("mismatch_kl/") and not key.startswith("mismatch_kl/all/"):
         return "mismatch_kl/<env>/" + key.rsplit("/", 1)[1]
     return key
 

@@ -13,6 +13,7 @@ Imported lazily: numba compiles on first use, or loads the compiled kernels from
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from numba import njit, types, uint64
@@ -25,8 +26,8 @@ COLUMN = {name: index for index, name in enumerate(QUANTITIES)}
 EXTREME = {name: index for index, name in enumerate(EXTREMES)}
 _Q = len(QUANTITIES)
 _E = len(EXTREMES)
-_FLAGS = {"cache": True, "nogil": True, "error_model": "numpy"}
-_INLINE = {**_FLAGS, "inline": "always"}
+_FLAGS: dict[str, Any] = {"cache": True, "nogil": True, "error_model": "numpy"}
+_INLINE: dict[str, Any] = {**_FLAGS, "inline": "always"}
 
 
 # exp and expm1 without libm calls, so that a loop of them runs on SIMD lanes (numba calls libm once per value: the

@@ -18,6 +18,7 @@ the engines' formula (``metrics.sweep.exact_bin_edges``), not from a log10 of ou
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import numpy as np
 from numba import njit, types, uint64
@@ -38,7 +39,7 @@ OPS = {
     "beyond": 6,  # v < L or v > U
     "not_at_most": 7,  # not (v ≤ U)
 }
-_FLAGS = {"cache": True, "nogil": True, "error_model": "numpy"}
+_FLAGS: dict[str, Any] = {"cache": True, "nogil": True, "error_model": "numpy"}
 
 
 @njit(**{**_FLAGS, "inline": "always"})

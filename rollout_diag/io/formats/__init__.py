@@ -75,7 +75,7 @@ def _candidates(given: str) -> list[tuple[Path, Path | None]]:
         return found
     path = Path(given)
     if path.is_dir():
-        files = []
+        files: list[tuple[Path, Path | None]] = []
         for root, dirs, names in os.walk(path):  # symlinked directories are not followed: no loops
             dirs.sort()
             files += [(Path(root) / name, path) for name in sorted(names) if not name.startswith((".", "_"))]

@@ -98,7 +98,7 @@ def global_names(path: str, limit: int = 1 << 20) -> set[str]:
     try:
         for opcode, argument, _ in pickletools.genops(io.BytesIO(head)):
             if opcode.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8"):
-                strings.append(argument)
+                strings.append(str(argument))
             elif opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
                 names.add(f"{strings[-2]}.{strings[-1]}")
             elif opcode.name in ("GLOBAL", "INST"):

@@ -14,14 +14,35 @@ import numpy as np
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import StepAccumulator, groups_of_dicts
-from rollout_diag.metrics.dialects import areal, nemo_rl, openrlhf, prime_rl, roll, skyrl, slime, trl, verl
+from rollout_diag.metrics.dialects import (
+    areal,
+    areal_4aef98d,
+    nemo_rl,
+    openrlhf,
+    prime_rl,
+    roll,
+    skyrl,
+    slime,
+    trl,
+    verl,
+    verl_b178a3c,
+)
 from rollout_diag.metrics.dialects.base import DialectFamily, DialectMetric, Framework
 from rollout_diag.results import MetricColumns
 
-FRAMEWORKS: dict[str, Framework] = {
-    module.FRAMEWORK.name: module.FRAMEWORK
-    for module in (verl, prime_rl, nemo_rl, slime, skyrl, trl, roll, areal, openrlhf)
-}
+# Each trainer at its current code (``--dialect all``), then the variants a name reaches: ``NAME:CONFIG`` (another
+# configuration of the same code) and ``NAME@COMMIT`` (the trainer's code at an earlier commit).
+TRAINERS: tuple[Framework, ...] = tuple(
+    module.FRAMEWORK for module in (verl, prime_rl, nemo_rl, slime, skyrl, trl, roll, areal, openrlhf)
+)
+VARIANTS: tuple[Framework, ...] = (
+    verl_b178a3c.FRAMEWORK,
+    verl_b178a3c.FRAMEWORK_SEQ,
+    prime_rl.FRAMEWORK_IPO,
+    areal.FRAMEWORK_KPOP,
+    areal_4aef98d.FRAMEWORK,
+)
+FRAMEWORKS: dict[str, Framework] = {framework.name: framework for framework in (*TRAINERS, *VARIANTS)}
 DEFAULT = "verl"
 ALL = "all"
 CHOICES = (*FRAMEWORKS, ALL)
@@ -31,6 +52,8 @@ __all__ = [
     "CHOICES",
     "DEFAULT",
     "FRAMEWORKS",
+    "TRAINERS",
+    "VARIANTS",
     "DialectMetric",
     "DialectsAccumulator",
     "Framework",
@@ -41,11 +64,12 @@ __all__ = [
 
 
 def resolve(dialect: str | Sequence[str]) -> tuple[str, ...]:
-    """Framework names from ``--dialect`` (one name, ``all``, or a comma-separated list); raises ConfigError."""
+    """Framework names from ``--dialect`` (one name, ``all`` = every trainer at its current code, or a
+    comma-separated list); raises ConfigError."""
     parts = [dialect] if isinstance(dialect, str) else list(dialect)
     names: list[str] = []
     for part in (p.strip().lower() for text in parts for p in text.split(",")):
-        chosen = tuple(FRAMEWORKS) if part == ALL else (part,)
+        chosen = tuple(framework.name for framework in TRAINERS) if part == ALL else (part,)
         for name in chosen:
             if name not in FRAMEWORKS:
                 raise ConfigError(f"{option_name('dialect')}={part}: not a dialect (choose from {', '.join(CHOICES)}).")
@@ -200,6 +224,7 @@ def markdown() -> str:
         "  out tokens with ratio above 5).",
         "- **sign**: verl's `kl` and OpenRLHF's `vllm_kl` are E[r − a]; AReaL's `behave_approx_kl` is E[a − r].",
         "",
+        *VERSIONS,
     ]
     for framework in FRAMEWORKS.values():
         lines += [
@@ -215,6 +240,47 @@ def markdown() -> str:
         lines += [f"| `{m.name}` | {_cell(m.formula)} | {_cell(m.aggregation)} |" for m in framework.metrics]
         lines.append("")
     return "\n".join(lines)
+
+
+VERSIONS = [
+    "## Versions and variants",
+    "",
+    "`--dialect all` is every trainer at the commit its section names (its current code when it was last read).",
+    "A name with `@COMMIT` is that trainer's code at an earlier commit, for numbers logged before it changed; a",
+    "name with `:CONFIG` is another configuration of the same code. Neither is part of `all`: ask for it by name",
+    "(`--dialect all,verl@b178a3c`). `benchmarks/dialect_parity.py` runs verl's (b178a3c) and AReaL's (cbff54d) own",
+    "functions beside `verl@b178a3c`, `areal` and `areal:kpop` on a random step: verl's values agree to 4e-8 (its",
+    "fractions are float32 means), AReaL's gate and every min / max exactly, its averages to float32 summation noise.",
+    "",
+    "| dialect | code | what changed, and when |",
+    "|---|---|---|",
+    "| `verl` | verl-project/verl 1dda039b9 (2026-08-22) | `compute_offpolicy_metrics` and `calculate_debug_metrics` "
+    "give the same numbers as at b178a3c for a step with a model token (#5860, 2026-04-03, only adds NaN "
+    "placeholders for a batch without one). The presets (`compare-presets`) compute `rollout_is_*` as 1dda039b9 "
+    "does. |",
+    "| `verl@b178a3c`, `verl@b178a3c:seq` | volcengine/verl b178a3c (2026-01-29) | #5722 (IcePop, 2026-03-24) "
+    "redefined `rollout_corr/rollout_is_*` without renaming them: token-level `rollout_is_mean/max/min` became "
+    "post-truncation (max ≤ U), `rollout_is_std` and `_eff_sample_size` clamp the weights to [0, U] instead of "
+    "[1/U, U], and `rollout_is_seq_*` describe the truncated weights; #6806 (2026-06-25) moved "
+    "`rollout_is_seq_fraction_high/_low` back to the raw weights (between the two they were computed from the "
+    "truncated ones, `_high` always 0). These dialects give every `rollout_is_*` from the weights before "
+    "truncation, as b178a3c logged them (token or sequence level, U = 2). |",
+    '| `prime-rl`, `prime-rl:ipo` | PrimeIntellect-ai/prime-rl 559b447 (2026-08-21) | `loss.type = "ipo"` (#2798, '
+    "2026-06-14) logs `masked_mismatch_kl`, `unmasked_mismatch_kl` and `is_masked` with a symmetric trust region "
+    "\\|p_a − p_r\\| > 0.1. Both leave a filtered sample (no trained token) out of the per-sample statistics, as "
+    "`compute_loss` does: rollout-diag counted it as 0 before (a step with one such row in 8 read 7/8 of "
+    "prime-rl's `masked_mismatch_kl/mean`). |",
+    "| `areal`, `areal:kpop` | areal-project/AReaL cbff54d (2026-08-22; the repository moved from inclusionAI) | "
+    "since 4aef98d: `logp_diff`, `logp_abs_diff`, `behave_filtered_ratio`, `masked_token_ratio`, "
+    "`rs_filtered_fraction` and `compute_logp/kl_div_*` beside `behave_imp_weight` / `behave_approx_kl`, computed "
+    "in float32 as AReaL does; the KPop gate (`metric: binary_kl`), which AReaL's own config check rejects at "
+    "cbff54d. AReaL's traps are kept and counted in `note: …` keys. |",
+    "| `areal@4aef98d` | inclusionAI/AReaL 4aef98d (2026-05-21) | the dialect before AReaL moved: the two "
+    "`behave_*` keys in float64 (AReaL's float32 values differ in the 7th digit). |",
+    "| `openrlhf` | OpenRLHF/OpenRLHF 3c3be62 (2026-08-13, #1307) | the newest commit the snapshot holds; the "
+    "options of #1339 are not in it, and its merged text could not be read, so their metrics are not reproduced. |",
+    "",
+]
 
 
 def _cell(text: str) -> str:

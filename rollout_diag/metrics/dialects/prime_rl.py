@@ -15,8 +15,9 @@ Definitions, PrimeIntellect-ai/prime-rl at commit 559b44772e471d1538537b8805cc77
   masked_mismatch_kl = _safe_mean(k3, loss_mask & is_masked), unmasked_mismatch_kl = _safe_mean(k3,
   loss_mask & ~is_masked), is_masked* = _safe_mean(·, loss_mask), masked_advantage_positive / _negative =
   _safe_mean(A > 0 / A < 0, loss_mask & is_masked). ``compute_loss`` stacks one value per
-  sample (every sample when there is no rl weight stream, empty ones giving 0), and ``compute_stats`` takes
-  mean / std / min / max over the step's samples.
+  sample whose rl mask (``loss_mask & (rl_weights != 0)``) has a token: a filtered sample (zero advantage, its rl
+  weights zeroed by ``orchestrator/train_sink.py`` ``_prune_zero_advantages``) is left out, not counted as 0;
+  ``compute_stats`` takes mean / std / min / max over the step's samples.
 
 The advantage A comes from the dump's per-row ``advantages`` (or ``advantage``) column; a row's value applies
 to each of its tokens, as GRPO's per-sample advantage does; a row whose advantage is null is left out of the
@@ -81,6 +82,17 @@ def advantages(chunk: Chunk) -> Array | None:
     return None
 
 
+def _reductions(samples: tuple[str, ...]) -> dict[str, str]:
+    return {
+        "k3": "moments",
+        "k3_max": "max",
+        "k3_min": "min",
+        **{name: "moments" for name in samples},
+        **{name + "_max": "max" for name in samples},
+        **{name + "_min": "min" for name in samples},
+    }
+
+
 def _statistics(n: float, mean: float, m2: float, low: float, high: float) -> list[float]:
     """mean, unbiased std (NaN for one value: torch.Tensor.std), min, max."""
     return [mean, math.sqrt(max(m2, 0.0) / (n - 1)) if n > 1 else math.nan, low, high]
@@ -90,14 +102,8 @@ class PrimeRLAccumulator(StepAccumulator):
     """Chan moments, max and min of the per-token k3 over the step's model tokens; with advantages, moments, max and
     min over the step's rows of each per-sample DPPO value."""
 
-    REDUCTIONS: ClassVar[dict[str, str]] = {
-        "k3": "moments",
-        "k3_max": "max",
-        "k3_min": "min",
-        **{name: "moments" for name in SAMPLE_METRICS},
-        **{name + "_max": "max" for name in SAMPLE_METRICS},
-        **{name + "_min": "min" for name in SAMPLE_METRICS},
-    }
+    SAMPLES: ClassVar[tuple[str, ...]] = SAMPLE_METRICS
+    REDUCTIONS: ClassVar[dict[str, str]] = _reductions(SAMPLE_METRICS)
 
     def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)
@@ -106,23 +112,33 @@ class PrimeRLAccumulator(StepAccumulator):
             "k3_max": by_step(s, row_extreme(s, "k3", "amax"), "max"),
             "k3_min": by_step(s, row_extreme(s, "k3", "amin"), "min"),
         }
-        advantage = advantages(chunk)
         groups = chunk.groups
-        if advantage is None:  # no sample enters: empty moments, max −inf, min +inf
+        found = self._samples(s)
+        if found is None:  # no sample enters: empty moments, max −inf, min +inf
             empty = np.zeros((groups.count, 6))
-            for name in SAMPLE_METRICS:
+            for name in self.SAMPLES:
                 out[name] = empty
                 out[name + "_max"] = np.full(groups.count, -math.inf)
                 out[name + "_min"] = np.full(groups.count, math.inf)
             return out
-        sample = ~arrays.isnan(advantage)  # a row without an advantage is no sample of these statistics
-        for name, values in per_sample(s, advantage).items():
+        per_row, sample = found
+        for name, values in per_row.items():
             kept = values[sample]
             zeros = arrays.zeros(arrays.size(kept), kept)
             out[name] = segment_moments(kept, zeros, groups.row_group[sample], groups.count)
             out[name + "_max"] = by_step(s, arrays.where(sample, values, -math.inf), "max")
             out[name + "_min"] = by_step(s, arrays.where(sample, values, math.inf), "min")
         return out
+
+    def _samples(self, s: Any) -> tuple[dict[str, Array], Array] | None:
+        """The loss fn's per-sample values (float64 [R]) and which rows are samples, or None without any."""
+        advantage = advantages(s.chunk)
+        if advantage is None:
+            return None
+        # a row without an advantage is no sample of these statistics, nor is one without a trained token:
+        # compute_loss runs the rl loss fn only where ``loss_mask & (rl_weights != 0)`` has a token (a filtered,
+        # zero-advantage row has its rl weights zeroed by the orchestrator and is left out, not counted as 0)
+        return per_sample(s, advantage), ~arrays.isnan(advantage) & (s.row_count > 0)
 
     def _finalize(self, state: State) -> dict[str, float]:
         n, mean, _, m2, _, _ = (float(v) for v in state["k3"])
@@ -131,7 +147,7 @@ class PrimeRLAccumulator(StepAccumulator):
         out = dict(
             zip((PREFIX + s for s in STATISTICS), _statistics(n, mean, m2, *_extremes(state, "k3")), strict=True)
         )
-        for name in SAMPLE_METRICS:
+        for name in self.SAMPLES:
             rows, mean, _, m2, _, _ = (float(v) for v in state[name])
             if rows:
                 values = _statistics(rows, mean, m2, *_extremes(state, name))
@@ -171,6 +187,40 @@ def per_sample(s: Any, advantage: Array) -> dict[str, Array]:
         "masked_advantage_positive": rows_sum(masked & positive) / safe_masked,
         "masked_advantage_negative": rows_sum(masked & negative) / safe_masked,
     }
+
+
+IPO_THRESHOLD = 0.1  # IPOLossConfig.ipo_threshold default
+IPO_METRICS = ("masked_mismatch_kl", "unmasked_mismatch_kl", "is_masked")
+
+
+def per_sample_ipo(s: Any) -> dict[str, Array]:
+    """ipo_loss_fn's per-sample values (float64 [R]): is_masked = |exp(a) − exp(r)| > ipo_threshold, both sides."""
+    chunk = s.chunk
+    row = chunk.model.row
+    masked = abs(arrays.exp(s.token("trainer")) - arrays.exp(s.token("rollout"))) > IPO_THRESHOLD
+    k3 = s.token("k3")
+
+    def rows_sum(values: Array) -> Array:
+        return segment_sum(arrays.float64(values), row, chunk.rows)
+
+    n = rows_sum(arrays.ones(arrays.size(k3), k3))
+    n_masked = rows_sum(masked)
+    return {
+        "masked_mismatch_kl": rows_sum(arrays.where(masked, k3, 0.0)) / arrays.clamp(n_masked, lower=1.0),
+        "unmasked_mismatch_kl": rows_sum(arrays.where(masked, 0.0, k3)) / arrays.clamp(n - n_masked, lower=1.0),
+        "is_masked": n_masked / arrays.clamp(n, lower=1.0),
+    }
+
+
+class PrimeRLIPOAccumulator(PrimeRLAccumulator):
+    """``loss.type = "ipo"``: the k3 statistics, and ipo_loss_fn's three per-sample values over every row with a
+    trained token (the IPO rule reads no advantage)."""
+
+    SAMPLES: ClassVar[tuple[str, ...]] = IPO_METRICS
+    REDUCTIONS: ClassVar[dict[str, str]] = _reductions(IPO_METRICS)
+
+    def _samples(self, s: Any) -> tuple[dict[str, Array], Array] | None:
+        return per_sample_ipo(s), s.row_count > 0
 
 
 class EnvironmentAccumulator:
@@ -243,10 +293,12 @@ def _env_values(envs: dict[str, np.ndarray]) -> dict[str, float]:
 
 
 class PrimeRLFamily:
-    """The whole dialect: the k3 and DPPO statistics, then the per-environment k3."""
+    """The whole dialect: the k3 and the loss fn's per-sample statistics, then the per-environment k3."""
+
+    MAIN: ClassVar[type[PrimeRLAccumulator]] = PrimeRLAccumulator
 
     def __init__(self) -> None:
-        self.main = PrimeRLAccumulator()
+        self.main = self.MAIN()
         self.envs = EnvironmentAccumulator()
 
     def update(self, chunk: Chunk) -> None:
@@ -269,12 +321,21 @@ class PrimeRLFamily:
         return _with_envs(self.main.finalize_run(), self.envs.finalize_run())
 
 
+class PrimeRLIPOFamily(PrimeRLFamily):
+    """The dialect with ``loss.type = "ipo"``."""
+
+    MAIN: ClassVar[type[PrimeRLAccumulator]] = PrimeRLIPOAccumulator
+
+
 def _with_envs(values: dict[str, float], envs: dict[str, float]) -> dict[str, float]:
     return {**values, **envs} if values else {}  # a step without model tokens has no dialect values
 
 
 _AGG = "over every trainable token of the step (all micro-batches and ranks gathered)"
-_SAMPLES = "over the step's samples (rows), each Σ over its mask / max(count, 1); only when the dump has advantages"
+_SAMPLES = (
+    "over the step's samples (rows with a trained token; a filtered, empty row is left out), each Σ over its "
+    "mask / max(count, 1); only when the dump has advantages"
+)
 _DPPO = {
     "masked_mismatch_kl": ("k3 KL over DPPO-masked tokens, per sample", "exp(δ) − δ − 1 where is_masked"),
     "unmasked_mismatch_kl": ("k3 KL over DPPO-kept tokens, per sample", "exp(δ) − δ − 1 where not is_masked"),
@@ -308,7 +369,12 @@ FRAMEWORK = Framework(
         "The `median` of each key is left out: an exact median needs every value, which a streaming pass "
         "does not keep. W&B receives only mean and max (the other statistics go to the console and other "
         "monitors). prime-rl runs the DPPO values on the rl component's mask (loss mask ∧ rl weight ≠ 0); the "
-        "dump's trained tokens also hold ref-KL tokens when that stream exists (the same without one)."
+        "dump's trained tokens also hold ref-KL tokens when that stream exists (the same without one). prime-rl "
+        "pads a step's micro-batches to a multiple of its trainer workers with copies of the first whose loss "
+        "mask is all false and that carry no rl weight stream (`batch.py` `_pad_group_for_distribution`): "
+        "`compute_loss` runs the loss fn on each of their samples and stacks zeros into the per-sample "
+        "statistics, a dilution that depends on the worker count and leaves no trace in a dump; the values here "
+        "are prime-rl's without that padding."
     ),
     metrics=(
         DialectMetric(PREFIX + "mean", "k3 KL exp(δ) − δ − 1 (token mean)", "exp(δ) − δ − 1", "mean, " + _AGG),
@@ -331,4 +397,46 @@ FRAMEWORK = Framework(
         ),
     ),
     accumulator=PrimeRLFamily,
+)
+
+_IPO = {
+    "masked_mismatch_kl": (
+        "k3 KL over IPO-masked tokens, per sample",
+        f"exp(δ) − δ − 1 where |e^a − e^r| > {IPO_THRESHOLD:g}",
+    ),
+    "unmasked_mismatch_kl": (
+        "k3 KL over IPO-kept tokens, per sample",
+        f"exp(δ) − δ − 1 where |e^a − e^r| ≤ {IPO_THRESHOLD:g}",
+    ),
+    "is_masked": ("share of tokens the IPO trust region masks, per sample", f"|e^a − e^r| > {IPO_THRESHOLD:g}"),
+}
+_IPO_SAMPLES = (
+    "over the step's samples (rows with a trained token; a filtered, empty row is left out), each Σ over its "
+    "mask / max(count, 1)"
+)
+
+FRAMEWORK_IPO = Framework(
+    name="prime-rl:ipo",
+    title="prime-rl (ipo loss)",
+    source=(
+        "PrimeIntellect-ai/prime-rl `src/prime_rl/trainer/rl/loss.py` (ipo_loss_fn, #2798), "
+        "`packages/prime-rl-configs/src/prime_rl/configs/trainer.py` (IPOLossConfig) "
+        "@ 559b44772e471d1538537b8805cc77f3824a5e64"
+    ),
+    config=(
+        f'`loss.type = "ipo"` with IPOLossConfig\'s defaults (`ipo_threshold` {IPO_THRESHOLD:g}, `adv_tau` 1, '
+        "`kl_tau` 1e-3): a symmetric trust region on the probability difference; `mismatch_kl/all` and "
+        "`mismatch_kl/<env>` as with the default loss"
+    ),
+    offline=FRAMEWORK.offline,
+    metrics=(
+        *FRAMEWORK.metrics[:4],
+        *(
+            DialectMetric(f"{name}/{stat}", concept, formula, f"{_HOW[stat]} {_IPO_SAMPLES}")
+            for name, (concept, formula) in _IPO.items()
+            for stat in STATISTICS
+        ),
+        *FRAMEWORK.metrics[4 + 4 * len(_DPPO) :],
+    ),
+    accumulator=PrimeRLIPOFamily,
 )

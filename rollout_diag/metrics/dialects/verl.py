@@ -1,7 +1,11 @@
 """verl: today's output under verl's own names, plus the same row means over valid rows only.
 
-Definitions: volcengine/verl ``verl/trainer/ppo/rollout_corr_helper.py`` (``compute_offpolicy_metrics``) and
-``verl/utils/debug/metrics.py`` (``calculate_debug_metrics``), commit b178a3cd56f58b2d502255daba591e92833930a7.
+Definitions: verl-project/verl (formerly volcengine/verl) ``verl/trainer/ppo/rollout_corr_helper.py``
+(``compute_offpolicy_metrics``) and ``verl/utils/debug/metrics.py`` (``calculate_debug_metrics``), commit
+1dda039b9c6311889a9c9a26040677e1254814f9 (2026-08-22, the newest the snapshot holds). Read first at b178a3c; between
+the two neither function changed a number of a step with a model token (#5860 only returns NaN placeholders for a
+batch without one, which has no dialect values). What did change in between are the ``rollout_is_*`` keys (#5722,
+#6806): the presets compute them at 1dda039b9, ``verl@b178a3c`` (verl_b178a3c.py) as they were before.
 verl averages per-row means over every row of the batch, and a row without model tokens enters with
 R_i = 0 (ppl 1, d_i = 0): that dilutes the row means. ``<name>@valid_rows`` is the same formula over the
 rows that have model tokens, so a user sees verl's digits and the undiluted value side by side.
@@ -89,7 +93,11 @@ class VerlAccumulator:
     three accumulator families side by side, updated, merged and finalized together."""
 
     def __init__(self) -> None:
-        self.families = (OffPolicyAccumulator(), DebugAccumulator(), ValidRowsAccumulator())
+        self.families: tuple[StepAccumulator, ...] = (
+            OffPolicyAccumulator(),
+            DebugAccumulator(),
+            ValidRowsAccumulator(),
+        )
 
     def update(self, chunk: Chunk) -> None:
         for family in self.families:
@@ -160,8 +168,9 @@ def dilution(run: dict[str, float]) -> tuple[str, float, float] | None:
 
 
 _SOURCE = (
-    "volcengine/verl `verl/trainer/ppo/rollout_corr_helper.py` (compute_offpolicy_metrics), "
-    "`verl/utils/debug/metrics.py` (calculate_debug_metrics) @ b178a3cd56f58b2d502255daba591e92833930a7"
+    "verl-project/verl (formerly volcengine/verl) `verl/trainer/ppo/rollout_corr_helper.py` "
+    "(compute_offpolicy_metrics), `verl/utils/debug/metrics.py` (calculate_debug_metrics) "
+    "@ 1dda039b9c6311889a9c9a26040677e1254814f9"
 )
 _ROWS = "mean over all B rows of the batch (empty rows enter with R_i = 0)"
 _VALID_ROWS = "rollout-diag's correction: mean over the rows with n_i > 0 only"
@@ -225,7 +234,11 @@ FRAMEWORK = Framework(
     name="verl",
     title="verl",
     source=_SOURCE,
-    config="always computed (rollout-correction metrics and debug metrics)",
+    config=(
+        "always computed (rollout-correction metrics and debug metrics). The same numbers as at b178a3c (2026-01-29); "
+        "the `rollout_corr/rollout_is_*` keys, which #5722 (2026-03-24) redefined without renaming, are the "
+        "presets' (`compare-presets`, verl @ 1dda039b9) and, with their meaning before #5722, `verl@b178a3c`'s"
+    ),
     offline="none: the metrics are batch-level already. `@valid_rows` names are rollout-diag's, not verl's.",
     metrics=_metrics(),
     accumulator=VerlAccumulator,

@@ -23,7 +23,7 @@ from rollout_diag.drivers.rowpass import row_pass
 from rollout_diag.errors import ConfigError
 from rollout_diag.results import AnalysisResult, StepResult
 
-SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
+SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 
 
 def result_of(run: dict[str, float], steps: dict[int, dict[str, float]]) -> AnalysisResult:

@@ -15,7 +15,7 @@ from rollout_diag.decisions.recommend import by_intrusiveness, recommend, sort_b
 from rollout_diag.render.presets import corrects
 from rollout_diag.results import ComparisonResult, PresetResult, StepResult
 
-SAMPLE = Path(__file__).resolve().parent.parent / "sample_data" / "textgenrnn_bf16_vs_fp32.parquet"
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "textgenrnn_bf16_vs_fp32.parquet"
 CALM = {"rollout_corr/k3_kl": 1e-4, "rollout_corr/chi2_token": 1e-3, "rollout_corr/chi2_seq": 0.1}
 
 

@@ -1,4 +1,4 @@
-"""Hardening, third round (issue 21, the I/O items): outputs that would destroy an input, atomic outputs, huge
+"""Outputs that would destroy an input, atomic outputs, huge
 rows in ``inspect``, malformed saved results, stray Parquet files beside a dump, and small inputs."""
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ def test_a_failed_convert_leaves_the_previous_output(tmp_path: Path, monkeypatch
 
 # ------------------------------------------------------------------ small inputs
 @pytest.mark.parametrize("uri", ["https://host/run/", "ftp://host/run.parquet", "file:///tmp/x"])
-def test_a_uri_not_read_is_a_one_line_error(uri: str) -> None:  # s3://, gs://, hf:// are read: tests/test_storage.py
+def test_a_uri_not_read_is_a_one_line_error(uri: str) -> None:  # s3://, gs://, hf:// are read: tests/io/test_storage.py
     line = one_error_line(cli("analyze", uri))
     assert uri.rstrip("/") in line and "URIs are not read" in line, line
 
@@ -502,7 +502,7 @@ def test_make_synthetic_writes_the_steps_it_says(
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    script = Path(__file__).resolve().parent.parent / "sample_data" / "make_synthetic.py"
+    script = Path(__file__).resolve().parents[2] / "sample_data" / "make_synthetic.py"
     spec = importlib.util.spec_from_file_location("make_synthetic", script)
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "make_synthetic", module)  # its dataclasses look their module up
@@ -526,8 +526,8 @@ def test_make_synthetic_writes_the_steps_it_says(
 def test_help_lists_commands_in_the_readme_order_uncut_with_an_example_each() -> None:
     import re
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    order = ["analyze", "compare-presets", "sweep", "report", "inspect", "check", "diff", "watch", "convert"]
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    order = ["analyze", "compare-presets", "sweep", "report", "inspect", "check", "diff", "runs", "watch", "convert"]
     for width in ("80", "120"):
         text = cli("--help", env={"COLUMNS": width}).stdout
         listed = re.findall(r"^  ([a-z-]+)  ", text.split("Commands:")[1], flags=re.MULTILINE)

@@ -20,8 +20,8 @@ from rollout_diag.errors import ConfigError
 from rollout_diag.metrics.rowstats import ROW_SUMS
 from rollout_diag.results import AnalysisResult, RowStats, StepResult
 
-SAMPLE = Path(__file__).resolve().parent.parent / "sample_data" / "textgenrnn_bf16_vs_fp32.parquet"
-SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "textgenrnn_bf16_vs_fp32.parquet"
+SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 
 
 def side(label: str, rows: RowStats) -> DiffSide:

@@ -124,7 +124,7 @@ def test_accumulators_of_a_chunk_only_family_share_one_table_per_chunk(tmp_path)
     assert_same_table(verl.families[0].store, analysis.offpolicy.store)
     assert_same_table(analysis.offpolicy.store, alone.store)
     assert_same_table(verl.families[1].store, debug_alone.store)
-    assert_same_table(analysis.debug.store, debug_alone.store)
+    assert_same_table(analysis.family["debug"].store, debug_alone.store)
     doubled = narrowed.store.dense["rows"]
     np.testing.assert_array_equal(doubled, 2.0 * alone.store.dense["rows"])
 

@@ -1,4 +1,4 @@
-"""Issue 9 (terminal, report options) and issue 13 (CLI compatibility): hostile strings, narrow terminals,
+"""The terminal, the report's options and the CLI's compatibility: hostile strings, narrow terminals,
 ``-o`` with tables, report options and ``--from-json`` merging, explicitly named options.
 
 Tables are rendered through the CLI at a fixed width (CliRunner: no colour, COLUMNS pinned) and checked for what
@@ -32,7 +32,7 @@ from rollout_diag.render.summary import short_name
 from rollout_diag.render.table import Column, FitTable
 from rollout_diag.results import ComparisonResult, PresetResult, StepResult, SweepOption, SweepResult, SweepTarget
 
-SAMPLE = Path(__file__).resolve().parent.parent / "sample_data" / "textgenrnn_bf16_vs_fp32.parquet"
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "textgenrnn_bf16_vs_fp32.parquet"
 MULTI_TURN = SAMPLE.parent / "synthetic_multiturn.parquet"
 NUMBER = re.compile(r"-?[\d,]+(\.\d+)?(e-?\d+)?")
 INTEGER = re.compile(r"-?[\d,]+")

@@ -30,7 +30,7 @@ from rollout_diag.results import (
     json_number,
 )
 
-SAMPLES = Path(__file__).resolve().parent.parent / "sample_data"
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_data"
 
 
 _dumps = comparison_text

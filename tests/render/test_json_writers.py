@@ -20,7 +20,7 @@ import rollout_diag as rd
 from rollout_diag.render.export import ItemTexts, analysis_json_pieces, json_pieces, row_texts, step_texts, to_json_text
 from rollout_diag.results import MetricColumns, Rows, StepResult, StepTable
 
-SAMPLES = Path(__file__).resolve().parent.parent / "sample_data"
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_data"
 
 
 def _dumps(document: dict) -> str:

@@ -314,7 +314,7 @@ def test_jsonl_prints_one_parsable_line_per_finished_step_and_gates_exit_3(tmp_p
     assert result.stderr.splitlines()[-1].startswith("nothing new for")
     assert report.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # the temporary file was renamed
-    schema = json.loads((Path(__file__).resolve().parent.parent / "schemas" / "watch.schema.json").read_text())
+    schema = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "watch.schema.json").read_text())
     import jsonschema
 
     for line in lines:

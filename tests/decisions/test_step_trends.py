@@ -21,7 +21,7 @@ from rollout_diag.render.analysis import render_analysis
 from rollout_diag.report import render_report
 from rollout_diag.results import AnalysisResult, StepResult
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RESULT_SCHEMA = json.loads((REPO / "schemas" / "result.schema.json").read_text())
 ABS_DIFF = catalogue.LOGPROB_ABS_DIFF.key
 STEPS, ROWS, WIDTH = 24, 16, 256

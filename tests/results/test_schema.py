@@ -12,7 +12,7 @@ from helpers.schema import schema, validator
 
 import rollout_diag as rd
 
-SAMPLES = sorted((Path(__file__).resolve().parent.parent / "sample_data").glob("*.parquet"))
+SAMPLES = sorted((Path(__file__).resolve().parents[2] / "sample_data").glob("*.parquet"))
 
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)

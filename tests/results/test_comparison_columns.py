@@ -36,7 +36,7 @@ from rollout_diag.results import (
     result_from_json,
 )
 
-SAMPLE = Path(__file__).resolve().parent.parent / "sample_data" / "synthetic_multiturn.parquet"
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "synthetic_multiturn.parquet"
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,7 @@ from rollout_diag.render.hints import hint_lines
 from rollout_diag.report import render_report
 from rollout_diag.results import HintRow, RowRef
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 REAL_SAMPLE = REPO / "sample_data" / "textgenrnn_bf16_vs_fp32.parquet"
 LOG_HALF = math.log(0.5)
 

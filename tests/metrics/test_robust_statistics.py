@@ -1,4 +1,4 @@
-"""Issue 9's metric items: robust anomaly baseline, supported most-divergent round, exact std of constant values,
+"""Robust statistics: the anomaly baseline, supported most-divergent round, exact std of constant values,
 one definition of a sequence share. Each test fails on the code before the fix."""
 
 from __future__ import annotations

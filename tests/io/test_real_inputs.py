@@ -1,4 +1,4 @@
-"""Input hardening (issue 9, the input items): inputs users really have, hostile directories, --workers,
+"""Inputs users really have, hostile directories, --workers,
 option validation, warnings that stop silent wrong answers, and a fast ``inspect``."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from rollout_diag.metrics.sweep import SweepAccumulator, sweep_tables
 from rollout_diag.report import render_report
 from rollout_diag.results import ComparisonResult, PresetResult, StepResult, SweepOption, SweepResult, SweepStep
 
-SAMPLE = Path(__file__).resolve().parent.parent / "sample_data" / "textgenrnn_bf16_vs_fp32.parquet"
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "textgenrnn_bf16_vs_fp32.parquet"
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ from rollout_diag.render.analysis import render_analysis
 from rollout_diag.report import render_report
 from rollout_diag.results import AnalysisResult, ComparisonResult, SkippedData
 
-SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
+SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 LENGTH = 50  # model tokens per row
 
 

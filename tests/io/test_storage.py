@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from rollout_diag.cli import app
 from rollout_diag.io.reader import DumpReader
 
-SAMPLE = Path(__file__).resolve().parents[1] / "sample_data" / "synthetic_multiturn.parquet"
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "synthetic_multiturn.parquet"
 BUCKET = "dumps"
 runner = CliRunner()
 

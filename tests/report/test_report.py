@@ -39,7 +39,7 @@ from rollout_diag.results import (
     WorstToken,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REAL_DUMP_CANDIDATES = (
     ROOT / "sample_data" / "textgenrnn_bf16_vs_fp32.parquet",
     ROOT.parent / "shared" / "data" / "textgenrnn_bf16_vs_fp32.parquet",
@@ -486,7 +486,7 @@ def test_docs_metrics_md_is_generated_from_the_glossary() -> None:
 
     from rollout_diag.glossary import markdown
 
-    docs = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
+    docs = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
     stale = "regenerate: python -m rollout_diag.glossary > docs/metrics.md"
     assert docs.read_text(encoding="utf-8") == markdown(), stale
 

@@ -1,0 +1,127 @@
+"""AReaL as it was at 4aef98d (``--dialect areal@4aef98d``; ``areal`` is AReaL at its current code, areal.py):
+``ppo_actor/update/behave_approx_kl/{avg,min,max}`` and ``ppo_actor/update/behave_imp_weight/{avg,min,max}``, in
+float64. Kept so that numbers reported before the dialect moved to cbff54d can be reproduced digit for digit.
+
+Definitions: inclusionAI/AReaL ``areal/utils/functional/functional.py`` (``apply_rejection_sampling``: token level,
+metric ``ratio`` = exp(proximal − old logprob), action ``mask`` keeps tokens with ratio ≤ upper;
+``ppo_actor_loss_fn``: behave_approx_kl = proximal − old on tokens with behave_imp_weight > 0 and the updated
+loss mask), ``areal/trainer/ppo/actor.py`` (``stats_tracker.stat(..., denominator="unclipped_behave_tokens")``
+under the ``ppo_actor`` / ``update`` scopes), ``areal/utils/stats_tracker.py`` (avg = Σ/count, min, max over the
+denominator's tokens, absent when it is empty) and ``areal/api/cli_args.py`` (``RejectionSamplingConfig``
+defaults: level token, action mask, metric ratio, upper 5.0, lower None), commit
+4aef98d8d818af55b43621aaadba047ae10f4e77. Here proximal = the trainer's logprob a, old = the rollout's r.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+from rollout_diag.engine import arrays
+from rollout_diag.engine.arrays import Array
+from rollout_diag.engine.formulas import quantity
+from rollout_diag.engine.stats import ChunkStats, stats
+from rollout_diag.io.chunk import Chunk
+from rollout_diag.metrics.base import State, StepAccumulator, as_float
+from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, row_extreme
+
+KL = "ppo_actor/update/behave_approx_kl/"
+WEIGHT = "ppo_actor/update/behave_imp_weight/"
+UPPER = 5.0  # RejectionSamplingConfig.upper default (the old behave_imp_weight_cap)
+
+
+@quantity("areal4_kept")
+def _kept(s: ChunkStats) -> Array:  # 1 where exp(δ) ≤ upper: the token survives rejection
+    return arrays.float64(arrays.exp(s.token("log_ratio")) <= UPPER)
+
+
+@quantity("areal4_kept_log_ratio")
+def _kept_log_ratio(s: ChunkStats) -> Array:
+    return s.token("log_ratio") * s.token("areal4_kept")
+
+
+@quantity("areal4_kept_weight")
+def _kept_weight(s: ChunkStats) -> Array:
+    return arrays.exp(s.token("log_ratio")) * s.token("areal4_kept")
+
+
+def _only_kept(value: str, fill: float):
+    def compute(s: ChunkStats) -> Array:
+        return arrays.where(s.token("areal4_kept") > 0, s.token(value), fill)
+
+    return compute
+
+
+for _value, _base in (("log_ratio", "log_ratio"), ("weight", "exp_log_ratio")):
+    quantity(f"areal4_{_value}_for_max")(_only_kept(_base, -math.inf))
+    quantity(f"areal4_{_value}_for_min")(_only_kept(_base, math.inf))
+
+
+class ArealAccumulator(StepAccumulator):
+    """Kept-token count, Σ, max and min of δ and of exp(δ) over the tokens rejection sampling keeps."""
+
+    REDUCTIONS: ClassVar[dict[str, str]] = {
+        "tokens": "sum",
+        "kept": "sum",
+        "kl_sum": "sum",
+        "kl_max": "max",
+        "kl_min": "min",
+        "weight_sum": "sum",
+        "weight_max": "max",
+        "weight_min": "min",
+    }
+
+    def _stats(self, chunk: Chunk) -> dict[str, Array]:
+        s = stats(chunk)
+        return {
+            "tokens": by_step(s, s.row_count),
+            "kept": by_step(s, s.row_sum("areal4_kept")),
+            "kl_sum": by_step(s, s.row_sum("areal4_kept_log_ratio")),
+            "kl_max": by_step(s, row_extreme(s, "areal4_log_ratio_for_max", "amax"), "max"),
+            "kl_min": by_step(s, row_extreme(s, "areal4_log_ratio_for_min", "amin"), "min"),
+            "weight_sum": by_step(s, s.row_sum("areal4_kept_weight")),
+            "weight_max": by_step(s, row_extreme(s, "areal4_weight_for_max", "amax"), "max"),
+            "weight_min": by_step(s, row_extreme(s, "areal4_weight_for_min", "amin"), "min"),
+        }
+
+    def _finalize(self, state: State) -> dict[str, float]:
+        kept = as_float(state["kept"])
+        if as_float(state["tokens"]) == 0 or kept == 0:
+            return {}  # stats_tracker drops a statistic whose denominator is empty
+        return {
+            KL + "avg": as_float(state["kl_sum"]) / kept,
+            KL + "min": as_float(state["kl_min"]),
+            KL + "max": as_float(state["kl_max"]),
+            WEIGHT + "avg": as_float(state["weight_sum"]) / kept,
+            WEIGHT + "min": as_float(state["weight_min"]),
+            WEIGHT + "max": as_float(state["weight_max"]),
+        }
+
+
+_KEPT = f"over the masked tokens with exp(δ) ≤ {UPPER:g} (the tokens rejection sampling keeps)"
+
+FRAMEWORK = Framework(
+    name="areal@4aef98d",
+    title="AReaL @4aef98d",
+    source=(
+        "inclusionAI/AReaL `areal/utils/functional/functional.py`, `areal/trainer/ppo/actor.py`, "
+        "`areal/utils/stats_tracker.py`, `areal/api/cli_args.py` @ 4aef98d8d818af55b43621aaadba047ae10f4e77"
+    ),
+    config=(
+        "use_decoupled_loss with rejection_sampling {level: token, action: mask, metric: ratio, upper: 5.0} "
+        "(the configuration AReaL's warning gives for its old default; with rejection_sampling null nothing is logged)"
+    ),
+    offline=(
+        "AReaL accumulates these over the PPO mini-batches of one update and all data-parallel ranks: each token "
+        "once, so the whole-batch statistic is the same. AReaL subtracts in float32; rollout-diag in float64."
+    ),
+    metrics=(
+        DialectMetric(KL + "avg", "k1 a − r (token mean)", "a − r", "mean " + _KEPT),
+        DialectMetric(KL + "min", "k1 a − r, min over tokens", "a − r", "min " + _KEPT),
+        DialectMetric(KL + "max", "k1 a − r, max over tokens", "a − r", "max " + _KEPT),
+        DialectMetric(WEIGHT + "avg", "IS ratio exp(δ), mean", "exp(a − r)", "mean " + _KEPT),
+        DialectMetric(WEIGHT + "min", "IS ratio exp(δ), min", "exp(a − r)", "min " + _KEPT),
+        DialectMetric(WEIGHT + "max", "IS ratio exp(δ), max", "exp(a − r)", "max " + _KEPT),
+    ),
+    accumulator=ArealAccumulator,
+)

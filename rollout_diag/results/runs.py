@@ -1,0 +1,215 @@
+"""``runs``: many runs at once, each with its knobs; what each knob did to the mismatch (schemas/runs.schema.json).
+
+Plain data: ``decisions/runs.py`` builds a :class:`RunsResult` (values, bootstrap intervals, onset steps, knob
+effects, gates and the first line); renderers and exports read it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rollout_diag.results.document import SCHEMA_VERSION
+from rollout_diag.results.reprs import short_repr
+from rollout_diag.results.rows import json_number
+
+
+@dataclass(frozen=True)
+class RunMetric:
+    """One key metric of one run and its bootstrap interval over the run's rows (resampled within steps)."""
+
+    metric: str
+    value: float
+    low: float
+    high: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"metric": self.metric, "value": json_number(self.value), "interval": _pair(self.low, self.high)}
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One run: its name, knobs (values as text), what it read, its verdict (the overall verdict's rules on its run
+    metrics, without hint evidence), its key metrics and the first step where it departs from the baseline run."""
+
+    name: str
+    knobs: dict[str, str]
+    inputs: list[str]
+    rows: int
+    tokens: int
+    steps: int
+    verdict: str
+    verdict_sentence: str
+    metrics: list[RunMetric]
+    onset_step: int | None
+
+    def metric(self, key: str) -> RunMetric:
+        return next(found for found in self.metrics if found.metric == key)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "knobs": dict(self.knobs),
+            "inputs": list(self.inputs),
+            "rows": self.rows,
+            "tokens": self.tokens,
+            "steps": self.steps,
+            "verdict": self.verdict,
+            "verdict_sentence": self.verdict_sentence,
+            "metrics": {m.metric: m.to_json() for m in self.metrics},
+            "onset_step": self.onset_step,
+        }
+
+
+@dataclass(frozen=True)
+class KnobEffect:
+    """What setting ``knob`` from ``from_`` (the baseline run's level) to ``to`` did to ``metric``: the ratio
+    metric(to) / metric(from), its bootstrap interval, ``detectable`` when the interval excludes 1.
+
+    ``method`` "pair": the two runs ``runs`` differ in this knob alone and the design has no run to spare (the ratio
+    of their values; ``difference`` and its interval are then ``diff``'s B − A); "fit": a least-squares fit of
+    log(metric) on every knob's levels over all runs (multiplicative effects, no interactions)."""
+
+    knob: str
+    from_: str
+    to: str
+    metric: str
+    ratio: float | None
+    low: float
+    high: float
+    detectable: bool
+    method: str
+    runs: tuple[str, str] | None = None
+    difference: float | None = None
+    difference_low: float | None = None
+    difference_high: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "knob": self.knob,
+            "from": self.from_,
+            "to": self.to,
+            "metric": self.metric,
+            "ratio": None if self.ratio is None else json_number(self.ratio),
+            "interval": _pair(self.low, self.high),
+            "detectable": self.detectable,
+            "method": self.method,
+            "runs": None if self.runs is None else list(self.runs),
+            "difference": None if self.difference is None else json_number(self.difference),
+            "difference_interval": None
+            if self.difference_low is None or self.difference_high is None
+            else _pair(self.difference_low, self.difference_high),
+        }
+
+
+@dataclass(frozen=True)
+class RatioGate:
+    """``--max-ratio METRIC=LIMIT``: a run's metric over the baseline run's, passed when at most ``limit``."""
+
+    run: str
+    metric: str
+    limit: float
+    ratio: float
+    low: float
+    high: float
+    passed: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            "metric": self.metric,
+            "limit": self.limit,
+            "ratio": json_number(self.ratio),
+            "interval": _pair(self.low, self.high),
+            "passed": self.passed,
+        }
+
+
+@dataclass(frozen=True)
+class RunSteps:
+    """One run's per-step key metrics (from its row sums): ``step`` int64 [S] and ``values[metric]`` float64 [S],
+    with each step's rows."""
+
+    run: str
+    step: np.ndarray
+    rows: np.ndarray
+    values: dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class RunsResult:
+    """What ``runs`` found; ``to_json()`` is the documented JSON (schemas/runs.schema.json), ``step_records()`` the
+    Parquet export's rows (one per run × step)."""
+
+    runs: list[RunSummary]
+    effects: list[KnobEffect]
+    steps: list[RunSteps]
+    baseline: str
+    metrics: list[str]
+    onset_metric: str
+    answer: str
+    replicates: int
+    level: float
+    seed: int
+    gates: list[RatioGate] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        """Every ``--max-ratio`` gate passed (True without gates)."""
+        return all(gate.passed for gate in self.gates)
+
+    @property
+    def knobs(self) -> list[str]:
+        """The knob names, in the order the runs first give them."""
+        return list(dict.fromkeys(name for run in self.runs for name in run.knobs))
+
+    def __repr__(self) -> str:
+        detectable = sum(effect.detectable for effect in self.effects)
+        return short_repr(
+            "RunsResult",
+            f"{len(self.runs)} runs, baseline {self.baseline!r}",
+            f"{detectable} of {len(self.effects)} knob effects detectable",
+            self.answer,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "runs",
+            "answer": self.answer,
+            "baseline": self.baseline,
+            "metrics": list(self.metrics),
+            "onset_metric": self.onset_metric,
+            "bootstrap": {"replicates": self.replicates, "level": self.level, "seed": self.seed, "unit": "rows"},
+            "runs": [run.to_json() for run in self.runs],
+            "effects": [effect.to_json() for effect in self.effects],
+            "gates": [gate.to_json() for gate in self.gates],
+            "passed": self.passed,
+            "warnings": list(self.warnings),
+        }
+
+    def step_records(self) -> dict[str, list[Any]]:
+        """Columns of one row per run × step: ``run``, ``knob:<name>`` per knob, ``step``, ``rows`` and each key
+        metric (polars-ready: ``pl.DataFrame(result.step_records())``)."""
+        knobs = self.knobs
+        by_name = {run.name: run for run in self.runs}
+        columns: dict[str, list[Any]] = {"run": [], **{f"knob:{k}": [] for k in knobs}, "step": [], "rows": []}
+        columns.update({metric: [] for metric in self.metrics})
+        for steps in self.steps:
+            count = steps.step.shape[0]
+            columns["run"].extend([steps.run] * count)
+            for knob in knobs:
+                columns[f"knob:{knob}"].extend([by_name[steps.run].knobs.get(knob)] * count)
+            columns["step"].extend(steps.step.tolist())
+            columns["rows"].extend(steps.rows.tolist())
+            for metric in self.metrics:
+                columns[metric].extend(steps.values[metric].tolist())
+        return columns
+
+
+def _pair(low: float, high: float) -> list[Any]:
+    return [json_number(low), json_number(high)] if math.isfinite(low) and math.isfinite(high) else [None, None]
