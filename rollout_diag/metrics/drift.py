@@ -163,17 +163,18 @@ def split(
     total0, total1 = float(n0.sum()), float(n1.sum())
     w0 = n0 / total0 if total0 > 0 else np.zeros_like(n0)
     w1 = n1 / total1 if total1 > 0 else np.zeros_like(n1)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    # an infinite Σ k3 (a token with δ > 709) gives inf or NaN parts, as the step's k3_kl is inf: no warning
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         m0 = np.where(n0 > 0, s0 / n0, np.nan)
         m1 = np.where(n1 > 0, s1 / n1, np.nan)
-    # a bucket empty in one window takes the other's mean there: its whole part is mix (weight 0 makes it exact)
-    m0_filled = np.where(n0 > 0, m0, m1)
-    m1_filled = np.where(n1 > 0, m1, m0)
-    present = (n0 > 0) | (n1 > 0)
-    mix = np.where(present, (w1 - w0) * (m0_filled + m1_filled) / 2.0, 0.0)
-    within = np.where(present, (m1_filled - m0_filled) * (w0 + w1) / 2.0, 0.0)
-    value0 = float(np.sum(np.where(n0 > 0, w0 * m0_filled, 0.0)))
-    value1 = float(np.sum(np.where(n1 > 0, w1 * m1_filled, 0.0)))
+        # a bucket empty in one window takes the other's mean there: its whole part is mix (weight 0 makes it exact)
+        m0_filled = np.where(n0 > 0, m0, m1)
+        m1_filled = np.where(n1 > 0, m1, m0)
+        present = (n0 > 0) | (n1 > 0)
+        mix = np.where(present, (w1 - w0) * (m0_filled + m1_filled) / 2.0, 0.0)
+        within = np.where(present, (m1_filled - m0_filled) * (w0 + w1) / 2.0, 0.0)
+        value0 = float(np.sum(np.where(n0 > 0, w0 * m0_filled, 0.0)))
+        value1 = float(np.sum(np.where(n1 > 0, w1 * m1_filled, 0.0)))
     buckets = [
         {
             "bucket": labels[b],

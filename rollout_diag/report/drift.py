@@ -5,6 +5,8 @@ was built (decisions/drift.py)."""
 
 from __future__ import annotations
 
+import math
+
 from rollout_diag.formatting import number
 from rollout_diag.report import figures
 from rollout_diag.report.markup import Column, Markup, escape, note, table
@@ -63,14 +65,15 @@ def _metric(index: int, entry: dict, canvas: Canvas) -> str:
     )
     rows = []
     for factor in factors:
-        moved = max(factor["buckets"], key=lambda b: abs(b["mix"]) + abs(b["within"]), default=None)
-        share = entry["change"] and factor["mix"] / entry["change"]
+        moved = max(factor["buckets"], key=_moved, default=None)
+        change, mix = entry["change"], factor["mix"]
+        finite = all(isinstance(v, float) and math.isfinite(v) for v in (change, mix)) and change != 0
         rows.append(
             (
                 factor["factor"],
-                factor["mix"],
+                mix,
                 factor["within"],
-                f"{100.0 * share:.0f} %" if entry["change"] else "–",
+                f"{100.0 * mix / change:.0f} %" if finite else "–",
                 "—" if moved is None else _bucket_line(moved),
             )
         )
@@ -95,3 +98,9 @@ def _bucket_line(bucket: dict) -> str:
         f"{bucket['bucket']}: {100.0 * bucket['from_share']:.1f} % → {100.0 * bucket['to_share']:.1f} % of tokens, "
         f"{mean(bucket['from_mean'])} → {mean(bucket['to_mean'])}"
     )
+
+
+def _moved(bucket: dict) -> float:
+    """How much a bucket moved the value (|mix| + |within|); a part without a value (null in a saved result) as 0."""
+    parts = [abs(part) for part in (bucket["mix"], bucket["within"]) if part is not None and math.isfinite(part)]
+    return sum(parts)

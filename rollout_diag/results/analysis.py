@@ -200,7 +200,7 @@ class AnalysisResult:
             "anomaly_check": self.anomaly_check,
             "groups": [group.to_json() for group in self.groups],
             "selection": dict(self.selection),
-            "drift": [dict(entry) for entry in self.drift],
+            "drift": [_json_nested(entry) for entry in self.drift],
         }
 
     def to_polars(self) -> dict[str, Any]:
@@ -270,6 +270,15 @@ _ITEM_TYPES: dict[str, type] = {
     "trends": Trend,
     "hints": Hint,
 }
+
+
+def _json_nested(value: Any) -> Any:
+    """A plain nested document (the drift) with its NaN and ±inf as null, at any depth."""
+    if isinstance(value, dict):
+        return {key: _json_nested(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_nested(item) for item in value]
+    return json_number(value)
 
 
 def _as_written(raw: Any) -> Any:

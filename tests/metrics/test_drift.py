@@ -226,3 +226,26 @@ def test_torch_engine_gives_the_same_split(scenarios: dict[str, Path]) -> None:
         assert b["change"] == pytest.approx(a["change"], rel=1e-12)
         for fa, fb in zip(a["factors"], b["factors"], strict=True):
             assert (fb["mix"], fb["within"]) == pytest.approx((fa["mix"], fa["within"]), rel=1e-10, abs=1e-15)
+
+
+def test_an_infinite_k3_is_null_in_the_json_and_said_nowhere(tmp_path: Path) -> None:
+    import json
+    import warnings
+
+    import pyarrow as pa
+    from helpers.dumps import random_rows, seq_row, write_sequence_dump
+
+    from rollout_diag.report import render_report
+    from rollout_diag.results import AnalysisResult
+
+    rows = random_rows(1, steps=tuple(range(6)), rows_per_step=5)
+    rows.append(seq_row(5, "inf", [-750.0, -1.0], [0.0, -1.0]))  # δ = 750: exp(δ) − δ − 1 overflows to inf
+    path = write_sequence_dump(tmp_path / "inf.parquet", rows, logprob_type=pa.float64())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        result = analyze([str(path)], workers=1)
+    k3 = result.drift[0]
+    assert math.isinf(k3["to"]) and not k3["beyond_noise"] and drift_sentence(k3) is None
+    document = json.loads(json.dumps(result.to_json(), allow_nan=False))
+    assert document["drift"][0]["to"] is None
+    assert "Why did it move?" in render_report(AnalysisResult.from_json(document))
