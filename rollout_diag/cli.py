@@ -440,6 +440,27 @@ def data_outputs(chosen: DataFormat, output: Path | None, by: list[str] | None) 
     return {"output": output}
 
 
+def write_repro(dump: Any, result: Any, path: Path) -> None:
+    """``--export-repro``: the extreme prompts' rows to ``path`` (a second pass), and one line on stderr saying what."""
+    from rollout_diag.drivers.repro import export_repro
+    from rollout_diag.errors import ConfigError
+
+    if result.prompts is None:
+        raise ConfigError(
+            "--export-repro: the dump has no prompt identity (no prompt_id column, no prompt tokens under mask 0 "
+            "with token ids).",
+            hint="name the prompt's column with --column prompt_id=NAME.",
+        )
+    rows = export_repro(dump, path, result)
+    listed = len(result.prompts.extreme)
+    typer.echo(
+        f"{path}: {rows} rows of {listed} prompts that are extreme every time"
+        if listed
+        else f"{path}: no prompt is extreme every time; the file holds no rows",
+        err=True,
+    )
+
+
 def write_parquet_tables(result: Any, output: Path | None) -> None:
     assert output is not None, "data_format refuses --format parquet without --output"
     from rollout_diag.export.parquet import write_parquet
@@ -484,7 +505,7 @@ class Reading:
             "--column",
             "-c",
             help="Say which column plays a role: role=name (roles: rollout, trainer, "
-            "mask, step, sample_id, position, token_ids, tokens, policy_version). Repeatable.",
+            "mask, step, sample_id, position, token_ids, tokens, policy_version, prompt_id). Repeatable.",
             metavar="ROLE=NAME",
         ),
     ] = None
@@ -828,6 +849,17 @@ def analyze(
     trust_pickle: Shared = SHARED,
     selection: Selection = SHARED,
     tensorboard: TensorboardOpt = None,
+    export_repro: Annotated[
+        Path | None,
+        typer.Option(
+            "--export-repro",
+            help="Write the rows of the prompts that are extreme every time (every row in the worst 1 %, at least "
+            "twice) to FILE as JSON lines (prompt, step, token ids, both logprobs, mask) for an engine developer to "
+            "replay; needs a prompt identity (a prompt_id column, or token ids with the prompt under mask 0). "
+            "Reads the dump a second time.",
+            metavar="FILE",
+        ),
+    ] = None,
     debug: DebugOpt = False,
     *,
     reading: Reading,
@@ -842,7 +874,7 @@ def analyze(
       rollout-diag analyze run.parquet -c rollout=vllm_logprobs --all-steps
     """
     chosen = data_format(format, output)  # before any reading: --format parquet without --output fails at once
-    refuse_overwriting_inputs(data_outputs(chosen, output, selection.by), inputs)
+    refuse_overwriting_inputs({**data_outputs(chosen, output, selection.by), "export_repro": export_repro}, inputs)
     if tensorboard is not None:  # a missing package fails before the reading, not after
         from rollout_diag.export.tensorboard import writer_class
 
@@ -862,6 +894,8 @@ def analyze(
         )
     if tensorboard is not None:
         write_tensorboard_events(result, tensorboard)
+    if export_repro is not None:
+        write_repro(dump, result, export_repro)
     if chosen is DataFormat.parquet:
         write_parquet_tables(result, output)
     elif chosen is DataFormat.json:

@@ -15,6 +15,7 @@ from typing import Any
 from rollout_diag import catalogue
 from rollout_diag.decisions.hints import Evidence, find_hints
 from rollout_diag.decisions.levels import judge
+from rollout_diag.decisions.prompts import prompt_findings, stale_prefix_cache
 from rollout_diag.decisions.skipped import invalid_rows_hint
 from rollout_diag.decisions.trends import (
     ANOMALY_KEEP,
@@ -25,7 +26,7 @@ from rollout_diag.decisions.trends import (
     step_trends,
 )
 from rollout_diag.decisions.verdict import overall_verdict, step_levels_of
-from rollout_diag.results import AnalysisResult, DivergentRound
+from rollout_diag.results import AnalysisResult, DivergentRound, PromptEvidence
 
 # The most divergent round "stands out" (is named as a finding, drawn in red) only when its mean |δ| is at least
 # 1.5× the token-weighted mean of the other supported rounds: per-token |δ| is heavy-tailed and tokens of one row
@@ -34,7 +35,9 @@ from rollout_diag.results import AnalysisResult, DivergentRound
 ROUND_STANDS_OUT = 1.5
 
 
-def judge_analysis(result: AnalysisResult, evidence: Evidence | None) -> AnalysisResult:
+def judge_analysis(
+    result: AnalysisResult, evidence: Evidence | None, prompts: PromptEvidence | None = None
+) -> AnalysisResult:
     """``result`` (numbers only) with every finding filled in: verdicts, step levels, anomalies (and how many were
     cut), trends, hints (none without ``evidence``), the most divergent round, the overall verdict. Warnings about
     the findings are appended to ``result.warnings``."""
@@ -56,6 +59,7 @@ def judge_analysis(result: AnalysisResult, evidence: Evidence | None) -> Analysi
     )
     invalid = invalid_rows_hint(result.skipped_data)
     hints = ([] if invalid is None else [invalid]) + ([] if evidence is None else find_hints(evidence, judged))
+    hints += [hint for hint in (stale_prefix_cache(prompts),) if hint is not None]  # decisions/prompts.py
     verdict = overall_verdict(
         result.run.metrics,
         hints,
@@ -63,7 +67,7 @@ def judge_analysis(result: AnalysisResult, evidence: Evidence | None) -> Analysi
         tokens=result.run.tokens,
         catastrophic_threshold=result.catastrophic_threshold,
     )
-    return replace(judged, hints=hints, verdict=verdict)
+    return replace(judged, hints=hints, verdict=verdict, prompts=prompt_findings(prompts))
 
 
 def anomaly_check(steps: int) -> str:

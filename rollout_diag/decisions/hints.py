@@ -33,6 +33,7 @@ HINT_IDS = (
     "long_context",
     "turn_growth",
     "staleness",
+    "stale_prefix_cache",  # not found here: decisions/prompts.py, from the per-prompt evidence
 )
 MIN_GROUP_TOKENS = 30  # each side of a comparison needs this many tokens
 MIN_T = 5.0  # Welch's t over tokens; tokens of one row are correlated, so well above the usual 2–3

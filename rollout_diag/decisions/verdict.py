@@ -41,6 +41,7 @@ import numpy as np
 from rollout_diag import catalogue
 from rollout_diag.catalogue import short_name
 from rollout_diag.decisions.levels import RULES, judge
+from rollout_diag.decisions.prompts import FIX_FIRST as STALE_FIX_FIRST
 from rollout_diag.formatting import number, percent
 from rollout_diag.results import Hint, OverallVerdict, StepResult, StepTable, Verdict, metric_column
 
@@ -50,7 +51,15 @@ LEVEL_ORDER = ("bad", "watch", "ok", "n/a")
 # (temperature, top-p) change every token's value but keep the tokens right.
 # Rows skipped as invalid come before them all: past 1 % skipped (decisions/skipped.py), the metrics describe the rows
 # that happened to be valid, so no other finding can be read until every row is.
-PIPELINE_HINTS = ("invalid_rows", "off_by_one", "no_mask", "dummy_logprobs", "fill_values", "processed_logprobs")
+PIPELINE_HINTS = (
+    "invalid_rows",
+    "off_by_one",
+    "no_mask",
+    "dummy_logprobs",
+    "fill_values",
+    "processed_logprobs",
+    "stale_prefix_cache",  # only when it explains the mismatch (``_is_pipeline``)
+)
 FIX_FIRST = {
     "invalid_rows": "fix what writes the dump, so that no row is left out (the skipped rows are listed with their "
     "file, row and column; --strict stops at the first)",
@@ -61,6 +70,7 @@ FIX_FIRST = {
     "leave the loss",
     "processed_logprobs": "compute both sides' logprobs from the same distribution (one side applies a temperature "
     "or top-p/top-k)",
+    "stale_prefix_cache": STALE_FIX_FIRST,
 }
 # A single token with |δ| = 1 moves k3_kl by (e − 2)/N: over 1000 tokens that is 7e-4, close to the watch
 # level (1e-3), so a verdict on fewer tokens rests on a handful of them.
@@ -86,6 +96,12 @@ WITHOUT_CATASTROPHIC = {
 }
 
 
+def _is_pipeline(hint: Hint) -> bool:
+    """Whether a pipeline hint sets the cause: a stale prefix cache only where its excess explains the mismatch
+    (decisions/prompts.py ``STALE_EXPLAINS_SHARE``), every other pipeline hint always."""
+    return hint.id != "stale_prefix_cache" or hint.evidence.get("explains_mismatch") == 1.0
+
+
 def worst_level(levels: Sequence[str]) -> str:
     """The worst of ``levels`` (bad > watch > ok > n/a)."""
     return next((level for level in LEVEL_ORDER if level in levels), "n/a")
@@ -102,7 +118,7 @@ def overall_verdict(
     """The verdict on ``metrics`` (a run's, a step's or a group's), its ``hints``, ``rows`` rows and ``tokens``
     model tokens (see the module docstring for the rules)."""
     verdicts = judge(dict(metrics))
-    pipeline = [hint for kind in PIPELINE_HINTS for hint in hints if hint.id == kind]
+    pipeline = [hint for kind in PIPELINE_HINTS for hint in hints if hint.id == kind and _is_pipeline(hint)]
     if not pipeline and identical(metrics, tokens):
         return OverallVerdict("ok", "identical", _identical_sentence(tokens), [], [], [])
     notes = _negative_notes(verdicts, metrics, rows, tokens) + _little_data_notes(rows, tokens)

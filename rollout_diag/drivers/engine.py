@@ -213,6 +213,7 @@ def build_result(
     # the hint evidence first: reading it joins its per-step table's parts (a copy while they live), cheapest before
     # the step table and the result exist (200 000 one-row steps: the peak of compare-presets was here)
     evidence = analysis.hint_evidence.evidence()
+    prompts = analysis.prompts.evidence()
     steps = step_table(analysis)
     run = analysis.run_result()
     check_analysed(run, log, selection_of)
@@ -239,4 +240,4 @@ def build_result(
         drift=drift_of(analysis),
     )
     unmasked = (sum(c[0] for c in log.unmasked.values()), sum(c[1] for c in log.unmasked.values()))
-    return judge_analysis(result, replace(evidence, unmasked=unmasked, fills=dict(log.fills)))
+    return judge_analysis(result, replace(evidence, unmasked=unmasked, fills=dict(log.fills)), prompts)

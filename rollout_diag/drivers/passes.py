@@ -35,6 +35,7 @@ from rollout_diag.metrics.hints import HintEvidenceAccumulator
 from rollout_diag.metrics.hints import prepare as prepare_hint_evidence
 from rollout_diag.metrics.localize import DEFAULT_CATASTROPHIC, DEFAULT_TOP_K, PositionAccumulator, WorstTracker
 from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
+from rollout_diag.metrics.prompts import PromptAccumulator
 from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS, RoundAccumulator
 from rollout_diag.paths import file_label, natural_key
 from rollout_diag.presets import Preset
@@ -119,6 +120,7 @@ class Analysis:
     dialects: tuple[str, ...] = (DEFAULT_DIALECT,)  # frameworks whose own metric names to report (--dialect)
     dialect: DialectsAccumulator = field(init=False)
     hint_evidence: HintEvidenceAccumulator = field(default_factory=HintEvidenceAccumulator)
+    prompts: PromptAccumulator = field(default_factory=PromptAccumulator)  # per prompt (metrics/prompts.py)
     by: tuple[GroupSpec, ...] = ()  # --by: the key families per group of rows (rollout_diag/groups.py)
     grouped: list[GroupedAnalysis] = field(init=False)
     # False: no hint evidence, worst rows or dialects are gathered (a run-level summary reads none of them: ``diff``;
@@ -168,6 +170,7 @@ class Analysis:
             family.update(chunk)
         if self.findings:
             self.hint_evidence.update(chunk)  # compare-presets too: a pipeline bug withholds its recommendation
+            self.prompts.update(chunk)
         if not self.offpolicy_only and self.findings:
             self.worst.update(chunk)
             self.dialect.update(chunk)
@@ -187,6 +190,7 @@ class Analysis:
         self.dialect.merge(other.dialect)
         self.hint_evidence.merge(other.hint_evidence)
         self.drift.merge(other.drift)
+        self.prompts.merge(other.prompts)
         for mine_grouped, their_grouped in zip(self.grouped, other.grouped, strict=True):
             mine_grouped.merge(their_grouped)
         # the first rows by (step, file, row), whichever worker found them

@@ -26,6 +26,7 @@ from rollout_diag.io.readlog import ReadLog
 from rollout_diag.memory import trim_heap
 from rollout_diag.metrics.base import StepAccumulator
 from rollout_diag.metrics.localize import WorstTracker
+from rollout_diag.metrics.prompts import PromptAccumulator
 from rollout_diag.metrics.rowstats import RowStatsCollector
 from rollout_diag.presets import Preset
 from rollout_diag.results import AnalysisResult, RowStats
@@ -115,8 +116,8 @@ def summary_result(analysis: Analysis, log: ReadLog, device: str, strict: bool) 
 
 
 def _restricted(analysis: Analysis, steps: StepRange) -> Analysis:
-    """A copy of ``analysis`` whose per-step families keep only the steps in the range (no worst rows/tokens:
-    those are ranked over the whole input)."""
+    """A copy of ``analysis`` whose per-step families keep only the steps in the range (no worst rows/tokens and no
+    prompt checks: those are ranked over the whole input)."""
     first, last = steps
 
     def keep(step: int) -> bool:
@@ -133,6 +134,7 @@ def _restricted(analysis: Analysis, steps: StepRange) -> Analysis:
     subset.family = {name: restricted(family) for name, family in analysis.family.items()}
     subset.hint_evidence = restricted(analysis.hint_evidence)
     subset.worst = WorstTracker(analysis.top_k, analysis.catastrophic)
+    subset.prompts = PromptAccumulator()  # ages and the worst 1 % are over the whole input, as the worst rows
     subset.grouped = []
     for grouped in analysis.grouped:
         subset.grouped.append(grouped.restricted(keep))

@@ -54,6 +54,7 @@ from rollout_diag.metrics.base import StepAccumulator
 from rollout_diag.metrics.dialects import DEFAULT as DEFAULT_DIALECT
 from rollout_diag.metrics.dialects import resolve as resolve_dialects
 from rollout_diag.metrics.localize import DEFAULT_CATASTROPHIC, DEFAULT_TOP_K
+from rollout_diag.metrics.prompts import PromptAccumulator
 from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS
 from rollout_diag.metrics.rowstats import RowStatsCollector
 from rollout_diag.results import AnalysisResult, StepResult, json_number, repr_sizes, repr_text, short_repr
@@ -161,6 +162,7 @@ class _FileRecord:
     examples: dict[str, list]
     worst_tokens: list
     worst_rows: dict[str, list]
+    prompts: PromptAccumulator  # the file's per-prompt evidence, to rebuild the run's when steps are taken out
 
 
 # ----------------------------------------------------------------------------------------------- the state
@@ -491,6 +493,7 @@ class Watcher:
                 criterion: [(score, key, details[0]) for score, key, details in top.items]
                 for criterion, top in analysis.worst.rows.items()
             },
+            prompts=analysis.prompts,
         )
         self.files[source.path] = record
         return record
@@ -529,6 +532,9 @@ class Watcher:
             for lag, sums in record.lags.items():
                 evidence.lags[lag] = evidence.lags[lag] + sums if lag in evidence.lags else sums.copy()
         evidence.has_versions = any(record.has_versions for record in left)
+        self.analysis.prompts = PromptAccumulator()
+        for record in left:
+            self.analysis.prompts.merge(record.prompts)
         empty = sorted((row for record in left for row in record.empty_rows), key=empty_row_order)
         self.analysis.empty_rows = empty[:MAX_LISTED_EMPTY_ROWS]
 

@@ -75,6 +75,9 @@ class Chunk:
     file_row: list[int]  # row number within that file (first token's row in token layout)
     token_ids: Array | None = None  # int64 [T]
     policy_version: Array | None = None  # int64 [R]: version of the policy that generated each row
+    # int64 [R] on the host: each row's prompt key (io/prompts.py; 0: none), and where the keys come from
+    prompt_key: np.ndarray | None = None
+    prompt_source: str | None = None
     # Token text is only needed for the handful of tokens a report shows, so it is fetched on demand.
     token_text: Callable[[int, int], str | None] | None = field(default=None, repr=False)
     # Derived values shared by every accumulator that eats this chunk (see engine/stats.py).

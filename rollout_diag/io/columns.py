@@ -31,7 +31,12 @@ ROLE_CANDIDATES: dict[str, tuple[str, ...]] = {
     "token_ids": ("token_ids",),
     "tokens": ("tokens",),
     "policy_version": ("policy_version",),  # version of the policy that generated the row (async RL)
+    # the prompt a row answers (io/prompts.py): rows of one GRPO group share it; uid last (verl's is per prompt)
+    "prompt_id": ("prompt_id", "prompt_hash", "prompt_uid", "group_id", "uid"),
 }
+# Roles whose built-in names are tried in order (the first present wins) instead of two present being an error:
+# optional roles that only the prompt checks read, so that a dump read before they existed still reads.
+FIRST_FOUND_ROLES = frozenset({"prompt_id"})
 REQUIRED_ROLES = ("rollout", "trainer")
 ROLES = tuple(ROLE_CANDIDATES)
 
@@ -125,6 +130,8 @@ def _found(
     """The one built-in candidate for ``role`` in the file, else the first in the partition (and whether it is
     there), else None; raises ColumnError when two candidates are both in the file."""
     found = [name for name in candidates if name in present]
+    if len(found) > 1 and role in FIRST_FOUND_ROLES:
+        return found[0], False
     if len(found) > 1:
         raise ColumnError(
             f"{file}: columns '{found[0]}' and '{found[1]}' both look like the {role} column.",

@@ -106,6 +106,7 @@ def open_input(
     layout = "sequence" if is_list else "token"
     _check_element_types(source.path, schema, columns, is_list)
     _check_integer_roles(source.path, schema, columns)
+    columns = _checked_prompt_column(source.path, schema, columns, "prompt_id" in (overrides or {}))
     if layout == "token" and "sample_id" not in columns:
         raise ColumnError(
             f"{source.path}: token layout (one row per token) needs a sample_id column to group tokens into rows.",
@@ -113,10 +114,12 @@ def open_input(
         )
     candidates = () if "mask" in columns else _mask_candidates(schema, columns, is_list)
     extras = _extra_columns(schema, columns)
+    prompt = prompt_extra(columns)
     long_text = tuple(
         (name, size)
         for name in extras
-        if _text(_kind(schema.field(name).type)[1])
+        if name != prompt  # an id, however long, is read for its key
+        and _text(_kind(schema.field(name).type)[1])
         and (size := _bytes_per_row(parquet, name)) is not None
         and size > MAX_EXTRA_TEXT_BYTES
     )
@@ -127,8 +130,9 @@ def open_input(
         columns=columns,
         layout=layout,
         mask_candidates=candidates,
-        extras=extras[:MAX_EXTRA_COLUMNS],
-        extras_left_out=extras[MAX_EXTRA_COLUMNS:],
+        # the cap never leaves the prompt id out: its key is read from there
+        extras=extras[:MAX_EXTRA_COLUMNS] + tuple(name for name in extras[MAX_EXTRA_COLUMNS:] if name == prompt),
+        extras_left_out=tuple(name for name in extras[MAX_EXTRA_COLUMNS:] if name != prompt),
         extras_long=long_text,
     )
 
@@ -187,6 +191,27 @@ def _check_integer_roles(path: str, schema: pa.Schema, columns: ColumnMap) -> No
             floating_step = role == "step" and pa.types.is_floating(_plain(data_type))
             if not (pa.types.is_integer(_plain(data_type)) or floating_step):
                 raise ColumnError(f"{where(path, column=name)}expected an integer {role}, found {data_type}.")
+
+
+def _checked_prompt_column(path: str, schema: pa.Schema, columns: ColumnMap, named: bool) -> ColumnMap:
+    """``columns``, without a prompt_id column found by its built-in name that is not one integer or text value per
+    row (a dump that read before the role existed still reads); raises ColumnError for such a column the user named
+    (``named``): a list (a ragged or per-token column), floats, structs."""
+    name = columns.get("prompt_id")
+    if name is None or "prompt_id" in columns.from_partition:
+        return columns
+    data_type = schema.field(name).type
+    is_list, element = _kind(data_type)
+    if is_list or not (pa.types.is_integer(element) or _text(element)):
+        if not named:
+            kept = {role: column for role, column in columns.names.items() if role != "prompt_id"}
+            return ColumnMap(names=kept, from_partition=columns.from_partition)
+        raise ColumnError(
+            f"{where(path, column=name)}expected one integer or string prompt id per row, found "
+            f"{_type_name(data_type)}.",
+            hint=f"name another column with {option_name('columns')} prompt_id=<name>.",
+        )
+    return columns
 
 
 def _mask_candidates(schema: pa.Schema, columns: ColumnMap, is_list: bool) -> tuple[str, ...]:
@@ -254,10 +279,21 @@ def _text(data_type: pa.DataType) -> bool:
     return pa.types.is_string(data_type) or pa.types.is_large_string(data_type)
 
 
+def prompt_extra(columns: ColumnMap) -> str | None:
+    """The prompt_id column when it rides among the extra columns (read from there: ``io/reader.py``); None when the
+    dump has none, it is a partition key, or another role reads the same column (then read by that role)."""
+    name = columns.get("prompt_id")
+    if name is None or "prompt_id" in columns.from_partition:
+        return None
+    others = {column for role, column in columns.names.items() if role != "prompt_id"}
+    return None if name in others else name
+
+
 def _extra_columns(schema: pa.Schema, columns: ColumnMap) -> tuple[str, ...]:
     """Scalar number, bool or string columns that no role takes, in file order: per-row values like reward or
     advantage (in the token layout, per token: a row takes its first token's). Lists and other types are not."""
-    taken = set(columns.names.values()) | {SKIP_REASON, SKIP_COLUMN}
+    # the prompt id stays a per-row column, as before it had a role (unless another role reads it: sample_id=uid)
+    taken = set(columns.names.values()) - {prompt_extra(columns)} | {SKIP_REASON, SKIP_COLUMN}
     extras = []
     for column in schema:
         if column.name in taken or _PANDAS_INDEX.fullmatch(column.name):

@@ -35,7 +35,7 @@ import pyarrow as pa
 from rollout_diag.cores import available_cores
 from rollout_diag.engine.arrays import device_kind, device_name
 from rollout_diag.errors import ColumnError, ConfigError, InputError, RolloutDiagError, option_name
-from rollout_diag.io import storage
+from rollout_diag.io import prompts, storage
 from rollout_diag.io.decode import (
     MAX_BLOCK_STEPS,
     Block,
@@ -502,6 +502,9 @@ class DumpReader:
             found = count_fills(block, role, values, block.mask if scanned is None else None)
             if found is not None:
                 self.log.add_fills(block.file, role, found)
+        prompt_nulls = _prompt_nulls(block)
+        if prompt_nulls:
+            self.log.prompt_nulls[block.file] = self.log.prompt_nulls.get(block.file, 0) + prompt_nulls
         if has_ids:
             self.log.row_keys.append(row_keys(block.step, block.sample_id))
             self.log.row_places.append(np.stack([np.full(len(block.file_row), file_index), block.file_row], axis=1))
@@ -517,8 +520,11 @@ class DumpReader:
         block, offsets = valid.block, valid.offsets
         columns = _numpy_columns(valid) if kind == "numpy" else _tensor_columns(valid, device)
         text = block.token_text
+        prompt_key, prompt_source = _prompt_keys(valid)
         return Chunk(
             **columns,
+            prompt_key=prompt_key,
+            prompt_source=prompt_source,
             sample_id=block.sample_id,
             file=[block.file] * len(block.lengths) if valid.files is None else valid.files,
             file_row=block.file_row.tolist(),
@@ -779,6 +785,37 @@ def _footer_size(opened: OpenFile, groups: set[int] | None) -> tuple[int, int] |
     if leaf is None:
         return None
     return sum(metadata.row_group(group).column(leaf).num_values for group in chosen), rows
+
+
+def _prompt_values(block: Block) -> Any:
+    """The block's prompt ids (its sample ids where the sample_id column is the prompt's: ``uid``), or None."""
+    name = block.names.get("prompt_id")
+    if name is None:
+        return None
+    if name == block.names.get("sample_id"):
+        return pa.array(block.sample_id)
+    values = block.extra.get(name)
+    return None if values is None else getattr(values, "array", values)  # decode._ArrowValues' Arrow array
+
+
+def _prompt_nulls(block: Block) -> int:
+    """Rows of the block whose prompt id is null (they have no prompt; ``ReadLog`` warns)."""
+    values = _prompt_values(block)
+    return int(values.null_count) if isinstance(values, pa.Array | pa.ChunkedArray) else 0
+
+
+def _prompt_keys(valid: _Valid) -> tuple[np.ndarray | None, str | None]:
+    """(int64 prompt key per row, where the keys come from) of a validated block (``io/prompts.py``): its prompt_id
+    column, else the token ids before each row's first model token; (None, None) when it has neither."""
+    block = valid.block
+    values = _prompt_values(block)
+    if values is not None:
+        return prompts.column_keys(values)[0], f"column {block.names['prompt_id']}"
+    if block.token_ids is None or "mask" not in block.names:
+        return None, None
+    mask = valid.scanned[2] if valid.scanned is not None else np.asarray(block.mask == 1)
+    keys = prompts.token_prefix_keys(block.token_ids, mask, valid.offsets)
+    return (keys, prompts.TOKENS_SOURCE) if bool(keys.any()) else (None, None)
 
 
 def _chunk_extra(block: Block) -> dict[str, ExtraColumn]:

@@ -55,6 +55,7 @@ class ReadLog:
     rows_selected_out: int = 0  # rows a row selection (--where, --steps) left out: not decoded, not skipped
     # (file, role) -> model tokens whose logprob is a fill value (validate.count_fills), for the fill_values hint
     fills: dict[tuple[str, str], FillCount] = field(default_factory=dict)
+    prompt_nulls: dict[str, int] = field(default_factory=dict)  # file -> rows whose prompt id is null (io/prompts.py)
 
     def merge(self, other: ReadLog) -> None:
         """Fold in the log of a worker that read other row groups of the same inputs."""
@@ -89,6 +90,8 @@ class ReadLog:
             for offset, rows in offsets.items():
                 mine[offset] = mine.get(offset, 0) + rows
         self.rows_selected_out += other.rows_selected_out
+        for file, rows in other.prompt_nulls.items():
+            self.prompt_nulls[file] = self.prompt_nulls.get(file, 0) + rows
 
     def fold(self, other: ReadLog) -> None:
         """Fold in the log of one file decoded apart (``DumpReader._decoded_files``), in reading order: as if the
@@ -104,7 +107,7 @@ class ReadLog:
         if self.finished:
             return
         self.finished = True
-        self.warnings.extend(_mask_warnings(self) + _duplicate_warnings(self))
+        self.warnings.extend(_mask_warnings(self) + _duplicate_warnings(self) + _prompt_warnings(self))
         self.row_keys, self.row_places = [], []
         for note, rows in _length_offset_notes(self):
             if rows == self.total_rows == self.skipped_rows:  # nothing left to analyse: the note is the error
@@ -192,6 +195,18 @@ def _length_offset_notes(log: ReadLog) -> list[tuple[str, int]]:
         guess = " (a prompt prefix?)" if offset > 0 else " (a cut response?)"
         notes.append((f"{side} ({column}) has {more} than {rollout}{guess} in", rows))
     return notes
+
+
+def _prompt_warnings(log: ReadLog) -> list[str]:
+    """One line for the rows whose prompt id is null: analysed, but left out of the prompt checks."""
+    if not log.prompt_nulls:
+        return []
+    rows = sum(log.prompt_nulls.values())
+    column = log.columns.get("prompt_id", "prompt_id")
+    return [
+        f"{listed_names(list(log.prompt_nulls))}: {rows} row(s) have a null {column} (prompt id): analysed, but "
+        "left out of the prompt checks (stale prefix cache, prompts that are extreme every time)."
+    ]
 
 
 def _mask_warnings(log: ReadLog) -> list[str]:

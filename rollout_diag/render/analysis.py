@@ -22,7 +22,7 @@ from rollout_diag.render.hints import hint_lines
 from rollout_diag.render.summary import verdict_lines
 from rollout_diag.render.table import Column, FitTable, Num, Nums
 from rollout_diag.results import AnalysisResult, ExtraValue, RowMetrics, StepResult, StepTable, extra_names, run_rows
-from rollout_diag.results.wording import HEADLINE, most_divergent_round, where, worst_step
+from rollout_diag.results.wording import HEADLINE, extreme_prompts_line, most_divergent_round, where, worst_step
 
 # The per-step table's metric columns: kl, the judged metrics (the step's verdict column shows their level), the
 # catastrophic token count.
@@ -348,6 +348,9 @@ def findings(result: AnalysisResult) -> list[RenderableType]:
     for trend in result.trends:
         if trend.summary:
             lines.append(plain(f"trend: {trend.summary}", style="bold"))
+    prompts = extreme_prompts_line(result)
+    if prompts is not None:
+        lines.append(plain(f"prompts: {prompts}", style="bold"))
     ranked = sorted(result.anomalies, key=lambda a: -a.factor)
     for anomaly in ranked[:ROWS_SHOWN]:
         lines.append(

@@ -11,7 +11,7 @@ from rollout_diag.paths import file_labels, inputs_label
 from rollout_diag.report.markup import badge, escape, factor
 from rollout_diag.report.series import finite, step_series
 from rollout_diag.results import AnalysisResult, ComparisonResult, OverallVerdict, StepResult, StepTable
-from rollout_diag.results.wording import round_sentence
+from rollout_diag.results.wording import extreme_prompts_line, round_sentence
 
 if TYPE_CHECKING:  # a type only: report modules never call decisions' functions
     from rollout_diag.decisions.diff import DiffResult
@@ -155,6 +155,9 @@ def _facts(result: AnalysisResult) -> str:
 def _findings(result: AnalysisResult) -> str:
     findings = [*_step_findings(result), *_where_findings(result)]
     findings.extend(trend.summary for trend in result.trends if trend.summary)
+    prompts = extreme_prompts_line(result)
+    if prompts is not None:
+        findings.append(prompts.replace("--export-repro FILE", "analyze --export-repro FILE"))
     if not findings:
         return ""
     items = "".join(f"<li>{escape(text, limit=300)}</li>" for text in findings)

@@ -35,6 +35,7 @@ from rollout_diag.results.comparison import (
 )
 from rollout_diag.results.document import SCHEMA_VERSION
 from rollout_diag.results.loading import load_results, result_from_json
+from rollout_diag.results.prompts import ExtremePrompt, PromptCells, PromptEvidence, PromptFindings, prompt_label
 from rollout_diag.results.reprs import repr_inputs, repr_text, short_repr
 from rollout_diag.results.rows import (
     FILL_VALUES_KEPT,
@@ -78,6 +79,7 @@ __all__ = [
     "DivergentRound",
     "Evidence",
     "ExtraValue",
+    "ExtremePrompt",
     "FillCount",
     "GroupResult",
     "Hint",
@@ -88,6 +90,9 @@ __all__ = [
     "OverallVerdict",
     "PresetResult",
     "PresetTable",
+    "PromptCells",
+    "PromptEvidence",
+    "PromptFindings",
     "RatioGate",
     "ReadSequence",
     "Recommendation",
@@ -119,6 +124,7 @@ __all__ = [
     "json_row",
     "load_results",
     "metric_column",
+    "prompt_label",
     "repr_inputs",
     "repr_sizes",
     "repr_text",

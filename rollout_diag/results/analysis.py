@@ -13,6 +13,7 @@ from rollout_diag.errors import InputError
 from rollout_diag.formatting import ExtraValue
 from rollout_diag.results.columns import repr_worst_step
 from rollout_diag.results.document import SCHEMA_VERSION, schema_version
+from rollout_diag.results.prompts import PromptFindings
 from rollout_diag.results.reprs import repr_inputs, repr_text, short_repr
 from rollout_diag.results.rows import (
     Anomaly,
@@ -37,6 +38,15 @@ from rollout_diag.results.shapes import check_same_lengths, item_from_json, requ
 
 def json_row(row: dict[str, Any]) -> dict[str, Any]:
     return {key: json_number(value) for key, value in row.items()}
+
+
+def json_row_nested(value: Any) -> Any:
+    """``value`` with every float JSON can spell as it is and NaN / ±inf as null, through dicts and lists."""
+    if isinstance(value, dict):
+        return {key: json_row_nested(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [json_row_nested(item) for item in value]
+    return json_number(value) if isinstance(value, float) else value
 
 
 def extra_names(rows: Iterable[WorstRow]) -> list[str]:
@@ -149,6 +159,8 @@ class AnalysisResult:
     # why the mismatch moved from the early to the late window of steps: per metric (k3_kl, mean |δ|) the change split
     # per factor into mix and within parts, judged (docs/drift.md; built by drivers/drift.py)
     drift: list[dict[str, Any]] = field(default_factory=list)
+    # the prompt identity and the prompts extreme every time (decisions/prompts.py); None: the dump has no prompt id
+    prompts: PromptFindings | None = None
 
     def to_json(self) -> dict[str, Any]:
         document = self.json_document()
@@ -200,7 +212,8 @@ class AnalysisResult:
             "anomaly_check": self.anomaly_check,
             "groups": [group.to_json() for group in self.groups],
             "selection": dict(self.selection),
-            "drift": [_json_nested(entry) for entry in self.drift],
+            "drift": [json_row_nested(entry) for entry in self.drift],
+            "prompts": None if self.prompts is None else json_row_nested(self.prompts.to_json()),
         }
 
     def to_polars(self) -> dict[str, Any]:
@@ -272,15 +285,6 @@ _ITEM_TYPES: dict[str, type] = {
 }
 
 
-def _json_nested(value: Any) -> Any:
-    """A plain nested document (the drift) with its NaN and ±inf as null, at any depth."""
-    if isinstance(value, dict):
-        return {key: _json_nested(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_json_nested(item) for item in value]
-    return json_number(value)
-
-
 def _as_written(raw: Any) -> Any:
     return raw
 
@@ -300,6 +304,7 @@ _FIELD_READERS: dict[str, Callable[[Any], Any]] = {
     "verdict": lambda raw: None if raw is None else OverallVerdict.from_json(raw),
     "divergent_round": lambda raw: None if raw is None else DivergentRound.from_json(raw),
     "skipped_data": SkippedData.from_json,
+    "prompts": lambda raw: None if raw is None else PromptFindings.from_json(raw),
     "groups": lambda raw: [GroupResult.from_json(group) for group in raw],
     "rounds": _table_rows,
     "positions": _table_rows,

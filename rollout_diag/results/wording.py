@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rollout_diag.catalogue import K3_KL, LOGPROB_ABS_DIFF, short_name
-from rollout_diag.formatting import group_label, number, percent
+from rollout_diag.formatting import group_label, number, percent, visible
 from rollout_diag.paths import file_label
 from rollout_diag.results.columns import StepTable
 
@@ -131,6 +131,29 @@ def _positive(value: float | None) -> bool:
 
 def _finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
+
+
+EXTREME_PROMPTS_NAMED = 3
+
+
+def extreme_prompts_line(result: AnalysisResult) -> str | None:
+    """The prompts that are extreme every time, in one line ("2 prompts are extreme every time …"); None when the
+    result lists none (or the dump has no prompt identity)."""
+    found = getattr(result, "prompts", None)
+    if found is None or not found.extreme:
+        return None
+    count = len(found.extreme) + found.extreme_cut
+    named = ", ".join(
+        f"{visible(item.prompt[:40])} ({item.rows} rows, {len(item.steps)}{'+' if len(item.steps) >= 10 else ''} steps)"
+        for item in found.extreme[:EXTREME_PROMPTS_NAMED]
+    )
+    more = count - min(len(found.extreme), EXTREME_PROMPTS_NAMED)
+    return (
+        f"{count} prompt{'s are' if count > 1 else ' is'} extreme every time (every row in the worst "
+        f"{percent(found.worst_share)} by |log-ppl diff|, score ≥ {number(found.worst_threshold)}): {named}"
+        + (f" and {more} more" if more > 0 else "")
+        + "; --export-repro FILE writes their rows for replay"
+    )
 
 
 # ------------------------------------------------------------------------------------------------ drift
