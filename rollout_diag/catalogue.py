@@ -60,9 +60,22 @@ SECTIONS = {
     "rollout_kl": "Rollout-KL estimators (§6)",
     "rounds": "Multi-turn rounds (§7)",
     "localisation": "Localisation",
+    "counts": "Counts of model tokens by |δ|: exactness, extreme tokens, tolerance bands",
     "legacy": "Legacy importance sampling (§8)",
     "summary": "What a preset drops (rollout-diag's own keys)",
     "gates": "Gate and diff metrics (check, diff)",
+}
+# A section's paragraph under its heading in docs/metrics.md (where its numbers come from, what to compare them with).
+SECTION_NOTES = {
+    "counts": "Exact counts from the fused pass: any chunking or worker count gives the same digits. *Is this zero "
+    "real?* `diag/mismatched_tokens` = 0 means δ ≡ 0 bit for bit: deterministic, batch-invariant inference (verl #7688 "
+    "targets k3_kl = 0, Megatron-LM #7562) or a trainer column copied from the rollout's (verl's bypass mode); the "
+    "verdict's cause is then `identical` and `compare-presets` recommends nothing, and `check --exact` gates it "
+    "(slime's CI gate asks |δ| ≤ 1e-6 instead). Where either column is float32 the values compare as float32 (one ulp "
+    "at |logprob| ≈ 1 is 1.2e-7; RL-Kernel #329 reports 96 of 128 tokens one ulp apart, which the verdict says in so "
+    "many words). Reference magnitudes for the extreme shares: AReaL #1496 measured |δ| > ln 2 on 9.08e-3 of the "
+    "tokens without R3 (rollout routing replay) and 6.8e-5 with it, |δ| > ln 5 on 1.33e-3 and 4.0e-6. The bands are "
+    "MLPerf-style parity checks (maxtext #5231): the share of tokens, and of whole sequences, within ±ε nats.",
 }
 
 # Units: what a value is measured in (the report draws SHARE in %).
@@ -227,7 +240,7 @@ _metric(
     unit=PERPLEXITY,
     direction=NONE,
 )
-_metric(
+ROLLOUT_LOG_PPL = _metric(
     "rollout_corr/rollout_log_ppl",
     "offpolicy",
     "mean_i (−R_i[r])",
@@ -656,6 +669,32 @@ ROUND_MAX_ABS_DIFF = _metric(
     unit=NATS,
     title="max |δ|",
 )
+ROUND_EXTREME_FRACS = tuple(
+    _metric(
+        f"per_round/round_<k>/extreme_frac_{name}",
+        "rounds",
+        f"share of round-k tokens with |δ| > {name.replace('ln', 'ln ')}",
+        f"round k has more tokens whose probability ratio exceeds {name[2:]} either way",
+        unit=SHARE,
+        title=f"|δ| > {name.replace('ln', 'ln ')} share",
+    )
+    for name in ("ln2", "ln5")
+)
+ROUND_BAND_SHARES = tuple(
+    _metric(
+        f"per_round/round_<k>/band_{kind}_share@{band}",
+        "rounds",
+        f"share of round-k {what} with |δ| ≤ {band}"
+        if kind == "token"
+        else f"share of the rows reaching round k whose every round-k token has |δ| ≤ {band}",
+        f"higher is better: round k's {what} within the ±{band} nats band",
+        unit=SHARE,
+        direction=DOWN,
+        title=f"{what} within {band}",
+    )
+    for kind, what in (("token", "tokens"), ("seq", "rows"))
+    for band in ("1e-3", "1e-2", "1e-1")
+)
 _metric(
     "per_round/num_rounds_max",
     "rounds",
@@ -727,6 +766,75 @@ CHI2_TOKEN_WITHOUT_CATASTROPHIC = _metric(
     "token IS weights vary a lot even without the outlier tokens (compare with chi2_token)",
     unit=DIMENSIONLESS,
     short="chi2_token_without_catastrophic",
+)
+
+# ------------------------------------------------------------------------------------------ counts by |δ|
+# Exact counts of model tokens by |δ|, from the fused pass (engine/quantities.py COUNTS): is a zero real (bits), how
+# many tokens are extreme, how many lie within a tolerance band.
+MISMATCHED_TOKENS = _metric(
+    "diag/mismatched_tokens",
+    "counts",
+    "count of model tokens whose two logprobs differ in any bit (compared as float32 when either column is float32)",
+    "some tokens differ at all: 0 means δ ≡ 0 (deterministic, batch-invariant inference, or a trainer column copied "
+    "from the rollout's as in verl's bypass mode)",
+    unit=COUNT,
+)
+MISMATCHED_TOKEN_SHARE = _metric(
+    "diag/mismatched_token_share",
+    "counts",
+    "mismatched_tokens / N",
+    "the share of model tokens whose logprobs are not bitwise equal (one ulp counts)",
+    unit=SHARE,
+    title="bitwise-differing token share",
+)
+MAX_ABS_DELTA = _metric(
+    "diag/max_abs_delta",
+    "counts",
+    "max over model tokens of |δ| (exact; 0 only when every token is equal)",
+    "one token is far off (read with mismatched_tokens: a few ulp or a real gap)",
+    unit=NATS,
+    title="max |δ|",
+)
+EXTREME_FRAC_LN2 = _metric(
+    "mismatch/extreme_frac_ln2",
+    "counts",
+    "T[|δ| > ln 2] (ρ outside [1/2, 2]; AReaL's |δ| > ln 2 share, no 1e-8)",
+    "more tokens whose probability ratio exceeds 2 either way (AReaL #1496: 9.08e-3 without R3, 6.8e-5 with)",
+    unit=SHARE,
+    title="|δ| > ln 2 share",
+)
+EXTREME_FRAC_LN5 = _metric(
+    "mismatch/extreme_frac_ln5",
+    "counts",
+    "T[|δ| > ln 5] (ρ outside [1/5, 5]; no 1e-8)",
+    "more tokens whose probability ratio exceeds 5 either way (AReaL #1496: 1.33e-3 without R3, 4.0e-6 with)",
+    unit=SHARE,
+    title="|δ| > ln 5 share",
+)
+BAND_TOKEN_SHARES = tuple(
+    _metric(
+        f"mismatch/band_token_share@{band}",
+        "counts",
+        f"T[|δ| ≤ {band}] (no 1e-8)",
+        f"higher is better: the share of model tokens within the ±{band} nats tolerance band (MLPerf-style "
+        "parity checks, maxtext #5231)",
+        unit=SHARE,
+        direction=DOWN,
+        title=f"tokens within {band}",
+    )
+    for band in ("1e-3", "1e-2", "1e-1")
+)
+BAND_SEQ_SHARES = tuple(
+    _metric(
+        f"mismatch/band_seq_share@{band}",
+        "counts",
+        f"share of valid rows (n_i > 0) whose every model token has |δ| ≤ {band}",
+        f"higher is better: the share of sequences entirely within the ±{band} nats band",
+        unit=SHARE,
+        direction=DOWN,
+        title=f"rows within {band}",
+    )
+    for band in ("1e-3", "1e-2", "1e-1")
 )
 
 # ------------------------------------------------------------------------------------------ §8 legacy family

@@ -552,6 +552,16 @@ class Reading:
             "the file names: only for files you trust.",
         ),
     ] = False
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            "--tokenizer",
+            help="Show token ids as text: a tokenizer.json, a local Hugging Face model directory, or a model name "
+            "found in the local Hugging Face cache (nothing is downloaded). Needs pip install "
+            "'rollout-diag[tokenizer]'.",
+            metavar="PATH|NAME",
+        ),
+    ] = None
 
     def columns(self) -> dict[str, str]:
         """--column ROLE=NAME as role -> column; raises ConfigError."""
@@ -591,6 +601,7 @@ class Reading:
             self.columns(),
             input_format=self.input_format,
             trust_pickle=self.trust_pickle,
+            tokenizer=self.tokenizer,
             **options,
         )
 
@@ -721,7 +732,75 @@ class Selection:
         return {"by": self.by or (), "where": self.where, "steps": parse_step_range(self.steps, "--steps")}
 
 
-OPTION_GROUPS = (Reading, PresetChoice, AnalysisKnobs, Selection)
+@dataclasses.dataclass(frozen=True)
+class WandbLogging:
+    """--wandb of analyze, compare-presets and watch: the result in a Weights & Biases project
+    (rollout_diag/export/wandb.py)."""
+
+    wandb: Annotated[
+        str | None,
+        typer.Option(
+            "--wandb",
+            help="Also log to this W&B project: every per-step metric under its verl name at the dump's step, each "
+            "--by group, preset or (runs) run as a run in one W&B group (they overlay), the verdict and findings as "
+            "the run's summary and a table, the report as an artifact. WANDB_MODE=offline works (wandb sync later). "
+            "Needs pip install 'rollout-diag[wandb]'.",
+            metavar="PROJECT",
+        ),
+    ] = None
+    wandb_group: Annotated[
+        str | None,
+        typer.Option(
+            "--wandb-group",
+            help="The W&B group of this command's runs (default: rollout-diag-<UTC time>).",
+            metavar="NAME",
+        ),
+    ] = None
+    wandb_run_id: Annotated[
+        str | None,
+        typer.Option(
+            "--wandb-run-id",
+            help="Add to this existing W&B run (the training run itself, resume=allow): the metrics under "
+            "rollout_diag/... against their own step, groups and presets in the same run.",
+            metavar="ID",
+        ),
+    ] = None
+
+    def check(self) -> None:
+        """Before any reading: wandb is installed (ConfigError saying what to install), the options make sense."""
+        if self.wandb is None:
+            from rollout_diag.errors import ConfigError
+
+            if self.wandb_group is not None or self.wandb_run_id is not None:
+                raise ConfigError("--wandb-group and --wandb-run-id go with --wandb PROJECT.")
+            return
+        from rollout_diag.export.wandb import wandb_module
+
+        wandb_module()
+
+    def log(self, result: Any, report: Path | None = None) -> None:
+        """``result`` to W&B (nothing without --wandb)."""
+        if self.wandb is None:
+            return
+        from rollout_diag.export.wandb import log_to_wandb
+
+        target = log_to_wandb(result, self.wandb, group=self.wandb_group, run_id=self.wandb_run_id, report=report)
+        names = [name for name, _ in target.runs]
+        runs = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        typer.echo(
+            f"logged {target.scalars:,} scalars to W&B project {self.wandb}, group {target.group}: {runs}", err=True
+        )
+
+    def target(self) -> Any:
+        """The W&B target of a command that logs as it goes (watch); None without --wandb."""
+        if self.wandb is None:
+            return None
+        from rollout_diag.export.wandb import WandbTarget
+
+        return WandbTarget(self.wandb, self.wandb_group, self.wandb_run_id)
+
+
+OPTION_GROUPS = (Reading, PresetChoice, AnalysisKnobs, Selection, WandbLogging)
 
 
 @functools.cache
@@ -847,6 +926,7 @@ def analyze(
     dialect: DialectOpt = None,
     input_format: Shared = SHARED,
     trust_pickle: Shared = SHARED,
+    tokenizer: Shared = SHARED,
     selection: Selection = SHARED,
     tensorboard: TensorboardOpt = None,
     export_repro: Annotated[
@@ -860,6 +940,7 @@ def analyze(
             metavar="FILE",
         ),
     ] = None,
+    logging: WandbLogging = SHARED,
     debug: DebugOpt = False,
     *,
     reading: Reading,
@@ -879,6 +960,7 @@ def analyze(
         from rollout_diag.export.tensorboard import writer_class
 
         writer_class()
+    logging.check()
     dump = reading.open(inputs, read_ahead=selection.every_row(), numpy=True)
     from rollout_diag.drivers.engine import analyze as run_analysis
     from rollout_diag.render.analysis import render_analysis
@@ -894,6 +976,7 @@ def analyze(
         )
     if tensorboard is not None:
         write_tensorboard_events(result, tensorboard)
+    logging.log(result)
     if export_repro is not None:
         write_repro(dump, result, export_repro)
     if chosen is DataFormat.parquet:
@@ -964,6 +1047,7 @@ def inspect(
     output: OutputOpt = None,
     input_format: Shared = SHARED,
     trust_pickle: Shared = SHARED,
+    tokenizer: Shared = SHARED,
     debug: DebugOpt = False,
     *,
     reading: Reading,
@@ -1080,6 +1164,7 @@ def compare_presets(
     trust_pickle: Shared = SHARED,
     selection: Selection = SHARED,
     tensorboard: TensorboardOpt = None,
+    logging: WandbLogging = SHARED,
     debug: DebugOpt = False,
     *,
     reading: Reading,
@@ -1101,6 +1186,7 @@ def compare_presets(
         from rollout_diag.export.tensorboard import writer_class
 
         writer_class()
+    logging.check()
     from rollout_diag.engine.choice import expect_presets
 
     expect_presets()  # a first run compiles the preset kernels in a helper process from the start
@@ -1127,6 +1213,7 @@ def compare_presets(
         typer.echo(f"wrote {export_decisions}", err=True)
     if tensorboard is not None:
         write_tensorboard_events(result, tensorboard)
+    logging.log(result)
     from rollout_diag.decisions.recommend import sort_by_intrusiveness
     from rollout_diag.render.decisions import recommendation_lines
     from rollout_diag.render.presets import answer_block
@@ -1224,7 +1311,9 @@ def report(
     dialect: DialectOpt = None,
     input_format: Shared = SHARED,
     trust_pickle: Shared = SHARED,
+    tokenizer: Shared = SHARED,
     selection: Selection = SHARED,
+    logging: WandbLogging = SHARED,
     debug: DebugOpt = False,
     *,
     reading: Reading,
@@ -1242,6 +1331,7 @@ def report(
     if from_json and inputs:
         raise ConfigError("give dump files or --from-json, not both.")
     refuse_overwriting_inputs({"output": output}, inputs, from_json, vs, choice.presets_file)
+    logging.check()
     dump: Dump | None = None
     if inputs:  # opened before the imports below load torch: a bad file fails at once
         from rollout_diag.engine.choice import expect_presets
@@ -1258,6 +1348,10 @@ def report(
         from rollout_diag.results import load_results
 
         analysis, comparison = load_results(from_json)
+        if reading.tokenizer is not None and analysis is not None:  # a saved result's token ids, shown as text
+            from rollout_diag.drivers.tokens import with_token_text
+
+            analysis = with_token_text(analysis, reading.tokenizer)
     elif inputs:
         from rollout_diag.drivers.compare import analyze_and_compare
 
@@ -1295,6 +1389,7 @@ def report(
     write_text(output, text)  # atomic: a failed run leaves an earlier report as it was
     path = output
     typer.echo(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)", err=True)
+    logging.log(analysis if analysis is not None else comparison, report=path)
     if open_browser:
         import webbrowser
 
@@ -1423,6 +1518,14 @@ def check(
     min_: MinGateOpt = None,
     gates: GatesOpt = None,
     per_step: Annotated[bool, typer.Option("--per-step", help="Check every step too, not only the whole run.")] = False,
+    exact: Annotated[
+        bool,
+        typer.Option(
+            "--exact",
+            help="Fail (exit 3) on any model token whose two logprobs differ in any bit (float32 where either column "
+            "is), naming the first: file, row, position, both values. For batch-invariant inference.",
+        ),
+    ] = False,
     format: Annotated[
         CheckFormat, typer.Option("--format", "-f", help="table (terminal) or json.")
     ] = CheckFormat.table,
@@ -1458,6 +1561,7 @@ def check(
       rollout-diag check run/ --gates default
       rollout-diag check run/ --max rollout_corr/k3_kl=1e-3 --junit gates.xml
       rollout-diag check run/ --gates default --by env_name --per-step
+      rollout-diag check run/ --exact
     """
     refuse_overwriting_inputs({"output": output, "junit": junit}, inputs, gates if gates != "default" else None)
     dump = reading.open(inputs, read_ahead=True, numpy=True)
@@ -1467,7 +1571,7 @@ def check(
 
     chosen = chosen_gates(gates, max_, min_)
     with progress_bar(inputs) as progress:
-        result = check_run(dump, chosen, per_step=per_step, progress=progress, by=by or ())
+        result = check_run(dump, chosen, per_step=per_step, progress=progress, by=by or (), exact=exact)
     if junit is not None:
         from rollout_diag.io.outputs import write_text
 
@@ -1642,9 +1746,12 @@ def runs(
     trust_pickle: Shared = SHARED,
     workers: Shared = SHARED,
     backend: Shared = SHARED,
+    wandb: Shared = SHARED,
+    wandb_group: Shared = SHARED,
     debug: DebugOpt = False,
     *,
     reading: Reading,
+    logging: WandbLogging,
 ) -> None:
     """Many runs at once: which knob changed the mismatch? Per run its verdict, key metrics with bootstrap
     intervals and the step where it departs from the baseline; per knob its effect on each metric (a ratio with an
@@ -1664,6 +1771,7 @@ def runs(
     named = [parse_run(text) for text in inputs]
     names = [name for name, _ in named]
     refuse_overwriting_inputs({"output": output, "report": report}, [Path(path) for _, path in named])
+    logging.check()
     given: dict[str, dict[str, Any]] = {name: {} for name in names}
     if knobs is not None:
         for name, values in load_knobs(knobs, names).items():
@@ -1690,6 +1798,11 @@ def runs(
 
         write_runs_report(result, report)
         typer.echo(f"wrote {report}", err=True)
+    if logging.wandb is not None:
+        from rollout_diag.export.wandb import log_runs_to_wandb
+
+        target = log_runs_to_wandb(result, logging.wandb, group=logging.wandb_group, report=report)
+        typer.echo(f"logged {target.scalars:,} scalars to W&B project {logging.wandb}, group {target.group}", err=True)
     if format is RunsFormat.json:
         from rollout_diag.render.export import to_json_text
 
@@ -1758,6 +1871,7 @@ def watch(
     device: Shared = ON_THE_CPU,
     strict: Shared = SHARED,
     chunk_tokens: Shared = SHARED,
+    logging: WandbLogging = SHARED,
     debug: DebugOpt = False,
     *,
     reading: Reading,
@@ -1780,16 +1894,20 @@ def watch(
     if report_every < 1:
         fail(f"--report-every {report_every}: must be a positive number of steps.")
     refuse_overwriting_inputs({"report": report_file}, [directory], gates if gates != "default" else None)
+    logging.check()
     from rollout_diag.drivers.watch import watch as follow
 
     chosen = chosen_gates(gates, max_, min_)
     dump = reading.dump([directory], must_exist=False)  # a directory the trainer has not made yet is waited for
     updates = follow(dump, interval=interval, exit_after_idle=exit_after_idle, exit_on_fail=exit_on_fail, gates=chosen)
-    writer = _ReportWriter(report_file, report_every)
-    if format is WatchFormat.jsonl:
-        code = _watch_jsonl(updates, writer)
-    else:
-        code = _watch_live(updates, writer, str(directory))
+    writer = _ReportWriter(report_file, report_every, logging.target())
+    try:
+        if format is WatchFormat.jsonl:
+            code = _watch_jsonl(updates, writer)
+        else:
+            code = _watch_live(updates, writer, str(directory))
+    finally:
+        writer.close()
     raise typer.Exit(code)
 
 
@@ -1838,12 +1956,22 @@ class _ReportWriter:
     """Rewrites the --report file every N finished steps and at the end, through a temporary file and a rename
     (a browser that reloads never sees half a file)."""
 
-    def __init__(self, path: Path | None, every: int) -> None:
+    def __init__(self, path: Path | None, every: int, wandb: Any = None) -> None:
         self.path = path
         self.every = every
         self.since = 0
+        self.wandb = wandb  # --wandb: a WandbTarget, its run opened at the first finished step
+        self.run: Any = None
+        self.last: Any = None
 
     def after(self, update: Any) -> None:
+        if self.wandb is not None and update.steps:
+            if self.run is None:
+                self.run = self.wandb.open("watch")
+            for report in update.steps:  # a step revised after W&B took a later one is not logged again
+                self.run.log_step(report.step, report.metrics, report.level)
+        if update.result is not None:
+            self.last = update.result
         if self.path is None or update.result is None:
             return
         self.since += len(update.steps)
@@ -1853,6 +1981,19 @@ class _ReportWriter:
             from rollout_diag.report import render_report
 
             write_text(self.path, render_report(update.result, title=f"rollout-diag watch: {update.result.inputs[0]}"))
+
+    def close(self) -> None:
+        """The W&B run's summary (the run so far), the report as an artifact, and the run finished."""
+        if self.run is None:
+            return
+        try:
+            if self.last is not None:
+                self.run.summarize(self.last)
+            if self.path is not None and self.path.exists():
+                self.run.attach_report(self.path)
+        finally:
+            self.run.finish()
+        typer.echo(f"logged {self.wandb.scalars:,} scalars to W&B project {self.wandb.project}", err=True)
 
 
 def main() -> NoReturn:

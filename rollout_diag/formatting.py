@@ -129,6 +129,14 @@ def visible(text: object) -> str:
     return "".join(out)
 
 
+def token_cell(text: str | None, token_id: int | None) -> str | None:
+    """A token as tables show it: its text and its id (``" the #279"``), the text alone (a dump with text and no
+    ids), ``#279`` (ids and no text: no ``tokens`` column, no ``--tokenizer``), or None (neither)."""
+    if text is None:
+        return None if token_id is None else f"#{token_id}"
+    return text if token_id is None else f"{text} #{token_id}"
+
+
 # ----------------------------------------------------------------------- --by groups and --where / --steps
 GROUPS_SHOWN = 12  # groups per grouping in the terminal and the report; JSON, dataframes and Parquet keep every one
 

@@ -46,8 +46,12 @@ def markdown() -> str:
         "clamp20(x) = clamp(x, −20, 20). A *run* value treats every row of the input as one batch.",
         "",
     ]
+    notes = {SECTIONS[key]: note for key, note in catalogue.SECTION_NOTES.items()}
     for title, terms in sections().items():
-        lines += [f"## {title}", "", "| metric | formula | a high value means |", "|---|---|---|"]
+        lines += [f"## {title}", ""]
+        if title in notes:
+            lines += [notes[title], ""]
+        lines += ["| metric | formula | a high value means |", "|---|---|---|"]
         lines += [f"| `{t.key}` | {_cell(t.formula)} | {_cell(t.high_means)} |" for t in terms]
         lines.append("")
     lines += [

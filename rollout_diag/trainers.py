@@ -254,6 +254,7 @@ def batch_chunk(packed: PackedRows) -> Chunk:
         file=["<batch>"] * rows,
         file_row=list(range(rows)),
         token_ids=None,
+        float32=any(values.dtype.itemsize <= 4 for values in (packed.trainer, packed.rollout)),
     )
 
 

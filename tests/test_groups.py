@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from rollout_diag import analyze
+from rollout_diag import analyze, catalogue
 from rollout_diag.cli import app
 from rollout_diag.errors import ConfigError
 from rollout_diag.groups import GroupSpec, parse_by
@@ -48,8 +48,11 @@ def assert_group_is_alone(group, reference: AnalysisResult) -> None:
     where = f"{group.column}={group.value}"
     assert (group.rows, group.tokens) == (reference.run.rows, reference.run.tokens), where
     assert_close(group.metrics, reference.run.metrics, where)
-    # every family the group carries is there in full: only the localisation family (diag/) is left out
-    assert {k for k in reference.run.metrics if not k.startswith("diag/")} == set(group.metrics), where
+    # every family the group carries is there in full: only the localisation family (diag/) is left out, but for the
+    # off-policy family's exact counts (bitwise-differing tokens, max |δ|)
+    counts = {catalogue.MISMATCHED_TOKENS.key, catalogue.MISMATCHED_TOKEN_SHARE.key, catalogue.MAX_ABS_DELTA.key}
+    expected = {k for k in reference.run.metrics if not k.startswith("diag/") or k in counts}
+    assert expected == set(group.metrics), where
     assert [s.step for s in group.steps] == [s.step for s in reference.steps], where
     for mine, theirs in zip(group.steps, reference.steps, strict=True):
         assert (mine.rows, mine.tokens, mine.empty_rows) == (theirs.rows, theirs.tokens, theirs.empty_rows)

@@ -249,3 +249,21 @@ def test_a_bad_option_value_keeps_typers_message():
     assert done.exit_code == 2 and "Invalid value for '--top-k'" in done.output and "valid integer" in done.output
     done = CliRunner().invoke(app, ["analyze", "x.parquet", "-f", "bogus"])
     assert done.exit_code == 2 and "'bogus' is not one of 'table', 'json', 'csv', 'parquet'" in done.output
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [["analyze"], ["inspect"], ["report", "-o", "{tmp}/report.html"]],
+    ids=["analyze", "inspect", "report"],
+)
+def test_the_optional_extras_load_only_when_asked_for(grouped_dump, tmp_path, arguments):
+    """Without --tokenizer and --wandb no command loads tokenizers or wandb (optional extras: each a one-line error
+    saying what to install where asked for and missing: tests/io/test_tokenizer.py, tests/export/test_wandb.py)."""
+    command, *options = arguments
+    options = [option.format(tmp=tmp_path) for option in options]
+    code = (
+        "from typer.testing import CliRunner\nfrom rollout_diag.cli import app\n"
+        f"result = CliRunner().invoke(app, {[command, str(grouped_dump), *options]!r})\n"
+        "assert result.exit_code == 0, result.output"
+    )
+    assert not loaded_after(code, modules=("tokenizers", "wandb"))

@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from rollout_diag import catalogue
+from rollout_diag.decisions.association import judge_trainer_columns
 from rollout_diag.decisions.hints import Evidence, find_hints
 from rollout_diag.decisions.levels import judge
 from rollout_diag.decisions.prompts import prompt_findings, stale_prefix_cache
@@ -56,6 +57,7 @@ def judge_analysis(
         trends=trends,
         divergent_round=divergent_round(result.rounds, result.run.metrics),
         warnings=warnings,
+        trainer_columns=judge_trainer_columns(result.trainer_columns),
     )
     invalid = invalid_rows_hint(result.skipped_data)
     hints = ([] if invalid is None else [invalid]) + ([] if evidence is None else find_hints(evidence, judged))

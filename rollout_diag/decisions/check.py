@@ -95,6 +95,14 @@ SKIPPED_GATE = Gate(
     source="rollout-diag's default: more than 1 % of the rows skipped as invalid (docs/gates.md, 'Skipped rows'); "
     "set it with --max skipped_row_share=VALUE; --strict makes any skipped row an error",
 )
+# ``check --exact``: no model token whose two logprobs differ in any bit (batch-invariant inference's gate, as slime's
+# 1e-6 CI check but exact); a failure names the first differing token (drivers/check.py).
+EXACT_GATE = Gate(
+    catalogue.MISMATCHED_TOKENS.key,
+    MAX,
+    0.0,
+    source="--exact: every model token's two logprobs bitwise equal (float32 where either column is)",
+)
 
 
 def with_skipped_gate(gates: Sequence[Gate]) -> list[Gate]:

@@ -25,9 +25,16 @@ The rules, in order:
    tokens (``diag/…_without_catastrophic``), the sentence says so: the outliers are the problem, not the bulk.
 5. **Little data** (``LITTLE_DATA_TOKENS`` model tokens or fewer, or one row) adds a note: the levels are
    indicative.
-6. **Identical logprobs** (mean |δ| exactly 0 over at least one model token): level ``ok``, cause ``identical``,
-   a sentence saying the two sides agree exactly, and no notes (a χ² of −4e-13 is rounding of exp(0), and one
-   token cannot move a level that every token says is 0).
+6. **Identical logprobs** (no model token whose two logprobs differ in any bit, ``diag/mismatched_tokens`` = 0,
+   compared as float32 where either column was; a result without that key: mean |δ| exactly 0) over at least one
+   model token: level ``ok``, cause ``identical``, a sentence saying δ ≡ 0 and the two ways that happens
+   (deterministic, batch-invariant inference, or a trainer column copied from the rollout's as verl's bypass mode
+   does) and how to tell them apart, and no notes (a χ² of −4e-13 is rounding of exp(0), and one token cannot move a
+   level that every token says is 0). Both columns all exactly 0 are placeholders, not agreement: level ``bad``,
+   cause ``pipeline``, finding ``dummy_logprobs``.
+7. **A few bitwise differences** under an ok level: the sentence says how many model tokens differ in any bit, their
+   share and the largest |δ| (``BITWISE_ROUNDING``: a max |δ| no larger reads as rounding), so that 96 tokens one ulp
+   apart do not read as a plain "ok".
 """
 
 from __future__ import annotations
@@ -76,6 +83,8 @@ FIX_FIRST = {
 # level (1e-3), so a verdict on fewer tokens rests on a handful of them.
 LITTLE_DATA_TOKENS = 1000
 LITTLE_DATA_ROWS = 1  # a sequence-level metric over one row has no spread to speak of
+# Rule 7: a largest |δ| at most this reads as rounding (float32's ulp at |logprob| ≈ 8 is 9.5e-7; bf16's is far above)
+BITWISE_ROUNDING = 1e-6
 # χ² seq read when negative (rule 3): E[ρ²] ≥ 1, so a mean of ρ² at or below 0.5 says at least half the rows carry
 # almost no weight; a log-normal ρ's sample mean of ρ² stops estimating E[ρ²] = exp(σ²) once σ² > 1 (its variance
 # exp(6σ²) − exp(2σ²) outgrows any batch); within 3 standard errors a negative value is sampling noise.
@@ -120,6 +129,13 @@ def overall_verdict(
     verdicts = judge(dict(metrics))
     pipeline = [hint for kind in PIPELINE_HINTS for hint in hints if hint.id == kind and _is_pipeline(hint)]
     if not pipeline and identical(metrics, tokens):
+        if _all_zero(metrics):  # both columns all 0: placeholders, nothing was scored on either side
+            sentence = (
+                f"a pipeline bug (dummy_logprobs): every one of the {tokens} model tokens has a logprob of exactly 0 "
+                f"on both sides: placeholders, not agreement. First, {FIX_FIRST['dummy_logprobs']}, or dump the "
+                "logprobs each side computed."
+            )
+            return OverallVerdict("bad", "pipeline", sentence, [], ["dummy_logprobs"], [])
         return OverallVerdict("ok", "identical", _identical_sentence(tokens), [], [], [])
     notes = _negative_notes(verdicts, metrics, rows, tokens) + _little_data_notes(rows, tokens)
     growing = set(catalogue.keys_with_role(catalogue.Role.LENGTH_GROWING))
@@ -159,7 +175,23 @@ def overall_verdict(
             else f"{detail}: {ADVICE[level]}"
         )
         return OverallVerdict(level, "mismatch", sentence, [v.metric for v in flagged], [], notes)
-    return OverallVerdict(level, "none", ADVICE[level], [], [], notes)
+    return OverallVerdict(level, "none", ADVICE[level] + _bitwise(metrics, level), [], [], notes)
+
+
+def _bitwise(metrics: Mapping[str, float], level: str) -> str:
+    """Rule 7: " Bitwise, 96 of 128 model tokens (75 %) differ, by at most |δ| 1.2e-7: rounding." under an ok level
+    with differing tokens; "" otherwise."""
+    count = metrics.get(catalogue.MISMATCHED_TOKENS.key)
+    share = metrics.get(catalogue.MISMATCHED_TOKEN_SHARE.key)
+    largest = metrics.get(catalogue.MAX_ABS_DELTA.key)
+    if level != "ok" or not count or share is None or largest is None or math.isnan(share):
+        return ""
+    total = round(count / share)
+    reads = ": rounding-level differences, not identical logprobs" if largest <= BITWISE_ROUNDING else ""
+    return (
+        f" Bitwise, {int(count):,} of {total:,} model tokens ({percent(share)}) differ, by at most |δ| "
+        f"{number(largest)}{reads}."
+    )
 
 
 def _outliers(flagged: Sequence[Verdict], metrics: Mapping[str, float], threshold: float) -> str:
@@ -180,17 +212,28 @@ def _outliers(flagged: Sequence[Verdict], metrics: Mapping[str, float], threshol
 
 
 def identical(metrics: Mapping[str, float], tokens: int) -> bool:
-    """Whether trainer and rollout logprobs are equal on every model token: mean |δ| exactly 0 over ``tokens`` > 0
-    (a sum of |δ| is 0 only when every term is)."""
+    """Whether trainer and rollout logprobs are equal on every model token, over ``tokens`` > 0: no token whose two
+    values differ in any bit (``diag/mismatched_tokens``); without that key, mean |δ| exactly 0 (a sum of |δ| is 0
+    only when every term is)."""
+    mismatched = metrics.get(catalogue.MISMATCHED_TOKENS.key)
+    if mismatched is not None and not math.isnan(mismatched):
+        return tokens > 0 and mismatched == 0.0
     value = metrics.get(catalogue.LOGPROB_ABS_DIFF.key)
     return tokens > 0 and value is not None and value == 0.0
 
 
+def _all_zero(metrics: Mapping[str, float]) -> bool:
+    """Whether the rollout's logprobs are all exactly 0 (with identical logprobs: the trainer's too): mean_i −R_i[r] is
+    0, and a sum of logprobs (≤ 0) is 0 only when every one is."""
+    return metrics.get(catalogue.ROLLOUT_LOG_PPL.key) == 0.0
+
+
 def _identical_sentence(tokens: int) -> str:
     return (
-        f"trainer and rollout agree exactly: every one of the {tokens} model tokens has the same logprob on both "
-        "sides (δ = 0), so there is no mismatch to correct. If the trainer did not recompute its logprobs (verl's "
-        "bypass mode copies the rollout's), this dump cannot measure the mismatch."
+        f"trainer and rollout agree exactly: all {tokens} model tokens have bitwise the same logprob on both sides "
+        "(δ ≡ 0), so there is no mismatch to correct. Two ways give this: deterministic, batch-invariant inference, "
+        "or a trainer column copied from the rollout's (verl's bypass mode). If the trainer ran no forward pass for "
+        "old_log_probs (verl: rollout_correction.bypass_mode), it is a copy and this dump cannot measure the mismatch."
     )
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from rollout_diag.decisions.check import CheckResult, Gate, check, with_skipped_gate
+from rollout_diag.decisions.check import EXACT_GATE, FAIL, CheckResult, Gate, check, with_skipped_gate
 from rollout_diag.drivers.dump import reads_dump
 from rollout_diag.drivers.passes import Inputs, Progress
 from rollout_diag.drivers.rowpass import row_pass
@@ -29,11 +30,15 @@ def check_run(
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     progress: Progress | None = None,
     by: Sequence[str | GroupSpec] = (),
+    exact: bool = False,
 ) -> CheckResult:
     """Every gate (see :mod:`rollout_diag.decisions.check`) on the run and, with ``per_step``, on every step;
     ``by`` (``env_name``, ``reward:sign``, …): on each group's run metrics (and steps) too, the group named in
     each such outcome. The share of rows skipped as invalid is gated too (``skipped_row_share`` ≤ 1 % unless
-    ``gates`` names it). Raises RolloutDiagError for bad input, an unknown metric or no gate."""
+    ``gates`` names it). ``exact``: also the gate that no model token's two logprobs differ in any bit
+    (``EXACT_GATE``), its failure naming the first differing token (file, row, position, both values). Raises
+    RolloutDiagError for bad input, an unknown metric or no gate."""
+    gates = [*gates, EXACT_GATE] if exact else list(gates)
     if not gates:
         raise ConfigError(
             "no gate given.",
@@ -41,7 +46,14 @@ def check_run(
             f"{option_name('gates')} FILE|default.",
         )
     done = row_pass(
-        inputs, columns=columns, device=device, strict=strict, chunk_tokens=chunk_tokens, progress=progress, by=by
+        inputs,
+        columns=columns,
+        device=device,
+        strict=strict,
+        chunk_tokens=chunk_tokens,
+        progress=progress,
+        by=by,
+        exact=exact,
     )
     result = done.result()
     done.release()  # the gates read the result and the row statistics: the per-step state goes before they run
@@ -49,4 +61,18 @@ def check_run(
         (group_name(group.column, group.value), group, done.group_rows(group.column, group.value))
         for group in result.groups
     ]
-    return check(result, with_skipped_gate(gates), per_step=per_step, rows=done.row_stats(), groups=groups)
+    checked = check(result, with_skipped_gate(gates), per_step=per_step, rows=done.row_stats(), groups=groups)
+    found = None if done.first_difference is None else done.first_difference.found
+    if found is None:
+        return checked
+    # the run's failure names the first differing token
+    named = [
+        replace(outcome, detail=found.line())
+        if outcome.gate.metric == EXACT_GATE.metric
+        and outcome.status == FAIL
+        and outcome.group is None
+        and outcome.step is None
+        else outcome
+        for outcome in checked.outcomes
+    ]
+    return replace(checked, outcomes=named)

@@ -28,9 +28,11 @@ from rollout_diag.drivers.passes import (
     run_chunks,
 )
 from rollout_diag.drivers.sweep import check_targets
+from rollout_diag.drivers.tokens import Tokenizer, with_token_text
 from rollout_diag.engine.stats import stats
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.groups import GroupSpec, group_specs
+from rollout_diag.io.tokenizer import load_tokenizer
 from rollout_diag.memory import trim_heap
 from rollout_diag.metrics.outcome import PresetSteps, with_metrics
 from rollout_diag.metrics.sweep import DEFAULT_TARGETS, SweepAccumulator
@@ -109,15 +111,18 @@ def analyze_and_compare(
     by: Sequence[str | GroupSpec] = (),
     where: str | None = None,
     steps: StepRange | None = None,
+    tokenizer: Tokenizer = None,
 ) -> tuple[AnalysisResult, ComparisonResult]:
     """``analyze`` and ``compare_presets`` in one pass over the data (what ``rollout-diag report`` shows).
 
     ``analysis_options``: ``analyze``'s knobs (``max_rounds``, ``catastrophic``, ``top_k``) for the analysis part;
-    ``dialect`` as for ``analyze`` (the report shows a section for dialects other than verl).
+    ``dialect`` as for ``analyze`` (the report shows a section for dialects other than verl); ``tokenizer`` as for
+    ``analyze`` (the analysis's worst tokens and drawn rows as text).
     """
     from rollout_diag.metrics.dialects import resolve
 
-    return _one_pass(
+    decoder = load_tokenizer(tokenizer)  # a missing tokenizer fails before the reading
+    analysis, comparison = _one_pass(
         inputs,
         presets,
         {**(analysis_options or {}), "dialects": resolve(dialect), "by": by},
@@ -133,6 +138,7 @@ def analyze_and_compare(
         backend=backend,
         selection=selection(where, steps),
     )
+    return with_token_text(analysis, decoder), comparison
 
 
 def _one_pass(

@@ -57,6 +57,9 @@ class Dump:
     backend: str = "process"
     # per-token engine: auto, numba (CPU kernels) or torch (any device); None: the process's (engine/choice.py)
     engine: str | None = None
+    # token ids shown as text (rollout_diag/io/tokenizer.py): a tokenizer.json, a model directory or a cached model
+    # name, loaded when the Dump is made (an error now, not after the reading); a call that shows no token ignores it
+    tokenizer: Any = None
     # A reader opened ahead (``opened``), handed to the first call that reads: not part of the dump's identity.
     _reader: list = field(default_factory=list, init=False, compare=False, repr=False)
 
@@ -69,6 +72,10 @@ class Dump:
 
         if self.engine is not None:
             check_engine(self.engine)
+        if self.tokenizer is not None:
+            from rollout_diag.io.tokenizer import load_tokenizer
+
+            object.__setattr__(self, "tokenizer", load_tokenizer(self.tokenizer))
         if isinstance(self.workers, str) and self.workers.strip().isdigit():  # "4" from a command line
             object.__setattr__(self, "workers", int(self.workers))
 
@@ -186,9 +193,11 @@ def built_without_gpu(version_py: str) -> bool:
 
 
 # The options a call takes from a Dump as keyword arguments; the others reach it through the reader (input_format,
-# trust_pickle) or the engine in use (engine).
+# trust_pickle), the engine in use (engine) or, for a call that shows tokens, its own argument (tokenizer).
 _CALL_OPTIONS = tuple(
-    f.name for f in fields(Dump) if f.name not in ("inputs", "input_format", "trust_pickle", "engine", "_reader")
+    f.name
+    for f in fields(Dump)
+    if f.name not in ("inputs", "input_format", "trust_pickle", "engine", "tokenizer", "_reader")
 )
 _DEFAULTS = {
     f.name: f.default_factory() if f.default is MISSING else f.default
@@ -250,6 +259,10 @@ def reads_dump(function: Callable[Concatenate[Inputs, P], R]) -> Callable[Concat
         if not isinstance(inputs, Dump):
             return function(inputs, *args, **kwargs)
         kwargs.update(call_options(inputs, function.__name__, accepted, kwargs))
+        if "tokenizer" in accepted and inputs.tokenizer is not None:  # a call that shows tokens
+            if kwargs.get("tokenizer") is not None and kwargs["tokenizer"] is not inputs.tokenizer:
+                raise ConfigError(f"{option_name('tokenizer')} given both to the Dump and the call: give it once.")
+            kwargs["tokenizer"] = inputs.tokenizer
         from rollout_diag.engine.choice import use_engine
 
         size = kwargs.get("chunk_tokens")

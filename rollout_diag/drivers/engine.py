@@ -23,10 +23,12 @@ from rollout_diag.drivers.passes import (
     resolve_device,
     run_chunks,
 )
+from rollout_diag.drivers.tokens import Tokenizer, with_token_text
 from rollout_diag.errors import DataError, where
 from rollout_diag.groups import GroupSpec, group_specs
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
 from rollout_diag.io.readlog import ReadLog
+from rollout_diag.io.tokenizer import load_tokenizer
 from rollout_diag.memory import trim_heap
 from rollout_diag.metrics.base import KeyGroup, StepAccumulator
 from rollout_diag.metrics.dialects import DEFAULT as DEFAULT_DIALECT
@@ -34,7 +36,15 @@ from rollout_diag.metrics.dialects import resolve as resolve_dialects
 from rollout_diag.metrics.drift import DriftWindows, parse_windows
 from rollout_diag.metrics.localize import DEFAULT_CATASTROPHIC, DEFAULT_TOP_K
 from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS
-from rollout_diag.results import AnalysisResult, MetricColumns, SkippedData, SkippedRow, StepResult, StepTable
+from rollout_diag.results import (
+    AnalysisResult,
+    MetricColumns,
+    SkippedData,
+    SkippedRow,
+    StepResult,
+    StepTable,
+    TrainerColumns,
+)
 from rollout_diag.selection import StepRange, no_rows_match, selection, selection_summary
 
 if TYPE_CHECKING:
@@ -60,6 +70,7 @@ def analyze(
     where: str | None = None,
     steps: StepRange | None = None,
     drift_windows: DriftWindows | str | None = None,
+    tokenizer: Tokenizer = None,
 ) -> AnalysisResult:
     """Every mismatch metric of METRICS.md §1, §5, §6, §7, per step and for the run, in one streaming pass.
 
@@ -75,14 +86,18 @@ def analyze(
     AND env_name = 'math'"``) and ``steps``: (first, last) inclusive, either None for an open end: only the rows
     that match are read (``AnalysisResult.selection`` says which and how many). ``drift_windows``: the early and
     the late window of steps whose change ``AnalysisResult.drift`` splits by factor (``"0:9,90:99"`` or ((0, 9), (90,
-    99)), inclusive; None: the first and the last 20 % of the steps; docs/drift.md). ``progress``: a callable
-    ``(rows done, total rows)``, or True for a line on stderr every few seconds (a notebook, a CI log).
+    99)), inclusive; None: the first and the last 20 % of the steps; docs/drift.md). ``tokenizer``: a
+    ``tokenizer.json``, a model directory or a model name in the local Hugging Face cache: the worst tokens and the
+    rows the report draws carry each token id's text (``rollout_diag/io/tokenizer.py``; needs ``tokenizers``).
+    ``progress``: a callable ``(rows done, total rows)``, or True for a line on stderr every few seconds (a notebook,
+    a CI log).
     Raises RolloutDiagError (InputError, ColumnError, DataError, ConfigError) for bad input or options.
     """
     check_analysis_options(max_rounds, catastrophic, top_k)
     check_workers(workers, backend)
     if isinstance(drift_windows, str):  # a bad range fails before the reading
         drift_windows = parse_windows(drift_windows)
+    decoder = load_tokenizer(tokenizer)  # a missing tokenizer fails before the reading
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
     reader.select(selection(where, steps))
@@ -105,7 +120,7 @@ def analyze(
     # written (200 000 one-row steps: ~0.55 GB; a no-op beside a large result)
     del analysis
     trim_heap()
-    return result
+    return with_token_text(result, decoder)
 
 
 def _first(log: ReadLog) -> SkippedRow | None:
@@ -205,6 +220,12 @@ def read_fields(log: ReadLog, device: Any) -> dict[str, Any]:
     }
 
 
+def trainer_columns_of(analysis: Analysis) -> TrainerColumns | None:
+    """Row mismatch against the dump's trainer columns (None without any, or where no findings were gathered)."""
+    numbers = analysis.trainer_columns.finalize() if analysis.findings and not analysis.offpolicy_only else None
+    return None if numbers is None else TrainerColumns.of(numbers)
+
+
 def build_result(
     analysis: Analysis, log: ReadLog, device: str, strict: bool, selection_of: Any = None
 ) -> AnalysisResult:
@@ -238,6 +259,7 @@ def build_result(
         groups=[group for grouped in analysis.grouped for group in grouped.results(run.rows, run.tokens)],
         selection=selection_summary(selection_of, log, run.rows),
         drift=drift_of(analysis),
+        trainer_columns=trainer_columns_of(analysis),
     )
     unmasked = (sum(c[0] for c in log.unmasked.values()), sum(c[1] for c in log.unmasked.values()))
     return judge_analysis(result, replace(evidence, unmasked=unmasked, fills=dict(log.fills)), prompts)

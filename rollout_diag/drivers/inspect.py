@@ -11,13 +11,15 @@ import numpy as np
 
 from rollout_diag.drivers.dump import reads_dump
 from rollout_diag.drivers.passes import Inputs, open_reader, resolve_device
+from rollout_diag.drivers.tokens import Tokenizer, with_token_text
 from rollout_diag.engine import arrays
 from rollout_diag.engine.formulas import row_mean
 from rollout_diag.engine.stats import prepare, stats
 from rollout_diag.errors import ConfigError, DataError, option_name, where
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
-from rollout_diag.metrics.localize import DEFAULT_WINDOW, default_window, window_at
+from rollout_diag.io.tokenizer import load_tokenizer
+from rollout_diag.metrics.localize import DEFAULT_WINDOW, default_window, first_differing, window_at
 from rollout_diag.paths import file_label
 from rollout_diag.results import RowTokens
 
@@ -40,6 +42,7 @@ def inspect_row(
     columns: Mapping[str, str] | None = None,
     device: str | torch.device = "auto",
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    tokenizer: Tokenizer = None,
 ) -> RowTokens:
     """The tokens of one row: the one at ``row`` ("FILE:ROW", as the tables print it), or with ``sample_id`` (and
     ``step``), or else the worst row by |log-ppl diff| of ``step`` (of the run without it).
@@ -49,9 +52,27 @@ def inspect_row(
     largest |δ|); the result's ``start`` and ``row_length`` say where they sit. Without them a row longer than
     ``LONG_ROW`` tokens is listed as ``DEFAULT_WINDOW`` tokens around its largest |δ| (a 2 M-token row would take
     minutes and gigabytes to list), unless ``whole_row``. Raises DataError when no row (or more than one, without
-    ``step``) matches, InputError / ConfigError for a bad ``row`` or window.
+    ``step``) matches, InputError / ConfigError for a bad ``row`` or window. ``tokenizer``: as for ``analyze``, the
+    listed token ids' text.
     """
-    listing = _Listing.checked(around, window, whole_row)
+    decoder = load_tokenizer(tokenizer)  # a missing tokenizer fails before the reading
+    listed = _inspect(
+        inputs, sample_id, step, row, _Listing.checked(around, window, whole_row), columns, device, chunk_tokens
+    )
+    return with_token_text(listed, decoder)
+
+
+def _inspect(
+    inputs: Inputs,
+    sample_id: str | None,
+    step: int | None,
+    row: str | None,
+    listing: _Listing,
+    columns: Mapping[str, str] | None,
+    device: str | torch.device,
+    chunk_tokens: int,
+) -> RowTokens:
+    """``inspect_row`` without the token text."""
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=False, chunk_tokens=chunk_tokens)
     if row is not None:
@@ -218,6 +239,7 @@ def _row_window(chunk: Chunk, index: int, around: int | None, window: int | None
         extra=chunk.row_extra(index),
         row_largest_abs_delta=None if largest is None or (first, last) == (0, length) else largest[0],
         row_largest_position=None if largest is None or (first, last) == (0, length) else largest[1],
+        first_differing_position=first_differing(chunk, index),
     )
 
 

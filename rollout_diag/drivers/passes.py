@@ -26,6 +26,7 @@ from rollout_diag.groups import GroupedAnalysis, GroupSpec
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.formats import input_options
 from rollout_diag.io.reader import DumpReader
+from rollout_diag.metrics.association import TrainerColumnsTracker
 from rollout_diag.metrics.base import StepAccumulator
 from rollout_diag.metrics.dialects import DEFAULT as DEFAULT_DIALECT
 from rollout_diag.metrics.dialects import DialectsAccumulator, dilution_warning
@@ -123,6 +124,8 @@ class Analysis:
     prompts: PromptAccumulator = field(default_factory=PromptAccumulator)  # per prompt (metrics/prompts.py)
     by: tuple[GroupSpec, ...] = ()  # --by: the key families per group of rows (rollout_diag/groups.py)
     grouped: list[GroupedAnalysis] = field(init=False)
+    # row mismatch against reward, advantage, entropy, length and GRPO groups (rollout_diag/metrics/association.py)
+    trainer_columns: TrainerColumnsTracker = field(default_factory=TrainerColumnsTracker)
     # False: no hint evidence, worst rows or dialects are gathered (a run-level summary reads none of them: ``diff``;
     # on 200 000 one-row steps they held ~0.3 GB of per-step state)
     findings: bool = True
@@ -175,6 +178,7 @@ class Analysis:
             self.worst.update(chunk)
             self.dialect.update(chunk)
             self.drift.update(chunk)
+            self.trainer_columns.update(chunk)
         for grouped in self.grouped:
             grouped.update(chunk)
         if len(self.empty_rows) < MAX_LISTED_EMPTY_ROWS:
@@ -187,6 +191,7 @@ class Analysis:
         for mine, theirs in zip(self.families, other.families, strict=True):
             mine.merge(theirs)
         self.worst.merge(other.worst)
+        self.trainer_columns.merge(other.trainer_columns)
         self.dialect.merge(other.dialect)
         self.hint_evidence.merge(other.hint_evidence)
         self.drift.merge(other.drift)

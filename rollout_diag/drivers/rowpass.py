@@ -25,7 +25,7 @@ from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
 from rollout_diag.io.readlog import ReadLog
 from rollout_diag.memory import trim_heap
 from rollout_diag.metrics.base import StepAccumulator
-from rollout_diag.metrics.localize import WorstTracker
+from rollout_diag.metrics.localize import FirstDifference, WorstTracker
 from rollout_diag.metrics.prompts import PromptAccumulator
 from rollout_diag.metrics.rowstats import RowStatsCollector
 from rollout_diag.presets import Preset
@@ -48,6 +48,7 @@ class RowPass:
     device: str
     strict: bool
     labels: GroupLabels | None = None  # --by: each row's group, to restrict the row statistics to a group
+    first_difference: FirstDifference | None = None  # ``exact``: the first bitwise-differing model token
 
     def result(self, steps: StepRange | None = None) -> AnalysisResult:
         """The AnalysisResult of the steps in ``steps`` (all steps when None; worst rows/tokens only then)."""
@@ -168,11 +169,13 @@ def row_pass(
     by: Sequence[str | GroupSpec] = (),
     findings: bool = True,
     catastrophic_rows: bool = False,
+    exact: bool = False,
 ) -> RowPass:
     """Read ``inputs`` once into the analysis and the per-row statistics (with each preset's dropped tokens per
     row); ``by``: also the key families per group and each row's group. ``findings`` False: without what only
     ``result`` reads (hint evidence, worst rows, dialects): the pass serves ``summary`` alone. ``catastrophic_rows``:
-    the row statistics also count each row's catastrophic tokens (``runs``' catastrophic share). Raises
+    the row statistics also count each row's catastrophic tokens (``runs``' catastrophic share). ``exact``: also the
+    first model token whose two logprobs differ in any bit (``RowPass.first_difference``). Raises
     RolloutDiagError for bad input or options."""
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
@@ -180,11 +183,12 @@ def row_pass(
     analysis = Analysis(by=specs, findings=findings)
     rows = RowStatsCollector(presets, catastrophic=analysis.catastrophic if catastrophic_rows else None)
     labels = GroupLabels(specs) if specs else None
-    updates = [analysis.update, rows.update, *([labels.update] if labels else [])]
+    first = FirstDifference() if exact else None
+    updates = [analysis.update, rows.update, *([labels.update] if labels else []), *([first.update] if first else [])]
 
     def prepare(chunk: Chunk) -> None:  # in the reader's prepare pool: the analysis's, then the presets' flags
         analysis.prepare(chunk)
         rows.prepare(chunk)
 
     run_chunks(reader, updates, torch_device, progress, prepare)
-    return RowPass(analysis, rows, reader.log, torch_device, strict, labels)
+    return RowPass(analysis, rows, reader.log, torch_device, strict, labels, first)

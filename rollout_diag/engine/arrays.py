@@ -229,6 +229,16 @@ def where(condition: Array, chosen: Array | float, other: Array | float) -> Arra
     return np.where(condition, chosen, other)
 
 
+def bits_differ(first: Array, second: Array, float32: bool) -> Array:
+    """Where two float64 arrays' values differ in any bit (bool), or, with ``float32``, their float32 roundings'."""
+    if is_tensor(first):
+        torch = _torch()
+        kind, width = (torch.float32, torch.int32) if float32 else (torch.float64, torch.int64)
+        return first.to(kind).view(width) != second.to(kind).view(width)
+    kind, width = (np.float32, np.int32) if float32 else (np.float64, np.int64)
+    return first.astype(kind, copy=False).view(width) != second.astype(kind, copy=False).view(width)
+
+
 def minimum(first: Array, second: Array) -> Array:
     if is_tensor(first):
         return _torch().minimum(first, second)

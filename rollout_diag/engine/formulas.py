@@ -16,6 +16,7 @@ import numpy as np
 from rollout_diag.catalogue import CLAMP, EPS
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
+from rollout_diag.engine.quantities import BANDS, COUNTS, EXTREME_BOUNDS
 
 
 class TokenSource(Protocol):
@@ -111,6 +112,31 @@ def _abs_log_ratio(s: TokenSource) -> Array:
 @quantity("k3")
 def _k3(s: TokenSource) -> Array:  # exp(δ) − δ − 1 (§1 k3_kl), expm1 for accuracy near 0
     return token_expm1(s.token("log_ratio")) - s.token("log_ratio")
+
+
+# COUNTS (engine/quantities.py): 1.0 at the model tokens they count, so that their sums are exact counts.
+@quantity("mismatched")
+def _mismatched(s: TokenSource) -> Array:  # a and r differ in any bit (as float32 where either column was float32)
+    model = s.chunk.model
+    return arrays.float64(arrays.bits_differ(model.trainer, model.rollout, bool(s.chunk.float32)))
+
+
+def _counted(name: str, test: Callable[[Array], Array]) -> None:
+    quantity(name)(lambda s: arrays.float64(test(s.token("abs_log_ratio"))))
+
+
+def _above(bound: float) -> Callable[[Array], Array]:
+    return lambda abs_delta: abs_delta > bound
+
+
+def _within(band: float) -> Callable[[Array], Array]:
+    return lambda abs_delta: abs_delta <= band
+
+
+for _bound, _name in zip(EXTREME_BOUNDS, COUNTS[1:3], strict=True):  # above_ln2, above_ln5: |δ| > bound
+    _counted(_name, _above(_bound))
+for _band, _name in zip(BANDS, COUNTS[3:], strict=True):  # within_<ε>: |δ| ≤ ε
+    _counted(_name, _within(_band))
 
 
 @quantity("chi2_term")

@@ -34,6 +34,12 @@ EXTREMES = ("abs_log_ratio", "clamped_log_ratio", "rs_k2", "prob_diff")
 # The token quantities a derived one is made from (``Derived.base``), in the order of their codes.
 PRESET_BASES = ("log_ratio", "clamped_log_ratio", "token_is_weight", "rs_k1", "rs_k2", "rs_k3")
 SHARED_QUANTITIES = ("log_ratio", "abs_log_ratio")  # what every family reads
+# Exact token counts the fused pass takes per segment (their segment sums, as float64 counts, in output order): tokens
+# whose two logprobs differ in any bit (compared as float32 where either column was float32: ``Chunk.float32``),
+# tokens with |δ| above each of EXTREME_BOUNDS, and tokens with |δ| at most each of BANDS.
+EXTREME_BOUNDS = (math.log(2.0), math.log(5.0))
+BANDS = (1e-3, 1e-2, 1e-1)
+COUNTS = ("mismatched", "above_ln2", "above_ln5", "within_1e-3", "within_1e-2", "within_1e-1")
 # The δ histogram's bins (metrics.localize.delta_bin, the fused pass): binary exponents of |δ|, EXPONENT_MIN to
 # EXPONENT_MAX.
 EXPONENT_MIN, EXPONENT_MAX = -20, 7

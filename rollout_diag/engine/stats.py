@@ -26,7 +26,14 @@ from rollout_diag.engine.choice import kernel_for
 from rollout_diag.engine.formulas import DERIVED, TOKEN_QUANTITIES, clamp20, row_mean, token_exp, token_expm1
 from rollout_diag.engine.kernels import compiled, compiled_presets
 from rollout_diag.engine.kernels import prepass as kernel_prepass
-from rollout_diag.engine.quantities import EXPONENT_MAX, EXPONENT_MIN, MOMENT_PAIRS, PROBABILITIES, SHARED_QUANTITIES
+from rollout_diag.engine.quantities import (
+    COUNTS,
+    EXPONENT_MAX,
+    EXPONENT_MIN,
+    MOMENT_PAIRS,
+    PROBABILITIES,
+    SHARED_QUANTITIES,
+)
 
 
 class ModelTokenArrays(Protocol):
@@ -65,6 +72,7 @@ class ChunkArrays(Protocol):
     cache: dict
     engine: str | None
     prepass: kernel_prepass.KernelPrepass | None
+    float32: bool  # either logprob column was float32: ``mismatched`` compares bits as float32
 
     @property
     def rows(self) -> int: ...
@@ -725,6 +733,7 @@ class KernelStats(ChunkStats):
             arrays.host(self.segment_group),
             self.chunk.groups.count,
             self.probabilities,
+            self.chunk.float32,
         )
 
     def _in_pass(self, name: str) -> bool:
@@ -733,7 +742,8 @@ class KernelStats(ChunkStats):
 
     @property
     def _reductions(self) -> tuple[np.ndarray, ...]:
-        """The fused pass: (sums, maxima, minima) [Q, S], moments of MOMENT_PAIRS [G, P, 6], δ histogram [G, B]."""
+        """The fused pass: (sums, maxima, minima) [Q, S], moments of MOMENT_PAIRS [G, P, 6], δ histogram [G, B],
+        COUNTS [N, S]."""
         return self._fused[0]
 
     @cached_property
@@ -781,6 +791,8 @@ class KernelStats(ChunkStats):
         if name == "rs_k1":  # Σ(−c) = −Σc exactly: negation is exact at every step of the sum
             found = self._kernel_sum("clamped_log_ratio")
             return None if found is None else -found
+        if name in COUNTS:
+            return self._out(self._reductions[5][COUNTS.index(name)])
         column = compiled().COLUMN.get(name) if self._in_pass(name) else None
         return None if column is None else self._out(self._reductions[0][column])
 

@@ -90,6 +90,9 @@ class Chunk:
     # The numba engine's compiled passes over this chunk, when the reader ran them before torch was loaded
     # (kernels/prepass.py; read by engine.stats.KernelStats); None: computed when first read.
     prepass: KernelPrepass | None = field(default=None, repr=False)
+    # Either logprob column was float32 (or narrower) in the dump: ``mismatched`` compares the two values' bits as
+    # float32 then (engine/quantities.py COUNTS); the reader joins only blocks that agree.
+    float32: bool = False
 
     @property
     def rows(self) -> int:

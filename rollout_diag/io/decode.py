@@ -5,6 +5,7 @@ Memory: one record batch per file at a time (a row group is decoded at once by P
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -143,11 +144,30 @@ def _extra_values(opened: OpenFile, batch: pa.RecordBatch | pa.Table, index=None
             array = array.combine_chunks()
         if index is not None:
             array = array.take(pa.array(index))
-        if numeric_type(array.type) and not array.null_count:
+        if (
+            pa.types.is_list(array.type)
+            or pa.types.is_large_list(array.type)
+            or pa.types.is_fixed_size_list(array.type)
+        ):
+            values[name] = row_means(array)  # a per-token list (entropy): its row mean
+        elif numeric_type(array.type) and not array.null_count:
             values[name] = array.to_numpy(zero_copy_only=False)
         else:
             values[name] = _ArrowValues(array)
     return values
+
+
+def row_means(array: pa.Array) -> np.ndarray:
+    """float64 [rows]: the mean of each row's list of numbers over its non-null elements (NaN for a null or empty
+    list, or one of nulls only)."""
+    lengths = pc.fill_null(pc.list_value_length(array), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    numbers = pc.fill_null(pc.list_flatten(array).cast(pa.float64()), math.nan).to_numpy(zero_copy_only=False)
+    rows = np.repeat(np.arange(len(lengths)), lengths)
+    finite = np.isfinite(numbers)
+    sums = np.bincount(rows[finite], weights=numbers[finite], minlength=len(lengths))
+    counts = np.bincount(rows[finite], minlength=len(lengths))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(counts > 0, sums / np.maximum(counts, 1), math.nan)
 
 
 class _ArrowValues:

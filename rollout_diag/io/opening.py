@@ -279,6 +279,10 @@ def _text(data_type: pa.DataType) -> bool:
     return pa.types.is_string(data_type) or pa.types.is_large_string(data_type)
 
 
+# Per-token lists of numbers carried as a per-row extra column: the row's mean over the list (the trainer's entropy).
+ROW_MEAN_LISTS = ("entropy", "entropies", "token_entropy")
+
+
 def prompt_extra(columns: ColumnMap) -> str | None:
     """The prompt_id column when it rides among the extra columns (read from there: ``io/reader.py``); None when the
     dump has none, it is a partition key, or another role reads the same column (then read by that role)."""
@@ -291,15 +295,16 @@ def prompt_extra(columns: ColumnMap) -> str | None:
 
 def _extra_columns(schema: pa.Schema, columns: ColumnMap) -> tuple[str, ...]:
     """Scalar number, bool or string columns that no role takes, in file order: per-row values like reward or
-    advantage (in the token layout, per token: a row takes its first token's). Lists and other types are not."""
-    # the prompt id stays a per-row column, as before it had a role (unless another role reads it: sample_id=uid)
+    advantage (in the token layout, per token: a row takes its first token's); and a list of numbers named in
+    ROW_MEAN_LISTS, carried as its row mean. Other lists and other types are not."""
     taken = set(columns.names.values()) - {prompt_extra(columns)} | {SKIP_REASON, SKIP_COLUMN}
     extras = []
     for column in schema:
         if column.name in taken or _PANDAS_INDEX.fullmatch(column.name):
             continue
         is_list, data_type = _kind(column.type)
-        if not is_list and (numeric_type(data_type) or _text(data_type)):
+        scalar = not is_list and (numeric_type(data_type) or _text(data_type))
+        if scalar or (is_list and numeric_type(data_type) and column.name in ROW_MEAN_LISTS):
             extras.append(column.name)
     return tuple(extras)
 

@@ -510,7 +510,7 @@ class DumpReader:
             self.log.row_places.append(np.stack([np.full(len(block.file_row), file_index), block.file_row], axis=1))
         offsets = np.zeros(len(block.lengths) + 1, dtype=np.int64)
         np.cumsum(block.lengths, out=offsets[1:])
-        return _Valid(block, offsets, scanned)
+        return _Valid(block, offsets, scanned, float32=_narrow(block))
 
     def built_chunk(self, valid: _Valid, device: str, engine: str, kind: str) -> Chunk:
         """The validated block as a Chunk of ``kind`` arrays: ``numpy`` (the numba engine's, torch not loaded) or
@@ -532,7 +532,13 @@ class DumpReader:
             extra=_chunk_extra(block),
             engine=engine,
             prepass=valid.prepass if engine == "numba" else None,
+            float32=valid.float32,
         )
+
+
+def _narrow(block: Block) -> bool:
+    """Whether either logprob column of ``block`` is float32 or narrower (then its values compare as float32)."""
+    return any(values.dtype.kind == "f" and values.dtype.itemsize <= 4 for values in (block.trainer, block.rollout))
 
 
 def _numpy_columns(valid: _Valid) -> dict[str, np.ndarray | None]:
@@ -590,6 +596,7 @@ class _Valid:
     scanned: tuple[np.ndarray, np.ndarray, np.ndarray] | None  # the scan's (trainer, rollout, mask), if it ran
     prepass: KernelPrepass | None = None  # the compiled passes, when read ahead of torch
     files: list[str] | None = None  # each row's file, where blocks of several files were joined (else block.file)
+    float32: bool = False  # either logprob column was float32 or narrower (``Chunk.float32``)
 
 
 def _host_values(valid: _Valid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -642,6 +649,7 @@ class _Joiner:
                 self.tokens + tokens > self.limit
                 or self.runs + runs - going_on > MAX_BLOCK_STEPS
                 or not _joinable(self.pending[0][0].block, valid.block)
+                or self.pending[0][0].float32 != valid.float32  # one way to compare the logprobs per chunk
             ):
                 ready = self.flush()
             else:
@@ -721,7 +729,7 @@ def _joined(parts: Sequence[_Valid]) -> _Valid:
     )
     scanned = tuple(np.concatenate([values[i] for values in host]) for i in range(3))
     files = [name for valid in parts for name in (valid.files or [valid.block.file] * len(valid.block.lengths))]
-    return _Valid(block, offsets, scanned, files=files)  # type: ignore[arg-type]
+    return _Valid(block, offsets, scanned, files=files, float32=parts[0].float32)  # type: ignore[arg-type]
 
 
 def _scanned(block: Block, device_type: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -964,7 +972,7 @@ class _ReadAhead:
 
         if valid.scanned is not None:
             trainer, rollout, mask = valid.scanned
-            valid.prepass = prepass(valid.block.step, valid.offsets, trainer, rollout, mask)
+            valid.prepass = prepass(valid.block.step, valid.offsets, trainer, rollout, mask, valid.float32)
             # the decoded values live on as the scan's: their Arrow buffers go while the chunk waits
             valid.block = replace(valid.block, trainer=None, rollout=None, mask=None)
         return valid

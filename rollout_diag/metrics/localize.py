@@ -216,6 +216,15 @@ DEFAULT_WINDOW = 100  # tokens around a position (inspect --around without --win
 LONG_ROW = 1000  # a longer row is listed as DEFAULT_WINDOW tokens around its largest |δ|
 
 
+def first_differing(chunk: Chunk, row: int) -> int | None:
+    """Position in row ``row`` of ``chunk`` of its first model token whose two logprobs differ in any bit (as float32
+    where either column was: ``Chunk.float32``); None when every one is equal."""
+    begin, end = int(chunk.offsets[row]), int(chunk.offsets[row + 1])
+    trainer, rollout = arrays.host(chunk.trainer[begin:end]), arrays.host(chunk.rollout[begin:end])
+    differ = arrays.bits_differ(trainer, rollout, bool(chunk.float32)) & arrays.host(chunk.mask[begin:end]).astype(bool)
+    return int(np.argmax(differ)) if differ.any() else None
+
+
 def window_at(around: int, size: int, length: int) -> tuple[int, int]:
     """[first, last) of ``size`` tokens centred on position ``around`` of a row of ``length`` tokens, moved inside
     the row at its ends."""
@@ -420,6 +429,7 @@ class WorstTracker:
                     "k3_sum": float(host["k3_sum"][row]),
                     "catastrophic_count": int(host["catastrophic"][row]),
                     "extra": dict(tokens.extra),
+                    "first_differing_position": first_differing(chunk, row),
                 },
                 tokens,
             )
@@ -497,3 +507,68 @@ class WorstTracker:
 
     def worst_tokens(self) -> list[WorstToken]:
         return [item for _, _, item in self.tokens.items]
+
+
+@dataclass(frozen=True)
+class DifferingToken:
+    """The first model token, in reading order, whose two logprobs differ in any bit (compared as float32 where
+    either column was float32: ``float32``): ``check --exact`` names it."""
+
+    step: int
+    file: str
+    row: int  # row number within ``file``
+    position: int  # index in the row, environment tokens included
+    trainer: float
+    rollout: float
+    float32: bool
+
+    def line(self) -> str:
+        """ "first differing token: run.parquet row 12, position 40 (step 3): trainer -0.6931472 vs rollout
+        -0.69314724 (float32)"."""
+        kind = np.float32 if self.float32 else np.float64
+        trainer, rollout = (
+            repr(float(kind(value))) if kind is np.float64 else str(kind(value))
+            for value in (self.trainer, self.rollout)
+        )
+        return (
+            f"first differing token: {self.file} row {self.row}, position {self.position} (step {self.step}): trainer "
+            f"{trainer} vs rollout {rollout} ({'float32' if self.float32 else 'float64'})"
+        )
+
+
+@dataclass
+class FirstDifference:
+    """Finds the first model token whose logprobs differ in any bit, chunk after chunk in reading order: a chunk is
+    searched only while none is found, and within it only the first segment the fused pass counts one in."""
+
+    found: DifferingToken | None = None
+
+    def update(self, chunk: Chunk) -> None:
+        if self.found is not None:
+            return
+        s = stats(chunk)
+        counts = arrays.host(s.segment_sum("mismatched"))
+        hit = np.flatnonzero(counts > 0)
+        if not hit.size:
+            return
+        segment = int(hit[0])
+        start = int(arrays.host(s.segment_starts)[segment])
+        end = start + int(arrays.host(s.segment_length)[segment])
+        model = chunk.model
+        trainer, rollout = arrays.host(model.trainer[start:end]), arrays.host(model.rollout[start:end])
+        first = int(np.argmax(arrays.host(arrays.bits_differ(trainer, rollout, bool(chunk.float32)))))
+        row, position = s.token_locations([start + first])[0]
+        self.found = DifferingToken(
+            step=int(chunk.step[row]),
+            file=chunk.file[row],
+            row=int(chunk.file_row[row]),
+            position=int(position),
+            trainer=float(trainer[first]),
+            rollout=float(rollout[first]),
+            float32=bool(chunk.float32),
+        )
+
+    def merge(self, other: FirstDifference) -> None:
+        """The earlier of two parts' (this part read first)."""
+        if self.found is None:
+            self.found = other.found

@@ -1,4 +1,6 @@
-"""Off-policy metrics (METRICS.md §1, keys ``rollout_corr/…``) and ``mismatch/logprob_abs_diff`` (§7)."""
+"""Off-policy metrics (METRICS.md §1, keys ``rollout_corr/…``), ``mismatch/logprob_abs_diff`` (§7), and the exact token
+counts by |δ| read beside them: bitwise-differing tokens and max |δ| (``diag/…``), extreme-token shares and tolerance
+bands (``mismatch/extreme_frac_…``, ``mismatch/band_…``)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from rollout_diag.catalogue import EPS
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array, segment_max, segment_min
 from rollout_diag.engine.formulas import clamp20, row_mean
+from rollout_diag.engine.quantities import BANDS, COUNTS
 from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import Columns, KeyGroup, StepAccumulator
@@ -67,6 +70,10 @@ class OffPolicyAccumulator(StepAccumulator):
         "chi2_token": "sum",  # Σ m·exp(2·clamp20(δ))
         "chi2_seq": "sum",  # Σ_i exp(2·clamp20(S_i[δ]))
         "abs_diff": "sum",  # Σ m·|δ|
+        # exact counts of model tokens (engine/quantities.py COUNTS): bits differ, |δ| > ln 2 / ln 5, |δ| ≤ each band
+        **{name: "sum" for name in COUNTS},
+        **{f"rows_{name}": "sum" for name in COUNTS[3:]},  # valid rows whose every model token has |δ| ≤ the band
+        "max_abs_delta": "max",  # max m·|δ|
     }
 
     def _stats(self, chunk: Chunk) -> dict[str, Array]:
@@ -96,6 +103,9 @@ class OffPolicyAccumulator(StepAccumulator):
             "chi2_token": s.group_sum("chi2_term"),
             "chi2_seq": by_step(arrays.exp(2.0 * clamp20(seq_log_ratio))),
             "abs_diff": s.group_sum("abs_log_ratio"),
+            **{name: s.group_sum(name) for name in COUNTS},
+            **_rows_within(s, groups, n),
+            "max_abs_delta": s.group_max("abs_log_ratio"),
         }
 
     def finalize_block(self, columns: Columns) -> list[KeyGroup]:
@@ -114,4 +124,35 @@ class OffPolicyAccumulator(StepAccumulator):
             }
             out = {PREFIX + name: metrics[name] for name in METRIC_ORDER}
             out[catalogue.LOGPROB_ABS_DIFF.key] = columns["abs_diff"] / (tokens + EPS)
-        return [(reports, out)]
+        return [(reports, out), (tokens != 0, exact_counts(columns))]
+
+
+def _rows_within(s, groups, n: Array) -> dict[str, Array]:
+    """Per step group, the valid rows whose largest |δ| is at most each band (``rows_within_<ε>``)."""
+    row_max = s.row_max("abs_log_ratio")  # from the segment maxima; −inf for an empty row
+    valid = n > 0
+    return {f"rows_{name}": s.group_sum_rows(arrays.float64(valid & (row_max <= band))) for name, band in _BANDS}
+
+
+_BANDS = tuple(zip(COUNTS[3:], BANDS, strict=True))
+
+
+def exact_counts(columns: Columns) -> dict[str, np.ndarray]:
+    """The counts by |δ| as shares over a block of steps (steps with model tokens): bitwise-differing tokens, their
+    share and max |δ|; the shares above ln 2 and ln 5; per band ε the shares of model tokens with |δ| ≤ ε and of valid
+    rows whose every model token has it. The rounds' and groups' blocks give the same keys from the same sums."""
+    tokens = columns["tokens"]
+    valid_rows = columns["rows"] - columns["empty_rows"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = {
+            catalogue.EXTREME_FRAC_LN2.key: columns["above_ln2"] / tokens,
+            catalogue.EXTREME_FRAC_LN5.key: columns["above_ln5"] / tokens,
+        }
+        for (name, _), key in zip(_BANDS, catalogue.BAND_TOKEN_SHARES, strict=True):
+            out[key.key] = columns[name] / tokens
+        for (name, _), key in zip(_BANDS, catalogue.BAND_SEQ_SHARES, strict=True):
+            out[key.key] = columns[f"rows_{name}"] / valid_rows
+        out[catalogue.MISMATCHED_TOKENS.key] = columns["mismatched"]
+        out[catalogue.MISMATCHED_TOKEN_SHARE.key] = columns["mismatched"] / tokens
+        out[catalogue.MAX_ABS_DELTA.key] = columns["max_abs_delta"]
+    return out

@@ -13,6 +13,7 @@ import numpy as np
 from rollout_diag import catalogue
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array, segment_max
+from rollout_diag.engine.quantities import BANDS, COUNTS
 from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator
@@ -23,7 +24,20 @@ DEFAULT_MAX_ROUNDS = 64
 SUPPORT_TOKENS = catalogue.ROUND_SUPPORT_TOKENS
 SUPPORT_ROWS = catalogue.ROUND_SUPPORT_ROWS
 SUPPORT_SHARE = catalogue.ROUND_SUPPORT_SHARE
-ROUND_SUMS = ("token_count", "seq_count", "abs_diff", "kl", "k3_kl", "chi2_token", "catastrophic")
+# COUNTS but the first (bitwise differences are a step's and the run's): |δ| > ln 2, ln 5, |δ| ≤ each band
+ROUND_COUNTS = COUNTS[1:]
+ROUND_BANDS = tuple(zip(COUNTS[3:], BANDS, strict=True))
+_COUNT_STATE = (*ROUND_COUNTS, *(f"rows_{name}" for name, _ in ROUND_BANDS))
+ROUND_SUMS = (
+    "token_count",
+    "seq_count",
+    "abs_diff",
+    "kl",
+    "k3_kl",
+    "chi2_token",
+    "catastrophic",
+    *_COUNT_STATE,  # |δ| > ln 2, ln 5, ≤ each band; rows whose every round-k token has |δ| ≤ the band
+)
 supported = catalogue.supported_rounds
 
 
@@ -72,9 +86,32 @@ class RoundAccumulator(StepAccumulator):
             "k3_kl": by_bucket("k3"),
             "chi2_token": by_bucket("chi2_term"),
             "catastrophic": by_bucket(s.catastrophic(self.catastrophic)),
+            **{name: by_bucket(name) for name in ROUND_COUNTS},
+            **self._rows_within(s, bucket, buckets),
             "max_abs_diff": s.bucket_max(s.segment_max("abs_log_ratio"), bucket, buckets),
             "num_rounds_max": segment_max(arrays.float64(rounds), groups.row_group, groups.count),
         }
+
+    @staticmethod
+    def _rows_within(s: Any, bucket: Array, buckets: int) -> dict[str, Array]:
+        """Per step group and round bucket, the rows whose every token of that bucket has |δ| ≤ each band: the max |δ|
+        of each (row, bucket) from the segment maxima, then the rows counted where it is within the band."""
+        rows = s.chunk.rows
+        place = s.segment_row * buckets + bucket
+        largest = arrays.scatter_max(
+            arrays.full(rows * buckets, -np.inf, s.segment_max("abs_log_ratio")),
+            place,
+            s.segment_max("abs_log_ratio"),
+        )
+        present = largest > -np.inf
+        places = arrays.arange(rows * buckets, place)
+        group_place = s.chunk.groups.row_group[places // buckets] * buckets + places % buckets
+        out = {}
+        for name, band in ROUND_BANDS:
+            kept = arrays.float64(present & (largest <= band))
+            counts = arrays.zeros(s.chunk.groups.count * buckets, kept)
+            out[f"rows_{name}"] = arrays.index_add(counts, group_place, kept).reshape(s.chunk.groups.count, buckets)
+        return out
 
     def table(self, state: State) -> list[dict[str, Any]]:
         """One dict per round bucket that has tokens: round, pooled, counts and means."""
@@ -95,6 +132,12 @@ class RoundAccumulator(StepAccumulator):
                     "max_abs_diff": float(state["max_abs_diff"][k]),
                     "catastrophic_count": int(state["catastrophic"][k]),
                     "catastrophic_share": float(state["catastrophic"][k]) / n,
+                    **{
+                        name: float(value[0])
+                        for name, value in round_counts(
+                            {key: state[key][None, :] for key in ("seq_count", *_COUNT_STATE)}, int(k), np.array([n])
+                        ).items()
+                    },
                 }
             )
         return rows
@@ -115,6 +158,7 @@ class RoundAccumulator(StepAccumulator):
                     "kl": columns["kl"][:, k] / n,
                     "chi2_token": columns["chi2_token"][:, k] / n - 1.0,
                     "max_abs_diff": columns["max_abs_diff"][:, k],
+                    **round_counts(columns, k, n),
                 }
                 groups.append((present[:, k], {f"{PREFIX}round_{k}/{name}": v for name, v in values.items()}))
             any_round = present.any(axis=1)
@@ -133,3 +177,19 @@ class RoundAccumulator(StepAccumulator):
     def finalize_table(self) -> list[dict[str, Any]]:
         state = self.run_state()
         return [] if state is None else self.table(state)
+
+
+def round_counts(columns: Any, k: int, tokens: np.ndarray) -> dict[str, np.ndarray]:
+    """Round bucket k's extreme-token shares and tolerance bands over a block of steps (the §1 family's keys, per round:
+    ``metrics/offpolicy.py`` ``exact_counts``): shares of its tokens above ln 2 and ln 5, within each band, and of the
+    rows that reach it whose every round-k token is within the band."""
+    rows = columns["seq_count"][:, k]
+    out = {
+        "extreme_frac_ln2": columns["above_ln2"][:, k] / tokens,
+        "extreme_frac_ln5": columns["above_ln5"][:, k] / tokens,
+    }
+    for name, _ in ROUND_BANDS:
+        band = name.removeprefix("within_")
+        out[f"band_token_share@{band}"] = columns[name][:, k] / tokens
+        out[f"band_seq_share@{band}"] = columns[f"rows_{name}"][:, k] / rows
+    return out

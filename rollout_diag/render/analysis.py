@@ -16,6 +16,7 @@ from rich.text import Text
 
 from rollout_diag import catalogue
 from rollout_diag.catalogue import lookup, parse_round_key, round_quantity, short_name
+from rollout_diag.formatting import token_cell
 from rollout_diag.paths import file_label, file_labels
 from rollout_diag.render.format import extra_cell, level, number, percent, plain, visible
 from rollout_diag.render.hints import hint_lines
@@ -326,7 +327,7 @@ def worst_tokens_table(result: AnalysisResult) -> FitTable:
         ],
     )
     for token in tokens:
-        text = token.token if token.token is not None else (None if token.token_id is None else f"#{token.token_id}")
+        text = token_cell(token.token, token.token_id)
         table.add_row(
             str(token.step),
             token.sample_id,

@@ -6,7 +6,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from rollout_diag.formatting import numbers
+from rollout_diag.formatting import numbers, token_cell
 from rollout_diag.render.format import extra_cell, number, plain
 from rollout_diag.results import RowTokens
 
@@ -27,6 +27,19 @@ def _largest(row: RowTokens, worst: int | None, windowed: bool) -> str:
         return f"; largest |δ| = {here}"
     whole = f"{number(row.row_largest_abs_delta)} at position {row.row_largest_position}"
     return f"; largest |δ| in the window = {here or '– (no model token)'}, in the row = {whole}"
+
+
+def _first_differing(row: RowTokens) -> str:
+    """ "; first bitwise difference at position 40" (or "; every model token bitwise equal") where inspect found it."""
+    if row.first_differing_position is None:
+        return "; every model token bitwise equal (δ ≡ 0)" if row.row_length is None and _all_equal(row) else ""
+    return f"; first bitwise difference at position {row.first_differing_position}"
+
+
+def _all_equal(row: RowTokens) -> bool:
+    """Whether every listed model token has δ exactly 0 and at least one is listed (a whole row: what inspect says)."""
+    listed = [d for d, m in zip(row.log_ratio, row.mask, strict=True) if m]
+    return bool(listed) and all(d == 0.0 for d in listed)
 
 
 def render_row(row: RowTokens) -> RenderableType:
@@ -50,6 +63,7 @@ def render_row(row: RowTokens) -> RenderableType:
         plain(row.file),
         f" row {row.row}): {extent}, {len(model)} from the model",
         _largest(row, worst, windowed),
+        _first_differing(row),
     )
     if row.extra:  # the row's extra dump columns (reward, advantage, …)
         header.append("\n")
@@ -105,8 +119,7 @@ def _environment_row(tokens: int, windowed: bool) -> tuple:
 
 
 def _token_text(row: RowTokens, position: int) -> str:
-    if row.token is not None and (text := row.token[position]) is not None:
-        return text
-    if row.token_id is not None:
-        return f"#{row.token_id[position]}"
-    return "–"
+    text = token_cell(
+        None if row.token is None else row.token[position], None if row.token_id is None else row.token_id[position]
+    )
+    return "–" if text is None else text

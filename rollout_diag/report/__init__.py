@@ -33,6 +33,7 @@ from rollout_diag.report.sections import (
     trends_section,
 )
 from rollout_diag.report.series import SIZE_RULE
+from rollout_diag.report.trainer_columns import trainer_columns_section
 from rollout_diag.report.worst import worst_section
 from rollout_diag.results import SCHEMA_VERSION, AnalysisResult, ComparisonResult, StepResult, result_from_json
 
@@ -93,6 +94,8 @@ def render_report(
     ]
     if (groups := groups_section(result, canvas)) is not None:
         sections.append(groups)
+    if (trainer_columns := trainer_columns_section(result, canvas)) is not None:
+        sections.append(trainer_columns)
     if comparison is not None:
         sections.append(presets_section(comparison, selected, canvas))
         sections.append(recommendation_section(comparison, selected))  # "which correction should I turn on?"

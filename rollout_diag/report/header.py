@@ -11,7 +11,7 @@ from rollout_diag.paths import file_labels, inputs_label
 from rollout_diag.report.markup import badge, escape, factor
 from rollout_diag.report.series import finite, step_series
 from rollout_diag.results import AnalysisResult, ComparisonResult, OverallVerdict, StepResult, StepTable
-from rollout_diag.results.wording import extreme_prompts_line, round_sentence
+from rollout_diag.results.wording import extreme_prompts_line, round_sentence, trainer_column_lines
 
 if TYPE_CHECKING:  # a type only: report modules never call decisions' functions
     from rollout_diag.decisions.diff import DiffResult
@@ -204,6 +204,8 @@ def _where_findings(result: AnalysisResult) -> list[str]:
             f"Largest |δ|: {token.log_ratio:+.3g} at step {token.step}, sample {token.sample_id}, "
             f"position {token.position} (round {token.round})."
         )
+    # the relations to the trainer's columns that stand out (decisions/association.py), as the terminal words them
+    findings.extend(line[0].upper() + line[1:] + "." for line in trainer_column_lines(result.trainer_columns))
     return findings
 
 

@@ -34,6 +34,11 @@ from rollout_diag.results import run_rows as whole_run
 # The per-step trend panels, in order (title, sign and unit come from the catalogue: shares are drawn in %).
 TREND_METRICS: tuple[catalogue.Metric, ...] = catalogue.with_role(catalogue.Role.TRENDED)
 MAX_PRESET_LINES = 8
+# Lines a trend panel draws beside its own metric's: the shares of model tokens past ln 2 and ln 5 beside the share
+# past the catastrophic threshold (1 by default, between the two)
+COMPANION_LINES = {
+    catalogue.CATASTROPHIC_TOKEN_SHARE.key: (catalogue.EXTREME_FRAC_LN2, catalogue.EXTREME_FRAC_LN5),
+}
 # A trend panel's y-axis title: the catalogue's unit, in words where the bare unit would not read as one.
 UNIT_TITLES = {catalogue.DIMENSIONLESS: "no unit", catalogue.SHARE: "share of model tokens"}
 
@@ -95,10 +100,15 @@ def _metric_panels(result: AnalysisResult, steps: Sequence[StepResult]) -> list[
         ids, values = step_series(steps, metric.key)
         ids, values = decimate(ids, values, keep={a.step for a in flagged})
         rule = metric.verdict
+        companions = []
+        for companion in COMPANION_LINES.get(metric.key, ()):
+            series = decimate(*step_series(steps, companion.key))
+            if any(value is not None for value in series[1]):
+                companions.append((companion.title, *series))
         panels.append(
             TrendPanel(
                 title=metric.title,
-                lines=[(metric.title, ids, values)],
+                lines=[(metric.title, ids, values), *companions],
                 anomalies=[(a.step, a.value, _anomaly_text(a)) for a in flagged[: 4 * MAX_TABLE_ROWS]],
                 thresholds=[("watch", rule.watch), ("bad", rule.bad)] if rule else [],
                 signed=metric.signed,

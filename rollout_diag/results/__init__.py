@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from rollout_diag.formatting import ExtraValue
 from rollout_diag.results.analysis import AnalysisResult, GroupResult, extra_names, json_row
+from rollout_diag.results.association import ColumnAssociation, GroupWorstRows, TrainerColumns
 from rollout_diag.results.columns import (
     Column,
     ColumnSource,
@@ -72,6 +73,7 @@ __all__ = [
     "AnalysisResult",
     "Anomaly",
     "Column",
+    "ColumnAssociation",
     "ColumnSource",
     "ComparisonResult",
     "Converted",
@@ -82,6 +84,7 @@ __all__ = [
     "ExtremePrompt",
     "FillCount",
     "GroupResult",
+    "GroupWorstRows",
     "Hint",
     "HintRow",
     "KeyColumns",
@@ -115,6 +118,7 @@ __all__ = [
     "SweepResult",
     "SweepStep",
     "SweepTarget",
+    "TrainerColumns",
     "Trend",
     "Verdict",
     "WorstRow",

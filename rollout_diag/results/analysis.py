@@ -11,6 +11,7 @@ from typing import Any
 
 from rollout_diag.errors import InputError
 from rollout_diag.formatting import ExtraValue
+from rollout_diag.results.association import TrainerColumns
 from rollout_diag.results.columns import repr_worst_step
 from rollout_diag.results.document import SCHEMA_VERSION, schema_version
 from rollout_diag.results.prompts import PromptFindings
@@ -161,6 +162,8 @@ class AnalysisResult:
     drift: list[dict[str, Any]] = field(default_factory=list)
     # the prompt identity and the prompts extreme every time (decisions/prompts.py); None: the dump has no prompt id
     prompts: PromptFindings | None = None
+    # row mismatch against the dump's reward, advantage, entropy, response length and GRPO groups (None: no such column)
+    trainer_columns: TrainerColumns | None = None
 
     def to_json(self) -> dict[str, Any]:
         document = self.json_document()
@@ -214,6 +217,7 @@ class AnalysisResult:
             "selection": dict(self.selection),
             "drift": [json_row_nested(entry) for entry in self.drift],
             "prompts": None if self.prompts is None else json_row_nested(self.prompts.to_json()),
+            "trainer_columns": None if self.trainer_columns is None else self.trainer_columns.to_json(),
         }
 
     def to_polars(self) -> dict[str, Any]:
@@ -306,6 +310,7 @@ _FIELD_READERS: dict[str, Callable[[Any], Any]] = {
     "skipped_data": SkippedData.from_json,
     "prompts": lambda raw: None if raw is None else PromptFindings.from_json(raw),
     "groups": lambda raw: [GroupResult.from_json(group) for group in raw],
+    "trainer_columns": lambda raw: None if raw is None else TrainerColumns.from_json(raw),
     "rounds": _table_rows,
     "positions": _table_rows,
 }

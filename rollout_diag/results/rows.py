@@ -213,6 +213,8 @@ class WorstRow:
     catastrophic_count: int
     # The row's per-row dump columns no role takes (reward, advantage, policy_version, …), in column order.
     extra: dict[str, ExtraValue] = field(default_factory=dict)
+    # position of the row's first model token whose two logprobs differ in any bit; None when every one is equal
+    first_differing_position: int | None = None
 
 
 @dataclass(frozen=True)
@@ -259,6 +261,9 @@ class RowTokens:
     row_largest_abs_delta: float | None = None
     row_largest_position: int | None = None
     extra: dict[str, ExtraValue] = field(default_factory=dict)  # the row's extra dump columns, as in WorstRow
+    # the whole row's first model token whose two logprobs differ in any bit (inspect; None: every one is equal or,
+    # in a result's worst_row_tokens, see worst_rows)
+    first_differing_position: int | None = None
     # lists with one value per listed token: a saved result whose lists disagree is refused when read
     JSON_SAME_LENGTH: ClassVar[tuple[str, ...]] = ("mask", "trainer_logprob", "rollout_logprob", "token_id", "token")
 

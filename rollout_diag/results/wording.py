@@ -22,6 +22,7 @@ from rollout_diag.results.columns import StepTable
 
 if TYPE_CHECKING:
     from rollout_diag.results.analysis import AnalysisResult, GroupResult
+    from rollout_diag.results.association import TrainerColumns
     from rollout_diag.results.rows import DivergentRound, StepResult
 
 HEADLINE = K3_KL.key  # the metric that ranks steps
@@ -122,6 +123,49 @@ def where(result: AnalysisResult) -> list[str]:
     line = worst_group_line([group for group in result.groups if _positive(group.metrics.get(HEADLINE))])
     if line:
         lines.append(line)
+    return lines + trainer_column_lines(result.trainer_columns)
+
+
+# What a relation of row mismatch to a trainer column means for the correction, by column and sign.
+_MEANING = {
+    ("reward", 1): "the rows the trainer rewards most are those trainer and rollout disagree on: a correction that "
+    "drops or down-weights them removes the reward signal",
+    ("advantage", 1): "IS truncation or rejection would cut most where the advantage is highest: the gradient GRPO "
+    "wanted",
+    (
+        "entropy",
+        1,
+    ): "the mismatch sits in uncertain (high-entropy) rows, where sampling noise and precision matter most",
+    ("response_length", 1): "longer responses diverge more (per-token mismatch grows along the sequence)",
+    ("response_length", -1): "short responses diverge more (their mean over few tokens is noisier)",
+}
+
+
+def trainer_column_lines(found: TrainerColumns | None) -> list[str]:
+    """The relations of row mismatch to the trainer's columns that stand out (decided in
+    decisions/association.py), one sentence each ("row |log-ppl diff| rises with reward (Spearman 0.41, 95 % 0.35 to
+    0.47, 1,200 rows): …"; "the worst row of a uid group is its highest-advantage sample in 31 of 40 groups …")."""
+    if found is None:
+        return []
+    lines = []
+    for item in found.correlations:
+        if not item.significant:
+            continue
+        sign = 1 if item.spearman > 0 else -1
+        meaning = _MEANING.get((item.role, sign))
+        trend = "rises" if sign > 0 else "falls"
+        lines.append(
+            f"row |log-ppl diff| {trend} with {item.column} (Spearman {number(item.spearman, 2)}, "
+            f"95 % {number(item.ci_low, 2)} to {number(item.ci_high, 2)}, {item.rows:,} rows)"
+            + (f": {meaning}" if meaning else "")
+        )
+    groups = found.groups
+    if groups is not None and groups.significant:
+        lines.append(
+            f"the worst row of a {groups.column} group (largest |log-ppl diff|) is its highest-{groups.ranked_by} "
+            f"sample in {groups.worst_is_best:,} of {groups.groups:,} groups (chance: {number(groups.expected, 3)}): "
+            "IS would cut exactly the gradient GRPO wanted"
+        )
     return lines
 
 

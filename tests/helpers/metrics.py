@@ -9,7 +9,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from helpers.reference import debug_metrics, offpolicy_metrics, rollout_kl_metrics, round_metrics
+from helpers.reference import (
+    count_metrics,
+    debug_metrics,
+    offpolicy_metrics,
+    rollout_kl_metrics,
+    round_count_metrics,
+    round_metrics,
+)
 
 RTOL = 1e-9  # library sums in another order than the reference; both are float64
 
@@ -66,6 +73,9 @@ def reference_metrics(rows: list[dict]) -> dict[str, float]:
         **debug_metrics(ref_rows),
         **rollout_kl_metrics(ref_rows),
         **round_metrics(ref_rows, max_rounds=3),
+        **round_count_metrics(ref_rows, max_rounds=3),
+        # the dump is float32 (write_dump): its logprobs compare as float32; diag/ keys are left to their own tests
+        **{k: v for k, v in count_metrics(ref_rows, float32=True).items() if not k.startswith("diag/")},
     }
 
 

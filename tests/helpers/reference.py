@@ -199,6 +199,74 @@ def offpolicy_metrics(rows: Sequence[Row]) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------
+# Counts of model tokens by |δ| (rollout-diag's own keys: exactness, extreme tokens, tolerance bands)
+# ---------------------------------------------------------------------------
+
+BANDS = ("1e-3", "1e-2", "1e-1")
+
+
+def extreme_and_band_shares(deltas: list[float]) -> dict[str, float]:
+    """Shares of the given δ (no 1e-8): |δ| > ln 2, > ln 5, and ≤ each band."""
+    n = len(deltas)
+    out = {
+        "extreme_frac_ln2": sum(abs(x) > math.log(2.0) for x in deltas) / n,
+        "extreme_frac_ln5": sum(abs(x) > math.log(5.0) for x in deltas) / n,
+    }
+    for band in BANDS:
+        out[f"band_token_share@{band}"] = sum(abs(x) <= float(band) for x in deltas) / n
+    return out
+
+
+def round_count_metrics(rows: Sequence[Row], max_rounds: int = 64) -> dict[str, float]:
+    """Per round bucket (§7's pooling): extreme_frac_ln2/ln5 and band_token_share@ε over its tokens, band_seq_share@ε
+    over the rows that reach it (every one of their bucket tokens within ε)."""
+    require_tokens(rows)
+    bucket_deltas: dict[int, list[float]] = {}
+    bucket_row_max: dict[int, list[float]] = {}  # per bucket, each row's largest |δ| there
+    for a, r, m in check_rows(rows):
+        largest: dict[int, float] = {}
+        for k, deltas in enumerate(split_rounds(a, r, m)):
+            bucket = min(k, max_rounds)
+            bucket_deltas.setdefault(bucket, []).extend(deltas)
+            largest[bucket] = max([largest.get(bucket, 0.0), *(abs(x) for x in deltas)])
+        for bucket, value in largest.items():
+            bucket_row_max.setdefault(bucket, []).append(value)
+    metrics: dict[str, float] = {}
+    for k in sorted(bucket_deltas):
+        prefix = f"per_round/round_{k}/"
+        metrics.update({prefix + name: value for name, value in extreme_and_band_shares(bucket_deltas[k]).items()})
+        for band in BANDS:
+            within = [value <= float(band) for value in bucket_row_max[k]]
+            metrics[prefix + f"band_seq_share@{band}"] = sum(within) / len(within)
+    return metrics
+
+
+def bits(value: float, float32: bool) -> bytes:
+    """A logprob's bytes as compared: float64, or float32 where either column of the dump is float32."""
+    return np.float32(value).tobytes() if float32 else np.float64(value).tobytes()
+
+
+def count_metrics(rows: Sequence[Row], float32: bool = False) -> dict[str, float]:
+    """mismatch/extreme_frac_*, mismatch/band_*_share@ε and diag/mismatched_tokens, its share, diag/max_abs_delta."""
+    require_tokens(rows)
+    deltas = per_token(rows, log_ratio)
+    every = [x for values in deltas for x in values]
+    differing = sum(
+        bits(pair[0], float32) != bits(pair[1], float32)
+        for values in per_token(rows, lambda a, r: (a, r))
+        for pair in values
+    )
+    valid = [values for values in deltas if values]
+    out = {"mismatch/" + name: value for name, value in extreme_and_band_shares(every).items()}
+    for band in BANDS:  # valid rows whose every model token is within the band
+        out[f"mismatch/band_seq_share@{band}"] = sum(max(abs(x) for x in v) <= float(band) for v in valid) / len(valid)
+    out["diag/mismatched_tokens"] = float(differing)
+    out["diag/mismatched_token_share"] = differing / len(every)
+    out["diag/max_abs_delta"] = max(abs(x) for x in every)
+    return out
+
+
+# ---------------------------------------------------------------------------
 # §5 verl debug metrics
 # ---------------------------------------------------------------------------
 

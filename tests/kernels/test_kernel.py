@@ -121,8 +121,8 @@ def test_the_pass_without_probabilities_changes_nothing_else(layout):
     lean.chunk.cache["stats"] = lean
     prepare(lean.chunk, probabilities=False)
     assert not lean.probabilities and full.probabilities
-    (full_sums, full_max, full_min, _, full_histogram), full_hints = full._fused
-    (sums, maxima, minima, moments, histogram), hints = lean._fused
+    (full_sums, full_max, full_min, _, full_histogram, full_counts), full_hints = full._fused
+    (sums, maxima, minima, moments, histogram, counts), hints = lean._fused
     assert moments.shape[1] == 0  # the moment pairs are the probabilities'
     kernels = compiled()
     for name, column in kernels.COLUMN.items():
@@ -133,6 +133,7 @@ def test_the_pass_without_probabilities_changes_nothing_else(layout):
             np.testing.assert_array_equal(maxima[column], full_max[column], err_msg=name)
             np.testing.assert_array_equal(minima[column], full_min[column], err_msg=name)
     np.testing.assert_array_equal(histogram, full_histogram)
+    np.testing.assert_array_equal(counts, full_counts)
     for mine, theirs in zip(hints, full_hints, strict=True):
         np.testing.assert_array_equal(mine, theirs)
     for name in PROBABILITIES:

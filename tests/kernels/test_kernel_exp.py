@@ -12,6 +12,7 @@ import pytest
 from numba import njit
 
 from rollout_diag.engine.kernels import compiled
+from rollout_diag.engine.quantities import BANDS as COUNT_BANDS
 from rollout_diag.engine.quantities import PROBABILITIES
 
 
@@ -98,8 +99,13 @@ def test_a_leaf_s_values_are_the_scalar_functions(kernels, apply):
     trainer = rollout + delta
     out = np.full((len(kernels.QUANTITIES), size), np.nan)
     lean = out.copy()
-    kernels._quantities(trainer, rollout, 0, size, out, True)
-    kernels._quantities(trainer, rollout, 0, size, lean, False)  # without the probabilities: 0, the rest as they were
+    counts = kernels._quantities(trainer, rollout, 0, size, out, True, False)
+    # without the probabilities: 0, the rest as they were
+    assert kernels._quantities(trainer, rollout, 0, size, lean, False, False) == counts
+    magnitude = np.abs(trainer - rollout)
+    bands = (magnitude <= band for band in COUNT_BANDS)
+    expected = (trainer != rollout, magnitude > np.log(2), magnitude > np.log(5), *bands)
+    assert counts == tuple(int(np.count_nonzero(flags)) for flags in expected)  # the COUNTS, in order
     for name, column in kernels.COLUMN.items():
         expected = np.zeros(size) if name in PROBABILITIES else out[column]
         assert np.array_equal(lean[column], expected), name

@@ -127,7 +127,7 @@ def fused_and_separate(trainer, rollout, mask, offsets, step):
 @given(layouts())
 def test_the_fused_hint_rows_are_the_separate_passs_bit_for_bit(layout):
     fused, _ = fused_and_separate(*arrays(chunk_of(*layout)))
-    assert len(fused) == 5
+    assert len(fused) == 6
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from numba import njit, types, uint64
 
-from rollout_diag.engine.quantities import CLIP, EXTREMES, QUANTITIES
+from rollout_diag.engine.quantities import BANDS, CLIP, COUNTS, EXTREME_BOUNDS, EXTREMES, QUANTITIES
 
 CLAMP = 20.0  # = catalogue.CLAMP (clamp20)
 # The kernel quantities (their segment sums; maxima and minima of EXTREMES), in the order of the pass's output rows.
@@ -26,6 +26,9 @@ COLUMN = {name: index for index, name in enumerate(QUANTITIES)}
 EXTREME = {name: index for index, name in enumerate(EXTREMES)}
 _Q = len(QUANTITIES)
 _E = len(EXTREMES)
+_N = len(COUNTS)
+_ABOVE_LOW, _ABOVE_HIGH = EXTREME_BOUNDS  # ln 2, ln 5
+_BAND_NARROW, _BAND_MIDDLE, _BAND_WIDE = BANDS  # 1e-3, 1e-2, 1e-1
 _FLAGS: dict[str, Any] = {"cache": True, "nogil": True, "error_model": "numpy"}
 _INLINE: dict[str, Any] = {**_FLAGS, "inline": "always"}
 
@@ -130,16 +133,32 @@ def _k3_pair(d: float) -> tuple[float, float]:
 
 
 @njit(**_INLINE)
+def _compared_bits(value: float, float32: bool) -> np.int64:
+    """The bits of a logprob as compared for ``mismatched``: its float64 bits, or, with ``float32``, those of its
+    float32 rounding widened to float64 (exact and one to one, so equal bits ⇔ equal float32 bits)."""
+    compared = np.float64(np.float32(value)) if float32 else value
+    return np.float64(compared).view(np.int64)
+
+
+@njit(**_INLINE)
 def _quantities(
-    trainer: np.ndarray, rollout: np.ndarray, start: int, size: int, out: np.ndarray, probabilities: bool
-) -> None:
+    trainer: np.ndarray,
+    rollout: np.ndarray,
+    start: int,
+    size: int,
+    out: np.ndarray,
+    probabilities: bool,
+    float32: bool,
+) -> tuple[int, int, int, int, int, int]:
     """Every kernel quantity (QUANTITIES, in order) of tokens [start, start + size) into ``out[:, k]``, with the torch
     engine's formulas but the exponentials of this module. A loop without branches or calls, so it runs on SIMD lanes;
     it takes both expm1 from one polynomial (:func:`_expm1_pair`), right for |δ| ≤ ln2/2 (nearly every token: 3·10^-5
     of them beyond in the synthetic dumps), and a second loop redoes the tokens beyond, if any (:func:`_k3_pair`).
     Without ``probabilities`` p_a, p_r and |p_a − p_r| are left 0 and their two exps are not taken (3.5 of the fused
-    pass's ~20 ns a token; the flag's branch in the loop costs the pass with them ~0.6)."""
+    pass's ~20 ns a token; the flag's branch in the loop costs the pass with them ~0.6). Returns the tokens' COUNTS
+    (integers, in order), counted in the same loop."""
     wide = 0
+    mismatched, above_low, above_high, within_narrow, within_middle, within_wide = 0, 0, 0, 0, 0, 0
     for k in range(size):
         a, r = trainer[start + k], rollout[start + k]
         d = a - r
@@ -171,11 +190,18 @@ def _quantities(
         out[15, k] = r * r
         out[16, k] = down + d
         wide += ad > _HALF_LN2
+        mismatched += _compared_bits(a, float32) != _compared_bits(r, float32)
+        above_low += ad > _ABOVE_LOW
+        above_high += ad > _ABOVE_HIGH
+        within_narrow += ad <= _BAND_NARROW
+        within_middle += ad <= _BAND_MIDDLE
+        within_wide += ad <= _BAND_WIDE
     if wide:
         for k in range(size):
             d = trainer[start + k] - rollout[start + k]
             if abs(d) > _HALF_LN2:
                 out[4, k], out[16, k] = _k3_pair(d)
+    return mismatched, above_low, above_high, within_narrow, within_middle, within_wide
 
 
 @njit(**_INLINE)
@@ -428,11 +454,13 @@ def _leaf(
     per-token loop after it holds what branches or runs in token order. The extremes of EXTREMES ([max, min] rows of
     ``extremes``) are kept in registers over the loop: updated in memory, each token's max and min waited on the
     previous token's store (0.6–1.2 of ~20 ns a token, measured); the same comparisons in the same order."""
-    probability, running, log_edges, log_half, gap, probabilities = hints
+    probability, running, log_edges, log_half, gap, probabilities, float32, tally = hints
     zeros, zero_runs, shift_next, shift_prev, copied = running[0], running[1], running[2], running[3], running[4]
     prev_zero, prev_counted = running[5] != 0.0, running[6] != 0.0
     into = probability[group]
-    _quantities(trainer, rollout, start, size, scratch, probabilities)
+    counted = _quantities(trainer, rollout, start, size, scratch, probabilities, float32)
+    for c in range(_N):  # the segment's COUNTS: exact integers, in any order
+        tally[c] += counted[c]
     max_ad, max_c, max_k2, max_diff = extremes[0, 0], extremes[0, 1], extremes[0, 2], extremes[0, 3]
     min_ad, min_c, min_k2, min_diff = extremes[1, 0], extremes[1, 1], extremes[1, 2], extremes[1, 3]
     for k in range(size):
@@ -510,6 +538,7 @@ def segment_pass(
     gap: float,
     log_edges: np.ndarray,
     probabilities: bool,
+    float32: bool,
 ):
     """The fused pass over every segment's tokens, each read once. Returns per segment and kernel quantity the sum
     (numpy reduceat's order: the first value plus numpy's pairwise sum of the rest; float64 [Q, S]), per segment
@@ -522,7 +551,8 @@ def segment_pass(
     ``probabilities`` (a pass whose families read none of them: ``compare-presets``, §1, the catastrophic tokens and
     the hint evidence) the columns of trainer_prob, rollout_prob and prob_diff (and prob_diff's extremes) are 0
     (:func:`_quantities`), and ``pairs`` is then empty: the moment pairs are the debug family's probabilities
-    (``kernels.prepass.MOMENT_PAIRS``).
+    (``kernels.prepass.MOMENT_PAIRS``). Last, per segment its COUNTS (float64 [N, S], exact), the logprobs compared as
+    float32 where ``float32`` (either column was float32 in the dump).
 
     One function with the flag read at run time: two entry points with it a constant (the body inlined into each)
     saved that 0.6 ns a token but took 6.7 s each to compile against 4.6 s, and compare-presets compiled both."""
@@ -536,7 +566,9 @@ def segment_pass(
     probability = np.zeros((groups, log_edges.shape[0] + 1, 5))
     # the row's running hint sums (HINT_COLUMNS 10, 11, 8, 9, 12) and the exact-zero run's state, carried leaf to leaf
     running = np.zeros(7)
-    hints = (probability, running, log_edges, log_half, gap, probabilities)
+    counts = np.empty((_N, segments))
+    tally = np.zeros(_N)
+    hints = (probability, running, log_edges, log_half, gap, probabilities, float32, tally)
     scratch = np.empty((_Q, 128))
     block = np.empty(_Q)
     first = np.empty(_Q)
@@ -560,6 +592,8 @@ def segment_pass(
         pair_end = lo + n if continues else lo + n - 1
         extremes[0, :] = -np.inf
         extremes[1, :] = np.inf
+        for c in range(_N):
+            tally[c] = 0.0
         # the segment's first token (a leaf of its own, into ``first``), then numpy's pairwise tree over the rest (into
         # ``block``), its recursion on an explicit stack; one call site of the leaf (inlined: each site compiles anew)
         head = True
@@ -624,6 +658,8 @@ def segment_pass(
         for e in range(_E):
             maxima[e, s] = extremes[0, e]
             minima[e, s] = extremes[1, e]
+        for c in range(_N):
+            counts[c, s] = tally[c]
         per_row[i, 10], per_row[i, 11], per_row[i, 8] = running[0], running[1], running[2]
         per_row[i, 9], per_row[i, 12] = running[3], running[4]
         if not continues:  # the round's last token
@@ -638,7 +674,7 @@ def segment_pass(
                     per_row[i, 4] = 1.0
                     per_row[i, 5] = y
                     per_row[i, 6] = y * y
-    return sums, maxima, minima, moments, histogram, per_row, probability
+    return sums, maxima, minima, moments, histogram, counts, per_row, probability
 
 
 @njit(**_FLAGS)
@@ -802,6 +838,7 @@ _SEGMENT_PASS = (
     (
         *(_F, _F, _I, _I, _I, types.int64, _c(types.int64, 2), types.int64, types.int64),  # the segment sums
         *(_I, _I, types.int64, types.float64, types.float64, _F),  # the hint rows
+        types.boolean,
         types.boolean,
     ),
 )

@@ -34,7 +34,8 @@ class KernelPrepass:
     steps: tuple[int, ...]  # the chunk's steps, ascending (``Chunk.groups.steps``)
     row_group: np.ndarray  # int64 [R]: each row's index into ``steps``
     layout: tuple[np.ndarray, ...]  # kernels.cpu.segment_layout: (raw start, model start, length, row, bucket, round)
-    reductions: tuple[np.ndarray, ...]  # kernels.cpu.segment_pass: sums, maxima, minima, moments, δ histogram
+    # kernels.cpu.segment_pass: sums, maxima, minima, moments, δ histogram, counts
+    reductions: tuple[np.ndarray, ...]
     hints: tuple[np.ndarray, np.ndarray]  # the fused pass's hint rows: per row, buckets
 
 
@@ -57,11 +58,13 @@ def reductions(
     segment_group: np.ndarray,
     groups: int,
     probabilities: bool = True,
+    float32: bool = False,
 ) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, np.ndarray]]:
     """The fused pass, the hint patterns with it (each token read once): ((sums, maxima, minima) [Q, S], moments of
-    MOMENT_PAIRS [G, P, 6], δ histogram [G, B]) and the hint rows: per row the HINT_COLUMNS [R, 13], per step group and
-    probability bucket [G, B, 5]. Without ``probabilities`` the probability quantities' sums and extremes are 0 and
-    there are no moments ([G, 0, 6]) (``kernels.cpu.segment_pass``)."""
+    MOMENT_PAIRS [G, P, 6], δ histogram [G, B], COUNTS [N, S]) and the hint rows: per row the HINT_COLUMNS [R, 13],
+    per step group and probability bucket [G, B, 5]. Without ``probabilities`` the probability quantities' sums and
+    extremes are 0 and there are no moments ([G, 0, 6]); ``float32``: the logprobs' bits are compared as float32
+    (``Chunk.float32``) (``kernels.cpu.segment_pass``)."""
     kernels = compiled()
     wanted = MOMENT_PAIRS if probabilities else ()
     pairs = np.array([[kernels.COLUMN[x], kernels.COLUMN[y]] for x, y in wanted], dtype=np.int64).reshape(-1, 2)
@@ -83,17 +86,26 @@ def reductions(
         COPY_GAP,
         _LOG_EDGES,
         probabilities,
+        float32,
     )
     return tuple(fused), (per_row, buckets)
 
 
-def prepass(step: np.ndarray, offsets: np.ndarray, trainer: np.ndarray, rollout: np.ndarray, mask: np.ndarray):
+def prepass(
+    step: np.ndarray,
+    offsets: np.ndarray,
+    trainer: np.ndarray,
+    rollout: np.ndarray,
+    mask: np.ndarray,
+    float32: bool = False,
+):
     """A chunk's :class:`KernelPrepass` from its arrays: ``trainer`` / ``rollout`` float64 with environment tokens
-    zeroed and ``mask`` bool, as the reader's validation scan leaves them (``Chunk.trainer`` etc. as numpy)."""
+    zeroed and ``mask`` bool, as the reader's validation scan leaves them (``Chunk.trainer`` etc. as numpy);
+    ``float32``: either column was float32 (``Chunk.float32``)."""
     steps, row_group = step_groups(step)
     segments = layout(mask, offsets)
     segment_group = row_group[segments[3]]
-    fused, hints = reductions(trainer, rollout, segments, len(step), segment_group, len(steps))
+    fused, hints = reductions(trainer, rollout, segments, len(step), segment_group, len(steps), float32=float32)
     return KernelPrepass(steps=steps, row_group=row_group, layout=segments, reductions=fused, hints=hints)
 
 
