@@ -366,7 +366,7 @@ IS_MIN = _metric(
     unit=RATIO,
     direction=DOWN,
 )
-_metric(
+IS_STD = _metric(
     "rollout_corr/rollout_is_std",
     "is",
     "sqrt(T[c²] − T[c]²), c = clamp(w, 0, U), from centred moments without verl's ε term (constant c gives 0)",
@@ -944,6 +944,54 @@ TOKENS_KEPT = _metric(
 )
 _metric("summary/tokens_rejected", "summary", "model tokens the preset drops", unit=COUNT)
 _metric("summary/rows_rejected", "summary", "rows with a model token that have at least one dropped", unit=COUNT)
+# verl's k1 rejection with asymmetric bounds L_U keeps ρ in [1/U, 1/L] (verl #6377): what [L, U] as written would drop
+K1_WRITTEN_TOKENS = _metric(
+    "summary/k1_as_written_token_fraction",
+    "summary",
+    "share of model tokens the preset's first asymmetric k1 option would reject with ρ kept in [L, U] as written "
+    "(verl keeps [1/U, 1/L]); T[1 − keep]",
+    unit=SHARE,
+)
+K1_WRITTEN_ROWS = _metric(
+    "summary/k1_as_written_row_fraction",
+    "summary",
+    "share of rows with a model token that the same option would touch with ρ kept in [L, U] as written",
+    unit=SHARE,
+)
+# IS weights before truncation (TRL #5243, NeMo-RL #3900): verl's rollout_is_* formulas on w_raw
+IS_RAW_MEAN = _metric(
+    "summary/is_raw_mean",
+    "summary",
+    "T[w_raw]: w_raw = exp(clamp20(δ)) per token, exp(clamp20(s_i)) per row at sequence level, before truncation",
+    "the policies disagree on average; compare with rollout_is_mean, the weight after truncation",
+    unit=RATIO,
+    signed=True,
+)
+IS_RAW_STD = _metric(
+    "summary/is_raw_std",
+    "summary",
+    "population std of w_raw over model tokens (before truncation)",
+    "the raw weights spread; truncation hides how far",
+    unit=RATIO,
+)
+IS_RAW_MIN = _metric(
+    "summary/is_raw_min", "summary", "min of w_raw over model tokens (before truncation)", unit=RATIO, signed=True
+)
+IS_RAW_MAX = _metric(
+    "summary/is_raw_max",
+    "summary",
+    "max of w_raw over model tokens (before truncation; exp(20) at most, verl's clamp)",
+    "a token or sequence the trainer likes far more than the sampler did",
+    unit=RATIO,
+)
+IS_RAW_ESS = _metric(
+    "summary/is_raw_eff_sample_size",
+    "summary",
+    "1 / T[(w_raw / T[w_raw])²] over model tokens (before truncation)",
+    "high is good: how uniform the weights would be without truncation",
+    unit=SHARE,
+    direction=DOWN,
+)
 
 # ------------------------------------------------------------------------------------------ check / diff only
 TOKEN_MULT_PROB_ERROR = _metric(

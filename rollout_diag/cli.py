@@ -461,6 +461,28 @@ def write_repro(dump: Any, result: Any, path: Path) -> None:
     )
 
 
+def write_runs_repro(runs: Any, result: Any, path: Path) -> None:
+    """``runs --export-repro``: the deterministic outliers' rows to ``path`` (a second pass over the runs holding
+    them), and one line on stderr saying what."""
+    from rollout_diag.drivers.repro import export_runs_repro
+    from rollout_diag.errors import ConfigError
+
+    if result.prompts is None:
+        raise ConfigError(
+            "--export-repro: no run has a prompt identity (no prompt_id column, no prompt tokens under mask 0 with "
+            "token ids).",
+            hint="name the prompt's column with --column prompt_id=NAME.",
+        )
+    rows = export_runs_repro(runs, path, result)
+    listed = len(result.prompts.listed)
+    typer.echo(
+        f"{path}: {rows} rows of {listed} prompts in the worst 1 % in every run they appear in"
+        if listed
+        else f"{path}: no prompt is in the worst 1 % in every run it appears in; the file holds no rows",
+        err=True,
+    )
+
+
 def write_parquet_tables(result: Any, output: Path | None) -> None:
     assert output is not None, "data_format refuses --format parquet without --output"
     from rollout_diag.export.parquet import write_parquet
@@ -505,7 +527,8 @@ class Reading:
             "--column",
             "-c",
             help="Say which column plays a role: role=name (roles: rollout, trainer, "
-            "mask, step, sample_id, position, token_ids, tokens, policy_version, prompt_id). Repeatable.",
+            "mask, step, sample_id, position, token_ids, tokens, policy_version, prompt_id, rollout_token_ids, "
+            "kept_mass). Repeatable.",
             metavar="ROLE=NAME",
         ),
     ] = None
@@ -626,12 +649,18 @@ class PresetChoice:
     preset: Annotated[
         list[str] | None,
         typer.Option(
-            "--preset", help="Preset name or group (all, verl, legacy); repeatable. Default: all.", metavar="NAME"
+            "--preset",
+            help="Preset name or group (all, verl, legacy, gates); repeatable. Default: all.",
+            metavar="NAME",
         ),
     ] = None
     presets_file: Annotated[
         Path | None,
-        typer.Option("--presets-file", help="YAML or JSON file of named presets, added to the comparison."),
+        typer.Option(
+            "--presets-file",
+            help="YAML or JSON file of named presets (verl's keys or OpenRLHF's is_correction_*), added to the "
+            "comparison.",
+        ),
     ] = None
     rollout_is: Annotated[
         str | None, typer.Option("--rollout-is", help="Custom preset: IS level, token or sequence.", metavar="LEVEL")
@@ -1194,7 +1223,7 @@ def compare_presets(
     from rollout_diag.drivers.compare import compare_presets as run_comparison
     from rollout_diag.render.export import comparison_csv, comparison_json_pieces
     from rollout_diag.render.format import plain
-    from rollout_diag.render.presets import presets_table
+    from rollout_diag.render.presets import k1_bounds_lines, presets_table, raw_applied_table
     from rollout_diag.render.sweep import render_sweep
 
     chosen = choice.presets()
@@ -1229,7 +1258,14 @@ def compare_presets(
         emit(comparison_csv(result), output)
     else:
         warnings = [plain(f"warning: {warning}", style="yellow") for warning in result.warnings]
-        tables = [*answer_block(result), presets_table(result), render_sweep(result.sweep, parse_targets(target))]
+        raw_applied = raw_applied_table(result)
+        tables = [
+            *answer_block(result),
+            presets_table(result),
+            *k1_bounds_lines(result),
+            *([raw_applied] if raw_applied is not None else []),
+            render_sweep(result.sweep, parse_targets(target)),
+        ]
         if result.groups or result.selection:
             from rollout_diag.render.groups import groups_tables, selection_line
 
@@ -1730,6 +1766,16 @@ def runs(
     report: Annotated[
         Path | None, typer.Option("--report", help="Also write the HTML report of the runs.", metavar="FILE")
     ] = None,
+    export_repro: Annotated[
+        Path | None,
+        typer.Option(
+            "--export-repro",
+            help="Write the rows of the prompts in the worst 1 % in every run they appear in (deterministic "
+            "outliers) to FILE as JSON lines (run, prompt, step, token ids, both logprobs, mask) for an engine "
+            "developer to replay; needs a prompt identity. Reads those runs a second time.",
+            metavar="FILE",
+        ),
+    ] = None,
     replicates: Annotated[int, typer.Option("--replicates", help="Bootstrap resamples of the rows.")] = 1000,
     level: Annotated[float, typer.Option("--level", help="Level of the intervals.")] = 0.95,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap (same seed, same interval).")] = 0,
@@ -1770,7 +1816,9 @@ def runs(
         fail("--format parquet writes a file: give --output FILE.parquet.")
     named = [parse_run(text) for text in inputs]
     names = [name for name, _ in named]
-    refuse_overwriting_inputs({"output": output, "report": report}, [Path(path) for _, path in named])
+    refuse_overwriting_inputs(
+        {"output": output, "report": report, "export_repro": export_repro}, [Path(path) for _, path in named]
+    )
     logging.check()
     given: dict[str, dict[str, Any]] = {name: {} for name in names}
     if knobs is not None:
@@ -1793,6 +1841,8 @@ def runs(
         state_dir=state_dir,
         progress=lambda line: typer.echo(line, err=True),
     )
+    if export_repro is not None:
+        write_runs_repro([(spec.name, spec.inputs) for spec in specs], result, export_repro)
     if report is not None:
         from rollout_diag.report.runs import write_runs_report
 

@@ -23,13 +23,23 @@ from rollout_diag.errors import ConfigError, option_name
 IS_LEVELS = ("token", "sequence")
 RS_SCOPES = ("token", "seq_sum", "seq_mean", "seq_max")
 RS_STATISTICS = ("k1", "k2", "k3")
+# The gates of 2026's trainers (docs/gates.md, "Probability gates"), on the sampled token's probabilities p = exp(a)
+# (trainer) and q = exp(r) (rollout), upper bound only, like k2/k3:
+#   kpop: AReaL's KPop, max(KL(B(p)‖B(q)), KL(B(q)‖B(p))) with p, q clamped to [1e-8, 1 − 1e-8];
+#   bkl:  OpenRLHF's binary_kl gating, KL(B(q)‖B(p)) with p, q clamped to [1e-6, 1 − 1e-6];
+#   tv:   prime-rl's ipo trust region and OpenRLHF's tv gating, |p − q|.
+# B(x) is the Bernoulli "this token / any other token"; each is computed in float64 and clamped at 0 (OpenRLHF #1354).
+GATE_STATISTICS = ("kpop", "bkl", "tv")
 # seq_max_k1 does not exist (§3): the max of k1 = −log ρ over a row is not a divergence bound.
 RS_OPTIONS = tuple(
     f"{scope}_{statistic}"
+    for statistic_group in (RS_STATISTICS, GATE_STATISTICS)
     for scope in RS_SCOPES
-    for statistic in RS_STATISTICS
+    for statistic in statistic_group
     if (scope, statistic) != ("seq_max", "k1")
 )
+# verl #6800 (open) spells AReaL's token gate as the option "binary_kl": read as token_kpop.
+RS_ALIASES = {"binary_kl": "token_kpop"}
 LEGACY_LEVELS = ("token", "sequence", "geometric")
 LEGACY_MODES = ("truncate", "mask", "both")
 DEFAULT_IS_THRESHOLD = "2.0"  # verl RolloutCorrectionConfig.rollout_is_threshold default
@@ -293,9 +303,10 @@ def parse_rs_option(option: str) -> tuple[str, str]:
             "rollout_rs option 'seq_max_k1' does not exist (the max of k1 = −log ρ is no divergence bound).",
             hint="use seq_max_k2 or seq_max_k3, or seq_mean_k1 for a ratio bound.",
         )
+    option = RS_ALIASES.get(option, option)
     if option not in RS_OPTIONS:
         raise ConfigError(
-            f"rollout_rs option '{_shown(option)}': unknown; choose from {', '.join(RS_OPTIONS)}.",
+            f"rollout_rs option '{_shown(option)}': unknown; choose from {', '.join([*RS_OPTIONS, *RS_ALIASES])}.",
         )
     scope, _, statistic = option.rpartition("_")
     return scope, statistic
@@ -314,6 +325,7 @@ def parse_rejection(
     unique: list[str] = []
     for name in names:
         parse_rs_option(name)
+        name = RS_ALIASES.get(name, name)
         if name not in unique:
             unique.append(name)
     if thresholds is None:
@@ -346,12 +358,20 @@ def _rejection_option(option: str, entry: str) -> RejectionOption:
             lower = 1.0 / upper
         return RejectionOption(option, scope, statistic, math.log(lower), math.log(upper), entry)
     if "_" in entry:
+        kinds = "k2/k3" if statistic in RS_STATISTICS else "kpop/bkl/tv"
         raise ConfigError(
-            f"{setting} '{_shown(entry)}': k2/k3 options take one upper bound, not 'L_U'.",
+            f"{setting} '{_shown(entry)}': {kinds} options take one upper bound, not 'L_U'.",
             hint="write e.g. 0.01.",
         )
     _, upper = parse_bounds(entry, setting)
     return RejectionOption(option, scope, statistic, 0.0, upper, entry)
+
+
+def k1_bounds_asymmetric(log_lower: float, log_upper: float) -> bool:
+    """Whether k1 ratio bounds L, U (as log L, log U) are not reciprocal: verl then applies ρ ∈ [1/U, 1/L], not [L, U]
+    (verl #6377). A relative 1e-9 tolerance: 0.8_1.25 is reciprocal (its logs differ in the last bit), 0.999_1.001 not
+    (by 1e-6 in ρ)."""
+    return abs(log_lower + log_upper) > 1e-9 * max(abs(log_lower), abs(log_upper))
 
 
 def parse_legacy(
@@ -469,11 +489,55 @@ LEGACY_PRESETS: tuple[Preset, ...] = (
     ),
 )
 
-PRESETS: dict[str, Preset] = {preset.name: preset for preset in (*VERL_PRESETS, *LEGACY_PRESETS)}
+
+def _gate(name: str, mode: str, option: str, threshold: str, description: str) -> Preset:
+    return Preset(name=name, mode=mode, rollout_rs=(option,), rollout_rs_threshold=threshold, description=description)
+
+
+# The probability gates of 2026's trainers (docs/gates.md), each with its peer's defaults, read in their code:
+# - AReaL #1405 at areal-project/AReaL@cbff54d: areal/utils/functional/functional.py apply_rejection_sampling with
+#   metric "binary_kl" (compute_binary_kl_divergence: p, q clamped to [1e-8, 1 − 1e-8]; the metric is the larger of
+#   the two directions; a token is kept while it is ≤ upper) and examples/math/gsm8k_kpop.yaml (level token, action
+#   mask, upper 2.0, also the default docs/en/algorithms/grpo_series.md gives).
+# - OpenRLHF #1339 (merged 2026-09; PolicyLoss in openrlhf/models/loss.py as the PR merged it, after the mirrored
+#   snapshot 3c3be623): gating "binary_kl" is KL(B(p_rollout)‖B(p_train)) with both clamped to [1e-6, 1 − 1e-6]; level
+#   "seq" takes the masked mean; "--is_correction_threshold 5e-3" is FlashREINFORCE's single delta (its quick start);
+#   a unit is kept while 0 ≤ stat ≤ delta, so #1354's clamp at 0 (roundoff below 0 rejected valid rows) is ours too.
+# - prime-rl ipo at PrimeIntellect-ai/prime-rl@559b447: src/prime_rl/trainer/rl/loss.py ipo_loss_fn masks a token
+#   when |exp(trainer) − exp(inference)| > ipo_threshold, default 0.1 (IPOLossConfig in
+#   packages/prime-rl-configs/src/prime_rl/configs/trainer.py); no clamp of the probabilities.
+GATE_PRESETS: tuple[Preset, ...] = (
+    _gate(
+        "areal_kpop",
+        "decoupled, mask",
+        "token_kpop",
+        "2.0",
+        "AReaL KPop (#1405, areal-project/AReaL@cbff54d): mask a token when the larger binary KL of "
+        "B(p_train), B(p_rollout) (both ways, p clamped to [1e-8, 1 − 1e-8]) exceeds 2.0",
+    ),
+    _gate(
+        "openrlhf_seq_binary_kl",
+        "seq, mask",
+        "seq_mean_bkl",
+        "5e-3",
+        "OpenRLHF #1339 FlashREINFORCE: mask a sequence whose mean binary KL(B(p_rollout)‖B(p_train)) "
+        "(p clamped to [1e-6, 1 − 1e-6], float64, ≥ 0 as #1354) exceeds 5e-3",
+    ),
+    _gate(
+        "prime_rl_ipo",
+        "ipo loss",
+        "token_tv",
+        "0.1",
+        "prime-rl ipo loss (PrimeIntellect-ai/prime-rl@559b447): mask a token when |p_train − p_rollout| > 0.1",
+    ),
+)
+
+PRESETS: dict[str, Preset] = {preset.name: preset for preset in (*VERL_PRESETS, *LEGACY_PRESETS, *GATE_PRESETS)}
 PRESET_GROUPS: dict[str, tuple[str, ...]] = {
     "all": tuple(PRESETS),
     "verl": tuple(preset.name for preset in VERL_PRESETS),
     "legacy": tuple(preset.name for preset in LEGACY_PRESETS),
+    "gates": tuple(preset.name for preset in GATE_PRESETS),
 }
 
 
@@ -536,6 +600,80 @@ _FILE_KEYS = {
     "legacy_is_mask_threshold",
     "legacy_is_veto_threshold",
 }
+# OpenRLHF's grammar since #1339 (--algo.advantage.is_correction_*): level × mode × gating and [LOW] HIGH.
+OPENRLHF_KEYS = ("is_correction_level", "is_correction_mode", "is_correction_gating", "is_correction_threshold")
+_OPENRLHF_DEFAULTS = {
+    "is_correction_mode": "mask",
+    "is_correction_gating": "ratio",
+    "is_correction_threshold": (0.5, 5.0),
+}
+
+
+def openrlhf_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """verl-style settings of a preset written in OpenRLHF's grammar (``is_correction_level`` off / token / seq,
+    ``_mode`` mask / clip, ``_gating`` ratio / binary_kl / tv, ``_threshold`` [LOW] HIGH; OpenRLHF's defaults mask,
+    ratio, [0.5, 5.0]). Raises ConfigError for a value OpenRLHF refuses or one verl's settings cannot say.
+
+    ratio, token, mask → IcePop on [LOW, HIGH]; ratio, token, clip with LOW 0 → TIS at HIGH; ratio, seq, mask → the
+    geometric mean of ρ inside [LOW, HIGH], which is verl's seq_mean_k1 with bounds 1/HIGH_1/LOW (verl's k1 is −log ρ);
+    binary_kl / tv → the rejection options ``{token|seq_mean}_bkl`` / ``_tv`` at HIGH (LOW must be 0)."""
+    values = {**_OPENRLHF_DEFAULTS, **{key: settings[key] for key in OPENRLHF_KEYS if key in settings}}
+    level, mode, gating = (str(values[key]) for key in OPENRLHF_KEYS[:3])
+    if level not in ("off", "token", "seq"):
+        raise ConfigError(f"is_correction_level '{_shown(level)}': choose off, token or seq (OpenRLHF's levels).")
+    if mode not in ("mask", "clip"):
+        raise ConfigError(f"is_correction_mode '{_shown(mode)}': choose mask or clip (OpenRLHF's modes).")
+    if gating not in ("ratio", "binary_kl", "tv"):
+        raise ConfigError(
+            f"is_correction_gating '{_shown(gating)}': choose ratio, binary_kl or tv (OpenRLHF's gatings)."
+        )
+    low, high = _openrlhf_threshold(values["is_correction_threshold"], gating)
+    if level == "off":
+        return {}
+    if mode == "clip" and (level == "seq" or gating != "ratio"):
+        raise ConfigError(
+            "is_correction_mode clip needs is_correction_level token and is_correction_gating ratio, as in OpenRLHF."
+        )
+    if gating != "ratio":
+        if low != 0.0:
+            raise ConfigError(
+                f"is_correction_threshold: is_correction_gating {gating} takes an upper bound only (LOW 0), "
+                f"got LOW {_number(low)}, as OpenRLHF refuses it."
+            )
+        statistic = "bkl" if gating == "binary_kl" else "tv"
+        scope = "token" if level == "token" else "seq_mean"
+        return {"rollout_rs": f"{scope}_{statistic}", "rollout_rs_threshold": repr(high)}
+    if mode == "clip":
+        if low != 0.0:
+            raise ConfigError(
+                f"is_correction_threshold LOW {_number(low)}: a clip to [LOW, HIGH] with LOW > 0 has no verl "
+                "equivalent (verl's TIS truncates above only).",
+                hint="give one number HIGH (LOW 0): TIS at HIGH.",
+            )
+        return {"rollout_is": "token", "rollout_is_threshold": repr(high)}
+    if low <= 0.0:
+        raise ConfigError(
+            f"is_correction_threshold LOW {_number(low)}: is_correction_gating ratio with mode mask needs LOW > 0.",
+            hint="e.g. [0.5, 5.0], OpenRLHF's default.",
+        )
+    if level == "token":
+        return {"rollout_is": "token", "rollout_is_threshold": f"{low!r}_{high!r}"}
+    return {"rollout_rs": "seq_mean_k1", "rollout_rs_threshold": f"{1.0 / high!r}_{1.0 / low!r}"}
+
+
+def _openrlhf_threshold(value: Any, gating: str) -> tuple[float, float]:
+    """OpenRLHF's ``[LOW] HIGH``: a number (HIGH, LOW 0), a list of one or two numbers, or "LOW HIGH"."""
+    items = value.split() if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else [value]
+    if not 1 <= len(items) <= 2:
+        raise ConfigError(f"is_correction_threshold {value!r}: expected [LOW] HIGH (one or two numbers).")
+    numbers = [_parse_float(str(item), "is_correction_threshold", str(value)) for item in items]
+    low, high = (0.0, numbers[0]) if len(numbers) == 1 else (numbers[0], numbers[1])
+    if high <= 0 or low < 0 or low > high:
+        raise ConfigError(
+            f"is_correction_threshold {value!r}: need 0 ≤ LOW ≤ HIGH and HIGH > 0, got LOW {_number(low)}, "
+            f"HIGH {_number(high)}."
+        )
+    return low, high
 
 
 def load_presets_file(path: str | Path) -> dict[str, Preset]:
@@ -586,10 +724,26 @@ def _preset_from_mapping(path: Path, name: str, settings: Any) -> Preset:
         raise ConfigError(f"{where}: the name is a built-in preset; pick another name.")
     if not isinstance(settings, Mapping):
         raise ConfigError(f"{where}: expected a mapping of settings, got {type(settings).__name__}.")
-    unknown = sorted(set(map(str, settings)) - _FILE_KEYS)
+    known = _FILE_KEYS | set(OPENRLHF_KEYS)
+    unknown = sorted(set(map(str, settings)) - known)
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(_FILE_KEYS))}.")
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}.")
     values = {str(key): value for key, value in settings.items()}
+    openrlhf = [key for key in OPENRLHF_KEYS if key in values]
+    if openrlhf:
+        verl_keys = sorted(set(values) & (_FILE_KEYS - {"mode", "description"}))
+        if verl_keys:
+            raise ConfigError(
+                f"{where}: OpenRLHF's {', '.join(openrlhf)} cannot be combined with {', '.join(verl_keys)}; "
+                "write the preset in one grammar."
+            )
+        try:
+            translated = openrlhf_settings(values)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc.message}", hint=exc.hint) from None
+        values = {key: value for key, value in values.items() if key not in OPENRLHF_KEYS}
+        values.update(translated)
+        values.setdefault("mode", "openrlhf")
     batch_normalize = values.pop("rollout_is_batch_normalize", False)
     if not isinstance(batch_normalize, bool):
         raise ConfigError(f"{where}: rollout_is_batch_normalize must be true or false, got {batch_normalize!r}.")

@@ -105,11 +105,12 @@ def test_legacy_presets_parse_with_documented_defaults():
     assert {p.legacy.mode for p in LEGACY_PRESETS} == {"truncate", "mask", "both"}
 
 
-def test_rs_options_are_the_eleven_of_section_3():
+def test_rs_options_are_the_eleven_of_section_3_and_the_gates_in_every_scope():
     assert set(RS_OPTIONS) == {
         *(f"{scope}_{k}" for scope in ("token", "seq_sum", "seq_mean") for k in ("k1", "k2", "k3")),
         "seq_max_k2",
         "seq_max_k3",
+        *(f"{scope}_{k}" for scope in ("token", "seq_sum", "seq_mean", "seq_max") for k in ("kpop", "bkl", "tv")),
     }
 
 
@@ -119,7 +120,7 @@ def test_get_presets_by_name_group_and_default():
     assert [p.name for p in get_presets(["legacy"])] == [p.name for p in LEGACY_PRESETS]
     assert [p.name for p in get_presets(["disabled", "decoupled_k3_rs", "disabled"])] == ["disabled", "decoupled_k3_rs"]
     with pytest.raises(
-        ConfigError, match=r"presets=nope: unknown preset\. Known: all, verl, legacy, decoupled_token_is"
+        ConfigError, match=r"presets=nope: unknown preset\. Known: all, verl, legacy, gates, decoupled_token_is"
     ):
         get_presets(["nope"])
 
@@ -198,7 +199,7 @@ def test_repeated_rs_options_are_dropped_as_verl_does():
             "give one shared entry or one per option.",
         ),
         ({"rollout_rs": "seq_foo_k3", "rollout_rs_threshold": "1"}, "rollout_rs option 'seq_foo_k3': unknown; choose"),
-        ({"rollout_rs": "binary_kl", "rollout_rs_threshold": "1"}, "rollout_rs option 'binary_kl': unknown"),
+        ({"rollout_rs": "binary_kl_k9", "rollout_rs_threshold": "1"}, "rollout_rs option 'binary_kl_k9': unknown"),
         ({"rollout_rs": "seq_max_k1", "rollout_rs_threshold": "2"}, "rollout_rs option 'seq_max_k1' does not exist"),
     ],
 )
@@ -328,7 +329,7 @@ def test_bad_rs_specs_always_raise(option, spec):
 
 @given(st.sampled_from([o for o in RS_OPTIONS if not o.endswith("k1")]), st.floats(0.01, 10), st.floats(0.01, 10))
 def test_underscore_on_k2_k3_always_raises(option, lower, upper):
-    with pytest.raises(ConfigError, match="k2/k3 options take one upper bound"):
+    with pytest.raises(ConfigError, match=r"(k2/k3|kpop/bkl/tv) options take one upper bound"):
         parse_rejection(option, f"{min(lower, upper)}_{max(lower, upper)}")
 
 

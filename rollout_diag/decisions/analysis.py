@@ -17,17 +17,19 @@ from rollout_diag.decisions.association import judge_trainer_columns
 from rollout_diag.decisions.hints import Evidence, find_hints
 from rollout_diag.decisions.levels import judge
 from rollout_diag.decisions.prompts import prompt_findings, stale_prefix_cache
+from rollout_diag.decisions.resume import resume_steps, resume_windows
 from rollout_diag.decisions.skipped import invalid_rows_hint
 from rollout_diag.decisions.trends import (
     ANOMALY_KEEP,
     ANOMALY_MIN_HISTORY,
     find_anomalies,
     keep_largest,
+    label_resumes,
     round_trend,
     step_trends,
 )
 from rollout_diag.decisions.verdict import overall_verdict, step_levels_of
-from rollout_diag.results import AnalysisResult, DivergentRound, PromptEvidence
+from rollout_diag.results import AnalysisResult, DivergentRound, PromptEvidence, step_ids
 
 # The most divergent round "stands out" (is named as a finding, drawn in red) only when its mean |δ| is at least
 # 1.5× the token-weighted mean of the other supported rounds: per-token |δ| is heavy-tailed and tokens of one row
@@ -43,8 +45,11 @@ def judge_analysis(
     cut), trends, hints (none without ``evidence``), the most divergent round, the overall verdict. Warnings about
     the findings are appended to ``result.warnings``."""
     warnings = list(result.warnings)
-    trends = [t for t in (round_trend(result.rounds),) if t is not None] + step_trends(result.steps)
+    # steps right after a resumed run starts: labelled as its transient, left out of the step trends
+    resumes = resume_windows(resume_steps(evidence), step_ids(result.steps).tolist()) if result.steps else {}
+    trends = [t for t in (round_trend(result.rounds),) if t is not None] + step_trends(result.steps, resumes)
     anomalies, cut = keep_largest(find_anomalies(result.steps))
+    anomalies = label_resumes(anomalies, resumes)
     if cut:
         warnings.append(f"{len(anomalies) + cut} anomaly flags: the {ANOMALY_KEEP} largest are kept, {cut} cut.")
     judged = replace(

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from rollout_diag.catalogue import FILL_LOGPROB, SHIFT_MAX_RATIO, parse_round_key, round_quantity
+from rollout_diag.decisions.resume import RESUME_WINDOW, resume_steps
 from rollout_diag.decisions.trends import least_squares
 from rollout_diag.formatting import number
 from rollout_diag.results import FILL_VALUES_KEPT, AnalysisResult, Evidence, FillCount, Hint, HintRow, Sums
@@ -26,7 +27,10 @@ HINT_IDS = (
     "no_mask",
     "dummy_logprobs",
     "fill_values",
+    "top_p_truncation",
     "processed_logprobs",
+    "retokenization",
+    "resume_spike",
     "first_token",
     "last_token",
     "low_probability",
@@ -51,10 +55,6 @@ NO_MASK_MIN_SHARE = 0.01
 # logprob for some tokens write isolated zeros too) and exact copies, on ≥ 10 model tokens and ≥ 0.5 % of them
 DUMMY_MIN_TOKENS = 10
 DUMMY_MIN_SHARE = 0.005
-# processed_logprobs: ≥ 8 rows with a fit, and ≥ half of them with a same-sign slope |c| ≥ 0.05 and R² ≥ 0.5
-# (FIT_MIN_TOKENS, FIT_MIN_SLOPE, FIT_MIN_R2 in catalogue.py: the evidence accumulator tests each row's fit)
-PROCESSED_MIN_ROWS = 8
-PROCESSED_MIN_SHARE = 0.5
 EDGE_MIN_FACTOR = 3.0  # first_token / last_token: mean at least 3× the other tokens'
 LOW_PROBABILITY_MIN_FACTOR = 3.0  # p < 0.1 tokens' mean at least 3× that of p ≥ 0.5 tokens
 LONG_CONTEXT_MIN_BUCKETS = 4  # log2 position buckets (positions ≥ 1) with ≥ 30 tokens
@@ -121,6 +121,8 @@ def find_hints(evidence: Evidence, result: AnalysisResult) -> list[Hint]:
         return []
     found = []
     shifted = off_by_one(evidence)
+    # the first tokens after environment segments: the specific cause of a first-token or turn-growth excess
+    retokenized = retokenization(evidence)
     for hint in (
         shifted,
         no_mask(evidence),
@@ -128,12 +130,17 @@ def find_hints(evidence: Evidence, result: AnalysisResult) -> list[Hint]:
         # only in runs
         dummy_logprobs(evidence, isolated=shifted is None),
         fill_values(evidence),
-        processed_logprobs(evidence),
-        first_token(evidence),
+        # a shifted gather pairs each rollout logprob with another token's: δ then leans with the rollout probability
+        # by itself (likely tokens below, unlikely ones above), the sign patterns of sampling are read without one
+        top_p_truncation(evidence) if shifted is None else None,
+        processed_logprobs(evidence) if shifted is None else None,
+        retokenized,
+        resume_spike(evidence, resume_steps(evidence)),
+        first_token(evidence) if retokenized is None else None,
         last_token(evidence),
         low_probability(evidence),
         long_context(evidence),
-        turn_growth(result),
+        turn_growth(result) if retokenized is None else None,
         staleness(evidence),
     ):
         if hint is not None:
@@ -338,45 +345,6 @@ def _fill_side(role: str, fills: Mapping[tuple[str, str], FillCount]) -> str:
     named = ", ".join(f"{_fill_name(value)} ×{tokens}" for value, tokens in commonest)
     columns = ", ".join(dict.fromkeys(count.column for count in counts))
     return f"{sum(count.tokens for count in counts)} on the {role} side ({columns}: {named})"
-
-
-# ------------------------------------------------------------------------------------------ processed
-def _processed(sums: Sums) -> tuple[float, float, float, float] | None:
-    """(pooled slope c, pooled R², share of fitted rows with a same-sign steep good fit, fitted rows)."""
-    rows = sums["fit_rows"]
-    if rows < PROCESSED_MIN_ROWS or sums["rollout_square"] <= 0 or sums["delta_square"] <= 0:
-        return None
-    share = max(sums["fit_up"], sums["fit_down"]) / rows
-    if share < PROCESSED_MIN_SHARE:
-        return None
-    slope = sums["cross"] / sums["rollout_square"]
-    r2 = sums["cross"] ** 2 / (sums["rollout_square"] * sums["delta_square"])
-    return slope, r2, share, rows
-
-
-def processed_logprobs(evidence: Evidence) -> Hint | None:
-    found = _processed(evidence.run)
-    if found is None:
-        return None
-    slope, r2, share, rows = found
-    # r = a / T gives δ = (T − 1)·r; a = r / T gives δ = (1/T − 1)·r
-    temperature = (
-        f"a temperature ≈ {1 + slope:.3g} applied to the rollout logprobs or ≈ {1 / (1 + slope):.3g} to the trainer's"
-        if 1 + slope > 0
-        else "a temperature"
-    )
-    return Hint(
-        id="processed_logprobs",
-        message=(
-            f"δ is proportional to the rollout logprob (δ ≈ {slope:.3g}·log p, R² = {r2:.2f}) in {share:.0%} of "
-            f"{int(rows)} rows: one side's logprobs come from a processed distribution ({temperature}, or top-p / "
-            "top-k renormalisation)."
-        ),
-        evidence={"slope": slope, "r_squared": r2, "share_of_rows": share, "rows_fitted": rows},
-        steps=_steps(evidence, lambda s: None if (f := _processed(s)) is None else f[2]),
-        rows=_rows(evidence, "processed_logprobs"),
-        look_at="the temperature / top-p / top-k with which each side computes its logprobs",
-    )
 
 
 # ------------------------------------------------------------------------------------------ first / last
@@ -615,4 +583,392 @@ def staleness(evidence: Evidence) -> Hint | None:
         steps=sorted({row.step for row in rows})[:MAX_STEPS],
         rows=rows,
         look_at="rows whose policy_version lags their step the most",
+    )
+
+
+# ------------------------------------------------------------------------------------------ signed buckets
+# top_p_truncation and processed_logprobs read the sign of δ per rollout-probability bucket: Σδ against Σ|δ| (the
+# share of |δ| on the negative side) and t = Σδ / √Σy² (the mean's t for a mean near 0; y² = min(|δ|, 1)²).
+TRUNCATION_MIN_LOG_MASS = 0.005  # |mean δ| over all model tokens: a kept mass ≤ 99.5 % (top_p 0.99 gives ≈ 0.008)
+TRUNCATION_MIN_SHARE = 0.8  # ≥ 80 % of Σ|δ| on the truncating side over all tokens (1.00 at top_p ≤ 0.95)
+TRUNCATION_BUCKET_SHARE = 0.9  # … and ≥ 90 % in at least two buckets (placeholder zeros make one: p ≥ 0.9)
+TRUNCATION_MIN_BUCKETS = 2
+CONTRADICT_T = 3.0  # a bucket with its mean on the other side at t ≥ 3 rules truncation out (temperature, noise)
+SAMPLING_MIN_STEPS = 3  # with ≥ 3 steps, at least half of them must show the pattern on their own
+SAMPLING_MIN_STEP_SHARE = 0.5
+PROCESSED_SIDE_SHARE = 0.8  # temperature: one bucket ≥ 80 % of Σ|δ| negative, another ≥ 80 % positive …
+# (each with |mean δ| ≥ MIN_GAP and |t| ≥ MIN_T)
+
+
+@dataclass(frozen=True)
+class Signed:
+    """A rollout-probability bucket's tokens, Σδ, Σ|δ| and Σy²."""
+
+    n: float
+    delta: float
+    abs: float
+    squares: float
+
+    @property
+    def mean(self) -> float:
+        return self.delta / self.n if self.n > 0 else 0.0
+
+    @property
+    def negative_share(self) -> float:
+        """Share of Σ|δ| on tokens with δ < 0 (0.5 when Σ|δ| is 0)."""
+        return (self.abs - self.delta) / (2 * self.abs) if self.abs > 0 else 0.5
+
+    @property
+    def t(self) -> float:
+        return self.delta / math.sqrt(self.squares) if self.squares > 0 else 0.0
+
+    def __add__(self, other: Signed) -> Signed:
+        return Signed(self.n + other.n, self.delta + other.delta, self.abs + other.abs, self.squares + other.squares)
+
+
+def _signed_buckets(sums: Sums) -> list[tuple[int, Signed]]:
+    """(bucket, signed sums) of the rollout-probability buckets with ≥ MIN_GROUP_TOKENS tokens."""
+    out = []
+    for k, b in enumerate(sums["probability_buckets"]):
+        if b["tokens"] >= MIN_GROUP_TOKENS:
+            out.append((k, Signed(b["tokens"], b.get("delta", 0.0), b["abs"], b["y2"])))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ top_p_truncation
+def _truncation(sums: Sums) -> tuple[float, Signed, list[tuple[int, Signed]]] | None:
+    """(sign of δ on the truncated side's tokens: −1 rollout truncated, +1 trainer; all tokens; the buckets) when
+    δ has one sign in every populated bucket and the kept mass is clearly below 1."""
+    buckets = _signed_buckets(sums)
+    if len(buckets) < 2:
+        return None
+    total = sum((b for _, b in buckets), Signed(0.0, 0.0, 0.0, 0.0))
+    sign = -1.0 if total.delta < 0 else 1.0
+    share = total.negative_share if sign < 0 else 1.0 - total.negative_share
+    if abs(total.mean) < TRUNCATION_MIN_LOG_MASS or sign * total.t < MIN_T or share < TRUNCATION_MIN_SHARE:
+        return None
+    shares = [b.negative_share if sign < 0 else 1.0 - b.negative_share for _, b in buckets]
+    contradicted = any(-sign * b.t >= CONTRADICT_T and abs(b.mean) >= MIN_GAP for _, b in buckets)
+    if contradicted or sum(share >= TRUNCATION_BUCKET_SHARE for share in shares) < TRUNCATION_MIN_BUCKETS:
+        return None
+    return sign, total, buckets
+
+
+KEPT_EXPLAINED = 0.5  # with a kept_mass column: Σ|δ − log M| at most half of Σ|δ| (δ tracks log M)
+
+
+def _kept_mass_column(sums: Sums) -> tuple[float, float] | None:
+    """(mean log M, Σ|δ − log M| / Σ|δ|) when a kept_mass column shows a kept mass ≤ 99.5 % that δ follows."""
+    tokens = sums.get("kept_tokens", 0.0)
+    if tokens < MIN_GROUP_TOKENS or sums["kept_abs"] <= 0:
+        return None
+    mean_log, residual = sums["kept_log"] / tokens, sums["kept_residual"] / sums["kept_abs"]
+    if mean_log > -TRUNCATION_MIN_LOG_MASS or residual > KEPT_EXPLAINED:
+        return None
+    return mean_log, residual
+
+
+def top_p_truncation(evidence: Evidence) -> Hint | None:
+    """The engine reports logprobs of the truncated, renormalised sampling distribution (top-p / top-k) and the trainer
+    those of the full one: for a token of a kept set of mass M, r = a − log M, so δ = log M ≤ 0 on every token and ρ
+    = M; every rollout-probability bucket leans to one side (TRL #6789). A kept_mass column, where the dump has one,
+    decides instead."""
+    if evidence.run.get("kept_tokens", 0.0) > 0:
+        return _top_p_from_column(evidence)
+    found = _truncation(evidence.run)
+    if found is None or not _persistent(evidence, _truncation):
+        return None
+    sign, total, buckets = found
+    kept = math.exp(-abs(total.mean))  # ρ = M per token: exp(mean δ) is the geometric mean of the kept mass
+    side, other = ("rollout", "trainer") if sign < 0 else ("trainer", "rollout")
+    share = total.negative_share if sign < 0 else 1.0 - total.negative_share
+    per_bucket = ", ".join(f"{PROBABILITY_LABELS[k]}: {_fmt(b.mean)}" for k, b in buckets)
+    return Hint(
+        id="top_p_truncation",
+        message=(
+            f"δ leans to one side in every rollout-probability bucket ({share:.0%} of Σ|δ| has δ "
+            f"{'<' if sign < 0 else '>'} 0; mean δ {per_bucket}): the {side} logprobs come from a truncated, "
+            f"renormalised distribution (top-p / top-k) and the {other}'s from the full one. Kept probability mass "
+            f"≈ {kept:.3g} (exp of mean δ: for such sampling every token's ρ is its kept mass)."
+        ),
+        evidence={
+            "kept_mass": kept,
+            "mean_log_ratio": total.mean,
+            "one_sided_share": share,
+            "welch_t": abs(total.t),
+            "buckets": float(len(buckets)),
+            "tokens": total.n,
+        },
+        steps=_steps(evidence, lambda s: None if (f := _truncation(s)) is None else abs(f[1].mean)),
+        rows=[],
+        look_at=f"the {side} engine's sampling parameters (top_p, top_k, min_p) and whether its logprobs are taken "
+        "before or after they are applied (e.g. vLLM logprobs_mode='processed_logprobs')",
+    )
+
+
+def _top_p_from_column(evidence: Evidence) -> Hint | None:
+    found = _kept_mass_column(evidence.run)
+    if found is None:
+        return None
+    mean_log, residual = found
+    kept = math.exp(mean_log)
+    return Hint(
+        id="top_p_truncation",
+        message=(
+            f"The dump's kept_mass column says top-p / top-k kept {kept:.3g} of the probability (geometric mean over "
+            f"{int(evidence.run['kept_tokens'])} model tokens) and δ follows log kept_mass (Σ|δ − log M| is "
+            f"{residual:.0%} of Σ|δ|): the rollout logprobs are those of the truncated, renormalised distribution, the "
+            "trainer's of the full one."
+        ),
+        evidence={"kept_mass": kept, "mean_log_kept_mass": mean_log, "unexplained_share": residual},
+        steps=_steps(evidence, lambda s: None if (f := _kept_mass_column(s)) is None else -f[0]),
+        rows=[],
+        look_at="the rollout engine's sampling parameters (top_p, top_k, min_p) and whether its logprobs are taken "
+        "before or after they are applied (e.g. vLLM logprobs_mode='processed_logprobs')",
+    )
+
+
+# ------------------------------------------------------------------------------------------ processed_logprobs
+def _processed_sign_flip(sums: Sums) -> tuple[int, Signed, int, Signed] | None:
+    """(bucket, sums) of the likeliest bucket that leans one way and of a less likely one that leans the other way,
+    each ≥ 80 % of its Σ|δ| on its side, |mean| ≥ MIN_GAP and |t| ≥ MIN_T: the temperature signature."""
+    buckets = _signed_buckets(sums)
+
+    def leaning(b: Signed, sign: float) -> bool:
+        share = b.negative_share if sign < 0 else 1.0 - b.negative_share
+        return share >= PROCESSED_SIDE_SHARE and sign * b.mean >= MIN_GAP and sign * b.t >= MIN_T
+
+    for high_index, (k, high) in enumerate(buckets):
+        for sign in (-1.0, 1.0):
+            if not leaning(high, sign):
+                continue
+            for j, low in buckets[high_index + 1 :]:
+                if leaning(low, -sign):
+                    return k, high, j, low
+    return None
+
+
+def _persistent(evidence: Evidence, test: Callable[[Sums], object | None]) -> bool:
+    """Whether at least half of the steps with ≥ 2 populated probability buckets pass ``test`` on their own (with
+    fewer than SAMPLING_MIN_STEPS such steps, the run's test alone decides). A sampling setting holds for every
+    step; a few steps of heavy rollout noise (a spike) make the buckets lean by selection alone (bucketing by r picks
+    the tokens whose noise raised r), in those steps only."""
+    steps = [sums for _, sums in evidence.steps.items() if len(_signed_buckets(sums)) >= 2]
+    if len(steps) < SAMPLING_MIN_STEPS:
+        return True
+    return sum(test(sums) is not None for sums in steps) >= SAMPLING_MIN_STEP_SHARE * len(steps)
+
+
+def processed_logprobs(evidence: Evidence) -> Hint | None:
+    """One side's logprobs at a temperature T ≠ 1: r = log softmax(z / T)[tok], not a / T. At T < 1 the likely tokens
+    gain probability and the unlikely ones lose it: δ < 0 where the rollout says p is high, δ > 0 where low (T > 1
+    the reverse). Truncation keeps one sign everywhere (``top_p_truncation``), numerical noise has no sign."""
+    found = _processed_sign_flip(evidence.run)
+    if found is None or not _persistent(evidence, _processed_sign_flip):
+        return None
+    k, high, j, low = found
+    sharper = high.mean < 0  # the rollout gives its likely tokens more than the trainer does
+    what = (
+        "the rollout distribution is sharper than the trainer's (a temperature T < 1 on the rollout side, or T > 1 "
+        "on the trainer's)"
+        if sharper
+        else "the rollout distribution is flatter than the trainer's (T > 1 on the rollout side, or T < 1 on the "
+        "trainer's)"
+    )
+    return Hint(
+        id="processed_logprobs",
+        message=(
+            f"δ changes sign with the rollout probability: mean δ {_fmt(high.mean)} on {PROBABILITY_LABELS[k]} tokens "
+            f"({max(high.negative_share, 1 - high.negative_share):.0%} of their Σ|δ| one way) and {_fmt(low.mean)} on "
+            f"{PROBABILITY_LABELS[j]} tokens: {what}. One side's logprobs come from a temperature-processed "
+            "distribution."
+        ),
+        evidence={
+            "likely_bucket_mean": high.mean,
+            "unlikely_bucket_mean": low.mean,
+            "likely_welch_t": high.t,
+            "unlikely_welch_t": low.t,
+            "sharper_rollout": 1.0 if sharper else 0.0,
+        },
+        steps=_steps(evidence, lambda s: None if (f := _processed_sign_flip(s)) is None else abs(f[3].mean)),
+        rows=_rows(evidence, "processed_logprobs"),
+        look_at="the temperature with which each side computes its logprobs (the engine's logprobs mode, the trainer's "
+        "logits / T)",
+    )
+
+
+# ------------------------------------------------------------------------------------------ retokenization
+RETOKENIZATION_MIN_FACTOR = 3.0  # the first k tokens after an environment segment at least 3× the rest of the turn
+
+
+def _offset_groups(sums: Sums) -> tuple[list[Group], list[Group], Group] | None:
+    """(round 0's offset groups, later rounds' offset groups, the later rounds' tokens past the offsets)."""
+    buckets = sums.get("turn_offsets")
+    if not buckets or sums.get("later_tokens", 0.0) <= 0:
+        return None
+    groups = [Group(b["tokens"], b["y"], b["y2"]) for b in buckets]
+    half = len(groups) // 2
+    first, later = groups[:half], groups[half:]
+    covered = sum(later, Group(0.0, 0.0, 0.0))
+    rest = Group(
+        sums["later_tokens"] - covered.n, sums["later_y"] - covered.total, max(sums["later_y2"] - covered.squares, 0.0)
+    )
+    return first, later, rest
+
+
+def _retokenization(sums: Sums) -> tuple[int, Contrast, Contrast] | None:
+    """(k, the later rounds' first k tokens against the rest of those turns, round 0's first k against the same
+    rest) when the first k tokens after environment segments carry the mismatch and round 0's first ones do not."""
+    found = _offset_groups(sums)
+    if found is None:
+        return None
+    first, later, rest = found
+    if rest.n < MIN_GROUP_TOKENS or not rest.mean >= 0:
+        return None
+    k = 0
+    while k < len(later) and later[k].n > 0 and later[k].mean >= RETOKENIZATION_MIN_FACTOR * rest.mean:
+        k += 1
+    if k == 0:
+        return None
+    head = Contrast(sum(later[:k], Group(0.0, 0.0, 0.0)), rest)
+    if not head.holds(RETOKENIZATION_MIN_FACTOR):
+        return None
+    prompt = Contrast(sum(first[:k], Group(0.0, 0.0, 0.0)), rest)
+    if prompt.high.n >= MIN_GROUP_TOKENS and prompt.holds(RETOKENIZATION_MIN_FACTOR):
+        return None  # every turn's start, the prompt's too: a template / boundary handling (first_token)
+    return k, head, prompt
+
+
+def _id_differences(evidence: Evidence) -> Hint | None:
+    """With rollout_token_ids beside token_ids: the model tokens whose two ids differ, and the first of them."""
+    differ, tokens = evidence.run.get("id_differ", 0.0), evidence.run.get("id_tokens", 0.0)
+    if differ <= 0:
+        return None
+    firsts = evidence.examples.get("retokenization", ())
+    first = firsts[0] if firsts else None
+    where = (
+        f"; the first at position {int(first.score)} of {first.file}:{first.row} (step {first.step}, sample "
+        f"{first.sample_id})"
+        if first is not None
+        else ""
+    )
+    found = _retokenization(evidence.run)
+    concentrated = (
+        f" The mismatch agrees: the first {found[0]} token(s) after environment segments have {found[1].factor:.1f}× "
+        "that of the rest of their turn."
+        if found is not None
+        else ""
+    )
+    return Hint(
+        id="retokenization",
+        message=(
+            f"{int(differ)} of {int(tokens)} model tokens ({differ / tokens:.2%}) carry a different token id on the "
+            f"two sides (token_ids vs rollout_token_ids){where}: the trainer scores a re-tokenized sequence, not the "
+            f"tokens the engine sampled.{concentrated}"
+        ),
+        evidence={
+            "token_id_mismatches": differ,
+            "tokens_with_ids": tokens,
+            "share": differ / tokens,
+            **({"first_position": first.score} if first is not None else {}),
+            **({"k": float(found[0]), "factor": found[1].factor} if found is not None else {}),
+        },
+        steps=_steps(evidence, lambda s: s.get("id_differ", 0.0) or None),
+        rows=[HintRow(r.step, r.sample_id, r.file, r.row) for r in firsts],
+        look_at="the positions where token_ids and rollout_token_ids differ (rollout-diag inspect shows the row): "
+        "reuse the rollout's token ids instead of re-tokenizing the history",
+    )
+
+
+def retokenization(evidence: Evidence) -> Hint | None:
+    """Multi-turn histories re-tokenized by the trainer: the tokens right after each environment segment (tool output,
+    user turn) are split differently on the two sides, the rest of the turn agrees (slime #2360, ms-swift #10012,
+    rllm #272). With a rollout_token_ids column, the positions where the ids differ say it directly."""
+    if evidence.run.get("id_tokens", 0.0) > 0:
+        by_ids = _id_differences(evidence)
+        if by_ids is not None:
+            return by_ids
+    found = _retokenization(evidence.run)
+    if found is None:
+        return None
+    k, head, prompt = found
+    tokens = "token" if k == 1 else f"{k} tokens"
+    return Hint(
+        id="retokenization",
+        message=(
+            f"The first {tokens} after each environment segment (rounds ≥ 1) have {head.factor:.1f}× the mismatch "
+            f"of the rest of their turn (mean min(|δ|, 1) {_fmt(head.high.mean)} vs {_fmt(head.low.mean)}), while "
+            f"the first tokens of round 0 do not ({_fmt(prompt.high.mean)}): the trainer re-tokenizes the multi-turn "
+            "history and splits the turn boundaries differently from the rollout."
+        ),
+        evidence={
+            "k": float(k),
+            "head_mean": head.high.mean,
+            "rest_mean": head.low.mean,
+            "factor": head.factor,
+            "welch_t": head.t,
+            "head_tokens": head.high.n,
+            "round0_head_mean": prompt.high.mean,
+        },
+        steps=_steps(evidence, lambda s: None if (f := _retokenization(s)) is None else f[1].factor),
+        rows=[],
+        look_at=f"the first {tokens} of rounds ≥ 1 (after each tool / environment segment): compare the two sides' "
+        "token ids there; reuse the rollout's token ids instead of re-tokenizing the history",
+    )
+
+
+# ------------------------------------------------------------------------------------------ resume_spike
+RESUME_MIN_FACTOR = 2.0  # the steps right after a resume at least 2× the mismatch of the steps before it
+RESUME_BASELINE_STEPS = 8  # … the (up to) 8 steps before the resume
+
+
+def _step_group(sums: Sums) -> Group:
+    return sum((_bucket_group(b) for b in sums["probability_buckets"]), Group(0.0, 0.0, 0.0))
+
+
+def resume_spike(evidence: Evidence, resumes: Sequence[int]) -> Hint | None:
+    """Steps right after a resume from a checkpoint with a transient jump of the mismatch (slime #1695)."""
+    if not resumes:
+        return None
+    steps = sorted(evidence.steps)
+    groups = {step: _step_group(evidence.steps[step]) for step in steps}
+    run = sum(groups.values(), Group(0.0, 0.0, 0.0))
+    best = None
+    for resume in resumes:
+        window = [s for s in steps if s >= resume][:RESUME_WINDOW]
+        before = [s for s in steps if s < resume][-RESUME_BASELINE_STEPS:]
+        if not window or not before:
+            continue
+        contrast = Contrast(
+            sum((groups[s] for s in window), Group(0.0, 0.0, 0.0)),
+            sum((groups[s] for s in before), Group(0.0, 0.0, 0.0)),
+        )
+        if contrast.holds(RESUME_MIN_FACTOR) and (best is None or contrast.factor > best[1].factor):
+            best = (resume, contrast, window)
+    if best is None:
+        return None
+    resume, contrast, window = best
+    share = contrast.high.total / run.total if run.total > 0 else 0.0
+    return Hint(
+        id="resume_spike",
+        message=(
+            f"Resume at step {resume}: the run starts again from a checkpoint there, and steps "
+            f"{window[0]}–{window[-1]} have {contrast.factor:.1f}× the mismatch of the {RESUME_BASELINE_STEPS} steps "
+            f"before (mean min(|δ|, 1) {_fmt(contrast.high.mean)} vs {_fmt(contrast.low.mean)}; {share:.0%} of the "
+            "run's): a transient of the restart (engine weights, caches or optimizer state not restored as before), "
+            "not a growth of the mismatch."
+        ),
+        evidence={
+            "resume_step": float(resume),
+            "window_mean": contrast.high.mean,
+            "before_mean": contrast.low.mean,
+            "factor": contrast.factor,
+            "welch_t": contrast.t,
+            "share_of_run": share,
+            "resumes": float(len(resumes)),
+        },
+        steps=window,
+        rows=[],
+        look_at=f"steps {window[0]}–{window[-1]} after the resume at step {resume}: what the restart reloads (the "
+        "inference engine's weights and their sync, the checkpoint's optimizer state)",
     )

@@ -1,6 +1,7 @@
 """The prompt checks: pure functions from the per-prompt evidence (``metrics/prompts.py``) to the
-``stale_prefix_cache`` hint and the prompts that are extreme every time. Thresholds are module constants with their
-reasons in ``docs/hints.md``.
+``stale_prefix_cache`` hint and the prompts that are extreme every time, and (``matched_prompts``) from several runs'
+evidence to the prompts matched across runs. Thresholds are module constants with their reasons in ``docs/hints.md``
+and ``docs/runs.md``.
 
 Ages: a row's *age* is its version (``policy_version``, else its step) minus the first version at which its prompt
 appears in the dump. Rows of age 0 are first-seen (all n rows of a GRPO group at the prompt's first step among them);
@@ -16,7 +17,17 @@ import numpy as np
 
 from rollout_diag.decisions.hints import MAX_STEPS, MIN_GROUP_TOKENS, Contrast, Group
 from rollout_diag.decisions.trends import least_squares
-from rollout_diag.results import ExtremePrompt, Hint, HintRow, PromptEvidence, PromptFindings
+from rollout_diag.results import (
+    ExtremePrompt,
+    Hint,
+    HintRow,
+    MatchedCell,
+    MatchedPrompt,
+    PromptEvidence,
+    PromptFindings,
+    RunsPrompts,
+    RunWorst,
+)
 from rollout_diag.results import prompt_label as label
 
 # stale_prefix_cache: two contrasts, each with recurring rows at least 2× the mean min(|δ|, 1) of first-seen ones
@@ -266,3 +277,175 @@ def prompt_findings(evidence: PromptEvidence | None) -> PromptFindings | None:
         extreme=listed,
         extreme_cut=max(int(chosen.shape[0]) - EXTREME_LISTED, 0),
     )
+
+
+# ------------------------------------------------------------------------------------ prompts matched across runs
+# Deterministic outliers across runs (``runs``; NeMo-RL #2100: one prompt's mismatch is large in every run, whatever
+# the knobs): a prompt seen in two runs or more whose every row, in every run it appears in, is in that run's worst
+# 1 % by row score (``worst_threshold`` of the run's own histogram, as extreme every time). Chance guard, the same
+# family-wise bound as extreme every time: under "rows land in a run's worst share independently with that run's
+# share", the chance of one prompt doing so is Π_runs share_r^rows_r; it is listed when that, times the prompts seen
+# in two runs or more (the candidates; over the share followed where a run's table sampled its prompts), is at most
+# EXTREME_MAX_CHANCE (1 %). One row in each of 3 runs: 1e-6 × 10 000 candidates = 0.01; clean runs list none.
+MATCHED_MIN_RUNS = 2
+MATRIX_PROMPTS = 50  # prompts in the prompts × runs matrix: the listed outliers, then the most extreme elsewhere
+
+
+def matched_prompts(runs: Sequence[tuple[str, PromptEvidence | None]]) -> RunsPrompts | None:
+    """The prompts matched across ``runs`` (name, that run's per-prompt evidence, None when not gathered), in the
+    runs' order: each recurring prompt's row mismatch in every run, the deterministic outliers (block comment above).
+    None when no run has a prompt identity. Runs whose tables sampled their prompts are matched on the prompts every
+    one of them followed (the keys are hashes: the smaller sample is a subset of the larger)."""
+    keyed = [(name, found) for name, found in runs if found is not None and found.source and found.rows_keyed > 0]
+    if not keyed:
+        return None
+    without = [name for name, found in runs if all(name != other for other, _ in keyed)]
+    level = max(_sampling_level(found.sampled_share) for _, found in keyed)
+    tables = [_per_prompt(found, level) for _, found in keyed]
+    worst = []
+    for (name, found), table in zip(keyed, tables, strict=True):
+        threshold, at_or_above = worst_threshold(found.score_histogram, found.score_edges)
+        valid = int(found.score_histogram.sum())
+        worst.append(
+            RunWorst(
+                run=name,
+                threshold=threshold if math.isfinite(threshold) else 0.0,
+                share=at_or_above / valid if valid else 0.0,
+                prompts=int(table["key"].shape[0]),
+            )
+        )
+    every = np.concatenate([table["key"] for table in tables])
+    unique, counts = np.unique(every, return_counts=True)
+    shared = unique[counts >= MATCHED_MIN_RUNS]
+    count = int(shared.shape[0])
+    runs_of = np.zeros(count, dtype=np.int64)
+    log_chance = np.zeros(count)
+    all_worst = np.ones(count, dtype=bool)
+    worst_tail = np.zeros(count)
+    for table, cut, (_, found) in zip(tables, worst, keyed, strict=True):
+        index = np.searchsorted(table["key"], shared)
+        present = np.zeros(count, dtype=bool)
+        inside = index < table["key"].shape[0]
+        present[inside] = table["key"][index[inside]] == shared[inside]
+        at = index[present]
+        rows, lowest = table["rows"][at], table["score_min"][at]
+        runs_of[present] += 1
+        in_worst = (lowest >= cut.threshold) & (cut.threshold > 0)
+        all_worst[present] &= in_worst
+        with np.errstate(divide="ignore"):
+            log_chance[present] += rows * (math.log(cut.share) if cut.share > 0 else -math.inf)
+        worst_tail[present] = np.maximum(worst_tail[present], _tails(found, lowest))
+    # the candidates: the recurring prompts followed, scaled back to all of them where the tables sampled
+    guard = math.log(EXTREME_MAX_CHANCE / max(count / 0.5**level, 1.0))
+    outlier = all_worst & (log_chance <= guard)
+    # the matrix: the outliers (in the most runs, then the least likely by chance), then the other prompts whose
+    # largest tail share over their runs is smallest (the most extreme in every run they appear in)
+    first = np.flatnonzero(outlier)
+    first = first[np.lexsort((shared[first], log_chance[first], -runs_of[first]))]
+    rest = np.flatnonzero(~outlier)
+    rest = rest[np.lexsort((shared[rest], -runs_of[rest], worst_tail[rest]))]
+    chosen = np.concatenate([first, rest])[:MATRIX_PROMPTS]
+    texts = {key: text for _, found in keyed for _, key, text, _ in [*found.worst_rows, *found.stale_rows] if text}
+    for _, found in keyed:
+        texts.update(found.texts)
+    columns = [
+        _cells(name, found, table, cut, shared[chosen])
+        for (name, found), table, cut in zip(keyed, tables, worst, strict=True)
+    ]
+    matrix = []
+    for position in chosen.tolist():
+        key = int(shared[position])
+        matrix.append(
+            MatchedPrompt(
+                prompt=texts.get(key, label(key)),
+                key=label(key),
+                cells=[column[key] for column in columns if key in column],
+                listed=bool(outlier[position]),
+                chance=float(math.exp(log_chance[position])),
+            )
+        )
+    return RunsPrompts(
+        identity=", ".join(dict.fromkeys(found.source for _, found in keyed)),
+        runs=[name for name, _ in keyed],
+        without=without,
+        worst=worst,
+        shared=count,
+        in_every_run=int(np.count_nonzero(runs_of == len(keyed))),
+        sampled_share=0.5**level,
+        outliers=int(np.count_nonzero(outlier)),
+        matrix=matrix,
+        matrix_cut=max(count - len(matrix), 0),
+    )
+
+
+def _sampling_level(share: float) -> int:
+    """The distinct-sampling level of a table that followed ``share`` (= 0.5^level) of its prompts."""
+    return max(0, round(-math.log2(share))) if share > 0 else 0
+
+
+def _per_prompt(evidence: PromptEvidence, level: int) -> dict[str, np.ndarray]:
+    """Per prompt key followed at sampling ``level`` (ascending): rows, Σ score, smallest and largest score. The
+    cells come in key order from ``PromptAccumulator.evidence()`` (sorted here when not): one ``reduceat`` a column."""
+    cells = evidence.cells
+    kept = (cells.key & ((1 << level) - 1)) == 0 if level else np.ones(cells.key.shape[0], dtype=bool)
+    key = cells.key[kept]
+    order = None if np.all(key[1:] >= key[:-1]) else np.argsort(key, kind="stable")
+
+    def column(values: np.ndarray) -> np.ndarray:
+        return values[kept] if order is None else values[kept][order]
+
+    key = column(cells.key)
+    if key.shape[0] == 0:
+        empty = np.zeros(0)
+        return {"key": key, "rows": empty, "score": empty, "score_min": empty, "score_max": empty}
+    starts = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
+    return {
+        "key": key[starts],
+        "rows": np.add.reduceat(column(cells.rows), starts),
+        "score": np.add.reduceat(column(cells.score), starts),
+        "score_min": np.minimum.reduceat(column(cells.score_min), starts),
+        "score_max": np.maximum.reduceat(column(cells.score_max), starts),
+    }
+
+
+def _tails(evidence: PromptEvidence, scores: np.ndarray) -> np.ndarray:
+    """The share of the run's valid rows whose score falls in the bin of each score or above (1.0 for a score of 0)."""
+    histogram = evidence.score_histogram
+    total = int(histogram.sum())
+    if total == 0:
+        return np.ones(scores.shape[0])
+    above = np.cumsum(histogram[::-1])[::-1]
+    index = np.searchsorted(np.asarray(evidence.score_edges), scores, side="right") - 1
+    return above[np.clip(index, 0, histogram.shape[0] - 1)] / total
+
+
+def _cells(
+    run: str, evidence: PromptEvidence, table: dict[str, np.ndarray], cut: RunWorst, keys: np.ndarray
+) -> dict[int, MatchedCell]:
+    """The cells of the prompts ``keys`` that ``run`` has (key → cell)."""
+    index = np.searchsorted(table["key"], keys)
+    inside = index < table["key"].shape[0]
+    present = np.zeros(keys.shape[0], dtype=bool)
+    present[inside] = table["key"][index[inside]] == keys[inside]
+    cells = evidence.cells
+    wanted = np.isin(cells.key, keys[present])
+    steps: dict[int, list[int]] = {}
+    for key, step in sorted(zip(cells.key[wanted].tolist(), cells.step[wanted].tolist(), strict=True)):
+        held = steps.setdefault(key, [])
+        if len(held) < MAX_STEPS and (not held or held[-1] != step):
+            held.append(step)
+    found = {}
+    for key, at in zip(keys[present].tolist(), index[present].tolist(), strict=True):
+        rows = float(table["rows"][at])
+        lowest = float(table["score_min"][at])
+        found[key] = MatchedCell(
+            run=run,
+            rows=int(rows),
+            score_mean=float(table["score"][at]) / rows,
+            score_min=lowest,
+            score_max=float(table["score_max"][at]),
+            tail=float(_tails(evidence, np.array([lowest]))[0]),
+            worst=bool(cut.threshold > 0 and lowest >= cut.threshold),
+            steps=steps.get(key, []),
+        )
+    return found

@@ -35,12 +35,14 @@ from rollout_diag.decisions.diff import (
     bootstrap_values,
     percentile_interval,
 )
+from rollout_diag.decisions.prompts import matched_prompts
 from rollout_diag.decisions.rowmetrics import RowMetric, by_step, rejected_share, row_metric
 from rollout_diag.decisions.verdict import overall_verdict
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.results import (
     AnalysisResult,
     KnobEffect,
+    PromptEvidence,
     RatioGate,
     RowStats,
     RunMetric,
@@ -63,12 +65,14 @@ def run_metrics() -> tuple[RowMetric, ...]:
 @dataclass(frozen=True)
 class RunInput:
     """One run as ``runs`` reads it: its name, knobs (name → value as text), the run-level analysis
-    (``RowPass.summary``) and its per-row sums (with the catastrophic count, ``row_pass(catastrophic_rows=True)``)."""
+    (``RowPass.summary``), its per-row sums (with the catastrophic count, ``row_pass(catastrophic_rows=True)``) and
+    its per-prompt evidence (``row_pass(prompts=True)``; None: not gathered)."""
 
     name: str
     knobs: Mapping[str, str]
     summary: AnalysisResult
     rows: RowStats
+    prompts: PromptEvidence | None = None
 
 
 def compare_runs(
@@ -83,7 +87,8 @@ def compare_runs(
 ) -> RunsResult:
     """Every run's key metrics (and each preset in ``presets``: its dropped-token share) with bootstrap intervals,
     verdict and onset step against ``baseline`` (default: the first run); each knob's effect on each metric; the
-    ``max_ratios`` gates (metric, short or full name → largest allowed run / baseline ratio).
+    ``max_ratios`` gates (metric, short or full name → largest allowed run / baseline ratio); the prompts matched
+    across runs (``decisions.prompts.matched_prompts``).
     Raises ConfigError for fewer than two runs, repeated names, an unknown baseline, a run without a knob another
     gives, knobs that always change together (their effects cannot be told apart), an unknown metric or preset."""
     names = [run.name for run in runs]
@@ -131,6 +136,7 @@ def compare_runs(
         seed=seed,
         gates=gates,
         warnings=warnings,
+        prompts=matched_prompts([(run.name, run.prompts) for run in runs]),
     )
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -189,12 +190,33 @@ def round_trend(rounds: Sequence[dict[str, Any]]) -> Trend | None:
     return Trend(metric, "round", slope, low, high, len(points), summary)
 
 
-def step_trends(steps: Sequence[StepResult]) -> list[Trend]:
-    """The step trend of each metric users watch (STEP_TREND_METRICS), those with at least 3 steps."""
-    return [t for t in (step_trend(steps, metric) for metric in STEP_TREND_METRICS) if t is not None]
+def step_trends(steps: Sequence[StepResult], resumes: Mapping[int, int] | None = None) -> list[Trend]:
+    """The step trend of each metric users watch (STEP_TREND_METRICS), those with at least 3 steps; ``resumes``
+    (step → the resume it follows, ``decisions.resume.resume_windows``) are left out of the fit and said."""
+    return [t for t in (step_trend(steps, metric, resumes) for metric in STEP_TREND_METRICS) if t is not None]
 
 
-def step_trend(steps: Sequence[StepResult], metric: str = catalogue.K3_KL.key) -> Trend | None:
+def label_resumes(anomalies: Sequence[Anomaly], resumes: Mapping[int, int]) -> list[Anomaly]:
+    """Anomalies on the steps right after a resume, labelled with it (a restart's transient, not a spike)."""
+    return [replace(a, resume=resumes[a.step]) if a.step in resumes else a for a in anomalies]
+
+
+def _left_out(resumes: Mapping[int, int]) -> str:
+    """ " (steps 90–92 after the resume at step 90 left out)" for the resumes of a trend's steps."""
+    by_resume: dict[int, list[int]] = {}
+    for step, resume in sorted(resumes.items()):
+        by_resume.setdefault(resume, []).append(step)
+    parts = [
+        f"step{'s' if len(steps) > 1 else ''} {steps[0]}{f'–{steps[-1]}' if len(steps) > 1 else ''} after the resume "
+        f"at step {resume}"
+        for resume, steps in by_resume.items()
+    ]
+    return f" ({'; '.join(parts)} left out)"
+
+
+def step_trend(
+    steps: Sequence[StepResult], metric: str = catalogue.K3_KL.key, resumes: Mapping[int, int] | None = None
+) -> Trend | None:
     """Slope of ``metric`` over steps (least squares, 95 % CI), its rank-correlation rise test (:func:`rise_test`),
     and the step after which it rose, when the data shows a change point; None with fewer than 3 steps.
 
@@ -204,6 +226,11 @@ def step_trend(steps: Sequence[StepResult], metric: str = catalogue.K3_KL.key) -
     """
     present, column = metric_column(steps, metric)
     kept = present & np.isfinite(column)
+    note = ""
+    if resumes:  # a restart's transient is no trend: its steps leave the fit
+        all_ids = step_ids(steps)
+        kept &= ~np.isin(all_ids, np.fromiter(resumes, dtype=np.int64))
+        note = _left_out(resumes)
     ids = step_ids(steps)[kept].astype(np.float64)
     values = column[kept]
     fit = least_squares(ids, values)
@@ -221,7 +248,7 @@ def step_trend(steps: Sequence[StepResult], metric: str = catalogue.K3_KL.key) -
             f"vs {before:.3g} before ({after / before:.1f}×, Welch t = {t:.1f})"
         )
     if rise is None:
-        return Trend(metric, "step", slope, low, high, int(ids.shape[0]), summary)
+        return Trend(metric, "step", slope, low, high, int(ids.shape[0]), summary + note if summary else summary)
     headline = ""
     if rise["rising"]:
         headline = f"{name} up {_times(rise['ratio'])}× from step {rise['first_step']} to {rise['last_step']}"
@@ -230,6 +257,7 @@ def step_trend(steps: Sequence[StepResult], metric: str = catalogue.K3_KL.key) -
             f"{rise['window']} {rise['level_after']:.3g}; Spearman ρ = {rise['rank_correlation']:.2f}, "
             f"{rise['test']} p = {rise['p_value']:.2g})"
         )
+    summary = summary + note if summary else summary
     return Trend(metric, "step", slope, low, high, int(ids.shape[0]), summary, headline=headline, **_rise_fields(rise))
 
 

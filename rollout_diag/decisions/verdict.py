@@ -53,18 +53,25 @@ from rollout_diag.formatting import number, percent
 from rollout_diag.results import Hint, OverallVerdict, StepResult, StepTable, Verdict, metric_column
 
 LEVEL_ORDER = ("bad", "watch", "ok", "n/a")
+RESUME_SHARE = 0.5  # a resume_spike is a pipeline finding when its steps carry ≥ half of the run's Σ min(|δ|, 1)
 # Hints that are pipeline bugs, in the order to fix them: a shifted gather moves every token's logprob, so it
 # comes first; a missing mask or placeholder logprobs put tokens nobody scored into the loss; processed logprobs
 # (temperature, top-p) change every token's value but keep the tokens right.
 # Rows skipped as invalid come before them all: past 1 % skipped (decisions/skipped.py), the metrics describe the rows
 # that happened to be valid, so no other finding can be read until every row is.
+# Truncated sampling logprobs come before temperature: both change every token's value, truncation also the support.
+# Retokenization changes the tokens after turn boundaries only; a resume spike counts only where it carries at least
+# half of the run's mismatch (RESUME_SHARE): a small transient in a long run is no pipeline bug.
 PIPELINE_HINTS = (
     "invalid_rows",
     "off_by_one",
     "no_mask",
     "dummy_logprobs",
     "fill_values",
+    "top_p_truncation",
     "processed_logprobs",
+    "retokenization",
+    "resume_spike",
     "stale_prefix_cache",  # only when it explains the mismatch (``_is_pipeline``)
 )
 FIX_FIRST = {
@@ -75,8 +82,14 @@ FIX_FIRST = {
     "dummy_logprobs": "fix the response mask, so that tokens the engine never scored leave the loss",
     "fill_values": "fix the response mask (or the dump), so that tokens holding a fill value instead of a logprob "
     "leave the loss",
-    "processed_logprobs": "compute both sides' logprobs from the same distribution (one side applies a temperature "
-    "or top-p/top-k)",
+    "processed_logprobs": "compute both sides' logprobs from the same distribution, at the same temperature (one "
+    "side's come from a temperature-scaled one)",
+    "top_p_truncation": "take the rollout logprobs from the full distribution, before top-p / top-k (vLLM: "
+    "logprobs_mode='raw_logprobs'), or apply the same truncation in the trainer",
+    "retokenization": "reuse the rollout's token ids for the multi-turn history (do not re-tokenize it in the "
+    "trainer), or re-score with them",
+    "resume_spike": "check what the resume restores (the inference engine's weights and their sync, the "
+    "checkpoint's optimizer and scheduler state) and leave the steps right after it out of any comparison",
     "stale_prefix_cache": STALE_FIX_FIRST,
 }
 # A single token with |δ| = 1 moves k3_kl by (e − 2)/N: over 1000 tokens that is 7e-4, close to the watch
@@ -107,7 +120,10 @@ WITHOUT_CATASTROPHIC = {
 
 def _is_pipeline(hint: Hint) -> bool:
     """Whether a pipeline hint sets the cause: a stale prefix cache only where its excess explains the mismatch
-    (decisions/prompts.py ``STALE_EXPLAINS_SHARE``), every other pipeline hint always."""
+    (decisions/prompts.py ``STALE_EXPLAINS_SHARE``), a resume spike only where its steps carry ≥ RESUME_SHARE of the
+    run's mismatch, every other pipeline hint always."""
+    if hint.id == "resume_spike":
+        return hint.evidence.get("share_of_run", 0.0) >= RESUME_SHARE
     return hint.id != "stale_prefix_cache" or hint.evidence.get("explains_mismatch") == 1.0
 
 

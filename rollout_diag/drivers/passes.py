@@ -133,6 +133,8 @@ class Analysis:
     # ((A, B), (C, D)), inclusive); None: the first and the last 20 % of the steps
     drift_windows: DriftWindows | str | None = None
     drift: DriftAccumulator = field(default_factory=DriftAccumulator)  # response-length buckets, replicate groups
+    # True: the per-prompt evidence is gathered without the findings too (``runs``' prompts matched across runs)
+    prompt_evidence: bool = False
 
     def __post_init__(self) -> None:
         check_analysis_options(self.max_rounds, self.catastrophic, self.top_k)
@@ -142,6 +144,7 @@ class Analysis:
         self.dialect = DialectsAccumulator(self.dialects)
         self.family = {family.name: family.make(self.max_rounds, self.catastrophic) for family in FAMILIES}
         self.worst = WorstTracker(self.top_k, self.catastrophic)
+        self.prompts.keep_texts = self.prompt_evidence  # runs' matrix names its prompts (metrics/prompts.py)
 
     def prepare(self, chunk: Chunk) -> None:
         """The per-token quantities the families read and the hint evidence, built in the reader's pipeline
@@ -173,6 +176,7 @@ class Analysis:
             family.update(chunk)
         if self.findings:
             self.hint_evidence.update(chunk)  # compare-presets too: a pipeline bug withholds its recommendation
+        if self.findings or self.prompt_evidence:
             self.prompts.update(chunk)
         if not self.offpolicy_only and self.findings:
             self.worst.update(chunk)

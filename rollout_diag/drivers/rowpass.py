@@ -169,18 +169,20 @@ def row_pass(
     by: Sequence[str | GroupSpec] = (),
     findings: bool = True,
     catastrophic_rows: bool = False,
+    prompts: bool = False,
     exact: bool = False,
 ) -> RowPass:
     """Read ``inputs`` once into the analysis and the per-row statistics (with each preset's dropped tokens per
     row); ``by``: also the key families per group and each row's group. ``findings`` False: without what only
     ``result`` reads (hint evidence, worst rows, dialects): the pass serves ``summary`` alone. ``catastrophic_rows``:
-    the row statistics also count each row's catastrophic tokens (``runs``' catastrophic share). ``exact``: also the
-    first model token whose two logprobs differ in any bit (``RowPass.first_difference``). Raises
+    the row statistics also count each row's catastrophic tokens (``runs``' catastrophic share). ``prompts``: the
+    per-prompt evidence is gathered even without ``findings`` (``runs``: prompts matched across runs). ``exact``:
+    also the first model token whose two logprobs differ in any bit (``RowPass.first_difference``). Raises
     RolloutDiagError for bad input or options."""
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
     specs = group_specs(by, reader)
-    analysis = Analysis(by=specs, findings=findings)
+    analysis = Analysis(by=specs, findings=findings, prompt_evidence=prompts)
     rows = RowStatsCollector(presets, catastrophic=analysis.catastrophic if catastrophic_rows else None)
     labels = GroupLabels(specs) if specs else None
     first = FirstDifference() if exact else None

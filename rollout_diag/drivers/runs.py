@@ -21,7 +21,7 @@ from rollout_diag.drivers.rowpass import row_pass
 from rollout_diag.engine.arrays import device_kind
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.presets import resolve_presets
-from rollout_diag.results import AnalysisResult, RowStats, RunsResult
+from rollout_diag.results import AnalysisResult, PromptEvidence, RowStats, RunsResult
 
 Said = Callable[[str], None]  # a line of progress ("base: read in 3.2 s")
 
@@ -39,10 +39,11 @@ class RunSpec:
 @dataclass(frozen=True)
 class RunState:
     """What one run's pass leaves for the comparison (picklable: ``state_dir`` keeps it): the run-level analysis
-    (``RowPass.summary``) and the per-row sums."""
+    (``RowPass.summary``), the per-row sums and the per-prompt evidence (bounded: ``metrics/prompts.py``)."""
 
     summary: AnalysisResult
     rows: RowStats
+    prompts: PromptEvidence | None = None
 
 
 def compare_dumps(
@@ -79,7 +80,7 @@ def compare_dumps(
             from rollout_diag.io.config import dump_config
 
             knobs = {**dump_config(spec.inputs.inputs), **knobs}
-        inputs.append(RunInput(spec.name, knobs, state.summary, state.rows))
+        inputs.append(RunInput(spec.name, knobs, state.summary, state.rows, state.prompts))
     return compare_runs(
         inputs,
         baseline=baseline,
@@ -92,10 +93,17 @@ def compare_dumps(
 
 
 def read_run(dump: Dump, presets: tuple[str, ...]) -> RunState:
-    """One run's pass: the analysis (run level) and the per-row sums with each row's catastrophic count and, per
-    preset, its dropped tokens. Raises RolloutDiagError for bad input."""
-    done = row_pass(dump, presets=resolve_presets(presets) if presets else (), findings=False, catastrophic_rows=True)
-    state = RunState(done.summary(), done.row_stats())
+    """One run's pass: the analysis (run level), the per-row sums with each row's catastrophic count and, per
+    preset, its dropped tokens, and the per-prompt evidence. Raises RolloutDiagError for bad input."""
+    done = row_pass(
+        dump,
+        presets=resolve_presets(presets) if presets else (),
+        findings=False,
+        catastrophic_rows=True,
+        prompts=True,
+    )
+    assert done.analysis is not None
+    state = RunState(done.summary(), done.row_stats(), done.analysis.prompts.evidence())
     done.release()
     return state
 

@@ -36,7 +36,7 @@ def _prepare_histograms(chunk: Chunk) -> None:
     the numba engine, from one compiled preset pass, each step group's signed histogram of c and k3's segment sums and
     extremes (the one ROW_FIELDS quantity the fused pass has not), so the accumulator makes no token-sized array."""
     prepare(chunk)
-    prepare_derived(stats(chunk), ("rs_k3",), histogram=True)
+    prepare_derived(stats(chunk), ("rs_k3", "rs_kpop", "rs_bkl", "rs_tv"), histogram=True)
 
 
 @reads_dump

@@ -532,6 +532,8 @@ class Watcher:
             for lag, sums in record.lags.items():
                 evidence.lags[lag] = evidence.lags[lag] + sums if lag in evidence.lags else sums.copy()
         evidence.has_versions = any(record.has_versions for record in left)
+        # where each file's steps go back (resumes): a file taken out takes its pieces with it
+        evidence.files = {path: pieces for path, pieces in evidence.files.items() if path in self.files}
         self.analysis.prompts = PromptAccumulator()
         for record in left:
             self.analysis.prompts.merge(record.prompts)

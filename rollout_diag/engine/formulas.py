@@ -16,7 +16,7 @@ import numpy as np
 from rollout_diag.catalogue import CLAMP, EPS
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
-from rollout_diag.engine.quantities import BANDS, COUNTS, EXTREME_BOUNDS
+from rollout_diag.engine.quantities import BANDS, BKL_EPS, COUNTS, EXTREME_BOUNDS, KPOP_EPS
 
 
 class TokenSource(Protocol):
@@ -206,6 +206,47 @@ def _rs_k1(s: TokenSource) -> Array:  # §3 k1 = −c
     return -s.token("clamped_log_ratio")
 
 
+# The probability gates (presets.GATE_STATISTICS), of p = exp(a), q = exp(r) of the sampled token, in float64. The
+# exps and logs are numpy's on the host in both engines (torch's on a GPU), so both CPU engines give the same bits and
+# a value on a gate's bound falls on the same side in both (as the IS weights: ``arrays.host_exp``).
+def gate_values(trainer: Array, rollout: Array) -> tuple[Array, Array, Array]:
+    """(kpop, bkl, tv) at every token of ``trainer`` and ``rollout`` logprobs (numpy arrays or tensors alike):
+
+    - kpop: AReaL KPop (areal-project/AReaL@cbff54d, areal/utils/functional/functional.py): the larger of
+      KL(B(p)‖B(q)) and KL(B(q)‖B(p)), p and q clamped to [1e-8, 1 − 1e-8];
+    - bkl: OpenRLHF #1339's binary_kl gating, KL(B(q)‖B(p)) (rollout ‖ train), clamped to [1e-6, 1 − 1e-6];
+    - tv: prime-rl's ipo (PrimeIntellect-ai/prime-rl@559b447, ipo_loss_fn): |p − q|, unclamped.
+
+    B(x) is the Bernoulli (this token, any other); KL(B(x)‖B(y)) = x·log(x/y) + (1 − x)·log((1 − x)/(1 − y)), with
+    log(x/y) = ±δ (δ = a − r) where neither is clamped. Both KLs are clamped at 0 (OpenRLHF #1354: roundoff below 0
+    rejected valid rows); finite for any logprob ≤ 0, p → 0 and p → 1 included (the clamps)."""
+    p, q = arrays.host_exp(trainer), arrays.host_exp(rollout)
+    delta = trainer - rollout
+    kpop_forward, kpop_reverse = _binary_kl_pair(p, q, delta, KPOP_EPS)
+    _, bkl = _binary_kl_pair(p, q, delta, BKL_EPS)
+    kpop = arrays.clamp(arrays.maximum(kpop_forward, kpop_reverse), lower=0.0)
+    return kpop, arrays.clamp(bkl, lower=0.0), abs(p - q)
+
+
+def _binary_kl_pair(p: Array, q: Array, delta: Array, eps: float) -> tuple[Array, Array]:
+    """(KL(B(p')‖B(q')), KL(B(q')‖B(p'))) with p', q' = p, q clamped to [eps, 1 − eps]."""
+    p_clamped, q_clamped = arrays.clamp(p, eps, 1.0 - eps), arrays.clamp(q, eps, 1.0 - eps)
+    unclamped = (p_clamped == p) & (q_clamped == q)
+    log_ratio = arrays.where(unclamped, delta, arrays.host_log(p_clamped / q_clamped))
+    log_complement = arrays.host_log((1.0 - p_clamped) / (1.0 - q_clamped))
+    forward = p_clamped * log_ratio + (1.0 - p_clamped) * log_complement
+    reverse = -(q_clamped * log_ratio + (1.0 - q_clamped) * log_complement)
+    return forward, reverse
+
+
+def _gate(index: int) -> Callable[[TokenSource], Array]:
+    return lambda s: gate_values(s.token("trainer"), s.token("rollout"))[index]
+
+
+for _index, _name in enumerate(("rs_kpop", "rs_bkl", "rs_tv")):
+    TOKEN_QUANTITIES[_name] = _gate(_index)
+
+
 # ----------------------------------------------------------------------- derived token quantities
 @dataclass(frozen=True)
 class Derived:
@@ -247,7 +288,7 @@ class Derived:
 DERIVED: dict[str, Derived] = {}  # name -> quantity, every one registered in this process
 # The engine's own w and k3 (min(max(v, −inf), inf) = v): the compiled pass fills their reductions too, so no tensor
 # of k3 is made and w is summed beside everything else
-for _base in ("token_is_weight", "rs_k3"):
+for _base in ("token_is_weight", "rs_k3", "rs_kpop", "rs_bkl", "rs_tv"):
     DERIVED[_base] = Derived(_base, "clamp")
 
 

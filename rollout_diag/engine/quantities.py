@@ -32,7 +32,21 @@ QUANTITIES = (
 # The quantities whose segment maxima and minima the fused pass computes (what the families read), in output order.
 EXTREMES = ("abs_log_ratio", "clamped_log_ratio", "rs_k2", "prob_diff")
 # The token quantities a derived one is made from (``Derived.base``), in the order of their codes.
-PRESET_BASES = ("log_ratio", "clamped_log_ratio", "token_is_weight", "rs_k1", "rs_k2", "rs_k3")
+PRESET_BASES = (
+    "log_ratio",
+    "clamped_log_ratio",
+    "token_is_weight",
+    "rs_k1",
+    "rs_k2",
+    "rs_k3",
+    "rs_kpop",
+    "rs_bkl",
+    "rs_tv",
+)
+GATE_BASES = ("rs_kpop", "rs_bkl", "rs_tv")  # the probability gates, in kernels.presets' gates rows
+GATE_HISTOGRAM = "sweep_gate_histograms"  # ChunkStats.memo key of the sweep's gate histograms (metrics.sweep)
+# The probability gates' clamps of p = exp(logprob) (presets.GATE_STATISTICS): AReaL's KPop, OpenRLHF's binary_kl.
+KPOP_EPS, BKL_EPS = 1e-8, 1e-6
 SHARED_QUANTITIES = ("log_ratio", "abs_log_ratio")  # what every family reads
 # Exact token counts the fused pass takes per segment (their segment sums, as float64 counts, in output order): tokens
 # whose two logprobs differ in any bit (compared as float32 where either column was float32: ``Chunk.float32``),

@@ -23,13 +23,24 @@ import numpy as np
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array, segment_max, segment_min, segment_moments
 from rollout_diag.engine.choice import kernel_for
-from rollout_diag.engine.formulas import DERIVED, TOKEN_QUANTITIES, clamp20, row_mean, token_exp, token_expm1
+from rollout_diag.engine.formulas import (
+    DERIVED,
+    TOKEN_QUANTITIES,
+    clamp20,
+    row_mean,
+    token_exp,
+    token_expm1,
+)
 from rollout_diag.engine.kernels import compiled, compiled_presets
 from rollout_diag.engine.kernels import prepass as kernel_prepass
 from rollout_diag.engine.quantities import (
+    BKL_EPS,
     COUNTS,
     EXPONENT_MAX,
     EXPONENT_MIN,
+    GATE_BASES,
+    GATE_HISTOGRAM,
+    KPOP_EPS,
     MOMENT_PAIRS,
     PROBABILITIES,
     SHARED_QUANTITIES,
@@ -758,6 +769,12 @@ class KernelStats(ChunkStats):
     def segment_length(self) -> Array:
         return self._out(self._layout[2])
 
+    @property
+    def segment_raw_starts(self) -> np.ndarray:
+        """Index (into the chunk's raw token arrays, environment tokens included) of each segment's first token: the
+        few tokens a reader gathers are read there, without building the model-token arrays."""
+        return self._layout[0]
+
     @cached_property
     def segment_row(self) -> Array:
         return self._out(self._layout[3])
@@ -891,7 +908,7 @@ class KernelStats(ChunkStats):
 
     def hint_rows(self) -> tuple[dict[str, Array], Array]:
         """The token patterns of metrics.hints (``kernels.cpu.HINT_COLUMNS``, per row) and the rollout-probability
-        buckets [G, B, 5] of [tokens, Σ|δ|, Σy, Σy², Σk3], from the fused pass with the hint constants of
+        buckets [G, B, 6] of [tokens, Σ|δ|, Σy, Σy², Σδ, Σk3], from the fused pass with the hint constants of
         ``kernels/prepass.py``."""
         per_row, buckets = self._fused[1]
         columns = self._out(per_row)
@@ -922,6 +939,8 @@ class KernelStats(ChunkStats):
         bounds = np.array([[q.lower, q.upper] for q in quantities], dtype=np.float64).reshape(-1, 2)
         needs_weight = any(q.base in ("token_is_weight", "rs_k3") for q in quantities)
         weight = arrays.host(self.token_weights()) if needs_weight else np.zeros(0)
+        needs_gates = any(q.base in GATE_BASES for q in quantities)
+        gates = self.gate_values(None if histogram is None else histogram[1:]) if needs_gates else np.zeros((3, 0))
         trainer, rollout = self._raw
         raw, model, length, *_ = self._layout
         segment_group, groups = arrays.host(self.segment_group), self.chunk.groups.count
@@ -929,8 +948,9 @@ class KernelStats(ChunkStats):
         # a quantity asked for its moments only needs no extremes (one read anyway is reduced as the torch engine does)
         extremes = np.array([name in named for name in wanted], dtype=np.bool_)
         sums, maxima, minima, counts = kernels.preset_pass(
-            trainer, rollout, weight, raw, model, length, segment_group, groups, codes, bounds, extremes, edges, table
-        )
+            trainer, rollout, weight, gates, raw, model, length, segment_group, groups, codes, bounds, extremes, edges,
+            table,
+        )  # fmt: skip
         if histogram is not None:
             self.memo(histogram[0], lambda: counts)
         for index, name in enumerate(wanted):
@@ -950,6 +970,7 @@ class KernelStats(ChunkStats):
                 trainer,
                 rollout,
                 weight,
+                gates,
                 raw,
                 model,
                 length,
@@ -963,6 +984,42 @@ class KernelStats(ChunkStats):
         for place, index in enumerate(centred):
             moments = arrays.stack([n, means[:, place], zeros, m2[:, place], zeros, zeros], axis=-1)
             self.memo(("derived_moments", wanted[index]), lambda moments=moments: moments)
+
+    def token(self, name: str) -> Array:
+        if name in GATE_BASES and name not in self._tokens:  # the three gates are computed together, once a chunk
+            self._tokens[name] = self._out(self.gate_values()[GATE_BASES.index(name)])
+        return super().token(name)
+
+    def gate_values(self, histogram: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        """The probability gates (kpop, bkl, tv) at every model token, float64 [3, M] on the host, computed once a
+        chunk: ``engine.formulas.gate_values`` operation for operation, with numpy's exps and logs (the torch engine's
+        on the CPU, bit for bit), the rest compiled (``kernels.presets.gate_arguments``, ``gate_finish``); with
+        ``histogram`` (the sweep's exact bin edges and table), the step groups' histograms of each gate's value too,
+        memoised under ``GATE_HISTOGRAM`` (``metrics.sweep.gate_histograms``)."""
+        found = self._memo.get("gate_values")
+        if found is not None and (histogram is None or GATE_HISTOGRAM in self._memo):
+            return found
+        trainer, rollout = self._raw
+        raw, model, length, *_ = self._layout
+        kernels = compiled_presets()
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            trainer_prob = np.exp(kernels.model_values(trainer, raw, model, length))
+            rollout_prob = np.exp(kernels.model_values(rollout, raw, model, length))
+            arguments = kernels.gate_arguments(trainer_prob, rollout_prob, BKL_EPS, KPOP_EPS)
+            complement, ratio_narrow, at_narrow, ratio_wide, at_wide, complement_wide, at_complement = arguments
+            for values in (complement, ratio_narrow, ratio_wide, complement_wide):
+                np.log(values, out=values)
+        edges, table = (np.zeros(0), np.zeros(0, np.int64)) if histogram is None else histogram
+        segment_group = arrays.host(self.segment_group)
+        found, counts = kernels.gate_finish(
+            trainer, rollout, raw, model, length, trainer_prob, rollout_prob, BKL_EPS, KPOP_EPS, complement,
+            ratio_narrow, at_narrow, ratio_wide, at_wide, complement_wide, at_complement, segment_group,
+            self.chunk.groups.count, edges, table,
+        )  # fmt: skip
+        self._memo["gate_values"] = found
+        if histogram is not None:
+            self._memo[GATE_HISTOGRAM] = self._out(counts)
+        return found
 
     def token_weights(self) -> Array:
         """w = exp(c) at every model token (``token_is_weight``, cached there, of the chunk's kind), numpy's exp as

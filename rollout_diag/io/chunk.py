@@ -75,6 +75,8 @@ class Chunk:
     file_row: list[int]  # row number within that file (first token's row in token layout)
     token_ids: Array | None = None  # int64 [T]
     policy_version: Array | None = None  # int64 [R]: version of the policy that generated each row
+    # per-token side columns by role (io/columns.py TOKEN_SIDE_ROLES: rollout_token_ids int64, kept_mass float64 [T])
+    token_columns: Mapping[str, Array] = field(default_factory=dict)
     # int64 [R] on the host: each row's prompt key (io/prompts.py; 0: none), and where the keys come from
     prompt_key: np.ndarray | None = None
     prompt_source: str | None = None

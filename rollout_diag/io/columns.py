@@ -33,10 +33,16 @@ ROLE_CANDIDATES: dict[str, tuple[str, ...]] = {
     "policy_version": ("policy_version",),  # version of the policy that generated the row (async RL)
     # the prompt a row answers (io/prompts.py): rows of one GRPO group share it; uid last (verl's is per prompt)
     "prompt_id": ("prompt_id", "prompt_hash", "prompt_uid", "group_id", "uid"),
+    # per-token columns the hints read (docs/hints.md): the engine's own token ids where the trainer re-tokenized
+    # (token_ids then holds the trainer's), and the probability mass top-p / top-k kept for each sampled token
+    "rollout_token_ids": ("rollout_token_ids", "rollout_ids"),
+    "kept_mass": ("kept_mass", "sampling_kept_mass"),
 }
 # Roles whose built-in names are tried in order (the first present wins) instead of two present being an error:
 # optional roles that only the prompt checks read, so that a dump read before they existed still reads.
 FIRST_FOUND_ROLES = frozenset({"prompt_id"})
+# The per-token columns carried as ``Chunk.token_columns`` (and ``decode.Block.token_columns``) by role.
+TOKEN_SIDE_ROLES = ("rollout_token_ids", "kept_mass")
 REQUIRED_ROLES = ("rollout", "trainer")
 ROLES = tuple(ROLE_CANDIDATES)
 

@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rollout_diag.errors import ColumnError, DataError, InputError, where
+from rollout_diag.io.columns import TOKEN_SIDE_ROLES
 from rollout_diag.io.formats.base import SKIP_COLUMN, SKIP_REASON
 from rollout_diag.io.opening import OpenFile, column_names, decoded, numeric_type, one_line
 from rollout_diag.io.readlog import ReadLog
@@ -50,6 +51,7 @@ class Block:
     names: Mapping[str, str] = field(default_factory=dict)  # role -> column, for skip records
     extra: dict[str, ExtraColumn] = field(default_factory=dict)  # extra column -> one value per row [R]
     token_rows: np.ndarray | None = None  # token layout: the file row of each token
+    token_columns: dict[str, np.ndarray] = field(default_factory=dict)  # TOKEN_SIDE_ROLES present: role -> [T]
     skipped: list[SkippedRow] = field(default_factory=list)  # found while decoding; logged in row order
 
 
@@ -360,6 +362,7 @@ def _sequence_block(
     }
     token_ids = _token_list(opened, batch, "token_ids", lengths_kept)
     text = _token_list(opened, batch, "tokens", lengths_kept)
+    side = {role: _token_list(opened, batch, role, lengths_kept) for role in TOKEN_SIDE_ROLES}
     return Block(
         file=opened.source.path,
         file_row=file_row,
@@ -375,7 +378,16 @@ def _sequence_block(
         names=names,
         extra=_extra_values(opened, batch),
         skipped=pending,
+        token_columns={role: _side_values(role, values) for role, values in side.items() if values is not None},
     )
+
+
+def _side_values(role: str, values: pa.Array | np.ndarray) -> np.ndarray:
+    """A per-token side column as numpy: ids as int64 (nulls -1), kept masses as float64 (nulls NaN)."""
+    flat = _flat_numpy(values) if isinstance(values, pa.Array | pa.ChunkedArray) else values
+    if role == "kept_mass":
+        return np.asarray(flat, dtype=np.float64)
+    return _as_ids(flat)
 
 
 def _token_list(opened: OpenFile, batch: pa.RecordBatch, role: str, lengths: np.ndarray) -> pa.Array | None:
@@ -546,6 +558,7 @@ def _token_block(
 
     trainer, rollout, mask = column("trainer"), column("rollout"), column("mask")
     token_ids = column("token_ids")
+    side = {role: values for role in TOKEN_SIDE_ROLES if (values := column(role)) is not None}
     text = None
     if "tokens" in names and "tokens" not in opened.columns.from_partition:
         text = table.column(names["tokens"]).combine_chunks()
@@ -563,6 +576,7 @@ def _token_block(
             trainer, rollout, token_rows = trainer[order], rollout[order], token_rows[order]
             mask = None if mask is None else mask[order]
             token_ids = None if token_ids is None else token_ids[order]
+            side = {role: values[order] for role, values in side.items()}
             text = None if text is None else text.take(pa.array(order))
     block = Block(
         file=path,
@@ -574,6 +588,7 @@ def _token_block(
         rollout=rollout,
         mask=mask,
         token_ids=_as_ids(token_ids),
+        token_columns={role: _side_values(role, values) for role, values in side.items()},
         token_text=text,
         policy_version=_policy_versions(opened, table, first_row, run_starts, index=run_starts),
         names=names,
@@ -611,6 +626,7 @@ def drop_rows(block: Block, rows: np.ndarray) -> Block:
         extra={name: _take(values, kept) for name, values in block.extra.items()},
         token_rows=None if block.token_rows is None else block.token_rows[keep_token],
         skipped=block.skipped,
+        token_columns={role: values[keep_token] for role, values in block.token_columns.items()},
     )
 
 
@@ -666,6 +682,7 @@ def split_steps(block: Block, max_steps: int = MAX_BLOCK_STEPS) -> list[Block]:
                 names=block.names,
                 extra={name: _take(values, rows) for name, values in block.extra.items()},
                 token_rows=None if block.token_rows is None else block.token_rows[first:last],
+                token_columns={role: values[first:last] for role, values in block.token_columns.items()},
                 skipped=[skip for skip, at in zip(block.skipped, owner, strict=True) if at == piece],
             )
         )

@@ -93,6 +93,8 @@ _ELEMENT_CHECKS = {
     "trainer": (pa.types.is_floating, "float"),
     "mask": (numeric_type, "int, bool or float 0/1"),
     "token_ids": (pa.types.is_integer, "int"),
+    "rollout_token_ids": (pa.types.is_integer, "int"),
+    "kept_mass": (pa.types.is_floating, "float"),
     "tokens": (lambda t: pa.types.is_string(t) or pa.types.is_large_string(t), "string"),
 }
 
@@ -309,7 +311,8 @@ def _extra_columns(schema: pa.Schema, columns: ColumnMap) -> tuple[str, ...]:
     return tuple(extras)
 
 
-TOKEN_ROLES = ("rollout", "trainer", "mask", "token_ids", "tokens")  # per-token columns: what makes a file a dump
+# per-token columns: what makes a file a dump
+TOKEN_ROLES = ("rollout", "trainer", "mask", "token_ids", "tokens", "rollout_token_ids", "kept_mass")
 
 
 def normalised(path: Any) -> str:

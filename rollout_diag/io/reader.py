@@ -554,6 +554,7 @@ def _numpy_columns(valid: _Valid) -> dict[str, np.ndarray | None]:
         "mask": mask,
         "token_ids": None if block.token_ids is None else np.array(block.token_ids),
         "policy_version": None if block.policy_version is None else np.array(block.policy_version),
+        "token_columns": {role: np.array(values) for role, values in block.token_columns.items()},
     }
 
 
@@ -584,6 +585,7 @@ def _tensor_columns(valid: _Valid, device: str) -> dict[str, torch.Tensor | None
         "mask": mask,
         "token_ids": None if block.token_ids is None else torch.tensor(block.token_ids, device=device),
         "policy_version": None if block.policy_version is None else torch.tensor(block.policy_version, device=device),
+        "token_columns": {role: torch.tensor(values, device=device) for role, values in block.token_columns.items()},
     }
 
 
@@ -684,6 +686,10 @@ def _joinable(first: Block, block: Block) -> bool:
     version by the same name, the extra columns in the same order), of the same types."""
     if list(first.extra) != list(block.extra) or first.names.get("policy_version") != block.names.get("policy_version"):
         return False
+    if {r: _column_type(v) for r, v in first.token_columns.items()} != {
+        r: _column_type(v) for r, v in block.token_columns.items()
+    }:
+        return False
     return all(
         _column_type(getattr(first, name)) == _column_type(getattr(block, name))
         for name in ("token_ids", "token_text", "policy_version")
@@ -726,6 +732,9 @@ def _joined(parts: Sequence[_Valid]) -> _Valid:
         policy_version=joined("policy_version"),
         names=first.names,
         extra={name: joined_extra([block.extra[name] for block in blocks]) for name in first.extra},
+        token_columns={
+            role: np.concatenate([block.token_columns[role] for block in blocks]) for role in first.token_columns
+        },
     )
     scanned = tuple(np.concatenate([values[i] for values in host]) for i in range(3))
     files = [name for valid in parts for name in (valid.files or [valid.block.file] * len(valid.block.lengths))]

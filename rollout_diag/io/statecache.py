@@ -17,7 +17,7 @@ from typing import Any
 from rollout_diag.errors import ConfigError
 from rollout_diag.io.sources import expand_inputs
 
-CACHE_VERSION = 1  # bump when what a state holds changes: older files are then never found
+CACHE_VERSION = 2  # bump when what a state holds changes (2: the per-prompt evidence): older files never found
 
 
 def state_key(inputs: tuple[str, ...], options: Mapping[str, Any]) -> str | None:

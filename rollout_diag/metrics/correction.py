@@ -33,7 +33,7 @@ from rollout_diag.engine.stats import ChunkStats, PerToken, stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import Columns, KeyGroup, StepAccumulator
 from rollout_diag.metrics.sweep import SIGNED_HISTOGRAM, exact_bin_edges
-from rollout_diag.presets import ImportanceSampling, RejectionOption
+from rollout_diag.presets import GATE_STATISTICS, ImportanceSampling, RejectionOption, k1_bounds_asymmetric
 
 PREFIX = catalogue.OFFPOLICY_PREFIX
 
@@ -136,6 +136,8 @@ def rs_rejections(s: ChunkStats, options: tuple[RejectionOption, ...]) -> tuple[
 def rs_quantities(options: tuple[RejectionOption, ...]) -> list[str]:
     """The derived token quantities ``rs_rejections`` and the row statistics of ``options`` read."""
     names = ["rs_k3"] if any(option.statistic == "k3" for option in options) else []
+    # a gate's row values read its row sums (or maxima): reduced in the compiled pass, with no token tensor
+    names += list(dict.fromkeys(f"rs_{option.statistic}" for option in options if option.statistic in GATE_STATISTICS))
     return names + [rs_rejected_name(option) for option in options if not option.is_sequence]
 
 
@@ -405,6 +407,10 @@ class ImportanceAccumulator(CorrectionAccumulator):
         **WEIGHT_REDUCTIONS,
         "oob": "sum",  # IcePop: #tokens w_raw outside [L, U]
         "valid_seq_weight_sum": "sum",  # Σ_valid q_i (sequence batch norm)
+        # w_raw before truncation (after verl's clamp20 of the log ratio), over model tokens: summary/is_raw_*
+        "raw_weight": "moments",
+        "raw_max": "max",
+        "raw_min": "min",
     }
 
     def __init__(self, config: ImportanceSampling) -> None:
@@ -418,7 +424,7 @@ class ImportanceAccumulator(CorrectionAccumulator):
         names, moments = token_weight_names(token_weight_name(config), None, config.lower, config.upper)
         if config.icepop:
             names.append(derived("token_is_weight", "outside", config.lower, config.upper))
-        return names, moments
+        return names, [*moments, "token_is_weight"]
 
     def shared_stats(self, s: ChunkStats) -> dict[str, Array]:
         config = self.config
@@ -441,6 +447,7 @@ class ImportanceAccumulator(CorrectionAccumulator):
             **weights,
             "oob": oob,
             "valid_seq_weight_sum": s.group_sum_rows(arrays.where(s.valid_rows, seq_weight, 0.0)),
+            **raw_weight_stats(s, raw),
         }
 
     def _metrics(self, value: dict[str, Any]) -> dict[str, Any]:
@@ -457,7 +464,46 @@ class ImportanceAccumulator(CorrectionAccumulator):
             else:
                 factor = value["weight_sum"] / denominator
             metrics["rollout_is_batch_norm_factor"] = np.where(factor > EPS, factor, 1.0)
-        return {PREFIX + name: v for name, v in metrics.items()}
+        return {**{PREFIX + name: v for name, v in metrics.items()}, **raw_weight_metrics(value)}
+
+
+def raw_weight_stats(s: ChunkStats, raw: PerToken) -> dict[str, Array]:
+    """Partial state of the raw IS weights w_raw (exp(clamp20(δ)) per token, exp(clamp20(s_i)) of the row at sequence
+    level) over model tokens: moments, max and min (a row without model tokens adds nothing)."""
+    if raw.by_row:
+        valid = s.valid_rows
+        return {
+            "raw_weight": s.group_moments(raw),
+            "raw_max": s.group_max_rows(arrays.where(valid, raw.values, -math.inf)),
+            "raw_min": s.group_min_rows(arrays.where(valid, raw.values, math.inf)),
+        }
+    return {
+        "raw_weight": derived_moments(s, "token_is_weight"),
+        "raw_max": s.group_max(raw),
+        "raw_min": s.group_min(raw),
+    }
+
+
+def raw_weight_metrics(value: dict[str, Any]) -> dict[str, Any]:
+    """``summary/is_raw_*``: verl's rollout_is_mean / _std / _eff_sample_size / _max / _min formulas on w_raw, before
+    truncation or IcePop (TRL #5243, NeMo-RL #3900 ask for both sides): T[w_raw], its population std and ESS over
+    model tokens, and its extremes (a sequence's weight counts once per model token)."""
+    moments = value["raw_weight"]
+    count, mean = moments[..., 0], moments[..., 1]
+    return {
+        RAW_IS_MEAN: count * mean / (count + EPS),  # T[w_raw] = Σ m·w_raw / (N + 1e-8)
+        RAW_IS_STD: population_stds(moments),
+        RAW_IS_MIN: value["raw_min"],
+        RAW_IS_MAX: value["raw_max"],
+        RAW_IS_ESS: effective_sample_sizes(moments),
+    }
+
+
+RAW_IS_MEAN, RAW_IS_STD, RAW_IS_MIN, RAW_IS_MAX, RAW_IS_ESS = (
+    metric.key
+    for metric in (catalogue.IS_RAW_MEAN, catalogue.IS_RAW_STD, catalogue.IS_RAW_MIN, catalogue.IS_RAW_MAX,
+                   catalogue.IS_RAW_ESS)
+)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- §3 rejection sampling
@@ -570,6 +616,37 @@ class RejectionOptionAccumulator(CorrectionAccumulator):
         metrics["masked_fraction"] = value["rejected_tokens"] / denominator  # §3 T[1 − keep]
         metrics["seq_masked_fraction"] = np.where(has_valid, value["rejected_rows"] / valid, 0.0)
         return {f"{PREFIX}rollout_rs_{option.option}_{name}": v for name, v in metrics.items()}
+
+
+def k1_is_asymmetric(option: RejectionOption) -> bool:
+    """A k1 option whose ratio bounds L, U are not reciprocal (L·U ≠ 1): verl keeps log L ≤ k1 ≤ log U with k1 = −log ρ,
+    so it applies ρ ∈ [1/U, 1/L], not the [L, U] one reads in the config (verl #6377, closed unmerged)."""
+    return option.statistic == "k1" and k1_bounds_asymmetric(option.lower, option.upper)
+
+
+def k1_as_written(option: RejectionOption) -> RejectionOption:
+    """The k1 option that keeps ρ ∈ [L, U] as written: −log U ≤ k1 ≤ −log L."""
+    lower, upper = -option.upper, -option.lower
+    spec = f"{math.exp(-option.upper)!r}_{math.exp(-option.lower)!r}"
+    return RejectionOption(option.option, option.scope, option.statistic, lower, upper, spec)
+
+
+class K1AsWrittenAccumulator(RejectionOptionAccumulator):
+    """What an asymmetric k1 option would reject with ρ in [L, U] as written (``k1_as_written``), beside verl's own
+    numbers (which stay verl's): ``summary/k1_as_written_token_fraction`` and ``_row_fraction`` of the option."""
+
+    def __init__(self, option: RejectionOption) -> None:
+        super().__init__(k1_as_written(option))
+
+    def _metrics(self, value: dict[str, Any]) -> dict[str, Any]:
+        valid = value["valid_rows"]
+        return {
+            K1_WRITTEN_TOKENS: value["rejected_tokens"] / (value["tokens"] + EPS),
+            K1_WRITTEN_ROWS: np.where(valid > 0, value["rejected_rows"] / np.maximum(valid, 1.0), 0.0),
+        }
+
+
+K1_WRITTEN_TOKENS, K1_WRITTEN_ROWS = catalogue.K1_WRITTEN_TOKENS.key, catalogue.K1_WRITTEN_ROWS.key
 
 
 class DropCountAccumulator(CorrectionAccumulator):

@@ -42,7 +42,15 @@ from rollout_diag.results import Evidence, RowRef
 # reader runs the compiled hint pass with them before torch is loaded.)
 PROBABILITY_BUCKETS = len(PROBABILITY_EDGES) + 1
 EXAMPLE_ROWS = 5  # example rows kept per hint
-EXAMPLE_KINDS = ("off_by_one", "dummy_logprobs", "processed_logprobs", "first_token", "last_token", "staleness")
+EXAMPLE_KINDS = (
+    "off_by_one",
+    "dummy_logprobs",
+    "processed_logprobs",
+    "first_token",
+    "last_token",
+    "staleness",
+    "retokenization",  # the first model tokens whose two token ids differ, in reading order (score: −position)
+)
 
 # Per-step sums, one column each (token counts, Σ y and Σ y² with y = min(|δ|, 1), and pattern counts).
 TOKEN_SUMS = (
@@ -66,6 +74,8 @@ TOKEN_SUMS = (
     "rest",
     "rest_y",
     "rest_y2",  # every other model token
+    "rollout_sum",  # Σ r and Σ δ: with cross, rollout_square and delta_square, the δ ≈ α + β·r fit with an intercept
+    "delta_sum",
 )
 ROW_SUMS = (
     "fit_rows",  # rows with a δ ≈ c·r fit …
@@ -77,8 +87,20 @@ ROW_SUMS = (
     "shift_rows_shifted",
 )
 
-PROBABILITY_COLUMNS = ("tokens", "abs", "y", "y2", "k3")  # per rollout-probability bucket (abs: Σ|δ| unclipped;
-# k3: Σ(exp δ − δ − 1), what the drift split reads)
+# Retokenization at turn boundaries: the first TURN_OFFSETS model tokens of each round, by offset in the round, for
+# round 0 (after the prompt) and for later rounds (after an environment segment): [tokens, Σy, Σy²] per bucket
+# (round class × offset); and every token of the later rounds (the rest of those turns is their total less these).
+TURN_OFFSETS = 8
+TURN_COLUMNS = ("tokens", "y", "y2")
+LATER_SUMS = ("later_tokens", "later_y", "later_y2")
+# With the per-token side columns (io/columns.py TOKEN_SIDE_ROLES): model tokens with both token ids and those whose
+# trainer (token_ids) and rollout (rollout_token_ids) ids differ; model tokens with a kept mass M, Σ log M and
+# Σ|δ − log M| (δ explained by the truncation when small against Σ|δ|).
+SIDE_SUMS = ("id_tokens", "id_differ", "kept_tokens", "kept_log", "kept_residual", "kept_abs")
+# The policy versions of each step's rows (a resume that resets the weight-sync counter makes them go back).
+VERSION_EXTREMES = {"version_min": "min", "version_max": "max"}
+# per rollout-probability bucket (abs: Σ|δ|, delta: Σδ, k3: Σ(exp δ − δ − 1), what the drift split reads)
+PROBABILITY_COLUMNS = ("tokens", "abs", "y", "y2", "delta", "k3")
 POSITION_COLUMNS = ("tokens", "y", "y2")  # per log2 position bucket
 
 
@@ -157,6 +179,8 @@ class _ChunkEvidence:
             "rest": count - rounds - has_tokens + parts["both"],
             "rest_y": total_y - first_y - last_y + parts["both_y"],
             "rest_y2": total_y2 - first_y2 - last_y2 + parts["both_y2"],
+            "rollout_sum": s.row_sum("rollout"),
+            "delta_sum": s.row_sum("log_ratio"),
         }
         self.rows = arrays.stack([sums[name] for name in TOKEN_SUMS], axis=1)  # [R, K]
         self.total_y, self.total_y2 = total_y, total_y2
@@ -319,6 +343,10 @@ class HintEvidenceAccumulator(StepAccumulator):
         **{name: "sum" for name in TOKEN_SUMS + ROW_SUMS},
         "probability_buckets": "sum",
         "position_buckets": "sum",
+        "turn_offsets": "sum",
+        **{name: "sum" for name in LATER_SUMS},
+        **{name: "sum" for name in SIDE_SUMS},
+        **VERSION_EXTREMES,
     }
 
     def __init__(self) -> None:
@@ -326,6 +354,9 @@ class HintEvidenceAccumulator(StepAccumulator):
         self.examples = {kind: TopK(EXAMPLE_ROWS) for kind in EXAMPLE_KINDS}
         self.lags: dict[int, np.ndarray] = {}  # lag → [tokens, Σy, Σy², rows]
         self.has_versions = False
+        # file -> pieces of its rows in row order [first row, first step, last step, min, max, back row, back step]
+        # (back: the first row whose step is below the step of the row before, -1 for none): where steps go back
+        self.files: dict[str, list[tuple[int, ...]]] = {}
 
     def _stats(self, chunk: Chunk) -> dict[str, Array]:
         evidence = _evidence(chunk)
@@ -367,6 +398,7 @@ class HintEvidenceAccumulator(StepAccumulator):
                     s.token("abs_log_ratio"),
                     s.token("hint_clipped_abs"),
                     s.token("hint_clipped_square"),
+                    s.token("log_ratio"),
                     s.token("k3"),
                 ],
             )
@@ -384,6 +416,9 @@ class HintEvidenceAccumulator(StepAccumulator):
             ],
             axis=2,
         )
+        out.update(_turn_sums(chunk, s))
+        out.update(_version_extremes(chunk))
+        out.update(_side_sums(chunk))
         return out
 
     def _finalize(self, state: State) -> dict[str, float]:
@@ -394,6 +429,8 @@ class HintEvidenceAccumulator(StepAccumulator):
         super().update(chunk)
         evidence = _evidence(chunk)
         self._offer_examples(chunk, evidence)
+        self._add_file_steps(chunk)
+        self._offer_id_differences(chunk)
         if chunk.policy_version is not None:
             self.has_versions = True
             self._add_lags(chunk, evidence)
@@ -406,22 +443,80 @@ class HintEvidenceAccumulator(StepAccumulator):
         for lag, sums in other.lags.items():
             self.lags[lag] = self.lags[lag] + sums if lag in self.lags else sums.copy()
         self.has_versions |= other.has_versions
+        for file, pieces in other.files.items():
+            self.files[file] = sorted(self.files.get(file, []) + pieces)
+
+    def _offer_id_differences(self, chunk: Chunk) -> None:
+        """The first model tokens (by step, file, row, position) whose trainer and rollout token ids differ."""
+        rollout_ids = chunk.token_columns.get("rollout_token_ids")
+        if rollout_ids is None or chunk.token_ids is None:
+            return
+        differ = np.flatnonzero(
+            arrays.host(chunk.mask).astype(bool) & (arrays.host(chunk.token_ids) != arrays.host(rollout_ids))
+        )
+        if differ.size == 0:
+            return
+        offsets = arrays.host(chunk.offsets)
+        rows = np.searchsorted(offsets, differ, side="right") - 1
+        steps = arrays.host(chunk.step)
+        found: dict[int, tuple] = {}
+        for token, row in zip(differ.tolist(), rows.tolist(), strict=True):  # the first difference of each row
+            if row not in found:
+                position = token - int(offsets[row])
+                key = (int(steps[row]), chunk.sample_id[row], chunk.file[row], chunk.file_row[row], position)
+                found[row] = key
+        best = sorted(found.values(), key=lambda key: (key[0], key[2], key[3], key[4]))[:EXAMPLE_ROWS]
+        # TopK keeps the largest scores: the earliest first as the highest, −(step, row, position) in one number
+        self.examples["retokenization"].offer(
+            [(-float(key[0]) * 1e12 - key[3] * 1e6 - key[4], key, None) for key in best]
+        )
+
+    def _add_file_steps(self, chunk: Chunk) -> None:
+        """Each file's rows of the chunk as one piece: its first and last step, extremes and first step back."""
+        files, steps = chunk.file, arrays.host(chunk.step)
+        if not files:
+            return
+        starts = [0] + [i for i in range(1, len(files)) if files[i] is not files[i - 1] and files[i] != files[i - 1]]
+        for lo, hi in zip(starts, [*starts[1:], len(files)], strict=True):
+            part = steps[lo:hi]
+            back = np.flatnonzero(part[1:] < part[:-1]) + 1  # a row whose step is below the row's before
+            back_row, back_step = (chunk.file_row[lo + int(back[0])], int(part[back[0]])) if back.size else (-1, -1)
+            piece = (
+                chunk.file_row[lo],
+                int(part[0]),
+                int(part[-1]),
+                int(part.min()),
+                int(part.max()),
+                back_row,
+                back_step,
+            )
+            self.files.setdefault(files[lo], []).append(piece)
 
     def _row_scores(self, chunk: Chunk, evidence: _ChunkEvidence) -> dict[str, tuple[Array, Array]]:
         """Per hint: (score of each row, rows that show the pattern at all)."""
         pairs = evidence.column("pairs")
         shifted = arrays.minimum(evidence.column("shift_next"), evidence.column("shift_prev"))
         drop = (evidence.column("pair_abs") - shifted) / arrays.clamp(pairs, lower=1.0)  # mean |δ| the shift removes
-        fitted, slope, r2 = evidence.fit()
+        fitted = evidence.fit()[0]
         first, last = evidence.column("first"), evidence.column("last")
         first_mean = evidence.column("first_y") / arrays.clamp(first, lower=1.0)
         rest_mean = evidence.column("rest_y") / arrays.clamp(evidence.column("rest"), lower=1.0)
         dummy = evidence.column("dummy_zero_run") + evidence.column("copied")
-        processed = abs(slope) * r2
+        # processed logprobs: the δ ≈ α + β·r fit with an intercept (a temperature adds a context-dependent offset:
+        # r = a / T + c, so δ is no multiple of r); |β|·R² ranks the rows
+        n = arrays.clamp(evidence.column("tokens"), lower=1.0)
+        mean_r, mean_d = evidence.column("rollout_sum") / n, evidence.column("delta_sum") / n
+        var_r = evidence.column("rollout_square") / n - mean_r * mean_r
+        var_d = evidence.column("delta_square") / n - mean_d * mean_d
+        cov = evidence.column("cross") / n - mean_r * mean_d
+        varying = fitted & (var_r > 1e-12) & (var_d > 1e-300)
+        beta = cov / arrays.clamp(var_r, lower=1e-12)
+        r2_intercept = cov * cov / arrays.clamp(var_r * var_d, lower=1e-300)
+        processed = arrays.where(varying, abs(beta) * r2_intercept, 0.0)
         scores = {
             "off_by_one": (drop, (pairs > 0) & (drop > 0)),
             "dummy_logprobs": (dummy, dummy > 0),
-            "processed_logprobs": (processed, fitted & (abs(slope) >= FIT_MIN_SLOPE) & (r2 >= FIT_MIN_R2)),
+            "processed_logprobs": (processed, varying & (abs(beta) >= FIT_MIN_SLOPE)),
             "first_token": (first_mean - rest_mean, (first > 0) & (first_mean > rest_mean)),
             "last_token": (evidence.column("last_y") - rest_mean, (last > 0) & (evidence.column("last_y") > rest_mean)),
         }
@@ -468,7 +563,13 @@ class HintEvidenceAccumulator(StepAccumulator):
         examples: dict[str, list[RowRef]] = {}
         for kind, tracker in self.examples.items():
             examples[kind] = [
-                RowRef(step=key[0], sample_id=key[1], file=key[2], row=key[3], score=score)
+                RowRef(
+                    step=key[0],
+                    sample_id=key[1],
+                    file=key[2],
+                    row=key[3],
+                    score=float(key[4]) if kind == "retokenization" else score,  # there: the token's position
+                )
                 for score, key, _ in tracker.items
             ]
         return Evidence(
@@ -477,6 +578,7 @@ class HintEvidenceAccumulator(StepAccumulator):
             examples=examples,
             lags={lag: [float(v) for v in sums] for lag, sums in sorted(self.lags.items())},
             has_versions=self.has_versions,
+            files={file: list(pieces) for file, pieces in self.files.items()},
         )
 
 
@@ -503,6 +605,110 @@ class _NamedSteps(Mapping):
 def _named(state: State) -> dict[str, Any]:
     """A state as plain floats and nested lists (what the pure hint functions read)."""
     out: dict[str, Any] = {name: float(state[name]) for name in TOKEN_SUMS + ROW_SUMS}
-    for name, columns in (("probability_buckets", PROBABILITY_COLUMNS), ("position_buckets", POSITION_COLUMNS)):
+    out.update({name: float(state[name]) for name in (*LATER_SUMS, *SIDE_SUMS, *VERSION_EXTREMES)})
+    for name, columns in (
+        ("probability_buckets", PROBABILITY_COLUMNS),
+        ("position_buckets", POSITION_COLUMNS),
+        ("turn_offsets", TURN_COLUMNS),
+    ):
         out[name] = [dict(zip(columns, map(float, bucket), strict=True)) for bucket in state[name]]
     return out
+
+
+def _take(values: Array, index: np.ndarray) -> np.ndarray:
+    """values[index] on the host (a tensor is indexed where it lives, only the few values come back)."""
+    if arrays.is_tensor(values):
+        return arrays.host(values[arrays.like(index, values)])
+    return values[index]
+
+
+def _turn_sums(chunk: Chunk, s: ChunkStats | KernelStats) -> dict[str, Array]:
+    """[G, 2·TURN_OFFSETS, 3] sums of the first tokens of each round by offset (round 0, then later rounds) and the
+    later rounds' [G] totals: a gather of ≤ TURN_OFFSETS tokens a round and sums over segments already taken."""
+    groups = chunk.groups.count
+    buckets = 2 * TURN_OFFSETS
+    starts, rows = arrays.host(s.segment_starts), arrays.host(s.segment_row)
+    rounds, segment_group = arrays.host(s.segment_round), arrays.host(s.segment_group)
+    later = rounds >= 1
+    y_segment, y2_segment = (
+        arrays.host(s.segment_sum("hint_clipped_abs")),
+        arrays.host(s.segment_sum("hint_clipped_square")),
+    )
+    totals = {
+        "later_tokens": np.bincount(segment_group[later], arrays.host(s.segment_length)[later], groups),
+        "later_y": np.bincount(segment_group[later], y_segment[later], groups),
+        "later_y2": np.bincount(segment_group[later], y2_segment[later], groups),
+    }
+    offsets = np.zeros((groups * buckets, len(TURN_COLUMNS)))
+    if starts.size:
+        opens = np.ones(starts.size, dtype=bool)
+        opens[1:] = (rows[1:] != rows[:-1]) | (rounds[1:] != rounds[:-1])
+        first = starts[opens]
+        length = np.diff(np.append(first, int(s.model_tokens)))
+        offset = np.arange(TURN_OFFSETS)
+        valid = offset[None, :] < length[:, None]
+        if isinstance(s, KernelStats):  # the raw arrays: the numba engine builds no model-token arrays
+            trainer, rollout, base = chunk.trainer, chunk.rollout, s.segment_raw_starts[opens]
+        else:
+            trainer, rollout, base = chunk.model.trainer, chunk.model.rollout, first
+        index = (base[:, None] + offset[None, :])[valid]  # a round's tokens are consecutive in both
+        delta = _take(trainer, index) - _take(rollout, index)
+        y = np.minimum(np.abs(delta), CLIP)
+        bucket = np.broadcast_to(offset, valid.shape)[valid] + TURN_OFFSETS * np.repeat(later[opens], valid.sum(axis=1))
+        key = np.repeat(segment_group[opens], valid.sum(axis=1)) * buckets + bucket
+        for column, weights in enumerate((None, y, y * y)):
+            offsets[:, column] = np.bincount(key, weights, groups * buckets)
+    like = arrays.float64(chunk.groups.row_group)
+    out = {name: arrays.like(values.astype(np.float64), like) for name, values in totals.items()}
+    out["turn_offsets"] = arrays.like(offsets.reshape(groups, buckets, len(TURN_COLUMNS)), like)
+    return out
+
+
+def _side_sums(chunk: Chunk) -> dict[str, Array]:
+    """SIDE_SUMS per step group from the per-token side columns (zeros without them): a pass over the raw arrays only
+    for dumps that carry one."""
+    groups = chunk.groups.count
+    like = arrays.float64(chunk.groups.row_group)
+    sums = {name: np.zeros(groups) for name in SIDE_SUMS}
+    columns = chunk.token_columns
+    if columns:
+        mask = arrays.host(chunk.mask).astype(bool)
+        group = arrays.host(chunk.groups.row_group)[arrays.host(chunk.token_row)]
+        rollout_ids = columns.get("rollout_token_ids")
+        if rollout_ids is not None and chunk.token_ids is not None:
+            ids, other = arrays.host(chunk.token_ids), arrays.host(rollout_ids)
+            both = mask & (ids >= 0) & (other >= 0)
+            sums["id_tokens"] = np.bincount(group[both], minlength=groups).astype(np.float64)
+            sums["id_differ"] = np.bincount(group[both & (ids != other)], minlength=groups).astype(np.float64)
+        kept = columns.get("kept_mass")
+        if kept is not None:
+            mass = arrays.host(kept)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                usable = mask & (mass > 0) & (mass <= 1)
+                log_mass = np.log(np.where(usable, mass, 1.0))
+            delta = arrays.host(chunk.trainer) - arrays.host(chunk.rollout)
+            index = group[usable]
+            sums["kept_tokens"] = np.bincount(index, minlength=groups).astype(np.float64)
+            sums["kept_log"] = np.bincount(index, log_mass[usable], groups).astype(np.float64, copy=False)
+            sums["kept_residual"] = np.bincount(index, np.abs(delta - log_mass)[usable], groups).astype(
+                np.float64, copy=False
+            )
+            sums["kept_abs"] = np.bincount(index, np.abs(delta)[usable], groups).astype(np.float64, copy=False)
+    return {name: arrays.like(values, like) for name, values in sums.items()}
+
+
+def _version_extremes(chunk: Chunk) -> dict[str, Array]:
+    """Each step group's lowest and highest policy_version (±inf without the column)."""
+    groups = chunk.groups.count
+    like = arrays.float64(chunk.groups.row_group)
+    if chunk.policy_version is None:
+        return {
+            "version_min": arrays.full(groups, math.inf, like),
+            "version_max": arrays.full(groups, -math.inf, like),
+        }
+    versions = arrays.float64(chunk.policy_version)
+    row_group = chunk.groups.row_group
+    return {
+        "version_min": arrays.scatter_min(arrays.full(groups, math.inf, like), row_group, versions),
+        "version_max": arrays.scatter_max(arrays.full(groups, -math.inf, like), row_group, versions),
+    }

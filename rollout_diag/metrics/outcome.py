@@ -26,9 +26,11 @@ from rollout_diag.metrics.correction import (
     CorrectionAccumulator,
     DropCountAccumulator,
     ImportanceAccumulator,
+    K1AsWrittenAccumulator,
     RejectionChainAccumulator,
     RejectionOptionAccumulator,
     icepop_inside,
+    k1_is_asymmetric,
     prepare_derived,
     rejected_per_row,
     rs_final_keep,
@@ -192,6 +194,8 @@ class CorrectionAnalysis:
                 parts.append(self._add(("is", preset.importance), ImportanceAccumulator, preset.importance))
             for option in preset.rejection:
                 parts.append(self._add(("rs", option), RejectionOptionAccumulator, option))
+            for option in [option for option in preset.rejection if k1_is_asymmetric(option)][:1]:  # the first
+                parts.append(self._add(("k1_as_written", option), K1AsWrittenAccumulator, option))
             if preset.rejection:
                 parts.append(self._add(("rs_chain", preset.rejection), RejectionChainAccumulator, preset.rejection))
             if preset.legacy is not None:

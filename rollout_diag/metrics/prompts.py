@@ -5,7 +5,8 @@ State, mergeable and the same for any chunking, row order or worker split (to fl
 
 - **cells**: per (prompt key, version, step) — version is the row's ``policy_version``, else its step; the step too,
   so that a hint can name steps — the rows, model tokens, Σy and Σy² of y = min(|δ|, 1) (the other hints' clipped
-  mismatch), and the smallest and largest row score (|log-ppl diff| of the row, the worst-rows table's first
+  mismatch), the sum of the row scores (a prompt's mean row mismatch, ``runs``' prompts matched across runs), and the
+  smallest and largest row score (|log-ppl diff| of the row, the worst-rows table's first
   criterion). Cells arrive per chunk and are folded by key with a sort and ``reduceat`` once enough are pending.
   The table grows with the distinct (prompt, version, step) triples, not with rows or tokens; past ``max_cells`` a
   hash-chosen half of the prompts is dropped, then half of the rest, and so on (distinct sampling: which prompts are
@@ -14,11 +15,15 @@ State, mergeable and the same for any chunking, row order or worker split (to fl
   the worst 1 % threshold.
 - **examples**: the rows with the largest score and the rows of recurring prompts with the largest y, in bounded
   top-K sets with their prompt's id text, so that findings can name rows and prompts.
+- **texts** (``keep_texts``: ``runs``, whose matrix names any recurring prompt): the id text of each prompt of an id
+  column, at most ``MAX_TEXTS``; past that, distinct sampling as the cells' (the keys whose low ``text_level`` bits
+  are 0), so that which prompts keep their text depends only on the keys.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,9 +37,9 @@ from rollout_diag.results import PromptCells, PromptEvidence, RowRef
 from rollout_diag.results import prompt_label as label
 
 CELL_KEYS = ("key", "version", "step")
-CELL_SUMS = ("rows", "tokens", "y", "y2")  # summed
+CELL_SUMS = ("rows", "tokens", "y", "y2", "score")  # summed
 CELL_MIN, CELL_MAX = "score_min", "score_max"
-MAX_CELLS = 1 << 21  # 2M cells × 72 bytes ≈ 150 MB at most; then distinct sampling halves the prompts followed
+MAX_CELLS = 1 << 21  # 2M cells × 80 bytes ≈ 160 MB at most; then distinct sampling halves the prompts followed
 PENDING_CELLS = 1 << 16  # chunk cells gathered before they are folded into the table
 # Row-score histogram: bin 0 holds a score of 0; then 16 bins per octave from 2^-40 up to 2^24 (a score is a mean
 # |log-ppl diff|, bounded by the logprobs' range); the worst-1 % threshold is the lower edge of a bin (6 % wide).
@@ -42,6 +47,7 @@ SCORE_BINS_PER_OCTAVE = 16
 SCORE_LOW_EXPONENT, SCORE_HIGH_EXPONENT = -40, 24
 SCORE_BINS = 1 + (SCORE_HIGH_EXPONENT - SCORE_LOW_EXPONENT) * SCORE_BINS_PER_OCTAVE
 EXAMPLE_ROWS = 64  # rows kept per example set (several per prompt named)
+MAX_TEXTS = 1 << 16  # prompt id texts kept (keep_texts): ~10 MB of short ids at most
 
 
 def score_bin(scores: np.ndarray) -> np.ndarray:
@@ -71,12 +77,12 @@ def _followed(keys: np.ndarray, level: int) -> np.ndarray:
 @dataclass
 class _Cells:
     keys: np.ndarray  # int64 [C, 3]: key, version, step
-    sums: np.ndarray  # float64 [C, 4]: CELL_SUMS
+    sums: np.ndarray  # float64 [C, 5]: CELL_SUMS
     extrema: np.ndarray  # float64 [C, 2]: smallest, largest row score
 
     @classmethod
     def empty(cls) -> _Cells:
-        return cls(np.zeros((0, 3), np.int64), np.zeros((0, 4)), np.zeros((0, 2)))
+        return cls(np.zeros((0, 3), np.int64), np.zeros((0, len(CELL_SUMS))), np.zeros((0, 2)))
 
     def __len__(self) -> int:
         return int(self.keys.shape[0])
@@ -115,6 +121,9 @@ class PromptAccumulator:
     rows_without: int = 0  # valid rows of chunks with keys whose key is NO_PROMPT
     sources: dict[str, None] = field(default_factory=dict)
     has_versions: bool = False
+    keep_texts: bool = False  # also keep each prompt's id text (the ``texts`` of the module docstring)
+    texts: dict[int, str] = field(default_factory=dict)
+    text_level: int = 0
     worst: TopK = field(default_factory=lambda: TopK(EXAMPLE_ROWS))  # rows by score, with their prompt
     stale: TopK = field(default_factory=lambda: TopK(EXAMPLE_ROWS))  # rows by mean y, with their prompt
 
@@ -147,6 +156,8 @@ class PromptAccumulator:
         mean_y = y / np.maximum(tokens, 1.0)
         self._offer(chunk, self.worst, score, keyed)
         self._offer(chunk, self.stale, mean_y, keyed)
+        if self.keep_texts and (chunk.prompt_source or "").startswith("column "):
+            self._keep_texts(chunk, key, keyed)
         kept = keyed & _followed(key, self.level)
         if not kept.any():
             return
@@ -155,7 +166,7 @@ class PromptAccumulator:
                 [
                     _Cells(
                         keys=np.stack([key[kept], version[kept], step[kept]], axis=1),
-                        sums=np.stack([np.ones(int(kept.sum())), tokens[kept], y[kept], y2[kept]], axis=1),
+                        sums=np.stack([np.ones(int(kept.sum())), tokens[kept], y[kept], y2[kept], score[kept]], axis=1),
                         extrema=np.stack([score[kept], score[kept]], axis=1),
                     )
                 ]
@@ -171,7 +182,7 @@ class PromptAccumulator:
             return
         steps = chunk.step.tolist() if not arrays.is_tensor(chunk.step) else arrays.host(chunk.step).tolist()
         version = None if chunk.policy_version is None else arrays.host(chunk.policy_version)
-        label = _labels(chunk)
+        label = prompt_texts(chunk)
         keys = chunk.prompt_key
         assert keys is not None  # only a chunk with prompt keys offers rows
         offered = []
@@ -185,6 +196,26 @@ class PromptAccumulator:
             offered.append((float(values[row]), location, payload))
         offered.sort(key=lambda item: (-item[0], item[1]))
         tracker.offer(offered[: tracker.k])
+
+    def _keep_texts(self, chunk: Chunk, key: np.ndarray, keyed: np.ndarray) -> None:
+        """The id text of each prompt of the chunk not yet held (one row of each), then the cap."""
+        rows = np.flatnonzero(keyed & _followed(key, self.text_level))
+        if rows.size == 0:
+            return
+        unique, first = np.unique(key[rows], return_index=True)
+        text = prompt_texts(chunk)
+        for found, row in zip(unique.tolist(), rows[first].tolist(), strict=True):
+            if found not in self.texts:
+                value = text(row)
+                if value is not None:
+                    self.texts[found] = value
+        self._cap_texts()
+
+    def _cap_texts(self) -> None:
+        while len(self.texts) > MAX_TEXTS:  # distinct sampling: keep half the texts kept so far
+            self.text_level += 1
+            mask = (1 << self.text_level) - 1
+            self.texts = {found: value for found, value in self.texts.items() if found & mask == 0}
 
     def _fold(self) -> None:
         self.table = _folded([self.table, *self.pending])
@@ -210,6 +241,13 @@ class PromptAccumulator:
         self.rows_without += other.rows_without
         self.sources.update(other.sources)
         self.has_versions |= other.has_versions
+        self.keep_texts |= other.keep_texts
+        for found, value in other.texts.items():
+            self.texts.setdefault(found, value)
+        self.text_level = max(self.text_level, other.text_level)
+        mask = (1 << self.text_level) - 1
+        self.texts = {found: value for found, value in self.texts.items() if found & mask == 0}
+        self._cap_texts()
         self.worst.merge(other.worst)
         self.stale.merge(other.stale)
 
@@ -231,6 +269,7 @@ class PromptAccumulator:
                 tokens=table.sums[:, 1],
                 y=table.sums[:, 2],
                 y2=table.sums[:, 3],
+                score=table.sums[:, 4],
                 score_min=table.extrema[:, 0],
                 score_max=table.extrema[:, 1],
             ),
@@ -238,11 +277,12 @@ class PromptAccumulator:
             score_edges=[score_bin_edge(index) for index in range(SCORE_BINS)],
             worst_rows=_refs(self.worst),
             stale_rows=_refs(self.stale),
+            texts=dict(self.texts),
         )
 
 
-def _labels(chunk: Chunk):
-    """row -> the prompt id's text where the dump has an id column, else the key in hex."""
+def prompt_texts(chunk: Chunk) -> Callable[[int], str | None]:
+    """row -> the prompt id's text where the dump has an id column (None for a null id), else the key in hex."""
     source = chunk.prompt_source or ""
     name = source.removeprefix("column ") if source.startswith("column ") else None
     values = chunk.extra.get(name) if name is not None else None

@@ -25,6 +25,7 @@ import numpy as np
 from rollout_diag.catalogue import CLAMP, EPS
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
+from rollout_diag.engine.quantities import GATE_HISTOGRAM
 from rollout_diag.engine.state import Ragged, StateTable
 from rollout_diag.engine.stats import ChunkStats, stats
 from rollout_diag.io.chunk import Chunk
@@ -37,11 +38,14 @@ HISTOGRAM_BINS = (DECADE_MAX - DECADE_MIN) * BINS_PER_DECADE
 EDGES = 10.0 ** (DECADE_MIN + np.arange(HISTOGRAM_BINS + 1) / BINS_PER_DECADE)
 EDGES[0] = 0.0  # the first bin also holds |c| < 1e-12, zero included
 DEFAULT_TARGETS = (0.001, 0.01, 0.05)
+# the probability gates (presets.GATE_STATISTICS): each row's sum, for the exact sweep of their seq_mean options
+GATES = ("kpop", "bkl", "tv")
+GATE_ROW_FIELDS = tuple(f"sum_{gate}" for gate in GATES)
 CURVE_POINTS = 41
 # ChunkStats.memo key of a chunk's signed histograms of c per step group ([G, 2·HISTOGRAM_BINS]): the compiled preset
 # pass's where it counted them (metrics.correction.prepare_derived), else signed_histograms'
 SIGNED_HISTOGRAM = "sweep_signed_histogram"
-ROW_FIELDS = ("sum_c", "sum_k2", "sum_k3", "max_k2", "max_k3", "count", "seq_log_ratio")
+ROW_FIELDS = ("sum_c", "sum_k2", "sum_k3", "max_k2", "max_k3", "count", "seq_log_ratio", *GATE_ROW_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,9 @@ OPTIONS: tuple[SweepOption, ...] = (
     SweepOption("seq_mean_k3", "sequence", "upper", "0.01"),
     SweepOption("seq_max_k2", "sequence", "upper", None),
     SweepOption("seq_max_k3", "sequence", "upper", None),
+    # the probability gates (docs/gates.md): token options from a histogram of the gate's value, seq_mean exact
+    *(SweepOption(f"token_{gate}", "token", "gate", None) for gate in GATES),
+    *(SweepOption(f"seq_mean_{gate}", "sequence", "upper", None) for gate in GATES),
 )
 
 
@@ -86,6 +93,7 @@ class SweepAccumulator(StepAccumulator):
         "negative": "sum",  # histogram of c ≤ 0 over |c| bins
         "tokens": "sum",
         "rows": "concat",  # [rows, len(ROW_FIELDS)] of valid rows
+        "gates": "sum",  # histograms of each probability gate's value over |c|'s bins, GATES in order
     }
 
     def _stats(self, chunk: Chunk) -> dict[str, Array]:
@@ -100,6 +108,7 @@ class SweepAccumulator(StepAccumulator):
             "negative": signed[:, HISTOGRAM_BINS:],
             "tokens": s.group_sum_rows(s.row_count),
             "rows": Ragged(arrays.host(rows[valid]), arrays.host(groups.row_group[valid])),
+            "gates": gate_histograms(s),
         }
 
     def _finalize(self, state: State) -> dict[str, float]:
@@ -126,6 +135,7 @@ class RunSweepAccumulator(SweepAccumulator):
             "negative": signed[:, HISTOGRAM_BINS:],
             "tokens": arrays.host(s.row_count).sum(keepdims=True),  # a sum of whole counts: exact in any order
             "rows": Ragged(rows[valid], np.zeros(int(valid.sum()), dtype=np.int64)),
+            "gates": np.asarray(arrays.host(gate_histograms(s)), dtype=np.float64).sum(axis=0, keepdims=True),
         }
         # the rows held aside, not copied again
         self.append_table(StateTable.from_groups(self.REDUCTIONS, [0], partial))
@@ -136,6 +146,17 @@ def signed_histograms(s: ChunkStats) -> Array:
     counted by the compiled preset pass where the reader's prepare pool ran it (``drivers.sweep``, ``compare-presets``'
     ``Pass.prepare``), else here from the bins. The same counts either way (tests/kernels/test_kernel_presets.py)."""
     return s.memo(SIGNED_HISTOGRAM, lambda: s.group_bincount(signed_bins(s), 2 * HISTOGRAM_BINS))
+
+
+def gate_histograms(s: ChunkStats) -> Array:
+    """Per step group, the histogram of each probability gate's value (kpop, bkl, tv: GATES) over the bins of |c|
+    (``magnitude_bins``: every gate is ≥ 0 and below 20), [G, len(GATES)·HISTOGRAM_BINS] counts."""
+
+    def count() -> Array:
+        parts = [s.group_bincount(magnitude_bins(s.token(f"rs_{gate}")), HISTOGRAM_BINS) for gate in GATES]
+        return arrays.stack(parts, axis=1).reshape(parts[0].shape[0], -1)
+
+    return s.memo(GATE_HISTOGRAM, count)
 
 
 def signed_bins(s: ChunkStats) -> Array:
@@ -198,6 +219,7 @@ def row_fields(s: ChunkStats) -> Array:
             arrays.clamp(s.row_max("rs_k3"), lower=0.0),
             n,
             s.row_sum("log_ratio"),
+            *(s.row_sum(f"rs_{gate}") for gate in GATES),
         ],
         axis=-1,
     )
@@ -218,8 +240,22 @@ def _row_values(option: SweepOption, rows: np.ndarray) -> np.ndarray:
         "seq_sum_k3": column["sum_k3"],
         "seq_mean_k3": column["sum_k3"] / n,
         "seq_max_k3": column["max_k3"],
+        **{f"seq_mean_{gate}": column[f"sum_{gate}"] / n for gate in GATES},
     }
     return values[option.name]
+
+
+def _gate_index(option: SweepOption) -> int:
+    return GATES.index(option.name.rpartition("_")[2])
+
+
+def _histograms(option: SweepOption, positive: np.ndarray, negative: np.ndarray, gates: np.ndarray):
+    """The (positive, negative) histograms a token option's shares read: c's, or its gate's value (one side)."""
+    if option.kind != "gate":
+        return positive, negative
+    gates = np.asarray(gates, np.float64).reshape(-1)
+    index = _gate_index(option)
+    return gates[index * HISTOGRAM_BINS : (index + 1) * HISTOGRAM_BINS], negative
 
 
 def _score(option: SweepOption, values: np.ndarray) -> np.ndarray:
@@ -248,8 +284,8 @@ def _token_sides(option: SweepOption) -> tuple[tuple[np.ndarray, ...], np.ndarra
     """For a token option: the edge scores of each side (positive c, negative c), the candidate thresholds (every
     edge score, and 0) and, per side, the tail index each candidate falls in. They depend on the option only, so a
     sweep of 200 000 steps computes them once."""
-    if option.kind in ("is", "k1"):
-        scores: tuple[np.ndarray, ...] = (EDGES,) if option.kind == "is" else (EDGES, EDGES)
+    if option.kind in ("is", "k1", "gate"):
+        scores: tuple[np.ndarray, ...] = (EDGES, EDGES) if option.kind == "k1" else (EDGES,)
     elif option.name.endswith("k2"):
         scores = (0.5 * EDGES**2, 0.5 * EDGES**2)
     else:
@@ -287,7 +323,7 @@ class _TokenShares:
         self.option = option
         self.scores, self.candidates, self.holding = _token_sides(option)
         # IS: truncated, c > log U (positive side only); k1: |c| > log U (L = 1/U); k2: ½c² > U; k3: eᶜ − 1 − c > U
-        self.tails = (tail(positive),) if option.kind == "is" else (tail(positive), tail(negative))
+        self.tails = (tail(positive),) if option.kind in ("is", "gate") else (tail(positive), tail(negative))
         self.candidate_shares: np.ndarray | None = None
 
     def share(self, threshold: float | np.ndarray) -> Any:
@@ -336,7 +372,9 @@ def _option_row(option: SweepOption, state: State, targets: tuple[float, ...], c
             row["default_share"] = sequence_share(float(rejected), total)
     else:
         tokens = float(np.asarray(state["tokens"]).reshape(()))
-        shares = _TokenShares(option, state["positive"], state["negative"], tokens)
+        shares = _TokenShares(
+            option, *_histograms(option, state["positive"], state["negative"], state["gates"]), tokens
+        )
         row["count"] = int(tokens)
         row["exact"] = False
         share, threshold_for = (lambda t: float(shares.share(t))), shares.threshold_for
@@ -452,16 +490,22 @@ def step_columns(accumulator: SweepAccumulator, targets: tuple[float, ...] = DEF
     for index, option in enumerate(OPTIONS):
         if option.level == "sequence":  # every step at once: a step's rows are a run of the row columns
             parts[index].append(_sequence_block(option, stacked, lengths, targets))
-    for _, columns in table.blocks(names=("tokens", "positive", "negative")):
+    for _, columns in table.blocks(names=("tokens", "positive", "negative", "gates")):
         tokens = np.asarray(columns["tokens"], np.float64).reshape(-1)
         # tokens in bins ≥ j, j = 0 … HISTOGRAM_BINS, per step (the same sums as _TokenShares.tail, row by row)
-        positive, negative = (
+        gates = np.asarray(columns["gates"], np.float64)
+        positive, negative, *gate_tails = (
             np.concatenate([np.cumsum(np.asarray(h, np.float64)[:, ::-1], axis=1)[:, ::-1], np.zeros((len(h), 1))], 1)
-            for h in (columns["positive"], columns["negative"])
+            for h in (
+                columns["positive"],
+                columns["negative"],
+                *(gates[:, g * HISTOGRAM_BINS : (g + 1) * HISTOGRAM_BINS] for g in range(len(GATES))),
+            )
         )
         for index, option in enumerate(OPTIONS):
             if option.level == "token":
-                parts[index].append(_token_block(option, positive, negative, tokens, targets))
+                sides = (gate_tails[_gate_index(option)], negative) if option.kind == "gate" else (positive, negative)
+                parts[index].append(_token_block(option, *sides, tokens, targets))
     options = []
     for option, blocks in zip(OPTIONS, parts, strict=True):
         count = np.concatenate([block[0] for block in blocks])
@@ -477,7 +521,7 @@ def _token_block(option: SweepOption, positive: np.ndarray, negative: np.ndarray
     """``_TokenShares`` of a block of steps at once, from each side's tails [B, HISTOGRAM_BINS + 1]: (count, default
     share, thresholds and shares per target)."""
     scores, candidates, holding = _token_sides(option)
-    tails = (positive,) if option.kind == "is" else (positive, negative)
+    tails = (positive,) if option.kind in ("is", "gate") else (positive, negative)
     denominator = np.maximum(tokens, 1.0)
 
     steps = np.arange(denominator.shape[0])

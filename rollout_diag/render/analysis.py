@@ -357,7 +357,8 @@ def findings(result: AnalysisResult) -> list[RenderableType]:
         lines.append(
             plain(
                 f"anomaly: step {anomaly.step}: {short_name(anomaly.metric)} = {number(anomaly.value)}, "
-                f"{anomaly.factor:.3g}× the median of the previous steps ({number(anomaly.baseline)})",
+                f"{anomaly.factor:.3g}× the median of the previous steps ({number(anomaly.baseline)})"
+                + (f" — resume at step {anomaly.resume}, not a spike" if anomaly.resume is not None else ""),
                 style="yellow",
             )
         )

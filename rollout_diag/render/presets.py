@@ -11,10 +11,11 @@ from typing import Any
 from rich.console import RenderableType
 
 from rollout_diag import catalogue
-from rollout_diag.render.format import number, percent
+from rollout_diag.render.format import number, percent, plain
 from rollout_diag.render.summary import recommendation_line, verdict_lines
 from rollout_diag.render.table import Column, FitTable, Num
 from rollout_diag.results import ComparisonResult, PresetResult
+from rollout_diag.results.wording import k1_bounds_line
 
 INTRUSIVE_STYLE = "bold red"
 INTRUSIVE_MARK = "!"  # in the text itself, so logs and pipes (no colour) show it too
@@ -86,6 +87,53 @@ def presets_table(result: ComparisonResult) -> FitTable:
         modes = list(dict.fromkeys(member.mode for member in group))
         cells += [" / ".join(modes), is_setting(preset.config), rs_setting(preset.config)]
         table.add_row(*cells, style=INTRUSIVE_STYLE if preset.intrusive else None)
+    return table
+
+
+RAW_APPLIED = (  # (label, the raw key, verl's key on the applied weights)
+    ("mean", catalogue.IS_RAW_MEAN.key, catalogue.IS_MEAN.key),
+    ("std", catalogue.IS_RAW_STD.key, catalogue.IS_STD.key),
+    ("min", catalogue.IS_RAW_MIN.key, catalogue.IS_MIN.key),
+    ("max", catalogue.IS_RAW_MAX.key, catalogue.IS_MAX.key),
+    ("ESS", catalogue.IS_RAW_ESS.key, catalogue.IS_EFF_SAMPLE_SIZE.key),
+)
+
+
+def k1_bounds_lines(result: ComparisonResult) -> list[RenderableType]:
+    """One line per distinct asymmetric k1 setting (verl applies ρ ∈ [1/U, 1/L]; what [L, U] would reject)."""
+    lines: dict[str, str] = {}
+    for preset in result.presets:
+        line = k1_bounds_line(preset.name, preset.config, preset.run.metrics)
+        if line is not None:
+            lines.setdefault(line.partition(": ")[2], line)
+    return [plain(f"• {line}", style="dim") for line in lines.values()]
+
+
+def raw_applied_table(result: ComparisonResult) -> FitTable | None:
+    """The IS presets' weights before truncation (``summary/is_raw_*``) beside verl's ``rollout_is_*`` on the weights
+    it applies, one row per distinct IS setting (level, threshold); None when no preset sets IS weights."""
+    rows: dict[str, PresetResult] = {}
+    for preset in result.presets:
+        if preset.run.metrics.get(catalogue.IS_RAW_MEAN.key) is not None:
+            rows.setdefault(is_setting(preset.config), preset)
+    if not rows:
+        return None
+    columns = [Column("IS", "left", key=True)]
+    for label, _, _ in RAW_APPLIED:
+        columns += [Column(f"{label} raw"), Column(f"{label} applied")]
+    caption = (
+        "raw = w_raw = exp(clamp20(δ)) (token) or exp(clamp20(s_i)) (sequence) before truncation or IcePop, over "
+        "model tokens (summary/is_raw_*); applied = verl's rollout_is_* on the weights it applies (its "
+        "sequence-level max and min are of the raw weights too)."
+    )
+    table = FitTable("IS weights before and after truncation (whole run)", columns, caption=caption)
+    for setting, preset in rows.items():
+        metrics = preset.run.metrics
+        cells: list[str | Num] = [setting]
+        for label, raw_key, applied_key in RAW_APPLIED:
+            digits = 5 if label == "mean" else 4
+            cells += [Num(metrics.get(raw_key), digits=digits), Num(metrics.get(applied_key), digits=digits)]
+        table.add_row(*cells)
     return table
 
 

@@ -1,6 +1,7 @@
 """The ``runs`` tables: the first line (which knob mattered most), one row per run (knobs, verdict, key metrics,
-onset step), one row per knob effect (ratio, interval, detectable), the ``--max-ratio`` gates. Fitted to the terminal
-(``FitTable``): 80 columns hold them."""
+onset step), one row per knob effect (ratio, interval, detectable), the ``--max-ratio`` gates, the prompts matched
+across runs (each prompt's row mismatch in every run). Fitted to the terminal (``FitTable``): 80 columns hold
+them."""
 
 from __future__ import annotations
 
@@ -15,11 +16,14 @@ from rollout_diag.render.format import plain
 from rollout_diag.render.table import Column, FitTable, Num
 
 if TYPE_CHECKING:
-    from rollout_diag.results import KnobEffect, RunsResult
+    from rollout_diag.results import KnobEffect, RunsPrompts, RunsResult
 
 LEVEL_STYLE = {"bad": "bold red", "watch": "yellow", "ok": "green", "n/a": "dim"}
 # Column headers short enough for 80 columns (the "Names:" line spells each key)
 HEADERS = {LOGPROB_ABS_DIFF.key: "mean |δ|", CATASTROPHIC_TOKEN_SHARE.key: "cat. share"}
+PROMPT_ROWS = 10  # prompts in the terminal's matched-prompts table (the JSON and the report hold up to 50)
+PROMPT_WIDTH = 24  # a prompt id longer than this is cut (the JSON has it whole)
+NAMED_OUTLIERS = 5  # deterministic outliers named in the prompts line
 
 
 def _header(metric: str, presets: list[str] | None = None) -> str:
@@ -105,11 +109,69 @@ def runs_tables(result: RunsResult) -> Group:
                 Text("pass", style="green") if gate.passed else Text("FAIL", style="bold red"),
             )
         parts.append(gates)
+    parts.extend(prompt_parts(result.prompts, [run.name for run in result.runs]))
     names = [f"{_header(m, presets)} = {m}" for m in result.metrics if _header(m, presets) != m]
     if names:
         parts.append(Text("Names: " + "; ".join(names) + ".", style="dim"))
     parts.extend(plain(f"warning: {warning}", style="yellow") for warning in result.warnings)
     return Group(*parts)
+
+
+def prompt_parts(prompts: RunsPrompts | None, runs: list[str]) -> list:
+    """The prompts matched across runs: one line without a prompt identity, without a prompt seen in two runs or
+    without a deterministic outlier; else a line naming the outliers and the table of the matrix's first PROMPT_ROWS
+    prompts (one column per run: its mean row mismatch, * where every row of it is in that run's worst 1 %)."""
+    if prompts is None:
+        return [
+            Text(
+                "Prompts: no prompt identity in the runs (no prompt_id column, no prompt tokens under mask 0 with "
+                "token ids): nothing matched across runs.",
+                style="dim",
+            )
+        ]
+    if prompts.shared == 0:
+        return [Text(f"Prompts ({prompts.identity}): no prompt recurs across runs; nothing matched.", style="dim")]
+    said = f"Prompts ({prompts.identity}): {prompts.shared} seen in two runs or more ({prompts.in_every_run} in all)"
+    if prompts.sampled_share < 1.0:
+        said += f", {prompts.sampled_share:.3g} of them followed"
+    listed = prompts.listed
+    if listed:
+        names = ", ".join(_cut(item.prompt) for item in listed[:NAMED_OUTLIERS])
+        more = f" and {prompts.outliers - NAMED_OUTLIERS} more" if prompts.outliers > NAMED_OUTLIERS else ""
+        said += (
+            f"; {prompts.outliers} in the worst 1 % in every run they appear in (deterministic outliers): "
+            f"{names}{more}."
+        )
+    else:  # clean: the line alone (the prompts × runs matrix in --format json and --report)
+        said += (
+            "; none in the worst 1 % in every run it appears in (each prompt's row mismatch per run: --format json)."
+        )
+        return [plain(said)]
+    parts: list = [plain(said, style="bold red")]
+    shown = [run for run in runs if run in prompts.runs]
+    table = FitTable(
+        "Prompts matched across runs: row mismatch",
+        [Column("prompt", "left", key=True), *(Column(run) for run in shown)],
+        caption="mean |log-ppl diff| of the prompt's rows in each run; *: every row in that run's worst 1 % "
+        f"(score ≥ {', '.join(f'{w.run} {w.threshold:.3g}' for w in prompts.worst)}); "
+        f"outliers first, then the most extreme elsewhere; {len(prompts.matrix)} in --format json.",
+    )
+    for item in prompts.matrix[:PROMPT_ROWS]:
+        cells = [item.cell(run) for run in shown]
+        table.add_row(
+            _cut(item.prompt),
+            *(
+                None if cell is None else Num(cell.score_mean, suffix="*" if cell.worst else "", digits=3)
+                for cell in cells
+            ),
+            style="bold" if item.listed else None,
+        )
+    parts.append(table)
+    return parts
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= PROMPT_WIDTH else text[: PROMPT_WIDTH - 1] + "…"
 
 
 def _interval(effect: KnobEffect) -> str:

@@ -50,8 +50,9 @@ def threshold_cell(row: SweepOption, target: float, threshold: float, share: flo
 def render_sweep(run: Sequence[SweepOption], targets: Sequence[float]) -> RenderableType:
     notes = [plain(f"• {line}") for line in default_sentences(run)]
     footer = Text(
-        "Thresholds are in verl's units: a ratio U for k1 options (L = 1/U) and IS, the statistic's bound for k2/k3. "
-        "Sequence options are exact; token options come from a histogram of clamp20(δ) (32 bins per decade): "
+        "Thresholds are in verl's units: a ratio U for k1 options (L = 1/U) and IS, the statistic's bound for k2/k3 "
+        "and the probability gates kpop, bkl, tv (docs/gates.md). Sequence options are exact; token options come from "
+        "a histogram of clamp20(δ) (of the gate's value for the gates; 32 bins per decade): "
         "they never reject more than the target and lie at most one bin above the exact threshold.",
         style="dim",
     )

@@ -22,6 +22,7 @@ from rollout_diag.report.markup import Column, Markup, code, escape, note, table
 from rollout_diag.report.sections import Canvas, Section
 from rollout_diag.report.series import MAX_TABLE_ROWS, finite
 from rollout_diag.results import ComparisonResult, PresetResult, SweepOption
+from rollout_diag.results.wording import k1_bounds_line
 
 # Each value is read from the first key present: summary/ covers every family, rollout_corr/ is §2/§3, mismatch/ §8.
 METRIC_KEYS = {
@@ -88,9 +89,50 @@ def presets_section(comparison: ComparisonResult, presets: Sequence[PresetResult
         f"effective sample size below {comparison.intrusive_min_ess:g}. A preset without importance sampling has no "
         "ESS bar.</p>"
     )
-    body = [intro, table(columns, rows, classes), canvas.plot("presets", chart)]
+    k1_lines: dict[str, str] = {}  # one per distinct setting and numbers (the first preset's name)
+    for p in presets:
+        if (line := k1_bounds_line(p.name, p.config, p.run.metrics)) is not None:
+            k1_lines.setdefault(line.partition(": ")[2], line)
+    k1_note = "".join(note(line) for line in k1_lines.values())
+    body = [intro, table(columns, rows, classes), k1_note, canvas.plot("presets", chart), _raw_applied(presets)]
     body.append(_sweep(comparison.sweep, canvas))
     return Section("presets", title, "".join(body))
+
+
+RAW_APPLIED = (  # (label, the raw key, verl's key on the applied weights)
+    ("mean", catalogue.IS_RAW_MEAN.key, catalogue.IS_MEAN.key),
+    ("std", catalogue.IS_RAW_STD.key, catalogue.IS_STD.key),
+    ("min", catalogue.IS_RAW_MIN.key, catalogue.IS_MIN.key),
+    ("max", catalogue.IS_RAW_MAX.key, catalogue.IS_MAX.key),
+    ("ESS", catalogue.IS_RAW_ESS.key, catalogue.IS_EFF_SAMPLE_SIZE.key),
+)
+
+
+def _raw_applied(presets: Sequence[PresetResult]) -> str:
+    """The IS presets' weights before truncation (summary/is_raw_*) beside verl's rollout_is_* of the applied ones,
+    one row per IS setting; empty when no preset sets IS weights."""
+    settings: dict[str, PresetResult] = {}
+    for preset in presets:
+        if preset.run.metrics.get(catalogue.IS_RAW_MEAN.key) is not None:
+            settings.setdefault(_is_config(preset.config), preset)
+    if not settings:
+        return ""
+    columns = [Column("IS")]
+    for label, raw_key, applied_key in RAW_APPLIED:
+        columns += [Column(f"{label} raw", True, raw_key), Column(f"{label} applied", True, applied_key)]
+    rows = []
+    for setting, preset in settings.items():
+        metrics = preset.run.metrics
+        cells: list[object] = [setting]
+        for _, raw_key, applied_key in RAW_APPLIED:
+            cells += [_number_cell(metrics.get(raw_key)), _number_cell(metrics.get(applied_key))]
+        rows.append(cells)
+    intro = Markup(
+        "<h3>IS weights before and after truncation</h3><p>raw: w_raw = exp(clamp20(δ)) per token, exp(clamp20(s_i)) "
+        "per sequence, before truncation or IcePop, over model tokens (<code>summary/is_raw_*</code>); applied: "
+        "verl's <code>rollout_is_*</code> of the weights it applies.</p>"
+    )
+    return intro + table(columns, rows, [""] * len(rows))
 
 
 def rejection_by_step(presets: Sequence[PresetResult]) -> dict[str, tuple[list[Any], list[float | None]]]:

@@ -182,7 +182,8 @@ def _step_findings(result: AnalysisResult) -> list[str]:
         top = max(result.anomalies, key=lambda a: a.factor)
         findings.append(
             f"{len({a.step for a in result.anomalies})} anomaly step(s); the largest: {_short(top.metric)} at step "
-            f"{top.step} is {factor(top.factor)}× the median of the steps before it."
+            f"{top.step} is {factor(top.factor)}× the median of the steps before it"
+            + (f" (resume at step {top.resume}: a restart's transient)." if top.resume is not None else ".")
         )
     return findings
 

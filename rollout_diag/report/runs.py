@@ -1,5 +1,6 @@
 """``runs --report FILE``: one HTML page for many runs: the answer, a per-run table, each key metric's step curves
-overlaid (one line per run), a forest plot of the knob effects (ratio and interval on a log axis) and their table.
+overlaid (one line per run), a forest plot of the knob effects (ratio and interval on a log axis) and their table,
+the prompts matched across runs (a prompts × runs heatmap of row mismatch and the deterministic outliers).
 Reads a finished RunsResult; nothing is computed here but layout."""
 
 from __future__ import annotations
@@ -10,11 +11,20 @@ from typing import Any
 
 from rollout_diag.catalogue import short_name
 from rollout_diag.formatting import number
-from rollout_diag.report.figures import GREY, PALETTE, Figure, TrendPanel, axis, base_layout, trends_figure
+from rollout_diag.report.figures import (
+    GREY,
+    HEAT_SCALE,
+    PALETTE,
+    Figure,
+    TrendPanel,
+    axis,
+    base_layout,
+    trends_figure,
+)
 from rollout_diag.report.markup import Column, Markup, escape, table
 from rollout_diag.report.page import render_page
 from rollout_diag.report.sections import Canvas, Section
-from rollout_diag.results import RunsResult
+from rollout_diag.results import RunsPrompts, RunsResult
 
 RUN_COLUMNS = (
     Column("run"),
@@ -24,6 +34,14 @@ RUN_COLUMNS = (
     Column("value", True),
     Column("interval", True, "bootstrap interval over the run's rows (resampled within steps)"),
     Column("onset step", True, "first step departing from the baseline run beyond noise"),
+)
+OUTLIER_COLUMNS = (
+    Column("prompt"),
+    Column("key"),
+    Column("runs", True, "runs it appears in"),
+    Column("rows per run", False),
+    Column("mean row mismatch per run", False, "mean |log-ppl diff| of its rows in each run"),
+    Column("chance", True, "probability that its rows all land in each run's worst share by chance"),
 )
 EFFECT_COLUMNS = (
     Column("knob"),
@@ -50,6 +68,7 @@ def render_runs_report(result: RunsResult, *, title: str | None = None) -> str:
     sections = [_runs_section(result), _curves_section(result, canvas)]
     if result.effects:
         sections.append(_effects_section(result, canvas))
+    sections.append(_prompts_section(result.prompts, [run.name for run in result.runs], canvas))
     title = title or f"rollout-diag runs: {len(result.runs)} runs"
     header = (
         f'<h1>{escape(title)}</h1><p class="lead"><strong>{escape(result.answer)}</strong></p>'
@@ -164,3 +183,94 @@ def _above(low: float | None, high: float | None) -> float:
     if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
         return 0.0
     return max(0.0, high - low)
+
+
+def _prompts_section(prompts: RunsPrompts | None, runs: list[str], canvas: Canvas) -> Section:
+    """One line without a prompt identity or a prompt seen in two runs; else the outliers' table and the prompts ×
+    runs heatmap of the matrix's prompts."""
+    if prompts is None:
+        body = (
+            "<p>No prompt identity in the runs (no <code>prompt_id</code> column, no prompt tokens under mask 0 with "
+            "token ids): nothing matched across runs. Name the prompt's column with "
+            "<code>--column prompt_id=NAME</code>.</p>"
+        )
+        return Section("prompts", "Prompts across runs", body)
+    if prompts.shared == 0:
+        body = f"<p>Prompt identity: {escape(prompts.identity)}. No prompt recurs across runs: nothing matched.</p>"
+        return Section("prompts", "Prompts across runs", body)
+    shown = [run for run in runs if run in prompts.runs]
+    lead = (
+        f"<p>Prompt identity: {escape(prompts.identity)}. {prompts.shared} prompts seen in two runs or more "
+        f"({prompts.in_every_run} in every run); {prompts.outliers} in the worst 1 % (by row score) in every run they "
+        "appear in: deterministic outliers, listed when the chance of that (Π share<sup>rows</sup> over its runs), "
+        f"times the {prompts.shared} recurring prompts, is at most 1 %. Worst-1 % cut per run: "
+        + ", ".join(f"{escape(w.run)} ≥ {number(w.threshold, 3)}" for w in prompts.worst)
+        + (
+            f". Prompts followed: {prompts.sampled_share:.3g} (distinct sampling)."
+            if prompts.sampled_share < 1
+            else "."
+        )
+        + "</p>"
+    )
+    rows = []
+    for item in prompts.listed:
+        cells = [item.cell(run) for run in shown]
+        rows.append(
+            [
+                item.prompt,
+                item.key,
+                len(item.cells),
+                ", ".join("—" if cell is None else str(cell.rows) for cell in cells),
+                ", ".join("—" if cell is None else number(cell.score_mean, 3) for cell in cells),
+                number(item.chance, 2),
+            ]
+        )
+    outliers = str(table(OUTLIER_COLUMNS, rows)) if rows else ""
+    caption = (
+        f"<p>Row mismatch (mean |log-ppl diff| of the prompt's rows) of the {len(prompts.matrix)} most extreme "
+        f"recurring prompts (outliers first) in each run ({escape(', '.join(shown))}); blank: not in that run"
+        + (f"; {prompts.matrix_cut} more recurring prompts not shown." if prompts.matrix_cut else ".")
+        + "</p>"
+    )
+    body = lead + outliers + caption + str(canvas.plot("runs-prompts", prompts_figure(prompts, shown)))
+    return Section("prompts", "Prompts across runs", body)
+
+
+def prompts_figure(prompts: RunsPrompts, runs: list[str]) -> Figure:
+    """The prompts × runs heatmap: one row per matrix prompt (top to bottom in the matrix's order), one column per
+    run, the prompt's mean row score there (blank where it is absent); rows and the worst-1 % mark on hover."""
+    labels = [escape(f"{'★ ' if item.listed else ''}{item.prompt}", 40) for item in prompts.matrix]
+    values, hover = [], []
+    for item in prompts.matrix:
+        cells = [item.cell(run) for run in runs]
+        values.append([None if cell is None else cell.score_mean for cell in cells])
+        hover.append(
+            [
+                "" if cell is None else f"{cell.rows} rows{' · all in the worst 1 %' if cell.worst else ''}"
+                for cell in cells
+            ]
+        )
+    present = sorted(value for row in values for value in row if value is not None and value > 0)
+    trace = {
+        "type": "heatmap",
+        "x": [escape(run) for run in runs],
+        "y": labels,
+        "z": values,
+        "customdata": hover,
+        "colorscale": HEAT_SCALE,
+        "reversescale": True,
+        "zmin": present[0] if present else None,
+        "zmax": present[-1] if present else None,
+        "colorbar": {"title": {"text": "row mismatch", "side": "right"}, "thickness": 12},
+        "hoverongaps": False,
+        "hovertemplate": "%{y}<br>run %{x}<br>mean row mismatch %{z:.4g}<br>%{customdata}<extra></extra>",
+        "xgap": 1,
+        "ygap": 1,
+    }
+    layout = base_layout(
+        max(220, min(900, 90 + 16 * len(labels))),
+        xaxis=axis(title={"text": "run", "standoff": 4}, type="category"),
+        yaxis=axis(type="category", autorange="reversed"),
+    )
+    layout["margin"]["t"] = 12
+    return {"data": [trace], "layout": layout}

@@ -121,7 +121,8 @@ def _metric_panels(result: AnalysisResult, steps: Sequence[StepResult]) -> list[
 
 def _anomaly_text(anomaly: Any) -> str:
     value, baseline = number(anomaly.value), number(anomaly.baseline)
-    return f"step {anomaly.step}: {value} = {factor(anomaly.factor)}× the median {baseline}"
+    resumed = f" (resume at step {anomaly.resume}: a restart's transient)" if anomaly.resume is not None else ""
+    return f"step {anomaly.step}: {value} = {factor(anomaly.factor)}× the median {baseline}{resumed}"
 
 
 def thinned_note(steps: int, anomalies: bool = True) -> str:
@@ -173,8 +174,19 @@ def _anomaly_table(result: AnalysisResult) -> str:
         Column("value", True),
         Column("median before", True, "median of the previous steps' values"),
         Column("factor", True),
+        Column("note", False, "a step right after a resumed run starts: the restart's transient, not a spike"),
     ]
-    rows = [(a.step, code(a.metric), a.value, a.baseline, Markup(f"{escape(factor(a.factor))}×")) for a in shown]
+    rows = [
+        (
+            a.step,
+            code(a.metric),
+            a.value,
+            a.baseline,
+            Markup(f"{escape(factor(a.factor))}×"),
+            "" if a.resume is None else f"resume at step {a.resume}",
+        )
+        for a in shown
+    ]
     return f'<details class="anomalies"><summary>{escape(heading)}</summary>{table(columns, rows)}</details>'
 
 

@@ -36,7 +36,17 @@ from rollout_diag.results.comparison import (
 )
 from rollout_diag.results.document import SCHEMA_VERSION
 from rollout_diag.results.loading import load_results, result_from_json
-from rollout_diag.results.prompts import ExtremePrompt, PromptCells, PromptEvidence, PromptFindings, prompt_label
+from rollout_diag.results.prompts import (
+    ExtremePrompt,
+    MatchedCell,
+    MatchedPrompt,
+    PromptCells,
+    PromptEvidence,
+    PromptFindings,
+    RunsPrompts,
+    RunWorst,
+    prompt_label,
+)
 from rollout_diag.results.reprs import repr_inputs, repr_text, short_repr
 from rollout_diag.results.rows import (
     FILL_VALUES_KEPT,
@@ -89,6 +99,8 @@ __all__ = [
     "HintRow",
     "KeyColumns",
     "KnobEffect",
+    "MatchedCell",
+    "MatchedPrompt",
     "MetricColumns",
     "OverallVerdict",
     "PresetResult",
@@ -107,6 +119,8 @@ __all__ = [
     "RunMetric",
     "RunSteps",
     "RunSummary",
+    "RunWorst",
+    "RunsPrompts",
     "RunsResult",
     "SkippedData",
     "SkippedRow",

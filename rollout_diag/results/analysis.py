@@ -201,7 +201,7 @@ class AnalysisResult:
                 for row in self.worst_row_tokens
             ],
             "delta_histogram": dict(self.delta_histogram),
-            "anomalies": [json_row(asdict(a)) for a in self.anomalies],
+            "anomalies": [json_row(_anomaly_row(a)) for a in self.anomalies],
             "anomalies_cut": self.anomalies_cut,
             "trends": [json_row(asdict(t)) for t in self.trends],
             "warnings": list(self.warnings),
@@ -321,3 +321,11 @@ def _nan_for_null(value: Any, key: str) -> Any:
     if value is None and key not in ("step", "bucket", "label"):
         return math.nan
     return value
+
+
+def _anomaly_row(anomaly: Anomaly) -> dict[str, Any]:
+    """An anomaly's JSON fields; ``resume`` only where the step follows a resume."""
+    row = asdict(anomaly)
+    if row["resume"] is None:
+        del row["resume"]
+    return row

@@ -27,6 +27,7 @@ class PromptCells:
     tokens: np.ndarray
     y: np.ndarray  # Σ min(|δ|, 1)
     y2: np.ndarray
+    score: np.ndarray  # Σ row score (|log-ppl diff| of each row)
     score_min: np.ndarray  # smallest / largest row score (|log-ppl diff|) of the cell's rows
     score_max: np.ndarray
 
@@ -46,6 +47,7 @@ class PromptEvidence:
     score_edges: list[float]  # each bin's lowest score
     worst_rows: list[tuple[RowRef, int, str | None, int]] = field(default_factory=list)
     stale_rows: list[tuple[RowRef, int, str | None, int]] = field(default_factory=list)
+    texts: dict[int, str] = field(default_factory=dict)  # prompt key → id text (``keep_texts``; else empty)
 
 
 @dataclass(frozen=True)
@@ -87,3 +89,102 @@ class PromptFindings:
             for item in raw.get("extreme", [])
         ]
         return cls(**{**raw, "extreme": extreme})
+
+
+# ------------------------------------------------------------------------------ prompts matched across runs (runs)
+@dataclass(frozen=True)
+class MatchedCell:
+    """One prompt in one run: its rows, the mean, smallest and largest of their row scores (|log-ppl diff|), the
+    share of the run's rows scoring at least its smallest (``tail``: at most the run's worst share when every row of
+    it is in the worst 1 %), whether every row of it is there (``worst``), and the first steps it appears at."""
+
+    run: str
+    rows: int
+    score_mean: float
+    score_min: float
+    score_max: float
+    tail: float
+    worst: bool
+    steps: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class MatchedPrompt:
+    """One prompt seen in two runs or more: its id text (or key in hex), key, one cell per run it appears in (in the
+    runs' order), ``listed`` when it is a deterministic outlier (in the worst 1 % in every run it appears in) and
+    ``chance``, the probability of that by chance (Π over its runs of share^rows)."""
+
+    prompt: str
+    key: str
+    cells: list[MatchedCell]
+    listed: bool
+    chance: float
+
+    def cell(self, run: str) -> MatchedCell | None:
+        return next((cell for cell in self.cells if cell.run == run), None)
+
+    @property
+    def runs(self) -> list[str]:
+        return [cell.run for cell in self.cells]
+
+
+@dataclass(frozen=True)
+class RunWorst:
+    """One run's worst-1 % cut (``decisions/prompts.py``'s): the lowest row score in it and the share of the run's
+    valid rows at or above it; the distinct prompts the run has."""
+
+    run: str
+    threshold: float
+    share: float
+    prompts: int
+
+
+@dataclass(frozen=True)
+class RunsPrompts:
+    """``runs``' prompts matched across runs (``decisions/prompts.py``: ``matched_prompts``): the identity, the runs
+    that have one, how many prompts recur across runs, the deterministic outliers (``outliers``, listed first in
+    ``matrix``) and the prompts × runs matrix of the most extreme recurring prompts (at most ``MATRIX_PROMPTS``)."""
+
+    identity: str
+    runs: list[str]  # the runs with a prompt identity, in the runs' order
+    without: list[str]  # the runs read without one
+    worst: list[RunWorst]
+    shared: int  # prompts seen in two runs or more (the chance guard's count of candidates)
+    in_every_run: int  # of them, seen in every run with an identity
+    sampled_share: float  # share of the prompts followed (1.0 unless a run's table passed its cap)
+    outliers: int  # deterministic outliers found (the listed ones are the first of ``matrix``)
+    matrix: list[MatchedPrompt] = field(default_factory=list)
+    matrix_cut: int = 0  # recurring prompts not in the matrix
+
+    @property
+    def listed(self) -> list[MatchedPrompt]:
+        return [prompt for prompt in self.matrix if prompt.listed]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "identity": self.identity,
+            "runs": list(self.runs),
+            "without": list(self.without),
+            "worst": [asdict(worst) for worst in self.worst],
+            "shared": self.shared,
+            "in_every_run": self.in_every_run,
+            "sampled_share": self.sampled_share,
+            "outliers": self.outliers,
+            "matrix": [
+                {
+                    "prompt": item.prompt,
+                    "key": item.key,
+                    "listed": item.listed,
+                    "chance": item.chance,
+                    "cells": {cell.run: _cell_json(cell) for cell in item.cells},
+                }
+                for item in self.matrix
+            ],
+            "matrix_cut": self.matrix_cut,
+        }
+
+
+def _cell_json(cell: MatchedCell) -> dict[str, Any]:
+    found = asdict(cell)
+    del found["run"]
+    return found

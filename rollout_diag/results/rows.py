@@ -291,6 +291,9 @@ class Anomaly:
     value: float
     baseline: float
     factor: float
+    # the step a resumed run starts at, when this step is one of the few right after it (decisions/resume.py): a
+    # restart's transient, not a spike of the run's mismatch; None otherwise (and absent from JSON)
+    resume: int | None = None
 
 
 @dataclass(frozen=True)
@@ -367,6 +370,9 @@ class Evidence:
     unmasked: tuple[int, int] = (0, 0)
     # (file, role) -> model tokens holding a fill value instead of a logprob (io/reader.py counts them)
     fills: Mapping[tuple[str, str], FillCount] = field(default_factory=dict)
+    # file -> pieces of its rows in row order (first row, first step, last step, min step, max step, row and step of
+    # the first step back, -1 for none): where a file sequence's steps go back (a resumed run)
+    files: Mapping[str, Sequence[tuple[int, ...]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from rollout_diag.results.document import SCHEMA_VERSION
+from rollout_diag.results.prompts import RunsPrompts
 from rollout_diag.results.reprs import short_repr
 from rollout_diag.results.rows import json_number
 
@@ -156,6 +157,7 @@ class RunsResult:
     seed: int
     gates: list[RatioGate] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    prompts: RunsPrompts | None = None  # prompts matched across runs; None when no run has a prompt identity
 
     @property
     def passed(self) -> bool:
@@ -190,6 +192,7 @@ class RunsResult:
             "gates": [gate.to_json() for gate in self.gates],
             "passed": self.passed,
             "warnings": list(self.warnings),
+            "prompts": None if self.prompts is None else self.prompts.to_json(),
         }
 
     def step_records(self) -> dict[str, list[Any]]:

@@ -15,9 +15,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rollout_diag.catalogue import K3_KL, LOGPROB_ABS_DIFF, short_name
+from rollout_diag.catalogue import (
+    K1_WRITTEN_ROWS,
+    K1_WRITTEN_TOKENS,
+    K3_KL,
+    LOGPROB_ABS_DIFF,
+    OFFPOLICY_PREFIX,
+    short_name,
+)
 from rollout_diag.formatting import group_label, number, percent, visible
 from rollout_diag.paths import file_label
+from rollout_diag.presets import k1_bounds_asymmetric
 from rollout_diag.results.columns import StepTable
 
 if TYPE_CHECKING:
@@ -175,6 +183,34 @@ def _positive(value: float | None) -> bool:
 
 def _finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
+
+
+def k1_bounds_line(name: str, config: dict, metrics: dict) -> str | None:
+    """One line for a preset whose first asymmetric k1 option (L·U ≠ 1) has ``summary/k1_as_written_*``: verl
+    applies ρ ∈ [1/U, 1/L] (verl #6377, closed unmerged; its numbers are kept), and what [L, U] as written would
+    reject; None for any other preset."""
+    written_tokens = metrics.get(K1_WRITTEN_TOKENS.key)
+    if written_tokens is None:
+        return None
+    options = str(config.get("rollout_rs") or "").split(",")
+    thresholds = str(config.get("rollout_rs_threshold") or "").split(",")
+    for index, option in enumerate(options):
+        spec = thresholds[index] if len(thresholds) == len(options) else thresholds[0]
+        if not option.endswith("_k1") or "_" not in spec:
+            continue
+        lower, upper = (float(part) for part in spec.split("_"))
+        if not k1_bounds_asymmetric(math.log(lower), math.log(upper)):
+            continue
+        verl_tokens = metrics.get(f"{OFFPOLICY_PREFIX}rollout_rs_{option}_masked_fraction")
+        verl_rows = metrics.get(f"{OFFPOLICY_PREFIX}rollout_rs_{option}_seq_masked_fraction")
+        written_rows = metrics.get(K1_WRITTEN_ROWS.key)
+        applied = f"[{number(1 / upper, 6)}, {number(1 / lower, 6)}]"
+        return (
+            f"{name}: verl applies {option} {spec} as ρ ∈ [1/U, 1/L] = {applied} "
+            f"(rejecting {percent(verl_tokens)} of tokens, {percent(verl_rows)} of rows); ρ ∈ [{lower:g}, {upper:g}] "
+            f"as written would reject {percent(written_tokens)} of tokens, {percent(written_rows)} of rows"
+        )
+    return None
 
 
 EXTREME_PROMPTS_NAMED = 3

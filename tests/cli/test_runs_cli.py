@@ -57,3 +57,37 @@ def test_errors_are_one_line(two, tmp_path):
     assert "no run has that name" in error_line(invoke("runs", f"x={a}", f"y={b}", "--baseline", "z"))
     assert "no such key metric" in error_line(invoke("runs", f"x={a}", f"y={b}", "--max-ratio", "nope=2"))
     assert "give --output" in error_line(invoke("runs", f"x={a}", f"y={b}", "-f", "parquet"))
+
+
+def test_prompts_matched_across_runs_on_the_command_line(tmp_path):
+    from tests.helpers.prompts import matched_run_rows, write_prompt_dump
+
+    paths = [
+        write_prompt_dump(tmp_path / f"{name}.parquet", matched_run_rows(seed, prompts=150, planted=2))
+        for name, seed in (("a", 1), ("b", 2), ("c", 3))
+    ]
+    out = tmp_path / "repro.jsonl"
+    runs = [f"{name}={path}" for name, path in zip("abc", paths, strict=True)]
+    narrow = runner.invoke(app, ["runs", *runs, "--workers", "1", "--export-repro", str(out)], env={"COLUMNS": "80"})
+    text = succeeded(narrow)
+    assert max(len(line) for line in text.splitlines()) <= 80 and "continued" not in text
+    said = " ".join(text.split())  # the lines as the terminal wraps them, joined
+    assert "2 in the worst 1 % in every run they appear in (deterministic outliers)" in said
+    assert "Prompts matched across runs: row mismatch" in text
+    assert "12 rows of 2 prompts in the worst 1 % in every run they appear in" in narrow.stderr
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted({(line["run"], line["prompt"]) for line in lines}) == [(r, p) for r in "abc" for p in ("x0", "x1")]
+    document = json.loads(succeeded(invoke("runs", *runs, "--workers", "1", "-f", "json")))
+    validator("runs.schema.json").validate(document)
+    assert [item["prompt"] for item in document["prompts"]["matrix"] if item["listed"]] in (["x0", "x1"], ["x1", "x0"])
+
+
+def test_runs_without_a_prompt_identity_say_so_in_one_line(two, tmp_path):
+    a, b = two
+    text = succeeded(invoke("runs", f"a={a}", f"b={b}", "--workers", "1"))
+    assert len([line for line in text.splitlines() if line.startswith("Prompts")]) == 1
+    assert "Prompts: no prompt identity in the runs" in " ".join(text.split())
+    result = invoke("runs", f"a={a}", f"b={b}", "--workers", "1", "--export-repro", tmp_path / "r.jsonl")
+    assert result.exit_code == 1 and result.stdout == ""
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: --export-repro") and "prompt identity" in last

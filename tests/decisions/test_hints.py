@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from helpers.dumps import random_rows, seq_row, sequence_table, write_sequence_dump, write_table, write_token_dump
+from helpers.sampling import Processing, sample
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -161,9 +162,29 @@ def copy_environment(row: dict) -> None:
 
 
 def temperature_on_rollout(row: dict, temperature: float = 0.8) -> None:
-    """The rollout logprobs of the temperature-scaled distribution: r ≈ a / T (so δ ≈ (T − 1)·r)."""
-    row["rollout"] = np.maximum(row["trainer"] / temperature - row["rng"].normal(0, 0.01, len(row["trainer"])), -50)
-    row["rollout"] = np.minimum(row["rollout"], 0.0)
+    """The row resampled from real distributions with the rollout's logprobs at temperature T: tokens from
+    softmax(z / T), r = log softmax(z / T)[tok], a = log softmax(z)[tok] (not r = a / T)."""
+    _resample(row, Processing(temperature=temperature))
+
+
+def top_p_on_rollout(row: dict, top_p: float = 0.9) -> None:
+    """The row resampled with the rollout's logprobs of the top-p truncated, renormalised distribution."""
+    _resample(row, Processing(top_p=top_p))
+
+
+def _resample(row: dict, processing: Processing) -> None:
+    drawn = sample(row["rng"], len(row["trainer"]), processing, numerics=0.01)
+    row["trainer"], row["rollout"] = drawn["trainer"], drawn["rollout"]
+
+
+def retokenized_turn_starts(row: dict, k: int = 2) -> None:
+    """The first k model tokens of every round after the first (right after an environment segment) scored on
+    differently split tokens: their rollout logprobs disagree by ~0.5."""
+    mask = row["mask"]
+    starts = np.flatnonzero((mask == 1) & (np.concatenate([[1], mask[:-1]]) == 0))
+    for start in starts:
+        index = np.arange(start, start + k)
+        row["rollout"][index] = np.minimum(row["trainer"][index] - row["rng"].normal(0, 0.6, k), 0.0)
 
 
 def noisy_first_tokens(row: dict) -> None:
@@ -181,6 +202,8 @@ PLANTED: dict[str, dict] = {
     "off_by_one": {"plant": shift_trainer},
     "dummy_logprobs": {"plant": zero_environment, "rounds": 3},
     "processed_logprobs": {"plant": temperature_on_rollout},
+    "top_p_truncation": {"plant": top_p_on_rollout},
+    "retokenization": {"plant": retokenized_turn_starts, "rounds": 4, "length": 40},
     "first_token": {"plant": noisy_first_tokens, "rounds": 3},
     "last_token": {"plant": noisy_last_token, "rows_per_step": 24},
     "low_probability": {"noise": lambda t: 0.2 * (1.0 - t["p"]) + 1e-4},
@@ -264,11 +287,29 @@ def test_isolated_exact_zeros_are_not_dummy_logprobs(tmp_path):
     assert hint_ids(dump(tmp_path, rows(8, plant=round_certain))) == []
 
 
-def test_processed_logprobs_reports_the_slope(tmp_path):
-    path = dump(tmp_path, rows(9, plant=temperature_on_rollout))
-    hint = next(h for h in rd.analyze(str(path), device="cpu").hints if h.id == "processed_logprobs")
-    assert hint.evidence["slope"] == pytest.approx(-0.2, abs=0.02)  # δ = (T − 1)·r with T = 0.8
-    assert hint.evidence["share_of_rows"] > 0.9
+def test_processed_logprobs_names_the_direction(tmp_path):
+    sharper = rd.analyze(str(dump(tmp_path, rows(9, plant=temperature_on_rollout))), device="cpu").hints
+    hint = next(h for h in sharper if h.id == "processed_logprobs")
+    # T = 0.8 on the rollout: its likely tokens gain probability (δ < 0), its unlikely ones lose it (δ > 0)
+    assert hint.evidence["sharper_rollout"] == 1.0
+    assert hint.evidence["likely_bucket_mean"] < 0 < hint.evidence["unlikely_bucket_mean"]
+    assert "top_p_truncation" not in {h.id for h in sharper}
+
+    def flatter(row: dict) -> None:
+        temperature_on_rollout(row, 1.3)
+
+    hints = rd.analyze(str(dump(tmp_path, rows(9, plant=flatter), "flat.parquet")), device="cpu").hints
+    assert next(h for h in hints if h.id == "processed_logprobs").evidence["sharper_rollout"] == 0.0
+
+
+# The hints of issue 41 (truncated sampling, retokenization, resume): each silent on every other planted cause.
+NEW_HINTS = {"top_p_truncation", "processed_logprobs", "retokenization", "resume_spike"}
+
+
+@pytest.mark.parametrize("hint", list(PLANTED))
+def test_the_sampling_and_turn_hints_are_silent_on_other_causes(tmp_path, hint):
+    found = set(hint_ids(dump(tmp_path, rows(3, **PLANTED[hint]))))
+    assert not (found & NEW_HINTS) - {hint}, found
 
 
 def test_staleness_is_silent_without_a_policy_version_column(tmp_path):
@@ -315,6 +356,7 @@ def reference_sums(made: list[dict]) -> dict[str, float]:
     out = dict.fromkeys(TOKEN_SUMS, 0.0)
     out["probability"] = [0.0] * (len(PROBABILITY_EDGES) + 1)
     out["probability_abs"] = [0.0] * (len(PROBABILITY_EDGES) + 1)
+    out["probability_delta"] = [0.0] * (len(PROBABILITY_EDGES) + 1)
     out["position"] = {}  # log2 bucket -> [tokens, Σy]
     for row in made:
         mask, a, r = row["mask"], row["trainer"], row["rollout"]
@@ -333,6 +375,8 @@ def reference_sums(made: list[dict]) -> dict[str, float]:
             out["cross"] += delta * r[t]
             out["rollout_square"] += r[t] * r[t]
             out["delta_square"] += delta * delta
+            out["rollout_sum"] += r[t]
+            out["delta_sum"] += delta
             if linked_next:
                 out["pairs"] += 1
                 out["pair_abs"] += abs(delta)
@@ -355,6 +399,7 @@ def reference_sums(made: list[dict]) -> dict[str, float]:
             bucket = sum(r[t] < math.log(edge) for edge in PROBABILITY_EDGES)
             out["probability"][bucket] += 1
             out["probability_abs"][bucket] += abs(delta)
+            out["probability_delta"][bucket] += delta
             position_bucket = 0 if t == 0 else t.bit_length()  # 1 → 1, 2–3 → 2, 4–7 → 3, …
             entry = out["position"].setdefault(position_bucket, [0.0, 0.0])
             entry[0] += 1
@@ -375,6 +420,7 @@ def test_evidence_sums_match_the_reference(tmp_path):
         assert run[name] == pytest.approx(expected[name], rel=1e-12, abs=1e-12), name
     assert [b["tokens"] for b in run["probability_buckets"]] == expected["probability"]
     assert [b["abs"] for b in run["probability_buckets"]] == pytest.approx(expected["probability_abs"], rel=1e-12)
+    assert [b["delta"] for b in run["probability_buckets"]] == pytest.approx(expected["probability_delta"], abs=1e-12)
     positions = {k: [b["tokens"], b["y"]] for k, b in enumerate(run["position_buckets"]) if b["tokens"]}
     assert positions.keys() == expected["position"].keys()
     for bucket, (tokens, y) in expected["position"].items():

@@ -181,7 +181,7 @@ def test_the_evidence_does_not_depend_on_chunking_or_merging(tmp_path, chunk_tok
     whole, split = _evidence(path, 1 << 22), _evidence(path, chunk_tokens, parts)
     for name in ("key", "version", "step", "rows", "tokens", "score_min", "score_max"):
         np.testing.assert_array_equal(getattr(split.cells, name), getattr(whole.cells, name))
-    for name in ("y", "y2"):
+    for name in ("y", "y2", "score"):
         np.testing.assert_allclose(getattr(split.cells, name), getattr(whole.cells, name), rtol=1e-12)
     np.testing.assert_array_equal(split.score_histogram, whole.score_histogram)
     assert [ref for ref, *_ in split.worst_rows] == [ref for ref, *_ in whole.worst_rows]

@@ -32,6 +32,19 @@ OPTION_THRESHOLDS = {
     "seq_mean_k3": "0.02",
     "seq_max_k2": "0.5",
     "seq_max_k3": "0.5",
+    # the probability gates (kpop, bkl, tv): thresholds that split the random steps' tokens and rows
+    "token_kpop": "0.005",
+    "token_bkl": "0.002",
+    "token_tv": "0.01",
+    "seq_sum_kpop": "0.05",
+    "seq_sum_bkl": "0.02",
+    "seq_sum_tv": "0.1",
+    "seq_mean_kpop": "0.003",
+    "seq_mean_bkl": "0.001",
+    "seq_mean_tv": "0.005",
+    "seq_max_kpop": "0.02",
+    "seq_max_bkl": "0.01",
+    "seq_max_tv": "0.03",
 }
 
 

@@ -106,3 +106,46 @@ def prompt_table(rows: list[dict], *, prompt_column: str | None = "prompt_id") -
 def write_prompt_dump(path: Path, rows: list[dict], *, row_group_size: int | None = None, **options) -> Path:
     pq.write_table(prompt_table(rows, **options), path, row_group_size=row_group_size)
     return path
+
+
+def matched_run_rows(
+    seed: int,
+    *,
+    prompts: int = 300,
+    first: int = 0,
+    planted: int = 0,
+    planted_bias: float = 0.8,
+    group: int = 2,
+    steps: int = 6,
+    length: int = 32,
+    prompt_tokens: int = 6,
+) -> list[dict]:
+    """One run of a matched set (``runs``' prompts matched across runs): the same pool of prompts ``p<first>`` … in
+    every run (and the same prompt token ids: ``prompt_rows``' layout), each answered once, ``group`` rows, at a step
+    and in an order this run's ``seed`` picks; ``planted`` prompts ``x0`` … answered once too, with a mean δ of
+    ``planted_bias`` on every row (a deterministic outlier: extreme in every run, yet with ``group`` rows a run too
+    few for the single-run rule). Clean rows: δ ~ N(0, CLEAN_NOISE)."""
+    rng = np.random.default_rng(seed)
+    names = [f"p{k}" for k in range(first, first + prompts)] + [f"x{k}" for k in range(planted)]
+    order = rng.permutation(len(names))
+    out = []
+    for position, index in enumerate(order.tolist()):
+        prompt = names[index]
+        step = position * steps // len(names)
+        ids = np.random.default_rng([first + index, 7]).integers(0, 50_000, prompt_tokens).tolist()  # every run's
+        for member in range(group):
+            true = -rng.exponential(1.0, length)
+            delta = rng.normal(0.0, CLEAN_NOISE, length) + (planted_bias if prompt.startswith("x") else 0.0)
+            rollout = np.minimum(true - delta, 0.0)
+            out.append(
+                {
+                    "step": step,
+                    "sample_id": f"s{step}-{prompt}-{member}",
+                    "prompt_id": prompt,
+                    "token_ids": ids + rng.integers(0, 50_000, length).tolist(),
+                    "rollout_log_probs": [0.0] * prompt_tokens + np.float32(rollout).astype(float).tolist(),
+                    "old_log_probs": [0.0] * prompt_tokens + np.float32(true).astype(float).tolist(),
+                    "response_mask": [0] * prompt_tokens + [1] * length,
+                }
+            )
+    return out

@@ -529,7 +529,30 @@ RS_OPTIONS = (
     "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
     "seq_mean_k1", "seq_mean_k2", "seq_mean_k3",
     "seq_max_k2", "seq_max_k3",
+    *(f"{scope}_{kind}" for kind in ("kpop", "bkl", "tv") for scope in ("token", "seq_sum", "seq_mean", "seq_max")),
 )  # fmt: skip
+GATES = ("kpop", "bkl", "tv")
+
+
+def binary_kl(x: float, y: float, eps: float) -> float:
+    """KL(Bernoulli(x) ‖ Bernoulli(y)) of probabilities clamped to [eps, 1 − eps], as the trainers write it:
+    x·log(x/y) + (1 − x)·log((1 − x)/(1 − y)) (AReaL compute_binary_kl_divergence, areal-project/AReaL@cbff54d
+    areal/utils/functional/functional.py; OpenRLHF #1339 PolicyLoss), here in float64 Python floats."""
+    x, y = min(max(x, eps), 1.0 - eps), min(max(y, eps), 1.0 - eps)
+    return x * math.log(x / y) + (1.0 - x) * math.log((1.0 - x) / (1.0 - y))
+
+
+def gate_divergence(a: float, r: float, kind: str) -> float:
+    """The probability gates of p = exp(a) (trainer), q = exp(r) (rollout):
+    kpop = max(KL(B(p)‖B(q)), KL(B(q)‖B(p))), clamp 1e-8 (AReaL #1405 at cbff54d: metric "binary_kl");
+    bkl = KL(B(q)‖B(p)), clamp 1e-6 (OpenRLHF #1339 gating "binary_kl": p = rollout, q = train in their names);
+    tv = |p − q| (prime-rl ipo_loss_fn at PrimeIntellect-ai/prime-rl@559b447). Both KLs at least 0 (OpenRLHF #1354)."""
+    p, q = math.exp(a), math.exp(r)
+    if kind == "kpop":
+        return max(binary_kl(p, q, 1e-8), binary_kl(q, p, 1e-8), 0.0)
+    if kind == "bkl":
+        return max(binary_kl(q, p, 1e-6), 0.0)
+    return abs(p - q)
 
 
 def rs_bounds(option: str, spec: str | float) -> tuple[float | None, float]:
@@ -549,7 +572,7 @@ def rs_bounds(option: str, spec: str | float) -> tuple[float | None, float]:
         # verl does not check L <= U for RS; neither does METRICS.md, so neither do we
         return lower, upper
     if "_" in spec:
-        raise ValueError(f"{option}: k2/k3 options take a single upper bound, got {spec!r}")
+        raise ValueError(f"{option}: k2/k3 and gate options take a single upper bound, got {spec!r}")
     upper = float(spec)
     if not upper > 0:
         raise ValueError(f"{option}: threshold must be positive, got {spec!r}")
@@ -585,7 +608,9 @@ def token_divergence(delta: float, kind: str) -> float:
 
 def rs_token_stats(rows: Sequence[Row], option: str) -> PerRow:
     """Per-token divergence of the option's kind (k1/k2/k3) at masked tokens."""
-    kind = option[-2:]
+    kind = option.rpartition("_")[2]
+    if kind in GATES:
+        return per_token(rows, lambda a, r: gate_divergence(a, r, kind))
     return [[token_divergence(x, kind) for x in values] for values in per_token(rows, log_ratio)]
 
 
@@ -697,3 +722,31 @@ def rs_keep(rows: Sequence[Row], options: list[str], thresholds: list[str]) -> l
     """§3 final mask per row: m × Π(option keeps), as 0.0/1.0 float64 arrays."""
     final = _final_keep(rows, parse_rs(options, thresholds))
     return scatter(rows, [[indicator(k) for k in v] for v in final])
+
+
+# ---------------------------------------------------------------------------
+# Our additions beside verl's numbers: IS weights before truncation, asymmetric k1 bounds as written
+# ---------------------------------------------------------------------------
+
+
+def raw_is_summary(rows: Sequence[Row], level: str) -> dict[str, float]:
+    """summary/is_raw_*: verl's T[·], population std and ESS formulas, and the extremes, of w_raw over model tokens."""
+    raw = raw_is_weights(rows, level)
+    values = [w for row in raw for w in row]
+    mean = token_mean(raw)
+    count = len(values)
+    plain = sum(values) / count
+    std = math.sqrt(sum((w - plain) ** 2 for w in values) / count) if count > 1 else 0.0
+    ess = 1.0 / token_mean([[(w / (mean + 1e-8)) ** 2 for w in row] for row in raw])
+    keys = {"mean": mean, "std": std, "min": min(values), "max": max(values), "eff_sample_size": ess}
+    return {f"summary/is_raw_{name}": value for name, value in keys.items()}
+
+
+def k1_as_written(rows: Sequence[Row], option: str, lower: float, upper: float) -> dict[str, float]:
+    """summary/k1_as_written_*: what the k1 option would reject keeping ρ in [L, U] as written, which is verl's k1 rule
+    with bounds 1/U_1/L (verl keeps −log ρ in [log L, log U])."""
+    metrics = rs_metrics(rows, [option], [f"{1.0 / upper!r}_{1.0 / lower!r}"])
+    return {
+        "summary/k1_as_written_token_fraction": metrics[f"{OFFPOLICY}rollout_rs_{option}_masked_fraction"],
+        "summary/k1_as_written_row_fraction": metrics[f"{OFFPOLICY}rollout_rs_{option}_seq_masked_fraction"],
+    }

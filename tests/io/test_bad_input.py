@@ -567,6 +567,8 @@ def test_trainer_column_names_are_detected(tmp_path: Path, verl_result: dict, na
         "sample_id": "sample_id",
         **names,
     }
+    if "uid" in names.values():  # verl's uid is shared by a prompt's responses: it is the prompt id too
+        expected_columns["prompt_id"] = "uid"
     assert document["columns"] == expected_columns
     assert_same_results(document, verl_result)
 

@@ -28,10 +28,13 @@ from helpers.reference import (
     clamp20,
     indicator,
     is_metrics,
+    k1_as_written,
     log_ratio,
     offpolicy_metrics,
+    parse_rs,
     per_token,
     plain_mean,
+    raw_is_summary,
     raw_is_weights,
     row_mean,
     row_sum,
@@ -154,6 +157,7 @@ def expected_metrics(rows: Sequence[Row], preset: Preset) -> tuple[dict[str, flo
         config = preset.importance
         lower = config.lower if config.icepop else None
         metrics.update(is_metrics(rows, config.level, config.upper, lower, config.batch_normalize))
+        metrics.update(raw_is_summary(rows, config.level))
         if config.icepop:
             raw = raw_is_weights(rows, config.level)
             restrict([[config.lower <= w <= config.upper for w in values] for values in raw])
@@ -161,6 +165,10 @@ def expected_metrics(rows: Sequence[Row], preset: Preset) -> tuple[dict[str, flo
         options = list(preset.rollout_rs)
         thresholds = preset.rollout_rs_threshold.split(",")
         metrics.update(rs_metrics(rows, options, thresholds))
+        for option, lower, upper in parse_rs(options, thresholds):  # the first asymmetric k1 option
+            if option.endswith("k1") and abs(math.log(lower) + math.log(upper)) > 1e-9 * abs(math.log(upper)):
+                metrics.update(k1_as_written(rows, option, lower, upper))
+                break
         restrict(masked_flags(rows, rs_keep(rows, options, thresholds)))
     if preset.legacy is not None:
         legacy_metrics, legacy_keep = legacy_reference(rows, preset.legacy)

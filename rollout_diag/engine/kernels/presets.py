@@ -40,6 +40,8 @@ OPS = {
     "not_at_most": 7,  # not (v ≤ U)
 }
 _FLAGS: dict[str, Any] = {"cache": True, "nogil": True, "error_model": "numpy"}
+BASES = len(PRESET_BASES)
+KPOP, BKL, TV = KINDS["rs_kpop"], KINDS["rs_bkl"], KINDS["rs_tv"]
 
 
 @njit(**{**_FLAGS, "inline": "always"})
@@ -153,10 +155,143 @@ def clamped_tokens(trainer: np.ndarray, rollout: np.ndarray, raw: np.ndarray, mo
     return out
 
 
+@njit(**_FLAGS)
+def model_values(values: np.ndarray, raw: np.ndarray, model: np.ndarray, length: np.ndarray):
+    """``values`` (a raw array: logprobs) at every model token (float64 [M], index ``model[s] + k``)."""
+    total = 0
+    for s in range(raw.shape[0]):
+        total += length[s]
+    out = np.empty(size_class(total))[:total]
+    for s in range(raw.shape[0]):
+        r, m = uint64(raw[s]), uint64(model[s])
+        for k in range(length[s]):
+            out[m + uint64(k)] = values[r + uint64(k)]
+    return out
+
+
+@njit(**_FLAGS)
+def gate_arguments(trainer_prob: np.ndarray, rollout_prob: np.ndarray, eps_wide: float, eps_narrow: float):
+    """The arguments of the probability gates' logs (``engine.formulas.gate_values``), from p = exp(a) and q = exp(r)
+    at every model token (numpy's exp): (1 − p')/(1 − q') with AReaL's clamp ``eps_narrow`` at every token [M]; and,
+    only at the tokens where they are not that one's, the other arguments with their token index: p'/q' where a
+    clamp moves p or q (``eps_narrow``, then ``eps_wide``), (1 − p')/(1 − q') under ``eps_wide``. The caller takes
+    numpy's log of each (elementwise, so each token's log is the one the torch engine takes)."""
+    size = trainer_prob.shape[0]
+    complement = np.empty(size_class(size))[:size]
+    ratio_narrow, ratio_wide, complement_wide = np.empty(size), np.empty(size), np.empty(size)
+    at_narrow, at_wide, at_complement = np.empty(size, np.int64), np.empty(size, np.int64), np.empty(size, np.int64)
+    n_narrow = n_wide = n_complement = 0
+    for k in range(size):
+        i = uint64(k)
+        p, q = trainer_prob[i], rollout_prob[i]
+        p8, q8 = min(max(p, eps_narrow), 1.0 - eps_narrow), min(max(q, eps_narrow), 1.0 - eps_narrow)
+        complement[i] = (1.0 - p8) / (1.0 - q8)
+        if not (p8 == p and q8 == q):
+            ratio_narrow[n_narrow], at_narrow[n_narrow] = p8 / q8, k
+            n_narrow += 1
+        p6, q6 = min(max(p, eps_wide), 1.0 - eps_wide), min(max(q, eps_wide), 1.0 - eps_wide)
+        if not (p6 == p and q6 == q):
+            ratio_wide[n_wide], at_wide[n_wide] = p6 / q6, k
+            n_wide += 1
+        if not (p6 == p8 and q6 == q8):
+            complement_wide[n_complement], at_complement[n_complement] = (1.0 - p6) / (1.0 - q6), k
+            n_complement += 1
+    return (
+        complement,
+        ratio_narrow[:n_narrow].copy(),
+        at_narrow[:n_narrow].copy(),
+        ratio_wide[:n_wide].copy(),
+        at_wide[:n_wide].copy(),
+        complement_wide[:n_complement].copy(),
+        at_complement[:n_complement].copy(),
+    )
+
+
+@njit(**_FLAGS)
+def gate_finish(
+    trainer: np.ndarray,
+    rollout: np.ndarray,
+    raw: np.ndarray,
+    model: np.ndarray,
+    length: np.ndarray,
+    trainer_prob: np.ndarray,
+    rollout_prob: np.ndarray,
+    eps_wide: float,
+    eps_narrow: float,
+    log_complement: np.ndarray,
+    log_ratio_narrow: np.ndarray,
+    at_narrow: np.ndarray,
+    log_ratio_wide: np.ndarray,
+    at_wide: np.ndarray,
+    log_complement_wide: np.ndarray,
+    at_complement: np.ndarray,
+    segment_group: np.ndarray,
+    groups: int,
+    edges: np.ndarray,
+    table: np.ndarray,
+):
+    """kpop, bkl, tv at every model token (float64 [3, M]): ``engine.formulas.gate_values`` operation for operation
+    from ``gate_arguments``' logs (δ = a − r where no clamp moves p or q); with ``edges`` (empty: none), each step
+    group's histogram of each gate's value over the sweep's bins of |c| (int64 [groups, 3·BINS],
+    ``metrics.sweep.gate_histograms``), found from the exact edges as the histogram of c is."""
+    size = trainer_prob.shape[0]
+    out = np.empty((3, size))
+    narrow, wide, complement = 0, 0, 0
+    for s in range(raw.shape[0]):
+        r, m = uint64(raw[s]), uint64(model[s])
+        for j in range(length[s]):
+            k = m + uint64(j)
+            delta = trainer[r + uint64(j)] - rollout[r + uint64(j)]
+            p, q = trainer_prob[k], rollout_prob[k]
+            p8, q8 = min(max(p, eps_narrow), 1.0 - eps_narrow), min(max(q, eps_narrow), 1.0 - eps_narrow)
+            lr8 = delta
+            if narrow < at_narrow.shape[0] and at_narrow[narrow] == k:
+                lr8 = log_ratio_narrow[narrow]
+                narrow += 1
+            lc8 = log_complement[k]
+            forward = p8 * lr8 + (1.0 - p8) * lc8
+            reverse = -(q8 * lr8 + (1.0 - q8) * lc8)
+            q6 = min(max(q, eps_wide), 1.0 - eps_wide)
+            lr6 = delta
+            if wide < at_wide.shape[0] and at_wide[wide] == k:
+                lr6 = log_ratio_wide[wide]
+                wide += 1
+            lc6 = lc8
+            if complement < at_complement.shape[0] and at_complement[complement] == k:
+                lc6 = log_complement_wide[complement]
+                complement += 1
+            out[0, k] = max(max(forward, reverse), 0.0)
+            out[1, k] = max(-(q6 * lr6 + (1.0 - q6) * lc6), 0.0)
+            out[2, k] = abs(p - q)
+    bins = edges.shape[0]
+    counts = np.zeros((groups, 3 * bins), np.int64)
+    if bins == 0:
+        return out, counts
+    padded = np.empty(bins + 1)  # the edges and +inf: the step over an edge reads no bound check
+    for e in range(bins):
+        padded[e] = edges[e]
+    padded[bins] = np.inf
+    first = (np.int64(edges[1:2].view(np.int64)[0]) >> SLICE_SHIFT) if bins > 1 else 0
+    last = table.shape[0] - 1
+    for gate in range(3):
+        values = out[gate]
+        bits = values.view(np.int64)
+        offset = gate * bins
+        for s in range(raw.shape[0]):
+            row = counts[segment_group[s]]
+            m = uint64(model[s])
+            for j in range(length[s]):
+                i = m + uint64(j)
+                found = table[uint64(min(max(((bits[i] & ABS_BITS) >> SLICE_SHIFT) - first, 0), last))]
+                found += abs(values[i]) >= padded[uint64(found + 1)]
+                row[uint64(offset + found)] += 1
+    return out, counts
+
+
 @njit(**{**_FLAGS, "inline": "always"})
 def _needed(codes: np.ndarray) -> np.ndarray:
     """Which base quantities (KINDS) the derived quantities ``codes`` read."""
-    needed = np.zeros(6, np.bool_)
+    needed = np.zeros(BASES, np.bool_)
     for q in range(codes.shape[0]):
         needed[codes[q, 0]] = True
     return needed
@@ -167,6 +302,7 @@ def _fill_bases(
     trainer: np.ndarray,
     rollout: np.ndarray,
     weight: np.ndarray,
+    gates: np.ndarray,
     start: int,
     first: int,
     size: int,
@@ -174,7 +310,9 @@ def _fill_bases(
     bases: np.ndarray,
 ) -> None:
     """The base quantities (KINDS rows of ``bases``) of a segment's ``size`` tokens (raw index ``start + k``, model
-    index ``first + k``), with the torch engine's float64 formulas; w is read (numpy's exp), 1.0 without weights."""
+    index ``first + k``), with the torch engine's float64 formulas; w is read (numpy's exp), 1.0 without weights; the
+    probability gates (kpop, bkl, tv) are read from ``gates`` [3, M] (``engine.formulas.gate_values``, numpy's exps
+    and logs, as the torch engine takes them on the CPU)."""
     has_weight = weight.shape[0] > 0
     raw, model = uint64(start), uint64(first)  # unsigned: no negative-index wrap per read
     for k in range(size):
@@ -196,6 +334,12 @@ def _fill_bases(
     if needed[5]:
         for k in range(size):
             bases[5, k] = (bases[2, k] - 1.0) - bases[1, k]
+    for kind in (KPOP, BKL, TV):
+        if needed[kind]:
+            row = gates[kind - KPOP]
+            for k in range(size):
+                i = uint64(k)
+                bases[kind, i] = row[model + i]
 
 
 @njit(**{**_FLAGS, "inline": "always"})
@@ -310,6 +454,7 @@ def preset_pass(
     trainer: np.ndarray,
     rollout: np.ndarray,
     weight: np.ndarray,
+    gates: np.ndarray,
     raw: np.ndarray,
     model: np.ndarray,
     length: np.ndarray,
@@ -337,7 +482,7 @@ def preset_pass(
     longest = 1
     for s in range(segments):
         longest = max(longest, length[s])
-    bases = np.empty((6, longest))
+    bases = np.empty((BASES, longest))
     values = np.empty(longest)
     stack, left = np.empty((3, 64), np.int64), np.empty(64)
     needed = _needed(codes)
@@ -349,7 +494,7 @@ def preset_pass(
     padded[edges.shape[0]] = np.inf
     for s in range(segments):
         size = length[s]
-        _fill_bases(trainer, rollout, weight, raw[s], model[s], size, needed, bases)
+        _fill_bases(trainer, rollout, weight, gates, raw[s], model[s], size, needed, bases)
         if histogram:
             _count_signed_bins(bases[1], size, padded, table, counts[segment_group[s]])
         for q in range(quantities):
@@ -374,6 +519,7 @@ def centred_pass(
     trainer: np.ndarray,
     rollout: np.ndarray,
     weight: np.ndarray,
+    gates: np.ndarray,
     raw: np.ndarray,
     model: np.ndarray,
     length: np.ndarray,
@@ -393,12 +539,14 @@ def centred_pass(
     for s in range(raw.shape[0]):
         longest = max(longest, length[s])
     needed = _needed(codes)
-    weight_only = weight.shape[0] > 0 and not (needed[0] or needed[1] or needed[3] or needed[4] or needed[5])
-    bases = np.empty((6, 1 if weight_only else longest))
+    weight_only = weight.shape[0] > 0
+    for kind in range(BASES):
+        weight_only = weight_only and (kind == 2 or not needed[kind])
+    bases = np.empty((BASES, 1 if weight_only else longest))
     for s in range(raw.shape[0]):
         g, size, first = segment_group[s], length[s], model[s]
         if not weight_only:
-            _fill_bases(trainer, rollout, weight, raw[s], first, size, needed, bases)
+            _fill_bases(trainer, rollout, weight, gates, raw[s], first, size, needed, bases)
         for lane in range(0, quantities, 4):
             count = min(4, quantities - lane)
             q0, q1, q2, q3 = lane, lane + min(1, count - 1), lane + min(2, count - 1), lane + min(3, count - 1)
@@ -438,16 +586,21 @@ def _c(dtype: types.Type, ndim: int = 1) -> types.Array:
     return types.Array(dtype, ndim, "C")
 
 
-_F, _I = _c(types.float64), _c(types.int64)
+_F, _I, _F2 = _c(types.float64), _c(types.int64), _c(types.float64, 2)
 # Every specialisation of each kernel (as ``kernels.cpu.SIGNATURES``): float64 values and weights, int64 layouts and
 # codes, whatever the input's dtypes. :func:`compile_signatures` compiles them without data (a helper process does,
 # ``kernels.expect_presets``).
 SIGNATURES: dict[str, tuple[tuple[types.Type, ...], ...]] = {
     "clamped_tokens": ((_F, _F, _I, _I, _I),),
-    "preset_pass": (
-        (_F, _F, _F, _I, _I, _I, _I, types.int64, _c(types.int64, 2), _c(types.float64, 2), _c(types.boolean), _F, _I),
+    "model_values": ((_F, _I, _I, _I),),
+    "gate_arguments": ((_F, _F, types.float64, types.float64),),
+    "gate_finish": (
+        (_F, _F, _I, _I, _I, _F, _F, types.float64, types.float64, _F, _F, _I, _F, _I, _F, _I, _I, types.int64, _F, _I),
     ),
-    "centred_pass": ((_F, _F, _F, _I, _I, _I, _I, _c(types.int64, 2), _c(types.float64, 2), _c(types.float64, 2)),),
+    "preset_pass": (
+        (_F, _F, _F, _F2, _I, _I, _I, _I, types.int64, _c(types.int64, 2), _F2, _c(types.boolean), _F, _I),
+    ),
+    "centred_pass": ((_F, _F, _F, _F2, _I, _I, _I, _I, _c(types.int64, 2), _F2, _F2),),
 }
 
 

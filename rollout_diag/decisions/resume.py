@@ -1,0 +1,78 @@
+"""Resumed runs: where a dump's steps start again from a checkpoint, found from the hint evidence (pure functions).
+
+A run resumed from a checkpoint shows in a dump in two ways (``docs/hints.md``, ``resume_spike``):
+
+- **steps go back** in the file sequence (files in natural order, rows in file order): a file, or a row inside one,
+  whose step is below the step read before it, but above the first step of the dump. Per-rank files that each
+  hold every step start again at the first step: that is a layout, not a resume;
+- **policy_version goes back**: a step whose rows all carry a lower policy version than every row of the step
+  before it (a weight-sync counter that restarts with the process).
+
+``resume_steps`` returns the steps where a resumed run starts; the anomaly and trend rules label the steps right after
+one as a resume (``decisions/trends.py``), and ``resume_spike`` (``decisions/hints.py``) says whether the mismatch
+jumps there.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from rollout_diag.paths import natural_key
+from rollout_diag.results import Evidence
+
+RESUME_WINDOW = 3  # steps from the resumed step on that a resume transient covers (slime #1695: "a few steps")
+
+
+def resume_steps(evidence: Evidence | None) -> list[int]:
+    """Steps where a resumed run starts, ascending (empty when none is seen)."""
+    if evidence is None:
+        return []
+    found = set(_steps_back(evidence.files)) | set(_versions_back(evidence.steps))
+    return sorted(found)
+
+
+def _steps_back(files: Mapping[str, Sequence[tuple[int, ...]]]) -> list[int]:
+    """Steps at which the file sequence goes back to a step above its first one. After a step back the sequence
+    follows the resumed run (the position is the last step read, not the highest), so the resumed run's next
+    steps, which the first run had reached too, are not resumes again."""
+    ordered = sorted(files, key=natural_key)
+    if not ordered:
+        return []
+    first = sorted(files[ordered[0]])[0][1]
+    found: list[int] = []
+    position = -math.inf
+    for file in ordered:
+        for _, first_step, last_step, _, _, _, back_step in sorted(files[file]):
+            if position > first_step > first:  # the piece starts below the step last read
+                found.append(first_step)
+            if back_step > first:  # a step back inside the piece (-1: none)
+                found.append(back_step)
+            position = last_step
+    return found
+
+
+def _versions_back(steps: Mapping[int, Mapping[str, float]]) -> list[int]:
+    """Steps whose highest policy_version is below the lowest of the step before (with a policy_version column)."""
+    found: list[int] = []
+    previous = None
+    for step in sorted(steps):
+        sums = steps[step]
+        low, high = sums.get("version_min", math.inf), sums.get("version_max", -math.inf)
+        if not math.isfinite(low):
+            continue
+        if previous is not None and high < previous:
+            found.append(step)
+        previous = low
+    return found
+
+
+def resume_windows(resumes: Sequence[int], steps: Sequence[int]) -> dict[int, int]:
+    """Each step within RESUME_WINDOW steps (of those present) from a resume → that resume's step."""
+    ordered = sorted(set(steps))
+    out: dict[int, int] = {}
+    for resume in resumes:
+        after = [step for step in ordered if step >= resume][:RESUME_WINDOW]
+        for step in after:
+            out.setdefault(step, resume)
+    return out

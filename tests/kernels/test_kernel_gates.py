@@ -1,0 +1,67 @@
+"""The probability gates' compiled pass (rollout_diag/engine/kernels/presets.py gate_arguments, gate_finish) against the
+torch engine's formula (engine/formulas.py gate_values) on the CPU: every token's kpop, bkl and tv bit for bit (both
+take numpy's exp and log), the sweep's histograms of them counted alike, and compare-presets' and sweep's documents
+equal in the two engines, near the clamps too."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from helpers.kernel import assert_same_document
+from helpers.presets import make_chunk, write_dump
+
+import rollout_diag as rd
+from rollout_diag.engine.choice import use_engine
+from rollout_diag.engine.stats import ChunkStats, KernelStats
+from rollout_diag.metrics.sweep import exact_bin_edges, gate_histograms
+from rollout_diag.presets import GATE_PRESETS
+
+
+def gate_rows(seed: int, rows: int) -> list:
+    """Rows with probabilities near 0 and 1 (either side of both clamps), near each other and far apart."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(rows):
+        length = int(rng.integers(0, 50))
+        rollout = -rng.choice([1e-9, 1e-7, 1e-5, 0.3, 2.0, 13.0, 14.5, 19.0, 30.0], length) * rng.uniform(
+            0.5, 2, length
+        )
+        trainer = np.minimum(rollout + rng.normal(0, 1, length) * rng.choice([0.0, 1e-6, 0.05, 2.0], length), 0.0)
+        mask = (rng.random(length) > 0.1).astype(np.float64)
+        out.append((trainer, rollout, mask))
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_the_compiled_gates_are_the_torch_engines_bit_for_bit(seed):
+    records = [(step, row) for step in range(3) for row in gate_rows(seed + 11 * step, 7)]
+    kernel_chunk, torch_chunk = make_chunk(records), make_chunk(records)
+    kernel = KernelStats(kernel_chunk)
+    kernel_chunk.cache["stats"] = kernel
+    torch_chunk.cache["stats"] = reference = ChunkStats(torch_chunk)
+    values = kernel.gate_values(exact_bin_edges())
+    for index, name in enumerate(("rs_kpop", "rs_bkl", "rs_tv")):
+        expected = reference.token(name)
+        assert torch.equal(torch.from_numpy(values[index]), expected), name
+        assert torch.equal(kernel.token(name), expected), name
+    assert (values >= 0).all() and np.isfinite(values).all()
+    assert torch.equal(
+        torch.as_tensor(gate_histograms(kernel), dtype=torch.float64),
+        torch.as_tensor(gate_histograms(reference), dtype=torch.float64),
+    )
+
+
+def test_compare_presets_and_sweep_of_the_gates_are_the_same_in_both_engines(tmp_path):
+    path = tmp_path / "gates.parquet"
+    write_dump(path, {step: gate_rows(40 + step, 9) for step in (0, 1, 4)})
+    documents = []
+    for engine in ("numba", "torch"):
+        with use_engine(engine):
+            compared = rd.compare_presets(path, list(GATE_PRESETS), device="cpu", chunk_tokens=53)
+            swept = rd.threshold_sweep(path, device="cpu", chunk_tokens=53)
+        documents.append((compared.to_json(), swept.to_json()))
+    (compared_numba, swept_numba), (compared_torch, swept_torch) = documents
+    assert_same_document(compared_numba, compared_torch)
+    assert_same_document(swept_numba, swept_torch)
+    assert {"token_kpop", "seq_mean_bkl"} <= {option["option"] for option in swept_numba["run"]}
