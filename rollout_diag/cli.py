@@ -706,6 +706,16 @@ class AnalysisKnobs:
         ),
     ] = 1.0
     top_k: Annotated[int, typer.Option("--top-k", help="How many worst rows and tokens to keep.")] = 20
+    drift_windows: Annotated[
+        str | None,
+        typer.Option(
+            "--drift-windows",
+            help="The early and the late window of steps whose change of k3_kl and mean |δ| is split into mix and "
+            "within parts per factor (first:last,first:last, inclusive; default: the first and the last 20 % of the "
+            "steps). docs/drift.md.",
+            metavar="A:B,C:D",
+        ),
+    ] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1285,6 +1295,7 @@ LIVE_ONLY = (
     "max_rounds",
     "catastrophic",
     "top_k",
+    "drift_windows",
     "workers",
     "backend",
     "column",

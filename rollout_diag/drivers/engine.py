@@ -12,6 +12,7 @@ import numpy as np
 from rollout_diag.decisions.analysis import judge_analysis
 from rollout_diag.decisions.skipped import skipped_data
 from rollout_diag.drivers.distributed import AUTO, Workers, analyze_parts, check_workers, resolve_workers
+from rollout_diag.drivers.drift import drift_of
 from rollout_diag.drivers.dump import reads_dump
 from rollout_diag.drivers.passes import (
     Analysis,
@@ -32,6 +33,7 @@ from rollout_diag.memory import trim_heap
 from rollout_diag.metrics.base import KeyGroup, StepAccumulator
 from rollout_diag.metrics.dialects import DEFAULT as DEFAULT_DIALECT
 from rollout_diag.metrics.dialects import resolve as resolve_dialects
+from rollout_diag.metrics.drift import DriftWindows, parse_windows
 from rollout_diag.metrics.localize import DEFAULT_CATASTROPHIC, DEFAULT_TOP_K
 from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS
 from rollout_diag.results import (
@@ -67,6 +69,7 @@ def analyze(
     by: Sequence[str | GroupSpec] = (),
     where: str | None = None,
     steps: StepRange | None = None,
+    drift_windows: DriftWindows | str | None = None,
     tokenizer: Tokenizer = None,
 ) -> AnalysisResult:
     """Every mismatch metric of METRICS.md §1, §5, §6, §7, per step and for the run, in one streaming pass.
@@ -81,14 +84,19 @@ def analyze(
     environment diverges?") whose groups of rows each get the key metrics, per step and for the run
     (``AnalysisResult.groups``), in the same pass. ``where``: a SQL condition over per-row columns (``"reward > 0
     AND env_name = 'math'"``) and ``steps``: (first, last) inclusive, either None for an open end: only the rows
-    that match are read (``AnalysisResult.selection`` says which and how many). ``tokenizer``: a ``tokenizer.json``,
-    a model directory or a model name in the local Hugging Face cache: the worst tokens and the rows the report draws
-    carry each token id's text (``rollout_diag/io/tokenizer.py``; needs ``tokenizers``). ``progress``: a callable
-    ``(rows done, total rows)``, or True for a line on stderr every few seconds (a notebook, a CI log).
+    that match are read (``AnalysisResult.selection`` says which and how many). ``drift_windows``: the early and
+    the late window of steps whose change ``AnalysisResult.drift`` splits by factor (``"0:9,90:99"`` or ((0, 9), (90,
+    99)), inclusive; None: the first and the last 20 % of the steps; docs/drift.md). ``tokenizer``: a
+    ``tokenizer.json``, a model directory or a model name in the local Hugging Face cache: the worst tokens and the
+    rows the report draws carry each token id's text (``rollout_diag/io/tokenizer.py``; needs ``tokenizers``).
+    ``progress``: a callable ``(rows done, total rows)``, or True for a line on stderr every few seconds (a notebook,
+    a CI log).
     Raises RolloutDiagError (InputError, ColumnError, DataError, ConfigError) for bad input or options.
     """
     check_analysis_options(max_rounds, catastrophic, top_k)
     check_workers(workers, backend)
+    if isinstance(drift_windows, str):  # a bad range fails before the reading
+        drift_windows = parse_windows(drift_windows)
     decoder = load_tokenizer(tokenizer)  # a missing tokenizer fails before the reading
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
@@ -99,6 +107,7 @@ def analyze(
         "top_k": top_k,
         "dialects": resolve_dialects(dialect),
         "by": group_specs(by, reader),
+        "drift_windows": drift_windows,
     }
     workers = resolve_workers(workers, reader, torch_device)
     if workers > 1:
@@ -249,6 +258,7 @@ def build_result(
         skipped_data=skipped_of(log, run),
         groups=[group for grouped in analysis.grouped for group in grouped.results(run.rows, run.tokens)],
         selection=selection_summary(selection_of, log, run.rows),
+        drift=drift_of(analysis),
         trainer_columns=trainer_columns_of(analysis),
     )
     unmasked = (sum(c[0] for c in log.unmasked.values()), sum(c[1] for c in log.unmasked.values()))

@@ -30,6 +30,7 @@ from rollout_diag.metrics.association import TrainerColumnsTracker
 from rollout_diag.metrics.base import StepAccumulator
 from rollout_diag.metrics.dialects import DEFAULT as DEFAULT_DIALECT
 from rollout_diag.metrics.dialects import DialectsAccumulator, dilution_warning
+from rollout_diag.metrics.drift import DriftAccumulator, DriftWindows, parse_windows
 from rollout_diag.metrics.families import FAMILIES
 from rollout_diag.metrics.hints import HintEvidenceAccumulator
 from rollout_diag.metrics.hints import prepare as prepare_hint_evidence
@@ -128,11 +129,17 @@ class Analysis:
     # False: no hint evidence, worst rows or dialects are gathered (a run-level summary reads none of them: ``diff``;
     # on 200 000 one-row steps they held ~0.3 GB of per-step state)
     findings: bool = True
+    # --drift-windows: the early and the late window of steps the result's ``drift`` compares ("A:B,C:D" or
+    # ((A, B), (C, D)), inclusive); None: the first and the last 20 % of the steps
+    drift_windows: DriftWindows | str | None = None
+    drift: DriftAccumulator = field(default_factory=DriftAccumulator)  # response-length buckets, replicate groups
     # True: the per-prompt evidence is gathered without the findings too (``runs``' prompts matched across runs)
     prompt_evidence: bool = False
 
     def __post_init__(self) -> None:
         check_analysis_options(self.max_rounds, self.catastrophic, self.top_k)
+        if isinstance(self.drift_windows, str):
+            self.drift_windows = parse_windows(self.drift_windows)
         self.grouped = [GroupedAnalysis(spec, self.max_rounds, self.catastrophic) for spec in self.by]
         self.dialect = DialectsAccumulator(self.dialects)
         self.family = {family.name: family.make(self.max_rounds, self.catastrophic) for family in FAMILIES}
@@ -174,6 +181,7 @@ class Analysis:
         if not self.offpolicy_only and self.findings:
             self.worst.update(chunk)
             self.dialect.update(chunk)
+            self.drift.update(chunk)
             self.trainer_columns.update(chunk)
         for grouped in self.grouped:
             grouped.update(chunk)
@@ -190,6 +198,7 @@ class Analysis:
         self.trainer_columns.merge(other.trainer_columns)
         self.dialect.merge(other.dialect)
         self.hint_evidence.merge(other.hint_evidence)
+        self.drift.merge(other.drift)
         self.prompts.merge(other.prompts)
         for mine_grouped, their_grouped in zip(self.grouped, other.grouped, strict=True):
             mine_grouped.merge(their_grouped)

@@ -820,8 +820,8 @@ def level_set_by(metrics: Mapping[str, float], level: str) -> list[str]:
 
 
 def _step_families(analysis: Analysis) -> list[StepAccumulator]:
-    """Every per-step accumulator in the analysis (its families, the hint evidence, each dialect's)."""
-    return [*analysis.families, analysis.hint_evidence, *analysis.dialect.step_accumulators()]
+    """Every per-step accumulator in the analysis (its families, the hint evidence, the drift, each dialect's)."""
+    return [*analysis.families, analysis.hint_evidence, analysis.drift, *analysis.dialect.step_accumulators()]
 
 
 __all__ = ["DEFAULT_INTERVAL", "StepReport", "WatchGone", "WatchUpdate", "Watcher", "verdict_of", "watch"]

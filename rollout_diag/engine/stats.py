@@ -908,7 +908,7 @@ class KernelStats(ChunkStats):
 
     def hint_rows(self) -> tuple[dict[str, Array], Array]:
         """The token patterns of metrics.hints (``kernels.cpu.HINT_COLUMNS``, per row) and the rollout-probability
-        buckets [G, B, 5] of [tokens, Σ|δ|, Σy, Σy², Σδ], from the fused pass with the hint constants of
+        buckets [G, B, 6] of [tokens, Σ|δ|, Σy, Σy², Σδ, Σk3], from the fused pass with the hint constants of
         ``kernels/prepass.py``."""
         per_row, buckets = self._fused[1]
         columns = self._out(per_row)

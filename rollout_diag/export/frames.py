@@ -104,7 +104,8 @@ def group_steps_frame(groups: Sequence[GroupResult]) -> pl.DataFrame:
 
 def analysis_frames(result: AnalysisResult) -> dict[str, pl.DataFrame]:
     """steps, run, rounds, positions, worst_rows (their extra columns as columns), worst_tokens, verdicts, groups
-    (one row per group) and group_steps (per group and step); a table with no rows has no columns."""
+    (one row per group), group_steps (per group and step) and drift (per metric, factor and bucket); a table with no
+    rows has no columns."""
     pl = _polars()
     worst_rows = []
     for row in result.worst_rows:
@@ -125,7 +126,32 @@ def analysis_frames(result: AnalysisResult) -> dict[str, pl.DataFrame]:
         "verdicts": _frame([dataclasses.asdict(v) for v in result.verdicts], {"value": pl.Float64}),
         "groups": _frame(group_rows(result.groups)),
         "group_steps": group_steps_frame(result.groups) if result.groups else pl.DataFrame(),
+        "drift": _frame(drift_rows(result.drift)),
     }
+
+
+def drift_rows(drift: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The result's ``drift`` flat: one row per metric, factor and bucket (docs/drift.md), its windows, the metric's
+    change and the factor's parts beside the bucket's."""
+    rows = []
+    for entry in drift:
+        for factor in entry["factors"]:
+            for bucket in factor["buckets"]:
+                rows.append(
+                    {
+                        "metric": entry["metric"],
+                        "from_first": entry["from_steps"][0],
+                        "from_last": entry["from_steps"][1],
+                        "to_first": entry["to_steps"][0],
+                        "to_last": entry["to_steps"][1],
+                        "change": entry["change"],
+                        "factor": factor["factor"],
+                        "factor_mix": factor["mix"],
+                        "factor_within": factor["within"],
+                        **bucket,
+                    }
+                )
+    return rows
 
 
 def comparison_frames(result: ComparisonResult) -> dict[str, pl.DataFrame]:

@@ -98,7 +98,8 @@ LATER_SUMS = ("later_tokens", "later_y", "later_y2")
 SIDE_SUMS = ("id_tokens", "id_differ", "kept_tokens", "kept_log", "kept_residual", "kept_abs")
 # The policy versions of each step's rows (a resume that resets the weight-sync counter makes them go back).
 VERSION_EXTREMES = {"version_min": "min", "version_max": "max"}
-PROBABILITY_COLUMNS = ("tokens", "abs", "y", "y2", "delta")  # per rollout-probability bucket (abs: Σ|δ|, delta: Σδ)
+# per rollout-probability bucket (abs: Σ|δ|, delta: Σδ, k3: Σ(exp δ − δ − 1), what the drift split reads)
+PROBABILITY_COLUMNS = ("tokens", "abs", "y", "y2", "delta", "k3")
 POSITION_COLUMNS = ("tokens", "y", "y2")  # per log2 position bucket
 
 
@@ -375,6 +376,7 @@ class HintEvidenceAccumulator(StepAccumulator):
                     s.token("hint_clipped_abs"),
                     s.token("hint_clipped_square"),
                     s.token("log_ratio"),
+                    s.token("k3"),
                 ],
             )
         # segments never straddle a log2 position bucket: sum per segment, then by bucket

@@ -18,6 +18,7 @@ from rollout_diag.paths import inputs_label
 from rollout_diag.report.comparison import presets_section, rejection_by_step, select_presets
 from rollout_diag.report.dialects import dialects_section
 from rollout_diag.report.diff import diff_section, recommendation_section
+from rollout_diag.report.drift import drift_section
 from rollout_diag.report.groups import groups_section, selection_section
 from rollout_diag.report.header import header_html
 from rollout_diag.report.hints import hints_section
@@ -78,7 +79,10 @@ def render_report(
         comparison, result = result, analysis_from_comparison(result)
     selected = select_presets(comparison, presets) if comparison is not None else []
     canvas = Canvas()
-    sections = [trends_section(result, canvas, rejection_by_step(selected)), hints_section(result)]
+    sections = [trends_section(result, canvas, rejection_by_step(selected))]
+    if (drift := drift_section(result, canvas)) is not None:  # why the trend moved, beside it
+        sections.append(drift)
+    sections.append(hints_section(result))
     if result.selection:  # --where / --steps: say first which rows the page is about
         sections.insert(0, selection_section(result))
     if len(result.rounds) > 1:  # single-turn data has nothing to say per round

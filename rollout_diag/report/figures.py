@@ -647,3 +647,47 @@ def threshold_axis(thresholds: Sequence[float]) -> dict[str, Any]:
         return {"type": "linear"}
     decades = math.log10(max(positive) / min(positive))
     return {"type": "log", "dtick": 1 if decades <= 6 else 2}
+
+
+# ------------------------------------------------------------------------------------------ drift
+def drift_figure(
+    title: str, factors: Sequence[str], mix: Sequence[float], within: Sequence[float], change: float
+) -> Figure:
+    """One stacked bar per factor: its mix part (tokens moved between buckets) and its within part (each bucket's own
+    mismatch moved), stacked so that each bar ends at the change (a dotted line), which every factor splits anew."""
+    layout = base_layout(
+        300,
+        title={"text": title, "font": {"size": 13}, "x": 0, "xanchor": "left"},
+        barmode="relative",
+        showlegend=True,
+        legend={"orientation": "h", "y": -0.25},
+        xaxis=axis(type="category", title={"text": "factor", "standoff": 4}),
+        yaxis=axis(title={"text": "change", "standoff": 4}),
+        shapes=[
+            {
+                "type": "line",
+                "xref": "paper",
+                "x0": 0,
+                "x1": 1,
+                "y0": change,
+                "y1": change,
+                "line": {"color": GREY, "dash": "dot", "width": 1},
+            }
+        ],
+    )
+    data = [
+        {
+            "type": "bar",
+            "name": name,
+            "x": list(factors),
+            "y": list(values),
+            "marker": {"color": color},
+            "text": [
+                f"{escape(factor)}: {name} {number(value)}" for factor, value in zip(factors, values, strict=True)
+            ],
+            "hovertemplate": "%{text}<extra></extra>",
+            "textposition": "none",
+        }
+        for name, values, color in (("mix", mix, BLUE), ("within", within, AMBER))
+    ]
+    return {"data": data, "layout": layout}

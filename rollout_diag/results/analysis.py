@@ -157,6 +157,9 @@ class AnalysisResult:
     anomaly_check: str = ""  # why the anomaly rule could not apply ("" when it did)
     groups: list[GroupResult] = field(default_factory=list)  # --by: every group of every spec, worst first
     selection: dict[str, Any] = field(default_factory=dict)  # --where / --steps: {"where", "steps", "rows_kept", …}
+    # why the mismatch moved from the early to the late window of steps: per metric (k3_kl, mean |δ|) the change split
+    # per factor into mix and within parts, judged (docs/drift.md; built by drivers/drift.py)
+    drift: list[dict[str, Any]] = field(default_factory=list)
     # the prompt identity and the prompts extreme every time (decisions/prompts.py); None: the dump has no prompt id
     prompts: PromptFindings | None = None
     # row mismatch against the dump's reward, advantage, entropy, response length and GRPO groups (None: no such column)
@@ -212,6 +215,7 @@ class AnalysisResult:
             "anomaly_check": self.anomaly_check,
             "groups": [group.to_json() for group in self.groups],
             "selection": dict(self.selection),
+            "drift": [json_row_nested(entry) for entry in self.drift],
             "prompts": None if self.prompts is None else json_row_nested(self.prompts.to_json()),
             "trainer_columns": None if self.trainer_columns is None else self.trainer_columns.to_json(),
         }

@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rollout_diag.catalogue import K1_WRITTEN_ROWS, K1_WRITTEN_TOKENS, K3_KL, OFFPOLICY_PREFIX, short_name
+from rollout_diag.catalogue import (
+    K1_WRITTEN_ROWS,
+    K1_WRITTEN_TOKENS,
+    K3_KL,
+    LOGPROB_ABS_DIFF,
+    OFFPOLICY_PREFIX,
+    short_name,
+)
 from rollout_diag.formatting import group_label, number, percent, visible
 from rollout_diag.paths import file_label
 from rollout_diag.presets import k1_bounds_asymmetric
@@ -91,10 +98,12 @@ def worst_group_line(groups: Sequence[GroupResult]) -> str | None:
 
 
 def where(result: AnalysisResult) -> list[str]:
-    """Where the mismatch sits: the step trends that rise ("mean |δ| up 2.5× from step 0 to 44"), the worst step,
+    """Where the mismatch sits: the step trends that rise ("mean |δ| up 2.5× from step 0 to 44"), why the mismatch moved
+    between the early and the late steps (``drift``, when beyond noise), the worst step,
     the most divergent round, the worst row and token, the worst group of each ``--by`` spec. A place whose value is
     0 is no place (identical logprobs have no worst step, row or token)."""
     lines = [trend.headline for trend in result.trends if trend.against == "step" and trend.headline]
+    lines += [sentence for entry in result.drift if (sentence := drift_sentence(entry))]
     step = worst_step(result.steps)
     run_value = result.run.metrics.get(HEADLINE)
     if step is not None and len(result.steps) > 1 and _positive(step.metrics.get(HEADLINE)):
@@ -224,4 +233,67 @@ def extreme_prompts_line(result: AnalysisResult) -> str | None:
         f"{percent(found.worst_share)} by |log-ppl diff|, score ≥ {number(found.worst_threshold)}): {named}"
         + (f" and {more} more" if more > 0 else "")
         + "; --export-repro FILE writes their rows for replay"
+    )
+
+
+# ------------------------------------------------------------------------------------------------ drift
+_DRIFT_NAMES = {LOGPROB_ABS_DIFF.key: "mean |δ|"}
+_BUCKET_NOUNS = {"probability": "probability bucket", "length": "length", "position": "position", "round": "round"}
+
+
+def _toward(factor: str, bucket: str) -> str:
+    """The bucket the tokens moved toward, in words."""
+    if factor == "probability":
+        return f"tokens of rollout {bucket}"
+    if factor == "length":
+        return f"responses of {bucket} tokens"
+    if factor == "position":
+        return f"positions {bucket}"
+    if factor == "round":
+        return f"round {bucket}"
+    return f"rows of {factor} = {bucket}"
+
+
+def _share(value: float) -> str:
+    return f"{100.0 * value:.0f} %"
+
+
+def drift_steps(pair: Sequence[int]) -> str:
+    """A window's steps: "0–8", or "3" for one step."""
+    return str(pair[0]) if pair[0] == pair[1] else f"{pair[0]}–{pair[1]}"
+
+
+def drift_name(metric: str) -> str:
+    """A drift metric's name in sentences: k3_kl, mean |δ|."""
+    return _DRIFT_NAMES.get(metric) or short_name(metric)
+
+
+def drift_sentence(entry: dict) -> str | None:
+    """The analysis' ``drift`` entry of one metric in one sentence when its change is beyond noise (None otherwise):
+    "k3_kl rose 3.1× from steps 0–8 to 36–44: 74 % from the shift toward responses of 1024–2047 tokens (length mix),
+    little change within each length"."""
+    if not entry.get("beyond_noise"):
+        return None
+    ratio = entry["ratio"]
+    name = drift_name(entry["metric"])
+    verb = "rose" if entry["change"] > 0 else "fell"
+    moved = f"rose {ratio:.1f}×" if entry["change"] > 0 else f"fell {1.0 / ratio:.1f}×" if ratio else "fell"
+    head = f"{name} {moved} from steps {drift_steps(entry['from_steps'])} to {drift_steps(entry['to_steps'])}"
+    found = entry.get("explained_by")
+    if not found:
+        return head
+    factor = found["factor"]
+    noun = _BUCKET_NOUNS.get(factor, f"{factor} group")
+    if found["part"] == "mix":
+        tail = (
+            f"little change within each {noun}"
+            if found["rest_little"]
+            else f"within each {noun} it {verb} too ({_share(found['rest'])})"
+        )
+        toward = _toward(factor, found["toward"])
+        return f"{head}: {_share(found['share'])} from the shift toward {toward} ({factor} mix), {tail}"
+    most = f" (no factor's mix carries more than {_share(found['mix_share'])})" if found["mix_share"] > 0 else ""
+    return (
+        f"{head}: the mismatch itself {verb} within buckets, not a shift in rollout probability, length, position "
+        f"or round{most}"
     )

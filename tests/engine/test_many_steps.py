@@ -170,8 +170,9 @@ def test_state_of_twenty_thousand_one_row_steps_is_small(tmp_path):
     )
     assert all(len(family.steps) == steps for family in families)
     # ~2 kB a step, whatever the round, position and histogram buckets allow (the exact counts by |δ| added 166 bytes:
-    # 10 scalars of the off-policy family, 8 round-bucket fields)
-    assert held < 2_200 * steps
+    # 10 scalars of the off-policy family, 8 round-bucket fields; the drift family ~0.15 kB: its length bucket and row
+    # group, Σ k3 per probability bucket)
+    assert held < 2_400 * steps
     assert held * 8 < old_layout, (held, old_layout)
 
 

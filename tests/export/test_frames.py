@@ -73,9 +73,12 @@ def test_every_table(result):
         "verdicts",
         "groups",
         "group_steps",
+        "drift",
     }
     assert frames["rounds"].height == len(result.rounds)
     assert frames["positions"].height == len(result.positions)
+    drift = frames["drift"]  # one row per metric, factor and bucket
+    assert drift.height == sum(len(f["buckets"]) for entry in result.drift for f in entry["factors"])
     worst = frames["worst_rows"]
     assert worst.height == len(result.worst_rows)
     assert {"env_name", "reward", "flag"} <= set(worst.columns)  # the extras, as columns

@@ -13,6 +13,7 @@ from rollout_diag.engine.state import Ragged, Sparse, StateTable
 from rollout_diag.io.reader import DumpReader
 from rollout_diag.metrics.base import StepAccumulator
 from rollout_diag.metrics.debug import DebugAccumulator
+from rollout_diag.metrics.drift import DriftAccumulator
 from rollout_diag.metrics.localize import PositionAccumulator
 from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
 from rollout_diag.metrics.outcome import CorrectionAnalysis
@@ -172,6 +173,8 @@ def finalized(accumulator: Any) -> Any:
     if isinstance(accumulator, PositionAccumulator):
         out["positions"] = accumulator.position_rows()
         out["histogram"] = accumulator.delta_histogram()
+    if isinstance(accumulator, DriftAccumulator):  # no metric of its own: its per-step sums are what the split reads
+        out["states"] = {step: {k: v.tolist() for k, v in state.items()} for step, state in accumulator.store.states()}
     return out
 
 
@@ -181,6 +184,7 @@ FAMILIES: dict[str, Callable[[], StepAccumulator | CorrectionAnalysis]] = {
     "rollout_kl": RolloutKLAccumulator,
     "rounds": lambda: RoundAccumulator(max_rounds=3, catastrophic=0.5),
     "positions": lambda: PositionAccumulator(0.5),
+    "drift": DriftAccumulator,
     "sweep": SweepAccumulator,
     "correction (every preset: IS, RS options and chains, legacy, drop rules)": lambda: CorrectionAnalysis(
         list(PRESETS.values())

@@ -22,7 +22,7 @@ from rollout_diag.engine import quantities
 from rollout_diag.engine.choice import use_engine
 from rollout_diag.engine.kernels import compiled
 from rollout_diag.engine.kernels import prepass as kernel_prepass
-from rollout_diag.engine.kernels.cpu import _exact_zero, _next_pair, _probability_bucket
+from rollout_diag.engine.kernels.cpu import _exact_zero, _k3_pair, _next_pair, _probability_bucket
 from rollout_diag.engine.stats import KernelStats
 from rollout_diag.metrics.localize import DELTA_BINS, delta_bin
 
@@ -53,7 +53,7 @@ def separate_hint_rows(
     log_edges: np.ndarray,
 ):
     """The token patterns of ``metrics.hints`` in one pass: per row the HINT_COLUMNS (float64 [R, 13]), per step group
-    and rollout-probability bucket (the number of ``log_edges`` above r) [tokens, Σ|δ|, Σy, Σy², Σδ] ([G, B, 5]),
+    and rollout-probability bucket (the number of ``log_edges`` above r) [tokens, Σ|δ|, Σy, Σy², Σδ, Σk3] ([G, B, 6]),
     y = min(|δ|, clip). Sums run in token order, as the torch engine's index_add and bincount do. The engine takes
     these from ``kernels.cpu.segment_pass``, which does the same per token inside its fused traversal (leaves of a
     pairwise tree, values first on SIMD lanes); this pass, a plain loop over the segments, is the reference the fused
@@ -61,7 +61,7 @@ def separate_hint_rows(
     the fusion (order, carry across leaves and segments); the patterns themselves are checked against a plain float64
     reference in tests/decisions/test_hints.py."""
     out = np.zeros((rows, 13))
-    buckets = np.zeros((groups, log_edges.shape[0] + 1, 5))
+    buckets = np.zeros((groups, log_edges.shape[0] + 1, 6))
     segments = raw.shape[0]
     prev_zero = False
     prev_counted = False
@@ -80,7 +80,7 @@ def separate_hint_rows(
             ad = abs(a - r)
             y = min(ad, clip)
             y2 = y * y
-            _probability_bucket(into, r, ad, y, a - r, log_edges)
+            _probability_bucket(into, r, ad, y, a - r, _k3_pair(a - r)[0], log_edges)
             first = opens and k == 0
             if first:
                 out[i, 0] += y

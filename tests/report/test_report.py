@@ -240,6 +240,7 @@ def test_report_without_localisation_data_still_renders(real_result):
         anomalies=[],
         trends=[],
         rounds=[],
+        drift=[],
     )
     html = render_report(bare)
     assert "No position data in this result." in html

@@ -383,8 +383,10 @@ def _delta_bin(d: float, exponent_min: int, levels: int) -> int:
 
 
 @njit(**_INLINE)
-def _probability_bucket(into: np.ndarray, r: float, ad: float, y: float, d: float, log_edges: np.ndarray) -> None:
-    """A model token counted into ``into`` (one step group's [B, 5]): [tokens, Σ|δ|, Σy, Σy², Σδ] of its
+def _probability_bucket(
+    into: np.ndarray, r: float, ad: float, y: float, d: float, k3: float, log_edges: np.ndarray
+) -> None:
+    """A model token counted into ``into`` (one step group's [B, 6]): [tokens, Σ|δ|, Σy, Σy², Σδ, Σk3] of its
     rollout-probability bucket, the number of ``log_edges`` above r."""
     b = 0
     for e in range(log_edges.shape[0]):
@@ -395,6 +397,7 @@ def _probability_bucket(into: np.ndarray, r: float, ad: float, y: float, d: floa
     into[b, 2] += y
     into[b, 3] += y * y
     into[b, 4] += d
+    into[b, 5] += k3
 
 
 @njit(**_INLINE)
@@ -473,7 +476,7 @@ def _leaf(
         max_diff, min_diff = max(max_diff, diff), min(min_diff, diff)
         histogram[group, _delta_bin(scratch[2, k], exponent_min, levels)] += 1.0
         # the hint patterns (the reference pass's per-token work, the same additions in order) on |δ|, y as written
-        _probability_bucket(into, r, ad, scratch[12, k], scratch[2, k], log_edges)
+        _probability_bucket(into, r, ad, scratch[12, k], scratch[2, k], scratch[4, k], log_edges)
         if a == 0.0 or r == 0.0:  # a candidate for the exact-zero pattern (the common token skips its tests)
             zeros, zero_runs, prev_zero, prev_counted = _exact_zero(
                 a, r, log_half, zeros, zero_runs, prev_zero, prev_counted
@@ -547,7 +550,7 @@ def segment_pass(
     ([G, P, 6], blocks merged by Chan's update); per step group the δ histogram of ``metrics.localize.delta_bin``
     ([G, 2·levels + 1]); and the hint rows (tests/kernels/test_kernel_fused_hints.py holds a separate pass, their
     reference): per row the HINT_COLUMNS [R, 13], per step group and rollout-probability bucket [tokens, Σ|δ|, Σy, Σy²,
-    Σδ] [G, B, 5], each value the same additions in the same order (the leaves follow the tokens in order). Without
+    Σδ, Σk3] [G, B, 6], each value the same additions in the same order (the leaves follow the tokens in order). Without
     ``probabilities`` (a pass whose families read none of them: ``compare-presets``, §1, the catastrophic tokens and
     the hint evidence) the columns of trainer_prob, rollout_prob and prob_diff (and prob_diff's extremes) are 0
     (:func:`_quantities`), and ``pairs`` is then empty: the moment pairs are the debug family's probabilities
@@ -563,7 +566,7 @@ def segment_pass(
     moments = np.zeros((groups, pairs.shape[0], 6))
     histogram = np.zeros((groups, 2 * levels + 1))
     per_row = np.zeros((rows, 13))
-    probability = np.zeros((groups, log_edges.shape[0] + 1, 5))
+    probability = np.zeros((groups, log_edges.shape[0] + 1, 6))
     # the row's running hint sums (HINT_COLUMNS 10, 11, 8, 9, 12) and the exact-zero run's state, carried leaf to leaf
     running = np.zeros(7)
     counts = np.empty((_N, segments))

@@ -62,7 +62,7 @@ def reductions(
 ) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, np.ndarray]]:
     """The fused pass, the hint patterns with it (each token read once): ((sums, maxima, minima) [Q, S], moments of
     MOMENT_PAIRS [G, P, 6], δ histogram [G, B], COUNTS [N, S]) and the hint rows: per row the HINT_COLUMNS [R, 13],
-    per step group and probability bucket [G, B, 5]. Without ``probabilities`` the probability quantities' sums and
+    per step group and probability bucket [G, B, 6]. Without ``probabilities`` the probability quantities' sums and
     extremes are 0 and there are no moments ([G, 0, 6]); ``float32``: the logprobs' bits are compared as float32
     (``Chunk.float32``) (``kernels.cpu.segment_pass``)."""
     kernels = compiled()
