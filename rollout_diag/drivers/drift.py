@@ -86,6 +86,8 @@ def _sums(state: State) -> Sums:
 
 def _replicates(analysis: Analysis, window: np.ndarray) -> np.ndarray:
     state = _window_state(analysis.drift, window)
+    if state is None:  # no step of the window in the drift family: no replicate
+        return np.zeros((0, len(DRIFT_SUMS)))
     return np.asarray(state["replicates"], np.float64).reshape(-1, len(DRIFT_SUMS))
 
 

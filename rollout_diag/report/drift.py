@@ -20,15 +20,13 @@ def drift_section(result: AnalysisResult, canvas: Canvas) -> Section | None:
     if not result.drift:
         return None
     first = result.drift[0]
-    parts = [
+    parts: list[str] = [
         Markup(
             f'<p class="lead">From steps {escape(drift_steps(first["from_steps"]))} to '
             f"{escape(drift_steps(first['to_steps']))}, each metric's change split per factor into a <b>mix</b> part "
             "(tokens moved between the factor's buckets: longer responses, more low-probability tokens) and a "
             "<b>within</b> part (each bucket's own mismatch moved); the two add up to the change (dotted line) for "
-            'every factor. How to read it: <a href="https://github.com/">docs/drift.md</a>.</p>'.replace(
-                ' href="https://github.com/"', ""
-            )
+            "every factor. How to read it: <code>docs/drift.md</code>.</p>"
         )
     ]
     for index, entry in enumerate(result.drift):
