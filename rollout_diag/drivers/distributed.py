@@ -175,7 +175,7 @@ def _run_ray(jobs: list[PartJob]) -> list[tuple[Pass, ReadLog]]:
         ) from None
     if not ray.is_initialized():
         ray.init(ignore_reinit_error=True, log_to_driver=False, logging_level=logging.ERROR)
-    remote = ray.remote(run_part)
+    remote: Any = ray.remote(run_part)  # Ray types a remote function by its arity; the jobs are PartJob tuples
     pending = [remote.remote(*job) for job in jobs]
     results, failure = [], None
     # Every task runs to its end, as the process backend's pool does: no ray.cancel, which can race a task's completion
