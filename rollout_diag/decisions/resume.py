@@ -24,11 +24,19 @@ from rollout_diag.results import Evidence
 RESUME_WINDOW = 3  # steps from the resumed step on that a resume transient covers (slime #1695: "a few steps")
 
 
+RESUMES_AT_MOST = 3  # more steps back than this in the file sequence: rows out of step order, not resumes
+UNORDERED = -2  # metrics/hints.py: a piece whose steps go back more than once
+
+
 def resume_steps(evidence: Evidence | None) -> list[int]:
-    """Steps where a resumed run starts, ascending (empty when none is seen)."""
+    """Steps where a resumed run starts, ascending (empty when none is seen). A file sequence whose steps go back
+    within a piece more than once, or more than RESUMES_AT_MOST times in all, holds rows out of step order (shuffled
+    or interleaved): no resume is read from it (a policy_version that goes back still is)."""
     if evidence is None:
         return []
-    found = set(_steps_back(evidence.files)) | set(_versions_back(evidence.steps))
+    unordered = any(piece[6] == UNORDERED for pieces in evidence.files.values() for piece in pieces)
+    back = [] if unordered else _steps_back(evidence.files)
+    found = set(back if len(back) <= RESUMES_AT_MOST else []) | set(_versions_back(evidence.steps))
     return sorted(found)
 
 

@@ -5,10 +5,11 @@ Row mismatch is the quantity the worst-rows table ranks by: |d_i|, d_i = R_i[r] 
 log-ppl diff), over rows with a model token.
 
 - **Rank correlations.** A bounded sample of rows keeps, per row, |d_i| and the value of each trainer column: the
-  ``SAMPLE_ROWS`` rows with the smallest keys, a row's key a 64-bit hash of (its file, its row number, ``SEED``). The
-  sample is the same whatever the chunking, the row order or the worker count (bottom-k sampling merges exactly),
-  and for a dump of at most ``SAMPLE_ROWS`` rows it is every row. Spearman's ρ is taken on it (average ranks for
-  ties), with a 95 % interval from Fisher's z of ρ with the Bonett–Wright standard error sqrt((1 + ρ²/2)/(n − 3)).
+  ``SAMPLE_ROWS`` rows with the smallest keys, a row's key a 64-bit hash of (its step, its sample id, ``SEED``). The
+  sample is the same whatever the chunking, the row order, the file split or the worker count (bottom-k sampling
+  merges exactly), and for a dump of at most ``SAMPLE_ROWS`` rows it is every row. Spearman's ρ is taken on it
+  (average ranks for ties), with a 95 % interval from Fisher's z of ρ with the Bonett–Wright standard error sqrt((1 +
+  ρ²/2)/(n − 3)).
 - **Groups.** Per (step, group id) over every row (no sample): the row count, the worst row's |d_i| and its
   advantage (the largest |d_i|; equal ones: the smaller key), and the group's largest and smallest advantage. A group
   counts where it has 2 rows or more and its advantages differ; its worst row "is the best" where its advantage is
@@ -21,7 +22,6 @@ Numbers only: what is significant is decided in ``rollout_diag/decisions/associa
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
 from collections.abc import Sequence
@@ -33,6 +33,7 @@ from rollout_diag.engine import arrays
 from rollout_diag.engine.formulas import row_mean
 from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
+from rollout_diag.io.readlog import row_keys
 
 # Trainer columns, by what they are: the dump column names recognised for each, the first present taken.
 TRAINER_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -52,10 +53,6 @@ SCATTER_POINTS = 2_000  # up to this many sampled rows the report draws points; 
 HISTOGRAM_BINS = 30
 
 
-def _file_hash(name: str) -> int:
-    return int.from_bytes(hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
-
-
 def _mix(values: np.ndarray) -> np.ndarray:
     """splitmix64's finalizer: a well-spread 64-bit key for each 64-bit input (wrapping arithmetic)."""
     z = values.astype(np.uint64)
@@ -65,16 +62,12 @@ def _mix(values: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-def row_keys(files: Sequence[str], file_rows: Sequence[int], seed: int = SEED) -> np.ndarray:
-    """uint64 [R]: each row's sampling key, a function of its file name, its row number in the file and ``seed``
-    only (not of the chunk, the order or the worker that read it)."""
-    memo: dict[str, int] = {}
-    for name in set(files):  # a chunk's rows share a few file names
-        memo[name] = _file_hash(name)
-    names = np.array([memo[name] for name in files], dtype=np.uint64)
+def sample_keys(steps: np.ndarray, sample_ids: Sequence[str], seed: int = SEED) -> np.ndarray:
+    """uint64 [R]: each row's sampling key, a function of its step, its sample id and ``seed`` only (the skipped rows'
+    hash, ``io.readlog.row_keys``, mixed with the seed): not of the chunk, the order, the file split or the worker
+    that read it."""
     with np.errstate(over="ignore"):
-        mixed = names ^ _mix(np.asarray(file_rows, dtype=np.int64).astype(np.uint64) + np.uint64(seed))
-    return _mix(mixed)
+        return _mix(row_keys(np.asarray(steps), sample_ids) ^ _mix(np.array([seed], dtype=np.uint64)))
 
 
 def numeric_values(values: Any, rows: int) -> np.ndarray:
@@ -227,7 +220,7 @@ class TrainerColumnsTracker:
         mismatch = np.abs(arrays.host(row_mean(s.row_sum("rollout"), n) - row_mean(s.row_sum("trainer"), n)))
         model_tokens = arrays.host(n)
         valid = model_tokens > 0
-        keys = row_keys(chunk.file, chunk.file_row, self.seed)
+        keys = sample_keys(arrays.host(chunk.step), chunk.sample_id, self.seed)
         values = {role: numeric_values(found.get(role), chunk.rows) for role in self.columns}
         if "response_length" not in self.columns:
             self.derived_length = True

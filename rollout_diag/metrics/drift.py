@@ -12,14 +12,13 @@ the hints' rollout-probability edges, rounds, a ``--by`` column's values), never
 move with it.
 
 This family keeps what no other one does: per step, the tokens, Σ|δ| and Σ k3 of each response-length bucket (log2
-of the row's model tokens) and of each of REPLICATE_GROUPS random groups of rows (a hash of the row's file and row
-number picks its group), from which ``decisions/drift.py`` bootstraps the change over rows. The rollout-probability,
+of the row's model tokens) and of each of REPLICATE_GROUPS random groups of rows (a hash of the row's step and sample
+id picks its group), from which ``decisions/drift.py`` bootstraps the change over rows. The rollout-probability,
 position and round buckets are the hint evidence's, the positions' and the rounds' own state (read, not restated).
 """
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -31,19 +30,19 @@ from rollout_diag.engine.arrays import Array
 from rollout_diag.engine.stats import stats
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.io.chunk import Chunk
+from rollout_diag.io.readlog import row_keys
 from rollout_diag.metrics.base import State, StepAccumulator
 from rollout_diag.metrics.localize import POSITION_BUCKETS, bucket_label
 
 LENGTH_BUCKETS = POSITION_BUCKETS  # log2 buckets of a row's model tokens: 0, 1, 2–3, 4–7, … (rows up to 2^38)
-# Rows fall into this many random groups (a hash of file and row number: the same group whatever the chunking or the
-# worker); the bootstrap resamples the groups of each window. 64 groups keep a step's state small (≤ 64 × 3 floats)
-# and give a percentile interval as steady as resampling rows does once a window holds a few hundred rows.
+# Rows fall into this many random groups (a hash of step and sample id: the same group whatever the chunking, the file
+# split or the worker); the bootstrap resamples the groups of each window. 64 groups keep a step's state small (≤ 64 ×
+# 3 floats) and give a percentile interval as steady as resampling rows does once a window holds a few hundred rows.
 REPLICATE_GROUPS = 64
 DRIFT_SUMS = ("tokens", "abs", "k3")  # per bucket: model tokens, Σ|δ|, Σ(exp δ − δ − 1)
 DRIFT_METRICS = {"k3": catalogue.K3_KL.key, "abs": catalogue.LOGPROB_ABS_DIFF.key}  # each a token mean (METRICS.md)
 WINDOW_SHARE = 0.2  # default windows: the first and the last 20 % of the steps (at least one step each)
 DriftWindows = tuple[tuple[int, int], tuple[int, int]]  # (early, late): first and last step of each, inclusive
-_MIX64 = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
 
 
 def length_bucket(tokens: np.ndarray) -> np.ndarray:
@@ -57,23 +56,11 @@ def length_label(bucket: int) -> str:
     return bucket_label(bucket)[2] if bucket else "0"
 
 
-def row_groups(files: Sequence[str], file_rows: Sequence[int]) -> np.ndarray:
-    """The replicate group of each row: splitmix64 of (crc32 of its file, its row number in the file) mod
-    REPLICATE_GROUPS. A function of the row alone, so any chunking, order or worker split gives every row the same
-    group."""
-    crc: dict[str, int] = {}
-    file_hash = np.fromiter(
-        (crc[f] if f in crc else crc.setdefault(f, zlib.crc32(f.encode())) for f in files),
-        dtype=np.uint64,
-        count=len(files),
-    )
-    with np.errstate(over="ignore"):
-        x = (file_hash << np.uint64(32)) ^ np.asarray(file_rows, dtype=np.uint64)
-        x = x + np.uint64(_MIX64[0])
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(_MIX64[1])
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(_MIX64[2])
-        x = x ^ (x >> np.uint64(31))
-    return (x % np.uint64(REPLICATE_GROUPS)).astype(np.int64)
+def row_groups(steps: np.ndarray, sample_ids: Sequence[str]) -> np.ndarray:
+    """The replicate group of each row: the hash of its (step, sample id) (``io.readlog.row_keys``, the skipped rows'
+    key) mod REPLICATE_GROUPS. A function of the row alone, so any chunking, row order, file split, storage or worker
+    split gives every row the same group."""
+    return (row_keys(np.asarray(steps), sample_ids) % np.uint64(REPLICATE_GROUPS)).astype(np.int64)
 
 
 class DriftAccumulator(StepAccumulator):
@@ -90,7 +77,7 @@ class DriftAccumulator(StepAccumulator):
         out = {}
         for name, bucket, buckets in (
             ("length", length_bucket(tokens), LENGTH_BUCKETS),
-            ("replicates", row_groups(chunk.file, chunk.file_row), REPLICATE_GROUPS),
+            ("replicates", row_groups(arrays.host(chunk.step), chunk.sample_id), REPLICATE_GROUPS),
         ):
             key = row_group * buckets + bucket
             size = groups.count * buckets

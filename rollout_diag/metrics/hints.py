@@ -96,6 +96,7 @@ LATER_SUMS = ("later_tokens", "later_y", "later_y2")
 # trainer (token_ids) and rollout (rollout_token_ids) ids differ; model tokens with a kept mass M, Σ log M and
 # Σ|δ − log M| (δ explained by the truncation when small against Σ|δ|).
 SIDE_SUMS = ("id_tokens", "id_differ", "kept_tokens", "kept_log", "kept_residual", "kept_abs")
+UNORDERED = -2  # a file piece's back step where its steps go back more than once (decisions/resume.py)
 # The policy versions of each step's rows (a resume that resets the weight-sync counter makes them go back).
 VERSION_EXTREMES = {"version_min": "min", "version_max": "max"}
 # per rollout-probability bucket (abs: Σ|δ|, delta: Σδ, k3: Σ(exp δ − δ − 1), what the drift split reads)
@@ -458,6 +459,8 @@ class HintEvidenceAccumulator(StepAccumulator):
             part = steps[lo:hi]
             back = np.flatnonzero(part[1:] < part[:-1]) + 1  # a row whose step is below the row's before
             back_row, back_step = (chunk.file_row[lo + int(back[0])], int(part[back[0]])) if back.size else (-1, -1)
+            if back.size > 1:  # rows out of step order (shuffled, interleaved): a layout, not a resume
+                back_step = UNORDERED
             piece = (
                 chunk.file_row[lo],
                 int(part[0]),

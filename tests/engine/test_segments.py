@@ -163,8 +163,11 @@ def test_a_preset_pass_takes_exp_of_the_clamped_log_ratio_once(monkeypatch):
 
     monkeypatch.setattr(arrays, "np", CountingNumpy())
     monkeypatch.setattr(engine_stats, "np", CountingNumpy())
-    CorrectionAnalysis(list(PRESETS.values())).update(chunk)
+    CorrectionAnalysis([preset for preset in PRESETS.values() if not preset.gated]).update(chunk)
     assert len(full_size_exps) == 1
+    # the probability gates read p = exp(a) and q = exp(r) of the sampled token: two more, once for the three gates
+    CorrectionAnalysis(list(PRESETS.values())).update(chunk)
+    assert len(full_size_exps) == 3
 
     token_weight = s.token("token_is_weight")
     clamped = s.token("clamped_log_ratio")

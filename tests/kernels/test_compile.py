@@ -55,7 +55,7 @@ with use_engine("numba"):
             # small chunks: the worst tokens' prefilter from the second chunk on; every trainer's dialect
             rd.analyze(path, device="cpu", workers=1, top_k=1, chunk_tokens=37, dialect="all")
         if "compare" in commands:
-            rd.compare_presets(path, device="cpu", workers=1)
+            rd.compare_presets(path, presets=["all"], device="cpu", workers=1)  # the gates too: every kernel
         if "sweep" in commands:
             rd.threshold_sweep(path, device="cpu")
         if "report" in commands:

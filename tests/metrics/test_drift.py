@@ -82,12 +82,15 @@ def test_length_buckets_are_fixed_log2_edges() -> None:
 
 
 def test_row_groups_depend_on_the_row_alone() -> None:
-    files, rows = ["a.parquet"] * 500 + ["b.parquet"] * 500, list(range(500)) * 2
-    whole = row_groups(files, rows)
-    parts = np.concatenate([row_groups(files[i : i + 97], rows[i : i + 97]) for i in range(0, 1000, 97)])
-    assert np.array_equal(whole, parts)
+    ids = [f"{name}-{row}" for name in ("a", "b") for row in range(500)]
+    steps = np.repeat(np.arange(10), 100)
+    whole = row_groups(steps, ids)
+    parts = np.concatenate([row_groups(steps[i : i + 97], ids[i : i + 97]) for i in range(0, 1000, 97)])
+    assert np.array_equal(whole, parts)  # any chunking
+    order = np.random.default_rng(0).permutation(1000)
+    assert np.array_equal(row_groups(steps[order], [ids[i] for i in order]), whole[order])  # any order or file split
     assert 40 <= len(np.unique(whole)) <= 64  # spread over the groups
-    assert not np.array_equal(whole[:500], whole[500:])  # the file enters the hash
+    assert not np.array_equal(whole[:500], whole[500:])  # the id decides
 
 
 # ------------------------------------------------------------------------------------------------ windows
