@@ -992,6 +992,14 @@ IS_RAW_ESS = _metric(
     unit=SHARE,
     direction=DOWN,
 )
+# (label, the raw key, verl's key on the applied weights): the raw/applied IS table of compare-presets and the report
+IS_RAW_APPLIED = (
+    ("mean", IS_RAW_MEAN.key, IS_MEAN.key),
+    ("std", IS_RAW_STD.key, IS_STD.key),
+    ("min", IS_RAW_MIN.key, IS_MIN.key),
+    ("max", IS_RAW_MAX.key, IS_MAX.key),
+    ("ESS", IS_RAW_ESS.key, IS_EFF_SAMPLE_SIZE.key),
+)
 
 # ------------------------------------------------------------------------------------------ check / diff only
 TOKEN_MULT_PROB_ERROR = _metric(

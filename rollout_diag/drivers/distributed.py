@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from numbers import Integral
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -166,6 +166,12 @@ def _run_processes(jobs: list[PartJob], workers: int, device: str) -> list[tuple
 
 
 def _run_ray(jobs: list[PartJob]) -> list[tuple[Pass, ReadLog]]:
+    return run_on_ray(run_part, jobs)
+
+
+def run_on_ray(function: Callable[..., Any], jobs: Sequence[Sequence[Any]]) -> list[Any]:
+    """``function(*job)`` for every job as Ray tasks (Ray started here unless it runs), the results in the jobs'
+    order; raises ConfigError without Ray, or the first failed task's own error."""
     try:
         import ray
     except ImportError:
@@ -175,7 +181,7 @@ def _run_ray(jobs: list[PartJob]) -> list[tuple[Pass, ReadLog]]:
         ) from None
     if not ray.is_initialized():
         ray.init(ignore_reinit_error=True, log_to_driver=False, logging_level=logging.ERROR)
-    remote: Any = ray.remote(run_part)  # Ray types a remote function by its arity; the jobs are PartJob tuples
+    remote: Any = ray.remote(function)  # Ray types a remote function by its arity; the jobs are tuples
     pending = [remote.remote(*job) for job in jobs]
     results, failure = [], None
     # Every task runs to its end, as the process backend's pool does: no ray.cancel, which can race a task's completion

@@ -3,7 +3,6 @@ allow, each run's finished pass kept in ``state_dir``), then compared (``decisio
 
 from __future__ import annotations
 
-import logging
 import multiprocessing
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -15,7 +14,7 @@ from typing import Any
 from rollout_diag.cores import AUTO_MAX_WORKERS, AUTO_MIN_CORES, available_cores
 from rollout_diag.decisions.diff import DEFAULT_LEVEL, DEFAULT_REPLICATES, DEFAULT_SEED
 from rollout_diag.decisions.runs import RunInput, check_options, compare_runs
-from rollout_diag.drivers.distributed import AUTO, Workers, check_workers
+from rollout_diag.drivers.distributed import AUTO, Workers, check_workers, run_on_ray
 from rollout_diag.drivers.dump import Dump
 from rollout_diag.drivers.rowpass import row_pass
 from rollout_diag.engine.arrays import device_kind
@@ -190,27 +189,7 @@ def _cuda() -> bool:
 
 
 def _run_ray(jobs: list[tuple[Dump, tuple[str, ...]]]) -> list[RunState]:
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError(
-            f"{option_name('backend')}=ray needs Ray.",
-            hint=f"pip install 'rollout-diag[ray]', or use {option_name('backend')}=process.",
-        ) from None
-    if not ray.is_initialized():
-        ray.init(ignore_reinit_error=True, log_to_driver=False, logging_level=logging.ERROR)
-    remote = ray.remote(read_run)
-    pending = [remote.remote(*job) for job in jobs]
-    results, failure = [], None
-    for ref in pending:  # every task to its end, as drivers/distributed.py does (no ray.cancel)
-        try:
-            results.append(ray.get(ref))
-        except Exception as exc:
-            failure = failure or exc
-    if failure is not None:
-        cause = getattr(failure, "cause", None)
-        raise (cause if isinstance(cause, BaseException) else failure) from None
-    return results
+    return run_on_ray(read_run, jobs)
 
 
 # ------------------------------------------------------------------ naming runs and their knobs on a command line

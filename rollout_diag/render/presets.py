@@ -90,15 +90,6 @@ def presets_table(result: ComparisonResult) -> FitTable:
     return table
 
 
-RAW_APPLIED = (  # (label, the raw key, verl's key on the applied weights)
-    ("mean", catalogue.IS_RAW_MEAN.key, catalogue.IS_MEAN.key),
-    ("std", catalogue.IS_RAW_STD.key, catalogue.IS_STD.key),
-    ("min", catalogue.IS_RAW_MIN.key, catalogue.IS_MIN.key),
-    ("max", catalogue.IS_RAW_MAX.key, catalogue.IS_MAX.key),
-    ("ESS", catalogue.IS_RAW_ESS.key, catalogue.IS_EFF_SAMPLE_SIZE.key),
-)
-
-
 def k1_bounds_lines(result: ComparisonResult) -> list[RenderableType]:
     """One line per distinct asymmetric k1 setting (verl applies ρ ∈ [1/U, 1/L]; what [L, U] would reject)."""
     lines: dict[str, str] = {}
@@ -119,7 +110,7 @@ def raw_applied_table(result: ComparisonResult) -> FitTable | None:
     if not rows:
         return None
     columns = [Column("IS", "left", key=True)]
-    for label, _, _ in RAW_APPLIED:
+    for label, _, _ in catalogue.IS_RAW_APPLIED:
         columns += [Column(f"{label} raw"), Column(f"{label} applied")]
     caption = (
         "raw = w_raw = exp(clamp20(δ)) (token) or exp(clamp20(s_i)) (sequence) before truncation or IcePop, over "
@@ -130,7 +121,7 @@ def raw_applied_table(result: ComparisonResult) -> FitTable | None:
     for setting, preset in rows.items():
         metrics = preset.run.metrics
         cells: list[str | Num] = [setting]
-        for label, raw_key, applied_key in RAW_APPLIED:
+        for label, raw_key, applied_key in catalogue.IS_RAW_APPLIED:
             digits = 5 if label == "mean" else 4
             cells += [Num(metrics.get(raw_key), digits=digits), Num(metrics.get(applied_key), digits=digits)]
         table.add_row(*cells)

@@ -99,15 +99,6 @@ def presets_section(comparison: ComparisonResult, presets: Sequence[PresetResult
     return Section("presets", title, "".join(body))
 
 
-RAW_APPLIED = (  # (label, the raw key, verl's key on the applied weights)
-    ("mean", catalogue.IS_RAW_MEAN.key, catalogue.IS_MEAN.key),
-    ("std", catalogue.IS_RAW_STD.key, catalogue.IS_STD.key),
-    ("min", catalogue.IS_RAW_MIN.key, catalogue.IS_MIN.key),
-    ("max", catalogue.IS_RAW_MAX.key, catalogue.IS_MAX.key),
-    ("ESS", catalogue.IS_RAW_ESS.key, catalogue.IS_EFF_SAMPLE_SIZE.key),
-)
-
-
 def _raw_applied(presets: Sequence[PresetResult]) -> str:
     """The IS presets' weights before truncation (summary/is_raw_*) beside verl's rollout_is_* of the applied ones,
     one row per IS setting; empty when no preset sets IS weights."""
@@ -118,13 +109,13 @@ def _raw_applied(presets: Sequence[PresetResult]) -> str:
     if not settings:
         return ""
     columns = [Column("IS")]
-    for label, raw_key, applied_key in RAW_APPLIED:
+    for label, raw_key, applied_key in catalogue.IS_RAW_APPLIED:
         columns += [Column(f"{label} raw", True, raw_key), Column(f"{label} applied", True, applied_key)]
     rows = []
     for setting, preset in settings.items():
         metrics = preset.run.metrics
         cells: list[object] = [setting]
-        for _, raw_key, applied_key in RAW_APPLIED:
+        for _, raw_key, applied_key in catalogue.IS_RAW_APPLIED:
             cells += [_number_cell(metrics.get(raw_key)), _number_cell(metrics.get(applied_key))]
         rows.append(cells)
     intro = Markup(
