@@ -19,13 +19,12 @@ import math
 from collections.abc import Mapping, Sequence
 
 from rollout_diag.paths import natural_key
-from rollout_diag.results import Evidence
+from rollout_diag.results import UNORDERED, Evidence
 
 RESUME_WINDOW = 3  # steps from the resumed step on that a resume transient covers (slime #1695: "a few steps")
 
 
 RESUMES_AT_MOST = 3  # more steps back than this in the file sequence: rows out of step order, not resumes
-UNORDERED = -2  # metrics/hints.py: a piece whose steps go back more than once
 
 
 def resume_steps(evidence: Evidence | None) -> list[int]:

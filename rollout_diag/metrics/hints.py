@@ -33,7 +33,7 @@ from rollout_diag.engine.stats import ChunkStats, KernelStats, reduce_runs, stat
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator
 from rollout_diag.metrics.localize import POSITION_BUCKETS, TopK, top_candidates
-from rollout_diag.results import Evidence, RowRef
+from rollout_diag.results import UNORDERED, Evidence, RowRef
 
 # Group means use min(|δ|, CLIP = 1) (ρ outside [1/e, e] counts as 1): a few catastrophic tokens cannot carry one.
 # A logprob of exactly 0 (p = 1) where the other side says p < 0.5 (LOG_HALF) is no rounding error. Rollout-probability
@@ -96,7 +96,6 @@ LATER_SUMS = ("later_tokens", "later_y", "later_y2")
 # trainer (token_ids) and rollout (rollout_token_ids) ids differ; model tokens with a kept mass M, Σ log M and
 # Σ|δ − log M| (δ explained by the truncation when small against Σ|δ|).
 SIDE_SUMS = ("id_tokens", "id_differ", "kept_tokens", "kept_log", "kept_residual", "kept_abs")
-UNORDERED = -2  # a file piece's back step where its steps go back more than once (decisions/resume.py)
 # The policy versions of each step's rows (a resume that resets the weight-sync counter makes them go back).
 VERSION_EXTREMES = {"version_min": "min", "version_max": "max"}
 # per rollout-probability bucket (abs: Σ|δ|, delta: Σδ, k3: Σ(exp δ − δ − 1), what the drift split reads)

@@ -50,6 +50,7 @@ from rollout_diag.results.prompts import (
 from rollout_diag.results.reprs import repr_inputs, repr_text, short_repr
 from rollout_diag.results.rows import (
     FILL_VALUES_KEPT,
+    UNORDERED,
     Anomaly,
     DialectLayout,
     DivergentRound,
@@ -80,6 +81,7 @@ __all__ = [
     "FILL_VALUES_KEPT",
     "FIRST_SECTION",
     "SCHEMA_VERSION",
+    "UNORDERED",
     "AnalysisResult",
     "Anomaly",
     "Column",

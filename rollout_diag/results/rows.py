@@ -356,6 +356,11 @@ class FillCount:
             self.first = other.first
 
 
+# An Evidence.files piece's back step where its rows' steps go back more than once: rows out of step order (shuffled
+# or interleaved), a layout rather than a resumed run (decisions/resume.py)
+UNORDERED = -2
+
+
 @dataclass(frozen=True)
 class Evidence:
     """What ``HintEvidenceAccumulator.evidence()`` hands over: sums for the run and per step, example rows per
@@ -371,7 +376,8 @@ class Evidence:
     # (file, role) -> model tokens holding a fill value instead of a logprob (io/reader.py counts them)
     fills: Mapping[tuple[str, str], FillCount] = field(default_factory=dict)
     # file -> pieces of its rows in row order (first row, first step, last step, min step, max step, row and step of
-    # the first step back, -1 for none): where a file sequence's steps go back (a resumed run)
+    # the first step back, -1 for none, UNORDERED where the piece goes back more than once): where a file sequence's
+    # steps go back (a resumed run)
     files: Mapping[str, Sequence[tuple[int, ...]]] = field(default_factory=dict)
 
 
