@@ -769,12 +769,6 @@ class KernelStats(ChunkStats):
     def segment_length(self) -> Array:
         return self._out(self._layout[2])
 
-    @property
-    def segment_raw_starts(self) -> np.ndarray:
-        """Index (into the chunk's raw token arrays, environment tokens included) of each segment's first token: the
-        few tokens a reader gathers are read there, without building the model-token arrays."""
-        return self._layout[0]
-
     @cached_property
     def segment_row(self) -> Array:
         return self._out(self._layout[3])
@@ -795,6 +789,20 @@ class KernelStats(ChunkStats):
         largest = arrays.host(self.segment_max("abs_log_ratio"))
         index, values = compiled().tokens_at_least(trainer, rollout, raw, model, length, largest, floor)
         return self._out(index), self._out(values)
+
+    def round_openings(self, offsets: int, clip: float) -> tuple[np.ndarray, np.ndarray]:
+        """The first ``offsets`` model tokens of each round, [G, 2·offsets, 3] [tokens, Σy, Σy²] with y = min(|δ|,
+        ``clip``) by offset (round 0, then later rounds), and the later rounds' [3, G] tokens, Σy and Σy² from the
+        segment sums of ``hint_clipped_abs`` and ``hint_clipped_square`` (``kernels.cpu.round_openings``: the numpy
+        gathers of ``metrics.hints`` compiled, bit for bit)."""
+        trainer, rollout = self._raw
+        raw, _, length, row, _, rounds = self._layout
+        table, later = compiled().round_openings(
+            trainer, rollout, raw, length, row, rounds, arrays.host(self.segment_group), self.chunk.groups.count,
+            np.ascontiguousarray(arrays.host(self.segment_sum("hint_clipped_abs"))),
+            np.ascontiguousarray(arrays.host(self.segment_sum("hint_clipped_square"))), offsets, clip,
+        )  # fmt: skip
+        return table.reshape(self.chunk.groups.count, 2 * offsets, 3), later
 
     def token_locations(self, tokens: list[int]) -> list[tuple[int, int]]:
         raw, model, _, row, *_ = self._layout

@@ -568,8 +568,11 @@ class _NamedSteps(Mapping):
     def __init__(self, store: StateTable) -> None:
         self.store = store
 
-    def __getitem__(self, step: int) -> dict[str, Any]:
-        return _named(self.store.state(step))
+    def __getitem__(self, step: int) -> Mapping[str, Any]:
+        index = int(np.searchsorted(self.store.steps, step))
+        if index >= self.store.steps.shape[0] or self.store.steps[index] != step:
+            raise KeyError(step)
+        return _StepSums(self.store, step, index)
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.store.steps.tolist())
@@ -581,17 +584,52 @@ class _NamedSteps(Mapping):
         return ((step, _named(state)) for step, state in self.store.states())
 
 
+_SCALARS = (*TOKEN_SUMS, *ROW_SUMS, *LATER_SUMS, *SIDE_SUMS, *VERSION_EXTREMES)
+_BUCKETS = {
+    "probability_buckets": PROBABILITY_COLUMNS,
+    "position_buckets": POSITION_COLUMNS,
+    "turn_offsets": TURN_COLUMNS,
+}
+
+
 def _named(state: State) -> dict[str, Any]:
     """A state as plain floats and nested lists (what the pure hint functions read)."""
-    out: dict[str, Any] = {name: float(state[name]) for name in TOKEN_SUMS + ROW_SUMS}
-    out.update({name: float(state[name]) for name in (*LATER_SUMS, *SIDE_SUMS, *VERSION_EXTREMES)})
-    for name, columns in (
-        ("probability_buckets", PROBABILITY_COLUMNS),
-        ("position_buckets", POSITION_COLUMNS),
-        ("turn_offsets", TURN_COLUMNS),
-    ):
-        out[name] = [dict(zip(columns, map(float, bucket), strict=True)) for bucket in state[name]]
+    out: dict[str, Any] = {name: float(state[name]) for name in _SCALARS}
+    for name, columns in _BUCKETS.items():
+        out[name] = _bucket_dicts(state[name], columns)
     return out
+
+
+def _bucket_dicts(buckets: np.ndarray, columns: tuple[str, ...]) -> list[dict[str, float]]:
+    return [dict(zip(columns, map(float, bucket), strict=True)) for bucket in buckets]
+
+
+class _StepSums(Mapping):
+    """One step's ``_named`` sums, each built when read: a scalar straight from its column, the buckets from the step's
+    state (built once). The resume rules read two scalars of every step (``decisions/resume.py``); a whole step's
+    nested buckets are ~200 floats."""
+
+    def __init__(self, store: StateTable, step: int, index: int) -> None:
+        self.store, self.step, self.index = store, step, index
+        self._state: State | None = None
+        self._buckets: dict[str, list[dict[str, float]]] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name in _BUCKETS:
+            if name not in self._buckets:
+                if self._state is None:
+                    self._state = self.store.state(self.step)
+                self._buckets[name] = _bucket_dicts(self._state[name], _BUCKETS[name])
+            return self._buckets[name]
+        if name not in _SCALARS:
+            raise KeyError(name)
+        return float(self.store.dense[name][self.index])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter((*_SCALARS, *_BUCKETS))
+
+    def __len__(self) -> int:
+        return len(_SCALARS) + len(_BUCKETS)
 
 
 def _take(values: Array, index: np.ndarray) -> np.ndarray:
@@ -603,7 +641,11 @@ def _take(values: Array, index: np.ndarray) -> np.ndarray:
 
 def _turn_sums(chunk: Chunk, s: ChunkStats | KernelStats) -> dict[str, Array]:
     """[G, 2·TURN_OFFSETS, 3] sums of the first tokens of each round by offset (round 0, then later rounds) and the
-    later rounds' [G] totals: a gather of ≤ TURN_OFFSETS tokens a round and sums over segments already taken."""
+    later rounds' [G] totals: a gather of ≤ TURN_OFFSETS tokens a round and sums over segments already taken (the
+    numba engine: ``KernelStats.round_openings``, the same additions in the same order, compiled)."""
+    if isinstance(s, KernelStats):  # the numba engine: the same sums compiled, one pass over the segments
+        table, later_sums = s.round_openings(TURN_OFFSETS, CLIP)
+        return {"turn_offsets": table, **dict(zip(LATER_SUMS, later_sums, strict=True))}
     groups = chunk.groups.count
     buckets = 2 * TURN_OFFSETS
     starts, rows = arrays.host(s.segment_starts), arrays.host(s.segment_row)
@@ -626,11 +668,8 @@ def _turn_sums(chunk: Chunk, s: ChunkStats | KernelStats) -> dict[str, Array]:
         length = np.diff(np.append(first, int(s.model_tokens)))
         offset = np.arange(TURN_OFFSETS)
         valid = offset[None, :] < length[:, None]
-        if isinstance(s, KernelStats):  # the raw arrays: the numba engine builds no model-token arrays
-            trainer, rollout, base = chunk.trainer, chunk.rollout, s.segment_raw_starts[opens]
-        else:
-            trainer, rollout, base = chunk.model.trainer, chunk.model.rollout, first
-        index = (base[:, None] + offset[None, :])[valid]  # a round's tokens are consecutive in both
+        index = (first[:, None] + offset[None, :])[valid]  # a round's tokens are consecutive
+        trainer, rollout = chunk.model.trainer, chunk.model.rollout
         delta = _take(trainer, index) - _take(rollout, index)
         y = np.minimum(np.abs(delta), CLIP)
         bucket = np.broadcast_to(offset, valid.shape)[valid] + TURN_OFFSETS * np.repeat(later[opens], valid.sum(axis=1))

@@ -20,7 +20,7 @@ from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
 from rollout_diag.engine.formulas import row_mean
 from rollout_diag.engine.quantities import EXPONENT_MAX, EXPONENT_MIN
-from rollout_diag.engine.stats import stats
+from rollout_diag.engine.stats import ChunkStats, stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator
 from rollout_diag.results import Rows, RowTokens, WorstRow, WorstToken
@@ -216,13 +216,28 @@ DEFAULT_WINDOW = 100  # tokens around a position (inspect --around without --win
 LONG_ROW = 1000  # a longer row is listed as DEFAULT_WINDOW tokens around its largest |δ|
 
 
-def first_differing(chunk: Chunk, row: int) -> int | None:
+def first_differing(chunk: Chunk, row: int, start: int = 0, stop: int | None = None) -> int | None:
     """Position in row ``row`` of ``chunk`` of its first model token whose two logprobs differ in any bit (as float32
-    where either column was: ``Chunk.float32``); None when every one is equal."""
-    begin, end = int(chunk.offsets[row]), int(chunk.offsets[row + 1])
+    where either column was: ``Chunk.float32``); None when every one is equal. ``start`` and ``stop``: the positions
+    searched, [start, stop) (the row's end by default), where the caller knows that no model token before ``start``
+    differs and one before ``stop`` does."""
+    offset = int(chunk.offsets[row])
+    begin, end = offset + start, int(chunk.offsets[row + 1]) if stop is None else offset + stop
     trainer, rollout = arrays.host(chunk.trainer[begin:end]), arrays.host(chunk.rollout[begin:end])
     differ = arrays.bits_differ(trainer, rollout, bool(chunk.float32)) & arrays.host(chunk.mask[begin:end]).astype(bool)
-    return int(np.argmax(differ)) if differ.any() else None
+    return start + int(np.argmax(differ)) if differ.any() else None
+
+
+def _first_differing_in(chunk: Chunk, s: ChunkStats, row: int, segments: range, mismatched: np.ndarray) -> int | None:
+    """``first_differing`` of a row whose segments are ``segments``, from their exact ``mismatched`` counts (the fused
+    pass's): only the row's first segment that counts one is read (a segment's tokens are consecutive in the row),
+    none when no segment does."""
+    hit = np.flatnonzero(mismatched[segments.start : segments.stop])
+    if not hit.size:
+        return None
+    segment = segments.start + int(hit[0])
+    position = s.token_locations([int(arrays.host(s.segment_starts)[segment])])[0][1]
+    return first_differing(chunk, row, position, position + int(arrays.host(s.segment_length)[segment]))
 
 
 def window_at(around: int, size: int, length: int) -> tuple[int, int]:
@@ -404,6 +419,7 @@ class WorstTracker:
         segment_length = arrays.host(s.segment_length)
         lengths = arrays.host(chunk.lengths)
         rounds = arrays.host(s.rounds_per_row)
+        mismatched = arrays.host(s.segment_sum("mismatched"))
         details: dict[int, Any] = {}
         # a row's segments are one run (segments follow the tokens, rows in order): its bounds, not a mask per row
         firsts = np.searchsorted(segment_row, rows, side="left").tolist()
@@ -429,7 +445,7 @@ class WorstTracker:
                     "k3_sum": float(host["k3_sum"][row]),
                     "catastrophic_count": int(host["catastrophic"][row]),
                     "extra": dict(tokens.extra),
-                    "first_differing_position": first_differing(chunk, row),
+                    "first_differing_position": _first_differing_in(chunk, s, row, range(lo, hi), mismatched),
                 },
                 tokens,
             )

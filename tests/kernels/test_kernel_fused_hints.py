@@ -236,3 +236,39 @@ def test_the_fused_hints_in_the_analysis_do_not_depend_on_chunking_or_read_ahead
     for name, value in states[0].items():
         assert_bits_equal(np.atleast_1d(states[1][name]), np.atleast_1d(value), name)  # read ahead or not: same bits
         np.testing.assert_allclose(states[2][name], value, rtol=1e-12, atol=0, err_msg=name)
+
+
+def turn_sums_of_both_engines(chunk):
+    """``metrics.hints._turn_sums`` of ``chunk`` by the numba engine (``KernelStats.round_openings``) and by the torch
+    engine (tensors), each name's values as float64 numpy."""
+    from dataclasses import replace
+
+    from rollout_diag.engine.stats import ChunkStats
+    from rollout_diag.metrics.hints import _turn_sums
+
+    numpy_chunk = replace(
+        chunk, **{name: getattr(chunk, name).numpy() for name in ("step", "offsets", "trainer", "rollout", "mask")}
+    )
+    numba = _turn_sums(numpy_chunk, KernelStats(numpy_chunk))
+    torch_engine = _turn_sums(chunk, ChunkStats(chunk))
+    assert set(numba) == set(torch_engine)
+    return {name: (np.asarray(numba[name], dtype=np.float64), torch_engine[name].numpy()) for name in numba}
+
+
+@settings(max_examples=80, deadline=None)
+@given(layouts())
+def test_the_compiled_turn_sums_are_the_torch_engines_bit_for_bit(layout):
+    """Rounds of any length (shorter than TURN_OFFSETS too), rows without model tokens, steps in any row order: the
+    compiled gather of each round's first tokens adds what the torch engine's bincounts add, in their order."""
+    for name, (numba, torch_engine) in turn_sums_of_both_engines(chunk_of(*layout)).items():
+        assert_bits_equal(numba, torch_engine, name)
+
+
+def test_the_compiled_turn_sums_keep_a_nan_as_numpys_minimum_does():
+    chunk = chunk_of([6, 4], [True] * 3 + [False] + [True] * 6, [0, 1], seed=3)
+    chunk.trainer[1] = math.nan
+    chunk.trainer[8] = 7.0  # |δ| above the clip
+    sums = turn_sums_of_both_engines(chunk)
+    assert math.isnan(sums["turn_offsets"][0][0, 1, 1])
+    for name, (numba, torch_engine) in sums.items():
+        assert_bits_equal(numba, torch_engine, name)

@@ -31,7 +31,6 @@ from rollout_diag.engine.formulas import clamp20
 from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float
-from rollout_diag.metrics.correction import effective_sample_sizes, population_stds, sample_stds
 from rollout_diag.metrics.dialects import verl
 from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, token_group
 
@@ -120,6 +119,10 @@ class OldISAccumulator(StepAccumulator):
         }
 
     def _finalize(self, state: State) -> dict[str, float]:
+        # the correction families' module (and the sweep's it imports) only where this dialect is asked for: analyze
+        # imports this module with every dialect, and reads it only with --dialect verl@b178a3c
+        from rollout_diag.metrics.correction import effective_sample_sizes, population_stds, sample_stds
+
         tokens, rows = as_float(state["tokens"]), as_float(state["rows"])
         if tokens == 0:
             return {}  # verl raises on a batch without a masked token; the dialect reports nothing
