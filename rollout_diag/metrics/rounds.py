@@ -103,12 +103,12 @@ class RoundAccumulator(StepAccumulator):
             place,
             s.segment_max("abs_log_ratio"),
         )
-        present = largest > -np.inf
-        places = arrays.arange(rows * buckets, place)
+        places = arrays.flatnonzero(largest > -np.inf)  # the (row, bucket) pairs with tokens: a few per row
+        largest = largest[places]
         group_place = s.chunk.groups.row_group[places // buckets] * buckets + places % buckets
         out = {}
-        for name, band in ROUND_BANDS:
-            kept = arrays.float64(present & (largest <= band))
+        for name, band in ROUND_BANDS:  # counts of 0 and 1: exact sums, those of the pairs without tokens left out
+            kept = arrays.float64(largest <= band)
             counts = arrays.zeros(s.chunk.groups.count * buckets, kept)
             out[f"rows_{name}"] = arrays.index_add(counts, group_place, kept).reshape(s.chunk.groups.count, buckets)
         return out
