@@ -69,3 +69,5 @@ CLIP = 1.0
 LOG_HALF = math.log(0.5)
 COPY_GAP = math.log(2.0)
 PROBABILITY_EDGES = (0.9, 0.5, 0.1, 0.01)
+# Retokenization at turn boundaries (metrics.hints): the first TURN_OFFSETS model tokens of each round, by offset.
+TURN_OFFSETS = 8

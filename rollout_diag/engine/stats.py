@@ -44,6 +44,7 @@ from rollout_diag.engine.quantities import (
     MOMENT_PAIRS,
     PROBABILITIES,
     SHARED_QUANTITIES,
+    TURN_OFFSETS,
 )
 
 
@@ -730,7 +731,7 @@ class KernelStats(ChunkStats):
         return kernel_prepass.layout(arrays.host(self.chunk.mask), arrays.host(self.chunk.offsets))
 
     @cached_property
-    def _fused(self) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, np.ndarray]]:
+    def _fused(self) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
         """The fused pass (the reader's, where it ran it ahead): its reductions and the hint rows
         (``kernels/prepass.py`` ``reductions``)."""
         if self._ahead is not None:
@@ -790,19 +791,12 @@ class KernelStats(ChunkStats):
         index, values = compiled().tokens_at_least(trainer, rollout, raw, model, length, largest, floor)
         return self._out(index), self._out(values)
 
-    def round_openings(self, offsets: int, clip: float) -> tuple[np.ndarray, np.ndarray]:
-        """The first ``offsets`` model tokens of each round, [G, 2·offsets, 3] [tokens, Σy, Σy²] with y = min(|δ|,
-        ``clip``) by offset (round 0, then later rounds), and the later rounds' [3, G] tokens, Σy and Σy² from the
-        segment sums of ``hint_clipped_abs`` and ``hint_clipped_square`` (``kernels.cpu.round_openings``: the numpy
-        gathers of ``metrics.hints`` compiled, bit for bit)."""
-        trainer, rollout = self._raw
-        raw, _, length, row, _, rounds = self._layout
-        table, later = compiled().round_openings(
-            trainer, rollout, raw, length, row, rounds, arrays.host(self.segment_group), self.chunk.groups.count,
-            np.ascontiguousarray(arrays.host(self.segment_sum("hint_clipped_abs"))),
-            np.ascontiguousarray(arrays.host(self.segment_sum("hint_clipped_square"))), offsets, clip,
-        )  # fmt: skip
-        return table.reshape(self.chunk.groups.count, 2 * offsets, 3), later
+    def round_openings(self) -> tuple[Array, Array]:
+        """metrics.hints' turn sums, from the fused pass: [G, 2·TURN_OFFSETS, 3] [tokens, Σy, Σy²] of the first
+        TURN_OFFSETS model tokens of each round by offset (round 0, then later rounds), y = min(|δ|, CLIP), and the
+        later rounds' [3, G] tokens, Σy and Σy² (``kernels.cpu.segment_pass``)."""
+        turns, later = self._fused[1][2:]
+        return self._out(turns.reshape(self.chunk.groups.count, 2 * TURN_OFFSETS, 3)), self._out(later)
 
     def token_locations(self, tokens: list[int]) -> list[tuple[int, int]]:
         raw, model, _, row, *_ = self._layout
@@ -918,7 +912,7 @@ class KernelStats(ChunkStats):
         """The token patterns of metrics.hints (``kernels.cpu.HINT_COLUMNS``, per row) and the rollout-probability
         buckets [G, B, 6] of [tokens, Σ|δ|, Σy, Σy², Σδ, Σk3], from the fused pass with the hint constants of
         ``kernels/prepass.py``."""
-        per_row, buckets = self._fused[1]
+        per_row, buckets, *_ = self._fused[1]
         columns = self._out(per_row)
         names = compiled().HINT_COLUMNS
         return {name: columns[:, index] for index, name in enumerate(names)}, self._out(buckets)

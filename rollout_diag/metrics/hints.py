@@ -27,7 +27,7 @@ from rollout_diag.catalogue import (
 )
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
-from rollout_diag.engine.quantities import CLIP, COPY_GAP, LOG_HALF, PROBABILITY_EDGES
+from rollout_diag.engine.quantities import CLIP, COPY_GAP, LOG_HALF, PROBABILITY_EDGES, TURN_OFFSETS
 from rollout_diag.engine.state import StateTable
 from rollout_diag.engine.stats import ChunkStats, KernelStats, reduce_runs, stats
 from rollout_diag.io.chunk import Chunk
@@ -88,8 +88,8 @@ ROW_SUMS = (
 
 # Retokenization at turn boundaries: the first TURN_OFFSETS model tokens of each round, by offset in the round, for
 # round 0 (after the prompt) and for later rounds (after an environment segment): [tokens, Σy, Σy²] per bucket
-# (round class × offset); and every token of the later rounds (the rest of those turns is their total less these).
-TURN_OFFSETS = 8
+# (round class × offset; TURN_OFFSETS: engine/quantities.py, the fused pass takes them); and every token of the later
+# rounds (the rest of those turns is their total less these).
 TURN_COLUMNS = ("tokens", "y", "y2")
 LATER_SUMS = ("later_tokens", "later_y", "later_y2")
 # With the per-token side columns (io/columns.py TOKEN_SIDE_ROLES): model tokens with both token ids and those whose
@@ -643,8 +643,8 @@ def _turn_sums(chunk: Chunk, s: ChunkStats | KernelStats) -> dict[str, Array]:
     """[G, 2·TURN_OFFSETS, 3] sums of the first tokens of each round by offset (round 0, then later rounds) and the
     later rounds' [G] totals: a gather of ≤ TURN_OFFSETS tokens a round and sums over segments already taken (the
     numba engine: ``KernelStats.round_openings``, the same additions in the same order, compiled)."""
-    if isinstance(s, KernelStats):  # the numba engine: the same sums compiled, one pass over the segments
-        table, later_sums = s.round_openings(TURN_OFFSETS, CLIP)
+    if isinstance(s, KernelStats):  # the numba engine: the fused pass took the same sums
+        table, later_sums = s.round_openings()
         return {"turn_offsets": table, **dict(zip(LATER_SUMS, later_sums, strict=True))}
     groups = chunk.groups.count
     buckets = 2 * TURN_OFFSETS

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from numba import njit, types, uint64
 
-from rollout_diag.engine.quantities import BANDS, CLIP, COUNTS, EXTREME_BOUNDS, EXTREMES, QUANTITIES
+from rollout_diag.engine.quantities import BANDS, CLIP, COUNTS, EXTREME_BOUNDS, EXTREMES, QUANTITIES, TURN_OFFSETS
 
 CLAMP = 20.0  # = catalogue.CLAMP (clamp20)
 # The kernel quantities (their segment sums; maxima and minima of EXTREMES), in the order of the pass's output rows.
@@ -27,6 +27,7 @@ EXTREME = {name: index for index, name in enumerate(EXTREMES)}
 _Q = len(QUANTITIES)
 _E = len(EXTREMES)
 _N = len(COUNTS)
+_Y, _Y2 = COLUMN["hint_clipped_abs"], COLUMN["hint_clipped_square"]
 _ABOVE_LOW, _ABOVE_HIGH = EXTREME_BOUNDS  # ln 2, ln 5
 _BAND_NARROW, _BAND_MIDDLE, _BAND_WIDE = BANDS  # 1e-3, 1e-2, 1e-1
 _FLAGS: dict[str, Any] = {"cache": True, "nogil": True, "error_model": "numpy"}
@@ -554,8 +555,13 @@ def segment_pass(
     ``probabilities`` (a pass whose families read none of them: ``compare-presets``, §1, the catastrophic tokens and
     the hint evidence) the columns of trainer_prob, rollout_prob and prob_diff (and prob_diff's extremes) are 0
     (:func:`_quantities`), and ``pairs`` is then empty: the moment pairs are the debug family's probabilities
-    (``kernels.prepass.MOMENT_PAIRS``). Last, per segment its COUNTS (float64 [N, S], exact), the logprobs compared as
-    float32 where ``float32`` (either column was float32 in the dump).
+    (``kernels.prepass.MOMENT_PAIRS``). Then per segment its COUNTS (float64 [N, S], exact), the logprobs compared as
+    float32 where ``float32`` (either column was float32 in the dump). Last, metrics.hints' turn sums: per step group
+    [tokens, Σy, Σy²] of the first TURN_OFFSETS model tokens of each round by offset, round 0's then later rounds'
+    ([G·2·TURN_OFFSETS, 3]), and the later rounds' (round ≥ 1) tokens and segment sums of y and y² ([3, G]), y =
+    min(|δ|, CLIP) with NaN kept (np.minimum's); added in the order of the torch engine's bincounts (rounds, then
+    offsets; segments), so the same bits. They are read here, where the round's first tokens are in cache: gathered
+    afterwards from a chunk's arrays they cost ~1 ms a chunk of cache and TLB misses.
 
     One function with the flag read at run time: two entry points with it a constant (the body inlined into each)
     saved that 0.6 ns a token but took 6.7 s each to compile against 4.6 s, and compare-presets compiled both."""
@@ -571,6 +577,9 @@ def segment_pass(
     running = np.zeros(7)
     counts = np.empty((_N, segments))
     tally = np.zeros(_N)
+    turns = np.zeros((groups * 2 * TURN_OFFSETS, 3))
+    later = np.zeros((3, groups))
+    into_round = 0  # the round's model tokens before this segment
     hints = (probability, running, log_edges, log_half, gap, probabilities, float32, tally)
     scratch = np.empty((_Q, 128))
     block = np.empty(_Q)
@@ -590,6 +599,16 @@ def segment_pass(
             per_row[i, 0] += y
             per_row[i, 1] += y * y
             running[5] = 0.0
+            into_round = 0
+        late = rounds[s] >= 1
+        turn = (g * 2 + (1 if late else 0)) * TURN_OFFSETS + into_round
+        for k in range(min(n, TURN_OFFSETS - into_round)):  # the round's first tokens, by offset
+            value = abs(trainer[lo + k] - rollout[lo + k])
+            y = CLIP if value > CLIP else value
+            turns[turn + k, 0] += 1.0
+            turns[turn + k, 1] += y
+            turns[turn + k, 2] += y * y
+        into_round += n
         running[0], running[1], running[2] = per_row[i, 10], per_row[i, 11], per_row[i, 8]
         running[3], running[4] = per_row[i, 9], per_row[i, 12]
         pair_end = lo + n if continues else lo + n - 1
@@ -663,6 +682,10 @@ def segment_pass(
             minima[e, s] = extremes[1, e]
         for c in range(_N):
             counts[c, s] = tally[c]
+        if late:
+            later[0, g] += np.float64(n)
+            later[1, g] += sums[_Y, s]
+            later[2, g] += sums[_Y2, s]
         per_row[i, 10], per_row[i, 11], per_row[i, 8] = running[0], running[1], running[2]
         per_row[i, 9], per_row[i, 12] = running[3], running[4]
         if not continues:  # the round's last token
@@ -677,7 +700,7 @@ def segment_pass(
                     per_row[i, 4] = 1.0
                     per_row[i, 5] = y
                     per_row[i, 6] = y * y
-    return sums, maxima, minima, moments, histogram, counts, per_row, probability
+    return sums, maxima, minima, moments, histogram, counts, per_row, probability, turns, later
 
 
 @njit(**_FLAGS)
@@ -827,55 +850,6 @@ def tokens_at_least(
     return index, values
 
 
-@njit(**_FLAGS)
-def round_openings(
-    trainer: np.ndarray,
-    rollout: np.ndarray,
-    raw: np.ndarray,
-    length: np.ndarray,
-    row: np.ndarray,
-    rounds: np.ndarray,
-    segment_group: np.ndarray,
-    groups: int,
-    y_segment: np.ndarray,
-    y2_segment: np.ndarray,
-    offsets: int,
-    clip: float,
-):
-    """metrics.hints' turn sums in one pass over the segments (its numpy gathers and bincounts cost ~1 ms a chunk on
-    the thread that feeds the families): ([G, 2·offsets, 3] [tokens, Σy, Σy²] of the first ``offsets`` model tokens of
-    each round, y = min(|a − r|, clip), by offset, round 0 in the first ``offsets`` buckets and later rounds in the
-    others; [3, G] the later rounds' (round ≥ 1) tokens and segment sums of y and y²). Every value is added in the
-    order numpy's bincount adds it (the rounds in order, then their offsets; the segments in order), so the same bits.
-    A round's tokens are consecutive in the raw arrays; it ends where the next round (or the row) opens."""
-    buckets = 2 * offsets
-    table = np.zeros((groups * buckets, 3))
-    later = np.zeros((3, groups))
-    count = raw.shape[0]
-    s = 0
-    while s < count:
-        group = segment_group[s]
-        late = rounds[s] >= 1
-        tokens = 0  # the round's model tokens: its segments up to the next opening
-        e = s
-        while e < count and (e == s or (row[e] == row[s] and rounds[e] == rounds[s])):
-            tokens += length[e]
-            if late:
-                later[0, group] += np.float64(length[e])
-                later[1, group] += y_segment[e]
-                later[2, group] += y2_segment[e]
-            e += 1
-        base = group * buckets + (offsets if late else 0)
-        for k in range(min(tokens, offsets)):
-            value = abs(trainer[raw[s] + k] - rollout[raw[s] + k])
-            y = clip if value > clip else value  # np.minimum's: NaN stays NaN
-            table[base + k, 0] += 1.0
-            table[base + k, 1] += y
-            table[base + k, 2] += y * y
-        s = e
-    return table, later
-
-
 def _c(dtype: types.Type, ndim: int = 1, readonly: bool = False) -> types.Array:
     return types.Array(dtype, ndim, "C", readonly=readonly)
 
@@ -910,5 +884,4 @@ SIGNATURES: dict[str, tuple[tuple[types.Type, ...], ...]] = {
     "_exp_scalar": ((types.float64,),),
     "group_centred": ((_F, _F, _I, _I, _I, types.int64, types.int64, types.int64, _F, _F),),
     "tokens_at_least": ((_F, _F, _I, _I, _I, _F, types.float64),),
-    "round_openings": ((_F, _F, _I, _I, _I, _I, _I, types.int64, _F, _F, types.int64, types.float64),),
 }

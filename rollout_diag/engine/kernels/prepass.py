@@ -36,7 +36,7 @@ class KernelPrepass:
     layout: tuple[np.ndarray, ...]  # kernels.cpu.segment_layout: (raw start, model start, length, row, bucket, round)
     # kernels.cpu.segment_pass: sums, maxima, minima, moments, δ histogram, counts
     reductions: tuple[np.ndarray, ...]
-    hints: tuple[np.ndarray, np.ndarray]  # the fused pass's hint rows: per row, buckets
+    hints: tuple[np.ndarray, ...]  # the fused pass's hint rows: per row, buckets, turn sums, later rounds' sums
 
 
 def step_groups(step: np.ndarray) -> tuple[tuple[int, ...], np.ndarray]:
@@ -59,17 +59,17 @@ def reductions(
     groups: int,
     probabilities: bool = True,
     float32: bool = False,
-) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, np.ndarray]]:
+) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
     """The fused pass, the hint patterns with it (each token read once): ((sums, maxima, minima) [Q, S], moments of
     MOMENT_PAIRS [G, P, 6], δ histogram [G, B], COUNTS [N, S]) and the hint rows: per row the HINT_COLUMNS [R, 13],
-    per step group and probability bucket [G, B, 6]. Without ``probabilities`` the probability quantities' sums and
-    extremes are 0 and there are no moments ([G, 0, 6]); ``float32``: the logprobs' bits are compared as float32
-    (``Chunk.float32``) (``kernels.cpu.segment_pass``)."""
+    per step group and probability bucket [G, B, 6], the turn sums [G·2·TURN_OFFSETS, 3] and the later rounds' [3, G].
+    Without ``probabilities`` the probability quantities' sums and extremes are 0 and there are no moments ([G, 0, 6]);
+    ``float32``: the logprobs' bits are compared as float32 (``Chunk.float32``) (``kernels.cpu.segment_pass``)."""
     kernels = compiled()
     wanted = MOMENT_PAIRS if probabilities else ()
     pairs = np.array([[kernels.COLUMN[x], kernels.COLUMN[y]] for x, y in wanted], dtype=np.int64).reshape(-1, 2)
     raw, _, length, row, _, rounds = segments
-    *fused, per_row, buckets = kernels.segment_pass(
+    *fused, per_row, buckets, turns, later = kernels.segment_pass(
         trainer,
         rollout,
         raw,
@@ -88,7 +88,7 @@ def reductions(
         probabilities,
         float32,
     )
-    return tuple(fused), (per_row, buckets)
+    return tuple(fused), (per_row, buckets, turns, later)
 
 
 def prepass(
