@@ -399,6 +399,23 @@ class ChunkStats:
         arrays.index_add(out, self._bucket_index(bucket, buckets), arrays.float64(segment_values))
         return out.reshape(groups, buckets)
 
+    def count_sums(self, names: Iterable[str], bucket: Array | None = None, buckets: int = 1) -> dict[str, Array]:
+        """Σ of exact token counts (``engine/quantities.py`` COUNTS) over each step group ([G]) or, with ``bucket`` (a
+        segment's), each (step group, bucket) ([G, buckets]), all in one reduction: a count's sums are integers, exact
+        in any order, so each is what ``group_sum`` or ``bucket_sum`` gives for it alone."""
+        names = tuple(names)
+        groups = self.chunk.groups.count
+        index = self.segment_group if bucket is None else self._bucket_index(bucket, buckets)
+        values = arrays.stack([arrays.float64(self.segment_sum(name)) for name in names], axis=1)  # [S, N]
+        if arrays.is_tensor(values):
+            sums = arrays.zeros((groups * buckets, len(names)), values).index_add_(0, index, values)
+        else:
+            flat = (arrays.host(index)[:, None] * len(names) + np.arange(len(names))).reshape(-1)
+            sums = np.bincount(flat, weights=values.reshape(-1), minlength=groups * buckets * len(names))
+            sums = sums.reshape(groups * buckets, len(names))
+        shape = (groups,) if bucket is None else (groups, buckets)
+        return {name: sums[:, column].reshape(shape) for column, name in enumerate(names)}
+
     def bucket_max(self, segment_values: Array, bucket: Array, buckets: int) -> Array:
         groups = self.chunk.groups.count
         out = arrays.full(groups * buckets, -math.inf, segment_values)

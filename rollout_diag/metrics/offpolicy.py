@@ -103,7 +103,7 @@ class OffPolicyAccumulator(StepAccumulator):
             "chi2_token": s.group_sum("chi2_term"),
             "chi2_seq": by_step(arrays.exp(2.0 * clamp20(seq_log_ratio))),
             "abs_diff": s.group_sum("abs_log_ratio"),
-            **{name: s.group_sum(name) for name in COUNTS},
+            **s.count_sums(COUNTS),
             **_rows_within(s, groups, n),
             "max_abs_delta": s.group_max("abs_log_ratio"),
         }

@@ -86,7 +86,7 @@ class RoundAccumulator(StepAccumulator):
             "k3_kl": by_bucket("k3"),
             "chi2_token": by_bucket("chi2_term"),
             "catastrophic": by_bucket(s.catastrophic(self.catastrophic)),
-            **{name: by_bucket(name) for name in ROUND_COUNTS},
+            **s.count_sums(ROUND_COUNTS, bucket, buckets),
             **self._rows_within(s, bucket, buckets),
             "max_abs_diff": s.bucket_max(s.segment_max("abs_log_ratio"), bucket, buckets),
             "num_rounds_max": segment_max(arrays.float64(rounds), groups.row_group, groups.count),
