@@ -7,7 +7,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from rollout_diag.results.columns import (
     table_columns,
 )
 from rollout_diag.results.document import result_document, schema_version
-from rollout_diag.results.reprs import repr_inputs, repr_text, short_repr
+from rollout_diag.results.reprs import ResultViews, repr_inputs, repr_text, short_repr
 from rollout_diag.results.rows import (
     OverallVerdict,
     SkippedData,
@@ -292,9 +292,12 @@ class Recommendation:
 
 
 @dataclass(frozen=True)
-class ComparisonResult:
+class ComparisonResult(ResultViews):
     """What ``compare_presets`` found; ``to_json()`` is the documented JSON. ``sweep`` is the run-level threshold
-    sweep (one entry per option, with its share-vs-threshold curve: rollout_diag.metrics.sweep)."""
+    sweep (one entry per option, with its share-vs-threshold curve: rollout_diag.metrics.sweep). ``to_polars()``:
+    presets (run metrics per preset), preset_steps, sweep (per option and target), groups and group_steps (``--by``)."""
+
+    VIEW_KIND: ClassVar[str] = "comparison"
 
     inputs: list[str]
     columns: dict[str, str]
@@ -368,24 +371,6 @@ class ComparisonResult:
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise InputError(f"not a `compare-presets --format json` result (missing {exc}).") from exc
-
-    def to_polars(self) -> dict[str, Any]:
-        """presets (run metrics per preset), preset_steps, sweep (per option and target), groups and group_steps
-        (``--by``) as polars DataFrames."""
-        from rollout_diag.export import comparison_frames  # a view, loaded when asked for (export/ reads results)
-
-        return comparison_frames(self)
-
-    def to_pandas(self) -> dict[str, Any]:
-        """``to_polars()``'s tables as pandas DataFrames; raises ConfigError (saying what to install) without pandas."""
-        from rollout_diag.export import to_pandas
-
-        return to_pandas(self.to_polars())
-
-    def _repr_html_(self) -> str:
-        from rollout_diag.export import comparison_html
-
-        return comparison_html(self)
 
     def __repr__(self) -> str:
         if self.recommendation is not None and self.recommendation.preset is not None:
