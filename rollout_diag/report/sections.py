@@ -83,7 +83,7 @@ def trends_section(
         "Drag to zoom, double-click to zoom out; the step axis is shared."
     )
     thinned = thinned_note(len(steps))
-    body = [
+    body: list[str] = [
         Markup(f'<p class="lead">{escape(intro)}</p>'),
         canvas.plot("trends", figures.trends_figure(panels, thinned)),
     ]
@@ -200,7 +200,7 @@ def rounds_section(result: AnalysisResult, canvas: Canvas) -> Section:
         '<p class="lead">A round is the k-th run of model tokens in a row; environment/tool tokens (mask 0) '
         "separate rounds. Mismatch that grows with the round index points at state carried across turns.</p>"
     )
-    body = [intro, *_trend_notes(result, "round")]
+    body: list[str] = [intro, *_trend_notes(result, "round")]
     if len(rounds) == 1:
         body.append(note("Every row has a single round (no environment segment between model tokens)."))
     labels = [_round_label(r) for r in rounds]
@@ -262,7 +262,10 @@ def _round_heatmap(result: AnalysisResult, labels: dict[int, str], canvas: Canva
         return ""
     pooled = len(table_by_round) > MAX_HEATMAP_ROUNDS
     row_labels = [f"≥ {k}" if pooled and k == MAX_HEATMAP_ROUNDS else labels.get(k, str(k)) for k in table_by_round]
-    step_ids = steps.step_ids.tolist() if isinstance(steps, StepTable) else [s.step for s in steps]
+    if isinstance(steps, StepTable):
+        step_ids = steps.step_ids.tolist()
+    else:
+        step_ids = [s.step for s in steps if s.step is not None]
     heading = "Mean |δ| per round over steps"
     rows = list(table_by_round.values())
     return _heatmap_over_steps("rounds-by-step", heading, "round", row_labels, step_ids, rows, canvas)
@@ -336,13 +339,21 @@ def positions_section(result: AnalysisResult, canvas: Canvas) -> Section:
         '<p class="lead">Token index within the response (environment tokens counted), in log2 buckets 0, 1, '
         "2–3, 4–7, … Mismatch rising with position is long-context drift.</p>"
     )
-    body = [
+    body: list[str] = [
         intro,
         *_trend_notes(result, "position"),
         canvas.plot("positions", figures.bars_figure(labels, panels, "position")),
     ]
     body.append(_position_heatmap(result, labels, canvas))
     return Section("positions", title, "".join(body))
+
+
+# per label: (mean |δ| per step, None where the step has none; tokens per step)
+HeatRows = dict[str, tuple[list[float | None], list[float]]]
+
+
+def _empty_rows(labels: list[str], steps: int) -> HeatRows:
+    return {label: ([None] * steps, [0.0] * steps) for label in labels}
 
 
 def _position_heatmap(result: AnalysisResult, labels: list[str], canvas: Canvas) -> str:
@@ -355,7 +366,7 @@ def _position_heatmap(result: AnalysisResult, labels: list[str], canvas: Canvas)
         return ""
     if read is None:
         column = {step: i for i, step in enumerate(step_ids)}
-        rows = {label: ([None] * len(step_ids), [0.0] * len(step_ids)) for label in labels}
+        rows = _empty_rows(labels, len(step_ids))
         for p in result.positions:
             label = str(p.get("bucket", p.get("start")))
             if p.get("step") is None or label not in rows:
@@ -367,9 +378,7 @@ def _position_heatmap(result: AnalysisResult, labels: list[str], canvas: Canvas)
     return _heatmap_over_steps("positions-by-step", heading, "positions", labels, step_ids, list(rows.values()), canvas)
 
 
-def _position_columns(
-    positions: Sequence[dict[str, Any]], labels: list[str]
-) -> tuple[list[int], dict[str, tuple[list[float | None], list[float]]]] | None:
+def _position_columns(positions: Sequence[dict[str, Any]], labels: list[str]) -> tuple[list[int], HeatRows] | None:
     """The heatmap's steps and (mean |δ|, tokens) per label and step, as ``_position_heatmap`` reads them row by row,
     from a Rows table's columns (its per-step rows: a column each, a step id each); None for other tables."""
     needed = ("step", "bucket", "logprob_abs_diff_mean", "token_count")
@@ -381,7 +390,7 @@ def _position_columns(
     step_ids = np.unique(column["step"])
     at = np.searchsorted(step_ids, column["step"]).tolist()
     row_of = {label: index for index, label in enumerate(labels)}
-    rows = {label: ([None] * len(step_ids), [0.0] * len(step_ids)) for label in labels}
+    rows = _empty_rows(labels, len(step_ids))
     parts = [rows[label] for label in labels]
     for bucket, where, mean, tokens in zip(
         column["bucket"].tolist(),
@@ -424,7 +433,7 @@ def delta_section(result: AnalysisResult, canvas: Canvas) -> Section:
 
 # ------------------------------------------------------------------------------------------ glossary
 def glossary_section() -> Section:
-    parts = [
+    parts: list[str] = [
         Markup(
             '<p class="lead">Notation: δ = a − r (trainer minus rollout logprob, log ρ); T[x] = mean over model '
             "tokens; R_i / S_i = mean / sum over row i's model tokens; mean_i = mean over the step's rows; "

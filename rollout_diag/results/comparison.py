@@ -7,7 +7,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -47,6 +47,16 @@ STEP_COUNTS = ("step", "rows", "tokens", "empty_rows")  # the leading columns of
 FIRST_SECTION = frozenset(metric.key for metric in CATALOGUE.values() if metric.section == "offpolicy")
 
 
+@runtime_checkable
+class HeldSteps(Protocol):
+    """A preset's steps that give the document's columns as held, over the analysis's steps (``base``): the pass's
+    ``metrics.outcome.PresetSteps``, a document's :class:`PresetTable`."""
+
+    base: Sequence[StepResult]
+
+    def json_columns(self) -> dict[str, Column]: ...
+
+
 def comparison_columns(presets: Sequence[PresetResult]) -> tuple[dict[str, Column], list[dict[str, Column]]]:
     """The per-step columns of the ``compare-presets`` document: its top-level block (each step's id, rows, tokens and
     empty rows, then its §1 metrics, the same under every preset) and each preset's own block (the step ids, then the
@@ -56,9 +66,8 @@ def comparison_columns(presets: Sequence[PresetResult]) -> tuple[dict[str, Colum
     presets do not hold the same steps (a document has one set of steps)."""
     tables = [preset.steps for preset in presets]
     base = getattr(tables[0], "base", None) if tables else None
-    if isinstance(base, StepTable) and all(
-        getattr(steps, "base", None) is base and callable(getattr(steps, "json_columns", None)) for steps in tables
-    ):
+    held = [steps for steps in tables if isinstance(steps, HeldSteps) and steps.base is base]
+    if isinstance(base, StepTable) and len(held) == len(tables):
         count = len(base)
         top = {
             name: Column(count, [(None, None, column)], ("counts", id(column)))
@@ -69,7 +78,7 @@ def comparison_columns(presets: Sequence[PresetResult]) -> tuple[dict[str, Colum
                 base.metrics, count, [name for name in base.metrics.where if name.startswith(OFFPOLICY_PREFIX)]
             )
         )
-        return top, [{"step": top["step"], **steps.json_columns()} for steps in tables]
+        return top, [{"step": top["step"], **steps.json_columns()} for steps in held]
     return _listed_columns(presets)
 
 
