@@ -285,6 +285,14 @@ MODULE_MAP = {
     "rollout_diag.formatting": ("rich", "torch", "plotly"),
     "rollout_diag.render": ("torch", "rollout_diag.report"),
     "rollout_diag.report": ("typer", "torch", "rollout_diag.render"),
+    "rollout_diag.export": (
+        "torch",
+        "rollout_diag.drivers",
+        "rollout_diag.metrics",
+        "rollout_diag.decisions",
+        "rollout_diag.render",
+        "rollout_diag.report",
+    ),
 }
 
 
@@ -400,6 +408,10 @@ def test_results_import_no_renderer_at_any_depth():
     renderers = ("rollout_diag.export", "rollout_diag.render", "rollout_diag.report")
     for name in [n for n in modules() if in_group(n, ("rollout_diag.results",))]:
         assert not [t for t in imports_of(name, types=True) if in_group(t, renderers)], name
+
+
+def test_the_views_registry_imports_nothing_of_the_package():
+    assert not [t for t in imports_of("rollout_diag.views", types=True) if t.startswith("rollout_diag")]
 
 
 def test_a_result_finds_its_views_whatever_was_imported():
