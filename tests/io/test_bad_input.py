@@ -143,9 +143,15 @@ def test_column_option_unknown_role(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("layout", "column", "cast_to", "found"),
     [
-        pytest.param(sequence_table, "old_log_probs", pa.list_(pa.string()), ("list<float>", "string"), id="logprobs"),
         pytest.param(
-            token_table, "old_log_probs", pa.string(), ("expected float (token layout), found string",), id="token"
+            sequence_table, "old_log_probs", pa.list_(pa.string()), ("list<float>", "string"), id="sequence_layout"
+        ),
+        pytest.param(
+            token_table,
+            "old_log_probs",
+            pa.string(),
+            ("expected float (token layout), found string",),
+            id="token_layout",
         ),
         pytest.param(sequence_table, "step", pa.string(), ("integer step", "string"), id="step"),
     ],
