@@ -76,6 +76,7 @@ _EXPORTS: dict[str, str] = {
     "Recommendation": "rollout_diag.decisions.recommend",
     "recommend": "rollout_diag.decisions.recommend",
     "RowStats": "rollout_diag.results",
+    "load_result": "rollout_diag.results",
     "load_results": "rollout_diag.results",
     "result_from_json": "rollout_diag.results",
     # the sweep's typed rows, and the intrusive rule
