@@ -91,7 +91,7 @@ class Watcher:
                 raise ConfigError(f"watch follows one dump directory, not {len(directory.inputs)} inputs.")
             directory = directory.inputs[0]
         remote = storage.remote_uri(str(directory))  # a prefix on object storage, polled by listing it
-        self.directory: Any = remote or Path(directory)
+        self.directory: str | Path = remote or Path(directory)
         if not remote and Path(directory).exists() and not Path(directory).is_dir():
             raise InputError(f"{directory}: not a directory; watch follows a dump directory.")
         # a directory the trainer has not made yet is waited for (polls note it); once seen, its removal ends the watch

@@ -8,6 +8,7 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rollout_diag.drivers.passes import Analysis
@@ -80,7 +81,7 @@ def merged_log(records: Sequence[FileRecord], log: ReadLog, listing_warnings: Se
     return log
 
 
-def completed_steps(directory: Any, known: set[int]) -> set[int]:
+def completed_steps(directory: str | Path, known: set[int]) -> set[int]:
     """The steps of ``directory`` not in ``known`` whose ``DumpWriter`` completion markers come from every rank of the
     world size they state."""
     found: set[int] = set()
