@@ -13,14 +13,14 @@ from typing import Any
 
 from rollout_diag.cores import AUTO_MAX_WORKERS, AUTO_MIN_CORES, available_cores
 from rollout_diag.decisions.diff import DEFAULT_LEVEL, DEFAULT_REPLICATES, DEFAULT_SEED
-from rollout_diag.decisions.runs import RunInput, check_options, compare_runs
+from rollout_diag.decisions.runs import RunInput, RunState, check_options, compare_runs
 from rollout_diag.drivers.distributed import AUTO, Workers, check_workers, run_on_ray
 from rollout_diag.drivers.dump import Dump, call_options
 from rollout_diag.drivers.rowpass import READING_OPTIONS, row_pass
 from rollout_diag.engine.arrays import device_kind
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.presets import resolve_presets
-from rollout_diag.results import AnalysisResult, PromptEvidence, RowStats, RunsResult
+from rollout_diag.results import RunsResult
 
 Said = Callable[[str], None]  # a line of progress ("base: read in 3.2 s")
 
@@ -33,16 +33,6 @@ class RunSpec:
     name: str
     inputs: Dump
     knobs: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class RunState:
-    """What one run's pass leaves for the comparison (picklable: ``state_dir`` keeps it): the run-level analysis
-    (``RowPass.summary``), the per-row sums and the per-prompt evidence (bounded: ``metrics/prompts.py``)."""
-
-    summary: AnalysisResult
-    rows: RowStats
-    prompts: PromptEvidence | None = None
 
 
 def compare_dumps(
@@ -81,7 +71,7 @@ def compare_dumps(
             from rollout_diag.io.config import dump_config
 
             knobs = {**dump_config(spec.inputs.inputs), **knobs}
-        inputs.append(RunInput(spec.name, knobs, state.summary, state.rows, state.prompts))
+        inputs.append(RunInput(state.summary, state.rows, state.prompts, name=spec.name, knobs=knobs))
     return compare_runs(
         inputs,
         baseline=baseline,

@@ -25,6 +25,25 @@ def verdict_of(result: AnalysisResult | None) -> tuple[str, str]:
     return result.verdict.level, result.verdict.sentence
 
 
+# A step report's JSON keys, in the order a line holds them (``level_set_by`` is the field ``set_by``)
+_STEP_KEYS = (
+    "step",
+    "revision",
+    "rows",
+    "tokens",
+    "level",
+    "level_set_by",
+    "metrics",
+    "anomalies",
+    "findings",
+    "alerts",
+)
+
+
+def _copied(value: Any) -> Any:
+    return list(value) if isinstance(value, list) else value
+
+
 @dataclass(frozen=True)
 class StepReport:
     """A step that became final (or changed again after it was reported: ``revision`` > 0)."""
@@ -41,19 +60,12 @@ class StepReport:
     set_by: list[str] = field(default_factory=list)  # the judged metrics at the step's watch/bad level
 
     def to_json(self) -> dict[str, Any]:
-        """One ``--format jsonl`` line (schemas/watch.schema.json)."""
-        return {
-            "step": self.step,
-            "revision": self.revision,
-            "rows": self.rows,
-            "tokens": self.tokens,
-            "level": self.level,
+        """One ``--format jsonl`` line (schemas/watch.schema.json), its keys in the schema's order."""
+        written = {
             "level_set_by": list(self.set_by),
             "metrics": {name: json_number(value) for name, value in self.metrics.items()},
-            "anomalies": list(self.anomalies),
-            "findings": list(self.findings),
-            "alerts": list(self.alerts),
         }
+        return {key: written[key] if key in written else _copied(getattr(self, key)) for key in _STEP_KEYS}
 
     def __repr__(self) -> str:
         return short_repr(

@@ -6,6 +6,7 @@ effects, gates and the first line); renderers and exports read it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,18 +74,8 @@ class RunSummary:
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> RunSummary:
-        return cls(
-            name=raw["name"],
-            knobs=dict(raw["knobs"]),
-            inputs=list(raw["inputs"]),
-            rows=raw["rows"],
-            tokens=raw["tokens"],
-            steps=raw["steps"],
-            verdict=raw["verdict"],
-            verdict_sentence=raw["verdict_sentence"],
-            metrics=[RunMetric.from_json(metric) for metric in raw["metrics"].values()],
-            onset_step=raw["onset_step"],
-        )
+        written = {spec.name: raw[spec.name] for spec in dataclasses.fields(cls) if spec.name != "metrics"}
+        return cls(**written, metrics=[RunMetric.from_json(metric) for metric in raw["metrics"].values()])
 
 
 @dataclass(frozen=True)
