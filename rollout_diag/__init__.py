@@ -35,7 +35,7 @@ _EXPORTS: dict[str, str] = {
     "find_hints": "rollout_diag.decisions.hints",
     "Chunk": "rollout_diag.io.chunk",
     "ConvertResult": "rollout_diag.io.convert",
-    "convert": "rollout_diag.io.convert",
+    "convert": "rollout_diag.drivers.convert",
     "DumpInputs": "rollout_diag.io.formats",
     "FORMAT_NAMES": "rollout_diag.io.formats",
     "DumpReader": "rollout_diag.io.reader",

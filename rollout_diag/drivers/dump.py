@@ -5,11 +5,11 @@
     comparison = compare_presets(dump, ["verl"])
 
 Every library call that reads a dump (``analyze``, ``compare_presets``, ``threshold_sweep``, ``inspect_row``,
-``check_run``, ``diff_runs``, ``watch``, …) takes a :class:`Dump` where it takes file names, and reads the options it
-knows from it; an option given both ways must agree, and an option set that the call cannot honour (``workers=4`` for
-a call that reads in one process) is a ConfigError, never silently ignored. ``Dump.opened()`` reads the footers and
-resolves the columns at once (without loading torch): the CLI does that first, so that a missing file or column fails
-in a fraction of a second.
+``check_run``, ``diff_runs``, ``watch``, ``convert``, …) takes a :class:`Dump` where it takes file names, and reads the
+options it knows from it; an option given both ways must agree, and an option set that the call cannot honour
+(``workers=4`` for a call that reads in one process) is a ConfigError, never silently ignored. ``Dump.opened()`` reads
+the footers and resolves the columns at once (without loading torch): the CLI does that first, so that a missing file
+or column fails in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ def built_without_gpu(version_py: str) -> bool:
 
 # The options a call takes from a Dump as keyword arguments; the others reach it through the reader (input_format,
 # trust_pickle), the engine in use (engine) or, for a call that shows tokens, its own argument (tokenizer).
-_CALL_OPTIONS = tuple(
+CALL_OPTIONS = tuple(
     f.name
     for f in fields(Dump)
     if f.name not in ("inputs", "input_format", "trust_pickle", "engine", "tokenizer", "_reader")
@@ -219,7 +219,7 @@ def call_options(
     call: str,
     accepted: Collection[str],
     given: Mapping[str, Any] | None = None,
-    names: Sequence[str] = _CALL_OPTIONS,
+    names: Sequence[str] = CALL_OPTIONS,
 ) -> dict[str, Any]:
     """The keyword arguments ``call`` takes from ``dump``'s options ``names``: each one ``call`` accepts
     (``accepted``) and the dump sets (None: the call's own). Raises ConfigError where ``given`` (the call's explicit

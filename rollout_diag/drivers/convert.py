@@ -1,0 +1,52 @@
+"""``convert``: a dump in any trainer format written out in the canonical sequence layout, from file names or a
+:class:`~rollout_diag.drivers.dump.Dump` (its reading options with it). The writing is ``io/convert.py``'s."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from rollout_diag.drivers.dump import CALL_OPTIONS, Dump, call_options
+from rollout_diag.io.convert import ConvertResult
+from rollout_diag.io.convert import convert as convert_files
+
+# What convert takes from a Dump; a Dump setting any other reading option (chunk_tokens, device, workers, backend:
+# convert computes nothing and writes one file in one process) is refused, never silently ignored.
+_TAKEN = ("columns", "strict", "input_format", "trust_pickle")
+
+
+def convert(
+    inputs: str | Path | Sequence[str | Path] | Dump,
+    output: str | Path,
+    *,
+    partition: str | None = None,
+    columns: Mapping[str, str] | None = None,
+    strict: bool | None = None,
+    input_format: str | None = None,
+    trust_pickle: bool | None = None,
+    overwrite: bool = False,
+) -> ConvertResult:
+    """Write ``inputs`` (files, globs, directories, or a :class:`Dump`) to ``output`` in the canonical sequence
+    layout; returns what was written. A Dump gives its columns, strictness, trainer format and pickle trust; one given
+    here as well must agree. ``columns``, ``strict``, ``input_format``, ``trust_pickle`` left None: the Dump's, else
+    none, False, detected, False.
+
+    Raises ConfigError for a bad partition, an existing output (unless ``overwrite``) or a Dump's option convert
+    cannot honour, InputError for unreadable input (and, under ``strict``, DataError for the first unreadable row).
+    """
+    if isinstance(inputs, Dump):
+        given = {"columns": columns, "strict": strict, "input_format": input_format, "trust_pickle": trust_pickle}
+        taken = call_options(inputs, "convert", _TAKEN, given, names=(*CALL_OPTIONS, "input_format", "trust_pickle"))
+        columns, strict = taken.get("columns", columns), taken.get("strict", strict)
+        input_format, trust_pickle = taken.get("input_format", input_format), taken.get("trust_pickle", trust_pickle)
+        inputs = list(inputs.inputs)
+    return convert_files(
+        inputs,
+        output,
+        partition=partition,
+        columns=columns,
+        strict=bool(strict),
+        input_format=input_format,
+        trust_pickle=trust_pickle,
+        overwrite=overwrite,
+    )
