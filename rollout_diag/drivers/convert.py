@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from rollout_diag.drivers.dump import CALL_OPTIONS, Dump, call_options
 from rollout_diag.io.convert import ConvertResult
@@ -12,7 +13,8 @@ from rollout_diag.io.convert import convert as convert_files
 
 # What convert takes from a Dump; a Dump setting any other reading option (chunk_tokens, device, workers, backend:
 # convert computes nothing and writes one file in one process) is refused, never silently ignored.
-_TAKEN = ("columns", "strict", "input_format", "trust_pickle")
+_READER_OPTIONS = ("input_format", "trust_pickle")  # the options other calls take through the Dump's reader
+_TAKEN = ("columns", "strict", *_READER_OPTIONS)
 
 
 def convert(
@@ -34,19 +36,14 @@ def convert(
     Raises ConfigError for a bad partition, an existing output (unless ``overwrite``) or a Dump's option convert
     cannot honour, InputError for unreadable input (and, under ``strict``, DataError for the first unreadable row).
     """
-    if isinstance(inputs, Dump):
-        given = {"columns": columns, "strict": strict, "input_format": input_format, "trust_pickle": trust_pickle}
-        taken = call_options(inputs, "convert", _TAKEN, given, names=(*CALL_OPTIONS, "input_format", "trust_pickle"))
-        columns, strict = taken.get("columns", columns), taken.get("strict", strict)
-        input_format, trust_pickle = taken.get("input_format", input_format), taken.get("trust_pickle", trust_pickle)
+    reading: dict[str, Any] = {
+        "columns": columns,
+        "strict": strict,
+        "input_format": input_format,
+        "trust_pickle": trust_pickle,
+    }
+    if isinstance(inputs, Dump):  # its options fill those left None; one given both ways must agree
+        reading.update(call_options(inputs, "convert", _TAKEN, reading, names=(*CALL_OPTIONS, *_READER_OPTIONS)))
         inputs = list(inputs.inputs)
-    return convert_files(
-        inputs,
-        output,
-        partition=partition,
-        columns=columns,
-        strict=bool(strict),
-        input_format=input_format,
-        trust_pickle=trust_pickle,
-        overwrite=overwrite,
-    )
+    reading["strict"] = bool(reading["strict"])
+    return convert_files(inputs, output, partition=partition, overwrite=overwrite, **reading)
