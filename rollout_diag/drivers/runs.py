@@ -27,12 +27,17 @@ Said = Callable[[str], None]  # a line of progress ("base: read in 3.2 s")
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One run: its name, its dump, its knobs (name → value; a knob the dump's ``DumpWriter(config=...)`` recorded
-    is taken from there unless given here)."""
+    """One run: its name, its dump (a :class:`Dump`; file names, a glob or a directory are read as ``Dump(inputs)``),
+    its knobs (name → value; a knob the dump's ``DumpWriter(config=...)`` recorded is taken from there unless given
+    here)."""
 
     name: str
     inputs: Dump
     knobs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.inputs, Dump):  # file names, as every reading call takes them
+            object.__setattr__(self, "inputs", Dump(self.inputs))
 
 
 def compare_dumps(
