@@ -202,7 +202,7 @@ def _one_pass(
                 name=preset.name,
                 config=preset.config(),
                 mode=preset.mode,
-                steps=PresetSteps(base.steps, corrections, preset.name),  # type: ignore[arg-type]
+                steps=PresetSteps(base.steps, corrections, preset.name),
                 run=run,
                 intrusive_reasons=intrusive_reasons(run.metrics, *intrusive),
             )
