@@ -3,8 +3,10 @@ same terminal tables, checked against schemas/runs.schema.json with the one-line
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
+import math
 
 import pytest
 from rich.console import Console
@@ -131,3 +133,21 @@ def test_unreadable_and_other_documents(tmp_path, knob_runs):
     with pytest.raises(InputError) as caught:
         load_results([saved])  # the analysis report's loader takes one analyze and one compare-presets result
     assert str(caught.value).startswith(f"{saved}: a `runs` result; its report is drawn by `runs --report`")
+
+
+def test_values_without_a_number_come_back_as_nan_and_print_alike(knob_runs, tmp_path):
+    """NaN and ±inf are written as null (schema: number or null) and read as NaN: the document and the tables of the
+    loaded result are the original's."""
+    run = knob_runs.runs[1]
+    nan_metric = dataclasses.replace(run.metrics[0], value=math.nan, low=-math.inf, high=math.inf)
+    runs = [*knob_runs.runs[:1], dataclasses.replace(run, metrics=[nan_metric, *run.metrics[1:]]), *knob_runs.runs[2:]]
+    effects = [dataclasses.replace(knob_runs.effects[0], low=-math.inf, high=2.0), *knob_runs.effects[1:]]
+    gates = [dataclasses.replace(knob_runs.gates[0], ratio=math.nan), *knob_runs.gates[1:]]
+    original = dataclasses.replace(knob_runs, runs=runs, effects=effects, gates=gates)
+    path = tmp_path / "runs.json"
+    _saved(original, path)
+    loaded = load_result(path)
+    assert isinstance(loaded, RunsResult)
+    assert math.isnan(loaded.runs[1].metrics[0].value) and math.isnan(loaded.effects[0].low)
+    assert to_json_text(loaded.to_json()) == path.read_text(encoding="utf-8")
+    assert _terminal(loaded) == _terminal(original)
