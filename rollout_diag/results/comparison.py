@@ -207,7 +207,7 @@ class PresetResult:
     name: str
     config: dict[str, Any]
     mode: str
-    steps: list[StepResult]
+    steps: Sequence[StepResult]  # built by compare_presets: PresetSteps (read from the presets' columns)
     run: StepResult
     intrusive_reasons: tuple[str, ...] = ()  # decisions/intrusive.py: why the preset is intrusive (empty: it is not)
 
@@ -472,7 +472,7 @@ def _presets_from_columns(document: dict[str, Any]) -> list[PresetResult]:
                 name=item["name"],
                 config=item["config"],
                 mode=item["mode"],
-                steps=PresetTable(base, own),  # type: ignore[arg-type]
+                steps=PresetTable(base, own),
                 run=StepResult.from_json(item["run"]),
                 intrusive_reasons=tuple(item.get("intrusive_reasons", ())),
             )
