@@ -40,13 +40,18 @@ if TYPE_CHECKING:
     "trust_pickle tokenizer selection tensorboard export_repro wandb wandb_group wandb_run_id"
 )
 def analyze(
+    *,
     inputs: Inputs,
+    reading: Reading,
     format: DataFormatOpt = None,
     output: OutputOpt = None,
     all_steps: Annotated[
         bool, typer.Option("--all-steps", help="Show every step (default: first, last, worst).")
     ] = False,
+    knobs: AnalysisKnobs,
     dialect: DialectOpt = None,
+    selection: Selection,
+    logging: Logging,
     export_repro: Annotated[
         Path | None,
         typer.Option(
@@ -58,11 +63,6 @@ def analyze(
             metavar="FILE",
         ),
     ] = None,
-    *,
-    reading: Reading,
-    knobs: AnalysisKnobs,
-    selection: Selection,
-    logging: Logging,
 ) -> None:
     """Every mismatch metric (verl's names), per step and for the run, with a verdict on what looks unhealthy
     and hints at the likely root cause.

@@ -10,16 +10,16 @@ import typer
 from rollout_diag.cli.app import app
 from rollout_diag.cli.boundary import GATE_FAILED
 from rollout_diag.cli.layout import command
-from rollout_diag.cli.options import Gates, Inputs, OutputOpt, Reading, RowFormat, RowFormatOpt
-from rollout_diag.cli.output import progress_bar, refuse_overwriting_inputs, write_result, wrote
+from rollout_diag.cli.options import Gates, Inputs, Reading, grouping
+from rollout_diag.cli.output import TableOrJson, progress_bar, refuse_overwriting_inputs, wrote
 
 
 @app.command()
-@command(
-    "inputs gating per_step exact format output junit by column device strict chunk_tokens input_format trust_pickle"
-)
+@command("inputs gating per_step exact answer junit by column device strict chunk_tokens input_format trust_pickle")
 def check(
+    *,
     inputs: Inputs,
+    gating: Gates,
     per_step: Annotated[bool, typer.Option("--per-step", help="Check every step too, not only the whole run.")] = False,
     exact: Annotated[
         bool,
@@ -29,24 +29,19 @@ def check(
             "is), naming the first: file, row, position, both values. For batch-invariant inference.",
         ),
     ] = False,
-    format: RowFormatOpt = RowFormat.table,
-    output: OutputOpt = None,
+    answer: TableOrJson,
     junit: Annotated[
         Path | None,
         typer.Option("--junit", help="Also write JUnit XML here (one testcase per gate, step and --by group)."),
     ] = None,
     by: Annotated[
         list[str] | None,
-        typer.Option(
-            "--by",
-            help="Judge every gate on each group of rows too (a per-row column such as env_name, or "
+        grouping(
+            "Judge every gate on each group of rows too (a per-row column such as env_name, or "
             "COLUMN:sign / COLUMN:bins=E1,E2; with --per-step, each group's steps); a failing group fails the "
-            "check. Repeatable. README, 'Which environment diverges?'.",
-            metavar="COLUMN[:sign|:bins=E1,E2]",
+            "check. Repeatable. README, 'Which environment diverges?'."
         ),
     ] = None,
-    *,
-    gating: Gates,
     reading: Reading,
 ) -> None:
     """Gate a run for CI: exit 0 when every gate passes, 3 when one fails, 1 for bad input or an unknown metric.
@@ -58,7 +53,7 @@ def check(
       rollout-diag check run/ --gates default --by env_name --per-step
       rollout-diag check run/ --exact
     """
-    refuse_overwriting_inputs({"output": output, "junit": junit}, inputs, gating.file())
+    refuse_overwriting_inputs({"output": answer.output, "junit": junit}, inputs, gating.file())
     dump = reading.open(inputs, read_ahead=True, numpy=True)
     from rollout_diag.drivers.check import check_run
     from rollout_diag.render.decisions import check_table, junit_xml
@@ -72,9 +67,7 @@ def check(
 
         write_text(junit, junit_xml(result))
         wrote(junit)
-    write_result(
-        format,
-        output,
+    answer.write(
         table=lambda: check_table(result),
         json=lambda: json_pieces(result.json_document()),  # 200 000 steps: written outcome by outcome
     )

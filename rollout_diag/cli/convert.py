@@ -16,6 +16,7 @@ from rollout_diag.cli.output import emit
 @app.command()
 @command("inputs output partition overwrite column strict input_format trust_pickle format")
 def convert(
+    *,
     inputs: Inputs,
     output: Annotated[
         Path, typer.Option("--output", "-o", help="The Parquet file to write (a directory with --partition).")
@@ -25,9 +26,8 @@ def convert(
         typer.Option("--partition", help="Write a hive directory OUT/step=N/part-K.parquet instead of one file."),
     ] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace OUT when it exists.")] = False,
-    format: Annotated[RowFormat, typer.Option("--format", "-f", help="table (a summary) or json.")] = RowFormat.table,
-    *,
     reading: Reading,
+    format: Annotated[RowFormat, typer.Option("--format", "-f", help="table (a summary) or json.")] = RowFormat.table,
 ) -> None:
     """Write any dump rollout-diag reads (prime-rl, NeMo-RL, slime, SkyRL, verl, Parquet) as its canonical
     Parquet sequence layout: zstd, one row group per step, per-row columns (reward, advantage, policy_version…)

@@ -10,16 +10,17 @@ import typer
 from rollout_diag.cli.app import app
 from rollout_diag.cli.boundary import fail
 from rollout_diag.cli.layout import command
-from rollout_diag.cli.options import OutputOpt, Reading, ReplicatesOpt, RowFormat, RowFormatOpt, SeedOpt, argument
-from rollout_diag.cli.output import progress_bar, refuse_overwriting_inputs, write_result
+from rollout_diag.cli.options import Reading, ReplicatesOpt, SeedOpt, argument, grouping
+from rollout_diag.cli.output import TableOrJson, progress_bar, refuse_overwriting_inputs
 
 
 @app.command()
 @command(
-    "inputs steps_a steps_b preset replicates level seed by format output column device strict chunk_tokens "
+    "inputs steps_a steps_b preset replicates level seed by answer column device strict chunk_tokens "
     "input_format trust_pickle"
 )
 def diff(
+    *,
     inputs: Annotated[
         list[Path],
         argument("Run A's dump, then run B's (or one dump with --steps-a/--steps-b).", "A [B]"),
@@ -39,17 +40,13 @@ def diff(
     seed: SeedOpt = 0,
     by: Annotated[
         list[str] | None,
-        typer.Option(
-            "--by",
-            help="Also compare each group of rows present in A or B (a per-row column such as env_name, or "
+        grouping(
+            "Also compare each group of rows present in A or B (a per-row column such as env_name, or "
             "COLUMN:sign / COLUMN:bins=E1,E2): its key metrics in A and B and the interval of B − A over its rows "
-            "alone, the largest change of k3_kl first. Repeatable.",
-            metavar="COLUMN[:sign|:bins=E1,E2]",
+            "alone, the largest change of k3_kl first. Repeatable."
         ),
     ] = None,
-    format: RowFormatOpt = RowFormat.table,
-    output: OutputOpt = None,
-    *,
+    answer: TableOrJson,
     reading: Reading,
 ) -> None:
     """Did my fix help? Run A against run B: every key metric, B against A ("109× lower"), a bootstrap interval
@@ -69,7 +66,7 @@ def diff(
 
     if len(inputs) > 2:
         fail(f"diff takes one or two dumps (A, B), not {len(inputs)}; quote a glob or use a directory for many files.")
-    refuse_overwriting_inputs({"output": output}, inputs)
+    refuse_overwriting_inputs({"output": answer.output}, inputs)
     runs = [reading.dump([path]) for path in inputs]  # each run a Dump of its own (diff reads each in one process)
     with progress_bar(inputs) as progress:
         result = diff_runs(
@@ -83,4 +80,4 @@ def diff(
             progress=progress,
             by=by or (),
         )
-    write_result(format, output, table=lambda: diff_tables(result), json=lambda: (to_json_text(result.to_json()),))
+    answer.write(table=lambda: diff_tables(result), json=lambda: (to_json_text(result.to_json()),))

@@ -22,29 +22,33 @@ F = TypeVar("F", bound=Callable[..., Any])
 PLACEHOLDER = inspect.Parameter.KEYWORD_ONLY  # typer passes every option by name: any order of defaults is valid
 
 
+def is_group(annotation: Any) -> bool:
+    """Whether a parameter's annotation is an option group: a dataclass whose fields are options."""
+    return isinstance(annotation, type) and dataclasses.is_dataclass(annotation)
+
+
 @functools.cache
-def group_fields() -> dict[str, tuple[type, Any, Any]]:
-    """Option name -> (its group, its Annotated declaration, its default), over every group."""
-    found: dict[str, tuple[type, Any, Any]] = {}
-    for group in OPTION_GROUPS:
-        hints = typing.get_type_hints(group, include_extras=True)
-        for field in dataclasses.fields(group):
-            found[field.name] = (group, hints[field.name], field.default)
-    return found
+def group_fields(group: type) -> dict[str, tuple[Any, Any]]:
+    """A group's options: name -> (its Annotated declaration, its default)."""
+    hints = typing.get_type_hints(group, include_extras=True)
+    return {field.name: (hints[field.name], field.default) for field in dataclasses.fields(group)}
 
 
 def _shown(name: str, groups: dict[str, type], own: dict[str, inspect.Parameter], defaults: dict[str, Any]) -> list:
     """The parameters one name of a layout stands for: an own option, a whole group, or one option of a group."""
     if name in own:
         return [own.pop(name)]
-    fields = [field.name for field in dataclasses.fields(groups[name])] if name in groups else [name]
+    taken = list(groups.values())
+    fields = [(groups[name], field) for field in group_fields(groups[name])] if name in groups else []
+    fields = fields or [(group, name) for group in taken if name in group_fields(group)]
+    if not fields:
+        elsewhere = [group.__name__ for group in OPTION_GROUPS if name in group_fields(group)]
+        if elsewhere:
+            raise TypeError(f"{name} is shown but no argument takes {elsewhere[0]}")
+        raise TypeError(f"{name} is neither an option of the command nor of a group")
     parameters = []
-    for field in fields:
-        if field not in group_fields():
-            raise TypeError(f"{field} is neither an option of the command nor of a group")
-        group, declared, default = group_fields()[field]
-        if group not in groups.values():
-            raise TypeError(f"{field} is shown but no argument takes {group.__name__}")
+    for group, field in fields:
+        declared, default = group_fields(group)[field]
         default = defaults.pop(field, default)
         parameters.append(inspect.Parameter(field, PLACEHOLDER, annotation=declared, default=default))
     return parameters
@@ -57,7 +61,7 @@ def command(order: str, **defaults: Any) -> Callable[[F], F]:
 
     def decorate(function: F) -> F:
         signature = inspect.signature(function, eval_str=True)
-        groups = {p.name: p.annotation for p in signature.parameters.values() if p.annotation in OPTION_GROUPS}
+        groups = {p.name: p.annotation for p in signature.parameters.values() if is_group(p.annotation)}
         own = {name: p for name, p in signature.parameters.items() if name not in groups}
         context = [own.pop(name) for name, p in list(own.items()) if p.annotation is typer.Context]
         parameters = [p.replace(kind=PLACEHOLDER) for p in context]

@@ -253,6 +253,11 @@ class Reading:
         return open_for_reading(lambda: dump.opened(read_ahead=read_ahead, numpy=numpy), Dump.input_size)
 
 
+def custom(flag: str, help: str, metavar: str | None = None) -> Any:
+    """An option of the one custom preset compare-presets and report may add (verl's settings, one flag each)."""
+    return typer.Option(flag, help=f"Custom preset: {help}", metavar=metavar)
+
+
 @dataclasses.dataclass(frozen=True)
 class PresetChoice:
     """The presets compare-presets and report compare: named, from a file, or one custom preset."""
@@ -273,28 +278,17 @@ class PresetChoice:
             "comparison.",
         ),
     ] = None
-    rollout_is: Annotated[
-        str | None, typer.Option("--rollout-is", help="Custom preset: IS level, token or sequence.", metavar="LEVEL")
-    ] = None
+    rollout_is: Annotated[str | None, custom("--rollout-is", "IS level, token or sequence.", "LEVEL")] = None
     rollout_is_threshold: Annotated[
-        str | None,
-        typer.Option("--rollout-is-threshold", help="Custom preset: U (truncation) or L_U (IcePop).", metavar="SPEC"),
+        str | None, custom("--rollout-is-threshold", "U (truncation) or L_U (IcePop).", "SPEC")
     ] = None
-    rollout_rs: Annotated[
-        str | None,
-        typer.Option("--rollout-rs", help="Custom preset: RS options, e.g. seq_mean_k3,token_k1.", metavar="OPTIONS"),
-    ] = None
+    rollout_rs: Annotated[str | None, custom("--rollout-rs", "RS options, e.g. seq_mean_k3,token_k1.", "OPTIONS")] = (
+        None
+    )
     rollout_rs_threshold: Annotated[
-        str | None,
-        typer.Option(
-            "--rollout-rs-threshold",
-            help="Custom preset: one threshold per RS option (or one shared).",
-            metavar="SPECS",
-        ),
+        str | None, custom("--rollout-rs-threshold", "one threshold per RS option (or one shared).", "SPECS")
     ] = None
-    batch_normalize: Annotated[
-        bool, typer.Option("--batch-normalize", help="Custom preset: normalise IS weights per batch.")
-    ] = False
+    batch_normalize: Annotated[bool, custom("--batch-normalize", "normalise IS weights per batch.")] = False
 
     def presets(self) -> list[str | Preset] | None:
         """The chosen presets (``presets.choose_presets``); raises ConfigError."""
@@ -329,18 +323,22 @@ class AnalysisKnobs:
     ] = None
 
 
+def grouping(help: str) -> Any:
+    """A --by option (a per-row column, or a number bucketed: COLUMN:sign, COLUMN:bins=E1,E2), with what its
+    groups are for (``help``): analyze's and compare-presets' metrics per group, check's gates, diff's intervals."""
+    return typer.Option("--by", help=help, metavar="COLUMN[:sign|:bins=E1,E2]")
+
+
 @dataclasses.dataclass(frozen=True)
 class Selection:
     """--by, --where, --steps of analyze, compare-presets and report: which rows, and their groups."""
 
     by: Annotated[
         list[str] | None,
-        typer.Option(
-            "--by",
-            help="Key metrics per group of rows: a per-row column (env_name, reward, a data-source tag) or a derived "
+        grouping(
+            "Key metrics per group of rows: a per-row column (env_name, reward, a data-source tag) or a derived "
             "one (response_length, num_rounds); numbers can be bucketed: COLUMN:sign or COLUMN:bins=E1,E2,... "
-            "Repeatable (each is its own grouping). README, 'Which environment diverges?'.",
-            metavar="COLUMN[:sign|:bins=E1,E2]",
+            "Repeatable (each is its own grouping). README, 'Which environment diverges?'."
         ),
     ] = None
     where: Annotated[

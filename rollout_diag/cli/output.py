@@ -3,6 +3,7 @@ anything is read, and its result written in the chosen --format to --output or t
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sized
 from contextlib import contextmanager
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from rollout_diag.cli.options import DataFormat, OutputFormat
+from rollout_diag.cli.options import DataFormat, OutputFormat, OutputOpt, RowFormat, RowFormatOpt
 
 if TYPE_CHECKING:  # rich.console loads where a command renders: --help and an input error do without it (issue 39)
     from rich.console import Console
@@ -202,3 +203,16 @@ def write_repro(
         typer.echo(f"{path}: {rows} rows of {len(listed)} prompts {listed_are}", err=True)
     else:
         typer.echo(f"{path}: no prompt {none_is}; the file holds no rows", err=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class TableOrJson:
+    """--format and --output of inspect, check and diff: their one result as a table or a JSON document, on the
+    terminal or in a file."""
+
+    format: RowFormatOpt = RowFormat.table
+    output: OutputOpt = None
+
+    def write(self, table: Callable[[], Any], json: Callable[[], Iterable[str]]) -> None:
+        """The result in the chosen format (:func:`write_result`)."""
+        write_result(self.format, self.output, table=table, json=json)

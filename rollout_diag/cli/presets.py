@@ -50,12 +50,12 @@ class PresetOrder(str, Enum):
 @app.command()
 @command("inputs target column device format output strict chunk_tokens input_format trust_pickle")
 def sweep(
+    *,
     inputs: Inputs,
     target: TargetOpt = DEFAULT_TARGETS,
+    reading: Reading,
     format: FormatOpt = None,
     output: OutputOpt = None,
-    *,
-    reading: Reading,
 ) -> None:
     """Which threshold of each rejection option / IS truncation rejects a target share of tokens or
     sequences, and what verl's default thresholds reject on this data.
@@ -89,7 +89,9 @@ def sweep(
     chunk_tokens=PRESET_CHUNK_TOKENS,  # their accumulators' fixed cost per chunk (drivers/dump.py)
 )
 def compare_presets(
+    *,
     inputs: Inputs,
+    choice: PresetChoice,
     target: TargetOpt = DEFAULT_TARGETS,
     export_decisions: Annotated[
         Path | None,
@@ -105,11 +107,9 @@ def compare_presets(
             "--sort", help="Order of the presets: given (as chosen) or intrusiveness (least intrusive first)."
         ),
     ] = PresetOrder.given,
+    reading: Reading,
     format: DataFormatOpt = None,
     output: OutputOpt = None,
-    *,
-    choice: PresetChoice,
-    reading: Reading,
     selection: Selection,
     logging: Logging,
 ) -> None:

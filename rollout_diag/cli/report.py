@@ -68,6 +68,7 @@ LIVE_ONLY = (
     chunk_tokens=PRESET_CHUNK_TOKENS,  # their accumulators' fixed cost per chunk (drivers/dump.py)
 )
 def report(
+    *,
     ctx: typer.Context,
     inputs: Annotated[
         list[Path] | None,
@@ -85,19 +86,18 @@ def report(
         ),
     ] = None,
     title: Annotated[str | None, typer.Option("--title", help="Title of the report.")] = None,
+    choice: PresetChoice,
     target: TargetOpt = DEFAULT_TARGETS,
     intrusive_reject: IntrusiveRejectOpt = 0.10,
     intrusive_ess: IntrusiveEssOpt = 0.5,
+    knobs: AnalysisKnobs,
     open_browser: Annotated[bool, typer.Option("--open", help="Open the report in a browser.")] = False,
     vs: Annotated[
         list[Path] | None,
         typer.Option("--vs", help="A second run's dump(s): add an A/B section (what `diff` prints).", metavar="FILE"),
     ] = None,
-    dialect: DialectOpt = None,
-    *,
-    choice: PresetChoice,
-    knobs: AnalysisKnobs,
     reading: Reading,
+    dialect: DialectOpt = None,
     selection: Selection,
     logging: Logging,
 ) -> None:

@@ -27,6 +27,7 @@ class RunsFormat(str, Enum):
     "column device strict chunk_tokens input_format trust_pickle workers backend wandb wandb_group"
 )
 def runs(
+    *,
     inputs: Annotated[
         list[str],
         argument(
@@ -94,7 +95,6 @@ def runs(
         typer.Option("--format", "-f", help="table (terminal), json, or parquet (one row per run × step; --output)."),
     ] = RunsFormat.table,
     output: OutputOpt = None,
-    *,
     reading: Reading,
     logging: Logging,
 ) -> None:

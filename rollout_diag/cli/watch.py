@@ -32,6 +32,7 @@ class WatchFormat(str, Enum):
     device="cpu",  # a watch shares the machine with the training it follows
 )
 def watch(
+    *,
     directory: Annotated[
         Path,
         argument(
@@ -52,6 +53,7 @@ def watch(
     report_every: Annotated[
         int, typer.Option("--report-every", help="Rewrite --report every N finished steps (and at the end).")
     ] = 10,
+    gating: Gates,
     exit_on_fail: Annotated[
         bool, typer.Option("--exit-on-fail", help="Exit 3 as soon as a gate fails (a sidecar can stop the job).")
     ] = False,
@@ -63,8 +65,6 @@ def watch(
             metavar="SECONDS",
         ),
     ] = None,
-    *,
-    gating: Gates,
     reading: Reading,
     logging: Logging,
 ) -> None:
