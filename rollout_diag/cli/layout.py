@@ -1,8 +1,11 @@
 """Where each command shows its options: ``@command("inputs column device format output …")`` lays out its
 --help (and so its docs/commands.md section) in one line, naming its own options (its signature's) and the shared
 ones (a group's field, or a group's argument for all of its fields in their order) in the order shown; ``--debug``
-comes last in every command. A group's option a command does not show keeps the group's default. The command is
-handed each group it takes (``reading: Reading``) built from the values, inside the one error boundary."""
+comes last in every command. A group is an argument annotated with a frozen dataclass whose fields are options
+(``rollout_diag.cli.options``' groups, ``output.TableOrJson``, a command's own); an option of it a command does not
+show keeps the group's default. The command is handed each group built from the values, inside the one error
+boundary. By convention a command's signature is keyword-only, in the layout's order, each group where its first
+option stands."""
 
 from __future__ import annotations
 
@@ -82,8 +85,9 @@ def command(order: str, **defaults: Any) -> Callable[[F], F]:
                     kwargs[argument] = group(**{name: value for name, value in given.items() if name in names})
                 return function(**kwargs)
 
-        # what typer reads: the options in their places (inspect.signature honours __signature__)
-        wrapper.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]  # see above
+        # what typer reads: the options in their places (inspect.signature honours __signature__, which mypy does not
+        # know as an attribute of a function)
+        wrapper.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
         wrapper.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": signature.return_annotation}
         return cast(F, wrapper)
 
