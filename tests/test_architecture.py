@@ -252,9 +252,21 @@ def test_only_the_engine_and_io_import_the_kernels():
         assert not wrong, f"{name} imports {wrong}"
 
 
+WATCH_MODULES = ("watch", "watcher", "watchfiles", "watchreport")
+
+
 def test_watch_finds_its_accumulators_without_reflection():
-    source = modules()["rollout_diag.drivers.watch"].read_text(encoding="utf-8")
-    assert "vars(" not in source and "__module__" not in source
+    for name in WATCH_MODULES:
+        source = modules()[f"rollout_diag.drivers.{name}"].read_text(encoding="utf-8")
+        assert "vars(" not in source and "__module__" not in source, name
+
+
+def test_watch_modules_point_one_way():
+    """watch (the loop) → watcher (the run state) → watchfiles (per-file records) and watchreport (what is said)."""
+    order = [f"rollout_diag.drivers.{name}" for name in WATCH_MODULES]
+    for index, name in enumerate(order):
+        assert not set(imports_of(name)) & set(order[: index + 1]) - {name}, name
+    assert "rollout_diag.drivers.watchreport" not in imports_of("rollout_diag.drivers.watchfiles")
 
 
 def test_compare_holds_only_the_comparison():
