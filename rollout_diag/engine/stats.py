@@ -1004,7 +1004,7 @@ class KernelStats(ChunkStats):
         raw, model, length, *_ = self._layout
         edges, table = (np.zeros(0), np.zeros(0, np.int64)) if histogram is None else histogram
         found, counts = compiled_presets().gate_tokens(
-            trainer, rollout, self._gate_inputs(), raw, model, length, arrays.host(self.segment_group),
+            trainer, rollout, raw, model, length, self._gate_inputs(), arrays.host(self.segment_group),
             self.chunk.groups.count, edges, table,
         )  # fmt: skip
         self._memo["gate_values"] = found

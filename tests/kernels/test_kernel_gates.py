@@ -91,7 +91,7 @@ def test_the_gates_of_tokens_a_clamp_moves_come_from_their_own_logs():
     trainer = np.minimum(rollout + rng.choice([0.0, 1e-8, 0.5], size) * rng.normal(size=size), 0.0)
     inputs = kernels.gate_inputs(trainer, rollout, raw, model, lengths.astype(np.int64))
     found, _ = kernels.gate_tokens(
-        trainer, rollout, inputs, raw, model, lengths.astype(np.int64), np.zeros(40, np.int64), 1, np.zeros(0),
+        trainer, rollout, raw, model, lengths.astype(np.int64), inputs, np.zeros(40, np.int64), 1, np.zeros(0),
         np.zeros(0, np.int64),
     )  # fmt: skip
     places = np.concatenate([np.arange(r, r + n) for r, n in zip(raw, lengths, strict=True)])

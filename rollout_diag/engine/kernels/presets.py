@@ -528,10 +528,10 @@ def preset_pass(
 def gate_tokens(
     trainer: np.ndarray,
     rollout: np.ndarray,
-    gates: tuple,
     raw: np.ndarray,
     model: np.ndarray,
     length: np.ndarray,
+    gates: tuple,
     segment_group: np.ndarray,
     groups: int,
     edges: np.ndarray,
@@ -642,7 +642,7 @@ _GATES = types.Tuple((_F, _F, _F, _I, _F2))  # gate_inputs: p, q (raw), log comp
 SIGNATURES: dict[str, tuple[tuple[types.Type, ...], ...]] = {
     "clamped_tokens": ((_F, _F, _I, _I, _I),),
     "gate_arguments": ((_F, _F, _I, _I, _I),),
-    "gate_tokens": ((_F, _F, _GATES, _I, _I, _I, _I, types.int64, _F, _I),),
+    "gate_tokens": ((_F, _F, _I, _I, _I, _GATES, _I, types.int64, _F, _I),),
     "preset_pass": (
         (_F, _F, _F, _GATES, _I, _I, _I, _I, types.int64, _c(types.int64, 2), _F2, _c(types.boolean), _F, _I),
     ),
