@@ -6,8 +6,8 @@ import numpy as np
 import pyarrow as pa
 from numba import njit
 
-from rollout_diag.io.jsonl import numbers as jsonl_numbers
 from rollout_diag.io.jsonl import Scanner
+from rollout_diag.io.jsonl import numbers as jsonl_numbers
 
 
 @njit(cache=False)

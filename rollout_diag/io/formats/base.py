@@ -321,7 +321,7 @@ def _scan_lines(path: str | Path) -> tuple[int, bool]:
         newlines, returns, last = _count_range(path, 0, None)
         return newlines + (last not in (10, -1)), returns > 0
     cuts = [size * i // ranges for i in range(ranges)]
-    bounds = [(start, stop) for start, stop in pairwise([*cuts, None])]  # the last range reads to the file's end
+    bounds: list[tuple[int, int | None]] = list(zip(cuts, [*cuts[1:], None], strict=True))  # the last reads to the end
     results: list[Any] = [None] * ranges
 
     def count(i: int) -> None:
@@ -449,7 +449,7 @@ class _Block:
     def lines(self) -> int:
         return len(self.ends) - 1
 
-    def line(self, index: int) -> bytes:
+    def line(self, index: int) -> bytes | bytearray:
         return self.data[int(self.ends[index]) : int(self.ends[index + 1])]
 
 

@@ -100,11 +100,15 @@ def _read(path: str, trust_pickle: bool) -> list[Row]:
     if not isinstance(loaded, TensorBatchData) or not isinstance(state, dict) or "batch_dict" not in state:
         raise InputError(f"{path}: not a SkyRL TrainingInputBatch pickle (found {type(loaded).__name__}).")
     fields = {key: _tensor(path, key, value) for key, value in state["batch_dict"].items()}
+    required: dict[str, np.ndarray] = {}
     for key in ("rollout_logprobs", "action_log_probs", "response_mask"):
-        if fields.get(key) is None:
+        value = fields.get(key)
+        if value is None:
             hint = " (SkyRL records it when the generator returns logprobs)" if key == "rollout_logprobs" else ""
             raise InputError(f"{path}: field '{key}' is missing or None{hint}.")
-    rollout, trainer, response_mask = fields["rollout_logprobs"], fields["action_log_probs"], fields["response_mask"]
+        required[key] = value
+    rollout, trainer = required["rollout_logprobs"], required["action_log_probs"]
+    response_mask = required["response_mask"]
     loss_mask = fields.get("loss_mask")
     if loss_mask is None:
         loss_mask = response_mask
