@@ -29,7 +29,7 @@ import numpy as np
 from rollout_diag.errors import InputError
 from rollout_diag.io.formats import safe_pickle
 from rollout_diag.io.formats.base import Row, RowsFile, number_in
-from rollout_diag.io.formats.registry import TrainerFormat, register
+from rollout_diag.io.formats.registry import register_pickle
 
 NAME = "skyrl"
 FILE_GLOB = "*.pkl"
@@ -148,14 +148,4 @@ def _mask(values: np.ndarray) -> np.ndarray:
     return np.where(values == 0, 0, np.where(values == 1, 1, 2)).astype(np.int8)
 
 
-register(
-    TrainerFormat(
-        name=NAME,
-        suffix=".pkl",
-        described="a SkyRL *.pkl",
-        step_of=step_of,
-        open_file=open_file,
-        order=40,
-        by_content=lambda path, peek: bool(peek.pickle_globals & set(MARKERS)),
-    )
-)
+register_pickle(NAME, "a SkyRL *.pkl", step_of, open_file, order=40, markers=MARKERS)
