@@ -12,6 +12,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+# export registers a result's views (to_polars, to_pandas, _repr_html_) in rollout_diag/views.py, where the results'
+# methods find them: results import nothing of export. Light: the views' modules load when a view is asked for.
+from rollout_diag import export  # noqa: F401
+
 __version__ = "0.1.0"
 
 # public name -> the module that defines it
@@ -35,7 +39,7 @@ _EXPORTS: dict[str, str] = {
     "find_hints": "rollout_diag.decisions.hints",
     "Chunk": "rollout_diag.io.chunk",
     "ConvertResult": "rollout_diag.io.convert",
-    "convert": "rollout_diag.io.convert",
+    "convert": "rollout_diag.drivers.convert",
     "DumpInputs": "rollout_diag.io.formats",
     "FORMAT_NAMES": "rollout_diag.io.formats",
     "DumpReader": "rollout_diag.io.reader",
@@ -76,6 +80,7 @@ _EXPORTS: dict[str, str] = {
     "Recommendation": "rollout_diag.decisions.recommend",
     "recommend": "rollout_diag.decisions.recommend",
     "RowStats": "rollout_diag.results",
+    "load_result": "rollout_diag.results",
     "load_results": "rollout_diag.results",
     "result_from_json": "rollout_diag.results",
     # the sweep's typed rows, and the intrusive rule
