@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,10 +58,10 @@ def _merge_one(a: list[float], b: list[float]) -> list[float]:
     ]
 
 
-_MERGE = {
-    "sum": np.add,
-    "max": np.maximum,
-    "min": np.minimum,
+# the elementwise reductions as ufuncs (their ``reduceat`` reduces runs in one call)
+_UFUNCS: dict[str, np.ufunc] = {"sum": np.add, "max": np.maximum, "min": np.minimum}
+_MERGE: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    **_UFUNCS,
     "moments": merge_moments,
     "concat": lambda a, b: np.concatenate([a, b]),  # per-row values (grows with rows, never with tokens)
 }
@@ -140,8 +140,8 @@ def _merge_entries(
 def _tree_reduce(reduction: str, values: np.ndarray, start: np.ndarray) -> np.ndarray:
     """Reduce the runs ``values[start[j]:start[j+1]]`` (in order, pairwise, vectorised over runs)."""
     length = np.diff(np.append(start, values.shape[0]))
-    if reduction in ("sum", "max", "min") and values.ndim == 1:
-        return _MERGE[reduction].reduceat(values, start) if values.shape[0] else values[:0]
+    if reduction in _UFUNCS and values.ndim == 1:
+        return _UFUNCS[reduction].reduceat(values, start) if values.shape[0] else values[:0]
     while values.shape[0] > length.shape[0]:
         run = np.repeat(np.arange(length.shape[0]), length)
         rank = np.arange(values.shape[0]) - np.repeat(start, length)
