@@ -459,10 +459,10 @@ class ChunkStats:
             zeros = arrays.zeros(arrays.size(n), n)
             return arrays.stack([n, mean_x, zeros, m2_x, zeros, zeros], axis=-1)
         single = y_name is None
-        mean_y = arrays.zeros(arrays.size(n), n) if single else self.group_sum(y_name) / safe_n
+        mean_y = arrays.zeros(arrays.size(n), n) if y_name is None else self.group_sum(y_name) / safe_n
         x = x_name.values if isinstance(x_name, PerToken) else self.token(x_name)
         same = y_name == x_name
-        y = x if same or single else self.token(y_name)
+        y = x if same or y_name is None else self.token(y_name)
         ranges = self.group_token_ranges
         if ranges is not None:
             sums = np.zeros((self.chunk.groups.count, 3))
@@ -1002,7 +1002,7 @@ class KernelStats(ChunkStats):
         zeros = arrays.zeros(arrays.size(n), n)
         for place, index in enumerate(centred):
             moments = arrays.stack([n, means[:, place], zeros, m2[:, place], zeros, zeros], axis=-1)
-            self.memo(("derived_moments", wanted[index]), lambda moments=moments: moments)
+            self.memo(("derived_moments", wanted[index]), _constant(moments))
 
     def token(self, name: str) -> Array:
         if name in GATE_BASES and name not in self._tokens:  # the three gates are computed together, once a chunk
@@ -1096,9 +1096,9 @@ class RegroupedStats(ChunkStats):
         safe_n = arrays.clamp(n, lower=1.0)
         mean_x = (self.group_sum(x_name) / safe_n).tolist()
         single, same = y_name is None, y_name == x_name
-        mean_y = [0.0] * len(mean_x) if single else (self.group_sum(y_name) / safe_n).tolist()
+        mean_y = [0.0] * len(mean_x) if y_name is None else (self.group_sum(y_name) / safe_n).tolist()
         x = arrays.host(self.token(x_name))[order]
-        y = x if single or same else arrays.host(self.token(y_name))[order]
+        y = x if y_name is None or same else arrays.host(self.token(y_name))[order]
         kind = self.chunk.trainer  # the dot products of the chunk's kind of array: numpy's, or torch's on tensors
         sums = np.zeros((len(ranges), 3), dtype=np.float64)
         for group, (lo, hi) in enumerate(ranges):
@@ -1117,3 +1117,8 @@ class RegroupedStats(ChunkStats):
         m2 = arrays.like(sums, n)
         means_x, means_y = (arrays.like(np.array(means, dtype=np.float64), n) for means in (mean_x, mean_y))
         return arrays.stack([n, means_x, means_y, m2[:, 0], m2[:, 1], m2[:, 2]], axis=-1)
+
+
+def _constant(value: Array) -> Callable[[], Array]:
+    """A ``memo`` computation that returns ``value`` (already computed)."""
+    return lambda: value
