@@ -1059,7 +1059,9 @@ def parse_round_key(key: str) -> tuple[int, Metric] | None:
     """(round, its ``<k>`` row) of a per-round key (``per_round/round_3/k3_kl`` → (3, the round k3_kl row)), else
     None."""
     match = _ROUND.match(key)
-    row = None if match is None else _generic(key)
+    if match is None:
+        return None
+    row = _generic(key)
     return None if row is None else (int(match.group(1)), row)
 
 

@@ -61,14 +61,18 @@ class NamedQuantity(PerToken):
     refers to ``s`` weakly: ``s`` memoises it, and a reference cycle would keep each chunk's tensors alive until the
     cyclic garbage collector ran (memory grew with the file)."""
 
+    _stats: weakref.ref[ChunkStats]
+
     def __init__(self, s: ChunkStats, name: str) -> None:
         object.__setattr__(self, "by_row", False)
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "_stats", weakref.ref(s))
 
     @property
-    def values(self) -> Array:  # type: ignore[override]
-        return self._stats().token(self.name)
+    def values(self) -> Array:
+        s = self._stats()
+        assert s is not None and self.name is not None, "a chunk's stats outlive the quantities they memoise"
+        return s.token(self.name)
 
 
 def sequence_log_ratio(s: ChunkStats) -> Array:
