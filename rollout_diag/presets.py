@@ -83,6 +83,13 @@ class RejectionOption:
     def is_sequence(self) -> bool:
         return self.scope != "token"
 
+    @property
+    def k1_asymmetric(self) -> bool:
+        """A k1 option whose ratio bounds L, U are not reciprocal (L·U ≠ 1): verl keeps log L ≤ k1 ≤ log U with
+        k1 = −log ρ, so it applies ρ ∈ [1/U, 1/L], not the [L, U] one reads in the config (verl #6377, closed
+        unmerged)."""
+        return self.statistic == "k1" and k1_bounds_asymmetric(self.lower, self.upper)
+
 
 @dataclass(frozen=True)
 class LegacyCorrection:
@@ -131,6 +138,12 @@ class Preset:
     importance: ImportanceSampling | None = field(init=False, compare=False, repr=False)
     rejection: tuple[RejectionOption, ...] = field(init=False, compare=False, repr=False)
     legacy: LegacyCorrection | None = field(init=False, compare=False, repr=False)
+
+    @property
+    def asymmetric_k1(self) -> RejectionOption | None:
+        """The first k1 rejection option with asymmetric bounds (``RejectionOption.k1_asymmetric``), the one
+        compare-presets and check say what [L, U] as written would reject of; None when there is none."""
+        return next((option for option in self.rejection if option.k1_asymmetric), None)
 
     @property
     def gated(self) -> bool:

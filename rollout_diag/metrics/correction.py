@@ -33,7 +33,7 @@ from rollout_diag.engine.stats import ChunkStats, PerToken, stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import Columns, KeyGroup, StepAccumulator
 from rollout_diag.metrics.sweep import SIGNED_HISTOGRAM, exact_bin_edges
-from rollout_diag.presets import GATE_STATISTICS, ImportanceSampling, RejectionOption, k1_bounds_asymmetric
+from rollout_diag.presets import GATE_STATISTICS, ImportanceSampling, RejectionOption
 
 PREFIX = catalogue.OFFPOLICY_PREFIX
 
@@ -625,7 +625,7 @@ class RejectionOptionAccumulator(CorrectionAccumulator):
 def k1_is_asymmetric(option: RejectionOption) -> bool:
     """A k1 option whose ratio bounds L, U are not reciprocal (L·U ≠ 1): verl keeps log L ≤ k1 ≤ log U with k1 = −log ρ,
     so it applies ρ ∈ [1/U, 1/L], not the [L, U] one reads in the config (verl #6377, closed unmerged)."""
-    return option.statistic == "k1" and k1_bounds_asymmetric(option.lower, option.upper)
+    return option.k1_asymmetric
 
 
 def k1_as_written(option: RejectionOption) -> RejectionOption:

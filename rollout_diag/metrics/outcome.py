@@ -30,7 +30,6 @@ from rollout_diag.metrics.correction import (
     RejectionChainAccumulator,
     RejectionOptionAccumulator,
     icepop_inside,
-    k1_is_asymmetric,
     prepare_derived,
     rejected_per_row,
     rs_final_keep,
@@ -194,8 +193,8 @@ class CorrectionAnalysis:
                 parts.append(self._add(("is", preset.importance), ImportanceAccumulator, preset.importance))
             for option in preset.rejection:
                 parts.append(self._add(("rs", option), RejectionOptionAccumulator, option))
-            for option in [option for option in preset.rejection if k1_is_asymmetric(option)][:1]:  # the first
-                parts.append(self._add(("k1_as_written", option), K1AsWrittenAccumulator, option))
+            if (asymmetric := preset.asymmetric_k1) is not None:
+                parts.append(self._add(("k1_as_written", asymmetric), K1AsWrittenAccumulator, asymmetric))
             if preset.rejection:
                 parts.append(self._add(("rs_chain", preset.rejection), RejectionChainAccumulator, preset.rejection))
             if preset.legacy is not None:
