@@ -277,7 +277,13 @@ K1_APPLIED, K1_AS_WRITTEN = "|k1 as applied", "|k1 as written"
 def gate_presets(gates: Sequence[Gate]) -> list[Preset]:
     """The built-in presets whose dropped-token share a gate names (``summary/rejected_token_fraction[NAME]`` or
     ``rejected_token_fraction[NAME]``), once each, in the gates' order: the presets check's pass must count. Raises
-    ConfigError for a name no built-in preset has (with the closest names)."""
+    ConfigError when there is no gate, or for a name no built-in preset has (with the closest names)."""
+    if not gates:
+        raise ConfigError(
+            "no gate given.",
+            hint=f"add {option_name('max')} NAME=VALUE, {option_name('min')} NAME=VALUE or "
+            f"{option_name('gates')} FILE|default.",
+        )
     found: dict[str, Preset] = {}
     for gate in gates:
         match = PRESET_SHARE.match(gate.metric)
@@ -633,12 +639,6 @@ def check(
     closest names), a short name several metrics share (with their full names), or a preset no built-in has. The
     result's gates carry full names.
     """
-    if not gates:
-        raise ConfigError(
-            "no gate given.",
-            hint=f"add {option_name('max')} NAME=VALUE, {option_name('min')} NAME=VALUE or "
-            f"{option_name('gates')} FILE|default.",
-        )
     presets = gate_presets(gates)
     row_metrics = _row_metrics(rows, presets)
     if isinstance(result.steps, StepTable):  # many steps: each gate's values read from the columns

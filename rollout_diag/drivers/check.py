@@ -20,7 +20,6 @@ from rollout_diag.decisions.check import (
 from rollout_diag.drivers.dump import reads_dump
 from rollout_diag.drivers.passes import Inputs, Progress
 from rollout_diag.drivers.rowpass import row_pass
-from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.groups import GroupSpec, group_name
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
 from rollout_diag.metrics.correction import k1_as_written
@@ -55,13 +54,7 @@ def check_run(
     for the result's ``k1_bounds`` line. Raises RolloutDiagError for bad input, an unknown metric or preset, or no
     gate."""
     gates = [*gates, EXACT_GATE] if exact else list(gates)
-    if not gates:
-        raise ConfigError(
-            "no gate given.",
-            hint=f"add {option_name('max')} NAME=VALUE, {option_name('min')} NAME=VALUE or "
-            f"{option_name('gates')} FILE|default.",
-        )
-    presets = gate_presets(gates)
+    presets = gate_presets(gates)  # raises ConfigError when there is no gate
     done = row_pass(
         inputs,
         presets=presets,

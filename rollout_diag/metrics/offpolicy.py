@@ -15,7 +15,7 @@ from rollout_diag.engine.arrays import Array, segment_max, segment_min
 from rollout_diag.engine.formulas import clamp20, row_mean
 from rollout_diag.engine.quantities import BANDS, COUNTS
 from rollout_diag.engine.stats import ChunkStats, stats
-from rollout_diag.io.chunk import Chunk
+from rollout_diag.io.chunk import Chunk, StepGroups
 from rollout_diag.metrics.base import Columns, KeyGroup, StepAccumulator
 
 PREFIX = catalogue.OFFPOLICY_PREFIX
@@ -138,7 +138,7 @@ def row_values(s: ChunkStats) -> dict[str, Array]:
     }
 
 
-def _rows_within(s, groups, n: Array) -> dict[str, Array]:
+def _rows_within(s: ChunkStats, groups: StepGroups, n: Array) -> dict[str, Array]:
     """Per step group, the valid rows whose largest |δ| is at most each band (``rows_within_<ε>``)."""
     row_max = s.row_max("abs_log_ratio")  # from the segment maxima; −inf for an empty row
     valid = n > 0

@@ -29,7 +29,7 @@ from rollout_diag.metrics.dialects import (
     verl_b178a3c,
 )
 from rollout_diag.metrics.dialects.base import DialectFamily, DialectMetric, Framework
-from rollout_diag.results import KeyColumns, MetricColumns
+from rollout_diag.results import DialectLayout, KeyColumns, MetricColumns
 
 # Each trainer at its current code (``--dialect all``), then the variants a name reaches: ``NAME:CONFIG`` (another
 # configuration of the same code) and ``NAME@COMMIT`` (the trainer's code at an earlier commit).
@@ -186,10 +186,8 @@ def concepts() -> list[str]:
     return list(seen)
 
 
-def layout():
+def layout() -> DialectLayout:
     """The catalog as plain data for ``rollout_diag.render.dialects`` (which must not import torch)."""
-    from rollout_diag.results import DialectLayout
-
     return DialectLayout(
         titles={name: framework.title for name, framework in FRAMEWORKS.items()},
         concepts=concepts(),
