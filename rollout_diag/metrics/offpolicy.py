@@ -122,9 +122,7 @@ class OffPolicyAccumulator(StepAccumulator):
 def row_values(s: ChunkStats) -> dict[str, Array]:
     """Each row's §1 value of every row average (``ROW_AVERAGES``) and of chi2_seq's term, in the order
     ``ROW_VALUES`` names them: the one formula this family and verl's valid-row means (``dialects/verl.py``) sum."""
-    n = s.row_count
-    mean_trainer = row_mean(s.row_sum("trainer"), n)  # §1 R_i[a]
-    mean_rollout = row_mean(s.row_sum("rollout"), n)  # §1 R_i[r]
+    mean_trainer, mean_rollout = row_means(s)
     log_ppl_diff = mean_rollout - mean_trainer  # §1 d_i = R_i[r] − R_i[a], as verl subtracts
     return {
         "training_ppl": arrays.exp(-mean_trainer),
@@ -136,6 +134,19 @@ def row_values(s: ChunkStats) -> dict[str, Array]:
         "ppl_ratio": arrays.exp(log_ppl_diff),
         "chi2_seq": arrays.exp(2.0 * clamp20(s.row_sum("log_ratio"))),  # exp(2·clamp20(S_i[δ]))
     }
+
+
+def row_means(s: ChunkStats) -> tuple[Array, Array]:
+    """§1 (R_i[a], R_i[r]): each row's mean trainer and rollout logprob over its model tokens (0 for an empty row)."""
+    n = s.row_count
+    return row_mean(s.row_sum("trainer"), n), row_mean(s.row_sum("rollout"), n)
+
+
+def log_ppl_diff(s: ChunkStats) -> Array:
+    """§1 d_i = R_i[r] − R_i[a] of each row, as verl subtracts: the worst rows, the prompts' row scores and the trainer
+    columns' association rank rows by |d_i|."""
+    mean_trainer, mean_rollout = row_means(s)
+    return mean_rollout - mean_trainer
 
 
 def _rows_within(s: ChunkStats, groups: StepGroups, n: Array) -> dict[str, Array]:
