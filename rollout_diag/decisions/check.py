@@ -609,11 +609,12 @@ def group_values(
 def _add_row_metrics(
     table: dict[int | None, dict[str, float]], rows: RowStats | None, row_metrics: Sequence[RowMetric]
 ) -> None:
-    """``row_metrics`` computed from per-row sums, where ``table`` lacks them."""
+    """``row_metrics`` computed from per-row sums, where ``table`` lacks them and the rows have a model token (a
+    ``--by`` group without one does not report them: its gates are skipped, as a step's)."""
     if rows is not None and rows.rows:
         for metric in row_metrics:
-            if metric.name not in table[None]:
-                table[None][metric.name] = metric.value(rows)
+            if metric.name not in table[None] and not math.isnan(run_value := metric.value(rows)):
+                table[None][metric.name] = run_value
             for step, value in by_step(metric, rows).items():
                 if step in table and not math.isnan(value):
                     table[step].setdefault(metric.name, value)

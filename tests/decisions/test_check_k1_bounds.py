@@ -113,3 +113,12 @@ def test_the_shares_are_compare_presets_digits_on_the_sample() -> None:
     assert bounds.as_written_token_fraction == metrics["summary/k1_as_written_token_fraction"]
     assert bounds.as_written_row_fraction == metrics["summary/k1_as_written_row_fraction"]
     assert checked.outcomes[0].value == pytest.approx(metrics["summary/rejected_token_fraction"], rel=1e-12)
+
+
+def test_a_group_without_model_tokens_skips_the_preset_gate() -> None:
+    # the sample's rows without a model round (num_rounds = 0) drop nothing and have no share: skipped, not NaN
+    multiturn = SAMPLE.parent / "synthetic_multiturn.parquet"
+    result = check_run(multiturn, [Gate(GATE, "max", 1.0)], by=["num_rounds"], device="cpu")
+    empty = [o for o in result.outcomes if o.group == "num_rounds=0" and o.gate.metric == KEY]
+    assert [(o.step, o.status) for o in empty] == [(None, "skipped")]
+    assert result.passed
