@@ -38,6 +38,22 @@ def masked_std(t_mean: float, t_mean_square: float, tokens: int) -> float:
     return sqrt(t_mean_square * scale - (t_mean * scale) ** 2)
 
 
+def is_moments_batch_a(tw: float, tw2: float, q0: float, q1: float) -> dict[str, float]:
+    """§2's moments of batch_a's weights w from T[w], T[w²] and the two valid rows' q_i = R_i[w] (the empty row's
+    q2 = 0): T[w]; the std; ESS = 1/T[(w/(T[w]+E))²] = (T[w] + E)²/T[w²]; the q_i's mean and std over the 3 rows;
+    their min q2 = 0, and their max deviation |q2 − 1| = 1, which beats every valid row's |q_i − 1|."""
+    q_mean = (q0 + q1 + 0.0) / 3
+    return {
+        P + "rollout_is_mean": tw,
+        P + "rollout_is_std": masked_std(tw, tw2, 5),
+        P + "rollout_is_eff_sample_size": (tw + E) ** 2 / tw2,
+        P + "rollout_is_seq_mean": q_mean,
+        P + "rollout_is_seq_std": sqrt(((q0 - q_mean) ** 2 + (q1 - q_mean) ** 2 + q_mean**2) / 2),
+        P + "rollout_is_seq_min": 0.0,
+        P + "rollout_is_seq_max_deviation": 1.0,
+    }
+
+
 def check(actual: dict[str, float], expected: dict[str, float]) -> None:
     """Same key set, every value within rel 1e-12 (NaN matches NaN)."""
     assert sorted(actual) == sorted(expected)
@@ -289,22 +305,14 @@ def test_token_tis_batch_a():
     tw = (exp(0.5) + exp(-0.25) + exp(0.25) + 1 + 2) / (5 + E)  # T[w]
     tw2 = (exp(1) + exp(-0.5) + exp(0.5) + 1 + 4) / (5 + E)  # T[w²]
     q0 = (exp(0.5) + exp(-0.25)) / (2 + E)  # ≈ 1.214
-    q1 = (exp(0.25) + 1 + 2) / (3 + E)  # ≈ 1.428
-    q_mean = (q0 + q1 + 0.0) / 3  # q2 = 0 for the empty row
+    q1 = (exp(0.25) + 1 + 2) / (3 + E)  # ≈ 1.428; |q1 − 1| ≈ 0.43 < |q2 − 1| = 1
     expected = {
-        P + "rollout_is_mean": tw,
+        **is_moments_batch_a(tw, tw2, q0, q1),
         P + "rollout_is_max": 2.0,
         P + "rollout_is_min": exp(-0.25),
         P + "rollout_is_ratio_fraction_high": 1 / (5 + E),  # only e^1 > 2
         P + "rollout_is_ratio_fraction_low": 0.0,  # nothing < L' = 1/2
-        P + "rollout_is_std": masked_std(tw, tw2, 5),
-        # 1/T[(w/(T[w]+E))²] = (T[w] + E)²/T[w²]
-        P + "rollout_is_eff_sample_size": (tw + E) ** 2 / tw2,
-        P + "rollout_is_seq_mean": q_mean,
-        P + "rollout_is_seq_std": sqrt(((q0 - q_mean) ** 2 + (q1 - q_mean) ** 2 + q_mean**2) / 2),
         P + "rollout_is_seq_max": q1,
-        P + "rollout_is_seq_min": 0.0,
-        P + "rollout_is_seq_max_deviation": 1.0,  # |q2 − 1| = 1 beats |q1 − 1| ≈ 0.43
         # R_i[w_raw] ≈ [1.21, 1.67, 0]: none > 2; the empty row's 0 < 1/2
         P + "rollout_is_seq_fraction_high": 0.0,
         P + "rollout_is_seq_fraction_low": 1 / 3,
@@ -328,20 +336,13 @@ def test_token_icepop_batch_a():
     tw2 = (exp(1) + exp(-0.5) + exp(0.5) + 1 + 0) / (5 + E)
     q0 = (exp(0.5) + exp(-0.25)) / (2 + E)  # ≈ 1.214
     q1 = (exp(0.25) + 1 + 0) / (3 + E)  # ≈ 0.761
-    q_mean = (q0 + q1 + 0.0) / 3
     expected = {
-        P + "rollout_is_mean": tw,
+        **is_moments_batch_a(tw, tw2, q0, q1),
         P + "rollout_is_max": exp(0.5),
         P + "rollout_is_min": 0.0,  # the zeroed token
         P + "rollout_is_ratio_fraction_high": 1 / (5 + E),
         P + "rollout_is_ratio_fraction_low": 0.0,
-        P + "rollout_is_std": masked_std(tw, tw2, 5),
-        P + "rollout_is_eff_sample_size": (tw + E) ** 2 / tw2,
-        P + "rollout_is_seq_mean": q_mean,
-        P + "rollout_is_seq_std": sqrt(((q0 - q_mean) ** 2 + (q1 - q_mean) ** 2 + q_mean**2) / 2),
         P + "rollout_is_seq_max": q0,
-        P + "rollout_is_seq_min": 0.0,
-        P + "rollout_is_seq_max_deviation": 1.0,
         P + "rollout_is_seq_fraction_high": 0.0,  # R_i[w_raw] ≈ [1.21, 1.67, 0]
         P + "rollout_is_seq_fraction_low": 1 / 3,  # empty row
         P + "rollout_is_oob_ratio": 1 / (5 + E),  # T[w_raw < 0.5 or w_raw > 2]: only e^1
@@ -354,21 +355,14 @@ def test_sequence_tis_batch_a():
     # s = S_i[δ] = [0.25, 1.25, 0]; w_raw = e^{s_i} broadcast; TIS: row0 e^0.25, row1 min(e^1.25, 2) = 2
     tw = (2 * exp(0.25) + 3 * 2) / (5 + E)
     tw2 = (2 * exp(0.5) + 3 * 4) / (5 + E)
-    q0, q1 = 2 * exp(0.25) / (2 + E), 6 / (3 + E)
-    q_mean = (q0 + q1 + 0.0) / 3
+    q0, q1 = 2 * exp(0.25) / (2 + E), 6 / (3 + E)  # |q1 − 1| = 1 − 3E/(3+E) < |q2 − 1| = 1
     expected = {
-        P + "rollout_is_mean": tw,
+        **is_moments_batch_a(tw, tw2, q0, q1),
         P + "rollout_is_max": exp(1.25),  # exp(min(max s, 20)): not truncated at U
         P + "rollout_is_min": 1.0,  # exp(min s) = exp(0) from the empty row
         P + "rollout_is_ratio_fraction_high": 1 / 3,  # only s1 = 1.25 > log 2
         P + "rollout_is_ratio_fraction_low": 0.0,  # nothing < log(1/2)
-        P + "rollout_is_std": masked_std(tw, tw2, 5),
-        P + "rollout_is_eff_sample_size": (tw + E) ** 2 / tw2,
-        P + "rollout_is_seq_mean": q_mean,
-        P + "rollout_is_seq_std": sqrt(((q0 - q_mean) ** 2 + (q1 - q_mean) ** 2 + q_mean**2) / 2),
         P + "rollout_is_seq_max": q1,
-        P + "rollout_is_seq_min": 0.0,
-        P + "rollout_is_seq_max_deviation": 1.0,  # empty row; |q1 − 1| = 1 − 3E/(3+E) < 1
         # R_1[w_raw] = 3e^1.25/(3+E) ≈ 3.49 > 2; the empty row's 0 < 1/2
         P + "rollout_is_seq_fraction_high": 1 / 3,
         P + "rollout_is_seq_fraction_low": 1 / 3,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from helpers.cli import error_line, invoke, succeeded
+from helpers.cli import TUNED, error_line, invoke, succeeded
 
 from rollout_diag.presets import VERL_PRESETS as VERL
 
@@ -138,26 +138,7 @@ def test_report_needs_an_input() -> None:
 
 def test_analysis_knobs_reach_the_library() -> None:
     default = json.loads(succeeded(invoke("analyze", SAMPLE, "--device", "cpu", "-f", "json")))
-    tuned = json.loads(
-        succeeded(
-            invoke(
-                "analyze",
-                SAMPLE,
-                "--device",
-                "cpu",
-                "-f",
-                "json",
-                "--catastrophic",
-                "0.2",
-                "--top-k",
-                "3",
-                "--max-rounds",
-                "2",
-                "--workers",
-                "2",
-            )
-        )
-    )
+    tuned = json.loads(succeeded(invoke("analyze", SAMPLE, "--device", "cpu", "-f", "json", *TUNED, "--workers", "2")))
     assert tuned["catastrophic_threshold"] == 0.2
     assert tuned["run"]["metrics"]["diag/catastrophic_tokens"] > default["run"]["metrics"]["diag/catastrophic_tokens"]
     assert len(tuned["worst_tokens"]) == 3

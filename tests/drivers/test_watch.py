@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import shutil
@@ -14,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from helpers.localize import assert_same
 
 import rollout_diag as rd
 from rollout_diag.drivers.watch import Watcher, watch
@@ -45,28 +45,9 @@ def write_run(root: Path, steps: range, ranks: int = 2, spread=lambda step: 0.05
         writer.close()
 
 
-def assert_same(actual: Any, expected: Any, where: str = "result") -> None:
-    """Equal value for value: numbers to rtol 1e-12, everything else exactly."""
-    if isinstance(expected, dict):
-        assert isinstance(actual, dict) and sorted(actual) == sorted(expected), where
-        for key in expected:
-            assert_same(actual[key], expected[key], f"{where}.{key}")
-    elif isinstance(expected, list):
-        assert isinstance(actual, list) and len(actual) == len(expected), where
-        for index, (a, e) in enumerate(zip(actual, expected, strict=True)):
-            assert_same(a, e, f"{where}[{index}]")
-    elif isinstance(expected, float) and not isinstance(actual, bool):
-        assert isinstance(actual, (float, int)), where
-        assert math.isclose(actual, expected, rel_tol=1e-12, abs_tol=1e-300) or (
-            math.isnan(actual) and math.isnan(expected)
-        ), f"{where}: {actual} != {expected}"
-    else:
-        assert actual == expected, f"{where}: {actual!r} != {expected!r}"
-
-
 def same_as_analyze(result: rd.AnalysisResult, directory: Path) -> None:
     expected = rd.analyze(str(directory), device="cpu").to_json()
-    assert_same(result.to_json(), expected)
+    assert_same(result.to_json(), expected, abs_tol=1e-300)
 
 
 def run_watch(directory: Path, **options: Any) -> list:
@@ -93,7 +74,7 @@ def test_watch_beside_a_writer_ends_with_analyzes_result(tmp_path):
     assert sorted({r.step for r in reported}) == list(range(12))
     finals = {r.step: r for r in reported}
     for step in last.result.steps:  # each step's line carries the step's metrics as analyze computes them
-        assert_same(finals[step.step].metrics, step.metrics, f"step {step.step}")
+        assert_same(finals[step.step].metrics, step.metrics, f"step {step.step}", abs_tol=1e-300)
 
 
 def watcher(root: Path, **options: Any) -> Watcher:
@@ -146,7 +127,7 @@ def test_a_step_rewritten_by_a_resumed_run_replaces_its_earlier_state(tmp_path, 
     assert any("rewritten; step(s) 3 replaced" in note for note in update.notes)
     assert reports_of(update) == [(3, 1), (4, 1), (5, 1), (6, 0)]
     expected = rd.analyze(str(root), device="cpu", top_k=top_k).to_json()
-    assert_same(follow.poll(final=True).result.to_json(), expected)
+    assert_same(follow.poll(final=True).result.to_json(), expected, abs_tol=1e-300)
 
 
 def test_a_rewrite_that_pushes_out_top_rows_rebuilds_them(tmp_path):
@@ -160,7 +141,7 @@ def test_a_rewrite_that_pushes_out_top_rows_rebuilds_them(tmp_path):
         writer.write_step(2, **batch(99, spread=0.001))
     follow.poll(final=True)
     expected = rd.analyze(str(root), device="cpu", top_k=1).to_json()
-    assert_same(follow.result.to_json(), expected)
+    assert_same(follow.result.to_json(), expected, abs_tol=1e-300)
 
 
 def test_a_rank_file_arriving_late_joins_its_step(tmp_path):
@@ -459,7 +440,7 @@ def test_any_arrival_order_with_rewrites_ends_with_analyzes_result(tmp_path, see
             follow.poll()
     follow.poll(final=True)
     expected = rd.analyze(str(root), device="cpu", top_k=3).to_json()
-    assert_same(follow.result.to_json(), expected)
+    assert_same(follow.result.to_json(), expected, abs_tol=1e-300)
 
 
 def test_a_watch_runs_the_kernels_however_small_each_file(tmp_path, monkeypatch, engines_seen):

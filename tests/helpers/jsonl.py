@@ -124,19 +124,27 @@ def nemo_rl_line(draw, spoil: bool) -> str:
     return json.dumps(record)
 
 
-def _bits(value):
+def file_lines(line, **size) -> st.SearchStrategy[list[str]]:
+    """The lines of one file: ``line`` (prime_rl_line or nemo_rl_line) drawn with spoiling lines allowed in the whole
+    file or in none of it; ``size``: st.lists' min_size / max_size."""
+    return st.booleans().flatmap(lambda spoil: st.lists(line(spoil), **size))
+
+
+def bits(value):
     """Values comparable bit for bit: floats by repr (NaN equals NaN, -0.0 differs from 0.0)."""
     if isinstance(value, float):
         return repr(value)
     if isinstance(value, list):
-        return [_bits(item) for item in value]
+        return [bits(item) for item in value]
     if isinstance(value, dict):
-        return {key: _bits(item) for key, item in value.items()}
+        return {key: bits(item) for key, item in value.items()}
     return value
 
 
-def _read(module, path: Path, fast: bool, batch_size: int) -> list[dict]:
+def read_rows(module, path: Path, fast: bool, batch_size: int) -> list[dict]:
+    """The rows of a prime-rl or NeMo-RL file (``module``: its importer) read with or without the compiled scanner
+    (``fast``), as ``bits``; every row the file's metadata counts."""
     opened = module.open_file(str(path), fast=fast)
     rows = [row for batch in opened.iter_batches(batch_size=batch_size) for row in batch.to_pylist()]
     assert len(rows) == opened.metadata.num_rows
-    return _bits(rows)
+    return bits(rows)

@@ -19,6 +19,29 @@ def stale_noise(age: int) -> float:
     return CLEAN_NOISE * (1.0 + 3.0 * age)
 
 
+def _answers(
+    rng: np.random.Generator, step: int, prompt: str, ids: list[int], rows: int, length: int, scale: float, bias: float
+) -> list[dict]:
+    """``rows`` rows answering ``prompt`` at ``step``: its prompt tokens ``ids`` (mask 0), then ``length`` model tokens
+    (trainer log-probs ~ −Exp(1)) whose δ ~ N(``bias``, ``scale``); values rounded to float32, as a dump keeps them."""
+    out = []
+    for member in range(rows):
+        true = -rng.exponential(1.0, length)
+        rollout = np.minimum(true - (rng.normal(0.0, scale, length) + bias), 0.0)
+        out.append(
+            {
+                "step": step,
+                "sample_id": f"s{step}-{prompt}-{member}",
+                "prompt_id": prompt,
+                "token_ids": ids + rng.integers(0, 50_000, length).tolist(),
+                "rollout_log_probs": [0.0] * len(ids) + np.float32(rollout).astype(float).tolist(),
+                "old_log_probs": [0.0] * len(ids) + np.float32(true).astype(float).tolist(),
+                "response_mask": [0] * len(ids) + [1] * length,
+            }
+        )
+    return out
+
+
 def prompt_rows(
     seed: int = 0,
     *,
@@ -63,22 +86,9 @@ def prompt_rows(
             ids = prompt_ids.setdefault(prompt, rng.integers(0, 50_000, prompt_tokens).tolist())
             age = version - first_seen[prompt]
             members = group if prompt not in extreme_prompts or extreme_group is None else extreme_group
-            for member in range(members):
-                true = -rng.exponential(1.0, length)
-                scale = (CLEAN_NOISE if noise is None else noise(age)) * (1.0 + drift * step)
-                delta = rng.normal(0.0, scale, length)
-                if prompt in extreme_prompts:
-                    delta = delta + extreme_bias
-                rollout = np.minimum(true - delta, 0.0)
-                row = {
-                    "step": step,
-                    "sample_id": f"s{step}-{prompt}-{member}",
-                    "prompt_id": prompt,
-                    "token_ids": ids + rng.integers(0, 50_000, length).tolist(),
-                    "rollout_log_probs": [0.0] * prompt_tokens + np.float32(rollout).astype(float).tolist(),
-                    "old_log_probs": [0.0] * prompt_tokens + np.float32(true).astype(float).tolist(),
-                    "response_mask": [0] * prompt_tokens + [1] * length,
-                }
+            scale = (CLEAN_NOISE if noise is None else noise(age)) * (1.0 + drift * step)
+            bias = extreme_bias if prompt in extreme_prompts else 0.0
+            for row in _answers(rng, step, prompt, ids, members, length, scale, bias):
                 if versions:
                     row["policy_version"] = version
                 out.append(row)
@@ -133,19 +143,6 @@ def matched_run_rows(
         prompt = names[index]
         step = position * steps // len(names)
         ids = np.random.default_rng([first + index, 7]).integers(0, 50_000, prompt_tokens).tolist()  # every run's
-        for member in range(group):
-            true = -rng.exponential(1.0, length)
-            delta = rng.normal(0.0, CLEAN_NOISE, length) + (planted_bias if prompt.startswith("x") else 0.0)
-            rollout = np.minimum(true - delta, 0.0)
-            out.append(
-                {
-                    "step": step,
-                    "sample_id": f"s{step}-{prompt}-{member}",
-                    "prompt_id": prompt,
-                    "token_ids": ids + rng.integers(0, 50_000, length).tolist(),
-                    "rollout_log_probs": [0.0] * prompt_tokens + np.float32(rollout).astype(float).tolist(),
-                    "old_log_probs": [0.0] * prompt_tokens + np.float32(true).astype(float).tolist(),
-                    "response_mask": [0] * prompt_tokens + [1] * length,
-                }
-            )
+        bias = planted_bias if prompt.startswith("x") else 0.0
+        out.extend(_answers(rng, step, prompt, ids, group, length, CLEAN_NOISE, bias))
     return out

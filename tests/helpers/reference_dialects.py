@@ -45,6 +45,18 @@ def unbiased_std(values: list[float]) -> float:
     return math.sqrt(total((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
+def mean(values: Sequence[float]) -> float:
+    return total(values) / len(values)
+
+
+STATISTICS = {"mean": mean, "avg": mean, "std": unbiased_std, "min": min, "max": max}
+
+
+def statistics(prefix: str, values: list[float], *names: str) -> dict[str, float]:
+    """``<prefix>/<name>`` for each statistic ``names`` (mean or avg, std, min, max) of ``values``, in that order."""
+    return {f"{prefix}/{name}": STATISTICS[name](values) for name in names}
+
+
 def k3(x: float) -> float:
     return math.exp(x) - x - 1.0
 
@@ -94,12 +106,7 @@ def prime_rl(
     values = [k3(a - r) for a, r in flat(rows)]
     if not values:
         return {}
-    out = {
-        "mismatch_kl/all/mean": total(values) / len(values),
-        "mismatch_kl/all/std": unbiased_std(values),
-        "mismatch_kl/all/min": min(values),
-        "mismatch_kl/all/max": max(values),
-    }
+    out = statistics("mismatch_kl/all", values, "mean", "std", "min", "max")
     if advantages is not None:
         samples: dict[str, list[float]] = {
             name: []
@@ -145,10 +152,7 @@ def prime_rl(
             samples["masked_advantage_positive"].append(masked_positive / max(n_masked, 1))
             samples["masked_advantage_negative"].append(masked_negative / max(n_masked, 1))
         for name, series in samples.items() if any(samples.values()) else ():
-            out[f"{name}/mean"] = total(series) / len(series)
-            out[f"{name}/std"] = unbiased_std(series)
-            out[f"{name}/min"] = min(series)
-            out[f"{name}/max"] = max(series)
+            out.update(statistics(name, series, "mean", "std", "min", "max"))
     if envs is not None:
         by_env: dict[str, list[float]] = {}
         for pairs, env in zip(masked(rows), envs, strict=True):
@@ -156,10 +160,7 @@ def prime_rl(
                 by_env.setdefault(env, []).extend(k3(a - r) for a, r in pairs)
         for env, series in sorted(by_env.items()):
             if series:
-                out[f"mismatch_kl/{env}/mean"] = total(series) / len(series)
-                out[f"mismatch_kl/{env}/std"] = unbiased_std(series)
-                out[f"mismatch_kl/{env}/min"] = min(series)
-                out[f"mismatch_kl/{env}/max"] = max(series)
+                out.update(statistics(f"mismatch_kl/{env}", series, "mean", "std", "min", "max"))
     return out
 
 
@@ -264,11 +265,8 @@ def trl(rows: Sequence[Row], clip_max: float = 3.0) -> dict[str, float]:
             ratio = math.inf
         sequence_ratios.append(0.0 if ratio > clip_max else ratio)
     return {
-        "sampling/sampling_logp_difference/mean": total(deltas) / len(deltas),
-        "sampling/sampling_logp_difference/max": max(deltas),
-        "sampling/importance_sampling_ratio/min": min(sequence_ratios),
-        "sampling/importance_sampling_ratio/mean": total(sequence_ratios) / len(sequence_ratios),
-        "sampling/importance_sampling_ratio/max": max(sequence_ratios),
+        **statistics("sampling/sampling_logp_difference", deltas, "mean", "max"),
+        **statistics("sampling/importance_sampling_ratio", sequence_ratios, "min", "mean", "max"),
     }
 
 
@@ -339,12 +337,8 @@ def areal(rows: Sequence[Row], upper: float = 5.0) -> dict[str, float]:
         return {}
     weights = [math.exp(x) for x in kept]
     return {
-        "ppo_actor/update/behave_approx_kl/avg": total(kept) / len(kept),
-        "ppo_actor/update/behave_approx_kl/min": min(kept),
-        "ppo_actor/update/behave_approx_kl/max": max(kept),
-        "ppo_actor/update/behave_imp_weight/avg": total(weights) / len(weights),
-        "ppo_actor/update/behave_imp_weight/min": min(weights),
-        "ppo_actor/update/behave_imp_weight/max": max(weights),
+        **statistics("ppo_actor/update/behave_approx_kl", kept, "avg", "min", "max"),
+        **statistics("ppo_actor/update/behave_imp_weight", weights, "avg", "min", "max"),
     }
 
 
@@ -374,10 +368,7 @@ def prime_rl_ipo(rows: Sequence[Row], envs: Sequence[str | None] | None = None) 
         samples["unmasked_mismatch_kl"].append(total(kept_kl) / max(len(kept_kl), 1))
         samples["is_masked"].append(len(masked_kl) / len(pairs))
     for name, series in samples.items():
-        out[f"{name}/mean"] = total(series) / len(series)
-        out[f"{name}/std"] = unbiased_std(series)
-        out[f"{name}/min"] = min(series)
-        out[f"{name}/max"] = max(series)
+        out.update(statistics(name, series, "mean", "std", "min", "max"))
     return out
 
 

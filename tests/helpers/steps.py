@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from helpers import tables
 from helpers.dumps import seq_row
 from rollout_diag.engine.state import Ragged, StateTable
 
@@ -27,16 +28,10 @@ def tiny_rows(steps: int, seed: int = 3) -> list[dict]:
     return rows
 
 
+# the families of helpers.tables that _chunk fills, in its order
 REDUCTIONS = {
-    "count": "sum",
-    "high": "max",
-    "low": "min",
-    "spread": "moments",
-    "pair": "sum",  # small: a dense column
-    "buckets": "sum",  # wide: (step, bucket) entries
-    "bucket_max": "max",
-    "bucket_moments": "moments",
-    "rows": "concat",
+    name: tables.REDUCTIONS[name]
+    for name in ("count", "high", "low", "spread", "pair", "buckets", "bucket_max", "bucket_moments", "rows")
 }
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from helpers.cli import error_line, invoke, runner
 from helpers.dumps import (
     ALT_KEY_NAMES,
     NEMO_RL_NAMES,
@@ -34,37 +35,15 @@ from helpers.dumps import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner, Result
 
 import rollout_diag as rd
 from rollout_diag.cli import app
 from rollout_diag.errors import InputError
 
-runner = CliRunner()
 EPS = 1e-8  # METRICS.md Notation: verl's masked-mean denominator guard
 
 
 # ------------------------------------------------------------------------------------------ helpers
-def invoke(*args: object, env: dict[str, str] | None = None) -> Result:
-    """Run the CLI in-process; an exception escaping the app is a traceback a user would see."""
-    result = runner.invoke(app, [str(a) for a in args], env=env)
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise AssertionError(f"exception escaped the CLI: {result.exception!r}\n{result.output}") from result.exception
-    assert "Traceback" not in result.output
-    return result
-
-
-def error_line(result: Result) -> str:
-    """The single ``Error:`` line of a failed run (exit 1, nothing on stdout)."""
-    assert result.exit_code == 1, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("Error: "), result.stderr
-    assert result.stdout == ""
-    assert "internal error" not in lines[0]  # bad input is the user's to fix, not a bug to report
-    return lines[0]
-
-
 def analyze_error(*args: object) -> str:
     return error_line(invoke("analyze", *args, "--device", "cpu"))
 
@@ -161,34 +140,32 @@ def test_column_option_unknown_role(tmp_path: Path) -> None:
     assert "rollout, trainer, mask" in line
 
 
-def test_strings_in_a_logprob_column_sequence_layout(tmp_path: Path) -> None:
-    table = sequence_table(base_rows())
-    index = table.schema.get_field_index("old_log_probs")
-    table = table.set_column(index, "old_log_probs", table.column(index).cast(pa.list_(pa.string())))
+@pytest.mark.parametrize(
+    ("layout", "column", "cast_to", "found"),
+    [
+        pytest.param(
+            sequence_table, "old_log_probs", pa.list_(pa.string()), ("list<float>", "string"), id="sequence_layout"
+        ),
+        pytest.param(
+            token_table,
+            "old_log_probs",
+            pa.string(),
+            ("expected float (token layout), found string",),
+            id="token_layout",
+        ),
+        pytest.param(sequence_table, "step", pa.string(), ("integer step", "string"), id="step"),
+    ],
+)
+def test_strings_in_a_typed_column(tmp_path: Path, layout, column: str, cast_to: pa.DataType, found: tuple) -> None:
+    """Strings where log-probs (sequence or token layout) or the step should be: the file, the column, both types."""
+    table = layout(base_rows())
+    index = table.schema.get_field_index(column)
+    table = table.set_column(index, column, table.column(index).cast(cast_to))
     path = write_table(tmp_path / "dump.parquet", table)
     line = analyze_error(path)
-    assert f"{path}: column 'old_log_probs'" in line
-    assert "list<float>" in line and "string" in line
-
-
-def test_strings_in_a_logprob_column_token_layout(tmp_path: Path) -> None:
-    table = token_table(base_rows())
-    index = table.schema.get_field_index("old_log_probs")
-    table = table.set_column(index, "old_log_probs", table.column(index).cast(pa.string()))
-    path = write_table(tmp_path / "dump.parquet", table)
-    line = analyze_error(path)
-    assert f"{path}: column 'old_log_probs'" in line
-    assert "expected float (token layout), found string" in line
-
-
-def test_step_of_string_type(tmp_path: Path) -> None:
-    table = sequence_table(base_rows())
-    index = table.schema.get_field_index("step")
-    table = table.set_column(index, "step", table.column(index).cast(pa.string()))
-    path = write_table(tmp_path / "dump.parquet", table)
-    line = analyze_error(path)
-    assert f"{path}: column 'step'" in line
-    assert "integer step" in line and "string" in line
+    assert f"{path}: column '{column}'" in line
+    for part in found:
+        assert part in line
 
 
 @pytest.mark.parametrize(
@@ -432,7 +409,7 @@ def test_bad_rows_name_the_trainers_own_column(tmp_path: Path) -> None:
 
 def test_skipped_rows_table_in_the_terminal(tmp_path: Path) -> None:
     path = write_sequence_dump(tmp_path / "dump.parquet", spoiled_rows(lambda row: {**row, "rollout": None}))
-    result = invoke("analyze", path, "--device", "cpu", env={"COLUMNS": "200"})
+    result = invoke("analyze", path, "--device", "cpu", width=200)
     assert result.exit_code == 0, result.stderr
     assert "Skipped rows: 1" in result.stdout
     line = next(line for line in result.stdout.splitlines() if "null list" in line and "│" in line)  # the table's

@@ -19,18 +19,16 @@ import jsonschema
 import pyarrow.parquet as pq
 import pytest
 import torch
+from helpers.cli import error_line, invoke
 from helpers.dumps import encodings
-from helpers.jsonl import _read, nemo_rl_line, prime_rl_line
-from typer.testing import CliRunner, Result
+from helpers.jsonl import file_lines, nemo_rl_line, prime_rl_line, read_rows
 
 import rollout_diag as rd
-from rollout_diag.cli import app
 from rollout_diag.io.convert import convert
 from rollout_diag.io.formats import FORMAT_NAMES, DumpInputs
 
 FORMATS = list(ff.WRITERS)
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "result.schema.json").read_text())
-runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
@@ -68,21 +66,6 @@ def assert_same_steps(actual: rd.AnalysisResult, expected: rd.AnalysisResult) ->
                 assert math.isnan(got), (mine.step, name)
             else:
                 assert got == pytest.approx(value, rel=1e-12, abs=1e-15), (mine.step, name)
-
-
-def invoke(*args: object) -> Result:
-    result = runner.invoke(app, [str(a) for a in args], env={"COLUMNS": "160"})
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise AssertionError(f"exception escaped the CLI: {result.exception!r}") from result.exception
-    assert "Traceback" not in result.output
-    return result
-
-
-def error_line(result: Result) -> str:
-    assert result.exit_code == 1, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
-    return lines[0]
 
 
 # ------------------------------------------------------------------------------ same numbers
@@ -401,28 +384,18 @@ from rollout_diag.io.formats import nemo_rl, prime_rl  # noqa: E402
 _FAST_SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-@_FAST_SETTINGS
-@given(
-    lines=st.booleans().flatmap(lambda spoil: st.lists(prime_rl_line(spoil), max_size=25)),
-    batch_size=st.integers(1, 30),
-    end=st.booleans(),
+@pytest.mark.parametrize(
+    ("module", "line", "name"),
+    [(prime_rl, prime_rl_line, "rank_0.jsonl"), (nemo_rl, nemo_rl_line, "train_data_step4.jsonl")],
+    ids=["prime_rl", "nemo_rl"],
 )
-def test_prime_rl_fast_path_equals_python_json(lines, batch_size, end, tmp_path):
-    path = tmp_path / "rank_0.jsonl"
-    path.write_text("\n".join(lines) + ("\n" if end and lines else ""))
-    assert _read(prime_rl, path, True, batch_size) == _read(prime_rl, path, False, batch_size)
-
-
 @_FAST_SETTINGS
-@given(
-    lines=st.booleans().flatmap(lambda spoil: st.lists(nemo_rl_line(spoil), max_size=25)),
-    batch_size=st.integers(1, 30),
-    end=st.booleans(),
-)
-def test_nemo_rl_fast_path_equals_python_json(lines, batch_size, end, tmp_path):
-    path = tmp_path / "train_data_step4.jsonl"
+@given(data=st.data(), batch_size=st.integers(1, 30), end=st.booleans())
+def test_fast_path_equals_python_json(module, line, name, data, batch_size, end, tmp_path):
+    lines = data.draw(file_lines(line, max_size=25), label="lines")
+    path = tmp_path / name
     path.write_text("\n".join(lines) + ("\n" if end and lines else ""))
-    assert _read(nemo_rl, path, True, batch_size) == _read(nemo_rl, path, False, batch_size)
+    assert read_rows(module, path, True, batch_size) == read_rows(module, path, False, batch_size)
 
 
 @pytest.mark.parametrize("name", ["prime-rl", "nemo-rl"])
@@ -453,4 +426,4 @@ def test_carriage_returns_split_lines_as_text_reading_does(tmp_path):
     record = json.dumps({"step": 1, "loss_mask": [True], "inference_logprobs": [-1.0], "trainer_logprobs": [-1.5]})
     path = tmp_path / "rank_0.jsonl"
     path.write_bytes((record + "\r\n" + record + "\r" + record + "\n").encode())
-    assert _read(prime_rl, path, True, 4) == _read(prime_rl, path, False, 4)
+    assert read_rows(prime_rl, path, True, 4) == read_rows(prime_rl, path, False, 4)

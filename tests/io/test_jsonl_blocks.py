@@ -18,7 +18,7 @@ from itertools import pairwise
 
 import numpy as np
 import pytest
-from helpers.jsonl import _read, nemo_rl_line, prime_rl_line
+from helpers.jsonl import file_lines, nemo_rl_line, prime_rl_line, read_rows
 from helpers.scanner import _convert, _scan_lines
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -91,38 +91,27 @@ def _with_block_bytes(block_bytes: int, read, part_bytes: int = 1):
         base.BLOCK_BYTES, base.PART_BYTES = saved
 
 
+@pytest.mark.parametrize(
+    ("module", "line", "name"),
+    [(prime_rl, prime_rl_line, "rank_0.jsonl"), (nemo_rl, nemo_rl_line, "train_data_step2.jsonl")],
+    ids=["prime_rl", "nemo_rl"],
+)
 @_BLOCK_SETTINGS
 @given(
-    lines=st.booleans().flatmap(lambda spoil: st.lists(prime_rl_line(spoil), min_size=1, max_size=20)),
+    data=st.data(),
     block_bytes=st.integers(1, 600),
     part_bytes=st.integers(1, 300),
     batch_size=st.integers(1, 9),
     end=st.booleans(),
 )
-def test_prime_rl_reads_cut_anywhere_give_the_same_rows_in_order(
-    lines, block_bytes, part_bytes, batch_size, end, tmp_path_factory
+def test_reads_cut_anywhere_give_the_same_rows_in_order(
+    module, line, name, data, block_bytes, part_bytes, batch_size, end, tmp_path_factory
 ):
-    path = tmp_path_factory.mktemp("p") / "rank_0.jsonl"
+    lines = data.draw(file_lines(line, min_size=1, max_size=20), label="lines")
+    path = tmp_path_factory.mktemp("cut") / name
     path.write_text("\n".join(lines) + ("\n" if end else ""))
-    reference = _read(prime_rl, path, False, batch_size)
-    assert _with_block_bytes(block_bytes, lambda: _read(prime_rl, path, True, batch_size), part_bytes) == reference
-
-
-@_BLOCK_SETTINGS
-@given(
-    lines=st.booleans().flatmap(lambda spoil: st.lists(nemo_rl_line(spoil), min_size=1, max_size=20)),
-    block_bytes=st.integers(1, 600),
-    part_bytes=st.integers(1, 300),
-    batch_size=st.integers(1, 9),
-    end=st.booleans(),
-)
-def test_nemo_rl_reads_cut_anywhere_give_the_same_rows_in_order(
-    lines, block_bytes, part_bytes, batch_size, end, tmp_path_factory
-):
-    path = tmp_path_factory.mktemp("n") / "train_data_step2.jsonl"
-    path.write_text("\n".join(lines) + ("\n" if end else ""))
-    reference = _read(nemo_rl, path, False, batch_size)
-    assert _with_block_bytes(block_bytes, lambda: _read(nemo_rl, path, True, batch_size), part_bytes) == reference
+    reference = read_rows(module, path, False, batch_size)
+    assert _with_block_bytes(block_bytes, lambda: read_rows(module, path, True, batch_size), part_bytes) == reference
 
 
 def _prime_line(index: int, length: int) -> str:
@@ -147,12 +136,12 @@ def test_many_blocks_on_every_thread_come_back_in_file_order(block_bytes, part_b
     seen = []
     original = prime_rl._row
     monkeypatch.setattr(prime_rl, "_row", lambda line, index, step: seen.append(index) or original(line, index, step))
-    rows = _read(prime_rl, path, True, 7)
+    rows = read_rows(prime_rl, path, True, 7)
     assert seen == [123]
     assert [row["sample_id"] for row in rows] == [f"rank0-{i}" if i != 123 else "line124" for i in range(300)]
     assert rows[201]["rollout_log_probs"][3] == repr(-(201 + 1) - 3 / 7)
     monkeypatch.setattr(prime_rl, "_row", original)
-    assert rows == _read(prime_rl, path, False, 7)
+    assert rows == read_rows(prime_rl, path, False, 7)
 
 
 def test_a_byte_that_is_not_utf8_still_raises_when_reads_cut_around_it(tmp_path, monkeypatch):
@@ -250,11 +239,11 @@ def test_read_buffers_are_reused_within_and_across_files(tmp_path, monkeypatch):
     assert all(300 < len(line) < 450 for line in lines)  # reads of 4000 bytes cut lines shorter than the slack (500)
     path = tmp_path / "rank_0.jsonl"
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    rows = _read(prime_rl, path, True, 7)
+    rows = read_rows(prime_rl, path, True, 7)
     assert len(base._SPARE_BUFFERS) == 1
     kept = base._SPARE_BUFFERS[0]
     assert [len(buffer) for buffer in kept] == [4501, 4501, 4501]
-    assert _read(prime_rl, path, True, 7) == rows == _read(prime_rl, path, False, 7)
+    assert read_rows(prime_rl, path, True, 7) == rows == read_rows(prime_rl, path, False, 7)
     assert len(base._SPARE_BUFFERS) == 1 and all(a is b for a, b in zip(base._SPARE_BUFFERS[0], kept, strict=True))
 
 

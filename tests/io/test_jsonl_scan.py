@@ -15,6 +15,7 @@ import struct
 import numpy as np
 import pyarrow as pa
 import pytest
+from helpers.jsonl import bits, read_rows
 from helpers.scanner import _SCHEMA, _convert, _scan_lines
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -79,16 +80,6 @@ def test_any_json_number(text):
 # ------------------------------------------------------------------ lines: accepted means Python reads the same
 
 
-def _bits(value):
-    if isinstance(value, float):
-        return repr(value)
-    if isinstance(value, list):
-        return [_bits(item) for item in value]
-    if isinstance(value, dict):
-        return {key: _bits(item) for key, item in value.items()}
-    return value
-
-
 def _agrees(line: str, row: dict, written_null: np.ndarray) -> None:
     record = json.loads(line)  # accepted: Python reads it
     assert isinstance(record, dict)
@@ -99,7 +90,7 @@ def _agrees(line: str, row: dict, written_null: np.ndarray) -> None:
             value = [None if v is None else float(v) for v in value]
         if field.name == "ff" and isinstance(value, list):
             value = [None if inner is None else [None if v is None else float(v) for v in inner] for inner in value]
-        assert _bits(row[field.name]) == _bits(value), (line, field.name)
+        assert bits(row[field.name]) == bits(value), (line, field.name)
 
 
 _VALUE = st.recursive(
@@ -224,18 +215,13 @@ def _nemo_line(index: int, values: list[float]) -> str:
     return json.dumps(record)  # allow_nan: bare NaN / Infinity, as NeMo-RL writes them
 
 
-def _rows(module, path, fast: bool) -> list:
-    opened = module.open_file(str(path), fast=fast)
-    return _bits([row for batch in opened.iter_batches(batch_size=3) for row in batch.to_pylist()])
-
-
 def test_nemo_rl_non_finite_lines_take_the_fast_path(tmp_path, monkeypatch):
     lines = [_nemo_line(i, [0.0, -0.5, math.nan if i % 2 else -math.inf, math.inf, -1.25]) for i in range(7)]
     path = tmp_path / "train_data_step3.jsonl"
     path.write_text("".join(line + "\n" for line in lines))
-    reference = _rows(nemo_rl, path, False)
+    reference = read_rows(nemo_rl, path, False, 3)
     monkeypatch.setattr(nemo_rl, "_row", lambda *args: pytest.fail("a line went to Python's json"))
-    assert _rows(nemo_rl, path, True) == reference
+    assert read_rows(nemo_rl, path, True, 3) == reference
 
 
 def test_bad_lines_alone_go_to_the_line_parser(tmp_path, monkeypatch):
@@ -246,11 +232,11 @@ def test_bad_lines_alone_go_to_the_line_parser(tmp_path, monkeypatch):
              '"trainer_logprobs": []}', "", good, '{"step": 2.5}']  # fmt: skip
     path = tmp_path / "rank_0.jsonl"
     path.write_text("".join(line + "\n" for line in lines))
-    reference = _rows(prime_rl, path, False)
+    reference = read_rows(prime_rl, path, False, 3)
     seen = []
     original = prime_rl._row
     monkeypatch.setattr(prime_rl, "_row", lambda line, index, step: seen.append(index) or original(line, index, step))
-    assert _rows(prime_rl, path, True) == reference
+    assert read_rows(prime_rl, path, True, 3) == reference
     assert seen == [1, 3, 4, 6]
     reasons = {row["_skip_reason"] for row in reference if row["_skip_reason"]}
     assert any(reason.startswith("not JSON") for reason in reasons) and "blank line" in reasons

@@ -13,10 +13,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
+from helpers.dumps import seq_row, write_sequence_dump
 from helpers.metrics import random_rows, write_dump
 
 import rollout_diag as rd
@@ -129,28 +128,17 @@ def test_a_handover_to_the_torch_engine_gives_the_torch_engines_result(dump):
 
 def _spoilt(tmp_path) -> Path:
     rows = [
-        {
-            "step": step,
-            "sample_id": f"s{step}-{i}",
-            "rollout_log_probs": [-0.5, -1.0, -1.5, -2.0],
-            "old_log_probs": [-0.6, math.nan if (step, i) == (1, 2) else -1.1, -1.4, -2.0],
-            "response_mask": [1, 1, 1, 0],
-        }
+        seq_row(
+            step,
+            f"s{step}-{i}",
+            [-0.5, -1.0, -1.5, -2.0],
+            [-0.6, math.nan if (step, i) == (1, 2) else -1.1, -1.4, -2.0],
+            [1, 1, 1, 0],
+        )
         for step in range(3)
         for i in range(6)
     ]
-    path = tmp_path / "spoilt.parquet"
-    schema = pa.schema(
-        [
-            ("step", pa.int64()),
-            ("sample_id", pa.string()),
-            ("rollout_log_probs", pa.list_(pa.float32())),
-            ("old_log_probs", pa.list_(pa.float32())),
-            ("response_mask", pa.list_(pa.int8())),
-        ]
-    )
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path, row_group_size=4)
-    return path
+    return write_sequence_dump(tmp_path / "spoilt.parquet", rows, row_group_size=4)
 
 
 def test_bad_rows_are_recorded_and_fail_strict_reading_as_without_reading_ahead(tmp_path):

@@ -17,10 +17,10 @@ from typing import get_args, get_origin, get_type_hints
 
 import numpy as np
 import pytest
+from helpers.cli import TUNED, invoke, one_error_line, succeeded
 from helpers.dumps import random_rows, seq_row, write_sequence_dump
 from rich.console import Console
 from typer.models import OptionInfo
-from typer.testing import CliRunner, Result
 
 from rollout_diag import cli
 from rollout_diag.cli import app
@@ -36,28 +36,8 @@ SAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "textgenrnn_bf16_
 MULTI_TURN = SAMPLE.parent / "synthetic_multiturn.parquet"
 NUMBER = re.compile(r"-?[\d,]+(\.\d+)?(e-?\d+)?")
 INTEGER = re.compile(r"-?[\d,]+")
-runner = CliRunner()
 HOSTILE_IDS = ("x[/]", "[bold]boom[/bold]", "\x1b[2Jclear", "\x1b]8;;http://evil\x07link\x1b]8;;\x07", "cr\rret")
 RAW_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202e]")  # anything but \n and \t reaching the terminal
-
-
-def run(*args: object, width: int = 160) -> Result:
-    result = runner.invoke(app, [str(a) for a in args], env={"COLUMNS": str(width)})
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise AssertionError(f"exception escaped the CLI: {result.exception!r}\n{result.output}") from result.exception
-    return result
-
-
-def ok(result: Result) -> str:
-    assert result.exit_code == 0, result.output
-    return result.stdout
-
-
-def one_error(result: Result) -> str:
-    assert result.exit_code == 1, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +63,7 @@ def test_visible_escapes_every_control_character_and_nothing_else() -> None:
 
 @pytest.mark.parametrize("width", [80, 200])
 def test_analyze_shows_hostile_strings_verbatim_and_inert(hostile_dump: Path, width: int) -> None:
-    output = ok(run("analyze", hostile_dump, "--device", "cpu", width=width))
+    output = succeeded(invoke("analyze", hostile_dump, "--device", "cpu", width=width))
     assert not RAW_CONTROL.search(output), "a control character reached the terminal"
     assert "[bold]boom[/bold]" in output  # markup shown as text, not applied
     assert "\\x1b[2Jclear" in output and "\\x1b]8;;http://evil\\x07link" in output
@@ -92,7 +72,7 @@ def test_analyze_shows_hostile_strings_verbatim_and_inert(hostile_dump: Path, wi
 
 
 def test_inspect_hostile_row(hostile_dump: Path) -> None:
-    output = ok(run("inspect", hostile_dump, "--device", "cpu", "--sample", "x[/]-0"))
+    output = succeeded(invoke("inspect", hostile_dump, "--device", "cpu", "--sample", "x[/]-0"))
     assert not RAW_CONTROL.search(output)
     assert "x[/]-0" in output and "\\u202e" in output
 
@@ -100,12 +80,12 @@ def test_inspect_hostile_row(hostile_dump: Path) -> None:
 # ------------------------------------------------------------------------------------- widths
 @pytest.fixture(scope="module")
 def sample_json() -> dict:
-    return json.loads(ok(run("analyze", SAMPLE, "--device", "cpu", "-f", "json")))
+    return json.loads(succeeded(invoke("analyze", SAMPLE, "--device", "cpu", "-f", "json")))
 
 
 @pytest.mark.parametrize("width", [80, 120, 200])
 def test_analyze_fits_the_terminal_without_cutting_anything(width: int, sample_json: dict) -> None:
-    output = ok(run("analyze", SAMPLE, "--device", "cpu", width=width))
+    output = succeeded(invoke("analyze", SAMPLE, "--device", "cpu", width=width))
     assert "…" not in output
     assert max(len(line) for line in output.splitlines()) <= width
     values = numbers([verdict["value"] for verdict in sample_json["verdicts"]])  # one notation per column
@@ -121,7 +101,7 @@ def test_analyze_fits_the_terminal_without_cutting_anything(width: int, sample_j
 @pytest.mark.parametrize("width", [80, 120])
 @pytest.mark.parametrize("command", ["compare-presets", "sweep"])
 def test_presets_and_sweep_fit_the_terminal(command: str, width: int) -> None:
-    output = ok(run(command, SAMPLE, "--device", "cpu", width=width))
+    output = succeeded(invoke(command, SAMPLE, "--device", "cpu", width=width))
     assert "…" not in output
     assert max(len(line) for line in output.splitlines()) <= width
     if command == "compare-presets":
@@ -201,7 +181,7 @@ def test_percentages_always_have_two_decimals() -> None:
 def test_analyze_columns_do_not_mix_notations() -> None:
     """On the multi-turn sample (main printed 0.1115 above 1.13e-4 in one per-step column), the values below 1 of
     every numeric column of every table are either all fixed or all scientific; from 1 on they print fixed."""
-    output = ok(run("analyze", MULTI_TURN, "--device", "cpu", width=200))
+    output = succeeded(invoke("analyze", MULTI_TURN, "--device", "cpu", width=200))
     assert "nan" not in output
     for block in output.split("┏")[1:]:
         lines = [line for line in block.splitlines() if line.startswith("│")]
@@ -216,7 +196,7 @@ def test_analyze_columns_do_not_mix_notations() -> None:
 
 # ------------------------------------------------------------------------------------- first screen
 def test_first_screen_has_the_verdict_and_where_it_sits(sample_json: dict) -> None:
-    lines = ok(run("analyze", SAMPLE, "--device", "cpu", width=200)).splitlines()
+    lines = succeeded(invoke("analyze", SAMPLE, "--device", "cpu", width=200)).splitlines()
     head = "\n".join(lines[:6])
     worst_level = next(lvl for lvl in ("bad", "watch", "ok") if any(v["level"] == lvl for v in sample_json["verdicts"]))
     assert f"Verdict: {worst_level.upper()} — " in head
@@ -229,9 +209,9 @@ def test_first_screen_has_the_verdict_and_where_it_sits(sample_json: dict) -> No
 
 
 def test_labels_raw_max_and_both_k3s() -> None:
-    presets = ok(run("compare-presets", SAMPLE, "--device", "cpu", "--preset", "decoupled_seq_is", width=200))
+    presets = succeeded(invoke("compare-presets", SAMPLE, "--device", "cpu", "--preset", "decoupled_seq_is", width=200))
     assert re.search(r"decoupled_seq_is .* raw │", presets) and "raw = raw max ρ before truncation" in presets
-    analysis = ok(run("analyze", SAMPLE, "--device", "cpu", width=200))
+    analysis = succeeded(invoke("analyze", SAMPLE, "--device", "cpu", width=200))
     assert "KL(trainer‖rollout)" in analysis and "KL(rollout‖trainer)" in analysis
 
 
@@ -240,7 +220,7 @@ def test_labels_raw_max_and_both_k3s() -> None:
 def test_output_file_format_follows_the_extension(command: str, tmp_path: Path) -> None:
     text_file, json_file, csv_file = tmp_path / "out.txt", tmp_path / "out.json", tmp_path / "out.csv"
     for path in (text_file, json_file, csv_file):
-        result = run(command, SAMPLE, "--device", "cpu", "-o", path)
+        result = invoke(command, SAMPLE, "--device", "cpu", "-o", path)
         assert result.exit_code == 0 and result.stdout == "", result.output
     assert "│" in text_file.read_text() and "\x1b" not in text_file.read_text()
     assert isinstance(json.loads(json_file.read_text()), dict)
@@ -249,7 +229,7 @@ def test_output_file_format_follows_the_extension(command: str, tmp_path: Path) 
 
 def test_explicit_table_format_to_a_file_writes_the_table(tmp_path: Path) -> None:
     path = tmp_path / "analysis.json"  # --format wins over the extension
-    ok(run("analyze", SAMPLE, "--device", "cpu", "-f", "table", "-o", path))
+    succeeded(invoke("analyze", SAMPLE, "--device", "cpu", "-f", "table", "-o", path))
     assert "Key metrics (whole run)" in path.read_text()
 
 
@@ -264,20 +244,15 @@ def test_sweep_csv_prints_plain_numbers() -> None:
 # ------------------------------------------------------------------------------------- report options
 def test_report_takes_the_analyze_and_compare_presets_options(tmp_path: Path) -> None:
     html = tmp_path / "r.html"
-    ok(
-        run(
+    succeeded(
+        invoke(
             "report",
             SAMPLE,
             "--device",
             "cpu",
             "-o",
             html,
-            "--catastrophic",
-            "0.2",
-            "--top-k",
-            "3",
-            "--max-rounds",
-            "2",
+            *TUNED,
             "--rollout-rs",
             "seq_mean_k3",
             "--rollout-rs-threshold",
@@ -297,16 +272,16 @@ def test_report_takes_the_analyze_and_compare_presets_options(tmp_path: Path) ->
 
 def test_report_merges_an_analysis_and_a_comparison(tmp_path: Path) -> None:
     analysis, comparison = tmp_path / "a.json", tmp_path / "c.json"
-    ok(run("analyze", SAMPLE, "--device", "cpu", "-o", analysis))
-    ok(run("compare-presets", SAMPLE, "--device", "cpu", "--preset", "verl", "-o", comparison))
+    succeeded(invoke("analyze", SAMPLE, "--device", "cpu", "-o", analysis))
+    succeeded(invoke("compare-presets", SAMPLE, "--device", "cpu", "--preset", "verl", "-o", comparison))
     html = tmp_path / "merged.html"
-    ok(run("report", "--from-json", analysis, "--from-json", comparison, "-o", html))
+    succeeded(invoke("report", "--from-json", analysis, "--from-json", comparison, "-o", html))
     text = html.read_text()
     assert 'id="rounds"' in text and 'id="presets"' in text and "decoupled_k3_rs" in text
     # conflicts: two analyses, dumps and saved results, a live-only option with saved results
-    assert "both analyze results" in one_error(run("report", "--from-json", analysis, "--from-json", analysis))
-    assert "not both" in one_error(run("report", SAMPLE, "--from-json", analysis))
-    assert "--top-k" in one_error(run("report", "--from-json", analysis, "--top-k", "3"))
+    assert "both analyze results" in one_error_line(invoke("report", "--from-json", analysis, "--from-json", analysis))
+    assert "not both" in one_error_line(invoke("report", SAMPLE, "--from-json", analysis))
+    assert "--top-k" in one_error_line(invoke("report", "--from-json", analysis, "--top-k", "3"))
 
 
 # ------------------------------------------------------------------------------------- typer compatibility
@@ -362,7 +337,7 @@ def test_report_has_a_rounds_section_only_for_multi_turn_data(tmp_path: Path) ->
 
 
 def test_error_line_shows_control_characters_escaped(tmp_path: Path) -> None:
-    line = one_error(run("analyze", tmp_path / "\x1b[2Jmissing.parquet", "--device", "cpu"))
+    line = one_error_line(invoke("analyze", tmp_path / "\x1b[2Jmissing.parquet", "--device", "cpu"))
     assert "\\x1b[2Jmissing" in line and "\x1b" not in line
 
 
@@ -407,7 +382,7 @@ def test_anomaly_counts_include_the_flags_the_result_cut() -> None:
 def test_a_sweep_target_below_one_sequence_says_so() -> None:
     """0.1 % of the sample's 128 sequences is less than one: no threshold rejects that little (main printed the
     largest value, a threshold that rejects nothing); token targets (25,416 tokens) keep their threshold."""
-    output = ok(run("sweep", SAMPLE, "--device", "cpu", "--target", "0.001", width=200))
+    output = succeeded(invoke("sweep", SAMPLE, "--device", "cpu", "--target", "0.001", width=200))
     sequence_row = next(line for line in output.splitlines() if line.startswith("│ is_sequence "))
     token_row = next(line for line in output.splitlines() if line.startswith("│ is_token "))
     assert "– (< 1 sequence)" in sequence_row
