@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -173,7 +173,7 @@ class GroupedAnalysis:
     def update(self, chunk: Chunk) -> None:
         ids: dict[tuple, int] = {}
         row_group = np.empty(chunk.rows, dtype=np.int64)
-        memo: dict[Any, tuple[tuple, ExtraValue]] = {}
+        memo: dict[ExtraValue, tuple[tuple, ExtraValue]] = {}
         for row, (value, step) in enumerate(zip(_row_values(self.spec, chunk), chunk.step.tolist(), strict=True)):
             found = memo.get(value)
             if found is None:
