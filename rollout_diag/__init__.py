@@ -35,7 +35,7 @@ _EXPORTS: dict[str, str] = {
     "find_hints": "rollout_diag.decisions.hints",
     "Chunk": "rollout_diag.io.chunk",
     "ConvertResult": "rollout_diag.io.convert",
-    "convert": "rollout_diag.io.convert",
+    "convert": "rollout_diag.drivers.convert",
     "DumpInputs": "rollout_diag.io.formats",
     "FORMAT_NAMES": "rollout_diag.io.formats",
     "DumpReader": "rollout_diag.io.reader",
@@ -76,6 +76,7 @@ _EXPORTS: dict[str, str] = {
     "Recommendation": "rollout_diag.decisions.recommend",
     "recommend": "rollout_diag.decisions.recommend",
     "RowStats": "rollout_diag.results",
+    "load_result": "rollout_diag.results",
     "load_results": "rollout_diag.results",
     "result_from_json": "rollout_diag.results",
     # the sweep's typed rows, and the intrusive rule

@@ -1,7 +1,7 @@
 """How the command line tunes its own process, in one place: OpenBLAS's threads before numpy loads, the cyclic
 collector and the C heap's bounds while a command reads (``rollout_diag.memory``), and the end without the
-interpreter's teardown. Each is called once per command, by ``cli.py`` only: a notebook or a trainer that imports
-rollout_diag keeps its own settings."""
+interpreter's teardown. Each is called once per command, by ``rollout_diag.cli`` only: a notebook or a trainer that
+imports rollout_diag keeps its own settings."""
 
 from __future__ import annotations
 

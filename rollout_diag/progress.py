@@ -1,6 +1,6 @@
 """Progress where people look: a short line on stderr every few seconds, for a pipe, a CI log or a notebook (a
-terminal gets the rich bar of ``cli.py`` instead). A callable ``(rows done, total rows)``, the ``progress=`` of every
-library call (``analyze(path, progress=True)`` builds one)."""
+terminal gets the rich bar of ``cli/output.py`` instead). A callable ``(rows done, total rows)``, the ``progress=``
+of every library call (``analyze(path, progress=True)`` builds one)."""
 
 from __future__ import annotations
 

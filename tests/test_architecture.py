@@ -175,6 +175,38 @@ def test_metrics_import_no_presentation_or_cli():
         assert not wrong, f"{name} imports {wrong}"
 
 
+# The command line's shared pieces; every other module of rollout_diag/cli/ is a command (or a family of them).
+CLI_SHARED = {"app", "boundary", "coercion", "layout", "options", "output"}
+
+
+def test_the_cli_is_the_top_and_its_commands_stand_alone():
+    """Nothing in the package imports the command line (it is the top layer, a program over the library); inside it,
+    a command's module imports the shared pieces and the library, never another command's module (each command a
+    few lines over the library, its options from the one shared declaration)."""
+    cli = [name for name in modules() if in_group(name, ("rollout_diag.cli",))]
+    assert "rollout_diag.cli.analyze" in cli and "rollout_diag.cli.options" in cli
+    outside = sorted(
+        (name, target)
+        for name in modules()
+        if not in_group(name, ("rollout_diag.cli",))
+        for target in imports_of(name)
+        if in_group(target, ("rollout_diag.cli",))
+    )
+    assert outside == []
+    commands = {name for name in cli if name.rpartition(".")[2] not in {*CLI_SHARED, "cli", "__main__"}}
+    assert {"rollout_diag.cli.analyze", "rollout_diag.cli.watch"} <= commands
+    crossing = sorted((name, target) for name in commands for target in imports_of(name) if target in commands)
+    assert crossing == []
+    shared = sorted(
+        (name, target)
+        for name in cli
+        if name.rpartition(".")[2] in CLI_SHARED
+        for target in imports_of(name)
+        if target in commands
+    )
+    assert shared == [], "a shared piece of the command line names no command"
+
+
 def test_engine_imports_no_io_metrics_decisions_or_presentation():
     """engine/ says how a chunk's numbers are computed fast; what is measured lives in metrics/, above it, and the
     chunks it reads come from io/, above it too (``engine.stats.ChunkArrays``)."""
@@ -220,9 +252,21 @@ def test_only_the_engine_and_io_import_the_kernels():
         assert not wrong, f"{name} imports {wrong}"
 
 
+WATCH_MODULES = ("watch", "watcher", "watchfiles", "watchreport")
+
+
 def test_watch_finds_its_accumulators_without_reflection():
-    source = modules()["rollout_diag.drivers.watch"].read_text(encoding="utf-8")
-    assert "vars(" not in source and "__module__" not in source
+    for name in WATCH_MODULES:
+        source = modules()[f"rollout_diag.drivers.{name}"].read_text(encoding="utf-8")
+        assert "vars(" not in source and "__module__" not in source, name
+
+
+def test_watch_modules_point_one_way():
+    """watch (the loop) → watcher (the run state) → watchfiles (per-file records) and watchreport (what is said)."""
+    order = [f"rollout_diag.drivers.{name}" for name in WATCH_MODULES]
+    for index, name in enumerate(order):
+        assert not set(imports_of(name)) & set(order[: index + 1]) - {name}, name
+    assert "rollout_diag.drivers.watchreport" not in imports_of("rollout_diag.drivers.watchfiles")
 
 
 def test_compare_holds_only_the_comparison():
@@ -626,5 +670,5 @@ def test_tests_mirror_the_package():
     ]
     assert stray == [], "move these into the tests/ folder of the package they test"
     folders = {path.name for path in TESTS.iterdir() if path.is_dir() and any(path.glob("test_*.py"))}
-    # tests/kernels/: rollout_diag/engine/kernels/; tests/cli/: cli.py's commands
+    # tests/kernels/: rollout_diag/engine/kernels/; tests/cli/: rollout_diag/cli/'s commands
     assert folders <= packages | {"kernels", "cli"}, folders - packages

@@ -230,7 +230,8 @@ def test_help_and_an_input_error_load_no_pydantic_nor_rich_console(arguments):
 
 
 def test_option_text_converts_as_typer_would_and_hands_the_rest_to_typer():
-    from rollout_diag.cli import _UNCONVERTED, DataFormat, _light_value
+    from rollout_diag.cli.coercion import _UNCONVERTED, _light_value
+    from rollout_diag.cli.options import DataFormat
 
     assert _light_value(int, "12") == 12 and _light_value(int, "-3") == -3 and _light_value(int, 7) == 7
     assert _light_value(float, "1e-3") == 0.001 and _light_value(float, "2") == 2.0 and _light_value(float, 3) == 3.0

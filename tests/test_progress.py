@@ -85,7 +85,7 @@ def test_progress_true_prints_lines(monkeypatch, capsys):
 
 @pytest.mark.parametrize(("size", "expected"), [(1 << 10, type(None)), (64 << 20, LineProgress)])
 def test_cli_prints_lines_in_a_pipe_for_long_inputs(tmp_path, monkeypatch, size, expected):
-    from rollout_diag import cli
+    from rollout_diag.cli import output as cli
 
     monkeypatch.setattr(cli, "_size", lambda path: size)
     monkeypatch.setattr(cli.sys.stderr, "isatty", lambda: False, raising=False)

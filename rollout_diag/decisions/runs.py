@@ -63,16 +63,22 @@ def run_metrics() -> tuple[RowMetric, ...]:
 
 
 @dataclass(frozen=True)
-class RunInput:
-    """One run as ``runs`` reads it: its name, knobs (name → value as text), the run-level analysis
-    (``RowPass.summary``), its per-row sums (with the catastrophic count, ``row_pass(catastrophic_rows=True)``) and
-    its per-prompt evidence (``row_pass(prompts=True)``; None: not gathered)."""
+class RunState:
+    """What one run's pass leaves for the comparison (picklable: ``runs --state-dir`` keeps it): the run-level
+    analysis (``RowPass.summary``), its per-row sums (with the catastrophic count, ``row_pass(catastrophic_rows=True)``)
+    and its per-prompt evidence (``row_pass(prompts=True)``, bounded: ``metrics/prompts.py``; None: not gathered)."""
 
-    name: str
-    knobs: Mapping[str, str]
     summary: AnalysisResult
     rows: RowStats
     prompts: PromptEvidence | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunInput(RunState):
+    """One run as ``runs`` reads it: its state, its name and its knobs (name → value as text)."""
+
+    name: str
+    knobs: Mapping[str, str]
 
 
 def compare_runs(

@@ -22,14 +22,13 @@ from rollout_diag.drivers.exports import DecisionWriter
 from rollout_diag.drivers.passes import (
     Inputs,
     PassSpec,
-    Progress,
+    ProgressOption,
     open_reader,
     resolve_device,
     run_chunks,
 )
 from rollout_diag.drivers.sweep import check_targets
 from rollout_diag.drivers.tokens import Tokenizer, with_token_text
-from rollout_diag.engine.stats import stats
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.groups import GroupSpec, group_specs
 from rollout_diag.io.tokenizer import load_tokenizer
@@ -53,7 +52,7 @@ def compare_presets(
     device: str | torch.device = "auto",
     strict: bool = False,
     chunk_tokens: int = PRESET_CHUNK_TOKENS,
-    progress: Progress | bool | None = None,
+    progress: ProgressOption = None,
     export_decisions_to: str | Path | None = None,
     targets: Sequence[float] = DEFAULT_TARGETS,
     intrusive_rejected_fraction: float = INTRUSIVE_REJECTED_FRACTION,
@@ -100,7 +99,7 @@ def analyze_and_compare(
     device: str | torch.device = "auto",
     strict: bool = False,
     chunk_tokens: int = PRESET_CHUNK_TOKENS,
-    progress: Progress | bool | None = None,
+    progress: ProgressOption = None,
     targets: Sequence[float] = DEFAULT_TARGETS,
     workers: Workers = AUTO,
     backend: str = "process",
@@ -150,7 +149,7 @@ def _one_pass(
     device: str | torch.device,
     strict: bool,
     chunk_tokens: int,
-    progress: Progress | None,
+    progress: ProgressOption,
     export_decisions_to: str | Path | None,
     targets: Sequence[float],
     intrusive: tuple[float, float],
@@ -182,11 +181,12 @@ def _one_pass(
         writer = None if export_decisions_to is None else DecisionWriter(export_decisions_to, chosen)
         consumers = state.consumers()
         if writer is not None:
-            consumers.append(lambda chunk: writer.write(stats(chunk)))
+            consumers.append(writer.write)
         with writer or contextlib.nullcontext():
             run_chunks(reader, consumers, torch_device, progress, state.prepare)
         del consumers  # their bound methods hold the analysis
     sweep, corrections = state.sweep, state.corrections
+    assert sweep is not None and corrections is not None  # a pass with presets holds both
     corrections.settle()  # the presets' per-step states become columns before the analysis is built (peak memory)
     base = build_result(state.analysis, reader.log, torch_device, strict, reader.selection)
     # the analysis's per-step state is spent (200 000 one-row steps: ~0.4 GB): its pages go back before the presets'
@@ -202,7 +202,7 @@ def _one_pass(
                 name=preset.name,
                 config=preset.config(),
                 mode=preset.mode,
-                steps=PresetSteps(base.steps, corrections, preset.name),  # type: ignore[arg-type]
+                steps=PresetSteps(base.steps, corrections, preset.name),
                 run=run,
                 intrusive_reasons=intrusive_reasons(run.metrics, *intrusive),
             )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from rollout_diag.decisions.diff import (
     DEFAULT_LEVEL,
@@ -13,6 +13,7 @@ from rollout_diag.decisions.diff import (
     DEFAULT_SEED,
     DiffResult,
     DiffSide,
+    GroupDiff,
     GroupSide,
     diff,
     diff_group,
@@ -20,7 +21,7 @@ from rollout_diag.decisions.diff import (
 )
 from rollout_diag.drivers.dump import Dump, call_options
 from rollout_diag.drivers.passes import Inputs, Progress
-from rollout_diag.drivers.rowpass import READING_OPTIONS, range_label, row_pass
+from rollout_diag.drivers.rowpass import READING_OPTIONS, RowPass, range_label, row_pass
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.groups import GroupSpec
 from rollout_diag.presets import Preset, resolve_presets
@@ -28,6 +29,14 @@ from rollout_diag.selection import StepRange
 
 if TYPE_CHECKING:
     import torch  # annotations only: the driver's arithmetic runs in passes and metrics
+
+
+class Interval(TypedDict):
+    """The bootstrap's settings, the same for the runs and each group."""
+
+    replicates: int
+    level: float
+    seed: int
 
 
 def diff_runs(
@@ -61,6 +70,8 @@ def diff_runs(
     chosen = resolve_presets(presets)
     options: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
     options.update(by=by, findings=False)  # each side is a summary: no hint evidence, worst rows or dialects gathered
+    sides: list[DiffSide] = []
+    passes: list[tuple[RowPass, StepRange | None]] = []  # each side's pass and its steps
     if inputs_b is None:
         if steps_a is None or steps_b is None:
             raise ConfigError(
@@ -75,19 +86,20 @@ def diff_runs(
         done.release()
         passes = [(done, steps_a), (done, steps_b)]
     else:
-        sides, passes = [], []
         for inputs, steps in ((inputs_a, steps_a), (inputs_b, steps_b)):
             done = row_pass(inputs, presets=chosen, progress=progress, **options)
             label = _label(done.log.files) + ("" if steps is None else f" {range_label(steps)}")
             sides.append(DiffSide(label, done.summary(steps), done.row_stats(steps)))
             done.release()  # before the next run's pass: one analysis held at a time
             passes.append((done, steps))
-    interval = {"replicates": replicates, "level": level, "seed": seed}
+    interval = Interval(replicates=replicates, level=level, seed=seed)
     result = diff(sides[0], sides[1], **interval)
     return replace(result, groups=_group_diffs(sides, passes, interval)) if by else result
 
 
-def _group_diffs(sides: list[DiffSide], passes: list[tuple[Any, StepRange | None]], interval: dict[str, Any]) -> list:
+def _group_diffs(
+    sides: Sequence[DiffSide], passes: Sequence[tuple[RowPass, StepRange | None]], interval: Interval
+) -> list[GroupDiff]:
     """Each --by group present in A or B: its key metrics on both sides and the interval of B − A over its rows
     alone, the largest change first."""
     found = [{(g.column, _key(g.value)): g for g in side.result.groups} for side in sides]
@@ -99,9 +111,9 @@ def _group_diffs(sides: list[DiffSide], passes: list[tuple[Any, StepRange | None
     for (column, key), value in values.items():
         parts = []
         for (done, steps), present in zip(passes, found, strict=True):
-            group = present.get((column, key))
+            side = present.get((column, key))
             rows = done.group_rows(column, value, steps)
-            parts.append(GroupSide({} if group is None else group.metrics, rows, 0 if group is None else group.tokens))
+            parts.append(GroupSide({} if side is None else side.metrics, rows, 0 if side is None else side.tokens))
         groups.append(diff_group(column, value, *parts, **interval))
     return sort_group_diffs(groups)
 

@@ -17,7 +17,7 @@ from numbers import Integral
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from rollout_diag.cores import auto_cpu_workers
-from rollout_diag.drivers.passes import Analysis, Pass, PassSpec, Progress, progress_callback, run_chunks
+from rollout_diag.drivers.passes import Analysis, Pass, PassSpec, ProgressOption, progress_callback, run_chunks
 from rollout_diag.engine.arrays import device_kind
 from rollout_diag.engine.choice import kernel_for, selected_engine
 from rollout_diag.errors import ConfigError, option_name
@@ -96,7 +96,7 @@ def run_parts(
     backend: str,
     device: str,
     spec: PassSpec,
-    progress: Progress | None = None,
+    progress: ProgressOption = None,
 ) -> Pass:
     """Run :func:`run_part` on every part of ``reader.plan(workers)`` and merge the states into one; the
     workers' read logs are merged into ``reader.log``."""
@@ -149,7 +149,7 @@ def analyze_parts(
     backend: str,
     device: str,
     options: Mapping[str, Any],
-    progress: Progress | None = None,
+    progress: ProgressOption = None,
 ) -> Analysis:
     """``analyze`` on ``workers`` processes or Ray tasks: the merged Analysis."""
     return run_parts(reader, workers, backend, device, PassSpec(options, selection=reader.selection), progress).analysis

@@ -5,11 +5,11 @@
     comparison = compare_presets(dump, ["verl"])
 
 Every library call that reads a dump (``analyze``, ``compare_presets``, ``threshold_sweep``, ``inspect_row``,
-``check_run``, ``diff_runs``, ``watch``, …) takes a :class:`Dump` where it takes file names, and reads the options it
-knows from it; an option given both ways must agree, and an option set that the call cannot honour (``workers=4`` for
-a call that reads in one process) is a ConfigError, never silently ignored. ``Dump.opened()`` reads the footers and
-resolves the columns at once (without loading torch): the CLI does that first, so that a missing file or column fails
-in a fraction of a second.
+``check_run``, ``diff_runs``, ``watch``, ``convert``, …) takes a :class:`Dump` where it takes file names, and reads the
+options it knows from it; an option given both ways must agree, and an option set that the call cannot honour
+(``workers=4`` for a call that reads in one process) is a ConfigError, never silently ignored. ``Dump.opened()`` reads
+the footers and resolves the columns at once (without loading torch): the CLI does that first, so that a missing file
+or column fails in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ R = TypeVar("R")
 
 if TYPE_CHECKING:
     from rollout_diag.io.reader import DumpReader
+    from rollout_diag.io.tokenizer import TokenDecoder
 
 # Files, globs or directories (a DumpInputs carries the trainer format), or a DumpReader opened over them: what a
 # reading call takes besides a Dump.
@@ -59,9 +60,9 @@ class Dump:
     engine: str | None = None
     # token ids shown as text (rollout_diag/io/tokenizer.py): a tokenizer.json, a model directory or a cached model
     # name, loaded when the Dump is made (an error now, not after the reading); a call that shows no token ignores it
-    tokenizer: Any = None
+    tokenizer: str | Path | TokenDecoder | None = None
     # A reader opened ahead (``opened``), handed to the first call that reads: not part of the dump's identity.
-    _reader: list = field(default_factory=list, init=False, compare=False, repr=False)
+    _reader: list[DumpReader] = field(default_factory=list, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         given = self.inputs
@@ -79,7 +80,7 @@ class Dump:
         if isinstance(self.workers, str) and self.workers.strip().isdigit():  # "4" from a command line
             object.__setattr__(self, "workers", int(self.workers))
 
-    def open(self):
+    def open(self) -> DumpReader:
         """A DumpReader over the inputs: files found, footers read, columns resolved (torch is not loaded); chunks of
         ``chunk_tokens`` tokens, or DEFAULT_CHUNK_TOKENS where that is None (a call that reads it sets its own size:
         :meth:`reader`). Raises InputError / ColumnError for unreadable input, ConfigError for a bad option."""
@@ -107,7 +108,7 @@ class Dump:
         ready.hold(reader)
         return ready
 
-    def hold(self, reader: Any) -> None:
+    def hold(self, reader: DumpReader) -> None:
         """Hand ``reader`` (opened from this dump, not read yet) to the next call that reads the dump."""
         self._reader.append(reader)
 
@@ -115,7 +116,7 @@ class Dump:
         """(tokens, rows) of the input, from the files' footers (``DumpReader.input_size``)."""
         return (self._reader[0] if self._reader else self.open()).input_size()
 
-    def reader(self, chunk_tokens: int | None = None):
+    def reader(self, chunk_tokens: int | None = None) -> DumpReader:
         """The reader opened ahead (once), else a new one. ``chunk_tokens``: the calling function's size, taken where
         the dump leaves the size to the call and the reader has not started reading ahead."""
         reader = self._reader.pop() if self._reader else self.open()
@@ -136,7 +137,7 @@ def read_ahead_depth(chunk_tokens: int) -> int:
     return max(1, min(READ_AHEAD_MAX_CHUNKS, READ_AHEAD_BYTES // (17 * max(1, int(chunk_tokens)))))
 
 
-def reads_ahead(dump: Dump, reader: Any, numpy: bool = False) -> bool:
+def reads_ahead(dump: Dump, reader: DumpReader, numpy: bool = False) -> bool:
     """Whether a call on ``dump`` reads ``reader`` whole in this process with the numba engine on the CPU, decided
     without loading torch: the engine the chunks get (``kernel_for``; ``numpy``: numpy chunks, the kernels
     at any size), a device that is the CPU (``auto`` on
@@ -155,7 +156,7 @@ def reads_ahead(dump: Dump, reader: Any, numpy: bool = False) -> bool:
         return False
 
 
-def _one_process(workers: int | str, reader: Any) -> bool:
+def _one_process(workers: int | str, reader: DumpReader) -> bool:
     """``distributed.resolve_workers(workers, reader, cpu) == 1`` without loading torch
     (tests/io/test_reader_read_ahead.py compares the two)."""
     from rollout_diag.cores import auto_cpu_workers
@@ -194,13 +195,13 @@ def built_without_gpu(version_py: str) -> bool:
 
 # The options a call takes from a Dump as keyword arguments; the others reach it through the reader (input_format,
 # trust_pickle), the engine in use (engine) or, for a call that shows tokens, its own argument (tokenizer).
-_CALL_OPTIONS = tuple(
+CALL_OPTIONS = tuple(
     f.name
     for f in fields(Dump)
     if f.name not in ("inputs", "input_format", "trust_pickle", "engine", "tokenizer", "_reader")
 )
 _DEFAULTS = {
-    f.name: f.default_factory() if f.default is MISSING else f.default
+    f.name: f.default_factory() if f.default_factory is not MISSING else f.default
     for f in fields(Dump)
     if f.init and f.name != "inputs"
 }
@@ -218,7 +219,7 @@ def call_options(
     call: str,
     accepted: Collection[str],
     given: Mapping[str, Any] | None = None,
-    names: Sequence[str] = _CALL_OPTIONS,
+    names: Sequence[str] = CALL_OPTIONS,
 ) -> dict[str, Any]:
     """The keyword arguments ``call`` takes from ``dump``'s options ``names``: each one ``call`` accepts
     (``accepted``) and the dump sets (None: the call's own). Raises ConfigError where ``given`` (the call's explicit
@@ -266,7 +267,12 @@ def reads_dump(function: Callable[Concatenate[Inputs, P], R]) -> Callable[Concat
         from rollout_diag.engine.choice import use_engine
 
         size = kwargs.get("chunk_tokens")
-        reader = inputs.reader(chunk_default if size is None else size)
+        if size is None:
+            reader = inputs.reader(chunk_default)
+        else:
+            from rollout_diag.io.reader import checked_chunk_tokens
+
+            reader = inputs.reader(checked_chunk_tokens(size))
         if "chunk_tokens" in accepted and size is None:
             kwargs["chunk_tokens"] = reader.chunk_tokens
         with use_engine(inputs.engine):

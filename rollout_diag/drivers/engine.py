@@ -17,7 +17,7 @@ from rollout_diag.drivers.dump import reads_dump
 from rollout_diag.drivers.passes import (
     Analysis,
     Inputs,
-    Progress,
+    ProgressOption,
     check_analysis_options,
     open_reader,
     resolve_device,
@@ -62,7 +62,7 @@ def analyze(
     catastrophic: float = DEFAULT_CATASTROPHIC,
     top_k: int = DEFAULT_TOP_K,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-    progress: Progress | bool | None = None,
+    progress: ProgressOption = None,
     workers: Workers = AUTO,
     backend: str = "process",
     dialect: str | Sequence[str] = DEFAULT_DIALECT,
@@ -101,7 +101,7 @@ def analyze(
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
     reader.select(selection(where, steps))
-    options = {
+    options: dict[str, Any] = {  # Analysis's keyword arguments
         "max_rounds": max_rounds,
         "catastrophic": catastrophic,
         "top_k": top_k,
@@ -209,7 +209,7 @@ def skipped_of(log: ReadLog, run: StepResult) -> SkippedData:
     )
 
 
-def read_fields(log: ReadLog, device: Any) -> dict[str, Any]:
+def read_fields(log: ReadLog, device: str) -> dict[str, Any]:
     """The fields of an AnalysisResult that say what was read, and where it was computed."""
     return {
         "inputs": list(log.files),

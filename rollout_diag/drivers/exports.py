@@ -1,6 +1,6 @@
 """Per-row decisions: what each preset would do to each row, streamed into one Parquet file.
 
-``DecisionWriter`` is a chunk consumer (it reads the chunk's shared per-chunk engine,
+``DecisionWriter`` is a chunk consumer (it reads the chunk's rows and its shared per-chunk engine,
 ``engine.stats.ChunkStats``); the file itself is ``io.decisions.DecisionFile``. ``export_decisions``
 is the pass that runs it alone; ``compare_presets(export_decisions_to=…)`` runs it beside the comparison.
 """
@@ -17,6 +17,7 @@ from rollout_diag.drivers.dump import reads_dump
 from rollout_diag.drivers.passes import Inputs, Progress, open_reader, resolve_device, run_chunks
 from rollout_diag.engine import arrays
 from rollout_diag.engine.stats import ChunkStats, stats
+from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.decisions import DecisionFile
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
 from rollout_diag.metrics.correction import importance_weights, rs_row_value
@@ -40,9 +41,9 @@ class DecisionWriter:
         self._file = DecisionFile(self.path, self.options)
         self.rows_written = 0
 
-    def write(self, shared: ChunkStats) -> None:
+    def write(self, chunk: Chunk) -> None:
         """Append one chunk's rows for every preset."""
-        chunk = shared.chunk
+        shared = stats(chunk)
         rows = chunk.rows
         missing = np.full(rows, np.nan)
         parts: dict[str, list[Any]] = {name: [] for name in self._file.names}
@@ -114,5 +115,5 @@ def export_decisions(
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
     with DecisionWriter(path, chosen) as writer:
-        run_chunks(reader, [lambda chunk: writer.write(stats(chunk))], torch_device, progress)
+        run_chunks(reader, [writer.write], torch_device, progress)
     return writer.rows_written

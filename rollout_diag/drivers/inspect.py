@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from numbers import Integral
 from typing import TYPE_CHECKING
 
@@ -19,7 +19,7 @@ from rollout_diag.errors import ConfigError, DataError, option_name, where
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
 from rollout_diag.io.tokenizer import load_tokenizer
-from rollout_diag.metrics.localize import DEFAULT_WINDOW, default_window, first_differing, window_at
+from rollout_diag.metrics.localize import DEFAULT_WINDOW, CapturedRow, default_window, first_differing, window_at
 from rollout_diag.paths import file_label
 from rollout_diag.results import RowTokens
 
@@ -223,22 +223,11 @@ def _row_window(chunk: Chunk, index: int, around: int | None, window: int | None
                 f"(positions 0 to {length - 1})."
             )
         first, last = window_at(around, DEFAULT_WINDOW if window is None else int(window), length)
-    span = slice(begin + first, begin + last)
-    return RowTokens(
-        step=int(chunk.step[index]),
-        sample_id=chunk.sample_id[index],
-        file=chunk.file[index],
-        row=chunk.file_row[index],
-        mask=arrays.host(chunk.mask[span]).astype(np.int8).tolist(),
-        trainer_logprob=arrays.host(chunk.trainer[span]).tolist(),
-        rollout_logprob=arrays.host(chunk.rollout[span]).tolist(),
-        token_id=None if chunk.token_ids is None else arrays.host(chunk.token_ids[span]).tolist(),
-        token=None if chunk.token_text is None else [chunk.token_text(index, p) for p in range(first, last)],
-        start=first,
-        row_length=None if (first, last) == (0, length) else length,
-        extra=chunk.row_extra(index),
-        row_largest_abs_delta=None if largest is None or (first, last) == (0, length) else largest[0],
-        row_largest_position=None if largest is None or (first, last) == (0, length) else largest[1],
+    whole = (first, last) == (0, length)
+    return replace(
+        CapturedRow.of(chunk, index, (first, last)).tokens(),
+        row_largest_abs_delta=None if largest is None or whole else largest[0],
+        row_largest_position=None if largest is None or whole else largest[1],
         first_differing_position=first_differing(chunk, index),
     )
 

@@ -49,9 +49,11 @@ if TYPE_CHECKING:  # the preset families are imported where a pass has presets
     from rollout_diag.metrics.sweep import SweepAccumulator
 
 Progress = Callable[[int, int], None]  # (file rows consumed, total file rows)
+# What a reading call's ``progress`` takes: a callable, True (a line on stderr every few seconds) or None / False.
+ProgressOption = Progress | bool | None
 
 
-def progress_callback(progress: Progress | bool | None) -> Progress | None:
+def progress_callback(progress: ProgressOption) -> Progress | None:
     """``True``: a line on stderr every few seconds (rollout_diag/progress.py: for a pipe, a CI log, a notebook);
     a callable as it is; ``None`` / ``False``: no progress."""
     if progress is True:
@@ -240,7 +242,7 @@ class Analysis:
         """Notes on steps and rows without a model token; a row's file is named by its label among ``files`` (the
         inputs: ``step=3/rank-0.parquet`` in a directory dump, where the name alone is every step's)."""
         notes = []
-        no_token_steps = [s.step for s in steps if s.tokens == 0]
+        no_token_steps = [s.step for s in steps if s.tokens == 0 and s.step is not None]
         if no_token_steps:
             notes.append(
                 f"{len(no_token_steps)} step(s) have no model token (response_mask all 0) and no metrics: "
@@ -287,7 +289,7 @@ def run_chunks(
     reader: DumpReader,
     consumers: Sequence[Callable[[Chunk], None]],
     device: str,
-    progress: Progress | None = None,
+    progress: ProgressOption = None,
     prepare: Callable[[Chunk], None] = prepare,
 ) -> None:
     """Feed every chunk of ``reader`` to each consumer in turn; report progress in file rows. ``prepare`` runs on
@@ -399,7 +401,7 @@ class Pass:
     corrections: CorrectionAnalysis | None = None
     sweep: SweepAccumulator | None = None
 
-    def consumers(self) -> list:
+    def consumers(self) -> list[Callable[[Chunk], None]]:
         return [accumulator.update for accumulator in (self.analysis, self.corrections, self.sweep) if accumulator]
 
     def prepare(self, chunk: Chunk) -> None:

@@ -25,6 +25,7 @@ from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
 from rollout_diag.io.readlog import ReadLog
 from rollout_diag.memory import trim_heap
 from rollout_diag.metrics.base import StepAccumulator
+from rollout_diag.metrics.hints import HintEvidenceAccumulator
 from rollout_diag.metrics.localize import FirstDifference, WorstTracker
 from rollout_diag.metrics.prompts import PromptAccumulator
 from rollout_diag.metrics.rowstats import RowStatsCollector
@@ -134,7 +135,9 @@ def _restricted(analysis: Analysis, steps: StepRange) -> Analysis:
 
     subset = copy.copy(analysis)
     subset.family = {name: restricted(family) for name, family in analysis.family.items()}
-    subset.hint_evidence = restricted(analysis.hint_evidence)
+    evidence = restricted(analysis.hint_evidence)
+    assert isinstance(evidence, HintEvidenceAccumulator)  # a shallow copy of it (StepAccumulator.restricted)
+    subset.hint_evidence = evidence
     subset.worst = WorstTracker(analysis.top_k, analysis.catastrophic)
     subset.prompts = PromptAccumulator()  # ages and the worst 1 % are over the whole input, as the worst rows
     subset.grouped = []

@@ -7,42 +7,37 @@ import multiprocessing
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rollout_diag.cores import AUTO_MAX_WORKERS, AUTO_MIN_CORES, available_cores
 from rollout_diag.decisions.diff import DEFAULT_LEVEL, DEFAULT_REPLICATES, DEFAULT_SEED
-from rollout_diag.decisions.runs import RunInput, check_options, compare_runs
+from rollout_diag.decisions.runs import RunInput, RunState, check_options, compare_runs
 from rollout_diag.drivers.distributed import AUTO, Workers, check_workers, run_on_ray
-from rollout_diag.drivers.dump import Dump
-from rollout_diag.drivers.rowpass import row_pass
+from rollout_diag.drivers.dump import Dump, call_options
+from rollout_diag.drivers.rowpass import READING_OPTIONS, row_pass
 from rollout_diag.engine.arrays import device_kind
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.presets import resolve_presets
-from rollout_diag.results import AnalysisResult, PromptEvidence, RowStats, RunsResult
+from rollout_diag.results import RunsResult
 
 Said = Callable[[str], None]  # a line of progress ("base: read in 3.2 s")
 
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One run: its name, its dump, its knobs (name → value; a knob the dump's ``DumpWriter(config=...)`` recorded
-    is taken from there unless given here)."""
+    """One run: its name, its dump (a :class:`Dump`; file names, a glob or a directory are read as ``Dump(inputs)``),
+    its knobs (name → value; a knob the dump's ``DumpWriter(config=...)`` recorded is taken from there unless given
+    here)."""
 
     name: str
     inputs: Dump
     knobs: Mapping[str, Any] = field(default_factory=dict)
 
-
-@dataclass(frozen=True)
-class RunState:
-    """What one run's pass leaves for the comparison (picklable: ``state_dir`` keeps it): the run-level analysis
-    (``RowPass.summary``), the per-row sums and the per-prompt evidence (bounded: ``metrics/prompts.py``)."""
-
-    summary: AnalysisResult
-    rows: RowStats
-    prompts: PromptEvidence | None = None
+    def __post_init__(self) -> None:
+        if not isinstance(self.inputs, Dump):  # file names, as every reading call takes them
+            object.__setattr__(self, "inputs", Dump(self.inputs))
 
 
 def compare_dumps(
@@ -67,6 +62,8 @@ def compare_dumps(
     knobs the dumps' writers recorded count where a run does not give them. Raises RolloutDiagError for bad input
     or options."""
     check_workers(workers, backend)
+    for spec in runs:
+        _check_one_process(spec)
     names = tuple(dict.fromkeys(presets))
     check_options([spec.name for spec in runs], baseline, names, max_ratios, replicates, level)
     if names:
@@ -79,7 +76,7 @@ def compare_dumps(
             from rollout_diag.io.config import dump_config
 
             knobs = {**dump_config(spec.inputs.inputs), **knobs}
-        inputs.append(RunInput(spec.name, knobs, state.summary, state.rows, state.prompts))
+        inputs.append(RunInput(state.summary, state.rows, state.prompts, name=spec.name, knobs=knobs))
     return compare_runs(
         inputs,
         baseline=baseline,
@@ -118,35 +115,66 @@ def read_runs(
 ) -> list[RunState]:
     """Each dump's :class:`RunState`, from ``state_dir`` where one was saved for the same inputs and options, else
     read (and saved there)."""
-    from rollout_diag.io.statecache import load_state, save_state, state_key
+    from rollout_diag.io.statecache import save_state, state_key
 
-    labels = [spec.name for spec in specs] if specs is not None else [str(d.inputs[0]) for d in dumps]
+    labels = [spec.name for spec in specs] if specs is not None else [str(dump.inputs[0]) for dump in dumps]
+    # the keys before anything is read: a file that changes while it is read is read again next time
     keys = [None if state_dir is None else state_key(dump.inputs, _options(dump, presets)) for dump in dumps]
-    states: list[RunState | None] = [None] * len(dumps)
-    for index, key in enumerate(keys):
-        if key is not None:
-            states[index] = load_state(state_dir, key)  # type: ignore[arg-type]
-            if states[index] is not None and progress is not None:
-                progress(f"{labels[index]}: from {state_dir}")
-    pending = [index for index, state in enumerate(states) if state is None]
-    count = _workers(workers, len(pending))
+    saved = [_saved_state(state_dir, key) for key in keys]
+    for label, state in zip(labels, saved, strict=True):
+        if state is not None and progress is not None:
+            progress(f"{label}: from {state_dir}")
+    pending = [index for index, state in enumerate(saved) if state is None]
+    read = _read_pending([dumps[i] for i in pending], [labels[i] for i in pending], presets, workers, backend, progress)
+    states = dict(zip(pending, read, strict=True))
+    for index, state in states.items():
+        key = keys[index]
+        if state_dir is not None and key is not None:
+            save_state(state_dir, key, state)
+    return [states[index] if state is None else state for index, state in enumerate(saved)]
+
+
+def _saved_state(state_dir: str | Path | None, key: str | None) -> RunState | None:
+    from rollout_diag.io.statecache import load_state
+
+    return None if state_dir is None or key is None else load_state(state_dir, key)
+
+
+def _read_pending(
+    dumps: list[Dump],
+    labels: list[str],
+    presets: tuple[str, ...],
+    workers: Workers,
+    backend: str,
+    progress: Said | None,
+) -> list[RunState]:
+    """The states of ``dumps``, in order: read here one after another, or on ``workers`` processes (Ray tasks)."""
+    count = _workers(workers, len(dumps))
     started = time.perf_counter()
-    if count <= 1:
-        for index in pending:
-            states[index] = read_run(_one_process(dumps[index]), presets)
-            if progress is not None:
-                progress(f"{labels[index]}: read in {time.perf_counter() - started:.1f} s")
-    else:
-        jobs = [(_one_process(dumps[index]), presets) for index in pending]
-        found = _run_ray(jobs) if backend == "ray" else _run_processes(jobs, count, dumps[0].device)
-        for index, state in zip(pending, found, strict=True):
-            states[index] = state
+    if count > 1:
+        jobs = [(dump, presets) for dump in dumps]
+        found = run_on_ray(read_run, jobs) if backend == "ray" else _run_processes(jobs, count, dumps[0].device)
         if progress is not None:
-            progress(f"{len(pending)} runs read on {count} processes in {time.perf_counter() - started:.1f} s")
-    for index in pending:
-        if keys[index] is not None:
-            save_state(state_dir, keys[index], states[index])  # type: ignore[arg-type]
-    return states  # type: ignore[return-value]
+            progress(f"{len(dumps)} runs read on {count} processes in {time.perf_counter() - started:.1f} s")
+        return found
+    states = []
+    for dump, label in zip(dumps, labels, strict=True):
+        states.append(read_run(dump, presets))
+        if progress is not None:
+            progress(f"{label}: read in {time.perf_counter() - started:.1f} s")
+    return states
+
+
+def _check_one_process(spec: RunSpec) -> None:
+    """Raises ConfigError for a run's Dump with an option a run's pass cannot honour: each run reads in one process
+    (``workers`` of :func:`compare_dumps` reads several runs at once), so the Dump's workers and backend stay unset."""
+    try:
+        call_options(spec.inputs, "compare_dumps", READING_OPTIONS)
+    except ConfigError as exc:
+        raise ConfigError(
+            f"run {spec.name!r}: {exc.message}",
+            hint=f"each run reads in one process; {option_name('workers')} of compare_dumps reads runs in parallel.",
+        ) from None
 
 
 def _options(dump: Dump, presets: tuple[str, ...]) -> dict[str, Any]:
@@ -157,11 +185,6 @@ def _options(dump: Dump, presets: tuple[str, ...]) -> dict[str, Any]:
         "input_format": dump.input_format,
         "strict": dump.strict,
     }
-
-
-def _one_process(dump: Dump) -> Dump:
-    """A run reads in one process (the runs are the parallel unit): the dump without its workers and backend."""
-    return replace(dump, workers=AUTO, backend="process")
 
 
 def _workers(workers: Workers, pending: int) -> int:
@@ -186,10 +209,6 @@ def _cuda() -> bool:
 
     torch = sys.modules.get("torch")
     return bool(torch is not None and torch.cuda.is_available())
-
-
-def _run_ray(jobs: list[tuple[Dump, tuple[str, ...]]]) -> list[RunState]:
-    return run_on_ray(read_run, jobs)
 
 
 # ------------------------------------------------------------------ naming runs and their knobs on a command line

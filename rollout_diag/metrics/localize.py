@@ -262,13 +262,14 @@ class CapturedRow:
     row_length: int | None = None  # tokens in the whole row when only a window is kept
 
     @classmethod
-    def of(cls, chunk: Chunk, row: int) -> CapturedRow:
+    def of(cls, chunk: Chunk, row: int, window: tuple[int, int] | None = None) -> CapturedRow:
         """The row's tokens, or for a row longer than LONG_ROW the window ``inspect`` shows by default: what a result
-        carries (JSON, report) then never grows with the length of one row (a 5 M-token row made 344 MB of JSON)."""
+        carries (JSON, report) then never grows with the length of one row (a 5 M-token row made 344 MB of JSON).
+        ``window``: the (first, last) positions to keep instead (``inspect``'s own choice)."""
         begin, end = int(chunk.offsets[row]), int(chunk.offsets[row + 1])
         length = end - begin
-        first, last = 0, length
-        if length > LONG_ROW:
+        first, last = (0, length) if window is None else window
+        if window is None and length > LONG_ROW:
             mask, trainer, rollout = (
                 arrays.host(values[begin:end]) for values in (chunk.mask, chunk.trainer, chunk.rollout)
             )

@@ -35,7 +35,7 @@ from rollout_diag.results.comparison import (
     Recommendation,
 )
 from rollout_diag.results.document import SCHEMA_VERSION
-from rollout_diag.results.loading import load_results, result_from_json
+from rollout_diag.results.loading import SavedResult, load_result, load_results, result_from_json
 from rollout_diag.results.prompts import (
     ExtremePrompt,
     MatchedCell,
@@ -124,6 +124,7 @@ __all__ = [
     "RunWorst",
     "RunsPrompts",
     "RunsResult",
+    "SavedResult",
     "SkippedData",
     "SkippedRow",
     "StepResult",
@@ -142,6 +143,7 @@ __all__ = [
     "extra_names",
     "json_number",
     "json_row",
+    "load_result",
     "load_results",
     "metric_column",
     "prompt_label",

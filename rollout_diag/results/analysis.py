@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
@@ -127,16 +127,16 @@ class AnalysisResult:
     layout: str
     device: str
     run: StepResult
-    steps: list[StepResult]  # built by analyze: a StepTable (the same StepResults, held as columns)
+    steps: Sequence[StepResult]  # built by analyze: a StepTable (the same StepResults, held as columns)
     rounds: list[dict[str, Any]]
     verdicts: list[Verdict]
     # Localisation (where it diverges): see rollout_diag/metrics/localize.py.
     # log2 position buckets; "step" None = run (built by analyze: Rows, the same dicts held as columns)
-    positions: list[dict[str, Any]] = field(default_factory=list)
+    positions: Sequence[dict[str, Any]] = field(default_factory=list)
     worst_rows: list[WorstRow] = field(default_factory=list)
     worst_tokens: list[WorstToken] = field(default_factory=list)
     worst_row_tokens: list[RowTokens] = field(default_factory=list)
-    delta_histogram: dict[str, list[float]] = field(default_factory=dict)  # signed log bins of δ, run level
+    delta_histogram: Mapping[str, Sequence[float]] = field(default_factory=dict)  # signed log bins of δ, run level
     anomalies: list[Anomaly] = field(default_factory=list)
     trends: list[Trend] = field(default_factory=list)
     catastrophic_threshold: float = 1.0

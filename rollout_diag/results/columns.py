@@ -26,7 +26,7 @@ class MetricColumns:
 
     __slots__ = ("_rows", "_sorted", "groups", "order", "reports", "where")
 
-    def __init__(self, groups: Sequence[KeyColumns], count: int, order: Mapping[str, int] | None = None) -> None:
+    def __init__(self, groups: Iterable[KeyColumns], count: int, order: Mapping[str, int] | None = None) -> None:
         kept = []
         self._rows: list[tuple[np.ndarray, tuple[str, ...], np.ndarray | None]] = []
         for present, values in groups:

@@ -198,7 +198,7 @@ class PresetResult:
     name: str
     config: dict[str, Any]
     mode: str
-    steps: list[StepResult]
+    steps: Sequence[StepResult]  # built by compare_presets: PresetSteps (read from the presets' columns)
     run: StepResult
     intrusive_reasons: tuple[str, ...] = ()  # decisions/intrusive.py: why the preset is intrusive (empty: it is not)
 

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from rollout_diag.results.rows import HintRow, RowRef
+from rollout_diag.results.shapes import item_from_json
 
 
 def prompt_label(key: int) -> str:
@@ -182,6 +183,32 @@ class RunsPrompts:
             ],
             "matrix_cut": self.matrix_cut,
         }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> RunsPrompts:
+        """Inverse of ``to_json`` (the document's shape checked before: ``RunsResult.from_json``)."""
+        matrix = [
+            MatchedPrompt(
+                prompt=item["prompt"],
+                key=item["key"],
+                cells=[item_from_json(MatchedCell, {**cell, "run": run}) for run, cell in item["cells"].items()],
+                listed=item["listed"],
+                chance=item["chance"],
+            )
+            for item in raw["matrix"]
+        ]
+        return cls(
+            identity=raw["identity"],
+            runs=list(raw["runs"]),
+            without=list(raw["without"]),
+            worst=[item_from_json(RunWorst, worst) for worst in raw["worst"]],
+            shared=raw["shared"],
+            in_every_run=raw["in_every_run"],
+            sampled_share=raw["sampled_share"],
+            outliers=raw["outliers"],
+            matrix=matrix,
+            matrix_cut=raw["matrix_cut"],
+        )
 
 
 def _cell_json(cell: MatchedCell) -> dict[str, Any]:

@@ -6,16 +6,20 @@ effects, gates and the first line); renderers and exports read it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from rollout_diag.results.document import SCHEMA_VERSION
+from rollout_diag.errors import InputError
+from rollout_diag.results.document import SCHEMA_VERSION, schema_version
 from rollout_diag.results.prompts import RunsPrompts
 from rollout_diag.results.reprs import short_repr
 from rollout_diag.results.rows import json_number
+from rollout_diag.results.schema import check_document
+from rollout_diag.results.shapes import found
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,10 @@ class RunMetric:
 
     def to_json(self) -> dict[str, Any]:
         return {"metric": self.metric, "value": json_number(self.value), "interval": _pair(self.low, self.high)}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> RunMetric:
+        return cls(raw["metric"], _number(raw["value"]), *_interval(raw["interval"]))
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,11 @@ class RunSummary:
             "metrics": {m.metric: m.to_json() for m in self.metrics},
             "onset_step": self.onset_step,
         }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> RunSummary:
+        written = {spec.name: raw[spec.name] for spec in dataclasses.fields(cls) if spec.name != "metrics"}
+        return cls(**written, metrics=[RunMetric.from_json(metric) for metric in raw["metrics"].values()])
 
 
 @dataclass(frozen=True)
@@ -105,6 +118,27 @@ class KnobEffect:
             else _pair(self.difference_low, self.difference_high),
         }
 
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> KnobEffect:
+        difference = raw["difference_interval"]
+        low, high = _interval(raw["interval"])
+        difference_low, difference_high = (None, None) if difference is None else _interval(difference)
+        return cls(
+            knob=raw["knob"],
+            from_=raw["from"],
+            to=raw["to"],
+            metric=raw["metric"],
+            ratio=raw["ratio"],
+            low=low,
+            high=high,
+            detectable=raw["detectable"],
+            method=raw["method"],
+            runs=None if raw["runs"] is None else (raw["runs"][0], raw["runs"][1]),
+            difference=raw["difference"],
+            difference_low=difference_low,
+            difference_high=difference_high,
+        )
+
 
 @dataclass(frozen=True)
 class RatioGate:
@@ -128,16 +162,53 @@ class RatioGate:
             "passed": self.passed,
         }
 
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> RatioGate:
+        low, high = _interval(raw["interval"])
+        return cls(raw["run"], raw["metric"], raw["limit"], _number(raw["ratio"]), low, high, raw["passed"])
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, eq=False)
 class RunSteps:
     """One run's per-step key metrics (from its row sums): ``step`` int64 [S] and ``values[metric]`` float64 [S],
-    with each step's rows."""
+    with each step's rows. Equal to another when its arrays are (NaN equal to NaN: a value no rows gave)."""
 
     run: str
     step: np.ndarray
     rows: np.ndarray
     values: dict[str, np.ndarray]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RunSteps):
+            return NotImplemented
+        return (
+            self.run == other.run
+            and np.array_equal(self.step, other.step)
+            and np.array_equal(self.rows, other.rows)
+            and list(self.values) == list(other.values)
+            and all(np.array_equal(self.values[k], other.values[k], equal_nan=True) for k in self.values)
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable arrays: equal by value, not hashable
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            "step": self.step.tolist(),
+            "rows": self.rows.tolist(),
+            "metrics": {metric: [json_number(v) for v in values.tolist()] for metric, values in self.values.items()},
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> RunSteps:
+        count = len(raw["step"])
+        values = {
+            metric: np.array([math.nan if v is None else v for v in listed], dtype=np.float64)
+            for metric, listed in raw["metrics"].items()
+        }
+        if len(raw["rows"]) != count or any(len(listed) != count for listed in values.values()):
+            raise InputError(f"field 'steps': run {raw['run']!r} has {count} steps but not as many rows or values.")
+        return cls(raw["run"], np.array(raw["step"], dtype=np.int64), np.array(raw["rows"], dtype=np.int64), values)
 
 
 @dataclass(frozen=True)
@@ -193,7 +264,42 @@ class RunsResult:
             "passed": self.passed,
             "warnings": list(self.warnings),
             "prompts": None if self.prompts is None else self.prompts.to_json(),
+            "steps": [steps.to_json() for steps in self.steps],
         }
+
+    @classmethod
+    def from_json(cls, document: Any) -> RunsResult:
+        """The RunsResult that ``to_json()`` wrote ``document`` from (JSON null numbers come back as NaN); a document
+        written before ``steps`` was in it comes back without per-step values. Raises InputError when the document
+        is not a ``runs`` result of a schema version this build reads, naming the first field that is wrong."""
+        what = "not a `runs --format json` result"
+        if not isinstance(document, dict) or document.get("kind") != "runs":
+            kind = document.get("kind") if isinstance(document, dict) else None
+            raise InputError(f'{what}: expected "kind": "runs", found {found(kind)}.')
+        try:
+            schema_version(document)
+            check_document(document, "runs.schema.json")
+            missing = next((name for name in _NEEDED if name not in document), None)
+            if missing is not None:
+                raise InputError(f"field '{missing}': missing.")
+            bootstrap = document["bootstrap"]
+            return cls(
+                runs=[RunSummary.from_json(run) for run in document["runs"]],
+                effects=[KnobEffect.from_json(effect) for effect in document["effects"]],
+                steps=[RunSteps.from_json(steps) for steps in document.get("steps", [])],
+                baseline=document["baseline"],
+                metrics=list(document["metrics"]),
+                onset_metric=document["onset_metric"],
+                answer=document["answer"],
+                replicates=bootstrap["replicates"],
+                level=bootstrap["level"],
+                seed=bootstrap["seed"],
+                gates=[RatioGate.from_json(gate) for gate in document.get("gates", [])],
+                warnings=list(document.get("warnings", [])),
+                prompts=None if document.get("prompts") is None else RunsPrompts.from_json(document["prompts"]),
+            )
+        except InputError as exc:
+            raise InputError(f"{what}: {exc.message}") from None
 
     def step_records(self) -> dict[str, list[Any]]:
         """Columns of one row per run × step: ``run``, ``knob:<name>`` per knob, ``step``, ``rows`` and each key
@@ -214,5 +320,18 @@ class RunsResult:
         return columns
 
 
+# The fields a runs document must have to be read back (the others default: no gates, warnings, prompts or steps).
+_NEEDED = ("answer", "baseline", "metrics", "onset_metric", "bootstrap", "runs", "effects")
+
+
 def _pair(low: float, high: float) -> list[Any]:
     return [json_number(low), json_number(high)] if math.isfinite(low) and math.isfinite(high) else [None, None]
+
+
+def _number(value: float | None) -> float:
+    """A number written by ``json_number``: null (NaN or ±inf when written) back as NaN."""
+    return math.nan if value is None else float(value)
+
+
+def _interval(pair: list[float | None]) -> tuple[float, float]:
+    return _number(pair[0]), _number(pair[1])

@@ -95,7 +95,7 @@ class SweepResult:
     columns: dict[str, str]
     targets: list[float]
     run: list[SweepOption]  # one entry per option, with the share-vs-threshold curve
-    steps: list[SweepStep]  # per step, without curves
+    steps: Sequence[SweepStep]  # per step, without curves (built by threshold_sweep: Converted, made when read)
     warnings: list[str] = field(default_factory=list)
     skipped: list[SkippedRow] = field(default_factory=list)
     skipped_rows: int = 0

@@ -368,7 +368,7 @@ def test_the_preset_commands_read_larger_chunks_by_default() -> None:
     accumulators' fixed cost per chunk: docs/benchmarks.md, issue 20 session 11); analyze the reader's default."""
     import inspect
 
-    from rollout_diag import cli
+    from rollout_diag.cli import analyze, check, presets, report
     from rollout_diag.drivers import compare
     from rollout_diag.drivers.dump import DEFAULT_CHUNK_TOKENS, PRESET_CHUNK_TOKENS
 
@@ -376,15 +376,15 @@ def test_the_preset_commands_read_larger_chunks_by_default() -> None:
         return inspect.signature(function).parameters["chunk_tokens"].default
 
     assert PRESET_CHUNK_TOKENS == 2 * DEFAULT_CHUNK_TOKENS
-    assert default(cli.compare_presets) == default(cli.report) == PRESET_CHUNK_TOKENS
+    assert default(presets.compare_presets) == default(report.report) == PRESET_CHUNK_TOKENS
     assert default(compare.compare_presets) == default(compare.analyze_and_compare) == PRESET_CHUNK_TOKENS
-    assert default(cli.analyze) == default(cli.sweep) == default(cli.check) == DEFAULT_CHUNK_TOKENS
+    assert default(analyze.analyze) == default(presets.sweep) == default(check.check) == DEFAULT_CHUNK_TOKENS
 
 
 def test_progress_bar_on_a_terminal(monkeypatch: pytest.MonkeyPatch, sample: Path) -> None:
     import io as stdio
 
-    from rollout_diag import cli
+    from rollout_diag.cli import output as cli
 
     class Terminal(stdio.StringIO):
         def isatty(self) -> bool:
@@ -401,12 +401,14 @@ def test_progress_bar_on_a_terminal(monkeypatch: pytest.MonkeyPatch, sample: Pat
 
 
 def test_each_shared_option_is_declared_once_whatever_command_shows_it() -> None:
-    """The option groups (cli.Reading, PresetChoice, AnalysisKnobs, Selection) declare each option once: every
-    command that shows it gives the same help and flags; only a command's own default may differ (compare-presets'
-    chunks)."""
+    """The option groups (Reading, PresetChoice, AnalysisKnobs, Selection, Gates, Logging: rollout_diag/cli/options.py)
+    declare each option once: every command that shows it gives the same help and flags; only a command's own default
+    may differ (compare-presets' chunks, watch's device)."""
+    import dataclasses
+
     from typer._click import Context
 
-    from rollout_diag import cli
+    from rollout_diag.cli.options import OPTION_GROUPS
 
     group = typer.main.get_command(app)
     root = Context(group, info_name="rollout-diag")
@@ -414,9 +416,10 @@ def test_each_shared_option_is_declared_once_whatever_command_shows_it() -> None
     for name in group.list_commands(root):
         command = group.get_command(root, name)
         for param in command.params:
-            if param.name in {field.name for kind in cli.OPTION_GROUPS for field in cli.dataclasses.fields(kind)}:
+            if param.name in {field.name for kind in OPTION_GROUPS for field in dataclasses.fields(kind)}:
                 shown.setdefault(param.name, set()).add((*param.opts, re.sub(r"\s+", " ", param.help or "")))
     assert set(shown) >= {"column", "device", "strict", "chunk_tokens", "input_format", "trust_pickle", "workers"}
+    assert set(shown) >= {"max_", "min_", "gates", "tensorboard", "wandb", "wandb_group", "wandb_run_id"}
     shown.pop("preset")  # diff's --preset is its own (presets whose dropped share to compare)
     shown.pop("by")  # check's and diff's --by are their own (what a group's gate or interval is)
     assert all(len(records) == 1 for records in shown.values()), shown
@@ -424,12 +427,32 @@ def test_each_shared_option_is_declared_once_whatever_command_shows_it() -> None
 
 
 def test_a_group_option_shown_without_its_group_is_a_programming_error() -> None:
-    from rollout_diag.cli import SHARED, Shared, option_groups
+    from rollout_diag.cli.layout import command
 
-    def command(column: Shared = SHARED) -> None:
+    def shows_column(top_k: int = 20) -> None:
         """Shows --column but takes no Reading."""
 
-    command.__annotations__ = {"column": Shared, "return": None}  # resolved here, not in this module's globals
-
+    shows_column.__annotations__ = {"top_k": int, "return": None}  # resolved here, not in this module's globals
     with pytest.raises(TypeError, match="column is shown but no argument takes Reading"):
-        option_groups(command)
+        command("top_k column")(shows_column)
+
+
+def test_a_layout_names_each_own_option_and_only_known_ones() -> None:
+    """``@command``'s layout is the --help order: an own option it leaves out, or a name that is no option, is a
+    programming error at import, not an option silently missing from --help."""
+    import inspect
+
+    from rollout_diag.cli.layout import command
+
+    def takes_two(top_k: int = 20, seed: int = 0) -> None:
+        """Two own options."""
+
+    takes_two.__annotations__ = {"top_k": int, "seed": int, "return": None}
+    with pytest.raises(TypeError, match="not laid out: seed"):
+        command("top_k")(takes_two)
+    with pytest.raises(TypeError, match="colour is neither an option of the command nor of a group"):
+        command("top_k seed colour")(takes_two)
+    with pytest.raises(TypeError, match="not laid out: chunk_tokens"):  # a default for an option not shown
+        command("top_k seed", chunk_tokens=1)(takes_two)
+    shown = command("seed top_k")(takes_two)
+    assert list(inspect.signature(shown).parameters) == ["seed", "top_k", "debug"]

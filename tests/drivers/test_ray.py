@@ -47,3 +47,20 @@ def test_a_workers_error_arrives_as_the_same_one_line(tmp_path, dump):
     with pytest.raises(rd.DataError) as on_ray:
         rd.analyze(str(bad), device="cpu", strict=True, workers=2, backend="ray")
     assert str(on_ray.value) == str(local.value)
+
+
+def test_runs_on_ray_equals_one_process(tmp_path_factory, dump):
+    """``runs --backend ray``: each run a Ray task, the same result as the runs read one after another (a run's pass
+    is whole in one task: the same sums in the same order, so the documents are equal)."""
+    from rollout_diag.drivers.runs import RunSpec, compare_dumps
+
+    other = random_rows(8, steps=range(6), rows_per_step=9, max_length=40)
+    second = write_sequence_dump(tmp_path_factory.mktemp("ray-runs") / "b.parquet", other, row_group_size=5)
+    specs = [
+        RunSpec("a", rd.Dump(dump, device="cpu"), {"tp": 8}),
+        RunSpec("b", rd.Dump(str(second), device="cpu"), {"tp": 4}),
+    ]
+    local = compare_dumps(specs, replicates=200, workers=1, metadata_knobs=False)
+    on_ray = compare_dumps(specs, replicates=200, workers=2, backend="ray", metadata_knobs=False)
+    assert on_ray.to_json() == local.to_json()
+    assert on_ray == local

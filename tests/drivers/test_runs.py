@@ -179,6 +179,21 @@ def test_bad_designs(dumps):
         compare_runs([])
 
 
+@pytest.mark.parametrize(("option", "said"), [({"workers": 4}, "workers=4"), ({"backend": "ray"}, "backend='ray'")])
+def test_a_runs_dump_option_that_one_process_cannot_honour_is_refused(dumps, monkeypatch, option, said):
+    """Each run reads in one process: a run's Dump asking for workers or another backend is refused before anything
+    is read, naming the run (compare_dumps' own ``workers`` reads runs in parallel)."""
+    monkeypatch.setattr(runs_driver, "read_run", lambda *_: pytest.fail("read before the options were checked"))
+    specs = [RunSpec("base", Dump(str(dumps["base"]))), RunSpec("r3", Dump(str(dumps["r3"]), **option))]
+    with pytest.raises(ConfigError) as caught:
+        compare_dumps(specs, workers=1, metadata_knobs=False)
+    assert str(caught.value).startswith(f"run 'r3': {said}: compare_dumps cannot honour it")
+    assert "reads runs in parallel" in str(caught.value)
+    ok = [RunSpec("base", Dump(str(dumps["base"]), workers=1)), RunSpec("r3", str(dumps["r3"]))]  # a path: its Dump
+    monkeypatch.undo()
+    assert len(compare_dumps(ok, workers=1, metadata_knobs=False).runs) == 2  # one process is what a run does
+
+
 def test_step_errors_by_hand():
     """Ratio estimator per step: step 0 rows (num, den) = (1, 2), (3, 2): m = 4/4 = 1, residuals −1, 1, SE =
     √(2/1 · 2) / 4 = 0.5; step 1 has one row: SE NaN."""

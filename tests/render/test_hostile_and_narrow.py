@@ -22,8 +22,8 @@ from helpers.dumps import random_rows, seq_row, write_sequence_dump
 from rich.console import Console
 from typer.models import OptionInfo
 
-from rollout_diag import cli
 from rollout_diag.cli import app
+from rollout_diag.cli.options import Reading
 from rollout_diag.formatting import numbers
 from rollout_diag.render.export import sweep_csv
 from rollout_diag.render.format import number, percent, visible
@@ -310,7 +310,7 @@ def test_every_option_is_declared_with_its_name() -> None:
                     assert all(re.fullmatch(r"--[a-z0-9][a-z0-9-]*", decl) for decl in long), long
         for option in command.params:
             assert all(flag == flag.lower() for flag in option.opts), (name, option.opts)
-    device = get_args(get_type_hints(cli.Reading, include_extras=True)["device"])[1]  # declared once, in its group
+    device = get_args(get_type_hints(Reading, include_extras=True)["device"])[1]  # declared once, in its group
     assert "--device" in (device.default, *device.param_decls)
 
 

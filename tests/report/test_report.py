@@ -303,7 +303,7 @@ def test_result_from_json_is_the_inverse_of_to_json(synthetic_result):
 
 
 def test_result_from_json_rejects_other_documents():
-    with pytest.raises(InputError, match="not the --format json output of analyze or compare-presets"):
+    with pytest.raises(InputError, match="not the --format json output of analyze, compare-presets or runs"):
         result_from_json({"rows": []})
     with pytest.raises(InputError):  # read as a compare-presets document, which it is not
         result_from_json({"presets": []})

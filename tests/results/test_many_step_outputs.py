@@ -183,14 +183,15 @@ def test_the_cli_sets_glibc_to_keep_freed_chunks() -> None:
 @pytest.mark.parametrize("short", [True, False])
 def test_the_cli_picks_the_heap_bounds_by_the_rows(monkeypatch, short) -> None:
     """A command's dump opens with freed blocks given back for many short rows, kept for the next chunk otherwise."""
-    from rollout_diag import cli, memory
+    from rollout_diag import memory
+    from rollout_diag.cli.options import Reading
 
     called: list[str] = []
     monkeypatch.setattr(memory, "many_short_rows", lambda size: short)
     monkeypatch.setattr(memory, "return_large_blocks", lambda: called.append("return"))
     monkeypatch.setattr(memory, "keep_large_blocks", lambda: called.append("keep"))
     monkeypatch.setattr(memory, "defer_collection", lambda: False)  # the test process keeps its collector
-    cli.Reading().open([SAMPLE])
+    Reading().open([SAMPLE])
     assert called == ["return" if short else "keep"]
 
 
