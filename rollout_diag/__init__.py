@@ -12,6 +12,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+# export registers a result's views (to_polars, to_pandas, _repr_html_) in rollout_diag/views.py, where the results'
+# methods find them: results import nothing of export. Light: the views' modules load when a view is asked for.
+from rollout_diag import export  # noqa: F401
+
 __version__ = "0.1.0"
 
 # public name -> the module that defines it

@@ -1,9 +1,12 @@
 """The module map of ../shared/STYLE.md and the README's "How it works", checked on the source: every import
-(top level and inside functions; ``if TYPE_CHECKING:`` blocks left out, they never run) read with ``ast``."""
+(top level and inside functions; ``if TYPE_CHECKING:`` blocks left out, they never run, except where a test counts
+them) read with ``ast``."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -36,12 +39,13 @@ def _type_checking_only(node: ast.If) -> bool:
     )
 
 
-def _import_nodes(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+def _import_nodes(tree: ast.AST, types: bool = False) -> list[ast.Import | ast.ImportFrom]:
+    """The imports in ``tree``, at any depth; those under ``if TYPE_CHECKING:`` only with ``types``."""
     found: list[ast.Import | ast.ImportFrom] = []
     pending = [tree]
     while pending:
         node = pending.pop()
-        if isinstance(node, ast.If) and _type_checking_only(node):
+        if isinstance(node, ast.If) and _type_checking_only(node) and not types:
             pending.extend(node.orelse)
             continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -51,13 +55,14 @@ def _import_nodes(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
 
 
 @cache
-def imports_of(name: str) -> frozenset[str]:
+def imports_of(name: str, types: bool = False) -> frozenset[str]:
     """Modules ``name`` imports: package modules by full name, anything else by its top-level name.
-    ``from pkg import sub`` counts as an import of ``pkg.sub`` when that is a module."""
+    ``from pkg import sub`` counts as an import of ``pkg.sub`` when that is a module. With ``types``, the imports
+    for type checking too (an arrow to a reader of the code, if not to the interpreter)."""
     path = modules()[name]
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     targets: set[str] = set()
-    for node in _import_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in _import_nodes(ast.parse(path.read_text(encoding="utf-8")), types):
         if isinstance(node, ast.Import):
             targets.update(alias.name for alias in node.names)
             continue
@@ -99,8 +104,11 @@ def test_the_walk_sees_the_package():
     assert "torch" in imports_of("rollout_diag.drivers.passes")
 
 
-def test_no_import_circle():
-    graph = {name: {t for t in imports_of(name) if t in modules() and t != name} for name in modules()}
+@pytest.mark.parametrize("types", [False, True], ids=["run", "run-and-types"])
+def test_no_import_circle(types):
+    """No circle among the modules, neither in what runs nor counting the imports for type checking (a circle of
+    either kind ties the modules into one piece that cannot be read, tested or moved apart)."""
+    graph = {name: {t for t in imports_of(name, types) if t in modules() and t != name} for name in modules()}
     # A package's __init__ runs before its submodules; an arrow from a submodule to its own package is no circle.
     graph = {name: {t for t in targets if not name.startswith(t + ".")} for name, targets in graph.items()}
     state: dict[str, int] = {}
@@ -157,7 +165,7 @@ def test_report_and_render_are_independent():
     ],
 )
 def test_contract_and_neutral_modules_import_nothing_heavy(name):
-    heavy = sorted(t for t in reachable(name, avoid=RESULT_VIEWS) if t in HEAVY)
+    heavy = sorted(t for t in reachable(name) if t in HEAVY)
     assert not heavy, f"{name} reaches {heavy}"
 
 
@@ -321,6 +329,14 @@ MODULE_MAP = {
     "rollout_diag.formatting": ("rich", "torch", "plotly"),
     "rollout_diag.render": ("torch", "rollout_diag.report"),
     "rollout_diag.report": ("typer", "torch", "rollout_diag.render"),
+    "rollout_diag.export": (
+        "torch",
+        "rollout_diag.drivers",
+        "rollout_diag.metrics",
+        "rollout_diag.decisions",
+        "rollout_diag.render",
+        "rollout_diag.report",
+    ),
 }
 
 
@@ -389,6 +405,7 @@ LAYERS = (
         "rollout_diag.memory",
         "rollout_diag.process",
         "rollout_diag.engine.arrays",  # numpy or torch alike: imports nothing of the package
+        "rollout_diag.views",  # where a result finds the views export registers: imports nothing of the package
     ),
     ("rollout_diag.presets", "rollout_diag.catalogue", "rollout_diag.selection"),
     ("rollout_diag.formatting",),  # numbers and data strings as text: imports nothing of the package
@@ -399,20 +416,13 @@ LAYERS = (
     ("rollout_diag.engine.kernels", "rollout_diag.engine.choice"),
     ("rollout_diag.engine",),  # how a chunk's numbers are computed fast: the engines and the per-step state
     ("rollout_diag.io",),  # reads files into chunks, which the engines read (engine.stats.ChunkArrays)
-    ("rollout_diag.export",),
     ("rollout_diag.metrics",),
     ("rollout_diag.groups", "rollout_diag.decisions"),
     ("rollout_diag.drivers",),
-    ("rollout_diag.trainers", "rollout_diag.render", "rollout_diag.report"),
+    # the renderers: they read results and findings (export/: dataframes, Parquet, TensorBoard, W&B, notebook HTML)
+    ("rollout_diag.trainers", "rollout_diag.render", "rollout_diag.report", "rollout_diag.export"),
     ("rollout_diag.cli",),
 )
-# The one arrow up, on purpose: a result's views (to_polars, to_pandas, _repr_html_) call export/'s public functions
-# through a plain import inside the method, when a user asks (tests below: never at module level, never by name).
-RESULT_VIEWS = ("rollout_diag.export",)
-CLIMBS_ALLOWED = {
-    ("rollout_diag.results.analysis", "rollout_diag.export"),
-    ("rollout_diag.results.comparison", "rollout_diag.export"),
-}
 
 
 def layer_of(name: str) -> int | None:
@@ -432,31 +442,32 @@ def test_no_import_climbs_back_up():
         for target in imports_of(name):
             if target in modules() and target != "rollout_diag" and layer_of(target) > layer_of(name):
                 climbs.append((name, target))
-    assert sorted(set(climbs) - CLIMBS_ALLOWED) == []
+    assert sorted(set(climbs)) == []
 
 
-def _module_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
-    """The imports that run when the module is imported (top level, and in top-level ``if``/``try`` blocks)."""
-    return [
-        node for node in _import_nodes(ast.Module(body=[n for n in tree.body if not isinstance(n, FUNCTION_OR_CLASS)]))
-    ]
-
-
-FUNCTION_OR_CLASS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-
-
-def test_results_import_no_export_or_presentation_at_module_level():
-    """The contract loads no view: export/ (and the renderers) read results, so results name them only inside the
-    view methods, where a user's call loads them."""
-    forbidden = ("rollout_diag.export", "rollout_diag.render", "rollout_diag.report")
+def test_results_import_no_renderer_at_any_depth():
+    """The contract knows no view: export/ and the other renderers read results, and a result's ``to_polars()``,
+    ``to_pandas()`` and ``_repr_html_()`` find export's functions in rollout_diag/views.py, where export registers
+    them. No import of a renderer in results, at module level, inside a function or for type checking."""
+    renderers = ("rollout_diag.export", "rollout_diag.render", "rollout_diag.report")
     for name in [n for n in modules() if in_group(n, ("rollout_diag.results",))]:
-        tree = ast.parse(modules()[name].read_text(encoding="utf-8"))
-        wrong = sorted(
-            node.module or "" for node in _module_level_imports(tree) if isinstance(node, ast.ImportFrom)
-        ) + sorted(
-            alias.name for node in _module_level_imports(tree) if isinstance(node, ast.Import) for alias in node.names
-        )
-        assert not [target for target in wrong if in_group(target, forbidden)], name
+        assert not [t for t in imports_of(name, types=True) if in_group(t, renderers)], name
+
+
+def test_the_views_registry_imports_nothing_of_the_package():
+    assert not [t for t in imports_of("rollout_diag.views", types=True) if t.startswith("rollout_diag")]
+
+
+def test_a_result_finds_its_views_whatever_was_imported():
+    """A fresh interpreter that imports only the results package gets its views: the package registers them as it
+    loads."""
+    code = (
+        "import sys\nfrom rollout_diag.results.analysis import AnalysisResult\n"
+        "from rollout_diag.views import views_of\n"
+        "assert views_of(AnalysisResult.VIEW_KIND).frames.__module__ == 'rollout_diag.export.frames'\n"
+        "assert 'rollout_diag.export.notebook' not in sys.modules and 'polars' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 # A package module loaded by a name in a string is an arrow neither the walks above nor farm-studio see. Allowed: the

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rollout_diag.decisions.hints import MAX_STEPS, MIN_GROUP_TOKENS, Contrast, Group
+from rollout_diag.decisions.contrasts import MAX_STEPS, MIN_GROUP_TOKENS, Contrast, Group
 from rollout_diag.decisions.trends import least_squares
 from rollout_diag.results import (
     ExtremePrompt,

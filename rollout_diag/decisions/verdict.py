@@ -47,6 +47,7 @@ import numpy as np
 
 from rollout_diag import catalogue
 from rollout_diag.catalogue import short_name
+from rollout_diag.decisions.hints import PIPELINE_HINT_IDS
 from rollout_diag.decisions.levels import RULES, judge
 from rollout_diag.decisions.prompts import FIX_FIRST as STALE_FIX_FIRST
 from rollout_diag.formatting import number, percent
@@ -62,18 +63,8 @@ RESUME_SHARE = 0.5  # a resume_spike is a pipeline finding when its steps carry 
 # Truncated sampling logprobs come before temperature: both change every token's value, truncation also the support.
 # Retokenization changes the tokens after turn boundaries only; a resume spike counts only where it carries at least
 # half of the run's mismatch (RESUME_SHARE): a small transient in a long run is no pipeline bug.
-PIPELINE_HINTS = (
-    "invalid_rows",
-    "off_by_one",
-    "no_mask",
-    "dummy_logprobs",
-    "fill_values",
-    "top_p_truncation",
-    "processed_logprobs",
-    "retokenization",
-    "resume_spike",
-    "stale_prefix_cache",  # only when it explains the mismatch (``_is_pipeline``)
-)
+# stale_prefix_cache only when it explains the mismatch (``_is_pipeline``)
+PIPELINE_HINTS = (*PIPELINE_HINT_IDS, "stale_prefix_cache")
 FIX_FIRST = {
     "invalid_rows": "fix what writes the dump, so that no row is left out (the skipped rows are listed with their "
     "file, row and column; --strict stops at the first)",

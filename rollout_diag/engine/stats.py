@@ -34,13 +34,11 @@ from rollout_diag.engine.formulas import (
 from rollout_diag.engine.kernels import compiled, compiled_presets
 from rollout_diag.engine.kernels import prepass as kernel_prepass
 from rollout_diag.engine.quantities import (
-    BKL_EPS,
     COUNTS,
     EXPONENT_MAX,
     EXPONENT_MIN,
     GATE_BASES,
     GATE_HISTOGRAM,
-    KPOP_EPS,
     MOMENT_PAIRS,
     PROBABILITIES,
     SHARED_QUANTITIES,
@@ -940,19 +938,21 @@ class KernelStats(ChunkStats):
         needs_weight = any(q.base in ("token_is_weight", "rs_k3") for q in quantities)
         weight = arrays.host(self.token_weights()) if needs_weight else np.zeros(0)
         needs_gates = any(q.base in GATE_BASES for q in quantities)
-        gates = self.gate_values(None if histogram is None else histogram[1:]) if needs_gates else np.zeros((3, 0))
+        gates = self._gate_inputs() if needs_gates else kernels.NO_GATES
         trainer, rollout = self._raw
         raw, model, length, *_ = self._layout
         segment_group, groups = arrays.host(self.segment_group), self.chunk.groups.count
         edges, table = (np.zeros(0), np.zeros(0, np.int64)) if histogram is None else histogram[1:]
         # a quantity asked for its moments only needs no extremes (one read anyway is reduced as the torch engine does)
         extremes = np.array([name in named for name in wanted], dtype=np.bool_)
-        sums, maxima, minima, counts = kernels.preset_pass(
+        sums, maxima, minima, counts, gate_counts = kernels.preset_pass(
             trainer, rollout, weight, gates, raw, model, length, segment_group, groups, codes, bounds, extremes, edges,
             table,
         )  # fmt: skip
         if histogram is not None:
             self.memo(histogram[0], lambda: counts)
+            if needs_gates:  # the three gates' histograms, from the same pass
+                self.memo(GATE_HISTOGRAM, lambda: self._out(gate_counts))
         for index, name in enumerate(wanted):
             self._sums[name] = self._out(sums[index])
             if extremes[index]:
@@ -991,34 +991,34 @@ class KernelStats(ChunkStats):
         return super().token(name)
 
     def gate_values(self, histogram: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
-        """The probability gates (kpop, bkl, tv) at every model token, float64 [3, M] on the host, computed once a
-        chunk: ``engine.formulas.gate_values`` operation for operation, with numpy's exps and logs (the torch engine's
-        on the CPU, bit for bit), the rest compiled (``kernels.presets.gate_arguments``, ``gate_finish``); with
-        ``histogram`` (the sweep's exact bin edges and table), the step groups' histograms of each gate's value too,
-        memoised under ``GATE_HISTOGRAM`` (``metrics.sweep.gate_histograms``)."""
+        """The probability gates (kpop, bkl, tv) at every model token, float64 [3, M] on the host:
+        ``engine.formulas.gate_values`` operation for operation, with numpy's exps and logs (the torch engine's on the
+        CPU, bit for bit), the rest compiled (``kernels.presets.gate_inputs``, ``gate_tokens``), as the preset pass
+        lays them out; with ``histogram`` (the sweep's exact bin edges and table), the step groups' histograms of each
+        gate's value too, memoised under ``GATE_HISTOGRAM`` (``metrics.sweep.gate_histograms``). The preset pass
+        reads the gates without this array (``prepare_derived``)."""
         found = self._memo.get("gate_values")
         if found is not None and (histogram is None or GATE_HISTOGRAM in self._memo):
             return found
         trainer, rollout = self._raw
         raw, model, length, *_ = self._layout
-        kernels = compiled_presets()
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            trainer_prob = np.exp(kernels.model_values(trainer, raw, model, length))
-            rollout_prob = np.exp(kernels.model_values(rollout, raw, model, length))
-            arguments = kernels.gate_arguments(trainer_prob, rollout_prob, BKL_EPS, KPOP_EPS)
-            complement, ratio_narrow, at_narrow, ratio_wide, at_wide, complement_wide, at_complement = arguments
-            for values in (complement, ratio_narrow, ratio_wide, complement_wide):
-                np.log(values, out=values)
         edges, table = (np.zeros(0), np.zeros(0, np.int64)) if histogram is None else histogram
-        segment_group = arrays.host(self.segment_group)
-        found, counts = kernels.gate_finish(
-            trainer, rollout, raw, model, length, trainer_prob, rollout_prob, BKL_EPS, KPOP_EPS, complement,
-            ratio_narrow, at_narrow, ratio_wide, at_wide, complement_wide, at_complement, segment_group,
+        found, counts = compiled_presets().gate_tokens(
+            trainer, rollout, raw, model, length, self._gate_inputs(), arrays.host(self.segment_group),
             self.chunk.groups.count, edges, table,
         )  # fmt: skip
         self._memo["gate_values"] = found
         if histogram is not None:
             self._memo[GATE_HISTOGRAM] = self._out(counts)
+        return found
+
+    def _gate_inputs(self) -> tuple[np.ndarray, ...]:
+        """``kernels.presets.gate_inputs`` of the chunk (numpy's exps and logs), once a chunk."""
+        found = self._memo.get("gate_inputs")
+        if found is None:
+            trainer, rollout = self._raw
+            raw, model, length, *_ = self._layout
+            found = self._memo["gate_inputs"] = compiled_presets().gate_inputs(trainer, rollout, raw, model, length)
         return found
 
     def token_weights(self) -> Array:

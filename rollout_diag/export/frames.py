@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 from rollout_diag.errors import ConfigError
 from rollout_diag.formatting import group_label
 
-if TYPE_CHECKING:  # types only: results imports this module (to_polars)
+if TYPE_CHECKING:
+    import pandas as pd
     import polars as pl
 
     from rollout_diag.results import AnalysisResult, ComparisonResult, GroupResult, StepResult
@@ -187,7 +188,7 @@ def comparison_frames(result: ComparisonResult) -> dict[str, pl.DataFrame]:
     }
 
 
-def to_pandas(frames: Mapping[str, pl.DataFrame]) -> dict[str, Any]:
+def to_pandas(frames: Mapping[str, pl.DataFrame]) -> dict[str, pd.DataFrame]:
     """The same tables as pandas DataFrames; raises ConfigError saying what to install without pandas."""
     try:
         import pandas  # noqa: F401

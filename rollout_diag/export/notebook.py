@@ -12,7 +12,7 @@ from rollout_diag.catalogue import short_name
 from rollout_diag.formatting import number, selection_sentence
 from rollout_diag.results.wording import where
 
-if TYPE_CHECKING:  # types only: results imports this module (_repr_html_)
+if TYPE_CHECKING:
     from rollout_diag.results import AnalysisResult, ComparisonResult
 
 LEVEL_COLOR = {"bad": "#cf222e", "watch": "#bf8700", "ok": "#1a7f37"}

@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING
 
 from rollout_diag.export.frames import analysis_frames, comparison_frames
 from rollout_diag.io.outputs import atomic_path
+from rollout_diag.results import ComparisonResult
 
 if TYPE_CHECKING:
-    from rollout_diag.results import AnalysisResult, ComparisonResult, RunsResult
+    from rollout_diag.results import AnalysisResult, RunsResult
 
 
 def groups_path(output: Path) -> Path:
@@ -26,9 +27,12 @@ def write_parquet(result: AnalysisResult | ComparisonResult, output: Path) -> li
     """Write the per-step table (analyze: ``to_polars()["steps"]``; compare-presets: ``["preset_steps"]``) and, when
     the result has groups, ``["group_steps"]`` (one row per group and step, and per group a row with a null step:
     its run), each atomically. Returns the paths written."""
-    comparison = hasattr(result, "presets")
-    frames = comparison_frames(result) if comparison else analysis_frames(result)
-    tables = [(output, frames["preset_steps" if comparison else "steps"])]
+    if isinstance(result, ComparisonResult):
+        frames = comparison_frames(result)
+        tables = [(output, frames["preset_steps"])]
+    else:
+        frames = analysis_frames(result)
+        tables = [(output, frames["steps"])]
     if result.groups:
         tables.append((groups_path(output), frames["group_steps"]))
     for path, frame in tables:  # each written beside its place and renamed: a failed run leaves no half file

@@ -114,11 +114,25 @@ def rs_statistic(s: ChunkStats, option: RejectionOption) -> PerToken:
 
 
 def rs_rejected_name(option: RejectionOption) -> str:
-    """The derived flag of a token option's rejected tokens: not (log L ≤ k1 ≤ log U); not (k ≤ U) for k2/k3."""
+    """The derived flag of a token option's rejected tokens: not (log L ≤ k1 ≤ log U); not (k ≤ U) for k2/k3; for a
+    probability gate, which is never NaN (finite for every logprob ≤ 0: docs/gates.md), k > U: the flag of its
+    ``_fraction_high``, counted once for both."""
     base = f"rs_{option.statistic}"
     if option.has_lower:
         return derived(base, "outside", option.lower, option.upper)
+    if option.statistic in GATE_STATISTICS:
+        return rs_high_name(option)
     return derived(base, "not_at_most", upper=option.upper)
+
+
+def rs_low_name(option: RejectionOption) -> str:
+    """The derived flag of a token option's tokens below its lower bound (``_fraction_low``)."""
+    return derived(f"rs_{option.statistic}", "below", lower=option.lower)
+
+
+def rs_high_name(option: RejectionOption) -> str:
+    """The derived flag of a token option's tokens above its upper bound (``_fraction_high``)."""
+    return derived(f"rs_{option.statistic}", "above", upper=option.upper)
 
 
 def rs_clamped_name(option: RejectionOption) -> str:
@@ -543,8 +557,8 @@ class RejectionOptionAccumulator(CorrectionAccumulator):
         names = [base] if base in DERIVED else []
         if option.is_sequence:
             return names, []
-        flags = [derived(base, "above", upper=option.upper), derived(base, "below", lower=option.lower)]
-        return [*names, *flags, rs_rejected_name(option)], [rs_clamped_name(option)]
+        flags = [rs_high_name(option), *([] if option.statistic in GATE_STATISTICS else [rs_low_name(option)])]
+        return list(dict.fromkeys([*names, *flags, rs_rejected_name(option)])), [rs_clamped_name(option)]
 
     def shared_stats(self, s: ChunkStats) -> dict[str, Array]:
         option = self.option
@@ -558,10 +572,10 @@ class RejectionOptionAccumulator(CorrectionAccumulator):
         if option.is_sequence:  # §3: max/min/fractions of sequence options over valid rows' values
             stat_max, stat_min, high, low = row_value_max, row_value_min, row_high, row_low
         else:  # token options: named derived flags (no token tensor on the numba engine)
-            base = f"rs_{option.statistic}"
             stat_max, stat_min = s.group_max(statistic), s.group_min(statistic)
-            high = s.group_sum(derived(base, "above", upper=option.upper))
-            low = s.group_sum(derived(base, "below", lower=option.lower))
+            high = s.group_sum(rs_high_name(option))
+            # a gate is ≥ 0 (clamped at 0, or |p − q|): none is below its lower bound 0, no flag counts them
+            low = high * 0.0 if option.statistic in GATE_STATISTICS else s.group_sum(rs_low_name(option))
         if option.is_sequence:
             rejected_tokens, rejected_rows = rejection_counts(s, rs_keep(s, option).map(arrays.logical_not))
         else:

@@ -8,6 +8,7 @@ that gives verl's full name.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from rich.console import Group, RenderableType
@@ -146,7 +147,7 @@ def steps_table(steps: Sequence[StepResult], all_steps: bool, levels: Sequence[d
         shown, title = list(range(count)), "Per step"
     else:
         present, read = _metric_reads(steps, HEADLINE, range(count))
-        values = read.tolist() if isinstance(read, np.ndarray) else read
+        values: list[float] = read.tolist() if isinstance(read, np.ndarray) else read
         ranked = sorted((at for at in range(count) if present[at]), key=values.__getitem__, reverse=True)
         ends = [*range(STEPS_SHOWN_EACH_END), *range(count - STEPS_SHOWN_EACH_END, count)]
         chosen = {ids[at] for at in [*ends, *ranked[:STEPS_SHOWN_EACH_END]]}
@@ -184,7 +185,7 @@ def steps_table(steps: Sequence[StepResult], all_steps: bool, levels: Sequence[d
         table.add_rows(
             [str(ids[at]) for at in run],
             *(_counts(steps, name, run) for name in ("rows", "tokens")),
-            *(Nums(*_metric_reads(steps, name, run)[::-1]) for name in STEP_METRICS),
+            *(_metric_nums(steps, name, run) for name in STEP_METRICS),
             [verdict(at) for at in run],
         )
     return table
@@ -197,9 +198,15 @@ def _counts(steps: Sequence[StepResult], name: str, run: range) -> Nums:
     return Nums([getattr(steps[at], name) for at in run])
 
 
+def _metric_nums(steps: Sequence[StepResult], name: str, run: range) -> Nums:
+    """The cells of metric ``name`` over the steps in ``run`` (a dash where a step has none)."""
+    present, values = _metric_reads(steps, name, run)
+    return Nums(values, present if isinstance(present, np.ndarray) else np.array(present, dtype=bool))
+
+
 def _metric_reads(
     steps: Sequence[StepResult], name: str, run: range
-) -> tuple[np.ndarray | list[bool], np.ndarray | list[object]]:
+) -> tuple[np.ndarray | list[bool], np.ndarray | list[Any]]:
     """(whether each step in ``run`` has metric ``name``, ``step.metrics.get(name)`` of each): a StepTable's float64
     column (NaN where absent), else read step by step."""
     if isinstance(steps, StepTable) and (read := steps.float_column(name)) is not None:

@@ -15,7 +15,7 @@ from rich.text import Text
 
 from rollout_diag.render.diff import diff_tables as diff_tables  # the diff tables live in render/diff.py
 from rollout_diag.render.format import number
-from rollout_diag.render.table import _ONE_LINE, FAST_ROWS, _ansi
+from rollout_diag.render.lines import FAST_ROWS, ONE_LINE, ansi, table_box
 
 if TYPE_CHECKING:
     from rollout_diag.decisions.check import CheckResult, GateOutcome
@@ -102,15 +102,13 @@ class _GateTable:
     def _lines(self, console: Console, options: ConsoleOptions) -> list[Segments] | None:
         count = len(self.columns)
         widths = [max(cell_len(row[index]) for row in self.rows) for index in range(count)]
-        widest = sorted(
-            {0, 1, *(max(range(len(self.rows)), key=lambda r, i=i: cell_len(self.rows[r][i])) for i in range(count))}
-        )
+        widest = sorted({0, 1, *(_widest_row(self.rows, index) for index in range(count))})
         natural = [max(width, cell_len(header)) for width, (header, _) in zip(widths, self.columns, strict=True)]
         if sum(natural) + 3 * count + 1 > options.max_width:  # rich would narrow some column: it lays out all
             return None
         head = self._table([self.rows[r] for r in widest])
         rendered = console.render_lines(head, options, pad=False, new_lines=False)
-        box = head.box.substitute(options, safe=head.safe_box if head.safe_box is not None else console.safe_box)
+        box = table_box(head, console, options)
         body = len(rendered) - 1 - len(widest)  # title, top, header, separator; then a line per row; the bottom
         if box is None or body < 0:
             return None
@@ -123,10 +121,10 @@ class _GateTable:
             )
             return box.mid_left + " " + f" {box.mid_vertical} ".join(cells) + " " + box.mid_right
 
-        if any(not _ONE_LINE.isdisjoint(cell) or cell != cell.strip() for row in self.rows for cell in row):
+        if any(not ONE_LINE.isdisjoint(cell) or cell != cell.strip() for row in self.rows for cell in row):
             return None
         for at, row in zip(range(body, body + len(widest)), (self.rows[r] for r in widest), strict=True):
-            if _ansi([Segment(line(row))]) != _ansi(rendered[at]):
+            if ansi([Segment(line(row))]) != ansi(rendered[at]):
                 return None
         out = [Segments([*segments, Segment.line()]) for segments in rendered[:body]]
         out.extend(Segments([Segment(line(row)), Segment.line()]) for row in self.rows)
@@ -204,3 +202,8 @@ def recommendation_lines(recommendation: Recommendation, shown: int = 5, headlin
     if recommendation.note:
         lines.append(Text(f"  note: {recommendation.note}"))
     return Group(*lines)
+
+
+def _widest_row(rows: Sequence[tuple[str, ...]], index: int) -> int:
+    """The first row whose cell ``index`` is the widest."""
+    return max(range(len(rows)), key=lambda at: cell_len(rows[at][index]))

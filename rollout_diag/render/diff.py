@@ -14,9 +14,23 @@ from rollout_diag.render.format import number, percent, plain
 from rollout_diag.render.table import Column, FitTable, Num
 
 if TYPE_CHECKING:
-    from rollout_diag.decisions.diff import DiffResult, DiffSide
+    from rollout_diag.decisions.diff import DiffResult, DiffSide, MetricDiff
 
 VERDICT_STYLE = {"better": "green", "worse": "bold red", "no detectable change": "", "n/a": "dim"}
+
+
+def _a_and_b(metric: MetricDiff) -> tuple[Num, Num, str]:
+    """A metric's cells A, B and B vs A."""
+    return Num(metric.a), Num(metric.b), change(metric.a, metric.b)
+
+
+def _interval(metric: MetricDiff) -> tuple[Num, Num, Text]:
+    """A metric's cells low, high (its bootstrap interval of B − A) and verdict."""
+    return (
+        Num(metric.low, digits=3),
+        Num(metric.high, digits=3),
+        Text(metric.verdict, style=VERDICT_STYLE.get(metric.verdict, "")),
+    )
 
 
 def diff_tables(result: DiffResult) -> Group:
@@ -40,14 +54,7 @@ def diff_tables(result: DiffResult) -> Group:
     )
     for metric in result.metrics:
         metrics.add_row(
-            short_name(metric.metric),
-            Num(metric.a),
-            Num(metric.b),
-            change(metric.a, metric.b),
-            Num(metric.difference, digits=3),
-            Num(metric.low, digits=3),
-            Num(metric.high, digits=3),
-            Text(metric.verdict, style=VERDICT_STYLE.get(metric.verdict, "")),
+            short_name(metric.metric), *_a_and_b(metric), Num(metric.difference, digits=3), *_interval(metric)
         )
     parts: list = [_side("A", result.a), _side("B", result.b), metrics]
     grouped = result.changed_preset_groups
@@ -123,12 +130,8 @@ def group_diff_tables(result: DiffResult) -> list:
                 "(null)" if group.value is None else str(group.value),
                 Num(group.rows_a),
                 Num(group.rows_b),
-                Num(k3.a),
-                Num(k3.b),
-                change(k3.a, k3.b),
-                Num(k3.low, digits=3),
-                Num(k3.high, digits=3),
-                Text(k3.verdict, style=VERDICT_STYLE.get(k3.verdict, "")),
+                *_a_and_b(k3),
+                *_interval(k3),
                 f"{worse} / {better} of {len(group.metrics)}",
             )
         parts.append(table)

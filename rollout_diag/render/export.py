@@ -7,7 +7,8 @@ import io
 import json
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from functools import partial
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
@@ -41,6 +42,7 @@ def json_pieces(document: dict[str, Any]) -> Iterator[str]:
         lead = ("," if number else "") + "\n  " + _key(key) + ": "
         if (isinstance(value, list | ItemTexts) or _lazy(value)) and len(value):
             yield lead + "["
+            items: Iterator[str | Iterator[str]] | None
             if isinstance(value, ItemTexts):
                 items = value.texts()
             else:
@@ -100,7 +102,7 @@ def _templated(steps: Any) -> Iterator[str] | None:
     ):
         return None
     pattern = _pattern(_indented(slotted, "\n    "), len(values))
-    kinds = [column.dtype.kind if isinstance(column, np.ndarray) else "i" for column in values]
+    kinds: list[str] = [column.dtype.kind if isinstance(column, np.ndarray) else "i" for column in values]
     if pattern is None or any(kind not in "fi" for kind in kinds):
         return None
     for index in sorted({0, count // 2, count - 1}):
@@ -182,7 +184,7 @@ def analysis_json_pieces(result: AnalysisResult) -> Iterator[str]:
     document = result.json_document()
     for name, texts in (("steps", step_texts), ("positions", row_texts), ("step_levels", level_texts)):
         items = document[name]
-        document[name] = ItemTexts(len(items), lambda items=items, texts=texts: texts(items)) if len(items) else []
+        document[name] = ItemTexts(len(items), partial(texts, items)) if len(items) else []
     return json_pieces(document)
 
 
@@ -361,22 +363,22 @@ def row_texts(rows: Sequence[dict[str, Any]]) -> Iterator[str]:
         yield from (_indented(json_row(row), _ITEM) for row in rows)
         return
     yield from (_indented(json_row(row), _ITEM) for row in rows.head)
-    pattern = _pattern(_indented(dict.fromkeys(rows.names, _SLOT), _ITEM), len(rows.names)) if rows.count else None
+    pattern = _pattern(_indented(dict.fromkeys(rows.names, _SLOT), _ITEM), len(rows.names)) if rows.held else None
     slots = [(column, _COUNTS) for column in rows.columns]
     if pattern is not None:
-        for index in sorted({0, rows.count // 2, rows.count - 1}):
+        for index in sorted({0, rows.held // 2, rows.held - 1}):
             values = tuple(_value_texts(column, np.array([index]), newline)[0] for column, newline in slots)
             if pattern % values != _indented(json_row(rows[len(rows.head) + index]), _ITEM):
                 pattern = None
                 break
     if pattern is None:
-        yield from (_indented(json_row(rows[len(rows.head) + index]), _ITEM) for index in range(rows.count))
+        yield from (_indented(json_row(rows[len(rows.head) + index]), _ITEM) for index in range(rows.held))
         return
-    for begin in range(0, rows.count, _BLOCK):
-        at = np.arange(begin, min(begin + _BLOCK, rows.count))
+    for begin in range(0, rows.held, _BLOCK):
+        at = np.arange(begin, min(begin + _BLOCK, rows.held))
         made: dict[bytes, list[str]] = {}
-        values = [_value_texts(column, at, newline, made=made) for column, newline in slots]
-        yield from (pattern % row for row in zip(*values, strict=True))
+        texts = [_value_texts(column, at, newline, made=made) for column, newline in slots]
+        yield from (pattern % row for row in zip(*texts, strict=True))
 
 
 def comparison_json_pieces(result: ComparisonResult) -> Iterator[str]:
@@ -423,7 +425,8 @@ class _Texts:
     column past the budget is formatted each time it is written."""
 
     def __init__(self, uses: Counter, budget: int) -> None:
-        self.uses, self.budget, self.kept, self.size = uses, budget, {}, 0
+        self.uses, self.budget, self.size = uses, budget, 0
+        self.kept: dict[Hashable, str] = {}  # a column's text by its identity, until its last use
 
     def text(self, column: Column) -> str:
         identity = column.identity

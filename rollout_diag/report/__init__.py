@@ -26,6 +26,7 @@ from rollout_diag.report.markup import escape
 from rollout_diag.report.page import compact, render_page
 from rollout_diag.report.sections import (
     Canvas,
+    Section,
     delta_section,
     glossary_section,
     positions_section,
@@ -35,7 +36,14 @@ from rollout_diag.report.sections import (
 from rollout_diag.report.series import SIZE_RULE
 from rollout_diag.report.trainer_columns import trainer_columns_section
 from rollout_diag.report.worst import worst_section
-from rollout_diag.results import SCHEMA_VERSION, AnalysisResult, ComparisonResult, StepResult, result_from_json
+from rollout_diag.results import (
+    SCHEMA_VERSION,
+    AnalysisResult,
+    ComparisonResult,
+    PresetResult,
+    StepResult,
+    result_from_json,
+)
 
 if TYPE_CHECKING:  # a DiffResult is only read here
     from rollout_diag.decisions.diff import DiffResult
@@ -79,31 +87,7 @@ def render_report(
         comparison, result = result, analysis_from_comparison(result)
     selected = select_presets(comparison, presets) if comparison is not None else []
     canvas = Canvas()
-    sections = [trends_section(result, canvas, rejection_by_step(selected))]
-    if (drift := drift_section(result, canvas)) is not None:  # why the trend moved, beside it
-        sections.append(drift)
-    sections.append(hints_section(result))
-    if result.selection:  # --where / --steps: say first which rows the page is about
-        sections.insert(0, selection_section(result))
-    if len(result.rounds) > 1:  # single-turn data has nothing to say per round
-        sections.append(rounds_section(result, canvas))
-    sections += [
-        positions_section(result, canvas),
-        delta_section(result, canvas),
-        worst_section(result, canvas),
-    ]
-    if (groups := groups_section(result, canvas)) is not None:
-        sections.append(groups)
-    if (trainer_columns := trainer_columns_section(result, canvas)) is not None:
-        sections.append(trainer_columns)
-    if comparison is not None:
-        sections.append(presets_section(comparison, selected, canvas))
-        sections.append(recommendation_section(comparison, selected))  # "which correction should I turn on?"
-    if (dialects := dialects_section(result)) is not None:
-        sections.append(dialects)
-    if diff is not None:  # report A --vs B
-        sections.append(diff_section(diff, canvas))
-    sections.append(glossary_section())
+    sections = _sections(result, canvas, comparison, selected, diff)
     title = title or default_title(result.inputs)
     payload = {
         "figures": canvas.figures,
@@ -113,6 +97,36 @@ def render_report(
     return render_page(
         title, header_html(result, title, _generated(), comparison, diff), sections, payload, _footer(), _plotly_js()
     )
+
+
+def _sections(
+    result: AnalysisResult,
+    canvas: Canvas,
+    comparison: ComparisonResult | None,
+    selected: Sequence[PresetResult],
+    diff: DiffResult | None,
+) -> list[Section]:
+    """The page's sections in order, those with nothing to say left out (each draws its figures on ``canvas`` in
+    this order)."""
+    found: list[Section | None] = [
+        selection_section(result) if result.selection else None,  # --where / --steps: first, which rows the page is
+        trends_section(result, canvas, rejection_by_step(selected)),
+        drift_section(result, canvas),  # why the trend moved, beside it
+        hints_section(result),
+        rounds_section(result, canvas) if len(result.rounds) > 1 else None,  # single-turn data: nothing per round
+        positions_section(result, canvas),
+        delta_section(result, canvas),
+        worst_section(result, canvas),
+        groups_section(result, canvas),
+        trainer_columns_section(result, canvas),
+        presets_section(comparison, selected, canvas) if comparison is not None else None,
+        # "which correction should I turn on?"
+        recommendation_section(comparison, selected) if comparison is not None else None,
+        dialects_section(result),
+        diff_section(diff, canvas) if diff is not None else None,  # report A --vs B
+        glossary_section(),
+    ]
+    return [section for section in found if section is not None]
 
 
 def default_title(inputs: Sequence[str]) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -126,12 +126,21 @@ def _raw_applied(presets: Sequence[PresetResult]) -> str:
     return intro + table(columns, rows, [""] * len(rows))
 
 
+@runtime_checkable
+class StepColumns(Protocol):
+    """Steps that read a metric over every step from their columns (the pass's ``metrics.outcome.PresetSteps``)."""
+
+    def step_ids(self) -> list[Any]: ...
+
+    def metric(self, key: str) -> list[Any]: ...
+
+
 def rejection_by_step(presets: Sequence[PresetResult]) -> dict[str, tuple[list[Any], list[float | None]]]:
     """Preset name → (steps, share of tokens dropped per step), for presets that drop anything."""
     lines = {}
     for preset in presets:
         steps = preset.steps
-        if callable(getattr(steps, "metric", None)):  # a pass's PresetSteps: read from its columns, no step built
+        if isinstance(steps, StepColumns):  # a pass's PresetSteps: read from its columns, no step built
             values = _first_finite([steps.metric(key) for key in METRIC_KEYS["rejected"]])
             if any(values):
                 lines[preset.name] = (steps.step_ids(), values)

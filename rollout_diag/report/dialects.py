@@ -16,7 +16,7 @@ def dialects_section(result: AnalysisResult) -> Section | None:
     if not frameworks:
         return None
     columns = [Column("metric as logged"), Column("run", True), Column("min over steps", True), Column("max", True)]
-    parts = [
+    parts: list[str] = [
         Markup(
             '<p class="lead">Each trainer\'s own mismatch metrics, under the names it logs, computed and aggregated '
             "as it does (definitions and sources: docs/dialects.md).</p>"

@@ -56,7 +56,7 @@ def diff_section(result: Any, canvas: Canvas) -> Section:
             ]
         )
         classes.append("intrusive" if metric.verdict == "worse" else "")
-    body = [intro, table(DIFF_COLUMNS, rows, classes)]
+    body: list[str] = [intro, table(DIFF_COLUMNS, rows, classes)]
     body.append(_curves(result, "rounds", "round", "round", canvas))
     body.append(_curves(result, "positions", "bucket", "position (log2 bucket)", canvas))
     grouped = result.changed_preset_groups

@@ -27,7 +27,7 @@ class TrendPanel:
     """One small chart of the per-step trends: lines over steps, anomaly markers, verdict thresholds."""
 
     title: str
-    lines: list[tuple[str, list[int], list[float | None]]]  # (name, steps, values)
+    lines: Sequence[tuple[str, Sequence[int | None], Sequence[float | None]]]  # (name, steps, values)
     anomalies: list[tuple[int, float, str]] = field(default_factory=list)  # (step, value, hover text)
     thresholds: list[tuple[str, float]] = field(default_factory=list)  # ("watch", 1e-3), ("bad", 1e-2)
     signed: bool = False  # the metric can be negative: do not force the axis to start at zero
@@ -129,7 +129,7 @@ def trends_figure(panels: Sequence[TrendPanel], note: str = "") -> Figure:
     data: list[dict[str, Any]] = []
     for cell, panel in enumerate(panels):
         x_name, y_name = axis_names(cell)
-        layout[_axis_key(x_name)].update(step_ticks([x for _, xs, _ in panel.lines for x in xs]))
+        layout[_axis_key(x_name)].update(step_ticks([x for _, xs, _ in panel.lines for x in xs if x is not None]))
         if cell:
             layout[_axis_key(x_name)]["matches"] = "x"
         if cell >= len(panels) - cols:
@@ -178,18 +178,18 @@ def _trend_traces(panel: TrendPanel, cell: int, x_name: str, y_name: str) -> lis
             }
         )
     if panel.anomalies:
-        steps, values, texts = zip(*panel.anomalies, strict=True)
+        marked_steps, marked_values, texts = zip(*panel.anomalies, strict=True)
         traces.append(
             {
                 "type": "scatter",
                 "mode": "markers",
-                "x": list(steps),
-                "y": list(values),
+                "x": list(marked_steps),
+                "y": list(marked_values),
                 "text": list(texts),
                 "name": "anomaly",
                 "marker": {
                     "symbol": "circle-open",
-                    "size": 11 if len(steps) <= 30 else 7,
+                    "size": 11 if len(marked_steps) <= 30 else 7,
                     "color": RED,
                     "line": {"width": 2},
                 },

@@ -28,7 +28,7 @@ def groups_section(result: AnalysisResult, canvas: Canvas) -> Section | None:
     """None without ``--by``."""
     if not result.groups:
         return None
-    parts = [
+    parts: list[str] = [
         Markup(
             '<p class="lead">Key metrics per group of rows (<code>--by</code>): each group as if its rows alone '
             "were the dump; the worst group first. Bars: k3_kl of the run, coloured by the group's verdict.</p>"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from rollout_diag.formatting import number, numbers
 from rollout_diag.report.series import clip_text
@@ -42,13 +43,13 @@ def table(columns: Sequence[Column], rows: Iterable[Sequence[object]], row_class
         + f">{escape(c.heading)}</th>"
         for c in columns
     )
-    rows = [list(row) for row in rows]
+    grid = [list(row) for row in rows]
     for index in range(len(columns)):  # each column's numbers in one notation (formatting.numbers)
-        places = [r for r, row in enumerate(rows) if _is_number(row[index])]
-        for r, text in zip(places, numbers([rows[r][index] for r in places]), strict=True):
-            rows[r][index] = Markup(escape(text))
+        found = {r: value for r, row in enumerate(grid) if _is_number(value := row[index])}
+        for r, text in zip(found, numbers(list(found.values())), strict=True):
+            grid[r][index] = Markup(escape(text))
     body = []
-    for index, row in enumerate(rows):
+    for index, row in enumerate(grid):
         css = row_classes[index] if index < len(row_classes) else ""
         cells = "".join(
             f'<td class="{"num" if c.numeric else ""}">{cell(value)}</td>'
@@ -60,7 +61,7 @@ def table(columns: Sequence[Column], rows: Iterable[Sequence[object]], row_class
     )
 
 
-def _is_number(value: object) -> bool:
+def _is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,7 +83,7 @@ def trends_section(
         "Drag to zoom, double-click to zoom out; the step axis is shared."
     )
     thinned = thinned_note(len(steps))
-    body = [
+    body: list[str] = [
         Markup(f'<p class="lead">{escape(intro)}</p>'),
         canvas.plot("trends", figures.trends_figure(panels, thinned)),
     ]
@@ -200,7 +200,7 @@ def rounds_section(result: AnalysisResult, canvas: Canvas) -> Section:
         '<p class="lead">A round is the k-th run of model tokens in a row; environment/tool tokens (mask 0) '
         "separate rounds. Mismatch that grows with the round index points at state carried across turns.</p>"
     )
-    body = [intro, *_trend_notes(result, "round")]
+    body: list[str] = [intro, *_trend_notes(result, "round")]
     if len(rounds) == 1:
         body.append(note("Every row has a single round (no environment segment between model tokens)."))
     labels = [_round_label(r) for r in rounds]
@@ -209,13 +209,7 @@ def rounds_section(result: AnalysisResult, canvas: Canvas) -> Section:
     found = result.divergent_round
     most = found.round if found is not None and found.stands_out else None
     unsupported = set(found.unsupported) if found is not None else set()
-    hover = [
-        f"round {escape(label)}<br>mean |δ| {number(r.get('logprob_abs_diff_mean'), 4)}<br>k3_kl "
-        f"{number(r.get('k3_kl'), 4)}<br>max |δ| {number(r.get('max_abs_diff'), 4)}<br>"
-        f"{number(r.get('token_count'))} tokens in {number(r.get('seq_count'))} rows"
-        for label, r in zip(labels, rounds, strict=True)
-    ]
-    tokens = [_value(r, "token_count") for r in rounds]
+    hover = _bar_hovers("round", labels, rounds, _round_lines)
     panels = [
         BarPanel(
             f"mean |δ| per round ({'most divergent in red' if most is not None else 'none stands out'}"
@@ -226,7 +220,7 @@ def rounds_section(result: AnalysisResult, canvas: Canvas) -> Section:
             [RED if r["round"] == most else GREY if r["round"] in unsupported else BLUE for r in rounds],
         ),
         BarPanel("k3_kl per round", [_value(r, "k3_kl") for r in rounds], hover, BLUE),
-        BarPanel("model tokens per round", tokens, hover, GREY, log=wide_range(tokens), count=True),
+        _tokens_panel("model tokens per round", rounds, hover),
     ]
     body.append(canvas.plot("rounds", figures.bars_figure(labels, panels, "round")))
     heatmap = _round_heatmap(result, {r["round"]: label for r, label in zip(rounds, labels, strict=True)}, canvas)
@@ -249,9 +243,40 @@ def _number(value: Any) -> float:
     return value if finite(value) else -math.inf
 
 
-def _value(row: dict[str, Any], key: str) -> float | None:
+def _value(row: Mapping[str, Any], key: str) -> float | None:
     value = row.get(key)
     return value if finite(value) else None
+
+
+def _bar_hovers(
+    kind: str,
+    labels: Sequence[str],
+    rows: Sequence[Mapping[str, Any]],
+    lines: Callable[[Mapping[str, Any]], tuple[str, str]],
+) -> list[str]:
+    """Each bar's hover text: ``kind`` and the bar's label, the row's mean |δ| and k3_kl, then the row's two
+    ``lines`` (an extreme, the counts)."""
+    texts = []
+    for label, row in zip(labels, rows, strict=True):
+        extreme, counts = lines(row)
+        mean, k3 = number(row.get("logprob_abs_diff_mean"), 4), number(row.get("k3_kl"), 4)
+        texts.append(f"{kind} {escape(label)}<br>mean |δ| {mean}<br>k3_kl {k3}<br>{extreme}<br>{counts}")
+    return texts
+
+
+def _round_lines(row: Mapping[str, Any]) -> tuple[str, str]:
+    counts = f"{number(row.get('token_count'))} tokens in {number(row.get('seq_count'))} rows"
+    return f"max |δ| {number(row.get('max_abs_diff'), 4)}", counts
+
+
+def _position_lines(row: Mapping[str, Any]) -> tuple[str, str]:
+    return f"catastrophic {percent(row.get('catastrophic_share'))}", f"{number(row.get('token_count'))} tokens"
+
+
+def _tokens_panel(title: str, rows: Sequence[Mapping[str, Any]], hover: list[str]) -> BarPanel:
+    """The bars of the rows' model tokens (a log axis when they span more than two decades)."""
+    tokens = [_value(row, "token_count") for row in rows]
+    return BarPanel(title, tokens, hover, GREY, log=wide_range(tokens), count=True)
 
 
 def _round_heatmap(result: AnalysisResult, labels: dict[int, str], canvas: Canvas) -> str:
@@ -262,7 +287,10 @@ def _round_heatmap(result: AnalysisResult, labels: dict[int, str], canvas: Canva
         return ""
     pooled = len(table_by_round) > MAX_HEATMAP_ROUNDS
     row_labels = [f"≥ {k}" if pooled and k == MAX_HEATMAP_ROUNDS else labels.get(k, str(k)) for k in table_by_round]
-    step_ids = steps.step_ids.tolist() if isinstance(steps, StepTable) else [s.step for s in steps]
+    if isinstance(steps, StepTable):
+        step_ids = steps.step_ids.tolist()
+    else:
+        step_ids = [s.step for s in steps if s.step is not None]
     heading = "Mean |δ| per round over steps"
     rows = list(table_by_round.values())
     return _heatmap_over_steps("rounds-by-step", heading, "round", row_labels, step_ids, rows, canvas)
@@ -313,13 +341,7 @@ def positions_section(result: AnalysisResult, canvas: Canvas) -> Section:
     if not run_rows:
         return Section("positions", title, note("No position data in this result."))
     labels = [str(p.get("bucket", p.get("start"))) for p in run_rows]
-    hover = [
-        f"positions {escape(label)}<br>mean |δ| {number(p.get('logprob_abs_diff_mean'), 4)}<br>k3_kl "
-        f"{number(p.get('k3_kl'), 4)}<br>catastrophic {percent(p.get('catastrophic_share'))}<br>"
-        f"{number(p.get('token_count'))} tokens"
-        for label, p in zip(labels, run_rows, strict=True)
-    ]
-    tokens = [_value(p, "token_count") for p in run_rows]
+    hover = _bar_hovers("positions", labels, run_rows, _position_lines)
     panels = [
         BarPanel("mean |δ| by position bucket", [_value(p, "logprob_abs_diff_mean") for p in run_rows], hover, BLUE),
         BarPanel(
@@ -330,19 +352,27 @@ def positions_section(result: AnalysisResult, canvas: Canvas) -> Section:
             percent=True,
             empty=f"none: no model token has |δ| > {result.catastrophic_threshold:g}",
         ),
-        BarPanel("model tokens", tokens, hover, GREY, log=wide_range(tokens), count=True),
+        _tokens_panel("model tokens", run_rows, hover),
     ]
     intro = Markup(
         '<p class="lead">Token index within the response (environment tokens counted), in log2 buckets 0, 1, '
         "2–3, 4–7, … Mismatch rising with position is long-context drift.</p>"
     )
-    body = [
+    body: list[str] = [
         intro,
         *_trend_notes(result, "position"),
         canvas.plot("positions", figures.bars_figure(labels, panels, "position")),
     ]
     body.append(_position_heatmap(result, labels, canvas))
     return Section("positions", title, "".join(body))
+
+
+# per label: (mean |δ| per step, None where the step has none; tokens per step)
+HeatRows = dict[str, tuple[list[float | None], list[float]]]
+
+
+def _empty_rows(labels: list[str], steps: int) -> HeatRows:
+    return {label: ([None] * steps, [0.0] * steps) for label in labels}
 
 
 def _position_heatmap(result: AnalysisResult, labels: list[str], canvas: Canvas) -> str:
@@ -355,7 +385,7 @@ def _position_heatmap(result: AnalysisResult, labels: list[str], canvas: Canvas)
         return ""
     if read is None:
         column = {step: i for i, step in enumerate(step_ids)}
-        rows = {label: ([None] * len(step_ids), [0.0] * len(step_ids)) for label in labels}
+        rows = _empty_rows(labels, len(step_ids))
         for p in result.positions:
             label = str(p.get("bucket", p.get("start")))
             if p.get("step") is None or label not in rows:
@@ -367,9 +397,7 @@ def _position_heatmap(result: AnalysisResult, labels: list[str], canvas: Canvas)
     return _heatmap_over_steps("positions-by-step", heading, "positions", labels, step_ids, list(rows.values()), canvas)
 
 
-def _position_columns(
-    positions: Sequence[dict[str, Any]], labels: list[str]
-) -> tuple[list[int], dict[str, tuple[list[float | None], list[float]]]] | None:
+def _position_columns(positions: Sequence[dict[str, Any]], labels: list[str]) -> tuple[list[int], HeatRows] | None:
     """The heatmap's steps and (mean |δ|, tokens) per label and step, as ``_position_heatmap`` reads them row by row,
     from a Rows table's columns (its per-step rows: a column each, a step id each); None for other tables."""
     needed = ("step", "bucket", "logprob_abs_diff_mean", "token_count")
@@ -381,7 +409,7 @@ def _position_columns(
     step_ids = np.unique(column["step"])
     at = np.searchsorted(step_ids, column["step"]).tolist()
     row_of = {label: index for index, label in enumerate(labels)}
-    rows = {label: ([None] * len(step_ids), [0.0] * len(step_ids)) for label in labels}
+    rows = _empty_rows(labels, len(step_ids))
     parts = [rows[label] for label in labels]
     for bucket, where, mean, tokens in zip(
         column["bucket"].tolist(),
@@ -424,7 +452,7 @@ def delta_section(result: AnalysisResult, canvas: Canvas) -> Section:
 
 # ------------------------------------------------------------------------------------------ glossary
 def glossary_section() -> Section:
-    parts = [
+    parts: list[str] = [
         Markup(
             '<p class="lead">Notation: δ = a − r (trainer minus rollout logprob, log ρ); T[x] = mean over model '
             "tokens; R_i / S_i = mean / sum over row i's model tokens; mean_i = mean over the step's rows; "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Sequence
+from typing import TypeGuard
 
 import numpy as np
 
@@ -34,7 +35,8 @@ SIZE_RULE = (
 )
 
 
-def finite(value: float | None) -> bool:
+def finite(value: float | None) -> TypeGuard[float]:
+    """Whether ``value`` is a number to draw: not None, not NaN nor infinite."""
     return value is not None and not (isinstance(value, float) and not math.isfinite(value))
 
 
@@ -82,10 +84,10 @@ def decimate(
                 chosen.add(int(present[np.argmin(run)]))
                 chosen.add(int(present[np.argmax(run)]))
             continue
-        present = [index for index in range(start, end) if values[index] is not None]
-        if present:
-            chosen.add(min(present, key=lambda index: values[index]))
-            chosen.add(max(present, key=lambda index: values[index]))
+        held = {index: value for index in range(start, end) if (value := values[index]) is not None}
+        if held:
+            chosen.add(min(held, key=held.__getitem__))
+            chosen.add(max(held, key=held.__getitem__))
     order = sorted(chosen)
     return [ids[index] for index in order], [values[index] for index in order]
 
@@ -114,8 +116,9 @@ def weighted_buckets(
     """(weight-averaged value, total weight) per bucket; None where the bucket has no weight."""
     merged = []
     for start, end in bounds:
-        total = sum(weights[i] for i in range(start, end) if values[i] is not None)
-        weighted = sum(values[i] * weights[i] for i in range(start, end) if values[i] is not None)
+        pairs = [(value, weights[i]) for i in range(start, end) if (value := values[i]) is not None]
+        total = sum(weight for _, weight in pairs)
+        weighted = sum(value * weight for value, weight in pairs)
         merged.append((weighted / total if total > 0 else None, total))
     return merged
 
@@ -174,7 +177,7 @@ def pool_rounds(
     steps = len(extra[0][1])
     tokens = [sum(t[i] for _, t in extra) for i in range(steps)]
     means = [
-        sum(m[i] * t[i] for m, t in extra if m[i] is not None) / tokens[i] if tokens[i] > 0 else None
+        sum(mean * t[i] for m, t in extra if (mean := m[i]) is not None) / tokens[i] if tokens[i] > 0 else None
         for i in range(steps)
     ]
     kept[limit] = (means, tokens)

@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 from rollout_diag.errors import InputError
 from rollout_diag.formatting import ExtraValue
@@ -15,7 +15,7 @@ from rollout_diag.results.association import TrainerColumns
 from rollout_diag.results.columns import repr_worst_step
 from rollout_diag.results.document import SCHEMA_VERSION, schema_version
 from rollout_diag.results.prompts import PromptFindings
-from rollout_diag.results.reprs import repr_inputs, repr_text, short_repr
+from rollout_diag.results.reprs import ResultViews, repr_inputs, repr_text, short_repr
 from rollout_diag.results.rows import (
     Anomaly,
     DivergentRound,
@@ -119,8 +119,12 @@ def json_verdict(verdict: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class AnalysisResult:
-    """Everything ``analyze`` found; ``to_json()`` is the documented JSON (schemas/result.schema.json)."""
+class AnalysisResult(ResultViews):
+    """Everything ``analyze`` found; ``to_json()`` is the documented JSON (schemas/result.schema.json).
+    ``to_polars()``: steps (one row per step, one column per verl-named metric), run, rounds, positions, worst_rows
+    (with their extra columns), worst_tokens, verdicts, groups, group_steps (``--by``) and drift."""
+
+    VIEW_KIND: ClassVar[str] = "analysis"
 
     inputs: list[str]
     columns: dict[str, str]
@@ -219,26 +223,6 @@ class AnalysisResult:
             "prompts": None if self.prompts is None else json_row_nested(self.prompts.to_json()),
             "trainer_columns": None if self.trainer_columns is None else self.trainer_columns.to_json(),
         }
-
-    def to_polars(self) -> dict[str, Any]:
-        """The tables a user slices, as polars DataFrames: steps (one row per step, one column per verl-named
-        metric), run, rounds, positions, worst_rows (with their extra columns), worst_tokens, verdicts, groups and
-        group_steps (``--by``). Raises ConfigError without polars."""
-        from rollout_diag.export import analysis_frames  # a view, loaded when asked for (export/ reads results)
-
-        return analysis_frames(self)
-
-    def to_pandas(self) -> dict[str, Any]:
-        """``to_polars()``'s tables as pandas DataFrames; raises ConfigError (saying what to install) without pandas."""
-        from rollout_diag.export import to_pandas
-
-        return to_pandas(self.to_polars())
-
-    def _repr_html_(self) -> str:
-        """A notebook shows the verdict, where the mismatch sits and the key metrics (not the dataclass)."""
-        from rollout_diag.export import analysis_html
-
-        return analysis_html(self)
 
     def __repr__(self) -> str:
         findings = self.verdict.findings if self.verdict is not None else []

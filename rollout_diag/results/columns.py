@@ -5,8 +5,8 @@ document's columns (``Column``) that the JSON writer formats a column at a time.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, ItemsView, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar, overload
 
 import numpy as np
 
@@ -70,10 +70,10 @@ class MetricColumns:
                 out.update((name, _scalar(column, index)) for name, column in values.items())
         if self.order is not None and out:
             keys = tuple(out)  # the order depends only on the keys: sorted once per set of keys
-            if (names := self._sorted.get(keys)) is None:
+            if (ordered := self._sorted.get(keys)) is None:
                 rank, last = self.order, len(self.order)
-                names = self._sorted[keys] = sorted(keys, key=lambda name: rank.get(name, last))
-            out = {name: out[name] for name in names}
+                ordered = self._sorted[keys] = sorted(keys, key=lambda name: rank.get(name, last))
+            out = {name: out[name] for name in ordered}
         return out
 
     def value(self, name: str, index: int) -> Any:
@@ -99,7 +99,7 @@ def _scalar(column: np.ndarray, index: int) -> Any:
     return float(column[index]) if column.dtype == np.float64 else column[index]
 
 
-class RowMetrics(Mapping):
+class RowMetrics(Mapping[str, Any]):
     """One step's values, read from its MetricColumns on access (no dict per step is kept). Equal to the dict it
     stands for (NaN to NaN too); pickles and copies as that dict."""
 
@@ -112,15 +112,16 @@ class RowMetrics(Mapping):
         return self.columns.value(name, self.index)
 
     def __contains__(self, name: object) -> bool:
-        return any(self.columns.groups[g][0][self.index] for g in self.columns.where.get(name, ()))  # type: ignore[arg-type]
+        groups = self.columns.where.get(name, ()) if isinstance(name, str) else ()
+        return any(self.columns.groups[g][0][self.index] for g in groups)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self.columns.row(self.index))
 
     def __len__(self) -> int:
         return len(self.columns.row(self.index))
 
-    def items(self):  # one fold, not a lookup per key
+    def items(self) -> ItemsView[str, Any]:  # one fold, not a lookup per key
         return self.columns.row(self.index).items()
 
     def values(self):
@@ -145,7 +146,10 @@ class RowMetrics(Mapping):
         return (dict, (self.columns.row(self.index),))
 
 
-class ReadSequence(Sequence):
+Item = TypeVar("Item")
+
+
+class ReadSequence(Sequence[Item]):
     """A sequence whose items are made when read (none kept): equal to the list it stands for (item by item, so a
     list of the same items compares equal either way round), unhashable as a list, pickled as that list."""
 
@@ -160,7 +164,7 @@ class ReadSequence(Sequence):
         return (list, (list(self),))
 
 
-class StepTable(ReadSequence):
+class StepTable(ReadSequence[StepResult]):
     """``AnalysisResult.steps`` as columns: the step ids, their rows, tokens and empty rows, the metric values and each
     framework's dialect values; ``table[i]`` is a StepResult read from the columns (nothing per step is kept, so
     200 000 steps cost their numbers, not 200 000 dicts). Equal to the list of StepResults it stands for."""
@@ -185,10 +189,14 @@ class StepTable(ReadSequence):
     def __len__(self) -> int:
         return int(self.step_ids.shape[0])
 
-    def __getitem__(self, index):  # type: ignore[override]
+    @overload
+    def __getitem__(self, index: int) -> StepResult: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[StepResult]: ...
+    def __getitem__(self, index: int | slice) -> StepResult | list[StepResult]:
         return self._steps()[index]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[StepResult]:
         return iter(self._steps())
 
     def _steps(self) -> list[StepResult]:
@@ -244,7 +252,7 @@ class StepTable(ReadSequence):
         return (StepTable, (self.step_ids, self.rows, self.tokens, self.empty_rows, self.metrics, self.dialects))
 
 
-class Rows(ReadSequence):
+class Rows(ReadSequence[dict[str, Any]]):
     """A list of table rows (dicts with the same keys) held as columns: ``head`` (plain dicts) first, then one row per
     entry of the columns, each value a Python int, float, str or None as the dict it stands for would hold. Rows are
     built when read, none is kept (a 200 000-step run has 600 000 position rows). Equal to that list of dicts."""
@@ -253,12 +261,16 @@ class Rows(ReadSequence):
         self.head = list(head)
         self.names = tuple(columns)
         self.columns = tuple(np.asarray(column) for column in columns.values())
-        self.count = self.columns[0].shape[0] if self.columns else 0
+        self.held = int(self.columns[0].shape[0]) if self.columns else 0  # the rows held as columns, after the head
 
     def __len__(self) -> int:
-        return len(self.head) + self.count
+        return len(self.head) + self.held
 
-    def __getitem__(self, index):  # type: ignore[override]
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
         if isinstance(index, slice):
             return [self[i] for i in range(len(self))[index]]
         index = range(len(self))[index]
@@ -267,13 +279,13 @@ class Rows(ReadSequence):
         at = index - len(self.head)
         return dict(zip(self.names, (column[at : at + 1].tolist()[0] for column in self.columns), strict=True))
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[dict[str, Any]]:
         for row in self.head:
             yield dict(row)
-        for begin in range(0, self.count, 65_536):  # a block of rows at a time: Python values made in bulk
+        for begin in range(0, self.held, 65_536):  # a block of rows at a time: Python values made in bulk
             values = [column[begin : begin + 65_536].tolist() for column in self.columns]
-            for row in zip(*values, strict=True):
-                yield dict(zip(self.names, row, strict=True))
+            for held_row in zip(*values, strict=True):
+                yield dict(zip(self.names, held_row, strict=True))
 
     def __repr__(self) -> str:
         return f"Rows({len(self)} rows)"
@@ -290,22 +302,26 @@ def run_rows(positions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [row for row in positions if row.get("step") is None]
 
 
-class Converted(ReadSequence):
+class Converted(ReadSequence[Item]):
     """``[convert(item) for item in items]``, each made when read and none kept: per-step results of a 200 000-step
     run (the sweep's 13 options × targets a step) as objects only while a renderer reads them. Equal to that list."""
 
-    def __init__(self, items: Sequence[Any], convert: Any) -> None:
+    def __init__(self, items: Sequence[Any], convert: Callable[[Any], Item]) -> None:
         self.items, self.convert = items, convert
 
     def __len__(self) -> int:
         return len(self.items)
 
-    def __getitem__(self, index):  # type: ignore[override]
+    @overload
+    def __getitem__(self, index: int) -> Item: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Item]: ...
+    def __getitem__(self, index: int | slice) -> Item | list[Item]:
         if isinstance(index, slice):
             return [self.convert(item) for item in self.items[index]]
         return self.convert(self.items[index])
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Item]:
         return (self.convert(item) for item in self.items)
 
     def __repr__(self) -> str:

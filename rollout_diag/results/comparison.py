@@ -7,7 +7,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from rollout_diag.results.columns import (
     table_columns,
 )
 from rollout_diag.results.document import result_document, schema_version
-from rollout_diag.results.reprs import repr_inputs, repr_text, short_repr
+from rollout_diag.results.reprs import ResultViews, repr_inputs, repr_text, short_repr
 from rollout_diag.results.rows import (
     OverallVerdict,
     SkippedData,
@@ -47,6 +47,16 @@ STEP_COUNTS = ("step", "rows", "tokens", "empty_rows")  # the leading columns of
 FIRST_SECTION = frozenset(metric.key for metric in CATALOGUE.values() if metric.section == "offpolicy")
 
 
+@runtime_checkable
+class HeldSteps(Protocol):
+    """A preset's steps that give the document's columns as held, over the analysis's steps (``base``): the pass's
+    ``metrics.outcome.PresetSteps``, a document's :class:`PresetTable`."""
+
+    base: Sequence[StepResult]
+
+    def json_columns(self) -> dict[str, Column]: ...
+
+
 def comparison_columns(presets: Sequence[PresetResult]) -> tuple[dict[str, Column], list[dict[str, Column]]]:
     """The per-step columns of the ``compare-presets`` document: its top-level block (each step's id, rows, tokens and
     empty rows, then its §1 metrics, the same under every preset) and each preset's own block (the step ids, then the
@@ -56,9 +66,8 @@ def comparison_columns(presets: Sequence[PresetResult]) -> tuple[dict[str, Colum
     presets do not hold the same steps (a document has one set of steps)."""
     tables = [preset.steps for preset in presets]
     base = getattr(tables[0], "base", None) if tables else None
-    if isinstance(base, StepTable) and all(
-        getattr(steps, "base", None) is base and callable(getattr(steps, "json_columns", None)) for steps in tables
-    ):
+    held = [steps for steps in tables if isinstance(steps, HeldSteps) and steps.base is base]
+    if isinstance(base, StepTable) and len(held) == len(tables):
         count = len(base)
         top = {
             name: Column(count, [(None, None, column)], ("counts", id(column)))
@@ -69,7 +78,7 @@ def comparison_columns(presets: Sequence[PresetResult]) -> tuple[dict[str, Colum
                 base.metrics, count, [name for name in base.metrics.where if name.startswith(OFFPOLICY_PREFIX)]
             )
         )
-        return top, [{"step": top["step"], **steps.json_columns()} for steps in tables]
+        return top, [{"step": top["step"], **steps.json_columns()} for steps in held]
     return _listed_columns(presets)
 
 
@@ -292,9 +301,12 @@ class Recommendation:
 
 
 @dataclass(frozen=True)
-class ComparisonResult:
+class ComparisonResult(ResultViews):
     """What ``compare_presets`` found; ``to_json()`` is the documented JSON. ``sweep`` is the run-level threshold
-    sweep (one entry per option, with its share-vs-threshold curve: rollout_diag.metrics.sweep)."""
+    sweep (one entry per option, with its share-vs-threshold curve: rollout_diag.metrics.sweep). ``to_polars()``:
+    presets (run metrics per preset), preset_steps, sweep (per option and target), groups and group_steps (``--by``)."""
+
+    VIEW_KIND: ClassVar[str] = "comparison"
 
     inputs: list[str]
     columns: dict[str, str]
@@ -368,24 +380,6 @@ class ComparisonResult:
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise InputError(f"not a `compare-presets --format json` result (missing {exc}).") from exc
-
-    def to_polars(self) -> dict[str, Any]:
-        """presets (run metrics per preset), preset_steps, sweep (per option and target), groups and group_steps
-        (``--by``) as polars DataFrames."""
-        from rollout_diag.export import comparison_frames  # a view, loaded when asked for (export/ reads results)
-
-        return comparison_frames(self)
-
-    def to_pandas(self) -> dict[str, Any]:
-        """``to_polars()``'s tables as pandas DataFrames; raises ConfigError (saying what to install) without pandas."""
-        from rollout_diag.export import to_pandas
-
-        return to_pandas(self.to_polars())
-
-    def _repr_html_(self) -> str:
-        from rollout_diag.export import comparison_html
-
-        return comparison_html(self)
 
     def __repr__(self) -> str:
         if self.recommendation is not None and self.recommendation.preset is not None:
@@ -478,7 +472,7 @@ def _presets_from_columns(document: dict[str, Any]) -> list[PresetResult]:
                 name=item["name"],
                 config=item["config"],
                 mode=item["mode"],
-                steps=PresetTable(base, own),  # type: ignore[arg-type]
+                steps=PresetTable(base, own),
                 run=StepResult.from_json(item["run"]),
                 intrusive_reasons=tuple(item.get("intrusive_reasons", ())),
             )

@@ -27,15 +27,8 @@ from typer.testing import CliRunner
 
 import rollout_diag as rd
 from rollout_diag.cli import app
-from rollout_diag.decisions.hints import (
-    HINT_IDS,
-    MIN_GROUP_TOKENS,
-    Contrast,
-    Evidence,
-    Group,
-    find_hints,
-    staleness,
-)
+from rollout_diag.decisions.contrasts import MIN_GROUP_TOKENS, Contrast, Group
+from rollout_diag.decisions.hints import HINT_IDS, Evidence, find_hints, staleness
 from rollout_diag.drivers.passes import Analysis, open_reader, run_chunks
 from rollout_diag.errors import ColumnError, DataError
 from rollout_diag.metrics.hints import PROBABILITY_EDGES, TOKEN_SUMS
@@ -572,7 +565,7 @@ def test_policy_version_written_by_the_dump_writer_drives_staleness(tmp_path):
 
 # ------------------------------------------------------------------------------------------ no_mask
 def test_no_mask_fires_on_environment_like_zeros_only_above_one_percent():
-    from rollout_diag.decisions.hints import NO_MASK_MIN_SHARE, no_mask
+    from rollout_diag.decisions.pipeline_hints import NO_MASK_MIN_SHARE, no_mask
 
     assert no_mask(Evidence(run={}, steps={}, unmasked=(0, 0))) is None  # a dump with a mask column
     below = int(NO_MASK_MIN_SHARE * 10_000) - 1

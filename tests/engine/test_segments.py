@@ -145,10 +145,11 @@ def test_a_preset_pass_takes_exp_of_the_clamped_log_ratio_once(monkeypatch):
     chunk = random_chunk(11, 40, sorted_steps=True)
     s = stats(chunk)
     tokens = chunk.model.row.numel()
-    full_size_exps = []
+    raw_tokens = chunk.trainer.numel()
+    full_size_exps, raw_size_exps = [], []
     original_exp = np.exp
 
-    class CountingNumpy:  # numpy as the two modules that take the exp see it, with its full-size exps counted
+    class CountingNumpy:  # numpy as the modules that take the exp see it, with its full-size exps counted
         def __getattr__(self, name):
             return getattr(np, name)
 
@@ -156,18 +157,23 @@ def test_a_preset_pass_takes_exp_of_the_clamped_log_ratio_once(monkeypatch):
         def exp(values, *args, **kwargs):
             if np.size(values) == tokens:
                 full_size_exps.append(values)
+            elif np.size(values) == raw_tokens:
+                raw_size_exps.append(values)
             return original_exp(values, *args, **kwargs)
 
     from rollout_diag.engine import arrays
     from rollout_diag.engine import stats as engine_stats
+    from rollout_diag.engine.kernels import presets as kernel_presets
 
     monkeypatch.setattr(arrays, "np", CountingNumpy())
     monkeypatch.setattr(engine_stats, "np", CountingNumpy())
+    monkeypatch.setattr(kernel_presets, "np", CountingNumpy())
     CorrectionAnalysis([preset for preset in PRESETS.values() if not preset.gated]).update(chunk)
-    assert len(full_size_exps) == 1
-    # the probability gates read p = exp(a) and q = exp(r) of the sampled token: two more, once for the three gates
+    assert len(full_size_exps) == 1 and not raw_size_exps
+    # the probability gates read p = exp(a) and q = exp(r) of the sampled token, taken at the raw tokens (no copy of
+    # the model tokens' logprobs): two more, once for the three gates
     CorrectionAnalysis(list(PRESETS.values())).update(chunk)
-    assert len(full_size_exps) == 3
+    assert len(full_size_exps) == 1 and len(raw_size_exps) == 2
 
     token_weight = s.token("token_is_weight")
     clamped = s.token("clamped_log_ratio")

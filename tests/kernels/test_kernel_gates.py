@@ -65,3 +65,35 @@ def test_compare_presets_and_sweep_of_the_gates_are_the_same_in_both_engines(tmp
     assert_same_document(compared_numba, compared_torch)
     assert_same_document(swept_numba, swept_torch)
     assert {"token_kpop", "seq_mean_bkl"} <= {option["option"] for option in swept_numba["run"]}
+
+
+def test_the_probabilities_buffers_come_in_the_kernels_size_classes():
+    """gate_inputs allocates p and q in Python in the compiled kernels' size classes (kernels.cpu.size_class)."""
+    from rollout_diag.engine.kernels.cpu import size_class
+    from rollout_diag.engine.kernels.presets import _host_size_class
+
+    sizes = [0, 1, 65_535, 65_536, 65_537, 100_000, 2**21, 2**21 + 1, 3_000_001, *range(1_000_000, 1_000_100)]
+    assert [_host_size_class(n) for n in sizes] == [size_class(n) for n in sizes]
+
+
+def test_the_gates_of_tokens_a_clamp_moves_come_from_their_own_logs():
+    """Moved tokens (p or q beyond a clamp) sit among unmoved ones in the preset pass's segments: each token's kpop and
+    bkl are the torch engine's (as torch.equal compares them), whichever segment and place holds it."""
+    from rollout_diag.engine.formulas import gate_values
+    from rollout_diag.engine.kernels import presets as kernels
+
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(1, 30, 40)
+    raw = np.concatenate([[0], np.cumsum(lengths + 3)[:-1]]).astype(np.int64)  # three unread raw tokens between
+    model = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    size = int(raw[-1] + lengths[-1])
+    rollout = -rng.choice([0.0, 1e-9, 1e-7, 0.3, 2.0, 14.0, 19.0, np.inf], size)
+    trainer = np.minimum(rollout + rng.choice([0.0, 1e-8, 0.5], size) * rng.normal(size=size), 0.0)
+    inputs = kernels.gate_inputs(trainer, rollout, raw, model, lengths.astype(np.int64))
+    found, _ = kernels.gate_tokens(
+        trainer, rollout, raw, model, lengths.astype(np.int64), inputs, np.zeros(40, np.int64), 1, np.zeros(0),
+        np.zeros(0, np.int64),
+    )  # fmt: skip
+    places = np.concatenate([np.arange(r, r + n) for r, n in zip(raw, lengths, strict=True)])
+    expected = torch.stack(gate_values(torch.from_numpy(trainer[places]), torch.from_numpy(rollout[places]))).numpy()
+    assert inputs[3].size > 0 and np.array_equal(found, expected)  # equal values: bit for bit but a zero's sign

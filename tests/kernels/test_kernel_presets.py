@@ -143,8 +143,8 @@ def kernel_signed_counts(clamped: np.ndarray, segment: int = 97) -> np.ndarray:
     edges, table = exact_bin_edges()
     none = np.zeros((0, 2), np.int64)
     one_group = np.zeros(len(starts), np.int64)
-    *_, counts = kernels.preset_pass(
-        clamped, np.zeros(size), np.zeros(0), np.zeros((3, 0)), starts, starts, length, one_group, 1, none,
+    *_, counts, _ = kernels.preset_pass(
+        clamped, np.zeros(size), np.zeros(0), kernels.NO_GATES, starts, starts, length, one_group, 1, none,
         none.astype(np.float64),
         np.zeros(0, np.bool_), edges, table,
     )  # fmt: skip
@@ -401,17 +401,15 @@ def test_centred_sums_add_each_groups_tokens_in_order(seed, quantities, weight_o
         weight[model[s] : model[s] + lengths[s]] = np.exp(np.clip(trainer - rollout, -20, 20))[
             raw[s] : raw[s] + lengths[s]
         ]
-    gates = np.full((3, total + 12), np.nan)  # kpop, bkl, tv at the model tokens' places
+    length = lengths.astype(np.int64)
+    gates = kernels.gate_inputs(trainer, rollout, raw, model, length)  # what the pass reads of kpop, bkl, tv
     every_gate = np.stack(gate_values(trainer, rollout))
-    for s in range(12):
-        gates[:, model[s] : model[s] + lengths[s]] = every_gate[:, raw[s] : raw[s] + lengths[s]]
     group = np.sort(rng.integers(0, 3, 12)).astype(np.int64)
     ops = ["tis", "icepop", "clamp", "above", "outside"]
     kinds = [2 if weight_only else rng.integers(0, 9) for _ in range(quantities)]
     codes = np.array([[kind, kernels.OPS[ops[rng.integers(0, 5)]]] for kind in kinds])
     bounds = np.array([[0.5, 2.0]] * quantities)
     means = rng.normal(1.0, 0.1, (3, quantities))
-    length = lengths.astype(np.int64)
     out = kernels.centred_pass(trainer, rollout, weight, gates, raw, model, length, group, codes, bounds, means)
     expected = np.zeros((3, quantities))
     base = np.empty(9)
@@ -420,7 +418,7 @@ def test_centred_sums_add_each_groups_tokens_in_order(seed, quantities, weight_o
             t, w = raw[s] + k, weight[model[s] + k]
             d = trainer[t] - rollout[t]
             c = min(max(d, -20.0), 20.0)
-            base[:] = [d, c, w, -c, 0.5 * c * c, (w - 1.0) - c, *gates[:, model[s] + k]]
+            base[:] = [d, c, w, -c, 0.5 * c * c, (w - 1.0) - c, *every_gate[:, t]]
             for q in range(quantities):
                 value = kernels._derived(codes[q, 1], bounds[q, 0], bounds[q, 1], base[codes[q, 0]])
                 centred = value - means[group[s], q]

@@ -21,7 +21,7 @@ from rich.console import Console
 import rollout_diag as rd
 from rollout_diag.catalogue import short_name
 from rollout_diag.formatting import numbers
-from rollout_diag.render import table as table_module
+from rollout_diag.render import cells as cells_module
 from rollout_diag.render.analysis import STEP_METRICS, STEPS_SHOWN_EACH_END, render_analysis, steps_table
 from rollout_diag.render.format import level
 from rollout_diag.render.table import Column, FitTable, Num, Nums
@@ -62,12 +62,12 @@ def test_a_number_column_is_written_as_numbers_writes_it(
     present = np.array([there for _, there in cells], dtype=bool)
     chunks = [[Num(value, suffix, digits) for value in singles], Nums(values, present, suffix, digits)]
     expected = numbers([*singles, *(value if there else None for value, there in cells)], digits)
-    assert table_module._column_cells(chunks) == [text + suffix for text in expected]
+    assert cells_module.column_cells(chunks) == [text + suffix for text in expected]
     # the same values as a list, and integer arrays
     listed = Nums([value if there else None for value, there in cells], None, suffix, digits)
-    assert table_module._column_cells([listed]) == [text + suffix for text in numbers(listed.values, digits)]  # type: ignore[arg-type]
+    assert cells_module.column_cells([listed]) == [text + suffix for text in numbers(listed.values, digits)]  # type: ignore[arg-type]
     integers = np.array([int(value) for value, _ in cells if abs(value) < 2**62], dtype=np.int64)
-    assert table_module._column_cells([Nums(integers)]) == numbers(integers.tolist())
+    assert cells_module.column_cells([Nums(integers)]) == numbers(integers.tolist())
 
 
 def test_add_rows_adds_what_add_row_adds() -> None:

@@ -24,7 +24,7 @@ import numpy as np
 from numba import njit, types, uint64
 
 from rollout_diag.engine.kernels.cpu import CLAMP, size_class
-from rollout_diag.engine.quantities import PRESET_BASES
+from rollout_diag.engine.quantities import BKL_EPS, KPOP_EPS, PRESET_BASES
 
 # The token quantities a derived one is made from (``Derived.base``), by code.
 KINDS = {name: code for code, name in enumerate(PRESET_BASES)}
@@ -42,6 +42,7 @@ OPS = {
 _FLAGS: dict[str, Any] = {"cache": True, "nogil": True, "error_model": "numpy"}
 BASES = len(PRESET_BASES)
 KPOP, BKL, TV = KINDS["rs_kpop"], KINDS["rs_bkl"], KINDS["rs_tv"]
+EPS_WIDE, EPS_NARROW = BKL_EPS, KPOP_EPS  # the gates' clamps: OpenRLHF's, AReaL's
 
 
 @njit(**{**_FLAGS, "inline": "always"})
@@ -156,136 +157,99 @@ def clamped_tokens(trainer: np.ndarray, rollout: np.ndarray, raw: np.ndarray, mo
 
 
 @njit(**_FLAGS)
-def model_values(values: np.ndarray, raw: np.ndarray, model: np.ndarray, length: np.ndarray):
-    """``values`` (a raw array: logprobs) at every model token (float64 [M], index ``model[s] + k``)."""
-    total = 0
-    for s in range(raw.shape[0]):
-        total += length[s]
-    out = np.empty(size_class(total))[:total]
-    for s in range(raw.shape[0]):
-        r, m = uint64(raw[s]), uint64(model[s])
-        for k in range(length[s]):
-            out[m + uint64(k)] = values[r + uint64(k)]
-    return out
-
-
-@njit(**_FLAGS)
-def gate_arguments(trainer_prob: np.ndarray, rollout_prob: np.ndarray, eps_wide: float, eps_narrow: float):
-    """The arguments of the probability gates' logs (``engine.formulas.gate_values``), from p = exp(a) and q = exp(r)
-    at every model token (numpy's exp): (1 − p')/(1 − q') with AReaL's clamp ``eps_narrow`` at every token [M]; and,
-    only at the tokens where they are not that one's, the other arguments with their token index: p'/q' where a
-    clamp moves p or q (``eps_narrow``, then ``eps_wide``), (1 − p')/(1 − q') under ``eps_wide``. The caller takes
-    numpy's log of each (elementwise, so each token's log is the one the torch engine takes)."""
-    size = trainer_prob.shape[0]
-    complement = np.empty(size_class(size))[:size]
-    ratio_narrow, ratio_wide, complement_wide = np.empty(size), np.empty(size), np.empty(size)
-    at_narrow, at_wide, at_complement = np.empty(size, np.int64), np.empty(size, np.int64), np.empty(size, np.int64)
-    n_narrow = n_wide = n_complement = 0
-    for k in range(size):
-        i = uint64(k)
-        p, q = trainer_prob[i], rollout_prob[i]
-        p8, q8 = min(max(p, eps_narrow), 1.0 - eps_narrow), min(max(q, eps_narrow), 1.0 - eps_narrow)
-        complement[i] = (1.0 - p8) / (1.0 - q8)
-        if not (p8 == p and q8 == q):
-            ratio_narrow[n_narrow], at_narrow[n_narrow] = p8 / q8, k
-            n_narrow += 1
-        p6, q6 = min(max(p, eps_wide), 1.0 - eps_wide), min(max(q, eps_wide), 1.0 - eps_wide)
-        if not (p6 == p and q6 == q):
-            ratio_wide[n_wide], at_wide[n_wide] = p6 / q6, k
-            n_wide += 1
-        if not (p6 == p8 and q6 == q8):
-            complement_wide[n_complement], at_complement[n_complement] = (1.0 - p6) / (1.0 - q6), k
-            n_complement += 1
-    return (
-        complement,
-        ratio_narrow[:n_narrow].copy(),
-        at_narrow[:n_narrow].copy(),
-        ratio_wide[:n_wide].copy(),
-        at_wide[:n_wide].copy(),
-        complement_wide[:n_complement].copy(),
-        at_complement[:n_complement].copy(),
-    )
-
-
-@njit(**_FLAGS)
-def gate_finish(
-    trainer: np.ndarray,
-    rollout: np.ndarray,
+def gate_arguments(
+    trainer_prob: np.ndarray,
+    rollout_prob: np.ndarray,
     raw: np.ndarray,
     model: np.ndarray,
     length: np.ndarray,
-    trainer_prob: np.ndarray,
-    rollout_prob: np.ndarray,
-    eps_wide: float,
-    eps_narrow: float,
-    log_complement: np.ndarray,
-    log_ratio_narrow: np.ndarray,
-    at_narrow: np.ndarray,
-    log_ratio_wide: np.ndarray,
-    at_wide: np.ndarray,
-    log_complement_wide: np.ndarray,
-    at_complement: np.ndarray,
-    segment_group: np.ndarray,
-    groups: int,
-    edges: np.ndarray,
-    table: np.ndarray,
 ):
-    """kpop, bkl, tv at every model token (float64 [3, M]): ``engine.formulas.gate_values`` operation for operation
-    from ``gate_arguments``' logs (δ = a − r where no clamp moves p or q); with ``edges`` (empty: none), each step
-    group's histogram of each gate's value over the sweep's bins of |c| (int64 [groups, 3·BINS],
-    ``metrics.sweep.gate_histograms``), found from the exact edges as the histogram of c is."""
-    size = trainer_prob.shape[0]
-    out = np.empty((3, size))
-    narrow, wide, complement = 0, 0, 0
-    for s in range(raw.shape[0]):
+    """The arguments of the probability gates' logs (``engine.formulas.gate_values``), from p = exp(a) and q = exp(r)
+    at the raw tokens (numpy's exp): (1 − p')/(1 − q') with AReaL's clamp (KPOP_EPS) at every model token (float64
+    [M], index ``model[s] + k``); and at the tokens where a clamp moves p or q (BKL_EPS, which every move under
+    KPOP_EPS is one of), their model index and the other arguments [3, n]: p'/q' under KPOP_EPS (1.0 where that clamp
+    moves neither), p'/q' and (1 − p')/(1 − q') under BKL_EPS. The caller takes numpy's log of each (elementwise, so
+    each token's log is the torch engine's). The first loop, over every token, has no branch (vectorised) and marks
+    the moved tokens in a byte each; the second reads those marks eight at a time."""
+    segments = raw.shape[0]
+    total = 0  # the model tokens' extent (a chunk's segments tile it)
+    for s in range(segments):
+        total = max(total, model[s] + length[s])
+    complement = np.empty(size_class(total))[:total]
+    moved = np.zeros(total + 8 - total % 8, np.uint8)  # 1 where a clamp moves p or q; read eight at a time
+    n = 0
+    for s in range(segments):
         r, m = uint64(raw[s]), uint64(model[s])
-        for j in range(length[s]):
-            k = m + uint64(j)
-            delta = trainer[r + uint64(j)] - rollout[r + uint64(j)]
-            p, q = trainer_prob[k], rollout_prob[k]
-            p8, q8 = min(max(p, eps_narrow), 1.0 - eps_narrow), min(max(q, eps_narrow), 1.0 - eps_narrow)
-            lr8 = delta
-            if narrow < at_narrow.shape[0] and at_narrow[narrow] == k:
-                lr8 = log_ratio_narrow[narrow]
-                narrow += 1
-            lc8 = log_complement[k]
-            forward = p8 * lr8 + (1.0 - p8) * lc8
-            reverse = -(q8 * lr8 + (1.0 - q8) * lc8)
-            q6 = min(max(q, eps_wide), 1.0 - eps_wide)
-            lr6 = delta
-            if wide < at_wide.shape[0] and at_wide[wide] == k:
-                lr6 = log_ratio_wide[wide]
-                wide += 1
-            lc6 = lc8
-            if complement < at_complement.shape[0] and at_complement[complement] == k:
-                lc6 = log_complement_wide[complement]
-                complement += 1
-            out[0, k] = max(max(forward, reverse), 0.0)
-            out[1, k] = max(-(q6 * lr6 + (1.0 - q6) * lc6), 0.0)
-            out[2, k] = abs(p - q)
-    bins = edges.shape[0]
-    counts = np.zeros((groups, 3 * bins), np.int64)
-    if bins == 0:
-        return out, counts
-    padded = np.empty(bins + 1)  # the edges and +inf: the step over an edge reads no bound check
-    for e in range(bins):
-        padded[e] = edges[e]
-    padded[bins] = np.inf
-    first = (np.int64(edges[1:2].view(np.int64)[0]) >> SLICE_SHIFT) if bins > 1 else 0
-    last = table.shape[0] - 1
-    for gate in range(3):
-        values = out[gate]
-        bits = values.view(np.int64)
-        offset = gate * bins
-        for s in range(raw.shape[0]):
-            row = counts[segment_group[s]]
-            m = uint64(model[s])
-            for j in range(length[s]):
-                i = m + uint64(j)
-                found = table[uint64(min(max(((bits[i] & ABS_BITS) >> SLICE_SHIFT) - first, 0), last))]
-                found += abs(values[i]) >= padded[uint64(found + 1)]
-                row[uint64(offset + found)] += 1
-    return out, counts
+        for j in range(length[s]):  # no branch: vectorised
+            i = uint64(j)
+            p, q = trainer_prob[r + i], rollout_prob[r + i]
+            p8, q8 = min(max(p, EPS_NARROW), 1.0 - EPS_NARROW), min(max(q, EPS_NARROW), 1.0 - EPS_NARROW)
+            complement[m + i] = (1.0 - p8) / (1.0 - q8)
+            flag = (p < EPS_WIDE) | (p > 1.0 - EPS_WIDE) | (q < EPS_WIDE) | (q > 1.0 - EPS_WIDE)  # NaN: not moved
+            moved[m + i] = flag
+            n += flag
+    at, arguments = np.empty(n, np.int64), np.empty((3, n))
+    words, s, n = moved.view(np.uint64), 0, 0
+    for word in range(words.shape[0]):
+        if words[word] == 0:
+            continue
+        for k in range(8 * word, 8 * word + 8):
+            if moved[k] == 0:
+                continue
+            while model[s] + length[s] <= k:  # the segment of model token k
+                s += 1
+            r = raw[s] + k - model[s]
+            p, q = trainer_prob[r], rollout_prob[r]
+            p8, q8 = min(max(p, EPS_NARROW), 1.0 - EPS_NARROW), min(max(q, EPS_NARROW), 1.0 - EPS_NARROW)
+            p6, q6 = min(max(p, EPS_WIDE), 1.0 - EPS_WIDE), min(max(q, EPS_WIDE), 1.0 - EPS_WIDE)
+            at[n] = k
+            arguments[0, n] = 1.0 if (p8 == p and q8 == q) else p8 / q8
+            arguments[1, n] = p6 / q6
+            arguments[2, n] = (1.0 - p6) / (1.0 - q6)
+            n += 1
+    return complement, at, arguments
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _fill_gates(
+    trainer: np.ndarray, rollout: np.ndarray, gates: tuple, start: int, first: int, size: int, bases: np.ndarray
+) -> None:
+    """kpop, bkl, tv (``bases`` rows KPOP, BKL, TV) of a segment's ``size`` tokens (raw index ``start + k``, model
+    index ``first + k``; ``bases[0]`` holds δ): ``engine.formulas.gate_values`` operation for operation from
+    ``gate_inputs``. Every token first as where no clamp moves p or q (then p' = p, q' = q, log(p'/q') = δ and
+    BKL's complement is KPOP's: one loop without a branch), then the tokens a clamp moves, from their logs."""
+    trainer_prob, rollout_prob, log_complement, at, logs = gates
+    raw, model = uint64(start), uint64(first)
+    for k in range(size):
+        i = uint64(k)
+        delta, p, q, lc = bases[0, i], trainer_prob[raw + i], rollout_prob[raw + i], log_complement[model + i]
+        forward = p * delta + (1.0 - p) * lc
+        reverse = -(q * delta + (1.0 - q) * lc)
+        bases[KPOP, i] = max(max(forward, reverse), 0.0)
+        bases[BKL, i] = max(reverse, 0.0)
+        bases[TV, i] = abs(p - q)
+    for j in range(np.searchsorted(at, first), at.shape[0]):
+        k = at[j] - first
+        if k >= size:
+            break
+        bases[KPOP, k], bases[BKL, k] = _moved_gates(
+            bases[0, k], trainer_prob[start + k], rollout_prob[start + k], log_complement[first + k], logs, j
+        )
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _moved_gates(delta: float, p: float, q: float, lc8: float, logs: np.ndarray, j: int) -> tuple[float, float]:
+    """(kpop, bkl) of a token whose p or q a clamp moves: ``logs[:, j]`` = log(p'/q') under KPOP_EPS (read where that
+    clamp moves p or q, else δ), log(p'/q') and log((1 − p')/(1 − q')) under BKL_EPS (the latter read where it is not
+    KPOP's complement)."""
+    p8, q8 = min(max(p, EPS_NARROW), 1.0 - EPS_NARROW), min(max(q, EPS_NARROW), 1.0 - EPS_NARROW)
+    p6, q6 = min(max(p, EPS_WIDE), 1.0 - EPS_WIDE), min(max(q, EPS_WIDE), 1.0 - EPS_WIDE)
+    lr8 = delta if (p8 == p and q8 == q) else logs[0, j]
+    lr6 = delta if (p6 == p and q6 == q) else logs[1, j]
+    lc6 = lc8 if (p6 == p8 and q6 == q8) else logs[2, j]
+    forward = p8 * lr8 + (1.0 - p8) * lc8
+    reverse = -(q8 * lr8 + (1.0 - q8) * lc8)
+    return max(max(forward, reverse), 0.0), max(-(q6 * lr6 + (1.0 - q6) * lc6), 0.0)
 
 
 @njit(**{**_FLAGS, "inline": "always"})
@@ -302,7 +266,7 @@ def _fill_bases(
     trainer: np.ndarray,
     rollout: np.ndarray,
     weight: np.ndarray,
-    gates: np.ndarray,
+    gates: tuple,
     start: int,
     first: int,
     size: int,
@@ -311,8 +275,8 @@ def _fill_bases(
 ) -> None:
     """The base quantities (KINDS rows of ``bases``) of a segment's ``size`` tokens (raw index ``start + k``, model
     index ``first + k``), with the torch engine's float64 formulas; w is read (numpy's exp), 1.0 without weights; the
-    probability gates (kpop, bkl, tv) are read from ``gates`` [3, M] (``engine.formulas.gate_values``, numpy's exps
-    and logs, as the torch engine takes them on the CPU)."""
+    probability gates (kpop, bkl, tv), all three where one is needed, from ``gate_inputs`` (numpy's exps and logs, as
+    the torch engine takes them on the CPU: ``_fill_gates``)."""
     has_weight = weight.shape[0] > 0
     raw, model = uint64(start), uint64(first)  # unsigned: no negative-index wrap per read
     for k in range(size):
@@ -324,6 +288,14 @@ def _fill_bases(
         for k in range(size):
             i = uint64(k)
             bases[2, i] = weight[model + i] if has_weight else 1.0
+    _fill_statistics(size, needed, bases)
+    if needed[KPOP] or needed[BKL] or needed[TV]:
+        _fill_gates(trainer, rollout, gates, start, first, size, bases)
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _fill_statistics(size: int, needed: np.ndarray, bases: np.ndarray) -> None:
+    """§3's k1 = −c, k2 = ½·c², k3 = (w − 1) − c (``bases`` rows 3–5, where needed) from c and w (rows 1, 2)."""
     if needed[3]:
         for k in range(size):
             bases[3, k] = -bases[1, k]
@@ -334,12 +306,6 @@ def _fill_bases(
     if needed[5]:
         for k in range(size):
             bases[5, k] = (bases[2, k] - 1.0) - bases[1, k]
-    for kind in (KPOP, BKL, TV):
-        if needed[kind]:
-            row = gates[kind - KPOP]
-            for k in range(size):
-                i = uint64(k)
-                bases[kind, i] = row[model + i]
 
 
 @njit(**{**_FLAGS, "inline": "always"})
@@ -449,12 +415,50 @@ def _count_signed_bins(
         counts[uint64(found + bins if value <= 0.0 else found)] += 1
 
 
+@njit(**{**_FLAGS, "inline": "always"})
+def _count_gate_bins(
+    bases: np.ndarray, bits: np.ndarray, size: int, edges: np.ndarray, table: np.ndarray, first: int, counts: np.ndarray
+) -> None:
+    """Counts into ``counts`` (one step group's [3·BINS]) the sweep's bin of |value| (``metrics.sweep.magnitude_bins``)
+    of each gate (``bases`` rows KPOP, BKL, TV) of a segment's ``size`` tokens, found from ``edges`` and ``table`` as
+    ``_count_signed_bins`` finds c's (``bits``: ``bases`` as int64; ``first``: edges[1]'s slice), a token's three
+    gates in one loop."""
+    bins = edges.shape[0] - 1
+    for k in range(size):
+        i = uint64(k)
+        found_kpop = _bin_of(bases[KPOP, i], bits[KPOP, i], edges, table, first)
+        found_bkl = _bin_of(bases[BKL, i], bits[BKL, i], edges, table, first)
+        found_tv = _bin_of(bases[TV, i], bits[TV, i], edges, table, first)
+        counts[uint64(found_kpop)] += 1
+        counts[uint64(bins + found_bkl)] += 1
+        counts[uint64(2 * bins + found_tv)] += 1
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _bin_of(value: float, bits: int, edges: np.ndarray, table: np.ndarray, first: int) -> int:
+    """The sweep's bin of |value| (``bits``: its float64 bits) from ``edges`` and ``table`` (``_count_signed_bins``)."""
+    found = table[uint64(min(max(((bits & ABS_BITS) >> SLICE_SHIFT) - first, 0), table.shape[0] - 1))]
+    return found + (abs(value) >= edges[uint64(found + 1)])
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _padded(edges: np.ndarray) -> tuple[np.ndarray, int]:
+    """The histogram's ``edges`` and +inf (the step over an edge reads no bound check), and the table's first slice
+    (edges[1]'s float64 bits >> SLICE_SHIFT)."""
+    padded = np.empty(edges.shape[0] + 1)
+    for e in range(edges.shape[0]):  # a loop, not a slice assignment: numba compiles ~2 s of broadcast checks for that
+        padded[e] = edges[e]
+    padded[edges.shape[0]] = np.inf
+    first = (np.int64(edges[1:2].view(np.int64)[0]) >> SLICE_SHIFT) if edges.shape[0] > 1 else 0
+    return padded, first
+
+
 @njit(**_FLAGS)
 def preset_pass(
     trainer: np.ndarray,
     rollout: np.ndarray,
     weight: np.ndarray,
-    gates: np.ndarray,
+    gates: tuple,
     raw: np.ndarray,
     model: np.ndarray,
     length: np.ndarray,
@@ -470,8 +474,10 @@ def preset_pass(
     token read once: per segment the sum (numpy reduceat's order), the maximum and the minimum (float64 [Q, S] each;
     a value quantity's max and min only where ``extremes[q]``, else left unset), and, with ``edges`` (empty: none),
     the sweep's signed histogram of c over each step group's model tokens (``segment_group[s]`` the group of segment
-    s; int64 [groups, 2·BINS]: the run's sweep sums them, the per-step sweep keeps them). ``weight``: numpy's exp(c) at
-    each model token (index ``model[s] + k``), or empty when no quantity reads w or k3. Per segment the base
+    s; int64 [groups, 2·BINS]: the run's sweep sums them, the per-step sweep keeps them) and, where ``gates`` holds the
+    chunk's ``gate_inputs``, the histograms of the three gates' values (int64 [groups, 3·BINS], ``_count_gate_bins``).
+    ``weight``: numpy's exp(c) at each model token (index ``model[s] + k``), or empty when no quantity reads w or k3;
+    ``gates``: ``gate_inputs`` (``NO_GATES`` when no quantity reads a gate). Per segment the base
     quantities are laid out once, then each quantity's op runs over them in its own loop (the op is chosen once per
     segment, not per token)."""
     quantities = codes.shape[0]
@@ -488,15 +494,19 @@ def preset_pass(
     needed = _needed(codes)
     histogram = edges.shape[0] > 0
     counts = np.zeros((groups, 2 * edges.shape[0]), np.int64)
-    padded = np.empty(edges.shape[0] + 1)  # the edges and +inf: the step over an edge reads no bound check
-    for e in range(edges.shape[0]):  # a loop, not a slice assignment: numba compiles ~2 s of broadcast checks for that
-        padded[e] = edges[e]
-    padded[edges.shape[0]] = np.inf
+    gate_histogram = histogram and gates[0].shape[0] == trainer.shape[0]
+    gate_counts = np.zeros((groups, 3 * edges.shape[0] if gate_histogram else 0), np.int64)
+    if gate_histogram:  # every gate's histogram: all three laid out
+        needed[KPOP] = needed[BKL] = needed[TV] = True
+    bits = bases.view(np.int64)
+    padded, first = _padded(edges)
     for s in range(segments):
         size = length[s]
         _fill_bases(trainer, rollout, weight, gates, raw[s], model[s], size, needed, bases)
         if histogram:
             _count_signed_bins(bases[1], size, padded, table, counts[segment_group[s]])
+        if gate_histogram:
+            _count_gate_bins(bases, bits, size, padded, table, first, gate_counts[segment_group[s]])
         for q in range(quantities):
             op, lower, upper, kind = codes[q, 1], bounds[q, 0], bounds[q, 1], codes[q, 0]
             if op >= 3:  # a flag: its count is its sum in any order
@@ -511,7 +521,45 @@ def preset_pass(
             sums[q, s] = values[0] + rest
             if extremes[q]:
                 maxima[q, s], minima[q, s] = _extremes(values, size)
-    return sums, maxima, minima, counts
+    return sums, maxima, minima, counts, gate_counts
+
+
+@njit(**_FLAGS)
+def gate_tokens(
+    trainer: np.ndarray,
+    rollout: np.ndarray,
+    raw: np.ndarray,
+    model: np.ndarray,
+    length: np.ndarray,
+    gates: tuple,
+    segment_group: np.ndarray,
+    groups: int,
+    edges: np.ndarray,
+    table: np.ndarray,
+):
+    """kpop, bkl, tv at every model token (float64 [3, M], index ``model[s] + k``) from ``gate_inputs``, as the preset
+    pass lays them out; with ``edges`` (empty: none), each step group's histograms of them (int64 [groups, 3·BINS])."""
+    total, longest = 0, 1
+    for s in range(raw.shape[0]):
+        total = max(total, model[s] + length[s])
+        longest = max(longest, length[s])
+    out = np.empty((3, total))
+    bases = np.empty((BASES, longest))
+    bits = bases.view(np.int64)
+    needed = np.zeros(BASES, np.bool_)
+    needed[KPOP] = needed[BKL] = needed[TV] = True
+    histogram = edges.shape[0] > 0
+    counts = np.zeros((groups, 3 * edges.shape[0]), np.int64)
+    padded, first = _padded(edges)
+    for s in range(raw.shape[0]):
+        size, m = length[s], model[s]
+        _fill_bases(trainer, rollout, trainer[:0], gates, raw[s], m, size, needed, bases)
+        for gate in range(3):
+            for k in range(size):
+                out[gate, m + k] = bases[KPOP + gate, k]
+        if histogram:
+            _count_gate_bins(bases, bits, size, padded, table, first, counts[segment_group[s]])
+    return out, counts
 
 
 @njit(**_FLAGS)
@@ -519,7 +567,7 @@ def centred_pass(
     trainer: np.ndarray,
     rollout: np.ndarray,
     weight: np.ndarray,
-    gates: np.ndarray,
+    gates: tuple,
     raw: np.ndarray,
     model: np.ndarray,
     length: np.ndarray,
@@ -587,21 +635,47 @@ def _c(dtype: types.Type, ndim: int = 1) -> types.Array:
 
 
 _F, _I, _F2 = _c(types.float64), _c(types.int64), _c(types.float64, 2)
+_GATES = types.Tuple((_F, _F, _F, _I, _F2))  # gate_inputs: p, q (raw), log complement (model), moved tokens, their logs
 # Every specialisation of each kernel (as ``kernels.cpu.SIGNATURES``): float64 values and weights, int64 layouts and
 # codes, whatever the input's dtypes. :func:`compile_signatures` compiles them without data (a helper process does,
 # ``kernels.expect_presets``).
 SIGNATURES: dict[str, tuple[tuple[types.Type, ...], ...]] = {
     "clamped_tokens": ((_F, _F, _I, _I, _I),),
-    "model_values": ((_F, _I, _I, _I),),
-    "gate_arguments": ((_F, _F, types.float64, types.float64),),
-    "gate_finish": (
-        (_F, _F, _I, _I, _I, _F, _F, types.float64, types.float64, _F, _F, _I, _F, _I, _F, _I, _I, types.int64, _F, _I),
-    ),
+    "gate_arguments": ((_F, _F, _I, _I, _I),),
+    "gate_tokens": ((_F, _F, _I, _I, _I, _GATES, _I, types.int64, _F, _I),),
     "preset_pass": (
-        (_F, _F, _F, _F2, _I, _I, _I, _I, types.int64, _c(types.int64, 2), _F2, _c(types.boolean), _F, _I),
+        (_F, _F, _F, _GATES, _I, _I, _I, _I, types.int64, _c(types.int64, 2), _F2, _c(types.boolean), _F, _I),
     ),
-    "centred_pass": ((_F, _F, _F, _F2, _I, _I, _I, _I, _c(types.int64, 2), _F2, _F2),),
+    "centred_pass": ((_F, _F, _F, _GATES, _I, _I, _I, _I, _c(types.int64, 2), _F2, _F2),),
 }
+
+
+def gate_inputs(
+    trainer: np.ndarray, rollout: np.ndarray, raw: np.ndarray, model: np.ndarray, length: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What the probability gates read (``_fill_gates``), once a chunk: p = exp(a) and q = exp(r) at the raw tokens,
+    numpy's exps (elementwise: the torch engine's of the model tokens, bit for bit); numpy's log of
+    ``gate_arguments``' complement at every model token, and the moved tokens' model indices and logs [3, n]."""
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # raw tokens outside the mask are not read
+        trainer_prob = np.exp(trainer, out=np.empty(_host_size_class(trainer.shape[0]))[: trainer.shape[0]])
+        rollout_prob = np.exp(rollout, out=np.empty(_host_size_class(rollout.shape[0]))[: rollout.shape[0]])
+        complement, at, arguments = gate_arguments(trainer_prob, rollout_prob, raw, model, length)
+        np.log(complement, out=complement)
+        np.log(arguments, out=arguments)
+    return trainer_prob, rollout_prob, complement, at, arguments
+
+
+def _host_size_class(n: int) -> int:
+    """``kernels.cpu.size_class`` in Python (its ``_bits`` is ``int.bit_length``): calling the compiled one from
+    Python would compile it a specialisation of its own."""
+    if n < 65536:
+        return n
+    step = 1 << (n.bit_length() - 4)
+    return (n + step - 1) // step * step
+
+
+# The gates' inputs where no quantity reads a gate (``preset_pass``, ``centred_pass``).
+NO_GATES = (np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0, np.int64), np.zeros((3, 0)))
 
 
 def compile_signatures() -> None:
