@@ -18,7 +18,7 @@ import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, overload
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -30,7 +30,7 @@ from rollout_diag.engine.state import Ragged, StateTable
 from rollout_diag.engine.stats import ChunkStats, stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, sequence_share
-from rollout_diag.results import ReadSequence
+from rollout_diag.results import ItemSequence
 
 BINS_PER_DECADE = 32
 DECADE_MIN, DECADE_MAX = -12, 2  # |c| from 1e-12 (smaller: first bin) to 100 (clamp20 keeps |c| ≤ 20)
@@ -457,9 +457,9 @@ def sweep_tables(
     return run, StepTables(accumulator, targets)
 
 
-class StepTables(ReadSequence):
+class StepTables(ItemSequence[dict[str, Any]]):
     """The per-step sweep tables (``{"step", "options"}`` dicts, as ``table`` writes them), from ``step_columns``;
-    equal to, and pickled as, the list of them (``ReadSequence``)."""
+    equal to, and pickled as, the list of them (``ItemSequence``)."""
 
     def __init__(self, accumulator: SweepAccumulator, targets: tuple[float, ...]) -> None:
         self.accumulator, self.targets = accumulator, targets
@@ -471,14 +471,8 @@ class StepTables(ReadSequence):
     def __len__(self) -> int:
         return int(self.accumulator.store.steps.shape[0])
 
-    @overload
-    def __getitem__(self, index: int) -> dict[str, Any]: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
-    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(len(self))[index]]
-        return self.columns.step_table(range(len(self))[index])
+    def item(self, index: int) -> dict[str, Any]:
+        return self.columns.step_table(index)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         columns = self.columns
