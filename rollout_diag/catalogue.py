@@ -24,8 +24,9 @@ from __future__ import annotations
 import functools
 import math
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 from rollout_diag.presets import RS_OPTIONS
 
@@ -721,7 +722,10 @@ ROUND_SUPPORT_ROWS = 3
 ROUND_SUPPORT_SHARE = 0.1
 
 
-def supported_rounds(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+RoundRow = TypeVar("RoundRow", bound=Mapping[str, float])  # a rounds table's row: round, token_count, seq_count, …
+
+
+def supported_rounds(rounds: Sequence[RoundRow]) -> list[RoundRow]:
     """The rounds with enough support to be named: ≥ min(ROUND_SUPPORT_TOKENS, ROUND_SUPPORT_SHARE × the most tokens
     any round has) model tokens from ≥ min(ROUND_SUPPORT_ROWS, ⌈ROUND_SUPPORT_SHARE × the most rows any round has⌉)
     rows."""
@@ -1059,7 +1063,9 @@ def parse_round_key(key: str) -> tuple[int, Metric] | None:
     """(round, its ``<k>`` row) of a per-round key (``per_round/round_3/k3_kl`` → (3, the round k3_kl row)), else
     None."""
     match = _ROUND.match(key)
-    row = None if match is None else _generic(key)
+    if match is None:
+        return None
+    row = _generic(key)
     return None if row is None else (int(match.group(1)), row)
 
 

@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.io.chunk import Chunk, StepGroups, extra_value
 from rollout_diag.metrics.base import StepAccumulator
 from rollout_diag.metrics.families import FAMILIES
+
+if TYPE_CHECKING:
+    from rollout_diag.io.reader import DumpReader
 from rollout_diag.metrics.rounds import DEFAULT_MAX_ROUNDS
 from rollout_diag.results import ExtraValue, GroupResult, StepResult
 
@@ -103,7 +106,7 @@ def check_columns(specs: Sequence[GroupSpec], available: Sequence[str]) -> None:
             raise ConfigError(f"{option_name('by')} {spec.label}: no per-row column '{spec.column}' (have: {known}).")
 
 
-def group_specs(by: Sequence[str | GroupSpec], reader: Any) -> tuple[GroupSpec, ...]:
+def group_specs(by: Sequence[str | GroupSpec], reader: DumpReader) -> tuple[GroupSpec, ...]:
     """``--by`` values parsed and checked against the per-row columns ``reader`` (a DumpReader) carries."""
     specs = tuple(spec if isinstance(spec, GroupSpec) else parse_by(spec) for spec in by)
     if specs:
@@ -121,7 +124,7 @@ def _row_values(spec: GroupSpec, chunk: Chunk) -> list[ExtraValue]:
     if values is None:  # a file without the column: its rows form the null group
         return [None] * chunk.rows
     array = getattr(values, "array", None)  # text or nullable columns stay Arrow arrays (io/reader.py)
-    raw = array.to_pylist() if array is not None else values.tolist()
+    raw = array.to_pylist() if array is not None else np.asarray(values).tolist()  # numeric columns: numpy arrays
     return [extra_value(v) for v in raw]
 
 
@@ -170,7 +173,7 @@ class GroupedAnalysis:
     def update(self, chunk: Chunk) -> None:
         ids: dict[tuple, int] = {}
         row_group = np.empty(chunk.rows, dtype=np.int64)
-        memo: dict[Any, tuple[tuple, ExtraValue]] = {}
+        memo: dict[ExtraValue, tuple[tuple, ExtraValue]] = {}
         for row, (value, step) in enumerate(zip(_row_values(self.spec, chunk), chunk.step.tolist(), strict=True)):
             found = memo.get(value)
             if found is None:
@@ -238,6 +241,7 @@ class GroupedAnalysis:
         for sort_key in offpolicy:
             parts = [by_group[sort_key] for by_group in split if sort_key in by_group]
             run_state = offpolicy[sort_key].run_state()
+            assert run_state is not None, "a group is made by its first row"
             rows, tokens = int(run_state["rows"]), int(run_state["tokens"])
             metrics: dict[str, float] = {}
             for part in parts:
@@ -305,7 +309,7 @@ class GroupLabels:
 
     def update(self, chunk: Chunk) -> None:
         for index, spec in enumerate(self.specs):
-            ids, memo = self.ids[index], {}
+            ids, memo = self.ids[index], dict[ExtraValue, int]()
             row_ids = np.empty(chunk.rows, dtype=np.int64)
             for row, value in enumerate(_row_values(spec, chunk)):
                 found = memo.get(value)

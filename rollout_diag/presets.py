@@ -83,6 +83,13 @@ class RejectionOption:
     def is_sequence(self) -> bool:
         return self.scope != "token"
 
+    @property
+    def k1_asymmetric(self) -> bool:
+        """A k1 option whose ratio bounds L, U are not reciprocal (L·U ≠ 1): verl keeps log L ≤ k1 ≤ log U with
+        k1 = −log ρ, so it applies ρ ∈ [1/U, 1/L], not the [L, U] one reads in the config (verl #6377, closed
+        unmerged)."""
+        return self.statistic == "k1" and k1_bounds_asymmetric(self.lower, self.upper)
+
 
 @dataclass(frozen=True)
 class LegacyCorrection:
@@ -131,6 +138,12 @@ class Preset:
     importance: ImportanceSampling | None = field(init=False, compare=False, repr=False)
     rejection: tuple[RejectionOption, ...] = field(init=False, compare=False, repr=False)
     legacy: LegacyCorrection | None = field(init=False, compare=False, repr=False)
+
+    @property
+    def asymmetric_k1(self) -> RejectionOption | None:
+        """The first k1 rejection option with asymmetric bounds (``RejectionOption.k1_asymmetric``), the one
+        compare-presets and check say what [L, U] as written would reject of; None when there is none."""
+        return next((option for option in self.rejection if option.k1_asymmetric), None)
 
     @property
     def gated(self) -> bool:
@@ -238,7 +251,9 @@ def _parse_float(text: str, setting: str, spec: str) -> float:
     return value
 
 
-def _spec_text(spec: str | float | int, setting: str) -> str:
+def _spec_text(spec: object, setting: str) -> str:
+    """``spec`` (a number or a string, as a config file may give it) as stripped text; raises ConfigError for another
+    type or an empty string."""
     if isinstance(spec, bool) or not isinstance(spec, (str, int, float)):
         raise ConfigError(f"{setting} {spec!r}: expected a number or a string such as '0.5_2.0'.")
     text = str(spec).strip()
@@ -585,10 +600,10 @@ def preset_from_options(
         name=name,
         mode=mode,
         rollout_is=rollout_is,
-        rollout_is_threshold=rollout_is_threshold,
+        rollout_is_threshold=_threshold_text(rollout_is_threshold, "rollout_is_threshold"),
         rollout_is_batch_normalize=batch_normalize,
         rollout_rs=tuple(split_list(rollout_rs)),
-        rollout_rs_threshold=rollout_rs_threshold,
+        rollout_rs_threshold=_threshold_text(rollout_rs_threshold, "rollout_rs_threshold"),
     )
 
 
@@ -624,15 +639,7 @@ def openrlhf_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     geometric mean of ρ inside [LOW, HIGH], which is verl's seq_mean_k1 with bounds 1/HIGH_1/LOW (verl's k1 is −log ρ);
     binary_kl / tv → the rejection options ``{token|seq_mean}_bkl`` / ``_tv`` at HIGH (LOW must be 0)."""
     values = {**_OPENRLHF_DEFAULTS, **{key: settings[key] for key in OPENRLHF_KEYS if key in settings}}
-    level, mode, gating = (str(values[key]) for key in OPENRLHF_KEYS[:3])
-    if level not in ("off", "token", "seq"):
-        raise ConfigError(f"is_correction_level '{_shown(level)}': choose off, token or seq (OpenRLHF's levels).")
-    if mode not in ("mask", "clip"):
-        raise ConfigError(f"is_correction_mode '{_shown(mode)}': choose mask or clip (OpenRLHF's modes).")
-    if gating not in ("ratio", "binary_kl", "tv"):
-        raise ConfigError(
-            f"is_correction_gating '{_shown(gating)}': choose ratio, binary_kl or tv (OpenRLHF's gatings)."
-        )
+    level, mode, gating = _openrlhf_choices(*(str(values[key]) for key in OPENRLHF_KEYS[:3]))
     low, high = _openrlhf_threshold(values["is_correction_threshold"], gating)
     if level == "off":
         return {}
@@ -641,14 +648,7 @@ def openrlhf_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
             "is_correction_mode clip needs is_correction_level token and is_correction_gating ratio, as in OpenRLHF."
         )
     if gating != "ratio":
-        if low != 0.0:
-            raise ConfigError(
-                f"is_correction_threshold: is_correction_gating {gating} takes an upper bound only (LOW 0), "
-                f"got LOW {_number(low)}, as OpenRLHF refuses it."
-            )
-        statistic = "bkl" if gating == "binary_kl" else "tv"
-        scope = "token" if level == "token" else "seq_mean"
-        return {"rollout_rs": f"{scope}_{statistic}", "rollout_rs_threshold": repr(high)}
+        return _openrlhf_gate(level, gating, low, high)
     if mode == "clip":
         if low != 0.0:
             raise ConfigError(
@@ -665,6 +665,31 @@ def openrlhf_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     if level == "token":
         return {"rollout_is": "token", "rollout_is_threshold": f"{low!r}_{high!r}"}
     return {"rollout_rs": "seq_mean_k1", "rollout_rs_threshold": f"{1.0 / high!r}_{1.0 / low!r}"}
+
+
+def _openrlhf_choices(level: str, mode: str, gating: str) -> tuple[str, str, str]:
+    """OpenRLHF's level, mode and gating, each checked against the values OpenRLHF takes; raises ConfigError."""
+    if level not in ("off", "token", "seq"):
+        raise ConfigError(f"is_correction_level '{_shown(level)}': choose off, token or seq (OpenRLHF's levels).")
+    if mode not in ("mask", "clip"):
+        raise ConfigError(f"is_correction_mode '{_shown(mode)}': choose mask or clip (OpenRLHF's modes).")
+    if gating not in ("ratio", "binary_kl", "tv"):
+        raise ConfigError(
+            f"is_correction_gating '{_shown(gating)}': choose ratio, binary_kl or tv (OpenRLHF's gatings)."
+        )
+    return level, mode, gating
+
+
+def _openrlhf_gate(level: str, gating: str, low: float, high: float) -> dict[str, str]:
+    """binary_kl / tv gating: the rejection option ``{token|seq_mean}_bkl`` / ``_tv`` at HIGH (LOW must be 0)."""
+    if low != 0.0:
+        raise ConfigError(
+            f"is_correction_threshold: is_correction_gating {gating} takes an upper bound only (LOW 0), "
+            f"got LOW {_number(low)}, as OpenRLHF refuses it."
+        )
+    statistic = "bkl" if gating == "binary_kl" else "tv"
+    scope = "token" if level == "token" else "seq_mean"
+    return {"rollout_rs": f"{scope}_{statistic}", "rollout_rs_threshold": repr(high)}
 
 
 def _openrlhf_threshold(value: Any, gating: str) -> tuple[float, float]:
@@ -693,27 +718,7 @@ def load_presets_file(path: str | Path) -> dict[str, Preset]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{option_name('presets_file')}={path}: cannot read ({exc.strerror or exc}).") from None
-    if path.suffix.lower() == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(
-                f"{option_name('presets_file')}={path}: not valid JSON (line {exc.lineno}: {exc.msg})."
-            ) from None
-    else:
-        try:
-            import yaml
-        except ImportError:
-            raise ConfigError(
-                f"{option_name('presets_file')}={path}: reading YAML needs pyyaml.",
-                hint="pip install pyyaml (or rollout-diag[yaml]), or write the file as JSON.",
-            ) from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(
-                f"{option_name('presets_file')}={path}: not valid YAML ({' '.join(str(exc).split())})."
-            ) from None
+    data = _parse_presets_text(path, text)
     if isinstance(data, Mapping) and set(data) == {"presets"}:
         data = data["presets"]
     if not isinstance(data, Mapping) or not data:
@@ -724,7 +729,28 @@ def load_presets_file(path: str | Path) -> dict[str, Preset]:
     return presets
 
 
-def _preset_from_mapping(path: Path, name: str, settings: Any) -> Preset:
+def _parse_presets_text(path: Path, text: str) -> Any:
+    """The document of a presets file: JSON by its suffix, else YAML (through pyyaml). Raises ConfigError."""
+    where = f"{option_name('presets_file')}={path}"
+    if path.suffix.lower() == ".json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{where}: not valid JSON (line {exc.lineno}: {exc.msg}).") from None
+    try:
+        import yaml
+    except ImportError:
+        raise ConfigError(
+            f"{where}: reading YAML needs pyyaml.",
+            hint="pip install pyyaml (or rollout-diag[yaml]), or write the file as JSON.",
+        ) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: not valid YAML ({' '.join(str(exc).split())}).") from None
+
+
+def _preset_from_mapping(path: Path, name: str, settings: object) -> Preset:
     where = f"{option_name('presets_file')}={path}: preset '{_shown(name)}'"
     if name in PRESETS or name in PRESET_GROUPS:
         raise ConfigError(f"{where}: the name is a built-in preset; pick another name.")
@@ -735,21 +761,8 @@ def _preset_from_mapping(path: Path, name: str, settings: Any) -> Preset:
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}.")
     values = {str(key): value for key, value in settings.items()}
-    openrlhf = [key for key in OPENRLHF_KEYS if key in values]
-    if openrlhf:
-        verl_keys = sorted(set(values) & (_FILE_KEYS - {"mode", "description"}))
-        if verl_keys:
-            raise ConfigError(
-                f"{where}: OpenRLHF's {', '.join(openrlhf)} cannot be combined with {', '.join(verl_keys)}; "
-                "write the preset in one grammar."
-            )
-        try:
-            translated = openrlhf_settings(values)
-        except ConfigError as exc:
-            raise ConfigError(f"{where}: {exc.message}", hint=exc.hint) from None
-        values = {key: value for key, value in values.items() if key not in OPENRLHF_KEYS}
-        values.update(translated)
-        values.setdefault("mode", "openrlhf")
+    if any(key in values for key in OPENRLHF_KEYS):
+        values = _from_openrlhf(where, values)
     batch_normalize = values.pop("rollout_is_batch_normalize", False)
     if not isinstance(batch_normalize, bool):
         raise ConfigError(f"{where}: rollout_is_batch_normalize must be true or false, got {batch_normalize!r}.")
@@ -760,6 +773,26 @@ def _preset_from_mapping(path: Path, name: str, settings: Any) -> Preset:
         return Preset(name=name, rollout_is_batch_normalize=batch_normalize, **values)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc.message}", hint=exc.hint) from None
+
+
+def _from_openrlhf(where: str, values: dict[str, Any]) -> dict[str, Any]:
+    """A presets file's settings in OpenRLHF's grammar as verl's (``openrlhf_settings``, mode ``openrlhf`` unless
+    given); raises ConfigError, naming the preset, for a mix of the two grammars or a value OpenRLHF refuses."""
+    openrlhf = [key for key in OPENRLHF_KEYS if key in values]
+    verl_keys = sorted(set(values) & (_FILE_KEYS - {"mode", "description"}))
+    if verl_keys:
+        raise ConfigError(
+            f"{where}: OpenRLHF's {', '.join(openrlhf)} cannot be combined with {', '.join(verl_keys)}; "
+            "write the preset in one grammar."
+        )
+    try:
+        translated = openrlhf_settings(values)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc.message}", hint=exc.hint) from None
+    values = {key: value for key, value in values.items() if key not in OPENRLHF_KEYS}
+    values.update(translated)
+    values.setdefault("mode", "openrlhf")
+    return values
 
 
 def resolve_presets(presets: Sequence[str | Preset] | None) -> list[Preset]:

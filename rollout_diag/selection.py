@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from rollout_diag.errors import ConfigError, option_name
+
+if TYPE_CHECKING:
+    import polars as pl  # imported when a predicate is evaluated: polars is loaded only for --where
 
 StepRange = tuple[int | None, int | None]  # first..last step, inclusive; None = open end
 
@@ -61,7 +64,7 @@ class RowSelection:
                     f"(per-row columns: {', '.join(scalar.names) or 'none'})."
                 )
         try:
-            result = pl.from_arrow(scalar.empty_table()).select(expression)
+            result = _frame(scalar.empty_table()).select(expression)
         except pl.exceptions.PolarsError as exc:
             types = ", ".join(f"column '{n}' is {scalar.field(n).type}" for n in dict.fromkeys(names))
             raise ConfigError(
@@ -85,12 +88,10 @@ class RowSelection:
             if last is not None:
                 keep &= step <= last
         if self.where is not None and keep.any():
-            import polars as pl
-
             columns = [
                 f.name for f in batch.schema if not pa.types.is_list(f.type) and not pa.types.is_large_list(f.type)
             ]
-            frame = pl.from_arrow(batch.select(columns))
+            frame = _frame(batch.select(columns))
             matched = frame.select(_expression(self.where)).to_series().fill_null(False).to_numpy()
             keep &= matched.astype(bool, copy=False)
         return keep
@@ -100,7 +101,16 @@ def _is_list(data_type: pa.DataType) -> bool:
     return pa.types.is_list(data_type) or pa.types.is_large_list(data_type) or pa.types.is_fixed_size_list(data_type)
 
 
-def _expression(where: str) -> Any:
+def _frame(table: pa.Table | pa.RecordBatch) -> pl.DataFrame:
+    """``table`` as a polars frame (``from_arrow`` gives a Series only for an array)."""
+    import polars as pl
+
+    frame = pl.from_arrow(table)
+    assert isinstance(frame, pl.DataFrame), "a table or record batch converts to a DataFrame"
+    return frame
+
+
+def _expression(where: str) -> pl.Expr:
     import polars as pl
 
     try:
@@ -127,7 +137,14 @@ def selection(where: str | None = None, steps: StepRange | Sequence[int | None] 
     return RowSelection(where, steps)
 
 
-def selection_summary(chosen: RowSelection | None, log: Any, rows_kept: int) -> dict[str, Any]:
+class _SelectedOut(Protocol):
+    """What ``selection_summary`` reads of a read log (io's ReadLog, which this module may not import)."""
+
+    @property
+    def rows_selected_out(self) -> int: ...
+
+
+def selection_summary(chosen: RowSelection | None, log: _SelectedOut, rows_kept: int) -> dict[str, Any]:
     """``AnalysisResult.selection``: the predicate and step range used, rows analysed and rows left out (sequences;
     a ReadLog's ``rows_selected_out``); empty without a selection."""
     if not chosen:

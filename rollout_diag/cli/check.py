@@ -52,6 +52,7 @@ def check(
       rollout-diag check run/ --max rollout_corr/k3_kl=1e-3 --junit gates.xml
       rollout-diag check run/ --gates default --by env_name --per-step
       rollout-diag check run/ --exact
+      rollout-diag check run/ --max "rejected_token_fraction[decoupled_geo_rs]=0.05"
     """
     refuse_overwriting_inputs({"output": answer.output, "junit": junit}, inputs, gating.file())
     dump = reading.open(inputs, read_ahead=True, numpy=True)

@@ -4,7 +4,10 @@ A gate is ``metric ≤ value`` (``--max``) or ``metric ≥ value`` (``--min``). 
 the short name the tables print (``k3_kl`` for ``rollout_corr/k3_kl``) where only one metric has it. Metrics
 are looked up by their full name in what ``analyze`` reports (verl names, ``per_round/round_<k>/…``,
 ``diag/…``), then in the step's ``dialects`` (``name`` or ``framework:name``) when the result carries them,
-then among the key metrics computed from per-row sums (``token_mult_prob_error``). Pure functions over result
+then among the key metrics computed from per-row sums (``token_mult_prob_error``), and the share of model tokens a
+built-in preset drops, ``summary/rejected_token_fraction[PRESET]`` (as ``diff`` names it), from each row's count of
+them. When such a preset has a k1 rejection with asymmetric bounds L_U (L·U ≠ 1), the result says in one line that
+verl applies ρ ∈ [1/U, 1/L] and what [L, U] as written would reject (``K1Bounds``). Pure functions over result
 objects: no file is read here.
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -21,9 +25,11 @@ from typing import Any
 import numpy as np
 
 from rollout_diag import catalogue
-from rollout_diag.decisions.rowmetrics import KEY_METRICS, by_step
+from rollout_diag.catalogue import EPS
+from rollout_diag.decisions.rowmetrics import KEY_METRICS, RowMetric, by_step, rejected_share
 from rollout_diag.decisions.skipped import SKIPPED_ROW_SHARE, SKIPPED_SHARE_LIMIT
 from rollout_diag.errors import ConfigError, option_name
+from rollout_diag.presets import PRESETS, Preset, parse_bounds
 from rollout_diag.results import (
     SCHEMA_VERSION,
     AnalysisResult,
@@ -37,6 +43,7 @@ from rollout_diag.results import (
     repr_inputs,
     short_repr,
 )
+from rollout_diag.results.wording import k1_bounds_line
 
 MAX, MIN = "max", "min"
 PASS, FAIL, SKIP = "pass", "fail", "skipped"
@@ -148,6 +155,40 @@ class GateOutcome:
 
 
 @dataclass(frozen=True)
+class K1Bounds:
+    """A gated preset's first k1 rejection option with asymmetric bounds L_U (L·U ≠ 1): verl keeps log L ≤ k1 ≤ log U
+    with k1 = −log ρ, so it applies ρ ∈ [1/U, 1/L] (verl #6377; its numbers are the ones gated), and what that and ρ
+    ∈ [L, U] as written reject of the run: a share of model tokens (Σ rejected / (N + 1e-8)) and of the rows with a
+    model token (0 without one), as compare-presets' ``rollout_rs_<option>_masked_fraction``, ``_seq_masked_fraction``
+    and ``summary/k1_as_written_*`` give them."""
+
+    preset: str
+    option: str
+    threshold: str  # the option's bounds as written, "L_U"
+    lower: float  # L
+    upper: float  # U
+    token_fraction: float  # verl's, ρ ∈ [1/U, 1/L]
+    row_fraction: float
+    as_written_token_fraction: float  # ρ ∈ [L, U]
+    as_written_row_fraction: float
+    line: str  # the one line compare-presets and the report print for the preset
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "preset": self.preset,
+            "option": self.option,
+            "threshold": self.threshold,
+            "applied": [1.0 / self.upper, 1.0 / self.lower],
+            "as_written": [self.lower, self.upper],
+            "token_fraction": json_number(self.token_fraction),
+            "row_fraction": json_number(self.row_fraction),
+            "as_written_token_fraction": json_number(self.as_written_token_fraction),
+            "as_written_row_fraction": json_number(self.as_written_row_fraction),
+            "line": self.line,
+        }
+
+
+@dataclass(frozen=True)
 class CheckResult:
     """Each gate's outcome on the run and, where asked, on every step (JSON: schemas/check.schema.json)."""
 
@@ -155,6 +196,7 @@ class CheckResult:
     gates: list[Gate]
     outcomes: list[GateOutcome]
     warnings: list[str] = field(default_factory=list)
+    k1_bounds: list[K1Bounds] = field(default_factory=list)  # gated presets' asymmetric k1 bounds (issue 42)
 
     @property
     def passed(self) -> bool:
@@ -186,7 +228,7 @@ class CheckResult:
     def json_document(self) -> dict[str, Any]:
         """``to_json`` with ``outcomes`` a sequence whose dicts are made when read (``render.export.json_pieces``
         writes them one by one: 600 000 outcomes of 200 000 steps are never held as dicts and one string)."""
-        return {
+        document = {
             "schema_version": SCHEMA_VERSION,
             "inputs": list(self.inputs),
             "passed": self.passed,
@@ -205,6 +247,9 @@ class CheckResult:
             "failed_gates": len(self.failed_gates),
             "warnings": list(self.warnings),
         }
+        if self.k1_bounds:  # only where a gated preset has asymmetric k1 bounds
+            document["k1_bounds"] = [bounds.to_json() for bounds in self.k1_bounds]
+        return document
 
 
 def _outcome_json(outcome: GateOutcome) -> dict[str, Any]:
@@ -222,6 +267,91 @@ def _outcome_json(outcome: GateOutcome) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------- gates
+# A gate on the share of model tokens a built-in preset drops, named as ``diff`` names it (the prefix may be left out).
+PRESET_SHARE = re.compile(r"^(?:summary/)?rejected_token_fraction\[([^\]]+)\]$")
+# The suffixes of a preset's name under which the row statistics carry its asymmetric k1 option alone, as verl applies
+# it and as written: ``RowStats.rejected`` keys that no preset has ('|' is not allowed in a preset's name).
+K1_APPLIED, K1_AS_WRITTEN = "|k1 as applied", "|k1 as written"
+
+
+def gate_presets(gates: Sequence[Gate]) -> list[Preset]:
+    """The built-in presets whose dropped-token share a gate names (``summary/rejected_token_fraction[NAME]`` or
+    ``rejected_token_fraction[NAME]``), once each, in the gates' order: the presets check's pass must count. Raises
+    ConfigError when there is no gate, or for a name no built-in preset has (with the closest names)."""
+    if not gates:
+        raise ConfigError(
+            "no gate given.",
+            hint=f"add {option_name('max')} NAME=VALUE, {option_name('min')} NAME=VALUE or "
+            f"{option_name('gates')} FILE|default.",
+        )
+    found: dict[str, Preset] = {}
+    for gate in gates:
+        match = PRESET_SHARE.match(gate.metric)
+        if match is None:
+            continue
+        name = match.group(1)
+        if name not in PRESETS:
+            close = difflib.get_close_matches(name, list(PRESETS), n=3, cutoff=0.6)
+            hint = f"did you mean {' or '.join(close)}?" if close else f"built-in presets: {', '.join(PRESETS)}."
+            raise ConfigError(f"gate {gate.describe()}: no built-in preset '{name}'.", hint=hint)
+        found.setdefault(name, PRESETS[name])
+    return list(found.values())
+
+
+def _preset_share_named(gate: Gate) -> Gate:
+    """``gate`` with a preset's dropped-token share under its full name (``summary/rejected_token_fraction[NAME]``)."""
+    match = PRESET_SHARE.match(gate.metric)
+    if match is None:
+        return gate
+    return Gate(rejected_share(match.group(1)).name, gate.bound, gate.limit, gate.per_step, gate.source)
+
+
+def _row_metrics(rows: RowStats | None, presets: Sequence[Preset]) -> tuple[RowMetric, ...]:
+    """The metrics gateable from the row statistics: the key metrics, then each gated preset's dropped-token share
+    (where the rows carry its count)."""
+    if rows is None:
+        return KEY_METRICS
+    return (*KEY_METRICS, *(rejected_share(preset.name) for preset in presets if preset.name in rows.rejected))
+
+
+def k1_bounds(presets: Sequence[Preset], rows: RowStats | None) -> list[K1Bounds]:
+    """For each preset whose first asymmetric k1 option the row statistics carry alone (``rejected[NAME|k1 as
+    applied]`` and ``[NAME|k1 as written]``): what verl rejects of the run with it and what [L, U] as written would."""
+    found: list[K1Bounds] = []
+    for preset in presets:
+        option = preset.asymmetric_k1
+        if option is None or rows is None or preset.name + K1_AS_WRITTEN not in rows.rejected:
+            continue
+        token, row = _dropped_shares(rows, preset.name + K1_APPLIED)
+        written_token, written_row = _dropped_shares(rows, preset.name + K1_AS_WRITTEN)
+        prefix = f"{catalogue.OFFPOLICY_PREFIX}rollout_rs_{option.option}"
+        metrics = {
+            f"{prefix}_masked_fraction": token,
+            f"{prefix}_seq_masked_fraction": row,
+            catalogue.K1_WRITTEN_TOKENS.key: written_token,
+            catalogue.K1_WRITTEN_ROWS.key: written_row,
+        }
+        line = k1_bounds_line(preset.name, preset.config(), metrics)
+        lower, upper = parse_bounds(option.spec, "rollout_rs_threshold")
+        assert line is not None and lower is not None, "an asymmetric k1 option has bounds L_U"
+        found.append(
+            K1Bounds(
+                preset.name, option.option, option.spec, lower, upper, token, row, written_token, written_row, line
+            )
+        )
+    return found
+
+
+def _dropped_shares(rows: RowStats, name: str) -> tuple[float, float]:
+    """(Σ rejected / (N + 1e-8), rows with a rejected model token / rows with a model token, 0 without one) of
+    ``rows.rejected[name]``: whole-number sums, so the same digits as compare-presets' per-step counts summed."""
+    rejected = rows.rejected[name]
+    valid = int(np.count_nonzero(rows.tokens > 0))
+    token_share = float(rejected.sum() / (rows.tokens.sum() + EPS))
+    row_share = int(np.count_nonzero(rejected > 0)) / valid if valid else 0.0
+    return token_share, row_share
+
+
 def parse_gate(text: str, bound: str) -> Gate:
     """``NAME=VALUE`` of --max / --min; raises ConfigError."""
     name, sep, value = text.rpartition("=")
@@ -353,12 +483,14 @@ def _read_document(path: Path) -> Any:
 
 
 # ----------------------------------------------------------------------------------------- values
-def metric_values(result: AnalysisResult, rows: RowStats | None = None) -> dict[int | None, dict[str, float]]:
+def metric_values(
+    result: AnalysisResult, rows: RowStats | None = None, row_metrics: Sequence[RowMetric] = KEY_METRICS
+) -> dict[int | None, dict[str, float]]:
     """Every gateable value, per step and for the run (key None): the step's metrics, its dialect metrics (as
-    ``name`` unless a metric already has it, and as ``framework:name``), then the key metrics from row sums."""
+    ``name`` unless a metric already has it, and as ``framework:name``), then ``row_metrics`` from row sums."""
     steps: list[StepResult] = [result.run, *result.steps]
     table: dict[int | None, dict[str, float]] = {step.step: _values_of(step) for step in steps}
-    _add_row_metrics(table, rows)
+    _add_row_metrics(table, rows, row_metrics)
     table[None][SKIPPED_ROW_SHARE] = result.skipped_data.row_share
     return table
 
@@ -381,13 +513,16 @@ class _ColumnValues:
     of every value per step cost 200 000 dicts): ``self[None]`` is the run's dict, ``per_step(name)`` each step's
     value of ``name`` (None where the step has none), as ``metric_values(...)[step].get(name)`` gives it."""
 
-    def __init__(self, result: AnalysisResult, rows: RowStats | None) -> None:
+    def __init__(
+        self, result: AnalysisResult, rows: RowStats | None, row_metrics: Sequence[RowMetric] = KEY_METRICS
+    ) -> None:
         self.steps: StepTable = result.steps  # type: ignore[assignment]
         self.rows = rows if rows is not None and rows.rows else None
+        self.row_metrics = row_metrics
         self.run = _values_of(result.run)
         self.run[SKIPPED_ROW_SHARE] = result.skipped_data.row_share
         if self.rows is not None:
-            for metric in KEY_METRICS:
+            for metric in row_metrics:
                 if metric.name not in self.run:
                     self.run[metric.name] = metric.value(self.rows)
 
@@ -403,7 +538,7 @@ class _ColumnValues:
             names.update(reported)
             names.update(f"{framework}:{name}" for name in reported)
         if self.rows is not None:
-            names.update(metric.name for metric in KEY_METRICS)
+            names.update(metric.name for metric in self.row_metrics)
         return sorted(names)
 
     def per_step(self, name: str) -> list[Any]:
@@ -420,7 +555,7 @@ class _ColumnValues:
             if name.startswith(f"{framework}:"):
                 _fill(values, found, columns, name[len(framework) + 1 :], nan_for_none=True, override=True)
         if self.rows is not None and not found.all():
-            for metric in KEY_METRICS:
+            for metric in self.row_metrics:
                 if metric.name != name:
                     continue
                 index = {step: i for i, step in enumerate(self.steps.step_ids.tolist())}
@@ -459,22 +594,27 @@ def _fill(
     found |= reported
 
 
-def group_values(group: GroupResult, rows: RowStats | None = None) -> dict[int | None, dict[str, float]]:
+def group_values(
+    group: GroupResult, rows: RowStats | None = None, row_metrics: Sequence[RowMetric] = KEY_METRICS
+) -> dict[int | None, dict[str, float]]:
     """Every gateable value of one ``--by`` group, per step and for the run (key None): its key metrics
-    (``GroupResult.metrics``), then the key metrics from its rows' sums (``rows``: that group's rows only)."""
+    (``GroupResult.metrics``), then ``row_metrics`` from its rows' sums (``rows``: that group's rows only)."""
     table: dict[int | None, dict[str, float]] = {None: dict(group.metrics)}
     for step in group.steps:
         table[step.step] = dict(step.metrics)
-    _add_row_metrics(table, rows)
+    _add_row_metrics(table, rows, row_metrics)
     return table
 
 
-def _add_row_metrics(table: dict[int | None, dict[str, float]], rows: RowStats | None) -> None:
-    """The key metrics computed from per-row sums, where ``table`` lacks them."""
+def _add_row_metrics(
+    table: dict[int | None, dict[str, float]], rows: RowStats | None, row_metrics: Sequence[RowMetric]
+) -> None:
+    """``row_metrics`` computed from per-row sums, where ``table`` lacks them and the rows have a model token (a
+    ``--by`` group without one does not report them: its gates are skipped, as a step's)."""
     if rows is not None and rows.rows:
-        for metric in KEY_METRICS:
-            if metric.name not in table[None]:
-                table[None][metric.name] = metric.value(rows)
+        for metric in row_metrics:
+            if metric.name not in table[None] and not math.isnan(run_value := metric.value(rows)):
+                table[None][metric.name] = run_value
             for step, value in by_step(metric, rows).items():
                 if step in table and not math.isnan(value):
                     table[step].setdefault(metric.name, value)
@@ -492,24 +632,27 @@ def check(
     each of ``groups`` (name, ``--by`` group, its rows' statistics), outcomes carrying the group's name. A gate
     whose metric a group does not report is skipped for that group.
 
+    A gate on ``summary/rejected_token_fraction[PRESET]`` (``gate_presets``) reads the preset's per-row counts in
+    ``rows`` (``RowStats.rejected``, as ``drivers.check.check_run`` gathers them); where the rows also carry its
+    asymmetric k1 option alone, the result's ``k1_bounds`` says what verl and [L, U] as written reject.
+
     Raises ConfigError when no gate is given or a gate names a metric the result does not have (with the
-    closest names), or a short name several metrics share (with their full names). The result's gates carry
-    full names.
+    closest names), a short name several metrics share (with their full names), or a preset no built-in has. The
+    result's gates carry full names.
     """
-    if not gates:
-        raise ConfigError(
-            "no gate given.",
-            hint=f"add {option_name('max')} NAME=VALUE, {option_name('min')} NAME=VALUE or "
-            f"{option_name('gates')} FILE|default.",
-        )
+    presets = gate_presets(gates)
+    row_metrics = _row_metrics(rows, presets)
     if isinstance(result.steps, StepTable):  # many steps: each gate's values read from the columns
-        table: Any = _ColumnValues(result, rows)
+        table: Any = _ColumnValues(result, rows, row_metrics)
         known = table.known()
     else:
-        table = metric_values(result, rows)
+        table = metric_values(result, rows, row_metrics)
         known = sorted({name for values in table.values() for name in values})
-    gates = [_resolved(gate, known) for gate in gates]
-    tables = [(name, group_values(group, group_rows), group.steps) for name, group, group_rows in groups]
+    gates = [_resolved(_preset_share_named(gate), known) for gate in gates]
+    tables = [
+        (name, group_values(group, group_rows, _row_metrics(group_rows, presets)), group.steps)
+        for name, group, group_rows in groups
+    ]
     skipped = result.skipped_data
     detail = (
         f"{skipped.line()}; --strict (strict=True) makes any skipped row an error" if skipped.rows else "no row skipped"
@@ -541,7 +684,7 @@ def check(
         )
         for g in gates
     ]
-    return CheckResult(list(result.inputs), resolved, outcomes, list(result.warnings))
+    return CheckResult(list(result.inputs), resolved, outcomes, list(result.warnings), k1_bounds(presets, rows))
 
 
 def full_names(short: str, known: Sequence[str]) -> list[str]:

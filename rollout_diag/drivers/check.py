@@ -6,13 +6,25 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from rollout_diag.decisions.check import EXACT_GATE, FAIL, CheckResult, Gate, check, with_skipped_gate
+from rollout_diag.decisions.check import (
+    EXACT_GATE,
+    FAIL,
+    K1_APPLIED,
+    K1_AS_WRITTEN,
+    CheckResult,
+    Gate,
+    check,
+    gate_presets,
+    with_skipped_gate,
+)
 from rollout_diag.drivers.dump import reads_dump
 from rollout_diag.drivers.passes import Inputs, Progress
 from rollout_diag.drivers.rowpass import row_pass
-from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.groups import GroupSpec, group_name
 from rollout_diag.io.reader import DEFAULT_CHUNK_TOKENS
+from rollout_diag.metrics.correction import k1_as_written
+from rollout_diag.metrics.outcome import DropRule
+from rollout_diag.presets import Preset
 
 if TYPE_CHECKING:
     import torch  # annotations only: the driver's arithmetic runs in passes and metrics
@@ -36,17 +48,17 @@ def check_run(
     ``by`` (``env_name``, ``reward:sign``, …): on each group's run metrics (and steps) too, the group named in
     each such outcome. The share of rows skipped as invalid is gated too (``skipped_row_share`` ≤ 1 % unless
     ``gates`` names it). ``exact``: also the gate that no model token's two logprobs differ in any bit
-    (``EXACT_GATE``), its failure naming the first differing token (file, row, position, both values). Raises
-    RolloutDiagError for bad input, an unknown metric or no gate."""
+    (``EXACT_GATE``), its failure naming the first differing token (file, row, position, both values). A gate on
+    ``rejected_token_fraction[PRESET]`` (a built-in preset) counts that preset's dropped tokens per row in the same
+    pass; a preset with an asymmetric k1 rejection also counts its option alone, as verl applies it and as written,
+    for the result's ``k1_bounds`` line. Raises RolloutDiagError for bad input, an unknown metric or preset, or no
+    gate."""
     gates = [*gates, EXACT_GATE] if exact else list(gates)
-    if not gates:
-        raise ConfigError(
-            "no gate given.",
-            hint=f"add {option_name('max')} NAME=VALUE, {option_name('min')} NAME=VALUE or "
-            f"{option_name('gates')} FILE|default.",
-        )
+    presets = gate_presets(gates)  # raises ConfigError when there is no gate
     done = row_pass(
         inputs,
+        presets=presets,
+        rules=k1_rules(presets),
         columns=columns,
         device=device,
         strict=strict,
@@ -76,3 +88,16 @@ def check_run(
         for outcome in checked.outcomes
     ]
     return replace(checked, outcomes=named)
+
+
+def k1_rules(presets: Sequence[Preset]) -> dict[str, DropRule]:
+    """For each preset with an asymmetric k1 rejection (its first such option): that option alone as verl applies it
+    (``NAME|k1 as applied``) and with ρ in [L, U] as written (``NAME|k1 as written``), the rules whose per-row counts
+    ``decisions.check.k1_bounds`` reads."""
+    rules: dict[str, DropRule] = {}
+    for preset in presets:
+        option = preset.asymmetric_k1
+        if option is not None:
+            rules[preset.name + K1_APPLIED] = DropRule(rejection=(option,))
+            rules[preset.name + K1_AS_WRITTEN] = DropRule(rejection=(k1_as_written(option),))
+    return rules

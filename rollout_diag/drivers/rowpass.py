@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     import torch  # annotations only: the driver's arithmetic runs in passes and metrics
 
     from rollout_diag.io.chunk import Chunk
+    from rollout_diag.metrics.outcome import DropRule
 
 
 @dataclass
@@ -164,6 +165,7 @@ def row_pass(
     inputs: Inputs,
     *,
     presets: Sequence[Preset] = (),
+    rules: Mapping[str, DropRule] | None = None,
     columns: Mapping[str, str] | None = None,
     device: str | torch.device = "auto",
     strict: bool = False,
@@ -175,18 +177,18 @@ def row_pass(
     prompts: bool = False,
     exact: bool = False,
 ) -> RowPass:
-    """Read ``inputs`` once into the analysis and the per-row statistics (with each preset's dropped tokens per
-    row); ``by``: also the key families per group and each row's group. ``findings`` False: without what only
-    ``result`` reads (hint evidence, worst rows, dialects): the pass serves ``summary`` alone. ``catastrophic_rows``:
-    the row statistics also count each row's catastrophic tokens (``runs``' catastrophic share). ``prompts``: the
-    per-prompt evidence is gathered even without ``findings`` (``runs``: prompts matched across runs). ``exact``:
-    also the first model token whose two logprobs differ in any bit (``RowPass.first_difference``). Raises
-    RolloutDiagError for bad input or options."""
+    """Read ``inputs`` once into the analysis and the per-row statistics (with each preset's, and each of ``rules``',
+    dropped tokens per row); ``by``: also the key families per group and each row's group. ``findings`` False: without
+    what only ``result`` reads (hint evidence, worst rows, dialects): the pass serves ``summary`` alone.
+    ``catastrophic_rows``: the row statistics also count each row's catastrophic tokens (``runs``' catastrophic
+    share). ``prompts``: the per-prompt evidence is gathered even without ``findings`` (``runs``: prompts matched
+    across runs). ``exact``: also the first model token whose two logprobs differ in any bit
+    (``RowPass.first_difference``). Raises RolloutDiagError for bad input or options."""
     torch_device = resolve_device(device)
     reader = open_reader(inputs, columns, strict=strict, chunk_tokens=chunk_tokens)
     specs = group_specs(by, reader)
     analysis = Analysis(by=specs, findings=findings, prompt_evidence=prompts)
-    rows = RowStatsCollector(presets, catastrophic=analysis.catastrophic if catastrophic_rows else None)
+    rows = RowStatsCollector(presets, analysis.catastrophic if catastrophic_rows else None, rules)
     labels = GroupLabels(specs) if specs else None
     first = FirstDifference() if exact else None
     updates = [analysis.update, rows.update, *([labels.update] if labels else []), *([first.update] if first else [])]

@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 
 from rollout_diag.engine import arrays
-from rollout_diag.engine.formulas import row_mean
 from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.readlog import row_keys
+from rollout_diag.metrics.offpolicy import log_ppl_diff
 
 # Trainer columns, by what they are: the dump column names recognised for each, the first present taken.
 TRAINER_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -217,7 +217,7 @@ class TrainerColumnsTracker:
             return  # rows without a trainer column are never sampled (whichever part of the input reads them)
         s = stats(chunk)
         n = s.row_count
-        mismatch = np.abs(arrays.host(row_mean(s.row_sum("rollout"), n) - row_mean(s.row_sum("trainer"), n)))
+        mismatch = np.abs(arrays.host(log_ppl_diff(s)))
         model_tokens = arrays.host(n)
         valid = model_tokens > 0
         keys = sample_keys(arrays.host(chunk.step), chunk.sample_id, self.seed)

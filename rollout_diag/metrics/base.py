@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import ItemsView, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -26,7 +26,7 @@ from rollout_diag.io.chunk import Chunk
 from rollout_diag.results import KeyColumns, MetricColumns
 
 
-class StepStates(MutableMapping):
+class StepStates(MutableMapping[int, State]):
     """``accumulator.steps``: step -> state, a view of the accumulator's table (each state built on access)."""
 
     def __init__(self, owner: StepAccumulator) -> None:
@@ -36,8 +36,10 @@ class StepStates(MutableMapping):
         return self.owner.store.state(step)
 
     def __contains__(self, step: object) -> bool:
+        if not isinstance(step, (int, np.integer)):  # steps are whole numbers
+            return False
         steps = self.owner.store.steps
-        index = int(np.searchsorted(steps, step))  # type: ignore[arg-type]
+        index = int(np.searchsorted(steps, step))
         return index < steps.shape[0] and steps[index] == step
 
     def __iter__(self) -> Iterator[int]:
@@ -46,14 +48,16 @@ class StepStates(MutableMapping):
     def __len__(self) -> int:
         return int(self.owner.store.steps.shape[0])
 
-    def items(self):  # in step order, without a lookup per step
-        return list(self.owner.store.states())
+    def items(self) -> ItemsView[int, State]:
+        return _StepItems(self)
 
     def __setitem__(self, step: int, state: State) -> None:
         """Replace one step's state."""
         if step in self:
             del self[step]
-        partial = {name: np.asarray(state[name], dtype=np.float64)[None] for name in self.owner.REDUCTIONS}
+        partial: dict[str, np.ndarray | Ragged] = {
+            name: np.asarray(state[name], dtype=np.float64)[None] for name in self.owner.REDUCTIONS
+        }
         for name, reduction in self.owner.REDUCTIONS.items():
             if reduction == "concat":
                 values = np.asarray(state[name], dtype=np.float64)
@@ -65,6 +69,15 @@ class StepStates(MutableMapping):
         if step not in self:
             raise KeyError(step)
         self.owner.store = self.owner.store.subset(self.owner.store.steps != step)
+
+
+class _StepItems(ItemsView[int, State]):
+    """``StepStates.items()``: (step, state) in step order, read from the table block by block (no lookup per step)."""
+
+    _mapping: StepStates
+
+    def __iter__(self) -> Iterator[tuple[int, State]]:
+        return self._mapping.owner.store.states()
 
 
 def groups_of_dicts(rows: Sequence[Mapping[str, Any]]) -> list[KeyColumns]:
@@ -248,8 +261,8 @@ class StepAccumulator(ABC):
             groups = self.finalize_block(columns)
             if groups is None:
                 names = list(columns)
-                for step, values in zip(steps, zip(*(list(columns[n]) for n in names), strict=True), strict=True):
-                    finalized = self._finalize(dict(zip(names, values, strict=True)))
+                for step, state in zip(steps, zip(*(list(columns[n]) for n in names), strict=True), strict=True):
+                    finalized = self._finalize(dict(zip(names, state, strict=True)))
                     out[step] = {keys.setdefault(name, name): value for name, value in finalized.items()}
                 continue
             rows: list[dict[str, float]] = [{} for _ in steps]
@@ -272,9 +285,10 @@ class StepAccumulator(ABC):
         when None): the same values, the same keys in the same order per step, no dict per step."""
         own = self.store.steps
         count = own.shape[0] if steps is None else steps.shape[0]
-        same = steps is None or (steps.shape == own.shape and bool(np.array_equal(steps, own)))
-        at = None if same else np.searchsorted(steps, own)  # type: ignore[arg-type]
-        if at is not None:  # a step ``steps`` lacks (a restricted analysis beside an unrestricted dialect) is left out
+        at = None
+        if steps is not None and not (steps.shape == own.shape and bool(np.array_equal(steps, own))):
+            # a step ``steps`` lacks (a restricted analysis beside an unrestricted dialect) is left out
+            at = np.searchsorted(steps, own)
             inside = at < count
             inside[inside] = steps[at[inside]] == own[inside]
             at = np.where(inside, at, count)

@@ -33,7 +33,7 @@ from rollout_diag.engine.stats import ChunkStats, PerToken, stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import Columns, KeyGroup, StepAccumulator
 from rollout_diag.metrics.sweep import SIGNED_HISTOGRAM, exact_bin_edges
-from rollout_diag.presets import GATE_STATISTICS, ImportanceSampling, RejectionOption, k1_bounds_asymmetric
+from rollout_diag.presets import GATE_STATISTICS, ImportanceSampling, RejectionOption
 
 PREFIX = catalogue.OFFPOLICY_PREFIX
 
@@ -61,14 +61,18 @@ class NamedQuantity(PerToken):
     refers to ``s`` weakly: ``s`` memoises it, and a reference cycle would keep each chunk's tensors alive until the
     cyclic garbage collector ran (memory grew with the file)."""
 
+    _stats: weakref.ref[ChunkStats]
+
     def __init__(self, s: ChunkStats, name: str) -> None:
         object.__setattr__(self, "by_row", False)
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "_stats", weakref.ref(s))
 
     @property
-    def values(self) -> Array:  # type: ignore[override]
-        return self._stats().token(self.name)
+    def values(self) -> Array:
+        s = self._stats()
+        assert s is not None and self.name is not None, "a chunk's stats outlive the quantities they memoise"
+        return s.token(self.name)
 
 
 def sequence_log_ratio(s: ChunkStats) -> Array:
@@ -635,7 +639,7 @@ class RejectionOptionAccumulator(CorrectionAccumulator):
 def k1_is_asymmetric(option: RejectionOption) -> bool:
     """A k1 option whose ratio bounds L, U are not reciprocal (L·U ≠ 1): verl keeps log L ≤ k1 ≤ log U with k1 = −log ρ,
     so it applies ρ ∈ [1/U, 1/L], not the [L, U] one reads in the config (verl #6377, closed unmerged)."""
-    return option.statistic == "k1" and k1_bounds_asymmetric(option.lower, option.upper)
+    return option.k1_asymmetric
 
 
 def k1_as_written(option: RejectionOption) -> RejectionOption:

@@ -18,11 +18,11 @@ from rollout_diag import catalogue
 from rollout_diag.catalogue import EPS
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
-from rollout_diag.engine.formulas import row_mean
 from rollout_diag.engine.quantities import EXPONENT_MAX, EXPONENT_MIN
 from rollout_diag.engine.stats import ChunkStats, stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import Columns, KeyGroup, State, StepAccumulator
+from rollout_diag.metrics.offpolicy import log_ppl_diff
 from rollout_diag.results import Rows, RowTokens, WorstRow, WorstToken
 
 POSITION_BUCKETS = 40  # log2 buckets: covers rows of up to 2^38 tokens
@@ -372,16 +372,16 @@ class WorstTracker:
     def update(self, chunk: Chunk) -> None:
         s = stats(chunk)
         n = s.row_count
-        log_ppl_diff = row_mean(s.row_sum("rollout"), n) - row_mean(s.row_sum("trainer"), n)
+        diff = log_ppl_diff(s)  # §1 d_i
         catastrophic = s.row_sum(s.catastrophic(self.catastrophic))
         scores = {
-            "log_ppl_abs_diff": abs(log_ppl_diff),
+            "log_ppl_abs_diff": abs(diff),
             "max_abs_diff": arrays.clamp(s.row_max("abs_log_ratio"), lower=0.0),
             "k3_sum": s.row_sum("k3"),
             "catastrophic_share": catastrophic / arrays.clamp(n, lower=1),
         }
         host = {name: arrays.host(value) for name, value in scores.items()}
-        host["log_ppl_diff"] = arrays.host(log_ppl_diff)
+        host["log_ppl_diff"] = arrays.host(diff)
         host["catastrophic"] = arrays.host(catastrophic)
         host["model_tokens"] = arrays.host(n)
         valid = host["model_tokens"] > 0  # rows with no model token have no score

@@ -14,8 +14,8 @@ from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array, segment_max, segment_min
 from rollout_diag.engine.formulas import clamp20, row_mean
 from rollout_diag.engine.quantities import BANDS, COUNTS
-from rollout_diag.engine.stats import stats
-from rollout_diag.io.chunk import Chunk
+from rollout_diag.engine.stats import ChunkStats, stats
+from rollout_diag.io.chunk import Chunk, StepGroups
 from rollout_diag.metrics.base import Columns, KeyGroup, StepAccumulator
 
 PREFIX = catalogue.OFFPOLICY_PREFIX
@@ -46,6 +46,7 @@ ROW_AVERAGES = (
     "log_ppl_abs_diff",
     "ppl_ratio",
 )
+ROW_VALUES = (*ROW_AVERAGES, "chi2_seq")  # the per-row values ``row_values`` gives (chi2_seq = mean_i of its − 1)
 
 
 class OffPolicyAccumulator(StepAccumulator):
@@ -80,28 +81,19 @@ class OffPolicyAccumulator(StepAccumulator):
         s = stats(chunk)
         groups = chunk.groups
         n = s.row_count
-        mean_trainer = row_mean(s.row_sum("trainer"), n)  # §1 R_i[a]
-        mean_rollout = row_mean(s.row_sum("rollout"), n)  # §1 R_i[r]
-        log_ppl_diff = mean_rollout - mean_trainer  # §1 d_i = R_i[r] − R_i[a], as verl subtracts
-        seq_log_ratio = s.row_sum("log_ratio")  # §1 S_i[δ]
+        per_row = row_values(s)
+        log_ppl_diff = per_row["log_ppl_diff"]
         by_step = s.group_sum_rows
         return {
             "rows": by_step(arrays.ones(chunk.rows, n)),
             "empty_rows": by_step(arrays.float64(n == 0)),
             "tokens": by_step(n),
-            "training_ppl": by_step(arrays.exp(-mean_trainer)),
-            "training_log_ppl": by_step(-mean_trainer),
-            "rollout_ppl": by_step(arrays.exp(-mean_rollout)),
-            "rollout_log_ppl": by_step(-mean_rollout),
+            **{name: by_step(values) for name, values in per_row.items()},  # Σ_i of each row average, Σ_i chi2_seq's
             "kl": -s.group_sum("log_ratio"),  # Σ m·(r − a); fl(r − a) = −fl(a − r) exactly
             "k3_kl": s.group_sum("k3"),
-            "log_ppl_diff": by_step(log_ppl_diff),
-            "log_ppl_abs_diff": by_step(abs(log_ppl_diff)),
             "log_ppl_diff_max": segment_max(log_ppl_diff, groups.row_group, groups.count),
             "log_ppl_diff_min": segment_min(log_ppl_diff, groups.row_group, groups.count),
-            "ppl_ratio": by_step(arrays.exp(log_ppl_diff)),
             "chi2_token": s.group_sum("chi2_term"),
-            "chi2_seq": by_step(arrays.exp(2.0 * clamp20(seq_log_ratio))),
             "abs_diff": s.group_sum("abs_log_ratio"),
             **s.count_sums(COUNTS),
             **_rows_within(s, groups, n),
@@ -127,7 +119,37 @@ class OffPolicyAccumulator(StepAccumulator):
         return [(reports, out), (tokens != 0, exact_counts(columns))]
 
 
-def _rows_within(s, groups, n: Array) -> dict[str, Array]:
+def row_values(s: ChunkStats) -> dict[str, Array]:
+    """Each row's §1 value of every row average (``ROW_AVERAGES``) and of chi2_seq's term, in the order
+    ``ROW_VALUES`` names them: the one formula this family and verl's valid-row means (``dialects/verl.py``) sum."""
+    mean_trainer, mean_rollout = row_means(s)
+    log_ppl_diff = mean_rollout - mean_trainer  # §1 d_i = R_i[r] − R_i[a], as verl subtracts
+    return {
+        "training_ppl": arrays.exp(-mean_trainer),
+        "training_log_ppl": -mean_trainer,
+        "rollout_ppl": arrays.exp(-mean_rollout),
+        "rollout_log_ppl": -mean_rollout,
+        "log_ppl_diff": log_ppl_diff,
+        "log_ppl_abs_diff": abs(log_ppl_diff),
+        "ppl_ratio": arrays.exp(log_ppl_diff),
+        "chi2_seq": arrays.exp(2.0 * clamp20(s.row_sum("log_ratio"))),  # exp(2·clamp20(S_i[δ]))
+    }
+
+
+def row_means(s: ChunkStats) -> tuple[Array, Array]:
+    """§1 (R_i[a], R_i[r]): each row's mean trainer and rollout logprob over its model tokens (0 for an empty row)."""
+    n = s.row_count
+    return row_mean(s.row_sum("trainer"), n), row_mean(s.row_sum("rollout"), n)
+
+
+def log_ppl_diff(s: ChunkStats) -> Array:
+    """§1 d_i = R_i[r] − R_i[a] of each row, as verl subtracts: the worst rows, the prompts' row scores and the trainer
+    columns' association rank rows by |d_i|."""
+    mean_trainer, mean_rollout = row_means(s)
+    return mean_rollout - mean_trainer
+
+
+def _rows_within(s: ChunkStats, groups: StepGroups, n: Array) -> dict[str, Array]:
     """Per step group, the valid rows whose largest |δ| is at most each band (``rows_within_<ε>``)."""
     row_max = s.row_max("abs_log_ratio")  # from the segment maxima; −inf for an empty row
     valid = n > 0

@@ -30,7 +30,6 @@ from rollout_diag.metrics.correction import (
     RejectionChainAccumulator,
     RejectionOptionAccumulator,
     icepop_inside,
-    k1_is_asymmetric,
     prepare_derived,
     rejected_per_row,
     rs_final_keep,
@@ -39,7 +38,7 @@ from rollout_diag.metrics.correction import (
 )
 from rollout_diag.metrics.legacy import LegacyAccumulator, legacy_keep, legacy_rejections, mask_name, veto_name
 from rollout_diag.presets import ImportanceSampling, LegacyCorrection, Preset, RejectionOption
-from rollout_diag.results import Column, ColumnSource, ReadSequence, StepResult
+from rollout_diag.results import Column, ColumnSource, ItemSequence, StepResult
 
 SUMMARY = catalogue.SUMMARY_PREFIX
 
@@ -194,8 +193,8 @@ class CorrectionAnalysis:
                 parts.append(self._add(("is", preset.importance), ImportanceAccumulator, preset.importance))
             for option in preset.rejection:
                 parts.append(self._add(("rs", option), RejectionOptionAccumulator, option))
-            for option in [option for option in preset.rejection if k1_is_asymmetric(option)][:1]:  # the first
-                parts.append(self._add(("k1_as_written", option), K1AsWrittenAccumulator, option))
+            if (asymmetric := preset.asymmetric_k1) is not None:
+                parts.append(self._add(("k1_as_written", asymmetric), K1AsWrittenAccumulator, asymmetric))
             if preset.rejection:
                 parts.append(self._add(("rs_chain", preset.rejection), RejectionChainAccumulator, preset.rejection))
             if preset.legacy is not None:
@@ -365,7 +364,7 @@ class _ArrayPool:
 
 
 # --------------------------------------------------------------------------- per-step results as columns
-class PresetSteps(ReadSequence):
+class PresetSteps(ItemSequence[StepResult]):
     """``PresetResult.steps`` of one preset: each step's §1 metrics (``rollout_corr/`` keys of the analysis's step)
     followed by the preset's own, built when read from the pass's columns (``CorrectionAnalysis.step_columns``, made on
     first read). Nothing per step is kept: 200 000 steps × 25 presets cost the accumulators' columns, not 5 million
@@ -378,10 +377,8 @@ class PresetSteps(ReadSequence):
     def __len__(self) -> int:
         return len(self.base)
 
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return [self[i] for i in range(len(self))[index]]
-        return self._step(range(len(self))[index], self.base[index])
+    def item(self, index: int) -> StepResult:
+        return self._step(index, self.base[index])
 
     def __iter__(self) -> Iterator[StepResult]:
         for index, step in enumerate(self.base):

@@ -33,6 +33,7 @@ from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.io.prompts import NO_PROMPT
 from rollout_diag.metrics.localize import TopK, top_candidates
+from rollout_diag.metrics.offpolicy import log_ppl_diff
 from rollout_diag.results import PromptCells, PromptEvidence, RowRef
 from rollout_diag.results import prompt_label as label
 
@@ -131,11 +132,7 @@ class PromptAccumulator:
         s = stats(chunk)
         tokens = arrays.host(s.row_count).astype(np.float64)
         valid = tokens > 0
-        # the worst-rows table's score: |R_i[r] − R_i[a]| (localize.WorstTracker), from the same row sums
-        denominator = tokens + 1e-8
-        score = np.abs(
-            arrays.host(s.row_sum("rollout")) / denominator - arrays.host(s.row_sum("trainer")) / denominator
-        )
+        score = np.abs(arrays.host(log_ppl_diff(s)))  # the worst-rows table's score |d_i| (localize.WorstTracker)
         self.scores += np.bincount(score_bin(score[valid]), minlength=SCORE_BINS)
         if chunk.prompt_key is None:
             return

@@ -22,7 +22,7 @@ from rollout_diag.presets import Preset
 from rollout_diag.results import RowStats
 
 if TYPE_CHECKING:
-    from rollout_diag.metrics.outcome import OutcomeAccumulator
+    from rollout_diag.metrics.outcome import DropRule, OutcomeAccumulator
 
 
 @quantity("exp_abs_log_ratio")
@@ -49,16 +49,23 @@ CATASTROPHIC = "catastrophic"
 
 
 class RowStatsCollector:
-    """Collects :class:`RowStats` chunk by chunk; ``presets`` adds each preset's rejected-token count per row,
-    ``catastrophic`` (a |δ| threshold) each row's count of catastrophic tokens (``sums["catastrophic"]``)."""
+    """Collects :class:`RowStats` chunk by chunk; ``presets`` adds each preset's rejected-token count per row
+    (``rejected[preset name]``), ``rules`` each named drop rule's (``rejected[name]``), ``catastrophic`` (a |δ|
+    threshold) each row's count of catastrophic tokens (``sums["catastrophic"]``)."""
 
-    def __init__(self, presets: Sequence[Preset] = (), catastrophic: float | None = None) -> None:
+    def __init__(
+        self,
+        presets: Sequence[Preset] = (),
+        catastrophic: float | None = None,
+        rules: Mapping[str, DropRule] | None = None,
+    ) -> None:
         self.catastrophic = catastrophic
         self.rules: dict[str, OutcomeAccumulator] = {}
-        if presets:  # each preset's drop rule and its count, shared with compare-presets (metrics/outcome.py)
+        if presets or rules:  # each preset's drop rule and its count, shared with compare-presets (metrics/outcome.py)
             from rollout_diag.metrics.outcome import DropRule, OutcomeAccumulator
 
-            self.rules = {preset.name: OutcomeAccumulator(DropRule.of(preset)) for preset in presets}
+            named = {preset.name: DropRule.of(preset) for preset in presets} | dict(rules or {})
+            self.rules = {name: OutcomeAccumulator(rule) for name, rule in named.items()}
         self.parts: list[dict[str, np.ndarray]] = []
 
     def prepare(self, chunk: Chunk) -> None:

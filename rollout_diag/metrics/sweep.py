@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -30,7 +30,7 @@ from rollout_diag.engine.state import Ragged, StateTable
 from rollout_diag.engine.stats import ChunkStats, stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, sequence_share
-from rollout_diag.results import ReadSequence
+from rollout_diag.results import ItemSequence
 
 BINS_PER_DECADE = 32
 DECADE_MIN, DECADE_MAX = -12, 2  # |c| from 1e-12 (smaller: first bin) to 100 (clamp20 keeps |c| ≤ 20)
@@ -268,7 +268,9 @@ def _gate_index(option: SweepOption) -> int:
     return GATES.index(option.name.rpartition("_")[2])
 
 
-def _histograms(option: SweepOption, positive: np.ndarray, negative: np.ndarray, gates: np.ndarray):
+def _histograms(
+    option: SweepOption, positive: np.ndarray, negative: np.ndarray, gates: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """The (positive, negative) histograms a token option's shares read: c's, or its gate's value (one side)."""
     if option.kind != "gate":
         return positive, negative
@@ -308,7 +310,7 @@ def _token_sides(option: SweepOption) -> tuple[tuple[np.ndarray, ...], np.ndarra
     elif option.name.endswith("k2"):
         scores = (0.5 * EDGES**2, 0.5 * EDGES**2)
     else:
-        scores = (_k3(EDGES), _k3(-EDGES))
+        scores = (np.asarray(_k3(EDGES)), np.asarray(_k3(-EDGES)))
     candidates = np.unique(np.concatenate([[0.0], *scores]))
     holding = tuple(_holding(side, candidates) for side in scores)
     return scores, candidates, holding
@@ -345,21 +347,21 @@ class _TokenShares:
         self.tails = (tail(positive),) if option.kind in ("is", "gate") else (tail(positive), tail(negative))
         self.candidate_shares: np.ndarray | None = None
 
-    def share(self, threshold: float | np.ndarray) -> Any:
+    def share(self, threshold: float | np.ndarray) -> np.ndarray | float:
         """Upper bound of the share of tokens above ``threshold`` (a number or an array of them)."""
         total = 0.0
         if isinstance(threshold, float):  # one number: bisect on the edge scores, as searchsorted does
             for scores, tails in zip(_score_lists(self.option), self.tails, strict=True):
                 total = total + tails[min(max(bisect.bisect_right(scores, threshold) - 1, 0), HISTOGRAM_BINS)]
             return total / self.tokens
-        for scores, tails in zip(self.scores, self.tails, strict=True):
-            total = total + tails[_holding(scores, threshold)]
+        for side, tails in zip(self.scores, self.tails, strict=True):
+            total = total + tails[_holding(side, threshold)]
         return total / self.tokens
 
     def threshold_for(self, target: float) -> float:
         """The smallest edge score whose share is at most ``target``: at most one bin above the exact one."""
         if self.candidate_shares is None:  # the same sums as share(candidates), once for every target
-            total = 0.0
+            total = np.zeros(self.candidates.shape[0])
             for tails, holding in zip(self.tails, self.holding, strict=True):
                 total = total + tails[holding]
             self.candidate_shares = total / self.tokens
@@ -367,38 +369,16 @@ class _TokenShares:
         return float(self.candidates[passing[0]] if passing.size else self.candidates[-1])
 
 
+# (share rejected at a metric-space threshold, the threshold for a target share) of one option's state
+Rule = tuple[Callable[[float], float], Callable[[float], float]]
+
+
 def _option_row(option: SweepOption, state: State, targets: tuple[float, ...], curve: bool) -> dict[str, Any]:
     row: dict[str, Any] = {"option": option.name, "level": option.level, "verl_default": option.verl_default}
     if option.verl_default is not None:  # the upper bound, in verl's units, where the curve is marked
         row["default_threshold"] = float(option.verl_default.split("_")[-1])
-    if option.level == "sequence":
-        values = _row_values(option, state["rows"]) if len(state["rows"]) else np.zeros(0)
-        scores = np.sort(_score(option, values))[::-1]
-        total = len(scores)
-        row["count"] = total
-        row["exact"] = True
-
-        def share(threshold: float) -> float:
-            return sequence_share(float(np.count_nonzero(scores > threshold)), total)
-
-        def threshold_for(target: float) -> float:
-            rank = math.floor(target * total)  # at most `rank` rows strictly above scores[rank]
-            return float(scores[rank]) if rank < total else 0.0
-
-        if option.verl_default is not None:
-            lower, upper = _parse_default(option)
-            rejected = np.count_nonzero((values > upper) | (values < lower)) if total else 0
-            row["default_share"] = sequence_share(float(rejected), total)
-    else:
-        tokens = float(np.asarray(state["tokens"]).reshape(()))
-        shares = _TokenShares(
-            option, *_histograms(option, state["positive"], state["negative"], state["gates"]), tokens
-        )
-        row["count"] = int(tokens)
-        row["exact"] = False
-        share, threshold_for = (lambda t: float(shares.share(t))), shares.threshold_for
-        if option.verl_default is not None:
-            row["default_share"] = share(_parse_default(option)[1])
+    rule = _sequence_rule if option.level == "sequence" else _token_rule
+    share, threshold_for = rule(option, state, row)
     row["thresholds"] = []
     for target in targets:
         metric_threshold = threshold_for(target)
@@ -411,7 +391,49 @@ def _option_row(option: SweepOption, state: State, targets: tuple[float, ...], c
     return row
 
 
-def _curve(option: SweepOption, threshold_for, share, marked: tuple[float, ...] = ()) -> list[dict[str, float]]:
+def _sequence_rule(option: SweepOption, state: State, row: dict[str, Any]) -> Rule:
+    """A sequence option's exact shares over its rows' values; ``row`` gets its count and default share."""
+    values = _row_values(option, state["rows"]) if len(state["rows"]) else np.zeros(0)
+    scores = np.sort(_score(option, values))[::-1]
+    total = len(scores)
+    row["count"] = total
+    row["exact"] = True
+
+    def share(threshold: float) -> float:
+        return sequence_share(float(np.count_nonzero(scores > threshold)), total)
+
+    def threshold_for(target: float) -> float:
+        rank = math.floor(target * total)  # at most `rank` rows strictly above scores[rank]
+        return float(scores[rank]) if rank < total else 0.0
+
+    if option.verl_default is not None:
+        lower, upper = _parse_default(option)
+        rejected = np.count_nonzero((values > upper) | (values < lower)) if total else 0
+        row["default_share"] = sequence_share(float(rejected), total)
+    return share, threshold_for
+
+
+def _token_rule(option: SweepOption, state: State, row: dict[str, Any]) -> Rule:
+    """A token option's conservative shares from its histograms; ``row`` gets its count and default share."""
+    tokens = float(np.asarray(state["tokens"]).reshape(()))
+    shares = _TokenShares(option, *_histograms(option, state["positive"], state["negative"], state["gates"]), tokens)
+    row["count"] = int(tokens)
+    row["exact"] = False
+
+    def share(threshold: float) -> float:
+        return float(shares.share(threshold))
+
+    if option.verl_default is not None:
+        row["default_share"] = share(_parse_default(option)[1])
+    return share, shares.threshold_for
+
+
+def _curve(
+    option: SweepOption,
+    threshold_for: Callable[[float], float],
+    share: Callable[[float], float],
+    marked: tuple[float, ...] = (),
+) -> list[dict[str, float]]:
     """Share rejected at thresholds spread between the 50 % and the 0.01 % quantile (log-spaced in score), plus
     the ``marked`` thresholds inside that range: the share is a step function, and a chart that draws lines between
     samples would pass beside the default's marker instead of through it."""
@@ -435,9 +457,9 @@ def sweep_tables(
     return run, StepTables(accumulator, targets)
 
 
-class StepTables(ReadSequence):
+class StepTables(ItemSequence[dict[str, Any]]):
     """The per-step sweep tables (``{"step", "options"}`` dicts, as ``table`` writes them), from ``step_columns``;
-    equal to, and pickled as, the list of them (``ReadSequence``)."""
+    equal to, and pickled as, the list of them (``ItemSequence``)."""
 
     def __init__(self, accumulator: SweepAccumulator, targets: tuple[float, ...]) -> None:
         self.accumulator, self.targets = accumulator, targets
@@ -449,12 +471,10 @@ class StepTables(ReadSequence):
     def __len__(self) -> int:
         return int(self.accumulator.store.steps.shape[0])
 
-    def __getitem__(self, index):  # type: ignore[override]
-        if isinstance(index, slice):
-            return [self[i] for i in range(len(self))[index]]
-        return self.columns.step_table(range(len(self))[index])
+    def item(self, index: int) -> dict[str, Any]:
+        return self.columns.step_table(index)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[dict[str, Any]]:
         columns = self.columns
         return (columns.step_table(index) for index in range(len(self)))
 

@@ -67,6 +67,7 @@ def check_table(result: CheckResult) -> Group:
             rows.append((gate.metric, *group, place, number(outcome.value, 4), limit, last))
         parts.append(_GateTable("Failed gates" if failures else "Gates", columns, rows))
     parts.extend(Text(outcome.detail, style="bold red") for outcome in failures if outcome.detail)
+    parts.extend(Text(f"• {bounds.line}", style="dim") for bounds in result.k1_bounds)  # verl's k1 bounds (#6377)
     if skipped:
         why = "no model token" + (", or not a key metric computed per group" if grouped else "")
         parts.append(Text(f"{skipped} check(s) skipped: the metric is not reported for that step or group ({why})."))

@@ -5,6 +5,7 @@ document's columns (``Column``) that the JSON writer formats a column at a time.
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 from collections.abc import Callable, Hashable, ItemsView, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
@@ -164,6 +165,24 @@ class ReadSequence(Sequence[Item]):
         return (list, (list(self),))
 
 
+class ItemSequence(ReadSequence[Item]):
+    """A ReadSequence whose item ``i`` is made by ``item(i)`` (0 ≤ i < len, negative indices counted from the end
+    first); a slice is the list of its items."""
+
+    @abstractmethod
+    def item(self, index: int) -> Item:
+        """The item at ``index`` (0 ≤ index < len(self))."""
+
+    @overload
+    def __getitem__(self, index: int) -> Item: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Item]: ...
+    def __getitem__(self, index: int | slice) -> Item | list[Item]:
+        if isinstance(index, slice):
+            return [self.item(i) for i in range(len(self))[index]]
+        return self.item(range(len(self))[index])
+
+
 class StepTable(ReadSequence[StepResult]):
     """``AnalysisResult.steps`` as columns: the step ids, their rows, tokens and empty rows, the metric values and each
     framework's dialect values; ``table[i]`` is a StepResult read from the columns (nothing per step is kept, so
@@ -252,7 +271,7 @@ class StepTable(ReadSequence[StepResult]):
         return (StepTable, (self.step_ids, self.rows, self.tokens, self.empty_rows, self.metrics, self.dialects))
 
 
-class Rows(ReadSequence[dict[str, Any]]):
+class Rows(ItemSequence[dict[str, Any]]):
     """A list of table rows (dicts with the same keys) held as columns: ``head`` (plain dicts) first, then one row per
     entry of the columns, each value a Python int, float, str or None as the dict it stands for would hold. Rows are
     built when read, none is kept (a 200 000-step run has 600 000 position rows). Equal to that list of dicts."""
@@ -266,14 +285,7 @@ class Rows(ReadSequence[dict[str, Any]]):
     def __len__(self) -> int:
         return len(self.head) + self.held
 
-    @overload
-    def __getitem__(self, index: int) -> dict[str, Any]: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
-    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(len(self))[index]]
-        index = range(len(self))[index]
+    def item(self, index: int) -> dict[str, Any]:
         if index < len(self.head):
             return dict(self.head[index])
         at = index - len(self.head)
@@ -302,7 +314,7 @@ def run_rows(positions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [row for row in positions if row.get("step") is None]
 
 
-class Converted(ReadSequence[Item]):
+class Converted(ItemSequence[Item]):
     """``[convert(item) for item in items]``, each made when read and none kept: per-step results of a 200 000-step
     run (the sweep's 13 options × targets a step) as objects only while a renderer reads them. Equal to that list."""
 
@@ -312,13 +324,7 @@ class Converted(ReadSequence[Item]):
     def __len__(self) -> int:
         return len(self.items)
 
-    @overload
-    def __getitem__(self, index: int) -> Item: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[Item]: ...
-    def __getitem__(self, index: int | slice) -> Item | list[Item]:
-        if isinstance(index, slice):
-            return [self.convert(item) for item in self.items[index]]
+    def item(self, index: int) -> Item:
         return self.convert(self.items[index])
 
     def __iter__(self) -> Iterator[Item]:

@@ -8,6 +8,7 @@ its docstring. :class:`DialectsAccumulator` runs the chosen ones side by side; `
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol, TypeGuard
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from rollout_diag.metrics.dialects import (
     verl_b178a3c,
 )
 from rollout_diag.metrics.dialects.base import DialectFamily, DialectMetric, Framework
-from rollout_diag.results import MetricColumns
+from rollout_diag.results import DialectLayout, KeyColumns, MetricColumns
 
 # Each trainer at its current code (``--dialect all``), then the variants a name reaches: ``NAME:CONFIG`` (another
 # configuration of the same code) and ``NAME@COMMIT`` (the trainer's code at an earlier commit).
@@ -113,6 +114,7 @@ class DialectsAccumulator:
         step a framework has no value at does not report it); no dict per step where the family gives columns."""
         out: dict[str, MetricColumns] = {}
         for name, family in self.families.items():
+            groups: Sequence[KeyColumns]
             if _gives_columns(family):
                 groups = family.finalize_columns(steps).groups
             else:
@@ -129,7 +131,13 @@ class DialectsAccumulator:
         return {name: _ordered(name, values) for name, values in run.items() if values}
 
 
-def _gives_columns(family: DialectFamily) -> bool:
+class _Columnar(DialectFamily, Protocol):
+    """A family whose ``finalize_columns`` gives its ``finalize_steps`` as columns."""
+
+    def finalize_columns(self, steps: np.ndarray) -> MetricColumns: ...
+
+
+def _gives_columns(family: DialectFamily) -> TypeGuard[_Columnar]:
     """Whether ``family.finalize_columns`` gives what its ``finalize_steps`` does (not where a family writes its own
     ``finalize_steps``)."""
     if isinstance(family, verl.VerlAccumulator):
@@ -178,10 +186,8 @@ def concepts() -> list[str]:
     return list(seen)
 
 
-def layout():
+def layout() -> DialectLayout:
     """The catalog as plain data for ``rollout_diag.render.dialects`` (which must not import torch)."""
-    from rollout_diag.results import DialectLayout
-
     return DialectLayout(
         titles={name: framework.title for name, framework in FRAMEWORKS.items()},
         concepts=concepts(),

@@ -82,6 +82,15 @@ def by_step(s: ChunkStats, row_values: Array, how: str = "sum") -> Array:
     return reducer(arrays.float64(row_values), groups.row_group, groups.count)
 
 
+def valid_extremes(s: ChunkStats, row_values: Array, valid: Array) -> tuple[Array, Array]:
+    """(max, min) of per-row values over each step group's valid rows only (−inf, +inf for a group without one): an
+    empty row's value would otherwise drag the extreme to its placeholder."""
+    return (
+        by_step(s, arrays.where(valid, row_values, -math.inf), "max"),
+        by_step(s, arrays.where(valid, row_values, math.inf), "min"),
+    )
+
+
 def token_moments(s: ChunkStats, name: str) -> Array:
     """Per step group [n, mean, mean, M2, M2, M2] of a token quantity (the ``moments`` layout of base.py):
     the mean first, then centred squares, so that values far from zero (ratios near 1) keep their variance."""

@@ -27,7 +27,7 @@ from rollout_diag.engine.formulas import quantity
 from rollout_diag.engine.stats import ChunkStats, stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float
-from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step
+from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, valid_extremes
 
 PREFIX = "train/"
 ALERT_LEVEL = (
@@ -87,8 +87,7 @@ class NemoRLAccumulator(StepAccumulator):
         per_row = s.row_sum("exp_abs_log_ratio") / arrays.clamp(n, lower=1.0)
         out["valid_rows"] = by_step(s, arrays.float64(valid))
         out["seq_sum"] = by_step(s, arrays.where(valid, per_row, 0.0))
-        out["seq_max"] = by_step(s, arrays.where(valid, per_row, -math.inf), "max")
-        out["seq_min"] = by_step(s, arrays.where(valid, per_row, math.inf), "min")
+        out["seq_max"], out["seq_min"] = valid_extremes(s, per_row, valid)
         return out
 
     def _finalize(self, state: State) -> dict[str, float]:

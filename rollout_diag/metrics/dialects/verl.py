@@ -20,27 +20,15 @@ import numpy as np
 
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
-from rollout_diag.engine.formulas import clamp20, row_mean
 from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import Columns, KeyGroup, StepAccumulator
 from rollout_diag.metrics.debug import DebugAccumulator
-from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step
-from rollout_diag.metrics.offpolicy import OffPolicyAccumulator
+from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, valid_extremes
+from rollout_diag.metrics.offpolicy import ROW_VALUES, OffPolicyAccumulator, row_values
 from rollout_diag.results import MetricColumns
 
 VALID = "@valid_rows"
-# verl's row-mean metrics (METRICS.md §1) that an empty row dilutes, as (name, value of row i from R_i[a], R_i[r]).
-ROW_METRICS = (
-    "training_ppl",
-    "training_log_ppl",
-    "rollout_ppl",
-    "rollout_log_ppl",
-    "log_ppl_diff",
-    "log_ppl_abs_diff",
-    "ppl_ratio",
-    "chi2_seq",
-)
 
 
 class ValidRowsAccumulator(StepAccumulator):
@@ -48,40 +36,26 @@ class ValidRowsAccumulator(StepAccumulator):
 
     REDUCTIONS: ClassVar[dict[str, str]] = {
         "valid_rows": "sum",
-        **{name: "sum" for name in ROW_METRICS},
+        **{name: "sum" for name in ROW_VALUES},
         "log_ppl_diff_max": "max",
         "log_ppl_diff_min": "min",
     }
 
     def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)
-        n = s.row_count
-        valid = n > 0
+        valid = s.row_count > 0
         weight = arrays.float64(valid)
-        mean_trainer = row_mean(s.row_sum("trainer"), n)  # R_i[a], exactly as OffPolicyAccumulator
-        mean_rollout = row_mean(s.row_sum("rollout"), n)
-        diff = mean_rollout - mean_trainer  # d_i = R_i[r] − R_i[a]
-        per_row = {
-            "training_ppl": arrays.exp(-mean_trainer),
-            "training_log_ppl": -mean_trainer,
-            "rollout_ppl": arrays.exp(-mean_rollout),
-            "rollout_log_ppl": -mean_rollout,
-            "log_ppl_diff": diff,
-            "log_ppl_abs_diff": abs(diff),
-            "ppl_ratio": arrays.exp(diff),
-            "chi2_seq": arrays.exp(2.0 * clamp20(s.row_sum("log_ratio"))),
-        }
+        per_row = row_values(s)  # exactly as OffPolicyAccumulator: R_i[a], R_i[r], d_i = R_i[r] − R_i[a], …
         out = {name: by_step(s, values * weight) for name, values in per_row.items()}
         out["valid_rows"] = by_step(s, weight)
-        out["log_ppl_diff_max"] = by_step(s, arrays.where(valid, diff, -math.inf), "max")
-        out["log_ppl_diff_min"] = by_step(s, arrays.where(valid, diff, math.inf), "min")
+        out["log_ppl_diff_max"], out["log_ppl_diff_min"] = valid_extremes(s, per_row["log_ppl_diff"], valid)
         return out
 
     def finalize_block(self, columns: Columns) -> list[KeyGroup]:
         """The family's metrics over a block of steps: its one formula (the run is a block of one, ``_finalize``)."""
         rows = columns["valid_rows"]
         with np.errstate(divide="ignore", invalid="ignore"):
-            out = {f"rollout_corr/{name}{VALID}": columns[name] / rows for name in ROW_METRICS}
+            out = {f"rollout_corr/{name}{VALID}": columns[name] / rows for name in ROW_VALUES}
             out[f"rollout_corr/chi2_seq{VALID}"] = out[f"rollout_corr/chi2_seq{VALID}"] - 1.0
         out[f"rollout_corr/log_ppl_diff_max{VALID}"] = columns["log_ppl_diff_max"]
         out[f"rollout_corr/log_ppl_diff_min{VALID}"] = columns["log_ppl_diff_min"]
@@ -152,7 +126,7 @@ def _has_tokens(values: dict[str, float]) -> bool:
 def dilution(run: dict[str, float]) -> tuple[str, float, float] | None:
     """(metric, verl's value, valid-rows value) of the row mean the empty rows moved most, relatively."""
     moved = []
-    for index, name in enumerate((*ROW_METRICS, "log_ppl_diff_max", "log_ppl_diff_min")):
+    for index, name in enumerate((*ROW_VALUES, "log_ppl_diff_max", "log_ppl_diff_min")):
         verl_value, valid_value = run.get(f"rollout_corr/{name}"), run.get(f"rollout_corr/{name}{VALID}")
         if verl_value is None or valid_value is None or not math.isfinite(verl_value - valid_value):
             continue
