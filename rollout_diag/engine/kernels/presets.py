@@ -253,6 +253,19 @@ def _moved_gates(delta: float, p: float, q: float, lc8: float, logs: np.ndarray,
 
 
 @njit(**{**_FLAGS, "inline": "always"})
+def _copy_gates(
+    source: np.ndarray, source_row: int, start: int, target: np.ndarray, target_row: int, at: int, size: int
+) -> None:
+    """Copies the three gates of ``size`` tokens: rows ``source_row`` + 0, 1, 2 of ``source`` from column ``start``
+    to rows ``target_row`` + 0, 1, 2 of ``target`` from column ``at`` (``bases``' rows KPOP, BKL, TV to or from a
+    [3, M] array of them)."""
+    for gate in range(3):
+        for k in range(size):
+            i = uint64(k)
+            target[target_row + gate, uint64(at) + i] = source[source_row + gate, uint64(start) + i]
+
+
+@njit(**{**_FLAGS, "inline": "always"})
 def _needed(codes: np.ndarray) -> np.ndarray:
     """Which base quantities (KINDS) the derived quantities ``codes`` read."""
     needed = np.zeros(BASES, np.bool_)
@@ -469,6 +482,7 @@ def preset_pass(
     extremes: np.ndarray,
     edges: np.ndarray,
     table: np.ndarray,
+    kept: np.ndarray,
 ):
     """Every derived quantity q (``codes[q]`` = (kind, op), ``bounds[q]`` = (L, U)) of every segment's tokens, each
     token read once: per segment the sum (numpy reduceat's order), the maximum and the minimum (float64 [Q, S] each;
@@ -479,9 +493,12 @@ def preset_pass(
     ``weight``: numpy's exp(c) at each model token (index ``model[s] + k``), or empty when no quantity reads w or k3;
     ``gates``: ``gate_inputs`` (``NO_GATES`` when no quantity reads a gate). Per segment the base
     quantities are laid out once, then each quantity's op runs over them in its own loop (the op is chosen once per
-    segment, not per token)."""
+    segment, not per token). ``kept``: float64 [3, M] (empty: none), where the pass copies the three gates of every
+    model token (index ``model[s] + k``) for ``centred_pass``, which then reads them rather than laying them out
+    again."""
     quantities = codes.shape[0]
     segments = raw.shape[0]
+    keep = kept.shape[1] > 0
     sums = np.empty((quantities, segments))
     maxima = np.empty((quantities, segments))
     minima = np.empty((quantities, segments))
@@ -496,13 +513,15 @@ def preset_pass(
     counts = np.zeros((groups, 2 * edges.shape[0]), np.int64)
     gate_histogram = histogram and gates[0].shape[0] == trainer.shape[0]
     gate_counts = np.zeros((groups, 3 * edges.shape[0] if gate_histogram else 0), np.int64)
-    if gate_histogram:  # every gate's histogram: all three laid out
+    if gate_histogram or keep:  # every gate's histogram (or the kept gates): all three laid out
         needed[KPOP] = needed[BKL] = needed[TV] = True
     bits = bases.view(np.int64)
     padded, first = _padded(edges)
     for s in range(segments):
         size = length[s]
         _fill_bases(trainer, rollout, weight, gates, raw[s], model[s], size, needed, bases)
+        if keep:
+            _copy_gates(bases, KPOP, 0, kept, 0, model[s], size)
         if histogram:
             _count_signed_bins(bases[1], size, padded, table, counts[segment_group[s]])
         if gate_histogram:
@@ -575,12 +594,14 @@ def centred_pass(
     codes: np.ndarray,
     bounds: np.ndarray,
     means: np.ndarray,
+    kept: np.ndarray,
 ):
     """Σ (x − mean)² per step group of each derived quantity (float64 [G, Q]), the group's ``means`` [G, Q] taken
     first (the torch engine's two passes: a constant quantity gives exactly 0). Each group's sum adds its tokens
     one by one in token order, whatever the segments. Four quantities' sums run side by side (independent chains),
     each token's derived value computed where it is added (no array of values); only the base quantities the
-    quantities read are laid out, and w, when it is all they read, is read where it lies."""
+    quantities read are laid out, and w, when it is all they read, is read where it lies; the gates, where ``kept``
+    holds them (``preset_pass``' copy, float64 [3, M]; empty: none), are copied from it, not computed again."""
     quantities = codes.shape[0]
     out = np.zeros(means.shape)
     longest = 1
@@ -590,11 +611,16 @@ def centred_pass(
     weight_only = weight.shape[0] > 0
     for kind in range(BASES):
         weight_only = weight_only and (kind == 2 or not needed[kind])
+    copy_gates = kept.shape[1] > 0 and (needed[KPOP] or needed[BKL] or needed[TV])
+    if copy_gates:  # read from the copy, not laid out (after weight_only: a gate is a base the quantities read)
+        needed[KPOP] = needed[BKL] = needed[TV] = False
     bases = np.empty((BASES, 1 if weight_only else longest))
     for s in range(raw.shape[0]):
         g, size, first = segment_group[s], length[s], model[s]
         if not weight_only:
             _fill_bases(trainer, rollout, weight, gates, raw[s], first, size, needed, bases)
+            if copy_gates:
+                _copy_gates(kept, 0, first, bases, KPOP, 0, size)
         for lane in range(0, quantities, 4):
             count = min(4, quantities - lane)
             q0, q1, q2, q3 = lane, lane + min(1, count - 1), lane + min(2, count - 1), lane + min(3, count - 1)
@@ -644,9 +670,9 @@ SIGNATURES: dict[str, tuple[tuple[types.Type, ...], ...]] = {
     "gate_arguments": ((_F, _F, _I, _I, _I),),
     "gate_tokens": ((_F, _F, _I, _I, _I, _GATES, _I, types.int64, _F, _I),),
     "preset_pass": (
-        (_F, _F, _F, _GATES, _I, _I, _I, _I, types.int64, _c(types.int64, 2), _F2, _c(types.boolean), _F, _I),
+        (_F, _F, _F, _GATES, _I, _I, _I, _I, types.int64, _c(types.int64, 2), _F2, _c(types.boolean), _F, _I, _F2),
     ),
-    "centred_pass": ((_F, _F, _F, _GATES, _I, _I, _I, _I, _c(types.int64, 2), _F2, _F2),),
+    "centred_pass": ((_F, _F, _F, _GATES, _I, _I, _I, _I, _c(types.int64, 2), _F2, _F2, _F2),),
 }
 
 
@@ -676,6 +702,8 @@ def _host_size_class(n: int) -> int:
 
 # The gates' inputs where no quantity reads a gate (``preset_pass``, ``centred_pass``).
 NO_GATES = (np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0, np.int64), np.zeros((3, 0)))
+# No kept gates (``preset_pass``, ``centred_pass``): the centred pass reads none.
+NO_KEPT = np.zeros((3, 0))
 
 
 def compile_signatures() -> None:
