@@ -949,7 +949,7 @@ class KernelStats(ChunkStats):
         # the gates the centred pass reads are kept from this pass, not laid out again there
         kept = kernels.NO_KEPT
         if any(quantities[index].base in GATE_BASES for index in centred):
-            kept = np.empty((3, int((model + length).max(initial=0))))
+            kept = kernels.kept_gates(int((model + length).max(initial=0)))
         sums, maxima, minima, counts, gate_counts = kernels.preset_pass(
             trainer, rollout, weight, gates, raw, model, length, segment_group, groups, codes, bounds, extremes, edges,
             table, kept,

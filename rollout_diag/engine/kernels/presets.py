@@ -18,6 +18,7 @@ the engines' formula (``metrics.sweep.exact_bin_edges``), not from a log10 of ou
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Any
 
 import numpy as np
@@ -704,6 +705,18 @@ def _host_size_class(n: int) -> int:
 NO_GATES = (np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0, np.int64), np.zeros((3, 0)))
 # No kept gates (``preset_pass``, ``centred_pass``): the centred pass reads none.
 NO_KEPT = np.zeros((3, 0))
+_SCRATCH = threading.local()  # each thread's buffer for ``kept_gates``
+
+
+def kept_gates(total: int) -> np.ndarray:
+    """A float64 [3, total] array (C order) for ``preset_pass``' copy of the gates, which ``centred_pass`` reads in
+    the same call of ``KernelStats.prepare_derived``: the calling thread's buffer, reused from chunk to chunk (grown
+    to the largest chunk's size class, kept while the thread lives). A fresh array each chunk cost more in page
+    faults (system CPU) than laying the gates out again saves: +0.3 s of system CPU over 20 M tokens, measured."""
+    found: np.ndarray | None = getattr(_SCRATCH, "kept", None)
+    if found is None or found.shape[0] < 3 * total:
+        found = _SCRATCH.kept = np.empty(3 * _host_size_class(total))
+    return found[: 3 * total].reshape(3, total)
 
 
 def compile_signatures() -> None:
