@@ -254,16 +254,26 @@ def _moved_gates(delta: float, p: float, q: float, lc8: float, logs: np.ndarray,
 
 
 @njit(**{**_FLAGS, "inline": "always"})
-def _copy_gates(
-    source: np.ndarray, source_row: int, start: int, target: np.ndarray, target_row: int, at: int, size: int
-) -> None:
-    """Copies the three gates of ``size`` tokens: rows ``source_row`` + 0, 1, 2 of ``source`` from column ``start``
-    to rows ``target_row`` + 0, 1, 2 of ``target`` from column ``at`` (``bases``' rows KPOP, BKL, TV to or from a
-    [3, M] array of them)."""
+def _keep_gates(bases: np.ndarray, kept: np.ndarray, first: int, size: int) -> None:
+    """Copies the three gates of a segment's ``size`` tokens (``bases`` rows KPOP, BKL, TV) to ``kept`` [3, M] from
+    model index ``first``."""
     for gate in range(3):
         for k in range(size):
             i = uint64(k)
-            target[target_row + gate, uint64(at) + i] = source[source_row + gate, uint64(start) + i]
+            kept[gate, uint64(first) + i] = bases[KPOP + gate, i]
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _centred_row(
+    kind: int, bases: np.ndarray, weight: np.ndarray, kept: np.ndarray, first: int, size: int, direct: bool
+) -> np.ndarray:
+    """Where ``centred_pass`` reads base quantity ``kind`` of a segment's tokens (model index ``first + k``): a gate
+    from ``kept`` where it holds them, w where it lies when nothing is laid out (``direct``), else its ``bases`` row."""
+    if kind >= KPOP and kind <= TV and kept.shape[1] > 0:
+        return kept[kind - KPOP, first : first + size]
+    if direct:
+        return weight[first : first + size]
+    return bases[kind]
 
 
 @njit(**{**_FLAGS, "inline": "always"})
@@ -522,7 +532,7 @@ def preset_pass(
         size = length[s]
         _fill_bases(trainer, rollout, weight, gates, raw[s], model[s], size, needed, bases)
         if keep:
-            _copy_gates(bases, KPOP, 0, kept, 0, model[s], size)
+            _keep_gates(bases, kept, model[s], size)
         if histogram:
             _count_signed_bins(bases[1], size, padded, table, counts[segment_group[s]])
         if gate_histogram:
@@ -601,27 +611,25 @@ def centred_pass(
     first (the torch engine's two passes: a constant quantity gives exactly 0). Each group's sum adds its tokens
     one by one in token order, whatever the segments. Four quantities' sums run side by side (independent chains),
     each token's derived value computed where it is added (no array of values); only the base quantities the
-    quantities read are laid out, and w, when it is all they read, is read where it lies; the gates, where ``kept``
-    holds them (``preset_pass``' copy, float64 [3, M]; empty: none), are copied from it, not computed again."""
+    quantities read are laid out; w, when the rest they read lies elsewhere, is read where it lies, and so are the
+    gates where ``kept`` holds them (``preset_pass``' copy, float64 [3, M]; empty: none): not computed again."""
     quantities = codes.shape[0]
     out = np.zeros(means.shape)
     longest = 1
     for s in range(raw.shape[0]):
         longest = max(longest, length[s])
     needed = _needed(codes)
-    weight_only = weight.shape[0] > 0
-    for kind in range(BASES):
-        weight_only = weight_only and (kind == 2 or not needed[kind])
-    copy_gates = kept.shape[1] > 0 and (needed[KPOP] or needed[BKL] or needed[TV])
-    if copy_gates:  # read from the copy, not laid out (after weight_only: a gate is a base the quantities read)
+    has_kept = kept.shape[1] > 0
+    if has_kept:  # the gates are read from the copy, not laid out
         needed[KPOP] = needed[BKL] = needed[TV] = False
-    bases = np.empty((BASES, 1 if weight_only else longest))
+    direct = weight.shape[0] > 0  # nothing to lay out: w and any gates read where they lie
+    for kind in range(BASES):
+        direct = direct and (kind == 2 or not needed[kind])
+    bases = np.empty((BASES, 1 if direct else longest))
     for s in range(raw.shape[0]):
         g, size, first = segment_group[s], length[s], model[s]
-        if not weight_only:
+        if not direct:
             _fill_bases(trainer, rollout, weight, gates, raw[s], first, size, needed, bases)
-            if copy_gates:
-                _copy_gates(kept, 0, first, bases, KPOP, 0, size)
         for lane in range(0, quantities, 4):
             count = min(4, quantities - lane)
             q0, q1, q2, q3 = lane, lane + min(1, count - 1), lane + min(2, count - 1), lane + min(3, count - 1)
@@ -630,15 +638,10 @@ def centred_pass(
             u0, u1, u2, u3 = bounds[q0, 1], bounds[q1, 1], bounds[q2, 1], bounds[q3, 1]
             m0, m1, m2, m3 = means[g, q0], means[g, q1], means[g, q2], means[g, q3]
             t0, t1, t2, t3 = out[g, q0], out[g, q1], out[g, q2], out[g, q3]
-            if weight_only:
-                row0 = row1 = row2 = row3 = weight[first : first + size]
-            else:
-                row0, row1, row2, row3 = (
-                    bases[codes[q0, 0]],
-                    bases[codes[q1, 0]],
-                    bases[codes[q2, 0]],
-                    bases[codes[q3, 0]],
-                )
+            row0 = _centred_row(codes[q0, 0], bases, weight, kept, first, size, direct)
+            row1 = _centred_row(codes[q1, 0], bases, weight, kept, first, size, direct)
+            row2 = _centred_row(codes[q2, 0], bases, weight, kept, first, size, direct)
+            row3 = _centred_row(codes[q3, 0], bases, weight, kept, first, size, direct)
             for k in range(size):
                 i = uint64(k)
                 c0 = _derived(o0, l0, u0, row0[i]) - m0
