@@ -945,14 +945,9 @@ class KernelStats(ChunkStats):
         edges, table = (np.zeros(0), np.zeros(0, np.int64)) if histogram is None else histogram[1:]
         # a quantity asked for its moments only needs no extremes (one read anyway is reduced as the torch engine does)
         extremes = np.array([name in named for name in wanted], dtype=np.bool_)
-        centred = [index for index, name in enumerate(wanted) if name in moment_names]
-        # the gates the centred pass reads are kept from this pass, not laid out again there
-        kept = kernels.NO_KEPT
-        if any(quantities[index].base in GATE_BASES for index in centred):
-            kept = kernels.kept_gates(int((model + length).max(initial=0)))
         sums, maxima, minima, counts, gate_counts = kernels.preset_pass(
             trainer, rollout, weight, gates, raw, model, length, segment_group, groups, codes, bounds, extremes, edges,
-            table, kept,
+            table,
         )  # fmt: skip
         if histogram is not None:
             self.memo(histogram[0], lambda: counts)
@@ -963,6 +958,7 @@ class KernelStats(ChunkStats):
             if extremes[index]:
                 self._maxima[name] = self._out(maxima[index])
                 self._minima[name] = self._out(minima[index])
+        centred = [index for index, name in enumerate(wanted) if name in moment_names]
         if not centred:
             return
         # the torch engine's moments (ChunkStats.group_moments): group means from the sums by name, then centred squares
@@ -982,7 +978,6 @@ class KernelStats(ChunkStats):
                 codes[centred],
                 bounds[centred],
                 arrays.host(means),
-                kept,
             )
         )
         zeros = arrays.zeros(arrays.size(n), n)

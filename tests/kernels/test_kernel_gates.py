@@ -97,29 +97,3 @@ def test_the_gates_of_tokens_a_clamp_moves_come_from_their_own_logs():
     places = np.concatenate([np.arange(r, r + n) for r, n in zip(raw, lengths, strict=True)])
     expected = torch.stack(gate_values(torch.from_numpy(trainer[places]), torch.from_numpy(rollout[places]))).numpy()
     assert inputs[3].size > 0 and np.array_equal(found, expected)  # equal values: bit for bit but a zero's sign
-
-
-def test_the_preset_pass_keeps_the_gates_it_lays_out():
-    """The preset pass's copy of kpop, bkl, tv (``kept``, which the centred pass reads instead of laying the gates out
-    again) is gate_tokens' array bit for bit, at the model tokens' places."""
-    from rollout_diag.engine.kernels import presets as kernels
-
-    rng = np.random.default_rng(9)
-    lengths = rng.integers(1, 30, 40).astype(np.int64)
-    raw = np.concatenate([[0], np.cumsum(lengths + 2)[:-1]]).astype(np.int64)
-    model = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    size = int(raw[-1] + lengths[-1])
-    rollout = -rng.choice([0.0, 1e-9, 1e-7, 0.3, 2.0, 14.0, 19.0], size)
-    trainer = np.minimum(rollout + rng.choice([0.0, 1e-8, 0.5], size) * rng.normal(size=size), 0.0)
-    inputs = kernels.gate_inputs(trainer, rollout, raw, model, lengths)
-    one_group = np.zeros(40, np.int64)
-    expected, _ = kernels.gate_tokens(
-        trainer, rollout, raw, model, lengths, inputs, one_group, 1, np.zeros(0), np.zeros(0, np.int64)
-    )
-    kept = np.full((3, int((model + lengths).max())), np.nan)
-    codes = np.array([[kernels.KPOP, kernels.OPS["above"]]], np.int64)
-    kernels.preset_pass(
-        trainer, rollout, np.zeros(0), inputs, raw, model, lengths, one_group, 1, codes, np.array([[0.0, 2.0]]),
-        np.zeros(1, np.bool_), np.zeros(0), np.zeros(0, np.int64), kept,
-    )  # fmt: skip
-    assert np.array_equal(kept.view(np.int64), expected.view(np.int64))

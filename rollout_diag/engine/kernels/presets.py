@@ -18,7 +18,6 @@ the engines' formula (``metrics.sweep.exact_bin_edges``), not from a log10 of ou
 from __future__ import annotations
 
 import sys
-import threading
 from typing import Any
 
 import numpy as np
@@ -254,24 +253,10 @@ def _moved_gates(delta: float, p: float, q: float, lc8: float, logs: np.ndarray,
 
 
 @njit(**{**_FLAGS, "inline": "always"})
-def _keep_gates(bases: np.ndarray, kept: np.ndarray, first: int, size: int) -> None:
-    """Copies the three gates of a segment's ``size`` tokens (``bases`` rows KPOP, BKL, TV) to ``kept`` [3, M] from
-    model index ``first``."""
-    for gate in range(3):
-        for k in range(size):
-            i = uint64(k)
-            kept[gate, uint64(first) + i] = bases[KPOP + gate, i]
-
-
-@njit(**{**_FLAGS, "inline": "always"})
-def _centred_row(
-    kind: int, bases: np.ndarray, weight: np.ndarray, kept: np.ndarray, first: int, size: int, direct: bool
-) -> np.ndarray:
-    """Where ``centred_pass`` reads base quantity ``kind`` of a segment's tokens (model index ``first + k``): a gate
-    from ``kept`` where it holds them, w where it lies when nothing is laid out (``direct``), else its ``bases`` row."""
-    if kind >= KPOP and kind <= TV and kept.shape[1] > 0:
-        return kept[kind - KPOP, first : first + size]
-    if direct:
+def _centred_row(kind: int, bases: np.ndarray, weight: np.ndarray, first: int, size: int, light: bool) -> np.ndarray:
+    """Where ``centred_pass`` reads base quantity ``kind`` of a segment's tokens (model index ``first + k``): w where
+    it lies when it is not laid out (``light``), else the quantity's ``bases`` row."""
+    if light and kind == 2:
         return weight[first : first + size]
     return bases[kind]
 
@@ -493,7 +478,6 @@ def preset_pass(
     extremes: np.ndarray,
     edges: np.ndarray,
     table: np.ndarray,
-    kept: np.ndarray,
 ):
     """Every derived quantity q (``codes[q]`` = (kind, op), ``bounds[q]`` = (L, U)) of every segment's tokens, each
     token read once: per segment the sum (numpy reduceat's order), the maximum and the minimum (float64 [Q, S] each;
@@ -504,12 +488,9 @@ def preset_pass(
     ``weight``: numpy's exp(c) at each model token (index ``model[s] + k``), or empty when no quantity reads w or k3;
     ``gates``: ``gate_inputs`` (``NO_GATES`` when no quantity reads a gate). Per segment the base
     quantities are laid out once, then each quantity's op runs over them in its own loop (the op is chosen once per
-    segment, not per token). ``kept``: float64 [3, M] (empty: none), where the pass copies the three gates of every
-    model token (index ``model[s] + k``) for ``centred_pass``, which then reads them rather than laying them out
-    again."""
+    segment, not per token)."""
     quantities = codes.shape[0]
     segments = raw.shape[0]
-    keep = kept.shape[1] > 0
     sums = np.empty((quantities, segments))
     maxima = np.empty((quantities, segments))
     minima = np.empty((quantities, segments))
@@ -524,15 +505,13 @@ def preset_pass(
     counts = np.zeros((groups, 2 * edges.shape[0]), np.int64)
     gate_histogram = histogram and gates[0].shape[0] == trainer.shape[0]
     gate_counts = np.zeros((groups, 3 * edges.shape[0] if gate_histogram else 0), np.int64)
-    if gate_histogram or keep:  # every gate's histogram (or the kept gates): all three laid out
+    if gate_histogram:  # every gate's histogram: all three laid out
         needed[KPOP] = needed[BKL] = needed[TV] = True
     bits = bases.view(np.int64)
     padded, first = _padded(edges)
     for s in range(segments):
         size = length[s]
         _fill_bases(trainer, rollout, weight, gates, raw[s], model[s], size, needed, bases)
-        if keep:
-            _keep_gates(bases, kept, model[s], size)
         if histogram:
             _count_signed_bins(bases[1], size, padded, table, counts[segment_group[s]])
         if gate_histogram:
@@ -605,31 +584,34 @@ def centred_pass(
     codes: np.ndarray,
     bounds: np.ndarray,
     means: np.ndarray,
-    kept: np.ndarray,
 ):
     """Σ (x − mean)² per step group of each derived quantity (float64 [G, Q]), the group's ``means`` [G, Q] taken
     first (the torch engine's two passes: a constant quantity gives exactly 0). Each group's sum adds its tokens
     one by one in token order, whatever the segments. Four quantities' sums run side by side (independent chains),
     each token's derived value computed where it is added (no array of values); only the base quantities the
-    quantities read are laid out; w, when the rest they read lies elsewhere, is read where it lies, and so are the
-    gates where ``kept`` holds them (``preset_pass``' copy, float64 [3, M]; empty: none): not computed again."""
+    quantities read are laid out, and w is read where it lies when the rest they read is the gates (then δ and the
+    gates alone are laid out: ``compare-presets --preset all`` asks for the moments of w, clamp(kpop), clamp(tv))."""
     quantities = codes.shape[0]
     out = np.zeros(means.shape)
     longest = 1
     for s in range(raw.shape[0]):
         longest = max(longest, length[s])
     needed = _needed(codes)
-    has_kept = kept.shape[1] > 0
-    if has_kept:  # the gates are read from the copy, not laid out
-        needed[KPOP] = needed[BKL] = needed[TV] = False
-    direct = weight.shape[0] > 0  # nothing to lay out: w and any gates read where they lie
+    light = weight.shape[0] > 0  # w read where it lies: nothing but the gates (and their δ) laid out
     for kind in range(BASES):
-        direct = direct and (kind == 2 or not needed[kind])
-    bases = np.empty((BASES, 1 if direct else longest))
+        light = light and (kind == 2 or kind == KPOP or kind == BKL or kind == TV or not needed[kind])
+    gated = needed[KPOP] or needed[BKL] or needed[TV]
+    bases = np.empty((BASES, longest if gated or not light else 1))
     for s in range(raw.shape[0]):
         g, size, first = segment_group[s], length[s], model[s]
-        if not direct:
+        if not light:
             _fill_bases(trainer, rollout, weight, gates, raw[s], first, size, needed, bases)
+        elif gated:
+            start = uint64(raw[s])
+            for k in range(size):
+                i = uint64(k)
+                bases[0, i] = trainer[start + i] - rollout[start + i]
+            _fill_gates(trainer, rollout, gates, raw[s], first, size, bases)
         for lane in range(0, quantities, 4):
             count = min(4, quantities - lane)
             q0, q1, q2, q3 = lane, lane + min(1, count - 1), lane + min(2, count - 1), lane + min(3, count - 1)
@@ -638,10 +620,10 @@ def centred_pass(
             u0, u1, u2, u3 = bounds[q0, 1], bounds[q1, 1], bounds[q2, 1], bounds[q3, 1]
             m0, m1, m2, m3 = means[g, q0], means[g, q1], means[g, q2], means[g, q3]
             t0, t1, t2, t3 = out[g, q0], out[g, q1], out[g, q2], out[g, q3]
-            row0 = _centred_row(codes[q0, 0], bases, weight, kept, first, size, direct)
-            row1 = _centred_row(codes[q1, 0], bases, weight, kept, first, size, direct)
-            row2 = _centred_row(codes[q2, 0], bases, weight, kept, first, size, direct)
-            row3 = _centred_row(codes[q3, 0], bases, weight, kept, first, size, direct)
+            row0 = _centred_row(codes[q0, 0], bases, weight, first, size, light)
+            row1 = _centred_row(codes[q1, 0], bases, weight, first, size, light)
+            row2 = _centred_row(codes[q2, 0], bases, weight, first, size, light)
+            row3 = _centred_row(codes[q3, 0], bases, weight, first, size, light)
             for k in range(size):
                 i = uint64(k)
                 c0 = _derived(o0, l0, u0, row0[i]) - m0
@@ -674,9 +656,9 @@ SIGNATURES: dict[str, tuple[tuple[types.Type, ...], ...]] = {
     "gate_arguments": ((_F, _F, _I, _I, _I),),
     "gate_tokens": ((_F, _F, _I, _I, _I, _GATES, _I, types.int64, _F, _I),),
     "preset_pass": (
-        (_F, _F, _F, _GATES, _I, _I, _I, _I, types.int64, _c(types.int64, 2), _F2, _c(types.boolean), _F, _I, _F2),
+        (_F, _F, _F, _GATES, _I, _I, _I, _I, types.int64, _c(types.int64, 2), _F2, _c(types.boolean), _F, _I),
     ),
-    "centred_pass": ((_F, _F, _F, _GATES, _I, _I, _I, _I, _c(types.int64, 2), _F2, _F2, _F2),),
+    "centred_pass": ((_F, _F, _F, _GATES, _I, _I, _I, _I, _c(types.int64, 2), _F2, _F2),),
 }
 
 
@@ -706,20 +688,6 @@ def _host_size_class(n: int) -> int:
 
 # The gates' inputs where no quantity reads a gate (``preset_pass``, ``centred_pass``).
 NO_GATES = (np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0, np.int64), np.zeros((3, 0)))
-# No kept gates (``preset_pass``, ``centred_pass``): the centred pass reads none.
-NO_KEPT = np.zeros((3, 0))
-_SCRATCH = threading.local()  # each thread's buffer for ``kept_gates``
-
-
-def kept_gates(total: int) -> np.ndarray:
-    """A float64 [3, total] array (C order) for ``preset_pass``' copy of the gates, which ``centred_pass`` reads in
-    the same call of ``KernelStats.prepare_derived``: the calling thread's buffer, reused from chunk to chunk (grown
-    to the largest chunk's size class, kept while the thread lives). A fresh array each chunk cost more in page
-    faults (system CPU) than laying the gates out again saves: +0.3 s of system CPU over 20 M tokens, measured."""
-    found: np.ndarray | None = getattr(_SCRATCH, "kept", None)
-    if found is None or found.shape[0] < 3 * total:
-        found = _SCRATCH.kept = np.empty(3 * _host_size_class(total))
-    return found[: 3 * total].reshape(3, total)
 
 
 def compile_signatures() -> None:
