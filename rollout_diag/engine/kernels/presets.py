@@ -253,15 +253,6 @@ def _moved_gates(delta: float, p: float, q: float, lc8: float, logs: np.ndarray,
 
 
 @njit(**{**_FLAGS, "inline": "always"})
-def _centred_row(kind: int, bases: np.ndarray, weight: np.ndarray, first: int, size: int, light: bool) -> np.ndarray:
-    """Where ``centred_pass`` reads base quantity ``kind`` of a segment's tokens (model index ``first + k``): w where
-    it lies when it is not laid out (``light``), else the quantity's ``bases`` row."""
-    if light and kind == 2:
-        return weight[first : first + size]
-    return bases[kind]
-
-
-@njit(**{**_FLAGS, "inline": "always"})
 def _needed(codes: np.ndarray) -> np.ndarray:
     """Which base quantities (KINDS) the derived quantities ``codes`` read."""
     needed = np.zeros(BASES, np.bool_)
@@ -589,29 +580,21 @@ def centred_pass(
     first (the torch engine's two passes: a constant quantity gives exactly 0). Each group's sum adds its tokens
     one by one in token order, whatever the segments. Four quantities' sums run side by side (independent chains),
     each token's derived value computed where it is added (no array of values); only the base quantities the
-    quantities read are laid out, and w is read where it lies when the rest they read is the gates (then δ and the
-    gates alone are laid out: ``compare-presets --preset all`` asks for the moments of w, clamp(kpop), clamp(tv))."""
+    quantities read are laid out, and w, when it is all they read, is read where it lies."""
     quantities = codes.shape[0]
     out = np.zeros(means.shape)
     longest = 1
     for s in range(raw.shape[0]):
         longest = max(longest, length[s])
     needed = _needed(codes)
-    light = weight.shape[0] > 0  # w read where it lies: nothing but the gates (and their δ) laid out
+    weight_only = weight.shape[0] > 0
     for kind in range(BASES):
-        light = light and (kind == 2 or kind == KPOP or kind == BKL or kind == TV or not needed[kind])
-    gated = needed[KPOP] or needed[BKL] or needed[TV]
-    bases = np.empty((BASES, longest if gated or not light else 1))
+        weight_only = weight_only and (kind == 2 or not needed[kind])
+    bases = np.empty((BASES, 1 if weight_only else longest))
     for s in range(raw.shape[0]):
         g, size, first = segment_group[s], length[s], model[s]
-        if not light:
+        if not weight_only:
             _fill_bases(trainer, rollout, weight, gates, raw[s], first, size, needed, bases)
-        elif gated:
-            start = uint64(raw[s])
-            for k in range(size):
-                i = uint64(k)
-                bases[0, i] = trainer[start + i] - rollout[start + i]
-            _fill_gates(trainer, rollout, gates, raw[s], first, size, bases)
         for lane in range(0, quantities, 4):
             count = min(4, quantities - lane)
             q0, q1, q2, q3 = lane, lane + min(1, count - 1), lane + min(2, count - 1), lane + min(3, count - 1)
@@ -620,10 +603,15 @@ def centred_pass(
             u0, u1, u2, u3 = bounds[q0, 1], bounds[q1, 1], bounds[q2, 1], bounds[q3, 1]
             m0, m1, m2, m3 = means[g, q0], means[g, q1], means[g, q2], means[g, q3]
             t0, t1, t2, t3 = out[g, q0], out[g, q1], out[g, q2], out[g, q3]
-            row0 = _centred_row(codes[q0, 0], bases, weight, first, size, light)
-            row1 = _centred_row(codes[q1, 0], bases, weight, first, size, light)
-            row2 = _centred_row(codes[q2, 0], bases, weight, first, size, light)
-            row3 = _centred_row(codes[q3, 0], bases, weight, first, size, light)
+            if weight_only:
+                row0 = row1 = row2 = row3 = weight[first : first + size]
+            else:
+                row0, row1, row2, row3 = (
+                    bases[codes[q0, 0]],
+                    bases[codes[q1, 0]],
+                    bases[codes[q2, 0]],
+                    bases[codes[q3, 0]],
+                )
             for k in range(size):
                 i = uint64(k)
                 c0 = _derived(o0, l0, u0, row0[i]) - m0
