@@ -11,7 +11,7 @@ directory in a fresh process (median of --repeat; wall seconds include interpret
 of the same input. Peak RSS shows whether reading stays bounded (pickles and .pt hold a whole step).
 
 The JSON-lines importers (prime-rl, NeMo-RL) are also timed alone: every file read into the reader's
-canonical Arrow batches, by the fast path (the compiled scanner, kernels/jsonl.py) and by the
+canonical Arrow batches, by the fast path (the compiled scanner, io/jsonl/) and by the
 reference path (Python's json, line by line), in the same fresh process order; wall and CPU seconds of
 the reading loop only (imports excluded), M tokens/s and CPU ns per token.
 """

@@ -5,7 +5,7 @@ Two engines give the same metrics (tests/kernels/test_kernel.py requires 1e-12 r
 - ``numba``: the compiled CPU kernels of ``kernels/cpu.py``: one pass over a chunk's raw arrays builds its segments
   and every per-segment sum, maximum and minimum in registers. CPU only.
 - (``kernels/presets.py`` is the preset pass's compiled twin of ``engine/formulas.py``'s derived token quantities, and
-  ``io/jsonl.py`` the byte scanner of the JSON-lines importers: compiled CPU code, whatever the engine.)
+  ``io/jsonl/`` the byte scanner of the JSON-lines importers: compiled CPU code, whatever the engine.)
 - ``torch``: the device-generic engine of ``engine/stats.py`` (vectorised torch / numpy over token tensors);
   what runs on CUDA.
 - ``auto`` (default): numba for a chunk on the CPU, torch on a GPU. The commands whose families take numpy chunks

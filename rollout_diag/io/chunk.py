@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -48,6 +48,14 @@ class StepGroups:
     @property
     def count(self) -> int:
         return len(self.steps)
+
+
+class RowValues(Protocol):
+    """One value per row, read by row: a numpy array, a list, or io/decode.py's Arrow values."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, row: int, /) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -85,7 +93,7 @@ class Chunk:
     # Derived values shared by every accumulator that eats this chunk (see engine/stats.py).
     cache: dict = field(default_factory=dict, repr=False)
     # Per-row scalar columns no role takes (reward, advantage, …): column name -> R values (numpy array or list).
-    extra: Mapping[str, Sequence[Any]] = field(default_factory=dict)
+    extra: Mapping[str, RowValues] = field(default_factory=dict)
     # The engine of this chunk's token statistics ("numba" or "torch"), as the reader chose it for the whole input
     # (rollout_diag.engine.choice.kernel_for); None: the process's setting decides from the device alone.
     engine: str | None = None

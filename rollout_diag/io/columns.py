@@ -99,6 +99,7 @@ def resolve_columns(
     names: dict[str, str] = {}
     from_partition: set[str] = set()
     for role, candidates in ROLE_CANDIDATES.items():
+        column: tuple[str, bool] | None
         if role in overrides:
             column = _overridden(file, role, overrides[role], present, partition)
         else:
@@ -159,7 +160,8 @@ def parquet_options(schema: pa.Schema, compression: str) -> dict[str, Any]:
     What ``DumpWriter`` and ``convert`` write."""
     import pyarrow as pa  # the caller has it loaded: this module loads no pyarrow
 
-    floats, others = [], []
+    floats: list[str] = []
+    others: list[str] = []
     for field in schema:
         nested = pa.types.is_list(field.type) or pa.types.is_large_list(field.type)
         leaf = field.type.value_type if nested else field.type

@@ -146,7 +146,7 @@ def convert(
     if partition is not None and partition not in PARTITIONS:
         raise ConfigError(f"{option_name('partition')}={partition}: only 'step' is supported.")
     output = Path(output)
-    paths = [str(inputs)] if isinstance(inputs, (str, Path)) else list(inputs)
+    paths = [str(inputs)] if isinstance(inputs, (str, Path)) else [str(path) for path in inputs]
     _check_output(output, paths, overwrite)
     reader = DumpReader(
         paths,

@@ -8,7 +8,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 import numpy as np
 import pyarrow as pa
@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from rollout_diag.errors import ColumnError, DataError, InputError, where
 from rollout_diag.io.columns import TOKEN_SIDE_ROLES
-from rollout_diag.io.formats.base import SKIP_COLUMN, SKIP_REASON
+from rollout_diag.io.formats.base import SKIP_COLUMN, SKIP_REASON, ParquetSource
 from rollout_diag.io.opening import OpenFile, column_names, decoded, numeric_type, one_line
 from rollout_diag.io.readlog import ReadLog
 from rollout_diag.results import SkippedRow
@@ -66,9 +66,10 @@ def may_hold(opened: OpenFile, group: pq.RowGroupMetaData, role: str, value: int
         if statistics is None or not statistics.has_min_max:
             return True
         low, high = statistics.min, statistics.max
-        if isinstance(low, bytes | str) and isinstance(high, bytes | str):
-            text = str(value).encode() if isinstance(low, bytes) else str(value)
-            return low <= text <= high
+        if isinstance(low, bytes) and isinstance(high, bytes):
+            return low <= str(value).encode() <= high
+        if isinstance(low, str) and isinstance(high, str):
+            return low <= str(value) <= high
         if isinstance(low, int) and isinstance(high, int):
             try:
                 number = int(value)
@@ -299,7 +300,7 @@ class _Skipped:
         self.keep = keep
         self.rows: list[SkippedRow] = []
 
-    def add(self, row: int, column: str, reason: str) -> None:
+    def add(self, row: int | np.integer, column: str, reason: str) -> None:
         self.keep[row] = False
         self.rows.append(SkippedRow(self.path, self.first_row + int(row), column, reason))
 
@@ -402,6 +403,8 @@ def _token_list(opened: OpenFile, batch: pa.RecordBatch, role: str, lengths: np.
 
 
 def _estimate_tokens_per_row(opened: OpenFile) -> float:
+    if not isinstance(opened.parquet, ParquetSource):  # a trainer format's rows: no column statistics
+        return 256.0
     metadata = opened.parquet.metadata
     if metadata.num_rows == 0 or metadata.num_row_groups == 0:
         return 256.0
@@ -556,7 +559,8 @@ def _token_block(
             return None
         return _flat_numpy(table.column(name).combine_chunks())
 
-    trainer, rollout, mask = column("trainer"), column("rollout"), column("mask")
+    trainer, rollout = (_flat_numpy(table.column(names[role]).combine_chunks()) for role in ("trainer", "rollout"))
+    mask = column("mask")
     token_ids = column("token_ids")
     side = {role: values for role in TOKEN_SIDE_ROLES if (values := column(role)) is not None}
     text = None
@@ -632,6 +636,14 @@ def drop_rows(block: Block, rows: np.ndarray) -> Block:
 
 def _take(values: ExtraColumn, rows: np.ndarray) -> ExtraColumn:
     return values[rows] if isinstance(values, np.ndarray) else values.take(rows)
+
+
+@overload
+def _as_ids(values: np.ndarray) -> np.ndarray: ...
+
+
+@overload
+def _as_ids(values: None) -> None: ...
 
 
 def _as_ids(values: np.ndarray | None) -> np.ndarray | None:

@@ -8,8 +8,12 @@ The reading is split by job, each in its own module:
   columns plus ``sample_id``; consecutive tokens of one (step, sample_id) form a sequence);
 - ``io/validate.py`` skips and records the rows a metric must not see;
 - ``io/readlog.py`` keeps what a read saw (skipped rows, warnings), mergeable across workers;
-- here, blocks become device chunks (``io/chunk.py``), prefetched on a reader thread; small files are decoded ahead
-  on a few threads, and small blocks (of one file or the next ones) join into one chunk.
+- ``io/packing.py`` holds a validated block and packs it into a chunk's arrays (``io/chunk.py``), numpy or torch;
+- ``io/joining.py`` joins small blocks (of one file or the next ones) into one chunk;
+- ``io/readahead.py`` runs the reading on a thread of its own (and before torch is loaded) and prepares chunks on a
+  pool of threads;
+- here, ``DumpReader``: the inputs opened up front, the row groups planned across workers, the blocks decoded (small
+  files ahead, on a few threads), validated and built into chunks.
 
 Memory: one record batch per file at a time (a row group is decoded at once by Parquet), plus at most
 ``prefetch`` decoded blocks waiting and two chunks' worth of small files decoded ahead; nothing is kept across
@@ -18,16 +22,13 @@ chunks but small counters.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import queue
-import threading
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from numbers import Integral
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import pyarrow as pa
@@ -35,11 +36,9 @@ import pyarrow as pa
 from rollout_diag.cores import available_cores
 from rollout_diag.engine.arrays import device_kind, device_name
 from rollout_diag.errors import ColumnError, ConfigError, InputError, RolloutDiagError, option_name
-from rollout_diag.io import prompts, storage
+from rollout_diag.io import storage
 from rollout_diag.io.decode import (
-    MAX_BLOCK_STEPS,
     Block,
-    ExtraColumn,
     may_hold,
     read_sequences,
     read_tokens,
@@ -47,6 +46,7 @@ from rollout_diag.io.decode import (
 )
 from rollout_diag.io.formats import PARQUET, DumpInputs, input_options, resolve
 from rollout_diag.io.formats.base import ParquetSource
+from rollout_diag.io.joining import Joiner
 from rollout_diag.io.opening import (
     OpenFile,
     describe_columns,
@@ -58,16 +58,27 @@ from rollout_diag.io.opening import (
     one_line,
     open_input,
 )
+from rollout_diag.io.packing import (
+    Valid,
+    chunk_extra,
+    is_narrow,
+    numpy_columns,
+    prompt_keys,
+    prompt_nulls,
+    scanned_values,
+    tensor_columns,
+    text_lookup,
+)
+from rollout_diag.io.readahead import ReadAhead, prefetched, prepared
 from rollout_diag.io.readlog import ZERO_ROLLOUT_TRAINER_BELOW, ReadLog, row_keys
 from rollout_diag.io.sources import Source
-from rollout_diag.io.validate import MAX_POSITIVE_LOGPROB, count_fills, validate_block
+from rollout_diag.io.validate import count_fills, validate_block
 from rollout_diag.memory import collect_from_here
 from rollout_diag.paths import names_file
 
 if TYPE_CHECKING:  # torch is imported when the first chunk is built: opening files and their errors come first
     import torch
 
-    from rollout_diag.engine.kernels.prepass import KernelPrepass
     from rollout_diag.io.chunk import Chunk
 
 # ~1M tokens: 8 MB per float64 quantity. Each chunk costs the families a fixed few ms of bookkeeping: against 512K,
@@ -78,7 +89,7 @@ DEFAULT_CHUNK_TOKENS = 1 << 20
 
 
 # --------------------------------------------------------------------------------------- the reader
-def checked_chunk_tokens(chunk_tokens: Any) -> int:
+def checked_chunk_tokens(chunk_tokens: object) -> int:
     """``chunk_tokens`` as an int; raises ConfigError unless it is a positive whole number."""
     if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, Integral) or chunk_tokens < 1:
         raise ConfigError(f"{option_name('chunk_tokens')}={chunk_tokens}: must be a positive whole number of tokens.")
@@ -112,17 +123,19 @@ class DumpReader:
         self.chunk_tokens = chunk_tokens
         self.overrides = dict(columns or {})
         self.parts = None if parts is None else {path: set(groups) for path, groups in parts.items()}
-        self._ahead: _ReadAhead | None = None  # the reading started before torch was loaded (read_ahead)
+        self._ahead: ReadAhead | None = None  # the reading started before torch was loaded (read_ahead)
         self.log = ReadLog()
         # Called per record batch with (batch, steps) -> bool per row: the rows to read (rollout_diag/selection.py).
         self.selection: Callable[[pa.RecordBatch | pa.Table, np.ndarray], np.ndarray] | None = None
-        given: list[Any] = [inputs] if isinstance(inputs, str) else list(inputs)  # names, or Sources resolved before
+        given: Sequence[str] | Sequence[Source] = [inputs] if isinstance(inputs, str) else inputs  # or Sources resolved
+        resolved = [item for item in given if isinstance(item, Source)]
         self.sources: list[Source]
-        if given and all(isinstance(item, Source) for item in given):
-            self.sources = given
+        if given and len(resolved) == len(given):
+            self.sources = resolved
             self.log.format = input_format or carried_format or PARQUET
-        else:
-            self.log.format, self.sources = resolve(given, input_format or carried_format, self.log.warnings)
+        else:  # names (the signature's other kind)
+            names = cast("Sequence[str]", given)
+            self.log.format, self.sources = resolve(names, input_format or carried_format, self.log.warnings)
         self.files = self._open_sources(given)
         first = self.files[0]
         self.log.files = [f.source.path for f in self.files]
@@ -156,7 +169,7 @@ class DumpReader:
         self.log.warnings.extend(extra_cap_warnings(self.files))
         self.log.warnings.extend(float16_warnings(self.files))
 
-    def _open_sources(self, given: Sequence[Any]) -> list[OpenFile]:
+    def _open_sources(self, given: Sequence[str | Source]) -> list[OpenFile]:
         """Open every source. A Parquet file found in a directory or by a glob that has none of a dump's per-token
         columns (training statistics beside the run) is left out with a warning naming it; a file named on its own,
         or one with some of those columns but not all, is an error."""
@@ -331,7 +344,7 @@ class DumpReader:
         selection, no parts)."""
         if self._ahead is None:
             self._not_reading_yet("read ahead")
-            self._ahead = _ReadAhead(self, max(1, depth))
+            self._ahead = ReadAhead(self, max(1, depth))
 
     @property
     def reads_ahead(self) -> bool:
@@ -377,22 +390,22 @@ class DumpReader:
         if ahead is not None:
             workers = _prepare_workers()
             built = ahead.handover(device, engine, kind, max(prefetch, workers, 1))
-            yield from built if prepare is None else _prepared(built, prepare, workers)
+            yield from built if prepare is None else prepared(built, prepare, workers)
         elif prefetch <= 0:
             yield from self._built_chunks(device, engine, kind, prepare)
         elif prepare is None:
-            yield from _prefetched(self._built_chunks(device, engine, kind, None), prefetch)
+            yield from prefetched(self._built_chunks(device, engine, kind, None), prefetch)
         else:
             workers = _prepare_workers() if self.parts is None else 1
-            built = _prefetched(self._built_chunks(device, engine, kind, None), max(prefetch, workers))
-            yield from _prepared(built, prepare, workers)
+            built = prefetched(self._built_chunks(device, engine, kind, None), max(prefetch, workers))
+            yield from prepared(built, prepare, workers)
         if self.parts is None:  # the whole input was read here (a worker's part is finished by the driver)
             self.log.finish()
 
     def _built_chunks(
         self, device: str, engine: str, kind: str, prepare: Callable[[Chunk], None] | None
     ) -> Iterator[tuple[Chunk, int]]:
-        joiner = _Joiner(self.chunk_tokens)
+        joiner = Joiner(self.chunk_tokens)
         for item in itertools.chain(self.decoded_blocks(), [None]):  # None: the end, where the joiner flushes
             if item is None:
                 ready = joiner.flush()
@@ -471,7 +484,7 @@ class DumpReader:
         """``opened``'s (block, file rows), decoded with ``reading``'s options into its log."""
         decode = read_sequences if opened.layout == "sequence" else read_tokens
         try:
-            yield from decode(opened, reading)  # type: ignore[arg-type]  # _Apart has what decoding reads
+            yield from decode(opened, reading)
         except (UnicodeDecodeError, pa.ArrowException, OSError) as exc:
             if isinstance(exc, OSError) and storage.is_remote(opened.source.path):  # the network, not the file
                 raise storage.failure(opened.source.path, exc) from exc
@@ -482,10 +495,10 @@ class DumpReader:
         finally:
             opened.parquet.close()  # its descriptor and last row group's buffers (io/formats/base.ParquetSource)
 
-    def validated(self, block: Block, device_type: str, engine: str) -> _Valid | None:
+    def validated(self, block: Block, device_type: str, engine: str) -> Valid | None:
         """The block validated (bad rows recorded and dropped; None when none is left), with the numba engine's
         scanned arrays on the CPU: numpy only, so the reader can do it before torch is loaded."""
-        scanned = None if block.skipped or engine != "numba" else _scanned(block, device_type)
+        scanned = None if block.skipped or engine != "numba" else scanned_values(block, device_type)
         if scanned is None:  # the exact check, which finds and records the bad rows
             checked = validate_block(block, self.log, self.strict)
             if checked is None:
@@ -502,25 +515,25 @@ class DumpReader:
             found = count_fills(block, role, values, block.mask if scanned is None else None)
             if found is not None:
                 self.log.add_fills(block.file, role, found)
-        prompt_nulls = _prompt_nulls(block)
-        if prompt_nulls:
-            self.log.prompt_nulls[block.file] = self.log.prompt_nulls.get(block.file, 0) + prompt_nulls
+        nulls = prompt_nulls(block)
+        if nulls:
+            self.log.prompt_nulls[block.file] = self.log.prompt_nulls.get(block.file, 0) + nulls
         if has_ids:
             self.log.row_keys.append(row_keys(block.step, block.sample_id))
             self.log.row_places.append(np.stack([np.full(len(block.file_row), file_index), block.file_row], axis=1))
         offsets = np.zeros(len(block.lengths) + 1, dtype=np.int64)
         np.cumsum(block.lengths, out=offsets[1:])
-        return _Valid(block, offsets, scanned, float32=_narrow(block))
+        return Valid(block, offsets, scanned, float32=is_narrow(block))
 
-    def built_chunk(self, valid: _Valid, device: str, engine: str, kind: str) -> Chunk:
+    def built_chunk(self, valid: Valid, device: str, engine: str, kind: str) -> Chunk:
         """The validated block as a Chunk of ``kind`` arrays: ``numpy`` (the numba engine's, torch not loaded) or
         ``torch`` tensors on ``device``."""
         from rollout_diag.io.chunk import Chunk
 
         block, offsets = valid.block, valid.offsets
-        columns = _numpy_columns(valid) if kind == "numpy" else _tensor_columns(valid, device)
+        columns = numpy_columns(valid) if kind == "numpy" else tensor_columns(valid, device)
         text = block.token_text
-        prompt_key, prompt_source = _prompt_keys(valid)
+        prompt_key, prompt_source = prompt_keys(valid)
         return Chunk(
             **columns,
             prompt_key=prompt_key,
@@ -528,258 +541,12 @@ class DumpReader:
             sample_id=block.sample_id,
             file=[block.file] * len(block.lengths) if valid.files is None else valid.files,
             file_row=block.file_row.tolist(),
-            token_text=None if text is None else _text_lookup(text, offsets),
-            extra=_chunk_extra(block),
+            token_text=None if text is None else text_lookup(text, offsets),
+            extra=chunk_extra(block),
             engine=engine,
             prepass=valid.prepass if engine == "numba" else None,
             float32=valid.float32,
         )
-
-
-def _narrow(block: Block) -> bool:
-    """Whether either logprob column of ``block`` is float32 or narrower (then its values compare as float32)."""
-    return any(values.dtype.kind == "f" and values.dtype.itemsize <= 4 for values in (block.trainer, block.rollout))
-
-
-def _numpy_columns(valid: _Valid) -> dict[str, np.ndarray | None]:
-    """A chunk's arrays as numpy (the numba engine): the scan's where it ran, else copies (Arrow's buffers are
-    read-only, and the fill below writes in place)."""
-    block = valid.block
-    trainer, rollout, mask = _host_values(valid)
-    return {
-        "step": np.array(block.step, dtype=np.int64),
-        "offsets": valid.offsets,
-        "trainer": trainer,
-        "rollout": rollout,
-        "mask": mask,
-        "token_ids": None if block.token_ids is None else np.array(block.token_ids),
-        "policy_version": None if block.policy_version is None else np.array(block.policy_version),
-        "token_columns": {role: np.array(values) for role, values in block.token_columns.items()},
-    }
-
-
-def _tensor_columns(valid: _Valid, device: str) -> dict[str, torch.Tensor | None]:
-    """A chunk's arrays as torch tensors on ``device`` (the torch engine)."""
-    import torch
-
-    block = valid.block
-    if valid.scanned is not None:
-        # the scan's arrays (zero-copy on the CPU); elsewhere copied, the values the torch path builds
-        trainer, rollout, mask = (torch.from_numpy(values).to(device) for values in valid.scanned)
-    else:
-        # torch.tensor copies: Arrow's buffers are read-only, and the fill below writes in place.
-        trainer = torch.tensor(block.trainer, dtype=torch.float64, device=device)
-        rollout = torch.tensor(block.rollout, dtype=torch.float64, device=device)
-        if block.mask is None:
-            mask = torch.ones(len(block.trainer), dtype=torch.bool, device=device)
-        else:
-            mask = torch.tensor(block.mask == 1, device=device)
-        # Environment tokens never enter a metric; zero them so NaN fill values there cannot leak in.
-        trainer.masked_fill_(~mask, 0.0)
-        rollout.masked_fill_(~mask, 0.0)
-    return {
-        "step": torch.tensor(block.step, dtype=torch.int64, device=device),
-        "offsets": torch.from_numpy(valid.offsets).to(device),
-        "trainer": trainer,
-        "rollout": rollout,
-        "mask": mask,
-        "token_ids": None if block.token_ids is None else torch.tensor(block.token_ids, device=device),
-        "policy_version": None if block.policy_version is None else torch.tensor(block.policy_version, device=device),
-        "token_columns": {role: torch.tensor(values, device=device) for role, values in block.token_columns.items()},
-    }
-
-
-@dataclass
-class _Valid:
-    """A validated block before it is a Chunk: numpy arrays only (``DumpReader._validated``)."""
-
-    block: Block
-    offsets: np.ndarray  # int64 [R + 1]
-    scanned: tuple[np.ndarray, np.ndarray, np.ndarray] | None  # the scan's (trainer, rollout, mask), if it ran
-    prepass: KernelPrepass | None = None  # the compiled passes, when read ahead of torch
-    files: list[str] | None = None  # each row's file, where blocks of several files were joined (else block.file)
-    float32: bool = False  # either logprob column was float32 or narrower (``Chunk.float32``)
-
-
-def _host_values(valid: _Valid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(trainer, rollout, mask) of a validated block as the numba engine's numpy chunk holds them: the scan's where it
-    ran, else float64 copies (Arrow's buffers are read-only, and the fill below writes in place)."""
-    if valid.scanned is not None:
-        return valid.scanned
-    block = valid.block
-    trainer = np.array(block.trainer, dtype=np.float64)
-    rollout = np.array(block.rollout, dtype=np.float64)
-    mask = np.ones(len(trainer), dtype=bool) if block.mask is None else np.asarray(block.mask == 1)
-    # Environment tokens never enter a metric; zero them so NaN fill values there cannot leak in.
-    trainer[~mask] = 0.0
-    rollout[~mask] = 0.0
-    return trainer, rollout, mask
-
-
-# A validated block under chunk_tokens / JOIN_BELOW tokens is joined with the small blocks after it (of the same file
-# or the next ones) into one chunk of up to chunk_tokens. Every chunk costs the families a fixed ~2.7 ms of numpy calls
-# (2-core VM), so a directory dump of one small file per step and rank (DumpWriter's, prime-rl's) paid it per file:
-# 10M tokens in 184 files of 54K took 1.6-1.8 s against 0.9-1.1 s in one file (docs/benchmarks.md, session 13).
-JOIN_BELOW = 4
-
-
-class _Joiner:
-    """Joins consecutive small validated blocks into one, in reading order: ``add`` returns the items now ready to
-    become chunks, ``flush`` the rest at the end. A joined block holds at most ``chunk_tokens`` tokens and
-    ``MAX_BLOCK_STEPS`` runs of one step (``decode.split_steps``); blocks whose optional columns do not line up
-    (``_joinable``) are not joined. Joining moves chunk boundaries only: results stay within the accumulators'
-    chunking contract, and rows keep their order, files and row numbers."""
-
-    def __init__(self, chunk_tokens: int) -> None:
-        self.limit = chunk_tokens
-        self.small = max(1, chunk_tokens // JOIN_BELOW)
-        self.pending: list[tuple[_Valid, int]] = []
-        self.tokens = 0
-        self.runs = 0  # runs of one step in the pending blocks, joined
-
-    def add(self, valid: _Valid, consumed: int) -> list[tuple[_Valid, int]]:
-        tokens = int(valid.offsets[-1])
-        if tokens >= self.small:
-            return [*self.flush(), (valid, consumed)]
-        step = valid.block.step
-        runs = _step_runs(step)
-        ready: list[tuple[_Valid, int]] = []
-        if self.pending:
-            last = self.pending[-1][0].block.step
-            going_on = bool(len(last) and len(step) and last[-1] == step[0])  # a step going on across the two
-            if (
-                self.tokens + tokens > self.limit
-                or self.runs + runs - going_on > MAX_BLOCK_STEPS
-                or not _joinable(self.pending[0][0].block, valid.block)
-                or self.pending[0][0].float32 != valid.float32  # one way to compare the logprobs per chunk
-            ):
-                ready = self.flush()
-            else:
-                runs -= going_on
-        self.pending.append((valid, consumed))
-        self.tokens += tokens
-        self.runs += runs
-        return ready
-
-    def flush(self) -> list[tuple[_Valid, int]]:
-        pending, self.pending, self.tokens, self.runs = self.pending, [], 0, 0
-        if len(pending) <= 1:
-            return pending
-        return [(_joined([valid for valid, _ in pending]), pending[-1][1])]
-
-
-def _step_runs(step: np.ndarray) -> int:
-    """Runs of one step in a block's step column."""
-    return int(np.count_nonzero(step[1:] != step[:-1])) + 1 if len(step) else 0
-
-
-def _column_type(values: Any) -> Any:
-    """What two blocks' optional column must share to be joined: its Arrow type or numpy dtype; None when absent."""
-    if values is None:
-        return None
-    values = getattr(values, "array", values)  # an extra column's Arrow values (decode._ArrowValues)
-    return values.type if isinstance(values, pa.Array | pa.ChunkedArray) else values.dtype
-
-
-def _joinable(first: Block, block: Block) -> bool:
-    """Whether ``block`` can join ``first`` in one chunk: the same optional columns (token ids and text, policy
-    version by the same name, the extra columns in the same order), of the same types."""
-    if list(first.extra) != list(block.extra) or first.names.get("policy_version") != block.names.get("policy_version"):
-        return False
-    if {r: _column_type(v) for r, v in first.token_columns.items()} != {
-        r: _column_type(v) for r, v in block.token_columns.items()
-    }:
-        return False
-    return all(
-        _column_type(getattr(first, name)) == _column_type(getattr(block, name))
-        for name in ("token_ids", "token_text", "policy_version")
-    ) and all(_column_type(values) == _column_type(block.extra[name]) for name, values in first.extra.items())
-
-
-def _arrow_joined(parts: Sequence[pa.Array | pa.ChunkedArray]) -> pa.Array:
-    return pa.concat_arrays([c for p in parts for c in (p.chunks if isinstance(p, pa.ChunkedArray) else [p])])
-
-
-def _joined(parts: Sequence[_Valid]) -> _Valid:
-    """Validated blocks (``_joinable``, in reading order) as one: rows concatenated, each keeping its file and row."""
-    blocks = [valid.block for valid in parts]
-    first = blocks[0]
-
-    def joined(name: str) -> np.ndarray | None:
-        values = [getattr(block, name) for block in blocks]
-        return None if values[0] is None else np.concatenate(values)
-
-    def joined_extra(values: list[Any]) -> ExtraColumn:  # all numpy, or all decode._ArrowValues
-        if isinstance(values[0], np.ndarray):
-            return np.concatenate(values)
-        return type(values[0])(_arrow_joined([v.array for v in values]))  # decode._ArrowValues
-
-    lengths = np.concatenate([block.lengths for block in blocks])
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    host = [_host_values(valid) for valid in parts]
-    block = Block(
-        file=first.file,
-        file_row=np.concatenate([block.file_row for block in blocks]),
-        step=np.concatenate([block.step for block in blocks]),
-        sample_id=[sample for block in blocks for sample in block.sample_id],
-        lengths=lengths,
-        trainer=None,  # type: ignore[arg-type]  # the values are the joined ``scanned`` arrays
-        rollout=None,  # type: ignore[arg-type]
-        mask=None,
-        token_ids=joined("token_ids"),
-        token_text=None if first.token_text is None else _arrow_joined([block.token_text for block in blocks]),
-        policy_version=joined("policy_version"),
-        names=first.names,
-        extra={name: joined_extra([block.extra[name] for block in blocks]) for name in first.extra},
-        token_columns={
-            role: np.concatenate([block.token_columns[role] for block in blocks]) for role in first.token_columns
-        },
-    )
-    scanned = tuple(np.concatenate([values[i] for values in host]) for i in range(3))
-    files = [name for valid in parts for name in (valid.files or [valid.block.file] * len(valid.block.lengths))]
-    return _Valid(block, offsets, scanned, files=files, float32=parts[0].float32)  # type: ignore[arg-type]
-
-
-def _scanned(block: Block, device_type: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """(trainer, rollout, mask) arrays of a clean block from one compiled scan that converts, zeroes environment
-    tokens and flags bad values at once (the numba engine's CPU chunks; ``kernels.cpu.checked_model_values``): the
-    values ``_chunk`` builds otherwise, as numpy (no torch). None where the scan does not apply (another device, a
-    dtype it is not compiled for) or where it flags anything: ``validate_block`` then finds the rows and records
-    them with its messages, exactly as without the scan."""
-    from rollout_diag.engine.kernels import compiled
-
-    trainer, rollout, mask = block.trainer, block.rollout, block.mask
-    if device_type != "cpu" or not len(block.lengths):
-        return None
-    if trainer.dtype != rollout.dtype or trainer.dtype not in (np.float32, np.float64):
-        return None
-    if mask is not None and mask.dtype.kind not in "biu":
-        return None
-    kernels = compiled()
-    # numpy compares a float32 array with the tolerance rounded to float32; as float64 that bound is exact
-    limit = float(trainer.dtype.type(MAX_POSITIVE_LOGPROB))
-    # one compiled scan per logprob dtype and mask width (kernels.cpu.SIGNATURES): the inputs as read-only views
-    # (Arrow's buffers are, a converted column is not; numba compiles each mix anew)
-    trainer, rollout = _readonly(trainer), _readonly(rollout)
-    if mask is None:
-        trainer, rollout, clean = kernels.checked_values(trainer, rollout, limit)
-        model = np.ones(len(trainer), dtype=bool)
-    else:
-        # bool, int8 and uint8 share one compiled scan (-1 reads 255: flagged), any wider integer reads as int64 (a
-        # uint64 above 2**63 reads negative: flagged, as any value but 0 and 1 is)
-        mask = mask.view(np.uint8) if mask.dtype.itemsize == 1 else mask.astype(np.int64, copy=False)
-        trainer, rollout, model, clean = kernels.checked_model_values(trainer, rollout, _readonly(mask), limit)
-    if not clean:
-        return None
-    return trainer, rollout, model
-
-
-def _readonly(values: np.ndarray) -> np.ndarray:
-    """A C-contiguous, read-only view of ``values`` (a copy only where it is not contiguous)."""
-    view = np.ascontiguousarray(values).view()
-    view.flags.writeable = False
-    return view
 
 
 def _footer_size(opened: OpenFile, groups: set[int] | None) -> tuple[int, int] | None:
@@ -802,240 +569,6 @@ def _footer_size(opened: OpenFile, groups: set[int] | None) -> tuple[int, int] |
     if leaf is None:
         return None
     return sum(metadata.row_group(group).column(leaf).num_values for group in chosen), rows
-
-
-def _prompt_values(block: Block) -> Any:
-    """The block's prompt ids (its sample ids where the sample_id column is the prompt's: ``uid``), or None."""
-    name = block.names.get("prompt_id")
-    if name is None:
-        return None
-    if name == block.names.get("sample_id"):
-        return pa.array(block.sample_id)
-    values = block.extra.get(name)
-    return None if values is None else getattr(values, "array", values)  # decode._ArrowValues' Arrow array
-
-
-def _prompt_nulls(block: Block) -> int:
-    """Rows of the block whose prompt id is null (they have no prompt; ``ReadLog`` warns)."""
-    values = _prompt_values(block)
-    return int(values.null_count) if isinstance(values, pa.Array | pa.ChunkedArray) else 0
-
-
-def _prompt_keys(valid: _Valid) -> tuple[np.ndarray | None, str | None]:
-    """(int64 prompt key per row, where the keys come from) of a validated block (``io/prompts.py``): its prompt_id
-    column, else the token ids before each row's first model token; (None, None) when it has neither."""
-    block = valid.block
-    values = _prompt_values(block)
-    if values is not None:
-        return prompts.column_keys(values)[0], f"column {block.names['prompt_id']}"
-    if block.token_ids is None or "mask" not in block.names:
-        return None, None
-    mask = valid.scanned[2] if valid.scanned is not None else np.asarray(block.mask == 1)
-    keys = prompts.token_prefix_keys(block.token_ids, mask, valid.offsets)
-    return (keys, prompts.TOKENS_SOURCE) if bool(keys.any()) else (None, None)
-
-
-def _chunk_extra(block: Block) -> dict[str, ExtraColumn]:
-    """The block's extra columns, its policy_version column first: read by its role, it is carried once, here."""
-    if block.policy_version is None:
-        return block.extra
-    return {block.names["policy_version"]: block.policy_version, **block.extra}
-
-
-def _text_lookup(text: pa.Array, offsets: np.ndarray):
-    def lookup(row: int, position: int) -> str | None:
-        value = text[int(offsets[row]) + position]
-        try:
-            return value.as_py()
-        except UnicodeDecodeError:  # token text is for display: show what can be shown
-            return value.as_buffer().to_pybytes().decode("utf-8", errors="replace")
-
-    return lookup
-
-
-def _prefetched(blocks: Iterator, depth: int) -> Iterator:
-    """Run ``blocks`` in a thread (Parquet decoding releases the GIL), ``depth`` items ahead. A consumer that stops
-    early closes ``blocks`` too (an earlier stage of a pipeline stops its own thread)."""
-    items: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-    done = object()
-
-    thread = threading.Thread(
-        target=_produce_ahead, args=(blocks, items, stop, done), name="rollout-diag-reader", daemon=True
-    )
-    thread.start()
-    try:
-        while True:
-            item = items.get()
-            if item is done:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-
-
-def _produce_ahead(blocks: Iterator, items: queue.Queue, stop: threading.Event, done: object) -> None:
-    """``_prefetched``'s thread: puts each of ``blocks`` into ``items`` until ``stop``, then ``done`` (or what it
-    raised, for the consumer to raise), and closes ``blocks``."""
-    try:
-        for item in blocks:
-            if not _offer(items, item, stop):
-                break
-        else:
-            items.put(done)
-    except BaseException as exc:  # handed to the consumer, raised there
-        items.put(exc)
-    finally:
-        close = getattr(blocks, "close", None)
-        if close is not None:
-            close()
-
-
-def _offer(items: queue.Queue, item: object, stop: threading.Event) -> bool:
-    """Puts ``item`` once there is room, unless ``stop`` comes first; whether to go on (``stop`` not set)."""
-    while not stop.is_set():
-        try:
-            items.put(item, timeout=0.1)
-            break
-        except queue.Full:
-            continue
-    return not stop.is_set()
-
-
-class _ReadAhead:
-    """The reader's thread started before torch is loaded (``DumpReader.read_ahead``): until :meth:`handover` it
-    decodes, validates with the numba engine's scan and runs each chunk's compiled passes
-    (``engine/kernels/prepass.py``), numpy and numba only, keeping at most ``depth`` validated blocks; after it, it
-    builds chunks as the reader's thread always does (``_prefetched``), with the engine and the queue depth
-    :meth:`chunks` chose."""
-
-    _DONE = object()
-
-    def __init__(self, reader: DumpReader, depth: int) -> None:
-        self.reader = reader
-        self.depth = depth
-        self.items: deque = deque()
-        self.changed = threading.Condition()
-        self.device: str | None = None  # set by handover
-        self.engine = "numba"
-        self.kind = "torch"  # set by handover
-        self.stopped = False
-        self.thread = threading.Thread(target=self._produce, name="rollout-diag-reader", daemon=True)
-        self.thread.start()
-
-    def _produce(self) -> None:
-        from rollout_diag.engine.kernels.prepass import warm_up
-
-        reader = self.reader
-        # numba and the compiled kernels load on a thread of their own (their import holds the GIL, as the command's
-        # imports do), while this one decodes blocks, which it validates once they are loaded
-        loading = threading.Thread(target=_quietly(warm_up), name="rollout-diag-kernels", daemon=True)
-        loading.start()
-        decoded: deque = deque()
-        blocks = reader.decoded_blocks()
-        joiner = _Joiner(reader.chunk_tokens)
-        try:
-            for item in itertools.chain(blocks, [None]):  # None: the end, where the blocks still decoded go on
-                if item is not None:
-                    decoded.append(item)
-                    if loading.is_alive() and len(decoded) + len(self.items) < self.depth:
-                        continue
-                loading.join()
-                if not self._validate(decoded, joiner):
-                    return
-            if self._put_ready(joiner.flush()):
-                self._put(self._DONE)
-        except BaseException as exc:  # handed to the consumer, raised there
-            self._put(exc)
-        finally:
-            blocks.close()
-
-    def _validate(self, decoded: deque, joiner: _Joiner) -> bool:
-        """Validates the blocks decoded so far and puts the chunks they complete; False once stopped."""
-        while decoded:
-            block, consumed = decoded.popleft()
-            with self.changed:
-                device, engine = self.device, self.engine
-            valid = self.reader.validated(block, "cpu" if device is None else device_kind(device), engine)
-            if valid is not None and not self._put_ready(joiner.add(valid, consumed)):
-                return False
-        return True
-
-    def _put_ready(self, ready: list[tuple[_Valid, int]]) -> bool:
-        """Puts each joined block: as a chunk once handed over, else with its compiled passes run; False once
-        stopped."""
-        for valid, consumed in ready:
-            with self.changed:
-                device, engine, kind = self.device, self.engine, self.kind
-            built = self._prepassed(valid) if device is None else self.reader.built_chunk(valid, device, engine, kind)
-            if not self._put((built, consumed)):
-                return False
-        return True
-
-    @staticmethod
-    def _prepassed(valid: _Valid) -> _Valid:
-        """``valid`` with its compiled passes run (before the handover: numpy and numba only)."""
-        from rollout_diag.engine.kernels.prepass import prepass
-
-        if valid.scanned is not None:
-            trainer, rollout, mask = valid.scanned
-            valid.prepass = prepass(valid.block.step, valid.offsets, trainer, rollout, mask, valid.float32)
-            # the decoded values live on as the scan's: their Arrow buffers go while the chunk waits
-            valid.block = replace(valid.block, trainer=None, rollout=None, mask=None)
-        return valid
-
-    def _put(self, item: object) -> bool:
-        with self.changed:
-            while len(self.items) >= self.depth and not self.stopped:
-                self.changed.wait()
-            if self.stopped:
-                return False
-            self.items.append(item)
-            self.changed.notify_all()
-            return True
-
-    def handover(self, device: str, engine: str, kind: str, depth: int) -> Iterator[tuple[Chunk, int]]:
-        """The chunks on ``device`` with ``engine``, of ``kind`` arrays (those read ahead, then the rest), read
-        ``depth`` ahead from now; closing the iterator stops the thread."""
-        with self.changed:
-            self.device, self.engine, self.kind, self.depth = device, engine, kind, depth
-            self.changed.notify_all()
-        return self._chunks(device, engine, kind)
-
-    def _chunks(self, device: str, engine: str, kind: str) -> Iterator[tuple[Chunk, int]]:
-        try:
-            while True:
-                with self.changed:
-                    while not self.items:
-                        self.changed.wait()
-                    item = self.items.popleft()
-                    self.changed.notify_all()
-                if item is self._DONE:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                value, consumed = item
-                yield (
-                    (self.reader.built_chunk(value, device, engine, kind) if isinstance(value, _Valid) else value),
-                    consumed,
-                )
-        finally:
-            with self.changed:
-                self.stopped = True
-                self.items.clear()
-                self.changed.notify_all()
-
-
-def _quietly(function: Callable[[], None]) -> Callable[[], None]:
-    """``function`` for a helper thread whose failure the work after it meets again, and reports, itself."""
-
-    def run() -> None:
-        with contextlib.suppress(Exception):  # the reader's first use of the kernels raises it in its place
-            function()
-
-    return run
 
 
 @dataclass
@@ -1068,35 +601,6 @@ def _decoding_threads() -> int:
 def _prepare_workers() -> int:
     """Threads that prepare chunks: one per core but one (the reader's), at least one."""
     return max(1, available_cores() - 1)
-
-
-def _prepared(
-    chunks: Iterator[tuple[Chunk, int]], prepare: Callable[[Chunk], None], workers: int
-) -> Iterator[tuple[Chunk, int]]:
-    """The items of ``chunks`` in order, each after ``prepare(chunk)``, which a pool of ``workers`` threads runs on
-    the chunks after the one handed out (each chunk is prepared on its own: the pool changes no digit)."""
-    from concurrent.futures import Future, ThreadPoolExecutor
-
-    pending: deque[tuple[Future, tuple[Chunk, int]]] = deque()
-    pool = ThreadPoolExecutor(workers, thread_name_prefix="rollout-diag-prepare")
-    try:
-        for item in chunks:
-            pending.append((pool.submit(prepare, item[0]), item))
-            if len(pending) > workers:  # a chunk in every worker's hands and one more waiting
-                future, ready = pending.popleft()
-                future.result()  # raises what prepare raised
-                yield ready
-        while pending:
-            future, ready = pending.popleft()
-            future.result()
-            yield ready
-    finally:
-        for future, _ in pending:
-            future.cancel()
-        pool.shutdown(wait=True)
-        close = getattr(chunks, "close", None)
-        if close is not None:  # stops the reader's thread when the caller stops early
-            close()
 
 
 __all__ = ["DEFAULT_CHUNK_TOKENS", "DumpReader", "ReadLog", "RolloutDiagError"]

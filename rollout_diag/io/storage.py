@@ -20,13 +20,15 @@ import functools
 import importlib.util
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from rollout_diag.errors import InputError
 from rollout_diag.paths import natural_key
+
+T = TypeVar("T")
 
 READABLE = {"s3": "s3", "gs": "gs", "gcs": "gs", "hf": "hf"}  # scheme as typed -> the filesystem that reads it
 EXTRA = "pip install 'rollout-diag[cloud]'"
@@ -152,13 +154,18 @@ def _short(text: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------- files
-def file_info(uri: str) -> Any:
-    """``uri``'s pyarrow FileInfo (a file, a prefix, or NotFound). Raises InputError for any failure."""
+def _asked(uri: str, question: Callable[[Any, str], T]) -> T:
+    """``question(filesystem, path)`` of ``uri``'s filesystem; raises InputError (:func:`failure`) where it fails."""
     fs, path = filesystem(uri)
     try:
-        return fs.get_file_info(path)
+        return question(fs, path)
     except (OSError, ValueError) as exc:
         raise failure(uri, exc) from None
+
+
+def file_info(uri: str) -> Any:
+    """``uri``'s pyarrow FileInfo (a file, a prefix, or NotFound). Raises InputError for any failure."""
+    return _asked(uri, lambda fs, path: fs.get_file_info(path))
 
 
 def identity(uri: str) -> tuple[int, int]:
@@ -190,11 +197,7 @@ def is_prefix(uri: str) -> bool:
 
 def open_file(uri: str) -> Any:
     """The file at ``uri`` as pyarrow's random-access file (ranged reads). Raises InputError."""
-    fs, path = filesystem(uri)
-    try:
-        return fs.open_input_file(path)
-    except (OSError, ValueError) as exc:
-        raise failure(uri, exc) from None
+    return _asked(uri, lambda fs, path: fs.open_input_file(path))
 
 
 def _check_bucket(uri: str) -> None:
@@ -215,11 +218,7 @@ def _listing(uri: str) -> list[Any]:
     """Every object and implied directory under the prefix ``uri`` (recursive); [] when there is none."""
     import pyarrow.fs as pafs
 
-    fs, path = filesystem(uri)
-    try:
-        return fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
-    except (OSError, ValueError) as exc:
-        raise failure(uri, exc) from None
+    return _asked(uri, lambda fs, path: fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True)))
 
 
 def _is_data_file(path: str) -> bool:

@@ -94,7 +94,7 @@ def count_fills(block: Block, role: str, values: np.ndarray, mask: np.ndarray | 
     )
 
 
-def _fmt(value: float) -> str:
+def _fmt(value: float | np.floating | np.integer | np.ndarray) -> str:
     value = float(value)
     if math.isnan(value):
         return "NaN (or null)"

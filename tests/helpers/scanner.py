@@ -6,8 +6,8 @@ import numpy as np
 import pyarrow as pa
 from numba import njit
 
-from rollout_diag.io import jsonl as jsonl_scan
 from rollout_diag.io.jsonl import Scanner
+from rollout_diag.io.jsonl import numbers as jsonl_numbers
 
 
 @njit(cache=False)
@@ -16,7 +16,7 @@ def _numbers(buf, starts):
     out = np.empty(n)
     ok = np.zeros(n, np.bool_)
     for i in range(n):
-        p, value, _ = jsonl_scan._number(buf, starts[i], starts[i + 1])
+        p, value, _ = jsonl_numbers.number(buf, starts[i], starts[i + 1])
         if p == starts[i + 1]:
             out[i] = value
             ok[i] = True

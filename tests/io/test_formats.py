@@ -373,7 +373,7 @@ def test_slime_sample_without_rollout_logprobs_is_skipped_and_named(rows, tmp_pa
 
 
 # ------------------------------------------------------------------ JSON lines: the fast path equals Python's json
-# prime-rl and NeMo-RL files are read in blocks by the compiled scanner (io/jsonl.py), and
+# prime-rl and NeMo-RL files are read in blocks by the compiled scanner (io/jsonl/), and
 # line by line with Python's json where the scanner cannot vouch for a line. The reference is every line through
 # Python's json (open_file(..., fast=False)); both must give the same batches, row for row and bit for bit.
 from hypothesis import HealthCheck, given, settings  # noqa: E402

@@ -1,7 +1,7 @@
 """The JSON-lines fast path read in blocks, scanned in parts on several threads: the same rows, in file order,
 wherever the reads and the parts cut.
 
-- numbers: eight fraction digits at a time (io/jsonl.py) still converts exactly as Python's ``float()`` and
+- numbers: eight fraction digits at a time (io/jsonl/numbers.py) still converts exactly as Python's ``float()`` and
   leaves to Python exactly the numbers it left before (more than 19 significant digits);
 - blocks: the file is read ``BLOCK_BYTES`` at a time and split at newlines into blocks, each scanned in parts of
   about ``PART_BYTES`` by a pool of threads; a read or a part that ends in the middle of a line (or of a number, or

@@ -1,4 +1,4 @@
-"""The compiled JSON-lines scanner (io/jsonl.py) against Python's json, the reference.
+"""The compiled JSON-lines scanner (io/jsonl/) against Python's json, the reference.
 
 - numbers: every string it converts gives the double Python's json gives (correct rounding, -0, NaN/Infinity);
 - lines: where it accepts a line, Python's json reads the same values; where Python's json refuses a line, it

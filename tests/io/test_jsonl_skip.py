@@ -1,7 +1,7 @@
-"""Skipping the values a trainer format does not read (io/jsonl.py) against Python's json, the reference.
+"""Skipping the values a trainer format does not read (io/jsonl/skipping.py) against Python's json, the reference.
 
-The scanner skips an unused list of numbers and nulls by one tight loop (``_flat_list_end``) and leaves anything else
-to its general loop (``_skip_value``). Either way a skipped value must end where Python's json ends it, and a value
+The scanner skips an unused list of numbers and nulls by one tight loop (``flat_list_end``) and leaves anything else
+to its general loop (``skip_value``). Either way a skipped value must end where Python's json ends it, and a value
 Python refuses must be refused (so the line goes to the format's own parser and its message): the skip checks the
 grammar as reading does. Lists are drawn in the shapes the trainers write (no whitespace, or ``", "``) and broken at
 random.
@@ -18,16 +18,15 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from numba import njit
 
-from rollout_diag.io import jsonl as jsonl_scan
-from rollout_diag.io.jsonl import Scanner
+from rollout_diag.io.jsonl import Scanner, skipping
 
 
 @njit(cache=False)
 def _ends(buf):
     """(the tight loop's end, -1 where the value is no list (it is called at a [ only); the general skip's end)."""
-    stack = np.empty(jsonl_scan.MAX_DEPTH, np.uint8)
-    flat = jsonl_scan._flat_list_end(buf, 0, buf.shape[0]) if buf.shape[0] and buf[0] == 91 else -1
-    return flat, jsonl_scan._skip_value(buf, 0, buf.shape[0], stack)
+    stack = np.empty(skipping.MAX_DEPTH, np.uint8)
+    flat = skipping.flat_list_end(buf, 0, buf.shape[0]) if buf.shape[0] and buf[0] == 91 else -1
+    return flat, skipping.skip_value(buf, 0, buf.shape[0], stack)
 
 
 def _python_end(text: str) -> int:

@@ -1,4 +1,4 @@
-"""Directory dumps of small files: small blocks joined into one chunk (``io/reader._Joiner``), small files decoded
+"""Directory dumps of small files: small blocks joined into one chunk (``io/joining.Joiner``), small files decoded
 ahead on threads (``DumpReader._decoded_files``).
 
 A directory dump of one small file per step and rank (``DumpWriter``'s ``step=N/rank-R.parquet``, prime-rl's) is read
@@ -20,6 +20,7 @@ import pytest
 from helpers.dumps import corrupt_row_group, random_rows, seq_row, sequence_table, write_sequence_dump, write_table
 
 import rollout_diag as rd
+from rollout_diag.io import joining
 from rollout_diag.io import reader as reader_module
 from rollout_diag.io.reader import DumpReader
 from rollout_diag.render.export import to_json_text
@@ -135,7 +136,7 @@ def test_blocks_whose_columns_differ_are_not_joined(tmp_path: Path) -> None:
 def test_a_joined_chunk_holds_at_most_max_block_steps_runs_of_one_step(
     run: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(reader_module, "MAX_BLOCK_STEPS", 3)
+    monkeypatch.setattr(joining, "MAX_BLOCK_STEPS", 3)
     chunks = read(run, 1 << 20, prefetch=0)
     runs = [int(np.count_nonzero(np.diff(chunk.step))) + 1 for chunk in chunks]
     assert max(runs) == 3 and len(chunks) == 2  # steps 1, 2, 9 | 10 (each step's four files join as one run)

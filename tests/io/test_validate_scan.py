@@ -1,4 +1,4 @@
-"""The compiled validation scan (kernels.cpu.checked_model_values, io.reader._scanned) against the exact check.
+"""The compiled validation scan (kernels.cpu.checked_model_values, io.packing.scanned_values) against the exact check.
 
 The scan only flags: a block it passes must be one ``io.validate.validate_block`` finds nothing wrong with, and its
 arrays must equal the tensors ``DumpReader._chunk`` builds without it; a block it flags goes through
@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 from rollout_diag.engine.choice import use_engine
 from rollout_diag.errors import DataError
 from rollout_diag.io.decode import Block
-from rollout_diag.io.reader import DumpReader, _scanned
+from rollout_diag.io.packing import scanned_values
+from rollout_diag.io.reader import DumpReader
 from rollout_diag.io.readlog import ReadLog
 from rollout_diag.io.validate import MAX_POSITIVE_LOGPROB, validate_block
 
@@ -80,7 +81,7 @@ def _unscanned_tensors(block: Block) -> tuple[torch.Tensor, torch.Tensor, torch.
 def test_the_scan_passes_exactly_the_blocks_the_exact_check_passes(block):
     log = ReadLog()
     with use_engine("numba"):
-        scanned = _scanned(block, "cpu")
+        scanned = scanned_values(block, "cpu")
     validated = validate_block(block, log, strict=False)
     exact_clean = not log.skipped and validated is block
     assert (scanned is not None) == exact_clean
@@ -105,10 +106,10 @@ def test_the_torch_engine_and_other_dtypes_take_the_exact_path():
         rollout=np.array([-1.0, -2.0]),
         mask=np.array([1, 1], dtype=np.int8),
     )
-    assert _scanned(block, "cpu") is not None
-    assert _scanned(_with(block, trainer=block.trainer.astype(np.float16)), "cpu") is None
-    assert _scanned(_with(block, mask=np.array([1.0, 1.0])), "cpu") is None
-    assert _scanned(block, "meta") is None
+    assert scanned_values(block, "cpu") is not None
+    assert scanned_values(_with(block, trainer=block.trainer.astype(np.float16)), "cpu") is None
+    assert scanned_values(_with(block, mask=np.array([1.0, 1.0])), "cpu") is None
+    assert scanned_values(block, "meta") is None
 
 
 def test_the_torch_engines_reader_never_scans(tmp_path, monkeypatch):
@@ -118,7 +119,7 @@ def test_the_torch_engines_reader_never_scans(tmp_path, monkeypatch):
     path = tmp_path / "dump.parquet"
     pq.write_table(pa.table({"step": [0], "rollout_log_probs": [[-1.0, -2.0]], "old_log_probs": [[-1.5, -2.0]]}), path)
     calls = []
-    monkeypatch.setattr(reader_module, "_scanned", lambda block, device_type: calls.append(1))
+    monkeypatch.setattr(reader_module, "scanned_values", lambda block, device_type: calls.append(1))
     for engine, scans in (("torch", 0), ("numba", 1)):
         calls.clear()
         with use_engine(engine):

@@ -147,7 +147,7 @@ def test_the_scan_reads_any_integer_mask():
     """Every integer mask dtype reads through the scan's two compiled mask widths (uint8, int64): 0 and 1 read as
     they are, any other value flags the block (the exact check then names it), a uint64 above 2**63 too."""
     from rollout_diag.io.decode import Block
-    from rollout_diag.io.reader import _scanned
+    from rollout_diag.io.packing import scanned_values
 
     def block(mask: np.ndarray) -> Block:
         return Block(
@@ -162,12 +162,12 @@ def test_the_scan_reads_any_integer_mask():
         )
 
     for dtype in (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64):
-        trainer, rollout, model = _scanned(block(np.array([1, 0, 1], dtype=dtype)), "cpu")
+        trainer, rollout, model = scanned_values(block(np.array([1, 0, 1], dtype=dtype)), "cpu")
         assert model.tolist() == [True, False, True], dtype
         assert trainer.tolist() == [-1.0, 0.0, -0.5] and rollout.tolist() == [-1.5, 0.0, -0.25], dtype
-        assert _scanned(block(np.array([1, 2, 1], dtype=dtype)), "cpu") is None, dtype
+        assert scanned_values(block(np.array([1, 2, 1], dtype=dtype)), "cpu") is None, dtype
     for bad, dtype in ((256, np.uint16), (1 << 33, np.int64), ((1 << 64) - 1, np.uint64), (1 << 63, np.uint64)):
-        assert _scanned(block(np.array([1, bad, 1], dtype=dtype)), "cpu") is None, (bad, dtype)
+        assert scanned_values(block(np.array([1, bad, 1], dtype=dtype)), "cpu") is None, (bad, dtype)
 
 
 @pytest.mark.skipif(available_cores() < 2, reason="the helper process runs where a second core is")
@@ -184,11 +184,11 @@ def test_a_helper_process_compiles_the_preset_kernels(dumps, tmp_path):
 
 
 def test_readonly_views_keep_the_values():
-    from rollout_diag.io.reader import _readonly
+    from rollout_diag.io.packing import readonly
 
     values = np.arange(10, dtype=np.float32)
     for given in (values, values[::2]):
-        view = _readonly(given)
+        view = readonly(given)
         assert view.flags.c_contiguous and not view.flags.writeable
         assert np.array_equal(view, given)
     assert values.flags.writeable  # the caller's array is left as it was

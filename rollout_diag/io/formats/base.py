@@ -290,7 +290,7 @@ def jsonl_file(
 ) -> RowsFile:
     """A JSON-lines dump: ``parse(line, line_index, step)`` turns one line into a row (the reference).
 
-    With ``fast``, blocks of lines are read by the compiled scanner (``io/jsonl.py``) instead and only the
+    With ``fast``, blocks of lines are read by the compiled scanner (``io/jsonl/``) instead and only the
     lines it cannot vouch for go through ``parse`` (see :class:`FastLines`); the batches are the same, row for row. A
     file with a carriage return is read line by line as text (Python's universal newlines split there).
     """
@@ -321,7 +321,7 @@ def _scan_lines(path: str | Path) -> tuple[int, bool]:
         newlines, returns, last = _count_range(path, 0, None)
         return newlines + (last not in (10, -1)), returns > 0
     cuts = [size * i // ranges for i in range(ranges)]
-    bounds = [(start, stop) for start, stop in pairwise([*cuts, None])]  # the last range reads to the file's end
+    bounds: list[tuple[int, int | None]] = list(zip(cuts, [*cuts[1:], None], strict=True))  # the last reads to the end
     results: list[Any] = [None] * ranges
 
     def count(i: int) -> None:
@@ -375,7 +375,7 @@ def _count_range(path: str | Path, start: int, stop: int | None) -> tuple[int, i
 # ------------------------------------------------------------------ the fast JSON-lines path
 @dataclass(frozen=True)
 class ParsedLines:
-    """The lines of a block the compiled scanner read (``io/jsonl.py``), one row each.
+    """The lines of a block the compiled scanner read (``io/jsonl/``), one row each.
 
     ``columns``: the :attr:`FastLines.schema` fields by name (a field absent from a line, or written as
     ``null``, is null there, as pyarrow's JSON reader gives it); ``lines``: each row's file row (0-based, the
@@ -410,7 +410,7 @@ class ParsedLines:
 @dataclass(frozen=True)
 class FastLines:
     """How a JSON-lines format reads well-formed lines in bulk: the compiled scanner of
-    ``io/jsonl.py`` (measured against pyarrow's and polars' JSON readers in docs/benchmarks.md).
+    ``io/jsonl/`` (measured against pyarrow's and polars' JSON readers in docs/benchmarks.md).
 
     ``schema``: the fields the format uses, typed (``int64``, ``string``, lists or lists of lists of
     ``float64``/``int64``/``bool``); a line where one holds a value of another JSON type goes to ``parse``.
@@ -449,7 +449,7 @@ class _Block:
     def lines(self) -> int:
         return len(self.ends) - 1
 
-    def line(self, index: int) -> bytes:
+    def line(self, index: int) -> bytes | bytearray:
         return self.data[int(self.ends[index]) : int(self.ends[index + 1])]
 
 

@@ -8,7 +8,7 @@ step, and how one is opened as a :class:`~rollout_diag.io.formats.base.RowsFile`
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -75,6 +75,24 @@ def register(trainer_format: TrainerFormat) -> TrainerFormat:
     """Add ``trainer_format`` to the register (a module registering itself twice, on a reload, replaces itself)."""
     FORMATS[trainer_format.name] = trainer_format
     return trainer_format
+
+
+def register_pickle(
+    name: str,
+    described: str,
+    step_of: Callable[[Path], int | None],
+    open_file: Callable[[str, bool], RowsFile],
+    order: int,
+    markers: Iterable[str],
+) -> TrainerFormat:
+    """Register a format whose files are pickles (``.pkl``), recognised by a class of ``markers`` among the pickle's
+    globals (``Peek.pickle_globals``: read without unpickling)."""
+    wanted = frozenset(markers)
+
+    def found(path: Path, peek: Peek) -> bool:
+        return bool(peek.pickle_globals & wanted)
+
+    return register(TrainerFormat(name, ".pkl", described, step_of, open_file, order, by_content=found))
 
 
 def ordered() -> list[TrainerFormat]:

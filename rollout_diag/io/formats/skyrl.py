@@ -29,7 +29,7 @@ import numpy as np
 from rollout_diag.errors import InputError
 from rollout_diag.io.formats import safe_pickle
 from rollout_diag.io.formats.base import Row, RowsFile, number_in
-from rollout_diag.io.formats.registry import TrainerFormat, register
+from rollout_diag.io.formats.registry import register_pickle
 
 NAME = "skyrl"
 FILE_GLOB = "*.pkl"
@@ -100,11 +100,15 @@ def _read(path: str, trust_pickle: bool) -> list[Row]:
     if not isinstance(loaded, TensorBatchData) or not isinstance(state, dict) or "batch_dict" not in state:
         raise InputError(f"{path}: not a SkyRL TrainingInputBatch pickle (found {type(loaded).__name__}).")
     fields = {key: _tensor(path, key, value) for key, value in state["batch_dict"].items()}
+    required: dict[str, np.ndarray] = {}
     for key in ("rollout_logprobs", "action_log_probs", "response_mask"):
-        if fields.get(key) is None:
+        value = fields.get(key)
+        if value is None:
             hint = " (SkyRL records it when the generator returns logprobs)" if key == "rollout_logprobs" else ""
             raise InputError(f"{path}: field '{key}' is missing or None{hint}.")
-    rollout, trainer, response_mask = fields["rollout_logprobs"], fields["action_log_probs"], fields["response_mask"]
+        required[key] = value
+    rollout, trainer = required["rollout_logprobs"], required["action_log_probs"]
+    response_mask = required["response_mask"]
     loss_mask = fields.get("loss_mask")
     if loss_mask is None:
         loss_mask = response_mask
@@ -144,14 +148,4 @@ def _mask(values: np.ndarray) -> np.ndarray:
     return np.where(values == 0, 0, np.where(values == 1, 1, 2)).astype(np.int8)
 
 
-register(
-    TrainerFormat(
-        name=NAME,
-        suffix=".pkl",
-        described="a SkyRL *.pkl",
-        step_of=step_of,
-        open_file=open_file,
-        order=40,
-        by_content=lambda path, peek: bool(peek.pickle_globals & set(MARKERS)),
-    )
-)
+register_pickle(NAME, "a SkyRL *.pkl", step_of, open_file, order=40, markers=MARKERS)

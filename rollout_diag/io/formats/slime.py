@@ -95,11 +95,10 @@ def _row(sample: Any, index: int, step: int) -> Row:
         mask, tokens = _numpy(sample.get("loss_masks")), _numpy(sample.get("tokens"))
     except (TypeError, ValueError) as exc:
         return Row.unreadable(step, sample_id, f"a field is not numeric ({exc})")
-    for name, values in (("rollout_log_probs", rollout), ("log_probs", trainer)):
-        if values is None:
-            return Row.unreadable(step, sample_id, "missing (not carried into training)", name)
-        if values.ndim != 1:
-            return Row.unreadable(step, sample_id, f"expected one value per response token, shape {values.shape}", name)
+    if rollout is None or rollout.ndim != 1:
+        return Row.unreadable(step, sample_id, _not_per_token(rollout), "rollout_log_probs")
+    if trainer is None or trainer.ndim != 1:
+        return Row.unreadable(step, sample_id, _not_per_token(trainer), "log_probs")
     if mask is None:
         mask = np.ones(len(rollout), dtype=np.int8)
     token_ids = None
@@ -132,3 +131,10 @@ register(
         select=_train_dumps,
     )
 )
+
+
+def _not_per_token(values: np.ndarray | None) -> str:
+    """Why a sample's logprob field is not one value per response token."""
+    if values is None:
+        return "missing (not carried into training)"
+    return f"expected one value per response token, shape {values.shape}"

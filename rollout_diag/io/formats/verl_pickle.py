@@ -28,7 +28,7 @@ import numpy as np
 from rollout_diag.errors import InputError
 from rollout_diag.io.formats import safe_pickle
 from rollout_diag.io.formats.base import Row, RowsFile, number_in
-from rollout_diag.io.formats.registry import TrainerFormat, register
+from rollout_diag.io.formats.registry import register_pickle
 
 NAME = "verl"
 FILE_GLOB = "*.pkl"
@@ -171,14 +171,4 @@ def _response_lengths(attention: np.ndarray | None, rows_count: int, width: int)
     return np.full(rows_count, width)
 
 
-register(
-    TrainerFormat(
-        name=NAME,
-        suffix=".pkl",
-        described="a verl *.pkl",
-        step_of=step_of,
-        open_file=open_file,
-        order=50,
-        by_content=lambda path, peek: bool(peek.pickle_globals & set(MARKERS)),
-    )
-)
+register_pickle(NAME, "a verl *.pkl", step_of, open_file, order=50, markers=MARKERS)
