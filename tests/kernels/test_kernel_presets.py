@@ -383,11 +383,12 @@ def test_extremes_side_by_side_are_the_scan_in_order(size):
 
 
 @settings(max_examples=10, deadline=None)
-@given(seed=st.integers(0, 10_000), quantities=st.integers(1, 9), weight_only=st.booleans())
-def test_centred_sums_add_each_groups_tokens_in_order(seed, quantities, weight_only):
+@given(seed=st.integers(0, 10_000), quantities=st.integers(1, 9), weight_only=st.booleans(), gates_and_w=st.booleans())
+def test_centred_sums_add_each_groups_tokens_in_order(seed, quantities, weight_only, gates_and_w):
     """Σ (x − mean)² of each (group, quantity), four quantities side by side: bit for bit the sum that adds the
     group's tokens one by one in token order; also where every quantity reads w alone (then read where it lies,
-    no base quantity laid out), and with model tokens at other places than the raw ones."""
+    no base quantity laid out), where w and the gates are all they read (w read where it lies, δ and the gates laid
+    out), and with model tokens at other places than the raw ones."""
     kernels = compiled_presets()
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, 40, 12)
@@ -407,6 +408,9 @@ def test_centred_sums_add_each_groups_tokens_in_order(seed, quantities, weight_o
     group = np.sort(rng.integers(0, 3, 12)).astype(np.int64)
     ops = ["tis", "icepop", "clamp", "above", "outside"]
     kinds = [2 if weight_only else rng.integers(0, 9) for _ in range(quantities)]
+    if gates_and_w and not weight_only:  # w and the gates only: w read where it lies, δ and the gates laid out
+        kinds = [[2, kernels.KPOP, kernels.BKL, kernels.TV][q % 4] for q in range(max(2, quantities))]
+        quantities = len(kinds)
     codes = np.array([[kind, kernels.OPS[ops[rng.integers(0, 5)]]] for kind in kinds])
     bounds = np.array([[0.5, 2.0]] * quantities)
     means = rng.normal(1.0, 0.1, (3, quantities))
