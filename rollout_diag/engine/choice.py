@@ -6,7 +6,7 @@ Two engines give the same metrics (tests/kernels/test_kernel.py requires 1e-12 r
   and every per-segment sum, maximum and minimum in registers. CPU only.
 - (``kernels/presets.py`` is the preset pass's compiled twin of ``engine/formulas.py``'s derived token quantities, and
   ``io/jsonl/`` the byte scanner of the JSON-lines importers: compiled CPU code, whatever the engine.)
-- ``torch``: the device-generic engine of ``engine/stats.py`` (vectorised torch / numpy over token tensors);
+- ``torch``: the device-generic engine of ``engine/chunkstats.py`` (vectorised torch / numpy over token tensors);
   what runs on CUDA.
 - ``auto`` (default): numba for a chunk on the CPU, torch on a GPU. The commands whose families take numpy chunks
   (every family does, through ``rollout_diag.engine.arrays``: ``analyze``, ``check``, ``compare-presets``, ``report``,

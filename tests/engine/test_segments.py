@@ -161,12 +161,12 @@ def test_a_preset_pass_takes_exp_of_the_clamped_log_ratio_once(monkeypatch):
                 raw_size_exps.append(values)
             return original_exp(values, *args, **kwargs)
 
-    from rollout_diag.engine import arrays
-    from rollout_diag.engine import stats as engine_stats
+    from rollout_diag.engine import arrays, chunkstats, kernelstats
     from rollout_diag.engine.kernels import presets as kernel_presets
 
     monkeypatch.setattr(arrays, "np", CountingNumpy())
-    monkeypatch.setattr(engine_stats, "np", CountingNumpy())
+    monkeypatch.setattr(chunkstats, "np", CountingNumpy())
+    monkeypatch.setattr(kernelstats, "np", CountingNumpy())
     monkeypatch.setattr(kernel_presets, "np", CountingNumpy())
     CorrectionAnalysis([preset for preset in PRESETS.values() if not preset.gated]).update(chunk)
     assert len(full_size_exps) == 1 and not raw_size_exps

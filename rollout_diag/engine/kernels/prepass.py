@@ -1,7 +1,7 @@
 """The numba engine's compiled per-chunk passes run on a chunk's numpy arrays, without torch: what the reader
 computes for the chunks it reads ahead while the command still loads torch (``io/reader.py`` ``read_ahead``).
 
-``KernelStats`` (``engine/stats.py``) and the hint evidence (``metrics/hints.py``) use a chunk's
+``KernelStats`` (``engine/kernelstats.py``) and the hint evidence (``metrics/hints.py``) use a chunk's
 :class:`KernelPrepass` where it has one instead of running the same kernels on the same arrays again; a chunk without
 one computes them when first read. The constants of those calls live in ``engine/quantities.py``, so both sides make
 exactly one call.
