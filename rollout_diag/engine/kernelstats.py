@@ -43,11 +43,13 @@ class KernelStats(ChunkStats):
 
     # False: the fused pass leaves out PROBABILITIES (``prepare``), whose reductions then come from the tokens
     probabilities = True
+    # True once the fused pass has run (or been taken from the reader's): its choice of quantities is then made
+    fused_ran = False
 
     def prepare(self, quantities: tuple[str, ...] = SHARED_QUANTITIES, probabilities: bool = True) -> None:
         """The layout and the fused pass (without PROBABILITIES unless ``probabilities``, if it has not run yet); a
         quantity outside it is computed where a family reads it."""
-        if not probabilities and "_fused" not in self.__dict__:
+        if not probabilities and not self.fused_ran:
             self.probabilities = False
         self.prepare_layout()
         self._reductions  # noqa: B018
@@ -79,6 +81,7 @@ class KernelStats(ChunkStats):
     def _fused(self) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
         """The fused pass (the reader's, where it ran it ahead): its reductions and the hint rows
         (``kernels/prepass.py`` ``reductions``)."""
+        self.fused_ran = True
         if self._ahead is not None:
             return self._ahead.reductions, self._ahead.hints
         trainer, rollout = self._raw
