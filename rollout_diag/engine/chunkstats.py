@@ -672,7 +672,8 @@ class RegroupedStats(ChunkStats):
     def __init__(self, chunk: ChunkArrays, caches: TokenCaches, row_level: Mapping[str, Any]) -> None:
         """``row_level``: the row-level cached properties the regrouped chunk's stats computed already (shared)."""
         super().__init__(chunk, caches)
-        self.__dict__.update(row_level)
+        for name, value in row_level.items():
+            setattr(self, name, value)  # a cached_property takes an assigned value as its cache
 
     @cached_property
     def _runs(self) -> tuple[np.ndarray, list[tuple[int, int]]]:

@@ -145,7 +145,7 @@ class Chunk:
         """This chunk with ``groups`` as its step groups (``--by``: (group, step) pairs; rollout_diag/groups.py):
         arrays and caches shared, ``groups`` the view's own."""
         view = copy.copy(self)
-        view.__dict__["groups"] = groups  # the cached property's slot (functools.cached_property)
+        view.groups = groups  # the view's own value of the cached property (functools.cached_property)
         return view
 
     @cached_property
