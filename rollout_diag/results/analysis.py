@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 from typing import Any, ClassVar
 
@@ -48,6 +48,12 @@ def json_row_nested(value: Any) -> Any:
     if isinstance(value, list):
         return [json_row_nested(item) for item in value]
     return json_number(value) if isinstance(value, float) else value
+
+
+def _field_values(row: RowTokens) -> dict[str, Any]:
+    """``asdict(row)`` without its deep copy: a row's token lists (thousands of values each) are written as they are,
+    not copied value by value (``dataclasses.asdict`` recurses into every list element)."""
+    return {item.name: getattr(row, item.name) for item in fields(row)}
 
 
 def extra_names(rows: Iterable[WorstRow]) -> list[str]:
@@ -201,7 +207,7 @@ class AnalysisResult(ResultViews):
                 for t in self.worst_tokens
             ],
             "worst_row_tokens": [
-                {**asdict(row), "end": row.start + len(row.mask), "extra": json_row(row.extra)}
+                {**_field_values(row), "end": row.start + len(row.mask), "extra": json_row(row.extra)}
                 for row in self.worst_row_tokens
             ],
             "delta_histogram": dict(self.delta_histogram),
