@@ -53,7 +53,7 @@ from rollout_diag.engine.arrays import Array, segment_max, segment_min, segment_
 from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float
-from rollout_diag.metrics.dialects.base import DialectMetric, Framework
+from rollout_diag.metrics.dialects.base import DialectMetric, Framework, reductions
 
 SCOPE = "ppo_actor/update/"
 LOGP = "compute_logp/"
@@ -180,17 +180,11 @@ class ArealAccumulator(StepAccumulator):
     denominator."""
 
     GATE: ClassVar[Gate] = Gate()
-    REDUCTIONS: ClassVar[dict[str, str]] = {
-        "valid": "sum",
-        "behave": "sum",
-        "positions": "sum",
-        "filtered": "sum",
-        "nan_score": "sum",
-        "underflow": "sum",
-        **{f"{name}|sum": "sum" for name in STATS},
-        **{f"{name}|max": "max" for name in STATS},
-        **{f"{name}|min": "min" for name in STATS},
-    }
+    REDUCTIONS: ClassVar[dict[str, str]] = reductions(
+        sum=("valid", "behave", "positions", "filtered", "nan_score", "underflow", *(f"{name}|sum" for name in STATS)),
+        max=(f"{name}|max" for name in STATS),
+        min=(f"{name}|min" for name in STATS),
+    )
 
     def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)

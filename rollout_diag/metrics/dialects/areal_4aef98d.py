@@ -23,7 +23,7 @@ from rollout_diag.engine.formulas import quantity
 from rollout_diag.engine.stats import ChunkStats, stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float
-from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, row_extreme
+from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, reductions, row_extreme
 
 KL = "ppo_actor/update/behave_approx_kl/"
 WEIGHT = "ppo_actor/update/behave_imp_weight/"
@@ -60,16 +60,9 @@ for _value, _base in (("log_ratio", "log_ratio"), ("weight", "exp_log_ratio")):
 class ArealAccumulator(StepAccumulator):
     """Kept-token count, Σ, max and min of δ and of exp(δ) over the tokens rejection sampling keeps."""
 
-    REDUCTIONS: ClassVar[dict[str, str]] = {
-        "tokens": "sum",
-        "kept": "sum",
-        "kl_sum": "sum",
-        "kl_max": "max",
-        "kl_min": "min",
-        "weight_sum": "sum",
-        "weight_max": "max",
-        "weight_min": "min",
-    }
+    REDUCTIONS: ClassVar[dict[str, str]] = reductions(
+        sum=("tokens", "kept", "kl_sum", "weight_sum"), max=("kl_max", "weight_max"), min=("kl_min", "weight_min")
+    )
 
     def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)

@@ -9,7 +9,7 @@ over float64 sufficient statistics, like every other family) and a :class:`Frame
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -53,6 +53,17 @@ class Framework:
     offline: str  # what an offline dump cannot reproduce, and the whole-batch equivalent chosen
     metrics: tuple[DialectMetric, ...]
     accumulator: Callable[[], DialectFamily]
+
+
+def reductions(**fields: Iterable[str]) -> dict[str, str]:
+    """A family's ``REDUCTIONS`` written by how each field merges: ``reductions(sum=("tokens", "kl_sum"),
+    max=("kl_max",))`` is ``{"tokens": "sum", "kl_sum": "sum", "kl_max": "max"}``, keys in the order given.
+    Raises ValueError when a field is named twice."""
+    named = {reduction: tuple(names) for reduction, names in fields.items()}
+    table = {field: reduction for reduction, names in named.items() for field in names}
+    if len(table) != sum(len(names) for names in named.values()):
+        raise ValueError(f"reductions: a field named twice in {fields}")
+    return table
 
 
 @quantity("exp_log_ratio")

@@ -27,7 +27,7 @@ from rollout_diag.engine.formulas import quantity
 from rollout_diag.engine.stats import ChunkStats, stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float
-from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, valid_extremes
+from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, reductions, valid_extremes
 
 PREFIX = "train/"
 ALERT_LEVEL = (
@@ -69,14 +69,9 @@ TOKEN_MEANS = {
 class NemoRLAccumulator(StepAccumulator):
     """Token sums of the four per-token errors; count, sum, max and min of the per-sequence error."""
 
-    REDUCTIONS: ClassVar[dict[str, str]] = {
-        "tokens": "sum",
-        **{name: "sum" for name in TOKEN_MEANS},
-        "valid_rows": "sum",
-        "seq_sum": "sum",
-        "seq_max": "max",
-        "seq_min": "min",
-    }
+    REDUCTIONS: ClassVar[dict[str, str]] = reductions(
+        sum=("tokens", *TOKEN_MEANS, "valid_rows", "seq_sum"), max=("seq_max",), min=("seq_min",)
+    )
 
     def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)

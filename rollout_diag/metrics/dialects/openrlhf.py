@@ -15,7 +15,7 @@ from rollout_diag.engine.arrays import Array
 from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float
-from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step
+from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, reductions
 
 NAME = "train/vllm_kl"
 
@@ -23,7 +23,7 @@ NAME = "train/vllm_kl"
 class OpenRLHFAccumulator(StepAccumulator):
     """Σ m·(r − a) and the token count."""
 
-    REDUCTIONS: ClassVar[dict[str, str]] = {"tokens": "sum", "reverse_sum": "sum"}
+    REDUCTIONS: ClassVar[dict[str, str]] = reductions(sum=("tokens", "reverse_sum"))
 
     def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)

@@ -38,7 +38,14 @@ from rollout_diag.engine.state import merge_moments
 from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float
-from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, row_extreme, token_moments
+from rollout_diag.metrics.dialects.base import (
+    DialectMetric,
+    Framework,
+    by_step,
+    reductions,
+    row_extreme,
+    token_moments,
+)
 
 PREFIX = "mismatch_kl/all/"
 ENV_PREFIX = "mismatch_kl/"
@@ -83,14 +90,11 @@ def advantages(chunk: Chunk) -> Array | None:
 
 
 def _reductions(samples: tuple[str, ...]) -> dict[str, str]:
-    return {
-        "k3": "moments",
-        "k3_max": "max",
-        "k3_min": "min",
-        **{name: "moments" for name in samples},
-        **{name + "_max": "max" for name in samples},
-        **{name + "_min": "min" for name in samples},
-    }
+    return reductions(
+        moments=("k3", *samples),
+        max=("k3_max", *(name + "_max" for name in samples)),
+        min=("k3_min", *(name + "_min" for name in samples)),
+    )
 
 
 def _statistics(n: float, mean: float, m2: float, low: float, high: float) -> list[float]:

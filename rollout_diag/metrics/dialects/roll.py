@@ -22,7 +22,7 @@ from rollout_diag.engine.formulas import quantity
 from rollout_diag.engine.stats import ChunkStats, stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float
-from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, round_sums
+from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, reductions, round_sums
 
 LEVELS = ("token", "geometric", "sequence", "segment")
 
@@ -39,11 +39,9 @@ def key(kind: str, level: str) -> str:
 class ROLLAccumulator(StepAccumulator):
     """Σ over valid rows of each row's masked mean, for ratio and diff at four granularities, and the valid rows."""
 
-    REDUCTIONS: ClassVar[dict[str, str]] = {
-        "tokens": "sum",
-        "valid_rows": "sum",
-        **{f"{kind}_{level}": "sum" for kind in ("ratio", "diff") for level in LEVELS},
-    }
+    REDUCTIONS: ClassVar[dict[str, str]] = reductions(
+        sum=("tokens", "valid_rows", *(f"{kind}_{level}" for kind in ("ratio", "diff") for level in LEVELS))
+    )
 
     def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)

@@ -25,7 +25,7 @@ from rollout_diag.engine.state import merge_moments
 from rollout_diag.engine.stats import ChunkStats, stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float
-from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, row_extreme, token_moments
+from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, reductions, row_extreme, token_moments
 
 ABS = "policy/rollout_train_logprobs_abs_diff_"
 IS = "policy/loss_metrics/is_ratio_"
@@ -39,16 +39,9 @@ def _is_ratio(s: ChunkStats) -> Array:  # safe_exp_delta: exp(clamp(δ, −20, 2
 class SkyRLAccumulator(StepAccumulator):
     """Moments / max / min of |δ| and of the IS ratio over model tokens, rows and the longest row (the padding)."""
 
-    REDUCTIONS: ClassVar[dict[str, str]] = {
-        "abs": "moments",
-        "abs_max": "max",
-        "abs_min": "min",
-        "ratio": "moments",
-        "ratio_max": "max",
-        "ratio_min": "min",
-        "rows": "sum",
-        "longest": "max",
-    }
+    REDUCTIONS: ClassVar[dict[str, str]] = reductions(
+        moments=("abs", "ratio"), max=("abs_max", "ratio_max", "longest"), min=("abs_min", "ratio_min"), sum=("rows",)
+    )
 
     def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)

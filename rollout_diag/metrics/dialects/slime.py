@@ -18,7 +18,7 @@ from rollout_diag.engine.arrays import Array
 from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float
-from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step
+from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, reductions
 
 NAME = "train/train_rollout_logprob_abs_diff"
 PER_TOKEN = NAME + " (--calculate-per-token-loss)"
@@ -27,13 +27,9 @@ PER_TOKEN = NAME + " (--calculate-per-token-loss)"
 class SlimeAccumulator(StepAccumulator):
     """Σ_i of per-sample means (with slime's clamp_min(n_i, 1)), Σ m·|δ| and Σ_i clamp_min(n_i, 1)."""
 
-    REDUCTIONS: ClassVar[dict[str, str]] = {
-        "rows": "sum",
-        "tokens": "sum",
-        "sample_means": "sum",
-        "abs_sum": "sum",
-        "token_denominator": "sum",
-    }
+    REDUCTIONS: ClassVar[dict[str, str]] = reductions(
+        sum=("rows", "tokens", "sample_means", "abs_sum", "token_denominator")
+    )
 
     def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)

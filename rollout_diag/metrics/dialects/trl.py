@@ -18,7 +18,7 @@ from rollout_diag.engine.arrays import Array
 from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float
-from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, row_extreme
+from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, reductions, row_extreme
 
 DIFF = "sampling/sampling_logp_difference/"
 RATIO = "sampling/importance_sampling_ratio/"
@@ -28,15 +28,9 @@ CLIP_MAX = 3.0  # GRPOConfig.vllm_importance_sampling_clip_max default
 class TRLAccumulator(StepAccumulator):
     """Σ and max of |δ| over model tokens; Σ, min and max of the masked sequence ratio over every row."""
 
-    REDUCTIONS: ClassVar[dict[str, str]] = {
-        "tokens": "sum",
-        "abs_sum": "sum",
-        "abs_max": "max",
-        "rows": "sum",
-        "ratio_sum": "sum",
-        "ratio_min": "min",
-        "ratio_max": "max",
-    }
+    REDUCTIONS: ClassVar[dict[str, str]] = reductions(
+        sum=("tokens", "abs_sum", "rows", "ratio_sum"), max=("abs_max", "ratio_max"), min=("ratio_min",)
+    )
 
     def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)

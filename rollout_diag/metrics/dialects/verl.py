@@ -24,7 +24,7 @@ from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import Columns, KeyGroup, StepAccumulator
 from rollout_diag.metrics.debug import DebugAccumulator
-from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, valid_extremes
+from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, reductions, valid_extremes
 from rollout_diag.metrics.offpolicy import ROW_VALUES, OffPolicyAccumulator, row_values
 from rollout_diag.results import MetricColumns
 
@@ -34,12 +34,9 @@ VALID = "@valid_rows"
 class ValidRowsAccumulator(StepAccumulator):
     """verl's row means (§1) summed over valid rows only (n_i > 0), with their count, max and min of d_i."""
 
-    REDUCTIONS: ClassVar[dict[str, str]] = {
-        "valid_rows": "sum",
-        **{name: "sum" for name in ROW_VALUES},
-        "log_ppl_diff_max": "max",
-        "log_ppl_diff_min": "min",
-    }
+    REDUCTIONS: ClassVar[dict[str, str]] = reductions(
+        sum=("valid_rows", *ROW_VALUES), max=("log_ppl_diff_max",), min=("log_ppl_diff_min",)
+    )
 
     def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)

@@ -32,7 +32,7 @@ from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float
 from rollout_diag.metrics.dialects import verl
-from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, token_group
+from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, reductions, token_group
 
 COMMIT = "b178a3cd56f58b2d502255daba591e92833930a7"
 EPS = 1e-8  # verl_F.masked_mean's guard
@@ -60,22 +60,12 @@ class OldISAccumulator(StepAccumulator):
 
     LEVEL: ClassVar[str] = "token"
     THRESHOLD: ClassVar[float] = 2.0  # rollout_is_threshold: verl's default, and every b178a3c preset's
-    REDUCTIONS: ClassVar[dict[str, str]] = {
-        "tokens": "sum",
-        "rows": "sum",
-        "weight_sum": "sum",
-        "extreme_max": "max",
-        "extreme_min": "min",
-        "high": "sum",
-        "low": "sum",
-        "clamped": "moments",
-        "seq_weight": "moments",
-        "seq_weight_max": "max",
-        "seq_weight_min": "min",
-        "seq_deviation_max": "max",
-        "seq_high": "sum",
-        "seq_low": "sum",
-    }
+    REDUCTIONS: ClassVar[dict[str, str]] = reductions(
+        sum=("tokens", "rows", "weight_sum", "high", "low", "seq_high", "seq_low"),
+        moments=("clamped", "seq_weight"),
+        max=("extreme_max", "seq_weight_max", "seq_deviation_max"),
+        min=("extreme_min", "seq_weight_min"),
+    )
 
     def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)
