@@ -15,6 +15,7 @@ defaults: level token, action mask, metric ratio, upper 5.0, lower None), commit
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import ClassVar
 
 from rollout_diag.engine import arrays
@@ -35,60 +36,59 @@ def _kept(s: ChunkStats) -> Array:  # 1 where exp(δ) ≤ upper: the token survi
     return arrays.float64(arrays.exp(s.token("log_ratio")) <= UPPER)
 
 
-@quantity("areal4_kept_log_ratio")
-def _kept_log_ratio(s: ChunkStats) -> Array:
-    return s.token("log_ratio") * s.token("areal4_kept")
+# each value AReaL logs (avg, min and max over the kept tokens): its state fields' stem, its logged prefix and the
+# token quantity it reads
+VALUES = (("kl", KL, "log_ratio"), ("weight", WEIGHT, "exp_log_ratio"))
 
 
-@quantity("areal4_kept_weight")
-def _kept_weight(s: ChunkStats) -> Array:
-    return arrays.exp(s.token("log_ratio")) * s.token("areal4_kept")
-
-
-def _only_kept(value: str, fill: float):
+def _kept_only(value: str, fill: float) -> Callable[[ChunkStats], Array]:  # fill where a token is rejected
     def compute(s: ChunkStats) -> Array:
         return arrays.where(s.token("areal4_kept") > 0, s.token(value), fill)
 
     return compute
 
 
-for _value, _base in (("log_ratio", "log_ratio"), ("weight", "exp_log_ratio")):
-    quantity(f"areal4_{_value}_for_max")(_only_kept(_base, -math.inf))
-    quantity(f"areal4_{_value}_for_min")(_only_kept(_base, math.inf))
+def _kept_times(value: str) -> Callable[[ChunkStats], Array]:  # 0 where a token is rejected
+    def compute(s: ChunkStats) -> Array:
+        return s.token(value) * s.token("areal4_kept")
+
+    return compute
+
+
+for _field, _, _value in VALUES:
+    quantity(f"areal4_{_field}_kept")(_kept_times(_value))
+    quantity(f"areal4_{_field}_for_max")(_kept_only(_value, -math.inf))
+    quantity(f"areal4_{_field}_for_min")(_kept_only(_value, math.inf))
 
 
 class ArealAccumulator(StepAccumulator):
     """Kept-token count, Σ, max and min of δ and of exp(δ) over the tokens rejection sampling keeps."""
 
     REDUCTIONS: ClassVar[dict[str, str]] = reductions(
-        sum=("tokens", "kept", "kl_sum", "weight_sum"), max=("kl_max", "weight_max"), min=("kl_min", "weight_min")
+        sum=("tokens", "kept", *(field + "_sum" for field, _, _ in VALUES)),
+        max=(field + "_max" for field, _, _ in VALUES),
+        min=(field + "_min" for field, _, _ in VALUES),
     )
 
     def _stats(self, chunk: Chunk) -> dict[str, Array]:
         s = stats(chunk)
-        return {
-            "tokens": by_step(s, s.row_count),
-            "kept": by_step(s, s.row_sum("areal4_kept")),
-            "kl_sum": by_step(s, s.row_sum("areal4_kept_log_ratio")),
-            "kl_max": by_step(s, row_extreme(s, "areal4_log_ratio_for_max", "amax"), "max"),
-            "kl_min": by_step(s, row_extreme(s, "areal4_log_ratio_for_min", "amin"), "min"),
-            "weight_sum": by_step(s, s.row_sum("areal4_kept_weight")),
-            "weight_max": by_step(s, row_extreme(s, "areal4_weight_for_max", "amax"), "max"),
-            "weight_min": by_step(s, row_extreme(s, "areal4_weight_for_min", "amin"), "min"),
-        }
+        out = {"tokens": by_step(s, s.row_count), "kept": by_step(s, s.row_sum("areal4_kept"))}
+        for field, _, _ in VALUES:
+            out[field + "_sum"] = by_step(s, s.row_sum(f"areal4_{field}_kept"))
+            out[field + "_max"] = by_step(s, row_extreme(s, f"areal4_{field}_for_max", "amax"), "max")
+            out[field + "_min"] = by_step(s, row_extreme(s, f"areal4_{field}_for_min", "amin"), "min")
+        return out
 
     def _finalize(self, state: State) -> dict[str, float]:
         kept = as_float(state["kept"])
         if as_float(state["tokens"]) == 0 or kept == 0:
             return {}  # stats_tracker drops a statistic whose denominator is empty
-        return {
-            KL + "avg": as_float(state["kl_sum"]) / kept,
-            KL + "min": as_float(state["kl_min"]),
-            KL + "max": as_float(state["kl_max"]),
-            WEIGHT + "avg": as_float(state["weight_sum"]) / kept,
-            WEIGHT + "min": as_float(state["weight_min"]),
-            WEIGHT + "max": as_float(state["weight_max"]),
-        }
+        out = {}
+        for field, logged, _ in VALUES:
+            out[logged + "avg"] = as_float(state[field + "_sum"]) / kept
+            out[logged + "min"] = as_float(state[field + "_min"])
+            out[logged + "max"] = as_float(state[field + "_max"])
+        return out
 
 
 _KEPT = f"over the masked tokens with exp(δ) ≤ {UPPER:g} (the tokens rejection sampling keeps)"
