@@ -24,7 +24,7 @@ from rollout_diag.engine.formulas import quantity
 from rollout_diag.engine.stats import ChunkStats, stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float
-from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, reductions, row_extreme
+from rollout_diag.metrics.dialects.base import Framework, by_step, reductions, row_extreme, statistics
 
 KL = "ppo_actor/update/behave_approx_kl/"
 WEIGHT = "ppo_actor/update/behave_imp_weight/"
@@ -109,12 +109,18 @@ FRAMEWORK = Framework(
         "once, so the whole-batch statistic is the same. AReaL subtracts in float32; rollout-diag in float64."
     ),
     metrics=(
-        DialectMetric(KL + "avg", "k1 a − r (token mean)", "a − r", "mean " + _KEPT),
-        DialectMetric(KL + "min", "k1 a − r, min over tokens", "a − r", "min " + _KEPT),
-        DialectMetric(KL + "max", "k1 a − r, max over tokens", "a − r", "max " + _KEPT),
-        DialectMetric(WEIGHT + "avg", "IS ratio exp(δ), mean", "exp(a − r)", "mean " + _KEPT),
-        DialectMetric(WEIGHT + "min", "IS ratio exp(δ), min", "exp(a − r)", "min " + _KEPT),
-        DialectMetric(WEIGHT + "max", "IS ratio exp(δ), max", "exp(a − r)", "max " + _KEPT),
+        *statistics(
+            KL,
+            "a − r",
+            _KEPT,
+            {"avg": "k1 a − r (token mean)", "min": "k1 a − r, min over tokens", "max": "k1 a − r, max over tokens"},
+        ),
+        *statistics(
+            WEIGHT,
+            "exp(a − r)",
+            _KEPT,
+            {"avg": "IS ratio exp(δ), mean", "min": "IS ratio exp(δ), min", "max": "IS ratio exp(δ), max"},
+        ),
     ),
     accumulator=ArealAccumulator,
 )

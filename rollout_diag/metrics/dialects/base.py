@@ -9,7 +9,7 @@ over float64 sufficient statistics, like every other family) and a :class:`Frame
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -40,6 +40,22 @@ class DialectFamily(Protocol):
     def finalize_steps(self) -> dict[int, dict[str, float]]: ...
     def finalize_run(self) -> dict[str, float]: ...
     def step_accumulators(self) -> Sequence[StepAccumulator]: ...
+
+
+# how an aggregation names each statistic a trainer logs of one value
+STATISTIC_WORDS = {"avg": "mean", "mean": "mean", "std": "unbiased std", "min": "min", "max": "max"}
+
+
+def statistics(
+    prefix: str, formula: str, over: str, concepts: Mapping[str, str], joined: str = " "
+) -> tuple[DialectMetric, ...]:
+    """The metrics a trainer logs as ``prefix + stat`` for each statistic of one value, in the order of ``concepts``
+    (stat -> the concept's words): the same ``formula``, aggregated as "<mean | unbiased std | min | max>" +
+    ``joined`` + ``over``."""
+    return tuple(
+        DialectMetric(prefix + stat, concept, formula, STATISTIC_WORDS[stat] + joined + over)
+        for stat, concept in concepts.items()
+    )
 
 
 @dataclass(frozen=True)

@@ -38,30 +38,28 @@ from rollout_diag.engine.state import merge_moments
 from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float
-from rollout_diag.metrics.dialects.base import (
-    DialectMetric,
-    Framework,
-    by_step,
-    reductions,
-    row_extreme,
-    token_moments,
-)
+from rollout_diag.metrics.dialects.base import Framework, by_step, reductions, row_extreme, statistics, token_moments
 
 PREFIX = "mismatch_kl/all/"
 ENV_PREFIX = "mismatch_kl/"
 DPPO_MASK_LOW = DPPO_MASK_HIGH = 0.2  # DefaultLossConfig defaults
 ADVANTAGE_COLUMNS = ("advantages", "advantage")
 ENV_COLUMN = "env_name"
-# per-sample values of default_loss_fn, each reported as <name>/{mean,std,min,max} over the step's samples
-SAMPLE_METRICS = (
-    "masked_mismatch_kl",
-    "unmasked_mismatch_kl",
-    "is_masked",
-    "is_masked_low",
-    "is_masked_high",
-    "masked_advantage_positive",
-    "masked_advantage_negative",
-)
+# per-sample values of default_loss_fn, each reported as <name>/{mean,std,min,max} over the step's samples: name ->
+# (concept, formula) as docs/dialects.md gives them
+_DPPO = {
+    "masked_mismatch_kl": ("k3 KL over DPPO-masked tokens, per sample", "exp(δ) − δ − 1 where is_masked"),
+    "unmasked_mismatch_kl": ("k3 KL over DPPO-kept tokens, per sample", "exp(δ) − δ − 1 where not is_masked"),
+    "is_masked": (
+        "share of tokens the DPPO trust region masks, per sample",
+        "is_masked = A > 0 ? e^a − e^r > 0.2 : e^a − e^r < −0.2",
+    ),
+    "is_masked_low": ("share masked for a negative advantage, per sample", "A < 0 and e^a − e^r < −0.2"),
+    "is_masked_high": ("share masked for a positive advantage, per sample", "A > 0 and e^a − e^r > 0.2"),
+    "masked_advantage_positive": ("share of the masked tokens with A > 0, per sample", "A > 0 where is_masked"),
+    "masked_advantage_negative": ("share of the masked tokens with A < 0, per sample", "A < 0 where is_masked"),
+}
+SAMPLE_METRICS = tuple(_DPPO)
 STATISTICS = ("mean", "std", "min", "max")
 
 
@@ -194,7 +192,18 @@ def per_sample(s: Any, advantage: Array) -> dict[str, Array]:
 
 
 IPO_THRESHOLD = 0.1  # IPOLossConfig.ipo_threshold default
-IPO_METRICS = ("masked_mismatch_kl", "unmasked_mismatch_kl", "is_masked")
+_IPO = {
+    "masked_mismatch_kl": (
+        "k3 KL over IPO-masked tokens, per sample",
+        f"exp(δ) − δ − 1 where |e^a − e^r| > {IPO_THRESHOLD:g}",
+    ),
+    "unmasked_mismatch_kl": (
+        "k3 KL over IPO-kept tokens, per sample",
+        f"exp(δ) − δ − 1 where |e^a − e^r| ≤ {IPO_THRESHOLD:g}",
+    ),
+    "is_masked": ("share of tokens the IPO trust region masks, per sample", f"|e^a − e^r| > {IPO_THRESHOLD:g}"),
+}
+IPO_METRICS = tuple(_IPO)
 
 
 def per_sample_ipo(s: Any) -> dict[str, Array]:
@@ -340,19 +349,6 @@ _SAMPLES = (
     "over the step's samples (rows with a trained token; a filtered, empty row is left out), each Σ over its "
     "mask / max(count, 1); only when the dump has advantages"
 )
-_DPPO = {
-    "masked_mismatch_kl": ("k3 KL over DPPO-masked tokens, per sample", "exp(δ) − δ − 1 where is_masked"),
-    "unmasked_mismatch_kl": ("k3 KL over DPPO-kept tokens, per sample", "exp(δ) − δ − 1 where not is_masked"),
-    "is_masked": (
-        "share of tokens the DPPO trust region masks, per sample",
-        "is_masked = A > 0 ? e^a − e^r > 0.2 : e^a − e^r < −0.2",
-    ),
-    "is_masked_low": ("share masked for a negative advantage, per sample", "A < 0 and e^a − e^r < −0.2"),
-    "is_masked_high": ("share masked for a positive advantage, per sample", "A > 0 and e^a − e^r > 0.2"),
-    "masked_advantage_positive": ("share of the masked tokens with A > 0, per sample", "A > 0 where is_masked"),
-    "masked_advantage_negative": ("share of the masked tokens with A < 0, per sample", "A < 0 where is_masked"),
-}
-_HOW = {"mean": "mean", "std": "unbiased std", "min": "min", "max": "max"}
 
 FRAMEWORK = Framework(
     name="prime-rl",
@@ -381,39 +377,33 @@ FRAMEWORK = Framework(
         "are prime-rl's without that padding."
     ),
     metrics=(
-        DialectMetric(PREFIX + "mean", "k3 KL exp(δ) − δ − 1 (token mean)", "exp(δ) − δ − 1", "mean, " + _AGG),
-        DialectMetric(PREFIX + "std", "k3 KL, std over tokens", "exp(δ) − δ − 1", "unbiased std, " + _AGG),
-        DialectMetric(PREFIX + "min", "k3 KL, min over tokens", "exp(δ) − δ − 1", "min, " + _AGG),
-        DialectMetric(PREFIX + "max", "k3 KL, max over tokens", "exp(δ) − δ − 1", "max, " + _AGG),
-        *(
-            DialectMetric(f"{name}/{stat}", concept, formula, f"{_HOW[stat]} {_SAMPLES}")
-            for name, (concept, formula) in _DPPO.items()
-            for stat in STATISTICS
+        *statistics(
+            PREFIX,
+            "exp(δ) − δ − 1",
+            _AGG,
+            {
+                "mean": "k3 KL exp(δ) − δ − 1 (token mean)",
+                "std": "k3 KL, std over tokens",
+                "min": "k3 KL, min over tokens",
+                "max": "k3 KL, max over tokens",
+            },
+            joined=", ",
         ),
         *(
-            DialectMetric(
-                f"{ENV_PREFIX}<env>/{stat}",
-                f"k3 KL per environment ({stat} over tokens)",
-                "exp(δ) − δ − 1",
-                f"{_HOW[stat]} over the step's trainable tokens of rows whose `env_name` is <env>",
-            )
-            for stat in STATISTICS
+            metric
+            for name, (concept, formula) in _DPPO.items()
+            for metric in statistics(f"{name}/", formula, _SAMPLES, dict.fromkeys(STATISTICS, concept))
+        ),
+        *statistics(
+            f"{ENV_PREFIX}<env>/",
+            "exp(δ) − δ − 1",
+            "over the step's trainable tokens of rows whose `env_name` is <env>",
+            {stat: f"k3 KL per environment ({stat} over tokens)" for stat in STATISTICS},
         ),
     ),
     accumulator=PrimeRLFamily,
 )
 
-_IPO = {
-    "masked_mismatch_kl": (
-        "k3 KL over IPO-masked tokens, per sample",
-        f"exp(δ) − δ − 1 where |e^a − e^r| > {IPO_THRESHOLD:g}",
-    ),
-    "unmasked_mismatch_kl": (
-        "k3 KL over IPO-kept tokens, per sample",
-        f"exp(δ) − δ − 1 where |e^a − e^r| ≤ {IPO_THRESHOLD:g}",
-    ),
-    "is_masked": ("share of tokens the IPO trust region masks, per sample", f"|e^a − e^r| > {IPO_THRESHOLD:g}"),
-}
 _IPO_SAMPLES = (
     "over the step's samples (rows with a trained token; a filtered, empty row is left out), each Σ over its "
     "mask / max(count, 1)"
@@ -436,9 +426,9 @@ FRAMEWORK_IPO = Framework(
     metrics=(
         *FRAMEWORK.metrics[:4],
         *(
-            DialectMetric(f"{name}/{stat}", concept, formula, f"{_HOW[stat]} {_IPO_SAMPLES}")
+            metric
             for name, (concept, formula) in _IPO.items()
-            for stat in STATISTICS
+            for metric in statistics(f"{name}/", formula, _IPO_SAMPLES, dict.fromkeys(STATISTICS, concept))
         ),
         *FRAMEWORK.metrics[4 + 4 * len(_DPPO) :],
     ),

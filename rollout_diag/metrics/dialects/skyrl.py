@@ -25,7 +25,15 @@ from rollout_diag.engine.state import merge_moments
 from rollout_diag.engine.stats import ChunkStats, stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float
-from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, reductions, row_extreme, token_moments
+from rollout_diag.metrics.dialects.base import (
+    DialectMetric,
+    Framework,
+    by_step,
+    reductions,
+    row_extreme,
+    statistics,
+    token_moments,
+)
 
 ABS = "policy/rollout_train_logprobs_abs_diff_"
 IS = "policy/loss_metrics/is_ratio_"
@@ -101,10 +109,17 @@ FRAMEWORK = Framework(
         "in float32; rollout-diag in float64."
     ),
     metrics=(
-        DialectMetric(ABS + "mean", "|δ|, token mean", "|r − a|", "mean " + _BATCH),
-        DialectMetric(ABS + "std", "|δ|, std over tokens", "|r − a|", "unbiased std " + _BATCH),
-        DialectMetric(ABS + "max", "|δ|, max over tokens", "|r − a|", "max " + _BATCH),
-        DialectMetric(ABS + "min", "|δ|, min over tokens", "|r − a|", "min " + _BATCH),
+        *statistics(
+            ABS,
+            "|r − a|",
+            _BATCH,
+            {
+                "mean": "|δ|, token mean",
+                "std": "|δ|, std over tokens",
+                "max": "|δ|, max over tokens",
+                "min": "|δ|, min over tokens",
+            },
+        ),
         DialectMetric(IS + "mean", "IS ratio exp(δ), mean", "exp(clamp20(δ))", "Σ m·w / max(N, 1)"),
         DialectMetric(IS + "std", "IS ratio exp(δ), std", "exp(clamp20(δ))·m", "unbiased std " + _PADDED),
         DialectMetric(IS + "max", "IS ratio exp(δ), max", "exp(clamp20(δ))·m", "max " + _PADDED),

@@ -18,7 +18,7 @@ from rollout_diag.engine.arrays import Array
 from rollout_diag.engine.stats import stats
 from rollout_diag.io.chunk import Chunk
 from rollout_diag.metrics.base import State, StepAccumulator, as_float
-from rollout_diag.metrics.dialects.base import DialectMetric, Framework, by_step, reductions, row_extreme
+from rollout_diag.metrics.dialects.base import Framework, by_step, reductions, row_extreme, statistics
 
 DIFF = "sampling/sampling_logp_difference/"
 RATIO = "sampling/importance_sampling_ratio/"
@@ -78,16 +78,12 @@ FRAMEWORK = Framework(
         "over processes) and over the logging interval; here one step is one batch on one process."
     ),
     metrics=(
-        DialectMetric(DIFF + "mean", "|δ|, token mean", "|a − r|", "mean over masked tokens"),
-        DialectMetric(DIFF + "max", "|δ|, max over tokens", "|a − r|", "max over masked tokens"),
-        DialectMetric(
-            RATIO + "min", "sequence IS ratio exp(S_i[δ]), min", "exp(S_i[δ]), 0 when above 3", "min " + _SEQ
-        ),
-        DialectMetric(
-            RATIO + "mean", "sequence IS ratio exp(S_i[δ]), mean", "exp(S_i[δ]), 0 when above 3", "mean " + _SEQ
-        ),
-        DialectMetric(
-            RATIO + "max", "sequence IS ratio exp(S_i[δ]), max", "exp(S_i[δ]), 0 when above 3", "max " + _SEQ
+        *statistics(DIFF, "|a − r|", "over masked tokens", {"mean": "|δ|, token mean", "max": "|δ|, max over tokens"}),
+        *statistics(
+            RATIO,
+            "exp(S_i[δ]), 0 when above 3",
+            _SEQ,
+            {stat: f"sequence IS ratio exp(S_i[δ]), {stat}" for stat in ("min", "mean", "max")},
         ),
     ),
     accumulator=TRLAccumulator,
