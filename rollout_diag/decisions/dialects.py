@@ -37,9 +37,8 @@ def _normalisation(dialects: _Dialects) -> str | None:
         return None
     heavier = "short" if sequence_abs > token_abs else "long"
     return (
-        f"token- vs sequence-normalised: mean |δ| is {number(token_abs, 4)} over tokens (SkyRL, TRL) but "
-        f"{number(sequence_abs, 4)} as slime's mean of per-sequence means ({sequence_abs / token_abs:.3g}×): "
-        f"{heavier} sequences diverge more here."
+        f"mean |δ| is {number(token_abs, 4)} over tokens (SkyRL, TRL) but {number(sequence_abs, 4)} as slime's mean "
+        f"of per-sequence means ({sequence_abs / token_abs:.3g}×): {heavier} sequences diverge more here."
     )
 
 
@@ -52,8 +51,8 @@ def _probability_space(dialects: _Dialects) -> str | None:
     prob_diff = dialects.get("roll", "actor/train_infer_diff_token_mean")
     roll = f"; ROLL's train_infer_diff_* are signed p_a − p_r (token: {number(prob_diff, 4)})" if prob_diff else ""
     return (
-        f"probability vs log space: NeMo-RL's token_mult_prob_error {number(mult, 4)} is mean exp|δ| "
-        f"(1 = identical, alert above 1.05){log_space}{roll}."
+        f"NeMo-RL's token_mult_prob_error {number(mult, 4)} is mean exp|δ| (1 = identical, alert above 1.05)"
+        f"{log_space}{roll}."
     )
 
 
@@ -62,12 +61,12 @@ def _padding(dialects: _Dialects) -> str | None:
     if is_min is None:
         return None
     if is_min != 0.0:
-        return "padding leaking into min/std: every row is full length and fully masked here, so none."
+        return "every row is full length and fully masked here, so none."
     kept_min = dialects.get("areal", "ppo_actor/update/behave_imp_weight/min")
     other = f" (AReaL's, over model tokens: {number(kept_min, 4)})" if kept_min is not None else ""
+    is_std = dialects.get("skyrl", "policy/loss_metrics/is_ratio_std")
     return (
-        "padding leaking into min/std: SkyRL's is_ratio_min is 0 and its is_ratio_std "
-        f"{number(dialects.get('skyrl', 'policy/loss_metrics/is_ratio_std'), 4)} counts the zeros of padding and "
+        f"SkyRL's is_ratio_min is 0 and its is_ratio_std {number(is_std, 4)} counts the zeros of padding and "
         f"environment tokens; the other minima are over model tokens only{other}."
     )
 
@@ -75,7 +74,7 @@ def _padding(dialects: _Dialects) -> str | None:
 def _empty_rows(dialects: _Dialects) -> str | None:
     empty_rows = dialects.run.empty_rows
     if not empty_rows:
-        return "empty rows counted or not: every row has a model token here, so it changes nothing."
+        return "every row has a model token here, so it changes nothing."
     verl_valid = dialects.get("verl", catalogue.LOG_PPL_ABS_DIFF.key + VALID_ROWS)
     verl_value = dialects.get("verl", catalogue.LOG_PPL_ABS_DIFF.key)
     moved = (
@@ -84,8 +83,8 @@ def _empty_rows(dialects: _Dialects) -> str | None:
         else ""
     )
     return (
-        f"empty rows counted or not: {empty_rows} row(s) have no model token; verl's row means{moved} and "
-        "slime count them, TRL counts them as ratio 1, ROLL and NeMo-RL's per-sequence values leave them out."
+        f"{empty_rows} row(s) have no model token; verl's row means{moved} and slime count them, TRL counts them as "
+        "ratio 1, ROLL and NeMo-RL's per-sequence values leave them out."
     )
 
 
@@ -97,10 +96,10 @@ def _clamping(dialects: _Dialects) -> str | None:
         return None
     if max_abs > 20.0:
         return (
-            f"clamped vs raw: a token has |δ| = {number(max_abs, 4)} > 20: verl's χ² and SkyRL's is_ratio clamp "
-            "δ at ±20, prime-rl, NeMo-RL, ROLL, TRL and AReaL exponentiate it raw."
+            f"a token has |δ| = {number(max_abs, 4)} > 20: verl's χ² and SkyRL's is_ratio clamp δ at ±20, "
+            "prime-rl, NeMo-RL, ROLL, TRL and AReaL exponentiate it raw."
         )
-    return f"clamped vs raw: the largest |δ| is {number(max_abs, 4)} ≤ 20, so clamping changes nothing."
+    return f"the largest |δ| is {number(max_abs, 4)} ≤ 20, so clamping changes nothing."
 
 
 def _sign(dialects: _Dialects) -> str | None:
@@ -111,7 +110,7 @@ def _sign(dialects: _Dialects) -> str | None:
     if reverse is None or forward is None:
         return None
     return (
-        f"sign: verl's kl and OpenRLHF's vllm_kl are E[r − a] = {number(reverse, 4)}; AReaL's behave_approx_kl is "
+        f"verl's kl and OpenRLHF's vllm_kl are E[r − a] = {number(reverse, 4)}; AReaL's behave_approx_kl is "
         f"E[a − r] over the tokens its rejection keeps = {number(forward, 4)}."
     )
 
@@ -153,7 +152,7 @@ def _areal_traps(dialects: _Dialects) -> str | None:
             parts.append(f"{name}: " + "; ".join(found))
     if not parts:
         return None
-    return "AReaL's own code (cbff54d) on this data: " + " — ".join(parts) + "."
+    return " — ".join(parts) + "."
 
 
 def _versions(dialects: _Dialects) -> str | None:
@@ -163,18 +162,28 @@ def _versions(dialects: _Dialects) -> str | None:
         if old is None:
             continue
         return (
-            f"one key, two meanings: {name}'s rollout_is_mean {number(old, 4)} averages the weights before "
-            "truncation, as verl logged it until #5722 (2026-03-24); verl since then logs the truncated mean under "
-            "the same name (compare-presets), so a curve from before that date is not comparable with one after it."
+            f"{name}'s rollout_is_mean {number(old, 4)} averages the weights before truncation, as verl logged it "
+            "until #5722 (2026-03-24); verl since then logs the truncated mean under the same name (compare-presets), "
+            "so a curve from before that date is not comparable with one after it."
         )
     return None
 
 
-# one sentence each where the frameworks part, in the order printed; None where the data says nothing
-_DIFFERENCES = (_normalisation, _probability_space, _padding, _empty_rows, _clamping, _sign, _areal_traps, _versions)
+# where the frameworks part, in the order printed: each sentence's heading, and its rule (the rest of the sentence,
+# None where the data says nothing)
+_DIFFERENCES = (
+    ("token- vs sequence-normalised", _normalisation),
+    ("probability vs log space", _probability_space),
+    ("padding leaking into min/std", _padding),
+    ("empty rows counted or not", _empty_rows),
+    ("clamped vs raw", _clamping),
+    ("sign", _sign),
+    ("AReaL's own code (cbff54d) on this data", _areal_traps),
+    ("one key, two meanings", _versions),
+)
 
 
 def differences(run: StepResult) -> list[str]:
     """Where the frameworks' numbers part on this data, one line each (only for the frameworks computed)."""
     dialects = _Dialects(run)
-    return [line for line in (difference(dialects) for difference in _DIFFERENCES) if line is not None]
+    return [f"{heading}: {body}" for heading, rule in _DIFFERENCES if (body := rule(dialects)) is not None]
