@@ -385,20 +385,25 @@ def token_weight_names(weight: str, floor: float | None, lower: float, upper: fl
     return ["token_is_weight", weight, *flags], [moments]
 
 
+def token_denominator(value: dict[str, Any]) -> Any:
+    """N + 1e-8 of a state (a float) or a block of steps ([B]): the denominator of every token mean T[x] (§1)."""
+    return value["tokens"] + EPS
+
+
 def weight_metrics(value: dict[str, Any], log_extremes: bool, fraction_base: Any) -> dict[str, Any]:
     """rollout_is_mean … _seq_fraction_low from WEIGHT_REDUCTIONS columns of a block of steps (names without prefix).
 
     ``log_extremes``: max/min are exp(min(max ℓ, 20)) / exp(min ℓ) (sequence-like levels); ``fraction_base``:
     what the ratio fractions divide by (N + ε for token-weighted ones, B for row ones).
     """
-    tokens, rows = value["tokens"], value["rows"]
+    rows = value["rows"]
     if log_extremes:  # §2 sequence: exp(min(max_i s_i, 20)), exp(min_i s_i) (inf, not an error, past exp's range)
         with np.errstate(over="ignore"):
             is_max, is_min = np.exp(np.minimum(value["extreme_max"], CLAMP)), np.exp(value["extreme_min"])
     else:
         is_max, is_min = value["extreme_max"], value["extreme_min"]
     return {
-        "rollout_is_mean": value["weight_sum"] / (tokens + EPS),  # T[w]
+        "rollout_is_mean": value["weight_sum"] / token_denominator(value),  # T[w]
         "rollout_is_max": is_max,
         "rollout_is_min": is_min,
         "rollout_is_ratio_fraction_high": value["high"] / fraction_base,
@@ -469,9 +474,9 @@ class ImportanceAccumulator(CorrectionAccumulator):
         }
 
     def _metrics(self, value: dict[str, Any]) -> dict[str, Any]:
-        tokens, rows = value["tokens"], value["rows"]
+        rows = value["rows"]
         config = self.config
-        denominator = tokens + EPS  # T[x] = Σ m·x / (N + 1e-8)
+        denominator = token_denominator(value)  # T[x] = Σ m·x / (N + 1e-8)
         sequence = config.level == "sequence"
         metrics = weight_metrics(value, log_extremes=sequence, fraction_base=rows if sequence else denominator)
         if config.icepop:
@@ -604,9 +609,9 @@ class RejectionOptionAccumulator(CorrectionAccumulator):
         }
 
     def _metrics(self, value: dict[str, Any]) -> dict[str, Any]:
-        tokens, valid = value["tokens"], value["valid_rows"]
+        valid = value["valid_rows"]
         option = self.option
-        denominator = tokens + EPS
+        denominator = token_denominator(value)
         # §3 fractions: sequence options over valid rows, token options T[·]
         share = (lambda count: count / valid) if option.is_sequence else (lambda count: count / denominator)
         metrics = {
@@ -659,7 +664,7 @@ class K1AsWrittenAccumulator(RejectionOptionAccumulator):
     def _metrics(self, value: dict[str, Any]) -> dict[str, Any]:
         valid = value["valid_rows"]
         return {
-            K1_WRITTEN_TOKENS: value["rejected_tokens"] / (value["tokens"] + EPS),
+            K1_WRITTEN_TOKENS: value["rejected_tokens"] / token_denominator(value),
             K1_WRITTEN_ROWS: np.where(valid > 0, value["rejected_rows"] / np.maximum(valid, 1.0), 0.0),
         }
 
@@ -723,6 +728,6 @@ class RejectionChainAccumulator(DropCountAccumulator):
 
     def _metrics(self, value: dict[str, Any]) -> dict[str, Any]:
         return {
-            PREFIX + "rollout_rs_masked_fraction": value["rejected_tokens"] / (value["tokens"] + EPS),
+            PREFIX + "rollout_rs_masked_fraction": value["rejected_tokens"] / token_denominator(value),
             PREFIX + "rollout_rs_seq_masked_fraction": value["rejected_rows"] / value["rows"],
         }

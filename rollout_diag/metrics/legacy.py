@@ -12,7 +12,6 @@ import math
 from typing import Any, ClassVar
 
 from rollout_diag import catalogue
-from rollout_diag.catalogue import EPS
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import Array
 from rollout_diag.engine.formulas import clamp20, derived, row_mean
@@ -24,6 +23,7 @@ from rollout_diag.metrics.correction import (
     rejection_counts,
     sequence_log_ratio,
     sequence_weight,
+    token_denominator,
     token_weight_names,
     weight_metrics,
     weight_stats,
@@ -165,9 +165,9 @@ class LegacyAccumulator(CorrectionAccumulator):
         }
 
     def _metrics(self, value: dict[str, Any]) -> dict[str, Any]:
-        tokens, rows = value["tokens"], value["rows"]
+        rows = value["rows"]
         config = self.config
-        denominator = tokens + EPS
+        denominator = token_denominator(value)
         metrics = {
             "rollout_is_veto_fraction": value["vetoed_rows"] / rows,
             "rollout_is_catastrophic_token_fraction": value["catastrophic_tokens"] / denominator,
