@@ -213,6 +213,15 @@ def test_resolve_names_and_refuse_unknown_ones():
         resolve("")
 
 
+def test_reductions_keep_the_order_given_and_refuse_a_field_named_twice():
+    from rollout_diag.metrics.dialects.base import reductions
+
+    table = reductions(sum=("tokens", "kl_sum"), max=(name for name in ("kl_max",)), moments=("ratio",))
+    assert list(table.items()) == [("tokens", "sum"), ("kl_sum", "sum"), ("kl_max", "max"), ("ratio", "moments")]
+    with pytest.raises(ValueError, match="named twice"):
+        reductions(sum=("tokens",), max=("tokens",))
+
+
 def test_every_framework_cites_repo_and_commit_and_its_metrics_are_the_ones_it_reports(all_result):
     run = all_result.run
     for name, framework in FRAMEWORKS.items():

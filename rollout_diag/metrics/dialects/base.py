@@ -78,7 +78,7 @@ def reductions(**fields: Iterable[str]) -> dict[str, str]:
     named = {reduction: tuple(names) for reduction, names in fields.items()}
     table = {field: reduction for reduction, names in named.items() for field in names}
     if len(table) != sum(len(names) for names in named.values()):
-        raise ValueError(f"reductions: a field named twice in {fields}")
+        raise ValueError(f"reductions: a field named twice in {named}")
     return table
 
 
