@@ -4,7 +4,8 @@
   overall verdict) and what reading skipped;
 - ``columns.py``: the column store (steps held as float64 columns, read back as ``StepResult`` lists and dicts);
 - ``analysis.py``, ``comparison.py``, ``sweep.py``: each command's result and its JSON;
-- ``shapes.py``, ``document.py``, ``loading.py``: a saved document's shape, its common fields, reading it back;
+- ``shapes.py``: an item's JSON and reading it back, field by field (``JsonItem``, ``json_as``);
+- ``document.py``, ``loading.py``: a saved document's common fields, reading one back;
 - ``reprs.py``: one-line reprs.
 """
 
@@ -71,11 +72,11 @@ from rollout_diag.results.rows import (
     Verdict,
     WorstRow,
     WorstToken,
-    json_number,
     repr_sizes,
     share_text,
 )
 from rollout_diag.results.runs import KnobEffect, RatioGate, RunMetric, RunsResult, RunSteps, RunSummary
+from rollout_diag.results.shapes import each, item_to_json, json_as, json_number
 from rollout_diag.results.sweep import SweepOption, SweepPoint, SweepResult, SweepStep, SweepTarget
 
 __all__ = [
@@ -142,7 +143,10 @@ __all__ = [
     "Verdict",
     "WorstRow",
     "WorstToken",
+    "each",
     "extra_names",
+    "item_to_json",
+    "json_as",
     "json_number",
     "json_row",
     "load_result",
