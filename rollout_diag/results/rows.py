@@ -164,6 +164,16 @@ def repr_verdict(verdict: OverallVerdict | None) -> str:
 
 
 @dataclass(frozen=True)
+class RowPlace:
+    """Where a row sits: its step, sample, file and row number within the file."""
+
+    step: int
+    sample_id: str
+    file: str
+    row: int
+
+
+@dataclass(frozen=True)
 class WorstRow:
     """A row ranked among the worst by ``criterion``; ``value`` is its score under that criterion."""
 
@@ -188,13 +198,8 @@ class WorstRow:
 
 
 @dataclass(frozen=True)
-class WorstToken:
+class WorstToken(RowPlace):
     """One of the tokens with the largest |δ|, located to the step, row, position and round."""
-
-    step: int
-    sample_id: str
-    file: str
-    row: int
 
     position: int  # index in the row, environment tokens included
     round: int
@@ -214,13 +219,8 @@ class WorstToken:
 
 
 @dataclass(frozen=True)
-class RowTokens:
+class RowTokens(RowPlace):
     """Every token of one row (environment tokens included), for token strips and ``inspect``."""
-
-    step: int
-    sample_id: str
-    file: str
-    row: int
 
     mask: list[int]
     trainer_logprob: list[float]  # 0.0 at mask-0 positions (never used there)
@@ -292,13 +292,8 @@ Sums = Mapping[str, Any]  # one state of metrics/hints.py as plain floats and li
 
 
 @dataclass(frozen=True)
-class RowRef:
+class RowRef(RowPlace):
     """A row to look at, with how strongly it shows the hint's pattern."""
-
-    step: int
-    sample_id: str
-    file: str
-    row: int
 
     score: float
 
@@ -382,13 +377,8 @@ class DivergentRound:
 
 
 @dataclass(frozen=True)
-class HintRow:
+class HintRow(RowPlace):
     """A row a hint points at: its step, sample and where it sits (file, row number within the file)."""
-
-    step: int
-    sample_id: str
-    file: str
-    row: int
 
 
 @dataclass(frozen=True)
