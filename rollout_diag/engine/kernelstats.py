@@ -207,21 +207,22 @@ class KernelStats(ChunkStats):
         return {self.within("k3", bound): self._out(k3), self.within("chi2_term", bound): self._out(chi2)}
 
     def segment_max(self, name: str) -> Array:
-        found = self._maxima.get(name)
-        if found is None:
-            found = self._kernel_extreme(name, largest=True)
-            if found is None:
-                return super().segment_max(name)
-            self._maxima[name] = found
-        return found
+        return self._segment_extreme(name, self._maxima, True, super().segment_max)
 
     def segment_min(self, name: str) -> Array:
-        found = self._minima.get(name)
+        return self._segment_extreme(name, self._minima, False, super().segment_min)
+
+    def _segment_extreme(
+        self, name: str, cache: dict[str, Array], largest: bool, reduced: Callable[[str], Array]
+    ) -> Array:
+        """The fused pass's segment maxima (``largest``) or minima of ``name``, kept in ``cache``; a quantity outside
+        the pass: ``reduced``, the torch engine's reduction (which caches its own)."""
+        found = cache.get(name)
         if found is None:
-            found = self._kernel_extreme(name, largest=False)
+            found = self._kernel_extreme(name, largest)
             if found is None:
-                return super().segment_min(name)
-            self._minima[name] = found
+                return reduced(name)
+            cache[name] = found
         return found
 
     def group_moments(self, x_name: str | PerToken, y_name: str | None = None) -> Array:
