@@ -230,7 +230,7 @@ def step_texts(steps: Sequence[StepResult]) -> Iterator[str]:
     yield from _pattern_texts(
         _kinds(presence, count),
         lambda members: _step_pattern(steps, members),
-        lambda index: _indented(steps.step(index).to_json(), _ITEM),
+        lambda index: _indented(steps.step_alone(index).to_json(), _ITEM),
         lambda slots, where: _slot_texts(slots, where),
     )
 
@@ -273,7 +273,7 @@ def _step_pattern(steps: StepTable, members: np.ndarray) -> tuple[str, list[_Slo
         values = tuple(
             _value_texts(column, np.array([index]), newline, scalars)[0] for column, newline, scalars in slots
         )
-        if pattern % values != _indented(steps.step(index).to_json(), _ITEM):
+        if pattern % values != _indented(steps.step_alone(index).to_json(), _ITEM):
             return None
     return pattern, slots
 
