@@ -27,7 +27,10 @@ from rollout_diag.results import (
     RowStats,
     StepResult,
     StepTable,
-    json_number,
+    each,
+    item_to_json,
+    json_as,
+    json_row,
     repr_text,
     run_rows,
     short_repr,
@@ -93,8 +96,8 @@ class GroupDiff:
     rows_a: int
     rows_b: int
     tokens_a: int
-    tokens_b: int
-    metrics: list[MetricDiff]
+    tokens_b: int = field(metadata=json_as(then=("change",)))
+    metrics: list[MetricDiff] = field(metadata=json_as(write=each(lambda metric: json_row(vars(metric)))))
 
     @property
     def headline(self) -> MetricDiff:
@@ -107,16 +110,8 @@ class GroupDiff:
         return abs(self.headline.difference)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "column": self.column,
-            "value": self.value,
-            "rows_a": self.rows_a,
-            "rows_b": self.rows_b,
-            "tokens_a": self.tokens_a,
-            "tokens_b": self.tokens_b,
-            "change": json_number(self.change),
-            "metrics": [json_row(vars(metric)) for metric in self.metrics],
-        }
+        """The group's fields, its ``change`` after the token counts."""
+        return item_to_json(self)
 
 
 @dataclass(frozen=True)
@@ -206,10 +201,6 @@ def _step_ids(steps: Sequence[StepResult]) -> list[int]:
     if isinstance(steps, StepTable):
         return steps.step_ids.tolist()
     return [step.step for step in steps if step.step is not None]  # a per-step result always has its step
-
-
-def json_row(row: dict[str, Any]) -> dict[str, Any]:
-    return {key: json_number(value) for key, value in row.items()}
 
 
 def diff(

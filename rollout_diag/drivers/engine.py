@@ -223,7 +223,7 @@ def read_fields(log: ReadLog, device: str) -> dict[str, Any]:
 def trainer_columns_of(analysis: Analysis) -> TrainerColumns | None:
     """Row mismatch against the dump's trainer columns (None without any, or where no findings were gathered)."""
     numbers = analysis.trainer_columns.finalize() if analysis.findings and not analysis.offpolicy_only else None
-    return None if numbers is None else TrainerColumns.of(numbers)
+    return None if numbers is None else TrainerColumns.from_json(numbers)
 
 
 def build_result(

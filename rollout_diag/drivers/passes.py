@@ -19,7 +19,7 @@ from rollout_diag.drivers.dump import DEFAULT_CHUNK_TOKENS, PRESET_CHUNK_TOKENS,
 from rollout_diag.engine import arrays
 from rollout_diag.engine.arrays import device_kind
 from rollout_diag.engine.choice import kernel_for
-from rollout_diag.engine.quantities import SHARED_QUANTITIES
+from rollout_diag.engine.quantities import PROBABILITY_QUANTITIES, SHARED_QUANTITIES
 from rollout_diag.engine.stats import prepare, stats
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.groups import GroupedAnalysis, GroupSpec
@@ -71,13 +71,7 @@ ANALYSIS_QUANTITIES = (
     "square",
     "clamped_log_ratio",
     "chi2_term",
-    "trainer_prob",
-    "rollout_prob",
-    "prob_diff",
-    "hint_clipped_abs",
-    "hint_clipped_square",
-    "hint_cross",
-    "hint_rollout_square",
+    *PROBABILITY_QUANTITIES,
 )
 # §1 alone: what every preset reports beside its own metrics.
 OFFPOLICY_QUANTITIES = (*SHARED_QUANTITIES, "k3", "square", "clamped_log_ratio", "chi2_term")

@@ -34,6 +34,15 @@ from rollout_diag.engine.quantities import (
 )
 
 
+def _layout_column(index: int) -> cached_property[Array]:
+    """Column ``index`` of ``KernelStats._layout`` as the chunk's kind of array, computed once per chunk."""
+
+    def column(self: KernelStats) -> Array:
+        return self._out(self._layout[index])
+
+    return cached_property(column)
+
+
 class KernelStats(ChunkStats):
     """The numba engine (CPU chunks): segments, and the segment sums / maxima / minima of every kernel quantity
     (``kernels/cpu.QUANTITIES``), catastrophic counts, centred moments and the δ histogram come from compiled passes
@@ -110,25 +119,12 @@ class KernelStats(ChunkStats):
     def model_tokens(self) -> int:
         return int(self._layout[2].sum())
 
-    @cached_property
-    def segment_starts(self) -> Array:
-        return self._out(self._layout[1])
-
-    @cached_property
-    def segment_length(self) -> Array:
-        return self._out(self._layout[2])
-
-    @cached_property
-    def segment_row(self) -> Array:
-        return self._out(self._layout[3])
-
-    @cached_property
-    def segment_bucket(self) -> Array:
-        return self._out(self._layout[4])
-
-    @cached_property
-    def segment_round(self) -> Array:
-        return self._out(self._layout[5])
+    # the segments' columns of the layout (model start, length, row, bucket, round), each cached as ChunkStats' are
+    segment_starts = _layout_column(1)
+    segment_length = _layout_column(2)
+    segment_row = _layout_column(3)
+    segment_bucket = _layout_column(4)
+    segment_round = _layout_column(5)
 
     def largest_tokens(self, name: str, floor: float) -> tuple[Array | None, Array]:
         if name != "abs_log_ratio" or floor == -math.inf:
@@ -211,21 +207,22 @@ class KernelStats(ChunkStats):
         return {self.within("k3", bound): self._out(k3), self.within("chi2_term", bound): self._out(chi2)}
 
     def segment_max(self, name: str) -> Array:
-        found = self._maxima.get(name)
-        if found is None:
-            found = self._kernel_extreme(name, largest=True)
-            if found is None:
-                return super().segment_max(name)
-            self._maxima[name] = found
-        return found
+        return self._segment_extreme(name, self._maxima, True, super().segment_max)
 
     def segment_min(self, name: str) -> Array:
-        found = self._minima.get(name)
+        return self._segment_extreme(name, self._minima, False, super().segment_min)
+
+    def _segment_extreme(
+        self, name: str, cache: dict[str, Array], largest: bool, reduced: Callable[[str], Array]
+    ) -> Array:
+        """The fused pass's segment maxima (``largest``) or minima of ``name``, kept in ``cache``; a quantity outside
+        the pass: ``reduced``, the torch engine's reduction (which caches its own)."""
+        found = cache.get(name)
         if found is None:
-            found = self._kernel_extreme(name, largest=False)
+            found = self._kernel_extreme(name, largest)
             if found is None:
-                return super().segment_min(name)
-            self._minima[name] = found
+                return reduced(name)
+            cache[name] = found
         return found
 
     def group_moments(self, x_name: str | PerToken, y_name: str | None = None) -> Array:

@@ -9,6 +9,16 @@ kernels read it before anything else loads."""
 
 import math
 
+# The probabilities and the hint quantities made from them (what the analysis reads beside the log-ratio ones).
+PROBABILITY_QUANTITIES = (
+    "trainer_prob",
+    "rollout_prob",
+    "prob_diff",
+    "hint_clipped_abs",
+    "hint_clipped_square",
+    "hint_cross",
+    "hint_rollout_square",
+)
 # The quantities whose segment sums the numba engine's fused pass computes, in the order of its output rows.
 QUANTITIES = (
     "trainer",
@@ -20,13 +30,7 @@ QUANTITIES = (
     "square",
     "clamped_log_ratio",
     "rs_k2",
-    "trainer_prob",
-    "rollout_prob",
-    "prob_diff",
-    "hint_clipped_abs",
-    "hint_clipped_square",
-    "hint_cross",
-    "hint_rollout_square",
+    *PROBABILITY_QUANTITIES,
     "skyrl_k3",
 )
 # The quantities whose segment maxima and minima the fused pass computes (what the families read), in output order.

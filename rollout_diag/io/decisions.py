@@ -10,7 +10,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -32,40 +32,7 @@ FIXED_COLUMNS = (
 )
 
 
-class DecisionFile:
-    """One Parquet file of per-preset, per-row decisions, written a chunk at a time.
-
-    Columns: preset, step, sample_id, file, file_row, tokens (model tokens n_i), tokens_rejected (RS rejection,
-    IcePop zero weights, legacy mask/veto), kept (no model token rejected), is_weight (R_i[w] before batch
-    normalisation; legacy: of the raw w; null without IS), and ``stat_<option>`` per RS option in ``options``:
-    the row value v_i (§3: S_i[k], R_i[k], max; R_i[k] for token options), null for presets without that option.
-    Raises ConfigError when ``path`` cannot be written.
-    """
-
-    def __init__(self, path: str | Path, options: Sequence[str]) -> None:
-        self.path = Path(path)
-        self.options = list(options)
-        columns = [*FIXED_COLUMNS, *[(f"stat_{option}", "float64") for option in self.options]]
-        self._file = RowTableWriter(self.path, columns, setting=option_name("export_decisions_to"))
-
-    @property
-    def names(self) -> list[str]:
-        return list(self._file.schema.names)
-
-    def write(self, columns: dict[str, Any]) -> None:
-        """Append one block of rows: every column of ``names``, equally long."""
-        self._file.write(columns)
-
-    def close(self) -> None:
-        self._file.close()
-
-    def __enter__(self) -> DecisionFile:
-        return self
-
-    def __exit__(self, error_type: type[BaseException] | None, *rest: Any) -> None:
-        """Close the file; a pass that failed leaves no half-written file behind."""
-        self._file.__exit__(error_type, *rest)
-
+Writer = TypeVar("Writer", bound="RowTableWriter")
 
 _KINDS = {
     "string": pa.string(),
@@ -110,7 +77,7 @@ class RowTableWriter:
         if os.path.lexists(self._temporary):
             commit(self._temporary, self.path)
 
-    def __enter__(self) -> RowTableWriter:
+    def __enter__(self: Writer) -> Writer:
         return self
 
     def __exit__(
@@ -121,3 +88,24 @@ class RowTableWriter:
             return
         self._writer.close()
         discard(self._temporary)
+
+
+class DecisionFile(RowTableWriter):
+    """One Parquet file of per-preset, per-row decisions, written a chunk at a time.
+
+    Columns: preset, step, sample_id, file, file_row, tokens (model tokens n_i), tokens_rejected (RS rejection,
+    IcePop zero weights, legacy mask/veto), kept (no model token rejected), is_weight (R_i[w] before batch
+    normalisation; legacy: of the raw w; null without IS), and ``stat_<option>`` per RS option in ``options``:
+    the row value v_i (§3: S_i[k], R_i[k], max; R_i[k] for token options), null for presets without that option.
+    Raises ConfigError when ``path`` cannot be written.
+    """
+
+    def __init__(self, path: str | Path, options: Sequence[str]) -> None:
+        self.options = list(options)
+        columns = [*FIXED_COLUMNS, *[(f"stat_{option}", "float64") for option in self.options]]
+        super().__init__(path, columns, setting=option_name("export_decisions_to"))
+
+    @property
+    def names(self) -> list[str]:
+        """The columns each ``write`` takes, every one equally long, in file order."""
+        return list(self.schema.names)

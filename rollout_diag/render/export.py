@@ -19,7 +19,6 @@ from rollout_diag.results import (
     Column,
     ComparisonResult,
     MetricColumns,
-    RowMetrics,
     Rows,
     StepResult,
     StepTable,
@@ -231,7 +230,7 @@ def step_texts(steps: Sequence[StepResult]) -> Iterator[str]:
     yield from _pattern_texts(
         _kinds(presence, count),
         lambda members: _step_pattern(steps, members),
-        lambda index: _indented(_step_at(steps, index).to_json(), _ITEM),
+        lambda index: _indented(steps.step_alone(index).to_json(), _ITEM),
         lambda slots, where: _slot_texts(slots, where),
     )
 
@@ -241,18 +240,6 @@ def _slot_texts(slots: list[_Slot], where: np.ndarray) -> list[list[str]]:
     metric, verl's ``log_ppl_diff_max`` of one-row steps)."""
     made: dict[bytes, list[str]] = {}
     return [_value_texts(column, where, indent, scalars, made) for column, indent, scalars in slots]
-
-
-def _step_at(steps: StepTable, index: int) -> StepResult:
-    """Step ``index`` as ``steps[index]`` reads it, without building every step's StepResult."""
-    return StepResult(
-        int(steps.step_ids[index]),
-        int(steps.rows[index]),
-        int(steps.tokens[index]),
-        RowMetrics(steps.metrics, index),  # type: ignore[arg-type]
-        int(steps.empty_rows[index]),
-        {name: RowMetrics(columns, index) for name, columns in steps.dialects.items() if columns.reports[index]},  # type: ignore[misc]
-    )
 
 
 _COUNTS = "\n      "  # a value of a step's own dict
@@ -286,7 +273,7 @@ def _step_pattern(steps: StepTable, members: np.ndarray) -> tuple[str, list[_Slo
         values = tuple(
             _value_texts(column, np.array([index]), newline, scalars)[0] for column, newline, scalars in slots
         )
-        if pattern % values != _indented(_step_at(steps, index).to_json(), _ITEM):
+        if pattern % values != _indented(steps.step_alone(index).to_json(), _ITEM):
             return None
     return pattern, slots
 

@@ -4,7 +4,8 @@
   overall verdict) and what reading skipped;
 - ``columns.py``: the column store (steps held as float64 columns, read back as ``StepResult`` lists and dicts);
 - ``analysis.py``, ``comparison.py``, ``sweep.py``: each command's result and its JSON;
-- ``shapes.py``, ``document.py``, ``loading.py``: a saved document's shape, its common fields, reading it back;
+- ``shapes.py``: an item's JSON and reading it back, field by field (``JsonItem``, ``json_as``);
+- ``document.py``, ``loading.py``: a saved document's common fields, reading one back;
 - ``reprs.py``: one-line reprs.
 """
 
@@ -60,6 +61,7 @@ from rollout_diag.results.rows import (
     Hint,
     HintRow,
     OverallVerdict,
+    RowPlace,
     RowRef,
     RowStats,
     RowTokens,
@@ -71,11 +73,11 @@ from rollout_diag.results.rows import (
     Verdict,
     WorstRow,
     WorstToken,
-    json_number,
     repr_sizes,
     share_text,
 )
 from rollout_diag.results.runs import KnobEffect, RatioGate, RunMetric, RunsResult, RunSteps, RunSummary
+from rollout_diag.results.shapes import each, item_to_json, json_as, json_number
 from rollout_diag.results.sweep import SweepOption, SweepPoint, SweepResult, SweepStep, SweepTarget
 
 __all__ = [
@@ -116,6 +118,7 @@ __all__ = [
     "ReadSequence",
     "Recommendation",
     "RowMetrics",
+    "RowPlace",
     "RowRef",
     "RowStats",
     "RowTokens",
@@ -142,7 +145,10 @@ __all__ = [
     "Verdict",
     "WorstRow",
     "WorstToken",
+    "each",
     "extra_names",
+    "item_to_json",
+    "json_as",
     "json_number",
     "json_row",
     "load_result",

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from functools import partial
 from typing import Any, ClassVar
 
 from rollout_diag.errors import InputError
@@ -29,12 +28,20 @@ from rollout_diag.results.rows import (
     Verdict,
     WorstRow,
     WorstToken,
-    json_number,
     repr_sizes,
     repr_verdict,
 )
 from rollout_diag.results.schema import check_document
-from rollout_diag.results.shapes import check_same_lengths, item_from_json, required
+from rollout_diag.results.shapes import (
+    JsonItem,
+    check_same_lengths,
+    each,
+    item_from_json,
+    item_json,
+    json_as,
+    json_number,
+    required,
+)
 
 
 def json_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -64,64 +71,48 @@ def extra_names(rows: Iterable[WorstRow]) -> list[str]:
     return list(names)
 
 
+def json_verdict(verdict: Mapping[str, Any]) -> dict[str, Any]:
+    metrics = {
+        key: {**entry, "value": json_number(entry.get("value"))} for key, entry in verdict.get("metrics", {}).items()
+    }
+    return {**verdict, "metrics": metrics}
+
+
+def _table_rows(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{key: _nan_for_null(value, key) for key, value in row.items()} for row in raw]
+
+
+def _nan_for_null(value: Any, key: str) -> Any:
+    # Integers-or-labels stay as they are; a null float metric was NaN before to_json().
+    if value is None and key not in ("step", "bucket", "label"):
+        return math.nan
+    return value
+
+
 @dataclass(frozen=True)
-class GroupResult:
+class GroupResult(JsonItem):
     """One group of rows of ``--by`` (``rollout_diag/groups.py``): its key metrics for the run and per step."""
 
     column: str  # the --by spec as written: "env_name", "reward:sign", "response_length:bins=100,1000"
     value: ExtraValue  # the column's value or the bucket's label; None: rows where the column is null
     rows: int
     tokens: int
-    row_share: float  # of the run's rows
-    token_share: float  # of the run's model tokens
-    metrics: dict[str, float]
-    steps: list[StepResult]
-    verdict: dict[str, Any]  # {"level", "sentence", "metrics": {key: {"value", "level"}}}
+    row_share: float = field(metadata=json_as(absent=0.0))  # of the run's rows
+    token_share: float = field(metadata=json_as(absent=0.0))  # of the run's model tokens
+    metrics: dict[str, float] = field(metadata=json_as(write=json_row))
+    steps: list[StepResult] = field(metadata=json_as(write=each(item_json), absent=[]))
+    # {"level", "sentence", "metrics": {key: {"value", "level"}}}
+    verdict: dict[str, Any] = field(metadata=json_as(write=json_verdict, read=dict, absent={}))
     most_divergent_round: int | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "column": self.column,
-            "value": self.value,
-            "rows": self.rows,
-            "tokens": self.tokens,
-            "row_share": self.row_share,
-            "token_share": self.token_share,
-            "metrics": {name: json_number(value) for name, value in self.metrics.items()},
-            "steps": [step.to_json() for step in self.steps],
-            "verdict": json_verdict(self.verdict),
-            "most_divergent_round": self.most_divergent_round,
-        }
-
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> GroupResult:
-        return cls(
-            column=raw["column"],
-            value=raw["value"],
-            rows=raw["rows"],
-            tokens=raw["tokens"],
-            row_share=raw.get("row_share", 0.0),
-            token_share=raw.get("token_share", 0.0),
-            metrics={name: math.nan if value is None else value for name, value in raw["metrics"].items()},
-            steps=[StepResult.from_json(step) for step in raw.get("steps", [])],
-            verdict=dict(raw.get("verdict", {})),
-            most_divergent_round=raw.get("most_divergent_round"),
-        )
-
     def __repr__(self) -> str:
+        value = "(null)" if self.value is None else self.value
         return short_repr(
             "GroupResult",
-            f"{repr_text(self.column)} = {repr_text('(null)' if self.value is None else self.value)}",
+            f"{repr_text(self.column)} = {repr_text(value)}",
             f"verdict {self.verdict.get('level', 'n/a')}",
             f"{self.rows:,} rows, {self.tokens:,} model tokens, {len(self.steps):,} steps",
         )
-
-
-def json_verdict(verdict: Mapping[str, Any]) -> dict[str, Any]:
-    metrics = {
-        key: {**entry, "value": json_number(entry.get("value"))} for key, entry in verdict.get("metrics", {}).items()
-    }
-    return {**verdict, "metrics": metrics}
 
 
 @dataclass(frozen=True)
@@ -138,11 +129,11 @@ class AnalysisResult(ResultViews):
     device: str
     run: StepResult
     steps: Sequence[StepResult]  # built by analyze: a StepTable (the same StepResults, held as columns)
-    rounds: list[dict[str, Any]]
+    rounds: list[dict[str, Any]] = field(metadata=json_as(read=_table_rows))
     verdicts: list[Verdict]
     # Localisation (where it diverges): see rollout_diag/metrics/localize.py.
     # log2 position buckets; "step" None = run (built by analyze: Rows, the same dicts held as columns)
-    positions: Sequence[dict[str, Any]] = field(default_factory=list)
+    positions: Sequence[dict[str, Any]] = field(default_factory=list, metadata=json_as(read=_table_rows))
     worst_rows: list[WorstRow] = field(default_factory=list)
     worst_tokens: list[WorstToken] = field(default_factory=list)
     worst_row_tokens: list[RowTokens] = field(default_factory=list)
@@ -255,62 +246,10 @@ class AnalysisResult(ResultViews):
             check_same_lengths(document.get("worst_row_tokens"), RowTokens.JSON_SAME_LENGTH, "worst_row_tokens")
         except InputError as exc:
             raise InputError(f"not an `analyze --format json` result: {exc.message}") from None
-        values = {
-            spec.name: _FIELD_READERS.get(spec.name, _as_written)(document[spec.name])
-            for spec in dataclasses.fields(cls)
-            if spec.name in document
-        }
-        missing = [spec.name for spec in dataclasses.fields(cls) if required(spec) and spec.name not in values]
+        missing = [spec.name for spec in dataclasses.fields(cls) if required(spec) and spec.name not in document]
         if missing:
             raise InputError(f"result JSON lacks {', '.join(missing)}")
-        return cls(**values)
-
-
-# List fields of AnalysisResult whose items are dataclasses.
-_ITEM_TYPES: dict[str, type] = {
-    "verdicts": Verdict,
-    "skipped": SkippedRow,
-    "worst_rows": WorstRow,
-    "worst_tokens": WorstToken,
-    "worst_row_tokens": RowTokens,
-    "anomalies": Anomaly,
-    "trends": Trend,
-    "hints": Hint,
-}
-
-
-def _as_written(raw: Any) -> Any:
-    return raw
-
-
-def _table_rows(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{key: _nan_for_null(value, key) for key, value in row.items()} for row in raw]
-
-
-# How each field of AnalysisResult is read from its JSON (any other field: as written).
-_FIELD_READERS: dict[str, Callable[[Any], Any]] = {
-    "run": StepResult.from_json,
-    "steps": lambda raw: [StepResult.from_json(step) for step in raw],
-    **{
-        name: partial(lambda item_type, raw: [item_from_json(item_type, item) for item in raw], item_type)
-        for name, item_type in _ITEM_TYPES.items()
-    },
-    "verdict": lambda raw: None if raw is None else OverallVerdict.from_json(raw),
-    "divergent_round": lambda raw: None if raw is None else DivergentRound.from_json(raw),
-    "skipped_data": SkippedData.from_json,
-    "prompts": lambda raw: None if raw is None else PromptFindings.from_json(raw),
-    "groups": lambda raw: [GroupResult.from_json(group) for group in raw],
-    "trainer_columns": lambda raw: None if raw is None else TrainerColumns.from_json(raw),
-    "rounds": _table_rows,
-    "positions": _table_rows,
-}
-
-
-def _nan_for_null(value: Any, key: str) -> Any:
-    # Integers-or-labels stay as they are; a null float metric was NaN before to_json().
-    if value is None and key not in ("step", "bucket", "label"):
-        return math.nan
-    return value
+        return item_from_json(cls, document)
 
 
 def _anomaly_row(anomaly: Anomaly) -> dict[str, Any]:

@@ -254,7 +254,10 @@ class StepTable(ReadSequence[StepResult]):
         one made alone (equal to it, not the same object)."""
         if self._built is not None:
             return self._built[index]
-        index = range(len(self))[index]
+        return self.step_alone(range(len(self))[index])
+
+    def step_alone(self, index: int) -> StepResult:
+        """Step ``index`` (0 to ``len - 1``) made alone from the columns, equal to ``table[index]``."""
         return StepResult(
             int(self.step_ids[index]),
             int(self.rows[index]),

@@ -3,10 +3,9 @@ document's per-step columns (schema version 2)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
@@ -36,7 +35,7 @@ from rollout_diag.results.rows import (
     repr_verdict,
 )
 from rollout_diag.results.schema import check_document
-from rollout_diag.results.shapes import found, item_from_json, join_path
+from rollout_diag.results.shapes import JsonItem, each, found, item_from_json, join_path, json_as
 from rollout_diag.results.sweep import SweepOption
 
 STEP_COUNTS = ("step", "rows", "tokens", "empty_rows")  # the leading columns of the document's top-level ``steps``
@@ -201,7 +200,7 @@ def _block_from_json(
 
 
 @dataclass(frozen=True)
-class PresetResult:
+class PresetResult(JsonItem):
     """One preset: its settings, §1 + §2/§3 (or §8) + ``summary/`` metrics per step and for the run."""
 
     name: str
@@ -209,34 +208,27 @@ class PresetResult:
     mode: str
     steps: Sequence[StepResult]  # built by compare_presets: PresetSteps (read from the presets' columns)
     run: StepResult
-    intrusive_reasons: tuple[str, ...] = ()  # decisions/intrusive.py: why the preset is intrusive (empty: it is not)
+    # decisions/intrusive.py: why the preset is intrusive (empty: it is not)
+    intrusive_reasons: tuple[str, ...] = field(default=(), metadata=json_as(read=tuple))
 
     @property
     def intrusive(self) -> bool:
         return bool(self.intrusive_reasons)
 
     def to_json(self) -> dict[str, Any]:
+        return self.json_entry([step.to_json() for step in self.steps])
+
+    def json_entry(self, steps: Any) -> dict[str, Any]:
+        """The preset's JSON with ``steps`` as its steps (a document's: the block of its own columns)."""
         return {
             "name": self.name,
             "mode": self.mode,
             "config": dict(self.config),
             "intrusive": self.intrusive,
             "intrusive_reasons": list(self.intrusive_reasons),
-            "steps": [step.to_json() for step in self.steps],
+            "steps": steps,
             "run": self.run.to_json(),
         }
-
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> PresetResult:
-        """Inverse of ``to_json``."""
-        return cls(
-            name=raw["name"],
-            config=raw["config"],
-            mode=raw["mode"],
-            steps=[StepResult.from_json(step) for step in raw["steps"]],
-            run=StepResult.from_json(raw["run"]),
-            intrusive_reasons=tuple(raw.get("intrusive_reasons", ())),
-        )
 
     def __repr__(self) -> str:
         return short_repr(
@@ -247,48 +239,38 @@ class PresetResult:
         )
 
 
+_LISTED = json_as(write=list)  # a list field, written as a copy
+
+
 @dataclass(frozen=True)
-class Recommendation:
+class Recommendation(JsonItem):
     """The recommended preset (None when no preset meets the rule), the rule, the runner-up, and why each more
     intrusive preset was not chosen (rollout_diag/decisions/recommend.py states the rule)."""
 
     preset: str | None
     rule: str
-    reasons: list[str]
+    reasons: list[str] = field(metadata=_LISTED)
     runner_up: str | None = None
     runner_up_reason: str = ""
-    not_chosen: list[tuple[str, str]] = field(default_factory=list)  # (preset, why), most intrusive last
-    equivalent: list[str] = field(default_factory=list)  # same IS/RS settings, another mode: same numbers
+    # (preset, why), most intrusive last; each written as {"preset", "reason"}
+    not_chosen: list[tuple[str, str]] = field(
+        default_factory=list,
+        metadata=json_as(
+            write=each(lambda item: {"preset": item[0], "reason": item[1]}),
+            read=each(lambda item: (item["preset"], item["reason"])),
+        ),
+    )
+    # same IS/RS settings, another mode: same numbers
+    equivalent: list[str] = field(default_factory=list, metadata=_LISTED)
     note: str = ""
-    order: list[str] = field(default_factory=list)  # every preset, least intrusive first
-    ties: list[str] = field(default_factory=list)  # presets within the noise bound of the chosen one
+    order: list[str] = field(default_factory=list, metadata=_LISTED)  # every preset, least intrusive first
+    ties: list[str] = field(default_factory=list, metadata=_LISTED)  # presets within the noise bound of the chosen one
     tie_reason: str = ""  # why the chosen one won among its ties ("" without ties)
 
     def summary(self) -> str:
         if self.preset is None:
             return "No preset meets the rule on this data."
         return f"Recommended: {self.preset} ({'; '.join(self.reasons)})."
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "preset": self.preset,
-            "rule": self.rule,
-            "reasons": list(self.reasons),
-            "runner_up": self.runner_up,
-            "runner_up_reason": self.runner_up_reason,
-            "not_chosen": [{"preset": name, "reason": reason} for name, reason in self.not_chosen],
-            "equivalent": list(self.equivalent),
-            "note": self.note,
-            "order": list(self.order),
-            "ties": list(self.ties),
-            "tie_reason": self.tie_reason,
-        }
-
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> Recommendation:
-        values = {key: value for key, value in raw.items() if key in {f.name for f in dataclasses.fields(cls)}}
-        values["not_chosen"] = [(item["preset"], item["reason"]) for item in raw.get("not_chosen", [])]
-        return cls(**values)
 
     def __repr__(self) -> str:
         return short_repr(
@@ -421,18 +403,7 @@ class ComparisonResult(ResultViews):
         """``to_json`` with the per-step blocks as :class:`Column` objects (read when written) and ``step_levels`` the
         entries as held: what ``render.export.comparison_json_pieces`` writes a column at a time."""
         top, blocks = comparison_columns(self.presets)
-        presets = [
-            {
-                "name": preset.name,
-                "mode": preset.mode,
-                "config": dict(preset.config),
-                "intrusive": preset.intrusive,
-                "intrusive_reasons": list(preset.intrusive_reasons),
-                "steps": block,
-                "run": preset.run.to_json(),
-            }
-            for preset, block in zip(self.presets, blocks, strict=True)
-        ]
+        presets = [preset.json_entry(block) for preset, block in zip(self.presets, blocks, strict=True)]
         return result_document(
             self,
             layout=self.layout,
@@ -467,14 +438,5 @@ def _presets_from_columns(document: dict[str, Any]) -> list[PresetResult]:
         steps, own = _block_from_json(item["steps"], path, ("step",), len(base))
         if not np.array_equal(steps["step"], base.step_ids):
             raise InputError(f"field '{path}.step': expected the steps of the top-level 'steps.step'.")
-        presets.append(
-            PresetResult(
-                name=item["name"],
-                config=item["config"],
-                mode=item["mode"],
-                steps=PresetTable(base, own),
-                run=StepResult.from_json(item["run"]),
-                intrusive_reasons=tuple(item.get("intrusive_reasons", ())),
-            )
-        )
+        presets.append(replace(PresetResult.from_json({**item, "steps": []}), steps=PresetTable(base, own)))
     return presets

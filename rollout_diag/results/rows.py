@@ -13,14 +13,7 @@ import numpy as np
 from rollout_diag.catalogue import K3_KL
 from rollout_diag.formatting import ExtraValue
 from rollout_diag.results.reprs import repr_text, short_repr
-from rollout_diag.results.shapes import item_from_json
-
-
-def json_number(value: Any) -> Any:
-    """NaN and ±inf have no JSON spelling: they become null (the schema allows it for metrics)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
+from rollout_diag.results.shapes import JsonItem, json_as, json_number, optional
 
 
 def share_text(share: float) -> str:
@@ -47,18 +40,19 @@ class SkippedRow:
 
 
 @dataclass(frozen=True)
-class SkippedData:
+class SkippedData(JsonItem):
     """How much of the input reading left out, and why: the rows and model tokens skipped as invalid, of those read
     (analysed + skipped), and every skipped row counted by what was wrong with it (``reasons``, most rows first).
     ``tokens`` counts the model tokens of the skipped rows whose lists could be read (a null list, lists of unequal
     lengths or an undecodable row group have none to count)."""
 
     rows: int = 0
-    input_rows: int = 0
+    input_rows: int = field(default=0, metadata=json_as(then=("row_share",)))
     tokens: int = 0
-    input_tokens: int = 0
-    reasons: dict[str, int] = field(default_factory=dict)
-    first: SkippedRow | None = None  # the first row skipped, in reading order
+    input_tokens: int = field(default=0, metadata=json_as(then=("token_share",)))
+    reasons: dict[str, int] = field(default_factory=dict, metadata=json_as(write=dict, read=dict))
+    # the first row skipped, in reading order
+    first: SkippedRow | None = field(default=None, metadata=json_as(write=optional(asdict)))
 
     @property
     def row_share(self) -> float:
@@ -97,30 +91,6 @@ class SkippedData:
         if not self.rows:
             return f"{rows:,} rows, {tokens:,} model tokens"
         return f"{rows:,} of {self.input_rows:,} rows, {tokens:,} of {self.input_tokens:,} model tokens"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "rows": self.rows,
-            "input_rows": self.input_rows,
-            "row_share": self.row_share,
-            "tokens": self.tokens,
-            "input_tokens": self.input_tokens,
-            "token_share": self.token_share,
-            "reasons": dict(self.reasons),
-            "first": None if self.first is None else asdict(self.first),
-        }
-
-    @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> SkippedData:
-        first = raw.get("first")
-        return cls(
-            rows=raw["rows"],
-            input_rows=raw["input_rows"],
-            tokens=raw.get("tokens", 0),
-            input_tokens=raw.get("input_tokens", 0),
-            reasons=dict(raw.get("reasons", {})),
-            first=None if first is None else SkippedRow(**first),
-        )
 
 
 @dataclass(frozen=True)
@@ -194,6 +164,16 @@ def repr_verdict(verdict: OverallVerdict | None) -> str:
 
 
 @dataclass(frozen=True)
+class RowPlace:
+    """Where a row sits: its step, sample, file and row number within the file."""
+
+    step: int
+    sample_id: str
+    file: str
+    row: int
+
+
+@dataclass(frozen=True)
 class WorstRow:
     """A row ranked among the worst by ``criterion``; ``value`` is its score under that criterion."""
 
@@ -218,13 +198,9 @@ class WorstRow:
 
 
 @dataclass(frozen=True)
-class WorstToken:
+class WorstToken(RowPlace):
     """One of the tokens with the largest |δ|, located to the step, row, position and round."""
 
-    step: int
-    sample_id: str
-    file: str
-    row: int
     position: int  # index in the row, environment tokens included
     round: int
     token_id: int | None
@@ -243,13 +219,9 @@ class WorstToken:
 
 
 @dataclass(frozen=True)
-class RowTokens:
+class RowTokens(RowPlace):
     """Every token of one row (environment tokens included), for token strips and ``inspect``."""
 
-    step: int
-    sample_id: str
-    file: str
-    row: int
     mask: list[int]
     trainer_logprob: list[float]  # 0.0 at mask-0 positions (never used there)
     rollout_logprob: list[float]
@@ -320,13 +292,9 @@ Sums = Mapping[str, Any]  # one state of metrics/hints.py as plain floats and li
 
 
 @dataclass(frozen=True)
-class RowRef:
+class RowRef(RowPlace):
     """A row to look at, with how strongly it shows the hint's pattern."""
 
-    step: int
-    sample_id: str
-    file: str
-    row: int
     score: float
 
 
@@ -409,13 +377,8 @@ class DivergentRound:
 
 
 @dataclass(frozen=True)
-class HintRow:
+class HintRow(RowPlace):
     """A row a hint points at: its step, sample and where it sits (file, row number within the file)."""
-
-    step: int
-    sample_id: str
-    file: str
-    row: int
 
 
 @dataclass(frozen=True)
@@ -432,7 +395,7 @@ class Hint:
 
 
 @dataclass(frozen=True)
-class OverallVerdict:
+class OverallVerdict(JsonItem):
     """The answer in one object (rollout_diag/decisions/verdict.py states the rules): the level, what causes it, one
     sentence saying what to do first, the key metrics that set the level, the pipeline findings (hint ids) behind
     cause ``pipeline``, and notes (length, negative χ², little data, outliers)."""
@@ -443,13 +406,6 @@ class OverallVerdict:
     metrics: list[str] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> OverallVerdict:
-        return item_from_json(cls, raw)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ effects, gates and the first line); renderers and exports read it.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,69 +16,68 @@ from rollout_diag.errors import InputError
 from rollout_diag.results.document import SCHEMA_VERSION, schema_version
 from rollout_diag.results.prompts import RunsPrompts
 from rollout_diag.results.reprs import short_repr
-from rollout_diag.results.rows import json_number
 from rollout_diag.results.schema import check_document
-from rollout_diag.results.shapes import found
+from rollout_diag.results.shapes import JsonItem, found, json_as, json_float, json_number, optional
+
+
+def _pair(low: float, high: float) -> list[Any]:
+    return [json_number(low), json_number(high)] if math.isfinite(low) and math.isfinite(high) else [None, None]
+
+
+def _interval(pair: list[float | None]) -> tuple[float, float]:
+    return json_float(pair[0]), json_float(pair[1])
+
+
+# A statistic: written by ``json_number``, read back as a float (null: NaN).
+_STATISTIC = json_as(write=json_number, read=json_float)
+# The bootstrap interval (low, high) of a statistic, one JSON pair (null, null where either end is not finite).
+_INTERVAL = json_as(key="interval", write=lambda ends: _pair(*ends), read=_interval)
+# The interval of ``difference``, null where there is none.
+_DIFFERENCE_INTERVAL = json_as(
+    key="difference_interval",
+    write=lambda ends: None if None in ends else _pair(*ends),
+    read=lambda pair: (None, None) if pair is None else _interval(pair),
+)
 
 
 @dataclass(frozen=True)
-class RunMetric:
+class RunMetric(JsonItem):
     """One key metric of one run and its bootstrap interval over the run's rows (resampled within steps)."""
 
     metric: str
-    value: float
-    low: float
-    high: float
-
-    def to_json(self) -> dict[str, Any]:
-        return {"metric": self.metric, "value": json_number(self.value), "interval": _pair(self.low, self.high)}
-
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> RunMetric:
-        return cls(raw["metric"], _number(raw["value"]), *_interval(raw["interval"]))
+    value: float = field(metadata=_STATISTIC)
+    low: float = field(metadata=_INTERVAL)
+    high: float = field(metadata=_INTERVAL)
 
 
 @dataclass(frozen=True)
-class RunSummary:
+class RunSummary(JsonItem):
     """One run: its name, knobs (values as text), what it read, its verdict (the overall verdict's rules on its run
     metrics, without hint evidence), its key metrics and the first step where it departs from the baseline run."""
 
     name: str
-    knobs: dict[str, str]
-    inputs: list[str]
+    knobs: dict[str, str] = field(metadata=json_as(write=dict))
+    inputs: list[str] = field(metadata=json_as(write=list))
     rows: int
     tokens: int
     steps: int
     verdict: str
     verdict_sentence: str
-    metrics: list[RunMetric]
+    # written by metric name
+    metrics: list[RunMetric] = field(
+        metadata=json_as(
+            write=lambda metrics: {metric.metric: metric.to_json() for metric in metrics},
+            read=lambda raw: [RunMetric.from_json(metric) for metric in raw.values()],
+        )
+    )
     onset_step: int | None
 
     def metric(self, key: str) -> RunMetric:
         return next(found for found in self.metrics if found.metric == key)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "knobs": dict(self.knobs),
-            "inputs": list(self.inputs),
-            "rows": self.rows,
-            "tokens": self.tokens,
-            "steps": self.steps,
-            "verdict": self.verdict,
-            "verdict_sentence": self.verdict_sentence,
-            "metrics": {m.metric: m.to_json() for m in self.metrics},
-            "onset_step": self.onset_step,
-        }
-
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> RunSummary:
-        written = {spec.name: raw[spec.name] for spec in dataclasses.fields(cls) if spec.name != "metrics"}
-        return cls(**written, metrics=[RunMetric.from_json(metric) for metric in raw["metrics"].values()])
-
 
 @dataclass(frozen=True)
-class KnobEffect:
+class KnobEffect(JsonItem):
     """What setting ``knob`` from ``from_`` (the baseline run's level) to ``to`` did to ``metric``: the ratio
     metric(to) / metric(from), its bootstrap interval, ``detectable`` when the interval excludes 1.
 
@@ -88,84 +86,31 @@ class KnobEffect:
     log(metric) on every knob's levels over all runs (multiplicative effects, no interactions)."""
 
     knob: str
-    from_: str
+    from_: str = field(metadata=json_as(key="from"))
     to: str
     metric: str
-    ratio: float | None
-    low: float
-    high: float
+    ratio: float | None = field(metadata=json_as(write=optional(json_number)))
+    low: float = field(metadata=_INTERVAL)
+    high: float = field(metadata=_INTERVAL)
     detectable: bool
     method: str
-    runs: tuple[str, str] | None = None
-    difference: float | None = None
-    difference_low: float | None = None
-    difference_high: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "knob": self.knob,
-            "from": self.from_,
-            "to": self.to,
-            "metric": self.metric,
-            "ratio": None if self.ratio is None else json_number(self.ratio),
-            "interval": _pair(self.low, self.high),
-            "detectable": self.detectable,
-            "method": self.method,
-            "runs": None if self.runs is None else list(self.runs),
-            "difference": None if self.difference is None else json_number(self.difference),
-            "difference_interval": None
-            if self.difference_low is None or self.difference_high is None
-            else _pair(self.difference_low, self.difference_high),
-        }
-
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> KnobEffect:
-        difference = raw["difference_interval"]
-        low, high = _interval(raw["interval"])
-        difference_low, difference_high = (None, None) if difference is None else _interval(difference)
-        return cls(
-            knob=raw["knob"],
-            from_=raw["from"],
-            to=raw["to"],
-            metric=raw["metric"],
-            ratio=raw["ratio"],
-            low=low,
-            high=high,
-            detectable=raw["detectable"],
-            method=raw["method"],
-            runs=None if raw["runs"] is None else (raw["runs"][0], raw["runs"][1]),
-            difference=raw["difference"],
-            difference_low=difference_low,
-            difference_high=difference_high,
-        )
+    runs: tuple[str, str] | None = field(default=None, metadata=json_as(write=optional(list), read=optional(tuple)))
+    difference: float | None = field(default=None, metadata=json_as(write=optional(json_number)))
+    difference_low: float | None = field(default=None, metadata=_DIFFERENCE_INTERVAL)
+    difference_high: float | None = field(default=None, metadata=_DIFFERENCE_INTERVAL)
 
 
 @dataclass(frozen=True)
-class RatioGate:
+class RatioGate(JsonItem):
     """``--max-ratio METRIC=LIMIT``: a run's metric over the baseline run's, passed when at most ``limit``."""
 
     run: str
     metric: str
     limit: float
-    ratio: float
-    low: float
-    high: float
+    ratio: float = field(metadata=_STATISTIC)
+    low: float = field(metadata=_INTERVAL)
+    high: float = field(metadata=_INTERVAL)
     passed: bool
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "run": self.run,
-            "metric": self.metric,
-            "limit": self.limit,
-            "ratio": json_number(self.ratio),
-            "interval": _pair(self.low, self.high),
-            "passed": self.passed,
-        }
-
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> RatioGate:
-        low, high = _interval(raw["interval"])
-        return cls(raw["run"], raw["metric"], raw["limit"], _number(raw["ratio"]), low, high, raw["passed"])
 
 
 @dataclass(frozen=True, eq=False)
@@ -322,16 +267,3 @@ class RunsResult:
 
 # The fields a runs document must have to be read back (the others default: no gates, warnings, prompts or steps).
 _NEEDED = ("answer", "baseline", "metrics", "onset_metric", "bootstrap", "runs", "effects")
-
-
-def _pair(low: float, high: float) -> list[Any]:
-    return [json_number(low), json_number(high)] if math.isfinite(low) and math.isfinite(high) else [None, None]
-
-
-def _number(value: float | None) -> float:
-    """A number written by ``json_number``: null (NaN or ±inf when written) back as NaN."""
-    return math.nan if value is None else float(value)
-
-
-def _interval(pair: list[float | None]) -> tuple[float, float]:
-    return _number(pair[0]), _number(pair[1])

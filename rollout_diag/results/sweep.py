@@ -10,6 +10,7 @@ from rollout_diag.results.columns import Converted
 from rollout_diag.results.document import result_document
 from rollout_diag.results.reprs import repr_inputs, short_repr
 from rollout_diag.results.rows import SkippedRow
+from rollout_diag.results.shapes import JsonItem, each, json_as, optional
 
 
 @dataclass(frozen=True)
@@ -30,20 +31,26 @@ class SweepPoint:
 
 
 @dataclass(frozen=True)
-class SweepOption:
+class SweepOption(JsonItem):
     """One rejection option (or IS truncation) of the sweep, for the run or one step (rollout_diag.metrics.sweep)."""
 
     option: str  # seq_mean_k3, token_k1, is_sequence, …
     level: str  # "token" | "sequence"
-    verl_default: str | None  # verl's default threshold spec for the option, None where verl has none
+    # verl's default threshold spec for the option, None where verl has none
+    verl_default: str | None = field(metadata=json_as(absent=None))
     count: int  # tokens or valid rows the shares are taken over
     exact: bool  # sequence options: exact; token options: from a histogram (never above the target)
-    thresholds: list[SweepTarget]
+    thresholds: list[SweepTarget] = field(metadata=json_as(read=each(lambda entry: SweepTarget(**entry))))
     default_threshold: float | None = None  # the upper bound of verl_default, where the curve is marked
     default_share: float | None = None  # the share verl's default rejects
-    curve: list[SweepPoint] | None = None  # run level only
+    # run level only
+    curve: list[SweepPoint] | None = field(
+        default=None, metadata=json_as(read=optional(each(lambda point: SweepPoint(**point))))
+    )
 
     def to_json(self) -> dict[str, Any]:
+        """The option's JSON (``from_json`` reads it back, as it reads the sweep accumulator's table rows); the
+        default's threshold and share only where verl has a default."""
         out: dict[str, Any] = {"option": self.option, "level": self.level, "verl_default": self.verl_default}
         if self.default_threshold is not None:
             out["default_threshold"] = self.default_threshold
@@ -54,22 +61,6 @@ class SweepOption:
         if self.curve is not None:
             out["curve"] = [asdict(point) for point in self.curve]
         return out
-
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> SweepOption:
-        """Inverse of ``to_json`` (also how the sweep accumulator's table rows become typed rows)."""
-        curve = raw.get("curve")
-        return cls(
-            option=raw["option"],
-            level=raw["level"],
-            verl_default=raw.get("verl_default"),
-            count=raw["count"],
-            exact=raw["exact"],
-            thresholds=[SweepTarget(**entry) for entry in raw["thresholds"]],
-            default_threshold=raw.get("default_threshold"),
-            default_share=raw.get("default_share"),
-            curve=None if curve is None else [SweepPoint(**point) for point in curve],
-        )
 
 
 @dataclass(frozen=True)
