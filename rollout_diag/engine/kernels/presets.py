@@ -540,7 +540,8 @@ def preset_pass(
     ``kept`` (float64 [3, ≥ M], at model index ``model[s] + k``; the caller's, reused chunk after chunk: a fresh array
     a chunk cost its pages' faults, 0.6 s of system time at 100 M tokens), so that pass reads them where they lie
     instead of taking the exps and logs again. Per segment the base quantities are laid out once, then each
-    quantity's op runs over them in its own loop (the op is chosen once per segment, not per token)."""
+    quantity's op runs over them in its own loop (the op is chosen once per segment, not per token); a clamp that
+    moves no value of the segment takes the reductions of its base's clamp to ±inf, where that came first."""
     quantities = codes.shape[0]
     segments = raw.shape[0]
     sums = np.empty((quantities, segments))
@@ -562,6 +563,7 @@ def preset_pass(
         needed[KPOP] = needed[BKL] = needed[TV] = True
     bits = bases.view(np.int64)
     padded, first = _padded(edges)
+    whole = np.empty(BASES, np.int64)  # per segment: the quantity that reduced a base's own values (clamp to ±inf)
     for s in range(segments):
         size = length[s]
         _fill_bases(trainer, rollout, weight, raw[s], model[s], size, needed, bases, moved)
@@ -570,6 +572,7 @@ def preset_pass(
             _count_signed_bins(bases[1], size, padded, table, counts[segment_group[s]])
         if gate_histogram:
             _count_gate_bins(bases, bits, size, padded, table, first, gate_counts[segment_group[s]])
+        whole[:] = -1
         for q in range(quantities):
             op, lower, upper, kind = codes[q, 1], bounds[q, 0], bounds[q, 1], codes[q, 0]
             if op >= 3:  # a flag: its count is its sum in any order
@@ -578,12 +581,21 @@ def preset_pass(
                 maxima[q, s] = 1.0 if count > 0 else 0.0
                 minima[q, s] = 1.0 if count == size else 0.0
                 continue
+            found = whole[kind]
+            if op == 2 and found >= 0 and minima[found, s] >= lower and maxima[found, s] <= upper:
+                # a clamp that moves no value of this segment (its base's extremes within the bounds; NaN compares
+                # false): min(max(v, L), U) is v bit for bit there (numba's max and min keep the first of equal
+                # values), so its reductions are the base's, already taken
+                sums[q, s], maxima[q, s], minima[q, s] = sums[found, s], maxima[found, s], minima[found, s]
+                continue
             _fill_values(op, lower, upper, bases, kind, size, values)
             # one block (129 tokens at most) summed here, not through _pairwise_on: 16 ns a segment less (measured)
             rest = _block_sum(values, 1, size - 1) if size <= 129 else _pairwise_on(values, 1, size - 1, stack, left)
             sums[q, s] = values[0] + rest
             if extremes[q]:
                 maxima[q, s], minima[q, s] = _extremes(values, size)
+                if op == 2 and lower == -np.inf and upper == np.inf:  # the base's own values: reused above
+                    whole[kind] = q
     return sums, maxima, minima, counts, gate_counts
 
 
