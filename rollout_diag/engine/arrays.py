@@ -198,12 +198,6 @@ def _numpy_on_host(function: np.ufunc, torch_name: str, values: Array) -> Array:
         return like(function(host(values)), values)
 
 
-def host_log(values: Array) -> Array:
-    """log taken by numpy wherever the values are on the host, torch's on a GPU (``host_exp``'s reason): the
-    probability gates' values (``engine.formulas.gate_values``) are then the same bits in both CPU engines."""
-    return _numpy_on_host(np.log, "log", values)
-
-
 def maximum(first: Array, second: Array) -> Array:
     """Elementwise max (NaN if either is NaN, in both libraries)."""
     if is_tensor(first):

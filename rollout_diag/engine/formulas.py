@@ -230,8 +230,28 @@ def _rs_k1(s: TokenSource) -> Array:  # §3 k1 = −c
 
 
 # The probability gates (presets.GATE_STATISTICS), of p = exp(a), q = exp(r) of the sampled token, in float64. The
-# exps and logs are numpy's on the host in both engines (torch's on a GPU), so both CPU engines give the same bits and
-# a value on a gate's bound falls on the same side in both (as the IS weights: ``arrays.host_exp``).
+# exps and logs on the host are the compiled preset pass's own (``kernels.presets.gate_exp``, ``gate_log``: fdlibm's,
+# within 1 ulp of libm's) in both engines, torch's on a GPU: both CPU engines give the same bits, and a value on a
+# gate's bound falls on the same side in both (as the IS weights do with numpy's exp: ``arrays.host_exp``).
+def _gate_function(name: str) -> Callable[[Array], Array]:
+    """The gates' ``name`` ("exp" or "log"): the compiled pass's on host values (a numpy array, a CPU tensor's
+    memory), torch's on a GPU."""
+
+    def apply(values: Array) -> Array:
+        if arrays.is_tensor(values) and values.device.type != "cpu":
+            return getattr(values, name)()
+        from rollout_diag.engine.kernels import compiled_presets
+
+        function = getattr(compiled_presets(), f"gate_{name}")
+        host = np.ascontiguousarray(arrays.host(values), dtype=np.float64)
+        return arrays.like(function(host.reshape(-1)).reshape(host.shape), values)
+
+    return apply
+
+
+_gate_exp, _gate_log = _gate_function("exp"), _gate_function("log")
+
+
 def gate_values(trainer: Array, rollout: Array) -> tuple[Array, Array, Array]:
     """(kpop, bkl, tv) at every token of ``trainer`` and ``rollout`` logprobs (numpy arrays or tensors alike):
 
@@ -243,7 +263,7 @@ def gate_values(trainer: Array, rollout: Array) -> tuple[Array, Array, Array]:
     B(x) is the Bernoulli (this token, any other); KL(B(x)‖B(y)) = x·log(x/y) + (1 − x)·log((1 − x)/(1 − y)), with
     log(x/y) = ±δ (δ = a − r) where neither is clamped. Both KLs are clamped at 0 (OpenRLHF #1354: roundoff below 0
     rejected valid rows); finite for any logprob ≤ 0, p → 0 and p → 1 included (the clamps)."""
-    p, q = arrays.host_exp(trainer), arrays.host_exp(rollout)
+    p, q = _gate_exp(trainer), _gate_exp(rollout)
     delta = trainer - rollout
     kpop_forward, kpop_reverse = _binary_kl_pair(p, q, delta, KPOP_EPS)
     _, bkl = _binary_kl_pair(p, q, delta, BKL_EPS)
@@ -255,8 +275,8 @@ def _binary_kl_pair(p: Array, q: Array, delta: Array, eps: float) -> tuple[Array
     """(KL(B(p')‖B(q')), KL(B(q')‖B(p'))) with p', q' = p, q clamped to [eps, 1 − eps]."""
     p_clamped, q_clamped = arrays.clamp(p, eps, 1.0 - eps), arrays.clamp(q, eps, 1.0 - eps)
     unclamped = (p_clamped == p) & (q_clamped == q)
-    log_ratio = arrays.where(unclamped, delta, arrays.host_log(p_clamped / q_clamped))
-    log_complement = arrays.host_log((1.0 - p_clamped) / (1.0 - q_clamped))
+    log_ratio = arrays.where(unclamped, delta, _gate_log(p_clamped / q_clamped))
+    log_complement = _gate_log((1.0 - p_clamped) / (1.0 - q_clamped))
     forward = p_clamped * log_ratio + (1.0 - p_clamped) * log_complement
     reverse = -(q_clamped * log_ratio + (1.0 - q_clamped) * log_complement)
     return forward, reverse

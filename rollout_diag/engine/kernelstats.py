@@ -5,6 +5,7 @@ model tokens, bit for bit what the device-generic engine computes where both com
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Hashable, Iterable
 from functools import cached_property
 
@@ -287,16 +288,19 @@ class KernelStats(ChunkStats):
         needs_weight = any(q.base in ("token_is_weight", "rs_k3") for q in quantities)
         weight = arrays.host(self.token_weights()) if needs_weight else np.zeros(0)
         needs_gates = any(q.base in GATE_BASES for q in quantities)
-        gates = self._gate_inputs() if needs_gates else kernels.NO_GATES
         trainer, rollout = self._raw
         raw, model, length, *_ = self._layout
         segment_group, groups = arrays.host(self.segment_group), self.chunk.groups.count
         edges, table = (np.zeros(0), np.zeros(0, np.int64)) if histogram is None else histogram[1:]
         # a quantity asked for its moments only needs no extremes (one read anyway is reduced as the torch engine does)
         extremes = np.array([name in named for name in wanted], dtype=np.bool_)
+        # the gates whose values the centred pass reads: kept by this pass, not computed again there
+        read = {DERIVED[name].base for name in wanted if name in moment_names}
+        keep = np.array([gate in read for gate in GATE_BASES])
+        kept = _kept_rows(int((model + length).max(initial=0))) if keep.any() else kernels.KEPT_NONE
         sums, maxima, minima, counts, gate_counts = kernels.preset_pass(
-            trainer, rollout, weight, gates, raw, model, length, segment_group, groups, codes, bounds, extremes, edges,
-            table,
+            trainer, rollout, weight, raw, model, length, segment_group, groups, codes, bounds, extremes, edges,
+            table, keep, kept,
         )  # fmt: skip
         if histogram is not None:
             self.memo(histogram[0], lambda: counts)
@@ -319,7 +323,8 @@ class KernelStats(ChunkStats):
                 trainer,
                 rollout,
                 weight,
-                gates,
+                keep,
+                kept,
                 raw,
                 model,
                 length,
@@ -341,11 +346,11 @@ class KernelStats(ChunkStats):
 
     def gate_values(self, histogram: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         """The probability gates (kpop, bkl, tv) at every model token, float64 [3, M] on the host:
-        ``engine.formulas.gate_values`` operation for operation, with numpy's exps and logs (the torch engine's on the
-        CPU, bit for bit), the rest compiled (``kernels.presets.gate_inputs``, ``gate_tokens``), as the preset pass
-        lays them out; with ``histogram`` (the sweep's exact bin edges and table), the step groups' histograms of each
-        gate's value too, memoised under ``GATE_HISTOGRAM`` (``metrics.sweep.gate_histograms``). The preset pass
-        reads the gates without this array (``prepare_derived``)."""
+        ``engine.formulas.gate_values`` operation for operation, compiled (``kernels.presets.gate_tokens``, with the
+        exp and log the torch engine takes on the CPU: bit for bit), as the preset pass lays them out; with
+        ``histogram`` (the sweep's exact bin edges and table), the step groups' histograms of each gate's value too,
+        memoised under ``GATE_HISTOGRAM`` (``metrics.sweep.gate_histograms``). The preset pass reads the gates
+        without this array (``prepare_derived``)."""
         found = self._memo.get("gate_values")
         if found is not None and (histogram is None or GATE_HISTOGRAM in self._memo):
             return found
@@ -353,21 +358,12 @@ class KernelStats(ChunkStats):
         raw, model, length, *_ = self._layout
         edges, table = (np.zeros(0), np.zeros(0, np.int64)) if histogram is None else histogram
         found, counts = compiled_presets().gate_tokens(
-            trainer, rollout, raw, model, length, self._gate_inputs(), arrays.host(self.segment_group),
-            self.chunk.groups.count, edges, table,
+            trainer, rollout, raw, model, length, arrays.host(self.segment_group), self.chunk.groups.count, edges,
+            table,
         )  # fmt: skip
         self._memo["gate_values"] = found
         if histogram is not None:
             self._memo[GATE_HISTOGRAM] = self._out(counts)
-        return found
-
-    def _gate_inputs(self) -> tuple[np.ndarray, ...]:
-        """``kernels.presets.gate_inputs`` of the chunk (numpy's exps and logs), once a chunk."""
-        found = self._memo.get("gate_inputs")
-        if found is None:
-            trainer, rollout = self._raw
-            raw, model, length, *_ = self._layout
-            found = self._memo["gate_inputs"] = compiled_presets().gate_inputs(trainer, rollout, raw, model, length)
         return found
 
     def token_weights(self) -> Array:
@@ -390,6 +386,19 @@ class KernelStats(ChunkStats):
         if bins != 2 * (EXPONENT_MAX - EXPONENT_MIN) + 1 or delta_bin.__module__ != "rollout_diag.metrics.localize":
             return super().delta_histogram(delta_bin, bins)
         return self._out(self._reductions[4])
+
+
+_SCRATCH = threading.local()  # per thread: the preset pass's kept gate rows, reused chunk after chunk
+
+
+def _kept_rows(tokens: int) -> np.ndarray:
+    """float64 [3, ≥ tokens]: where the preset pass writes the gates' values the centred pass reads, right after it
+    in the same ``prepare_derived`` call. One array per thread, grown as needed and then reused: a fresh one each
+    chunk cost its pages' faults (0.6 s of system time at 100 M tokens); only the rows a pass keeps are touched."""
+    rows = getattr(_SCRATCH, "kept_rows", None)
+    if rows is None or rows.shape[1] < tokens:
+        rows = _SCRATCH.kept_rows = np.empty((3, tokens + tokens // 8))
+    return rows
 
 
 def _constant(value: Array) -> Callable[[], Array]:

@@ -170,10 +170,10 @@ def test_a_preset_pass_takes_exp_of_the_clamped_log_ratio_once(monkeypatch):
     monkeypatch.setattr(kernel_presets, "np", CountingNumpy())
     CorrectionAnalysis([preset for preset in PRESETS.values() if not preset.gated]).update(chunk)
     assert len(full_size_exps) == 1 and not raw_size_exps
-    # the probability gates read p = exp(a) and q = exp(r) of the sampled token, taken at the raw tokens (no copy of
-    # the model tokens' logprobs): two more, once for the three gates
+    # the probability gates take p = exp(a) and q = exp(r) inside the compiled pass (kernels.presets._gate_exp): no
+    # more of numpy's
     CorrectionAnalysis(list(PRESETS.values())).update(chunk)
-    assert len(full_size_exps) == 1 and len(raw_size_exps) == 2
+    assert len(full_size_exps) == 1 and not raw_size_exps
 
     token_weight = s.token("token_is_weight")
     clamped = s.token("clamped_log_ratio")

@@ -87,8 +87,9 @@ def run(commands: str, paths: list[Path], cache: Path | None = None) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-# preset kernels no command runs on its default path: the gates' values token by token (KernelStats.token)
-ON_DEMAND = ("gate_tokens",)
+# preset kernels no command runs on its default path: the gates' values token by token (KernelStats.token), and
+# their exp and log as the torch engine takes them on the CPU (engine.formulas.gate_values)
+ON_DEMAND = ("gate_tokens", "gate_exp", "gate_log")
 
 
 def intended() -> dict[str, set[str]]:

@@ -143,10 +143,9 @@ def kernel_signed_counts(clamped: np.ndarray, segment: int = 97) -> np.ndarray:
     edges, table = exact_bin_edges()
     none = np.zeros((0, 2), np.int64)
     one_group = np.zeros(len(starts), np.int64)
-    *_, counts, _ = kernels.preset_pass(
-        clamped, np.zeros(size), np.zeros(0), kernels.NO_GATES, starts, starts, length, one_group, 1, none,
-        none.astype(np.float64),
-        np.zeros(0, np.bool_), edges, table,
+    _, _, _, counts, _ = kernels.preset_pass(
+        clamped, np.zeros(size), np.zeros(0), starts, starts, length, one_group, 1, none, none.astype(np.float64),
+        np.zeros(0, np.bool_), edges, table, kernels.KEEP_NONE, kernels.KEPT_NONE,
     )  # fmt: skip
     return counts[0]
 
@@ -388,7 +387,8 @@ def test_centred_sums_add_each_groups_tokens_in_order(seed, quantities, weight_o
     """Σ (x − mean)² of each (group, quantity), four quantities side by side: bit for bit the sum that adds the
     group's tokens one by one in token order; also where every quantity reads w alone (then read where it lies,
     no base quantity laid out), where w and the gates are all they read (w read where it lies, δ and the gates laid
-    out), and with model tokens at other places than the raw ones."""
+    out, or the gates the preset pass kept read where they lie too), and with model tokens at other places than the
+    raw ones."""
     kernels = compiled_presets()
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, 40, 12)
@@ -403,7 +403,6 @@ def test_centred_sums_add_each_groups_tokens_in_order(seed, quantities, weight_o
             raw[s] : raw[s] + lengths[s]
         ]
     length = lengths.astype(np.int64)
-    gates = kernels.gate_inputs(trainer, rollout, raw, model, length)  # what the pass reads of kpop, bkl, tv
     every_gate = np.stack(gate_values(trainer, rollout))
     group = np.sort(rng.integers(0, 3, 12)).astype(np.int64)
     ops = ["tis", "icepop", "clamp", "above", "outside"]
@@ -414,7 +413,22 @@ def test_centred_sums_add_each_groups_tokens_in_order(seed, quantities, weight_o
     codes = np.array([[kind, kernels.OPS[ops[rng.integers(0, 5)]]] for kind in kinds])
     bounds = np.array([[0.5, 2.0]] * quantities)
     means = rng.normal(1.0, 0.1, (3, quantities))
-    out = kernels.centred_pass(trainer, rollout, weight, gates, raw, model, length, group, codes, bounds, means)
+    out = kernels.centred_pass(
+        trainer, rollout, weight, kernels.KEEP_NONE, kernels.KEPT_NONE, raw, model, length, group, codes, bounds, means
+    )
+    if not weight_only:  # the gates the preset pass kept, read where they lie: the same sums
+        keep = np.array([gate in kinds for gate in (kernels.KPOP, kernels.BKL, kernels.TV)])
+        empty = np.zeros((0, 2), np.int64)
+        kept = np.full((3, total + 20), np.nan)  # longer than the model tokens' extent, as a reused one is
+        kernels.preset_pass(
+            trainer, rollout, weight, raw, model, length, group, 3, empty, empty.astype(np.float64),
+            np.zeros(0, np.bool_), np.zeros(0), np.zeros(0, np.int64), keep, kept,
+        )  # fmt: skip
+        assert [bool(np.isnan(row).all()) for row in kept] == (~keep).tolist()
+        read = kernels.centred_pass(
+            trainer, rollout, weight, keep, kept, raw, model, length, group, codes, bounds, means
+        )  # fmt: skip
+        assert np.array_equal(read, out)
     expected = np.zeros((3, quantities))
     base = np.empty(9)
     for s in range(12):

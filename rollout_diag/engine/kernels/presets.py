@@ -3,20 +3,26 @@ derived token quantity the chosen presets read (truncated and IcePop weights, cl
 flags: ``engine/quantities.py`` ``Derived``) and reduces each per segment: the sum in numpy reduceat's order (the
 first value, then numpy's pairwise sum of the rest), the maximum and minimum; with it the sweep's signed histogram
 of c (``metrics/sweep.py``), and in a second pass the step groups' centred moments. Per segment the base quantities
-(δ, c, w, k1, k2, k3) are laid out once in a scratch block the size of the longest segment, and each derived
-quantity's op runs over them in a loop of its own. No token-sized temporary beyond c and w.
+(δ, c, w, k1, k2, k3, the gates) are laid out once in a scratch block the size of the longest segment, and each
+derived quantity's op runs over them in a loop of its own. No token-sized temporary beyond c and w (and the gates'
+values the centred pass reads, where a moment needs them).
 
 The IS weight w = exp(c) is read, not computed: it is numpy's exp of the c that :func:`clamped_tokens` writes, the
 exp the torch engine takes on the CPU too (``arrays.host_exp``: the torch engine's ``token_is_weight``), so a weight
 that lands on a truncation or IcePop bound falls on the same side in both engines, on any CPU (numba's exp, libm's,
 and torch's differ from numpy's in the last bit for some values: about 5 % between torch's and numpy's without
-AVX-512; docs/benchmarks.md). Everything else is computed here with the torch engine's float64 formulas, so each
-per-token value is the torch engine's on the CPU, bit for bit; the histogram's bins are found from the exact edges of
-the engines' formula (``metrics.sweep.exact_bin_edges``), not from a log10 of our own.
+AVX-512; docs/benchmarks.md). The probability gates' p = exp(a), q = exp(r) and logs are this module's own
+(:func:`_gate_exp`, :func:`_gate_log`: fdlibm's rational forms, within 1 ulp of libm's; no libm call, so the loop
+runs on SIMD lanes), computed in the pass from the logprobs; the torch engine takes the same functions on the CPU
+(:func:`gate_exp`, :func:`gate_log`; ``engine.formulas.gate_values``), so each gate is the same bits in both.
+Everything else is computed here with the torch engine's float64 formulas, so each per-token value is the torch
+engine's on the CPU, bit for bit; the histogram's bins are found from the exact edges of the engines' formula
+(``metrics.sweep.exact_bin_edges``), not from a log10 of our own.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any
 
@@ -43,6 +49,92 @@ _FLAGS: dict[str, Any] = {"cache": True, "nogil": True, "error_model": "numpy"}
 BASES = len(PRESET_BASES)
 KPOP, BKL, TV = KINDS["rs_kpop"], KINDS["rs_bkl"], KINDS["rs_tv"]
 EPS_WIDE, EPS_NARROW = BKL_EPS, KPOP_EPS  # the gates' clamps: OpenRLHF's, AReaL's
+
+# The gates' exp and log (fdlibm 5.3's e_exp.c and e_log.c, their rational forms and constants), written without
+# branches or libm calls so that a loop of them runs on SIMD lanes; no fused multiply-add (numba does not contract),
+# so a value's result is the same bits in a vectorised loop and a scalar call. Within 1 ulp of libm's (glibc) over
+# every float64 (tests/kernels/test_kernel_gates.py: dense grids, p -> 0 and p -> 1, logprob 0, -inf and huge
+# negatives, subnormals); about 9 % of exps and 2-8 % of logs differ from numpy's in the last bit.
+_INV_LN2 = 1.44269504088896338700e00
+_LN2_HI = 6.93147180369123816490e-01  # ln 2 in two parts: n * _LN2_HI is exact for |n| < 2^11
+_LN2_LO = 1.90821492927058770002e-10
+_EXP_P = (1.66666666666666019037e-01, -2.77777777770155933842e-03, 6.61375632143793436117e-05,
+          -1.65339022054652515390e-06, 4.13813679705723846039e-08)  # fmt: skip
+_LOG_LG = (6.666666666666735130e-01, 3.999999999940941908e-01, 2.857142874366239149e-01, 2.222219843214978396e-01,
+           1.818357216161805012e-01, 1.531383769920937332e-01, 1.479819860511658591e-01)  # fmt: skip
+_TWO_54 = 18014398509481984.0  # 2^54: a subnormal log argument scaled into the normal range
+_SMALLEST_NORMAL_BITS = 0x0010000000000000
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _power_of_two(n: float) -> float:
+    """2^n for an integral n in [-1022, 1023], from the exponent bits."""
+    return np.int64((np.int64(n) + 1023) << 52).view(np.float64)
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _gate_exp(x: float) -> float:
+    """exp(x), fdlibm's way: x = k·ln2 + r (|r| ≤ ln2/2), exp(r) = 1 + 2r/(2 − R(r)) with R's rational
+    approximation, then 2^k in two exact factors (the second rounds a subnormal result once). x is first brought into
+    [-746, 710], where exp's result ends (0 below, inf above): -inf gives 0."""
+    x = min(max(x, -746.0), 710.0)
+    k = math.floor(x * _INV_LN2 + 0.5)
+    high = x - k * _LN2_HI
+    low = k * _LN2_LO
+    r = high - low
+    t = r * r
+    c = r - t * (_EXP_P[0] + t * (_EXP_P[1] + t * (_EXP_P[2] + t * (_EXP_P[3] + t * _EXP_P[4]))))
+    y = 1.0 - ((low - (r * c) / (2.0 - c)) - high)
+    first = min(max(k, -1021.0), 1023.0)
+    return y * _power_of_two(first) * _power_of_two(k - first)
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _gate_log(x: float) -> float:
+    """log(x), fdlibm's way: x = 2^k·(1 + f) with √2/2 ≤ 1 + f < √2, s = f/(2 + f),
+    log(1 + f) = f − s·(f − R(s²)) (or, for larger f, f − (f²/2 − s·(f²/2 + R))), R's rational approximation; both
+    forms computed and one chosen, so there is no branch. A subnormal x is scaled by 2^54 first; 0 gives -inf, a
+    negative x NaN, +inf and NaN themselves."""
+    bits = np.float64(x).view(np.int64)
+    subnormal = bits < _SMALLEST_NORMAL_BITS  # or zero, or negative: the selects at the end give those
+    scaled = np.float64(x * _TWO_54).view(np.int64)
+    bits = scaled if subnormal else bits
+    high = np.int64(bits >> 32)
+    k = (high >> 20) - 1023 - (54 if subnormal else 0)
+    high &= 0x000FFFFF
+    half = (high + 0x95F64) & 0x100000  # the mantissa's exponent: 1 + f or (1 + f)/2, whichever lies near 1
+    k += half >> 20
+    f = np.int64(((high | (half ^ 0x3FF00000)) << 32) | (bits & 0xFFFFFFFF)).view(np.float64) - 1.0
+    s = f / (2.0 + f)
+    scale = np.float64(k)
+    z = s * s
+    w = z * z
+    r = z * (_LOG_LG[0] + w * (_LOG_LG[2] + w * (_LOG_LG[4] + w * _LOG_LG[6])))
+    r += w * (_LOG_LG[1] + w * (_LOG_LG[3] + w * _LOG_LG[5]))
+    half_square = 0.5 * f * f
+    wide = scale * _LN2_HI - ((half_square - (s * (half_square + r) + scale * _LN2_LO)) - f)
+    narrow = scale * _LN2_HI - ((s * (f - r) - scale * _LN2_LO) - f)
+    out = wide if ((high - 0x6147A) | (0x6B851 - high)) > 0 else narrow
+    out = out if x > 0.0 else (-np.inf if x == 0.0 else np.nan)
+    return out if x < np.inf else x  # +inf; NaN (no comparison holds) stays NaN
+
+
+@njit(**_FLAGS)
+def gate_exp(values: np.ndarray) -> np.ndarray:
+    """:func:`_gate_exp` of each value (float64 [n]): the torch engine's exp of the gates' p and q on the CPU."""
+    out = np.empty_like(values)
+    for k in range(values.shape[0]):
+        out[k] = _gate_exp(values[k])
+    return out
+
+
+@njit(**_FLAGS)
+def gate_log(values: np.ndarray) -> np.ndarray:
+    """:func:`_gate_log` of each value (float64 [n]): the torch engine's log of the gates' ratios on the CPU."""
+    out = np.empty_like(values)
+    for k in range(values.shape[0]):
+        out[k] = _gate_log(values[k])
+    return out
 
 
 @njit(**{**_FLAGS, "inline": "always"})
@@ -156,100 +248,66 @@ def clamped_tokens(trainer: np.ndarray, rollout: np.ndarray, raw: np.ndarray, mo
     return out
 
 
-@njit(**_FLAGS)
-def gate_arguments(
-    trainer_prob: np.ndarray,
-    rollout_prob: np.ndarray,
-    raw: np.ndarray,
-    model: np.ndarray,
-    length: np.ndarray,
-):
-    """The arguments of the probability gates' logs (``engine.formulas.gate_values``), from p = exp(a) and q = exp(r)
-    at the raw tokens (numpy's exp): (1 − p')/(1 − q') with AReaL's clamp (KPOP_EPS) at every model token (float64
-    [M], index ``model[s] + k``); and at the tokens where a clamp moves p or q (BKL_EPS, which every move under
-    KPOP_EPS is one of), their model index and the other arguments [3, n]: p'/q' under KPOP_EPS (1.0 where that clamp
-    moves neither), p'/q' and (1 − p')/(1 − q') under BKL_EPS. The caller takes numpy's log of each (elementwise, so
-    each token's log is the torch engine's). The first loop, over every token, has no branch (vectorised) and marks
-    the moved tokens in a byte each; the second reads those marks eight at a time."""
-    segments = raw.shape[0]
-    total = 0  # the model tokens' extent (a chunk's segments tile it)
-    for s in range(segments):
-        total = max(total, model[s] + length[s])
-    complement = np.empty(size_class(total))[:total]
-    moved = np.zeros(total + 8 - total % 8, np.uint8)  # 1 where a clamp moves p or q; read eight at a time
-    n = 0
-    for s in range(segments):
-        r, m = uint64(raw[s]), uint64(model[s])
-        for j in range(length[s]):  # no branch: vectorised
-            i = uint64(j)
-            p, q = trainer_prob[r + i], rollout_prob[r + i]
-            p8, q8 = min(max(p, EPS_NARROW), 1.0 - EPS_NARROW), min(max(q, EPS_NARROW), 1.0 - EPS_NARROW)
-            complement[m + i] = (1.0 - p8) / (1.0 - q8)
-            flag = (p < EPS_WIDE) | (p > 1.0 - EPS_WIDE) | (q < EPS_WIDE) | (q > 1.0 - EPS_WIDE)  # NaN: not moved
-            moved[m + i] = flag
-            n += flag
-    at, arguments = np.empty(n, np.int64), np.empty((3, n))
-    words, s, n = moved.view(np.uint64), 0, 0
-    for word in range(words.shape[0]):
-        if words[word] == 0:
-            continue
-        for k in range(8 * word, 8 * word + 8):
-            if moved[k] == 0:
-                continue
-            while model[s] + length[s] <= k:  # the segment of model token k
-                s += 1
-            r = raw[s] + k - model[s]
-            p, q = trainer_prob[r], rollout_prob[r]
-            p8, q8 = min(max(p, EPS_NARROW), 1.0 - EPS_NARROW), min(max(q, EPS_NARROW), 1.0 - EPS_NARROW)
-            p6, q6 = min(max(p, EPS_WIDE), 1.0 - EPS_WIDE), min(max(q, EPS_WIDE), 1.0 - EPS_WIDE)
-            at[n] = k
-            arguments[0, n] = 1.0 if (p8 == p and q8 == q) else p8 / q8
-            arguments[1, n] = p6 / q6
-            arguments[2, n] = (1.0 - p6) / (1.0 - q6)
-            n += 1
-    return complement, at, arguments
-
-
 @njit(**{**_FLAGS, "inline": "always"})
 def _fill_gates(
-    trainer: np.ndarray, rollout: np.ndarray, gates: tuple, start: int, first: int, size: int, bases: np.ndarray
+    trainer: np.ndarray, rollout: np.ndarray, start: int, size: int, bases: np.ndarray, moved: np.ndarray
 ) -> None:
-    """kpop, bkl, tv (``bases`` rows KPOP, BKL, TV) of a segment's ``size`` tokens (raw index ``start + k``, model
-    index ``first + k``; ``bases[0]`` holds δ): ``engine.formulas.gate_values`` operation for operation from
-    ``gate_inputs``. Every token first as where no clamp moves p or q (then p' = p, q' = q, log(p'/q') = δ and
-    BKL's complement is KPOP's: one loop without a branch), then the tokens a clamp moves, from their logs."""
-    trainer_prob, rollout_prob, log_complement, at, logs = gates
-    raw, model = uint64(start), uint64(first)
+    """kpop, bkl, tv (``bases`` rows KPOP, BKL, TV) of a segment's ``size`` tokens (raw index ``start + k``;
+    ``bases[0]`` holds δ): ``engine.formulas.gate_values`` operation for operation, with this module's exp and log.
+    Every token first as where no clamp moves p or q (then p' = p, q' = q, log(p'/q') = δ and BKL's complement is
+    KPOP's: one loop without a branch, on SIMD lanes, marking in ``moved`` (uint8, at least ``size`` + 8) the tokens a
+    clamp moves), then those tokens again, found eight marks at a time (``_moved_gates``)."""
+    # the segment's rows as views: the loop then reads and writes 1-D arrays only, which LLVM vectorises (indexing
+    # the 2-D block and the raw arrays at an offset, it did not: 2.5 against 1.2 ns an exp, measured)
+    trainer_row, rollout_row = trainer[start : start + size], rollout[start : start + size]
+    kpop, bkl, tv = bases[KPOP], bases[BKL], bases[TV]
+    count = 0
     for k in range(size):
-        i = uint64(k)
-        delta, p, q, lc = bases[0, i], trainer_prob[raw + i], rollout_prob[raw + i], log_complement[model + i]
-        forward = p * delta + (1.0 - p) * lc
-        reverse = -(q * delta + (1.0 - q) * lc)
-        bases[KPOP, i] = max(max(forward, reverse), 0.0)
-        bases[BKL, i] = max(reverse, 0.0)
-        bases[TV, i] = abs(p - q)
-    for j in range(np.searchsorted(at, first), at.shape[0]):
-        k = at[j] - first
-        if k >= size:
-            break
-        bases[KPOP, k], bases[BKL, k] = _moved_gates(
-            bases[0, k], trainer_prob[start + k], rollout_prob[start + k], log_complement[first + k], logs, j
-        )
+        a, r = trainer_row[k], rollout_row[k]
+        delta = a - r
+        p, q = _gate_exp(a), _gate_exp(r)
+        p8, q8 = min(max(p, EPS_NARROW), 1.0 - EPS_NARROW), min(max(q, EPS_NARROW), 1.0 - EPS_NARROW)
+        log_complement = _gate_log((1.0 - p8) / (1.0 - q8))
+        forward = p * delta + (1.0 - p) * log_complement
+        reverse = -(q * delta + (1.0 - q) * log_complement)
+        kpop[k] = max(max(forward, reverse), 0.0)
+        bkl[k] = max(reverse, 0.0)
+        tv[k] = abs(p - q)
+        flag = (p < EPS_WIDE) | (p > 1.0 - EPS_WIDE) | (q < EPS_WIDE) | (q > 1.0 - EPS_WIDE)  # NaN: not moved
+        moved[k] = flag
+        count += flag
+    if count == 0:
+        return
+    words = moved.view(np.uint64)
+    for word in range((size + 7) // 8):
+        if words[word] == 0:
+            continue
+        for k in range(8 * word, min(8 * word + 8, size)):
+            if moved[k] != 0:
+                bases[KPOP, k], bases[BKL, k] = _moved_gates(bases[0, k], trainer[start + k], rollout[start + k])
+        words[word] = 0  # the marks cleared for the next segment (the last word's beyond ``size`` never set)
 
 
 @njit(**{**_FLAGS, "inline": "always"})
-def _moved_gates(delta: float, p: float, q: float, lc8: float, logs: np.ndarray, j: int) -> tuple[float, float]:
-    """(kpop, bkl) of a token whose p or q a clamp moves: ``logs[:, j]`` = log(p'/q') under KPOP_EPS (read where that
-    clamp moves p or q, else δ), log(p'/q') and log((1 − p')/(1 − q')) under BKL_EPS (the latter read where it is not
-    KPOP's complement)."""
+def _moved_gates(delta: float, trainer: float, rollout: float) -> tuple[float, float]:
+    """(kpop, bkl) of a token whose p or q a clamp moves (``engine.formulas._binary_kl_pair`` under KPOP_EPS and
+    BKL_EPS): log(p'/q') where a clamp moves p or q, else δ; BKL's complement where it is not KPOP's."""
+    p, q = _gate_exp(trainer), _gate_exp(rollout)
     p8, q8 = min(max(p, EPS_NARROW), 1.0 - EPS_NARROW), min(max(q, EPS_NARROW), 1.0 - EPS_NARROW)
     p6, q6 = min(max(p, EPS_WIDE), 1.0 - EPS_WIDE), min(max(q, EPS_WIDE), 1.0 - EPS_WIDE)
-    lr8 = delta if (p8 == p and q8 == q) else logs[0, j]
-    lr6 = delta if (p6 == p and q6 == q) else logs[1, j]
-    lc6 = lc8 if (p6 == p8 and q6 == q8) else logs[2, j]
+    lc8 = _gate_log((1.0 - p8) / (1.0 - q8))
+    lr8 = delta if (p8 == p and q8 == q) else _gate_log(p8 / q8)
+    lr6 = delta if (p6 == p and q6 == q) else _gate_log(p6 / q6)
+    lc6 = lc8 if (p6 == p8 and q6 == q8) else _gate_log((1.0 - p6) / (1.0 - q6))
     forward = p8 * lr8 + (1.0 - p8) * lc8
     reverse = -(q8 * lr8 + (1.0 - q8) * lc8)
     return max(max(forward, reverse), 0.0), max(-(q6 * lr6 + (1.0 - q6) * lc6), 0.0)
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _marks(longest: int) -> np.ndarray:
+    """The ``moved`` marks of :func:`_fill_gates` for segments of at most ``longest`` tokens, all clear."""
+    return np.zeros(longest + 8 - longest % 8, np.uint8)
 
 
 @njit(**{**_FLAGS, "inline": "always"})
@@ -266,17 +324,17 @@ def _fill_bases(
     trainer: np.ndarray,
     rollout: np.ndarray,
     weight: np.ndarray,
-    gates: tuple,
     start: int,
     first: int,
     size: int,
     needed: np.ndarray,
     bases: np.ndarray,
+    moved: np.ndarray,
 ) -> None:
     """The base quantities (KINDS rows of ``bases``) of a segment's ``size`` tokens (raw index ``start + k``, model
     index ``first + k``), with the torch engine's float64 formulas; w is read (numpy's exp), 1.0 without weights; the
-    probability gates (kpop, bkl, tv), all three where one is needed, from ``gate_inputs`` (numpy's exps and logs, as
-    the torch engine takes them on the CPU: ``_fill_gates``)."""
+    probability gates (kpop, bkl, tv), all three where one is needed, with this module's exp and log
+    (``_fill_gates``; ``moved``: its marks)."""
     has_weight = weight.shape[0] > 0
     raw, model = uint64(start), uint64(first)  # unsigned: no negative-index wrap per read
     for k in range(size):
@@ -290,7 +348,7 @@ def _fill_bases(
             bases[2, i] = weight[model + i] if has_weight else 1.0
     _fill_statistics(size, needed, bases)
     if needed[KPOP] or needed[BKL] or needed[TV]:
-        _fill_gates(trainer, rollout, gates, start, first, size, bases)
+        _fill_gates(trainer, rollout, start, size, bases, moved)
 
 
 @njit(**{**_FLAGS, "inline": "always"})
@@ -458,7 +516,6 @@ def preset_pass(
     trainer: np.ndarray,
     rollout: np.ndarray,
     weight: np.ndarray,
-    gates: tuple,
     raw: np.ndarray,
     model: np.ndarray,
     length: np.ndarray,
@@ -469,17 +526,22 @@ def preset_pass(
     extremes: np.ndarray,
     edges: np.ndarray,
     table: np.ndarray,
+    keep: np.ndarray,
+    kept: np.ndarray,
 ):
     """Every derived quantity q (``codes[q]`` = (kind, op), ``bounds[q]`` = (L, U)) of every segment's tokens, each
     token read once: per segment the sum (numpy reduceat's order), the maximum and the minimum (float64 [Q, S] each;
     a value quantity's max and min only where ``extremes[q]``, else left unset), and, with ``edges`` (empty: none),
     the sweep's signed histogram of c over each step group's model tokens (``segment_group[s]`` the group of segment
-    s; int64 [groups, 2·BINS]: the run's sweep sums them, the per-step sweep keeps them) and, where ``gates`` holds the
-    chunk's ``gate_inputs``, the histograms of the three gates' values (int64 [groups, 3·BINS], ``_count_gate_bins``).
-    ``weight``: numpy's exp(c) at each model token (index ``model[s] + k``), or empty when no quantity reads w or k3;
-    ``gates``: ``gate_inputs`` (``NO_GATES`` when no quantity reads a gate). Per segment the base
-    quantities are laid out once, then each quantity's op runs over them in its own loop (the op is chosen once per
-    segment, not per token)."""
+    s; int64 [groups, 2·BINS]: the run's sweep sums them, the per-step sweep keeps them) and, where a quantity reads
+    a gate, the histograms of the three gates' values (int64 [groups, 3·BINS], ``_count_gate_bins``).
+    ``weight``: numpy's exp(c) at each model token (index ``model[s] + k``), or empty when no quantity reads w or k3.
+    ``keep`` (bool [3]): the gates (kpop, bkl, tv) whose values the centred pass reads, written into their rows of
+    ``kept`` (float64 [3, ≥ M], at model index ``model[s] + k``; the caller's, reused chunk after chunk: a fresh array
+    a chunk cost its pages' faults, 0.6 s of system time at 100 M tokens), so that pass reads them where they lie
+    instead of taking the exps and logs again. Per segment the base quantities are laid out once, then each
+    quantity's op runs over them in its own loop (the op is chosen once per segment, not per token); a clamp that
+    moves no value of the segment takes the reductions of its base's clamp to ±inf, where that came first."""
     quantities = codes.shape[0]
     segments = raw.shape[0]
     sums = np.empty((quantities, segments))
@@ -490,23 +552,27 @@ def preset_pass(
         longest = max(longest, length[s])
     bases = np.empty((BASES, longest))
     values = np.empty(longest)
+    moved = _marks(longest)
     stack, left = np.empty((3, 64), np.int64), np.empty(64)
     needed = _needed(codes)
     histogram = edges.shape[0] > 0
     counts = np.zeros((groups, 2 * edges.shape[0]), np.int64)
-    gate_histogram = histogram and gates[0].shape[0] == trainer.shape[0]
+    gate_histogram = histogram and (needed[KPOP] or needed[BKL] or needed[TV])
     gate_counts = np.zeros((groups, 3 * edges.shape[0] if gate_histogram else 0), np.int64)
-    if gate_histogram:  # every gate's histogram: all three laid out
+    if gate_histogram or keep[0] or keep[1] or keep[2]:  # every gate's histogram: all three laid out
         needed[KPOP] = needed[BKL] = needed[TV] = True
     bits = bases.view(np.int64)
     padded, first = _padded(edges)
+    whole = np.empty(BASES, np.int64)  # per segment: the quantity that reduced a base's own values (clamp to ±inf)
     for s in range(segments):
         size = length[s]
-        _fill_bases(trainer, rollout, weight, gates, raw[s], model[s], size, needed, bases)
+        _fill_bases(trainer, rollout, weight, raw[s], model[s], size, needed, bases, moved)
+        _copy_kept(bases, model[s], size, keep, kept)
         if histogram:
             _count_signed_bins(bases[1], size, padded, table, counts[segment_group[s]])
         if gate_histogram:
             _count_gate_bins(bases, bits, size, padded, table, first, gate_counts[segment_group[s]])
+        whole[:] = -1
         for q in range(quantities):
             op, lower, upper, kind = codes[q, 1], bounds[q, 0], bounds[q, 1], codes[q, 0]
             if op >= 3:  # a flag: its count is its sum in any order
@@ -515,13 +581,33 @@ def preset_pass(
                 maxima[q, s] = 1.0 if count > 0 else 0.0
                 minima[q, s] = 1.0 if count == size else 0.0
                 continue
+            found = whole[kind]
+            if op == 2 and found >= 0 and minima[found, s] >= lower and maxima[found, s] <= upper:
+                # a clamp that moves no value of this segment (its base's extremes within the bounds; NaN compares
+                # false): min(max(v, L), U) is v bit for bit there (numba's max and min keep the first of equal
+                # values), so its reductions are the base's, already taken
+                sums[q, s], maxima[q, s], minima[q, s] = sums[found, s], maxima[found, s], minima[found, s]
+                continue
             _fill_values(op, lower, upper, bases, kind, size, values)
             # one block (129 tokens at most) summed here, not through _pairwise_on: 16 ns a segment less (measured)
             rest = _block_sum(values, 1, size - 1) if size <= 129 else _pairwise_on(values, 1, size - 1, stack, left)
             sums[q, s] = values[0] + rest
             if extremes[q]:
                 maxima[q, s], minima[q, s] = _extremes(values, size)
+                if op == 2 and lower == -np.inf and upper == np.inf:  # the base's own values: reused above
+                    whole[kind] = q
     return sums, maxima, minima, counts, gate_counts
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _copy_kept(bases: np.ndarray, first: int, size: int, keep: np.ndarray, kept: np.ndarray) -> None:
+    """The ``keep`` gates' values of a segment (``bases`` rows KPOP, BKL, TV) into their rows of ``kept``, at model
+    index ``first + k``."""
+    for gate in range(3):
+        if keep[gate]:
+            source, target = bases[KPOP + gate], kept[gate, first : first + size]
+            for k in range(size):
+                target[k] = source[k]
 
 
 @njit(**_FLAGS)
@@ -531,20 +617,20 @@ def gate_tokens(
     raw: np.ndarray,
     model: np.ndarray,
     length: np.ndarray,
-    gates: tuple,
     segment_group: np.ndarray,
     groups: int,
     edges: np.ndarray,
     table: np.ndarray,
 ):
-    """kpop, bkl, tv at every model token (float64 [3, M], index ``model[s] + k``) from ``gate_inputs``, as the preset
-    pass lays them out; with ``edges`` (empty: none), each step group's histograms of them (int64 [groups, 3·BINS])."""
+    """kpop, bkl, tv at every model token (float64 [3, M], index ``model[s] + k``), as the preset pass lays them out;
+    with ``edges`` (empty: none), each step group's histograms of them (int64 [groups, 3·BINS])."""
     total, longest = 0, 1
     for s in range(raw.shape[0]):
         total = max(total, model[s] + length[s])
         longest = max(longest, length[s])
     out = np.empty((3, total))
     bases = np.empty((BASES, longest))
+    moved = _marks(longest)
     bits = bases.view(np.int64)
     needed = np.zeros(BASES, np.bool_)
     needed[KPOP] = needed[BKL] = needed[TV] = True
@@ -553,7 +639,7 @@ def gate_tokens(
     padded, first = _padded(edges)
     for s in range(raw.shape[0]):
         size, m = length[s], model[s]
-        _fill_bases(trainer, rollout, trainer[:0], gates, raw[s], m, size, needed, bases)
+        _fill_bases(trainer, rollout, trainer[:0], raw[s], m, size, needed, bases, moved)
         for gate in range(3):
             for k in range(size):
                 out[gate, m + k] = bases[KPOP + gate, k]
@@ -567,7 +653,8 @@ def centred_pass(
     trainer: np.ndarray,
     rollout: np.ndarray,
     weight: np.ndarray,
-    gates: tuple,
+    keep: np.ndarray,
+    kept: np.ndarray,
     raw: np.ndarray,
     model: np.ndarray,
     length: np.ndarray,
@@ -579,22 +666,28 @@ def centred_pass(
     """Σ (x − mean)² per step group of each derived quantity (float64 [G, Q]), the group's ``means`` [G, Q] taken
     first (the torch engine's two passes: a constant quantity gives exactly 0). Each group's sum adds its tokens
     one by one in token order, whatever the segments. Four quantities' sums run side by side (independent chains),
-    each token's derived value computed where it is added (no array of values); only the base quantities the
-    quantities read are laid out, and w, when it is all they read, is read where it lies."""
+    each token's derived value computed where it is added (no array of values); w and the gates the preset pass
+    kept (``keep``: which rows of ``kept`` hold kpop, bkl, tv at every model token) are read where they lie, and only
+    the other base quantities the quantities read are laid out (none, when w and kept gates are all they read)."""
     quantities = codes.shape[0]
     out = np.zeros(means.shape)
     longest = 1
     for s in range(raw.shape[0]):
         longest = max(longest, length[s])
     needed = _needed(codes)
-    weight_only = weight.shape[0] > 0
+    lying = np.zeros(BASES, np.bool_)  # the kinds read where they lie: w, the kept gates
+    lying[2] = weight.shape[0] > 0
+    lying[KPOP], lying[BKL], lying[TV] = keep[0], keep[1], keep[2]
+    laid_out = False
     for kind in range(BASES):
-        weight_only = weight_only and (kind == 2 or not needed[kind])
-    bases = np.empty((BASES, 1 if weight_only else longest))
+        laid_out = laid_out or (needed[kind] and not lying[kind])
+        needed[kind] = needed[kind] and not lying[kind]
+    bases = np.empty((BASES, longest if laid_out else 1))
+    moved = _marks(longest if laid_out else 1)
     for s in range(raw.shape[0]):
         g, size, first = segment_group[s], length[s], model[s]
-        if not weight_only:
-            _fill_bases(trainer, rollout, weight, gates, raw[s], first, size, needed, bases)
+        if laid_out:
+            _fill_bases(trainer, rollout, weight, raw[s], first, size, needed, bases, moved)
         for lane in range(0, quantities, 4):
             count = min(4, quantities - lane)
             q0, q1, q2, q3 = lane, lane + min(1, count - 1), lane + min(2, count - 1), lane + min(3, count - 1)
@@ -603,15 +696,10 @@ def centred_pass(
             u0, u1, u2, u3 = bounds[q0, 1], bounds[q1, 1], bounds[q2, 1], bounds[q3, 1]
             m0, m1, m2, m3 = means[g, q0], means[g, q1], means[g, q2], means[g, q3]
             t0, t1, t2, t3 = out[g, q0], out[g, q1], out[g, q2], out[g, q3]
-            if weight_only:
-                row0 = row1 = row2 = row3 = weight[first : first + size]
-            else:
-                row0, row1, row2, row3 = (
-                    bases[codes[q0, 0]],
-                    bases[codes[q1, 0]],
-                    bases[codes[q2, 0]],
-                    bases[codes[q3, 0]],
-                )
+            row0 = _row(codes[q0, 0], lying, weight, kept, bases, first, size)
+            row1 = _row(codes[q1, 0], lying, weight, kept, bases, first, size)
+            row2 = _row(codes[q2, 0], lying, weight, kept, bases, first, size)
+            row3 = _row(codes[q3, 0], lying, weight, kept, bases, first, size)
             for k in range(size):
                 i = uint64(k)
                 c0 = _derived(o0, l0, u0, row0[i]) - m0
@@ -630,52 +718,37 @@ def centred_pass(
     return out
 
 
+@njit(**{**_FLAGS, "inline": "always"})
+def _row(
+    kind: int, lying: np.ndarray, weight: np.ndarray, kept: np.ndarray, bases: np.ndarray, first: int, size: int
+) -> np.ndarray:
+    """A segment's values of base quantity ``kind``: where they lie (w, a kept gate), else its ``bases`` row."""
+    if not lying[kind]:
+        return bases[kind]
+    if kind == 2:
+        return weight[first : first + size]
+    return kept[kind - KPOP, first : first + size]
+
+
 def _c(dtype: types.Type, ndim: int = 1) -> types.Array:
     return types.Array(dtype, ndim, "C")
 
 
-_F, _I, _F2 = _c(types.float64), _c(types.int64), _c(types.float64, 2)
-_GATES = types.Tuple((_F, _F, _F, _I, _F2))  # gate_inputs: p, q (raw), log complement (model), moved tokens, their logs
+_F, _I, _F2, _B = _c(types.float64), _c(types.int64), _c(types.float64, 2), _c(types.boolean)
 # Every specialisation of each kernel (as ``kernels.cpu.SIGNATURES``): float64 values and weights, int64 layouts and
 # codes, whatever the input's dtypes. :func:`compile_signatures` compiles them without data (a helper process does,
 # ``kernels.expect_presets``).
 SIGNATURES: dict[str, tuple[tuple[types.Type, ...], ...]] = {
     "clamped_tokens": ((_F, _F, _I, _I, _I),),
-    "gate_arguments": ((_F, _F, _I, _I, _I),),
-    "gate_tokens": ((_F, _F, _I, _I, _I, _GATES, _I, types.int64, _F, _I),),
-    "preset_pass": (
-        (_F, _F, _F, _GATES, _I, _I, _I, _I, types.int64, _c(types.int64, 2), _F2, _c(types.boolean), _F, _I),
-    ),
-    "centred_pass": ((_F, _F, _F, _GATES, _I, _I, _I, _I, _c(types.int64, 2), _F2, _F2),),
+    "gate_exp": ((_F,),),
+    "gate_log": ((_F,),),
+    "gate_tokens": ((_F, _F, _I, _I, _I, _I, types.int64, _F, _I),),
+    "preset_pass": ((_F, _F, _F, _I, _I, _I, _I, types.int64, _c(types.int64, 2), _F2, _B, _F, _I, _B, _F2),),
+    "centred_pass": ((_F, _F, _F, _B, _F2, _I, _I, _I, _I, _c(types.int64, 2), _F2, _F2),),
 }
-
-
-def gate_inputs(
-    trainer: np.ndarray, rollout: np.ndarray, raw: np.ndarray, model: np.ndarray, length: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """What the probability gates read (``_fill_gates``), once a chunk: p = exp(a) and q = exp(r) at the raw tokens,
-    numpy's exps (elementwise: the torch engine's of the model tokens, bit for bit); numpy's log of
-    ``gate_arguments``' complement at every model token, and the moved tokens' model indices and logs [3, n]."""
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # raw tokens outside the mask are not read
-        trainer_prob = np.exp(trainer, out=np.empty(_host_size_class(trainer.shape[0]))[: trainer.shape[0]])
-        rollout_prob = np.exp(rollout, out=np.empty(_host_size_class(rollout.shape[0]))[: rollout.shape[0]])
-        complement, at, arguments = gate_arguments(trainer_prob, rollout_prob, raw, model, length)
-        np.log(complement, out=complement)
-        np.log(arguments, out=arguments)
-    return trainer_prob, rollout_prob, complement, at, arguments
-
-
-def _host_size_class(n: int) -> int:
-    """``kernels.cpu.size_class`` in Python (its ``_bits`` is ``int.bit_length``): calling the compiled one from
-    Python would compile it a specialisation of its own."""
-    if n < 65536:
-        return n
-    step = 1 << (n.bit_length() - 4)
-    return (n + step - 1) // step * step
-
-
-# The gates' inputs where no quantity reads a gate (``preset_pass``, ``centred_pass``).
-NO_GATES = (np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0, np.int64), np.zeros((3, 0)))
+# The preset pass's ``keep`` where the centred pass reads no gate, and its ``kept`` then.
+KEEP_NONE = np.zeros(3, np.bool_)
+KEPT_NONE = np.zeros((3, 0))
 
 
 def compile_signatures() -> None:
