@@ -244,12 +244,35 @@ def _first_differing_rows(
     lengths = arrays.host(s.segment_length)
     places = iter(s.token_locations(arrays.host(s.segment_starts)[hit_segments].tolist()))
     found: list[int | None] = []
-    for row, segment in zip(rows, first_hit, strict=True):
+    if arrays.is_tensor(chunk.trainer):  # a tensor chunk's segments read one by one where they lie
+        for row, segment in zip(rows, first_hit, strict=True):
+            if segment < 0:
+                found.append(None)
+                continue
+            position = next(places)[1]
+            found.append(first_differing(chunk, row, position, position + int(lengths[segment])))
+        return found
+    # a numpy chunk's: the segments' tokens gathered and compared at once, each segment's first differing one kept
+    hit_rows = [row for row, segment in zip(rows, first_hit, strict=True) if segment >= 0]
+    starts = np.array([next(places)[1] for _ in hit_rows], dtype=np.int64)  # each segment's position in its row
+    counts = lengths[hit_segments].astype(np.int64)
+    firsts = np.cumsum(counts) - counts  # each segment's first token in the gathered run
+    index = np.repeat(chunk.offsets[hit_rows] + starts - firsts, counts) + np.arange(int(counts.sum()))
+    differ = arrays.bits_differ(chunk.trainer[index], chunk.rollout[index], bool(chunk.float32))
+    differ &= chunk.mask[index].astype(bool)
+    at = np.flatnonzero(differ)
+    run = np.searchsorted(firsts, at, side="right") - 1  # the segment of each differing token, ascending
+    first_at = np.full(len(hit_rows), -1, dtype=np.int64)
+    seen, where = np.unique(run, return_index=True)
+    first_at[seen] = at[where] - firsts[seen]
+    by_row = iter((starts + first_at).tolist())
+    offsets_found = iter(first_at.tolist())
+    for segment in first_hit:
         if segment < 0:
             found.append(None)
             continue
-        position = next(places)[1]
-        found.append(first_differing(chunk, row, position, position + int(lengths[segment])))
+        position, offset = next(by_row), next(offsets_found)
+        found.append(None if offset < 0 else position)
     return found
 
 
