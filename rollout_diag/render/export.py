@@ -237,19 +237,22 @@ def step_texts(steps: Sequence[StepResult]) -> Iterator[str]:
 
 
 def _slot_texts(slots: list[_Slot], where: np.ndarray) -> list[list[str]]:
-    """Each slot's value texts for the steps ``where``: the float64 slots' values taken into one [slots, steps] array
-    and formatted in one call (a step holds ~1 000 of them: a call per slot cost more than its few values), the
-    others column by column (equal ones formatted once)."""
+    """Each slot's value texts for the steps ``where``, column by column (equal ones formatted once). Fewer steps than
+    a column looks for repeated values in (``_REPEATS_FROM``): the float64 slots' values taken into one [slots, steps]
+    array and formatted in one call (a step holds ~1 000 of them: a call per slot cost more than its few values)."""
     made: dict[bytes, list[str]] = {}
     out: list[list[str]] = [[] for _ in slots]
     floats = [index for index, (column, _, _) in enumerate(slots) if column.dtype == np.float64]
-    if floats:
+    if floats and where.shape[0] < _REPEATS_FROM:
         count = where.shape[0]
         texts = _float_texts(np.stack([slots[index][0][where] for index in floats]).reshape(-1))
         for place, index in enumerate(floats):
             out[index] = texts[place * count : (place + 1) * count]
+    else:
+        floats = []
+    batched = set(floats)
     for index, (column, indent, scalars) in enumerate(slots):
-        if column.dtype != np.float64:
+        if index not in batched:
             out[index] = _value_texts(column, where, indent, scalars, made)
     return out
 
