@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rollout_diag.catalogue import parse_round_key, round_quantity
+from rollout_diag.catalogue import ROUNDS_PREFIX
 from rollout_diag.decisions.contrasts import (
     HIGH_BUCKETS,
     LOW_BUCKETS,
@@ -189,19 +189,17 @@ def _turn_growth(rounds: Sequence[Mapping[str, Any]]) -> tuple[float, float, flo
     return fit[0], fit[1], first, last, int(used[-1]["round"]), len(used)
 
 
-def _step_rounds(metrics: Mapping[str, float], pooled: set[int]) -> list[dict[str, Any]]:
-    """A step's per-round table rebuilt from its per_round/round_<k>/… metrics (``pooled``: the pooled round)."""
-    rounds: dict[int, dict[str, Any]] = {}
-    for name, value in metrics.items():
-        if (parsed := parse_round_key(name)) is not None:
-            index, row = parsed
-            entry = rounds.setdefault(index, {"pooled": index in pooled})
-            entry[round_quantity(row)] = value
-    return [
-        {"round": k, **v}
-        for k, v in sorted(rounds.items())
-        if "token_count" in v and "logprob_abs_diff_mean" in v and math.isfinite(v["logprob_abs_diff_mean"])
-    ]
+def _step_rounds(metrics: Mapping[str, float], pooled: set[int], keys: Sequence[tuple[int, str, str]]) -> list[dict]:
+    """A step's per-round table, what ``_turn_growth`` reads of it, from its per_round/round_<k>/… metrics: ``keys``
+    (round, its token_count key, its logprob_abs_diff_mean key) of the rounds the run has tokens in, ascending (a
+    step's round with tokens is one of them); ``pooled``: the pooled round. Looked up, not parsed from every key of
+    the step (~430 at the default max_rounds)."""
+    rounds = []
+    for k, tokens_key, mean_key in keys:
+        tokens, mean = metrics.get(tokens_key), metrics.get(mean_key)
+        if tokens is not None and mean is not None and math.isfinite(mean):
+            rounds.append({"round": k, "pooled": k in pooled, "token_count": tokens, "logprob_abs_diff_mean": mean})
+    return rounds
 
 
 def turn_growth(result: AnalysisResult) -> Hint | None:
@@ -211,8 +209,12 @@ def turn_growth(result: AnalysisResult) -> Hint | None:
     slope, low, first, last, last_round, used = found
     steps = []
     pooled = {int(r["round"]) for r in result.rounds if r["pooled"]}
+    keys = [
+        (k, f"{ROUNDS_PREFIX}round_{k}/token_count", f"{ROUNDS_PREFIX}round_{k}/logprob_abs_diff_mean")
+        for k in sorted(int(r["round"]) for r in result.rounds)
+    ]
     for step in result.steps:
-        step_found = _turn_growth(_step_rounds(step.metrics, pooled))
+        step_found = _turn_growth(_step_rounds(step.metrics, pooled, keys))
         if step_found is not None and step.step is not None:
             steps.append((step_found[3] / max(step_found[2], 1e-12), step.step))
     return Hint(

@@ -358,19 +358,21 @@ class ChunkStats:
 
     def count_sums(self, names: Iterable[str], bucket: Array | None = None, buckets: int = 1) -> dict[str, Array]:
         """Σ of exact token counts (``engine/quantities.py`` COUNTS) over each step group ([G]) or, with ``bucket`` (a
-        segment's), each (step group, bucket) ([G, buckets]), all in one reduction: a count's sums are integers, exact
-        in any order, so each is what ``group_sum`` or ``bucket_sum`` gives for it alone."""
+        segment's), each (step group, bucket) ([G, buckets]): a count's sums are integers, exact in any order, so each
+        is what ``group_sum`` or ``bucket_sum`` gives for it alone (a tensor chunk's: all in one reduction)."""
         names = tuple(names)
         groups = self.chunk.groups.count
         index = self.segment_group if bucket is None else self._bucket_index(bucket, buckets)
-        values = arrays.stack([arrays.float64(self.segment_sum(name)) for name in names], axis=1)  # [S, N]
-        if arrays.is_tensor(values):
-            sums = arrays.zeros((groups * buckets, len(names)), values).index_add_(0, index, values)
-        else:
-            flat = (arrays.host(index)[:, None] * len(names) + np.arange(len(names))).reshape(-1)
-            sums = np.bincount(flat, weights=values.reshape(-1), minlength=groups * buckets * len(names))
-            sums = sums.reshape(groups * buckets, len(names))
         shape = (groups,) if bucket is None else (groups, buckets)
+        if not arrays.is_tensor(index):  # a bincount a count: one over [S·N] (index and values laid out) cost 4–8×
+            return {
+                name: np.bincount(
+                    index, weights=arrays.float64(self.segment_sum(name)), minlength=groups * buckets
+                ).reshape(shape)
+                for name in names
+            }
+        values = arrays.stack([arrays.float64(self.segment_sum(name)) for name in names], axis=1)  # [S, N]
+        sums = arrays.zeros((groups * buckets, len(names)), values).index_add_(0, index, values)
         return {name: sums[:, column].reshape(shape) for column, name in enumerate(names)}
 
     def bucket_max(self, segment_values: Array, bucket: Array, buckets: int) -> Array:

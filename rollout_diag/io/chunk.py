@@ -103,6 +103,9 @@ class Chunk:
     # Either logprob column was float32 (or narrower) in the dump: ``mismatched`` compares the two values' bits as
     # float32 then (engine/quantities.py COUNTS); the reader joins only blocks that agree.
     float32: bool = False
+    # uint64 [R] on the host: each row's (step, sample_id) hash (io.readlog.row_keys), where the reader made it (it
+    # keeps them for its duplicate check); None: made by whoever reads it
+    row_key: np.ndarray | None = None
 
     @property
     def rows(self) -> int:

@@ -135,4 +135,6 @@ def joined(parts: Sequence[Valid]) -> Valid:
     )
     scanned = tuple(np.concatenate([values[i] for values in host]) for i in range(3))
     files = [name for valid in parts for name in (valid.files or [valid.block.file] * len(valid.block.lengths))]
-    return Valid(block, offsets, scanned, files=files, float32=parts[0].float32)  # type: ignore[arg-type]
+    keys = [valid.row_keys for valid in parts if valid.row_keys is not None]
+    joined_keys = np.concatenate(keys) if len(keys) == len(parts) else None
+    return Valid(block, offsets, scanned, files=files, float32=parts[0].float32, row_keys=joined_keys)  # type: ignore[arg-type]

@@ -97,6 +97,7 @@ class Valid:
     prepass: KernelPrepass | None = None  # the compiled passes, when read ahead of torch
     files: list[str] | None = None  # each row's file, where blocks of several files were joined (else block.file)
     float32: bool = False  # either logprob column was float32 or narrower (``Chunk.float32``)
+    row_keys: np.ndarray | None = None  # uint64 [R]: io.readlog.row_keys of each row (``Chunk.row_key``)
 
 
 def host_values(valid: Valid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -518,12 +518,13 @@ class DumpReader:
         nulls = prompt_nulls(block)
         if nulls:
             self.log.prompt_nulls[block.file] = self.log.prompt_nulls.get(block.file, 0) + nulls
+        keys = row_keys(block.step, block.sample_id)  # the read log's, and the chunk's (Chunk.row_key)
         if has_ids:
-            self.log.row_keys.append(row_keys(block.step, block.sample_id))
+            self.log.row_keys.append(keys)
             self.log.row_places.append(np.stack([np.full(len(block.file_row), file_index), block.file_row], axis=1))
         offsets = np.zeros(len(block.lengths) + 1, dtype=np.int64)
         np.cumsum(block.lengths, out=offsets[1:])
-        return Valid(block, offsets, scanned, float32=is_narrow(block))
+        return Valid(block, offsets, scanned, float32=is_narrow(block), row_keys=keys)
 
     def built_chunk(self, valid: Valid, device: str, engine: str, kind: str) -> Chunk:
         """The validated block as a Chunk of ``kind`` arrays: ``numpy`` (the numba engine's, torch not loaded) or
@@ -546,6 +547,7 @@ class DumpReader:
             engine=engine,
             prepass=valid.prepass if engine == "numba" else None,
             float32=valid.float32,
+            row_key=valid.row_keys,
         )
 
 

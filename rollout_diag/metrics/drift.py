@@ -56,11 +56,13 @@ def length_label(bucket: int) -> str:
     return bucket_label(bucket)[2] if bucket else "0"
 
 
-def row_groups(steps: np.ndarray, sample_ids: Sequence[str]) -> np.ndarray:
+def row_groups(steps: np.ndarray, sample_ids: Sequence[str], keys: np.ndarray | None = None) -> np.ndarray:
     """The replicate group of each row: the hash of its (step, sample id) (``io.readlog.row_keys``, the skipped rows'
-    key) mod REPLICATE_GROUPS. A function of the row alone, so any chunking, row order, file split, storage or worker
-    split gives every row the same group."""
-    return (row_keys(np.asarray(steps), sample_ids) % np.uint64(REPLICATE_GROUPS)).astype(np.int64)
+    key; ``keys``: those hashes, where the reader made them: ``Chunk.row_key``) mod REPLICATE_GROUPS. A function of
+    the row alone, so any chunking, row order, file split, storage or worker split gives every row the same group."""
+    if keys is None:
+        keys = row_keys(np.asarray(steps), sample_ids)
+    return (keys % np.uint64(REPLICATE_GROUPS)).astype(np.int64)
 
 
 class DriftAccumulator(StepAccumulator):
@@ -77,7 +79,7 @@ class DriftAccumulator(StepAccumulator):
         out = {}
         for name, bucket, buckets in (
             ("length", length_bucket(tokens), LENGTH_BUCKETS),
-            ("replicates", row_groups(arrays.host(chunk.step), chunk.sample_id), REPLICATE_GROUPS),
+            ("replicates", row_groups(arrays.host(chunk.step), chunk.sample_id, chunk.row_key), REPLICATE_GROUPS),
         ):
             key = row_group * buckets + bucket
             size = groups.count * buckets

@@ -580,8 +580,12 @@ class _NamedSteps(Mapping):
     def __len__(self) -> int:
         return int(self.store.steps.shape[0])
 
-    def items(self) -> Iterator[tuple[int, dict[str, Any]]]:  # type: ignore[override]
-        return ((step, _named(state)) for step, state in self.store.states())
+    def items(self) -> Iterator[tuple[int, Mapping[str, Any]]]:  # type: ignore[override]
+        # each step's sums built when read, from the states read block by block: a hint's test of every step reads
+        # one of the three bucket lists, and the step's others (~200 floats as dicts) are not built
+        return (
+            (step, _StepSums(self.store, step, index, state)) for index, (step, state) in enumerate(self.store.states())
+        )
 
 
 _SCALARS = (*TOKEN_SUMS, *ROW_SUMS, *LATER_SUMS, *SIDE_SUMS, *VERSION_EXTREMES)
@@ -609,9 +613,9 @@ class _StepSums(Mapping):
     state (built once). The resume rules read two scalars of every step (``decisions/resume.py``); a whole step's
     nested buckets are ~200 floats."""
 
-    def __init__(self, store: StateTable, step: int, index: int) -> None:
+    def __init__(self, store: StateTable, step: int, index: int, state: State | None = None) -> None:
         self.store, self.step, self.index = store, step, index
-        self._state: State | None = None
+        self._state: State | None = state
         self._buckets: dict[str, list[dict[str, float]]] = {}
 
     def __getitem__(self, name: str) -> Any:

@@ -228,16 +228,52 @@ def first_differing(chunk: Chunk, row: int, start: int = 0, stop: int | None = N
     return start + int(np.argmax(differ)) if differ.any() else None
 
 
-def _first_differing_in(chunk: Chunk, s: ChunkStats, row: int, segments: range, mismatched: np.ndarray) -> int | None:
-    """``first_differing`` of a row whose segments are ``segments``, from their exact ``mismatched`` counts (the fused
-    pass's): only the row's first segment that counts one is read (a segment's tokens are consecutive in the row),
-    none when no segment does."""
-    hit = np.flatnonzero(mismatched[segments.start : segments.stop])
-    if not hit.size:
-        return None
-    segment = segments.start + int(hit[0])
-    position = s.token_locations([int(arrays.host(s.segment_starts)[segment])])[0][1]
-    return first_differing(chunk, row, position, position + int(arrays.host(s.segment_length)[segment]))
+def _first_differing_rows(
+    chunk: Chunk, s: ChunkStats, rows: list[int], segments: list[range], mismatched: np.ndarray
+) -> list[int | None]:
+    """``first_differing`` of each of ``rows`` (its segments ``segments[i]``) from their exact ``mismatched`` counts
+    (the fused pass's): only a row's first segment that counts one is read (a segment's tokens are consecutive in the
+    row), none when no segment does; the segments' places in their rows found in one call for all the rows."""
+    first_hit = []
+    for spanned in segments:
+        hit = np.flatnonzero(mismatched[spanned.start : spanned.stop])
+        first_hit.append(spanned.start + int(hit[0]) if hit.size else -1)
+    hit_segments = [segment for segment in first_hit if segment >= 0]
+    if not hit_segments:
+        return [None] * len(rows)
+    lengths = arrays.host(s.segment_length)
+    places = iter(s.token_locations(arrays.host(s.segment_starts)[hit_segments].tolist()))
+    found: list[int | None] = []
+    if arrays.is_tensor(chunk.trainer):  # a tensor chunk's segments read one by one where they lie
+        for row, segment in zip(rows, first_hit, strict=True):
+            if segment < 0:
+                found.append(None)
+                continue
+            position = next(places)[1]
+            found.append(first_differing(chunk, row, position, position + int(lengths[segment])))
+        return found
+    # a numpy chunk's: the segments' tokens gathered and compared at once, each segment's first differing one kept
+    hit_rows = [row for row, segment in zip(rows, first_hit, strict=True) if segment >= 0]
+    starts = np.array([next(places)[1] for _ in hit_rows], dtype=np.int64)  # each segment's position in its row
+    counts = lengths[hit_segments].astype(np.int64)
+    firsts = np.cumsum(counts) - counts  # each segment's first token in the gathered run
+    index = np.repeat(chunk.offsets[hit_rows] + starts - firsts, counts) + np.arange(int(counts.sum()))
+    differ = arrays.bits_differ(chunk.trainer[index], chunk.rollout[index], bool(chunk.float32))
+    differ &= chunk.mask[index].astype(bool)
+    at = np.flatnonzero(differ)
+    run = np.searchsorted(firsts, at, side="right") - 1  # the segment of each differing token, ascending
+    first_at = np.full(len(hit_rows), -1, dtype=np.int64)
+    seen, where = np.unique(run, return_index=True)
+    first_at[seen] = at[where] - firsts[seen]
+    by_row = iter((starts + first_at).tolist())
+    offsets_found = iter(first_at.tolist())
+    for segment in first_hit:
+        if segment < 0:
+            found.append(None)
+            continue
+        position, offset = next(by_row), next(offsets_found)
+        found.append(None if offset < 0 else position)
+    return found
 
 
 def window_at(around: int, size: int, length: int) -> tuple[int, int]:
@@ -425,7 +461,9 @@ class WorstTracker:
         # a row's segments are one run (segments follow the tokens, rows in order): its bounds, not a mask per row
         firsts = np.searchsorted(segment_row, rows, side="left").tolist()
         lasts = np.searchsorted(segment_row, rows, side="right").tolist()
-        for row, lo, hi in zip(rows, firsts, lasts, strict=True):
+        spans = [range(lo, hi) for lo, hi in zip(firsts, lasts, strict=True)]
+        differing = _first_differing_rows(chunk, s, rows, spans, mismatched)
+        for row, lo, hi, first_differs in zip(rows, firsts, lasts, differing, strict=True):
             round_abs = np.bincount(segment_round[lo:hi], weights=segment_abs[lo:hi])
             round_tokens = np.bincount(segment_round[lo:hi], weights=segment_length[lo:hi])
             with np.errstate(invalid="ignore", divide="ignore"):
@@ -446,7 +484,7 @@ class WorstTracker:
                     "k3_sum": float(host["k3_sum"][row]),
                     "catastrophic_count": int(host["catastrophic"][row]),
                     "extra": dict(tokens.extra),
-                    "first_differing_position": _first_differing_in(chunk, s, row, range(lo, hi), mismatched),
+                    "first_differing_position": first_differs,
                 },
                 tokens,
             )
