@@ -24,7 +24,6 @@ from helpers.dumps import random_rows, sequence_table, token_table, write_table
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
-from typer.testing import CliRunner
 
 import rollout_diag as rd
 from rollout_diag.cli import app
@@ -33,6 +32,7 @@ from rollout_diag.io.reader import DumpReader
 from rollout_diag.render.analysis import EXTRAS_SHOWN, worst_rows_table
 from rollout_diag.render.format import number
 from rollout_diag.report import render_report, result_from_json
+from tests.helpers.cli import runner
 
 SCHEMA = Path(__file__).resolve().parent.parent / "schemas" / "result.schema.json"
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_data" / "textgenrnn_bf16_vs_fp32.parquet"
@@ -49,7 +49,6 @@ STANDARD_HEADERS = [
     "catastrophic",
 ]
 ROWS, WIDTH, STEPS = 6, 9, 3
-runner = CliRunner()
 
 
 def padded(step: int) -> dict[str, torch.Tensor]:

@@ -20,16 +20,15 @@ from helpers.dumps import random_rows, sequence_table, write_table
 from helpers.groups import ENVS, assert_close, env_table
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner
 
 from rollout_diag import analyze, catalogue
 from rollout_diag.cli import app
 from rollout_diag.errors import ConfigError
 from rollout_diag.groups import GroupSpec, parse_by
 from rollout_diag.results import AnalysisResult
+from tests.helpers.cli import runner
 
 SCHEMA = Path(__file__).resolve().parent.parent / "schemas" / "result.schema.json"
-runner = CliRunner()
 
 
 @pytest.fixture(scope="module")

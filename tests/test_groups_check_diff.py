@@ -18,7 +18,6 @@ import pyarrow.compute as pc
 import pytest
 from helpers.dumps import write_table
 from helpers.groups import ENVS, RTOL, env_table
-from typer.testing import CliRunner
 
 from rollout_diag import analyze
 from rollout_diag.cli import app
@@ -27,10 +26,10 @@ from rollout_diag.decisions.skipped import SKIPPED_ROW_SHARE as SKIPPED
 from rollout_diag.drivers.check import check_run
 from rollout_diag.drivers.diff import diff_runs
 from rollout_diag.groups import group_name
+from tests.helpers.cli import runner
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
 K3 = "rollout_corr/k3_kl"
-runner = CliRunner()
 
 
 @pytest.fixture(scope="module")

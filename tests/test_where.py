@@ -14,16 +14,15 @@ import pyarrow.compute as pc
 import pytest
 from helpers.dumps import random_rows, sequence_table, token_table, write_table
 from helpers.groups import assert_close, env_table
-from typer.testing import CliRunner
 
 from rollout_diag import analyze, compare_presets
 from rollout_diag.cli import app
 from rollout_diag.errors import ConfigError, DataError
 from rollout_diag.io.reader import DumpReader
 from rollout_diag.selection import RowSelection, selection
+from tests.helpers.cli import runner
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
-runner = CliRunner()
 
 
 @pytest.fixture(scope="module")

@@ -11,13 +11,11 @@ from helpers.cli import one_error_line
 from helpers.dumps import random_rows, seq_row, write_sequence_dump
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner
 
 from rollout_diag.cli import app
 from rollout_diag.errors import ConfigError, InputError
 from rollout_diag.io.outputs import atomic_path, check_outputs
-
-runner = CliRunner()
+from tests.helpers.cli import runner
 
 
 def cli(*args: object, env: dict | None = None):

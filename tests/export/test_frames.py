@@ -13,7 +13,6 @@ import polars as pl
 import pytest
 from helpers.dumps import write_table
 from helpers.groups import env_table
-from typer.testing import CliRunner
 
 from rollout_diag import analyze, compare_presets
 from rollout_diag.cli import app
@@ -21,8 +20,7 @@ from rollout_diag.errors import ConfigError
 from rollout_diag.export.parquet import groups_path
 from rollout_diag.formatting import group_label
 from rollout_diag.results import AnalysisResult
-
-runner = CliRunner()
+from tests.helpers.cli import runner
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from helpers.dumps import write_table
 from helpers.groups import env_table
-from typer.testing import CliRunner
 
 from rollout_diag.cli import app
 from rollout_diag.errors import ConfigError
+from tests.helpers.cli import runner
 
 tensorboard = pytest.importorskip("tensorboard", reason="the optional tensorboard extra is not installed")
 
@@ -25,8 +25,6 @@ from tensorboard.util.tensor_util import make_ndarray  # noqa: E402
 from rollout_diag import analyze, compare_presets  # noqa: E402
 from rollout_diag.export.tensorboard import ALERT_TAG, run_name, step_alert, write_tensorboard  # noqa: E402
 from rollout_diag.results import FIRST_SECTION  # noqa: E402
-
-runner = CliRunner()
 
 
 def read_scalars(directory: Path) -> dict[str, dict[int, float]]:

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from helpers.dumps import write_table
 from helpers.groups import env_table
-from typer.testing import CliRunner
 
 from rollout_diag.cli import app
 from rollout_diag.errors import ConfigError
+from tests.helpers.cli import runner
 
 wandb = pytest.importorskip("wandb", reason="the optional wandb extra is not installed")
 
@@ -25,8 +25,6 @@ from helpers.wandb_offline import OfflineRun, offline_runs  # noqa: E402
 from rollout_diag import analyze  # noqa: E402
 from rollout_diag.export.wandb import ALERT_KEY, PREFIX, STEP_KEY, log_to_wandb, step_levels  # noqa: E402
 from rollout_diag.results import FIRST_SECTION  # noqa: E402
-
-runner = CliRunner()
 
 
 @pytest.fixture(scope="module")

@@ -28,14 +28,13 @@ from helpers.dumps import (
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner
 
 import rollout_diag as rd
 from rollout_diag.cli import app
 from rollout_diag.io.sources import expand_inputs
 from rollout_diag.paths import natural_key
+from tests.helpers.cli import runner
 
-runner = CliRunner()
 LAYOUT_KEYS = ("inputs", "layout", "columns")  # what differs between two files of the same data, by design
 
 

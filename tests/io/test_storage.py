@@ -17,14 +17,13 @@ import pyarrow.parquet as pq
 import pytest
 from helpers.cli import one_error_line
 from helpers.dumps import random_rows, write_sequence_dump
-from typer.testing import CliRunner
 
 from rollout_diag.cli import app
 from rollout_diag.io.reader import DumpReader
+from tests.helpers.cli import runner
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "synthetic_multiturn.parquet"
 BUCKET = "dumps"
-runner = CliRunner()
 
 
 class ServedBytes:

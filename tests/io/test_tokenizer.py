@@ -10,10 +10,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from typer.testing import CliRunner
 
 from rollout_diag.cli import app
 from rollout_diag.errors import ConfigError
+from tests.helpers.cli import runner
 
 tokenizers = pytest.importorskip("tokenizers", reason="the optional tokenizer extra is not installed")
 
@@ -21,7 +21,6 @@ import rollout_diag as rd  # noqa: E402
 from rollout_diag.drivers.dump import Dump  # noqa: E402
 from rollout_diag.io.tokenizer import load_tokenizer  # noqa: E402
 
-runner = CliRunner()
 WORDS = ["hello world café", "hello there world", "a tool said hello"]
 
 

@@ -16,7 +16,6 @@ import pytest
 from helpers.trainer_columns import planted, write_rows
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner
 
 import rollout_diag as rd
 from rollout_diag.cli import app
@@ -24,9 +23,9 @@ from rollout_diag.metrics import association
 from rollout_diag.metrics.association import fisher_interval, poisson_binomial_tail, ranks, spearman
 from rollout_diag.results import AnalysisResult
 from rollout_diag.results.wording import trainer_column_lines
+from tests.helpers.cli import runner
 
 SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "result.schema.json"
-runner = CliRunner()
 
 
 def test_spearman_on_a_known_permutation(tmp_path):
