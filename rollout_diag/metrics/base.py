@@ -180,6 +180,15 @@ class StepAccumulator(ABC):
     # subclass with options of its own sets it back to False)
     CHUNK_ONLY: ClassVar[bool] = False
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A family (a class with its ``_stats``) must write its formula: ``finalize_block`` or ``_finalize``; one
+        that writes neither is refused where it is defined, not at its first finalize."""
+        super().__init_subclass__(**kwargs)
+        family = not getattr(cls._stats, "__isabstractmethod__", False)
+        block_written = cls.finalize_block is not StepAccumulator.finalize_block
+        if family and not block_written and cls._finalize is StepAccumulator._finalize:
+            raise TypeError(f"{cls.__name__} writes neither finalize_block nor _finalize: a family needs one")
+
     def __init__(self) -> None:
         self.step_store = StepStore(StateTable.empty(self.REDUCTIONS))
 
@@ -213,7 +222,7 @@ class StepAccumulator(ABC):
         so the steps and the run share one formula (a family without ``finalize_block`` writes this instead)."""
         groups = self.finalize_block({name: np.asarray(value)[None] for name, value in state.items()})
         if groups is None:
-            raise NotImplementedError(f"{type(self).__name__} writes finalize_block or _finalize")
+            raise TypeError(f"{type(self).__name__}.finalize_block gave None: it writes no _finalize to fall back on")
         out: dict[str, float] = {}
         for reports, values in groups:
             if np.asarray(reports).reshape(-1)[0]:

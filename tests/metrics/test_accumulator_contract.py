@@ -91,3 +91,25 @@ def test_whole_chunked_merged_in_any_order_and_sharded_agree(dump, family):
         for order in itertools.islice(itertools.permutations(range(shard_count)), 2):
             shards = fed([dealt[i::shard_count] for i in order])
             assert_close(finalized(merged(shards)), expected, f"{family} {shard_count} shards, order {order}")
+
+
+def test_a_family_without_a_formula_is_refused_where_it_is_defined() -> None:
+    from rollout_diag.metrics.base import StepAccumulator
+
+    class Intermediate(StepAccumulator):  # no _stats yet: not a family, left abstract
+        pass
+
+    with pytest.raises(TypeError, match="Formless writes neither finalize_block nor _finalize"):
+
+        class Formless(Intermediate):
+            def _stats(self, chunk: Any) -> dict[str, Any]:
+                return {}
+
+    class Stepwise(Intermediate):  # _finalize alone is a formula
+        def _stats(self, chunk: Any) -> dict[str, Any]:
+            return {}
+
+        def _finalize(self, state: Any) -> dict[str, float]:
+            return {}
+
+    assert Stepwise().finalize_block({}) is None
