@@ -6,7 +6,6 @@ across steps. No metric is stated here."""
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -197,83 +196,6 @@ def _fold_runs(
     return out
 
 
-Span = tuple[str, int, int, tuple[int, ...]]  # a dense column's place in its block: name, first and end column, shape
-
-
-@dataclass(frozen=True)
-class PackLayout:
-    """Where a table's dense columns of the elementwise reductions (sum, max, min) lie: per reduction
-    (``reductions``) one block [W, S] (a row per value of a step's state, a column per step) and the rows of each of
-    its columns (``spans``); every dense column's name in the table's order (``names``; a ``moments`` column is held
-    on its own)."""
-
-    names: tuple[str, ...]
-    reductions: tuple[str, ...]
-    spans: tuple[tuple[Span, ...], ...]
-    widths: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Packed:
-    """A table's dense columns of the elementwise reductions as one block [W, S] per reduction (``layout``); each
-    column of ``StateTable.dense`` is a view of its rows, made when the table is read. A chunk's merge then reduces
-    and copies a family's columns in one call per reduction, not one per column (a family holds up to ~40): the same
-    elementwise operations on the same values, so the same digits."""
-
-    layout: PackLayout
-    blocks: tuple[np.ndarray, ...]
-
-
-@functools.lru_cache(maxsize=256)
-def _pack_layout(columns: tuple[tuple[str, str, tuple[int, ...]], ...]) -> PackLayout | None:
-    """The layout of dense columns (name, reduction, per-step shape), in the table's order; None when none of them
-    is packed. Cached: every chunk's table of a family has the same columns, so its tables share one layout object."""
-    reductions = tuple(dict.fromkeys(reduction for _, reduction, _ in columns if reduction in _UFUNCS))
-    if not reductions:
-        return None
-    spans, widths = [], []
-    for chosen in reductions:
-        width, spanned = 0, []
-        for name, reduction, shape in columns:
-            if reduction == chosen:
-                size = math.prod(shape)
-                spanned.append((name, width, width + size, shape))
-                width += size
-        spans.append(tuple(spanned))
-        widths.append(width)
-    return PackLayout(tuple(name for name, _, _ in columns), reductions, tuple(spans), tuple(widths))
-
-
-def _packed_columns(
-    layout: PackLayout, blocks: Sequence[np.ndarray], own: Mapping[str, np.ndarray]
-) -> dict[str, np.ndarray]:
-    """The dense columns, in the layout's order: each packed one a view of its block's rows, the others ``own``."""
-    views = dict(own)
-    for block, spans in zip(blocks, layout.spans, strict=True):
-        count = block.shape[1]
-        for name, lo, hi, shape in spans:
-            views[name] = block[lo] if not shape else block[lo:hi].T.reshape(count, *shape)
-    return {name: views[name] for name in layout.names}
-
-
-def _pack(table: StateTable) -> None:
-    """Put ``table``'s dense columns of the elementwise reductions in blocks (``Packed``), in place: a table in the
-    making (``StateTable.from_groups``)."""
-    columns = table.own_dense
-    layout = _pack_layout(tuple((name, table.reductions[name], column.shape[1:]) for name, column in columns.items()))
-    if layout is None:
-        return
-    count = table.steps.shape[0]
-    blocks = tuple(
-        np.concatenate(
-            [columns[name] if not shape else columns[name].reshape(count, -1).T.ravel() for name, _, _, shape in spans]
-        ).reshape(width, count)
-        for spans, width in zip(layout.spans, layout.widths, strict=True)
-    )
-    table.own_dense = {name: column for name, column in columns.items() if table.reductions[name] not in _UFUNCS}
-    table.packed = Packed(layout, blocks)
-
-
 @dataclass
 class StateTable:
     """One family's per-step states as columns keyed by step: ``steps`` (sorted, unique); a dense column [S, ...]
@@ -283,19 +205,9 @@ class StateTable:
     reductions: Mapping[str, str]
     shapes: dict[str, tuple[int, ...]]
     steps: np.ndarray
-    own_dense: dict[str, np.ndarray]  # the dense columns held on their own: all of them, unless ``packed``
+    dense: dict[str, np.ndarray]
     sparse: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]  # name -> (step, flat bucket, values)
     ragged: dict[str, tuple[np.ndarray, np.ndarray]]  # name -> (step, values), sorted by step (stable)
-    # the dense columns of the elementwise reductions side by side, where a table was made so (a chunk's, and what
-    # merging and slicing those make); None: each column on its own
-    packed: Packed | None = None
-
-    @functools.cached_property
-    def dense(self) -> dict[str, np.ndarray]:
-        """Every dense column [S, ...] by name, in the table's order (a packed one: a view of its block)."""
-        if self.packed is None:
-            return self.own_dense
-        return _packed_columns(self.packed.layout, self.packed.blocks, self.own_dense)
 
     @classmethod
     def empty(cls, reductions: Mapping[str, str]) -> StateTable:
@@ -335,13 +247,12 @@ class StateTable:
             shape = array.shape[1:]
             table.shapes[name] = shape
             if math.prod(shape) <= SPARSE_MIN:
-                table.own_dense[name] = array
+                table.dense[name] = array
                 continue
             tail = _tail(reduction)
             flat = array.reshape(len(step_ids), -1, *tail)
             group, bucket = np.nonzero(_hits(reduction, flat))
             table.sparse[name] = (step_ids[group], bucket.astype(np.int64), flat[group, bucket])
-        _pack(table)
         return table
 
     # -- merging -----------------------------------------------------------------------------------
@@ -384,23 +295,8 @@ class StateTable:
         field's shared step a slice, so no union, membership test or sort over the tables."""
         last = self.steps[-1]
         steps = np.concatenate([self.steps, other.steps[1:]])
-        packed = None
-        if self.packed is not None and other.packed is not None and self.packed.layout is other.packed.layout:
-            layout = self.packed.layout
-            blocks = tuple(  # blocks are [W, S]: the steps run along the second axis
-                np.concatenate(
-                    [block[:, :-1], _UFUNCS[reduction](block[:, -1:], incoming[:, :1]), incoming[:, 1:]], axis=1
-                )
-                for reduction, block, incoming in zip(
-                    layout.reductions, self.packed.blocks, other.packed.blocks, strict=True
-                )
-            )
-            packed = Packed(layout, blocks)
-            held = self.own_dense
-        else:
-            held = self.dense
         dense = {}
-        for name, column in held.items():
+        for name, column in self.dense.items():
             incoming = other.dense[name]
             shared = _reduce(self.reductions[name], column[-1:], incoming[:1])
             dense[name] = np.concatenate([column[:-1], shared, incoming[1:]])
@@ -453,7 +349,7 @@ class StateTable:
             else (np.concatenate([step, other.ragged[name][0]]), np.concatenate([values, other.ragged[name][1]]))
             for name, (step, values) in self.ragged.items()
         }
-        return StateTable(self.reductions, self.shapes, steps, dense, sparse, ragged, packed)
+        return StateTable(self.reductions, self.shapes, steps, dense, sparse, ragged)
 
     def _merge_sparse(self, name: str, theirs: tuple[np.ndarray, np.ndarray, np.ndarray]):
         step, bucket, values = self.sparse[name]
@@ -530,7 +426,7 @@ class StateTable:
         sorted by step (stable: a step's rows in the order they came, as merging the blocks' tables one by one keeps
         them)."""
         ragged = {name: _rows_by_step([rows, *(block[name] for block in blocks)]) for name, rows in self.ragged.items()}
-        return StateTable(self.reductions, self.shapes, self.steps, self.own_dense, self.sparse, ragged, self.packed)
+        return StateTable(self.reductions, self.shapes, self.steps, self.dense, self.sparse, ragged)
 
     def subset(self, keep: np.ndarray) -> StateTable:
         """The table of the steps where ``keep`` (bool [S]) holds."""
@@ -561,12 +457,7 @@ class StateTable:
         count = self.steps.shape[0]
         end = min(max(end, begin), count)
         steps = self.steps[begin:end]
-        packed = self.packed
-        if packed is None:
-            dense = {name: column[begin:end] for name, column in self.dense.items()}
-        else:
-            packed = Packed(packed.layout, tuple(block[:, begin:end] for block in packed.blocks))
-            dense = {name: column[begin:end] for name, column in self.own_dense.items()}
+        dense = {name: column[begin:end] for name, column in self.dense.items()}
 
         def bounds(step: np.ndarray) -> tuple[int, int]:
             if begin >= end:
@@ -583,7 +474,7 @@ class StateTable:
         for name, (step, values) in self.ragged.items():
             lo, hi = bounds(step)
             ragged[name] = (step[lo:hi], values[lo:hi])
-        return StateTable(self.reductions, self.shapes, steps, dense, sparse, ragged, packed)
+        return StateTable(self.reductions, self.shapes, steps, dense, sparse, ragged)
 
     def relabeled(self, rename: np.ndarray) -> StateTable:
         """The table with every step s renamed ``rename[s]`` (one-to-one; the steps index ``rename``), re-sorted by
@@ -692,7 +583,7 @@ class StateTable:
 
     def nbytes(self) -> int:
         """Bytes held by the arrays of the table."""
-        arrays = [self.steps, *self.own_dense.values(), *(() if self.packed is None else self.packed.blocks)]
+        arrays = [self.steps, *self.dense.values()]
         arrays += [a for entries in self.sparse.values() for a in entries]
         arrays += [a for entries in self.ragged.values() for a in entries]
         return sum(a.nbytes for a in arrays)

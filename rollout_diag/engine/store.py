@@ -29,7 +29,6 @@ Joining is concatenation, a step's rows in the order they came: the table is the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
@@ -141,7 +140,7 @@ class StepStore:
         """``incoming`` without its per-row values, which are held aside until the table is read."""
         self._rows = [*self._rows, incoming.ragged]
         empty = {name: (step[:0], values[:0]) for name, (step, values) in incoming.ragged.items()}
-        return replace(incoming, ragged=empty)
+        return StateTable(incoming.reductions, incoming.shapes, incoming.steps, incoming.dense, incoming.sparse, empty)
 
     def _begin_layer(self, incoming: StateTable) -> None:
         """Finish the current layer (its sealed parts and open part, kept as they are) and start one with ``incoming``.
