@@ -49,6 +49,7 @@ _FLAGS: dict[str, Any] = {"cache": True, "nogil": True, "error_model": "numpy"}
 BASES = len(PRESET_BASES)
 KPOP, BKL, TV = KINDS["rs_kpop"], KINDS["rs_bkl"], KINDS["rs_tv"]
 EPS_WIDE, EPS_NARROW = BKL_EPS, KPOP_EPS  # the gates' clamps: OpenRLHF's, AReaL's
+CENTRED_LANES = 8  # the centred pass's sums side by side (``centred_pass``)
 
 # The gates' exp and log (fdlibm 5.3's e_exp.c and e_log.c, their rational forms and constants), written without
 # branches or libm calls so that a loop of them runs on SIMD lanes; no fused multiply-add (numba does not contract),
@@ -665,10 +666,13 @@ def centred_pass(
 ):
     """Σ (x − mean)² per step group of each derived quantity (float64 [G, Q]), the group's ``means`` [G, Q] taken
     first (the torch engine's two passes: a constant quantity gives exactly 0). Each group's sum adds its tokens
-    one by one in token order, whatever the segments. Four quantities' sums run side by side (independent chains),
-    each token's derived value computed where it is added (no array of values); w and the gates the preset pass
-    kept (``keep``: which rows of ``kept`` hold kpop, bkl, tv at every model token) are read where they lie, and only
-    the other base quantities the quantities read are laid out (none, when w and kept gates are all they read)."""
+    one by one in token order, whatever the segments. Per segment, each quantity's squares (x − mean)² are written
+    into a row of a scratch block in a loop of their own (the op chosen once, on SIMD lanes), then up to eight
+    quantities' sums run side by side over those rows (independent chains; four where four or fewer are left), so
+    a token costs a pass over the rows however many quantities there are, not one pass per four. w and the gates the
+    preset pass kept (``keep``: which rows of ``kept`` hold kpop, bkl, tv at every model token) are read where they
+    lie, and only the other base quantities the quantities read are laid out (none, when w and kept gates are all
+    they read)."""
     quantities = codes.shape[0]
     out = np.zeros(means.shape)
     longest = 1
@@ -684,38 +688,93 @@ def centred_pass(
         needed[kind] = needed[kind] and not lying[kind]
     bases = np.empty((BASES, longest if laid_out else 1))
     moved = _marks(longest if laid_out else 1)
+    squares = np.zeros((CENTRED_LANES, longest))  # rows beyond a pass's quantities: added to sums never written
     for s in range(raw.shape[0]):
         g, size, first = segment_group[s], length[s], model[s]
         if laid_out:
             _fill_bases(trainer, rollout, weight, raw[s], first, size, needed, bases, moved)
-        for lane in range(0, quantities, 4):
-            count = min(4, quantities - lane)
-            q0, q1, q2, q3 = lane, lane + min(1, count - 1), lane + min(2, count - 1), lane + min(3, count - 1)
-            o0, o1, o2, o3 = codes[q0, 1], codes[q1, 1], codes[q2, 1], codes[q3, 1]
-            l0, l1, l2, l3 = bounds[q0, 0], bounds[q1, 0], bounds[q2, 0], bounds[q3, 0]
-            u0, u1, u2, u3 = bounds[q0, 1], bounds[q1, 1], bounds[q2, 1], bounds[q3, 1]
-            m0, m1, m2, m3 = means[g, q0], means[g, q1], means[g, q2], means[g, q3]
-            t0, t1, t2, t3 = out[g, q0], out[g, q1], out[g, q2], out[g, q3]
-            row0 = _row(codes[q0, 0], lying, weight, kept, bases, first, size)
-            row1 = _row(codes[q1, 0], lying, weight, kept, bases, first, size)
-            row2 = _row(codes[q2, 0], lying, weight, kept, bases, first, size)
-            row3 = _row(codes[q3, 0], lying, weight, kept, bases, first, size)
-            for k in range(size):
-                i = uint64(k)
-                c0 = _derived(o0, l0, u0, row0[i]) - m0
-                c1 = _derived(o1, l1, u1, row1[i]) - m1
-                c2 = _derived(o2, l2, u2, row2[i]) - m2
-                c3 = _derived(o3, l3, u3, row3[i]) - m3
-                t0 += c0 * c0
-                t1 += c1 * c1
-                t2 += c2 * c2
-                t3 += c3 * c3
-            # a quantity repeated to fill the four lanes is written once, from its first lane
-            out[g, q3] = t3
-            out[g, q2] = t2
-            out[g, q1] = t1
-            out[g, q0] = t0
+        for lane in range(0, quantities, CENTRED_LANES):
+            count = min(CENTRED_LANES, quantities - lane)
+            for j in range(count):
+                q = lane + j
+                row = _row(codes[q, 0], lying, weight, kept, bases, first, size)
+                _fill_squares(codes[q, 1], bounds[q, 0], bounds[q, 1], means[g, q], row, size, squares, j)
+            if count <= 4:
+                _add_squares4(squares, size, out[g], lane, count)
+            else:
+                _add_squares8(squares, size, out[g], lane, count)
     return out
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _fill_squares(
+    op: int, lower: float, upper: float, mean: float, row: np.ndarray, size: int, squares: np.ndarray, j: int
+) -> None:
+    """(x − mean)² of each of a segment's ``size`` values ``row`` (x = ``_derived(op, …)`` of the value) into row
+    ``j`` of ``squares``, the op chosen once."""
+    if op == 0:
+        for k in range(size):
+            c = min(row[k], upper) - mean
+            squares[j, k] = c * c
+    elif op == 1:
+        for k in range(size):
+            v = row[k]
+            c = (v if (v >= lower and v <= upper) else 0.0) - mean
+            squares[j, k] = c * c
+    elif op == 2:
+        for k in range(size):
+            c = min(max(row[k], lower), upper) - mean
+            squares[j, k] = c * c
+    else:
+        for k in range(size):
+            c = _derived(op, lower, upper, row[k]) - mean
+            squares[j, k] = c * c
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _add_squares4(squares: np.ndarray, size: int, sums: np.ndarray, lane: int, count: int) -> None:
+    """Adds rows 0–3 of ``squares`` (their first ``size`` values, in token order) to ``sums[lane + j]`` for the
+    ``count`` rows j that hold a quantity."""
+    t0, t1, t2, t3 = (
+        sums[lane],
+        sums[lane + min(1, count - 1)],
+        sums[lane + min(2, count - 1)],
+        sums[lane + min(3, count - 1)],
+    )
+    for k in range(size):
+        i = uint64(k)
+        t0 += squares[0, i]
+        t1 += squares[1, i]
+        t2 += squares[2, i]
+        t3 += squares[3, i]
+    for j, total in enumerate((t0, t1, t2, t3)):
+        if j < count:
+            sums[lane + j] = total
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _add_squares8(squares: np.ndarray, size: int, sums: np.ndarray, lane: int, count: int) -> None:
+    """``_add_squares4`` over rows 0–7 (``count`` between 5 and 8)."""
+    t0, t1, t2, t3 = sums[lane], sums[lane + 1], sums[lane + 2], sums[lane + 3]
+    t4, t5, t6, t7 = (
+        sums[lane + 4],
+        sums[lane + min(5, count - 1)],
+        sums[lane + min(6, count - 1)],
+        sums[lane + min(7, count - 1)],
+    )
+    for k in range(size):
+        i = uint64(k)
+        t0 += squares[0, i]
+        t1 += squares[1, i]
+        t2 += squares[2, i]
+        t3 += squares[3, i]
+        t4 += squares[4, i]
+        t5 += squares[5, i]
+        t6 += squares[6, i]
+        t7 += squares[7, i]
+    for j, total in enumerate((t0, t1, t2, t3, t4, t5, t6, t7)):
+        if j < count:
+            sums[lane + j] = total
 
 
 @njit(**{**_FLAGS, "inline": "always"})
