@@ -699,10 +699,7 @@ def centred_pass(
                 q = lane + j
                 row = _row(codes[q, 0], lying, weight, kept, bases, first, size)
                 _fill_squares(codes[q, 1], bounds[q, 0], bounds[q, 1], means[g, q], row, size, squares, j)
-            if count <= 4:
-                _add_squares4(squares, size, out[g], lane, count)
-            else:
-                _add_squares8(squares, size, out[g], lane, count)
+            _add_squares(squares, size, out[g], lane, count)
     return out
 
 
@@ -732,49 +729,50 @@ def _fill_squares(
 
 
 @njit(**{**_FLAGS, "inline": "always"})
-def _add_squares4(squares: np.ndarray, size: int, sums: np.ndarray, lane: int, count: int) -> None:
-    """Adds rows 0–3 of ``squares`` (their first ``size`` values, in token order) to ``sums[lane + j]`` for the
-    ``count`` rows j that hold a quantity."""
-    t0, t1, t2, t3 = (
-        sums[lane],
-        sums[lane + min(1, count - 1)],
-        sums[lane + min(2, count - 1)],
-        sums[lane + min(3, count - 1)],
-    )
-    for k in range(size):
-        i = uint64(k)
-        t0 += squares[0, i]
-        t1 += squares[1, i]
-        t2 += squares[2, i]
-        t3 += squares[3, i]
-    for j, total in enumerate((t0, t1, t2, t3)):
+def _add_squares(squares: np.ndarray, size: int, sums: np.ndarray, lane: int, count: int) -> None:
+    """Adds row j of ``squares`` (its first ``size`` values, in token order) to ``sums[lane + j]`` for the ``count``
+    rows j (at most eight) that hold a quantity: one chain per row, side by side, four rows where four or fewer hold
+    one (eight chains cost 1.09 against 0.83 ns a token for four, in a loop by themselves)."""
+    low = _four_sums(sums, lane, count, 0)
+    high = _four_sums(sums, lane, count, 4)
+    if count <= 4:
+        for k in range(size):
+            low = _add_four(squares, uint64(k), 0, low)
+    else:
+        for k in range(size):
+            i = uint64(k)
+            low = _add_four(squares, i, 0, low)
+            high = _add_four(squares, i, 4, high)
+    for j in range(4):
         if j < count:
-            sums[lane + j] = total
+            sums[lane + j] = low[j]
+        if 4 + j < count:
+            sums[lane + 4 + j] = high[j]
 
 
 @njit(**{**_FLAGS, "inline": "always"})
-def _add_squares8(squares: np.ndarray, size: int, sums: np.ndarray, lane: int, count: int) -> None:
-    """``_add_squares4`` over rows 0–7 (``count`` between 5 and 8)."""
-    t0, t1, t2, t3 = sums[lane], sums[lane + 1], sums[lane + 2], sums[lane + 3]
-    t4, t5, t6, t7 = (
-        sums[lane + 4],
-        sums[lane + min(5, count - 1)],
-        sums[lane + min(6, count - 1)],
-        sums[lane + min(7, count - 1)],
+def _four_sums(sums: np.ndarray, lane: int, count: int, row: int) -> tuple[float, float, float, float]:
+    """The running sums of rows ``row`` to ``row + 3`` (a row beyond ``count`` reads the last one's: never stored)."""
+    last = lane + count - 1
+    return (
+        sums[min(lane + row, last)],
+        sums[min(lane + row + 1, last)],
+        sums[min(lane + row + 2, last)],
+        sums[min(lane + row + 3, last)],
     )
-    for k in range(size):
-        i = uint64(k)
-        t0 += squares[0, i]
-        t1 += squares[1, i]
-        t2 += squares[2, i]
-        t3 += squares[3, i]
-        t4 += squares[4, i]
-        t5 += squares[5, i]
-        t6 += squares[6, i]
-        t7 += squares[7, i]
-    for j, total in enumerate((t0, t1, t2, t3, t4, t5, t6, t7)):
-        if j < count:
-            sums[lane + j] = total
+
+
+@njit(**{**_FLAGS, "inline": "always"})
+def _add_four(
+    squares: np.ndarray, i: Any, row: int, sums: tuple[float, float, float, float]
+) -> tuple[float, float, float, float]:
+    """``sums`` plus token ``i``'s values of rows ``row`` to ``row + 3`` of ``squares``."""
+    return (
+        sums[0] + squares[row, i],
+        sums[1] + squares[row + 1, i],
+        sums[2] + squares[row + 2, i],
+        sums[3] + squares[row + 3, i],
+    )
 
 
 @njit(**{**_FLAGS, "inline": "always"})
