@@ -332,9 +332,15 @@ class ChunkStats:
         return found
 
     def row_max(self, name: str) -> Array:
-        """Max over each row's model tokens (-inf for a row without model tokens)."""
-        maxima = self.segment_max(name)
-        return arrays.scatter_max(arrays.full(self.chunk.rows, -math.inf, maxima), self.segment_row, maxima)
+        """Max over each row's model tokens (-inf for a row without model tokens), kept: the worst rows and the
+        exact counts' bands both read |δ|'s."""
+        key = f"row:{name}"
+        found = self._maxima.get(key)
+        if found is None:
+            maxima = self.segment_max(name)
+            found = arrays.scatter_max(arrays.full(self.chunk.rows, -math.inf, maxima), self.segment_row, maxima)
+            self._maxima[key] = found
+        return found
 
     def group_sum_rows(self, row_values: Array) -> Array:
         """Σ of per-row values over each step group of the chunk (float64 [G])."""

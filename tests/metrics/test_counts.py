@@ -23,6 +23,7 @@ from rollout_diag.engine import arrays
 from rollout_diag.engine.quantities import COUNTS
 from rollout_diag.engine.stats import ChunkStats, KernelStats
 from rollout_diag.io.chunk import Chunk
+from rollout_diag.metrics.rounds import RoundAccumulator
 
 FLOAT32 = pa.float32()
 
@@ -77,8 +78,8 @@ def test_counts_equal_the_torch_engine_exactly(layout):
 @given(layouts())
 def test_count_sums_and_bucket_maxima_of_numpy_chunks_equal_the_torch_engine(layout):
     """A numpy chunk reduces each count and each round bucket's max |δ| by runs of the (step group, bucket) index,
-    sorted first where it goes down (interleaved steps, rounds): the numbers torch's index_add_ and scatter_reduce
-    give, exactly."""
+    sorted first where it goes down (interleaved steps, rounds), and counts the rows within each band per round by
+    runs of (row, round): the numbers torch's index_add_ and scatter_reduce give, exactly."""
     reference, kernel = ChunkStats(chunk_of(*layout)), KernelStats(numpy_chunk(chunk_of(*layout)))
     reference.chunk.cache["stats"], kernel.chunk.cache["stats"] = reference, kernel
     buckets = 4  # rounds past the third pooled, as max_rounds does
@@ -89,6 +90,7 @@ def test_count_sums_and_bucket_maxima_of_numpy_chunks_equal_the_torch_engine(lay
             **s.count_sums(COUNTS),
             **{f"bucket {name}": value for name, value in s.count_sums(COUNTS[1:], bucket, buckets).items()},
             "max": s.bucket_max(s.segment_max("abs_log_ratio"), bucket, buckets),
+            **RoundAccumulator._rows_within(s, bucket, buckets),
         }
         return {name: np.asarray(arrays.host(value)) for name, value in found.items()}
 
