@@ -38,10 +38,12 @@ import numpy as np
 
 from rollout_diag.engine.state import StateTable
 
-# The open part is sealed off once it holds more steps than this.
-OPEN_STEPS = 16
+# The open part is sealed off once it holds more steps than this: a fold then copies at most about this many steps'
+# states with the chunks that waited. Each fold costs every field of every family a few numpy calls whatever it holds,
+# so folds are kept rare (16: a fold every ~8 chunks of the 100M dump, 0.45 ns/token of the main thread at 20M).
+OPEN_STEPS = 64
 # The chunks that go on with the open part are folded into it once this many wait (a run of one step never seals it).
-PENDING_CHUNKS = 16
+PENDING_CHUNKS = 64
 # The finished layers are folded, whatever their size, once more than LAYERS of them span one step (a fold reduces that
 # many states of the step one after another), or once there are more than HELD_LAYERS of them (the tables held, and
 # the work of deciding when to fold).
