@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from rollout_diag import catalogue
+from rollout_diag.decisions.bootstrap import DEFAULT_LEVEL, DEFAULT_REPLICATES, DEFAULT_SEED, tail_interval
 from rollout_diag.decisions.rowmetrics import KEY_METRICS, RowMetric, rejected_share
 from rollout_diag.errors import ConfigError, option_name
 from rollout_diag.results import (
@@ -36,9 +37,6 @@ from rollout_diag.results import (
     short_repr,
 )
 
-DEFAULT_REPLICATES = 1000
-DEFAULT_LEVEL = 0.95
-DEFAULT_SEED = 0
 ROUNDING = 1e-12  # relative size of a difference that is only summation order
 WEIGHT_CELLS = 4_000_000  # replicate × row weights held at once (32 MB of float64)
 
@@ -230,7 +228,7 @@ def diff(
     metric_diffs, preset_diffs = [], []
     for index, metric in enumerate(row_metrics):
         value_a, value_b = _value(metric, a), _value(metric, b)
-        low, high = _interval(differences[:, index], tail)
+        low, high = tail_interval(differences[:, index], tail)
         if index < len(KEY_METRICS):
             metric_diffs.append(_metric_diff(metric, value_a, value_b, low, high))
         else:
@@ -287,7 +285,7 @@ def diff_group(
     metrics = []
     for index, metric in enumerate(KEY_METRICS):
         value_a, value_b = _group_value(metric, a), _group_value(metric, b)
-        low, high = _interval(differences[:, index], tail)
+        low, high = tail_interval(differences[:, index], tail)
         metrics.append(_metric_diff(metric, value_a, value_b, low, high))
     return GroupDiff(column, value, a.rows.rows, b.rows.rows, a.tokens, b.tokens, metrics)
 
@@ -344,7 +342,7 @@ def bootstrap_values(
 
 def percentile_interval(replicates: np.ndarray, level: float) -> tuple[float, float]:
     """The ``level`` percentile interval of one statistic's replicates (its finite ones; NaN, NaN when none)."""
-    return _interval(replicates, (1.0 - level) / 2.0)
+    return tail_interval(replicates, (1.0 - level) / 2.0)
 
 
 def _replicates(rows: RowStats, metrics: Sequence[RowMetric], replicates: int, rng: np.random.Generator) -> np.ndarray:
@@ -410,12 +408,3 @@ def _step_runs(step: np.ndarray) -> list[_StepRun]:
         members = order[starts[first] : starts[last]].reshape(int(last - first), size)
         runs.append(_StepRun(members))
     return runs
-
-
-def _interval(replicates: np.ndarray, tail: float) -> tuple[float, float]:
-    """The bootstrap interval of one metric's replicated differences: the ``tail`` and 1 − ``tail`` quantiles of
-    the finite replicates (NaN, NaN when none is finite)."""
-    finite = replicates[np.isfinite(replicates)]
-    if not finite.size:
-        return math.nan, math.nan
-    return float(np.quantile(finite, tail)), float(np.quantile(finite, 1.0 - tail))

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from rollout_diag.decisions.diff import DEFAULT_LEVEL, DEFAULT_REPLICATES, DEFAULT_SEED, _interval
+from rollout_diag.decisions.bootstrap import DEFAULT_LEVEL, DEFAULT_REPLICATES, DEFAULT_SEED, tail_interval
 
 DRIFT_MIN_RATIO = 1.25  # a change smaller than 25 % is not said, whatever its interval
 EXPLAINS = 0.5  # a part that carries at least half of the change is named as its cause
@@ -78,7 +78,7 @@ def judge_drift(
     tail = (1.0 - level) / 2.0
     out = []
     for index, entry in enumerate(entries):
-        low, high = _interval(changes[:, index], tail)
+        low, high = tail_interval(changes[:, index], tail)
         start, end = entry["from"], entry["to"]
         ratio = end / start if start > 0 else None
         material = ratio is not None and (ratio >= DRIFT_MIN_RATIO or ratio <= 1.0 / DRIFT_MIN_RATIO)

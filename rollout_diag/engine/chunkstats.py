@@ -332,9 +332,15 @@ class ChunkStats:
         return found
 
     def row_max(self, name: str) -> Array:
-        """Max over each row's model tokens (-inf for a row without model tokens)."""
-        maxima = self.segment_max(name)
-        return arrays.scatter_max(arrays.full(self.chunk.rows, -math.inf, maxima), self.segment_row, maxima)
+        """Max over each row's model tokens (-inf for a row without model tokens), kept: the worst rows and the
+        exact counts' bands both read |δ|'s."""
+        key = f"row:{name}"
+        found = self._maxima.get(key)
+        if found is None:
+            maxima = self.segment_max(name)
+            found = arrays.scatter_max(arrays.full(self.chunk.rows, -math.inf, maxima), self.segment_row, maxima)
+            self._maxima[key] = found
+        return found
 
     def group_sum_rows(self, row_values: Array) -> Array:
         """Σ of per-row values over each step group of the chunk (float64 [G])."""
@@ -364,13 +370,16 @@ class ChunkStats:
         groups = self.chunk.groups.count
         index = self.segment_group if bucket is None else self._bucket_index(bucket, buckets)
         shape = (groups,) if bucket is None else (groups, buckets)
-        if not arrays.is_tensor(index):  # a bincount a count: one over [S·N] (index and values laid out) cost 4–8×
-            return {
-                name: np.bincount(
-                    index, weights=arrays.float64(self.segment_sum(name)), minlength=groups * buckets
-                ).reshape(shape)
-                for name in names
-            }
+        if not arrays.is_tensor(index):  # each count's runs summed by reduceat: a bincount a count took ~10× as long
+            order, starts, targets = self._runs_of(index, groups * buckets)
+            out = {}
+            for name in names:
+                values = arrays.float64(self.segment_sum(name))
+                sums = np.zeros(groups * buckets)
+                if starts.shape[0]:
+                    sums[targets] = np.add.reduceat(values if order is None else values[order], starts)
+                out[name] = sums.reshape(shape)
+            return out
         values = arrays.stack([arrays.float64(self.segment_sum(name)) for name in names], axis=1)  # [S, N]
         sums = arrays.zeros((groups * buckets, len(names)), values).index_add_(0, index, values)
         return {name: sums[:, column].reshape(shape) for column, name in enumerate(names)}
@@ -378,8 +387,33 @@ class ChunkStats:
     def bucket_max(self, segment_values: Array, bucket: Array, buckets: int) -> Array:
         groups = self.chunk.groups.count
         out = arrays.full(groups * buckets, -math.inf, segment_values)
-        arrays.scatter_max(out, self._bucket_index(bucket, buckets), segment_values)
+        index = self._bucket_index(bucket, buckets)
+        if arrays.is_tensor(index):
+            return arrays.scatter_max(out, index, segment_values).reshape(groups, buckets)
+        # each run's max by reduceat (exact in any order; NaN wins), not ufunc.at (~45 ns a segment: 0.27 ms a chunk)
+        order, starts, targets = self._runs_of(index, groups * buckets)
+        if starts.shape[0]:
+            with np.errstate(invalid="ignore"):
+                out[targets] = np.maximum.reduceat(segment_values if order is None else segment_values[order], starts)
         return out.reshape(groups, buckets)
+
+    def _runs_of(self, index: np.ndarray, length: int) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+        """The segments of a (step group[, bucket]) index in [0, length) as runs of one value: (the stable order that
+        sorts them, None where the index never goes down, as segments into their step groups mostly do; where each run
+        starts in that order; the index of each run). Kept for the latest index: a family reduces several values by
+        one index."""
+        found = self._memo.get("index runs")
+        if found is not None and found[0] is index:
+            return found[1]
+        order, ordered = None, index
+        if index.shape[0] > 1 and not bool((index[1:] >= index[:-1]).all()):
+            # 16-bit keys sort by radix (linear): 23 against 37 µs for a chunk's 6 000 segments
+            order = np.argsort(index.astype(np.uint16) if length <= 1 << 16 else index, kind="stable")
+            ordered = index[order]
+        starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))[: index.shape[0]]
+        runs = (order, starts, ordered[starts])
+        self._memo["index runs"] = (index, runs)
+        return runs
 
     def _bucket_index(self, bucket: Array, buckets: int) -> Array:
         """(step group, bucket) of each segment as one index; kept for the latest ``bucket`` tensor, since a family

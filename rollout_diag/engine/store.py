@@ -1,7 +1,10 @@
 """A family's per-step table as chunks feed it: sealed parts, an open part, finished layers, per-row values aside.
 
 A chunk merges into the open part only (the latest steps), so a chunk costs what it holds, not what the table holds;
-the parts are joined (concatenated: no arithmetic, so no digit changes) when the table is read.
+the parts are joined (concatenated: no arithmetic, so no digit changes) when the table is read. The open part's merges
+are deferred: the chunks that go on with it are kept as they came and folded into it in one pass (StateTable.folded,
+the chain's digits) when it is sealed or read, not merged one by one (each merge copied every field of the open part:
+a family's dozens of fields, a few numpy calls each, every chunk).
 
 A chunk that goes back in steps (per-rank files each holding every step, the same file read twice) reaches steps the
 parts have sealed. Merged into the whole table, it would cost what the table holds, chunk after chunk (the ragged
@@ -35,8 +38,12 @@ import numpy as np
 
 from rollout_diag.engine.state import StateTable
 
-# The open part is sealed off once it holds more steps than this.
-OPEN_STEPS = 16
+# The open part is sealed off once it holds more steps than this: a fold then copies at most about this many steps'
+# states with the chunks that waited. Each fold costs every field of every family a few numpy calls whatever it holds,
+# so folds are kept rare (16: a fold every ~8 chunks of the 100M dump, 0.45 ns/token of the main thread at 20M).
+OPEN_STEPS = 64
+# The chunks that go on with the open part are folded into it once this many wait (a run of one step never seals it).
+PENDING_CHUNKS = 64
 # The finished layers are folded, whatever their size, once more than LAYERS of them span one step (a fold reduces that
 # many states of the step one after another), or once there are more than HELD_LAYERS of them (the tables held, and
 # the work of deciding when to fold).
@@ -75,6 +82,9 @@ class StepStore:
     def __init__(self, table: StateTable, open_steps: int = OPEN_STEPS) -> None:
         self.open_steps = open_steps  # the open part's bound (tests vary it)
         self._open = table
+        # chunks that go on with the open part, in order, not merged into it yet (``_settled``); its steps with them
+        self._pending: list[StateTable] = []
+        self._open_steps = int(table.steps.shape[0])
         self._sealed: list[StateTable] = []  # steps no later chunk can reach, in order
         self._layers: list[Layer] = []
         self._rows: list[dict[str, tuple[np.ndarray, np.ndarray]]] = []  # per-row values held aside, in order
@@ -85,12 +95,14 @@ class StepStore:
         if self._layers:
             self._open = StateTable.folded(self.pieces(rows=False))
             self._layers, self._sealed = [], []
+        self._settled()
         if self._sealed:
             self._open = StateTable.joined([*self._sealed, self._open])
             self._sealed = []
         if self._rows:
             self._open = self._open.with_rows(self._rows)
             self._rows = []
+        self._open_steps = int(self._open.steps.shape[0])
         return self._open
 
     @property
@@ -107,7 +119,7 @@ class StepStore:
         if rows and self._rows:
             return [self.table]
         finished = [piece for layer in self._layers for piece in layer.pieces]
-        return [*finished, *self._sealed, self._open]
+        return [*finished, *self._sealed, self._settled()]
 
     def append(self, incoming: StateTable) -> None:
         """Merge a chunk's table: into the open part when its steps start at or after the open part's last step
@@ -115,26 +127,41 @@ class StepStore:
         on with the open part's last step starts a layer too. Its per-row values are held aside."""
         if incoming.ragged and self._open.shapes:
             incoming = self._hold_rows(incoming)
-        open_part = self._open
         if self._layers and not incoming.steps.shape[0]:
             return  # no steps, no state: merged, it would copy the table to the same entries
-        last = open_part.steps[-1] if open_part.steps.shape[0] else None
+        latest = self._pending[-1] if self._pending else self._open
+        last = latest.steps[-1] if latest.steps.shape[0] else None
         if last is None or not incoming.steps.shape[0]:  # an empty table (a later layer never is: it starts a chunk)
             self._open = self.table.merged(incoming)
+            self._open_steps = int(self._open.steps.shape[0])
             return
         if incoming.steps[0] < last or (self._layers and incoming.steps[0] == last):
             self._begin_layer(incoming)
             return
+        count = int(incoming.steps.shape[0])
         if incoming.steps[0] > last:
-            sealed, self._open = open_part, incoming
+            sealed = self._settled()
+            self._open, self._open_steps = incoming, count
         else:  # the chunk goes on with the open part's last step: only that step merges
-            count = open_part.steps.shape[0]
-            if count <= self.open_steps:  # a few steps: merged as they are (copying them costs less than cutting them)
-                self._open = open_part.merged(incoming)
+            if self._open_steps <= self.open_steps:  # a few steps: it waits to be folded in with the others
+                self._pending = [*self._pending, incoming]
+                self._open_steps += count - 1
+                if len(self._pending) >= PENDING_CHUNKS:
+                    self._settled()
                 return
-            sealed = open_part.sliced(0, count - 1)
-            self._open = open_part.sliced(count - 1, count).merged(incoming)
+            open_part = self._settled()
+            held = int(open_part.steps.shape[0])
+            sealed = open_part.sliced(0, held - 1)
+            self._open, self._pending, self._open_steps = open_part.sliced(held - 1, held), [incoming], count
         self._sealed = [*self._sealed, sealed]
+
+    def _settled(self) -> StateTable:
+        """The open part with the chunks that went on with it folded in (each step's states reduced in the order the
+        chunks came, as merging them one by one would)."""
+        if self._pending:
+            self._open = StateTable.folded([self._open, *self._pending])
+            self._pending = []
+        return self._open
 
     def _hold_rows(self, incoming: StateTable) -> StateTable:
         """``incoming`` without its per-row values, which are held aside until the table is read."""
@@ -153,7 +180,7 @@ class StepStore:
         ``HELD_LAYERS``, so such an input folds the whole table once per ``LAYERS`` chunks at most, where it merged
         each chunk into the whole table. Folding the layers so far, whenever, reduces each step's states in the same
         order: when it happens changes no digit."""
-        layers = [*self._layers, Layer.of([*self._sealed, self._open])]
+        layers = [*self._layers, Layer.of([*self._sealed, self._settled()])]
         if len(layers) > 1 and (
             sum(layer.nbytes for layer in layers[1:]) >= layers[0].nbytes
             or len(layers) > HELD_LAYERS
@@ -161,4 +188,4 @@ class StepStore:
         ):
             layers = [Layer.of([StateTable.folded([piece for layer in layers for piece in layer.pieces])])]
         self._layers = layers
-        self._sealed, self._open = [], incoming
+        self._sealed, self._open, self._open_steps = [], incoming, int(incoming.steps.shape[0])

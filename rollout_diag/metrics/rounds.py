@@ -96,6 +96,8 @@ class RoundAccumulator(StepAccumulator):
     def _rows_within(s: Any, bucket: Array, buckets: int) -> dict[str, Array]:
         """Per step group and round bucket, the rows whose every token of that bucket has |δ| ≤ each band: the max |δ|
         of each (row, bucket) from the segment maxima, then the rows counted where it is within the band."""
+        if not arrays.is_tensor(bucket):
+            return _rows_within_runs(s, bucket, buckets)
         rows = s.chunk.rows
         place = s.segment_row * buckets + bucket
         largest = arrays.scatter_max(
@@ -177,6 +179,27 @@ class RoundAccumulator(StepAccumulator):
     def finalize_table(self) -> list[dict[str, Any]]:
         state = self.run_state()
         return [] if state is None else self.table(state)
+
+
+def _rows_within_runs(s: Any, bucket: np.ndarray, buckets: int) -> dict[str, np.ndarray]:
+    """``RoundAccumulator._rows_within`` of a numpy chunk: a row's segments come in order and its rounds never go down,
+    so each (row, bucket) is one run of segments (its max |δ| by reduceat, no [rows × buckets] array), and the bands
+    are nested, so one bincount of each pair's first band at or above its max counts every band (counts of 0 and 1:
+    exact in any order)."""
+    groups = s.chunk.groups
+    place = s.segment_row * buckets + bucket
+    starts = np.flatnonzero(np.concatenate(([True], place[1:] != place[:-1])))[: place.shape[0]]
+    largest = np.maximum.reduceat(s.segment_max("abs_log_ratio"), starts) if starts.shape[0] else np.zeros(0)
+    pair = place[starts]
+    group_place = groups.row_group[pair // buckets] * buckets + pair % buckets
+    levels = len(ROUND_BANDS) + 1  # a pair within band k (k = 0, 1, …) has level ≤ k; above every band: the last
+    level = np.searchsorted(_BAND_EDGES, largest)  # NaN sorts last: within no band
+    pairs = np.bincount(group_place * levels + level, minlength=groups.count * buckets * levels)
+    within = np.cumsum(pairs.reshape(groups.count * buckets, levels), axis=1).astype(np.float64)
+    return {f"rows_{name}": within[:, k].reshape(groups.count, buckets) for k, (name, _) in enumerate(ROUND_BANDS)}
+
+
+_BAND_EDGES = np.array([band for _, band in ROUND_BANDS])
 
 
 def round_counts(columns: Any, k: int, tokens: np.ndarray) -> dict[str, np.ndarray]:

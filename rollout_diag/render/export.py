@@ -10,22 +10,23 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from functools import partial
 from json.encoder import encode_basestring_ascii
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rollout_diag.results import (
     AnalysisResult,
     Column,
-    ComparisonResult,
     MetricColumns,
     Rows,
     StepResult,
     StepTable,
-    SweepResult,
     json_number,
     json_row,
 )
+
+if TYPE_CHECKING:  # analyze's JSON loads neither of these results
+    from rollout_diag.results import ComparisonResult, SweepResult
 
 
 def to_json_text(document: dict[str, Any]) -> str:

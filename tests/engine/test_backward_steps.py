@@ -172,14 +172,14 @@ def test_correction_accumulators_read_mid_run_take_every_layer(dumps):
 
 
 def test_chunks_in_step_order_never_start_a_layer(dumps, monkeypatch):
-    """The common input (chunks in step order, a step going on over chunks): the sealed and open parts only, as before
-    layers were kept; results bit for bit those of merging chunk after chunk into the whole table."""
+    """The common input (chunks in step order, a step going on over chunks): the sealed and open parts only (the
+    chunks going on with the open part folded into it when it is sealed or read); results bit for bit those of merging
+    chunk after chunk into the whole table."""
 
     def refused(self, incoming):
         raise AssertionError("a chunk in step order started a layer")
 
     monkeypatch.setattr(StepStore, "_begin_layer", refused)
-    monkeypatch.setattr(StateTable, "folded", classmethod(lambda cls, tables: refused(None, None)))
     ordered = chunks(dumps["ordered"], chunk_tokens=97)
     assert len(ordered) > 8 and all(  # in step order, some chunks going on with the previous one's last step
         int(later.groups.steps[0]) >= int(earlier.groups.steps[-1]) for earlier, later in itertools.pairwise(ordered)

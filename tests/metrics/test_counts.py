@@ -19,8 +19,11 @@ from typer.testing import CliRunner
 import rollout_diag as rd
 from rollout_diag import catalogue
 from rollout_diag.cli import app
+from rollout_diag.engine import arrays
 from rollout_diag.engine.quantities import COUNTS
 from rollout_diag.engine.stats import ChunkStats, KernelStats
+from rollout_diag.io.chunk import Chunk
+from rollout_diag.metrics.rounds import RoundAccumulator
 
 FLOAT32 = pa.float32()
 
@@ -69,6 +72,37 @@ def test_counts_equal_the_torch_engine_exactly(layout):
         reference.chunk.cache["stats"], kernel.chunk.cache["stats"] = reference, kernel
         for name in COUNTS:
             assert torch.equal(kernel.segment_sum(name), reference.segment_sum(name)), (name, float32)
+
+
+@settings(max_examples=40, deadline=None)
+@given(layouts())
+def test_count_sums_and_bucket_maxima_of_numpy_chunks_equal_the_torch_engine(layout):
+    """A numpy chunk reduces each count and each round bucket's max |δ| by runs of the (step group, bucket) index,
+    sorted first where it goes down (interleaved steps, rounds), and counts the rows within each band per round by
+    runs of (row, round): the numbers torch's index_add_ and scatter_reduce give, exactly."""
+    reference, kernel = ChunkStats(chunk_of(*layout)), KernelStats(numpy_chunk(chunk_of(*layout)))
+    reference.chunk.cache["stats"], kernel.chunk.cache["stats"] = reference, kernel
+    buckets = 4  # rounds past the third pooled, as max_rounds does
+
+    def reductions(s: ChunkStats) -> dict[str, np.ndarray]:
+        bucket = arrays.clamp(s.segment_round, upper=buckets - 1)
+        found = {
+            **s.count_sums(COUNTS),
+            **{f"bucket {name}": value for name, value in s.count_sums(COUNTS[1:], bucket, buckets).items()},
+            "max": s.bucket_max(s.segment_max("abs_log_ratio"), bucket, buckets),
+            **RoundAccumulator._rows_within(s, bucket, buckets),
+        }
+        return {name: np.asarray(arrays.host(value)) for name, value in found.items()}
+
+    expected = reductions(reference)
+    for name, value in reductions(kernel).items():
+        np.testing.assert_array_equal(value, expected[name], err_msg=name)
+
+
+def numpy_chunk(chunk: Chunk) -> Chunk:
+    """The chunk with numpy arrays, as the CPU reader gives them."""
+    arrays_of = {name: getattr(chunk, name).numpy() for name in ("step", "offsets", "trainer", "rollout", "mask")}
+    return Chunk(**arrays_of, sample_id=chunk.sample_id, file=chunk.file, file_row=chunk.file_row)
 
 
 def test_float32_columns_compare_at_float32(tmp_path):
