@@ -563,7 +563,7 @@ PRESET_GROUPS: dict[str, tuple[str, ...]] = {
 
 def get_presets(names: Iterable[str] | None = None, extra: Mapping[str, Preset] | None = None) -> list[Preset]:
     """Presets by name, in the order given (duplicates dropped); None -> the default set: every built-in preset but
-    the probability gates (``gates``; they cost compare-presets about 20 % more CPU: docs/gates.md), and ``extra``.
+    the probability gates (``gates``; they cost compare-presets about 25 % more CPU: docs/gates.md), and ``extra``.
 
     Names may be a group (``all``, ``verl``: the 19 of §4, ``legacy``: §8, ``gates``) or a preset of ``extra``
     (e.g. from :func:`load_presets_file`). Raises ConfigError for an unknown name, listing the known ones.

@@ -382,7 +382,7 @@ class PassSpec:
         from rollout_diag.metrics.sweep import RunSweepAccumulator
 
         # compare-presets shows the run's sweep only: one run-level state, not one per step
-        # the gates' sweep options where a gate preset is compared (their values cost about 20 % more CPU)
+        # the gates' sweep options where a gate preset is compared (their values cost about 25 % more CPU)
         gates = any(preset.gated for preset in self.presets)
         return Pass(Analysis(**self.options), CorrectionAnalysis(self.presets), RunSweepAccumulator(gates))
 

@@ -98,7 +98,7 @@ class SweepAccumulator(StepAccumulator):
     }
 
     def __init__(self, gates: bool = True) -> None:
-        """``gates``: the probability gates' options too (their values cost compare-presets about 20 % more CPU:
+        """``gates``: the probability gates' options too (their values cost compare-presets about 25 % more CPU:
         it asks for them only with a gate preset); without, their columns and histograms hold zeros."""
         super().__init__()
         self.gates = gates
