@@ -9,12 +9,10 @@ not pay for importing torch, pyarrow or plotly.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 # export registers a result's views (to_polars, to_pandas, _repr_html_) in rollout_diag/views.py, where the results'
 # methods find them: results import nothing of export. Light: the views' modules load when a view is asked for.
 from rollout_diag import export  # noqa: F401
+from rollout_diag.lazy import lazy_getattr
 
 __version__ = "0.1.0"
 
@@ -96,13 +94,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted([*_EXPORTS, "__version__"])
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'rollout_diag' has no attribute '{name}'")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
+__getattr__ = lazy_getattr("rollout_diag", _EXPORTS, globals())
 
 
 def __dir__() -> list[str]:

@@ -404,6 +404,7 @@ LAYERS = (
         "rollout_diag.progress",
         "rollout_diag.cores",
         "rollout_diag.memory",
+        "rollout_diag.lazy",  # a package's names loaded when first read: imports nothing of the package
         "rollout_diag.process",
         "rollout_diag.engine.arrays",  # numpy or torch alike: imports nothing of the package
         "rollout_diag.views",  # where a result finds the views export registers: imports nothing of the package

@@ -11,8 +11,9 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from rollout_diag.lazy import lazy_getattr
 
 if TYPE_CHECKING:  # the names as mypy and readers see them; at run time each loads when first read (__getattr__)
     from rollout_diag.formatting import ExtraValue
@@ -244,13 +245,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'rollout_diag.results' has no attribute '{name}'")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
+__getattr__ = lazy_getattr("rollout_diag.results", _EXPORTS, globals())
 
 
 def __dir__() -> list[str]:
