@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 from rollout_diag.paths import natural_key
 from rollout_diag.results import UNORDERED, Evidence
 
@@ -60,18 +62,26 @@ def _steps_back(files: Mapping[str, Sequence[tuple[int, ...]]]) -> list[int]:
 
 
 def _versions_back(steps: Mapping[int, Mapping[str, float]]) -> list[int]:
-    """Steps whose highest policy_version is below the lowest of the step before (with a policy_version column)."""
-    found: list[int] = []
-    previous = None
-    for step in sorted(steps):
-        sums = steps[step]
-        low, high = sums.get("version_min", math.inf), sums.get("version_max", -math.inf)
-        if not math.isfinite(low):
-            continue
-        if previous is not None and high < previous:
-            found.append(step)
-        previous = low
-    return found
+    """Steps whose highest policy_version is below the lowest of the step before (with a policy_version column): each
+    step that carries one against the last step before it that does."""
+    ordered, low, high = _version_extremes(steps)
+    carries = np.isfinite(low)
+    ordered, low, high = ordered[carries], low[carries], high[carries]
+    return [int(step) for step in ordered[1:][high[1:] < low[:-1]]]
+
+
+def _version_extremes(steps: Mapping[int, Mapping[str, float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the steps ascending, each one's version_min, version_max; ±inf where a step has none): as columns where the
+    evidence holds them (``metrics.hints`` ``_NamedSteps.columns``; read step by step, 200 000 steps took 1.2 s a
+    reading), else step by step."""
+    columns = getattr(steps, "columns", None)
+    if columns is not None:
+        ordered, (low, high) = columns(("version_min", "version_max"))
+        return ordered, low, high
+    ordered = sorted(steps)
+    low = np.array([steps[step].get("version_min", math.inf) for step in ordered], dtype=np.float64)
+    high = np.array([steps[step].get("version_max", -math.inf) for step in ordered], dtype=np.float64)
+    return np.array(ordered, dtype=np.int64), low, high
 
 
 def resume_windows(resumes: Sequence[int], steps: Sequence[int]) -> dict[int, int]:

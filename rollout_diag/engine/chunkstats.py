@@ -358,8 +358,13 @@ class ChunkStats:
     def bucket_sum(self, segment_values: Array, bucket: Array, buckets: int) -> Array:
         """Σ of per-segment values into [G, buckets] by (step group, bucket)."""
         groups = self.chunk.groups.count
-        out = arrays.zeros(groups * buckets, segment_values)
-        arrays.index_add(out, self._bucket_index(bucket, buckets), arrays.float64(segment_values))
+        index, values = self._bucket_index(bucket, buckets), arrays.float64(segment_values)
+        if not arrays.is_tensor(values):
+            # index_add's sums (each bucket's values added in order from +0.0), without its zeroed copy and checks of
+            # [G·buckets]: with 4 000 one-row steps a chunk, 65 buckets, those took ~2 ms a call
+            return np.bincount(index, weights=values, minlength=groups * buckets).reshape(groups, buckets)
+        out = arrays.zeros(groups * buckets, values)
+        arrays.index_add(out, index, values)
         return out.reshape(groups, buckets)
 
     def count_sums(self, names: Iterable[str], bucket: Array | None = None, buckets: int = 1) -> dict[str, Array]:

@@ -12,7 +12,7 @@ few example rows per hint in bounded top-K sets. Thresholds, also those applied 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -579,6 +579,11 @@ class _NamedSteps(Mapping):
 
     def __len__(self) -> int:
         return int(self.store.steps.shape[0])
+
+    def columns(self, names: Sequence[str]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The steps, ascending, and each scalar of ``names`` at every step: what a rule over every step reads
+        (``decisions/resume.py``) instead of each step's mapping."""
+        return np.asarray(self.store.steps), [np.asarray(self.store.dense[name], dtype=np.float64) for name in names]
 
     def items(self) -> Iterator[tuple[int, Mapping[str, Any]]]:  # type: ignore[override]
         # each step's sums built when read, from the states read block by block: a hint's test of every step reads
