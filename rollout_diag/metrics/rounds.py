@@ -182,15 +182,16 @@ class RoundAccumulator(StepAccumulator):
 
 
 def _rows_within_runs(s: Any, bucket: np.ndarray, buckets: int) -> dict[str, np.ndarray]:
-    """``RoundAccumulator._rows_within`` of a numpy chunk: a row's segments come in order and its rounds never go down,
-    so each (row, bucket) is one run of segments (its max |δ| by reduceat, no [rows × buckets] array), and the bands
-    are nested, so one bincount of each pair's first band at or above its max counts every band (counts of 0 and 1:
-    exact in any order)."""
+    """``RoundAccumulator._rows_within`` of a numpy chunk: each (row, bucket) pair's segments as one run
+    (``arrays.index_runs``: a row's segments come in order and its rounds never go down, so no sort), its max |δ| by
+    reduceat (no [rows × buckets] array), and the bands are nested, so one bincount of each pair's first band at or
+    above its max counts every band (counts of 0 and 1: exact in any order)."""
     groups = s.chunk.groups
     place = s.segment_row * buckets + bucket
-    starts = np.flatnonzero(np.concatenate(([True], place[1:] != place[:-1])))[: place.shape[0]]
-    largest = np.maximum.reduceat(s.segment_max("abs_log_ratio"), starts) if starts.shape[0] else np.zeros(0)
-    pair = place[starts]
+    order, starts, pair = arrays.index_runs(place, s.chunk.rows * buckets)
+    maxima = s.segment_max("abs_log_ratio")
+    maxima = maxima if order is None else maxima[order]
+    largest = np.maximum.reduceat(maxima, starts) if starts.shape[0] else np.zeros(0)
     group_place = groups.row_group[pair // buckets] * buckets + pair % buckets
     levels = len(ROUND_BANDS) + 1  # a pair within band k (k = 0, 1, …) has level ≤ k; above every band: the last
     level = np.searchsorted(_BAND_EDGES, largest)  # NaN sorts last: within no band
